@@ -1,0 +1,359 @@
+"""The command line: the only place that turns VmsandboxError into a red line, a hint and an exit code."""
+
+from __future__ import annotations
+
+import json
+import logging
+import logging.handlers
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Annotated, Any, NoReturn
+
+import typer
+from rich.table import Table
+
+from vmsandbox import __version__, config, paths, ui
+from vmsandbox.errors import VmsandboxError
+
+EXIT_ERROR = 125  # vmsandbox itself failed (as `docker run` does), so a command's own codes stay distinct
+EXIT_INTERRUPTED = 130
+
+app = typer.Typer(
+    no_args_is_help=True,
+    pretty_exceptions_show_locals=False,
+    add_completion=False,
+    help="Run AI coding agents in disposable VMs and review what they changed.",
+)
+image_app = typer.Typer(no_args_is_help=True, help="Build, list and remove base images.")
+host_app = typer.Typer(no_args_is_help=True, help="Host set-up where no service manager does it.")
+app.add_typer(image_app, name="image")
+app.add_typer(host_app, name="host")
+
+# Everything after the first `--` on the command line: the command to run in the guest.
+_command_tail: list[str] | None = None
+
+
+def _tail(required: bool) -> list[str] | None:
+    if required and not _command_tail:
+        raise VmsandboxError("no command given", hint="put the command after `--`, e.g. `-- make test`")
+    return _command_tail or None
+
+
+def _print_json(data: Any) -> None:
+    ui.out.print_json(json.dumps(data), indent=2) if sys.stdout.isatty() else print(json.dumps(data, indent=2))
+
+
+def _age(seconds: float) -> str:
+    s = int(seconds)
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if s >= size:
+            return f"{s // size}{unit}"
+    return f"{s}s"
+
+
+# ---------------------------------------------------------------- image
+
+
+@image_app.command("build")
+def image_build(
+    force: Annotated[bool, typer.Option("--force", help="Rebuild even if this recipe is already built.")] = False,
+    no_host_ca: Annotated[bool, typer.Option(
+        "--no-host-ca", help="Do not trust the host's locally added CA certificates in the image.")] = False,
+) -> None:
+    """Build the base image locally from Debian packages (needs root)."""
+    from vmsandbox import image
+
+    settings = config.load()
+    trust = settings.trust_host_ca and not no_host_ca
+    recipe = image.load_recipe(trust_host_ca=trust)
+    ui.info(f"Base image {recipe.version}" + (f" (trusting {len(recipe.ca_certs)} host CA certificate(s))"
+                                              if recipe.ca_certs else ""))
+    start = time.monotonic()
+    built, did_build = image.build(force=force, recipe=recipe)
+    if did_build:
+        ui.info(f"[green]Built[/] {built.version} in {time.monotonic() - start:.0f}s → {built.path}")
+    else:
+        ui.info(f"{built.version} is already built for this recipe; nothing to do (use --force to rebuild)")
+
+
+@image_app.command("ls")
+def image_ls(as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False) -> None:
+    """List built base images."""
+    from vmsandbox import image
+
+    images = [i.summary() for i in image.list_images()]
+    if as_json:
+        _print_json(images)
+        return
+    if not images:
+        ui.info("No base images. Build one with `sudo vmsandbox image build`.")
+        return
+    table = Table("VERSION", "BUILT", "SIZE", "KERNEL", box=None)
+    for i in images:
+        table.add_row(i["version"], str(i["built_at"]), f"{(i['disk_bytes'] or 0) / 1024**2:.0f} MiB", i["kernel"])
+    ui.out.print(table)
+
+
+@image_app.command("rm")
+def image_rm(version: Annotated[str, typer.Argument(help="The version shown by `image ls`.")]) -> None:
+    """Remove a base image (refused while a session uses it)."""
+    from vmsandbox import image, session
+
+    def in_use(v: str) -> list[str]:
+        users = []
+        for name in session.names():
+            try:
+                if session.Record.load(name).image_version == v:
+                    users.append(name)
+            except VmsandboxError:
+                continue
+        return users
+
+    image.remove(version, in_use=in_use)
+    ui.info(f"Removed base image {version}")
+
+
+# ---------------------------------------------------------------- host
+
+
+@host_app.command("setup")
+def host_setup() -> None:
+    """Give /dev/kvm udev's group and mode and start virtlogd and libvirtd (needs root)."""
+    from vmsandbox import hostsetup
+
+    for line in hostsetup.setup(config.load().libvirt_uri):
+        ui.info(f"[green]✓[/] {line}")
+
+
+@app.command()
+def doctor(as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False) -> None:
+    """Check everything a session needs; print the fix for each failure."""
+    from vmsandbox import doctor as doctor_mod
+
+    checks = doctor_mod.run_checks(config.load(Path.cwd()))
+    if as_json:
+        _print_json([{"name": c.name, "level": c.level, "detail": c.detail, "fix": c.fix} for c in checks])
+    else:
+        marks = {"ok": "[green]✓[/]", "warn": "[yellow]![/]", "fail": "[red]✗[/]"}
+        for c in checks:
+            ui.err.print(f"{marks[c.level]} {c.name}: {c.detail}")
+            if c.fix and not c.ok:
+                ui.err.print(f"    fix: {c.fix}")
+    failed = [c for c in checks if c.level == "fail"]
+    if failed:
+        if not as_json:
+            ui.err.print(f"[red]A session cannot start here:[/] {len(failed)} check(s) failed.")
+        raise typer.Exit(1)
+
+
+# ---------------------------------------------------------------- sessions
+
+
+@app.command(context_settings={"help_option_names": ["-h", "--help"]})
+def run(
+    path: Annotated[Path, typer.Argument(help="The project directory.")] = Path(),
+    name: Annotated[str | None, typer.Option("--name", help="Session name (default: from the directory).")] = None,
+    cpus: Annotated[int | None, typer.Option("--cpus", help="vCPUs.")] = None,
+    memory: Annotated[str | None, typer.Option("--memory", help="Guest memory, e.g. 2G.")] = None,
+    disk: Annotated[str | None, typer.Option("--disk", help="Guest disk size, e.g. 20G.")] = None,
+    accel: Annotated[str | None, typer.Option("--accel", help="auto, kvm or tcg.")] = None,
+    keep: Annotated[bool, typer.Option("--keep", help="Keep the VM after the command or shell ends.")] = False,
+    tty: Annotated[bool | None, typer.Option("--tty/--no-tty", "-t",
+                                             help="Give CMD a terminal (default: only for the shell).")] = None,
+) -> None:
+    """Boot a disposable VM for PATH and run CMD (after `--`) or a shell in it; exit with CMD's code.
+
+    CMD is an argument list (quoted for the guest's shell); use `-- sh -c '...'` for shell syntax.
+    """
+    from vmsandbox import guest, session
+
+    flags = {"cpus": cpus, "memory": memory, "disk": disk, "accel": accel}
+    settings = config.load(path if path.is_dir() else None).merged(
+        {k: v for k, v in flags.items() if v is not None}, "command line")
+    cmd = _tail(required=False)
+    record = session.create(session.Options(project=path, name=name, settings=settings, keep=keep))
+    code = EXIT_ERROR
+    try:
+        code = guest.attach(record, cmd, tty=tty)
+    finally:
+        if keep:
+            ui.info(f"Session [bold]{record.name}[/] keeps running: `vmsandbox shell {record.name}`, "
+                    f"`vmsandbox destroy {record.name}`")
+        else:
+            with ui.step(f"Destroying {record.domain}"):
+                session.remove(record)
+    raise typer.Exit(code)
+
+
+@app.command()
+def shell(name: Annotated[str, typer.Argument(help="Session name.")]) -> None:
+    """Open an interactive shell in a session, in the project directory."""
+    from vmsandbox import guest, session
+
+    record = _ready(session.Record.load(name))
+    raise typer.Exit(guest.attach(record, None))
+
+
+@app.command("exec")
+def exec_(
+    name: Annotated[str, typer.Argument(help="Session name.")],
+    tty: Annotated[bool, typer.Option("--tty", "-t", help="Give CMD a terminal.")] = False,
+) -> None:
+    """Run CMD (after `--`) in a session's project directory; exit with its code."""
+    from vmsandbox import guest, session
+
+    cmd = _tail(required=True)
+    record = _ready(session.Record.load(name))
+    raise typer.Exit(guest.attach(record, cmd, tty=tty))
+
+
+def _ready(record: Any) -> Any:
+    from vmsandbox import session
+    from vmsandbox.virt import Hypervisor
+
+    with Hypervisor(record.libvirt_uri) as hv:
+        state = session.status(record, hv).state
+    if state in ("stopped", "booting"):
+        raise VmsandboxError(f"session {record.name} is {state}",
+                             hint=f"see `vmsandbox logs {record.name}`; remove it with `vmsandbox destroy {record.name}`")
+    return record
+
+
+@app.command("ls")
+def ls(as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False) -> None:
+    """List sessions."""
+    from vmsandbox import session
+
+    rows = [s.as_dict() for s in session.all_status(config.load().libvirt_uri)]
+    if as_json:
+        _print_json(rows)
+        return
+    if not rows:
+        ui.info("No sessions.")
+        return
+    table = Table("NAME", "STATE", "AGE", "ACCEL", "SSH", "MEMORY", "PROJECT", box=None)
+    for r in rows:
+        table.add_row(r["name"], r["state"], _age(r["age_seconds"]), r["accel"], f"127.0.0.1:{r['ports']['ssh']}",
+                      f"{r['memory_mib']} MiB", r["project"])
+    ui.out.print(table)
+
+
+@app.command()
+def destroy(
+    name: Annotated[str, typer.Argument(help="Session name.")],
+    force: Annotated[bool, typer.Option("--force", help="Also when a `vmsandbox run` still holds it.")] = False,
+) -> None:
+    """Destroy a session's VM and remove its files."""
+    from vmsandbox import session
+
+    try:
+        record = session.Record.load(name)
+    except VmsandboxError:
+        files = paths.session_paths(session.validate_name(name))
+        if force and files.root.is_dir():
+            import shutil
+
+            shutil.rmtree(files.root)
+            ui.info(f"Removed the damaged session directory {files.root}")
+            return
+        raise
+    if record.owner_alive() and not force:
+        raise VmsandboxError(f"session {name} is in use by `vmsandbox run` (pid {record.owner_pid})",
+                             hint=f"end that command, or `vmsandbox destroy {name} --force`")
+    with ui.step(f"Destroying {record.domain}"):
+        session.remove(record)
+
+
+@app.command()
+def logs(
+    name: Annotated[str, typer.Argument(help="Session name.")],
+    which: Annotated[str, typer.Argument(help="console: the VM's serial console.")] = "console",
+) -> None:
+    """Show a session's logs."""
+    from vmsandbox import session
+
+    record = session.Record.load(name)
+    if which != "console":
+        raise VmsandboxError(f"unknown log {which!r}", hint="available: console")
+    try:
+        sys.stdout.write(record.files.console_log.read_text(errors="replace"))
+    except FileNotFoundError:
+        raise VmsandboxError(f"session {name} has no console log yet") from None
+
+
+@app.command()
+def gc() -> None:
+    """Remove sessions whose VM is gone or whose `vmsandbox run` died, and orphaned vmsandbox domains."""
+    from vmsandbox import session
+
+    removed = list(session.gc(config.load().libvirt_uri))
+    for line in removed:
+        ui.info(line)
+    if not removed:
+        ui.info("Nothing to clean up.")
+
+
+@app.callback(invoke_without_command=True)
+def _root(
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log every step and command to stderr.")] = False,
+    version: Annotated[bool, typer.Option("--version", help="Print the version.")] = False,
+) -> None:
+    if version:
+        print(__version__)
+        raise typer.Exit(0)
+    _setup_logging(verbose)
+
+
+def _setup_logging(verbose: bool) -> None:
+    """A verbose log file in the state directory always; stderr gets the log only with --verbose."""
+    root = logging.getLogger()
+    root.setLevel(logging.DEBUG)
+    fmt = logging.Formatter("%(asctime)s %(process)d %(levelname)s %(name)s: %(message)s")
+    try:
+        paths.state_dir().mkdir(parents=True, exist_ok=True)
+        handler: logging.Handler = logging.handlers.RotatingFileHandler(
+            paths.state_dir() / paths.SESSION_LOG, maxBytes=2 * 1024**2, backupCount=2)
+        handler.setFormatter(fmt)
+        root.addHandler(handler)
+    except OSError:
+        pass  # a read-only state dir must not stop `--help` or `doctor`
+    if verbose:
+        stream = logging.StreamHandler(sys.stderr)
+        stream.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+        root.addHandler(stream)
+
+
+def _terminate(signum: int, _frame: object) -> NoReturn:
+    raise SystemExit(128 + signum)  # unwinds through every cleanup handler, like Ctrl-C
+
+
+def main(argv: list[str] | None = None) -> NoReturn:
+    global _command_tail  # noqa: PLW0603 - set once, before the command runs
+    args = list(sys.argv[1:] if argv is None else argv)
+    if "--" in args:
+        cut = args.index("--")
+        args, _command_tail = args[:cut], args[cut + 1:]
+    signal.signal(signal.SIGTERM, _terminate)
+    signal.signal(signal.SIGHUP, _terminate)
+    try:
+        code = app(args=args, prog_name="vmsandbox", standalone_mode=False)
+    except VmsandboxError as exc:
+        ui.err.print(f"[red]error:[/] {exc.message}", soft_wrap=True)
+        if exc.hint:
+            ui.err.print(f"[dim]hint:[/] {exc.hint}", soft_wrap=True)
+        sys.exit(EXIT_ERROR)
+    except KeyboardInterrupt:
+        ui.err.print("[red]interrupted[/]")
+        sys.exit(EXIT_INTERRUPTED)
+    except typer.Exit as exc:
+        sys.exit(exc.exit_code)
+    except Exception as exc:  # click usage errors
+        import click
+
+        if isinstance(exc, click.ClickException):
+            exc.show()
+            sys.exit(exc.exit_code)
+        raise
+    sys.exit(code if isinstance(code, int) else 0)

@@ -1,0 +1,110 @@
+"""`vmsandbox doctor`: every check a session needs, each failure with the exact fix."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from vmsandbox import accel, hostsetup, image, paths, proc
+from vmsandbox.config import Settings
+from vmsandbox.errors import VmsandboxError
+from vmsandbox.virt import Hypervisor
+
+MIN_SESSION_FREE = 2 * 1024**3
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    ok: bool
+    detail: str
+    fix: str | None = None
+    blocking: bool = True  # a failure here means a session cannot start
+
+    @property
+    def level(self) -> str:
+        if self.ok:
+            return "ok"
+        return "fail" if self.blocking else "warn"
+
+
+def _tool(tool: str, why: str, *, blocking: bool = True) -> Check:
+    try:
+        where = proc.which(tool)
+    except VmsandboxError as exc:
+        return Check(tool, False, f"missing ({why})", exc.hint, blocking)
+    return Check(tool, True, where)
+
+
+def _libvirt(uri: str) -> Check:
+    try:
+        with Hypervisor(uri) as hv:
+            return Check("libvirt", True, f"libvirt {hv.version()} at {uri}")
+    except VmsandboxError as exc:
+        return Check("libvirt", False, exc.message, exc.hint)
+
+
+def _kvm_device() -> Check:
+    if not accel.KVM_DEVICE.exists():
+        return Check("/dev/kvm permissions", True, "no /dev/kvm (TCG only)")
+    if hostsetup.kvm_permissions_ok():
+        return Check("/dev/kvm permissions", True, "group kvm, mode 0660")
+    return Check("/dev/kvm permissions", False,
+                 "not group kvm/0660: libvirt re-probes QEMU on every VM start (~60 s each)",
+                 "`sudo vmsandbox host setup` (or: chgrp kvm /dev/kvm && chmod 0660 /dev/kvm)", blocking=False)
+
+
+def _accel(settings: Settings) -> Check:
+    try:
+        choice = accel.choose(settings.accel)
+    except VmsandboxError as exc:
+        return Check("accelerator", False, exc.message, exc.hint)
+    if choice.accel is accel.Accel.KVM:
+        return Check("accelerator", True, f"KVM ({choice.reason})")
+    return Check("accelerator", True, f"TCG — {choice.reason}")
+
+
+def _disk(path: Path, label: str, need: int) -> Check:
+    probe = path
+    while not probe.exists():
+        probe = probe.parent
+    free = shutil.disk_usage(probe).free
+    ok = free >= need
+    return Check(f"free disk ({label})", ok, f"{free / 1024**3:.1f} GiB free at {probe}",
+                 None if ok else f"free space there or set VMSANDBOX_{label.upper()}_DIR to a bigger disk")
+
+
+def _image() -> Check:
+    images = image.list_images()
+    if not images:
+        return Check("base image", False, f"none built in {paths.images_dir()}", "`sudo vmsandbox image build`")
+    try:
+        wanted = image.load_recipe().version
+    except VmsandboxError as exc:
+        return Check("base image", False, exc.message, exc.hint)
+    if any(i.version == wanted for i in images):
+        return Check("base image", True, f"{wanted} (current recipe)")
+    return Check("base image", True, f"{images[0].version} (older recipe; current is {wanted})",
+                 "`sudo vmsandbox image build` to update", blocking=False)
+
+
+def run_checks(settings: Settings) -> list[Check]:
+    have_image = bool(image.list_images())
+    checks: list[Callable[[], Check]] = [
+        lambda: _tool("qemu-system-x86_64", "runs the VMs"),
+        lambda: _tool("qemu-img", "makes the per-session overlays"),
+        lambda: _libvirt(settings.libvirt_uri),
+        _kvm_device,
+        lambda: _accel(settings),
+        lambda: _tool("ssh", "the control channel"),
+        lambda: _tool("ssh-keygen", "per-session keys"),
+        lambda: _tool("rsync", "moves the workspace"),
+        lambda: _tool("debootstrap", "builds the base image", blocking=not have_image),
+        lambda: _tool("mkfs.ext4", "builds the base image", blocking=not have_image),
+        lambda: _disk(paths.data_dir(), "data", image.MIN_FREE_BYTES if not have_image else MIN_SESSION_FREE),
+        lambda: _disk(paths.state_dir(), "state", MIN_SESSION_FREE),
+        _image,
+    ]
+    return [check() for check in checks]

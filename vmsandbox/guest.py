@@ -1,0 +1,30 @@
+"""Running commands in a session's guest through the system ssh (real PTYs, separate streams, exit codes)."""
+
+from __future__ import annotations
+
+import shlex
+import sys
+
+from vmsandbox import proc
+from vmsandbox.session import Record
+
+
+def remote_command(workdir: str, cmd: list[str] | None) -> str:
+    """The command line the guest's shell runs: cd into the project, then CMD (argv, quoted) or a login shell."""
+    target = shlex.join(cmd) if cmd else 'exec "${SHELL:-/bin/bash}" -l'
+    if cmd:
+        target = f"exec {target}"
+    return f"cd -- {shlex.quote(workdir)} && {target}"
+
+
+def attach(record: Record, cmd: list[str] | None, *, tty: bool | None = None) -> int:
+    """Run CMD (or an interactive shell) in the guest in the project directory; returns its exit code.
+
+    A shell gets a PTY when stdin is a terminal (window size, Ctrl-C, colours). A command gets none
+    unless asked, so its stdout and stderr stay separate and binary-safe.
+    """
+    want_tty = tty if tty is not None else (cmd is None and sys.stdin.isatty())
+    flags = ["-t"] if want_tty else ["-T"]
+    endpoint = record.endpoint()
+    argv = [*endpoint.ssh_argv(*flags), "--", remote_command(record.project, cmd)]
+    return proc.run_attached(argv)

@@ -1,0 +1,129 @@
+"""Where vmsandbox keeps things, and the name of every per-session file, in one place.
+
+Layout (root; see README "Where things live"):
+
+    /var/lib/vmsandbox/images/base-<version>/   immutable base images (disk.qcow2, vmlinuz, initrd.img,
+                                                manifest.json); `.tmp-*` are builds in progress
+    /var/lib/vmsandbox/cache/                   package cache for image builds
+    /var/lib/vmsandbox/state/sessions/<name>/   one directory per session (files below)
+    ~/.config/vmsandbox/config.yaml             user configuration
+
+A non-root user keeps sessions under $XDG_STATE_HOME/vmsandbox. Every directory can be moved with
+VMSANDBOX_DATA_DIR, VMSANDBOX_STATE_DIR and VMSANDBOX_CONFIG_DIR.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import platformdirs
+
+APP = "vmsandbox"
+SYSTEM_DIR = Path("/var/lib/vmsandbox")
+
+# Files inside an image directory.
+IMAGE_DISK = "disk.qcow2"
+IMAGE_KERNEL = "vmlinuz"
+IMAGE_INITRD = "initrd.img"
+IMAGE_MANIFEST = "manifest.json"
+
+# Files inside a session directory.
+SESSION_RECORD = "session.json"
+SESSION_OVERLAY = "overlay.qcow2"
+SESSION_CLIENT_KEY = "id_ed25519"
+SESSION_HOST_KEY = "ssh_host_ed25519_key"
+SESSION_KNOWN_HOSTS = "known_hosts"
+SESSION_SSH_CONFIG = "ssh_config"
+SESSION_CONSOLE_LOG = "console.log"
+SESSION_DOMAIN_XML = "domain.xml"
+SESSION_FWCFG_DIR = "fwcfg"
+SESSION_LOG = "vmsandbox.log"
+
+
+def _is_root() -> bool:
+    return os.geteuid() == 0
+
+
+def data_dir() -> Path:
+    """Images and caches: system-wide, readable by libvirt's QEMU user."""
+    env = os.environ.get("VMSANDBOX_DATA_DIR")
+    return Path(env) if env else SYSTEM_DIR
+
+
+def state_dir() -> Path:
+    env = os.environ.get("VMSANDBOX_STATE_DIR")
+    if env:
+        return Path(env)
+    if _is_root():
+        return SYSTEM_DIR / "state"
+    return Path(platformdirs.user_state_dir(APP))
+
+
+def config_dir() -> Path:
+    env = os.environ.get("VMSANDBOX_CONFIG_DIR")
+    return Path(env) if env else Path(platformdirs.user_config_dir(APP))
+
+
+def images_dir() -> Path:
+    return data_dir() / "images"
+
+
+def cache_dir() -> Path:
+    return data_dir() / "cache"
+
+
+def sessions_dir() -> Path:
+    return state_dir() / "sessions"
+
+
+@dataclass(frozen=True)
+class SessionPaths:
+    """The files of one session directory."""
+
+    root: Path
+
+    @property
+    def record(self) -> Path:
+        return self.root / SESSION_RECORD
+
+    @property
+    def overlay(self) -> Path:
+        return self.root / SESSION_OVERLAY
+
+    @property
+    def client_key(self) -> Path:
+        return self.root / SESSION_CLIENT_KEY
+
+    @property
+    def host_key(self) -> Path:
+        return self.root / SESSION_HOST_KEY
+
+    @property
+    def known_hosts(self) -> Path:
+        return self.root / SESSION_KNOWN_HOSTS
+
+    @property
+    def ssh_config(self) -> Path:
+        return self.root / SESSION_SSH_CONFIG
+
+    @property
+    def console_log(self) -> Path:
+        return self.root / SESSION_CONSOLE_LOG
+
+    @property
+    def domain_xml(self) -> Path:
+        return self.root / SESSION_DOMAIN_XML
+
+    @property
+    def fwcfg_dir(self) -> Path:
+        return self.root / SESSION_FWCFG_DIR
+
+    @property
+    def log(self) -> Path:
+        return self.root / SESSION_LOG
+
+
+def session_paths(name: str) -> SessionPaths:
+    return SessionPaths(sessions_dir() / name)

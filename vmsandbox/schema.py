@@ -1,0 +1,64 @@
+"""Strict reading of YAML documents: unknown keys and wrong types are errors naming the file and key."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from vmsandbox.errors import VmsandboxError
+
+# A field's expected type: str, int, bool, or list[str] (spelled `list`).
+FieldType = type
+
+
+def load_yaml(path: Path) -> dict[str, Any]:
+    """A YAML mapping from path ({} for an empty file)."""
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        raise VmsandboxError(f"{path}: not valid YAML: {exc}", hint="fix the syntax at the line shown") from exc
+    except OSError as exc:
+        raise VmsandboxError(f"cannot read {path}: {exc.strerror}") from exc
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise VmsandboxError(f"{path}: the top level must be a mapping of keys to values")
+    return data
+
+
+def check(
+    data: Mapping[str, Any],
+    fields: Mapping[str, FieldType],
+    *,
+    source: str,
+    required: tuple[str, ...] = (),
+) -> dict[str, Any]:
+    """Validate data against fields; return a plain dict. `source` names the file for messages."""
+    for key in data:
+        if key not in fields:
+            known = ", ".join(sorted(fields))
+            raise VmsandboxError(
+                f"{source}: unknown key `{key}`", hint=f"known keys are: {known}"
+            )
+    for key in required:
+        if key not in data:
+            raise VmsandboxError(f"{source}: missing key `{key}`")
+    for key, value in data.items():
+        expected = fields[key]
+        if expected is list:
+            ok = isinstance(value, list) and all(isinstance(v, str) for v in value)
+            wanted = "a list of strings"
+        elif expected is int:
+            ok = isinstance(value, int) and not isinstance(value, bool)
+            wanted = "an integer"
+        else:
+            ok = isinstance(value, expected)
+            wanted = {str: "a string", bool: "true or false"}.get(expected, expected.__name__)
+        if not ok:
+            raise VmsandboxError(
+                f"{source}: `{key}` must be {wanted}, not {type(value).__name__} {value!r}"
+            )
+    return dict(data)

@@ -1,0 +1,354 @@
+"""A session: one disposable VM over a per-session overlay, and the directory that records it.
+
+libvirt is the source of truth for what runs; the session record (session.json) lets `ls`, `destroy`
+and `gc` find what a crashed or killed `vmsandbox` left behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import pwd
+import re
+import secrets
+import shutil
+import socket
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from vmsandbox import accel as accel_mod
+from vmsandbox import image as image_mod
+from vmsandbox import paths, qemuimg, ssh, ui
+from vmsandbox.config import Settings
+from vmsandbox.domain import DomainSpec, Forward, build_xml, session_of
+from vmsandbox.errors import VmsandboxError
+from vmsandbox.virt import Hypervisor
+
+DOMAIN_PREFIX = "vmsandbox-"
+NAME_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,30}$")
+PORT_ATTEMPTS = 4
+CONSOLE_TAIL_LINES = 30
+FWCFG_ENTRIES = ("hostname", "user", "workdir", "authorized_keys", "host_key")
+
+
+@dataclass(frozen=True)
+class GuestUser:
+    """The guest user mirrors the invoking host user (name, uid, gid). A root host user maps to root."""
+
+    name: str
+    uid: int
+    gid: int
+
+    @classmethod
+    def of_host(cls) -> GuestUser:
+        uid = os.getuid()
+        return cls(pwd.getpwuid(uid).pw_name, uid, os.getgid())
+
+
+@dataclass
+class Record:
+    name: str
+    project: str
+    image_version: str
+    accel: str
+    accel_reason: str
+    cpus: int
+    memory_mib: int
+    disk_mib: int
+    ssh_port: int
+    user: str
+    uid: int
+    gid: int
+    libvirt_uri: str
+    created: float = field(default_factory=time.time)
+    keep: bool = False
+    owner_pid: int | None = None
+    owner_start: str | None = None
+    status: str = "creating"  # creating -> ready
+    boot_seconds: float | None = None
+
+    @property
+    def domain(self) -> str:
+        return DOMAIN_PREFIX + self.name
+
+    @property
+    def files(self) -> paths.SessionPaths:
+        return paths.session_paths(self.name)
+
+    def endpoint(self, user: str | None = None) -> ssh.Endpoint:
+        return ssh.Endpoint(self.name, self.ssh_port, user or self.user, self.files)
+
+    def save(self) -> None:
+        tmp = self.files.record.with_suffix(".tmp")
+        tmp.write_text(json.dumps(asdict(self), indent=2, sort_keys=True) + "\n")
+        tmp.replace(self.files.record)
+
+    @classmethod
+    def load(cls, name: str) -> Record:
+        record_file = paths.session_paths(name).record
+        try:
+            data = json.loads(record_file.read_text())
+        except FileNotFoundError:
+            raise VmsandboxError(f"no session named {name!r}", hint="list sessions with `vmsandbox ls`") from None
+        except ValueError as exc:
+            raise VmsandboxError(f"the record of session {name} is damaged: {exc}",
+                                 hint=f"remove it with `vmsandbox destroy {name} --force`") from exc
+        known = {f for f in cls.__dataclass_fields__}
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+    def owner_alive(self) -> bool:
+        return self.owner_pid is not None and process_start(self.owner_pid) == self.owner_start
+
+
+def process_start(pid: int) -> str | None:
+    """The start time of pid (from /proc), to tell a live owner from a reused pid."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat.rsplit(")", 1)[1].split()[19]
+
+
+def validate_project(path: Path) -> Path:
+    if not path.exists():
+        raise VmsandboxError(f"{path} does not exist", hint="give the path of a project directory")
+    if not path.is_dir():
+        raise VmsandboxError(f"{path} is not a directory", hint="give the path of a project directory")
+    resolved = path.resolve()
+    if resolved == Path("/") or resolved == Path.home().resolve():
+        raise VmsandboxError(f"refusing to sandbox {resolved}: it is too broad",
+                             hint="run vmsandbox inside a project directory")
+    return resolved
+
+
+def validate_name(name: str) -> str:
+    if not NAME_RE.match(name):
+        raise VmsandboxError(f"invalid session name {name!r}",
+                             hint="use 1-31 lowercase letters, digits and dashes, starting with a letter or digit")
+    return name
+
+
+def default_name(project: Path) -> str:
+    stem = re.sub(r"[^a-z0-9-]+", "-", project.name.lower()).strip("-")[:20] or "session"
+    return f"{stem}-{secrets.token_hex(2)}"
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((ssh.LOOPBACK, 0))
+        return int(s.getsockname()[1])
+
+
+def console_tail(name: str, lines: int = CONSOLE_TAIL_LINES) -> str:
+    log_file = paths.session_paths(name).console_log
+    try:
+        text = log_file.read_text(errors="replace")
+    except OSError:
+        return "(no console output)"
+    tail = [line.rstrip() for line in text.splitlines() if line.strip()][-lines:]
+    return "\n".join(tail) or "(no console output)"
+
+
+def names() -> list[str]:
+    root = paths.sessions_dir()
+    if not root.is_dir():
+        return []
+    return sorted(d.name for d in root.iterdir() if d.is_dir() and not d.name.startswith("."))
+
+
+@dataclass(frozen=True)
+class Options:
+    project: Path
+    name: str | None
+    settings: Settings
+    keep: bool = False
+
+
+def create(opts: Options) -> Record:
+    """Create a session and boot its VM; on any failure or interrupt, nothing is left behind."""
+    project = validate_project(opts.project)
+    name = validate_name(opts.name) if opts.name else default_name(project)
+    settings = opts.settings
+    choice = accel_mod.choose(settings.accel)
+    if choice.accel is accel_mod.Accel.TCG and settings.accel is accel_mod.Accel.AUTO:
+        ui.warn(choice.reason)
+    image = image_mod.current_image()
+    files = paths.session_paths(name)
+    files.root.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        files.root.mkdir(mode=0o711)
+    except FileExistsError:
+        raise VmsandboxError(f"a session named {name} already exists",
+                             hint=f"pick another --name, or `vmsandbox destroy {name}`") from None
+    files.root.chmod(0o711)  # libvirt's QEMU user must reach the overlay; keys stay 0600
+    user = GuestUser.of_host()
+    record = Record(
+        name=name, project=str(project), image_version=image.version,
+        accel=choice.accel.value, accel_reason=choice.reason, cpus=settings.cpus,
+        memory_mib=settings.memory_mib, disk_mib=settings.disk_mib, ssh_port=0,
+        user=user.name, uid=user.uid, gid=user.gid, libvirt_uri=settings.libvirt_uri,
+        keep=opts.keep, owner_pid=os.getpid(), owner_start=process_start(os.getpid()),
+    )
+    try:
+        record.save()
+        with Hypervisor(settings.libvirt_uri) as hv:
+            _prepare(record, image, user)
+            _boot(record, image, hv, settings.boot_timeout)
+    except BaseException:
+        with contextlib.suppress(Exception):
+            remove(record)
+        raise
+    return record
+
+
+def _prepare(record: Record, image: image_mod.Image, user: GuestUser) -> None:
+    files = record.files
+    with ui.step("Preparing the session (overlay, keys)"):
+        qemuimg.create_overlay(image.disk, files.overlay, record.disk_mib * 1024 * 1024)
+        client_pub = ssh.generate_key(files.client_key, f"vmsandbox-{record.name}")
+        ssh.generate_key(files.host_key, f"vmsandbox-{record.name}-host")
+        fw = files.fwcfg_dir
+        fw.mkdir(mode=0o700)
+        (fw / "hostname").write_text(f"vmsandbox-{record.name}\n")
+        (fw / "user").write_text(f"{user.name} {user.uid} {user.gid}\n")
+        (fw / "workdir").write_text(record.project + "\n")
+        (fw / "authorized_keys").write_text(client_pub + "\n")
+        shutil.copyfile(files.host_key, fw / "host_key")
+        _give_to_qemu(fw)
+    record.save()
+
+
+def _give_to_qemu(directory: Path) -> None:
+    """fw_cfg files are opened by QEMU itself, which runs as libvirt's unprivileged user."""
+    try:
+        qemu = pwd.getpwnam("libvirt-qemu")
+    except KeyError:
+        return
+    if os.geteuid() != 0:
+        return
+    os.chown(directory, qemu.pw_uid, qemu.pw_gid)
+    for f in directory.iterdir():
+        os.chown(f, qemu.pw_uid, qemu.pw_gid)
+        f.chmod(0o400)
+
+
+def _boot(record: Record, image: image_mod.Image, hv: Hypervisor, boot_timeout: int) -> None:
+    files = record.files
+    last_error: VmsandboxError | None = None
+    for _attempt in range(PORT_ATTEMPTS):
+        record.ssh_port = free_port()
+        ssh.write_known_hosts(files, record.ssh_port, files.host_key.with_suffix(".pub").read_text())
+        record.endpoint().write_config()
+        spec = DomainSpec(
+            name=record.domain, session=record.name, session_dir=files.root,
+            accel=accel_mod.Accel(record.accel), cpus=record.cpus, memory_mib=record.memory_mib,
+            disk=files.overlay, kernel=image.kernel, initrd=image.initrd, cmdline=image.kernel_cmdline,
+            console_log=files.console_log,
+            forwards=(Forward(record.ssh_port, 22),),
+            fwcfg_files={k: files.fwcfg_dir / k for k in FWCFG_ENTRIES},
+        )
+        xml = build_xml(spec)
+        files.domain_xml.write_text(xml)
+        try:
+            hv.create(xml)
+        except VmsandboxError as exc:
+            if "host forwarding" in exc.message or "Address already in use" in exc.message:
+                last_error = exc  # lost a race for the port: pick another
+                continue
+            raise
+        break
+    else:
+        assert last_error is not None
+        raise VmsandboxError(f"no free port for SSH after {PORT_ATTEMPTS} tries: {last_error.message}")
+    record.save()
+
+    def alive() -> str | None:
+        info = hv.info(record.domain)
+        if info is None or info.state in ("shutoff", "crashed"):
+            return "the VM powered off or crashed"
+        return None
+
+    with ui.step(f"Booting {record.domain} ({record.accel.upper()}, {record.cpus} vCPU, {record.memory_mib} MiB)"):
+        try:
+            record.boot_seconds = round(ssh.wait_for_banner(record.ssh_port, timeout=boot_timeout, alive=alive), 1)
+        except VmsandboxError as exc:
+            raise VmsandboxError(
+                f"{exc.message}. Last lines of the console:\n{console_tail(record.name)}",
+                hint=f"the full console log is in {files.console_log}",
+            ) from exc
+    record.status = "ready"
+    record.save()
+
+
+def remove(record: Record) -> None:
+    """Destroy the VM and delete the session directory."""
+    with Hypervisor(record.libvirt_uri) as hv:
+        hv.destroy(record.domain)
+    shutil.rmtree(record.files.root, ignore_errors=True)
+
+
+@dataclass(frozen=True)
+class Status:
+    record: Record
+    state: str  # running | booting | stopped | orphaned
+
+    def as_dict(self) -> dict[str, Any]:
+        r = self.record
+        return {
+            "name": r.name, "state": self.state, "created": r.created,
+            "age_seconds": round(time.time() - r.created), "project": r.project, "accel": r.accel,
+            "ports": {"ssh": r.ssh_port}, "cpus": r.cpus, "memory_mib": r.memory_mib,
+            "image": r.image_version, "keep": r.keep, "domain": r.domain,
+        }
+
+
+def status(record: Record, hv: Hypervisor) -> Status:
+    info = hv.info(record.domain)
+    if info is None or info.state in ("shutoff", "crashed"):
+        return Status(record, "stopped")
+    if record.status != "ready":
+        return Status(record, "booting" if record.owner_alive() else "orphaned")
+    if not record.keep and not record.owner_alive():
+        return Status(record, "orphaned")
+    return Status(record, info.state)
+
+
+def all_status(uri: str) -> list[Status]:
+    found: list[Status] = []
+    with Hypervisor(uri) as hv:
+        for name in names():
+            with contextlib.suppress(VmsandboxError):
+                found.append(status(Record.load(name), hv))
+    return found
+
+
+def gc(uri: str) -> Iterator[str]:
+    """Remove sessions whose VM is gone or whose owning `vmsandbox run` died, and vmsandbox domains
+    whose session directory is gone. Yields a line per thing removed."""
+    with Hypervisor(uri) as hv:
+        for name in names():
+            files = paths.session_paths(name)
+            try:
+                record = Record.load(name)
+            except VmsandboxError:
+                if time.time() - files.root.stat().st_mtime > 60:  # not one being created right now
+                    shutil.rmtree(files.root, ignore_errors=True)
+                    yield f"removed damaged session directory {files.root}"
+                continue
+            state = status(record, hv).state
+            if state in ("stopped", "orphaned"):
+                hv.destroy(record.domain)
+                shutil.rmtree(files.root, ignore_errors=True)
+                yield f"removed session {name} ({state})"
+        for info in list(hv.domains(DOMAIN_PREFIX)):
+            xml = hv.xml(info.name)
+            owner = session_of(xml) if xml else None
+            if owner is None:
+                continue  # not ours: a domain that merely shares the prefix
+            if not (owner[1] / paths.SESSION_RECORD).exists():
+                hv.destroy(info.name)
+                yield f"destroyed domain {info.name} (its session directory is gone)"

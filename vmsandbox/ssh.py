@@ -1,0 +1,138 @@
+"""SSH to a session: per-session keys, a pinned host key, and one option set for ssh, rsync and paramiko."""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import paramiko
+
+from vmsandbox import proc
+from vmsandbox.errors import VmsandboxError
+from vmsandbox.paths import SessionPaths
+
+LOOPBACK = "127.0.0.1"
+
+
+def generate_key(path: Path, comment: str) -> str:
+    """A new ed25519 key pair at path (private, 0600) and path.pub; returns the public key line."""
+    path.unlink(missing_ok=True)
+    path.with_suffix(".pub").unlink(missing_ok=True)
+    proc.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", comment, "-f", path])
+    path.chmod(0o600)
+    return path.with_suffix(".pub").read_text().strip()
+
+
+def host_alias(session: str) -> str:
+    return f"vmsandbox-{session}"
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """How to reach one session's guest."""
+
+    session: str
+    port: int
+    user: str
+    files: SessionPaths
+
+    def ssh_options(self) -> dict[str, str]:
+        """The single option set every client uses. Strict host key checking against our known_hosts."""
+        return {
+            "HostName": LOOPBACK,
+            "Port": str(self.port),
+            "User": self.user,
+            "IdentityFile": str(self.files.client_key),
+            "IdentitiesOnly": "yes",
+            "UserKnownHostsFile": str(self.files.known_hosts),
+            "GlobalKnownHostsFile": "/dev/null",
+            "StrictHostKeyChecking": "yes",
+            "HostKeyAlgorithms": "ssh-ed25519",
+            "CheckHostIP": "no",
+            "PasswordAuthentication": "no",
+            "KbdInteractiveAuthentication": "no",
+            "ForwardAgent": "no",
+            "ForwardX11": "no",
+            "ServerAliveInterval": "15",
+            "ServerAliveCountMax": "4",
+            "ConnectTimeout": "10",
+            "LogLevel": "ERROR",
+            "SendEnv": "LANG LC_* COLORTERM",
+        }
+
+    def write_config(self) -> None:
+        lines = [f"Host {host_alias(self.session)}"]
+        lines += [f"    {k} {v}" for k, v in self.ssh_options().items()]
+        self.files.ssh_config.write_text("\n".join(lines) + "\n")
+
+    def ssh_argv(self, *extra: str, user: str | None = None) -> list[str]:
+        argv = ["ssh", "-F", str(self.files.ssh_config)]
+        if user is not None:
+            argv += ["-l", user]
+        return [*argv, *extra, host_alias(self.session)]
+
+    def rsync_rsh(self) -> str:
+        """The -e value for rsync: the same ssh with the same config."""
+        return f"ssh -F {self.files.ssh_config}"
+
+
+def write_known_hosts(files: SessionPaths, port: int, host_public_key: str) -> None:
+    """Pin the guest's host key (generated on the host) for [127.0.0.1]:port."""
+    key_type, key_data = host_public_key.split()[:2]
+    files.known_hosts.write_text(f"[{LOOPBACK}]:{port} {key_type} {key_data}\n")
+
+
+def wait_for_banner(port: int, *, timeout: float, alive: Callable[[], str | None]) -> float:
+    """Wait until sshd answers with its banner on 127.0.0.1:port.
+
+    slirp accepts TCP on the forwarded port before sshd listens, so a connect alone proves nothing.
+    `alive` returns None while the VM runs, else why it stopped. Returns seconds waited.
+    """
+    start = time.monotonic()
+    while True:
+        elapsed = time.monotonic() - start
+        stopped = alive()
+        if stopped is not None:
+            raise VmsandboxError(f"the VM stopped while booting: {stopped}")
+        if elapsed > timeout:
+            raise VmsandboxError(f"the VM did not answer on SSH within {timeout:.0f} s")
+        with contextlib.suppress(OSError), socket.create_connection((LOOPBACK, port), timeout=2) as s:
+            s.settimeout(3)
+            data = s.recv(16)
+            if data.startswith(b"SSH-"):
+                return time.monotonic() - start
+        time.sleep(0.25)
+
+
+def connect(endpoint: Endpoint, *, user: str | None = None, timeout: float = 15) -> paramiko.SSHClient:
+    """A paramiko client with the pinned host key and the session key; unknown keys are rejected."""
+    client = paramiko.SSHClient()
+    client.load_host_keys(str(endpoint.files.known_hosts))
+    client.set_missing_host_key_policy(paramiko.RejectPolicy())
+    try:
+        client.connect(
+            LOOPBACK,
+            port=endpoint.port,
+            username=user or endpoint.user,
+            key_filename=str(endpoint.files.client_key),
+            look_for_keys=False,
+            allow_agent=False,
+            timeout=timeout,
+            banner_timeout=timeout,
+            auth_timeout=timeout,
+        )
+    except paramiko.BadHostKeyException as exc:
+        client.close()
+        raise VmsandboxError(
+            f"the guest of session {endpoint.session} presented a host key that does not match the pinned one",
+            hint="the VM is not the one this session started; destroy the session",
+        ) from exc
+    except (paramiko.SSHException, OSError) as exc:
+        client.close()
+        raise VmsandboxError(f"cannot reach the guest of session {endpoint.session} over SSH: {exc}",
+                             hint=f"check the VM with `vmsandbox logs {endpoint.session} console`") from exc
+    return client

@@ -1,0 +1,46 @@
+"""People read stderr: terse steps with a spinner and elapsed time. stdout is kept for data."""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from rich.console import Console
+
+err = Console(stderr=True, highlight=False)
+out = Console(highlight=False, soft_wrap=True)
+log = logging.getLogger("vmsandbox")
+
+
+def info(message: str) -> None:
+    err.print(message)
+    log.info(message)
+
+
+def warn(message: str) -> None:
+    err.print(f"[yellow]warning:[/] {message}")
+    log.warning(message)
+
+
+@contextmanager
+def step(title: str) -> Iterator[None]:
+    """A timed step: a live spinner on a terminal, one line when it is done (or failed)."""
+    start = time.monotonic()
+    log.info("step: %s", title)
+    try:
+        if err.is_terminal:
+            with err.status(f"{title}…", spinner="dots"):
+                yield
+        else:
+            yield
+    except BaseException:
+        err.print(f"[red]✗[/] {title} [dim]({time.monotonic() - start:.1f}s)[/]")
+        raise
+    err.print(f"[green]✓[/] {title} [dim]({time.monotonic() - start:.1f}s)[/]")
+
+
+def is_interactive() -> bool:
+    return sys.stdin.isatty() and sys.stdout.isatty()

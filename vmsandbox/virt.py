@@ -1,0 +1,119 @@
+"""The only module that imports libvirt: connection, domains, and error mapping."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import libvirt
+
+from vmsandbox.errors import VmsandboxError
+
+log = logging.getLogger(__name__)
+DEFAULT_URI = "qemu:///system"
+
+# libvirt prints every error to stderr by default; we report them ourselves.
+libvirt.registerErrorHandler(lambda _ctx, _err: None, None)
+
+_STATES = {
+    libvirt.VIR_DOMAIN_NOSTATE: "nostate",
+    libvirt.VIR_DOMAIN_RUNNING: "running",
+    libvirt.VIR_DOMAIN_BLOCKED: "running",
+    libvirt.VIR_DOMAIN_PAUSED: "paused",
+    libvirt.VIR_DOMAIN_SHUTDOWN: "shutting-down",
+    libvirt.VIR_DOMAIN_SHUTOFF: "shutoff",
+    libvirt.VIR_DOMAIN_CRASHED: "crashed",
+    libvirt.VIR_DOMAIN_PMSUSPENDED: "suspended",
+}
+
+
+@dataclass(frozen=True)
+class DomainInfo:
+    name: str
+    state: str
+    pid: int | None
+
+
+def _message(exc: libvirt.libvirtError) -> str:
+    return str(exc.get_error_message() or exc)
+
+
+class Hypervisor:
+    """A libvirt connection. Use as a context manager, or call close()."""
+
+    def __init__(self, uri: str = DEFAULT_URI) -> None:
+        self.uri = uri
+        try:
+            self._conn = libvirt.open(uri)
+        except libvirt.libvirtError as exc:
+            raise VmsandboxError(
+                f"cannot connect to libvirt at {uri}: {_message(exc)}",
+                hint="start it with `vmsandbox host setup` (or `virtlogd -d && libvirtd -d` as root), "
+                "then check with `vmsandbox doctor`",
+            ) from exc
+
+    def __enter__(self) -> Hypervisor:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        with contextlib.suppress(libvirt.libvirtError):
+            self._conn.close()
+
+    def version(self) -> str:
+        v = self._conn.getLibVersion()
+        return f"{v // 1000000}.{v // 1000 % 1000}.{v % 1000}"
+
+    def create(self, xml: str) -> None:
+        """Start a transient domain from XML."""
+        try:
+            self._conn.createXML(xml, 0)
+        except libvirt.libvirtError as exc:
+            raise VmsandboxError(f"libvirt could not start the VM: {_message(exc)}",
+                                 hint="`vmsandbox doctor` checks the host set-up") from exc
+
+    def _lookup(self, name: str) -> Any:
+        try:
+            return self._conn.lookupByName(name)
+        except libvirt.libvirtError as exc:
+            if exc.get_error_code() == libvirt.VIR_ERR_NO_DOMAIN:
+                return None
+            raise VmsandboxError(f"libvirt lookup of {name} failed: {_message(exc)}") from exc
+
+    def info(self, name: str) -> DomainInfo | None:
+        dom = self._lookup(name)
+        if dom is None:
+            return None
+        return self._info(dom)
+
+    def _info(self, dom: Any) -> DomainInfo:
+        try:
+            state, _reason = dom.state()
+        except libvirt.libvirtError:
+            return DomainInfo(dom.name(), "gone", None)
+        return DomainInfo(dom.name(), _STATES.get(state, "unknown"), None)
+
+    def domains(self, prefix: str) -> Iterator[DomainInfo]:
+        for dom in self._conn.listAllDomains(0):
+            if dom.name().startswith(prefix):
+                yield self._info(dom)
+
+    def xml(self, name: str) -> str | None:
+        dom = self._lookup(name)
+        return None if dom is None else str(dom.XMLDesc(0))
+
+    def destroy(self, name: str) -> bool:
+        """Power the domain off at once (and undefine it if persistent). False if it did not exist."""
+        dom = self._lookup(name)
+        if dom is None:
+            return False
+        with contextlib.suppress(libvirt.libvirtError):
+            dom.destroy()
+        with contextlib.suppress(libvirt.libvirtError):
+            dom.undefine()
+        return True
