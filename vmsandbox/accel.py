@@ -48,8 +48,10 @@ def choose(requested: Accel, *, problem: str | None = None, probe: bool = True) 
         return Choice(Accel.TCG, "TCG requested")
     if requested is Accel.KVM:
         if problem is not None:
-            raise VmsandboxError(f"KVM was requested but cannot be used: {problem}",
-                                 hint="use --accel tcg (slow, software emulation) or fix the cause")
+            raise VmsandboxError(
+                f"KVM was requested but cannot be used: {problem}",
+                hint="use --accel tcg (slow, software emulation) or fix the cause",
+            )
         return Choice(Accel.KVM, "KVM requested")
     if problem is None:
         return Choice(Accel.KVM, "KVM is available")

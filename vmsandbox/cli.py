@@ -31,14 +31,19 @@ host_app = typer.Typer(no_args_is_help=True, help="Host set-up where no service 
 app.add_typer(image_app, name="image")
 app.add_typer(host_app, name="host")
 
-# Everything after the first `--` on the command line: the command to run in the guest.
-_command_tail: list[str] | None = None
+class _Invocation:
+    """Everything after the first `--` on the command line: the command to run in the guest.
+
+    It is split off before typer parses the rest, so `vmsandbox run -- ls /` never takes `ls` as PATH.
+    """
+
+    command: list[str] | None = None
 
 
 def _tail(required: bool) -> list[str] | None:
-    if required and not _command_tail:
+    if required and not _Invocation.command:
         raise VmsandboxError("no command given", hint="put the command after `--`, e.g. `-- make test`")
-    return _command_tail or None
+    return _Invocation.command or None
 
 
 def _print_json(data: Any) -> None:
@@ -59,8 +64,9 @@ def _age(seconds: float) -> str:
 @image_app.command("build")
 def image_build(
     force: Annotated[bool, typer.Option("--force", help="Rebuild even if this recipe is already built.")] = False,
-    no_host_ca: Annotated[bool, typer.Option(
-        "--no-host-ca", help="Do not trust the host's locally added CA certificates in the image.")] = False,
+    no_host_ca: Annotated[
+        bool, typer.Option("--no-host-ca", help="Do not trust the host's locally added CA certificates in the image.")
+    ] = False,
 ) -> None:
     """Build the base image locally from Debian packages (needs root)."""
     from vmsandbox import image
@@ -68,8 +74,10 @@ def image_build(
     settings = config.load()
     trust = settings.trust_host_ca and not no_host_ca
     recipe = image.load_recipe(trust_host_ca=trust)
-    ui.info(f"Base image {recipe.version}" + (f" (trusting {len(recipe.ca_certs)} host CA certificate(s))"
-                                              if recipe.ca_certs else ""))
+    ui.info(
+        f"Base image {recipe.version}"
+        + (f" (trusting {len(recipe.ca_certs)} host CA certificate(s))" if recipe.ca_certs else "")
+    )
     start = time.monotonic()
     built, did_build = image.build(force=force, recipe=recipe)
     if did_build:
@@ -160,8 +168,9 @@ def run(
     disk: Annotated[str | None, typer.Option("--disk", help="Guest disk size, e.g. 20G.")] = None,
     accel: Annotated[str | None, typer.Option("--accel", help="auto, kvm or tcg.")] = None,
     keep: Annotated[bool, typer.Option("--keep", help="Keep the VM after the command or shell ends.")] = False,
-    tty: Annotated[bool | None, typer.Option("--tty/--no-tty", "-t",
-                                             help="Give CMD a terminal (default: only for the shell).")] = None,
+    tty: Annotated[
+        bool | None, typer.Option("--tty/--no-tty", "-t", help="Give CMD a terminal (default: only for the shell).")
+    ] = None,
 ) -> None:
     """Boot a disposable VM for PATH and run CMD (after `--`) or a shell in it; exit with CMD's code.
 
@@ -171,7 +180,8 @@ def run(
 
     flags = {"cpus": cpus, "memory": memory, "disk": disk, "accel": accel}
     settings = config.load(path if path.is_dir() else None).merged(
-        {k: v for k, v in flags.items() if v is not None}, "command line")
+        {k: v for k, v in flags.items() if v is not None}, "command line"
+    )
     cmd = _tail(required=False)
     record = session.create(session.Options(project=path, name=name, settings=settings, keep=keep))
     code = EXIT_ERROR
@@ -179,8 +189,10 @@ def run(
         code = guest.attach(record, cmd, tty=tty)
     finally:
         if keep:
-            ui.info(f"Session [bold]{record.name}[/] keeps running: `vmsandbox shell {record.name}`, "
-                    f"`vmsandbox destroy {record.name}`")
+            ui.info(
+                f"Session [bold]{record.name}[/] keeps running: `vmsandbox shell {record.name}`, "
+                f"`vmsandbox destroy {record.name}`"
+            )
         else:
             with ui.step(f"Destroying {record.domain}"):
                 session.remove(record)
@@ -216,8 +228,10 @@ def _ready(record: Any) -> Any:
     with Hypervisor(record.libvirt_uri) as hv:
         state = session.status(record, hv).state
     if state in ("stopped", "booting"):
-        raise VmsandboxError(f"session {record.name} is {state}",
-                             hint=f"see `vmsandbox logs {record.name}`; remove it with `vmsandbox destroy {record.name}`")
+        raise VmsandboxError(
+            f"session {record.name} is {state}",
+            hint=f"see `vmsandbox logs {record.name}`; remove it with `vmsandbox destroy {record.name}`",
+        )
     return record
 
 
@@ -235,8 +249,15 @@ def ls(as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = Fa
         return
     table = Table("NAME", "STATE", "AGE", "ACCEL", "SSH", "MEMORY", "PROJECT", box=None)
     for r in rows:
-        table.add_row(r["name"], r["state"], _age(r["age_seconds"]), r["accel"], f"127.0.0.1:{r['ports']['ssh']}",
-                      f"{r['memory_mib']} MiB", r["project"])
+        table.add_row(
+            r["name"],
+            r["state"],
+            _age(r["age_seconds"]),
+            r["accel"],
+            f"127.0.0.1:{r['ports']['ssh']}",
+            f"{r['memory_mib']} MiB",
+            r["project"],
+        )
     ui.out.print(table)
 
 
@@ -260,8 +281,10 @@ def destroy(
             return
         raise
     if record.owner_alive() and not force:
-        raise VmsandboxError(f"session {name} is in use by `vmsandbox run` (pid {record.owner_pid})",
-                             hint=f"end that command, or `vmsandbox destroy {name} --force`")
+        raise VmsandboxError(
+            f"session {name} is in use by `vmsandbox run` (pid {record.owner_pid})",
+            hint=f"end that command, or `vmsandbox destroy {name} --force`",
+        )
     with ui.step(f"Destroying {record.domain}"):
         session.remove(record)
 
@@ -314,7 +337,8 @@ def _setup_logging(verbose: bool) -> None:
     try:
         paths.state_dir().mkdir(parents=True, exist_ok=True)
         handler: logging.Handler = logging.handlers.RotatingFileHandler(
-            paths.state_dir() / paths.SESSION_LOG, maxBytes=2 * 1024**2, backupCount=2)
+            paths.state_dir() / paths.SESSION_LOG, maxBytes=2 * 1024**2, backupCount=2
+        )
         handler.setFormatter(fmt)
         root.addHandler(handler)
     except OSError:
@@ -330,11 +354,11 @@ def _terminate(signum: int, _frame: object) -> NoReturn:
 
 
 def main(argv: list[str] | None = None) -> NoReturn:
-    global _command_tail  # noqa: PLW0603 - set once, before the command runs
     args = list(sys.argv[1:] if argv is None else argv)
+    _Invocation.command = None
     if "--" in args:
         cut = args.index("--")
-        args, _command_tail = args[:cut], args[cut + 1:]
+        args, _Invocation.command = args[:cut], args[cut + 1 :]
     signal.signal(signal.SIGTERM, _terminate)
     signal.signal(signal.SIGHUP, _terminate)
     try:
@@ -349,11 +373,13 @@ def main(argv: list[str] | None = None) -> NoReturn:
         sys.exit(EXIT_INTERRUPTED)
     except typer.Exit as exc:
         sys.exit(exc.exit_code)
-    except Exception as exc:  # click usage errors
-        import click
-
-        if isinstance(exc, click.ClickException):
-            exc.show()
-            sys.exit(exc.exit_code)
+    except typer.Abort:
+        ui.err.print("[red]aborted[/]")
+        sys.exit(EXIT_INTERRUPTED)
+    except Exception as exc:  # usage errors from the parser
+        show = getattr(exc, "show", None)
+        if callable(show):
+            show()
+            sys.exit(int(getattr(exc, "exit_code", 2)))
         raise
     sys.exit(code if isinstance(code, int) else 0)

@@ -14,6 +14,7 @@ from vmsandbox.errors import VmsandboxError
 from vmsandbox.schema import check, load_yaml
 
 PROJECT_FILE = ".vmsandbox.yaml"
+COMMAND_LINE = "command line"  # as a source: keys are shown as the flags that set them
 USER_FILE = "config.yaml"
 
 FIELDS: dict[str, type] = {
@@ -53,17 +54,21 @@ class Settings:
 
     def merged(self, data: dict[str, Any], source: str) -> Settings:
         data = check(data, FIELDS, source=source)
+
+        def label(key: str) -> str:
+            return f"--{key}" if source == COMMAND_LINE else f"{source}: `{key}`"
+
         changes: dict[str, Any] = {}
         if "cpus" in data:
             if not 1 <= data["cpus"] <= 64:
-                raise VmsandboxError(f"{source}: `cpus` must be between 1 and 64")
+                raise VmsandboxError(f"{label('cpus')} must be between 1 and 64")
             changes["cpus"] = data["cpus"]
         if "memory" in data:
-            changes["memory_mib"] = parse_size_mib(data["memory"], what=f"{source}: `memory`")
+            changes["memory_mib"] = parse_size_mib(data["memory"], what=label("memory"))
         if "disk" in data:
-            changes["disk_mib"] = parse_size_mib(data["disk"], what=f"{source}: `disk`")
+            changes["disk_mib"] = parse_size_mib(data["disk"], what=label("disk"))
         if "accel" in data:
-            changes["accel"] = parse_accel(data["accel"], source=f"{source}: `accel`")
+            changes["accel"] = parse_accel(data["accel"], source=label("accel"))
         for key in ("libvirt_uri", "boot_timeout", "trust_host_ca"):
             if key in data:
                 changes[key] = data[key]

@@ -51,9 +51,13 @@ def _kvm_device() -> Check:
         return Check("/dev/kvm permissions", True, "no /dev/kvm (TCG only)")
     if hostsetup.kvm_permissions_ok():
         return Check("/dev/kvm permissions", True, "group kvm, mode 0660")
-    return Check("/dev/kvm permissions", False,
-                 "not group kvm/0660: libvirt re-probes QEMU on every VM start (~60 s each)",
-                 "`sudo vmsandbox host setup` (or: chgrp kvm /dev/kvm && chmod 0660 /dev/kvm)", blocking=False)
+    return Check(
+        "/dev/kvm permissions",
+        False,
+        "not group kvm/0660: libvirt re-probes QEMU on every VM start (~60 s each)",
+        "`sudo vmsandbox host setup` (or: chgrp kvm /dev/kvm && chmod 0660 /dev/kvm)",
+        blocking=False,
+    )
 
 
 def _accel(settings: Settings) -> Check:
@@ -72,8 +76,12 @@ def _disk(path: Path, label: str, need: int) -> Check:
         probe = probe.parent
     free = shutil.disk_usage(probe).free
     ok = free >= need
-    return Check(f"free disk ({label})", ok, f"{free / 1024**3:.1f} GiB free at {probe}",
-                 None if ok else f"free space there or set VMSANDBOX_{label.upper()}_DIR to a bigger disk")
+    return Check(
+        f"free disk ({label})",
+        ok,
+        f"{free / 1024**3:.1f} GiB free at {probe}",
+        None if ok else f"free space there or set VMSANDBOX_{label.upper()}_DIR to a bigger disk",
+    )
 
 
 def _image() -> Check:
@@ -86,8 +94,13 @@ def _image() -> Check:
         return Check("base image", False, exc.message, exc.hint)
     if any(i.version == wanted for i in images):
         return Check("base image", True, f"{wanted} (current recipe)")
-    return Check("base image", True, f"{images[0].version} (older recipe; current is {wanted})",
-                 "`sudo vmsandbox image build` to update", blocking=False)
+    return Check(
+        "base image",
+        True,
+        f"{images[0].version} (older recipe; current is {wanted})",
+        "`sudo vmsandbox image build` to update",
+        blocking=False,
+    )
 
 
 def run_checks(settings: Settings) -> list[Check]:

@@ -51,8 +51,9 @@ def recipe_root() -> Path:
     for candidate in (here / "_data" / "images", here.parent / "images"):
         if (candidate / "base.yaml").is_file():
             return candidate
-    raise VmsandboxError("the image recipe (images/base.yaml) is missing from this installation",
-                         hint="reinstall vmsandbox")
+    raise VmsandboxError(
+        "the image recipe (images/base.yaml) is missing from this installation", hint="reinstall vmsandbox"
+    )
 
 
 @dataclass(frozen=True)
@@ -103,8 +104,7 @@ def host_ca_certs() -> tuple[Path, ...]:
 def load_recipe(*, trust_host_ca: bool = True, root: Path | None = None) -> Recipe:
     root = root or recipe_root()
     recipe_file = root / "base.yaml"
-    data = check(load_yaml(recipe_file), RECIPE_FIELDS, source=str(recipe_file),
-                 required=tuple(RECIPE_FIELDS))
+    data = check(load_yaml(recipe_file), RECIPE_FIELDS, source=str(recipe_file), required=tuple(RECIPE_FIELDS))
     return Recipe(
         suite=data["suite"],
         mirror=data["mirror"],
@@ -189,8 +189,10 @@ def current_image() -> Image:
     for image in images:
         if image.version == wanted:
             return image
-    ui.warn(f"using base image {images[0].version}; the current recipe would build {wanted} "
-            "(run `vmsandbox image build` to update)")
+    ui.warn(
+        f"using base image {images[0].version}; the current recipe would build {wanted} "
+        "(run `vmsandbox image build` to update)"
+    )
     return images[0]
 
 
@@ -235,22 +237,33 @@ def remove_tree(path: Path) -> None:
     shutil.rmtree(path, ignore_errors=True)
 
 
+def remove_stale(root: Path) -> list[Path]:
+    """Remove `.tmp-*` directories a killed build left behind. Call only while holding the build lock."""
+    stale = sorted(root.glob(f"{TMP_PREFIX}*"))
+    for path in stale:
+        remove_tree(path)
+    return stale
+
+
 def _require_build_host(root: Path) -> None:
     if os.geteuid() != 0:
-        raise VmsandboxError("building the base image needs root (debootstrap, file ownership in the image)",
-                             hint="run `sudo vmsandbox image build`")
+        raise VmsandboxError(
+            "building the base image needs root (debootstrap, file ownership in the image)",
+            hint="run `sudo vmsandbox image build`",
+        )
     for tool in ("debootstrap", "mkfs.ext4", "qemu-img", "chroot"):
         proc.which(tool)
     free = shutil.disk_usage(root).free
     if free < MIN_FREE_BYTES:
         raise VmsandboxError(
             f"only {free / 1024**3:.1f} GiB free under {root}; a build needs {MIN_FREE_BYTES // 1024**3} GiB",
-            hint=f"free some space or point VMSANDBOX_DATA_DIR at a bigger disk",
+            hint="free some space or point VMSANDBOX_DATA_DIR at a bigger disk",
         )
 
 
-def build(*, force: bool = False, trust_host_ca: bool = True,
-          recipe: Recipe | None = None, images_dir: Path | None = None) -> tuple[Image, bool]:
+def build(
+    *, force: bool = False, trust_host_ca: bool = True, recipe: Recipe | None = None, images_dir: Path | None = None
+) -> tuple[Image, bool]:
     """Build the base image for the current recipe. Returns (image, built): built is False for a no-op."""
     recipe = recipe or load_recipe(trust_host_ca=trust_host_ca)
     root = images_dir or paths.images_dir()
@@ -264,8 +277,7 @@ def build(*, force: bool = False, trust_host_ca: bool = True,
     with build_lock(root):
         if final.exists() and not force:  # another build finished it while we waited
             return get_image_at(final), False
-        for stale in root.glob(f"{TMP_PREFIX}*"):  # left by a killed build; we hold the lock
-            remove_tree(stale)
+        remove_stale(root)
         work = Path(tempfile.mkdtemp(prefix=TMP_PREFIX, dir=root))
         try:
             _build_into(recipe, work)
@@ -291,8 +303,15 @@ def _build_into(recipe: Recipe, work: Path) -> None:
     cache.mkdir(parents=True, exist_ok=True)
     with ui.step(f"Installing Debian {recipe.suite} and {len(recipe.packages)} packages (debootstrap)"):
         proc.run(
-            ["debootstrap", f"--variant={recipe.variant}", f"--cache-dir={cache}",
-             f"--include={','.join(recipe.packages)}", recipe.suite, rootfs, recipe.mirror],
+            [
+                "debootstrap",
+                f"--variant={recipe.variant}",
+                f"--cache-dir={cache}",
+                f"--include={','.join(recipe.packages)}",
+                recipe.suite,
+                rootfs,
+                recipe.mirror,
+            ],
             hint=f"check that the mirror {recipe.mirror} is reachable (`apt-get update` on this host)",
         )
     with ui.step("Configuring the guest (CA certificates, units, sshd, masks)"):
@@ -302,8 +321,10 @@ def _build_into(recipe: Recipe, work: Path) -> None:
     rootfs_bytes = _tree_size(rootfs)
     with ui.step(f"Making a {recipe.filesystem_mib} MiB ext4 filesystem and converting it to qcow2"):
         raw = work / "disk.raw"
-        proc.run(["mkfs.ext4", "-q", "-L", "root", "-d", rootfs, raw, f"{recipe.filesystem_mib}M"],
-                 hint="is the recipe's filesystem_mib big enough for the packages?")
+        proc.run(
+            ["mkfs.ext4", "-q", "-L", "root", "-d", rootfs, raw, f"{recipe.filesystem_mib}M"],
+            hint="is the recipe's filesystem_mib big enough for the packages?",
+        )
         remove_tree(rootfs)
         disk = work / paths.IMAGE_DISK
         qemuimg.convert_to_qcow2(raw, disk)
@@ -319,8 +340,11 @@ def _build_into(recipe: Recipe, work: Path) -> None:
         "kernel_version": kernel_version,
         "kernel_cmdline": recipe.kernel_cmdline,
         "host_ca_certs": [c.name for c in recipe.ca_certs],
-        "sizes": {"disk_bytes": disk_info.actual_size, "disk_virtual_bytes": disk_info.virtual_size,
-                  "rootfs_bytes": rootfs_bytes},
+        "sizes": {
+            "disk_bytes": disk_info.actual_size,
+            "disk_virtual_bytes": disk_info.virtual_size,
+            "rootfs_bytes": rootfs_bytes,
+        },
         "packages": packages,
     }
     (work / paths.IMAGE_MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
@@ -354,8 +378,8 @@ def _customise(recipe: Recipe, rootfs: Path) -> None:
         link = units / unit
         link.unlink(missing_ok=True)
         link.symlink_to("/dev/null")
-    for rel in recipe.remove:
-        (rootfs / rel).unlink(missing_ok=True)
+    for removed in recipe.remove:
+        (rootfs / removed).unlink(missing_ok=True)
     (rootfs / "etc/machine-id").write_text("")  # a fresh one per boot
     (rootfs / "etc/hostname").write_text("vmsandbox\n")
     (rootfs / "etc/resolv.conf").unlink(missing_ok=True)

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import logging
 import os
 import shlex
-import signal
 import shutil
+import signal
 import subprocess
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -49,8 +50,7 @@ class CommandError(VmsandboxError):
     def __init__(self, result: Result, *, hint: str | None = None) -> None:
         tail = "\n".join(result.stderr.strip().splitlines()[-8:])
         super().__init__(
-            f"`{shlex.join(result.argv)}` failed with exit code {result.returncode}"
-            + (f": {tail}" if tail else ""),
+            f"`{shlex.join(result.argv)}` failed with exit code {result.returncode}" + (f": {tail}" if tail else ""),
             hint=hint,
         )
         self.result = result
@@ -72,7 +72,7 @@ def run(
     argv: Sequence[str | Path],
     *,
     check: bool = True,
-    input: str | bytes | None = None,  # noqa: A002 - mirrors subprocess.run
+    input: str | bytes | None = None,
     env: Mapping[str, str] | None = None,
     cwd: Path | None = None,
     timeout: float | None = None,
@@ -96,14 +96,13 @@ def run(
         env=dict(env) if env is not None else None,
         cwd=cwd,
         start_new_session=True,
+        preexec_fn=_die_with_parent,  # noqa: PLW1509 - only calls prctl, no locks taken
     )
     try:
         stdout, stderr = child.communicate(data, timeout=timeout)
     except subprocess.TimeoutExpired as exc:
         _kill_group(child)
-        raise VmsandboxError(
-            f"`{shlex.join(args)}` did not finish within {timeout:.0f} s", hint=hint
-        ) from exc
+        raise VmsandboxError(f"`{shlex.join(args)}` did not finish within {timeout:.0f} s", hint=hint) from exc
     except BaseException:
         _kill_group(child)
         raise
@@ -136,6 +135,15 @@ def run_attached(argv: Sequence[str | Path], *, env: Mapping[str, str] | None = 
         raise
 
 
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    """In the child: get SIGTERM if vmsandbox dies, even by SIGKILL (no cleanup handler runs then)."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
 def _kill_group(child: subprocess.Popen[bytes]) -> None:
     for sig, grace in ((signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0)):
         with contextlib.suppress(ProcessLookupError):
@@ -145,11 +153,3 @@ def _kill_group(child: subprocess.Popen[bytes]) -> None:
         except subprocess.TimeoutExpired:
             continue
         return
-
-
-def popen(argv: Sequence[str | Path], **kwargs: object) -> subprocess.Popen[bytes]:
-    """Start argv in the background (for long-lived children such as daemons or ssh sessions)."""
-    args = [str(a) for a in argv]
-    args[0] = which(args[0])
-    log.debug("popen: %s", shlex.join(args))
-    return subprocess.Popen(args, **kwargs)  # type: ignore[call-overload,no-any-return]

@@ -40,9 +40,7 @@ def check(
     for key in data:
         if key not in fields:
             known = ", ".join(sorted(fields))
-            raise VmsandboxError(
-                f"{source}: unknown key `{key}`", hint=f"known keys are: {known}"
-            )
+            raise VmsandboxError(f"{source}: unknown key `{key}`", hint=f"known keys are: {known}")
     for key in required:
         if key not in data:
             raise VmsandboxError(f"{source}: missing key `{key}`")
@@ -58,7 +56,5 @@ def check(
             ok = isinstance(value, expected)
             wanted = {str: "a string", bool: "true or false"}.get(expected, expected.__name__)
         if not ok:
-            raise VmsandboxError(
-                f"{source}: `{key}` must be {wanted}, not {type(value).__name__} {value!r}"
-            )
+            raise VmsandboxError(f"{source}: `{key}` must be {wanted}, not {type(value).__name__} {value!r}")
     return dict(data)

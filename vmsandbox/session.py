@@ -95,9 +95,11 @@ class Record:
         except FileNotFoundError:
             raise VmsandboxError(f"no session named {name!r}", hint="list sessions with `vmsandbox ls`") from None
         except ValueError as exc:
-            raise VmsandboxError(f"the record of session {name} is damaged: {exc}",
-                                 hint=f"remove it with `vmsandbox destroy {name} --force`") from exc
-        known = {f for f in cls.__dataclass_fields__}
+            raise VmsandboxError(
+                f"the record of session {name} is damaged: {exc}",
+                hint=f"remove it with `vmsandbox destroy {name} --force`",
+            ) from exc
+        known = set(cls.__dataclass_fields__)
         return cls(**{k: v for k, v in data.items() if k in known})
 
     def owner_alive(self) -> bool:
@@ -120,15 +122,18 @@ def validate_project(path: Path) -> Path:
         raise VmsandboxError(f"{path} is not a directory", hint="give the path of a project directory")
     resolved = path.resolve()
     if resolved == Path("/") or resolved == Path.home().resolve():
-        raise VmsandboxError(f"refusing to sandbox {resolved}: it is too broad",
-                             hint="run vmsandbox inside a project directory")
+        raise VmsandboxError(
+            f"refusing to sandbox {resolved}: it is too broad", hint="run vmsandbox inside a project directory"
+        )
     return resolved
 
 
 def validate_name(name: str) -> str:
     if not NAME_RE.match(name):
-        raise VmsandboxError(f"invalid session name {name!r}",
-                             hint="use 1-31 lowercase letters, digits and dashes, starting with a letter or digit")
+        raise VmsandboxError(
+            f"invalid session name {name!r}",
+            hint="use 1-31 lowercase letters, digits and dashes, starting with a letter or digit",
+        )
     return name
 
 
@@ -182,16 +187,28 @@ def create(opts: Options) -> Record:
     try:
         files.root.mkdir(mode=0o711)
     except FileExistsError:
-        raise VmsandboxError(f"a session named {name} already exists",
-                             hint=f"pick another --name, or `vmsandbox destroy {name}`") from None
+        raise VmsandboxError(
+            f"a session named {name} already exists", hint=f"pick another --name, or `vmsandbox destroy {name}`"
+        ) from None
     files.root.chmod(0o711)  # libvirt's QEMU user must reach the overlay; keys stay 0600
     user = GuestUser.of_host()
     record = Record(
-        name=name, project=str(project), image_version=image.version,
-        accel=choice.accel.value, accel_reason=choice.reason, cpus=settings.cpus,
-        memory_mib=settings.memory_mib, disk_mib=settings.disk_mib, ssh_port=0,
-        user=user.name, uid=user.uid, gid=user.gid, libvirt_uri=settings.libvirt_uri,
-        keep=opts.keep, owner_pid=os.getpid(), owner_start=process_start(os.getpid()),
+        name=name,
+        project=str(project),
+        image_version=image.version,
+        accel=choice.accel.value,
+        accel_reason=choice.reason,
+        cpus=settings.cpus,
+        memory_mib=settings.memory_mib,
+        disk_mib=settings.disk_mib,
+        ssh_port=0,
+        user=user.name,
+        uid=user.uid,
+        gid=user.gid,
+        libvirt_uri=settings.libvirt_uri,
+        keep=opts.keep,
+        owner_pid=os.getpid(),
+        owner_start=process_start(os.getpid()),
     )
     try:
         record.save()
@@ -244,9 +261,16 @@ def _boot(record: Record, image: image_mod.Image, hv: Hypervisor, boot_timeout: 
         ssh.write_known_hosts(files, record.ssh_port, files.host_key.with_suffix(".pub").read_text())
         record.endpoint().write_config()
         spec = DomainSpec(
-            name=record.domain, session=record.name, session_dir=files.root,
-            accel=accel_mod.Accel(record.accel), cpus=record.cpus, memory_mib=record.memory_mib,
-            disk=files.overlay, kernel=image.kernel, initrd=image.initrd, cmdline=image.kernel_cmdline,
+            name=record.domain,
+            session=record.name,
+            session_dir=files.root,
+            accel=accel_mod.Accel(record.accel),
+            cpus=record.cpus,
+            memory_mib=record.memory_mib,
+            disk=files.overlay,
+            kernel=image.kernel,
+            initrd=image.initrd,
+            cmdline=image.kernel_cmdline,
             console_log=files.console_log,
             forwards=(Forward(record.ssh_port, 22),),
             fwcfg_files={k: files.fwcfg_dir / k for k in FWCFG_ENTRIES},
@@ -262,8 +286,10 @@ def _boot(record: Record, image: image_mod.Image, hv: Hypervisor, boot_timeout: 
             raise
         break
     else:
-        assert last_error is not None
-        raise VmsandboxError(f"no free port for SSH after {PORT_ATTEMPTS} tries: {last_error.message}")
+        raise VmsandboxError(
+            f"no free port for SSH after {PORT_ATTEMPTS} tries: {last_error}",
+            hint="too many ports on 127.0.0.1 are taken; free some and retry",
+        )
     record.save()
 
     def alive() -> str | None:
@@ -299,10 +325,18 @@ class Status:
     def as_dict(self) -> dict[str, Any]:
         r = self.record
         return {
-            "name": r.name, "state": self.state, "created": r.created,
-            "age_seconds": round(time.time() - r.created), "project": r.project, "accel": r.accel,
-            "ports": {"ssh": r.ssh_port}, "cpus": r.cpus, "memory_mib": r.memory_mib,
-            "image": r.image_version, "keep": r.keep, "domain": r.domain,
+            "name": r.name,
+            "state": self.state,
+            "created": r.created,
+            "age_seconds": round(time.time() - r.created),
+            "project": r.project,
+            "accel": r.accel,
+            "ports": {"ssh": r.ssh_port},
+            "cpus": r.cpus,
+            "memory_mib": r.memory_mib,
+            "image": r.image_version,
+            "keep": r.keep,
+            "domain": r.domain,
         }
 
 

@@ -133,6 +133,8 @@ def connect(endpoint: Endpoint, *, user: str | None = None, timeout: float = 15)
         ) from exc
     except (paramiko.SSHException, OSError) as exc:
         client.close()
-        raise VmsandboxError(f"cannot reach the guest of session {endpoint.session} over SSH: {exc}",
-                             hint=f"check the VM with `vmsandbox logs {endpoint.session} console`") from exc
+        raise VmsandboxError(
+            f"cannot reach the guest of session {endpoint.session} over SSH: {exc}",
+            hint=f"check the VM with `vmsandbox logs {endpoint.session} console`",
+        ) from exc
     return client

@@ -74,8 +74,9 @@ class Hypervisor:
         try:
             self._conn.createXML(xml, 0)
         except libvirt.libvirtError as exc:
-            raise VmsandboxError(f"libvirt could not start the VM: {_message(exc)}",
-                                 hint="`vmsandbox doctor` checks the host set-up") from exc
+            raise VmsandboxError(
+                f"libvirt could not start the VM: {_message(exc)}", hint="`vmsandbox doctor` checks the host set-up"
+            ) from exc
 
     def _lookup(self, name: str) -> Any:
         try:

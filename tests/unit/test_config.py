@@ -1,0 +1,65 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from vmsandbox import config
+from vmsandbox.accel import Accel
+from vmsandbox.errors import VmsandboxError
+
+
+def write(path: Path, text: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    return path
+
+
+def test_project_overrides_user_and_env_overrides_both(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    write(tmp_path / "config" / "config.yaml", "cpus: 3\nmemory: 1G\naccel: kvm\n")
+    project = tmp_path / "proj"
+    write(project / ".vmsandbox.yaml", "memory: 3072M\n")
+    monkeypatch.setenv("VMSANDBOX_ACCEL", "tcg")
+    s = config.load(project)
+    assert (s.cpus, s.memory_mib, s.accel) == (3, 3072, Accel.TCG)
+
+
+def test_unknown_key_names_file_and_key(tmp_path: Path) -> None:
+    f = write(tmp_path / "proj" / ".vmsandbox.yaml", "cpu: 4\n")
+    with pytest.raises(VmsandboxError) as err:
+        config.load(tmp_path / "proj")
+    assert str(f) in err.value.message
+    assert "`cpu`" in err.value.message
+    assert err.value.hint is not None and "cpus" in err.value.hint
+
+
+@pytest.mark.parametrize(
+    ("text", "needle"),
+    [
+        ("cpus: four\n", "`cpus` must be an integer"),
+        ("trust_host_ca: 1\n", "true or false"),
+        ("memory: lots\n", "cannot read size"),
+        ("accel: xen\n", "unknown accelerator"),
+        ("cpus: 0\n", "between"),
+    ],
+)
+def test_bad_values_are_errors(tmp_path: Path, text: str, needle: str) -> None:
+    write(tmp_path / "p" / ".vmsandbox.yaml", text)
+    with pytest.raises(VmsandboxError, match=needle):
+        config.load(tmp_path / "p")
+
+
+def test_not_a_mapping_and_bad_yaml(tmp_path: Path) -> None:
+    write(tmp_path / "p" / ".vmsandbox.yaml", "- a\n- b\n")
+    with pytest.raises(VmsandboxError, match="mapping"):
+        config.load(tmp_path / "p")
+    write(tmp_path / "p" / ".vmsandbox.yaml", "cpus: [\n")
+    with pytest.raises(VmsandboxError, match="not valid YAML"):
+        config.load(tmp_path / "p")
+
+
+@pytest.mark.parametrize(
+    ("text", "mib"), [("2G", 2048), ("512", 512), ("1536M", 1536), ("1GiB", 1024), ("1T", 1024 * 1024)]
+)
+def test_sizes(text: str, mib: int) -> None:
+    assert config.parse_size_mib(text, what="x") == mib

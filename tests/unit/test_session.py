@@ -1,0 +1,79 @@
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from vmsandbox import paths, session
+from vmsandbox.errors import VmsandboxError
+from vmsandbox.guest import remote_command
+
+
+def test_project_must_exist_and_be_a_directory(tmp_path: Path) -> None:
+    with pytest.raises(VmsandboxError, match="does not exist"):
+        session.validate_project(tmp_path / "nope")
+    (tmp_path / "f").write_text("")
+    with pytest.raises(VmsandboxError, match="not a directory"):
+        session.validate_project(tmp_path / "f")
+    assert session.validate_project(tmp_path) == tmp_path.resolve()
+
+
+def test_too_broad_projects_are_refused(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    with pytest.raises(VmsandboxError, match="too broad"):
+        session.validate_project(Path("/"))
+    monkeypatch.setenv("HOME", str(tmp_path))
+    with pytest.raises(VmsandboxError, match="too broad"):
+        session.validate_project(tmp_path)
+
+
+@pytest.mark.parametrize("bad", ["", "UPPER", "-lead", "a b", "x" * 40, "../etc"])
+def test_bad_names(bad: str) -> None:
+    with pytest.raises(VmsandboxError, match="invalid session name"):
+        session.validate_name(bad)
+
+
+def test_default_name_is_valid() -> None:
+    name = session.default_name(Path("/home/u/My Project_2"))
+    assert session.validate_name(name) == name and name.startswith("my-project-2-")
+
+
+def test_record_roundtrip_and_owner() -> None:
+    r = session.Record(
+        name="s1",
+        project="/p",
+        image_version="v",
+        accel="tcg",
+        accel_reason="r",
+        cpus=1,
+        memory_mib=512,
+        disk_mib=1024,
+        ssh_port=1234,
+        user="u",
+        uid=1000,
+        gid=1000,
+        libvirt_uri="test:///default",
+        owner_pid=os.getpid(),
+        owner_start=session.process_start(os.getpid()),
+    )
+    r.files.root.mkdir(parents=True)
+    r.save()
+    loaded = session.Record.load("s1")
+    assert loaded == r and loaded.owner_alive()
+    loaded.owner_start = "0"  # a reused pid is not the owner
+    assert not loaded.owner_alive()
+
+
+def test_missing_and_damaged_records() -> None:
+    with pytest.raises(VmsandboxError, match="no session named"):
+        session.Record.load("ghost")
+    files = paths.session_paths("broken")
+    files.root.mkdir(parents=True)
+    files.record.write_text("{not json")
+    with pytest.raises(VmsandboxError, match="damaged"):
+        session.Record.load("broken")
+
+
+def test_remote_command_quotes_argv() -> None:
+    assert remote_command("/w/my proj", ["echo", "a b", "$HOME"]) == "cd -- '/w/my proj' && exec echo 'a b' '$HOME'"
+    assert remote_command("/w", None).endswith('exec "${SHELL:-/bin/bash}" -l')

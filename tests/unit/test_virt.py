@@ -1,0 +1,87 @@
+"""libvirt logic on libvirt's in-process test:/// driver (no daemon, no VM)."""
+
+from __future__ import annotations
+
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+from vmsandbox import paths, session
+from vmsandbox.domain import META_NS
+from vmsandbox.errors import VmsandboxError
+from vmsandbox.virt import Hypervisor
+
+URI = "test:///default"
+
+
+def test_domain(name: str, session_dir: Path | None = None) -> str:
+    root = ET.Element("domain", {"type": "test"})
+    ET.SubElement(root, "name").text = name
+    if session_dir is not None:
+        meta = ET.SubElement(root, "metadata")
+        ET.SubElement(meta, f"{{{META_NS}}}session", {"name": name, "dir": str(session_dir)})
+    ET.SubElement(root, "memory").text = "65536"
+    os_el = ET.SubElement(root, "os")
+    ET.SubElement(os_el, "type").text = "hvm"
+    return ET.tostring(root, encoding="unicode")
+
+
+test_domain.__test__ = False  # type: ignore[attr-defined]
+
+
+def test_create_info_destroy() -> None:
+    with Hypervisor(URI) as hv:
+        hv.create(test_domain("vmsandbox-unit-a"))
+        info = hv.info("vmsandbox-unit-a")
+        assert info is not None and info.state == "running"
+        assert "vmsandbox-unit-a" in [d.name for d in hv.domains("vmsandbox-")]
+        assert hv.destroy("vmsandbox-unit-a")
+        assert hv.info("vmsandbox-unit-a") is None
+        assert not hv.destroy("vmsandbox-unit-a")
+
+
+def test_unreachable_daemon_names_the_fix() -> None:
+    with pytest.raises(VmsandboxError) as err:
+        Hypervisor("qemu+unix:///system?socket=/nonexistent/libvirt-sock")
+    assert err.value.hint is not None and "vmsandbox host setup" in err.value.hint
+
+
+def test_gc_destroys_our_domains_without_a_session_dir_only() -> None:
+    gone = paths.sessions_dir() / "gone"
+    with Hypervisor(URI) as hv:
+        hv.create(test_domain("vmsandbox-gone", gone))
+        hv.create(test_domain("vmsandbox-foreign"))  # shares the prefix but has no vmsandbox metadata
+        try:
+            lines = list(session.gc(URI))
+            assert lines == ["destroyed domain vmsandbox-gone (its session directory is gone)"]
+            assert hv.info("vmsandbox-gone") is None
+            assert hv.info("vmsandbox-foreign") is not None
+        finally:
+            hv.destroy("vmsandbox-foreign")
+            hv.destroy("vmsandbox-gone")
+
+
+def test_gc_removes_sessions_whose_vm_is_gone() -> None:
+    r = session.Record(
+        name="dead",
+        project="/p",
+        image_version="v",
+        accel="tcg",
+        accel_reason="",
+        cpus=1,
+        memory_mib=512,
+        disk_mib=1024,
+        ssh_port=1,
+        user="u",
+        uid=1,
+        gid=1,
+        libvirt_uri=URI,
+        keep=True,
+        status="ready",
+    )
+    r.files.root.mkdir(parents=True)
+    r.save()
+    assert session.all_status(URI)[0].state == "stopped"
+    assert list(session.gc(URI)) == ["removed session dead (stopped)"]
+    assert not r.files.root.exists()
