@@ -31,6 +31,7 @@ host_app = typer.Typer(no_args_is_help=True, help="Host set-up where no service 
 app.add_typer(image_app, name="image")
 app.add_typer(host_app, name="host")
 
+
 class _Invocation:
     """Everything after the first `--` on the command line: the command to run in the guest.
 
@@ -187,6 +188,8 @@ def run(
     code = EXIT_ERROR
     try:
         code = guest.attach(record, cmd, tty=tty)
+        if code == guest.SSH_FAILED and session.stops_within(record, seconds=15):
+            ui.warn(f"the VM shut down while the command ran; its console log: `vmsandbox logs {record.name}`")
     finally:
         if keep:
             ui.info(

@@ -8,6 +8,8 @@ import sys
 from vmsandbox import proc
 from vmsandbox.session import Record
 
+SSH_FAILED = 255  # what ssh exits with when the connection (not the command) failed
+
 
 def remote_command(workdir: str, cmd: list[str] | None) -> str:
     """The command line the guest's shell runs: cd into the project, then CMD (argv, quoted) or a login shell."""

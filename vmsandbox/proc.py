@@ -122,7 +122,11 @@ def run_attached(argv: Sequence[str | Path], *, env: Mapping[str, str] | None = 
     args = [str(a) for a in argv]
     args[0] = which(args[0])
     log.debug("run_attached: %s", shlex.join(args))
-    child = subprocess.Popen(args, env=dict(env) if env is not None else None)
+    child = subprocess.Popen(
+        args,
+        env=dict(env) if env is not None else None,
+        preexec_fn=_die_with_parent,  # noqa: PLW1509 - only calls prctl
+    )
     try:
         return child.wait()
     except BaseException:

@@ -182,43 +182,44 @@ def create(opts: Options) -> Record:
     if choice.accel is accel_mod.Accel.TCG and settings.accel is accel_mod.Accel.AUTO:
         ui.warn(choice.reason)
     image = image_mod.current_image()
-    files = paths.session_paths(name)
-    files.root.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        files.root.mkdir(mode=0o711)
-    except FileExistsError:
-        raise VmsandboxError(
-            f"a session named {name} already exists", hint=f"pick another --name, or `vmsandbox destroy {name}`"
-        ) from None
-    files.root.chmod(0o711)  # libvirt's QEMU user must reach the overlay; keys stay 0600
-    user = GuestUser.of_host()
-    record = Record(
-        name=name,
-        project=str(project),
-        image_version=image.version,
-        accel=choice.accel.value,
-        accel_reason=choice.reason,
-        cpus=settings.cpus,
-        memory_mib=settings.memory_mib,
-        disk_mib=settings.disk_mib,
-        ssh_port=0,
-        user=user.name,
-        uid=user.uid,
-        gid=user.gid,
-        libvirt_uri=settings.libvirt_uri,
-        keep=opts.keep,
-        owner_pid=os.getpid(),
-        owner_start=process_start(os.getpid()),
-    )
-    try:
-        record.save()
-        with Hypervisor(settings.libvirt_uri) as hv:
+    with Hypervisor(settings.libvirt_uri) as hv:  # fails early, before anything is made, if libvirt is down
+        files = paths.session_paths(name)
+        files.root.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            files.root.mkdir(mode=0o711)
+        except FileExistsError:
+            raise VmsandboxError(
+                f"a session named {name} already exists",
+                hint=f"pick another --name, or `vmsandbox destroy {name}`",
+            ) from None
+        files.root.chmod(0o711)  # libvirt's QEMU user must reach the overlay; keys stay 0600
+        user = GuestUser.of_host()
+        record = Record(
+            name=name,
+            project=str(project),
+            image_version=image.version,
+            accel=choice.accel.value,
+            accel_reason=choice.reason,
+            cpus=settings.cpus,
+            memory_mib=settings.memory_mib,
+            disk_mib=settings.disk_mib,
+            ssh_port=0,
+            user=user.name,
+            uid=user.uid,
+            gid=user.gid,
+            libvirt_uri=settings.libvirt_uri,
+            keep=opts.keep,
+            owner_pid=os.getpid(),
+            owner_start=process_start(os.getpid()),
+        )
+        try:
+            record.save()
             _prepare(record, image, user)
             _boot(record, image, hv, settings.boot_timeout)
-    except BaseException:
-        with contextlib.suppress(Exception):
-            remove(record)
-        raise
+        except BaseException:
+            hv.destroy(record.domain)
+            shutil.rmtree(files.root, ignore_errors=True)
+            raise
     return record
 
 
@@ -349,6 +350,20 @@ def status(record: Record, hv: Hypervisor) -> Status:
     if not record.keep and not record.owner_alive():
         return Status(record, "orphaned")
     return Status(record, info.state)
+
+
+def stops_within(record: Record, *, seconds: float) -> bool:
+    """Whether the VM stops (or is already gone) within `seconds`: tells a guest shutting itself down
+    from a dropped connection."""
+    deadline = time.monotonic() + seconds
+    with Hypervisor(record.libvirt_uri) as hv:
+        while True:
+            info = hv.info(record.domain)
+            if info is None or info.state in ("shutoff", "crashed"):
+                return True
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.5)
 
 
 def all_status(uri: str) -> list[Status]:

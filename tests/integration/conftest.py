@@ -1,0 +1,191 @@
+"""Integration tests boot real VMs under libvirt.
+
+Layers: host (libvirt reachable, root) -> base image (built once, cached by recipe hash in the data dir)
+-> a shared booted session for tests that don't disturb it -> fresh sessions for tests that own a VM.
+Every session gets a unique name; teardown removes every domain and directory a test made; a failed
+test keeps the session's serial console log (path printed).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from vmsandbox import image, paths, session
+from vmsandbox.config import Settings
+from vmsandbox.errors import VmsandboxError
+from vmsandbox.virt import Hypervisor
+
+URI = os.environ.get("VMSANDBOX_LIBVIRT_URI", "qemu:///system")
+LOG_KEEP_DIR = Path(os.environ.get("VMSANDBOX_TEST_LOGS", "/var/tmp/vmsandbox-test-logs"))
+NAME_PREFIX = "it-"
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    here = Path(__file__).parent
+    for item in items:
+        if here in Path(str(item.fspath)).parents:
+            item.add_marker(pytest.mark.integration)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    report = yield
+    if report.when == "call":  # type: ignore[attr-defined]
+        item.stash[FAILED] = report.failed  # type: ignore[attr-defined]
+    return report
+
+
+FAILED = pytest.StashKey[bool]()
+
+
+def _unavailable(reason: str) -> None:
+    """In CI a missing prerequisite is a failure, never a silent skip."""
+    if os.environ.get("CI"):
+        pytest.fail(f"integration prerequisites missing in CI: {reason}")
+    pytest.skip(reason)
+
+
+@pytest.fixture(scope="session")
+def host() -> str:
+    if os.geteuid() != 0:
+        _unavailable("integration tests need root (qemu:///system, image build)")
+    try:
+        with Hypervisor(URI):
+            pass
+    except VmsandboxError as exc:  # the same probe `vmsandbox doctor` uses
+        _unavailable(f"{exc.message} ({exc.hint})")
+    return URI
+
+
+@pytest.fixture(scope="session")
+def base_image(host: str) -> image.Image:
+    built, _ = image.build()  # a no-op when this recipe is already built (the CI cache)
+    return built
+
+
+@pytest.fixture(scope="session")
+def state_dir() -> Iterator[Path]:
+    """A private state dir for the run; libvirt's QEMU user must be able to traverse it."""
+    d = Path(tempfile.mkdtemp(prefix="vmsandbox-it-", dir="/var/tmp"))
+    d.chmod(0o711)
+    old = os.environ.get("VMSANDBOX_STATE_DIR")
+    os.environ["VMSANDBOX_STATE_DIR"] = str(d)
+    yield d
+    with Hypervisor(URI) as hv:
+        for info in list(hv.domains(session.DOMAIN_PREFIX + NAME_PREFIX)):
+            hv.destroy(info.name)
+    if old is None:
+        del os.environ["VMSANDBOX_STATE_DIR"]
+    else:
+        os.environ["VMSANDBOX_STATE_DIR"] = old
+    shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> Path:
+    p = tmp_path / "my project"
+    p.mkdir()
+    (p / "README").write_text("hello\n")
+    return p
+
+
+def unique_name() -> str:
+    return f"{NAME_PREFIX}{secrets.token_hex(3)}"
+
+
+@dataclass
+class Cli:
+    state_dir: Path
+
+    def env(self, **extra: str) -> dict[str, str]:
+        env = dict(os.environ)
+        env["VMSANDBOX_STATE_DIR"] = str(self.state_dir)
+        env.update(extra)
+        return env
+
+    def argv(self, *args: str) -> list[str]:
+        return [sys.executable, "-m", "vmsandbox", *args]
+
+    def run(
+        self,
+        *args: str,
+        input: bytes | None = None,
+        timeout: float = 600,
+        env: dict[str, str] | None = None,
+    ) -> subprocess.CompletedProcess[bytes]:
+        return subprocess.run(
+            self.argv(*args), input=input, capture_output=True, timeout=timeout, env=env or self.env(), check=False
+        )
+
+    def popen(self, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+        return subprocess.Popen(
+            self.argv(*args),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=env or self.env(),
+        )
+
+    def ls(self) -> list[dict[str, object]]:
+        result = self.run("ls", "--json")
+        assert result.returncode == 0, result.stderr.decode()
+        data: list[dict[str, object]] = json.loads(result.stdout)
+        return data
+
+
+@pytest.fixture(scope="session")
+def cli(state_dir: Path) -> Cli:
+    return Cli(state_dir)
+
+
+def keep_console_on_failure(request: pytest.FixtureRequest, name: str) -> None:
+    if request.node.stash.get(FAILED, False):
+        log_file = paths.session_paths(name).console_log
+        if log_file.exists():
+            LOG_KEEP_DIR.mkdir(parents=True, exist_ok=True)
+            kept = LOG_KEEP_DIR / f"{request.node.name}-{name}.console.log"
+            shutil.copyfile(log_file, kept)
+            print(f"\nserial console of {name} kept at {kept}")
+
+
+def assert_gone(name: str) -> None:
+    """No domain, no session directory, no QEMU process for this session."""
+    with Hypervisor(URI) as hv:
+        assert hv.info(session.DOMAIN_PREFIX + name) is None
+    assert not paths.session_paths(name).root.exists()
+    ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True, check=True).stdout
+    assert f"guest=vmsandbox-{name}," not in ps
+
+
+@pytest.fixture
+def owned_name(request: pytest.FixtureRequest, base_image: image.Image, state_dir: Path) -> Iterator[str]:
+    """A unique session name for a test that creates (and should remove) its own VM."""
+    name = unique_name()
+    yield name
+    keep_console_on_failure(request, name)
+    with Hypervisor(URI) as hv:
+        hv.destroy(session.DOMAIN_PREFIX + name)
+    shutil.rmtree(paths.session_paths(name).root, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def shared(
+    base_image: image.Image, state_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[session.Record]:
+    """One booted session shared by tests that only read from it."""
+    proj = tmp_path_factory.mktemp("shared") / "shared project"
+    proj.mkdir()
+    record = session.create(session.Options(project=proj, name=unique_name(), settings=Settings(), keep=True))
+    yield record
+    session.remove(record)

@@ -1,0 +1,138 @@
+"""Tests that own their VM: each boots a fresh one and checks that nothing is left behind."""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+from pathlib import Path
+
+from vmsandbox import paths, session
+from vmsandbox.virt import Hypervisor
+
+from .conftest import URI, Cli, assert_gone
+
+
+def wait_for(predicate: object, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():  # type: ignore[operator]
+            return
+        time.sleep(0.5)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def domain_exists(name: str) -> bool:
+    with Hypervisor(URI) as hv:
+        return hv.info(session.DOMAIN_PREFIX + name) is not None
+
+
+def record_status(name: str) -> str | None:
+    try:
+        return str(json.loads(paths.session_paths(name).record.read_text())["status"])
+    except (OSError, ValueError):
+        return None
+
+
+def test_run_passes_the_exit_code_and_cleans_up(cli: Cli, owned_name: str, project: Path) -> None:
+    r = cli.run("run", "--name", owned_name, str(project), "--", "sh", "-c", "hostname; exit 4")
+    assert r.returncode == 4, r.stderr.decode()
+    assert r.stdout == f"vmsandbox-{owned_name}\n".encode()
+    assert_gone(owned_name)
+
+
+def test_two_concurrent_sessions(cli: Cli, owned_name: str, project: Path) -> None:
+    second = owned_name + "b"
+    try:
+        procs = [cli.popen("run", "--name", n, str(project), "--", "hostname") for n in (owned_name, second)]
+        outs = [p.communicate(timeout=600) for p in procs]
+        for p, (out, err), n in zip(procs, outs, (owned_name, second), strict=True):
+            assert p.returncode == 0, err.decode()
+            assert out == f"vmsandbox-{n}\n".encode()
+    finally:
+        with Hypervisor(URI) as hv:
+            hv.destroy(session.DOMAIN_PREFIX + second)
+    assert_gone(owned_name)
+    assert_gone(second)
+
+
+def test_keep_then_destroy_leaves_nothing(cli: Cli, owned_name: str, project: Path) -> None:
+    r = cli.run("run", "--keep", "--name", owned_name, str(project), "--", "true")
+    assert r.returncode == 0, r.stderr.decode()
+    assert b"keeps running" in r.stderr
+    assert [row["state"] for row in cli.ls() if row["name"] == owned_name] == ["running"]
+    assert cli.run("exec", owned_name, "--", "true").returncode == 0
+    d = cli.run("destroy", owned_name)
+    assert d.returncode == 0, d.stderr.decode()
+    assert_gone(owned_name)
+    unknown = cli.run("destroy", owned_name)
+    assert unknown.returncode == 125 and b"no session named" in unknown.stderr
+
+
+def test_kill_9_then_ls_and_gc_recover(cli: Cli, owned_name: str, project: Path) -> None:
+    p = cli.popen("run", "--name", owned_name, str(project), "--", "sleep", "600")
+    try:
+        wait_for(lambda: record_status(owned_name) == "ready", 600, "the session to boot")
+        time.sleep(3)  # let the command start
+        p.kill()
+        p.wait()
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert domain_exists(owned_name)  # the VM outlives the killed process
+    assert [row["state"] for row in cli.ls() if row["name"] == owned_name] == ["orphaned"]
+    g = cli.run("gc")
+    assert g.returncode == 0
+    assert f"removed session {owned_name} (orphaned)".encode() in g.stderr
+    assert_gone(owned_name)
+
+
+def test_ctrl_c_during_boot_leaves_nothing(cli: Cli, owned_name: str, project: Path) -> None:
+    p = cli.popen("run", "--name", owned_name, str(project), "--", "true")
+    wait_for(lambda: domain_exists(owned_name), 120, "the domain to start")
+    p.send_signal(signal.SIGINT)
+    _out, err = p.communicate(timeout=120)
+    assert p.returncode == 130, err.decode()
+    assert_gone(owned_name)
+
+
+def test_sigterm_during_boot_leaves_nothing(cli: Cli, owned_name: str, project: Path) -> None:
+    p = cli.popen("run", "--name", owned_name, str(project), "--", "true")
+    wait_for(paths.session_paths(owned_name).overlay.exists, 120, "the overlay")
+    p.send_signal(signal.SIGTERM)
+    p.communicate(timeout=120)
+    assert p.returncode == 128 + signal.SIGTERM
+    assert_gone(owned_name)
+
+
+def test_boot_timeout_reports_the_console(cli: Cli, owned_name: str, project: Path, tmp_path: Path) -> None:
+    cfg = tmp_path / "cfg"
+    cfg.mkdir()
+    (cfg / "config.yaml").write_text("boot_timeout: 3\n")
+    r = cli.run("run", "--name", owned_name, str(project), "--", "true", env=cli.env(VMSANDBOX_CONFIG_DIR=str(cfg)))
+    assert r.returncode == 125
+    err = r.stderr.decode()
+    assert "did not answer on SSH within 3 s" in err
+    assert "Last lines of the console" in err
+    assert_gone(owned_name)
+
+
+def test_guest_powering_off_is_reported_and_cleaned_up(cli: Cli, owned_name: str, project: Path) -> None:
+    r = cli.run("run", "--name", owned_name, str(project), "--", "sh", "-c", "sudo -n systemctl poweroff; sleep 120")
+    assert r.returncode != 0
+    assert b"the VM shut down" in r.stderr
+    assert_gone(owned_name)
+
+
+def test_image_build_twice_is_a_noop(cli: Cli) -> None:
+    r = cli.run("image", "build")
+    assert r.returncode == 0, r.stderr.decode()
+    assert b"nothing to do" in r.stderr
+
+
+def test_unreachable_libvirt_is_explained(cli: Cli, project: Path, owned_name: str) -> None:
+    env = cli.env(VMSANDBOX_LIBVIRT_URI="qemu+unix:///system?socket=/nonexistent/sock")
+    r = cli.run("run", "--name", owned_name, str(project), "--", "true", env=env)
+    assert r.returncode == 125
+    assert b"cannot connect to libvirt" in r.stderr and b"vmsandbox host setup" in r.stderr
+    assert not paths.session_paths(owned_name).root.exists()

@@ -1,0 +1,146 @@
+"""Tests that share one booted VM: they only read from it (or use throwaway files)."""
+
+from __future__ import annotations
+
+import os
+import pwd
+import shutil
+import socket
+import subprocess
+import threading
+from pathlib import Path
+
+import pytest
+
+from vmsandbox import image, paths, ssh
+from vmsandbox.errors import VmsandboxError
+from vmsandbox.session import Record
+
+from .conftest import Cli
+
+
+def test_uname_over_ssh_through_loopback_forward(shared: Record, base_image: image.Image) -> None:
+    """The foundation's done-when: boot the image under libvirt, read `uname -r` over SSH on 127.0.0.1."""
+    client = ssh.connect(shared.endpoint())
+    try:
+        assert client.get_transport().getpeername()[0] == "127.0.0.1"  # type: ignore[union-attr]
+        _in, out, _err = client.exec_command("uname -r")
+        assert out.read().decode().strip() == base_image.manifest["kernel_version"]
+    finally:
+        client.close()
+
+
+def test_exit_code_and_separate_streams(shared: Record, cli: Cli) -> None:
+    r = cli.run("exec", shared.name, "--", "sh", "-c", "echo to-out; echo to-err >&2; exit 7")
+    assert r.returncode == 7
+    assert r.stdout == b"to-out\n"
+    assert b"to-err" in r.stderr and b"to-out" not in r.stderr
+
+
+def test_stdin_reaches_the_command_byte_for_byte(shared: Record, cli: Cli) -> None:
+    payload = os.urandom(200_000)
+    r = cli.run("exec", shared.name, "--", "cat", input=payload)
+    assert r.returncode == 0, r.stderr.decode()
+    assert r.stdout == payload
+
+
+def test_arguments_are_passed_as_argv(shared: Record, cli: Cli) -> None:
+    r = cli.run("exec", shared.name, "--", "printf", "%s|", "a b", "$HOME", "it's")
+    assert r.stdout == b"a b|$HOME|it's|"
+
+
+def test_identity_hostname_user_and_workdir(shared: Record, cli: Cli) -> None:
+    r = cli.run("exec", shared.name, "--", "sh", "-c", "hostname; id -un; id -u; id -g; pwd")
+    host_user = pwd.getpwuid(os.getuid())
+    assert r.stdout.decode().splitlines() == [
+        f"vmsandbox-{shared.name}",
+        host_user.pw_name,
+        str(os.getuid()),
+        str(os.getgid()),
+        shared.project,
+    ]
+
+
+def test_ls_json(shared: Record, cli: Cli) -> None:
+    rows = {row["name"]: row for row in cli.ls()}
+    row = rows[shared.name]
+    assert row["state"] == "running"
+    assert row["ports"] == {"ssh": shared.ssh_port}
+    assert row["accel"] == shared.accel
+    assert row["project"] == shared.project
+    assert row["memory_mib"] == shared.memory_mib
+    assert isinstance(row["age_seconds"], int) and row["age_seconds"] >= 0
+
+
+def test_duplicate_name_is_refused_and_leaves_the_session_alone(shared: Record, cli: Cli, tmp_path: Path) -> None:
+    r = cli.run("run", "--name", shared.name, str(tmp_path), "--", "true")
+    assert r.returncode == 125
+    assert b"already exists" in r.stderr
+    assert paths.session_paths(shared.name).overlay.exists()
+    assert cli.run("exec", shared.name, "--", "true").returncode == 0
+
+
+def test_guest_cannot_reach_the_hosts_loopback(shared: Record, cli: Cli) -> None:
+    """slirp maps 10.0.2.2 to the host's 127.0.0.1; restrict=on must cut that off. Only loopback-mapped
+    addresses are probed, so even a broken build sends nothing off this machine."""
+    seen: list[object] = []
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(5)
+    listener.settimeout(0.5)
+    port = listener.getsockname()[1]
+    stop = threading.Event()
+
+    def accept() -> None:
+        while not stop.is_set():
+            try:
+                conn, peer = listener.accept()
+            except TimeoutError:
+                continue
+            seen.append(peer)
+            conn.close()
+
+    t = threading.Thread(target=accept, daemon=True)
+    t.start()
+    try:
+        probe = (
+            f"timeout 8 bash -c 'exec 3<>/dev/tcp/10.0.2.2/{port}' 2>/dev/null && echo CONNECTED || echo BLOCKED;"
+            " ip route show default | grep -q . && echo HAS-DEFAULT-ROUTE || echo NO-DEFAULT-ROUTE"
+        )
+        r = cli.run("exec", shared.name, "--", "sh", "-c", probe)
+        assert r.stdout.decode().split() == ["BLOCKED", "NO-DEFAULT-ROUTE"]
+    finally:
+        stop.set()
+        t.join()
+        listener.close()
+    assert seen == []
+
+
+def test_pinned_host_key_is_enforced(shared: Record, tmp_path: Path) -> None:
+    """A known_hosts with another key for the same [127.0.0.1]:port must be refused by paramiko and ssh."""
+    fake = paths.SessionPaths(tmp_path)
+    shutil.copyfile(shared.files.client_key, fake.client_key)
+    fake.client_key.chmod(0o600)
+    other = ssh.generate_key(tmp_path / "other_host_key", "impostor")
+    ssh.write_known_hosts(fake, shared.ssh_port, other)
+    wrong = ssh.Endpoint(shared.name, shared.ssh_port, shared.user, fake)
+    with pytest.raises(VmsandboxError, match="does not match the pinned one"):
+        ssh.connect(wrong)
+    wrong.write_config()
+    r = subprocess.run([*wrong.ssh_argv("-T"), "true"], capture_output=True, check=False, timeout=60)
+    assert r.returncode == 255
+    assert b"Host key verification failed" in r.stderr
+    # and the real pinned key works with the same client key
+    ssh.connect(shared.endpoint()).close()
+
+
+def test_logs_console(shared: Record, cli: Cli) -> None:
+    r = cli.run("logs", shared.name, "console")
+    assert r.returncode == 0
+    assert r.stdout  # the serial console captured the boot
+
+
+def test_doctor_passes_here(cli: Cli) -> None:
+    r = cli.run("doctor", "--json")
+    assert r.returncode == 0, r.stdout.decode()
+    assert b'"accelerator"' in r.stdout

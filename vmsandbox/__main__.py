@@ -1,0 +1,3 @@
+from vmsandbox.cli import main
+
+main()
