@@ -37,14 +37,18 @@ FWCFG_ENTRIES = ("hostname", "user", "workdir", "authorized_keys", "host_key")
 
 @dataclass(frozen=True)
 class GuestUser:
-    """The guest user mirrors the invoking host user (name, uid, gid). A root host user maps to root."""
+    """The guest user mirrors the invoking host user (name, uid, gid). Root (not under sudo) maps to root."""
 
     name: str
     uid: int
     gid: int
 
     @classmethod
-    def of_host(cls) -> GuestUser:
+    def of_host(cls, environ: dict[str, str] | None = None) -> GuestUser:
+        """The invoking user: under sudo that is SUDO_USER (not root), so files keep the real owner."""
+        env = os.environ if environ is None else environ
+        if os.geteuid() == 0 and env.get("SUDO_UID", "0") != "0" and env.get("SUDO_USER"):
+            return cls(env["SUDO_USER"], int(env["SUDO_UID"]), int(env.get("SUDO_GID", env["SUDO_UID"])))
         uid = os.getuid()
         return cls(pwd.getpwuid(uid).pw_name, uid, os.getgid())
 

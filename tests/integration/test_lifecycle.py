@@ -136,3 +136,14 @@ def test_unreachable_libvirt_is_explained(cli: Cli, project: Path, owned_name: s
     assert r.returncode == 125
     assert b"cannot connect to libvirt" in r.stderr and b"vmsandbox host setup" in r.stderr
     assert not paths.session_paths(owned_name).root.exists()
+
+
+def test_sudo_user_becomes_the_guest_user(cli: Cli, owned_name: str, project: Path) -> None:
+    """Under sudo the guest user is the invoking user: same name, uid and gid, passwordless sudo, docker group,
+    owner of the project directory."""
+    env = cli.env(SUDO_USER="alice", SUDO_UID="1234", SUDO_GID="2345")
+    probe = "id -un; id -u; id -g; sudo -n id -u; stat -c %u:%g .; id -nG | tr ' ' '\\n' | grep -x docker"
+    r = cli.run("run", "--name", owned_name, str(project), "--", "sh", "-c", probe, env=env)
+    assert r.returncode == 0, r.stderr.decode()
+    assert r.stdout.decode().splitlines() == ["alice", "1234", "2345", "0", "1234:2345", "docker"]
+    assert_gone(owned_name)

@@ -77,3 +77,11 @@ def test_missing_and_damaged_records() -> None:
 def test_remote_command_quotes_argv() -> None:
     assert remote_command("/w/my proj", ["echo", "a b", "$HOME"]) == "cd -- '/w/my proj' && exec echo 'a b' '$HOME'"
     assert remote_command("/w", None).endswith('exec "${SHELL:-/bin/bash}" -l')
+
+
+def test_guest_user_under_sudo_is_the_invoking_user(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(os, "geteuid", lambda: 0)
+    user = session.GuestUser.of_host({"SUDO_USER": "alice", "SUDO_UID": "1001", "SUDO_GID": "1002"})
+    assert user == session.GuestUser("alice", 1001, 1002)
+    # sudo from root itself, or no sudo: the real user
+    assert session.GuestUser.of_host({"SUDO_USER": "root", "SUDO_UID": "0"}).uid == os.getuid()

@@ -1,0 +1,73 @@
+# The two commands README.md gives for a fresh Debian/Ubuntu machine:
+#   make run    set everything up, build the base image if missing, run a sandbox on demo/
+#   make test   set everything up, build the base image if missing, run lint, types and all tests
+# Both are idempotent: a second run only does what is missing.
+
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+PYTHON ?= python3
+VENV := .venv
+VMSANDBOX := $(VENV)/bin/vmsandbox
+
+# Debian packages: QEMU and libvirt (VMs), libvirt-dev/pkg-config/gcc/python3-dev (to build
+# libvirt-python), debootstrap/e2fsprogs (the base image), rsync/openssh-client (the workspace), git.
+APT_PACKAGES := qemu-system-x86 qemu-utils libvirt-daemon-system libvirt-clients libvirt-dev pkg-config \
+	gcc python3-dev python3-venv debootstrap e2fsprogs rsync openssh-client git make ca-certificates procps
+
+.PHONY: help setup apt venv host image run test lint unit integration bench clean
+
+help:
+	@echo "make run   - set up this machine, build the base image if missing, run a sandbox on demo/"
+	@echo "make test  - set up this machine and run lint, type checks, unit and integration tests"
+	@echo "make bench - boot-time benchmark (bench/boot.py)"
+
+setup: apt venv host
+
+apt:
+	@missing=$$(for p in $(APT_PACKAGES); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null \
+		| grep -q '^install ok installed' || echo $$p; done); \
+	if [ -n "$$missing" ]; then \
+		echo "Installing: $$missing"; \
+		$(SUDO) apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends $$missing; \
+	fi
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/pip install -q --upgrade pip
+	$(VENV)/bin/pip install -q -e '.[dev]'
+	touch $@
+
+venv: $(VENV)/.installed
+
+# What udev and a service manager would do: /dev/kvm group kvm 0660, virtlogd and libvirtd running.
+host: venv
+	$(SUDO) $(VMSANDBOX) host setup
+
+image: setup
+	$(SUDO) $(VMSANDBOX) image build
+
+run: image
+	$(SUDO) $(VMSANDBOX) doctor
+	$(SUDO) $(VMSANDBOX) run demo -- sh -c 'echo "hello from $$(hostname), kernel $$(uname -r), user $$(id -un)"'
+
+lint: venv
+	$(VENV)/bin/ruff check vmsandbox tests bench
+	$(VENV)/bin/ruff format --check vmsandbox tests bench
+	$(VENV)/bin/mypy
+
+unit: venv
+	$(VENV)/bin/pytest tests/unit -q
+
+integration: image
+	$(VENV)/bin/pytest tests/integration -q
+
+test: image lint
+	$(VENV)/bin/pytest -q
+
+bench: image
+	$(VENV)/bin/python bench/boot.py
+
+clean:
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

@@ -1,0 +1,147 @@
+"""Boot benchmark: `vmsandbox run -- true` (start to exit) against a bare qemu-system-x86_64 direct-kernel
+boot of the same image (same accelerator, vCPUs, memory, network) timed to the SSH banner.
+
+Prints both, their ratio (target <= 1.1) and the host RSS of one idle session. Runs are interleaved and
+the medians compared, because these machines are noisy: read the ratio, not the seconds.
+
+    sudo .venv/bin/python bench/boot.py [--runs N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from vmsandbox import accel, image, qemuimg, session, ssh
+from vmsandbox.config import Settings
+from vmsandbox.domain import TCG_TB_CACHE_MIB
+
+
+def bare_qemu_boot(img: image.Image, choice: accel.Accel, cpus: int, memory_mib: int, work: Path) -> float:
+    overlay = work / "bare.qcow2"
+    overlay.unlink(missing_ok=True)
+    qemuimg.create_overlay(img.disk, overlay)
+    host_key = work / "host_key"
+    if not host_key.exists():
+        ssh.generate_key(host_key, "bench")
+    port = session.free_port()
+    accel_arg = "kvm" if choice is accel.Accel.KVM else f"tcg,tb-size={TCG_TB_CACHE_MIB}"
+    argv = [
+        "qemu-system-x86_64",
+        "-machine",
+        "q35",
+        "-accel",
+        accel_arg,
+        "-cpu",
+        "host" if choice is accel.Accel.KVM else "max",
+        "-smp",
+        str(cpus),
+        "-m",
+        str(memory_mib),
+        "-nodefaults",
+        "-display",
+        "none",
+        "-serial",
+        f"file:{work / 'console.log'}",
+        "-kernel",
+        str(img.kernel),
+        "-initrd",
+        str(img.initrd),
+        "-append",
+        img.kernel_cmdline,
+        "-drive",
+        f"file={overlay},if=virtio,format=qcow2",
+        "-netdev",
+        f"user,id=n0,restrict=on,hostfwd=tcp:127.0.0.1:{port}-:22",
+        "-device",
+        "virtio-net-pci,netdev=n0,bus=pcie.0,addr=0x10",
+        "-fw_cfg",
+        f"name=opt/vmsandbox/host_key,file={host_key}",
+    ]
+    start = time.monotonic()
+    vm = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        ssh.wait_for_banner(port, timeout=600, alive=lambda: None if vm.poll() is None else "qemu exited")
+        return time.monotonic() - start
+    finally:
+        vm.kill()
+        vm.wait()
+
+
+def vmsandbox_run(project: Path, cpus: int, memory_mib: int, forced: str) -> float:
+    argv = [
+        sys.executable,
+        "-m",
+        "vmsandbox",
+        "run",
+        "--cpus",
+        str(cpus),
+        "--memory",
+        f"{memory_mib}M",
+        "--accel",
+        forced,
+        str(project),
+        "--",
+        "true",
+    ]
+    start = time.monotonic()
+    subprocess.run(argv, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return time.monotonic() - start
+
+
+def idle_rss_mib(project: Path, settings: Settings) -> float:
+    record = session.create(session.Options(project=project, name=None, settings=settings, keep=True))
+    try:
+        time.sleep(10)  # let it settle
+        pid = int(Path(f"/run/libvirt/qemu/{record.domain}.pid").read_text())
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+        return float("nan")
+    finally:
+        session.remove(record)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--runs", type=int, default=3)
+    args = parser.parse_args()
+    settings = Settings()
+    choice = accel.choose(settings.accel).accel
+    img = image.current_image()
+    work = Path(tempfile.mkdtemp(prefix="vmsandbox-bench-", dir="/var/tmp"))
+    work.chmod(0o711)
+    project = work / "project"
+    project.mkdir()
+    os.environ.setdefault("VMSANDBOX_STATE_DIR", str(work / "state"))
+    try:
+        bare, ours = [], []
+        for i in range(args.runs):
+            bare.append(bare_qemu_boot(img, choice, settings.cpus, settings.memory_mib, work))
+            ours.append(vmsandbox_run(project, settings.cpus, settings.memory_mib, choice.value))
+            print(
+                f"run {i + 1}: bare qemu to SSH banner {bare[-1]:.1f}s, vmsandbox run -- true {ours[-1]:.1f}s",
+                file=sys.stderr,
+            )
+        b, o = statistics.median(bare), statistics.median(ours)
+        rss = idle_rss_mib(project, settings)
+        print(f"accelerator: {choice.value}, {settings.cpus} vCPU, {settings.memory_mib} MiB, image {img.version}")
+        print(f"bare qemu-system-x86_64, start to SSH banner (median of {args.runs}): {b:.1f}s")
+        print(f"vmsandbox run -- true, start to exit (median of {args.runs}):        {o:.1f}s")
+        print(f"ratio vmsandbox / bare: {o / b:.2f} (target <= 1.10)")
+        print(f"host RSS of one idle session (QEMU): {rss:.0f} MiB")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    socket.setdefaulttimeout(30)
+    main()

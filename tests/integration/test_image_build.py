@@ -1,0 +1,67 @@
+"""An interrupted image build never leaves a half-built image that `image ls` shows or a session would use."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from vmsandbox import image, paths
+
+from .conftest import Cli
+
+
+def wait_for(predicate: object, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():  # type: ignore[operator]
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def processes_mentioning(text: str) -> list[str]:
+    ps = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True, check=True).stdout
+    return [line for line in ps.splitlines() if text in line and "ps -eo" not in line]
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGKILL], ids=["int", "term", "kill"])
+def test_interrupted_build(sig: signal.Signals, cli: Cli, tmp_path: Path, base_image: image.Image) -> None:
+    data = tmp_path / "data"
+    (data / "images").mkdir(parents=True)
+    (data / "cache").symlink_to(paths.cache_dir())  # reuse the downloaded packages
+    env = cli.env(VMSANDBOX_DATA_DIR=str(data))
+    images = data / "images"
+
+    def ls() -> list[object]:
+        r = cli.run("image", "ls", "--json", env=env)
+        assert r.returncode == 0
+        result: list[object] = json.loads(r.stdout)
+        return result
+
+    before = ls()
+    p = subprocess.Popen(
+        cli.argv("image", "build", "--force"), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+    )
+    try:
+        wait_for(lambda: any(images.glob(".tmp-*/rootfs/var/lib/dpkg")), 300, "debootstrap to start unpacking")
+        time.sleep(2)
+        p.send_signal(sig)
+        _out, err = p.communicate(timeout=120)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert ls() == before == []
+    # children got the signal too (SIGKILL: through the parent-death signal); none keeps writing
+    wait_for(lambda: not processes_mentioning(str(images)), 60, "build processes to end")
+    if sig is signal.SIGKILL:
+        assert list(images.glob(".tmp-*")), "a killed build leaves its temporary directory to the next build"
+        image.remove_stale(images)  # what the next build does first, under the lock
+    else:
+        assert p.returncode == (130 if sig is signal.SIGINT else 128 + sig), err.decode()
+    assert list(images.glob(".tmp-*")) == []
+    assert image.mounts_under(data) == []
