@@ -19,6 +19,7 @@ from vmsandbox.errors import VmsandboxError
 
 EXIT_ERROR = 125  # vmsandbox itself failed (as `docker run` does), so a command's own codes stay distinct
 EXIT_INTERRUPTED = 130
+EXIT_PENDING = 3  # pull/recover: changes remain unsynced
 
 app = typer.Typer(
     no_args_is_help=True,
@@ -172,6 +173,12 @@ def run(
     tty: Annotated[
         bool | None, typer.Option("--tty/--no-tty", "-t", help="Give CMD a terminal (default: only for the shell).")
     ] = None,
+    yes: Annotated[
+        bool, typer.Option("--yes", "-y", help="At the end, apply the safe, non-conflicting changes.")
+    ] = False,
+    include_risky: Annotated[
+        bool, typer.Option("--include-risky", help="With --yes, apply quarantined changes too.")
+    ] = False,
 ) -> None:
     """Boot a disposable VM for PATH and run CMD (after `--`) or a shell in it; exit with CMD's code.
 
@@ -194,12 +201,29 @@ def run(
         if keep:
             ui.info(
                 f"Session [bold]{record.name}[/] keeps running: `vmsandbox shell {record.name}`, "
-                f"`vmsandbox destroy {record.name}`"
+                f"`vmsandbox pull {record.name}`, `vmsandbox destroy {record.name}`"
             )
         else:
-            with ui.step(f"Destroying {record.domain}"):
-                session.remove(record)
+            _finish(record, yes=yes, include_risky=include_risky)
     raise typer.Exit(code)
+
+
+def _finish(record: Any, *, yes: bool, include_risky: bool) -> None:
+    """End of `run`: review the guest's changes, then destroy the VM. Whatever was not synced is exported to
+    the session's outbox first, so nothing is lost: `vmsandbox recover NAME` takes it from there."""
+    from vmsandbox import session, syncback
+
+    g = syncback.gather(record)
+    out = syncback.review(g, yes=yes, include_risky=include_risky, dry_run=False, interactive=ui.is_interactive())
+    syncback.report(g, out)
+    if syncback.pending(g):
+        box = syncback.export(g)
+        with ui.step(f"Destroying {record.domain} (unsynced changes kept in {box})"):
+            session.retire(record)
+        ui.warn(f"{record.unsynced} change(s) were not synced back; review them with `vmsandbox recover {record.name}`")
+    else:
+        with ui.step(f"Destroying {record.domain}"):
+            session.remove(record)
 
 
 @app.command()
@@ -250,7 +274,7 @@ def ls(as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = Fa
     if not rows:
         ui.info("No sessions.")
         return
-    table = Table("NAME", "STATE", "AGE", "ACCEL", "SSH", "MEMORY", "PROJECT", box=None)
+    table = Table("NAME", "STATE", "AGE", "ACCEL", "SSH", "MEMORY", "UNSYNCED", "PROJECT", box=None)
     for r in rows:
         table.add_row(
             r["name"],
@@ -259,6 +283,7 @@ def ls(as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = Fa
             r["accel"],
             f"127.0.0.1:{r['ports']['ssh']}",
             f"{r['memory_mib']} MiB",
+            "?" if r["unsynced"] is None else str(r["unsynced"]),
             r["project"],
         )
     ui.out.print(table)
@@ -267,29 +292,112 @@ def ls(as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = Fa
 @app.command()
 def destroy(
     name: Annotated[str, typer.Argument(help="Session name.")],
-    force: Annotated[bool, typer.Option("--force", help="Also when a `vmsandbox run` still holds it.")] = False,
+    force: Annotated[
+        bool, typer.Option("--force", help="Destroy even with unsynced changes (they are exported to the outbox).")
+    ] = False,
+    discard: Annotated[bool, typer.Option("--discard", help="Destroy and throw unsynced changes away.")] = False,
 ) -> None:
-    """Destroy a session's VM and remove its files."""
-    from vmsandbox import session
+    """Destroy a session's VM and remove its files — never silently losing unsynced changes."""
+    from vmsandbox import session, syncback
 
     try:
         record = session.Record.load(name)
     except VmsandboxError:
         files = paths.session_paths(session.validate_name(name))
-        if force and files.root.is_dir():
+        if (force or discard) and files.root.is_dir():
             import shutil
 
             shutil.rmtree(files.root)
             ui.info(f"Removed the damaged session directory {files.root}")
             return
         raise
-    if record.owner_alive() and not force:
+    if record.owner_alive() and not (force or discard):
         raise VmsandboxError(
             f"session {name} is in use by `vmsandbox run` (pid {record.owner_pid})",
             hint=f"end that command, or `vmsandbox destroy {name} --force`",
         )
+    if not discard and record.files.baseline_manifest.exists():
+        g = syncback.gather(record)
+        left = syncback.pending(g)
+        record.unsynced = len(left)
+        record.save()
+        if left and not force:
+            listing = ", ".join(c.path for c in left[:5]) + (" …" if len(left) > 5 else "")
+            raise VmsandboxError(
+                f"session {name} holds {len(left)} unsynced change(s): {listing}",
+                hint=f"review them with `vmsandbox pull {name}`; `destroy --force` exports them to the session's "
+                "outbox first, `destroy --discard` throws them away",
+            )
+        if left:
+            box = syncback.export(g)
+            with ui.step(f"Destroying {record.domain} (unsynced changes exported to {box})"):
+                session.retire(record)
+            ui.info(f"Review them later with `vmsandbox recover {name}`; drop them with `destroy {name} --discard`.")
+            return
     with ui.step(f"Destroying {record.domain}"):
         session.remove(record)
+
+
+def _review_command(name: str, *, yes: bool, dry_run: bool, include_risky: bool, only: list[str]) -> None:
+    from vmsandbox import session, syncback
+
+    record = session.Record.load(name)
+    g = syncback.gather(record)
+    out = syncback.review(
+        g, yes=yes, include_risky=include_risky, dry_run=dry_run, interactive=ui.is_interactive(), only=only
+    )
+    if dry_run:
+        return
+    syncback.report(g, out)
+    if record.exported and not syncback.pending(g):
+        session.remove(record)
+        ui.info(f"Every change of session {name} is dealt with; the session is removed.")
+    if syncback.pending(g):
+        raise typer.Exit(EXIT_PENDING)
+
+
+@app.command()
+def pull(
+    name: Annotated[str, typer.Argument(help="Session name.")],
+    only: Annotated[list[str] | None, typer.Argument(help="Only these paths (files or directories).")] = None,
+    yes: Annotated[bool, typer.Option("--yes", "-y", help="Apply the safe, non-conflicting changes.")] = False,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Show what would happen; write nothing.")] = False,
+    include_risky: Annotated[bool, typer.Option("--include-risky", help="Apply quarantined changes too.")] = False,
+) -> None:
+    """Review the guest's changes and sync the accepted ones into the project (three-way).
+
+    Exit code 0 when everything is synced, 3 when changes remain (quarantined, skipped, or unapplied).
+    """
+    _review_command(name, yes=yes, dry_run=dry_run, include_risky=include_risky, only=only or [])
+
+
+@app.command()
+def recover(
+    name: Annotated[str, typer.Argument(help="Session name.")],
+    yes: Annotated[bool, typer.Option("--yes", "-y", help="Apply the safe, non-conflicting changes.")] = False,
+    include_risky: Annotated[bool, typer.Option("--include-risky", help="Apply quarantined changes too.")] = False,
+) -> None:
+    """Review and apply a session's unsynced changes after its VM is gone (from its outbox or its disk)."""
+    _review_command(name, yes=yes, dry_run=False, include_risky=include_risky, only=[])
+
+
+@app.command()
+def diff(
+    name: Annotated[str, typer.Argument(help="Session name.")],
+    only: Annotated[list[str] | None, typer.Argument(help="Only these paths.")] = None,
+    stat: Annotated[bool, typer.Option("--stat", help="One line per changed path.")] = False,
+) -> None:
+    """What the guest changed against the session's baseline: text diffs, binaries summarised."""
+    from vmsandbox import session, syncback
+
+    record = session.Record.load(name)
+    g = syncback.gather(record)
+    changes = syncback.select_paths(g.changes, g.project, only or [])
+    for c in changes:
+        if stat:
+            print(f"{c.kind:13} {c.path}  {syncback.describe(c)}".rstrip())
+        else:
+            sys.stdout.write(syncback.diff_text(g, c))
 
 
 @app.command()
@@ -311,13 +419,29 @@ def logs(
 
 @app.command()
 def gc() -> None:
-    """Remove sessions whose VM is gone or whose `vmsandbox run` died, and orphaned vmsandbox domains."""
-    from vmsandbox import session
+    """Remove sessions whose VM is gone or whose `vmsandbox run` died, and orphaned vmsandbox domains.
 
-    removed = list(session.gc(config.load().libvirt_uri))
-    for line in removed:
+    Sessions holding unsynced changes are kept (a stopped VM's changes are exported to its outbox)."""
+    from vmsandbox import session, syncback
+
+    def guard(record: session.Record, state: str) -> str | None:
+        if not record.files.baseline_manifest.exists():
+            return None
+        g = syncback.gather(record)
+        left = syncback.pending(g)
+        if not left:
+            return None
+        if state == "stopped":
+            syncback.export(g)
+            session.retire(record)
+        record.unsynced = len(left)
+        record.save()
+        return f"{len(left)} unsynced change(s); `vmsandbox pull {record.name}` or `vmsandbox recover {record.name}`"
+
+    done = list(session.gc(config.load().libvirt_uri, guard))
+    for line in done:
         ui.info(line)
-    if not removed:
+    if not done:
         ui.info("Nothing to clean up.")
 
 

@@ -41,6 +41,7 @@ class DomainSpec:
     console_log: Path
     forwards: tuple[Forward, ...]
     fwcfg_files: dict[str, Path] = field(default_factory=dict)
+    workspace_disk: Path | None = None  # raw ext4, mounted by the guest at the project path (vdb)
 
     def netdev(self) -> str:
         """User-mode networking: restrict=on cuts the guest off; only the listed forwards exist."""
@@ -91,6 +92,12 @@ def build_xml(spec: DomainSpec) -> str:
     _sub(disk, "driver", name="qemu", type="qcow2", discard="unmap")
     _sub(disk, "source", file=str(spec.disk))
     _sub(disk, "target", dev="vda", bus="virtio")
+    if spec.workspace_disk is not None:
+        ws = _sub(devices, "disk", type="file", device="disk")
+        _sub(ws, "driver", name="qemu", type="raw", discard="unmap")
+        _sub(ws, "source", file=str(spec.workspace_disk))
+        _sub(ws, "target", dev="vdb", bus="virtio")
+        _sub(ws, "serial", "vmsandbox-workspace")
     serial = _sub(devices, "serial", type="file")
     _sub(serial, "source", path=str(spec.console_log))
     _sub(serial, "target", port="0")

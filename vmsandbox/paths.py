@@ -40,6 +40,13 @@ SESSION_CONSOLE_LOG = "console.log"
 SESSION_DOMAIN_XML = "domain.xml"
 SESSION_FWCFG_DIR = "fwcfg"
 SESSION_LOG = "vmsandbox.log"
+SESSION_BASELINE_DIR = "baseline"  # the project as captured at session start (immutable)
+SESSION_BASELINE_MANIFEST = "baseline.json"
+SESSION_WORKSPACE_DISK = "workspace.raw"  # ext4 built from the baseline; the guest mounts it at the project path
+SESSION_GUEST_DIR = "guest"  # mirror of the guest's project tree as of the last fetch
+SESSION_REVIEW = "review.json"  # which guest changes were applied or dealt with
+SESSION_OUTBOX = "outbox"  # unsynced changes exported when the VM went away (patch, files, git bundle)
+SESSION_BUNDLE = "git.bundle"
 
 
 def _is_root() -> bool:
@@ -123,6 +130,34 @@ class SessionPaths:
     @property
     def log(self) -> Path:
         return self.root / SESSION_LOG
+
+    @property
+    def baseline(self) -> Path:
+        return self.root / SESSION_BASELINE_DIR
+
+    @property
+    def baseline_manifest(self) -> Path:
+        return self.root / SESSION_BASELINE_MANIFEST
+
+    @property
+    def workspace_disk(self) -> Path:
+        return self.root / SESSION_WORKSPACE_DISK
+
+    @property
+    def guest_tree(self) -> Path:
+        return self.root / SESSION_GUEST_DIR
+
+    @property
+    def review(self) -> Path:
+        return self.root / SESSION_REVIEW
+
+    @property
+    def outbox(self) -> Path:
+        return self.root / SESSION_OUTBOX
+
+    @property
+    def bundle(self) -> Path:
+        return self.root / SESSION_BUNDLE
 
 
 def session_paths(name: str) -> SessionPaths:

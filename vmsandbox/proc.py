@@ -32,6 +32,8 @@ TOOL_PACKAGES: Mapping[str, str] = {
     "libvirtd": "libvirt-daemon-system",
     "git": "git",
     "mount": "mount",
+    "debugfs": "e2fsprogs",
+    "cp": "coreutils",
     "umount": "mount",
 }
 

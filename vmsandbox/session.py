@@ -15,14 +15,14 @@ import secrets
 import shutil
 import socket
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from vmsandbox import accel as accel_mod
 from vmsandbox import image as image_mod
-from vmsandbox import paths, qemuimg, ssh, ui
+from vmsandbox import paths, qemuimg, ssh, ui, workspace
 from vmsandbox.config import Settings
 from vmsandbox.domain import DomainSpec, Forward, build_xml, session_of
 from vmsandbox.errors import VmsandboxError
@@ -74,6 +74,9 @@ class Record:
     owner_start: str | None = None
     status: str = "creating"  # creating -> ready
     boot_seconds: float | None = None
+    baseline_entries: int = 0
+    unsynced: int | None = None  # pending changes at the last review (None: never reviewed)
+    exported: bool = False  # the VM is gone; its unsynced changes wait in the outbox
 
     @property
     def domain(self) -> str:
@@ -229,6 +232,9 @@ def create(opts: Options) -> Record:
 
 def _prepare(record: Record, image: image_mod.Image, user: GuestUser) -> None:
     files = record.files
+    with ui.step(f"Capturing {record.project} (baseline and workspace disk)"):
+        manifest = workspace.capture(Path(record.project), files)
+    record.baseline_entries = len(manifest)
     with ui.step("Preparing the session (overlay, keys)"):
         qemuimg.create_overlay(image.disk, files.overlay, record.disk_mib * 1024 * 1024)
         client_pub = ssh.generate_key(files.client_key, f"vmsandbox-{record.name}")
@@ -279,6 +285,7 @@ def _boot(record: Record, image: image_mod.Image, hv: Hypervisor, boot_timeout: 
             console_log=files.console_log,
             forwards=(Forward(record.ssh_port, 22),),
             fwcfg_files={k: files.fwcfg_dir / k for k in FWCFG_ENTRIES},
+            workspace_disk=files.workspace_disk,
         )
         xml = build_xml(spec)
         files.domain_xml.write_text(xml)
@@ -322,6 +329,20 @@ def remove(record: Record) -> None:
     shutil.rmtree(record.files.root, ignore_errors=True)
 
 
+def retire(record: Record) -> None:
+    """Destroy the VM and everything but what a later `recover` needs: the record, the baseline, the review
+    state and the outbox of unsynced changes."""
+    with Hypervisor(record.libvirt_uri) as hv:
+        hv.destroy(record.domain)
+    files = record.files
+    for f in (files.overlay, files.workspace_disk, files.client_key, files.client_key.with_suffix(".pub")):
+        f.unlink(missing_ok=True)
+    for d in (files.fwcfg_dir, files.guest_tree):
+        shutil.rmtree(d, ignore_errors=True)
+    record.exported = True
+    record.save()
+
+
 @dataclass(frozen=True)
 class Status:
     record: Record
@@ -342,10 +363,13 @@ class Status:
             "image": r.image_version,
             "keep": r.keep,
             "domain": r.domain,
+            "unsynced": r.unsynced,
         }
 
 
 def status(record: Record, hv: Hypervisor) -> Status:
+    if record.exported:
+        return Status(record, "exported")
     info = hv.info(record.domain)
     if info is None or info.state in ("shutoff", "crashed"):
         return Status(record, "stopped")
@@ -354,6 +378,12 @@ def status(record: Record, hv: Hypervisor) -> Status:
     if not record.keep and not record.owner_alive():
         return Status(record, "orphaned")
     return Status(record, info.state)
+
+
+def is_running(record: Record) -> bool:
+    with Hypervisor(record.libvirt_uri) as hv:
+        info = hv.info(record.domain)
+    return info is not None and info.state == "running"
 
 
 def stops_within(record: Record, *, seconds: float) -> bool:
@@ -379,9 +409,16 @@ def all_status(uri: str) -> list[Status]:
     return found
 
 
-def gc(uri: str) -> Iterator[str]:
+def _no_guard(_record: Record, _state: str) -> str | None:
+    return None
+
+
+def gc(uri: str, guard: Callable[[Record, str], str | None] = _no_guard) -> Iterator[str]:
     """Remove sessions whose VM is gone or whose owning `vmsandbox run` died, and vmsandbox domains
-    whose session directory is gone. Yields a line per thing removed."""
+    whose session directory is gone. Yields a line per thing done.
+
+    `guard(record, state)` may keep a session (returning why): sessions holding unsynced work are never
+    removed here."""
     with Hypervisor(uri) as hv:
         for name in names():
             files = paths.session_paths(name)
@@ -394,6 +431,10 @@ def gc(uri: str) -> Iterator[str]:
                 continue
             state = status(record, hv).state
             if state in ("stopped", "orphaned"):
+                kept = guard(record, state)
+                if kept is not None:
+                    yield f"kept session {name} ({state}): {kept}"
+                    continue
                 hv.destroy(record.domain)
                 shutil.rmtree(files.root, ignore_errors=True)
                 yield f"removed session {name} ({state})"

@@ -40,6 +40,10 @@ class Endpoint:
     user: str
     files: SessionPaths
 
+    @property
+    def host_alias(self) -> str:
+        return host_alias(self.session)
+
     def ssh_options(self) -> dict[str, str]:
         """The single option set every client uses. Strict host key checking against our known_hosts."""
         return {

@@ -1,0 +1,93 @@
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from vmsandbox import apply, tree
+from vmsandbox.errors import VmsandboxError
+from vmsandbox.review import Change, Status
+
+OWNER = apply.Owner(os.getuid(), os.getgid())
+
+
+def change(root: Path, source: Path, path: str, *, guest: bool = True) -> Change:
+    return Change(
+        path,
+        tree.entry_of(root / path),
+        tree.entry_of(source / path) if guest else None,
+        tree.entry_of(root / path),
+        Status.APPLY,
+    )
+
+
+def test_writes_file_with_mode_without_setuid(tmp_path: Path) -> None:
+    root, src = tmp_path / "root", tmp_path / "src"
+    (src / "d").mkdir(parents=True)
+    root.mkdir()
+    (src / "d" / "f").write_text("new")
+    (src / "d" / "f").chmod(0o4755)
+    apply.apply_one(root, src, change(root, src, "d/f"), OWNER)
+    assert (root / "d" / "f").read_text() == "new"
+    assert (root / "d" / "f").stat().st_mode & 0o7777 == 0o755
+    assert not [p for p in (root / "d").iterdir() if p.name.startswith(apply.TMP_PREFIX)]
+
+
+def test_never_writes_through_a_host_symlink(tmp_path: Path) -> None:
+    root, src, outside = tmp_path / "root", tmp_path / "src", tmp_path / "outside"
+    for d in (root, src / "link", outside):
+        d.mkdir(parents=True)
+    (root / "link").symlink_to(outside)  # a symlinked directory already on the host
+    (src / "link" / "evil").write_text("x")
+    c = Change("link/evil", None, tree.entry_of(src / "link" / "evil"), None, Status.APPLY)
+    with pytest.raises(apply.UnsafePathError):
+        apply.apply_one(root, src, c, OWNER)
+    assert list(outside.iterdir()) == []
+
+
+def test_host_changed_since_review_is_left_alone(tmp_path: Path) -> None:
+    root, src = tmp_path / "root", tmp_path / "src"
+    root.mkdir()
+    src.mkdir()
+    (root / "f").write_text("old")
+    (src / "f").write_text("guest")
+    c = change(root, src, "f")
+    (root / "f").write_text("host edit after the review")
+    with pytest.raises(VmsandboxError, match="changed on the host"):
+        apply.apply_one(root, src, c, OWNER)
+    assert (root / "f").read_text() == "host edit after the review"
+
+
+def test_deletes_and_type_changes_in_order(tmp_path: Path) -> None:
+    root, src = tmp_path / "root", tmp_path / "src"
+    (root / "gone").mkdir(parents=True)
+    (root / "gone" / "x").write_text("x")
+    (root / "t").write_text("was a file")
+    (src / "t").mkdir(parents=True)
+    (src / "t" / "inner").write_text("i")
+    changes = [
+        change(root, src, "gone", guest=False),
+        change(root, src, "gone/x", guest=False),
+        change(root, src, "t"),
+        Change("t/inner", None, tree.entry_of(src / "t" / "inner"), None, Status.APPLY),
+    ]
+    for c in apply.order(changes):
+        apply.apply_one(root, src, c, OWNER)
+    assert not (root / "gone").exists()
+    assert (root / "t" / "inner").read_text() == "i"
+
+
+def test_symlink_created_as_symlink(tmp_path: Path) -> None:
+    root, src = tmp_path / "root", tmp_path / "src"
+    root.mkdir()
+    src.mkdir()
+    (src / "l").symlink_to("target-inside")
+    apply.apply_one(root, src, change(root, src, "l"), OWNER)
+    assert os.readlink(root / "l") == "target-inside"
+
+
+def test_rejects_traversal_paths(tmp_path: Path) -> None:
+    with pytest.raises(apply.UnsafePathError):
+        apply.write_file(tmp_path, "../escape", b"x", 0o644, OWNER)
+    assert not (tmp_path.parent / "escape").exists()

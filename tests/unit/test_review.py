@@ -1,0 +1,83 @@
+from __future__ import annotations
+
+from vmsandbox.review import Status, compare, is_git_managed, risk_of, symlink_escapes
+from vmsandbox.tree import DIR, FILE, OTHER, SYMLINK, Entry
+
+
+def f(digest: str, mode: int = 0o644) -> Entry:
+    return Entry(FILE, mode, 1, digest=digest)
+
+
+def by_path(base: dict[str, Entry], host: dict[str, Entry], guest: dict[str, Entry]) -> dict[str, Status]:
+    return {c.path: c.status for c in compare(base, host, guest)}
+
+
+def test_three_way_statuses() -> None:
+    base = {"same": f("a"), "g": f("a"), "both": f("a"), "agree": f("a"), "hostonly": f("a"), "del": f("a")}
+    host = {"same": f("a"), "g": f("a"), "both": f("h"), "agree": f("x"), "hostonly": f("h"), "del": f("a")}
+    guest = {"same": f("a"), "g": f("g"), "both": f("g"), "agree": f("x"), "hostonly": f("a"), "new": f("n")}
+    assert by_path(base, host, guest) == {
+        "g": Status.APPLY,
+        "both": Status.CONFLICT,
+        "agree": Status.SAME,
+        "new": Status.APPLY,
+        "del": Status.APPLY,
+    }
+
+
+def test_unsafe_entries() -> None:
+    guest = {
+        "fifo": Entry(OTHER, 0o644),
+        "out": Entry(SYMLINK, 0o777, target="/etc/passwd"),
+        "d/up": Entry(SYMLINK, 0o777, target="../../x"),
+        "d": Entry(DIR, 0o755),
+        "d/in": Entry(SYMLINK, 0o777, target="../ok"),
+    }
+    statuses = by_path({}, {}, guest)
+    assert statuses["fifo"] is Status.UNSAFE
+    assert statuses["out"] is Status.UNSAFE and statuses["d/up"] is Status.UNSAFE
+    assert statuses["d/in"] is Status.APPLY
+
+
+def test_symlink_escape_rules() -> None:
+    assert symlink_escapes("a", "/abs")
+    assert symlink_escapes("a/b", "../../c")
+    assert symlink_escapes("a", "..")
+    assert not symlink_escapes("a/b", "../c")
+    assert not symlink_escapes("a", "b/../c")
+
+
+def test_risky_paths_and_new_exec_bits() -> None:
+    for path in (
+        ".git/hooks/pre-commit",
+        ".git/config",
+        "sub/.gitattributes",
+        ".envrc",
+        ".vscode/tasks.json",
+        ".github/workflows/ci.yml",
+        ".husky/pre-push",
+        ".gitmodules",
+        "pkg/.npmrc",
+    ):
+        assert risk_of(path, None, f("x")), path
+    assert risk_of("src/main.py", None, f("x")) is None
+    assert risk_of("run.sh", None, f("x", 0o755)) == "newly executable"
+    assert risk_of("run.sh", f("x", 0o644), f("y", 0o755)) == "newly executable"
+    assert risk_of("run.sh", f("x", 0o755), f("y", 0o755)) is None
+
+
+def test_git_internals_managed_by_git_are_not_file_changes() -> None:
+    assert is_git_managed(".git/objects/ab/cdef") and is_git_managed(".git/refs/heads/main")
+    assert is_git_managed(".git/index") and is_git_managed(".git/HEAD")
+    assert not is_git_managed(".git/config") and not is_git_managed(".git/hooks/pre-commit")
+    base = {".git/config": f("a"), ".git/index": f("i")}
+    guest = {".git/config": f("b"), ".git/index": f("j"), ".git/objects/aa/bb": f("o")}
+    changes = compare(base, base, guest)
+    assert [(c.path, c.risky is not None) for c in changes] == [(".git/config", True)]
+
+
+def test_setuid_is_noted_and_mode_change_detected() -> None:
+    base = {"x": f("a", 0o644)}
+    changes = compare(base, base, {"x": f("a", 0o4755)})
+    assert changes[0].kind == "mode changed"
+    assert "setuid/setgid/sticky bits dropped" in changes[0].notes
