@@ -382,6 +382,21 @@ def recover(
 
 
 @app.command()
+def push(name: Annotated[str, typer.Argument(help="Session name.")]) -> None:
+    """Send host edits made during the session into the guest, never over a change the guest made."""
+    from vmsandbox import session, syncback
+
+    pushed, conflicts = syncback.push(session.Record.load(name))
+    for path in pushed:
+        ui.err.print(f"  [green]pushed[/] {path}")
+    for path in conflicts:
+        ui.err.print(f"  [red]conflict[/] {path}: changed in the guest too; left as it is on both sides")
+    ui.info(f"Push: {len(pushed)} sent, {len(conflicts)} conflict(s).")
+    if conflicts:
+        raise typer.Exit(EXIT_PENDING)
+
+
+@app.command()
 def diff(
     name: Annotated[str, typer.Argument(help="Session name.")],
     only: Annotated[list[str] | None, typer.Argument(help="Only these paths.")] = None,

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import difflib
 import json
+import os
 import shutil
+import signal
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -91,6 +93,7 @@ def gather(record: Record) -> Gathered:
             guest = workspace.fetch_from_disk(files)
         source, origin = files.guest_tree, "disk"
     host = tree.scan(Path(record.project))
+    _remove_leftover_temporaries(Path(record.project), host)
     changes = [c for c in compare(base, host, guest) if c.status is not Status.SAME]
     refs_changed = any(
         is_git_managed(p)
@@ -99,6 +102,14 @@ def gather(record: Record) -> Gathered:
         for p in set(base) | set(guest)
     )
     return Gathered(record, changes, source, refs_changed, origin)
+
+
+def _remove_leftover_temporaries(project: Path, host: tree.Manifest) -> None:
+    """A pull killed with SIGKILL can leave its temporary files (never the target files) behind."""
+    for path, entry in list(host.items()):
+        if entry.kind == FILE and path.rsplit("/", 1)[-1].startswith(apply.TMP_PREFIX):
+            (project / path).unlink(missing_ok=True)
+            del host[path]
 
 
 def _same_entry(a: tree.Entry | None, b: tree.Entry | None) -> bool:
@@ -206,7 +217,11 @@ def execute(g: Gathered, accepted: list[Change], out: Outcome) -> None:
     """Apply the accepted changes in a safe order; conflicts keep the guest version beside the file."""
     owner = apply.Owner(g.record.uid, g.record.gid)
     done: list[Change] = []
+    # Fault injection for the test suite: die with SIGKILL after N changes, as a killed pull would.
+    die_after = int(os.environ.get("VMSANDBOX_TEST_KILL_PULL_AFTER", "-1"))
     for c in apply.order(accepted):
+        if len(done) == die_after:
+            os.kill(os.getpid(), signal.SIGKILL)
         try:
             if c.status is Status.CONFLICT:
                 beside = _keep_conflict(g, c, owner)
@@ -440,3 +455,69 @@ def report(g: Gathered, out: Outcome) -> None:
     if left:
         parts.append(f"{left} not synced")
     ui.info("Sync-back: " + ", ".join(parts) + ".")
+
+
+# ---------------------------------------------------------------- push
+
+
+def push(record: Record) -> tuple[list[str], list[str]]:
+    """Send host edits made since the baseline into the guest. A path the guest also changed is not touched
+    (reported as a conflict). Pushed paths become the new baseline. Returns (pushed, conflicts)."""
+    if not is_running(record):
+        raise VmsandboxError(f"session {record.name} has no running VM", hint="push needs a running session")
+    files = record.files
+    base = workspace.baseline(files)
+    with ui.step("Fetching the guest's changes"):
+        guest = workspace.fetch_live(record.endpoint(), record.project, files)
+    host = tree.scan(Path(record.project))
+    # the same three-way view with the roles swapped: the host is the side whose changes travel
+    changes = [c for c in compare(base, guest, host) if not is_git_managed(c.path)]
+    send = [c for c in changes if c.status is Status.APPLY]
+    conflicts = [c.path for c in changes if c.status is Status.CONFLICT]
+    if send:
+        listing = files.root / "push.list"
+        listing.write_text("".join(c.path + "\n" for c in send))
+        endpoint = record.endpoint()
+        with ui.step(f"Pushing {len(send)} host change(s) into the guest"):
+            proc.run(
+                [
+                    "rsync",
+                    "-a",
+                    "--relative",
+                    "--delete-missing-args",
+                    f"--files-from={listing}",
+                    f"--chown={record.uid}:{record.gid}",
+                    "-e",
+                    f"{endpoint.rsync_rsh()} -l root",
+                    f"{record.project}/",
+                    f"{endpoint.host_alias}:{record.project}/",
+                ]
+            )
+        for c in send:  # the pushed state is what both sides now agree on
+            _copy_entry(Path(record.project), files.baseline, c.path)
+            if c.host is None:
+                base.pop(c.path, None)
+            else:
+                base[c.path] = c.host
+        tmp = files.baseline_manifest.with_suffix(".tmp")
+        tmp.write_text(json.dumps(tree.to_json(base)))
+        tmp.replace(files.baseline_manifest)
+    return [c.path for c in send], conflicts
+
+
+def _copy_entry(src_root: Path, dst_root: Path, rel: str) -> None:
+    src, dst = src_root / rel, dst_root / rel
+    if dst.is_dir() and not dst.is_symlink():
+        shutil.rmtree(dst)
+    else:
+        dst.unlink(missing_ok=True)
+    if not src.exists() and not src.is_symlink():
+        return
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    if src.is_symlink():
+        dst.symlink_to(os.readlink(src))  # noqa: PTH115 - exact target
+    elif src.is_dir():
+        dst.mkdir()
+        shutil.copystat(src, dst)
+    else:
+        shutil.copy2(src, dst)

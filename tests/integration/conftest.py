@@ -23,6 +23,7 @@ import pytest
 
 from vmsandbox import image, paths, session
 from vmsandbox.config import Settings
+from vmsandbox.domain import session_of
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.virt import Hypervisor
 
@@ -82,9 +83,12 @@ def state_dir() -> Iterator[Path]:
     old = os.environ.get("VMSANDBOX_STATE_DIR")
     os.environ["VMSANDBOX_STATE_DIR"] = str(d)
     yield d
-    with Hypervisor(URI) as hv:
+    with Hypervisor(URI) as hv:  # only this run's domains: another run may share the host
         for info in list(hv.domains(session.DOMAIN_PREFIX + NAME_PREFIX)):
-            hv.destroy(info.name)
+            xml = hv.xml(info.name)
+            owner = session_of(xml) if xml else None
+            if owner is not None and d in owner[1].parents:
+                hv.destroy(info.name)
     if old is None:
         del os.environ["VMSANDBOX_STATE_DIR"]
     else:
