@@ -388,9 +388,9 @@ def push(name: Annotated[str, typer.Argument(help="Session name.")]) -> None:
 
     pushed, conflicts = syncback.push(session.Record.load(name))
     for path in pushed:
-        ui.err.print(f"  [green]pushed[/] {path}")
+        ui.err.print(f"  [green]pushed[/] {ui.printable(path)}")
     for path in conflicts:
-        ui.err.print(f"  [red]conflict[/] {path}: changed in the guest too; left as it is on both sides")
+        ui.err.print(f"  [red]conflict[/] {ui.printable(path)}: changed in the guest too; left as it is on both sides")
     ui.info(f"Push: {len(pushed)} sent, {len(conflicts)} conflict(s).")
     if conflicts:
         raise typer.Exit(EXIT_PENDING)
@@ -408,11 +408,16 @@ def diff(
     record = session.Record.load(name)
     g = syncback.gather(record)
     changes = syncback.select_paths(g.changes, g.project, only or [])
+    tty = sys.stdout.isatty()  # guest content never reaches a terminal with its escape sequences
+
+    def show(text: str) -> str:
+        return ui.printable(text, markup=False) if tty else text
+
     for c in changes:
         if stat:
-            print(f"{c.kind:13} {c.path}  {syncback.describe(c)}".rstrip())
+            print(show(f"{c.kind:13} {c.path}  {syncback.describe(c)}".rstrip()))
         else:
-            sys.stdout.write(syncback.diff_text(g, c))
+            sys.stdout.write(show(syncback.diff_text(g, c)))
 
 
 @app.command()

@@ -46,7 +46,8 @@ SESSION_WORKSPACE_DISK = "workspace.raw"  # ext4 built from the baseline; the gu
 SESSION_GUEST_DIR = "guest"  # mirror of the guest's project tree as of the last fetch
 SESSION_REVIEW = "review.json"  # which guest changes were applied or dealt with
 SESSION_OUTBOX = "outbox"  # unsynced changes exported when the VM went away (patch, files, git bundle)
-SESSION_BUNDLE = "git.bundle"
+# ssh's connection multiplexing: one login serves the command, rsync and later execs (%r: one per user)
+SESSION_SSH_SOCKET = "ssh-%r.sock"
 
 
 def _is_root() -> bool:
@@ -156,8 +157,8 @@ class SessionPaths:
         return self.root / SESSION_OUTBOX
 
     @property
-    def bundle(self) -> Path:
-        return self.root / SESSION_BUNDLE
+    def ssh_socket(self) -> Path:
+        return self.root / SESSION_SSH_SOCKET
 
 
 def session_paths(name: str) -> SessionPaths:

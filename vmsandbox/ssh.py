@@ -66,6 +66,10 @@ class Endpoint:
             "ConnectTimeout": "10",
             "LogLevel": "ERROR",
             "SendEnv": "LANG LC_* COLORTERM",
+            # One login (slow under TCG) serves the command, the review's rsync and later execs.
+            "ControlMaster": "auto",
+            "ControlPath": str(self.files.ssh_socket),
+            "ControlPersist": "60",
         }
 
     def write_config(self) -> None:

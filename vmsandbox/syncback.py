@@ -27,6 +27,7 @@ from vmsandbox.tree import DIR, FILE, SYMLINK
 OUTBOX_MANIFEST = "manifest.json"
 OUTBOX_FILES = "files"
 OUTBOX_PATCH = "changes.patch"
+BUNDLE = "git.bundle"
 BINARY_SNIFF = 8192
 
 
@@ -178,7 +179,7 @@ def summary_table(changes: list[Change]) -> Any:
         if c.risky and c.status is Status.APPLY:
             status = "[yellow]quarantined[/]"
         notes = "; ".join(filter(None, [c.risky, *c.notes, describe(c)]))
-        table.add_row(status, c.kind, c.path, notes)
+        table.add_row(status, c.kind, ui.printable(c.path), ui.printable(notes))
     return table
 
 
@@ -237,33 +238,38 @@ def execute(g: Gathered, accepted: list[Change], out: Outcome) -> None:
     _mark(g.record, done)
 
 
-def fetch_commits(g: Gathered) -> list[str]:
-    """Bring the guest's branches and tags in as refs/remotes/vmsandbox-<name>/* (no hooks, no config)."""
-    if not g.refs_changed or not (g.project / ".git").is_dir():
-        return []
-    bundle = g.record.files.outbox / "git.bundle" if g.origin == "outbox" else g.record.files.bundle
-    if g.origin != "outbox":
-        if g.origin != "live":
-            return ["commits in the guest cannot be read from a stopped VM's disk yet; its files are here"]
-        endpoint = g.record.endpoint("root")
-        remote = "/run/vmsandbox.bundle"
-        make = f"git -c safe.directory='*' -C {_q(g.record.project)} bundle create {remote} --branches --tags"
-        proc.run([*endpoint.ssh_argv("-T"), "--", make], hint="could not bundle the guest's git history")
-        proc.run(["rsync", "-e", endpoint.rsync_rsh(), f"{endpoint.host_alias}:{remote}", str(bundle)])
-    if not bundle.exists():
-        return []
-    prefix = f"refs/remotes/vmsandbox-{g.record.name}"
-    git = [
+def _git(project: Path) -> list[str]:
+    """git on the host project with nothing taken from what came out of the guest: no hooks run, objects
+    are checked."""
+    return [
         "git",
         "-C",
-        str(g.project),
+        str(project),
         "-c",
         "core.hooksPath=/dev/null",
         "-c",
         "transfer.fsckObjects=true",
         "-c",
+        "fetch.fsckObjects=true",
+        "-c",
         "safe.directory=*",
     ]
+
+
+def fetch_commits(g: Gathered) -> list[str]:
+    """Bring the guest's branches and tags in as refs/remotes/vmsandbox-<name>/* and list the new commits.
+
+    The source is the host-side mirror of the guest's repository (or the outbox's bundle). git's fetch from
+    a local repository takes only objects and refs from it: that repository's hooks never run and the
+    security-relevant parts of its config (e.g. uploadpack.packObjectsHook) are ignored by git itself.
+    """
+    if not g.refs_changed or not (g.project / ".git").is_dir():
+        return []
+    source = g.source / ".git" if g.origin != "outbox" else g.record.files.outbox / BUNDLE
+    if not source.exists():
+        return []
+    prefix = f"refs/remotes/vmsandbox-{g.record.name}"
+    git = _git(g.project)
     proc.run(
         [
             *git,
@@ -272,10 +278,11 @@ def fetch_commits(g: Gathered) -> list[str]:
             "--no-tags",
             "--no-write-fetch-head",
             "--no-recurse-submodules",
-            str(bundle),
+            str(source),
             f"+refs/heads/*:{prefix}/*",
             f"+refs/tags/*:{prefix}/tags/*",
-        ]
+        ],
+        hint="the guest's git repository could not be read; its working-tree files still sync",
     )
     listing = proc.run(
         [
@@ -291,13 +298,7 @@ def fetch_commits(g: Gathered) -> list[str]:
         ],
         check=False,
     )
-    return [f"{line}" for line in listing.stdout.splitlines()] or [f"refs updated under {prefix}/"]
-
-
-def _q(text: str) -> str:
-    import shlex
-
-    return shlex.quote(text)
+    return listing.stdout.splitlines() or [f"refs updated under {prefix}/"]
 
 
 # ---------------------------------------------------------------- exporting
@@ -327,13 +328,15 @@ def export(g: Gathered) -> Path:
             target.mkdir(exist_ok=True)
     (staging / OUTBOX_MANIFEST).write_text(json.dumps(manifest, indent=1))
     (staging / OUTBOX_PATCH).write_text("".join(diff_text(g, c) for c in todo))
-    if g.origin == "live" and g.refs_changed:
-        try:
-            fetch_commits(g)  # into the project's refs/remotes now: cheaper than losing them
+    if g.origin != "outbox" and g.refs_changed and (g.project / ".git").is_dir():
+        try:  # the guest's commits go into the project's refs/remotes now, and into a bundle for later
+            fetch_commits(g)
+            prefix = f"refs/remotes/vmsandbox-{g.record.name}"
+            proc.run([*_git(g.project), "bundle", "create", "--quiet", str(staging / BUNDLE), f"--glob={prefix}/*"])
         except VmsandboxError as exc:
-            ui.warn(f"could not bring the guest's commits back: {exc.message}")
-    if files.bundle.exists():
-        shutil.copyfile(files.bundle, staging / "git.bundle")
+            ui.warn(f"could not keep the guest's commits: {exc.message}")
+    elif g.origin == "outbox" and (box / BUNDLE).exists():
+        shutil.copyfile(box / BUNDLE, staging / BUNDLE)
     if box.exists() and box != staging:
         shutil.rmtree(box)
     staging.rename(box)
@@ -357,7 +360,7 @@ def select_paths(changes: list[Change], project: Path, wanted: list[str]) -> lis
 
 def _ask(question: str, choices: str) -> str:
     while True:
-        answer = ui.err.input(f"{question} [{'/'.join(choices)}] ").strip()
+        answer = ui.err.input(ui.printable(f"{question} [{'/'.join(choices)}] ")).strip()
         if answer in choices:
             return answer
         ui.err.print(f"answer one of: {', '.join(choices)}")
@@ -373,11 +376,11 @@ def _interactive(g: Gathered, todo: list[Change]) -> tuple[list[Change], bool]:
             continue
         verb = "keep the guest version beside it" if c.status is Status.CONFLICT else "apply"
         warn = f" [yellow]⚠ {c.risky}[/]" if c.risky else ""
-        ui.err.print(f"[bold]({i}/{len(todo)})[/] {c.kind} {c.path} — {c.status.value}{warn}")
+        ui.err.print(f"[bold]({i}/{len(todo)})[/] {c.kind} {ui.printable(c.path)} — {c.status.value}{warn}")
         while True:
             answer = _ask(f"  {verb}? y=yes n=no d=diff a=all safe q=quit", "yndaq")
             if answer == "d":
-                ui.err.print(diff_text(g, c), markup=False, highlight=False)
+                ui.err.print(ui.printable(diff_text(g, c), markup=False), markup=False, highlight=False)
                 continue
             break
         if answer == "q":
@@ -443,9 +446,9 @@ def report(g: Gathered, out: Outcome) -> None:
         ("failed", out.failed, "red"),
     ):
         for item in items:
-            ui.err.print(f"  [{colour}]{label}[/] {item}", markup=True, highlight=False)
+            ui.err.print(f"  [{colour}]{label}[/] {ui.printable(item)}", highlight=False)
     for line in out.commits:
-        ui.err.print(f"  [cyan]commit[/] {line}")
+        ui.err.print(f"  [cyan]commit[/] {ui.printable(line)}", highlight=False)
     left = len(pending(g))
     g.record.unsynced = left
     g.record.save()

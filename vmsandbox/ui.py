@@ -42,5 +42,17 @@ def step(title: str) -> Iterator[None]:
     err.print(f"[green]✓[/] {title} [dim]({time.monotonic() - start:.1f}s)[/]")
 
 
+_CONTROL = {c: f"\\x{c:02x}" for c in [*range(0x20), 0x7F, *range(0x80, 0xA0)] if c not in (0x09, 0x0A)}
+
+
+def printable(text: str, *, markup: bool = True) -> str:
+    """Text from the guest made safe for a terminal: control characters (escape sequences) shown as \\xNN,
+    and, for rich output, markup brackets escaped."""
+    from rich.markup import escape
+
+    shown = text.translate(_CONTROL)
+    return escape(shown) if markup else shown
+
+
 def is_interactive() -> bool:
     return sys.stdin.isatty() and sys.stdout.isatty()

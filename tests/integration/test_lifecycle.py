@@ -147,3 +147,41 @@ def test_sudo_user_becomes_the_guest_user(cli: Cli, owned_name: str, project: Pa
     assert r.returncode == 0, r.stderr.decode()
     assert r.stdout.decode().splitlines() == ["alice", "1234", "2345", "0", "1234:2345", "docker"]
     assert_gone(owned_name)
+
+
+def test_run_yes_applies_safe_changes_and_keeps_the_rest(cli: Cli, owned_name: str, project: Path) -> None:
+    script = "echo new > new.txt; echo 'export X=1' > .envrc; exit 5"
+    r = cli.run("run", "--yes", "--name", owned_name, str(project), "--", "sh", "-c", script)
+    err = r.stderr.decode()
+    assert r.returncode == 5, err  # the command's exit code, whatever the review found
+    assert (project / "new.txt").read_text() == "new\n"
+    assert not (project / ".envrc").exists()  # quarantined: never applied by --yes
+    assert f"vmsandbox recover {owned_name}" in err
+    rows = [row for row in cli.ls() if row["name"] == owned_name]
+    assert rows[0]["state"] == "exported" and rows[0]["unsynced"] == 1
+    assert not domain_exists(owned_name)
+    rec = cli.run("recover", owned_name, "--yes", "--include-risky")
+    assert rec.returncode == 0, rec.stderr.decode()
+    assert (project / ".envrc").read_text() == "export X=1\n"
+    assert_gone(owned_name)  # nothing left to review: the session is gone
+
+
+def test_gc_keeps_an_orphaned_session_holding_work(cli: Cli, owned_name: str, project: Path) -> None:
+    p = cli.popen("run", "--name", owned_name, str(project), "--", "sh", "-c", "echo work > w.txt; sleep 600")
+    try:
+        wait_for(lambda: record_status(owned_name) == "ready", 600, "the session to boot")
+        time.sleep(4)
+        p.kill()
+        p.wait()
+    finally:
+        if p.poll() is None:
+            p.kill()
+    g = cli.run("gc")
+    assert f"kept session {owned_name} (orphaned)".encode() in g.stderr, g.stderr.decode()
+    assert domain_exists(owned_name)  # the VM and its disk stay until the work is reviewed
+    pulled = cli.run("pull", owned_name, "--yes")
+    assert pulled.returncode == 0, pulled.stderr.decode()
+    assert (project / "w.txt").read_text() == "work\n"
+    g2 = cli.run("gc")
+    assert f"removed session {owned_name} (orphaned)".encode() in g2.stderr
+    assert_gone(owned_name)

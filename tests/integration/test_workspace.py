@@ -6,10 +6,14 @@ on the previous one, so one boot covers the whole life of a session's changes.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
+import pty
+import select
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -206,6 +210,62 @@ def test_push_sends_host_edits_without_clobbering(cli: Cli, name: str, project: 
     assert b"conflict" in r.stderr and b"modify.txt" in r.stderr
     out = cli.run("exec", name, "--", "cat", "keep.txt", "modify.txt").stdout.decode()
     assert out == "edited on the host\nbase\nguest\nguest-again\n"
+
+
+class Terminal:
+    """Drive a command on a real pseudo-terminal, as a person at a keyboard would."""
+
+    def __init__(self, argv: list[str], env: dict[str, str]) -> None:
+        self.pid, self.fd = pty.fork()
+        if self.pid == 0:  # the child: exec the command on the terminal
+            os.execve(argv[0], argv, {**env, "COLUMNS": "200", "TERM": "xterm"})  # noqa: S606
+        self.seen = b""
+
+    def expect(self, text: str, timeout: float = 180) -> None:
+        deadline = time.monotonic() + timeout
+        while text.encode() not in self.seen:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise AssertionError(f"never saw {text!r}; the terminal showed:\n{self.seen.decode(errors='replace')}")
+            ready, _, _ = select.select([self.fd], [], [], left)
+            if ready:
+                try:
+                    chunk = os.read(self.fd, 65536)
+                except OSError:  # the child closed the terminal
+                    chunk = b""
+                if not chunk:
+                    raise AssertionError(f"ended before {text!r}:\n{self.seen.decode(errors='replace')}")
+                self.seen += chunk
+
+    def send(self, keys: str) -> None:
+        self.seen = b""
+        os.write(self.fd, keys.encode())
+
+    def wait(self) -> int:
+        with contextlib.suppress(OSError):
+            while os.read(self.fd, 65536):
+                pass
+        _, status = os.waitpid(self.pid, 0)
+        return os.waitstatus_to_exitcode(status)
+
+
+def test_interactive_review_on_a_terminal(cli: Cli, name: str, project: Path) -> None:
+    assert cli.run("exec", name, "--", "sh", "-c", "echo one > ia.txt; echo two > ib.txt").returncode == 0
+    term = Terminal(cli.argv("pull", name, "ia.txt", "ib.txt"), cli.env())
+    term.expect("added ia.txt")
+    term.expect("[yndaq]")
+    term.send("d\n")  # show the diff first
+    term.expect("+one")
+    term.expect("[yndaq]")
+    term.send("y\n")
+    term.expect("added ib.txt")
+    term.expect("[yndaq]")
+    term.send("n\n")
+    term.expect("commits")  # the guest's commits: fetch them?
+    term.send("n\n")
+    assert term.wait() == 3  # ib.txt was skipped: still unsynced
+    assert (project / "ia.txt").read_text() == "one\n"
+    assert not (project / "ib.txt").exists()
 
 
 def test_destroy_refuses_then_force_exports_and_recover_restores(cli: Cli, name: str, project: Path) -> None:

@@ -81,3 +81,13 @@ def test_setuid_is_noted_and_mode_change_detected() -> None:
     changes = compare(base, base, {"x": f("a", 0o4755)})
     assert changes[0].kind == "mode changed"
     assert "setuid/setgid/sticky bits dropped" in changes[0].notes
+
+
+def test_guest_names_cannot_inject_markup_or_escape_sequences() -> None:
+    from vmsandbox import ui
+
+    hostile = "x[link=file:///etc]y\x1b]8;;http://evil\x07z\x1b[2J"
+    shown = ui.printable(hostile)
+    assert "\x1b" not in shown and "\x07" not in shown
+    assert "\\[link" in shown  # markup escaped
+    assert ui.printable("tab\tand\nnewline", markup=False) == "tab\tand\nnewline"

@@ -1,0 +1,97 @@
+"""Workspace benchmark on a generated tree of 10,000 files (~100 MB): bringing it in, and pulling back a
+1-file and a 100-file change, each next to plain `rsync -a` of the same tree over the same SSH connection.
+
+Prints ratios measured in one run (these machines are noisy: read the ratios, not the seconds).
+
+    sudo .venv/bin/python bench/sync.py [--files N] [--size BYTES]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from vmsandbox import paths, proc, session, syncback, ui, workspace
+from vmsandbox.config import Settings
+
+
+def timed(fn: Callable[[], object]) -> float:
+    start = time.monotonic()
+    fn()
+    return time.monotonic() - start
+
+
+def make_tree(root: Path, files: int, size: int) -> None:
+    for i in range(files):
+        d = root / f"dir{i % 100:03d}"
+        d.mkdir(parents=True, exist_ok=True)
+        (d / f"file{i:05d}.dat").write_bytes(os.urandom(size))
+
+
+def guest(record: session.Record, command: str) -> None:
+    proc.run([*record.endpoint("root").ssh_argv("-T"), "--", command])
+
+
+def pull(record: session.Record) -> None:
+    g = syncback.gather(record)
+    out = syncback.review(g, yes=True, include_risky=False, dry_run=False, interactive=False)
+    assert not out.failed, out.failed
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--files", type=int, default=10_000)
+    parser.add_argument("--size", type=int, default=10_240)
+    args = parser.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="vmsandbox-bench-", dir="/var/tmp"))
+    work.chmod(0o711)
+    os.environ.setdefault("VMSANDBOX_STATE_DIR", str(work / "state"))
+    project = work / "project"
+    ui.err.quiet = True
+    try:
+        make_tree(project, args.files, args.size)
+        mb = args.files * args.size / 1e6
+        local_copy = timed(lambda: shutil.copytree(project, work / "copy", symlinks=True))
+        scratch = paths.SessionPaths(work / "scratch")
+        scratch.root.mkdir()
+        capture = timed(lambda: workspace.capture(project, scratch))
+        record = session.create(session.Options(project=project, name=None, settings=Settings(), keep=True))
+        try:
+            ep = record.endpoint("root")
+            rsh = f"{ep.rsync_rsh()} -l root"
+            rsync_in = timed(
+                lambda: proc.run(["rsync", "-a", "-e", rsh, f"{project}/", f"{ep.host_alias}:/var/tmp/in/"])
+            )
+            full_dest = work / "full"
+            rsync_out = timed(
+                lambda: proc.run(["rsync", "-a", "-e", rsh, f"{ep.host_alias}:{project}/", f"{full_dest}/"])
+            )
+            pull(record)  # settle: the first fetch after boot
+            guest(record, f"echo changed >> {project}/dir000/file00000.dat")
+            pull1 = timed(lambda: pull(record))
+            guest(record, f"for f in {project}/dir001/*.dat; do echo changed >> $f; done")
+            changed = len(list((project / "dir001").iterdir()))
+            pull100 = timed(lambda: pull(record))
+        finally:
+            session.remove(record)
+        print(f"tree: {args.files} files, {mb:.0f} MB")
+        print(
+            f"bring in: vmsandbox capture {capture:.1f}s | local copy {local_copy:.1f}s | rsync -a over SSH "
+            f"{rsync_in:.1f}s → capture/local {capture / local_copy:.2f}, capture/rsync {capture / rsync_in:.2f}"
+        )
+        print(f"pull back 1 file:   {pull1:.1f}s vs full rsync -a {rsync_out:.1f}s → ratio {pull1 / rsync_out:.2f}")
+        ratio = pull100 / rsync_out
+        print(f"pull back {changed} files: {pull100:.1f}s vs full rsync -a {rsync_out:.1f}s → ratio {ratio:.2f}")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()
