@@ -63,15 +63,27 @@ def _parent_fd(root: Path, rel: str, owner: Owner, *, create: bool) -> int:
     return fd
 
 
-def _read_source(source: Path, rel: str, expected: tree.Entry) -> bytes:
-    fd = _parent_fd(source, rel, Owner(-1, -1), create=False)
+def read_nofollow(root: Path, rel: str) -> bytes | None:
+    """The content of the regular file root/rel, reached without following any symlink (None otherwise)."""
+    try:
+        fd = _parent_fd(root, rel, Owner(-1, -1), create=False)
+    except (OSError, UnsafePathError):
+        return None
     try:
         f = os.open(rel.rsplit("/", 1)[-1], os.O_RDONLY | os.O_NOFOLLOW, dir_fd=fd)
+    except OSError:
+        return None
     finally:
         os.close(fd)
     with os.fdopen(f, "rb") as fh:
-        data = fh.read()
-    if hashlib.sha256(data).hexdigest() != expected.digest:
+        if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
+            return None
+        return fh.read()
+
+
+def read_verified(source: Path, rel: str, expected: tree.Entry) -> bytes:
+    data = read_nofollow(source, rel)
+    if data is None or hashlib.sha256(data).hexdigest() != expected.digest:
         raise VmsandboxError(f"{rel} changed in the guest copy while it was being applied; run the pull again")
     return data
 
@@ -187,7 +199,7 @@ def apply_one(root: Path, source: Path, change: Change, owner: Owner) -> None:
     if guest.kind == DIR:
         _make_dir(root, change.path, guest.mode, owner)
     elif guest.kind == FILE:
-        write_file(root, change.path, _read_source(source, change.path, guest), guest.mode, owner)
+        write_file(root, change.path, read_verified(source, change.path, guest), guest.mode, owner)
     elif guest.kind == SYMLINK and guest.target is not None:
         _write_symlink(root, change.path, guest.target, owner)
 

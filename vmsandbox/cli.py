@@ -349,10 +349,11 @@ def _review_command(name: str, *, yes: bool, dry_run: bool, include_risky: bool,
     if dry_run:
         return
     syncback.report(g, out)
-    if record.exported and not syncback.pending(g):
+    left = syncback.pending(g)
+    if record.exported and not left:
         session.remove(record)
         ui.info(f"Every change of session {name} is dealt with; the session is removed.")
-    if syncback.pending(g):
+    if left:
         raise typer.Exit(EXIT_PENDING)
 
 

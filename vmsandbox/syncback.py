@@ -120,13 +120,6 @@ def _same_entry(a: tree.Entry | None, b: tree.Entry | None) -> bool:
 # ---------------------------------------------------------------- showing
 
 
-def _content(root: Path, rel: str) -> bytes | None:
-    p = root / rel
-    if p.is_symlink() or not p.is_file():
-        return None
-    return p.read_bytes()
-
-
 def _is_text(data: bytes) -> bool:
     if b"\0" in data[:BINARY_SNIFF]:
         return False
@@ -154,8 +147,8 @@ def diff_text(g: Gathered, c: Change) -> str:
     head = f"--- a/{c.path}\n+++ b/{c.path}\n"
     if (c.guest and c.guest.kind != FILE) or (c.base and c.base.kind != FILE) or c.kind == "mode changed":
         return f"{c.path}: {c.kind}, {describe(c)}\n"
-    old = _content(files.baseline, c.path) if c.base else b""
-    new = _content(g.source, c.path) if c.guest else b""
+    old = apply.read_nofollow(files.baseline, c.path) if c.base else b""
+    new = apply.read_nofollow(g.source, c.path) if c.guest else b""
     if old is None or new is None:
         return f"{c.path}: {c.kind}\n"
     if not (_is_text(old) and _is_text(new)):
@@ -208,7 +201,7 @@ def conflict_copy_name(path: str, session: str) -> str:
 def _keep_conflict(g: Gathered, c: Change, owner: apply.Owner) -> str | None:
     if c.guest is None or c.guest.kind != FILE:
         return None
-    data = apply._read_source(g.source, c.path, c.guest)
+    data = apply.read_verified(g.source, c.path, c.guest)
     beside = conflict_copy_name(c.path, g.record.name)
     apply.write_file(g.project, beside, data, c.guest.mode & 0o666, owner)
     return beside
@@ -407,17 +400,20 @@ def review(
         return out
     if changes:
         ui.err.print(summary_table(changes))
-    todo = [c for c in pending(g) if c in changes]
+    shown = {c.path for c in changes}
+    todo = [c for c in pending(g) if c.path in shown]
     out.refused = [f"{c.path}: {c.notes[0]}" for c in changes if c.status is Status.UNSAFE]
     if dry_run:
         ui.info(f"Dry run: {len(todo)} change(s) pending; nothing written.")
         out.skipped = [c.path for c in todo]
         return out
+    held: list[Change] = []
     if interactive and not yes:
         accepted, commits = _interactive(g, todo)
     elif yes:
+        held = [c for c in todo if c.risky and not include_risky]
         accepted = [c for c in todo if not c.risky or include_risky]
-        out.quarantined = [f"{c.path} ({c.risky})" for c in todo if c.risky and not include_risky]
+        out.quarantined = [f"{c.path} ({c.risky})" for c in held]
         commits = g.refs_changed
     else:
         ui.warn(
@@ -426,7 +422,8 @@ def review(
         )
         out.skipped = [c.path for c in todo]
         return out
-    out.skipped = [c.path for c in todo if c not in accepted and f"{c.path} ({c.risky})" not in out.quarantined]
+    decided = {c.path for c in accepted} | {c.path for c in held}
+    out.skipped = [c.path for c in todo if c.path not in decided]
     execute(g, accepted, out)
     if commits:
         try:

@@ -10,7 +10,7 @@ from contextlib import contextmanager
 
 from rich.console import Console
 
-err = Console(stderr=True, highlight=False)
+err = Console(stderr=True, highlight=False, soft_wrap=True)  # a hint split mid-command helps nobody
 out = Console(highlight=False, soft_wrap=True)
 log = logging.getLogger("vmsandbox")
 

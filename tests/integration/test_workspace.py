@@ -250,22 +250,28 @@ class Terminal:
 
 
 def test_interactive_review_on_a_terminal(cli: Cli, name: str, project: Path) -> None:
-    assert cli.run("exec", name, "--", "sh", "-c", "echo one > ia.txt; echo two > ib.txt").returncode == 0
+    script = (
+        "echo one > ia.txt; echo two > ib.txt; "
+        "git -c safe.directory='*' -c user.email=a@vm -c user.name=a commit -q --allow-empty -m interactive"
+    )
+    assert cli.run("exec", name, "--", "sh", "-c", script).returncode == 0
     term = Terminal(cli.argv("pull", name, "ia.txt", "ib.txt"), cli.env())
     term.expect("added ia.txt")
-    term.expect("[yndaq]")
+    term.expect("[y/n/d/a/q]")
     term.send("d\n")  # show the diff first
     term.expect("+one")
-    term.expect("[yndaq]")
+    term.expect("[y/n/d/a/q]")
     term.send("y\n")
     term.expect("added ib.txt")
-    term.expect("[yndaq]")
+    term.expect("[y/n/d/a/q]")
     term.send("n\n")
     term.expect("commits")  # the guest's commits: fetch them?
-    term.send("n\n")
+    term.send("y\n")
+    term.expect("interactive")  # the review lists the new commit
     assert term.wait() == 3  # ib.txt was skipped: still unsynced
     assert (project / "ia.txt").read_text() == "one\n"
     assert not (project / "ib.txt").exists()
+    assert git(project, "log", "--format=%s", "-1", f"refs/remotes/vmsandbox-{name}/main").strip() == "interactive"
 
 
 def test_destroy_refuses_then_force_exports_and_recover_restores(cli: Cli, name: str, project: Path) -> None:
