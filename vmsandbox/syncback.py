@@ -434,6 +434,11 @@ def review(
 
 
 def report(g: Gathered, out: Outcome) -> None:
+    left = len(pending(g))
+    g.record.unsynced = left
+    g.record.save()
+    if not g.changes and not out.commits:
+        return
     for label, items, colour in (
         ("applied", out.applied, "green"),
         ("conflict", out.conflicts, "red"),
@@ -446,9 +451,6 @@ def report(g: Gathered, out: Outcome) -> None:
             ui.err.print(f"  [{colour}]{label}[/] {ui.printable(item)}", highlight=False)
     for line in out.commits:
         ui.err.print(f"  [cyan]commit[/] {ui.printable(line)}", highlight=False)
-    left = len(pending(g))
-    g.record.unsynced = left
-    g.record.save()
     parts = [f"{len(out.applied)} applied"]
     if out.conflicts:
         parts.append(f"{len(out.conflicts)} conflict(s) kept beside their files")
