@@ -16,6 +16,7 @@ import hashlib
 import os
 import secrets
 import stat
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -120,12 +121,26 @@ def _remove(fd: int, name: str, entry: tree.Entry) -> None:
         os.unlink(name, dir_fd=fd)
 
 
-def write_file(root: Path, rel: str, data: bytes, mode: int, owner: Owner) -> None:
-    """Atomically put `data` at root/rel: temp file in the same directory, fsync, rename."""
+def _place(root: Path, rel: str, owner: Owner, make: Callable[[int, str], None]) -> None:
+    """Make the new version of root/rel under a temporary name in its directory (`make(dir_fd, name)`), then
+    rename it into place: readers see the old version until the rename and the new one after it."""
     fd = _parent_fd(root, rel, owner, create=True)
-    name = rel.rsplit("/", 1)[-1]
     tmp = f"{TMP_PREFIX}{secrets.token_hex(6)}"
     try:
+        make(fd, tmp)
+        os.rename(tmp, rel.rsplit("/", 1)[-1], src_dir_fd=fd, dst_dir_fd=fd)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp, dir_fd=fd)
+        raise
+    finally:
+        os.close(fd)
+
+
+def write_file(root: Path, rel: str, data: bytes, mode: int, owner: Owner) -> None:
+    """Atomically put `data` at root/rel, fsynced, with `mode` (no setuid/setgid/sticky) and `owner`."""
+
+    def make(fd: int, tmp: str) -> None:
         f = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600, dir_fd=fd)
         try:
             with os.fdopen(f, "wb", closefd=False) as fh:
@@ -135,28 +150,16 @@ def write_file(root: Path, rel: str, data: bytes, mode: int, owner: Owner) -> No
             os.fsync(f)
         finally:
             os.close(f)
-        os.rename(tmp, name, src_dir_fd=fd, dst_dir_fd=fd)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp, dir_fd=fd)
-        raise
-    finally:
-        os.close(fd)
+
+    _place(root, rel, owner, make)
 
 
 def _write_symlink(root: Path, rel: str, target: str, owner: Owner) -> None:
-    fd = _parent_fd(root, rel, owner, create=True)
-    tmp = f"{TMP_PREFIX}{secrets.token_hex(6)}"
-    try:
+    def make(fd: int, tmp: str) -> None:
         os.symlink(target, tmp, dir_fd=fd)
         os.chown(tmp, owner.uid, owner.gid, dir_fd=fd, follow_symlinks=False)
-        os.rename(tmp, rel.rsplit("/", 1)[-1], src_dir_fd=fd, dst_dir_fd=fd)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp, dir_fd=fd)
-        raise
-    finally:
-        os.close(fd)
+
+    _place(root, rel, owner, make)
 
 
 def _make_dir(root: Path, rel: str, mode: int, owner: Owner) -> None:

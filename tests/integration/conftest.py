@@ -15,7 +15,8 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -102,6 +103,15 @@ def project(tmp_path: Path) -> Path:
     p.mkdir()
     (p / "README").write_text("hello\n")
     return p
+
+
+def wait_for(predicate: Callable[[], object], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}")
 
 
 def unique_name() -> str:

@@ -12,16 +12,7 @@ import pytest
 
 from vmsandbox import image, paths
 
-from .conftest import Cli
-
-
-def wait_for(predicate: object, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():  # type: ignore[operator]
-            return
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
+from .conftest import Cli, wait_for
 
 
 def processes_mentioning(text: str) -> list[str]:

@@ -10,16 +10,7 @@ from pathlib import Path
 from vmsandbox import paths, session
 from vmsandbox.virt import Hypervisor
 
-from .conftest import URI, Cli, assert_gone
-
-
-def wait_for(predicate: object, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():  # type: ignore[operator]
-            return
-        time.sleep(0.5)
-    raise AssertionError(f"timed out waiting for {what}")
+from .conftest import URI, Cli, assert_gone, wait_for
 
 
 def domain_exists(name: str) -> bool:
