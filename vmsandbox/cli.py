@@ -254,10 +254,16 @@ def _ready(record: Any) -> Any:
 
     with Hypervisor(record.libvirt_uri) as hv:
         state = session.status(record, hv).state
+    if state == "exported":
+        raise VmsandboxError(
+            f"session {record.name} has no VM any more; its unsynced changes wait in its outbox",
+            hint=f"review them with `vmsandbox recover {record.name}`",
+        )
     if state in ("stopped", "booting"):
         raise VmsandboxError(
             f"session {record.name} is {state}",
-            hint=f"see `vmsandbox logs {record.name}`; remove it with `vmsandbox destroy {record.name}`",
+            hint=f"see `vmsandbox logs {record.name}`; `vmsandbox recover {record.name}` reviews its changes, "
+            f"`vmsandbox destroy {record.name}` removes it",
         )
     return record
 

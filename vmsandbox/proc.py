@@ -33,6 +33,7 @@ TOOL_PACKAGES: Mapping[str, str] = {
     "git": "git",
     "mount": "mount",
     "debugfs": "e2fsprogs",
+    "e2fsck": "e2fsprogs",
     "cp": "coreutils",
     "umount": "mount",
 }

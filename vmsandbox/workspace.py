@@ -97,6 +97,13 @@ def fetch_from_disk(files: SessionPaths) -> tree.Manifest:
     fresh = files.root / "guest.new"
     shutil.rmtree(fresh, ignore_errors=True)
     fresh.mkdir(mode=0o700)
+    # A VM that crashed left its journal unreplayed: let e2fsck replay it (exit codes 1 and 2: fixed).
+    fsck = proc.run(["e2fsck", "-f", "-p", files.workspace_disk], check=False)
+    if fsck.returncode > 2:
+        raise VmsandboxError(
+            f"the workspace disk of session {files.root.name} is damaged: {fsck.stderr.strip()}",
+            hint=f"its raw image is {files.workspace_disk}; try `e2fsck` on a copy of it",
+        )
     proc.run(["debugfs", "-R", f"rdump / {fresh}", files.workspace_disk])
     shutil.rmtree(files.guest_tree, ignore_errors=True)
     fresh.rename(files.guest_tree)

@@ -278,7 +278,8 @@ def test_destroy_refuses_then_force_exports_and_recover_restores(cli: Cli, name:
     assert cli.run("exec", name, "--", "sh", "-c", "echo late > late.txt").returncode == 0
     refused = cli.run("destroy", name)
     assert refused.returncode == 125
-    assert b"unsynced change" in refused.stderr and b"late.txt" in refused.stderr
+    assert b"unsynced change" in refused.stderr and b"destroy --force" in refused.stderr
+    assert "late.txt" in cli.run("diff", name, "--stat").stdout.decode()
     forced = cli.run("destroy", name, "--force")
     assert forced.returncode == 0, forced.stderr.decode()
     rows = [row for row in cli.ls() if row["name"] == name]
