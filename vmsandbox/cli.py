@@ -9,13 +9,16 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import Annotated, Any, NoReturn
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
 from rich.table import Table
 
 from vmsandbox import __version__, config, paths, ui
 from vmsandbox.errors import VmsandboxError
+
+if TYPE_CHECKING:  # the session module pulls in libvirt: imported lazily by the commands that need it
+    from vmsandbox.session import Record
 
 EXIT_ERROR = 125  # vmsandbox itself failed (as `docker run` does), so a command's own codes stay distinct
 EXIT_INTERRUPTED = 130
@@ -188,7 +191,7 @@ def run(
 
     flags = {"cpus": cpus, "memory": memory, "disk": disk, "accel": accel}
     settings = config.load(path if path.is_dir() else None).merged(
-        {k: v for k, v in flags.items() if v is not None}, "command line"
+        {k: v for k, v in flags.items() if v is not None}, config.COMMAND_LINE
     )
     cmd = _tail(required=False)
     record = session.create(session.Options(project=path, name=name, settings=settings, keep=keep))
@@ -208,7 +211,7 @@ def run(
     raise typer.Exit(code)
 
 
-def _finish(record: Any, *, yes: bool, include_risky: bool) -> None:
+def _finish(record: Record, *, yes: bool, include_risky: bool) -> None:
     """End of `run`: review the guest's changes, then destroy the VM. Whatever was not synced is exported to
     the session's outbox first, so nothing is lost: `vmsandbox recover NAME` takes it from there."""
     from vmsandbox import session, syncback
@@ -248,7 +251,7 @@ def exec_(
     raise typer.Exit(guest.attach(record, cmd, tty=tty))
 
 
-def _ready(record: Any) -> Any:
+def _ready(record: Record) -> Record:
     from vmsandbox import session
     from vmsandbox.virt import Hypervisor
 

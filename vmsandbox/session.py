@@ -237,6 +237,7 @@ def _prepare(record: Record, image: image_mod.Image, user: GuestUser) -> None:
     record.baseline_entries = len(manifest)
     with ui.step("Preparing the session (overlay, keys)"):
         qemuimg.create_overlay(image.disk, files.overlay, record.disk_mib * 1024 * 1024)
+        files.overlay.chmod(0o600)
         client_pub = ssh.generate_key(files.client_key, f"vmsandbox-{record.name}")
         ssh.generate_key(files.host_key, f"vmsandbox-{record.name}-host")
         fw = files.fwcfg_dir

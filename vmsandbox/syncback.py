@@ -304,7 +304,8 @@ def export(g: Gathered) -> Path:
     box = files.outbox
     staging = files.root / "outbox.new"
     shutil.rmtree(staging, ignore_errors=True)
-    (staging / OUTBOX_FILES).mkdir(parents=True)
+    staging.mkdir(mode=0o700)
+    (staging / OUTBOX_FILES).mkdir()
     manifest: dict[str, Any] = {}
     for c in todo:
         manifest[c.path] = c.guest.as_dict() if c.guest else None

@@ -28,6 +28,7 @@ def capture(project: Path, files: SessionPaths) -> tree.Manifest:
         ["cp", "-a", "--reflink=auto", f"{project}/.", files.baseline],
         hint="is the project readable, and is there space in the state directory?",
     )
+    files.baseline.chmod(0o700)  # cp -a gave it the project's mode: keep the copy private
     manifest = tree.scan(files.baseline)
     files.baseline_manifest.write_text(json.dumps(tree.to_json(manifest)))
     used = sum(e.size for e in manifest.values())
@@ -49,6 +50,7 @@ def capture(project: Path, files: SessionPaths) -> tree.Manifest:
             f"{size // 1024}k",
         ]
     )
+    files.workspace_disk.chmod(0o600)  # a copy of the project: for root (and QEMU, via libvirt) only
     if "lost+found" not in manifest:
         proc.run(["debugfs", "-w", "-R", "rmdir lost+found", files.workspace_disk])
     proc.run(["cp", "-a", "--reflink=auto", files.baseline, files.guest_tree])

@@ -102,6 +102,8 @@ def test_workspace_appears_at_the_same_path(cli: Cli, name: str, project: Path) 
     r = cli.run("exec", name, "--", "sh", "-c", probe)
     assert r.returncode == 0, r.stderr.decode()
     rec = session.Record.load(name)
+    for copy in (rec.files.workspace_disk, rec.files.overlay, rec.files.baseline, rec.files.guest_tree):
+        assert copy.stat().st_mode & 0o077 == 0, f"{copy} is readable by other host users"
     assert r.stdout.decode().splitlines() == [
         str(project),
         f"{rec.uid}:{rec.gid}",
@@ -285,6 +287,7 @@ def test_destroy_refuses_then_force_exports_and_recover_restores(cli: Cli, name:
     rows = [row for row in cli.ls() if row["name"] == name]
     assert rows and rows[0]["state"] == "exported"
     box = paths.session_paths(name).outbox
+    assert box.stat().st_mode & 0o077 == 0
     assert "late.txt" in (box / "changes.patch").read_text()
     assert json.loads((box / "manifest.json").read_text())["late.txt"]["kind"] == "file"
     with Hypervisor(session.Record.load(name).libvirt_uri) as hv:
