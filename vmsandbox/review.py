@@ -174,8 +174,9 @@ def compare(baseline: Manifest, host: Manifest, guest: Manifest) -> list[Change]
 
 
 def _same(a: Entry | None, b: Entry | None) -> bool:
+    """Equal as far as a sync can carry: setuid/setgid/sticky bits never travel, so they never differ."""
     if a is None or b is None:
         return a is None and b is None
-    if a.kind == DIR and b.kind == DIR:
-        return a.mode & 0o777 == b.mode & 0o777
+    if a.kind in (DIR, FILE) and a.kind == b.kind:
+        return a.mode & 0o777 == b.mode & 0o777 and a.digest == b.digest
     return a.same(b)

@@ -91,3 +91,9 @@ def test_guest_names_cannot_inject_markup_or_escape_sequences() -> None:
     assert "\x1b" not in shown and "\x07" not in shown
     assert "\\[link" in shown  # markup escaped
     assert ui.printable("tab\tand\nnewline", markup=False) == "tab\tand\nnewline"
+
+
+def test_applied_setuid_file_is_not_a_conflict_afterwards() -> None:
+    guest = {"s.sh": f("x", 0o4755)}
+    host_after_apply = {"s.sh": f("x", 0o755)}  # bits dropped on the way
+    assert compare({}, host_after_apply, guest)[0].status is Status.SAME
