@@ -36,6 +36,12 @@ app.add_typer(image_app, name="image")
 app.add_typer(host_app, name="host")
 
 
+# Parameters several commands share.
+SessionName = Annotated[str, typer.Argument(help="Session name.")]
+ApplySafe = Annotated[bool, typer.Option("--yes", "-y", help="Apply the safe, non-conflicting changes.")]
+IncludeRisky = Annotated[bool, typer.Option("--include-risky", help="Apply quarantined changes too.")]
+
+
 class _Invocation:
     """Everything after the first `--` on the command line: the command to run in the guest.
 
@@ -230,7 +236,7 @@ def _finish(record: Record, *, yes: bool, include_risky: bool) -> None:
 
 
 @app.command()
-def shell(name: Annotated[str, typer.Argument(help="Session name.")]) -> None:
+def shell(name: SessionName) -> None:
     """Open an interactive shell in a session, in the project directory."""
     from vmsandbox import guest, session
 
@@ -240,7 +246,7 @@ def shell(name: Annotated[str, typer.Argument(help="Session name.")]) -> None:
 
 @app.command("exec")
 def exec_(
-    name: Annotated[str, typer.Argument(help="Session name.")],
+    name: SessionName,
     tty: Annotated[bool, typer.Option("--tty", "-t", help="Give CMD a terminal.")] = False,
 ) -> None:
     """Run CMD (after `--`) in a session's project directory; exit with its code."""
@@ -300,7 +306,7 @@ def ls(as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = Fa
 
 @app.command()
 def destroy(
-    name: Annotated[str, typer.Argument(help="Session name.")],
+    name: SessionName,
     force: Annotated[
         bool, typer.Option("--force", help="Destroy even with unsynced changes (they are exported to the outbox).")
     ] = False,
@@ -368,11 +374,11 @@ def _review_command(name: str, *, yes: bool, dry_run: bool, include_risky: bool,
 
 @app.command()
 def pull(
-    name: Annotated[str, typer.Argument(help="Session name.")],
+    name: SessionName,
     only: Annotated[list[str] | None, typer.Argument(help="Only these paths (files or directories).")] = None,
-    yes: Annotated[bool, typer.Option("--yes", "-y", help="Apply the safe, non-conflicting changes.")] = False,
+    yes: ApplySafe = False,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Show what would happen; write nothing.")] = False,
-    include_risky: Annotated[bool, typer.Option("--include-risky", help="Apply quarantined changes too.")] = False,
+    include_risky: IncludeRisky = False,
 ) -> None:
     """Review the guest's changes and sync the accepted ones into the project (three-way).
 
@@ -383,16 +389,16 @@ def pull(
 
 @app.command()
 def recover(
-    name: Annotated[str, typer.Argument(help="Session name.")],
-    yes: Annotated[bool, typer.Option("--yes", "-y", help="Apply the safe, non-conflicting changes.")] = False,
-    include_risky: Annotated[bool, typer.Option("--include-risky", help="Apply quarantined changes too.")] = False,
+    name: SessionName,
+    yes: ApplySafe = False,
+    include_risky: IncludeRisky = False,
 ) -> None:
     """Review and apply a session's unsynced changes after its VM is gone (from its outbox or its disk)."""
     _review_command(name, yes=yes, dry_run=False, include_risky=include_risky, only=[])
 
 
 @app.command()
-def push(name: Annotated[str, typer.Argument(help="Session name.")]) -> None:
+def push(name: SessionName) -> None:
     """Send host edits made during the session into the guest, never over a change the guest made."""
     from vmsandbox import session, syncback
 
@@ -408,7 +414,7 @@ def push(name: Annotated[str, typer.Argument(help="Session name.")]) -> None:
 
 @app.command()
 def diff(
-    name: Annotated[str, typer.Argument(help="Session name.")],
+    name: SessionName,
     only: Annotated[list[str] | None, typer.Argument(help="Only these paths.")] = None,
     stat: Annotated[bool, typer.Option("--stat", help="One line per changed path.")] = False,
 ) -> None:
@@ -432,7 +438,7 @@ def diff(
 
 @app.command()
 def logs(
-    name: Annotated[str, typer.Argument(help="Session name.")],
+    name: SessionName,
     which: Annotated[str, typer.Argument(help="console: the VM's serial console.")] = "console",
 ) -> None:
     """Show a session's logs."""

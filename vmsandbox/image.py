@@ -170,10 +170,9 @@ def list_images(images_dir: Path | None = None) -> list[Image]:
         if not d.name.startswith(PREFIX) or not (d / paths.IMAGE_MANIFEST).is_file():
             continue
         try:
-            manifest = json.loads((d / paths.IMAGE_MANIFEST).read_text())
+            found.append(get_image_at(d))
         except (OSError, ValueError):
             continue
-        found.append(Image(version=d.name.removeprefix(PREFIX), path=d, manifest=manifest))
     return sorted(found, key=lambda i: str(i.manifest.get("built_at", "")), reverse=True)
 
 

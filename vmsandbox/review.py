@@ -156,11 +156,11 @@ def compare(baseline: Manifest, host: Manifest, guest: Manifest) -> list[Change]
         if is_git_managed(path):
             continue
         base, g, h = baseline.get(path), guest.get(path), host.get(path)
-        if _same(base, g):
+        if same_entry(base, g):
             continue
-        if _same(g, h):
+        if same_entry(g, h):
             status = Status.SAME
-        elif _same(base, h):
+        elif same_entry(base, h):
             status = Status.APPLY
         else:
             status = Status.CONFLICT
@@ -173,7 +173,7 @@ def compare(baseline: Manifest, host: Manifest, guest: Manifest) -> list[Change]
     return changes
 
 
-def _same(a: Entry | None, b: Entry | None) -> bool:
+def same_entry(a: Entry | None, b: Entry | None) -> bool:
     """Equal as far as a sync can carry: setuid/setgid/sticky bits never travel, so they never differ."""
     if a is None or b is None:
         return a is None and b is None

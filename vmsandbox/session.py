@@ -26,7 +26,7 @@ from vmsandbox import paths, qemuimg, ssh, ui, workspace
 from vmsandbox.config import Settings
 from vmsandbox.domain import DomainSpec, Forward, build_xml, session_of
 from vmsandbox.errors import VmsandboxError
-from vmsandbox.virt import Hypervisor
+from vmsandbox.virt import DomainInfo, Hypervisor
 
 DOMAIN_PREFIX = "vmsandbox-"
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,30}$")
@@ -306,8 +306,7 @@ def _boot(record: Record, image: image_mod.Image, hv: Hypervisor, boot_timeout: 
     record.save()
 
     def alive() -> str | None:
-        info = hv.info(record.domain)
-        if info is None or info.state in ("shutoff", "crashed"):
+        if vm_gone(hv.info(record.domain)):
             return "the VM powered off or crashed"
         return None
 
@@ -372,13 +371,18 @@ def status(record: Record, hv: Hypervisor) -> Status:
     if record.exported:
         return Status(record, "exported")
     info = hv.info(record.domain)
-    if info is None or info.state in ("shutoff", "crashed"):
+    if info is None or vm_gone(info):
         return Status(record, "stopped")
     if record.status != "ready":
         return Status(record, "booting" if record.owner_alive() else "orphaned")
     if not record.keep and not record.owner_alive():
         return Status(record, "orphaned")
     return Status(record, info.state)
+
+
+def vm_gone(info: DomainInfo | None) -> bool:
+    """No domain, or one that powered off or crashed: the VM is not coming back."""
+    return info is None or info.state in ("shutoff", "crashed")
 
 
 def is_running(record: Record) -> bool:
@@ -393,8 +397,7 @@ def stops_within(record: Record, *, seconds: float) -> bool:
     deadline = time.monotonic() + seconds
     with Hypervisor(record.libvirt_uri) as hv:
         while True:
-            info = hv.info(record.domain)
-            if info is None or info.state in ("shutoff", "crashed"):
+            if vm_gone(hv.info(record.domain)):
                 return True
             if time.monotonic() > deadline:
                 return False

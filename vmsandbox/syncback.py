@@ -20,7 +20,7 @@ from typing import Any
 
 from vmsandbox import apply, proc, tree, ui, workspace
 from vmsandbox.errors import VmsandboxError
-from vmsandbox.review import Change, Status, compare, is_git_managed
+from vmsandbox.review import Change, Status, compare, is_git_managed, same_entry
 from vmsandbox.session import Record, is_running
 from vmsandbox.tree import DIR, FILE, SYMLINK
 
@@ -99,7 +99,7 @@ def gather(record: Record) -> Gathered:
     refs_changed = any(
         is_git_managed(p)
         and (p.startswith((".git/refs/", ".git/packed-refs")) or p == ".git/HEAD")
-        and not _same_entry(base.get(p), guest.get(p))
+        and not same_entry(base.get(p), guest.get(p))
         for p in set(base) | set(guest)
     )
     return Gathered(record, changes, source, refs_changed, origin)
@@ -111,10 +111,6 @@ def _remove_leftover_temporaries(project: Path, host: tree.Manifest) -> None:
         if entry.kind == FILE and path.rsplit("/", 1)[-1].startswith(apply.TMP_PREFIX):
             (project / path).unlink(missing_ok=True)
             del host[path]
-
-
-def _same_entry(a: tree.Entry | None, b: tree.Entry | None) -> bool:
-    return (a is None and b is None) or (a is not None and a.same(b))
 
 
 # ---------------------------------------------------------------- showing

@@ -9,6 +9,8 @@ from typing import Any
 
 import pytest
 
+from vmsandbox import session
+
 
 class UnexpectedSubprocessError(AssertionError):
     pass
@@ -32,3 +34,26 @@ def isolated_dirs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[P
     monkeypatch.delenv("VMSANDBOX_ACCEL", raising=False)
     monkeypatch.delenv("VMSANDBOX_LIBVIRT_URI", raising=False)
     yield tmp_path
+
+
+def saved_record(name: str, **fields: Any) -> session.Record:
+    """A session record written to its (temporary) session directory; `fields` override the defaults."""
+    values: dict[str, Any] = {
+        "name": name,
+        "project": "/p",
+        "image_version": "v",
+        "accel": "tcg",
+        "accel_reason": "",
+        "cpus": 1,
+        "memory_mib": 512,
+        "disk_mib": 1024,
+        "ssh_port": 1,
+        "user": "u",
+        "uid": 1000,
+        "gid": 1000,
+        "libvirt_uri": "test:///default",
+    }
+    record = session.Record(**(values | fields))
+    record.files.root.mkdir(parents=True)
+    record.save()
+    return record

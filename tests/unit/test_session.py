@@ -9,6 +9,8 @@ from vmsandbox import paths, session
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.guest import remote_command
 
+from .conftest import saved_record
+
 
 def test_project_must_exist_and_be_a_directory(tmp_path: Path) -> None:
     with pytest.raises(VmsandboxError, match="does not exist"):
@@ -39,25 +41,7 @@ def test_default_name_is_valid() -> None:
 
 
 def test_record_roundtrip_and_owner() -> None:
-    r = session.Record(
-        name="s1",
-        project="/p",
-        image_version="v",
-        accel="tcg",
-        accel_reason="r",
-        cpus=1,
-        memory_mib=512,
-        disk_mib=1024,
-        ssh_port=1234,
-        user="u",
-        uid=1000,
-        gid=1000,
-        libvirt_uri="test:///default",
-        owner_pid=os.getpid(),
-        owner_start=session.process_start(os.getpid()),
-    )
-    r.files.root.mkdir(parents=True)
-    r.save()
+    r = saved_record("s1", owner_pid=os.getpid(), owner_start=session.process_start(os.getpid()))
     loaded = session.Record.load("s1")
     assert loaded == r and loaded.owner_alive()
     loaded.owner_start = "0"  # a reused pid is not the owner

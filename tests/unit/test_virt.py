@@ -12,6 +12,8 @@ from vmsandbox.domain import META_NS
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.virt import Hypervisor
 
+from .conftest import saved_record
+
 URI = "test:///default"
 
 
@@ -63,25 +65,7 @@ def test_gc_destroys_our_domains_without_a_session_dir_only() -> None:
 
 
 def test_gc_removes_sessions_whose_vm_is_gone() -> None:
-    r = session.Record(
-        name="dead",
-        project="/p",
-        image_version="v",
-        accel="tcg",
-        accel_reason="",
-        cpus=1,
-        memory_mib=512,
-        disk_mib=1024,
-        ssh_port=1,
-        user="u",
-        uid=1,
-        gid=1,
-        libvirt_uri=URI,
-        keep=True,
-        status="ready",
-    )
-    r.files.root.mkdir(parents=True)
-    r.save()
+    r = saved_record("dead", libvirt_uri=URI, keep=True, status="ready")
     assert session.all_status(URI)[0].state == "stopped"
     assert list(session.gc(URI)) == ["removed session dead (stopped)"]
     assert not r.files.root.exists()
