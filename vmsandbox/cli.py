@@ -32,8 +32,10 @@ app = typer.Typer(
 )
 image_app = typer.Typer(no_args_is_help=True, help="Build, list and remove base images.")
 host_app = typer.Typer(no_args_is_help=True, help="Host set-up where no service manager does it.")
+secret_app = typer.Typer(no_args_is_help=True, help="Secrets kept on the host and injected by the egress proxy.")
 app.add_typer(image_app, name="image")
 app.add_typer(host_app, name="host")
+app.add_typer(secret_app, name="secret")
 
 
 # Parameters several commands share.
@@ -188,6 +190,14 @@ def run(
     include_risky: Annotated[
         bool, typer.Option("--include-risky", help="With --yes, apply quarantined changes too.")
     ] = False,
+    network: Annotated[
+        str | None,
+        typer.Option("--network", help="allowlist (default): listed hosts only; open: any public host; none."),
+    ] = None,
+    allow: Annotated[
+        list[str] | None,
+        typer.Option("--allow", help="Also allow HOST, *.DOMAIN or HOST:PORT (repeatable)."),
+    ] = None,
 ) -> None:
     """Boot a disposable VM for PATH and run CMD (after `--`) or a shell in it; exit with CMD's code.
 
@@ -195,7 +205,7 @@ def run(
     """
     from vmsandbox import guest, session
 
-    flags = {"cpus": cpus, "memory": memory, "disk": disk, "accel": accel}
+    flags = {"cpus": cpus, "memory": memory, "disk": disk, "accel": accel, "network": network, "allow": allow}
     settings = config.load(path if path.is_dir() else None).merged(
         {k: v for k, v in flags.items() if v is not None}, config.COMMAND_LINE
     )
@@ -258,7 +268,7 @@ def exec_(
 
 
 def _ready(record: Record) -> Record:
-    from vmsandbox import session
+    from vmsandbox import egress, session
     from vmsandbox.virt import Hypervisor
 
     with Hypervisor(record.libvirt_uri) as hv:
@@ -274,6 +284,10 @@ def _ready(record: Record) -> Record:
             hint=f"see `vmsandbox logs {record.name}`; `vmsandbox recover {record.name}` reviews its changes, "
             f"`vmsandbox destroy {record.name}` removes it",
         )
+    if egress.status(record.files) == "stopped":
+        ui.warn(f"the egress proxy of session {record.name} had stopped, so the guest had no network; restarting it")
+        with ui.step("Restarting the egress proxy"):
+            egress.start(record.name, record.files)
     return record
 
 
@@ -289,7 +303,7 @@ def ls(as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = Fa
     if not rows:
         ui.info("No sessions.")
         return
-    table = Table("NAME", "STATE", "AGE", "ACCEL", "SSH", "MEMORY", "UNSYNCED", "PROJECT", box=None)
+    table = Table("NAME", "STATE", "AGE", "ACCEL", "SSH", "MEMORY", "NETWORK", "UNSYNCED", "PROJECT", box=None)
     for r in rows:
         table.add_row(
             r["name"],
@@ -298,6 +312,7 @@ def ls(as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = Fa
             r["accel"],
             f"127.0.0.1:{r['ports']['ssh']}",
             f"{r['memory_mib']} MiB",
+            r["network"] + ("" if r["egress"] in ("up", "off") else f" ({r['egress']})"),
             "?" if r["unsynced"] is None else str(r["unsynced"]),
             r["project"],
         )
@@ -439,18 +454,101 @@ def diff(
 @app.command()
 def logs(
     name: SessionName,
-    which: Annotated[str, typer.Argument(help="console: the VM's serial console.")] = "console",
+    which: Annotated[
+        str, typer.Argument(help="console: the VM's serial console; proxy: every egress decision.")
+    ] = "console",
+    follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep printing new entries.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="proxy: print the JSON lines as they are.")] = False,
 ) -> None:
     """Show a session's logs."""
-    from vmsandbox import session
+    from vmsandbox import proxylog, session
 
     record = session.Record.load(name)
-    if which != "console":
-        raise VmsandboxError(f"unknown log {which!r}", hint="available: console")
-    try:
-        sys.stdout.write(record.files.console_log.read_text(errors="replace"))
-    except FileNotFoundError:
-        raise VmsandboxError(f"session {name} has no console log yet") from None
+    if which not in ("console", "proxy"):
+        raise VmsandboxError(f"unknown log {which!r}", hint="available: console, proxy")
+    path = record.files.console_log if which == "console" else record.files.proxy_log
+    if not follow and not path.exists():
+        if which == "proxy":
+            ui.info(f"Session {name} has made no requests through its egress proxy yet.")
+            return
+        raise VmsandboxError(f"session {name} has no console log yet")
+
+    def gone() -> bool:
+        return not record.files.record.exists()
+
+    for line in proxylog.read(path, follow=follow, stopped=gone):
+        if which == "console" or as_json:
+            print(line, flush=follow)
+            continue
+        event = proxylog.parse(line)
+        if event is not None:
+            ui.out.print(proxylog.describe(event), soft_wrap=True)
+            if follow:
+                sys.stdout.flush()
+
+
+@app.command()
+def clean(name: SessionName) -> None:
+    """Wipe volatile credentials in a running session (agent auth files, git credentials, the placeholders
+    the proxy swaps for secrets, which it stops honouring); the workspace is not touched."""
+    from vmsandbox import egress, proc, session
+
+    record = _ready(session.Record.load(name))
+    if record.files.egress_config.exists():
+        egress.revoke(record.files)
+    endpoint = record.endpoint()
+    result = proc.run(
+        [*endpoint.ssh_argv("-T", user="root"), "--", egress.clean_script(record.user)],
+        hint=f"is the VM up? `vmsandbox logs {name}`",
+    )
+    removed = result.stdout.split()
+    for path in removed:
+        ui.err.print(f"  [red]removed[/] {ui.printable(path)}")
+    ui.info(f"Session {name}: {len(removed)} credential file(s) removed, placeholders revoked; workspace untouched.")
+
+
+# ---------------------------------------------------------------- secrets
+
+
+@secret_app.command("set")
+def secret_set(name: Annotated[str, typer.Argument(help="Secret name, e.g. anthropic-api-key.")]) -> None:
+    """Store a secret on the host (read from stdin, or typed without echo). It never enters a VM."""
+    import getpass
+
+    from vmsandbox import secretstore
+
+    secretstore.validate_name(name)
+    value = getpass.getpass(f"Value for {name}: ", stream=sys.stderr) if sys.stdin.isatty() else sys.stdin.read()
+    secretstore.put(name, value)
+    ui.info(f"Secret {name} stored in {secretstore.directory()} (0600)")
+
+
+@secret_app.command("ls")
+def secret_ls(as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False) -> None:
+    """List stored secrets (names only, never values)."""
+    from vmsandbox import secretstore
+
+    stored = secretstore.list_all()
+    if as_json:
+        _print_json([{"name": s.name, "set_at": s.set_at, "bytes": s.length} for s in stored])
+        return
+    if not stored:
+        ui.info("No secrets. Store one with `vmsandbox secret set NAME`.")
+        return
+    table = Table("NAME", "SET", box=None)
+    for s in stored:
+        table.add_row(s.name, time.strftime("%Y-%m-%d %H:%M", time.localtime(s.set_at)))
+    ui.out.print(table)
+
+
+@secret_app.command("rm")
+def secret_rm(name: Annotated[str, typer.Argument(help="Secret name.")]) -> None:
+    """Remove a stored secret (running sessions stop getting it at once)."""
+    from vmsandbox import secretstore
+
+    if not secretstore.remove(name):
+        raise VmsandboxError(f"no secret named {name!r}", hint="list them with `vmsandbox secret ls`")
+    ui.info(f"Secret {name} removed")
 
 
 @app.command()

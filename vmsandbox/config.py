@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from vmsandbox import paths
+from vmsandbox import netpolicy, paths
 from vmsandbox.accel import Accel
 from vmsandbox.errors import VmsandboxError
-from vmsandbox.schema import check, load_yaml
+from vmsandbox.netpolicy import Mode
+from vmsandbox.schema import Mappings, check, load_yaml
 
 PROJECT_FILE = ".vmsandbox.yaml"
 COMMAND_LINE = "command line"  # as a source: keys are shown as the flags that set them
@@ -25,7 +27,54 @@ FIELDS: dict[str, type] = {
     "libvirt_uri": str,
     "boot_timeout": int,
     "trust_host_ca": bool,
+    "network": str,
+    "allow": list,
+    "allow_networks": list,
+    "secrets": Mappings,
 }
+SECRET_FIELDS: dict[str, type] = {
+    "secret": str,
+    "host": str,
+    "header": str,
+    "value": str,
+    "env": str,
+    "required": bool,
+}
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_HEADER_NAME = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
+
+
+@dataclass(frozen=True)
+class SecretMapping:
+    """A host secret the proxy puts into a header of requests to one host; the guest holds a placeholder."""
+
+    secret: str
+    host: str
+    header: str
+    value: str = "{secret}"  # e.g. "Bearer {secret}" for an Authorization header
+    env: str | None = None  # the guest environment variable that gets the placeholder
+    required: bool = True  # a session refuses to start while a required secret is not set
+
+
+def parse_secret_mapping(data: dict[str, Any], *, source: str) -> SecretMapping:
+    from vmsandbox import secretstore
+
+    data = check(data, SECRET_FIELDS, source=source, required=("secret", "host", "header"))
+    secretstore.validate_name(data["secret"])
+    try:
+        host = netpolicy.normalize_host(data["host"])
+    except netpolicy.Refused as exc:
+        raise VmsandboxError(f"{source}: `host`: {exc.reason}", hint="give the API's host name") from None
+    if not _HEADER_NAME.match(data["header"]):
+        raise VmsandboxError(f"{source}: `header` {data['header']!r} is not a header name")
+    value = data.get("value", "{secret}")
+    if "{secret}" not in value or any(c in value for c in "\r\n"):
+        raise VmsandboxError(f"{source}: `value` must contain {{secret}}, e.g. 'Bearer {{secret}}'")
+    env = data.get("env")
+    if env is not None and not _ENV_NAME.match(env):
+        raise VmsandboxError(f"{source}: `env` {env!r} is not an environment variable name")
+    return SecretMapping(data["secret"], host, data["header"], value, env, data.get("required", True))
+
 
 _SIZE = re.compile(r"^\s*(\d+)\s*([KMGT]?)(?:i?B)?\s*$", re.IGNORECASE)
 _UNIT_MIB = {"": 1, "K": 1 / 1024, "M": 1, "G": 1024, "T": 1024 * 1024}
@@ -51,6 +100,13 @@ class Settings:
     libvirt_uri: str = "qemu:///system"
     boot_timeout: int = 300
     trust_host_ca: bool = True
+    network: Mode = Mode.ALLOWLIST
+    allow: tuple[str, ...] = netpolicy.DEFAULT_ALLOW  # allowlist entries: every source adds to it
+    secrets: tuple[SecretMapping, ...] = ()  # every source adds; a later mapping for the same host wins
+    allow_networks: tuple[str, ...] = ()  # non-public networks allowed names may resolve to
+
+    def rules(self) -> tuple[netpolicy.Rule, ...]:
+        return tuple(netpolicy.parse_rule(a, source="allowlist") for a in self.allow)
 
     def merged(self, data: dict[str, Any], source: str) -> Settings:
         data = check(data, FIELDS, source=source)
@@ -72,7 +128,26 @@ class Settings:
         for key in ("libvirt_uri", "boot_timeout", "trust_host_ca"):
             if key in data:
                 changes[key] = data[key]
+        changes.update(self._network_changes(data, source, label))
         return replace(self, **changes)
+
+    def _network_changes(self, data: dict[str, Any], source: str, label: Callable[[str], str]) -> dict[str, Any]:
+        changes: dict[str, Any] = {}
+        if "network" in data:
+            changes["network"] = netpolicy.parse_mode(data["network"], source=label("network"))
+        if "allow" in data:
+            for entry in data["allow"]:
+                netpolicy.parse_rule(entry, source=label("allow"))
+            changes["allow"] = tuple(dict.fromkeys([*self.allow, *(a.strip().lower() for a in data["allow"])]))
+        if "allow_networks" in data:
+            for entry in data["allow_networks"]:
+                netpolicy.parse_network(entry, source=label("allow_networks"))
+            changes["allow_networks"] = tuple(dict.fromkeys([*self.allow_networks, *data["allow_networks"]]))
+        if "secrets" in data:
+            added = [parse_secret_mapping(m, source=f"{source}: `secrets[{i}]`") for i, m in enumerate(data["secrets"])]
+            hosts = {m.host for m in added}
+            changes["secrets"] = (*(m for m in self.secrets if m.host not in hosts), *added)
+        return changes
 
 
 def parse_accel(value: str, *, source: str) -> Accel:
@@ -96,4 +171,7 @@ def load(project: Path | None = None) -> Settings:
     env_uri = os.environ.get("VMSANDBOX_LIBVIRT_URI")
     if env_uri:
         settings = replace(settings, libvirt_uri=env_uri)
+    env_network = os.environ.get("VMSANDBOX_NETWORK")
+    if env_network:
+        settings = replace(settings, network=netpolicy.parse_mode(env_network, source="VMSANDBOX_NETWORK"))
     return settings

@@ -7,6 +7,7 @@ Layout (root; see README "Where things live"):
     /var/lib/vmsandbox/cache/                   package cache for image builds
     /var/lib/vmsandbox/state/sessions/<name>/   one directory per session (files below)
     ~/.config/vmsandbox/config.yaml             user configuration
+    ~/.config/vmsandbox/secrets/<NAME>          secrets (0600; never enter a VM)
 
 A non-root user keeps sessions under $XDG_STATE_HOME/vmsandbox. Every directory can be moved with
 VMSANDBOX_DATA_DIR, VMSANDBOX_STATE_DIR and VMSANDBOX_CONFIG_DIR.
@@ -46,6 +47,12 @@ SESSION_WORKSPACE_DISK = "workspace.raw"  # ext4 built from the baseline; the gu
 SESSION_GUEST_DIR = "guest"  # mirror of the guest's project tree as of the last fetch
 SESSION_REVIEW = "review.json"  # which guest changes were applied or dealt with
 SESSION_OUTBOX = "outbox"  # unsynced changes exported when the VM went away (patch, files, git bundle)
+SESSION_EGRESS_CONFIG = "egress.json"  # the proxy's policy and secret mappings (re-read per connection)
+SESSION_EGRESS_STATE = "egress-state.json"  # the proxy daemon: pid, and whether the guest's door is open
+SESSION_EGRESS_LOG = "egress.log"  # the proxy daemon's own messages
+SESSION_PROXY_LOG = "proxy.jsonl"  # one JSON line per guest connection: `vmsandbox logs NAME proxy`
+SESSION_CA_CERT = "session-ca.pem"  # per-session CA for secret-injecting hosts (the guest trusts it)
+SESSION_CA_KEY = "session-ca.key"  # its private key: host only, 0600
 # ssh's connection multiplexing: one login serves the command, rsync and later execs (%r: one per user)
 SESSION_SSH_SOCKET = "ssh-%r.sock"
 
@@ -159,6 +166,30 @@ class SessionPaths:
     @property
     def ssh_socket(self) -> Path:
         return self.root / SESSION_SSH_SOCKET
+
+    @property
+    def egress_config(self) -> Path:
+        return self.root / SESSION_EGRESS_CONFIG
+
+    @property
+    def egress_state(self) -> Path:
+        return self.root / SESSION_EGRESS_STATE
+
+    @property
+    def egress_log(self) -> Path:
+        return self.root / SESSION_EGRESS_LOG
+
+    @property
+    def proxy_log(self) -> Path:
+        return self.root / SESSION_PROXY_LOG
+
+    @property
+    def ca_cert(self) -> Path:
+        return self.root / SESSION_CA_CERT
+
+    @property
+    def ca_key(self) -> Path:
+        return self.root / SESSION_CA_KEY
 
 
 def session_paths(name: str) -> SessionPaths:

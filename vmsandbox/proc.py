@@ -142,6 +142,43 @@ def run_attached(argv: Sequence[str | Path], *, env: Mapping[str, str] | None = 
         raise
 
 
+def spawn_detached(argv: Sequence[str | Path], *, log_file: Path, env: Mapping[str, str] | None = None) -> int:
+    """Start a background daemon that outlives us (its own session, stdout and stderr to log_file)."""
+    args = [str(a) for a in argv]
+    args[0] = which(args[0])
+    log.debug("spawn_detached: %s", shlex.join(args))
+    with log_file.open("ab") as out:
+        child = subprocess.Popen(
+            args,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=dict(env) if env is not None else None,
+            start_new_session=True,
+        )
+    return child.pid
+
+
+def process_start(pid: int) -> str | None:
+    """The start time of pid (from /proc), to tell a live process from a reused pid."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat.rsplit(")", 1)[1].split()[19]
+
+
+def alive(pid: int | None, start: str | None) -> bool:
+    """Whether the process that had `start` as its start time still runs (not a zombie, not a reused pid)."""
+    if pid is None or start is None or process_start(pid) != start:
+        return False
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
 _PR_SET_PDEATHSIG = 1
 
 

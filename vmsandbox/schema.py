@@ -10,8 +10,13 @@ import yaml
 
 from vmsandbox.errors import VmsandboxError
 
-# A field's expected type: str, int, bool, or list[str] (spelled `list`).
+# A field's expected type: str, int, bool, list[str] (spelled `list`), or a list of mappings (`Mappings`,
+# each checked by the caller with `check` again).
 FieldType = type
+
+
+class Mappings:
+    """Marker: the field is a list of mappings."""
 
 
 def load_yaml(path: Path) -> dict[str, Any]:
@@ -49,6 +54,9 @@ def check(
         if expected is list:
             ok = isinstance(value, list) and all(isinstance(v, str) for v in value)
             wanted = "a list of strings"
+        elif expected is Mappings:
+            ok = isinstance(value, list) and all(isinstance(v, dict) for v in value)
+            wanted = "a list of mappings (`- key: value` entries)"
         elif expected is int:
             ok = isinstance(value, int) and not isinstance(value, bool)
             wanted = "an integer"

@@ -21,18 +21,18 @@ from pathlib import Path
 from typing import Any
 
 from vmsandbox import accel as accel_mod
+from vmsandbox import egress, paths, proc, qemuimg, ssh, ui, workspace
 from vmsandbox import image as image_mod
-from vmsandbox import paths, qemuimg, ssh, ui, workspace
 from vmsandbox.config import Settings
 from vmsandbox.domain import DomainSpec, Forward, build_xml, session_of
 from vmsandbox.errors import VmsandboxError
+from vmsandbox.netpolicy import Mode
 from vmsandbox.virt import DomainInfo, Hypervisor
 
 DOMAIN_PREFIX = "vmsandbox-"
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,30}$")
 PORT_ATTEMPTS = 4
 CONSOLE_TAIL_LINES = 30
-FWCFG_ENTRIES = ("hostname", "user", "workdir", "authorized_keys", "host_key")
 
 
 @dataclass(frozen=True)
@@ -77,6 +77,7 @@ class Record:
     baseline_entries: int = 0
     unsynced: int | None = None  # pending changes at the last review (None: never reviewed)
     exported: bool = False  # the VM is gone; its unsynced changes wait in the outbox
+    network: str = "allowlist"  # allowlist | open | none
 
     @property
     def domain(self) -> str:
@@ -110,16 +111,7 @@ class Record:
         return cls(**{k: v for k, v in data.items() if k in known})
 
     def owner_alive(self) -> bool:
-        return self.owner_pid is not None and process_start(self.owner_pid) == self.owner_start
-
-
-def process_start(pid: int) -> str | None:
-    """The start time of pid (from /proc), to tell a live owner from a reused pid."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return stat.rsplit(")", 1)[1].split()[19]
+        return self.owner_pid is not None and proc.process_start(self.owner_pid) == self.owner_start
 
 
 def validate_project(path: Path) -> Path:
@@ -185,6 +177,7 @@ def create(opts: Options) -> Record:
     project = validate_project(opts.project)
     name = validate_name(opts.name) if opts.name else default_name(project)
     settings = opts.settings
+    egress.check_secrets(settings)
     choice = accel_mod.choose(settings.accel)
     if choice.accel is accel_mod.Accel.TCG and settings.accel is accel_mod.Accel.AUTO:
         ui.warn(choice.reason)
@@ -215,22 +208,25 @@ def create(opts: Options) -> Record:
             uid=user.uid,
             gid=user.gid,
             libvirt_uri=settings.libvirt_uri,
+            network=settings.network.value,
             keep=opts.keep,
             owner_pid=os.getpid(),
-            owner_start=process_start(os.getpid()),
+            owner_start=proc.process_start(os.getpid()),
         )
         try:
             record.save()
-            _prepare(record, image, user)
+            _prepare(record, image, user, settings)
             _boot(record, image, hv, settings.boot_timeout)
+            _open_egress(record, settings)
         except BaseException:
+            egress.stop(files)
             hv.destroy(record.domain)
             shutil.rmtree(files.root, ignore_errors=True)
             raise
     return record
 
 
-def _prepare(record: Record, image: image_mod.Image, user: GuestUser) -> None:
+def _prepare(record: Record, image: image_mod.Image, user: GuestUser, settings: Settings) -> None:
     files = record.files
     with ui.step(f"Capturing {record.project} (baseline and workspace disk)"):
         manifest = workspace.capture(Path(record.project), files)
@@ -247,6 +243,7 @@ def _prepare(record: Record, image: image_mod.Image, user: GuestUser) -> None:
         (fw / "workdir").write_text(record.project + "\n")
         (fw / "authorized_keys").write_text(client_pub + "\n")
         shutil.copyfile(files.host_key, fw / "host_key")
+        egress.prepare(record.name, files, settings)
         _give_to_qemu(fw)
     record.save()
 
@@ -285,7 +282,7 @@ def _boot(record: Record, image: image_mod.Image, hv: Hypervisor, boot_timeout: 
             cmdline=image.kernel_cmdline,
             console_log=files.console_log,
             forwards=(Forward(record.ssh_port, 22),),
-            fwcfg_files={k: files.fwcfg_dir / k for k in FWCFG_ENTRIES},
+            fwcfg_files={f.name: f for f in sorted(files.fwcfg_dir.iterdir())},
             workspace_disk=files.workspace_disk,
         )
         xml = build_xml(spec)
@@ -322,8 +319,18 @@ def _boot(record: Record, image: image_mod.Image, hv: Hypervisor, boot_timeout: 
     record.save()
 
 
+def _open_egress(record: Record, settings: Settings) -> None:
+    if settings.network is Mode.NONE:
+        ui.info("No network for this session (--network none)")
+        return
+    what = "any public host" if settings.network is Mode.OPEN else f"{len(settings.allow)} allowed hosts"
+    with ui.step(f"Opening the guest's egress proxy ({settings.network.value}: {what})"):
+        egress.start(record.name, record.files)
+
+
 def remove(record: Record) -> None:
     """Destroy the VM and delete the session directory."""
+    egress.stop(record.files)
     with Hypervisor(record.libvirt_uri) as hv:
         hv.destroy(record.domain)
     shutil.rmtree(record.files.root, ignore_errors=True)
@@ -332,6 +339,7 @@ def remove(record: Record) -> None:
 def retire(record: Record) -> None:
     """Destroy the VM and everything but what a later `recover` needs: the record, the baseline, the review
     state and the outbox of unsynced changes."""
+    egress.stop(record.files)
     with Hypervisor(record.libvirt_uri) as hv:
         hv.destroy(record.domain)
     files = record.files
@@ -364,6 +372,8 @@ class Status:
             "keep": r.keep,
             "domain": r.domain,
             "unsynced": r.unsynced,
+            "network": r.network,
+            "egress": egress.status(r.files) if self.state not in ("exported", "stopped") else "stopped",
         }
 
 
@@ -439,6 +449,7 @@ def gc(uri: str, guard: Callable[[Record, str], str | None] = _no_guard) -> Iter
                 if kept is not None:
                     yield f"kept session {name} ({state}): {kept}"
                     continue
+                egress.stop(files)
                 hv.destroy(record.domain)
                 shutil.rmtree(files.root, ignore_errors=True)
                 yield f"removed session {name} ({state})"

@@ -180,6 +180,7 @@ def assert_gone(name: str) -> None:
     assert not paths.session_paths(name).root.exists()
     ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True, check=True).stdout
     assert f"guest=vmsandbox-{name}," not in ps
+    assert f"vmsandbox.egressd {name}" not in ps  # the session's proxy daemon went with it
 
 
 @pytest.fixture

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import signal
+import subprocess
 import time
 from pathlib import Path
 
@@ -48,11 +49,15 @@ def test_two_concurrent_sessions(cli: Cli, owned_name: str, project: Path) -> No
 
 
 def test_keep_then_destroy_leaves_nothing(cli: Cli, owned_name: str, project: Path) -> None:
-    r = cli.run("run", "--keep", "--name", owned_name, str(project), "--", "true")
+    """Also: --network none leaves the guest without any door (no proxy daemon, nothing listens)."""
+    r = cli.run("run", "--keep", "--network", "none", "--name", owned_name, str(project), "--", "true")
     assert r.returncode == 0, r.stderr.decode()
     assert b"keeps running" in r.stderr
-    assert [row["state"] for row in cli.ls() if row["name"] == owned_name] == ["running"]
-    assert cli.run("exec", owned_name, "--", "true").returncode == 0
+    (row,) = [row for row in cli.ls() if row["name"] == owned_name]
+    assert (row["state"], row["network"], row["egress"]) == ("running", "none", "off")
+    probe = cli.run("exec", owned_name, "--", "sh", "-c", "curl -sS -m 10 http://pypi.org/; echo exit=$?")
+    assert b"exit=7" in probe.stdout, probe.stderr.decode()  # refused: nothing listens on the proxy port
+    assert f"vmsandbox.egressd {owned_name}" not in _ps()
     d = cli.run("destroy", owned_name)
     assert d.returncode == 0, d.stderr.decode()
     assert_gone(owned_name)
@@ -180,3 +185,7 @@ def test_gc_keeps_an_orphaned_session_holding_work(cli: Cli, owned_name: str, pr
     g2 = cli.run("gc")
     assert f"removed session {owned_name} (orphaned)".encode() in g2.stderr
     assert_gone(owned_name)
+
+
+def _ps() -> str:
+    return subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True, check=True).stdout

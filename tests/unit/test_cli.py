@@ -49,3 +49,40 @@ def test_command_after_double_dash_is_not_the_path(capsys: pytest.CaptureFixture
     # `vmsandbox run -- ls /` must not take `ls` as PATH: PATH defaults to the current directory.
     assert run_cli(["image", "ls", "--json"]) == 0
     assert capsys.readouterr().out.strip() == "[]"
+
+
+def test_missing_secret_stops_run_before_anything_is_made(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    (tmp_path / ".vmsandbox.yaml").write_text(
+        "secrets:\n  - {secret: my-key, host: api.example.com, header: x-api-key, env: MY_KEY}\n"
+    )
+    assert run_cli(["run", str(tmp_path), "--", "true"]) == cli.EXIT_ERROR
+    err = capsys.readouterr().err
+    assert "secret my-key" in err and "vmsandbox secret set my-key" in err
+
+
+def test_secret_set_ls_rm(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, isolated_dirs: Path
+) -> None:
+    import io
+
+    monkeypatch.setattr("sys.stdin", io.StringIO("v4lue\n"))
+    assert run_cli(["secret", "set", "api"]) == 0
+    stored = isolated_dirs / "config" / "secrets" / "api"
+    assert stored.read_text() == "v4lue"
+    assert oct(stored.stat().st_mode & 0o777) == "0o600"
+    assert oct(stored.parent.stat().st_mode & 0o777) == "0o700"
+    capsys.readouterr()
+    assert run_cli(["secret", "ls", "--json"]) == 0
+    out = capsys.readouterr().out
+    assert '"api"' in out and "v4lue" not in out
+    assert run_cli(["secret", "rm", "api"]) == 0
+    assert not stored.exists()
+    assert run_cli(["secret", "rm", "api"]) == cli.EXIT_ERROR
+    assert run_cli(["secret", "set", "../escape"]) == cli.EXIT_ERROR
+
+
+def test_bad_network_flags_name_them(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    assert run_cli(["run", str(tmp_path), "--network", "wide", "--", "true"]) == cli.EXIT_ERROR
+    assert "--network" in capsys.readouterr().err
+    assert run_cli(["run", str(tmp_path), "--allow", "10.0.0.1", "--", "true"]) == cli.EXIT_ERROR
+    assert "--allow" in capsys.readouterr().err

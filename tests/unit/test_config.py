@@ -63,3 +63,47 @@ def test_not_a_mapping_and_bad_yaml(tmp_path: Path) -> None:
 )
 def test_sizes(text: str, mib: int) -> None:
     assert config.parse_size_mib(text, what="x") == mib
+
+
+def test_network_settings_accumulate_across_sources(tmp_path: Path) -> None:
+    write(tmp_path / "config" / "config.yaml", "allow: ['*.example.org']\nallow_networks: [203.0.113.0/24]\n")
+    project = tmp_path / "proj"
+    write(
+        project / ".vmsandbox.yaml",
+        "network: open\nallow: [api.example.com:8443]\nsecrets:\n"
+        "  - {secret: k, host: API.example.com, header: Authorization, value: 'Bearer {secret}', env: K}\n",
+    )
+    s = config.load(project).merged({"allow": ["x.example.net"]}, config.COMMAND_LINE)
+    assert s.network.value == "open"
+    assert {"*.example.org", "api.example.com:8443", "x.example.net", "pypi.org"} <= set(s.allow)
+    assert s.allow_networks == ("203.0.113.0/24",)
+    (m,) = s.secrets
+    assert (m.secret, m.host, m.header, m.value, m.env, m.required) == (
+        "k",
+        "api.example.com",
+        "Authorization",
+        "Bearer {secret}",
+        "K",
+        True,
+    )
+
+
+@pytest.mark.parametrize(
+    ("entry", "needle"),
+    [
+        ("{secret: k, host: a.com}", "missing key `header`"),
+        ("{secret: k, host: a.com, header: x, hdr: y}", "unknown key `hdr`"),
+        ("{secret: k, host: 10.0.0.1, header: x}", "`host`"),
+        ("{secret: k, host: a.com, header: 'x y'}", "`header`"),
+        ("{secret: k, host: a.com, header: x, value: 'Bearer'}", "`value`"),
+        ("{secret: k, host: a.com, header: x, env: '1X'}", "`env`"),
+        ("{secret: '../k', host: a.com, header: x}", "secret name"),
+    ],
+)
+def test_bad_secret_mappings_name_the_key(tmp_path: Path, entry: str, needle: str) -> None:
+    f = write(tmp_path / "proj" / ".vmsandbox.yaml", f"secrets:\n  - {entry}\n")
+    with pytest.raises(VmsandboxError) as err:
+        config.load(tmp_path / "proj")
+    assert needle in err.value.message
+    if "name" not in needle:
+        assert str(f) in err.value.message and "secrets[0]" in err.value.message

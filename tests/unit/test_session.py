@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from vmsandbox import paths, session
+from vmsandbox import paths, proc, session
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.guest import remote_command
 
@@ -41,7 +41,7 @@ def test_default_name_is_valid() -> None:
 
 
 def test_record_roundtrip_and_owner() -> None:
-    r = saved_record("s1", owner_pid=os.getpid(), owner_start=session.process_start(os.getpid()))
+    r = saved_record("s1", owner_pid=os.getpid(), owner_start=proc.process_start(os.getpid()))
     loaded = session.Record.load("s1")
     assert loaded == r and loaded.owner_alive()
     loaded.owner_start = "0"  # a reused pid is not the owner

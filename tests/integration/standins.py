@@ -1,0 +1,115 @@
+"""Loopback stand-ins for the egress tests: HTTP and HTTPS upstreams on 127.0.0.1 (with a test CA), and a
+listener that records any connection reaching it. Nothing here listens on or connects to anything else."""
+
+from __future__ import annotations
+
+import http.server
+import socket
+import ssl
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from vmsandbox.certs import Issuer, create_ca
+
+LOOPBACK = "127.0.0.1"
+
+
+@dataclass
+class Upstream:
+    name: str
+    port: int
+    requests: list[dict[str, str]] = field(default_factory=list)  # headers of each request seen
+
+    @property
+    def override(self) -> str:
+        return f"{self.name}={LOOPBACK}:{self.port}"
+
+
+def _handler(upstream: Upstream) -> type[http.server.BaseHTTPRequestHandler]:
+    class Handler(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def _reply(self) -> None:
+            length = int(self.headers.get("Content-Length") or 0)
+            body_in = self.rfile.read(length) if length else b""
+            upstream.requests.append({k.lower(): v for k, v in self.headers.items()} | {":path": self.path})
+            body = f"hello from {upstream.name} {self.command} {self.path} {len(body_in)}\n".encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.send_header("Connection", "close")
+            self.end_headers()
+            self.wfile.write(body)
+
+        do_GET = _reply  # noqa: N815 - http.server's names
+        do_POST = _reply  # noqa: N815
+
+        def log_message(self, format: str, *args: object) -> None:
+            return
+
+    return Handler
+
+
+@contextmanager
+def http_upstream(name: str, tls: ssl.SSLContext | None = None) -> Iterator[Upstream]:
+    server = http.server.ThreadingHTTPServer((LOOPBACK, 0), http.server.BaseHTTPRequestHandler)
+    upstream = Upstream(name, server.server_address[1])
+    server.RequestHandlerClass = _handler(upstream)
+    if tls is not None:
+        server.socket = tls.wrap_socket(server.socket, server_side=True)
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    thread.start()
+    try:
+        yield upstream
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@dataclass
+class UpstreamCA:
+    cert: Path
+    key: Path
+
+    def server_context(self, host: str) -> ssl.SSLContext:
+        return Issuer(self.cert, self.key).context(host)
+
+
+def make_ca(directory: Path, label: str, hosts: list[str]) -> UpstreamCA:
+    directory.mkdir(parents=True, exist_ok=True)
+    ca = UpstreamCA(directory / f"{label}.pem", directory / f"{label}.key")
+    create_ca(ca.cert, ca.key, session=label, hosts=hosts)
+    return ca
+
+
+class Recorder:
+    """Accepts on 127.0.0.1 and records every connection: proof that a refused request leaked, if it did."""
+
+    def __init__(self) -> None:
+        self.sock = socket.socket()
+        self.sock.bind((LOOPBACK, 0))
+        self.sock.listen(16)
+        self.sock.settimeout(0.2)
+        self.port = self.sock.getsockname()[1]
+        self.hits = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                conn, _ = self.sock.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            self.hits += 1
+            conn.close()
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.sock.close()

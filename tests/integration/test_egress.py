@@ -1,0 +1,233 @@
+"""Egress from inside a real VM: one door out (the session's proxy), the allowlist, secrets injected on the
+host, `clean`, and the proxy dying. Every upstream is a 127.0.0.1 stand-in on the host, reached through
+the test-only name overrides; refused requests are aimed at a recording listener that must stay silent."""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import select
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from vmsandbox import egress, image, paths, secretstore, session
+from vmsandbox.config import Settings
+
+from .conftest import Cli, keep_console_on_failure, unique_name, wait_for
+from .standins import Recorder, Upstream, http_upstream, make_ca
+
+
+@dataclass
+class Guest:
+    record: session.Record
+    cli: Cli
+    secret_name: str
+    secret: str
+    http: Upstream
+    tls: Upstream
+    api: Upstream
+    recorder: Recorder
+    ca_file: str  # the upstream test CA, inside the guest's project
+
+    def sh(self, script: str, *, user: str | None = None) -> subprocess.CompletedProcess[bytes]:
+        argv = ["exec", self.record.name, "--", "sh", "-c", script]
+        if user == "root":
+            argv = ["exec", self.record.name, "--", "sudo", "-E", "sh", "-c", script]
+        return self.cli.run(*argv, timeout=180)
+
+    def events(self) -> list[dict[str, object]]:
+        r = self.cli.run("logs", self.record.name, "proxy", "--json")
+        assert r.returncode == 0, r.stderr.decode()
+        return [json.loads(line) for line in r.stdout.decode().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def guest(
+    request: pytest.FixtureRequest,
+    base_image: image.Image,
+    state_dir: Path,
+    cli: Cli,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[Guest]:
+    tmp = tmp_path_factory.mktemp("egress")
+    ca = make_ca(tmp / "ca", "upstream-ca", ["tls.up.test", "api.up.test"])
+    project = tmp / "project"
+    project.mkdir()
+    (project / "upstream-ca.pem").write_bytes(ca.cert.read_bytes())
+    (project / "notes.txt").write_text("keep me\n")
+    recorder = Recorder()
+    secret_name = "it-api-key"
+    secret = "it-secret-" + secrets.token_hex(12)
+    saved = {k: os.environ.get(k) for k in ("VMSANDBOX_CONFIG_DIR", egress.TEST_UPSTREAMS_ENV, egress.TEST_CA_ENV)}
+    with (
+        http_upstream("http.up.test") as plain,
+        http_upstream("tls.up.test", ca.server_context("tls.up.test")) as tls,
+        http_upstream("api.up.test", ca.server_context("api.up.test")) as api,
+    ):
+        os.environ["VMSANDBOX_CONFIG_DIR"] = str(tmp / "config")
+        os.environ[egress.TEST_UPSTREAMS_ENV] = ",".join(u.override for u in (plain, tls, api))
+        os.environ[egress.TEST_CA_ENV] = str(ca.cert)
+        secretstore.put(secret_name, secret)
+        settings = Settings().merged(
+            {
+                "allow": ["http.up.test", "tls.up.test", f"localhost:{recorder.port}"],
+                "secrets": [{"secret": secret_name, "host": "api.up.test", "header": "x-api-key", "env": "IT_KEY"}],
+            },
+            "test",
+        )
+        name = unique_name()
+        record = session.create(session.Options(project=project, name=name, settings=settings, keep=True))
+        try:
+            yield Guest(record, cli, secret_name, secret, plain, tls, api, recorder, str(project / "upstream-ca.pem"))
+        finally:
+            keep_console_on_failure(request, name)
+            session.remove(record)
+            recorder.close()
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+
+
+def test_allowed_hosts_work_through_the_proxy(guest: Guest) -> None:
+    r = guest.sh(
+        f"curl -sS -m 20 http://http.up.test/plain && curl -sS -m 20 --cacert {guest.ca_file} https://tls.up.test/t"
+    )
+    assert r.returncode == 0, r.stderr.decode()
+    assert b"hello from http.up.test GET /plain" in r.stdout
+    assert b"hello from tls.up.test GET /t" in r.stdout
+    hosts = {(e["host"], e["decision"]) for e in guest.events()}
+    assert {("http.up.test", "allow"), ("tls.up.test", "allow")} <= hosts
+
+
+def test_denied_and_loopback_requests_are_refused_and_logged(guest: Guest) -> None:
+    port = guest.recorder.port
+    r = guest.sh(
+        f"for url in https://denied.invalid/ http://127.0.0.1:{port}/ https://localhost:{port}/ "
+        f"http://[::1]:{port}/; do "
+        "curl -sS -m 20 --noproxy '' -o /dev/null -w '%{http_code} ' \"$url\"; echo \"exit=$?\"; done"
+    )
+    lines = r.stdout.decode().splitlines()
+    assert len(lines) == 4 and all("exit=0" not in line or line.startswith("403") for line in lines), lines
+    assert guest.recorder.hits == 0
+    denied = [
+        (str(e.get("host", e.get("target"))), str(e["reason"])) for e in guest.events() if e["decision"] == "deny"
+    ]
+
+    def refused(target: str, why: str) -> bool:
+        return any(target in t and why in reason for t, reason in denied)
+
+    assert refused("denied.invalid", "special-use"), denied
+    assert refused(f"127.0.0.1:{port}", "IP literal"), denied
+    assert refused(f"[::1]:{port}", "IP literal"), denied
+    assert refused("localhost", "loopback"), denied
+    readable = guest.cli.run("logs", guest.record.name, "proxy")
+    assert b"DENY" in readable.stdout and b"denied.invalid" in readable.stdout
+
+
+def test_logs_follow_shows_new_decisions(guest: Guest) -> None:
+    follower = guest.cli.popen("logs", guest.record.name, "proxy", "--follow")
+    try:
+        time.sleep(1.5)
+        guest.sh("curl -sS -m 20 -o /dev/null https://follow-me.invalid/")
+        assert follower.stdout is not None
+        deadline = time.monotonic() + 30
+        seen = b""
+        while b"follow-me.invalid" not in seen and time.monotonic() < deadline:
+            ready, _, _ = select.select([follower.stdout], [], [], 1)
+            if ready:
+                seen += os.read(follower.stdout.fileno(), 65536)
+        assert b"DENY" in seen and b"follow-me.invalid" in seen, seen
+    finally:
+        follower.kill()
+        follower.wait()
+
+
+def test_a_direct_connection_has_no_route(guest: Guest) -> None:
+    """Bypassing the proxy: no DNS, and no route even to an address (slirp's host alias 10.0.2.2 would be
+    the host's loopback if the network were not restricted: the recorder would see it)."""
+    port = guest.recorder.port
+    r = guest.sh(
+        f"curl -sS -m 10 --noproxy '*' http://http.up.test/; echo dns=$?; "
+        f"curl -sS -m 10 --noproxy '*' --resolve x.test:{port}:10.0.2.2 http://x.test:{port}/; echo route=$?"
+    )
+    out = r.stdout.decode()
+    assert "dns=6" in out and "route=0" not in out, out
+    assert guest.recorder.hits == 0
+
+
+def test_secret_is_injected_on_the_host_and_never_in_the_guest(guest: Guest) -> None:
+    r = guest.sh('curl -sS -m 30 -H "x-api-key: $IT_KEY" https://api.up.test/v1/messages; echo; echo "key=$IT_KEY"')
+    assert r.returncode == 0, r.stderr.decode()
+    out = r.stdout.decode()
+    assert "hello from api.up.test GET /v1/messages" in out, r.stderr.decode()
+    assert "key=vmsandbox-placeholder-" in out
+    assert guest.api.requests[-1]["x-api-key"] == guest.secret
+    key_line = paths.session_paths(guest.record.name).ca_key.read_text().splitlines()[1]
+    patterns = f"{guest.secret}\n{key_line}\n"
+    search = (  # the needles come in on stdin: on a command line they would be in /proc themselves
+        "umask 077; cat > /tmp/needles; "
+        "grep -rlaF -f /tmp/needles --exclude-dir=proc --exclude-dir=sys --exclude-dir=dev / 2>/dev/null"
+        " | grep -v '^/tmp/needles$'; "
+        "cat /proc/[0-9]*/environ /proc/[0-9]*/cmdline 2>/dev/null | grep -caF -f /tmp/needles; rm -f /tmp/needles"
+    )
+    found = guest.cli.run(
+        "exec", guest.record.name, "--", "sudo", "sh", "-c", search, input=patterns.encode(), timeout=300
+    )
+    lines = found.stdout.decode().split()
+    assert lines == ["0"], f"the secret or the CA key is visible in the guest: {lines}"
+
+
+def test_clean_removes_credentials_and_keeps_the_workspace(guest: Guest) -> None:
+    r = guest.sh(
+        "mkdir -p ~/.claude && echo token > ~/.claude/.credentials.json && echo https://u:p@x > ~/.git-credentials"
+        " && sudo mkdir -p /root/.codex && echo t | sudo tee /root/.codex/auth.json >/dev/null"
+        " && echo agent-work > agent.txt"
+    )
+    assert r.returncode == 0, r.stderr.decode()
+    before = guest.sh("find . -type f | sort | xargs sha256sum").stdout
+    r = guest.cli.run("clean", guest.record.name)
+    assert r.returncode == 0, r.stderr.decode()
+    assert b".credentials.json" in r.stderr and b"auth.json" in r.stderr
+    left = guest.sh(
+        "ls ~/.claude/.credentials.json ~/.git-credentials 2>&1; sudo ls /root/.codex/auth.json 2>&1;"
+        " grep -c IT_KEY /etc/environment"
+    )
+    assert left.stdout.decode().count("No such file") == 3 and left.stdout.decode().strip().endswith("0")
+    assert guest.sh("find . -type f | sort | xargs sha256sum").stdout == before
+    # the placeholder a process may still hold is not honoured any more
+    r = guest.sh("curl -sS -m 30 -H 'x-api-key: vmsandbox-placeholder-x' https://api.up.test/after-clean")
+    assert b"hello from api.up.test" in r.stdout
+    assert guest.api.requests[-1]["x-api-key"] == "vmsandbox-placeholder-x"
+
+
+def test_proxy_death_fails_closed_and_exec_restarts_it(guest: Guest) -> None:
+    files = guest.record.files
+    state = egress.daemon_state(files)
+    assert state is not None and state.alive and state.pid is not None
+    os.kill(state.pid, signal.SIGKILL)
+    wait_for(lambda: not state.alive, 10, "the proxy daemon to die")
+    assert next(s for s in guest.cli.ls() if s["name"] == guest.record.name)["egress"] == "stopped"
+    # the guest's door closed with the daemon: an immediate refusal, not a hang (plain ssh, so vmsandbox
+    # does not restart the proxy first)
+    argv = guest.record.endpoint().ssh_argv("-T")
+    r = subprocess.run(
+        [*argv, "--", "curl -sS -m 20 http://http.up.test/; echo exit=$?"],
+        capture_output=True,
+        timeout=120,
+        check=False,
+    )
+    assert b"exit=7" in r.stdout, (r.stdout, r.stderr)  # 7: failed to connect (refused)
+    # vmsandbox exec notices, says so, and restarts it
+    r = guest.sh("curl -sS -m 20 http://http.up.test/again")
+    assert b"had stopped" in r.stderr, r.stderr.decode()
+    assert b"hello from http.up.test GET /again" in r.stdout
+    assert egress.status(files) == "up"

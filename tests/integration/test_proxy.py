@@ -1,0 +1,242 @@
+"""The egress proxy on the host, driven over loopback sockets (no VM): every request targets 127.0.0.1
+stand-ins reached through the test-only name overrides; refused names never get a connection."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import ssl
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import pytest
+
+from vmsandbox import certs, tlshello
+from vmsandbox.certs import Issuer
+from vmsandbox.netpolicy import Mode, Policy, parse_rule
+from vmsandbox.proxy import Proxy, ProxyConfig, SecretRule
+
+from .standins import LOOPBACK, Recorder, Upstream, UpstreamCA, http_upstream, make_ca
+
+SECRET = "s3cr3t-value-never-in-guest"
+PLACEHOLDER = "vmsandbox-placeholder-abc123"
+
+
+@dataclass
+class Rig:
+    port: int
+    log: Path
+    session_ca: Path
+    http: Upstream
+    tls: Upstream
+    api: Upstream
+    bad: Upstream
+    recorder: Recorder
+    config: list[ProxyConfig]
+    secrets: dict[str, str]
+
+    def events(self) -> list[dict[str, object]]:
+        return [json.loads(line) for line in self.log.read_text().splitlines()] if self.log.exists() else []
+
+
+@pytest.fixture
+def rig(tmp_path: Path) -> Iterator[Rig]:
+    test_ca = make_ca(tmp_path / "test-ca", "upstream-ca", ["tls.up.test", "api.up.test"])
+    rogue_ca = make_ca(tmp_path / "rogue-ca", "rogue-ca", ["bad.up.test"])
+    certs.create_ca(
+        tmp_path / "session.pem", tmp_path / "session.key", session="t", hosts=["api.up.test", "bad.up.test"]
+    )
+    recorder = Recorder()
+    with (
+        http_upstream("http.up.test") as plain,
+        http_upstream("tls.up.test", test_ca.server_context("tls.up.test")) as tls,
+        http_upstream("api.up.test", test_ca.server_context("api.up.test")) as api,
+        http_upstream("bad.up.test", rogue_ca.server_context("bad.up.test")) as bad,
+    ):
+        ups = {u.name: (LOOPBACK, u.port) for u in (plain, tls, api, bad)}
+        rules = ("http.up.test", "tls.up.test", "api.up.test", "bad.up.test", f"localhost:{recorder.port}")
+        config = [
+            ProxyConfig(
+                policy=Policy(Mode.ALLOWLIST, tuple(parse_rule(r, source="t") for r in rules), ups),
+                secrets=(
+                    SecretRule("api", "api.up.test", "x-api-key", PLACEHOLDER),
+                    SecretRule("api", "bad.up.test", "x-api-key", PLACEHOLDER),
+                ),
+                test_ca=test_ca.cert,
+            )
+        ]
+        secrets = {"api": SECRET}
+        issuer = Issuer(tmp_path / "session.pem", tmp_path / "session.key")
+        log = tmp_path / "proxy.jsonl"
+        proxy = Proxy(lambda: config[0], log, secrets.get, lambda: issuer)
+        loop = asyncio.new_event_loop()
+        server = loop.run_until_complete(asyncio.start_server(proxy.handle, LOOPBACK, 0))
+        port = server.sockets[0].getsockname()[1]
+        thread = threading.Thread(target=loop.run_forever, daemon=True)
+        thread.start()
+        try:
+            yield Rig(port, log, tmp_path / "session.pem", plain, tls, api, bad, recorder, config, secrets)
+        finally:
+            loop.call_soon_threadsafe(server.close)
+            loop.call_soon_threadsafe(loop.stop)
+            thread.join(timeout=5)
+            recorder.close()
+
+
+def _exchange(port: int, data: bytes) -> bytes:
+    with socket.create_connection((LOOPBACK, port), timeout=10) as s:
+        s.sendall(data)
+        return _read_all(s)
+
+
+def _read_all(s: socket.socket | ssl.SSLSocket) -> bytes:
+    out = b""
+    while True:
+        try:
+            chunk = s.recv(65536)
+        except (ConnectionResetError, ssl.SSLError):
+            break
+        if not chunk:
+            break
+        out += chunk
+    return out
+
+
+def _connect(port: int, target: str) -> tuple[socket.socket, bytes]:
+    s = socket.create_connection((LOOPBACK, port), timeout=10)
+    s.sendall(f"CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n\r\n".encode())
+    reply = b""
+    while b"\r\n\r\n" not in reply:
+        chunk = s.recv(4096)
+        if not chunk:
+            break
+        reply += chunk
+    return s, reply
+
+
+def _https_get(rig: Rig, host: str, ca: Path, headers: str = "", sni: str | None = None) -> bytes:
+    s, reply = _connect(rig.port, f"{host}:443")
+    assert reply.startswith(b"HTTP/1.1 200"), reply
+    ctx = ssl.create_default_context(cafile=str(ca))
+    if sni is not None:
+        ctx.check_hostname = False
+    with ctx.wrap_socket(s, server_hostname=sni or host) as tls:
+        tls.sendall(f"GET /v1/thing HTTP/1.1\r\nHost: {host}\r\n{headers}\r\n".encode())
+        return _read_all(tls)
+
+
+def test_plain_http_to_an_allowed_host(rig: Rig) -> None:
+    out = _exchange(rig.port, b"GET http://http.up.test/hi?x=1 HTTP/1.1\r\nHost: http.up.test\r\n\r\n")
+    assert out.startswith(b"HTTP/1.1 200"), out
+    assert b"hello from http.up.test GET /hi?x=1" in out
+    (event,) = rig.events()
+    assert event["decision"] == "allow" and event["host"] == "http.up.test" and int(str(event["down"])) > 0
+
+
+@pytest.mark.parametrize(
+    ("target", "why"),
+    [
+        ("denied.invalid:443", "special-use"),
+        ("evil.up.test:443", "special-use"),  # no override and not allowed
+        ("127.0.0.1:{port}", "IP literal"),
+        ("[::1]:{port}", "IP literal"),
+        ("2130706433:{port}", "IP literal"),
+        ("localhost:{port}", "loopback"),
+        ("http.up.test:22", "not in the allowlist"),
+    ],
+)
+def test_connect_refusals_never_reach_anything(rig: Rig, target: str, why: str) -> None:
+    s, reply = _connect(rig.port, target.format(port=rig.recorder.port))
+    reply += _read_all(s)  # to the end: the proxy logs before it closes
+    s.close()
+    assert reply.startswith(b"HTTP/1.1 403"), reply
+    assert why in reply.decode()
+    assert rig.recorder.hits == 0
+    (event,) = rig.events()
+    assert event["decision"] == "deny" and why in str(event["reason"])
+
+
+def test_tls_passthrough_checks_the_server_name(rig: Rig) -> None:
+    out = _https_get(rig, "tls.up.test", rig.config[0].test_ca or Path())
+    assert b"hello from tls.up.test GET /v1/thing" in out
+    with pytest.raises((ssl.SSLError, ConnectionResetError, OSError)):
+        _https_get(rig, "tls.up.test", rig.config[0].test_ca or Path(), sni="api.up.test")
+    events = rig.events()
+    assert events[0]["decision"] == "allow" and events[0]["tls"] == "passthrough"
+    assert events[1]["decision"] == "deny" and "does not match" in str(events[1]["reason"])
+    assert len(rig.tls.requests) == 1
+
+
+def test_secret_is_injected_only_after_verifying_the_upstream(rig: Rig) -> None:
+    out = _https_get(rig, "api.up.test", rig.session_ca, f"x-api-key: {PLACEHOLDER}\r\n")
+    assert out.startswith(b"HTTP/1.1 200"), out
+    assert rig.api.requests[-1]["x-api-key"] == SECRET
+    assert SECRET.encode() not in out
+    # an upstream whose certificate does not verify never sees the secret: 502 inside the tunnel
+    out = _https_get(rig, "bad.up.test", rig.session_ca, f"x-api-key: {PLACEHOLDER}\r\n")
+    assert out.startswith(b"HTTP/1.1 502") and b"failed verification" in out, out
+    assert rig.bad.requests == []
+    ev = rig.events()
+    assert ev[0]["tls"] == "terminated" and ev[0]["secret"] == "api" and ev[1]["decision"] == "error"
+
+
+def test_missing_or_revoked_secret(rig: Rig) -> None:
+    rig.secrets.clear()
+    out = _https_get(rig, "api.up.test", rig.session_ca, f"x-api-key: {PLACEHOLDER}\r\n")
+    assert out.startswith(b"HTTP/1.1 502") and b"vmsandbox secret set api" in out, out
+    rig.secrets["api"] = SECRET
+    rig.config[0] = replace(rig.config[0], revoked=True)
+    out = _https_get(rig, "api.up.test", rig.session_ca, f"x-api-key: {PLACEHOLDER}\r\n")
+    assert out.startswith(b"HTTP/1.1 200")
+    assert rig.api.requests[-1]["x-api-key"] == PLACEHOLDER
+
+
+@pytest.mark.parametrize(
+    ("request_bytes", "status"),
+    [
+        (b"GARBAGE\r\n\r\n", b"400"),
+        (b"GET http://http.up.test/ HTTP/1.1\r\nX-Big: " + b"a" * 40000 + b"\r\n\r\n", b"400"),
+        (b"GET http://http.up.test/ HTTP/1.1\r\n folded: x\r\n\r\n", b"400"),
+        (b"POST http://http.up.test/ HTTP/1.1\r\nContent-Length: 1\r\nTransfer-Encoding: chunked\r\n\r\n", b"400"),
+        (b"GET /relative HTTP/1.1\r\nHost: http.up.test\r\n\r\n", b"400"),
+        (b"GET http://user:pw@http.up.test/ HTTP/1.1\r\n\r\n", b"403"),
+    ],
+)
+def test_malformed_requests(rig: Rig, request_bytes: bytes, status: bytes) -> None:
+    out = _exchange(rig.port, request_bytes)
+    assert out.startswith(b"HTTP/1.1 " + status), out
+    assert rig.http.requests == []
+
+
+def test_client_hello_parser_reads_real_hellos() -> None:
+    """The SNI parser against a ClientHello made by Python's own TLS stack."""
+    ctx = ssl.create_default_context()
+    incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
+    obj = ctx.wrap_bio(incoming, outgoing, server_hostname="Example.ORG")
+    with pytest.raises(ssl.SSLWantReadError):
+        obj.do_handshake()
+    hello = outgoing.read()
+    assert tlshello.needed(hello) == len(hello)
+    assert tlshello.needed(hello[:10]) == 0
+    assert tlshello.server_name(hello) == "example.org"
+
+
+def test_test_ca_helper_is_a_ca(tmp_path: Path) -> None:
+    ca: UpstreamCA = make_ca(tmp_path, "x", ["a.test"])
+    assert b"BEGIN CERTIFICATE" in ca.cert.read_bytes()
+    assert oct(ca.key.stat().st_mode & 0o777) == "0o600"
+
+
+def test_open_mode_allows_names_but_never_loopback(rig: Rig) -> None:
+    rig.config[0] = replace(rig.config[0], policy=replace(rig.config[0].policy, mode=Mode.OPEN, rules=()))
+    out = _exchange(rig.port, b"GET http://http.up.test/open HTTP/1.1\r\n\r\n")
+    assert b"hello from http.up.test GET /open" in out
+    for target in (f"localhost:{rig.recorder.port}", f"127.0.0.1:{rig.recorder.port}", "metadata.google.internal:80"):
+        s, reply = _connect(rig.port, target)
+        reply += _read_all(s)
+        s.close()
+        assert reply.startswith(b"HTTP/1.1 403"), reply
+    assert rig.recorder.hits == 0

@@ -1,0 +1,165 @@
+"""Refusal rules as pure functions: no name is resolved and no socket is opened here."""
+
+from __future__ import annotations
+
+import ipaddress
+
+import pytest
+
+from vmsandbox import httphead, netpolicy, tlshello
+from vmsandbox.errors import VmsandboxError
+from vmsandbox.netpolicy import Mode, Policy, Refused, check_addresses, normalize_host, parse_rule
+
+
+@pytest.mark.parametrize(
+    ("address", "why"),
+    [
+        ("169.254.169.254", "metadata"),
+        ("fd00:ec2::254", "metadata"),
+        ("100.100.100.200", "metadata"),
+        ("127.0.0.1", "loopback"),
+        ("127.8.9.10", "loopback"),
+        ("::1", "loopback"),
+        ("0.0.0.0", "unspecified"),
+        ("169.254.1.1", "link-local"),
+        ("fe80::1", "link-local"),
+        ("100.64.0.1", "carrier-grade"),
+        ("100.127.255.254", "carrier-grade"),
+        ("10.1.2.3", "private"),
+        ("172.16.0.1", "private"),
+        ("172.31.255.255", "private"),
+        ("192.168.122.1", "private"),
+        ("fc00::1", "private"),
+        ("224.0.0.1", "multicast"),
+        ("::ffff:127.0.0.1", "loopback"),
+        ("::ffff:169.254.169.254", "metadata"),
+        ("2002:7f00:1::", "6to4"),
+        ("203.0.113.7", "private"),  # documentation range: not public
+    ],
+)
+def test_forbidden_addresses(address: str, why: str) -> None:
+    reason = netpolicy.address_reason(ipaddress.ip_address(address))
+    assert reason is not None and why in reason
+
+
+@pytest.mark.parametrize("address", ["93.184.215.14", "151.101.0.223", "2a04:4e42::223", "1.1.1.1"])
+def test_public_addresses_pass(address: str) -> None:
+    assert netpolicy.address_reason(ipaddress.ip_address(address)) is None
+
+
+def test_a_name_with_one_bad_answer_is_refused_whole() -> None:
+    assert [str(a) for a in check_addresses("ok.example", ["1.1.1.1", "1.1.1.1"])] == ["1.1.1.1"]
+    with pytest.raises(Refused, match=r"resolves to 10\.0\.0\.1, a private address"):
+        check_addresses("rebind.example", ["1.1.1.1", "10.0.0.1"])
+    with pytest.raises(Refused, match="does not resolve"):
+        check_addresses("empty.example", [])
+
+
+def test_allowed_networks_lift_private_but_never_loopback_or_metadata() -> None:
+    net = netpolicy.parse_network("203.0.113.0/24", source="t")
+    assert check_addresses("gw.example", ["203.0.113.80"], [net])
+    wide = ipaddress.ip_network("0.0.0.0/0")
+    with pytest.raises(Refused, match="metadata"):
+        check_addresses("meta.example", ["169.254.169.254"], [wide])
+    with pytest.raises(Refused, match="loopback"):
+        check_addresses("lo.example", ["127.0.0.1"], [wide])
+    for bad in ("127.0.0.0/8", "169.254.0.0/16", "0.0.0.0/0", "::/0", "nonsense"):
+        with pytest.raises(VmsandboxError):
+            netpolicy.parse_network(bad, source="t")
+
+
+@pytest.mark.parametrize(
+    "host", ["127.0.0.1", "[::1]", "::1", "2130706433", "0x7f000001", "127.1", "0177.0.0.1", "1.2.3.4."]
+)
+def test_ip_literals_in_every_spelling_are_refused(host: str) -> None:
+    with pytest.raises(Refused, match="IP literal"):
+        normalize_host(host)
+
+
+@pytest.mark.parametrize("host", ["", "a..b", "-x.com", "x" * 64 + ".com", "exa mple.com", "a/b.com"])
+def test_malformed_names_are_refused(host: str) -> None:
+    with pytest.raises(Refused):
+        normalize_host(host)
+
+
+def test_names_are_normalised() -> None:
+    assert normalize_host("PyPI.org.") == "pypi.org"
+    assert normalize_host("bücher.example") == "xn--bcher-kva.example"
+
+
+def test_allowlist_rules_and_wildcards() -> None:
+    policy = Policy(
+        Mode.ALLOWLIST, tuple(parse_rule(r, source="t") for r in ("pypi.org", "*.npmjs.org", "git.example.com:22"))
+    )
+    policy.decide("pypi.org", 443)
+    policy.decide("pypi.org", 80)
+    policy.decide("registry.npmjs.org", 443)
+    policy.decide("git.example.com", 22)
+    for host, port in (("npmjs.org", 443), ("evilnpmjs.org", 443), ("pypi.org", 22), ("git.example.com", 443)):
+        with pytest.raises(Refused, match="not in the allowlist"):
+            policy.decide(host, port)
+
+
+def test_special_names_are_refused_before_any_lookup_even_in_open_mode() -> None:
+    policy = Policy(Mode.OPEN)
+    policy.decide("anything.example.com", 443)
+    for host in ("localhost", "x.localhost", "metadata.google.internal", "a.invalid", "printer.local"):
+        with pytest.raises(Refused):
+            policy.decide(host, 443)
+    with pytest.raises(Refused, match="port 25"):
+        policy.decide("mail.example.com", 25)
+    with pytest.raises(Refused, match="no network"):
+        Policy(Mode.NONE).decide("pypi.org", 443)
+
+
+def test_test_upstream_override_still_needs_the_allowlist() -> None:
+    policy = Policy(Mode.ALLOWLIST, (parse_rule("up.test", source="t"),), {"up.test": ("127.0.0.1", 1)})
+    policy.decide("up.test", 443)
+    with pytest.raises(Refused):
+        Policy(Mode.ALLOWLIST, (), {"up.test": ("127.0.0.1", 1)}).decide("up.test", 443)
+
+
+@pytest.mark.parametrize("entry", ["*", "*.com", "http://x.com", "x.com:99999", "10.0.0.1", "a b"])
+def test_bad_allowlist_entries_name_the_source(entry: str) -> None:
+    with pytest.raises(VmsandboxError, match=r"proj\.yaml"):
+        parse_rule(entry, source="proj.yaml")
+
+
+def test_parse_target() -> None:
+    assert netpolicy.parse_target("Example.com:8443") == ("example.com", 8443)
+    assert netpolicy.parse_target("example.com", default_port=80) == ("example.com", 80)
+    for bad in ("example.com", "example.com:0", "example.com:x", "[::1]:443"):
+        with pytest.raises(Refused):
+            netpolicy.parse_target(bad)
+
+
+def test_request_heads() -> None:
+    head = httphead.parse_request(
+        b"GET http://a.example/x HTTP/1.1\r\nHost: a.example\r\nConnection: keep-alive, X-Y\r\n"
+        b"X-Y: 1\r\nProxy-Authorization: p\r\nAccept: */*\r\n\r\n"
+    )
+    assert head.method == "GET" and head.target == "http://a.example/x"
+    assert httphead.forward_headers(head, "a.example") == [
+        ("Host", "a.example"),
+        ("Accept", "*/*"),
+        ("Connection", "close"),
+    ]
+    for bad in (
+        b"GET / HTTP/1.1\r\n",
+        b"GET  / HTTP/1.1\r\n\r\n",
+        b"GET / HTTP/2\r\n\r\n",
+        b"GET / HTTP/1.1\r\nBad Name: x\r\n\r\n",
+        b"GET / HTTP/1.1\r\nX: a\rb\r\n\r\n",
+        b"GET / HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n",
+        b"GET / HTTP/1.1\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n",
+        b"GET / HTTP/1.1\r\n" + b"X: y\r\n" * 101 + b"\r\n",
+    ):
+        with pytest.raises(httphead.ProtocolError):
+            httphead.parse_request(bad)
+
+
+def test_client_hello_parser_rejects_garbage() -> None:
+    for bad in (b"\x17\x03\x01\x00\x05hello", b"\x16\x03\x01\x00\x00", b"\x16\x03\x01\x00\x04\x02\x00\x00\x00"):
+        with pytest.raises(tlshello.HelloError):
+            tlshello.needed(bad)
+    assert tlshello.needed(b"\x16\x03\x01") == 0  # not enough yet

@@ -1,0 +1,170 @@
+"""The proxy daemon of one session: `python -m vmsandbox.egressd NAME` (started by vmsandbox.egress).
+
+It holds an SSH connection to the guest (as root, pinned host key) with a remote forward of the guest's
+127.0.0.1:3128. Each connection the guest makes there arrives as an SSH channel and is served by the
+asyncio proxy through a socket pair: the proxy never listens on any host socket, so nothing else on the
+host can use it, and every request it sees comes from this session's guest.
+
+It restores the forward when the connection drops, and exits when the session is removed, its VM is gone,
+or on SIGTERM. If it dies, the SSH connection dies with it and the guest's door closes (fails closed).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import socket
+import sys
+import threading
+import time
+from typing import TYPE_CHECKING
+
+from vmsandbox import egress, secretstore, session, ssh
+from vmsandbox.certs import Issuer
+from vmsandbox.errors import VmsandboxError
+from vmsandbox.netpolicy import GUEST_PROXY_PORT
+from vmsandbox.proxy import Proxy, ProxyConfig
+
+if TYPE_CHECKING:
+    import paramiko
+
+log = logging.getLogger("vmsandbox.egressd")
+WATCH_INTERVAL = 2.0
+MAX_BACKOFF = 10.0
+
+
+class Daemon:
+    def __init__(self, record: session.Record) -> None:
+        self.record = record
+        self.files = record.files
+        self.stop = threading.Event()
+        self.loop = asyncio.new_event_loop()
+        self._config: tuple[float, ProxyConfig] | None = None
+        self._issuer: Issuer | None = None
+        self.proxy = Proxy(self._load_config, self.files.proxy_log, secretstore.get, self._get_issuer)
+
+    def _load_config(self) -> ProxyConfig:
+        """Re-read per connection when the file changed (`clean` revokes placeholders this way)."""
+        mtime = self.files.egress_config.stat().st_mtime
+        if self._config is None or self._config[0] != mtime:
+            self._config = (mtime, egress.proxy_config(egress.read_config(self.files)))
+        return self._config[1]
+
+    def _get_issuer(self) -> Issuer | None:
+        if self._issuer is None and self.files.ca_key.exists():
+            self._issuer = Issuer(self.files.ca_cert, self.files.ca_key)
+        return self._issuer
+
+    # ------------------------------------------------------------ forwarder thread
+
+    def forward(self) -> None:
+        backoff = 0.5
+        while not self.stop.is_set():
+            error = self._hold_forward()
+            egress.write_state(self.files, "down", error)
+            if self.stop.is_set():
+                break
+            if not self.files.record.exists() or not session.is_running(self.record):
+                log.info("the session or its VM is gone; exiting")
+                self.stop.set()
+                break
+            log.warning("forward down (%s); retrying in %.1f s", error, backoff)
+            self.stop.wait(backoff)
+            backoff = min(backoff * 2, MAX_BACKOFF)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+
+    def _hold_forward(self) -> str | None:
+        import paramiko
+
+        try:
+            client = ssh.connect(self.record.endpoint(), user="root")
+        except VmsandboxError as exc:
+            return exc.message
+        try:
+            transport = client.get_transport()
+            if transport is None:
+                return "no SSH transport"
+            transport.set_keepalive(15)
+            transport.request_port_forward(ssh.LOOPBACK, GUEST_PROXY_PORT)
+            egress.write_state(self.files, "up")
+            log.info("guest 127.0.0.1:%d is open", GUEST_PROXY_PORT)
+            while transport.is_active() and not self.stop.is_set():
+                channel = transport.accept(timeout=1)
+                if channel is not None:
+                    self._serve(channel)
+        except (paramiko.SSHException, OSError, EOFError) as exc:
+            return f"{type(exc).__name__}: {exc}"
+        finally:
+            client.close()
+        return "the SSH connection to the guest ended"
+
+    def _serve(self, channel: paramiko.Channel) -> None:
+        ours, theirs = socket.socketpair()
+        asyncio.run_coroutine_threadsafe(self._handle(ours), self.loop)
+        threading.Thread(target=_bridge, args=(channel, theirs), daemon=True).start()
+
+    async def _handle(self, sock: socket.socket) -> None:
+        reader, writer = await asyncio.open_connection(sock=sock)
+        await self.proxy.handle(reader, writer)
+
+    # ------------------------------------------------------------ main
+
+    async def _watch(self) -> None:
+        while not self.stop.is_set():
+            if not self.files.record.exists():
+                self.stop.set()
+            await asyncio.sleep(WATCH_INTERVAL)
+
+    def run(self) -> None:
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            self.loop.add_signal_handler(sig, self.stop.set)
+        forwarder = threading.Thread(target=self.forward, name="forwarder", daemon=True)
+        forwarder.start()
+        watcher = self.loop.create_task(self._watch())
+        self.loop.run_forever()
+        watcher.cancel()
+        egress.write_state(self.files, "down", "stopped")
+
+
+def _bridge(channel: paramiko.Channel, sock: socket.socket) -> None:
+    """Copy bytes between an SSH channel and the proxy's end of a socket pair, both ways, until both end."""
+
+    def pump_in() -> None:
+        with contextlib.suppress(OSError, EOFError):
+            while data := channel.recv(65536):
+                sock.sendall(data)
+        with contextlib.suppress(OSError):
+            sock.shutdown(socket.SHUT_WR)
+
+    t = threading.Thread(target=pump_in, daemon=True)
+    t.start()
+    with contextlib.suppress(OSError, EOFError):
+        while data := sock.recv(65536):
+            channel.sendall(data)
+    with contextlib.suppress(OSError, EOFError):
+        channel.shutdown_write()
+    t.join(timeout=5)
+    channel.close()
+    sock.close()
+
+
+def main(argv: list[str]) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s egressd[%(process)d] %(levelname)s %(message)s")
+    if len(argv) != 1:
+        print("usage: python -m vmsandbox.egressd SESSION", file=sys.stderr)
+        return 2
+    try:
+        record = session.Record.load(argv[0])
+    except VmsandboxError as exc:
+        log.error("%s", exc.message)  # noqa: TRY400 - the message is the whole story
+        return 1
+    start = time.monotonic()
+    Daemon(record).run()
+    log.info("stopped after %.0f s", time.monotonic() - start)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,273 @@
+"""Egress policy as pure functions: which host names a guest may reach, and which addresses it never may.
+
+Nothing here opens a socket or resolves a name, so every refusal rule is tested on the host without traffic.
+The proxy (vmsandbox.proxy) resolves names itself and hands the answers to `check_addresses`.
+"""
+
+from __future__ import annotations
+
+import enum
+import ipaddress
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from vmsandbox.errors import VmsandboxError
+
+IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+GUEST_PROXY_PORT = 3128  # the guest's one door out: its own 127.0.0.1:3128, forwarded to the host's proxy
+DEFAULT_PORTS = frozenset({80, 443})  # an allowlist entry without :PORT allows these
+
+# What every session may reach unless the project narrows it: the package registries a coding agent needs.
+# (Blueprints add their agent's API hosts.)
+DEFAULT_ALLOW = (
+    "deb.debian.org",
+    "security.debian.org",
+    "pypi.org",
+    "files.pythonhosted.org",
+    "registry.npmjs.org",
+    "github.com",
+    "api.github.com",
+    "codeload.github.com",
+    "objects.githubusercontent.com",
+    "raw.githubusercontent.com",
+)
+
+
+class Mode(enum.StrEnum):
+    ALLOWLIST = "allowlist"  # only listed host names
+    OPEN = "open"  # any public host name (never loopback, private, link-local, CGNAT or metadata addresses)
+    NONE = "none"  # no egress at all: no proxy, no door
+
+
+def parse_mode(value: str, *, source: str) -> Mode:
+    try:
+        return Mode(value.lower())
+    except ValueError:
+        raise VmsandboxError(f"{source}: unknown network mode {value!r}", hint="use allowlist, open or none") from None
+
+
+# Special-use names (RFC 6761 and friends) that must never be looked up for a guest.
+_SPECIAL_SUFFIXES = {
+    "localhost": "loopback name",
+    "invalid": "special-use name that never resolves",
+    "test": "special-use name that never resolves",
+    "local": "multicast DNS name",
+    "internal": "private-use name (cloud metadata lives here)",
+    "home.arpa": "home network name",
+    "arpa": "reverse-lookup name",
+    "onion": "Tor name",
+}
+_LABEL = re.compile(r"^[a-z0-9_]([a-z0-9_-]{0,61}[a-z0-9_])?$")
+_NUMERIC_LABEL = re.compile(r"^(0x[0-9a-f]*|[0-9]+)$")
+
+METADATA_ADDRESSES = frozenset(
+    {
+        ipaddress.ip_address("169.254.169.254"),  # AWS, GCP, Azure, OpenStack
+        ipaddress.ip_address("169.254.170.2"),  # AWS ECS task metadata
+        ipaddress.ip_address("fd00:ec2::254"),  # AWS over IPv6
+        ipaddress.ip_address("100.100.100.200"),  # Alibaba Cloud
+    }
+)
+CGNAT = ipaddress.ip_network("100.64.0.0/10")
+
+
+class Refused(Exception):  # noqa: N818 - a decision, not a failure of ours
+    """A request the policy refuses; `reason` is shown to the guest and logged."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+def normalize_host(host: str) -> str:
+    """A lowercase host name without a trailing dot; Refused for IP literals and malformed names."""
+    h = host.strip().lower()
+    if h.startswith("[") or ":" in h:
+        raise Refused("IP literals are not allowed; use a host name")
+    h = h.removesuffix(".")
+    try:
+        ipaddress.ip_address(h)
+    except ValueError:
+        pass
+    else:
+        raise Refused("IP literals are not allowed; use a host name")
+    if not h or len(h) > 253:
+        raise Refused("malformed host name")
+    if not h.isascii():
+        try:
+            h = h.encode("idna").decode("ascii")
+        except UnicodeError:
+            raise Refused("malformed host name") from None
+    labels = h.split(".")
+    # As browsers do (WHATWG URL): a numeric last label makes the whole name an IPv4 address in one of
+    # inet_aton's spellings (2130706433, 0x7f.1, 127.1, 0177.0.0.1).
+    if _NUMERIC_LABEL.match(labels[-1]):
+        raise Refused("IP literals are not allowed; use a host name")
+    if not all(_LABEL.match(label) for label in labels):
+        raise Refused("malformed host name")
+    return h
+
+
+def special_name_reason(host: str) -> str | None:
+    """Why a (normalized) host name is never resolved for a guest, or None."""
+    for suffix, why in _SPECIAL_SUFFIXES.items():
+        if host == suffix or host.endswith("." + suffix):
+            return f"{host} is a {why}"
+    return None
+
+
+# Reasons no `allow_networks` entry can lift: these addresses are the host itself or the cloud under it.
+HARD_REASONS = frozenset(
+    {
+        "a cloud metadata address",
+        "a loopback address",
+        "the unspecified address",
+        "a link-local address",
+        "a multicast address",
+    }
+)
+
+
+def address_reason(ip: IPAddress) -> str | None:
+    """Why the guest may not reach this address, or None for a public unicast address."""
+    if isinstance(ip, ipaddress.IPv6Address):
+        if ip.ipv4_mapped is not None:
+            return address_reason(ip.ipv4_mapped)
+        if ip.sixtofour is not None and address_reason(ip.sixtofour) is not None:
+            return f"a 6to4 address wrapping {ip.sixtofour}"
+        if ip.teredo is not None:
+            return "a Teredo tunnel address"
+    checks: tuple[tuple[bool, str], ...] = (
+        (ip in METADATA_ADDRESSES, "a cloud metadata address"),
+        (ip.is_loopback, "a loopback address"),
+        (ip.is_unspecified, "the unspecified address"),
+        (ip.is_link_local, "a link-local address"),
+        (isinstance(ip, ipaddress.IPv4Address) and ip in CGNAT, "a carrier-grade NAT (shared) address"),
+        (ip.is_multicast, "a multicast address"),
+        (ip.is_private, "a private address"),
+        (ip.is_reserved, "a reserved address"),
+        (not ip.is_global, "not a public address"),
+    )
+    for hit, why in checks:
+        if hit:
+            return why
+    return None
+
+
+def check_addresses(host: str, addresses: Iterable[str], allowed: Iterable[IPNetwork] = ()) -> list[IPAddress]:
+    """The resolved addresses of host, all public (or in an `allowed` network), in order; Refused if any is
+    not (a name that mixes public and private answers is refused whole: a rebinding trick or a mistake)."""
+    nets = tuple(allowed)
+    found: list[IPAddress] = []
+    for text in addresses:
+        ip = ipaddress.ip_address(text.split("%", 1)[0])
+        why = address_reason(ip)
+        if why is not None and (why in HARD_REASONS or not any(ip in n for n in nets)):
+            raise Refused(f"{host} resolves to {ip}, {why}")
+        if ip not in found:
+            found.append(ip)
+    if not found:
+        raise Refused(f"{host} does not resolve")
+    return found
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One allowlist entry: `host`, `*.domain` (any subdomain, not the domain itself), optionally `:PORT`."""
+
+    pattern: str
+    port: int | None = None
+
+    def matches(self, host: str, port: int) -> bool:
+        if port not in ({self.port} if self.port is not None else DEFAULT_PORTS):
+            return False
+        if self.pattern.startswith("*."):
+            return host.endswith(self.pattern[1:])
+        return host == self.pattern
+
+    def __str__(self) -> str:
+        return self.pattern + (f":{self.port}" if self.port is not None else "")
+
+
+def parse_rule(entry: str, *, source: str) -> Rule:
+    text = entry.strip().lower()
+    port: int | None = None
+    if text.count(":") == 1:
+        text, port_text = text.split(":")
+        if not port_text.isdigit() or not 0 < int(port_text) < 65536:
+            raise VmsandboxError(f"{source}: bad port in allowlist entry {entry!r}", hint="write host:PORT")
+        port = int(port_text)
+    wildcard = text.startswith("*.")
+    try:
+        name = normalize_host(text[2:] if wildcard else text)
+    except Refused as exc:
+        raise VmsandboxError(
+            f"{source}: bad allowlist entry {entry!r}: {exc.reason}",
+            hint="write a host name like pypi.org, a wildcard like *.npmjs.org, or host:PORT",
+        ) from None
+    if wildcard and "." not in name:
+        raise VmsandboxError(f"{source}: allowlist entry {entry!r} is too broad", hint="write *.example.com")
+    return Rule(("*." if wildcard else "") + name, port)
+
+
+def parse_network(entry: str, *, source: str) -> IPNetwork:
+    """An `allow_networks` entry: a non-public network the proxy may connect to (a corporate gateway, a
+    fake-IP resolver). Never one that reaches loopback, link-local or metadata addresses."""
+    try:
+        net = ipaddress.ip_network(entry.strip(), strict=False)
+    except ValueError:
+        raise VmsandboxError(f"{source}: {entry!r} is not a network", hint="write it like 203.0.113.0/24") from None
+    for ip in (net.network_address, net.broadcast_address):
+        why = address_reason(ip)
+        if why in HARD_REASONS:
+            raise VmsandboxError(f"{source}: {entry} includes {why}; that can never be allowed")
+    for hard in (*METADATA_ADDRESSES, ipaddress.ip_address("127.0.0.1"), ipaddress.ip_address("::1")):
+        if hard.version == net.version and hard in net:
+            raise VmsandboxError(f"{source}: {entry} includes {hard}; that can never be allowed")
+    return net
+
+
+def parse_target(authority: str, *, default_port: int | None = None) -> tuple[str, int]:
+    """'host:port' (a CONNECT target or a URL's authority) -> (normalized host, port); Refused if bad."""
+    if authority.startswith("["):
+        raise Refused("IP literals are not allowed; use a host name")
+    host, sep, port_text = authority.rpartition(":")
+    if not sep:
+        host, port_text = authority, ""
+    if not port_text:
+        if default_port is None:
+            raise Refused("the target needs a port (host:port)")
+        port = default_port
+    elif port_text.isdigit() and 0 < int(port_text) < 65536:
+        port = int(port_text)
+    else:
+        raise Refused("bad port")
+    return normalize_host(host), port
+
+
+@dataclass(frozen=True)
+class Policy:
+    mode: Mode
+    rules: tuple[Rule, ...] = ()
+    # Names the tests reach on 127.0.0.1 stand-ins (never set outside tests): host -> (address, port).
+    # They still have to be allowed; only their lookup is replaced.
+    test_upstreams: dict[str, tuple[str, int]] = field(default_factory=dict)
+    networks: tuple[IPNetwork, ...] = ()  # non-public networks the user allowed (allow_networks)
+
+    def decide(self, host: str, port: int) -> None:
+        """Refused unless the guest may ask for host:port (before any lookup)."""
+        if self.mode is Mode.NONE:
+            raise Refused("this session has no network (--network none)")
+        special = special_name_reason(host)
+        if special is not None and host not in self.test_upstreams:
+            raise Refused(special)
+        if any(r.matches(host, port) for r in self.rules):
+            return
+        if self.mode is Mode.OPEN:
+            if port not in DEFAULT_PORTS:
+                raise Refused(f"port {port} is not open (only 80 and 443); allow it with --allow {host}:{port}")
+            return
+        raise Refused(f"{host}:{port} is not in the allowlist; allow it with --allow {host}")

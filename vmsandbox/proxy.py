@@ -1,0 +1,494 @@
+"""The host-side egress proxy of one session (asyncio, no third-party code in the data path).
+
+Why our own: the policy has to see every decision point (CONNECT target, TLS SNI, Host header, the resolved
+addresses), secrets are injected only after the upstream certificate is verified, and the whole data path
+is a few hundred lines we can read. mitmproxy would bring a large dependency tree into a root-run daemon
+for features we would have to turn off.
+
+Each connection from the guest is one request: HTTP CONNECT (passed through after checking the SNI, or
+terminated with the session CA for hosts that get a secret injected) or plain HTTP in absolute form.
+Every connection ends in one JSON line in the session's proxy log.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import socket
+import ssl
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+from vmsandbox import httphead, tlshello
+from vmsandbox.certs import Issuer
+from vmsandbox.httphead import ProtocolError, RequestHead
+from vmsandbox.netpolicy import Policy, Refused, check_addresses, parse_target
+
+log = logging.getLogger(__name__)
+
+MAX_CONNECTIONS = 256
+HEAD_TIMEOUT = 30.0
+HELLO_TIMEOUT = 15.0
+CONNECT_TIMEOUT = 15.0
+RESOLVE_TIMEOUT = 10.0
+IDLE_TIMEOUT = 600.0  # an agent may stream one answer for minutes; a silent connection goes after 10
+CHUNK = 64 * 1024
+
+
+@dataclass(frozen=True)
+class SecretRule:
+    """Inject secret `secret` into header `header` of requests to `host`, replacing `placeholder`."""
+
+    secret: str
+    host: str
+    header: str
+    placeholder: str
+    value: str = "{secret}"  # the header's value when the guest did not send the header at all
+    env: str | None = None  # the guest variable that holds the placeholder
+
+    def as_dict(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in self.__dataclass_fields__}
+
+
+@dataclass(frozen=True)
+class ProxyConfig:
+    policy: Policy
+    secrets: tuple[SecretRule, ...] = ()
+    revoked: bool = False  # `vmsandbox clean` ran: placeholders pass through unreplaced
+    test_ca: Path | None = None
+
+    def secret_for(self, host: str) -> SecretRule | None:
+        return next((s for s in self.secrets if s.host == host), None)
+
+
+@dataclass
+class Event:
+    """One connection, as logged."""
+
+    start: float = field(default_factory=time.monotonic)
+    ts: float = field(default_factory=time.time)
+    decision: str = "error"
+    method: str | None = None
+    target: str | None = None  # as the guest wrote it (truncated)
+    host: str | None = None
+    port: int | None = None
+    reason: str | None = None
+    tls: str | None = None  # passthrough | terminated
+    secret: str | None = None
+    up: int = 0  # bytes from the guest
+    down: int = 0  # bytes to the guest
+    answered: bool = False  # a 200 to CONNECT went out: errors can only close the connection now
+
+    def record(self) -> dict[str, Any]:
+        data = {k: v for k, v in self.__dict__.items() if k not in ("start", "answered") and v is not None}
+        data["ms"] = round((time.monotonic() - self.start) * 1000)
+        return data
+
+
+class Stream:
+    """A byte stream with push-back, over asyncio streams."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader = reader
+        self.writer = writer
+        self.pending = bytearray()
+
+    async def recv(self, n: int = CHUNK) -> bytes:
+        if self.pending:
+            data = bytes(self.pending[:n])
+            del self.pending[:n]
+            return data
+        return await self._recv(n)
+
+    async def _recv(self, n: int) -> bytes:
+        return await self.reader.read(n)
+
+    async def send(self, data: bytes) -> None:
+        self.writer.write(data)
+        await self.writer.drain()
+
+    async def send_eof(self) -> None:
+        if self.writer.can_write_eof():
+            with contextlib.suppress(OSError):
+                self.writer.write_eof()
+
+    async def close(self) -> None:
+        self.writer.close()
+        with contextlib.suppress(Exception):
+            await self.writer.wait_closed()
+
+
+class TlsStream(Stream):
+    """The server side of TLS over a Stream whose first bytes (the ClientHello) were already read, through
+    memory BIOs, so the hello the proxy inspected is the one the handshake uses."""
+
+    def __init__(self, inner: Stream, ctx: ssl.SSLContext, first: bytes) -> None:
+        super().__init__(inner.reader, inner.writer)
+        self.inner = inner
+        self._in = ssl.MemoryBIO()
+        self._out = ssl.MemoryBIO()
+        self._tls = ctx.wrap_bio(self._in, self._out, server_side=True)
+        self._in.write(first)
+
+    async def _flush(self) -> None:
+        data = self._out.read()
+        if data:
+            await self.inner.send(data)
+
+    async def _fill(self) -> None:
+        await self._flush()
+        data = await self.inner.recv()
+        if data:
+            self._in.write(data)
+        else:
+            self._in.write_eof()
+
+    async def handshake(self) -> None:
+        while True:
+            try:
+                self._tls.do_handshake()
+            except ssl.SSLWantReadError:
+                await self._fill()
+                continue
+            await self._flush()
+            return
+
+    async def _recv(self, n: int) -> bytes:
+        while True:
+            try:
+                return self._tls.read(n)
+            except ssl.SSLWantReadError:
+                await self._fill()
+            except (ssl.SSLZeroReturnError, ssl.SSLEOFError):
+                return b""
+
+    async def send(self, data: bytes) -> None:
+        self._tls.write(data)
+        await self._flush()
+
+    async def send_eof(self) -> None:
+        return  # no half-close in TLS: the connection ends when the upstream ends
+
+
+class Upstream(Exception):  # noqa: N818 - a decision to answer 502
+    """The upstream could not be reached or verified (502)."""
+
+
+async def read_head(stream: Stream) -> bytes:
+    """Read a message head up to the empty line; the rest stays pending in the stream."""
+    buf = bytearray(stream.pending)
+    stream.pending.clear()
+    while True:
+        end = buf.find(b"\r\n\r\n")
+        if end >= 0:
+            stream.pending[:0] = buf[end + 4 :]
+            return bytes(buf[: end + 4])
+        if len(buf) > httphead.MAX_HEAD:
+            raise ProtocolError("request head too large")
+        data = await stream._recv(CHUNK)
+        if not data:
+            if buf:
+                raise ProtocolError("connection closed inside the request head")
+            raise EOFError
+        buf += data
+
+
+async def read_hello(stream: Stream) -> bytes:
+    """The bytes of the guest's ClientHello (b'' if the guest does not speak TLS first)."""
+    buf = bytearray()
+    while True:
+        data = await stream.recv()
+        if not data:
+            raise EOFError
+        buf += data
+        if not tlshello.is_tls(bytes(buf)):
+            return b"" if not buf else _unread(stream, buf)
+        try:
+            end = tlshello.needed(bytes(buf))
+        except tlshello.HelloError as exc:
+            raise Refused(f"bad TLS ClientHello: {exc}") from None
+        if end:
+            return bytes(buf)
+
+
+def _unread(stream: Stream, data: bytearray) -> bytes:
+    stream.pending[:0] = data
+    return b""
+
+
+def _same_origin(authority: str, target: str, host: str, port: int | None) -> None:
+    """A request inside a terminated tunnel must be for the tunnel's own host, in origin form."""
+    if parse_target(authority, default_port=port)[0] != host or not target.startswith("/"):
+        raise Refused(f"request for {authority}{target[:80]} inside the tunnel to {host}")
+
+
+class Proxy:
+    """Serves guest connections: `await proxy.handle(reader, writer)` per connection."""
+
+    def __init__(
+        self,
+        load_config: Callable[[], ProxyConfig],
+        log_file: Path,
+        read_secret: Callable[[str], str | None],
+        issuer: Callable[[], Issuer | None],
+    ) -> None:
+        self._load_config = load_config
+        self._log_file = log_file
+        self._read_secret = read_secret
+        self._issuer = issuer
+        self._active = 0
+
+    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        client = Stream(reader, writer)
+        ev = Event()
+        if self._active >= MAX_CONNECTIONS:
+            ev.decision, ev.reason = "deny", f"too many connections (limit {MAX_CONNECTIONS})"
+            await self._answer(client, 503, "Service Unavailable", ev.reason)
+        else:
+            self._active += 1
+            try:
+                await self._serve(client, ev)
+            finally:
+                self._active -= 1
+        if ev.method is not None or ev.decision == "deny":
+            self._log(ev)  # before the guest sees the connection end: the log is never behind the guest
+        await client.close()
+
+    async def _serve(self, client: Stream, ev: Event) -> None:
+        """One guest connection; every way it can end is turned into an answer (while one can be sent)."""
+        try:
+            cfg = self._load_config()
+            head = httphead.parse_request(await asyncio.wait_for(read_head(client), HEAD_TIMEOUT))
+            ev.method, ev.target = head.method, head.target[:200]
+            if head.method == "CONNECT":
+                await self._connect(cfg, head, client, ev)
+            else:
+                await self._forward(cfg, head, client, ev)
+        except EOFError:
+            ev.reason = ev.reason or "the guest closed the connection"
+        except Refused as exc:
+            ev.decision, ev.reason = "deny", exc.reason
+            if not ev.answered:
+                await self._answer(client, 403, "Forbidden", f"refused: {exc.reason}")
+        except ProtocolError as exc:
+            ev.decision, ev.reason = "deny", f"malformed request: {exc}"
+            await self._answer(client, 400, "Bad Request", ev.reason)
+        except Upstream as exc:
+            ev.decision, ev.reason = "error", str(exc)
+            if not ev.answered:
+                await self._answer(client, 502, "Bad Gateway", ev.reason)
+        except TimeoutError:
+            ev.reason = "timed out"
+            if ev.method is None:
+                await self._answer(client, 408, "Request Timeout", "no complete request in time")
+        except (OSError, ssl.SSLError, asyncio.IncompleteReadError) as exc:
+            ev.reason = ev.reason or f"{type(exc).__name__}: {exc}"
+
+    async def _answer(self, client: Stream, status: int, reason: str, text: str) -> None:
+        with contextlib.suppress(OSError, ssl.SSLError):
+            await client.send(
+                httphead.render_response(
+                    status, reason, f"vmsandbox egress proxy: {text}\n", [("X-Vmsandbox-Reason", text)]
+                )
+            )
+
+    def _log(self, ev: Event) -> None:
+        line = json.dumps(ev.record(), sort_keys=True)
+        try:
+            with self._log_file.open("a") as f:
+                f.write(line + "\n")
+        except OSError as exc:
+            log.warning("cannot write the proxy log: %s", exc)
+
+    # ------------------------------------------------------------------ CONNECT
+
+    async def _connect(self, cfg: ProxyConfig, head: RequestHead, client: Stream, ev: Event) -> None:
+        ev.host, ev.port = parse_target(head.target)
+        cfg.policy.decide(ev.host, ev.port)
+        addresses = await self._resolve(cfg, ev.host, ev.port)
+        rule = cfg.secret_for(ev.host)
+        upstream = None if rule is not None else await self._open(addresses, ev)
+        try:
+            await client.send(b"HTTP/1.1 200 Connection established\r\n\r\n")
+            ev.answered = True
+            hello = await asyncio.wait_for(read_hello(client), HELLO_TIMEOUT)
+            if hello:
+                try:
+                    sni = tlshello.server_name(hello)
+                except tlshello.HelloError as exc:
+                    raise Refused(f"bad TLS ClientHello: {exc}") from None
+                if sni != ev.host:
+                    raise Refused(f"TLS server name {sni!r} does not match the CONNECT host {ev.host}")
+            elif ev.port == 443 or rule is not None:
+                raise Refused(f"{ev.host}:{ev.port} is reached over TLS only")
+            if rule is not None:
+                ev.tls = "terminated"
+                await self._terminate(cfg, rule, client, hello, addresses, ev)
+                return
+            if upstream is None:
+                raise Upstream("no upstream connection")
+            ev.tls = "passthrough" if hello else None
+            ev.decision = "allow"
+            await upstream.send(hello)
+            ev.up += len(hello)
+            await self._relay(client, upstream, ev)
+        finally:
+            if upstream is not None:
+                await upstream.close()
+
+    async def _terminate(
+        self,
+        cfg: ProxyConfig,
+        rule: SecretRule,
+        client: Stream,
+        hello: bytes,
+        addresses: list[tuple[str, int]],
+        ev: Event,
+    ) -> None:
+        """TLS with the guest under the session CA, verified TLS to the real host, the secret in between."""
+        issuer = self._issuer()
+        if issuer is None:
+            raise Refused("this session has no CA to inject secrets with")
+        host = ev.host or ""
+        tls = TlsStream(client, issuer.context(host), hello)
+        await asyncio.wait_for(tls.handshake(), HELLO_TIMEOUT)
+        try:
+            head = httphead.parse_request(await asyncio.wait_for(read_head(tls), HEAD_TIMEOUT))
+            ev.method = f"CONNECT {head.method}"
+            authority = (head.get("host") or [host])[0].lower()
+            _same_origin(authority, head.target, host, ev.port)
+            headers = httphead.forward_headers(head, authority)
+            headers = self._inject(cfg, rule, headers, ev)
+            ctx = ssl.create_default_context()
+            ctx.set_alpn_protocols(["http/1.1"])
+            if cfg.test_ca is not None:
+                ctx.load_verify_locations(cafile=cfg.test_ca)
+            upstream = await self._open(addresses, ev, tls=ctx, server_hostname=host)
+        except Refused as exc:
+            ev.decision, ev.reason = "deny", exc.reason
+            await self._answer(tls, 403, "Forbidden", f"refused: {exc.reason}")
+            return
+        except ProtocolError as exc:
+            ev.decision, ev.reason = "deny", f"malformed request: {exc}"
+            await self._answer(tls, 400, "Bad Request", ev.reason)
+            return
+        except Upstream as exc:
+            ev.decision, ev.reason = "error", str(exc)
+            await self._answer(tls, 502, "Bad Gateway", ev.reason)
+            return
+        ev.decision = "allow"
+        try:
+            out = httphead.render_request(head.method, head.target, headers)
+            await upstream.send(out)
+            ev.up += len(out)
+            await self._relay(tls, upstream, ev)
+        finally:
+            await upstream.close()
+
+    def _inject(
+        self, cfg: ProxyConfig, rule: SecretRule, headers: list[tuple[str, str]], ev: Event
+    ) -> list[tuple[str, str]]:
+        if cfg.revoked:
+            ev.reason = f"secret {rule.secret} was revoked by `vmsandbox clean`; the placeholder passed unchanged"
+            return headers
+        value = self._read_secret(rule.secret)
+        if value is None:
+            raise Upstream(
+                f"secret {rule.secret} is not set on the host; set it with `vmsandbox secret set {rule.secret}`"
+            )
+        ev.secret = rule.secret
+        name = rule.header.lower()
+        if any(k.lower() == name for k, _ in headers):
+            return [(k, v.replace(rule.placeholder, value) if k.lower() == name else v) for k, v in headers]
+        return [*headers, (rule.header, rule.value.replace("{secret}", value))]
+
+    # ------------------------------------------------------------------ plain HTTP
+
+    async def _forward(self, cfg: ProxyConfig, head: RequestHead, client: Stream, ev: Event) -> None:
+        url = urlsplit(head.target)
+        if url.scheme != "http" or not url.netloc:
+            raise ProtocolError("a proxy request needs an absolute http:// URL (use CONNECT for https)")
+        if "@" in url.netloc:
+            raise Refused("credentials in the URL are not passed on")
+        ev.host, ev.port = parse_target(url.netloc, default_port=80)
+        cfg.policy.decide(ev.host, ev.port)
+        addresses = await self._resolve(cfg, ev.host, ev.port)
+        upstream = await self._open(addresses, ev)
+        ev.decision = "allow"
+        try:
+            path = (url.path or "/") + (f"?{url.query}" if url.query else "")
+            out = httphead.render_request(head.method, path, httphead.forward_headers(head, url.netloc))
+            await upstream.send(out)
+            ev.up += len(out)
+            await self._relay(client, upstream, ev)
+        finally:
+            await upstream.close()
+
+    # ------------------------------------------------------------------ upstream
+
+    async def _resolve(self, cfg: ProxyConfig, host: str, port: int) -> list[tuple[str, int]]:
+        override = cfg.policy.test_upstreams.get(host)
+        if override is not None:
+            return [override]
+        loop = asyncio.get_running_loop()
+        try:
+            infos = await asyncio.wait_for(
+                loop.getaddrinfo(host, port, type=socket.SOCK_STREAM, proto=socket.IPPROTO_TCP), RESOLVE_TIMEOUT
+            )
+        except (OSError, TimeoutError):
+            raise Refused(f"{host} does not resolve") from None
+        found = check_addresses(host, [str(i[4][0]) for i in infos], cfg.policy.networks)
+        return [(str(ip), port) for ip in found]
+
+    async def _open(
+        self,
+        addresses: list[tuple[str, int]],
+        ev: Event,
+        *,
+        tls: ssl.SSLContext | None = None,
+        server_hostname: str | None = None,
+    ) -> Stream:
+        """Connect to the first address that answers: the checked addresses themselves, never a new lookup."""
+        errors: list[str] = []
+        for address, port in addresses:
+            try:
+                reader, writer = await asyncio.wait_for(
+                    asyncio.open_connection(address, port, ssl=tls, server_hostname=server_hostname),
+                    CONNECT_TIMEOUT,
+                )
+            except ssl.SSLCertVerificationError as exc:
+                raise Upstream(f"the certificate of {ev.host} failed verification: {exc.verify_message}") from None
+            except (OSError, TimeoutError, ssl.SSLError) as exc:
+                errors.append(f"{address}: {exc or type(exc).__name__}")
+                continue
+            return Stream(reader, writer)
+        raise Upstream(f"cannot connect to {ev.host}:{ev.port} ({'; '.join(errors)})")
+
+    async def _relay(self, client: Stream, upstream: Stream, ev: Event) -> None:
+        """Copy both ways until the upstream is done; a half-closed guest side is passed on."""
+
+        async def guest_to_upstream() -> None:
+            while data := await asyncio.wait_for(client.recv(), IDLE_TIMEOUT):
+                ev.up += len(data)
+                await upstream.send(data)
+            await upstream.send_eof()
+
+        async def upstream_to_guest() -> None:
+            while data := await asyncio.wait_for(upstream.recv(), IDLE_TIMEOUT):
+                ev.down += len(data)
+                await client.send(data)
+
+        sending = asyncio.create_task(guest_to_upstream())
+        try:
+            await upstream_to_guest()
+        finally:
+            if not sending.done():
+                sending.cancel()
+            with contextlib.suppress(asyncio.CancelledError, OSError, TimeoutError, ssl.SSLError):
+                await sending
