@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import inspect
 import json
 import logging
 import logging.handlers
 import signal
 import sys
 import time
+import typing
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
@@ -18,7 +21,7 @@ from vmsandbox import __version__, config, paths, ui
 from vmsandbox.errors import VmsandboxError
 
 if TYPE_CHECKING:  # the session module pulls in libvirt: imported lazily by the commands that need it
-    from vmsandbox.session import Record
+    from vmsandbox.session import Publish, Record
 
 EXIT_ERROR = 125  # vmsandbox itself failed (as `docker run` does), so a command's own codes stay distinct
 EXIT_INTERRUPTED = 130
@@ -80,10 +83,17 @@ def image_build(
     no_host_ca: Annotated[
         bool, typer.Option("--no-host-ca", help="Do not trust the host's locally added CA certificates in the image.")
     ] = False,
+    blueprint_name: Annotated[
+        str | None,
+        typer.Option("--blueprint", "-b", help="Build this blueprint's layer on the base instead (claude, codex, …)."),
+    ] = None,
 ) -> None:
-    """Build the base image locally from Debian packages (needs root)."""
+    """Build the base image locally from Debian packages, or a blueprint's thin layer on it (needs root)."""
     from vmsandbox import image
 
+    if blueprint_name is not None:
+        _build_blueprint(blueprint_name, force=force)
+        return
     settings = config.load()
     trust = settings.trust_host_ca and not no_host_ca
     recipe = image.load_recipe(trust_host_ca=trust)
@@ -99,31 +109,57 @@ def image_build(
         ui.info(f"{built.version} is already built for this recipe; nothing to do (use --force to rebuild)")
 
 
+def _build_blueprint(name: str, *, force: bool) -> None:
+    from vmsandbox import blueprint, bpimage
+
+    bp = blueprint.load(name, Path.cwd())
+    start = time.monotonic()
+    built, did_build = bpimage.build_layer(bp, force=force)
+    if did_build:
+        ui.info(f"[green]Built[/] {built.version} in {time.monotonic() - start:.0f}s → {built.path}")
+        for package, version in sorted(built.manifest.get("installed", {}).items()):
+            ui.info(f"  {package} {version}")
+    else:
+        ui.info(f"{built.version} is already built for this blueprint and base; nothing to do (--force rebuilds)")
+
+
 @image_app.command("ls")
 def image_ls(as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False) -> None:
     """List built base images."""
-    from vmsandbox import image
+    from vmsandbox import bpimage, image
 
-    images = [i.summary() for i in image.list_images()]
+    images = [i.summary() | {"kind": "base"} for i in image.list_images()]
+    images += [
+        i.summary() | {"kind": f"blueprint {i.manifest.get('blueprint')}", "base": i.manifest.get("base_version")}
+        for i in bpimage.list_layers()
+    ]
     if as_json:
         _print_json(images)
         return
     if not images:
         ui.info("No base images. Build one with `sudo vmsandbox image build`.")
         return
-    table = Table("VERSION", "BUILT", "SIZE", "KERNEL", box=None)
+    table = Table("VERSION", "KIND", "BUILT", "SIZE", "KERNEL", box=None)
     for i in images:
-        table.add_row(i["version"], str(i["built_at"]), f"{(i['disk_bytes'] or 0) / 1024**2:.0f} MiB", i["kernel"])
+        size = f"{(i['disk_bytes'] or 0) / 1024**2:.0f} MiB"
+        table.add_row(i["version"], i["kind"], str(i["built_at"]), size, i["kernel"])
     ui.out.print(table)
 
 
 @image_app.command("rm")
 def image_rm(version: Annotated[str, typer.Argument(help="The version shown by `image ls`.")]) -> None:
-    """Remove a base image (refused while a session uses it)."""
-    from vmsandbox import image, session
+    """Remove a base image or a blueprint layer (refused while a session or a layer uses it)."""
+    from vmsandbox import bpimage, image, session
+
+    if any(layer.version == version for layer in bpimage.list_layers()):
+        if any(session.Record.load(n).image_version == version for n in session.names()):
+            raise VmsandboxError(f"blueprint image {version} is in use by a session", hint="destroy it first")
+        bpimage.remove_layer(version)
+        ui.info(f"Removed blueprint image {version}")
+        return
 
     def in_use(v: str) -> list[str]:
-        users = []
+        users = [f"blueprint image {b.version}" for b in bpimage.list_layers() if b.manifest.get("base_version") == v]
         for name in session.names():
             try:
                 if session.Record.load(name).image_version == v:
@@ -198,19 +234,82 @@ def run(
         list[str] | None,
         typer.Option("--allow", help="Also allow HOST, *.DOMAIN or HOST:PORT (repeatable)."),
     ] = None,
+    blueprint: Annotated[
+        str, typer.Option("--blueprint", "-b", help="base, claude, codex, gemini, opencode, or your own.")
+    ] = "base",
+    publish: Annotated[
+        list[str] | None,
+        typer.Option("--publish", "-p", help="[HOST_PORT:]GUEST_PORT: reach a guest port on 127.0.0.1 and ::1."),
+    ] = None,
+    publish_address: Annotated[
+        str | None, typer.Option("--publish-address", help="Publish on this address instead of loopback.")
+    ] = None,
+    ssh_agent: Annotated[
+        bool, typer.Option("--ssh-agent", help="Forward your ssh-agent into the guest (it can use your keys).")
+    ] = False,
+    git_identity: Annotated[
+        bool, typer.Option("--git-identity", help="Copy your git user.name and user.email into the guest.")
+    ] = False,
 ) -> None:
     """Boot a disposable VM for PATH and run CMD (after `--`) or a shell in it; exit with CMD's code.
 
     CMD is an argument list (quoted for the guest's shell); use `-- sh -c '...'` for shell syntax.
     """
-    from vmsandbox import guest, session
+    _run_session(
+        path,
+        blueprint,
+        _tail(required=False),
+        {
+            "name": name,
+            "cpus": cpus,
+            "memory": memory,
+            "disk": disk,
+            "accel": accel,
+            "keep": keep,
+            "tty": tty,
+            "yes": yes,
+            "include_risky": include_risky,
+            "network": network,
+            "allow": allow,
+            "publish": publish,
+            "publish_address": publish_address,
+            "ssh_agent": ssh_agent,
+            "git_identity": git_identity,
+        },
+    )
 
-    flags = {"cpus": cpus, "memory": memory, "disk": disk, "accel": accel, "network": network, "allow": allow}
-    settings = config.load(path if path.is_dir() else None).merged(
+
+def _run_session(
+    path: Path, blueprint_name: str, cmd: list[str] | None, o: dict[str, Any], *, agent: bool = False
+) -> NoReturn:
+    from vmsandbox import blueprint, bpimage, egress, guest, session
+
+    project = path if path.is_dir() else None
+    bp = blueprint.load(blueprint_name, project)
+    if agent:
+        cmd = bp.agent_argv(cmd or [])
+        if o["tty"] is None:
+            o["tty"] = sys.stdin.isatty()
+    flags = {k: o[k] for k in ("cpus", "memory", "disk", "accel", "network", "allow")}
+    settings = config.load(project, blueprint=bp).merged(
         {k: v for k, v in flags.items() if v is not None}, config.COMMAND_LINE
     )
-    cmd = _tail(required=False)
-    record = session.create(session.Options(project=path, name=name, settings=settings, keep=keep))
+    publish = tuple(_parse_publish(p, o["publish_address"]) for p in o["publish"] or [])
+    session.validate_project(path)  # the cheap checks first: a layer build takes minutes
+    egress.check_secrets(settings)
+    keep, tty = bool(o["keep"]), o["tty"]
+    options = session.Options(
+        project=path,
+        name=o["name"],
+        settings=settings,
+        keep=keep,
+        blueprint=bp,
+        image=bpimage.for_blueprint(bp),
+        publish=publish,
+        ssh_agent=bool(o["ssh_agent"]),
+        git_identity=bool(o["git_identity"]),
+    )
+    record = session.create(options)
     code = EXIT_ERROR
     try:
         code = guest.attach(record, cmd, tty=tty)
@@ -223,8 +322,59 @@ def run(
                 f"`vmsandbox pull {record.name}`, `vmsandbox destroy {record.name}`"
             )
         else:
-            _finish(record, yes=yes, include_risky=include_risky)
+            _finish(record, yes=bool(o["yes"]), include_risky=bool(o["include_risky"]))
     raise typer.Exit(code)
+
+
+def _parse_publish(spec: str, address: str | None) -> Publish:
+    import ipaddress
+
+    from vmsandbox import session
+
+    host_text, _, guest_text = spec.rpartition(":")
+    ports = [host_text, guest_text] if host_text else [guest_text]
+    if not all(p.isdigit() and 0 < int(p) < 65536 for p in ports):
+        raise VmsandboxError(
+            f"--publish {spec!r}: ports are numbers from 1 to 65535", hint="e.g. -p 3000 or -p 8080:3000"
+        )
+    addresses: tuple[str, ...] = ("127.0.0.1", "::1")
+    if address is not None:
+        try:
+            addresses = (str(ipaddress.ip_address(address)),)
+        except ValueError:
+            raise VmsandboxError(f"--publish-address {address!r} is not an IP address") from None
+        if not ipaddress.ip_address(address).is_loopback:
+            ui.warn(f"publishing on {address}: other machines on that network can reach the guest's port")
+    return session.Publish(int(guest_text), int(host_text) if host_text else None, addresses)
+
+
+AGENTS = ("claude", "codex", "gemini", "opencode")
+
+
+def _agent_command(agent: str) -> Callable[..., None]:
+    """`vmsandbox AGENT [PATH] [-- ARGS]`: `run --blueprint AGENT PATH -- <its command> <skip flag> ARGS`,
+    with `run`'s options (but --blueprint), ending with the review."""
+
+    def command(**options: Any) -> None:
+        path = options.pop("path")
+        _run_session(path, agent, _Invocation.command or [], options, agent=True)
+
+    hints = typing.get_type_hints(run, include_extras=True)  # run's annotations are strings (PEP 563)
+    params = [
+        p.replace(annotation=hints[p.name]) for p in inspect.signature(run).parameters.values() if p.name != "blueprint"
+    ]
+    command.__signature__ = inspect.Signature(params, return_annotation=None)  # type: ignore[attr-defined]
+    command.__annotations__ = {p.name: p.annotation for p in params}
+    command.__doc__ = (
+        f"Run {agent} in a disposable VM on PATH — with its permission prompts off, the VM is the sandbox — "
+        f"then review what it changed. ARGS after `--` go to {agent}."
+    )
+    command.__name__ = agent
+    return command
+
+
+for _agent in AGENTS:
+    app.command(_agent, context_settings={"help_option_names": ["-h", "--help"]})(_agent_command(_agent))
 
 
 def _finish(record: Record, *, yes: bool, include_risky: bool) -> None:
@@ -284,11 +434,32 @@ def _ready(record: Record) -> Record:
             hint=f"see `vmsandbox logs {record.name}`; `vmsandbox recover {record.name}` reviews its changes, "
             f"`vmsandbox destroy {record.name}` removes it",
         )
-    if egress.status(record.files) == "stopped":
+    if egress.status(record.files, wanted=record.wants_daemon) == "stopped":
         ui.warn(f"the egress proxy of session {record.name} had stopped, so the guest had no network; restarting it")
         with ui.step("Restarting the egress proxy"):
             egress.start(record.name, record.files)
     return record
+
+
+@app.command()
+def port(
+    name: SessionName,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
+    """Show a session's published ports (`run --publish`)."""
+    from vmsandbox import session
+
+    record = session.Record.load(name)
+    if as_json:
+        _print_json(record.publish)
+        return
+    if not record.publish:
+        ui.info(f"Session {name} publishes no ports (use `run --publish [HOST_PORT:]GUEST_PORT`).")
+        return
+    for p in record.publish:
+        for address in p["addresses"]:
+            where = f"[{address}]" if ":" in address else address
+            print(f"{p['guest']}/tcp -> {where}:{p['host']}")
 
 
 @app.command("ls")
@@ -498,7 +669,7 @@ def clean(name: SessionName) -> None:
         egress.revoke(record.files)
     endpoint = record.endpoint()
     result = proc.run(
-        [*endpoint.ssh_argv("-T", user="root"), "--", egress.clean_script(record.user)],
+        [*endpoint.ssh_argv("-T", user="root"), "--", egress.clean_script(record.user, tuple(record.credentials))],
         hint=f"is the VM up? `vmsandbox logs {name}`",
     )
     removed = result.stdout.split()

@@ -7,13 +7,16 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from vmsandbox import netpolicy, paths
 from vmsandbox.accel import Accel
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.netpolicy import Mode
 from vmsandbox.schema import Mappings, check, load_yaml
+
+if TYPE_CHECKING:
+    from vmsandbox.blueprint import Blueprint
 
 PROJECT_FILE = ".vmsandbox.yaml"
 COMMAND_LINE = "command line"  # as a source: keys are shown as the flags that set them
@@ -101,7 +104,7 @@ class Settings:
     boot_timeout: int = 300
     trust_host_ca: bool = True
     network: Mode = Mode.ALLOWLIST
-    allow: tuple[str, ...] = netpolicy.DEFAULT_ALLOW  # allowlist entries: every source adds to it
+    allow: tuple[str, ...] = ()  # allowlist entries: the blueprint's, then every source adds to it
     secrets: tuple[SecretMapping, ...] = ()  # every source adds; a later mapping for the same host wins
     allow_networks: tuple[str, ...] = ()  # non-public networks allowed names may resolve to
 
@@ -157,8 +160,11 @@ def parse_accel(value: str, *, source: str) -> Accel:
         raise VmsandboxError(f"{source}: unknown accelerator {value!r}", hint="use auto, kvm or tcg") from None
 
 
-def load(project: Path | None = None) -> Settings:
+def load(project: Path | None = None, *, blueprint: Blueprint | None = None) -> Settings:
+    """The settings for a project; a blueprint's allowlist and secret mappings come first, then the files."""
     settings = Settings()
+    if blueprint is not None:
+        settings = settings.merged(blueprint.settings_data(), blueprint.source)
     user_file = paths.config_dir() / USER_FILE
     if user_file.is_file():
         settings = settings.merged(load_yaml(user_file), str(user_file))

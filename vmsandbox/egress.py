@@ -7,6 +7,7 @@ session's proxy daemon (vmsandbox.egressd) holds open. When the daemon dies the 
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import secrets
@@ -24,9 +25,9 @@ from vmsandbox.errors import VmsandboxError
 from vmsandbox.netpolicy import Mode, Policy
 from vmsandbox.proxy import ProxyConfig, SecretRule
 
-FWCFG_ENV = "env"  # KEY=VALUE lines for the guest's /etc/environment (placeholders, never secrets)
 FWCFG_CA = "ca"  # the session CA certificate, trusted by the guest's system store
 START_TIMEOUT = 60.0
+ANY_NETWORK = (ipaddress.ip_network("0.0.0.0/0"), ipaddress.ip_network("::/0"))
 # Test-only: names the proxy sends to 127.0.0.1 stand-ins ("name=127.0.0.1:PORT,..."), and the CA that
 # signs those stand-ins' certificates. Only loopback targets are accepted.
 TEST_UPSTREAMS_ENV = "VMSANDBOX_TEST_UPSTREAMS"
@@ -45,8 +46,9 @@ CREDENTIAL_FILES = (
 )
 
 
-def check_secrets(settings: Settings) -> None:
-    """Before anything is made: every required secret must be set on the host."""
+def check_secrets(settings: Settings, *, quiet: bool = False) -> None:
+    """Before anything is made: every required secret must be set on the host (an optional one that is not
+    only gets a note, unless quiet)."""
     if settings.network is Mode.NONE:
         return
     for m in settings.secrets:
@@ -57,10 +59,11 @@ def check_secrets(settings: Settings) -> None:
                 f"secret {m.secret} (for {m.header} on {m.host}) is not set",
                 hint=f"set it with `vmsandbox secret set {m.secret}` (it stays on the host)",
             )
-        ui.warn(
-            f"secret {m.secret} is not set: requests to {m.host} go without {m.header}; "
-            f"`vmsandbox secret set {m.secret}` to add it"
-        )
+        if not quiet:
+            ui.info(
+                f"Secret {m.secret} is not set, so {m.host} gets no {m.header} from the host (log in inside "
+                f"the guest instead, or `vmsandbox secret set {m.secret}`)"
+            )
 
 
 def test_upstreams(environ: dict[str, str] | None = None) -> dict[str, tuple[str, int]]:
@@ -76,8 +79,9 @@ def test_upstreams(environ: dict[str, str] | None = None) -> dict[str, tuple[str
     return found
 
 
-def prepare(name: str, files: paths.SessionPaths, settings: Settings) -> dict[str, Path]:
-    """Write the session's egress policy (and CA, placeholders); return the fw_cfg files the guest gets."""
+def prepare(name: str, files: paths.SessionPaths, settings: Settings, *, trusted: bool = False) -> dict[str, str]:
+    """Write the session's egress policy (and its CA, as a fw_cfg file for the guest); return the guest
+    environment that holds the placeholders."""
     upstreams = test_upstreams()
     test_ca = os.environ.get(TEST_CA_ENV) or None
     if upstreams:
@@ -85,30 +89,27 @@ def prepare(name: str, files: paths.SessionPaths, settings: Settings) -> dict[st
     rules = [
         SecretRule(m.secret, m.host, m.header, f"vmsandbox-placeholder-{secrets.token_hex(16)}", m.value, m.env)
         for m in settings.secrets
+        if settings.network is not Mode.NONE
     ]
     data: dict[str, Any] = {
         "mode": settings.network.value,
         # a host that gets a secret is allowed (over TLS only: that is where the proxy injects)
         "allow": list(dict.fromkeys([*(str(r) for r in settings.rules()), *(f"{r.host}:443" for r in rules)])),
         "allow_networks": list(settings.allow_networks),
+        # image builds run the blueprint's own recipe: like the host's debootstrap, they may reach registries
+        # that resolve to private addresses (loopback, link-local and metadata stay refused)
+        "any_network": trusted,
         "secrets": [r.as_dict() for r in rules],
         "revoked": False,
         "test_upstreams": {k: f"{a}:{p}" for k, (a, p) in upstreams.items()},
         "test_ca": test_ca,
     }
     write_config(files, data)
-    extra: dict[str, Path] = {}
-    if settings.network is Mode.NONE:
-        return extra
     if rules:
         certs.create_ca(files.ca_cert, files.ca_key, session=name, hosts=[r.host for r in rules])
-        extra[FWCFG_CA] = files.fwcfg_dir / FWCFG_CA
-        extra[FWCFG_CA].write_bytes(files.ca_cert.read_bytes())
-    env_lines = [f"{r.env}={r.placeholder}\n" for r in rules if r.env]
-    if env_lines:
-        extra[FWCFG_ENV] = files.fwcfg_dir / FWCFG_ENV
-        extra[FWCFG_ENV].write_text("".join(env_lines))
-    return extra
+        (files.fwcfg_dir / FWCFG_CA).write_bytes(files.ca_cert.read_bytes())
+    # a secret that is not set gets no placeholder: the agent then offers its own login instead
+    return {r.env: r.placeholder for r in rules if r.env and secretstore.get(r.secret) is not None}
 
 
 def write_config(files: paths.SessionPaths, data: dict[str, Any]) -> None:
@@ -133,7 +134,9 @@ def proxy_config(data: dict[str, Any]) -> ProxyConfig:
         Mode(data["mode"]),
         tuple(netpolicy.parse_rule(a, source="egress.json") for a in data["allow"]),
         upstreams,
-        tuple(netpolicy.parse_network(n, source="egress.json") for n in data.get("allow_networks", [])),
+        ANY_NETWORK
+        if data.get("any_network")
+        else tuple(netpolicy.parse_network(n, source="egress.json") for n in data.get("allow_networks", [])),
     )
     return ProxyConfig(
         policy=policy,
@@ -181,10 +184,10 @@ def write_state(files: paths.SessionPaths, forward: str, error: str | None = Non
     tmp.replace(files.egress_state)
 
 
-def status(files: paths.SessionPaths) -> str:
-    """off (no network), up (the guest's door is open), down (the daemon runs, the forward is being restored)
-    or stopped (no daemon: the guest has no egress)."""
-    if mode_of(files) is Mode.NONE:
+def status(files: paths.SessionPaths, *, wanted: bool) -> str:
+    """off (no daemon wanted: no network, no ports), up (the guest's door is open), down (the daemon runs,
+    the connection is being restored) or stopped (no daemon: the guest has no egress)."""
+    if not wanted:
         return "off"
     st = daemon_state(files)
     if st is None or not st.alive:
@@ -193,9 +196,7 @@ def status(files: paths.SessionPaths) -> str:
 
 
 def start(name: str, files: paths.SessionPaths, *, timeout: float = START_TIMEOUT) -> None:
-    """Start the session's proxy daemon and wait until the guest's door is open."""
-    if mode_of(files) is Mode.NONE:
-        return
+    """Start the session's proxy daemon and wait until the guest's door (and its published ports) are open."""
     stop(files)
     files.egress_state.unlink(missing_ok=True)
     pid = proc.spawn_detached([sys.executable, "-m", "vmsandbox.egressd", name], log_file=files.egress_log)
@@ -237,11 +238,12 @@ def stop(files: paths.SessionPaths) -> None:
 # ---------------------------------------------------------------- clean
 
 
-def clean_script(user: str) -> str:
+def clean_script(user: str, credentials: tuple[str, ...]) -> str:
     """Run as root in the guest: drop the placeholders and every known credential file; print what went."""
-    rels = " ".join(shlex.quote(r) for r in CREDENTIAL_FILES)
+    rels = " ".join(shlex.quote(r) for r in dict.fromkeys([*CREDENTIAL_FILES, *credentials]))
     return (
-        "set -u; cp /etc/vmsandbox/proxy.env /etc/environment; "
+        "set -u; { cat /etc/vmsandbox/proxy.env; grep -v -e '=vmsandbox-placeholder-' /etc/vmsandbox/session.env; } "
+        ">/etc/environment.new && mv /etc/environment.new /etc/environment; "
         f'for home in /root "$(getent passwd {shlex.quote(user)} | cut -d: -f6)"; do '
         '[ -n "$home" ] || continue; '
         f"for rel in {rels}; do "

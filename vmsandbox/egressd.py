@@ -5,6 +5,10 @@ It holds an SSH connection to the guest (as root, pinned host key) with a remote
 asyncio proxy through a socket pair: the proxy never listens on any host socket, so nothing else on the
 host can use it, and every request it sees comes from this session's guest.
 
+It also serves the session's published ports (`--publish`): it listens on the host's loopback addresses
+(or the one `--publish-address` names) and carries each connection to the guest's 127.0.0.1:PORT over the
+same SSH connection, so a dev server that binds only localhost in the guest is reachable too.
+
 It restores the forward when the connection drops, and exits when the session is removed, its VM is gone,
 or on SIGTERM. If it dies, the SSH connection dies with it and the guest's door closes (fails closed).
 """
@@ -19,16 +23,14 @@ import socket
 import sys
 import threading
 import time
-from typing import TYPE_CHECKING
+
+import paramiko
 
 from vmsandbox import egress, secretstore, session, ssh
 from vmsandbox.certs import Issuer
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.netpolicy import GUEST_PROXY_PORT
 from vmsandbox.proxy import Proxy, ProxyConfig
-
-if TYPE_CHECKING:
-    import paramiko
 
 log = logging.getLogger("vmsandbox.egressd")
 WATCH_INTERVAL = 2.0
@@ -44,6 +46,11 @@ class Daemon:
         self._config: tuple[float, ProxyConfig] | None = None
         self._issuer: Issuer | None = None
         self.proxy = Proxy(self._load_config, self.files.proxy_log, secretstore.get, self._get_issuer)
+        self.egress = record.network != "none"
+        self.transport: paramiko.Transport | None = None
+        self.listeners = [
+            (_listen(address, p["host"]), int(p["guest"])) for p in record.publish for address in p["addresses"]
+        ]
 
     def _load_config(self) -> ProxyConfig:
         """Re-read per connection when the file changed (`clean` revokes placeholders this way)."""
@@ -76,8 +83,6 @@ class Daemon:
         self.loop.call_soon_threadsafe(self.loop.stop)
 
     def _hold_forward(self) -> str | None:
-        import paramiko
-
         try:
             client = ssh.connect(self.record.endpoint(), user="root")
         except VmsandboxError as exc:
@@ -87,9 +92,11 @@ class Daemon:
             if transport is None:
                 return "no SSH transport"
             transport.set_keepalive(15)
-            transport.request_port_forward(ssh.LOOPBACK, GUEST_PROXY_PORT)
+            if self.egress:
+                transport.request_port_forward(ssh.LOOPBACK, GUEST_PROXY_PORT)
+                log.info("guest 127.0.0.1:%d is open", GUEST_PROXY_PORT)
+            self.transport = transport
             egress.write_state(self.files, "up")
-            log.info("guest 127.0.0.1:%d is open", GUEST_PROXY_PORT)
             while transport.is_active() and not self.stop.is_set():
                 channel = transport.accept(timeout=1)
                 if channel is not None:
@@ -97,6 +104,7 @@ class Daemon:
         except (paramiko.SSHException, OSError, EOFError) as exc:
             return f"{type(exc).__name__}: {exc}"
         finally:
+            self.transport = None
             client.close()
         return "the SSH connection to the guest ended"
 
@@ -108,6 +116,34 @@ class Daemon:
     async def _handle(self, sock: socket.socket) -> None:
         reader, writer = await asyncio.open_connection(sock=sock)
         await self.proxy.handle(reader, writer)
+
+    # ------------------------------------------------------------ published ports
+
+    def publish(self, listener: socket.socket, guest_port: int) -> None:
+        """Accept on a host address and carry each connection to the guest's 127.0.0.1:guest_port."""
+        listener.settimeout(1)
+        while not self.stop.is_set():
+            try:
+                conn, peer = listener.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            transport = self.transport
+            if transport is None:
+                log.info("published port %d: no connection to the guest yet", guest_port)
+                conn.close()
+                continue
+            try:
+                channel = transport.open_channel(
+                    "direct-tcpip", (ssh.LOOPBACK, guest_port), (str(peer[0]), int(peer[1])), timeout=10
+                )
+            except (paramiko.SSHException, OSError, EOFError) as exc:
+                log.info("published port %d: %s", guest_port, exc)
+                conn.close()
+                continue
+            conn.settimeout(None)
+            threading.Thread(target=_bridge, args=(channel, conn), daemon=True).start()
 
     # ------------------------------------------------------------ main
 
@@ -122,10 +158,23 @@ class Daemon:
             self.loop.add_signal_handler(sig, self.stop.set)
         forwarder = threading.Thread(target=self.forward, name="forwarder", daemon=True)
         forwarder.start()
+        for listener, guest_port in self.listeners:
+            threading.Thread(target=self.publish, args=(listener, guest_port), daemon=True).start()
         watcher = self.loop.create_task(self._watch())
         self.loop.run_forever()
         watcher.cancel()
         egress.write_state(self.files, "down", "stopped")
+
+
+def _listen(address: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in address else socket.AF_INET
+    s = socket.socket(family, socket.SOCK_STREAM)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if family == socket.AF_INET6:
+        s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+    s.bind((address, port))
+    s.listen(64)
+    return s
 
 
 def _bridge(channel: paramiko.Channel, sock: socket.socket) -> None:

@@ -20,21 +20,6 @@ IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 GUEST_PROXY_PORT = 3128  # the guest's one door out: its own 127.0.0.1:3128, forwarded to the host's proxy
 DEFAULT_PORTS = frozenset({80, 443})  # an allowlist entry without :PORT allows these
 
-# What every session may reach unless the project narrows it: the package registries a coding agent needs.
-# (Blueprints add their agent's API hosts.)
-DEFAULT_ALLOW = (
-    "deb.debian.org",
-    "security.debian.org",
-    "pypi.org",
-    "files.pythonhosted.org",
-    "registry.npmjs.org",
-    "github.com",
-    "api.github.com",
-    "codeload.github.com",
-    "objects.githubusercontent.com",
-    "raw.githubusercontent.com",
-)
-
 
 class Mode(enum.StrEnum):
     ALLOWLIST = "allowlist"  # only listed host names

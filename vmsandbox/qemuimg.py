@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from vmsandbox import proc
@@ -35,9 +35,17 @@ def convert_to_qcow2(raw: Path, dest: Path) -> None:
     proc.run(["qemu-img", "convert", "-f", "raw", "-O", "qcow2", raw, dest])
 
 
-def create_overlay(base: Path, dest: Path, size_bytes: int | None = None) -> None:
-    """A qcow2 overlay on base. The base must be a standalone qcow2 (never itself an overlay)."""
+def create_overlay(base: Path, dest: Path, size_bytes: int | None = None, *, layer_ok: bool = False) -> None:
+    """A qcow2 overlay on base. The base must be a standalone qcow2 — or, with layer_ok, a blueprint layer
+    whose own backing file is a standalone qcow2 (chains are never deeper than base → layer → overlay)."""
     base_info = info(base)
+    if layer_ok and base_info.format == "qcow2" and base_info.backing_file is not None:
+        backing = Path(base_info.backing_file)
+        if not backing.is_absolute():
+            backing = base.parent / backing
+        below = info(backing)
+        if below.format == "qcow2" and below.backing_file is None:
+            base_info = replace(base_info, backing_file=None)
     if base_info.format != "qcow2" or base_info.backing_file is not None:
         raise VmsandboxError(
             f"{base} is not a standalone qcow2 image (format {base_info.format}, "

@@ -19,6 +19,10 @@ class Mappings:
     """Marker: the field is a list of mappings."""
 
 
+class StrMap:
+    """Marker: the field is a mapping of strings to strings."""
+
+
 def load_yaml(path: Path) -> dict[str, Any]:
     """A YAML mapping from path ({} for an empty file)."""
     try:
@@ -54,6 +58,9 @@ def check(
         if expected is list:
             ok = isinstance(value, list) and all(isinstance(v, str) for v in value)
             wanted = "a list of strings"
+        elif expected is StrMap:
+            ok = isinstance(value, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in value.items())
+            wanted = "a mapping of names to strings (quote numbers)"
         elif expected is Mappings:
             ok = isinstance(value, list) and all(isinstance(v, dict) for v in value)
             wanted = "a list of mappings (`- key: value` entries)"

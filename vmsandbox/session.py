@@ -21,8 +21,10 @@ from pathlib import Path
 from typing import Any
 
 from vmsandbox import accel as accel_mod
-from vmsandbox import egress, paths, proc, qemuimg, ssh, ui, workspace
+from vmsandbox import blueprint as blueprint_mod
+from vmsandbox import egress, guestfiles, paths, proc, qemuimg, ssh, ui, workspace
 from vmsandbox import image as image_mod
+from vmsandbox.blueprint import Blueprint
 from vmsandbox.config import Settings
 from vmsandbox.domain import DomainSpec, Forward, build_xml, session_of
 from vmsandbox.errors import VmsandboxError
@@ -78,6 +80,11 @@ class Record:
     unsynced: int | None = None  # pending changes at the last review (None: never reviewed)
     exported: bool = False  # the VM is gone; its unsynced changes wait in the outbox
     network: str = "allowlist"  # allowlist | open | none
+    blueprint: str = "base"
+    publish: list[dict[str, Any]] = field(default_factory=list)  # {"guest": 3000, "host": 8080, "addresses": [...]}
+    ssh_agent: bool = False  # the host's ssh-agent is forwarded into the guest (opt-in)
+    credentials: list[str] = field(default_factory=list)  # home-relative files `clean` wipes (the blueprint's)
+    disk: str | None = None  # the system disk when it is not the session's overlay (image builds)
 
     @property
     def domain(self) -> str:
@@ -88,7 +95,7 @@ class Record:
         return paths.session_paths(self.name)
 
     def endpoint(self, user: str | None = None) -> ssh.Endpoint:
-        return ssh.Endpoint(self.name, self.ssh_port, user or self.user, self.files)
+        return ssh.Endpoint(self.name, self.ssh_port, user or self.user, self.files, self.ssh_agent)
 
     def save(self) -> None:
         tmp = self.files.record.with_suffix(".tmp")
@@ -109,6 +116,11 @@ class Record:
             ) from exc
         known = set(cls.__dataclass_fields__)
         return cls(**{k: v for k, v in data.items() if k in known})
+
+    @property
+    def wants_daemon(self) -> bool:
+        """Whether the session's proxy daemon should run: for egress, or to serve published ports."""
+        return self.network != "none" or bool(self.publish)
 
     def owner_alive(self) -> bool:
         return self.owner_pid is not None and proc.process_start(self.owner_pid) == self.owner_start
@@ -165,11 +177,25 @@ def names() -> list[str]:
 
 
 @dataclass(frozen=True)
+class Publish:
+    guest: int
+    host: int | None = None  # None: a free port
+    addresses: tuple[str, ...] = ("127.0.0.1", "::1")
+
+
+@dataclass(frozen=True)
 class Options:
     project: Path
     name: str | None
     settings: Settings
     keep: bool = False
+    blueprint: Blueprint | None = None  # None: base
+    image: image_mod.Image | None = None  # None: the blueprint's built image (or the current base)
+    publish: tuple[Publish, ...] = ()
+    ssh_agent: bool = False
+    git_identity: bool = False
+    build_disk: Path | None = None  # image builds: boot this disk read-write (no overlay), as root
+    trusted_build: bool = False  # image builds: allowed names may resolve to private addresses (not loopback)
 
 
 def create(opts: Options) -> Record:
@@ -177,11 +203,16 @@ def create(opts: Options) -> Record:
     project = validate_project(opts.project)
     name = validate_name(opts.name) if opts.name else default_name(project)
     settings = opts.settings
-    egress.check_secrets(settings)
+    egress.check_secrets(settings, quiet=True)  # the command line checked (and said) it already
+    bp = opts.blueprint or blueprint_mod.load("base")
     choice = accel_mod.choose(settings.accel)
     if choice.accel is accel_mod.Accel.TCG and settings.accel is accel_mod.Accel.AUTO:
         ui.warn(choice.reason)
-    image = image_mod.current_image()
+    image = opts.image or image_mod.current_image()
+    if opts.ssh_agent:
+        if not os.environ.get("SSH_AUTH_SOCK"):
+            raise VmsandboxError("--ssh-agent: no ssh-agent here (SSH_AUTH_SOCK is not set)", hint="start one first")
+        ui.warn("--ssh-agent: the guest can use your SSH keys (not read them) while the session runs")
     with Hypervisor(settings.libvirt_uri) as hv:  # fails early, before anything is made, if libvirt is down
         files = paths.session_paths(name)
         files.root.parent.mkdir(parents=True, exist_ok=True)
@@ -193,7 +224,7 @@ def create(opts: Options) -> Record:
                 hint=f"pick another --name, or `vmsandbox destroy {name}`",
             ) from None
         files.root.chmod(0o711)  # libvirt's QEMU user must reach the overlay; keys stay 0600
-        user = GuestUser.of_host()
+        user = GuestUser("root", 0, 0) if opts.build_disk else GuestUser.of_host()
         record = Record(
             name=name,
             project=str(project),
@@ -209,13 +240,18 @@ def create(opts: Options) -> Record:
             gid=user.gid,
             libvirt_uri=settings.libvirt_uri,
             network=settings.network.value,
+            blueprint=bp.name,
+            ssh_agent=opts.ssh_agent,
+            credentials=list(bp.credentials),
+            disk=str(opts.build_disk) if opts.build_disk else None,
             keep=opts.keep,
             owner_pid=os.getpid(),
             owner_start=proc.process_start(os.getpid()),
         )
         try:
             record.save()
-            _prepare(record, image, user, settings)
+            record.publish = _pick_ports(opts.publish)
+            _prepare(record, image, user, settings, bp, git_identity=opts.git_identity, trusted=opts.trusted_build)
             _boot(record, image, hv, settings.boot_timeout)
             _open_egress(record, settings)
         except BaseException:
@@ -226,14 +262,43 @@ def create(opts: Options) -> Record:
     return record
 
 
-def _prepare(record: Record, image: image_mod.Image, user: GuestUser, settings: Settings) -> None:
+def _pick_ports(publish: tuple[Publish, ...]) -> list[dict[str, Any]]:
+    """Host ports for --publish: the one asked for, or one free on every address; checked before boot."""
+    chosen = []
+    for p in publish:
+        port = p.host if p.host is not None else free_port()
+        for address in p.addresses:
+            family = socket.AF_INET6 if ":" in address else socket.AF_INET
+            with socket.socket(family, socket.SOCK_STREAM) as s:
+                try:
+                    s.bind((address, port))
+                except OSError as exc:
+                    raise VmsandboxError(
+                        f"--publish: cannot listen on {address} port {port}: {exc.strerror}",
+                        hint="pick another host port (HOST_PORT:GUEST_PORT)",
+                    ) from None
+        chosen.append({"guest": p.guest, "host": port, "addresses": list(p.addresses)})
+    return chosen
+
+
+def _prepare(
+    record: Record,
+    image: image_mod.Image,
+    user: GuestUser,
+    settings: Settings,
+    bp: Blueprint,
+    *,
+    git_identity: bool,
+    trusted: bool = False,
+) -> None:
     files = record.files
     with ui.step(f"Capturing {record.project} (baseline and workspace disk)"):
         manifest = workspace.capture(Path(record.project), files)
     record.baseline_entries = len(manifest)
     with ui.step("Preparing the session (overlay, keys)"):
-        qemuimg.create_overlay(image.disk, files.overlay, record.disk_mib * 1024 * 1024)
-        files.overlay.chmod(0o600)
+        if record.disk is None:
+            qemuimg.create_overlay(image.disk, files.overlay, record.disk_mib * 1024 * 1024, layer_ok=True)
+            files.overlay.chmod(0o600)
         client_pub = ssh.generate_key(files.client_key, f"vmsandbox-{record.name}")
         ssh.generate_key(files.host_key, f"vmsandbox-{record.name}-host")
         fw = files.fwcfg_dir
@@ -243,8 +308,14 @@ def _prepare(record: Record, image: image_mod.Image, user: GuestUser, settings: 
         (fw / "workdir").write_text(record.project + "\n")
         (fw / "authorized_keys").write_text(client_pub + "\n")
         shutil.copyfile(files.host_key, fw / "host_key")
-        egress.prepare(record.name, files, settings)
+        placeholders = egress.prepare(record.name, files, settings, trusted=trusted)
+        (fw / "env").write_text(guestfiles.env_lines({**bp.env, **placeholders}))
+        bundle, notes = guestfiles.build(guestfiles.Owner(user.name, user.uid, user.gid), bp.copy, git=git_identity)
+        if bundle is not None:
+            (fw / "files").write_bytes(bundle)
         _give_to_qemu(fw)
+    for note in notes:
+        ui.info(f"  into the guest: {note}")
     record.save()
 
 
@@ -276,7 +347,7 @@ def _boot(record: Record, image: image_mod.Image, hv: Hypervisor, boot_timeout: 
             accel=accel_mod.Accel(record.accel),
             cpus=record.cpus,
             memory_mib=record.memory_mib,
-            disk=files.overlay,
+            disk=Path(record.disk) if record.disk else files.overlay,
             kernel=image.kernel,
             initrd=image.initrd,
             cmdline=image.kernel_cmdline,
@@ -322,10 +393,15 @@ def _boot(record: Record, image: image_mod.Image, hv: Hypervisor, boot_timeout: 
 def _open_egress(record: Record, settings: Settings) -> None:
     if settings.network is Mode.NONE:
         ui.info("No network for this session (--network none)")
+    if settings.network is Mode.NONE and not record.publish:
         return
     what = "any public host" if settings.network is Mode.OPEN else f"{len(settings.allow)} allowed hosts"
-    with ui.step(f"Opening the guest's egress proxy ({settings.network.value}: {what})"):
+    label = "the guest's published ports" if settings.network is Mode.NONE else f"{settings.network.value}: {what}"
+    with ui.step(f"Opening the guest's egress proxy ({label})"):
         egress.start(record.name, record.files)
+    for p in record.publish:
+        where = ", ".join(f"[{a}]:{p['host']}" if ":" in a else f"{a}:{p['host']}" for a in p["addresses"])
+        ui.info(f"Guest port {p['guest']} is published on {where}")
 
 
 def remove(record: Record) -> None:
@@ -373,7 +449,11 @@ class Status:
             "domain": r.domain,
             "unsynced": r.unsynced,
             "network": r.network,
-            "egress": egress.status(r.files) if self.state not in ("exported", "stopped") else "stopped",
+            "blueprint": r.blueprint,
+            "publish": r.publish,
+            "egress": egress.status(r.files, wanted=r.wants_daemon)
+            if self.state not in ("exported", "stopped")
+            else "stopped",
         }
 
 

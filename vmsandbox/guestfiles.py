@@ -1,0 +1,152 @@
+"""What a session copies into its guest at boot: host config files a blueprint names, the git identity, and
+environment variables. They travel as fw_cfg files the guest's identity unit applies before sshd starts;
+nothing is ever read back from where they land (the review covers the project only)."""
+
+from __future__ import annotations
+
+import io
+import os
+import pwd
+import stat
+import tarfile
+import time
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+
+from vmsandbox import proc, ui
+from vmsandbox.errors import VmsandboxError
+
+MAX_COPY_BYTES = 16 * 1024**2
+
+
+@dataclass(frozen=True)
+class Owner:
+    name: str
+    uid: int
+    gid: int
+
+    @property
+    def guest_home(self) -> PurePosixPath:
+        return PurePosixPath("/root") if self.uid == 0 else PurePosixPath("/home") / self.name
+
+
+def host_home(environ: dict[str, str] | None = None) -> Path:
+    """The invoking user's home: under sudo, SUDO_USER's (not root's)."""
+    env = os.environ if environ is None else environ
+    user = env.get("SUDO_USER")
+    if os.geteuid() == 0 and user and env.get("SUDO_UID", "0") != "0":
+        try:
+            return Path(pwd.getpwnam(user).pw_dir)
+        except KeyError:
+            pass
+    return Path.home()
+
+
+class Bundle:
+    """A tar of files with guest paths and owners, built in memory."""
+
+    def __init__(self, owner: Owner) -> None:
+        self.owner = owner
+        self._buf = io.BytesIO()
+        self._tar = tarfile.open(fileobj=self._buf, mode="w", format=tarfile.PAX_FORMAT)  # noqa: SIM115 - closed in close()
+        self._dirs: set[PurePosixPath] = set()
+        self.size = 0
+        self.copied: list[str] = []
+
+    def _info(self, path: PurePosixPath, kind: bytes, mode: int) -> tarfile.TarInfo:
+        info = tarfile.TarInfo(str(path).lstrip("/"))
+        info.type = kind
+        info.mode = mode
+        info.uid, info.gid = self.owner.uid, self.owner.gid
+        info.uname, info.gname = "", ""
+        info.mtime = int(time.time())
+        return info
+
+    def _parents(self, path: PurePosixPath) -> None:
+        home = self.owner.guest_home
+        for parent in reversed(path.parents):
+            if parent in self._dirs or not parent.is_relative_to(home) or parent == home:
+                continue
+            self._tar.addfile(self._info(parent, tarfile.DIRTYPE, 0o700))
+            self._dirs.add(parent)
+
+    def add_bytes(self, guest_path: PurePosixPath, data: bytes, mode: int = 0o600) -> None:
+        self.size += len(data)
+        if self.size > MAX_COPY_BYTES:
+            raise VmsandboxError(
+                f"the files to copy into the guest exceed {MAX_COPY_BYTES // 1024**2} MiB at {guest_path}",
+                hint="copy fewer or smaller files (blueprint `copy:`)",
+            )
+        self._parents(guest_path)
+        info = self._info(guest_path, tarfile.REGTYPE, mode & 0o777)
+        info.size = len(data)
+        self._tar.addfile(info, io.BytesIO(data))
+
+    def copy_from_home(self, home: Path, item: str) -> None:
+        """`~/rel` from the host home to the same place under the guest user's home (files and directories;
+        symlinks, devices and the like are skipped). A missing source is not an error."""
+        rel = item.removeprefix("~/")
+        source = home / rel
+        try:
+            st = source.lstat()
+        except FileNotFoundError:
+            return
+        files = [source] if stat.S_ISREG(st.st_mode) else []
+        if stat.S_ISDIR(st.st_mode):
+            files = sorted(p for p in source.rglob("*") if p.is_file() and not p.is_symlink())
+        for f in files:
+            target = self.owner.guest_home / rel / f.relative_to(source) if f != source else self.owner.guest_home / rel
+            self.add_bytes(PurePosixPath(target), f.read_bytes(), f.stat().st_mode)
+        if files:
+            self.copied.append(item)
+
+    def close(self) -> bytes:
+        self._tar.close()
+        return self._buf.getvalue()
+
+
+def git_identity(home: Path) -> tuple[str, str] | None:
+    """The host user's git user.name and user.email (from their global config), if both are set."""
+    env = {"HOME": str(home), "PATH": os.environ.get("PATH", "/usr/bin:/bin")}
+    values = []
+    for key in ("user.name", "user.email"):
+        result = proc.run(["git", "config", "--global", "--get", key], check=False, env=env)
+        values.append(result.stdout.strip())
+    if not all(values):
+        return None
+    return values[0], values[1]
+
+
+def gitconfig(name: str, email: str) -> bytes:
+    def quote(v: str) -> str:
+        return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+    return f"[user]\n\tname = {quote(name)}\n\temail = {quote(email)}\n".encode()
+
+
+def build(owner: Owner, copy: tuple[str, ...], *, git: bool) -> tuple[bytes | None, list[str]]:
+    """The tar for fw_cfg `files` (None when empty) and a note per thing copied, for the user."""
+    home = host_home()
+    bundle = Bundle(owner)
+    for item in copy:
+        bundle.copy_from_home(home, item)
+    notes = [f"{item} (copied in; never synced back)" for item in bundle.copied]
+    if git:
+        identity = git_identity(home)
+        if identity is None:
+            ui.warn(f"--git-identity: no user.name and user.email in {home}/.gitconfig; the guest gets none")
+        else:
+            bundle.add_bytes(owner.guest_home / ".gitconfig", gitconfig(*identity), 0o644)
+            notes.append(f"git identity {identity[0]} <{identity[1]}>")
+    data = bundle.close()
+    return (data if bundle.size or bundle.copied else None), notes
+
+
+def env_lines(env: dict[str, str]) -> str:
+    """KEY=VALUE lines for /etc/environment (pam_env): no newlines or quotes can sneak in."""
+    out = []
+    for key, value in env.items():
+        if any(c in value for c in "\n\r\0"):
+            raise VmsandboxError(f"environment variable {key}: its value may not contain a line break")
+        out.append(f"{key}={value}\n")
+    return "".join(out)
