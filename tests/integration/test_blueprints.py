@@ -123,7 +123,8 @@ def _listening_addresses(port: int) -> set[str]:
 def test_docker_runs_a_local_image_as_root_and_as_the_user(cli: Cli, dev: tuple[str, int]) -> None:
     name, _ = dev
     build = (
-        "tar -C / -c usr/bin/echo usr/lib/x86_64-linux-gnu/libc.so.6 usr/lib64 lib64 | docker import - local/mini:1"
+        "tar -C / -c usr/bin/echo usr/lib/x86_64-linux-gnu/libc.so.6 usr/lib/x86_64-linux-gnu/ld-linux-x86-64.so.2"
+        " usr/lib64 lib64 lib | docker import - local/mini:1"
         " >/dev/null && docker info --format '{{.Name}} {{.DockerRootDir}}' && df --output=source /var/lib/docker"
         " | tail -1"
     )
@@ -170,6 +171,10 @@ def test_user_blueprint_extends_base_and_config_is_copied_in_only(
     assert settings_file.read_text() == '{"theme": "dark"}\n'  # never written back
     assert b"No changes in the guest" in r.stderr  # and not part of the review
     assert_gone(owned_name)
+    layers = [i for i in json.loads(cli.run("image", "ls", "--json").stdout) if i["kind"] == "blueprint mine"]
+    assert len(layers) == 1 and layers[0]["base"] == base_image.version
+    removed = cli.run("image", "rm", layers[0]["version"])  # a test's layer does not outlive it
+    assert removed.returncode == 0, removed.stderr.decode()
 
 
 @pytest.fixture
