@@ -163,7 +163,7 @@ def image_rm(version: Annotated[str, typer.Argument(help="The version shown by `
         for name in session.names():
             try:
                 if session.Record.load(name).image_version == v:
-                    users.append(name)
+                    users.append(f"session {name}")
             except VmsandboxError:
                 continue
         return users

@@ -466,8 +466,8 @@ def remove(version: str, *, in_use: Callable[[str], list[str]]) -> None:
     users = in_use(version)
     if users:
         raise VmsandboxError(
-            f"base image {version} is in use by session(s): {', '.join(users)}",
-            hint="destroy those sessions first (`vmsandbox destroy NAME`)",
+            f"base image {version} is in use by: {', '.join(users)}",
+            hint="destroy those sessions (`vmsandbox destroy NAME`) and remove those blueprint images first",
         )
     with build_lock(image.path.parent):
         tmp = image.path.parent / f"{TMP_PREFIX}rm-{version}"
