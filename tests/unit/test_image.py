@@ -64,8 +64,8 @@ def test_list_ignores_builds_in_progress_and_incomplete_dirs(tmp_path: Path) -> 
 
 def test_remove_refused_while_in_use_then_allowed(monkeypatch: pytest.MonkeyPatch) -> None:
     fake_image(paths.images_dir(), "v1", "2026-01-01T00:00:00Z")
-    with pytest.raises(VmsandboxError, match="in use by session"):
-        image.remove("v1", in_use=lambda _v: ["s1"])
+    with pytest.raises(VmsandboxError, match="in use by: session s1"):
+        image.remove("v1", in_use=lambda _v: ["session s1"])
     assert image.list_images()
     image.remove("v1", in_use=lambda _v: [])
     assert image.list_images() == []
