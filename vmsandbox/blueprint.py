@@ -195,3 +195,11 @@ def _merge(parent: Blueprint, data: dict[str, Any], name: str, source: str) -> B
         env={**parent.env, **data.get("env", {})},
         chain=(*parent.chain, source),
     )
+
+
+def shipped_credentials() -> tuple[str, ...]:
+    """Every credential file the shipped blueprints name (what `vmsandbox clean` always wipes)."""
+    found: dict[str, None] = {}
+    for f in sorted(BUILTIN_DIR.glob("*.yaml")):
+        found.update(dict.fromkeys(load(f.stem).credentials))
+    return tuple(found)

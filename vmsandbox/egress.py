@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from vmsandbox import certs, netpolicy, paths, proc, secretstore, ssh, ui
+from vmsandbox import blueprint, certs, netpolicy, paths, proc, secretstore, ssh, ui
 from vmsandbox.config import Settings
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.netpolicy import Mode, Policy
@@ -33,17 +33,6 @@ ANY_NETWORK = (ipaddress.ip_network("0.0.0.0/0"), ipaddress.ip_network("::/0"))
 TEST_UPSTREAMS_ENV = "VMSANDBOX_TEST_UPSTREAMS"
 TEST_CA_ENV = "VMSANDBOX_TEST_UPSTREAM_CA"
 
-# Credentials an agent or a tool may leave in the guest (relative to each home): `vmsandbox clean` wipes them.
-CREDENTIAL_FILES = (
-    ".claude/.credentials.json",
-    ".codex/auth.json",
-    ".gemini/oauth_creds.json",
-    ".local/share/opencode/auth.json",
-    ".config/gh/hosts.yml",
-    ".git-credentials",
-    ".config/git/credentials",
-    ".docker/config.json",
-)
 
 
 def check_secrets(settings: Settings, *, quiet: bool = False) -> None:
@@ -66,7 +55,7 @@ def check_secrets(settings: Settings, *, quiet: bool = False) -> None:
             )
 
 
-def test_upstreams(environ: dict[str, str] | None = None) -> dict[str, tuple[str, int]]:
+def upstream_overrides(environ: dict[str, str] | None = None) -> dict[str, tuple[str, int]]:
     env = os.environ if environ is None else environ
     text = env.get(TEST_UPSTREAMS_ENV, "").strip()
     found: dict[str, tuple[str, int]] = {}
@@ -82,7 +71,7 @@ def test_upstreams(environ: dict[str, str] | None = None) -> dict[str, tuple[str
 def prepare(name: str, files: paths.SessionPaths, settings: Settings, *, trusted: bool = False) -> dict[str, str]:
     """Write the session's egress policy (and its CA, as a fw_cfg file for the guest); return the guest
     environment that holds the placeholders."""
-    upstreams = test_upstreams()
+    upstreams = upstream_overrides()
     test_ca = os.environ.get(TEST_CA_ENV) or None
     if upstreams:
         ui.warn(f"test-only upstream overrides are active: {', '.join(sorted(upstreams))}")
@@ -239,8 +228,9 @@ def stop(files: paths.SessionPaths) -> None:
 
 
 def clean_script(user: str, credentials: tuple[str, ...]) -> str:
-    """Run as root in the guest: drop the placeholders and every known credential file; print what went."""
-    rels = " ".join(shlex.quote(r) for r in dict.fromkeys([*CREDENTIAL_FILES, *credentials]))
+    """Run as root in the guest: drop the placeholders and every credential file the session's blueprint or
+    any shipped blueprint names (an agent may have been installed by hand); print what went."""
+    rels = " ".join(shlex.quote(r) for r in dict.fromkeys([*blueprint.shipped_credentials(), *credentials]))
     return (
         "set -u; { cat /etc/vmsandbox/proxy.env; grep -v -e '=vmsandbox-placeholder-' /etc/vmsandbox/session.env; } "
         ">/etc/environment.new && mv /etc/environment.new /etc/environment; "
