@@ -7,6 +7,7 @@ and `gc` find what a crashed or killed `vmsandbox` left behind.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import pwd
@@ -267,18 +268,25 @@ def _pick_ports(publish: tuple[Publish, ...]) -> list[dict[str, Any]]:
     chosen = []
     for p in publish:
         port = p.host if p.host is not None else free_port()
+        addresses = []
         for address in p.addresses:
             family = socket.AF_INET6 if ":" in address else socket.AF_INET
-            with socket.socket(family, socket.SOCK_STREAM) as s:
-                try:
+            try:
+                with socket.socket(family, socket.SOCK_STREAM) as s:
                     s.bind((address, port))
-                except OSError as exc:
-                    raise VmsandboxError(
-                        f"--publish: cannot listen on {address} port {port}: {exc.strerror}",
-                        hint="pick another host port (HOST_PORT:GUEST_PORT)",
-                    ) from None
-        chosen.append({"guest": p.guest, "host": port, "addresses": list(p.addresses)})
+            except OSError as exc:
+                if address == "::1" and p.addresses == Publish.addresses and exc.errno in _NO_IPV6:
+                    continue  # a host without IPv6 loopback: 127.0.0.1 only
+                raise VmsandboxError(
+                    f"--publish: cannot listen on {address} port {port}: {exc.strerror}",
+                    hint="pick another host port (HOST_PORT:GUEST_PORT)",
+                ) from None
+            addresses.append(address)
+        chosen.append({"guest": p.guest, "host": port, "addresses": addresses})
     return chosen
+
+
+_NO_IPV6 = (errno.EADDRNOTAVAIL, errno.EAFNOSUPPORT)
 
 
 def _prepare(

@@ -86,3 +86,16 @@ def test_bad_network_flags_name_them(capsys: pytest.CaptureFixture[str], tmp_pat
     assert "--network" in capsys.readouterr().err
     assert run_cli(["run", str(tmp_path), "--allow", "10.0.0.1", "--", "true"]) == cli.EXIT_ERROR
     assert "--allow" in capsys.readouterr().err
+
+
+def test_bad_publish_specs_are_refused(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    for spec, extra in (("web", []), ("70000", []), ("8080:0", []), ("3000", ["--publish-address", "nowhere"])):
+        assert run_cli(["run", str(tmp_path), "--publish", spec, *extra, "--", "true"]) == cli.EXIT_ERROR
+        assert "--publish" in capsys.readouterr().err
+
+
+def test_agent_shorthands_exist_with_runs_options(capsys: pytest.CaptureFixture[str]) -> None:
+    for agent in cli.AGENTS:
+        assert run_cli([agent, "--help"]) == 0
+        out = capsys.readouterr().out
+        assert "--publish" in out and "--blueprint" not in out and agent in out
