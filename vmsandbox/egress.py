@@ -34,7 +34,6 @@ TEST_UPSTREAMS_ENV = "VMSANDBOX_TEST_UPSTREAMS"
 TEST_CA_ENV = "VMSANDBOX_TEST_UPSTREAM_CA"
 
 
-
 def check_secrets(settings: Settings, *, quiet: bool = False) -> None:
     """Before anything is made: every required secret must be set on the host (an optional one that is not
     only gets a note, unless quiet)."""
