@@ -231,7 +231,8 @@ def clean_script(user: str, credentials: tuple[str, ...]) -> str:
     any shipped blueprint names (an agent may have been installed by hand); print what went."""
     rels = " ".join(shlex.quote(r) for r in dict.fromkeys([*blueprint.shipped_credentials(), *credentials]))
     return (
-        "set -u; { cat /etc/vmsandbox/proxy.env; grep -v -e '=vmsandbox-placeholder-' /etc/vmsandbox/session.env; } "
+        "set -u; { cat /etc/vmsandbox/proxy.env; "
+        "grep -v -e '=vmsandbox-placeholder-' /etc/vmsandbox/session.env || true; } "
         ">/etc/environment.new && mv /etc/environment.new /etc/environment; "
         f'for home in /root "$(getent passwd {shlex.quote(user)} | cut -d: -f6)"; do '
         '[ -n "$home" ] || continue; '

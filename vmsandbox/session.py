@@ -255,6 +255,8 @@ def create(opts: Options) -> Record:
             _prepare(record, image, user, settings, bp, git_identity=opts.git_identity, trusted=opts.trusted_build)
             _boot(record, image, hv, settings.boot_timeout)
             _open_egress(record, settings)
+            record.status = "ready"  # usable: booted, and its egress (if any) open
+            record.save()
         except BaseException:
             egress.stop(files)
             hv.destroy(record.domain)
@@ -394,7 +396,6 @@ def _boot(record: Record, image: image_mod.Image, hv: Hypervisor, boot_timeout: 
                 f"{exc.message}. Last lines of the console:\n{console_tail(record.name)}",
                 hint=f"the full console log is in {files.console_log}",
             ) from exc
-    record.status = "ready"
     record.save()
 
 

@@ -170,7 +170,8 @@ def test_gc_keeps_an_orphaned_session_holding_work(cli: Cli, owned_name: str, pr
     p = cli.popen("run", "--name", owned_name, str(project), "--", "sh", "-c", "echo work > w.txt; sleep 600")
     try:
         wait_for(lambda: record_status(owned_name) == "ready", 600, "the session to boot")
-        time.sleep(4)
+        probe = ("exec", owned_name, "--", "test", "-e", "w.txt")
+        wait_for(lambda: cli.run(*probe).returncode == 0, 120, "the command to write its work")
         p.kill()
         p.wait()
     finally:
