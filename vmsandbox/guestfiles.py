@@ -20,32 +20,40 @@ MAX_COPY_BYTES = 16 * 1024**2
 
 
 @dataclass(frozen=True)
-class Owner:
+class GuestUser:
+    """The guest user mirrors the invoking host user (name, uid, gid). Root (not under sudo) maps to root."""
+
     name: str
     uid: int
     gid: int
+
+    @classmethod
+    def of_host(cls, environ: dict[str, str] | None = None) -> GuestUser:
+        """The invoking user: under sudo that is SUDO_USER (not root), so files keep the real owner."""
+        env = os.environ if environ is None else environ
+        if os.geteuid() == 0 and env.get("SUDO_UID", "0") != "0" and env.get("SUDO_USER"):
+            return cls(env["SUDO_USER"], int(env["SUDO_UID"]), int(env.get("SUDO_GID", env["SUDO_UID"])))
+        uid = os.getuid()
+        return cls(pwd.getpwuid(uid).pw_name, uid, os.getgid())
 
     @property
     def guest_home(self) -> PurePosixPath:
         return PurePosixPath("/root") if self.uid == 0 else PurePosixPath("/home") / self.name
 
-
-def host_home(environ: dict[str, str] | None = None) -> Path:
-    """The invoking user's home: under sudo, SUDO_USER's (not root's)."""
-    env = os.environ if environ is None else environ
-    user = env.get("SUDO_USER")
-    if os.geteuid() == 0 and user and env.get("SUDO_UID", "0") != "0":
-        try:
-            return Path(pwd.getpwnam(user).pw_dir)
-        except KeyError:
-            pass
-    return Path.home()
+    def host_home(self) -> Path:
+        """This user's home on the host: under sudo, the invoking user's (not root's)."""
+        if self.uid != os.getuid():
+            try:
+                return Path(pwd.getpwnam(self.name).pw_dir)
+            except KeyError:
+                pass
+        return Path.home()
 
 
 class Bundle:
     """A tar of files with guest paths and owners, built in memory."""
 
-    def __init__(self, owner: Owner) -> None:
+    def __init__(self, owner: GuestUser) -> None:
         self.owner = owner
         self._buf = io.BytesIO()
         self._tar = tarfile.open(fileobj=self._buf, mode="w", format=tarfile.PAX_FORMAT)  # noqa: SIM115 - closed in close()
@@ -124,9 +132,9 @@ def gitconfig(name: str, email: str) -> bytes:
     return f"[user]\n\tname = {quote(name)}\n\temail = {quote(email)}\n".encode()
 
 
-def build(owner: Owner, copy: tuple[str, ...], *, git: bool) -> tuple[bytes | None, list[str]]:
+def build(owner: GuestUser, copy: tuple[str, ...], *, git: bool) -> tuple[bytes | None, list[str]]:
     """The tar for fw_cfg `files` (None when empty) and a note per thing copied, for the user."""
-    home = host_home()
+    home = owner.host_home()
     bundle = Bundle(owner)
     for item in copy:
         bundle.copy_from_home(home, item)

@@ -29,6 +29,7 @@ from vmsandbox.blueprint import Blueprint
 from vmsandbox.config import Settings
 from vmsandbox.domain import DomainSpec, Forward, build_xml, session_of
 from vmsandbox.errors import VmsandboxError
+from vmsandbox.guestfiles import GuestUser
 from vmsandbox.netpolicy import Mode
 from vmsandbox.virt import DomainInfo, Hypervisor
 
@@ -36,24 +37,6 @@ DOMAIN_PREFIX = "vmsandbox-"
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,30}$")
 PORT_ATTEMPTS = 4
 CONSOLE_TAIL_LINES = 30
-
-
-@dataclass(frozen=True)
-class GuestUser:
-    """The guest user mirrors the invoking host user (name, uid, gid). Root (not under sudo) maps to root."""
-
-    name: str
-    uid: int
-    gid: int
-
-    @classmethod
-    def of_host(cls, environ: dict[str, str] | None = None) -> GuestUser:
-        """The invoking user: under sudo that is SUDO_USER (not root), so files keep the real owner."""
-        env = os.environ if environ is None else environ
-        if os.geteuid() == 0 and env.get("SUDO_UID", "0") != "0" and env.get("SUDO_USER"):
-            return cls(env["SUDO_USER"], int(env["SUDO_UID"]), int(env.get("SUDO_GID", env["SUDO_UID"])))
-        uid = os.getuid()
-        return cls(pwd.getpwuid(uid).pw_name, uid, os.getgid())
 
 
 @dataclass
@@ -320,7 +303,7 @@ def _prepare(
         shutil.copyfile(files.host_key, fw / "host_key")
         placeholders = egress.prepare(record.name, files, settings, trusted=trusted)
         (fw / "env").write_text(guestfiles.env_lines({**bp.env, **placeholders}))
-        bundle, notes = guestfiles.build(guestfiles.Owner(user.name, user.uid, user.gid), bp.copy, git=git_identity)
+        bundle, notes = guestfiles.build(user, bp.copy, git=git_identity)
         if bundle is not None:
             (fw / "files").write_bytes(bundle)
         _give_to_qemu(fw)

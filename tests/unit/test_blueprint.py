@@ -95,7 +95,7 @@ def test_copied_files_keep_their_place_and_get_the_guest_owner(tmp_path: Path) -
     write(home / ".claude" / "settings.json", "{}")
     write(home / ".claude" / "commands" / "a.md", "a")
     (home / ".claude" / "commands" / "link").symlink_to("/etc/passwd")
-    owner = guestfiles.Owner("alice", 1234, 2345)
+    owner = guestfiles.GuestUser("alice", 1234, 2345)
     bundle = guestfiles.Bundle(owner)
     for item in ("~/.claude/settings.json", "~/.claude/commands", "~/.missing"):
         bundle.copy_from_home(home, item)

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from vmsandbox import paths, proc, session
+from vmsandbox import guestfiles, paths, proc, session
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.guest import remote_command
 
@@ -65,7 +65,7 @@ def test_remote_command_quotes_argv() -> None:
 
 def test_guest_user_under_sudo_is_the_invoking_user(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(os, "geteuid", lambda: 0)
-    user = session.GuestUser.of_host({"SUDO_USER": "alice", "SUDO_UID": "1001", "SUDO_GID": "1002"})
-    assert user == session.GuestUser("alice", 1001, 1002)
+    user = guestfiles.GuestUser.of_host({"SUDO_USER": "alice", "SUDO_UID": "1001", "SUDO_GID": "1002"})
+    assert user == guestfiles.GuestUser("alice", 1001, 1002)
     # sudo from root itself, or no sudo: the real user
-    assert session.GuestUser.of_host({"SUDO_USER": "root", "SUDO_UID": "0"}).uid == os.getuid()
+    assert guestfiles.GuestUser.of_host({"SUDO_USER": "root", "SUDO_UID": "0"}).uid == os.getuid()
