@@ -17,6 +17,7 @@ import re
 import shlex
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -40,15 +41,8 @@ def version_of(bp: Blueprint, base: image.Image) -> str:
     return f"{bp.name}-{bp.layer_hash(base.version, BUILDER_REVISION)}"
 
 
-def list_layers(images_dir: Path | None = None) -> list[image.Image]:
-    root = images_dir or paths.images_dir()
-    found = []
-    if root.is_dir():
-        for d in sorted(root.glob(f"{PREFIX}*")):
-            if (d / paths.IMAGE_MANIFEST).is_file():
-                manifest = json.loads((d / paths.IMAGE_MANIFEST).read_text())
-                found.append(image.Image(version=d.name.removeprefix(PREFIX), path=d, manifest=manifest))
-    return found
+def list_layers() -> list[image.Image]:
+    return image.list_images(prefix=PREFIX)
 
 
 def for_blueprint(bp: Blueprint, *, build: bool = True) -> image.Image:
@@ -58,7 +52,7 @@ def for_blueprint(bp: Blueprint, *, build: bool = True) -> image.Image:
         return base
     final = paths.images_dir() / f"{PREFIX}{version_of(bp, base)}"
     if final.is_dir() and (final / paths.IMAGE_MANIFEST).is_file():
-        return image.get_image_at(final)
+        return image.get_image_at(final, prefix=PREFIX)
     if not build:
         raise VmsandboxError(
             f"the image of blueprint {bp.name} is not built", hint=f"run `vmsandbox image build --blueprint {bp.name}`"
@@ -79,27 +73,14 @@ def build_layer(bp: Blueprint, *, force: bool = False) -> tuple[image.Image, boo
     version = version_of(bp, base)
     final = root / f"{PREFIX}{version}"
     if final.is_dir() and not force:
-        return image.get_image_at(final), False
-    with image.build_lock(root):
-        if final.is_dir() and not force:
-            return image.get_image_at(final), False
-        image.remove_stale(root)
-        work = Path(tempfile.mkdtemp(prefix=f"{image.TMP_PREFIX}{PREFIX}", dir=root))
-        work.chmod(0o755)
-        try:
-            _build_into(bp, base, version, work)
-            if final.exists():
-                old = root / f"{image.TMP_PREFIX}old-{PREFIX}{version}"
-                final.rename(old)
-                image.remove_tree(old)
-            work.rename(final)
-        finally:
-            image.remove_tree(work)
-    return image.get_image_at(final), True
+        return image.get_image_at(final, prefix=PREFIX), False
+    built = image.build_in_place(root, final, lambda work: _build_into(bp, base, version, work), force=force)
+    return image.get_image_at(final, prefix=PREFIX), built
 
 
 def _build_into(bp: Blueprint, base: image.Image, version: str, work: Path) -> None:
     started = time.time()
+    work.chmod(0o755)  # libvirt's QEMU user opens the layer while it is built
     disk = work / paths.IMAGE_DISK
     qemuimg.create_overlay(base.disk, disk)
     (work / paths.IMAGE_KERNEL).symlink_to(base.kernel)
@@ -284,12 +265,9 @@ def _poweroff(record: Record) -> None:
         )
 
 
-def remove_layer(version: str) -> None:
+def remove_layer(version: str, *, in_use: Callable[[str], list[str]]) -> None:
     for layer in list_layers():
         if layer.version == version:
-            with image.build_lock(layer.path.parent):
-                tmp = layer.path.parent / f"{image.TMP_PREFIX}rm-{PREFIX}{version}"
-                layer.path.rename(tmp)
-                image.remove_tree(tmp)
+            image.remove_image(layer, in_use(version), what="blueprint image")
             return
     raise VmsandboxError(f"no blueprint image {version}", hint="see `vmsandbox image ls`")

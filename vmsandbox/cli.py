@@ -151,13 +151,6 @@ def image_rm(version: Annotated[str, typer.Argument(help="The version shown by `
     """Remove a base image or a blueprint layer (refused while a session or a layer uses it)."""
     from vmsandbox import bpimage, image, session
 
-    if any(layer.version == version for layer in bpimage.list_layers()):
-        if any(session.Record.load(n).image_version == version for n in session.names()):
-            raise VmsandboxError(f"blueprint image {version} is in use by a session", hint="destroy it first")
-        bpimage.remove_layer(version)
-        ui.info(f"Removed blueprint image {version}")
-        return
-
     def in_use(v: str) -> list[str]:
         users = [f"blueprint image {b.version}" for b in bpimage.list_layers() if b.manifest.get("base_version") == v]
         for name in session.names():
@@ -168,6 +161,10 @@ def image_rm(version: Annotated[str, typer.Argument(help="The version shown by `
                 continue
         return users
 
+    if any(layer.version == version for layer in bpimage.list_layers()):
+        bpimage.remove_layer(version, in_use=in_use)
+        ui.info(f"Removed blueprint image {version}")
+        return
     image.remove(version, in_use=in_use)
     ui.info(f"Removed base image {version}")
 

@@ -160,17 +160,18 @@ class Image:
         }
 
 
-def list_images(images_dir: Path | None = None) -> list[Image]:
-    """Complete images, newest first. Directories in progress (`.tmp-*`) are never listed."""
+def list_images(images_dir: Path | None = None, *, prefix: str = PREFIX) -> list[Image]:
+    """Complete images (base images, or with another prefix blueprint layers), newest first. Directories in
+    progress (`.tmp-*`) are never listed."""
     root = images_dir or paths.images_dir()
     found: list[Image] = []
     if not root.is_dir():
         return found
     for d in root.iterdir():
-        if not d.name.startswith(PREFIX) or not (d / paths.IMAGE_MANIFEST).is_file():
+        if not d.name.startswith(prefix) or not (d / paths.IMAGE_MANIFEST).is_file():
             continue
         try:
-            found.append(get_image_at(d))
+            found.append(get_image_at(d, prefix=prefix))
         except (OSError, ValueError):
             continue
     return sorted(found, key=lambda i: str(i.manifest.get("built_at", "")), reverse=True)
@@ -277,26 +278,34 @@ def build(
     if final.exists() and not force:
         return get_image_at(final), False
     _require_build_host(root)
+    built = build_in_place(root, final, lambda work: _build_into(recipe, work), force=force)
+    return get_image_at(final), built
+
+
+def build_in_place(root: Path, final: Path, build_into: Callable[[Path], None], *, force: bool) -> bool:
+    """Under the build lock, build into a `.tmp-*` directory beside `final` and rename it into place, so a
+    half-built image is never listed or used. False when `final` exists (another build may have finished it
+    while we waited for the lock) and force is not set."""
     with build_lock(root):
-        if final.exists() and not force:  # another build finished it while we waited
-            return get_image_at(final), False
+        if final.exists() and not force:
+            return False
         remove_stale(root)
         work = Path(tempfile.mkdtemp(prefix=TMP_PREFIX, dir=root))
         try:
-            _build_into(recipe, work)
+            build_into(work)
             if final.exists():
-                old = root / f"{TMP_PREFIX}old-{version}"
+                old = root / f"{TMP_PREFIX}old-{final.name}"
                 final.rename(old)
                 remove_tree(old)
             work.rename(final)
         finally:
             remove_tree(work)
-    return get_image_at(final), True
+    return True
 
 
-def get_image_at(path: Path) -> Image:
+def get_image_at(path: Path, *, prefix: str = PREFIX) -> Image:
     manifest = json.loads((path / paths.IMAGE_MANIFEST).read_text())
-    return Image(version=path.name.removeprefix(PREFIX), path=path, manifest=manifest)
+    return Image(version=path.name.removeprefix(prefix), path=path, manifest=manifest)
 
 
 def _build_into(recipe: Recipe, work: Path) -> None:
@@ -461,15 +470,18 @@ def _tree_size(root: Path) -> int:
 
 
 def remove(version: str, *, in_use: Callable[[str], list[str]]) -> None:
-    """Remove a built image unless a session uses it (`in_use` returns those sessions' names)."""
-    image = get_image(version)
-    users = in_use(version)
+    """Remove a built base image unless something uses it (`in_use` names the sessions and layers that do)."""
+    remove_image(get_image(version), in_use(version), what="base image")
+
+
+def remove_image(image: Image, users: list[str], *, what: str) -> None:
+    """Remove a built image (base or blueprint layer) unless `users` name something that uses it."""
     if users:
         raise VmsandboxError(
-            f"base image {version} is in use by: {', '.join(users)}",
+            f"{what} {image.version} is in use by: {', '.join(users)}",
             hint="destroy those sessions (`vmsandbox destroy NAME`) and remove those blueprint images first",
         )
     with build_lock(image.path.parent):
-        tmp = image.path.parent / f"{TMP_PREFIX}rm-{version}"
+        tmp = image.path.parent / f"{TMP_PREFIX}rm-{image.path.name}"
         image.path.rename(tmp)  # disappears from `image ls` at once
         remove_tree(tmp)

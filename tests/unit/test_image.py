@@ -83,3 +83,25 @@ def test_no_image_says_how_to_build() -> None:
     with pytest.raises(VmsandboxError) as err:
         image.current_image()
     assert err.value.hint == "run `vmsandbox image build`"
+
+
+def test_layers_keep_one_version_and_are_refused_while_in_use(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A layer's version is the same from `image ls`, from a session's record and from `image rm`."""
+    from vmsandbox import bpimage, cli
+
+    from .conftest import saved_record
+
+    fake_image(paths.images_dir(), "v1", "2026-01-01T00:00:00Z")
+    layer = paths.images_dir() / "bp-claude-abc"
+    layer.mkdir()
+    (layer / paths.IMAGE_MANIFEST).write_text(json.dumps({"built_at": "x", "base_version": "v1"}))
+    assert [i.version for i in bpimage.list_layers()] == ["claude-abc"]
+    assert image.get_image_at(layer, prefix=bpimage.PREFIX).version == "claude-abc"
+    saved_record("s1", image_version="claude-abc")
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["image", "rm", "claude-abc"])
+    assert exc.value.code == cli.EXIT_ERROR and layer.exists()
+    with pytest.raises(VmsandboxError, match="in use by: blueprint image claude-abc"):
+        image.remove("v1", in_use=lambda _v: ["blueprint image claude-abc"])
+    bpimage.remove_layer("claude-abc", in_use=lambda _v: [])
+    assert not layer.exists() and bpimage.list_layers() == []
