@@ -325,6 +325,7 @@ def _run_session(
 
 def _parse_publish(spec: str, address: str | None) -> Publish:
     import ipaddress
+    from dataclasses import replace
 
     from vmsandbox import session
 
@@ -334,15 +335,16 @@ def _parse_publish(spec: str, address: str | None) -> Publish:
         raise VmsandboxError(
             f"--publish {spec!r}: ports are numbers from 1 to 65535", hint="e.g. -p 3000 or -p 8080:3000"
         )
-    addresses: tuple[str, ...] = ("127.0.0.1", "::1")
-    if address is not None:
-        try:
-            addresses = (str(ipaddress.ip_address(address)),)
-        except ValueError:
-            raise VmsandboxError(f"--publish-address {address!r} is not an IP address") from None
-        if not ipaddress.ip_address(address).is_loopback:
-            ui.warn(f"publishing on {address}: other machines on that network can reach the guest's port")
-    return session.Publish(int(guest_text), int(host_text) if host_text else None, addresses)
+    published = session.Publish(int(guest_text), int(host_text) if host_text else None)
+    if address is None:
+        return published
+    try:
+        ip = ipaddress.ip_address(address)
+    except ValueError:
+        raise VmsandboxError(f"--publish-address {address!r} is not an IP address") from None
+    if not ip.is_loopback:
+        ui.warn(f"publishing on {address}: other machines on that network can reach the guest's port")
+    return replace(published, addresses=(str(ip),))
 
 
 AGENTS = ("claude", "codex", "gemini", "opencode")
@@ -454,9 +456,8 @@ def port(
         ui.info(f"Session {name} publishes no ports (use `run --publish [HOST_PORT:]GUEST_PORT`).")
         return
     for p in record.publish:
-        for address in p["addresses"]:
-            where = f"[{address}]" if ":" in address else address
-            print(f"{p['guest']}/tcp -> {where}:{p['host']}")
+        for where in session.published_at(p):
+            print(f"{p['guest']}/tcp -> {where}")
 
 
 @app.command("ls")

@@ -49,7 +49,9 @@ class Daemon:
         self.egress = record.network != "none"
         self.transport: paramiko.Transport | None = None
         self.listeners = [
-            (_listen(address, p["host"]), int(p["guest"])) for p in record.publish for address in p["addresses"]
+            (session.listener(address, p["host"]), int(p["guest"]))
+            for p in record.publish
+            for address in p["addresses"]
         ]
 
     def _load_config(self) -> ProxyConfig:
@@ -164,17 +166,6 @@ class Daemon:
         self.loop.run_forever()
         watcher.cancel()
         egress.write_state(self.files, "down", "stopped")
-
-
-def _listen(address: str, port: int) -> socket.socket:
-    family = socket.AF_INET6 if ":" in address else socket.AF_INET
-    s = socket.socket(family, socket.SOCK_STREAM)
-    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    if family == socket.AF_INET6:
-        s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
-    s.bind((address, port))
-    s.listen(64)
-    return s
 
 
 def _bridge(channel: paramiko.Channel, sock: socket.socket) -> None:

@@ -248,6 +248,26 @@ def create(opts: Options) -> Record:
     return record
 
 
+def listener(address: str, port: int) -> socket.socket:
+    """A listening TCP socket on address:port (IPv4 or IPv6, v6 only), as published ports use."""
+    s = socket.socket(socket.AF_INET6 if ":" in address else socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if ":" in address:
+            s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+        s.bind((address, port))
+        s.listen(64)
+    except BaseException:
+        s.close()
+        raise
+    return s
+
+
+def published_at(entry: dict[str, Any]) -> list[str]:
+    """Where a published port (a record's `publish` entry) answers: 127.0.0.1:PORT, [::1]:PORT."""
+    return [f"[{a}]:{entry['host']}" if ":" in a else f"{a}:{entry['host']}" for a in entry["addresses"]]
+
+
 def _pick_ports(publish: tuple[Publish, ...]) -> list[dict[str, Any]]:
     """Host ports for --publish: the one asked for, or one free on every address; checked before boot."""
     chosen = []
@@ -255,10 +275,8 @@ def _pick_ports(publish: tuple[Publish, ...]) -> list[dict[str, Any]]:
         port = p.host if p.host is not None else free_port()
         addresses = []
         for address in p.addresses:
-            family = socket.AF_INET6 if ":" in address else socket.AF_INET
             try:
-                with socket.socket(family, socket.SOCK_STREAM) as s:
-                    s.bind((address, port))
+                listener(address, port).close()
             except OSError as exc:
                 if address == "::1" and p.addresses == Publish.addresses and exc.errno in _NO_IPV6:
                     continue  # a host without IPv6 loopback: 127.0.0.1 only
@@ -385,15 +403,14 @@ def _boot(record: Record, image: image_mod.Image, hv: Hypervisor, boot_timeout: 
 def _open_egress(record: Record, settings: Settings) -> None:
     if settings.network is Mode.NONE:
         ui.info("No network for this session (--network none)")
-    if settings.network is Mode.NONE and not record.publish:
+    if not record.wants_daemon:
         return
     what = "any public host" if settings.network is Mode.OPEN else f"{len(settings.allow)} allowed hosts"
     label = "the guest's published ports" if settings.network is Mode.NONE else f"{settings.network.value}: {what}"
     with ui.step(f"Opening the guest's egress proxy ({label})"):
         egress.start(record.name, record.files)
     for p in record.publish:
-        where = ", ".join(f"[{a}]:{p['host']}" if ":" in a else f"{a}:{p['host']}" for a in p["addresses"])
-        ui.info(f"Guest port {p['guest']} is published on {where}")
+        ui.info(f"Guest port {p['guest']} is published on {', '.join(published_at(p))}")
 
 
 def remove(record: Record) -> None:
