@@ -22,7 +22,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from vmsandbox import config, image, paths, proc, qemuimg, session, ui
+from vmsandbox import config, guest, image, paths, qemuimg, session, ui
 from vmsandbox.blueprint import Blueprint
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.netpolicy import Mode
@@ -135,8 +135,7 @@ def _guest(record: Record, script: str, *, timeout: float = STEP_TIMEOUT) -> str
     """Run a shell script as root in the build VM; its output, or an error with the output's tail."""
     # `set` inside: Debian's bash reads bash.bashrc when started by sshd, which -u at start-up would trip on
     wrapped = f"set -euo pipefail; {script}"
-    argv = [*record.endpoint().ssh_argv("-T", user="root"), "--", f"bash -c {shlex.quote(wrapped)}"]
-    result = proc.run(argv, check=False, timeout=timeout)
+    result = guest.run_as_root(record, f"bash -c {shlex.quote(wrapped)}", check=False, timeout=timeout)
     if result.returncode != 0:
         tail = "\n".join((result.stdout + result.stderr).strip().splitlines()[-15:])
         raise VmsandboxError(
@@ -257,7 +256,7 @@ _CLEANUP = (
 
 
 def _poweroff(record: Record) -> None:
-    proc.run([*record.endpoint().ssh_argv("-T", user="root"), "--", "systemctl poweroff"], check=False, timeout=60)
+    guest.run_as_root(record, "systemctl poweroff", check=False, timeout=60)
     if not session.stops_within(record, seconds=POWEROFF_TIMEOUT):
         raise VmsandboxError(
             f"the build VM did not power off within {POWEROFF_TIMEOUT} s",

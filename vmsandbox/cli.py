@@ -660,14 +660,14 @@ def logs(
 def clean(name: SessionName) -> None:
     """Wipe volatile credentials in a running session (agent auth files, git credentials, the placeholders
     the proxy swaps for secrets, which it stops honouring); the workspace is not touched."""
-    from vmsandbox import egress, proc, session
+    from vmsandbox import egress, guest, session
 
     record = _ready(session.Record.load(name))
     if record.files.egress_config.exists():
         egress.revoke(record.files)
-    endpoint = record.endpoint()
-    result = proc.run(
-        [*endpoint.ssh_argv("-T", user="root"), "--", egress.clean_script(record.user, tuple(record.credentials))],
+    result = guest.run_as_root(
+        record,
+        egress.clean_script(record.user, tuple(record.credentials)),
         hint=f"is the VM up? `vmsandbox logs {name}`",
     )
     removed = result.stdout.split()

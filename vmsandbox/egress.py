@@ -134,13 +134,6 @@ def proxy_config(data: dict[str, Any]) -> ProxyConfig:
     )
 
 
-def mode_of(files: paths.SessionPaths) -> Mode:
-    try:
-        return Mode(read_config(files)["mode"])
-    except (OSError, ValueError, KeyError):
-        return Mode.NONE
-
-
 # ---------------------------------------------------------------- the daemon
 
 

@@ -19,6 +19,14 @@ def remote_command(workdir: str, cmd: list[str] | None) -> str:
     return f"cd -- {shlex.quote(workdir)} && {target}"
 
 
+def run_as_root(
+    record: Record, script: str, *, check: bool = True, timeout: float | None = None, hint: str | None = None
+) -> proc.Result:
+    """Run a shell command line as root in the guest (not in the project directory) and capture its output."""
+    argv = [*record.endpoint().ssh_argv("-T", user="root"), "--", script]
+    return proc.run(argv, check=check, timeout=timeout, hint=hint)
+
+
 def attach(record: Record, cmd: list[str] | None, *, tty: bool | None = None) -> int:
     """Run CMD (or an interactive shell) in the guest in the project directory; returns its exit code.
 
