@@ -101,11 +101,7 @@ def prepare(name: str, files: paths.SessionPaths, settings: Settings, *, trusted
 
 
 def write_config(files: paths.SessionPaths, data: dict[str, Any]) -> None:
-    tmp = files.egress_config.with_suffix(".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        json.dump(data, f, indent=2, sort_keys=True)
-    tmp.replace(files.egress_config)
+    paths.write_atomically(files.egress_config, json.dumps(data, indent=2, sort_keys=True), mode=0o600)
 
 
 def read_config(files: paths.SessionPaths) -> dict[str, Any]:
@@ -160,9 +156,7 @@ def daemon_state(files: paths.SessionPaths) -> DaemonState | None:
 def write_state(files: paths.SessionPaths, forward: str, error: str | None = None) -> None:
     pid = os.getpid()
     data = {"pid": pid, "start": proc.process_start(pid), "forward": forward, "error": error, "since": time.time()}
-    tmp = files.egress_state.with_suffix(f".{pid}.tmp")
-    tmp.write_text(json.dumps(data))
-    tmp.replace(files.egress_state)
+    paths.write_atomically(files.egress_state, json.dumps(data))
 
 
 def status(files: paths.SessionPaths, *, wanted: bool) -> str:

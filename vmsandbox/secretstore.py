@@ -43,16 +43,7 @@ def put(name: str, value: str) -> None:
     d = directory()
     d.mkdir(parents=True, exist_ok=True, mode=0o700)
     d.chmod(0o700)
-    target = _path(name)
-    tmp = d / f".{name}.{os.getpid()}.tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(value)
-        tmp.replace(target)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    paths.write_atomically(_path(name), value, mode=0o600)
 
 
 def get(name: str) -> str | None:

@@ -82,9 +82,7 @@ class Record:
         return ssh.Endpoint(self.name, self.ssh_port, user or self.user, self.files, self.ssh_agent)
 
     def save(self) -> None:
-        tmp = self.files.record.with_suffix(".tmp")
-        tmp.write_text(json.dumps(asdict(self), indent=2, sort_keys=True) + "\n")
-        tmp.replace(self.files.record)
+        paths.write_atomically(self.files.record, json.dumps(asdict(self), indent=2, sort_keys=True) + "\n")
 
     @classmethod
     def load(cls, name: str) -> Record:

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from vmsandbox import apply, proc, tree, ui, workspace
+from vmsandbox import apply, paths, proc, tree, ui, workspace
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.review import Change, Status, compare, is_git_managed, same_entry
 from vmsandbox.session import Record, is_running
@@ -56,9 +56,7 @@ def _mark(record: Record, changes: Iterable[Change]) -> None:
     dealt = _dealt(record)
     for c in changes:
         dealt[c.path] = c.guest.as_dict() if c.guest else None
-    tmp = record.files.review.with_suffix(".tmp")
-    tmp.write_text(json.dumps(dealt))
-    tmp.replace(record.files.review)
+    paths.write_atomically(record.files.review, json.dumps(dealt))
 
 
 def pending(g: Gathered) -> list[Change]:
@@ -498,9 +496,7 @@ def push(record: Record) -> tuple[list[str], list[str]]:
                 base.pop(c.path, None)
             else:
                 base[c.path] = c.host
-        tmp = files.baseline_manifest.with_suffix(".tmp")
-        tmp.write_text(json.dumps(tree.to_json(base)))
-        tmp.replace(files.baseline_manifest)
+        paths.write_atomically(files.baseline_manifest, json.dumps(tree.to_json(base)))
     return [c.path for c in send], conflicts
 
 
