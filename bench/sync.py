@@ -39,7 +39,7 @@ def guest(record: session.Record, command: str) -> None:
 
 
 def pull(record: session.Record) -> None:
-    g = syncback.gather(record)
+    g = syncback.gather(record, limit=64 * 1024**3)
     out = syncback.review(g, yes=True, include_risky=False, dry_run=False, interactive=False)
     assert not out.failed, out.failed
 

@@ -3,9 +3,11 @@
 - nothing is written outside the project root, and no existing symlink on the host is followed: every
   parent directory is checked with lstat, files are opened with O_NOFOLLOW;
 - symlinks whose target leaves the tree, FIFOs, sockets and devices are never created (review.py marks them);
-- setuid/setgid/sticky bits are dropped; files land owned by the invoking user;
-- each file is written to a temporary file in its directory and renamed into place, so an interrupted pull
-  leaves every file either old or new, and running it again finishes the job;
+- only the carried permission bits land (tree.CARRIED: no setuid/setgid/sticky, nothing world-writable);
+  files land owned by the invoking user;
+- each file is streamed (never held in memory whole) into a temporary file in its directory, its hash checked
+  against what the review showed, fsynced and renamed into place, so an interrupted pull leaves every file
+  either old or new, and running it again finishes the job; runs of zeros become holes (sparse stays sparse);
 - the host entry is checked again just before each write: if the host changed it meanwhile, it is a conflict.
 """
 
@@ -15,7 +17,6 @@ import contextlib
 import hashlib
 import os
 import secrets
-import stat
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +27,7 @@ from vmsandbox.review import Change
 from vmsandbox.tree import DIR, FILE, SYMLINK
 
 TMP_PREFIX = ".vmsandbox-tmp-"
+HOLE_BLOCK = 64 * 1024  # a block of zeros this long is not written but skipped (a hole)
 
 
 @dataclass(frozen=True)
@@ -51,9 +53,10 @@ def _parent_fd(root: Path, rel: str, owner: Owner, *, create: bool) -> int:
             except FileNotFoundError:
                 if not create:
                     raise
-                os.mkdir(part, 0o755, dir_fd=fd)
-                os.chown(part, owner.uid, owner.gid, dir_fd=fd, follow_symlinks=False)
+                os.mkdir(part, 0o700, dir_fd=fd)
                 nxt = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
+                os.fchown(nxt, owner.uid, owner.gid)
+                os.fchmod(nxt, 0o755)
             except OSError as exc:  # ELOOP/ENOTDIR: a symlink or a file where a directory should be
                 raise UnsafePathError(f"refusing to write below {part!r} in {rel!r}: not a real directory") from exc
             os.close(fd)
@@ -64,29 +67,32 @@ def _parent_fd(root: Path, rel: str, owner: Owner, *, create: bool) -> int:
     return fd
 
 
-def read_nofollow(root: Path, rel: str) -> bytes | None:
-    """The content of the regular file root/rel, reached without following any symlink (None otherwise)."""
+def open_nofollow(root: Path, rel: str) -> int | None:
+    """An fd of the regular file root/rel, reached without following any symlink (None otherwise)."""
     try:
         fd = _parent_fd(root, rel, Owner(-1, -1), create=False)
     except (OSError, UnsafePathError):
         return None
     try:
-        f = os.open(rel.rsplit("/", 1)[-1], os.O_RDONLY | os.O_NOFOLLOW, dir_fd=fd)
-    except OSError:
-        return None
+        return tree.open_file_at(fd, rel.rsplit("/", 1)[-1])
     finally:
         os.close(fd)
-    with os.fdopen(f, "rb") as fh:
-        if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
+
+
+def read_nofollow(root: Path, rel: str, *, limit: int) -> bytes | None:
+    """At most `limit` bytes of the regular file root/rel (None if it is not one, or is larger)."""
+    fd = open_nofollow(root, rel)
+    if fd is None:
+        return None
+    try:
+        if os.fstat(fd).st_size > limit:
             return None
-        return fh.read()
-
-
-def read_verified(source: Path, rel: str, expected: tree.Entry) -> bytes:
-    data = read_nofollow(source, rel)
-    if data is None or hashlib.sha256(data).hexdigest() != expected.digest:
-        raise VmsandboxError(f"{rel} changed in the guest copy while it was being applied; run the pull again")
-    return data
+        data = bytearray()
+        while len(data) <= limit and (chunk := os.read(fd, tree.CHUNK)):
+            data += chunk
+        return None if len(data) > limit else bytes(data)
+    finally:
+        os.close(fd)
 
 
 def _current(root: Path, rel: str) -> tree.Entry | None:
@@ -95,21 +101,7 @@ def _current(root: Path, rel: str) -> tree.Entry | None:
     except (FileNotFoundError, UnsafePathError):
         return None
     try:
-        name = rel.rsplit("/", 1)[-1]
-        try:
-            st = os.stat(name, dir_fd=fd, follow_symlinks=False)
-        except FileNotFoundError:
-            return None
-        if stat.S_ISREG(st.st_mode):
-            f = os.open(name, os.O_RDONLY | os.O_NOFOLLOW, dir_fd=fd)
-            with os.fdopen(f, "rb") as fh:
-                digest = hashlib.sha256(fh.read()).hexdigest()
-            return tree.Entry(FILE, stat.S_IMODE(st.st_mode), st.st_size, digest=digest)
-        if stat.S_ISLNK(st.st_mode):
-            return tree.Entry(SYMLINK, 0o777, st.st_size, target=os.readlink(name, dir_fd=fd))
-        if stat.S_ISDIR(st.st_mode):
-            return tree.Entry(DIR, stat.S_IMODE(st.st_mode))
-        return tree.Entry(tree.OTHER, stat.S_IMODE(st.st_mode))
+        return tree.entry_at(fd, rel.rsplit("/", 1)[-1])
     finally:
         os.close(fd)
 
@@ -137,16 +129,38 @@ def _place(root: Path, rel: str, owner: Owner, make: Callable[[int, str], None])
         os.close(fd)
 
 
-def write_file(root: Path, rel: str, data: bytes, mode: int, owner: Owner) -> None:
-    """Atomically put `data` at root/rel, fsynced, with `mode` (no setuid/setgid/sticky) and `owner`."""
+def copy_sparse(src: int, dst: int) -> str:
+    """Copy src into dst (both fds) in chunks: runs of zeros become holes. Returns the sha256 of the data."""
+    h = hashlib.sha256()
+    size = 0
+    for data in tree.chunks(src):
+        h.update(data)
+        view = memoryview(data)
+        for at in range(0, len(data), HOLE_BLOCK):
+            block = view[at : at + HOLE_BLOCK]
+            if block.tobytes().count(0) == len(block):
+                os.lseek(dst, len(block), os.SEEK_CUR)
+            else:
+                written = 0
+                while written < len(block):
+                    written += os.write(dst, block[written:])
+        size += len(data)
+    os.ftruncate(dst, size)
+    return h.hexdigest()
+
+
+def write_from(root: Path, rel: str, src: int, digest: str | None, mode: int, owner: Owner) -> None:
+    """Atomically put the content of fd `src` at root/rel, fsynced, with the carried bits of `mode`, owned by
+    `owner`. With `digest`, the content must hash to it, or nothing is written (the source changed)."""
 
     def make(fd: int, tmp: str) -> None:
         f = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600, dir_fd=fd)
         try:
-            with os.fdopen(f, "wb", closefd=False) as fh:
-                fh.write(data)
+            got = copy_sparse(src, f)
+            if digest is not None and got != digest:
+                raise VmsandboxError(f"{rel} changed in the guest copy while it was being applied; run the pull again")
             os.fchown(f, owner.uid, owner.gid)
-            os.fchmod(f, mode & 0o777)
+            os.fchmod(f, mode & tree.CARRIED)
             os.fsync(f)
         finally:
             os.close(f)
@@ -154,7 +168,21 @@ def write_file(root: Path, rel: str, data: bytes, mode: int, owner: Owner) -> No
     _place(root, rel, owner, make)
 
 
-def _write_symlink(root: Path, rel: str, target: str, owner: Owner) -> None:
+def copy_verified(
+    source: Path, root: Path, rel: str, expected: tree.Entry, owner: Owner, *, dest: str | None = None
+) -> None:
+    """Copy the file `rel` of the (guest) tree `source` to `dest` (default: rel) in root, checking that its
+    content is still what the review saw."""
+    src = open_nofollow(source, rel)
+    if src is None:
+        raise VmsandboxError(f"{rel} changed in the guest copy while it was being applied; run the pull again")
+    try:
+        write_from(root, dest or rel, src, expected.digest, expected.mode, owner)
+    finally:
+        os.close(src)
+
+
+def write_symlink(root: Path, rel: str, target: str, owner: Owner) -> None:
     def make(fd: int, tmp: str) -> None:
         os.symlink(target, tmp, dir_fd=fd)
         os.chown(tmp, owner.uid, owner.gid, dir_fd=fd, follow_symlinks=False)
@@ -162,18 +190,25 @@ def _write_symlink(root: Path, rel: str, target: str, owner: Owner) -> None:
     _place(root, rel, owner, make)
 
 
-def _make_dir(root: Path, rel: str, mode: int, owner: Owner) -> None:
+def make_dir(root: Path, rel: str, mode: int, owner: Owner) -> None:
     fd = _parent_fd(root, rel, owner, create=True)
     name = rel.rsplit("/", 1)[-1]
     try:
+        created = True
         try:
             os.mkdir(name, 0o700, dir_fd=fd)
-            os.chown(name, owner.uid, owner.gid, dir_fd=fd, follow_symlinks=False)
         except FileExistsError:
-            st = os.stat(name, dir_fd=fd, follow_symlinks=False)
-            if not stat.S_ISDIR(st.st_mode):
-                raise UnsafePathError(f"{rel} exists and is not a directory") from None
-        os.chmod(name, mode & 0o777, dir_fd=fd)
+            created = False
+        try:
+            d = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
+        except OSError:
+            raise UnsafePathError(f"{rel} exists and is not a directory") from None
+        try:
+            if created:
+                os.fchown(d, owner.uid, owner.gid)
+            os.fchmod(d, mode & tree.CARRIED)
+        finally:
+            os.close(d)
     finally:
         os.close(fd)
 
@@ -200,11 +235,11 @@ def apply_one(root: Path, source: Path, change: Change, owner: Owner) -> None:
     if guest is None:
         return
     if guest.kind == DIR:
-        _make_dir(root, change.path, guest.mode, owner)
+        make_dir(root, change.path, guest.mode, owner)
     elif guest.kind == FILE:
-        write_file(root, change.path, read_verified(source, change.path, guest), guest.mode, owner)
+        copy_verified(source, root, change.path, guest, owner)
     elif guest.kind == SYMLINK and guest.target is not None:
-        _write_symlink(root, change.path, guest.target, owner)
+        write_symlink(root, change.path, guest.target, owner)
 
 
 def order(changes: list[Change]) -> list[Change]:

@@ -7,6 +7,7 @@ own name takes the next one down, so a user's `claude.yaml` can extend the built
 it, `env` merges, single values replace.
 
 Only `apt`, `npm` and `node` go into the image layer (and its version); the rest applies per session.
+A project's blueprints are used only once the user trusted their exact content (trust.py).
 """
 
 from __future__ import annotations
@@ -18,9 +19,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from vmsandbox import paths
+from vmsandbox import paths, trust
 from vmsandbox.errors import VmsandboxError
-from vmsandbox.schema import Mappings, StrMap, check, load_yaml
+from vmsandbox.schema import Mappings, StrMap, check, load_yaml, parse_yaml
 
 BUILTIN_DIR = Path(__file__).parent / "blueprints"
 PROJECT_DIR = Path(".vmsandbox") / "blueprints"
@@ -135,7 +136,7 @@ def _load_file(name: str, path: Path, project: Path | None, *, depth: int) -> Bl
     if depth > MAX_DEPTH:
         raise VmsandboxError(f"{path}: `extends` goes more than {MAX_DEPTH} levels deep (a cycle?)")
     source = str(path)
-    data = check(load_yaml(path), FIELDS, source=source)
+    data = _read(path, project)
     _validate(data, source)
     parent_name = data.get("extends")
     if parent_name is not None:
@@ -149,6 +150,25 @@ def _load_file(name: str, path: Path, project: Path | None, *, depth: int) -> Bl
     else:
         parent = Blueprint(name=name, source=source)
     return _merge(parent, data, name, source)
+
+
+def is_project_file(path: Path, project: Path | None) -> bool:
+    return project is not None and path.parent.resolve() == (project / PROJECT_DIR).resolve()
+
+
+def _read(path: Path, project: Path | None) -> dict[str, Any]:
+    """A blueprint file's checked content. A project's blueprint is code from the project (apt and npm
+    packages installed as root, hosts allowed, host files copied in, secrets mapped): it is used only after
+    the user trusted its exact content (`vmsandbox trust`)."""
+    if project is None or not is_project_file(path, project):
+        return check(load_yaml(path), FIELDS, source=str(path))
+    raw = trust.read_project_file(path)
+    if raw is None:
+        raise VmsandboxError(f"{path} disappeared while it was read")
+    data = check(parse_yaml(raw, str(path)), FIELDS, source=str(path))
+    _validate(data, str(path))
+    trust.require(path, raw, sorted(k for k in data if k != "description"), project=project)
+    return data
 
 
 def _validate(data: dict[str, Any], source: str) -> None:
@@ -203,3 +223,25 @@ def shipped_credentials() -> tuple[str, ...]:
     for f in sorted(BUILTIN_DIR.glob("*.yaml")):
         found.update(dict.fromkeys(load(f.stem).credentials))
     return tuple(found)
+
+
+def describe_project_blueprints(project: Path) -> list[trust.Candidate]:
+    """The project's blueprint files as `vmsandbox trust` shows them: every key (they all reach beyond the
+    VM's size: packages installed as root, hosts, secrets, host files copied in, the agent's command)."""
+    found: list[trust.Candidate] = []
+    directory = project / PROJECT_DIR
+    if not directory.is_dir():
+        return found
+    for path in sorted(directory.glob("*.yaml")):
+        raw = trust.read_project_file(path)
+        if raw is None:
+            continue
+        data = check(parse_yaml(raw, str(path)), FIELDS, source=str(path))
+        _validate(data, str(path))
+        shadows = path.stem in {f.stem for f in BUILTIN_DIR.glob("*.yaml")}
+        lines = [f"replaces the shipped blueprint `{path.stem}`"] if shadows else []
+        lines += [f"{k}: {json.dumps(v, ensure_ascii=False)}" for k, v in data.items()]
+        if data.get("copy"):
+            lines.append("    copies those files of your home into every session of it")
+        found.append(trust.Candidate(path, raw, "blueprint", lines, sorted(k for k in data if k != "description")))
+    return found

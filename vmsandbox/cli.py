@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import inspect
+import itertools
 import json
 import logging
 import logging.handlers
+import os
 import signal
 import sys
 import time
@@ -21,6 +23,7 @@ from vmsandbox import __version__, config, paths, ui
 from vmsandbox.errors import VmsandboxError
 
 if TYPE_CHECKING:  # the session module pulls in libvirt: imported lazily by the commands that need it
+    from vmsandbox import trust
     from vmsandbox.session import Publish, Record
 
 EXIT_ERROR = 125  # vmsandbox itself failed (as `docker run` does), so a command's own codes stay distinct
@@ -60,6 +63,12 @@ def _tail(required: bool) -> list[str] | None:
     if required and not _Invocation.command:
         raise VmsandboxError("no command given", hint="put the command after `--`, e.g. `-- make test`")
     return _Invocation.command or None
+
+
+def _sync_limit() -> int:
+    """The sync budget in bytes, from the user's settings (never from a project file: the project may be
+    what the guest just changed)."""
+    return config.load().sync_limit_mib * 1024**2
 
 
 def _print_json(data: Any) -> None:
@@ -118,7 +127,7 @@ def _build_blueprint(name: str, *, force: bool) -> None:
     if did_build:
         ui.info(f"[green]Built[/] {built.version} in {time.monotonic() - start:.0f}s → {built.path}")
         for package, version in sorted(built.manifest.get("installed", {}).items()):
-            ui.info(f"  {package} {version}")
+            ui.info(ui.printable(f"  {package} {version}"))
     else:
         ui.info(f"{built.version} is already built for this blueprint and base; nothing to do (--force rebuilds)")
 
@@ -181,12 +190,98 @@ def host_setup() -> None:
         ui.info(f"[green]✓[/] {line}")
 
 
+@app.command("trust")
+def trust_command(
+    path: Annotated[
+        Path, typer.Argument(help="A project directory (or its .vmsandbox.yaml / a blueprint file in it).")
+    ] = Path(),
+    yes: Annotated[bool, typer.Option("--yes", "-y", help="Trust without asking (after showing).")] = False,
+    revoke: Annotated[bool, typer.Option("--revoke", help="Stop trusting these files.")] = False,
+    list_all: Annotated[bool, typer.Option("--list", help="List every trusted file and whether it changed.")] = False,
+) -> None:
+    """Trust a project's .vmsandbox.yaml and .vmsandbox/blueprints/*.yaml, after showing what they change.
+
+    A project file that widens what a session may do (network, allowlist, secrets, blueprints) is used only
+    once you trusted its exact content; a changed file must be trusted again. Trust is kept outside every
+    project, in your config directory.
+    """
+    from vmsandbox import trust
+
+    if list_all:
+        _list_trusted()
+        return
+    candidates = _trust_candidates(path)
+    if revoke:
+        for c in candidates:
+            if trust.revoke(c.path):
+                ui.info(f"No longer trusted: {ui.printable(str(c.path))}")
+        return
+    for c in candidates:
+        st = c.state
+        label = "trusted" if st.trusted else "changed since you trusted it" if st.changed else "not trusted"
+        ui.err.print(f"[bold]{ui.printable(str(c.path))}[/] ({label}, sha256 {trust.digest(c.raw)[:12]})")
+        for line in c.lines:
+            ui.err.print(f"  {ui.printable(line)}")
+    todo = [c for c in candidates if not c.state.trusted]
+    if not todo:
+        ui.info("Everything shown is trusted already.")
+        return
+    if not yes:
+        if not ui.is_interactive():
+            raise VmsandboxError("nothing trusted: no terminal to ask on", hint="rerun with --yes after reading it")
+        answer = ui.err.input(f"Trust {len(todo)} file(s) with exactly this content? [y/N] ").strip().lower()
+        if answer not in ("y", "yes"):
+            ui.info("Nothing trusted.")
+            raise typer.Exit(1)
+    for c in todo:
+        trust.trust(c.path, c.raw)
+        ui.info(f"[green]Trusted[/] {ui.printable(str(c.path))}")
+
+
+def _trust_candidates(path: Path) -> list[trust.Candidate]:
+    """The project config files at path (a project directory, or one of its files)."""
+    from vmsandbox import blueprint
+
+    project = path.parent if path.is_file() else path
+    if project.name == "blueprints" and project.parent.name == ".vmsandbox":
+        project = project.parent.parent
+    candidates = [c for c in [config.describe_project_file(project)] if c is not None]
+    candidates += blueprint.describe_project_blueprints(project)
+    if path.is_file():
+        candidates = [c for c in candidates if c.path.resolve() == path.resolve()]
+    if not candidates:
+        raise VmsandboxError(
+            f"no project config in {path}", hint="`vmsandbox trust` reads .vmsandbox.yaml and .vmsandbox/blueprints/"
+        )
+    return candidates
+
+
+def _list_trusted() -> None:
+    from vmsandbox import trust
+
+    for name, entry in sorted(trust.records().items()):
+        path = Path(name)
+        try:
+            raw = trust.read_project_file(path)
+        except VmsandboxError:
+            raw = None
+        state = "missing" if raw is None else "trusted" if trust.state(path, raw).trusted else "changed (untrusted)"
+        when = time.strftime("%Y-%m-%d %H:%M", time.localtime(float(entry.get("trusted_at", 0))))
+        print(f"{state:20} {when}  {ui.printable(name, markup=False)}")  # the path last: never cut
+
+
 @app.command()
 def doctor(as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False) -> None:
     """Check everything a session needs; print the fix for each failure."""
     from vmsandbox import doctor as doctor_mod
+    from vmsandbox import trust
 
-    checks = doctor_mod.run_checks(config.load(Path.cwd()))
+    try:
+        settings = config.load(Path.cwd())
+    except trust.UntrustedError as exc:
+        ui.warn(f"{exc.message} — checking with your own settings only")
+        settings = config.load()
+    checks = doctor_mod.run_checks(settings)
     if as_json:
         _print_json([{"name": c.name, "level": c.level, "detail": c.detail, "fix": c.fix} for c in checks])
     else:
@@ -381,7 +476,7 @@ def _finish(record: Record, *, yes: bool, include_risky: bool) -> None:
     the session's outbox first, so nothing is lost: `vmsandbox recover NAME` takes it from there."""
     from vmsandbox import session, syncback
 
-    g = syncback.gather(record)
+    g = syncback.gather(record, limit=_sync_limit())
     out = syncback.review(g, yes=yes, include_risky=include_risky, dry_run=False, interactive=ui.is_interactive())
     syncback.report(g, out)
     if syncback.pending(g):
@@ -516,7 +611,7 @@ def destroy(
             hint=f"end that command, or `vmsandbox destroy {name} --force`",
         )
     if not discard and record.files.baseline_manifest.exists():
-        g = syncback.gather(record)
+        g = syncback.gather(record, limit=_sync_limit())
         left = syncback.pending(g)
         record.unsynced = len(left)
         record.save()
@@ -541,7 +636,7 @@ def _review_command(name: str, *, yes: bool, dry_run: bool, include_risky: bool,
     from vmsandbox import session, syncback
 
     record = session.Record.load(name)
-    g = syncback.gather(record)
+    g = syncback.gather(record, limit=_sync_limit())
     out = syncback.review(
         g, yes=yes, include_risky=include_risky, dry_run=dry_run, interactive=ui.is_interactive(), only=only
     )
@@ -586,7 +681,7 @@ def push(name: SessionName) -> None:
     """Send host edits made during the session into the guest, never over a change the guest made."""
     from vmsandbox import session, syncback
 
-    pushed, conflicts = syncback.push(session.Record.load(name))
+    pushed, conflicts = syncback.push(session.Record.load(name), limit=_sync_limit())
     for path in pushed:
         ui.err.print(f"  [green]pushed[/] {ui.printable(path)}")
     for path in conflicts:
@@ -606,7 +701,7 @@ def diff(
     from vmsandbox import session, syncback
 
     record = session.Record.load(name)
-    g = syncback.gather(record)
+    g = syncback.gather(record, limit=_sync_limit())
     changes = syncback.select_paths(g.changes, g.project, only or [])
     tty = sys.stdout.isatty()  # guest content never reaches a terminal with its escape sequences
 
@@ -628,9 +723,13 @@ def logs(
     ] = "console",
     follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep printing new entries.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="proxy: print the JSON lines as they are.")] = False,
+    raw: Annotated[
+        bool, typer.Option("--raw", help="console: the guest's bytes as they are (escape sequences included).")
+    ] = False,
 ) -> None:
-    """Show a session's logs."""
-    from vmsandbox import proxylog, session
+    """Show a session's logs. The console is the guest's own output: control characters are shown escaped
+    (\\x1b …), so it cannot drive your terminal, unless you ask for --raw."""
+    from vmsandbox import proxy, proxylog, session
 
     record = session.Record.load(name)
     if which not in ("console", "proxy"):
@@ -645,8 +744,17 @@ def logs(
     def gone() -> bool:
         return not record.files.record.exists()
 
-    for line in proxylog.read(path, follow=follow, stopped=gone):
-        if which == "console" or as_json:
+    if which == "console":
+        for line in proxylog.read(path, follow=follow, stopped=gone):
+            text = line if raw else ui.printable(line.rstrip("\r"), markup=False)
+            sys.stdout.write(text + "\n")
+            if follow:
+                sys.stdout.flush()
+        return
+    older = proxy.rotated(path)
+    lines = proxylog.read(older, follow=False) if older.exists() and not follow else iter(())
+    for line in itertools.chain(lines, proxylog.read(path, follow=follow, stopped=gone)):
+        if as_json:
             print(line, flush=follow)
             continue
         event = proxylog.parse(line)
@@ -730,7 +838,7 @@ def gc() -> None:
     def guard(record: session.Record, state: str) -> str | None:
         if not record.files.baseline_manifest.exists():
             return None
-        g = syncback.gather(record)
+        g = syncback.gather(record, limit=_sync_limit())
         left = syncback.pending(g)
         if not left:
             return None
@@ -765,10 +873,13 @@ def _setup_logging(verbose: bool) -> None:
     root.setLevel(logging.DEBUG)
     fmt = logging.Formatter("%(asctime)s %(process)d %(levelname)s %(name)s: %(message)s")
     try:
-        paths.state_dir().mkdir(parents=True, exist_ok=True)
+        from vmsandbox import confine
+
+        confine.state_dirs()
         handler: logging.Handler = logging.handlers.RotatingFileHandler(
             paths.state_dir() / paths.SESSION_LOG, maxBytes=2 * 1024**2, backupCount=2
         )
+        (paths.state_dir() / paths.SESSION_LOG).chmod(0o600)
         handler.setFormatter(fmt)
         root.addHandler(handler)
     except OSError:
@@ -789,14 +900,15 @@ def main(argv: list[str] | None = None) -> NoReturn:
     if "--" in args:
         cut = args.index("--")
         args, _Invocation.command = args[:cut], args[cut + 1 :]
+    os.umask(0o077)  # whatever vmsandbox writes is private unless it says otherwise (images do)
     signal.signal(signal.SIGTERM, _terminate)
     signal.signal(signal.SIGHUP, _terminate)
     try:
         code = app(args=args, prog_name="vmsandbox", standalone_mode=False)
-    except VmsandboxError as exc:
-        ui.err.print(f"[red]error:[/] {exc.message}", soft_wrap=True)
+    except VmsandboxError as exc:  # plain text that may quote a guest (stderr of ssh, rsync, git): escaped
+        ui.err.print(f"[red]error:[/] {ui.printable(exc.message)}", soft_wrap=True)
         if exc.hint:
-            ui.err.print(f"[dim]hint:[/] {exc.hint}", soft_wrap=True)
+            ui.err.print(f"[dim]hint:[/] {ui.printable(exc.hint)}", soft_wrap=True)
         sys.exit(EXIT_ERROR)
     except KeyboardInterrupt:
         ui.err.print("[red]interrupted[/]")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from collections.abc import Callable
@@ -9,11 +10,11 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from vmsandbox import netpolicy, paths
+from vmsandbox import netpolicy, paths, trust
 from vmsandbox.accel import Accel
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.netpolicy import Mode
-from vmsandbox.schema import Mappings, check, load_yaml
+from vmsandbox.schema import Mappings, check, load_yaml, parse_yaml
 
 if TYPE_CHECKING:
     from vmsandbox.blueprint import Blueprint
@@ -34,7 +35,10 @@ FIELDS: dict[str, type] = {
     "allow": list,
     "allow_networks": list,
     "secrets": Mappings,
+    "sync_limit": str,
 }
+# Keys that only size the VM: a project file may set them without being trusted (`vmsandbox trust`).
+SIZING_KEYS = frozenset({"cpus", "memory", "disk", "boot_timeout", "accel"})
 SECRET_FIELDS: dict[str, type] = {
     "secret": str,
     "host": str,
@@ -107,6 +111,7 @@ class Settings:
     allow: tuple[str, ...] = ()  # allowlist entries: the blueprint's, then every source adds to it
     secrets: tuple[SecretMapping, ...] = ()  # every source adds; a later mapping for the same host wins
     allow_networks: tuple[str, ...] = ()  # non-public networks allowed names may resolve to
+    sync_limit_mib: int = 16 * 1024  # a pull writes at most this much, and takes no larger file
 
     def rules(self) -> tuple[netpolicy.Rule, ...]:
         return tuple(netpolicy.parse_rule(a, source="allowlist") for a in self.allow)
@@ -126,6 +131,8 @@ class Settings:
             changes["memory_mib"] = parse_size_mib(data["memory"], what=label("memory"))
         if "disk" in data:
             changes["disk_mib"] = parse_size_mib(data["disk"], what=label("disk"))
+        if "sync_limit" in data:
+            changes["sync_limit_mib"] = parse_size_mib(data["sync_limit"], what=label("sync_limit"))
         if "accel" in data:
             changes["accel"] = parse_accel(data["accel"], source=label("accel"))
         for key in ("libvirt_uri", "boot_timeout", "trust_host_ca"):
@@ -161,16 +168,21 @@ def parse_accel(value: str, *, source: str) -> Accel:
 
 
 def load(project: Path | None = None, *, blueprint: Blueprint | None = None) -> Settings:
-    """The settings for a project; a blueprint's allowlist and secret mappings come first, then the files."""
+    """The settings for a project; a blueprint's allowlist and secret mappings come first, then the files.
+
+    A project's `.vmsandbox.yaml` is obeyed only as far as it is trusted (trust.py): keys that size the VM
+    always, the rest only after `vmsandbox trust`. `libvirt_uri` never comes from a project."""
     settings = Settings()
     if blueprint is not None:
         settings = settings.merged(blueprint.settings_data(), blueprint.source)
     user_file = paths.config_dir() / USER_FILE
     if user_file.is_file():
         settings = settings.merged(load_yaml(user_file), str(user_file))
-    if project is not None and (project / PROJECT_FILE).is_file():
-        project_file = project / PROJECT_FILE
-        settings = settings.merged(load_yaml(project_file), str(project_file))
+    if project is not None:
+        found = project_file(project)
+        if found is not None:
+            trust.require(found.path, found.raw, widening_keys(found.data), project=project)
+            settings = settings.merged(found.data, str(found.path))
     env_accel = os.environ.get("VMSANDBOX_ACCEL")
     if env_accel:
         settings = replace(settings, accel=parse_accel(env_accel, source="VMSANDBOX_ACCEL"))
@@ -181,3 +193,68 @@ def load(project: Path | None = None, *, blueprint: Blueprint | None = None) -> 
     if env_network:
         settings = replace(settings, network=netpolicy.parse_mode(env_network, source="VMSANDBOX_NETWORK"))
     return settings
+
+
+@dataclass(frozen=True)
+class ProjectFile:
+    path: Path
+    raw: bytes  # the bytes trust is about
+    data: dict[str, Any]  # parsed from exactly those bytes
+
+
+def project_file(project: Path) -> ProjectFile | None:
+    """A project's `.vmsandbox.yaml`, read without following links and checked (unknown keys and bad types
+    are errors; `libvirt_uri` is refused: it names a program-running transport as easily as a host)."""
+    path = project / PROJECT_FILE
+    raw = trust.read_project_file(path)
+    if raw is None:
+        return None
+    data = check(parse_yaml(raw, str(path)), FIELDS, source=str(path))
+    if "libvirt_uri" in data:
+        raise VmsandboxError(
+            f"{path}: `libvirt_uri` is never taken from a project file",
+            hint=f"set it in {paths.config_dir() / USER_FILE} or VMSANDBOX_LIBVIRT_URI, then remove it there",
+        )
+    Settings().merged(data, str(path))  # every value checked before anything asks for trust
+    return ProjectFile(path, raw, data)
+
+
+def widening_keys(data: dict[str, Any]) -> list[str]:
+    """The keys of a project file that reach beyond sizing the VM (they need trust)."""
+    return sorted(k for k in data if k not in SIZING_KEYS)
+
+
+def describe_project_file(project: Path) -> trust.Candidate | None:
+    """The project's `.vmsandbox.yaml` as `vmsandbox trust` shows it: each key, what it sets, and what it is
+    now without the file (from the defaults and the user's config)."""
+    found = project_file(project)
+    if found is None:
+        return None
+    without = load(None)
+    lines = []
+    for name, value in found.data.items():
+        sizing = name in SIZING_KEYS
+        lines.append(
+            f"{name}: {_shown(value)}" + ("   (sizes the VM: needs no trust)" if sizing else _now(without, name))
+        )
+        if name == "secrets":
+            lines += [
+                f"    your secret {m.get('secret')!s} goes to {m.get('host')!s} in header {m.get('header')!s}"
+                for m in value
+            ]
+    return trust.Candidate(found.path, found.raw, "config", lines, widening_keys(found.data))
+
+
+def _shown(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False)
+
+
+def _now(settings: Settings, name: str) -> str:
+    current = {
+        "network": settings.network.value,
+        "allow": list(settings.allow),
+        "allow_networks": list(settings.allow_networks),
+        "trust_host_ca": settings.trust_host_ca,
+        "sync_limit": f"{settings.sync_limit_mib}M",
+    }.get(name)
+    return f"   (now: {_shown(current)})" if current is not None else ""

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from vmsandbox import accel, hostsetup, image, paths, proc
+from vmsandbox import accel, confine, hostsetup, image, paths, proc
 from vmsandbox.config import Settings
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.virt import Hypervisor
@@ -84,6 +85,19 @@ def _disk(path: Path, label: str, need: int) -> Check:
     )
 
 
+def _account() -> Check:
+    if os.geteuid() != 0:
+        return Check("guest-data account", True, "not needed: vmsandbox runs unprivileged")
+    if hostsetup.account_exists():
+        return Check("guest-data account", True, f"{confine.ACCOUNT} (reads what comes out of guests)")
+    return Check(
+        "guest-data account",
+        False,
+        f"{confine.ACCOUNT} is missing: nothing may read a guest's files without it",
+        "`sudo vmsandbox host setup`",
+    )
+
+
 def _image() -> Check:
     images = image.list_images()
     if not images:
@@ -110,6 +124,7 @@ def run_checks(settings: Settings) -> list[Check]:
         lambda: _tool("qemu-img", "makes the per-session overlays"),
         lambda: _libvirt(settings.libvirt_uri),
         _kvm_device,
+        _account,
         lambda: _accel(settings),
         lambda: _tool("ssh", "the control channel"),
         lambda: _tool("ssh-keygen", "per-session keys"),

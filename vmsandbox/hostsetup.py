@@ -1,15 +1,17 @@
-"""What a service manager and udev would do on a normal host: /dev/kvm permissions and libvirt's daemons."""
+"""What a package's install scripts, a service manager and udev would do on a normal host: the unprivileged
+account for guest data, /dev/kvm permissions and libvirt's daemons."""
 
 from __future__ import annotations
 
 import grp
 import os
+import pwd
 import stat
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from vmsandbox import proc
+from vmsandbox import confine, proc
 from vmsandbox.accel import KVM_DEVICE
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.virt import Hypervisor
@@ -27,6 +29,14 @@ def kvm_permissions_ok(device: Path = KVM_DEVICE) -> bool:
     return st.st_gid == kvm_gid and stat.S_IMODE(st.st_mode) & 0o660 == 0o660
 
 
+def account_exists() -> bool:
+    try:
+        pwd.getpwnam(confine.ACCOUNT)
+    except KeyError:
+        return False
+    return True
+
+
 def _daemon_running(name: str) -> bool:
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
@@ -42,6 +52,23 @@ def setup(uri: str) -> Iterator[str]:
     """Bring the host to the state a session needs; yields a line per action taken."""
     if os.geteuid() != 0:
         raise VmsandboxError("host set-up needs root", hint="run `sudo vmsandbox host setup`")
+    if not account_exists():
+        proc.run(
+            [
+                "useradd",
+                "--system",
+                "--user-group",
+                "--no-create-home",
+                "--home-dir",
+                "/nonexistent",
+                "--shell",
+                "/usr/sbin/nologin",
+                "--comment",
+                "vmsandbox: reads what comes out of guests",
+                confine.ACCOUNT,
+            ]
+        )
+        yield f"created the unprivileged account {confine.ACCOUNT} (it owns and reads guest data on the host)"
     if KVM_DEVICE.exists() and not kvm_permissions_ok():
         os.chown(KVM_DEVICE, -1, grp.getgrnam("kvm").gr_gid)
         KVM_DEVICE.chmod(0o660)

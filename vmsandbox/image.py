@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from vmsandbox import paths, proc, qemuimg, ui
+from vmsandbox import confine, paths, proc, qemuimg, ui
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.schema import check, load_yaml
 
@@ -292,7 +292,8 @@ def build_in_place(root: Path, final: Path, build_into: Callable[[Path], None], 
         remove_stale(root)
         work = Path(tempfile.mkdtemp(prefix=TMP_PREFIX, dir=root))
         try:
-            build_into(work)
+            with confine.umask(0o022):  # an image is for every account (QEMU's, the guest's users)
+                build_into(work)
             if final.exists():
                 old = root / f"{TMP_PREFIX}old-{final.name}"
                 final.rename(old)

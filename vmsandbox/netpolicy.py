@@ -57,6 +57,9 @@ METADATA_ADDRESSES = frozenset(
     }
 )
 CGNAT = ipaddress.ip_network("100.64.0.0/10")
+# NAT64 prefixes (RFC 6052, RFC 8215): the IPv4 address inside is what a gateway would connect to.
+NAT64 = (ipaddress.ip_network("64:ff9b::/96"), ipaddress.ip_network("64:ff9b:1::/48"))
+SITE_LOCAL = ipaddress.ip_network("fec0::/10")  # deprecated (RFC 3879) but still routed privately
 
 
 class Refused(Exception):  # noqa: N818 - a decision, not a failure of ours
@@ -116,15 +119,29 @@ HARD_REASONS = frozenset(
 )
 
 
+def _wrapped_reason(ip: ipaddress.IPv6Address) -> str | None:
+    """Why an IPv6 address that carries (or stands for) another address may not be reached."""
+    if ip.ipv4_mapped is not None:
+        return address_reason(ip.ipv4_mapped)
+    if ip.sixtofour is not None and address_reason(ip.sixtofour) is not None:
+        return f"a 6to4 address wrapping {ip.sixtofour}"
+    if ip.teredo is not None:
+        return "a Teredo tunnel address"
+    if any(ip in net for net in NAT64):
+        inner = address_reason(ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF))
+        if inner is not None:
+            return f"a NAT64 address wrapping {inner}"
+    if ip in SITE_LOCAL:
+        return "a site-local address"
+    return None
+
+
 def address_reason(ip: IPAddress) -> str | None:
     """Why the guest may not reach this address, or None for a public unicast address."""
     if isinstance(ip, ipaddress.IPv6Address):
-        if ip.ipv4_mapped is not None:
-            return address_reason(ip.ipv4_mapped)
-        if ip.sixtofour is not None and address_reason(ip.sixtofour) is not None:
-            return f"a 6to4 address wrapping {ip.sixtofour}"
-        if ip.teredo is not None:
-            return "a Teredo tunnel address"
+        wrapped = _wrapped_reason(ip)
+        if wrapped is not None or ip.ipv4_mapped is not None:
+            return wrapped
     checks: tuple[tuple[bool, str], ...] = (
         (ip in METADATA_ADDRESSES, "a cloud metadata address"),
         (ip.is_loopback, "a loopback address"),

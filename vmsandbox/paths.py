@@ -196,9 +196,9 @@ def session_paths(name: str) -> SessionPaths:
     return SessionPaths(sessions_dir() / name)
 
 
-def write_atomically(path: Path, text: str, *, mode: int = 0o644) -> None:
+def write_atomically(path: Path, text: str, *, mode: int = 0o600) -> None:
     """Write text through a temporary file beside path and one rename: a reader (or a crash) sees the old
-    content or the new, never a part of it. `mode` is the new file's (before the umask)."""
+    content or the new, never a part of it. `mode` is the new file's (before the umask): private by default."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, mode)
     try:

@@ -10,10 +10,14 @@ import shlex
 import shutil
 import signal
 import subprocess
-from collections.abc import Mapping, Sequence
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO, Any
 
+from vmsandbox.confine import Identity, Limits
 from vmsandbox.errors import VmsandboxError
 
 log = logging.getLogger(__name__)
@@ -36,6 +40,7 @@ TOOL_PACKAGES: Mapping[str, str] = {
     "e2fsck": "e2fsprogs",
     "cp": "coreutils",
     "umount": "mount",
+    "useradd": "passwd",
 }
 
 
@@ -71,6 +76,11 @@ def which(tool: str) -> str:
     return found
 
 
+PIPE, DEVNULL = subprocess.PIPE, subprocess.DEVNULL
+MAX_OUTPUT = 16 * 1024**2  # what is kept of a child's stdout and of its stderr: guest output has no bound
+TRUNCATED = "\n[... output truncated by vmsandbox ...]\n"
+
+
 def run(
     argv: Sequence[str | Path],
     *,
@@ -80,35 +90,90 @@ def run(
     cwd: Path | None = None,
     timeout: float | None = None,
     hint: str | None = None,
+    as_user: Identity | None = None,
+    limits: Limits | None = None,
+    pass_fds: Sequence[int] = (),
+    max_output: int = MAX_OUTPUT,
 ) -> Result:
-    """Run argv (never a shell string) and capture its output.
+    """Run argv (never a shell string) and capture its output (at most `max_output` bytes of each stream).
 
     The child runs in its own process group; if we are interrupted (Ctrl-C, SIGTERM turned into
     SystemExit, a timeout) the whole group is terminated before the exception goes on, so no
-    grandchild keeps writing into a directory we are about to remove.
+    grandchild keeps writing into a directory we are about to remove. With `as_user` the child switches to
+    that account (after changing into `cwd`) and with `limits` it runs under those resource limits; its
+    process group is killed when it ends, so nothing it started outlives it.
     """
+    data = input.encode() if isinstance(input, str) else input
+    child = start(
+        argv,
+        stdin=subprocess.PIPE if data is not None else subprocess.DEVNULL,
+        env=env,
+        cwd=cwd,
+        as_user=as_user,
+        limits=limits,
+        pass_fds=pass_fds,
+    )
+    confined = as_user is not None or limits is not None
+    return finish(
+        child, input=data, check=check, timeout=timeout, hint=hint, max_output=max_output, reap_group=confined
+    )
+
+
+def start(
+    argv: Sequence[str | Path],
+    *,
+    stdin: int | IO[Any] | None = subprocess.DEVNULL,
+    stdout: int | IO[Any] | None = subprocess.PIPE,
+    env: Mapping[str, str] | None = None,
+    cwd: Path | None = None,
+    as_user: Identity | None = None,
+    limits: Limits | None = None,
+    pass_fds: Sequence[int] = (),
+) -> subprocess.Popen[bytes]:
+    """Start argv in its own process group (stderr captured); `finish` collects it. For the rare caller
+    that must wire two processes together; everyone else uses `run`."""
     args = [str(a) for a in argv]
     args[0] = which(args[0])
-    log.debug("run: %s", shlex.join(args))
-    data = input.encode() if isinstance(input, str) else input
-    child = subprocess.Popen(
+    log.debug("run: %s%s", shlex.join(args), f" (as uid {as_user.uid})" if as_user else "")
+    return subprocess.Popen(
         args,
-        stdin=subprocess.PIPE if data is not None else subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
+        stdin=stdin,
+        stdout=stdout,
         stderr=subprocess.PIPE,
         env=dict(env) if env is not None else None,
         cwd=cwd,
         start_new_session=True,
-        preexec_fn=_die_with_parent,  # noqa: PLW1509 - only calls prctl, no locks taken
+        preexec_fn=_child_setup(limits),  # noqa: PLW1509 - prctl and setrlimit only, no locks taken
+        pass_fds=tuple(pass_fds),
+        **_identity(as_user),
     )
+
+
+def finish(
+    child: subprocess.Popen[bytes],
+    *,
+    input: bytes | None = None,
+    check: bool = True,
+    timeout: float | None = None,
+    hint: str | None = None,
+    max_output: int = MAX_OUTPUT,
+    reap_group: bool = False,
+) -> Result:
+    """Wait for a child from `start`, keeping at most `max_output` bytes of each stream. On any interruption
+    its process group is killed; with `reap_group` also when it ends, so nothing it started outlives it
+    (not for ssh, whose connection-sharing master is meant to stay)."""
+    args = [str(a) for a in child.args]  # type: ignore[union-attr]
     try:
-        stdout, stderr = child.communicate(data, timeout=timeout)
+        stdout, stderr = _communicate(child, input, timeout, max_output)
     except subprocess.TimeoutExpired as exc:
         _kill_group(child)
-        raise VmsandboxError(f"`{shlex.join(args)}` did not finish within {timeout:.0f} s", hint=hint) from exc
+        raise VmsandboxError(f"`{shlex.join(args)}` did not finish within {timeout or 0:.0f} s", hint=hint) from exc
     except BaseException:
         _kill_group(child)
         raise
+    if reap_group:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(child.pid, signal.SIGKILL)  # whatever it left running in its group
     result = Result(
         argv=tuple(args),
         returncode=child.returncode,
@@ -118,6 +183,62 @@ def run(
     if check and result.returncode != 0:
         raise CommandError(result, hint=hint)
     return result
+
+
+def _identity(who: Identity | None) -> dict[str, Any]:
+    if who is None:
+        return {}
+    return {"user": who.uid, "group": who.gid, "extra_groups": list(who.groups)}
+
+
+def _child_setup(limits: Limits | None) -> Callable[[], None]:
+    def setup() -> None:
+        _die_with_parent()
+        if limits is not None:
+            limits.apply()
+
+    return setup
+
+
+def _communicate(
+    child: subprocess.Popen[bytes], data: bytes | None, timeout: float | None, cap: int
+) -> tuple[bytes, bytes]:
+    """Like Popen.communicate, but keeps at most `cap` bytes of each stream (the rest is read and dropped,
+    so the child never blocks on a full pipe)."""
+    kept = [bytearray(), bytearray()]
+    dropped = [False, False]
+
+    def drain(index: int, stream: IO[bytes]) -> None:
+        buf = kept[index]
+        while chunk := stream.read1(65536):  # type: ignore[attr-defined]
+            room = cap - len(buf)
+            if room > 0:
+                buf += chunk[:room]
+            if len(chunk) > room:
+                dropped[index] = True
+        stream.close()
+
+    streams = [s for s in (child.stdout, child.stderr) if s is not None]
+
+    def feed(stream: IO[bytes]) -> None:
+        with contextlib.suppress(BrokenPipeError, OSError):
+            stream.write(data or b"")
+        with contextlib.suppress(BrokenPipeError, OSError):
+            stream.close()
+
+    threads = [threading.Thread(target=drain, args=(i, s), daemon=True) for i, s in enumerate(streams)]
+    if child.stdin is not None:
+        threads.append(threading.Thread(target=feed, args=(child.stdin,), daemon=True))
+    for t in threads:
+        t.start()
+    deadline = None if timeout is None else time.monotonic() + timeout
+    child.wait(timeout=timeout)
+    for t in threads:
+        t.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
+        if t.is_alive():  # something the child started still holds its output open
+            raise subprocess.TimeoutExpired(child.args, timeout or 0)
+    out, err = (bytes(buf) + (TRUNCATED.encode() if cut else b"") for buf, cut in zip(kept, dropped, strict=True))
+    return (out, err) if child.stdout is not None else (b"", out)
 
 
 def run_attached(argv: Sequence[str | Path], *, env: Mapping[str, str] | None = None) -> int:
@@ -147,7 +268,8 @@ def spawn_detached(argv: Sequence[str | Path], *, log_file: Path, env: Mapping[s
     args = [str(a) for a in argv]
     args[0] = which(args[0])
     log.debug("spawn_detached: %s", shlex.join(args))
-    with log_file.open("ab") as out:
+    fd = os.open(log_file, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "ab") as out:
         child = subprocess.Popen(
             args,
             stdin=subprocess.DEVNULL,

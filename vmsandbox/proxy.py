@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import os
 import socket
 import ssl
 import time
@@ -39,6 +40,8 @@ CONNECT_TIMEOUT = 15.0
 RESOLVE_TIMEOUT = 10.0
 IDLE_TIMEOUT = 600.0  # an agent may stream one answer for minutes; a silent connection goes after 10
 CHUNK = 64 * 1024
+MAX_FIELD = 256  # characters of any text field in a log line (the guest chooses most of them)
+MAX_LOG_BYTES = 8 * 1024**2  # the proxy log is rotated to <log>.1 beyond this (one old generation kept)
 
 
 @dataclass(frozen=True)
@@ -86,7 +89,12 @@ class Event:
     answered: bool = False  # a 200 to CONNECT went out: errors can only close the connection now
 
     def record(self) -> dict[str, Any]:
-        data = {k: v for k, v in self.__dict__.items() if k not in ("start", "answered") and v is not None}
+        """The log line's fields; text the guest chose (targets, names, reasons quoting them) is capped."""
+        data = {
+            k: (v[:MAX_FIELD] + "…" if isinstance(v, str) and len(v) > MAX_FIELD else v)
+            for k, v in self.__dict__.items()
+            if k not in ("start", "answered") and v is not None
+        }
         data["ms"] = round((time.monotonic() - self.start) * 1000)
         return data
 
@@ -174,6 +182,11 @@ class TlsStream(Stream):
 
     async def send_eof(self) -> None:
         return  # no half-close in TLS: the connection ends when the upstream ends
+
+
+def rotated(log_file: Path) -> Path:
+    """Where the previous generation of a rotated log lives."""
+    return log_file.with_name(log_file.name + ".1")
 
 
 class Upstream(Exception):  # noqa: N818 - a decision to answer 502
@@ -299,10 +312,14 @@ class Proxy:
             )
 
     def _log(self, ev: Event) -> None:
-        line = json.dumps(ev.record(), sort_keys=True)
+        line = json.dumps(ev.record(), sort_keys=True) + "\n"
         try:
-            with self._log_file.open("a") as f:
-                f.write(line + "\n")
+            with contextlib.suppress(FileNotFoundError):
+                if self._log_file.stat().st_size + len(line) > MAX_LOG_BYTES:
+                    self._log_file.replace(rotated(self._log_file))
+            fd = os.open(self._log_file, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+            with os.fdopen(fd, "w") as f:
+                f.write(line)
         except OSError as exc:
             log.warning("cannot write the proxy log: %s", exc)
 
@@ -333,7 +350,10 @@ class Proxy:
                 return
             if upstream is None:
                 raise Upstream("no upstream connection")
-            ev.tls = "passthrough" if hello else None
+            if not hello:  # plain HTTP in a tunnel: held to the same Host rule as a terminated one
+                await self._tunnelled_http(client, upstream, ev)
+                return
+            ev.tls = "passthrough"
             ev.decision = "allow"
             await upstream.send(hello)
             ev.up += len(hello)
@@ -390,6 +410,24 @@ class Proxy:
             await self._relay(tls, upstream, ev)
         finally:
             await upstream.close()
+
+    async def _tunnelled_http(self, client: Stream, upstream: Stream, ev: Event) -> None:
+        """One plain HTTP request inside a CONNECT tunnel: it must be for the tunnel's own host, in origin
+        form; it goes upstream with `Connection: close`, so each request is checked on its own."""
+        host = ev.host or ""
+        head = httphead.parse_request(await asyncio.wait_for(read_head(client), HEAD_TIMEOUT))
+        ev.method = f"CONNECT {head.method}"
+        authority = (head.get("host") or [""])[0].lower()
+        try:
+            _same_origin(authority, head.target, host, ev.port)
+        except Refused as exc:  # the tunnel speaks plain HTTP: say so in it
+            await self._answer(client, 403, "Forbidden", f"refused: {exc.reason}")
+            raise
+        out = httphead.render_request(head.method, head.target, httphead.forward_headers(head, authority))
+        ev.decision = "allow"
+        await upstream.send(out)
+        ev.up += len(out)
+        await self._relay(client, upstream, ev)
 
     def _inject(
         self, cfg: ProxyConfig, rule: SecretRule, headers: list[tuple[str, str]], ev: Event

@@ -50,7 +50,7 @@ def describe(event: dict[str, Any]) -> str:
 def read(path: Path, *, follow: bool, stopped: Callable[[], bool] = lambda: False) -> Iterator[str]:
     """The log's lines; with follow, keep waiting for new ones until `stopped()` (Ctrl-C ends it too)."""
     try:
-        f = path.open()
+        f = path.open(errors="replace")
     except FileNotFoundError:
         if not follow:
             return
@@ -58,7 +58,7 @@ def read(path: Path, *, follow: bool, stopped: Callable[[], bool] = lambda: Fals
             if stopped():
                 return
             time.sleep(0.5)
-        f = path.open()
+        f = path.open(errors="replace")
     with f:
         pending = ""
         while True:

@@ -1,17 +1,18 @@
 """The three-way view: for each path, compare the baseline, the host now and the guest now.
 
 Everything from the guest is hostile: this module only classifies; apply.py decides how (and whether) a change
-may be written. Risky paths — places where a file turns into code the host runs later — are quarantined.
+may be written. Risky paths — places where a file turns into code the host runs later (risk.py) — are
+quarantined; symlinks that lead out of the project, FIFOs, devices and bad names are refused.
 """
 
 from __future__ import annotations
 
 import enum
-import fnmatch
-import posixpath
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from vmsandbox.tree import DIR, FILE, OTHER, SYMLINK, Entry, Manifest
+from vmsandbox.risk import risky_name, symlink_escape
+from vmsandbox.tree import CARRIED, DIR, FILE, OTHER, SYMLINK, Entry, Manifest
 
 # .git internals that git itself manages: commits come back as fetched refs, never as these files.
 GIT_MANAGED = (
@@ -34,40 +35,6 @@ GIT_MANAGED = (
     "rebase-merge/",
     "rebase-apply/",
     "gitk.cache",
-)
-
-# Places where a file becomes code that runs on the host later (hooks, editors, CI, env loaders, package
-# manager hooks). Matched against the path and, for names without "/", against every path component.
-RISKY_PATTERNS: tuple[tuple[str, str], ...] = (
-    (".git/*", "git internals (hooks, config: core.hooksPath, core.fsmonitor, filters, aliases run code)"),
-    (".gitattributes", "git attributes can bind filters and diff drivers that run commands"),
-    (".gitmodules", "submodule URLs and update commands"),
-    (".husky/*", "git hooks (husky)"),
-    (".githooks/*", "git hooks"),
-    (".pre-commit-config.yaml", "pre-commit hooks"),
-    (".envrc", "direnv runs it when you cd into the project"),
-    (".vscode/*", "editor tasks, launch configs and settings can run programs"),
-    (".idea/*", "IDE run configurations and settings"),
-    (".devcontainer/*", "dev container definitions run commands"),
-    (".github/workflows/*", "CI workflow"),
-    (".github/actions/*", "CI actions"),
-    (".gitlab-ci.yml", "CI pipeline"),
-    (".circleci/*", "CI pipeline"),
-    (".travis.yml", "CI pipeline"),
-    ("Jenkinsfile", "CI pipeline"),
-    ("azure-pipelines.yml", "CI pipeline"),
-    (".buildkite/*", "CI pipeline"),
-    (".npmrc", "npm settings (script-shell, registries, tokens)"),
-    (".yarnrc", "yarn settings"),
-    (".yarnrc.yml", "yarn settings (yarnPath runs a file)"),
-    (".pnpmfile.cjs", "pnpm runs it on install"),
-    (".cargo/config", "cargo settings (runners, wrappers)"),
-    (".cargo/config.toml", "cargo settings (runners, wrappers)"),
-    (".mvn/*", "maven wrapper and settings"),
-    ("gradle/wrapper/*", "gradle wrapper downloads and runs a distribution"),
-    (".tool-versions", "asdf installs and runs plugins"),
-    (".python-version", "pyenv picks the interpreter"),
-    (".nvmrc", "nvm picks the node binary"),
 )
 
 
@@ -109,28 +76,18 @@ def is_git_managed(path: str) -> bool:
 
 
 def risk_of(path: str, base: Entry | None, guest: Entry | None) -> str | None:
-    parts = path.split("/")
-    for pattern, why in RISKY_PATTERNS:
-        if "/" in pattern:
-            if fnmatch.fnmatchcase(path, pattern) or path == pattern.rstrip("/*"):
-                return why
-        elif pattern in parts:
-            return why
+    why = risky_name(path)
+    if why is not None:
+        return why
     newly_executable = guest is not None and guest.kind == FILE and guest.mode & 0o111
     if newly_executable and (base is None or base.kind != FILE or not base.mode & 0o111):
         return "newly executable"
     return None
 
 
-def symlink_escapes(path: str, target: str) -> bool:
-    """Whether a symlink at `path` (relative to the project root) with `target` points outside the tree."""
-    if target.startswith("/"):
-        return True
-    resolved = posixpath.normpath(posixpath.join(posixpath.dirname(path), target))
-    return resolved == ".." or resolved.startswith("../")
-
-
-def unsafe_reason(path: str, guest: Entry | None) -> str | None:
+def unsafe_reason(path: str, guest: Entry | None, trees: Sequence[Mapping[str, Entry]] = ()) -> str | None:
+    """Why a guest change can never be written. `trees` (the guest's and the host's) decide where a symlink
+    leads."""
     parts = path.split("/")
     if path.startswith("/") or any(p in ("", ".", "..") for p in parts) or "\0" in path:
         return "invalid path"
@@ -138,15 +95,11 @@ def unsafe_reason(path: str, guest: Entry | None) -> str | None:
         return None
     if guest.kind == OTHER:
         return "FIFOs, sockets and device files are never created"
-    if guest.kind == SYMLINK and guest.target is not None and symlink_escapes(path, guest.target):
-        return f"symlink leaves the project ({guest.target})"
+    if guest.kind == SYMLINK:
+        why = symlink_escape(path, [{path: guest}, *trees])
+        if why is not None:
+            return f"symlink to {guest.target!r} leaves the project: {why}"
     return None
-
-
-def notes_for(guest: Entry | None) -> list[str]:
-    if guest is not None and guest.kind in (FILE, DIR) and guest.mode & 0o7000:
-        return ["setuid/setgid/sticky bits dropped"]
-    return []
 
 
 def compare(baseline: Manifest, host: Manifest, guest: Manifest) -> list[Change]:
@@ -164,19 +117,20 @@ def compare(baseline: Manifest, host: Manifest, guest: Manifest) -> list[Change]
             status = Status.APPLY
         else:
             status = Status.CONFLICT
-        if status is not Status.SAME and unsafe_reason(path, g):
+        unsafe = unsafe_reason(path, g, (guest, host)) if status is not Status.SAME else None
+        if unsafe is not None:
             status = Status.UNSAFE
-        change = Change(path, base, g, h, status, risk_of(path, base, g), notes_for(g))
-        if status is Status.UNSAFE:
-            change.notes.insert(0, unsafe_reason(path, g) or "")
+        change = Change(path, base, g, h, status, risk_of(path, base, g))
+        if unsafe is not None:
+            change.notes.insert(0, unsafe)
         changes.append(change)
     return changes
 
 
 def same_entry(a: Entry | None, b: Entry | None) -> bool:
-    """Equal as far as a sync can carry: setuid/setgid/sticky bits never travel, so they never differ."""
+    """Equal as far as a sync can carry: only the CARRIED permission bits travel, so only they can differ."""
     if a is None or b is None:
         return a is None and b is None
     if a.kind in (DIR, FILE) and a.kind == b.kind:
-        return a.mode & 0o777 == b.mode & 0o777 and a.digest == b.digest
+        return a.mode & CARRIED == b.mode & CARRIED and a.digest == b.digest
     return a.same(b)

@@ -26,16 +26,28 @@ class StrMap:
 def load_yaml(path: Path) -> dict[str, Any]:
     """A YAML mapping from path ({} for an empty file)."""
     try:
-        data = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as exc:
-        raise VmsandboxError(f"{path}: not valid YAML: {exc}", hint="fix the syntax at the line shown") from exc
+        data = path.read_bytes()
     except OSError as exc:
         raise VmsandboxError(f"cannot read {path}: {exc.strerror}") from exc
-    if data is None:
+    return parse_yaml(data, str(path))
+
+
+def parse_yaml(data: bytes, source: str) -> dict[str, Any]:
+    """A YAML mapping from bytes ({} for an empty document); errors name `source` and the line."""
+    try:
+        doc = yaml.safe_load(data)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f", line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or str(exc)
+        if isinstance(exc, yaml.reader.ReaderError):  # a byte YAML never takes (control characters, bad UTF-8)
+            where, problem = f", byte {exc.position}", f"{exc.reason} (character {exc.character!r})"
+        raise VmsandboxError(f"{source}{where}: not valid YAML: {problem}", hint="fix the syntax there") from None
+    if doc is None:
         return {}
-    if not isinstance(data, dict):
-        raise VmsandboxError(f"{path}: the top level must be a mapping of keys to values")
-    return data
+    if not isinstance(doc, dict):
+        raise VmsandboxError(f"{source}: the top level must be a mapping of keys to values")
+    return doc
 
 
 def check(

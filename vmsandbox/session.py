@@ -23,7 +23,7 @@ from typing import Any
 
 from vmsandbox import accel as accel_mod
 from vmsandbox import blueprint as blueprint_mod
-from vmsandbox import egress, guestfiles, paths, proc, qemuimg, ssh, ui, workspace
+from vmsandbox import confine, egress, guestfiles, paths, proc, qemuimg, ssh, ui, workspace
 from vmsandbox import image as image_mod
 from vmsandbox.blueprint import Blueprint
 from vmsandbox.config import Settings
@@ -37,6 +37,7 @@ DOMAIN_PREFIX = "vmsandbox-"
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,30}$")
 PORT_ATTEMPTS = 4
 CONSOLE_TAIL_LINES = 30
+CONSOLE_TAIL_BYTES = 64 * 1024  # the guest writes the console: read only its end
 
 
 @dataclass
@@ -144,7 +145,9 @@ def free_port() -> int:
 def console_tail(name: str, lines: int = CONSOLE_TAIL_LINES) -> str:
     log_file = paths.session_paths(name).console_log
     try:
-        text = log_file.read_text(errors="replace")
+        with log_file.open("rb") as f:
+            f.seek(max(0, f.seek(0, os.SEEK_END) - CONSOLE_TAIL_BYTES))
+            text = f.read().decode(errors="replace")
     except OSError:
         return "(no console output)"
     tail = [line.rstrip() for line in text.splitlines() if line.strip()][-lines:]
@@ -197,15 +200,15 @@ def create(opts: Options) -> Record:
         ui.warn("--ssh-agent: the guest can use your SSH keys (not read them) while the session runs")
     with Hypervisor(settings.libvirt_uri) as hv:  # fails early, before anything is made, if libvirt is down
         files = paths.session_paths(name)
-        files.root.parent.mkdir(parents=True, exist_ok=True)
+        confine.state_dirs()
         try:
-            files.root.mkdir(mode=0o711)
+            files.root.mkdir(mode=0o700)
         except FileExistsError:
             raise VmsandboxError(
                 f"a session named {name} already exists",
                 hint=f"pick another --name, or `vmsandbox destroy {name}`",
             ) from None
-        files.root.chmod(0o711)  # libvirt's QEMU user must reach the overlay; keys stay 0600
+        confine.private_dir(files.root)  # QEMU's user reaches the disks, the guest-data account the mirror
         user = GuestUser("root", 0, 0) if opts.build_disk else GuestUser.of_host()
         record = Record(
             name=name,
@@ -366,7 +369,7 @@ def _boot(record: Record, image: image_mod.Image, hv: Hypervisor, boot_timeout: 
             workspace_disk=files.workspace_disk,
         )
         xml = build_xml(spec)
-        files.domain_xml.write_text(xml)
+        paths.write_atomically(files.domain_xml, xml)
         try:
             hv.create(xml)
         except VmsandboxError as exc:

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from vmsandbox import proc
+from vmsandbox import paths, proc
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.paths import SessionPaths
 
@@ -78,7 +78,7 @@ class Endpoint:
     def write_config(self) -> None:
         lines = [f"Host {host_alias(self.session)}"]
         lines += [f"    {k} {v}" for k, v in self.ssh_options().items()]
-        self.files.ssh_config.write_text("\n".join(lines) + "\n")
+        paths.write_atomically(self.files.ssh_config, "\n".join(lines) + "\n")
 
     def ssh_argv(self, *extra: str, user: str | None = None) -> list[str]:
         argv = ["ssh", "-F", str(self.files.ssh_config)]
@@ -94,7 +94,7 @@ class Endpoint:
 def write_known_hosts(files: SessionPaths, port: int, host_public_key: str) -> None:
     """Pin the guest's host key (generated on the host) for [127.0.0.1]:port."""
     key_type, key_data = host_public_key.split()[:2]
-    files.known_hosts.write_text(f"[{LOOPBACK}]:{port} {key_type} {key_data}\n")
+    paths.write_atomically(files.known_hosts, f"[{LOOPBACK}]:{port} {key_type} {key_data}\n")
 
 
 def wait_for_banner(port: int, *, timeout: float, alive: Callable[[], str | None]) -> float:

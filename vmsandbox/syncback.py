@@ -8,27 +8,34 @@ interrupted pull can simply run again.
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import difflib
 import json
 import os
 import shutil
 import signal
-from collections.abc import Iterable
+import tempfile
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from vmsandbox import apply, paths, proc, tree, ui, workspace
+from vmsandbox import apply, commits, confine, paths, transfer, tree, ui, workspace
 from vmsandbox.errors import VmsandboxError
-from vmsandbox.review import Change, Status, compare, is_git_managed, same_entry
+from vmsandbox.review import Change, Status, compare, is_git_managed
+from vmsandbox.risk import nested_git_dir
 from vmsandbox.session import Record, is_running
 from vmsandbox.tree import DIR, FILE, SYMLINK
 
 OUTBOX_MANIFEST = "manifest.json"
+OUTBOX_REFUSED = "refused.json"  # changes that can never be written, kept as a record (path, why, entry)
 OUTBOX_FILES = "files"
 OUTBOX_PATCH = "changes.patch"
 BUNDLE = "git.bundle"
 BINARY_SNIFF = 8192
+DIFF_LIMIT = 1024**2  # larger files are summarised, not diffed
+FREE_SPACE_RESERVE = 256 * 1024**2  # a pull never fills the project's filesystem to the last byte
 
 
 @dataclass
@@ -36,8 +43,10 @@ class Gathered:
     record: Record
     changes: list[Change]  # the guest's changes against the baseline (SAME ones left out)
     source: Path  # where the guest's content is read from
-    refs_changed: bool  # the guest moved branches or tags (commits come back through a bundle)
+    refs_changed: bool  # the guest added or moved branches or tags (its commits can be fetched)
     origin: str  # live | disk | outbox
+    git_refused: str | None = None  # why the guest's repository is not read at all
+    limit: int = 16 * 1024**3  # the sync budget: bytes a pull writes at most (and the largest file)
 
     @property
     def project(self) -> Path:
@@ -72,7 +81,9 @@ def pending(g: Gathered) -> list[Change]:
     return out
 
 
-def gather(record: Record) -> Gathered:
+def gather(record: Record, *, limit: int) -> Gathered:
+    """The guest's changes (from the outbox, the running VM or its disk) against the baseline and the host.
+    `limit`: the sync budget in bytes (settings' sync_limit)."""
     files = record.files
     base = workspace.baseline(files)
     if files.outbox.is_dir():
@@ -85,22 +96,31 @@ def gather(record: Record) -> Gathered:
         source, origin = files.outbox / OUTBOX_FILES, "outbox"
     elif is_running(record):
         with ui.step("Fetching the guest's changes"):
-            guest = workspace.fetch_live(record.endpoint(), record.project, files)
+            guest = workspace.fetch_live(record.endpoint(), record.project, files, max_file_bytes=limit)
         source, origin = files.guest_tree, "live"
     else:
         with ui.step("Reading the workspace disk of the stopped VM"):
-            guest = workspace.fetch_from_disk(files)
+            guest = workspace.fetch_from_disk(files, max_file_bytes=limit)
         source, origin = files.guest_tree, "disk"
     host = tree.scan(Path(record.project))
     _remove_leftover_temporaries(Path(record.project), host)
     changes = [c for c in compare(base, host, guest) if c.status is not Status.SAME]
-    refs_changed = any(
-        is_git_managed(p)
-        and (p.startswith((".git/refs/", ".git/packed-refs")) or p == ".git/HEAD")
-        and not same_entry(base.get(p), guest.get(p))
-        for p in set(base) | set(guest)
-    )
-    return Gathered(record, changes, source, refs_changed, origin)
+    refs_changed, refused = _guest_refs(files, origin)
+    return Gathered(record, changes, source, refs_changed, origin, refused, limit)
+
+
+def _guest_refs(files: paths.SessionPaths, origin: str) -> tuple[bool, str | None]:
+    """Whether the guest has new or moved branches or tags, and why its repository is refused (if it is)."""
+    if origin == "outbox":
+        return (files.outbox / BUNDLE).exists(), None
+    if not (files.baseline / ".git").is_dir() or files.baseline.joinpath(".git").is_symlink():
+        return False, None  # the project had no repository of its own
+    try:
+        commits.check_guest_gitdir(files.guest_tree / ".git")
+        guest_refs = commits.read_refs(files.guest_tree / ".git")
+    except commits.Refused as exc:
+        return False, exc.message
+    return bool(commits.changed_refs(commits.read_refs(files.baseline / ".git"), guest_refs)), None
 
 
 def _remove_leftover_temporaries(project: Path, host: tree.Manifest) -> None:
@@ -114,13 +134,23 @@ def _remove_leftover_temporaries(project: Path, host: tree.Manifest) -> None:
 # ---------------------------------------------------------------- showing
 
 
+def _head(root: Path, rel: str) -> bytes:
+    fd = apply.open_nofollow(root, rel)
+    if fd is None:
+        return b""
+    try:
+        return os.read(fd, BINARY_SNIFF)
+    finally:
+        os.close(fd)
+
+
 def _is_text(data: bytes) -> bool:
     if b"\0" in data[:BINARY_SNIFF]:
         return False
     try:
         data.decode()
-    except UnicodeDecodeError:
-        return False
+    except UnicodeDecodeError as exc:
+        return len(data) - exc.start < 4 and len(data) >= BINARY_SNIFF  # a character cut at the sniff's end
     return True
 
 
@@ -141,10 +171,14 @@ def diff_text(g: Gathered, c: Change) -> str:
     head = f"--- a/{c.path}\n+++ b/{c.path}\n"
     if (c.guest and c.guest.kind != FILE) or (c.base and c.base.kind != FILE) or c.kind == "mode changed":
         return f"{c.path}: {c.kind}, {describe(c)}\n"
-    old = apply.read_nofollow(files.baseline, c.path) if c.base else b""
-    new = apply.read_nofollow(g.source, c.path) if c.guest else b""
+    old = apply.read_nofollow(files.baseline, c.path, limit=DIFF_LIMIT) if c.base else b""
+    new = apply.read_nofollow(g.source, c.path, limit=DIFF_LIMIT) if c.guest else b""
     if old is None or new is None:
-        return f"{c.path}: {c.kind}\n"
+        sizes = f"{c.base.size if c.base else 0} → {c.guest.size if c.guest else 0} bytes"
+        heads = [_head(files.baseline, c.path) if c.base else b"", _head(g.source, c.path) if c.guest else b""]
+        if not all(_is_text(h) for h in heads):
+            return f"Binary file {c.path}: {c.kind}, {sizes}\n"
+        return f"{c.path}: {c.kind}, {sizes} (too large to diff)\n"
     if not (_is_text(old) and _is_text(new)):
         return f"Binary file {c.path}: {c.kind}, {len(old)} → {len(new)} bytes\n"
     lines = difflib.unified_diff(
@@ -157,16 +191,44 @@ def diff_text(g: Gathered, c: Change) -> str:
     return text or head
 
 
+def grouped(changes: list[Change]) -> list[tuple[str, list[Change]]]:
+    """Changes as the review shows them: one item each, except that everything inside a repository nested in
+    the project (a `.git` below the top level) is one item, `DIR/.git/ (N paths)`. In path order."""
+    items: list[tuple[str, list[Change]]] = []
+    nested: dict[str, list[Change]] = {}
+    for c in changes:
+        gitdir = nested_git_dir(c.path)
+        if gitdir is None:
+            items.append((c.path, [c]))
+        elif gitdir in nested:
+            nested[gitdir].append(c)
+        else:
+            nested[gitdir] = [c]
+            items.append((gitdir + "/", nested[gitdir]))
+    return [
+        (label if len(members) == 1 and not label.endswith("/") else f"{label} ({len(members)} paths)", members)
+        for label, members in items
+    ]
+
+
+def _status_label(c: Change) -> str:
+    if c.risky and c.status is Status.APPLY:
+        return "[yellow]quarantined[/]"
+    return {"apply": "[green]apply[/]", "conflict": "[red]conflict[/]", "unsafe": "[red]refused[/]"}[c.status]
+
+
 def summary_table(changes: list[Change]) -> Any:
     from rich.table import Table
 
     table = Table("STATUS", "CHANGE", "PATH", "NOTE", box=None)
-    for c in changes:
-        status = {"apply": "[green]apply[/]", "conflict": "[red]conflict[/]", "unsafe": "[red]refused[/]"}[c.status]
-        if c.risky and c.status is Status.APPLY:
-            status = "[yellow]quarantined[/]"
-        notes = "; ".join(filter(None, [c.risky, *c.notes, describe(c)]))
-        table.add_row(status, c.kind, ui.printable(c.path), ui.printable(notes))
+    for label, members in grouped(changes):
+        c = members[0]
+        if len(members) > 1:
+            table.add_row(_status_label(c), "repository", ui.printable(label), ui.printable(c.risky or ""))
+            continue
+        shown = c.notes if c.status is Status.UNSAFE else [*c.notes, describe(c)]  # a refusal names the target
+        notes = "; ".join(filter(None, [c.risky, *shown]))
+        table.add_row(_status_label(c), c.kind, ui.printable(c.path), ui.printable(notes))
     return table
 
 
@@ -195,15 +257,36 @@ def conflict_copy_name(path: str, session: str) -> str:
 def _keep_conflict(g: Gathered, c: Change, owner: apply.Owner) -> str | None:
     if c.guest is None or c.guest.kind != FILE:
         return None
-    data = apply.read_verified(g.source, c.path, c.guest)
     beside = conflict_copy_name(c.path, g.record.name)
-    apply.write_file(g.project, beside, data, c.guest.mode & 0o666, owner)
+    not_executable = dataclasses.replace(c.guest, mode=c.guest.mode & 0o666)
+    apply.copy_verified(g.source, g.project, c.path, not_executable, owner, dest=beside)
     return beside
+
+
+def check_space(g: Gathered, accepted: list[Change]) -> None:
+    """Before anything is written: the accepted files fit the session's sync budget and the project's
+    filesystem (with a reserve). Otherwise nothing is applied."""
+    need = sum(c.guest.size for c in accepted if c.guest is not None and c.guest.kind == FILE)
+    if need > g.limit:
+        raise VmsandboxError(
+            f"the accepted changes add up to {need / 1024**2:.0f} MiB, more than the {g.limit // 1024**2} MiB "
+            "a sync takes at once; nothing was applied",
+            hint=f"pull part of it (`vmsandbox pull {g.record.name} PATHS`), or raise `sync_limit` in "
+            "~/.config/vmsandbox/config.yaml",
+        )
+    free = shutil.disk_usage(g.project).free
+    if need + FREE_SPACE_RESERVE > free:
+        raise VmsandboxError(
+            f"the accepted changes need {need / 1024**2:.0f} MiB and {g.project} has {free / 1024**2:.0f} MiB free "
+            f"(keeping {FREE_SPACE_RESERVE // 1024**2} MiB in reserve); nothing was applied",
+            hint="free space there, or pull part of it (`vmsandbox pull NAME PATHS`)",
+        )
 
 
 def execute(g: Gathered, accepted: list[Change], out: Outcome) -> None:
     """Apply the accepted changes in a safe order; conflicts keep the guest version beside the file."""
     owner = apply.Owner(g.record.uid, g.record.gid)
+    check_space(g, accepted)
     done: list[Change] = []
     # Fault injection for the test suite: die with SIGKILL after N changes, as a killed pull would.
     die_after = int(os.environ.get("VMSANDBOX_TEST_KILL_PULL_AFTER", "-1"))
@@ -225,102 +308,99 @@ def execute(g: Gathered, accepted: list[Change], out: Outcome) -> None:
     _mark(g.record, done)
 
 
-def _git(project: Path) -> list[str]:
-    """git on the host project with nothing taken from what came out of the guest: no hooks run, objects
-    are checked."""
-    return [
-        "git",
-        "-C",
-        str(project),
-        "-c",
-        "core.hooksPath=/dev/null",
-        "-c",
-        "transfer.fsckObjects=true",
-        "-c",
-        "fetch.fsckObjects=true",
-        "-c",
-        "safe.directory=*",
-    ]
-
-
 def fetch_commits(g: Gathered) -> list[str]:
-    """Bring the guest's branches and tags in as refs/remotes/vmsandbox-<name>/* and list the new commits.
-
-    The source is the host-side mirror of the guest's repository (or the outbox's bundle). git's fetch from
-    a local repository takes only objects and refs from it: that repository's hooks never run and the
-    security-relevant parts of its config (e.g. uploadpack.packObjectsHook) are ignored by git itself.
-    """
-    if not g.refs_changed or not (g.project / ".git").is_dir():
+    """Bring the guest's new or moved branches and tags in as refs/remotes/vmsandbox-<name>/* and list the new
+    commits (commits.py: nothing but the guest's own objects is read, git runs as the invoking user). From an
+    outbox, they come from the bundle exported earlier."""
+    if not g.refs_changed or not _has_repository(g.project):
         return []
-    source = g.source / ".git" if g.origin != "outbox" else g.record.files.outbox / BUNDLE
-    if not source.exists():
-        return []
+    if g.origin != "outbox":
+        return commits.fetch(g.project, g.source, g.record.files.baseline, g.record.name, g.record.uid, g.record.gid)
+    who = confine.invoking_user(g.record.uid, g.record.gid)
     prefix = f"refs/remotes/vmsandbox-{g.record.name}"
-    git = _git(g.project)
-    proc.run(
-        [
-            *git,
+    with _private_tmp(who) as tmp:
+        bundle = tmp / BUNDLE
+        shutil.copyfile(g.record.files.outbox / BUNDLE, bundle)
+        confine.hand_over(tmp, who)
+        commits.run_git(
+            g.project,
+            who,
             "fetch",
             "--quiet",
             "--no-tags",
             "--no-write-fetch-head",
-            "--no-recurse-submodules",
-            str(source),
-            f"+refs/heads/*:{prefix}/*",
-            f"+refs/tags/*:{prefix}/tags/*",
-        ],
-        hint="the guest's git repository could not be read; its working-tree files still sync",
-    )
-    listing = proc.run(
-        [
-            *git,
-            "log",
-            "--oneline",
-            "--no-decorate",
-            "--max-count=20",
-            f"--glob={prefix}/*",
-            "--not",
-            "--branches",
-            "--tags",
-        ],
+            str(bundle),
+            f"+{prefix}/*:{prefix}/*",
+            hint="the exported bundle of the guest's commits could not be read; its working-tree files still sync",
+        )
+    listing = commits.run_git(
+        g.project,
+        who,
+        "log",
+        "--oneline",
+        "--no-decorate",
+        "--max-count=20",
+        f"--glob={prefix}/*",
+        "--not",
+        "--branches",
+        "--tags",
         check=False,
     )
     return listing.stdout.splitlines() or [f"refs updated under {prefix}/"]
+
+
+def _has_repository(project: Path) -> bool:
+    git = project / ".git"
+    return git.is_dir() and not git.is_symlink()
+
+
+@contextlib.contextmanager
+def _private_tmp(who: confine.Identity | None) -> Iterator[Path]:
+    path = Path(tempfile.mkdtemp(prefix="vmsandbox-"))
+    try:
+        confine.hand_over(path, who)
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 # ---------------------------------------------------------------- exporting
 
 
 def export(g: Gathered) -> Path:
-    """Keep every pending change in the outbox (manifest, the changed files, a patch, the git bundle)."""
+    """Keep every pending change in the outbox (manifest, the changed files, a patch, the git bundle), and a
+    record of the refused ones (what they were and why they can never be written)."""
     files = g.record.files
     todo = pending(g)
     box = files.outbox
     staging = files.root / "outbox.new"
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(mode=0o700)
-    (staging / OUTBOX_FILES).mkdir()
+    (staging / OUTBOX_FILES).mkdir(mode=0o700)
+    keeper = apply.Owner(os.geteuid(), os.getegid())
     manifest: dict[str, Any] = {}
-    for c in todo:
+    for c in apply.order(todo):
         manifest[c.path] = c.guest.as_dict() if c.guest else None
         if c.guest is None:
             continue
-        target = staging / OUTBOX_FILES / c.path
-        target.parent.mkdir(parents=True, exist_ok=True)
-        src = g.source / c.path
         if c.guest.kind == FILE:
-            shutil.copy2(src, target, follow_symlinks=False)
+            apply.copy_verified(g.source, staging / OUTBOX_FILES, c.path, c.guest, keeper)
         elif c.guest.kind == SYMLINK and c.guest.target is not None:
-            target.symlink_to(c.guest.target)
+            apply.write_symlink(staging / OUTBOX_FILES, c.path, c.guest.target, keeper)
         elif c.guest.kind == DIR:
-            target.mkdir(exist_ok=True)
+            apply.make_dir(staging / OUTBOX_FILES, c.path, c.guest.mode, keeper)
+    refused = [
+        {"path": c.path, "why": c.notes[0] if c.notes else "", "entry": c.guest.as_dict() if c.guest else None}
+        for c in g.changes
+        if c.status is Status.UNSAFE
+    ]
     (staging / OUTBOX_MANIFEST).write_text(json.dumps(manifest, indent=1))
+    (staging / OUTBOX_REFUSED).write_text(json.dumps(refused, indent=1))
     (staging / OUTBOX_PATCH).write_text("".join(diff_text(g, c) for c in todo))
-    if g.origin != "outbox" and g.refs_changed and (g.project / ".git").is_dir():
+    if g.origin != "outbox" and g.refs_changed and _has_repository(g.project):
         try:  # the guest's commits go into the project's refs/remotes now, and into a bundle for later
             fetch_commits(g)
-            prefix = f"refs/remotes/vmsandbox-{g.record.name}"
-            proc.run([*_git(g.project), "bundle", "create", "--quiet", str(staging / BUNDLE), f"--glob={prefix}/*"])
+            _bundle_into(g, staging / BUNDLE)
         except VmsandboxError as exc:
             ui.warn(f"could not keep the guest's commits: {exc.message}")
     elif g.origin == "outbox" and (box / BUNDLE).exists():
@@ -329,6 +409,16 @@ def export(g: Gathered) -> Path:
         shutil.rmtree(box)
     staging.rename(box)
     return box
+
+
+def _bundle_into(g: Gathered, dest: Path) -> None:
+    """A bundle of refs/remotes/vmsandbox-NAME/*, made by git as the invoking user, kept at dest."""
+    who = confine.invoking_user(g.record.uid, g.record.gid)
+    prefix = f"refs/remotes/vmsandbox-{g.record.name}"
+    with _private_tmp(who) as tmp:
+        made = tmp / BUNDLE
+        commits.run_git(g.project, who, "bundle", "create", "--quiet", str(made), f"--glob={prefix}/*")
+        shutil.copyfile(made, dest)
 
 
 # ---------------------------------------------------------------- the review
@@ -355,33 +445,38 @@ def _ask(question: str, choices: str) -> str:
 
 
 def _interactive(g: Gathered, todo: list[Change]) -> tuple[list[Change], bool]:
-    """Per change: y apply, n skip, d diff, a apply all remaining safe changes, q stop. Returns (accepted, commits)."""
+    """Per change (a nested repository is one): y apply, n skip, d diff, a apply all remaining safe changes,
+    q stop. Returns (accepted, whether to fetch the guest's commits)."""
     accepted: list[Change] = []
     apply_rest = False
-    for i, c in enumerate(todo, 1):
+    items = grouped(todo)
+    for i, (label, members) in enumerate(items, 1):
+        c = members[0]
         if apply_rest and not c.risky and c.status is Status.APPLY:
-            accepted.append(c)
+            accepted += members
             continue
         verb = "keep the guest version beside it" if c.status is Status.CONFLICT else "apply"
-        warn = f" [yellow]⚠ {c.risky}[/]" if c.risky else ""
-        ui.err.print(f"[bold]({i}/{len(todo)})[/] {c.kind} {ui.printable(c.path)} — {c.status.value}{warn}")
+        warn = f" [yellow]⚠ {ui.printable(c.risky)}[/]" if c.risky else ""
+        kind = "repository" if len(members) > 1 else c.kind
+        ui.err.print(f"[bold]({i}/{len(items)})[/] {kind} {ui.printable(label)} — {c.status.value}{warn}")
         while True:
             answer = _ask(f"  {verb}? y=yes n=no d=diff a=all safe q=quit", "yndaq")
             if answer == "d":
-                ui.err.print(ui.printable(diff_text(g, c), markup=False), markup=False, highlight=False)
+                text = "".join(diff_text(g, m) for m in members)
+                ui.err.print(ui.printable(text, markup=False), markup=False, highlight=False)
                 continue
             break
         if answer == "q":
             break
         if answer in "ya":
-            accepted.append(c)
+            accepted += members
         if answer == "a":
             apply_rest = True
-    commits = (
+    take = (
         g.refs_changed
         and _ask(f"Fetch the guest's commits into refs/remotes/vmsandbox-{g.record.name}/*? y=yes n=no", "yn") == "y"
     )
-    return accepted, commits
+    return accepted, take
 
 
 def review(
@@ -390,7 +485,7 @@ def review(
     """Show the guest's changes and apply what is accepted. Nothing is applied without a terminal or --yes."""
     out = Outcome()
     changes = select_paths(g.changes, g.project, only or [])
-    if not changes and not g.refs_changed:
+    if not changes and not g.refs_changed and g.git_refused is None:
         ui.info("No changes in the guest.")
         return out
     if changes:
@@ -398,18 +493,20 @@ def review(
     shown = {c.path for c in changes}
     todo = [c for c in pending(g) if c.path in shown]
     out.refused = [f"{c.path}: {c.notes[0]}" for c in changes if c.status is Status.UNSAFE]
+    if g.git_refused is not None:
+        out.refused.append(f"the guest's commits: {g.git_refused}")
     if dry_run:
         ui.info(f"Dry run: {len(todo)} change(s) pending; nothing written.")
         out.skipped = [c.path for c in todo]
         return out
     held: list[Change] = []
     if interactive and not yes:
-        accepted, commits = _interactive(g, todo)
+        accepted, take_commits = _interactive(g, todo)
     elif yes:
         held = [c for c in todo if c.risky and not include_risky]
         accepted = [c for c in todo if not c.risky or include_risky]
-        out.quarantined = [f"{c.path} ({c.risky})" for c in held]
-        commits = g.refs_changed
+        out.quarantined = [f"{label} ({members[0].risky})" for label, members in grouped(held)]
+        take_commits = g.refs_changed
     else:
         ui.warn(
             "no terminal to review on and no --yes: nothing applied (rerun with --yes to apply the safe "
@@ -420,9 +517,11 @@ def review(
     decided = {c.path for c in accepted} | {c.path for c in held}
     out.skipped = [c.path for c in todo if c.path not in decided]
     execute(g, accepted, out)
-    if commits:
+    if take_commits:
         try:
             out.commits = fetch_commits(g)
+        except commits.Refused as exc:
+            out.refused.append(f"the guest's commits: {exc.message}")
         except VmsandboxError as exc:
             out.failed.append(f"git history: {exc.message}")
     return out
@@ -432,7 +531,7 @@ def report(g: Gathered, out: Outcome) -> None:
     left = len(pending(g))
     g.record.unsynced = left
     g.record.save()
-    if not g.changes and not out.commits:
+    if not g.changes and not out.commits and not out.refused:
         return
     for label, items, colour in (
         ("applied", out.applied, "green"),
@@ -457,7 +556,7 @@ def report(g: Gathered, out: Outcome) -> None:
 # ---------------------------------------------------------------- push
 
 
-def push(record: Record) -> tuple[list[str], list[str]]:
+def push(record: Record, *, limit: int) -> tuple[list[str], list[str]]:
     """Send host edits made since the baseline into the guest. A path the guest also changed is not touched
     (reported as a conflict). Pushed paths become the new baseline. Returns (pushed, conflicts)."""
     if not is_running(record):
@@ -465,30 +564,34 @@ def push(record: Record) -> tuple[list[str], list[str]]:
     files = record.files
     base = workspace.baseline(files)
     with ui.step("Fetching the guest's changes"):
-        guest = workspace.fetch_live(record.endpoint(), record.project, files)
+        guest = workspace.fetch_live(record.endpoint(), record.project, files, max_file_bytes=limit)
     host = tree.scan(Path(record.project))
     # the same three-way view with the roles swapped: the host is the side whose changes travel
     changes = [c for c in compare(base, guest, host) if not is_git_managed(c.path)]
     send = [c for c in changes if c.status is Status.APPLY]
     conflicts = [c.path for c in changes if c.status is Status.CONFLICT]
     if send:
-        listing = files.root / "push.list"
-        listing.write_text("".join(c.path + "\n" for c in send))
         endpoint = record.endpoint()
+        remote = record.project.rstrip("/") + "/"
+        # the host side reads the user's project as the user; the guest's rsync never talks to root here
+        side = transfer.Side(confine.invoking_user(record.uid, record.gid), confine.GIT_LIMITS, Path(record.project))
         with ui.step(f"Pushing {len(send)} host change(s) into the guest"):
-            proc.run(
+            transfer.rsync(
+                endpoint,
                 [
-                    "rsync",
                     "-a",
                     "--relative",
                     "--delete-missing-args",
-                    f"--files-from={listing}",
+                    "--files-from=-",
+                    "--from0",
                     f"--chown={record.uid}:{record.gid}",
-                    "-e",
-                    f"{endpoint.rsync_rsh()} -l root",
-                    f"{record.project}/",
-                    f"{endpoint.host_alias}:{record.project}/",
-                ]
+                ],
+                remote,
+                f"{endpoint.host_alias}:{remote}",
+                side=side,
+                expect_sender=False,
+                remote_path=remote,
+                input=b"".join(c.path.encode("utf-8", "surrogateescape") + b"\0" for c in send),
             )
         for c in send:  # the pushed state is what both sides now agree on
             _copy_entry(Path(record.project), files.baseline, c.path)

@@ -1,6 +1,8 @@
 """A manifest of a directory tree: per relative path its type, mode, size and content hash.
 
-Walks never follow symlinks; a symlink is recorded with its target. Paths use "/" and are relative.
+Walks never follow symlinks, not even a directory swapped for a symlink while the walk runs: directories are
+walked through their descriptors (os.fwalk) and files opened relative to them with O_NOFOLLOW. A symlink is
+recorded with its target. Paths use "/" and are relative.
 """
 
 from __future__ import annotations
@@ -8,12 +10,16 @@ from __future__ import annotations
 import hashlib
 import os
 import stat
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 FILE, DIR, SYMLINK, OTHER = "file", "dir", "symlink", "other"
-_CHUNK = 1 << 20
+CHUNK = 1 << 20
+# The permission bits a sync carries: rwx for the owner and the group, r-x for others. Setuid, setgid, sticky
+# and world-writable never travel from a guest, so they never make a difference between two trees either.
+CARRIED = 0o775
 
 
 @dataclass(frozen=True)
@@ -44,27 +50,64 @@ class Entry:
         return cls(**data)
 
 
-def file_digest(path: Path) -> str:
+def open_file_at(dir_fd: int | None, name: str | Path, st: os.stat_result | None = None) -> int | None:
+    """An fd of the regular file `name` (relative to dir_fd), never through a symlink; None if it is not a
+    regular file any more (or not the one `st` describes)."""
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd)
+    except OSError:
+        return None
+    now = os.fstat(fd)
+    if not stat.S_ISREG(now.st_mode) or (st is not None and (now.st_ino, now.st_dev) != (st.st_ino, st.st_dev)):
+        os.close(fd)
+        return None
+    return fd
+
+
+def chunks(fd: int) -> Iterator[bytes]:
+    while data := os.read(fd, CHUNK):
+        yield data
+
+
+def fd_digest(fd: int) -> str:
     h = hashlib.sha256()
-    with path.open("rb") as fh:
-        while chunk := fh.read(_CHUNK):
-            h.update(chunk)
+    for data in chunks(fd):
+        h.update(data)
     return h.hexdigest()
 
 
-def entry_of(path: Path) -> Entry | None:
+def entry_at(dir_fd: int, name: str) -> Entry | None:
+    """The entry `name` in the directory dir_fd, never followed (None if it is gone)."""
     try:
-        st = path.lstat()
+        st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
     except FileNotFoundError:
         return None
     mode = stat.S_IMODE(st.st_mode)
     if stat.S_ISLNK(st.st_mode):
-        return Entry(SYMLINK, 0o777, st.st_size, target=os.readlink(path))  # noqa: PTH115 - exact bytes, not a Path
+        return Entry(SYMLINK, 0o777, st.st_size, target=os.readlink(name, dir_fd=dir_fd))
     if stat.S_ISDIR(st.st_mode):
         return Entry(DIR, mode)
     if stat.S_ISREG(st.st_mode):
-        return Entry(FILE, mode, st.st_size, digest=file_digest(path))
+        fd = open_file_at(dir_fd, name, st)
+        if fd is None:  # swapped for something else meanwhile
+            return Entry(OTHER, 0)
+        try:
+            return Entry(FILE, mode, st.st_size, digest=fd_digest(fd))
+        finally:
+            os.close(fd)
     return Entry(OTHER, mode)
+
+
+def entry_of(path: Path) -> Entry | None:
+    """The entry at path (its parent directories are trusted; the entry itself is never followed)."""
+    try:
+        fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    try:
+        return entry_at(fd, path.name)
+    finally:
+        os.close(fd)
 
 
 Manifest = dict[str, Entry]
@@ -73,16 +116,15 @@ Manifest = dict[str, Entry]
 def scan(root: Path, *, skip: frozenset[str] = frozenset()) -> Manifest:
     """Every path under root (root itself excluded). `skip` names top-level entries to leave out."""
     found: Manifest = {}
-    for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
+    for dirpath, dirnames, filenames, dir_fd in os.fwalk(root, follow_symlinks=False):
         rel_dir = os.path.relpath(dirpath, root)
         prefix = "" if rel_dir == "." else rel_dir + "/"
         for name in sorted(dirnames + filenames):
-            rel = prefix + name
             if not prefix and name in skip:
                 continue
-            entry = entry_of(Path(dirpath) / name)
+            entry = entry_at(dir_fd, name)
             if entry is not None:
-                found[rel] = entry
+                found[prefix + name] = entry
         dirnames[:] = [d for d in dirnames if not (not prefix and d in skip)]
     return found
 

@@ -21,7 +21,8 @@ def info(message: str) -> None:
 
 
 def warn(message: str) -> None:
-    err.print(f"[yellow]warning:[/] {message}")
+    """A warning: plain text (never markup), control characters shown escaped."""
+    err.print(f"[yellow]warning:[/] {printable(message)}")
     log.warning(message)
 
 

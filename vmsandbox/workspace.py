@@ -4,15 +4,21 @@ of the guest's tree that reviews compare against.
 Work stays on the host where it can (the guest CPU is slow under TCG): the tree is copied locally, the guest's
 ext4 disk is made on the host with `mkfs.ext4 -d`, and changes come back with rsync's delta transfer into a
 host-side mirror that starts as a copy of the baseline. If the VM dies, the disk is read on the host.
+
+The mirror holds guest bytes, so it belongs to the unprivileged guest-data account (`confine`): the rsync
+receiver that fills it, and e2fsck and debugfs that read a dead VM's disk into it, run as that account with
+resource limits. Nothing in it ever keeps a setuid, setgid or sticky bit or a world-writable mode; its root
+is 0700 inside the private session directory. Reviews only read it, with lstat and O_NOFOLLOW.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
-from vmsandbox import proc, tree
+from vmsandbox import confine, paths, proc, transfer, tree
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.paths import SessionPaths
 from vmsandbox.ssh import Endpoint
@@ -30,7 +36,7 @@ def capture(project: Path, files: SessionPaths) -> tree.Manifest:
     )
     files.baseline.chmod(0o700)  # cp -a gave it the project's mode: keep the copy private
     manifest = tree.scan(files.baseline)
-    files.baseline_manifest.write_text(json.dumps(tree.to_json(manifest)))
+    paths.write_atomically(files.baseline_manifest, json.dumps(tree.to_json(manifest)))
     used = sum(e.size for e in manifest.values())
     size = max(2 * used, used + HEADROOM_BYTES)
     inodes = max(2 * len(manifest), size // BYTES_PER_INODE)
@@ -54,7 +60,7 @@ def capture(project: Path, files: SessionPaths) -> tree.Manifest:
     if "lost+found" not in manifest:
         proc.run(["debugfs", "-w", "-R", "rmdir lost+found", files.workspace_disk])
     proc.run(["cp", "-a", "--reflink=auto", files.baseline, files.guest_tree])
-    files.guest_tree.chmod(0o700)
+    confine.hand_over(files.guest_tree, confine.guest_data_account())
     return manifest
 
 
@@ -67,46 +73,97 @@ def baseline(files: SessionPaths) -> tree.Manifest:
         ) from None
 
 
-def fetch_live(endpoint: Endpoint, workdir: str, files: SessionPaths) -> tree.Manifest:
+# What the mirror never takes from the guest: owners, devices, FIFOs, sockets, and the mode bits that must
+# never exist on the host (setuid, setgid, sticky, world-writable). Holes stay holes.
+RSYNC_PULL = (
+    "-a",
+    "--delete",
+    "--sparse",
+    "--no-owner",
+    "--no-group",
+    "--no-devices",
+    "--no-specials",
+    "--chmod=ug-s,o-wt",
+    "--timeout=300",
+)
+
+
+def fetch_live(endpoint: Endpoint, workdir: str, files: SessionPaths, *, max_file_bytes: int) -> tree.Manifest:
     """Bring the guest's tree into the host mirror (rsync delta over the session's SSH) and scan it.
 
-    Runs as root in the guest so files the agent made with sudo come along. The mirror lives in the
-    session directory; nothing in it is ever followed or executed, only read with lstat/O_NOFOLLOW.
+    The guest side runs as root so files the agent made with sudo come along; the host side is the
+    unprivileged guest-data account, which may write no file larger than `max_file_bytes`.
     """
-    proc.run(
-        [
-            "rsync",
-            "-a",
-            "--delete",
-            "--no-owner",
-            "--no-group",
-            "--no-devices",
-            "--no-specials",
-            "-e",
-            f"{endpoint.rsync_rsh()} -l root",
-            f"{endpoint.host_alias}:{workdir.rstrip('/')}/",
+    who = confine.guest_data_account()
+    side = transfer.Side(who, confine.guest_data_limits(max_file_bytes), files.guest_tree)
+    remote = workdir.rstrip("/") + "/"
+    try:
+        transfer.rsync(
+            endpoint,
+            RSYNC_PULL,
+            f"{endpoint.host_alias}:{remote}",
             f"{files.guest_tree}/",
-        ],
-        hint=f"is the VM running? `vmsandbox ls`; its console: `vmsandbox logs {endpoint.session}`",
-    )
+            side=side,
+            expect_sender=True,
+            remote_path=remote,
+            hint=f"is the VM running? `vmsandbox ls`; its console: `vmsandbox logs {endpoint.session}`",
+        )
+    except proc.CommandError as exc:
+        raise _explained(exc, max_file_bytes) from exc
+    finally:
+        files.guest_tree.chmod(0o700)  # rsync gave it the mode of the guest's project directory
     return tree.scan(files.guest_tree)
 
 
-def fetch_from_disk(files: SessionPaths) -> tree.Manifest:
-    """The VM is gone: read its workspace disk on the host (no mount, no loop device) into the mirror."""
+def _explained(exc: proc.CommandError, max_file_bytes: int) -> VmsandboxError:
+    text = exc.result.stderr
+    if "File too large" in text or exc.result.returncode in (-25, 128 + 25):  # EFBIG / SIGXFSZ
+        return VmsandboxError(
+            f"a file in the guest is larger than the {max_file_bytes // 1024**3} GiB a sync takes per file: "
+            + exc.message,
+            hint="remove or shrink it in the guest (`vmsandbox shell NAME`), or raise `sync_limit` in "
+            "~/.config/vmsandbox/config.yaml",
+        )
+    if "No space left" in text:
+        return VmsandboxError(
+            "no space left for the mirror of the guest's tree: " + exc.message,
+            hint="free space in the state directory, or remove what the guest does not need to send back",
+        )
+    return exc
+
+
+def fetch_from_disk(files: SessionPaths, *, max_file_bytes: int) -> tree.Manifest:
+    """The VM is gone: read its workspace disk on the host (no mount, no loop device) into the mirror.
+
+    The disk was written by the guest: e2fsck and debugfs read it as the guest-data account, with limits."""
     if not files.workspace_disk.exists():
         return tree.scan(files.guest_tree)
+    who = confine.guest_data_account()
+    limits = confine.guest_data_limits(max_file_bytes)
     fresh = files.root / "guest.new"
     shutil.rmtree(fresh, ignore_errors=True)
     fresh.mkdir(mode=0o700)
-    # A VM that crashed left its journal unreplayed: let e2fsck replay it (exit codes 1 and 2: fixed).
-    fsck = proc.run(["e2fsck", "-f", "-p", files.workspace_disk], check=False)
-    if fsck.returncode > 2:
-        raise VmsandboxError(
-            f"the workspace disk of session {files.root.name} is damaged: {fsck.stderr.strip()}",
-            hint=f"its raw image is {files.workspace_disk}; try `e2fsck` on a copy of it",
+    confine.hand_over(fresh, who)
+    confine.give_file(files.workspace_disk, who)
+    disk = os.open(files.workspace_disk, os.O_RDWR | os.O_NOFOLLOW)
+    device = f"/proc/self/fd/{disk}"
+    try:
+        # A VM that crashed left its journal unreplayed: let e2fsck replay it (exit codes 1 and 2: fixed).
+        fsck = proc.run(
+            ["e2fsck", "-f", "-p", device], check=False, as_user=who, limits=limits, cwd=fresh, pass_fds=(disk,)
         )
-    proc.run(["debugfs", "-R", f"rdump / {fresh}", files.workspace_disk])
+        if fsck.returncode > 2:
+            raise VmsandboxError(
+                f"the workspace disk of session {files.root.name} is damaged: {fsck.stderr.strip()}",
+                hint=f"its raw image is {files.workspace_disk}; try `e2fsck` on a copy of it",
+            )
+        proc.run(["debugfs", "-R", "rdump / .", device], as_user=who, limits=limits, cwd=fresh, pass_fds=(disk,))
+    finally:
+        os.close(disk)
+    confine.hand_over(fresh, who)  # debugfs kept the guest's setuid bits and modes: drop what never lands
+    found = fresh / "lost+found"  # e2fsck makes one; the project had none (capture removed mkfs's)
+    if "lost+found" not in baseline(files) and found.is_dir() and not found.is_symlink() and not any(found.iterdir()):
+        found.rmdir()
     shutil.rmtree(files.guest_tree, ignore_errors=True)
     fresh.rename(files.guest_tree)
     return tree.scan(files.guest_tree)

@@ -240,3 +240,34 @@ def test_open_mode_allows_names_but_never_loopback(rig: Rig) -> None:
         s.close()
         assert reply.startswith(b"HTTP/1.1 403"), reply
     assert rig.recorder.hits == 0
+
+
+def test_plain_http_inside_connect_is_held_to_the_tunnel_host(rig: Rig) -> None:
+    s, reply = _connect(rig.port, "http.up.test:80")
+    assert reply.startswith(b"HTTP/1.1 200"), reply
+    s.sendall(b"GET /inside HTTP/1.1\r\nHost: http.up.test\r\n\r\n")
+    out = _read_all(s)
+    s.close()
+    assert b"hello from http.up.test GET /inside" in out
+    s, reply = _connect(rig.port, "http.up.test:80")
+    s.sendall(b"GET /x HTTP/1.1\r\nHost: localhost\r\n\r\n")  # smuggling another host through the tunnel
+    out = _read_all(s)
+    s.close()
+    assert b"403" in out and b"inside the tunnel" in out
+    s, _ = _connect(rig.port, "http.up.test:80")
+    s.sendall(b"GET http://localhost/x HTTP/1.1\r\nHost: http.up.test\r\n\r\n")  # absolute form: refused too
+    assert b"403" in _read_all(s)
+    s.close()
+    events = rig.events()
+    assert [e["decision"] for e in events] == ["allow", "deny", "deny"]
+    assert len(rig.http.requests) == 1 and rig.recorder.hits == 0
+
+
+def test_the_log_caps_what_the_guest_chose(rig: Rig) -> None:
+    target = "x" * 5000 + ".up.test:443"
+    s, reply = _connect(rig.port, target)
+    reply += _read_all(s)
+    s.close()
+    (event,) = rig.events()
+    assert all(len(v) <= 260 for v in event.values() if isinstance(v, str))
+    assert rig.log.stat().st_mode & 0o077 == 0  # the log is private

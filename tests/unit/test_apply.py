@@ -88,6 +88,56 @@ def test_symlink_created_as_symlink(tmp_path: Path) -> None:
 
 
 def test_rejects_traversal_paths(tmp_path: Path) -> None:
-    with pytest.raises(apply.UnsafePathError):
-        apply.write_file(tmp_path, "../escape", b"x", 0o644, OWNER)
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "f").write_text("x")
+    fd = os.open(tmp_path / "src" / "f", os.O_RDONLY)
+    try:
+        with pytest.raises(apply.UnsafePathError):
+            apply.write_from(tmp_path, "../escape", fd, None, 0o644, OWNER)
+    finally:
+        os.close(fd)
     assert not (tmp_path.parent / "escape").exists()
+
+
+def test_modes_land_masked_and_zeros_land_as_holes(tmp_path: Path) -> None:
+    root, src = tmp_path / "root", tmp_path / "src"
+    root.mkdir()
+    src.mkdir()
+    with (src / "sparse").open("wb") as fh:
+        fh.write(b"head")
+        fh.seek(64 * 1024**2)
+        fh.write(b"tail")
+    (src / "sparse").chmod(0o6777)
+    apply.apply_one(root, src, change(root, src, "sparse"), OWNER)
+    st = (root / "sparse").stat()
+    assert st.st_mode & 0o7777 == 0o775  # no setuid/setgid, not world-writable
+    assert st.st_size == 64 * 1024**2 + 4
+    assert st.st_blocks * 512 <= 256 * 1024  # the 64 MiB of zeros became a hole
+    assert (root / "sparse").read_bytes()[-4:] == b"tail"
+
+
+def test_a_file_swapped_after_the_review_is_not_applied(tmp_path: Path) -> None:
+    root, src = tmp_path / "root", tmp_path / "src"
+    root.mkdir()
+    src.mkdir()
+    (src / "f").write_text("what the review showed")
+    c = change(root, src, "f")
+    (src / "f").write_text("something else, same length!!")
+    with pytest.raises(VmsandboxError, match="changed in the guest copy"):
+        apply.apply_one(root, src, c, OWNER)
+    assert not (root / "f").exists()
+    assert not [p for p in root.iterdir() if p.name.startswith(apply.TMP_PREFIX)]
+
+
+def test_a_source_swapped_for_a_symlink_is_never_read(tmp_path: Path) -> None:
+    root, src, secret = tmp_path / "root", tmp_path / "src", tmp_path / "secret"
+    root.mkdir()
+    src.mkdir()
+    secret.write_text("host secret")
+    (src / "f").write_text("x")
+    c = change(root, src, "f")
+    (src / "f").unlink()
+    (src / "f").symlink_to(secret)
+    with pytest.raises(VmsandboxError):
+        apply.apply_one(root, src, c, OWNER)
+    assert not (root / "f").exists()

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from vmsandbox import blueprint, guestfiles
+from vmsandbox import blueprint, guestfiles, trust
 from vmsandbox.errors import VmsandboxError
 
 
@@ -51,7 +51,11 @@ def test_user_blueprint_extends_and_adds(isolated_dirs: Path) -> None:
 def test_a_user_blueprint_may_extend_the_builtin_of_the_same_name(isolated_dirs: Path, tmp_path: Path) -> None:
     write(isolated_dirs / "config" / "blueprints" / "claude.yaml", "extends: claude\napt: [ripgrep]\n")
     project = tmp_path / "proj"
-    write(project / ".vmsandbox" / "blueprints" / "claude.yaml", "extends: claude\nallow: [proj.example]\n")
+    mine = project / ".vmsandbox" / "blueprints" / "claude.yaml"
+    write(mine, "extends: claude\nallow: [proj.example]\n")
+    with pytest.raises(trust.UntrustedError):  # a cloned repository's blueprint is not used silently
+        blueprint.load("claude", project)
+    trust.trust(mine, mine.read_bytes())
     bp = blueprint.load("claude", project)
     assert bp.apt == ("ripgrep",) and "proj.example" in bp.allow and bp.npm
     assert len(bp.chain) == 4  # base, built-in claude, user claude, project claude

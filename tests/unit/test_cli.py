@@ -56,6 +56,10 @@ def test_missing_secret_stops_run_before_anything_is_made(capsys: pytest.Capture
         "secrets:\n  - {secret: my-key, host: api.example.com, header: x-api-key, env: MY_KEY}\n"
     )
     assert run_cli(["run", str(tmp_path), "--", "true"]) == cli.EXIT_ERROR
+    assert "not trusted" in capsys.readouterr().err
+    assert run_cli(["trust", "--yes", str(tmp_path)]) == 0
+    assert "your secret my-key goes to api.example.com" in capsys.readouterr().err
+    assert run_cli(["run", str(tmp_path), "--", "true"]) == cli.EXIT_ERROR
     err = capsys.readouterr().err
     assert "secret my-key" in err and "vmsandbox secret set my-key" in err
 
@@ -99,3 +103,23 @@ def test_agent_shorthands_exist_with_runs_options(capsys: pytest.CaptureFixture[
         assert run_cli([agent, "--help"]) == 0
         out = capsys.readouterr().out
         assert "--publish" in out and "--blueprint" not in out and agent in out
+
+
+def test_trust_shows_and_refuses_without_a_terminal_or_yes(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    from vmsandbox import trust
+
+    (tmp_path / ".vmsandbox.yaml").write_text("network: open\nallow: [evil.example]\n")
+    assert run_cli(["trust", str(tmp_path)]) == cli.EXIT_ERROR
+    err = capsys.readouterr().err
+    assert "network" in err and "--yes" in err
+    assert not trust.records()
+
+
+def test_trust_shows_what_a_config_changes_escaped(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    (tmp_path / ".vmsandbox.yaml").write_text("cpus: 2\nnetwork: open\nallow: [evil.example]\n")
+    assert run_cli(["trust", "--yes", str(tmp_path)]) == 0
+    err = capsys.readouterr().err
+    assert 'network: "open"   (now: "allowlist")' in err
+    assert "cpus: 2   (sizes the VM: needs no trust)" in err
+    assert run_cli(["trust", str(tmp_path)]) == 0  # trusted already: nothing to ask
+    assert "trusted already" in capsys.readouterr().err

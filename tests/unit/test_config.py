@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from vmsandbox import blueprint, config
+from vmsandbox import blueprint, config, trust
 from vmsandbox.accel import Accel
 from vmsandbox.errors import VmsandboxError
 
@@ -73,6 +73,7 @@ def test_network_settings_accumulate_across_sources(tmp_path: Path) -> None:
         "network: open\nallow: [api.example.com:8443]\nsecrets:\n"
         "  - {secret: k, host: API.example.com, header: Authorization, value: 'Bearer {secret}', env: K}\n",
     )
+    trust.trust(project / ".vmsandbox.yaml", (project / ".vmsandbox.yaml").read_bytes())
     s = config.load(project, blueprint=blueprint.load("base")).merged({"allow": ["x.example.net"]}, config.COMMAND_LINE)
     assert s.network.value == "open"
     assert {"*.example.org", "api.example.com:8443", "x.example.net", "pypi.org"} <= set(s.allow)
@@ -107,3 +108,50 @@ def test_bad_secret_mappings_name_the_key(tmp_path: Path, entry: str, needle: st
     assert needle in err.value.message
     if "name" not in needle:
         assert str(f) in err.value.message and "secrets[0]" in err.value.message
+
+
+def test_a_project_file_that_widens_needs_trust_and_sizing_does_not(tmp_path: Path) -> None:
+    project = tmp_path / "proj"
+    write(project / ".vmsandbox.yaml", "cpus: 4\nmemory: 4G\nboot_timeout: 60\n")
+    assert config.load(project).cpus == 4  # sizing keys need no trust
+    write(project / ".vmsandbox.yaml", "cpus: 4\nnetwork: open\nallow: [evil.example]\n")
+    with pytest.raises(trust.UntrustedError) as exc:
+        config.load(project)
+    assert "`allow`, `network`" in exc.value.message and "vmsandbox trust" in (exc.value.hint or "")
+    trust.trust(project / ".vmsandbox.yaml", (project / ".vmsandbox.yaml").read_bytes())
+    assert config.load(project).network.value == "open"
+    write(project / ".vmsandbox.yaml", "cpus: 4\nnetwork: open\nallow: [evil.example, worse.example]\n")
+    with pytest.raises(trust.UntrustedError, match="changed since you trusted it"):
+        config.load(project)
+
+
+def test_trust_lives_outside_the_project(tmp_path: Path, isolated_dirs: Path) -> None:
+    project = tmp_path / "proj"
+    write(project / ".vmsandbox.yaml", "network: open\n")
+    trust.trust(project / ".vmsandbox.yaml", (project / ".vmsandbox.yaml").read_bytes())
+    store = isolated_dirs / "config" / trust.TRUST_FILE
+    assert store.exists() and store.stat().st_mode & 0o077 == 0
+    assert not list(project.glob("*trust*"))
+
+
+def test_libvirt_uri_never_comes_from_a_project(tmp_path: Path) -> None:
+    project = tmp_path / "proj"
+    write(project / ".vmsandbox.yaml", "libvirt_uri: 'qemu+ext:///system?command=/tmp/x'\n")
+    with pytest.raises(VmsandboxError, match="`libvirt_uri` is never taken from a project file"):
+        config.load(project)
+
+
+def test_a_symlinked_project_file_is_refused(tmp_path: Path) -> None:
+    project = tmp_path / "proj"
+    write(tmp_path / "elsewhere.yaml", "cpus: 2\n")
+    project.mkdir()
+    (project / ".vmsandbox.yaml").symlink_to(tmp_path / "elsewhere.yaml")
+    with pytest.raises(VmsandboxError, match="is a symlink"):
+        config.load(project)
+
+
+def test_yaml_errors_name_the_file_and_line(tmp_path: Path) -> None:
+    project = tmp_path / "proj"
+    write(project / ".vmsandbox.yaml", "cpus: 2\nmemory: [\n")
+    with pytest.raises(VmsandboxError, match=r"\.vmsandbox\.yaml, line \d+, column \d+: not valid YAML"):
+        config.load(project)

@@ -1,0 +1,45 @@
+"""The proxy log is bounded: capped fields, a rotated file, private modes (no sockets, no subprocesses)."""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+from pathlib import Path
+
+import pytest
+
+from vmsandbox import proxy
+from vmsandbox.netpolicy import address_reason
+from vmsandbox.proxy import Event, Proxy, ProxyConfig
+
+
+def test_fields_are_capped() -> None:
+    ev = Event(method="CONNECT", target="t" * 10_000, reason="r" * 10_000, host="h" * 300)
+    rec = ev.record()
+    assert all(len(v) <= proxy.MAX_FIELD + 1 for v in rec.values() if isinstance(v, str))
+
+
+def test_the_log_rotates(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(proxy, "MAX_LOG_BYTES", 10_000)
+    log = tmp_path / "proxy.jsonl"
+    p = Proxy(lambda: ProxyConfig(policy=None), log, lambda _n: None, lambda: None)  # type: ignore[arg-type]
+    for i in range(300):
+        p._log(Event(method="CONNECT", target=f"host{i}.example:443", reason="x" * 200))
+    assert log.stat().st_size <= 10_000
+    assert proxy.rotated(log).stat().st_size <= 10_000
+    assert log.stat().st_mode & 0o077 == 0
+    last = json.loads(log.read_text().splitlines()[-1])
+    assert last["target"] == "host299.example:443"
+
+
+@pytest.mark.parametrize(
+    ("address", "why"),
+    [
+        ("fec0::1", "site-local"),
+        ("64:ff9b::7f00:1", "NAT64"),  # 127.0.0.1 through a NAT64 gateway
+        ("64:ff9b::a00:1", "NAT64"),  # 10.0.0.1
+        ("::ffff:169.254.169.254", "metadata"),
+    ],
+)
+def test_addresses_that_are_not_public(address: str, why: str) -> None:
+    assert why in (address_reason(ipaddress.ip_address(address)) or "")

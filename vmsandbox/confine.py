@@ -1,0 +1,237 @@
+"""Who may touch what on the host: private state directories, and unprivileged, limited processes for
+everything that parses bytes that came out of a guest.
+
+The guest is hostile, so whatever reads its bytes on the host is a target: the rsync receiver that fills the
+session's mirror of the guest's tree, e2fsck and debugfs on a dead VM's workspace disk, git fetching the
+guest's commits. None of them runs as root:
+
+- the mirror, the rsync receiver, e2fsck and debugfs belong to the dedicated system account `_vmsandbox`
+  (made by `vmsandbox host setup`), which owns nothing else and can reach nothing else of ours;
+- git runs as the invoking user in their own repository (its objects must be theirs anyway);
+- each of them gets resource limits (file size, memory, CPU time, processes).
+
+State directories are 0700 with a POSIX ACL that lets exactly two other accounts *traverse* them (never list
+or read): libvirt's QEMU user, which opens the session's disks and fw_cfg files, and `_vmsandbox`, which
+reaches the mirror. No other local user can enter a session directory.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import logging
+import os
+import pwd
+import re
+import resource
+import stat
+import struct
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from vmsandbox import paths
+from vmsandbox.errors import VmsandboxError
+
+log = logging.getLogger(__name__)
+
+ACCOUNT = "_vmsandbox"  # the unprivileged owner of guest data on the host
+QEMU_CONF = Path("/etc/libvirt/qemu.conf")
+QEMU_USERS = ("libvirt-qemu", "qemu")  # Debian/Ubuntu, then Fedora/Arch, when qemu.conf does not say
+GIB = 1024**3
+
+
+@dataclass(frozen=True)
+class Identity:
+    """An account a child process switches to before it runs (uid, gid and supplementary groups)."""
+
+    uid: int
+    gid: int
+    groups: tuple[int, ...] = ()
+    name: str = ""
+    home: str = "/nonexistent"
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Resource limits set in a child before it runs (None: leave the inherited limit)."""
+
+    file_bytes: int | None = None  # RLIMIT_FSIZE: the largest file it may write
+    memory_bytes: int | None = None  # RLIMIT_AS
+    cpu_seconds: int | None = None  # RLIMIT_CPU
+    processes: int | None = None  # RLIMIT_NPROC: counts every process of the account
+
+    def apply(self) -> None:
+        """In the child, after it switched identity: limits can only go down from there."""
+        for kind, value in (
+            (resource.RLIMIT_FSIZE, self.file_bytes),
+            (resource.RLIMIT_AS, self.memory_bytes),
+            (resource.RLIMIT_CPU, self.cpu_seconds),
+            (resource.RLIMIT_NPROC, self.processes),
+        ):
+            if value is not None:
+                resource.setrlimit(kind, (value, value))
+
+
+def guest_data_limits(file_bytes: int) -> Limits:
+    """For the rsync receiver, e2fsck and debugfs: the largest file the sync takes, and generous bounds on
+    the rest (an honest transfer of a large tree stays far below them)."""
+    return Limits(file_bytes=file_bytes, memory_bytes=4 * GIB, cpu_seconds=3600, processes=64)
+
+
+# git as the invoking user: their own process count is unknown, so no process limit; memory for big packs.
+GIT_LIMITS = Limits(memory_bytes=16 * GIB, cpu_seconds=3600)
+
+
+@contextlib.contextmanager
+def umask(mask: int) -> Iterator[None]:
+    """vmsandbox runs with umask 077 (everything it writes is private); image builds, which make files for
+    every account of a guest, run under another."""
+    old = os.umask(mask)
+    try:
+        yield
+    finally:
+        os.umask(old)
+
+
+def state_dirs() -> None:
+    """The state directory (when we make it) and its sessions directory: private, traversable by QEMU's user
+    and the guest-data account only."""
+    state = paths.state_dir()
+    if not state.exists():
+        make_private_dir(state)
+    sessions = paths.sessions_dir()
+    if not sessions.exists() or sessions.stat().st_mode & 0o077 not in (0, 0o010):
+        make_private_dir(sessions)
+
+
+def guest_data_account() -> Identity | None:
+    """The account that owns the mirror and runs the processes that parse guest data. None when we are not
+    root (then we are unprivileged already)."""
+    if os.geteuid() != 0:
+        return None
+    try:
+        pw = pwd.getpwnam(ACCOUNT)
+    except KeyError:
+        raise VmsandboxError(
+            f"the unprivileged account {ACCOUNT}, which reads what comes out of a guest, does not exist",
+            hint="create it with `sudo vmsandbox host setup`",
+        ) from None
+    return Identity(pw.pw_uid, pw.pw_gid, (), ACCOUNT)
+
+
+def invoking_user(uid: int, gid: int) -> Identity | None:
+    """The project's owner, for git in their repository. None when that is who we are already."""
+    if os.geteuid() != 0 or uid == 0:
+        return None
+    try:
+        pw = pwd.getpwuid(uid)
+    except KeyError:
+        return Identity(uid, gid, (gid,))
+    return Identity(uid, gid, tuple(os.getgrouplist(pw.pw_name, gid)), pw.pw_name, pw.pw_dir)
+
+
+def qemu_uid() -> int | None:
+    """The uid libvirt runs QEMU as (qemu.conf's `user`, else the distribution's default account)."""
+    names: list[str] = []
+    try:
+        text = QEMU_CONF.read_text()
+    except OSError:
+        text = ""
+    m = re.search(r'^\s*user\s*=\s*"([^"]+)"', text, re.MULTILINE)
+    if m:
+        names.append(m.group(1))
+    names += QEMU_USERS
+    for name in names:
+        if name.startswith("+") and name[1:].isdigit():
+            return int(name[1:])
+        try:
+            return pwd.getpwnam(name).pw_uid
+        except KeyError:
+            continue
+    return None
+
+
+def traversers() -> list[int]:
+    """The accounts that must traverse state directories: QEMU's user and the guest-data account."""
+    found = [qemu_uid()]
+    with contextlib.suppress(KeyError):
+        found.append(pwd.getpwnam(ACCOUNT).pw_uid)
+    return sorted({uid for uid in found if uid is not None and uid != os.geteuid()})
+
+
+# POSIX ACL xattr (linux/posix_acl_xattr.h): a version, then (tag, perm, id) entries sorted by tag and id.
+_ACL_VERSION = 2
+_USER_OBJ, _USER, _GROUP_OBJ, _MASK, _OTHER = 0x01, 0x02, 0x04, 0x10, 0x20
+_NO_ID = 0xFFFFFFFF
+_X, _RWX = 1, 7
+
+
+def traverse_only_acl(uids: list[int]) -> bytes:
+    """An access ACL: the owner rwx, each uid x (traverse, never list or read), nobody else anything."""
+    entries = [(_USER_OBJ, _RWX, _NO_ID)]
+    entries += [(_USER, _X, uid) for uid in sorted(uids)]
+    entries += [(_GROUP_OBJ, 0, _NO_ID), (_MASK, _X if uids else 0, _NO_ID), (_OTHER, 0, _NO_ID)]
+    return struct.pack("<I", _ACL_VERSION) + b"".join(struct.pack("<HHI", *e) for e in entries)
+
+
+def private_dir(path: Path, *, traverse: bool = True) -> None:
+    """Make `path` (an existing directory of ours) 0700; with `traverse`, let QEMU's user and the guest-data
+    account pass through it. Where the filesystem has no ACLs, it falls back to 0711 (other users can pass
+    through but list nothing; everything inside stays 0600/0700) and logs why."""
+    path.chmod(0o700)
+    uids = traversers() if traverse else []
+    if not uids:
+        return
+    try:
+        os.setxattr(path, "system.posix_acl_access", traverse_only_acl(uids), follow_symlinks=False)
+    except OSError as exc:
+        if exc.errno not in (errno.ENOTSUP, errno.EOPNOTSUPP, errno.EPERM):
+            raise
+        log.warning("%s: no POSIX ACLs here (%s); mode 0711 instead", path, exc.strerror)
+        path.chmod(0o711)
+
+
+def make_private_dir(path: Path, *, traverse: bool = True) -> None:
+    """mkdir (parents as needed) and make it private; an existing directory is made private too."""
+    path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    private_dir(path, traverse=traverse)
+
+
+def hand_over(root: Path, who: Identity | None) -> None:
+    """Give a tree to `who` (lchown, no symlink followed) and drop what must never exist on the host:
+    setuid, setgid and sticky bits and world-writable modes. The root itself becomes 0700."""
+    for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
+        for name in [*dirnames, *filenames]:
+            _settle(Path(dirpath) / name, who)
+    _settle(root, who)
+    root.chmod(0o700)
+
+
+def give_file(path: Path, who: Identity | None) -> None:
+    """A single file of ours (a disk image) to `who`, private (0600)."""
+    if who is not None:
+        os.lchown(path, who.uid, who.gid)
+    path.chmod(0o600)
+
+
+UNSAFE_BITS = 0o7002  # setuid, setgid, sticky, world-writable
+
+
+def _settle(path: Path, who: Identity | None) -> None:
+    """One entry, through an O_PATH descriptor: even if something swapped it for a symlink meanwhile, only
+    the entry itself is changed, never what a link points at."""
+    fd = os.open(path, os.O_PATH | os.O_NOFOLLOW)
+    try:
+        st = os.fstat(fd)
+        if stat.S_ISLNK(st.st_mode):
+            if who is not None:
+                os.lchown(path, who.uid, who.gid)
+            return
+        this = Path(f"/proc/self/fd/{fd}")  # the very inode we checked, whatever the path holds now
+        if who is not None and (st.st_uid, st.st_gid) != (who.uid, who.gid):
+            os.chown(this, who.uid, who.gid)
+        if st.st_mode & UNSAFE_BITS:
+            this.chmod(stat.S_IMODE(st.st_mode) & ~UNSAFE_BITS & 0o777)
+    finally:
+        os.close(fd)

@@ -1,0 +1,162 @@
+"""rsync between the host and a guest, with the host side of rsync unprivileged.
+
+The guest's rsync is hostile: whatever it sends, the host's rsync parses (file lists, names, modes, deltas).
+So the host's rsync runs as an unprivileged account (`confine`), with resource limits, in a directory only
+that account can write. The SSH connection itself stays ours: the session's keys and its multiplexed master
+connection belong to root, and an unprivileged rsync must not hold them.
+
+How the two meet: rsync's "remote shell" (`-e`) is a tiny relay, `sh` and two `cat`s, that first tells us
+the command rsync wants run on the other side, then copies bytes between rsync and one end of a socket pair.
+We check that command (it must be an rsync server for the path we asked for), run it in the guest over the
+session's SSH connection with the other end of the socket pair as its stdin and stdout, and wait for both.
+"""
+
+from __future__ import annotations
+
+import shlex
+import socket
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from vmsandbox import proc
+from vmsandbox.confine import Identity, Limits
+from vmsandbox.errors import VmsandboxError
+from vmsandbox.ssh import Endpoint
+
+PREAMBLE_LIMIT = 64 * 1024
+PREAMBLE_TIMEOUT = 30.0
+RELAY_NAME = "vmsandbox-relay"
+
+
+def relay_shell(fd: int) -> str:
+    """rsync's `-e` value: report our argv (a count, then each argument, NUL-terminated) on fd, then relay
+    stdin to fd (in the background; stdin kept on another fd, as a shell gives background jobs /dev/null) and
+    fd to stdout until the guest's side is done, ending then as ssh would when the remote command ends."""
+    alt = 3 if fd != 3 else 4
+    script = (
+        f'printf "%s\\0" "$#" "$@" >&{fd}; exec {alt}<&0; cat <&{alt} >&{fd} & cat <&{fd}; kill $! 2>/dev/null; exit 0'
+    )
+    return f"sh -c '{script}' {RELAY_NAME}"
+
+
+def read_preamble(sock: socket.socket, *, timeout: float = PREAMBLE_TIMEOUT) -> list[str]:
+    """The argv the relay reported (without consuming anything after it)."""
+    sock.settimeout(timeout)
+    buf = b""
+    try:
+        while True:
+            fields = buf.split(b"\0")
+            if len(fields) > 1 and fields[0].isdigit() and len(fields) - 2 >= int(fields[0]):
+                count = int(fields[0])
+                return [f.decode("utf-8", "surrogateescape") for f in fields[1 : count + 1]]
+            if len(buf) > PREAMBLE_LIMIT:
+                raise VmsandboxError("rsync's relay sent an oversized command line")
+            byte = sock.recv(1)  # one at a time: what follows belongs to the guest's rsync
+            if not byte:
+                raise EOFError
+            buf += byte
+    finally:
+        sock.settimeout(None)
+
+
+@dataclass(frozen=True)
+class Side:
+    """The unprivileged host side: who runs rsync, under which limits, in which directory."""
+
+    as_user: Identity | None
+    limits: Limits | None
+    cwd: Path
+
+    def env(self) -> dict[str, str]:
+        """A minimal environment: nothing of ours (HOME, SSH_AUTH_SOCK …) leaks to the unprivileged side."""
+        home = self.as_user.home if self.as_user is not None else "/nonexistent"
+        return {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "HOME": home, "LC_ALL": "C.UTF-8"}
+
+
+def rsync(
+    endpoint: Endpoint,
+    options: Sequence[str],
+    source: str,
+    dest: str,
+    *,
+    side: Side,
+    expect_sender: bool,
+    remote_path: str,
+    input: bytes | None = None,
+    timeout: float | None = None,
+    hint: str | None = None,
+) -> proc.Result:
+    """Run `rsync OPTIONS SOURCE DEST` on the host as side.as_user, where the remote end (`HOST:PATH` in
+    SOURCE or DEST) is the guest, reached as root over the session's SSH connection.
+
+    `expect_sender`: the guest's rsync sends (a pull) or receives (a push); the command the relay reports
+    must say the same and name `remote_path`, or nothing is run in the guest."""
+    ours, theirs = socket.socketpair()
+    try:
+        local = proc.start(
+            # --blocking-io: the relay's cats expect blocking pipes (rsync makes them non-blocking otherwise)
+            ["rsync", *options, "--blocking-io", "-e", relay_shell(theirs.fileno()), source, dest],
+            stdin=proc.PIPE if input is not None else proc.DEVNULL,
+            cwd=side.cwd,
+            env=side.env(),
+            as_user=side.as_user,
+            limits=side.limits,
+            pass_fds=(theirs.fileno(),),
+        )
+    except BaseException:
+        ours.close()
+        theirs.close()
+        raise
+    theirs.close()
+    guest: list[proc.Result | BaseException] = []
+    waiter: threading.Thread | None = None
+    try:
+        try:
+            argv = read_preamble(ours)
+        except EOFError:
+            argv = []  # rsync failed before it needed the guest: its own error says why
+        if argv:
+            command = _checked(argv, endpoint, expect_sender=expect_sender, remote_path=remote_path)
+            ssh = proc.start(
+                [*endpoint.ssh_argv("-T", user="root"), "--", command], stdin=ours.fileno(), stdout=ours.fileno()
+            )
+
+            def wait_guest() -> None:
+                try:
+                    guest.append(proc.finish(ssh, check=False, timeout=timeout))
+                except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread
+                    guest.append(exc)
+
+            waiter = threading.Thread(target=wait_guest, daemon=True)
+            waiter.start()
+        ours.close()
+        result = proc.finish(local, input=input, check=False, timeout=timeout, hint=hint, reap_group=True)
+    finally:
+        ours.close()
+        if waiter is not None:
+            waiter.join(timeout=30)
+    ssh_result = guest[0] if guest else None
+    if isinstance(ssh_result, BaseException):
+        raise ssh_result
+    if result.returncode != 0:
+        extra = f"\n{ssh_result.stderr.strip()}" if ssh_result is not None and ssh_result.stderr.strip() else ""
+        raise proc.CommandError(
+            proc.Result(result.argv, result.returncode, result.stdout, result.stderr + extra), hint=hint
+        )
+    return result
+
+
+def _checked(argv: list[str], endpoint: Endpoint, *, expect_sender: bool, remote_path: str) -> str:
+    """The command line to run in the guest, as ssh would join it, after checking it is what we asked for."""
+    host, *command = argv
+    ok = (
+        host == endpoint.host_alias
+        and command[:2] == ["rsync", "--server"]
+        and ("--sender" in command) == expect_sender
+        and command[-1].replace("\\", "") in (remote_path, remote_path.rstrip("/") + "/")
+    )
+    if not ok:
+        raise VmsandboxError(f"refusing to relay an unexpected rsync command: {shlex.join(argv)[:300]}")
+    return " ".join(command)

@@ -1,0 +1,149 @@
+"""Trust in project configuration. A project's `.vmsandbox.yaml` and `.vmsandbox/blueprints/*.yaml` are code:
+they decide what a session may reach (network, secrets, host files copied in, packages installed as root).
+A freshly cloned repository — or a guest whose changes were applied — must not get that power silently.
+
+So (as direnv and mise do) a project file that widens what a session may do is obeyed only after the user
+trusted its exact content with `vmsandbox trust`. The record — the file's absolute path and the SHA-256 of its
+bytes — lives in the user's config directory, outside every project, so nothing in a project (or a guest)
+can write it. A changed file is untrusted again. Keys that only size the VM need no trust.
+
+Files are read once, without following symlinks, and parsed from the very bytes whose hash was checked.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import stat
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from vmsandbox import paths
+from vmsandbox.errors import VmsandboxError
+
+TRUST_FILE = "trusted.json"
+MAX_CONFIG_BYTES = 1024**2
+
+
+def digest(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def key(path: Path) -> str:
+    """A trust record's key: the file's absolute path (its directory resolved; the file is never a link)."""
+    return str(path.parent.resolve() / path.name)
+
+
+def read_project_file(path: Path) -> bytes | None:
+    """The bytes of a project config file; None if there is none. A symlink, something that is not a
+    regular file, or a file over 1 MiB is refused (a project file must be what it looks like)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        if path.is_symlink():
+            raise VmsandboxError(
+                f"{path} is a symlink; a project config file must be a regular file",
+                hint="replace the link by the file itself",
+            ) from None
+        raise VmsandboxError(f"cannot read {path}: {exc.strerror}") from exc
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(f.fileno())
+        if not stat.S_ISREG(st.st_mode):
+            raise VmsandboxError(f"{path} is not a regular file")
+        data = f.read(MAX_CONFIG_BYTES + 1)
+    if len(data) > MAX_CONFIG_BYTES:
+        raise VmsandboxError(f"{path} is larger than {MAX_CONFIG_BYTES // 1024} KiB; that is not a config file")
+    return data
+
+
+def _store() -> Path:
+    return paths.config_dir() / TRUST_FILE
+
+
+def records() -> dict[str, dict[str, Any]]:
+    try:
+        data = json.loads(_store().read_text())
+    except FileNotFoundError:
+        return {}
+    except ValueError as exc:
+        raise VmsandboxError(
+            f"{_store()} is damaged: {exc}", hint="remove it; then trust your projects again with `vmsandbox trust`"
+        ) from exc
+    return data if isinstance(data, dict) else {}
+
+
+def _save(data: dict[str, dict[str, Any]]) -> None:
+    directory = paths.config_dir()
+    directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+    paths.write_atomically(_store(), json.dumps(data, indent=1, sort_keys=True) + "\n", mode=0o600)
+
+
+@dataclass(frozen=True)
+class State:
+    trusted: bool
+    changed: bool  # trusted once, with other content
+
+
+def state(path: Path, data: bytes) -> State:
+    entry = records().get(key(path))
+    if entry is None:
+        return State(False, False)
+    same = entry.get("sha256") == digest(data)
+    return State(same, not same)
+
+
+def trust(path: Path, data: bytes) -> None:
+    found = records()
+    found[key(path)] = {"sha256": digest(data), "trusted_at": time.time()}
+    _save(found)
+
+
+def revoke(path: Path) -> bool:
+    found = records()
+    if found.pop(key(path), None) is None:
+        return False
+    _save(found)
+    return True
+
+
+class UntrustedError(VmsandboxError):
+    """A project file that widens what a session may do and whose content the user has not trusted."""
+
+    def __init__(self, path: Path, keys: list[str], *, changed: bool, project: Path) -> None:
+        what = ", ".join(f"`{k}`" for k in keys)
+        since = " (it changed since you trusted it)" if changed else ""
+        super().__init__(
+            f"{path} is not trusted{since}: it sets {what}, which widen what a session may do",
+            hint=f"read it, then `vmsandbox trust {project}` (it shows what the file changes)",
+        )
+        self.path = path
+        self.keys = keys
+
+
+def require(path: Path, data: bytes, keys: list[str], *, project: Path) -> None:
+    """Raise UntrustedError unless `keys` is empty or the file's exact content is trusted."""
+    if not keys:
+        return
+    st = state(path, data)
+    if not st.trusted:
+        raise UntrustedError(path, keys, changed=st.changed, project=project)
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A project file `vmsandbox trust` looks at."""
+
+    path: Path
+    raw: bytes
+    kind: str  # config | blueprint
+    lines: list[str]  # what it changes, one item per line (plain text)
+    widening: list[str]  # its keys that need trust
+
+    @property
+    def state(self) -> State:
+        return state(self.path, self.raw)
