@@ -19,6 +19,7 @@ directly. Instead:
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
@@ -290,7 +291,7 @@ def fetch(project: Path, guest_tree: Path, baseline: Path, session: str, uid: in
         return []
     who = confine.invoking_user(uid, gid)
     incoming = make_incoming(guest_git, baseline / ".git", project / ".git", refs, who)
-    prefix = f"refs/remotes/vmsandbox-{session}"
+    prefix = remote_prefix(session)
     try:
         specs = [f"+refs/heads/*:{prefix}/*", f"+refs/tags/*:{prefix}/tags/*"]
         args = ["fetch", "--quiet", "--no-tags", "--no-write-fetch-head", "--no-recurse-submodules"]
@@ -302,19 +303,6 @@ def fetch(project: Path, guest_tree: Path, baseline: Path, session: str, uid: in
                 one = run_git(project, who, *args, str(incoming.path), f"+{name}:{dest}", check=False)
                 if one.returncode != 0:
                     failed.append(name)
-        listing = run_git(
-            project,
-            who,
-            "log",
-            "--oneline",
-            "--no-decorate",
-            "--max-count=20",
-            f"--glob={prefix}/*",
-            "--not",
-            "--branches",
-            "--tags",
-            check=False,
-        )
     finally:
         shutil.rmtree(incoming.path, ignore_errors=True)
     if failed:
@@ -322,4 +310,68 @@ def fetch(project: Path, guest_tree: Path, baseline: Path, session: str, uid: in
             f"the guest's {', '.join(failed)} could not be fetched (objects missing or failing git's checks)"
             + (f"; the others arrived under {prefix}/" if len(failed) < len(refs) else "")
         )
+    return new_commits(project, who, prefix)
+
+
+def remote_prefix(session: str) -> str:
+    return f"refs/remotes/vmsandbox-{session}"
+
+
+def new_commits(project: Path, who: Identity | None, prefix: str) -> list[str]:
+    """One line per commit under prefix that no local branch or tag has (at most 20)."""
+    listing = run_git(
+        project,
+        who,
+        "log",
+        "--oneline",
+        "--no-decorate",
+        "--max-count=20",
+        f"--glob={prefix}/*",
+        "--not",
+        "--branches",
+        "--tags",
+        check=False,
+    )
     return listing.stdout.splitlines() or [f"refs updated under {prefix}/"]
+
+
+@contextlib.contextmanager
+def private_tmp(who: Identity | None) -> Iterator[Path]:
+    """A temporary directory only `who` (and root) can use."""
+    path = Path(tempfile.mkdtemp(prefix="vmsandbox-"))
+    try:
+        confine.hand_over(path, who)
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def fetch_bundle(project: Path, bundle: Path, session: str, uid: int, gid: int) -> list[str]:
+    """The guest's commits kept in an exported bundle (made by `bundle` below) back into the project."""
+    who = confine.invoking_user(uid, gid)
+    prefix = remote_prefix(session)
+    with private_tmp(who) as tmp:
+        readable = tmp / bundle.name
+        shutil.copyfile(bundle, readable)
+        confine.hand_over(tmp, who)
+        run_git(
+            project,
+            who,
+            "fetch",
+            "--quiet",
+            "--no-tags",
+            "--no-write-fetch-head",
+            str(readable),
+            f"+{prefix}/*:{prefix}/*",
+            hint="the exported bundle of the guest's commits could not be read; its working-tree files still sync",
+        )
+    return new_commits(project, who, prefix)
+
+
+def bundle(project: Path, dest: Path, session: str, uid: int, gid: int) -> None:
+    """A bundle of refs/remotes/vmsandbox-SESSION/*, made by git as the invoking user, kept at dest."""
+    who = confine.invoking_user(uid, gid)
+    with private_tmp(who) as tmp:
+        made = tmp / dest.name
+        run_git(project, who, "bundle", "create", "--quiet", str(made), f"--glob={remote_prefix(session)}/*")
+        shutil.copyfile(made, dest)

@@ -8,15 +8,13 @@ interrupted pull can simply run again.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import difflib
 import json
 import os
 import shutil
 import signal
-import tempfile
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -316,52 +314,12 @@ def fetch_commits(g: Gathered) -> list[str]:
         return []
     if g.origin != "outbox":
         return commits.fetch(g.project, g.source, g.record.files.baseline, g.record.name, g.record.uid, g.record.gid)
-    who = confine.invoking_user(g.record.uid, g.record.gid)
-    prefix = f"refs/remotes/vmsandbox-{g.record.name}"
-    with _private_tmp(who) as tmp:
-        bundle = tmp / BUNDLE
-        shutil.copyfile(g.record.files.outbox / BUNDLE, bundle)
-        confine.hand_over(tmp, who)
-        commits.run_git(
-            g.project,
-            who,
-            "fetch",
-            "--quiet",
-            "--no-tags",
-            "--no-write-fetch-head",
-            str(bundle),
-            f"+{prefix}/*:{prefix}/*",
-            hint="the exported bundle of the guest's commits could not be read; its working-tree files still sync",
-        )
-    listing = commits.run_git(
-        g.project,
-        who,
-        "log",
-        "--oneline",
-        "--no-decorate",
-        "--max-count=20",
-        f"--glob={prefix}/*",
-        "--not",
-        "--branches",
-        "--tags",
-        check=False,
-    )
-    return listing.stdout.splitlines() or [f"refs updated under {prefix}/"]
+    return commits.fetch_bundle(g.project, g.record.files.outbox / BUNDLE, g.record.name, g.record.uid, g.record.gid)
 
 
 def _has_repository(project: Path) -> bool:
     git = project / ".git"
     return git.is_dir() and not git.is_symlink()
-
-
-@contextlib.contextmanager
-def _private_tmp(who: confine.Identity | None) -> Iterator[Path]:
-    path = Path(tempfile.mkdtemp(prefix="vmsandbox-"))
-    try:
-        confine.hand_over(path, who)
-        yield path
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
 
 
 # ---------------------------------------------------------------- exporting
@@ -400,7 +358,7 @@ def export(g: Gathered) -> Path:
     if g.origin != "outbox" and g.refs_changed and _has_repository(g.project):
         try:  # the guest's commits go into the project's refs/remotes now, and into a bundle for later
             fetch_commits(g)
-            _bundle_into(g, staging / BUNDLE)
+            commits.bundle(g.project, staging / BUNDLE, g.record.name, g.record.uid, g.record.gid)
         except VmsandboxError as exc:
             ui.warn(f"could not keep the guest's commits: {exc.message}")
     elif g.origin == "outbox" and (box / BUNDLE).exists():
@@ -409,16 +367,6 @@ def export(g: Gathered) -> Path:
         shutil.rmtree(box)
     staging.rename(box)
     return box
-
-
-def _bundle_into(g: Gathered, dest: Path) -> None:
-    """A bundle of refs/remotes/vmsandbox-NAME/*, made by git as the invoking user, kept at dest."""
-    who = confine.invoking_user(g.record.uid, g.record.gid)
-    prefix = f"refs/remotes/vmsandbox-{g.record.name}"
-    with _private_tmp(who) as tmp:
-        made = tmp / BUNDLE
-        commits.run_git(g.project, who, "bundle", "create", "--quiet", str(made), f"--glob={prefix}/*")
-        shutil.copyfile(made, dest)
 
 
 # ---------------------------------------------------------------- the review

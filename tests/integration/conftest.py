@@ -194,6 +194,17 @@ def owned_name(request: pytest.FixtureRequest, base_image: image.Image, state_di
     shutil.rmtree(paths.session_paths(name).root, ignore_errors=True)
 
 
+@pytest.fixture(scope="module")
+def kept_session(cli: Cli, project: Path, base_image: image.Image) -> Iterator[str]:
+    """A session started with `run --keep` on the module's own (module-scoped) `project`, for a module whose
+    tests run in order against it; destroyed, whatever it holds, when the module is done."""
+    n = unique_name()
+    r = cli.run("run", "--keep", "--name", n, str(project), "--", "true")
+    assert r.returncode == 0, r.stderr.decode()
+    yield n
+    cli.run("destroy", n, "--discard")
+
+
 @pytest.fixture(scope="session")
 def shared(
     base_image: image.Image, state_dir: Path, tmp_path_factory: pytest.TempPathFactory

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from vmsandbox import image, paths, session
+from vmsandbox import paths, session
 from vmsandbox.confine import ACCOUNT
 from vmsandbox.virt import Hypervisor
 
@@ -65,12 +65,8 @@ def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def name(cli: Cli, project: Path, base_image: image.Image) -> Iterator[str]:
-    n = unique_name()
-    r = cli.run("run", "--keep", "--name", n, str(project), "--", "true")
-    assert r.returncode == 0, r.stderr.decode()
-    yield n
-    cli.run("destroy", n, "--discard")
+def name(kept_session: str) -> str:
+    return kept_session
 
 
 def guest(cli: Cli, name: str, script: str) -> None:

@@ -14,15 +14,14 @@ import pty
 import select
 import subprocess
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from vmsandbox import image, paths, session, tree
+from vmsandbox import paths, session, tree
 from vmsandbox.virt import Hypervisor
 
-from .conftest import Cli, assert_gone, unique_name
+from .conftest import Cli, assert_gone
 
 GUEST_SCRIPT = r"""
 set -e
@@ -86,12 +85,8 @@ def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def name(cli: Cli, project: Path, base_image: image.Image) -> Iterator[str]:
-    n = unique_name()
-    r = cli.run("run", "--keep", "--name", n, str(project), "--", "true")
-    assert r.returncode == 0, r.stderr.decode()
-    yield n
-    cli.run("destroy", n, "--discard")
+def name(kept_session: str) -> str:
+    return kept_session
 
 
 def test_workspace_appears_at_the_same_path(cli: Cli, name: str, project: Path) -> None:
