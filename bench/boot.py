@@ -20,9 +20,12 @@ import tempfile
 import time
 from pathlib import Path
 
-from vmsandbox import accel, image, qemuimg, session, ssh
-from vmsandbox.config import Settings
-from vmsandbox.domain import TCG_TB_CACHE_MIB
+from vmsandbox.guest import ssh
+from vmsandbox.image import store as image
+from vmsandbox.session import core as session
+from vmsandbox.session.config import Settings
+from vmsandbox.vm import accel, qemuimg
+from vmsandbox.vm.domain import TCG_TB_CACHE_MIB
 
 
 def bare_qemu_boot(img: image.Image, choice: accel.Accel, cpus: int, memory_mib: int, work: Path) -> float:

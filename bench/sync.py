@@ -17,8 +17,10 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from vmsandbox import paths, proc, session, syncback, ui, workspace
-from vmsandbox.config import Settings
+from vmsandbox import paths, proc, ui
+from vmsandbox.session import core as session
+from vmsandbox.session.config import Settings
+from vmsandbox.sync import syncback, workspace
 
 
 def timed(fn: Callable[[], object]) -> float:

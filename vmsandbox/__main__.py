@@ -1,3 +1,3 @@
-from vmsandbox.cli import main
+from vmsandbox.cli.app import main
 
 main()

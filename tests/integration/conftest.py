@@ -22,11 +22,13 @@ from pathlib import Path
 
 import pytest
 
-from vmsandbox import image, paths, session
-from vmsandbox.config import Settings
-from vmsandbox.domain import session_of
+from vmsandbox import paths
 from vmsandbox.errors import VmsandboxError
-from vmsandbox.virt import Hypervisor
+from vmsandbox.image import store as image
+from vmsandbox.session import core as session
+from vmsandbox.session.config import Settings
+from vmsandbox.vm.domain import session_of
+from vmsandbox.vm.virt import Hypervisor
 
 URI = os.environ.get("VMSANDBOX_LIBVIRT_URI", "qemu:///system")
 LOG_KEEP_DIR = Path(os.environ.get("VMSANDBOX_TEST_LOGS", "/var/tmp/vmsandbox-test-logs"))
@@ -180,7 +182,7 @@ def assert_gone(name: str) -> None:
     assert not paths.session_paths(name).root.exists()
     ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True, check=True).stdout
     assert f"guest=vmsandbox-{name}," not in ps
-    assert f"vmsandbox.egressd {name}" not in ps  # the session's proxy daemon went with it
+    assert f"vmsandbox.egress.daemon {name}" not in ps  # the session's proxy daemon went with it
 
 
 @pytest.fixture

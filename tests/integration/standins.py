@@ -12,7 +12,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from vmsandbox.certs import Issuer, create_ca
+from vmsandbox.egress.certs import Issuer, create_ca
 
 LOOPBACK = "127.0.0.1"
 

@@ -15,7 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from vmsandbox import blueprint, bpimage, image
+from vmsandbox.image import blueprint
+from vmsandbox.image import layers as bpimage
+from vmsandbox.image import store as image
 
 from .conftest import Cli, assert_gone, keep_console_on_failure, unique_name, wait_for
 

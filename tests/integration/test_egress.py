@@ -17,8 +17,12 @@ from pathlib import Path
 
 import pytest
 
-from vmsandbox import egress, image, paths, secretstore, session
-from vmsandbox.config import Settings
+from vmsandbox import paths
+from vmsandbox.egress import policy as egress
+from vmsandbox.egress import secrets as secretstore
+from vmsandbox.image import store as image
+from vmsandbox.session import core as session
+from vmsandbox.session.config import Settings
 
 from .conftest import Cli, keep_console_on_failure, unique_name, wait_for
 from .standins import Recorder, Upstream, http_upstream, make_ca

@@ -20,9 +20,10 @@ from pathlib import Path
 
 import pytest
 
-from vmsandbox import paths, session
+from vmsandbox import paths
 from vmsandbox.confine import ACCOUNT
-from vmsandbox.virt import Hypervisor
+from vmsandbox.session import core as session
+from vmsandbox.vm.virt import Hypervisor
 
 from .conftest import Cli, unique_name
 
@@ -261,8 +262,8 @@ def test_guest_bytes_in_an_error_are_shown_escaped(cli: Cli, name: str) -> None:
 
 
 def test_guest_output_is_captured_with_a_cap(name: str) -> None:
-    from vmsandbox import guest as guest_mod
     from vmsandbox import proc
+    from vmsandbox.guest import commands as guest_mod
 
     record = session.Record.load(name)
     result = guest_mod.run_as_root(record, "head -c 40000000 /dev/zero | tr '\\0' y")

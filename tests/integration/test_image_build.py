@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from vmsandbox import image, paths
+from vmsandbox import paths
+from vmsandbox.image import store as image
 
 from .conftest import Cli, wait_for
 

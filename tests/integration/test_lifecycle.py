@@ -8,8 +8,9 @@ import subprocess
 import time
 from pathlib import Path
 
-from vmsandbox import paths, session
-from vmsandbox.virt import Hypervisor
+from vmsandbox import paths
+from vmsandbox.session import core as session
+from vmsandbox.vm.virt import Hypervisor
 
 from .conftest import URI, Cli, assert_gone, wait_for
 
@@ -57,7 +58,7 @@ def test_keep_then_destroy_leaves_nothing(cli: Cli, owned_name: str, project: Pa
     assert (row["state"], row["network"], row["egress"]) == ("running", "none", "off")
     probe = cli.run("exec", owned_name, "--", "sh", "-c", "curl -sS -m 10 http://pypi.org/; echo exit=$?")
     assert b"exit=7" in probe.stdout, probe.stderr.decode()  # refused: nothing listens on the proxy port
-    assert f"vmsandbox.egressd {owned_name}" not in _ps()
+    assert f"vmsandbox.egress.daemon {owned_name}" not in _ps()
     d = cli.run("destroy", owned_name)
     assert d.returncode == 0, d.stderr.decode()
     assert_gone(owned_name)

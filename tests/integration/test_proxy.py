@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from vmsandbox import certs, tlshello
-from vmsandbox.certs import Issuer
-from vmsandbox.netpolicy import Mode, Policy, parse_rule
-from vmsandbox.proxy import Proxy, ProxyConfig, SecretRule
+from vmsandbox.egress import certs, tlshello
+from vmsandbox.egress.certs import Issuer
+from vmsandbox.egress.netpolicy import Mode, Policy, parse_rule
+from vmsandbox.egress.proxy import Proxy, ProxyConfig, SecretRule
 
 from .standins import LOOPBACK, Recorder, Upstream, UpstreamCA, http_upstream, make_ca
 

@@ -12,9 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from vmsandbox import image, paths, ssh
+from vmsandbox import paths
 from vmsandbox.errors import VmsandboxError
-from vmsandbox.session import Record
+from vmsandbox.guest import ssh
+from vmsandbox.image import store as image
+from vmsandbox.session.core import Record
 
 from .conftest import Cli
 

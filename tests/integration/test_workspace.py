@@ -18,8 +18,10 @@ from pathlib import Path
 
 import pytest
 
-from vmsandbox import paths, session, tree
-from vmsandbox.virt import Hypervisor
+from vmsandbox import paths
+from vmsandbox.session import core as session
+from vmsandbox.sync import tree
+from vmsandbox.vm.virt import Hypervisor
 
 from .conftest import Cli, assert_gone
 

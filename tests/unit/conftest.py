@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from vmsandbox import session
+from vmsandbox.session import core as session
 
 
 class UnexpectedSubprocessError(AssertionError):

@@ -4,8 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from vmsandbox.accel import Accel, choose, kvm_problem
 from vmsandbox.errors import VmsandboxError
+from vmsandbox.vm.accel import Accel, choose, kvm_problem
 
 
 def cpuinfo(tmp_path: Path, flags: str) -> Path:

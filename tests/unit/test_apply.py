@@ -5,9 +5,9 @@ from pathlib import Path
 
 import pytest
 
-from vmsandbox import apply, tree
 from vmsandbox.errors import VmsandboxError
-from vmsandbox.review import Change, Status
+from vmsandbox.sync import apply, tree
+from vmsandbox.sync.compare import Change, Status
 
 OWNER = apply.Owner(os.getuid(), os.getgid())
 

@@ -6,8 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from vmsandbox import blueprint, guestfiles, trust
+from vmsandbox import trust
 from vmsandbox.errors import VmsandboxError
+from vmsandbox.guest import files as guestfiles
+from vmsandbox.image import blueprint
 
 
 def write(path: Path, text: str) -> Path:

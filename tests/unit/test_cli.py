@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from vmsandbox import cli
+from vmsandbox.cli import app as cli
 
 
 def run_cli(args: list[str]) -> int:

@@ -4,9 +4,11 @@ from pathlib import Path
 
 import pytest
 
-from vmsandbox import blueprint, config, trust
-from vmsandbox.accel import Accel
+from vmsandbox import trust
 from vmsandbox.errors import VmsandboxError
+from vmsandbox.image import blueprint
+from vmsandbox.session import config
+from vmsandbox.vm.accel import Accel
 
 
 def write(path: Path, text: str) -> Path:

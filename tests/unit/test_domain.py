@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from vmsandbox.accel import Accel
-from vmsandbox.domain import QEMU_NS, DomainSpec, Forward, build_xml, session_of
+from vmsandbox.vm.accel import Accel
+from vmsandbox.vm.domain import QEMU_NS, DomainSpec, Forward, build_xml, session_of
 
 
 def spec(accel: Accel = Accel.TCG) -> DomainSpec:

@@ -6,8 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from vmsandbox import image, paths
+from vmsandbox import paths
 from vmsandbox.errors import VmsandboxError
+from vmsandbox.image import store as image
 
 REPO_IMAGES = Path(__file__).resolve().parents[2] / "images"
 
@@ -87,7 +88,8 @@ def test_no_image_says_how_to_build() -> None:
 
 def test_layers_keep_one_version_and_are_refused_while_in_use(monkeypatch: pytest.MonkeyPatch) -> None:
     """A layer's version is the same from `image ls`, from a session's record and from `image rm`."""
-    from vmsandbox import bpimage, cli
+    from vmsandbox.cli import app as cli
+    from vmsandbox.image import layers as bpimage
 
     from .conftest import saved_record
 

@@ -6,9 +6,9 @@ import ipaddress
 
 import pytest
 
-from vmsandbox import httphead, netpolicy, tlshello
+from vmsandbox.egress import httphead, netpolicy, tlshello
+from vmsandbox.egress.netpolicy import Mode, Policy, Refused, check_addresses, normalize_host, parse_rule
 from vmsandbox.errors import VmsandboxError
-from vmsandbox.netpolicy import Mode, Policy, Refused, check_addresses, normalize_host, parse_rule
 
 
 @pytest.mark.parametrize(

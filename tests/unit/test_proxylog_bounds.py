@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from vmsandbox import proxy
-from vmsandbox.netpolicy import address_reason
-from vmsandbox.proxy import Event, Proxy, ProxyConfig
+from vmsandbox.egress import proxy
+from vmsandbox.egress.netpolicy import address_reason
+from vmsandbox.egress.proxy import Event, Proxy, ProxyConfig
 
 
 def test_fields_are_capped() -> None:

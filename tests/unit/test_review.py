@@ -1,7 +1,7 @@
 from __future__ import annotations
 
-from vmsandbox.review import Status, compare, is_git_managed, risk_of
-from vmsandbox.tree import DIR, FILE, OTHER, SYMLINK, Entry
+from vmsandbox.sync.compare import Status, compare, is_git_managed, risk_of
+from vmsandbox.sync.tree import DIR, FILE, OTHER, SYMLINK, Entry
 
 
 def f(digest: str, mode: int = 0o644) -> Entry:

@@ -5,9 +5,11 @@ from pathlib import Path
 
 import pytest
 
-from vmsandbox import guestfiles, paths, proc, session
+from vmsandbox import paths, proc
 from vmsandbox.errors import VmsandboxError
-from vmsandbox.guest import remote_command
+from vmsandbox.guest import files as guestfiles
+from vmsandbox.guest.commands import remote_command
+from vmsandbox.session import core as session
 
 from .conftest import saved_record
 

@@ -7,10 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from vmsandbox import paths, session
-from vmsandbox.domain import META_NS
+from vmsandbox import paths
 from vmsandbox.errors import VmsandboxError
-from vmsandbox.virt import Hypervisor
+from vmsandbox.session import core as session
+from vmsandbox.vm.domain import META_NS
+from vmsandbox.vm.virt import Hypervisor
 
 from .conftest import saved_record
 

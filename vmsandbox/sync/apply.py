@@ -21,10 +21,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from vmsandbox import tree
 from vmsandbox.errors import VmsandboxError
-from vmsandbox.review import Change
-from vmsandbox.tree import DIR, FILE, SYMLINK
+from vmsandbox.sync import tree
+from vmsandbox.sync.compare import Change
+from vmsandbox.sync.tree import DIR, FILE, SYMLINK
 
 TMP_PREFIX = ".vmsandbox-tmp-"
 HOLE_BLOCK = 64 * 1024  # a block of zeros this long is not written but skipped (a hole)

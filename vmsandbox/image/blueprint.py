@@ -189,7 +189,7 @@ def _validate(data: dict[str, Any], source: str) -> None:
     for key in data.get("env", {}):
         if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", key):
             raise VmsandboxError(f"{source}: `env`: {key!r} is not an environment variable name")
-    from vmsandbox.config import parse_secret_mapping
+    from vmsandbox.session.config import parse_secret_mapping
 
     for i, mapping in enumerate(data.get("secrets", [])):
         parse_secret_mapping(mapping, source=f"{source}: `secrets[{i}]`")

@@ -19,12 +19,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from vmsandbox import apply, commits, confine, paths, transfer, tree, ui, workspace
+from vmsandbox import confine, paths, ui
 from vmsandbox.errors import VmsandboxError
-from vmsandbox.review import Change, Status, compare, is_git_managed
-from vmsandbox.risk import nested_git_dir
-from vmsandbox.session import Record, is_running
-from vmsandbox.tree import DIR, FILE, SYMLINK
+from vmsandbox.session.core import Record, is_running
+from vmsandbox.sync import apply, commits, transfer, tree, workspace
+from vmsandbox.sync.compare import Change, Status, compare, is_git_managed
+from vmsandbox.sync.risk import nested_git_dir
+from vmsandbox.sync.tree import DIR, FILE, SYMLINK
 
 OUTBOX_MANIFEST = "manifest.json"
 OUTBOX_REFUSED = "refused.json"  # changes that can never be written, kept as a record (path, why, entry)

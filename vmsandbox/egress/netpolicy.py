@@ -1,7 +1,7 @@
 """Egress policy as pure functions: which host names a guest may reach, and which addresses it never may.
 
 Nothing here opens a socket or resolves a name, so every refusal rule is tested on the host without traffic.
-The proxy (vmsandbox.proxy) resolves names itself and hands the answers to `check_addresses`.
+The proxy (vmsandbox.egress.proxy) resolves names itself and hands the answers to `check_addresses`.
 """
 
 from __future__ import annotations

@@ -8,10 +8,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from vmsandbox import accel, confine, hostsetup, image, paths, proc
-from vmsandbox.config import Settings
+from vmsandbox import confine, paths, proc
 from vmsandbox.errors import VmsandboxError
-from vmsandbox.virt import Hypervisor
+from vmsandbox.image import store as image
+from vmsandbox.session.config import Settings
+from vmsandbox.vm import accel, hostsetup
+from vmsandbox.vm.virt import Hypervisor
 
 MIN_SESSION_FREE = 2 * 1024**3
 

@@ -11,8 +11,8 @@ import enum
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from vmsandbox.risk import risky_name, symlink_escape
-from vmsandbox.tree import CARRIED, DIR, FILE, OTHER, SYMLINK, Entry, Manifest
+from vmsandbox.sync.risk import risky_name, symlink_escape
+from vmsandbox.sync.tree import CARRIED, DIR, FILE, OTHER, SYMLINK, Entry, Manifest
 
 # .git internals that git itself manages: commits come back as fetched refs, never as these files.
 GIT_MANAGED = (

@@ -18,10 +18,11 @@ import os
 import shutil
 from pathlib import Path
 
-from vmsandbox import confine, paths, proc, transfer, tree
+from vmsandbox import confine, paths, proc
 from vmsandbox.errors import VmsandboxError
+from vmsandbox.guest.ssh import Endpoint
 from vmsandbox.paths import SessionPaths
-from vmsandbox.ssh import Endpoint
+from vmsandbox.sync import transfer, tree
 
 HEADROOM_BYTES = 8 * 1024**3  # room for what the agent adds (dependencies, builds) on the sparse disk
 BYTES_PER_INODE = 8192

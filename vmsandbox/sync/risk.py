@@ -14,7 +14,7 @@ from __future__ import annotations
 import fnmatch
 from collections.abc import Mapping, Sequence
 
-from vmsandbox.tree import SYMLINK, Entry
+from vmsandbox.sync.tree import SYMLINK, Entry
 
 # Places where a file becomes code that runs on the host later (hooks, editors, agents, CI, env loaders,
 # package managers, version pins that pick binaries) or configures a tool that does. Each pattern is a name

@@ -21,17 +21,22 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from vmsandbox import accel as accel_mod
-from vmsandbox import blueprint as blueprint_mod
-from vmsandbox import confine, egress, guestfiles, paths, proc, qemuimg, ssh, ui, workspace
-from vmsandbox import image as image_mod
-from vmsandbox.blueprint import Blueprint
-from vmsandbox.config import Settings
-from vmsandbox.domain import DomainSpec, Forward, build_xml, session_of
+from vmsandbox import confine, paths, proc, ui
+from vmsandbox.egress import policy as egress
+from vmsandbox.egress.netpolicy import Mode
 from vmsandbox.errors import VmsandboxError
-from vmsandbox.guestfiles import GuestUser
-from vmsandbox.netpolicy import Mode
-from vmsandbox.virt import DomainInfo, Hypervisor
+from vmsandbox.guest import files as guestfiles
+from vmsandbox.guest import ssh
+from vmsandbox.guest.files import GuestUser
+from vmsandbox.image import blueprint as blueprint_mod
+from vmsandbox.image import store as image_mod
+from vmsandbox.image.blueprint import Blueprint
+from vmsandbox.session.config import Settings
+from vmsandbox.sync import workspace
+from vmsandbox.vm import accel as accel_mod
+from vmsandbox.vm import qemuimg
+from vmsandbox.vm.domain import DomainSpec, Forward, build_xml, session_of
+from vmsandbox.vm.virt import DomainInfo, Hypervisor
 
 DOMAIN_PREFIX = "vmsandbox-"
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,30}$")

@@ -23,7 +23,7 @@ from pathlib import Path
 from vmsandbox import proc
 from vmsandbox.confine import Identity, Limits
 from vmsandbox.errors import VmsandboxError
-from vmsandbox.ssh import Endpoint
+from vmsandbox.guest.ssh import Endpoint
 
 PREAMBLE_LIMIT = 64 * 1024
 PREAMBLE_TIMEOUT = 30.0

@@ -6,7 +6,7 @@ import shlex
 import sys
 
 from vmsandbox import proc
-from vmsandbox.session import Record
+from vmsandbox.session.core import Record
 
 SSH_FAILED = 255  # what ssh exits with when the connection (not the command) failed
 

@@ -19,12 +19,13 @@ from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 import typer
 from rich.table import Table
 
-from vmsandbox import __version__, config, paths, ui
+from vmsandbox import __version__, paths, ui
 from vmsandbox.errors import VmsandboxError
+from vmsandbox.session import config
 
 if TYPE_CHECKING:  # the session module pulls in libvirt: imported lazily by the commands that need it
     from vmsandbox import trust
-    from vmsandbox.session import Publish, Record
+    from vmsandbox.session.core import Publish, Record
 
 EXIT_ERROR = 125  # vmsandbox itself failed (as `docker run` does), so a command's own codes stay distinct
 EXIT_INTERRUPTED = 130
@@ -98,7 +99,7 @@ def image_build(
     ] = None,
 ) -> None:
     """Build the base image locally from Debian packages, or a blueprint's thin layer on it (needs root)."""
-    from vmsandbox import image
+    from vmsandbox.image import store as image
 
     if blueprint_name is not None:
         _build_blueprint(blueprint_name, force=force)
@@ -119,7 +120,8 @@ def image_build(
 
 
 def _build_blueprint(name: str, *, force: bool) -> None:
-    from vmsandbox import blueprint, bpimage
+    from vmsandbox.image import blueprint
+    from vmsandbox.image import layers as bpimage
 
     bp = blueprint.load(name, Path.cwd())
     start = time.monotonic()
@@ -135,7 +137,8 @@ def _build_blueprint(name: str, *, force: bool) -> None:
 @image_app.command("ls")
 def image_ls(as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False) -> None:
     """List built base images."""
-    from vmsandbox import bpimage, image
+    from vmsandbox.image import layers as bpimage
+    from vmsandbox.image import store as image
 
     images = [i.summary() | {"kind": "base"} for i in image.list_images()]
     images += [
@@ -158,7 +161,9 @@ def image_ls(as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")
 @image_app.command("rm")
 def image_rm(version: Annotated[str, typer.Argument(help="The version shown by `image ls`.")]) -> None:
     """Remove a base image or a blueprint layer (refused while a session or a layer uses it)."""
-    from vmsandbox import bpimage, image, session
+    from vmsandbox.image import layers as bpimage
+    from vmsandbox.image import store as image
+    from vmsandbox.session import core as session
 
     def in_use(v: str) -> list[str]:
         users = [f"blueprint image {b.version}" for b in bpimage.list_layers() if b.manifest.get("base_version") == v]
@@ -184,7 +189,7 @@ def image_rm(version: Annotated[str, typer.Argument(help="The version shown by `
 @host_app.command("setup")
 def host_setup() -> None:
     """Give /dev/kvm udev's group and mode and start virtlogd and libvirtd (needs root)."""
-    from vmsandbox import hostsetup
+    from vmsandbox.vm import hostsetup
 
     for line in hostsetup.setup(config.load().libvirt_uri):
         ui.info(f"[green]✓[/] {line}")
@@ -240,7 +245,7 @@ def trust_command(
 
 def _trust_candidates(path: Path) -> list[trust.Candidate]:
     """The project config files at path (a project directory, or one of its files)."""
-    from vmsandbox import blueprint
+    from vmsandbox.image import blueprint
 
     project = path.parent if path.is_file() else path
     if project.name == "blueprints" and project.parent.name == ".vmsandbox":
@@ -273,8 +278,8 @@ def _list_trusted() -> None:
 @app.command()
 def doctor(as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False) -> None:
     """Check everything a session needs; print the fix for each failure."""
-    from vmsandbox import doctor as doctor_mod
     from vmsandbox import trust
+    from vmsandbox.session import doctor as doctor_mod
 
     try:
         settings = config.load(Path.cwd())
@@ -374,7 +379,11 @@ def run(
 def _run_session(
     path: Path, blueprint_name: str, cmd: list[str] | None, o: dict[str, Any], *, agent: bool = False
 ) -> NoReturn:
-    from vmsandbox import blueprint, bpimage, egress, guest, session
+    from vmsandbox.egress import policy as egress
+    from vmsandbox.guest import commands as guest
+    from vmsandbox.image import blueprint
+    from vmsandbox.image import layers as bpimage
+    from vmsandbox.session import core as session
 
     project = path if path.is_dir() else None
     bp = blueprint.load(blueprint_name, project)
@@ -422,7 +431,7 @@ def _parse_publish(spec: str, address: str | None) -> Publish:
     import ipaddress
     from dataclasses import replace
 
-    from vmsandbox import session
+    from vmsandbox.session import core as session
 
     host_text, _, guest_text = spec.rpartition(":")
     ports = [host_text, guest_text] if host_text else [guest_text]
@@ -474,7 +483,8 @@ for _agent in AGENTS:
 def _finish(record: Record, *, yes: bool, include_risky: bool) -> None:
     """End of `run`: review the guest's changes, then destroy the VM. Whatever was not synced is exported to
     the session's outbox first, so nothing is lost: `vmsandbox recover NAME` takes it from there."""
-    from vmsandbox import session, syncback
+    from vmsandbox.session import core as session
+    from vmsandbox.sync import syncback
 
     g = syncback.gather(record, limit=_sync_limit())
     out = syncback.review(g, yes=yes, include_risky=include_risky, dry_run=False, interactive=ui.is_interactive())
@@ -492,7 +502,8 @@ def _finish(record: Record, *, yes: bool, include_risky: bool) -> None:
 @app.command()
 def shell(name: SessionName) -> None:
     """Open an interactive shell in a session, in the project directory."""
-    from vmsandbox import guest, session
+    from vmsandbox.guest import commands as guest
+    from vmsandbox.session import core as session
 
     record = _ready(session.Record.load(name))
     raise typer.Exit(guest.attach(record, None))
@@ -504,7 +515,8 @@ def exec_(
     tty: Annotated[bool, typer.Option("--tty", "-t", help="Give CMD a terminal.")] = False,
 ) -> None:
     """Run CMD (after `--`) in a session's project directory; exit with its code."""
-    from vmsandbox import guest, session
+    from vmsandbox.guest import commands as guest
+    from vmsandbox.session import core as session
 
     cmd = _tail(required=True)
     record = _ready(session.Record.load(name))
@@ -512,8 +524,9 @@ def exec_(
 
 
 def _ready(record: Record) -> Record:
-    from vmsandbox import egress, session
-    from vmsandbox.virt import Hypervisor
+    from vmsandbox.egress import policy as egress
+    from vmsandbox.session import core as session
+    from vmsandbox.vm.virt import Hypervisor
 
     with Hypervisor(record.libvirt_uri) as hv:
         state = session.status(record, hv).state
@@ -541,7 +554,7 @@ def port(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """Show a session's published ports (`run --publish`)."""
-    from vmsandbox import session
+    from vmsandbox.session import core as session
 
     record = session.Record.load(name)
     if as_json:
@@ -558,7 +571,7 @@ def port(
 @app.command("ls")
 def ls(as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False) -> None:
     """List sessions."""
-    from vmsandbox import session
+    from vmsandbox.session import core as session
 
     rows = [s.as_dict() for s in session.all_status(config.load().libvirt_uri)]
     if as_json:
@@ -592,7 +605,8 @@ def destroy(
     discard: Annotated[bool, typer.Option("--discard", help="Destroy and throw unsynced changes away.")] = False,
 ) -> None:
     """Destroy a session's VM and remove its files — never silently losing unsynced changes."""
-    from vmsandbox import session, syncback
+    from vmsandbox.session import core as session
+    from vmsandbox.sync import syncback
 
     try:
         record = session.Record.load(name)
@@ -633,7 +647,8 @@ def destroy(
 
 
 def _review_command(name: str, *, yes: bool, dry_run: bool, include_risky: bool, only: list[str]) -> None:
-    from vmsandbox import session, syncback
+    from vmsandbox.session import core as session
+    from vmsandbox.sync import syncback
 
     record = session.Record.load(name)
     g = syncback.gather(record, limit=_sync_limit())
@@ -679,7 +694,8 @@ def recover(
 @app.command()
 def push(name: SessionName) -> None:
     """Send host edits made during the session into the guest, never over a change the guest made."""
-    from vmsandbox import session, syncback
+    from vmsandbox.session import core as session
+    from vmsandbox.sync import syncback
 
     pushed, conflicts = syncback.push(session.Record.load(name), limit=_sync_limit())
     for path in pushed:
@@ -698,7 +714,8 @@ def diff(
     stat: Annotated[bool, typer.Option("--stat", help="One line per changed path.")] = False,
 ) -> None:
     """What the guest changed against the session's baseline: text diffs, binaries summarised."""
-    from vmsandbox import session, syncback
+    from vmsandbox.session import core as session
+    from vmsandbox.sync import syncback
 
     record = session.Record.load(name)
     g = syncback.gather(record, limit=_sync_limit())
@@ -729,7 +746,9 @@ def logs(
 ) -> None:
     """Show a session's logs. The console is the guest's own output: control characters are shown escaped
     (\\x1b …), so it cannot drive your terminal, unless you ask for --raw."""
-    from vmsandbox import proxy, proxylog, session
+    from vmsandbox.egress import log as proxylog
+    from vmsandbox.egress import proxy
+    from vmsandbox.session import core as session
 
     record = session.Record.load(name)
     if which not in ("console", "proxy"):
@@ -768,7 +787,9 @@ def logs(
 def clean(name: SessionName) -> None:
     """Wipe volatile credentials in a running session (agent auth files, git credentials, the placeholders
     the proxy swaps for secrets, which it stops honouring); the workspace is not touched."""
-    from vmsandbox import egress, guest, session
+    from vmsandbox.egress import policy as egress
+    from vmsandbox.guest import commands as guest
+    from vmsandbox.session import core as session
 
     record = _ready(session.Record.load(name))
     if record.files.egress_config.exists():
@@ -792,7 +813,7 @@ def secret_set(name: Annotated[str, typer.Argument(help="Secret name, e.g. anthr
     """Store a secret on the host (read from stdin, or typed without echo). It never enters a VM."""
     import getpass
 
-    from vmsandbox import secretstore
+    from vmsandbox.egress import secrets as secretstore
 
     secretstore.validate_name(name)
     value = getpass.getpass(f"Value for {name}: ", stream=sys.stderr) if sys.stdin.isatty() else sys.stdin.read()
@@ -803,7 +824,7 @@ def secret_set(name: Annotated[str, typer.Argument(help="Secret name, e.g. anthr
 @secret_app.command("ls")
 def secret_ls(as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False) -> None:
     """List stored secrets (names only, never values)."""
-    from vmsandbox import secretstore
+    from vmsandbox.egress import secrets as secretstore
 
     stored = secretstore.list_all()
     if as_json:
@@ -821,7 +842,7 @@ def secret_ls(as_json: Annotated[bool, typer.Option("--json", help="Print JSON."
 @secret_app.command("rm")
 def secret_rm(name: Annotated[str, typer.Argument(help="Secret name.")]) -> None:
     """Remove a stored secret (running sessions stop getting it at once)."""
-    from vmsandbox import secretstore
+    from vmsandbox.egress import secrets as secretstore
 
     if not secretstore.remove(name):
         raise VmsandboxError(f"no secret named {name!r}", hint="list them with `vmsandbox secret ls`")
@@ -833,7 +854,8 @@ def gc() -> None:
     """Remove sessions whose VM is gone or whose `vmsandbox run` died, and orphaned vmsandbox domains.
 
     Sessions holding unsynced changes are kept (a stopped VM's changes are exported to its outbox)."""
-    from vmsandbox import session, syncback
+    from vmsandbox.session import core as session
+    from vmsandbox.sync import syncback
 
     def guard(record: session.Record, state: str) -> str | None:
         if not record.files.baseline_manifest.exists():

@@ -1,7 +1,7 @@
 """A session's egress: its policy file, per-session CA and guest placeholders, and its proxy daemon.
 
 The guest's only door out is its own 127.0.0.1:3128, a reverse forward over an SSH connection that the
-session's proxy daemon (vmsandbox.egressd) holds open. When the daemon dies the door closes: the guest gets
+session's proxy daemon (vmsandbox.egress.daemon) holds open. When the daemon dies the door closes: the guest gets
 "connection refused" at once, nothing else changes, and `vmsandbox ls`/`exec`/`shell` say so.
 """
 
@@ -19,11 +19,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from vmsandbox import blueprint, certs, netpolicy, paths, proc, secretstore, ssh, ui
-from vmsandbox.config import Settings
+from vmsandbox import paths, proc, ui
+from vmsandbox.egress import certs, netpolicy
+from vmsandbox.egress import secrets as secretstore
+from vmsandbox.egress.netpolicy import Mode, Policy
+from vmsandbox.egress.proxy import ProxyConfig, SecretRule
 from vmsandbox.errors import VmsandboxError
-from vmsandbox.netpolicy import Mode, Policy
-from vmsandbox.proxy import ProxyConfig, SecretRule
+from vmsandbox.guest import ssh
+from vmsandbox.image import blueprint
+from vmsandbox.session.config import Settings
 
 FWCFG_CA = "ca"  # the session CA certificate, trusted by the guest's system store
 START_TIMEOUT = 60.0
@@ -174,7 +178,7 @@ def start(name: str, files: paths.SessionPaths, *, timeout: float = START_TIMEOU
     """Start the session's proxy daemon and wait until the guest's door (and its published ports) are open."""
     stop(files)
     files.egress_state.unlink(missing_ok=True)
-    pid = proc.spawn_detached([sys.executable, "-m", "vmsandbox.egressd", name], log_file=files.egress_log)
+    pid = proc.spawn_detached([sys.executable, "-m", "vmsandbox.egress.daemon", name], log_file=files.egress_log)
     start_time = proc.process_start(pid)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

@@ -22,11 +22,16 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from vmsandbox import config, guest, image, paths, qemuimg, session, ui
-from vmsandbox.blueprint import Blueprint
+from vmsandbox import paths, ui
+from vmsandbox.egress.netpolicy import Mode
 from vmsandbox.errors import VmsandboxError
-from vmsandbox.netpolicy import Mode
-from vmsandbox.session import Record
+from vmsandbox.guest import commands as guest
+from vmsandbox.image import store as image
+from vmsandbox.image.blueprint import Blueprint
+from vmsandbox.session import config
+from vmsandbox.session import core as session
+from vmsandbox.session.core import Record
+from vmsandbox.vm import qemuimg
 
 PREFIX = "bp-"
 BUILDER_REVISION = "2"

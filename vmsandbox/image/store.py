@@ -22,9 +22,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from vmsandbox import confine, paths, proc, qemuimg, ui
+from vmsandbox import confine, paths, proc, ui
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.schema import check, load_yaml
+from vmsandbox.vm import qemuimg
 
 BUILDER_REVISION = "2"  # bump when the build steps below change in a way the recipe files do not show
 HOST_CA_DIR = Path("/usr/local/share/ca-certificates")
@@ -49,8 +50,8 @@ RECIPE_FIELDS: dict[str, type] = {
 
 def recipe_root() -> Path:
     """The images/ directory: inside an installed wheel, or at the top of a source checkout."""
-    here = Path(__file__).resolve().parent
-    for candidate in (here / "_data" / "images", here.parent / "images"):
+    package = Path(__file__).resolve().parent.parent
+    for candidate in (package / "_data" / "images", package.parent / "images"):
         if (candidate / "base.yaml").is_file():
             return candidate
     raise VmsandboxError(

@@ -26,10 +26,10 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from vmsandbox import httphead, tlshello
-from vmsandbox.certs import Issuer
-from vmsandbox.httphead import ProtocolError, RequestHead
-from vmsandbox.netpolicy import Policy, Refused, check_addresses, parse_target
+from vmsandbox.egress import httphead, tlshello
+from vmsandbox.egress.certs import Issuer
+from vmsandbox.egress.httphead import ProtocolError, RequestHead
+from vmsandbox.egress.netpolicy import Policy, Refused, check_addresses, parse_target
 
 log = logging.getLogger(__name__)
 

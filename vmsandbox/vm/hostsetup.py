@@ -12,9 +12,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from vmsandbox import confine, proc
-from vmsandbox.accel import KVM_DEVICE
 from vmsandbox.errors import VmsandboxError
-from vmsandbox.virt import Hypervisor
+from vmsandbox.vm.accel import KVM_DEVICE
+from vmsandbox.vm.virt import Hypervisor
 
 DAEMONS = {"virtlogd": Path("/run/libvirt/virtlogd-sock"), "libvirtd": Path("/run/libvirt/libvirt-sock")}
 

@@ -6,7 +6,7 @@ import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from vmsandbox.accel import Accel
+from vmsandbox.vm.accel import Accel
 
 QEMU_NS = "http://libvirt.org/schemas/domain/qemu/1.0"
 META_NS = "https://github.com/vmsandbox/vmsandbox/xmlns/session/1"

@@ -10,14 +10,15 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from vmsandbox import netpolicy, paths, trust
-from vmsandbox.accel import Accel
+from vmsandbox import paths, trust
+from vmsandbox.egress import netpolicy
+from vmsandbox.egress.netpolicy import Mode
 from vmsandbox.errors import VmsandboxError
-from vmsandbox.netpolicy import Mode
 from vmsandbox.schema import Mappings, check, load_yaml, parse_yaml
+from vmsandbox.vm.accel import Accel
 
 if TYPE_CHECKING:
-    from vmsandbox.blueprint import Blueprint
+    from vmsandbox.image.blueprint import Blueprint
 
 PROJECT_FILE = ".vmsandbox.yaml"
 COMMAND_LINE = "command line"  # as a source: keys are shown as the flags that set them
@@ -64,7 +65,7 @@ class SecretMapping:
 
 
 def parse_secret_mapping(data: dict[str, Any], *, source: str) -> SecretMapping:
-    from vmsandbox import secretstore
+    from vmsandbox.egress import secrets as secretstore
 
     data = check(data, SECRET_FIELDS, source=source, required=("secret", "host", "header"))
     secretstore.validate_name(data["secret"])

@@ -1,4 +1,4 @@
-"""The proxy daemon of one session: `python -m vmsandbox.egressd NAME` (started by vmsandbox.egress).
+"""The proxy daemon of one session: `python -m vmsandbox.egress.daemon NAME` (started by vmsandbox.egress.policy).
 
 It holds an SSH connection to the guest (as root, pinned host key) with a remote forward of the guest's
 127.0.0.1:3128. Each connection the guest makes there arrives as an SSH channel and is served by the
@@ -26,13 +26,16 @@ import time
 
 import paramiko
 
-from vmsandbox import egress, secretstore, session, ssh
-from vmsandbox.certs import Issuer
+from vmsandbox.egress import policy as egress
+from vmsandbox.egress import secrets as secretstore
+from vmsandbox.egress.certs import Issuer
+from vmsandbox.egress.netpolicy import GUEST_PROXY_PORT
+from vmsandbox.egress.proxy import Proxy, ProxyConfig
 from vmsandbox.errors import VmsandboxError
-from vmsandbox.netpolicy import GUEST_PROXY_PORT
-from vmsandbox.proxy import Proxy, ProxyConfig
+from vmsandbox.guest import ssh
+from vmsandbox.session import core as session
 
-log = logging.getLogger("vmsandbox.egressd")
+log = logging.getLogger("vmsandbox.egress.daemon")
 WATCH_INTERVAL = 2.0
 MAX_BACKOFF = 10.0
 
@@ -193,7 +196,7 @@ def _bridge(channel: paramiko.Channel, sock: socket.socket) -> None:
 def main(argv: list[str]) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s egressd[%(process)d] %(levelname)s %(message)s")
     if len(argv) != 1:
-        print("usage: python -m vmsandbox.egressd SESSION", file=sys.stderr)
+        print("usage: python -m vmsandbox.egress.daemon SESSION", file=sys.stderr)
         return 2
     try:
         record = session.Record.load(argv[0])

@@ -29,9 +29,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from vmsandbox import confine, proc, tree
+from vmsandbox import confine, proc
 from vmsandbox.confine import Identity
 from vmsandbox.errors import VmsandboxError
+from vmsandbox.sync import tree
 
 MAX_REFS = 10_000
 MAX_REF_FILE = 4096

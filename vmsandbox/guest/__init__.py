@@ -1,0 +1,5 @@
+"""Reaching into a guest: SSH endpoints and pinned keys, commands over ssh, the one paramiko module (channel),
+the files and environment copied in at boot, the guest user.
+
+May import: vm and the base modules.
+"""
