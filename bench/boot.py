@@ -20,10 +20,12 @@ import tempfile
 import time
 from pathlib import Path
 
+from vmsandbox.egress.ports import free_port
 from vmsandbox.guest import ssh
 from vmsandbox.image import store as image
-from vmsandbox.session import core as session
+from vmsandbox.session import create, lifecycle
 from vmsandbox.session.config import Settings
+from vmsandbox.session.options import Options
 from vmsandbox.vm import accel, qemuimg
 from vmsandbox.vm.domain import TCG_TB_CACHE_MIB
 
@@ -35,7 +37,7 @@ def bare_qemu_boot(img: image.Image, choice: accel.Accel, cpus: int, memory_mib:
     host_key = work / "host_key"
     if not host_key.exists():
         ssh.generate_key(host_key, "bench")
-    port = session.free_port()
+    port = free_port()
     accel_arg = "kvm" if choice is accel.Accel.KVM else f"tcg,tb-size={TCG_TB_CACHE_MIB}"
     argv = [
         "qemu-system-x86_64",
@@ -101,7 +103,7 @@ def vmsandbox_run(project: Path, cpus: int, memory_mib: int, forced: str) -> flo
 
 
 def idle_rss_mib(project: Path, settings: Settings) -> float:
-    record = session.create(session.Options(project=project, name=None, settings=settings, keep=True))
+    record = create.create(Options(project=project, name=None, settings=settings, keep=True))
     try:
         time.sleep(10)  # let it settle
         pid = int(Path(f"/run/libvirt/qemu/{record.domain}.pid").read_text())
@@ -110,7 +112,7 @@ def idle_rss_mib(project: Path, settings: Settings) -> float:
                 return int(line.split()[1]) / 1024
         return float("nan")
     finally:
-        session.remove(record)
+        lifecycle.remove(record)
 
 
 def main() -> None:

@@ -18,9 +18,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 from vmsandbox import paths, proc, ui
-from vmsandbox.session import core as session
+from vmsandbox.session import create, lifecycle
 from vmsandbox.session.config import Settings
-from vmsandbox.sync import syncback, workspace
+from vmsandbox.session.options import Options
+from vmsandbox.session.record import Record
+from vmsandbox.sync import capture as capturing
+from vmsandbox.sync.plan import Decisions
 
 
 def timed(fn: Callable[[], object]) -> float:
@@ -36,13 +39,13 @@ def make_tree(root: Path, files: int, size: int) -> None:
         (d / f"file{i:05d}.dat").write_bytes(os.urandom(size))
 
 
-def guest(record: session.Record, command: str) -> None:
+def guest(record: Record, command: str) -> None:
     proc.run([*record.endpoint("root").ssh_argv("-T"), "--", command])
 
 
-def pull(record: session.Record) -> None:
-    g = syncback.gather(record, limit=64 * 1024**3)
-    out = syncback.review(g, yes=True, include_risky=False, dry_run=False, interactive=False)
+def pull(record: Record) -> None:
+    plan = lifecycle.review(record, limit=64 * 1024**3)
+    out = lifecycle.decide(record, plan, Decisions.safe(plan, include_risky=False))
     assert not out.failed, out.failed
 
 
@@ -62,8 +65,8 @@ def main() -> None:
         local_copy = timed(lambda: shutil.copytree(project, work / "copy", symlinks=True))
         scratch = paths.SessionPaths(work / "scratch")
         scratch.root.mkdir()
-        capture = timed(lambda: workspace.capture(project, scratch))
-        record = session.create(session.Options(project=project, name=None, settings=Settings(), keep=True))
+        capture = timed(lambda: capturing.capture(project, scratch))
+        record = create.create(Options(project=project, name=None, settings=Settings(), keep=True))
         try:
             ep = record.endpoint("root")
             rsh = f"{ep.rsync_rsh()} -l root"
@@ -81,7 +84,7 @@ def main() -> None:
             changed = len(list((project / "dir001").iterdir()))
             pull100 = timed(lambda: pull(record))
         finally:
-            session.remove(record)
+            lifecycle.remove(record)
         print(f"tree: {args.files} files, {mb:.0f} MB")
         print(
             f"bring in: vmsandbox capture {capture:.1f}s | local copy {local_copy:.1f}s | rsync -a over SSH "

@@ -1,3 +1,3 @@
-from vmsandbox.cli.app import main
+from vmsandbox.cli.main import main
 
 main()

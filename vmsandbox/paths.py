@@ -45,9 +45,10 @@ SESSION_BASELINE_DIR = "baseline"  # the project as captured at session start (i
 SESSION_BASELINE_MANIFEST = "baseline.json"
 SESSION_WORKSPACE_DISK = "workspace.raw"  # ext4 built from the baseline; the guest mounts it at the project path
 SESSION_GUEST_DIR = "guest"  # mirror of the guest's project tree as of the last fetch
-SESSION_REVIEW = "review.json"  # which guest changes were applied or dealt with
+SESSION_DECISIONS = "decisions.json"  # which guest changes were applied or otherwise dealt with
 SESSION_OUTBOX = "outbox"  # unsynced changes exported when the VM went away (patch, files, git bundle)
 SESSION_EGRESS_CONFIG = "egress.json"  # the proxy's policy and secret mappings (re-read per connection)
+SESSION_EGRESS_DAEMON = "egress-daemon.json"  # what the proxy daemon serves (its spec, written by the session)
 SESSION_EGRESS_STATE = "egress-state.json"  # the proxy daemon: pid, and whether the guest's door is open
 SESSION_EGRESS_LOG = "egress.log"  # the proxy daemon's own messages
 SESSION_PROXY_LOG = "proxy.jsonl"  # one JSON line per guest connection: `vmsandbox logs NAME proxy`
@@ -156,8 +157,8 @@ class SessionPaths:
         return self.root / SESSION_GUEST_DIR
 
     @property
-    def review(self) -> Path:
-        return self.root / SESSION_REVIEW
+    def decisions(self) -> Path:
+        return self.root / SESSION_DECISIONS
 
     @property
     def outbox(self) -> Path:
@@ -170,6 +171,10 @@ class SessionPaths:
     @property
     def egress_config(self) -> Path:
         return self.root / SESSION_EGRESS_CONFIG
+
+    @property
+    def egress_daemon(self) -> Path:
+        return self.root / SESSION_EGRESS_DAEMON
 
     @property
     def egress_state(self) -> Path:

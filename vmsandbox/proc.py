@@ -281,26 +281,6 @@ def spawn_detached(argv: Sequence[str | Path], *, log_file: Path, env: Mapping[s
     return child.pid
 
 
-def process_start(pid: int) -> str | None:
-    """The start time of pid (from /proc), to tell a live process from a reused pid."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return stat.rsplit(")", 1)[1].split()[19]
-
-
-def alive(pid: int | None, start: str | None) -> bool:
-    """Whether the process that had `start` as its start time still runs (not a zombie, not a reused pid)."""
-    if pid is None or start is None or process_start(pid) != start:
-        return False
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
-
-
 _PR_SET_PDEATHSIG = 1
 
 

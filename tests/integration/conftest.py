@@ -24,9 +24,11 @@ import pytest
 
 from vmsandbox import paths
 from vmsandbox.errors import VmsandboxError
-from vmsandbox.image import store as image
-from vmsandbox.session import core as session
+from vmsandbox.image import build, store
+from vmsandbox.session import create, lifecycle
 from vmsandbox.session.config import Settings
+from vmsandbox.session.options import Options
+from vmsandbox.session.record import DOMAIN_PREFIX, Record
 from vmsandbox.vm.domain import session_of
 from vmsandbox.vm.virt import Hypervisor
 
@@ -73,8 +75,8 @@ def host() -> str:
 
 
 @pytest.fixture(scope="session")
-def base_image(host: str) -> image.Image:
-    built, _ = image.build()  # a no-op when this recipe is already built (the CI cache)
+def base_image(host: str) -> store.Image:
+    built, _ = build.build()  # a no-op when this recipe is already built (the CI cache)
     return built
 
 
@@ -87,7 +89,7 @@ def state_dir() -> Iterator[Path]:
     os.environ["VMSANDBOX_STATE_DIR"] = str(d)
     yield d
     with Hypervisor(URI) as hv:  # only this run's domains: another run may share the host
-        for info in list(hv.domains(session.DOMAIN_PREFIX + NAME_PREFIX)):
+        for info in list(hv.domains(DOMAIN_PREFIX + NAME_PREFIX)):
             xml = hv.xml(info.name)
             owner = session_of(xml) if xml else None
             if owner is not None and d in owner[1].parents:
@@ -178,7 +180,7 @@ def keep_console_on_failure(request: pytest.FixtureRequest, name: str) -> None:
 def assert_gone(name: str) -> None:
     """No domain, no session directory, no QEMU process for this session."""
     with Hypervisor(URI) as hv:
-        assert hv.info(session.DOMAIN_PREFIX + name) is None
+        assert hv.info(DOMAIN_PREFIX + name) is None
     assert not paths.session_paths(name).root.exists()
     ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True, check=True).stdout
     assert f"guest=vmsandbox-{name}," not in ps
@@ -186,18 +188,18 @@ def assert_gone(name: str) -> None:
 
 
 @pytest.fixture
-def owned_name(request: pytest.FixtureRequest, base_image: image.Image, state_dir: Path) -> Iterator[str]:
+def owned_name(request: pytest.FixtureRequest, base_image: store.Image, state_dir: Path) -> Iterator[str]:
     """A unique session name for a test that creates (and should remove) its own VM."""
     name = unique_name()
     yield name
     keep_console_on_failure(request, name)
     with Hypervisor(URI) as hv:
-        hv.destroy(session.DOMAIN_PREFIX + name)
+        hv.destroy(DOMAIN_PREFIX + name)
     shutil.rmtree(paths.session_paths(name).root, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")
-def kept_session(cli: Cli, project: Path, base_image: image.Image) -> Iterator[str]:
+def kept_session(cli: Cli, project: Path, base_image: store.Image) -> Iterator[str]:
     """A session started with `run --keep` on the module's own (module-scoped) `project`, for a module whose
     tests run in order against it; destroyed, whatever it holds, when the module is done."""
     n = unique_name()
@@ -208,12 +210,10 @@ def kept_session(cli: Cli, project: Path, base_image: image.Image) -> Iterator[s
 
 
 @pytest.fixture(scope="session")
-def shared(
-    base_image: image.Image, state_dir: Path, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[session.Record]:
+def shared(base_image: store.Image, state_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Record]:
     """One booted session shared by tests that only read from it."""
     proj = tmp_path_factory.mktemp("shared") / "shared project"
     proj.mkdir()
-    record = session.create(session.Options(project=proj, name=unique_name(), settings=Settings(), keep=True))
+    record = create.create(Options(project=proj, name=unique_name(), settings=Settings(), keep=True))
     yield record
-    session.remove(record)
+    lifecycle.remove(record)

@@ -15,6 +15,11 @@ from pathlib import Path
 from vmsandbox.egress.certs import Issuer, create_ca
 
 LOOPBACK = "127.0.0.1"
+STANDIN_DOMAIN = "up.example.com"  # the names of the stand-ins: never looked up, the test resolver maps them
+
+
+def standin(name: str) -> str:
+    return f"{name}.{STANDIN_DOMAIN}"
 
 
 @dataclass
@@ -24,8 +29,9 @@ class Upstream:
     requests: list[dict[str, str]] = field(default_factory=list)  # headers of each request seen
 
     @property
-    def override(self) -> str:
-        return f"{self.name}={LOOPBACK}:{self.port}"
+    def mapping(self) -> str:
+        """NAME=PORT, as the stand-in daemon takes it."""
+        return f"{self.name}={self.port}"
 
 
 def _handler(upstream: Upstream) -> type[http.server.BaseHTTPRequestHandler]:
@@ -113,3 +119,40 @@ class Recorder:
         self._stop.set()
         self._thread.join()
         self.sock.close()
+
+
+def use_standin_daemon(session: str, files_root: Path, upstreams: list[Upstream], ca: Path, env: dict[str, str]) -> int:
+    """Replace a session's egress daemon by the stand-in one (standin_daemon.py); wait until the guest's door is
+    open again. Its pid."""
+    import subprocess
+    import sys
+    import time
+
+    from vmsandbox import paths
+    from vmsandbox.egress import control
+    from vmsandbox.egress.control import Door
+
+    files = paths.SessionPaths(files_root)
+    control.stop(files)
+    files.egress_state.unlink(missing_ok=True)
+    table = ",".join(u.mapping for u in upstreams)
+    repo = Path(__file__).resolve().parents[2]
+    with files.egress_log.open("ab") as log:
+        child = subprocess.Popen(
+            [sys.executable, "-m", "tests.integration.standin_daemon", session, table, str(ca)],
+            cwd=repo,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        state = control.daemon_state(files)
+        if state is not None and state.pid == child.pid and state.forward is Door.UP:
+            return child.pid
+        if child.poll() is not None:
+            break
+        time.sleep(0.1)
+    raise AssertionError(f"the stand-in egress daemon did not open the door: {files.egress_log.read_text()[-2000:]}")

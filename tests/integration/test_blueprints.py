@@ -15,26 +15,25 @@ from pathlib import Path
 
 import pytest
 
-from vmsandbox.image import blueprint
-from vmsandbox.image import layers as bpimage
-from vmsandbox.image import store as image
+from vmsandbox.image import blueprint, store
+from vmsandbox.session import layerbuild
 
 from .conftest import Cli, assert_gone, keep_console_on_failure, unique_name, wait_for
 
 
 @pytest.fixture(scope="session")
-def claude_layer(base_image: image.Image) -> image.Image:
-    built, _ = bpimage.build_layer(blueprint.load("claude"))
+def claude_layer(base_image: store.Image) -> store.Image:
+    built, _ = layerbuild.build_layer(blueprint.load("claude"))
     return built
 
 
 @pytest.fixture(scope="session")
-def codex_layer(base_image: image.Image) -> image.Image:
-    built, _ = bpimage.build_layer(blueprint.load("codex"))
+def codex_layer(base_image: store.Image) -> store.Image:
+    built, _ = layerbuild.build_layer(blueprint.load("codex"))
     return built
 
 
-def test_claude_version_in_its_blueprint(cli: Cli, claude_layer: image.Image, owned_name: str, project: Path) -> None:
+def test_claude_version_in_its_blueprint(cli: Cli, claude_layer: store.Image, owned_name: str, project: Path) -> None:
     r = cli.run(
         "run", "--blueprint", "claude", "--yes", "--name", owned_name, str(project), "--", "claude", "--version"
     )
@@ -44,7 +43,7 @@ def test_claude_version_in_its_blueprint(cli: Cli, claude_layer: image.Image, ow
 
 
 def test_codex_shorthand_passes_args_through(
-    cli: Cli, codex_layer: image.Image, owned_name: str, project: Path
+    cli: Cli, codex_layer: store.Image, owned_name: str, project: Path
 ) -> None:
     """`vmsandbox codex PATH -- --version` runs `codex <skip-permissions flag> --version` and reviews."""
     r = cli.run("codex", str(project), "--yes", "--name", owned_name, "--", "--version")
@@ -56,7 +55,7 @@ def test_codex_shorthand_passes_args_through(
 
 @pytest.fixture(scope="module")
 def dev(
-    request: pytest.FixtureRequest, base_image: image.Image, cli: Cli, tmp_path_factory: pytest.TempPathFactory
+    request: pytest.FixtureRequest, base_image: store.Image, cli: Cli, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[tuple[str, int]]:
     """A kept session as a (pretend) sudo user, with guest port 8000 published."""
     project = tmp_path_factory.mktemp("dev") / "web"
@@ -142,7 +141,7 @@ def test_docker_runs_a_local_image_as_root_and_as_the_user(cli: Cli, dev: tuple[
 
 
 def test_user_blueprint_extends_base_and_config_is_copied_in_only(
-    cli: Cli, base_image: image.Image, owned_name: str, project: Path, tmp_path: Path, ssh_agent: str
+    cli: Cli, base_image: store.Image, owned_name: str, project: Path, tmp_path: Path, ssh_agent: str
 ) -> None:
     """A user blueprint that extends base and adds a Debian package builds its own layer; the config file it
     names is copied in, changed in the guest, and the host copy stays as it was. With --git-identity and

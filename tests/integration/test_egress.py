@@ -1,6 +1,8 @@
 """Egress from inside a real VM: one door out (the session's proxy), the allowlist, secrets injected on the
-host, `clean`, and the proxy dying. Every upstream is a 127.0.0.1 stand-in on the host, reached through
-the test-only name overrides; refused requests are aimed at a recording listener that must stay silent."""
+host, `clean`, and the proxy dying. Every upstream is a 127.0.0.1 stand-in on the host: the session's egress
+daemon is replaced by the stand-in daemon (the product's daemon with a test resolver and the test CA
+injected; the product itself has no test switch); refused requests are aimed at a recording listener that
+must stay silent."""
 
 from __future__ import annotations
 
@@ -18,19 +20,24 @@ from pathlib import Path
 import pytest
 
 from vmsandbox import paths
-from vmsandbox.egress import policy as egress
+from vmsandbox.egress import control
 from vmsandbox.egress import secrets as secretstore
-from vmsandbox.image import store as image
-from vmsandbox.session import core as session
+from vmsandbox.egress.control import Door
+from vmsandbox.image import store
+from vmsandbox.session import create, lifecycle
 from vmsandbox.session.config import Settings
+from vmsandbox.session.options import Options
+from vmsandbox.session.record import Record
 
 from .conftest import Cli, keep_console_on_failure, unique_name, wait_for
-from .standins import Recorder, Upstream, http_upstream, make_ca
+from .standins import Recorder, Upstream, http_upstream, make_ca, standin, use_standin_daemon
+
+HTTP, TLS, API = standin("http"), standin("tls"), standin("api")
 
 
 @dataclass
 class Guest:
-    record: session.Record
+    record: Record
     cli: Cli
     secret_name: str
     secret: str
@@ -39,6 +46,18 @@ class Guest:
     api: Upstream
     recorder: Recorder
     ca_file: str  # the upstream test CA, inside the guest's project
+    ca: Path  # the same, on the host
+    standin_pid: int | None = None
+
+    def standins(self) -> None:
+        """The stand-in egress daemon, unless it serves the session already (a test may have restarted the
+        product's own)."""
+        state = control.daemon_state(self.record.files)
+        if state is not None and state.alive and state.pid == self.standin_pid:
+            return
+        env = self.cli.env(VMSANDBOX_CONFIG_DIR=os.environ["VMSANDBOX_CONFIG_DIR"])
+        upstreams = [self.http, self.tls, self.api]
+        self.standin_pid = use_standin_daemon(self.record.name, self.record.files.root, upstreams, self.ca, env)
 
     def sh(self, script: str, *, user: str | None = None) -> subprocess.CompletedProcess[bytes]:
         argv = ["exec", self.record.name, "--", "sh", "-c", script]
@@ -55,13 +74,13 @@ class Guest:
 @pytest.fixture(scope="module")
 def guest(
     request: pytest.FixtureRequest,
-    base_image: image.Image,
+    base_image: store.Image,
     state_dir: Path,
     cli: Cli,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[Guest]:
     tmp = tmp_path_factory.mktemp("egress")
-    ca = make_ca(tmp / "ca", "upstream-ca", ["tls.up.test", "api.up.test"])
+    ca = make_ca(tmp / "ca", "upstream-ca", [TLS, API])
     project = tmp / "project"
     project.mkdir()
     (project / "upstream-ca.pem").write_bytes(ca.cert.read_bytes())
@@ -69,47 +88,47 @@ def guest(
     recorder = Recorder()
     secret_name = "it-api-key"
     secret = "it-secret-" + secrets.token_hex(12)
-    saved = {k: os.environ.get(k) for k in ("VMSANDBOX_CONFIG_DIR", egress.TEST_UPSTREAMS_ENV, egress.TEST_CA_ENV)}
+    saved = os.environ.get("VMSANDBOX_CONFIG_DIR")
     with (
-        http_upstream("http.up.test") as plain,
-        http_upstream("tls.up.test", ca.server_context("tls.up.test")) as tls,
-        http_upstream("api.up.test", ca.server_context("api.up.test")) as api,
+        http_upstream(HTTP) as plain,
+        http_upstream(TLS, ca.server_context(TLS)) as tls,
+        http_upstream(API, ca.server_context(API)) as api,
     ):
         os.environ["VMSANDBOX_CONFIG_DIR"] = str(tmp / "config")
-        os.environ[egress.TEST_UPSTREAMS_ENV] = ",".join(u.override for u in (plain, tls, api))
-        os.environ[egress.TEST_CA_ENV] = str(ca.cert)
         secretstore.put(secret_name, secret)
         settings = Settings().merged(
             {
-                "allow": ["http.up.test", "tls.up.test", f"localhost:{recorder.port}"],
-                "secrets": [{"secret": secret_name, "host": "api.up.test", "header": "x-api-key", "env": "IT_KEY"}],
+                "allow": [HTTP, TLS, f"localhost:{recorder.port}"],
+                "secrets": [{"secret": secret_name, "host": API, "header": "x-api-key", "env": "IT_KEY"}],
             },
             "test",
         )
         name = unique_name()
-        record = session.create(session.Options(project=project, name=name, settings=settings, keep=True))
+        record = create.create(Options(project=project, name=name, settings=settings, keep=True))
+        g = Guest(
+            record, cli, secret_name, secret, plain, tls, api, recorder, str(project / "upstream-ca.pem"), ca.cert
+        )
         try:
-            yield Guest(record, cli, secret_name, secret, plain, tls, api, recorder, str(project / "upstream-ca.pem"))
+            g.standins()
+            yield g
         finally:
             keep_console_on_failure(request, name)
-            session.remove(record)
+            lifecycle.remove(record)
             recorder.close()
-            for k, v in saved.items():
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
+            if saved is None:
+                os.environ.pop("VMSANDBOX_CONFIG_DIR", None)
+            else:
+                os.environ["VMSANDBOX_CONFIG_DIR"] = saved
 
 
 def test_allowed_hosts_work_through_the_proxy(guest: Guest) -> None:
-    r = guest.sh(
-        f"curl -sS -m 20 http://http.up.test/plain && curl -sS -m 20 --cacert {guest.ca_file} https://tls.up.test/t"
-    )
+    guest.standins()
+    r = guest.sh(f"curl -sS -m 20 http://{HTTP}/plain && curl -sS -m 20 --cacert {guest.ca_file} https://{TLS}/t")
     assert r.returncode == 0, r.stderr.decode()
-    assert b"hello from http.up.test GET /plain" in r.stdout
-    assert b"hello from tls.up.test GET /t" in r.stdout
+    assert f"hello from {HTTP} GET /plain".encode() in r.stdout
+    assert f"hello from {TLS} GET /t".encode() in r.stdout
     hosts = {(e["host"], e["decision"]) for e in guest.events()}
-    assert {("http.up.test", "allow"), ("tls.up.test", "allow")} <= hosts
+    assert {(HTTP, "allow"), (TLS, "allow")} <= hosts
 
 
 def test_denied_and_loopback_requests_are_refused_and_logged(guest: Guest) -> None:
@@ -160,7 +179,7 @@ def test_a_direct_connection_has_no_route(guest: Guest) -> None:
     the host's loopback if the network were not restricted: the recorder would see it)."""
     port = guest.recorder.port
     r = guest.sh(
-        f"curl -sS -m 10 --noproxy '*' http://http.up.test/; echo dns=$?; "
+        f"curl -sS -m 10 --noproxy '*' http://{HTTP}/; echo dns=$?; "
         f"curl -sS -m 10 --noproxy '*' --resolve x.test:{port}:10.0.2.2 http://x.test:{port}/; echo route=$?"
     )
     out = r.stdout.decode()
@@ -169,10 +188,11 @@ def test_a_direct_connection_has_no_route(guest: Guest) -> None:
 
 
 def test_secret_is_injected_on_the_host_and_never_in_the_guest(guest: Guest) -> None:
-    r = guest.sh('curl -sS -m 30 -H "x-api-key: $IT_KEY" https://api.up.test/v1/messages; echo; echo "key=$IT_KEY"')
+    guest.standins()
+    r = guest.sh(f'curl -sS -m 30 -H "x-api-key: $IT_KEY" https://{API}/v1/messages; echo; echo "key=$IT_KEY"')
     assert r.returncode == 0, r.stderr.decode()
     out = r.stdout.decode()
-    assert "hello from api.up.test GET /v1/messages" in out, r.stderr.decode()
+    assert f"hello from {API} GET /v1/messages" in out, r.stderr.decode()
     assert "key=vmsandbox-placeholder-" in out
     assert guest.api.requests[-1]["x-api-key"] == guest.secret
     key_line = paths.session_paths(guest.record.name).ca_key.read_text().splitlines()[1]
@@ -208,14 +228,16 @@ def test_clean_removes_credentials_and_keeps_the_workspace(guest: Guest) -> None
     assert left.stdout.decode().count("No such file") == 3 and left.stdout.decode().strip().endswith("0")
     assert guest.sh("find . -type f | sort | xargs sha256sum").stdout == before
     # the placeholder a process may still hold is not honoured any more
-    r = guest.sh("curl -sS -m 30 -H 'x-api-key: vmsandbox-placeholder-x' https://api.up.test/after-clean")
-    assert b"hello from api.up.test" in r.stdout
+    guest.standins()
+    r = guest.sh(f"curl -sS -m 30 -H 'x-api-key: vmsandbox-placeholder-x' https://{API}/after-clean")
+    assert f"hello from {API}".encode() in r.stdout
     assert guest.api.requests[-1]["x-api-key"] == "vmsandbox-placeholder-x"
 
 
 def test_proxy_death_fails_closed_and_exec_restarts_it(guest: Guest) -> None:
+    guest.standins()
     files = guest.record.files
-    state = egress.daemon_state(files)
+    state = control.daemon_state(files)
     assert state is not None and state.alive and state.pid is not None
     os.kill(state.pid, signal.SIGKILL)
     wait_for(lambda: not state.alive, 10, "the proxy daemon to die")
@@ -224,14 +246,15 @@ def test_proxy_death_fails_closed_and_exec_restarts_it(guest: Guest) -> None:
     # does not restart the proxy first)
     argv = guest.record.endpoint().ssh_argv("-T")
     r = subprocess.run(
-        [*argv, "--", "curl -sS -m 20 http://http.up.test/; echo exit=$?"],
+        [*argv, "--", f"curl -sS -m 20 http://{HTTP}/; echo exit=$?"],
         capture_output=True,
         timeout=120,
         check=False,
     )
     assert b"exit=7" in r.stdout, (r.stdout, r.stderr)  # 7: failed to connect (refused)
-    # vmsandbox exec notices, says so, and restarts it
-    r = guest.sh("curl -sS -m 20 http://http.up.test/again")
+    # vmsandbox exec notices, says so, and restarts it (the product's own daemon: a special name gets its
+    # answer, 403 from the proxy, without any lookup)
+    r = guest.sh("curl -sS -m 20 -o /dev/null -w '%{http_code}' http://again.invalid/")
     assert b"had stopped" in r.stderr, r.stderr.decode()
-    assert b"hello from http.up.test GET /again" in r.stdout
-    assert egress.status(files, wanted=True) == "up"
+    assert r.stdout == b"403"
+    assert control.status(files, wanted=True) is Door.UP

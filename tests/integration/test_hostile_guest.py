@@ -2,7 +2,8 @@
 asserts the host is untouched: no file outside the project, no risky file applied, no code run (a marker file
 that must never appear), no foreign history in the user's refs, nothing setuid or world-writable anywhere
 under the state directory, nothing of a session readable by another local user, no escape sequence reaching
-the terminal. The stages run in order against one session (one boot); the trust tests need no VM.
+the terminal. Tests share one session where they do not disturb each other (any one runs alone, in any
+order); a test that kills its VM or needs another user owns its session; the trust tests need no VM.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import pytest
 
 from vmsandbox import paths
 from vmsandbox.confine import ACCOUNT
-from vmsandbox.session import core as session
+from vmsandbox.session.record import DOMAIN_PREFIX, Record
 from vmsandbox.vm.virt import Hypervisor
 
 from .conftest import Cli, unique_name
@@ -131,12 +132,19 @@ printf '\033]52;c;cHduZWQ=\007\033[2Jconsole-attack\n' > /dev/ttyS0
 """
 
 
-def test_a_hostile_guest_gets_nothing_through_a_pull(
+@pytest.fixture(scope="module")
+def attacked(
     cli: Cli, name: str, project: Path, marker: Path, foreign: tuple[Path, str]
+) -> subprocess.CompletedProcess[bytes]:
+    """The guest plays ATTACKS once; then a `pull --yes` (its result)."""
+    guest(cli, name, f"PROJECT={project!s}; MARKER={marker!s}; FOREIGN_OID={foreign[1]}\n" + ATTACKS)
+    return cli.run("pull", name, "--yes")
+
+
+def test_a_hostile_guest_gets_nothing_through_a_pull(
+    attacked: subprocess.CompletedProcess[bytes], name: str, project: Path, marker: Path, foreign: tuple[Path, str]
 ) -> None:
-    script = f"PROJECT={project!s}; MARKER={marker!s}; FOREIGN_OID={foreign[1]}\n" + ATTACKS
-    guest(cli, name, script)
-    r = cli.run("pull", name, "--yes")
+    r = attacked
     err = r.stderr
     assert r.returncode == 3, err.decode()
     no_escape_sequences(err)
@@ -175,7 +183,9 @@ def test_a_hostile_guest_gets_nothing_through_a_pull(
             assert SECRET_VALUE.encode() not in f.read_bytes()
 
 
-def test_nothing_under_the_state_directory_is_setuid_or_reachable(cli: Cli, name: str) -> None:
+def test_nothing_under_the_state_directory_is_setuid_or_reachable(
+    cli: Cli, name: str, attacked: subprocess.CompletedProcess[bytes]
+) -> None:
     files = paths.session_paths(name)
     assert unsafe_files_under(cli.state_dir) == []
     mirror = files.guest_tree
@@ -187,12 +197,13 @@ def test_nothing_under_the_state_directory_is_setuid_or_reachable(cli: Cli, name
         assert as_nobody("ls", str(sub)).returncode != 0, sub
     with pytest.raises(PermissionError):  # another user cannot even reach the planted shell
         as_nobody(str(mirror / "suid-sh"), "-c", "id -u")
-    for state_file in (files.record, files.baseline_manifest, files.review, files.proxy_log, files.ssh_config):
+    for state_file in (files.record, files.baseline_manifest, files.decisions, files.proxy_log, files.ssh_config):
         if state_file.exists():
             assert state_file.stat().st_mode & 0o077 == 0, state_file
 
 
 def test_the_console_never_reaches_the_terminal_raw(cli: Cli, name: str) -> None:
+    guest(cli, name, "printf '\\033]52;c;cHduZWQ=\\007\\033[2Jconsole-attack\\n' > /dev/ttyS0")
     out = cli.run("logs", name, "console").stdout
     assert b"console-attack" in out
     no_escape_sequences(out)
@@ -263,28 +274,46 @@ def test_guest_bytes_in_an_error_are_shown_escaped(cli: Cli, name: str) -> None:
 
 def test_guest_output_is_captured_with_a_cap(name: str) -> None:
     from vmsandbox import proc
-    from vmsandbox.guest import commands as guest_mod
+    from vmsandbox.guest import commands
 
-    record = session.Record.load(name)
-    result = guest_mod.run_as_root(record, "head -c 40000000 /dev/zero | tr '\\0' y")
+    record = Record.load(name)
+    result = commands.run_as_root(record.endpoint(), "head -c 40000000 /dev/zero | tr '\\0' y")
     assert len(result.stdout) <= proc.MAX_OUTPUT + len(proc.TRUNCATED)
     assert result.stdout.endswith(proc.TRUNCATED)
 
 
-def test_a_dead_vms_disk_is_read_unprivileged(cli: Cli, name: str, project: Path, marker: Path) -> None:
-    guest(cli, name, f"cd {project!s}; cp /bin/sh suid2; chmod 6755 suid2; sync")
-    with Hypervisor(session.Record.load(name).libvirt_uri) as hv:
-        hv.destroy(session.DOMAIN_PREFIX + name)
-    r = cli.run("recover", name, "--yes")
+def test_a_dead_vms_disk_is_read_unprivileged_and_its_config_stays_untrusted(
+    cli: Cli, owned_name: str, tmp_path: Path, marker: Path
+) -> None:
+    """Its own VM, killed: the workspace disk is read by e2fsck and debugfs as the guest-data account, nothing
+    setuid lands in the mirror, and a .vmsandbox.yaml the guest wrote is untrusted even once applied."""
+    proj = tmp_path / "dead"
+    proj.mkdir()
+    (proj / "README").write_text("base\n")
+    assert cli.run("run", "--keep", "--name", owned_name, str(proj), "--", "true").returncode == 0
+    script = (
+        f"cp /bin/sh suid2; chmod 6755 suid2; git init -q sub; git -C sub config core.fsmonitor 'touch {marker}'; "
+        "printf 'network: open\\n' > .vmsandbox.yaml; sync"
+    )
+    guest(cli, owned_name, script)
+    with Hypervisor(Record.load(owned_name).libvirt_uri) as hv:
+        hv.destroy(DOMAIN_PREFIX + owned_name)
+    r = cli.run("recover", owned_name, "--yes")
     assert r.returncode == 3, r.stderr.decode()
     no_escape_sequences(r.stderr)
     assert "Reading the workspace disk" in r.stderr.decode()
-    mirror = paths.session_paths(name).guest_tree
+    mirror = paths.session_paths(owned_name).guest_tree
     assert pwd.getpwuid(mirror.stat().st_uid).pw_name == ACCOUNT
     assert (mirror / "suid2").stat().st_mode & 0o7777 == 0o755
     assert not (mirror / "lost+found").exists()  # e2fsck's, never the project's
     assert unsafe_files_under(cli.state_dir) == []
-    assert not (project / "sub/.git").exists() and not marker.exists()
+    assert not (proj / "sub/.git").exists() and not (proj / ".vmsandbox.yaml").exists() and not marker.exists()
+    # the user decides to take everything, the guest's config included: it is applied, and not obeyed
+    r = cli.run("recover", owned_name, "--yes", "--include-risky")
+    assert (proj / ".vmsandbox.yaml").exists(), r.stderr.decode()
+    assert (proj / "suid2").stat().st_mode & 0o7777 == 0o755
+    refused = cli.run("run", str(proj), "--", "true")
+    assert refused.returncode == 125 and b"not trusted" in refused.stderr
 
 
 # ---------------------------------------------------------------- trust (no VM)
@@ -334,15 +363,6 @@ def test_a_trusted_project_config_is_obeyed(cli: Cli, owned_name: str, tmp_path:
     (row,) = [row for row in cli.ls() if row["name"] == owned_name]
     assert row["network"] == "none"
     assert cli.run("destroy", owned_name, "--discard").returncode == 0
-
-
-def test_a_config_the_guest_wrote_is_untrusted_even_when_applied(cli: Cli, name: str, project: Path) -> None:
-    """Last: applies the guest's quarantined .vmsandbox.yaml on purpose, and the project stays unusable
-    until the user trusts it."""
-    r = cli.run("recover", name, "--yes", "--include-risky")
-    assert (project / ".vmsandbox.yaml").exists(), r.stderr.decode()
-    refused = cli.run("run", str(project), "--", "true")
-    assert refused.returncode == 125 and b"not trusted" in refused.stderr
 
 
 # ---------------------------------------------------------------- an unprivileged invoking user

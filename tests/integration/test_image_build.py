@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from vmsandbox import paths
-from vmsandbox.image import store as image
+from vmsandbox.image import store
 
 from .conftest import Cli, wait_for
 
@@ -22,7 +22,7 @@ def processes_mentioning(text: str) -> list[str]:
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGKILL], ids=["int", "term", "kill"])
-def test_interrupted_build(sig: signal.Signals, cli: Cli, tmp_path: Path, base_image: image.Image) -> None:
+def test_interrupted_build(sig: signal.Signals, cli: Cli, tmp_path: Path, base_image: store.Image) -> None:
     data = tmp_path / "data"
     (data / "images").mkdir(parents=True)
     (data / "cache").symlink_to(paths.cache_dir())  # reuse the downloaded packages
@@ -52,8 +52,8 @@ def test_interrupted_build(sig: signal.Signals, cli: Cli, tmp_path: Path, base_i
     wait_for(lambda: not processes_mentioning(str(images)), 60, "build processes to end")
     if sig is signal.SIGKILL:
         assert list(images.glob(".tmp-*")), "a killed build leaves its temporary directory to the next build"
-        image.remove_stale(images)  # what the next build does first, under the lock
+        store.remove_stale(images)  # what the next build does first, under the lock
     else:
         assert p.returncode == (130 if sig is signal.SIGINT else 128 + sig), err.decode()
     assert list(images.glob(".tmp-*")) == []
-    assert image.mounts_under(data) == []
+    assert store.mounts_under(data) == []

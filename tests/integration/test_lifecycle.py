@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 from vmsandbox import paths
-from vmsandbox.session import core as session
+from vmsandbox.session.record import DOMAIN_PREFIX
 from vmsandbox.vm.virt import Hypervisor
 
 from .conftest import URI, Cli, assert_gone, wait_for
@@ -17,7 +17,7 @@ from .conftest import URI, Cli, assert_gone, wait_for
 
 def domain_exists(name: str) -> bool:
     with Hypervisor(URI) as hv:
-        return hv.info(session.DOMAIN_PREFIX + name) is not None
+        return hv.info(DOMAIN_PREFIX + name) is not None
 
 
 def record_status(name: str) -> str | None:
@@ -44,7 +44,7 @@ def test_two_concurrent_sessions(cli: Cli, owned_name: str, project: Path) -> No
             assert out == f"vmsandbox-{n}\n".encode()
     finally:
         with Hypervisor(URI) as hv:
-            hv.destroy(session.DOMAIN_PREFIX + second)
+            hv.destroy(DOMAIN_PREFIX + second)
     assert_gone(owned_name)
     assert_gone(second)
 

@@ -1,5 +1,6 @@
 """The egress proxy on the host, driven over loopback sockets (no VM): every request targets 127.0.0.1
-stand-ins reached through the test-only name overrides; refused names never get a connection."""
+stand-ins, reached through a resolver the test gives the proxy (as it gives the proxy the test CA); refused
+names never get a connection."""
 
 from __future__ import annotations
 
@@ -16,8 +17,10 @@ import pytest
 
 from vmsandbox.egress import certs, tlshello
 from vmsandbox.egress.certs import Issuer
-from vmsandbox.egress.netpolicy import Mode, Policy, parse_rule
-from vmsandbox.egress.proxy import Proxy, ProxyConfig, SecretRule
+from vmsandbox.egress.netpolicy import IPNetwork, Mode, Policy, parse_rule
+from vmsandbox.egress.policy import ProxyConfig, SecretRule
+from vmsandbox.egress.proxy import Proxy
+from vmsandbox.egress.upstream import resolve_checked, verified_tls
 
 from .standins import LOOPBACK, Recorder, Upstream, UpstreamCA, http_upstream, make_ca
 
@@ -37,6 +40,7 @@ class Rig:
     recorder: Recorder
     config: list[ProxyConfig]
     secrets: dict[str, str]
+    test_ca: Path
 
     def events(self) -> list[dict[str, object]]:
         return [json.loads(line) for line in self.log.read_text().splitlines()] if self.log.exists() else []
@@ -44,41 +48,62 @@ class Rig:
 
 @pytest.fixture
 def rig(tmp_path: Path) -> Iterator[Rig]:
-    test_ca = make_ca(tmp_path / "test-ca", "upstream-ca", ["tls.up.test", "api.up.test"])
-    rogue_ca = make_ca(tmp_path / "rogue-ca", "rogue-ca", ["bad.up.test"])
+    test_ca = make_ca(tmp_path / "test-ca", "upstream-ca", ["tls.up.example.com", "api.up.example.com"])
+    rogue_ca = make_ca(tmp_path / "rogue-ca", "rogue-ca", ["bad.up.example.com"])
     certs.create_ca(
-        tmp_path / "session.pem", tmp_path / "session.key", session="t", hosts=["api.up.test", "bad.up.test"]
+        tmp_path / "session.pem",
+        tmp_path / "session.key",
+        session="t",
+        hosts=["api.up.example.com", "bad.up.example.com"],
     )
     recorder = Recorder()
     with (
-        http_upstream("http.up.test") as plain,
-        http_upstream("tls.up.test", test_ca.server_context("tls.up.test")) as tls,
-        http_upstream("api.up.test", test_ca.server_context("api.up.test")) as api,
-        http_upstream("bad.up.test", rogue_ca.server_context("bad.up.test")) as bad,
+        http_upstream("http.up.example.com") as plain,
+        http_upstream("tls.up.example.com", test_ca.server_context("tls.up.example.com")) as tls,
+        http_upstream("api.up.example.com", test_ca.server_context("api.up.example.com")) as api,
+        http_upstream("bad.up.example.com", rogue_ca.server_context("bad.up.example.com")) as bad,
     ):
         ups = {u.name: (LOOPBACK, u.port) for u in (plain, tls, api, bad)}
-        rules = ("http.up.test", "tls.up.test", "api.up.test", "bad.up.test", f"localhost:{recorder.port}")
+
+        async def resolver(host: str, port: int, networks: tuple[IPNetwork, ...]) -> list[tuple[str, int]]:
+            if host in ups:  # the stand-ins; every other name through the product's checked resolver
+                return [ups[host]]
+            return await resolve_checked(host, port, networks)
+
+        def upstream_tls() -> ssl.SSLContext:
+            ctx = verified_tls()
+            ctx.load_verify_locations(cafile=test_ca.cert)
+            return ctx
+
+        rules = (
+            "http.up.example.com",
+            "tls.up.example.com",
+            "api.up.example.com",
+            "bad.up.example.com",
+            f"localhost:{recorder.port}",
+        )
         config = [
             ProxyConfig(
-                policy=Policy(Mode.ALLOWLIST, tuple(parse_rule(r, source="t") for r in rules), ups),
+                policy=Policy(Mode.ALLOWLIST, tuple(parse_rule(r, source="t") for r in rules)),
                 secrets=(
-                    SecretRule("api", "api.up.test", "x-api-key", PLACEHOLDER),
-                    SecretRule("api", "bad.up.test", "x-api-key", PLACEHOLDER),
+                    SecretRule("api", "api.up.example.com", "x-api-key", PLACEHOLDER),
+                    SecretRule("api", "bad.up.example.com", "x-api-key", PLACEHOLDER),
                 ),
-                test_ca=test_ca.cert,
             )
         ]
         secrets = {"api": SECRET}
         issuer = Issuer(tmp_path / "session.pem", tmp_path / "session.key")
         log = tmp_path / "proxy.jsonl"
-        proxy = Proxy(lambda: config[0], log, secrets.get, lambda: issuer)
+        proxy = Proxy(lambda: config[0], log, secrets.get, lambda: issuer, resolver=resolver, upstream_tls=upstream_tls)
         loop = asyncio.new_event_loop()
         server = loop.run_until_complete(asyncio.start_server(proxy.handle, LOOPBACK, 0))
         port = server.sockets[0].getsockname()[1]
         thread = threading.Thread(target=loop.run_forever, daemon=True)
         thread.start()
         try:
-            yield Rig(port, log, tmp_path / "session.pem", plain, tls, api, bad, recorder, config, secrets)
+            yield Rig(
+                port, log, tmp_path / "session.pem", plain, tls, api, bad, recorder, config, secrets, test_ca.cert
+            )
         finally:
             loop.call_soon_threadsafe(server.close)
             loop.call_soon_threadsafe(loop.stop)
@@ -129,23 +154,23 @@ def _https_get(rig: Rig, host: str, ca: Path, headers: str = "", sni: str | None
 
 
 def test_plain_http_to_an_allowed_host(rig: Rig) -> None:
-    out = _exchange(rig.port, b"GET http://http.up.test/hi?x=1 HTTP/1.1\r\nHost: http.up.test\r\n\r\n")
+    out = _exchange(rig.port, b"GET http://http.up.example.com/hi?x=1 HTTP/1.1\r\nHost: http.up.example.com\r\n\r\n")
     assert out.startswith(b"HTTP/1.1 200"), out
-    assert b"hello from http.up.test GET /hi?x=1" in out
+    assert b"hello from http.up.example.com GET /hi?x=1" in out
     (event,) = rig.events()
-    assert event["decision"] == "allow" and event["host"] == "http.up.test" and int(str(event["down"])) > 0
+    assert event["decision"] == "allow" and event["host"] == "http.up.example.com" and int(str(event["down"])) > 0
 
 
 @pytest.mark.parametrize(
     ("target", "why"),
     [
         ("denied.invalid:443", "special-use"),
-        ("evil.up.test:443", "special-use"),  # no override and not allowed
+        ("evil.up.example.com:443", "not in the allowlist"),  # not allowed, never resolved
         ("127.0.0.1:{port}", "IP literal"),
         ("[::1]:{port}", "IP literal"),
         ("2130706433:{port}", "IP literal"),
         ("localhost:{port}", "loopback"),
-        ("http.up.test:22", "not in the allowlist"),
+        ("http.up.example.com:22", "not in the allowlist"),
     ],
 )
 def test_connect_refusals_never_reach_anything(rig: Rig, target: str, why: str) -> None:
@@ -160,10 +185,10 @@ def test_connect_refusals_never_reach_anything(rig: Rig, target: str, why: str) 
 
 
 def test_tls_passthrough_checks_the_server_name(rig: Rig) -> None:
-    out = _https_get(rig, "tls.up.test", rig.config[0].test_ca or Path())
-    assert b"hello from tls.up.test GET /v1/thing" in out
+    out = _https_get(rig, "tls.up.example.com", rig.test_ca)
+    assert b"hello from tls.up.example.com GET /v1/thing" in out
     with pytest.raises((ssl.SSLError, ConnectionResetError, OSError)):
-        _https_get(rig, "tls.up.test", rig.config[0].test_ca or Path(), sni="api.up.test")
+        _https_get(rig, "tls.up.example.com", rig.test_ca, sni="api.up.example.com")
     events = rig.events()
     assert events[0]["decision"] == "allow" and events[0]["tls"] == "passthrough"
     assert events[1]["decision"] == "deny" and "does not match" in str(events[1]["reason"])
@@ -171,12 +196,12 @@ def test_tls_passthrough_checks_the_server_name(rig: Rig) -> None:
 
 
 def test_secret_is_injected_only_after_verifying_the_upstream(rig: Rig) -> None:
-    out = _https_get(rig, "api.up.test", rig.session_ca, f"x-api-key: {PLACEHOLDER}\r\n")
+    out = _https_get(rig, "api.up.example.com", rig.session_ca, f"x-api-key: {PLACEHOLDER}\r\n")
     assert out.startswith(b"HTTP/1.1 200"), out
     assert rig.api.requests[-1]["x-api-key"] == SECRET
     assert SECRET.encode() not in out
     # an upstream whose certificate does not verify never sees the secret: 502 inside the tunnel
-    out = _https_get(rig, "bad.up.test", rig.session_ca, f"x-api-key: {PLACEHOLDER}\r\n")
+    out = _https_get(rig, "bad.up.example.com", rig.session_ca, f"x-api-key: {PLACEHOLDER}\r\n")
     assert out.startswith(b"HTTP/1.1 502") and b"failed verification" in out, out
     assert rig.bad.requests == []
     ev = rig.events()
@@ -185,11 +210,11 @@ def test_secret_is_injected_only_after_verifying_the_upstream(rig: Rig) -> None:
 
 def test_missing_or_revoked_secret(rig: Rig) -> None:
     rig.secrets.clear()
-    out = _https_get(rig, "api.up.test", rig.session_ca, f"x-api-key: {PLACEHOLDER}\r\n")
+    out = _https_get(rig, "api.up.example.com", rig.session_ca, f"x-api-key: {PLACEHOLDER}\r\n")
     assert out.startswith(b"HTTP/1.1 502") and b"vmsandbox secret set api" in out, out
     rig.secrets["api"] = SECRET
     rig.config[0] = replace(rig.config[0], revoked=True)
-    out = _https_get(rig, "api.up.test", rig.session_ca, f"x-api-key: {PLACEHOLDER}\r\n")
+    out = _https_get(rig, "api.up.example.com", rig.session_ca, f"x-api-key: {PLACEHOLDER}\r\n")
     assert out.startswith(b"HTTP/1.1 200")
     assert rig.api.requests[-1]["x-api-key"] == PLACEHOLDER
 
@@ -198,11 +223,14 @@ def test_missing_or_revoked_secret(rig: Rig) -> None:
     ("request_bytes", "status"),
     [
         (b"GARBAGE\r\n\r\n", b"400"),
-        (b"GET http://http.up.test/ HTTP/1.1\r\nX-Big: " + b"a" * 40000 + b"\r\n\r\n", b"400"),
-        (b"GET http://http.up.test/ HTTP/1.1\r\n folded: x\r\n\r\n", b"400"),
-        (b"POST http://http.up.test/ HTTP/1.1\r\nContent-Length: 1\r\nTransfer-Encoding: chunked\r\n\r\n", b"400"),
-        (b"GET /relative HTTP/1.1\r\nHost: http.up.test\r\n\r\n", b"400"),
-        (b"GET http://user:pw@http.up.test/ HTTP/1.1\r\n\r\n", b"403"),
+        (b"GET http://http.up.example.com/ HTTP/1.1\r\nX-Big: " + b"a" * 40000 + b"\r\n\r\n", b"400"),
+        (b"GET http://http.up.example.com/ HTTP/1.1\r\n folded: x\r\n\r\n", b"400"),
+        (
+            b"POST http://http.up.example.com/ HTTP/1.1\r\nContent-Length: 1\r\nTransfer-Encoding: chunked\r\n\r\n",
+            b"400",
+        ),
+        (b"GET /relative HTTP/1.1\r\nHost: http.up.example.com\r\n\r\n", b"400"),
+        (b"GET http://user:pw@http.up.example.com/ HTTP/1.1\r\n\r\n", b"403"),
     ],
 )
 def test_malformed_requests(rig: Rig, request_bytes: bytes, status: bytes) -> None:
@@ -232,8 +260,8 @@ def test_test_ca_helper_is_a_ca(tmp_path: Path) -> None:
 
 def test_open_mode_allows_names_but_never_loopback(rig: Rig) -> None:
     rig.config[0] = replace(rig.config[0], policy=replace(rig.config[0].policy, mode=Mode.OPEN, rules=()))
-    out = _exchange(rig.port, b"GET http://http.up.test/open HTTP/1.1\r\n\r\n")
-    assert b"hello from http.up.test GET /open" in out
+    out = _exchange(rig.port, b"GET http://http.up.example.com/open HTTP/1.1\r\n\r\n")
+    assert b"hello from http.up.example.com GET /open" in out
     for target in (f"localhost:{rig.recorder.port}", f"127.0.0.1:{rig.recorder.port}", "metadata.google.internal:80"):
         s, reply = _connect(rig.port, target)
         reply += _read_all(s)
@@ -243,19 +271,19 @@ def test_open_mode_allows_names_but_never_loopback(rig: Rig) -> None:
 
 
 def test_plain_http_inside_connect_is_held_to_the_tunnel_host(rig: Rig) -> None:
-    s, reply = _connect(rig.port, "http.up.test:80")
+    s, reply = _connect(rig.port, "http.up.example.com:80")
     assert reply.startswith(b"HTTP/1.1 200"), reply
-    s.sendall(b"GET /inside HTTP/1.1\r\nHost: http.up.test\r\n\r\n")
+    s.sendall(b"GET /inside HTTP/1.1\r\nHost: http.up.example.com\r\n\r\n")
     out = _read_all(s)
     s.close()
-    assert b"hello from http.up.test GET /inside" in out
-    s, reply = _connect(rig.port, "http.up.test:80")
+    assert b"hello from http.up.example.com GET /inside" in out
+    s, reply = _connect(rig.port, "http.up.example.com:80")
     s.sendall(b"GET /x HTTP/1.1\r\nHost: localhost\r\n\r\n")  # smuggling another host through the tunnel
     out = _read_all(s)
     s.close()
     assert b"403" in out and b"inside the tunnel" in out
-    s, _ = _connect(rig.port, "http.up.test:80")
-    s.sendall(b"GET http://localhost/x HTTP/1.1\r\nHost: http.up.test\r\n\r\n")  # absolute form: refused too
+    s, _ = _connect(rig.port, "http.up.example.com:80")
+    s.sendall(b"GET http://localhost/x HTTP/1.1\r\nHost: http.up.example.com\r\n\r\n")  # absolute form: refused too
     assert b"403" in _read_all(s)
     s.close()
     events = rig.events()
@@ -264,7 +292,7 @@ def test_plain_http_inside_connect_is_held_to_the_tunnel_host(rig: Rig) -> None:
 
 
 def test_the_log_caps_what_the_guest_chose(rig: Rig) -> None:
-    target = "x" * 5000 + ".up.test:443"
+    target = "x" * 5000 + ".up.example.com:443"
     s, reply = _connect(rig.port, target)
     reply += _read_all(s)
     s.close()

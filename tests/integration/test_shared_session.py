@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import pwd
+import secrets
 import shutil
 import socket
 import subprocess
@@ -14,22 +15,22 @@ import pytest
 
 from vmsandbox import paths
 from vmsandbox.errors import VmsandboxError
-from vmsandbox.guest import ssh
-from vmsandbox.image import store as image
-from vmsandbox.session.core import Record
+from vmsandbox.guest import channel, ssh
+from vmsandbox.image import store
+from vmsandbox.session.record import Record
 
-from .conftest import Cli
+from .conftest import Cli, wait_for
 
 
-def test_uname_over_ssh_through_loopback_forward(shared: Record, base_image: image.Image) -> None:
+def test_uname_over_ssh_through_loopback_forward(shared: Record, base_image: store.Image) -> None:
     """The foundation's done-when: boot the image under libvirt, read `uname -r` over SSH on 127.0.0.1."""
-    client = ssh.connect(shared.endpoint())
+    link = channel.connect(shared.endpoint())
     try:
-        assert client.get_transport().getpeername()[0] == "127.0.0.1"  # type: ignore[union-attr]
-        _in, out, _err = client.exec_command("uname -r")
-        assert out.read().decode().strip() == base_image.manifest["kernel_version"]
+        assert link.transport.getpeername()[0] == "127.0.0.1"
+        status, out = link.run("uname -r")
+        assert status == 0 and out.decode().strip() == base_image.manifest["kernel_version"]
     finally:
-        client.close()
+        link.close()
 
 
 def test_exit_code_and_separate_streams(shared: Record, cli: Cli) -> None:
@@ -127,19 +128,24 @@ def test_pinned_host_key_is_enforced(shared: Record, tmp_path: Path) -> None:
     ssh.write_known_hosts(fake, shared.ssh_port, other)
     wrong = ssh.Endpoint(shared.name, shared.ssh_port, shared.user, fake)
     with pytest.raises(VmsandboxError, match="does not match the pinned one"):
-        ssh.connect(wrong)
+        channel.connect(wrong)
     wrong.write_config()
     r = subprocess.run([*wrong.ssh_argv("-T"), "true"], capture_output=True, check=False, timeout=60)
     assert r.returncode == 255
     assert b"Host key verification failed" in r.stderr
     # and the real pinned key works with the same client key
-    ssh.connect(shared.endpoint()).close()
+    channel.connect(shared.endpoint()).close()
 
 
 def test_logs_console(shared: Record, cli: Cli) -> None:
-    r = cli.run("logs", shared.name, "console")
-    assert r.returncode == 0
-    assert r.stdout  # the serial console captured the boot
+    """`logs` prints the guest's serial console: what the guest writes to ttyS0 shows up, line by line, with
+    the console's carriage returns gone."""
+    marker = f"console-marker-{secrets.token_hex(4)}"
+    r = cli.run("exec", shared.name, "--", "sudo", "sh", "-c", f"echo {marker} > /dev/ttyS0")
+    assert r.returncode == 0, r.stderr.decode()
+    wait_for(lambda: marker.encode() in cli.run("logs", shared.name, "console").stdout, 30, "the marker")
+    out = cli.run("logs", shared.name, "console").stdout
+    assert f"{marker}\n".encode() in out and b"\r" not in out
 
 
 def test_doctor_passes_here(cli: Cli) -> None:

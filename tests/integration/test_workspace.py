@@ -1,7 +1,8 @@
-"""Workspace in, reviewed three-way sync-back out, nothing lost — on one real VM, in stages.
+"""Workspace in, reviewed three-way sync-back out, nothing lost — on real VMs.
 
-The tests of this module run in order against one session (started with `run --keep`), each stage building
-on the previous one, so one boot covers the whole life of a session's changes.
+The tests share one session (started with `run --keep`) but not their files: each works in its own part of
+the project and pulls only its own paths, so any one of them runs alone (`-k`) or in any order. The test that
+destroys its session owns one.
 """
 
 from __future__ import annotations
@@ -19,19 +20,20 @@ from pathlib import Path
 import pytest
 
 from vmsandbox import paths
-from vmsandbox.session import core as session
+from vmsandbox.session.record import DOMAIN_PREFIX, Record
 from vmsandbox.sync import tree
 from vmsandbox.vm.virt import Hypervisor
 
 from .conftest import Cli, assert_gone
 
-GUEST_SCRIPT = r"""
+MIX_SCRIPT = r"""
 set -e
-git -c safe.directory='*' -c user.email=agent@vm -c user.name=agent commit -q -m 'guest work' --allow-empty
+cd mix
 echo guest >> modify.txt
 rm delete.txt
 mv rename_src.txt renamed.txt
 chmod 600 chmod.txt
+chmod 666 open.txt
 echo g >> 'name with spaces.txt'
 echo g >> 'ünïcödé.txt'
 head -c 4000000 /dev/urandom > big.bin
@@ -46,10 +48,23 @@ ln hard1 hard2
 mkfifo fifo
 echo s > setuid.sh
 chmod 4755 setuid.sh
+cd ..
+git -c safe.directory='*' -c user.email=agent@vm -c user.name=agent commit -q -m 'guest work' --allow-empty
 printf '#!/bin/sh\necho pwned\n' > .git/hooks/pre-commit
 chmod +x .git/hooks/pre-commit
 git config core.fsmonitor 'touch /tmp/pwned'
 """
+MIX_FILES = {
+    "keep.txt": "keep\n",
+    "modify.txt": "base\n",
+    "delete.txt": "x\n",
+    "rename_src.txt": "r\n",
+    "chmod.txt": "c\n",
+    "open.txt": "o\n",
+    "name with spaces.txt": "s\n",
+    "ünïcödé.txt": "u\n",
+    "conflict.txt": "base\n",
+}
 
 
 def sha(path: Path) -> str:
@@ -60,24 +75,27 @@ def git(project: Path, *args: str) -> str:
     return subprocess.run(["git", "-C", str(project), *args], capture_output=True, text=True, check=True).stdout
 
 
+def exec_ok(cli: Cli, name: str, script: str) -> str:
+    r = cli.run("exec", name, "--", "sh", "-c", script)
+    assert r.returncode == 0, r.stderr.decode()
+    return r.stdout.decode()
+
+
 @pytest.fixture(scope="module")
 def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
     p = tmp_path_factory.mktemp("ws") / "project"
-    p.mkdir()
-    for name, text in {
-        "keep.txt": "keep\n",
-        "modify.txt": "base\n",
-        "delete.txt": "x\n",
-        "rename_src.txt": "r\n",
-        "chmod.txt": "c\n",
-        "name with spaces.txt": "s\n",
-        "ünïcödé.txt": "u\n",
-        "conflict.txt": "base\n",
-        ".gitignore": "*.log\n",
-    }.items():
-        (p / name).write_text(text)
-    (p / "big.bin").write_bytes(os.urandom(3_000_000))
-    (p / "emptydir").mkdir()
+    (p / "mix" / "emptydir").mkdir(parents=True)
+    for name, text in MIX_FILES.items():
+        (p / "mix" / name).write_text(text)
+    (p / "mix" / "big.bin").write_bytes(os.urandom(3_000_000))
+    (p / "static.bin").write_bytes(os.urandom(1_000_000))
+    (p / "diffs").mkdir()
+    (p / "diffs" / "text.txt").write_text("line one\nline two\n")
+    (p / "diffs" / "blob.bin").write_bytes(os.urandom(10_000))
+    (p / "push").mkdir()
+    (p / "push" / "keep.txt").write_text("keep\n")
+    (p / "push" / "modify.txt").write_text("base\n")
+    (p / ".gitignore").write_text("*.log\n")
     git(p, "init", "-q", "-b", "main")
     git(p, "add", "-A")
     git(p, "-c", "user.email=me@host", "-c", "user.name=me", "commit", "-q", "-m", "base")
@@ -91,124 +109,138 @@ def name(kept_session: str) -> str:
     return kept_session
 
 
+@pytest.fixture(scope="module")
+def mixed(cli: Cli, name: str, project: Path) -> str:
+    """Every kind of change in mix/ (and the guest's commit, hook and git config), plus a host edit of
+    mix/conflict.txt: made once, whichever test asks first."""
+    exec_ok(cli, name, MIX_SCRIPT)
+    (project / "mix" / "conflict.txt").write_text("host\n")  # a host edit during the session
+    return name
+
+
 def test_workspace_appears_at_the_same_path(cli: Cli, name: str, project: Path) -> None:
     probe = (
-        "pwd; stat -c %u:%g modify.txt; sha256sum big.bin | cut -d' ' -f1; cat ignored.log untracked.txt; "
-        "git -c safe.directory='*' log --format=%s"
+        "pwd; stat -c %u:%g static.bin; sha256sum static.bin | cut -d' ' -f1; cat ignored.log untracked.txt; "
+        "git -c safe.directory='*' log --format=%s --reverse | head -1"
     )
-    r = cli.run("exec", name, "--", "sh", "-c", probe)
-    assert r.returncode == 0, r.stderr.decode()
-    rec = session.Record.load(name)
-    for copy in (rec.files.workspace_disk, rec.files.overlay, rec.files.baseline, rec.files.guest_tree):
+    out = exec_ok(cli, name, probe)
+    rec = Record.load(name)
+    for copy in (rec.files.workspace_disk, rec.system_disk, rec.files.baseline, rec.files.guest_tree):
         assert copy.stat().st_mode & 0o077 == 0, f"{copy} is readable by other host users"
-    assert r.stdout.decode().splitlines() == [
+    assert out.splitlines() == [
         str(project),
         f"{rec.uid}:{rec.gid}",
-        sha(project / "big.bin"),
+        sha(project / "static.bin"),
         "ignored but captured",
         "untracked but captured",
         "base",
     ]
 
 
-def test_without_terminal_or_yes_nothing_is_applied(cli: Cli, name: str, project: Path) -> None:
-    r = cli.run("exec", name, "--", "sh", "-c", GUEST_SCRIPT)
-    assert r.returncode == 0, r.stderr.decode()
-    (project / "conflict.txt").write_text("host\n")  # a host edit during the session
+def test_without_terminal_or_yes_nothing_is_applied(cli: Cli, mixed: str, project: Path) -> None:
     before = tree.scan(project)
-    p = cli.run("pull", name)
+    p = cli.run("pull", mixed, "mix")
     assert p.returncode == 3, p.stderr.decode()
     assert b"nothing applied" in p.stderr
     assert tree.scan(project) == before
 
 
-def test_diff_lists_the_changes(cli: Cli, name: str) -> None:
-    r = cli.run("diff", name, "--stat")
-    out = r.stdout.decode()
-    for path in ("modify.txt", "delete.txt", "renamed.txt", "big.bin", ".git/hooks/pre-commit", ".git/config"):
-        assert path in out
-    text = cli.run("diff", name, "modify.txt").stdout.decode()
-    assert "+guest" in text and " base" in text
-    assert "Binary file big.bin" in cli.run("diff", name, "big.bin").stdout.decode()
+def test_diff_lists_the_changes(cli: Cli, name: str, project: Path) -> None:
+    exec_ok(cli, name, "echo guest >> diffs/text.txt; head -c 20000 /dev/urandom > diffs/blob.bin; rm -f diffs/gone")
+    stat = cli.run("diff", name, "--stat", "diffs").stdout.decode()
+    assert "modified      diffs/text.txt" in stat and "diffs/blob.bin" in stat
+    text = cli.run("diff", name, "diffs/text.txt").stdout.decode()
+    assert "--- a/diffs/text.txt" in text and "+guest" in text and " line two" in text
+    assert (
+        "Binary file diffs/blob.bin: modified, 10000 → 20000 bytes"
+        in cli.run("diff", name, "diffs/blob.bin").stdout.decode()
+    )
+    assert (project / "diffs" / "text.txt").read_text() == "line one\nline two\n"  # diff writes nothing
 
 
-def test_pull_yes_applies_what_is_safe(cli: Cli, name: str, project: Path) -> None:
+def test_pull_yes_applies_what_is_safe(cli: Cli, mixed: str, project: Path) -> None:
+    mix = project / "mix"
     hooks_before = sorted(p.name for p in (project / ".git/hooks").iterdir())
     head_before = git(project, "rev-parse", "HEAD")
-    r = cli.run("pull", name, "--yes")
+    r = cli.run("pull", mixed, "--yes", "mix", ".git")
     err = r.stderr.decode()
     assert r.returncode == 3, err  # quarantined changes remain
-    guest_big = cli.run("exec", name, "--", "sha256sum", "big.bin").stdout.decode().split()[0]
-    assert (project / "modify.txt").read_text() == "base\nguest\n"
-    assert not (project / "delete.txt").exists()
-    assert not (project / "rename_src.txt").exists() and (project / "renamed.txt").read_text() == "r\n"
-    assert (project / "chmod.txt").stat().st_mode & 0o777 == 0o600
-    assert (project / "name with spaces.txt").read_text() == "s\ng\n"
-    assert (project / "ünïcödé.txt").read_text() == "u\ng\n"
-    assert sha(project / "big.bin") == guest_big
-    assert not (project / "emptydir").exists() and (project / "newempty").is_dir()
+    guest_big = exec_ok(cli, mixed, "sha256sum mix/big.bin").split()[0]
+    assert (mix / "modify.txt").read_text() == "base\nguest\n"
+    assert not (mix / "delete.txt").exists()
+    assert not (mix / "rename_src.txt").exists() and (mix / "renamed.txt").read_text() == "r\n"
+    assert (mix / "chmod.txt").stat().st_mode & 0o777 == 0o600
+    assert (mix / "open.txt").stat().st_mode & 0o777 == 0o664  # the guest's 0666, without o+w
+    assert (mix / "name with spaces.txt").read_text() == "s\ng\n"
+    assert (mix / "ünïcödé.txt").read_text() == "u\ng\n"
+    assert sha(mix / "big.bin") == guest_big
+    assert not (mix / "emptydir").exists() and (mix / "newempty").is_dir()
     # the conflict: host untouched, guest version beside it
-    assert (project / "conflict.txt").read_text() == "host\n"
-    assert (project / f"conflict.txt.vmsandbox-{name}").read_text() == "guest\n"
+    assert (mix / "conflict.txt").read_text() == "host\n"
+    assert (mix / f"conflict.txt.vmsandbox-{mixed}").read_text() == "guest\n"
     # symlinks: inside kept, escaping ones never created
-    assert (project / "link_inside").readlink() == Path("keep.txt")
-    assert not (project / "link_abs").is_symlink() and not (project / "link_up").is_symlink()
-    assert "link_abs" in err and "link_up" in err
+    assert (mix / "link_inside").readlink() == Path("keep.txt")
+    assert not (mix / "link_abs").is_symlink() and not (mix / "link_up").is_symlink()
+    assert "mix/link_abs" in err and "mix/link_up" in err
     # hard links come back as files; FIFOs never
-    assert (project / "hard1").read_text() == (project / "hard2").read_text() == "hl\n"
-    assert not (project / "fifo").exists()
+    assert (mix / "hard1").read_text() == (mix / "hard2").read_text() == "hl\n"
+    assert not (mix / "fifo").exists()
     # quarantined: new executable, hooks, git config
-    assert not (project / "setuid.sh").exists()
+    assert not (mix / "setuid.sh").exists()
     assert sorted(p.name for p in (project / ".git/hooks").iterdir()) == hooks_before
     assert "fsmonitor" not in (project / ".git/config").read_text()
     assert "quarantined" in err
     # the guest's commit arrives as a ref, HEAD untouched
     assert git(project, "rev-parse", "HEAD") == head_before
-    assert git(project, "log", "--format=%s", "-1", f"refs/remotes/vmsandbox-{name}/main").strip() == "guest work"
+    assert git(project, "log", "--format=%s", "-1", f"refs/remotes/vmsandbox-{mixed}/main").strip() == "guest work"
     # everything written belongs to the invoking user
-    rec = session.Record.load(name)
-    assert (project / "renamed.txt").stat().st_uid == rec.uid
+    assert (mix / "renamed.txt").stat().st_uid == Record.load(mixed).uid
 
 
-def test_second_pull_is_idempotent(cli: Cli, name: str, project: Path) -> None:
+def test_second_pull_is_idempotent(cli: Cli, mixed: str, project: Path) -> None:
+    cli.run("pull", mixed, "--yes", "mix")
     before = tree.scan(project)
-    r = cli.run("pull", name, "--yes")
-    assert r.returncode == 3
+    r = cli.run("pull", mixed, "--yes", "mix")
+    assert r.returncode == 3  # the quarantined setuid.sh is still pending there
     assert b"0 applied" in r.stderr
     assert tree.scan(project) == before
 
 
 def test_risky_file_applied_only_when_asked_and_without_setuid(cli: Cli, name: str, project: Path) -> None:
-    r = cli.run("pull", name, "--yes", "--include-risky", "setuid.sh")
-    assert r.returncode == 3, r.stderr.decode()  # the hook and the config are still pending
-    assert (project / "setuid.sh").stat().st_mode & 0o7777 == 0o755
+    exec_ok(cli, name, "mkdir -p risky && echo 'echo hi' > risky/run.sh && chmod 4755 risky/run.sh")
+    r = cli.run("pull", name, "--yes", "risky")
+    assert r.returncode == 3 and b"quarantined risky/run.sh (newly executable)" in r.stderr, r.stderr.decode()
+    assert not (project / "risky" / "run.sh").exists()
+    r = cli.run("pull", name, "--yes", "--include-risky", "risky/run.sh")
+    assert r.returncode == 0, r.stderr.decode()
+    assert (project / "risky" / "run.sh").stat().st_mode & 0o7777 == 0o755
     assert not (project / ".git/hooks/pre-commit").exists()
 
 
 def test_pull_killed_midway_then_rerun(cli: Cli, name: str, project: Path) -> None:
-    make = "mkdir many && for i in $(seq 1 40); do head -c 100000 /dev/urandom > many/f$i; done"
-    assert cli.run("exec", name, "--", "sh", "-c", make).returncode == 0
-    hashes = cli.run("exec", name, "--", "sh", "-c", "cd many && sha256sum *").stdout.decode()
+    make = "mkdir -p many && for i in $(seq 1 40); do head -c 100000 /dev/urandom > many/f$i; done"
+    exec_ok(cli, name, make)
+    hashes = exec_ok(cli, name, "cd many && sha256sum *")
     want = {line.split()[1]: line.split()[0] for line in hashes.splitlines()}
-    killed = cli.run("pull", name, "--yes", "many", env=cli.env(VMSANDBOX_TEST_KILL_PULL_AFTER="15"))
+    killed = cli.run("pull", name, "--yes", "many", env=cli.env(VMSANDBOX_FAILPOINTS="pull.apply=kill-after:15"))
     assert killed.returncode == -9
     present = {p.name: sha(p) for p in (project / "many").iterdir()}
-    assert 0 < len(present) < 40
+    assert len(present) == 14  # the fail-point stopped it at the 16th change: the directory, then 14 files
     assert all(want[n] == h for n, h in present.items())  # every file old (absent) or new, never partial
     again = cli.run("pull", name, "--yes", "many")
-    assert again.returncode == 3  # the quarantined hook is still pending elsewhere
+    assert again.returncode == 0, again.stderr.decode()
     assert {p.name: sha(p) for p in (project / "many").iterdir()} == want
 
 
 def test_push_sends_host_edits_without_clobbering(cli: Cli, name: str, project: Path) -> None:
-    (project / "keep.txt").write_text("edited on the host\n")
-    (project / "modify.txt").write_text("host wins here\n")
-    assert cli.run("exec", name, "--", "sh", "-c", "echo guest-again >> modify.txt").returncode == 0
+    exec_ok(cli, name, "echo guest-again >> push/modify.txt")
+    (project / "push" / "keep.txt").write_text("edited on the host\n")
+    (project / "push" / "modify.txt").write_text("host wins here\n")
     r = cli.run("push", name)
-    assert r.returncode == 3  # modify.txt changed on both sides
-    assert b"conflict" in r.stderr and b"modify.txt" in r.stderr
-    out = cli.run("exec", name, "--", "cat", "keep.txt", "modify.txt").stdout.decode()
-    assert out == "edited on the host\nbase\nguest\nguest-again\n"
+    assert r.returncode == 3  # push/modify.txt changed on both sides
+    assert b"conflict" in r.stderr and b"push/modify.txt" in r.stderr
+    out = exec_ok(cli, name, "cat push/keep.txt push/modify.txt")
+    assert out == "edited on the host\nbase\nguest-again\n"
 
 
 class Terminal:
@@ -253,7 +285,7 @@ def test_interactive_review_on_a_terminal(cli: Cli, name: str, project: Path) ->
         "echo one > ia.txt; echo two > ib.txt; "
         "git -c safe.directory='*' -c user.email=a@vm -c user.name=a commit -q --allow-empty -m interactive"
     )
-    assert cli.run("exec", name, "--", "sh", "-c", script).returncode == 0
+    exec_ok(cli, name, script)
     term = Terminal(cli.argv("pull", name, "ia.txt", "ib.txt"), cli.env())
     term.expect("added ia.txt")
     term.expect("[y/n/d/a/q]")
@@ -273,25 +305,28 @@ def test_interactive_review_on_a_terminal(cli: Cli, name: str, project: Path) ->
     assert git(project, "log", "--format=%s", "-1", f"refs/remotes/vmsandbox-{name}/main").strip() == "interactive"
 
 
-def test_destroy_refuses_then_force_exports_and_recover_restores(cli: Cli, name: str, project: Path) -> None:
-    assert cli.run("exec", name, "--", "sh", "-c", "echo late > late.txt").returncode == 0
-    refused = cli.run("destroy", name)
+def test_destroy_refuses_then_force_exports_and_recover_restores(cli: Cli, owned_name: str, tmp_path: Path) -> None:
+    project = tmp_path / "own"
+    project.mkdir()
+    (project / "README").write_text("hello\n")
+    assert cli.run("run", "--keep", "--name", owned_name, str(project), "--", "true").returncode == 0
+    exec_ok(cli, owned_name, "echo late > late.txt")
+    refused = cli.run("destroy", owned_name)
     assert refused.returncode == 125
     assert b"unsynced change" in refused.stderr and b"destroy --force" in refused.stderr
-    assert "late.txt" in cli.run("diff", name, "--stat").stdout.decode()
-    forced = cli.run("destroy", name, "--force")
+    assert "late.txt" in cli.run("diff", owned_name, "--stat").stdout.decode()
+    forced = cli.run("destroy", owned_name, "--force")
     assert forced.returncode == 0, forced.stderr.decode()
-    rows = [row for row in cli.ls() if row["name"] == name]
+    rows = [row for row in cli.ls() if row["name"] == owned_name]
     assert rows and rows[0]["state"] == "exported"
-    box = paths.session_paths(name).outbox
+    box = paths.session_paths(owned_name).outbox
     assert box.stat().st_mode & 0o077 == 0
     assert "late.txt" in (box / "changes.patch").read_text()
     assert json.loads((box / "manifest.json").read_text())["late.txt"]["kind"] == "file"
-    with Hypervisor(session.Record.load(name).libvirt_uri) as hv:
-        assert hv.info(session.DOMAIN_PREFIX + name) is None
-    rec = cli.run("recover", name, "--yes")
-    assert rec.returncode == 3, rec.stderr.decode()  # the quarantined ones remain
+    with Hypervisor(Record.load(owned_name).libvirt_uri) as hv:
+        assert hv.info(DOMAIN_PREFIX + owned_name) is None
+    rec = cli.run("recover", owned_name, "--yes")
+    assert rec.returncode == 0, rec.stderr.decode()  # nothing left: the session goes
+    assert b"the session is removed" in rec.stderr
     assert (project / "late.txt").read_text() == "late\n"
-    gone = cli.run("destroy", name, "--discard")
-    assert gone.returncode == 0
-    assert_gone(name)
+    assert_gone(owned_name)

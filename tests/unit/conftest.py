@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from vmsandbox.session import core as session
+from vmsandbox.session.record import Record
 
 
 class UnexpectedSubprocessError(AssertionError):
@@ -36,7 +36,7 @@ def isolated_dirs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[P
     yield tmp_path
 
 
-def saved_record(name: str, **fields: Any) -> session.Record:
+def saved_record(name: str, **fields: Any) -> Record:
     """A session record written to its (temporary) session directory; `fields` override the defaults."""
     values: dict[str, Any] = {
         "name": name,
@@ -53,7 +53,7 @@ def saved_record(name: str, **fields: Any) -> session.Record:
         "gid": 1000,
         "libvirt_uri": "test:///default",
     }
-    record = session.Record(**(values | fields))
+    record = Record(**(values | fields))
     record.files.root.mkdir(parents=True)
     record.save()
     return record

@@ -8,6 +8,7 @@ import pytest
 
 from vmsandbox import paths
 from vmsandbox.errors import VmsandboxError
+from vmsandbox.image import recipe as recipes
 from vmsandbox.image import store as image
 
 REPO_IMAGES = Path(__file__).resolve().parents[2] / "images"
@@ -21,7 +22,7 @@ def recipe_copy(tmp_path: Path) -> Path:
 
 
 def test_shipped_recipe_is_valid_and_has_what_sessions_need() -> None:
-    recipe = image.load_recipe(trust_host_ca=False, root=REPO_IMAGES)
+    recipe = recipes.load_recipe(trust_host_ca=False, root=REPO_IMAGES)
     for pkg in ("linux-image-cloud-amd64", "openssh-server", "rsync", "sudo", "git", "docker.io", "apparmor"):
         assert pkg in recipe.packages
     assert "vmsandbox-identity.service" in recipe.enable
@@ -30,21 +31,21 @@ def test_shipped_recipe_is_valid_and_has_what_sessions_need() -> None:
 
 
 def test_version_changes_with_any_recipe_input(recipe_copy: Path, tmp_path: Path) -> None:
-    v1 = image.load_recipe(trust_host_ca=False, root=recipe_copy).version
-    assert image.load_recipe(trust_host_ca=False, root=recipe_copy).version == v1  # stable
+    v1 = recipes.load_recipe(trust_host_ca=False, root=recipe_copy).version
+    assert recipes.load_recipe(trust_host_ca=False, root=recipe_copy).version == v1  # stable
     script = recipe_copy / "base/rootfs/usr/local/lib/vmsandbox/net"
     script.write_text(script.read_text() + "# changed\n")
-    v2 = image.load_recipe(trust_host_ca=False, root=recipe_copy).version
+    v2 = recipes.load_recipe(trust_host_ca=False, root=recipe_copy).version
     assert v2 != v1
     script.chmod(0o644)  # the executable bit is part of the recipe too
-    assert image.load_recipe(trust_host_ca=False, root=recipe_copy).version != v2
+    assert recipes.load_recipe(trust_host_ca=False, root=recipe_copy).version != v2
 
 
 def test_recipe_typo_is_an_error_naming_the_key(recipe_copy: Path) -> None:
     f = recipe_copy / "base.yaml"
     f.write_text(f.read_text().replace("packages:", "pakages:"))
     with pytest.raises(VmsandboxError, match="unknown key `pakages`"):
-        image.load_recipe(root=recipe_copy)
+        recipes.load_recipe(root=recipe_copy)
 
 
 def fake_image(root: Path, version: str, built_at: str) -> Path:
@@ -66,9 +67,9 @@ def test_list_ignores_builds_in_progress_and_incomplete_dirs(tmp_path: Path) -> 
 def test_remove_refused_while_in_use_then_allowed(monkeypatch: pytest.MonkeyPatch) -> None:
     fake_image(paths.images_dir(), "v1", "2026-01-01T00:00:00Z")
     with pytest.raises(VmsandboxError, match="in use by: session s1"):
-        image.remove("v1", in_use=lambda _v: ["session s1"])
+        image.remove("v1", ["session s1"])
     assert image.list_images()
-    image.remove("v1", in_use=lambda _v: [])
+    image.remove("v1", [])
     assert image.list_images() == []
     assert list(paths.images_dir().glob(".tmp-*")) == []
 
@@ -88,7 +89,8 @@ def test_no_image_says_how_to_build() -> None:
 
 def test_layers_keep_one_version_and_are_refused_while_in_use(monkeypatch: pytest.MonkeyPatch) -> None:
     """A layer's version is the same from `image ls`, from a session's record and from `image rm`."""
-    from vmsandbox.cli import app as cli
+    from vmsandbox.cli import base
+    from vmsandbox.cli import main as cli
     from vmsandbox.image import layers as bpimage
 
     from .conftest import saved_record
@@ -102,8 +104,8 @@ def test_layers_keep_one_version_and_are_refused_while_in_use(monkeypatch: pytes
     saved_record("s1", image_version="claude-abc")
     with pytest.raises(SystemExit) as exc:
         cli.main(["image", "rm", "claude-abc"])
-    assert exc.value.code == cli.EXIT_ERROR and layer.exists()
+    assert exc.value.code == base.EXIT_ERROR and layer.exists()
     with pytest.raises(VmsandboxError, match="in use by: blueprint image claude-abc"):
-        image.remove("v1", in_use=lambda _v: ["blueprint image claude-abc"])
-    bpimage.remove_layer("claude-abc", in_use=lambda _v: [])
+        image.remove("v1", ["blueprint image claude-abc"])
+    bpimage.remove_layer("claude-abc", [])
     assert not layer.exists() and bpimage.list_layers() == []

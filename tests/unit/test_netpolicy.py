@@ -112,11 +112,24 @@ def test_special_names_are_refused_before_any_lookup_even_in_open_mode() -> None
         Policy(Mode.NONE).decide("pypi.org", 443)
 
 
-def test_test_upstream_override_still_needs_the_allowlist() -> None:
-    policy = Policy(Mode.ALLOWLIST, (parse_rule("up.test", source="t"),), {"up.test": ("127.0.0.1", 1)})
-    policy.decide("up.test", 443)
-    with pytest.raises(Refused):
-        Policy(Mode.ALLOWLIST, (), {"up.test": ("127.0.0.1", 1)}).decide("up.test", 443)
+def test_special_names_are_refused_even_when_allowlisted() -> None:
+    """Nothing (no allowlist entry, no test switch) lifts the special-name rule."""
+    policy = Policy(Mode.ALLOWLIST, (parse_rule("up.test", source="t"), parse_rule("x.internal", source="t")))
+    for host in ("up.test", "x.internal"):
+        with pytest.raises(Refused, match=r"special-use|private-use"):
+            policy.decide(host, 443)
+
+
+def test_each_network_mode_knows_its_door_label_and_decision() -> None:
+    rules = (parse_rule("pypi.org", source="t"),)
+    assert [m.has_door for m in Mode] == [True, True, False]
+    assert Mode.ALLOWLIST.label(3) == "allowlist: 3 allowed hosts" and "any public host" in Mode.OPEN.label(0)
+    Mode.ALLOWLIST.admit("pypi.org", 443, rules)
+    Mode.OPEN.admit("example.com", 80, ())
+    with pytest.raises(Refused, match="not in the allowlist"):
+        Mode.ALLOWLIST.admit("example.com", 443, rules)
+    with pytest.raises(Refused, match="no network"):
+        Mode.NONE.admit("pypi.org", 443, rules)
 
 
 @pytest.mark.parametrize("entry", ["*", "*.com", "http://x.com", "x.com:99999", "10.0.0.1", "a b"])

@@ -8,25 +8,27 @@ from pathlib import Path
 
 import pytest
 
-from vmsandbox.egress import proxy
+from vmsandbox.egress import log as proxylog
+from vmsandbox.egress.log import Event
 from vmsandbox.egress.netpolicy import address_reason
-from vmsandbox.egress.proxy import Event, Proxy, ProxyConfig
+from vmsandbox.egress.policy import ProxyConfig
+from vmsandbox.egress.proxy import Proxy
 
 
 def test_fields_are_capped() -> None:
     ev = Event(method="CONNECT", target="t" * 10_000, reason="r" * 10_000, host="h" * 300)
     rec = ev.record()
-    assert all(len(v) <= proxy.MAX_FIELD + 1 for v in rec.values() if isinstance(v, str))
+    assert all(len(v) <= proxylog.MAX_FIELD + 1 for v in rec.values() if isinstance(v, str))
 
 
 def test_the_log_rotates(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(proxy, "MAX_LOG_BYTES", 10_000)
+    monkeypatch.setattr(proxylog, "MAX_LOG_BYTES", 10_000)
     log = tmp_path / "proxy.jsonl"
     p = Proxy(lambda: ProxyConfig(policy=None), log, lambda _n: None, lambda: None)  # type: ignore[arg-type]
     for i in range(300):
         p._log(Event(method="CONNECT", target=f"host{i}.example:443", reason="x" * 200))
     assert log.stat().st_size <= 10_000
-    assert proxy.rotated(log).stat().st_size <= 10_000
+    assert proxylog.rotated(log).stat().st_size <= 10_000
     assert log.stat().st_mode & 0o077 == 0
     last = json.loads(log.read_text().splitlines()[-1])
     assert last["target"] == "host299.example:443"

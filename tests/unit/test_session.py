@@ -5,11 +5,11 @@ from pathlib import Path
 
 import pytest
 
-from vmsandbox import paths, proc
+from vmsandbox import paths, pids
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.guest import files as guestfiles
 from vmsandbox.guest.commands import remote_command
-from vmsandbox.session import core as session
+from vmsandbox.session import record as session
 
 from .conftest import saved_record
 
@@ -43,7 +43,7 @@ def test_default_name_is_valid() -> None:
 
 
 def test_record_roundtrip_and_owner() -> None:
-    r = saved_record("s1", owner_pid=os.getpid(), owner_start=proc.process_start(os.getpid()))
+    r = saved_record("s1", owner_pid=os.getpid(), owner_start=pids.process_start(os.getpid()))
     loaded = session.Record.load("s1")
     assert loaded == r and loaded.owner_alive()
     loaded.owner_start = "0"  # a reused pid is not the owner

@@ -9,7 +9,7 @@ import pytest
 
 from vmsandbox import paths
 from vmsandbox.errors import VmsandboxError
-from vmsandbox.session import core as session
+from vmsandbox.session import lifecycle, state
 from vmsandbox.vm.domain import META_NS
 from vmsandbox.vm.virt import Hypervisor
 
@@ -56,7 +56,7 @@ def test_gc_destroys_our_domains_without_a_session_dir_only() -> None:
         hv.create(test_domain("vmsandbox-gone", gone))
         hv.create(test_domain("vmsandbox-foreign"))  # shares the prefix but has no vmsandbox metadata
         try:
-            lines = list(session.gc(URI))
+            lines = list(lifecycle.gc(URI, limit=1024**3))
             assert lines == ["destroyed domain vmsandbox-gone (its session directory is gone)"]
             assert hv.info("vmsandbox-gone") is None
             assert hv.info("vmsandbox-foreign") is not None
@@ -67,6 +67,6 @@ def test_gc_destroys_our_domains_without_a_session_dir_only() -> None:
 
 def test_gc_removes_sessions_whose_vm_is_gone() -> None:
     r = saved_record("dead", libvirt_uri=URI, keep=True, status="ready")
-    assert session.all_status(URI)[0].state == "stopped"
-    assert list(session.gc(URI)) == ["removed session dead (stopped)"]
+    assert state.all_status(URI)[0].state == "stopped"
+    assert list(lifecycle.gc(URI, limit=1024**3)) == ["removed session dead (stopped)"]
     assert not r.files.root.exists()

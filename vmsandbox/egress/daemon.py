@@ -1,39 +1,45 @@
-"""The proxy daemon of one session: `python -m vmsandbox.egress.daemon NAME` (started by vmsandbox.egress.policy).
+"""The proxy daemon of one session: `python -m vmsandbox.egress.daemon NAME` (started by control.py).
 
 It holds an SSH connection to the guest (as root, pinned host key) with a remote forward of the guest's
 127.0.0.1:3128. Each connection the guest makes there arrives as an SSH channel and is served by the
 asyncio proxy through a socket pair: the proxy never listens on any host socket, so nothing else on the
 host can use it, and every request it sees comes from this session's guest.
 
-It also serves the session's published ports (`--publish`): it listens on the host's loopback addresses
-(or the one `--publish-address` names) and carries each connection to the guest's 127.0.0.1:PORT over the
-same SSH connection, so a dev server that binds only localhost in the guest is reachable too.
+It also serves the session's published ports: it listens on the host's loopback addresses (or the one
+`--publish-address` names) and carries each connection to the guest's 127.0.0.1:PORT over the same SSH
+connection, so a dev server that binds only localhost in the guest is reachable too.
 
 It restores the forward when the connection drops, and exits when the session is removed, its VM is gone,
 or on SIGTERM. If it dies, the SSH connection dies with it and the guest's door closes (fails closed).
+Everything it serves comes from the session's spec file (control.Spec).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import signal
 import socket
+import ssl
 import sys
 import threading
 import time
+from collections.abc import Callable
+from typing import Any
 
-import paramiko
-
-from vmsandbox.egress import policy as egress
+from vmsandbox import paths
+from vmsandbox.egress import control, policy, ports
 from vmsandbox.egress import secrets as secretstore
 from vmsandbox.egress.certs import Issuer
+from vmsandbox.egress.control import Door, Spec
 from vmsandbox.egress.netpolicy import GUEST_PROXY_PORT
-from vmsandbox.egress.proxy import Proxy, ProxyConfig
+from vmsandbox.egress.policy import ProxyConfig
+from vmsandbox.egress.proxy import Proxy
+from vmsandbox.egress.upstream import Resolver, resolve_checked, verified_tls
 from vmsandbox.errors import VmsandboxError
-from vmsandbox.guest import ssh
-from vmsandbox.session import core as session
+from vmsandbox.guest import channel
+from vmsandbox.guest.ssh import Endpoint
+from vmsandbox.vm.virt import Hypervisor, gone
 
 log = logging.getLogger("vmsandbox.egress.daemon")
 WATCH_INTERVAL = 2.0
@@ -41,27 +47,38 @@ MAX_BACKOFF = 10.0
 
 
 class Daemon:
-    def __init__(self, record: session.Record) -> None:
-        self.record = record
-        self.files = record.files
+    def __init__(
+        self,
+        name: str,
+        *,
+        resolver: Resolver = resolve_checked,
+        upstream_tls: Callable[[], ssl.SSLContext] = verified_tls,
+    ) -> None:
+        self.files = paths.session_paths(name)
+        self.spec = Spec.load(self.files)
+        self.endpoint = Endpoint(name, self.spec.ssh_port, "root", self.files)
         self.stop = threading.Event()
         self.loop = asyncio.new_event_loop()
         self._config: tuple[float, ProxyConfig] | None = None
         self._issuer: Issuer | None = None
-        self.proxy = Proxy(self._load_config, self.files.proxy_log, secretstore.get, self._get_issuer)
-        self.egress = record.network != "none"
-        self.transport: paramiko.Transport | None = None
+        self.proxy = Proxy(
+            self._load_config,
+            self.files.proxy_log,
+            secretstore.get,
+            self._get_issuer,
+            resolver=resolver,
+            upstream_tls=upstream_tls,
+        )
+        self.link: channel.Link | None = None
         self.listeners = [
-            (session.listener(address, p["host"]), int(p["guest"]))
-            for p in record.publish
-            for address in p["addresses"]
+            (ports.listener(address, p.host or 0), p.guest) for p in self.spec.publish for address in p.addresses
         ]
 
     def _load_config(self) -> ProxyConfig:
         """Re-read per connection when the file changed (`clean` revokes placeholders this way)."""
         mtime = self.files.egress_config.stat().st_mtime
         if self._config is None or self._config[0] != mtime:
-            self._config = (mtime, egress.proxy_config(egress.read_config(self.files)))
+            self._config = (mtime, policy.proxy_config(policy.read_config(self.files)))
         return self._config[1]
 
     def _get_issuer(self) -> Issuer | None:
@@ -69,16 +86,23 @@ class Daemon:
             self._issuer = Issuer(self.files.ca_cert, self.files.ca_key)
         return self._issuer
 
+    def _vm_running(self) -> bool:
+        try:
+            with Hypervisor(self.spec.libvirt_uri) as hv:
+                return not gone(hv.info(self.spec.domain))
+        except VmsandboxError:
+            return True  # libvirt down is not the VM gone: keep trying
+
     # ------------------------------------------------------------ forwarder thread
 
     def forward(self) -> None:
         backoff = 0.5
         while not self.stop.is_set():
             error = self._hold_forward()
-            egress.write_state(self.files, "down", error)
+            control.write_state(self.files, Door.DOWN, error)
             if self.stop.is_set():
                 break
-            if not self.files.record.exists() or not session.is_running(self.record):
+            if not self.files.egress_daemon.exists() or not self._vm_running():
                 log.info("the session or its VM is gone; exiting")
                 self.stop.set()
                 break
@@ -89,34 +113,31 @@ class Daemon:
 
     def _hold_forward(self) -> str | None:
         try:
-            client = ssh.connect(self.record.endpoint(), user="root")
+            link = channel.connect(self.endpoint, user="root")
         except VmsandboxError as exc:
             return exc.message
         try:
-            transport = client.get_transport()
-            if transport is None:
-                return "no SSH transport"
-            transport.set_keepalive(15)
-            if self.egress:
-                transport.request_port_forward(ssh.LOOPBACK, GUEST_PROXY_PORT)
+            link.keepalive(15)
+            if self.spec.door:
+                link.forward_remote(GUEST_PROXY_PORT)
                 log.info("guest 127.0.0.1:%d is open", GUEST_PROXY_PORT)
-            self.transport = transport
-            egress.write_state(self.files, "up")
-            while transport.is_active() and not self.stop.is_set():
-                channel = transport.accept(timeout=1)
-                if channel is not None:
-                    self._serve(channel)
-        except (paramiko.SSHException, OSError, EOFError) as exc:
-            return f"{type(exc).__name__}: {exc}"
+            self.link = link
+            control.write_state(self.files, Door.UP)
+            while link.active and not self.stop.is_set():
+                ch = link.accept(timeout=1)
+                if ch is not None:
+                    self._serve(ch)
+        except channel.LinkError as exc:
+            return str(exc)
         finally:
-            self.transport = None
-            client.close()
+            self.link = None
+            link.close()
         return "the SSH connection to the guest ended"
 
-    def _serve(self, channel: paramiko.Channel) -> None:
+    def _serve(self, ch: Any) -> None:
         ours, theirs = socket.socketpair()
         asyncio.run_coroutine_threadsafe(self._handle(ours), self.loop)
-        threading.Thread(target=_bridge, args=(channel, theirs), daemon=True).start()
+        threading.Thread(target=channel.bridge, args=(ch, theirs), daemon=True).start()
 
     async def _handle(self, sock: socket.socket) -> None:
         reader, writer = await asyncio.open_connection(sock=sock)
@@ -134,27 +155,25 @@ class Daemon:
                 continue
             except OSError:
                 return
-            transport = self.transport
-            if transport is None:
+            link = self.link
+            if link is None:
                 log.info("published port %d: no connection to the guest yet", guest_port)
                 conn.close()
                 continue
             try:
-                channel = transport.open_channel(
-                    "direct-tcpip", (ssh.LOOPBACK, guest_port), (str(peer[0]), int(peer[1])), timeout=10
-                )
-            except (paramiko.SSHException, OSError, EOFError) as exc:
+                ch = link.open_direct(guest_port, (str(peer[0]), int(peer[1])))
+            except channel.LinkError as exc:
                 log.info("published port %d: %s", guest_port, exc)
                 conn.close()
                 continue
             conn.settimeout(None)
-            threading.Thread(target=_bridge, args=(channel, conn), daemon=True).start()
+            threading.Thread(target=channel.bridge, args=(ch, conn), daemon=True).start()
 
     # ------------------------------------------------------------ main
 
     async def _watch(self) -> None:
         while not self.stop.is_set():
-            if not self.files.record.exists():
+            if not self.files.egress_daemon.exists():
                 self.stop.set()
             await asyncio.sleep(WATCH_INTERVAL)
 
@@ -168,43 +187,22 @@ class Daemon:
         watcher = self.loop.create_task(self._watch())
         self.loop.run_forever()
         watcher.cancel()
-        egress.write_state(self.files, "down", "stopped")
+        control.write_state(self.files, Door.DOWN, "stopped")
 
 
-def _bridge(channel: paramiko.Channel, sock: socket.socket) -> None:
-    """Copy bytes between an SSH channel and the proxy's end of a socket pair, both ways, until both end."""
-
-    def pump_in() -> None:
-        with contextlib.suppress(OSError, EOFError):
-            while data := channel.recv(65536):
-                sock.sendall(data)
-        with contextlib.suppress(OSError):
-            sock.shutdown(socket.SHUT_WR)
-
-    t = threading.Thread(target=pump_in, daemon=True)
-    t.start()
-    with contextlib.suppress(OSError, EOFError):
-        while data := sock.recv(65536):
-            channel.sendall(data)
-    with contextlib.suppress(OSError, EOFError):
-        channel.shutdown_write()
-    t.join(timeout=5)
-    channel.close()
-    sock.close()
-
-
-def main(argv: list[str]) -> int:
+def main(argv: list[str], daemon: Callable[[str], Daemon] = Daemon) -> int:
+    """Run the daemon of session argv[0] (`daemon` builds it: tests give their own resolver through it)."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s egressd[%(process)d] %(levelname)s %(message)s")
     if len(argv) != 1:
         print("usage: python -m vmsandbox.egress.daemon SESSION", file=sys.stderr)
         return 2
     try:
-        record = session.Record.load(argv[0])
-    except VmsandboxError as exc:
-        log.error("%s", exc.message)  # noqa: TRY400 - the message is the whole story
+        served = daemon(argv[0])
+    except (OSError, ValueError, KeyError, VmsandboxError) as exc:
+        log.error("cannot start: %s", exc)  # noqa: TRY400 - the message is the whole story
         return 1
     start = time.monotonic()
-    Daemon(record).run()
+    served.run()
     log.info("stopped after %.0f s", time.monotonic() - start)
     return 0
 

@@ -1,14 +1,66 @@
-"""Reading a session's proxy log (one JSON object per line) for people: `vmsandbox logs NAME proxy`."""
+"""A session's proxy log: one JSON object per connection, written by the proxy (fields capped, the file
+rotated, private) and read for people by `vmsandbox logs NAME proxy`."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from vmsandbox import ui
+
+MAX_FIELD = 256  # characters of any text field in a log line (the guest chooses most of them)
+MAX_LOG_BYTES = 8 * 1024**2  # the proxy log is rotated to <log>.1 beyond this (one old generation kept)
+
+
+@dataclass
+class Event:
+    """One connection, as logged."""
+
+    start: float = field(default_factory=time.monotonic)
+    ts: float = field(default_factory=time.time)
+    decision: str = "error"
+    method: str | None = None
+    target: str | None = None  # as the guest wrote it (truncated)
+    host: str | None = None
+    port: int | None = None
+    reason: str | None = None
+    tls: str | None = None  # passthrough | terminated
+    secret: str | None = None
+    up: int = 0  # bytes from the guest
+    down: int = 0  # bytes to the guest
+    answered: bool = False  # a 200 to CONNECT went out: errors can only close the connection now
+
+    def record(self) -> dict[str, Any]:
+        """The log line's fields; text the guest chose (targets, names, reasons quoting them) is capped."""
+        data = {
+            k: (v[:MAX_FIELD] + "…" if isinstance(v, str) and len(v) > MAX_FIELD else v)
+            for k, v in self.__dict__.items()
+            if k not in ("start", "answered") and v is not None
+        }
+        data["ms"] = round((time.monotonic() - self.start) * 1000)
+        return data
+
+
+def rotated(log_file: Path) -> Path:
+    """Where the previous generation of a rotated log lives."""
+    return log_file.with_name(log_file.name + ".1")
+
+
+def append(log_file: Path, ev: Event) -> None:
+    """One line for one connection; the file is rotated when it would grow past MAX_LOG_BYTES."""
+    line = json.dumps(ev.record(), sort_keys=True) + "\n"
+    with contextlib.suppress(FileNotFoundError):
+        if log_file.stat().st_size + len(line) > MAX_LOG_BYTES:
+            log_file.replace(rotated(log_file))
+    fd = os.open(log_file, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(line)
 
 
 def parse(line: str) -> dict[str, Any] | None:

@@ -10,7 +10,7 @@ import enum
 import ipaddress
 import re
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from vmsandbox.errors import VmsandboxError
 
@@ -22,9 +22,37 @@ DEFAULT_PORTS = frozenset({80, 443})  # an allowlist entry without :PORT allows 
 
 
 class Mode(enum.StrEnum):
+    """A session's network mode, and what each one means. A new mode is a new member here (its door, its
+    label, what it admits) plus its spelling in `parse_mode`'s hint."""
+
     ALLOWLIST = "allowlist"  # only listed host names
     OPEN = "open"  # any public host name (never loopback, private, link-local, CGNAT or metadata addresses)
     NONE = "none"  # no egress at all: no proxy, no door
+
+    @property
+    def has_door(self) -> bool:
+        """Whether the guest gets a proxy at its 127.0.0.1:3128 (the egress daemon must run)."""
+        return self is not Mode.NONE
+
+    def label(self, allowed: int) -> str:
+        """How `run` and `ls` say it."""
+        return {
+            Mode.ALLOWLIST: f"allowlist: {allowed} allowed hosts",
+            Mode.OPEN: "open: any public host",
+            Mode.NONE: "none: no network",
+        }[self]
+
+    def admit(self, host: str, port: int, rules: tuple[Rule, ...]) -> None:
+        """Refused unless a guest in this mode may ask for host:port (names already checked as not special)."""
+        if self is Mode.NONE:
+            raise Refused("this session has no network (--network none)")
+        if any(r.matches(host, port) for r in rules):
+            return
+        if self is Mode.OPEN:
+            if port not in DEFAULT_PORTS:
+                raise Refused(f"port {port} is not open (only 80 and 443); allow it with --allow {host}:{port}")
+            return
+        raise Refused(f"{host}:{port} is not in the allowlist; allow it with --allow {host}")
 
 
 def parse_mode(value: str, *, source: str) -> Mode:
@@ -254,22 +282,13 @@ def parse_target(authority: str, *, default_port: int | None = None) -> tuple[st
 class Policy:
     mode: Mode
     rules: tuple[Rule, ...] = ()
-    # Names the tests reach on 127.0.0.1 stand-ins (never set outside tests): host -> (address, port).
-    # They still have to be allowed; only their lookup is replaced.
-    test_upstreams: dict[str, tuple[str, int]] = field(default_factory=dict)
     networks: tuple[IPNetwork, ...] = ()  # non-public networks the user allowed (allow_networks)
 
     def decide(self, host: str, port: int) -> None:
         """Refused unless the guest may ask for host:port (before any lookup)."""
         if self.mode is Mode.NONE:
-            raise Refused("this session has no network (--network none)")
+            self.mode.admit(host, port, self.rules)
         special = special_name_reason(host)
-        if special is not None and host not in self.test_upstreams:
+        if special is not None:
             raise Refused(special)
-        if any(r.matches(host, port) for r in self.rules):
-            return
-        if self.mode is Mode.OPEN:
-            if port not in DEFAULT_PORTS:
-                raise Refused(f"port {port} is not open (only 80 and 443); allow it with --allow {host}:{port}")
-            return
-        raise Refused(f"{host}:{port} is not in the allowlist; allow it with --allow {host}")
+        self.mode.admit(host, port, self.rules)

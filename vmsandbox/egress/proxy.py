@@ -14,225 +14,27 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
-import os
-import socket
 import ssl
-import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 from urllib.parse import urlsplit
 
 from vmsandbox.egress import httphead, tlshello
 from vmsandbox.egress.certs import Issuer
 from vmsandbox.egress.httphead import ProtocolError, RequestHead
-from vmsandbox.egress.netpolicy import Policy, Refused, check_addresses, parse_target
+from vmsandbox.egress.log import Event, append
+from vmsandbox.egress.netpolicy import Refused, parse_target
+from vmsandbox.egress.policy import ProxyConfig, SecretRule
+from vmsandbox.egress.streams import Stream, TlsStream, read_head, read_hello
+from vmsandbox.egress.upstream import Resolver, Upstream, connect, resolve_checked, verified_tls
 
 log = logging.getLogger(__name__)
 
 MAX_CONNECTIONS = 256
 HEAD_TIMEOUT = 30.0
 HELLO_TIMEOUT = 15.0
-CONNECT_TIMEOUT = 15.0
-RESOLVE_TIMEOUT = 10.0
 IDLE_TIMEOUT = 600.0  # an agent may stream one answer for minutes; a silent connection goes after 10
-CHUNK = 64 * 1024
-MAX_FIELD = 256  # characters of any text field in a log line (the guest chooses most of them)
-MAX_LOG_BYTES = 8 * 1024**2  # the proxy log is rotated to <log>.1 beyond this (one old generation kept)
-
-
-@dataclass(frozen=True)
-class SecretRule:
-    """Inject secret `secret` into header `header` of requests to `host`, replacing `placeholder`."""
-
-    secret: str
-    host: str
-    header: str
-    placeholder: str
-    value: str = "{secret}"  # the header's value when the guest did not send the header at all
-    env: str | None = None  # the guest variable that holds the placeholder
-
-    def as_dict(self) -> dict[str, Any]:
-        return {k: getattr(self, k) for k in self.__dataclass_fields__}
-
-
-@dataclass(frozen=True)
-class ProxyConfig:
-    policy: Policy
-    secrets: tuple[SecretRule, ...] = ()
-    revoked: bool = False  # `vmsandbox clean` ran: placeholders pass through unreplaced
-    test_ca: Path | None = None
-
-    def secret_for(self, host: str) -> SecretRule | None:
-        return next((s for s in self.secrets if s.host == host), None)
-
-
-@dataclass
-class Event:
-    """One connection, as logged."""
-
-    start: float = field(default_factory=time.monotonic)
-    ts: float = field(default_factory=time.time)
-    decision: str = "error"
-    method: str | None = None
-    target: str | None = None  # as the guest wrote it (truncated)
-    host: str | None = None
-    port: int | None = None
-    reason: str | None = None
-    tls: str | None = None  # passthrough | terminated
-    secret: str | None = None
-    up: int = 0  # bytes from the guest
-    down: int = 0  # bytes to the guest
-    answered: bool = False  # a 200 to CONNECT went out: errors can only close the connection now
-
-    def record(self) -> dict[str, Any]:
-        """The log line's fields; text the guest chose (targets, names, reasons quoting them) is capped."""
-        data = {
-            k: (v[:MAX_FIELD] + "…" if isinstance(v, str) and len(v) > MAX_FIELD else v)
-            for k, v in self.__dict__.items()
-            if k not in ("start", "answered") and v is not None
-        }
-        data["ms"] = round((time.monotonic() - self.start) * 1000)
-        return data
-
-
-class Stream:
-    """A byte stream with push-back, over asyncio streams."""
-
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self.reader = reader
-        self.writer = writer
-        self.pending = bytearray()
-
-    async def recv(self, n: int = CHUNK) -> bytes:
-        if self.pending:
-            data = bytes(self.pending[:n])
-            del self.pending[:n]
-            return data
-        return await self._recv(n)
-
-    async def _recv(self, n: int) -> bytes:
-        return await self.reader.read(n)
-
-    async def send(self, data: bytes) -> None:
-        self.writer.write(data)
-        await self.writer.drain()
-
-    async def send_eof(self) -> None:
-        if self.writer.can_write_eof():
-            with contextlib.suppress(OSError):
-                self.writer.write_eof()
-
-    async def close(self) -> None:
-        self.writer.close()
-        with contextlib.suppress(Exception):
-            await self.writer.wait_closed()
-
-
-class TlsStream(Stream):
-    """The server side of TLS over a Stream whose first bytes (the ClientHello) were already read, through
-    memory BIOs, so the hello the proxy inspected is the one the handshake uses."""
-
-    def __init__(self, inner: Stream, ctx: ssl.SSLContext, first: bytes) -> None:
-        super().__init__(inner.reader, inner.writer)
-        self.inner = inner
-        self._in = ssl.MemoryBIO()
-        self._out = ssl.MemoryBIO()
-        self._tls = ctx.wrap_bio(self._in, self._out, server_side=True)
-        self._in.write(first)
-
-    async def _flush(self) -> None:
-        data = self._out.read()
-        if data:
-            await self.inner.send(data)
-
-    async def _fill(self) -> None:
-        await self._flush()
-        data = await self.inner.recv()
-        if data:
-            self._in.write(data)
-        else:
-            self._in.write_eof()
-
-    async def handshake(self) -> None:
-        while True:
-            try:
-                self._tls.do_handshake()
-            except ssl.SSLWantReadError:
-                await self._fill()
-                continue
-            await self._flush()
-            return
-
-    async def _recv(self, n: int) -> bytes:
-        while True:
-            try:
-                return self._tls.read(n)
-            except ssl.SSLWantReadError:
-                await self._fill()
-            except (ssl.SSLZeroReturnError, ssl.SSLEOFError):
-                return b""
-
-    async def send(self, data: bytes) -> None:
-        self._tls.write(data)
-        await self._flush()
-
-    async def send_eof(self) -> None:
-        return  # no half-close in TLS: the connection ends when the upstream ends
-
-
-def rotated(log_file: Path) -> Path:
-    """Where the previous generation of a rotated log lives."""
-    return log_file.with_name(log_file.name + ".1")
-
-
-class Upstream(Exception):  # noqa: N818 - a decision to answer 502
-    """The upstream could not be reached or verified (502)."""
-
-
-async def read_head(stream: Stream) -> bytes:
-    """Read a message head up to the empty line; the rest stays pending in the stream."""
-    buf = bytearray(stream.pending)
-    stream.pending.clear()
-    while True:
-        end = buf.find(b"\r\n\r\n")
-        if end >= 0:
-            stream.pending[:0] = buf[end + 4 :]
-            return bytes(buf[: end + 4])
-        if len(buf) > httphead.MAX_HEAD:
-            raise ProtocolError("request head too large")
-        data = await stream._recv(CHUNK)
-        if not data:
-            if buf:
-                raise ProtocolError("connection closed inside the request head")
-            raise EOFError
-        buf += data
-
-
-async def read_hello(stream: Stream) -> bytes:
-    """The bytes of the guest's ClientHello (b'' if the guest does not speak TLS first)."""
-    buf = bytearray()
-    while True:
-        data = await stream.recv()
-        if not data:
-            raise EOFError
-        buf += data
-        if not tlshello.is_tls(bytes(buf)):
-            return b"" if not buf else _unread(stream, buf)
-        try:
-            end = tlshello.needed(bytes(buf))
-        except tlshello.HelloError as exc:
-            raise Refused(f"bad TLS ClientHello: {exc}") from None
-        if end:
-            return bytes(buf)
-
-
-def _unread(stream: Stream, data: bytearray) -> bytes:
-    stream.pending[:0] = data
-    return b""
 
 
 def _same_origin(authority: str, target: str, host: str, port: int | None) -> None:
@@ -250,11 +52,16 @@ class Proxy:
         log_file: Path,
         read_secret: Callable[[str], str | None],
         issuer: Callable[[], Issuer | None],
+        *,
+        resolver: Resolver = resolve_checked,
+        upstream_tls: Callable[[], ssl.SSLContext] = verified_tls,
     ) -> None:
         self._load_config = load_config
         self._log_file = log_file
         self._read_secret = read_secret
         self._issuer = issuer
+        self._resolver = resolver  # a test gives its own (stand-ins on loopback); the product never does
+        self._upstream_tls = upstream_tls
         self._active = 0
 
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -312,14 +119,8 @@ class Proxy:
             )
 
     def _log(self, ev: Event) -> None:
-        line = json.dumps(ev.record(), sort_keys=True) + "\n"
         try:
-            with contextlib.suppress(FileNotFoundError):
-                if self._log_file.stat().st_size + len(line) > MAX_LOG_BYTES:
-                    self._log_file.replace(rotated(self._log_file))
-            fd = os.open(self._log_file, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o600)
-            with os.fdopen(fd, "w") as f:
-                f.write(line)
+            append(self._log_file, ev)
         except OSError as exc:
             log.warning("cannot write the proxy log: %s", exc)
 
@@ -330,7 +131,7 @@ class Proxy:
         cfg.policy.decide(ev.host, ev.port)
         addresses = await self._resolve(cfg, ev.host, ev.port)
         rule = cfg.secret_for(ev.host)
-        upstream = None if rule is not None else await self._open(addresses, ev)
+        upstream = None if rule is not None else await connect(addresses, f"{ev.host}:{ev.port}")
         try:
             await client.send(b"HTTP/1.1 200 Connection established\r\n\r\n")
             ev.answered = True
@@ -385,11 +186,7 @@ class Proxy:
             _same_origin(authority, head.target, host, ev.port)
             headers = httphead.forward_headers(head, authority)
             headers = self._inject(cfg, rule, headers, ev)
-            ctx = ssl.create_default_context()
-            ctx.set_alpn_protocols(["http/1.1"])
-            if cfg.test_ca is not None:
-                ctx.load_verify_locations(cafile=cfg.test_ca)
-            upstream = await self._open(addresses, ev, tls=ctx, server_hostname=host)
+            upstream = await connect(addresses, f"{host}:{ev.port}", tls=self._upstream_tls(), server_hostname=host)
         except Refused as exc:
             ev.decision, ev.reason = "deny", exc.reason
             await self._answer(tls, 403, "Forbidden", f"refused: {exc.reason}")
@@ -457,7 +254,7 @@ class Proxy:
         ev.host, ev.port = parse_target(url.netloc, default_port=80)
         cfg.policy.decide(ev.host, ev.port)
         addresses = await self._resolve(cfg, ev.host, ev.port)
-        upstream = await self._open(addresses, ev)
+        upstream = await connect(addresses, f"{ev.host}:{ev.port}")
         ev.decision = "allow"
         try:
             path = (url.path or "/") + (f"?{url.query}" if url.query else "")
@@ -471,42 +268,7 @@ class Proxy:
     # ------------------------------------------------------------------ upstream
 
     async def _resolve(self, cfg: ProxyConfig, host: str, port: int) -> list[tuple[str, int]]:
-        override = cfg.policy.test_upstreams.get(host)
-        if override is not None:
-            return [override]
-        loop = asyncio.get_running_loop()
-        try:
-            infos = await asyncio.wait_for(
-                loop.getaddrinfo(host, port, type=socket.SOCK_STREAM, proto=socket.IPPROTO_TCP), RESOLVE_TIMEOUT
-            )
-        except (OSError, TimeoutError):
-            raise Refused(f"{host} does not resolve") from None
-        found = check_addresses(host, [str(i[4][0]) for i in infos], cfg.policy.networks)
-        return [(str(ip), port) for ip in found]
-
-    async def _open(
-        self,
-        addresses: list[tuple[str, int]],
-        ev: Event,
-        *,
-        tls: ssl.SSLContext | None = None,
-        server_hostname: str | None = None,
-    ) -> Stream:
-        """Connect to the first address that answers: the checked addresses themselves, never a new lookup."""
-        errors: list[str] = []
-        for address, port in addresses:
-            try:
-                reader, writer = await asyncio.wait_for(
-                    asyncio.open_connection(address, port, ssl=tls, server_hostname=server_hostname),
-                    CONNECT_TIMEOUT,
-                )
-            except ssl.SSLCertVerificationError as exc:
-                raise Upstream(f"the certificate of {ev.host} failed verification: {exc.verify_message}") from None
-            except (OSError, TimeoutError, ssl.SSLError) as exc:
-                errors.append(f"{address}: {exc or type(exc).__name__}")
-                continue
-            return Stream(reader, writer)
-        raise Upstream(f"cannot connect to {ev.host}:{ev.port} ({'; '.join(errors)})")
+        return await self._resolver(host, port, cfg.policy.networks)
 
     async def _relay(self, client: Stream, upstream: Stream, ev: Event) -> None:
         """Copy both ways until the upstream is done; a half-closed guest side is passed on."""

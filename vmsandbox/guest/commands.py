@@ -6,7 +6,7 @@ import shlex
 import sys
 
 from vmsandbox import proc
-from vmsandbox.session.core import Record
+from vmsandbox.guest.ssh import Endpoint
 
 SSH_FAILED = 255  # what ssh exits with when the connection (not the command) failed
 
@@ -20,14 +20,15 @@ def remote_command(workdir: str, cmd: list[str] | None) -> str:
 
 
 def run_as_root(
-    record: Record, script: str, *, check: bool = True, timeout: float | None = None, hint: str | None = None
+    endpoint: Endpoint, script: str, *, check: bool = True, timeout: float | None = None, hint: str | None = None
 ) -> proc.Result:
-    """Run a shell command line as root in the guest (not in the project directory) and capture its output."""
-    argv = [*record.endpoint().ssh_argv("-T", user="root"), "--", script]
+    """Run a shell command line as root in the guest (not in the project directory) and capture its output
+    (capped: proc.MAX_OUTPUT per stream)."""
+    argv = [*endpoint.ssh_argv("-T", user="root"), "--", script]
     return proc.run(argv, check=check, timeout=timeout, hint=hint)
 
 
-def attach(record: Record, cmd: list[str] | None, *, tty: bool | None = None) -> int:
+def attach(endpoint: Endpoint, workdir: str, cmd: list[str] | None, *, tty: bool | None = None) -> int:
     """Run CMD (or an interactive shell) in the guest in the project directory; returns its exit code.
 
     A shell gets a PTY when stdin is a terminal (window size, Ctrl-C, colours). A command gets none
@@ -35,6 +36,5 @@ def attach(record: Record, cmd: list[str] | None, *, tty: bool | None = None) ->
     """
     want_tty = tty if tty is not None else (cmd is None and sys.stdin.isatty())
     flags = ["-t"] if want_tty else ["-T"]
-    endpoint = record.endpoint()
-    argv = [*endpoint.ssh_argv(*flags), "--", remote_command(record.project, cmd)]
+    argv = [*endpoint.ssh_argv(*flags), "--", remote_command(workdir, cmd)]
     return proc.run_attached(argv)

@@ -1,4 +1,5 @@
-"""SSH to a session: per-session keys, a pinned host key, and one option set for ssh, rsync and paramiko."""
+"""SSH to a session: per-session keys, a pinned host key, and one option set for ssh, rsync and paramiko
+(channel.py, the only paramiko module)."""
 
 from __future__ import annotations
 
@@ -8,14 +9,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from vmsandbox import paths, proc
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.paths import SessionPaths
-
-if TYPE_CHECKING:
-    import paramiko
 
 LOOPBACK = "127.0.0.1"
 
@@ -117,37 +114,3 @@ def wait_for_banner(port: int, *, timeout: float, alive: Callable[[], str | None
             if data.startswith(b"SSH-"):
                 return time.monotonic() - start
         time.sleep(0.25)
-
-
-def connect(endpoint: Endpoint, *, user: str | None = None, timeout: float = 15) -> paramiko.SSHClient:
-    """A paramiko client with the pinned host key and the session key; unknown keys are rejected."""
-    import paramiko  # 150 ms of imports that `run` and `exec` never need
-
-    client = paramiko.SSHClient()
-    client.load_host_keys(str(endpoint.files.known_hosts))
-    client.set_missing_host_key_policy(paramiko.RejectPolicy())
-    try:
-        client.connect(
-            LOOPBACK,
-            port=endpoint.port,
-            username=user or endpoint.user,
-            key_filename=str(endpoint.files.client_key),
-            look_for_keys=False,
-            allow_agent=False,
-            timeout=timeout,
-            banner_timeout=timeout,
-            auth_timeout=timeout,
-        )
-    except paramiko.BadHostKeyException as exc:
-        client.close()
-        raise VmsandboxError(
-            f"the guest of session {endpoint.session} presented a host key that does not match the pinned one",
-            hint="the VM is not the one this session started; destroy the session",
-        ) from exc
-    except (paramiko.SSHException, OSError) as exc:
-        client.close()
-        raise VmsandboxError(
-            f"cannot reach the guest of session {endpoint.session} over SSH: {exc}",
-            hint=f"check the VM with `vmsandbox logs {endpoint.session} console`",
-        ) from exc
-    return client

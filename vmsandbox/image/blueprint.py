@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from vmsandbox import paths, trust
+from vmsandbox.egress.mapping import parse_secret_mapping
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.schema import Mappings, StrMap, check, load_yaml, parse_yaml
 
@@ -189,8 +190,6 @@ def _validate(data: dict[str, Any], source: str) -> None:
     for key in data.get("env", {}):
         if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", key):
             raise VmsandboxError(f"{source}: `env`: {key!r} is not an environment variable name")
-    from vmsandbox.session.config import parse_secret_mapping
-
     for i, mapping in enumerate(data.get("secrets", [])):
         parse_secret_mapping(mapping, source=f"{source}: `secrets[{i}]`")
 

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from vmsandbox import paths, trust
 from vmsandbox.egress import netpolicy
+from vmsandbox.egress.mapping import SecretMapping, parse_secret_mapping
 from vmsandbox.egress.netpolicy import Mode
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.schema import Mappings, check, load_yaml, parse_yaml
@@ -40,48 +41,6 @@ FIELDS: dict[str, type] = {
 }
 # Keys that only size the VM: a project file may set them without being trusted (`vmsandbox trust`).
 SIZING_KEYS = frozenset({"cpus", "memory", "disk", "boot_timeout", "accel"})
-SECRET_FIELDS: dict[str, type] = {
-    "secret": str,
-    "host": str,
-    "header": str,
-    "value": str,
-    "env": str,
-    "required": bool,
-}
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_HEADER_NAME = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
-
-
-@dataclass(frozen=True)
-class SecretMapping:
-    """A host secret the proxy puts into a header of requests to one host; the guest holds a placeholder."""
-
-    secret: str
-    host: str
-    header: str
-    value: str = "{secret}"  # e.g. "Bearer {secret}" for an Authorization header
-    env: str | None = None  # the guest environment variable that gets the placeholder
-    required: bool = True  # a session refuses to start while a required secret is not set
-
-
-def parse_secret_mapping(data: dict[str, Any], *, source: str) -> SecretMapping:
-    from vmsandbox.egress import secrets as secretstore
-
-    data = check(data, SECRET_FIELDS, source=source, required=("secret", "host", "header"))
-    secretstore.validate_name(data["secret"])
-    try:
-        host = netpolicy.normalize_host(data["host"])
-    except netpolicy.Refused as exc:
-        raise VmsandboxError(f"{source}: `host`: {exc.reason}", hint="give the API's host name") from None
-    if not _HEADER_NAME.match(data["header"]):
-        raise VmsandboxError(f"{source}: `header` {data['header']!r} is not a header name")
-    value = data.get("value", "{secret}")
-    if "{secret}" not in value or any(c in value for c in "\r\n"):
-        raise VmsandboxError(f"{source}: `value` must contain {{secret}}, e.g. 'Bearer {{secret}}'")
-    env = data.get("env")
-    if env is not None and not _ENV_NAME.match(env):
-        raise VmsandboxError(f"{source}: `env` {env!r} is not an environment variable name")
-    return SecretMapping(data["secret"], host, data["header"], value, env, data.get("required", True))
 
 
 _SIZE = re.compile(r"^\s*(\d+)\s*([KMGT]?)(?:i?B)?\s*$", re.IGNORECASE)
@@ -259,3 +218,22 @@ def _now(settings: Settings, name: str) -> str:
         "sync_limit": f"{settings.sync_limit_mib}M",
     }.get(name)
     return f"   (now: {_shown(current)})" if current is not None else ""
+
+
+def trust_candidates(path: Path) -> list[trust.Candidate]:
+    """The project config files `vmsandbox trust` looks at: at path, a project directory (its .vmsandbox.yaml
+    and .vmsandbox/blueprints/*.yaml) or one of those files."""
+    from vmsandbox.image import blueprint
+
+    project = path.parent if path.is_file() else path
+    if project.name == "blueprints" and project.parent.name == ".vmsandbox":
+        project = project.parent.parent
+    candidates = [c for c in [describe_project_file(project)] if c is not None]
+    candidates += blueprint.describe_project_blueprints(project)
+    if path.is_file():
+        candidates = [c for c in candidates if c.path.resolve() == path.resolve()]
+    if not candidates:
+        raise VmsandboxError(
+            f"no project config in {path}", hint="`vmsandbox trust` reads .vmsandbox.yaml and .vmsandbox/blueprints/"
+        )
+    return candidates

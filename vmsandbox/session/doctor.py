@@ -10,6 +10,7 @@ from pathlib import Path
 
 from vmsandbox import confine, paths, proc
 from vmsandbox.errors import VmsandboxError
+from vmsandbox.image import build, recipe
 from vmsandbox.image import store as image
 from vmsandbox.session.config import Settings
 from vmsandbox.vm import accel, hostsetup
@@ -105,7 +106,7 @@ def _image() -> Check:
     if not images:
         return Check("base image", False, f"none built in {paths.images_dir()}", "`sudo vmsandbox image build`")
     try:
-        wanted = image.load_recipe().version
+        wanted = recipe.load_recipe().version
     except VmsandboxError as exc:
         return Check("base image", False, exc.message, exc.hint)
     if any(i.version == wanted for i in images):
@@ -133,7 +134,7 @@ def run_checks(settings: Settings) -> list[Check]:
         lambda: _tool("rsync", "moves the workspace"),
         lambda: _tool("debootstrap", "builds the base image", blocking=not have_image),
         lambda: _tool("mkfs.ext4", "builds the base image", blocking=not have_image),
-        lambda: _disk(paths.data_dir(), "data", image.MIN_FREE_BYTES if not have_image else MIN_SESSION_FREE),
+        lambda: _disk(paths.data_dir(), "data", build.MIN_FREE_BYTES if not have_image else MIN_SESSION_FREE),
         lambda: _disk(paths.state_dir(), "state", MIN_SESSION_FREE),
         _image,
     ]

@@ -110,8 +110,7 @@ def rsync(
         theirs.close()
         raise
     theirs.close()
-    guest: list[proc.Result | BaseException] = []
-    waiter: threading.Thread | None = None
+    guest = _GuestSide()
     try:
         try:
             argv = read_preamble(ours)
@@ -119,33 +118,49 @@ def rsync(
             argv = []  # rsync failed before it needed the guest: its own error says why
         if argv:
             command = _checked(argv, endpoint, expect_sender=expect_sender, remote_path=remote_path)
-            ssh = proc.start(
-                [*endpoint.ssh_argv("-T", user="root"), "--", command], stdin=ours.fileno(), stdout=ours.fileno()
-            )
-
-            def wait_guest() -> None:
-                try:
-                    guest.append(proc.finish(ssh, check=False, timeout=timeout))
-                except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread
-                    guest.append(exc)
-
-            waiter = threading.Thread(target=wait_guest, daemon=True)
-            waiter.start()
+            guest.start([*endpoint.ssh_argv("-T", user="root"), "--", command], ours.fileno(), timeout)
         ours.close()
         result = proc.finish(local, input=input, check=False, timeout=timeout, hint=hint, reap_group=True)
     finally:
         ours.close()
-        if waiter is not None:
-            waiter.join(timeout=30)
-    ssh_result = guest[0] if guest else None
-    if isinstance(ssh_result, BaseException):
-        raise ssh_result
+        guest.join()
+    ssh_result = guest.result()
     if result.returncode != 0:
         extra = f"\n{ssh_result.stderr.strip()}" if ssh_result is not None and ssh_result.stderr.strip() else ""
         raise proc.CommandError(
             proc.Result(result.argv, result.returncode, result.stdout, result.stderr + extra), hint=hint
         )
     return result
+
+
+class _GuestSide:
+    """The ssh that runs the guest's half of rsync, waited for in a thread while we wait for our half."""
+
+    def __init__(self) -> None:
+        self._outcome: list[proc.Result | BaseException] = []
+        self._thread: threading.Thread | None = None
+
+    def start(self, argv: list[str], sock: int, timeout: float | None) -> None:
+        child = proc.start(argv, stdin=sock, stdout=sock)
+
+        def wait() -> None:
+            try:
+                self._outcome.append(proc.finish(child, check=False, timeout=timeout))
+            except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread
+                self._outcome.append(exc)
+
+        self._thread = threading.Thread(target=wait, daemon=True)
+        self._thread.start()
+
+    def join(self) -> None:
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+
+    def result(self) -> proc.Result | None:
+        found = self._outcome[0] if self._outcome else None
+        if isinstance(found, BaseException):
+            raise found
+        return found
 
 
 def _checked(argv: list[str], endpoint: Endpoint, *, expect_sender: bool, remote_path: str) -> str:

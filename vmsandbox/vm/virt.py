@@ -36,6 +36,20 @@ class DomainInfo:
     state: str
     pid: int | None
 
+    @property
+    def stopped(self) -> bool:
+        """It powered off or crashed: it is not coming back."""
+        return self.state in ("shutoff", "crashed")
+
+
+def gone(info: DomainInfo | None) -> bool:
+    """No domain, or one that powered off or crashed."""
+    return info is None or info.stopped
+
+
+class PortTakenError(VmsandboxError):
+    """QEMU could not listen on a forwarded host port: another process took it since we chose it."""
+
 
 def _message(exc: libvirt.libvirtError) -> str:
     return str(exc.get_error_message() or exc)
@@ -74,6 +88,9 @@ class Hypervisor:
         try:
             self._conn.createXML(xml, 0)
         except libvirt.libvirtError as exc:
+            text = _message(exc)
+            if "host forwarding" in text or "Address already in use" in text:  # QEMU's words, seen only here
+                raise PortTakenError(f"a forwarded port was taken: {text}") from exc
             raise VmsandboxError(
                 f"libvirt could not start the VM: {_message(exc)}", hint="`vmsandbox doctor` checks the host set-up"
             ) from exc

@@ -1,78 +1,24 @@
-"""The workspace: the project captured on the host, a disk the guest mounts at the same path, and the mirror
-of the guest's tree that reviews compare against.
+"""The mirror of the guest's tree on the host, which every review compares against.
 
-Work stays on the host where it can (the guest CPU is slow under TCG): the tree is copied locally, the guest's
-ext4 disk is made on the host with `mkfs.ext4 -d`, and changes come back with rsync's delta transfer into a
-host-side mirror that starts as a copy of the baseline. If the VM dies, the disk is read on the host.
-
-The mirror holds guest bytes, so it belongs to the unprivileged guest-data account (`confine`): the rsync
-receiver that fills it, and e2fsck and debugfs that read a dead VM's disk into it, run as that account with
-resource limits. Nothing in it ever keeps a setuid, setgid or sticky bit or a world-writable mode; its root
-is 0700 inside the private session directory. Reviews only read it, with lstat and O_NOFOLLOW.
+Changes come back with rsync's delta transfer into the mirror (it starts as a copy of the baseline). If the
+VM died, its workspace disk is read on the host instead. The mirror holds guest bytes, so it belongs to the
+unprivileged guest-data account (`confine`): the rsync receiver that fills it, and e2fsck and debugfs that
+read a dead VM's disk into it, run as that account with resource limits. Nothing in it ever keeps a setuid,
+setgid or sticky bit or a world-writable mode; its root is 0700 inside the private session directory.
+Reviews only read it, with lstat and O_NOFOLLOW.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
-from pathlib import Path
 
-from vmsandbox import confine, paths, proc
+from vmsandbox import confine, proc
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.guest.ssh import Endpoint
 from vmsandbox.paths import SessionPaths
-from vmsandbox.sync import transfer, tree
-
-HEADROOM_BYTES = 8 * 1024**3  # room for what the agent adds (dependencies, builds) on the sparse disk
-BYTES_PER_INODE = 8192
-
-
-def capture(project: Path, files: SessionPaths) -> tree.Manifest:
-    """Snapshot the project (tracked, untracked, ignored, .git) into the session; build the workspace disk."""
-    files.baseline.mkdir(mode=0o700)
-    proc.run(
-        ["cp", "-a", "--reflink=auto", f"{project}/.", files.baseline],
-        hint="is the project readable, and is there space in the state directory?",
-    )
-    files.baseline.chmod(0o700)  # cp -a gave it the project's mode: keep the copy private
-    manifest = tree.scan(files.baseline)
-    paths.write_atomically(files.baseline_manifest, json.dumps(tree.to_json(manifest)))
-    used = sum(e.size for e in manifest.values())
-    size = max(2 * used, used + HEADROOM_BYTES)
-    inodes = max(2 * len(manifest), size // BYTES_PER_INODE)
-    proc.run(
-        [
-            "mkfs.ext4",
-            "-q",
-            "-L",
-            "workspace",
-            "-N",
-            str(inodes),
-            "-E",
-            "lazy_itable_init=0,lazy_journal_init=0,root_owner=0:0",
-            "-d",
-            files.baseline,
-            files.workspace_disk,
-            f"{size // 1024}k",
-        ]
-    )
-    files.workspace_disk.chmod(0o600)  # a copy of the project: for root (and QEMU, via libvirt) only
-    if "lost+found" not in manifest:
-        proc.run(["debugfs", "-w", "-R", "rmdir lost+found", files.workspace_disk])
-    proc.run(["cp", "-a", "--reflink=auto", files.baseline, files.guest_tree])
-    confine.hand_over(files.guest_tree, confine.guest_data_account())
-    return manifest
-
-
-def baseline(files: SessionPaths) -> tree.Manifest:
-    try:
-        return tree.from_json(json.loads(files.baseline_manifest.read_text()))
-    except FileNotFoundError:
-        raise VmsandboxError(
-            "this session has no workspace baseline", hint="it was created before workspaces existed; destroy it"
-        ) from None
-
+from vmsandbox.sync import capture, transfer, tree
+from vmsandbox.vm import ext4
 
 # What the mirror never takes from the guest: owners, devices, FIFOs, sockets, and the mode bits that must
 # never exist on the host (setuid, setgid, sticky, world-writable). Holes stay holes.
@@ -150,20 +96,19 @@ def fetch_from_disk(files: SessionPaths, *, max_file_bytes: int) -> tree.Manifes
     device = f"/proc/self/fd/{disk}"
     try:
         # A VM that crashed left its journal unreplayed: let e2fsck replay it (exit codes 1 and 2: fixed).
-        fsck = proc.run(
-            ["e2fsck", "-f", "-p", device], check=False, as_user=who, limits=limits, cwd=fresh, pass_fds=(disk,)
-        )
+        fsck = ext4.replay_and_check(device, as_user=who, limits=limits, cwd=fresh, fd=disk)
         if fsck.returncode > 2:
             raise VmsandboxError(
                 f"the workspace disk of session {files.root.name} is damaged: {fsck.stderr.strip()}",
                 hint=f"its raw image is {files.workspace_disk}; try `e2fsck` on a copy of it",
             )
-        proc.run(["debugfs", "-R", "rdump / .", device], as_user=who, limits=limits, cwd=fresh, pass_fds=(disk,))
+        ext4.dump_tree(device, as_user=who, limits=limits, cwd=fresh, fd=disk)
     finally:
         os.close(disk)
     confine.hand_over(fresh, who)  # debugfs kept the guest's setuid bits and modes: drop what never lands
     found = fresh / "lost+found"  # e2fsck makes one; the project had none (capture removed mkfs's)
-    if "lost+found" not in baseline(files) and found.is_dir() and not found.is_symlink() and not any(found.iterdir()):
+    made_by_fsck = found.is_dir() and not found.is_symlink() and not any(found.iterdir())
+    if made_by_fsck and "lost+found" not in capture.baseline(files):
         found.rmdir()
     shutil.rmtree(files.guest_tree, ignore_errors=True)
     fresh.rename(files.guest_tree)

@@ -1,0 +1,39 @@
+"""The session's egress daemon, as the product runs it, with the two things a test may inject: a resolver that
+sends the stand-in names to their 127.0.0.1 ports (every other name goes through the product's own checked
+resolver), and upstream TLS that also trusts the stand-ins' test CA. Nothing in the product reads a test
+switch: this module builds the daemon itself.
+
+    python -m tests.integration.standin_daemon SESSION NAME=PORT[,NAME=PORT...] CA_FILE
+"""
+
+from __future__ import annotations
+
+import ssl
+import sys
+
+from vmsandbox.egress import daemon
+from vmsandbox.egress.netpolicy import IPNetwork
+from vmsandbox.egress.upstream import resolve_checked, verified_tls
+
+LOOPBACK = "127.0.0.1"
+
+
+def build(session: str, table: str, ca_file: str) -> daemon.Daemon:
+    standins = {name: (LOOPBACK, int(port)) for name, _, port in (i.partition("=") for i in table.split(","))}
+
+    async def resolver(host: str, port: int, networks: tuple[IPNetwork, ...]) -> list[tuple[str, int]]:
+        if host in standins:
+            return [standins[host]]
+        return await resolve_checked(host, port, networks)
+
+    def upstream_tls() -> ssl.SSLContext:
+        ctx = verified_tls()
+        ctx.load_verify_locations(cafile=ca_file)
+        return ctx
+
+    return daemon.Daemon(session, resolver=resolver, upstream_tls=upstream_tls)
+
+
+if __name__ == "__main__":
+    _, session, table, ca_file = sys.argv
+    sys.exit(daemon.main([session], lambda name: build(name, table, ca_file)))

@@ -1,0 +1,83 @@
+"""The package layout holds (docs/architecture.md): dependencies point one way, and the one-module rules for
+libvirt, subprocess and paramiko stand. Read from the source as text; nothing is imported or run."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[2] / "vmsandbox"
+# Higher imports lower, never the other way; siblings not at all, but for the one named exception.
+LAYER = {"cli": 5, "session": 4, "sync": 3, "egress": 3, "image": 3, "guest": 2, "vm": 1}
+SIBLINGS_ALLOWED = {("image", "egress")}  # blueprints use egress.mapping, the secret-mapping type
+
+
+def _imports(path: Path) -> list[str]:
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("vmsandbox"):
+            found += [node.module, *(f"{node.module}.{a.name}" for a in node.names)]
+        elif isinstance(node, ast.Import):
+            found += [a.name for a in node.names if a.name.startswith("vmsandbox")]
+    return found
+
+
+def _package(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 and parts[1] in LAYER else "base"
+
+
+def test_dependencies_point_one_way() -> None:
+    wrong = []
+    for path in PACKAGE.rglob("*.py"):
+        rel = path.relative_to(PACKAGE)
+        if rel.name == "__main__.py":
+            continue
+        here = rel.parts[0] if len(rel.parts) > 1 else "base"
+        for module in _imports(path):
+            there = _package(module)
+            if there in (here, "base"):
+                continue
+            upward = here == "base" or LAYER[there] > LAYER[here]
+            sideways = LAYER.get(there) == LAYER.get(here) and (here, there) not in SIBLINGS_ALLOWED
+            if upward or sideways:
+                wrong.append(f"{rel} imports {module}")
+    assert wrong == []
+
+
+def test_one_module_each_for_libvirt_subprocess_and_paramiko() -> None:
+    users: dict[str, set[str]] = {"libvirt": set(), "subprocess": set(), "paramiko": set()}
+    for path in PACKAGE.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [a.name.split(".")[0] for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module.split(".")[0]]
+            for name in names:
+                if name in users:
+                    users[name].add(str(path.relative_to(PACKAGE)))
+    assert users == {"libvirt": {"vm/virt.py"}, "subprocess": {"proc.py"}, "paramiko": {"guest/channel.py"}}
+
+
+def test_no_test_switch_in_the_product() -> None:
+    offenders = [
+        str(p.relative_to(PACKAGE))
+        for p in PACKAGE.rglob("*.py")
+        if "VMSANDBOX_TEST" in p.read_text() and p.name != "failpoint.py"
+    ]
+    assert offenders == []
+
+
+def test_modules_and_functions_stay_small() -> None:
+    big = []
+    for path in PACKAGE.rglob("*.py"):
+        text = path.read_text()
+        if text.count("\n") > 310:
+            big.append(f"{path.relative_to(PACKAGE)}: {text.count(chr(10))} lines")
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.end_lineno is not None:
+                length = node.end_lineno - node.lineno + 1
+                if length > 60:
+                    big.append(f"{path.relative_to(PACKAGE)}:{node.name}: {length} lines")
+    assert big == []

@@ -1,0 +1,90 @@
+"""`vmsandbox image build|ls|rm`."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from vmsandbox import ui
+from vmsandbox.cli.base import AsJson, image_app, print_json
+
+
+@image_app.command("build")
+def image_build(
+    force: Annotated[bool, typer.Option("--force", help="Rebuild even if this recipe is already built.")] = False,
+    no_host_ca: Annotated[
+        bool, typer.Option("--no-host-ca", help="Do not trust the host's locally added CA certificates in the image.")
+    ] = False,
+    blueprint_name: Annotated[
+        str | None,
+        typer.Option("--blueprint", "-b", help="Build this blueprint's layer on the base instead (claude, codex, …)."),
+    ] = None,
+) -> None:
+    """Build the base image locally from Debian packages, or a blueprint's thin layer on it (needs root)."""
+    from vmsandbox.image import build, recipe
+    from vmsandbox.session import config
+
+    if blueprint_name is not None:
+        _build_blueprint(blueprint_name, force=force)
+        return
+    trust = config.load().trust_host_ca and not no_host_ca
+    wanted = recipe.load_recipe(trust_host_ca=trust)
+    certs = f" (trusting {len(wanted.ca_certs)} host CA certificate(s))" if wanted.ca_certs else ""
+    ui.info(f"Base image {wanted.version}{certs}")
+    start = time.monotonic()
+    built, did_build = build.build(force=force, recipe=wanted)
+    if did_build:
+        ui.info(f"[green]Built[/] {built.version} in {time.monotonic() - start:.0f}s → {built.path}")
+    else:
+        ui.info(f"{built.version} is already built for this recipe; nothing to do (use --force to rebuild)")
+
+
+def _build_blueprint(name: str, *, force: bool) -> None:
+    from vmsandbox.image import blueprint
+    from vmsandbox.session import layerbuild
+
+    bp = blueprint.load(name, Path.cwd())
+    start = time.monotonic()
+    built, did_build = layerbuild.build_layer(bp, force=force)
+    if did_build:
+        ui.info(f"[green]Built[/] {built.version} in {time.monotonic() - start:.0f}s → {built.path}")
+        for package, version in sorted(built.manifest.get("installed", {}).items()):
+            ui.info(ui.printable(f"  {package} {version}"))
+    else:
+        ui.info(f"{built.version} is already built for this blueprint and base; nothing to do (--force rebuilds)")
+
+
+@image_app.command("ls")
+def image_ls(as_json: AsJson = False) -> None:
+    """List built base images and blueprint layers."""
+    from vmsandbox.image import layers, store
+
+    images = [i.summary() | {"kind": "base"} for i in store.list_images()]
+    images += [
+        i.summary() | {"kind": f"blueprint {i.manifest.get('blueprint')}", "base": i.manifest.get("base_version")}
+        for i in layers.list_layers()
+    ]
+    if as_json:
+        print_json(images)
+        return
+    if not images:
+        ui.info("No base images. Build one with `sudo vmsandbox image build`.")
+        return
+    table = Table("VERSION", "KIND", "BUILT", "SIZE", "KERNEL", box=None)
+    for i in images:
+        size = f"{(i['disk_bytes'] or 0) / 1024**2:.0f} MiB"
+        table.add_row(i["version"], i["kind"], str(i["built_at"]), size, i["kernel"])
+    ui.out.print(table)
+
+
+@image_app.command("rm")
+def image_rm(version: Annotated[str, typer.Argument(help="The version shown by `image ls`.")]) -> None:
+    """Remove a base image or a blueprint layer (refused while a session or a layer uses it)."""
+    from vmsandbox.session import images
+
+    what = images.remove(version)
+    ui.info(f"Removed {what} {version}")

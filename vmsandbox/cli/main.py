@@ -1,0 +1,89 @@
+"""The entry point: `vmsandbox …`. The only place a VmsandboxError becomes a red line, a hint and an exit code.
+Every command module is imported here, which registers its commands on the shared app."""
+
+from __future__ import annotations
+
+import logging
+import logging.handlers
+import os
+import signal
+import sys
+from typing import Annotated, NoReturn
+
+import typer
+
+from vmsandbox import __version__, paths, ui
+from vmsandbox.cli import host, images, review, run, secrets, sessions  # noqa: F401 - they register commands
+from vmsandbox.cli.base import EXIT_ERROR, EXIT_INTERRUPTED, Invocation, app
+from vmsandbox.errors import VmsandboxError
+
+
+@app.callback(invoke_without_command=True)
+def _root(
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log every step and command to stderr.")] = False,
+    version: Annotated[bool, typer.Option("--version", help="Print the version.")] = False,
+) -> None:
+    if version:
+        print(__version__)
+        raise typer.Exit(0)
+    _setup_logging(verbose)
+
+
+def _setup_logging(verbose: bool) -> None:
+    """A verbose log file in the state directory always; stderr gets the log only with --verbose."""
+    root = logging.getLogger()
+    root.setLevel(logging.DEBUG)
+    fmt = logging.Formatter("%(asctime)s %(process)d %(levelname)s %(name)s: %(message)s")
+    try:
+        from vmsandbox import confine
+
+        confine.state_dirs()
+        handler: logging.Handler = logging.handlers.RotatingFileHandler(
+            paths.state_dir() / paths.SESSION_LOG, maxBytes=2 * 1024**2, backupCount=2
+        )
+        (paths.state_dir() / paths.SESSION_LOG).chmod(0o600)
+        handler.setFormatter(fmt)
+        root.addHandler(handler)
+    except OSError:
+        pass  # a read-only state dir must not stop `--help` or `doctor`
+    if verbose:
+        stream = logging.StreamHandler(sys.stderr)
+        stream.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+        root.addHandler(stream)
+
+
+def _terminate(signum: int, _frame: object) -> NoReturn:
+    raise SystemExit(128 + signum)  # unwinds through every cleanup handler, like Ctrl-C
+
+
+def main(argv: list[str] | None = None) -> NoReturn:
+    args = list(sys.argv[1:] if argv is None else argv)
+    Invocation.command = None
+    if "--" in args:
+        cut = args.index("--")
+        args, Invocation.command = args[:cut], args[cut + 1 :]
+    os.umask(0o077)  # whatever vmsandbox writes is private unless it says otherwise (images do)
+    signal.signal(signal.SIGTERM, _terminate)
+    signal.signal(signal.SIGHUP, _terminate)
+    try:
+        code = app(args=args, prog_name="vmsandbox", standalone_mode=False)
+    except VmsandboxError as exc:  # plain text that may quote a guest (stderr of ssh, rsync, git): escaped
+        ui.err.print(f"[red]error:[/] {ui.printable(exc.message)}", soft_wrap=True)
+        if exc.hint:
+            ui.err.print(f"[dim]hint:[/] {ui.printable(exc.hint)}", soft_wrap=True)
+        sys.exit(EXIT_ERROR)
+    except KeyboardInterrupt:
+        ui.err.print("[red]interrupted[/]")
+        sys.exit(EXIT_INTERRUPTED)
+    except typer.Exit as exc:
+        sys.exit(exc.exit_code)
+    except typer.Abort:
+        ui.err.print("[red]aborted[/]")
+        sys.exit(EXIT_INTERRUPTED)
+    except Exception as exc:  # usage errors from the parser
+        show = getattr(exc, "show", None)
+        if callable(show):
+            show()
+            sys.exit(int(getattr(exc, "exit_code", 2)))
+        raise
+    sys.exit(code if isinstance(code, int) else 0)

@@ -1,0 +1,212 @@
+"""`vmsandbox run`, the agent shorthands (`claude`, `codex`, `gemini`, `opencode`), `shell` and `exec`."""
+
+from __future__ import annotations
+
+import inspect
+import typing
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn
+
+import typer
+
+from vmsandbox import ui
+from vmsandbox.cli import review as review_ui
+from vmsandbox.cli.base import EXIT_ERROR, Invocation, SessionName, app, sync_limit, tail
+
+if TYPE_CHECKING:
+    from vmsandbox.session.options import RunFlags
+    from vmsandbox.session.record import Record
+
+AGENTS = ("claude", "codex", "gemini", "opencode")
+
+
+PathOpt = Annotated[Path, typer.Argument(help="The project directory.")]
+NameOpt = Annotated[str | None, typer.Option("--name", help="Session name (default: from the directory).")]
+CpusOpt = Annotated[int | None, typer.Option("--cpus", help="vCPUs.")]
+MemoryOpt = Annotated[str | None, typer.Option("--memory", help="Guest memory, e.g. 2G.")]
+DiskOpt = Annotated[str | None, typer.Option("--disk", help="Guest disk size, e.g. 20G.")]
+AccelOpt = Annotated[str | None, typer.Option("--accel", help="auto, kvm or tcg.")]
+KeepOpt = Annotated[bool, typer.Option("--keep", help="Keep the VM after the command or shell ends.")]
+TtyOpt = Annotated[
+    bool | None, typer.Option("--tty/--no-tty", "-t", help="Give CMD a terminal (default: only for the shell).")
+]
+YesOpt = Annotated[bool, typer.Option("--yes", "-y", help="At the end, apply the safe, non-conflicting changes.")]
+IncludeRiskyOpt = Annotated[bool, typer.Option("--include-risky", help="With --yes, apply quarantined changes too.")]
+NetworkOpt = Annotated[
+    str | None,
+    typer.Option("--network", help="allowlist (default): listed hosts only; open: any public host; none."),
+]
+AllowOpt = Annotated[
+    list[str] | None,
+    typer.Option("--allow", help="Also allow HOST, *.DOMAIN or HOST:PORT (repeatable)."),
+]
+BlueprintOpt = Annotated[
+    str, typer.Option("--blueprint", "-b", help="base, claude, codex, gemini, opencode, or your own.")
+]
+PublishOpt = Annotated[
+    list[str] | None,
+    typer.Option("--publish", "-p", help="[HOST_PORT:]GUEST_PORT: reach a guest port on 127.0.0.1 and ::1."),
+]
+PublishAddressOpt = Annotated[
+    str | None, typer.Option("--publish-address", help="Publish on this address instead of loopback.")
+]
+SshAgentOpt = Annotated[
+    bool, typer.Option("--ssh-agent", help="Forward your ssh-agent into the guest (it can use your keys).")
+]
+GitIdentityOpt = Annotated[
+    bool, typer.Option("--git-identity", help="Copy your git user.name and user.email into the guest.")
+]
+
+
+@app.command(context_settings={"help_option_names": ["-h", "--help"]})
+def run(
+    path: PathOpt = Path(),
+    name: NameOpt = None,
+    cpus: CpusOpt = None,
+    memory: MemoryOpt = None,
+    disk: DiskOpt = None,
+    accel: AccelOpt = None,
+    keep: KeepOpt = False,
+    tty: TtyOpt = None,
+    yes: YesOpt = False,
+    include_risky: IncludeRiskyOpt = False,
+    network: NetworkOpt = None,
+    allow: AllowOpt = None,
+    blueprint: BlueprintOpt = "base",
+    publish: PublishOpt = None,
+    publish_address: PublishAddressOpt = None,
+    ssh_agent: SshAgentOpt = False,
+    git_identity: GitIdentityOpt = False,
+) -> None:
+    """Boot a disposable VM for PATH and run CMD (after `--`) or a shell in it; exit with CMD's code.
+
+    CMD is an argument list (quoted for the guest's shell); use `-- sh -c '...'` for shell syntax.
+    """
+    from vmsandbox.session.options import RunFlags
+
+    flags = RunFlags(
+        name=name,
+        cpus=cpus,
+        memory=memory,
+        disk=disk,
+        accel=accel,
+        keep=keep,
+        tty=tty,
+        yes=yes,
+        include_risky=include_risky,
+        network=network,
+        allow=tuple(allow or ()),
+        publish=tuple(publish or ()),
+        publish_address=publish_address,
+        ssh_agent=ssh_agent,
+        git_identity=git_identity,
+    )
+    _run_session(path, blueprint, tail(required=False), flags)
+
+
+def _run_session(
+    path: Path, blueprint_name: str, cmd: list[str] | None, flags: RunFlags, *, agent: bool = False
+) -> NoReturn:
+    from vmsandbox.guest import commands
+    from vmsandbox.session import create, resolve, state
+
+    planned = resolve.resolve(path, blueprint_name, cmd, flags, agent=agent)
+    record = create.create(planned.options)
+    code = EXIT_ERROR
+    try:
+        code = commands.attach(record.endpoint(), record.project, planned.command, tty=planned.tty)
+        if code == commands.SSH_FAILED and state.stops_within(record, seconds=15):
+            ui.warn(f"the VM shut down while the command ran; its console log: `vmsandbox logs {record.name}`")
+    finally:
+        if planned.options.keep:
+            ui.info(
+                f"Session [bold]{record.name}[/] keeps running: `vmsandbox shell {record.name}`, "
+                f"`vmsandbox pull {record.name}`, `vmsandbox destroy {record.name}`"
+            )
+        else:
+            _finish(record, yes=planned.yes, include_risky=planned.include_risky)
+    raise typer.Exit(code)
+
+
+def _finish(record: Record, *, yes: bool, include_risky: bool) -> None:
+    """End of `run`: review the guest's changes, then destroy the VM. Whatever was not synced is exported to
+    the session's outbox first (lifecycle.finish), so nothing is lost: `vmsandbox recover NAME` takes it."""
+    from vmsandbox.session import lifecycle
+    from vmsandbox.sync.plan import Decisions
+
+    plan = lifecycle.review(record, limit=sync_limit())
+    something = review_ui.show(plan)
+    decisions = review_ui.decide(plan, yes=yes, include_risky=include_risky) if something else Decisions()
+    outcome = lifecycle.decide(record, plan, decisions)
+    if something:
+        review_ui.report(outcome)
+    with ui.step(f"Destroying {record.domain}" + (" (keeping unsynced changes in its outbox)" if outcome.left else "")):
+        end = lifecycle.finish(record, plan.gathered)
+    if end.left:
+        ui.warn(f"{end.left} change(s) were not synced back; review them with `vmsandbox recover {record.name}`")
+
+
+def _agent_command(agent: str) -> Callable[..., None]:
+    """`vmsandbox AGENT [PATH] [-- ARGS]`: `run --blueprint AGENT PATH -- <its command> <skip flag> ARGS`,
+    with `run`'s options (but --blueprint), ending with the review."""
+
+    def command(**given: Any) -> None:
+        from vmsandbox.session.options import RunFlags
+
+        path = given.pop("path")
+        given["allow"] = tuple(given.get("allow") or ())
+        given["publish"] = tuple(given.get("publish") or ())
+        _run_session(path, agent, Invocation.command or [], RunFlags(**given), agent=True)
+
+    hints = typing.get_type_hints(run, include_extras=True)  # run's annotations are strings (PEP 563)
+    params = [
+        p.replace(annotation=hints[p.name]) for p in inspect.signature(run).parameters.values() if p.name != "blueprint"
+    ]
+    command.__signature__ = inspect.Signature(params, return_annotation=None)  # type: ignore[attr-defined]
+    command.__annotations__ = {p.name: p.annotation for p in params}
+    command.__doc__ = (
+        f"Run {agent} in a disposable VM on PATH — with its permission prompts off, the VM is the sandbox — "
+        f"then review what it changed. ARGS after `--` go to {agent}."
+    )
+    command.__name__ = agent
+    return command
+
+
+for _agent in AGENTS:
+    app.command(_agent, context_settings={"help_option_names": ["-h", "--help"]})(_agent_command(_agent))
+
+
+def _ready(name: str) -> Record:
+    """The session, able to take a command (its egress restarted if it had stopped)."""
+    from vmsandbox.session import create, state
+    from vmsandbox.session.record import Record
+
+    record = Record.load(name)
+    if state.usable(record):
+        ui.warn(f"the egress proxy of session {record.name} had stopped, so the guest had no network; restarting it")
+        with ui.step("Restarting the egress proxy"):
+            create.open_egress(record)
+    return record
+
+
+@app.command()
+def shell(name: SessionName) -> None:
+    """Open an interactive shell in a session, in the project directory."""
+    from vmsandbox.guest import commands
+
+    record = _ready(name)
+    raise typer.Exit(commands.attach(record.endpoint(), record.project, None))
+
+
+@app.command("exec")
+def exec_(
+    name: SessionName,
+    tty: Annotated[bool, typer.Option("--tty", "-t", help="Give CMD a terminal.")] = False,
+) -> None:
+    """Run CMD (after `--`) in a session's project directory; exit with its code."""
+    from vmsandbox.guest import commands
+
+    cmd = tail(required=True)
+    record = _ready(name)
+    raise typer.Exit(commands.attach(record.endpoint(), record.project, cmd, tty=tty))

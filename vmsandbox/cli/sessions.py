@@ -1,0 +1,164 @@
+"""`vmsandbox ls`, `port`, `logs`, `clean`, `destroy` and `gc`: looking at sessions and ending them."""
+
+from __future__ import annotations
+
+import itertools
+import sys
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from vmsandbox import ui
+from vmsandbox.cli.base import AsJson, SessionName, age, app, print_json, sync_limit
+from vmsandbox.errors import VmsandboxError
+
+
+@app.command("ls")
+def ls(as_json: AsJson = False) -> None:
+    """List sessions."""
+    from vmsandbox.session import config, state
+
+    rows = [s.as_dict() for s in state.all_status(config.load().libvirt_uri)]
+    if as_json:
+        print_json(rows)
+        return
+    if not rows:
+        ui.info("No sessions.")
+        return
+    table = Table("NAME", "STATE", "AGE", "ACCEL", "SSH", "MEMORY", "NETWORK", "UNSYNCED", "PROJECT", box=None)
+    for r in rows:
+        table.add_row(
+            r["name"],
+            r["state"],
+            age(r["age_seconds"]),
+            r["accel"],
+            f"127.0.0.1:{r['ports']['ssh']}",
+            f"{r['memory_mib']} MiB",
+            r["network"] + ("" if r["egress"] in ("up", "off") else f" ({r['egress']})"),
+            "?" if r["unsynced"] is None else str(r["unsynced"]),
+            ui.printable(r["project"]),
+        )
+    ui.out.print(table)
+
+
+@app.command()
+def port(name: SessionName, as_json: AsJson = False) -> None:
+    """Show a session's published ports (`run --publish`)."""
+    from vmsandbox.session.record import Record
+
+    record = Record.load(name)
+    if as_json:
+        print_json([p.as_dict() for p in record.publish])
+        return
+    if not record.publish:
+        ui.info(f"Session {name} publishes no ports (use `run --publish [HOST_PORT:]GUEST_PORT`).")
+        return
+    for p in record.publish:
+        for where in p.places():
+            print(f"{p.guest}/tcp -> {where}")
+
+
+@app.command()
+def logs(
+    name: SessionName,
+    which: Annotated[
+        str, typer.Argument(help="console: the VM's serial console; proxy: every egress decision.")
+    ] = "console",
+    follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep printing new entries.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="proxy: print the JSON lines as they are.")] = False,
+    raw: Annotated[
+        bool, typer.Option("--raw", help="console: the guest's bytes as they are (escape sequences included).")
+    ] = False,
+) -> None:
+    """Show a session's logs. The console is the guest's own output: control characters are shown escaped
+    (\\x1b …), so it cannot drive your terminal, unless you ask for --raw."""
+    from vmsandbox.egress import log as proxylog
+    from vmsandbox.session.record import Record
+
+    record = Record.load(name)
+    if which not in ("console", "proxy"):
+        raise VmsandboxError(f"unknown log {which!r}", hint="available: console, proxy")
+    path = record.files.console_log if which == "console" else record.files.proxy_log
+    if not follow and not path.exists():
+        if which == "proxy":
+            ui.info(f"Session {name} has made no requests through its egress proxy yet.")
+            return
+        raise VmsandboxError(f"session {name} has no console log yet")
+
+    def gone() -> bool:
+        return not record.files.record.exists()
+
+    if which == "console":
+        for line in proxylog.read(path, follow=follow, stopped=gone):
+            text = line if raw else ui.printable(line.rstrip("\r"), markup=False)
+            sys.stdout.write(text + "\n")
+            if follow:
+                sys.stdout.flush()
+        return
+    older = proxylog.rotated(path)
+    lines = proxylog.read(older, follow=False) if older.exists() and not follow else iter(())
+    for line in itertools.chain(lines, proxylog.read(path, follow=follow, stopped=gone)):
+        if as_json:
+            print(line, flush=follow)
+            continue
+        event = proxylog.parse(line)
+        if event is not None:
+            ui.out.print(proxylog.describe(event), soft_wrap=True)
+            if follow:
+                sys.stdout.flush()
+
+
+@app.command()
+def clean(name: SessionName) -> None:
+    """Wipe volatile credentials in a running session (agent auth files, git credentials, the placeholders
+    the proxy swaps for secrets, which it stops honouring); the workspace is not touched."""
+    from vmsandbox.cli.run import _ready
+    from vmsandbox.session import clean as cleaning
+
+    removed = cleaning.clean(_ready(name))
+    for path in removed:
+        ui.err.print(f"  [red]removed[/] {ui.printable(path)}")
+    ui.info(f"Session {name}: {len(removed)} credential file(s) removed, placeholders revoked; workspace untouched.")
+
+
+@app.command()
+def destroy(
+    name: SessionName,
+    force: Annotated[
+        bool, typer.Option("--force", help="Destroy even with unsynced changes (they are exported to the outbox).")
+    ] = False,
+    discard: Annotated[bool, typer.Option("--discard", help="Destroy and throw unsynced changes away.")] = False,
+) -> None:
+    """Destroy a session's VM and remove its files — never silently losing unsynced changes."""
+    from vmsandbox.session import lifecycle
+    from vmsandbox.session.record import Record, validate_name
+
+    try:
+        record = Record.load(name)
+    except VmsandboxError:
+        if force or discard:
+            removed = lifecycle.remove_damaged(validate_name(name))
+            if removed is not None:
+                ui.info(f"Removed the damaged session directory {removed}")
+                return
+        raise
+    end = lifecycle.destroy(record, force=force, discard=discard, limit=sync_limit())
+    ui.info(f"[green]✓[/] Destroyed {record.domain}")
+    if end.outbox is not None:
+        ui.info(f"{end.left} unsynced change(s) exported to {end.outbox}")
+        ui.info(f"Review them later with `vmsandbox recover {name}`; drop them with `destroy {name} --discard`.")
+
+
+@app.command()
+def gc() -> None:
+    """Remove sessions whose VM is gone or whose `vmsandbox run` died, and orphaned vmsandbox domains.
+
+    Sessions holding unsynced changes are kept (a stopped VM's changes are exported to its outbox)."""
+    from vmsandbox.session import config, lifecycle
+
+    done = list(lifecycle.gc(config.load().libvirt_uri, limit=sync_limit()))
+    for line in done:
+        ui.info(line)
+    if not done:
+        ui.info("Nothing to clean up.")

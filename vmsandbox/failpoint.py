@@ -1,0 +1,43 @@
+"""Named fail-points: the places where a fault test may stop the product, as a crash would (the gofail /
+fail-rs pattern). The only action is to kill this process with SIGKILL: a fail-point can never change a
+decision, skip a check or weaken anything — it can only make vmsandbox die at a named point.
+
+Off unless turned on through the environment:
+
+    VMSANDBOX_FAILPOINTS="pull.apply=kill-after:15"    # die at the 16th hit of pull.apply
+
+Names (each is hit where the code says `failpoint.hit(NAME)`):
+    pull.apply      before each change a pull applies
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+ENV = "VMSANDBOX_FAILPOINTS"
+POINTS = frozenset({"pull.apply"})
+_hits: dict[str, int] = {}
+
+
+def _armed() -> dict[str, int]:
+    """name -> hits allowed before the kill."""
+    armed: dict[str, int] = {}
+    for item in filter(None, (i.strip() for i in os.environ.get(ENV, "").split(","))):
+        name, _, action = item.partition("=")
+        verb, _, count = action.partition(":")
+        if name in POINTS and verb == "kill-after" and count.isdigit():
+            armed[name] = int(count)
+    return armed
+
+
+def hit(name: str) -> None:
+    """Pass a fail-point: nothing happens unless a test armed it."""
+    if name not in POINTS:
+        raise ValueError(f"unknown fail-point {name!r}")
+    allowed = _armed().get(name)
+    if allowed is None:
+        return
+    _hits[name] = _hits.get(name, 0) + 1
+    if _hits[name] > allowed:
+        os.kill(os.getpid(), signal.SIGKILL)

@@ -1,0 +1,26 @@
+"""Processes we started earlier (the egress daemon, the `vmsandbox run` that owns a session), told apart from an
+unrelated process that got the same pid: a pid and its start time, read from /proc."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def process_start(pid: int) -> str | None:
+    """The start time of pid (from /proc), to tell a live process from a reused pid."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat.rsplit(")", 1)[1].split()[19]
+
+
+def alive(pid: int | None, start: str | None) -> bool:
+    """Whether the process that had `start` as its start time still runs (not a zombie, not a reused pid)."""
+    if pid is None or start is None or process_start(pid) != start:
+        return False
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"

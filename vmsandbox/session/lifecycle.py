@@ -1,0 +1,187 @@
+"""The end of a session, in one place: reviewing what the guest changed, and then removing the session — but
+never with unreviewed work. Whatever is left unsynced when the VM goes is exported to the outbox first, and a
+session holding work is never removed silently. `run`'s end, `pull`, `recover`, `destroy` and `gc` all go
+through here.
+
+The review itself is data (sync.plan): this module gathers the plan and carries out decisions; whoever asks
+the person (the CLI) sits outside.
+"""
+
+from __future__ import annotations
+
+import enum
+import shutil
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from vmsandbox import paths
+from vmsandbox.egress import control
+from vmsandbox.errors import VmsandboxError
+from vmsandbox.session.record import DOMAIN_PREFIX, Record, State, names
+from vmsandbox.session.state import is_running, status
+from vmsandbox.sync import changes, outbox, plan
+from vmsandbox.sync.changes import Gathered
+from vmsandbox.sync.plan import Decisions, Outcome, Plan
+from vmsandbox.vm.domain import session_of
+from vmsandbox.vm.virt import Hypervisor
+
+
+def gather(record: Record, *, limit: int) -> Gathered:
+    """The guest's changes, from wherever they are now (outbox, running VM, or a dead VM's disk)."""
+    endpoint = record.endpoint() if not record.files.outbox.is_dir() and is_running(record) else None
+    return changes.gather(record.target(), endpoint=endpoint, limit=limit)
+
+
+def review(record: Record, *, limit: int, only: list[str] | None = None) -> Plan:
+    """What a review shows and asks about."""
+    return plan.make(gather(record, limit=limit), only)
+
+
+def decide(record: Record, p: Plan, decisions: Decisions) -> Outcome:
+    """Carry out a person's (or --yes's) decisions; the record remembers how much is left."""
+    outcome = plan.carry_out(p, decisions)
+    record.unsynced = outcome.left_total
+    record.save()
+    return outcome
+
+
+def settle(record: Record, outcome: Outcome) -> bool:
+    """After `pull`/`recover`: a session whose VM is gone and whose every change is dealt with is removed.
+    True if it was."""
+    if record.exported and outcome.left_total == 0:
+        remove(record)
+        return True
+    return False
+
+
+class Ending(enum.Enum):
+    REMOVED = "removed"  # nothing was left: the session is gone
+    EXPORTED = "exported"  # the VM is gone; unsynced changes wait in the outbox for `recover`
+
+
+@dataclass(frozen=True)
+class End:
+    how: Ending
+    outbox: Path | None = None
+    left: int = 0
+
+
+def finish(record: Record, gathered: Gathered) -> End:
+    """The end of `run` (after its review): export what is left, then destroy the VM."""
+    left = changes.pending(gathered)
+    if left:
+        box = outbox.export(gathered)
+        retire(record)
+        return End(Ending.EXPORTED, box, len(left))
+    remove(record)
+    return End(Ending.REMOVED)
+
+
+def destroy(record: Record, *, force: bool, discard: bool, limit: int) -> End:
+    """Destroy a session's VM and files — refused while changes are unsynced, unless `force` (they are
+    exported first) or `discard` (they are thrown away)."""
+    if record.owner_alive() and not (force or discard):
+        raise VmsandboxError(
+            f"session {record.name} is in use by `vmsandbox run` (pid {record.owner_pid})",
+            hint=f"end that command, or `vmsandbox destroy {record.name} --force`",
+        )
+    if discard or not record.files.baseline_manifest.exists():
+        remove(record)
+        return End(Ending.REMOVED)
+    g = gather(record, limit=limit)
+    left = changes.pending(g)
+    record.unsynced = len(left)
+    record.save()
+    if left and not force:
+        listing = ", ".join(c.path for c in left[:5]) + (" …" if len(left) > 5 else "")
+        raise VmsandboxError(
+            f"session {record.name} holds {len(left)} unsynced change(s): {listing}",
+            hint=f"review them with `vmsandbox pull {record.name}`; `destroy --force` exports them to the session's "
+            "outbox first, `destroy --discard` throws them away",
+        )
+    return finish(record, g)
+
+
+def remove_damaged(name: str) -> Path | None:
+    """Remove a session directory whose record cannot be read. Its path, if there was one."""
+    files = paths.session_paths(name)
+    if not files.root.is_dir():
+        return None
+    shutil.rmtree(files.root)
+    return files.root
+
+
+def remove(record: Record) -> None:
+    """Destroy the VM and delete the session directory."""
+    control.stop(record.files)
+    with Hypervisor(record.libvirt_uri) as hv:
+        hv.destroy(record.domain)
+    shutil.rmtree(record.files.root, ignore_errors=True)
+
+
+def retire(record: Record) -> None:
+    """Destroy the VM and everything but what a later `recover` needs: the record, the baseline, the decisions
+    and the outbox of unsynced changes."""
+    control.stop(record.files)
+    with Hypervisor(record.libvirt_uri) as hv:
+        hv.destroy(record.domain)
+    files = record.files
+    doomed = [files.workspace_disk, files.client_key, files.client_key.with_suffix(".pub")]
+    doomed += [files.root / name for name in record.overlays]
+    for f in doomed:
+        f.unlink(missing_ok=True)
+    for d in (files.fwcfg_dir, files.guest_tree):
+        shutil.rmtree(d, ignore_errors=True)
+    record.exported = True
+    record.save()
+
+
+def gc(uri: str, *, limit: int) -> Iterator[str]:
+    """Remove sessions whose VM is gone or whose `vmsandbox run` died — unless they hold unsynced work (a
+    stopped VM's work is exported to its outbox, and the session kept) — and vmsandbox domains whose session
+    directory is gone. Yields a line per thing done."""
+    with Hypervisor(uri) as hv:
+        for name in names():
+            files = paths.session_paths(name)
+            try:
+                record = Record.load(name)
+            except VmsandboxError:
+                if time.time() - files.root.stat().st_mtime > 60:  # not one being created right now
+                    shutil.rmtree(files.root, ignore_errors=True)
+                    yield f"removed damaged session directory {files.root}"
+                continue
+            state = status(record, hv).state
+            if state not in (State.STOPPED, State.ORPHANED):
+                continue
+            kept = _keeps_work(record, state, limit)
+            if kept is not None:
+                yield f"kept session {name} ({state}): {kept}"
+                continue
+            remove(record)
+            yield f"removed session {name} ({state})"
+        for info in list(hv.domains(DOMAIN_PREFIX)):
+            xml = hv.xml(info.name)
+            owner = session_of(xml) if xml else None
+            if owner is None:
+                continue  # not ours: a domain that merely shares the prefix
+            if not (owner[1] / paths.SESSION_RECORD).exists():
+                hv.destroy(info.name)
+                yield f"destroyed domain {info.name} (its session directory is gone)"
+
+
+def _keeps_work(record: Record, state: State, limit: int) -> str | None:
+    """Why gc keeps this session (its unsynced changes), or None."""
+    if not record.files.baseline_manifest.exists():
+        return None
+    g = gather(record, limit=limit)
+    left = changes.pending(g)
+    if not left:
+        return None
+    if state is State.STOPPED and not record.exported:
+        outbox.export(g)
+        retire(record)
+    record.unsynced = len(left)
+    record.save()
+    return f"{len(left)} unsynced change(s); `vmsandbox pull {record.name}` or `vmsandbox recover {record.name}`"

@@ -1,0 +1,94 @@
+"""What a session is made from, typed: the flags of `run` (and of the agent shorthands, which share them) as
+RunFlags, and the Options a session is created from (session.resolve builds them once from the flags, the
+blueprint and the settings)."""
+
+from __future__ import annotations
+
+import ipaddress
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from vmsandbox import ui
+from vmsandbox.egress.ports import Publish
+from vmsandbox.errors import VmsandboxError
+from vmsandbox.image.blueprint import Blueprint
+from vmsandbox.image.store import Image
+from vmsandbox.session.config import Settings
+
+
+@dataclass(frozen=True)
+class RunFlags:
+    """The command-line flags of `run` and of the agent shorthands (None: not given)."""
+
+    name: str | None = None
+    cpus: int | None = None
+    memory: str | None = None
+    disk: str | None = None
+    accel: str | None = None
+    keep: bool = False
+    tty: bool | None = None
+    yes: bool = False
+    include_risky: bool = False
+    network: str | None = None
+    allow: tuple[str, ...] = ()
+    publish: tuple[str, ...] = ()
+    publish_address: str | None = None
+    ssh_agent: bool = False
+    git_identity: bool = False
+
+    def settings_data(self) -> dict[str, object]:
+        """The flags that are settings, as a config layer (the last one)."""
+        data: dict[str, object] = {
+            k: getattr(self, k) for k in ("cpus", "memory", "disk", "accel", "network") if getattr(self, k) is not None
+        }
+        if self.allow:
+            data["allow"] = list(self.allow)
+        return data
+
+
+@dataclass(frozen=True)
+class Options:
+    """Everything a session is created from."""
+
+    project: Path
+    name: str | None
+    settings: Settings
+    keep: bool = False
+    blueprint: Blueprint | None = None  # None: base
+    image: Image | None = None  # None: the current base image
+    publish: tuple[Publish, ...] = ()
+    ssh_agent: bool = False
+    git_identity: bool = False
+    build_disk: Path | None = None  # image builds: boot this disk read-write (no overlay), as root
+    trusted_build: bool = False  # image builds: allowed names may resolve to private addresses (not loopback)
+
+
+@dataclass(frozen=True)
+class Run:
+    """A `run` (or an agent shorthand) resolved: what to create, what to run in it, how to end."""
+
+    options: Options
+    command: list[str] | None
+    tty: bool | None
+    yes: bool
+    include_risky: bool
+
+
+def parse_publish(spec: str, address: str | None) -> Publish:
+    """`[HOST_PORT:]GUEST_PORT`, on `address` instead of loopback when given."""
+    host_text, _, guest_text = spec.rpartition(":")
+    ports = [host_text, guest_text] if host_text else [guest_text]
+    if not all(p.isdigit() and 0 < int(p) < 65536 for p in ports):
+        raise VmsandboxError(
+            f"--publish {spec!r}: ports are numbers from 1 to 65535", hint="e.g. -p 3000 or -p 8080:3000"
+        )
+    published = Publish(int(guest_text), int(host_text) if host_text else None)
+    if address is None:
+        return published
+    try:
+        ip = ipaddress.ip_address(address)
+    except ValueError:
+        raise VmsandboxError(f"--publish-address {address!r} is not an IP address") from None
+    if not ip.is_loopback:
+        ui.warn(f"publishing on {address}: other machines on that network can reach the guest's port")
+    return replace(published, addresses=(str(ip),))

@@ -1,0 +1,170 @@
+"""A session's record (session.json): what was made, for whom, and how to reach it. libvirt is the source of
+truth for what runs; the record lets `ls`, `destroy` and `gc` find what a crashed or killed `vmsandbox` left
+behind. Values are typed here (enums, ports) and plain in the JSON."""
+
+from __future__ import annotations
+
+import enum
+import json
+import re
+import secrets
+import time
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from vmsandbox import paths, pids
+from vmsandbox.egress.netpolicy import Mode
+from vmsandbox.egress.ports import Publish
+from vmsandbox.errors import VmsandboxError
+from vmsandbox.guest.ssh import Endpoint
+from vmsandbox.sync.changes import Target
+
+DOMAIN_PREFIX = "vmsandbox-"
+NAME_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,30}$")
+
+
+class Phase(enum.StrEnum):
+    """How far creating the session got (the record is written before the VM exists)."""
+
+    CREATING = "creating"
+    READY = "ready"  # booted, and its egress (if any) open
+
+
+class State(enum.StrEnum):
+    """What `ls` says of a session."""
+
+    BOOTING = "booting"  # being created by a live `vmsandbox run`
+    RUNNING = "running"
+    PAUSED = "paused"
+    ORPHANED = "orphaned"  # its `vmsandbox run` died (kill -9) and it was not --keep
+    STOPPED = "stopped"  # the VM is gone (it powered off, crashed, or was destroyed)
+    EXPORTED = "exported"  # the VM is gone; its unsynced changes wait in the outbox
+
+
+@dataclass
+class Record:
+    name: str
+    project: str
+    image_version: str
+    accel: str
+    accel_reason: str
+    cpus: int
+    memory_mib: int
+    disk_mib: int
+    ssh_port: int
+    user: str
+    uid: int
+    gid: int
+    libvirt_uri: str
+    created: float = field(default_factory=time.time)
+    keep: bool = False
+    owner_pid: int | None = None
+    owner_start: str | None = None
+    status: Phase = Phase.CREATING
+    boot_seconds: float | None = None
+    baseline_entries: int = 0
+    unsynced: int | None = None  # pending changes at the last review (None: never reviewed)
+    exported: bool = False  # the VM is gone; its unsynced changes wait in the outbox
+    network: Mode = Mode.ALLOWLIST
+    blueprint: str = "base"
+    publish: tuple[Publish, ...] = ()
+    ssh_agent: bool = False  # the host's ssh-agent is forwarded into the guest (opt-in)
+    credentials: list[str] = field(default_factory=list)  # home-relative files `clean` wipes (the blueprint's)
+    disk: str | None = None  # the system disk when it is not the session's own overlay (image builds)
+    # The qcow2 chain above the image, oldest first, names in the session directory; the VM writes the last.
+    # One overlay today; checkpoints and forks will add to the chain.
+    overlays: list[str] = field(default_factory=lambda: [paths.SESSION_OVERLAY])
+
+    @property
+    def domain(self) -> str:
+        return DOMAIN_PREFIX + self.name
+
+    @property
+    def files(self) -> paths.SessionPaths:
+        return paths.session_paths(self.name)
+
+    @property
+    def system_disk(self) -> Path:
+        """The disk the VM boots and writes."""
+        return Path(self.disk) if self.disk else self.files.root / self.overlays[-1]
+
+    def endpoint(self, user: str | None = None) -> Endpoint:
+        return Endpoint(self.name, self.ssh_port, user or self.user, self.files, self.ssh_agent)
+
+    def target(self) -> Target:
+        """What sync needs of this session."""
+        return Target(self.name, Path(self.project), self.files, self.uid, self.gid)
+
+    @property
+    def wants_daemon(self) -> bool:
+        """Whether the session's proxy daemon should run: for egress, or to serve published ports."""
+        return self.network.has_door or bool(self.publish)
+
+    def owner_alive(self) -> bool:
+        return self.owner_pid is not None and pids.process_start(self.owner_pid) == self.owner_start
+
+    def save(self) -> None:
+        data = asdict(self)
+        data["publish"] = [p.as_dict() for p in self.publish]
+        paths.write_atomically(self.files.record, json.dumps(data, indent=2, sort_keys=True) + "\n")
+
+    @classmethod
+    def load(cls, name: str) -> Record:
+        record_file = paths.session_paths(name).record
+        try:
+            data = json.loads(record_file.read_text())
+            known = {f.name for f in fields(cls)}
+            record = cls(**{k: v for k, v in data.items() if k in known})
+            record.status = Phase(record.status)
+            record.network = Mode(record.network)
+            record.publish = tuple(Publish.from_dict(p) for p in data.get("publish", []))
+        except FileNotFoundError:
+            raise VmsandboxError(f"no session named {name!r}", hint="list sessions with `vmsandbox ls`") from None
+        except (ValueError, TypeError, KeyError) as exc:
+            raise VmsandboxError(
+                f"the record of session {name} is damaged: {exc}",
+                hint=f"remove it with `vmsandbox destroy {name} --force`",
+            ) from exc
+        return record
+
+
+def validate_project(path: Path) -> Path:
+    if not path.exists():
+        raise VmsandboxError(f"{path} does not exist", hint="give the path of a project directory")
+    if not path.is_dir():
+        raise VmsandboxError(f"{path} is not a directory", hint="give the path of a project directory")
+    resolved = path.resolve()
+    if resolved == Path("/") or resolved == Path.home().resolve():
+        raise VmsandboxError(
+            f"refusing to sandbox {resolved}: it is too broad", hint="run vmsandbox inside a project directory"
+        )
+    return resolved
+
+
+def validate_name(name: str) -> str:
+    if not NAME_RE.match(name):
+        raise VmsandboxError(
+            f"invalid session name {name!r}",
+            hint="use 1-31 lowercase letters, digits and dashes, starting with a letter or digit",
+        )
+    return name
+
+
+def default_name(project: Path) -> str:
+    stem = re.sub(r"[^a-z0-9-]+", "-", project.name.lower()).strip("-")[:20] or "session"
+    return f"{stem}-{secrets.token_hex(2)}"
+
+
+def names() -> list[str]:
+    root = paths.sessions_dir()
+    if not root.is_dir():
+        return []
+    return sorted(d.name for d in root.iterdir() if d.is_dir() and not d.name.startswith("."))
+
+
+def as_json(value: Any) -> Any:
+    """A record field as JSON (enums as their values, ports as mappings)."""
+    if isinstance(value, tuple) and value and isinstance(value[0], Publish):
+        return [p.as_dict() for p in value]
+    return value

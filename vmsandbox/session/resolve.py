@@ -1,0 +1,42 @@
+"""Resolving a `run` (or an agent shorthand): the flags, the blueprint and the settings (defaults < user config
+< trusted project config < environment < flags) become the Options a session is created from, every check
+that needs no VM first, and the blueprint's image layer found (or built) last."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from vmsandbox.egress import policy
+from vmsandbox.image import blueprint as blueprint_mod
+from vmsandbox.session import config, layerbuild
+from vmsandbox.session.options import Options, Run, RunFlags, parse_publish
+from vmsandbox.session.record import validate_name, validate_project
+
+
+def resolve(path: Path, blueprint_name: str, command: list[str] | None, flags: RunFlags, *, agent: bool) -> Run:
+    """Every check that needs no VM, cheapest first (a layer build takes minutes, so it comes last)."""
+    project = path if path.is_dir() else None
+    bp = blueprint_mod.load(blueprint_name, project)
+    tty = flags.tty
+    if agent:
+        command = bp.agent_argv(command or [])
+        tty = sys.stdin.isatty() if tty is None else tty
+    settings = config.load(project, blueprint=bp).merged(flags.settings_data(), config.COMMAND_LINE)
+    publish = tuple(parse_publish(p, flags.publish_address) for p in flags.publish)
+    validate_project(path)
+    if flags.name is not None:
+        validate_name(flags.name)
+    policy.check_secrets(settings.network, settings.secrets)
+    options = Options(
+        project=path,
+        name=flags.name,
+        settings=settings,
+        keep=flags.keep,
+        blueprint=bp,
+        image=layerbuild.for_blueprint(bp),
+        publish=publish,
+        ssh_agent=flags.ssh_agent,
+        git_identity=flags.git_identity,
+    )
+    return Run(options, command, tty, flags.yes, flags.include_risky)

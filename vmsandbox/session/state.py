@@ -1,0 +1,126 @@
+"""What a session is doing now, asked of libvirt (the source of truth for what runs) and of the record:
+its state for `ls`, whether its VM runs, and the end of its serial console."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from vmsandbox import paths
+from vmsandbox.egress import control
+from vmsandbox.egress.control import Door
+from vmsandbox.errors import VmsandboxError
+from vmsandbox.session.record import Phase, Record, State, names
+from vmsandbox.vm.virt import Hypervisor, gone
+
+CONSOLE_TAIL_LINES = 30
+CONSOLE_TAIL_BYTES = 64 * 1024  # the guest writes the console: read only its end
+
+
+@dataclass(frozen=True)
+class Status:
+    record: Record
+    state: State
+
+    @property
+    def door(self) -> Door:
+        if self.state in (State.EXPORTED, State.STOPPED):
+            return Door.STOPPED if self.record.wants_daemon else Door.OFF
+        return control.status(self.record.files, wanted=self.record.wants_daemon)
+
+    def as_dict(self) -> dict[str, Any]:
+        r = self.record
+        return {
+            "name": r.name,
+            "state": self.state.value,
+            "created": r.created,
+            "age_seconds": round(time.time() - r.created),
+            "project": r.project,
+            "accel": r.accel,
+            "ports": {"ssh": r.ssh_port},
+            "cpus": r.cpus,
+            "memory_mib": r.memory_mib,
+            "image": r.image_version,
+            "keep": r.keep,
+            "domain": r.domain,
+            "unsynced": r.unsynced,
+            "network": r.network.value,
+            "blueprint": r.blueprint,
+            "publish": [p.as_dict() for p in r.publish],
+            "egress": self.door.value,
+        }
+
+
+def status(record: Record, hv: Hypervisor) -> Status:
+    if record.exported:
+        return Status(record, State.EXPORTED)
+    info = hv.info(record.domain)
+    if info is None or gone(info):
+        return Status(record, State.STOPPED)
+    if record.status is not Phase.READY:
+        return Status(record, State.BOOTING if record.owner_alive() else State.ORPHANED)
+    if not record.keep and not record.owner_alive():
+        return Status(record, State.ORPHANED)
+    return Status(record, State.PAUSED if info.state in ("paused", "suspended") else State.RUNNING)
+
+
+def all_status(uri: str) -> list[Status]:
+    found: list[Status] = []
+    with Hypervisor(uri) as hv:
+        for name in names():
+            with contextlib.suppress(VmsandboxError):
+                found.append(status(Record.load(name), hv))
+    return found
+
+
+def is_running(record: Record) -> bool:
+    with Hypervisor(record.libvirt_uri) as hv:
+        info = hv.info(record.domain)
+    return info is not None and info.state == "running"
+
+
+def stops_within(record: Record, *, seconds: float) -> bool:
+    """Whether the VM stops (or is already gone) within `seconds`: tells a guest shutting itself down
+    from a dropped connection."""
+    deadline = time.monotonic() + seconds
+    with Hypervisor(record.libvirt_uri) as hv:
+        while True:
+            if gone(hv.info(record.domain)):
+                return True
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.5)
+
+
+def console_tail(name: str, lines: int = CONSOLE_TAIL_LINES) -> str:
+    log_file = paths.session_paths(name).console_log
+    try:
+        with log_file.open("rb") as f:
+            f.seek(max(0, f.seek(0, os.SEEK_END) - CONSOLE_TAIL_BYTES))
+            text = f.read().decode(errors="replace")
+    except OSError:
+        return "(no console output)"
+    tail = [line.rstrip() for line in text.splitlines() if line.strip()][-lines:]
+    return "\n".join(tail) or "(no console output)"
+
+
+def usable(record: Record) -> bool:
+    """Raise (with the fix) unless the session's VM can take a command. True when its egress daemon had
+    stopped, so the guest has no network until it is started again (create.open_egress)."""
+    with Hypervisor(record.libvirt_uri) as hv:
+        current = status(record, hv).state
+    if current is State.EXPORTED:
+        raise VmsandboxError(
+            f"session {record.name} has no VM any more; its unsynced changes wait in its outbox",
+            hint=f"review them with `vmsandbox recover {record.name}`",
+        )
+    if current in (State.STOPPED, State.BOOTING):
+        raise VmsandboxError(
+            f"session {record.name} is {current}",
+            hint=f"see `vmsandbox logs {record.name}`; `vmsandbox recover {record.name}` reviews its changes, "
+            f"`vmsandbox destroy {record.name}` removes it",
+        )
+    return control.status(record.files, wanted=record.wants_daemon) is Door.STOPPED

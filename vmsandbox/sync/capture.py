@@ -1,0 +1,61 @@
+"""The workspace going in: the project captured on the host as it is, and the disk the guest mounts at the
+project's path.
+
+Work stays on the host where it can (the guest CPU is slow under TCG): the tree is copied locally (a
+reflink where the filesystem can), and the guest's ext4 disk is made on the host with `mkfs.ext4 -d`. The
+copy is the session's baseline: what every later comparison starts from. The mirror of the guest's tree
+starts as another copy of it, handed to the unprivileged guest-data account (mirror.py).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from vmsandbox import confine, paths, proc
+from vmsandbox.errors import VmsandboxError
+from vmsandbox.paths import SessionPaths
+from vmsandbox.sync import tree
+from vmsandbox.vm import ext4
+
+HEADROOM_BYTES = 8 * 1024**3  # room for what the agent adds (dependencies, builds) on the sparse disk
+BYTES_PER_INODE = 8192
+
+
+def capture(project: Path, files: SessionPaths) -> tree.Manifest:
+    """Snapshot the project (tracked, untracked, ignored, .git) into the session; build the workspace disk."""
+    files.baseline.mkdir(mode=0o700)
+    proc.run(
+        ["cp", "-a", "--reflink=auto", f"{project}/.", files.baseline],
+        hint="is the project readable, and is there space in the state directory?",
+    )
+    files.baseline.chmod(0o700)  # cp -a gave it the project's mode: keep the copy private
+    manifest = tree.scan(files.baseline)
+    paths.write_atomically(files.baseline_manifest, json.dumps(tree.to_json(manifest)))
+    used = sum(e.size for e in manifest.values())
+    size = max(2 * used, used + HEADROOM_BYTES)
+    inodes = max(2 * len(manifest), size // BYTES_PER_INODE)
+    ext4.make(
+        files.baseline,
+        files.workspace_disk,
+        f"{size // 1024}k",
+        label="workspace",
+        inodes=inodes,
+        extended=("root_owner=0:0",),
+    )
+    files.workspace_disk.chmod(0o600)  # a copy of the project: for root (and QEMU, via libvirt) only
+    if "lost+found" not in manifest:
+        ext4.remove_dir(files.workspace_disk, "lost+found")
+    proc.run(["cp", "-a", "--reflink=auto", files.baseline, files.guest_tree])
+    confine.hand_over(files.guest_tree, confine.guest_data_account())
+    return manifest
+
+
+def baseline(files: SessionPaths) -> tree.Manifest:
+    """The manifest of what the session captured."""
+    try:
+        return tree.from_json(json.loads(files.baseline_manifest.read_text()))
+    except FileNotFoundError:
+        raise VmsandboxError(
+            "this session has no workspace baseline", hint="it was created before workspaces existed; destroy it"
+        ) from None

@@ -1,0 +1,144 @@
+"""The guest's changes: gathered from where they are, compared three ways, and remembered once dealt with.
+
+Where the changes come from, in order: the session's outbox (exported when its VM went away), the running VM
+(its tree fetched into the host mirror), or the workspace disk of a VM that died (read on the host). The
+session layer says which (it knows whether the VM runs) and hands over a Target: what sync needs of a session.
+What was applied or otherwise dealt with is recorded (decisions.json), so a change is reviewed once and an
+interrupted pull can simply run again.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from vmsandbox import paths, ui
+from vmsandbox.guest.ssh import Endpoint
+from vmsandbox.paths import SessionPaths
+from vmsandbox.sync import apply, capture, mirror, refs, tree
+from vmsandbox.sync.compare import Change, Status, compare
+from vmsandbox.sync.tree import FILE
+
+OUTBOX_MANIFEST = "manifest.json"
+OUTBOX_REFUSED = "refused.json"  # changes that can never be written, kept as a record (path, why, entry)
+OUTBOX_FILES = "files"
+OUTBOX_PATCH = "changes.patch"
+BUNDLE = "git.bundle"
+
+
+class Origin(enum.StrEnum):
+    OUTBOX = "outbox"  # exported when the VM went away
+    LIVE = "live"  # fetched from the running VM
+    DISK = "disk"  # read from a dead VM's workspace disk
+
+
+@dataclass(frozen=True)
+class Target:
+    """What sync needs of a session (the session layer builds it from its record)."""
+
+    name: str
+    project: Path
+    files: SessionPaths
+    uid: int  # the invoking user: owner of what lands in the project, and who runs git in it
+    gid: int
+
+
+@dataclass
+class Gathered:
+    target: Target
+    changes: list[Change]  # the guest's changes against the baseline (SAME ones left out)
+    source: Path  # where the guest's content is read from
+    refs_changed: bool  # the guest added or moved branches or tags (its commits can be fetched)
+    origin: Origin
+    git_refused: str | None  # why the guest's repository is not read at all
+    limit: int  # the sync budget: bytes a pull writes at most (and the largest file the mirror takes)
+
+    @property
+    def project(self) -> Path:
+        return self.target.project
+
+
+def gather(target: Target, *, endpoint: Endpoint | None, limit: int) -> Gathered:
+    """The guest's changes against the baseline and the host: from the outbox if there is one, else from the
+    running VM at `endpoint`, else (no endpoint: the VM is gone) from its workspace disk."""
+    files = target.files
+    base = capture.baseline(files)
+    if files.outbox.is_dir():
+        guest = dict(base)
+        for path, entry in json.loads((files.outbox / OUTBOX_MANIFEST).read_text()).items():
+            if entry is None:
+                guest.pop(path, None)
+            else:
+                guest[path] = tree.Entry.from_dict(entry)
+        source, origin = files.outbox / OUTBOX_FILES, Origin.OUTBOX
+    elif endpoint is not None:
+        with ui.step("Fetching the guest's changes"):
+            guest = mirror.fetch_live(endpoint, str(target.project), files, max_file_bytes=limit)
+        source, origin = files.guest_tree, Origin.LIVE
+    else:
+        with ui.step("Reading the workspace disk of the stopped VM"):
+            guest = mirror.fetch_from_disk(files, max_file_bytes=limit)
+        source, origin = files.guest_tree, Origin.DISK
+    host = tree.scan(target.project)
+    _remove_leftover_temporaries(target.project, host)
+    changes = [c for c in compare(base, host, guest) if c.status is not Status.SAME]
+    refs_changed, refused = _guest_refs(files, origin)
+    return Gathered(target, changes, source, refs_changed, origin, refused, limit)
+
+
+def _guest_refs(files: SessionPaths, origin: Origin) -> tuple[bool, str | None]:
+    """Whether the guest has new or moved branches or tags, and why its repository is refused (if it is)."""
+    if origin is Origin.OUTBOX:
+        return (files.outbox / BUNDLE).exists(), None
+    if not refs.is_real_dir(files.baseline / ".git"):
+        return False, None  # the project had no repository of its own
+    try:
+        refs.check_guest_gitdir(files.guest_tree / ".git")
+        guest_refs = refs.read_refs(files.guest_tree / ".git")
+    except refs.Refused as exc:
+        return False, exc.message
+    return bool(refs.changed_refs(refs.read_refs(files.baseline / ".git"), guest_refs)), None
+
+
+def _remove_leftover_temporaries(project: Path, host: tree.Manifest) -> None:
+    """A pull killed with SIGKILL can leave its temporary files (never the target files) behind."""
+    for path, entry in list(host.items()):
+        if entry.kind == FILE and path.rsplit("/", 1)[-1].startswith(apply.TMP_PREFIX):
+            (project / path).unlink(missing_ok=True)
+            del host[path]
+
+
+# ---------------------------------------------------------------- what was dealt with
+
+
+def _decided(files: SessionPaths) -> dict[str, Any]:
+    try:
+        data: dict[str, Any] = json.loads(files.decisions.read_text())
+    except FileNotFoundError:
+        return {}
+    return data
+
+
+def mark(files: SessionPaths, changes: Iterable[Change]) -> None:
+    """Remember these changes as dealt with (applied, or kept beside as conflicts)."""
+    decided = _decided(files)
+    for c in changes:
+        decided[c.path] = c.guest.as_dict() if c.guest else None
+    paths.write_atomically(files.decisions, json.dumps(decided))
+
+
+def pending(g: Gathered) -> list[Change]:
+    """Changes nobody has dealt with yet. UNSAFE ones can never be applied: they are reported, not pending."""
+    decided = _decided(g.target.files)
+    out = []
+    for c in g.changes:
+        if c.status is Status.UNSAFE:
+            continue
+        if c.path in decided and decided[c.path] == (c.guest.as_dict() if c.guest else None):
+            continue
+        out.append(c)
+    return out

@@ -1,0 +1,66 @@
+"""The outbox: where the changes of a session wait when its VM goes away before they were synced, so nothing is
+lost. It holds the pending changes (manifest.json, the changed files, changes.patch), the guest's commits as
+git.bundle, and refused.json, a record of what can never be written and why. `recover` reviews from it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+from vmsandbox import ui
+from vmsandbox.errors import VmsandboxError
+from vmsandbox.sync import apply, changes, commits, refs
+from vmsandbox.sync.changes import BUNDLE, OUTBOX_FILES, OUTBOX_MANIFEST, OUTBOX_PATCH, OUTBOX_REFUSED, Gathered, Origin
+from vmsandbox.sync.compare import Status
+from vmsandbox.sync.diff import diff_text
+from vmsandbox.sync.plan import fetch_commits
+from vmsandbox.sync.tree import DIR, FILE, SYMLINK
+
+
+def export(g: Gathered) -> Path:
+    """Keep every pending change in the outbox (manifest, the changed files, a patch, the git bundle), and a
+    record of the refused ones (what they were and why they can never be written)."""
+    files = g.target.files
+    todo = changes.pending(g)
+    box = files.outbox
+    staging = files.root / "outbox.new"
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(mode=0o700)
+    (staging / OUTBOX_FILES).mkdir(mode=0o700)
+    keeper = apply.Owner(os.geteuid(), os.getegid())
+    manifest: dict[str, Any] = {}
+    for c in apply.order(todo):
+        manifest[c.path] = c.guest.as_dict() if c.guest else None
+        if c.guest is None:
+            continue
+        if c.guest.kind == FILE:
+            apply.copy_verified(g.source, staging / OUTBOX_FILES, c.path, c.guest, keeper)
+        elif c.guest.kind == SYMLINK and c.guest.target is not None:
+            apply.write_symlink(staging / OUTBOX_FILES, c.path, c.guest.target, keeper)
+        elif c.guest.kind == DIR:
+            apply.make_dir(staging / OUTBOX_FILES, c.path, c.guest.mode, keeper)
+    refused = [
+        {"path": c.path, "why": c.notes[0] if c.notes else "", "entry": c.guest.as_dict() if c.guest else None}
+        for c in g.changes
+        if c.status is Status.UNSAFE
+    ]
+    (staging / OUTBOX_MANIFEST).write_text(json.dumps(manifest, indent=1))
+    (staging / OUTBOX_REFUSED).write_text(json.dumps(refused, indent=1))
+    (staging / OUTBOX_PATCH).write_text("".join(diff_text(g, c) for c in todo))
+    t = g.target
+    if g.origin is not Origin.OUTBOX and g.refs_changed and refs.is_real_dir(t.project / ".git"):
+        try:  # the guest's commits go into the project's refs/remotes now, and into a bundle for later
+            fetch_commits(g)
+            commits.bundle(t.project, staging / BUNDLE, t.name, t.uid, t.gid)
+        except VmsandboxError as exc:
+            ui.warn(f"could not keep the guest's commits: {exc.message}")
+    elif g.origin is Origin.OUTBOX and (box / BUNDLE).exists():
+        shutil.copyfile(box / BUNDLE, staging / BUNDLE)
+    if box.exists() and box != staging:
+        shutil.rmtree(box)
+    staging.rename(box)
+    return box
