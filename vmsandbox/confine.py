@@ -73,6 +73,13 @@ class Limits:
                 resource.setrlimit(kind, (value, value))
 
 
+def clean_env(who: Identity | None) -> dict[str, str]:
+    """The environment of a child that handles guest data: a PATH, `who`'s home (or none) and a UTF-8 locale.
+    Nothing of ours (our HOME, SSH_AUTH_SOCK …) leaks to it."""
+    home = who.home if who is not None else "/nonexistent"
+    return {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "HOME": home, "LC_ALL": "C.UTF-8"}
+
+
 def guest_data_limits(file_bytes: int) -> Limits:
     """For the rsync receiver, e2fsck and debugfs: the largest file the sync takes, and generous bounds on
     the rest (an honest transfer of a large tree stays far below them)."""
@@ -110,13 +117,21 @@ def guest_data_account() -> Identity | None:
     root (then we are unprivileged already)."""
     if os.geteuid() != 0:
         return None
-    try:
-        pw = pwd.getpwnam(ACCOUNT)
-    except KeyError:
+    found = account()
+    if found is None:
         raise VmsandboxError(
             f"the unprivileged account {ACCOUNT}, which reads what comes out of a guest, does not exist",
             hint="create it with `sudo vmsandbox host setup`",
-        ) from None
+        )
+    return found
+
+
+def account() -> Identity | None:
+    """The guest-data account, if `host setup` made it."""
+    try:
+        pw = pwd.getpwnam(ACCOUNT)
+    except KeyError:
+        return None
     return Identity(pw.pw_uid, pw.pw_gid, (), ACCOUNT)
 
 
@@ -154,9 +169,8 @@ def qemu_uid() -> int | None:
 
 def traversers() -> list[int]:
     """The accounts that must traverse state directories: QEMU's user and the guest-data account."""
-    found = [qemu_uid()]
-    with contextlib.suppress(KeyError):
-        found.append(pwd.getpwnam(ACCOUNT).pw_uid)
+    guest_data = account()
+    found = [qemu_uid(), guest_data.uid if guest_data is not None else None]
     return sorted({uid for uid in found if uid is not None and uid != os.geteuid()})
 
 

@@ -140,9 +140,7 @@ class Candidate:
 
     path: Path
     raw: bytes
-    kind: str  # config | blueprint
     lines: list[str]  # what it changes, one item per line (plain text)
-    widening: list[str]  # its keys that need trust
 
     @property
     def state(self) -> State:

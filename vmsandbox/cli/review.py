@@ -12,6 +12,7 @@ from vmsandbox import ui
 from vmsandbox.cli.base import EXIT_PENDING, ApplySafe, IncludeRisky, SessionName, app, sync_limit
 
 if TYPE_CHECKING:
+    from vmsandbox.session.record import Record
     from vmsandbox.sync.plan import Decisions, Item, Outcome, Plan
 
 
@@ -127,23 +128,31 @@ def report(outcome: Outcome) -> None:
     ui.info("Sync-back: " + ", ".join(parts) + ".")
 
 
-def review_session(name: str, *, yes: bool, include_risky: bool, dry_run: bool = False, only: list[str]) -> int:
-    """pull/recover: review, apply what is decided, report; the number of changes left (0 for a dry run)."""
+def conduct(record: Record, plan: Plan, *, yes: bool, include_risky: bool) -> Outcome:
+    """Show the plan, get the decisions (--yes, a person, or none), carry them out, report."""
     from vmsandbox.session import lifecycle
-    from vmsandbox.session.record import Record
     from vmsandbox.sync.plan import Decisions
 
-    record = Record.load(name)
-    plan = lifecycle.review(record, limit=sync_limit(), only=only)
     something = show(plan)
-    if dry_run:
-        if something:
-            ui.info(f"Dry run: {len(plan.todo)} change(s) pending; nothing written.")
-        return 0
     decisions = decide(plan, yes=yes, include_risky=include_risky) if something else Decisions()
     outcome = lifecycle.decide(record, plan, decisions)
     if something:
         report(outcome)
+    return outcome
+
+
+def review_session(name: str, *, yes: bool, include_risky: bool, dry_run: bool = False, only: list[str]) -> int:
+    """pull/recover: review, apply what is decided, report; the number of changes left (0 for a dry run)."""
+    from vmsandbox.session import lifecycle
+    from vmsandbox.session.record import Record
+
+    record = Record.load(name)
+    plan = lifecycle.review(record, limit=sync_limit(), only=only)
+    if dry_run:
+        if show(plan):
+            ui.info(f"Dry run: {len(plan.todo)} change(s) pending; nothing written.")
+        return 0
+    outcome = conduct(record, plan, yes=yes, include_risky=include_risky)
     if lifecycle.settle(record, outcome):
         ui.info(f"Every change of session {name} is dealt with; the session is removed.")
     return outcome.left

@@ -133,14 +133,9 @@ def _finish(record: Record, *, yes: bool, include_risky: bool) -> None:
     """End of `run`: review the guest's changes, then destroy the VM. Whatever was not synced is exported to
     the session's outbox first (lifecycle.finish), so nothing is lost: `vmsandbox recover NAME` takes it."""
     from vmsandbox.session import lifecycle
-    from vmsandbox.sync.plan import Decisions
 
     plan = lifecycle.review(record, limit=sync_limit())
-    something = review_ui.show(plan)
-    decisions = review_ui.decide(plan, yes=yes, include_risky=include_risky) if something else Decisions()
-    outcome = lifecycle.decide(record, plan, decisions)
-    if something:
-        review_ui.report(outcome)
+    outcome = review_ui.conduct(record, plan, yes=yes, include_risky=include_risky)
     with ui.step(f"Destroying {record.domain}" + (" (keeping unsynced changes in its outbox)" if outcome.left else "")):
         end = lifecycle.finish(record, plan.gathered)
     if end.left:

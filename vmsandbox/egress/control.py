@@ -44,10 +44,6 @@ class Spec:
     libvirt_uri: str
     domain: str
 
-    @property
-    def wanted(self) -> bool:
-        return self.door or bool(self.publish)
-
     def save(self, files: paths.SessionPaths) -> None:
         data = {**self.__dict__, "publish": [p.as_dict() for p in self.publish]}
         paths.write_atomically(files.egress_daemon, json.dumps(data, indent=1))

@@ -138,7 +138,6 @@ def _load_file(name: str, path: Path, project: Path | None, *, depth: int) -> Bl
         raise VmsandboxError(f"{path}: `extends` goes more than {MAX_DEPTH} levels deep (a cycle?)")
     source = str(path)
     data = _read(path, project)
-    _validate(data, source)
     parent_name = data.get("extends")
     if parent_name is not None:
         if not NAME_RE.match(parent_name):
@@ -158,18 +157,28 @@ def is_project_file(path: Path, project: Path | None) -> bool:
 
 
 def _read(path: Path, project: Path | None) -> dict[str, Any]:
-    """A blueprint file's checked content. A project's blueprint is code from the project (apt and npm
+    """A blueprint file's checked and validated content. A project's blueprint is code from the project (apt and npm
     packages installed as root, hosts allowed, host files copied in, secrets mapped): it is used only after
     the user trusted its exact content (`vmsandbox trust`)."""
     if project is None or not is_project_file(path, project):
-        return check(load_yaml(path), FIELDS, source=str(path))
-    raw = trust.read_project_file(path)
-    if raw is None:
+        data = check(load_yaml(path), FIELDS, source=str(path))
+        _validate(data, str(path))
+        return data
+    found = _read_project(path)
+    if found is None:
         raise VmsandboxError(f"{path} disappeared while it was read")
-    data = check(parse_yaml(raw, str(path)), FIELDS, source=str(path))
-    _validate(data, str(path))
+    raw, data = found
+    _validate(data, str(path))  # a bad file says what is wrong before anything asks for trust
     trust.require(path, raw, sorted(k for k in data if k != "description"), project=project)
     return data
+
+
+def _read_project(path: Path) -> tuple[bytes, dict[str, Any]] | None:
+    """A project blueprint's bytes (what trust is about) and the content parsed from exactly those bytes."""
+    raw = trust.read_project_file(path)
+    if raw is None:
+        return None
+    return raw, check(parse_yaml(raw, str(path)), FIELDS, source=str(path))
 
 
 def _validate(data: dict[str, Any], source: str) -> None:
@@ -232,15 +241,15 @@ def describe_project_blueprints(project: Path) -> list[trust.Candidate]:
     if not directory.is_dir():
         return found
     for path in sorted(directory.glob("*.yaml")):
-        raw = trust.read_project_file(path)
-        if raw is None:
+        read = _read_project(path)
+        if read is None:
             continue
-        data = check(parse_yaml(raw, str(path)), FIELDS, source=str(path))
+        raw, data = read
         _validate(data, str(path))
         shadows = path.stem in {f.stem for f in BUILTIN_DIR.glob("*.yaml")}
         lines = [f"replaces the shipped blueprint `{path.stem}`"] if shadows else []
         lines += [f"{k}: {json.dumps(v, ensure_ascii=False)}" for k, v in data.items()]
         if data.get("copy"):
             lines.append("    copies those files of your home into every session of it")
-        found.append(trust.Candidate(path, raw, "blueprint", lines, sorted(k for k in data if k != "description")))
+        found.append(trust.Candidate(path, raw, lines))
     return found

@@ -202,7 +202,7 @@ def describe_project_file(project: Path) -> trust.Candidate | None:
                 f"    your secret {m.get('secret')!s} goes to {m.get('host')!s} in header {m.get('header')!s}"
                 for m in value
             ]
-    return trust.Candidate(found.path, found.raw, "config", lines, widening_keys(found.data))
+    return trust.Candidate(found.path, found.raw, lines)
 
 
 def _shown(value: Any) -> str:

@@ -91,7 +91,7 @@ def _disk(path: Path, label: str, need: int) -> Check:
 def _account() -> Check:
     if os.geteuid() != 0:
         return Check("guest-data account", True, "not needed: vmsandbox runs unprivileged")
-    if hostsetup.account_exists():
+    if confine.account() is not None:
         return Check("guest-data account", True, f"{confine.ACCOUNT} (reads what comes out of guests)")
     return Check(
         "guest-data account",

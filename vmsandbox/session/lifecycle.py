@@ -9,7 +9,6 @@ the person (the CLI) sits outside.
 
 from __future__ import annotations
 
-import enum
 import shutil
 import time
 from collections.abc import Iterator
@@ -23,6 +22,7 @@ from vmsandbox.session.record import DOMAIN_PREFIX, Record, State, names
 from vmsandbox.session.state import is_running, status
 from vmsandbox.sync import changes, outbox, plan
 from vmsandbox.sync.changes import Gathered
+from vmsandbox.sync.compare import Change
 from vmsandbox.sync.plan import Decisions, Outcome, Plan
 from vmsandbox.vm.domain import session_of
 from vmsandbox.vm.virt import Hypervisor
@@ -56,14 +56,10 @@ def settle(record: Record, outcome: Outcome) -> bool:
     return False
 
 
-class Ending(enum.Enum):
-    REMOVED = "removed"  # nothing was left: the session is gone
-    EXPORTED = "exported"  # the VM is gone; unsynced changes wait in the outbox for `recover`
-
-
 @dataclass(frozen=True)
 class End:
-    how: Ending
+    """How a session ended: removed (no outbox), or its VM gone with `left` changes waiting in `outbox`."""
+
     outbox: Path | None = None
     left: int = 0
 
@@ -74,9 +70,9 @@ def finish(record: Record, gathered: Gathered) -> End:
     if left:
         box = outbox.export(gathered)
         retire(record)
-        return End(Ending.EXPORTED, box, len(left))
+        return End(box, len(left))
     remove(record)
-    return End(Ending.REMOVED)
+    return End()
 
 
 def destroy(record: Record, *, force: bool, discard: bool, limit: int) -> End:
@@ -89,11 +85,8 @@ def destroy(record: Record, *, force: bool, discard: bool, limit: int) -> End:
         )
     if discard or not record.files.baseline_manifest.exists():
         remove(record)
-        return End(Ending.REMOVED)
-    g = gather(record, limit=limit)
-    left = changes.pending(g)
-    record.unsynced = len(left)
-    record.save()
+        return End()
+    g, left = _pending(record, limit)
     if left and not force:
         listing = ", ".join(c.path for c in left[:5]) + (" …" if len(left) > 5 else "")
         raise VmsandboxError(
@@ -113,20 +106,32 @@ def remove_damaged(name: str) -> Path | None:
     return files.root
 
 
-def remove(record: Record) -> None:
-    """Destroy the VM and delete the session directory."""
+def _stop(record: Record) -> None:
+    """The session's egress daemon and its VM, gone."""
     control.stop(record.files)
     with Hypervisor(record.libvirt_uri) as hv:
         hv.destroy(record.domain)
+
+
+def _pending(record: Record, limit: int) -> tuple[Gathered, list[Change]]:
+    """The session's changes and the ones still pending; the record remembers how many."""
+    g = gather(record, limit=limit)
+    left = changes.pending(g)
+    record.unsynced = len(left)
+    record.save()
+    return g, left
+
+
+def remove(record: Record) -> None:
+    """Destroy the VM and delete the session directory."""
+    _stop(record)
     shutil.rmtree(record.files.root, ignore_errors=True)
 
 
 def retire(record: Record) -> None:
     """Destroy the VM and everything but what a later `recover` needs: the record, the baseline, the decisions
     and the outbox of unsynced changes."""
-    control.stop(record.files)
-    with Hypervisor(record.libvirt_uri) as hv:
-        hv.destroy(record.domain)
+    _stop(record)
     files = record.files
     doomed = [files.workspace_disk, files.client_key, files.client_key.with_suffix(".pub")]
     doomed += [files.root / name for name in record.overlays]
@@ -175,13 +180,10 @@ def _keeps_work(record: Record, state: State, limit: int) -> str | None:
     """Why gc keeps this session (its unsynced changes), or None."""
     if not record.files.baseline_manifest.exists():
         return None
-    g = gather(record, limit=limit)
-    left = changes.pending(g)
+    g, left = _pending(record, limit)
     if not left:
         return None
     if state is State.STOPPED and not record.exported:
         outbox.export(g)
         retire(record)
-    record.unsynced = len(left)
-    record.save()
     return f"{len(left)} unsynced change(s); `vmsandbox pull {record.name}` or `vmsandbox recover {record.name}`"

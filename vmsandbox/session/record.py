@@ -11,7 +11,6 @@ import secrets
 import time
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any
 
 from vmsandbox import paths, pids
 from vmsandbox.egress.netpolicy import Mode
@@ -161,10 +160,3 @@ def names() -> list[str]:
     if not root.is_dir():
         return []
     return sorted(d.name for d in root.iterdir() if d.is_dir() and not d.name.startswith("."))
-
-
-def as_json(value: Any) -> Any:
-    """A record field as JSON (enums as their values, ports as mappings)."""
-    if isinstance(value, tuple) and value and isinstance(value[0], Publish):
-        return [p.as_dict() for p in value]
-    return value

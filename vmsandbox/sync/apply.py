@@ -85,12 +85,7 @@ def read_nofollow(root: Path, rel: str, *, limit: int) -> bytes | None:
     if fd is None:
         return None
     try:
-        if os.fstat(fd).st_size > limit:
-            return None
-        data = bytearray()
-        while len(data) <= limit and (chunk := os.read(fd, tree.CHUNK)):
-            data += chunk
-        return None if len(data) > limit else bytes(data)
+        return tree.read_at_most(fd, limit)
     finally:
         os.close(fd)
 

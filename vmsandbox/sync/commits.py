@@ -151,9 +151,7 @@ def git_argv(project: Path) -> list[str]:
 
 def git_env(who: Identity | None) -> dict[str, str]:
     return {
-        "PATH": "/usr/sbin:/usr/bin:/sbin:/bin",
-        "HOME": who.home if who is not None else "/root",
-        "LC_ALL": "C.UTF-8",
+        **confine.clean_env(who),
         "GIT_CONFIG_NOSYSTEM": "1",
         "GIT_CONFIG_GLOBAL": "/dev/null",
         "GIT_TERMINAL_PROMPT": "0",

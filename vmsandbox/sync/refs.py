@@ -54,10 +54,10 @@ def _read_small(dir_fd: int, name: str, limit: int) -> str | None:
     if fd is None:
         return None
     try:
-        data = os.read(fd, limit + 1)
+        data = tree.read_at_most(fd, limit)
     finally:
         os.close(fd)
-    return None if len(data) > limit else data.decode("ascii", "replace")
+    return None if data is None else data.decode("ascii", "replace")
 
 
 def _loose_refs(gitdir: Path) -> Iterator[tuple[str, str]]:

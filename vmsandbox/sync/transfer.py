@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from vmsandbox import proc
+from vmsandbox import confine, proc
 from vmsandbox.confine import Identity, Limits
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.guest.ssh import Endpoint
@@ -69,11 +69,6 @@ class Side:
     limits: Limits | None
     cwd: Path
 
-    def env(self) -> dict[str, str]:
-        """A minimal environment: nothing of ours (HOME, SSH_AUTH_SOCK …) leaks to the unprivileged side."""
-        home = self.as_user.home if self.as_user is not None else "/nonexistent"
-        return {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "HOME": home, "LC_ALL": "C.UTF-8"}
-
 
 def rsync(
     endpoint: Endpoint,
@@ -100,7 +95,7 @@ def rsync(
             ["rsync", *options, "--blocking-io", "-e", relay_shell(theirs.fileno()), source, dest],
             stdin=proc.PIPE if input is not None else proc.DEVNULL,
             cwd=side.cwd,
-            env=side.env(),
+            env=confine.clean_env(side.as_user),
             as_user=side.as_user,
             limits=side.limits,
             pass_fds=(theirs.fileno(),),

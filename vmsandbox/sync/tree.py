@@ -69,6 +69,16 @@ def chunks(fd: int) -> Iterator[bytes]:
         yield data
 
 
+def read_at_most(fd: int, limit: int) -> bytes | None:
+    """The whole content of fd if it is at most `limit` bytes, else None (never reads much more)."""
+    if os.fstat(fd).st_size > limit:
+        return None
+    data = bytearray()
+    while len(data) <= limit and (chunk := os.read(fd, min(CHUNK, limit + 1 - len(data)))):
+        data += chunk
+    return None if len(data) > limit else bytes(data)
+
+
 def fd_digest(fd: int) -> str:
     h = hashlib.sha256()
     for data in chunks(fd):

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import grp
 import os
-import pwd
 import stat
 import time
 from collections.abc import Iterator
@@ -29,14 +28,6 @@ def kvm_permissions_ok(device: Path = KVM_DEVICE) -> bool:
     return st.st_gid == kvm_gid and stat.S_IMODE(st.st_mode) & 0o660 == 0o660
 
 
-def account_exists() -> bool:
-    try:
-        pwd.getpwnam(confine.ACCOUNT)
-    except KeyError:
-        return False
-    return True
-
-
 def _daemon_running(name: str) -> bool:
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
@@ -52,7 +43,7 @@ def setup(uri: str) -> Iterator[str]:
     """Bring the host to the state a session needs; yields a line per action taken."""
     if os.geteuid() != 0:
         raise VmsandboxError("host set-up needs root", hint="run `sudo vmsandbox host setup`")
-    if not account_exists():
+    if confine.account() is None:
         proc.run(
             [
                 "useradd",
