@@ -239,6 +239,52 @@ def test_commits_through_alternates_are_refused(cli: Cli, name: str, project: Pa
     guest(cli, name, f"rm {project!s}/.git/objects/info/alternates {project!s}/.git/refs/heads/steal2")
 
 
+def test_a_corrupt_object_and_a_commondir_from_the_guest_are_refused(cli: Cli, name: str, project: Path) -> None:
+    made = cli.run(
+        "exec",
+        name,
+        "--",
+        "sh",
+        "-ec",
+        f"cd {project!s}; oid=$(printf 'not a commit' | git hash-object -w --literally -t commit --stdin); "
+        "echo $oid > .git/refs/heads/broken; echo $oid",
+    )
+    assert made.returncode == 0, made.stderr.decode()
+    oid = made.stdout.decode().split()[-1]
+    try:
+        text = cli.run("pull", name, "--yes").stderr.decode()
+        assert "refs/heads/broken could not be fetched" in text, text
+        assert git(project, "cat-file", "-e", oid, check=False).returncode != 0  # never entered the user's repo
+        assert "broken" not in git(project, "for-each-ref", "--format=%(refname)").stdout
+        guest(cli, name, f"echo /etc > {project!s}/.git/commondir")
+        text = cli.run("pull", name, "--yes").stderr.decode()
+        assert "commondir" in text and "refused" in text, text
+    finally:
+        guest(cli, name, f"rm -f {project!s}/.git/commondir {project!s}/.git/refs/heads/broken")
+
+
+def test_a_pull_takes_no_more_than_its_budget(cli: Cli, name: str, project: Path, tmp_path: Path) -> None:
+    """With `sync_limit: 1M`: a 3 MB file stops the fetch (the receiver may not write it), and three 600 kB
+    files stop the apply before anything is written (they add up to more than the budget)."""
+    config = tmp_path / "config"
+    config.mkdir()
+    (config / "config.yaml").write_text("sync_limit: 1M\n")
+    env = cli.env(VMSANDBOX_CONFIG_DIR=str(config))
+    guest(cli, name, "mkdir -p budget && head -c 3000000 /dev/urandom > budget/huge.bin")
+    try:
+        r = cli.run("pull", name, "--yes", "budget", env=env)
+        assert r.returncode == 125, r.stderr.decode()
+        assert b"larger than the 1 MiB a sync takes per file" in r.stderr
+        assert not (project / "budget").exists()
+        guest(cli, name, "rm budget/huge.bin; for i in 1 2 3; do head -c 600000 /dev/urandom > budget/f$i; done")
+        r = cli.run("pull", name, "--yes", "budget", env=env)
+        assert r.returncode == 125, r.stderr.decode()
+        assert b"more than the 1 MiB a sync takes at once; nothing was applied" in r.stderr
+        assert not any((project / "budget").glob("f*"))
+    finally:
+        guest(cli, name, "rm -rf budget")
+
+
 def test_a_git_dir_pointing_at_a_host_repository_is_never_read(
     cli: Cli, name: str, project: Path, foreign: tuple[Path, str]
 ) -> None:

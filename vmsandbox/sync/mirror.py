@@ -66,7 +66,7 @@ def _explained(exc: proc.CommandError, max_file_bytes: int) -> VmsandboxError:
     text = exc.result.stderr
     if "File too large" in text or exc.result.returncode in (-25, 128 + 25):  # EFBIG / SIGXFSZ
         return VmsandboxError(
-            f"a file in the guest is larger than the {max_file_bytes // 1024**3} GiB a sync takes per file: "
+            f"a file in the guest is larger than the {max_file_bytes // 1024**2} MiB a sync takes per file: "
             + exc.message,
             hint="remove or shrink it in the guest (`vmsandbox shell NAME`), or raise `sync_limit` in "
             "~/.config/vmsandbox/config.yaml",
