@@ -7,7 +7,17 @@ Off unless turned on through the environment:
     VMSANDBOX_FAILPOINTS="pull.apply=kill-after:15"    # die at the 16th hit of pull.apply
 
 Names (each is hit where the code says `failpoint.hit(NAME)`):
-    pull.apply      before each change a pull applies
+    run.capture     after the baseline copy, before the workspace disk is made
+    run.boot        the domain created, before the wait for its sshd
+    run.egress      the egress daemon spawned, before its door is open
+    run.gather      the guest's files fetched to the mirror, before they are compared
+    pull.apply      before each change a pull (or recover, or run's review) applies
+    apply.chunk     before each chunk of a file written into the project or the outbox (mid-file)
+    export.item     before each change exported to the outbox
+    push.send       before the project is sent into the guest
+    destroy.stop    the egress daemon stopped, before the domain is destroyed
+    image.bootstrap debootstrap done, before the rootfs is configured
+    image.convert   the raw filesystem made, before it is converted to qcow2
 """
 
 from __future__ import annotations
@@ -16,7 +26,21 @@ import os
 import signal
 
 ENV = "VMSANDBOX_FAILPOINTS"
-POINTS = frozenset({"pull.apply"})
+POINTS = frozenset(
+    {
+        "run.capture",
+        "run.boot",
+        "run.egress",
+        "run.gather",
+        "pull.apply",
+        "apply.chunk",
+        "export.item",
+        "push.send",
+        "destroy.stop",
+        "image.bootstrap",
+        "image.convert",
+    }
+)
 _hits: dict[str, int] = {}
 
 

@@ -94,6 +94,11 @@ def sessions_dir() -> Path:
     return state_dir() / "sessions"
 
 
+def failed_boots_dir() -> Path:
+    """Consoles of boots that failed, kept after their session is gone."""
+    return state_dir() / "failed-boots"
+
+
 @dataclass(frozen=True)
 class SessionPaths:
     """The files of one session directory."""

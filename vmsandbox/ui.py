@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 from rich.console import Console
@@ -26,17 +26,21 @@ def warn(message: str) -> None:
     log.warning(message)
 
 
+Detail = Callable[[str], None]
+
+
 @contextmanager
-def step(title: str) -> Iterator[None]:
-    """A timed step: a live spinner on a terminal, one line when it is done (or failed)."""
+def step(title: str) -> Iterator[Detail]:
+    """A timed step: a live spinner on a terminal, one line when it is done (or failed). It yields a function
+    that shows how far the step got beside the spinner (`with ui.step(...) as detail: detail("kernel")`)."""
     start = time.monotonic()
     log.info("step: %s", title)
     try:
         if err.is_terminal:
-            with err.status(f"{title}…", spinner="dots"):
-                yield
+            with err.status(f"{title}…", spinner="dots") as status:
+                yield lambda text: status.update(f"{title}… [dim]{printable(text)}[/]")
         else:
-            yield
+            yield lambda text: log.info("step: %s: %s", title, text)
     except BaseException:
         err.print(f"[red]✗[/] {title} [dim]({time.monotonic() - start:.1f}s)[/]")
         raise

@@ -22,10 +22,10 @@ from pathlib import Path
 
 import pytest
 
-from vmsandbox import paths
+from vmsandbox import paths, ui
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.image import build, store
-from vmsandbox.session import create, lifecycle
+from vmsandbox.session import boot, create, lifecycle
 from vmsandbox.session.config import Settings
 from vmsandbox.session.options import Options
 from vmsandbox.session.record import DOMAIN_PREFIX, Record
@@ -94,11 +94,38 @@ def state_dir() -> Iterator[Path]:
             owner = session_of(xml) if xml else None
             if owner is not None and d in owner[1].parents:
                 hv.destroy(info.name)
+    _keep_failed_boots(d)
     if old is None:
         del os.environ["VMSANDBOX_STATE_DIR"]
     else:
         os.environ["VMSANDBOX_STATE_DIR"] = old
     shutil.rmtree(d, ignore_errors=True)
+
+
+def _keep_failed_boots(state: Path) -> None:
+    """The consoles the product kept of boots that failed (failed-boots/ in the state dir, which this run
+    deletes) go where CI prints them: LOG_KEEP_DIR, listed at the end of the run."""
+    for log_file in sorted((state / "failed-boots").glob("*.console.log")):
+        LOG_KEEP_DIR.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(log_file, LOG_KEEP_DIR / log_file.name)
+        KEPT.append(LOG_KEEP_DIR / log_file.name)
+
+
+KEPT: list[Path] = []
+KEPT_TAIL_LINES = 25
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """Every serial console kept during the run, with its last lines: a failed boot explains itself in CI's
+    own output, even when the machine is gone."""
+    if not KEPT:
+        return
+    terminalreporter.section("serial consoles kept")
+    for kept in KEPT:
+        lines = kept.read_text(errors="replace").splitlines()[-KEPT_TAIL_LINES:]
+        terminalreporter.write_line(f"{kept} (last {len(lines)} lines):")
+        for line in lines:
+            terminalreporter.write_line("    " + ui.printable(boot.plain(line), markup=False))
 
 
 @pytest.fixture
@@ -174,6 +201,7 @@ def keep_console_on_failure(request: pytest.FixtureRequest, name: str) -> None:
             LOG_KEEP_DIR.mkdir(parents=True, exist_ok=True)
             kept = LOG_KEEP_DIR / f"{request.node.name}-{name}.console.log"
             shutil.copyfile(log_file, kept)
+            KEPT.append(kept)
             print(f"\nserial console of {name} kept at {kept}")
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 
@@ -57,3 +58,34 @@ def test_interrupted_build(sig: signal.Signals, cli: Cli, tmp_path: Path, base_i
         assert p.returncode == (130 if sig is signal.SIGINT else 128 + sig), err.decode()
     assert list(images.glob(".tmp-*")) == []
     assert store.mounts_under(data) == []
+
+
+def test_build_killed_in_conversion_then_rebuilt_and_kept_while_in_use(
+    cli: Cli, base_image: store.Image, owned_name: str, project: Path
+) -> None:
+    """Killed between the filesystem and the qcow2: no image listed; the next build cleans up and finishes; a
+    forced rebuild of an image a session uses is refused (it would change the disk under the session)."""
+    data = Path(tempfile.mkdtemp(prefix="vmsandbox-it-data-", dir="/var/tmp"))
+    try:
+        data.chmod(0o755)  # libvirt's QEMU user reads the image
+        (data / "images").mkdir()
+        (data / "cache").symlink_to(paths.cache_dir())  # reuse the downloaded packages
+        env = cli.env(VMSANDBOX_DATA_DIR=str(data))
+        images = data / "images"
+        k = cli.run("image", "build", env={**env, "VMSANDBOX_FAILPOINTS": "image.convert=kill-after:0"}, timeout=900)
+        assert k.returncode == -9, k.stderr.decode()
+        assert json.loads(cli.run("image", "ls", "--json", env=env).stdout) == []
+        assert list(images.glob(".tmp-*"))
+        b = cli.run("image", "build", env=env, timeout=900)
+        assert b.returncode == 0, b.stderr.decode()
+        (built,) = json.loads(cli.run("image", "ls", "--json", env=env).stdout)
+        assert list(images.glob(".tmp-*")) == [] and store.mounts_under(data) == []
+        r = cli.run("run", "--keep", "--name", owned_name, str(project), "--", "true", env=env)
+        assert r.returncode == 0, r.stderr.decode()
+        f = cli.run("image", "build", "--force", env=env, timeout=900)
+        assert f.returncode == 125
+        assert f"in use by: session {owned_name}".encode() in f.stderr, f.stderr.decode()
+        assert json.loads(cli.run("image", "ls", "--json", env=env).stdout) == [built]
+        assert cli.run("destroy", owned_name, env=env).returncode == 0
+    finally:
+        store.remove_tree(data)

@@ -110,7 +110,11 @@ def test_boot_timeout_reports_the_console(cli: Cli, owned_name: str, project: Pa
     assert r.returncode == 125
     err = r.stderr.decode()
     assert "did not answer on SSH within 3 s" in err
+    assert "the boot got as far as: " in err  # how far, read from the console (which stage depends on the host)
     assert "Last lines of the console" in err
+    kept = Path(err.split("the console is kept at ")[1].split(";")[0])
+    assert kept.parent == cli.state_dir / "failed-boots" and kept.stat().st_size > 0  # outlives the session
+    kept.unlink()  # a deliberate failure: not one for CI's list of kept consoles
     assert_gone(owned_name)
 
 

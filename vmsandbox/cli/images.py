@@ -26,7 +26,7 @@ def image_build(
 ) -> None:
     """Build the base image locally from Debian packages, or a blueprint's thin layer on it (needs root)."""
     from vmsandbox.image import build, recipe
-    from vmsandbox.session import config
+    from vmsandbox.session import config, images
 
     if blueprint_name is not None:
         _build_blueprint(blueprint_name, force=force)
@@ -36,7 +36,7 @@ def image_build(
     certs = f" (trusting {len(wanted.ca_certs)} host CA certificate(s))" if wanted.ca_certs else ""
     ui.info(f"Base image {wanted.version}{certs}")
     start = time.monotonic()
-    built, did_build = build.build(force=force, recipe=wanted)
+    built, did_build = build.build(force=force, recipe=wanted, in_use=images.users_of)
     if did_build:
         ui.info(f"[green]Built[/] {built.version} in {time.monotonic() - start:.0f}s → {built.path}")
     else:

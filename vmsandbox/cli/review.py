@@ -143,19 +143,20 @@ def conduct(record: Record, plan: Plan, *, yes: bool, include_risky: bool) -> Ou
 
 def review_session(name: str, *, yes: bool, include_risky: bool, dry_run: bool = False, only: list[str]) -> int:
     """pull/recover: review, apply what is decided, report; the number of changes left (0 for a dry run)."""
-    from vmsandbox.session import lifecycle
+    from vmsandbox.session import lifecycle, lock
     from vmsandbox.session.record import Record
 
     record = Record.load(name)
-    plan = lifecycle.review(record, limit=sync_limit(), only=only)
-    if dry_run:
-        if show(plan):
-            ui.info(f"Dry run: {len(plan.todo)} change(s) pending; nothing written.")
-        return 0
-    outcome = conduct(record, plan, yes=yes, include_risky=include_risky)
-    if lifecycle.settle(record, outcome):
-        ui.info(f"Every change of session {name} is dealt with; the session is removed.")
-    return outcome.left
+    with lock.held(record.files, name, "reviewing the changes of"):
+        plan = lifecycle.review(record, limit=sync_limit(), only=only)
+        if dry_run:
+            if show(plan):
+                ui.info(f"Dry run: {len(plan.todo)} change(s) pending; nothing written.")
+            return 0
+        outcome = conduct(record, plan, yes=yes, include_risky=include_risky)
+        if lifecycle.settle(record, outcome):
+            ui.info(f"Every change of session {name} is dealt with; the session is removed.")
+        return outcome.left
 
 
 Paths = Annotated[list[str] | None, typer.Argument(help="Only these paths (files or directories).")]
@@ -188,13 +189,14 @@ def recover(name: SessionName, yes: ApplySafe = False, include_risky: IncludeRis
 @app.command()
 def push(name: SessionName) -> None:
     """Send host edits made during the session into the guest, never over a change the guest made."""
-    from vmsandbox.session import state
+    from vmsandbox.session import lock, state
     from vmsandbox.session.record import Record
     from vmsandbox.sync import push as pushing
 
     record = Record.load(name)
     state.usable(record)
-    pushed, conflicts = pushing.push(record.target(), record.endpoint(), limit=sync_limit())
+    with lock.held(record.files, name, "pushing into"):
+        pushed, conflicts = pushing.push(record.target(), record.endpoint(), limit=sync_limit())
     for path in pushed:
         ui.err.print(f"  [green]pushed[/] {ui.printable(path)}")
     for path in conflicts:

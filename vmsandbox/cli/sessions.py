@@ -131,19 +131,20 @@ def destroy(
     discard: Annotated[bool, typer.Option("--discard", help="Destroy and throw unsynced changes away.")] = False,
 ) -> None:
     """Destroy a session's VM and remove its files — never silently losing unsynced changes."""
-    from vmsandbox.session import lifecycle
+    from vmsandbox.session import config, lifecycle, lock
     from vmsandbox.session.record import Record, validate_name
 
     try:
         record = Record.load(name)
     except VmsandboxError:
-        if force or discard:
-            removed = lifecycle.remove_damaged(validate_name(name))
+        if discard:
+            removed = lifecycle.remove_damaged(validate_name(name), config.load().libvirt_uri)
             if removed is not None:
                 ui.info(f"Removed the damaged session directory {removed}")
                 return
         raise
-    end = lifecycle.destroy(record, force=force, discard=discard, limit=sync_limit())
+    with lock.held(record.files, name, "destroying"):
+        end = lifecycle.destroy(record, force=force, discard=discard, limit=sync_limit())
     ui.info(f"[green]✓[/] Destroyed {record.domain}")
     if end.outbox is not None:
         ui.info(f"{end.left} unsynced change(s) exported to {end.outbox}")

@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from vmsandbox import paths, pids, proc
+from vmsandbox import failpoint, paths, pids, proc
 from vmsandbox.egress.ports import Publish
 from vmsandbox.errors import VmsandboxError
 
@@ -104,6 +104,7 @@ def start(spec: Spec, files: paths.SessionPaths, *, timeout: float = START_TIMEO
     argv = [sys.executable, "-m", "vmsandbox.egress.daemon", spec.session]
     pid = proc.spawn_detached(argv, log_file=files.egress_log)
     start_time = pids.process_start(pid)
+    failpoint.hit("run.egress")
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         st = daemon_state(files)

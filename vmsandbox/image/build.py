@@ -9,9 +9,10 @@ import os
 import shlex
 import shutil
 import time
+from collections.abc import Callable
 from pathlib import Path
 
-from vmsandbox import paths, proc, ui
+from vmsandbox import failpoint, paths, proc, ui
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.image.recipe import Recipe, load_recipe
 from vmsandbox.image.store import PREFIX, Image, build_in_place, get_image_at, remove_tree
@@ -37,7 +38,12 @@ def _require_build_host(root: Path) -> None:
 
 
 def build(
-    *, force: bool = False, trust_host_ca: bool = True, recipe: Recipe | None = None, images_dir: Path | None = None
+    *,
+    force: bool = False,
+    trust_host_ca: bool = True,
+    recipe: Recipe | None = None,
+    images_dir: Path | None = None,
+    in_use: Callable[[str], list[str]] | None = None,
 ) -> tuple[Image, bool]:
     """Build the base image for the current recipe. Returns (image, built): built is False for a no-op."""
     recipe = recipe or load_recipe(trust_host_ca=trust_host_ca)
@@ -49,7 +55,8 @@ def build(
     if final.exists() and not force:
         return get_image_at(final), False
     _require_build_host(root)
-    built = build_in_place(root, final, lambda work: _build_into(recipe, work), force=force)
+    users = (lambda: in_use(version)) if in_use else list
+    built = build_in_place(root, final, lambda work: _build_into(recipe, work), force=force, in_use=users)
     return get_image_at(final), built
 
 
@@ -71,6 +78,7 @@ def _build_into(recipe: Recipe, work: Path) -> None:
             ],
             hint=f"check that the mirror {recipe.mirror} is reachable (`apt-get update` on this host)",
         )
+    failpoint.hit("image.bootstrap")
     with ui.step("Configuring the guest (CA certificates, units, sshd, masks)"):
         _customise(recipe, rootfs)
     packages = _package_list(rootfs)
@@ -86,6 +94,7 @@ def _build_into(recipe: Recipe, work: Path) -> None:
             hint="is the recipe's filesystem_mib big enough for the packages?",
         )
         remove_tree(rootfs)
+        failpoint.hit("image.convert")
         disk = work / paths.IMAGE_DISK
         qemuimg.convert_to_qcow2(raw, disk)
         raw.unlink()

@@ -143,18 +143,29 @@ def remove_stale(root: Path) -> list[Path]:
     return stale
 
 
-def build_in_place(root: Path, final: Path, build_into: Callable[[Path], None], *, force: bool) -> bool:
+def build_in_place(
+    root: Path,
+    final: Path,
+    build_into: Callable[[Path], None],
+    *,
+    force: bool,
+    in_use: Callable[[], list[str]] = list,
+) -> bool:
     """Under the build lock, build into a `.tmp-*` directory beside `final` and rename it into place, so a
     half-built image is never listed or used. False when `final` exists (another build may have finished it
-    while we waited for the lock) and force is not set."""
+    while we waited for the lock) and force is not set. A forced rebuild never replaces an image that
+    `in_use()` names users of (sessions' overlays and layers rest on its exact bytes): checked before the
+    build and again at the swap (sessions record their image before they make their overlay)."""
     with build_lock(root):
         if final.exists() and not force:
             return False
+        _refuse_if_used(final, in_use)
         remove_stale(root)
         work = Path(tempfile.mkdtemp(prefix=TMP_PREFIX, dir=root))
         try:
             with confine.umask(0o022):  # an image is for every account (QEMU's, the guest's users)
                 build_into(work)
+            _refuse_if_used(final, in_use)
             if final.exists():
                 old = root / f"{TMP_PREFIX}old-{final.name}"
                 final.rename(old)
@@ -163,6 +174,16 @@ def build_in_place(root: Path, final: Path, build_into: Callable[[Path], None], 
         finally:
             remove_tree(work)
     return True
+
+
+def _refuse_if_used(final: Path, in_use: Callable[[], list[str]]) -> None:
+    users = in_use() if final.exists() else []
+    if users:
+        raise VmsandboxError(
+            f"{final.name} is in use by: {', '.join(users)}; rebuilding it would change the disk under them",
+            hint="destroy those sessions (`vmsandbox destroy NAME`) and remove those blueprint images "
+            "(`vmsandbox image rm VERSION`) first; a changed recipe builds a new version beside it instead",
+        )
 
 
 def get_image_at(path: Path, *, prefix: str = PREFIX) -> Image:

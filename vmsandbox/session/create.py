@@ -8,7 +8,7 @@ import pwd
 import shutil
 from pathlib import Path
 
-from vmsandbox import confine, paths, pids, ui
+from vmsandbox import confine, failpoint, paths, pids, ui
 from vmsandbox.egress import control, policy, ports
 from vmsandbox.egress.policy import Request
 from vmsandbox.errors import VmsandboxError
@@ -18,6 +18,7 @@ from vmsandbox.guest.files import GuestUser
 from vmsandbox.image import blueprint as blueprint_mod
 from vmsandbox.image import store
 from vmsandbox.image.blueprint import Blueprint
+from vmsandbox.session import boot
 from vmsandbox.session.config import Settings
 from vmsandbox.session.options import Options
 from vmsandbox.session.record import Phase, Record, default_name, validate_name, validate_project
@@ -29,6 +30,7 @@ from vmsandbox.vm.domain import DomainSpec, Forward, build_xml
 from vmsandbox.vm.virt import Hypervisor, PortTakenError, gone
 
 PORT_ATTEMPTS = 4
+BOOT_TAIL_LINES = 15
 
 
 def create(opts: Options) -> Record:
@@ -200,19 +202,47 @@ def _boot(record: Record, image: store.Image, hv: Hypervisor, boot_timeout: int)
             hint="too many ports on 127.0.0.1 are taken; free some and retry",
         )
     record.save()
+    _wait_for_ssh(record, hv, boot_timeout)
+    record.save()
 
-    def alive() -> str | None:
-        return "the VM powered off or crashed" if gone(hv.info(record.domain)) else None
 
-    with ui.step(f"Booting {record.domain} ({record.accel.upper()}, {record.cpus} vCPU, {record.memory_mib} MiB)"):
+def _wait_for_ssh(record: Record, hv: Hypervisor, boot_timeout: int) -> None:
+    """Wait for the guest's sshd, showing how far the boot got; a failed boot says where it stopped, what the
+    host gave it, and where its console is kept."""
+    if record.accel == accel_mod.Accel.TCG.value and (busy := boot.busy_warning()):
+        ui.warn(busy)
+    watch = boot.Watch(record.files.console_log, hv.cpu_seconds(record.domain) or 0.0)
+    failpoint.hit("run.boot")
+    title = f"Booting {record.domain} ({record.accel.upper()}, {record.cpus} vCPU, {record.memory_mib} MiB)"
+    with ui.step(title) as detail:
+
+        def alive() -> str | None:
+            if gone(hv.info(record.domain)):
+                return "the VM powered off or crashed"
+            if (stage := watch.advanced()) is not None:
+                detail(stage.name.lower())
+            if starving := watch.starving(hv.cpu_seconds(record.domain)):
+                ui.warn(f"the boot is slow: {starving}")
+            return None
+
         try:
             record.boot_seconds = round(ssh.wait_for_banner(record.ssh_port, timeout=boot_timeout, alive=alive), 1)
         except VmsandboxError as exc:
-            raise VmsandboxError(
-                f"{exc.message}. Last lines of the console:\n{console_tail(record.name)}",
-                hint=f"the full console log is in {files.console_log}",
-            ) from exc
-    record.save()
+            raise _boot_failed(record, exc, watch.cpu(hv.cpu_seconds(record.domain))) from exc
+
+
+def _boot_failed(record: Record, exc: VmsandboxError, cpu: boot.Cpu | None) -> VmsandboxError:
+    text = boot.read(record.files.console_log)
+    lines = [f"{exc.message}; the boot got as far as: {boot.stage_of(text).described}"]
+    if cpu is not None and (verdict := cpu.verdict()):
+        lines.append(f"({verdict})")
+    if found := boot.trouble(text):
+        lines.append("The console reports:\n" + "\n".join(f"  {t}" for t in found))
+    lines.append("Last lines of the console:\n" + boot.plain(console_tail(record.name, lines=BOOT_TAIL_LINES)))
+    kept = boot.keep(record.files.console_log, record.name)
+    where = f"the console is kept at {kept}" if kept else "the guest wrote no console"
+    hint = f"{where}; on a busy host raise boot_timeout (config) or run fewer sessions at once"
+    return VmsandboxError("\n".join(lines), hint=hint)
 
 
 def daemon_spec(record: Record) -> control.Spec:

@@ -22,6 +22,7 @@ from vmsandbox.image import layers, store
 from vmsandbox.image.blueprint import Blueprint
 from vmsandbox.image.layers import BUILD_HOSTS, CLEANUP, PREFIX, REGISTRY, node_script, package_name, pick_release
 from vmsandbox.session import config, create, lifecycle, state
+from vmsandbox.session.images import users_of
 from vmsandbox.session.options import Options
 from vmsandbox.session.record import Record
 from vmsandbox.vm import qemuimg
@@ -59,7 +60,9 @@ def build_layer(bp: Blueprint, *, force: bool = False) -> tuple[store.Image, boo
     final = root / f"{PREFIX}{version}"
     if final.is_dir() and not force:
         return store.get_image_at(final, prefix=PREFIX), False
-    built = store.build_in_place(root, final, lambda work: _build_into(bp, base, version, work), force=force)
+    built = store.build_in_place(
+        root, final, lambda work: _build_into(bp, base, version, work), force=force, in_use=lambda: users_of(version)
+    )
     return store.get_image_at(final, prefix=PREFIX), built
 
 

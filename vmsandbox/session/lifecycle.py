@@ -15,10 +15,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from vmsandbox import paths
+from vmsandbox import failpoint, paths
 from vmsandbox.egress import control
 from vmsandbox.errors import VmsandboxError
-from vmsandbox.session.record import DOMAIN_PREFIX, Record, State, names
+from vmsandbox.session import lock
+from vmsandbox.session.record import DOMAIN_PREFIX, Phase, Record, State, names
 from vmsandbox.session.state import is_running, status
 from vmsandbox.sync import changes, outbox, plan
 from vmsandbox.sync.changes import Gathered
@@ -97,11 +98,15 @@ def destroy(record: Record, *, force: bool, discard: bool, limit: int) -> End:
     return finish(record, g)
 
 
-def remove_damaged(name: str) -> Path | None:
-    """Remove a session directory whose record cannot be read. Its path, if there was one."""
+def remove_damaged(name: str, uri: str) -> Path | None:
+    """Remove a session whose record cannot be read: its egress daemon, its VM (found by name at `uri`)
+    and its directory. The directory's path, if there was one."""
     files = paths.session_paths(name)
     if not files.root.is_dir():
         return None
+    control.stop(files)
+    with Hypervisor(uri) as hv:
+        hv.destroy(DOMAIN_PREFIX + name)
     shutil.rmtree(files.root)
     return files.root
 
@@ -109,6 +114,7 @@ def remove_damaged(name: str) -> Path | None:
 def _stop(record: Record) -> None:
     """The session's egress daemon and its VM, gone."""
     control.stop(record.files)
+    failpoint.hit("destroy.stop")
     with Hypervisor(record.libvirt_uri) as hv:
         hv.destroy(record.domain)
 
@@ -152,20 +158,28 @@ def gc(uri: str, *, limit: int) -> Iterator[str]:
             files = paths.session_paths(name)
             try:
                 record = Record.load(name)
-            except VmsandboxError:
-                if time.time() - files.root.stat().st_mtime > 60:  # not one being created right now
-                    shutil.rmtree(files.root, ignore_errors=True)
+            except VmsandboxError as exc:
+                if files.workspace_disk.exists():  # it may hold the guest's work: a person decides
+                    yield f"kept damaged session {name}: {exc.message}; `vmsandbox destroy {name} --discard` removes it"
+                elif time.time() - files.root.stat().st_mtime > 60:  # not one being created right now
+                    remove_damaged(name, uri)
                     yield f"removed damaged session directory {files.root}"
                 continue
             state = status(record, hv).state
             if state not in (State.STOPPED, State.ORPHANED):
                 continue
-            kept = _keeps_work(record, state, limit)
-            if kept is not None:
-                yield f"kept session {name} ({state}): {kept}"
+            try:
+                with lock.held(files, name, "cleaning up"):
+                    kept = _keeps_work(record, state, limit)
+                    if kept is None:
+                        remove(record)
+            except lock.BusyError as exc:
+                yield f"skipped {exc.message}"
                 continue
-            remove(record)
-            yield f"removed session {name} ({state})"
+            except VmsandboxError as exc:  # one session's trouble never stops the clean-up of the others
+                yield f"could not check session {name}: {exc.message}"
+                continue
+            yield f"kept session {name} ({state}): {kept}" if kept else f"removed session {name} ({state})"
         for info in list(hv.domains(DOMAIN_PREFIX)):
             xml = hv.xml(info.name)
             owner = session_of(xml) if xml else None
@@ -177,8 +191,9 @@ def gc(uri: str, *, limit: int) -> Iterator[str]:
 
 
 def _keeps_work(record: Record, state: State, limit: int) -> str | None:
-    """Why gc keeps this session (its unsynced changes), or None."""
-    if not record.files.baseline_manifest.exists():
+    """Why gc keeps this session (its unsynced changes), or None. A session that never got ready never ran a
+    command: nothing in it is anyone's work."""
+    if record.status is not Phase.READY or not record.files.baseline_manifest.exists():
         return None
     g, left = _pending(record, limit)
     if not left:

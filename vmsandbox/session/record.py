@@ -104,28 +104,49 @@ class Record:
         return self.owner_pid is not None and pids.process_start(self.owner_pid) == self.owner_start
 
     def save(self) -> None:
+        """Write the record, and then its copy (each atomically): one of them is whole whatever happens."""
         data = asdict(self)
         data["publish"] = [p.as_dict() for p in self.publish]
-        paths.write_atomically(self.files.record, json.dumps(data, indent=2, sort_keys=True) + "\n")
+        text = json.dumps(data, indent=2, sort_keys=True) + "\n"
+        paths.write_atomically(self.files.record, text)
+        paths.write_atomically(_copy_of(self.files.record), text)
 
     @classmethod
     def load(cls, name: str) -> Record:
+        """The session's record; from its copy (and mended) when the record itself is damaged."""
         record_file = paths.session_paths(name).record
         try:
-            data = json.loads(record_file.read_text())
-            known = {f.name for f in fields(cls)}
-            record = cls(**{k: v for k, v in data.items() if k in known})
-            record.status = Phase(record.status)
-            record.network = Mode(record.network)
-            record.publish = tuple(Publish.from_dict(p) for p in data.get("publish", []))
+            return cls._parse(record_file.read_text())
         except FileNotFoundError:
             raise VmsandboxError(f"no session named {name!r}", hint="list sessions with `vmsandbox ls`") from None
         except (ValueError, TypeError, KeyError) as exc:
+            damage = exc
+        try:
+            record = cls._parse(_copy_of(record_file).read_text())
+        except (OSError, ValueError, TypeError, KeyError):
             raise VmsandboxError(
-                f"the record of session {name} is damaged: {exc}",
-                hint=f"remove it with `vmsandbox destroy {name} --force`",
-            ) from exc
+                f"the record of session {name} ({record_file}) is damaged, and so is its copy: {damage}",
+                hint=f"its VM and workspace disk are left as they are; `vmsandbox destroy {name} --discard` removes "
+                "them (with any unsynced work in them)",
+            ) from damage
+        if record.name != name:
+            raise VmsandboxError(f"the record in {record_file.parent} names another session ({record.name})")
+        record.save()  # mended from the copy
         return record
+
+    @classmethod
+    def _parse(cls, text: str) -> Record:
+        data = json.loads(text)
+        known = {f.name for f in fields(cls)}
+        record = cls(**{k: v for k, v in data.items() if k in known})
+        record.status = Phase(record.status)
+        record.network = Mode(record.network)
+        record.publish = tuple(Publish.from_dict(p) for p in data.get("publish", []))
+        return record
+
+
+def _copy_of(record_file: Path) -> Path:
+    return record_file.with_name(record_file.name + ".copy")
 
 
 def validate_project(path: Path) -> Path:

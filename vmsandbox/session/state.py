@@ -3,18 +3,17 @@ its state for `ls`, whether its VM runs, and the end of its serial console."""
 
 from __future__ import annotations
 
-import contextlib
 import os
 import time
 from dataclasses import dataclass
 from typing import Any
 
-from vmsandbox import paths
+from vmsandbox import paths, ui
 from vmsandbox.egress import control
 from vmsandbox.egress.control import Door
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.session.record import Phase, Record, State, names
-from vmsandbox.vm.virt import Hypervisor, gone
+from vmsandbox.vm.virt import Hypervisor, UnreachableError, gone
 
 CONSOLE_TAIL_LINES = 30
 CONSOLE_TAIL_BYTES = 64 * 1024  # the guest writes the console: read only its end
@@ -71,8 +70,11 @@ def all_status(uri: str) -> list[Status]:
     found: list[Status] = []
     with Hypervisor(uri) as hv:
         for name in names():
-            with contextlib.suppress(VmsandboxError):
+            try:
                 found.append(status(Record.load(name), hv))
+            except VmsandboxError as exc:  # a damaged session is never hidden (one being made is skipped)
+                if paths.session_paths(name).record.exists():
+                    ui.warn(f"{exc.message} ({exc.hint})" if exc.hint else exc.message)
     return found
 
 
@@ -110,8 +112,14 @@ def console_tail(name: str, lines: int = CONSOLE_TAIL_LINES) -> str:
 def usable(record: Record) -> bool:
     """Raise (with the fix) unless the session's VM can take a command. True when its egress daemon had
     stopped, so the guest has no network until it is started again (create.open_egress)."""
-    with Hypervisor(record.libvirt_uri) as hv:
-        current = status(record, hv).state
+    try:
+        with Hypervisor(record.libvirt_uri) as hv:
+            current = status(record, hv).state
+    except UnreachableError as exc:  # QEMU runs on without libvirtd: the guest may well answer
+        if record.exported or record.status is not Phase.READY:
+            raise
+        ui.warn(f"{exc.message}; trying session {record.name} anyway")
+        current = State.RUNNING
     if current is State.EXPORTED:
         raise VmsandboxError(
             f"session {record.name} has no VM any more; its unsynced changes wait in its outbox",

@@ -21,6 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from vmsandbox import failpoint
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.sync import tree
 from vmsandbox.sync.compare import Change
@@ -129,6 +130,7 @@ def copy_sparse(src: int, dst: int) -> str:
     h = hashlib.sha256()
     size = 0
     for data in tree.chunks(src):
+        failpoint.hit("apply.chunk")
         h.update(data)
         view = memoryview(data)
         for at in range(0, len(data), HOLE_BLOCK):

@@ -9,10 +9,14 @@ starts as another copy of it, handed to the unprivileged guest-data account (mir
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import shutil
+import stat
 from pathlib import Path
 
-from vmsandbox import confine, paths, proc
+from vmsandbox import confine, failpoint, paths, proc
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.paths import SessionPaths
 from vmsandbox.sync import tree
@@ -20,16 +24,20 @@ from vmsandbox.vm import ext4
 
 HEADROOM_BYTES = 8 * 1024**3  # room for what the agent adds (dependencies, builds) on the sparse disk
 BYTES_PER_INODE = 8192
+COPIES = 3  # the baseline, the mirror of the guest's tree, and the workspace disk's data
+RESERVE_BYTES = 64 * 1024**2
 
 
 def capture(project: Path, files: SessionPaths) -> tree.Manifest:
     """Snapshot the project (tracked, untracked, ignored, .git) into the session; build the workspace disk."""
+    check_space(project, files.root)
     files.baseline.mkdir(mode=0o700)
     proc.run(
         ["cp", "-a", "--reflink=auto", f"{project}/.", files.baseline],
         hint="is the project readable, and is there space in the state directory?",
     )
     files.baseline.chmod(0o700)  # cp -a gave it the project's mode: keep the copy private
+    failpoint.hit("run.capture")
     manifest = tree.scan(files.baseline)
     paths.write_atomically(files.baseline_manifest, json.dumps(tree.to_json(manifest)))
     used = sum(e.size for e in manifest.values())
@@ -49,6 +57,30 @@ def capture(project: Path, files: SessionPaths) -> tree.Manifest:
     proc.run(["cp", "-a", "--reflink=auto", files.baseline, files.guest_tree])
     confine.hand_over(files.guest_tree, confine.guest_data_account())
     return manifest
+
+
+def project_bytes(project: Path) -> int:
+    """What the project's files hold (symlinks not followed, holes not counted)."""
+    total = 0
+    for _top, _dirs, names, top_fd in os.fwalk(project):
+        for name in names:
+            with contextlib.suppress(OSError):
+                st = os.stat(name, dir_fd=top_fd, follow_symlinks=False)
+                total += min(st.st_size, st.st_blocks * 512) if stat.S_ISREG(st.st_mode) else 0
+    return total
+
+
+def check_space(project: Path, where: Path) -> None:
+    """Before anything is copied: room for the baseline, the mirror and the workspace disk (without reflinks,
+    three copies of the project), plus a reserve."""
+    need = COPIES * project_bytes(project) + RESERVE_BYTES
+    free = shutil.disk_usage(where).free
+    if need > free:
+        raise VmsandboxError(
+            f"capturing {project} needs about {need / 1024**2:.0f} MiB in {where.parent} ({COPIES} copies of the "
+            f"project and a reserve); it has {free / 1024**2:.0f} MiB free",
+            hint="free space there, or point VMSANDBOX_STATE_DIR at a bigger disk",
+        )
 
 
 def baseline(files: SessionPaths) -> tree.Manifest:

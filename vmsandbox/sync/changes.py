@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from vmsandbox import paths, ui
+from vmsandbox import failpoint, paths, ui
 from vmsandbox.guest.ssh import Endpoint
 from vmsandbox.paths import SessionPaths
 from vmsandbox.sync import apply, capture, mirror, refs, tree
@@ -83,6 +83,7 @@ def gather(target: Target, *, endpoint: Endpoint | None, limit: int) -> Gathered
         with ui.step("Reading the workspace disk of the stopped VM"):
             guest = mirror.fetch_from_disk(files, max_file_bytes=limit)
         source, origin = files.guest_tree, Origin.DISK
+    failpoint.hit("run.gather")
     host = tree.scan(target.project)
     _remove_leftover_temporaries(target.project, host)
     changes = [c for c in compare(base, host, guest) if c.status is not Status.SAME]

@@ -11,7 +11,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from vmsandbox import ui
+from vmsandbox import failpoint, ui
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.sync import apply, changes, commits, refs
 from vmsandbox.sync.changes import BUNDLE, OUTBOX_FILES, OUTBOX_MANIFEST, OUTBOX_PATCH, OUTBOX_REFUSED, Gathered, Origin
@@ -34,6 +34,7 @@ def export(g: Gathered) -> Path:
     keeper = apply.Owner(os.geteuid(), os.getegid())
     manifest: dict[str, Any] = {}
     for c in apply.order(todo):
+        failpoint.hit("export.item")
         manifest[c.path] = c.guest.as_dict() if c.guest else None
         if c.guest is None:
             continue

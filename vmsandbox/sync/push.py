@@ -7,7 +7,7 @@ import os
 import shutil
 from pathlib import Path
 
-from vmsandbox import confine, paths, ui
+from vmsandbox import confine, failpoint, paths, ui
 from vmsandbox.guest.ssh import Endpoint
 from vmsandbox.sync import capture, mirror, transfer, tree
 from vmsandbox.sync.changes import Target
@@ -32,6 +32,7 @@ def push(target: Target, endpoint: Endpoint, *, limit: int) -> tuple[list[str], 
         # the host side reads the user's project as the user; the guest's rsync never talks to root here
         side = transfer.Side(confine.invoking_user(target.uid, target.gid), confine.GIT_LIMITS, target.project)
         with ui.step(f"Pushing {len(send)} host change(s) into the guest"):
+            failpoint.hit("push.send")
             transfer.rsync(
                 endpoint,
                 [

@@ -47,6 +47,10 @@ def gone(info: DomainInfo | None) -> bool:
     return info is None or info.stopped
 
 
+class UnreachableError(VmsandboxError):
+    """libvirtd does not answer (VMs it started keep running without it)."""
+
+
 class PortTakenError(VmsandboxError):
     """QEMU could not listen on a forwarded host port: another process took it since we chose it."""
 
@@ -63,7 +67,7 @@ class Hypervisor:
         try:
             self._conn = libvirt.open(uri)
         except libvirt.libvirtError as exc:
-            raise VmsandboxError(
+            raise UnreachableError(
                 f"cannot connect to libvirt at {uri}: {_message(exc)}",
                 hint="start it with `vmsandbox host setup` (or `virtlogd -d && libvirtd -d` as root), "
                 "then check with `vmsandbox doctor`",
@@ -115,6 +119,16 @@ class Hypervisor:
         except libvirt.libvirtError:
             return DomainInfo(dom.name(), "gone", None)
         return DomainInfo(dom.name(), _STATES.get(state, "unknown"), None)
+
+    def cpu_seconds(self, name: str) -> float | None:
+        """CPU time the domain's QEMU has used (all its threads), or None when it is not running."""
+        dom = self._lookup(name)
+        if dom is None:
+            return None
+        try:
+            return float(dom.info()[4]) / 1e9
+        except libvirt.libvirtError:
+            return None
 
     def domains(self, prefix: str) -> Iterator[DomainInfo]:
         for dom in self._conn.listAllDomains(0):

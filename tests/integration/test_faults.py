@@ -1,0 +1,292 @@
+"""The fault matrix: vmsandbox killed (SIGKILL, through a named fail-point) in each phase of its commands, the
+VM killed under a command, libvirtd restarted, the host's disks full, commands racing on one session, and a
+damaged session record. After each: nothing lost (every guest change applied whole, or in the outbox, or
+still in a live VM), no half-written file in the project, and after `gc`/`destroy` no domain, daemon, port
+or lock left. README's "When things go wrong" table states what these tests assert.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from vmsandbox import paths
+from vmsandbox.session import lock
+from vmsandbox.session.record import DOMAIN_PREFIX
+from vmsandbox.sync.apply import TMP_PREFIX
+from vmsandbox.vm.virt import Hypervisor
+
+from .conftest import URI, Cli, assert_gone, wait_for
+
+BIG = "head -c 3000000 /dev/urandom > big.bin"  # three chunks: a kill at the second is mid-file
+
+
+def killed_at(point: str, after: int = 0) -> dict[str, str]:
+    return {"VMSANDBOX_FAILPOINTS": f"{point}=kill-after:{after}"}
+
+
+def sha(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def guest_sha(cli: Cli, name: str, rel: str) -> str:
+    r = cli.run("exec", name, "--", "sha256sum", rel)
+    assert r.returncode == 0, r.stderr.decode()
+    return r.stdout.decode().split()[0]
+
+
+def temporaries(project: Path) -> list[Path]:
+    return [p for p in project.rglob("*") if p.name.startswith(TMP_PREFIX)]
+
+
+def state_of(cli: Cli, name: str) -> str | None:
+    rows = [row for row in cli.ls() if row["name"] == name]
+    return str(rows[0]["state"]) if rows else None
+
+
+def gc_line(cli: Cli, name: str) -> str:
+    r = cli.run("gc")
+    assert r.returncode == 0, r.stderr.decode()
+    lines = [line for line in r.stderr.decode().splitlines() if f" {name} " in line or f" {name}:" in line]
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------- `run` killed in each phase
+
+
+@pytest.mark.parametrize("point", ["run.capture", "run.boot", "run.egress"])
+def test_run_killed_before_the_command_leaves_nothing_after_gc(
+    cli: Cli, owned_name: str, project: Path, point: str
+) -> None:
+    before = {p.name: sha(p) for p in project.iterdir()}
+    r = cli.run("run", "--name", owned_name, str(project), "--", "touch", "never", env=cli.env(**killed_at(point)))
+    assert r.returncode == -9, r.stderr.decode()
+    assert state_of(cli, owned_name) in ("orphaned", "stopped")
+    time.sleep(2)  # a daemon spawned just before the kill gets to write its state
+    assert "removed session" in gc_line(cli, owned_name)
+    assert_gone(owned_name)
+    assert {p.name: sha(p) for p in project.iterdir()} == before  # the guest never ran anything
+
+
+@pytest.mark.parametrize(
+    ("point", "after"),
+    [("run.gather", 0), ("apply.chunk", 1), ("export.item", 0)],
+    ids=["gather", "apply-mid-file", "export"],
+)
+def test_run_killed_at_its_end_keeps_the_work(cli: Cli, owned_name: str, project: Path, point: str, after: int) -> None:
+    """The command ran; vmsandbox dies while bringing its work back. The VM lives on with the work; gc keeps
+    it; pull brings every file back whole."""
+    script = f"{BIG}; echo 'export A=1' > .envrc; sha256sum big.bin > /tmp/want"  # .envrc: risky, so exported
+    env = cli.env(**killed_at(point, after))
+    r = cli.run("run", "--yes", "--name", owned_name, str(project), "--", "sh", "-c", script, env=env)
+    assert r.returncode == -9, r.stderr.decode()
+    want = guest_sha(cli, owned_name, "big.bin")
+    assert not (project / "big.bin").exists() or sha(project / "big.bin") == want  # never a partial file
+    assert state_of(cli, owned_name) == "orphaned"
+    assert "kept session" in gc_line(cli, owned_name)
+    assert temporaries(project) == []  # gc's look at the project swept the killed write's temporary file
+    p = cli.run("pull", owned_name, "--yes", "--include-risky")
+    assert p.returncode == 0, p.stderr.decode()
+    assert sha(project / "big.bin") == want
+    assert (project / ".envrc").read_text() == "export A=1\n"
+    d = cli.run("destroy", owned_name)
+    assert d.returncode == 0, d.stderr.decode()
+    assert_gone(owned_name)
+
+
+# ---------------------------------------------------------------- pull, push, destroy, recover killed
+
+
+@pytest.fixture
+def busy_session(cli: Cli, owned_name: str, project: Path) -> Iterator[str]:
+    r = cli.run("run", "--keep", "--name", owned_name, str(project), "--", "sh", "-c", BIG)
+    assert r.returncode == 0, r.stderr.decode()
+    yield owned_name
+
+
+def test_pull_push_destroy_killed_then_rerun(cli: Cli, busy_session: str, project: Path) -> None:
+    name = busy_session
+    want = guest_sha(cli, name, "big.bin")
+    k = cli.run("pull", name, "--yes", env=cli.env(**killed_at("apply.chunk", 1)))
+    assert k.returncode == -9
+    assert not (project / "big.bin").exists()  # killed mid-file: only a temporary file, never big.bin half
+    assert len(temporaries(project)) == 1
+    again = cli.run("pull", name, "--yes")
+    assert again.returncode == 0, again.stderr.decode()
+    assert sha(project / "big.bin") == want and temporaries(project) == []
+
+    (project / "from-host.txt").write_text("host\n")
+    k = cli.run("push", name, env=cli.env(**killed_at("push.send")))
+    assert k.returncode == -9
+    assert cli.run("push", name).returncode == 0
+    assert cli.run("exec", name, "--", "cat", "from-host.txt").stdout == b"host\n"
+
+    k = cli.run("destroy", name, env=cli.env(**killed_at("destroy.stop")))
+    assert k.returncode == -9
+    assert state_of(cli, name) == "running"  # its daemon was stopped, its VM and files are whole
+    d = cli.run("destroy", name)
+    assert d.returncode == 0, d.stderr.decode()
+    assert_gone(name)
+
+
+def test_destroy_force_and_recover_killed_then_rerun(cli: Cli, busy_session: str, project: Path) -> None:
+    name = busy_session
+    want = guest_sha(cli, name, "big.bin")
+    k = cli.run("destroy", name, "--force", env=cli.env(**killed_at("apply.chunk", 1)))  # mid-export
+    assert k.returncode == -9
+    assert state_of(cli, name) == "running"  # not retired: the VM still holds the work
+    d = cli.run("destroy", name, "--force")
+    assert d.returncode == 0 and b"exported to" in d.stderr, d.stderr.decode()
+    assert state_of(cli, name) == "exported"
+    k = cli.run("recover", name, "--yes", env=cli.env(**killed_at("pull.apply")))
+    assert k.returncode == -9
+    assert not (project / "big.bin").exists()
+    r = cli.run("recover", name, "--yes")
+    assert r.returncode == 0, r.stderr.decode()
+    assert sha(project / "big.bin") == want
+    assert_gone(name)  # every change dealt with: recover removed the session
+
+
+# ---------------------------------------------------------------- the VM, libvirtd
+
+
+def test_vm_destroyed_under_a_command_keeps_its_work(cli: Cli, owned_name: str, project: Path) -> None:
+    script = "echo saved > saved.txt; sync; touch /tmp/ready; sleep 600"
+    p = cli.popen("run", "--yes", "--name", owned_name, str(project), "--", "sh", "-c", script)
+    try:
+        wait_for(
+            lambda: cli.run("exec", owned_name, "--", "test", "-e", "/tmp/ready").returncode == 0, 300, "the command"
+        )
+        with Hypervisor(URI) as hv:
+            hv.destroy(DOMAIN_PREFIX + owned_name)
+        _out, err = p.communicate(timeout=300)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert p.returncode != 0
+    assert b"Reading the workspace disk" in err, err.decode()
+    assert (project / "saved.txt").read_text() == "saved\n"
+    assert_gone(owned_name)
+
+
+def _libvirtd_pids() -> list[str]:
+    return subprocess.run(["pgrep", "-x", "libvirtd"], capture_output=True, text=True, check=False).stdout.split()
+
+
+def test_libvirtd_restarted_while_a_session_runs(cli: Cli, busy_session: str) -> None:
+    name = busy_session
+    old = _libvirtd_pids()
+    assert old, "libvirtd is not running as a plain process here"
+    try:
+        subprocess.run(["kill", "-TERM", *old], check=True)
+        wait_for(lambda: not _libvirtd_pids(), 60, "libvirtd to stop")
+        r = cli.run("exec", name, "--", "true")  # QEMU runs on without libvirtd: the guest still answers
+        assert r.returncode == 0 and b"trying session" in r.stderr, r.stderr.decode()
+        down = cli.run("ls")
+        assert down.returncode == 125 and b"cannot connect to libvirt" in down.stderr
+    finally:
+        setup = cli.run("host", "setup")  # the rest of the suite needs libvirtd back, whatever happened here
+    assert setup.returncode == 0, setup.stderr.decode()
+    wait_for(lambda: state_of(cli, name) == "running", 60, "ls to show the session again")
+    r = cli.run("exec", name, "--", "cat", "/etc/hostname")
+    assert r.returncode == 0 and r.stdout == f"vmsandbox-{name}\n".encode()
+    d = cli.run("destroy", name, "--discard")
+    assert d.returncode == 0, d.stderr.decode()
+    assert_gone(name)
+
+
+# ---------------------------------------------------------------- full disks
+
+
+@pytest.fixture
+def small_fs(tmp_path: Path) -> Iterator[Path]:
+    """A tmpfs of 500 MiB: a disk that fills up."""
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=500m,mode=0755", "tmpfs", mnt], check=True)
+    yield mnt
+    subprocess.run(["umount", "--lazy", mnt], check=False)
+
+
+def test_full_disk_during_pull_then_room_made(cli: Cli, owned_name: str, small_fs: Path) -> None:
+    project = small_fs / "proj"
+    project.mkdir()
+    (project / "README").write_text("hi\n")
+    fill = "head -c 100m /dev/zero | tr '\\0' x > big"
+    r = cli.run("run", "--keep", "--name", owned_name, str(project), "--", "sh", "-c", fill)
+    assert r.returncode == 0, r.stderr.decode()
+    full = small_fs / "filler"
+    subprocess.run(["dd", "if=/dev/zero", f"of={full}", "bs=1M", "count=350", "status=none"], check=True)
+    p = cli.run("pull", owned_name, "--yes")
+    assert p.returncode == 125, p.stderr.decode()
+    err = p.stderr.decode()
+    assert "need 100 MiB" in err and "nothing was applied" in err, err
+    assert not (project / "big").exists() and temporaries(project) == []
+    full.unlink()
+    again = cli.run("pull", owned_name, "--yes")
+    assert again.returncode == 0, again.stderr.decode()
+    assert (project / "big").stat().st_size == 100 * 1024**2
+    cli.run("destroy", owned_name)
+    assert_gone(owned_name)
+
+
+def test_full_disk_during_capture(cli: Cli, owned_name: str, project: Path, small_fs: Path) -> None:
+    (project / "data.bin").write_bytes(b"\1" * 200 * 1024**2)
+    state = small_fs / "state"
+    state.mkdir(mode=0o711)
+    r = cli.run("run", "--name", owned_name, str(project), "--", "true", env=cli.env(VMSANDBOX_STATE_DIR=str(state)))
+    assert r.returncode == 125
+    err = r.stderr.decode()
+    assert "needs about" in err and "MiB free" in err and "VMSANDBOX_STATE_DIR" in err, err
+    assert list((state / "sessions").iterdir()) == []
+
+
+def test_full_disk_during_image_build(cli: Cli, small_fs: Path) -> None:
+    r = cli.run("image", "build", "--force", env=cli.env(VMSANDBOX_DATA_DIR=str(small_fs)))
+    assert r.returncode == 125
+    assert b"a build needs 6 GiB" in r.stderr and b"VMSANDBOX_DATA_DIR" in r.stderr, r.stderr.decode()
+    assert list((small_fs / "images").glob(".tmp-*")) == []
+
+
+# ---------------------------------------------------------------- races on one session, a damaged record
+
+
+def test_commands_racing_on_one_session(cli: Cli, busy_session: str, project: Path) -> None:
+    name = busy_session
+    want = guest_sha(cli, name, "big.bin")
+    files = paths.session_paths(name)
+    with lock.held(files, name, "pulling"):  # another vmsandbox in the middle of a pull
+        for argv in (["pull", name, "--yes"], ["destroy", name, "--discard"], ["push", name]):
+            r = cli.run(*argv)
+            assert r.returncode == 125, r.stderr.decode()
+            assert f"session {name} is busy: vmsandbox (pid".encode() in r.stderr and b"pulling" in r.stderr
+    procs = [cli.popen("pull", name, "--yes") for _ in range(2)]  # two real pulls at once
+    codes = [p.wait(timeout=300) for p in procs]
+    assert sorted(codes) in ([0, 0], [0, 125]), codes
+    assert sha(project / "big.bin") == want and temporaries(project) == []
+    assert cli.run("destroy", name).returncode == 0
+    assert_gone(name)
+
+
+def test_damaged_record(cli: Cli, busy_session: str) -> None:
+    name = busy_session
+    files = paths.session_paths(name)
+    files.record.write_text(files.record.read_text()[:40])  # truncated
+    assert state_of(cli, name) == "running"  # read from its copy, and mended
+    assert files.record.read_text() == files.record.with_name("session.json.copy").read_text()
+    files.record.write_text("{")
+    files.record.with_name("session.json.copy").write_text("")
+    listed = cli.run("ls")
+    assert listed.returncode == 0 and b"is damaged, and so is its copy" in listed.stderr  # never hidden
+    r = cli.run("pull", name)
+    assert r.returncode == 125
+    assert b"is damaged, and so is its copy" in r.stderr and b"--discard" in r.stderr, r.stderr.decode()
+    assert "kept damaged session" in gc_line(cli, name)  # its workspace disk may hold work
+    d = cli.run("destroy", name, "--discard")
+    assert d.returncode == 0, d.stderr.decode()
+    assert_gone(name)

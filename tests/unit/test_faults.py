@@ -1,0 +1,160 @@
+"""The pieces the fault matrix leans on, without a VM: the boot diagnosis read from a console, the session
+lock, the record's copy, the capture's space check and the fail-point names."""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+import pytest
+
+from vmsandbox import failpoint, paths
+from vmsandbox.errors import VmsandboxError
+from vmsandbox.session import boot, lock
+from vmsandbox.session.boot import Cpu, Stage
+from vmsandbox.session.record import Record
+from vmsandbox.sync import capture
+
+from .conftest import saved_record
+
+BOOT = """\
+[    0.000000] Linux version 6.1.0-41-cloud-amd64 (debian-kernel@lists.debian.org)
+Loading, please wait...
+Begin: Mounting root file system ... done.
+Welcome to \x1b[1mDebian GNU/Linux 12 (bookworm)\x1b[0m!
+[\x1b[0;32m  OK  \x1b[0m] Finished \x1b[0;1;39mvmsandbox-identit…tity (hostname, user, SSH keys).
+vmsandbox-boot: identity applied (vmsandbox-s1)
+[\x1b[0;32m  OK  \x1b[0m] Started \x1b[0;1;39mssh.service\x1b[0m - OpenBSD Secure Shell server.
+"""
+
+
+@pytest.mark.parametrize(
+    ("lines", "stage"),
+    [
+        (0, Stage.FIRMWARE),
+        (1, Stage.KERNEL),
+        (3, Stage.INITRAMFS),
+        (5, Stage.INIT),
+        (6, Stage.IDENTITY),
+        (7, Stage.SSHD),
+    ],
+)
+def test_stage_is_the_furthest_marker_seen(lines: int, stage: Stage) -> None:
+    text = boot.plain("".join(BOOT.splitlines(keepends=True)[:lines]))
+    assert boot.stage_of(text) is stage
+    assert stage.described
+
+
+def test_plain_strips_whole_and_cut_escape_sequences() -> None:
+    cut = "Mounting dev-mqueue.mount\x1b…POSIX; Starting udev-trig…[0m - Coldplug; x.mount\x1b[…- POSIX"
+    assert boot.plain(BOOT + cut).count("\x1b") == 0
+    assert "[0m" not in boot.plain(cut)
+    assert boot.plain("[\x1b[0;32m  OK  \x1b[0m] Started") == "[  OK  ] Started"
+
+
+def test_trouble_lines_name_failures() -> None:
+    text = "ok\n[FAILED] Failed to start ssh.service - OpenBSD Secure Shell server.\nKernel panic - not syncing: VFS\n"
+    assert boot.trouble(text) == [
+        "[FAILED] Failed to start ssh.service - OpenBSD Secure Shell server.",
+        "Kernel panic - not syncing: VFS",
+    ]
+    assert boot.trouble("fine\n") == []
+
+
+def test_cpu_verdicts() -> None:
+    starved = Cpu(seconds=30, wall=300, load=9.0, host_cpus=2).verdict()
+    assert starved is not None and starved.startswith("this host is short of CPU") and "10% of one core" in starved
+    idle = Cpu(seconds=3, wall=300, load=0.5, host_cpus=2).verdict()
+    assert idle is not None and idle.startswith("the guest sat idle")
+    assert Cpu(seconds=250, wall=300, load=9.0, host_cpus=2).verdict() is None  # busy host, busy guest: slow
+    assert Cpu(seconds=0, wall=0, load=0, host_cpus=1).share == 0
+
+
+def test_watch_shows_progress_and_says_once_when_the_host_starves(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    clock = [0.0]
+    monkeypatch.setattr("vmsandbox.session.boot.time.monotonic", lambda: clock[0])
+    monkeypatch.setattr(boot, "host_load", lambda: (9.0, 2))
+    console = tmp_path / "console.log"
+    w = boot.Watch(console, cpu_start=10.0, started=0.0)
+    assert w.advanced() is None  # no console yet: still the firmware
+    console.write_text("[    0.000000] Linux version 6.1.0\n")
+    assert w.advanced() is Stage.KERNEL and w.advanced() is None
+    clock[0] = 20.0
+    assert w.starving(12.0) is None  # too early to judge
+    clock[0] = 60.0
+    said = w.starving(16.0)  # 6 s of CPU in 60 s, load 9 on 2 CPUs
+    assert said is not None and said.startswith("this host is short of CPU") and "10% of one core" in said
+    clock[0] = 120.0
+    assert w.starving(16.0) is None  # said once
+    assert w.cpu(None) is None  # the VM is gone: no figures
+
+
+def test_failed_boot_console_is_kept_bounded_and_few(tmp_path: Path) -> None:
+    console = tmp_path / "console.log"
+    console.write_bytes(b"A" * boot.KEEP_BYTES + b"B" * boot.KEEP_BYTES + b"C" * boot.KEEP_BYTES)
+    kept = boot.keep(console, "s1")
+    assert kept is not None and kept.parent == paths.failed_boots_dir()
+    data = kept.read_bytes()
+    assert data.startswith(b"A" * boot.KEEP_BYTES) and data.endswith(b"C" * boot.KEEP_BYTES)
+    assert b"bytes left out" in data and b"B" * 100 not in data
+    for i in range(boot.KEEP_FAILED + 5):
+        (paths.failed_boots_dir() / f"2000{i:04d}-old.console.log").write_text("x")
+    boot.keep(console, "s2")
+    assert len(list(paths.failed_boots_dir().iterdir())) == boot.KEEP_FAILED
+    assert boot.keep(tmp_path / "none.log", "s3") is None
+
+
+def test_session_lock_names_its_holder_and_goes_with_it() -> None:
+    r = saved_record("s1")
+    busy = rf"session s1 is busy: vmsandbox \(pid {os.getpid()}\) is pulling"
+    with (
+        lock.held(r.files, "s1", "pulling"),
+        pytest.raises(lock.BusyError, match=busy),
+        lock.held(r.files, "s1", "destroying"),
+    ):
+        pass
+    with lock.held(r.files, "s1", "destroying"):  # released: free again
+        pass
+    with pytest.raises(VmsandboxError, match="no session named"), lock.held(paths.session_paths("ghost"), "ghost", "x"):
+        pass
+
+
+def test_a_damaged_record_is_read_from_its_copy_and_mended() -> None:
+    r = saved_record("s1", ssh_port=2222)
+    r.files.record.write_text(r.files.record.read_text()[:30])
+    assert Record.load("s1") == r
+    assert Record.load("s1").ssh_port == 2222 and r.files.record.read_text().endswith("}\n")
+    r.files.record.write_text("{")
+    r.files.record.with_name("session.json.copy").write_text("")
+    with pytest.raises(VmsandboxError, match="is damaged, and so is its copy") as caught:
+        Record.load("s1")
+    assert caught.value.hint is not None and "--discard" in caught.value.hint
+
+
+def test_capture_refuses_before_copying_when_the_state_disk_is_too_small(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    project = tmp_path / "p"
+    project.mkdir()
+    (project / "f").write_bytes(b"x" * 100_000)
+    (project / "link").symlink_to("/etc/passwd")  # not followed, not counted
+    assert capture.project_bytes(project) == 100_000
+    capture.check_space(project, tmp_path)  # room enough on the real tmp disk
+    monkeypatch.setattr("vmsandbox.sync.capture.shutil.disk_usage", lambda _p: type("U", (), {"free": 10 * 1024**2})())
+    with pytest.raises(VmsandboxError, match=r"needs about 64 MiB .* it has 10 MiB free") as caught:
+        capture.check_space(project, tmp_path / "state" / "sessions")
+    assert caught.value.hint is not None and "VMSANDBOX_STATE_DIR" in caught.value.hint
+
+
+def test_every_fail_point_is_named_and_placed_once() -> None:
+    used: list[str] = []
+    for source in Path(failpoint.__file__).parent.rglob("*.py"):
+        used += re.findall(r'failpoint\.hit\("([a-z.]+)"\)', source.read_text())
+    assert sorted(used) == sorted(failpoint.POINTS)
+    doc = failpoint.__doc__ or ""
+    assert all(f"    {name} " in doc for name in failpoint.POINTS)
+    with pytest.raises(ValueError, match="unknown fail-point"):
+        failpoint.hit("no.such")
