@@ -99,7 +99,18 @@ def vmsandbox_run(project: Path, cpus: int, memory_mib: int, forced: str) -> flo
     ]
     start = time.monotonic()
     subprocess.run(argv, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    return time.monotonic() - start
+    took = time.monotonic() - start
+    wait_for_teardowns()  # the VM is destroyed in the background: not while the next run is timed
+    return took
+
+
+def wait_for_teardowns() -> None:
+    def running() -> bool:
+        ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True, check=True).stdout
+        return "vmsandbox.session.teardown" in ps
+
+    while running():
+        time.sleep(0.2)
 
 
 def idle_rss_mib(project: Path, settings: Settings) -> float:

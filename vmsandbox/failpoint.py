@@ -16,6 +16,7 @@ Names (each is hit where the code says `failpoint.hit(NAME)`):
     export.item     before each change exported to the outbox
     push.send       before the project is sent into the guest
     destroy.stop    the egress daemon stopped, before the domain is destroyed
+    run.teardown    in the background process that ends a `run`, before it destroys the VM
     image.bootstrap debootstrap done, before the rootfs is configured
     image.convert   the raw filesystem made, before it is converted to qcow2
 """
@@ -37,6 +38,7 @@ POINTS = frozenset(
         "export.item",
         "push.send",
         "destroy.stop",
+        "run.teardown",
         "image.bootstrap",
         "image.convert",
     }

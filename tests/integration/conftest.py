@@ -12,6 +12,7 @@ import json
 import os
 import secrets
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -149,6 +150,13 @@ def unique_name() -> str:
     return f"{NAME_PREFIX}{secrets.token_hex(3)}"
 
 
+def default_signals() -> None:
+    """In a child the tests signal: SIGINT as a terminal would deliver it. A suite started in the background
+    by a shell without job control (`cmd &` in a script) inherits SIGINT ignored, and Python then never turns
+    it into KeyboardInterrupt: the Ctrl-C tests would test nothing."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @dataclass
 class Cli:
     state_dir: Path
@@ -180,6 +188,7 @@ class Cli:
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             env=env or self.env(),
+            preexec_fn=default_signals,  # noqa: PLW1509 - signal dispositions only
         )
 
     def ls(self) -> list[dict[str, object]]:
@@ -205,14 +214,30 @@ def keep_console_on_failure(request: pytest.FixtureRequest, name: str) -> None:
             print(f"\nserial console of {name} kept at {kept}")
 
 
-def assert_gone(name: str) -> None:
-    """No domain, no session directory, no QEMU process for this session."""
-    with Hypervisor(URI) as hv:
-        assert hv.info(DOMAIN_PREFIX + name) is None
-    assert not paths.session_paths(name).root.exists()
-    ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True, check=True).stdout
-    assert f"guest=vmsandbox-{name}," not in ps
-    assert f"vmsandbox.egress.daemon {name}" not in ps  # the session's proxy daemon went with it
+def assert_gone(name: str, *, within: float = 60) -> None:
+    """No domain, no session directory, no QEMU process for this session — once its background teardown
+    (the end of `run`) is done, which may take `within` seconds."""
+
+    def leftovers() -> list[str]:
+        found = []
+        with Hypervisor(URI) as hv:
+            if hv.info(DOMAIN_PREFIX + name) is not None:
+                found.append("domain")
+        if paths.session_paths(name).root.exists():
+            found.append("session directory")
+        ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True, check=True).stdout
+        if f"guest=vmsandbox-{name}," in ps:
+            found.append("QEMU process")
+        if f"vmsandbox.egress.daemon {name}" in ps:
+            found.append("egress daemon")  # the session's proxy daemon goes with it
+        if f"vmsandbox.session.teardown {name}" in ps:
+            found.append("teardown process")
+        return found
+
+    deadline = time.monotonic() + within
+    while (left := leftovers()) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not left, f"session {name} left behind: {', '.join(left)}"
 
 
 @pytest.fixture

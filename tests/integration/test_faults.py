@@ -8,6 +8,7 @@ or lock left. README's "When things go wrong" table states what these tests asse
 from __future__ import annotations
 
 import hashlib
+import re
 import subprocess
 import time
 from collections.abc import Iterator
@@ -52,7 +53,7 @@ def state_of(cli: Cli, name: str) -> str | None:
 def gc_line(cli: Cli, name: str) -> str:
     r = cli.run("gc")
     assert r.returncode == 0, r.stderr.decode()
-    lines = [line for line in r.stderr.decode().splitlines() if f" {name} " in line or f" {name}:" in line]
+    lines = [line for line in r.stderr.decode().splitlines() if re.search(rf"\b{name}\b", line)]
     return "\n".join(lines)
 
 
@@ -97,6 +98,31 @@ def test_run_killed_at_its_end_keeps_the_work(cli: Cli, owned_name: str, project
     d = cli.run("destroy", owned_name)
     assert d.returncode == 0, d.stderr.decode()
     assert_gone(owned_name)
+
+
+def test_run_teardown_killed_is_finished_by_gc(cli: Cli, owned_name: str, project: Path) -> None:
+    """The review is done and the exit code given; the background teardown dies before destroying the VM."""
+    r = cli.run(
+        "run",
+        "--yes",
+        "--name",
+        owned_name,
+        str(project),
+        "--",
+        "touch",
+        "done.txt",
+        env=cli.env(**killed_at("run.teardown")),
+    )
+    assert r.returncode == 0, r.stderr.decode()
+    assert (project / "done.txt").exists()
+    wait_for(lambda: f"vmsandbox.session.teardown {owned_name}" not in _ps(), 60, "the teardown process to die")
+    assert state_of(cli, owned_name) == "ending"
+    assert f"finished the teardown of session {owned_name}" in gc_line(cli, owned_name)
+    assert_gone(owned_name, within=0)
+
+
+def _ps() -> str:
+    return subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True, check=True).stdout
 
 
 # ---------------------------------------------------------------- pull, push, destroy, recover killed

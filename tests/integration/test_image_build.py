@@ -14,7 +14,7 @@ import pytest
 from vmsandbox import paths
 from vmsandbox.image import store
 
-from .conftest import Cli, wait_for
+from .conftest import Cli, default_signals, wait_for
 
 
 def processes_mentioning(text: str) -> list[str]:
@@ -38,7 +38,11 @@ def test_interrupted_build(sig: signal.Signals, cli: Cli, tmp_path: Path, base_i
 
     before = ls()
     p = subprocess.Popen(
-        cli.argv("image", "build", "--force"), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+        cli.argv("image", "build", "--force"),
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        preexec_fn=default_signals,  # noqa: PLW1509 - signal dispositions only
     )
     try:
         wait_for(lambda: any(images.glob(".tmp-*/rootfs/var/lib/dpkg")), 300, "debootstrap to start unpacking")

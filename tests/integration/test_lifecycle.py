@@ -162,8 +162,11 @@ def test_run_yes_applies_safe_changes_and_keeps_the_rest(cli: Cli, owned_name: s
     assert (project / "new.txt").read_text() == "new\n"
     assert not (project / ".envrc").exists()  # quarantined: never applied by --yes
     assert f"vmsandbox recover {owned_name}" in err
+    states = [row["state"] for row in cli.ls() if row["name"] == owned_name]
+    assert states in (["ending"], ["exported"])  # its VM is destroyed in the background
+    wait_for(lambda: [row["state"] for row in cli.ls() if row["name"] == owned_name] == ["exported"], 60, "teardown")
     rows = [row for row in cli.ls() if row["name"] == owned_name]
-    assert rows[0]["state"] == "exported" and rows[0]["unsynced"] == 1
+    assert rows[0]["unsynced"] == 1
     assert not domain_exists(owned_name)
     rec = cli.run("recover", owned_name, "--yes", "--include-risky")
     assert rec.returncode == 0, rec.stderr.decode()

@@ -24,7 +24,7 @@ from vmsandbox.session.record import DOMAIN_PREFIX, Record
 from vmsandbox.sync import tree
 from vmsandbox.vm.virt import Hypervisor
 
-from .conftest import Cli, assert_gone
+from .conftest import Cli, assert_gone, default_signals
 
 MIX_SCRIPT = r"""
 set -e
@@ -249,6 +249,7 @@ class Terminal:
     def __init__(self, argv: list[str], env: dict[str, str]) -> None:
         self.pid, self.fd = pty.fork()
         if self.pid == 0:  # the child: exec the command on the terminal
+            default_signals()
             os.execve(argv[0], argv, {**env, "COLUMNS": "200", "TERM": "xterm"})  # noqa: S606
         self.seen = b""
 

@@ -5,16 +5,19 @@ from __future__ import annotations
 
 import os
 import re
+import threading
+import time
 from pathlib import Path
 
 import pytest
 
 from vmsandbox import failpoint, paths
 from vmsandbox.errors import VmsandboxError
-from vmsandbox.session import boot, lock
+from vmsandbox.session import boot, lock, state
 from vmsandbox.session.boot import Cpu, Stage
-from vmsandbox.session.record import Record
+from vmsandbox.session.record import Record, State
 from vmsandbox.sync import capture
+from vmsandbox.vm.virt import Hypervisor
 
 from .conftest import saved_record
 
@@ -158,3 +161,30 @@ def test_every_fail_point_is_named_and_placed_once() -> None:
     assert all(f"    {name} " in doc for name in failpoint.POINTS)
     with pytest.raises(ValueError, match="unknown fail-point"):
         failpoint.hit("no.such")
+
+
+def test_a_teardown_holding_the_lock_is_waited_for(capsys: pytest.CaptureFixture[str]) -> None:
+    r = saved_record("s1")
+    held = threading.Event()
+
+    def teardown() -> None:
+        with lock.held(r.files, "s1", lock.TEARDOWN):
+            held.set()
+            time.sleep(0.3)
+            r.files.record.unlink()  # it removed the session
+
+    t = threading.Thread(target=teardown)
+    t.start()
+    held.wait(5)
+    with pytest.raises(lock.GoneError, match="no session named 's1'"), lock.held(r.files, "s1", "pulling"):
+        pass
+    t.join()
+    assert "Waiting for the VM of session s1 to be destroyed" in capsys.readouterr().err
+
+
+def test_an_ending_session_is_listed_as_ending() -> None:
+    r = saved_record("s1", ending="remove")
+    with Hypervisor("test:///default") as hv:
+        assert state.status(r, hv).state is State.ENDING
+    with pytest.raises(VmsandboxError, match="session s1 is ending"):
+        state.usable(r)

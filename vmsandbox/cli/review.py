@@ -148,6 +148,7 @@ def review_session(name: str, *, yes: bool, include_risky: bool, dry_run: bool =
 
     record = Record.load(name)
     with lock.held(record.files, name, "reviewing the changes of"):
+        record = Record.load(name)  # as the holder before us left it
         plan = lifecycle.review(record, limit=sync_limit(), only=only)
         if dry_run:
             if show(plan):
@@ -196,6 +197,7 @@ def push(name: SessionName) -> None:
     record = Record.load(name)
     state.usable(record)
     with lock.held(record.files, name, "pushing into"):
+        record = Record.load(name)
         pushed, conflicts = pushing.push(record.target(), record.endpoint(), limit=sync_limit())
     for path in pushed:
         ui.err.print(f"  [green]pushed[/] {ui.printable(path)}")

@@ -130,16 +130,20 @@ def _run_session(
 
 
 def _finish(record: Record, *, yes: bool, include_risky: bool) -> None:
-    """End of `run`: review the guest's changes, then destroy the VM. Whatever was not synced is exported to
-    the session's outbox first (lifecycle.finish), so nothing is lost: `vmsandbox recover NAME` takes it."""
+    """End of `run`: review the guest's changes, then destroy the VM (in the background: the exit code does not
+    wait for it). Whatever was not synced is exported to the session's outbox first (lifecycle.finish), so
+    nothing is lost: `vmsandbox recover NAME` takes it."""
     from vmsandbox.session import lifecycle, lock
 
     with lock.held(record.files, record.name, "reviewing the changes of"):
         plan = lifecycle.review(record, limit=sync_limit())
         outcome = review_ui.conduct(record, plan, yes=yes, include_risky=include_risky)
-        doing = f"Destroying {record.domain}" + (" (keeping unsynced changes in its outbox)" if outcome.left else "")
-        with ui.step(doing):
-            end = lifecycle.finish(record, plan.gathered)
+        if outcome.left:
+            with ui.step("Keeping the unsynced changes in the session's outbox"):
+                end = lifecycle.finish(record, plan.gathered, background=True)
+        else:
+            end = lifecycle.finish(record, plan.gathered, background=True)
+    ui.info(f"[dim]{record.domain} is destroyed in the background (`vmsandbox gc` finishes it if interrupted)[/]")
     if end.left:
         ui.warn(f"{end.left} change(s) were not synced back; review them with `vmsandbox recover {record.name}`")
 

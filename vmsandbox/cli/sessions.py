@@ -144,6 +144,7 @@ def destroy(
                 return
         raise
     with lock.held(record.files, name, "destroying"):
+        record = Record.load(name)
         end = lifecycle.destroy(record, force=force, discard=discard, limit=sync_limit())
     ui.info(f"[green]✓[/] Destroyed {record.domain}")
     if end.outbox is not None:

@@ -18,7 +18,7 @@ from pathlib import Path
 from vmsandbox import failpoint, paths
 from vmsandbox.egress import control
 from vmsandbox.errors import VmsandboxError
-from vmsandbox.session import lock
+from vmsandbox.session import lock, teardown
 from vmsandbox.session.record import DOMAIN_PREFIX, Phase, Record, State, names
 from vmsandbox.session.state import is_running, status
 from vmsandbox.sync import changes, outbox, plan
@@ -65,15 +65,26 @@ class End:
     left: int = 0
 
 
-def finish(record: Record, gathered: Gathered) -> End:
-    """The end of `run` (after its review): export what is left, then destroy the VM."""
+def finish(record: Record, gathered: Gathered, *, background: bool = False) -> End:
+    """The end of `run` (after its review): export what is left, then destroy the VM — in the background if
+    asked (the exit code and the review do not wait for it; gc finishes a teardown that was interrupted)."""
     left = changes.pending(gathered)
-    if left:
-        box = outbox.export(gathered)
+    box = outbox.export(gathered) if left else None
+    record.ending = "retire" if left else "remove"
+    if background:
+        record.save()
+        teardown.start(record)
+    else:
+        end_now(record)
+    return End(box, len(left))
+
+
+def end_now(record: Record) -> None:
+    """Carry out the ending `finish` decided: retire (the outbox stays) or remove."""
+    if record.ending == "retire":
         retire(record)
-        return End(box, len(left))
-    remove(record)
-    return End()
+    else:
+        remove(record)
 
 
 def destroy(record: Record, *, force: bool, discard: bool, limit: int) -> End:
@@ -146,13 +157,14 @@ def retire(record: Record) -> None:
     for d in (files.fwcfg_dir, files.guest_tree):
         shutil.rmtree(d, ignore_errors=True)
     record.exported = True
+    record.ending = None
     record.save()
 
 
 def gc(uri: str, *, limit: int) -> Iterator[str]:
     """Remove sessions whose VM is gone or whose `vmsandbox run` died — unless they hold unsynced work (a
-    stopped VM's work is exported to its outbox, and the session kept) — and vmsandbox domains whose session
-    directory is gone. Yields a line per thing done."""
+    stopped VM's work is exported to its outbox, and the session kept) —, finish teardowns that were
+    interrupted, and destroy vmsandbox domains whose session directory is gone. Yields a line per thing done."""
     with Hypervisor(uri) as hv:
         for name in names():
             files = paths.session_paths(name)
@@ -166,20 +178,17 @@ def gc(uri: str, *, limit: int) -> Iterator[str]:
                     yield f"removed damaged session directory {files.root}"
                 continue
             state = status(record, hv).state
-            if state not in (State.STOPPED, State.ORPHANED):
+            if state not in (State.STOPPED, State.ORPHANED, State.ENDING):
                 continue
             try:
                 with lock.held(files, name, "cleaning up"):
-                    kept = _keeps_work(record, state, limit)
-                    if kept is None:
-                        remove(record)
+                    yield _collect(Record.load(name), state, limit)  # read again: a teardown may have run
             except lock.BusyError as exc:
                 yield f"skipped {exc.message}"
+            except lock.GoneError:  # it ended meanwhile (its teardown finished)
                 continue
             except VmsandboxError as exc:  # one session's trouble never stops the clean-up of the others
                 yield f"could not check session {name}: {exc.message}"
-                continue
-            yield f"kept session {name} ({state}): {kept}" if kept else f"removed session {name} ({state})"
         for info in list(hv.domains(DOMAIN_PREFIX)):
             xml = hv.xml(info.name)
             owner = session_of(xml) if xml else None
@@ -188,6 +197,18 @@ def gc(uri: str, *, limit: int) -> Iterator[str]:
             if not (owner[1] / paths.SESSION_RECORD).exists():
                 hv.destroy(info.name)
                 yield f"destroyed domain {info.name} (its session directory is gone)"
+
+
+def _collect(record: Record, state: State, limit: int) -> str:
+    """gc of one stopped, orphaned or ending session (its lock held): what was done."""
+    if record.ending is not None:  # its background teardown was interrupted: finish it
+        end_now(record)
+        return f"finished the teardown of session {record.name}"
+    kept = _keeps_work(record, state, limit)
+    if kept is not None:
+        return f"kept session {record.name} ({state}): {kept}"
+    remove(record)
+    return f"removed session {record.name} ({state})"
 
 
 def _keeps_work(record: Record, state: State, limit: int) -> str | None:

@@ -39,6 +39,7 @@ class State(enum.StrEnum):
     ORPHANED = "orphaned"  # its `vmsandbox run` died (kill -9) and it was not --keep
     STOPPED = "stopped"  # the VM is gone (it powered off, crashed, or was destroyed)
     EXPORTED = "exported"  # the VM is gone; its unsynced changes wait in the outbox
+    ENDING = "ending"  # reviewed; its VM is being destroyed in the background (gc finishes it if interrupted)
 
 
 @dataclass
@@ -65,6 +66,7 @@ class Record:
     baseline_entries: int = 0
     unsynced: int | None = None  # pending changes at the last review (None: never reviewed)
     exported: bool = False  # the VM is gone; its unsynced changes wait in the outbox
+    ending: str | None = None  # "remove" or "retire": what the background teardown does (lifecycle.finish)
     network: Mode = Mode.ALLOWLIST
     blueprint: str = "base"
     publish: tuple[Publish, ...] = ()

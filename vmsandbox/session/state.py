@@ -26,7 +26,7 @@ class Status:
 
     @property
     def door(self) -> Door:
-        if self.state in (State.EXPORTED, State.STOPPED):
+        if self.state in (State.EXPORTED, State.STOPPED, State.ENDING):
             return Door.STOPPED if self.record.wants_daemon else Door.OFF
         return control.status(self.record.files, wanted=self.record.wants_daemon)
 
@@ -54,6 +54,8 @@ class Status:
 
 
 def status(record: Record, hv: Hypervisor) -> Status:
+    if record.ending is not None:
+        return Status(record, State.ENDING)
     if record.exported:
         return Status(record, State.EXPORTED)
     info = hv.info(record.domain)
@@ -125,7 +127,7 @@ def usable(record: Record) -> bool:
             f"session {record.name} has no VM any more; its unsynced changes wait in its outbox",
             hint=f"review them with `vmsandbox recover {record.name}`",
         )
-    if current in (State.STOPPED, State.BOOTING):
+    if current in (State.STOPPED, State.BOOTING, State.ENDING):
         raise VmsandboxError(
             f"session {record.name} is {current}",
             hint=f"see `vmsandbox logs {record.name}`; `vmsandbox recover {record.name}` reviews its changes, "

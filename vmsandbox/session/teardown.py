@@ -1,0 +1,45 @@
+"""The end of a `run` without the wait: the review is done and the exit code known, so destroying the VM
+(1 to 3 s) happens in a process of its own, which holds the session's lock while it works. If it is killed,
+the record still says how the session ends (Record.ending) and `gc` finishes the job.
+
+    python -m vmsandbox.session.teardown NAME
+"""
+
+from __future__ import annotations
+
+import sys
+
+from vmsandbox import failpoint, paths, proc
+from vmsandbox.session.record import Record
+
+LOG_FILE = "teardown.log"
+
+
+def start(record: Record) -> None:
+    """Hand the session's ending to a background process (its output goes to the state dir's teardown.log)."""
+    paths.state_dir().mkdir(parents=True, exist_ok=True)
+    proc.spawn_detached(
+        [sys.executable, "-m", "vmsandbox.session.teardown", record.name], log_file=paths.state_dir() / LOG_FILE
+    )
+
+
+def main(argv: list[str]) -> int:
+    from vmsandbox.errors import VmsandboxError
+    from vmsandbox.session import lifecycle, lock
+
+    (name,) = argv
+    try:
+        record = Record.load(name)
+        with lock.held(record.files, name, "tearing down", wait=True):
+            record = Record.load(name)  # as the run that handed it over left it
+            if record.ending is not None:
+                failpoint.hit("run.teardown")
+                lifecycle.end_now(record)
+    except VmsandboxError as exc:
+        print(f"teardown of session {name}: {exc.message}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
