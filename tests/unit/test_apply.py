@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import errno
 import os
 from pathlib import Path
 
@@ -141,3 +142,29 @@ def test_a_source_swapped_for_a_symlink_is_never_read(tmp_path: Path) -> None:
     with pytest.raises(VmsandboxError):
         apply.apply_one(root, src, c, OWNER)
     assert not (root / "f").exists()
+
+
+def test_a_disk_filling_up_mid_file_leaves_the_old_version_whole(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """ENOSPC in the middle of a file (the space check passed, then something else filled the disk): the
+    project keeps the old version and no temporary file; the error names the cause."""
+    root, src = tmp_path / "root", tmp_path / "src"
+    root.mkdir()
+    src.mkdir()
+    (root / "f").write_text("old version\n")
+    (src / "f").write_bytes(os.urandom(3 * tree.CHUNK))
+    c = change(root, src, "f")
+    real_write, written = os.write, [0]
+
+    def filling(fd: int, data: bytes | memoryview) -> int:
+        if written[0] > tree.CHUNK:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        written[0] += len(data)
+        return real_write(fd, data)
+
+    monkeypatch.setattr("vmsandbox.sync.apply.os.write", filling)
+    with pytest.raises(OSError, match="No space left on device"):
+        apply.apply_one(root, src, c, OWNER)
+    assert (root / "f").read_text() == "old version\n"
+    assert [p.name for p in root.iterdir()] == ["f"]
