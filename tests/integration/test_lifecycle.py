@@ -6,9 +6,17 @@ import json
 import signal
 import subprocess
 import time
+from dataclasses import replace
 from pathlib import Path
 
+import pytest
+
 from vmsandbox import paths
+from vmsandbox.errors import VmsandboxError
+from vmsandbox.image import store
+from vmsandbox.session import create
+from vmsandbox.session.config import Settings
+from vmsandbox.session.options import Options
 from vmsandbox.session.record import DOMAIN_PREFIX
 from vmsandbox.vm.virt import Hypervisor
 
@@ -115,6 +123,29 @@ def test_boot_timeout_reports_the_console(cli: Cli, owned_name: str, project: Pa
     kept = Path(err.split("the console is kept at ")[1].split(";")[0])
     assert kept.parent == cli.state_dir / "failed-boots" and kept.stat().st_size > 0  # outlives the session
     kept.unlink()  # a deliberate failure: not one for CI's list of kept consoles
+    assert_gone(owned_name)
+
+
+def test_a_boot_that_stalls_is_reset_then_explained(
+    base_image: store.Image, owned_name: str, project: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A guest that stops printing before systemd (here: an init that only sleeps) is reset, twice, then the
+    failure says so; its console, kept, holds all three boots."""
+    stalling = store.Image(
+        version=base_image.version,
+        path=base_image.path,
+        manifest={**base_image.manifest, "kernel_cmdline": base_image.kernel_cmdline + " init=/bin/sleep 100000"},
+    )
+    settings = replace(Settings(), boot_timeout=100)  # a stall: 100 / 5 = 20 s of silence; resets at ~30 s and ~60 s
+    with pytest.raises(VmsandboxError) as caught:
+        create.create(Options(project=project, name=owned_name, settings=settings, image=stalling))
+    message, err = caught.value.message, capsys.readouterr().err
+    assert "the boot got as far as: the initramfs ran; systemd did not start (after 2 reset(s)" in message
+    assert "resetting the VM (boot 2 of 3)" in err and "resetting the VM (boot 3 of 3)" in err
+    assert caught.value.hint is not None
+    kept = Path(caught.value.hint.split("the console is kept at ")[1].split(";")[0])
+    assert kept.read_text(errors="replace").count("Loading, please wait") == 3
+    kept.unlink()  # a deliberate failure
     assert_gone(owned_name)
 
 

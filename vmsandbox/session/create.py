@@ -211,7 +211,7 @@ def _wait_for_ssh(record: Record, hv: Hypervisor, boot_timeout: int) -> None:
     host gave it, and where its console is kept."""
     if record.accel == accel_mod.Accel.TCG.value and (busy := boot.busy_warning()):
         ui.warn(busy)
-    watch = boot.Watch(record.files.console_log, hv.cpu_seconds(record.domain) or 0.0)
+    watch = boot.Watch(record.files.console_log, hv.cpu_seconds(record.domain) or 0.0, boot_timeout)
     failpoint.hit("run.boot")
     title = f"Booting {record.domain} ({record.accel.upper()}, {record.cpus} vCPU, {record.memory_mib} MiB)"
     with ui.step(title) as detail:
@@ -223,19 +223,27 @@ def _wait_for_ssh(record: Record, hv: Hypervisor, boot_timeout: int) -> None:
                 detail(stage.name.lower())
             if starving := watch.starving(hv.cpu_seconds(record.domain)):
                 ui.warn(f"the boot is slow: {starving}")
+            if (last := watch.stalled()) is not None:
+                ui.warn(
+                    f"the guest stopped early in its boot ({watch.stall_limit:.0f} s without output after "
+                    f"{last!r}); resetting the VM (boot {watch.resets + 2} of {boot.RESETS + 1})"
+                )
+                hv.reset(record.domain)
+                watch.was_reset()
             return None
 
         try:
             record.boot_seconds = round(ssh.wait_for_banner(record.ssh_port, timeout=boot_timeout, alive=alive), 1)
         except VmsandboxError as exc:
-            raise _boot_failed(record, exc, watch.cpu(hv.cpu_seconds(record.domain))) from exc
+            raise _boot_failed(record, exc, watch, watch.cpu(hv.cpu_seconds(record.domain))) from exc
 
 
-def _boot_failed(record: Record, exc: VmsandboxError, cpu: boot.Cpu | None) -> VmsandboxError:
-    text = boot.read(record.files.console_log)
-    lines = [f"{exc.message}; the boot got as far as: {boot.stage_of(text).described}"]
-    if cpu is not None and (verdict := cpu.verdict()):
-        lines.append(f"({verdict})")
+def _boot_failed(record: Record, exc: VmsandboxError, watch: boot.Watch, cpu: boot.Cpu | None) -> VmsandboxError:
+    text = boot.read(record.files.console_log, watch.offset)
+    resets = f" (after {watch.resets} reset(s) of a stalled boot)" if watch.resets else ""
+    lines = [f"{exc.message}; the boot got as far as: {boot.stage_of(text).described}{resets}"]
+    if cpu is not None:
+        lines.append(f"({cpu.verdict() or cpu.figures})")
     if found := boot.trouble(text):
         lines.append("The console reports:\n" + "\n".join(f"  {t}" for t in found))
     lines.append("Last lines of the console:\n" + boot.plain(console_tail(record.name, lines=BOOT_TAIL_LINES)))

@@ -139,6 +139,16 @@ class Hypervisor:
         dom = self._lookup(name)
         return None if dom is None else str(dom.XMLDesc(0))
 
+    def reset(self, name: str) -> None:
+        """Reset the domain as the reset button would: the guest starts over, in the same QEMU process."""
+        dom = self._lookup(name)
+        if dom is None:
+            raise VmsandboxError(f"domain {name} is gone")
+        try:
+            dom.reset(0)
+        except libvirt.libvirtError as exc:
+            raise VmsandboxError(f"cannot reset {name}: {_message(exc)}") from exc
+
     def destroy(self, name: str) -> bool:
         """Power the domain off at once (and undefine it if persistent). False if it did not exist."""
         dom = self._lookup(name)
