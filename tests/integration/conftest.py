@@ -214,6 +214,11 @@ def keep_console_on_failure(request: pytest.FixtureRequest, name: str) -> None:
             print(f"\nserial console of {name} kept at {kept}")
 
 
+def processes() -> str:
+    """The command lines of every process on the host, one per line."""
+    return subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True, check=True).stdout
+
+
 def assert_gone(name: str, *, within: float = 60) -> None:
     """No domain, no session directory, no QEMU process for this session — once its background teardown
     (the end of `run`) is done, which may take `within` seconds."""
@@ -225,7 +230,7 @@ def assert_gone(name: str, *, within: float = 60) -> None:
                 found.append("domain")
         if paths.session_paths(name).root.exists():
             found.append("session directory")
-        ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True, check=True).stdout
+        ps = processes()
         if f"guest=vmsandbox-{name}," in ps:
             found.append("QEMU process")
         if f"vmsandbox.egress.daemon {name}" in ps:

@@ -22,7 +22,7 @@ from vmsandbox.session.record import DOMAIN_PREFIX
 from vmsandbox.sync.apply import TMP_PREFIX
 from vmsandbox.vm.virt import Hypervisor
 
-from .conftest import URI, Cli, assert_gone, wait_for
+from .conftest import URI, Cli, assert_gone, processes, wait_for
 
 BIG = "head -c 3000000 /dev/urandom > big.bin"  # three chunks: a kill at the second is mid-file
 
@@ -115,14 +115,10 @@ def test_run_teardown_killed_is_finished_by_gc(cli: Cli, owned_name: str, projec
     )
     assert r.returncode == 0, r.stderr.decode()
     assert (project / "done.txt").exists()
-    wait_for(lambda: f"vmsandbox.session.teardown {owned_name}" not in _ps(), 60, "the teardown process to die")
+    wait_for(lambda: f"vmsandbox.session.teardown {owned_name}" not in processes(), 60, "the teardown process to die")
     assert state_of(cli, owned_name) == "ending"
     assert f"finished the teardown of session {owned_name}" in gc_line(cli, owned_name)
     assert_gone(owned_name, within=0)
-
-
-def _ps() -> str:
-    return subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True, check=True).stdout
 
 
 # ---------------------------------------------------------------- pull, push, destroy, recover killed

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import signal
-import subprocess
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -20,7 +19,7 @@ from vmsandbox.session.options import Options
 from vmsandbox.session.record import DOMAIN_PREFIX
 from vmsandbox.vm.virt import Hypervisor
 
-from .conftest import URI, Cli, assert_gone, wait_for
+from .conftest import URI, Cli, assert_gone, processes, wait_for
 
 
 def domain_exists(name: str) -> bool:
@@ -66,7 +65,7 @@ def test_keep_then_destroy_leaves_nothing(cli: Cli, owned_name: str, project: Pa
     assert (row["state"], row["network"], row["egress"]) == ("running", "none", "off")
     probe = cli.run("exec", owned_name, "--", "sh", "-c", "curl -sS -m 10 http://pypi.org/; echo exit=$?")
     assert b"exit=7" in probe.stdout, probe.stderr.decode()  # refused: nothing listens on the proxy port
-    assert f"vmsandbox.egress.daemon {owned_name}" not in _ps()
+    assert f"vmsandbox.egress.daemon {owned_name}" not in processes()
     d = cli.run("destroy", owned_name)
     assert d.returncode == 0, d.stderr.decode()
     assert_gone(owned_name)
@@ -225,7 +224,3 @@ def test_gc_keeps_an_orphaned_session_holding_work(cli: Cli, owned_name: str, pr
     g2 = cli.run("gc")
     assert f"removed session {owned_name} (orphaned)".encode() in g2.stderr
     assert_gone(owned_name)
-
-
-def _ps() -> str:
-    return subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True, check=True).stdout

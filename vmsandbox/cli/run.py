@@ -5,6 +5,7 @@ from __future__ import annotations
 import inspect
 import typing
 from collections.abc import Callable
+from contextlib import nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
@@ -138,10 +139,8 @@ def _finish(record: Record, *, yes: bool, include_risky: bool) -> None:
     with lock.held(record.files, record.name, "reviewing the changes of"):
         plan = lifecycle.review(record, limit=sync_limit())
         outcome = review_ui.conduct(record, plan, yes=yes, include_risky=include_risky)
-        if outcome.left:
-            with ui.step("Keeping the unsynced changes in the session's outbox"):
-                end = lifecycle.finish(record, plan.gathered, background=True)
-        else:
+        keeping = ui.step("Keeping the unsynced changes in the session's outbox") if outcome.left else nullcontext()
+        with keeping:
             end = lifecycle.finish(record, plan.gathered, background=True)
     ui.info(f"[dim]{record.domain} is destroyed in the background (`vmsandbox gc` finishes it if interrupted)[/]")
     if end.left:

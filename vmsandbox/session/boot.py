@@ -164,8 +164,9 @@ class Watch:
     def advanced(self) -> Stage | None:
         """The stage the boot reached since the last look, if it moved on."""
         size = size_of(self.console)
-        if size != self.size:
-            self.size, self.grew = size, time.monotonic()
+        if size == self.size:
+            return None  # nothing new: the stage cannot have moved
+        self.size, self.grew = size, time.monotonic()
         now = stage_of(read(self.console, self.offset))
         if now == self.stage:
             return None

@@ -115,19 +115,17 @@ def remove_damaged(name: str, uri: str) -> Path | None:
     files = paths.session_paths(name)
     if not files.root.is_dir():
         return None
-    control.stop(files)
-    with Hypervisor(uri) as hv:
-        hv.destroy(DOMAIN_PREFIX + name)
+    _stop(files, uri, DOMAIN_PREFIX + name)
     shutil.rmtree(files.root)
     return files.root
 
 
-def _stop(record: Record) -> None:
+def _stop(files: paths.SessionPaths, uri: str, domain: str) -> None:
     """The session's egress daemon and its VM, gone."""
-    control.stop(record.files)
+    control.stop(files)
     failpoint.hit("destroy.stop")
-    with Hypervisor(record.libvirt_uri) as hv:
-        hv.destroy(record.domain)
+    with Hypervisor(uri) as hv:
+        hv.destroy(domain)
 
 
 def _pending(record: Record, limit: int) -> tuple[Gathered, list[Change]]:
@@ -141,14 +139,14 @@ def _pending(record: Record, limit: int) -> tuple[Gathered, list[Change]]:
 
 def remove(record: Record) -> None:
     """Destroy the VM and delete the session directory."""
-    _stop(record)
+    _stop(record.files, record.libvirt_uri, record.domain)
     shutil.rmtree(record.files.root, ignore_errors=True)
 
 
 def retire(record: Record) -> None:
     """Destroy the VM and everything but what a later `recover` needs: the record, the baseline, the decisions
     and the outbox of unsynced changes."""
-    _stop(record)
+    _stop(record.files, record.libvirt_uri, record.domain)
     files = record.files
     doomed = [files.workspace_disk, files.client_key, files.client_key.with_suffix(".pub")]
     doomed += [files.root / name for name in record.overlays]

@@ -29,8 +29,7 @@ def main(argv: list[str]) -> int:
 
     (name,) = argv
     try:
-        record = Record.load(name)
-        with lock.held(record.files, name, "tearing down", wait=True):
+        with lock.held(paths.session_paths(name), name, lock.TEARDOWN, wait=True):
             record = Record.load(name)  # as the run that handed it over left it
             if record.ending is not None:
                 failpoint.hit("run.teardown")

@@ -60,18 +60,7 @@ def _object_files(gitdir: Path) -> Iterator[tuple[str, int, os.stat_result]]:
 
 def _known_objects(gitdir: Path) -> set[tuple[str, int]]:
     """(name, size) of the object files the baseline already had: those need no copy."""
-    known: set[tuple[str, int]] = set()
-    objects = gitdir / "objects"
-    if not refs.is_real_dir(objects):
-        return known
-    for dirpath, _dirs, files, _fd in os.fwalk(objects, follow_symlinks=False):
-        rel_dir = os.path.relpath(dirpath, objects)
-        for name in files:
-            rel = name if rel_dir == "." else f"{rel_dir}/{name}"
-            if refs.LOOSE.match(rel) or refs.PACK.match(rel):
-                st = os.stat(name, dir_fd=_fd, follow_symlinks=False)
-                known.add((rel, st.st_size))
-    return known
+    return {(rel, st.st_size) for rel, _fd, st in _object_files(gitdir)}
 
 
 def make_incoming(
