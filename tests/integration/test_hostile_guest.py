@@ -9,6 +9,7 @@ order); a test that kills its VM or needs another user owns its session; the tru
 from __future__ import annotations
 
 import base64
+import json
 import os
 import pwd
 import re
@@ -24,6 +25,7 @@ import pytest
 
 from vmsandbox import paths
 from vmsandbox.confine import ACCOUNT
+from vmsandbox.image import store
 from vmsandbox.session.record import DOMAIN_PREFIX, Record
 from vmsandbox.vm.virt import Hypervisor
 
@@ -210,6 +212,37 @@ def test_the_console_never_reaches_the_terminal_raw(cli: Cli, name: str) -> None
     no_escape_sequences(out)
     assert b"\\x1b]52" in out
     assert b"\x1b]52" in cli.run("logs", name, "console", "--raw").stdout  # only when asked
+
+
+def test_a_failed_boot_never_shows_the_console_raw(
+    cli: Cli, base_image: store.Image, owned_name: str, project: Path, tmp_path: Path
+) -> None:
+    """The guest writes the console before any session exists: here its PID 1 prints escape sequences and
+    never starts sshd, so the boot fails; the error that quotes its console shows them escaped."""
+    data = Path(tempfile.mkdtemp(prefix="vmsandbox-it-data-", dir="/var/tmp"))
+    try:
+        data.chmod(0o755)  # libvirt's QEMU user reads the image through it
+        image = data / "images" / base_image.path.name
+        image.mkdir(parents=True, mode=0o755)
+        for name in (paths.IMAGE_DISK, paths.IMAGE_KERNEL, paths.IMAGE_INITRD):
+            (image / name).symlink_to(base_image.path / name)
+        # PID 1 prints, then sleeps (the boot stalls and is reset, twice); one word: no spaces, no "="
+        attack = r"init=/bin/sh -c printf${IFS}'\033]0;pwned\007\033[2Jconsole-attack\n';sleep${IFS}100000"
+        manifest = {**base_image.manifest, "kernel_cmdline": f"{base_image.kernel_cmdline} {attack}"}
+        (image / paths.IMAGE_MANIFEST).write_text(json.dumps(manifest))
+        cfg = tmp_path / "cfg"
+        cfg.mkdir()
+        (cfg / "config.yaml").write_text("boot_timeout: 100\n")  # resets at ~30 s and ~60 s, then a third boot
+        env = cli.env(VMSANDBOX_DATA_DIR=str(data), VMSANDBOX_CONFIG_DIR=str(cfg))
+        r = cli.run("run", "--name", owned_name, str(project), "--", "true", env=env)
+        assert r.returncode == 125, r.stderr.decode()
+        assert b"console-attack" in r.stderr and b"\\x1b]0;pwned" in r.stderr, r.stderr.decode()
+        no_escape_sequences(r.stderr)
+        kept = Path(r.stderr.decode().split("the console is kept at ")[1].split(";")[0])
+        assert b"\x1b]0;pwned" in kept.read_bytes()  # kept as the guest wrote it, for `less` to show
+        kept.unlink()  # a deliberate failure: not one for CI's list of kept consoles
+    finally:
+        shutil.rmtree(data, ignore_errors=True)
 
 
 def test_proxy_log_lines_are_capped_and_private(cli: Cli, name: str) -> None:
