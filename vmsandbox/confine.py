@@ -167,6 +167,18 @@ def qemu_uid() -> int | None:
     return None
 
 
+def give_to_qemu(directory: Path) -> None:
+    """Files that QEMU itself opens (fw_cfg entries; it runs as libvirt's unprivileged user): theirs, read-only."""
+    uid = qemu_uid()
+    if uid is None or os.geteuid() != 0:
+        return
+    gid = pwd.getpwuid(uid).pw_gid
+    os.chown(directory, uid, gid)
+    for f in directory.iterdir():
+        os.chown(f, uid, gid)
+        f.chmod(0o400)
+
+
 def traversers() -> list[int]:
     """The accounts that must traverse state directories: QEMU's user and the guest-data account."""
     guest_data = account()

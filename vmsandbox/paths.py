@@ -138,6 +138,10 @@ class SessionPaths:
         return self.root / SESSION_DOMAIN_XML
 
     @property
+    def identity_socket(self) -> Path:
+        return self.root / "identity.sock"
+
+    @property
     def fwcfg_dir(self) -> Path:
         return self.root / SESSION_FWCFG_DIR
 

@@ -60,12 +60,14 @@ def gc_line(cli: Cli, name: str) -> str:
 # ---------------------------------------------------------------- `run` killed in each phase
 
 
-@pytest.mark.parametrize("point", ["run.capture", "run.boot", "run.egress"])
+@pytest.mark.parametrize("point", ["run.capture", "run.boot", "run.restore", "run.egress"])
 def test_run_killed_before_the_command_leaves_nothing_after_gc(
     cli: Cli, owned_name: str, project: Path, point: str
 ) -> None:
     before = {p.name: sha(p) for p in project.iterdir()}
-    r = cli.run("run", "--name", owned_name, str(project), "--", "touch", "never", env=cli.env(**killed_at(point)))
+    cold = ["--cold"] if point == "run.boot" else []  # run.boot is a cold start's, run.restore a warm one's
+    argv = ["run", *cold, "--name", owned_name, str(project), "--", "touch", "never"]
+    r = cli.run(*argv, env=cli.env(**killed_at(point)))
     assert r.returncode == -9, r.stderr.decode()
     assert state_of(cli, owned_name) in ("orphaned", "stopped")
     time.sleep(2)  # a daemon spawned just before the kill gets to write its state

@@ -234,7 +234,7 @@ def test_a_failed_boot_never_shows_the_console_raw(
         cfg.mkdir()
         (cfg / "config.yaml").write_text("boot_timeout: 100\n")  # resets at ~30 s and ~60 s, then a third boot
         env = cli.env(VMSANDBOX_DATA_DIR=str(data), VMSANDBOX_CONFIG_DIR=str(cfg))
-        r = cli.run("run", "--name", owned_name, str(project), "--", "true", env=env)
+        r = cli.run("run", "--cold", "--name", owned_name, str(project), "--", "true", env=env)
         assert r.returncode == 125, r.stderr.decode()
         assert b"console-attack" in r.stderr and b"\\x1b]0;pwned" in r.stderr, r.stderr.decode()
         no_escape_sequences(r.stderr)

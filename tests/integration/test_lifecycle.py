@@ -137,7 +137,7 @@ def test_a_boot_that_stalls_is_reset_then_explained(
     )
     settings = replace(Settings(), boot_timeout=100)  # a stall: 100 / 5 = 20 s of silence; resets at ~30 s and ~60 s
     with pytest.raises(VmsandboxError) as caught:
-        create.create(Options(project=project, name=owned_name, settings=settings, image=stalling))
+        create.create(Options(project=project, name=owned_name, settings=settings, image=stalling, cold=True))
     message, err = caught.value.message, capsys.readouterr().err
     assert "the boot got as far as: the initramfs ran; systemd did not start (after 2 reset(s)" in message
     assert "resetting the VM (boot 2 of 3)" in err and "resetting the VM (boot 3 of 3)" in err

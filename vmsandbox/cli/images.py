@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.table import Table
 
 from vmsandbox import ui
 from vmsandbox.cli.base import AsJson, image_app, print_json
+
+if TYPE_CHECKING:
+    from vmsandbox.image.store import Image
 
 
 @image_app.command("build")
@@ -23,13 +26,19 @@ def image_build(
         str | None,
         typer.Option("--blueprint", "-b", help="Build this blueprint's layer on the base instead (claude, codex, …)."),
     ] = None,
+    no_template: Annotated[
+        bool, typer.Option("--no-template", help="Skip the warm-start template (the first session builds it).")
+    ] = False,
 ) -> None:
-    """Build the base image locally from Debian packages, or a blueprint's thin layer on it (needs root)."""
+    """Build the base image locally from Debian packages, or a blueprint's thin layer on it (needs root), and its
+    warm-start template (a booted VM's saved memory that sessions start from in seconds)."""
     from vmsandbox.image import build, recipe
     from vmsandbox.session import config, images
 
     if blueprint_name is not None:
-        _build_blueprint(blueprint_name, force=force)
+        layer = _build_blueprint(blueprint_name, force=force)
+        if not no_template:
+            images.default_template(layer)
         return
     trust = config.load().trust_host_ca and not no_host_ca
     wanted = recipe.load_recipe(trust_host_ca=trust)
@@ -40,10 +49,12 @@ def image_build(
     if did_build:
         ui.info(f"[green]Built[/] {built.version} in {time.monotonic() - start:.0f}s → {built.path}")
     else:
-        ui.info(f"{built.version} is already built for this recipe; nothing to do (use --force to rebuild)")
+        ui.info(f"{built.version} is already built for this recipe (use --force to rebuild)")
+    if not no_template:
+        images.default_template(built)
 
 
-def _build_blueprint(name: str, *, force: bool) -> None:
+def _build_blueprint(name: str, *, force: bool) -> Image:
     from vmsandbox.image import blueprint
     from vmsandbox.session import layerbuild
 
@@ -55,7 +66,8 @@ def _build_blueprint(name: str, *, force: bool) -> None:
         for package, version in sorted(built.manifest.get("installed", {}).items()):
             ui.info(ui.printable(f"  {package} {version}"))
     else:
-        ui.info(f"{built.version} is already built for this blueprint and base; nothing to do (--force rebuilds)")
+        ui.info(f"{built.version} is already built for this blueprint and base (--force rebuilds)")
+    return built
 
 
 @image_app.command("ls")

@@ -55,6 +55,10 @@ PublishAddressOpt = Annotated[
 SshAgentOpt = Annotated[
     bool, typer.Option("--ssh-agent", help="Forward your ssh-agent into the guest (it can use your keys).")
 ]
+ColdOpt = Annotated[
+    bool,
+    typer.Option("--cold", help="Boot the VM from scratch instead of restoring the image's warm-start template."),
+]
 GitIdentityOpt = Annotated[
     bool, typer.Option("--git-identity", help="Copy your git user.name and user.email into the guest.")
 ]
@@ -79,6 +83,7 @@ def run(
     publish_address: PublishAddressOpt = None,
     ssh_agent: SshAgentOpt = False,
     git_identity: GitIdentityOpt = False,
+    cold: ColdOpt = False,
 ) -> None:
     """Boot a disposable VM for PATH and run CMD (after `--`) or a shell in it; exit with CMD's code.
 
@@ -102,6 +107,7 @@ def run(
         publish_address=publish_address,
         ssh_agent=ssh_agent,
         git_identity=git_identity,
+        cold=cold,
     )
     _run_session(path, blueprint, tail(required=False), flags)
 

@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from pathlib import Path
+
+from vmsandbox import ui
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.image import layers, store
+from vmsandbox.session import config, template
 from vmsandbox.session.record import Record, names
+from vmsandbox.vm import accel as accel_mod
+from vmsandbox.vm.virt import Hypervisor
 
 
 def users_of(version: str) -> list[str]:
@@ -26,3 +33,27 @@ def remove(version: str) -> str:
         return "blueprint image"
     store.remove(version, users_of(version))
     return "base image"
+
+
+def default_template(image: store.Image) -> template.Template:
+    """The warm-start template of `image` for the VM shape the configuration gives (built unless it exists)."""
+    settings = config.load()
+    choice = accel_mod.choose(settings.accel)
+    shape = template.Shape(choice.accel.value, settings.cpus, settings.memory_mib, settings.disk_mib)
+    with Hypervisor(settings.libvirt_uri) as hv:
+        found = template.ensure(image, shape, hv, settings.boot_timeout)
+    ui.info(f"Warm-start template for {shape.slug}: {found.path}")
+    return found
+
+
+def collect_templates(hv: Hypervisor) -> Iterator[str]:
+    """gc of warm-start templates: interrupted builds, and superseded or failed ones no session is backed by."""
+    in_use: set[Path] = set()
+    for name in names():
+        try:
+            used = Record.load(name).template
+        except VmsandboxError:
+            continue
+        if used:
+            in_use.add(Path(used))
+    yield from template.collect(hv, [*store.list_images(), *layers.list_layers()], in_use)

@@ -18,7 +18,7 @@ from pathlib import Path
 from vmsandbox import failpoint, paths
 from vmsandbox.egress import control
 from vmsandbox.errors import VmsandboxError
-from vmsandbox.session import lock, teardown
+from vmsandbox.session import images, lock, teardown
 from vmsandbox.session.record import DOMAIN_PREFIX, Phase, Record, State, names
 from vmsandbox.session.state import is_running, status
 from vmsandbox.sync import changes, outbox, plan
@@ -195,6 +195,7 @@ def gc(uri: str, *, limit: int) -> Iterator[str]:
             if not (owner[1] / paths.SESSION_RECORD).exists():
                 hv.destroy(info.name)
                 yield f"destroyed domain {info.name} (its session directory is gone)"
+        yield from images.collect_templates(hv)
 
 
 def _collect(record: Record, state: State, limit: int) -> str:

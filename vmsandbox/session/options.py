@@ -35,6 +35,7 @@ class RunFlags:
     publish_address: str | None = None
     ssh_agent: bool = False
     git_identity: bool = False
+    cold: bool = False
 
     def settings_data(self) -> dict[str, object]:
         """The flags that are settings, as a config layer (the last one)."""
@@ -61,6 +62,7 @@ class Options:
     git_identity: bool = False
     build_disk: Path | None = None  # image builds: boot this disk read-write (no overlay), as root
     trusted_build: bool = False  # image builds: allowed names may resolve to private addresses (not loopback)
+    cold: bool = False  # boot, even where a warm-start template could serve (--cold)
 
 
 @dataclass(frozen=True)

@@ -76,6 +76,9 @@ class Record:
     # The qcow2 chain above the image, oldest first, names in the session directory; the VM writes the last.
     # One overlay today; checkpoints and forks will add to the chain.
     overlays: list[str] = field(default_factory=lambda: [paths.SESSION_OVERLAY])
+    start: str = "cold"  # "warm": restored from a template; "cold": booted (start_note says why)
+    start_note: str = ""
+    template: str | None = None  # the warm-start template whose disk the overlay is backed by
 
     @property
     def domain(self) -> str:

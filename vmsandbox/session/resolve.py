@@ -38,5 +38,6 @@ def resolve(path: Path, blueprint_name: str, command: list[str] | None, flags: R
         publish=publish,
         ssh_agent=flags.ssh_agent,
         git_identity=flags.git_identity,
+        cold=flags.cold,
     )
     return Run(options, command, tty, flags.yes, flags.include_risky)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from vmsandbox import paths, ui
@@ -100,7 +101,11 @@ def stops_within(record: Record, *, seconds: float) -> bool:
 
 
 def console_tail(name: str, lines: int = CONSOLE_TAIL_LINES) -> str:
-    log_file = paths.session_paths(name).console_log
+    return tail_of(paths.session_paths(name).console_log, lines)
+
+
+def tail_of(log_file: Path, lines: int = CONSOLE_TAIL_LINES) -> str:
+    """The last lines of a console log (raw: the caller escapes or strips them)."""
     try:
         with log_file.open("rb") as f:
             f.seek(max(0, f.seek(0, os.SEEK_END) - CONSOLE_TAIL_BYTES))

@@ -11,6 +11,8 @@ from vmsandbox.vm.accel import Accel
 QEMU_NS = "http://libvirt.org/schemas/domain/qemu/1.0"
 META_NS = "https://github.com/vmsandbox/vmsandbox/xmlns/session/1"
 FWCFG_PREFIX = "opt/vmsandbox/"
+IDENTITY_PORT = "org.vmsandbox.identity"  # the guest's /dev/virtio-ports/<name> (images/base/.../warm)
+WORKSPACE_SERIAL = "vmsandbox-workspace"
 TCG_TB_CACHE_MIB = 256  # QEMU's default is 1 GiB of host RAM per VM
 # A fixed PCI slot for the NIC: q35 needs bus/addr spelled out for a device added on the QEMU command line.
 NIC_DEVICE = "virtio-net-pci,netdev=n0,bus=pcie.0,addr=0x10"
@@ -42,6 +44,8 @@ class DomainSpec:
     forwards: tuple[Forward, ...]
     fwcfg_files: dict[str, Path] = field(default_factory=dict)
     workspace_disk: Path | None = None  # raw ext4, mounted by the guest at the project path (vdb)
+    channel: Path | None = None  # the identity port's socket (a warm start sends the identity through it)
+    template: bool = False  # a warm-start template being built, not a session (gc tells them apart)
 
     def netdev(self) -> str:
         """User-mode networking: restrict=on cuts the guest off; only the listed forwards exist."""
@@ -62,8 +66,11 @@ def build_xml(spec: DomainSpec) -> str:
         raise ValueError("resolve the accelerator before building the domain")
     dom = ET.Element("domain", {"type": "kvm" if spec.accel is Accel.KVM else "qemu"})
     _sub(dom, "name", spec.name)
+    # a VM generation ID: libvirt gives a restored guest a new one (kernels with vmgenid reseed on it)
+    _sub(dom, "genid")
     meta = _sub(dom, "metadata")
-    ET.SubElement(meta, f"{{{META_NS}}}session", {"name": spec.session, "dir": str(spec.session_dir)})
+    kind = "template" if spec.template else "session"
+    ET.SubElement(meta, f"{{{META_NS}}}{kind}", {"name": spec.session, "dir": str(spec.session_dir)})
     _sub(dom, "memory", str(spec.memory_mib), unit="MiB")
     _sub(dom, "vcpu", str(spec.cpus))
     if spec.fwcfg_files:
@@ -87,7 +94,15 @@ def build_xml(spec: DomainSpec) -> str:
     _sub(dom, "on_poweroff", "destroy")
     _sub(dom, "on_reboot", "restart")
     _sub(dom, "on_crash", "destroy")
-    devices = _sub(dom, "devices")
+    _devices(_sub(dom, "devices"), spec)
+    cmd = ET.SubElement(dom, f"{{{QEMU_NS}}}commandline")
+    for arg in ("-netdev", spec.netdev(), "-device", NIC_DEVICE):
+        ET.SubElement(cmd, f"{{{QEMU_NS}}}arg", {"value": arg})
+    ET.indent(dom)
+    return ET.tostring(dom, encoding="unicode") + "\n"
+
+
+def _devices(devices: ET.Element, spec: DomainSpec) -> None:
     disk = _sub(devices, "disk", type="file", device="disk")
     _sub(disk, "driver", name="qemu", type="qcow2", discard="unmap")
     _sub(disk, "source", file=str(spec.disk))
@@ -97,7 +112,13 @@ def build_xml(spec: DomainSpec) -> str:
         _sub(ws, "driver", name="qemu", type="raw", discard="unmap")
         _sub(ws, "source", file=str(spec.workspace_disk))
         _sub(ws, "target", dev="vdb", bus="virtio")
-        _sub(ws, "serial", "vmsandbox-workspace")
+        _sub(ws, "serial", WORKSPACE_SERIAL)
+    # a warm start hot-plugs its workspace disk as a SCSI disk here: no PCI hot-plug, no wait
+    _sub(devices, "controller", type="scsi", index="0", model="virtio-scsi")
+    if spec.channel is not None:
+        channel = _sub(devices, "channel", type="unix")
+        _sub(channel, "source", mode="bind", path=str(spec.channel))
+        _sub(channel, "target", type="virtio", name=IDENTITY_PORT)
     serial = _sub(devices, "serial", type="file")
     _sub(serial, "source", path=str(spec.console_log))
     _sub(serial, "target", port="0")
@@ -105,11 +126,51 @@ def build_xml(spec: DomainSpec) -> str:
     _sub(rng, "backend", "/dev/urandom", model="random")
     _sub(devices, "controller", type="usb", model="none")
     _sub(devices, "memballoon", model="none")
-    cmd = ET.SubElement(dom, f"{{{QEMU_NS}}}commandline")
-    for arg in ("-netdev", spec.netdev(), "-device", NIC_DEVICE):
-        ET.SubElement(cmd, f"{{{QEMU_NS}}}arg", {"value": arg})
-    ET.indent(dom)
-    return ET.tostring(dom, encoding="unicode") + "\n"
+
+
+def workspace_xml(disk: Path) -> str:
+    """The workspace disk a warm start hot-plugs (the guest finds it by its serial)."""
+    el = ET.Element("disk", type="file", device="disk")
+    _sub(el, "driver", name="qemu", type="raw", discard="unmap")
+    _sub(el, "source", file=str(disk))
+    _sub(el, "target", dev="sda", bus="scsi")
+    _sub(el, "serial", WORKSPACE_SERIAL)
+    return ET.tostring(el, encoding="unicode")
+
+
+def for_restore(saved_xml: str, spec: DomainSpec) -> str:
+    """A template's saved domain XML, made this session's: the guest-visible parts (devices, their addresses,
+    memory, CPUs) stay exactly as saved; the name, the metadata and every host-side path and port are the
+    session's. libvirt restores only XML whose guest ABI matches the save image."""
+    root = ET.fromstring(saved_xml)  # noqa: S314 - written by our own libvirt daemon
+    _find(root, "name").text = spec.name
+    meta = _find(root, "metadata")
+    for child in list(meta):
+        meta.remove(child)
+    ET.SubElement(meta, f"{{{META_NS}}}session", {"name": spec.session, "dir": str(spec.session_dir)})
+    system = [d for d in root.iterfind("devices/disk") if d.find("target[@dev='vda']") is not None]
+    _find(system[0] if system else root, "source").set("file", str(spec.disk))
+    _find(root, "devices/serial/source").set("path", str(spec.console_log))
+    for entry in root.iterfind("sysinfo[@type='fwcfg']/entry"):
+        key = entry.get("name", "").removeprefix(FWCFG_PREFIX)
+        if key not in spec.fwcfg_files:
+            raise ValueError(f"the saved domain reads fw_cfg entry {key!r}, which this session does not provide")
+        entry.set("file", str(spec.fwcfg_files[key]))
+    if spec.channel is not None:
+        _find(root, "devices/channel/source").set("path", str(spec.channel))
+    args = _find(root, f"{{{QEMU_NS}}}commandline")
+    for arg in args:
+        if arg.get("value", "").startswith("user,"):
+            arg.set("value", spec.netdev())
+    ET.indent(root)
+    return ET.tostring(root, encoding="unicode") + "\n"
+
+
+def _find(root: ET.Element, path: str) -> ET.Element:
+    el = root.find(path)
+    if el is None:
+        raise ValueError(f"the saved domain XML has no {path}")
+    return el
 
 
 def session_of(xml: str) -> tuple[str, Path] | None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 from vmsandbox import proc
@@ -35,24 +35,33 @@ def convert_to_qcow2(raw: Path, dest: Path) -> None:
     proc.run(["qemu-img", "convert", "-f", "raw", "-O", "qcow2", raw, dest])
 
 
-def create_overlay(base: Path, dest: Path, size_bytes: int | None = None, *, layer_ok: bool = False) -> None:
-    """A qcow2 overlay on base. The base must be a standalone qcow2 — or, with layer_ok, a blueprint layer
-    whose own backing file is a standalone qcow2 (chains are never deeper than base → layer → overlay)."""
-    base_info = info(base)
-    if layer_ok and base_info.format == "qcow2" and base_info.backing_file is not None:
-        backing = Path(base_info.backing_file)
-        if not backing.is_absolute():
-            backing = base.parent / backing
-        below = info(backing)
-        if below.format == "qcow2" and below.backing_file is None:
-            base_info = replace(base_info, backing_file=None)
-    if base_info.format != "qcow2" or base_info.backing_file is not None:
+def chain(path: Path) -> list[ImageInfo]:
+    """The image and every image below it, top first (qemu-img follows the backing files)."""
+    result = proc.run(["qemu-img", "info", "--backing-chain", "--output=json", "-U", path])
+    data = json.loads(result.stdout)
+    return [
+        ImageInfo(
+            path=Path(d["filename"]),
+            format=d["format"],
+            virtual_size=int(d["virtual-size"]),
+            actual_size=int(d.get("actual-size", 0)),
+            backing_file=d.get("backing-filename"),
+        )
+        for d in (data if isinstance(data, list) else [data])
+    ]
+
+
+def create_overlay(base: Path, dest: Path, size_bytes: int | None = None, *, depth: int = 1) -> None:
+    """A qcow2 overlay on base. Base's chain must be qcow2 all the way down and at most `depth` images long:
+    1 for a base image, 2 for a blueprint layer (base → layer), 3 for a warm-start template of a layer."""
+    images = chain(base)
+    if len(images) > depth or any(i.format != "qcow2" for i in images):
+        described = " → ".join(f"{i.path.name} ({i.format})" for i in reversed(images))
         raise VmsandboxError(
-            f"{base} is not a standalone qcow2 image (format {base_info.format}, "
-            f"backing file {base_info.backing_file})",
-            hint="rebuild the base image with `vmsandbox image build --force`",
+            f"{base} is not a chain of at most {depth} qcow2 image(s): {described}",
+            hint="rebuild the image with `vmsandbox image build --force`",
         )
     argv: list[str | Path] = ["qemu-img", "create", "-q", "-f", "qcow2", "-b", base, "-F", "qcow2", dest]
     if size_bytes is not None:
-        argv.append(str(max(size_bytes, base_info.virtual_size)))
+        argv.append(str(max(size_bytes, images[0].virtual_size)))
     proc.run(argv)

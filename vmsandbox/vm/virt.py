@@ -55,6 +55,10 @@ class PortTakenError(VmsandboxError):
     """QEMU could not listen on a forwarded host port: another process took it since we chose it."""
 
 
+def _dotted(v: int) -> str:
+    return f"{v // 1000000}.{v // 1000 % 1000}.{v % 1000}"
+
+
 def _message(exc: libvirt.libvirtError) -> str:
     return str(exc.get_error_message() or exc)
 
@@ -84,8 +88,41 @@ class Hypervisor:
             self._conn.close()
 
     def version(self) -> str:
-        v = self._conn.getLibVersion()
-        return f"{v // 1000000}.{v // 1000 % 1000}.{v % 1000}"
+        return _dotted(self._conn.getLibVersion())
+
+    def qemu_version(self) -> str:
+        """The version of the QEMU binary libvirt runs (a save image restores only into a QEMU that can read it)."""
+        return _dotted(self._conn.getVersion())
+
+    def save(self, name: str, path: str) -> None:
+        """Save the domain's memory and device state to `path` and stop it (its disks stay as they are)."""
+        dom = self._lookup(name)
+        if dom is None:
+            raise VmsandboxError(f"domain {name} is gone")
+        try:
+            dom.save(path)
+        except libvirt.libvirtError as exc:
+            raise VmsandboxError(f"cannot save {name}: {_message(exc)}", hint="check free space under it") from exc
+
+    def restore(self, path: str, xml: str) -> None:
+        """Start a transient domain from a save image, with `xml` (same guest ABI, other host-side paths)."""
+        try:
+            self._conn.restoreFlags(path, xml, libvirt.VIR_DOMAIN_SAVE_RUNNING)
+        except libvirt.libvirtError as exc:
+            text = _message(exc)
+            if "host forwarding" in text or "Address already in use" in text:
+                raise PortTakenError(f"a forwarded port was taken: {text}") from exc
+            raise VmsandboxError(f"libvirt could not restore the VM: {text}") from exc
+
+    def attach(self, name: str, device_xml: str) -> None:
+        """Hot-plug a device into the running domain."""
+        dom = self._lookup(name)
+        if dom is None:
+            raise VmsandboxError(f"domain {name} is gone")
+        try:
+            dom.attachDeviceFlags(device_xml, libvirt.VIR_DOMAIN_AFFECT_LIVE)
+        except libvirt.libvirtError as exc:
+            raise VmsandboxError(f"cannot attach a device to {name}: {_message(exc)}") from exc
 
     def create(self, xml: str) -> None:
         """Start a transient domain from XML."""

@@ -1,0 +1,124 @@
+"""Warm starts on real VMs: sessions restored from one template are each their own machine (hostname, user,
+host key, entropy, clock, workspace), `--cold` boots, and a template build that dies is cleaned up by gc.
+(Every other integration test runs on warm sessions too: warm is the default.)"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.integration.conftest import Cli, assert_gone, processes, unique_name
+from vmsandbox.image import store
+from vmsandbox.session import template
+from vmsandbox.session.record import Record
+
+PROBE = (
+    "hostname; id -u; id -g; cat /proc/sys/kernel/random/uuid; openssl rand -hex 16; date +%s; "
+    'sudo ssh-keygen -y -f /etc/ssh/ssh_host_ed25519_key; cat README; findmnt -n -o SOURCE --target "$PWD"'
+)
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    p = tmp_path_factory.mktemp("warm") / "warm project"
+    p.mkdir()
+    (p / "README").write_text("warm hello\n")
+    return p
+
+
+@pytest.fixture(scope="module")
+def sessions(cli: Cli, project: Path, base_image: store.Image) -> Iterator[dict[str, str]]:
+    """Two warm sessions and a cold one, kept, for the invoking user alice (uid 1234, gid 2345)."""
+    names = {"warm1": unique_name(), "warm2": unique_name(), "cold": unique_name()}
+    env = cli.env(SUDO_USER="alice", SUDO_UID="1234", SUDO_GID="2345")
+    try:
+        for kind, name in names.items():
+            cold = ["--cold"] if kind == "cold" else []
+            r = cli.run("run", "--keep", *cold, "--name", name, str(project), "--", "true", env=env)
+            assert r.returncode == 0, r.stderr.decode()
+        yield names
+    finally:
+        for name in names.values():
+            cli.run("destroy", name, "--discard")
+
+
+def probe(cli: Cli, name: str) -> list[str]:
+    r = cli.run("exec", name, "--", "sh", "-c", PROBE)
+    assert r.returncode == 0, r.stderr.decode()
+    return r.stdout.decode().splitlines()
+
+
+def test_each_warm_session_is_its_own_machine(cli: Cli, sessions: dict[str, str]) -> None:
+    seen: dict[str, list[str]] = {}
+    for kind, name in sessions.items():
+        record = Record.load(name)
+        assert record.start == ("cold" if kind == "cold" else "warm"), record.start_note
+        host_now = time.time()
+        out = probe(cli, name)
+        hostname, uid, gid, uuid, rand, clock, host_key, readme, source = out
+        assert hostname == f"vmsandbox-{name}"
+        assert (uid, gid) == ("1234", "2345")
+        assert abs(int(clock) - host_now) < 10, "the guest's clock was not stepped to the host's"
+        # the key sshd presents is the one this session generated on the host and pinned
+        assert host_key.split()[:2] == record.files.host_key.with_suffix(".pub").read_text().split()[:2]
+        assert readme == "warm hello"
+        assert source == ("/dev/vdb" if kind == "cold" else "/dev/sda")  # the hot-plugged workspace disk
+        seen[kind] = [uuid, rand, host_key]
+    one, two = seen["warm1"], seen["warm2"]
+    # restored from one memory image, yet their random generators were reseeded apart
+    assert one[0] != two[0], "two warm sessions drew the same kernel UUID"
+    assert one[1] != two[1], "two warm sessions drew the same `openssl rand`"
+    assert one[2] != two[2], "two sessions present the same SSH host key"
+
+
+def test_warm_sessions_share_one_template_and_their_overlays_are_their_own(
+    sessions: dict[str, str], base_image: store.Image
+) -> None:
+    one, two = (Record.load(sessions[k]) for k in ("warm1", "warm2"))
+    assert one.template is not None
+    assert one.template == two.template
+    tmpl = Path(one.template)
+    assert tmpl.parent == template.root_of(base_image)
+    assert one.system_disk != two.system_disk
+    assert not (one.files.root / "restore.save").exists()  # the memory copy goes once restored
+    meta = json.loads((tmpl / template.META).read_text())
+    assert meta["key"]["image"] == base_image.version
+
+
+def test_a_warm_session_ends_like_a_cold_one(cli: Cli, project: Path, base_image: store.Image) -> None:
+    name = unique_name()
+    r = cli.run("run", "--yes", "--name", name, str(project), "--", "sh", "-c", "echo warm > made-warm.txt")
+    assert r.returncode == 0, r.stderr.decode()
+    assert b"Restoring" in r.stderr, r.stderr.decode()
+    assert (project / "made-warm.txt").read_text() == "warm\n"
+    (project / "made-warm.txt").unlink()
+    assert_gone(name)
+
+
+def test_a_template_build_killed_midway_is_collected_by_gc(
+    cli: Cli, project: Path, base_image: store.Image, owned_name: str
+) -> None:
+    """A shape no template exists for (1.5 GiB): the run builds one and is killed just before the save;
+    gc destroys the template's VM and removes its half-built directory; nothing was ever listed as usable."""
+    env = cli.env(VMSANDBOX_FAILPOINTS="template.save=kill-after:0")
+    r = cli.run("run", "--memory", "1536M", "--name", owned_name, str(project), "--", "true", env=env)
+    assert r.returncode == -9, r.stderr.decode()
+    root = template.root_of(base_image)
+    half = list(root.glob(".tmp-*"))
+    assert half, "the killed build left no directory to collect"
+    assert "vmsandbox-template-" in processes()
+    assert not [p for p in root.glob("tcg-2c-1536m-*") if not p.name.endswith(".failed")]
+    g = cli.run("gc")
+    assert g.returncode == 0, g.stderr.decode()
+    assert "removed an interrupted template build" in g.stderr.decode() + g.stdout.decode()
+    assert not list(root.glob(".tmp-*"))
+    deadline = time.monotonic() + 30
+    while re.search(r"guest=vmsandbox-template-", processes()) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not re.search(r"guest=vmsandbox-template-", processes())
+    assert_gone(owned_name)  # the session the killed run was creating went with the same gc

@@ -1,0 +1,220 @@
+"""Warm starts without a VM: the save image clone, the restore XML, the identity bundle and reply, templates'
+keys and the reasons a session boots cold."""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import json
+import socket
+import tarfile
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+from tests.unit.test_domain import qemu_args, spec
+from vmsandbox.errors import VmsandboxError
+from vmsandbox.guest import identity
+from vmsandbox.image.store import Image
+from vmsandbox.session import template
+from vmsandbox.vm import savefile
+from vmsandbox.vm.domain import build_xml, for_restore, session_of, workspace_xml
+
+
+def fake_save(path: Path, xml: str, stream: bytes, *, pad: int = 4096) -> None:
+    cookie = b"<cookie>\n  <slirpHelper/>\n</cookie>\n"
+    body = xml.encode() + b"\0" + cookie + b"\0"
+    data = body.ljust(len(body) + pad, b"\0")
+    head = savefile.HEADER.pack(savefile.MAGIC, 2, len(data), 1, 0, len(xml.encode()) + 1, b"\0" * 56)
+    path.write_bytes(head + data + stream)
+
+
+def template_xml() -> str:
+    s = dataclasses.replace(
+        spec(),
+        name="vmsandbox-template-ab12",
+        fwcfg_files={"template": Path("/tmpl/.tmp-ab12/fwcfg/template")},
+        channel=Path("/tmpl/.tmp-ab12/identity.sock"),
+        forwards=(),
+        template=True,
+    )
+    root = ET.fromstring(build_xml(s))  # noqa: S314
+    ET.SubElement(root, "uuid").text = "11111111-2222-4333-8444-555555555555"  # what libvirt adds
+    return ET.tostring(root, encoding="unicode")
+
+
+def test_clone_rewrites_name_and_uuid_and_keeps_the_memory_stream(tmp_path: Path) -> None:
+    stream = b"QEVM\0\0\0\3" + bytes(range(256)) * 1000
+    fake_save(tmp_path / "t.save", template_xml(), stream)
+    saved = savefile.read(tmp_path / "t.save")
+    xml = savefile.renamed(saved.xml, "vmsandbox-s1", "99999999-2222-4333-8444-555555555555")
+    savefile.clone(tmp_path / "t.save", tmp_path / "s1.save", xml)
+    again = savefile.read(tmp_path / "s1.save")
+    root = ET.fromstring(again.xml)  # noqa: S314
+    assert root.findtext("name") == "vmsandbox-s1"
+    assert root.findtext("uuid") == "99999999-2222-4333-8444-555555555555"
+    assert again.cookie == saved.cookie
+    assert (tmp_path / "s1.save").read_bytes()[again.stream_offset :] == stream
+    with pytest.raises(FileExistsError):  # never over another file
+        savefile.clone(tmp_path / "t.save", tmp_path / "s1.save", xml)
+
+
+def test_clone_grows_the_header_when_the_new_xml_is_longer(tmp_path: Path) -> None:
+    fake_save(tmp_path / "t.save", template_xml(), b"QEVM-stream", pad=0)
+    saved = savefile.read(tmp_path / "t.save")
+    longer = savefile.renamed(saved.xml, "vmsandbox-" + "x" * 200, "99999999-2222-4333-8444-555555555555")
+    savefile.clone(tmp_path / "t.save", tmp_path / "s.save", longer)
+    again = savefile.read(tmp_path / "s.save")
+    assert again.xml == longer
+    assert (tmp_path / "s.save").read_bytes()[again.stream_offset :] == b"QEVM-stream"
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        lambda b: b[:50],  # truncated
+        lambda b: b"LibvirtQemudPart" + b[16:],  # libvirt's mark of an unfinished save
+        lambda b: b[:16] + (3).to_bytes(4, "little") + b[20:],  # another version
+        lambda b: b[:28] + (1).to_bytes(4, "little") + b[32:],  # compressed
+    ],
+)
+def test_unusable_save_images_are_refused(tmp_path: Path, damage: object) -> None:
+    fake_save(tmp_path / "t.save", template_xml(), b"QEVM")
+    data = (tmp_path / "t.save").read_bytes()
+    (tmp_path / "t.save").write_bytes(damage(data))  # type: ignore[operator]
+    with pytest.raises(savefile.SaveImageError):
+        savefile.read(tmp_path / "t.save")
+
+
+def test_restore_xml_keeps_the_guest_abi_and_takes_the_sessions_host_side() -> None:
+    session = dataclasses.replace(
+        spec(), fwcfg_files={"template": Path("/state/sessions/s1/fwcfg/template")}, channel=Path("/s/id.sock")
+    )
+    xml = for_restore(template_xml(), session)
+    root = ET.fromstring(xml)  # noqa: S314
+    assert root.findtext("name") == "vmsandbox-s1"
+    assert session_of(xml) == ("s1", Path("/state/sessions/s1"))  # a session's now, not a template's
+    assert root.find("devices/disk/source").get("file") == "/state/sessions/s1/overlay.qcow2"  # type: ignore[union-attr]
+    assert root.find("devices/serial/source").get("path") == "/state/sessions/s1/console.log"  # type: ignore[union-attr]
+    assert root.find("devices/channel/source").get("path") == "/s/id.sock"  # type: ignore[union-attr]
+    assert root.find("sysinfo/entry").get("file") == "/state/sessions/s1/fwcfg/template"  # type: ignore[union-attr]
+    assert "hostfwd=tcp:127.0.0.1:40022-:22" in qemu_args(xml)[1]
+    assert "restrict=on" in qemu_args(xml)[1]
+    assert root.findtext("uuid") == "11111111-2222-4333-8444-555555555555"  # savefile.renamed sets the session's
+    old = ET.fromstring(template_xml())  # noqa: S314
+    assert [d.tag for d in root.find("devices")] == [d.tag for d in old.find("devices")]  # type: ignore[union-attr]
+
+
+def test_restore_xml_refuses_a_template_that_reads_fwcfg_the_session_lacks() -> None:
+    with pytest.raises(ValueError, match="template"):
+        for_restore(template_xml(), spec())
+
+
+def test_workspace_is_hot_plugged_as_a_scsi_disk_found_by_serial() -> None:
+    el = ET.fromstring(workspace_xml(Path("/s/workspace.img")))  # noqa: S314
+    assert el.find("target").get("bus") == "scsi"  # type: ignore[union-attr]
+    assert el.findtext("serial") == "vmsandbox-workspace"
+
+
+def test_identity_bundle_has_the_files_the_clock_and_a_fresh_seed(tmp_path: Path) -> None:
+    for name, text in {"hostname": "vmsandbox-s1\n", "host_key": "KEY", "template": "1\n"}.items():
+        (tmp_path / name).write_text(text)
+
+    def members(data: bytes) -> dict[str, bytes]:
+        with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+            return {m.name: tar.extractfile(m).read() for m in tar.getmembers()}  # type: ignore[union-attr]
+
+    one = members(identity.bundle(tmp_path, now=1234.5))
+    assert sorted(one) == ["clock", "host_key", "hostname", "seed"]  # the template marker is the domain's only
+    assert one["clock"] == b"1234.500000\n"
+    seeds = [one["seed"], members(identity.bundle(tmp_path))["seed"]]
+    assert len(seeds[0]) == identity.SEED_BYTES
+    assert seeds[0] != seeds[1]
+
+
+@pytest.mark.parametrize(
+    ("guest", "expected"),
+    [
+        (b"ok\n", None),
+        (b"error: sshd did not start\n", "sshd did not start"),
+        (b"\x1b]0;owned\x07ok\n", "\\x1b]0;owned\\x07ok"),  # shown escaped, never obeyed
+        (b"A" * 100_000, "A" * 100),  # bounded
+        (b"", "(no answer)"),
+    ],
+)
+def test_the_guests_answer_is_bounded_and_escaped(tmp_path: Path, guest: bytes, expected: str | None) -> None:
+    (tmp_path / "fw").mkdir()
+    (tmp_path / "fw" / "hostname").write_text("x\n")
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(str(tmp_path / "id.sock"))
+    server.listen(1)
+    import threading
+
+    def fake_guest() -> None:
+        conn, _ = server.accept()
+        header = b""
+        while not header.endswith(b"\n"):
+            header += conn.recv(1)
+        size = int(header.split()[1])
+        got = 0
+        while got < size:
+            got += len(conn.recv(65536))
+        conn.sendall(guest)
+        conn.close()
+
+    t = threading.Thread(target=fake_guest)
+    t.start()
+    try:
+        if expected is None:
+            identity.send(tmp_path / "id.sock", tmp_path / "fw", timeout=10)
+        else:
+            with pytest.raises(VmsandboxError) as err:
+                identity.send(tmp_path / "id.sock", tmp_path / "fw", timeout=10)
+            assert expected in err.value.message
+            assert len(err.value.message) < identity.REPLY_LIMIT * 4 + 100
+    finally:
+        t.join()
+        server.close()
+
+
+class FakeHv:
+    def __init__(self, qemu: str = "7.2.0") -> None:
+        self.qemu = qemu
+
+    def qemu_version(self) -> str:
+        return self.qemu
+
+    def version(self) -> str:
+        return "9.0.0"
+
+
+def test_a_template_is_used_only_under_the_key_it_was_saved_with(tmp_path: Path) -> None:
+    image = Image("bookworm-aaa", tmp_path / "base-bookworm-aaa", {"kernel_cmdline": "root=/dev/vda"})
+    shape = template.Shape("tcg", 2, 2048, 8192)
+    hv = FakeHv()
+    found, why = template.find(image, shape, hv)  # type: ignore[arg-type]
+    assert found is None
+    assert "no warm-start template yet" in why
+    key = template.key(image, shape, hv)  # type: ignore[arg-type]
+    where = template.root_of(image) / f"{shape.slug}-{template._digest(key)}"
+    where.mkdir(parents=True)
+    (where / template.MEMORY).write_bytes(b"LibvirtQemudSave")
+    (where / template.META).write_text(json.dumps({"key": key}))
+    found, why = template.find(image, shape, hv)  # type: ignore[arg-type]
+    assert found is not None
+    assert found.path == where
+    # QEMU was upgraded: that template is never used, and the session says why
+    found, why = template.find(image, shape, FakeHv("8.0.0"))  # type: ignore[arg-type]
+    assert found is None
+    assert "qemu 7.2.0 → 8.0.0" in why
+    # another image version never finds it (its directory is the image's)
+    newer = Image("bookworm-bbb", tmp_path / "base-bookworm-bbb", image.manifest)
+    assert template.find(newer, shape, hv)[0] is None  # type: ignore[arg-type]
+    # another shape neither
+    assert template.find(image, dataclasses.replace(shape, memory_mib=4096), hv)[0] is None  # type: ignore[arg-type]
+    # a template that failed a warm start is not used again
+    template.mark_failed(found or template.Template(where, {}), "the guest did not take its identity")
+    found, why = template.find(image, shape, hv)  # type: ignore[arg-type]
+    assert found is None
+    assert "failed a warm start" in why

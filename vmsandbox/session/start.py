@@ -1,0 +1,176 @@
+"""Starting a session's VM: warm (restored from its image's template, then given its identity over the identity
+port) when a template can be had, cold (a full boot, identity from fw_cfg) otherwise — and the session says
+which, and why it was cold."""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+from vmsandbox import failpoint, paths, ui
+from vmsandbox.egress import ports
+from vmsandbox.errors import VmsandboxError
+from vmsandbox.guest import identity, ssh
+from vmsandbox.image import store
+from vmsandbox.session import boot as boot_mod
+from vmsandbox.session import bootwait, template
+from vmsandbox.session.record import Record
+from vmsandbox.vm import accel as accel_mod
+from vmsandbox.vm import domain, qemuimg, savefile
+from vmsandbox.vm.domain import DomainSpec, Forward
+from vmsandbox.vm.virt import Hypervisor, PortTakenError
+
+PORT_ATTEMPTS = 4
+IDENTITY_TIMEOUT = 60  # the guest takes its identity in a second or two, even under TCG
+RESTORE_IMAGE = "restore.save"  # the session's copy of the template's memory, deleted once restored
+
+
+def shape(record: Record) -> template.Shape:
+    return template.Shape(record.accel, record.cpus, record.memory_mib, record.disk_mib)
+
+
+def plan(
+    record: Record, image: store.Image, hv: Hypervisor, *, cold: bool, boot_timeout: int
+) -> template.Template | None:
+    """The template to start from, or None (and record.start_note says why) for a cold boot."""
+    if cold or record.disk is not None:
+        record.start_note = "--cold" if cold else "an image build boots its disk cold"
+        return None
+    try:
+        return template.ensure(image, shape(record), hv, boot_timeout)
+    except VmsandboxError as exc:
+        record.start_note = f"the warm-start template could not be built: {exc.message}"
+        ui.warn(f"{record.start_note}; booting cold")
+        return None
+
+
+def spec(record: Record, image: store.Image, *, warm: bool) -> DomainSpec:
+    files = record.files
+    fwcfg = {f.name: f for f in sorted(files.fwcfg_dir.iterdir())}
+    if not warm:
+        fwcfg.pop("template", None)
+    return DomainSpec(
+        name=record.domain,
+        session=record.name,
+        session_dir=files.root,
+        accel=accel_mod.Accel(record.accel),
+        cpus=record.cpus,
+        memory_mib=record.memory_mib,
+        disk=record.system_disk,
+        kernel=image.kernel,
+        initrd=image.initrd,
+        cmdline=image.kernel_cmdline,
+        console_log=files.console_log,
+        forwards=(Forward(record.ssh_port, 22),),
+        fwcfg_files=fwcfg,
+        workspace_disk=None if warm else files.workspace_disk,
+        channel=files.identity_socket,
+    )
+
+
+def _new_port(record: Record) -> None:
+    files = record.files
+    record.ssh_port = ports.free_port()
+    ssh.write_known_hosts(files, record.ssh_port, files.host_key.with_suffix(".pub").read_text())
+    record.endpoint().write_config()
+
+
+def _ports_exhausted(last: VmsandboxError | None) -> VmsandboxError:
+    return VmsandboxError(
+        f"no free port for SSH after {PORT_ATTEMPTS} tries: {last}",
+        hint="too many ports on 127.0.0.1 are taken; free some and retry",
+    )
+
+
+def cold(record: Record, image: store.Image, hv: Hypervisor, boot_timeout: int) -> None:
+    if record.disk is None:
+        qemuimg.create_overlay(image.disk, record.system_disk, record.disk_mib * 1024 * 1024, depth=2)
+        record.system_disk.chmod(0o600)
+    last: VmsandboxError | None = None
+    for _attempt in range(PORT_ATTEMPTS):
+        _new_port(record)
+        xml = domain.build_xml(spec(record, image, warm=False))
+        paths.write_atomically(record.files.domain_xml, xml)
+        try:
+            hv.create(xml)
+        except PortTakenError as exc:
+            last = exc  # lost a race for the port: pick another
+            continue
+        break
+    else:
+        raise _ports_exhausted(last)
+    record.start = "cold"
+    record.save()
+    failpoint.hit("run.boot")
+    title = f"Booting {record.domain} ({record.accel.upper()}, {record.cpus} vCPU, {record.memory_mib} MiB)"
+    b = bootwait.Booting(record.domain, record.files.console_log, record.name, record.accel, title)
+    waited = bootwait.wait(
+        b, hv, boot_timeout, lambda alive: ssh.wait_for_banner(record.ssh_port, timeout=boot_timeout, alive=alive)
+    )
+    record.boot_seconds = round(waited, 1)
+    record.save()
+
+
+def warm(record: Record, image: store.Image, tmpl: template.Template, hv: Hypervisor, boot_timeout: int) -> None:
+    """Restore the template over a fresh overlay of the session's own, hot-plug the workspace disk, send the
+    identity, wait for sshd. Raises (the caller boots cold instead) when any of it fails."""
+    files = record.files
+    qemuimg.create_overlay(tmpl.disk, record.system_disk, depth=3)
+    record.system_disk.chmod(0o600)
+    record.template = str(tmpl.path)
+    saved = savefile.read(tmpl.memory)
+    clone = files.root / RESTORE_IMAGE
+    last: VmsandboxError | None = None
+    with ui.step(f"Restoring {record.domain} from its warm-start template") as detail:
+        for _attempt in range(PORT_ATTEMPTS):
+            _new_port(record)
+            xml = savefile.renamed(
+                domain.for_restore(saved.xml, spec(record, image, warm=True)), record.domain, str(uuid.uuid4())
+            )
+            paths.write_atomically(files.domain_xml, xml)
+            savefile.clone(tmpl.memory, clone, xml)
+            try:
+                hv.restore(str(clone), xml)
+            except PortTakenError as exc:
+                last = exc
+                continue
+            finally:
+                clone.unlink(missing_ok=True)
+            break
+        else:
+            raise _ports_exhausted(last)
+        record.start = "warm"
+        record.save()
+        failpoint.hit("run.restore")
+        hv.attach(record.domain, domain.workspace_xml(files.workspace_disk))
+        detail("identity")
+        identity.send(files.identity_socket, files.fwcfg_dir, timeout=min(IDENTITY_TIMEOUT, boot_timeout))
+        detail("sshd")
+        ssh.wait_for_banner(record.ssh_port, timeout=boot_timeout, alive=lambda: _alive(hv, record.domain))
+
+
+def _alive(hv: Hypervisor, name: str) -> str | None:
+    info = hv.info(name)
+    return None if info is not None and not info.stopped else "the VM powered off or crashed"
+
+
+def boot(record: Record, image: store.Image, hv: Hypervisor, *, cold_start: bool, boot_timeout: int) -> None:
+    """Start the session's VM: warm when a template serves, else (or when the warm start fails) cold."""
+    tmpl = plan(record, image, hv, cold=cold_start, boot_timeout=boot_timeout)
+    if tmpl is not None:
+        started = time.monotonic()
+        try:
+            warm(record, image, tmpl, hv, boot_timeout)
+        except VmsandboxError as exc:
+            record.start_note = f"the warm start failed: {exc.message}"
+            template.mark_failed(tmpl, exc.message)
+            kept = boot_mod.keep(record.files.console_log, record.name)
+            ui.warn(f"{record.start_note}; booting cold" + (f" (its console is kept at {kept})" if kept else ""))
+            hv.destroy(record.domain)
+            record.system_disk.unlink(missing_ok=True)
+            record.template = None
+        else:
+            record.boot_seconds = round(time.monotonic() - started, 1)
+            record.save()
+            return
+    cold(record, image, hv, boot_timeout)

@@ -1,0 +1,259 @@
+"""Warm-start templates: an image booted once to the point where it waits for a session's identity, its memory
+saved. Kept beside the image (`<image>/templates/<shape>-<key>/`: disk.qcow2, memory.save, meta.json).
+
+A template is tied to everything its saved memory depends on: the image version (its directory), the VM's
+shape (accelerator, vCPUs, memory, disk size), the domain layout, and the QEMU and libvirt versions that saved
+it. Any of those changes and the key changes, so a new template is built and the old one is never used
+(sessions still running on an old one keep its disk; `gc` removes it when nobody does). A template directory
+appears in one rename, complete, so a half-built template is never used.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import secrets
+import shutil
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from vmsandbox import confine, failpoint, paths, ui
+from vmsandbox.image.store import Image
+from vmsandbox.session import bootwait
+from vmsandbox.vm import accel as accel_mod
+from vmsandbox.vm import qemuimg
+from vmsandbox.vm.domain import DomainSpec, build_xml
+from vmsandbox.vm.virt import Hypervisor
+
+DIR = "templates"
+MEMORY = "memory.save"
+META = "meta.json"
+DOMAIN_PREFIX = "vmsandbox-template-"
+READY = "vmsandbox-boot: template ready"  # printed by images/base/rootfs/usr/local/lib/vmsandbox/warm
+SETTLE = 0.5  # after the marker: the guest's script is blocked on its port by then
+
+
+@dataclass(frozen=True)
+class Shape:
+    accel: str
+    cpus: int
+    memory_mib: int
+    disk_mib: int
+
+    @property
+    def slug(self) -> str:
+        return f"{self.accel}-{self.cpus}c-{self.memory_mib}m-{self.disk_mib}d"
+
+
+@dataclass(frozen=True)
+class Template:
+    path: Path
+    meta: dict[str, Any]
+
+    @property
+    def disk(self) -> Path:
+        return self.path / paths.IMAGE_DISK
+
+    @property
+    def memory(self) -> Path:
+        return self.path / MEMORY
+
+
+def key(image: Image, shape: Shape, hv: Hypervisor) -> dict[str, Any]:
+    """Everything a template's saved memory depends on."""
+    layout = build_xml(_spec(image, shape, "layout", Path("/layout")))
+    return {
+        "image": image.version,
+        "shape": asdict(shape),
+        "cmdline": image.kernel_cmdline,
+        "qemu": hv.qemu_version(),
+        "libvirt": hv.version(),
+        "domain": hashlib.sha256(layout.encode()).hexdigest()[:16],
+    }
+
+
+def _digest(k: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(k, sort_keys=True).encode()).hexdigest()[:12]
+
+
+def root_of(image: Image) -> Path:
+    return image.path / DIR
+
+
+def find(image: Image, shape: Shape, hv: Hypervisor) -> tuple[Template | None, str]:
+    """The usable template for this image and shape, or None and why there is none."""
+    k = key(image, shape, hv)
+    path = root_of(image) / f"{shape.slug}-{_digest(k)}"
+    try:
+        meta = json.loads((path / META).read_text())
+    except (OSError, ValueError):
+        return None, _why_missing(image, shape, k)
+    if meta.get("key") != k or not (path / MEMORY).is_file():
+        return None, f"the template at {path} does not match its key"
+    with contextlib.suppress(OSError):
+        failed = _failed_mark(path).read_text().strip()
+        return None, f"its warm-start template failed a warm start ({failed}); `vmsandbox gc` removes it"
+    return Template(path, meta), ""
+
+
+def _failed_mark(path: Path) -> Path:
+    return path.with_name(path.name + ".failed")
+
+
+def mark_failed(tmpl: Template, why: str) -> None:
+    """A warm start from this template failed in the guest: later sessions boot cold (and say why) instead of
+    each waiting for the same failure; `gc` removes it, and the next session builds a new one."""
+    paths.write_atomically(_failed_mark(tmpl.path), why[:500] + "\n", mode=0o644)
+
+
+def _why_missing(image: Image, shape: Shape, k: dict[str, Any]) -> str:
+    for old in sorted(root_of(image).glob(f"{shape.slug}-*")):
+        with contextlib.suppress(OSError, ValueError):
+            was = json.loads((old / META).read_text()).get("key", {})
+            changed = [
+                f"{f} {was.get(f)} → {k[f]}" for f in ("qemu", "libvirt", "cmdline", "domain") if was.get(f) != k[f]
+            ]
+            if changed:
+                return "the template was saved under another " + ", ".join(changed)
+    return f"no warm-start template yet for {image.version} ({shape.slug})"
+
+
+@contextlib.contextmanager
+def _lock(image: Image) -> Iterator[None]:
+    root = root_of(image)
+    root.mkdir(exist_ok=True)
+    root.chmod(0o755)  # QEMU's user passes through to a template's disk
+    with (root / ".lock").open("a") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            ui.info("Waiting for another vmsandbox that builds this warm-start template")
+            fcntl.flock(f, fcntl.LOCK_EX)
+        yield
+
+
+def ensure(image: Image, shape: Shape, hv: Hypervisor, boot_timeout: int) -> Template:
+    """The template for this image and shape, built now if there is none (once; others wait for it)."""
+    found, why = find(image, shape, hv)
+    if found is not None:
+        return found
+    with _lock(image):
+        found, why = find(image, shape, hv)  # built by another process while we waited
+        if found is not None:
+            return found
+        ui.info(f"Building a warm-start template: {why} (once per image version and VM shape)")
+        return _build(image, shape, hv, boot_timeout)
+
+
+def _spec(image: Image, shape: Shape, name: str, where: Path) -> DomainSpec:
+    return DomainSpec(
+        name=name,
+        session=name,
+        session_dir=where,
+        accel=accel_mod.Accel(shape.accel),
+        cpus=shape.cpus,
+        memory_mib=shape.memory_mib,
+        disk=where / paths.IMAGE_DISK,
+        kernel=image.kernel,
+        initrd=image.initrd,
+        cmdline=image.kernel_cmdline,
+        console_log=where / "console.log",
+        forwards=(),
+        fwcfg_files={"template": where / "fwcfg" / "template"},
+        channel=where / "identity.sock",
+        template=True,
+    )
+
+
+def _build(image: Image, shape: Shape, hv: Hypervisor, boot_timeout: int) -> Template:
+    k = key(image, shape, hv)
+    final = root_of(image) / f"{shape.slug}-{_digest(k)}"
+    tmp = root_of(image) / f".tmp-{secrets.token_hex(4)}"
+    tmp.mkdir(mode=0o700)
+    confine.private_dir(tmp)
+    spec = _spec(image, shape, DOMAIN_PREFIX + tmp.name[5:], tmp)
+    started = time.monotonic()
+    try:
+        qemuimg.create_overlay(image.disk, spec.disk, shape.disk_mib * 1024 * 1024, depth=2)
+        (tmp / "fwcfg").mkdir(mode=0o700)
+        (tmp / "fwcfg" / "template").write_text("1\n")
+        confine.give_to_qemu(tmp / "fwcfg")
+        hv.create(build_xml(spec))
+        title = f"Booting the template ({shape.accel.upper()}, {shape.cpus} vCPU, {shape.memory_mib} MiB)"
+        booting = bootwait.Booting(spec.name, spec.console_log, f"template-{image.version}", shape.accel, title)
+        bootwait.wait(
+            booting,
+            hv,
+            boot_timeout,
+            lambda alive: bootwait.marker(spec.console_log, READY, timeout=boot_timeout, alive=alive),
+        )
+        time.sleep(SETTLE)
+        failpoint.hit("template.save")
+        with ui.step("Saving the template's memory"):
+            hv.save(spec.name, str(tmp / MEMORY))
+        spec.disk.chmod(0o444)  # never written again: the backing file of every session restored from it
+        (tmp / MEMORY).chmod(0o400)  # libvirtd reads it, as root
+        meta: dict[str, Any] = {
+            "key": k,
+            "built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "build_seconds": round(time.monotonic() - started, 1),
+            "memory_bytes": (tmp / MEMORY).stat().st_size,
+        }
+        paths.write_atomically(tmp / META, json.dumps(meta, indent=2, sort_keys=True) + "\n", mode=0o644)
+        for scratch in ("console.log", "identity.sock"):
+            (tmp / scratch).unlink(missing_ok=True)
+        shutil.rmtree(tmp / "fwcfg")
+        tmp.chmod(0o755)
+        tmp.rename(final)
+    except BaseException:
+        hv.destroy(spec.name)
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return Template(final, meta)
+
+
+def collect(hv: Hypervisor, images: list[Image], in_use: set[Path]) -> Iterator[str]:
+    """gc: template builds that died (their domain and directory), and templates no session uses that a newer
+    one replaced. Skips everything while a build holds the lock."""
+    for image in images:
+        root = root_of(image)
+        if not root.is_dir():
+            continue
+        with (root / ".lock").open("a") as f:
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                continue
+            for tmp in root.glob(".tmp-*"):
+                hv.destroy(DOMAIN_PREFIX + tmp.name[5:])
+                shutil.rmtree(tmp, ignore_errors=True)
+                yield f"removed an interrupted template build {tmp}"
+            yield from _superseded(hv, image, root, in_use)
+
+
+def _superseded(hv: Hypervisor, image: Image, root: Path, in_use: set[Path]) -> Iterator[str]:
+    for path in sorted(root.iterdir()):
+        if path.name.startswith(".") or path.suffix == ".failed" or path in in_use:
+            continue
+        if _failed_mark(path).exists():
+            _failed_mark(path).unlink()
+            shutil.rmtree(path, ignore_errors=True)
+            yield f"removed a warm-start template that failed a warm start {path}"
+            continue
+        shape = _shape_of(path)
+        current = find(image, shape, hv)[0] if shape is not None else None
+        if current is not None and current.path == path:
+            continue
+        shutil.rmtree(path, ignore_errors=True)
+        yield f"removed a superseded warm-start template {path}"
+
+
+def _shape_of(path: Path) -> Shape | None:
+    with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+        return Shape(**json.loads((path / META).read_text())["key"]["shape"])
+    return None
