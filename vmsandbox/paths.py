@@ -138,6 +138,11 @@ class SessionPaths:
         return self.root / SESSION_DOMAIN_XML
 
     @property
+    def saved_memory(self) -> Path:
+        """A stopped session's memory and device state (`vmsandbox stop`)."""
+        return self.root / "saved.memory"
+
+    @property
     def identity_socket(self) -> Path:
         return self.root / "identity.sock"
 

@@ -69,7 +69,7 @@ def test_run_killed_before_the_command_leaves_nothing_after_gc(
     argv = ["run", *cold, "--name", owned_name, str(project), "--", "touch", "never"]
     r = cli.run(*argv, env=cli.env(**killed_at(point)))
     assert r.returncode == -9, r.stderr.decode()
-    assert state_of(cli, owned_name) in ("orphaned", "stopped")
+    assert state_of(cli, owned_name) in ("orphaned", "exited")
     time.sleep(2)  # a daemon spawned just before the kill gets to write its state
     assert "removed session" in gc_line(cli, owned_name)
     assert_gone(owned_name)

@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.integration.conftest import Cli, assert_gone, processes, unique_name
+from tests.integration.conftest import Cli, assert_gone, processes, unique_name, wait_for
 from vmsandbox.image import store
 from vmsandbox.session import template
 from vmsandbox.session.record import Record
@@ -122,3 +123,56 @@ def test_a_template_build_killed_midway_is_collected_by_gc(
         time.sleep(0.5)
     assert not re.search(r"guest=vmsandbox-template-", processes())
     assert_gone(owned_name)  # the session the killed run was creating went with the same gc
+
+
+def test_stop_and_start_keep_processes_and_work_across_a_libvirtd_restart(
+    cli: Cli, project: Path, owned_name: str
+) -> None:
+    name = owned_name
+    script = "nohup sleep 7777 >/dev/null 2>&1 & echo $! > /tmp/sleeper; echo unsynced > stopped-work.txt"
+    r = cli.run("run", "--keep", "--name", name, str(project), "--", "sh", "-c", script)
+    assert r.returncode == 0, r.stderr.decode()
+    pid = cli.run("exec", name, "--", "cat", "/tmp/sleeper").stdout.strip()
+    s = cli.run("stop", name)
+    assert s.returncode == 0, s.stderr.decode()
+    listed = next(x for x in cli.ls() if x["name"] == name)
+    assert listed["state"] == "stopped"
+    assert int(listed["disk_bytes"]) > 50 * 1024**2  # type: ignore[call-overload]  # its memory is on disk
+    assert f"guest=vmsandbox-{name}," not in processes()  # no QEMU: no CPU, no RAM
+    e = cli.run("exec", name, "--", "true")
+    assert e.returncode != 0 and f"vmsandbox start {name}".encode() in e.stderr, e.stderr.decode()
+    d = cli.run("diff", name)  # read from a copy of the workspace disk, the VM left as it was
+    assert d.returncode == 0 and b"+unsynced" in d.stdout, d.stdout.decode() + d.stderr.decode()
+    refused = cli.run("destroy", name)
+    assert refused.returncode != 0 and b"unsynced" in refused.stderr, refused.stderr.decode()
+    old = _libvirtd_pids()
+    try:
+        subprocess.run(["kill", "-TERM", *old], check=True)
+        wait_for(lambda: not _libvirtd_pids(), 60, "libvirtd to stop")
+    finally:
+        setup = cli.run("host", "setup")
+    assert setup.returncode == 0, setup.stderr.decode()
+    g = cli.run("gc")
+    assert g.returncode == 0 and name.encode() not in g.stdout + g.stderr  # a stopped session is not garbage
+    before = time.time()
+    st = cli.run("start", name)
+    assert st.returncode == 0, st.stderr.decode()
+    probe_out = cli.run("exec", name, "--", "sh", "-c", f"kill -0 {pid.decode()} && cat stopped-work.txt; date +%s")
+    assert probe_out.returncode == 0, probe_out.stderr.decode()
+    work, clock = probe_out.stdout.decode().split()
+    assert work == "unsynced"
+    assert abs(int(clock) - before) < 30
+    assert next(x for x in cli.ls() if x["name"] == name)["egress"] == "up"
+    p = cli.run("pull", name, "--yes")
+    assert p.returncode == 0, p.stderr.decode()
+    assert (project / "stopped-work.txt").read_text() == "unsynced\n"
+    (project / "stopped-work.txt").unlink()
+    s = cli.run("stop", name)
+    assert s.returncode == 0, s.stderr.decode()
+    gone = cli.run("destroy", name)  # a stopped session with nothing unsynced goes like any other
+    assert gone.returncode == 0, gone.stderr.decode()
+    assert_gone(name)
+
+
+def _libvirtd_pids() -> list[str]:
+    return subprocess.run(["pgrep", "-x", "libvirtd"], capture_output=True, text=True, check=False).stdout.split()

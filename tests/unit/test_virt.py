@@ -67,6 +67,18 @@ def test_gc_destroys_our_domains_without_a_session_dir_only() -> None:
 
 def test_gc_removes_sessions_whose_vm_is_gone() -> None:
     r = saved_record("dead", libvirt_uri=URI, keep=True, status="ready")
-    assert state.all_status(URI)[0].state == "stopped"
-    assert list(lifecycle.gc(URI, limit=1024**3)) == ["removed session dead (stopped)"]
+    assert state.all_status(URI)[0].state == "exited"
+    assert list(lifecycle.gc(URI, limit=1024**3)) == ["removed session dead (exited)"]
     assert not r.files.root.exists()
+
+
+def test_a_stopped_session_is_listed_as_such_and_never_collected() -> None:
+    r = saved_record("paused", libvirt_uri=URI, keep=True, status="ready", saved=True)
+    r.files.saved_memory.write_bytes(b"LibvirtQemudSave")
+    listed = state.all_status(URI)[0].as_dict()
+    assert listed["state"] == "stopped"
+    assert listed["disk_bytes"] > 0
+    assert list(lifecycle.gc(URI, limit=1024**3)) == []
+    assert r.files.saved_memory.exists()
+    r.files.saved_memory.unlink()  # the memory is lost: the session is what a dead VM is
+    assert state.all_status(URI)[0].state == "exited"

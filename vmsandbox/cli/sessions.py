@@ -1,4 +1,5 @@
-"""`vmsandbox ls`, `port`, `logs`, `clean`, `destroy` and `gc`: looking at sessions and ending them."""
+"""`vmsandbox ls`, `stop`, `start`, `port`, `logs`, `clean`, `destroy` and `gc`: looking at sessions, pausing
+and ending them."""
 
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ def ls(as_json: AsJson = False) -> None:
     if not rows:
         ui.info("No sessions.")
         return
-    table = Table("NAME", "STATE", "AGE", "ACCEL", "SSH", "MEMORY", "NETWORK", "UNSYNCED", "PROJECT", box=None)
+    table = Table("NAME", "STATE", "AGE", "ACCEL", "SSH", "MEMORY", "DISK", "NETWORK", "UNSYNCED", "PROJECT", box=None)
     for r in rows:
         table.add_row(
             r["name"],
@@ -35,11 +36,32 @@ def ls(as_json: AsJson = False) -> None:
             r["accel"],
             f"127.0.0.1:{r['ports']['ssh']}",
             f"{r['memory_mib']} MiB",
+            f"{r['disk_bytes'] / 1024**2:.0f} MiB",
             r["network"] + ("" if r["egress"] in ("up", "off") else f" ({r['egress']})"),
             "?" if r["unsynced"] is None else str(r["unsynced"]),
             ui.printable(r["project"]),
         )
     ui.out.print(table)
+
+
+@app.command()
+def stop(name: SessionName) -> None:
+    """Stop a kept session: save its VM (memory and devices) to disk and free its CPU and RAM.
+    `vmsandbox start NAME` resumes it where it was; `pull`, `diff` and `destroy` work while it is stopped."""
+    from vmsandbox.session import suspend
+
+    record = suspend.stop(name)
+    size = record.files.saved_memory.stat().st_size / 1024**2
+    ui.info(f"Stopped session [bold]{name}[/] ({size:.0f} MiB of memory saved); `vmsandbox start {name}` resumes it")
+
+
+@app.command()
+def start(name: SessionName) -> None:
+    """Resume a stopped session where it was: its processes, files, egress and published ports."""
+    from vmsandbox.session import suspend
+
+    suspend.start(name)
+    ui.info(f"Session [bold]{name}[/] is running again: `vmsandbox shell {name}`")
 
 
 @app.command()

@@ -176,7 +176,7 @@ def gc(uri: str, *, limit: int) -> Iterator[str]:
                     yield f"removed damaged session directory {files.root}"
                 continue
             state = status(record, hv).state
-            if state not in (State.STOPPED, State.ORPHANED, State.ENDING):
+            if state not in (State.EXITED, State.ORPHANED, State.ENDING):
                 continue
             try:
                 with lock.held(files, name, "cleaning up"):
@@ -218,7 +218,7 @@ def _keeps_work(record: Record, state: State, limit: int) -> str | None:
     g, left = _pending(record, limit)
     if not left:
         return None
-    if state is State.STOPPED and not record.exported:
+    if state is State.EXITED and not record.exported:
         outbox.export(g)
         retire(record)
     return f"{len(left)} unsynced change(s); `vmsandbox pull {record.name}` or `vmsandbox recover {record.name}`"

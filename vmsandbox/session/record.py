@@ -37,7 +37,8 @@ class State(enum.StrEnum):
     RUNNING = "running"
     PAUSED = "paused"
     ORPHANED = "orphaned"  # its `vmsandbox run` died (kill -9) and it was not --keep
-    STOPPED = "stopped"  # the VM is gone (it powered off, crashed, or was destroyed)
+    STOPPED = "stopped"  # `vmsandbox stop` saved it to disk; `vmsandbox start` resumes it
+    EXITED = "exited"  # the VM is gone (it powered off, crashed, or was destroyed)
     EXPORTED = "exported"  # the VM is gone; its unsynced changes wait in the outbox
     ENDING = "ending"  # reviewed; its VM is being destroyed in the background (gc finishes it if interrupted)
 
@@ -79,6 +80,7 @@ class Record:
     start: str = "cold"  # "warm": restored from a template; "cold": booted (start_note says why)
     start_note: str = ""
     template: str | None = None  # the warm-start template whose disk the overlay is backed by
+    saved: bool = False  # `vmsandbox stop`: the VM's memory is in the session directory, no domain runs
 
     @property
     def domain(self) -> str:
@@ -98,7 +100,7 @@ class Record:
 
     def target(self) -> Target:
         """What sync needs of this session."""
-        return Target(self.name, Path(self.project), self.files, self.uid, self.gid)
+        return Target(self.name, Path(self.project), self.files, self.uid, self.gid, self.saved)
 
     @property
     def wants_daemon(self) -> bool:

@@ -146,10 +146,11 @@ def warm(record: Record, image: store.Image, tmpl: template.Template, hv: Hyperv
         detail("identity")
         identity.send(files.identity_socket, files.fwcfg_dir, timeout=min(IDENTITY_TIMEOUT, boot_timeout))
         detail("sshd")
-        ssh.wait_for_banner(record.ssh_port, timeout=boot_timeout, alive=lambda: _alive(hv, record.domain))
+        ssh.wait_for_banner(record.ssh_port, timeout=boot_timeout, alive=lambda: alive(hv, record.domain))
 
 
-def _alive(hv: Hypervisor, name: str) -> str | None:
+def alive(hv: Hypervisor, name: str) -> str | None:
+    """None while the domain runs, else why it stopped (for ssh.wait_for_banner)."""
     info = hv.info(name)
     return None if info is not None and not info.stopped else "the VM powered off or crashed"
 

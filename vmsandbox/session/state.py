@@ -27,7 +27,7 @@ class Status:
 
     @property
     def door(self) -> Door:
-        if self.state in (State.EXPORTED, State.STOPPED, State.ENDING):
+        if self.state in (State.EXPORTED, State.STOPPED, State.EXITED, State.ENDING):
             return Door.STOPPED if self.record.wants_daemon else Door.OFF
         return control.status(self.record.files, wanted=self.record.wants_daemon)
 
@@ -51,7 +51,21 @@ class Status:
             "blueprint": r.blueprint,
             "publish": [p.as_dict() for p in r.publish],
             "egress": self.door.value,
+            "start": r.start,
+            "disk_bytes": disk_bytes(r),
         }
+
+
+def disk_bytes(record: Record) -> int:
+    """What the session holds on disk: its top-level files (overlay, workspace disk, saved memory), allocated."""
+    total = 0
+    try:
+        for entry in os.scandir(record.files.root):
+            if entry.is_file(follow_symlinks=False):
+                total += entry.stat(follow_symlinks=False).st_blocks * 512
+    except OSError:
+        return 0
+    return total
 
 
 def status(record: Record, hv: Hypervisor) -> Status:
@@ -61,7 +75,8 @@ def status(record: Record, hv: Hypervisor) -> Status:
         return Status(record, State.EXPORTED)
     info = hv.info(record.domain)
     if info is None or gone(info):
-        return Status(record, State.STOPPED)
+        saved = record.saved and record.files.saved_memory.exists()
+        return Status(record, State.STOPPED if saved else State.EXITED)
     if record.status is not Phase.READY:
         return Status(record, State.BOOTING if record.owner_alive() else State.ORPHANED)
     if not record.keep and not record.owner_alive():
@@ -132,7 +147,11 @@ def usable(record: Record) -> bool:
             f"session {record.name} has no VM any more; its unsynced changes wait in its outbox",
             hint=f"review them with `vmsandbox recover {record.name}`",
         )
-    if current in (State.STOPPED, State.BOOTING, State.ENDING):
+    if current is State.STOPPED:
+        raise VmsandboxError(
+            f"session {record.name} is stopped", hint=f"resume it with `vmsandbox start {record.name}`"
+        )
+    if current in (State.EXITED, State.BOOTING, State.ENDING):
         raise VmsandboxError(
             f"session {record.name} is {current}",
             hint=f"see `vmsandbox logs {record.name}`; `vmsandbox recover {record.name}` reviews its changes, "

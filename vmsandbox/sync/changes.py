@@ -45,6 +45,7 @@ class Target:
     files: SessionPaths
     uid: int  # the invoking user: owner of what lands in the project, and who runs git in it
     gid: int
+    saved: bool = False  # the VM is saved to disk (`vmsandbox stop`) and will mount its workspace again
 
 
 @dataclass
@@ -81,7 +82,7 @@ def gather(target: Target, *, endpoint: Endpoint | None, limit: int) -> Gathered
         source, origin = files.guest_tree, Origin.LIVE
     else:
         with ui.step("Reading the workspace disk of the stopped VM"):
-            guest = mirror.fetch_from_disk(files, max_file_bytes=limit)
+            guest = mirror.fetch_from_disk(files, max_file_bytes=limit, copy=target.saved)
         source, origin = files.guest_tree, Origin.DISK
     failpoint.hit("run.gather")
     host = tree.scan(target.project)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import shutil
+from pathlib import Path
 
 from vmsandbox import confine, proc
 from vmsandbox.errors import VmsandboxError
@@ -79,20 +80,33 @@ def _explained(exc: proc.CommandError, max_file_bytes: int) -> VmsandboxError:
     return exc
 
 
-def fetch_from_disk(files: SessionPaths, *, max_file_bytes: int) -> tree.Manifest:
+def fetch_from_disk(files: SessionPaths, *, max_file_bytes: int, copy: bool = False) -> tree.Manifest:
     """The VM is gone: read its workspace disk on the host (no mount, no loop device) into the mirror.
 
-    The disk was written by the guest: e2fsck and debugfs read it as the guest-data account, with limits."""
+    The disk was written by the guest: e2fsck and debugfs read it as the guest-data account, with limits.
+    With `copy` (a stopped session, whose guest will mount the disk again) they read a sparse copy of it."""
     if not files.workspace_disk.exists():
         return tree.scan(files.guest_tree)
+    if not copy:
+        return _fetch_disk(files, files.workspace_disk, max_file_bytes)
+    duplicate = files.root / "workspace.copy"
+    duplicate.unlink(missing_ok=True)
+    proc.run(["cp", "--sparse=always", "--reflink=auto", files.workspace_disk, duplicate])
+    try:
+        return _fetch_disk(files, duplicate, max_file_bytes)
+    finally:
+        duplicate.unlink(missing_ok=True)
+
+
+def _fetch_disk(files: SessionPaths, image: Path, max_file_bytes: int) -> tree.Manifest:
     who = confine.guest_data_account()
     limits = confine.guest_data_limits(max_file_bytes)
     fresh = files.root / "guest.new"
     shutil.rmtree(fresh, ignore_errors=True)
     fresh.mkdir(mode=0o700)
     confine.hand_over(fresh, who)
-    confine.give_file(files.workspace_disk, who)
-    disk = os.open(files.workspace_disk, os.O_RDWR | os.O_NOFOLLOW)
+    confine.give_file(image, who)
+    disk = os.open(image, os.O_RDWR | os.O_NOFOLLOW)
     device = f"/proc/self/fd/{disk}"
     try:
         # A VM that crashed left its journal unreplayed: let e2fsck replay it (exit codes 1 and 2: fixed).

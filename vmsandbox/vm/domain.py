@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -163,6 +164,18 @@ def for_restore(saved_xml: str, spec: DomainSpec) -> str:
         if arg.get("value", "").startswith("user,"):
             arg.set("value", spec.netdev())
     ET.indent(root)
+    return ET.tostring(root, encoding="unicode") + "\n"
+
+
+def with_netdev(xml: str, ssh_port: int) -> str:
+    """A domain's XML with its SSH forward moved to another host port (loopback, as always)."""
+    root = ET.fromstring(xml)  # noqa: S314 - written by our own libvirt daemon
+    for arg in _find(root, f"{{{QEMU_NS}}}commandline"):
+        value = arg.get("value", "")
+        if value.startswith("user,"):
+            arg.set(
+                "value", re.sub(r"hostfwd=tcp:127\.0\.0\.1:\d+-:22\b", f"hostfwd=tcp:127.0.0.1:{ssh_port}-:22", value)
+            )
     return ET.tostring(root, encoding="unicode") + "\n"
 
 

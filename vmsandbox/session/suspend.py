@@ -1,0 +1,89 @@
+"""`vmsandbox stop` and `start`: a kept session's VM saved to disk (its memory and devices, beside its disks) so
+it holds no CPU and no RAM, then restored where it was — its processes, files, egress and published ports.
+
+A stopped session is a file in its directory, not a libvirt domain: it survives a libvirtd restart and a host
+reboot. Before the save the guest flushes its file systems, so `pull` and `diff` of a stopped session read its
+workspace disk (a copy of it: the guest will mount the original again) without starting it.
+"""
+
+from __future__ import annotations
+
+import time
+
+from vmsandbox import ui
+from vmsandbox.egress import control, ports
+from vmsandbox.errors import VmsandboxError
+from vmsandbox.guest import commands, ssh
+from vmsandbox.session import lock
+from vmsandbox.session import start as start_mod
+from vmsandbox.session.record import Record, State
+from vmsandbox.session.state import status
+from vmsandbox.vm import domain, savefile
+from vmsandbox.vm.virt import Hypervisor, PortTakenError
+
+PORT_ATTEMPTS = 4
+SYNC_TIMEOUT = 120
+
+
+def stop(name: str) -> Record:
+    record = Record.load(name)
+    files = record.files
+    with lock.held(files, name, "stopping"), Hypervisor(record.libvirt_uri) as hv:
+        record = Record.load(name)
+        current = status(record, hv).state
+        if current is State.STOPPED:
+            raise VmsandboxError(f"session {name} is already stopped", hint=f"`vmsandbox start {name}` resumes it")
+        if current not in (State.RUNNING, State.PAUSED):
+            raise VmsandboxError(
+                f"session {name} is {current}: only a running session can be stopped",
+                hint="`vmsandbox ls` shows what each session is doing",
+            )
+        with ui.step("Flushing the guest's file systems"):
+            commands.run_as_root(record.endpoint(), "sync", timeout=SYNC_TIMEOUT)
+        control.stop(files)
+        with ui.step(f"Saving {record.domain} (memory and devices) to disk"):
+            hv.save(record.domain, str(files.saved_memory))
+        record.saved = True
+        record.save()
+    return record
+
+
+def start(name: str) -> Record:
+    from vmsandbox.session import create  # create imports this layer's neighbours: late, no cycle
+
+    record = Record.load(name)
+    files = record.files
+    with lock.held(files, name, "starting"), Hypervisor(record.libvirt_uri) as hv:
+        record = Record.load(name)
+        if status(record, hv).state is not State.STOPPED:
+            raise VmsandboxError(f"session {name} is not stopped", hint="`vmsandbox ls` shows its state")
+        saved = savefile.read(files.saved_memory)
+        with ui.step(f"Restoring {record.domain} where it was"):
+            _restore(record, hv, saved.xml)
+            ssh.wait_for_banner(record.ssh_port, timeout=60, alive=lambda: start_mod.alive(hv, record.domain))
+        commands.run_as_root(record.endpoint(), f"date -s @{time.time():.3f} >/dev/null", timeout=60)
+        files.saved_memory.unlink()
+        record.saved = False
+        record.save()
+        if record.wants_daemon:
+            with ui.step("Opening the guest's egress proxy"):
+                create.open_egress(record)
+    return record
+
+
+def _restore(record: Record, hv: Hypervisor, saved_xml: str) -> None:
+    """Restore on the session's SSH port, or on another one if something took it while the session was stopped."""
+    xml, last = saved_xml, None
+    for _attempt in range(PORT_ATTEMPTS):
+        try:
+            hv.restore(str(record.files.saved_memory), xml)
+        except PortTakenError as exc:
+            last = exc
+            record.ssh_port = ports.free_port()
+            ssh.write_known_hosts(record.files, record.ssh_port, record.files.host_key.with_suffix(".pub").read_text())
+            record.endpoint().write_config()
+            xml = domain.with_netdev(saved_xml, record.ssh_port)
+            continue
+        record.save()
+        return
+    raise VmsandboxError(f"no free port for SSH after {PORT_ATTEMPTS} tries: {last}")
