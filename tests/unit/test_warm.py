@@ -19,7 +19,7 @@ from vmsandbox.guest import identity
 from vmsandbox.image.store import Image
 from vmsandbox.session import template
 from vmsandbox.vm import savefile
-from vmsandbox.vm.domain import build_xml, for_restore, session_of, workspace_xml
+from vmsandbox.vm.domain import build_xml, for_restore, session_of, with_netdev, workspace_xml
 
 
 def fake_save(path: Path, xml: str, stream: bytes, *, pad: int = 4096) -> None:
@@ -218,3 +218,10 @@ def test_a_template_is_used_only_under_the_key_it_was_saved_with(tmp_path: Path)
     found, why = template.find(image, shape, hv)  # type: ignore[arg-type]
     assert found is None
     assert "failed a warm start" in why
+
+
+def test_a_restored_domain_moves_its_ssh_forward_and_nothing_else() -> None:
+    xml = build_xml(spec())
+    moved = with_netdev(xml, 40999)
+    assert qemu_args(moved)[1] == qemu_args(xml)[1].replace("127.0.0.1:40022-:22", "127.0.0.1:40999-:22")
+    assert "restrict=on" in qemu_args(moved)[1]

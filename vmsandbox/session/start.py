@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Callable
 
 from vmsandbox import failpoint, paths, ui
 from vmsandbox.egress import ports
@@ -75,8 +76,19 @@ def _new_port(record: Record) -> None:
     record.endpoint().write_config()
 
 
-def _ports_exhausted(last: VmsandboxError | None) -> VmsandboxError:
-    return VmsandboxError(
+def _on_a_free_port(record: Record, launch: Callable[[], None]) -> None:
+    """Pick a free loopback port for the guest's SSH and launch the VM on it; another, if a process took the
+    port between our pick and QEMU's bind."""
+    last: VmsandboxError | None = None
+    for _attempt in range(PORT_ATTEMPTS):
+        _new_port(record)
+        try:
+            launch()
+        except PortTakenError as exc:
+            last = exc
+            continue
+        return
+    raise VmsandboxError(
         f"no free port for SSH after {PORT_ATTEMPTS} tries: {last}",
         hint="too many ports on 127.0.0.1 are taken; free some and retry",
     )
@@ -86,19 +98,13 @@ def cold(record: Record, image: store.Image, hv: Hypervisor, boot_timeout: int) 
     if record.disk is None:
         qemuimg.create_overlay(image.disk, record.system_disk, record.disk_mib * 1024 * 1024, depth=2)
         record.system_disk.chmod(0o600)
-    last: VmsandboxError | None = None
-    for _attempt in range(PORT_ATTEMPTS):
-        _new_port(record)
+
+    def launch() -> None:
         xml = domain.build_xml(spec(record, image, warm=False))
         paths.write_atomically(record.files.domain_xml, xml)
-        try:
-            hv.create(xml)
-        except PortTakenError as exc:
-            last = exc  # lost a race for the port: pick another
-            continue
-        break
-    else:
-        raise _ports_exhausted(last)
+        hv.create(xml)
+
+    _on_a_free_port(record, launch)
     record.start = "cold"
     record.save()
     failpoint.hit("run.boot")
@@ -120,25 +126,19 @@ def warm(record: Record, image: store.Image, tmpl: template.Template, hv: Hyperv
     record.template = str(tmpl.path)
     saved = savefile.read(tmpl.memory)
     clone = files.root / RESTORE_IMAGE
-    last: VmsandboxError | None = None
+
+    def launch() -> None:
+        restored = domain.for_restore(saved.xml, spec(record, image, warm=True))
+        xml = savefile.renamed(restored, record.domain, str(uuid.uuid4()))
+        paths.write_atomically(files.domain_xml, xml)
+        savefile.clone(tmpl.memory, clone, xml)
+        try:
+            hv.restore(str(clone), xml)
+        finally:
+            clone.unlink(missing_ok=True)
+
     with ui.step(f"Restoring {record.domain} from its warm-start template") as detail:
-        for _attempt in range(PORT_ATTEMPTS):
-            _new_port(record)
-            xml = savefile.renamed(
-                domain.for_restore(saved.xml, spec(record, image, warm=True)), record.domain, str(uuid.uuid4())
-            )
-            paths.write_atomically(files.domain_xml, xml)
-            savefile.clone(tmpl.memory, clone, xml)
-            try:
-                hv.restore(str(clone), xml)
-            except PortTakenError as exc:
-                last = exc
-                continue
-            finally:
-                clone.unlink(missing_ok=True)
-            break
-        else:
-            raise _ports_exhausted(last)
+        _on_a_free_port(record, launch)
         record.start = "warm"
         record.save()
         failpoint.hit("run.restore")
