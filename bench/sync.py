@@ -4,6 +4,7 @@
 Prints ratios measured in one run (these machines are noisy: read the ratios, not the seconds).
 
     sudo .venv/bin/python bench/sync.py [--files N] [--size BYTES]
+    sudo .venv/bin/python bench/sync.py --scale --files 10000 --size 1024   # 10,000 against 100,000 files
 """
 
 from __future__ import annotations
@@ -53,7 +54,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--files", type=int, default=10_000)
     parser.add_argument("--size", type=int, default=10_240)
+    parser.add_argument(
+        "--scale", action="store_true", help="Only: a 1-file pull at --files files and at 10x as many (ratio)."
+    )
     args = parser.parse_args()
+    if args.scale:
+        scale(args.files, args.size)
+        return
     work = Path(tempfile.mkdtemp(prefix="vmsandbox-bench-", dir="/var/tmp"))
     work.chmod(0o711)
     os.environ.setdefault("VMSANDBOX_STATE_DIR", str(work / "state"))
@@ -96,6 +103,34 @@ def main() -> None:
     finally:
         shutil.rmtree(work, ignore_errors=True)
     sys.stdout.flush()
+
+
+def one_file_pull(work: Path, files: int, size: int) -> float:
+    """Seconds a pull of a 1-file change takes in a session on a tree of `files` files (after a first pull)."""
+    project = work / f"project-{files}"
+    make_tree(project, files, size)
+    record = create.create(Options(project=project, name=None, settings=Settings(), keep=True))
+    try:
+        pull(record)  # settle: the first fetch after boot (and the hash caches filled)
+        guest(record, f"echo changed >> {project}/dir000/file00000.dat")
+        return timed(lambda: pull(record))
+    finally:
+        lifecycle.remove(record)
+        shutil.rmtree(project, ignore_errors=True)
+
+
+def scale(files: int, size: int) -> None:
+    work = Path(tempfile.mkdtemp(prefix="vmsandbox-bench-", dir="/var/tmp"))
+    work.chmod(0o711)
+    os.environ.setdefault("VMSANDBOX_STATE_DIR", str(work / "state"))
+    ui.err.quiet = True
+    try:
+        small = one_file_pull(work, files, size)
+        large = one_file_pull(work, files * 10, size)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    print(f"pull of a 1-file change: {files} files {small:.1f}s, {files * 10} files {large:.1f}s")
+    print(f"ratio {files * 10} / {files} files: {large / small:.2f} (target <= 2)")
 
 
 if __name__ == "__main__":

@@ -137,6 +137,10 @@ class SessionPaths:
     def domain_xml(self) -> Path:
         return self.root / SESSION_DOMAIN_XML
 
+    def hashes(self, tree: str) -> Path:
+        """The hash cache of a tree a pull scans ("project" or "mirror"): see sync.hashcache."""
+        return self.root / f"hashes.{tree}.json"
+
     @property
     def saved_memory(self) -> Path:
         """A stopped session's memory and device state (`vmsandbox stop`)."""

@@ -113,7 +113,8 @@ def test_boot_timeout_reports_the_console(cli: Cli, owned_name: str, project: Pa
     cfg = tmp_path / "cfg"
     cfg.mkdir()
     (cfg / "config.yaml").write_text("boot_timeout: 3\n")
-    r = cli.run("run", "--name", owned_name, str(project), "--", "true", env=cli.env(VMSANDBOX_CONFIG_DIR=str(cfg)))
+    env = cli.env(VMSANDBOX_CONFIG_DIR=str(cfg))
+    r = cli.run("run", "--cold", "--name", owned_name, str(project), "--", "true", env=env)
     assert r.returncode == 125
     err = r.stderr.decode()
     assert "did not answer on SSH within 3 s" in err

@@ -176,3 +176,23 @@ def test_stop_and_start_keep_processes_and_work_across_a_libvirtd_restart(
 
 def _libvirtd_pids() -> list[str]:
     return subprocess.run(["pgrep", "-x", "libvirtd"], capture_output=True, text=True, check=False).stdout.split()
+
+
+def test_a_warm_session_that_reboots_comes_back_as_itself(cli: Cli, project: Path, owned_name: str) -> None:
+    """The guest's memory came from a template, but its identity was kept on its own disk: a reboot applies it
+    again (not a template waiting for an identity), and the hot-plugged workspace is mounted again."""
+    r = cli.run("run", "--keep", "--name", owned_name, str(project), "--", "sh", "-c", "echo kept > rebooted.txt")
+    assert r.returncode == 0, r.stderr.decode()
+    cli.run("exec", owned_name, "--", "sudo", "systemctl", "reboot")  # the connection drops: any exit code
+
+    def back() -> bool:
+        try:
+            up = cli.run("exec", owned_name, "--", "sh", "-c", "cat /proc/uptime rebooted.txt", timeout=30)
+        except subprocess.TimeoutExpired:
+            return False
+        return up.returncode == 0 and float(up.stdout.split()[0]) < 120 and b"kept" in up.stdout
+
+    wait_for(back, 180, "the rebooted guest to answer as itself")
+    out = cli.run("exec", owned_name, "--", "sh", "-c", 'hostname; findmnt -n -o SOURCE --target "$PWD"')
+    assert out.stdout.decode().split() == [f"vmsandbox-{owned_name}", "/dev/sda"], out.stderr.decode()
+    assert cli.run("destroy", owned_name, "--discard").returncode == 0

@@ -49,7 +49,7 @@ def image_build(
     if did_build:
         ui.info(f"[green]Built[/] {built.version} in {time.monotonic() - start:.0f}s → {built.path}")
     else:
-        ui.info(f"{built.version} is already built for this recipe (use --force to rebuild)")
+        ui.info(f"{built.version} is already built for this recipe; nothing to do (use --force to rebuild)")
     if not no_template:
         images.default_template(built)
 
@@ -66,7 +66,7 @@ def _build_blueprint(name: str, *, force: bool) -> Image:
         for package, version in sorted(built.manifest.get("installed", {}).items()):
             ui.info(ui.printable(f"  {package} {version}"))
     else:
-        ui.info(f"{built.version} is already built for this blueprint and base (--force rebuilds)")
+        ui.info(f"{built.version} is already built for this blueprint and base; nothing to do (--force rebuilds)")
     return built
 
 

@@ -96,14 +96,31 @@ def status(files: paths.SessionPaths, *, wanted: bool) -> Door:
     return st.forward
 
 
+@dataclass(frozen=True)
+class Spawned:
+    pid: int
+    start: str | None
+
+
 def start(spec: Spec, files: paths.SessionPaths, *, timeout: float = START_TIMEOUT) -> None:
     """Start the session's proxy daemon and wait until the guest's door (and its published ports) are open."""
+    wait_open(spec, files, spawn(spec, files), timeout=timeout)
+
+
+def spawn(spec: Spec, files: paths.SessionPaths) -> Spawned:
+    """Start the session's proxy daemon (it waits for the guest's sshd by itself: spawned while the guest
+    boots, its own start-up costs the session nothing)."""
     stop(files)
     files.egress_state.unlink(missing_ok=True)
     spec.save(files)
     argv = [sys.executable, "-m", "vmsandbox.egress.daemon", spec.session]
     pid = proc.spawn_detached(argv, log_file=files.egress_log)
-    start_time = pids.process_start(pid)
+    return Spawned(pid, pids.process_start(pid))
+
+
+def wait_open(spec: Spec, files: paths.SessionPaths, spawned: Spawned, *, timeout: float = START_TIMEOUT) -> None:
+    """Wait until the daemon has opened the guest's door (and its published ports); stop it if it cannot."""
+    pid, start_time = spawned.pid, spawned.start
     failpoint.hit("run.egress")
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

@@ -37,13 +37,14 @@ from vmsandbox.egress.policy import ProxyConfig
 from vmsandbox.egress.proxy import Proxy
 from vmsandbox.egress.upstream import Resolver, resolve_checked, verified_tls
 from vmsandbox.errors import VmsandboxError
-from vmsandbox.guest import channel
+from vmsandbox.guest import channel, ssh
 from vmsandbox.guest.ssh import Endpoint
 from vmsandbox.vm.virt import Hypervisor, gone
 
 log = logging.getLogger("vmsandbox.egress.daemon")
 WATCH_INTERVAL = 2.0
 MAX_BACKOFF = 10.0
+BOOT_WAIT = 600.0  # the longest a daemon waits for its guest's first banner
 
 
 class Daemon:
@@ -95,7 +96,27 @@ class Daemon:
 
     # ------------------------------------------------------------ forwarder thread
 
+    def _await_sshd(self) -> None:
+        """Spawned while its guest boots: wait for sshd's banner before the first connect (not in backoff)."""
+        checked = time.monotonic()
+
+        def alive() -> str | None:
+            nonlocal checked
+            if self.stop.is_set():
+                return "stopping"
+            if time.monotonic() - checked > 1:
+                checked = time.monotonic()
+                if not self._vm_running():
+                    return "the VM is gone"
+            return None
+
+        try:
+            ssh.wait_for_banner(self.spec.ssh_port, timeout=BOOT_WAIT, alive=alive)
+        except VmsandboxError as exc:
+            log.info("sshd did not answer: %s", exc.message)  # the forward loop says what follows
+
     def forward(self) -> None:
+        self._await_sshd()
         backoff = 0.5
         while not self.stop.is_set():
             error = self._hold_forward()

@@ -58,8 +58,14 @@ def create(opts: Options) -> Record:
             record.save()
             record.publish = ports.choose(opts.publish)
             _prepare(record, user, settings, bp, git_identity=opts.git_identity, trusted=opts.trusted_build)
-            start.boot(record, image, hv, cold_start=opts.cold, boot_timeout=settings.boot_timeout)
-            _open_egress(record, settings)
+            spawned: list[control.Spawned] = []
+
+            def launched() -> None:  # the egress daemon starts while the guest boots, and waits for its sshd
+                if record.wants_daemon:
+                    spawned[:] = [control.spawn(daemon_spec(record), files)]
+
+            start.boot(record, image, hv, cold_start=opts.cold, boot_timeout=settings.boot_timeout, launched=launched)
+            _open_egress(record, settings, spawned[0] if spawned else None)
             record.status = Phase.READY
             record.save()
         except BaseException:
@@ -154,13 +160,16 @@ def open_egress(record: Record) -> None:
     control.start(daemon_spec(record), record.files)
 
 
-def _open_egress(record: Record, settings: Settings) -> None:
+def _open_egress(record: Record, settings: Settings, spawned: control.Spawned | None) -> None:
     if not settings.network.has_door:
         ui.info("No network for this session (--network none)")
     if not record.wants_daemon:
         return
     label = settings.network.label(len(settings.allow)) if settings.network.has_door else "the guest's published ports"
     with ui.step(f"Opening the guest's egress proxy ({label})"):
-        open_egress(record)
+        if spawned is None:
+            open_egress(record)
+        else:
+            control.wait_open(daemon_spec(record), record.files, spawned)
     for p in record.publish:
         ui.info(f"Guest port {p.guest} is published on {', '.join(p.places())}")

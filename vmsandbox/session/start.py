@@ -9,7 +9,7 @@ import uuid
 from collections.abc import Callable
 
 from vmsandbox import failpoint, paths, ui
-from vmsandbox.egress import ports
+from vmsandbox.egress import control, ports
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.guest import identity, ssh
 from vmsandbox.image import store
@@ -94,7 +94,14 @@ def _on_a_free_port(record: Record, launch: Callable[[], None]) -> None:
     )
 
 
-def cold(record: Record, image: store.Image, hv: Hypervisor, boot_timeout: int) -> None:
+Launched = Callable[[], None]  # called once the VM runs on its SSH port (create spawns the egress daemon)
+
+
+def _nothing() -> None:
+    return None
+
+
+def cold(record: Record, image: store.Image, hv: Hypervisor, boot_timeout: int, launched: Launched = _nothing) -> None:
     if record.disk is None:
         qemuimg.create_overlay(image.disk, record.system_disk, record.disk_mib * 1024 * 1024, depth=2)
         record.system_disk.chmod(0o600)
@@ -105,6 +112,7 @@ def cold(record: Record, image: store.Image, hv: Hypervisor, boot_timeout: int) 
         hv.create(xml)
 
     _on_a_free_port(record, launch)
+    launched()
     record.start = "cold"
     record.save()
     failpoint.hit("run.boot")
@@ -117,7 +125,14 @@ def cold(record: Record, image: store.Image, hv: Hypervisor, boot_timeout: int) 
     record.save()
 
 
-def warm(record: Record, image: store.Image, tmpl: template.Template, hv: Hypervisor, boot_timeout: int) -> None:
+def warm(
+    record: Record,
+    image: store.Image,
+    tmpl: template.Template,
+    hv: Hypervisor,
+    boot_timeout: int,
+    launched: Launched = _nothing,
+) -> None:
     """Restore the template over a fresh overlay of the session's own, hot-plug the workspace disk, send the
     identity, wait for sshd. Raises (the caller boots cold instead) when any of it fails."""
     files = record.files
@@ -139,6 +154,7 @@ def warm(record: Record, image: store.Image, tmpl: template.Template, hv: Hyperv
 
     with ui.step(f"Restoring {record.domain} from its warm-start template") as detail:
         _on_a_free_port(record, launch)
+        launched()
         record.start = "warm"
         record.save()
         failpoint.hit("run.restore")
@@ -155,18 +171,27 @@ def alive(hv: Hypervisor, name: str) -> str | None:
     return None if info is not None and not info.stopped else "the VM powered off or crashed"
 
 
-def boot(record: Record, image: store.Image, hv: Hypervisor, *, cold_start: bool, boot_timeout: int) -> None:
+def boot(
+    record: Record,
+    image: store.Image,
+    hv: Hypervisor,
+    *,
+    cold_start: bool,
+    boot_timeout: int,
+    launched: Launched = _nothing,
+) -> None:
     """Start the session's VM: warm when a template serves, else (or when the warm start fails) cold."""
     tmpl = plan(record, image, hv, cold=cold_start, boot_timeout=boot_timeout)
     if tmpl is not None:
         started = time.monotonic()
         try:
-            warm(record, image, tmpl, hv, boot_timeout)
+            warm(record, image, tmpl, hv, boot_timeout, launched)
         except VmsandboxError as exc:
             record.start_note = f"the warm start failed: {exc.message}"
             template.mark_failed(tmpl, exc.message)
             kept = boot_mod.keep(record.files.console_log, record.name)
             ui.warn(f"{record.start_note}; booting cold" + (f" (its console is kept at {kept})" if kept else ""))
+            control.stop(record.files)  # a daemon spawned for the restored VM: the cold one gets its own
             hv.destroy(record.domain)
             record.system_disk.unlink(missing_ok=True)
             record.template = None
@@ -174,4 +199,4 @@ def boot(record: Record, image: store.Image, hv: Hypervisor, *, cold_start: bool
             record.boot_seconds = round(time.monotonic() - started, 1)
             record.save()
             return
-    cold(record, image, hv, boot_timeout)
+    cold(record, image, hv, boot_timeout, launched)

@@ -21,6 +21,7 @@ from vmsandbox.guest.ssh import Endpoint
 from vmsandbox.paths import SessionPaths
 from vmsandbox.sync import apply, capture, mirror, refs, tree
 from vmsandbox.sync.compare import Change, Status, compare
+from vmsandbox.sync.hashcache import HashCache
 from vmsandbox.sync.tree import FILE
 
 OUTBOX_MANIFEST = "manifest.json"
@@ -85,7 +86,7 @@ def gather(target: Target, *, endpoint: Endpoint | None, limit: int) -> Gathered
             guest = mirror.fetch_from_disk(files, max_file_bytes=limit, copy=target.saved)
         source, origin = files.guest_tree, Origin.DISK
     failpoint.hit("run.gather")
-    host = tree.scan(target.project)
+    host = tree.scan(target.project, cache=HashCache.load(target.files.hashes("project")))
     _remove_leftover_temporaries(target.project, host)
     changes = [c for c in compare(base, host, guest) if c.status is not Status.SAME]
     refs_changed, refused = _guest_refs(files, origin)

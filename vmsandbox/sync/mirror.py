@@ -19,6 +19,7 @@ from vmsandbox.errors import VmsandboxError
 from vmsandbox.guest.ssh import Endpoint
 from vmsandbox.paths import SessionPaths
 from vmsandbox.sync import capture, transfer, tree
+from vmsandbox.sync.hashcache import HashCache
 from vmsandbox.vm import ext4
 
 # What the mirror never takes from the guest: owners, devices, FIFOs, sockets, and the mode bits that must
@@ -60,7 +61,7 @@ def fetch_live(endpoint: Endpoint, workdir: str, files: SessionPaths, *, max_fil
         raise _explained(exc, max_file_bytes) from exc
     finally:
         files.guest_tree.chmod(0o700)  # rsync gave it the mode of the guest's project directory
-    return tree.scan(files.guest_tree)
+    return tree.scan(files.guest_tree, cache=HashCache.load(files.hashes("mirror")))
 
 
 def _explained(exc: proc.CommandError, max_file_bytes: int) -> VmsandboxError:
@@ -86,7 +87,7 @@ def fetch_from_disk(files: SessionPaths, *, max_file_bytes: int, copy: bool = Fa
     The disk was written by the guest: e2fsck and debugfs read it as the guest-data account, with limits.
     With `copy` (a stopped session, whose guest will mount the disk again) they read a sparse copy of it."""
     if not files.workspace_disk.exists():
-        return tree.scan(files.guest_tree)
+        return tree.scan(files.guest_tree, cache=HashCache.load(files.hashes("mirror")))
     if not copy:
         return _fetch_disk(files, files.workspace_disk, max_file_bytes)
     duplicate = files.root / "workspace.copy"
@@ -126,4 +127,4 @@ def _fetch_disk(files: SessionPaths, image: Path, max_file_bytes: int) -> tree.M
         found.rmdir()
     shutil.rmtree(files.guest_tree, ignore_errors=True)
     fresh.rename(files.guest_tree)
-    return tree.scan(files.guest_tree)
+    return tree.scan(files.guest_tree, cache=HashCache.load(files.hashes("mirror")))

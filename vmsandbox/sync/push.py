@@ -12,6 +12,7 @@ from vmsandbox.guest.ssh import Endpoint
 from vmsandbox.sync import capture, mirror, transfer, tree
 from vmsandbox.sync.changes import Target
 from vmsandbox.sync.compare import Status, compare, is_git_managed
+from vmsandbox.sync.hashcache import HashCache
 
 
 def push(target: Target, endpoint: Endpoint, *, limit: int) -> tuple[list[str], list[str]]:
@@ -22,7 +23,7 @@ def push(target: Target, endpoint: Endpoint, *, limit: int) -> tuple[list[str], 
     base = capture.baseline(files)
     with ui.step("Fetching the guest's changes"):
         guest = mirror.fetch_live(endpoint, str(target.project), files, max_file_bytes=limit)
-    host = tree.scan(target.project)
+    host = tree.scan(target.project, cache=HashCache.load(target.files.hashes("project")))
     # the same three-way view with the roles swapped: the host is the side whose changes travel
     changes = [c for c in compare(base, guest, host) if not is_git_managed(c.path)]
     send = [c for c in changes if c.status is Status.APPLY]

@@ -15,6 +15,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from vmsandbox.sync.hashcache import HashCache
+
 FILE, DIR, SYMLINK, OTHER = "file", "dir", "symlink", "other"
 CHUNK = 1 << 20
 # The permission bits a sync carries: rwx for the owner and the group, r-x for others. Setuid, setgid, sticky
@@ -86,8 +88,9 @@ def fd_digest(fd: int) -> str:
     return h.hexdigest()
 
 
-def entry_at(dir_fd: int, name: str) -> Entry | None:
-    """The entry `name` in the directory dir_fd, never followed (None if it is gone)."""
+def entry_at(dir_fd: int, name: str, cache: HashCache | None = None, rel: str = "") -> Entry | None:
+    """The entry `name` in the directory dir_fd, never followed (None if it is gone). With a cache, a file
+    that is provably unchanged since it was hashed (at `rel`) is not read again."""
     try:
         st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
     except FileNotFoundError:
@@ -98,14 +101,24 @@ def entry_at(dir_fd: int, name: str) -> Entry | None:
     if stat.S_ISDIR(st.st_mode):
         return Entry(DIR, mode)
     if stat.S_ISREG(st.st_mode):
-        fd = open_file_at(dir_fd, name, st)
-        if fd is None:  # swapped for something else meanwhile
-            return Entry(OTHER, 0)
-        try:
-            return Entry(FILE, mode, st.st_size, digest=fd_digest(fd))
-        finally:
-            os.close(fd)
+        return _file_entry(dir_fd, name, st, cache, rel)
     return Entry(OTHER, mode)
+
+
+def _file_entry(dir_fd: int, name: str, st: os.stat_result, cache: HashCache | None, rel: str) -> Entry:
+    mode = stat.S_IMODE(st.st_mode)
+    if cache is not None and (known := cache.lookup(rel, st)) is not None:
+        return Entry(FILE, mode, st.st_size, digest=known)
+    fd = open_file_at(dir_fd, name, st)
+    if fd is None:  # swapped for something else meanwhile
+        return Entry(OTHER, 0)
+    try:
+        digest = fd_digest(fd)
+    finally:
+        os.close(fd)
+    if cache is not None:
+        cache.remember(rel, st, digest)
+    return Entry(FILE, mode, st.st_size, digest=digest)
 
 
 def entry_of(path: Path) -> Entry | None:
@@ -123,8 +136,9 @@ def entry_of(path: Path) -> Entry | None:
 Manifest = dict[str, Entry]
 
 
-def scan(root: Path, *, skip: frozenset[str] = frozenset()) -> Manifest:
-    """Every path under root (root itself excluded). `skip` names top-level entries to leave out."""
+def scan(root: Path, *, skip: frozenset[str] = frozenset(), cache: HashCache | None = None) -> Manifest:
+    """Every path under root (root itself excluded). `skip` names top-level entries to leave out. With a cache
+    (sync.hashcache), unchanged files are not read again; the cache is saved after the walk."""
     found: Manifest = {}
     for dirpath, dirnames, filenames, dir_fd in os.fwalk(root, follow_symlinks=False):
         rel_dir = os.path.relpath(dirpath, root)
@@ -132,10 +146,12 @@ def scan(root: Path, *, skip: frozenset[str] = frozenset()) -> Manifest:
         for name in sorted(dirnames + filenames):
             if not prefix and name in skip:
                 continue
-            entry = entry_at(dir_fd, name)
+            entry = entry_at(dir_fd, name, cache, prefix + name)
             if entry is not None:
                 found[prefix + name] = entry
         dirnames[:] = [d for d in dirnames if not (not prefix and d in skip)]
+    if cache is not None:
+        cache.save()
     return found
 
 

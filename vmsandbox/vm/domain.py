@@ -14,7 +14,7 @@ META_NS = "https://github.com/vmsandbox/vmsandbox/xmlns/session/1"
 FWCFG_PREFIX = "opt/vmsandbox/"
 IDENTITY_PORT = "org.vmsandbox.identity"  # the guest's /dev/virtio-ports/<name> (images/base/.../warm)
 WORKSPACE_SERIAL = "vmsandbox-workspace"
-TCG_TB_CACHE_MIB = 256  # QEMU's default is 1 GiB of host RAM per VM
+TCG_TB_CACHE_MIB = 64  # QEMU's default is 1 GiB of host RAM per VM; see README, "Lean sessions"
 # A fixed PCI slot for the NIC: q35 needs bus/addr spelled out for a device added on the QEMU command line.
 NIC_DEVICE = "virtio-net-pci,netdev=n0,bus=pcie.0,addr=0x10"
 
@@ -126,7 +126,8 @@ def _devices(devices: ET.Element, spec: DomainSpec) -> None:
     rng = _sub(devices, "rng", model="virtio")
     _sub(rng, "backend", "/dev/urandom", model="random")
     _sub(devices, "controller", type="usb", model="none")
-    _sub(devices, "memballoon", model="none")
+    # no ballooning, but free page reporting: memory the guest frees goes back to the host
+    _sub(devices, "memballoon", model="virtio", freePageReporting="on")
 
 
 def workspace_xml(disk: Path) -> str:
