@@ -75,8 +75,9 @@ def daemon_state(files: paths.SessionPaths) -> DaemonState | None:
     return DaemonState(data.get("pid"), data.get("start"), Door(data.get("forward", "down")), data.get("error"))
 
 
-def write_state(files: paths.SessionPaths, forward: Door, error: str | None = None) -> None:
-    pid = os.getpid()
+def write_state(files: paths.SessionPaths, forward: Door, error: str | None = None, *, pid: int | None = None) -> None:
+    """The daemon's state file: written by the daemon (its own pid), and once by spawn() for it."""
+    pid = os.getpid() if pid is None else pid
     data = {
         "pid": pid,
         "start": pids.process_start(pid),
@@ -115,6 +116,9 @@ def spawn(spec: Spec, files: paths.SessionPaths) -> Spawned:
     spec.save(files)
     argv = [sys.executable, "-m", "vmsandbox.egress.daemon", spec.session]
     pid = proc.spawn_detached(argv, log_file=files.egress_log)
+    # stop() finds a daemon by its state file: one is there from now on, even before the daemon writes its own
+    # (it waits for the guest's sshd first), so a vmsandbox killed meanwhile leaves nothing gc cannot stop
+    write_state(files, Door.DOWN, "starting", pid=pid)
     return Spawned(pid, pids.process_start(pid))
 
 

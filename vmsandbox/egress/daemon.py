@@ -17,6 +17,7 @@ Everything it serves comes from the session's spec file (control.Spec).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import signal
 import socket
@@ -87,6 +88,10 @@ class Daemon:
             self._issuer = Issuer(self.files.ca_cert, self.files.ca_key)
         return self._issuer
 
+    def _state(self, door: Door, error: str | None = None) -> None:
+        with contextlib.suppress(OSError):  # the session directory may be gone already: the daemon ends
+            control.write_state(self.files, door, error)
+
     def _vm_running(self) -> bool:
         try:
             with Hypervisor(self.spec.libvirt_uri) as hv:
@@ -116,11 +121,12 @@ class Daemon:
             log.info("sshd did not answer: %s", exc.message)  # the forward loop says what follows
 
     def forward(self) -> None:
+        self._state(Door.DOWN, "waiting for the guest's sshd")
         self._await_sshd()
         backoff = 0.5
         while not self.stop.is_set():
             error = self._hold_forward()
-            control.write_state(self.files, Door.DOWN, error)
+            self._state(Door.DOWN, error)
             if self.stop.is_set():
                 break
             if not self.files.egress_daemon.exists() or not self._vm_running():
@@ -137,13 +143,15 @@ class Daemon:
             link = channel.connect(self.endpoint, user="root")
         except VmsandboxError as exc:
             return exc.message
+        except OSError as exc:  # its session's files went away under it (removed): the loop exits next
+            return f"cannot connect: {exc}"
         try:
             link.keepalive(15)
             if self.spec.door:
                 link.forward_remote(GUEST_PROXY_PORT)
                 log.info("guest 127.0.0.1:%d is open", GUEST_PROXY_PORT)
             self.link = link
-            control.write_state(self.files, Door.UP)
+            self._state(Door.UP)
             while link.active and not self.stop.is_set():
                 ch = link.accept(timeout=1)
                 if ch is not None:
@@ -193,10 +201,14 @@ class Daemon:
     # ------------------------------------------------------------ main
 
     async def _watch(self) -> None:
+        """The session removed, or a stop asked for: end the loop (even if the forwarder thread died)."""
         while not self.stop.is_set():
             if not self.files.egress_daemon.exists():
                 self.stop.set()
+                break
             await asyncio.sleep(WATCH_INTERVAL)
+        await asyncio.sleep(WATCH_INTERVAL)  # the forwarder's own way out first, if it is alive
+        self.loop.stop()
 
     def run(self) -> None:
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
@@ -208,7 +220,9 @@ class Daemon:
         watcher = self.loop.create_task(self._watch())
         self.loop.run_forever()
         watcher.cancel()
-        control.write_state(self.files, Door.DOWN, "stopped")
+        with contextlib.suppress(asyncio.CancelledError):
+            self.loop.run_until_complete(watcher)
+        self._state(Door.DOWN, "stopped")
 
 
 def main(argv: list[str], daemon: Callable[[str], Daemon] = Daemon) -> int:

@@ -14,12 +14,12 @@ from vmsandbox import ui
 from vmsandbox.egress import control, ports
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.guest import commands, ssh
-from vmsandbox.session import lock
+from vmsandbox.session import create, lock
 from vmsandbox.session import start as start_mod
 from vmsandbox.session.record import Record, State
 from vmsandbox.session.state import status
 from vmsandbox.vm import domain, savefile
-from vmsandbox.vm.virt import Hypervisor, PortTakenError
+from vmsandbox.vm.virt import Hypervisor, PortTakenError, gone
 
 PORT_ATTEMPTS = 4
 SYNC_TIMEOUT = 120
@@ -33,6 +33,11 @@ def stop(name: str) -> Record:
         current = status(record, hv).state
         if current is State.STOPPED:
             raise VmsandboxError(f"session {name} is already stopped", hint=f"`vmsandbox start {name}` resumes it")
+        if not record.keep:
+            raise VmsandboxError(
+                f"session {name} belongs to a running `vmsandbox run` (it ends with that command)",
+                hint="only sessions started with --keep can be stopped",
+            )
         if current not in (State.RUNNING, State.PAUSED):
             raise VmsandboxError(
                 f"session {name} is {current}: only a running session can be stopped",
@@ -41,16 +46,20 @@ def stop(name: str) -> Record:
         with ui.step("Flushing the guest's file systems"):
             commands.run_as_root(record.endpoint(), "sync", timeout=SYNC_TIMEOUT)
         control.stop(files)
-        with ui.step(f"Saving {record.domain} (memory and devices) to disk"):
-            hv.save(record.domain, str(files.saved_memory))
+        try:
+            with ui.step(f"Saving {record.domain} (memory and devices) to disk"):
+                hv.save(record.domain, str(files.saved_memory))
+        except VmsandboxError:
+            files.saved_memory.unlink(missing_ok=True)
+            if record.wants_daemon and not gone(hv.info(record.domain)):  # it runs on: give it its door back
+                create.open_egress(record)
+            raise
         record.saved = True
         record.save()
     return record
 
 
 def start(name: str) -> Record:
-    from vmsandbox.session import create  # create imports this layer's neighbours: late, no cycle
-
     record = Record.load(name)
     files = record.files
     with lock.held(files, name, "starting"), Hypervisor(record.libvirt_uri) as hv:
