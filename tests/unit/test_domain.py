@@ -47,7 +47,7 @@ def test_tcg_domain() -> None:
     root = ET.fromstring(build_xml(spec(Accel.TCG)))  # noqa: S314
     assert root.get("type") == "qemu"
     assert root.find("cpu").get("mode") == "maximum"  # type: ignore[union-attr]
-    assert root.findtext("features/tcg/tb-cache") == "64"  # QEMU's default would be 1 GiB of host RAM
+    assert root.findtext("features/tcg/tb-cache") == "128"  # QEMU's default would be 1 GiB of host RAM
     balloon = root.find("devices/memballoon")
     assert balloon is not None
     assert (balloon.get("model"), balloon.get("freePageReporting")) == ("virtio", "on")

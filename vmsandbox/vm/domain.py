@@ -14,7 +14,7 @@ META_NS = "https://github.com/vmsandbox/vmsandbox/xmlns/session/1"
 FWCFG_PREFIX = "opt/vmsandbox/"
 IDENTITY_PORT = "org.vmsandbox.identity"  # the guest's /dev/virtio-ports/<name> (images/base/.../warm)
 WORKSPACE_SERIAL = "vmsandbox-workspace"
-TCG_TB_CACHE_MIB = 64  # QEMU's default is 1 GiB of host RAM per VM; see README, "Lean sessions"
+TCG_TB_CACHE_MIB = 128  # QEMU's default is 1 GiB of host RAM per VM; see README, "Lean sessions"
 # A fixed PCI slot for the NIC: q35 needs bus/addr spelled out for a device added on the QEMU command line.
 NIC_DEVICE = "virtio-net-pci,netdev=n0,bus=pcie.0,addr=0x10"
 
