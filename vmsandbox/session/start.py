@@ -19,7 +19,7 @@ from vmsandbox.session.record import Record
 from vmsandbox.vm import accel as accel_mod
 from vmsandbox.vm import domain, qemuimg, savefile
 from vmsandbox.vm.domain import DomainSpec, Forward
-from vmsandbox.vm.virt import Hypervisor, PortTakenError
+from vmsandbox.vm.virt import Hypervisor, PortTakenError, gone
 
 PORT_ATTEMPTS = 4
 IDENTITY_TIMEOUT = 60  # the guest takes its identity in a second or two, even under TCG
@@ -69,7 +69,8 @@ def spec(record: Record, image: store.Image, *, warm: bool) -> DomainSpec:
     )
 
 
-def _new_port(record: Record) -> None:
+def new_port(record: Record) -> None:
+    """Give the session a free loopback port for the guest's SSH, with its pinned host key and ssh config."""
     files = record.files
     record.ssh_port = ports.free_port()
     ssh.write_known_hosts(files, record.ssh_port, files.host_key.with_suffix(".pub").read_text())
@@ -81,7 +82,7 @@ def _on_a_free_port(record: Record, launch: Callable[[], None]) -> None:
     port between our pick and QEMU's bind."""
     last: VmsandboxError | None = None
     for _attempt in range(PORT_ATTEMPTS):
-        _new_port(record)
+        new_port(record)
         try:
             launch()
         except PortTakenError as exc:
@@ -167,8 +168,7 @@ def warm(
 
 def alive(hv: Hypervisor, name: str) -> str | None:
     """None while the domain runs, else why it stopped (for ssh.wait_for_banner)."""
-    info = hv.info(name)
-    return None if info is not None and not info.stopped else "the VM powered off or crashed"
+    return "the VM powered off or crashed" if gone(hv.info(name)) else None
 
 
 def boot(

@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 
 from vmsandbox import ui
-from vmsandbox.egress import control, ports
+from vmsandbox.egress import control
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.guest import commands, ssh
 from vmsandbox.session import create, lock
@@ -21,7 +21,6 @@ from vmsandbox.session.state import status
 from vmsandbox.vm import domain, savefile
 from vmsandbox.vm.virt import Hypervisor, PortTakenError, gone
 
-PORT_ATTEMPTS = 4
 SYNC_TIMEOUT = 120
 
 
@@ -83,16 +82,14 @@ def start(name: str) -> Record:
 def _restore(record: Record, hv: Hypervisor, saved_xml: str) -> None:
     """Restore on the session's SSH port, or on another one if something took it while the session was stopped."""
     xml, last = saved_xml, None
-    for _attempt in range(PORT_ATTEMPTS):
+    for _attempt in range(start_mod.PORT_ATTEMPTS):
         try:
             hv.restore(str(record.files.saved_memory), xml)
         except PortTakenError as exc:
             last = exc
-            record.ssh_port = ports.free_port()
-            ssh.write_known_hosts(record.files, record.ssh_port, record.files.host_key.with_suffix(".pub").read_text())
-            record.endpoint().write_config()
+            start_mod.new_port(record)
             xml = domain.with_netdev(saved_xml, record.ssh_port)
             continue
         record.save()
         return
-    raise VmsandboxError(f"no free port for SSH after {PORT_ATTEMPTS} tries: {last}")
+    raise VmsandboxError(f"no free port for SSH after {start_mod.PORT_ATTEMPTS} tries: {last}")

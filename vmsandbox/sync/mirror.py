@@ -37,6 +37,11 @@ RSYNC_PULL = (
 )
 
 
+def _scan(files: SessionPaths) -> tree.Manifest:
+    """The mirror's manifest, its unchanged files' hashes taken from the last scan (sync.hashcache)."""
+    return tree.scan(files.guest_tree, cache=HashCache.load(files.hashes("mirror")))
+
+
 def fetch_live(endpoint: Endpoint, workdir: str, files: SessionPaths, *, max_file_bytes: int) -> tree.Manifest:
     """Bring the guest's tree into the host mirror (rsync delta over the session's SSH) and scan it.
 
@@ -61,7 +66,7 @@ def fetch_live(endpoint: Endpoint, workdir: str, files: SessionPaths, *, max_fil
         raise _explained(exc, max_file_bytes) from exc
     finally:
         files.guest_tree.chmod(0o700)  # rsync gave it the mode of the guest's project directory
-    return tree.scan(files.guest_tree, cache=HashCache.load(files.hashes("mirror")))
+    return _scan(files)
 
 
 def _explained(exc: proc.CommandError, max_file_bytes: int) -> VmsandboxError:
@@ -87,7 +92,7 @@ def fetch_from_disk(files: SessionPaths, *, max_file_bytes: int, copy: bool = Fa
     The disk was written by the guest: e2fsck and debugfs read it as the guest-data account, with limits.
     With `copy` (a stopped session, whose guest will mount the disk again) they read a sparse copy of it."""
     if not files.workspace_disk.exists():
-        return tree.scan(files.guest_tree, cache=HashCache.load(files.hashes("mirror")))
+        return _scan(files)
     if not copy:
         return _fetch_disk(files, files.workspace_disk, max_file_bytes)
     duplicate = files.root / "workspace.copy"
@@ -127,4 +132,4 @@ def _fetch_disk(files: SessionPaths, image: Path, max_file_bytes: int) -> tree.M
         found.rmdir()
     shutil.rmtree(files.guest_tree, ignore_errors=True)
     fresh.rename(files.guest_tree)
-    return tree.scan(files.guest_tree, cache=HashCache.load(files.hashes("mirror")))
+    return _scan(files)

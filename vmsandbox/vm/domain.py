@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -49,10 +48,14 @@ class DomainSpec:
     template: bool = False  # a warm-start template being built, not a session (gc tells them apart)
 
     def netdev(self) -> str:
-        """User-mode networking: restrict=on cuts the guest off; only the listed forwards exist."""
-        parts = ["user", "id=n0", "restrict=on"]
-        parts += [f"hostfwd=tcp:{f.host_address}:{f.host_port}-:{f.guest_port}" for f in self.forwards]
-        return ",".join(parts)
+        return netdev(self.forwards)
+
+
+def netdev(forwards: tuple[Forward, ...]) -> str:
+    """User-mode networking: restrict=on cuts the guest off; only the listed forwards exist."""
+    parts = ["user", "id=n0", "restrict=on"]
+    parts += [f"hostfwd=tcp:{f.host_address}:{f.host_port}-:{f.guest_port}" for f in forwards]
+    return ",".join(parts)
 
 
 def _sub(parent: ET.Element, tag: str, text: str | None = None, **attrs: str) -> ET.Element:
@@ -160,24 +163,23 @@ def for_restore(saved_xml: str, spec: DomainSpec) -> str:
         entry.set("file", str(spec.fwcfg_files[key]))
     if spec.channel is not None:
         _find(root, "devices/channel/source").set("path", str(spec.channel))
-    args = _find(root, f"{{{QEMU_NS}}}commandline")
-    for arg in args:
-        if arg.get("value", "").startswith("user,"):
-            arg.set("value", spec.netdev())
+    _set_netdev(root, spec.netdev())
     ET.indent(root)
     return ET.tostring(root, encoding="unicode") + "\n"
 
 
 def with_netdev(xml: str, ssh_port: int) -> str:
-    """A domain's XML with its SSH forward moved to another host port (loopback, as always)."""
+    """A session's domain XML with its SSH forward (its only one) moved to another loopback port."""
     root = ET.fromstring(xml)  # noqa: S314 - written by our own libvirt daemon
-    for arg in _find(root, f"{{{QEMU_NS}}}commandline"):
-        value = arg.get("value", "")
-        if value.startswith("user,"):
-            arg.set(
-                "value", re.sub(r"hostfwd=tcp:127\.0\.0\.1:\d+-:22\b", f"hostfwd=tcp:127.0.0.1:{ssh_port}-:22", value)
-            )
+    _set_netdev(root, netdev((Forward(ssh_port, 22),)))
     return ET.tostring(root, encoding="unicode") + "\n"
+
+
+def _set_netdev(root: ET.Element, value: str) -> None:
+    """Replace the user-mode netdev (the QEMU command-line argument build_xml wrote) with `value`."""
+    for arg in _find(root, f"{{{QEMU_NS}}}commandline"):
+        if arg.get("value", "").startswith("user,"):
+            arg.set("value", value)
 
 
 def _find(root: ET.Element, path: str) -> ET.Element:
