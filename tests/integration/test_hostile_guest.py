@@ -14,6 +14,7 @@ import os
 import pwd
 import re
 import secrets
+import shlex
 import shutil
 import stat
 import subprocess
@@ -25,6 +26,8 @@ import pytest
 
 from vmsandbox import paths
 from vmsandbox.confine import ACCOUNT
+from vmsandbox.errors import VmsandboxError
+from vmsandbox.guest import identity
 from vmsandbox.image import store
 from vmsandbox.session.record import DOMAIN_PREFIX, Record
 from vmsandbox.vm.virt import Hypervisor
@@ -243,6 +246,42 @@ def test_a_failed_boot_never_shows_the_console_raw(
         kept.unlink()  # a deliberate failure: not one for CI's list of kept consoles
     finally:
         shutil.rmtree(data, ignore_errors=True)
+
+
+# The identity port's answer: root in a real guest holds the port (every domain has it) and answers a warm start's
+# identity with what the worst template could send; the host's side of the warm start reads it.
+HOSTILE_ANSWERS = {
+    "escapes-and-flood": r"printf '\033]0;pwned\007\033[2Jerror: ' >&3; head -c 300000 /dev/zero | tr '\0' A >&3",
+    "silence": "sleep 30",
+}
+
+
+@pytest.mark.parametrize("answer", sorted(HOSTILE_ANSWERS))
+def test_the_identity_ports_answer_is_bounded_and_escaped(cli: Cli, name: str, answer: str) -> None:
+    port = "/dev/virtio-ports/org.vmsandbox.identity"
+    responder = (
+        f"echo $$ >/tmp/responder.pid; exec 3<>{port}; touch /tmp/responder-ready; "
+        f'until read -r m s <&3; do sleep 0.05; done; head -c "$s" <&3 >/dev/null; {HOSTILE_ANSWERS[answer]}'
+    )
+    spawn = (  # its own process group: the cleanup ends it and whatever still holds the port
+        f"rm -f /tmp/responder-ready; setsid sh -c {shlex.quote(responder)} >/dev/null 2>&1 & "
+        "for i in $(seq 50); do [ -e /tmp/responder-ready ] && exit 0; sleep 0.1; done; exit 1"
+    )
+    r = cli.run("exec", name, "--", "sudo", "sh", "-c", spawn)
+    assert r.returncode == 0, r.stderr.decode()
+    try:
+        files = paths.session_paths(name)
+        with pytest.raises(VmsandboxError) as caught:
+            identity.send(files.identity_socket, files.fwcfg_dir, timeout=10)
+    finally:
+        cli.run("exec", name, "--", "sudo", "sh", "-c", 'kill -- "-$(cat /tmp/responder.pid)"')
+    message = caught.value.message
+    no_escape_sequences(message.encode())
+    assert len(message) < identity.REPLY_LIMIT * 4 + 100
+    if answer == "silence":
+        assert "did not take its identity within 10 s" in message
+    else:
+        assert "\\x1b]0;pwned\\x07" in message  # shown escaped, never obeyed
 
 
 def test_proxy_log_lines_are_capped_and_private(cli: Cli, name: str) -> None:
