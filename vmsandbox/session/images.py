@@ -14,15 +14,19 @@ from vmsandbox.vm import accel as accel_mod
 from vmsandbox.vm.virt import Hypervisor
 
 
+def _records() -> Iterator[Record]:
+    """Every session's record that can be read (a damaged one is `ls`'s and `gc`'s to report)."""
+    for name in names():
+        try:
+            yield Record.load(name)
+        except VmsandboxError:
+            continue
+
+
 def users_of(version: str) -> list[str]:
     """The blueprint layers built on this image and the sessions booted from it."""
     users = [f"blueprint image {b.version}" for b in layers.list_layers() if b.manifest.get("base_version") == version]
-    for name in names():
-        try:
-            if Record.load(name).image_version == version:
-                users.append(f"session {name}")
-        except VmsandboxError:
-            continue
+    users += [f"session {r.name}" for r in _records() if r.image_version == version]
     return users
 
 
@@ -48,12 +52,5 @@ def default_template(image: store.Image) -> template.Template:
 
 def collect_templates(hv: Hypervisor) -> Iterator[str]:
     """gc of warm-start templates: interrupted builds, and superseded or failed ones no session is backed by."""
-    in_use: set[Path] = set()
-    for name in names():
-        try:
-            used = Record.load(name).template
-        except VmsandboxError:
-            continue
-        if used:
-            in_use.add(Path(used))
+    in_use = {Path(r.template) for r in _records() if r.template}
     yield from template.collect(hv, [*store.list_images(), *layers.list_layers()], in_use)
