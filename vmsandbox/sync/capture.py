@@ -19,7 +19,7 @@ from pathlib import Path
 from vmsandbox import confine, failpoint, paths, proc
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.paths import SessionPaths
-from vmsandbox.sync import tree
+from vmsandbox.sync import delta, tree, views
 from vmsandbox.vm import ext4
 
 HEADROOM_BYTES = 8 * 1024**3  # room for what the agent adds (dependencies, builds) on the sparse disk
@@ -56,6 +56,7 @@ def capture(project: Path, files: SessionPaths) -> tree.Manifest:
         ext4.remove_dir(files.workspace_disk, "lost+found")
     proc.run(["cp", "-a", "--reflink=auto", files.baseline, files.guest_tree])
     confine.hand_over(files.guest_tree, confine.guest_data_account())
+    delta.save(files.root, {})  # the mirror is the baseline: the first pull reads only what the journal names
     return manifest
 
 
@@ -83,10 +84,10 @@ def check_space(project: Path, where: Path) -> None:
         )
 
 
-def baseline(files: SessionPaths) -> tree.Manifest:
-    """The manifest of what the session captured."""
+def baseline(files: SessionPaths) -> views.Stored:
+    """The manifest of what the session captured (its entries made as they are looked at)."""
     try:
-        return tree.from_json(json.loads(files.baseline_manifest.read_text()))
+        return views.Stored(json.loads(files.baseline_manifest.read_text()))
     except FileNotFoundError:
         raise VmsandboxError(
             "this session has no workspace baseline", hint="it was created before workspaces existed; destroy it"

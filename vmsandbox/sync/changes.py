@@ -9,8 +9,12 @@ interrupted pull can simply run again.
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import json
+import logging
+import os
+import stat
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,10 +23,11 @@ from typing import Any
 from vmsandbox import failpoint, paths, ui
 from vmsandbox.guest.ssh import Endpoint
 from vmsandbox.paths import SessionPaths
-from vmsandbox.sync import apply, capture, mirror, refs, tree
+from vmsandbox.sync import apply, capture, delta, mirror, refs, tree, views
 from vmsandbox.sync.compare import Change, Status, compare
 from vmsandbox.sync.hashcache import HashCache
-from vmsandbox.sync.tree import FILE
+
+log = logging.getLogger(__name__)
 
 OUTBOX_MANIFEST = "manifest.json"
 OUTBOX_REFUSED = "refused.json"  # changes that can never be written, kept as a record (path, why, entry)
@@ -69,26 +74,28 @@ def gather(target: Target, *, endpoint: Endpoint | None, limit: int) -> Gathered
     running VM at `endpoint`, else (no endpoint: the VM is gone) from its workspace disk."""
     files = target.files
     base = capture.baseline(files)
+    guest: tree.Tree
     if files.outbox.is_dir():
-        guest = dict(base)
-        for path, entry in json.loads((files.outbox / OUTBOX_MANIFEST).read_text()).items():
-            if entry is None:
-                guest.pop(path, None)
-            else:
-                guest[path] = tree.Entry.from_dict(entry)
-        source, origin = files.outbox / OUTBOX_FILES, Origin.OUTBOX
+        kept = json.loads((files.outbox / OUTBOX_MANIFEST).read_text())
+        guest = delta.view(base, {p: None if e is None else tree.Entry.from_dict(e) for p, e in kept.items()})
+        scope, source, origin = frozenset(kept), files.outbox / OUTBOX_FILES, Origin.OUTBOX
     elif endpoint is not None:
         with ui.step("Fetching the guest's changes"):
-            guest = mirror.fetch_live(endpoint, str(target.project), files, max_file_bytes=limit)
-        source, origin = files.guest_tree, Origin.LIVE
+            fetched = mirror.fetch_live(endpoint, str(target.project), files, base, max_file_bytes=limit)
+        guest, scope, source, origin = fetched.view, fetched.differs, files.guest_tree, Origin.LIVE
+        log.info("session %s: %s", target.name, fetched.how)
     else:
         with ui.step("Reading the workspace disk of the stopped VM"):
-            guest = mirror.fetch_from_disk(files, max_file_bytes=limit, copy=target.saved)
-        source, origin = files.guest_tree, Origin.DISK
+            fetched = mirror.fetch_from_disk(files, base, max_file_bytes=limit, copy=target.saved)
+        guest, scope, source, origin = fetched.view, fetched.differs, files.guest_tree, Origin.DISK
     failpoint.hit("run.gather")
-    host = tree.scan(target.project, cache=HashCache.load(target.files.hashes("project")))
-    _remove_leftover_temporaries(target.project, host)
-    changes = [c for c in compare(base, host, guest) if c.status is not Status.SAME]
+    # Only the paths where the guest's tree differs from the baseline are compared, and the host's side is
+    # read only there (and where a guest's symlink leads): the project is not walked.
+    cache = HashCache.load(files.hashes("project"))
+    host = views.Lookup(target.project, cache)
+    changes = [c for c in compare(base, host, guest, only=scope) if c.status is not Status.SAME]
+    cache.save(partial=True)
+    _remove_leftover_temporaries(target.project, changes)
     refs_changed, refused = _guest_refs(files, origin)
     return Gathered(target, changes, source, refs_changed, origin, refused, limit)
 
@@ -107,12 +114,22 @@ def _guest_refs(files: SessionPaths, origin: Origin) -> tuple[bool, str | None]:
     return bool(refs.changed_refs(refs.read_refs(files.baseline / ".git"), guest_refs)), None
 
 
-def _remove_leftover_temporaries(project: Path, host: tree.Manifest) -> None:
-    """A pull killed with SIGKILL can leave its temporary files (never the target files) behind."""
-    for path, entry in list(host.items()):
-        if entry.kind == FILE and path.rsplit("/", 1)[-1].startswith(apply.TMP_PREFIX):
-            (project / path).unlink(missing_ok=True)
-            del host[path]
+def _remove_leftover_temporaries(project: Path, changes: list[Change]) -> None:
+    """A pull killed with SIGKILL can leave its temporary files (never the target files) behind, next to the
+    paths it was writing: those the guest changed, which are changes still."""
+    for where in sorted({c.path.rpartition("/")[0] for c in changes}):
+        fd = tree.open_dir_under(project, where)
+        if fd is None:
+            continue
+        try:
+            for name in os.listdir(fd):  # noqa: PTH208 - an fd reached without following symlinks
+                if not name.startswith(apply.TMP_PREFIX):
+                    continue
+                with contextlib.suppress(FileNotFoundError):
+                    if stat.S_ISREG(os.stat(name, dir_fd=fd, follow_symlinks=False).st_mode):
+                        os.unlink(name, dir_fd=fd)
+        finally:
+            os.close(fd)
 
 
 # ---------------------------------------------------------------- what was dealt with

@@ -8,11 +8,11 @@ quarantined; symlinks that lead out of the project, FIFOs, devices and bad names
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from vmsandbox.sync.risk import risky_name, symlink_escape
-from vmsandbox.sync.tree import CARRIED, DIR, FILE, OTHER, SYMLINK, Entry, Manifest
+from vmsandbox.sync.tree import CARRIED, DIR, FILE, OTHER, SYMLINK, Entry, Tree
 
 # .git internals that git itself manages: commits come back as fetched refs, never as these files.
 GIT_MANAGED = (
@@ -102,10 +102,12 @@ def unsafe_reason(path: str, guest: Entry | None, trees: Sequence[Mapping[str, E
     return None
 
 
-def compare(baseline: Manifest, host: Manifest, guest: Manifest) -> list[Change]:
-    """Every path the guest changed against the baseline, classified. Sorted by path."""
+def compare(baseline: Tree, host: Tree, guest: Tree, *, only: Iterable[str] | None = None) -> list[Change]:
+    """Every path the guest changed against the baseline, classified. Sorted by path. `only`: the paths where
+    the guest's tree is known to differ from the baseline (the others are not looked at; nor is the host
+    listed, so `host` may be a tree.Lookup)."""
     changes: list[Change] = []
-    for path in sorted(set(baseline) | set(guest)):
+    for path in sorted(set(baseline) | set(guest) if only is None else only):
         if is_git_managed(path):
             continue
         base, g, h = baseline.get(path), guest.get(path), host.get(path)

@@ -64,9 +64,11 @@ class HashCache:
             return  # changed too close to this scan: its timestamps may not tell a later change
         self.seen[rel] = (_key(st), digest)
 
-    def save(self) -> None:
-        """Keep what this scan saw (paths gone since are forgotten)."""
+    def save(self, *, partial: bool = False) -> None:
+        """Keep what this scan saw: after a whole walk only that (paths gone since are forgotten); after a
+        `partial` one (some paths looked up) merged into what was known."""
         if self.path is None:
             return
-        data = {rel: [*key, digest] for rel, (key, digest) in self.seen.items()}
+        keep = {**self.known, **self.seen} if partial else self.seen
+        data = {rel: [*key, digest] for rel, (key, digest) in keep.items()}
         paths.write_atomically(self.path, json.dumps(data, separators=(",", ":")))

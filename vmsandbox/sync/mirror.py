@@ -1,24 +1,27 @@
 """The mirror of the guest's tree on the host, which every review compares against.
 
-Changes come back with rsync's delta transfer into the mirror (it starts as a copy of the baseline). If the
-VM died, its workspace disk is read on the host instead. The mirror holds guest bytes, so it belongs to the
-unprivileged guest-data account (`confine`): the rsync receiver that fills it, and e2fsck and debugfs that
-read a dead VM's disk into it, run as that account with resource limits. Nothing in it ever keeps a setuid,
-setgid or sticky bit or a world-writable mode; its root is 0700 inside the private session directory.
-Reviews only read it, with lstat and O_NOFOLLOW.
+Changes come back with rsync's delta transfer into the mirror (it starts as a copy of the baseline): the paths
+the guest's change journal names (sync.journal), or the whole tree when the journal cannot say. What the
+mirror holds that differs from the baseline is kept between pulls (sync.delta), so a pull reads again only
+what it fetched. If the VM died, its workspace disk is read on the host instead. The mirror holds guest
+bytes, so it belongs to the unprivileged guest-data account (`confine`): the rsync receiver that fills it,
+and e2fsck and debugfs that read a dead VM's disk into it, run as that account with resource limits. Nothing
+in it ever keeps a setuid, setgid or sticky bit or a world-writable mode; its root is 0700 inside the private
+session directory. Reviews only read it, with lstat and O_NOFOLLOW.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 
 from vmsandbox import confine, proc
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.guest.ssh import Endpoint
 from vmsandbox.paths import SessionPaths
-from vmsandbox.sync import capture, transfer, tree
+from vmsandbox.sync import capture, delta, journal, transfer, tree
 from vmsandbox.sync.hashcache import HashCache
 from vmsandbox.vm import ext4
 
@@ -37,36 +40,84 @@ RSYNC_PULL = (
 )
 
 
+@dataclass(frozen=True)
+class Fetched:
+    """The guest's tree as the mirror now holds it, and the paths where it differs from the baseline."""
+
+    view: tree.Tree
+    differs: frozenset[str]
+    how: str  # how the changes were found (for the log: which paths the journal named, or why a walk)
+
+
 def _scan(files: SessionPaths) -> tree.Manifest:
     """The mirror's manifest, its unchanged files' hashes taken from the last scan (sync.hashcache)."""
     return tree.scan(files.guest_tree, cache=HashCache.load(files.hashes("mirror")))
 
 
-def fetch_live(endpoint: Endpoint, workdir: str, files: SessionPaths, *, max_file_bytes: int) -> tree.Manifest:
-    """Bring the guest's tree into the host mirror (rsync delta over the session's SSH) and scan it.
+def _walked(files: SessionPaths, base: tree.Tree, why: str) -> Fetched:
+    guest = _scan(files)
+    found = delta.between(base, guest)
+    delta.save(files.root, found)
+    return Fetched(guest, frozenset(found), f"the whole tree was read: {why}")
 
-    The guest side runs as root so files the agent made with sudo come along; the host side is the
-    unprivileged guest-data account, which may write no file larger than `max_file_bytes`.
-    """
+
+def fetch_live(
+    endpoint: Endpoint, workdir: str, files: SessionPaths, base: tree.Tree, *, max_file_bytes: int
+) -> Fetched:
+    """Bring the guest's changes into the host mirror (rsync delta over the session's SSH) and read them.
+
+    The guest's journal (sync.journal) names the paths that changed since the last fetch: only those travel
+    and are read again. When it cannot say, the whole tree is fetched and read. The guest side runs as root
+    so files the agent made with sudo come along; the host side is the unprivileged guest-data account, which
+    may write no file larger than `max_file_bytes`."""
+    cursor = journal.load(files.root)
+    known = delta.load(files.root)
+    answer = journal.ask(endpoint, cursor)
+    why = answer.why if known is not None else "no record of the mirror"
+    if answer.paths is not None and answer.cursor is not None and known is not None:
+        try:
+            if answer.paths:
+                _rsync(endpoint, workdir, files, max_file_bytes, answer.paths)
+                delta.refresh(files.guest_tree, base, known, answer.paths, HashCache.load(files.hashes("mirror")))
+                delta.save(files.root, known)
+        except proc.CommandError as exc:  # (a path that vanished meanwhile; a lying journal): walk instead
+            why = f"fetching the paths it named failed (rsync exit {exc.result.returncode})"
+        else:
+            journal.save(files.root, answer.cursor)
+            return Fetched(delta.view(base, known), frozenset(known), f"the journal named {len(answer.paths)} path(s)")
+    delta.forget(files.root)  # the mirror is about to change under it
+    _rsync(endpoint, workdir, files, max_file_bytes, None)
+    fetched = _walked(files, base, why)
+    if answer.cursor is not None:  # taken before this fetch began: the next one asks from there
+        journal.save(files.root, answer.cursor)
+    return fetched
+
+
+def _rsync(endpoint: Endpoint, workdir: str, files: SessionPaths, max_file_bytes: int, only: list[str] | None) -> None:
+    """rsync the guest's tree into the mirror: all of it, or `only` these paths, each with what is under it
+    (deleted in the mirror where the guest has none)."""
     who = confine.guest_data_account()
     side = transfer.Side(who, confine.guest_data_limits(max_file_bytes), files.guest_tree)
     remote = workdir.rstrip("/") + "/"
+    options = [*RSYNC_PULL]
+    if only is not None:
+        options += ["--recursive", "--files-from=-", "--from0", "--delete-missing-args", "--force"]
     try:
         transfer.rsync(
             endpoint,
-            RSYNC_PULL,
+            options,
             f"{endpoint.host_alias}:{remote}",
             f"{files.guest_tree}/",
             side=side,
             expect_sender=True,
             remote_path=remote,
+            input=None if only is None else b"".join(os.fsencode(p) + b"\0" for p in only),
             hint=f"is the VM running? `vmsandbox ls`; its console: `vmsandbox logs {endpoint.session}`",
         )
     except proc.CommandError as exc:
         raise _explained(exc, max_file_bytes) from exc
     finally:
         files.guest_tree.chmod(0o700)  # rsync gave it the mode of the guest's project directory
-    return _scan(files)
 
 
 def _explained(exc: proc.CommandError, max_file_bytes: int) -> VmsandboxError:
@@ -86,25 +137,29 @@ def _explained(exc: proc.CommandError, max_file_bytes: int) -> VmsandboxError:
     return exc
 
 
-def fetch_from_disk(files: SessionPaths, *, max_file_bytes: int, copy: bool = False) -> tree.Manifest:
+def fetch_from_disk(files: SessionPaths, base: tree.Tree, *, max_file_bytes: int, copy: bool = False) -> Fetched:
     """The VM is gone: read its workspace disk on the host (no mount, no loop device) into the mirror.
 
     The disk was written by the guest: e2fsck and debugfs read it as the guest-data account, with limits.
     With `copy` (a stopped session, whose guest will mount the disk again) they read a sparse copy of it."""
     if not files.workspace_disk.exists():
-        return _scan(files)
+        return _walked(files, base, "the workspace disk is gone")
+    delta.forget(files.root)  # the mirror is about to change under it (the journal's cursor stays good: the
+    # disk holds at least what the guest had written when the cursor was taken)
     if not copy:
-        return _fetch_disk(files, files.workspace_disk, max_file_bytes)
+        _fetch_disk(files, files.workspace_disk, max_file_bytes)
+        return _walked(files, base, "the VM is not running")
     duplicate = files.root / "workspace.copy"
     duplicate.unlink(missing_ok=True)
     proc.run(["cp", "--sparse=always", "--reflink=auto", files.workspace_disk, duplicate])
     try:
-        return _fetch_disk(files, duplicate, max_file_bytes)
+        _fetch_disk(files, duplicate, max_file_bytes)
     finally:
         duplicate.unlink(missing_ok=True)
+    return _walked(files, base, "the VM is stopped")
 
 
-def _fetch_disk(files: SessionPaths, image: Path, max_file_bytes: int) -> tree.Manifest:
+def _fetch_disk(files: SessionPaths, image: Path, max_file_bytes: int) -> None:
     who = confine.guest_data_account()
     limits = confine.guest_data_limits(max_file_bytes)
     fresh = files.root / "guest.new"
@@ -132,4 +187,3 @@ def _fetch_disk(files: SessionPaths, image: Path, max_file_bytes: int) -> tree.M
         found.rmdir()
     shutil.rmtree(files.guest_tree, ignore_errors=True)
     fresh.rename(files.guest_tree)
-    return _scan(files)

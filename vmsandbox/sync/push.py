@@ -9,7 +9,7 @@ from pathlib import Path
 
 from vmsandbox import confine, failpoint, paths, ui
 from vmsandbox.guest.ssh import Endpoint
-from vmsandbox.sync import capture, mirror, transfer, tree
+from vmsandbox.sync import capture, delta, mirror, transfer, tree
 from vmsandbox.sync.changes import Target
 from vmsandbox.sync.compare import Status, compare, is_git_managed
 from vmsandbox.sync.hashcache import HashCache
@@ -20,9 +20,9 @@ def push(target: Target, endpoint: Endpoint, *, limit: int) -> tuple[list[str], 
     changed is not touched (reported as a conflict). Pushed paths become the new baseline. Returns (pushed,
     conflicts)."""
     files = target.files
-    base = capture.baseline(files)
+    base = dict(capture.baseline(files))
     with ui.step("Fetching the guest's changes"):
-        guest = mirror.fetch_live(endpoint, str(target.project), files, max_file_bytes=limit)
+        guest = mirror.fetch_live(endpoint, str(target.project), files, base, max_file_bytes=limit).view
     host = tree.scan(target.project, cache=HashCache.load(target.files.hashes("project")))
     # the same three-way view with the roles swapped: the host is the side whose changes travel
     changes = [c for c in compare(base, guest, host) if not is_git_managed(c.path)]
@@ -57,6 +57,7 @@ def push(target: Target, endpoint: Endpoint, *, limit: int) -> tuple[list[str], 
                 base.pop(c.path, None)
             else:
                 base[c.path] = c.host
+        delta.forget(files.root)  # it was against the old baseline: the next pull reads the whole mirror
         paths.write_atomically(files.baseline_manifest, json.dumps(tree.to_json(base)))
     return [c.path for c in send], conflicts
 

@@ -38,7 +38,8 @@ def relay_shell(fd: int) -> str:
     script = (
         f'printf "%s\\0" "$#" "$@" >&{fd}; exec {alt}<&0; cat <&{alt} >&{fd} & cat <&{fd}; kill $! 2>/dev/null; exit 0'
     )
-    return f"sh -c '{script}' {RELAY_NAME}"
+    # bash, not sh: dash takes only one-digit fds in a redirection, and fd is whatever the socket got
+    return f"bash -c '{script}' {RELAY_NAME}"
 
 
 def read_preamble(sock: socket.socket, *, timeout: float = PREAMBLE_TIMEOUT) -> list[str]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 import os
 import stat
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -134,28 +134,90 @@ def entry_of(path: Path) -> Entry | None:
 
 
 Manifest = dict[str, Entry]
+Tree = Mapping[str, Entry]  # a manifest only read: a Manifest, or one of sync.views
 
 
 def scan(root: Path, *, skip: frozenset[str] = frozenset(), cache: HashCache | None = None) -> Manifest:
     """Every path under root (root itself excluded). `skip` names top-level entries to leave out. With a cache
     (sync.hashcache), unchanged files are not read again; the cache is saved after the walk."""
     found: Manifest = {}
-    for dirpath, dirnames, filenames, dir_fd in os.fwalk(root, follow_symlinks=False):
-        rel_dir = os.path.relpath(dirpath, root)
-        prefix = "" if rel_dir == "." else rel_dir + "/"
-        for name in sorted(dirnames + filenames):
-            if not prefix and name in skip:
-                continue
-            entry = entry_at(dir_fd, name, cache, prefix + name)
-            if entry is not None:
-                found[prefix + name] = entry
-        dirnames[:] = [d for d in dirnames if not (not prefix and d in skip)]
+    _walk(os.fwalk(root, follow_symlinks=False), "", found, skip, cache)
     if cache is not None:
         cache.save()
     return found
 
 
-def to_json(manifest: Manifest) -> dict[str, Any]:
+def scan_under(root: Path, rel: str, cache: HashCache | None = None) -> Manifest:
+    """The entry at `rel` under root and, if it is a directory, everything under it (keys relative to root).
+    No symlink is followed on the way down to `rel` either. The cache is not saved (the caller merges)."""
+    parent, name = _open_parent(root, rel)
+    if parent is None:
+        return {}
+    try:
+        entry = entry_at(parent, name, cache, rel)
+        found: Manifest = {} if entry is None else {rel: entry}
+        if entry is not None and entry.kind == DIR:
+            _walk(os.fwalk(name, dir_fd=parent, follow_symlinks=False), rel + "/", found, frozenset(), cache)
+        return found
+    finally:
+        os.close(parent)
+
+
+def _walk(
+    walk: Iterator[tuple[str, list[str], list[str], int]],
+    prefix: str,
+    found: Manifest,
+    skip: frozenset[str],
+    cache: HashCache | None,
+) -> None:
+    top: str | None = None
+    for dirpath, dirnames, filenames, dir_fd in walk:
+        top = dirpath if top is None else top
+        rel_dir = os.path.relpath(dirpath, top)
+        here = prefix if rel_dir == "." else prefix + rel_dir + "/"
+        at_top = rel_dir == "." and not prefix
+        for name in sorted(dirnames + filenames):
+            if at_top and name in skip:
+                continue
+            entry = entry_at(dir_fd, name, cache, here + name)
+            if entry is not None:
+                found[here + name] = entry
+        dirnames[:] = [d for d in dirnames if not (at_top and d in skip)]
+
+
+def open_dir_under(root: Path, rel: str) -> int | None:
+    """An fd of the directory `rel` under root ("" is root), reached without following any symlink (None if a
+    component is missing or not a directory)."""
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    for part in rel.split("/") if rel else ():
+        try:
+            inner = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+        except OSError:
+            os.close(fd)
+            return None
+        os.close(fd)
+        fd = inner
+    return fd
+
+
+def _open_parent(root: Path, rel: str) -> tuple[int | None, str]:
+    """open_dir_under for the directory that holds `rel`, and the last component's name."""
+    where, _, name = rel.rpartition("/")
+    return open_dir_under(root, where), name
+
+
+def entry_under(root: Path, rel: str, cache: HashCache | None = None) -> Entry | None:
+    """The entry at `rel` under root, no symlink followed on the way (None if there is none)."""
+    parent, name = _open_parent(root, rel)
+    if parent is None:
+        return None
+    try:
+        return entry_at(parent, name, cache, rel)
+    finally:
+        os.close(parent)
+
+
+def to_json(manifest: Mapping[str, Entry]) -> dict[str, Any]:
     return {path: entry.as_dict() for path, entry in sorted(manifest.items())}
 
 

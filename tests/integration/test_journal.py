@@ -1,0 +1,170 @@
+"""The guest's change journal on a real VM: after every kind of change a pull that fetches only what the
+journal names sees exactly what a walk of the whole tree sees; when the journal cannot be sure (a hard link,
+a file mapped for writing, the daemon killed or stopped, a guest that answers in its place with nonsense), the
+pull walks instead and nothing is missed.
+
+The steps run in order on one session of this module (each leaves the journal's cursor where the next starts).
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+from collections.abc import Iterator
+
+import pytest
+
+from vmsandbox import proc
+from vmsandbox.image import store
+from vmsandbox.session import create, lifecycle
+from vmsandbox.session.config import Settings
+from vmsandbox.session.options import Options
+from vmsandbox.session.record import Record
+from vmsandbox.sync import capture, delta, journal, mirror
+
+from .conftest import unique_name
+
+LIMIT = 1024**3
+
+
+@pytest.fixture(scope="module")
+def session(base_image: store.Image, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Record]:
+    project = tmp_path_factory.mktemp("journal") / "project"
+    for d in ("src/lib", "docs", "old/deep/er", "build"):
+        (project / d).mkdir(parents=True)
+    for i in range(30):
+        (project / "src/lib" / f"m{i}.py").write_text(f"value = {i}\n")
+    (project / "docs/readme.md").write_text("read me\n")
+    (project / "old/deep/er/file").write_text("old\n")
+    (project / "build/out.o").write_bytes(b"\x7fELF" * 100)
+    record = create.create(Options(project=project, name=unique_name(), settings=Settings(), keep=True))
+    yield record
+    lifecycle.remove(record)
+
+
+def guest(record: Record, script: str) -> None:
+    """Run `script` as root in the guest's project directory."""
+    command = f"cd {shlex.quote(record.project)} && {script}"
+    proc.run([*record.endpoint("root").ssh_argv("-T"), "--", command], timeout=120)
+
+
+def fetch(record: Record) -> mirror.Fetched:
+    return mirror.fetch_live(
+        record.endpoint("root"), record.project, record.files, capture.baseline(record.files), max_file_bytes=LIMIT
+    )
+
+
+def walked(record: Record) -> mirror.Fetched:
+    """What a fetch of the whole tree finds (the journal's answer is not used)."""
+    delta.forget(record.files.root)
+    found = fetch(record)
+    assert "whole tree" in found.how
+    return found
+
+
+def step(record: Record, script: str, *, expect: str) -> mirror.Fetched:
+    guest(record, script)
+    named = fetch(record)
+    assert expect in named.how, named.how
+    whole = walked(record)
+    assert named.view == whole.view
+    assert named.differs == whole.differs
+    return named
+
+
+def test_the_first_pull_asks_from_the_workspace_as_it_was_made(session: Record) -> None:
+    first = fetch(session)
+    assert first.how == "the journal named 0 path(s)"
+    assert first.differs == frozenset()
+    assert journal.load(session.files.root).instance != journal.ORIGIN.instance
+
+
+def test_every_kind_of_change_is_named(session: Record) -> None:
+    script = r"""
+set -e
+echo changed >> src/lib/m1.py
+: > src/lib/m2.py
+chmod +x src/lib/m3.py
+mkdir -p new/tree/deep && echo leaf > new/tree/deep/leaf && ln -s ../tree new/link
+printf 'x' > "$(printf 'line\nbreak')" && printf 'y' > "$(printf 'bad\377utf8')"
+mv src/lib/m4.py src/lib/m4-renamed.py
+mv docs manual
+rm -rf old
+rm -rf build && echo now-a-file > build
+rm src/lib/m5.py && mkdir src/lib/m5.py && echo in > src/lib/m5.py/inner
+echo edited > src/lib/.m6.py.swp && mv src/lib/.m6.py.swp src/lib/m6.py
+chmod 700 src/lib
+"""
+    named = step(session, script, expect="the journal named")
+    assert "old/deep/er/file" in named.differs and named.view.get("old") is None
+    assert named.view["build"].kind == "file" and named.view["src/lib/m5.py/inner"].kind == "file"
+    assert named.view["line\nbreak"].size == 1 and named.view["bad\udcffutf8"].size == 1
+
+
+def test_a_quiet_guest_names_nothing(session: Record) -> None:
+    assert fetch(session).how == "the journal named 0 path(s)"
+
+
+def test_the_relay_takes_any_fd_number(session: Record) -> None:
+    """rsync's relay once ran under dash, which takes one-digit fds only: with many files open here the
+    relay's socket got fd 13 and every fetch of named paths failed."""
+    spare = [os.open("/dev/null", os.O_RDONLY) for _ in range(12)]
+    try:
+        step(session, "echo fd > high-fd", expect="the journal named 1 path(s)")
+    finally:
+        for fd in spare:
+            os.close(fd)
+
+
+def test_many_files_in_a_new_tree(session: Record) -> None:
+    step(session, "mkdir -p gen && for i in $(seq 1 500); do echo $i > gen/f$i; done", expect="the journal named")
+
+
+def test_a_changed_hard_linked_file_is_a_walk(session: Record) -> None:
+    step(session, "ln src/lib/m7.py linked && echo more >> src/lib/m7.py", expect="hard-linked-file-changed")
+    step(session, "rm linked && echo again >> src/lib/m7.py", expect="the journal named")
+
+
+def test_a_file_mapped_for_writing_is_a_walk(session: Record) -> None:
+    hold = (  # (in a subshell of its own, so that ssh does not wait for it)
+        '(setsid python3 -c \'import mmap, os, time; fd = os.open("mapped", os.O_RDWR | os.O_CREAT); '
+        'os.ftruncate(fd, 4096); m = mmap.mmap(fd, 4096); m[:5] = b"hello"; time.sleep(600)\' &) '
+        "</dev/null >/dev/null 2>&1; sleep 2"
+    )
+    named = step(session, hold, expect="file-mapped-for-writing")
+    assert named.view["mapped"].size == 4096
+    step(session, "pkill -f '[i]mport mmap' && sleep 1 && echo after > after", expect="the journal named")
+
+
+def test_a_restarted_or_stopped_journal_is_a_walk_and_then_trusted_again(session: Record) -> None:
+    unit = 'vmsandbox-journal@$(systemd-escape --path "$PWD").service'
+    step(session, f"systemctl kill -s KILL {unit} && sleep 2 && echo x > while-restarting", expect="another-journal")
+    step(session, "echo y > after-restart", expect="the journal named")
+    step(session, f"systemctl stop {unit} && echo z > while-stopped", expect="no-journal")
+    step(session, f"systemctl start {unit} && echo w > started-again", expect="another-journal")
+    step(session, "echo v > trusted-again", expect="the journal named")
+
+
+def test_a_guest_that_answers_nonsense_gets_a_walk(session: Record) -> None:
+    """A guest (root in it) replaces the journal's program with one that names a path outside the project,
+    then with one that floods escape sequences: the host walks, and what it sees is right."""
+    real = journal.PROGRAM
+
+    def answer_with(body: str) -> None:
+        # (the running daemon keeps the old program: a new file under its name, as a root guest can make)
+        guest(session, f"set -e; rm -f {real}; cat > {real} <<'EOF'\n#!/bin/sh\n{body}\nEOF\nchmod 755 {real}")
+
+    guest(session, f"cp {real} /root/journal.real")
+    try:
+        answer_with("printf 'ok %032x 1 1\\n../../../etc/shadow\\n' 0")
+        guest(session, "echo lie > lied-about")
+        named = fetch(session)
+        assert "invalid path" in named.how, named.how
+        assert named.view["lied-about"].size == 4 and "../../../etc/shadow" not in named.view
+        answer_with("head -c 30000000 /dev/zero | tr '\\000' '\\033'")
+        flood = fetch(session)
+        assert "not understood" in flood.how, flood.how
+    finally:
+        guest(session, f"cp /root/journal.real {real}.new && mv {real}.new {real}")
+    # the real journal again: the host's cursor is still its own, so it names what changed meanwhile
+    step(session, "echo honest > honest-again", expect="the journal named")
