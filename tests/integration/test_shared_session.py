@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import pwd
 import secrets
@@ -151,4 +152,22 @@ def test_logs_console(shared: Record, cli: Cli) -> None:
 def test_doctor_passes_here(cli: Cli) -> None:
     r = cli.run("doctor", "--json")
     assert r.returncode == 0, r.stdout.decode()
-    assert b'"accelerator"' in r.stdout
+    checks = {c["name"]: c for c in json.loads(r.stdout)}
+    if "KVM" not in checks["accelerator"]["detail"]:  # the fallback is no success: a warning with a fix
+        assert checks["accelerator"]["level"] == "warn" and checks["accelerator"]["fix"]
+    text = cli.run("doctor")  # the report is the output: `vmsandbox doctor | less` shows it
+    assert b"accelerator:" in text.stdout and b"libvirt:" in text.stdout and b"accelerator" not in text.stderr
+
+
+def test_ls_lists_sessions_when_libvirt_does_not_answer(shared: Record, cli: Cli) -> None:
+    """Like `limactl list`: what the records say is still shown (state unknown), with a warning that names
+    the setting to check when the URI is not the default one."""
+    bogus = "qemu+unix:///system?socket=/nonexistent/libvirt-sock"
+    r = cli.run("ls", "--json", env=cli.env(VMSANDBOX_LIBVIRT_URI=bogus))
+    assert r.returncode == 0, r.stderr.decode()
+    mine = [s for s in json.loads(r.stdout) if s["name"] == shared.name]
+    assert [s["state"] for s in mine] == ["unknown"]
+    err = r.stderr.decode()
+    assert "cannot connect to libvirt" in err and "libvirt_uri" in err
+    plain = cli.run("ls", "-q", env=cli.env(VMSANDBOX_LIBVIRT_URI=bogus))
+    assert shared.name in plain.stdout.decode().split()

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -135,3 +136,143 @@ def test_trust_shows_what_a_config_changes_escaped(capsys: pytest.CaptureFixture
     assert "cpus: 2   (sizes the VM: needs no trust)" in err
     assert run_cli(["trust", str(tmp_path)]) == 0  # trusted already: nothing to ask
     assert "trusted already" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "args", [["-h"], ["ls", "-h"], ["image", "-h"], ["image", "ls", "-h"], ["secret", "set", "-h"]]
+)
+def test_dash_h_is_help_everywhere(capsys: pytest.CaptureFixture[str], args: list[str]) -> None:
+    assert run_cli(args) == 0
+    assert "Usage: vmsandbox" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(("alias", "same"), [("rm", "destroy"), ("ps", "ls"), ("list", "ls"), ("ssh", "shell")])
+def test_aliases_other_tools_taught(capsys: pytest.CaptureFixture[str], alias: str, same: str) -> None:
+    assert run_cli([alias, "-h"]) == 0
+    assert f"Same as `{same}`" in capsys.readouterr().out
+
+
+def test_usage_lines_show_the_command_after_the_separator(capsys: pytest.CaptureFixture[str]) -> None:
+    assert run_cli(["run", "-h"]) == 0
+    assert "[-- COMMAND...]" in capsys.readouterr().out
+    assert run_cli(["exec", "-h"]) == 0
+    out = capsys.readouterr().out
+    assert "-- COMMAND..." in out and "[-- COMMAND...]" not in out
+
+
+def test_a_command_without_the_separator_gets_the_right_command_line(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    assert run_cli(["run", str(tmp_path), "make", "test"]) == 2
+    assert f"hint: put the command to run after `--`: vmsandbox run {tmp_path} -- make test" in capsys.readouterr().err
+    assert cli.missing_separator("Got unexpected extra argument (x)", ["claude", ".", "-y", "x"]) == (
+        "put the command to run after `--`: vmsandbox claude . -y -- x"
+    )
+    assert cli.missing_separator("No such option: --frob", ["run"]) is None
+
+
+def test_listings_never_cut_a_name(capsys: pytest.CaptureFixture[str]) -> None:
+    long = "a-session-name-much-longer-than-any-terminal-column-would-be-" * 2
+    base.columns(["NAME", "PROJECT"], [[long, "/p"], ["s", "/a/very/long/project/path/" * 4 + "\x1b]0;x\x07"]])
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("NAME") and lines[1].startswith(long + "  /p")
+    assert "…" not in "".join(lines) and "\x1b" not in lines[2] and lines[2].endswith("\\x1b]0;x\\x07")
+
+
+def test_a_secret_nothing_reads_gets_a_warning_naming_the_close_one(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, isolated_dirs: Path
+) -> None:
+    import io
+
+    monkeypatch.setattr("sys.stdin", io.StringIO("k\n"))
+    assert run_cli(["secret", "set", "anthropic_api_key"]) == 0
+    err = capsys.readouterr().err
+    assert "warning:" in err and "nothing reads a secret named 'anthropic_api_key'" in err
+    assert "vmsandbox secret set anthropic-api-key" in err
+    monkeypatch.setattr("sys.stdin", io.StringIO("k\n"))
+    assert run_cli(["secret", "set", "anthropic-api-key"]) == 0
+    assert "warning" not in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("word", "offered"), [("destory", "destroy"), ("ps2", None), ("top", None), ("frobnicate", None), ("pushh", "push")]
+)
+def test_did_you_mean_only_for_a_near_typo(capsys: pytest.CaptureFixture[str], word: str, offered: str | None) -> None:
+    assert run_cli([word]) == 2
+    err = capsys.readouterr().err
+    assert "No such command" in err
+    if offered is None:
+        assert "Did you mean" not in err and "vmsandbox -h" in err
+    else:
+        assert f"Did you mean '{offered}'?" in err
+
+
+def test_blueprints_are_listed_and_shown_merged(
+    capsys: pytest.CaptureFixture[str], isolated_dirs: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    mine = isolated_dirs / "config" / "blueprints" / "mine.yaml"
+    mine.parent.mkdir(parents=True)
+    mine.write_text("extends: claude\ndescription: mine\napt: [ripgrep]\n")
+    monkeypatch.chdir(tmp_path)
+    assert run_cli(["blueprint", "ls", "-q"]) == 0
+    assert {"base", "claude", "codex", "gemini", "opencode", "mine"} <= set(capsys.readouterr().out.split())
+    assert run_cli(["blueprint", "ls"]) == 0
+    out = capsys.readouterr().out
+    assert "mine      yours     mine" in out and "built in" in out
+    assert run_cli(["blueprint", "show", "mine"]) == 0
+    shown = capsys.readouterr().out
+    assert "- ripgrep" in shown and "- claude" in shown and "anthropic-api-key" in shown and str(mine) in shown
+    assert run_cli(["blueprint", "show", "nope"]) == base.EXIT_ERROR
+    assert "known blueprints" in capsys.readouterr().err
+
+
+def test_config_show_names_where_each_setting_comes_from(
+    capsys: pytest.CaptureFixture[str], isolated_dirs: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    (isolated_dirs / "config" / "config.yaml").write_text("cpus: 4\nmemory: 3G\n")
+    project = tmp_path / "proj"
+    project.mkdir()
+    (project / ".vmsandbox.yaml").write_text("memory: 2048\n")  # the default value, but set here
+    monkeypatch.setenv("VMSANDBOX_ACCEL", "tcg")
+    assert run_cli(["config", "show", str(project), "--json"]) == 0
+    rows = {r["key"]: r for r in json.loads(capsys.readouterr().out)}
+    assert rows["cpus"]["from"].endswith("config.yaml") and rows["cpus"]["value"] == "4"
+    assert rows["memory"]["from"] == str(project / ".vmsandbox.yaml") and rows["memory"]["value"] == "2048 MiB"
+    assert rows["accel"]["from"] == "VMSANDBOX_ACCEL" and rows["disk"]["from"] == "default"
+
+
+def test_config_validate_names_file_line_and_key(
+    capsys: pytest.CaptureFixture[str], isolated_dirs: Path, tmp_path: Path
+) -> None:
+    good = tmp_path / "good.yaml"
+    good.write_text("memory: 4G\nnetwork: open\n")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("cpus: 2\n\nboot_timeout: 0\n")
+    bp = tmp_path / "blueprints" / "b.yaml"
+    bp.parent.mkdir()
+    bp.write_text("description: x\napt: ['no such; rm -rf /']\n")
+    assert run_cli(["config", "validate", str(good)]) == 0
+    assert f"ok  {good}" in capsys.readouterr().out
+    assert run_cli(["config", "validate", str(bad)]) == base.EXIT_ERROR
+    assert f"{bad}, line 3: `boot_timeout` must be between" in capsys.readouterr().err
+    assert run_cli(["config", "validate", str(bp)]) == base.EXIT_ERROR
+    assert f"{bp}, line 2: `apt`" in capsys.readouterr().err
+
+
+def test_config_schema_describes_every_key(capsys: pytest.CaptureFixture[str]) -> None:
+    from vmsandbox.image import blueprint
+    from vmsandbox.session import config
+
+    assert run_cli(["config", "schema"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert set(doc["properties"]) == set(config.FIELDS) and doc["additionalProperties"] is False
+    from vmsandbox.egress.netpolicy import Mode
+    from vmsandbox.vm.accel import Accel
+
+    assert doc["properties"]["accel"]["enum"] == [a.value for a in Accel]  # the schema keeps up with the code
+    assert doc["properties"]["network"]["enum"] == [m.value for m in Mode]
+    timeout = doc["properties"]["boot_timeout"]
+    assert (timeout["minimum"], timeout["maximum"]) == config.BOOT_TIMEOUT_RANGE
+    assert doc["properties"]["secrets"]["items"]["required"] == ["secret", "host", "header"]
+    assert run_cli(["config", "schema", "--blueprint"]) == 0
+    assert set(json.loads(capsys.readouterr().out)["properties"]) == set(blueprint.FIELDS)

@@ -43,6 +43,12 @@ def test_unknown_key_names_file_and_key(tmp_path: Path) -> None:
         ("memory: lots\n", "cannot read size"),
         ("accel: xen\n", "unknown accelerator"),
         ("cpus: 0\n", "between"),
+        ("memory: 2\n", "too small"),  # 2 MiB: a plain number is MiB, and no guest boots in that
+        ("memory: 256M\n", "too small"),
+        ("disk: 1G\n", "too small"),
+        ("boot_timeout: -5\n", "between 10 and 3600"),
+        ("memory: [1]\n", "a size like 2G"),
+        ("cpus: 2\nmemory: 2G\ncpus: 4\n", "line 3.*`cpus` is given twice"),
     ],
 )
 def test_bad_values_are_errors(tmp_path: Path, text: str, needle: str) -> None:
@@ -65,6 +71,12 @@ def test_not_a_mapping_and_bad_yaml(tmp_path: Path) -> None:
 )
 def test_sizes(text: str, mib: int) -> None:
     assert config.parse_size_mib(text, what="x") == mib
+
+
+def test_a_size_may_be_a_plain_number_of_mib(tmp_path: Path) -> None:
+    write(tmp_path / "p" / ".vmsandbox.yaml", "memory: 2048\ndisk: 30720\n")
+    s = config.load(tmp_path / "p")
+    assert (s.memory_mib, s.disk_mib) == (2048, 30720)
 
 
 def test_network_settings_accumulate_across_sources(tmp_path: Path) -> None:

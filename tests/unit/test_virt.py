@@ -48,6 +48,7 @@ def test_unreachable_daemon_names_the_fix() -> None:
     with pytest.raises(VmsandboxError) as err:
         Hypervisor("qemu+unix:///system?socket=/nonexistent/libvirt-sock")
     assert err.value.hint is not None and "vmsandbox host setup" in err.value.hint
+    assert "libvirt_uri" in err.value.hint  # not the default URI: it may be what is wrong
 
 
 def test_gc_destroys_our_domains_without_a_session_dir_only() -> None:

@@ -40,14 +40,14 @@ def doctor(as_json: AsJson = False) -> None:
         print_json([{"name": c.name, "level": c.level, "detail": c.detail, "fix": c.fix} for c in checks])
     else:
         marks = {"ok": "[green]✓[/]", "warn": "[yellow]![/]", "fail": "[red]✗[/]"}
-        for c in checks:
-            ui.err.print(f"{marks[c.level]} {c.name}: {c.detail}")
+        for c in checks:  # the report is this command's output: stdout (`vmsandbox doctor | less`)
+            ui.out.print(f"{marks[c.level]} {c.name}: {ui.printable(c.detail)}")
             if c.fix and not c.ok:
-                ui.err.print(f"    fix: {c.fix}")
+                ui.out.print(f"    fix: {ui.printable(c.fix)}")
     failed = [c for c in checks if c.level == "fail"]
     if failed:
         if not as_json:
-            ui.err.print(f"[red]A session cannot start here:[/] {len(failed)} check(s) failed.")
+            ui.out.print(f"[red]A session cannot start here:[/] {len(failed)} check(s) failed.")
         raise typer.Exit(1)
 
 

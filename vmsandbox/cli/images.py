@@ -7,10 +7,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
-from rich.table import Table
 
 from vmsandbox import ui
-from vmsandbox.cli.base import AsJson, image_app, print_json
+from vmsandbox.cli.base import AsJson, Quiet, columns, image_app, print_json
 
 if TYPE_CHECKING:
     from vmsandbox.image.store import Image
@@ -71,8 +70,8 @@ def _build_blueprint(name: str, *, force: bool) -> Image:
 
 
 @image_app.command("ls")
-def image_ls(as_json: AsJson = False) -> None:
-    """List built base images and blueprint layers."""
+def image_ls(as_json: AsJson = False, quiet: Quiet = False) -> None:
+    """List built base images and blueprint layers (`-q`: versions only, as `image rm` takes them)."""
     from vmsandbox.image import layers, store
 
     images = [i.summary() | {"kind": "base"} for i in store.list_images()]
@@ -83,14 +82,18 @@ def image_ls(as_json: AsJson = False) -> None:
     if as_json:
         print_json(images)
         return
+    if quiet:
+        for i in images:
+            print(i["version"])
+        return
     if not images:
         ui.info("No base images. Build one with `sudo vmsandbox image build`.")
         return
-    table = Table("VERSION", "KIND", "BUILT", "SIZE", "KERNEL", box=None)
-    for i in images:
-        size = f"{(i['disk_bytes'] or 0) / 1024**2:.0f} MiB"
-        table.add_row(i["version"], i["kind"], str(i["built_at"]), size, i["kernel"])
-    ui.out.print(table)
+    rows = [
+        [i["version"], i["kind"], str(i["built_at"]), f"{(i['disk_bytes'] or 0) / 1024**2:.0f} MiB", i["kernel"]]
+        for i in images
+    ]
+    columns(["VERSION", "KIND", "BUILT", "SIZE", "KERNEL"], rows)
 
 
 @image_app.command("rm")

@@ -6,6 +6,8 @@ from __future__ import annotations
 import logging
 import logging.handlers
 import os
+import re
+import shlex
 import signal
 import sys
 from typing import Annotated, NoReturn
@@ -13,7 +15,7 @@ from typing import Annotated, NoReturn
 import typer
 
 from vmsandbox import __version__, paths, ui
-from vmsandbox.cli import host, images, review, run, secrets, sessions  # noqa: F401 - they register commands
+from vmsandbox.cli import blueprints, configs, host, images, review, run, secrets, sessions  # noqa: F401
 from vmsandbox.cli.base import EXIT_ERROR, EXIT_INTERRUPTED, Invocation, app
 from vmsandbox.errors import VmsandboxError
 
@@ -52,6 +54,18 @@ def _setup_logging(verbose: bool) -> None:
         root.addHandler(stream)
 
 
+def missing_separator(message: str, args: list[str]) -> str | None:
+    """`vmsandbox run proj make test`: the parser's "unexpected extra arguments (make test)" means a command
+    given without `--`. The hint shows the command line as it should be."""
+    found = re.fullmatch(r"Got unexpected extra argument(?:s|\(s\))? \((.*)\)", message.strip())
+    if found is None:
+        return None
+    extra = found.group(1).split(" ")
+    if args[-len(extra) :] != extra:
+        return "put the command to run after `--`, e.g. `vmsandbox run . -- make test`"
+    return "put the command to run after `--`: " + shlex.join(["vmsandbox", *args[: -len(extra)], "--", *extra])
+
+
 def _terminate(signum: int, _frame: object) -> NoReturn:
     raise SystemExit(128 + signum)  # unwinds through every cleanup handler, like Ctrl-C
 
@@ -84,6 +98,8 @@ def main(argv: list[str] | None = None) -> NoReturn:
         show = getattr(exc, "show", None)
         if callable(show):
             show()
+            if (hint := missing_separator(str(getattr(exc, "message", "")), args)) is not None:
+                ui.err.print(f"[dim]hint:[/] {ui.printable(hint)}", soft_wrap=True)
             sys.exit(int(getattr(exc, "exit_code", 2)))
         raise
     sys.exit(code if isinstance(code, int) else 0)

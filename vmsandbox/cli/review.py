@@ -17,13 +17,20 @@ if TYPE_CHECKING:
 
 
 def summary_table(plan: Plan) -> Any:
-    from rich.table import Table
+    from rich.table import Column, Table
 
     from vmsandbox.sync import diff
     from vmsandbox.sync.compare import Status
     from vmsandbox.sync.plan import grouped
 
-    table = Table("STATUS", "CHANGE", "PATH", "NOTE", box=None)
+    # paths and notes fold onto more lines rather than end in "…": a path is read (and copied) whole
+    table = Table(
+        Column("STATUS", no_wrap=True),
+        Column("CHANGE", no_wrap=True),
+        Column("PATH", overflow="fold"),
+        Column("NOTE", overflow="fold"),
+        box=None,
+    )
     for item in grouped(plan.shown):
         c = item.first
         status = {"apply": "[green]apply[/]", "conflict": "[red]conflict[/]", "unsafe": "[red]refused[/]"}[c.status]

@@ -13,7 +13,17 @@ import typer
 
 from vmsandbox import ui
 from vmsandbox.cli import review as review_ui
-from vmsandbox.cli.base import EXIT_ERROR, Invocation, SessionName, app, sync_limit, tail
+from vmsandbox.cli.base import (
+    ALIASES,
+    EXIT_ERROR,
+    Invocation,
+    NeedsCommand,
+    SessionName,
+    TakesCommand,
+    app,
+    sync_limit,
+    tail,
+)
 
 if TYPE_CHECKING:
     from vmsandbox.session.options import RunFlags
@@ -64,7 +74,7 @@ GitIdentityOpt = Annotated[
 ]
 
 
-@app.command(context_settings={"help_option_names": ["-h", "--help"]})
+@app.command(cls=TakesCommand)
 def run(
     path: PathOpt = Path(),
     name: NameOpt = None,
@@ -85,9 +95,12 @@ def run(
     git_identity: GitIdentityOpt = False,
     cold: ColdOpt = False,
 ) -> None:
-    """Boot a disposable VM for PATH and run CMD (after `--`) or a shell in it; exit with CMD's code.
+    """Boot a disposable VM for PATH and run COMMAND (after `--`) or a shell in it; exit with COMMAND's code.
 
-    CMD is an argument list (quoted for the guest's shell); use `-- sh -c '...'` for shell syntax.
+    COMMAND is an argument list (quoted for the guest's shell); use `-- sh -c '...'` for shell syntax.
+
+    Examples: `vmsandbox run . -- make test` · `vmsandbox run --keep --name exp .` (a shell; the session stays
+    for `vmsandbox shell exp`) · `vmsandbox run -p 8000 . -- python3 -m http.server`
     """
     from vmsandbox.session.options import RunFlags
 
@@ -173,14 +186,15 @@ def _agent_command(agent: str) -> Callable[..., None]:
     command.__annotations__ = {p.name: p.annotation for p in params}
     command.__doc__ = (
         f"Run {agent} in a disposable VM on PATH — with its permission prompts off, the VM is the sandbox — "
-        f"then review what it changed. ARGS after `--` go to {agent}."
+        f"then review what it changed. Arguments after `--` go to {agent}.\n\n"
+        f"Examples: `vmsandbox {agent} .` · `vmsandbox {agent} --keep . -- --help`"
     )
     command.__name__ = agent
     return command
 
 
 for _agent in AGENTS:
-    app.command(_agent, context_settings={"help_option_names": ["-h", "--help"]})(_agent_command(_agent))
+    app.command(_agent, cls=TakesCommand)(_agent_command(_agent))
 
 
 def _ready(name: str) -> Record:
@@ -198,19 +212,24 @@ def _ready(name: str) -> Record:
 
 @app.command()
 def shell(name: SessionName) -> None:
-    """Open an interactive shell in a session, in the project directory."""
+    """Open an interactive shell in a session, in the project directory (`vmsandbox shell NAME`)."""
     from vmsandbox.guest import commands
 
     record = _ready(name)
     raise typer.Exit(commands.attach(record.endpoint(), record.project, None))
 
 
-@app.command("exec")
+app.command("ssh", help="Same as `shell`.", rich_help_panel=ALIASES)(shell)
+
+
+@app.command("exec", cls=NeedsCommand)
 def exec_(
     name: SessionName,
     tty: Annotated[bool, typer.Option("--tty", "-t", help="Give CMD a terminal.")] = False,
 ) -> None:
-    """Run CMD (after `--`) in a session's project directory; exit with its code."""
+    """Run COMMAND (after `--`) in a session's project directory; exit with its code.
+
+    Example: `vmsandbox exec NAME -- git status`"""
     from vmsandbox.guest import commands
 
     cmd = tail(required=True)

@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import time
+from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.table import Table
 
 from vmsandbox import ui
-from vmsandbox.cli.base import AsJson, print_json, secret_app
+from vmsandbox.cli.base import AsJson, columns, print_json, secret_app
 from vmsandbox.errors import VmsandboxError
 
 
@@ -25,6 +26,40 @@ def secret_set(name: Annotated[str, typer.Argument(help="Secret name, e.g. anthr
     value = getpass.getpass(f"Value for {name}: ", stream=sys.stderr) if sys.stdin.isatty() else sys.stdin.read()
     secretstore.put(name, value)
     ui.info(f"Secret {name} stored in {secretstore.directory()} (0600)")
+    if (unused := unused_warning(name, secret_users())) is not None:
+        ui.warn(unused)
+
+
+def secret_users() -> dict[str, str]:
+    """Which secret names something reads: each blueprint's mappings and the user's config."""
+    from vmsandbox.image import blueprint
+    from vmsandbox.session import config
+
+    users: dict[str, str] = {}
+    for bp in sorted(blueprint.available(Path.cwd())):
+        with contextlib.suppress(VmsandboxError):  # a broken blueprint says so when it is used
+            for mapping in blueprint.load(bp, Path.cwd()).secrets:
+                users.setdefault(str(mapping.get("secret")), f"the {bp} blueprint")
+    for m in config.load().secrets:
+        users.setdefault(m.secret, "your config")
+    return users
+
+
+def unused_warning(name: str, users: dict[str, str]) -> str | None:
+    """A warning when nothing reads a secret of this name (a typo, `_` for `-`), naming the close ones."""
+    if name in users:
+        return None
+
+    def norm(n: str) -> str:
+        return n.lower().replace("_", "-").replace(".", "-")
+
+    close = [u for u in users if norm(u) == norm(name)]
+    if close:
+        return f"nothing reads a secret named {name!r}; {users[close[0]]} reads {close[0]!r}: " + (
+            f"store it as `vmsandbox secret set {close[0]}` (and `vmsandbox secret rm {name}`)"
+        )
+    known = ", ".join(sorted(users)) or "none"
+    return f"no blueprint or config reads a secret named {name!r} yet (the names they read: {known})"
 
 
 @secret_app.command("ls")
@@ -39,10 +74,7 @@ def secret_ls(as_json: AsJson = False) -> None:
     if not stored:
         ui.info("No secrets. Store one with `vmsandbox secret set NAME`.")
         return
-    table = Table("NAME", "SET", box=None)
-    for s in stored:
-        table.add_row(s.name, time.strftime("%Y-%m-%d %H:%M", time.localtime(s.set_at)))
-    ui.out.print(table)
+    columns(["NAME", "SET"], [[s.name, time.strftime("%Y-%m-%d %H:%M", time.localtime(s.set_at))] for s in stored])
 
 
 @secret_app.command("rm")

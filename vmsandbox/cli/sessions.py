@@ -8,40 +8,51 @@ import sys
 from typing import Annotated
 
 import typer
-from rich.table import Table
 
 from vmsandbox import ui
-from vmsandbox.cli.base import AsJson, SessionName, age, app, print_json, sync_limit
+from vmsandbox.cli.base import ALIASES, AsJson, Quiet, SessionName, age, app, columns, print_json, sync_limit
 from vmsandbox.errors import VmsandboxError
 
 
 @app.command("ls")
-def ls(as_json: AsJson = False) -> None:
-    """List sessions."""
+def ls(as_json: AsJson = False, quiet: Quiet = False) -> None:
+    """List sessions (`-q`: names only). Lists what it knows even when libvirt does not answer."""
     from vmsandbox.session import config, state
 
     rows = [s.as_dict() for s in state.all_status(config.load().libvirt_uri)]
     if as_json:
         print_json(rows)
         return
+    if quiet:
+        for r in rows:
+            print(r["name"])
+        return
     if not rows:
         ui.info("No sessions.")
         return
-    table = Table("NAME", "STATE", "AGE", "ACCEL", "SSH", "MEMORY", "DISK", "NETWORK", "UNSYNCED", "PROJECT", box=None)
-    for r in rows:
-        table.add_row(
-            r["name"],
-            r["state"],
-            age(r["age_seconds"]),
-            r["accel"],
-            f"127.0.0.1:{r['ports']['ssh']}",
-            f"{r['memory_mib']} MiB",
-            f"{r['disk_bytes'] / 1024**2:.0f} MiB",
-            r["network"] + ("" if r["egress"] in ("up", "off") else f" ({r['egress']})"),
-            "?" if r["unsynced"] is None else str(r["unsynced"]),
-            ui.printable(r["project"]),
-        )
-    ui.out.print(table)
+    headers = ["NAME", "STATE", "AGE", "ACCEL", "SSH", "MEMORY", "DISK", "NETWORK", "UNSYNCED", "PROJECT"]
+    columns(
+        headers,
+        [
+            [
+                r["name"],
+                r["state"],
+                age(r["age_seconds"]),
+                r["accel"],
+                f"127.0.0.1:{r['ports']['ssh']}",
+                f"{r['memory_mib']} MiB",
+                f"{r['disk_bytes'] / 1024**2:.0f} MiB",
+                r["network"] + ("" if r["egress"] in ("up", "off") else f" ({r['egress']})"),
+                "?" if r["unsynced"] is None else str(r["unsynced"]),
+                r["project"],
+            ]
+            for r in rows
+        ],
+    )
+
+
+for _alias in ("ps", "list"):
+    app.command(_alias, help="Same as `ls`.", rich_help_panel=ALIASES)(ls)
 
 
 @app.command()
@@ -172,6 +183,9 @@ def destroy(
     if end.outbox is not None:
         ui.info(f"{end.left} unsynced change(s) exported to {end.outbox}")
         ui.info(f"Review them later with `vmsandbox recover {name}`; drop them with `destroy {name} --discard`.")
+
+
+app.command("rm", help="Same as `destroy`.", rich_help_panel=ALIASES)(destroy)
 
 
 @app.command()

@@ -22,7 +22,7 @@ from typing import Any
 from vmsandbox import paths, trust
 from vmsandbox.egress.mapping import parse_secret_mapping
 from vmsandbox.errors import VmsandboxError
-from vmsandbox.schema import Mappings, StrMap, check, load_yaml, parse_yaml
+from vmsandbox.schema import Mappings, StrMap, check, load_yaml, located, parse_yaml
 
 BUILTIN_DIR = Path(__file__).parent / "blueprints"
 PROJECT_DIR = Path(".vmsandbox") / "blueprints"
@@ -179,6 +179,19 @@ def _read_project(path: Path) -> tuple[bytes, dict[str, Any]] | None:
     if raw is None:
         return None
     return raw, check(parse_yaml(raw, str(path)), FIELDS, source=str(path))
+
+
+def check_file(path: Path) -> None:
+    """Check a blueprint file alone (`vmsandbox config validate`): its syntax, keys, types and values; an
+    error names the file, the line and the key. What it extends is not looked up."""
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise VmsandboxError(f"cannot read {path}: {exc.strerror}") from exc
+    try:
+        _validate(check(parse_yaml(raw, str(path)), FIELDS, source=str(path)), str(path))
+    except VmsandboxError as exc:
+        raise located(exc, str(path), raw) from None
 
 
 def _validate(data: dict[str, Any], source: str) -> None:

@@ -5,17 +5,17 @@ from __future__ import annotations
 import json
 import os
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal, overload
 
 from vmsandbox import paths, trust
 from vmsandbox.egress import netpolicy
 from vmsandbox.egress.mapping import SecretMapping, parse_secret_mapping
 from vmsandbox.egress.netpolicy import Mode
 from vmsandbox.errors import VmsandboxError
-from vmsandbox.schema import Mappings, check, load_yaml, parse_yaml
+from vmsandbox.schema import Mappings, Size, check, located, parse_yaml
 from vmsandbox.vm.accel import Accel
 
 if TYPE_CHECKING:
@@ -27,8 +27,8 @@ USER_FILE = "config.yaml"
 
 FIELDS: dict[str, type] = {
     "cpus": int,
-    "memory": str,
-    "disk": str,
+    "memory": Size,
+    "disk": Size,
     "accel": str,
     "libvirt_uri": str,
     "boot_timeout": int,
@@ -37,8 +37,12 @@ FIELDS: dict[str, type] = {
     "allow": list,
     "allow_networks": list,
     "secrets": Mappings,
-    "sync_limit": str,
+    "sync_limit": Size,
 }
+# What a VM may be given: below these minimums the guest does not boot (memory), its image does not fit (disk),
+# or nothing useful syncs; boot_timeout in seconds.
+MIN_MEMORY_MIB, MIN_DISK_MIB, MIN_SYNC_LIMIT_MIB = 512, 4096, 1
+BOOT_TIMEOUT_RANGE = (10, 3600)
 # Keys that only size the VM: a project file may set them without being trusted (`vmsandbox trust`).
 SIZING_KEYS = frozenset({"cpus", "memory", "disk", "boot_timeout", "accel"})
 
@@ -47,14 +51,15 @@ _SIZE = re.compile(r"^\s*(\d+)\s*([KMGT]?)(?:i?B)?\s*$", re.IGNORECASE)
 _UNIT_MIB = {"": 1, "K": 1 / 1024, "M": 1, "G": 1024, "T": 1024 * 1024}
 
 
-def parse_size_mib(text: str, *, what: str) -> int:
-    """'2G', '2048M', '2GiB', '512' (MiB) -> MiB."""
-    m = _SIZE.match(text)
+def parse_size_mib(text: str | int, *, what: str, least: int = 1) -> int:
+    """'2G', '2048M', '2GiB', '512' or 512 (MiB) -> MiB, at least `least` MiB."""
+    m = _SIZE.match(str(text))
     if not m:
         raise VmsandboxError(f"{what}: cannot read size {text!r}", hint="write it like 2G or 2048M")
     mib = int(int(m.group(1)) * _UNIT_MIB[m.group(2).upper()])
-    if mib <= 0:
-        raise VmsandboxError(f"{what}: size {text!r} is too small")
+    if mib < least:
+        shown = f"{least // 1024}G" if least % 1024 == 0 else f"{least}M"
+        raise VmsandboxError(f"{what}: {text!r} is too small", hint=f"give at least {shown} (a plain number is MiB)")
     return mib
 
 
@@ -88,11 +93,16 @@ class Settings:
                 raise VmsandboxError(f"{label('cpus')} must be between 1 and 64")
             changes["cpus"] = data["cpus"]
         if "memory" in data:
-            changes["memory_mib"] = parse_size_mib(data["memory"], what=label("memory"))
+            changes["memory_mib"] = parse_size_mib(data["memory"], what=label("memory"), least=MIN_MEMORY_MIB)
         if "disk" in data:
-            changes["disk_mib"] = parse_size_mib(data["disk"], what=label("disk"))
+            changes["disk_mib"] = parse_size_mib(data["disk"], what=label("disk"), least=MIN_DISK_MIB)
         if "sync_limit" in data:
-            changes["sync_limit_mib"] = parse_size_mib(data["sync_limit"], what=label("sync_limit"))
+            changes["sync_limit_mib"] = parse_size_mib(
+                data["sync_limit"], what=label("sync_limit"), least=MIN_SYNC_LIMIT_MIB
+            )
+        if "boot_timeout" in data and not BOOT_TIMEOUT_RANGE[0] <= data["boot_timeout"] <= BOOT_TIMEOUT_RANGE[1]:
+            low, high = BOOT_TIMEOUT_RANGE
+            raise VmsandboxError(f"{label('boot_timeout')} must be between {low} and {high} seconds")
         if "accel" in data:
             changes["accel"] = parse_accel(data["accel"], source=label("accel"))
         for key in ("libvirt_uri", "boot_timeout", "trust_host_ca"):
@@ -132,27 +142,48 @@ def load(project: Path | None = None, *, blueprint: Blueprint | None = None) -> 
 
     A project's `.vmsandbox.yaml` is obeyed only as far as it is trusted (trust.py): keys that size the VM
     always, the rest only after `vmsandbox trust`. `libvirt_uri` never comes from a project."""
-    settings = Settings()
+    return layers(project, blueprint=blueprint)[-1].settings
+
+
+@dataclass(frozen=True)
+class Layer:
+    source: str  # "default", a file, an environment variable
+    settings: Settings  # the settings after it
+    keys: frozenset[str]  # the keys it set
+
+
+def layers(project: Path | None = None, *, blueprint: Blueprint | None = None) -> list[Layer]:
+    """The settings after each source that set something, in order (defaults first): `config show` tells
+    from them where each effective setting came from."""
+    found = [Layer("default", Settings(), frozenset())]
+
+    def add(source: str, settings: Settings, keys: Iterable[str]) -> Settings:
+        found.append(Layer(source, settings, frozenset(keys)))
+        return settings
+
+    settings = found[0].settings
     if blueprint is not None:
-        settings = settings.merged(blueprint.settings_data(), blueprint.source)
+        data = blueprint.settings_data()
+        settings = add(blueprint.source, settings.merged(data, blueprint.source), data)
     user_file = paths.config_dir() / USER_FILE
     if user_file.is_file():
-        settings = settings.merged(load_yaml(user_file), str(user_file))
+        settings, keys = read_file(user_file, settings, keys=True)
+        add(str(user_file), settings, keys)
     if project is not None:
-        found = project_file(project)
-        if found is not None:
-            trust.require(found.path, found.raw, widening_keys(found.data), project=project)
-            settings = settings.merged(found.data, str(found.path))
-    env_accel = os.environ.get("VMSANDBOX_ACCEL")
-    if env_accel:
-        settings = replace(settings, accel=parse_accel(env_accel, source="VMSANDBOX_ACCEL"))
-    env_uri = os.environ.get("VMSANDBOX_LIBVIRT_URI")
-    if env_uri:
-        settings = replace(settings, libvirt_uri=env_uri)
-    env_network = os.environ.get("VMSANDBOX_NETWORK")
-    if env_network:
-        settings = replace(settings, network=netpolicy.parse_mode(env_network, source="VMSANDBOX_NETWORK"))
-    return settings
+        project_found = project_file(project)
+        if project_found is not None:
+            trust.require(project_found.path, project_found.raw, widening_keys(project_found.data), project=project)
+            source = str(project_found.path)
+            settings = add(source, settings.merged(project_found.data, source), project_found.data)
+    if env_accel := os.environ.get("VMSANDBOX_ACCEL"):
+        accel = parse_accel(env_accel, source="VMSANDBOX_ACCEL")
+        settings = add("VMSANDBOX_ACCEL", replace(settings, accel=accel), ["accel"])
+    if env_uri := os.environ.get("VMSANDBOX_LIBVIRT_URI"):
+        settings = add("VMSANDBOX_LIBVIRT_URI", replace(settings, libvirt_uri=env_uri), ["libvirt_uri"])
+    if env_network := os.environ.get("VMSANDBOX_NETWORK"):
+        network = netpolicy.parse_mode(env_network, source="VMSANDBOX_NETWORK")
+        settings = add("VMSANDBOX_NETWORK", replace(settings, network=network), ["network"])
+    return found
 
 
 @dataclass(frozen=True)
@@ -169,14 +200,36 @@ def project_file(project: Path) -> ProjectFile | None:
     raw = trust.read_project_file(path)
     if raw is None:
         return None
-    data = check(parse_yaml(raw, str(path)), FIELDS, source=str(path))
+    try:
+        data = check(parse_yaml(raw, str(path)), FIELDS, source=str(path))
+        Settings().merged(data, str(path))  # every value checked before anything asks for trust
+    except VmsandboxError as exc:
+        raise located(exc, str(path), raw) from None
     if "libvirt_uri" in data:
         raise VmsandboxError(
             f"{path}: `libvirt_uri` is never taken from a project file",
             hint=f"set it in {paths.config_dir() / USER_FILE} or VMSANDBOX_LIBVIRT_URI, then remove it there",
         )
-    Settings().merged(data, str(path))  # every value checked before anything asks for trust
     return ProjectFile(path, raw, data)
+
+
+@overload
+def read_file(path: Path, settings: Settings, *, keys: Literal[False] = False) -> Settings: ...
+@overload
+def read_file(path: Path, settings: Settings, *, keys: Literal[True]) -> tuple[Settings, list[str]]: ...
+def read_file(path: Path, settings: Settings, *, keys: bool = False) -> Settings | tuple[Settings, list[str]]:
+    """`settings` with a config file's keys laid over them (and, with `keys`, which keys it set); an error
+    names the file, the line and the key."""
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise VmsandboxError(f"cannot read {path}: {exc.strerror}") from exc
+    try:
+        data = parse_yaml(raw, str(path))
+        merged = settings.merged(data, str(path))
+    except VmsandboxError as exc:
+        raise located(exc, str(path), raw) from None
+    return (merged, list(data)) if keys else merged
 
 
 def widening_keys(data: dict[str, Any]) -> list[str]:

@@ -71,7 +71,16 @@ def _accel(settings: Settings) -> Check:
         return Check("accelerator", False, exc.message, exc.hint)
     if choice.accel is accel.Accel.KVM:
         return Check("accelerator", True, f"KVM ({choice.reason})")
-    return Check("accelerator", True, f"TCG — {choice.reason}")
+    if settings.accel is accel.Accel.TCG:
+        return Check("accelerator", True, f"TCG, as configured — {choice.reason}")
+    return Check(
+        "accelerator",
+        False,
+        f"TCG — {choice.reason}",
+        "use a host whose CPU has hardware virtualisation (vmx/svm) and /dev/kvm; `accel: tcg` in "
+        "~/.config/vmsandbox/config.yaml makes this choice explicit",
+        blocking=False,
+    )
 
 
 def _disk(path: Path, label: str, need: int) -> Check:

@@ -41,6 +41,7 @@ class State(enum.StrEnum):
     EXITED = "exited"  # the VM is gone (it powered off, crashed, or was destroyed)
     EXPORTED = "exported"  # the VM is gone; its unsynced changes wait in the outbox
     ENDING = "ending"  # reviewed; its VM is being destroyed in the background (gc finishes it if interrupted)
+    UNKNOWN = "unknown"  # libvirt did not answer: what the record says is all that is known
 
 
 @dataclass

@@ -85,14 +85,25 @@ def status(record: Record, hv: Hypervisor) -> Status:
 
 
 def all_status(uri: str) -> list[Status]:
+    """Every session's status. Without libvirt, the sessions are still listed (state `unknown`), with a
+    warning that says how to bring libvirt back."""
+    try:
+        hv: Hypervisor | None = Hypervisor(uri)
+    except UnreachableError as exc:
+        ui.warn(f"{exc.message}: session states are unknown ({exc.hint})" if exc.hint else exc.message)
+        hv = None
     found: list[Status] = []
-    with Hypervisor(uri) as hv:
+    try:
         for name in names():
             try:
-                found.append(status(Record.load(name), hv))
+                record = Record.load(name)
+                found.append(status(record, hv) if hv is not None else Status(record, State.UNKNOWN))
             except VmsandboxError as exc:  # a damaged session is never hidden (one being made is skipped)
                 if paths.session_paths(name).record.exists():
                     ui.warn(f"{exc.message} ({exc.hint})" if exc.hint else exc.message)
+    finally:
+        if hv is not None:
+            hv.close()
     return found
 
 

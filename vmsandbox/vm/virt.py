@@ -71,11 +71,16 @@ class Hypervisor:
         try:
             self._conn = libvirt.open(uri)
         except libvirt.libvirtError as exc:
-            raise UnreachableError(
-                f"cannot connect to libvirt at {uri}: {_message(exc)}",
-                hint="start it with `vmsandbox host setup` (or `virtlogd -d && libvirtd -d` as root), "
-                "then check with `vmsandbox doctor`",
-            ) from exc
+            hint = (
+                "start it with `vmsandbox host setup` (or `virtlogd -d && libvirtd -d` as root), "
+                "then check with `vmsandbox doctor`"
+            )
+            if uri != DEFAULT_URI:
+                hint = (
+                    f"check `libvirt_uri` in ~/.config/vmsandbox/config.yaml or VMSANDBOX_LIBVIRT_URI (the default "
+                    f"is {DEFAULT_URI}); if it is right, {hint}"
+                )
+            raise UnreachableError(f"cannot connect to libvirt at {uri}: {_message(exc)}", hint=hint) from exc
 
     def __enter__(self) -> Hypervisor:
         return self

@@ -1,0 +1,122 @@
+"""`vmsandbox config show|validate|schema`: each effective setting with the source it came from, a check of a
+config or blueprint file (file, line and key in every error), and the JSON Schema editors use for them."""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+
+from vmsandbox import ui
+from vmsandbox.cli.base import AsJson, columns, config_app, print_json
+
+if TYPE_CHECKING:
+    from vmsandbox.session.config import Layer
+
+ProjectArg = Annotated[Path, typer.Argument(help="The project directory (its .vmsandbox.yaml is read).")]
+# The settings' fields as the keys that set them in a file, and how their values read.
+KEYS = {"memory_mib": "memory", "disk_mib": "disk", "sync_limit_mib": "sync_limit"}
+
+
+def _shown(field: str, value: Any) -> str:
+    if field.endswith("_mib"):
+        return f"{value} MiB"
+    if field == "secrets":
+        return ", ".join(f"{m.secret} → {m.host} ({m.header})" for m in value) or "none"
+    if isinstance(value, tuple):
+        return ", ".join(value) or "none"
+    if isinstance(value, bool):
+        return str(value).lower()
+    return str(value.value) if isinstance(value, enum.Enum) else str(value)
+
+
+def explained(steps: list[Layer]) -> list[dict[str, str]]:
+    """Each setting's effective value and the last source that set it."""
+    rows = []
+    for f in dataclasses.fields(steps[-1].settings):
+        key = KEYS.get(f.name, f.name)
+        source = "default"
+        for now, before in zip(steps[1:], steps[:-1], strict=True):
+            if key in now.keys or getattr(now.settings, f.name) != getattr(before.settings, f.name):
+                source = now.source
+        rows.append({"key": key, "value": _shown(f.name, getattr(steps[-1].settings, f.name)), "from": source})
+    return rows
+
+
+# What `config schema` adds to the key types: ranges and choices (the same as `merged` checks).
+SCHEMA_EXTRAS: dict[str, dict[str, Any]] = {
+    "cpus": {"minimum": 1, "maximum": 64},
+    "boot_timeout": {"minimum": 10, "maximum": 3600},  # session.config.BOOT_TIMEOUT_RANGE
+    "accel": {"enum": ["auto", "kvm", "tcg"]},
+    "network": {"enum": ["allowlist", "open", "none"]},
+}
+
+
+def json_schema(*, blueprint: bool = False) -> dict[str, Any]:
+    """The JSON Schema of a config file, or of a blueprint file."""
+    from vmsandbox import schema
+    from vmsandbox.egress.mapping import SECRET_FIELDS
+    from vmsandbox.image import blueprint as blueprints
+    from vmsandbox.session.config import FIELDS
+
+    items = schema.json_schema(SECRET_FIELDS, title="secret mapping", required=("secret", "host", "header"))
+    items.pop("$schema")
+    if blueprint:
+        extras = {"node": {"minimum": 18, "maximum": 40}}
+        return schema.json_schema(blueprints.FIELDS, title="vmsandbox blueprint", items=items, extras=extras)
+    return schema.json_schema(FIELDS, title="vmsandbox config", items=items, extras=SCHEMA_EXTRAS)
+
+
+@config_app.command("show")
+def config_show(project: ProjectArg = Path(), as_json: AsJson = False) -> None:
+    """Each effective setting for a session of PROJECT and where it comes from: the defaults, your
+    ~/.config/vmsandbox/config.yaml, the project's .vmsandbox.yaml (as far as it is trusted), or an
+    environment variable. Example: `vmsandbox config show ~/src/app`"""
+    from vmsandbox.session import config
+
+    rows = explained(config.layers(project.resolve()))
+    if as_json:
+        print_json(rows)
+    else:
+        columns(["KEY", "VALUE", "FROM"], [[r["key"], r["value"], r["from"]] for r in rows])
+
+
+@config_app.command("validate")
+def config_validate(
+    files: Annotated[
+        list[Path] | None,
+        typer.Argument(help="Config or blueprint files (default: your config and this directory's .vmsandbox.yaml)."),
+    ] = None,
+) -> None:
+    """Check config and blueprint files: syntax, keys, types and ranges, each error with file, line and key.
+    A file in a `blueprints` directory is checked as a blueprint.
+    Example: `vmsandbox config validate .vmsandbox.yaml`"""
+    from vmsandbox import paths
+    from vmsandbox.image import blueprint
+    from vmsandbox.session import config
+
+    if not files:
+        files = [f for f in (paths.config_dir() / config.USER_FILE, Path(config.PROJECT_FILE)) if f.is_file()]
+        if not files:
+            ui.info(f"No config file here or in {paths.config_dir()}: the defaults apply (`vmsandbox config show`).")
+            return
+    for f in files:
+        if f.parent.name == "blueprints":
+            blueprint.check_file(f)
+        else:
+            config.read_file(f, config.Settings())
+        print(f"ok  {ui.printable(str(f), markup=False)}")
+
+
+@config_app.command("schema")
+def config_schema(
+    for_blueprint: Annotated[bool, typer.Option("--blueprint", help="The schema of a blueprint file instead.")] = False,
+) -> None:
+    """Print the JSON Schema of config files (~/.config/vmsandbox/config.yaml, .vmsandbox.yaml) or, with
+    --blueprint, of blueprint files, for an editor's YAML support. Example: `vmsandbox config schema >
+    vmsandbox.schema.json`"""
+    print(json.dumps(json_schema(blueprint=for_blueprint), indent=2))
