@@ -11,6 +11,7 @@ import os
 import secrets
 import select
 import signal
+import socket
 import subprocess
 import time
 from collections.abc import Iterator
@@ -232,6 +233,68 @@ def test_clean_removes_credentials_and_keeps_the_workspace(guest: Guest) -> None
     r = guest.sh(f"curl -sS -m 30 -H 'x-api-key: vmsandbox-placeholder-x' https://{API}/after-clean")
     assert f"hello from {API}".encode() in r.stdout
     assert guest.api.requests[-1]["x-api-key"] == "vmsandbox-placeholder-x"
+
+
+def test_allow_and_deny_change_a_running_sessions_allowlist(guest: Guest) -> None:
+    """`vmsandbox deny` takes a host off the allowlist of the running session (its next request is refused,
+    naming the command that allows it again), `vmsandbox allow` puts it back; both are in the proxy log."""
+    guest.standins()
+    name = guest.record.name
+
+    def fetch() -> bytes:
+        r = guest.sh(f"curl -sS -m 20 -o /dev/null -w '%{{http_code}}' http://{HTTP}/runtime")
+        return r.stdout
+
+    assert fetch() == b"200"
+    r = guest.cli.run("deny", name, HTTP)
+    assert r.returncode == 0, r.stderr.decode()
+    assert fetch() == b"403"
+    refusal = [e for e in guest.events() if e.get("host") == HTTP and e["decision"] == "deny"][-1]
+    assert f"vmsandbox allow {name} {HTTP}" in str(refusal["reason"])
+    again = guest.cli.run("deny", name, HTTP)
+    assert again.returncode != 0 and b"is not in the allowlist" in again.stderr
+    r = guest.cli.run("allow", name, HTTP, "*.example.org")
+    assert r.returncode == 0, r.stderr.decode()
+    assert fetch() == b"200"
+    policy_lines = [str(e["reason"]) for e in guest.events() if e["decision"] == "policy"]
+    assert policy_lines[-2:] == [f"denied {HTTP} (vmsandbox deny)", f"allowed {HTTP}, *.example.org (vmsandbox allow)"]
+    covered = guest.cli.run("deny", name, "www.example.org")
+    assert covered.returncode != 0 and b"*.example.org lets it through" in covered.stderr
+    bad = guest.cli.run("allow", name, "10.0.0.1")
+    assert bad.returncode != 0 and b"IP literal" in bad.stderr
+
+
+def test_a_port_is_published_and_unpublished_while_the_session_runs(guest: Guest) -> None:
+    """A guest server bound to its own loopback becomes reachable on the host's 127.0.0.1 after `port NAME
+    publish`, without restarting the proxy (a connection through it stays up), and is gone after `unpublish`."""
+    guest.standins()
+    name = guest.record.name
+    before = control.daemon_state(guest.record.files)
+    serve = "(setsid python3 -m http.server 8123 --bind 127.0.0.1 </dev/null >/dev/null 2>&1 &); sleep 3"
+    assert guest.sh(serve).returncode == 0
+    r = guest.cli.run("port", name, "publish", "8123")
+    assert r.returncode == 0, r.stderr.decode()
+    listed = json.loads(guest.cli.run("port", name, "--json").stdout)
+    host_port = next(p["host"] for p in listed if p["guest"] == 8123)
+    with socket.create_connection(("127.0.0.1", host_port), timeout=30) as conn:
+        conn.sendall(b"GET / HTTP/1.0\r\n\r\n")
+        assert conn.recv(64).startswith(b"HTTP/1.0 200")
+    after = control.daemon_state(guest.record.files)
+    assert before is not None and after is not None and after.pid == before.pid  # reloaded, not restarted
+    taken = guest.cli.run("port", name, "publish", "8123")
+    assert taken.returncode != 0 and b"published already" in taken.stderr
+    r = guest.cli.run("port", name, "unpublish", "8123")
+    assert r.returncode == 0, r.stderr.decode()
+    wait_for(lambda: not _listening(host_port), 10, "the published port to close")
+    assert json.loads(guest.cli.run("port", name, "--json").stdout) == []
+
+
+def _listening(port: int) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=2).close()
+    except OSError:
+        return False
+    return True
 
 
 def test_proxy_death_fails_closed_and_exec_restarts_it(guest: Guest) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ipaddress
+from typing import Any
 
 import pytest
 
@@ -176,3 +177,24 @@ def test_client_hello_parser_rejects_garbage() -> None:
         with pytest.raises(tlshello.HelloError):
             tlshello.needed(bad)
     assert tlshello.needed(b"\x16\x03\x01") == 0  # not enough yet
+
+
+def test_allowlist_changes_at_runtime() -> None:
+    from vmsandbox.egress import policy
+    from vmsandbox.errors import VmsandboxError
+
+    data: dict[str, Any] = {"allow": ["github.com", "api.example.com:443", "*.npmjs.org"]}
+    assert policy.allowed_more(data, ["crates.io", "GitHub.com", "crates.io"]) == ["crates.io"]
+    assert data["allow"][-1] == "crates.io"
+    with pytest.raises(VmsandboxError, match="IP literal"):
+        policy.allowed_more(data, ["10.0.0.1"])
+    assert policy.allowed_less(data, ["api.example.com"], session="s") == ["api.example.com:443"]  # and its ports
+    with pytest.raises(VmsandboxError, match=r"registry\.npmjs\.org is not in the allowlist of session s; \*\.npmjs"):
+        policy.allowed_less(data, ["registry.npmjs.org"], session="s")
+    assert data["allow"] == ["github.com", "*.npmjs.org", "crates.io"]
+
+
+def test_a_refusal_names_the_command_that_allows_it() -> None:
+    p = Policy(Mode.ALLOWLIST, (), session="exp1")
+    with pytest.raises(Refused, match=r"`vmsandbox allow exp1 example\.com`"):
+        p.decide("example.com", 443)

@@ -75,17 +75,67 @@ def start(name: SessionName) -> None:
     ui.info(f"Session [bold]{name}[/] is running again: `vmsandbox shell {name}`")
 
 
+HostsArg = Annotated[list[str], typer.Argument(help="HOST, *.DOMAIN or HOST:PORT (one or more).")]
+
+
 @app.command()
-def port(name: SessionName, as_json: AsJson = False) -> None:
-    """Show a session's published ports (`run --publish`)."""
+def allow(name: SessionName, hosts: HostsArg) -> None:
+    """Let a running session reach more hosts: its proxy allows them from the next connection on (the change
+    is in `vmsandbox logs NAME proxy`). Example: `vmsandbox allow exp1 crates.io '*.crates.io'`"""
+    from vmsandbox.session import runtime
+
+    added = runtime.allow(name, hosts)
+    ui.info(f"Session {name} now also reaches {', '.join(added)}" if added else "Already allowed; nothing changed")
+
+
+@app.command()
+def deny(name: SessionName, hosts: HostsArg) -> None:
+    """Take hosts off a running session's allowlist: new connections to them are refused (HOST also removes
+    its HOST:PORT entries). Example: `vmsandbox deny exp1 registry.npmjs.org`"""
+    from vmsandbox.session import runtime
+
+    removed = runtime.deny(name, hosts)
+    ui.info(f"Session {name} no longer reaches {', '.join(removed)} (new connections)")
+
+
+@app.command()
+def port(
+    name: SessionName,
+    action: Annotated[str | None, typer.Argument(help="publish or unpublish (none: list).")] = None,
+    spec: Annotated[str | None, typer.Argument(help="[HOST_PORT:]GUEST_PORT")] = None,
+    address: Annotated[
+        str | None, typer.Option("--publish-address", help="Publish on this address instead of loopback.")
+    ] = None,
+    as_json: AsJson = False,
+) -> None:
+    """Show a session's published ports, or publish / unpublish one while it runs.
+
+    Examples: `vmsandbox port exp1` · `vmsandbox port exp1 publish 3000` (a free host port) ·
+    `vmsandbox port exp1 publish 8080:3000` · `vmsandbox port exp1 unpublish 3000`"""
+    from vmsandbox.session import runtime
+    from vmsandbox.session.options import parse_publish
     from vmsandbox.session.record import Record
 
+    if action is not None:
+        if action not in ("publish", "unpublish") or spec is None:
+            raise VmsandboxError(
+                f"`vmsandbox port {name} {action}` needs publish or unpublish and a port",
+                hint=f"e.g. `vmsandbox port {name} publish 3000`",
+            )
+        wanted = parse_publish(spec, address)
+        if action == "publish":
+            done = runtime.publish(name, wanted)
+            ui.info(f"Guest port {done.guest} is published on {', '.join(done.places())}")
+        else:
+            for gone in runtime.unpublish(name, wanted.guest, wanted.host):
+                ui.info(f"Guest port {gone.guest} is no longer published on {', '.join(gone.places())}")
+        return
     record = Record.load(name)
     if as_json:
         print_json([p.as_dict() for p in record.publish])
         return
     if not record.publish:
-        ui.info(f"Session {name} publishes no ports (use `run --publish [HOST_PORT:]GUEST_PORT`).")
+        ui.info(f"Session {name} publishes no ports (`vmsandbox port {name} publish [HOST_PORT:]GUEST_PORT`).")
         return
     for p in record.publish:
         for where in p.places():

@@ -61,6 +61,7 @@ class DaemonState:
     start: str | None
     forward: Door
     error: str | None
+    ports: tuple[str, ...] = ()  # where it serves published ports now (Publish.places)
 
     @property
     def alive(self) -> bool:
@@ -72,10 +73,18 @@ def daemon_state(files: paths.SessionPaths) -> DaemonState | None:
         data = json.loads(files.egress_state.read_text())
     except (OSError, ValueError):
         return None
-    return DaemonState(data.get("pid"), data.get("start"), Door(data.get("forward", "down")), data.get("error"))
+    served = tuple(str(p) for p in data.get("ports", ()))
+    return DaemonState(data.get("pid"), data.get("start"), Door(data.get("forward", "down")), data.get("error"), served)
 
 
-def write_state(files: paths.SessionPaths, forward: Door, error: str | None = None, *, pid: int | None = None) -> None:
+def write_state(
+    files: paths.SessionPaths,
+    forward: Door,
+    error: str | None = None,
+    *,
+    pid: int | None = None,
+    ports: tuple[str, ...] = (),
+) -> None:
     """The daemon's state file: written by the daemon (its own pid), and once by spawn() for it."""
     pid = os.getpid() if pid is None else pid
     data = {
@@ -84,8 +93,16 @@ def write_state(files: paths.SessionPaths, forward: Door, error: str | None = No
         "forward": forward.value,
         "error": error,
         "since": time.time(),
+        "ports": list(ports),
     }
     paths.write_atomically(files.egress_state, json.dumps(data))
+
+
+def reload(files: paths.SessionPaths) -> None:
+    """Tell the running daemon to serve the published ports its spec names now (SIGUSR1)."""
+    st = daemon_state(files)
+    if st is not None and st.pid is not None and st.alive:
+        os.kill(st.pid, signal.SIGUSR1)
 
 
 def status(files: paths.SessionPaths, *, wanted: bool) -> Door:

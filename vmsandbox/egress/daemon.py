@@ -61,7 +61,7 @@ class Daemon:
         self.endpoint = Endpoint(name, self.spec.ssh_port, "root", self.files)
         self.stop = threading.Event()
         self.loop = asyncio.new_event_loop()
-        self._config: tuple[float, ProxyConfig] | None = None
+        self._config: tuple[tuple[int, int], ProxyConfig] | None = None
         self._issuer: Issuer | None = None
         self.proxy = Proxy(
             self._load_config,
@@ -72,15 +72,17 @@ class Daemon:
             upstream_tls=upstream_tls,
         )
         self.link: channel.Link | None = None
-        self.listeners = [
-            (ports.listener(address, p.host or 0), p.guest) for p in self.spec.publish for address in p.addresses
-        ]
+        self.listeners: dict[tuple[str, int, int], socket.socket] = {}  # (address, host port, guest port)
+        self.ports_lock = threading.Lock()  # the listeners change in the loop's thread, are reported in others
+        self.door = Door.DOWN
+        self._open_ports(start=False)
 
     def _load_config(self) -> ProxyConfig:
         """Re-read per connection when the file changed (`clean` revokes placeholders this way)."""
-        mtime = self.files.egress_config.stat().st_mtime
-        if self._config is None or self._config[0] != mtime:
-            self._config = (mtime, policy.proxy_config(policy.read_config(self.files)))
+        st = self.files.egress_config.stat()
+        version = (st.st_ino, st.st_mtime_ns)  # written by a rename: a new inode every time
+        if self._config is None or self._config[0] != version:
+            self._config = (version, policy.proxy_config(policy.read_config(self.files)))
         return self._config[1]
 
     def _get_issuer(self) -> Issuer | None:
@@ -89,8 +91,11 @@ class Daemon:
         return self._issuer
 
     def _state(self, door: Door, error: str | None = None) -> None:
+        self.door = door
+        with self.ports_lock:
+            served = tuple(p for address, host, _ in self.listeners for p in _places(address, host))
         with contextlib.suppress(OSError):  # the session directory may be gone already: the daemon ends
-            control.write_state(self.files, door, error)
+            control.write_state(self.files, door, error, ports=served)
 
     def _vm_running(self) -> bool:
         try:
@@ -174,6 +179,35 @@ class Daemon:
 
     # ------------------------------------------------------------ published ports
 
+    def _open_ports(self, *, start: bool = True) -> None:
+        """Listen where the spec publishes and nowhere else (listeners no longer in it are closed)."""
+        with self.ports_lock:
+            self._listen({(a, p.host or 0, p.guest) for p in self.spec.publish for a in p.addresses}, start=start)
+
+    def _listen(self, wanted: set[tuple[str, int, int]], *, start: bool) -> None:
+        for key in [k for k in self.listeners if k not in wanted]:
+            self.listeners.pop(key).close()  # its accept loop ends; connections it carries go on
+        for key in sorted(wanted - self.listeners.keys()):
+            try:
+                self.listeners[key] = ports.listener(key[0], key[1])
+            except OSError as exc:
+                if not start:
+                    raise
+                log.warning("cannot publish guest port %d on %s:%d: %s", key[2], key[0], key[1], exc)
+                continue
+            if start:
+                threading.Thread(target=self.publish, args=(self.listeners[key], key[2]), daemon=True).start()
+
+    def reload_ports(self) -> None:
+        """SIGUSR1: the session's published ports changed (`vmsandbox port NAME publish|unpublish`)."""
+        try:
+            self.spec = Spec.load(self.files)
+        except (OSError, ValueError, KeyError) as exc:
+            log.warning("cannot reload the published ports: %s", exc)
+            return
+        self._open_ports()
+        self._state(self.door)
+
     def publish(self, listener: socket.socket, guest_port: int) -> None:
         """Accept on a host address and carry each connection to the guest's 127.0.0.1:guest_port."""
         listener.settimeout(1)
@@ -213,9 +247,10 @@ class Daemon:
     def run(self) -> None:
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             self.loop.add_signal_handler(sig, self.stop.set)
+        self.loop.add_signal_handler(signal.SIGUSR1, self.reload_ports)
         forwarder = threading.Thread(target=self.forward, name="forwarder", daemon=True)
         forwarder.start()
-        for listener, guest_port in self.listeners:
+        for (_, _, guest_port), listener in self.listeners.items():
             threading.Thread(target=self.publish, args=(listener, guest_port), daemon=True).start()
         watcher = self.loop.create_task(self._watch())
         self.loop.run_forever()
@@ -223,6 +258,10 @@ class Daemon:
         with contextlib.suppress(asyncio.CancelledError):
             self.loop.run_until_complete(watcher)
         self._state(Door.DOWN, "stopped")
+
+
+def _places(address: str, port: int) -> list[str]:
+    return ports.Publish(0, port, (address,)).places()
 
 
 def main(argv: list[str], daemon: Callable[[str], Daemon] = Daemon) -> int:

@@ -42,17 +42,21 @@ class Mode(enum.StrEnum):
             Mode.NONE: "none: no network",
         }[self]
 
-    def admit(self, host: str, port: int, rules: tuple[Rule, ...]) -> None:
-        """Refused unless a guest in this mode may ask for host:port (names already checked as not special)."""
+    def admit(self, host: str, port: int, rules: tuple[Rule, ...], session: str = "NAME") -> None:
+        """Refused unless a guest in this mode may ask for host:port (names already checked as not special).
+        A refusal names the command that allows it on the running session."""
         if self is Mode.NONE:
             raise Refused("this session has no network (--network none)")
         if any(r.matches(host, port) for r in rules):
             return
         if self is Mode.OPEN:
             if port not in DEFAULT_PORTS:
-                raise Refused(f"port {port} is not open (only 80 and 443); allow it with --allow {host}:{port}")
+                raise Refused(
+                    f"port {port} is not open (only 80 and 443); allow it with `vmsandbox allow {session} "
+                    f"{host}:{port}`"
+                )
             return
-        raise Refused(f"{host}:{port} is not in the allowlist; allow it with --allow {host}")
+        raise Refused(f"{host}:{port} is not in the allowlist; allow it with `vmsandbox allow {session} {host}`")
 
 
 def parse_mode(value: str, *, source: str) -> Mode:
@@ -283,12 +287,13 @@ class Policy:
     mode: Mode
     rules: tuple[Rule, ...] = ()
     networks: tuple[IPNetwork, ...] = ()  # non-public networks the user allowed (allow_networks)
+    session: str = "NAME"  # named in refusals (`vmsandbox allow SESSION HOST`)
 
     def decide(self, host: str, port: int) -> None:
         """Refused unless the guest may ask for host:port (before any lookup)."""
         if self.mode is Mode.NONE:
-            self.mode.admit(host, port, self.rules)
+            self.mode.admit(host, port, self.rules, self.session)
         special = special_name_reason(host)
         if special is not None:
             raise Refused(special)
-        self.mode.admit(host, port, self.rules)
+        self.mode.admit(host, port, self.rules, self.session)

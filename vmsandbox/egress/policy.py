@@ -93,6 +93,7 @@ def prepare(name: str, files: paths.SessionPaths, request: Request) -> dict[str,
         if request.mode.has_door
     ]
     data: dict[str, Any] = {
+        "session": name,
         "mode": request.mode.value,
         # a host that gets a secret is allowed (over TLS only: that is where the proxy injects)
         "allow": list(dict.fromkeys([*(str(r) for r in request.rules), *(f"{r.host}:443" for r in rules)])),
@@ -125,6 +126,7 @@ def proxy_config(data: dict[str, Any]) -> ProxyConfig:
         ANY_NETWORK
         if data.get("any_network")
         else tuple(netpolicy.parse_network(n, source="egress.json") for n in data.get("allow_networks", [])),
+        session=str(data.get("session", "NAME")),
     )
     return ProxyConfig(
         policy=policy,
@@ -138,3 +140,36 @@ def revoke(files: paths.SessionPaths) -> None:
     data = read_config(files)
     data["revoked"] = True
     write_config(files, data)
+
+
+def allowed_more(data: dict[str, Any], entries: Sequence[str]) -> list[str]:
+    """Add allowlist entries (HOST, *.DOMAIN, HOST:PORT, checked) to a policy; the ones that were new."""
+    rules = [str(netpolicy.parse_rule(e, source="vmsandbox allow")) for e in entries]
+    added = [r for r in dict.fromkeys(rules) if r not in data["allow"]]
+    data["allow"] = [*data["allow"], *added]
+    return added
+
+
+def allowed_less(data: dict[str, Any], entries: Sequence[str], *, session: str) -> list[str]:
+    """Take entries off a policy's allowlist (HOST also takes its HOST:PORT entries); the ones removed. An
+    entry that is not there is an error, which names the wildcard that still lets it through, if one does."""
+    rules = [netpolicy.parse_rule(e, source="vmsandbox deny") for e in entries]
+    kept = [netpolicy.parse_rule(a, source="egress policy") for a in data["allow"]]
+
+    def taken(k: Rule, r: Rule) -> bool:
+        return k.pattern == r.pattern and (r.port is None or k.port == r.port)
+
+    for r in rules:
+        if not any(taken(k, r) for k in kept):
+            host = r.pattern[2:] if r.pattern.startswith("*.") else r.pattern
+            still = [str(k) for k in kept if k.matches(host, r.port or 443)]
+            raise VmsandboxError(
+                f"{r} is not in the allowlist of session {session}"
+                + (f"; {still[0]} lets it through" if still else ""),
+                hint=f"`vmsandbox deny {session} {still[0]}` removes that"
+                if still
+                else f"`vmsandbox logs {session} proxy`",
+            )
+    removed = [str(k) for k in kept if any(taken(k, r) for r in rules)]
+    data["allow"] = [str(k) for k in kept if str(k) not in removed]
+    return removed
