@@ -82,6 +82,8 @@ def describe(event: dict[str, Any]) -> str:
     """One readable line (rich markup; guest-chosen text escaped)."""
     when = time.strftime("%H:%M:%S", time.localtime(float(event.get("ts", 0))))
     decision = str(event.get("decision", "?"))
+    if decision == "policy":  # `vmsandbox allow` / `deny` changed the allowlist
+        return f"{when}  [cyan]POLICY[/] {ui.printable(str(event.get('reason', '')))}"
     colour = {"allow": "green", "deny": "red"}.get(decision, "yellow")
     target = f"{event['host']}:{event.get('port', '?')}" if "host" in event else str(event.get("target", "?"))
     parts = [
