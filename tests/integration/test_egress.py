@@ -235,6 +235,37 @@ def test_clean_removes_credentials_and_keeps_the_workspace(guest: Guest) -> None
     assert guest.api.requests[-1]["x-api-key"] == "vmsandbox-placeholder-x"
 
 
+CONTAINER_IMAGE = r"""
+set -e
+d=$(mktemp -d)
+for f in /usr/bin/curl $(ldd /usr/bin/curl | grep -o '/[^ ]*'); do
+    mkdir -p "$d$(dirname "$f")"; cp -L "$f" "$d$f"
+done
+tar -C "$d" -c . | docker import - vmsandbox-it/curl:1 >/dev/null
+printf 'FROM vmsandbox-it/curl:1\nRUN ["/usr/bin/curl", "-sS", "-m", "30", "-o", "/fetched", "http://%s/build"]\n' \
+    "$1" > "$d/Dockerfile"
+docker build -q -t vmsandbox-it/built:1 - < "$d/Dockerfile" >/dev/null
+docker run --rm vmsandbox-it/curl:1 /usr/bin/curl -sS -m 30 "http://$1/run"
+"""
+
+
+def test_containers_reach_the_network_through_the_same_proxy(guest: Guest) -> None:
+    """`docker run` and a `docker build` RUN step inside the guest fetch through the session's proxy and its
+    allowlist (an image made in the guest from its own curl: nothing is pulled), as the guest user."""
+    guest.standins()
+    r = guest.sh(f"cat > /tmp/mkimage <<'EOF'\n{CONTAINER_IMAGE}\nEOF\nsh /tmp/mkimage {HTTP}")
+    assert r.returncode == 0, (r.stdout.decode(), r.stderr.decode())
+    assert f"hello from {HTTP} GET /run".encode() in r.stdout
+    paths_seen = [q[":path"] for q in guest.http.requests]
+    assert "/run" in paths_seen and "/build" in paths_seen
+    assert {(e.get("host"), e["decision"]) for e in guest.events()} >= {(HTTP, "allow")}
+    denied = guest.sh(
+        "docker run --rm vmsandbox-it/curl:1 /usr/bin/curl -sS -m 30 -o /dev/null "
+        "-w '%{http_code}' http://not-allowed.example.com/"
+    )
+    assert denied.stdout == b"403", (denied.stdout, denied.stderr)
+
+
 def test_allow_and_deny_change_a_running_sessions_allowlist(guest: Guest) -> None:
     """`vmsandbox deny` takes a host off the allowlist of the running session (its next request is refused,
     naming the command that allows it again), `vmsandbox allow` puts it back; both are in the proxy log."""

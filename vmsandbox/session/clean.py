@@ -22,7 +22,12 @@ def clean_script(user: str, credentials: tuple[str, ...]) -> str:
         f'for home in /root "$(getent passwd {shlex.quote(user)} | cut -d: -f6)"; do '
         '[ -n "$home" ] || continue; '
         f"for rel in {rels}; do "
-        'f="$home/$rel"; if [ -e "$f" ] || [ -L "$f" ]; then rm -f -- "$f" && echo "$f"; fi; done; done; '
+        'f="$home/$rel"; if [ -e "$f" ] || [ -L "$f" ]; then rm -f -- "$f" && echo "$f"; fi; done; '
+        # Docker's client config went with the credentials: its proxy settings (how containers reach the
+        # network) come back, without any login
+        'd="$home/.docker/config.json"; if [ ! -e "$d" ] && [ -f /etc/vmsandbox/docker-config.json ]; then '
+        'install -D -m 0644 -o "$(stat -c %u "$home")" -g "$(stat -c %g "$home")" '
+        '/etc/vmsandbox/docker-config.json "$d"; fi; done; '
         "git config --system --unset-all credential.helper 2>/dev/null || true"
     )
 
