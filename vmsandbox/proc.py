@@ -17,31 +17,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
+from vmsandbox import packages
 from vmsandbox.confine import Identity, Limits
 from vmsandbox.errors import VmsandboxError
 
 log = logging.getLogger(__name__)
-
-# Which Debian package provides each tool we run. A missing tool is reported with its package.
-TOOL_PACKAGES: Mapping[str, str] = {
-    "qemu-img": "qemu-utils",
-    "qemu-system-x86_64": "qemu-system-x86",
-    "debootstrap": "debootstrap",
-    "mkfs.ext4": "e2fsprogs",
-    "chroot": "coreutils",
-    "ssh": "openssh-client",
-    "ssh-keygen": "openssh-client",
-    "rsync": "rsync",
-    "virtlogd": "libvirt-daemon-system",
-    "libvirtd": "libvirt-daemon-system",
-    "git": "git",
-    "mount": "mount",
-    "debugfs": "e2fsprogs",
-    "e2fsck": "e2fsprogs",
-    "cp": "coreutils",
-    "umount": "mount",
-    "useradd": "passwd",
-}
 
 
 @dataclass(frozen=True)
@@ -68,7 +48,7 @@ def which(tool: str) -> str:
     """Full path of `tool`, or a VmsandboxError naming the package that provides it."""
     found = shutil.which(tool) or shutil.which(tool, path="/usr/sbin:/sbin:/usr/bin:/bin")
     if found is None:
-        package = TOOL_PACKAGES.get(tool, tool)
+        package = packages.TOOL_PACKAGES.get(tool, tool)
         raise VmsandboxError(
             f"`{tool}` is not installed",
             hint=f"install it with `apt-get install {package}`",
@@ -94,8 +74,10 @@ def run(
     limits: Limits | None = None,
     pass_fds: Sequence[int] = (),
     max_output: int = MAX_OUTPUT,
+    on_line: Callable[[str], None] | None = None,
 ) -> Result:
-    """Run argv (never a shell string) and capture its output (at most `max_output` bytes of each stream).
+    """Run argv (never a shell string) and capture its output (at most `max_output` bytes of each stream);
+    `on_line` sees each line of either stream as it comes (a long build's progress under its spinner).
 
     The child runs in its own process group; if we are interrupted (Ctrl-C, SIGTERM turned into
     SystemExit, a timeout) the whole group is terminated before the exception goes on, so no
@@ -115,7 +97,14 @@ def run(
     )
     confined = as_user is not None or limits is not None
     return finish(
-        child, input=data, check=check, timeout=timeout, hint=hint, max_output=max_output, reap_group=confined
+        child,
+        input=data,
+        check=check,
+        timeout=timeout,
+        hint=hint,
+        max_output=max_output,
+        reap_group=confined,
+        on_line=on_line,
     )
 
 
@@ -158,13 +147,14 @@ def finish(
     hint: str | None = None,
     max_output: int = MAX_OUTPUT,
     reap_group: bool = False,
+    on_line: Callable[[str], None] | None = None,
 ) -> Result:
     """Wait for a child from `start`, keeping at most `max_output` bytes of each stream. On any interruption
     its process group is killed; with `reap_group` also when it ends, so nothing it started outlives it
     (not for ssh, whose connection-sharing master is meant to stay)."""
     args = [str(a) for a in child.args]  # type: ignore[union-attr]
     try:
-        stdout, stderr = _communicate(child, input, timeout, max_output)
+        stdout, stderr = _communicate(child, input, timeout, max_output, on_line)
     except subprocess.TimeoutExpired as exc:
         _kill_group(child)
         raise VmsandboxError(f"`{shlex.join(args)}` did not finish within {timeout or 0:.0f} s", hint=hint) from exc
@@ -200,23 +190,39 @@ def _child_setup(limits: Limits | None) -> Callable[[], None]:
     return setup
 
 
-def _communicate(
-    child: subprocess.Popen[bytes], data: bytes | None, timeout: float | None, cap: int
-) -> tuple[bytes, bytes]:
-    """Like Popen.communicate, but keeps at most `cap` bytes of each stream (the rest is read and dropped,
-    so the child never blocks on a full pipe)."""
-    kept = [bytearray(), bytearray()]
-    dropped = [False, False]
+class _Sink:
+    """One stream of a child: at most `cap` bytes kept (the rest read and dropped, so the child never blocks
+    on a full pipe), each complete line handed to `on_line` as it arrives."""
 
-    def drain(index: int, stream: IO[bytes]) -> None:
-        buf = kept[index]
+    def __init__(self, cap: int, on_line: Callable[[str], None] | None) -> None:
+        self.buf, self.cut, self.partial = bytearray(), False, b""
+        self.cap, self.on_line = cap, on_line
+
+    def drain(self, stream: IO[bytes]) -> None:
         while chunk := stream.read1(65536):  # type: ignore[attr-defined]
-            room = cap - len(buf)
-            if room > 0:
-                buf += chunk[:room]
-            if len(chunk) > room:
-                dropped[index] = True
+            room = self.cap - len(self.buf)
+            self.buf += chunk[: max(room, 0)]
+            self.cut |= len(chunk) > room
+            if self.on_line is not None:
+                *lines, partial = (self.partial + chunk).split(b"\n")
+                self.partial = partial[-4096:]
+                for line in lines:
+                    self.on_line(line.decode(errors="replace").rstrip("\r"))
         stream.close()
+
+    def value(self) -> bytes:
+        return bytes(self.buf) + (TRUNCATED.encode() if self.cut else b"")
+
+
+def _communicate(
+    child: subprocess.Popen[bytes],
+    data: bytes | None,
+    timeout: float | None,
+    cap: int,
+    on_line: Callable[[str], None] | None = None,
+) -> tuple[bytes, bytes]:
+    """Like Popen.communicate, with each stream kept to `cap` bytes and its lines shown to `on_line`."""
+    sinks = [_Sink(cap, on_line), _Sink(cap, on_line)]
 
     streams = [s for s in (child.stdout, child.stderr) if s is not None]
 
@@ -226,7 +232,7 @@ def _communicate(
         with contextlib.suppress(BrokenPipeError, OSError):
             stream.close()
 
-    threads = [threading.Thread(target=drain, args=(i, s), daemon=True) for i, s in enumerate(streams)]
+    threads = [threading.Thread(target=sinks[i].drain, args=(st,), daemon=True) for i, st in enumerate(streams)]
     if child.stdin is not None:
         threads.append(threading.Thread(target=feed, args=(child.stdin,), daemon=True))
     for t in threads:
@@ -237,7 +243,7 @@ def _communicate(
         t.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
         if t.is_alive():  # something the child started still holds its output open
             raise subprocess.TimeoutExpired(child.args, timeout or 0)
-    out, err = (bytes(buf) + (TRUNCATED.encode() if cut else b"") for buf, cut in zip(kept, dropped, strict=True))
+    out, err = (sink.value() for sink in sinks)
     return (out, err) if child.stdout is not None else (b"", out)
 
 

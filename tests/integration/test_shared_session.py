@@ -171,3 +171,17 @@ def test_ls_lists_sessions_when_libvirt_does_not_answer(shared: Record, cli: Cli
     assert "cannot connect to libvirt" in err and "libvirt_uri" in err
     plain = cli.run("ls", "-q", env=cli.env(VMSANDBOX_LIBVIRT_URI=bogus))
     assert shared.name in plain.stdout.decode().split()
+
+
+def test_the_base_has_what_agents_reach_for(shared: Record, cli: Cli) -> None:
+    """`vmsandbox run . -- make test` and the first things agents try work in a default session."""
+    script = (
+        "set -e; python3 -c 'import sys; print(sys.version_info[0])'; make --version | head -1; "
+        "cc --version | head -1; rg --version | head -1; jq --version; unzip -v | head -1; file --version | head -1; "
+        "patch --version | head -1; ssh -V 2>&1; python3 -m venv /tmp/venv-probe && /tmp/venv-probe/bin/pip --version"
+    )
+    r = cli.run("exec", shared.name, "--", "sh", "-c", script)
+    assert r.returncode == 0, r.stderr.decode()
+    out = r.stdout.decode()
+    for expected in ("3\n", "GNU Make", "gcc", "ripgrep", "jq-", "UnZip", "file-", "GNU patch", "OpenSSH", "pip "):
+        assert expected in out, (expected, out)

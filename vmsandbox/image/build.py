@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import shlex
 import shutil
@@ -17,6 +18,8 @@ from vmsandbox.errors import VmsandboxError
 from vmsandbox.image.recipe import Recipe, load_recipe
 from vmsandbox.image.store import PREFIX, Image, build_in_place, get_image_at, remove_tree
 from vmsandbox.vm import ext4, qemuimg
+
+log = logging.getLogger(__name__)
 
 MIN_FREE_BYTES = 6 * 1024**3
 
@@ -63,21 +66,7 @@ def build(
 def _build_into(recipe: Recipe, work: Path) -> None:
     started = time.time()
     rootfs = work / "rootfs"
-    cache = paths.cache_dir() / "debootstrap" / recipe.suite
-    cache.mkdir(parents=True, exist_ok=True)
-    with ui.step(f"Installing Debian {recipe.suite} and {len(recipe.packages)} packages (debootstrap)"):
-        proc.run(
-            [
-                "debootstrap",
-                f"--variant={recipe.variant}",
-                f"--cache-dir={cache}",
-                f"--include={','.join(recipe.packages)}",
-                recipe.suite,
-                rootfs,
-                recipe.mirror,
-            ],
-            hint=f"check that the mirror {recipe.mirror} is reachable (`apt-get update` on this host)",
-        )
+    _bootstrap(recipe, rootfs)
     failpoint.hit("image.bootstrap")
     with ui.step("Configuring the guest (CA certificates, units, sshd, masks)"):
         _customise(recipe, rootfs)
@@ -120,6 +109,32 @@ def _build_into(recipe: Recipe, work: Path) -> None:
     for name in (paths.IMAGE_DISK, paths.IMAGE_KERNEL, paths.IMAGE_INITRD, paths.IMAGE_MANIFEST):
         (work / name).chmod(0o444)  # never written after it is built
     work.chmod(0o755)
+
+
+def _bootstrap(recipe: Recipe, rootfs: Path) -> None:
+    """debootstrap the recipe's suite and packages into rootfs, its output's last line under the spinner."""
+    cache = paths.cache_dir() / "debootstrap" / recipe.suite
+    cache.mkdir(parents=True, exist_ok=True)
+    with ui.step(f"Installing Debian {recipe.suite} and {len(recipe.packages)} packages (debootstrap)") as detail:
+
+        def progress(line: str) -> None:  # its last line under the spinner; all of them in the log (--verbose)
+            if line.strip():
+                detail(line.strip()[:100])
+                log.info("debootstrap: %s", line)
+
+        proc.run(
+            [
+                "debootstrap",
+                f"--variant={recipe.variant}",
+                f"--cache-dir={cache}",
+                f"--include={','.join(recipe.packages)}",
+                recipe.suite,
+                rootfs,
+                recipe.mirror,
+            ],
+            hint=f"check that the mirror {recipe.mirror} is reachable (`apt-get update` on this host)",
+            on_line=progress,
+        )
 
 
 def _customise(recipe: Recipe, rootfs: Path) -> None:

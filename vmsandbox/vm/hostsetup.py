@@ -10,7 +10,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from vmsandbox import confine, proc
+from vmsandbox import confine, packages, proc
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.vm.accel import KVM_DEVICE
 from vmsandbox.vm.virt import Hypervisor
@@ -66,7 +66,7 @@ def setup(uri: str) -> Iterator[str]:
         yield f"set {KVM_DEVICE} to group kvm, mode 0660 (as udev would)"
     for daemon in DAEMONS:
         if not _daemon_running(daemon):
-            proc.run([daemon, "-d"], hint=f"is libvirt installed? `apt-get install {proc.TOOL_PACKAGES[daemon]}`")
+            proc.run([daemon, "-d"], hint=f"is libvirt installed? `apt-get install {packages.TOOL_PACKAGES[daemon]}`")
             yield f"started {daemon}"
     deadline = time.monotonic() + 60  # libvirtd's first start probes QEMU for ~15 s
     while True:

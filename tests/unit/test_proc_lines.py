@@ -1,0 +1,19 @@
+"""A child's output is capped, and its lines reach `on_line` as they come (a build's progress)."""
+
+from __future__ import annotations
+
+import io
+
+from vmsandbox import proc
+
+
+def test_lines_arrive_whole_across_chunks_and_the_kept_output_is_capped() -> None:
+    seen: list[str] = []
+    sink = proc._Sink(10, seen.append)
+    stream = io.BufferedReader(io.BytesIO(b"I: Retrieving libc6\r\nI: Validating\nI: par"))
+    sink.drain(stream)
+    assert seen == ["I: Retrieving libc6", "I: Validating"]
+    assert sink.value() == b"I: Retriev" + proc.TRUNCATED.encode()
+    quiet = proc._Sink(100, None)
+    quiet.drain(io.BufferedReader(io.BytesIO(b"a\nb\n")))
+    assert quiet.value() == b"a\nb\n"
