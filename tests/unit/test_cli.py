@@ -276,3 +276,24 @@ def test_config_schema_describes_every_key(capsys: pytest.CaptureFixture[str]) -
     assert doc["properties"]["secrets"]["items"]["required"] == ["secret", "host", "header"]
     assert run_cli(["config", "schema", "--blueprint"]) == 0
     assert set(json.loads(capsys.readouterr().out)["properties"]) == set(blueprint.FIELDS)
+
+
+def test_every_command_has_an_example_in_its_help() -> None:
+    import typer.main
+
+    def commands(group: object, prefix: str = "") -> list[tuple[str, object]]:
+        found = []
+        for name, cmd in getattr(group, "commands", {}).items():
+            if hasattr(cmd, "commands"):
+                found += commands(cmd, f"{prefix}{name} ")
+            else:
+                found.append((prefix + name, cmd))
+        return found
+
+    missing = [
+        name
+        for name, cmd in commands(typer.main.get_command(base.app))
+        if not (getattr(cmd, "help", "") or "").startswith("Same as")
+        and "Example" not in (getattr(cmd, "help", "") or "")
+    ]
+    assert missing == []

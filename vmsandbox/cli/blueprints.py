@@ -27,7 +27,9 @@ def _where(path: Path) -> str:
 @blueprint_app.command("ls")
 def blueprint_ls(as_json: AsJson = False, quiet: Quiet = False) -> None:
     """List the blueprints a session here can use (`-q`: names only). A project's own blueprints are used
-    only once trusted (`vmsandbox trust`)."""
+    only once trusted (`vmsandbox trust`).
+
+    Example: `vmsandbox blueprint ls`"""
     from vmsandbox.image import blueprint
 
     rows: list[dict[str, Any]] = []

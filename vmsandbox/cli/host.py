@@ -15,7 +15,9 @@ from vmsandbox.errors import VmsandboxError
 
 @host_app.command("setup")
 def host_setup() -> None:
-    """Create the guest-data account, give /dev/kvm udev's group and mode, start virtlogd and libvirtd (root)."""
+    """Create the guest-data account, give /dev/kvm udev's group and mode, start virtlogd and libvirtd (root).
+
+    Example: `sudo vmsandbox host setup`"""
     from vmsandbox.session import config
     from vmsandbox.vm import hostsetup
 
@@ -25,7 +27,9 @@ def host_setup() -> None:
 
 @app.command()
 def doctor(as_json: AsJson = False) -> None:
-    """Check everything a session needs; print the fix for each failure."""
+    """Check everything a session needs; print the fix for each failure.
+
+    Example: `vmsandbox doctor | less`"""
     from vmsandbox import trust
     from vmsandbox.session import config
     from vmsandbox.session import doctor as doctor_mod
@@ -65,6 +69,8 @@ def trust_command(
     A project file that widens what a session may do (network, allowlist, secrets, blueprints) is used only
     once you trusted its exact content; a changed file must be trusted again. Trust is kept outside every
     project, in your config directory.
+
+    Example: `vmsandbox trust ~/src/app`
     """
     from vmsandbox import trust
     from vmsandbox.session import config

@@ -30,7 +30,10 @@ def image_build(
     ] = False,
 ) -> None:
     """Build the base image locally from Debian packages, or a blueprint's thin layer on it (needs root), and its
-    warm-start template (a booted VM's saved memory that sessions start from in seconds)."""
+    warm-start template (a booted VM's saved memory that sessions start from in seconds).
+
+    Example: `sudo vmsandbox image build -b claude`
+    """
     from vmsandbox.image import build, recipe
     from vmsandbox.session import config, images
 
@@ -71,7 +74,9 @@ def _build_blueprint(name: str, *, force: bool) -> Image:
 
 @image_app.command("ls")
 def image_ls(as_json: AsJson = False, quiet: Quiet = False) -> None:
-    """List built base images and blueprint layers (`-q`: versions only, as `image rm` takes them)."""
+    """List built base images and blueprint layers (`-q`: versions only, as `image rm` takes them).
+
+    Example: `vmsandbox image ls -q`"""
     from vmsandbox.image import layers, store
 
     images = [i.summary() | {"kind": "base"} for i in store.list_images()]
@@ -98,7 +103,9 @@ def image_ls(as_json: AsJson = False, quiet: Quiet = False) -> None:
 
 @image_app.command("rm")
 def image_rm(version: Annotated[str, typer.Argument(help="The version shown by `image ls`.")]) -> None:
-    """Remove a base image or a blueprint layer (refused while a session or a layer uses it)."""
+    """Remove a base image or a blueprint layer (refused while a session or a layer uses it).
+
+    Example: `vmsandbox image rm bookworm-12408c8c268d`"""
     from vmsandbox.session import images
 
     what = images.remove(version)

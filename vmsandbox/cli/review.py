@@ -181,6 +181,8 @@ def pull(
     """Review the guest's changes and sync the accepted ones into the project (three-way).
 
     Exit code 0 when everything is synced, 3 when changes remain (quarantined, skipped, or unapplied).
+
+    Example: `vmsandbox pull exp1 --dry-run`, then `vmsandbox pull exp1 --yes src/`
     """
     left = review_session(name, yes=yes, include_risky=include_risky, dry_run=dry_run, only=only or [])
     if left:
@@ -189,14 +191,18 @@ def pull(
 
 @app.command()
 def recover(name: SessionName, yes: ApplySafe = False, include_risky: IncludeRisky = False) -> None:
-    """Review and apply a session's unsynced changes after its VM is gone (from its outbox or its disk)."""
+    """Review and apply a session's unsynced changes after its VM is gone (from its outbox or its disk).
+
+    Example: `vmsandbox recover exp1 --yes`"""
     if review_session(name, yes=yes, include_risky=include_risky, only=[]):
         raise typer.Exit(EXIT_PENDING)
 
 
 @app.command()
 def push(name: SessionName) -> None:
-    """Send host edits made during the session into the guest, never over a change the guest made."""
+    """Send host edits made during the session into the guest, never over a change the guest made.
+
+    Example: `vmsandbox push exp1`"""
     from vmsandbox.session import lock, state
     from vmsandbox.session.record import Record
     from vmsandbox.sync import push as pushing
@@ -221,7 +227,9 @@ def diff(
     only: Paths = None,
     stat: Annotated[bool, typer.Option("--stat", help="One line per changed path.")] = False,
 ) -> None:
-    """What the guest changed against the session's baseline: text diffs, binaries summarised."""
+    """What the guest changed against the session's baseline: text diffs, binaries summarised.
+
+    Example: `vmsandbox diff exp1 --stat`"""
     from vmsandbox.session import lifecycle
     from vmsandbox.session.record import Record
     from vmsandbox.sync import diff as diffs

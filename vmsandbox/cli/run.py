@@ -212,7 +212,9 @@ def _ready(name: str) -> Record:
 
 @app.command()
 def shell(name: SessionName) -> None:
-    """Open an interactive shell in a session, in the project directory (`vmsandbox shell NAME`)."""
+    """Open an interactive shell in a session, in the project directory.
+
+    Example: `vmsandbox shell exp1`"""
     from vmsandbox.guest import commands
 
     record = _ready(name)

@@ -17,7 +17,9 @@ from vmsandbox.errors import VmsandboxError
 
 @secret_app.command("set")
 def secret_set(name: Annotated[str, typer.Argument(help="Secret name, e.g. anthropic-api-key.")]) -> None:
-    """Store a secret on the host (read from stdin, or typed without echo). It never enters a VM."""
+    """Store a secret on the host (read from stdin, or typed without echo). It never enters a VM.
+
+    Example: `vmsandbox secret set anthropic-api-key`"""
     import getpass
 
     from vmsandbox.egress import secrets as secretstore
@@ -64,7 +66,9 @@ def unused_warning(name: str, users: dict[str, str]) -> str | None:
 
 @secret_app.command("ls")
 def secret_ls(as_json: AsJson = False) -> None:
-    """List stored secrets (names only, never values)."""
+    """List stored secrets (names only, never values).
+
+    Example: `vmsandbox secret ls --json`"""
     from vmsandbox.egress import secrets as secretstore
 
     stored = secretstore.list_all()
@@ -79,7 +83,9 @@ def secret_ls(as_json: AsJson = False) -> None:
 
 @secret_app.command("rm")
 def secret_rm(name: Annotated[str, typer.Argument(help="Secret name.")]) -> None:
-    """Remove a stored secret (running sessions stop getting it at once)."""
+    """Remove a stored secret (running sessions stop getting it at once).
+
+    Example: `vmsandbox secret rm anthropic-api-key`"""
     from vmsandbox.egress import secrets as secretstore
 
     if not secretstore.remove(name):

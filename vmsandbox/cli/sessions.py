@@ -16,7 +16,9 @@ from vmsandbox.errors import VmsandboxError
 
 @app.command("ls")
 def ls(as_json: AsJson = False, quiet: Quiet = False) -> None:
-    """List sessions (`-q`: names only). Lists what it knows even when libvirt does not answer."""
+    """List sessions (`-q`: names only). Lists what it knows even when libvirt does not answer.
+
+    Example: `vmsandbox ls -q`"""
     from vmsandbox.session import config, state
 
     rows = [s.as_dict() for s in state.all_status(config.load().libvirt_uri)]
@@ -58,7 +60,10 @@ for _alias in ("ps", "list"):
 @app.command()
 def stop(name: SessionName) -> None:
     """Stop a kept session: save its VM (memory and devices) to disk and free its CPU and RAM.
-    `vmsandbox start NAME` resumes it where it was; `pull`, `diff` and `destroy` work while it is stopped."""
+    `vmsandbox start NAME` resumes it where it was; `pull`, `diff` and `destroy` work while it is stopped.
+
+    Example: `vmsandbox stop exp1`
+    """
     from vmsandbox.session import suspend
 
     record = suspend.stop(name)
@@ -68,7 +73,9 @@ def stop(name: SessionName) -> None:
 
 @app.command()
 def start(name: SessionName) -> None:
-    """Resume a stopped session where it was: its processes, files, egress and published ports."""
+    """Resume a stopped session where it was: its processes, files, egress and published ports.
+
+    Example: `vmsandbox start exp1`"""
     from vmsandbox.session import suspend
 
     suspend.start(name)
@@ -155,7 +162,10 @@ def logs(
     ] = False,
 ) -> None:
     """Show a session's logs. The console is the guest's own output: control characters are shown escaped
-    (\\x1b …), so it cannot drive your terminal, unless you ask for --raw."""
+    (\\x1b …), so it cannot drive your terminal, unless you ask for --raw.
+
+    Example: `vmsandbox logs exp1 proxy --follow`
+    """
     from vmsandbox.egress import log as proxylog
     from vmsandbox.session.record import Record
 
@@ -195,7 +205,10 @@ def logs(
 @app.command()
 def clean(name: SessionName) -> None:
     """Wipe volatile credentials in a running session (agent auth files, git credentials, the placeholders
-    the proxy swaps for secrets, which it stops honouring); the workspace is not touched."""
+    the proxy swaps for secrets, which it stops honouring); the workspace is not touched.
+
+    Example: `vmsandbox clean exp1`
+    """
     from vmsandbox.cli.run import _ready
     from vmsandbox.session import clean as cleaning
 
@@ -213,7 +226,9 @@ def destroy(
     ] = False,
     discard: Annotated[bool, typer.Option("--discard", help="Destroy and throw unsynced changes away.")] = False,
 ) -> None:
-    """Destroy a session's VM and remove its files — never silently losing unsynced changes."""
+    """Destroy a session's VM and remove its files — never silently losing unsynced changes.
+
+    Example: `vmsandbox destroy exp1` (refused while changes are unsynced)"""
     from vmsandbox.session import config, lifecycle, lock
     from vmsandbox.session.record import Record, validate_name
 
@@ -242,7 +257,10 @@ app.command("rm", help="Same as `destroy`.", rich_help_panel=ALIASES)(destroy)
 def gc() -> None:
     """Remove sessions whose VM is gone or whose `vmsandbox run` died, and orphaned vmsandbox domains.
 
-    Sessions holding unsynced changes are kept (a stopped VM's changes are exported to its outbox)."""
+    Sessions holding unsynced changes are kept (a stopped VM's changes are exported to its outbox).
+
+    Example: `vmsandbox gc`
+    """
     from vmsandbox.session import config, lifecycle
 
     done = list(lifecycle.gc(config.load().libvirt_uri, limit=sync_limit()))
