@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import shlex
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -168,3 +169,18 @@ def test_a_guest_that_answers_nonsense_gets_a_walk(session: Record) -> None:
         guest(session, f"cp /root/journal.real {real}.new && mv {real}.new {real}")
     # the real journal again: the host's cursor is still its own, so it names what changed meanwhile
     step(session, "echo honest > honest-again", expect="the journal named")
+
+
+def test_a_cold_booted_session_has_its_journal_too(base_image: store.Image, tmp_path: Path) -> None:
+    """A cold boot starts the journal as early as a warm start does (it once failed there: no /run/vmsandbox
+    yet, so every pull of a cold session silently read the whole tree)."""
+    project = tmp_path / "cold"
+    project.mkdir()
+    (project / "a").write_text("a\n")
+    record = create.create(Options(project=project, name=unique_name(), settings=Settings(), keep=True, cold=True))
+    try:
+        assert record.start == "cold"
+        named = step(record, "echo more >> a", expect="the journal named 1 path(s)")
+        assert named.differs == frozenset({"a"})
+    finally:
+        lifecycle.remove(record)

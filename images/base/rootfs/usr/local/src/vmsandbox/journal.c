@@ -449,6 +449,10 @@ __attribute__((noreturn)) static void serve(const char *dir) {
     if (listener < 0) die("socket");
     struct sockaddr_un addr = {.sun_family = AF_UNIX};
     strcpy(addr.sun_path, SOCKET_PATH);
+    char run_dir[sizeof addr.sun_path];
+    strcpy(run_dir, SOCKET_PATH);
+    *strrchr(run_dir, '/') = 0;
+    if (mkdir(run_dir, 0755) != 0 && errno != EEXIST) die(run_dir); /* a cold boot has no /run/vmsandbox yet */
     unlink(SOCKET_PATH);
     umask(077);
     if (bind(listener, (struct sockaddr *)&addr, sizeof addr) != 0 || listen(listener, 8) != 0) die(SOCKET_PATH);
