@@ -17,6 +17,14 @@ class UnexpectedSubprocessError(AssertionError):
 
 
 @pytest.fixture(autouse=True)
+def a_host_of_sixteen_cpus(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Settings are checked against the host's CPUs: the same answers on every machine the tests run on."""
+    from vmsandbox.session import config
+
+    monkeypatch.setattr(config, "host_cpus", lambda: 16)
+
+
+@pytest.fixture(autouse=True)
 def no_subprocesses(monkeypatch: pytest.MonkeyPatch) -> None:
     def refuse(*args: Any, **_kwargs: Any) -> Any:
         raise UnexpectedSubprocessError(f"unit tests may not run subprocesses: {args[0] if args else '?'}")

@@ -247,7 +247,7 @@ def test_config_validate_names_file_line_and_key(
     good = tmp_path / "good.yaml"
     good.write_text("memory: 4G\nnetwork: open\n")
     bad = tmp_path / "bad.yaml"
-    bad.write_text("cpus: 2\n\nboot_timeout: 0\n")
+    bad.write_text("cpus: 1\n\nboot_timeout: 0\n")
     bp = tmp_path / "blueprints" / "b.yaml"
     bp.parent.mkdir()
     bp.write_text("description: x\napt: ['no such; rm -rf /']\n")

@@ -44,9 +44,10 @@ def test_unknown_key_names_file_and_key(tmp_path: Path) -> None:
         ("accel: xen\n", "unknown accelerator"),
         ("cpus: 0\n", "between"),
         ("memory: 2\n", "too small"),  # 2 MiB: a plain number is MiB, and no guest boots in that
-        ("memory: 256M\n", "too small"),
+        ("memory: 128M\n", "too small"),
         ("disk: 1G\n", "too small"),
-        ("boot_timeout: -5\n", "between 10 and 3600"),
+        ("boot_timeout: -5\n", "between 1 and 3600"),
+        ("cpus: 4096\n", "the host's CPUs"),
         ("memory: [1]\n", "a size like 2G"),
         ("cpus: 2\nmemory: 2G\ncpus: 4\n", "line 3.*`cpus` is given twice"),
     ],

@@ -50,7 +50,7 @@ def explained(steps: list[Layer]) -> list[dict[str, str]]:
 # What `config schema` adds to the key types: ranges and choices (the same as `merged` checks).
 SCHEMA_EXTRAS: dict[str, dict[str, Any]] = {
     "cpus": {"minimum": 1, "maximum": 64},
-    "boot_timeout": {"minimum": 10, "maximum": 3600},  # session.config.BOOT_TIMEOUT_RANGE
+    "boot_timeout": {"minimum": 1, "maximum": 3600},  # session.config.BOOT_TIMEOUT_RANGE
     "accel": {"enum": ["auto", "kvm", "tcg"]},
     "network": {"enum": ["allowlist", "open", "none"]},
 }

@@ -41,14 +41,19 @@ FIELDS: dict[str, type] = {
 }
 # What a VM may be given: below these minimums the guest does not boot (memory), its image does not fit (disk),
 # or nothing useful syncs; boot_timeout in seconds.
-MIN_MEMORY_MIB, MIN_DISK_MIB, MIN_SYNC_LIMIT_MIB = 512, 4096, 1
-BOOT_TIMEOUT_RANGE = (10, 3600)
+MIN_MEMORY_MIB, MIN_DISK_MIB, MIN_SYNC_LIMIT_MIB = 256, 4096, 1
+BOOT_TIMEOUT_RANGE = (1, 3600)
 # Keys that only size the VM: a project file may set them without being trusted (`vmsandbox trust`).
 SIZING_KEYS = frozenset({"cpus", "memory", "disk", "boot_timeout", "accel"})
 
 
 _SIZE = re.compile(r"^\s*(\d+)\s*([KMGT]?)(?:i?B)?\s*$", re.IGNORECASE)
 _UNIT_MIB = {"": 1, "K": 1 / 1024, "M": 1, "G": 1024, "T": 1024 * 1024}
+
+
+def host_cpus() -> int:
+    """The most vCPUs a session may have: the host's CPUs."""
+    return os.cpu_count() or 1
 
 
 def parse_size_mib(text: str | int, *, what: str, least: int = 1) -> int:
@@ -89,8 +94,12 @@ class Settings:
 
         changes: dict[str, Any] = {}
         if "cpus" in data:
-            if not 1 <= data["cpus"] <= 64:
-                raise VmsandboxError(f"{label('cpus')} must be between 1 and 64")
+            most = host_cpus()
+            if not 1 <= data["cpus"] <= most:
+                raise VmsandboxError(
+                    f"{label('cpus')} must be between 1 and {most} (the host's CPUs)",
+                    hint="more vCPUs than the host has only makes the guest slower",
+                )
             changes["cpus"] = data["cpus"]
         if "memory" in data:
             changes["memory_mib"] = parse_size_mib(data["memory"], what=label("memory"), least=MIN_MEMORY_MIB)
