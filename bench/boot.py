@@ -3,7 +3,7 @@
 memory, network) timed to the SSH banner; and the time to the first byte of a command's output, warm and cold.
 
 Prints the figures side by side, their ratios (targets: warm <= 0.15x bare, cold <= 1.10x bare, first byte
-warm <= 0.15x cold) and the host RSS of one idle session, warm and cold. Runs are interleaved and the medians
+warm <= 0.15x cold, `vmsandbox start` of a stopped session <= 0.15x cold) and the host RSS of one idle session, warm and cold. Runs are interleaved and the medians
 compared, because these machines are noisy: read the ratios, not the seconds. The template is built (once)
 before anything is timed.
 
@@ -129,6 +129,22 @@ def wait_for_teardowns() -> None:
         time.sleep(0.2)
 
 
+def stopped_start(project: Path, settings: Settings) -> float:
+    """Seconds `vmsandbox start NAME` takes to resume a stopped (saved) session until its egress is open again,
+    as a person runs it (a new process, like `vmsandbox run`)."""
+    record = create.create(Options(project=project, name=None, settings=settings, keep=True))
+    try:
+        cli = [sys.executable, "-m", "vmsandbox"]
+        subprocess.run([*cli, "stop", record.name], check=True, capture_output=True)
+        start = time.monotonic()
+        subprocess.run([*cli, "start", record.name], check=True, capture_output=True)
+        took = time.monotonic() - start
+        subprocess.run([*cli, "exec", record.name, "--", "true"], check=True, capture_output=True)  # it answers
+        return took
+    finally:
+        lifecycle.remove(record)
+
+
 def idle_rss_mib(project: Path, settings: Settings, *, cold: bool) -> float:
     record = create.create(Options(project=project, name=None, settings=settings, keep=True, cold=cold))
     try:
@@ -156,7 +172,7 @@ def main() -> None:
     os.environ.setdefault("VMSANDBOX_STATE_DIR", str(work / "state"))
     try:
         images.default_template(img)  # built once, before anything is timed
-        bare, warm, cold, warm_first, cold_first = [], [], [], [], []
+        bare, warm, cold, warm_first, cold_first, resumed = [], [], [], [], [], []
         for i in range(args.runs):
             bare.append(bare_qemu_boot(img, choice, settings.cpus, settings.memory_mib, work))
             shape = (project, settings.cpus, settings.memory_mib, choice.value)
@@ -164,9 +180,11 @@ def main() -> None:
             warm.append(vmsandbox_run(*shape, cold=False)[0])
             cold_first.append(vmsandbox_run(*shape, cold=True, command=ECHO)[1])
             warm_first.append(vmsandbox_run(*shape, cold=False, command=ECHO)[1])
+            resumed.append(stopped_start(project, settings))
             print(
                 f"run {i + 1}: bare qemu to SSH banner {bare[-1]:.1f}s; run -- true cold {cold[-1]:.1f}s, "
-                f"warm {warm[-1]:.1f}s; first output byte cold {cold_first[-1]:.1f}s, warm {warm_first[-1]:.1f}s",
+                f"warm {warm[-1]:.1f}s; first output byte cold {cold_first[-1]:.1f}s, warm {warm_first[-1]:.1f}s; "
+                f"start of a stopped session {resumed[-1]:.1f}s",
                 file=sys.stderr,
             )
         b, c, w = (statistics.median(x) for x in (bare, cold, warm))
@@ -182,6 +200,8 @@ def main() -> None:
         print(
             f"  first byte of the command's output, warm:      {wf:.1f}s  ratio to cold {wf / cf:.2f} (target <= 0.15)"
         )
+        r = statistics.median(resumed)
+        print(f"  vmsandbox start of a stopped session:          {r:.1f}s  ratio to cold {r / c:.2f} (target <= 0.15)")
         print(f"host RSS of one idle session (QEMU): warm {rss_warm:.0f} MiB, cold {rss_cold:.0f} MiB")
     finally:
         shutil.rmtree(work, ignore_errors=True)
