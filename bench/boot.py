@@ -3,9 +3,9 @@
 memory, network) timed to the SSH banner; and the time to the first byte of a command's output, warm and cold.
 
 Prints the figures side by side, their ratios (targets: warm <= 0.15x bare, cold <= 1.10x bare, first byte
-warm <= 0.15x cold, `vmsandbox start` of a stopped session <= 0.15x cold) and the host RSS of one idle session, warm and cold. Runs are interleaved and the medians
-compared, because these machines are noisy: read the ratios, not the seconds. The template is built (once)
-before anything is timed.
+warm <= 0.15x cold, `vmsandbox start` of a stopped session <= 0.15x cold) and the host RSS of one idle
+session, warm and cold. Runs are interleaved and the medians compared, because these machines are noisy: read
+the ratios, not the seconds. The template is built (once) before anything is timed.
 
     sudo .venv/bin/python bench/boot.py [--runs N]
 """
