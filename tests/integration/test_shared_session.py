@@ -183,5 +183,16 @@ def test_the_base_has_what_agents_reach_for(shared: Record, cli: Cli) -> None:
     r = cli.run("exec", shared.name, "--", "sh", "-c", script)
     assert r.returncode == 0, r.stderr.decode()
     out = r.stdout.decode()
-    for expected in ("3\n", "GNU Make", "cc (Debian", "ripgrep", "jq-", "UnZip", "file-", "GNU patch", "OpenSSH", "pip "):
+    for expected in (
+        "3\n",
+        "GNU Make",
+        "cc (Debian",
+        "ripgrep",
+        "jq-",
+        "UnZip",
+        "file-",
+        "GNU patch",
+        "OpenSSH",
+        "pip ",
+    ):
         assert expected in out, (expected, out)
