@@ -52,46 +52,24 @@ app = typer.Typer(
     "Examples: `vmsandbox claude .` · `vmsandbox run . -- make test` · `vmsandbox run --keep .` then "
     "`vmsandbox shell NAME`, `vmsandbox pull NAME`, `vmsandbox destroy NAME`.",
 )
-image_app = typer.Typer(
-    cls=Commands,
-    suggest_commands=False,
-    no_args_is_help=True,
-    context_settings=HELP,
-    help="Build, list and remove base images.",
+
+
+def _group(name: str, text: str) -> typer.Typer:
+    """A command group under `vmsandbox NAME`, with the settings every group shares (help, typos)."""
+    group = typer.Typer(cls=Commands, suggest_commands=False, no_args_is_help=True, context_settings=HELP, help=text)
+    app.add_typer(group, name=name)
+    return group
+
+
+blueprint_app = _group(
+    "blueprint", "List blueprints and show what one makes a session of (`vmsandbox blueprint show claude`)."
 )
-host_app = typer.Typer(
-    cls=Commands,
-    suggest_commands=False,
-    no_args_is_help=True,
-    context_settings=HELP,
-    help="Host set-up where no service manager does it.",
+config_app = _group(
+    "config", "Show where each setting comes from, check config and blueprint files, print their JSON Schema."
 )
-secret_app = typer.Typer(
-    cls=Commands,
-    suggest_commands=False,
-    no_args_is_help=True,
-    context_settings=HELP,
-    help="Secrets kept on the host and injected by the egress proxy.",
-)
-blueprint_app = typer.Typer(
-    cls=Commands,
-    suggest_commands=False,
-    no_args_is_help=True,
-    context_settings=HELP,
-    help="List blueprints and show what one makes a session of (`vmsandbox blueprint show claude`).",
-)
-config_app = typer.Typer(
-    cls=Commands,
-    suggest_commands=False,
-    no_args_is_help=True,
-    context_settings=HELP,
-    help="Show where each setting comes from, check config and blueprint files, print their JSON Schema.",
-)
-app.add_typer(blueprint_app, name="blueprint")
-app.add_typer(config_app, name="config")
-app.add_typer(image_app, name="image")
-app.add_typer(host_app, name="host")
-app.add_typer(secret_app, name="secret")
+image_app = _group("image", "Build, list and remove base images.")
+host_app = _group("host", "Host set-up where no service manager does it.")
+secret_app = _group("secret", "Secrets kept on the host and injected by the egress proxy.")
 
 
 class TakesCommand(TyperCommand):

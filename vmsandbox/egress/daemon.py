@@ -93,7 +93,7 @@ class Daemon:
     def _state(self, door: Door, error: str | None = None) -> None:
         self.door = door
         with self.ports_lock:
-            served = tuple(p for address, host, _ in self.listeners for p in _places(address, host))
+            served = tuple(ports.place(address, host) for address, host, _ in self.listeners)
         with contextlib.suppress(OSError):  # the session directory may be gone already: the daemon ends
             control.write_state(self.files, door, error, ports=served)
 
@@ -258,10 +258,6 @@ class Daemon:
         with contextlib.suppress(asyncio.CancelledError):
             self.loop.run_until_complete(watcher)
         self._state(Door.DOWN, "stopped")
-
-
-def _places(address: str, port: int) -> list[str]:
-    return ports.Publish(0, port, (address,)).places()
 
 
 def main(argv: list[str], daemon: Callable[[str], Daemon] = Daemon) -> int:

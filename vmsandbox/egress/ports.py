@@ -30,7 +30,12 @@ class Publish:
 
     def places(self) -> list[str]:
         """Where it answers: 127.0.0.1:PORT, [::1]:PORT."""
-        return [f"[{a}]:{self.host}" if ":" in a else f"{a}:{self.host}" for a in self.addresses]
+        return [place(a, self.host) for a in self.addresses]
+
+
+def place(address: str, port: int | None) -> str:
+    """address:port as people write it (IPv6 in brackets)."""
+    return f"[{address}]:{port}" if ":" in address else f"{address}:{port}"
 
 
 def listener(address: str, port: int) -> socket.socket:

@@ -20,12 +20,18 @@ def remote_command(workdir: str, cmd: list[str] | None) -> str:
 
 
 def run_as_root(
-    endpoint: Endpoint, script: str, *, check: bool = True, timeout: float | None = None, hint: str | None = None
+    endpoint: Endpoint,
+    script: str,
+    *,
+    check: bool = True,
+    timeout: float | None = None,
+    hint: str | None = None,
+    max_output: int = proc.MAX_OUTPUT,
 ) -> proc.Result:
     """Run a shell command line as root in the guest (not in the project directory) and capture its output
-    (capped: proc.MAX_OUTPUT per stream)."""
+    (capped: `max_output` bytes per stream)."""
     argv = [*endpoint.ssh_argv("-T", user="root"), "--", script]
-    return proc.run(argv, check=check, timeout=timeout, hint=hint)
+    return proc.run(argv, check=check, timeout=timeout, hint=hint, max_output=max_output)
 
 
 def attach(endpoint: Endpoint, workdir: str, cmd: list[str] | None, *, tty: bool | None = None) -> int:

@@ -8,7 +8,7 @@ import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, overload
+from typing import TYPE_CHECKING, Any
 
 from vmsandbox import paths, trust
 from vmsandbox.egress import netpolicy
@@ -176,7 +176,7 @@ def layers(project: Path | None = None, *, blueprint: Blueprint | None = None) -
         settings = add(blueprint.source, settings.merged(data, blueprint.source), data)
     user_file = paths.config_dir() / USER_FILE
     if user_file.is_file():
-        settings, keys = read_file(user_file, settings, keys=True)
+        settings, keys = read_file(user_file, settings)
         add(str(user_file), settings, keys)
     if project is not None:
         project_found = project_file(project)
@@ -222,13 +222,9 @@ def project_file(project: Path) -> ProjectFile | None:
     return ProjectFile(path, raw, data)
 
 
-@overload
-def read_file(path: Path, settings: Settings, *, keys: Literal[False] = False) -> Settings: ...
-@overload
-def read_file(path: Path, settings: Settings, *, keys: Literal[True]) -> tuple[Settings, list[str]]: ...
-def read_file(path: Path, settings: Settings, *, keys: bool = False) -> Settings | tuple[Settings, list[str]]:
-    """`settings` with a config file's keys laid over them (and, with `keys`, which keys it set); an error
-    names the file, the line and the key."""
+def read_file(path: Path, settings: Settings) -> tuple[Settings, list[str]]:
+    """`settings` with a config file's keys laid over them, and the keys it set; an error names the file, the
+    line and the key."""
     try:
         raw = path.read_bytes()
     except OSError as exc:
@@ -238,7 +234,7 @@ def read_file(path: Path, settings: Settings, *, keys: bool = False) -> Settings
         merged = settings.merged(data, str(path))
     except VmsandboxError as exc:
         raise located(exc, str(path), raw) from None
-    return (merged, list(data)) if keys else merged
+    return merged, list(data)
 
 
 def widening_keys(data: dict[str, Any]) -> list[str]:

@@ -52,13 +52,8 @@ def view(base: Mapping[str, Entry], delta: Delta) -> views.Overlay:
     return views.Overlay(base, delta)
 
 
-def _parents(p: str) -> Iterable[str]:
-    parts = p.split("/")
-    return ("/".join(parts[:i]) for i in range(1, len(parts)))
-
-
 def _under(p: str, roots: set[str]) -> bool:
-    return any(q in roots for q in _parents(p))
+    return any(q in roots for q in tree.parents(p))
 
 
 def refresh(mirror: Path, base: Mapping[str, Entry], delta: Delta, listed: Iterable[str], cache: HashCache) -> None:
@@ -76,7 +71,7 @@ def refresh(mirror: Path, base: Mapping[str, Entry], delta: Delta, listed: Itera
             now.update(tree.scan_under(mirror, p, cache))
     found: dict[str, Entry | None] = {p: now.get(p) for p in roots | stale | now.keys()}
     for p in roots:
-        for q in _parents(p):
+        for q in tree.parents(p):
             if q not in found and not _under(q, roots) and q not in roots:
                 found[q] = tree.entry_under(mirror, q, cache)
     cache.save(partial=True)

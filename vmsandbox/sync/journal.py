@@ -20,9 +20,11 @@ import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
-from vmsandbox import paths, proc
+from vmsandbox import paths
 from vmsandbox.errors import VmsandboxError
+from vmsandbox.guest import commands
 from vmsandbox.guest.ssh import Endpoint
+from vmsandbox.sync import tree
 
 PROGRAM = "/usr/local/lib/vmsandbox/journal"
 TIMEOUT = 60.0
@@ -71,12 +73,7 @@ def ask(endpoint: Endpoint, cursor: Cursor) -> Answer:
     """What the guest's journal says changed since `cursor` (one command over the session's SSH)."""
     command = shlex.join([PROGRAM, "since", cursor.instance, str(cursor.seq)])
     try:
-        result = proc.run(
-            [*endpoint.ssh_argv("-T", user="root"), "--", command],
-            check=False,
-            timeout=TIMEOUT,
-            max_output=MAX_ANSWER_BYTES,
-        )
+        result = commands.run_as_root(endpoint, command, check=False, timeout=TIMEOUT, max_output=MAX_ANSWER_BYTES)
     except VmsandboxError as exc:
         return Answer(None, None, f"the journal did not answer ({exc.message})")
     if result.returncode != 0:
@@ -110,7 +107,7 @@ def _outermost(found: list[str]) -> list[str]:
     """The named paths without those under another named one (a fetch takes each with all under it; and a
     path under one that is gone or is no directory now cannot be fetched)."""
     named = set(found)
-    return sorted(p for p in named if not any("/".join(p.split("/")[:i]) in named for i in range(1, p.count("/") + 1)))
+    return sorted(p for p in named if not any(q in named for q in tree.parents(p)))
 
 
 def _unescape(line: str) -> str | None:

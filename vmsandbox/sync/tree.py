@@ -133,6 +133,12 @@ def entry_of(path: Path) -> Entry | None:
         os.close(fd)
 
 
+def parents(rel: str) -> Iterator[str]:
+    """The directories above a relative path, outermost first (`a/b/c` -> `a`, `a/b`)."""
+    parts = rel.split("/")
+    return ("/".join(parts[:i]) for i in range(1, len(parts)))
+
+
 Manifest = dict[str, Entry]
 Tree = Mapping[str, Entry]  # a manifest only read: a Manifest, or one of sync.views
 
@@ -141,7 +147,7 @@ def scan(root: Path, *, skip: frozenset[str] = frozenset(), cache: HashCache | N
     """Every path under root (root itself excluded). `skip` names top-level entries to leave out. With a cache
     (sync.hashcache), unchanged files are not read again; the cache is saved after the walk."""
     found: Manifest = {}
-    _walk(os.fwalk(root, follow_symlinks=False), "", found, skip, cache)
+    _walk(root, "", found, skip, cache)
     if cache is not None:
         cache.save()
     return found
@@ -157,29 +163,31 @@ def scan_under(root: Path, rel: str, cache: HashCache | None = None) -> Manifest
         entry = entry_at(parent, name, cache, rel)
         found: Manifest = {} if entry is None else {rel: entry}
         if entry is not None and entry.kind == DIR:
-            _walk(os.fwalk(name, dir_fd=parent, follow_symlinks=False), rel + "/", found, frozenset(), cache)
+            _walk(name, rel + "/", found, frozenset(), cache, dir_fd=parent)
         return found
     finally:
         os.close(parent)
 
 
 def _walk(
-    walk: Iterator[tuple[str, list[str], list[str], int]],
+    top: str | Path,
     prefix: str,
     found: Manifest,
     skip: frozenset[str],
     cache: HashCache | None,
+    *,
+    dir_fd: int | None = None,
 ) -> None:
-    top: str | None = None
-    for dirpath, dirnames, filenames, dir_fd in walk:
-        top = dirpath if top is None else top
+    """Add everything below `top` (relative to dir_fd, if given) to `found`, keyed `prefix` + its path below
+    top; no symlink is followed."""
+    for dirpath, dirnames, filenames, here_fd in os.fwalk(top, follow_symlinks=False, dir_fd=dir_fd):
         rel_dir = os.path.relpath(dirpath, top)
         here = prefix if rel_dir == "." else prefix + rel_dir + "/"
         at_top = rel_dir == "." and not prefix
         for name in sorted(dirnames + filenames):
             if at_top and name in skip:
                 continue
-            entry = entry_at(dir_fd, name, cache, here + name)
+            entry = entry_at(here_fd, name, cache, here + name)
             if entry is not None:
                 found[here + name] = entry
         dirnames[:] = [d for d in dirnames if not (at_top and d in skip)]
