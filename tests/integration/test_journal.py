@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import os
 import shlex
+import shutil
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -165,10 +167,29 @@ def test_a_guest_that_answers_nonsense_gets_a_walk(session: Record) -> None:
         answer_with("head -c 30000000 /dev/zero | tr '\\000' '\\033'")
         flood = fetch(session)
         assert "not understood" in flood.how, flood.how
+        # a well-formed lie: it names a file below a symlink that leads to a host directory anyone may write
+        # (as if the receiver could be made to write through it); nothing may appear there
+        trap = Path(tempfile.mkdtemp(prefix="vmsandbox-it-trap-"))
+        trap.chmod(0o1777)
+        try:
+            guest(session, f"mkdir -p {trap} && echo planted > {trap}/planted && ln -sfn {trap} via-link")
+            answer_with("printf 'ok %032x 999999 1\\nvia-link/planted\\n' 7")  # only the file below the link
+            lied = fetch(session)
+            assert "whole tree" in lied.how or lied.how == "the journal named 1 path(s)", lied.how
+            assert not (trap / "planted").exists(), "a guest symlink led the mirror's writer out of the mirror"
+            # rsync made the link's name a real directory in the mirror and put the guest's own bytes in it: the
+            # lie changed only what the guest seems to have, inside the mirror
+            inside = session.files.guest_tree / "via-link"
+            assert inside.is_dir() and not inside.is_symlink()
+            assert lied.view["via-link/planted"].size == len("planted\n")
+        finally:
+            shutil.rmtree(trap, ignore_errors=True)
     finally:
         guest(session, f"cp /root/journal.real {real}.new && mv {real}.new {real}")
-    # the real journal again: the host's cursor is still its own, so it names what changed meanwhile
-    step(session, "echo honest > honest-again", expect="the journal named")
+    # the real journal again: the last lie was well formed, so the host holds the liar's cursor, which the real
+    # journal does not know: one walk, then its own cursor is trusted again
+    step(session, "echo honest > honest-again", expect="another-journal")
+    step(session, "echo honest >> honest-again", expect="the journal named 1 path(s)")
 
 
 def test_a_cold_booted_session_has_its_journal_too(base_image: store.Image, tmp_path: Path) -> None:
