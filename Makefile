@@ -6,7 +6,9 @@
 SHELL := /bin/bash
 .DEFAULT_GOAL := help
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
-PYTHON ?= python3
+# The system's Python where there is one: a venv made from it runs for every account (a pyenv under
+# /root would not), so users in the libvirt group can run .venv/bin/vmsandbox without sudo.
+PYTHON ?= $(shell [ -x /usr/bin/python3 ] && echo /usr/bin/python3 || echo python3)
 VENV := .venv
 VMSANDBOX := $(VENV)/bin/vmsandbox
 

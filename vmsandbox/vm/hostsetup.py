@@ -55,7 +55,7 @@ def setup(uri: str) -> Iterator[str]:
                 "--shell",
                 "/usr/sbin/nologin",
                 "--comment",
-                "vmsandbox: reads what comes out of guests",
+                "vmsandbox, reads what comes out of guests",
                 confine.ACCOUNT,
             ]
         )
