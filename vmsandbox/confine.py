@@ -25,12 +25,11 @@ import pwd
 import re
 import resource
 import stat
-import struct
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from vmsandbox import paths
+from vmsandbox import access, paths
 from vmsandbox.errors import VmsandboxError
 
 log = logging.getLogger(__name__)
@@ -103,13 +102,18 @@ def umask(mask: int) -> Iterator[None]:
 
 def state_dirs() -> None:
     """The state directory (when we make it) and its sessions directory: private, traversable by QEMU's user
-    and the guest-data account only."""
+    and the guest-data account only. QEMU must also pass every directory above them (a home
+    that is 0700, say): those of ours get an ACL entry for it (root's too: QEMU never runs as root)."""
     state = paths.state_dir()
     if not state.exists():
         make_private_dir(state)
     sessions = paths.sessions_dir()
     if not sessions.exists() or sessions.stat().st_mode & 0o077 not in (0, 0o010):
         make_private_dir(sessions)
+    qemu = qemu_account()
+    if qemu is not None:
+        for d in access.let_traverse(sessions, qemu.uid, set(qemu.groups), f"libvirt's QEMU ({qemu.name})"):
+            log.info("%s: QEMU's account %s may now pass through it (an ACL entry)", d, qemu.name)
 
 
 def guest_data_account() -> Identity | None:
@@ -146,6 +150,18 @@ def invoking_user(uid: int, gid: int) -> Identity | None:
     return Identity(uid, gid, tuple(os.getgrouplist(pw.pw_name, gid)), pw.pw_name, pw.pw_dir)
 
 
+def qemu_account() -> Identity | None:
+    """libvirt's QEMU account, with its groups."""
+    uid = qemu_uid()
+    if uid is None:
+        return None
+    try:
+        pw = pwd.getpwuid(uid)
+    except KeyError:
+        return Identity(uid, uid, (), str(uid))
+    return Identity(uid, pw.pw_gid, tuple(os.getgrouplist(pw.pw_name, pw.pw_gid)), pw.pw_name)
+
+
 def qemu_uid() -> int | None:
     """The uid libvirt runs QEMU as (qemu.conf's `user`, else the distribution's default account)."""
     names: list[str] = []
@@ -168,9 +184,15 @@ def qemu_uid() -> int | None:
 
 
 def give_to_qemu(directory: Path) -> None:
-    """Files that QEMU itself opens (fw_cfg entries; it runs as libvirt's unprivileged user): theirs, read-only."""
+    """Files that QEMU itself opens (fw_cfg entries; it runs as libvirt's unprivileged user): theirs, read-only.
+    Without root they stay ours, and QEMU's account gets an ACL entry to read them."""
     uid = qemu_uid()
-    if uid is None or os.geteuid() != 0:
+    if uid is None:
+        return
+    if os.geteuid() != 0:
+        access.grant(directory, uid, 1)
+        for f in directory.iterdir():
+            access.let_read(f, uid)
         return
     gid = pwd.getpwuid(uid).pw_gid
     os.chown(directory, uid, gid)
@@ -186,21 +208,6 @@ def traversers() -> list[int]:
     return sorted({uid for uid in found if uid is not None and uid != os.geteuid()})
 
 
-# POSIX ACL xattr (linux/posix_acl_xattr.h): a version, then (tag, perm, id) entries sorted by tag and id.
-_ACL_VERSION = 2
-_USER_OBJ, _USER, _GROUP_OBJ, _MASK, _OTHER = 0x01, 0x02, 0x04, 0x10, 0x20
-_NO_ID = 0xFFFFFFFF
-_X, _RWX = 1, 7
-
-
-def traverse_only_acl(uids: list[int]) -> bytes:
-    """An access ACL: the owner rwx, each uid x (traverse, never list or read), nobody else anything."""
-    entries = [(_USER_OBJ, _RWX, _NO_ID)]
-    entries += [(_USER, _X, uid) for uid in sorted(uids)]
-    entries += [(_GROUP_OBJ, 0, _NO_ID), (_MASK, _X if uids else 0, _NO_ID), (_OTHER, 0, _NO_ID)]
-    return struct.pack("<I", _ACL_VERSION) + b"".join(struct.pack("<HHI", *e) for e in entries)
-
-
 def private_dir(path: Path, *, traverse: bool = True) -> None:
     """Make `path` (an existing directory of ours) 0700; with `traverse`, let QEMU's user and the guest-data
     account pass through it. Where the filesystem has no ACLs, it falls back to 0711 (other users can pass
@@ -210,7 +217,7 @@ def private_dir(path: Path, *, traverse: bool = True) -> None:
     if not uids:
         return
     try:
-        os.setxattr(path, "system.posix_acl_access", traverse_only_acl(uids), follow_symlinks=False)
+        os.setxattr(path, access.ACL_XATTR, access.traverse_only_acl(uids), follow_symlinks=False)
     except OSError as exc:
         if exc.errno not in (errno.ENOTSUP, errno.EOPNOTSUPP, errno.EPERM):
             raise
@@ -219,8 +226,11 @@ def private_dir(path: Path, *, traverse: bool = True) -> None:
 
 
 def make_private_dir(path: Path, *, traverse: bool = True) -> None:
-    """mkdir (parents as needed) and make it private; an existing directory is made private too."""
-    path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    """mkdir (parents as needed: 0755, only the leaf is private) and make it private; an existing directory is
+    made private too."""
+    with umask(0o022):
+        path.parent.mkdir(parents=True, exist_ok=True)
+    path.mkdir(exist_ok=True, mode=0o700)
     private_dir(path, traverse=traverse)
 
 

@@ -29,6 +29,7 @@ IMAGE_DISK = "disk.qcow2"
 IMAGE_KERNEL = "vmlinuz"
 IMAGE_INITRD = "initrd.img"
 IMAGE_MANIFEST = "manifest.json"
+IMAGE_TEMPLATES = "templates"  # its warm-start templates (shared with the libvirt group, like the store)
 
 # Files inside a session directory.
 SESSION_RECORD = "session.json"
@@ -219,12 +220,20 @@ def session_paths(name: str) -> SessionPaths:
     return SessionPaths(sessions_dir() / name)
 
 
+def own_console(path: Path) -> None:
+    """virtlogd (root) writes a VM's serial console into `path`. Made by us first, the file stays ours to read
+    (`vmsandbox logs`, boot diagnostics); one virtlogd made would be root's, 0600, when we are not root."""
+    os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600))
+
+
 def write_atomically(path: Path, text: str, *, mode: int = 0o600) -> None:
     """Write text through a temporary file beside path and one rename: a reader (or a crash) sees the old
-    content or the new, never a part of it. `mode` is the new file's (before the umask): private by default."""
+    content or the new, never a part of it. `mode` is the new file's, whatever the umask (vmsandbox runs under
+    077): private by default; 0o644 for what other accounts read (a template's metadata)."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, mode)
     try:
+        os.fchmod(fd, mode)
         with os.fdopen(fd, "w") as f:
             f.write(text)
         tmp.replace(path)

@@ -14,14 +14,24 @@ from vmsandbox.errors import VmsandboxError
 
 
 @host_app.command("setup")
-def host_setup() -> None:
-    """Create the guest-data account, give /dev/kvm udev's group and mode, start virtlogd and libvirtd (root).
+def host_setup(
+    user: Annotated[
+        str | None,
+        typer.Option("--user", help="who joins the libvirt group and then needs no sudo (default: who ran sudo)"),
+    ] = None,
+) -> None:
+    """Create the guest-data account and the libvirt group, give /dev/kvm udev's group and mode, start
+    virtlogd and libvirtd with the group's socket, share the image store with the group (root).
 
-    Example: `sudo vmsandbox host setup`"""
+    Example: `sudo vmsandbox host setup` (you join the libvirt group: log in again, then no more sudo)"""
+    import os
+
     from vmsandbox.session import config
     from vmsandbox.vm import hostsetup
 
-    for line in hostsetup.setup(config.load().libvirt_uri):
+    if user is None and os.environ.get("SUDO_UID", "0") != "0":
+        user = os.environ.get("SUDO_USER")
+    for line in hostsetup.setup(config.load().libvirt_uri, user):
         ui.info(f"[green]✓[/] {line}")
 
 

@@ -86,6 +86,14 @@ def main(argv: list[str] | None = None) -> NoReturn:
         if exc.hint:
             ui.err.print(f"[dim]hint:[/] {ui.printable(exc.hint)}", soft_wrap=True)
         sys.exit(EXIT_ERROR)
+    except PermissionError as exc:  # a file of another account: say which, never a traceback
+        ui.err.print(f"[red]error:[/] permission denied: {ui.printable(str(exc.filename))}", soft_wrap=True)
+        ui.err.print(
+            "[dim]hint:[/] it belongs to another account (`ls -l` shows which); run vmsandbox as that account, "
+            "with or without sudo as the session was made",
+            soft_wrap=True,
+        )
+        sys.exit(EXIT_ERROR)
     except KeyboardInterrupt:
         ui.err.print("[red]interrupted[/]")
         sys.exit(EXIT_INTERRUPTED)

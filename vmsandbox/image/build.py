@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from vmsandbox import failpoint, paths, proc, ui
+from vmsandbox import access, failpoint, paths, proc, ui
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.image.recipe import Recipe, load_recipe
 from vmsandbox.image.store import PREFIX, Image, build_in_place, get_image_at, remove_tree
@@ -51,8 +51,7 @@ def build(
     """Build the base image for the current recipe. Returns (image, built): built is False for a no-op."""
     recipe = recipe or load_recipe(trust_host_ca=trust_host_ca)
     root = images_dir or paths.images_dir()
-    root.mkdir(parents=True, exist_ok=True)
-    root.chmod(0o755)
+    access.store_root(root)
     version = recipe.version
     final = root / f"{PREFIX}{version}"
     if final.exists() and not force:

@@ -6,8 +6,8 @@ build lock and the `.tmp-*` dance every build goes through, so a half-built imag
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
+import os
 import shutil
 import tempfile
 from collections.abc import Callable, Iterator
@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from vmsandbox import confine, paths, proc, ui
+from vmsandbox import access, confine, paths, proc, ui
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.image.recipe import load_recipe
 
@@ -99,17 +99,8 @@ def current_image() -> Image:
 
 @contextlib.contextmanager
 def build_lock(root: Path) -> Iterator[None]:
-    lock_path = root / ".build.lock"
-    with lock_path.open("a+") as fh:
-        try:
-            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            ui.info("another image build is running; waiting for it to finish…")
-            fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
+    with access.flocked(root / ".build.lock", wait="another image build is running; waiting for it to finish…"):
+        yield
 
 
 def mounts_under(path: Path) -> list[Path]:
@@ -156,6 +147,8 @@ def build_in_place(
     while we waited for the lock) and force is not set. A forced rebuild never replaces an image that
     `in_use()` names users of (sessions' overlays and layers rest on its exact bytes): checked before the
     build and again at the swap (sessions record their image before they make their overlay)."""
+    if not os.access(root, os.W_OK | os.X_OK):
+        raise access.not_writable(root)
     with build_lock(root):
         if final.exists() and not force:
             return False
@@ -165,6 +158,8 @@ def build_in_place(
         try:
             with confine.umask(0o022):  # an image is for every account (QEMU's, the guest's users)
                 build_into(work)
+            access.shared_dir(work)  # readable by all; the libvirt group's members may remove it (`image rm`)
+            access.shared_dir(work / paths.IMAGE_TEMPLATES)  # every member may add a template for its VM shape
             _refuse_if_used(final, in_use)
             if final.exists():
                 old = root / f"{TMP_PREFIX}old-{final.name}"

@@ -7,7 +7,7 @@ import os
 import shutil
 from pathlib import Path
 
-from vmsandbox import confine, paths, pids, ui
+from vmsandbox import access, confine, paths, pids, ui
 from vmsandbox.egress import control, policy, ports
 from vmsandbox.egress.policy import Request
 from vmsandbox.errors import VmsandboxError
@@ -17,7 +17,7 @@ from vmsandbox.guest.files import GuestUser
 from vmsandbox.image import blueprint as blueprint_mod
 from vmsandbox.image import store
 from vmsandbox.image.blueprint import Blueprint
-from vmsandbox.session import start
+from vmsandbox.session import pins, start
 from vmsandbox.session.config import Settings
 from vmsandbox.session.options import Options
 from vmsandbox.session.record import Phase, Record, default_name, validate_name, validate_project
@@ -52,10 +52,13 @@ def create(opts: Options) -> Record:
                 hint=f"pick another --name, or `vmsandbox destroy {name}`",
             ) from None
         confine.private_dir(files.root)  # QEMU's user reaches the disks, the guest-data account the mirror
+        if os.geteuid() != 0:
+            access.inherit_for_me(files.root)
         user = GuestUser("root", 0, 0) if opts.build_disk else GuestUser.of_host()
         record = _new_record(name, project, image, choice, settings, user, bp, opts)
         try:
             record.save()
+            pins.pin(name, image.version, None)
             record.publish = ports.choose(opts.publish)
             _prepare(record, user, settings, bp, git_identity=opts.git_identity, trusted=opts.trusted_build)
             spawned: list[control.Spawned] = []
@@ -65,6 +68,7 @@ def create(opts: Options) -> Record:
                     spawned[:] = [control.spawn(daemon_spec(record), files)]
 
             start.boot(record, image, hv, cold_start=opts.cold, boot_timeout=settings.boot_timeout, launched=launched)
+            pins.pin(name, image.version, record.template)
             _open_egress(record, settings, spawned[0] if spawned else None)
             record.status = Phase.READY
             record.save()
@@ -72,6 +76,7 @@ def create(opts: Options) -> Record:
             control.stop(files)
             hv.destroy(record.domain)
             shutil.rmtree(files.root, ignore_errors=True)
+            pins.unpin(name)
             raise
     return record
 

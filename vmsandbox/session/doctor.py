@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import grp
 import os
+import pwd
 import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from vmsandbox import confine, paths, proc
+from vmsandbox import access, confine, paths, proc
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.image import build, recipe
 from vmsandbox.image import store as image
@@ -110,6 +112,46 @@ def _account() -> Check:
     )
 
 
+def _group() -> Check:
+    """Without root, the libvirt group is what lets us drive qemu:///system (its socket) and add to the store."""
+    name = "libvirt group"
+    if os.geteuid() == 0:
+        return Check(name, True, "not needed: running as root")
+    gid = access.group_gid()
+    if gid is None:
+        return Check(name, False, f"there is no group {access.GROUP}", "`sudo vmsandbox host setup --user $USER`")
+    if gid in os.getgroups() or gid == os.getegid():
+        return Check(name, True, f"you are in {access.GROUP}")
+    me = pwd.getpwuid(os.getuid()).pw_name
+    if me in grp.getgrgid(gid).gr_mem:
+        return Check(
+            name,
+            False,
+            f"you were added to {access.GROUP} after this login began",
+            f"log in again (or start a shell in the group: `newgrp {access.GROUP}`)",
+        )
+    return Check(
+        name,
+        False,
+        f"you ({me}) are not in the group {access.GROUP}: libvirt refuses you",
+        f"`sudo vmsandbox host setup --user {me}`, then log in again",
+    )
+
+
+def _store() -> Check:
+    images = paths.images_dir()
+    if os.geteuid() == 0 or os.access(images, os.W_OK | os.X_OK):
+        return Check("image store", True, f"{images} (you may add blueprint layers and templates)")
+    return Check(
+        "image store",
+        False,
+        f"{images} is not writable for you: blueprint layers and warm-start templates cannot be built (sessions "
+        "of the images there still run; cold where no template exists)",
+        "`sudo vmsandbox host setup` shares it with the libvirt group",
+        blocking=False,
+    )
+
+
 def _image() -> Check:
     images = image.list_images()
     if not images:
@@ -137,6 +179,8 @@ def run_checks(settings: Settings) -> list[Check]:
         lambda: _libvirt(settings.libvirt_uri),
         _kvm_device,
         _account,
+        _group,
+        _store,
         lambda: _accel(settings),
         lambda: _tool("ssh", "the control channel"),
         lambda: _tool("ssh-keygen", "per-session keys"),

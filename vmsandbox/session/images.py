@@ -8,7 +8,7 @@ from pathlib import Path
 from vmsandbox import ui
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.image import layers, store
-from vmsandbox.session import config, template
+from vmsandbox.session import config, pins, template
 from vmsandbox.session.record import Record, names
 from vmsandbox.vm import accel as accel_mod
 from vmsandbox.vm.virt import Hypervisor
@@ -27,6 +27,7 @@ def users_of(version: str) -> list[str]:
     """The blueprint layers built on this image and the sessions booted from it."""
     users = [f"blueprint image {b.version}" for b in layers.list_layers() if b.manifest.get("base_version") == version]
     users += [f"session {r.name}" for r in _records() if r.image_version == version]
+    users += [str(p) for p in pins.of_others() if p.image == version]
     return users
 
 
@@ -53,4 +54,5 @@ def default_template(image: store.Image) -> template.Template:
 def collect_templates(hv: Hypervisor) -> Iterator[str]:
     """gc of warm-start templates: interrupted builds, and superseded or failed ones no session is backed by."""
     in_use = {Path(r.template) for r in _records() if r.template}
+    in_use |= {Path(p.template) for p in pins.of_others() if p.template}
     yield from template.collect(hv, [*store.list_images(), *layers.list_layers()], in_use)

@@ -18,8 +18,8 @@ from pathlib import Path
 from vmsandbox import failpoint, paths
 from vmsandbox.egress import control
 from vmsandbox.errors import VmsandboxError
-from vmsandbox.session import images, lock, teardown
-from vmsandbox.session.record import DOMAIN_PREFIX, Phase, Record, State, names
+from vmsandbox.session import images, lock, pins, teardown
+from vmsandbox.session.record import DOMAIN_PREFIX, Phase, Record, State, domain_name, names
 from vmsandbox.session.state import is_running, status
 from vmsandbox.sync import changes, outbox, plan
 from vmsandbox.sync.changes import Gathered
@@ -115,7 +115,7 @@ def remove_damaged(name: str, uri: str) -> Path | None:
     files = paths.session_paths(name)
     if not files.root.is_dir():
         return None
-    _stop(files, uri, DOMAIN_PREFIX + name)
+    _stop(files, uri, domain_name(name))
     shutil.rmtree(files.root)
     return files.root
 
@@ -141,6 +141,7 @@ def remove(record: Record) -> None:
     """Destroy the VM and delete the session directory."""
     _stop(record.files, record.libvirt_uri, record.domain)
     shutil.rmtree(record.files.root, ignore_errors=True)
+    pins.unpin(record.name)
 
 
 def retire(record: Record) -> None:
@@ -157,12 +158,14 @@ def retire(record: Record) -> None:
     record.exported = True
     record.ending = None
     record.save()
+    pins.unpin(record.name)  # its disks are gone: it rests on no image any more
 
 
 def gc(uri: str, *, limit: int) -> Iterator[str]:
     """Remove sessions whose VM is gone or whose `vmsandbox run` died — unless they hold unsynced work (a
     stopped VM's work is exported to its outbox, and the session kept) —, finish teardowns that were
     interrupted, and destroy vmsandbox domains whose session directory is gone. Yields a line per thing done."""
+    mine = paths.sessions_dir().resolve()
     with Hypervisor(uri) as hv:
         for name in names():
             files = paths.session_paths(name)
@@ -190,8 +193,8 @@ def gc(uri: str, *, limit: int) -> Iterator[str]:
         for info in list(hv.domains(DOMAIN_PREFIX)):
             xml = hv.xml(info.name)
             owner = session_of(xml) if xml else None
-            if owner is None:
-                continue  # not ours: a domain that merely shares the prefix
+            if owner is None or owner[1].parent.resolve() != mine:
+                continue  # not ours: a domain that merely shares the prefix, or another account's session
             if not (owner[1] / paths.SESSION_RECORD).exists():
                 hv.destroy(info.name)
                 yield f"destroyed domain {info.name} (its session directory is gone)"

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import enum
 import json
+import os
 import re
 import secrets
 import time
@@ -21,6 +22,13 @@ from vmsandbox.sync.changes import Target
 
 DOMAIN_PREFIX = "vmsandbox-"
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,30}$")
+
+
+def domain_name(session: str) -> str:
+    """The libvirt domain of a session. Every account of the libvirt group shares qemu:///system's one namespace
+    of domain names, so an unprivileged user's carry their uid: `vmsandbox-u1000-exp1` (root's: `vmsandbox-exp1`)."""
+    uid = os.geteuid()
+    return f"{DOMAIN_PREFIX}{session}" if uid == 0 else f"{DOMAIN_PREFIX}u{uid}-{session}"
 
 
 class Phase(enum.StrEnum):
@@ -85,7 +93,7 @@ class Record:
 
     @property
     def domain(self) -> str:
-        return DOMAIN_PREFIX + self.name
+        return domain_name(self.name)
 
     @property
     def files(self) -> paths.SessionPaths:

@@ -11,7 +11,6 @@ appears in one rename, complete, so a half-built template is never used.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import hashlib
 import json
 import secrets
@@ -22,7 +21,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from vmsandbox import confine, failpoint, paths, ui
+from vmsandbox import access, confine, failpoint, paths, ui
+from vmsandbox.errors import VmsandboxError
 from vmsandbox.image.store import Image
 from vmsandbox.session import bootwait
 from vmsandbox.vm import accel as accel_mod
@@ -30,7 +30,7 @@ from vmsandbox.vm import qemuimg
 from vmsandbox.vm.domain import DomainSpec, build_xml
 from vmsandbox.vm.virt import Hypervisor
 
-DIR = "templates"
+DIR = paths.IMAGE_TEMPLATES
 MEMORY = "memory.save"
 META = "meta.json"
 DOMAIN_PREFIX = "vmsandbox-template-"
@@ -126,14 +126,16 @@ def _why_missing(image: Image, shape: Shape, k: dict[str, Any]) -> str:
 @contextlib.contextmanager
 def _lock(image: Image) -> Iterator[None]:
     root = root_of(image)
-    root.mkdir(exist_ok=True)
-    root.chmod(0o755)  # QEMU's user passes through to a template's disk
-    with (root / ".lock").open("a") as f:
+    with contextlib.ExitStack() as stack:
         try:
-            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            ui.info("Waiting for another vmsandbox that builds this warm-start template")
-            fcntl.flock(f, fcntl.LOCK_EX)
+            access.shared_dir(root)  # QEMU's user passes through to a template's disk; the libvirt group adds to it
+            stack.enter_context(
+                access.flocked(
+                    root / ".lock", wait="Waiting for another vmsandbox that builds this warm-start template"
+                )
+            )
+        except PermissionError as exc:
+            raise access.not_writable(root) from exc
         yield
 
 
@@ -146,6 +148,11 @@ def ensure(image: Image, shape: Shape, hv: Hypervisor, boot_timeout: int) -> Tem
         found, why = find(image, shape, hv)  # built by another process while we waited
         if found is not None:
             return found
+        if (root_of(image) / f"{shape.slug}-{_digest(key(image, shape, hv))}").exists():
+            # it failed a warm start, and sessions may rest on its disk: gc removes it once none does
+            raise VmsandboxError(
+                why, hint="`vmsandbox gc` removes it when no session uses it; the next run builds anew"
+            )
         ui.info(f"Building a warm-start template: {why} (once per image version and VM shape)")
         return _build(image, shape, hv, boot_timeout)
 
@@ -183,6 +190,7 @@ def _build(image: Image, shape: Shape, hv: Hypervisor, boot_timeout: int) -> Tem
         (tmp / "fwcfg").mkdir(mode=0o700)
         (tmp / "fwcfg" / "template").write_text("1\n")
         confine.give_to_qemu(tmp / "fwcfg")
+        paths.own_console(spec.console_log)
         hv.create(build_xml(spec))
         title = f"Booting the template ({shape.accel.upper()}, {shape.cpus} vCPU, {shape.memory_mib} MiB)"
         booting = bootwait.Booting(spec.name, spec.console_log, f"template-{image.version}", shape.accel, title)
@@ -197,7 +205,9 @@ def _build(image: Image, shape: Shape, hv: Hypervisor, boot_timeout: int) -> Tem
         with ui.step("Saving the template's memory"):
             hv.save(spec.name, str(tmp / MEMORY))
         spec.disk.chmod(0o444)  # never written again: the backing file of every session restored from it
-        (tmp / MEMORY).chmod(0o400)  # libvirtd reads it, as root
+        # every account of the libvirt group restores it (it holds no identity: each session gets its own
+        # after the restore, and fresh entropy)
+        (tmp / MEMORY).chmod(0o444)
         meta: dict[str, Any] = {
             "key": k,
             "built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -208,7 +218,8 @@ def _build(image: Image, shape: Shape, hv: Hypervisor, boot_timeout: int) -> Tem
         for scratch in ("console.log", "identity.sock"):
             (tmp / scratch).unlink(missing_ok=True)
         shutil.rmtree(tmp / "fwcfg")
-        tmp.chmod(0o755)
+        access.drop_acl(tmp)  # its traverse-only ACL would deny the owning group (libvirt) everything
+        access.shared_dir(tmp)  # QEMU passes through; any member of the group may remove it (gc)
         tmp.rename(final)
     except BaseException:
         hv.destroy(spec.name)
@@ -224,10 +235,8 @@ def collect(hv: Hypervisor, images: list[Image], in_use: set[Path]) -> Iterator[
         root = root_of(image)
         if not root.is_dir():
             continue
-        with (root / ".lock").open("a") as f:
-            try:
-                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
+        with access.flocked(root / ".lock") as held:
+            if not held:
                 continue
             for tmp in root.glob(".tmp-*"):
                 hv.destroy(DOMAIN_PREFIX + tmp.name[5:])
@@ -241,16 +250,21 @@ def _superseded(hv: Hypervisor, image: Image, root: Path, in_use: set[Path]) -> 
         if path.name.startswith(".") or path.suffix == ".failed" or path in in_use:
             continue
         if _failed_mark(path).exists():
-            _failed_mark(path).unlink()
-            shutil.rmtree(path, ignore_errors=True)
-            yield f"removed a warm-start template that failed a warm start {path}"
+            yield _remove(path, "a warm-start template that failed a warm start")
             continue
         shape = _shape_of(path)
         current = find(image, shape, hv)[0] if shape is not None else None
         if current is not None and current.path == path:
             continue
-        shutil.rmtree(path, ignore_errors=True)
-        yield f"removed a superseded warm-start template {path}"
+        yield _remove(path, "a superseded warm-start template")
+
+
+def _remove(path: Path, what: str) -> str:
+    shutil.rmtree(path, ignore_errors=True)
+    if path.exists():
+        return f"could not remove {what} {path} (another account made it): `sudo vmsandbox gc` removes it"
+    _failed_mark(path).unlink(missing_ok=True)
+    return f"removed {what} {path}"
 
 
 def _shape_of(path: Path) -> Shape | None:

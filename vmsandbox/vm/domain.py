@@ -124,7 +124,9 @@ def _devices(devices: ET.Element, spec: DomainSpec) -> None:
         _sub(channel, "source", mode="bind", path=str(spec.channel))
         _sub(channel, "target", type="virtio", name=IDENTITY_PORT)
     serial = _sub(devices, "serial", type="file")
-    _sub(serial, "source", path=str(spec.console_log))
+    # append: virtlogd opens the file we made (paths.own_console) instead of deleting it and making a root-owned
+    # one, which an unprivileged owner of the session could not read
+    _sub(serial, "source", path=str(spec.console_log), append="on")
     _sub(serial, "target", port="0")
     rng = _sub(devices, "rng", model="virtio")
     _sub(rng, "backend", "/dev/urandom", model="random")
@@ -155,7 +157,9 @@ def for_restore(saved_xml: str, spec: DomainSpec) -> str:
     ET.SubElement(meta, f"{{{META_NS}}}session", {"name": spec.session, "dir": str(spec.session_dir)})
     system = [d for d in root.iterfind("devices/disk") if d.find("target[@dev='vda']") is not None]
     _find(system[0] if system else root, "source").set("file", str(spec.disk))
-    _find(root, "devices/serial/source").set("path", str(spec.console_log))
+    source = _find(root, "devices/serial/source")
+    source.set("path", str(spec.console_log))
+    source.set("append", "on")
     for entry in root.iterfind("sysinfo[@type='fwcfg']/entry"):
         key = entry.get("name", "").removeprefix(FWCFG_PREFIX)
         if key not in spec.fwcfg_files:

@@ -5,16 +5,23 @@ from __future__ import annotations
 
 import grp
 import os
+import pwd
+import signal
 import stat
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from vmsandbox import confine, packages, proc
+from vmsandbox import access, confine, packages, paths, proc
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.vm.accel import KVM_DEVICE
 from vmsandbox.vm.virt import Hypervisor
 
+ACCOUNT_COMMENT = "vmsandbox, reads what comes out of guests"  # GECOS: no colon, no newline
+SERVICE_MANAGER = Path("/run/systemd/system")  # present when systemd runs the host
+SYSTEM_CONF = Path("/etc/libvirt/libvirtd.conf")
+RUNTIME_CONF = Path("/run/vmsandbox/libvirtd.conf")  # what `host setup` starts libvirtd with
+GROUP_ACCESS = (("unix_sock_group", access.GROUP), ("unix_sock_rw_perms", "0770"), ("auth_unix_rw", "none"))
 DAEMONS = {"virtlogd": Path("/run/libvirt/virtlogd-sock"), "libvirtd": Path("/run/libvirt/libvirt-sock")}
 
 
@@ -28,19 +35,25 @@ def kvm_permissions_ok(device: Path = KVM_DEVICE) -> bool:
     return st.st_gid == kvm_gid and stat.S_IMODE(st.st_mode) & 0o660 == 0o660
 
 
-def _daemon_running(name: str) -> bool:
+def _pids(name: str) -> list[int]:
+    found = []
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             try:
                 if (entry / "comm").read_text().strip() == name:
-                    return True
+                    found.append(int(entry.name))
             except OSError:
                 continue
-    return False
+    return found
 
 
-def setup(uri: str) -> Iterator[str]:
-    """Bring the host to the state a session needs; yields a line per action taken."""
+def _daemon_running(name: str) -> bool:
+    return bool(_pids(name))
+
+
+def setup(uri: str, user: str | None = None) -> Iterator[str]:
+    """Bring the host to the state a session needs; yields a line per action taken. `user` (by default the
+    one who ran sudo) joins the libvirt group, so that they need no sudo from then on."""
     if os.geteuid() != 0:
         raise VmsandboxError("host set-up needs root", hint="run `sudo vmsandbox host setup`")
     if confine.account() is None:
@@ -55,19 +68,24 @@ def setup(uri: str) -> Iterator[str]:
                 "--shell",
                 "/usr/sbin/nologin",
                 "--comment",
-                "vmsandbox, reads what comes out of guests",
+                ACCOUNT_COMMENT,
                 confine.ACCOUNT,
             ]
         )
         yield f"created the unprivileged account {confine.ACCOUNT} (it owns and reads guest data on the host)"
+    if access.group_gid() is None:
+        proc.run(["groupadd", "--system", access.GROUP])
+        yield f"created the group {access.GROUP} (its members use libvirt, and vmsandbox, without sudo)"
     if KVM_DEVICE.exists() and not kvm_permissions_ok():
         os.chown(KVM_DEVICE, -1, grp.getgrnam("kvm").gr_gid)
         KVM_DEVICE.chmod(0o660)
         yield f"set {KVM_DEVICE} to group kvm, mode 0660 (as udev would)"
-    for daemon in DAEMONS:
-        if not _daemon_running(daemon):
-            proc.run([daemon, "-d"], hint=f"is libvirt installed? `apt-get install {packages.TOOL_PACKAGES[daemon]}`")
-            yield f"started {daemon}"
+    yield from _daemons()
+    images = paths.images_dir()
+    access.store_root(images)
+    yield f"{images} is shared with the group {access.GROUP} (mode 2775: members add blueprint layers and templates)"
+    if user:
+        yield from _join(user)
     deadline = time.monotonic() + 60  # libvirtd's first start probes QEMU for ~15 s
     while True:
         try:
@@ -78,3 +96,83 @@ def setup(uri: str) -> Iterator[str]:
             if time.monotonic() > deadline:
                 raise
             time.sleep(0.5)
+
+
+def _daemons() -> Iterator[str]:
+    """Start virtlogd and libvirtd where no service manager did. libvirtd then gets a configuration that opens
+    its read-write socket to the libvirt group (there is no polkit daemon to ask, either); a libvirtd of ours
+    whose socket is root's only is restarted so (its running VMs carry on)."""
+    if not _daemon_running("virtlogd"):
+        proc.run(
+            ["virtlogd", "-d"], hint=f"is libvirt installed? `apt-get install {packages.TOOL_PACKAGES['virtlogd']}`"
+        )
+        yield "started virtlogd"
+    if SERVICE_MANAGER.is_dir():
+        if not _daemon_running("libvirtd"):
+            raise VmsandboxError("libvirtd is not running", hint="start it: `systemctl start libvirtd`")
+        return  # systemd's sockets are open to the group through polkit's rule for it
+    running = _daemon_running("libvirtd")
+    if running and group_may_connect(DAEMONS["libvirtd"]):
+        return
+    if running:
+        _stop_daemon("libvirtd")
+    RUNTIME_CONF.parent.mkdir(parents=True, exist_ok=True)
+    system = SYSTEM_CONF.read_text() if SYSTEM_CONF.exists() else ""
+    RUNTIME_CONF.write_text(group_access_conf(system))
+    RUNTIME_CONF.chmod(0o644)
+    proc.run(
+        ["libvirtd", "-d", "--config", str(RUNTIME_CONF)],
+        hint=f"is libvirt installed? `apt-get install {packages.TOOL_PACKAGES['libvirtd']}`",
+    )
+    yield f"{'restarted' if running else 'started'} libvirtd (its socket open to the group {access.GROUP})"
+
+
+def group_access_conf(system: str) -> str:
+    """libvirtd.conf: the system's settings, with the three that give the libvirt group the read-write socket
+    in place of any of theirs."""
+    keep = [line for line in system.splitlines() if line.partition("=")[0].strip() not in dict(GROUP_ACCESS)]
+    return (
+        "\n".join(
+            [
+                *keep,
+                "# vmsandbox host setup: the libvirt group drives libvirt",
+                *(f'{key} = "{value}"' for key, value in GROUP_ACCESS),
+            ]
+        )
+        + "\n"
+    )
+
+
+def group_may_connect(sock: Path) -> bool:
+    """Whether the libvirt group may use the read-write socket without polkit (which only a service manager
+    runs): the socket is the group's. A socket open to all (0777) asks polkit, and fails without it."""
+    try:
+        st = sock.stat()
+    except OSError:
+        return False
+    mode = stat.S_IMODE(st.st_mode)
+    return st.st_gid == access.group_gid() and mode & 0o060 == 0o060
+
+
+def _stop_daemon(name: str) -> None:
+    for pid in _pids(name):
+        os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + 30
+    while _daemon_running(name):
+        if time.monotonic() > deadline:
+            raise VmsandboxError(
+                f"{name} did not stop within 30 s", hint=f"stop it by hand (`pkill {name}`), then rerun"
+            )
+        time.sleep(0.2)
+
+
+def _join(user: str) -> Iterator[str]:
+    try:
+        pw = pwd.getpwnam(user)
+    except KeyError:
+        raise VmsandboxError(f"there is no user {user}", hint="name an existing account with --user") from None
+    group = grp.getgrnam(access.GROUP)
+    if pw.pw_gid == group.gr_gid or user in group.gr_mem:
+        return
+    proc.run(["usermod", "--append", "--groups", access.GROUP, user])
+    yield f"added {user} to the group {access.GROUP}: they run vmsandbox without sudo once they log in again"

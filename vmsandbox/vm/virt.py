@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -75,7 +76,12 @@ class Hypervisor:
                 "start it with `vmsandbox host setup` (or `virtlogd -d && libvirtd -d` as root), "
                 "then check with `vmsandbox doctor`"
             )
-            if uri != DEFAULT_URI:
+            if "ermission denied" in _message(exc) and os.geteuid() != 0:
+                hint = (
+                    "join the libvirt group: `sudo vmsandbox host setup --user $USER`, then log in again "
+                    "(`vmsandbox doctor` says which group is missing)"
+                )
+            elif uri != DEFAULT_URI:
                 hint = (
                     f"check `libvirt_uri` in ~/.config/vmsandbox/config.yaml or VMSANDBOX_LIBVIRT_URI (the default "
                     f"is {DEFAULT_URI}); if it is right, {hint}"
@@ -100,10 +106,13 @@ class Hypervisor:
         return _dotted(self._conn.getVersion())
 
     def save(self, name: str, path: str) -> None:
-        """Save the domain's memory and device state to `path` and stop it (its disks stay as they are)."""
+        """Save the domain's memory and device state to `path` and stop it (its disks stay as they are). The file
+        is made here first, so that it is ours to read (libvirtd, root, writes into it rather than making one
+        of its own, 0600 root, which an unprivileged caller could not read back)."""
         dom = self._lookup(name)
         if dom is None:
             raise VmsandboxError(f"domain {name} is gone")
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600))
         try:
             dom.save(path)
         except libvirt.libvirtError as exc:

@@ -1,0 +1,131 @@
+"""Without sudo: QEMU's way through a user's directories (ACL entries), the shared store, pins of other
+accounts, per-account domain names, and libvirtd's group configuration."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+from pathlib import Path
+
+import pytest
+
+from vmsandbox import access
+from vmsandbox.errors import VmsandboxError
+from vmsandbox.session import pins, record
+from vmsandbox.vm import hostsetup
+
+QEMU = 64055  # an account that is not us
+OTHER = 64056
+
+
+def test_a_private_directory_lets_qemu_through_after_a_grant_and_nobody_else(tmp_path: Path) -> None:
+    d = tmp_path / "home"
+    d.mkdir(mode=0o750)
+    d.chmod(0o750)
+    assert not access.may(d, QEMU, set(), 1)
+    access.grant(d, QEMU, 1)
+    assert access.may(d, QEMU, set(), 1)
+    assert not access.may(d, QEMU, set(), 4)  # traverse, never list
+    assert not access.may(d, OTHER, set(), 1)
+    assert stat.S_IMODE(d.stat().st_mode) & 0o707 == 0o700  # the owner's and others' bits are as they were
+    assert access.may(d, OTHER, {d.stat().st_gid}, 1)  # the group keeps its r-x: the mask grew, never shrank
+    access.grant(d, QEMU, 4)  # a second grant adds to the entry
+    assert access.may(d, QEMU, set(), 5)
+
+
+@pytest.fixture
+def only_under_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Directories above tmp_path count as passable: the test never changes pytest's own."""
+    real = access.may
+    monkeypatch.setattr(access, "may", lambda p, *a: real(p, *a) if p.is_relative_to(tmp_path) else True)
+
+
+@pytest.mark.usefixtures("only_under_tmp")
+def test_let_traverse_changes_only_what_blocks(tmp_path: Path) -> None:
+    top = tmp_path / "a"
+    (top / "b" / "c").mkdir(parents=True)
+    for p in (tmp_path, top, top / "b", top / "b" / "c"):
+        p.chmod(0o755)
+    (top / "b").chmod(0o700)
+    changed = access.let_traverse(top / "b" / "c", QEMU, set(), "QEMU")
+    assert changed == [top / "b"]
+    assert access.let_traverse(top / "b" / "c", QEMU, set(), "QEMU") == []  # once is enough
+
+
+@pytest.mark.usefixtures("only_under_tmp")
+def test_a_directory_of_someone_else_that_blocks_is_an_error_that_names_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    blocked = tmp_path / "theirs"
+    (blocked / "mine").mkdir(parents=True)
+    tmp_path.chmod(0o755)
+    blocked.chmod(0o700)
+    real = Path.stat
+
+    def owned_by_another(self: Path, **kw: bool) -> os.stat_result:
+        st = real(self, **kw)
+        if self == blocked:
+            return os.stat_result((st.st_mode, *tuple(st)[1:4], OTHER, *tuple(st)[5:]))
+        return st
+
+    monkeypatch.setattr(Path, "stat", owned_by_another)
+    with pytest.raises(VmsandboxError) as err:
+        access.let_traverse(blocked / "mine", QEMU, set(), "libvirt's QEMU")
+    assert str(blocked) in err.value.message and "VMSANDBOX_STATE_DIR" in (err.value.hint or "")
+
+
+def test_the_traverse_only_acl_is_what_the_kernel_takes(tmp_path: Path) -> None:
+    d = tmp_path / "s"
+    d.mkdir()
+    os.setxattr(d, access.ACL_XATTR, access.traverse_only_acl([QEMU, OTHER]))
+    assert access.may(d, QEMU, set(), 1) and access.may(d, OTHER, set(), 1)
+    assert not access.may(d, QEMU, set(), 4)
+    assert stat.S_IMODE(d.stat().st_mode) == 0o710  # owner rwx, the mask (x) in the group bits, others none
+
+
+def test_shared_store_directories_and_their_locks(tmp_path: Path) -> None:
+    images = tmp_path / "data" / "images"
+    access.store_root(images)
+    assert stat.S_IMODE(images.parent.stat().st_mode) == 0o755
+    with access.flocked(images / ".lock") as held:
+        assert held
+        assert stat.S_IMODE((images / ".lock").stat().st_mode) == 0o664  # every member takes it
+        with access.flocked(images / ".lock") as again:
+            assert not again  # another open file description: the lock is held
+
+
+def test_pins_of_other_accounts_are_read_and_ours_are_not(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("VMSANDBOX_DATA_DIR", str(tmp_path))
+    (tmp_path / "images").mkdir()
+    pins.pin("mine", "base-1", "/t/1")
+    pin_dir = tmp_path / "images" / pins.DIR
+    assert stat.S_IMODE((pin_dir / f"{os.geteuid()}.mine").stat().st_mode) == 0o644
+    assert pins.of_others() == []
+    (pin_dir / f"{OTHER}.exp1").write_text(json.dumps({"image": "base-1", "template": "/t/1"}))
+    (pin_dir / f"{OTHER}.broken").write_text("{")
+    (pin_dir / "nonsense").write_text("{}")
+    assert pins.of_others() == [pins.Pin(OTHER, "exp1", "base-1", "/t/1")]
+    pins.unpin("mine")
+    assert not (pin_dir / f"{os.geteuid()}.mine").exists()
+
+
+def test_domain_names_carry_the_uid_of_an_unprivileged_account(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(os, "geteuid", lambda: 0)
+    assert record.domain_name("exp1") == "vmsandbox-exp1"
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    assert record.domain_name("exp1") == "vmsandbox-u1000-exp1"
+
+
+def test_libvirtd_gets_the_group_socket_in_place_of_the_system_settings() -> None:
+    system = '# comment\nunix_sock_group = "wheel"\nlisten_tls = 0\nauth_unix_rw="polkit"\n'
+    conf = hostsetup.group_access_conf(system)
+    lines = conf.splitlines()
+    assert "listen_tls = 0" in lines and "# comment" in lines
+    assert 'unix_sock_group = "libvirt"' in lines and 'unix_sock_rw_perms = "0770"' in lines
+    assert 'auth_unix_rw = "none"' in lines
+    assert 'unix_sock_group = "wheel"' not in lines and 'auth_unix_rw="polkit"' not in lines
+
+
+def test_the_guest_data_account_comment_is_one_useradd_takes() -> None:
+    assert ":" not in hostsetup.ACCOUNT_COMMENT and "\n" not in hostsetup.ACCOUNT_COMMENT  # GECOS fields
