@@ -66,7 +66,7 @@ integration: image
 	$(VENV)/bin/pytest tests/integration -q
 
 test: image lint
-	$(VENV)/bin/pytest -q
+	$(VENV)/bin/pytest -q --durations=15
 
 bench: image
 	$(VENV)/bin/python bench/boot.py

@@ -24,7 +24,7 @@ import struct
 from collections.abc import Iterator
 from pathlib import Path
 
-from vmsandbox import ui
+from vmsandbox import paths, ui
 from vmsandbox.errors import VmsandboxError
 
 GROUP = "libvirt"  # may use qemu:///system (Debian's libvirt-daemon-system makes it; `host setup` too)
@@ -77,6 +77,7 @@ def store_root(images: Path) -> None:
     if st.st_uid == os.geteuid() and stat.S_IMODE(st.st_mode) & 0o055 != 0o055:
         images.parent.chmod(0o755)  # a 0700 one (an earlier vmsandbox made it with the state directory)
     shared_dir(images)
+    shared_dir(images / paths.IMAGE_PINS, sticky=True)
 
 
 @contextlib.contextmanager
@@ -210,11 +211,25 @@ def let_traverse(path: Path, uid: int, gids: set[int], who: str) -> list[Path]:
                 hint=f"keep sessions elsewhere: `export VMSANDBOX_STATE_DIR=/some/dir` ({who} must be able to "
                 "pass through every directory above it), or ask its owner to `chmod o+x` it",
             )
-        grant(d, uid, _X)
+        try:
+            grant(d, uid, _X)
+        except OSError as exc:
+            raise no_acls(d, exc) from exc
         changed.append(d)
     return changed
 
 
+def no_acls(path: Path, exc: OSError) -> VmsandboxError:
+    return VmsandboxError(
+        f"cannot give libvirt's QEMU access to {path} with a POSIX ACL: {exc.strerror or exc}",
+        hint="keep sessions on a file system with ACLs (ext4, xfs, btrfs, tmpfs): `export "
+        "VMSANDBOX_STATE_DIR=/some/dir`, or run with sudo",
+    )
+
+
 def let_read(path: Path, uid: int) -> None:
-    """Let `uid` read one file of ours (QEMU, a session's fw_cfg entries)."""
-    grant(path, uid, _R)
+    """Let `uid` read one file of ours (QEMU, a session's fw_cfg entries). Never by mode bits: they hold keys."""
+    try:
+        grant(path, uid, _R)
+    except OSError as exc:
+        raise no_acls(path, exc) from exc

@@ -186,18 +186,18 @@ def qemu_uid() -> int | None:
 def give_to_qemu(directory: Path) -> None:
     """Files that QEMU itself opens (fw_cfg entries; it runs as libvirt's unprivileged user): theirs, read-only.
     Without root they stay ours, and QEMU's account gets an ACL entry to read them."""
-    uid = qemu_uid()
-    if uid is None:
+    qemu = qemu_account()
+    if qemu is None:
         return
+    uid = qemu.uid
     if os.geteuid() != 0:
-        access.grant(directory, uid, 1)
+        access.let_traverse(directory, uid, set(qemu.groups), f"libvirt's QEMU ({qemu.name})")
         for f in directory.iterdir():
             access.let_read(f, uid)
         return
-    gid = pwd.getpwuid(uid).pw_gid
-    os.chown(directory, uid, gid)
+    os.chown(directory, uid, qemu.gid)
     for f in directory.iterdir():
-        os.chown(f, uid, gid)
+        os.chown(f, uid, qemu.gid)
         f.chmod(0o400)
 
 

@@ -16,6 +16,7 @@ VMSANDBOX_DATA_DIR, VMSANDBOX_STATE_DIR and VMSANDBOX_CONFIG_DIR.
 from __future__ import annotations
 
 import os
+import pwd
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,6 +30,7 @@ IMAGE_DISK = "disk.qcow2"
 IMAGE_KERNEL = "vmlinuz"
 IMAGE_INITRD = "initrd.img"
 IMAGE_MANIFEST = "manifest.json"
+IMAGE_PINS = ".pins"  # in the images directory: what each account's sessions rest on (session.pins)
 IMAGE_TEMPLATES = "templates"  # its warm-start templates (shared with the libvirt group, like the store)
 
 # Files inside a session directory.
@@ -79,8 +81,44 @@ def state_dir() -> Path:
 
 
 def config_dir() -> Path:
+    """The user's configuration and secrets. Under sudo, the invoking user's (~/.config/vmsandbox of SUDO_USER):
+    the same config and secrets with and without sudo, as the agent settings a session copies are theirs."""
     env = os.environ.get("VMSANDBOX_CONFIG_DIR")
-    return Path(env) if env else Path(platformdirs.user_config_dir(APP))
+    if env:
+        return Path(env)
+    invoker = sudo_invoker()
+    if invoker is not None:
+        return Path(invoker.pw_dir) / ".config" / APP
+    return Path(platformdirs.user_config_dir(APP))
+
+
+def sudo_invoker() -> pwd.struct_passwd | None:
+    """Who ran `sudo vmsandbox`, when that is what runs us (root, with SUDO_USER naming another account)."""
+    user, uid = os.environ.get("SUDO_USER"), os.environ.get("SUDO_UID", "0")
+    if os.geteuid() != 0 or not user or uid == "0":
+        return None
+    try:
+        found = pwd.getpwnam(user)
+    except KeyError:
+        return None
+    return found if str(found.pw_uid) == uid else None
+
+
+def config_subdir(path: Path) -> None:
+    """mkdir -p of a directory under config_dir(), 0700; under sudo every directory it made is the invoker's."""
+    missing = [p for p in [*reversed(path.parents), path] if not p.exists()]
+    path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    path.chmod(0o700)
+    give_to_invoker(*missing)
+
+
+def give_to_invoker(*made: Path) -> None:
+    """What root just wrote in the sudo user's config directory becomes theirs (without sudo they read it)."""
+    invoker = sudo_invoker()
+    if invoker is None:
+        return
+    for path in made:
+        os.lchown(path, invoker.pw_uid, invoker.pw_gid)
 
 
 def images_dir() -> Path:

@@ -78,9 +78,9 @@ def records() -> dict[str, dict[str, Any]]:
 
 
 def _save(data: dict[str, dict[str, Any]]) -> None:
-    directory = paths.config_dir()
-    directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+    paths.config_subdir(paths.config_dir())
     paths.write_atomically(_store(), json.dumps(data, indent=1, sort_keys=True) + "\n", mode=0o600)
+    paths.give_to_invoker(_store())
 
 
 @dataclass(frozen=True)

@@ -110,6 +110,22 @@ def test_pins_of_other_accounts_are_read_and_ours_are_not(tmp_path: Path, monkey
     assert not (pin_dir / f"{os.geteuid()}.mine").exists()
 
 
+def test_gc_drops_only_our_pins_whose_session_directory_is_gone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("VMSANDBOX_DATA_DIR", str(tmp_path))
+    from vmsandbox import paths
+
+    (tmp_path / "images").mkdir()
+    paths.session_paths("alive").root.mkdir(parents=True)
+    pins.pin("alive", "base-1", None)
+    pins.pin("gone", "base-1", None)
+    pin_dir = tmp_path / "images" / pins.DIR
+    (pin_dir / f"{OTHER}.theirs").write_text(json.dumps({"image": "base-1", "template": None, "dir": "/nonexistent"}))
+    assert pins.collect() == ["gone"]
+    assert sorted(p.name for p in pin_dir.iterdir()) == sorted([f"{os.geteuid()}.alive", f"{OTHER}.theirs"])
+
+
 def test_domain_names_carry_the_uid_of_an_unprivileged_account(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(os, "geteuid", lambda: 0)
     assert record.domain_name("exp1") == "vmsandbox-exp1"
@@ -129,3 +145,32 @@ def test_libvirtd_gets_the_group_socket_in_place_of_the_system_settings() -> Non
 
 def test_the_guest_data_account_comment_is_one_useradd_takes() -> None:
     assert ":" not in hostsetup.ACCOUNT_COMMENT and "\n" not in hostsetup.ACCOUNT_COMMENT  # GECOS fields
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="sudo means root")
+def test_under_sudo_config_and_secrets_are_the_invoking_users(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import pwd
+
+    from vmsandbox import paths
+    from vmsandbox.egress import secrets
+
+    home = tmp_path / "home"
+    home.mkdir()
+    fake = pwd.struct_passwd(("dev", "x", OTHER, OTHER, "", str(home), "/bin/sh"))
+    real = pwd.getpwnam
+    monkeypatch.setattr(pwd, "getpwnam", lambda name: fake if name == "dev" else real(name))
+    monkeypatch.delenv("VMSANDBOX_CONFIG_DIR", raising=False)
+    monkeypatch.setenv("SUDO_USER", "dev")
+    monkeypatch.setenv("SUDO_UID", str(OTHER))
+    assert paths.config_dir() == home / ".config" / "vmsandbox"
+    secrets.put("anthropic-api-key", "sk-test")
+    made = [
+        home / ".config",
+        home / ".config" / "vmsandbox",
+        secrets.directory(),
+        secrets.directory() / "anthropic-api-key",
+    ]
+    assert [(p.stat().st_uid, p.stat().st_gid) for p in made] == [(OTHER, OTHER)] * 4  # theirs, readable without sudo
+    assert secrets.get("anthropic-api-key") == "sk-test"
+    monkeypatch.setenv("SUDO_UID", "12")  # SUDO_USER and SUDO_UID disagree: not trusted, root's own dir
+    assert paths.config_dir() != home / ".config" / "vmsandbox"

@@ -24,13 +24,13 @@ def host_setup(
     virtlogd and libvirtd with the group's socket, share the image store with the group (root).
 
     Example: `sudo vmsandbox host setup` (you join the libvirt group: log in again, then no more sudo)"""
-    import os
-
+    from vmsandbox import paths
     from vmsandbox.session import config
     from vmsandbox.vm import hostsetup
 
-    if user is None and os.environ.get("SUDO_UID", "0") != "0":
-        user = os.environ.get("SUDO_USER")
+    invoker = paths.sudo_invoker()
+    if user is None and invoker is not None:
+        user = invoker.pw_name
     for line in hostsetup.setup(config.load().libvirt_uri, user):
         ui.info(f"[green]✓[/] {line}")
 

@@ -40,10 +40,9 @@ def put(name: str, value: str) -> None:
         raise VmsandboxError("the secret is empty", hint="pipe it in or type it at the prompt")
     if len(value.encode()) > MAX_BYTES or any(c in value for c in "\r\n\0"):
         raise VmsandboxError("a secret is one line of at most 64 KiB")
-    d = directory()
-    d.mkdir(parents=True, exist_ok=True, mode=0o700)
-    d.chmod(0o700)
+    paths.config_subdir(directory())
     paths.write_atomically(_path(name), value, mode=0o600)
+    paths.give_to_invoker(_path(name))
 
 
 def get(name: str) -> str | None:

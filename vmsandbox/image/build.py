@@ -141,7 +141,7 @@ def _customise(recipe: Recipe, rootfs: Path) -> None:
     _lay_files(recipe, rootfs)
     for command in recipe.chroot_commands:
         proc.run(["chroot", rootfs, *shlex.split(command)])
-    _apply_units(recipe, rootfs / "etc/systemd/system")
+    _apply_units(recipe, rootfs)
     for removed in recipe.remove:
         (rootfs / removed).unlink(missing_ok=True)
     (rootfs / "etc/machine-id").write_text("")  # a fresh one per boot
@@ -174,29 +174,12 @@ def _lay_files(recipe: Recipe, rootfs: Path) -> None:
         target.chmod(0o755 if os.access(src, os.X_OK) else 0o644)
 
 
-def _apply_units(recipe: Recipe, units: Path) -> None:
-    for unit in recipe.enable:
-        _enable(units, unit)
-    for unit in recipe.disable:
-        for wants in units.glob("*.wants"):
-            (wants / unit).unlink(missing_ok=True)
-    for unit in recipe.mask:
-        link = units / unit
-        link.unlink(missing_ok=True)
-        link.symlink_to("/dev/null")
-
-
-def _enable(units: Path, unit: str) -> None:
-    text = (units / unit).read_text()
-    for line in text.splitlines():
-        key, _, value = line.partition("=")
-        if key.strip() == "WantedBy":
-            for target in value.split():
-                wants = units / f"{target}.wants"
-                wants.mkdir(exist_ok=True)
-                link = wants / unit
-                link.unlink(missing_ok=True)
-                link.symlink_to(f"/etc/systemd/system/{unit}")
+def _apply_units(recipe: Recipe, rootfs: Path) -> None:
+    """Enable, disable and mask as the guest's own systemctl does it offline in the chroot: [Install] sections
+    whole (WantedBy=, RequiredBy=, Also=, Alias=), the same links `systemctl enable` makes on a booted guest."""
+    for verb, units in (("enable", recipe.enable), ("disable", recipe.disable), ("mask", recipe.mask)):
+        if units:
+            proc.run(["chroot", rootfs, "systemctl", verb, *units])
 
 
 def _package_list(rootfs: Path) -> dict[str, str]:

@@ -12,7 +12,7 @@ from pathlib import Path
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.schema import check, load_yaml
 
-BUILDER_REVISION = "2"  # bump when the build steps change in a way the recipe files do not show
+BUILDER_REVISION = "3"  # bump when the build steps change in a way the recipe files do not show
 HOST_CA_DIR = Path("/usr/local/share/ca-certificates")
 
 RECIPE_FIELDS: dict[str, type] = {

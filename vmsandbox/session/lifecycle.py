@@ -117,6 +117,7 @@ def remove_damaged(name: str, uri: str) -> Path | None:
         return None
     _stop(files, uri, domain_name(name))
     shutil.rmtree(files.root)
+    pins.unpin(name)
     return files.root
 
 
@@ -198,6 +199,8 @@ def gc(uri: str, *, limit: int) -> Iterator[str]:
             if not (owner[1] / paths.SESSION_RECORD).exists():
                 hv.destroy(info.name)
                 yield f"destroyed domain {info.name} (its session directory is gone)"
+        for session in pins.collect():
+            yield f"removed the pin of session {session} (its directory is gone)"
         yield from images.collect_templates(hv)
 
 

@@ -21,7 +21,7 @@ from vmsandbox import access, paths
 
 log = logging.getLogger(__name__)
 
-DIR = ".pins"
+DIR = paths.IMAGE_PINS
 
 
 @dataclass(frozen=True)
@@ -54,7 +54,7 @@ def pin(session: str, image: str, template: str | None) -> None:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
         with os.fdopen(fd, "w") as f:
             os.fchmod(fd, 0o644)  # other accounts read it (the umask took their bits)
-            json.dump({"image": image, "template": template}, f)
+            json.dump({"image": image, "template": template, "dir": str(paths.session_paths(session).root)}, f)
         tmp.replace(path)
     except OSError as exc:
         log.warning("could not pin session %s in %s: %s", session, d, exc)
@@ -64,6 +64,24 @@ def pin(session: str, image: str, template: str | None) -> None:
 def unpin(session: str) -> None:
     with contextlib.suppress(OSError):
         (_dir() / f"{os.geteuid()}.{session}").unlink(missing_ok=True)
+
+
+def collect() -> list[str]:
+    """gc: this account's pins whose session directory is gone (a session removed behind vmsandbox's back)."""
+    removed: list[str] = []
+    for entry in _mine():
+        with contextlib.suppress(OSError, ValueError, TypeError, KeyError):
+            if not Path(json.loads(entry.read_text())["dir"]).is_dir():
+                entry.unlink()
+                removed.append(entry.name.partition(".")[2])
+    return removed
+
+
+def _mine() -> list[Path]:
+    try:
+        return sorted(_dir().glob(f"{os.geteuid()}.*"))
+    except OSError:
+        return []
 
 
 def of_others() -> list[Pin]:
