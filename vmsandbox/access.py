@@ -106,15 +106,26 @@ def not_writable(path: Path) -> VmsandboxError:
     """The error for a shared store this account may not add to."""
     return VmsandboxError(
         f"{path} is not writable for you, so this image (or its warm-start template) cannot be made",
-        hint=f"let the libvirt group share it: `sudo vmsandbox host setup --user {_me()}` (then log in again)",
+        hint=f"let the libvirt group share it: `sudo vmsandbox host setup --user {me()}` (then log in again)",
     )
 
 
-def _me() -> str:
+def me() -> str:
+    """Our account's name (our uid where it has none)."""
     try:
         return pwd.getpwuid(os.getuid()).pw_name
     except KeyError:
         return str(os.getuid())
+
+
+def listed_in_group(user: str) -> bool:
+    """Whether the account database puts `user` in the libvirt group (as primary or supplementary group);
+    a login that began before they joined does not carry it yet."""
+    try:
+        group = grp.getgrnam(GROUP)
+        return pwd.getpwnam(user).pw_gid == group.gr_gid or user in group.gr_mem
+    except KeyError:
+        return False
 
 
 def _parse(raw: bytes) -> list[tuple[int, int, int]]:

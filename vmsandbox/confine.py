@@ -102,18 +102,13 @@ def umask(mask: int) -> Iterator[None]:
 
 def state_dirs() -> None:
     """The state directory (when we make it) and its sessions directory: private, traversable by QEMU's user
-    and the guest-data account only. QEMU must also pass every directory above them (a home
-    that is 0700, say): those of ours get an ACL entry for it (root's too: QEMU never runs as root)."""
+    and the guest-data account only (the directories above them: `give_to_qemu`)."""
     state = paths.state_dir()
     if not state.exists():
         make_private_dir(state)
     sessions = paths.sessions_dir()
     if not sessions.exists() or sessions.stat().st_mode & 0o077 not in (0, 0o010):
         make_private_dir(sessions)
-    qemu = qemu_account()
-    if qemu is not None:
-        for d in access.let_traverse(sessions, qemu.uid, set(qemu.groups), f"libvirt's QEMU ({qemu.name})"):
-            log.info("%s: QEMU's account %s may now pass through it (an ACL entry)", d, qemu.name)
 
 
 def guest_data_account() -> Identity | None:
@@ -185,20 +180,23 @@ def qemu_uid() -> int | None:
 
 def give_to_qemu(directory: Path) -> None:
     """Files that QEMU itself opens (fw_cfg entries; it runs as libvirt's unprivileged user): theirs, read-only.
-    Without root they stay ours, and QEMU's account gets an ACL entry to read them."""
+    Without root they stay ours, and QEMU's account gets an ACL entry to read them. Either way QEMU must pass
+    every directory above them (the session's disks sit beside them; a home that is 0700, say): those of ours
+    it cannot pass get an ACL entry for it (root's too: QEMU never runs as root)."""
     qemu = qemu_account()
     if qemu is None:
         return
     uid = qemu.uid
+    if os.geteuid() == 0:
+        os.chown(directory, uid, qemu.gid)
+        for f in directory.iterdir():
+            os.chown(f, uid, qemu.gid)
+            f.chmod(0o400)
+    for d in access.let_traverse(directory, uid, set(qemu.groups), f"libvirt's QEMU ({qemu.name})"):
+        log.info("%s: QEMU's account %s may now pass through it (an ACL entry)", d, qemu.name)
     if os.geteuid() != 0:
-        access.let_traverse(directory, uid, set(qemu.groups), f"libvirt's QEMU ({qemu.name})")
         for f in directory.iterdir():
             access.let_read(f, uid)
-        return
-    os.chown(directory, uid, qemu.gid)
-    for f in directory.iterdir():
-        os.chown(f, uid, qemu.gid)
-        f.chmod(0o400)
 
 
 def traversers() -> list[int]:

@@ -258,10 +258,11 @@ def session_paths(name: str) -> SessionPaths:
     return SessionPaths(sessions_dir() / name)
 
 
-def own_console(path: Path) -> None:
-    """virtlogd (root) writes a VM's serial console into `path`. Made by us first, the file stays ours to read
-    (`vmsandbox logs`, boot diagnostics); one virtlogd made would be root's, 0600, when we are not root."""
-    os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600))
+def own_file(path: Path, *, truncate: bool = False) -> None:
+    """Make `path` ours (0600) before root writes into it: virtlogd a VM's serial console, libvirtd a saved
+    memory file. A file they made would be root's, 0600, which an unprivileged owner could not read back."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | (os.O_TRUNC if truncate else 0)
+    os.close(os.open(path, flags, 0o600))
 
 
 def write_atomically(path: Path, text: str, *, mode: int = 0o600) -> None:

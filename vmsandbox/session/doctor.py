@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import grp
 import os
-import pwd
 import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -122,8 +120,8 @@ def _group() -> Check:
         return Check(name, False, f"there is no group {access.GROUP}", "`sudo vmsandbox host setup --user $USER`")
     if gid in os.getgroups() or gid == os.getegid():
         return Check(name, True, f"you are in {access.GROUP}")
-    me = pwd.getpwuid(os.getuid()).pw_name
-    if me in grp.getgrgid(gid).gr_mem:
+    me = access.me()
+    if access.listed_in_group(me):
         return Check(
             name,
             False,

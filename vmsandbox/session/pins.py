@@ -47,18 +47,12 @@ def pin(session: str, image: str, template: str | None) -> None:
     """Leave (or update) this account's pin for a session. Where the store takes no pins (not shared), other
     accounts cannot use it either: nothing to tell them."""
     d = _dir()
-    path = d / f"{os.geteuid()}.{session}"
-    tmp = d / f".{path.name}.{os.getpid()}.tmp"
+    data = {"image": image, "template": template, "dir": str(paths.session_paths(session).root)}
     try:
         access.shared_dir(d, sticky=True)
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
-        with os.fdopen(fd, "w") as f:
-            os.fchmod(fd, 0o644)  # other accounts read it (the umask took their bits)
-            json.dump({"image": image, "template": template, "dir": str(paths.session_paths(session).root)}, f)
-        tmp.replace(path)
+        paths.write_atomically(d / f"{os.geteuid()}.{session}", json.dumps(data), mode=0o644)  # others read it
     except OSError as exc:
         log.warning("could not pin session %s in %s: %s", session, d, exc)
-        tmp.unlink(missing_ok=True)
 
 
 def unpin(session: str) -> None:

@@ -110,7 +110,7 @@ def cold(record: Record, image: store.Image, hv: Hypervisor, boot_timeout: int, 
     def launch() -> None:
         xml = domain.build_xml(spec(record, image, warm=False))
         paths.write_atomically(record.files.domain_xml, xml)
-        paths.own_console(record.files.console_log)
+        paths.own_file(record.files.console_log)
         hv.create(xml)
 
     _on_a_free_port(record, launch)
@@ -149,7 +149,7 @@ def warm(
         xml = savefile.renamed(restored, record.domain, str(uuid.uuid4()))
         paths.write_atomically(files.domain_xml, xml)
         savefile.clone(tmpl.memory, clone, xml)
-        paths.own_console(files.console_log)
+        paths.own_file(files.console_log)
         try:
             hv.restore(str(clone), xml)
         finally:

@@ -82,7 +82,7 @@ def start(name: str) -> Record:
 def _restore(record: Record, hv: Hypervisor, saved_xml: str) -> None:
     """Restore on the session's SSH port, or on another one if something took it while the session was stopped."""
     xml, last = saved_xml, None
-    paths.own_console(record.files.console_log)
+    paths.own_file(record.files.console_log)
     for _attempt in range(start_mod.PORT_ATTEMPTS):
         try:
             hv.restore(str(record.files.saved_memory), xml)

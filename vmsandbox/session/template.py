@@ -85,10 +85,15 @@ def root_of(image: Image) -> Path:
     return image.path / DIR
 
 
+def _path_of(image: Image, shape: Shape, k: dict[str, Any]) -> Path:
+    """Where the template of this image, shape and key lives."""
+    return root_of(image) / f"{shape.slug}-{_digest(k)}"
+
+
 def find(image: Image, shape: Shape, hv: Hypervisor) -> tuple[Template | None, str]:
     """The usable template for this image and shape, or None and why there is none."""
     k = key(image, shape, hv)
-    path = root_of(image) / f"{shape.slug}-{_digest(k)}"
+    path = _path_of(image, shape, k)
     try:
         meta = json.loads((path / META).read_text())
     except (OSError, ValueError):
@@ -148,7 +153,7 @@ def ensure(image: Image, shape: Shape, hv: Hypervisor, boot_timeout: int) -> Tem
         found, why = find(image, shape, hv)  # built by another process while we waited
         if found is not None:
             return found
-        if (root_of(image) / f"{shape.slug}-{_digest(key(image, shape, hv))}").exists():
+        if _path_of(image, shape, key(image, shape, hv)).exists():
             # it failed a warm start, and sessions may rest on its disk: gc removes it once none does
             raise VmsandboxError(
                 why, hint="`vmsandbox gc` removes it when no session uses it; the next run builds anew"
@@ -179,7 +184,7 @@ def _spec(image: Image, shape: Shape, name: str, where: Path) -> DomainSpec:
 
 def _build(image: Image, shape: Shape, hv: Hypervisor, boot_timeout: int) -> Template:
     k = key(image, shape, hv)
-    final = root_of(image) / f"{shape.slug}-{_digest(k)}"
+    final = _path_of(image, shape, k)
     tmp = root_of(image) / f".tmp-{secrets.token_hex(4)}"
     tmp.mkdir(mode=0o700)
     confine.private_dir(tmp)
@@ -190,7 +195,7 @@ def _build(image: Image, shape: Shape, hv: Hypervisor, boot_timeout: int) -> Tem
         (tmp / "fwcfg").mkdir(mode=0o700)
         (tmp / "fwcfg" / "template").write_text("1\n")
         confine.give_to_qemu(tmp / "fwcfg")
-        paths.own_console(spec.console_log)
+        paths.own_file(spec.console_log)
         hv.create(build_xml(spec))
         title = f"Booting the template ({shape.accel.upper()}, {shape.cpus} vCPU, {shape.memory_mib} MiB)"
         booting = bootwait.Booting(spec.name, spec.console_log, f"template-{image.version}", shape.accel, title)

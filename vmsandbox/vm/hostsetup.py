@@ -118,8 +118,7 @@ def _daemons() -> Iterator[str]:
         _stop_daemon("libvirtd")
     RUNTIME_CONF.parent.mkdir(parents=True, exist_ok=True)
     system = SYSTEM_CONF.read_text() if SYSTEM_CONF.exists() else ""
-    RUNTIME_CONF.write_text(group_access_conf(system))
-    RUNTIME_CONF.chmod(0o644)
+    paths.write_atomically(RUNTIME_CONF, group_access_conf(system), mode=0o644)
     proc.run(
         ["libvirtd", "-d", "--config", str(RUNTIME_CONF)],
         hint=f"is libvirt installed? `apt-get install {packages.TOOL_PACKAGES['libvirtd']}`",
@@ -168,11 +167,10 @@ def _stop_daemon(name: str) -> None:
 
 def _join(user: str) -> Iterator[str]:
     try:
-        pw = pwd.getpwnam(user)
+        pwd.getpwnam(user)
     except KeyError:
         raise VmsandboxError(f"there is no user {user}", hint="name an existing account with --user") from None
-    group = grp.getgrnam(access.GROUP)
-    if pw.pw_gid == group.gr_gid or user in group.gr_mem:
+    if access.listed_in_group(user):
         return
     proc.run(["usermod", "--append", "--groups", access.GROUP, user])
     yield f"added {user} to the group {access.GROUP}: they run vmsandbox without sudo once they log in again"

@@ -7,10 +7,12 @@ import logging
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import libvirt
 
+from vmsandbox import paths
 from vmsandbox.errors import VmsandboxError
 
 log = logging.getLogger(__name__)
@@ -112,7 +114,7 @@ class Hypervisor:
         dom = self._lookup(name)
         if dom is None:
             raise VmsandboxError(f"domain {name} is gone")
-        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600))
+        paths.own_file(Path(path), truncate=True)
         try:
             dom.save(path)
         except libvirt.libvirtError as exc:
