@@ -106,9 +106,16 @@ def state_dirs() -> None:
     state = paths.state_dir()
     if not state.exists():
         make_private_dir(state)
+    elif not _passable(state):  # made before `host setup` made the guest-data account (its first run does)
+        private_dir(state)
     sessions = paths.sessions_dir()
-    if not sessions.exists() or sessions.stat().st_mode & 0o077 not in (0, 0o010):
+    if not sessions.exists() or sessions.stat().st_mode & 0o077 not in (0, 0o010) or not _passable(sessions):
         make_private_dir(sessions)
+
+
+def _passable(directory: Path) -> bool:
+    """Whether every account that must pass through a state directory may."""
+    return all(access.may(directory, uid, set(), 1) for uid in traversers())
 
 
 def guest_data_account() -> Identity | None:

@@ -57,6 +57,9 @@ SESSION_EGRESS_LOG = "egress.log"  # the proxy daemon's own messages
 SESSION_PROXY_LOG = "proxy.jsonl"  # one JSON line per guest connection: `vmsandbox logs NAME proxy`
 SESSION_CA_CERT = "session-ca.pem"  # per-session CA for secret-injecting hosts (the guest trusts it)
 SESSION_CA_KEY = "session-ca.key"  # its private key: host only, 0600
+SESSION_CHECKPOINTS = "checkpoints"  # one directory per checkpoint: memory.save, workspace.raw, checkpoint.json
+FANOUT_CAPTURE_PREFIX = ".capture-"  # in the sessions directory: a fan-out's one capture, while it starts them
+SESSION_ROLLED_BACK = "rolled-back"  # unsynced work a rollback would have lost, one outbox-like box per rollback
 # ssh's connection multiplexing: one login serves the command, rsync and later execs (%r: one per user)
 SESSION_SSH_SOCKET = "ssh-%r.sock"
 
@@ -184,6 +187,14 @@ class SessionPaths:
     def saved_memory(self) -> Path:
         """A stopped session's memory and device state (`vmsandbox stop`)."""
         return self.root / "saved.memory"
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.root / SESSION_CHECKPOINTS
+
+    @property
+    def rolled_back(self) -> Path:
+        return self.root / SESSION_ROLLED_BACK
 
     @property
     def identity_socket(self) -> Path:

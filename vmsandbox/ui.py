@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -15,14 +16,42 @@ out = Console(highlight=False, soft_wrap=True)
 log = logging.getLogger("vmsandbox")
 
 
+_thread = threading.local()  # `quiet`: a fan-out's worker threads show no steps (one live display at a time)
+
+
+@contextmanager
+def quiet(prefix: str) -> Iterator[None]:
+    """In this thread: steps and notes go to the log only; warnings are printed, prefixed (`[exp-2] ...`)."""
+    _thread.prefix = prefix
+    try:
+        yield
+    finally:
+        _thread.prefix = None
+
+
+def _quiet() -> str | None:
+    prefix: str | None = getattr(_thread, "prefix", None)
+    return prefix
+
+
 def info(message: str) -> None:
-    err.print(message)
+    if _quiet() is None:
+        err.print(message)
     log.info(message)
+
+
+_warned: set[str] = set()  # warnings quiet threads printed already: N sessions say "using TCG" once
 
 
 def warn(message: str) -> None:
     """A warning: plain text (never markup), control characters shown escaped."""
-    err.print(f"[yellow]warning:[/] {printable(message)}")
+    prefix = _quiet()
+    if prefix is not None:
+        if message in _warned:
+            log.warning(message)
+            return
+        _warned.add(message)
+    err.print(f"{printable(f'[{prefix}] ') if prefix else ''}[yellow]warning:[/] {printable(message)}")
     log.warning(message)
 
 
@@ -35,6 +64,9 @@ def step(title: str) -> Iterator[Detail]:
     that shows how far the step got beside the spinner (`with ui.step(...) as detail: detail("kernel")`)."""
     start = time.monotonic()
     log.info("step: %s", title)
+    if _quiet() is not None:
+        yield lambda text: log.info("step: %s: %s", title, text)
+        return
     try:
         if err.is_terminal:
             with err.status(f"{title}…", spinner="dots") as status:

@@ -132,6 +132,19 @@ def test_a_member_of_the_libvirt_group_runs_pulls_and_destroys_without_sudo(memb
     ]
     assert owned_by_others == []
 
+    # checkpoints and forks: libvirt hands a frozen overlay (a backing image now) to QEMU's account for good
+    for step in (
+        ("checkpoint", "mine", "c1"),
+        ("exec", "mine", "--", "rm", "new.txt"),
+        ("rollback", "mine", "c1"),
+        ("fork", "mine", "mine-b"),
+    ):
+        done = member.run(*step)
+        assert done.returncode == 0, f"{step}: {done.stderr}"
+    for name in ("mine", "mine-b"):
+        assert member.run("exec", name, "--", "cat", "new.txt").stdout == "hi\n"
+    assert member.run("destroy", "mine-b", "--discard").returncode == 0
+
     gone = member.run("destroy", "mine")
     assert gone.returncode == 0, gone.stderr
     with Hypervisor(URI) as hv:

@@ -174,3 +174,22 @@ def test_under_sudo_config_and_secrets_are_the_invoking_users(tmp_path: Path, mo
     assert secrets.get("anthropic-api-key") == "sk-test"
     monkeypatch.setenv("SUDO_UID", "12")  # SUDO_USER and SUDO_UID disagree: not trusted, root's own dir
     assert paths.config_dir() != home / ".config" / "vmsandbox"
+
+
+def test_state_directories_made_before_the_guest_data_account_existed_let_it_through_later(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A fresh host's first command is `host setup`, which makes the state directories before it makes the
+    guest-data account: once it exists, the next command must let it through (every root pull failed)."""
+    from vmsandbox import confine
+
+    monkeypatch.setenv("VMSANDBOX_STATE_DIR", str(tmp_path / "new-state"))
+    monkeypatch.setattr(confine, "traversers", lambda: [QEMU])
+    confine.state_dirs()
+    sessions = tmp_path / "new-state" / "sessions"
+    assert access.may(sessions, QEMU, set(), 1) and not access.may(sessions, OTHER, set(), 1)
+    monkeypatch.setattr(confine, "traversers", lambda: [QEMU, OTHER])  # the account now exists
+    confine.state_dirs()
+    for d in (tmp_path / "new-state", sessions):
+        assert access.may(d, QEMU, set(), 1) and access.may(d, OTHER, set(), 1), d
+        assert not access.may(d, OTHER, set(), 4)

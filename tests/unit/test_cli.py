@@ -297,3 +297,21 @@ def test_every_command_has_an_example_in_its_help() -> None:
         and "Example" not in (getattr(cmd, "help", "") or "")
     ]
     assert missing == []
+
+
+def test_experiment_commands_refuse_what_they_cannot_do(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    assert run_cli(["run", str(tmp_path), "--check", "make test", "--", "true"]) == base.EXIT_ERROR
+    assert "--check goes with --fanout" in capsys.readouterr().err
+    assert run_cli(["compare", "only-one"]) == base.EXIT_ERROR
+    assert "two or more" in capsys.readouterr().err
+    assert run_cli(["diff", "a", "--against", "b", "--stat"]) == base.EXIT_ERROR
+    assert "--against" in capsys.readouterr().err
+    assert run_cli(["destroy", "--group", "nothing-here"]) == base.EXIT_ERROR
+    assert "no fan-out named 'nothing-here'" in capsys.readouterr().err
+    assert run_cli(["checkpoint", "ghost", "Bad Label"]) == base.EXIT_ERROR
+    assert "invalid checkpoint label" in capsys.readouterr().err
+    assert run_cli(["claude", "--help"]) == 0
+    assert "--fanout" in capsys.readouterr().out  # the agent shorthands fan out too
+    assert run_cli(["fanout", "--help"]) == 0
+    out = capsys.readouterr().out
+    assert "--check" in out and "VMSANDBOX_INDEX" in out

@@ -10,6 +10,7 @@ import typer
 
 from vmsandbox import ui
 from vmsandbox.cli.base import EXIT_PENDING, ApplySafe, IncludeRisky, SessionName, app, sync_limit
+from vmsandbox.errors import VmsandboxError
 
 if TYPE_CHECKING:
     from vmsandbox.session.record import Record
@@ -226,19 +227,31 @@ def diff(
     name: SessionName,
     only: Paths = None,
     stat: Annotated[bool, typer.Option("--stat", help="One line per changed path.")] = False,
+    against: Annotated[
+        str | None, typer.Option("--against", help="Diff against another session's tree (a fan-out's, a fork).")
+    ] = None,
 ) -> None:
     """What the guest changed against the session's baseline: text diffs, binaries summarised.
 
-    Example: `vmsandbox diff exp1 --stat`"""
+    Examples: `vmsandbox diff exp1 --stat` · `vmsandbox diff exp-1 --against exp-2`"""
     from vmsandbox.session import lifecycle
     from vmsandbox.session.record import Record
     from vmsandbox.sync import diff as diffs
 
-    plan = lifecycle.review(Record.load(name), limit=sync_limit(), only=only or [])
     tty = sys.stdout.isatty()  # guest content never reaches a terminal with its escape sequences
 
     def shown(text: str) -> str:
         return ui.printable(text, markup=False) if tty else text
+
+    if against is not None:
+        from vmsandbox.session import across
+
+        if only or stat:
+            raise VmsandboxError("--against shows whole trees: it takes no PATHS and no --stat")
+        theirs, ours = across.fetch(against, limit=sync_limit()), across.fetch(name, limit=sync_limit())
+        sys.stdout.write(shown(across.diff_between(ours, theirs)))
+        return
+    plan = lifecycle.review(Record.load(name), limit=sync_limit(), only=only or [])
 
     for c in plan.shown:
         if stat:

@@ -24,6 +24,7 @@ from vmsandbox.cli.base import (
     sync_limit,
     tail,
 )
+from vmsandbox.errors import VmsandboxError
 
 if TYPE_CHECKING:
     from vmsandbox.session.options import RunFlags
@@ -69,6 +70,13 @@ ColdOpt = Annotated[
     bool,
     typer.Option("--cold", help="Boot the VM from scratch instead of restoring the image's warm-start template."),
 ]
+FanoutOpt = Annotated[
+    int | None,
+    typer.Option("--fanout", help="Start N sessions from one capture, each running COMMAND; compare them after."),
+]
+CheckOpt = Annotated[
+    str | None, typer.Option("--check", help="With --fanout: a shell command that tells whether a session passes.")
+]
 GitIdentityOpt = Annotated[
     bool, typer.Option("--git-identity", help="Copy your git user.name and user.email into the guest.")
 ]
@@ -94,6 +102,8 @@ def run(
     ssh_agent: SshAgentOpt = False,
     git_identity: GitIdentityOpt = False,
     cold: ColdOpt = False,
+    fanout: FanoutOpt = None,
+    check: CheckOpt = None,
 ) -> None:
     """Boot a disposable VM for PATH and run COMMAND (after `--`) or a shell in it; exit with COMMAND's code.
 
@@ -121,17 +131,25 @@ def run(
         ssh_agent=ssh_agent,
         git_identity=git_identity,
         cold=cold,
+        fanout=fanout,
+        check=check,
     )
-    _run_session(path, blueprint, tail(required=False), flags)
+    run_session(path, blueprint, tail(required=False), flags)
 
 
-def _run_session(
+def run_session(
     path: Path, blueprint_name: str, cmd: list[str] | None, flags: RunFlags, *, agent: bool = False
 ) -> NoReturn:
     from vmsandbox.guest import commands
     from vmsandbox.session import create, resolve, state
 
+    if flags.check is not None and flags.fanout is None:
+        raise VmsandboxError("--check goes with --fanout", hint="e.g. `vmsandbox run --fanout 3 --check 'make test' .`")
     planned = resolve.resolve(path, blueprint_name, cmd, flags, agent=agent)
+    if flags.fanout is not None:
+        from vmsandbox.cli import experiments
+
+        experiments.fan_out(planned, flags.fanout, flags.check)
     record = create.create(planned.options)
     code = EXIT_ERROR
     try:
@@ -176,7 +194,7 @@ def _agent_command(agent: str) -> Callable[..., None]:
         path = given.pop("path")
         given["allow"] = tuple(given.get("allow") or ())
         given["publish"] = tuple(given.get("publish") or ())
-        _run_session(path, agent, Invocation.command or [], RunFlags(**given), agent=True)
+        run_session(path, agent, Invocation.command or [], RunFlags(**given), agent=True)
 
     hints = typing.get_type_hints(run, include_extras=True)  # run's annotations are strings (PEP 563)
     params = [

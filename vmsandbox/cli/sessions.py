@@ -220,17 +220,22 @@ def clean(name: SessionName) -> None:
 
 @app.command()
 def destroy(
-    name: SessionName,
+    name: Annotated[str, typer.Argument(help="Session name (with --group: the fan-out's name).")],
     force: Annotated[
         bool, typer.Option("--force", help="Destroy even with unsynced changes (they are exported to the outbox).")
     ] = False,
     discard: Annotated[bool, typer.Option("--discard", help="Destroy and throw unsynced changes away.")] = False,
+    group: Annotated[bool, typer.Option("--group", help="Destroy every session of the fan-out NAME.")] = False,
 ) -> None:
     """Destroy a session's VM and remove its files — never silently losing unsynced changes.
 
-    Example: `vmsandbox destroy exp1` (refused while changes are unsynced)"""
+    Examples: `vmsandbox destroy exp1` (refused while changes are unsynced) · `vmsandbox destroy --group exp`"""
     from vmsandbox.session import config, lifecycle, lock
     from vmsandbox.session.record import Record, validate_name
+
+    if group:
+        _destroy_group(name, force=force, discard=discard)
+        return
 
     try:
         record = Record.load(name)
@@ -251,6 +256,35 @@ def destroy(
 
 
 app.command("rm", help="Same as `destroy`.", rich_help_panel=ALIASES)(destroy)
+
+
+def _destroy_group(group: str, *, force: bool, discard: bool) -> None:
+    """Destroy a fan-out's sessions; the ones holding unsynced changes are kept (unless --force/--discard)
+    and named, and the command fails if any was."""
+    from vmsandbox.session import fanout, lifecycle, lock
+    from vmsandbox.session.record import Record
+
+    members = fanout.group_members(group)
+    if not members:
+        raise VmsandboxError(f"no fan-out named {group!r}", hint="`vmsandbox ls` lists sessions")
+    refused = []
+    for record in members:
+        try:
+            with lock.held(record.files, record.name, "destroying"):
+                end = lifecycle.destroy(Record.load(record.name), force=force, discard=discard, limit=sync_limit())
+        except VmsandboxError as exc:
+            refused.append(record.name)
+            ui.warn(exc.message)
+            continue
+        ui.info(
+            f"[green]✓[/] Destroyed {record.domain}"
+            + (f" ({end.left} change(s) kept in {end.outbox})" if end.outbox else "")
+        )
+    if refused:
+        raise VmsandboxError(
+            f"{len(refused)} session(s) of {group} were kept: {', '.join(refused)}",
+            hint=f"pull what you want first; `vmsandbox destroy --group {group} --discard` throws the rest away",
+        )
 
 
 @app.command()

@@ -110,6 +110,23 @@ def prepare(name: str, files: paths.SessionPaths, request: Request) -> dict[str,
     return {r.env: r.placeholder for r in rules if r.env and secretstore.get(r.secret) is not None}
 
 
+def rekey(source: paths.SessionPaths, name: str, files: paths.SessionPaths) -> dict[str, str]:
+    """A fork's egress policy: the same rules as `source`'s, with placeholders and a CA of its own (written as
+    prepare does). Returns {old placeholder: new placeholder} for the guest's environment."""
+    data = read_config(source)
+    swapped: dict[str, str] = {}
+    for rule in data["secrets"]:
+        new = f"vmsandbox-placeholder-{secrets.token_hex(16)}"
+        swapped[rule["placeholder"]] = new
+        rule["placeholder"] = new
+    data["session"] = name
+    write_config(files, data)
+    if data["secrets"]:
+        certs.create_ca(files.ca_cert, files.ca_key, session=name, hosts=[r["host"] for r in data["secrets"]])
+        (files.fwcfg_dir / FWCFG_CA).write_bytes(files.ca_cert.read_bytes())
+    return swapped
+
+
 def write_config(files: paths.SessionPaths, data: dict[str, Any]) -> None:
     paths.write_atomically(files.egress_config, json.dumps(data, indent=2, sort_keys=True), mode=0o600)
 

@@ -44,3 +44,9 @@ def attach(endpoint: Endpoint, workdir: str, cmd: list[str] | None, *, tty: bool
     flags = ["-t"] if want_tty else ["-T"]
     argv = [*endpoint.ssh_argv(*flags), "--", remote_command(workdir, cmd)]
     return proc.run_attached(argv)
+
+
+def captured(endpoint: Endpoint, workdir: str, cmd: list[str], *, max_output: int = proc.MAX_OUTPUT) -> proc.Result:
+    """Run CMD in the guest in the project directory, without a terminal; its output captured (capped)."""
+    argv = [*endpoint.ssh_argv("-T"), "--", remote_command(workdir, cmd)]
+    return proc.run(argv, check=False, max_output=max_output)

@@ -60,7 +60,7 @@ def create(opts: Options) -> Record:
             record.save()
             pins.pin(name, image.version, None)
             record.publish = ports.choose(opts.publish)
-            _prepare(record, user, settings, bp, git_identity=opts.git_identity, trusted=opts.trusted_build)
+            _prepare(record, user, settings, bp, opts)
             spawned: list[control.Spawned] = []
 
             def launched() -> None:  # the egress daemon starts while the guest boots, and waits for its sshd
@@ -111,24 +111,20 @@ def _new_record(
         credentials=list(bp.credentials),
         disk=str(opts.build_disk) if opts.build_disk else None,
         keep=opts.keep,
+        group=opts.group,
         owner_pid=os.getpid(),
         owner_start=pids.process_start(os.getpid()),
     )
 
 
-def _prepare(
-    record: Record,
-    user: GuestUser,
-    settings: Settings,
-    bp: Blueprint,
-    *,
-    git_identity: bool,
-    trusted: bool = False,
-) -> None:
+def _prepare(record: Record, user: GuestUser, settings: Settings, bp: Blueprint, opts: Options) -> None:
     files = record.files
-    with ui.step(f"Capturing {record.project} (baseline and workspace disk)"):
-        manifest = capture.capture(Path(record.project), files)
-    record.baseline_entries = len(manifest)
+    if opts.baseline_from is None:
+        with ui.step(f"Capturing {record.project} (baseline and workspace disk)"):
+            record.baseline_entries = len(capture.capture(Path(record.project), files))
+    else:
+        with ui.step("Copying the capture of the project"):
+            record.baseline_entries = len(capture.copy_from(paths.SessionPaths(opts.baseline_from), files))
     with ui.step("Preparing the session (keys, identity)"):
         client_pub = ssh.generate_key(files.client_key, f"vmsandbox-{record.name}")
         ssh.generate_key(files.host_key, f"vmsandbox-{record.name}-host")
@@ -141,11 +137,15 @@ def _prepare(
         (fw / "authorized_keys").write_text(client_pub + "\n")
         shutil.copyfile(files.host_key, fw / "host_key")
         request = Request(
-            settings.network, settings.rules(), settings.allow_networks, settings.secrets, any_network=trusted
+            settings.network,
+            settings.rules(),
+            settings.allow_networks,
+            settings.secrets,
+            any_network=opts.trusted_build,
         )
         placeholders = policy.prepare(record.name, files, request)
         (fw / "env").write_text(guestfiles.env_lines({**bp.env, **placeholders}))
-        bundle, notes = guestfiles.build(user, bp.copy, git=git_identity)
+        bundle, notes = guestfiles.build(user, bp.copy, git=opts.git_identity)
         if bundle is not None:
             (fw / "files").write_bytes(bundle)
         confine.give_to_qemu(fw)

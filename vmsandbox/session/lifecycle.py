@@ -18,7 +18,7 @@ from pathlib import Path
 from vmsandbox import failpoint, paths
 from vmsandbox.egress import control
 from vmsandbox.errors import VmsandboxError
-from vmsandbox.session import images, lock, pins, teardown
+from vmsandbox.session import chain, images, lock, pins, teardown
 from vmsandbox.session.record import DOMAIN_PREFIX, Phase, Record, State, domain_name, names
 from vmsandbox.session.state import is_running, status
 from vmsandbox.sync import changes, outbox, plan
@@ -151,10 +151,10 @@ def retire(record: Record) -> None:
     _stop(record.files, record.libvirt_uri, record.domain)
     files = record.files
     doomed = [files.workspace_disk, files.client_key, files.client_key.with_suffix(".pub")]
-    doomed += [files.root / name for name in record.overlays]
+    doomed += [files.root / name for name in {*record.overlays, *chain.present(files.root)}]  # checkpoints' too
     for f in doomed:
         f.unlink(missing_ok=True)
-    for d in (files.fwcfg_dir, files.guest_tree):
+    for d in (files.fwcfg_dir, files.guest_tree, files.checkpoints):
         shutil.rmtree(d, ignore_errors=True)
     record.exported = True
     record.ending = None
@@ -202,6 +202,18 @@ def gc(uri: str, *, limit: int) -> Iterator[str]:
         for session in pins.collect():
             yield f"removed the pin of session {session} (its directory is gone)"
         yield from images.collect_templates(hv)
+    yield from _stale_captures(mine)
+
+
+def _stale_captures(sessions: Path) -> Iterator[str]:
+    """The captures of fan-outs killed before they cleaned up."""
+    for staging in sessions.glob(paths.FANOUT_CAPTURE_PREFIX + "*"):
+        if time.time() - staging.stat().st_mtime > STALE_CAPTURE_SECONDS:
+            shutil.rmtree(staging, ignore_errors=True)
+            yield f"removed {staging} (the capture of a fan-out that did not finish)"
+
+
+STALE_CAPTURE_SECONDS = 3600  # a fan-out copies its capture as its sessions start: one this old is left over
 
 
 def _collect(record: Record, state: State, limit: int) -> str:

@@ -36,6 +36,8 @@ class RunFlags:
     ssh_agent: bool = False
     git_identity: bool = False
     cold: bool = False
+    fanout: int | None = None  # start this many sessions (a fan-out), each running the command
+    check: str | None = None  # with fanout: a shell command whose exit code says whether a session's result passes
 
     def settings_data(self) -> dict[str, object]:
         """The flags that are settings, as a config layer (the last one)."""
@@ -63,6 +65,8 @@ class Options:
     build_disk: Path | None = None  # image builds: boot this disk read-write (no overlay), as root
     trusted_build: bool = False  # image builds: allowed names may resolve to private addresses (not loopback)
     cold: bool = False  # boot, even where a warm-start template could serve (--cold)
+    group: str | None = None  # a fan-out's name, shared by its sessions
+    baseline_from: Path | None = None  # copy this capture of the project (a fan-out's) instead of capturing again
 
 
 @dataclass(frozen=True)

@@ -84,12 +84,14 @@ class Record:
     credentials: list[str] = field(default_factory=list)  # home-relative files `clean` wipes (the blueprint's)
     disk: str | None = None  # the system disk when it is not the session's own overlay (image builds)
     # The qcow2 chain above the image, oldest first, names in the session directory; the VM writes the last.
-    # One overlay today; checkpoints and forks will add to the chain.
+    # A checkpoint freezes the top one and puts a new one above it (session.checkpoint).
     overlays: list[str] = field(default_factory=lambda: [paths.SESSION_OVERLAY])
     start: str = "cold"  # "warm": restored from a template; "cold": booted (start_note says why)
     start_note: str = ""
     template: str | None = None  # the warm-start template whose disk the overlay is backed by
     saved: bool = False  # `vmsandbox stop`: the VM's memory is in the session directory, no domain runs
+    forked_from: str | None = None  # "NAME" or "NAME@LABEL": the session (and checkpoint) this one is a copy of
+    group: str | None = None  # the fan-out this session belongs to (`destroy --group`)
 
     @property
     def domain(self) -> str:

@@ -77,7 +77,7 @@ def new_port(record: Record) -> None:
     record.endpoint().write_config()
 
 
-def _on_a_free_port(record: Record, launch: Callable[[], None]) -> None:
+def on_a_free_port(record: Record, launch: Callable[[], None]) -> None:
     """Pick a free loopback port for the guest's SSH and launch the VM on it; another, if a process took the
     port between our pick and QEMU's bind."""
     last: VmsandboxError | None = None
@@ -113,7 +113,7 @@ def cold(record: Record, image: store.Image, hv: Hypervisor, boot_timeout: int, 
         paths.own_file(record.files.console_log)
         hv.create(xml)
 
-    _on_a_free_port(record, launch)
+    on_a_free_port(record, launch)
     launched()
     record.start = "cold"
     record.save()
@@ -156,7 +156,7 @@ def warm(
             clone.unlink(missing_ok=True)
 
     with ui.step(f"Restoring {record.domain} from its warm-start template") as detail:
-        _on_a_free_port(record, launch)
+        on_a_free_port(record, launch)
         launched()
         record.start = "warm"
         record.save()

@@ -52,20 +52,31 @@ class Status:
             "publish": [p.as_dict() for p in r.publish],
             "egress": self.door.value,
             "start": r.start,
+            "group": r.group,
+            "forked_from": r.forked_from,
             "disk_bytes": disk_bytes(r),
         }
 
 
 def disk_bytes(record: Record) -> int:
-    """What the session holds on disk: its top-level files (overlay, workspace disk, saved memory), allocated."""
+    """What the session holds on disk: its top-level files (overlays, workspace disk, saved memory) and its
+    checkpoints, allocated."""
     total = 0
-    try:
-        for entry in os.scandir(record.files.root):
-            if entry.is_file(follow_symlinks=False):
-                total += entry.stat(follow_symlinks=False).st_blocks * 512
-    except OSError:
-        return 0
+    for where in (record.files.root, record.files.checkpoints, *_subdirs(record.files.checkpoints)):
+        try:
+            for entry in os.scandir(where):
+                if entry.is_file(follow_symlinks=False):
+                    total += entry.stat(follow_symlinks=False).st_blocks * 512
+        except OSError:
+            continue
     return total
+
+
+def _subdirs(directory: Path) -> list[Path]:
+    try:
+        return [Path(e.path) for e in os.scandir(directory) if e.is_dir(follow_symlinks=False)]
+    except OSError:
+        return []
 
 
 def status(record: Record, hv: Hypervisor) -> Status:

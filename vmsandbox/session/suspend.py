@@ -9,6 +9,7 @@ workspace disk (a copy of it: the guest will mount the original again) without s
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 from vmsandbox import paths, ui
 from vmsandbox.egress import control
@@ -65,31 +66,38 @@ def start(name: str) -> Record:
         record = Record.load(name)
         if status(record, hv).state is not State.STOPPED:
             raise VmsandboxError(f"session {name} is not stopped", hint="`vmsandbox ls` shows its state")
-        saved = savefile.read(files.saved_memory)
-        with ui.step(f"Restoring {record.domain} where it was"):
-            _restore(record, hv, saved.xml)
-            ssh.wait_for_banner(record.ssh_port, timeout=60, alive=lambda: start_mod.alive(hv, record.domain))
-        commands.run_as_root(record.endpoint(), f"date -s @{time.time():.3f} >/dev/null", timeout=60)
+        resume(record, hv, files.saved_memory, f"Restoring {record.domain} where it was")
         files.saved_memory.unlink()
         record.saved = False
         record.save()
-        if record.wants_daemon:
-            with ui.step("Opening the guest's egress proxy"):
-                create.open_egress(record)
     return record
 
 
-def _restore(record: Record, hv: Hypervisor, saved_xml: str) -> None:
-    """Restore on the session's SSH port, or on another one if something took it while the session was stopped."""
-    xml, last = saved_xml, None
+def resume(record: Record, hv: Hypervisor, memory: Path, title: str) -> None:
+    """Restore the session's VM from a save image (`stop`'s, or a checkpoint's) over the session's system disk
+    as the record names it now, wait for its sshd, step its clock, open its egress."""
+    with ui.step(title):
+        _restore(record, hv, memory)
+        # the egress daemon waits for the guest's sshd by itself: it starts while the guest comes back
+        spawned = control.spawn(create.daemon_spec(record), record.files) if record.wants_daemon else None
+        ssh.wait_for_banner(record.ssh_port, timeout=60, alive=lambda: start_mod.alive(hv, record.domain))
+        commands.run_as_root(record.endpoint(), f"date -s @{time.time():.3f} >/dev/null", timeout=60)
+    if spawned is not None:
+        with ui.step("Opening the guest's egress proxy"):
+            control.wait_open(create.daemon_spec(record), record.files, spawned)
+
+
+def _restore(record: Record, hv: Hypervisor, memory: Path) -> None:
+    """Restore on the session's SSH port, or on another one if something took it while the VM was down."""
+    saved_xml = savefile.read(memory).xml
+    last = None
     paths.own_file(record.files.console_log)
     for _attempt in range(start_mod.PORT_ATTEMPTS):
         try:
-            hv.restore(str(record.files.saved_memory), xml)
+            hv.restore(str(memory), domain.with_disks(saved_xml, record.system_disk, record.ssh_port))
         except PortTakenError as exc:
             last = exc
             start_mod.new_port(record)
-            xml = domain.with_netdev(saved_xml, record.ssh_port)
             continue
         record.save()
         return

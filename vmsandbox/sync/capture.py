@@ -28,8 +28,12 @@ COPIES = 3  # the baseline, the mirror of the guest's tree, and the workspace di
 RESERVE_BYTES = 64 * 1024**2
 
 
-def capture(project: Path, files: SessionPaths) -> tree.Manifest:
-    """Snapshot the project (tracked, untracked, ignored, .git) into the session; build the workspace disk."""
+PRISTINE = "workspace.pristine.raw"  # a fan-out's one capture: its workspace disk as made, copied by each session
+
+
+def capture(project: Path, files: SessionPaths, *, pristine: bool = False) -> tree.Manifest:
+    """Snapshot the project (tracked, untracked, ignored, .git) into the session; build the workspace disk
+    (and with `pristine`, keep a copy of it as made, for copy_from)."""
     check_space(project, files.root)
     files.baseline.mkdir(mode=0o700)
     proc.run(
@@ -54,10 +58,33 @@ def capture(project: Path, files: SessionPaths) -> tree.Manifest:
     files.workspace_disk.chmod(0o600)  # a copy of the project: for root (and QEMU, via libvirt) only
     if "lost+found" not in manifest:
         ext4.remove_dir(files.workspace_disk, "lost+found")
+    if pristine:
+        copy_disk(files.workspace_disk, files.root / PRISTINE)
     proc.run(["cp", "-a", "--reflink=auto", files.baseline, files.guest_tree])
     confine.hand_over(files.guest_tree, confine.guest_data_account())
     delta.save(files.root, {})  # the mirror is the baseline: the first pull reads only what the journal names
     return manifest
+
+
+def copy_from(source: SessionPaths, files: SessionPaths) -> tree.Manifest:
+    """A session's capture copied from one made for many (a fan-out captures the project once, with
+    `pristine`): its baseline, manifest and workspace disk as they were made, and a mirror of its own."""
+    check_space(source.baseline, files.root)
+    proc.run(["cp", "-a", "--reflink=auto", source.baseline, files.baseline])
+    shutil.copyfile(source.baseline_manifest, files.baseline_manifest)
+    manifest = tree.from_json(json.loads(files.baseline_manifest.read_text()))
+    copy_disk(source.root / PRISTINE, files.workspace_disk)
+    proc.run(["cp", "-a", "--reflink=auto", files.baseline, files.guest_tree])
+    confine.hand_over(files.guest_tree, confine.guest_data_account())
+    delta.save(files.root, {})
+    return manifest
+
+
+def copy_disk(source: Path, dest: Path) -> None:
+    """A sparse copy of a raw disk (a reflink where the file system can), 0600, without the source's xattrs
+    (libvirt's record of who uses a disk)."""
+    proc.run(["cp", "--sparse=always", "--reflink=auto", "--no-preserve=all", source, dest])
+    dest.chmod(0o600)
 
 
 def project_bytes(project: Path) -> int:

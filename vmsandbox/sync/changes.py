@@ -73,6 +73,26 @@ def gather(target: Target, *, endpoint: Endpoint | None, limit: int) -> Gathered
     """The guest's changes against the baseline and the host: from the outbox if there is one, else from the
     running VM at `endpoint`, else (no endpoint: the VM is gone) from its workspace disk."""
     files = target.files
+    base, guest, scope, source, origin = fetch(target, endpoint=endpoint, limit=limit)
+    failpoint.hit("run.gather")
+    # Only the paths where the guest's tree differs from the baseline are compared, and the host's side is
+    # read only there (and where a guest's symlink leads): the project is not walked.
+    cache = HashCache.load(files.hashes("project"))
+    host = views.Lookup(target.project, cache)
+    changes = [c for c in compare(base, host, guest, only=scope) if c.status is not Status.SAME]
+    cache.save(partial=True)
+    _remove_leftover_temporaries(target.project, changes)
+    refs_changed, refused = _guest_refs(files, origin)
+    return Gathered(target, changes, source, refs_changed, origin, refused, limit)
+
+
+Fetched = tuple[tree.Tree, tree.Tree, frozenset[str], Path, Origin]
+
+
+def fetch(target: Target, *, endpoint: Endpoint | None, limit: int) -> Fetched:
+    """The baseline, the guest's tree, the paths where they differ, where the guest's content is read from and
+    where it came from (see gather)."""
+    files = target.files
     base = capture.baseline(files)
     guest: tree.Tree
     if files.outbox.is_dir():
@@ -88,16 +108,7 @@ def gather(target: Target, *, endpoint: Endpoint | None, limit: int) -> Gathered
         with ui.step("Reading the workspace disk of the stopped VM"):
             fetched = mirror.fetch_from_disk(files, base, max_file_bytes=limit, copy=target.saved)
         guest, scope, source, origin = fetched.view, fetched.differs, files.guest_tree, Origin.DISK
-    failpoint.hit("run.gather")
-    # Only the paths where the guest's tree differs from the baseline are compared, and the host's side is
-    # read only there (and where a guest's symlink leads): the project is not walked.
-    cache = HashCache.load(files.hashes("project"))
-    host = views.Lookup(target.project, cache)
-    changes = [c for c in compare(base, host, guest, only=scope) if c.status is not Status.SAME]
-    cache.save(partial=True)
-    _remove_leftover_temporaries(target.project, changes)
-    refs_changed, refused = _guest_refs(files, origin)
-    return Gathered(target, changes, source, refs_changed, origin, refused, limit)
+    return base, guest, scope, source, origin
 
 
 def _guest_refs(files: SessionPaths, origin: Origin) -> tuple[bool, str | None]:

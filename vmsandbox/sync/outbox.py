@@ -21,13 +21,15 @@ from vmsandbox.sync.plan import fetch_commits
 from vmsandbox.sync.tree import DIR, FILE, SYMLINK
 
 
-def export(g: Gathered) -> Path:
+def export(g: Gathered, *, box: Path | None = None) -> Path:
     """Keep every pending change in the outbox (manifest, the changed files, a patch, the git bundle), and a
-    record of the refused ones (what they were and why they can never be written)."""
+    record of the refused ones (what they were and why they can never be written). `box`: another directory
+    of the same layout instead (a rollback's)."""
     files = g.target.files
     todo = changes.pending(g)
-    box = files.outbox
-    staging = files.root / "outbox.new"
+    box = box or files.outbox
+    box.parent.mkdir(mode=0o700, exist_ok=True)
+    staging = box.with_name(box.name + ".new")
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(mode=0o700)
     (staging / OUTBOX_FILES).mkdir(mode=0o700)

@@ -155,8 +155,7 @@ def for_restore(saved_xml: str, spec: DomainSpec) -> str:
     for child in list(meta):
         meta.remove(child)
     ET.SubElement(meta, f"{{{META_NS}}}session", {"name": spec.session, "dir": str(spec.session_dir)})
-    system = [d for d in root.iterfind("devices/disk") if d.find("target[@dev='vda']") is not None]
-    _find(system[0] if system else root, "source").set("file", str(spec.disk))
+    _set_disks(root, spec.disk, spec.workspace_disk)
     source = _find(root, "devices/serial/source")
     source.set("path", str(spec.console_log))
     source.set("append", "on")
@@ -170,6 +169,40 @@ def for_restore(saved_xml: str, spec: DomainSpec) -> str:
     _set_netdev(root, spec.netdev())
     ET.indent(root)
     return ET.tostring(root, encoding="unicode") + "\n"
+
+
+def boot_of(xml: str) -> tuple[Path, Path, str]:
+    """The kernel, initrd and command line a domain XML boots."""
+    root = ET.fromstring(xml)  # noqa: S314 - written by our own libvirt daemon
+    return (
+        Path(_find(root, "os/kernel").text or ""),
+        Path(_find(root, "os/initrd").text or ""),
+        root.findtext("os/cmdline", ""),
+    )
+
+
+def with_disks(xml: str, system: Path, ssh_port: int) -> str:
+    """A saved session's domain XML restored over another top overlay (a checkpoint put one above the disk it
+    was saved with, which it keeps unchanged below), on the session's SSH port."""
+    root = ET.fromstring(xml)  # noqa: S314 - written by our own libvirt daemon
+    _set_disks(root, system, None)
+    _set_netdev(root, netdev((Forward(ssh_port, 22),)))
+    return ET.tostring(root, encoding="unicode") + "\n"
+
+
+def _set_disks(root: ET.Element, system: Path, workspace: Path | None) -> None:
+    """Point the system disk (vda) and, if given, the workspace disk (found by its serial: vdb at a cold boot,
+    a hot-plugged sda after a warm start) at other files. Their backing chains are libvirt's to probe again."""
+    for disk in root.iterfind("devices/disk"):
+        if disk.find("target[@dev='vda']") is not None:
+            path: Path | None = system
+        elif workspace is not None and disk.findtext("serial") == WORKSPACE_SERIAL:
+            path = workspace
+        else:
+            continue
+        _find(disk, "source").set("file", str(path))
+        for chain in disk.findall("backingStore"):
+            disk.remove(chain)
 
 
 def with_netdev(xml: str, ssh_port: int) -> str:

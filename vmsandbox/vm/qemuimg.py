@@ -65,3 +65,15 @@ def create_overlay(base: Path, dest: Path, size_bytes: int | None = None, *, dep
     if size_bytes is not None:
         argv.append(str(max(size_bytes, images[0].virtual_size)))
     proc.run(argv)
+
+
+def rebase(image: Path, backing: Path) -> None:
+    """Make `backing` the backing file of `image` without changing what `image` reads as: what its old
+    backing chain held that `backing` does not is copied into `image` first. Neither may be in use."""
+    proc.run(["qemu-img", "rebase", "-q", "-f", "qcow2", "-b", backing, "-F", "qcow2", image])
+
+
+def copy_above(top: Path, base: Path, dest: Path) -> None:
+    """`dest`: one qcow2 overlay on `base` that reads as `top` does (every image between them folded in).
+    `base` must be in `top`'s backing chain."""
+    proc.run(["qemu-img", "convert", "-q", "-f", "qcow2", "-O", "qcow2", "-B", base, "-F", "qcow2", top, dest])

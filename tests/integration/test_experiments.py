@@ -1,0 +1,175 @@
+"""Throwaway experiments on real VMs: checkpoints and rollback (processes included, unsynced work kept), the
+overlay chain folded when checkpoints go, forks that diverge with identities of their own, and a fan-out
+whose sessions are compared, one pulled, the rest destroyed as a group."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.integration.conftest import Cli, unique_name
+from vmsandbox.image import store
+from vmsandbox.session import chain
+from vmsandbox.session import checkpoint as cp_mod
+from vmsandbox.session.record import Record
+from vmsandbox.vm import qemuimg
+
+MARKER = "sleep 7777"  # a process that must survive (or come back with) the VM's memory
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    p = tmp_path_factory.mktemp("experiments") / "exp project"
+    p.mkdir()
+    (p / "README").write_text("experiments\n")
+    return p
+
+
+@pytest.fixture(scope="module")
+def source(cli: Cli, project: Path, base_image: store.Image) -> Iterator[str]:
+    name = unique_name()
+    r = cli.run("run", "--keep", "--name", name, str(project), "--", "true")
+    assert r.returncode == 0, r.stderr.decode()
+    yield name
+    cli.run("destroy", name, "--discard")
+
+
+def sh(cli: Cli, name: str, script: str) -> str:
+    r = cli.run("exec", name, "--", "sh", "-c", script)
+    assert r.returncode == 0, f"{script}: {r.stderr.decode()}"
+    return r.stdout.decode()
+
+
+def ok(cli: Cli, *args: str) -> str:
+    r = cli.run(*args)
+    assert r.returncode == 0, f"{args}: {r.stderr.decode()}"
+    return r.stdout.decode() + r.stderr.decode()
+
+
+def data(cli: Cli, *args: str) -> list[dict[str, object]]:
+    r = cli.run(*args)
+    assert r.returncode == 0, f"{args}: {r.stderr.decode()}"
+    found: list[dict[str, object]] = json.loads(r.stdout)
+    return found
+
+
+def marker_running(cli: Cli, name: str) -> bool:
+    return MARKER in sh(cli, name, "ps -eo args")
+
+
+def test_rollback_brings_back_files_and_processes_and_keeps_unsynced_work(cli: Cli, source: str) -> None:
+    sh(cli, source, f"echo kept > kept.txt; sync; nohup {MARKER} >/dev/null 2>&1 &")
+    ok(cli, "checkpoint", source, "c1")
+    listed = data(cli, "checkpoints", source, "--json")
+    assert [c["label"] for c in listed] == ["c1"] and int(str(listed[0]["bytes"])) > 0
+    assert marker_running(cli, source), "the checkpoint's save and restore lost the running process"
+
+    sh(cli, source, f"rm kept.txt; pkill -f '^{MARKER}$'; echo lost > later.txt")
+    assert not marker_running(cli, source)
+    out = ok(cli, "rollback", source, "c1")
+
+    assert sh(cli, source, "cat kept.txt; ls") == "kept\nREADME\nkept.txt\n"
+    assert marker_running(cli, source), "the rollback did not bring the process back"
+    # what the rollback would have lost (later.txt, never pulled) was exported first
+    boxes = list((Record.load(source).files.rolled_back).iterdir())
+    assert len(boxes) == 1 and str(boxes[0]) in out
+    assert (boxes[0] / "files" / "later.txt").read_text() == "lost\n"
+    assert "+lost" in (boxes[0] / "changes.patch").read_text()
+    # and a pull after the rollback reads the guest's tree as it is now (the journal went back in time)
+    diff = ok(cli, "diff", source, "--stat")
+    assert "kept.txt" in diff and "later.txt" not in diff
+
+
+def test_removed_checkpoints_fold_into_a_short_chain_that_still_rolls_back(cli: Cli, source: str) -> None:
+    for label, text in (("c2", "two"), ("c3", "three")):
+        sh(cli, source, f"echo {text} > {label}.txt; sync")
+        ok(cli, "checkpoint", source, label)
+    ok(cli, "checkpoint", "rm", source, "c2")
+    ok(cli, "checkpoint", "rm", source, "c3")
+    sh(cli, source, "echo four > c4.txt; sync")
+    ok(cli, "checkpoint", source, "c4")  # the VM is down here: what c2 and c3 froze is folded away
+
+    record = Record.load(source)
+    kept = {c.label: c for c in cp_mod.listed(record.files)}
+    assert sorted(kept) == ["c1", "c4"]
+    assert record.overlays == [*kept["c4"].chain, record.overlays[-1]]
+    assert len(record.overlays) == 3, record.overlays  # c1's overlay, c4's, the top
+    assert chain.present(record.files.root) == set(record.overlays)
+    images = qemuimg.chain(record.system_disk)
+    assert [i.path.name for i in images[:3]] == list(reversed(record.overlays))
+
+    sh(cli, source, "rm c2.txt c3.txt c4.txt")
+    ok(cli, "rollback", source, "c4")
+    assert sh(cli, source, "cat c2.txt c3.txt c4.txt") == "two\nthree\nfour\n"
+    ok(cli, "rollback", source, "c1")
+    assert sh(cli, source, "ls") == "README\nkept.txt\n"
+
+
+def test_a_fork_copies_state_then_diverges_with_an_identity_of_its_own(cli: Cli, source: str) -> None:
+    sh(cli, source, "echo before > shared.txt; sync")
+    fork = unique_name()
+    try:
+        ok(cli, "fork", source, fork)
+        record, theirs = Record.load(fork), Record.load(source)
+        assert record.forked_from == source and record.group is None
+        assert sh(cli, fork, "cat shared.txt") == "before\n"
+        assert marker_running(cli, fork), "the fork did not keep the source's running processes"
+        # its own identity
+        assert sh(cli, fork, "hostname").strip() == f"vmsandbox-{fork}"
+        key = sh(cli, fork, "sudo ssh-keygen -y -f /etc/ssh/ssh_host_ed25519_key").split()[:2]
+        assert key == record.files.host_key.with_suffix(".pub").read_text().split()[:2]
+        assert key != theirs.files.host_key.with_suffix(".pub").read_text().split()[:2]
+        assert record.files.client_key.read_bytes() != theirs.files.client_key.read_bytes()
+        # diverging: a file written in one is absent in the other
+        sh(cli, fork, "echo fork > only-fork.txt")
+        sh(cli, source, "echo source > only-source.txt")
+        assert sh(cli, source, "ls only-fork.txt 2>&1 || true").startswith("ls: cannot access")
+        assert sh(cli, fork, "ls only-source.txt 2>&1 || true").startswith("ls: cannot access")
+        # its own egress: its daemon, its log
+        sh(cli, fork, "curl -s -o /dev/null https://fork-only.invalid/ || true")
+        assert "fork-only.invalid" in record.files.proxy_log.read_text()
+        assert not theirs.files.proxy_log.exists() or "fork-only.invalid" not in theirs.files.proxy_log.read_text()
+        # the same baseline: its review sees its own change only
+        assert "only-fork.txt" in ok(cli, "diff", fork, "--stat")
+        assert "only-fork.txt" not in ok(cli, "diff", source, "--stat")
+    finally:
+        cli.run("destroy", fork, "--discard")
+    from_checkpoint = unique_name()
+    try:
+        ok(cli, "fork", source, from_checkpoint, "--from", "c1")
+        assert sh(cli, from_checkpoint, "ls") == "README\nkept.txt\n"
+        assert Record.load(from_checkpoint).forked_from == f"{source}@c1"
+    finally:
+        cli.run("destroy", from_checkpoint, "--discard")
+
+
+def test_fanout_compare_pull_one_destroy_the_group(cli: Cli, project: Path, base_image: store.Image) -> None:
+    group = unique_name()
+    names = [f"{group}-{i}" for i in (1, 2, 3)]
+    try:
+        r = cli.run(
+            "fanout", "3", str(project), "--name", group, "--check", "test -s n.txt",
+            "--", "sh", "-c", "echo $VMSANDBOX_INDEX > n.txt",
+        )  # fmt: skip
+        assert r.returncode == 0, r.stderr.decode()
+        table = r.stdout.decode() + r.stderr.decode()
+        for name in names:
+            assert Record.load(name).group == group
+            assert any(line.split()[:2] == [name, "0"] and line.split()[-1] == "pass" for line in table.splitlines())
+        rows = data(cli, "compare", *names, "--json")
+        n_txt = next(row for row in rows if row["path"] == "n.txt")
+        assert n_txt["sessions"] == dict.fromkeys(names, "added") and n_txt["agree"] is False
+        assert "-1\n+2\n" in ok(cli, "diff", names[1], "--against", names[0])
+
+        ok(cli, "pull", names[1], "--yes")
+        assert (project / "n.txt").read_text() == "2\n"
+        refused = cli.run("destroy", "--group", group)
+        assert refused.returncode != 0 and b"were kept" in refused.stderr  # the others hold unsynced work
+        ok(cli, "destroy", "--group", group, "--discard")
+        assert not any(row["name"] in names for row in cli.ls())
+    finally:
+        (project / "n.txt").unlink(missing_ok=True)
+        cli.run("destroy", "--group", group, "--discard")

@@ -1,0 +1,211 @@
+"""`vmsandbox checkpoint`, `checkpoints`, `rollback`, `fork`, `fanout` and `compare`: a session's whole state
+kept, returned to and copied; many sessions from one capture, side by side."""
+
+from __future__ import annotations
+
+import inspect
+import sys
+import time
+import typing
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn
+
+import typer
+
+from vmsandbox import ui
+from vmsandbox.cli.base import AsJson, SessionName, TakesCommand, age, app, columns, print_json, sync_limit, tail
+from vmsandbox.errors import VmsandboxError
+
+if TYPE_CHECKING:
+    from vmsandbox.session.options import Run
+
+
+@app.command()
+def checkpoint(
+    name: Annotated[
+        str, typer.Argument(help="Session name (or `rm`: remove a checkpoint, `checkpoint rm NAME LABEL`).")
+    ],
+    label: Annotated[str | None, typer.Argument(help="A label for it (default: cp-DATE-TIME).")] = None,
+    removed: Annotated[str | None, typer.Argument(help="With `rm`: the label to remove.", show_default=False)] = None,
+) -> None:
+    """Keep a running session's whole state — memory (its processes), disks, workspace — to return to with
+    `vmsandbox rollback NAME LABEL` or copy with `vmsandbox fork NAME NEW --from LABEL`. The guest pauses for a
+    few seconds.
+
+    Examples: `vmsandbox checkpoint exp1 before-refactor` · `vmsandbox checkpoint rm exp1 before-refactor`"""
+    from vmsandbox.session import checkpoint as cp_mod
+
+    if name == "rm" and label is not None and removed is not None:
+        gone = cp_mod.remove(label, removed)
+        ui.info(f"Removed checkpoint {gone.label} of session {label}")
+        return
+    started = time.monotonic()
+    cp = cp_mod.take(name, label)
+    ui.info(
+        f"[green]✓[/] Checkpoint [bold]{cp.label}[/] of session {name} ({cp.size() / 1024**2:.0f} MiB, "
+        f"{time.monotonic() - started:.1f} s); `vmsandbox rollback {name} {cp.label}` returns to it"
+    )
+
+
+@app.command()
+def checkpoints(name: SessionName, as_json: AsJson = False) -> None:
+    """List a session's checkpoints, oldest first, with their age and size on disk.
+
+    Example: `vmsandbox checkpoints exp1`"""
+    from vmsandbox.session import checkpoint as cp_mod
+    from vmsandbox.session.record import Record
+
+    found = cp_mod.listed(Record.load(name).files)
+    if as_json:
+        print_json([c.as_dict() for c in found])
+        return
+    if not found:
+        ui.info(f"Session {name} has no checkpoints: `vmsandbox checkpoint {name} LABEL` takes one.")
+        return
+    columns(
+        ["LABEL", "AGE", "SIZE"],
+        [[c.label, age(time.time() - c.created), f"{c.size() / 1024**2:.0f} MiB"] for c in found],
+    )
+
+
+@app.command()
+def rollback(name: SessionName, label: Annotated[str, typer.Argument(help="The checkpoint to return to.")]) -> None:
+    """Return a session to a checkpoint: its processes, files and disks as they were then. Changes not yet
+    pulled are exported first (a patch and the files), never lost.
+
+    Example: `vmsandbox rollback exp1 before-refactor`"""
+    from vmsandbox.session import checkpoint as cp_mod
+
+    started = time.monotonic()
+    rolled = cp_mod.rollback(name, label, limit=sync_limit())
+    if rolled.box is not None:
+        ui.info(f"{rolled.left} unsynced change(s) from before the rollback are kept in {rolled.box}")
+        ui.info(f"  (its changes.patch applies with `git apply`; the changed files are in {rolled.box}/files)")
+    ui.info(f"[green]✓[/] Session {name} is back at checkpoint {label} ({time.monotonic() - started:.1f} s)")
+
+
+@app.command()
+def fork(
+    name: SessionName,
+    new: Annotated[str, typer.Argument(help="The new session's name.")],
+    label: Annotated[
+        str | None, typer.Option("--from", help="Fork from this checkpoint of NAME instead of its state now.")
+    ] = None,
+) -> None:
+    """Make an independent session NEW from NAME's state now (or a checkpoint's): its files, disks and running
+    processes, with its own identity, keys, egress and placeholders, and the same baseline for its review.
+
+    Example: `vmsandbox fork exp1 exp1-b`, then `vmsandbox shell exp1-b`"""
+    from vmsandbox.session import fork as fork_mod
+
+    started = time.monotonic()
+    record = fork_mod.fork(name, new, label=label)
+    ui.info(
+        f"[green]✓[/] Session [bold]{record.name}[/] forked from {record.forked_from} "
+        f"({time.monotonic() - started:.1f} s): `vmsandbox shell {record.name}`"
+    )
+
+
+def fan_out(planned: Run, n: int, check: str | None) -> NoReturn:
+    """Run a fan-out and print its summary; exit 0 when every session's command (and check) passed."""
+    from vmsandbox.session import fanout
+
+    group, names = fanout.names(planned, n)
+    ui.info(f"Fan-out [bold]{group}[/]: {n} session(s), {names[0]} … {names[-1]}")
+
+    outcomes = fanout.fan_out(planned, n, check, limit=sync_limit())
+    columns(
+        ["SESSION", "EXIT", "TIME", "FILES", "+", "-", "CHECK"],
+        [
+            [
+                o.name,
+                "-" if o.code is None else str(o.code),
+                f"{o.seconds:.1f}s",
+                str(o.files),
+                str(o.added),
+                str(o.removed),
+                {None: "-", True: "pass", False: "FAIL"}[o.check],
+            ]
+            for o in outcomes
+        ],
+    )
+    for o in outcomes:
+        if o.error:
+            ui.warn(f"{o.name}: {o.error}")
+    ui.info(
+        f"Each command's output: fanout.log in the session's directory. Compare them with `vmsandbox compare "
+        f"{' '.join(o.name for o in outcomes)}`, take one with `vmsandbox pull NAME`, then "
+        f"`vmsandbox destroy --group {group}`"
+    )
+    raise typer.Exit(0 if outcomes and all(o.ok for o in outcomes) else 1)
+
+
+def _fanout_command() -> Callable[..., None]:
+    """`vmsandbox fanout N PATH [run options] -- COMMAND`: `run --fanout N`."""
+    from vmsandbox.cli import run as run_mod
+
+    def command(**given: Any) -> None:
+        from vmsandbox.session.options import RunFlags
+
+        n, path, blueprint = given.pop("n"), given.pop("path"), given.pop("blueprint")
+        given["allow"] = tuple(given.get("allow") or ())
+        given["publish"] = tuple(given.get("publish") or ())
+        run_mod.run_session(path, blueprint, tail(required=True), RunFlags(**given, fanout=n))
+
+    hints = typing.get_type_hints(run_mod.run, include_extras=True)
+    count = inspect.Parameter(
+        "n",
+        inspect.Parameter.POSITIONAL_OR_KEYWORD,
+        annotation=Annotated[int, typer.Argument(help="How many sessions.", show_default=False)],
+    )
+    params = [count] + [
+        p.replace(annotation=hints[p.name])
+        for p in inspect.signature(run_mod.run).parameters.values()
+        if p.name != "fanout"
+    ]
+    command.__signature__ = inspect.Signature(params, return_annotation=None)  # type: ignore[attr-defined]
+    command.__annotations__ = {p.name: p.annotation for p in params}
+    command.__doc__ = (
+        "Start N sessions from one capture of PATH, each running COMMAND (after `--`) with VMSANDBOX_INDEX=1..N, "
+        "then show what each did: exit code, time, files and lines changed, and whether `--check` passes.\n\n"
+        "Example: `vmsandbox fanout 3 . --check 'make test' -- sh -c 'echo $VMSANDBOX_INDEX > n.txt'`"
+    )
+    command.__name__ = "fanout"
+    return command
+
+
+app.command("fanout", cls=TakesCommand)(_fanout_command())
+
+
+@app.command()
+def compare(
+    names: Annotated[list[str], typer.Argument(help="Two or more sessions (a fan-out's, or a session and its forks).")],
+    as_json: AsJson = False,
+) -> None:
+    """Show side by side which paths each session changed against its baseline, and where they agree.
+
+    Example: `vmsandbox compare exp-1 exp-2 exp-3`, then `vmsandbox diff exp-1 --against exp-2`"""
+    from vmsandbox.session import across
+
+    if len(names) < 2:
+        raise VmsandboxError("compare needs two or more sessions", hint="e.g. `vmsandbox compare exp-1 exp-2`")
+    trees = [across.fetch(n, limit=sync_limit()) for n in names]
+    rows = across.compare(trees)
+    if as_json:
+        print_json(
+            [{"path": r.path, "sessions": dict(zip(names, r.cells, strict=True)), "agree": r.agree} for r in rows]
+        )
+        return
+    if not across.shared_baseline(trees):
+        ui.warn("these sessions were captured separately: each is compared against its own baseline")
+    if not rows:
+        ui.info("None of these sessions changed anything.")
+        return
+    tty = sys.stdout.isatty()
+    columns(
+        ["PATH", *names, ""],
+        [
+            [ui.printable(r.path, markup=False) if tty else r.path, *r.cells, "same" if r.agree else "differ"]
+            for r in rows
+        ],
+    )
