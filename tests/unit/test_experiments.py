@@ -176,3 +176,11 @@ def test_two_trees_captured_apart_have_no_diff_between_them() -> None:
     other = dataclasses.replace(tree_of("b", {}, {}), baseline_id="another")
     with pytest.raises(VmsandboxError, match="captured separately"):
         across.diff_between(one, other)
+
+
+def test_each_rollback_keeps_its_work_in_a_box_of_its_own(tmp_path: Path) -> None:
+    files = paths.SessionPaths(tmp_path / "s")
+    first = cp_mod._new_box(files, "c1")
+    first.mkdir(parents=True)
+    second = cp_mod._new_box(files, "c1")
+    assert second != first and second.name.startswith("c1-")

@@ -250,7 +250,7 @@ def rollback(name: str, label: str, *, limit: int) -> Rolled:
         box = None
         if left:
             with ui.step(f"Keeping {len(left)} unsynced change(s) before the rollback"):
-                box = outbox.export(g, box=files.rolled_back / f"{label}-{time.strftime('%Y%m%d-%H%M%S')}")
+                box = outbox.export(g, box=_new_box(files, label))
         control.stop(files)
         hv.destroy(record.domain)
         files.saved_memory.unlink(missing_ok=True)
@@ -273,6 +273,16 @@ def rollback(name: str, label: str, *, limit: int) -> Rolled:
             _leave_stopped(record, cp.memory)
             raise
     return Rolled(cp, box, len(left))
+
+
+def _new_box(files: paths.SessionPaths, label: str) -> Path:
+    """rolled-back/LABEL-TIME, never one that exists (an export replaces its box)."""
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    box, n = files.rolled_back / f"{label}-{stamp}", 1
+    while box.exists():
+        n += 1
+        box = files.rolled_back / f"{label}-{stamp}-{n}"
+    return box
 
 
 def remove(name: str, label: str) -> Checkpoint:
