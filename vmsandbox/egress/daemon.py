@@ -9,9 +9,10 @@ It also serves the session's published ports: it listens on the host's loopback 
 `--publish-address` names) and carries each connection to the guest's 127.0.0.1:PORT over the same SSH
 connection, so a dev server that binds only localhost in the guest is reachable too.
 
-It restores the forward when the connection drops, and exits when the session is removed, its VM is gone,
-or on SIGTERM. If it dies, the SSH connection dies with it and the guest's door closes (fails closed).
-Everything it serves comes from the session's spec file (control.Spec).
+At each connection it steps the guest's clock to the host's. It restores the forward when the connection
+drops, and exits when the session is removed, its VM is gone, or on SIGTERM. If it dies, the SSH connection
+dies with it and the guest's door closes (fails closed). Everything it serves comes from the session's spec
+file (control.Spec).
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ log = logging.getLogger("vmsandbox.egress.daemon")
 WATCH_INTERVAL = 2.0
 MAX_BACKOFF = 10.0
 BOOT_WAIT = 600.0  # the longest a daemon waits for its guest's first banner
+CLOCK_TIMEOUT = 10.0  # stepping the guest's clock at each connect
 
 
 class Daemon:
@@ -152,6 +154,10 @@ class Daemon:
             return f"cannot connect: {exc}"
         try:
             link.keepalive(15)
+            # the guest's clock is behind after a restore (a checkpoint, `start`, a suspended host): step it to
+            # ours before the door opens, so that whoever waits for the door gets a guest with the right time
+            if link.run_unread(f"date -s @{time.time():.3f} >/dev/null 2>&1", timeout=CLOCK_TIMEOUT) != 0:
+                log.warning("could not step the guest's clock")
             if self.spec.door:
                 link.forward_remote(GUEST_PROXY_PORT)
                 log.info("guest 127.0.0.1:%d is open", GUEST_PROXY_PORT)

@@ -60,6 +60,17 @@ class Link:
             data = stdout.read()
             return int(stdout.channel.recv_exit_status()), bytes(data)
 
+    def run_unread(self, command: str, timeout: float) -> int | None:
+        """Run a command whose output nobody reads (paramiko buffers at most a window of it); its exit status,
+        or None if it did not end within `timeout` seconds. What a hostile guest sends here costs us nothing."""
+        with _as_link_error():
+            ch = self.transport.open_session(timeout=timeout)
+            try:
+                ch.exec_command(command)
+                return int(ch.recv_exit_status()) if ch.status_event.wait(timeout) else None
+            finally:
+                ch.close()
+
     def close(self) -> None:
         self.client.close()
 

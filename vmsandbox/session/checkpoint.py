@@ -82,8 +82,11 @@ def listed(files: paths.SessionPaths) -> list[Checkpoint]:
         for d in files.checkpoints.iterdir():
             if d.name.startswith(".") or not (d / META).is_file():
                 continue
-            data = json.loads((d / META).read_text())
-            found.append(Checkpoint(str(data["label"]), float(data["created"]), list(data["chain"]), d))
+            try:
+                data = json.loads((d / META).read_text())
+                found.append(Checkpoint(str(data["label"]), float(data["created"]), list(data["chain"]), d))
+            except (OSError, ValueError, KeyError, TypeError) as exc:
+                ui.warn(f"checkpoint {d} is damaged ({exc}); `rm -r` it to drop it")
     return sorted(found, key=lambda c: c.created)
 
 

@@ -38,7 +38,7 @@ class Outcome:
     name: str
     index: int
     code: int | None  # the command's exit code; None when the session could not be made
-    seconds: float  # from the start of the fan-out to the command's end
+    seconds: float  # from the start of making the session to the command's end
     check: bool | None = None  # whether the --check command passed (None: none given, or not reached)
     files: int = 0  # changed paths, pending review
     added: int = 0
@@ -79,7 +79,12 @@ def fan_out(run: Run, n: int, check: str | None, *, limit: int) -> list[Outcome]
     if not run.command:
         raise VmsandboxError("a fan-out needs a command", hint="e.g. `vmsandbox fanout 3 . -- make test`")
     group, all_names = names(run, n)
-    started = time.monotonic()
+    taken = [name for name in all_names if paths.session_paths(name).root.exists()]
+    if taken:
+        raise VmsandboxError(
+            f"session(s) {', '.join(taken)} exist already",
+            hint=f"pick another --name, or remove them with `vmsandbox destroy --group {group}`",
+        )
     staging = paths.session_paths(paths.FANOUT_CAPTURE_PREFIX + group)  # not a session: `ls` skips dot names
     shutil.rmtree(staging.root, ignore_errors=True)
     confine.state_dirs()
@@ -91,19 +96,27 @@ def fan_out(run: Run, n: int, check: str | None, *, limit: int) -> list[Outcome]
         opts = replace(run.options, keep=True, group=group, baseline_from=staging.root)
 
         def work(i: int) -> None:
-            name = all_names[i]
+            name, started = all_names[i], time.monotonic()
             with ui.quiet(name):
                 try:
                     record = create.create(replace(opts, name=name))
                     progress(f"{name} started")
                     outcomes[i] = _run_one(record, i + 1, run.command or [], check, started, limit)
-                except VmsandboxError as exc:
-                    ui.warn(exc.message)
-                    outcomes[i] = Outcome(name, i + 1, None, time.monotonic() - started, error=exc.message)
+                except (VmsandboxError, OSError) as exc:  # one session's trouble: the others go on
+                    why = exc.message if isinstance(exc, VmsandboxError) else str(exc)
+                    ui.warn(why)
+                    outcomes[i] = Outcome(name, i + 1, None, time.monotonic() - started, error=why)
             progress(f"{sum(o is not None for o in outcomes)}/{n} done")
 
-        with ui.step(f"Running {n} sessions") as progress, ThreadPoolExecutor(max_workers=workers(run, n)) as pool:
-            list(pool.map(work, range(n)))
+        pool = ThreadPoolExecutor(max_workers=workers(run, n))
+        try:
+            with ui.step(f"Running {n} sessions") as progress:
+                list(pool.map(work, range(n)))
+        except KeyboardInterrupt:
+            ui.warn(f"interrupted: the sessions started so far are kept; `vmsandbox destroy --group {group}` ends them")
+            raise
+        finally:
+            pool.shutdown(wait=True, cancel_futures=True)  # what runs finishes; what waits does not start
     finally:
         shutil.rmtree(staging.root, ignore_errors=True)
     return [o for o in outcomes if o is not None]

@@ -65,7 +65,7 @@ def fork(name: str, new: str, *, label: str | None = None) -> Record:
     with lock.held(source.files, name, f"forking {new}"), Hypervisor(source.libvirt_uri) as hv:
         source = Record.load(name)
         if label is not None:
-            return _make(source, checkpoint.find(source.files, name, label), new, hv)
+            return _make(source, checkpoint.find(source.files, name, label), new, hv, at=label)
         checkpoint.must_run(source, hv, "forked")
         cp = checkpoint.freeze(source, hv, f"fork-{new}-{os.getpid()}")
         # the source resumes while the fork is made (two guests come back at once: under TCG, on two CPUs)
@@ -73,7 +73,7 @@ def fork(name: str, new: str, *, label: str | None = None) -> Record:
         waking = threading.Thread(target=_wake, args=(source, cp, failed))
         waking.start()
         try:
-            return _make(source, cp, new, hv)
+            return _make(source, cp, new, hv, at=None)
         finally:
             waking.join()
             shutil.rmtree(cp.path, ignore_errors=True)
@@ -90,7 +90,8 @@ def _wake(source: Record, cp: Checkpoint, failed: list[BaseException]) -> None:
             failed.append(exc)
 
 
-def _make(source: Record, cp: Checkpoint, new: str, hv: Hypervisor) -> Record:
+def _make(source: Record, cp: Checkpoint, new: str, hv: Hypervisor, *, at: str | None) -> Record:
+    """The fork NEW of `source` from `cp` (one of its checkpoints `at`, or None: one taken for this fork)."""
     files = paths.session_paths(new)
     confine.state_dirs()
     try:
@@ -113,8 +114,9 @@ def _make(source: Record, cp: Checkpoint, new: str, hv: Hypervisor) -> Record:
         publish=(),
         overlays=[paths.SESSION_OVERLAY],
         start="fork",
-        start_note=f"forked from {source.name} at checkpoint {cp.label}",
-        forked_from=source.name if cp.label.startswith(f"fork-{new}-") else f"{source.name}@{cp.label}",
+        start_note=f"forked from {source.name}" + (f" at checkpoint {at}" if at else ""),
+        forked_from=f"{source.name}@{at}" if at else source.name,
+        group=None,  # a fork of a fan-out's session is not one of the fan-out's
         boot_seconds=None,
     )
     try:

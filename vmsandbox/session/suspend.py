@@ -75,13 +75,16 @@ def start(name: str) -> Record:
 
 def resume(record: Record, hv: Hypervisor, memory: Path, title: str) -> None:
     """Restore the session's VM from a save image (`stop`'s, or a checkpoint's) over the session's system disk
-    as the record names it now, wait for its sshd, step its clock, open its egress."""
+    as the record names it now, wait for its sshd, step its clock (its egress daemon does, if it has one) and
+    open its egress."""
     with ui.step(title):
         _restore(record, hv, memory)
-        # the egress daemon waits for the guest's sshd by itself: it starts while the guest comes back
+        # the egress daemon waits for the guest's sshd by itself: it starts while the guest comes back, and
+        # steps the guest's clock when it connects (one SSH login, not two)
         spawned = control.spawn(create.daemon_spec(record), record.files) if record.wants_daemon else None
         ssh.wait_for_banner(record.ssh_port, timeout=60, alive=lambda: start_mod.alive(hv, record.domain))
-        commands.run_as_root(record.endpoint(), f"date -s @{time.time():.3f} >/dev/null", timeout=60)
+        if spawned is None:
+            commands.run_as_root(record.endpoint(), f"date -s @{time.time():.3f} >/dev/null", timeout=60)
     if spawned is not None:
         with ui.step("Opening the guest's egress proxy"):
             control.wait_open(create.daemon_spec(record), record.files, spawned)
