@@ -310,6 +310,8 @@ def test_experiment_commands_refuse_what_they_cannot_do(capsys: pytest.CaptureFi
     assert "no fan-out named 'nothing-here'" in capsys.readouterr().err
     assert run_cli(["checkpoint", "ghost", "Bad Label"]) == base.EXIT_ERROR
     assert "invalid checkpoint label" in capsys.readouterr().err
+    assert run_cli(["checkpoint", "rm", "exp1"]) == base.EXIT_ERROR
+    assert "takes a session and a label" in capsys.readouterr().err
     assert run_cli(["claude", "--help"]) == 0
     assert "--fanout" in capsys.readouterr().out  # the agent shorthands fan out too
     assert run_cli(["fanout", "--help"]) == 0

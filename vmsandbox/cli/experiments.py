@@ -35,10 +35,18 @@ def checkpoint(
     Examples: `vmsandbox checkpoint exp1 before-refactor` · `vmsandbox checkpoint rm exp1 before-refactor`"""
     from vmsandbox.session import checkpoint as cp_mod
 
-    if name == "rm" and label is not None and removed is not None:
+    if name == "rm" and removed is not None and label is not None:
         gone = cp_mod.remove(label, removed)
         ui.info(f"Removed checkpoint {gone.label} of session {label}")
         return
+    if name == "rm":
+        raise VmsandboxError(
+            "`checkpoint rm` takes a session and a label", hint="e.g. `vmsandbox checkpoint rm exp1 c1`"
+        )
+    if removed is not None:
+        raise VmsandboxError(
+            f"`checkpoint {name} {label}` takes no third argument", hint="did you mean `checkpoint rm`?"
+        )
     started = time.monotonic()
     cp = cp_mod.take(name, label)
     ui.info(

@@ -18,7 +18,6 @@ import os
 import shutil
 import threading
 import time
-import uuid
 from pathlib import Path
 
 from vmsandbox import access, confine, paths, proc, ui
@@ -207,15 +206,7 @@ def _restore(record: Record, cp: Checkpoint, hv: Hypervisor) -> None:
         workspace_disk=files.workspace_disk,
         channel=files.identity_socket,
     )
-    xml = savefile.renamed(domain.for_restore(saved.xml, spec), record.domain, str(uuid.uuid4()))
-    paths.write_atomically(files.domain_xml, xml)
-    clone = files.root / start_mod.RESTORE_IMAGE
-    savefile.clone(cp.memory, clone, xml)
-    paths.own_file(files.console_log)
-    try:
-        hv.restore(str(clone), xml)
-    finally:
-        clone.unlink(missing_ok=True)
+    start_mod.restore_as(record, hv, cp.memory, domain.for_restore(saved.xml, spec))
 
 
 def _hand_over_identity(source: Record, record: Record, hv: Hypervisor) -> None:

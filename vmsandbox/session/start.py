@@ -7,6 +7,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Callable
+from pathlib import Path
 
 from vmsandbox import failpoint, paths, ui
 from vmsandbox.egress import control, ports
@@ -142,18 +143,9 @@ def warm(
     record.system_disk.chmod(0o600)
     record.template = str(tmpl.path)
     saved = savefile.read(tmpl.memory)
-    clone = files.root / RESTORE_IMAGE
 
     def launch() -> None:
-        restored = domain.for_restore(saved.xml, spec(record, image, warm=True))
-        xml = savefile.renamed(restored, record.domain, str(uuid.uuid4()))
-        paths.write_atomically(files.domain_xml, xml)
-        savefile.clone(tmpl.memory, clone, xml)
-        paths.own_file(files.console_log)
-        try:
-            hv.restore(str(clone), xml)
-        finally:
-            clone.unlink(missing_ok=True)
+        restore_as(record, hv, tmpl.memory, domain.for_restore(saved.xml, spec(record, image, warm=True)))
 
     with ui.step(f"Restoring {record.domain} from its warm-start template") as detail:
         on_a_free_port(record, launch)
@@ -166,6 +158,21 @@ def warm(
         identity.send(files.identity_socket, files.fwcfg_dir, timeout=min(IDENTITY_TIMEOUT, boot_timeout))
         detail("sshd")
         ssh.wait_for_banner(record.ssh_port, timeout=boot_timeout, alive=lambda: alive(hv, record.domain))
+
+
+def restore_as(record: Record, hv: Hypervisor, memory: Path, restored_xml: str) -> None:
+    """Restore another VM's save image (a template's, a checkpoint's) as this session's VM: under its own name and
+    UUID (`restored_xml` has its paths), from a copy whose header says so, deleted once restored."""
+    files = record.files
+    xml = savefile.renamed(restored_xml, record.domain, str(uuid.uuid4()))
+    paths.write_atomically(files.domain_xml, xml)
+    clone = files.root / RESTORE_IMAGE
+    savefile.clone(memory, clone, xml)
+    paths.own_file(files.console_log)
+    try:
+        hv.restore(str(clone), xml)
+    finally:
+        clone.unlink(missing_ok=True)
 
 
 def alive(hv: Hypervisor, name: str) -> str | None:
