@@ -103,19 +103,19 @@ def umask(mask: int) -> Iterator[None]:
 def state_dirs() -> None:
     """The state directory (when we make it) and its sessions directory: private, traversable by QEMU's user
     and the guest-data account only (the directories above them: `give_to_qemu`)."""
-    state = paths.state_dir()
+    state, uids = paths.state_dir(), traversers()
     if not state.exists():
         make_private_dir(state)
-    elif not _passable(state):  # made before `host setup` made the guest-data account (its first run does)
+    elif not _passable(state, uids):  # made before `host setup` made the guest-data account (its first run does)
         private_dir(state)
     sessions = paths.sessions_dir()
-    if not sessions.exists() or sessions.stat().st_mode & 0o077 not in (0, 0o010) or not _passable(sessions):
+    if not sessions.exists() or sessions.stat().st_mode & 0o077 not in (0, 0o010) or not _passable(sessions, uids):
         make_private_dir(sessions)
 
 
-def _passable(directory: Path) -> bool:
+def _passable(directory: Path, uids: list[int]) -> bool:
     """Whether every account that must pass through a state directory may."""
-    return all(access.may(directory, uid, set(), 1) for uid in traversers())
+    return all(access.may(directory, uid, set(), 1) for uid in uids)
 
 
 def guest_data_account() -> Identity | None:

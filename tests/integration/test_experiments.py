@@ -19,6 +19,7 @@ from vmsandbox.session.record import Record
 from vmsandbox.vm import qemuimg
 
 MARKER = "sleep 7777"  # a process that must survive (or come back with) the VM's memory
+HOSTILE = "\\033]0;pwned\\007"  # printf's escapes: a terminal title change, as a guest would send it
 
 
 @pytest.fixture(scope="module")
@@ -153,18 +154,24 @@ def test_fanout_compare_pull_one_destroy_the_group(cli: Cli, project: Path, base
     group = unique_name()
     names = [f"{group}-{i}" for i in (1, 2, 3)]
     try:
+        # each guest also writes terminal escapes to its output and into a file's name: the worst it has for
+        # the fan-out's summary and for `compare`
         r = cli.run(
             "fanout", "3", str(project), "--name", group, "--check", "test -s n.txt",
-            "--", "sh", "-c", "echo $VMSANDBOX_INDEX > n.txt",
+            "--", "sh", "-c", f"echo $VMSANDBOX_INDEX > n.txt; printf '{HOSTILE}'; : > \"$(printf 'e{HOSTILE}')\"",
         )  # fmt: skip
         assert r.returncode == 0, r.stderr.decode()
+        assert b"\x1b" not in r.stdout + r.stderr and b"\x07" not in r.stdout + r.stderr  # the guest's output stays in
         table = r.stdout.decode() + r.stderr.decode()
         for name in names:
             assert Record.load(name).group == group
             assert any(line.split()[:2] == [name, "0"] and line.split()[-1] == "pass" for line in table.splitlines())
+            assert "\x1b]0;pwned\x07" in (Record.load(name).files.root / "fanout.log").read_text()  # kept as sent
         rows = data(cli, "compare", *names, "--json")
         n_txt = next(row for row in rows if row["path"] == "n.txt")
         assert n_txt["sessions"] == dict.fromkeys(names, "added") and n_txt["agree"] is False
+        shown = cli.run("compare", *names)
+        assert shown.returncode == 0 and b"\x1b" not in shown.stdout and b"\\x1b]0;pwned" in shown.stdout
         assert "-1\n+2\n" in ok(cli, "diff", names[1], "--against", names[0])
 
         ok(cli, "pull", names[1], "--yes")
@@ -174,5 +181,7 @@ def test_fanout_compare_pull_one_destroy_the_group(cli: Cli, project: Path, base
         ok(cli, "destroy", "--group", group, "--discard")
         assert not any(row["name"] in names for row in cli.ls())
     finally:
-        (project / "n.txt").unlink(missing_ok=True)
+        for made in project.iterdir():
+            if made.name != "README":
+                made.unlink()
         cli.run("destroy", "--group", group, "--discard")

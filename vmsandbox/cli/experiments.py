@@ -4,9 +4,7 @@ kept, returned to and copied; many sessions from one capture, side by side."""
 from __future__ import annotations
 
 import inspect
-import sys
 import time
-import typing
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
@@ -153,33 +151,20 @@ def _fanout_command() -> Callable[..., None]:
     from vmsandbox.cli import run as run_mod
 
     def command(**given: Any) -> None:
-        from vmsandbox.session.options import RunFlags
-
         n, path, blueprint = given.pop("n"), given.pop("path"), given.pop("blueprint")
-        given["allow"] = tuple(given.get("allow") or ())
-        given["publish"] = tuple(given.get("publish") or ())
-        run_mod.run_session(path, blueprint, tail(required=True), RunFlags(**given, fanout=n))
+        run_mod.run_session(path, blueprint, tail(required=True), run_mod.flags_of({**given, "fanout": n}))
 
-    hints = typing.get_type_hints(run_mod.run, include_extras=True)
     count = inspect.Parameter(
         "n",
         inspect.Parameter.POSITIONAL_OR_KEYWORD,
         annotation=Annotated[int, typer.Argument(help="How many sessions.", show_default=False)],
     )
-    params = [count] + [
-        p.replace(annotation=hints[p.name])
-        for p in inspect.signature(run_mod.run).parameters.values()
-        if p.name != "fanout"
-    ]
-    command.__signature__ = inspect.Signature(params, return_annotation=None)  # type: ignore[attr-defined]
-    command.__annotations__ = {p.name: p.annotation for p in params}
-    command.__doc__ = (
+    doc = (
         "Start N sessions from one capture of PATH, each running COMMAND (after `--`) with VMSANDBOX_INDEX=1..N, "
         "then show what each did: exit code, time, files and lines changed, and whether `--check` passes.\n\n"
         "Example: `vmsandbox fanout 3 . --check 'make test' -- sh -c 'echo $VMSANDBOX_INDEX > n.txt'`"
     )
-    command.__name__ = "fanout"
-    return command
+    return run_mod.like_run(command, "fanout", doc, leave_out="fanout", first=(count,))
 
 
 app.command("fanout", cls=TakesCommand)(_fanout_command())
@@ -209,11 +194,4 @@ def compare(
     if not rows:
         ui.info("None of these sessions changed anything.")
         return
-    tty = sys.stdout.isatty()
-    columns(
-        ["PATH", *names, ""],
-        [
-            [ui.printable(r.path, markup=False) if tty else r.path, *r.cells, "same" if r.agree else "differ"]
-            for r in rows
-        ],
-    )
+    columns(["PATH", *names, ""], [[r.path, *r.cells, "same" if r.agree else "differ"] for r in rows])  # escaped

@@ -184,31 +184,45 @@ def _finish(record: Record, *, yes: bool, include_risky: bool) -> None:
         ui.warn(f"{end.left} change(s) were not synced back; review them with `vmsandbox recover {record.name}`")
 
 
+def flags_of(given: dict[str, Any]) -> RunFlags:
+    """`run`'s flags from the keyword arguments of a command that takes them (like_run)."""
+    from vmsandbox.session.options import RunFlags
+
+    given["allow"] = tuple(given.get("allow") or ())
+    given["publish"] = tuple(given.get("publish") or ())
+    return RunFlags(**given)
+
+
+def like_run(
+    command: Callable[..., None], name: str, doc: str, *, leave_out: str, first: tuple[inspect.Parameter, ...] = ()
+) -> Callable[..., None]:
+    """`command` with `run`'s options (but `leave_out`), after the parameters `first`, for typer."""
+    hints = typing.get_type_hints(run, include_extras=True)  # run's annotations are strings (PEP 563)
+    params = [*first]
+    params += [
+        p.replace(annotation=hints[p.name]) for p in inspect.signature(run).parameters.values() if p.name != leave_out
+    ]
+    command.__signature__ = inspect.Signature(params, return_annotation=None)  # type: ignore[attr-defined]
+    command.__annotations__ = {p.name: p.annotation for p in params}
+    command.__doc__ = doc
+    command.__name__ = name
+    return command
+
+
 def _agent_command(agent: str) -> Callable[..., None]:
     """`vmsandbox AGENT [PATH] [-- ARGS]`: `run --blueprint AGENT PATH -- <its command> <skip flag> ARGS`,
     with `run`'s options (but --blueprint), ending with the review."""
 
     def command(**given: Any) -> None:
-        from vmsandbox.session.options import RunFlags
-
         path = given.pop("path")
-        given["allow"] = tuple(given.get("allow") or ())
-        given["publish"] = tuple(given.get("publish") or ())
-        run_session(path, agent, Invocation.command or [], RunFlags(**given), agent=True)
+        run_session(path, agent, Invocation.command or [], flags_of(given), agent=True)
 
-    hints = typing.get_type_hints(run, include_extras=True)  # run's annotations are strings (PEP 563)
-    params = [
-        p.replace(annotation=hints[p.name]) for p in inspect.signature(run).parameters.values() if p.name != "blueprint"
-    ]
-    command.__signature__ = inspect.Signature(params, return_annotation=None)  # type: ignore[attr-defined]
-    command.__annotations__ = {p.name: p.annotation for p in params}
-    command.__doc__ = (
+    doc = (
         f"Run {agent} in a disposable VM on PATH — with its permission prompts off, the VM is the sandbox — "
         f"then review what it changed. Arguments after `--` go to {agent}.\n\n"
         f"Examples: `vmsandbox {agent} .` · `vmsandbox {agent} --keep . -- --help`"
     )
-    command.__name__ = agent
-    return command
+    return like_run(command, agent, doc, leave_out="blueprint")
 
 
 for _agent in AGENTS:

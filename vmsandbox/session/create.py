@@ -124,7 +124,9 @@ def _prepare(record: Record, user: GuestUser, settings: Settings, bp: Blueprint,
             record.baseline_entries = len(capture.capture(Path(record.project), files))
     else:
         with ui.step("Copying the capture of the project"):
-            record.baseline_entries = len(capture.copy_from(paths.SessionPaths(opts.baseline_from), files))
+            record.baseline_entries = len(
+                capture.copy_from(paths.SessionPaths(opts.baseline_from), files, opts.baseline_from / capture.PRISTINE)
+            )
     with ui.step("Preparing the session (keys, identity)"):
         client_pub = ssh.generate_key(files.client_key, f"vmsandbox-{record.name}")
         ssh.generate_key(files.host_key, f"vmsandbox-{record.name}-host")

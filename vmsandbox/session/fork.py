@@ -152,14 +152,11 @@ def _copy_state(source: Record, cp: Checkpoint, record: Record) -> None:
         raise VmsandboxError(f"{src.root / cp.chain[0]} has no backing image")
     qemuimg.copy_above(src.root / cp.overlay, Path(below), record.system_disk)
     record.system_disk.chmod(0o600)
-    capture.copy_disk(cp.workspace, files.workspace_disk)
-    proc.run(["cp", "-a", "--reflink=auto", src.baseline, files.baseline])
-    for f in (src.baseline_manifest, src.decisions, src.hashes("project")):
+    capture.copy_from(src, files, cp.workspace)
+    for f in (src.decisions, src.hashes("project")):
         if f.exists():
             shutil.copyfile(f, files.root / f.name)
-    # the mirror starts as the baseline again: with no record of it, the fork's first pull reads the whole tree
-    proc.run(["cp", "-a", "--reflink=auto", files.baseline, files.guest_tree])
-    confine.hand_over(files.guest_tree, confine.guest_data_account())
+    # the guest's tree is not the baseline's any more: with no record of the mirror, the first pull walks it
     delta.forget(files.root)
 
 

@@ -151,7 +151,7 @@ def retire(record: Record) -> None:
     _stop(record.files, record.libvirt_uri, record.domain)
     files = record.files
     doomed = [files.workspace_disk, files.client_key, files.client_key.with_suffix(".pub")]
-    doomed += [files.root / name for name in {*record.overlays, *chain.present(files.root)}]  # checkpoints' too
+    doomed += [files.root / name for name in chain.present(files.root)]  # the VM's and its checkpoints'
     for f in doomed:
         f.unlink(missing_ok=True)
     for d in (files.fwcfg_dir, files.guest_tree, files.checkpoints):

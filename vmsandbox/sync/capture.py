@@ -66,14 +66,15 @@ def capture(project: Path, files: SessionPaths, *, pristine: bool = False) -> tr
     return manifest
 
 
-def copy_from(source: SessionPaths, files: SessionPaths) -> tree.Manifest:
-    """A session's capture copied from one made for many (a fan-out captures the project once, with
-    `pristine`): its baseline, manifest and workspace disk as they were made, and a mirror of its own."""
+def copy_from(source: SessionPaths, files: SessionPaths, workspace: Path) -> tree.Manifest:
+    """A session's capture copied from another's: its baseline and manifest, `workspace` as its workspace disk (a
+    fan-out's capture made once with `pristine`, a checkpoint's copy), and a mirror of its own that starts as
+    the baseline."""
     check_space(source.baseline, files.root)
     proc.run(["cp", "-a", "--reflink=auto", source.baseline, files.baseline])
     shutil.copyfile(source.baseline_manifest, files.baseline_manifest)
     manifest = tree.from_json(json.loads(files.baseline_manifest.read_text()))
-    copy_disk(source.root / PRISTINE, files.workspace_disk)
+    copy_disk(workspace, files.workspace_disk)
     proc.run(["cp", "-a", "--reflink=auto", files.baseline, files.guest_tree])
     confine.hand_over(files.guest_tree, confine.guest_data_account())
     delta.save(files.root, {})
