@@ -16,6 +16,8 @@ VMSANDBOX := $(VENV)/bin/vmsandbox
 # libvirt-python), debootstrap/e2fsprogs (the base image), rsync/openssh-client (the workspace), git.
 APT_PACKAGES := qemu-system-x86 qemu-utils libvirt-daemon-system libvirt-clients libvirt-dev pkg-config \
 	gcc python3-dev python3-venv debootstrap e2fsprogs rsync openssh-client git make ca-certificates procps
+# The tests also play a remote libvirt host on this machine, reached through an sshd they start on 127.0.0.1.
+TEST_APT_PACKAGES := openssh-server
 
 .PHONY: help setup apt venv host image run test lint unit integration bench clean
 
@@ -27,7 +29,7 @@ help:
 setup: apt venv host
 
 apt:
-	@missing=$$(for p in $(APT_PACKAGES); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null \
+	@missing=$$(for p in $(APT_PACKAGES) $(EXTRA_APT); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null \
 		| grep -q '^install ok installed' || echo $$p; done); \
 	if [ -n "$$missing" ]; then \
 		echo "Installing: $$missing"; \
@@ -62,9 +64,11 @@ lint: venv
 unit: venv
 	$(VENV)/bin/pytest tests/unit -q
 
+integration: EXTRA_APT := $(TEST_APT_PACKAGES)
 integration: image
 	$(VENV)/bin/pytest tests/integration -q
 
+test: EXTRA_APT := $(TEST_APT_PACKAGES)
 test: image lint
 	$(VENV)/bin/pytest -q --durations=15
 

@@ -27,6 +27,8 @@ def _shown(field: str, value: Any) -> str:
         return f"{value} MiB"
     if field == "secrets":
         return ", ".join(f"{m.secret} → {m.host} ({m.header})" for m in value) or "none"
+    if field == "hosts":
+        return ", ".join(f"{h.name} ({h.uri})" for h in value) or "none"
     if isinstance(value, tuple):
         return ", ".join(value) or "none"
     if isinstance(value, bool):
@@ -61,14 +63,18 @@ def json_schema(*, blueprint: bool = False) -> dict[str, Any]:
     from vmsandbox import schema
     from vmsandbox.egress.mapping import SECRET_FIELDS
     from vmsandbox.image import blueprint as blueprints
+    from vmsandbox.session import hostspec
     from vmsandbox.session.config import FIELDS
 
     items = schema.json_schema(SECRET_FIELDS, title="secret mapping", required=("secret", "host", "header"))
     items.pop("$schema")
+    hosts = schema.json_schema(hostspec.FIELDS, title="libvirt host", required=("name", "uri"))
+    hosts.pop("$schema")
     if blueprint:
         extras = {"node": {"minimum": 18, "maximum": 40}}
         return schema.json_schema(blueprints.FIELDS, title="vmsandbox blueprint", items=items, extras=extras)
-    return schema.json_schema(FIELDS, title="vmsandbox config", items=items, extras=SCHEMA_EXTRAS)
+    with_hosts: dict[str, dict[str, Any]] = {**SCHEMA_EXTRAS, "hosts": {"items": hosts}}
+    return schema.json_schema(FIELDS, title="vmsandbox config", items=items, extras=with_hosts)
 
 
 @config_app.command("show")

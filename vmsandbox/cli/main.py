@@ -15,7 +15,18 @@ from typing import Annotated, NoReturn
 import typer
 
 from vmsandbox import __version__, paths, ui
-from vmsandbox.cli import blueprints, configs, experiments, host, images, review, run, secrets, sessions  # noqa: F401
+from vmsandbox.cli import (  # noqa: F401
+    blueprints,
+    configs,
+    experiments,
+    host,
+    hosts,
+    images,
+    review,
+    run,
+    secrets,
+    sessions,
+)
 from vmsandbox.cli.base import EXIT_ERROR, EXIT_INTERRUPTED, Invocation, app
 from vmsandbox.errors import VmsandboxError
 

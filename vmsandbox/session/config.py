@@ -16,6 +16,7 @@ from vmsandbox.egress.mapping import SecretMapping, parse_secret_mapping
 from vmsandbox.egress.netpolicy import Mode
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.schema import Mappings, Size, check, located, parse_yaml
+from vmsandbox.session.hostspec import HostSpec, parse_hosts
 from vmsandbox.vm.accel import Accel
 
 if TYPE_CHECKING:
@@ -38,6 +39,7 @@ FIELDS: dict[str, type] = {
     "allow_networks": list,
     "secrets": Mappings,
     "sync_limit": Size,
+    "hosts": Mappings,
 }
 # What a VM may be given: below these minimums the guest does not boot (memory), its image does not fit (disk),
 # or nothing useful syncs; boot_timeout in seconds.
@@ -82,6 +84,7 @@ class Settings:
     secrets: tuple[SecretMapping, ...] = ()  # every source adds; a later mapping for the same host wins
     allow_networks: tuple[str, ...] = ()  # non-public networks allowed names may resolve to
     sync_limit_mib: int = 16 * 1024  # a pull writes at most this much, and takes no larger file
+    hosts: tuple[HostSpec, ...] = ()  # other libvirt hosts (hostspec.py); this machine is `libvirt_uri`
 
     def rules(self) -> tuple[netpolicy.Rule, ...]:
         return tuple(netpolicy.parse_rule(a, source="allowlist") for a in self.allow)
@@ -117,6 +120,8 @@ class Settings:
         for key in ("libvirt_uri", "boot_timeout", "trust_host_ca"):
             if key in data:
                 changes[key] = data[key]
+        if "hosts" in data:
+            changes["hosts"] = parse_hosts(data["hosts"], source=source)
         changes.update(self._network_changes(data, source, label))
         return replace(self, **changes)
 
@@ -214,10 +219,14 @@ def project_file(project: Path) -> ProjectFile | None:
         Settings().merged(data, str(path))  # every value checked before anything asks for trust
     except VmsandboxError as exc:
         raise located(exc, str(path), raw) from None
-    if "libvirt_uri" in data:
+    for key in ("libvirt_uri", "hosts"):
+        if key not in data:
+            continue
         raise VmsandboxError(
-            f"{path}: `libvirt_uri` is never taken from a project file",
-            hint=f"set it in {paths.config_dir() / USER_FILE} or VMSANDBOX_LIBVIRT_URI, then remove it there",
+            f"{path}: `{key}` is never taken from a project file",
+            hint=f"set it in {paths.config_dir() / USER_FILE}"
+            + (" or VMSANDBOX_LIBVIRT_URI" if key == "libvirt_uri" else "")
+            + ", then remove it there",
         )
     return ProjectFile(path, raw, data)
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import xml.etree.ElementTree as ET
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +14,10 @@ import libvirt
 
 from vmsandbox import paths
 from vmsandbox.errors import VmsandboxError
+from vmsandbox.vm import storage
+from vmsandbox.vm.node import DomainInfo as DomainInfo  # noqa: PLC0414 - re-exported: callers say virt.DomainInfo
+from vmsandbox.vm.node import Node
+from vmsandbox.vm.node import gone as gone  # noqa: PLC0414 - re-exported
 
 log = logging.getLogger(__name__)
 DEFAULT_URI = "qemu:///system"
@@ -31,23 +35,6 @@ _STATES = {
     libvirt.VIR_DOMAIN_CRASHED: "crashed",
     libvirt.VIR_DOMAIN_PMSUSPENDED: "suspended",
 }
-
-
-@dataclass(frozen=True)
-class DomainInfo:
-    name: str
-    state: str
-    pid: int | None
-
-    @property
-    def stopped(self) -> bool:
-        """It powered off or crashed: it is not coming back."""
-        return self.state in ("shutoff", "crashed")
-
-
-def gone(info: DomainInfo | None) -> bool:
-    """No domain, or one that powered off or crashed."""
-    return info is None or info.stopped
 
 
 class UnreachableError(VmsandboxError):
@@ -212,3 +199,112 @@ class Hypervisor:
         with contextlib.suppress(libvirt.libvirtError):
             dom.undefine()
         return True
+
+    def node(self) -> Node:
+        c = self._conn
+        try:
+            stats = c.getMemoryStats(libvirt.VIR_NODE_MEMORY_STATS_ALL_CELLS)
+            cpu = ET.fromstring(c.getCapabilities()).find("host/cpu")  # noqa: S314 - a host the user's config names
+            kvm_error = None
+            try:
+                c.getDomainCapabilities(None, "x86_64", None, "kvm", 0)
+            except libvirt.libvirtError as exc:
+                kvm_error = _message(exc)
+            return Node(
+                c.getHostname(),
+                self.version(),
+                self.qemu_version(),
+                int(c.getInfo()[2]),
+                stats["total"] // 1024,
+                (stats["free"] + stats.get("buffers", 0) + stats.get("cached", 0)) // 1024,
+                frozenset(f.get("name", "") for f in ([] if cpu is None else cpu.iter("feature"))),
+                kvm_error,
+            )
+        except libvirt.libvirtError as exc:
+            raise VmsandboxError(f"libvirt at {self.uri} did not describe its host: {_message(exc)}") from exc
+
+    def pool(self, name: str, path: str) -> str:
+        """Make sure the dir storage pool NAME exists (made at PATH if not), runs, and starts with libvirtd;
+        return the directory it is at."""
+        try:
+            try:
+                pool = self._conn.storagePoolLookupByName(name)
+            except libvirt.libvirtError:
+                pool = self._conn.storagePoolDefineXML(storage.pool_xml(name, path), 0)
+                pool.build(0)
+                pool.setAutostart(1)
+            if not pool.isActive():
+                pool.create(0)
+            pool.refresh(0)
+            return str(ET.fromstring(pool.XMLDesc(0)).findtext("target/path", ""))  # noqa: S314 - as node()
+        except libvirt.libvirtError as exc:
+            raise VmsandboxError(
+                f"libvirt at {self.uri} could not make its storage pool {name} at {path}: {_message(exc)}",
+                hint="set `pool_path` of that host in ~/.config/vmsandbox/config.yaml to a directory libvirtd may use",
+            ) from exc
+
+    def volumes(self, pool: str) -> dict[str, str]:
+        """The volumes of a pool as its host sees them now: name -> path there ({} if there is no such pool)."""
+        try:
+            found = self._conn.storagePoolLookupByName(pool)
+            if not found.isActive():
+                return {}
+            found.refresh(0)
+            return {v.name(): v.path() for v in found.listAllVolumes(0)}
+        except libvirt.libvirtError as exc:
+            if exc.get_error_code() == libvirt.VIR_ERR_NO_STORAGE_POOL:
+                return {}
+            raise VmsandboxError(f"cannot list the volumes of pool {pool} at {self.uri}: {_message(exc)}") from exc
+
+    def delete_volume(self, pool: str, name: str) -> None:
+        with contextlib.suppress(libvirt.libvirtError):
+            self._conn.storagePoolLookupByName(pool).storageVolLookupByName(name).delete(0)
+
+    def upload(
+        self,
+        pool: str,
+        name: str,
+        source: Path,
+        progress: storage.Progress | None = None,
+        patches: dict[int, bytes] | None = None,
+    ) -> str:
+        """Make volume NAME (replacing one of that name) holding SOURCE's bytes (with `patches` laid over them),
+        holes kept as holes; return the SHA-256 of what was sent."""
+        self.delete_volume(pool, name)
+        fd = os.open(source, os.O_RDONLY | os.O_NOFOLLOW)
+        stream = self._conn.newStream(0)
+        try:
+            size = os.fstat(fd).st_size
+            vol = self._conn.storagePoolLookupByName(pool).createXML(storage.volume_xml(name, size), 0)
+            sending = storage.Outgoing(fd, progress, patches)
+            vol.upload(stream, 0, size, libvirt.VIR_STORAGE_VOL_UPLOAD_SPARSE_STREAM)
+            stream.sparseSendAll(sending.read, sending.section, sending.skip, None)
+            stream.finish()
+            return sending.sha.hexdigest()
+        except libvirt.libvirtError as exc:
+            with contextlib.suppress(libvirt.libvirtError):
+                stream.abort()
+            self.delete_volume(pool, name)
+            raise VmsandboxError(
+                f"uploading {source.name} to pool {pool} at {self.uri} failed: {_message(exc)}",
+                hint="check free space in that host's pool directory (`vmsandbox hosts`), then try again",
+            ) from exc
+        finally:
+            os.close(fd)
+
+    def download(
+        self, pool: str, name: str, *, keep: int = 0, progress: storage.Progress | None = None
+    ) -> storage.Incoming:
+        """Read volume NAME back: its SHA-256 (holes as zeros) and its first `keep` bytes."""
+        stream = self._conn.newStream(0)
+        try:
+            vol = self._conn.storagePoolLookupByName(pool).storageVolLookupByName(name)
+            got = storage.Incoming(keep, progress)
+            vol.download(stream, 0, 0, libvirt.VIR_STORAGE_VOL_DOWNLOAD_SPARSE_STREAM)
+            stream.sparseRecvAll(got.data, got.hole, None)
+            stream.finish()
+        except libvirt.libvirtError as exc:
+            with contextlib.suppress(libvirt.libvirtError):
+                stream.abort()
+            raise VmsandboxError(f"reading volume {name} of pool {pool} at {self.uri} failed: {_message(exc)}") from exc
+        return got

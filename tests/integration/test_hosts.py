@@ -1,0 +1,213 @@
+"""Other libvirt hosts, played by a second libvirtd in its own mount namespace reached over qemu+ssh through
+an sshd on 127.0.0.1 (farhost.py): `vmsandbox hosts` lists every host and the reason one does not answer,
+and `host prepare` sends an image into a host's storage pool once, checked, and again only when it is not
+whole there. All traffic stays on loopback."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import socket
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.integration import farhost
+from tests.integration.conftest import Cli
+from vmsandbox.image import store
+
+IMAGE_FILES = ("disk.qcow2", "vmlinuz", "initrd.img")
+
+
+@pytest.fixture(scope="module")
+def far(host: str) -> Iterator[farhost.FarHost]:
+    root = Path(tempfile.mkdtemp(prefix="vmsandbox-far-", dir="/var/tmp")) / "far"
+    try:
+        found = farhost.start(root)
+    except RuntimeError as exc:
+        pytest.fail(str(exc))
+    yield found
+    found.stop()
+    shutil.rmtree(root.parent, ignore_errors=True)
+
+
+def _config(tmp_path: Path, *hosts: dict[str, object]) -> dict[str, str]:
+    conf = tmp_path / "config"
+    conf.mkdir(exist_ok=True)
+    (conf / "config.yaml").write_text(json.dumps({"hosts": list(hosts)}))  # JSON is YAML
+    return {"VMSANDBOX_CONFIG_DIR": str(conf)}
+
+
+def _sha256(path: Path) -> str:
+    sha = hashlib.sha256()
+    with path.open("rb") as f:
+        while chunk := f.read(1 << 20):
+            sha.update(chunk)
+    return sha.hexdigest()
+
+
+def test_hosts_lists_each_host_and_why_one_does_not_answer(
+    cli: Cli, far: farhost.FarHost, tmp_path: Path, base_image: store.Image
+) -> None:
+    refused = farhost.free_port()  # nothing listens there
+    silent = socket.socket()  # takes connections and never says a word: ssh waits for a banner
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(8)
+    silent_port = silent.getsockname()[1]
+    try:
+        env = cli.env(
+            **_config(
+                tmp_path,
+                {"name": "far", "uri": far.uri, "max_sessions": 3},
+                {"name": "refused", "uri": f"qemu+ssh://root@127.0.0.1:{refused}/system?command={far.ssh}&no_tty=1"},
+                {"name": "silent", "uri": f"qemu+ssh://root@127.0.0.1:{silent_port}/system?no_tty=1"},
+            )
+        )
+        started = time.monotonic()
+        result = cli.run("hosts", "--json", "--timeout", "5", env=env)
+        took = time.monotonic() - started
+        assert result.returncode == 0, result.stderr.decode()
+        rows = {r["name"]: r for r in json.loads(result.stdout)}
+        assert list(rows) == ["local", "far", "refused", "silent"]
+        for name in ("local", "far"):
+            assert rows[name]["reachable"] is True, rows[name]
+            assert rows[name]["libvirt"] and rows[name]["qemu"] and rows[name]["cpus"] >= 1
+            assert rows[name]["available_mib"] > 0
+            assert rows[name]["accel"] == "tcg"  # this machine's KVM is not one guests can use
+        assert rows["far"]["max_sessions"] == 3
+        assert base_image.path.name in rows["local"]["images"]
+        assert rows["refused"]["reachable"] is False
+        assert "Connection refused" in rows["refused"]["problem"], rows["refused"]
+        assert rows["silent"] == {**rows["silent"], "reachable": False, "problem": "no answer in 5 s"}
+        assert took < 30, f"a silent host held `hosts` for {took:.0f} s"
+
+        table = cli.run("hosts", "--timeout", "5", env=env)
+        assert table.returncode == 0
+        lines = table.stdout.decode().splitlines()
+        assert lines[0].split()[:3] == ["HOST", "STATE", "VERSIONS"]
+        assert [ln.split()[1] for ln in lines[1:]] == ["ok", "ok", "unreachable", "unreachable"]
+        assert "virsh -c URI version" in table.stderr.decode()
+    finally:
+        silent.close()
+
+
+def _inside(far: farhost.FarHost, *argv: str) -> str:
+    done = far.run_inside(*argv)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def test_an_image_goes_to_a_host_once_checked_and_again_when_not_whole(
+    cli: Cli, far: farhost.FarHost, tmp_path: Path, base_image: store.Image
+) -> None:
+    pool_path = f"/var/lib/libvirt/vmsandbox-it-{tmp_path.name[-12:]}"
+    name = base_image.path.name
+    env = cli.env(**_config(tmp_path, {"name": "far", "uri": far.uri, "pool_path": pool_path}))
+    try:
+        first = cli.run("host", "prepare", "far", env=env)
+        assert first.returncode == 0, first.stderr.decode()
+        assert f"Image {name} on host far: sent" in first.stderr.decode()
+        listing = _inside(far, "ls", pool_path).split()
+        assert sorted(listing) == sorted([*(f"{name}.{f}" for f in IMAGE_FILES), f"{name}.ready"])
+        # what is there is what we have, byte for byte, and only the stand-in's mount namespace sees it
+        for f in IMAGE_FILES:
+            there = _inside(far, "sha256sum", f"{pool_path}/{name}.{f}").split()[0]
+            assert there == _sha256(base_image.path / f), f
+        assert not Path(pool_path).exists()
+        # holes stayed holes: the disk takes no more room there than here
+        here_blocks = (base_image.path / "disk.qcow2").stat().st_blocks
+        there_blocks = int(_inside(far, "stat", "-c", "%b", f"{pool_path}/{name}.disk.qcow2"))
+        assert there_blocks <= here_blocks * 1.05 + 2048
+
+        again = cli.run("host", "prepare", "far", env=env)
+        assert again.returncode == 0, again.stderr.decode()
+        assert "already there" in again.stderr.decode()
+        assert "Sending" not in again.stderr.decode()
+
+        listed = json.loads(cli.run("hosts", "--json", env=env).stdout)
+        assert name in next(r for r in listed if r["name"] == "far")["images"]
+
+        # an upload cut off: the record of it is gone and a volume is short. It is not used; it is sent again.
+        _inside(far, "rm", f"{pool_path}/{name}.ready")
+        _inside(far, "truncate", "-s", "4096", f"{pool_path}/{name}.vmlinuz")
+        listed = json.loads(cli.run("hosts", "--json", env=env).stdout)
+        assert name not in next(r for r in listed if r["name"] == "far")["images"]
+        resent = cli.run("host", "prepare", "far", env=env)
+        assert resent.returncode == 0, resent.stderr.decode()
+        assert f"Image {name} on host far: sent" in resent.stderr.decode()
+        assert _inside(far, "sha256sum", f"{pool_path}/{name}.vmlinuz").split()[0] == _sha256(
+            base_image.path / "vmlinuz"
+        )
+
+        # the config names another directory than the pool has: said, with both paths
+        moved = cli.env(**_config(tmp_path, {"name": "far", "uri": far.uri, "pool_path": "/srv/elsewhere"}))
+        wrong = cli.run("host", "prepare", "far", env=moved)
+        assert wrong.returncode != 0
+        assert pool_path in wrong.stderr.decode() and "/srv/elsewhere" in wrong.stderr.decode()
+    finally:
+        _drop_pool(far)
+
+
+def test_a_full_pool_is_said_with_the_host_and_leaves_nothing_half_sent(
+    cli: Cli, far: farhost.FarHost, tmp_path: Path, base_image: store.Image
+) -> None:
+    pool_path = "/var/lib/libvirt/vmsandbox-small"
+    _inside(far, "mkdir", "-p", pool_path)
+    _inside(far, "mount", "-t", "tmpfs", "-o", "size=64m", "vmsandbox-small", pool_path)
+    env = cli.env(**_config(tmp_path, {"name": "small", "uri": far.uri, "pool_path": pool_path}))
+    try:
+        result = cli.run("host", "prepare", "small", env=env)
+        assert result.returncode != 0
+        err = result.stderr.decode()
+        assert "host small" in err or "pool vmsandbox" in err, err
+        assert "free space" in err, err
+        assert "Traceback" not in err
+        assert _inside(far, "ls", "-A", pool_path).split() == []  # the cut-off volume was deleted
+    finally:
+        _drop_pool(far)
+        far.run_inside("umount", pool_path)
+
+
+def _drop_pool(far: farhost.FarHost) -> None:
+    """Each test makes the pool at a path of its own: take the definition away (files stay in the stand-in)."""
+    for verb in ("pool-destroy", "pool-undefine"):
+        far.run_inside("virsh", "-c", "qemu:///system", verb, "vmsandbox")
+
+
+def test_a_layer_travels_after_its_base_naming_the_base_volume_as_its_backing_file(
+    far: farhost.FarHost, tmp_path: Path, base_image: store.Image
+) -> None:
+    """A blueprint layer's header names the base's disk by its path here; there it names the base's volume
+    beside it, and reads the same, block for block (checked by qemu-img in the stand-in's namespace)."""
+    import subprocess
+
+    from vmsandbox.session import hostimages, hostspec
+    from vmsandbox.vm.virt import Hypervisor
+
+    layer_dir = tmp_path / "bp-it-layer"
+    layer_dir.mkdir()
+    disk = layer_dir / "disk.qcow2"
+    subprocess.run(["qemu-img", "create", "-q", "-f", "qcow2", "-F", "qcow2", "-b", base_image.disk, disk], check=True)
+    subprocess.run(["qemu-io", "-c", "write -P 0x5a 1M 192k", "-c", "write -z 2M 64k", disk], check=True)
+    layer = store.Image("it-layer", layer_dir, {"built_at": "now", "base_version": base_image.version})
+    pool_path = "/var/lib/libvirt/vmsandbox-layer"
+    spec = hostspec.HostSpec("far", far.uri, pool_path=pool_path)
+    try:
+        with Hypervisor(far.uri) as hv:
+            assert hostimages.ensure(hv, spec, layer) is True
+            assert hostimages.ensure(hv, spec, layer) is False
+            assert hostimages.ready(hv) == sorted([base_image.path.name, layer_dir.name])
+        there = f"{pool_path}/{layer_dir.name}.disk.qcow2"
+        info = json.loads(_inside(far, "qemu-img", "info", "--output=json", there))
+        assert info["backing-filename"] == f"{base_image.path.name}.disk.qcow2"
+        assert info["full-backing-filename"] == f"{pool_path}/{base_image.path.name}.disk.qcow2"
+        assert "Images are identical" in _inside(far, "qemu-img", "compare", str(disk), there)
+        here = subprocess.run(["qemu-img", "info", "--output=json", disk], capture_output=True, text=True, check=True)
+        assert json.loads(here.stdout)["backing-filename"] == str(base_image.disk), "the layer here was changed"
+        assert not Path(pool_path).exists()
+    finally:
+        _drop_pool(far)

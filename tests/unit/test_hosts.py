@@ -1,0 +1,262 @@
+"""Hosts: the `hosts:` config, what `host prepare` records of an image sent, and both ends of a sparse stream."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from vmsandbox.errors import VmsandboxError
+from vmsandbox.image.store import Image
+from vmsandbox.session import config, hostimages, hostspec
+from vmsandbox.vm import storage
+from vmsandbox.vm.node import Node
+
+
+def _user_config(tmp_path: Path, text: str) -> None:
+    (tmp_path / "config").mkdir(exist_ok=True)
+    (tmp_path / "config" / "config.yaml").write_text(text)
+
+
+def test_hosts_are_read_from_the_user_config(tmp_path: Path) -> None:
+    _user_config(
+        tmp_path,
+        "hosts:\n"
+        "  - name: big\n    uri: qemu+ssh://me@big.example/system\n    max_sessions: 4\n    keep_free: 2G\n"
+        "  - name: lab-2\n    uri: qemu+tls://lab2/system\n    pool_path: /srv/vms/\n",
+    )
+    s = config.load()
+    assert s.hosts == (
+        hostspec.HostSpec("big", "qemu+ssh://me@big.example/system", 4, 2048),
+        hostspec.HostSpec("lab-2", "qemu+tls://lab2/system", None, 1024, "/srv/vms"),
+    )
+    assert [h.name for h in hostspec.every(s.libvirt_uri, s.hosts)] == ["local", "big", "lab-2"]
+    assert not hostspec.every(s.libvirt_uri, s.hosts)[0].remote
+    assert s.hosts[0].remote
+    assert hostspec.named(s.libvirt_uri, s.hosts, "lab-2").uri == "qemu+tls://lab2/system"
+    with pytest.raises(VmsandboxError, match="no host named 'lab3'") as err:
+        hostspec.named(s.libvirt_uri, s.hosts, "lab3")
+    assert err.value.hint is not None and "local, big, lab-2" in err.value.hint
+
+
+@pytest.mark.parametrize(
+    ("entry", "needle"),
+    [
+        ("{name: a, uri: 'qemu+tcp://h/system'}", "neither encrypts nor authenticates"),
+        ("{name: a, uri: 'xen+ssh://h/'}", "is not a libvirt QEMU URI"),
+        ("{name: a, uri: 'qemu+ssh://h/'}", "is not a libvirt QEMU URI"),
+        ("{name: local, uri: 'qemu+ssh://h/system'}", "`name` 'local' is not a host name"),
+        ("{name: Big Box, uri: 'qemu+ssh://h/system'}", "is not a host name"),
+        ("{name: a, uri: 'qemu+ssh://h/system', max_sessions: 0}", "`max_sessions` must be at least 1"),
+        ("{name: a, uri: 'qemu+ssh://h/system', pool_path: 'vms'}", "`pool_path` must be an absolute path"),
+        ("{name: a, uri: 'qemu+ssh://h/system', maxsessions: 2}", "unknown key `maxsessions`"),
+        ("{name: a}", "missing key `uri`"),
+        ("{name: a, uri: 'qemu+ssh://h/system', keep_free: lots}", "cannot read size"),
+    ],
+)
+def test_a_bad_host_entry_names_the_file_the_entry_and_the_key(tmp_path: Path, entry: str, needle: str) -> None:
+    _user_config(tmp_path, f"cpus: 1\nhosts:\n  - {entry}\n")
+    with pytest.raises(VmsandboxError) as err:
+        config.load()
+    assert needle in err.value.message
+    assert "config.yaml, line 2" in err.value.message
+    assert "`hosts[0]`" in err.value.message
+
+
+def test_a_host_named_twice_is_an_error(tmp_path: Path) -> None:
+    _user_config(tmp_path, "hosts:\n  - {name: a, uri: 'qemu:///system'}\n  - {name: a, uri: 'qemu+ssh://h/system'}\n")
+    with pytest.raises(VmsandboxError, match="given twice"):
+        config.load()
+
+
+def test_hosts_never_come_from_a_project(tmp_path: Path) -> None:
+    project = tmp_path / "proj"
+    project.mkdir()
+    (project / ".vmsandbox.yaml").write_text("hosts:\n  - {name: evil, uri: 'qemu+ssh://attacker/system'}\n")
+    with pytest.raises(VmsandboxError, match="`hosts` is never taken from a project file") as err:
+        config.load(project)
+    assert err.value.hint is not None and "VMSANDBOX_LIBVIRT_URI" not in err.value.hint
+
+
+def test_the_config_schema_describes_a_host_entry() -> None:
+    from vmsandbox.cli.configs import json_schema
+
+    hosts = json_schema()["properties"]["hosts"]
+    assert hosts["type"] == "array"
+    assert hosts["items"]["required"] == ["name", "uri"]
+    assert set(hosts["items"]["properties"]) == set(hostspec.FIELDS)
+    assert hosts["items"]["additionalProperties"] is False
+
+
+def _image(tmp_path: Path, built_at: str = "2026-12-01T10:00:00") -> Image:
+    d = tmp_path / "base-x"
+    d.mkdir(exist_ok=True)
+    for f, size in zip(hostimages.FILES, (3000, 200, 100), strict=True):
+        (d / f).write_bytes(b"x" * size)
+    return Image("x", d, {"built_at": built_at})
+
+
+def test_what_was_sent_matches_only_the_same_build_and_sizes(tmp_path: Path) -> None:
+    image = _image(tmp_path)
+    sent = hostimages.Sent(
+        "2026-12-01T10:00:00", {f: ((image.path / f).stat().st_size, "ab" * 32) for f in hostimages.FILES}
+    )
+    again = hostimages.Sent.parse(sent.as_json().encode() + b"\0\0")
+    assert again == sent
+    assert again.matches(image)
+    assert not hostimages.Sent("2026-12-02T10:00:00", sent.files).matches(image)  # rebuilt since
+    (image.path / "vmlinuz").write_bytes(b"y" * 201)
+    assert not sent.matches(image)
+    assert not hostimages.Sent(sent.built_at, dict(list(sent.files.items())[:2])).matches(image)
+
+
+@pytest.mark.parametrize("raw", [b"", b"{", b"[]", b'{"built_at": 1}', b'{"built_at": "a", "files": {"f": [1]}}'])
+def test_a_damaged_record_of_what_was_sent_is_none(raw: bytes) -> None:
+    assert hostimages.Sent.parse(raw) is None
+
+
+def _sparse(path: Path) -> bytes:
+    """A file with a hole at its start, data, a hole in the middle, data, and a hole at its end; its bytes."""
+    with path.open("wb") as f:
+        f.seek(1 << 20)
+        f.write(b"A" * 5000)
+        f.seek(3 << 20)
+        f.write(b"B" * 7000)
+        f.truncate(5 << 20)
+    return path.read_bytes()
+
+
+def _send(path: Path) -> tuple[list[tuple[str, Any]], storage.Outgoing]:
+    """What libvirt's sparseSendAll would do with our handlers: ask for the section, then skip or read it."""
+    fd = os.open(path, os.O_RDONLY)
+    done: list[int] = []
+    sending = storage.Outgoing(fd, done.append)
+    steps: list[tuple[str, Any]] = []
+    try:
+        while True:
+            in_data, length = sending.section(None, None)
+            if length == 0:
+                break
+            if in_data:
+                data = b""
+                while len(data) < length:
+                    chunk = sending.read(None, min(4096, length - len(data)), None)
+                    assert chunk
+                    data += chunk
+                steps.append(("data", data))
+            else:
+                sending.skip(None, length, None)
+                steps.append(("hole", length))
+    finally:
+        os.close(fd)
+    assert done[-1] == path.stat().st_size
+    return steps, sending
+
+
+def test_a_sparse_file_is_sent_as_its_data_and_its_holes_and_hashed_whole(tmp_path: Path) -> None:
+    whole = _sparse(tmp_path / "disk")
+    steps, sending = _send(tmp_path / "disk")
+    holes = [n for kind, n in steps if kind == "hole"]
+    data = [d for kind, d in steps if kind == "data"]
+    assert len(holes) >= 2, steps  # the file system kept holes: they are skipped, not read
+    assert sum(holes) + sum(len(d) for d in data) == len(whole)
+    assert sum(len(d) for d in data) < len(whole) // 4
+    assert sending.sha.hexdigest() == hashlib.sha256(whole).hexdigest()
+
+    received = storage.Incoming(keep=(1 << 20) + 10)
+    for kind, item in steps:  # the same stream read back: the same hash, and the first bytes kept
+        if kind == "hole":
+            assert received.hole(None, item, None) == 0
+        else:
+            assert received.data(None, item, None) == len(item)
+    assert received.sha.hexdigest() == sending.sha.hexdigest()
+    assert bytes(received.kept) == whole[: (1 << 20) + 10]
+
+
+def test_the_stream_of_a_file_without_holes_is_all_data(tmp_path: Path) -> None:
+    (tmp_path / "k").write_bytes(os.urandom(10000))
+    steps, sending = _send(tmp_path / "k")
+    assert [k for k, _ in steps] == ["data"]
+    assert sending.sha.hexdigest() == hashlib.sha256((tmp_path / "k").read_bytes()).hexdigest()
+
+
+def test_xml_of_a_pool_and_a_volume_is_built_as_data() -> None:
+    assert "<path>/srv/a&amp;b</path>" in storage.pool_xml("vmsandbox", "/srv/a&b")
+    vol = storage.volume_xml("base-x.disk.qcow2", 1234)
+    assert '<capacity unit="bytes">1234</capacity>' in vol and '<format type="raw" />' in vol
+
+
+def test_kvm_on_a_host_needs_the_cpu_flag_and_libvirt_saying_yes() -> None:
+    node = Node("h", "9.0.0", "7.2.0", 8, 32768, 30000, frozenset({"vmx", "aes"}), None)
+    assert node.kvm_problem() is None and node.accel == "kvm"
+    no_flag = Node("h", "9.0.0", "7.2.0", 8, 32768, 30000, frozenset({"hypervisor"}), None)
+    assert no_flag.accel == "tcg" and "vmx/svm" in (no_flag.kvm_problem() or "")
+    refused = Node("h", "9.0.0", "7.2.0", 8, 32768, 30000, frozenset({"svm"}), "KVM is not supported")
+    assert refused.kvm_problem() == "KVM is not supported"
+
+
+def test_host_listing_rows_keep_their_keys_when_a_host_does_not_answer() -> None:
+    from vmsandbox.session import hosts
+
+    up = hosts.Status(
+        hostspec.HostSpec("far", "qemu+ssh://h/system", 2),
+        Node("h", "9.0.0", "7.2.0", 8, 32768, 30000, frozenset({"vmx"}), None),
+        None,
+        1,
+        ("base-x",),
+    )
+    down = hosts.Status(hostspec.HostSpec("gone", "qemu+ssh://g/system"), None, "no answer in 20 s")
+    assert set(up.as_dict()) == set(down.as_dict())
+    assert up.as_dict()["accel"] == "kvm" and down.as_dict()["accel"] is None
+    assert json.loads(json.dumps(down.as_dict()))["problem"] == "no answer in 20 s"
+
+
+def _qcow2_header(backing: bytes, cluster: int = 65536) -> bytes:
+    """The first cluster of a qcow2 v3 file naming `backing` at offset 528 (as qemu-img writes it)."""
+    import struct
+
+    head = bytearray(cluster)
+    head[:4] = hostimages.QCOW2_MAGIC
+    head[4:8] = struct.pack(">I", 3)
+    head[8:20] = struct.pack(">QI", 528, len(backing))
+    head[528 : 528 + len(backing)] = backing
+    return bytes(head)
+
+
+def test_a_layer_header_is_rewritten_to_name_the_base_volume_on_the_way(tmp_path: Path) -> None:
+    old = b"/var/lib/vmsandbox/images/base-bookworm-1234/disk.qcow2"
+    disk = tmp_path / "disk.qcow2"
+    disk.write_bytes(_qcow2_header(old) + b"D" * 100000)
+    patches = hostimages.backing_patch(disk, "base-bookworm-1234.disk.qcow2")
+    fd = os.open(disk, os.O_RDONLY)
+    try:
+        sending = storage.Outgoing(fd, None, patches)
+        sent = b""
+        while chunk := sending.read(None, 333, None):  # reads that start and end inside the patched bytes
+            sent += chunk
+    finally:
+        os.close(fd)
+    assert disk.read_bytes()[528 : 528 + len(old)] == old  # the file here is not touched
+    assert len(sent) == disk.stat().st_size
+    assert sent[16:20] == len(b"base-bookworm-1234.disk.qcow2").to_bytes(4, "big")
+    assert sent[528 : 528 + len(old)] == b"base-bookworm-1234.disk.qcow2".ljust(len(old), b"\0")
+    assert sent[:16] == disk.read_bytes()[:16] and sent[600:] == disk.read_bytes()[600:]
+    assert sending.sha.hexdigest() == hashlib.sha256(sent).hexdigest()
+
+
+@pytest.mark.parametrize(
+    ("content", "needle"),
+    [
+        (b"not an image at all" * 10, "is not a qcow2 image"),
+        (_qcow2_header(b"short"), "where it cannot be rewritten"),
+        (_qcow2_header(b""), "where it cannot be rewritten"),
+    ],
+)
+def test_a_header_that_cannot_take_the_new_name_is_refused(tmp_path: Path, content: bytes, needle: str) -> None:
+    (tmp_path / "d").write_bytes(content)
+    with pytest.raises(VmsandboxError, match=needle):
+        hostimages.backing_patch(tmp_path / "d", "base-bookworm-1234.disk.qcow2")

@@ -1,0 +1,102 @@
+"""`vmsandbox hosts` and `vmsandbox host prepare`: the libvirt hosts sessions may run on, and their images."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from vmsandbox import ui
+from vmsandbox.cli.base import AsJson, app, columns, host_app, print_json
+
+
+def _mib(value: int | None) -> str:
+    return "-" if value is None else f"{value / 1024:.1f}G"
+
+
+@app.command("hosts")
+def hosts_command(
+    as_json: AsJson = False,
+    timeout: Annotated[
+        float, typer.Option("--timeout", min=1, help="Seconds to wait for a host before listing it unreachable.")
+    ] = 20.0,
+) -> None:
+    """List the libvirt hosts: this machine (`local`) and those under `hosts:` in your config. Each is asked at
+    once; one that does not answer is listed with the reason (the command still succeeds).
+
+    Example: `vmsandbox hosts --json`"""
+    from vmsandbox.session import config, hosts, hostspec
+
+    settings = config.load()
+    found = hosts.probe_all(hostspec.every(settings.libvirt_uri, settings.hosts), timeout)
+    if as_json:
+        print_json([s.as_dict() for s in found])
+        return
+    rows = []
+    for s in found:
+        n = s.node
+        if n is None:
+            rows.append([s.spec.name, "unreachable", "-", "-", "-", "-", "-", s.spec.uri, s.problem or ""])
+            continue
+        most = "" if s.spec.max_sessions is None else f"/{s.spec.max_sessions}"
+        rows.append(
+            [
+                s.spec.name,
+                "ok",
+                f"libvirt {n.libvirt}, QEMU {n.qemu}",
+                s.accel,
+                f"{_mib(n.available_mib)} of {_mib(n.memory_mib)}",
+                f"{s.sessions}{most}",
+                str(len(s.images)),
+                s.spec.uri,
+                "",
+            ]
+        )
+    columns(["HOST", "STATE", "VERSIONS", "ACCEL", "MEMORY FREE", "SESSIONS", "IMAGES", "URI", "PROBLEM"], rows)
+    if any(s.node is None and s.spec.remote for s in found):
+        ui.info(
+            "A host that does not answer: check that `virsh -c URI version` works from here (ssh by key, without a "
+            "password; libvirtd running there)."
+        )
+
+
+@host_app.command("prepare")
+def host_prepare(
+    name: Annotated[str, typer.Argument(help="A host under `hosts:` in your config (`vmsandbox hosts`).")],
+    image: Annotated[
+        str | None, typer.Option("--image", help="A base image's version (default: the current one).")
+    ] = None,
+    blueprint: Annotated[
+        str | None, typer.Option("--blueprint", "-b", help="Send this blueprint's layer (and its base) instead.")
+    ] = None,
+) -> None:
+    """Send an image to another host's storage pool now (a session placed there would send it first):
+    through libvirt streams, holes skipped, read back and checked by SHA-256, once per image and host.
+
+    Example: `vmsandbox host prepare big --blueprint claude`"""
+    from vmsandbox.errors import VmsandboxError
+    from vmsandbox.image import blueprint as blueprints
+    from vmsandbox.image import layers, store
+    from vmsandbox.session import config, hostimages, hostspec
+    from vmsandbox.vm.virt import Hypervisor
+
+    settings = config.load()
+    spec = hostspec.named(settings.libvirt_uri, settings.hosts, name)
+    if not spec.remote:
+        raise VmsandboxError(
+            f"host {name} is this machine: its images are used where they are", hint="name another host"
+        )
+    found = store.get_image(image) if image else store.current_image()
+    if blueprint is not None:
+        bp = blueprints.load(blueprint)
+        layer = layers.find(bp, found)
+        if layer is None:
+            raise VmsandboxError(
+                f"blueprint {blueprint} has no image built on {found.version} yet",
+                hint=f"build it here first: `vmsandbox image build --blueprint {blueprint}`",
+            )
+        found = layer
+    with Hypervisor(spec.uri) as hv:
+        sent = hostimages.ensure(hv, spec, found)
+    what = "sent" if sent else "already there"
+    ui.info(f"Image {found.path.name} on host {name}: {what} (pool {hostimages.POOL} at {spec.pool_path})")

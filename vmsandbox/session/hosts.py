@@ -1,0 +1,87 @@
+"""`vmsandbox hosts`: every libvirt host asked at once what it is and what it holds. A host that does not answer
+(in time) is listed with the reason; it is never an error for the others."""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from vmsandbox.errors import VmsandboxError
+from vmsandbox.image import layers, store
+from vmsandbox.session import hostimages
+from vmsandbox.session.hostspec import HostSpec
+from vmsandbox.session.record import DOMAIN_PREFIX
+from vmsandbox.vm import accel
+from vmsandbox.vm.node import Node
+from vmsandbox.vm.virt import Hypervisor
+
+PROBE_TIMEOUT = 20.0  # a host behind a dead route would otherwise hold `hosts` for TCP's minutes
+
+
+@dataclass(frozen=True)
+class Status:
+    spec: HostSpec
+    node: Node | None
+    problem: str | None  # why it could not be asked (None: it answered)
+    sessions: int = 0  # vmsandbox domains running there
+    images: tuple[str, ...] = ()  # the images it holds whole
+
+    @property
+    def accel(self) -> str:
+        if self.node is None:
+            return "-"
+        if not self.spec.remote:  # this machine: the same answer a session here gets
+            return accel.choose(accel.Accel.AUTO).accel.value
+        return self.node.accel
+
+    def as_dict(self) -> dict[str, Any]:
+        n = self.node
+        facts = ("hostname", "libvirt", "qemu", "cpus", "memory_mib", "available_mib")
+        kvm_problem = None if n is None else (n.kvm_problem() if self.spec.remote else accel.kvm_problem())
+        return {
+            "name": self.spec.name,
+            "uri": self.spec.uri,
+            "reachable": n is not None,
+            "problem": self.problem,
+            **{k: None if n is None else getattr(n, k) for k in facts},
+            "accel": None if n is None else self.accel,
+            "kvm_problem": kvm_problem,
+            "sessions": self.sessions,
+            "max_sessions": self.spec.max_sessions,
+            "keep_free_mib": self.spec.keep_free_mib,
+            "images": list(self.images),
+        }
+
+
+def probe(spec: HostSpec) -> Status:
+    """Ask one host (connecting to it)."""
+    try:
+        with Hypervisor(spec.uri) as hv:
+            node = hv.node()
+            sessions = sum(1 for d in hv.domains(DOMAIN_PREFIX) if not d.stopped)
+            if spec.remote:
+                images = tuple(hostimages.ready(hv))
+            else:
+                images = tuple(i.path.name for i in [*store.list_images(), *layers.list_layers()])
+    except VmsandboxError as exc:
+        return Status(spec, None, exc.message)
+    return Status(spec, node, None, sessions, images)
+
+
+def probe_all(specs: list[HostSpec], timeout: float = PROBE_TIMEOUT) -> list[Status]:
+    """Every host asked at once; one that has not answered after `timeout` is listed as such (its thread is a
+    daemon: a hung connection does not keep the command from ending)."""
+    found: dict[int, Status] = {}
+
+    def ask(i: int, spec: HostSpec) -> None:
+        found[i] = probe(spec)
+
+    threads = [threading.Thread(target=ask, args=(i, s), daemon=True) for i, s in enumerate(specs)]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + timeout
+    for t in threads:
+        t.join(max(0.0, deadline - time.monotonic()))
+    return [found.get(i) or Status(s, None, f"no answer in {timeout:.0f} s") for i, s in enumerate(specs)]

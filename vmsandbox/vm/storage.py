@@ -1,0 +1,127 @@
+"""What a host's storage pool is given, without libvirt itself (virt.py wires these in): the XML of a dir pool
+and of a volume (built as data), and the two ends of a sparse stream — a local file sent into a volume, and
+a volume read back — each hashing what passes (holes as zeros), so that what arrived can be checked against
+what was sent.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import os
+import xml.etree.ElementTree as ET
+from collections.abc import Callable
+
+Progress = Callable[[int], None]  # told the bytes done so far (holes count: they are the file's too)
+_ZEROS = bytes(1024 * 1024)
+
+
+def pool_xml(name: str, path: str) -> str:
+    pool = ET.Element("pool", type="dir")
+    ET.SubElement(pool, "name").text = name
+    target = ET.SubElement(pool, "target")
+    ET.SubElement(target, "path").text = path
+    perms = ET.SubElement(target, "permissions")
+    ET.SubElement(perms, "mode").text = "0711"
+    return ET.tostring(pool, encoding="unicode")
+
+
+def volume_xml(name: str, capacity: int) -> str:
+    """A raw file volume of `capacity` bytes, nothing allocated: what is uploaded into it fills it."""
+    vol = ET.Element("volume", type="file")
+    ET.SubElement(vol, "name").text = name
+    ET.SubElement(vol, "capacity", unit="bytes").text = str(capacity)
+    ET.SubElement(vol, "allocation", unit="bytes").text = "0"
+    target = ET.SubElement(vol, "target")
+    ET.SubElement(target, "format", type="raw")
+    perms = ET.SubElement(target, "permissions")
+    ET.SubElement(perms, "mode").text = "0644"
+    return ET.tostring(vol, encoding="unicode")
+
+
+def _zeros(sha: hashlib._Hash, length: int) -> None:
+    while length > 0:
+        n = min(length, len(_ZEROS))
+        sha.update(memoryview(_ZEROS)[:n])
+        length -= n
+
+
+class Outgoing:
+    """A local file read for a sparse upload: its data sections sent, its holes skipped, and `patches` (offset
+    -> bytes, within data) sent in place of what the file holds there."""
+
+    def __init__(self, fd: int, progress: Progress | None = None, patches: dict[int, bytes] | None = None) -> None:
+        self.fd = fd
+        self.sha = hashlib.sha256()
+        self.done = 0
+        self.progress = progress
+        self.patches = patches or {}
+
+    def _moved(self, n: int) -> None:
+        self.done += n
+        if self.progress is not None:
+            self.progress(self.done)
+
+    def read(self, _stream: object, nbytes: int, _opaque: object) -> bytes:
+        here = os.lseek(self.fd, 0, os.SEEK_CUR)
+        data = os.read(self.fd, nbytes)
+        for at, new in self.patches.items():
+            if at < here + len(data) and here < at + len(new):
+                start, end = max(at, here), min(at + len(new), here + len(data))
+                data = data[: start - here] + new[start - at : end - at] + data[end - here :]
+        self.sha.update(data)
+        self._moved(len(data))
+        return data
+
+    def skip(self, _stream: object, length: int, _opaque: object) -> int:
+        _zeros(self.sha, length)
+        self._moved(length)
+        return os.lseek(self.fd, length, os.SEEK_CUR)
+
+    def section(self, _stream: object, _opaque: object) -> list[int]:
+        """[in data?, length of the section from here] (libvirt's hole handler)."""
+        here = os.lseek(self.fd, 0, os.SEEK_CUR)
+        try:
+            data = os.lseek(self.fd, here, os.SEEK_DATA)
+        except OSError as exc:
+            if exc.errno != errno.ENXIO:
+                raise
+            data = -1  # nothing but a hole to the end
+        if data < 0:
+            length, in_data = os.lseek(self.fd, 0, os.SEEK_END) - here, 0
+        elif data > here:
+            length, in_data = data - here, 0
+        else:
+            length, in_data = os.lseek(self.fd, here, os.SEEK_HOLE) - here, 1
+        os.lseek(self.fd, here, os.SEEK_SET)
+        return [in_data, length]
+
+
+class Incoming:
+    """A volume read back through a sparse download: hashed, and kept only up to `keep` bytes."""
+
+    def __init__(self, keep: int = 0, progress: Progress | None = None) -> None:
+        self.sha = hashlib.sha256()
+        self.kept = bytearray()
+        self.keep = keep
+        self.done = 0
+        self.progress = progress
+
+    def _moved(self, n: int) -> None:
+        self.done += n
+        if self.progress is not None:
+            self.progress(self.done)
+
+    def data(self, _stream: object, buf: bytes, _opaque: object) -> int:
+        self.sha.update(buf)
+        if len(self.kept) < self.keep:
+            self.kept += buf[: self.keep - len(self.kept)]
+        self._moved(len(buf))
+        return len(buf)
+
+    def hole(self, _stream: object, length: int, _opaque: object) -> int:
+        _zeros(self.sha, length)
+        if len(self.kept) < self.keep:
+            self.kept += bytes(min(length, self.keep - len(self.kept)))
+        self._moved(length)
+        return 0
