@@ -18,6 +18,7 @@ import pytest
 
 from tests.integration import farhost
 from tests.integration.conftest import Cli
+from vmsandbox import pids
 from vmsandbox.image import store
 
 IMAGE_FILES = ("disk.qcow2", "vmlinuz", "initrd.img")
@@ -211,3 +212,119 @@ def test_a_layer_travels_after_its_base_naming_the_base_volume_as_its_backing_fi
         assert not Path(pool_path).exists()
     finally:
         _drop_pool(far)
+
+
+def _remote_volumes(far: farhost.FarHost, prefix: str) -> list[str]:
+    listing = far.run_inside("ls", "/var/lib/libvirt/vmsandbox").stdout.split()
+    return [v for v in listing if v.startswith(prefix)]
+
+
+def _tunnel_ssh(root: Path) -> list[int]:
+    """The forwarding ssh processes of a session's tunnel (children of its supervisor)."""
+    state = json.loads((root / "tunnel.json").read_text())
+    found = []
+    for proc_dir in Path("/proc").iterdir():
+        if proc_dir.name.isdigit():
+            try:
+                stat = (proc_dir / "stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == state["pid"]:
+                found.append(int(proc_dir.name))
+    return found
+
+
+def test_a_session_runs_on_another_host_and_its_changes_come_back(
+    cli: Cli, far: farhost.FarHost, tmp_path: Path, project: Path, base_image: store.Image
+) -> None:
+    """The issue's check: a session placed on the stand-in host boots there (never here), runs a command with
+    its egress and a published port through the tunnel, has its changes pulled back (live, after a lost
+    tunnel, and from its disk after its VM died there), and is destroyed with nothing left on either side."""
+    from tests.integration.conftest import unique_name, wait_for
+    from vmsandbox.session.record import domain_name
+    from vmsandbox.vm.virt import Hypervisor
+
+    env = cli.env(**_config(tmp_path, {"name": "far", "uri": far.uri}))
+    first = cli.run("run", "--host", "far", "--yes", str(project), "--", "sh", "-c", "echo made > made.txt", env=env)
+    assert first.returncode == 0, first.stderr.decode()
+    assert "on host far" in first.stderr.decode()
+    assert (project / "made.txt").read_text() == "made\n"
+
+    name = unique_name()
+    domain = domain_name(name)
+    port = farhost.free_port()
+    started = cli.run(
+        "run", "--host", "far", "--keep", "--name", name, "-p", f"{port}:8000", str(project), "--",
+        "sh", "-c", "echo kept > k.txt; cd /tmp && nohup python3 -m http.server 8000 --bind 127.0.0.1 "
+        ">/dev/null 2>&1 &",
+        env=env,
+    )  # fmt: skip
+    assert started.returncode == 0, started.stderr.decode()
+    assert "Sending image" not in started.stderr.decode()  # once per image version and host
+    try:
+        with Hypervisor("qemu:///system") as here:
+            assert here.info(domain) is None  # it runs there, not here
+        row = next(r for r in json.loads(cli.run("ls", "--json", env=env).stdout) if r["name"] == name)
+        assert (row["host"], row["state"]) == ("far", "running")
+        assert _inside(far, "virsh", "-c", "qemu:///system", "domstate", domain).strip() == "running"
+        volumes = _remote_volumes(far, f"{domain}.")
+        assert f"{domain}.overlay.qcow2" in volumes and f"{domain}.workspace.raw" in volumes
+        # the guest's SSH is forwarded to the host's loopback only
+        assert "hostfwd=tcp:127.0.0.1:" in _inside(far, "virsh", "-c", "qemu:///system", "dumpxml", domain)
+        supervisor = json.loads((cli.state_dir / "sessions" / name / "tunnel.json").read_text())
+        _through_the_tunnel(cli, env, name, port, project)
+        _after_its_vm_died(cli, far, env, name, project)
+    finally:
+        gone = cli.run("destroy", name, "--discard", env=env)
+    assert gone.returncode == 0, gone.stderr.decode()
+    assert _remote_volumes(far, f"{domain}.") == []
+    assert domain not in _inside(far, "virsh", "-c", "qemu:///system", "list", "--all", "--name").split()
+    assert not (cli.state_dir / "sessions" / name).exists()
+    wait_for(lambda: not pids.alive(supervisor["pid"], supervisor["start"]), 10, "the tunnel's supervisor to end")
+
+
+def _through_the_tunnel(cli: Cli, env: dict[str, str], name: str, port: int, project: Path) -> None:
+    """A published port (served by the egress daemon here), a lost tunnel opened again, a live pull."""
+    import os
+    import signal
+
+    from tests.integration.conftest import wait_for
+
+    wait_for(lambda: _get(f"http://127.0.0.1:{port}/") == 200, 30, "the published guest port")
+    for pid in _tunnel_ssh(cli.state_dir / "sessions" / name):
+        os.kill(pid, signal.SIGKILL)
+    again = cli.run("exec", name, "--", "cat", "k.txt", env=env)
+    assert again.returncode == 0, again.stderr.decode()
+    assert again.stdout == b"kept\n"
+    pulled = cli.run("pull", name, "--yes", env=env)
+    assert pulled.returncode == 0, pulled.stderr.decode()
+    assert (project / "k.txt").read_text() == "kept\n"
+
+
+def _after_its_vm_died(cli: Cli, far: farhost.FarHost, env: dict[str, str], name: str, project: Path) -> None:
+    """Work unsynced when the VM dies there is read from its disk, fetched from the host."""
+    from vmsandbox.session.record import domain_name
+
+    wrote = cli.run("exec", name, "--", "sh", "-c", "echo late > late.txt; sync", env=env)
+    assert wrote.returncode == 0, wrote.stderr.decode()
+    _inside(far, "virsh", "-c", "qemu:///system", "destroy", domain_name(name))
+    row = next(r for r in json.loads(cli.run("ls", "--json", env=env).stdout) if r["name"] == name)
+    assert row["state"] == "exited"
+    late = cli.run("pull", name, "--yes", env=env)
+    assert late.returncode == 0, late.stderr.decode()
+    assert "from host far" in late.stderr.decode()
+    assert (project / "late.txt").read_text() == "late\n"
+    logs = cli.run("logs", name, env=env)
+    assert logs.returncode == 0, logs.stderr.decode()
+    assert b"Reached target" in logs.stdout, logs.stdout[-300:]
+
+
+def _get(url: str) -> int:
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(url, timeout=5) as r:  # noqa: S310 - a loopback URL made here
+            return int(r.status)
+    except (urllib.error.URLError, OSError):
+        return 0

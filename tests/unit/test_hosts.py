@@ -260,3 +260,74 @@ def test_a_header_that_cannot_take_the_new_name_is_refused(tmp_path: Path, conte
     (tmp_path / "d").write_bytes(content)
     with pytest.raises(VmsandboxError, match=needle):
         hostimages.backing_patch(tmp_path / "d", "base-bookworm-1234.disk.qcow2")
+
+
+def test_the_tunnel_reaches_the_host_as_libvirt_does() -> None:
+    from vmsandbox.session import tunnel
+
+    argv = tunnel.ssh_argv("qemu+ssh://me@big.example:2222/system?keyfile=/k/id&command=/opt/ssh&no_verify=1")
+    assert argv[0] == "/opt/ssh"
+    assert argv[argv.index("-p") + 1] == "2222" and argv[argv.index("-i") + 1] == "/k/id"
+    assert argv[argv.index("-l") + 1] == "me"
+    assert "StrictHostKeyChecking=no" in argv and "BatchMode=yes" in argv
+    assert argv[-2:] == ["--", "big.example"]
+    plain = tunnel.ssh_argv("qemu+ssh://big/system")
+    assert plain[0] == "ssh" and "-p" not in plain and "-l" not in plain and "StrictHostKeyChecking=no" not in plain
+    forward = tunnel.forward_argv("qemu+ssh://big/system", 41000, 25000)
+    assert forward[forward.index("-L") + 1] == "127.0.0.1:41000:127.0.0.1:25000"  # loopback at both ends
+    assert "-N" in forward and "ExitOnForwardFailure=yes" in forward
+    assert forward[-2:] == ["--", "big"]  # options before the host, never after it
+    for uri in ("qemu+tls://big/system", "qemu:///system"):
+        with pytest.raises(VmsandboxError, match="not an ssh URI"):
+            tunnel.ssh_argv(uri)
+
+
+def test_run_on_another_host_checks_the_host_before_anything_is_made(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from tests.unit.test_cli import run_cli
+    from vmsandbox.cli import base
+
+    _user_config(
+        tmp_path,
+        "hosts:\n  - {name: big, uri: 'qemu+ssh://me@big/system'}\n  - {name: tls, uri: 'qemu+tls://t/system'}\n",
+    )
+    project = tmp_path / "proj"
+    project.mkdir()
+    assert run_cli(["run", str(project), "--host", "nowhere", "--", "true"]) == base.EXIT_ERROR
+    err = capsys.readouterr().err
+    assert "no host named 'nowhere'" in err and "local, big, tls" in err
+    assert run_cli(["run", str(project), "--host", "tls", "--", "true"]) == base.EXIT_ERROR
+    assert "not an ssh URI" in capsys.readouterr().err
+    assert run_cli(["run", str(project), "--host", "big", "--fanout", "2", "--", "true"]) == base.EXIT_ERROR
+    assert "--fanout does not go with --host big" in capsys.readouterr().err
+    assert not (tmp_path / "state" / "sessions").exists() or not any((tmp_path / "state" / "sessions").iterdir())
+
+
+def test_what_a_remote_session_cannot_do_yet_is_refused_by_name() -> None:
+    from vmsandbox.session import remote
+    from vmsandbox.session.record import Record
+
+    record = Record("exp", "/p", "v", "tcg", "", 1, 512, 4096, 0, "u", 1000, 1000, "qemu+ssh://me@big/system")
+    record.host = "big"
+    with pytest.raises(VmsandboxError, match="session exp runs on host big: checkpoint works on sessions of this"):
+        remote.refuse(record, "checkpoint")
+    record.libvirt_uri, record.host = "qemu:///system", "local"
+    remote.refuse(record, "checkpoint")  # this machine's: nothing to refuse
+
+
+def test_a_volume_read_into_a_file_keeps_its_holes(tmp_path: Path) -> None:
+    whole = _sparse(tmp_path / "disk")
+    steps, _ = _send(tmp_path / "disk")
+    fd = os.open(tmp_path / "copy", os.O_WRONLY | os.O_CREAT, 0o600)
+    try:
+        into = storage.Incoming(into=fd)
+        for kind, item in steps:
+            if kind == "hole":
+                into.hole(None, item, None)
+            else:
+                into.data(None, item, None)
+    finally:
+        os.close(fd)
+    assert (tmp_path / "copy").read_bytes() == whole
+    assert (tmp_path / "copy").stat().st_blocks < (tmp_path / "disk").stat().st_size // 512 // 4

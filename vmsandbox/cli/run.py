@@ -77,6 +77,10 @@ FanoutOpt = Annotated[
 CheckOpt = Annotated[
     str | None, typer.Option("--check", help="With --fanout: a shell command that tells whether a session passes.")
 ]
+HostOpt = Annotated[
+    str | None,
+    typer.Option("--host", help="Run the VM on this libvirt host (`vmsandbox hosts`; default: this machine)."),
+]
 GitIdentityOpt = Annotated[
     bool, typer.Option("--git-identity", help="Copy your git user.name and user.email into the guest.")
 ]
@@ -104,6 +108,7 @@ def run(
     cold: ColdOpt = False,
     fanout: FanoutOpt = None,
     check: CheckOpt = None,
+    host: HostOpt = None,
 ) -> None:
     """Boot a disposable VM for PATH and run COMMAND (after `--`) or a shell in it; exit with COMMAND's code.
 
@@ -133,6 +138,7 @@ def run(
         cold=cold,
         fanout=fanout,
         check=check,
+        host=host,
     )
     run_session(path, blueprint, tail(required=False), flags)
 

@@ -32,7 +32,7 @@ def ls(as_json: AsJson = False, quiet: Quiet = False) -> None:
     if not rows:
         ui.info("No sessions.")
         return
-    headers = ["NAME", "STATE", "AGE", "ACCEL", "SSH", "MEMORY", "DISK", "NETWORK", "UNSYNCED", "PROJECT"]
+    headers = ["NAME", "STATE", "AGE", "ACCEL", "SSH", "MEMORY", "DISK", "NETWORK", "UNSYNCED", "HOST", "PROJECT"]
     columns(
         headers,
         [
@@ -46,6 +46,7 @@ def ls(as_json: AsJson = False, quiet: Quiet = False) -> None:
                 f"{r['disk_bytes'] / 1024**2:.0f} MiB",
                 r["network"] + ("" if r["egress"] in ("up", "off") else f" ({r['egress']})"),
                 "?" if r["unsynced"] is None else str(r["unsynced"]),
+                r["host"],
                 r["project"],
             ]
             for r in rows
@@ -173,6 +174,10 @@ def logs(
     if which not in ("console", "proxy"):
         raise VmsandboxError(f"unknown log {which!r}", hint="available: console, proxy")
     path = record.files.console_log if which == "console" else record.files.proxy_log
+    if which == "console" and record.host != "local":
+        from vmsandbox.session import remote
+
+        remote.refresh_console(record, follow=follow)
     if not follow and not path.exists():
         if which == "proxy":
             ui.info(f"Session {name} has made no requests through its egress proxy yet.")

@@ -27,7 +27,7 @@ from vmsandbox import access, paths, ui
 from vmsandbox.egress import control
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.guest import commands
-from vmsandbox.session import chain, lifecycle, lock, suspend
+from vmsandbox.session import chain, lifecycle, lock, remote, suspend
 from vmsandbox.session.record import Record, State
 from vmsandbox.session.state import status
 from vmsandbox.sync import capture, changes, delta, journal, outbox
@@ -114,6 +114,7 @@ def take(name: str, label: str | None = None) -> Checkpoint:
     """Checkpoint a running session (it pauses for a save and a restore)."""
     label = _check_label(label or time.strftime("cp-%Y%m%d-%H%M%S"))
     record = Record.load(name)
+    remote.refuse(record, "checkpoint")
     with lock.held(record.files, name, "taking a checkpoint"), Hypervisor(record.libvirt_uri) as hv:
         record = Record.load(name)
         must_run(record, hv, "checkpointed")
@@ -242,6 +243,7 @@ def rollback(name: str, label: str, *, limit: int) -> Rolled:
     """Return a session to a checkpoint: memory, processes, system disk and workspace. Unsynced work is
     exported to rolled-back/ first."""
     record = Record.load(name)
+    remote.refuse(record, "rollback")
     files = record.files
     with lock.held(files, name, "rolling back"), Hypervisor(record.libvirt_uri) as hv:
         record = Record.load(name)

@@ -17,7 +17,7 @@ from vmsandbox.guest.files import GuestUser
 from vmsandbox.image import blueprint as blueprint_mod
 from vmsandbox.image import store
 from vmsandbox.image.blueprint import Blueprint
-from vmsandbox.session import pins, start
+from vmsandbox.session import pins, remote, start
 from vmsandbox.session.config import Settings
 from vmsandbox.session.options import Options
 from vmsandbox.session.record import Phase, Record, default_name, validate_name, validate_project
@@ -33,15 +33,14 @@ def create(opts: Options) -> Record:
     settings = opts.settings
     policy.check_secrets(settings.network, settings.secrets, quiet=True)  # the command line said it already
     bp = opts.blueprint or blueprint_mod.load("base")
-    choice = accel_mod.choose(settings.accel)
-    if choice.accel is accel_mod.Accel.TCG and settings.accel is accel_mod.Accel.AUTO:
-        ui.warn(choice.reason)
+    choice = _accel(opts)
     image = opts.image or store.current_image()
     if opts.ssh_agent:
         if not os.environ.get("SSH_AUTH_SOCK"):
             raise VmsandboxError("--ssh-agent: no ssh-agent here (SSH_AUTH_SOCK is not set)", hint="start one first")
         ui.warn("--ssh-agent: the guest can use your SSH keys (not read them) while the session runs")
-    with Hypervisor(settings.libvirt_uri) as hv:  # fails early, before anything is made, if libvirt is down
+    uri = settings.libvirt_uri if opts.host is None else opts.host.uri
+    with Hypervisor(uri) as hv:  # fails early, before anything is made, if libvirt is down
         files = paths.session_paths(name)
         confine.state_dirs()
         try:
@@ -67,7 +66,13 @@ def create(opts: Options) -> Record:
                 if record.wants_daemon:
                     spawned[:] = [control.spawn(daemon_spec(record), files)]
 
-            start.boot(record, image, hv, cold_start=opts.cold, boot_timeout=settings.boot_timeout, launched=launched)
+            if opts.host is None:
+                start.boot(
+                    record, image, hv, cold_start=opts.cold, boot_timeout=settings.boot_timeout, launched=launched
+                )
+            else:
+                remote.boot(record, image, hv, opts.host, settings.boot_timeout)
+                launched()
             pins.pin(name, image.version, record.template)
             _open_egress(record, settings, spawned[0] if spawned else None)
             record.status = Phase.READY
@@ -75,10 +80,33 @@ def create(opts: Options) -> Record:
         except BaseException:
             control.stop(files)
             hv.destroy(record.domain)
+            remote.forget(files.root, record.libvirt_uri, record.domain)
             shutil.rmtree(files.root, ignore_errors=True)
             pins.unpin(name)
             raise
     return record
+
+
+def _accel(opts: Options) -> accel_mod.Choice:
+    """The accelerator: this machine's, or (on another host) what that host's CPU and libvirt allow."""
+    requested = opts.settings.accel
+    if opts.host is None:
+        choice = accel_mod.choose(requested)
+    else:
+        with Hypervisor(opts.host.uri) as hv:
+            choice = accel_mod.choose(requested, problem=hv.node().kvm_problem(), probe=False)
+    if choice.accel is accel_mod.Accel.TCG and requested is accel_mod.Accel.AUTO:
+        ui.warn(choice.reason)
+    return choice
+
+
+def _boot(record: Record, image: store.Image, hv: Hypervisor, opts: Options, launched: start.Launched) -> None:
+    timeout = opts.settings.boot_timeout
+    if opts.host is None:
+        start.boot(record, image, hv, cold_start=opts.cold, boot_timeout=timeout, launched=launched)
+    else:
+        remote.boot(record, image, hv, opts.host, timeout)
+        launched()
 
 
 def _new_record(
@@ -104,7 +132,8 @@ def _new_record(
         user=user.name,
         uid=user.uid,
         gid=user.gid,
-        libvirt_uri=settings.libvirt_uri,
+        libvirt_uri=settings.libvirt_uri if opts.host is None else opts.host.uri,
+        host="local" if opts.host is None else opts.host.name,
         network=settings.network,
         blueprint=bp.name,
         ssh_agent=opts.ssh_agent,

@@ -25,7 +25,7 @@ from vmsandbox.egress import control, policy
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.guest import commands, identity, ssh
 from vmsandbox.guest.ssh import Endpoint
-from vmsandbox.session import checkpoint, create, lifecycle, lock, pins
+from vmsandbox.session import checkpoint, create, lifecycle, lock, pins, remote
 from vmsandbox.session import start as start_mod
 from vmsandbox.session.checkpoint import Checkpoint
 from vmsandbox.session.record import Phase, Record, validate_name
@@ -59,6 +59,7 @@ IDENTITY_TIMEOUT = 120
 def fork(name: str, new: str, *, label: str | None = None) -> Record:
     new = validate_name(new)
     source = Record.load(name)
+    remote.refuse(source, "fork")
     if source.disk is not None:
         raise VmsandboxError(f"session {name} builds an image: it cannot be forked")
     with lock.held(source.files, name, f"forking {new}"), Hypervisor(source.libvirt_uri) as hv:

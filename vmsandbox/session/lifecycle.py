@@ -18,7 +18,7 @@ from pathlib import Path
 from vmsandbox import failpoint, paths
 from vmsandbox.egress import control
 from vmsandbox.errors import VmsandboxError
-from vmsandbox.session import chain, images, lock, pins, teardown
+from vmsandbox.session import chain, images, lock, pins, remote, teardown
 from vmsandbox.session.record import DOMAIN_PREFIX, Phase, Record, State, domain_name, names
 from vmsandbox.session.state import is_running, status
 from vmsandbox.sync import changes, outbox, plan
@@ -26,12 +26,17 @@ from vmsandbox.sync.changes import Gathered
 from vmsandbox.sync.compare import Change
 from vmsandbox.sync.plan import Decisions, Outcome, Plan
 from vmsandbox.vm.domain import session_of
-from vmsandbox.vm.virt import Hypervisor
+from vmsandbox.vm.virt import Hypervisor, UnreachableError
 
 
 def gather(record: Record, *, limit: int) -> Gathered:
     """The guest's changes, from wherever they are now (outbox, running VM, or a dead VM's disk)."""
-    endpoint = record.endpoint() if not record.files.outbox.is_dir() and is_running(record) else None
+    live = not record.files.outbox.is_dir() and is_running(record)
+    if live:
+        remote.ensure_tunnel(record)
+    elif not record.files.outbox.is_dir():
+        remote.fetch_workspace(record)
+    endpoint = record.endpoint() if live else None
     return changes.gather(record.target(), endpoint=endpoint, limit=limit)
 
 
@@ -127,6 +132,7 @@ def _stop(files: paths.SessionPaths, uri: str, domain: str) -> None:
     failpoint.hit("destroy.stop")
     with Hypervisor(uri) as hv:
         hv.destroy(domain)
+    remote.forget(files.root, uri, domain)
 
 
 def _pending(record: Record, limit: int) -> tuple[Gathered, list[Change]]:
@@ -162,6 +168,44 @@ def retire(record: Record) -> None:
     pins.unpin(record.name)  # its disks are gone: it rests on no image any more
 
 
+def _state_at(record: Record, here: Hypervisor) -> State:
+    """A session's state, asked of this machine's libvirt or of its own host's."""
+    if record.host == "local":
+        return status(record, here).state
+    with Hypervisor(record.libvirt_uri) as hv:
+        return status(record, hv).state
+
+
+def _gc_session(name: str, hv: Hypervisor, uri: str, limit: int) -> Iterator[str]:
+    """gc of one session: removed if its VM is gone or its `run` died, unless it holds work."""
+    files = paths.session_paths(name)
+    try:
+        record = Record.load(name)
+    except VmsandboxError as exc:
+        if files.workspace_disk.exists():  # it may hold the guest's work: a person decides
+            yield f"kept damaged session {name}: {exc.message}; `vmsandbox destroy {name} --discard` removes it"
+        elif time.time() - files.root.stat().st_mtime > 60:  # not one being created right now
+            remove_damaged(name, uri)
+            yield f"removed damaged session directory {files.root}"
+        return
+    try:
+        state = _state_at(record, hv)
+    except UnreachableError as exc:  # another host that does not answer: its sessions wait for it
+        yield f"skipped session {name}: host {record.host} does not answer ({exc.message})"
+        return
+    if state not in (State.EXITED, State.ORPHANED, State.ENDING):
+        return
+    try:
+        with lock.held(files, name, "cleaning up"):
+            yield _collect(Record.load(name), state, limit)  # read again: a teardown may have run
+    except lock.BusyError as exc:
+        yield f"skipped {exc.message}"
+    except lock.GoneError:  # it ended meanwhile (its teardown finished)
+        return
+    except VmsandboxError as exc:  # one session's trouble never stops the clean-up of the others
+        yield f"could not check session {name}: {exc.message}"
+
+
 def gc(uri: str, *, limit: int) -> Iterator[str]:
     """Remove sessions whose VM is gone or whose `vmsandbox run` died — unless they hold unsynced work (a
     stopped VM's work is exported to its outbox, and the session kept) —, finish teardowns that were
@@ -169,28 +213,7 @@ def gc(uri: str, *, limit: int) -> Iterator[str]:
     mine = paths.sessions_dir().resolve()
     with Hypervisor(uri) as hv:
         for name in names():
-            files = paths.session_paths(name)
-            try:
-                record = Record.load(name)
-            except VmsandboxError as exc:
-                if files.workspace_disk.exists():  # it may hold the guest's work: a person decides
-                    yield f"kept damaged session {name}: {exc.message}; `vmsandbox destroy {name} --discard` removes it"
-                elif time.time() - files.root.stat().st_mtime > 60:  # not one being created right now
-                    remove_damaged(name, uri)
-                    yield f"removed damaged session directory {files.root}"
-                continue
-            state = status(record, hv).state
-            if state not in (State.EXITED, State.ORPHANED, State.ENDING):
-                continue
-            try:
-                with lock.held(files, name, "cleaning up"):
-                    yield _collect(Record.load(name), state, limit)  # read again: a teardown may have run
-            except lock.BusyError as exc:
-                yield f"skipped {exc.message}"
-            except lock.GoneError:  # it ended meanwhile (its teardown finished)
-                continue
-            except VmsandboxError as exc:  # one session's trouble never stops the clean-up of the others
-                yield f"could not check session {name}: {exc.message}"
+            yield from _gc_session(name, hv, uri, limit)
         for info in list(hv.domains(DOMAIN_PREFIX)):
             xml = hv.xml(info.name)
             owner = session_of(xml) if xml else None

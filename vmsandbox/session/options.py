@@ -14,6 +14,7 @@ from vmsandbox.errors import VmsandboxError
 from vmsandbox.image.blueprint import Blueprint
 from vmsandbox.image.store import Image
 from vmsandbox.session.config import Settings
+from vmsandbox.session.hostspec import HostSpec
 
 
 @dataclass(frozen=True)
@@ -38,6 +39,7 @@ class RunFlags:
     cold: bool = False
     fanout: int | None = None  # start this many sessions (a fan-out), each running the command
     check: str | None = None  # with fanout: a shell command whose exit code says whether a session's result passes
+    host: str | None = None  # the libvirt host to run on (`hosts:`; None: this machine)
 
     def settings_data(self) -> dict[str, object]:
         """The flags that are settings, as a config layer (the last one)."""
@@ -67,6 +69,7 @@ class Options:
     cold: bool = False  # boot, even where a warm-start template could serve (--cold)
     group: str | None = None  # a fan-out's name, shared by its sessions
     baseline_from: Path | None = None  # copy this capture of the project (a fan-out's) instead of capturing again
+    host: HostSpec | None = None  # another libvirt host to run on (None: this machine, `libvirt_uri`)
 
 
 @dataclass(frozen=True)

@@ -92,6 +92,8 @@ class Record:
     saved: bool = False  # `vmsandbox stop`: the VM's memory is in the session directory, no domain runs
     forked_from: str | None = None  # "NAME" or "NAME@LABEL": the session (and checkpoint) this one is a copy of
     group: str | None = None  # the fan-out this session belongs to (`destroy --group`)
+    host: str = "local"  # the libvirt host it runs on (`hosts:`); its URI is libvirt_uri
+    remote_port: int = 0  # on another host: the guest's SSH forward on that host's 127.0.0.1 (session.tunnel)
 
     @property
     def domain(self) -> str:

@@ -8,8 +8,10 @@ import sys
 from pathlib import Path
 
 from vmsandbox.egress import policy
+from vmsandbox.errors import VmsandboxError
 from vmsandbox.image import blueprint as blueprint_mod
-from vmsandbox.session import config, layerbuild
+from vmsandbox.session import config, hostspec, layerbuild, tunnel
+from vmsandbox.session.hostspec import HostSpec
 from vmsandbox.session.options import Options, Run, RunFlags, parse_publish
 from vmsandbox.session.record import validate_name, validate_project
 
@@ -28,6 +30,7 @@ def resolve(path: Path, blueprint_name: str, command: list[str] | None, flags: R
     if flags.name is not None:
         validate_name(flags.name)
     policy.check_secrets(settings.network, settings.secrets)
+    host = _host(settings, flags)
     options = Options(
         project=path,
         name=flags.name,
@@ -39,5 +42,21 @@ def resolve(path: Path, blueprint_name: str, command: list[str] | None, flags: R
         ssh_agent=flags.ssh_agent,
         git_identity=flags.git_identity,
         cold=flags.cold,
+        host=host,
     )
     return Run(options, command, tty, flags.yes, flags.include_risky)
+
+
+def _host(settings: config.Settings, flags: RunFlags) -> HostSpec | None:
+    """The other host a session is placed on (--host), checked for what such a session cannot do yet."""
+    if flags.host is None:
+        return None
+    spec = hostspec.named(settings.libvirt_uri, settings.hosts, flags.host)
+    if not spec.remote:
+        return None
+    tunnel.ssh_argv(spec.uri)  # an ssh URI, or the error that says so
+    if flags.fanout:
+        raise VmsandboxError(
+            f"--fanout does not go with --host {spec.name} yet", hint="drop --fanout, or run on this machine"
+        )
+    return spec

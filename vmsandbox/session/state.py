@@ -13,6 +13,7 @@ from vmsandbox import paths, ui
 from vmsandbox.egress import control
 from vmsandbox.egress.control import Door
 from vmsandbox.errors import VmsandboxError
+from vmsandbox.session import remote
 from vmsandbox.session.record import Phase, Record, State, names
 from vmsandbox.vm.virt import Hypervisor, UnreachableError, gone
 
@@ -36,6 +37,7 @@ class Status:
         return {
             "name": r.name,
             "state": self.state.value,
+            "host": r.host,
             "created": r.created,
             "age_seconds": round(time.time() - r.created),
             "project": r.project,
@@ -96,25 +98,36 @@ def status(record: Record, hv: Hypervisor) -> Status:
 
 
 def all_status(uri: str) -> list[Status]:
-    """Every session's status. Without libvirt, the sessions are still listed (state `unknown`), with a
-    warning that says how to bring libvirt back."""
-    try:
-        hv: Hypervisor | None = Hypervisor(uri)
-    except UnreachableError as exc:
-        ui.warn(f"{exc.message}: session states are unknown ({exc.hint})" if exc.hint else exc.message)
-        hv = None
+    """Every session's status: this machine's asked of `uri`, another host's of its own. Without libvirt (or
+    a host that does not answer), the sessions are still listed (state `unknown`), with a warning that says
+    how to bring libvirt back."""
+    connections: dict[str, Hypervisor | None] = {}
+
+    def connected(record: Record) -> Hypervisor | None:
+        at = record.libvirt_uri if record.host != "local" else uri
+        if at not in connections:
+            try:
+                connections[at] = Hypervisor(at)
+            except UnreachableError as exc:
+                where = "" if record.host == "local" else f"host {record.host}: "
+                ui.warn(f"{where}{exc.message}: session states are unknown ({exc.hint})" if exc.hint else exc.message)
+                connections[at] = None
+        return connections[at]
+
     found: list[Status] = []
     try:
         for name in names():
             try:
                 record = Record.load(name)
+                hv = connected(record)
                 found.append(status(record, hv) if hv is not None else Status(record, State.UNKNOWN))
             except VmsandboxError as exc:  # a damaged session is never hidden (one being made is skipped)
                 if paths.session_paths(name).record.exists():
                     ui.warn(f"{exc.message} ({exc.hint})" if exc.hint else exc.message)
     finally:
-        if hv is not None:
-            hv.close()
+        for hv in connections.values():
+            if hv is not None:
+                hv.close()
     return found
 
 
@@ -159,6 +172,8 @@ def usable(record: Record) -> bool:
     try:
         with Hypervisor(record.libvirt_uri) as hv:
             current = status(record, hv).state
+        if current is State.RUNNING:
+            remote.ensure_tunnel(record)
     except UnreachableError as exc:  # QEMU runs on without libvirtd: the guest may well answer
         if record.exported or record.status is not Phase.READY:
             raise

@@ -15,7 +15,7 @@ from vmsandbox import paths, ui
 from vmsandbox.egress import control
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.guest import commands, ssh
-from vmsandbox.session import create, lock
+from vmsandbox.session import create, lock, remote
 from vmsandbox.session import start as start_mod
 from vmsandbox.session.record import Record, State
 from vmsandbox.session.state import status
@@ -27,6 +27,7 @@ SYNC_TIMEOUT = 120
 
 def stop(name: str) -> Record:
     record = Record.load(name)
+    remote.refuse(record, "stop")
     files = record.files
     with lock.held(files, name, "stopping"), Hypervisor(record.libvirt_uri) as hv:
         record = Record.load(name)
@@ -61,6 +62,7 @@ def stop(name: str) -> Record:
 
 def start(name: str) -> Record:
     record = Record.load(name)
+    remote.refuse(record, "start")
     files = record.files
     with lock.held(files, name, "starting"), Hypervisor(record.libvirt_uri) as hv:
         record = Record.load(name)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
+from urllib.parse import urlsplit
 
 
 @dataclass(frozen=True)
@@ -44,3 +46,27 @@ class Node:
     @property
     def accel(self) -> str:
         return "kvm" if self.kvm_problem() is None else "tcg"
+
+
+def unreachable_hint(message: str, uri: str, default_uri: str) -> str:
+    """The fix for a libvirt connection refused with `message`."""
+    if urlsplit(uri).hostname:
+        return (
+            "check that `virsh -c URI version` works from here (ssh by key, without a password, to an account "
+            "that may use libvirt there; libvirtd running there)"
+        )
+    hint = (
+        "start it with `vmsandbox host setup` (or `virtlogd -d && libvirtd -d` as root), "
+        "then check with `vmsandbox doctor`"
+    )
+    if "ermission denied" in message and os.geteuid() != 0:
+        return (
+            "join the libvirt group: `sudo vmsandbox host setup --user $USER`, then log in again "
+            "(`vmsandbox doctor` says which group is missing)"
+        )
+    if uri != default_uri:
+        return (
+            f"check `libvirt_uri` in ~/.config/vmsandbox/config.yaml or VMSANDBOX_LIBVIRT_URI (the default "
+            f"is {default_uri}); if it is right, {hint}"
+        )
+    return hint

@@ -16,7 +16,7 @@ from vmsandbox import paths
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.vm import storage
 from vmsandbox.vm.node import DomainInfo as DomainInfo  # noqa: PLC0414 - re-exported: callers say virt.DomainInfo
-from vmsandbox.vm.node import Node
+from vmsandbox.vm.node import Node, unreachable_hint
 from vmsandbox.vm.node import gone as gone  # noqa: PLC0414 - re-exported
 
 log = logging.getLogger(__name__)
@@ -61,20 +61,7 @@ class Hypervisor:
         try:
             self._conn = libvirt.open(uri)
         except libvirt.libvirtError as exc:
-            hint = (
-                "start it with `vmsandbox host setup` (or `virtlogd -d && libvirtd -d` as root), "
-                "then check with `vmsandbox doctor`"
-            )
-            if "ermission denied" in _message(exc) and os.geteuid() != 0:
-                hint = (
-                    "join the libvirt group: `sudo vmsandbox host setup --user $USER`, then log in again "
-                    "(`vmsandbox doctor` says which group is missing)"
-                )
-            elif uri != DEFAULT_URI:
-                hint = (
-                    f"check `libvirt_uri` in ~/.config/vmsandbox/config.yaml or VMSANDBOX_LIBVIRT_URI (the default "
-                    f"is {DEFAULT_URI}); if it is right, {hint}"
-                )
+            hint = unreachable_hint(_message(exc), uri, DEFAULT_URI)
             raise UnreachableError(f"cannot connect to libvirt at {uri}: {_message(exc)}", hint=hint) from exc
 
     def __enter__(self) -> Hypervisor:
@@ -260,6 +247,13 @@ class Hypervisor:
         with contextlib.suppress(libvirt.libvirtError):
             self._conn.storagePoolLookupByName(pool).storageVolLookupByName(name).delete(0)
 
+    def create_volume(self, pool: str, xml: str) -> str:
+        """Make a volume in a pool from its XML; its path on the pool's host."""
+        try:
+            return str(self._conn.storagePoolLookupByName(pool).createXML(xml, 0).path())
+        except libvirt.libvirtError as exc:
+            raise VmsandboxError(f"cannot make a volume in pool {pool} at {self.uri}: {_message(exc)}") from exc
+
     def upload(
         self,
         pool: str,
@@ -267,16 +261,18 @@ class Hypervisor:
         source: Path,
         progress: storage.Progress | None = None,
         patches: dict[int, bytes] | None = None,
+        mode: str = "0644",
+        hashed: bool = True,
     ) -> str:
         """Make volume NAME (replacing one of that name) holding SOURCE's bytes (with `patches` laid over them),
-        holes kept as holes; return the SHA-256 of what was sent."""
+        holes kept as holes; return the SHA-256 of what was sent (if `hashed`)."""
         self.delete_volume(pool, name)
         fd = os.open(source, os.O_RDONLY | os.O_NOFOLLOW)
         stream = self._conn.newStream(0)
         try:
             size = os.fstat(fd).st_size
-            vol = self._conn.storagePoolLookupByName(pool).createXML(storage.volume_xml(name, size), 0)
-            sending = storage.Outgoing(fd, progress, patches)
+            vol = self._conn.storagePoolLookupByName(pool).createXML(storage.volume_xml(name, size, mode=mode), 0)
+            sending = storage.Outgoing(fd, progress, patches, hashed=hashed)
             vol.upload(stream, 0, size, libvirt.VIR_STORAGE_VOL_UPLOAD_SPARSE_STREAM)
             stream.sparseSendAll(sending.read, sending.section, sending.skip, None)
             stream.finish()
@@ -293,13 +289,14 @@ class Hypervisor:
             os.close(fd)
 
     def download(
-        self, pool: str, name: str, *, keep: int = 0, progress: storage.Progress | None = None
+        self, pool: str, name: str, *, keep: int = 0, progress: storage.Progress | None = None, into: int | None = None
     ) -> storage.Incoming:
-        """Read volume NAME back: its SHA-256 (holes as zeros) and its first `keep` bytes."""
+        """Read volume NAME back: its SHA-256 (holes as zeros), its first `keep` bytes, and with `into` (an open
+        file) a sparse copy of it there."""
         stream = self._conn.newStream(0)
         try:
             vol = self._conn.storagePoolLookupByName(pool).storageVolLookupByName(name)
-            got = storage.Incoming(keep, progress)
+            got = storage.Incoming(keep, progress, into)
             vol.download(stream, 0, 0, libvirt.VIR_STORAGE_VOL_DOWNLOAD_SPARSE_STREAM)
             stream.sparseRecvAll(got.data, got.hole, None)
             stream.finish()

@@ -1,0 +1,210 @@
+"""A session on another libvirt host. Its disks are volumes in that host's pool `vmsandbox`, named after its
+domain: `DOMAIN.overlay.qcow2` (backed by the image's volume), `DOMAIN.workspace.raw` (the workspace disk,
+made here and sent), `DOMAIN.fw.KEY` (its identity files, read by QEMU as fw_cfg), and the serial console
+`DOMAIN.console.log`, which virtlogd writes there. Its SSH is forwarded to the host's 127.0.0.1 only and
+reached through a tunnel (tunnel.py); the egress daemon, the proxy's secrets, the baseline and the mirror stay
+on this machine. The VM boots cold: warm-start templates are this machine's.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from vmsandbox import paths, ui
+from vmsandbox.errors import VmsandboxError
+from vmsandbox.guest import ssh
+from vmsandbox.image import store
+from vmsandbox.session import hostimages, tunnel
+from vmsandbox.session.hostimages import POOL, volume
+from vmsandbox.session.hostspec import HostSpec
+from vmsandbox.session.record import Record
+from vmsandbox.vm import accel as accel_mod
+from vmsandbox.vm import domain, storage
+from vmsandbox.vm.domain import DomainSpec, Forward
+from vmsandbox.vm.virt import Hypervisor, PortTakenError, gone
+
+PORT_RANGE = (20000, 60999)  # the guest's SSH forward on the host's 127.0.0.1 (QEMU says when one is taken)
+PORT_ATTEMPTS = 6
+CONSOLE_LIMIT = 4 * 1024 * 1024
+
+
+def is_remote(uri: str) -> bool:
+    return bool(urlsplit(uri).hostname)
+
+
+def refuse(record: Record, what: str) -> None:
+    """Raise unless the session runs on this machine (`what` is not done for a remote one yet)."""
+    if is_remote(record.libvirt_uri):
+        raise VmsandboxError(
+            f"session {record.name} runs on host {record.host}: {what} works on sessions of this machine only "
+            "(for now)",
+            hint='see README, "More than one machine"',
+        )
+
+
+def _kernel_of(image: store.Image) -> str:
+    """The image whose volumes hold the kernel and initrd (a layer's base)."""
+    if image.path.name.startswith(store.PREFIX):
+        return image.path.name
+    return store.get_image(str(image.manifest["base_version"])).path.name
+
+
+@dataclass(frozen=True)
+class Sent:
+    """Where a session's disks and identity files are on its host."""
+
+    overlay: str
+    workspace: str
+    fwcfg: dict[str, Path]
+
+
+def _send(record: Record, image: store.Image, hv: Hypervisor, host: HostSpec) -> Sent:
+    files = record.files
+    prefix = f"{record.domain}."
+    with ui.step(f"Sending the workspace disk and identity to host {host.name}"):
+        hv.upload(POOL, prefix + "workspace.raw", files.workspace_disk, mode="0600", hashed=False)
+        fwcfg: dict[str, str] = {}
+        for f in sorted(files.fwcfg_dir.iterdir()):
+            if f.name != "template":  # a cold boot
+                hv.upload(POOL, f"{prefix}fw.{f.name}", f, mode="0600", hashed=False)
+                fwcfg[f.name] = f"{prefix}fw.{f.name}"
+        backing = hv.volumes(POOL)[volume(image.path.name, paths.IMAGE_DISK)]
+        size = record.disk_mib * 1024 * 1024
+        overlay = hv.create_volume(
+            POOL, storage.volume_xml(prefix + "overlay.qcow2", size, mode="0600", backing=backing)
+        )
+    vols = hv.volumes(POOL)
+    files.workspace_disk.unlink()  # its host has it; a VM that dies there has it fetched back (fetch_workspace)
+    return Sent(overlay, vols[prefix + "workspace.raw"], {k: Path(vols[v]) for k, v in fwcfg.items()})
+
+
+def _spec(record: Record, image: store.Image, vols: dict[str, str], sent: Sent) -> DomainSpec:
+    kernel = _kernel_of(image)
+    console = Path(vols[volume(image.path.name, paths.IMAGE_DISK)]).parent / f"{record.domain}.console.log"
+    return DomainSpec(
+        name=record.domain,
+        session=record.name,
+        session_dir=record.files.root,
+        accel=accel_mod.Accel(record.accel),
+        cpus=record.cpus,
+        memory_mib=record.memory_mib,
+        disk=Path(sent.overlay),
+        kernel=Path(vols[volume(kernel, paths.IMAGE_KERNEL)]),
+        initrd=Path(vols[volume(kernel, paths.IMAGE_INITRD)]),
+        cmdline=image.kernel_cmdline,
+        console_log=console,
+        forwards=(Forward(record.remote_port, 22),),
+        fwcfg_files=sent.fwcfg,
+        workspace_disk=Path(sent.workspace),
+    )
+
+
+def boot(record: Record, image: store.Image, hv: Hypervisor, host: HostSpec, boot_timeout: int) -> None:
+    """Send what the VM needs to the host, start it there, open the tunnel, and wait for the guest's sshd."""
+    hostimages.ensure(hv, host, image)
+    sent = _send(record, image, hv, host)
+    vols = hv.volumes(POOL)
+    for _attempt in range(PORT_ATTEMPTS):
+        record.remote_port = random.randint(*PORT_RANGE)  # noqa: S311 - a port, not a secret
+        xml = domain.build_xml(_spec(record, image, vols, sent))
+        paths.write_atomically(record.files.domain_xml, xml)
+        try:
+            hv.create(xml)
+        except PortTakenError:
+            continue
+        break
+    else:
+        raise VmsandboxError(f"host {host.name} had no free port for the guest's SSH after {PORT_ATTEMPTS} tries")
+    record.start, record.start_note = "cold", f"on host {host.name} (warm-start templates are this machine's)"
+    record.save()
+    with ui.step(f"Booting {record.domain} on host {host.name} ({record.accel.upper()}, {record.cpus} vCPU)"):
+        open_tunnel(record)
+        try:
+            waited = ssh.wait_for_banner(record.ssh_port, timeout=boot_timeout, alive=lambda: _alive(hv, record))
+        except VmsandboxError as exc:
+            fetch_console(record, hv)
+            raise VmsandboxError(
+                f"{exc.message} (on host {host.name})", hint=f"`vmsandbox logs {record.name}` shows its console"
+            ) from exc
+    record.boot_seconds = round(waited, 1)
+    record.save()
+
+
+def _alive(hv: Hypervisor, record: Record) -> str | None:
+    if gone(hv.info(record.domain)):
+        return "the VM powered off or crashed"
+    ensure_tunnel(record)
+    return None
+
+
+def open_tunnel(record: Record) -> None:
+    """(Re)open the session's tunnel: on its port if that is free, else on a new one (pinned and configured)."""
+    files = record.files
+    if record.ssh_port == 0 or not tunnel.port_free(record.ssh_port):
+        from vmsandbox.egress import ports
+
+        record.ssh_port = ports.free_port()
+        ssh.write_known_hosts(files, record.ssh_port, files.host_key.with_suffix(".pub").read_text())
+        record.endpoint().write_config()
+        record.save()
+    tunnel.open_(files.root, record.libvirt_uri, record.ssh_port, record.remote_port)
+
+
+def ensure_tunnel(record: Record) -> None:
+    """Before a command reaches a remote session's guest: its tunnel runs (opened again if it died)."""
+    if not is_remote(record.libvirt_uri) or not record.remote_port:
+        return
+    if not tunnel.alive(record.files.root) or tunnel.port_free(record.ssh_port):  # gone, or between two tries
+        open_tunnel(record)
+
+
+def fetch_console(record: Record, hv: Hypervisor) -> None:
+    """The console's last CONSOLE_LIMIT bytes, from the host's pool into the session's console log here."""
+    name = f"{record.domain}.console.log"
+    if name not in hv.volumes(POOL):
+        return
+    got = hv.download(POOL, name, keep=CONSOLE_LIMIT)
+    paths.write_atomically(record.files.console_log, bytes(got.kept).decode(errors="replace"))
+
+
+def refresh_console(record: Record, *, follow: bool) -> None:
+    """`logs`: the console as its host has it now, copied here (`--follow` follows the copy: not yet the host)."""
+    if follow:
+        raise VmsandboxError(
+            f"`logs --follow` of session {record.name}, on host {record.host}, is not built yet",
+            hint=f"run `vmsandbox logs {record.name}` again to see what is new",
+        )
+    with Hypervisor(record.libvirt_uri) as hv:
+        fetch_console(record, hv)
+
+
+def fetch_workspace(record: Record) -> None:
+    """A remote session whose VM is not running: the workspace disk as the VM left it on its host, brought
+    here (its changes are read from the disk)."""
+    if not is_remote(record.libvirt_uri):
+        return
+    with Hypervisor(record.libvirt_uri) as hv:
+        name = f"{record.domain}.workspace.raw"
+        if name not in hv.volumes(POOL):
+            return
+        with ui.step(f"Fetching the workspace disk of {record.name} from host {record.host}"):
+            fd = os.open(record.files.workspace_disk, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+            try:
+                hv.download(POOL, name, into=fd)
+            finally:
+                os.close(fd)
+
+
+def forget(root: Path, uri: str, domain_name: str) -> None:
+    """The remote session's tunnel closed and its volumes deleted (its domain is destroyed by the caller)."""
+    tunnel.close(root)
+    if not is_remote(uri):
+        return
+    with Hypervisor(uri) as hv:
+        for name in hv.volumes(POOL):
+            if name.startswith(f"{domain_name}."):
+                hv.delete_volume(POOL, name)
