@@ -103,7 +103,7 @@ def _recorded(hv: Hypervisor, name: str) -> Sent | None:
     vols = hv.volumes(POOL)
     if volume(name, READY) not in vols:
         return None
-    found = Sent.parse(bytes(hv.download(POOL, volume(name, READY), keep=READY_LIMIT).kept))
+    found = Sent.parse(bytes(hv.download(POOL, volume(name, READY), keep=READY_LIMIT, length=READY_LIMIT).kept))
     return found if found is not None and all(volume(name, f) in vols for f in found.files) else None
 
 
@@ -136,7 +136,8 @@ def ensure(hv: Hypervisor, spec: HostSpec, image: Image) -> bool:
                 sent = hv.upload(POOL, volume(name, f), source, shown, patches)
             except VmsandboxError as exc:
                 raise VmsandboxError(f"host {spec.name}: {exc.message}", hint=exc.hint) from exc
-            back = hv.download(POOL, volume(name, f), progress=_shown(detail, f"checking {f}", done, total))
+            detail(f"checking {f}")
+            back = hv.download(POOL, volume(name, f))
             if back.sha.hexdigest() != sent:
                 hv.delete_volume(POOL, volume(name, f))
                 raise VmsandboxError(

@@ -78,6 +78,8 @@ def _send(record: Record, image: store.Image, hv: Hypervisor, host: HostSpec) ->
             POOL, storage.volume_xml(prefix + "overlay.qcow2", size, mode="0600", backing=backing)
         )
     vols = hv.volumes(POOL)
+    record.workspace_bytes = files.workspace_disk.stat().st_size
+    record.save()
     files.workspace_disk.unlink()  # its host has it; a VM that dies there has it fetched back (fetch_workspace)
     return Sent(overlay, vols[prefix + "workspace.raw"], {k: Path(vols[v]) for k, v in fwcfg.items()})
 
@@ -167,7 +169,7 @@ def fetch_console(record: Record, hv: Hypervisor) -> None:
     name = f"{record.domain}.console.log"
     if name not in hv.volumes(POOL):
         return
-    got = hv.download(POOL, name, keep=CONSOLE_LIMIT)
+    got = hv.download(POOL, name, keep=CONSOLE_LIMIT, length=CONSOLE_LIMIT)  # virtlogd rotates it at 2 MiB
     paths.write_atomically(record.files.console_log, bytes(got.kept).decode(errors="replace"))
 
 
@@ -194,7 +196,7 @@ def fetch_workspace(record: Record) -> None:
         with ui.step(f"Fetching the workspace disk of {record.name} from host {record.host}"):
             fd = os.open(record.files.workspace_disk, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
             try:
-                hv.download(POOL, name, into=fd)
+                hv.download(POOL, name, into=fd, length=record.workspace_bytes)  # what was sent, no more
             finally:
                 os.close(fd)
 

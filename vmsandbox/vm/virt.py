@@ -289,15 +289,15 @@ class Hypervisor:
             os.close(fd)
 
     def download(
-        self, pool: str, name: str, *, keep: int = 0, progress: storage.Progress | None = None, into: int | None = None
+        self, pool: str, name: str, *, keep: int = 0, into: int | None = None, length: int = 0
     ) -> storage.Incoming:
-        """Read volume NAME back: its SHA-256 (holes as zeros), its first `keep` bytes, and with `into` (an open
-        file) a sparse copy of it there."""
+        """Read volume NAME back (its first `length` bytes; 0: all): its SHA-256 (holes as zeros), its first `keep`
+        bytes, and with `into` (an open file) a sparse copy of it there."""
         stream = self._conn.newStream(0)
         try:
             vol = self._conn.storagePoolLookupByName(pool).storageVolLookupByName(name)
-            got = storage.Incoming(keep, progress, into)
-            vol.download(stream, 0, 0, libvirt.VIR_STORAGE_VOL_DOWNLOAD_SPARSE_STREAM)
+            got = storage.Incoming(keep, None, into)
+            vol.download(stream, 0, length, libvirt.VIR_STORAGE_VOL_DOWNLOAD_SPARSE_STREAM)
             stream.sparseRecvAll(got.data, got.hole, None)
             stream.finish()
         except libvirt.libvirtError as exc:
