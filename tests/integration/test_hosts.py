@@ -305,7 +305,9 @@ def _after_its_vm_died(cli: Cli, far: farhost.FarHost, env: dict[str, str], name
     """Work unsynced when the VM dies there is read from its disk, fetched from the host."""
     from vmsandbox.session.record import domain_name
 
-    wrote = cli.run("exec", name, "--", "sh", "-c", "echo late > late.txt; sync", env=env)
+    # the guest writes a terminal escape to its console, which lives on the host: `logs` shows it escaped
+    title = r"printf '\033]0;pwned-title\007\n' | sudo tee /dev/ttyS0 >/dev/null"
+    wrote = cli.run("exec", name, "--", "sh", "-c", f"echo late > late.txt; {title}; sync", env=env)
     assert wrote.returncode == 0, wrote.stderr.decode()
     _inside(far, "virsh", "-c", "qemu:///system", "destroy", domain_name(name))
     row = next(r for r in json.loads(cli.run("ls", "--json", env=env).stdout) if r["name"] == name)
@@ -317,6 +319,10 @@ def _after_its_vm_died(cli: Cli, far: farhost.FarHost, env: dict[str, str], name
     logs = cli.run("logs", name, env=env)
     assert logs.returncode == 0, logs.stderr.decode()
     assert b"Reached target" in logs.stdout, logs.stdout[-300:]
+    assert b"\\x1b]0;pwned-title\\x07" in logs.stdout, logs.stdout[-300:]
+    assert b"\x1b" not in logs.stdout and b"\x07" not in logs.stdout
+    raw = cli.run("logs", name, "--raw", env=env)
+    assert b"\x1b]0;pwned-title\x07" in raw.stdout  # kept as the guest sent it, for who asks
 
 
 def _get(url: str) -> int:

@@ -331,3 +331,74 @@ def test_a_volume_read_into_a_file_keeps_its_holes(tmp_path: Path) -> None:
         os.close(fd)
     assert (tmp_path / "copy").read_bytes() == whole
     assert (tmp_path / "copy").stat().st_blocks < (tmp_path / "disk").stat().st_size // 512 // 4
+
+
+class _Host:
+    """What check_room asks of a host: its vmsandbox domains and its memory."""
+
+    def __init__(self, running: int, available_mib: int) -> None:
+        from vmsandbox.vm.node import DomainInfo
+
+        self.found = [DomainInfo(f"vmsandbox-s{i}", "running", None) for i in range(running)]
+        self.found.append(DomainInfo("vmsandbox-old", "shutoff", None))
+        self.available_mib = available_mib
+
+    def domains(self, prefix: str) -> list[Any]:
+        assert prefix == "vmsandbox-"
+        return self.found
+
+    def node(self) -> Node:
+        return Node("h", "9", "7", 8, 65536, self.available_mib, frozenset({"vmx"}), None)
+
+
+def test_a_host_s_limits_are_kept_when_a_session_is_placed_there() -> None:
+    from vmsandbox.session import remote
+
+    host = hostspec.HostSpec("big", "qemu+ssh://big/system", max_sessions=3, keep_free_mib=4096)
+    remote.check_room(_Host(2, 8192), host, 2048)  # type: ignore[arg-type]  # a third fits, leaving 6 GiB
+    with pytest.raises(VmsandboxError, match="host big runs 3 session") as err:
+        remote.check_room(_Host(3, 60000), host, 2048)  # type: ignore[arg-type]
+    assert err.value.hint is not None and "another --host" in err.value.hint
+    with pytest.raises(VmsandboxError, match="6000 MiB of memory available: a 2048 MiB session would leave less"):
+        remote.check_room(_Host(0, 6000), host, 2048)  # type: ignore[arg-type]
+    remote.check_room(_Host(9, 6144), hostspec.HostSpec("any", "qemu+ssh://a/system"), 2048)  # type: ignore[arg-type]
+
+
+def _status(name: str, available: int | None, sessions: int = 0, **limits: Any) -> Any:
+    from vmsandbox.session import hosts
+
+    uri = "qemu:///system" if name == "local" else f"qemu+ssh://{name}/system"
+    spec = hostspec.HostSpec(name, uri, **limits)
+    if available is None:
+        return hosts.Status(spec, None, "no answer in 5 s")
+    return hosts.Status(spec, Node(name, "9", "7", 8, 65536, available, frozenset(), None), None, sessions)
+
+
+def test_placement_takes_the_host_with_the_most_memory_that_has_room() -> None:
+    from vmsandbox.session import hosts
+
+    found = [
+        _status("local", 6000),
+        _status("big", 60000, sessions=4, max_sessions=4),  # full
+        _status("mid", 30000),
+        _status("down", None),
+        _status("tight", 40000, keep_free_mib=39000),  # 2 GiB more would break its keep_free
+    ]
+    placed = hosts.place(found, 2048)
+    assert placed.spec.name == "mid"
+    assert "30000 MiB" in placed.reason and "2 host(s) with room" in placed.reason
+    assert hosts.room(found[1], 2048) == "4 session(s) run there, its max_sessions"
+    assert hosts.room(found[3], 2048) == "no answer in 5 s"
+    assert hosts.room(found[4], 2048) == "40000 MiB available, keep_free 39000 MiB"
+    assert hosts.place([_status("local", 30000), _status("twin", 30000)], 2048).spec.name == "local"  # a tie: here
+
+
+def test_placement_stays_here_when_no_host_has_room_and_says_why() -> None:
+    from vmsandbox.session import hosts
+
+    tls = _status("tls", 90000)
+    tls = hosts.Status(hostspec.HostSpec("tls", "qemu+tls://tls/system"), tls.node, None)
+    assert hosts.room(tls, 2048) == "not an ssh URI (sessions reach another host over ssh)"
+    placed = hosts.place([_status("local", 1500), _status("big", None), tls], 2048)
+    assert placed.spec.name == "local"
+    assert "no host has room" in placed.reason and "big: no answer in 5 s" in placed.reason

@@ -88,12 +88,14 @@ def create(opts: Options) -> Record:
 
 
 def _accel(opts: Options) -> accel_mod.Choice:
-    """The accelerator: this machine's, or (on another host) what that host's CPU and libvirt allow."""
+    """The accelerator: this machine's, or (on another host, after checking it has room under its limits) what
+    that host's CPU and libvirt allow."""
     requested = opts.settings.accel
     if opts.host is None:
         choice = accel_mod.choose(requested)
     else:
         with Hypervisor(opts.host.uri) as hv:
+            remote.check_room(hv, opts.host, opts.settings.memory_mib)
             choice = accel_mod.choose(requested, problem=hv.node().kvm_problem(), probe=False)
     if choice.accel is accel_mod.Accel.TCG and requested is accel_mod.Accel.AUTO:
         ui.warn(choice.reason)

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from vmsandbox import paths, ui
+from vmsandbox import access, paths, ui
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.image import store
 from vmsandbox.image.store import Image
@@ -108,9 +108,16 @@ def _recorded(hv: Hypervisor, name: str) -> Sent | None:
 
 
 def ensure(hv: Hypervisor, spec: HostSpec, image: Image) -> bool:
-    """Make `image` (and a layer's base first) whole in the host's pool; True if anything had to be sent."""
+    """Make `image` (and a layer's base first) whole in the host's pool; True if anything had to be sent. One
+    sender per host at a time (a lock in the shared image store): two sessions placed at once send it once."""
+    wait = f"another image is being sent to host {spec.name}; waiting for it…"
+    with access.flocked(paths.images_dir() / f".send-{spec.name}.lock", wait=wait):
+        return _ensure(hv, spec, image)
+
+
+def _ensure(hv: Hypervisor, spec: HostSpec, image: Image) -> bool:
     base = _base_of(image)
-    sent_base = base is not None and ensure(hv, spec, base)
+    sent_base = base is not None and _ensure(hv, spec, base)
     name = image.path.name
     at = hv.pool(POOL, spec.pool_path)
     if at.rstrip("/") != spec.pool_path:

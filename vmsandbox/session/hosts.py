@@ -7,10 +7,11 @@ import threading
 import time
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit
 
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.image import layers, store
-from vmsandbox.session import hostimages
+from vmsandbox.session import hostimages, tunnel
 from vmsandbox.session.hostspec import HostSpec
 from vmsandbox.session.record import DOMAIN_PREFIX
 from vmsandbox.vm import accel
@@ -85,3 +86,34 @@ def probe_all(specs: list[HostSpec], timeout: float = PROBE_TIMEOUT) -> list[Sta
     for t in threads:
         t.join(max(0.0, deadline - time.monotonic()))
     return [found.get(i) or Status(s, None, f"no answer in {timeout:.0f} s") for i, s in enumerate(specs)]
+
+
+@dataclass(frozen=True)
+class Placement:
+    spec: HostSpec  # where the session goes (`local`: this machine)
+    reason: str
+
+
+def room(s: Status, memory_mib: int) -> str | None:
+    """Why a session of `memory_mib` does not fit on a host that answered (None: it fits)."""
+    if s.node is None:
+        return s.problem or "no answer"
+    if s.spec.remote and urlsplit(s.spec.uri).scheme not in tunnel.SSH_SCHEMES:
+        return "not an ssh URI (sessions reach another host over ssh)"
+    if s.spec.max_sessions is not None and s.sessions >= s.spec.max_sessions:
+        return f"{s.sessions} session(s) run there, its max_sessions"
+    if s.node.available_mib - memory_mib < s.spec.keep_free_mib:
+        return f"{s.node.available_mib} MiB available, keep_free {s.spec.keep_free_mib} MiB"
+    return None
+
+
+def place(found: list[Status], memory_mib: int) -> Placement:
+    """The simple rule: of the hosts with room under their limits, the one with the most memory available as
+    libvirt reports it (this machine on a tie); this machine when none has room."""
+    fits = [s for s in found if room(s, memory_mib) is None]
+    if not fits:
+        why = "; ".join(f"{s.spec.name}: {room(s, memory_mib)}" for s in found)
+        return Placement(found[0].spec, f"no host has room under its limits ({why}); running on this machine")
+    best = max(fits, key=lambda s: (s.node.available_mib if s.node else 0, not s.spec.remote))
+    mib = best.node.available_mib if best.node else 0
+    return Placement(best.spec, f"{mib} MiB of memory available there, the most of {len(fits)} host(s) with room")

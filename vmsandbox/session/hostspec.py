@@ -5,7 +5,7 @@ config names under `hosts:`.
       - name: big
         uri: qemu+ssh://me@big.example/system
         max_sessions: 10       # optional: no more sessions than this there
-        keep_free: 4G          # optional: memory placement leaves free there (default 1G)
+        keep_free: 4G          # optional: memory a session placed there must leave free (default 1G)
         pool_path: /var/lib/libvirt/vmsandbox   # optional: where its images and sessions' volumes live
 
 `hosts:` is read from the user's config only, never from a project (a URI names a program-running transport

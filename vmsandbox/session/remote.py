@@ -21,7 +21,7 @@ from vmsandbox.image import store
 from vmsandbox.session import hostimages, tunnel
 from vmsandbox.session.hostimages import POOL, volume
 from vmsandbox.session.hostspec import HostSpec
-from vmsandbox.session.record import Record
+from vmsandbox.session.record import DOMAIN_PREFIX, Record
 from vmsandbox.vm import accel as accel_mod
 from vmsandbox.vm import domain, storage
 from vmsandbox.vm.domain import DomainSpec, Forward
@@ -43,6 +43,23 @@ def refuse(record: Record, what: str) -> None:
             f"session {record.name} runs on host {record.host}: {what} works on sessions of this machine only "
             "(for now)",
             hint='see README, "More than one machine"',
+        )
+
+
+def check_room(hv: Hypervisor, host: HostSpec, memory_mib: int) -> None:
+    """Before anything is made there: the host's limits (`max_sessions`, `keep_free`) leave room for one more."""
+    running = sum(1 for d in hv.domains(DOMAIN_PREFIX) if not d.stopped)
+    if host.max_sessions is not None and running >= host.max_sessions:
+        raise VmsandboxError(
+            f"host {host.name} runs {running} session(s), its max_sessions",
+            hint="destroy one there (`vmsandbox ls` shows the HOST), pick another --host, or raise its max_sessions",
+        )
+    available = hv.node().available_mib
+    if available - memory_mib < host.keep_free_mib:
+        raise VmsandboxError(
+            f"host {host.name} has {available} MiB of memory available: a {memory_mib} MiB session would leave less "
+            f"than its keep_free ({host.keep_free_mib} MiB)",
+            hint="give the session less --memory, pick another --host, or lower keep_free for that host",
         )
 
 
@@ -165,7 +182,8 @@ def ensure_tunnel(record: Record) -> None:
 
 
 def fetch_console(record: Record, hv: Hypervisor) -> None:
-    """The console's last CONSOLE_LIMIT bytes, from the host's pool into the session's console log here."""
+    """The console (its first CONSOLE_LIMIT bytes: virtlogd rotates it at 2 MiB, so all of it), from the host's
+    pool into the session's console log here."""
     name = f"{record.domain}.console.log"
     if name not in hv.volumes(POOL):
         return

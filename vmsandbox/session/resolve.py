@@ -7,10 +7,11 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from vmsandbox import ui
 from vmsandbox.egress import policy
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.image import blueprint as blueprint_mod
-from vmsandbox.session import config, hostspec, layerbuild, tunnel
+from vmsandbox.session import config, hosts, hostspec, layerbuild, tunnel
 from vmsandbox.session.hostspec import HostSpec
 from vmsandbox.session.options import Options, Run, RunFlags, parse_publish
 from vmsandbox.session.record import validate_name, validate_project
@@ -47,11 +48,21 @@ def resolve(path: Path, blueprint_name: str, command: list[str] | None, flags: R
     return Run(options, command, tty, flags.yes, flags.include_risky)
 
 
+PLACE_TIMEOUT = 5.0  # a host that does not answer this fast is not placed on (and delays a run no more)
+
+
 def _host(settings: config.Settings, flags: RunFlags) -> HostSpec | None:
-    """The other host a session is placed on (--host), checked for what such a session cannot do yet."""
-    if flags.host is None:
+    """The other host a session goes to: --host, or with `hosts:` configured and no --host the one the simple
+    rule picks (hosts.place); None for this machine. Checked for what such a session cannot do yet."""
+    if flags.host is not None:
+        spec = hostspec.named(settings.libvirt_uri, settings.hosts, flags.host)
+    elif settings.hosts and not flags.fanout:
+        found = hosts.probe_all(hostspec.every(settings.libvirt_uri, settings.hosts), PLACE_TIMEOUT)
+        placed = hosts.place(found, settings.memory_mib)
+        ui.info(f"Placing the session on host {placed.spec.name}: {placed.reason} (--host NAME chooses)")
+        spec = placed.spec
+    else:
         return None
-    spec = hostspec.named(settings.libvirt_uri, settings.hosts, flags.host)
     if not spec.remote:
         return None
     tunnel.ssh_argv(spec.uri)  # an ssh URI, or the error that says so
