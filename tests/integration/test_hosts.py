@@ -18,7 +18,7 @@ import pytest
 
 from tests.integration import farhost
 from tests.integration.conftest import Cli
-from vmsandbox import pids
+from vmsandbox import paths, pids
 from vmsandbox.image import store
 
 IMAGE_FILES = ("disk.qcow2", "vmlinuz", "initrd.img")
@@ -299,6 +299,10 @@ def _through_the_tunnel(cli: Cli, env: dict[str, str], name: str, port: int, pro
     pulled = cli.run("pull", name, "--yes", env=env)
     assert pulled.returncode == 0, pulled.stderr.decode()
     assert (project / "k.txt").read_text() == "kept\n"
+    (project / "from-host.txt").write_text("pushed\n")  # and the other way
+    pushed = cli.run("push", name, env=env)
+    assert pushed.returncode == 0, pushed.stderr.decode()
+    assert cli.run("exec", name, "--", "cat", "from-host.txt", env=env).stdout == b"pushed\n"
 
 
 def _after_its_vm_died(cli: Cli, far: farhost.FarHost, env: dict[str, str], name: str, project: Path) -> None:
@@ -334,3 +338,39 @@ def _get(url: str) -> int:
             return int(r.status)
     except (urllib.error.URLError, OSError):
         return 0
+
+
+def test_gc_sweeps_this_machines_orphans_on_another_host_and_says_which_host_did_not_answer(
+    cli: Cli, far: farhost.FarHost, tmp_path: Path, project: Path, base_image: store.Image
+) -> None:
+    """A session whose directory here is gone (a wiped state directory) leaves its VM and volumes there: gc
+    finds them by the machine named in the domain's metadata, and only its own."""
+    from tests.integration.conftest import unique_name
+    from vmsandbox.egress import control
+    from vmsandbox.session import tunnel
+    from vmsandbox.session.record import domain_name
+
+    dead_port = farhost.free_port()
+    env = cli.env(
+        **_config(
+            tmp_path,
+            {"name": "far", "uri": far.uri},
+            {"name": "dead", "uri": f"qemu+ssh://root@127.0.0.1:{dead_port}/system?command={far.ssh}&no_tty=1"},
+        )
+    )
+    name = unique_name()
+    made = cli.run("run", "--host", "far", "--keep", "--name", name, str(project), "--", "true", env=env)
+    assert made.returncode == 0, made.stderr.decode()
+    root = cli.state_dir / "sessions" / name
+    control.stop(paths.SessionPaths(root))
+    tunnel.close(root)
+    shutil.rmtree(root)
+    assert _remote_volumes(far, f"{domain_name(name)}.")
+
+    swept = cli.run("gc", env=env)
+    assert swept.returncode == 0, swept.stderr.decode()
+    said = swept.stderr.decode()
+    assert f"destroyed domain {domain_name(name)} on host far" in said, said
+    assert "host dead did not answer" in said, said
+    assert _remote_volumes(far, f"{domain_name(name)}.") == []
+    assert domain_name(name) not in _inside(far, "virsh", "-c", "qemu:///system", "list", "--all", "--name").split()

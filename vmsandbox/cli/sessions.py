@@ -294,7 +294,8 @@ def _destroy_group(group: str, *, force: bool, discard: bool) -> None:
 
 @app.command()
 def gc() -> None:
-    """Remove sessions whose VM is gone or whose `vmsandbox run` died, and orphaned vmsandbox domains.
+    """Remove sessions whose VM is gone or whose `vmsandbox run` died, and orphaned vmsandbox domains (here, and
+    this machine's on every host under `hosts:`; a host that does not answer is said and skipped).
 
     Sessions holding unsynced changes are kept (a stopped VM's changes are exported to its outbox).
 
@@ -302,7 +303,8 @@ def gc() -> None:
     """
     from vmsandbox.session import config, lifecycle
 
-    done = list(lifecycle.gc(config.load().libvirt_uri, limit=sync_limit()))
+    settings = config.load()
+    done = list(lifecycle.gc(settings.libvirt_uri, limit=sync_limit(), hosts=settings.hosts))
     for line in done:
         ui.info(line)
     if not done:

@@ -19,6 +19,7 @@ from vmsandbox import failpoint, paths
 from vmsandbox.egress import control
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.session import chain, images, lock, pins, remote, teardown
+from vmsandbox.session.hostspec import HostSpec
 from vmsandbox.session.record import DOMAIN_PREFIX, Phase, Record, State, domain_name, names
 from vmsandbox.session.state import is_running, status
 from vmsandbox.sync import changes, outbox, plan
@@ -206,7 +207,7 @@ def _gc_session(name: str, hv: Hypervisor, uri: str, limit: int) -> Iterator[str
         yield f"could not check session {name}: {exc.message}"
 
 
-def gc(uri: str, *, limit: int) -> Iterator[str]:
+def gc(uri: str, *, limit: int, hosts: tuple[HostSpec, ...] = ()) -> Iterator[str]:
     """Remove sessions whose VM is gone or whose `vmsandbox run` died — unless they hold unsynced work (a
     stopped VM's work is exported to its outbox, and the session kept) —, finish teardowns that were
     interrupted, and destroy vmsandbox domains whose session directory is gone. Yields a line per thing done."""
@@ -225,6 +226,8 @@ def gc(uri: str, *, limit: int) -> Iterator[str]:
         for session in pins.collect():
             yield f"removed the pin of session {session} (its directory is gone)"
         yield from images.collect_templates(hv)
+    for host in hosts:
+        yield from remote.sweep(host, mine)
     yield from _stale_captures(mine)
 
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import os
 import random
+import socket
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -30,6 +32,15 @@ from vmsandbox.vm.virt import Hypervisor, PortTakenError, gone
 PORT_RANGE = (20000, 60999)  # the guest's SSH forward on the host's 127.0.0.1 (QEMU says when one is taken)
 PORT_ATTEMPTS = 6
 CONSOLE_LIMIT = 4 * 1024 * 1024
+
+
+def client_id() -> str:
+    """This machine, as the domains it starts on other hosts name it (its gc sweeps only its own there)."""
+    try:
+        machine = Path("/etc/machine-id").read_text().strip()
+    except OSError:
+        machine = ""
+    return f"{socket.gethostname()}/{machine}"
 
 
 def is_remote(uri: str) -> bool:
@@ -119,6 +130,7 @@ def _spec(record: Record, image: store.Image, vols: dict[str, str], sent: Sent) 
         forwards=(Forward(record.remote_port, 22),),
         fwcfg_files=sent.fwcfg,
         workspace_disk=Path(sent.workspace),
+        client=client_id(),
     )
 
 
@@ -228,3 +240,21 @@ def forget(root: Path, uri: str, domain_name: str) -> None:
         for name in hv.volumes(POOL):
             if name.startswith(f"{domain_name}."):
                 hv.delete_volume(POOL, name)
+
+
+def sweep(host: HostSpec, mine: Path) -> Iterator[str]:
+    """gc on another host: this machine's domains there whose session directory is gone here, destroyed, with
+    their volumes. A host that does not answer is said, not an error."""
+    try:
+        with Hypervisor(host.uri) as hv:
+            for info in list(hv.domains(DOMAIN_PREFIX)):
+                xml = hv.xml(info.name)
+                owner = domain.session_of(xml) if xml else None
+                if owner is None or xml is None or domain.client_of(xml) != client_id():
+                    continue  # not a session, or another machine's
+                if owner[1].parent.resolve() == mine and not (owner[1] / paths.SESSION_RECORD).exists():
+                    hv.destroy(info.name)
+                    forget(owner[1], host.uri, info.name)
+                    yield f"destroyed domain {info.name} on host {host.name} (its session directory is gone)"
+    except VmsandboxError as exc:
+        yield f"host {host.name} did not answer, nothing there was cleaned up: {exc.message}"

@@ -46,6 +46,7 @@ class DomainSpec:
     workspace_disk: Path | None = None  # raw ext4, mounted by the guest at the project path (vdb)
     channel: Path | None = None  # the identity port's socket (a warm start sends the identity through it)
     template: bool = False  # a warm-start template being built, not a session (gc tells them apart)
+    client: str | None = None  # on another host: which machine's session it is (that machine's gc sweeps it)
 
     def netdev(self) -> str:
         return netdev(self.forwards)
@@ -74,7 +75,8 @@ def build_xml(spec: DomainSpec) -> str:
     _sub(dom, "genid")
     meta = _sub(dom, "metadata")
     kind = "template" if spec.template else "session"
-    ET.SubElement(meta, f"{{{META_NS}}}{kind}", {"name": spec.session, "dir": str(spec.session_dir)})
+    owner = {"name": spec.session, "dir": str(spec.session_dir)}
+    ET.SubElement(meta, f"{{{META_NS}}}{kind}", owner if spec.client is None else {**owner, "client": spec.client})
     _sub(dom, "memory", str(spec.memory_mib), unit="MiB")
     _sub(dom, "vcpu", str(spec.cpus))
     if spec.fwcfg_files:
@@ -233,3 +235,9 @@ def session_of(xml: str) -> tuple[str, Path] | None:
     if el is None:
         return None
     return el.get("name", ""), Path(el.get("dir", ""))
+
+
+def client_of(xml: str) -> str | None:
+    """The machine a session on another host belongs to (None: a session of the host's own machine)."""
+    el = ET.fromstring(xml).find(f"metadata/{{{META_NS}}}session")  # noqa: S314 - from a host the user names
+    return None if el is None else el.get("client")
