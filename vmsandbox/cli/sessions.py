@@ -295,9 +295,8 @@ def _destroy_group(group: str, *, force: bool, discard: bool) -> None:
 @app.command()
 def gc() -> None:
     """Remove sessions whose VM is gone or whose `vmsandbox run` died, and orphaned vmsandbox domains (here, and
-    this machine's on every host under `hosts:`; a host that does not answer is said and skipped).
-
-    Sessions holding unsynced changes are kept (a stopped VM's changes are exported to its outbox).
+    this machine's on every host under `hosts:`; a host that does not answer is said and skipped). Sessions
+    holding unsynced changes are kept (a stopped VM's changes are exported to its outbox).
 
     Example: `vmsandbox gc`
     """
