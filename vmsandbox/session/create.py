@@ -102,15 +102,6 @@ def _accel(opts: Options) -> accel_mod.Choice:
     return choice
 
 
-def _boot(record: Record, image: store.Image, hv: Hypervisor, opts: Options, launched: start.Launched) -> None:
-    timeout = opts.settings.boot_timeout
-    if opts.host is None:
-        start.boot(record, image, hv, cold_start=opts.cold, boot_timeout=timeout, launched=launched)
-    else:
-        remote.boot(record, image, hv, opts.host, timeout)
-        launched()
-
-
 def _new_record(
     name: str,
     project: Path,
