@@ -283,7 +283,7 @@ class Hypervisor:
             self.delete_volume(pool, name)
             raise VmsandboxError(
                 f"uploading {source.name} to pool {pool} at {self.uri} failed: {_message(exc)}",
-                hint="check free space in that host's pool directory (`vmsandbox hosts`), then try again",
+                hint="check free space in the pool's directory on that host (`pool_path`), then try again",
             ) from exc
         finally:
             os.close(fd)
