@@ -121,7 +121,7 @@ class Settings:
             if key in data:
                 changes[key] = data[key]
         if "hosts" in data:
-            changes["hosts"] = parse_hosts(data["hosts"], source=source)
+            changes["hosts"] = parse_hosts(data["hosts"], source=source, parse_size_mib=parse_size_mib)
         changes.update(self._network_changes(data, source, label))
         return replace(self, **changes)
 

@@ -15,6 +15,7 @@ as easily as a host).
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
@@ -60,11 +61,11 @@ def parse_uri(uri: str, *, source: str) -> str:
     return uri
 
 
-def parse_hosts(entries: list[dict[str, Any]], *, source: str) -> tuple[HostSpec, ...]:
+def parse_hosts(
+    entries: list[dict[str, Any]], *, source: str, parse_size_mib: Callable[..., int]
+) -> tuple[HostSpec, ...]:
     """The `hosts:` list of a config file, checked: known keys, names unique and not `local`, URIs of libvirt's
-    QEMU driver over a transport that authenticates."""
-    from vmsandbox.session.config import parse_size_mib
-
+    QEMU driver over a transport that authenticates (sizes read by the config's own `parse_size_mib`)."""
     found: list[HostSpec] = []
     for i, entry in enumerate(entries):
         where = f"{source}: `hosts[{i}]`"
