@@ -68,6 +68,11 @@ class FarHost:
         )
 
     def stop(self) -> None:
+        """Its domains destroyed (a failed test may leave one: its QEMU would outlive the daemon), then the
+        daemons stopped."""
+        listed = self.run_inside("virsh", "-c", "qemu:///system", "list", "--name")
+        for domain in listed.stdout.split():
+            self.run_inside("virsh", "-c", "qemu:///system", "destroy", domain)
         for pid in reversed(self.pids):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGTERM)
