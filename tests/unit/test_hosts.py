@@ -49,6 +49,7 @@ def test_hosts_are_read_from_the_user_config(tmp_path: Path) -> None:
         ("{name: a, uri: 'qemu+tcp://h/system'}", "neither encrypts nor authenticates"),
         ("{name: a, uri: 'xen+ssh://h/'}", "is not a libvirt QEMU URI"),
         ("{name: a, uri: 'qemu+ssh://h/'}", "is not a libvirt QEMU URI"),
+        ("{name: a, uri: 'qemu+ssh://h/system?no_verify=1'}", "turns off the check of the host's SSH key"),
         ("{name: local, uri: 'qemu+ssh://h/system'}", "`name` 'local' is not a host name"),
         ("{name: Big Box, uri: 'qemu+ssh://h/system'}", "is not a host name"),
         ("{name: a, uri: 'qemu+ssh://h/system', max_sessions: 0}", "`max_sessions` must be at least 1"),
@@ -265,14 +266,17 @@ def test_a_header_that_cannot_take_the_new_name_is_refused(tmp_path: Path, conte
 def test_the_tunnel_reaches_the_host_as_libvirt_does() -> None:
     from vmsandbox.session import tunnel
 
-    argv = tunnel.ssh_argv("qemu+ssh://me@big.example:2222/system?keyfile=/k/id&command=/opt/ssh&no_verify=1")
+    argv = tunnel.ssh_argv("qemu+ssh://me@big.example:2222/system?keyfile=/k/id&command=/opt/ssh&no_verify=0")
     assert argv[0] == "/opt/ssh"
     assert argv[argv.index("-p") + 1] == "2222" and argv[argv.index("-i") + 1] == "/k/id"
     assert argv[argv.index("-l") + 1] == "me"
-    assert "StrictHostKeyChecking=no" in argv and "BatchMode=yes" in argv
+    assert "StrictHostKeyChecking=yes" in argv and "BatchMode=yes" in argv  # the host's key is always checked
     assert argv[-2:] == ["--", "big.example"]
     plain = tunnel.ssh_argv("qemu+ssh://big/system")
-    assert plain[0] == "ssh" and "-p" not in plain and "-l" not in plain and "StrictHostKeyChecking=no" not in plain
+    assert plain[0] == "ssh" and "-p" not in plain and "-l" not in plain and "StrictHostKeyChecking=yes" in plain
+    with pytest.raises(VmsandboxError, match="no_verify") as err:
+        tunnel.ssh_argv("qemu+ssh://big/system?no_verify=1")
+    assert err.value.hint is not None and "known_hosts" in err.value.hint
     forward = tunnel.forward_argv("qemu+ssh://big/system", 41000, 25000)
     assert forward[forward.index("-L") + 1] == "127.0.0.1:41000:127.0.0.1:25000"  # loopback at both ends
     assert "-N" in forward and "ExitOnForwardFailure=yes" in forward

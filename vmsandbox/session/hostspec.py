@@ -18,7 +18,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import parse_qs, urlsplit
 
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.schema import Size, check
@@ -53,12 +53,24 @@ def parse_uri(uri: str, *, source: str) -> str:
             f"{source}: {uri!r} uses qemu+tcp, which neither encrypts nor authenticates",
             hint="use qemu+ssh://USER@HOST/system (or qemu+tls://)",
         )
+    check_host_key(uri, source=source)
     if parts.scheme not in _SCHEMES or parts.path not in ("/system", "/session"):
         raise VmsandboxError(
             f"{source}: {uri!r} is not a libvirt QEMU URI",
             hint="write it like qemu+ssh://USER@HOST/system, or qemu:///system for this machine",
         )
     return uri
+
+
+def check_host_key(uri: str, *, source: str) -> None:
+    """Refuse a URI that turns off ssh's check of the host's key (libvirt's `no_verify`): the host is pinned in
+    your known_hosts, or it is not used."""
+    if parse_qs(urlsplit(uri).query).get("no_verify", ["0"])[-1] != "0":
+        raise VmsandboxError(
+            f"{source}: {uri!r} turns off the check of the host's SSH key (no_verify)",
+            hint="add the host's key to your known_hosts (`ssh` to it once and compare the fingerprint), then drop "
+            "no_verify from the URI",
+        )
 
 
 def parse_hosts(

@@ -25,6 +25,7 @@ from urllib.parse import parse_qs, urlsplit
 
 from vmsandbox import paths, pids, proc
 from vmsandbox.errors import VmsandboxError
+from vmsandbox.session import hostspec
 
 PID_FILE = "tunnel.json"
 LOG_FILE = "tunnel.log"
@@ -34,21 +35,22 @@ SSH_SCHEMES = ("qemu+ssh", "qemu+libssh", "qemu+libssh2")
 
 def ssh_argv(uri: str) -> list[str]:
     """The ssh command line (without what to forward) that reaches the host of a libvirt URI as libvirt does:
-    its user, port, `keyfile` and `command` (the ssh binary); `no_verify=1` is honoured as libvirt honours it."""
+    its user, port, `keyfile` and `command` (the ssh binary). The host's key is always checked against your
+    known_hosts (strict: an unknown or changed key fails): a URI with `no_verify=1` is refused."""
     parts = urlsplit(uri)
     if parts.scheme not in SSH_SCHEMES or not parts.hostname:
         raise VmsandboxError(
             f"sessions on another host reach it over ssh; {uri} is not an ssh URI",
             hint="name the host with qemu+ssh://USER@HOST/system in ~/.config/vmsandbox/config.yaml",
         )
+    hostspec.check_host_key(uri, source="a session's tunnel")
     query = {k: v[-1] for k, v in parse_qs(parts.query).items()}
-    argv = [query.get("command", "ssh"), "-o", "BatchMode=yes", "-o", "ConnectTimeout=15"]
+    argv = [query.get("command", "ssh"), "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes"]
+    argv += ["-o", "ConnectTimeout=15"]
     if parts.port:
         argv += ["-p", str(parts.port)]
     if "keyfile" in query:
         argv += ["-i", query["keyfile"]]
-    if query.get("no_verify") == "1":
-        argv += ["-o", "StrictHostKeyChecking=no"]
     if parts.username:
         argv += ["-l", parts.username]
     return [*argv, "--", parts.hostname]
