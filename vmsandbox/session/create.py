@@ -33,7 +33,6 @@ def create(opts: Options) -> Record:
     settings = opts.settings
     policy.check_secrets(settings.network, settings.secrets, quiet=True)  # the command line said it already
     bp = opts.blueprint or blueprint_mod.load("base")
-    choice = _accel(opts)
     image = opts.image or store.current_image()
     if opts.ssh_agent:
         if not os.environ.get("SSH_AUTH_SOCK"):
@@ -41,6 +40,7 @@ def create(opts: Options) -> Record:
         ui.warn("--ssh-agent: the guest can use your SSH keys (not read them) while the session runs")
     uri = settings.libvirt_uri if opts.host is None else opts.host.uri
     with Hypervisor(uri) as hv:  # fails early, before anything is made, if libvirt is down
+        choice = _accel(opts, hv)
         files = paths.session_paths(name)
         confine.state_dirs()
         try:
@@ -87,16 +87,15 @@ def create(opts: Options) -> Record:
     return record
 
 
-def _accel(opts: Options) -> accel_mod.Choice:
-    """The accelerator: this machine's, or (on another host, after checking it has room under its limits) what
-    that host's CPU and libvirt allow."""
+def _accel(opts: Options, hv: Hypervisor) -> accel_mod.Choice:
+    """The accelerator: this machine's, or (on another host, `hv`, after checking it has room under its limits)
+    what that host's CPU and libvirt allow."""
     requested = opts.settings.accel
     if opts.host is None:
         choice = accel_mod.choose(requested)
     else:
-        with Hypervisor(opts.host.uri) as hv:
-            remote.check_room(hv, opts.host, opts.settings.memory_mib)
-            choice = accel_mod.choose(requested, problem=hv.node().kvm_problem(), probe=False)
+        remote.check_room(hv, opts.host, opts.settings.memory_mib)
+        choice = accel_mod.choose(requested, problem=hv.node().kvm_problem(), probe=False)
     if choice.accel is accel_mod.Accel.TCG and requested is accel_mod.Accel.AUTO:
         ui.warn(choice.reason)
     return choice

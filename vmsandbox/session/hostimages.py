@@ -37,7 +37,7 @@ def volume(image: str, file: str) -> str:
     return f"{image}.{file}"
 
 
-def _base_of(image: Image) -> Image | None:
+def base_of(image: Image) -> Image | None:
     """The base image a blueprint layer is built on (None: it is a base image)."""
     if image.path.name.startswith(store.PREFIX):
         return None
@@ -46,7 +46,7 @@ def _base_of(image: Image) -> Image | None:
 
 def files_of(image: Image) -> tuple[str, ...]:
     """The files of an image that travel (a layer's kernel and initrd are its base's)."""
-    return FILES if _base_of(image) is None else (paths.IMAGE_DISK,)
+    return FILES if base_of(image) is None else (paths.IMAGE_DISK,)
 
 
 QCOW2_MAGIC = b"QFI\xfb"
@@ -116,7 +116,7 @@ def ensure(hv: Hypervisor, spec: HostSpec, image: Image) -> bool:
 
 
 def _ensure(hv: Hypervisor, spec: HostSpec, image: Image) -> bool:
-    base = _base_of(image)
+    base = base_of(image)
     sent_base = base is not None and _ensure(hv, spec, base)
     name = image.path.name
     at = hv.pool(POOL, spec.pool_path)

@@ -42,8 +42,12 @@ class HostSpec:
 
     @property
     def remote(self) -> bool:
-        """Its libvirtd runs on another machine (nothing on this one's file system is visible to it)."""
-        return bool(urlsplit(self.uri).hostname)
+        return is_remote(self.uri)
+
+
+def is_remote(uri: str) -> bool:
+    """The libvirtd of `uri` runs on another machine (nothing on this one's file system is visible to it)."""
+    return bool(urlsplit(uri).hostname)
 
 
 def parse_uri(uri: str, *, source: str) -> str:

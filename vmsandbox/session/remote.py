@@ -14,7 +14,6 @@ import socket
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from urllib.parse import urlsplit
 
 from vmsandbox import paths, ui
 from vmsandbox.errors import VmsandboxError
@@ -22,7 +21,7 @@ from vmsandbox.guest import ssh
 from vmsandbox.image import store
 from vmsandbox.session import hostimages, tunnel
 from vmsandbox.session.hostimages import POOL, volume
-from vmsandbox.session.hostspec import HostSpec
+from vmsandbox.session.hostspec import HostSpec, is_remote
 from vmsandbox.session.record import DOMAIN_PREFIX, Record
 from vmsandbox.vm import accel as accel_mod
 from vmsandbox.vm import domain, storage
@@ -41,10 +40,6 @@ def client_id() -> str:
     except OSError:
         machine = ""
     return f"{socket.gethostname()}/{machine}"
-
-
-def is_remote(uri: str) -> bool:
-    return bool(urlsplit(uri).hostname)
 
 
 def refuse(record: Record, what: str) -> None:
@@ -76,9 +71,7 @@ def check_room(hv: Hypervisor, host: HostSpec, memory_mib: int) -> None:
 
 def _kernel_of(image: store.Image) -> str:
     """The image whose volumes hold the kernel and initrd (a layer's base)."""
-    if image.path.name.startswith(store.PREFIX):
-        return image.path.name
-    return store.get_image(str(image.manifest["base_version"])).path.name
+    return (hostimages.base_of(image) or image).path.name
 
 
 @dataclass(frozen=True)

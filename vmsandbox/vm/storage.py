@@ -111,19 +111,12 @@ class Incoming:
     """A volume read back through a sparse download: hashed, kept only up to `keep` bytes, and written to the
     file open at `into` (holes as holes) if one is given."""
 
-    def __init__(self, keep: int = 0, progress: Progress | None = None, into: int | None = None) -> None:
+    def __init__(self, keep: int = 0, into: int | None = None) -> None:
         self.sha = hashlib.sha256()
         self.kept = bytearray()
         self.keep = keep
-        self.done = 0
-        self.progress = progress
         self.into = into
         self.hashed = into is None  # a copy is not checked: holes hash as zeros, ~1 s per GiB
-
-    def _moved(self, n: int) -> None:
-        self.done += n
-        if self.progress is not None:
-            self.progress(self.done)
 
     def data(self, _stream: object, buf: bytes, _opaque: object) -> int:
         if self.into is not None:
@@ -134,7 +127,6 @@ class Incoming:
             self.sha.update(buf)
         if len(self.kept) < self.keep:
             self.kept += buf[: self.keep - len(self.kept)]
-        self._moved(len(buf))
         return len(buf)
 
     def hole(self, _stream: object, length: int, _opaque: object) -> int:
@@ -144,5 +136,4 @@ class Incoming:
             _zeros(self.sha, length)
         if len(self.kept) < self.keep:
             self.kept += bytes(min(length, self.keep - len(self.kept)))
-        self._moved(length)
         return 0

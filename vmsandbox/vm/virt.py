@@ -296,7 +296,7 @@ class Hypervisor:
         stream = self._conn.newStream(0)
         try:
             vol = self._conn.storagePoolLookupByName(pool).storageVolLookupByName(name)
-            got = storage.Incoming(keep, None, into)
+            got = storage.Incoming(keep, into)
             vol.download(stream, 0, length, libvirt.VIR_STORAGE_VOL_DOWNLOAD_SPARSE_STREAM)
             stream.sparseRecvAll(got.data, got.hole, None)
             stream.finish()
