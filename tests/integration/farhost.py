@@ -67,6 +67,26 @@ class FarHost:
             ["nsenter", "-t", str(self.pids[1]), "-m", "--", *argv], capture_output=True, text=True, check=False
         )
 
+    def restart_libvirtd(self) -> None:
+        """Its libvirtd stopped and started again (what a restart of the daemon on a real host does)."""
+        os.kill(self.pids[1], signal.SIGTERM)
+        deadline = time.monotonic() + 15
+        while Path(f"/proc/{self.pids[1]}").exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        inside = ["nsenter", "-t", str(self.pids[2]), "-m", "--"]  # sshd's: the same namespace
+        subprocess.run([*inside, "/usr/sbin/libvirtd", "-d"], check=True, timeout=30)
+        for _ in range(100):
+            found = subprocess.run([*inside, "cat", "/run/libvirtd.pid"], capture_output=True, text=True, check=False)
+            if found.stdout.strip().isdigit() and int(found.stdout) != self.pids[1]:
+                self.pids[1] = int(found.stdout)
+                break
+            time.sleep(0.1)
+        for _ in range(100):
+            if self.run_inside("virsh", "-c", "qemu:///system", "version").returncode == 0:
+                return
+            time.sleep(0.1)
+        raise RuntimeError("the stand-in's libvirtd did not come back")
+
     def stop(self) -> None:
         """Its domains destroyed (a failed test may leave one: its QEMU would outlive the daemon), then the
         daemons stopped."""

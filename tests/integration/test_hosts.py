@@ -273,6 +273,7 @@ def test_a_session_runs_on_another_host_and_its_changes_come_back(
         assert "hostfwd=tcp:127.0.0.1:" in _inside(far, "virsh", "-c", "qemu:///system", "dumpxml", domain)
         supervisor = json.loads((cli.state_dir / "sessions" / name / "tunnel.json").read_text())
         _through_the_tunnel(cli, env, name, port, project)
+        _stopped_and_started(cli, far, env, name, port)
         _after_its_vm_died(cli, far, env, name, project)
     finally:
         gone = cli.run("destroy", name, "--discard", env=env)
@@ -303,6 +304,36 @@ def _through_the_tunnel(cli: Cli, env: dict[str, str], name: str, port: int, pro
     pushed = cli.run("push", name, env=env)
     assert pushed.returncode == 0, pushed.stderr.decode()
     assert cli.run("exec", name, "--", "cat", "from-host.txt", env=env).stdout == b"pushed\n"
+
+
+def _stopped_and_started(cli: Cli, far: farhost.FarHost, env: dict[str, str], name: str, port: int) -> None:
+    """`stop` saves the VM on its host (no domain, no tunnel left); `diff` of the stopped session reads its disk,
+    fetched from there; the save outlives a restart of that host's libvirtd; `start` brings back a running
+    process, an unsynced change and the published port."""
+    from vmsandbox.session import tunnel
+    from vmsandbox.session.record import domain_name
+
+    domain, root = domain_name(name), cli.state_dir / "sessions" / name
+    busy = "echo paused > paused.txt; nohup sleep 7777 >/dev/null 2>&1 &"
+    assert cli.run("exec", name, "--", "sh", "-c", busy, env=env).returncode == 0
+    stopped = cli.run("stop", name, env=env)
+    assert stopped.returncode == 0, stopped.stderr.decode()
+    assert "saved on host far" in stopped.stderr.decode()
+    assert domain not in _inside(far, "virsh", "-c", "qemu:///system", "list", "--all", "--name").split()
+    assert f"{domain}.save" in _remote_volumes(far, f"{domain}.")
+    assert not tunnel.alive(root)
+    far.restart_libvirtd()
+    row = next(r for r in json.loads(cli.run("ls", "--json", env=env).stdout) if r["name"] == name)
+    assert row["state"] == "stopped"
+    diff = cli.run("diff", name, env=env)
+    assert diff.returncode == 0, diff.stderr.decode()
+    assert b"paused.txt" in diff.stdout and "from host far" in diff.stderr.decode()
+    started = cli.run("start", name, env=env)
+    assert started.returncode == 0, started.stderr.decode()
+    assert cli.run("exec", name, "--", "pgrep", "-x", "sleep", env=env).returncode == 0  # still running
+    assert cli.run("exec", name, "--", "cat", "paused.txt", env=env).stdout == b"paused\n"
+    assert f"{domain}.save" not in _remote_volumes(far, f"{domain}.")
+    assert _get(f"http://127.0.0.1:{port}/") == 200
 
 
 def _after_its_vm_died(cli: Cli, far: farhost.FarHost, env: dict[str, str], name: str, project: Path) -> None:
@@ -343,37 +374,50 @@ def _get(url: str) -> int:
 def test_gc_sweeps_this_machines_orphans_on_another_host_and_says_which_host_did_not_answer(
     cli: Cli, far: farhost.FarHost, tmp_path: Path, project: Path, base_image: store.Image
 ) -> None:
-    """A session whose directory here is gone (a wiped state directory) leaves its VM and volumes there: gc
-    finds them by the machine named in the domain's metadata, and only its own."""
+    """A session whose host stops answering can be destroyed here only with --discard, and one whose directory
+    here is gone (a wiped state directory) leaves its VM or its saved volumes there: gc finds both by this
+    machine's name (in the domain's metadata, in the owner volume), and only its own."""
     from tests.integration.conftest import unique_name
     from vmsandbox.egress import control
     from vmsandbox.session import tunnel
     from vmsandbox.session.record import domain_name
 
     dead_port = farhost.free_port()
-    env = cli.env(
-        **_config(
-            tmp_path,
-            {"name": "far", "uri": far.uri},
-            {"name": "dead", "uri": f"qemu+ssh://root@127.0.0.1:{dead_port}/system?command={far.ssh}&no_tty=1"},
-        )
-    )
-    name = unique_name()
-    made = cli.run("run", "--host", "far", "--keep", "--name", name, str(project), "--", "true", env=env)
-    assert made.returncode == 0, made.stderr.decode()
-    root = cli.state_dir / "sessions" / name
+    dead_uri = f"qemu+ssh://root@127.0.0.1:{dead_port}/system?command={far.ssh}&no_tty=1"
+    env = cli.env(**_config(tmp_path, {"name": "far", "uri": far.uri}, {"name": "dead", "uri": dead_uri}))
+    lost, wiped = unique_name(), unique_name()
+    for name in (lost, wiped):
+        made = cli.run("run", "--host", "far", "--keep", "--name", name, str(project), "--", "true", env=env)
+        assert made.returncode == 0, made.stderr.decode()
+
+    # `lost`: its host no longer answers (its record names a port where nothing listens)
+    record_file = cli.state_dir / "sessions" / lost / paths.SESSION_RECORD
+    record_file.write_text(record_file.read_text().replace(far.uri, dead_uri))
+    refused = cli.run("destroy", lost, env=env)
+    assert refused.returncode != 0
+    assert "host far does not answer" in refused.stderr.decode() and "--discard" in refused.stderr.decode()
+    forgotten = cli.run("destroy", lost, "--discard", env=env)
+    assert forgotten.returncode == 0, forgotten.stderr.decode()
+    assert "forgotten here" in forgotten.stderr.decode()
+    assert not (cli.state_dir / "sessions" / lost).exists()
+
+    # `wiped`: stopped (no domain there, its volumes and saved memory stay), then its directory gone at once
+    assert cli.run("stop", wiped, env=env).returncode == 0
+    root = cli.state_dir / "sessions" / wiped
     control.stop(paths.SessionPaths(root))
     tunnel.close(root)
-    # gone at once, as a wiped state directory is (an rmtree races the ssh master's socket, which goes by itself)
-    aside = cli.state_dir / f"wiped-{name}"  # beside sessions/, on its file system
+    aside = cli.state_dir / f"wiped-{wiped}"  # beside sessions/, on its file system (an rmtree races ssh's socket)
     root.rename(aside)
-    assert _remote_volumes(far, f"{domain_name(name)}.")
+    assert f"{domain_name(wiped)}.save" in _remote_volumes(far, f"{domain_name(wiped)}.")
 
     swept = cli.run("gc", env=env)
     assert swept.returncode == 0, swept.stderr.decode()
     said = swept.stderr.decode()
-    assert f"destroyed domain {domain_name(name)} on host far" in said, said
+    assert f"destroyed domain {domain_name(lost)} on host far" in said, said
+    assert f"deleted the volumes of {domain_name(wiped)} on host far" in said, said
     assert "host dead did not answer" in said, said
-    assert _remote_volumes(far, f"{domain_name(name)}.") == []
-    assert domain_name(name) not in _inside(far, "virsh", "-c", "qemu:///system", "list", "--all", "--name").split()
+    listed = _inside(far, "virsh", "-c", "qemu:///system", "list", "--all", "--name").split()
+    for name in (lost, wiped):
+        assert _remote_volumes(far, f"{domain_name(name)}.") == []
+        assert domain_name(name) not in listed
     shutil.rmtree(aside, ignore_errors=True)

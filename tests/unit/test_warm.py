@@ -228,3 +228,14 @@ def test_a_restored_domain_moves_its_ssh_forward_and_nothing_else() -> None:
     moved = with_netdev(xml, 40999)
     assert qemu_args(moved)[1] == qemu_args(xml)[1].replace("127.0.0.1:40022-:22", "127.0.0.1:40999-:22")
     assert "restrict=on" in qemu_args(moved)[1]
+
+
+def test_the_head_of_a_save_image_fetched_from_another_host_reads_as_the_file_does(tmp_path: Path) -> None:
+    import io
+
+    fake_save(tmp_path / "t.save", template_xml(), b"QEVM" * 1000)
+    data = (tmp_path / "t.save").read_bytes()
+    head = savefile.parse(io.BytesIO(data[:8192]), "t.save on host far")  # remotesave fetches the first MiB
+    assert head == savefile.read(tmp_path / "t.save")
+    with pytest.raises(savefile.SaveImageError, match=r"t\.save on host far: save image truncated"):
+        savefile.parse(io.BytesIO(data[:200]), "t.save on host far")

@@ -67,9 +67,8 @@ def stop(name: SessionName) -> None:
     """
     from vmsandbox.session import suspend
 
-    record = suspend.stop(name)
-    size = record.files.saved_memory.stat().st_size / 1024**2
-    ui.info(f"Stopped session [bold]{name}[/] ({size:.0f} MiB of memory saved); `vmsandbox start {name}` resumes it")
+    saved = suspend.where_saved(suspend.stop(name))
+    ui.info(f"Stopped session [bold]{name}[/] ({saved}); `vmsandbox start {name}` resumes it")
 
 
 @app.command()

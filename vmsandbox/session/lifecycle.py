@@ -15,10 +15,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from vmsandbox import failpoint, paths
+from vmsandbox import failpoint, paths, ui
 from vmsandbox.egress import control
 from vmsandbox.errors import VmsandboxError
-from vmsandbox.session import chain, images, lock, pins, remote, teardown
+from vmsandbox.session import chain, images, lock, pins, remote, teardown, tunnel
 from vmsandbox.session.hostspec import HostSpec
 from vmsandbox.session.record import DOMAIN_PREFIX, Phase, Record, State, domain_name, names
 from vmsandbox.session.state import is_running, status
@@ -95,16 +95,27 @@ def end_now(record: Record) -> None:
 
 def destroy(record: Record, *, force: bool, discard: bool, limit: int) -> End:
     """Destroy a session's VM and files — refused while changes are unsynced, unless `force` (they are
-    exported first) or `discard` (they are thrown away)."""
+    exported first) or `discard` (they are thrown away). A session whose host does not answer is forgotten
+    here with `discard` only (gc removes it there once the host answers)."""
     if record.owner_alive() and not (force or discard):
         raise VmsandboxError(
             f"session {record.name} is in use by `vmsandbox run` (pid {record.owner_pid})",
             hint=f"end that command, or `vmsandbox destroy {record.name} --force`",
         )
     if discard or not record.files.baseline_manifest.exists():
-        remove(record)
+        remove(record, forget_unreachable=discard)
         return End()
-    g, left = _pending(record, limit)
+    try:
+        g, left = _pending(record, limit)
+    except UnreachableError as exc:
+        if record.host == "local":
+            raise
+        raise VmsandboxError(
+            f"host {record.host} does not answer, so the changes of session {record.name} cannot be read: "
+            f"{exc.message}",
+            hint=f"try again once it answers; `vmsandbox destroy {record.name} --discard` forgets the session here "
+            "(its unsynced changes too) and `vmsandbox gc` removes its VM and volumes there when the host is back",
+        ) from exc
     if left and not force:
         listing = ", ".join(c.path for c in left[:5]) + (" …" if len(left) > 5 else "")
         raise VmsandboxError(
@@ -145,9 +156,19 @@ def _pending(record: Record, limit: int) -> tuple[Gathered, list[Change]]:
     return g, left
 
 
-def remove(record: Record) -> None:
-    """Destroy the VM and delete the session directory."""
-    _stop(record.files, record.libvirt_uri, record.domain)
+def remove(record: Record, *, forget_unreachable: bool = False) -> None:
+    """Destroy the VM and delete the session directory. With `forget_unreachable`, a session whose host does
+    not answer is deleted here all the same (said; `gc` sweeps its VM and volumes there later)."""
+    try:
+        _stop(record.files, record.libvirt_uri, record.domain)
+    except UnreachableError as exc:
+        if record.host == "local" or not forget_unreachable:
+            raise
+        tunnel.close(record.files.root)
+        ui.warn(
+            f"host {record.host} does not answer ({exc.message}): session {record.name} is forgotten here; "
+            f"`vmsandbox gc` removes its VM and volumes there once the host answers"
+        )
     shutil.rmtree(record.files.root, ignore_errors=True)
     pins.unpin(record.name)
 

@@ -8,6 +8,7 @@ on this machine. The VM boots cold: warm-start templates are this machine's.
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import socket
@@ -31,6 +32,8 @@ from vmsandbox.vm.virt import Hypervisor, PortTakenError, gone
 PORT_RANGE = (20000, 60999)  # the guest's SSH forward on the host's 127.0.0.1 (QEMU says when one is taken)
 PORT_ATTEMPTS = 6
 CONSOLE_LIMIT = 4 * 1024 * 1024
+OWNER = "owner"
+OWNER_LIMIT = 64 * 1024
 
 
 def client_id() -> str:
@@ -87,6 +90,7 @@ def _send(record: Record, image: store.Image, hv: Hypervisor, host: HostSpec) ->
     files = record.files
     prefix = f"{record.domain}."
     with ui.step(f"Sending the workspace disk and identity to host {host.name}"):
+        _send_owner(record, hv)  # first: gc there can tell this machine's volumes by it (sweep)
         hv.upload(POOL, prefix + "workspace.raw", files.workspace_disk, mode="0600", hashed=False)
         fwcfg: dict[str, str] = {}
         for f in sorted(files.fwcfg_dir.iterdir()):
@@ -103,6 +107,16 @@ def _send(record: Record, image: store.Image, hv: Hypervisor, host: HostSpec) ->
     record.save()
     files.workspace_disk.unlink()  # its host has it; a VM that dies there has it fetched back (fetch_workspace)
     return Sent(overlay, vols[prefix + "workspace.raw"], {k: Path(vols[v]) for k, v in fwcfg.items()})
+
+
+def _send_owner(record: Record, hv: Hypervisor) -> None:
+    """`DOMAIN.owner`: which machine's session, in which directory, the volumes of this domain are."""
+    note = record.files.root / OWNER
+    paths.write_atomically(note, json.dumps({"client": client_id(), "session": str(record.files.root)}) + "\n")
+    try:
+        hv.upload(POOL, f"{record.domain}.{OWNER}", note, mode="0600", hashed=False)
+    finally:
+        note.unlink()
 
 
 def _spec(record: Record, image: store.Image, vols: dict[str, str], sent: Sent) -> DomainSpec:
@@ -237,17 +251,45 @@ def forget(root: Path, uri: str, domain_name: str) -> None:
 
 def sweep(host: HostSpec, mine: Path) -> Iterator[str]:
     """gc on another host: this machine's domains there whose session directory is gone here, destroyed, with
-    their volumes. A host that does not answer is said, not an error."""
+    their volumes; and the volumes of such a session that has no domain there (stopped, or a run killed before
+    its VM started). A host that does not answer is said, not an error."""
     try:
         with Hypervisor(host.uri) as hv:
+            present = set()
             for info in list(hv.domains(DOMAIN_PREFIX)):
+                present.add(info.name)
                 xml = hv.xml(info.name)
                 owner = domain.session_of(xml) if xml else None
                 if owner is None or xml is None or domain.client_of(xml) != client_id():
                     continue  # not a session, or another machine's
-                if owner[1].parent.resolve() == mine and not (owner[1] / paths.SESSION_RECORD).exists():
+                if _orphaned(owner[1], mine):
                     hv.destroy(info.name)
                     forget(owner[1], host.uri, info.name)
                     yield f"destroyed domain {info.name} on host {host.name} (its session directory is gone)"
+            for name in list(hv.volumes(POOL)):
+                dom = name.removesuffix(f".{OWNER}")
+                if not name.startswith(DOMAIN_PREFIX) or dom == name or dom in present:
+                    continue
+                root = _owner_dir(hv, name)
+                if root is not None and _orphaned(root, mine):
+                    forget(root, host.uri, dom)
+                    yield f"deleted the volumes of {dom} on host {host.name} (its session directory is gone)"
     except VmsandboxError as exc:
         yield f"host {host.name} did not answer, nothing there was cleaned up: {exc.message}"
+
+
+def _orphaned(root: Path, mine: Path) -> bool:
+    """A session directory of this machine's sessions directory, without its record (gone)."""
+    return root.parent.resolve() == mine and not (root / paths.SESSION_RECORD).exists()
+
+
+def _owner_dir(hv: Hypervisor, name: str) -> Path | None:
+    """The session directory an owner volume names, if this machine wrote it."""
+    got = hv.download(POOL, name, keep=OWNER_LIMIT, length=OWNER_LIMIT)
+    try:
+        owner = json.loads(bytes(got.kept).rstrip(b"\0"))
+        if not isinstance(owner, dict) or owner.get("client") != client_id():
+            return None
+        return Path(str(owner["session"]))
+    except (ValueError, KeyError):
+        return None

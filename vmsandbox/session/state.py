@@ -13,7 +13,7 @@ from vmsandbox import paths, ui
 from vmsandbox.egress import control
 from vmsandbox.egress.control import Door
 from vmsandbox.errors import VmsandboxError
-from vmsandbox.session import remote
+from vmsandbox.session import remote, remotesave
 from vmsandbox.session.record import Phase, Record, State, names
 from vmsandbox.vm.virt import Hypervisor, UnreachableError, gone
 
@@ -88,7 +88,7 @@ def status(record: Record, hv: Hypervisor) -> Status:
         return Status(record, State.EXPORTED)
     info = hv.info(record.domain)
     if info is None or gone(info):
-        saved = record.saved and record.files.saved_memory.exists()
+        saved = record.saved and (record.files.saved_memory.exists() or remotesave.holds(record, hv))
         return Status(record, State.STOPPED if saved else State.EXITED)
     if record.status is not Phase.READY:
         return Status(record, State.BOOTING if record.owner_alive() else State.ORPHANED)

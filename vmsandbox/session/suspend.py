@@ -1,9 +1,10 @@
 """`vmsandbox stop` and `start`: a kept session's VM saved to disk (its memory and devices, beside its disks) so
 it holds no CPU and no RAM, then restored where it was — its processes, files, egress and published ports.
 
-A stopped session is a file in its directory, not a libvirt domain: it survives a libvirtd restart and a host
-reboot. Before the save the guest flushes its file systems, so `pull` and `diff` of a stopped session read its
-workspace disk (a copy of it: the guest will mount the original again) without starting it.
+A stopped session is a file in its directory (one on another host: a volume in that host's pool, see
+remotesave.py), not a libvirt domain: it survives a libvirtd restart and a host reboot. Before the save the
+guest flushes its file systems, so `pull` and `diff` of a stopped session read its workspace disk (a copy of
+it: the guest will mount the original again) without starting it.
 """
 
 from __future__ import annotations
@@ -15,8 +16,9 @@ from vmsandbox import paths, ui
 from vmsandbox.egress import control
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.guest import commands, ssh
-from vmsandbox.session import create, lock, remote
+from vmsandbox.session import create, lock, remotesave
 from vmsandbox.session import start as start_mod
+from vmsandbox.session.hostspec import is_remote
 from vmsandbox.session.record import Record, State
 from vmsandbox.session.state import status
 from vmsandbox.vm import domain, savefile
@@ -27,7 +29,6 @@ SYNC_TIMEOUT = 120
 
 def stop(name: str) -> Record:
     record = Record.load(name)
-    remote.refuse(record, "stop")
     files = record.files
     with lock.held(files, name, "stopping"), Hypervisor(record.libvirt_uri) as hv:
         record = Record.load(name)
@@ -48,8 +49,12 @@ def stop(name: str) -> Record:
             commands.run_as_root(record.endpoint(), "sync", timeout=SYNC_TIMEOUT)
         control.stop(files)
         try:
-            with ui.step(f"Saving {record.domain} (memory and devices) to disk"):
-                hv.save(record.domain, str(files.saved_memory))
+            if is_remote(record.libvirt_uri):
+                with ui.step(f"Saving {record.domain} (memory and devices) on host {record.host}"):
+                    remotesave.save(record, hv)
+            else:
+                with ui.step(f"Saving {record.domain} (memory and devices) to disk"):
+                    hv.save(record.domain, str(files.saved_memory))
         except VmsandboxError:
             files.saved_memory.unlink(missing_ok=True)
             if record.wants_daemon and not gone(hv.info(record.domain)):  # it runs on: give it its door back
@@ -60,16 +65,25 @@ def stop(name: str) -> Record:
     return record
 
 
+def where_saved(record: Record) -> str:
+    """What `stop` kept, and where, in words."""
+    if is_remote(record.libvirt_uri):
+        return f"its memory saved on host {record.host}"
+    return f"{record.files.saved_memory.stat().st_size / 1024**2:.0f} MiB of memory saved"
+
+
 def start(name: str) -> Record:
     record = Record.load(name)
-    remote.refuse(record, "start")
     files = record.files
     with lock.held(files, name, "starting"), Hypervisor(record.libvirt_uri) as hv:
         record = Record.load(name)
         if status(record, hv).state is not State.STOPPED:
             raise VmsandboxError(f"session {name} is not stopped", hint="`vmsandbox ls` shows its state")
-        resume(record, hv, files.saved_memory, f"Restoring {record.domain} where it was")
-        files.saved_memory.unlink()
+        where = f" on host {record.host}" if is_remote(record.libvirt_uri) else ""
+        resume(record, hv, files.saved_memory, f"Restoring {record.domain} where it was{where}")
+        if is_remote(record.libvirt_uri):
+            remotesave.restored(record, hv)
+        files.saved_memory.unlink(missing_ok=True)
         record.saved = False
         record.save()
     return record
@@ -94,6 +108,9 @@ def resume(record: Record, hv: Hypervisor, memory: Path, title: str) -> None:
 
 def _restore(record: Record, hv: Hypervisor, memory: Path) -> None:
     """Restore on the session's SSH port, or on another one if something took it while the VM was down."""
+    if is_remote(record.libvirt_uri):
+        remotesave.restore(record, hv)
+        return
     saved_xml = savefile.read(memory).xml
     last = None
     paths.own_file(record.files.console_log)

@@ -19,6 +19,7 @@ import struct
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 from vmsandbox.errors import VmsandboxError
 
@@ -45,19 +46,24 @@ class SaveImageError(VmsandboxError):
 
 def read(path: Path) -> Saved:
     with path.open("rb") as f:
-        head = f.read(HEADER.size)
-        if len(head) != HEADER.size:
-            raise SaveImageError(f"{path}: too short for a libvirt save image")
-        magic, version, data_len, was_running, compressed, cookie_offset, unused = HEADER.unpack(head)
-        if magic != MAGIC:
-            raise SaveImageError(f"{path}: not a complete libvirt save image (magic {magic!r})")
-        if version not in SUPPORTED_VERSIONS or compressed != 0:
-            raise SaveImageError(f"{path}: save image version {version}, compression {compressed}: not supported")
-        if not (0 <= cookie_offset <= data_len <= MAX_DATA):
-            raise SaveImageError(f"{path}: save image header out of range")
-        data = f.read(data_len)
+        return parse(f, str(path))
+
+
+def parse(f: BinaryIO, where: str) -> Saved:
+    """The header of a save image read from `f` (its start: a file, or the bytes fetched from another host)."""
+    head = f.read(HEADER.size)
+    if len(head) != HEADER.size:
+        raise SaveImageError(f"{where}: too short for a libvirt save image")
+    magic, version, data_len, was_running, compressed, cookie_offset, unused = HEADER.unpack(head)
+    if magic != MAGIC:
+        raise SaveImageError(f"{where}: not a complete libvirt save image (magic {magic!r})")
+    if version not in SUPPORTED_VERSIONS or compressed != 0:
+        raise SaveImageError(f"{where}: save image version {version}, compression {compressed}: not supported")
+    if not (0 <= cookie_offset <= data_len <= MAX_DATA):
+        raise SaveImageError(f"{where}: save image header out of range")
+    data = f.read(data_len)
     if len(data) != data_len:
-        raise SaveImageError(f"{path}: save image truncated in its header")
+        raise SaveImageError(f"{where}: save image truncated in its header")
     xml = data.split(b"\0", 1)[0].decode()
     cookie = data[cookie_offset:].split(b"\0", 1)[0] if cookie_offset else b""
     return Saved(version, was_running, compressed, xml, cookie, HEADER.size + data_len, unused)

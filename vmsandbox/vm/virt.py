@@ -53,6 +53,13 @@ def _message(exc: libvirt.libvirtError) -> str:
     return str(exc.get_error_message() or exc)
 
 
+def _not_started(exc: libvirt.libvirtError, what: str, hint: str | None = None) -> VmsandboxError:
+    text = _message(exc)
+    if "host forwarding" in text or "Address already in use" in text:  # QEMU's words, seen only here
+        return PortTakenError(f"a forwarded port was taken: {text}")
+    return VmsandboxError(f"{what}: {text}", hint=hint)
+
+
 class Hypervisor:
     """A libvirt connection. Use as a context manager, or call close()."""
 
@@ -81,14 +88,15 @@ class Hypervisor:
         """The version of the QEMU binary libvirt runs (a save image restores only into a QEMU that can read it)."""
         return _dotted(self._conn.getVersion())
 
-    def save(self, name: str, path: str) -> None:
-        """Save the domain's memory and device state to `path` and stop it (its disks stay as they are). The file
-        is made here first, so that it is ours to read (libvirtd, root, writes into it rather than making one
-        of its own, 0600 root, which an unprivileged caller could not read back)."""
+    def save(self, name: str, path: str, *, here: bool = True) -> None:
+        """Save the domain's memory and device state to `path` and stop it (its disks stay as they are). A file
+        `here` is made first, so that it is ours to read (libvirtd, root, writes into it rather than making one
+        of its own, 0600 root, which an unprivileged caller could not read back); another host's is libvirt's."""
         dom = self._lookup(name)
         if dom is None:
             raise VmsandboxError(f"domain {name} is gone")
-        paths.own_file(Path(path), truncate=True)
+        if here:
+            paths.own_file(Path(path), truncate=True)
         try:
             dom.save(path)
         except libvirt.libvirtError as exc:
@@ -99,10 +107,7 @@ class Hypervisor:
         try:
             self._conn.restoreFlags(path, xml, libvirt.VIR_DOMAIN_SAVE_RUNNING)
         except libvirt.libvirtError as exc:
-            text = _message(exc)
-            if "host forwarding" in text or "Address already in use" in text:
-                raise PortTakenError(f"a forwarded port was taken: {text}") from exc
-            raise VmsandboxError(f"libvirt could not restore the VM: {text}") from exc
+            raise _not_started(exc, "libvirt could not restore the VM") from exc
 
     def attach(self, name: str, device_xml: str) -> None:
         """Hot-plug a device into the running domain."""
@@ -119,12 +124,7 @@ class Hypervisor:
         try:
             self._conn.createXML(xml, 0)
         except libvirt.libvirtError as exc:
-            text = _message(exc)
-            if "host forwarding" in text or "Address already in use" in text:  # QEMU's words, seen only here
-                raise PortTakenError(f"a forwarded port was taken: {text}") from exc
-            raise VmsandboxError(
-                f"libvirt could not start the VM: {_message(exc)}", hint="`vmsandbox doctor` checks the host set-up"
-            ) from exc
+            raise _not_started(exc, "libvirt could not start the VM", "`vmsandbox doctor` checks the host") from exc
 
     def _lookup(self, name: str) -> Any:
         try:

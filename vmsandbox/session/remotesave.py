@@ -1,0 +1,82 @@
+"""`stop` and `start` of a session on another host. Its VM is saved there, into the host's pool as
+`DOMAIN.save` beside its disks (libvirt writes it; nothing travels), and restored from it there: a stopped
+remote session holds no CPU and no RAM on its host, survives a restart of that host's libvirtd, and needs no
+connection while stopped. Its tunnel closes at `stop` and opens again at `start`; `pull` and `diff` of a
+stopped session fetch its workspace disk from the host (remote.fetch_workspace).
+"""
+
+from __future__ import annotations
+
+import io
+import random
+from pathlib import Path
+
+from vmsandbox.errors import VmsandboxError
+from vmsandbox.session import remote, tunnel
+from vmsandbox.session.hostimages import POOL
+from vmsandbox.session.hostspec import is_remote
+from vmsandbox.session.record import Record
+from vmsandbox.vm import domain, savefile
+from vmsandbox.vm.virt import Hypervisor, PortTakenError
+
+HEAD_BYTES = 1024 * 1024  # a save image's header and domain XML (libvirt pads them to 64 KiB)
+
+
+def _name(record: Record) -> str:
+    return f"{record.domain}.save"
+
+
+def holds(record: Record, hv: Hypervisor) -> bool:
+    """Whether the session's host holds its saved VM (`hv` is a connection to that host)."""
+    return is_remote(record.libvirt_uri) and _name(record) in hv.volumes(POOL)
+
+
+def save(record: Record, hv: Hypervisor) -> None:
+    """Save the VM into its host's pool and close its tunnel; on failure, nothing half-saved is left."""
+    overlay = hv.volumes(POOL).get(f"{record.domain}.overlay.qcow2")
+    if overlay is None:
+        raise VmsandboxError(f"session {record.name} has no system disk on host {record.host} any more")
+    try:
+        hv.save(record.domain, str(Path(overlay).parent / _name(record)), here=False)
+    except VmsandboxError as exc:
+        if _name(record) in hv.volumes(POOL):  # listed again: the pool learns of the file
+            hv.delete_volume(POOL, _name(record))
+        raise VmsandboxError(
+            f"{exc.message} (on host {record.host})",
+            hint=f"free space in that host's pool directory ({overlay.rsplit('/', 1)[0]}), then stop again",
+        ) from exc
+    tunnel.close(record.files.root)
+
+
+def restore(record: Record, hv: Hypervisor) -> None:
+    """Restore the VM there from its save (on its SSH port, or another one if something took it there), and
+    open its tunnel."""
+    path = hv.volumes(POOL).get(_name(record))
+    if path is None:
+        raise VmsandboxError(
+            f"the saved VM of session {record.name} is not on host {record.host} any more",
+            hint=f"`vmsandbox pull {record.name}` brings its unsynced work back from its disk, "
+            f"`vmsandbox destroy {record.name}` removes it",
+        )
+    head = hv.download(POOL, _name(record), keep=HEAD_BYTES, length=HEAD_BYTES)
+    saved = savefile.parse(io.BytesIO(bytes(head.kept)), f"{_name(record)} on host {record.host}")
+    for _attempt in range(remote.PORT_ATTEMPTS):
+        try:
+            hv.restore(path, domain.with_netdev(saved.xml, record.remote_port))
+        except PortTakenError:
+            record.remote_port = random.randint(*remote.PORT_RANGE)  # noqa: S311 - a port, not a secret
+            continue
+        break
+    else:
+        raise VmsandboxError(
+            f"host {record.host} had no free port for the guest's SSH after {remote.PORT_ATTEMPTS} tries"
+        )
+    record.save()
+    remote.open_tunnel(record)
+
+
+def restored(record: Record, hv: Hypervisor) -> None:
+    """After a good start: the save deleted there, and the copy of the workspace disk a stopped session's pull
+    fetched deleted here (the guest writes the disk on its host again)."""
+    hv.delete_volume(POOL, _name(record))
+    record.files.workspace_disk.unlink(missing_ok=True)
