@@ -371,6 +371,35 @@ def _get(url: str) -> int:
         return 0
 
 
+def _lost_host(cli: Cli, far: farhost.FarHost, env: dict[str, str], tmp_path: Path, lost: str) -> None:
+    """A session whose host takes connections and never says a word (its record names a silent listener, and an
+    ssh with no ConnectTimeout of its own: only vmsandbox's wait ends the attempt): `ls` lists it `unknown`
+    instead of hanging, `destroy` names the host and --discard, and --discard forgets it here."""
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(8)
+    patient = tmp_path / "ssh-patient"
+    patient.write_text('#!/bin/sh\nexec ssh -o BatchMode=yes "$@"\n')
+    patient.chmod(0o755)
+    silent_uri = f"qemu+ssh://root@127.0.0.1:{silent.getsockname()[1]}/system?command={patient}&no_tty=1"
+    record_file = cli.state_dir / "sessions" / lost / paths.SESSION_RECORD
+    record_file.write_text(record_file.read_text().replace(far.uri, silent_uri))
+    try:
+        listed = cli.run("ls", "--json", env=env, timeout=120)  # never held for TCP's minutes
+        assert listed.returncode == 0, listed.stderr.decode()
+        assert next(r for r in json.loads(listed.stdout) if r["name"] == lost)["state"] == "unknown"
+        assert "no answer in" in listed.stderr.decode()
+        refused = cli.run("destroy", lost, env=env, timeout=120)
+        assert refused.returncode != 0
+        assert "host far does not answer" in refused.stderr.decode() and "--discard" in refused.stderr.decode()
+        forgotten = cli.run("destroy", lost, "--discard", env=env, timeout=120)
+        assert forgotten.returncode == 0, forgotten.stderr.decode()
+        assert "forgotten here" in forgotten.stderr.decode()
+        assert not (cli.state_dir / "sessions" / lost).exists()
+    finally:
+        silent.close()
+
+
 def test_gc_sweeps_this_machines_orphans_on_another_host_and_says_which_host_did_not_answer(
     cli: Cli, far: farhost.FarHost, tmp_path: Path, project: Path, base_image: store.Image
 ) -> None:
@@ -390,16 +419,7 @@ def test_gc_sweeps_this_machines_orphans_on_another_host_and_says_which_host_did
         made = cli.run("run", "--host", "far", "--keep", "--name", name, str(project), "--", "true", env=env)
         assert made.returncode == 0, made.stderr.decode()
 
-    # `lost`: its host no longer answers (its record names a port where nothing listens)
-    record_file = cli.state_dir / "sessions" / lost / paths.SESSION_RECORD
-    record_file.write_text(record_file.read_text().replace(far.uri, dead_uri))
-    refused = cli.run("destroy", lost, env=env)
-    assert refused.returncode != 0
-    assert "host far does not answer" in refused.stderr.decode() and "--discard" in refused.stderr.decode()
-    forgotten = cli.run("destroy", lost, "--discard", env=env)
-    assert forgotten.returncode == 0, forgotten.stderr.decode()
-    assert "forgotten here" in forgotten.stderr.decode()
-    assert not (cli.state_dir / "sessions" / lost).exists()
+    _lost_host(cli, far, env, tmp_path, lost)
 
     # `wiped`: stopped (no domain there, its volumes and saved memory stay), then its directory gone at once
     assert cli.run("stop", wiped, env=env).returncode == 0

@@ -406,3 +406,27 @@ def test_placement_stays_here_when_no_host_has_room_and_says_why() -> None:
     placed = hosts.place([_status("local", 1500), _status("big", None), tls], 2048)
     assert placed.spec.name == "local"
     assert "no host has room" in placed.reason and "big: no answer in 5 s" in placed.reason
+
+
+def test_opening_another_hosts_libvirt_gives_up_when_it_never_answers(monkeypatch: pytest.MonkeyPatch) -> None:
+    import threading
+    import time
+
+    from vmsandbox.vm import node
+
+    monkeypatch.setattr(node, "OPEN_TIMEOUT", 0.2)
+    never = threading.Event()
+    began = time.monotonic()
+    with pytest.raises(TimeoutError):
+        node.opened("qemu+ssh://me@far.example/system", never.wait)  # a silent host: the call never returns
+    assert time.monotonic() - began < 5  # not the hang it plays
+    never.set()
+    with pytest.raises(ValueError, match="refused"):  # what the call raises reaches the caller as it is
+
+        def refuse() -> None:
+            raise ValueError("refused")
+
+        node.opened("qemu+ssh://me@far.example/system", refuse)
+    thread = threading.current_thread()
+    assert node.opened("qemu:///system", threading.current_thread) is thread  # this machine: called right here
+    assert node.opened("qemu+ssh://me@far.example/system", lambda: 7) == 7

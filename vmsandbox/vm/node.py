@@ -3,8 +3,14 @@
 from __future__ import annotations
 
 import os
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
 from urllib.parse import urlsplit
+
+T = TypeVar("T")
+OPEN_TIMEOUT = 20.0  # another host's libvirt answers in a second or two; one behind a dead route, in TCP's minutes
 
 
 @dataclass(frozen=True)
@@ -70,3 +76,34 @@ def unreachable_hint(message: str, uri: str, default_uri: str) -> str:
             f"is {default_uri}); if it is right, {hint}"
         )
     return hint
+
+
+def dotted(v: int) -> str:
+    """A libvirt version number (1000000 * major + 1000 * minor + release) as text."""
+    return f"{v // 1000000}.{v // 1000 % 1000}.{v % 1000}"
+
+
+def opened(uri: str, call: Callable[[], T]) -> T:
+    """call() — libvirt.open(uri). For another host's URI it runs in a daemon thread, and TimeoutError is raised
+    when it has not returned within OPEN_TIMEOUT: a host that takes the connection and never answers (or one
+    behind a dead route) would otherwise hold `ls`, `gc` or `destroy` for minutes. The thread is left to end by
+    itself."""
+    if not urlsplit(uri).hostname:
+        return call()
+    result: list[T] = []
+    error: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            result.append(call())
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread as it is
+            error.append(exc)
+
+    waiter = threading.Thread(target=run, daemon=True, name=f"libvirt-open {uri}")
+    waiter.start()
+    waiter.join(OPEN_TIMEOUT)
+    if error:
+        raise error[0]
+    if not result:
+        raise TimeoutError(uri)
+    return result[0]

@@ -15,8 +15,8 @@ import libvirt
 from vmsandbox import paths
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.vm import storage
+from vmsandbox.vm.node import OPEN_TIMEOUT, Node, dotted, opened, unreachable_hint
 from vmsandbox.vm.node import DomainInfo as DomainInfo  # noqa: PLC0414 - re-exported: callers say virt.DomainInfo
-from vmsandbox.vm.node import Node, unreachable_hint
 from vmsandbox.vm.node import gone as gone  # noqa: PLC0414 - re-exported
 
 log = logging.getLogger(__name__)
@@ -45,10 +45,6 @@ class PortTakenError(VmsandboxError):
     """QEMU could not listen on a forwarded host port: another process took it since we chose it."""
 
 
-def _dotted(v: int) -> str:
-    return f"{v // 1000000}.{v // 1000 % 1000}.{v % 1000}"
-
-
 def _message(exc: libvirt.libvirtError) -> str:
     return str(exc.get_error_message() or exc)
 
@@ -66,7 +62,10 @@ class Hypervisor:
     def __init__(self, uri: str = DEFAULT_URI) -> None:
         self.uri = uri
         try:
-            self._conn = libvirt.open(uri)
+            self._conn = opened(uri, lambda: libvirt.open(uri))
+        except TimeoutError:
+            why = f"cannot connect to libvirt at {uri}: no answer in {OPEN_TIMEOUT:.0f} s"
+            raise UnreachableError(why, hint=unreachable_hint("", uri, DEFAULT_URI)) from None
         except libvirt.libvirtError as exc:
             hint = unreachable_hint(_message(exc), uri, DEFAULT_URI)
             raise UnreachableError(f"cannot connect to libvirt at {uri}: {_message(exc)}", hint=hint) from exc
@@ -82,11 +81,11 @@ class Hypervisor:
             self._conn.close()
 
     def version(self) -> str:
-        return _dotted(self._conn.getLibVersion())
+        return dotted(self._conn.getLibVersion())
 
     def qemu_version(self) -> str:
         """The version of the QEMU binary libvirt runs (a save image restores only into a QEMU that can read it)."""
-        return _dotted(self._conn.getVersion())
+        return dotted(self._conn.getVersion())
 
     def save(self, name: str, path: str, *, here: bool = True) -> None:
         """Save the domain's memory and device state to `path` and stop it (its disks stay as they are). A file
