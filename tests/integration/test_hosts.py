@@ -273,6 +273,7 @@ def test_a_session_runs_on_another_host_and_its_changes_come_back(
         assert "hostfwd=tcp:127.0.0.1:" in _inside(far, "virsh", "-c", "qemu:///system", "dumpxml", domain)
         supervisor = json.loads((cli.state_dir / "sessions" / name / "tunnel.json").read_text())
         _through_the_tunnel(cli, env, name, port, project)
+        _console_followed(cli, env, name)
         _stopped_and_started(cli, far, env, name, port)
         _after_its_vm_died(cli, far, env, name, project)
     finally:
@@ -304,6 +305,35 @@ def _through_the_tunnel(cli: Cli, env: dict[str, str], name: str, port: int, pro
     pushed = cli.run("push", name, env=env)
     assert pushed.returncode == 0, pushed.stderr.decode()
     assert cli.run("exec", name, "--", "cat", "from-host.txt", env=env).stdout == b"pushed\n"
+
+
+def _console_followed(cli: Cli, env: dict[str, str], name: str) -> None:
+    """`logs --follow` of a remote session prints what the guest writes to its console there as it comes,
+    escaped."""
+    import threading
+
+    from tests.integration.conftest import wait_for
+
+    follower = cli.popen("logs", name, "--follow", env=env)
+    got: list[bytes] = []
+    out = follower.stdout
+    assert out is not None
+
+    def read() -> None:
+        for line in iter(out.readline, b""):
+            got.append(line)
+
+    threading.Thread(target=read, daemon=True).start()
+    try:
+        wait_for(lambda: any(b"Reached target" in line for line in got), 30, "the console so far")
+        write = r"printf 'followed-line \033[31mred\n' | sudo tee /dev/ttyS0 >/dev/null"
+        assert cli.run("exec", name, "--", "sh", "-c", write, env=env).returncode == 0
+        wait_for(lambda: any(b"followed-line" in line for line in got), 30, "the new console line, followed")
+    finally:
+        follower.kill()
+        follower.wait()
+    shown = next(line for line in got if b"followed-line" in line)
+    assert b"\\x1b[31mred" in shown and b"\x1b" not in shown, shown
 
 
 def _stopped_and_started(cli: Cli, far: farhost.FarHost, env: dict[str, str], name: str, port: int) -> None:
@@ -347,10 +377,16 @@ def _after_its_vm_died(cli: Cli, far: farhost.FarHost, env: dict[str, str], name
     _inside(far, "virsh", "-c", "qemu:///system", "destroy", domain_name(name))
     row = next(r for r in json.loads(cli.run("ls", "--json", env=env).stdout) if r["name"] == name)
     assert row["state"] == "exited"
+    # the host grows the disk it gives back: no more than was sent comes here
+    disk = f"/var/lib/libvirt/vmsandbox/{domain_name(name)}.workspace.raw"
+    _inside(far, "sh", "-c", f"head -c 8M /dev/urandom >> {disk}")
     late = cli.run("pull", name, "--yes", env=env)
     assert late.returncode == 0, late.stderr.decode()
     assert "from host far" in late.stderr.decode()
     assert (project / "late.txt").read_text() == "late\n"
+    root = cli.state_dir / "sessions" / name
+    sent = json.loads((root / paths.SESSION_RECORD).read_text())["workspace_bytes"]
+    assert (root / paths.SESSION_WORKSPACE_DISK).stat().st_size == sent
     logs = cli.run("logs", name, env=env)
     assert logs.returncode == 0, logs.stderr.decode()
     assert b"Reached target" in logs.stdout, logs.stdout[-300:]

@@ -174,9 +174,9 @@ def logs(
         raise VmsandboxError(f"unknown log {which!r}", hint="available: console, proxy")
     path = record.files.console_log if which == "console" else record.files.proxy_log
     if which == "console" and record.host != "local":
-        from vmsandbox.session import remote
+        from vmsandbox.session import remotelog
 
-        remote.refresh_console(record, follow=follow)
+        remotelog.refresh(record, follow=follow)
     if not follow and not path.exists():
         if which == "proxy":
             ui.info(f"Session {name} has made no requests through its egress proxy yet.")

@@ -1,9 +1,10 @@
 """A session on another libvirt host. Its disks are volumes in that host's pool `vmsandbox`, named after its
 domain: `DOMAIN.overlay.qcow2` (backed by the image's volume), `DOMAIN.workspace.raw` (the workspace disk,
-made here and sent), `DOMAIN.fw.KEY` (its identity files, read by QEMU as fw_cfg), and the serial console
-`DOMAIN.console.log`, which virtlogd writes there. Its SSH is forwarded to the host's 127.0.0.1 only and
-reached through a tunnel (tunnel.py); the egress daemon, the proxy's secrets, the baseline and the mirror stay
-on this machine. The VM boots cold: warm-start templates are this machine's.
+made here and sent), `DOMAIN.fw.KEY` (its identity files, read by QEMU as fw_cfg), `DOMAIN.owner` (this
+machine and the session's directory, for gc), `DOMAIN.save` while it is stopped (remotesave.py), and the
+serial console `DOMAIN.console.log`, which virtlogd writes there (remotelog.py). Its SSH is forwarded to the
+host's 127.0.0.1 only and reached through a tunnel (tunnel.py); the egress daemon, the proxy's secrets, the
+baseline and the mirror stay on this machine. The VM boots cold: warm-start templates are this machine's.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from vmsandbox import paths, ui
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.guest import ssh
 from vmsandbox.image import store
-from vmsandbox.session import hostimages, tunnel
+from vmsandbox.session import hostimages, remotelog, tunnel
 from vmsandbox.session.hostimages import POOL, volume
 from vmsandbox.session.hostspec import HostSpec, is_remote
 from vmsandbox.session.record import DOMAIN_PREFIX, Record
@@ -31,7 +32,6 @@ from vmsandbox.vm.virt import Hypervisor, PortTakenError, gone
 
 PORT_RANGE = (20000, 60999)  # the guest's SSH forward on the host's 127.0.0.1 (QEMU says when one is taken)
 PORT_ATTEMPTS = 6
-CONSOLE_LIMIT = 4 * 1024 * 1024
 OWNER = "owner"
 OWNER_LIMIT = 64 * 1024
 
@@ -164,7 +164,7 @@ def boot(record: Record, image: store.Image, hv: Hypervisor, host: HostSpec, boo
         try:
             waited = ssh.wait_for_banner(record.ssh_port, timeout=boot_timeout, alive=lambda: _alive(hv, record))
         except VmsandboxError as exc:
-            fetch_console(record, hv)
+            remotelog.fetch(record, hv)
             raise VmsandboxError(
                 f"{exc.message} (on host {host.name})", hint=f"`vmsandbox logs {record.name}` shows its console"
             ) from exc
@@ -198,27 +198,6 @@ def ensure_tunnel(record: Record) -> None:
         return
     if not tunnel.alive(record.files.root) or tunnel.port_free(record.ssh_port):  # gone, or between two tries
         open_tunnel(record)
-
-
-def fetch_console(record: Record, hv: Hypervisor) -> None:
-    """The console (its first CONSOLE_LIMIT bytes: virtlogd rotates it at 2 MiB, so all of it), from the host's
-    pool into the session's console log here."""
-    name = f"{record.domain}.console.log"
-    if name not in hv.volumes(POOL):
-        return
-    got = hv.download(POOL, name, keep=CONSOLE_LIMIT, length=CONSOLE_LIMIT)  # virtlogd rotates it at 2 MiB
-    paths.write_atomically(record.files.console_log, bytes(got.kept).decode(errors="replace"))
-
-
-def refresh_console(record: Record, *, follow: bool) -> None:
-    """`logs`: the console as its host has it now, copied here (`--follow` follows the copy: not yet the host)."""
-    if follow:
-        raise VmsandboxError(
-            f"`logs --follow` of session {record.name}, on host {record.host}, is not built yet",
-            hint=f"run `vmsandbox logs {record.name}` again to see what is new",
-        )
-    with Hypervisor(record.libvirt_uri) as hv:
-        fetch_console(record, hv)
 
 
 def fetch_workspace(record: Record) -> None:
