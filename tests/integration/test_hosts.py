@@ -477,3 +477,37 @@ def test_gc_sweeps_this_machines_orphans_on_another_host_and_says_which_host_did
         assert _remote_volumes(far, f"{domain_name(name)}.") == []
         assert domain_name(name) not in listed
     shutil.rmtree(aside, ignore_errors=True)
+
+
+def test_a_fan_out_runs_on_another_host(
+    cli: Cli, far: farhost.FarHost, tmp_path: Path, project: Path, base_image: store.Image
+) -> None:
+    """`fanout --host far`: every session is made there (sized by that host), runs the command, is reviewed and
+    compared here, and the group is destroyed with nothing left there."""
+    from tests.integration.conftest import unique_name
+    from vmsandbox.session.record import domain_name
+
+    env = cli.env(**_config(tmp_path, {"name": "far", "uri": far.uri}))
+    group = unique_name()
+    names = [f"{group}-1", f"{group}-2"]
+    try:
+        made = cli.run(
+            "fanout", "2", str(project), "--host", "far", "--name", group, "--check", "test -s n.txt",
+            "--", "sh", "-c", "echo $VMSANDBOX_INDEX > n.txt",
+            env=env,
+        )  # fmt: skip
+        assert made.returncode == 0, made.stderr.decode()
+        rows = {r["name"]: r for r in json.loads(cli.run("ls", "--json", env=env).stdout)}
+        listed = _inside(far, "virsh", "-c", "qemu:///system", "list", "--name").split()
+        for name in names:
+            assert rows[name]["host"] == "far" and rows[name]["group"] == group
+            assert domain_name(name) in listed
+        compared = cli.run("compare", *names, "--json", env=env)
+        assert compared.returncode == 0, compared.stderr.decode()
+        n_txt = next(row for row in json.loads(compared.stdout) if row["path"] == "n.txt")
+        assert n_txt["sessions"] == dict.fromkeys(names, "added")
+    finally:
+        gone = cli.run("destroy", "--group", group, "--discard", env=env)
+    assert gone.returncode == 0, gone.stderr.decode()
+    for name in names:
+        assert _remote_volumes(far, f"{domain_name(name)}.") == []

@@ -303,8 +303,6 @@ def test_run_on_another_host_checks_the_host_before_anything_is_made(
     assert "no host named 'nowhere'" in err and "local, big, tls" in err
     assert run_cli(["run", str(project), "--host", "tls", "--", "true"]) == base.EXIT_ERROR
     assert "not an ssh URI" in capsys.readouterr().err
-    assert run_cli(["run", str(project), "--host", "big", "--fanout", "2", "--", "true"]) == base.EXIT_ERROR
-    assert "--fanout does not go with --host big" in capsys.readouterr().err
     assert not (tmp_path / "state" / "sessions").exists() or not any((tmp_path / "state" / "sessions").iterdir())
 
 
@@ -430,3 +428,33 @@ def test_opening_another_hosts_libvirt_gives_up_when_it_never_answers(monkeypatc
     thread = threading.current_thread()
     assert node.opened("qemu:///system", threading.current_thread) is thread  # this machine: called right here
     assert node.opened("qemu+ssh://me@far.example/system", lambda: 7) == 7
+
+
+def test_a_fan_out_on_another_host_starts_as_many_at_once_as_that_host_holds(monkeypatch: pytest.MonkeyPatch) -> None:
+    from vmsandbox.session import fanout, hosts
+    from vmsandbox.session.options import Options, Run
+
+    spec = hostspec.HostSpec("big", "qemu+ssh://me@big/system")
+    settings = config.Settings(memory_mib=2048)
+    run = Run(Options(project=Path("/p"), name=None, settings=settings, host=spec), ["true"], False, True, False)
+
+    def answering(tcg: bool, available_mib: int) -> None:
+        node = Node("big", "9", "7", 8, 65536, available_mib, frozenset() if tcg else frozenset({"vmx"}), None)
+        monkeypatch.setattr(hosts, "probe", lambda s: hosts.Status(s, node, None))
+
+    answering(tcg=False, available_mib=7000)
+    assert fanout.workers(run, 10) == 3  # its memory, not this machine's
+    answering(tcg=True, available_mib=60000)
+    assert fanout.workers(run, 10) == 8  # under TCG, its CPUs
+    monkeypatch.setattr(hosts, "probe", lambda s: hosts.Status(s, None, "Connection refused"))
+    with pytest.raises(VmsandboxError, match="host big does not answer: Connection refused"):
+        fanout.workers(run, 10)
+
+
+def test_a_node_is_read_from_libvirts_answers() -> None:
+    caps = "<capabilities><host><cpu><arch>x86_64</arch><feature name='vmx'/><feature name='avx'/></cpu></host>"
+    stats = {"total": 8 * 1024 * 1024, "free": 1024 * 1024, "buffers": 512 * 1024, "cached": 512 * 1024}
+    node = Node.of("h", "9.0.0", "7.2.0", 4, stats, caps + "</capabilities>", None)
+    assert (node.memory_mib, node.available_mib, node.cpu_features) == (8192, 2048, frozenset({"vmx", "avx"}))
+    assert node.accel == "kvm"
+    assert Node.of("h", "9", "7", 4, {"total": 1024, "free": 0}, "<capabilities/>", None).accel == "tcg"

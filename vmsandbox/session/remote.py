@@ -84,6 +84,7 @@ class Sent:
     overlay: str
     workspace: str
     fwcfg: dict[str, Path]
+    console: str
 
 
 def _send(record: Record, image: store.Image, hv: Hypervisor, host: HostSpec) -> Sent:
@@ -102,11 +103,13 @@ def _send(record: Record, image: store.Image, hv: Hypervisor, host: HostSpec) ->
         overlay = hv.create_volume(
             POOL, storage.volume_xml(prefix + "overlay.qcow2", size, mode="0600", backing=backing)
         )
+        # made through libvirt, not by virtlogd: listed even while another upload keeps the pool from a rescan
+        console = hv.create_volume(POOL, storage.volume_xml(prefix + "console.log", 0, mode="0600"))
     vols = hv.volumes(POOL)
     record.workspace_bytes = files.workspace_disk.stat().st_size
     record.save()
     files.workspace_disk.unlink()  # its host has it; a VM that dies there has it fetched back (fetch_workspace)
-    return Sent(overlay, vols[prefix + "workspace.raw"], {k: Path(vols[v]) for k, v in fwcfg.items()})
+    return Sent(overlay, vols[prefix + "workspace.raw"], {k: Path(vols[v]) for k, v in fwcfg.items()}, console)
 
 
 def _send_owner(record: Record, hv: Hypervisor) -> None:
@@ -121,7 +124,6 @@ def _send_owner(record: Record, hv: Hypervisor) -> None:
 
 def _spec(record: Record, image: store.Image, vols: dict[str, str], sent: Sent) -> DomainSpec:
     kernel = _kernel_of(image)
-    console = Path(vols[volume(image.path.name, paths.IMAGE_DISK)]).parent / f"{record.domain}.console.log"
     return DomainSpec(
         name=record.domain,
         session=record.name,
@@ -133,7 +135,7 @@ def _spec(record: Record, image: store.Image, vols: dict[str, str], sent: Sent) 
         kernel=Path(vols[volume(kernel, paths.IMAGE_KERNEL)]),
         initrd=Path(vols[volume(kernel, paths.IMAGE_INITRD)]),
         cmdline=image.kernel_cmdline,
-        console_log=console,
+        console_log=Path(sent.console),
         forwards=(Forward(record.remote_port, 22),),
         fwcfg_files=sent.fwcfg,
         workspace_disk=Path(sent.workspace),

@@ -9,14 +9,13 @@ from __future__ import annotations
 
 import io
 import random
-from pathlib import Path
 
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.session import remote, tunnel
 from vmsandbox.session.hostimages import POOL
 from vmsandbox.session.hostspec import is_remote
 from vmsandbox.session.record import Record
-from vmsandbox.vm import domain, savefile
+from vmsandbox.vm import domain, savefile, storage
 from vmsandbox.vm.virt import Hypervisor, PortTakenError
 
 HEAD_BYTES = 1024 * 1024  # a save image's header and domain XML (libvirt pads them to 64 KiB)
@@ -32,18 +31,18 @@ def holds(record: Record, hv: Hypervisor) -> bool:
 
 
 def save(record: Record, hv: Hypervisor) -> None:
-    """Save the VM into its host's pool and close its tunnel; on failure, nothing half-saved is left."""
-    overlay = hv.volumes(POOL).get(f"{record.domain}.overlay.qcow2")
-    if overlay is None:
-        raise VmsandboxError(f"session {record.name} has no system disk on host {record.host} any more")
+    """Save the VM into its host's pool and close its tunnel; on failure, nothing half-saved is left. The volume is
+    made through libvirt first (then written by the save), so that the pool lists it even when another session's
+    upload keeps libvirt from rescanning the pool's directory."""
+    hv.delete_volume(POOL, _name(record))  # a leftover of a save that failed: the VM runs, so it is not needed
+    target = hv.create_volume(POOL, storage.volume_xml(_name(record), 0, mode="0600"))
     try:
-        hv.save(record.domain, str(Path(overlay).parent / _name(record)), here=False)
+        hv.save(record.domain, target, here=False)
     except VmsandboxError as exc:
-        if _name(record) in hv.volumes(POOL):  # listed again: the pool learns of the file
-            hv.delete_volume(POOL, _name(record))
+        hv.delete_volume(POOL, _name(record))
         raise VmsandboxError(
             f"{exc.message} (on host {record.host})",
-            hint=f"free space in that host's pool directory ({overlay.rsplit('/', 1)[0]}), then stop again",
+            hint=f"free space in that host's pool directory ({target.rsplit('/', 1)[0]}), then stop again",
         ) from exc
     tunnel.close(record.files.root)
 

@@ -9,7 +9,6 @@ from pathlib import Path
 
 from vmsandbox import ui
 from vmsandbox.egress import policy
-from vmsandbox.errors import VmsandboxError
 from vmsandbox.image import blueprint as blueprint_mod
 from vmsandbox.session import config, hosts, hostspec, layerbuild, tunnel
 from vmsandbox.session.hostspec import HostSpec
@@ -53,7 +52,7 @@ PLACE_TIMEOUT = 5.0  # a host that does not answer this fast is not placed on (a
 
 def _host(settings: config.Settings, flags: RunFlags) -> HostSpec | None:
     """The other host a session goes to: --host, or with `hosts:` configured and no --host the one the simple
-    rule picks (hosts.place); None for this machine. Checked for what such a session cannot do yet."""
+    rule picks (hosts.place; a fan-out is placed by --host only); None for this machine."""
     if flags.host is not None:
         spec = hostspec.named(settings.libvirt_uri, settings.hosts, flags.host)
     elif settings.hosts and not flags.fanout:
@@ -66,8 +65,4 @@ def _host(settings: config.Settings, flags: RunFlags) -> HostSpec | None:
     if not spec.remote:
         return None
     tunnel.ssh_argv(spec.uri)  # an ssh URI, or the error that says so
-    if flags.fanout:
-        raise VmsandboxError(
-            f"--fanout does not go with --host {spec.name} yet", hint="drop --fanout, or run on this machine"
-        )
     return spec

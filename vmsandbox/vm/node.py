@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import threading
+import xml.etree.ElementTree as ET
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
@@ -40,6 +41,16 @@ class Node:
     available_mib: int  # free, plus what the kernel would give back (buffers, page cache)
     cpu_features: frozenset[str]  # the host CPU's, as libvirt lists them (vmx/svm: virtualisation)
     kvm_error: str | None  # why libvirt would not run a KVM guest there (None: it would)
+
+    @classmethod
+    def of(
+        cls, hostname: str, libvirt: str, qemu: str, cpus: int, stats: dict[str, int], caps: str, kvm: str | None
+    ) -> Node:
+        """From what libvirt answers: its memory stats (KiB) and its capabilities XML (the host CPU's features)."""
+        cpu = ET.fromstring(caps).find("host/cpu")  # noqa: S314 - a host the user's config names
+        features = frozenset(f.get("name", "") for f in ([] if cpu is None else cpu.iter("feature")))
+        available = stats["free"] + stats.get("buffers", 0) + stats.get("cached", 0)
+        return cls(hostname, libvirt, qemu, cpus, stats["total"] // 1024, available // 1024, features, kvm)
 
     def kvm_problem(self) -> str | None:
         """Why KVM cannot be used there (the same two questions accel.kvm_problem asks of this machine)."""

@@ -56,6 +56,17 @@ def _not_started(exc: libvirt.libvirtError, what: str, hint: str | None = None) 
     return VmsandboxError(f"{what}: {text}", hint=hint)
 
 
+def _refresh(pool: Any) -> None:
+    """Bring the pool's volume list up to date with its directory — unless a volume is being sent or read
+    (libvirt refuses while a pool has "asynchronous jobs running"): the volumes made through libvirt are listed
+    all the same."""
+    try:
+        pool.refresh(0)
+    except libvirt.libvirtError as exc:
+        if "asynchronous jobs" not in _message(exc):
+            raise
+
+
 class Hypervisor:
     """A libvirt connection. Use as a context manager, or call close()."""
 
@@ -189,23 +200,14 @@ class Hypervisor:
     def node(self) -> Node:
         c = self._conn
         try:
-            stats = c.getMemoryStats(libvirt.VIR_NODE_MEMORY_STATS_ALL_CELLS)
-            cpu = ET.fromstring(c.getCapabilities()).find("host/cpu")  # noqa: S314 - a host the user's config names
             kvm_error = None
             try:
                 c.getDomainCapabilities(None, "x86_64", None, "kvm", 0)
             except libvirt.libvirtError as exc:
                 kvm_error = _message(exc)
-            return Node(
-                c.getHostname(),
-                self.version(),
-                self.qemu_version(),
-                int(c.getInfo()[2]),
-                stats["total"] // 1024,
-                (stats["free"] + stats.get("buffers", 0) + stats.get("cached", 0)) // 1024,
-                frozenset(f.get("name", "") for f in ([] if cpu is None else cpu.iter("feature"))),
-                kvm_error,
-            )
+            stats = c.getMemoryStats(libvirt.VIR_NODE_MEMORY_STATS_ALL_CELLS)
+            versions = (c.getHostname(), self.version(), self.qemu_version(), int(c.getInfo()[2]))
+            return Node.of(*versions, stats, c.getCapabilities(), kvm_error)
         except libvirt.libvirtError as exc:
             raise VmsandboxError(f"libvirt at {self.uri} did not describe its host: {_message(exc)}") from exc
 
@@ -221,7 +223,7 @@ class Hypervisor:
                 pool.setAutostart(1)
             if not pool.isActive():
                 pool.create(0)
-            pool.refresh(0)
+            _refresh(pool)
             return str(ET.fromstring(pool.XMLDesc(0)).findtext("target/path", ""))  # noqa: S314 - as node()
         except libvirt.libvirtError as exc:
             raise VmsandboxError(
@@ -235,7 +237,7 @@ class Hypervisor:
             found = self._conn.storagePoolLookupByName(pool)
             if not found.isActive():
                 return {}
-            found.refresh(0)
+            _refresh(found)
             return {v.name(): v.path() for v in found.listAllVolumes(0)}
         except libvirt.libvirtError as exc:
             if exc.get_error_code() == libvirt.VIR_ERR_NO_STORAGE_POOL:
