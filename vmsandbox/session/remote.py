@@ -156,6 +156,11 @@ def boot(record: Record, image: store.Image, hv: Hypervisor, host: HostSpec, boo
             hv.create(xml)
         except PortTakenError:
             continue
+        except VmsandboxError as exc:  # its QEMU, its libvirt: that host's doctor is `virsh` there
+            raise VmsandboxError(
+                f"{exc.message} (on host {host.name})",
+                hint=f"check that host's QEMU and libvirt: `virsh -c '{host.uri}' domcapabilities`, `vmsandbox hosts`",
+            ) from exc
         break
     else:
         raise VmsandboxError(f"host {host.name} had no free port for the guest's SSH after {PORT_ATTEMPTS} tries")
