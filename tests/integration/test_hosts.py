@@ -511,3 +511,48 @@ def test_a_fan_out_runs_on_another_host(
     assert gone.returncode == 0, gone.stderr.decode()
     for name in names:
         assert _remote_volumes(far, f"{domain_name(name)}.") == []
+
+
+def test_a_session_on_another_host_takes_a_checkpoint_and_rolls_back_to_it(
+    cli: Cli, far: farhost.FarHost, tmp_path: Path, project: Path, base_image: store.Image
+) -> None:
+    """A checkpoint keeps the VM and a copy of the workspace disk as volumes there; a rollback brings back its
+    processes and files (what was unsynced is kept here first); removing it deletes its volumes and the
+    overlays no chain needs; destroy leaves nothing."""
+    from tests.integration.conftest import unique_name
+    from vmsandbox.session.record import domain_name
+
+    env = cli.env(**_config(tmp_path, {"name": "far", "uri": far.uri}))
+    name = unique_name()
+    domain = domain_name(name)
+    started = "echo one > a.txt; nohup sleep 4444 >/dev/null 2>&1 &"
+    made = cli.run("run", "--host", "far", "--keep", "--name", name, str(project), "--", "sh", "-c", started, env=env)
+    assert made.returncode == 0, made.stderr.decode()
+    try:
+        took = cli.run("checkpoint", name, "c1", env=env)
+        assert took.returncode == 0, took.stderr.decode()
+        volumes = _remote_volumes(far, f"{domain}.")
+        assert f"{domain}.cp.c1.save" in volumes and f"{domain}.cp.c1.workspace.raw" in volumes
+        assert cli.run("exec", name, "--", "pgrep", "-x", "sleep", env=env).returncode == 0  # it carried on
+        later = "echo two > b.txt; echo changed > a.txt; pkill -x sleep"
+        assert cli.run("exec", name, "--", "sh", "-c", later, env=env).returncode == 0
+
+        rolled = cli.run("rollback", name, "c1", env=env)
+        assert rolled.returncode == 0, rolled.stderr.decode()
+        assert "rolled-back" in rolled.stderr.decode()  # the unsynced b.txt and a.txt kept here first
+        assert cli.run("exec", name, "--", "cat", "a.txt", env=env).stdout == b"one\n"
+        assert cli.run("exec", name, "--", "test", "-e", "b.txt", env=env).returncode != 0
+        assert cli.run("exec", name, "--", "pgrep", "-x", "sleep", env=env).returncode == 0  # back with it
+        listed = json.loads(cli.run("checkpoints", name, "--json", env=env).stdout)
+        assert [c["label"] for c in listed] == ["c1"]
+
+        removed = cli.run("checkpoint", "rm", name, "c1", env=env)
+        assert removed.returncode == 0, removed.stderr.decode()
+        record = json.loads((cli.state_dir / "sessions" / name / paths.SESSION_RECORD).read_text())
+        volumes = _remote_volumes(far, f"{domain}.")
+        assert not [v for v in volumes if ".cp.c1." in v]
+        assert sorted(v for v in volumes if v.startswith(f"{domain}.overlay")) == sorted(record["overlays"])
+    finally:
+        gone = cli.run("destroy", name, "--discard", env=env)
+    assert gone.returncode == 0, gone.stderr.decode()
+    assert _remote_volumes(far, f"{domain}.") == []

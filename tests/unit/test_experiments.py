@@ -18,6 +18,7 @@ from vmsandbox.session import across, chain, fanout
 from vmsandbox.session import checkpoint as cp_mod
 from vmsandbox.session.config import Settings
 from vmsandbox.session.options import Options, Run
+from vmsandbox.sync import outbox
 from vmsandbox.sync.tree import FILE, Entry
 from vmsandbox.vm.domain import WORKSPACE_SERIAL, boot_of, build_xml, for_restore, with_disks
 
@@ -180,7 +181,7 @@ def test_two_trees_captured_apart_have_no_diff_between_them() -> None:
 
 def test_each_rollback_keeps_its_work_in_a_box_of_its_own(tmp_path: Path) -> None:
     files = paths.SessionPaths(tmp_path / "s")
-    first = cp_mod._new_box(files, "c1")
+    first = outbox.fresh_box(files.rolled_back, "c1")
     first.mkdir(parents=True)
-    second = cp_mod._new_box(files, "c1")
+    second = outbox.fresh_box(files.rolled_back, "c1")
     assert second != first and second.name.startswith("c1-")

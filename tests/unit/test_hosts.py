@@ -312,10 +312,10 @@ def test_what_a_remote_session_cannot_do_yet_is_refused_by_name() -> None:
 
     record = Record("exp", "/p", "v", "tcg", "", 1, 512, 4096, 0, "u", 1000, 1000, "qemu+ssh://me@big/system")
     record.host = "big"
-    with pytest.raises(VmsandboxError, match="session exp runs on host big: checkpoint works on sessions of this"):
-        remote.refuse(record, "checkpoint")
+    with pytest.raises(VmsandboxError, match="session exp runs on host big: fork works on sessions of this"):
+        remote.refuse(record, "fork")
     record.libvirt_uri, record.host = "qemu:///system", "local"
-    remote.refuse(record, "checkpoint")  # this machine's: nothing to refuse
+    remote.refuse(record, "fork")  # this machine's: nothing to refuse
 
 
 def test_a_volume_read_into_a_file_keeps_its_holes(tmp_path: Path) -> None:

@@ -5,7 +5,8 @@ A checkpoint is a directory in the session's: memory.save (libvirt's save image 
 copy of the workspace disk; a reflink where the file system has them) and checkpoint.json. The system disk is
 not copied: the overlay the VM wrote until then is frozen, the checkpoint names it, and a new overlay above it
 takes the VM's writes from then on (session.chain keeps that chain short). Taking one saves the VM and
-restores it from the very file that is kept: the guest stops for a few seconds and carries on.
+restores it from the very file that is kept: the guest stops for a few seconds and carries on. A session on
+another host keeps the same, as volumes there (remotecheckpoint.py).
 
 A rollback never loses work silently: what is unsynced in the session when it rolls back is exported first,
 outbox-style (changes.patch, the changed files, the guest's commits), to rolled-back/LABEL-TIME.
@@ -27,7 +28,8 @@ from vmsandbox import access, paths, ui
 from vmsandbox.egress import control
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.guest import commands
-from vmsandbox.session import chain, lifecycle, lock, remote, suspend
+from vmsandbox.session import chain, lifecycle, lock, remotecheckpoint, suspend
+from vmsandbox.session.hostspec import is_remote
 from vmsandbox.session.record import Record, State
 from vmsandbox.session.state import status
 from vmsandbox.sync import capture, changes, delta, journal, outbox
@@ -114,7 +116,6 @@ def take(name: str, label: str | None = None) -> Checkpoint:
     """Checkpoint a running session (it pauses for a save and a restore)."""
     label = _check_label(label or time.strftime("cp-%Y%m%d-%H%M%S"))
     record = Record.load(name)
-    remote.refuse(record, "checkpoint")
     with lock.held(record.files, name, "taking a checkpoint"), Hypervisor(record.libvirt_uri) as hv:
         record = Record.load(name)
         must_run(record, hv, "checkpointed")
@@ -126,12 +127,12 @@ def take(name: str, label: str | None = None) -> Checkpoint:
                 f"session {name} has {len(have)} checkpoints, the most it keeps",
                 hint=f"remove one with `vmsandbox checkpoint rm {name} LABEL`",
             )
+        remotecheckpoint.check_room(record)
         return take_locked(record, hv, label)
 
 
 def must_run(record: Record, hv: Hypervisor, what: str) -> None:
-    """A kept, running session; else the error that says why not. (The VM is saved and restored: a `vmsandbox
-    run` attached to it would lose its command.)"""
+    """A kept, running session (the VM is saved and restored: a `run` would lose its command); else why not."""
     if not record.keep:
         raise VmsandboxError(
             f"session {record.name} belongs to a running `vmsandbox run` (it ends with that command)",
@@ -165,21 +166,28 @@ def freeze(record: Record, hv: Hypervisor, label: str) -> Checkpoint:
     with ui.step("Flushing the guest's file systems"):
         commands.run_as_root(record.endpoint(), "sync", timeout=SYNC_TIMEOUT)
     control.stop(files)
+    cp = Checkpoint(label, time.time(), list(record.overlays), files.checkpoints / label)
+
+    def publish() -> None:  # once what it keeps is whole
+        Checkpoint(cp.label, cp.created, cp.chain, staging).write()
+        staging.rename(cp.path)
+
+    if is_remote(record.libvirt_uri):
+        remotecheckpoint.freeze(record, hv, label, publish, leftovers=(staging, cp.path))
+        return cp
     memory = staging / MEMORY
     with ui.step(f"Saving {record.domain} (memory and devices)"):
         hv.save(record.domain, str(memory))
     try:
         with ui.step("Keeping the workspace disk"):
             capture.copy_disk(files.workspace_disk, staging / WORKSPACE)
-        cp = Checkpoint(label, time.time(), list(record.overlays), files.checkpoints / label)
-        Checkpoint(cp.label, cp.created, cp.chain, staging).write()
-        staging.rename(cp.path)
+        publish()
         memory = cp.memory
         new_top(record)
         tidy(record, live=False)
     except BaseException:
-        _leave_stopped(record, memory)
-        for d in (staging, files.checkpoints / label):
+        _leave_stopped(record, hv, memory)
+        for d in (staging, cp.path):
             shutil.rmtree(d, ignore_errors=True)
         raise
     return cp
@@ -188,16 +196,23 @@ def freeze(record: Record, hv: Hypervisor, label: str) -> Checkpoint:
 def wake(record: Record, hv: Hypervisor, cp: Checkpoint) -> None:
     """The second half: the VM resumed from the checkpoint's memory (left stopped on it if that fails)."""
     try:
-        suspend.resume(record, hv, cp.memory, f"Resuming {record.domain}")
+        suspend.resume(record, hv, _memory(record, cp), f"Resuming {record.domain}")
     except BaseException:
-        _leave_stopped(record, cp.memory)
+        _leave_stopped(record, hv, _memory(record, cp))
         raise
 
 
-def _leave_stopped(record: Record, memory: Path) -> None:
+def _memory(record: Record, cp: Checkpoint) -> Path | str:
+    """Where a checkpoint keeps the VM: its file here, or a volume on the session's host."""
+    return remotecheckpoint.volume(record, cp.label, "save") if is_remote(record.libvirt_uri) else cp.memory
+
+
+def _leave_stopped(record: Record, hv: Hypervisor, memory: Path | str) -> None:
     """A checkpoint or rollback failed with the VM down: leave the session stopped on `memory` (as `vmsandbox
     stop` would), so that `vmsandbox start` resumes it."""
-    if memory.exists():
+    if isinstance(memory, str):
+        remotecheckpoint.leave_stopped(record, hv, memory)
+    elif memory.exists():
         shutil.copyfile(memory, record.files.saved_memory)
         record.saved = True
         record.save()
@@ -243,7 +258,6 @@ def rollback(name: str, label: str, *, limit: int) -> Rolled:
     """Return a session to a checkpoint: memory, processes, system disk and workspace. Unsynced work is
     exported to rolled-back/ first."""
     record = Record.load(name)
-    remote.refuse(record, "rollback")
     files = record.files
     with lock.held(files, name, "rolling back"), Hypervisor(record.libvirt_uri) as hv:
         record = Record.load(name)
@@ -255,39 +269,32 @@ def rollback(name: str, label: str, *, limit: int) -> Rolled:
         box = None
         if left:
             with ui.step(f"Keeping {len(left)} unsynced change(s) before the rollback"):
-                box = outbox.export(g, box=_new_box(files, label))
+                box = outbox.export(g, box=outbox.fresh_box(files.rolled_back, label))
         control.stop(files)
         hv.destroy(record.domain)
         files.saved_memory.unlink(missing_ok=True)
         record.saved = False
         record.overlays = list(cp.chain)
-        new_top(record)
-        with ui.step("Restoring the workspace disk"):
-            tmp = files.root / f".{paths.SESSION_WORKSPACE_DISK}.rollback"
-            capture.copy_disk(cp.workspace, tmp)
-            tmp.replace(files.workspace_disk)
-        tidy(record, live=False)
+        if is_remote(record.libvirt_uri):
+            remotecheckpoint.rewind(record, hv, label, [c.chain for c in listed(files)])
+        else:
+            new_top(record)
+            with ui.step("Restoring the workspace disk"):
+                tmp = files.root / f".{paths.SESSION_WORKSPACE_DISK}.rollback"
+                capture.copy_disk(cp.workspace, tmp)
+                tmp.replace(files.workspace_disk)
+            tidy(record, live=False)
         # the guest's journal went back in time with it: the next pull walks the tree once
         delta.forget(files.root)
         journal.cursor_file(files.root).unlink(missing_ok=True)
         record.unsynced = None
         record.save()
         try:
-            suspend.resume(record, hv, cp.memory, f"Restoring {record.domain} to checkpoint {label}")
+            suspend.resume(record, hv, _memory(record, cp), f"Restoring {record.domain} to checkpoint {label}")
         except BaseException:
-            _leave_stopped(record, cp.memory)
+            _leave_stopped(record, hv, _memory(record, cp))
             raise
     return Rolled(cp, box, len(left))
-
-
-def _new_box(files: paths.SessionPaths, label: str) -> Path:
-    """rolled-back/LABEL-TIME, never one that exists (an export replaces its box)."""
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    box, n = files.rolled_back / f"{label}-{stamp}", 1
-    while box.exists():
-        n += 1
-        box = files.rolled_back / f"{label}-{stamp}-{n}"
-    return box
 
 
 def remove(name: str, label: str) -> Checkpoint:
@@ -296,6 +303,8 @@ def remove(name: str, label: str) -> Checkpoint:
         record = Record.load(name)
         cp = find(record.files, name, label)
         shutil.rmtree(cp.path)
-        # a running VM reads every overlay of its chain: those are folded at the next checkpoint or rollback
-        tidy(record, live=status(record, hv).state is not State.STOPPED)
+        if is_remote(record.libvirt_uri):
+            remotecheckpoint.drop(record, hv, label, [c.chain for c in listed(record.files)])
+        else:  # a running VM reads every overlay of its chain: those are folded at the next checkpoint or rollback
+            tidy(record, live=status(record, hv).state is not State.STOPPED)
     return cp

@@ -107,6 +107,7 @@ def _send(record: Record, image: store.Image, hv: Hypervisor, host: HostSpec) ->
         console = hv.create_volume(POOL, storage.volume_xml(prefix + "console.log", 0, mode="0600"))
     vols = hv.volumes(POOL)
     record.workspace_bytes = files.workspace_disk.stat().st_size
+    record.overlays = [prefix + "overlay.qcow2"]  # volumes there (checkpoints add more: remotecheckpoint)
     record.save()
     files.workspace_disk.unlink()  # its host has it; a VM that dies there has it fetched back (fetch_workspace)
     return Sent(overlay, vols[prefix + "workspace.raw"], {k: Path(vols[v]) for k, v in fwcfg.items()}, console)
@@ -270,8 +271,11 @@ def _orphaned(root: Path, mine: Path) -> bool:
 
 
 def _owner_dir(hv: Hypervisor, name: str) -> Path | None:
-    """The session directory an owner volume names, if this machine wrote it."""
-    got = hv.download(POOL, name, keep=OWNER_LIMIT, length=OWNER_LIMIT)
+    """The session directory an owner volume names, if this machine wrote it (None: another's, or gone since)."""
+    try:
+        got = hv.download(POOL, name, keep=OWNER_LIMIT, length=OWNER_LIMIT)
+    except VmsandboxError:  # deleted since it was listed (its session's own teardown)
+        return None
     try:
         owner = json.loads(bytes(got.kept).rstrip(b"\0"))
         if not isinstance(owner, dict) or owner.get("client") != client_id():

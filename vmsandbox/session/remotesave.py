@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import io
 import random
+from pathlib import Path
 
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.session import remote, tunnel
@@ -21,47 +22,50 @@ from vmsandbox.vm.virt import Hypervisor, PortTakenError
 HEAD_BYTES = 1024 * 1024  # a save image's header and domain XML (libvirt pads them to 64 KiB)
 
 
-def _name(record: Record) -> str:
+def name(record: Record) -> str:
+    """The volume a stopped session's VM is saved in, on its host."""
     return f"{record.domain}.save"
 
 
 def holds(record: Record, hv: Hypervisor) -> bool:
     """Whether the session's host holds its saved VM (`hv` is a connection to that host)."""
-    return is_remote(record.libvirt_uri) and _name(record) in hv.volumes(POOL)
+    return is_remote(record.libvirt_uri) and name(record) in hv.volumes(POOL)
 
 
-def save(record: Record, hv: Hypervisor) -> None:
-    """Save the VM into its host's pool and close its tunnel; on failure, nothing half-saved is left. The volume is
-    made through libvirt first (then written by the save), so that the pool lists it even when another session's
-    upload keeps libvirt from rescanning the pool's directory."""
-    hv.delete_volume(POOL, _name(record))  # a leftover of a save that failed: the VM runs, so it is not needed
-    target = hv.create_volume(POOL, storage.volume_xml(_name(record), 0, mode="0600"))
+def save(record: Record, hv: Hypervisor, into: str | None = None) -> None:
+    """Save the VM into its host's pool (as `into`: a checkpoint's; else the stopped session's) and close its
+    tunnel; on failure, nothing half-saved is left. The volume is made through libvirt first (then written by
+    the save), so that the pool lists it even when another session's upload keeps libvirt from rescanning it."""
+    into = into or name(record)
+    hv.delete_volume(POOL, into)  # a leftover of a save that failed: the VM runs, so it is not needed
+    target = hv.create_volume(POOL, storage.volume_xml(into, 0, mode="0600"))
     try:
         hv.save(record.domain, target, here=False)
     except VmsandboxError as exc:
-        hv.delete_volume(POOL, _name(record))
+        hv.delete_volume(POOL, into)
         raise VmsandboxError(
             f"{exc.message} (on host {record.host})",
-            hint=f"free space in that host's pool directory ({target.rsplit('/', 1)[0]}), then stop again",
+            hint=f"free space in that host's pool directory ({target.rsplit('/', 1)[0]}), then try again",
         ) from exc
     tunnel.close(record.files.root)
 
 
-def restore(record: Record, hv: Hypervisor) -> None:
-    """Restore the VM there from its save (on its SSH port, or another one if something took it there), and
-    open its tunnel."""
-    path = hv.volumes(POOL).get(_name(record))
-    if path is None:
+def restore(record: Record, hv: Hypervisor, saved: str) -> None:
+    """Restore the VM there from a save (the stopped session's, or a checkpoint's) over the session's top overlay,
+    on its SSH port (or another one if something took it there), and open its tunnel."""
+    vols = hv.volumes(POOL)
+    if saved not in vols:
         raise VmsandboxError(
-            f"the saved VM of session {record.name} is not on host {record.host} any more",
+            f"the saved VM of session {record.name} ({saved}) is not on host {record.host} any more",
             hint=f"`vmsandbox pull {record.name}` brings its unsynced work back from its disk, "
             f"`vmsandbox destroy {record.name}` removes it",
         )
-    head = hv.download(POOL, _name(record), keep=HEAD_BYTES, length=HEAD_BYTES)
-    saved = savefile.parse(io.BytesIO(bytes(head.kept)), f"{_name(record)} on host {record.host}")
+    head = hv.download(POOL, saved, keep=HEAD_BYTES, length=HEAD_BYTES)
+    found = savefile.parse(io.BytesIO(bytes(head.kept)), f"{saved} on host {record.host}")
+    system = Path(vols[record.overlays[-1]])
     for _attempt in range(remote.PORT_ATTEMPTS):
         try:
-            hv.restore(path, domain.with_netdev(saved.xml, record.remote_port))
+            hv.restore(vols[saved], domain.with_disks(found.xml, system, record.remote_port))
         except PortTakenError:
             record.remote_port = random.randint(*remote.PORT_RANGE)  # noqa: S311 - a port, not a secret
             continue
@@ -77,5 +81,5 @@ def restore(record: Record, hv: Hypervisor) -> None:
 def restored(record: Record, hv: Hypervisor) -> None:
     """After a good start: the save deleted there, and the copy of the workspace disk a stopped session's pull
     fetched deleted here (the guest writes the disk on its host again)."""
-    hv.delete_volume(POOL, _name(record))
+    hv.delete_volume(POOL, name(record))
     record.files.workspace_disk.unlink(missing_ok=True)

@@ -79,9 +79,12 @@ def start(name: str) -> Record:
         record = Record.load(name)
         if status(record, hv).state is not State.STOPPED:
             raise VmsandboxError(f"session {name} is not stopped", hint="`vmsandbox ls` shows its state")
-        where = f" on host {record.host}" if is_remote(record.libvirt_uri) else ""
-        resume(record, hv, files.saved_memory, f"Restoring {record.domain} where it was{where}")
-        if is_remote(record.libvirt_uri):
+        there = is_remote(record.libvirt_uri)
+        saved = remotesave.name(record) if there else files.saved_memory
+        resume(
+            record, hv, saved, f"Restoring {record.domain} where it was" + (f" on host {record.host}" if there else "")
+        )
+        if there:
             remotesave.restored(record, hv)
         files.saved_memory.unlink(missing_ok=True)
         record.saved = False
@@ -89,7 +92,7 @@ def start(name: str) -> Record:
     return record
 
 
-def resume(record: Record, hv: Hypervisor, memory: Path, title: str) -> None:
+def resume(record: Record, hv: Hypervisor, memory: Path | str, title: str) -> None:
     """Restore the session's VM from a save image (`stop`'s, or a checkpoint's) over the session's system disk
     as the record names it now, wait for its sshd, step its clock (its egress daemon does, if it has one) and
     open its egress."""
@@ -106,12 +109,13 @@ def resume(record: Record, hv: Hypervisor, memory: Path, title: str) -> None:
             control.wait_open(create.daemon_spec(record), record.files, spawned)
 
 
-def _restore(record: Record, hv: Hypervisor, memory: Path) -> None:
-    """Restore on the session's SSH port, or on another one if something took it while the VM was down."""
+def _restore(record: Record, hv: Hypervisor, memory: Path | str) -> None:
+    """Restore on the session's SSH port, or on another one if something took it while the VM was down. On
+    another host, `memory` is a volume there (remotesave)."""
     if is_remote(record.libvirt_uri):
-        remotesave.restore(record, hv)
+        remotesave.restore(record, hv, str(memory))
         return
-    saved_xml = savefile.read(memory).xml
+    saved_xml = savefile.read(Path(memory)).xml
     last = None
     paths.own_file(record.files.console_log)
     for _attempt in range(start_mod.PORT_ATTEMPTS):

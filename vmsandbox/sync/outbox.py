@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import time
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,17 @@ from vmsandbox.sync.compare import Status
 from vmsandbox.sync.diff import diff_text
 from vmsandbox.sync.plan import fetch_commits
 from vmsandbox.sync.tree import DIR, FILE, SYMLINK
+
+
+def fresh_box(parent: Path, label: str) -> Path:
+    """PARENT/LABEL-TIME, never one that exists (an export replaces its box): where a rollback keeps what it
+    would otherwise lose."""
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    box, n = parent / f"{label}-{stamp}", 1
+    while box.exists():
+        n += 1
+        box = parent / f"{label}-{stamp}-{n}"
+    return box
 
 
 def export(g: Gathered, *, box: Path | None = None) -> Path:

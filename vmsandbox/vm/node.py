@@ -10,8 +10,18 @@ from dataclasses import dataclass
 from typing import TypeVar
 from urllib.parse import urlsplit
 
+from vmsandbox.errors import VmsandboxError
+
 T = TypeVar("T")
 OPEN_TIMEOUT = 20.0  # another host's libvirt answers in a second or two; one behind a dead route, in TCP's minutes
+
+
+class UnreachableError(VmsandboxError):
+    """libvirtd does not answer (VMs it started keep running without it)."""
+
+
+class PortTakenError(VmsandboxError):
+    """QEMU could not listen on a forwarded host port: another process took it since we chose it."""
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,8 @@ from vmsandbox.errors import VmsandboxError
 from vmsandbox.vm import storage
 from vmsandbox.vm.node import OPEN_TIMEOUT, Node, dotted, opened, unreachable_hint
 from vmsandbox.vm.node import DomainInfo as DomainInfo  # noqa: PLC0414 - re-exported: callers say virt.DomainInfo
+from vmsandbox.vm.node import PortTakenError as PortTakenError  # noqa: PLC0414 - re-exported
+from vmsandbox.vm.node import UnreachableError as UnreachableError  # noqa: PLC0414 - re-exported
 from vmsandbox.vm.node import gone as gone  # noqa: PLC0414 - re-exported
 
 log = logging.getLogger(__name__)
@@ -37,14 +39,6 @@ _STATES = {
 }
 
 
-class UnreachableError(VmsandboxError):
-    """libvirtd does not answer (VMs it started keep running without it)."""
-
-
-class PortTakenError(VmsandboxError):
-    """QEMU could not listen on a forwarded host port: another process took it since we chose it."""
-
-
 def _message(exc: libvirt.libvirtError) -> str:
     return str(exc.get_error_message() or exc)
 
@@ -57,9 +51,8 @@ def _not_started(exc: libvirt.libvirtError, what: str, hint: str | None = None) 
 
 
 def _refresh(pool: Any) -> None:
-    """Bring the pool's volume list up to date with its directory — unless a volume is being sent or read
-    (libvirt refuses while a pool has "asynchronous jobs running"): the volumes made through libvirt are listed
-    all the same."""
+    """The pool's volume list brought up to date with its directory, unless a volume is being sent or read (libvirt
+    refuses: "asynchronous jobs running"); the volumes made through libvirt are listed all the same."""
     try:
         pool.refresh(0)
     except libvirt.libvirtError as exc:
@@ -102,9 +95,7 @@ class Hypervisor:
         """Save the domain's memory and device state to `path` and stop it (its disks stay as they are). A file
         `here` is made first, so that it is ours to read (libvirtd, root, writes into it rather than making one
         of its own, 0600 root, which an unprivileged caller could not read back); another host's is libvirt's."""
-        dom = self._lookup(name)
-        if dom is None:
-            raise VmsandboxError(f"domain {name} is gone")
+        dom = self._must(name)
         if here:
             paths.own_file(Path(path), truncate=True)
         try:
@@ -121,9 +112,7 @@ class Hypervisor:
 
     def attach(self, name: str, device_xml: str) -> None:
         """Hot-plug a device into the running domain."""
-        dom = self._lookup(name)
-        if dom is None:
-            raise VmsandboxError(f"domain {name} is gone")
+        dom = self._must(name)
         try:
             dom.attachDeviceFlags(device_xml, libvirt.VIR_DOMAIN_AFFECT_LIVE)
         except libvirt.libvirtError as exc:
@@ -135,6 +124,11 @@ class Hypervisor:
             self._conn.createXML(xml, 0)
         except libvirt.libvirtError as exc:
             raise _not_started(exc, "libvirt could not start the VM", "`vmsandbox doctor` checks the host") from exc
+
+    def _must(self, name: str) -> Any:
+        if (dom := self._lookup(name)) is None:
+            raise VmsandboxError(f"domain {name} is gone")
+        return dom
 
     def _lookup(self, name: str) -> Any:
         try:
@@ -159,13 +153,9 @@ class Hypervisor:
 
     def cpu_seconds(self, name: str) -> float | None:
         """CPU time the domain's QEMU has used (all its threads), or None when it is not running."""
-        dom = self._lookup(name)
-        if dom is None:
-            return None
-        try:
-            return float(dom.info()[4]) / 1e9
-        except libvirt.libvirtError:
-            return None
+        with contextlib.suppress(libvirt.libvirtError, AttributeError):  # AttributeError: no such domain
+            return float(self._lookup(name).info()[4]) / 1e9
+        return None
 
     def domains(self, prefix: str) -> Iterator[DomainInfo]:
         for dom in self._conn.listAllDomains(0):
@@ -178,9 +168,7 @@ class Hypervisor:
 
     def reset(self, name: str) -> None:
         """Reset the domain as the reset button would: the guest starts over, in the same QEMU process."""
-        dom = self._lookup(name)
-        if dom is None:
-            raise VmsandboxError(f"domain {name} is gone")
+        dom = self._must(name)
         try:
             dom.reset(0)
         except libvirt.libvirtError as exc:
@@ -233,16 +221,29 @@ class Hypervisor:
 
     def volumes(self, pool: str) -> dict[str, str]:
         """The volumes of a pool as its host sees them now: name -> path there ({} if there is no such pool)."""
+        listed: dict[str, str] = {}
         try:
             found = self._conn.storagePoolLookupByName(pool)
-            if not found.isActive():
-                return {}
-            _refresh(found)
-            return {v.name(): v.path() for v in found.listAllVolumes(0)}
+            active = found.isActive()
+            if active:
+                _refresh(found)
+            for v in found.listAllVolumes(0) if active else ():
+                with contextlib.suppress(libvirt.libvirtError):  # deleted since (another session's teardown)
+                    listed[v.name()] = v.path()
         except libvirt.libvirtError as exc:
-            if exc.get_error_code() == libvirt.VIR_ERR_NO_STORAGE_POOL:
-                return {}
-            raise VmsandboxError(f"cannot list the volumes of pool {pool} at {self.uri}: {_message(exc)}") from exc
+            if exc.get_error_code() != libvirt.VIR_ERR_NO_STORAGE_POOL:
+                raise VmsandboxError(f"cannot list the volumes of pool {pool} at {self.uri}: {_message(exc)}") from exc
+        return listed
+
+    def clone_volume(self, pool: str, source: str, name: str) -> str:
+        """A copy of volume SOURCE as NAME (0600), made by the pool's host (holes kept); its path there."""
+        try:
+            found = self._conn.storagePoolLookupByName(pool)
+            xml = storage.volume_xml(name, 0, mode="0600")  # libvirt gives it the source's capacity
+            return str(found.createXMLFrom(xml, found.storageVolLookupByName(source), 0).path())
+        except libvirt.libvirtError as exc:
+            hint = "check free space in the pool's directory on that host"
+            raise VmsandboxError(f"cannot copy volume {source} at {self.uri}: {_message(exc)}", hint=hint) from exc
 
     def delete_volume(self, pool: str, name: str) -> None:
         with contextlib.suppress(libvirt.libvirtError):
