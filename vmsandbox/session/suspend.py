@@ -81,9 +81,8 @@ def start(name: str) -> Record:
             raise VmsandboxError(f"session {name} is not stopped", hint="`vmsandbox ls` shows its state")
         there = is_remote(record.libvirt_uri)
         saved = remotesave.name(record) if there else files.saved_memory
-        resume(
-            record, hv, saved, f"Restoring {record.domain} where it was" + (f" on host {record.host}" if there else "")
-        )
+        where = f" on host {record.host}" if there else ""
+        resume(record, hv, saved, f"Restoring {record.domain} where it was{where}")
         if there:
             remotesave.restored(record, hv)
         files.saved_memory.unlink(missing_ok=True)
