@@ -407,10 +407,11 @@ def _get(url: str) -> int:
         return 0
 
 
-def _lost_host(cli: Cli, far: farhost.FarHost, env: dict[str, str], tmp_path: Path, lost: str) -> None:
+def _lost_host(cli: Cli, far: farhost.FarHost, env: dict[str, str], tmp_path: Path, lost: str, dead: str) -> None:
     """A session whose host takes connections and never says a word (its record names a silent listener, and an
-    ssh with no ConnectTimeout of its own: only vmsandbox's wait ends the attempt): `ls` lists it `unknown`
-    instead of hanging, `destroy` names the host and --discard, and --discard forgets it here."""
+    ssh with no ConnectTimeout of its own: only vmsandbox's wait ends the attempt) is listed `unknown` by `ls`
+    instead of hanging; one whose host refuses (`dead`) is not destroyed but with --discard, which forgets it
+    here."""
     silent = socket.socket()
     silent.bind(("127.0.0.1", 0))
     silent.listen(8)
@@ -425,6 +426,7 @@ def _lost_host(cli: Cli, far: farhost.FarHost, env: dict[str, str], tmp_path: Pa
         assert listed.returncode == 0, listed.stderr.decode()
         assert next(r for r in json.loads(listed.stdout) if r["name"] == lost)["state"] == "unknown"
         assert "no answer in" in listed.stderr.decode()
+        record_file.write_text(record_file.read_text().replace(silent_uri, dead))
         refused = cli.run("destroy", lost, env=env, timeout=120)
         assert refused.returncode != 0
         assert "host far does not answer" in refused.stderr.decode() and "--discard" in refused.stderr.decode()
@@ -455,7 +457,7 @@ def test_gc_sweeps_this_machines_orphans_on_another_host_and_says_which_host_did
         made = cli.run("run", "--host", "far", "--keep", "--name", name, str(project), "--", "true", env=env)
         assert made.returncode == 0, made.stderr.decode()
 
-    _lost_host(cli, far, env, tmp_path, lost)
+    _lost_host(cli, far, env, tmp_path, lost, dead_uri)
 
     # `wiped`: stopped (no domain there, its volumes and saved memory stay), then its directory gone at once
     assert cli.run("stop", wiped, env=env).returncode == 0
@@ -479,11 +481,12 @@ def test_gc_sweeps_this_machines_orphans_on_another_host_and_says_which_host_did
     shutil.rmtree(aside, ignore_errors=True)
 
 
-def test_a_fan_out_runs_on_another_host(
+def test_a_fan_out_runs_on_another_host_and_a_session_there_rolls_back_to_a_checkpoint(
     cli: Cli, far: farhost.FarHost, tmp_path: Path, project: Path, base_image: store.Image
 ) -> None:
     """`fanout --host far`: every session is made there (sized by that host), runs the command, is reviewed and
-    compared here, and the group is destroyed with nothing left there."""
+    compared here; one of them takes a checkpoint and rolls back to it; the group is destroyed with nothing
+    left there."""
     from tests.integration.conftest import unique_name
     from vmsandbox.session.record import domain_name
 
@@ -506,6 +509,7 @@ def test_a_fan_out_runs_on_another_host(
         assert compared.returncode == 0, compared.stderr.decode()
         n_txt = next(row for row in json.loads(compared.stdout) if row["path"] == "n.txt")
         assert n_txt["sessions"] == dict.fromkeys(names, "added")
+        _checkpoint_and_rollback(cli, far, env, names[0])
     finally:
         gone = cli.run("destroy", "--group", group, "--discard", env=env)
     assert gone.returncode == 0, gone.stderr.decode()
@@ -513,46 +517,35 @@ def test_a_fan_out_runs_on_another_host(
         assert _remote_volumes(far, f"{domain_name(name)}.") == []
 
 
-def test_a_session_on_another_host_takes_a_checkpoint_and_rolls_back_to_it(
-    cli: Cli, far: farhost.FarHost, tmp_path: Path, project: Path, base_image: store.Image
-) -> None:
+def _checkpoint_and_rollback(cli: Cli, far: farhost.FarHost, env: dict[str, str], name: str) -> None:
     """A checkpoint keeps the VM and a copy of the workspace disk as volumes there; a rollback brings back its
     processes and files (what was unsynced is kept here first); removing it deletes its volumes and the
-    overlays no chain needs; destroy leaves nothing."""
-    from tests.integration.conftest import unique_name
+    overlays no chain needs."""
     from vmsandbox.session.record import domain_name
 
-    env = cli.env(**_config(tmp_path, {"name": "far", "uri": far.uri}))
-    name = unique_name()
     domain = domain_name(name)
     started = "echo one > a.txt; nohup sleep 4444 >/dev/null 2>&1 &"
-    made = cli.run("run", "--host", "far", "--keep", "--name", name, str(project), "--", "sh", "-c", started, env=env)
-    assert made.returncode == 0, made.stderr.decode()
-    try:
-        took = cli.run("checkpoint", name, "c1", env=env)
-        assert took.returncode == 0, took.stderr.decode()
-        volumes = _remote_volumes(far, f"{domain}.")
-        assert f"{domain}.cp.c1.save" in volumes and f"{domain}.cp.c1.workspace.raw" in volumes
-        assert cli.run("exec", name, "--", "pgrep", "-x", "sleep", env=env).returncode == 0  # it carried on
-        later = "echo two > b.txt; echo changed > a.txt; pkill -x sleep"
-        assert cli.run("exec", name, "--", "sh", "-c", later, env=env).returncode == 0
+    assert cli.run("exec", name, "--", "sh", "-c", started, env=env).returncode == 0
+    took = cli.run("checkpoint", name, "c1", env=env)
+    assert took.returncode == 0, took.stderr.decode()
+    volumes = _remote_volumes(far, f"{domain}.")
+    assert f"{domain}.cp.c1.save" in volumes and f"{domain}.cp.c1.workspace.raw" in volumes
+    assert cli.run("exec", name, "--", "pgrep", "-x", "sleep", env=env).returncode == 0  # it carried on
+    later = "echo two > b.txt; echo changed > a.txt; pkill -x sleep"
+    assert cli.run("exec", name, "--", "sh", "-c", later, env=env).returncode == 0
 
-        rolled = cli.run("rollback", name, "c1", env=env)
-        assert rolled.returncode == 0, rolled.stderr.decode()
-        assert "rolled-back" in rolled.stderr.decode()  # the unsynced b.txt and a.txt kept here first
-        assert cli.run("exec", name, "--", "cat", "a.txt", env=env).stdout == b"one\n"
-        assert cli.run("exec", name, "--", "test", "-e", "b.txt", env=env).returncode != 0
-        assert cli.run("exec", name, "--", "pgrep", "-x", "sleep", env=env).returncode == 0  # back with it
-        listed = json.loads(cli.run("checkpoints", name, "--json", env=env).stdout)
-        assert [c["label"] for c in listed] == ["c1"]
+    rolled = cli.run("rollback", name, "c1", env=env)
+    assert rolled.returncode == 0, rolled.stderr.decode()
+    assert "rolled-back" in rolled.stderr.decode()  # the unsynced b.txt and a.txt kept here first
+    assert cli.run("exec", name, "--", "cat", "a.txt", env=env).stdout == b"one\n"
+    assert cli.run("exec", name, "--", "test", "-e", "b.txt", env=env).returncode != 0
+    assert cli.run("exec", name, "--", "pgrep", "-x", "sleep", env=env).returncode == 0  # back with it
+    listed = json.loads(cli.run("checkpoints", name, "--json", env=env).stdout)
+    assert [c["label"] for c in listed] == ["c1"]
 
-        removed = cli.run("checkpoint", "rm", name, "c1", env=env)
-        assert removed.returncode == 0, removed.stderr.decode()
-        record = json.loads((cli.state_dir / "sessions" / name / paths.SESSION_RECORD).read_text())
-        volumes = _remote_volumes(far, f"{domain}.")
-        assert not [v for v in volumes if ".cp.c1." in v]
-        assert sorted(v for v in volumes if v.startswith(f"{domain}.overlay")) == sorted(record["overlays"])
-    finally:
-        gone = cli.run("destroy", name, "--discard", env=env)
-    assert gone.returncode == 0, gone.stderr.decode()
-    assert _remote_volumes(far, f"{domain}.") == []
+    removed = cli.run("checkpoint", "rm", name, "c1", env=env)
+    assert removed.returncode == 0, removed.stderr.decode()
+    record = json.loads((cli.state_dir / "sessions" / name / paths.SESSION_RECORD).read_text())
+    volumes = _remote_volumes(far, f"{domain}.")
+    assert not [v for v in volumes if ".cp.c1." in v]
+    assert sorted(v for v in volumes if v.startswith(f"{domain}.overlay")) == sorted(record["overlays"])
