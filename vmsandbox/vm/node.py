@@ -1,4 +1,6 @@
-"""What libvirt says of a domain (virt.Hypervisor.info) and of its host (virt.Hypervisor.node), as plain data."""
+"""What libvirt says of a domain (virt.Hypervisor.info) and of its host (virt.Hypervisor.node), as plain data;
+the errors virt raises; and the parts of virt that need no libvirt of their own (a connection that gives up on
+a host that never answers, the hint for one that refuses)."""
 
 from __future__ import annotations
 
