@@ -239,9 +239,9 @@ def gc(uri: str, *, limit: int, hosts: tuple[HostSpec, ...] = ()) -> Iterator[st
         for info in list(hv.domains(DOMAIN_PREFIX)):
             xml = hv.xml(info.name)
             owner = session_of(xml) if xml else None
-            if owner is None or owner[1].parent.resolve() != mine:
-                continue  # not ours: a domain that merely shares the prefix, or another account's session
-            if not (owner[1] / paths.SESSION_RECORD).exists():
+            # a session of this account's sessions directory whose directory is gone (not a domain that merely
+            # shares the prefix, nor another account's session)
+            if owner is not None and remote.orphaned(owner[1], mine):
                 hv.destroy(info.name)
                 yield f"destroyed domain {info.name} (its session directory is gone)"
         for session in pins.collect():

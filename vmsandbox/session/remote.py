@@ -13,7 +13,7 @@ import json
 import os
 import random
 import socket
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -149,22 +149,21 @@ def boot(record: Record, image: store.Image, hv: Hypervisor, host: HostSpec, boo
     hostimages.ensure(hv, host, image)
     sent = _send(record, image, hv, host)
     vols = hv.volumes(POOL)
-    for _attempt in range(PORT_ATTEMPTS):
-        record.remote_port = random.randint(*PORT_RANGE)  # noqa: S311 - a port, not a secret
+
+    def launch() -> None:
         xml = domain.build_xml(_spec(record, image, vols, sent))
         paths.write_atomically(record.files.domain_xml, xml)
         try:
             hv.create(xml)
         except PortTakenError:
-            continue
+            raise
         except VmsandboxError as exc:  # its QEMU, its libvirt: that host's doctor is `virsh` there
             raise VmsandboxError(
                 f"{exc.message} (on host {host.name})",
                 hint=f"check that host's QEMU and libvirt: `virsh -c '{host.uri}' domcapabilities`, `vmsandbox hosts`",
             ) from exc
-        break
-    else:
-        raise VmsandboxError(f"host {host.name} had no free port for the guest's SSH after {PORT_ATTEMPTS} tries")
+
+    on_a_free_port(record, launch, first=None)
     record.start, record.start_note = "cold", f"on host {host.name} (warm-start templates are this machine's)"
     record.save()
     with ui.step(f"Booting {record.domain} on host {host.name} ({record.accel.upper()}, {record.cpus} vCPU)"):
@@ -178,6 +177,20 @@ def boot(record: Record, image: store.Image, hv: Hypervisor, host: HostSpec, boo
             ) from exc
     record.boot_seconds = round(waited, 1)
     record.save()
+
+
+def on_a_free_port(record: Record, launch: Callable[[], None], *, first: int | None) -> None:
+    """Start the VM there (`launch`) with its SSH forwarded to `first` on the host's loopback, or to a random port
+    (another one each time QEMU finds the port taken)."""
+    record.remote_port = first or random.randint(*PORT_RANGE)  # noqa: S311 - a port, not a secret
+    for _attempt in range(PORT_ATTEMPTS):
+        try:
+            launch()
+        except PortTakenError:
+            record.remote_port = random.randint(*PORT_RANGE)  # noqa: S311
+            continue
+        return
+    raise VmsandboxError(f"host {record.host} had no free port for the guest's SSH after {PORT_ATTEMPTS} tries")
 
 
 def _alive(hv: Hypervisor, record: Record) -> str | None:
@@ -249,7 +262,7 @@ def sweep(host: HostSpec, mine: Path) -> Iterator[str]:
                 owner = domain.session_of(xml) if xml else None
                 if owner is None or xml is None or domain.client_of(xml) != client_id():
                     continue  # not a session, or another machine's
-                if _orphaned(owner[1], mine):
+                if orphaned(owner[1], mine):
                     hv.destroy(info.name)
                     forget(owner[1], host.uri, info.name)
                     yield f"destroyed domain {info.name} on host {host.name} (its session directory is gone)"
@@ -258,14 +271,14 @@ def sweep(host: HostSpec, mine: Path) -> Iterator[str]:
                 if not name.startswith(DOMAIN_PREFIX) or dom == name or dom in present:
                     continue
                 root = _owner_dir(hv, name)
-                if root is not None and _orphaned(root, mine):
+                if root is not None and orphaned(root, mine):
                     forget(root, host.uri, dom)
                     yield f"deleted the volumes of {dom} on host {host.name} (its session directory is gone)"
     except VmsandboxError as exc:
         yield f"host {host.name} did not answer, nothing there was cleaned up: {exc.message}"
 
 
-def _orphaned(root: Path, mine: Path) -> bool:
+def orphaned(root: Path, mine: Path) -> bool:
     """A session directory of this machine's sessions directory, without its record (gone)."""
     return root.parent.resolve() == mine and not (root / paths.SESSION_RECORD).exists()
 

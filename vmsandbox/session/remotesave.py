@@ -8,7 +8,6 @@ stopped session fetch its workspace disk from the host (remote.fetch_workspace).
 from __future__ import annotations
 
 import io
-import random
 from pathlib import Path
 
 from vmsandbox.errors import VmsandboxError
@@ -17,7 +16,7 @@ from vmsandbox.session.hostimages import POOL
 from vmsandbox.session.hostspec import is_remote
 from vmsandbox.session.record import Record
 from vmsandbox.vm import domain, savefile, storage
-from vmsandbox.vm.virt import Hypervisor, PortTakenError
+from vmsandbox.vm.virt import Hypervisor
 
 HEAD_BYTES = 1024 * 1024  # a save image's header and domain XML (libvirt pads them to 64 KiB)
 
@@ -63,17 +62,11 @@ def restore(record: Record, hv: Hypervisor, saved: str) -> None:
     head = hv.download(POOL, saved, keep=HEAD_BYTES, length=HEAD_BYTES)
     found = savefile.parse(io.BytesIO(bytes(head.kept)), f"{saved} on host {record.host}")
     system = Path(vols[record.overlays[-1]])
-    for _attempt in range(remote.PORT_ATTEMPTS):
-        try:
-            hv.restore(vols[saved], domain.with_disks(found.xml, system, record.remote_port))
-        except PortTakenError:
-            record.remote_port = random.randint(*remote.PORT_RANGE)  # noqa: S311 - a port, not a secret
-            continue
-        break
-    else:
-        raise VmsandboxError(
-            f"host {record.host} had no free port for the guest's SSH after {remote.PORT_ATTEMPTS} tries"
-        )
+    remote.on_a_free_port(
+        record,
+        lambda: hv.restore(vols[saved], domain.with_disks(found.xml, system, record.remote_port)),
+        first=record.remote_port,
+    )
     record.save()
     remote.open_tunnel(record)
 

@@ -153,8 +153,9 @@ class Hypervisor:
 
     def cpu_seconds(self, name: str) -> float | None:
         """CPU time the domain's QEMU has used (all its threads), or None when it is not running."""
-        with contextlib.suppress(libvirt.libvirtError, AttributeError):  # AttributeError: no such domain
-            return float(self._lookup(name).info()[4]) / 1e9
+        dom = self._lookup(name)
+        with contextlib.suppress(libvirt.libvirtError):
+            return None if dom is None else float(dom.info()[4]) / 1e9
         return None
 
     def domains(self, prefix: str) -> Iterator[DomainInfo]:
