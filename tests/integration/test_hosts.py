@@ -438,26 +438,18 @@ def _lost_host(cli: Cli, far: farhost.FarHost, env: dict[str, str], tmp_path: Pa
         silent.close()
 
 
-def test_gc_sweeps_this_machines_orphans_on_another_host_and_says_which_host_did_not_answer(
-    cli: Cli, far: farhost.FarHost, tmp_path: Path, project: Path, base_image: store.Image
+def _swept_by_gc(
+    cli: Cli, far: farhost.FarHost, env: dict[str, str], tmp_path: Path, lost: str, wiped: str, dead: str
 ) -> None:
-    """A session whose host stops answering can be destroyed here only with --discard, and one whose directory
-    here is gone (a wiped state directory) leaves its VM or its saved volumes there: gc finds both by this
-    machine's name (in the domain's metadata, in the owner volume), and only its own."""
-    from tests.integration.conftest import unique_name
+    """A session whose host stops answering can be destroyed here only with --discard (`lost`), and one whose
+    directory here is gone (a wiped state directory) leaves its VM or its saved volumes there (`wiped`): gc finds
+    both by this machine's name (in the domain's metadata, in the owner volume), and says which host (at `dead`)
+    did not answer."""
     from vmsandbox.egress import control
     from vmsandbox.session import tunnel
     from vmsandbox.session.record import domain_name
 
-    dead_port = farhost.free_port()
-    dead_uri = f"qemu+ssh://root@127.0.0.1:{dead_port}/system?command={far.ssh}&no_tty=1"
-    env = cli.env(**_config(tmp_path, {"name": "far", "uri": far.uri}, {"name": "dead", "uri": dead_uri}))
-    lost, wiped = unique_name(), unique_name()
-    for name in (lost, wiped):
-        made = cli.run("run", "--host", "far", "--keep", "--name", name, str(project), "--", "true", env=env)
-        assert made.returncode == 0, made.stderr.decode()
-
-    _lost_host(cli, far, env, tmp_path, lost, dead_uri)
+    _lost_host(cli, far, env, tmp_path, lost, dead)
 
     # `wiped`: stopped (no domain there, its volumes and saved memory stay), then its directory gone at once
     assert cli.run("stop", wiped, env=env).returncode == 0
@@ -481,16 +473,18 @@ def test_gc_sweeps_this_machines_orphans_on_another_host_and_says_which_host_did
     shutil.rmtree(aside, ignore_errors=True)
 
 
-def test_a_fan_out_runs_on_another_host_and_a_session_there_rolls_back_to_a_checkpoint(
+def test_a_fan_out_there_is_compared_checkpointed_forked_and_its_leftovers_swept_by_gc(
     cli: Cli, far: farhost.FarHost, tmp_path: Path, project: Path, base_image: store.Image
 ) -> None:
     """`fanout --host far`: every session is made there (sized by that host), runs the command, is reviewed and
-    compared here; one of them takes a checkpoint and rolls back to it; the group is destroyed with nothing
-    left there."""
+    compared here; one of them takes a checkpoint, rolls back to it and is forked there; then the two are lost
+    in the two ways gc cleans up after (a host that stops answering, a wiped session directory), and nothing
+    of them is left there. (One test: the stand-in host boots every VM under TCG.)"""
     from tests.integration.conftest import unique_name
     from vmsandbox.session.record import domain_name
 
-    env = cli.env(**_config(tmp_path, {"name": "far", "uri": far.uri}))
+    dead_uri = f"qemu+ssh://root@127.0.0.1:{farhost.free_port()}/system?command={far.ssh}&no_tty=1"
+    env = cli.env(**_config(tmp_path, {"name": "far", "uri": far.uri}, {"name": "dead", "uri": dead_uri}))
     group = unique_name()
     names = [f"{group}-1", f"{group}-2"]
     try:
@@ -510,9 +504,9 @@ def test_a_fan_out_runs_on_another_host_and_a_session_there_rolls_back_to_a_chec
         n_txt = next(row for row in json.loads(compared.stdout) if row["path"] == "n.txt")
         assert n_txt["sessions"] == dict.fromkeys(names, "added")
         _checkpoint_and_rollback(cli, far, env, names[0])
+        _swept_by_gc(cli, far, env, tmp_path, lost=names[0], wiped=names[1], dead=dead_uri)
     finally:
-        gone = cli.run("destroy", "--group", group, "--discard", env=env)
-    assert gone.returncode == 0, gone.stderr.decode()
+        cli.run("destroy", "--group", group, "--discard", env=env)  # what a failed step left
     for name in names:
         assert _remote_volumes(far, f"{domain_name(name)}.") == []
 
@@ -542,6 +536,8 @@ def _checkpoint_and_rollback(cli: Cli, far: farhost.FarHost, env: dict[str, str]
     assert cli.run("exec", name, "--", "pgrep", "-x", "sleep", env=env).returncode == 0  # back with it
     listed = json.loads(cli.run("checkpoints", name, "--json", env=env).stdout)
     assert [c["label"] for c in listed] == ["c1"]
+    assert listed[0]["bytes"] > 16 * 1024**2  # as the host says: the guest's memory is most of it
+    _forked_there(cli, far, env, name)
 
     removed = cli.run("checkpoint", "rm", name, "c1", env=env)
     assert removed.returncode == 0, removed.stderr.decode()
@@ -549,3 +545,36 @@ def _checkpoint_and_rollback(cli: Cli, far: farhost.FarHost, env: dict[str, str]
     volumes = _remote_volumes(far, f"{domain}.")
     assert not [v for v in volumes if ".cp.c1." in v]
     assert sorted(v for v in volumes if v.startswith(f"{domain}.overlay")) == sorted(record["overlays"])
+
+
+def _forked_there(cli: Cli, far: farhost.FarHost, env: dict[str, str], name: str) -> None:
+    """`fork` of a session there: made on that host from a checkpoint taken for it (dropped after), with the
+    source's files and processes and an identity of its own; the source carries on; destroying the fork leaves
+    none of its volumes."""
+    from tests.integration.conftest import unique_name
+    from vmsandbox.session.record import domain_name
+
+    fork, domain = unique_name(), domain_name(name)
+    assert cli.run("exec", name, "--", "sh", "-c", "echo before > f.txt", env=env).returncode == 0
+    try:
+        made = cli.run("fork", name, fork, env=env)
+        assert made.returncode == 0, made.stderr.decode()
+        row = next(r for r in json.loads(cli.run("ls", "--json", env=env).stdout) if r["name"] == fork)
+        assert (row["host"], row["state"]) == ("far", "running")
+        assert domain_name(fork) in _inside(far, "virsh", "-c", "qemu:///system", "list", "--name").split()
+        assert cli.run("exec", fork, "--", "cat", "f.txt", env=env).stdout == b"before\n"
+        assert cli.run("exec", fork, "--", "pgrep", "-x", "sleep", env=env).returncode == 0  # it ran on
+        assert cli.run("exec", fork, "--", "hostname", env=env).stdout.decode().strip() == f"vmsandbox-{fork}"
+        key = "/etc/ssh/ssh_host_ed25519_key"
+        keys = cli.run("exec", fork, "--", "sudo", "ssh-keygen", "-y", "-f", key, env=env).stdout.split()
+        mine = paths.session_paths(fork).host_key.with_suffix(".pub").read_bytes().split()
+        theirs = paths.session_paths(name).host_key.with_suffix(".pub").read_bytes().split()
+        assert keys[:2] == mine[:2] != theirs[:2]
+        assert cli.run("exec", fork, "--", "sh", "-c", "echo fork > only-fork.txt", env=env).returncode == 0
+        assert cli.run("exec", name, "--", "test", "-e", "only-fork.txt", env=env).returncode != 0  # apart
+        assert not [v for v in _remote_volumes(far, f"{domain}.") if ".cp.fork-" in v]  # its checkpoint dropped
+    finally:
+        gone = cli.run("destroy", fork, "--discard", env=env)
+    assert gone.returncode == 0, gone.stderr.decode()
+    assert _remote_volumes(far, f"{domain_name(fork)}.") == []
+    assert cli.run("exec", name, "--", "cat", "f.txt", env=env).stdout == b"before\n"  # the source carries on

@@ -178,7 +178,10 @@ def test_the_base_has_what_agents_reach_for(shared: Record, cli: Cli) -> None:
     script = (
         "set -e; python3 -c 'import sys; print(sys.version_info[0])'; make --version | head -1; "
         "cc --version | head -1; rg --version | head -1; jq --version; unzip -v | head -1; file --version | head -1; "
-        "patch --version | head -1; ssh -V 2>&1; python3 -m venv /tmp/venv-probe && /tmp/venv-probe/bin/pip --version"
+        "patch --version | head -1; ssh -V 2>&1; pip3 --version; "
+        # a venv, and what seeds its pip (python3-venv's ensurepip; seeding it takes ~90 s under TCG)
+        "python3 -m venv --without-pip /tmp/venv-probe && /tmp/venv-probe/bin/python -c "
+        "'import ensurepip; print(\"ensurepip\", ensurepip.version())'"
     )
     r = cli.run("exec", shared.name, "--", "sh", "-c", script)
     assert r.returncode == 0, r.stderr.decode()
@@ -194,5 +197,6 @@ def test_the_base_has_what_agents_reach_for(shared: Record, cli: Cli) -> None:
         "GNU patch",
         "OpenSSH",
         "pip ",
+        "ensurepip ",
     ):
         assert expected in out, (expected, out)

@@ -189,6 +189,11 @@ def test_xml_of_a_pool_and_a_volume_is_built_as_data() -> None:
     assert "<path>/srv/a&amp;b</path>" in storage.pool_xml("vmsandbox", "/srv/a&b")
     vol = storage.volume_xml("base-x.disk.qcow2", 1234)
     assert '<capacity unit="bytes">1234</capacity>' in vol and '<format type="raw" />' in vol
+    # a copy keeps its source's format: a qcow2 overlay copied as raw would not boot
+    overlay = storage.volume_xml("d.overlay.qcow2", 1 << 30, backing="/pool/base.qcow2")
+    assert '<format type="qcow2" />' in storage.copy_xml("fork.overlay.qcow2", overlay)
+    assert "backingStore" not in storage.copy_xml("fork.overlay.qcow2", overlay)
+    assert '<format type="raw" />' in storage.copy_xml("fork.workspace.raw", vol)
 
 
 def test_kvm_on_a_host_needs_the_cpu_flag_and_libvirt_saying_yes() -> None:
@@ -306,16 +311,20 @@ def test_run_on_another_host_checks_the_host_before_anything_is_made(
     assert not (tmp_path / "state" / "sessions").exists() or not any((tmp_path / "state" / "sessions").iterdir())
 
 
-def test_what_a_remote_session_cannot_do_yet_is_refused_by_name() -> None:
-    from vmsandbox.session import remote
+def test_a_long_chain_there_is_refused_with_the_fork_that_starts_over() -> None:
+    from vmsandbox.session import remotecheckpoint
     from vmsandbox.session.record import Record
 
     record = Record("exp", "/p", "v", "tcg", "", 1, 512, 4096, 0, "u", 1000, 1000, "qemu+ssh://me@big/system")
     record.host = "big"
-    with pytest.raises(VmsandboxError, match="session exp runs on host big: fork works on sessions of this"):
-        remote.refuse(record, "fork")
+    record.overlays = [f"o{i}" for i in range(remotecheckpoint.MAX_CHAIN - 1)]
+    remotecheckpoint.check_room(record)
+    record.overlays.append("top")
+    with pytest.raises(VmsandboxError, match="runs on host big over 18 overlays") as refused:
+        remotecheckpoint.check_room(record)
+    assert "vmsandbox fork exp NEW --from LABEL" in str(refused.value.hint)
     record.libvirt_uri, record.host = "qemu:///system", "local"
-    remote.refuse(record, "fork")  # this machine's: nothing to refuse
+    remotecheckpoint.check_room(record)  # this machine's: folded, nothing to refuse
 
 
 def test_a_volume_read_into_a_file_keeps_its_holes(tmp_path: Path) -> None:
@@ -458,3 +467,22 @@ def test_a_node_is_read_from_libvirts_answers() -> None:
     assert (node.memory_mib, node.available_mib, node.cpu_features) == (8192, 2048, frozenset({"vmx", "avx"}))
     assert node.accel == "kvm"
     assert Node.of("h", "9", "7", 4, {"total": 1024, "free": 0}, "<capabilities/>", None).accel == "tcg"
+
+
+def test_domain_states_are_named_by_libvirts_numbers() -> None:
+    import libvirt
+
+    from vmsandbox.vm.node import state_name
+
+    named = {
+        libvirt.VIR_DOMAIN_NOSTATE: "nostate",
+        libvirt.VIR_DOMAIN_RUNNING: "running",
+        libvirt.VIR_DOMAIN_BLOCKED: "running",
+        libvirt.VIR_DOMAIN_PAUSED: "paused",
+        libvirt.VIR_DOMAIN_SHUTDOWN: "shutting-down",
+        libvirt.VIR_DOMAIN_SHUTOFF: "shutoff",
+        libvirt.VIR_DOMAIN_CRASHED: "crashed",
+        libvirt.VIR_DOMAIN_PMSUSPENDED: "suspended",
+    }
+    assert {state: state_name(state) for state in named} == named
+    assert state_name(99) == state_name(-1) == "unknown"

@@ -15,6 +15,7 @@ from vmsandbox.cli.base import AsJson, SessionName, TakesCommand, age, app, colu
 from vmsandbox.errors import VmsandboxError
 
 if TYPE_CHECKING:
+    from vmsandbox.session.checkpoint import Checkpoint
     from vmsandbox.session.options import Run
 
 
@@ -47,10 +48,31 @@ def checkpoint(
         )
     started = time.monotonic()
     cp = cp_mod.take(name, label)
+    took = time.monotonic() - started
     ui.info(
-        f"[green]✓[/] Checkpoint [bold]{cp.label}[/] of session {name} ({cp.size() / 1024**2:.0f} MiB, "
-        f"{time.monotonic() - started:.1f} s); `vmsandbox rollback {name} {cp.label}` returns to it"
+        f"[green]✓[/] Checkpoint [bold]{cp.label}[/] of session {name} ({_mib(_sizes(name, [cp])[cp.label])}, "
+        f"{took:.1f} s); `vmsandbox rollback {name} {cp.label}` returns to it"
     )
+
+
+def _sizes(name: str, found: list[Checkpoint]) -> dict[str, int | None]:
+    """Each checkpoint's bytes on disk: here, or as the session's host says (None: it did not answer)."""
+    from vmsandbox.session import remotecheckpoint
+    from vmsandbox.session.hostspec import is_remote
+    from vmsandbox.session.record import Record
+
+    record = Record.load(name)
+    if not is_remote(record.libvirt_uri):
+        return {c.label: c.size() for c in found}
+    try:
+        return dict(remotecheckpoint.sizes(record, {c.label: c.overlay for c in found}))
+    except VmsandboxError as exc:
+        ui.warn(f"host {record.host} did not say what the checkpoints hold there: {exc.message}")
+        return dict.fromkeys((c.label for c in found), None)
+
+
+def _mib(size: int | None) -> str:
+    return "? MiB" if size is None else f"{size / 1024**2:.0f} MiB"
 
 
 @app.command()
@@ -62,15 +84,16 @@ def checkpoints(name: SessionName, as_json: AsJson = False) -> None:
     from vmsandbox.session.record import Record
 
     found = cp_mod.listed(Record.load(name).files)
+    sizes = _sizes(name, found)
     if as_json:
-        print_json([c.as_dict() for c in found])
+        print_json([{**c.as_dict(), "bytes": sizes[c.label]} for c in found])
         return
     if not found:
         ui.info(f"Session {name} has no checkpoints: `vmsandbox checkpoint {name} LABEL` takes one.")
         return
     columns(
         ["LABEL", "AGE", "SIZE"],
-        [[c.label, age(time.time() - c.created), f"{c.size() / 1024**2:.0f} MiB"] for c in found],
+        [[c.label, age(time.time() - c.created), _mib(sizes[c.label])] for c in found],
     )
 
 

@@ -8,7 +8,8 @@ Its identity is its own: SSH host key and client key, hostname, egress daemon an
 and session CA, no published ports. The restored guest still holds the source's identity, so the host logs in
 once with the source's keys (pinned to the source's host key) and hands it the new one; from then on only the
 fork's keys work. Processes that ran in the source run on in the fork (with the source's environment: new
-logins get the fork's).
+logins get the fork's). A session on another host is forked there, from its checkpoint's volumes
+(remotefork.py).
 """
 
 from __future__ import annotations
@@ -25,9 +26,10 @@ from vmsandbox.egress import control, policy
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.guest import commands, identity, ssh
 from vmsandbox.guest.ssh import Endpoint
-from vmsandbox.session import checkpoint, create, lifecycle, lock, pins, remote
+from vmsandbox.session import checkpoint, create, lifecycle, lock, pins, remotecheckpoint, remotefork
 from vmsandbox.session import start as start_mod
 from vmsandbox.session.checkpoint import Checkpoint
+from vmsandbox.session.hostspec import is_remote
 from vmsandbox.session.record import Phase, Record, validate_name
 from vmsandbox.sync import capture, delta
 from vmsandbox.vm import domain, qemuimg, savefile
@@ -59,7 +61,6 @@ IDENTITY_TIMEOUT = 120
 def fork(name: str, new: str, *, label: str | None = None) -> Record:
     new = validate_name(new)
     source = Record.load(name)
-    remote.refuse(source, "fork")
     if source.disk is not None:
         raise VmsandboxError(f"session {name} builds an image: it cannot be forked")
     with lock.held(source.files, name, f"forking {new}"), Hypervisor(source.libvirt_uri) as hv:
@@ -67,6 +68,7 @@ def fork(name: str, new: str, *, label: str | None = None) -> Record:
         if label is not None:
             return _make(source, checkpoint.find(source.files, name, label), new, hv, at=label)
         checkpoint.must_run(source, hv, "forked")
+        remotecheckpoint.check_room(source)  # there, the checkpoint taken for the fork leaves an overlay
         cp = checkpoint.freeze(source, hv, f"fork-{new}-{os.getpid()}")
         # the source resumes while the fork is made (two guests come back at once: under TCG, on two CPUs)
         failed: list[BaseException] = []
@@ -77,7 +79,11 @@ def fork(name: str, new: str, *, label: str | None = None) -> Record:
         finally:
             waking.join()
             shutil.rmtree(cp.path, ignore_errors=True)
-            checkpoint.tidy(source, live=True)
+            if is_remote(source.libvirt_uri):
+                chains = [c.chain for c in checkpoint.listed(source.files)]
+                remotecheckpoint.drop(Record.load(name), hv, cp.label, chains)
+            else:
+                checkpoint.tidy(source, live=True)
             for exc in failed:
                 ui.warn(f"session {name} did not resume after the fork: {exc}")
 
@@ -93,6 +99,7 @@ def _wake(source: Record, cp: Checkpoint, failed: list[BaseException]) -> None:
 def _make(source: Record, cp: Checkpoint, new: str, hv: Hypervisor, *, at: str | None) -> Record:
     """The fork NEW of `source` from `cp` (one of its checkpoints `at`, or None: one taken for this fork)."""
     files = paths.session_paths(new)
+    where = f" on host {source.host}" if is_remote(source.libvirt_uri) else ""
     confine.state_dirs()
     try:
         files.root.mkdir(mode=0o700)
@@ -113,8 +120,9 @@ def _make(source: Record, cp: Checkpoint, new: str, hv: Hypervisor, *, at: str |
         saved=False,
         publish=(),
         overlays=[paths.SESSION_OVERLAY],
+        ssh_port=0 if is_remote(source.libvirt_uri) else source.ssh_port,  # there: a tunnel of its own
         start="fork",
-        start_note=f"forked from {source.name}" + (f" at checkpoint {at}" if at else ""),
+        start_note=f"forked from {source.name}" + (f" at checkpoint {at}" if at else "") + where,
         forked_from=f"{source.name}@{at}" if at else source.name,
         group=None,  # a fork of a fan-out's session is not one of the fan-out's
         boot_seconds=None,
@@ -122,13 +130,16 @@ def _make(source: Record, cp: Checkpoint, new: str, hv: Hypervisor, *, at: str |
     try:
         record.save()
         pins.pin(new, record.image_version, record.template)
-        with ui.step(f"Copying session {source.name}'s state"):
-            _copy_state(source, cp, record)
+        with ui.step(f"Copying session {source.name}'s state{where}"):
+            _copy_state(source, cp, record, hv)
         with ui.step("Preparing the fork (keys, identity, egress policy)"):
             _identity(source, record)
         started = time.monotonic()
         with ui.step(f"Restoring {record.domain} from it") as detail:
-            start_mod.on_a_free_port(record, lambda: _restore(record, cp, hv))
+            if is_remote(record.libvirt_uri):
+                remotefork.restore(source, cp, record, hv)
+            else:
+                start_mod.on_a_free_port(record, lambda: _restore(record, cp, hv))
             detail("its own identity")
             _hand_over_identity(source, record, hv)
             spawned = control.spawn(create.daemon_spec(record), record.files) if record.wants_daemon else None
@@ -145,15 +156,24 @@ def _make(source: Record, cp: Checkpoint, new: str, hv: Hypervisor, *, at: str |
     return record
 
 
-def _copy_state(source: Record, cp: Checkpoint, record: Record) -> None:
+def _copy_state(source: Record, cp: Checkpoint, record: Record, hv: Hypervisor) -> None:
     """The fork's disks, baseline and (a fresh) mirror, copied from the source at the checkpoint."""
     src, files = source.files, record.files
+    if is_remote(record.libvirt_uri):
+        remotefork.copy_disks(source, cp, record, hv)
+        capture.copy_from(src, files, None)
+        _copy_decisions(src, files)
+        return
     below = qemuimg.info(src.root / cp.chain[0]).backing_file
     if below is None:
         raise VmsandboxError(f"{src.root / cp.chain[0]} has no backing image")
     qemuimg.copy_above(src.root / cp.overlay, Path(below), record.system_disk)
     record.system_disk.chmod(0o600)
     capture.copy_from(src, files, cp.workspace)
+    _copy_decisions(src, files)
+
+
+def _copy_decisions(src: paths.SessionPaths, files: paths.SessionPaths) -> None:
     for f in (src.decisions, src.hashes("project")):
         if f.exists():
             shutil.copyfile(f, files.root / f.name)

@@ -45,16 +45,6 @@ def client_id() -> str:
     return f"{socket.gethostname()}/{machine}"
 
 
-def refuse(record: Record, what: str) -> None:
-    """Raise unless the session runs on this machine (`what` is not done for a remote one yet)."""
-    if is_remote(record.libvirt_uri):
-        raise VmsandboxError(
-            f"session {record.name} runs on host {record.host}: {what} works on sessions of this machine only "
-            "(for now)",
-            hint='see README, "More than one machine"',
-        )
-
-
 def check_room(hv: Hypervisor, host: HostSpec, memory_mib: int) -> None:
     """Before anything is made there: the host's limits (`max_sessions`, `keep_free`) leave room for one more."""
     running = sum(1 for d in hv.domains(DOMAIN_PREFIX) if not d.stopped)
@@ -91,29 +81,37 @@ def _send(record: Record, image: store.Image, hv: Hypervisor, host: HostSpec) ->
     files = record.files
     prefix = f"{record.domain}."
     with ui.step(f"Sending the workspace disk and identity to host {host.name}"):
-        _send_owner(record, hv)  # first: gc there can tell this machine's volumes by it (sweep)
+        send_owner(record, hv)  # first: gc there can tell this machine's volumes by it (sweep)
         hv.upload(POOL, prefix + "workspace.raw", files.workspace_disk, mode="0600", hashed=False)
-        fwcfg: dict[str, str] = {}
-        for f in sorted(files.fwcfg_dir.iterdir()):
-            if f.name != "template":  # a cold boot
-                hv.upload(POOL, f"{prefix}fw.{f.name}", f, mode="0600", hashed=False)
-                fwcfg[f.name] = f"{prefix}fw.{f.name}"
+        fwcfg, console = send_identity(record, hv)
         backing = hv.volumes(POOL)[volume(image.path.name, paths.IMAGE_DISK)]
         size = record.disk_mib * 1024 * 1024
         overlay = hv.create_volume(
             POOL, storage.volume_xml(prefix + "overlay.qcow2", size, mode="0600", backing=backing)
         )
-        # made through libvirt, not by virtlogd: listed even while another upload keeps the pool from a rescan
-        console = hv.create_volume(POOL, storage.volume_xml(prefix + "console.log", 0, mode="0600"))
     vols = hv.volumes(POOL)
     record.workspace_bytes = files.workspace_disk.stat().st_size
     record.overlays = [prefix + "overlay.qcow2"]  # volumes there (checkpoints add more: remotecheckpoint)
     record.save()
     files.workspace_disk.unlink()  # its host has it; a VM that dies there has it fetched back (fetch_workspace)
-    return Sent(overlay, vols[prefix + "workspace.raw"], {k: Path(vols[v]) for k, v in fwcfg.items()}, console)
+    return Sent(overlay, vols[prefix + "workspace.raw"], fwcfg, console)
 
 
-def _send_owner(record: Record, hv: Hypervisor) -> None:
+def send_identity(record: Record, hv: Hypervisor) -> tuple[dict[str, Path], str]:
+    """The session's identity files sent as `DOMAIN.fw.KEY` volumes (their paths there, by key) and its console
+    volume made (its path there)."""
+    fwcfg: dict[str, str] = {}
+    for f in sorted(record.files.fwcfg_dir.iterdir()):
+        if f.name != "template":  # a cold boot
+            fwcfg[f.name] = f"{record.domain}.fw.{f.name}"
+            hv.upload(POOL, fwcfg[f.name], f, mode="0600", hashed=False)
+    # made through libvirt, not by virtlogd: listed even while another upload keeps the pool from a rescan
+    console = hv.create_volume(POOL, storage.volume_xml(f"{record.domain}.console.log", 0, mode="0600"))
+    vols = hv.volumes(POOL)
+    return {k: Path(vols[v]) for k, v in fwcfg.items()}, console
+
+
+def send_owner(record: Record, hv: Hypervisor) -> None:
     """`DOMAIN.owner`: which machine's session, in which directory, the volumes of this domain are."""
     note = record.files.root / OWNER
     paths.write_atomically(note, json.dumps({"client": client_id(), "session": str(record.files.root)}) + "\n")

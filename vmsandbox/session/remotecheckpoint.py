@@ -38,7 +38,8 @@ def check_room(record: Record) -> None:
         raise VmsandboxError(
             f"session {record.name} runs on host {record.host} over {len(record.overlays)} overlays, the most a "
             "session there takes (its chain is not folded on another host yet)",
-            hint="pull its work and start a new session; `vmsandbox fork` and folding run on this machine only",
+            hint=f"`vmsandbox fork {record.name} NEW --from LABEL` makes a session there on one disk again (a copy "
+            "of that checkpoint's), or pull its work and start a new session",
         )
 
 
@@ -103,6 +104,17 @@ def drop(record: Record, hv: Hypervisor, label: str, chains: list[list[str]]) ->
     for what in ("save", "workspace.raw"):
         hv.delete_volume(POOL, volume(record, label, what))
     tidy(record, hv, chains)
+
+
+def sizes(record: Record, kept: dict[str, str]) -> dict[str, int]:
+    """What each checkpoint (label: its frozen overlay) keeps on the session's host, in bytes: its save, its copy
+    of the workspace disk and the overlay (which later checkpoints may share)."""
+    with Hypervisor(record.libvirt_uri) as hv:
+        used = hv.allocations(POOL)
+    return {
+        label: sum(used.get(v, 0) for v in (volume(record, label, "save"), volume(record, label, "workspace.raw"), top))
+        for label, top in kept.items()
+    }
 
 
 def leave_stopped(record: Record, hv: Hypervisor, saved: str) -> None:

@@ -66,15 +66,16 @@ def capture(project: Path, files: SessionPaths, *, pristine: bool = False) -> tr
     return manifest
 
 
-def copy_from(source: SessionPaths, files: SessionPaths, workspace: Path) -> tree.Manifest:
+def copy_from(source: SessionPaths, files: SessionPaths, workspace: Path | None) -> tree.Manifest:
     """A session's capture copied from another's: its baseline and manifest, `workspace` as its workspace disk (a
-    fan-out's capture made once with `pristine`, a checkpoint's copy), and a mirror of its own that starts as
-    the baseline."""
+    fan-out's capture made once with `pristine`, a checkpoint's copy; None: its disk is made on another host),
+    and a mirror of its own that starts as the baseline."""
     check_space(source.baseline, files.root)
     proc.run(["cp", "-a", "--reflink=auto", source.baseline, files.baseline])
     shutil.copyfile(source.baseline_manifest, files.baseline_manifest)
     manifest = tree.from_json(json.loads(files.baseline_manifest.read_text()))
-    copy_disk(workspace, files.workspace_disk)
+    if workspace is not None:
+        copy_disk(workspace, files.workspace_disk)
     proc.run(["cp", "-a", "--reflink=auto", files.baseline, files.guest_tree])
     confine.hand_over(files.guest_tree, confine.guest_data_account())
     delta.save(files.root, {})

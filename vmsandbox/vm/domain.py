@@ -74,9 +74,7 @@ def build_xml(spec: DomainSpec) -> str:
     # a VM generation ID: libvirt gives a restored guest a new one (kernels with vmgenid reseed on it)
     _sub(dom, "genid")
     meta = _sub(dom, "metadata")
-    kind = "template" if spec.template else "session"
-    owner = {"name": spec.session, "dir": str(spec.session_dir)}
-    ET.SubElement(meta, f"{{{META_NS}}}{kind}", owner if spec.client is None else {**owner, "client": spec.client})
+    ET.SubElement(meta, f"{{{META_NS}}}{'template' if spec.template else 'session'}", _owner(spec))
     _sub(dom, "memory", str(spec.memory_mib), unit="MiB")
     _sub(dom, "vcpu", str(spec.cpus))
     if spec.fwcfg_files:
@@ -156,7 +154,7 @@ def for_restore(saved_xml: str, spec: DomainSpec) -> str:
     meta = _find(root, "metadata")
     for child in list(meta):
         meta.remove(child)
-    ET.SubElement(meta, f"{{{META_NS}}}session", {"name": spec.session, "dir": str(spec.session_dir)})
+    ET.SubElement(meta, f"{{{META_NS}}}session", _owner(spec))
     _set_disks(root, spec.disk, spec.workspace_disk)
     source = _find(root, "devices/serial/source")
     source.set("path", str(spec.console_log))
@@ -171,6 +169,12 @@ def for_restore(saved_xml: str, spec: DomainSpec) -> str:
     _set_netdev(root, spec.netdev())
     ET.indent(root)
     return ET.tostring(root, encoding="unicode") + "\n"
+
+
+def _owner(spec: DomainSpec) -> dict[str, str]:
+    """The metadata that names the domain's session (and on another host, the machine whose session it is)."""
+    owner = {"name": spec.session, "dir": str(spec.session_dir)}
+    return owner if spec.client is None else {**owner, "client": spec.client}
 
 
 def boot_of(xml: str) -> tuple[Path, Path, str]:

@@ -26,6 +26,14 @@ class PortTakenError(VmsandboxError):
     """QEMU could not listen on a forwarded host port: another process took it since we chose it."""
 
 
+# libvirt's virDomainState by number (a stable part of its API), as `ls` says each: blocked is running
+STATES = ("nostate", "running", "running", "paused", "shutting-down", "shutoff", "crashed", "suspended")
+
+
+def state_name(state: int) -> str:
+    return STATES[state] if 0 <= state < len(STATES) else "unknown"
+
+
 @dataclass(frozen=True)
 class DomainInfo:
     name: str

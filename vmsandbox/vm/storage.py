@@ -26,15 +26,17 @@ def pool_xml(name: str, path: str) -> str:
     return ET.tostring(pool, encoding="unicode")
 
 
-def volume_xml(name: str, capacity: int, *, mode: str = "0644", backing: str | None = None) -> str:
+def volume_xml(
+    name: str, capacity: int, *, mode: str = "0644", backing: str | None = None, fmt: str | None = None
+) -> str:
     """A file volume of `capacity` bytes, nothing allocated: raw (what is uploaded into it fills it), or with a
-    `backing` volume's path a qcow2 overlay of it."""
+    `backing` volume's path a qcow2 overlay of it (or in the format `fmt`: a copy's)."""
     vol = ET.Element("volume", type="file")
     ET.SubElement(vol, "name").text = name
     ET.SubElement(vol, "capacity", unit="bytes").text = str(capacity)
     ET.SubElement(vol, "allocation", unit="bytes").text = "0"
     target = ET.SubElement(vol, "target")
-    ET.SubElement(target, "format", type="raw" if backing is None else "qcow2")
+    ET.SubElement(target, "format", type=fmt or ("raw" if backing is None else "qcow2"))
     perms = ET.SubElement(target, "permissions")
     ET.SubElement(perms, "mode").text = mode
     if backing is not None:
@@ -42,6 +44,13 @@ def volume_xml(name: str, capacity: int, *, mode: str = "0644", backing: str | N
         ET.SubElement(store, "path").text = backing
         ET.SubElement(store, "format", type="qcow2")
     return ET.tostring(vol, encoding="unicode")
+
+
+def copy_xml(name: str, source_xml: str) -> str:
+    """A volume to be made as a copy of the volume `source_xml` describes, in its format (libvirt gives it the
+    source's capacity; a copy of a qcow2 overlay reads through its chain, so it has no backing volume)."""
+    found = ET.fromstring(source_xml).find("target/format")  # noqa: S314 - libvirt's own description
+    return volume_xml(name, 0, mode="0600", fmt="raw" if found is None else found.get("type", "raw"))
 
 
 def _zeros(sha: hashlib._Hash, length: int) -> None:

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import contextlib
+import io
 import logging
 import os
 import xml.etree.ElementTree as ET
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +16,7 @@ import libvirt
 from vmsandbox import paths
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.vm import storage
-from vmsandbox.vm.node import OPEN_TIMEOUT, Node, dotted, opened, unreachable_hint
+from vmsandbox.vm.node import OPEN_TIMEOUT, Node, dotted, opened, state_name, unreachable_hint
 from vmsandbox.vm.node import DomainInfo as DomainInfo  # noqa: PLC0414 - re-exported: callers say virt.DomainInfo
 from vmsandbox.vm.node import PortTakenError as PortTakenError  # noqa: PLC0414 - re-exported
 from vmsandbox.vm.node import UnreachableError as UnreachableError  # noqa: PLC0414 - re-exported
@@ -26,17 +27,6 @@ DEFAULT_URI = "qemu:///system"
 
 # libvirt prints every error to stderr by default; we report them ourselves.
 libvirt.registerErrorHandler(lambda _ctx, _err: None, None)
-
-_STATES = {
-    libvirt.VIR_DOMAIN_NOSTATE: "nostate",
-    libvirt.VIR_DOMAIN_RUNNING: "running",
-    libvirt.VIR_DOMAIN_BLOCKED: "running",
-    libvirt.VIR_DOMAIN_PAUSED: "paused",
-    libvirt.VIR_DOMAIN_SHUTDOWN: "shutting-down",
-    libvirt.VIR_DOMAIN_SHUTOFF: "shutoff",
-    libvirt.VIR_DOMAIN_CRASHED: "crashed",
-    libvirt.VIR_DOMAIN_PMSUSPENDED: "suspended",
-}
 
 
 def _message(exc: libvirt.libvirtError) -> str:
@@ -92,16 +82,11 @@ class Hypervisor:
         return dotted(self._conn.getVersion())
 
     def save(self, name: str, path: str, *, here: bool = True) -> None:
-        """Save the domain's memory and device state to `path` and stop it (its disks stay as they are). A file
-        `here` is made first, so that it is ours to read (libvirtd, root, writes into it rather than making one
-        of its own, 0600 root, which an unprivileged caller could not read back); another host's is libvirt's."""
-        dom = self._must(name)
+        """Save the domain's memory and device state to `path` and stop it (its disks stay). A file `here` is made
+        first, ours to read (libvirtd writes into it, not into a 0600 root file); another host's is libvirt's."""
         if here:
             paths.own_file(Path(path), truncate=True)
-        try:
-            dom.save(path)
-        except libvirt.libvirtError as exc:
-            raise VmsandboxError(f"cannot save {name}: {_message(exc)}", hint="check free space under it") from exc
+        self._on(name, "save", lambda dom: dom.save(path), hint="check free space under it")
 
     def restore(self, path: str, xml: str) -> None:
         """Start a transient domain from a save image, with `xml` (same guest ABI, other host-side paths)."""
@@ -112,11 +97,16 @@ class Hypervisor:
 
     def attach(self, name: str, device_xml: str) -> None:
         """Hot-plug a device into the running domain."""
+        live = libvirt.VIR_DOMAIN_AFFECT_LIVE
+        self._on(name, "attach a device to", lambda dom: dom.attachDeviceFlags(device_xml, live))
+
+    def _on(self, name: str, what: str, call: Callable[[Any], object], hint: str | None = None) -> None:
+        """`call` on the domain NAME; libvirt's refusal said as "cannot WHAT NAME"."""
         dom = self._must(name)
         try:
-            dom.attachDeviceFlags(device_xml, libvirt.VIR_DOMAIN_AFFECT_LIVE)
+            call(dom)
         except libvirt.libvirtError as exc:
-            raise VmsandboxError(f"cannot attach a device to {name}: {_message(exc)}") from exc
+            raise VmsandboxError(f"cannot {what} {name}: {_message(exc)}", hint=hint) from exc
 
     def create(self, xml: str) -> None:
         """Start a transient domain from XML."""
@@ -140,16 +130,14 @@ class Hypervisor:
 
     def info(self, name: str) -> DomainInfo | None:
         dom = self._lookup(name)
-        if dom is None:
-            return None
-        return self._info(dom)
+        return None if dom is None else self._info(dom)
 
     def _info(self, dom: Any) -> DomainInfo:
         try:
             state, _reason = dom.state()
         except libvirt.libvirtError:
             return DomainInfo(dom.name(), "gone", None)
-        return DomainInfo(dom.name(), _STATES.get(state, "unknown"), None)
+        return DomainInfo(dom.name(), state_name(state), None)
 
     def cpu_seconds(self, name: str) -> float | None:
         """CPU time the domain's QEMU has used (all its threads), or None when it is not running."""
@@ -169,21 +157,16 @@ class Hypervisor:
 
     def reset(self, name: str) -> None:
         """Reset the domain as the reset button would: the guest starts over, in the same QEMU process."""
-        dom = self._must(name)
-        try:
-            dom.reset(0)
-        except libvirt.libvirtError as exc:
-            raise VmsandboxError(f"cannot reset {name}: {_message(exc)}") from exc
+        self._on(name, "reset", lambda dom: dom.reset(0))
 
     def destroy(self, name: str) -> bool:
         """Power the domain off at once (and undefine it if persistent). False if it did not exist."""
         dom = self._lookup(name)
         if dom is None:
             return False
-        with contextlib.suppress(libvirt.libvirtError):
-            dom.destroy()
-        with contextlib.suppress(libvirt.libvirtError):
-            dom.undefine()
+        for step in (dom.destroy, dom.undefine):
+            with contextlib.suppress(libvirt.libvirtError):
+                step()
         return True
 
     def node(self) -> Node:
@@ -236,12 +219,28 @@ class Hypervisor:
                 raise VmsandboxError(f"cannot list the volumes of pool {pool} at {self.uri}: {_message(exc)}") from exc
         return listed
 
-    def clone_volume(self, pool: str, source: str, name: str) -> str:
-        """A copy of volume SOURCE as NAME (0600), made by the pool's host (holes kept); its path there."""
+    def allocations(self, pool: str) -> dict[str, int]:
+        """The bytes each volume of a pool takes on its host's disk ({} if the pool does not answer)."""
+        got: dict[str, int] = {}
+        with contextlib.suppress(libvirt.libvirtError):
+            for v in self._conn.storagePoolLookupByName(pool).listAllVolumes(0):
+                with contextlib.suppress(libvirt.libvirtError):  # deleted since
+                    got[v.name()] = int(v.info()[2])
+        return got
+
+    def clone_volume(self, pool: str, source: str, name: str, head: bytes = b"") -> str:
+        """A copy of volume SOURCE as NAME (0600), made by the pool's host (holes kept; a qcow2 one flattened), with
+        `head` written over its first bytes; its path there."""
         try:
             found = self._conn.storagePoolLookupByName(pool)
-            xml = storage.volume_xml(name, 0, mode="0600")  # libvirt gives it the source's capacity
-            return str(found.createXMLFrom(xml, found.storageVolLookupByName(source), 0).path())
+            src = found.storageVolLookupByName(source)
+            vol = found.createXMLFrom(storage.copy_xml(name, src.XMLDesc(0)), src, 0)
+            if head:  # written in place: the rest of the volume is kept
+                stream = self._conn.newStream(0)
+                vol.upload(stream, 0, len(head), 0)
+                stream.sendAll(lambda _s, n, buf: buf.read(n), io.BytesIO(head))
+                stream.finish()
+            return str(vol.path())
         except libvirt.libvirtError as exc:
             hint = "check free space in the pool's directory on that host"
             raise VmsandboxError(f"cannot copy volume {source} at {self.uri}: {_message(exc)}", hint=hint) from exc

@@ -1,0 +1,98 @@
+"""`fork` of a session on another host: the fork is made there, by that host's libvirt, from the volumes of one
+of the source's checkpoints (or of one taken for the fork); what travels is the fork's identity and a save
+image's header.
+
+- Its system disk, `NEW.overlay.qcow2`, is libvirt's copy of the checkpoint's frozen overlay: a copy through
+  the whole chain, the image included. It rests on no other volume (the source and its checkpoints can go), and
+  it costs that host the image's size again (about 1 GiB for the base) on top of what the source wrote: a fork
+  here gets one overlay above the image (`qemu-img convert -B`), which libvirt's volume copy cannot make.
+- Its workspace disk is a copy of the checkpoint's, made there.
+- Its VM is restored there from a copy of the checkpoint's save volume whose header carries the fork's domain
+  (its name and UUID: two domains with one UUID cannot run at once), written over the copy's first bytes.
+"""
+
+from __future__ import annotations
+
+import io
+import uuid
+from pathlib import Path
+
+from vmsandbox import paths
+from vmsandbox.errors import VmsandboxError
+from vmsandbox.session import remote, remotecheckpoint, remotesave
+from vmsandbox.session.checkpoint import Checkpoint
+from vmsandbox.session.hostimages import POOL
+from vmsandbox.session.record import Record
+from vmsandbox.vm import domain, savefile
+from vmsandbox.vm.accel import Accel
+from vmsandbox.vm.domain import DomainSpec, Forward
+from vmsandbox.vm.virt import Hypervisor
+
+
+def copy_disks(source: Record, cp: Checkpoint, record: Record, hv: Hypervisor) -> None:
+    """The fork's system and workspace disks, copied on the host from the checkpoint's volumes."""
+    remote.send_owner(record, hv)  # first: gc there can tell this machine's volumes by it
+    overlay = f"{record.domain}.overlay.qcow2"
+    hv.clone_volume(POOL, cp.overlay, overlay)
+    workspace = remotecheckpoint.volume(source, cp.label, "workspace.raw")
+    hv.clone_volume(POOL, workspace, f"{record.domain}.workspace.raw")
+    record.overlays = [overlay]
+    record.save()
+
+
+def restore(source: Record, cp: Checkpoint, record: Record, hv: Hypervisor) -> None:
+    """The fork's VM restored there from the checkpoint's save, as its own domain, with its identity files, on a
+    free port of the host's loopback; then its tunnel opened."""
+    fwcfg, console = remote.send_identity(record, hv)
+    saved_volume = remotecheckpoint.volume(source, cp.label, "save")
+    head = hv.download(POOL, saved_volume, keep=remotesave.HEAD_BYTES, length=remotesave.HEAD_BYTES)
+    saved = savefile.parse(io.BytesIO(bytes(head.kept)), f"{saved_volume} on host {record.host}")
+    vols = hv.volumes(POOL)
+    kernel, initrd, cmdline = domain.boot_of(saved.xml)
+    new_uuid, copy = str(uuid.uuid4()), f"{record.domain}.restore"
+    made: list[str] = []
+
+    def launch() -> None:
+        spec = DomainSpec(
+            name=record.domain,
+            session=record.name,
+            session_dir=record.files.root,
+            accel=Accel(record.accel),
+            cpus=record.cpus,
+            memory_mib=record.memory_mib,
+            disk=Path(vols[record.overlays[-1]]),
+            kernel=kernel,
+            initrd=initrd,
+            cmdline=cmdline,
+            console_log=Path(console),
+            forwards=(Forward(record.remote_port, 22),),
+            fwcfg_files=fwcfg,
+            workspace_disk=Path(vols[f"{record.domain}.workspace.raw"]),
+            client=remote.client_id(),
+        )
+        xml = savefile.renamed(domain.for_restore(saved.xml, spec), record.domain, new_uuid)
+        if not made:  # once: a retry on another port changes only the XML given with the restore
+            made.append(hv.clone_volume(POOL, saved_volume, copy, head=header(saved, xml)))
+        paths.write_atomically(record.files.domain_xml, xml)
+        hv.restore(made[0], xml)
+
+    try:
+        remote.on_a_free_port(record, launch, first=None)
+    finally:
+        hv.delete_volume(POOL, copy)
+    record.save()
+    remote.open_tunnel(record)
+
+
+def header(saved: savefile.Saved, xml: str) -> bytes:
+    """The save image's header carrying `xml`, the same length as the one it replaces (the memory that follows
+    stays where it is)."""
+    head = savefile.header_for(saved, xml)
+    if len(head) != saved.stream_offset:
+        raise VmsandboxError(
+            f"the fork's domain XML ({len(xml)} bytes) does not fit in the save image's header "
+            f"({saved.stream_offset} bytes)",
+            hint="libvirt pads that header to 64 KiB: this save image was not written by it; "
+            "`vmsandbox checkpoint` the session again and fork from that",
+        )
+    return head
