@@ -70,7 +70,7 @@ integration: image
 
 test: EXTRA_APT := $(TEST_APT_PACKAGES)
 test: image lint
-	$(VENV)/bin/pytest -q --durations=15
+	$(VENV)/bin/pytest -q --durations=30
 
 bench: image
 	$(VENV)/bin/python bench/boot.py

@@ -19,6 +19,7 @@ Names (each is hit where the code says `failpoint.hit(NAME)`):
     push.send       before the project is sent into the guest
     destroy.stop    the egress daemon stopped, before the domain is destroyed
     run.teardown    in the background process that ends a `run`, before it destroys the VM
+    image.begin     a build's leftovers removed and its temporary directory made, before debootstrap
     image.bootstrap debootstrap done, before the rootfs is configured
     image.convert   the raw filesystem made, before it is converted to qcow2
 """
@@ -43,6 +44,7 @@ POINTS = frozenset(
         "push.send",
         "destroy.stop",
         "run.teardown",
+        "image.begin",
         "image.bootstrap",
         "image.convert",
     }

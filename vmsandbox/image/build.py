@@ -64,6 +64,7 @@ def build(
 
 def _build_into(recipe: Recipe, work: Path) -> None:
     started = time.time()
+    failpoint.hit("image.begin")
     rootfs = work / "rootfs"
     _bootstrap(recipe, rootfs)
     failpoint.hit("image.bootstrap")
