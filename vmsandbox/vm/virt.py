@@ -84,6 +84,7 @@ class Hypervisor:
     def save(self, name: str, path: str, *, here: bool = True) -> None:
         """Save the domain's memory and device state to `path` and stop it (its disks stay). A file `here` is made
         first, ours to read (libvirtd writes into it, not into a 0600 root file); another host's is libvirt's."""
+        self._must(name)  # a domain that is gone is said before a file is made for it
         if here:
             paths.own_file(Path(path), truncate=True)
         self._on(name, "save", lambda dom: dom.save(path), hint="check free space under it")
