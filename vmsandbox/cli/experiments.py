@@ -17,6 +17,7 @@ from vmsandbox.errors import VmsandboxError
 if TYPE_CHECKING:
     from vmsandbox.session.checkpoint import Checkpoint
     from vmsandbox.session.options import Run
+    from vmsandbox.session.record import Record
 
 
 @app.command()
@@ -33,6 +34,7 @@ def checkpoint(
 
     Examples: `vmsandbox checkpoint exp1 before-refactor` · `vmsandbox checkpoint rm exp1 before-refactor`"""
     from vmsandbox.session import checkpoint as cp_mod
+    from vmsandbox.session.record import Record
 
     if name == "rm" and removed is not None and label is not None:
         gone = cp_mod.remove(label, removed)
@@ -49,19 +51,18 @@ def checkpoint(
     started = time.monotonic()
     cp = cp_mod.take(name, label)
     took = time.monotonic() - started
+    size = _mib(_sizes(Record.load(name), [cp])[cp.label])
     ui.info(
-        f"[green]✓[/] Checkpoint [bold]{cp.label}[/] of session {name} ({_mib(_sizes(name, [cp])[cp.label])}, "
-        f"{took:.1f} s); `vmsandbox rollback {name} {cp.label}` returns to it"
+        f"[green]✓[/] Checkpoint [bold]{cp.label}[/] of session {name} ({size}, {took:.1f} s); "
+        f"`vmsandbox rollback {name} {cp.label}` returns to it"
     )
 
 
-def _sizes(name: str, found: list[Checkpoint]) -> dict[str, int | None]:
+def _sizes(record: Record, found: list[Checkpoint]) -> dict[str, int | None]:
     """Each checkpoint's bytes on disk: here, or as the session's host says (None: it did not answer)."""
     from vmsandbox.session import remotecheckpoint
     from vmsandbox.session.hostspec import is_remote
-    from vmsandbox.session.record import Record
 
-    record = Record.load(name)
     if not is_remote(record.libvirt_uri):
         return {c.label: c.size() for c in found}
     try:
@@ -83,8 +84,9 @@ def checkpoints(name: SessionName, as_json: AsJson = False) -> None:
     from vmsandbox.session import checkpoint as cp_mod
     from vmsandbox.session.record import Record
 
-    found = cp_mod.listed(Record.load(name).files)
-    sizes = _sizes(name, found)
+    record = Record.load(name)
+    found = cp_mod.listed(record.files)
+    sizes = _sizes(record, found)
     if as_json:
         print_json([{**c.as_dict(), "bytes": sizes[c.label]} for c in found])
         return

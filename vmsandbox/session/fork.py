@@ -159,21 +159,17 @@ def _make(source: Record, cp: Checkpoint, new: str, hv: Hypervisor, *, at: str |
 def _copy_state(source: Record, cp: Checkpoint, record: Record, hv: Hypervisor) -> None:
     """The fork's disks, baseline and (a fresh) mirror, copied from the source at the checkpoint."""
     src, files = source.files, record.files
+    workspace: Path | None = None  # on another host: copied there, with the system disk
     if is_remote(record.libvirt_uri):
         remotefork.copy_disks(source, cp, record, hv)
-        capture.copy_from(src, files, None)
-        _copy_decisions(src, files)
-        return
-    below = qemuimg.info(src.root / cp.chain[0]).backing_file
-    if below is None:
-        raise VmsandboxError(f"{src.root / cp.chain[0]} has no backing image")
-    qemuimg.copy_above(src.root / cp.overlay, Path(below), record.system_disk)
-    record.system_disk.chmod(0o600)
-    capture.copy_from(src, files, cp.workspace)
-    _copy_decisions(src, files)
-
-
-def _copy_decisions(src: paths.SessionPaths, files: paths.SessionPaths) -> None:
+    else:
+        below = qemuimg.info(src.root / cp.chain[0]).backing_file
+        if below is None:
+            raise VmsandboxError(f"{src.root / cp.chain[0]} has no backing image")
+        qemuimg.copy_above(src.root / cp.overlay, Path(below), record.system_disk)
+        record.system_disk.chmod(0o600)
+        workspace = cp.workspace
+    capture.copy_from(src, files, workspace)
     for f in (src.decisions, src.hashes("project")):
         if f.exists():
             shutil.copyfile(f, files.root / f.name)

@@ -121,8 +121,10 @@ def send_owner(record: Record, hv: Hypervisor) -> None:
         note.unlink()
 
 
-def _spec(record: Record, image: store.Image, vols: dict[str, str], sent: Sent) -> DomainSpec:
-    kernel = _kernel_of(image)
+def spec(record: Record, sent: Sent, boot: tuple[Path, Path, str]) -> DomainSpec:
+    """The session's VM there: its volumes (`sent`), the kernel, initrd and command line it boots (`boot`), its
+    SSH on the host's loopback at record.remote_port."""
+    kernel, initrd, cmdline = boot
     return DomainSpec(
         name=record.domain,
         session=record.name,
@@ -131,9 +133,9 @@ def _spec(record: Record, image: store.Image, vols: dict[str, str], sent: Sent) 
         cpus=record.cpus,
         memory_mib=record.memory_mib,
         disk=Path(sent.overlay),
-        kernel=Path(vols[volume(kernel, paths.IMAGE_KERNEL)]),
-        initrd=Path(vols[volume(kernel, paths.IMAGE_INITRD)]),
-        cmdline=image.kernel_cmdline,
+        kernel=kernel,
+        initrd=initrd,
+        cmdline=cmdline,
         console_log=Path(sent.console),
         forwards=(Forward(record.remote_port, 22),),
         fwcfg_files=sent.fwcfg,
@@ -146,10 +148,15 @@ def boot(record: Record, image: store.Image, hv: Hypervisor, host: HostSpec, boo
     """Send what the VM needs to the host, start it there, open the tunnel, and wait for the guest's sshd."""
     hostimages.ensure(hv, host, image)
     sent = _send(record, image, hv, host)
-    vols = hv.volumes(POOL)
+    vols, kernel = hv.volumes(POOL), _kernel_of(image)
+    boot_files = (
+        Path(vols[volume(kernel, paths.IMAGE_KERNEL)]),
+        Path(vols[volume(kernel, paths.IMAGE_INITRD)]),
+        image.kernel_cmdline,
+    )
 
     def launch() -> None:
-        xml = domain.build_xml(_spec(record, image, vols, sent))
+        xml = domain.build_xml(spec(record, sent, boot_files))
         paths.write_atomically(record.files.domain_xml, xml)
         try:
             hv.create(xml)

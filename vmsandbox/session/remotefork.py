@@ -13,9 +13,7 @@ image's header.
 
 from __future__ import annotations
 
-import io
 import uuid
-from pathlib import Path
 
 from vmsandbox import paths
 from vmsandbox.errors import VmsandboxError
@@ -24,8 +22,6 @@ from vmsandbox.session.checkpoint import Checkpoint
 from vmsandbox.session.hostimages import POOL
 from vmsandbox.session.record import Record
 from vmsandbox.vm import domain, savefile
-from vmsandbox.vm.accel import Accel
-from vmsandbox.vm.domain import DomainSpec, Forward
 from vmsandbox.vm.virt import Hypervisor
 
 
@@ -45,31 +41,14 @@ def restore(source: Record, cp: Checkpoint, record: Record, hv: Hypervisor) -> N
     free port of the host's loopback; then its tunnel opened."""
     fwcfg, console = remote.send_identity(record, hv)
     saved_volume = remotecheckpoint.volume(source, cp.label, "save")
-    head = hv.download(POOL, saved_volume, keep=remotesave.HEAD_BYTES, length=remotesave.HEAD_BYTES)
-    saved = savefile.parse(io.BytesIO(bytes(head.kept)), f"{saved_volume} on host {record.host}")
+    saved = remotesave.header_of(record, hv, saved_volume)
     vols = hv.volumes(POOL)
-    kernel, initrd, cmdline = domain.boot_of(saved.xml)
+    sent = remote.Sent(vols[record.overlays[-1]], vols[f"{record.domain}.workspace.raw"], fwcfg, console)
     new_uuid, copy = str(uuid.uuid4()), f"{record.domain}.restore"
     made: list[str] = []
 
     def launch() -> None:
-        spec = DomainSpec(
-            name=record.domain,
-            session=record.name,
-            session_dir=record.files.root,
-            accel=Accel(record.accel),
-            cpus=record.cpus,
-            memory_mib=record.memory_mib,
-            disk=Path(vols[record.overlays[-1]]),
-            kernel=kernel,
-            initrd=initrd,
-            cmdline=cmdline,
-            console_log=Path(console),
-            forwards=(Forward(record.remote_port, 22),),
-            fwcfg_files=fwcfg,
-            workspace_disk=Path(vols[f"{record.domain}.workspace.raw"]),
-            client=remote.client_id(),
-        )
+        spec = remote.spec(record, sent, domain.boot_of(saved.xml))
         xml = savefile.renamed(domain.for_restore(saved.xml, spec), record.domain, new_uuid)
         if not made:  # once: a retry on another port changes only the XML given with the restore
             made.append(hv.clone_volume(POOL, saved_volume, copy, head=header(saved, xml)))

@@ -59,8 +59,7 @@ def restore(record: Record, hv: Hypervisor, saved: str) -> None:
             hint=f"`vmsandbox pull {record.name}` brings its unsynced work back from its disk, "
             f"`vmsandbox destroy {record.name}` removes it",
         )
-    head = hv.download(POOL, saved, keep=HEAD_BYTES, length=HEAD_BYTES)
-    found = savefile.parse(io.BytesIO(bytes(head.kept)), f"{saved} on host {record.host}")
+    found = header_of(record, hv, saved)
     system = Path(vols[record.overlays[-1]])
     remote.on_a_free_port(
         record,
@@ -69,6 +68,12 @@ def restore(record: Record, hv: Hypervisor, saved: str) -> None:
     )
     record.save()
     remote.open_tunnel(record)
+
+
+def header_of(record: Record, hv: Hypervisor, saved: str) -> savefile.Saved:
+    """The header of save volume `saved` on the session's host (its first HEAD_BYTES, fetched and parsed)."""
+    head = hv.download(POOL, saved, keep=HEAD_BYTES, length=HEAD_BYTES)
+    return savefile.parse(io.BytesIO(bytes(head.kept)), f"{saved} on host {record.host}")
 
 
 def restored(record: Record, hv: Hypervisor) -> None:
