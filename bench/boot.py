@@ -158,6 +158,18 @@ def idle_rss_mib(project: Path, settings: Settings, *, cold: bool) -> float:
         lifecycle.remove(record)
 
 
+def workdir() -> tuple[Path, Path]:
+    """A scratch directory under /var/tmp (QEMU's user passes through it) with a one-file project in it; the
+    sessions' state goes there too unless VMSANDBOX_STATE_DIR says otherwise."""
+    work = Path(tempfile.mkdtemp(prefix="vmsandbox-bench-", dir="/var/tmp"))
+    work.chmod(0o711)
+    project = work / "project"
+    project.mkdir()
+    (project / "README").write_text("bench\n")
+    os.environ.setdefault("VMSANDBOX_STATE_DIR", str(work / "state"))
+    return work, project
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=3)
@@ -165,11 +177,7 @@ def main() -> None:
     settings = Settings()
     choice = accel.choose(settings.accel).accel
     img = image.current_image()
-    work = Path(tempfile.mkdtemp(prefix="vmsandbox-bench-", dir="/var/tmp"))
-    work.chmod(0o711)
-    project = work / "project"
-    project.mkdir()
-    os.environ.setdefault("VMSANDBOX_STATE_DIR", str(work / "state"))
+    work, project = workdir()
     try:
         images.default_template(img)  # built once, before anything is timed
         bare, warm, cold, warm_first, cold_first, resumed = [], [], [], [], [], []

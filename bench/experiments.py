@@ -16,11 +16,10 @@ import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
-from boot import vmsandbox_run, wait_for_teardowns  # bench/ is on the path: this runs as a script
+from boot import vmsandbox_run, wait_for_teardowns, workdir  # bench/ is on the path: this runs as a script
 
 from vmsandbox.image import store as image
 from vmsandbox.session import images
@@ -70,12 +69,7 @@ def main() -> None:
     settings = Settings()
     choice = accel.choose(settings.accel).accel
     img = image.current_image()
-    work = Path(tempfile.mkdtemp(prefix="vmsandbox-bench-", dir="/var/tmp"))
-    work.chmod(0o711)
-    project = work / "project"
-    project.mkdir()
-    (project / "README").write_text("bench\n")
-    os.environ.setdefault("VMSANDBOX_STATE_DIR", str(work / "state"))
+    work, project = workdir()
     try:
         images.default_template(img)  # built once, before anything is timed
         cold, warm, cps, rbs, forks, fans = [], [], [], [], [], []

@@ -249,6 +249,12 @@ def test_a_session_runs_on_another_host_and_its_changes_come_back(
     assert first.returncode == 0, first.stderr.decode()
     assert "on host far" in first.stderr.decode()
     assert (project / "made.txt").read_text() == "made\n"
+    # the first session of this image and shape there builds that host's warm-start template (or finds it)
+    templates = _remote_volumes(far, "vmsandbox-template-")
+    assert {v.split(".", 1)[1] for v in templates} == {"disk.qcow2", "save", "fw.template", "ready"}, (
+        templates,
+        first.stderr.decode(),
+    )
 
     name = unique_name()
     domain = domain_name(name)
@@ -261,11 +267,13 @@ def test_a_session_runs_on_another_host_and_its_changes_come_back(
     )  # fmt: skip
     assert started.returncode == 0, started.stderr.decode()
     assert "Sending image" not in started.stderr.decode()  # once per image version and host
+    assert "Building a warm-start template" not in started.stderr.decode()  # once per image, shape and host
     try:
         with Hypervisor("qemu:///system") as here:
             assert here.info(domain) is None  # it runs there, not here
         row = next(r for r in json.loads(cli.run("ls", "--json", env=env).stdout) if r["name"] == name)
         assert (row["host"], row["state"]) == ("far", "running")
+        assert row["start"] == "warm", row  # restored from that host's template: everything below runs on it
         assert _inside(far, "virsh", "-c", "qemu:///system", "domstate", domain).strip() == "running"
         volumes = _remote_volumes(far, f"{domain}.")
         assert f"{domain}.overlay.qcow2" in volumes and f"{domain}.workspace.raw" in volumes
@@ -325,7 +333,8 @@ def _console_followed(cli: Cli, env: dict[str, str], name: str) -> None:
 
     threading.Thread(target=read, daemon=True).start()
     try:
-        wait_for(lambda: any(b"Reached target" in line for line in got), 30, "the console so far")
+        # a warm session's console starts at its restore: its warm-start steps
+        wait_for(lambda: any(b"vmsandbox-warm: " in line for line in got), 30, "the console so far")
         write = r"printf 'followed-line \033[31mred\n' | sudo tee /dev/ttyS0 >/dev/null"
         assert cli.run("exec", name, "--", "sh", "-c", write, env=env).returncode == 0
         wait_for(lambda: any(b"followed-line" in line for line in got), 30, "the new console line, followed")
@@ -389,7 +398,7 @@ def _after_its_vm_died(cli: Cli, far: farhost.FarHost, env: dict[str, str], name
     assert (root / paths.SESSION_WORKSPACE_DISK).stat().st_size == sent
     logs = cli.run("logs", name, env=env)
     assert logs.returncode == 0, logs.stderr.decode()
-    assert b"Reached target" in logs.stdout, logs.stdout[-300:]
+    assert b"vmsandbox-warm: warm start done" in logs.stdout, logs.stdout[-300:]  # its console since the restore
     assert b"\\x1b]0;pwned-title\\x07" in logs.stdout, logs.stdout[-300:]
     assert b"\x1b" not in logs.stdout and b"\x07" not in logs.stdout
     raw = cli.run("logs", name, "--raw", env=env)
@@ -438,6 +447,17 @@ def _lost_host(cli: Cli, far: farhost.FarHost, env: dict[str, str], tmp_path: Pa
         silent.close()
 
 
+def _stale_template(far: farhost.FarHost, tmp_path: Path) -> str:
+    """Volumes there of a template saved by another QEMU and libvirt (as after an upgrade of that host)."""
+    name = "vmsandbox-template-0ld0ld0ld0ld"
+    record = tmp_path / "ready.json"  # /tmp is the stand-in host's too
+    record.write_text(json.dumps({"key": {"qemu": "1.0.0", "libvirt": "1.0.0"}, "image": "base-x"}))
+    for vol in ("disk.qcow2", "save", "fw.template", "ready"):
+        _inside(far, "virsh", "-c", "qemu:///system", "vol-create-as", "vmsandbox", f"{name}.{vol}", "0")
+    _inside(far, "virsh", "-c", "qemu:///system", "vol-upload", "--pool", "vmsandbox", f"{name}.ready", str(record))
+    return name
+
+
 def _swept_by_gc(
     cli: Cli, far: farhost.FarHost, env: dict[str, str], tmp_path: Path, lost: str, wiped: str, dead: str
 ) -> None:
@@ -459,10 +479,14 @@ def _swept_by_gc(
     aside = cli.state_dir / f"wiped-{wiped}"  # beside sessions/, on its file system (an rmtree races ssh's socket)
     root.rename(aside)
     assert f"{domain_name(wiped)}.save" in _remote_volumes(far, f"{domain_name(wiped)}.")
+    stale = _stale_template(far, tmp_path)
+    serving = _remote_volumes(far, "vmsandbox-template-")
 
     swept = cli.run("gc", env=env)
     assert swept.returncode == 0, swept.stderr.decode()
     said = swept.stderr.decode()
+    assert f"removed a superseded warm-start template on host far ({stale})" in said, said
+    assert _remote_volumes(far, "vmsandbox-template-") == [v for v in serving if not v.startswith(stale)]
     assert f"destroyed domain {domain_name(lost)} on host far" in said, said
     assert f"deleted the volumes of {domain_name(wiped)} on host far" in said, said
     assert "host dead did not answer" in said, said
@@ -503,12 +527,33 @@ def test_a_fan_out_there_is_compared_checkpointed_forked_and_its_leftovers_swept
         assert compared.returncode == 0, compared.stderr.decode()
         n_txt = next(row for row in json.loads(compared.stdout) if row["path"] == "n.txt")
         assert n_txt["sessions"] == dict.fromkeys(names, "added")
+        _warm_and_distinct(cli, env, names)
         _checkpoint_and_rollback(cli, far, env, names[0])
         _swept_by_gc(cli, far, env, tmp_path, lost=names[0], wiped=names[1], dead=dead_uri)
     finally:
         cli.run("destroy", "--group", group, "--discard", env=env)  # what a failed step left
     for name in names:
         assert _remote_volumes(far, f"{domain_name(name)}.") == []
+
+
+def _warm_and_distinct(cli: Cli, env: dict[str, str], names: list[str]) -> None:
+    """Two sessions restored there from one template: each its own hostname, host key, entropy and clock."""
+    probe = "hostname; id -u; id -g; cat /proc/sys/kernel/random/uuid; openssl rand -hex 16; date +%s"
+
+    rows = {r["name"]: r for r in json.loads(cli.run("ls", "--json", env=env).stdout)}
+    seen = []
+    for name in names:
+        assert rows[name]["start"] == "warm", rows[name]
+        done = cli.run(
+            "exec", name, "--", "sh", "-c", probe + "; sudo ssh-keygen -y -f /etc/ssh/ssh_host_ed25519_key", env=env
+        )
+        assert done.returncode == 0, done.stderr.decode()
+        seen.append(done.stdout.decode().splitlines())
+    one, two = seen
+    assert one[0] != two[0]  # hostname
+    assert one[3] != two[3] and one[4] != two[4]  # random uuid, openssl rand: reseeded apart
+    assert abs(int(one[5]) - time.time()) < 120  # the clock stepped to this machine's time
+    assert one[-1] != two[-1]  # host key
 
 
 def _checkpoint_and_rollback(cli: Cli, far: farhost.FarHost, env: dict[str, str], name: str) -> None:

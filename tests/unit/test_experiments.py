@@ -104,7 +104,7 @@ def test_a_fork_restores_with_every_host_path_its_own() -> None:
 def test_a_fork_on_another_host_says_whose_it_is_and_keeps_the_save_images_layout() -> None:
     import io
 
-    from vmsandbox.session import remotefork
+    from vmsandbox.session import remotesave
     from vmsandbox.vm import savefile
     from vmsandbox.vm.domain import client_of
 
@@ -114,11 +114,11 @@ def test_a_fork_on_another_host_says_whose_it_is_and_keeps_the_save_images_layou
     data = b"<domain/>\0".ljust(64 * 1024, b"\0")
     image = savefile.HEADER.pack(savefile.MAGIC, 2, len(data), 1, 0, 0, b"\0" * 56) + data + b"QEVM"
     saved = savefile.parse(io.BytesIO(image), "t.save")
-    head = remotefork.header(saved, xml)
+    head = remotesave.header(saved, xml)
     assert len(head) == saved.stream_offset  # written over a copy's first bytes: the memory stays where it is
     assert savefile.parse(io.BytesIO(head + b"QEVM"), "copy").xml == xml
     with pytest.raises(VmsandboxError, match="does not fit"):
-        remotefork.header(saved, xml + " " * 70_000)
+        remotesave.header(saved, xml + " " * 70_000)
 
 
 def test_a_fork_gets_placeholders_and_a_ca_of_its_own(tmp_path: Path) -> None:

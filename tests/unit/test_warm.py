@@ -200,7 +200,7 @@ def test_a_template_is_used_only_under_the_key_it_was_saved_with(tmp_path: Path)
     assert found is None
     assert "no warm-start template yet" in why
     key = template.key(image, shape, hv)  # type: ignore[arg-type]
-    where = template.root_of(image) / f"{shape.slug}-{template._digest(key)}"
+    where = template.root_of(image) / f"{shape.slug}-{template.digest(key)}"
     where.mkdir(parents=True)
     (where / template.MEMORY).write_bytes(b"LibvirtQemudSave")
     (where / template.META).write_text(json.dumps({"key": key}))

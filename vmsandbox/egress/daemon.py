@@ -41,7 +41,8 @@ from vmsandbox.egress.upstream import Resolver, resolve_checked, verified_tls
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.guest import channel, ssh
 from vmsandbox.guest.ssh import Endpoint
-from vmsandbox.vm.virt import Hypervisor, gone
+from vmsandbox.vm.node import gone
+from vmsandbox.vm.virt import Hypervisor
 
 log = logging.getLogger("vmsandbox.egress.daemon")
 WATCH_INTERVAL = 2.0

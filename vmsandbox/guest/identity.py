@@ -2,6 +2,9 @@
 is a unix socket in the session directory): the session's fw_cfg files, the host's clock and fresh random
 bytes, as one tar. The guest's side is images/base/rootfs/usr/local/lib/vmsandbox/warm.
 
+On another host the port is reached through libvirt (`send_through`, given Hypervisor.exchange): its socket
+is that host's.
+
 The guest answers with one line. That line is guest bytes reaching the host: it is read bounded, compared
 with "ok", and otherwise only ever shown escaped.
 """
@@ -13,6 +16,7 @@ import secrets
 import socket
 import tarfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from vmsandbox import ui
@@ -46,17 +50,38 @@ def send(sock: Path, fwcfg_dir: Path, *, timeout: float) -> float:
         s.settimeout(timeout)
         try:
             s.connect(str(sock))
-            data = bundle(fwcfg_dir)  # the clock is read as late as it can be
-            s.sendall(f"{HEADER} {len(data)}\n".encode() + data)
+            s.sendall(message(fwcfg_dir))
             reply = read_line(s)
         except TimeoutError:
             raise VmsandboxError(f"the guest did not take its identity within {timeout:.0f} s") from None
         except OSError as exc:
             raise VmsandboxError(f"the identity port failed: {exc.strerror or exc}") from exc
+    _check(reply)
+    return time.monotonic() - started
+
+
+def send_through(exchange: Callable[[bytes], bytes], fwcfg_dir: Path, *, timeout: float) -> float:
+    """`send`, through `exchange` (it sends the message and returns the guest's answer, at most REPLY_LIMIT bytes
+    up to a newline, or raises TimeoutError)."""
+    started = time.monotonic()
+    try:
+        reply = exchange(message(fwcfg_dir))
+    except TimeoutError:
+        raise VmsandboxError(f"the guest did not take its identity within {timeout:.0f} s") from None
+    _check(reply.split(b"\n", 1)[0][:REPLY_LIMIT].strip())
+    return time.monotonic() - started
+
+
+def message(fwcfg_dir: Path) -> bytes:
+    """What goes to the guest: a header line with the length, then the bundle (the clock read as late as can be)."""
+    data = bundle(fwcfg_dir)
+    return f"{HEADER} {len(data)}\n".encode() + data
+
+
+def _check(reply: bytes) -> None:
     if reply != b"ok":
         shown = ui.printable(reply.decode(errors="replace"), markup=False)
         raise VmsandboxError(f"the guest did not take its identity: {shown or '(no answer)'}")
-    return time.monotonic() - started
 
 
 def read_line(s: socket.socket) -> bytes:

@@ -13,7 +13,8 @@ from vmsandbox.errors import VmsandboxError
 from vmsandbox.session import boot
 from vmsandbox.session.state import tail_of
 from vmsandbox.vm import accel as accel_mod
-from vmsandbox.vm.virt import Hypervisor, gone
+from vmsandbox.vm.node import gone
+from vmsandbox.vm.virt import Hypervisor
 
 BOOT_TAIL_LINES = 15
 Alive = Callable[[], str | None]  # None while the VM runs, else why it stopped

@@ -17,7 +17,7 @@ from vmsandbox.guest.files import GuestUser
 from vmsandbox.image import blueprint as blueprint_mod
 from vmsandbox.image import store
 from vmsandbox.image.blueprint import Blueprint
-from vmsandbox.session import pins, remote, start
+from vmsandbox.session import pins, remote, remotestart, start
 from vmsandbox.session.config import Settings
 from vmsandbox.session.options import Options
 from vmsandbox.session.record import Phase, Record, default_name, validate_name, validate_project
@@ -71,7 +71,7 @@ def create(opts: Options) -> Record:
                     record, image, hv, cold_start=opts.cold, boot_timeout=settings.boot_timeout, launched=launched
                 )
             else:
-                remote.boot(record, image, hv, opts.host, settings.boot_timeout)
+                remotestart.boot(record, image, hv, opts.host, cold_start=opts.cold, boot_timeout=settings.boot_timeout)
                 launched()
             pins.pin(name, image.version, record.template)
             _open_egress(record, settings, spawned[0] if spawned else None)

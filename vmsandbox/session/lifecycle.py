@@ -18,7 +18,7 @@ from pathlib import Path
 from vmsandbox import failpoint, paths, ui
 from vmsandbox.egress import control
 from vmsandbox.errors import VmsandboxError
-from vmsandbox.session import chain, images, lock, pins, remote, teardown, tunnel
+from vmsandbox.session import chain, images, lock, pins, remote, remotegc, teardown, tunnel
 from vmsandbox.session.hostspec import HostSpec
 from vmsandbox.session.record import DOMAIN_PREFIX, Phase, Record, State, domain_name, names
 from vmsandbox.session.state import is_running, status
@@ -27,7 +27,8 @@ from vmsandbox.sync.changes import Gathered
 from vmsandbox.sync.compare import Change
 from vmsandbox.sync.plan import Decisions, Outcome, Plan
 from vmsandbox.vm.domain import session_of
-from vmsandbox.vm.virt import Hypervisor, UnreachableError
+from vmsandbox.vm.node import UnreachableError
+from vmsandbox.vm.virt import Hypervisor
 
 
 def gather(record: Record, *, limit: int) -> Gathered:
@@ -248,7 +249,7 @@ def gc(uri: str, *, limit: int, hosts: tuple[HostSpec, ...] = ()) -> Iterator[st
             yield f"removed the pin of session {session} (its directory is gone)"
         yield from images.collect_templates(hv)
     for host in hosts:
-        yield from remote.sweep(host, mine)
+        yield from remotegc.sweep(host, mine)
     yield from _stale_captures(mine)
 
 

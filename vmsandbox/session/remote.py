@@ -4,16 +4,18 @@ made here and sent), `DOMAIN.fw.KEY` (its identity files, read by QEMU as fw_cfg
 machine and the session's directory, for gc), `DOMAIN.save` while it is stopped (remotesave.py), and the
 serial console `DOMAIN.console.log`, which virtlogd writes there (remotelog.py). Its SSH is forwarded to the
 host's 127.0.0.1 only and reached through a tunnel (tunnel.py); the egress daemon, the proxy's secrets, the
-baseline and the mirror stay on this machine. The VM boots cold: warm-start templates are this machine's.
+baseline and the mirror stay on this machine. Its VM is restored from a template there or boots cold
+(remotestart.py).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import random
 import socket
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,12 +30,14 @@ from vmsandbox.session.record import DOMAIN_PREFIX, Record
 from vmsandbox.vm import accel as accel_mod
 from vmsandbox.vm import domain, storage
 from vmsandbox.vm.domain import DomainSpec, Forward
-from vmsandbox.vm.virt import Hypervisor, PortTakenError, gone
+from vmsandbox.vm.node import PortTakenError, gone
+from vmsandbox.vm.virt import Hypervisor
 
 PORT_RANGE = (20000, 60999)  # the guest's SSH forward on the host's 127.0.0.1 (QEMU says when one is taken)
 PORT_ATTEMPTS = 6
 OWNER = "owner"
 OWNER_LIMIT = 64 * 1024
+WARM_MARKER = "template"  # the fw_cfg file that has the guest wait for its identity (a warm start's)
 
 
 def client_id() -> str:
@@ -62,7 +66,7 @@ def check_room(hv: Hypervisor, host: HostSpec, memory_mib: int) -> None:
         )
 
 
-def _kernel_of(image: store.Image) -> str:
+def kernel_of(image: store.Image) -> str:
     """The image whose volumes hold the kernel and initrd (a layer's base)."""
     return (hostimages.base_of(image) or image).path.name
 
@@ -77,18 +81,16 @@ class Sent:
     console: str
 
 
-def _send(record: Record, image: store.Image, hv: Hypervisor, host: HostSpec) -> Sent:
+def send(record: Record, image: store.Image, hv: Hypervisor, host: HostSpec, backing: str | None = None) -> Sent:
+    """The session's workspace disk and identity sent there, and its system disk made there: an overlay of
+    `backing` (a template's disk), or of the image's volume."""
     files = record.files
     prefix = f"{record.domain}."
     with ui.step(f"Sending the workspace disk and identity to host {host.name}"):
         send_owner(record, hv)  # first: gc there can tell this machine's volumes by it (sweep)
         hv.upload(POOL, prefix + "workspace.raw", files.workspace_disk, mode="0600", hashed=False)
         fwcfg, console = send_identity(record, hv)
-        backing = hv.volumes(POOL)[volume(image.path.name, paths.IMAGE_DISK)]
-        size = record.disk_mib * 1024 * 1024
-        overlay = hv.create_volume(
-            POOL, storage.volume_xml(prefix + "overlay.qcow2", size, mode="0600", backing=backing)
-        )
+        overlay = new_overlay(record, image, hv, backing)
     vols = hv.volumes(POOL)
     record.workspace_bytes = files.workspace_disk.stat().st_size
     record.overlays = [prefix + "overlay.qcow2"]  # volumes there (checkpoints add more: remotecheckpoint)
@@ -97,14 +99,24 @@ def _send(record: Record, image: store.Image, hv: Hypervisor, host: HostSpec) ->
     return Sent(overlay, vols[prefix + "workspace.raw"], fwcfg, console)
 
 
+def new_overlay(record: Record, image: store.Image, hv: Hypervisor, backing: str | None = None) -> str:
+    """The session's system disk there (replacing one of a warm start that failed): a qcow2 overlay of `backing`,
+    or of the image's volume; its path there."""
+    name = f"{record.domain}.overlay.qcow2"
+    hv.delete_volume(POOL, name)
+    backing = backing or hv.volumes(POOL)[volume(image.path.name, paths.IMAGE_DISK)]
+    size = record.disk_mib * 1024 * 1024
+    return hv.create_volume(POOL, storage.volume_xml(name, size, mode="0600", backing=backing))
+
+
 def send_identity(record: Record, hv: Hypervisor) -> tuple[dict[str, Path], str]:
     """The session's identity files sent as `DOMAIN.fw.KEY` volumes (their paths there, by key) and its console
-    volume made (its path there)."""
+    volume made (its path there). `template` among them is read by a VM restored from a template (the session's
+    own, or a checkpoint of it: a fork's), never by a cold boot."""
     fwcfg: dict[str, str] = {}
     for f in sorted(record.files.fwcfg_dir.iterdir()):
-        if f.name != "template":  # a cold boot
-            fwcfg[f.name] = f"{record.domain}.fw.{f.name}"
-            hv.upload(POOL, fwcfg[f.name], f, mode="0600", hashed=False)
+        fwcfg[f.name] = f"{record.domain}.fw.{f.name}"
+        hv.upload(POOL, fwcfg[f.name], f, mode="0600", hashed=False)
     # made through libvirt, not by virtlogd: listed even while another upload keeps the pool from a rescan
     console = hv.create_volume(POOL, storage.volume_xml(f"{record.domain}.console.log", 0, mode="0600"))
     vols = hv.volumes(POOL)
@@ -144,19 +156,19 @@ def spec(record: Record, sent: Sent, boot: tuple[Path, Path, str]) -> DomainSpec
     )
 
 
-def boot(record: Record, image: store.Image, hv: Hypervisor, host: HostSpec, boot_timeout: int) -> None:
-    """Send what the VM needs to the host, start it there, open the tunnel, and wait for the guest's sshd."""
-    hostimages.ensure(hv, host, image)
-    sent = _send(record, image, hv, host)
-    vols, kernel = hv.volumes(POOL), _kernel_of(image)
+def cold(record: Record, image: store.Image, hv: Hypervisor, host: HostSpec, sent: Sent, boot_timeout: int) -> None:
+    """Boot the VM there from what was sent, open the tunnel, and wait for the guest's sshd."""
+    vols, kernel = hv.volumes(POOL), kernel_of(image)
     boot_files = (
         Path(vols[volume(kernel, paths.IMAGE_KERNEL)]),
         Path(vols[volume(kernel, paths.IMAGE_INITRD)]),
         image.kernel_cmdline,
     )
 
+    booted = dataclasses.replace(sent, fwcfg={k: v for k, v in sent.fwcfg.items() if k != WARM_MARKER})
+
     def launch() -> None:
-        xml = domain.build_xml(spec(record, sent, boot_files))
+        xml = domain.build_xml(spec(record, booted, boot_files))
         paths.write_atomically(record.files.domain_xml, xml)
         try:
             hv.create(xml)
@@ -169,19 +181,24 @@ def boot(record: Record, image: store.Image, hv: Hypervisor, host: HostSpec, boo
             ) from exc
 
     on_a_free_port(record, launch, first=None)
-    record.start, record.start_note = "cold", f"on host {host.name} (warm-start templates are this machine's)"
+    record.start = "cold"
     record.save()
     with ui.step(f"Booting {record.domain} on host {host.name} ({record.accel.upper()}, {record.cpus} vCPU)"):
         open_tunnel(record)
-        try:
-            waited = ssh.wait_for_banner(record.ssh_port, timeout=boot_timeout, alive=lambda: _alive(hv, record))
-        except VmsandboxError as exc:
-            remotelog.fetch(record, hv)
-            raise VmsandboxError(
-                f"{exc.message} (on host {host.name})", hint=f"`vmsandbox logs {record.name}` shows its console"
-            ) from exc
+        waited = wait_for_sshd(record, hv, host, boot_timeout)
     record.boot_seconds = round(waited, 1)
     record.save()
+
+
+def wait_for_sshd(record: Record, hv: Hypervisor, host: HostSpec, boot_timeout: int) -> float:
+    """The seconds until the guest's sshd answers through the tunnel (reopened if it dies meanwhile)."""
+    try:
+        return ssh.wait_for_banner(record.ssh_port, timeout=boot_timeout, alive=lambda: _alive(hv, record))
+    except VmsandboxError as exc:
+        remotelog.fetch(record, hv)
+        raise VmsandboxError(
+            f"{exc.message} (on host {host.name})", hint=f"`vmsandbox logs {record.name}` shows its console"
+        ) from exc
 
 
 def on_a_free_port(record: Record, launch: Callable[[], None], *, first: int | None) -> None:
@@ -254,50 +271,6 @@ def forget(root: Path, uri: str, domain_name: str) -> None:
                 hv.delete_volume(POOL, name)
 
 
-def sweep(host: HostSpec, mine: Path) -> Iterator[str]:
-    """gc on another host: this machine's domains there whose session directory is gone here, destroyed, with
-    their volumes; and the volumes of such a session that has no domain there (stopped, or a run killed before
-    its VM started). A host that does not answer is said, not an error."""
-    try:
-        with Hypervisor(host.uri) as hv:
-            present = set()
-            for info in list(hv.domains(DOMAIN_PREFIX)):
-                present.add(info.name)
-                xml = hv.xml(info.name)
-                owner = domain.session_of(xml) if xml else None
-                if owner is None or xml is None or domain.client_of(xml) != client_id():
-                    continue  # not a session, or another machine's
-                if orphaned(owner[1], mine):
-                    hv.destroy(info.name)
-                    forget(owner[1], host.uri, info.name)
-                    yield f"destroyed domain {info.name} on host {host.name} (its session directory is gone)"
-            for name in list(hv.volumes(POOL)):
-                dom = name.removesuffix(f".{OWNER}")
-                if not name.startswith(DOMAIN_PREFIX) or dom == name or dom in present:
-                    continue
-                root = _owner_dir(hv, name)
-                if root is not None and orphaned(root, mine):
-                    forget(root, host.uri, dom)
-                    yield f"deleted the volumes of {dom} on host {host.name} (its session directory is gone)"
-    except VmsandboxError as exc:
-        yield f"host {host.name} did not answer, nothing there was cleaned up: {exc.message}"
-
-
 def orphaned(root: Path, mine: Path) -> bool:
     """A session directory of this machine's sessions directory, without its record (gone)."""
     return root.parent.resolve() == mine and not (root / paths.SESSION_RECORD).exists()
-
-
-def _owner_dir(hv: Hypervisor, name: str) -> Path | None:
-    """The session directory an owner volume names, if this machine wrote it (None: another's, or gone since)."""
-    try:
-        got = hv.download(POOL, name, keep=OWNER_LIMIT, length=OWNER_LIMIT)
-    except VmsandboxError:  # deleted since it was listed (its session's own teardown)
-        return None
-    try:
-        owner = json.loads(bytes(got.kept).rstrip(b"\0"))
-        if not isinstance(owner, dict) or owner.get("client") != client_id():
-            return None
-        return Path(str(owner["session"]))
-    except (ValueError, KeyError):
-        return None

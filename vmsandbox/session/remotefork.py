@@ -13,15 +13,11 @@ image's header.
 
 from __future__ import annotations
 
-import uuid
-
-from vmsandbox import paths
-from vmsandbox.errors import VmsandboxError
 from vmsandbox.session import remote, remotecheckpoint, remotesave
 from vmsandbox.session.checkpoint import Checkpoint
 from vmsandbox.session.hostimages import POOL
 from vmsandbox.session.record import Record
-from vmsandbox.vm import domain, savefile
+from vmsandbox.vm import domain
 from vmsandbox.vm.virt import Hypervisor
 
 
@@ -41,37 +37,9 @@ def restore(source: Record, cp: Checkpoint, record: Record, hv: Hypervisor) -> N
     free port of the host's loopback; then its tunnel opened."""
     fwcfg, console = remote.send_identity(record, hv)
     saved_volume = remotecheckpoint.volume(source, cp.label, "save")
-    saved = remotesave.header_of(record, hv, saved_volume)
     vols = hv.volumes(POOL)
     sent = remote.Sent(vols[record.overlays[-1]], vols[f"{record.domain}.workspace.raw"], fwcfg, console)
-    new_uuid, copy = str(uuid.uuid4()), f"{record.domain}.restore"
-    made: list[str] = []
-
-    def launch() -> None:
-        spec = remote.spec(record, sent, domain.boot_of(saved.xml))
-        xml = savefile.renamed(domain.for_restore(saved.xml, spec), record.domain, new_uuid)
-        if not made:  # once: a retry on another port changes only the XML given with the restore
-            made.append(hv.clone_volume(POOL, saved_volume, copy, head=header(saved, xml)))
-        paths.write_atomically(record.files.domain_xml, xml)
-        hv.restore(made[0], xml)
-
-    try:
-        remote.on_a_free_port(record, launch, first=None)
-    finally:
-        hv.delete_volume(POOL, copy)
-    record.save()
+    saved = remotesave.header_of(record, hv, saved_volume)
+    boot = domain.boot_of(saved.xml)
+    remotesave.restore_as(record, hv, saved_volume, saved, lambda: remote.spec(record, sent, boot))
     remote.open_tunnel(record)
-
-
-def header(saved: savefile.Saved, xml: str) -> bytes:
-    """The save image's header carrying `xml`, the same length as the one it replaces (the memory that follows
-    stays where it is)."""
-    head = savefile.header_for(saved, xml)
-    if len(head) != saved.stream_offset:
-        raise VmsandboxError(
-            f"the fork's domain XML ({len(xml)} bytes) does not fit in the save image's header "
-            f"({saved.stream_offset} bytes)",
-            hint="libvirt pads that header to 64 KiB: this save image was not written by it; "
-            "`vmsandbox checkpoint` the session again and fork from that",
-        )
-    return head

@@ -8,14 +8,18 @@ stopped session fetch its workspace disk from the host (remote.fetch_workspace).
 from __future__ import annotations
 
 import io
+import uuid
+from collections.abc import Callable
 from pathlib import Path
 
+from vmsandbox import paths
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.session import remote, tunnel
 from vmsandbox.session.hostimages import POOL
 from vmsandbox.session.hostspec import is_remote
 from vmsandbox.session.record import Record
 from vmsandbox.vm import domain, savefile, storage
+from vmsandbox.vm.domain import DomainSpec
 from vmsandbox.vm.virt import Hypervisor
 
 HEAD_BYTES = 1024 * 1024  # a save image's header and domain XML (libvirt pads them to 64 KiB)
@@ -74,6 +78,46 @@ def header_of(record: Record, hv: Hypervisor, saved: str) -> savefile.Saved:
     """The header of save volume `saved` on the session's host (its first HEAD_BYTES, fetched and parsed)."""
     head = hv.download(POOL, saved, keep=HEAD_BYTES, length=HEAD_BYTES)
     return savefile.parse(io.BytesIO(bytes(head.kept)), f"{saved} on host {record.host}")
+
+
+def restore_as(
+    record: Record, hv: Hypervisor, saved_volume: str, saved: savefile.Saved, spec_of: Callable[[], DomainSpec]
+) -> None:
+    """Restore another domain's save volume there (a checkpoint's, a template's) as this session's VM, on a free
+    port of the host's loopback: from a copy whose header carries the session's domain (`spec_of()`, under its
+    own name and UUID: two domains with one UUID cannot run at once), deleted once restored."""
+    new_uuid, copy = str(uuid.uuid4()), f"{record.domain}.restore"
+    made: list[str] = []
+
+    def launch() -> None:
+        try:
+            xml = savefile.renamed(domain.for_restore(saved.xml, spec_of()), record.domain, new_uuid)
+        except ValueError as exc:
+            raise VmsandboxError(f"{saved_volume} cannot be restored as session {record.name}'s VM: {exc}") from exc
+        if not made:  # once: a retry on another port changes only the XML given with the restore
+            made.append(hv.clone_volume(POOL, saved_volume, copy, head=header(saved, xml)))
+        paths.write_atomically(record.files.domain_xml, xml)
+        hv.restore(made[0], xml)
+
+    try:
+        remote.on_a_free_port(record, launch, first=None)
+    finally:
+        hv.delete_volume(POOL, copy)
+    record.save()
+
+
+def header(saved: savefile.Saved, xml: str) -> bytes:
+    """The save image's header carrying `xml`, the same length as the one it replaces (the memory that follows
+    stays where it is)."""
+    head = savefile.header_for(saved, xml)
+    if len(head) != saved.stream_offset:
+        raise VmsandboxError(
+            f"the session's domain XML ({len(xml)} bytes) does not fit in the save image's header "
+            f"({saved.stream_offset} bytes)",
+            hint="libvirt pads that header to 64 KiB: this save image was not written by it; "
+            "make it again (`vmsandbox checkpoint`, or `vmsandbox gc` for a template) and retry",
+        )
+    return head
 
 
 def restored(record: Record, hv: Hypervisor) -> None:

@@ -20,7 +20,8 @@ from vmsandbox.session.record import Record
 from vmsandbox.vm import accel as accel_mod
 from vmsandbox.vm import domain, qemuimg, savefile
 from vmsandbox.vm.domain import DomainSpec, Forward
-from vmsandbox.vm.virt import Hypervisor, PortTakenError, gone
+from vmsandbox.vm.node import PortTakenError, gone
+from vmsandbox.vm.virt import Hypervisor
 
 PORT_ATTEMPTS = 4
 IDENTITY_TIMEOUT = 60  # the guest takes its identity in a second or two, even under TCG
@@ -191,21 +192,34 @@ def boot(
 ) -> None:
     """Start the session's VM: warm when a template serves, else (or when the warm start fails) cold."""
     tmpl = plan(record, image, hv, cold=cold_start, boot_timeout=boot_timeout)
-    if tmpl is not None:
-        started = time.monotonic()
-        try:
-            warm(record, image, tmpl, hv, boot_timeout, launched)
-        except VmsandboxError as exc:
-            record.start_note = f"the warm start failed: {exc.message}"
-            template.mark_failed(tmpl, exc.message)
-            kept = boot_mod.keep(record.files.console_log, record.name)
-            ui.warn(f"{record.start_note}; booting cold" + (f" (its console is kept at {kept})" if kept else ""))
-            control.stop(record.files)  # a daemon spawned for the restored VM: the cold one gets its own
-            hv.destroy(record.domain)
-            record.system_disk.unlink(missing_ok=True)
-            record.template = None
-        else:
-            record.boot_seconds = round(time.monotonic() - started, 1)
-            record.save()
-            return
-    cold(record, image, hv, boot_timeout, launched)
+    if tmpl is None:
+        cold(record, image, hv, boot_timeout, launched)
+        return
+    t = tmpl
+
+    def undo(exc: VmsandboxError) -> None:
+        record.start_note = f"the warm start failed: {exc.message}"
+        template.mark_failed(t, exc.message)
+        kept = boot_mod.keep(record.files.console_log, record.name)
+        ui.warn(f"{record.start_note}; booting cold" + (f" (its console is kept at {kept})" if kept else ""))
+        control.stop(record.files)  # a daemon spawned for the restored VM: the cold one gets its own
+        hv.destroy(record.domain)
+        record.system_disk.unlink(missing_ok=True)
+        record.template = None
+
+    if not served(record, lambda: warm(record, image, t, hv, boot_timeout, launched), undo):
+        cold(record, image, hv, boot_timeout, launched)
+
+
+def served(record: Record, warm_start: Callable[[], None], undo: Callable[[VmsandboxError], None]) -> bool:
+    """Whether `warm_start` started the session's VM (its time recorded); when it failed, `undo(why)` has cleared
+    it away, and the caller boots cold."""
+    started = time.monotonic()
+    try:
+        warm_start()
+    except VmsandboxError as exc:
+        undo(exc)
+        return False
+    record.boot_seconds = round(time.monotonic() - started, 1)
+    record.save()
+    return True

@@ -15,7 +15,8 @@ from vmsandbox.egress.control import Door
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.session import remote, remotesave
 from vmsandbox.session.record import Phase, Record, State, names
-from vmsandbox.vm.virt import Hypervisor, UnreachableError, gone
+from vmsandbox.vm.node import UnreachableError, gone
+from vmsandbox.vm.virt import Hypervisor
 
 CONSOLE_TAIL_LINES = 30
 CONSOLE_TAIL_BYTES = 64 * 1024  # the guest writes the console: read only its end

@@ -22,7 +22,8 @@ from vmsandbox.session.hostspec import is_remote
 from vmsandbox.session.record import Record, State
 from vmsandbox.session.state import status
 from vmsandbox.vm import domain, savefile
-from vmsandbox.vm.virt import Hypervisor, PortTakenError, gone
+from vmsandbox.vm.node import PortTakenError, gone
+from vmsandbox.vm.virt import Hypervisor
 
 SYNC_TIMEOUT = 120
 

@@ -77,7 +77,7 @@ def key(image: Image, shape: Shape, hv: Hypervisor) -> dict[str, Any]:
     }
 
 
-def _digest(k: dict[str, Any]) -> str:
+def digest(k: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(k, sort_keys=True).encode()).hexdigest()[:12]
 
 
@@ -87,7 +87,7 @@ def root_of(image: Image) -> Path:
 
 def _path_of(image: Image, shape: Shape, k: dict[str, Any]) -> Path:
     """Where the template of this image, shape and key lives."""
-    return root_of(image) / f"{shape.slug}-{_digest(k)}"
+    return root_of(image) / f"{shape.slug}-{digest(k)}"
 
 
 def find(image: Image, shape: Shape, hv: Hypervisor) -> tuple[Template | None, str]:

@@ -13,6 +13,8 @@ META_NS = "https://github.com/vmsandbox/vmsandbox/xmlns/session/1"
 FWCFG_PREFIX = "opt/vmsandbox/"
 IDENTITY_PORT = "org.vmsandbox.identity"  # the guest's /dev/virtio-ports/<name> (images/base/.../warm)
 WORKSPACE_SERIAL = "vmsandbox-workspace"
+LIBVIRTS_SOCKET = Path("libvirt")  # a channel whose socket libvirt places itself (on another host: we reach it
+# through libvirt, Hypervisor.exchange, and it goes where that host's QEMU may make it)
 TCG_TB_CACHE_MIB = 128  # QEMU's default is 1 GiB of host RAM per VM; see README, "Lean sessions"
 # A fixed PCI slot for the NIC: q35 needs bus/addr spelled out for a device added on the QEMU command line.
 NIC_DEVICE = "virtio-net-pci,netdev=n0,bus=pcie.0,addr=0x10"
@@ -45,6 +47,7 @@ class DomainSpec:
     fwcfg_files: dict[str, Path] = field(default_factory=dict)
     workspace_disk: Path | None = None  # raw ext4, mounted by the guest at the project path (vdb)
     channel: Path | None = None  # the identity port's socket (a warm start sends the identity through it)
+    # (LIBVIRTS_SOCKET: where libvirt puts it)
     template: bool = False  # a warm-start template being built, not a session (gc tells them apart)
     client: str | None = None  # on another host: which machine's session it is (that machine's gc sweeps it)
 
@@ -121,7 +124,7 @@ def _devices(devices: ET.Element, spec: DomainSpec) -> None:
     _sub(devices, "controller", type="scsi", index="0", model="virtio-scsi")
     if spec.channel is not None:
         channel = _sub(devices, "channel", type="unix")
-        _sub(channel, "source", mode="bind", path=str(spec.channel))
+        _sub(channel, "source", mode="bind", **_socket(spec.channel))
         _sub(channel, "target", type="virtio", name=IDENTITY_PORT)
     serial = _sub(devices, "serial", type="file")
     # append: virtlogd opens the file we made (paths.own_file) instead of deleting it and making a root-owned
@@ -165,10 +168,20 @@ def for_restore(saved_xml: str, spec: DomainSpec) -> str:
             raise ValueError(f"the saved domain reads fw_cfg entry {key!r}, which this session does not provide")
         entry.set("file", str(spec.fwcfg_files[key]))
     if spec.channel is not None:
-        _find(root, "devices/channel/source").set("path", str(spec.channel))
+        channel = _find(root, "devices/channel")
+        sock = channel.find("source")
+        if sock is None:  # libvirt leaves out a socket it placed itself
+            sock = ET.Element("source", mode="bind")
+            channel.insert(0, sock)
+        sock.attrib.pop("path", None)
+        sock.attrib.update(_socket(spec.channel))
     _set_netdev(root, spec.netdev())
     ET.indent(root)
     return ET.tostring(root, encoding="unicode") + "\n"
+
+
+def _socket(path: Path) -> dict[str, str]:
+    return {} if path == LIBVIRTS_SOCKET else {"path": str(path)}
 
 
 def _owner(spec: DomainSpec) -> dict[str, str]:
@@ -242,6 +255,9 @@ def session_of(xml: str) -> tuple[str, Path] | None:
 
 
 def client_of(xml: str) -> str | None:
-    """The machine a session on another host belongs to (None: a session of the host's own machine)."""
-    el = ET.fromstring(xml).find(f"metadata/{{{META_NS}}}session")  # noqa: S314 - from a host the user names
-    return None if el is None else el.get("client")
+    """The machine a session (or a template build) on another host belongs to (None: the host's own machine's)."""
+    meta = ET.fromstring(xml).find("metadata")  # noqa: S314 - from a host the user names
+    for kind in ("session", "template"):
+        if meta is not None and (el := meta.find(f"{{{META_NS}}}{kind}")) is not None:
+            return el.get("client")
+    return None

@@ -1,7 +1,7 @@
 """What a host's storage pool is given, without libvirt itself (virt.py wires these in): the XML of a dir pool
 and of a volume (built as data), and the two ends of a sparse stream — a local file sent into a volume, and
 a volume read back — each hashing what passes (holes as zeros), so that what arrived can be checked against
-what was sent.
+what was sent; and the loop that talks over a non-blocking stream to a guest's port (`exchange`).
 """
 
 from __future__ import annotations
@@ -9,8 +9,10 @@ from __future__ import annotations
 import errno
 import hashlib
 import os
+import time
 import xml.etree.ElementTree as ET
 from collections.abc import Callable
+from typing import Protocol
 
 Progress = Callable[[int], None]  # told the bytes done so far (holes count: they are the file's too)
 _ZEROS = bytes(1024 * 1024)
@@ -146,3 +148,32 @@ class Incoming:
         if len(self.kept) < self.keep:
             self.kept += bytes(min(length, self.keep - len(self.kept)))
         return 0
+
+
+class Stream(Protocol):
+    """A non-blocking libvirt stream: send returns the bytes taken, recv the bytes read; either -2 for "not now"."""
+
+    def send(self, data: bytes) -> int: ...
+
+    def recv(self, nbytes: int) -> bytes | int: ...
+
+
+def exchange(stream: Stream, data: bytes, limit: int, deadline: float, tick: Callable[[], object]) -> bytes:
+    """Send all of `data`, then read until a newline, `limit` bytes or the end of the stream; TimeoutError at
+    `deadline` (time.monotonic()). `tick` is called while nothing moves: without an event loop, a libvirt client
+    reads what arrives for a stream only while it waits for the reply to some call."""
+    got = b""
+    while data or (b"\n" not in got and len(got) < limit):
+        moved = stream.send(data[:65536]) if data else stream.recv(limit - len(got))
+        if moved == b"":  # the other end closed
+            break
+        if isinstance(moved, bytes):
+            got += moved
+        elif moved > 0:
+            data = data[moved:]
+        elif time.monotonic() > deadline:
+            raise TimeoutError
+        else:
+            time.sleep(0.02)
+            tick()
+    return got

@@ -6,6 +6,7 @@ import contextlib
 import io
 import logging
 import os
+import time
 import xml.etree.ElementTree as ET
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -15,12 +16,7 @@ import libvirt
 
 from vmsandbox import paths
 from vmsandbox.errors import VmsandboxError
-from vmsandbox.vm import storage
-from vmsandbox.vm.node import OPEN_TIMEOUT, Node, dotted, opened, state_name, unreachable_hint
-from vmsandbox.vm.node import DomainInfo as DomainInfo  # noqa: PLC0414 - re-exported: callers say virt.DomainInfo
-from vmsandbox.vm.node import PortTakenError as PortTakenError  # noqa: PLC0414 - re-exported
-from vmsandbox.vm.node import UnreachableError as UnreachableError  # noqa: PLC0414 - re-exported
-from vmsandbox.vm.node import gone as gone  # noqa: PLC0414 - re-exported
+from vmsandbox.vm import node, storage
 
 log = logging.getLogger(__name__)
 DEFAULT_URI = "qemu:///system"
@@ -36,7 +32,7 @@ def _message(exc: libvirt.libvirtError) -> str:
 def _not_started(exc: libvirt.libvirtError, what: str, hint: str | None = None) -> VmsandboxError:
     text = _message(exc)
     if "host forwarding" in text or "Address already in use" in text:  # QEMU's words, seen only here
-        return PortTakenError(f"a forwarded port was taken: {text}")
+        return node.PortTakenError(f"a forwarded port was taken: {text}")
     return VmsandboxError(f"{what}: {text}", hint=hint)
 
 
@@ -56,13 +52,13 @@ class Hypervisor:
     def __init__(self, uri: str = DEFAULT_URI) -> None:
         self.uri = uri
         try:
-            self._conn = opened(uri, lambda: libvirt.open(uri))
+            self._conn = node.opened(uri, lambda: libvirt.open(uri))
         except TimeoutError:
-            why = f"cannot connect to libvirt at {uri}: no answer in {OPEN_TIMEOUT:.0f} s"
-            raise UnreachableError(why, hint=unreachable_hint("", uri, DEFAULT_URI)) from None
+            why = f"cannot connect to libvirt at {uri}: no answer in {node.OPEN_TIMEOUT:.0f} s"
+            raise node.UnreachableError(why, hint=node.unreachable_hint("", uri, DEFAULT_URI)) from None
         except libvirt.libvirtError as exc:
-            hint = unreachable_hint(_message(exc), uri, DEFAULT_URI)
-            raise UnreachableError(f"cannot connect to libvirt at {uri}: {_message(exc)}", hint=hint) from exc
+            hint = node.unreachable_hint(_message(exc), uri, DEFAULT_URI)
+            raise node.UnreachableError(f"cannot connect to libvirt at {uri}: {_message(exc)}", hint=hint) from exc
 
     def __enter__(self) -> Hypervisor:
         return self
@@ -75,11 +71,11 @@ class Hypervisor:
             self._conn.close()
 
     def version(self) -> str:
-        return dotted(self._conn.getLibVersion())
+        return node.dotted(self._conn.getLibVersion())
 
     def qemu_version(self) -> str:
         """The version of the QEMU binary libvirt runs (a save image restores only into a QEMU that can read it)."""
-        return dotted(self._conn.getVersion())
+        return node.dotted(self._conn.getVersion())
 
     def save(self, name: str, path: str, *, here: bool = True) -> None:
         """Save the domain's memory and device state to `path` and stop it (its disks stay). A file `here` is made
@@ -100,6 +96,18 @@ class Hypervisor:
         """Hot-plug a device into the running domain."""
         live = libvirt.VIR_DOMAIN_AFFECT_LIVE
         self._on(name, "attach a device to", lambda dom: dom.attachDeviceFlags(device_xml, live))
+
+    def exchange(self, name: str, port: str, data: bytes, *, limit: int, timeout: float) -> bytes:
+        """`data` to the domain's virtio port PORT through libvirt (there too); its answer (storage.exchange)."""
+        stream = self._conn.newStream(libvirt.VIR_STREAM_NONBLOCK)
+        try:
+            self._must(name).openChannel(port, stream, 0)
+            return storage.exchange(stream, data, limit, time.monotonic() + timeout, self._conn.getLibVersion)
+        except libvirt.libvirtError as exc:
+            raise VmsandboxError(f"the port {port} of {name} failed: {_message(exc)}") from exc
+        finally:
+            with contextlib.suppress(libvirt.libvirtError):
+                stream.abort()
 
     def _on(self, name: str, what: str, call: Callable[[Any], object], hint: str | None = None) -> None:
         """`call` on the domain NAME; libvirt's refusal said as "cannot WHAT NAME"."""
@@ -129,32 +137,25 @@ class Hypervisor:
                 return None
             raise VmsandboxError(f"libvirt lookup of {name} failed: {_message(exc)}") from exc
 
-    def info(self, name: str) -> DomainInfo | None:
-        dom = self._lookup(name)
-        return None if dom is None else self._info(dom)
+    def info(self, name: str) -> node.DomainInfo | None:
+        return None if (dom := self._lookup(name)) is None else self._info(dom)
 
-    def _info(self, dom: Any) -> DomainInfo:
-        try:
-            state, _reason = dom.state()
-        except libvirt.libvirtError:
-            return DomainInfo(dom.name(), "gone", None)
-        return DomainInfo(dom.name(), state_name(state), None)
+    def _info(self, dom: Any) -> node.DomainInfo:
+        with contextlib.suppress(libvirt.libvirtError):
+            return node.DomainInfo(dom.name(), node.state_name(dom.state()[0]), None)
+        return node.DomainInfo(dom.name(), "gone", None)
 
     def cpu_seconds(self, name: str) -> float | None:
         """CPU time the domain's QEMU has used (all its threads), or None when it is not running."""
-        dom = self._lookup(name)
         with contextlib.suppress(libvirt.libvirtError):
-            return None if dom is None else float(dom.info()[4]) / 1e9
+            return None if (dom := self._lookup(name)) is None else float(dom.info()[4]) / 1e9
         return None
 
-    def domains(self, prefix: str) -> Iterator[DomainInfo]:
-        for dom in self._conn.listAllDomains(0):
-            if dom.name().startswith(prefix):
-                yield self._info(dom)
+    def domains(self, prefix: str) -> Iterator[node.DomainInfo]:
+        yield from (self._info(dom) for dom in self._conn.listAllDomains(0) if dom.name().startswith(prefix))
 
     def xml(self, name: str) -> str | None:
-        dom = self._lookup(name)
-        return None if dom is None else str(dom.XMLDesc(0))
+        return None if (dom := self._lookup(name)) is None else str(dom.XMLDesc(0))
 
     def reset(self, name: str) -> None:
         """Reset the domain as the reset button would: the guest starts over, in the same QEMU process."""
@@ -162,15 +163,14 @@ class Hypervisor:
 
     def destroy(self, name: str) -> bool:
         """Power the domain off at once (and undefine it if persistent). False if it did not exist."""
-        dom = self._lookup(name)
-        if dom is None:
+        if (dom := self._lookup(name)) is None:
             return False
         for step in (dom.destroy, dom.undefine):
             with contextlib.suppress(libvirt.libvirtError):
                 step()
         return True
 
-    def node(self) -> Node:
+    def node(self) -> node.Node:
         c = self._conn
         try:
             kvm_error = None
@@ -180,13 +180,12 @@ class Hypervisor:
                 kvm_error = _message(exc)
             stats = c.getMemoryStats(libvirt.VIR_NODE_MEMORY_STATS_ALL_CELLS)
             versions = (c.getHostname(), self.version(), self.qemu_version(), int(c.getInfo()[2]))
-            return Node.of(*versions, stats, c.getCapabilities(), kvm_error)
+            return node.Node.of(*versions, stats, c.getCapabilities(), kvm_error)
         except libvirt.libvirtError as exc:
             raise VmsandboxError(f"libvirt at {self.uri} did not describe its host: {_message(exc)}") from exc
 
     def pool(self, name: str, path: str) -> str:
-        """Make sure the dir storage pool NAME exists (made at PATH if not), runs, and starts with libvirtd;
-        return the directory it is at."""
+        """The directory of dir pool NAME, made at PATH if there is none, running and started with libvirtd."""
         try:
             try:
                 pool = self._conn.storagePoolLookupByName(name)

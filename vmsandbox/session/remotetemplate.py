@@ -1,0 +1,188 @@
+"""Warm-start templates on another host: built there, by that host's libvirt, once per image version, VM shape
+and that host's QEMU and libvirt versions (the key of template.py, with the host's versions in it), and kept
+in its pool as volumes named after the key's digest, `vmsandbox-template-DIGEST.`:
+
+- `disk.qcow2`: the template's system disk (backed by the image's volume), the backing volume of every session
+  restored from it; never written after the build;
+- `save`: its memory, saved by libvirt there (nothing travels: a session's restore clones it there);
+- `fw.template`: the fw_cfg file the saved domain reads (it tells the guest to wait for its identity);
+- `ready`: written last, the key and the image's name there as JSON. A template counts only with its `ready`,
+  matching, and the rest; `failed` (a warm start from it failed in the guest) makes later sessions boot cold,
+  and say why.
+
+A template is built the first time a session of that image and shape is placed on that host; its build domain
+carries this machine's client id, so that gc here can tell an interrupted build of its own (template lock free,
+domain or volumes left) and remove it.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from vmsandbox import access, paths, ui
+from vmsandbox.errors import VmsandboxError
+from vmsandbox.image.store import Image
+from vmsandbox.session import boot, remote, template
+from vmsandbox.session.hostimages import POOL, volume
+from vmsandbox.session.hostspec import HostSpec
+from vmsandbox.vm import accel as accel_mod
+from vmsandbox.vm import domain, node, storage
+from vmsandbox.vm.domain import DomainSpec
+from vmsandbox.vm.virt import Hypervisor
+
+READY_LIMIT = 64 * 1024
+POLL_SECONDS = 1.0
+CONSOLE_LIMIT = 4 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class RemoteTemplate:
+    name: str  # its build domain's name and its volumes' prefix
+
+    def vol(self, what: str) -> str:
+        return f"{self.name}.{what}"
+
+
+def of(image: Image, shape: template.Shape, hv: Hypervisor) -> tuple[RemoteTemplate, dict[str, Any]]:
+    """The template this image and shape have on the host `hv` is connected to, and its key."""
+    k = template.key(image, shape, hv)
+    return RemoteTemplate(template.DOMAIN_PREFIX + template.digest(k)), k
+
+
+def find(image: Image, shape: template.Shape, hv: Hypervisor) -> tuple[RemoteTemplate | None, str]:
+    """The usable template there, or None and why there is none."""
+    tmpl, k = of(image, shape, hv)
+    vols = hv.volumes(POOL)
+    if tmpl.vol("failed") in vols:
+        return None, f"its warm-start template there failed a warm start; `vmsandbox gc` removes it ({tmpl.name})"
+    if tmpl.vol("ready") not in vols:
+        return None, f"no warm-start template there yet for {image.version} ({shape.slug})"
+    raw = bytes(hv.download(POOL, tmpl.vol("ready"), keep=READY_LIMIT, length=READY_LIMIT).kept)
+    try:
+        matches = json.loads(raw.rstrip(b"\0")).get("key") == k
+    except (ValueError, AttributeError):
+        matches = False
+    if not matches or any(tmpl.vol(v) not in vols for v in ("disk.qcow2", "save", "fw.template")):
+        return None, f"the template {tmpl.name} there does not match its key"
+    return tmpl, ""
+
+
+def ensure(image: Image, shape: template.Shape, hv: Hypervisor, host: HostSpec, boot_timeout: int) -> RemoteTemplate:
+    """The template there, built now if there is none (once: this machine's other sessions wait for it)."""
+    found, why = find(image, shape, hv)
+    if found is not None:
+        return found
+    wait = f"another vmsandbox builds a warm-start template on host {host.name}; waiting for it…"
+    with access.flocked(lock_path(host), wait=wait):
+        found, why = find(image, shape, hv)
+        if found is not None:
+            return found
+        tmpl, k = of(image, shape, hv)
+        if tmpl.vol("failed") in hv.volumes(POOL):
+            raise VmsandboxError(why, hint="`vmsandbox gc` removes it when no session uses it")
+        ui.info(f"Building a warm-start template on host {host.name}: {why} (once per image version and VM shape)")
+        _build(image, shape, hv, tmpl, k, boot_timeout)
+        return tmpl
+
+
+def lock_path(host: HostSpec) -> Path:
+    return paths.images_dir() / f".template-{host.name}.lock"
+
+
+def mark_failed(hv: Hypervisor, tmpl: RemoteTemplate, why: str) -> None:
+    """A warm start from it failed in the guest: later sessions boot cold (and say why); gc removes it."""
+    _put(hv, tmpl.vol("failed"), why[:500] + "\n")
+
+
+def _put(hv: Hypervisor, name: str, text: str) -> None:
+    with tempfile.TemporaryDirectory(prefix="vmsandbox-tmpl-") as tmp:
+        note = Path(tmp) / "note"
+        note.write_text(text)
+        hv.upload(POOL, name, note, mode="0600", hashed=False)
+
+
+def delete(hv: Hypervisor, tmpl: RemoteTemplate) -> None:
+    """Its domain (a build's) and every volume of it, `ready` first: from then on it is not there."""
+    hv.destroy(tmpl.name)
+    names = sorted(v for v in hv.volumes(POOL) if v.startswith(f"{tmpl.name}."))
+    for name in sorted(names, key=lambda v: not v.endswith(".ready")):
+        hv.delete_volume(POOL, name)
+
+
+def _build(
+    image: Image, shape: template.Shape, hv: Hypervisor, tmpl: RemoteTemplate, k: dict[str, Any], boot_timeout: int
+) -> None:
+    delete(hv, tmpl)  # what an interrupted build of it left
+    started = time.monotonic()
+    try:
+        spec = _spec(image, shape, hv, tmpl)
+        hv.create(domain.build_xml(spec))
+        with ui.step(f"Booting the template there ({shape.accel.upper()}, {shape.cpus} vCPU)") as detail:
+            _wait_ready(hv, tmpl, boot_timeout)
+            time.sleep(template.SETTLE)
+            detail("saving its memory")
+            saved = hv.create_volume(POOL, storage.volume_xml(tmpl.vol("save"), 0, mode="0600"))
+            hv.save(tmpl.name, saved, here=False)
+        hv.delete_volume(POOL, tmpl.vol("console.log"))
+        meta = {"key": k, "image": image.path.name, "built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+        _put(hv, tmpl.vol("ready"), json.dumps({**meta, "build_seconds": round(time.monotonic() - started, 1)}))
+    except BaseException:
+        delete(hv, tmpl)
+        raise
+
+
+def _spec(image: Image, shape: template.Shape, hv: Hypervisor, tmpl: RemoteTemplate) -> DomainSpec:
+    """The build domain: its disk an overlay of the image's volume, its console and fw_cfg file volumes."""
+    vols = hv.volumes(POOL)
+    backing = vols[volume(image.path.name, paths.IMAGE_DISK)]
+    size = shape.disk_mib * 1024 * 1024
+    disk = hv.create_volume(POOL, storage.volume_xml(tmpl.vol("disk.qcow2"), size, mode="0600", backing=backing))
+    _put(hv, tmpl.vol("fw.template"), "1\n")
+    console = hv.create_volume(POOL, storage.volume_xml(tmpl.vol("console.log"), 0, mode="0600"))
+    vols, kernel = hv.volumes(POOL), remote.kernel_of(image)
+    return DomainSpec(
+        name=tmpl.name,
+        session=tmpl.name,
+        session_dir=Path(disk).parent,
+        accel=accel_mod.Accel(shape.accel),
+        cpus=shape.cpus,
+        memory_mib=shape.memory_mib,
+        disk=Path(disk),
+        kernel=Path(vols[volume(kernel, paths.IMAGE_KERNEL)]),
+        initrd=Path(vols[volume(kernel, paths.IMAGE_INITRD)]),
+        cmdline=image.kernel_cmdline,
+        console_log=Path(console),
+        forwards=(),
+        fwcfg_files={"template": Path(vols[tmpl.vol("fw.template")])},
+        channel=domain.LIBVIRTS_SOCKET,
+        template=True,
+        client=remote.client_id(),
+    )
+
+
+def _wait_ready(hv: Hypervisor, tmpl: RemoteTemplate, boot_timeout: int) -> None:
+    """Until the template's console (a volume there) shows that its guest waits for an identity."""
+    deadline = time.monotonic() + boot_timeout
+    while True:
+        stopped = node.gone(hv.info(tmpl.name))
+        console = bytes(hv.download(POOL, tmpl.vol("console.log"), keep=CONSOLE_LIMIT, length=CONSOLE_LIMIT).kept)
+        if template.READY.encode() in console:
+            return
+        if stopped or time.monotonic() > deadline:
+            why = "stopped while booting" if stopped else f"did not reach {template.READY!r} within {boot_timeout} s"
+            raise VmsandboxError(f"the template's VM {why}", hint=_kept(console, tmpl))
+        time.sleep(POLL_SECONDS)
+
+
+def _kept(console: bytes, tmpl: RemoteTemplate) -> str:
+    """Where the failed build's console is kept here (its volume there goes with the build)."""
+    with tempfile.TemporaryDirectory(prefix="vmsandbox-tmpl-") as tmp:
+        copy = Path(tmp) / "console.log"
+        copy.write_bytes(console)
+        kept = boot.keep(copy, tmpl.name)
+    return (f"its console is kept at {kept}; " if kept else "") + "`--cold` boots without a template"
