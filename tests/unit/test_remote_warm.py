@@ -5,6 +5,7 @@ reads of a qcow2 header there."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import struct
 import time
 import xml.etree.ElementTree as ET
@@ -140,3 +141,82 @@ def test_gc_reads_the_backing_file_a_qcow2_header_names() -> None:
     assert remotegc.backing_of(b"\0" * 4096) is None  # not qcow2
     head[8:20] = struct.pack(">QI", 4000, 500)
     assert remotegc.backing_of(bytes(head)) is None  # names past what was read
+
+
+class FakePool:
+    """A host's pool and domains, as gc there sees them through libvirt."""
+
+    def __init__(self, files: dict[str, bytes], domains: dict[str, str]) -> None:
+        self.files, self.domains, self.deleted, self.destroyed = files, domains, [], []  # type: ignore[var-annotated]
+
+    def volumes(self, pool: str) -> dict[str, str]:
+        return {name: f"/pool/{name}" for name in self.files}
+
+    def xml(self, name: str) -> str | None:
+        return self.domains.get(name)
+
+    def download(self, pool: str, name: str, *, keep: int = 0, length: int = 0) -> storage.Incoming:
+        got = storage.Incoming(keep)
+        got.kept += self.files[name][:keep]
+        return got
+
+    def qemu_version(self) -> str:
+        return "7.2.0"
+
+    def version(self) -> str:
+        return "9.0.0"
+
+    def destroy(self, name: str) -> bool:
+        self.destroyed.append(name)
+        return self.domains.pop(name, None) is not None
+
+    def delete_volume(self, pool: str, name: str) -> None:
+        self.deleted.append(name)
+        self.files.pop(name, None)
+
+
+def _template(name: str, *, qemu: str = "7.2.0", image: str = "base-x", ready: bool = True) -> dict[str, bytes]:
+    meta = {"key": {"qemu": qemu, "libvirt": "9.0.0"}, "image": image}
+    vols = {f"{name}.{v}": b"" for v in ("disk.qcow2", "save", "fw.template")}
+    return vols | ({f"{name}.ready": json.dumps(meta).encode()} if ready else {})
+
+
+def _overlay_on(backing: str) -> bytes:
+    head = bytearray(4096)
+    head[:4] = b"QFI\xfb"
+    head[8:20] = struct.pack(">QI", 512, len(backing))
+    head[512 : 512 + len(backing)] = backing.encode()
+    return bytes(head)
+
+
+def test_gc_there_removes_unusable_templates_only_when_no_disk_rests_on_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from vmsandbox.session import remote, remotetemplate
+    from vmsandbox.session.hostspec import HostSpec
+
+    monkeypatch.setattr(remotetemplate, "lock_path", lambda host: tmp_path / "lock")
+    monkeypatch.setattr(remote, "client_id", lambda: "me/1")
+    files = {"base-x.ready": b"{}", "base-x.disk.qcow2": b""}
+    files |= _template("vmsandbox-template-good")  # serves: kept
+    files |= _template("vmsandbox-template-old", qemu="6.0.0")  # stale, no disk on it: removed
+    files |= _template("vmsandbox-template-oldused", qemu="6.0.0")  # stale, a session's overlay rests on it: kept
+    files |= _template("vmsandbox-template-gone", image="base-y")  # its image is gone there: removed
+    files |= _template("vmsandbox-template-failed") | {"vmsandbox-template-failed.failed": b"x"}  # removed
+    files |= _template("vmsandbox-template-cut", ready=False)  # interrupted, no domain: removed
+    files |= _template("vmsandbox-template-mine", ready=False)  # my interrupted build, domain left: removed
+    files |= _template("vmsandbox-template-theirs", ready=False)  # another machine's build running: kept
+    files["vmsandbox-s1.overlay.qcow2"] = _overlay_on("/pool/vmsandbox-template-oldused.disk.qcow2")
+    build = build_xml(dataclasses.replace(spec(), template=True, client="me/1"))
+    theirs = build_xml(dataclasses.replace(spec(), template=True, client="them/2"))
+    hv = FakePool(files, {"vmsandbox-template-mine": build, "vmsandbox-template-theirs": theirs})
+    said = list(remotegc._templates(hv, HostSpec("far", "qemu+ssh://far/system")))  # type: ignore[arg-type]
+    left = {v.split(".", 1)[0] for v in hv.files if v.startswith("vmsandbox-template-")}
+    assert left == {"vmsandbox-template-good", "vmsandbox-template-oldused", "vmsandbox-template-theirs"}, said
+    assert hv.destroyed.count("vmsandbox-template-mine") >= 1
+    assert "vmsandbox-template-theirs" not in hv.destroyed
+    assert any("superseded" in line and "vmsandbox-template-old)" in line for line in said), said
+    assert any("failed a warm start" in line for line in said), said
+    # a removal deletes `ready` first: from then on, it is not there for a session that looks
+    old = [v for v in hv.deleted if v.startswith("vmsandbox-template-old.")]
+    assert old[0] == "vmsandbox-template-old.ready"
