@@ -530,10 +530,33 @@ def test_a_fan_out_there_is_compared_checkpointed_forked_and_its_leftovers_swept
         _warm_and_distinct(cli, env, names)
         _checkpoint_and_rollback(cli, far, env, names[0])
         _swept_by_gc(cli, far, env, tmp_path, lost=names[0], wiped=names[1], dead=dead_uri)
+        _a_failed_warm_start_boots_cold(cli, far, env, tmp_path, project)
     finally:
         cli.run("destroy", "--group", group, "--discard", env=env)  # what a failed step left
     for name in names:
         assert _remote_volumes(far, f"{domain_name(name)}.") == []
+
+
+def _a_failed_warm_start_boots_cold(
+    cli: Cli, far: farhost.FarHost, env: dict[str, str], tmp_path: Path, project: Path
+) -> None:
+    """A template there whose saved memory cannot be restored (its save volume overwritten with zeros): the
+    session boots cold there all the same, says why, and the template is marked failed; gc removes it once no
+    session's disk rests on it."""
+    (name,) = {v.split(".", 1)[0] for v in _remote_volumes(far, "vmsandbox-template-")}
+    junk = tmp_path / "junk"  # /tmp is the stand-in host's too
+    junk.write_bytes(bytes(1024 * 1024))
+    _inside(far, "virsh", "-c", "qemu:///system", "vol-upload", "--pool", "vmsandbox", f"{name}.save", str(junk))
+    done = cli.run("run", "--host", "far", "--yes", str(project), "--", "sh", "-c", "echo cold > cold.txt", env=env)
+    said = done.stderr.decode()
+    assert done.returncode == 0, said
+    assert "the warm start on host far failed" in said and "booting cold" in said, said
+    assert (project / "cold.txt").read_text() == "cold\n"
+    assert f"{name}.failed" in _remote_volumes(far, f"{name}.")
+    swept = cli.run("gc", env=env)
+    assert swept.returncode == 0, swept.stderr.decode()
+    assert f"removed a warm-start template that failed a warm start on host far ({name})" in swept.stderr.decode()
+    assert _remote_volumes(far, "vmsandbox-template-") == []
 
 
 def _warm_and_distinct(cli: Cli, env: dict[str, str], names: list[str]) -> None:
