@@ -155,11 +155,16 @@ def _ensure(hv: Hypervisor, spec: HostSpec, image: Image) -> bool:
             files[f] = (size, sent)
             done += size
         record = Sent(str(image.manifest.get("built_at")), files)
-        with tempfile.TemporaryDirectory(prefix="vmsandbox-ready-") as tmp:
-            marker = Path(tmp) / "ready.json"
-            marker.write_text(record.as_json())
-            hv.upload(POOL, volume(name, READY), marker)
+        put_text(hv, volume(name, READY), record.as_json())
     return True
+
+
+def put_text(hv: Hypervisor, name: str, text: str, *, mode: str = "0644") -> None:
+    """Volume NAME in the pool made to hold `text` (a small record or marker)."""
+    with tempfile.TemporaryDirectory(prefix="vmsandbox-put-") as tmp:
+        note = Path(tmp) / "note"
+        note.write_text(text)
+        hv.upload(POOL, name, note, mode=mode, hashed=False)  # nothing checks it against a hash
 
 
 def _shown(detail: Callable[[str], None], what: str, before: int, total: int) -> Callable[[int], None]:

@@ -94,13 +94,11 @@ def _unusable(hv: Hypervisor, tmpl: RemoteTemplate, vols: dict[str, str]) -> str
         return "a warm-start template that failed a warm start"
     if tmpl.vol("ready") not in vols:
         return "an interrupted template build"
-    limit = remotetemplate.READY_LIMIT
-    raw = bytes(hv.download(POOL, tmpl.vol("ready"), keep=limit, length=limit).kept)
     try:
-        meta = json.loads(raw.rstrip(b"\0"))
+        meta = remotetemplate.record_of(hv, tmpl) or {}
         stale = (meta["key"]["qemu"], meta["key"]["libvirt"]) != (hv.qemu_version(), hv.version())
         image_gone = meta["image"] not in hostimages.ready(hv)
-    except (ValueError, KeyError, TypeError):
+    except (KeyError, TypeError):
         return "a warm-start template whose record cannot be read"
     if stale or image_gone:
         return "a superseded warm-start template"

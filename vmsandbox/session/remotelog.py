@@ -19,7 +19,11 @@ FOLLOW_SECONDS = 1.0
 
 
 def _read(record: Record, hv: Hypervisor) -> bytes | None:
-    name = f"{record.domain}.console.log"
+    return console_of(hv, f"{record.domain}.console.log")
+
+
+def console_of(hv: Hypervisor, name: str) -> bytes | None:
+    """Console volume NAME there, at most CONSOLE_LIMIT of it (None: no such volume)."""
     if name not in hv.volumes(POOL):
         return None
     return bytes(hv.download(POOL, name, keep=CONSOLE_LIMIT, length=CONSOLE_LIMIT).kept)

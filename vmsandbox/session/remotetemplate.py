@@ -27,7 +27,7 @@ from typing import Any
 from vmsandbox import access, paths, ui
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.image.store import Image
-from vmsandbox.session import boot, remote, template
+from vmsandbox.session import boot, hostimages, remote, remotelog, template
 from vmsandbox.session.hostimages import POOL, volume
 from vmsandbox.session.hostspec import HostSpec
 from vmsandbox.vm import accel as accel_mod
@@ -37,7 +37,6 @@ from vmsandbox.vm.virt import Hypervisor
 
 READY_LIMIT = 64 * 1024
 POLL_SECONDS = 1.0
-CONSOLE_LIMIT = 4 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -62,14 +61,20 @@ def find(image: Image, shape: template.Shape, hv: Hypervisor) -> tuple[RemoteTem
         return None, f"its warm-start template there failed a warm start; `vmsandbox gc` removes it ({tmpl.name})"
     if tmpl.vol("ready") not in vols:
         return None, f"no warm-start template there yet for {image.version} ({shape.slug})"
-    raw = bytes(hv.download(POOL, tmpl.vol("ready"), keep=READY_LIMIT, length=READY_LIMIT).kept)
-    try:
-        matches = json.loads(raw.rstrip(b"\0")).get("key") == k
-    except (ValueError, AttributeError):
-        matches = False
-    if not matches or any(tmpl.vol(v) not in vols for v in ("disk.qcow2", "save", "fw.template")):
+    record = record_of(hv, tmpl) or {}
+    if record.get("key") != k or any(tmpl.vol(v) not in vols for v in ("disk.qcow2", "save", "fw.template")):
         return None, f"the template {tmpl.name} there does not match its key"
     return tmpl, ""
+
+
+def record_of(hv: Hypervisor, tmpl: RemoteTemplate) -> dict[str, Any] | None:
+    """What its `ready` volume says (None: it cannot be read as a JSON object)."""
+    raw = bytes(hv.download(POOL, tmpl.vol("ready"), keep=READY_LIMIT, length=READY_LIMIT).kept)
+    try:
+        record = json.loads(raw.rstrip(b"\0"))
+    except ValueError:
+        return None
+    return record if isinstance(record, dict) else None
 
 
 def ensure(image: Image, shape: template.Shape, hv: Hypervisor, host: HostSpec, boot_timeout: int) -> RemoteTemplate:
@@ -96,14 +101,7 @@ def lock_path(host: HostSpec) -> Path:
 
 def mark_failed(hv: Hypervisor, tmpl: RemoteTemplate, why: str) -> None:
     """A warm start from it failed in the guest: later sessions boot cold (and say why); gc removes it."""
-    _put(hv, tmpl.vol("failed"), why[:500] + "\n")
-
-
-def _put(hv: Hypervisor, name: str, text: str) -> None:
-    with tempfile.TemporaryDirectory(prefix="vmsandbox-tmpl-") as tmp:
-        note = Path(tmp) / "note"
-        note.write_text(text)
-        hv.upload(POOL, name, note, mode="0600", hashed=False)
+    hostimages.put_text(hv, tmpl.vol("failed"), why[:500] + "\n", mode="0600")
 
 
 def delete(hv: Hypervisor, tmpl: RemoteTemplate) -> None:
@@ -129,8 +127,13 @@ def _build(
             saved = hv.create_volume(POOL, storage.volume_xml(tmpl.vol("save"), 0, mode="0600"))
             hv.save(tmpl.name, saved, here=False)
         hv.delete_volume(POOL, tmpl.vol("console.log"))
-        meta = {"key": k, "image": image.path.name, "built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-        _put(hv, tmpl.vol("ready"), json.dumps({**meta, "build_seconds": round(time.monotonic() - started, 1)}))
+        meta: dict[str, Any] = {
+            "key": k,
+            "image": image.path.name,
+            "built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        }
+        meta["build_seconds"] = round(time.monotonic() - started, 1)
+        hostimages.put_text(hv, tmpl.vol("ready"), json.dumps(meta), mode="0600")
     except BaseException:
         delete(hv, tmpl)
         raise
@@ -142,7 +145,7 @@ def _spec(image: Image, shape: template.Shape, hv: Hypervisor, tmpl: RemoteTempl
     backing = vols[volume(image.path.name, paths.IMAGE_DISK)]
     size = shape.disk_mib * 1024 * 1024
     disk = hv.create_volume(POOL, storage.volume_xml(tmpl.vol("disk.qcow2"), size, mode="0600", backing=backing))
-    _put(hv, tmpl.vol("fw.template"), "1\n")
+    hostimages.put_text(hv, tmpl.vol("fw.template"), "1\n", mode="0600")
     console = hv.create_volume(POOL, storage.volume_xml(tmpl.vol("console.log"), 0, mode="0600"))
     vols, kernel = hv.volumes(POOL), remote.kernel_of(image)
     return DomainSpec(
@@ -170,7 +173,7 @@ def _wait_ready(hv: Hypervisor, tmpl: RemoteTemplate, boot_timeout: int) -> None
     deadline = time.monotonic() + boot_timeout
     while True:
         stopped = node.gone(hv.info(tmpl.name))
-        console = bytes(hv.download(POOL, tmpl.vol("console.log"), keep=CONSOLE_LIMIT, length=CONSOLE_LIMIT).kept)
+        console = remotelog.console_of(hv, tmpl.vol("console.log")) or b""
         if template.READY.encode() in console:
             return
         if stopped or time.monotonic() > deadline:
