@@ -1,5 +1,6 @@
 """Workspace benchmark on a generated tree of 10,000 files (~100 MB): bringing it in, and pulling back a
-1-file and a 100-file change, each next to plain `rsync -a` of the same tree over the same SSH connection.
+1-file and a 100-file change, each next to plain `rsync -a` of the same tree over the same SSH connection;
+then what the session holds on the host's disk (baseline, workspace disk, mirror) against the project.
 
 Prints ratios measured in one run (these machines are noisy: read the ratios, not the seconds).
 
@@ -42,6 +43,13 @@ def make_tree(root: Path, files: int, size: int) -> None:
 
 def guest(record: Record, command: str) -> None:
     proc.run([*record.endpoint("root").ssh_argv("-T"), "--", command])
+
+
+def allocated(path: Path) -> int:
+    """Bytes a file or a tree takes on disk (blocks, not sizes: holes and placeholders take none)."""
+    if path.is_file():
+        return path.stat().st_blocks * 512
+    return sum(p.lstat().st_blocks * 512 for p in path.rglob("*") if not p.is_symlink())
 
 
 def pull(record: Record) -> None:
@@ -90,6 +98,8 @@ def main() -> None:
             guest(record, f"for f in {project}/dir001/*.dat; do echo changed >> $f; done")
             changed = len(list((project / "dir001").iterdir()))
             pull100 = timed(lambda: pull(record))
+            files = record.files
+            held = [allocated(files.baseline), allocated(files.workspace_disk), allocated(files.guest_tree)]
         finally:
             lifecycle.remove(record)
         print(f"tree: {args.files} files, {mb:.0f} MB")
@@ -100,6 +110,11 @@ def main() -> None:
         print(f"pull back 1 file:   {pull1:.1f}s vs full rsync -a {rsync_out:.1f}s → ratio {pull1 / rsync_out:.2f}")
         ratio = pull100 / rsync_out
         print(f"pull back {changed} files: {pull100:.1f}s vs full rsync -a {rsync_out:.1f}s → ratio {ratio:.2f}")
+        mib = [b / 1024**2 for b in held]
+        print(
+            f"on disk: baseline {mib[0]:.0f} MiB + workspace disk {mib[1]:.0f} MiB + mirror {mib[2]:.1f} MiB = "
+            f"{sum(held) / allocated(project):.2f}x the project ({allocated(project) / 1024**2:.0f} MiB)"
+        )
     finally:
         shutil.rmtree(work, ignore_errors=True)
     sys.stdout.flush()

@@ -8,6 +8,7 @@ The steps run in order on one session of this module (each leaves the journal's 
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shlex
 import shutil
@@ -28,6 +29,7 @@ from vmsandbox.sync import capture, delta, journal, mirror
 from .conftest import unique_name
 
 LIMIT = 1024**3
+BIG = os.urandom(8 * 1024**2)
 
 
 @pytest.fixture(scope="module")
@@ -40,6 +42,9 @@ def session(base_image: store.Image, tmp_path_factory: pytest.TempPathFactory) -
     (project / "docs/readme.md").write_text("read me\n")
     (project / "old/deep/er/file").write_text("old\n")
     (project / "build/out.o").write_bytes(b"\x7fELF" * 100)
+    (project / "data").mkdir()
+    (project / "data/big.bin").write_bytes(BIG)
+    (project / "data/run.sh").write_text("#!/bin/sh\necho run\n")
     record = create.create(Options(project=project, name=unique_name(), settings=Settings(), keep=True))
     yield record
     lifecycle.remove(record)
@@ -80,6 +85,38 @@ def test_the_first_pull_asks_from_the_workspace_as_it_was_made(session: Record) 
     assert first.how == "the journal named 0 path(s)"
     assert first.differs == frozenset()
     assert journal.load(session.files.root).instance != journal.ORIGIN.instance
+
+
+def allocated(root: Path) -> int:
+    """Bytes the regular files under root take on disk."""
+    return sum(p.lstat().st_blocks * 512 for p in root.rglob("*") if p.is_file() and not p.is_symlink())
+
+
+def test_the_mirror_holds_no_second_copy_of_the_project(session: Record) -> None:
+    """The mirror starts with placeholders (sync.placeholders): the baseline holds the project's data, the
+    mirror none of it, and yet a walk of it finds the baseline."""
+    files = session.files
+    assert allocated(files.baseline) > len(BIG)
+    assert allocated(files.guest_tree) < 64 * 1024
+    assert walked(session).differs == frozenset()
+    assert allocated(files.guest_tree) < 64 * 1024  # a whole fetch sends nothing the guest did not change
+
+
+def test_a_byte_changed_in_a_big_file_and_a_mode_changed(session: Record) -> None:
+    """A placeholder named by the journal gets the baseline's data first (rsync sends only the difference);
+    a mode-only change leaves rsync nothing to send, and the review still reads the file's real content."""
+    named = step(
+        session,
+        "printf X | dd of=data/big.bin bs=1 seek=4096 conv=notrunc status=none && chmod 755 data/run.sh",
+        expect="the journal named 2 path(s)",
+    )
+    changed = BIG[:4096] + b"X" + BIG[4097:]
+    assert named.view["data/big.bin"].digest == hashlib.sha256(changed).hexdigest()
+    assert (session.files.guest_tree / "data/big.bin").read_bytes() == changed
+    base = capture.baseline(session.files)["data/run.sh"]
+    assert named.view["data/run.sh"].mode == 0o755 and named.view["data/run.sh"].digest == base.digest
+    assert (session.files.guest_tree / "data/run.sh").read_text() == "#!/bin/sh\necho run\n"
+    assert {"data/big.bin", "data/run.sh"} <= named.differs
 
 
 def test_every_kind_of_change_is_named(session: Record) -> None:

@@ -4,7 +4,8 @@ project's path.
 Work stays on the host where it can (the guest CPU is slow under TCG): the tree is copied locally (a
 reflink where the filesystem can), and the guest's ext4 disk is made on the host with `mkfs.ext4 -d`. The
 copy is the session's baseline: what every later comparison starts from. The mirror of the guest's tree
-starts as another copy of it, handed to the unprivileged guest-data account (mirror.py).
+starts as the baseline's tree with placeholders for its files (sync.placeholders: no second copy of the
+data), handed to the unprivileged guest-data account (mirror.py).
 """
 
 from __future__ import annotations
@@ -19,12 +20,12 @@ from pathlib import Path
 from vmsandbox import confine, failpoint, paths, proc
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.paths import SessionPaths
-from vmsandbox.sync import delta, tree, views
+from vmsandbox.sync import delta, placeholders, tree, views
 from vmsandbox.vm import ext4
 
 HEADROOM_BYTES = 8 * 1024**3  # room for what the agent adds (dependencies, builds) on the sparse disk
 BYTES_PER_INODE = 8192
-COPIES = 3  # the baseline, the mirror of the guest's tree, and the workspace disk's data
+COPIES = 2  # the baseline and the workspace disk's data (the mirror holds placeholders: sync.placeholders)
 RESERVE_BYTES = 64 * 1024**2
 
 
@@ -60,7 +61,7 @@ def capture(project: Path, files: SessionPaths, *, pristine: bool = False) -> tr
         ext4.remove_dir(files.workspace_disk, "lost+found")
     if pristine:
         copy_disk(files.workspace_disk, files.root / PRISTINE)
-    proc.run(["cp", "-a", "--reflink=auto", files.baseline, files.guest_tree])
+    placeholders.make(files.baseline, files.guest_tree, manifest)
     confine.hand_over(files.guest_tree, confine.guest_data_account())
     delta.save(files.root, {})  # the mirror is the baseline: the first pull reads only what the journal names
     return manifest
@@ -76,7 +77,7 @@ def copy_from(source: SessionPaths, files: SessionPaths, workspace: Path | None)
     manifest = tree.from_json(json.loads(files.baseline_manifest.read_text()))
     if workspace is not None:
         copy_disk(workspace, files.workspace_disk)
-    proc.run(["cp", "-a", "--reflink=auto", files.baseline, files.guest_tree])
+    placeholders.make(files.baseline, files.guest_tree, manifest)
     confine.hand_over(files.guest_tree, confine.guest_data_account())
     delta.save(files.root, {})
     return manifest
@@ -101,8 +102,8 @@ def project_bytes(project: Path) -> int:
 
 
 def check_space(project: Path, where: Path) -> None:
-    """Before anything is copied: room for the baseline, the mirror and the workspace disk (without reflinks,
-    three copies of the project), plus a reserve."""
+    """Before anything is copied: room for the baseline and the workspace disk (without reflinks, two copies
+    of the project; the mirror starts with placeholders), plus a reserve."""
     need = COPIES * project_bytes(project) + RESERVE_BYTES
     free = shutil.disk_usage(where).free
     if need > free:

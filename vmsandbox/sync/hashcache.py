@@ -29,15 +29,18 @@ def _key(st: os.stat_result) -> Key:
 
 
 class HashCache:
-    def __init__(self, path: Path | None, known: dict[str, tuple[Key, str]] | None = None) -> None:
+    def __init__(
+        self, path: Path | None, known: dict[str, tuple[Key, str]] | None = None, *, placeholders: bool = False
+    ) -> None:
         self.path = path
         self.known = known or {}
+        self.placeholders = placeholders  # the mirror's: a placeholder's hash is its attribute (sync.placeholders)
         self.seen: dict[str, tuple[Key, str]] = {}
         self.started = time.time_ns()
         self.hits = self.misses = 0
 
     @classmethod
-    def load(cls, path: Path) -> HashCache:
+    def load(cls, path: Path, *, placeholders: bool = False) -> HashCache:
         try:
             data = json.loads(path.read_text())
             known: dict[str, tuple[Key, str]] = {
@@ -47,7 +50,7 @@ class HashCache:
             }
         except (OSError, ValueError, TypeError, AttributeError):
             known = {}
-        return cls(path, known)
+        return cls(path, known, placeholders=placeholders)
 
     def lookup(self, rel: str, st: os.stat_result) -> str | None:
         """The remembered digest of `rel`, if the file is the one that was hashed."""

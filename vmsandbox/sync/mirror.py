@@ -21,7 +21,7 @@ from vmsandbox import confine, proc
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.guest.ssh import Endpoint
 from vmsandbox.paths import SessionPaths
-from vmsandbox.sync import capture, delta, journal, transfer, tree
+from vmsandbox.sync import capture, delta, journal, placeholders, transfer, tree
 from vmsandbox.sync.hashcache import HashCache
 from vmsandbox.vm import ext4
 
@@ -49,16 +49,34 @@ class Fetched:
     how: str  # how the changes were found (for the log: which paths the journal named, or why a walk)
 
 
+def _cache(files: SessionPaths) -> HashCache:
+    """The mirror's hash cache: unchanged files' hashes from the last scan (sync.hashcache), a placeholder's
+    from its attribute (sync.placeholders)."""
+    return HashCache.load(files.hashes("mirror"), placeholders=True)
+
+
 def _scan(files: SessionPaths) -> tree.Manifest:
-    """The mirror's manifest, its unchanged files' hashes taken from the last scan (sync.hashcache)."""
-    return tree.scan(files.guest_tree, cache=HashCache.load(files.hashes("mirror")))
+    return tree.scan(files.guest_tree, cache=_cache(files))
 
 
 def _walked(files: SessionPaths, base: tree.Tree, why: str) -> Fetched:
     guest = _scan(files)
     found = delta.between(base, guest)
     delta.save(files.root, found)
-    return Fetched(guest, frozenset(found), f"the whole tree was read: {why}")
+    return _readable(files, base, Fetched(guest, frozenset(found), f"the whole tree was read: {why}"))
+
+
+def _readable(files: SessionPaths, base: tree.Tree, fetched: Fetched) -> Fetched:
+    """The fetch, once every path where the guest differs holds data a review can read: a placeholder there
+    (the guest changed only its mode) gets the baseline's data."""
+    lost = placeholders.fill(files.guest_tree, files.baseline, base, sorted(fetched.differs))
+    if lost:  # (the baseline no longer has that content: only if the mirror was tampered with)
+        delta.forget(files.root)
+        raise VmsandboxError(
+            f"the mirror of the guest's tree stands for data the baseline no longer has at {lost[0]!r}",
+            hint="pull again: the next pull reads the whole tree and fetches that file whole",
+        )
+    return fetched
 
 
 def fetch_live(
@@ -76,15 +94,17 @@ def fetch_live(
     why = answer.why if known is not None else "no record of the mirror"
     if answer.paths is not None and answer.cursor is not None and known is not None:
         try:
-            if answer.paths:
+            if answer.paths:  # placeholders named get their data first: rsync sends only the difference
+                placeholders.fill(files.guest_tree, files.baseline, base, answer.paths)
                 _rsync(endpoint, workdir, files, max_file_bytes, answer.paths)
-                delta.refresh(files.guest_tree, base, known, answer.paths, HashCache.load(files.hashes("mirror")))
+                delta.refresh(files.guest_tree, base, known, answer.paths, _cache(files))
                 delta.save(files.root, known)
         except proc.CommandError as exc:  # (a path that vanished meanwhile; a lying journal): walk instead
             why = f"fetching the paths it named failed (rsync exit {exc.result.returncode})"
         else:
             journal.save(files.root, answer.cursor)
-            return Fetched(delta.view(base, known), frozenset(known), f"the journal named {len(answer.paths)} path(s)")
+            how = f"the journal named {len(answer.paths)} path(s)"
+            return _readable(files, base, Fetched(delta.view(base, known), frozenset(known), how))
     delta.forget(files.root)  # the mirror is about to change under it
     _rsync(endpoint, workdir, files, max_file_bytes, None)
     fetched = _walked(files, base, why)
@@ -148,7 +168,7 @@ def fetch_from_disk(files: SessionPaths, base: tree.Tree, *, max_file_bytes: int
     # disk holds at least what the guest had written when the cursor was taken)
     if not copy:
         _fetch_disk(files, files.workspace_disk, max_file_bytes)
-        return _walked(files, base, "the VM is not running")
+        return _thinned(files, base, _walked(files, base, "the VM is not running"))
     duplicate = files.root / "workspace.copy"
     duplicate.unlink(missing_ok=True)
     proc.run(["cp", "--sparse=always", "--reflink=auto", files.workspace_disk, duplicate])
@@ -156,7 +176,14 @@ def fetch_from_disk(files: SessionPaths, base: tree.Tree, *, max_file_bytes: int
         _fetch_disk(files, duplicate, max_file_bytes)
     finally:
         duplicate.unlink(missing_ok=True)
-    return _walked(files, base, "the VM is stopped")
+    return _thinned(files, base, _walked(files, base, "the VM is stopped"))
+
+
+def _thinned(files: SessionPaths, base: tree.Tree, fetched: Fetched) -> Fetched:
+    """The disk's tree was read whole into the mirror: the files the guest left as they were become
+    placeholders again, so the project is not held twice more."""
+    placeholders.thin(files.guest_tree, base, (p for p in base if p not in fetched.differs))
+    return fetched
 
 
 def _fetch_disk(files: SessionPaths, image: Path, max_file_bytes: int) -> None:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from vmsandbox import confine, failpoint, paths, ui
 from vmsandbox.guest.ssh import Endpoint
-from vmsandbox.sync import capture, delta, mirror, transfer, tree
+from vmsandbox.sync import capture, delta, mirror, placeholders, transfer, tree
 from vmsandbox.sync.changes import Target
 from vmsandbox.sync.compare import Status, compare, is_git_managed
 from vmsandbox.sync.hashcache import HashCache
@@ -51,6 +51,8 @@ def push(target: Target, endpoint: Endpoint, *, limit: int) -> tuple[list[str], 
                 remote_path=remote,
                 input=b"".join(c.path.encode("utf-8", "surrogateescape") + b"\0" for c in send),
             )
+        # placeholders stand for the baseline's data: those about to change there get it first
+        placeholders.fill(files.guest_tree, files.baseline, base, [c.path for c in send])
         for c in send:  # the pushed state is what both sides now agree on
             _copy_entry(target.project, files.baseline, c.path)
             if c.host is None:

@@ -22,6 +22,9 @@ CHUNK = 1 << 20
 # The permission bits a sync carries: rwx for the owner and the group, r-x for others. Setuid, setgid, sticky
 # and world-writable never travel from a guest, so they never make a difference between two trees either.
 CARRIED = 0o775
+# A file of the mirror that stands for the baseline's (sync.placeholders): its content hash (the 32 bytes, small
+# enough to be kept in the inode: the placeholder takes no block), set by root only.
+PLACEHOLDER_XATTR = "trusted.vmsandbox.digest"
 
 
 @dataclass(frozen=True)
@@ -88,6 +91,15 @@ def fd_digest(fd: int) -> str:
     return h.hexdigest()
 
 
+def placeholder_digest(fd: int) -> str | None:
+    """The content hash a placeholder stands for, or None if the file is not one."""
+    try:
+        value = os.getxattr(fd, PLACEHOLDER_XATTR)
+    except OSError:
+        return None
+    return value.hex() if len(value) == hashlib.sha256().digest_size else None
+
+
 def entry_at(dir_fd: int, name: str, cache: HashCache | None = None, rel: str = "") -> Entry | None:
     """The entry `name` in the directory dir_fd, never followed (None if it is gone). With a cache, a file
     that is provably unchanged since it was hashed (at `rel`) is not read again."""
@@ -113,7 +125,8 @@ def _file_entry(dir_fd: int, name: str, st: os.stat_result, cache: HashCache | N
     if fd is None:  # swapped for something else meanwhile
         return Entry(OTHER, 0)
     try:
-        digest = fd_digest(fd)
+        stands_for = placeholder_digest(fd) if cache is not None and cache.placeholders else None
+        digest = fd_digest(fd) if stands_for is None else stands_for
     finally:
         os.close(fd)
     if cache is not None:
