@@ -69,7 +69,8 @@ def _walked(files: SessionPaths, base: tree.Tree, why: str) -> Fetched:
 def _readable(files: SessionPaths, base: tree.Tree, fetched: Fetched) -> Fetched:
     """The fetch, once every path where the guest differs holds data a review can read: a placeholder there
     (the guest changed only its mode) gets the baseline's data."""
-    lost = placeholders.fill(files.guest_tree, files.baseline, base, sorted(fetched.differs))
+    same_data = [p for p in sorted(fetched.differs) if _same_data(base.get(p), fetched.view.get(p))]
+    lost = placeholders.fill(files.guest_tree, files.baseline, base, same_data)
     if lost:  # (the baseline no longer has that content: only if the mirror was tampered with)
         delta.forget(files.root)
         raise VmsandboxError(
@@ -77,6 +78,13 @@ def _readable(files: SessionPaths, base: tree.Tree, fetched: Fetched) -> Fetched
             hint="pull again: the next pull reads the whole tree and fetches that file whole",
         )
     return fetched
+
+
+def _same_data(base: tree.Entry | None, guest: tree.Entry | None) -> bool:
+    """Whether a path where the guest differs holds the baseline's data there (only such a path can be a
+    placeholder, unless the receiver moved one: then what a review reads fails its hash check, as any file
+    that changed under it does)."""
+    return base is not None and guest is not None and guest.kind == tree.FILE and guest.digest == base.digest
 
 
 def fetch_live(

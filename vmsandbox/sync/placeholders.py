@@ -92,7 +92,14 @@ def fill(mirror: Path, baseline: Path, base: Mapping[str, Entry], rels: Iterable
             like, digest = found
             entry = base.get(rel)
             source = base_dirs.find(where) if entry is not None and entry.digest == digest else None
-            if source is None or not _copy_in(here, name, like, source, digest=digest):
+            try:
+                filled = source is not None and _copy_in(here, name, like, source, digest=digest)
+            except OSError as exc:
+                raise VmsandboxError(
+                    f"could not put the baseline's data into the mirror of the guest's tree at {rel!r}: {exc.strerror}",
+                    hint="free space in the state directory (`df /var/lib/vmsandbox`), then pull again",
+                ) from exc
+            if not filled:
                 os.unlink(name, dir_fd=here)
                 lost.append(rel)
     return lost
