@@ -262,7 +262,8 @@ def test_full_disk_during_pull_then_room_made(cli: Cli, owned_name: str, small_f
 
 
 def test_full_disk_during_capture(cli: Cli, owned_name: str, project: Path, small_fs: Path) -> None:
-    (project / "data.bin").write_bytes(b"\1" * 200 * 1024**2)
+    # two copies (the baseline and the workspace disk: the mirror starts with placeholders) do not fit in 500 MiB
+    (project / "data.bin").write_bytes(b"\1" * 250 * 1024**2)
     state = small_fs / "state"
     state.mkdir(mode=0o711)
     r = cli.run("run", "--name", owned_name, str(project), "--", "true", env=cli.env(VMSANDBOX_STATE_DIR=str(state)))

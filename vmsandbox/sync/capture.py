@@ -48,17 +48,11 @@ def capture(project: Path, files: SessionPaths, *, pristine: bool = False) -> tr
     used = sum(e.size for e in manifest.values())
     size = max(2 * used, used + HEADROOM_BYTES)
     inodes = max(2 * len(manifest), size // BYTES_PER_INODE)
-    made = files.root / f".{files.workspace_disk.name}.made"
-    made.unlink(missing_ok=True)
-    ext4.make(files.baseline, made, f"{size // 1024}k", label="workspace", inodes=inodes, extended=("root_owner=0:0",))
-    made.chmod(0o600)  # a copy of the project: for root (and QEMU, via libvirt) only
+    disk = files.workspace_disk
+    ext4.make(files.baseline, disk, f"{size // 1024}k", label="workspace", inodes=inodes, extended=("root_owner=0:0",))
+    disk.chmod(0o600)  # a copy of the project: for root (and QEMU, via libvirt) only
     if "lost+found" not in manifest:
-        ext4.remove_dir(made, "lost+found")
-    # mkfs zeroed its inode tables and journal in allocated extents (hundreds of MiB on disk): a sparse copy
-    # keeps only the blocks that hold something
-    proc.run(["cp", "--sparse=always", "--no-preserve=all", made, files.workspace_disk])
-    made.unlink()
-    files.workspace_disk.chmod(0o600)
+        ext4.remove_dir(disk, "lost+found")
     if pristine:
         copy_disk(files.workspace_disk, files.root / PRISTINE)
     placeholders.make(files.baseline, files.guest_tree, manifest)
