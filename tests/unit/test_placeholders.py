@@ -54,6 +54,14 @@ def blocks(path: Path) -> int:
     return os.lstat(path).st_blocks
 
 
+def stands_for(path: Path) -> str | None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        return tree.placeholder_digest(fd)
+    finally:
+        os.close(fd)
+
+
 def mirror_scan(mirror: Path) -> tree.Manifest:
     return tree.scan(mirror, cache=HashCache(None, placeholders=True))
 
@@ -98,7 +106,7 @@ def test_fill_puts_the_baseline_data_in_with_the_placeholders_mode_and_times(
     assert placeholders.fill(mirror, baseline, manifest, ["src/run.sh", "src/big.bin", "missing", "src"]) == []
     for rel in ("src/run.sh", "src/big.bin"):
         assert (mirror / rel).read_bytes() == (baseline / rel).read_bytes()
-        assert tree.placeholder_digest(os.open(mirror / rel, os.O_RDONLY)) is None
+        assert stands_for(mirror / rel) is None
     after = os.lstat(mirror / "src/run.sh")
     assert (stat.S_IMODE(after.st_mode), after.st_mtime_ns, after.st_uid) == (0o750, before.st_mtime_ns, before.st_uid)
     assert mirror_scan(mirror)["src/run.sh"] == tree.Entry(
@@ -172,7 +180,7 @@ def test_only_root_can_make_a_placeholder(tmp_path: Path) -> None:
             os._exit(code)
     _, status = os.waitpid(child, 0)
     assert os.waitstatus_to_exitcode(status) == 0  # refused: EPERM
-    assert tree.placeholder_digest(os.open(own, os.O_RDONLY)) is None
+    assert stands_for(own) is None
 
 
 def test_a_malformed_attribute_is_not_a_placeholder(tmp_path: Path) -> None:

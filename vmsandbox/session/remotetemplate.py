@@ -127,12 +127,12 @@ def _build(
             saved = hv.create_volume(POOL, storage.volume_xml(tmpl.vol("save"), 0, mode="0600"))
             hv.save(tmpl.name, saved, here=False)
         hv.delete_volume(POOL, tmpl.vol("console.log"))
-        meta: dict[str, Any] = {
+        meta = {
             "key": k,
             "image": image.path.name,
             "built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "build_seconds": round(time.monotonic() - started, 1),
         }
-        meta["build_seconds"] = round(time.monotonic() - started, 1)
         hostimages.put_text(hv, tmpl.vol("ready"), json.dumps(meta), mode="0600")
     except BaseException:
         delete(hv, tmpl)
