@@ -24,7 +24,7 @@ from vmsandbox.session import create, lifecycle
 from vmsandbox.session.config import Settings
 from vmsandbox.session.options import Options
 from vmsandbox.session.record import Record
-from vmsandbox.sync import capture, delta, journal, mirror
+from vmsandbox.sync import capture, delta, journal, mirror, tree
 
 from .conftest import unique_name
 
@@ -119,6 +119,29 @@ def test_a_byte_changed_in_a_big_file_and_a_mode_changed(session: Record) -> Non
     assert named.view["data/run.sh"].mode == 0o755 and named.view["data/run.sh"].digest == base.digest
     assert (session.files.guest_tree / "data/run.sh").read_text() == "#!/bin/sh\necho run\n"
     assert {"data/big.bin", "data/run.sh"} <= named.differs
+
+
+def test_a_guest_that_forges_placeholders_gets_its_real_bytes_seen(session: Record) -> None:
+    """The guest's root sets the placeholder attribute itself, with the baseline's hash, on a file it rewrote
+    and on a new one: rsync never carries attributes, so the mirror and the pull see what the files hold."""
+    files = session.files
+    claimed = capture.baseline(files)["data/run.sh"].digest
+    assert claimed is not None
+    script = (
+        "python3 -c \"import os; d = bytes.fromhex('" + claimed + "'); "
+        "open('data/run.sh', 'w').write('#!/bin/sh\\necho forged\\n'); "
+        "open('data/forged.bin', 'wb').write(b'junk'); "
+        "[os.setxattr(p, 'trusted.vmsandbox.digest', d) for p in ('data/run.sh', 'data/forged.bin')]\""
+    )
+    named = step(session, script, expect="the journal named")
+    assert named.view["data/run.sh"].digest == hashlib.sha256(b"#!/bin/sh\necho forged\n").hexdigest()
+    assert named.view["data/forged.bin"].digest == hashlib.sha256(b"junk").hexdigest()
+    for rel in ("data/run.sh", "data/forged.bin"):
+        fd = os.open(files.guest_tree / rel, os.O_RDONLY)
+        try:
+            assert tree.placeholder_digest(fd) is None
+        finally:
+            os.close(fd)
 
 
 def test_every_kind_of_change_is_named(session: Record) -> None:
