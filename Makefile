@@ -19,12 +19,13 @@ APT_PACKAGES := qemu-system-x86 qemu-utils libvirt-daemon-system libvirt-clients
 # The tests also play a remote libvirt host on this machine, reached through an sshd they start on 127.0.0.1.
 TEST_APT_PACKAGES := openssh-server
 
-.PHONY: help setup apt venv host image run test lint unit integration bench clean
+.PHONY: help setup apt venv host image run test lint unit integration bench suite-costs clean
 
 help:
 	@echo "make run   - set up this machine, build the base image if missing, run a sandbox on demo/"
 	@echo "make test  - set up this machine and run lint, type checks, unit and integration tests"
 	@echo "make bench - boot-time benchmark (bench/boot.py)"
+	@echo "make suite-costs - the integration tests one at a time, with what each costs in CPU (bench/suite.py --serial)"
 
 setup: apt venv host
 
@@ -62,18 +63,24 @@ lint: venv
 	$(VENV)/bin/mypy
 
 unit: venv
-	$(VENV)/bin/pytest tests/unit -q
+	$(VENV)/bin/python bench/suite.py --only unit
 
 integration: EXTRA_APT := $(TEST_APT_PACKAGES)
 integration: image
-	$(VENV)/bin/pytest tests/integration -q
+	$(VENV)/bin/python bench/suite.py --only integration
 
+# lint, unit and integration phases (integration tests in parallel workers), each timed; the run's figures are
+# appended to the data directory's suite-runs.jsonl and printed beside the last runs (bench/suite.py).
 test: EXTRA_APT := $(TEST_APT_PACKAGES)
-test: image lint
-	$(VENV)/bin/pytest -q --durations=30
+test: image
+	$(VENV)/bin/python bench/suite.py
 
 bench: image
 	$(VENV)/bin/python bench/boot.py
+
+suite-costs: EXTRA_APT := $(TEST_APT_PACKAGES)
+suite-costs: image
+	$(VENV)/bin/python bench/suite.py --serial --only integration
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

@@ -10,7 +10,7 @@ Names (each is hit where the code says `failpoint.hit(NAME)`):
     run.capture     after the baseline copy, before the workspace disk is made
     run.boot        the domain created, before the wait for its sshd (a cold start)
     run.restore     the template restored, before the workspace disk is attached (a warm start)
-    template.save   a template booted and waiting for its identity, before its memory is saved
+    template.boot   a template's domain created, before the wait for it to boot
     run.egress      the egress daemon spawned, before its door is open
     run.gather      the guest's files fetched to the mirror, before they are compared
     pull.apply      before each change a pull (or recover, or run's review) applies
@@ -35,7 +35,7 @@ POINTS = frozenset(
         "run.capture",
         "run.boot",
         "run.restore",
-        "template.save",
+        "template.boot",
         "run.egress",
         "run.gather",
         "pull.apply",

@@ -8,9 +8,12 @@ test keeps the session's serial console log (path printed).
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import secrets
+import shlex
 import shutil
 import signal
 import subprocess
@@ -38,11 +41,43 @@ LOG_KEEP_DIR = Path(os.environ.get("VMSANDBOX_TEST_LOGS", "/var/tmp/vmsandbox-te
 NAME_PREFIX = "it-"
 
 
+# The modules that cost the most, first: the workers (pytest-xdist, `--dist loadgroup`) take a module at a time
+# in this order, so the long ones start at once and the short ones fill in at the end. Exclusive tests go last.
+HEAVIEST_FIRST = (
+    "test_hosts.py",
+    "test_experiments.py",
+    "test_blueprints.py",
+    "test_egress.py",
+    "test_faults.py",
+    "test_lifecycle.py",
+    "test_hostile_guest.py",
+    "test_warm.py",
+    "test_image_build.py",
+)
+EXCLUSIVE_GROUP = "exclusive"
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Integration tests are marked as such, grouped by module for the workers (a module's VMs are made once,
+    on one worker; the exclusive tests form one group of their own), and ordered heaviest module first."""
     here = Path(__file__).parent
-    for item in items:
-        if here in Path(str(item.fspath)).parents:
-            item.add_marker(pytest.mark.integration)
+    mine = [item for item in items if here in Path(str(item.fspath)).parents]
+    for item in mine:
+        item.add_marker(pytest.mark.integration)
+        if item.get_closest_marker("xdist_group") is None:
+            exclusive = item.get_closest_marker("exclusive") is not None
+            item.add_marker(pytest.mark.xdist_group(EXCLUSIVE_GROUP if exclusive else Path(str(item.fspath)).name))
+
+    def weight(item: pytest.Item) -> int:
+        if item.get_closest_marker("exclusive") is not None:
+            return len(HEAVIEST_FIRST) + 1
+        name = Path(str(item.fspath)).name
+        return HEAVIEST_FIRST.index(name) if name in HEAVIEST_FIRST else len(HEAVIEST_FIRST)
+
+    order = {id(item): n for n, item in enumerate(items)}
+    mine.sort(key=lambda item: (weight(item), order[id(item)]))
+    slots = iter(mine)
+    items[:] = [next(slots) if here in Path(str(item.fspath)).parents else item for item in items]
 
 
 @pytest.hookimpl(wrapper=True)
@@ -54,6 +89,82 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
 
 
 FAILED = pytest.StashKey[bool]()
+
+# Tests run in parallel (pytest-xdist: one process per worker, each with its own state directory). A test marked
+# `exclusive` takes the host itself away for a moment (stops libvirtd, kills a shared build): it runs while no
+# other integration test of any worker runs. The lock covers each test's whole protocol, fixtures included.
+HOST_LOCKS = Path(os.environ.get("VMSANDBOX_TEST_LOCKS", "/var/tmp/vmsandbox-it-locks"))
+
+
+@contextlib.contextmanager
+def host_lock(*, exclusive: bool) -> Iterator[None]:
+    """A readers-writer lock over the host, writer-preferring: a waiting exclusive test holds the turnstile,
+    so no new test starts until the running ones are done and it has run."""
+    HOST_LOCKS.mkdir(mode=0o700, exist_ok=True)
+    turnstile = os.open(HOST_LOCKS / "turnstile", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    host = os.open(HOST_LOCKS / "host", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(turnstile, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(host, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+        finally:
+            fcntl.flock(turnstile, fcntl.LOCK_UN)
+        yield
+    finally:
+        os.close(host)
+        os.close(turnstile)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    if item.get_closest_marker("integration") is None:
+        return (yield)
+    with host_lock(exclusive=item.get_closest_marker("exclusive") is not None), _costed(item):
+        return (yield)
+
+
+COST_LOG = os.environ.get("VMSANDBOX_TEST_COST_LOG")  # bench/suite.py: what each test cost the host
+
+
+@contextlib.contextmanager
+def _costed(item: pytest.Item) -> Iterator[None]:
+    """With VMSANDBOX_TEST_COST_LOG set: a JSON line per test with its wall time and the CPU time the whole
+    host spent meanwhile (only meaningful when tests run one at a time: `bench/suite.py --serial`)."""
+    if not COST_LOG:
+        yield
+        return
+    started, busy = time.monotonic(), _host_busy_seconds()
+    try:
+        yield
+    finally:
+        line = {
+            "test": item.nodeid,
+            "wall": round(time.monotonic() - started, 2),
+            "cpu": round(_host_busy_seconds() - busy, 2),
+        }
+        with Path(COST_LOG).open("a") as log:
+            log.write(json.dumps(line) + "\n")
+
+
+def _host_busy_seconds() -> float:
+    """CPU seconds the host spent on anything but idling and waiting for I/O since it booted (/proc/stat)."""
+    fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    idle = fields[3] + fields[4]
+    return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+
+
+def libvirtd_pid() -> int:
+    """This host's libvirtd (not a stand-in host's, which runs in a mount namespace of its own)."""
+    pid = int(Path("/run/libvirtd.pid").read_text().strip())
+    assert Path(f"/proc/{pid}").exists(), f"libvirtd (pid {pid}) is not running"
+    return pid
+
+
+def stop_libvirtd() -> None:
+    """Stop this host's libvirtd (the caller brings it back with `vmsandbox host setup`)."""
+    pid = libvirtd_pid()
+    os.kill(pid, signal.SIGTERM)
+    wait_for(lambda: not Path(f"/proc/{pid}").exists(), 60, "libvirtd to stop")
 
 
 def _unavailable(reason: str) -> None:
@@ -204,14 +315,18 @@ def cli(state_dir: Path) -> Cli:
 
 
 def keep_console_on_failure(request: pytest.FixtureRequest, name: str) -> None:
-    if request.node.stash.get(FAILED, False):
-        log_file = paths.session_paths(name).console_log
-        if log_file.exists():
-            LOG_KEEP_DIR.mkdir(parents=True, exist_ok=True)
-            kept = LOG_KEEP_DIR / f"{request.node.name}-{name}.console.log"
-            shutil.copyfile(log_file, kept)
-            KEPT.append(kept)
-            print(f"\nserial console of {name} kept at {kept}")
+    keep_console(request.node.name, name, failed=request.node.stash.get(FAILED, False))
+
+
+def keep_console(test: str, name: str, *, failed: bool) -> None:
+    """After a failed test, the serial console of its session `name` goes where CI lists it."""
+    log_file = paths.session_paths(name).console_log
+    if failed and log_file.exists():
+        LOG_KEEP_DIR.mkdir(parents=True, exist_ok=True)
+        kept = LOG_KEEP_DIR / f"{test}-{name}.console.log"
+        shutil.copyfile(log_file, kept)
+        KEPT.append(kept)
+        print(f"\nserial console of {name} kept at {kept}")
 
 
 def processes() -> str:
@@ -257,14 +372,89 @@ def owned_name(request: pytest.FixtureRequest, base_image: store.Image, state_di
 
 
 @pytest.fixture(scope="module")
-def kept_session(cli: Cli, project: Path, base_image: store.Image) -> Iterator[str]:
-    """A session started with `run --keep` on the module's own (module-scoped) `project`, for a module whose
-    tests run in order against it; destroyed, whatever it holds, when the module is done."""
-    n = unique_name()
-    r = cli.run("run", "--keep", "--name", n, str(project), "--", "true")
-    assert r.returncode == 0, r.stderr.decode()
-    yield n
-    cli.run("destroy", n, "--discard")
+def kept_session(module_vms: VmFactory, project: Path) -> str:
+    """A kept session on the module's own (module-scoped) `project`, for a module whose tests run in order
+    against it; removed, whatever it holds, when the module is done."""
+    return module_vms.make(project).name
+
+
+class VmFactory:
+    """Sessions for tests that own a VM, in the spirit of firecracker's `microvm_factory`: made through the Python
+    API (create.create: a restore of the warm-start template, ~4 s under TCG, unless `cold`), kept like a
+    `run --keep` session, and removed with everything they made when the fixture's scope ends. A test about
+    the `run` command itself (its exit code, its review, its end) keeps using the CLI."""
+
+    def __init__(self, request: pytest.FixtureRequest) -> None:
+        self.request = request
+        self.made: list[str] = []
+        self._failed_before = request.session.testsfailed
+
+    def make(
+        self,
+        project: Path,
+        *,
+        name: str | None = None,
+        settings: Settings | None = None,
+        cold: bool = False,
+        user: tuple[str, int, int] | None = None,
+    ) -> Record:
+        """A running session on `project` (`user`: the invoking user it plays, as `SUDO_USER` would say)."""
+        name = name or unique_name()
+        self.made.append(name)
+        sudo = {"SUDO_USER": user[0], "SUDO_UID": str(user[1]), "SUDO_GID": str(user[2])} if user else {}
+        saved = {k: os.environ.get(k) for k in sudo}
+        os.environ.update(sudo)
+        try:
+            record = create.create(
+                Options(project=project, name=name, settings=settings or Settings(), keep=True, cold=cold)
+            )
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+        record.owner_pid = record.owner_start = None  # like a `run --keep` that has ended: nobody's run holds it
+        record.save()
+        return record
+
+    def cleanup(self) -> None:
+        """Remove every session made here that the test left (a test that destroys its own is fine too)."""
+        failed = self.request.session.testsfailed > self._failed_before
+        for name in self.made:
+            keep_console(self.request.node.name, name, failed=failed)
+            with contextlib.suppress(VmsandboxError):
+                lifecycle.remove(Record.load(name))
+            with Hypervisor(URI) as hv:
+                hv.destroy(DOMAIN_PREFIX + name)
+            shutil.rmtree(paths.session_paths(name).root, ignore_errors=True)
+
+
+def guest_sh(record: Record, script: str, *, root: bool = False, timeout: float = 180) -> str:
+    """Run `script` with sh in the guest's project directory (as the session's user, or root); its stdout. A
+    failure fails the test with the command's stderr."""
+    command = f"cd {shlex.quote(record.project)} && {script}"
+    endpoint = record.endpoint("root" if root else None)
+    r = subprocess.run(
+        [*endpoint.ssh_argv("-T"), "--", command], capture_output=True, text=True, timeout=timeout, check=False
+    )
+    assert r.returncode == 0, f"{script}: exit {r.returncode}: {r.stderr}"
+    return r.stdout
+
+
+@pytest.fixture
+def vm_factory(request: pytest.FixtureRequest, base_image: store.Image, state_dir: Path) -> Iterator[VmFactory]:
+    factory = VmFactory(request)
+    yield factory
+    factory.cleanup()
+
+
+@pytest.fixture(scope="module")
+def module_vms(request: pytest.FixtureRequest, base_image: store.Image, state_dir: Path) -> Iterator[VmFactory]:
+    """A factory whose sessions live as long as the module's tests (each must leave them usable for the next)."""
+    factory = VmFactory(request)
+    yield factory
+    factory.cleanup()
 
 
 @pytest.fixture(scope="session")

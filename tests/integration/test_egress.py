@@ -24,13 +24,10 @@ from vmsandbox import paths
 from vmsandbox.egress import control
 from vmsandbox.egress import secrets as secretstore
 from vmsandbox.egress.control import Door
-from vmsandbox.image import store
-from vmsandbox.session import create, lifecycle
 from vmsandbox.session.config import Settings
-from vmsandbox.session.options import Options
 from vmsandbox.session.record import Record
 
-from .conftest import Cli, keep_console_on_failure, unique_name, wait_for
+from .conftest import Cli, VmFactory, wait_for
 from .standins import Recorder, Upstream, http_upstream, make_ca, standin, use_standin_daemon
 
 HTTP, TLS, API = standin("http"), standin("tls"), standin("api")
@@ -72,14 +69,11 @@ class Guest:
         return [json.loads(line) for line in r.stdout.decode().splitlines()]
 
 
+ALICE = ("alice", 1234, 2345)  # the invoking user the session plays (as under `sudo`): not root in the guest
+
+
 @pytest.fixture(scope="module")
-def guest(
-    request: pytest.FixtureRequest,
-    base_image: store.Image,
-    state_dir: Path,
-    cli: Cli,
-    tmp_path_factory: pytest.TempPathFactory,
-) -> Iterator[Guest]:
+def guest(module_vms: VmFactory, cli: Cli, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Guest]:
     tmp = tmp_path_factory.mktemp("egress")
     ca = make_ca(tmp / "ca", "upstream-ca", [TLS, API])
     project = tmp / "project"
@@ -104,8 +98,7 @@ def guest(
             },
             "test",
         )
-        name = unique_name()
-        record = create.create(Options(project=project, name=name, settings=settings, keep=True))
+        record = module_vms.make(project, settings=settings, user=ALICE)
         g = Guest(
             record, cli, secret_name, secret, plain, tls, api, recorder, str(project / "upstream-ca.pem"), ca.cert
         )
@@ -113,8 +106,7 @@ def guest(
             g.standins()
             yield g
         finally:
-            keep_console_on_failure(request, name)
-            lifecycle.remove(record)
+            module_vms.cleanup()
             recorder.close()
             if saved is None:
                 os.environ.pop("VMSANDBOX_CONFIG_DIR", None)
@@ -264,6 +256,29 @@ def test_containers_reach_the_network_through_the_same_proxy(guest: Guest) -> No
         "-w '%{http_code}' http://not-allowed.example.com/"
     )
     assert denied.stdout == b"403", (denied.stdout, denied.stderr)
+
+
+def test_docker_runs_a_local_image_as_root_and_as_the_user(guest: Guest) -> None:
+    """Docker in the guest: its own daemon, images on the session's disk, usable by the guest user (in the
+    docker group) and by root. (On the egress tests' session: one dockerd start serves both.)"""
+    name = guest.record.name
+    build = (
+        "tar -C / -c usr/bin/echo usr/lib/x86_64-linux-gnu/libc.so.6 usr/lib/x86_64-linux-gnu/ld-linux-x86-64.so.2"
+        " usr/lib64 lib64 lib | docker import - local/mini:1"
+        " >/dev/null && docker info --format '{{.Name}} {{.DockerRootDir}}' && df --output=source /var/lib/docker"
+        " | tail -1"
+    )
+    r = guest.sh(build)
+    assert r.returncode == 0, r.stderr.decode()
+    info, source = r.stdout.decode().splitlines()
+    assert info == f"vmsandbox-{name} /var/lib/docker"  # the guest's own daemon, images on the session's disk
+    assert source == "/dev/vda"
+    as_user = guest.sh("id -un; docker run --rm local/mini:1 /usr/bin/echo hi-user")
+    assert as_user.stdout.decode().splitlines() == ["alice", "hi-user"], as_user.stderr.decode()
+    as_root = guest.cli.run(
+        "exec", name, "--", "sudo", "docker", "run", "--rm", "local/mini:1", "/usr/bin/echo", "hi-root"
+    )
+    assert as_root.stdout == b"hi-root\n", as_root.stderr.decode()
 
 
 def test_allow_and_deny_change_a_running_sessions_allowlist(guest: Guest) -> None:

@@ -6,12 +6,11 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.integration.conftest import Cli, unique_name
+from tests.integration.conftest import Cli, VmFactory, unique_name
 from vmsandbox.image import store
 from vmsandbox.session import chain
 from vmsandbox.session import checkpoint as cp_mod
@@ -31,12 +30,8 @@ def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def source(cli: Cli, project: Path, base_image: store.Image) -> Iterator[str]:
-    name = unique_name()
-    r = cli.run("run", "--keep", "--name", name, str(project), "--", "true")
-    assert r.returncode == 0, r.stderr.decode()
-    yield name
-    cli.run("destroy", name, "--discard")
+def source(module_vms: VmFactory, project: Path) -> str:
+    return module_vms.make(project).name
 
 
 def sh(cli: Cli, name: str, script: str) -> str:

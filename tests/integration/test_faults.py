@@ -23,7 +23,7 @@ from vmsandbox.session.record import DOMAIN_PREFIX
 from vmsandbox.sync.apply import TMP_PREFIX
 from vmsandbox.vm.virt import Hypervisor
 
-from .conftest import URI, Cli, assert_gone, processes, wait_for
+from .conftest import URI, Cli, VmFactory, assert_gone, guest_sh, processes, stop_libvirtd, wait_for
 
 BIG = "head -c 3000000 /dev/urandom > big.bin"  # three chunks: a kill at the second is mid-file
 
@@ -128,10 +128,11 @@ def test_run_teardown_killed_is_finished_by_gc(cli: Cli, owned_name: str, projec
 
 
 @pytest.fixture
-def busy_session(cli: Cli, owned_name: str, project: Path) -> Iterator[str]:
-    r = cli.run("run", "--keep", "--name", owned_name, str(project), "--", "sh", "-c", BIG)
-    assert r.returncode == 0, r.stderr.decode()
-    yield owned_name
+def busy_session(vm_factory: VmFactory, project: Path) -> str:
+    """A kept session whose guest wrote a file of three chunks (not pulled yet)."""
+    record = vm_factory.make(project)
+    guest_sh(record, BIG)
+    return record.name
 
 
 def test_pull_push_destroy_killed_then_rerun(cli: Cli, busy_session: str, project: Path) -> None:
@@ -199,17 +200,11 @@ def test_vm_destroyed_under_a_command_keeps_its_work(cli: Cli, owned_name: str, 
     assert_gone(owned_name)
 
 
-def _libvirtd_pids() -> list[str]:
-    return subprocess.run(["pgrep", "-x", "libvirtd"], capture_output=True, text=True, check=False).stdout.split()
-
-
+@pytest.mark.exclusive
 def test_libvirtd_restarted_while_a_session_runs(cli: Cli, busy_session: str) -> None:
     name = busy_session
-    old = _libvirtd_pids()
-    assert old, "libvirtd is not running as a plain process here"
     try:
-        subprocess.run(["kill", "-TERM", *old], check=True)
-        wait_for(lambda: not _libvirtd_pids(), 60, "libvirtd to stop")
+        stop_libvirtd()
         r = cli.run("exec", name, "--", "true")  # QEMU runs on without libvirtd: the guest still answers
         assert r.returncode == 0 and b"trying session" in r.stderr, r.stderr.decode()
         down = cli.run("ls", "--json")  # what the records say, with the reason once
@@ -239,24 +234,24 @@ def small_fs(tmp_path: Path) -> Iterator[Path]:
     subprocess.run(["umount", "--lazy", mnt], check=False)
 
 
-def test_full_disk_during_pull_then_room_made(cli: Cli, owned_name: str, small_fs: Path) -> None:
+def test_full_disk_during_pull_then_room_made(cli: Cli, vm_factory: VmFactory, small_fs: Path) -> None:
     project = small_fs / "proj"
     project.mkdir()
     (project / "README").write_text("hi\n")
-    fill = "head -c 100m /dev/zero | tr '\\0' x > big"
-    r = cli.run("run", "--keep", "--name", owned_name, str(project), "--", "sh", "-c", fill)
-    assert r.returncode == 0, r.stderr.decode()
-    full = small_fs / "filler"
-    subprocess.run(["dd", "if=/dev/zero", f"of={full}", "bs=1M", "count=350", "status=none"], check=True)
+    record = vm_factory.make(project)
+    owned_name = record.name
+    guest_sh(record, "head -c 20m /dev/zero | tr '\\0' x > big")
+    full = small_fs / "filler"  # 500 MiB - 300 MiB leaves less than the file and the pull's reserve (256 MiB)
+    subprocess.run(["dd", "if=/dev/zero", f"of={full}", "bs=1M", "count=300", "status=none"], check=True)
     p = cli.run("pull", owned_name, "--yes")
     assert p.returncode == 125, p.stderr.decode()
     err = p.stderr.decode()
-    assert "need 100 MiB" in err and "nothing was applied" in err, err
+    assert "need 20 MiB" in err and "nothing was applied" in err, err
     assert not (project / "big").exists() and temporaries(project) == []
     full.unlink()
     again = cli.run("pull", owned_name, "--yes")
     assert again.returncode == 0, again.stderr.decode()
-    assert (project / "big").stat().st_size == 100 * 1024**2
+    assert (project / "big").stat().st_size == 20 * 1024**2
     cli.run("destroy", owned_name)
     assert_gone(owned_name)
 

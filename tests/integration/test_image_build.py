@@ -14,7 +14,7 @@ import pytest
 from vmsandbox import paths
 from vmsandbox.image import store
 
-from .conftest import Cli, default_signals, wait_for
+from .conftest import Cli, VmFactory, default_signals, wait_for
 
 
 def processes_mentioning(text: str) -> list[str]:
@@ -65,7 +65,7 @@ def test_interrupted_build(sig: signal.Signals, cli: Cli, tmp_path: Path, base_i
 
 
 def test_a_build_killed_in_conversion_is_cleaned_up_by_the_next_and_an_image_in_use_is_kept(
-    cli: Cli, base_image: store.Image, owned_name: str, project: Path
+    cli: Cli, base_image: store.Image, vm_factory: VmFactory, project: Path
 ) -> None:
     """Killed between the filesystem and the qcow2: no image listed, its temporary directory left; the next
     build removes it before anything else (that build is killed just after: from there on it is a build from
@@ -92,13 +92,10 @@ def test_a_build_killed_in_conversion_is_cleaned_up_by_the_next_and_an_image_in_
         store.remove_tree(data)
 
     listed = json.loads(cli.run("image", "ls", "--json").stdout)
-    r = cli.run("run", "--keep", "--name", owned_name, str(project), "--", "true")
-    assert r.returncode == 0, r.stderr.decode()
-    try:
-        f = cli.run("image", "build", "--force")
-        assert f.returncode == 125
-        said = f.stderr.decode()
-        assert "is in use by: " in said and f"session {owned_name}" in said.split("is in use by: ")[1], said
-        assert json.loads(cli.run("image", "ls", "--json").stdout) == listed
-    finally:
-        assert cli.run("destroy", owned_name).returncode == 0
+    owned_name = vm_factory.make(project).name
+    f = cli.run("image", "build", "--force")
+    assert f.returncode == 125
+    said = f.stderr.decode()
+    assert "is in use by: " in said and f"session {owned_name}" in said.split("is in use by: ")[1], said
+    assert json.loads(cli.run("image", "ls", "--json").stdout) == listed
+    assert cli.run("destroy", owned_name).returncode == 0

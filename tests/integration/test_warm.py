@@ -5,15 +5,26 @@ host key, entropy, clock, workspace), `--cold` boots, and a template build that 
 from __future__ import annotations
 
 import json
-import re
+import shutil
 import subprocess
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.integration.conftest import Cli, assert_gone, processes, unique_name, wait_for
+from tests.integration.conftest import (
+    Cli,
+    VmFactory,
+    assert_gone,
+    guest_sh,
+    processes,
+    stop_libvirtd,
+    unique_name,
+    wait_for,
+)
+from vmsandbox import paths
 from vmsandbox.image import store
 from vmsandbox.session import template
 from vmsandbox.session.record import Record
@@ -104,34 +115,44 @@ def test_a_warm_session_ends_like_a_cold_one(cli: Cli, project: Path, base_image
 def test_a_template_build_killed_midway_is_collected_by_gc(
     cli: Cli, project: Path, base_image: store.Image, owned_name: str
 ) -> None:
-    """A shape no template exists for (1.5 GiB): the run builds one and is killed just before the save;
-    gc destroys the template's VM and removes its half-built directory; nothing was ever listed as usable."""
-    env = cli.env(VMSANDBOX_FAILPOINTS="template.save=kill-after:0")
-    r = cli.run("run", "--memory", "1536M", "--name", owned_name, str(project), "--", "true", env=env)
-    assert r.returncode == -9, r.stderr.decode()
-    root = template.root_of(base_image)
-    half = list(root.glob(".tmp-*"))
-    assert half, "the killed build left no directory to collect"
-    assert "vmsandbox-template-" in processes()
-    assert not [p for p in root.glob("tcg-2c-1536m-*") if not p.name.endswith(".failed")]
-    g = cli.run("gc")
-    assert g.returncode == 0, g.stderr.decode()
-    assert "removed an interrupted template build" in g.stderr.decode() + g.stdout.decode()
-    assert not list(root.glob(".tmp-*"))
-    deadline = time.monotonic() + 30
-    while re.search(r"guest=vmsandbox-template-", processes()) and time.monotonic() < deadline:
-        time.sleep(0.5)
-    assert not re.search(r"guest=vmsandbox-template-", processes())
-    assert_gone(owned_name)  # the session the killed run was creating went with the same gc
+    """An image store of its own (the base image's files linked in), where no template exists yet: the run builds
+    one and is killed as its VM starts booting; gc destroys the template's VM and removes its half-built
+    directory; nothing was ever listed as usable. (A store of its own: another test's gc would collect the
+    killed build first.)"""
+    data = Path(tempfile.mkdtemp(prefix="vmsandbox-it-data-", dir="/var/tmp"))
+    try:
+        data.chmod(0o755)  # libvirt's QEMU user reads the image through it
+        image = data / "images" / base_image.path.name
+        image.mkdir(parents=True, mode=0o755)
+        for name in (paths.IMAGE_DISK, paths.IMAGE_KERNEL, paths.IMAGE_INITRD, paths.IMAGE_MANIFEST):
+            (image / name).symlink_to(base_image.path / name)
+        env = cli.env(VMSANDBOX_DATA_DIR=str(data))
+        killed = {**env, "VMSANDBOX_FAILPOINTS": "template.boot=kill-after:0"}
+        r = cli.run("run", "--name", owned_name, str(project), "--", "true", env=killed)
+        assert r.returncode == -9, r.stderr.decode()
+        root = template.root_of(store.get_image_at(image))
+        half = list(root.glob(".tmp-*"))
+        assert len(half) == 1, "the killed build left no directory to collect"
+        its_vm = f"guest={template.DOMAIN_PREFIX}{half[0].name[len('.tmp-') :]},"
+        assert its_vm in processes()
+        assert not [p for p in root.iterdir() if not p.name.startswith(".")]  # nothing usable, nothing failed
+        g = cli.run("gc", env=env)
+        assert g.returncode == 0, g.stderr.decode()
+        assert "removed an interrupted template build" in g.stderr.decode() + g.stdout.decode()
+        assert not list(root.glob(".tmp-*"))
+        wait_for(lambda: its_vm not in processes(), 30, "the template's VM to go")
+        assert_gone(owned_name)  # the session the killed run was creating went with the same gc
+    finally:
+        shutil.rmtree(data, ignore_errors=True)
 
 
+@pytest.mark.exclusive
 def test_stop_and_start_keep_processes_and_work_across_a_libvirtd_restart(
-    cli: Cli, project: Path, owned_name: str
+    cli: Cli, project: Path, vm_factory: VmFactory
 ) -> None:
-    name = owned_name
+    name = vm_factory.make(project).name
     script = "nohup sleep 7777 >/dev/null 2>&1 & echo $! > /tmp/sleeper; echo unsynced > stopped-work.txt"
-    r = cli.run("run", "--keep", "--name", name, str(project), "--", "sh", "-c", script)
-    assert r.returncode == 0, r.stderr.decode()
+    guest_sh(Record.load(name), script)
     pid = cli.run("exec", name, "--", "cat", "/tmp/sleeper").stdout.strip()
     s = cli.run("stop", name)
     assert s.returncode == 0, s.stderr.decode()
@@ -145,10 +166,8 @@ def test_stop_and_start_keep_processes_and_work_across_a_libvirtd_restart(
     assert d.returncode == 0 and b"+unsynced" in d.stdout, d.stdout.decode() + d.stderr.decode()
     refused = cli.run("destroy", name)
     assert refused.returncode != 0 and b"unsynced" in refused.stderr, refused.stderr.decode()
-    old = _libvirtd_pids()
     try:
-        subprocess.run(["kill", "-TERM", *old], check=True)
-        wait_for(lambda: not _libvirtd_pids(), 60, "libvirtd to stop")
+        stop_libvirtd()
     finally:
         setup = cli.run("host", "setup")
     assert setup.returncode == 0, setup.stderr.decode()
@@ -174,15 +193,13 @@ def test_stop_and_start_keep_processes_and_work_across_a_libvirtd_restart(
     assert_gone(name)
 
 
-def _libvirtd_pids() -> list[str]:
-    return subprocess.run(["pgrep", "-x", "libvirtd"], capture_output=True, text=True, check=False).stdout.split()
-
-
-def test_a_warm_session_that_reboots_comes_back_as_itself(cli: Cli, project: Path, owned_name: str) -> None:
+def test_a_warm_session_that_reboots_comes_back_as_itself(cli: Cli, project: Path, vm_factory: VmFactory) -> None:
     """The guest's memory came from a template, but its identity was kept on its own disk: a reboot applies it
     again (not a template waiting for an identity), and the hot-plugged workspace is mounted again."""
-    r = cli.run("run", "--keep", "--name", owned_name, str(project), "--", "sh", "-c", "echo kept > rebooted.txt")
-    assert r.returncode == 0, r.stderr.decode()
+    record = vm_factory.make(project)
+    owned_name = record.name
+    assert record.start == "warm"
+    guest_sh(record, "echo kept > rebooted.txt")
     boot_id = "/proc/sys/kernel/random/boot_id"
     before = cli.run("exec", owned_name, "--", "cat", boot_id).stdout
     assert len(before.strip()) == 36, before

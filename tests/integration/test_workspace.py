@@ -24,7 +24,7 @@ from vmsandbox.session.record import DOMAIN_PREFIX, Record
 from vmsandbox.sync import tree
 from vmsandbox.vm.virt import Hypervisor
 
-from .conftest import Cli, assert_gone, default_signals
+from .conftest import Cli, VmFactory, assert_gone, default_signals
 
 MIX_SCRIPT = r"""
 set -e
@@ -306,11 +306,13 @@ def test_interactive_review_on_a_terminal(cli: Cli, name: str, project: Path) ->
     assert git(project, "log", "--format=%s", "-1", f"refs/remotes/vmsandbox-{name}/main").strip() == "interactive"
 
 
-def test_destroy_refuses_then_force_exports_and_recover_restores(cli: Cli, owned_name: str, tmp_path: Path) -> None:
+def test_destroy_refuses_then_force_exports_and_recover_restores(
+    cli: Cli, vm_factory: VmFactory, tmp_path: Path
+) -> None:
     project = tmp_path / "own"
     project.mkdir()
     (project / "README").write_text("hello\n")
-    assert cli.run("run", "--keep", "--name", owned_name, str(project), "--", "true").returncode == 0
+    owned_name = vm_factory.make(project).name
     exec_ok(cli, owned_name, "echo late > late.txt")
     refused = cli.run("destroy", owned_name)
     assert refused.returncode == 125

@@ -197,6 +197,7 @@ def _build(image: Image, shape: Shape, hv: Hypervisor, boot_timeout: int) -> Tem
         confine.give_to_qemu(tmp / "fwcfg")
         paths.own_file(spec.console_log)
         hv.create(build_xml(spec))
+        failpoint.hit("template.boot")
         title = f"Booting the template ({shape.accel.upper()}, {shape.cpus} vCPU, {shape.memory_mib} MiB)"
         booting = bootwait.Booting(spec.name, spec.console_log, f"template-{image.version}", shape.accel, title)
         bootwait.wait(
@@ -206,7 +207,6 @@ def _build(image: Image, shape: Shape, hv: Hypervisor, boot_timeout: int) -> Tem
             lambda alive: bootwait.marker(spec.console_log, READY, timeout=boot_timeout, alive=alive),
         )
         time.sleep(SETTLE)
-        failpoint.hit("template.save")
         with ui.step("Saving the template's memory"):
             hv.save(spec.name, str(tmp / MEMORY))
         spec.disk.chmod(0o444)  # never written again: the backing file of every session restored from it
