@@ -1,0 +1,124 @@
+"""What gc does after a `vmsandbox` process was killed in each phase, checked on libvirt's in-process test:///
+driver with saved records: the session left behind is finished, kept or removed, and its domain goes with it.
+One real kill per phase stays in tests/integration/test_faults.py; these hold the recovery's every branch."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from vmsandbox import paths
+from vmsandbox.session import lifecycle, pins, state
+from vmsandbox.session.record import Record, State, domain_name
+from vmsandbox.vm.virt import Hypervisor
+
+from .conftest import saved_record
+from .test_virt import test_domain
+
+URI = "test:///default"
+LIMIT = 1024**3
+
+
+@pytest.fixture
+def hv() -> Iterator[Hypervisor]:
+    with Hypervisor(URI) as connection:
+        yield connection
+        for info in list(connection.domains("vmsandbox-")):  # the test driver is per process: leave it empty
+            connection.destroy(info.name)
+
+
+def dead_pid() -> int:
+    """A pid that names no process (the `vmsandbox run` that was killed)."""
+    pid = 4_000_000
+    while Path(f"/proc/{pid}").exists():
+        pid += 1
+    return pid
+
+
+def running(hv: Hypervisor, record: Record) -> None:
+    hv.create(test_domain(record.domain, record.files.root))
+
+
+def gc() -> list[str]:
+    return list(lifecycle.gc(URI, limit=LIMIT))
+
+
+def test_a_run_killed_before_its_command_is_removed_with_its_vm(hv: Hypervisor) -> None:
+    """Killed at capture, boot, restore or egress: the record says `creating`, its owner is dead."""
+    r = saved_record("early", status="creating", owner_pid=dead_pid(), owner_start="1")
+    running(hv, r)
+    paths.images_dir().mkdir(parents=True)
+    pins.pin(r.name, "/images/v", None)
+    pin = paths.images_dir() / pins.DIR / f"{os.geteuid()}.{r.name}"
+    assert pin.exists()
+    assert state.status(r, hv).state is State.ORPHANED
+    assert gc() == ["removed session early (orphaned)"]
+    assert hv.info(r.domain) is None
+    assert not r.files.root.exists()
+    assert not pin.exists()  # it rests on no image any more
+    assert gc() == []  # nothing left to do
+
+
+def test_a_session_that_never_got_ready_is_removed_even_with_a_workspace(hv: Hypervisor) -> None:
+    """A `creating` record never ran a command: whatever its disk holds is nobody's work."""
+    r = saved_record("half", status="creating", owner_pid=dead_pid(), owner_start="1")
+    r.files.workspace_disk.write_bytes(b"\0" * 4096)
+    r.files.baseline_manifest.write_text("{}")
+    assert gc() == ["removed session half (exited)"]
+    assert not r.files.root.exists()
+
+
+@pytest.mark.parametrize("ending", ["remove", "retire"])
+def test_a_teardown_killed_before_the_vm_went_is_finished(hv: Hypervisor, ending: str) -> None:
+    """The review was done and the exit code given; the background teardown died. Remove: nothing stays.
+    Retire: the VM and its disks go, the record and the outbox (the unsynced work) stay, and gc leaves it."""
+    r = saved_record("late", status="ready", ending=ending, owner_pid=dead_pid(), owner_start="1")
+    running(hv, r)
+    r.files.workspace_disk.write_bytes(b"\0" * 4096)
+    r.files.outbox.mkdir()
+    (r.files.outbox / "kept.txt").write_text("the guest's work\n")
+    assert state.status(r, hv).state is State.ENDING
+    assert gc() == ["finished the teardown of session late"]
+    assert hv.info(r.domain) is None
+    assert not r.files.workspace_disk.exists()
+    if ending == "remove":
+        assert not r.files.root.exists()
+    else:
+        again = Record.load("late")
+        assert again.exported and again.ending is None
+        assert state.status(again, hv).state is State.EXPORTED
+        assert (r.files.outbox / "kept.txt").read_text() == "the guest's work\n"
+        assert gc() == []  # an exported session is the user's to recover or destroy
+
+
+def test_a_damaged_record_with_a_disk_is_kept_and_one_without_is_removed(hv: Hypervisor) -> None:
+    """A record and its copy both unreadable (a kill mid-write on a full disk): with a workspace disk it may
+    hold work, so a person decides; without one (and not being made right now) it goes, its VM too."""
+    for name in ("withdisk", "bare"):
+        files = paths.session_paths(name)
+        files.root.mkdir(parents=True)
+        files.record.write_text("{not json")
+    paths.session_paths("withdisk").workspace_disk.write_bytes(b"\0" * 4096)
+    bare = paths.session_paths("bare")
+    hv.create(test_domain(domain_name("bare"), bare.root))
+    old = time.time() - 120
+    os.utime(bare.root, (old, old))
+    lines = gc()
+    assert len(lines) == 2, lines
+    assert lines[0] == f"removed damaged session directory {bare.root}"
+    assert lines[1].startswith("kept damaged session withdisk: ")
+    assert lines[1].endswith("`vmsandbox destroy withdisk --discard` removes it")
+    assert hv.info(domain_name("bare")) is None
+    assert not bare.root.exists() and paths.session_paths("withdisk").workspace_disk.exists()
+
+
+def test_a_damaged_record_being_made_right_now_is_left_alone(hv: Hypervisor) -> None:
+    files = paths.session_paths("young")
+    files.root.mkdir(parents=True)
+    files.record.write_text("")
+    assert gc() == []
+    assert files.root.exists()
