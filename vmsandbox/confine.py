@@ -240,13 +240,23 @@ def make_private_dir(path: Path, *, traverse: bool = True) -> None:
 
 
 def hand_over(root: Path, who: Identity | None) -> None:
-    """Give a tree to `who` (lchown, no symlink followed) and drop what must never exist on the host:
-    setuid, setgid and sticky bits and world-writable modes. The root itself becomes 0700."""
-    for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
+    """Give a tree to `who` (no symlink followed) and drop what must never exist on the host: setuid, setgid
+    and sticky bits and world-writable modes. The root itself becomes 0700.
+
+    The tree may be written meanwhile by the account it is handed to, so it is walked by descriptors
+    (`os.fwalk`): each directory is entered from its parent's descriptor and checked to be the directory
+    that was listed, and each entry is changed through a descriptor opened beside it with O_NOFOLLOW. A
+    directory swapped for a link (to /etc, say) is skipped, never walked or changed."""
+    for _dirpath, dirnames, filenames, dir_fd in os.fwalk(root, follow_symlinks=False):
         for name in [*dirnames, *filenames]:
-            _settle(Path(dirpath) / name, who)
-    _settle(root, who)
-    root.chmod(0o700)
+            with contextlib.suppress(FileNotFoundError):  # removed meanwhile: nothing to hand over
+                _settle(name, who, dir_fd)
+    _settle(str(root), who, None)
+    root_fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        os.fchmod(root_fd, 0o700)
+    finally:
+        os.close(root_fd)
 
 
 def give_file(path: Path, who: Identity | None) -> None:
@@ -259,15 +269,15 @@ def give_file(path: Path, who: Identity | None) -> None:
 UNSAFE_BITS = 0o7002  # setuid, setgid, sticky, world-writable
 
 
-def _settle(path: Path, who: Identity | None) -> None:
-    """One entry, through an O_PATH descriptor: even if something swapped it for a symlink meanwhile, only
-    the entry itself is changed, never what a link points at."""
-    fd = os.open(path, os.O_PATH | os.O_NOFOLLOW)
+def _settle(name: str, who: Identity | None, dir_fd: int | None) -> None:
+    """One entry (`name` in the directory `dir_fd`), through an O_PATH descriptor: even if something swapped
+    it for a symlink meanwhile, only the entry itself is changed, never what a link points at."""
+    fd = os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
     try:
         st = os.fstat(fd)
         if stat.S_ISLNK(st.st_mode):
             if who is not None:
-                os.lchown(path, who.uid, who.gid)
+                os.chown(name, who.uid, who.gid, dir_fd=dir_fd, follow_symlinks=False)
             return
         this = Path(f"/proc/self/fd/{fd}")  # the very inode we checked, whatever the path holds now
         if who is not None and (st.st_uid, st.st_gid) != (who.uid, who.gid):

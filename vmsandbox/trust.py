@@ -12,6 +12,7 @@ Files are read once, without following symlinks, and parsed from the very bytes 
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -33,24 +34,34 @@ def digest(data: bytes) -> str:
 
 
 def key(path: Path) -> str:
-    """A trust record's key: the file's absolute path (its directory resolved; the file is never a link)."""
+    """A trust record's key: the file's absolute path, its directory resolved. Only the part the user named (the
+    project directory) can hold a link: `read_project_file` refuses one anywhere below the project, so no
+    project is ever keyed as another (a `.vmsandbox` linked to a trusted project's would borrow its trust)."""
     return str(path.parent.resolve() / path.name)
 
 
-def read_project_file(path: Path) -> bytes | None:
-    """The bytes of a project config file; None if there is none. A symlink, something that is not a
-    regular file, or a file over 1 MiB is refused (a project file must be what it looks like)."""
+def read_project_file(path: Path, project: Path | None = None) -> bytes | None:
+    """The bytes of a project config file; None if there is none. A symlink — the file or, given the project,
+    any directory between the project and the file —, something that is not a regular file, or a file over
+    1 MiB is refused (a project file must be what it looks like, where it looks to be)."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        dir_fd = _open_parent(path, project)
+    except FileNotFoundError:
+        return None
+    try:
+        fd = os.open(path.name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd)
     except FileNotFoundError:
         return None
     except OSError as exc:
-        if path.is_symlink():
+        if exc.errno == errno.ELOOP:
             raise VmsandboxError(
                 f"{path} is a symlink; a project config file must be a regular file",
                 hint="replace the link by the file itself",
             ) from None
         raise VmsandboxError(f"cannot read {path}: {exc.strerror}") from exc
+    finally:
+        if dir_fd is not None:
+            os.close(dir_fd)
     with os.fdopen(fd, "rb") as f:
         st = os.fstat(f.fileno())
         if not stat.S_ISREG(st.st_mode):
@@ -59,6 +70,36 @@ def read_project_file(path: Path) -> bytes | None:
     if len(data) > MAX_CONFIG_BYTES:
         raise VmsandboxError(f"{path} is larger than {MAX_CONFIG_BYTES // 1024} KiB; that is not a config file")
     return data
+
+
+def _open_parent(path: Path, project: Path | None) -> int | None:
+    """A descriptor of the file's directory, reached from the project one component at a time with no link
+    followed (None: no project given, the file's directory is used as it is named)."""
+    if project is None:
+        return None
+    try:
+        rel = path.parent.relative_to(project)
+    except ValueError:
+        raise VmsandboxError(f"{path} is not in the project {project}") from None
+    fd = os.open(project, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    where = project
+    for part in rel.parts:
+        where = where / part
+        try:
+            next_fd = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+        except OSError as exc:
+            os.close(fd)
+            if exc.errno in (errno.ELOOP, errno.ENOTDIR) and where.is_symlink():
+                raise VmsandboxError(
+                    f"{where} is a symlink; a project's config directories must be its own",
+                    hint="replace the link by a directory (a link to another project would borrow its trust)",
+                ) from None
+            if exc.errno in (errno.ENOENT, errno.ENOTDIR):
+                raise FileNotFoundError(exc.errno, exc.strerror, str(where)) from None
+            raise VmsandboxError(f"cannot read {where}: {exc.strerror}") from exc
+        os.close(fd)
+        fd = next_fd
+    return fd
 
 
 def _store() -> Path:

@@ -10,6 +10,7 @@ from vmsandbox import trust
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.guest import files as guestfiles
 from vmsandbox.image import blueprint
+from vmsandbox.session import config
 
 
 def write(path: Path, text: str) -> Path:
@@ -61,6 +62,25 @@ def test_a_user_blueprint_may_extend_the_builtin_of_the_same_name(isolated_dirs:
     bp = blueprint.load("claude", project)
     assert bp.apt == ("ripgrep",) and "proj.example" in bp.allow and bp.npm
     assert len(bp.chain) == 4  # base, built-in claude, user claude, project claude
+
+
+@pytest.mark.parametrize("linked", [".vmsandbox", ".vmsandbox/blueprints"])
+def test_a_project_cannot_borrow_trust_through_a_linked_directory(tmp_path: Path, linked: str) -> None:
+    """A cloned repository whose `.vmsandbox` (or `.vmsandbox/blueprints`) links to a trusted project's gets
+    neither its blueprints nor a way to trust them: the link is refused, by `run` and by `vmsandbox trust`."""
+    trusted = tmp_path / "trusted"
+    mine = trusted / ".vmsandbox" / "blueprints" / "dev.yaml"
+    write(mine, "extends: base\nallow: [internal.example]\n")
+    trust.trust(mine, mine.read_bytes())
+    assert "internal.example" in blueprint.load("dev", trusted).allow
+    clone = tmp_path / "clone"
+    (clone / linked).parent.mkdir(parents=True, exist_ok=True)
+    (clone / linked).symlink_to(trusted / linked)
+    with pytest.raises(VmsandboxError, match="is a symlink; a project's config directories must be its own") as err:
+        blueprint.load("dev", clone)
+    assert str(clone / linked) in err.value.message
+    with pytest.raises(VmsandboxError, match="is a symlink"):
+        config.trust_candidates(clone)
 
 
 @pytest.mark.parametrize(

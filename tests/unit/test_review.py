@@ -55,7 +55,9 @@ def test_risky_paths_and_new_exec_bits() -> None:
     assert risk_of("src/main.py", None, f("x")) is None
     assert risk_of("run.sh", None, f("x", 0o755)) == "newly executable"
     assert risk_of("run.sh", f("x", 0o644), f("y", 0o755)) == "newly executable"
-    assert risk_of("run.sh", f("x", 0o755), f("y", 0o755)) is None
+    assert risk_of("run.sh", f("x", 0o755), f("y", 0o755)) == "executable, its content changed"
+    assert risk_of("run.sh", f("x", 0o755), f("x", 0o700)) is None  # the same bytes: nothing new runs
+    assert risk_of("run.sh", f("x", 0o755), f("y", 0o644)) is None  # no longer executable
 
 
 def test_git_internals_managed_by_git_are_not_file_changes() -> None:

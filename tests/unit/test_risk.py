@@ -25,6 +25,7 @@ def link(target: str) -> Entry:
         ".git /config",
         "GIT~1/config",  # NTFS 8.3 short name
         ".g\u200cit/config",  # HFS+ ignores zero-width non-joiners
+        ".v\u017fcode/tasks.json",  # NTFS upper-cases the long s (U+017F) to S: ".vscode" there
         "lib/.gitattributes",
         "vendor/x/.gitmodules",
         ".vmsandbox.yaml",

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import os
+import pwd
 from pathlib import Path
 
 import pytest
@@ -29,6 +30,31 @@ def test_too_broad_projects_are_refused(monkeypatch: pytest.MonkeyPatch, tmp_pat
     monkeypatch.setenv("HOME", str(tmp_path))
     with pytest.raises(VmsandboxError, match="too broad"):
         session.validate_project(tmp_path)
+
+
+def test_a_home_above_or_around_the_project_is_refused_under_sudo_too(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """`sudo vmsandbox run ~` names the invoking user's home, not root's; directories above a home, inside its key
+    and config directories, and ones holding `.ssh` (a home by another name) are refused as well."""
+    home = tmp_path / "home" / "alice"
+    (home / ".ssh").mkdir(parents=True)
+    (home / ".config" / "app").mkdir(parents=True)
+    (home / "src" / "app" / ".config").mkdir(parents=True)  # a project's own .config (.NET tools): fine
+    invoker = pwd.struct_passwd(("alice", "x", 1234, 1234, "", str(home), "/bin/sh"))
+    monkeypatch.setattr(paths, "sudo_invoker", lambda: invoker)
+    for broad in (home, tmp_path / "home"):
+        with pytest.raises(VmsandboxError, match="too broad"):
+            session.validate_project(broad)
+    for inside in (home / ".ssh", home / ".config" / "app"):
+        with pytest.raises(VmsandboxError, match="holds your keys or config"):
+            session.validate_project(inside)
+    copy = tmp_path / "backup"
+    (copy / ".gnupg").mkdir(parents=True)
+    with pytest.raises(VmsandboxError, match=r"it holds \.gnupg, like a home directory") as err:
+        session.validate_project(copy)
+    assert err.value.hint is not None and "move" in err.value.hint
+    assert session.validate_project(home / "src" / "app") == (home / "src" / "app").resolve()
 
 
 @pytest.mark.parametrize("bad", ["", "UPPER", "-lead", "a b", "x" * 40, "../etc"])

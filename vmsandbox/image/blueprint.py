@@ -164,7 +164,7 @@ def _read(path: Path, project: Path | None) -> dict[str, Any]:
         data = check(load_yaml(path), FIELDS, source=str(path))
         _validate(data, str(path))
         return data
-    found = _read_project(path)
+    found = _read_project(path, project)
     if found is None:
         raise VmsandboxError(f"{path} disappeared while it was read")
     raw, data = found
@@ -173,9 +173,9 @@ def _read(path: Path, project: Path | None) -> dict[str, Any]:
     return data
 
 
-def _read_project(path: Path) -> tuple[bytes, dict[str, Any]] | None:
+def _read_project(path: Path, project: Path) -> tuple[bytes, dict[str, Any]] | None:
     """A project blueprint's bytes (what trust is about) and the content parsed from exactly those bytes."""
-    raw = trust.read_project_file(path)
+    raw = trust.read_project_file(path, project)
     if raw is None:
         return None
     return raw, check(parse_yaml(raw, str(path)), FIELDS, source=str(path))
@@ -254,7 +254,7 @@ def describe_project_blueprints(project: Path) -> list[trust.Candidate]:
     if not directory.is_dir():
         return found
     for path in sorted(directory.glob("*.yaml")):
-        read = _read_project(path)
+        read = _read_project(path, project)
         if read is None:
             continue
         raw, data = read

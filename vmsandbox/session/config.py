@@ -211,7 +211,7 @@ def project_file(project: Path) -> ProjectFile | None:
     """A project's `.vmsandbox.yaml`, read without following links and checked (unknown keys and bad types
     are errors; `libvirt_uri` is refused: it names a program-running transport as easily as a host)."""
     path = project / PROJECT_FILE
-    raw = trust.read_project_file(path)
+    raw = trust.read_project_file(path, project)
     if raw is None:
         return None
     try:

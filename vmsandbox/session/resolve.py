@@ -18,7 +18,8 @@ from vmsandbox.session.record import validate_name, validate_project
 
 def resolve(path: Path, blueprint_name: str, command: list[str] | None, flags: RunFlags, *, agent: bool) -> Run:
     """Every check that needs no VM, cheapest first (a layer build takes minutes, so it comes last)."""
-    project = path if path.is_dir() else None
+    validate_project(path)  # `~` or `/` is refused before anything reads its config
+    project = path
     bp = blueprint_mod.load(blueprint_name, project)
     tty = flags.tty
     if agent:
@@ -26,7 +27,6 @@ def resolve(path: Path, blueprint_name: str, command: list[str] | None, flags: R
         tty = sys.stdin.isatty() if tty is None else tty
     settings = config.load(project, blueprint=bp).merged(flags.settings_data(), config.COMMAND_LINE)
     publish = tuple(parse_publish(p, flags.publish_address) for p in flags.publish)
-    validate_project(path)
     if flags.name is not None:
         validate_name(flags.name)
     policy.check_secrets(settings.network, settings.secrets)

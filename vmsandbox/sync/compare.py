@@ -79,9 +79,12 @@ def risk_of(path: str, base: Entry | None, guest: Entry | None) -> str | None:
     why = risky_name(path)
     if why is not None:
         return why
-    newly_executable = guest is not None and guest.kind == FILE and guest.mode & 0o111
-    if newly_executable and (base is None or base.kind != FILE or not base.mode & 0o111):
+    if guest is None or guest.kind != FILE or not guest.mode & 0o111:
+        return None
+    if base is None or base.kind != FILE or not base.mode & 0o111:
         return "newly executable"
+    if base.digest != guest.digest:  # the bit was there before: the content is what runs
+        return "executable, its content changed"
     return None
 
 

@@ -3,8 +3,8 @@ and symlinks that lead out of the project (never created).
 
 Both are judged the way an attacker would try to get around them:
 - a risky name matches at any depth and the way the filesystems a project may live on compare names:
-  case-insensitively, with NTFS's trailing dots and spaces and HFS+'s ignorable code points dropped and the
-  8.3 short name `git~1` taken as `.git` (as git itself does);
+  case-insensitively (Unicode case folding, not lower()), with NTFS's trailing dots and spaces and HFS+'s
+  ignorable code points dropped and the 8.3 short name `git~1` taken as `.git` (as git itself does);
 - a symlink is judged by where it leads in the final tree, following the other symlinks of that tree (the
   guest's and the host's), never by the text of its target.
 """
@@ -122,7 +122,7 @@ _SHORT_NAMES = {"git~1": ".git"}  # NTFS 8.3 aliases
 
 def normalize(name: str) -> str:
     """A path component as a case-insensitive, NTFS- or HFS+-backed filesystem would see it."""
-    plain = name.translate(_IGNORABLE).lower()
+    plain = name.translate(_IGNORABLE).casefold()  # NTFS upper-cases the long s (U+017F) to S; lower() keeps it
     trimmed = plain.rstrip(". ") or plain
     return _SHORT_NAMES.get(trimmed, trimmed)
 
