@@ -18,10 +18,13 @@ class UnexpectedSubprocessError(AssertionError):
 
 @pytest.fixture(autouse=True)
 def a_host_of_sixteen_cpus(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Settings are checked against the host's CPUs: the same answers on every machine the tests run on."""
+    """Settings are checked against the host's CPUs, memory and free disk: the same answers on every machine
+    the tests run on (16 CPUs, 32 GiB, 500 GiB free)."""
     from vmsandbox.session import config
 
     monkeypatch.setattr(config, "host_cpus", lambda: 16)
+    monkeypatch.setattr(config, "host_memory_mib", lambda: 32 * 1024)
+    monkeypatch.setattr(config, "free_disk_mib", lambda: 500 * 1024)
 
 
 @pytest.fixture(autouse=True)

@@ -10,7 +10,7 @@ from vmsandbox import trust
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.guest import files as guestfiles
 from vmsandbox.image import blueprint
-from vmsandbox.session import config
+from vmsandbox.session import projecttrust
 
 
 def write(path: Path, text: str) -> Path:
@@ -80,7 +80,7 @@ def test_a_project_cannot_borrow_trust_through_a_linked_directory(tmp_path: Path
         blueprint.load("dev", clone)
     assert str(clone / linked) in err.value.message
     with pytest.raises(VmsandboxError, match="is a symlink"):
-        config.trust_candidates(clone)
+        projecttrust.trust_candidates(clone)
 
 
 @pytest.mark.parametrize(

@@ -156,6 +156,47 @@ def test_libvirt_uri_never_comes_from_a_project(tmp_path: Path) -> None:
         config.load(project)
 
 
+@pytest.mark.parametrize(
+    ("uri", "needle"),
+    [
+        ("qemu+ext:///system?command=/tmp/x", "is not a libvirt QEMU URI"),
+        ("qemu+tcp://lab/system", "neither encrypts nor authenticates"),
+        ("qemu+ssh://lab/system?no_verify=1", "turns off the check of the host's SSH key"),
+        ("qemu+libssh://lab/system?known_hosts_verify=ignore", "turns off the check of the host's SSH key"),
+        ("xen:///system", "is not a libvirt QEMU URI"),
+    ],
+)
+def test_libvirt_uri_follows_the_rules_of_hosts_uris(
+    uri: str, needle: str, isolated_dirs: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The user's own `libvirt_uri` (and VMSANDBOX_LIBVIRT_URI) is held to what `hosts:` URIs follow: no
+    transport that runs a program, none that skips authentication or the host key check."""
+    write(isolated_dirs / "config" / "config.yaml", f"libvirt_uri: '{uri}'\n")
+    with pytest.raises(VmsandboxError, match=needle) as err:
+        config.load()
+    assert "libvirt_uri" in err.value.message
+    (isolated_dirs / "config" / "config.yaml").unlink()
+    monkeypatch.setenv("VMSANDBOX_LIBVIRT_URI", uri)
+    with pytest.raises(VmsandboxError, match=needle):
+        config.load()
+    monkeypatch.setenv("VMSANDBOX_LIBVIRT_URI", "qemu+ssh://me@lab/system?keyfile=/k")
+    assert config.load().libvirt_uri == "qemu+ssh://me@lab/system?keyfile=/k"
+
+
+def test_a_project_file_sizing_past_the_host_needs_trust(tmp_path: Path) -> None:
+    """Sizing needs no trust up to a ceiling: a cloned repository asking for more than half the host's memory
+    or a disk larger than the free space is untrusted until `vmsandbox trust`."""
+    project = tmp_path / "proj"
+    write(project / ".vmsandbox.yaml", "memory: 16G\ndisk: 400G\n")
+    assert (config.load(project).memory_mib, config.load(project).disk_mib) == (16 * 1024, 400 * 1024)
+    write(project / ".vmsandbox.yaml", "memory: 4096G\ndisk: 600G\ncpus: 2\n")
+    with pytest.raises(trust.UntrustedError) as exc:
+        config.load(project)
+    assert "`disk`, `memory`" in exc.value.message
+    trust.trust(project / ".vmsandbox.yaml", (project / ".vmsandbox.yaml").read_bytes())
+    assert config.load(project).memory_mib == 4096 * 1024  # the user said so
+
+
 def test_a_symlinked_project_file_is_refused(tmp_path: Path) -> None:
     project = tmp_path / "proj"
     write(tmp_path / "elsewhere.yaml", "cpus: 2\n")

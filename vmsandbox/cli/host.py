@@ -83,12 +83,12 @@ def trust_command(
     Example: `vmsandbox trust ~/src/app`
     """
     from vmsandbox import trust
-    from vmsandbox.session import config
+    from vmsandbox.session import projecttrust
 
     if list_all:
         _list_trusted()
         return
-    candidates = config.trust_candidates(path)
+    candidates = projecttrust.trust_candidates(path)
     if revoke:
         for c in candidates:
             if trust.revoke(c.path):

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import json
 import os
 import re
+import shutil
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -16,7 +16,7 @@ from vmsandbox.egress.mapping import SecretMapping, parse_secret_mapping
 from vmsandbox.egress.netpolicy import Mode
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.schema import Mappings, Size, check, located, parse_yaml
-from vmsandbox.session.hostspec import HostSpec, parse_hosts
+from vmsandbox.session.hostspec import HostSpec, parse_hosts, parse_uri
 from vmsandbox.vm.accel import Accel
 
 if TYPE_CHECKING:
@@ -117,7 +117,9 @@ class Settings:
             raise VmsandboxError(f"{label('boot_timeout')} must be between {low} and {high} seconds")
         if "accel" in data:
             changes["accel"] = parse_accel(data["accel"], source=label("accel"))
-        for key in ("libvirt_uri", "boot_timeout", "trust_host_ca"):
+        if "libvirt_uri" in data:  # held to the rules of `hosts:` URIs (no program-running transport)
+            changes["libvirt_uri"] = parse_uri(data["libvirt_uri"], source=label("libvirt_uri"))
+        for key in ("boot_timeout", "trust_host_ca"):
             if key in data:
                 changes[key] = data[key]
         if "hosts" in data:
@@ -193,7 +195,8 @@ def layers(project: Path | None = None, *, blueprint: Blueprint | None = None) -
         accel = parse_accel(env_accel, source="VMSANDBOX_ACCEL")
         settings = add("VMSANDBOX_ACCEL", replace(settings, accel=accel), ["accel"])
     if env_uri := os.environ.get("VMSANDBOX_LIBVIRT_URI"):
-        settings = add("VMSANDBOX_LIBVIRT_URI", replace(settings, libvirt_uri=env_uri), ["libvirt_uri"])
+        uri = parse_uri(env_uri, source="VMSANDBOX_LIBVIRT_URI")
+        settings = add("VMSANDBOX_LIBVIRT_URI", replace(settings, libvirt_uri=uri), ["libvirt_uri"])
     if env_network := os.environ.get("VMSANDBOX_NETWORK"):
         network = netpolicy.parse_mode(env_network, source="VMSANDBOX_NETWORK")
         settings = add("VMSANDBOX_NETWORK", replace(settings, network=network), ["network"])
@@ -216,19 +219,22 @@ def project_file(project: Path) -> ProjectFile | None:
         return None
     try:
         data = check(parse_yaml(raw, str(path)), FIELDS, source=str(path))
+        _refuse_machine_keys(path, data)
         Settings().merged(data, str(path))  # every value checked before anything asks for trust
     except VmsandboxError as exc:
         raise located(exc, str(path), raw) from None
-    for key in ("libvirt_uri", "hosts"):
-        if key not in data:
-            continue
-        raise VmsandboxError(
-            f"{path}: `{key}` is never taken from a project file",
-            hint=f"set it in {paths.config_dir() / USER_FILE}"
-            + (" or VMSANDBOX_LIBVIRT_URI" if key == "libvirt_uri" else "")
-            + ", then remove it there",
-        )
     return ProjectFile(path, raw, data)
+
+
+def _refuse_machine_keys(path: Path, data: dict[str, Any]) -> None:
+    for key in ("libvirt_uri", "hosts"):
+        if key in data:
+            raise VmsandboxError(
+                f"{path}: `{key}` is never taken from a project file",
+                hint=f"set it in {paths.config_dir() / USER_FILE}"
+                + (" or VMSANDBOX_LIBVIRT_URI" if key == "libvirt_uri" else "")
+                + ", then remove it there",
+            )
 
 
 def read_file(path: Path, settings: Settings) -> tuple[Settings, list[str]]:
@@ -247,60 +253,24 @@ def read_file(path: Path, settings: Settings) -> tuple[Settings, list[str]]:
 
 
 def widening_keys(data: dict[str, Any]) -> list[str]:
-    """The keys of a project file that reach beyond sizing the VM (they need trust)."""
-    return sorted(k for k in data if k not in SIZING_KEYS)
+    """The keys of a project file that need trust: those that reach beyond sizing the VM, and sizing keys past
+    what a cloned repository may ask of this host unasked — memory over half of it, a disk larger than the
+    free space where session disks live (cpus are held to the host's CPUs for every source)."""
+    keys = {k for k in data if k not in SIZING_KEYS}
+    if "memory" in data and parse_size_mib(data["memory"], what="memory") > host_memory_mib() // 2:
+        keys.add("memory")
+    if "disk" in data and parse_size_mib(data["disk"], what="disk") > free_disk_mib():
+        keys.add("disk")
+    return sorted(keys)
 
 
-def describe_project_file(project: Path) -> trust.Candidate | None:
-    """The project's `.vmsandbox.yaml` as `vmsandbox trust` shows it: each key, what it sets, and what it is
-    now without the file (from the defaults and the user's config)."""
-    found = project_file(project)
-    if found is None:
-        return None
-    without = load(None)
-    lines = []
-    for name, value in found.data.items():
-        sizing = name in SIZING_KEYS
-        lines.append(
-            f"{name}: {_shown(value)}" + ("   (sizes the VM: needs no trust)" if sizing else _now(without, name))
-        )
-        if name == "secrets":
-            lines += [
-                f"    your secret {m.get('secret')!s} goes to {m.get('host')!s} in header {m.get('header')!s}"
-                for m in value
-            ]
-    return trust.Candidate(found.path, found.raw, lines)
+def host_memory_mib() -> int:
+    return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 1024**2
 
 
-def _shown(value: Any) -> str:
-    return json.dumps(value, ensure_ascii=False)
-
-
-def _now(settings: Settings, name: str) -> str:
-    current = {
-        "network": settings.network.value,
-        "allow": list(settings.allow),
-        "allow_networks": list(settings.allow_networks),
-        "trust_host_ca": settings.trust_host_ca,
-        "sync_limit": f"{settings.sync_limit_mib}M",
-    }.get(name)
-    return f"   (now: {_shown(current)})" if current is not None else ""
-
-
-def trust_candidates(path: Path) -> list[trust.Candidate]:
-    """The project config files `vmsandbox trust` looks at: at path, a project directory (its .vmsandbox.yaml
-    and .vmsandbox/blueprints/*.yaml) or one of those files."""
-    from vmsandbox.image import blueprint
-
-    project = path.parent if path.is_file() else path
-    if project.name == "blueprints" and project.parent.name == ".vmsandbox":
-        project = project.parent.parent
-    candidates = [c for c in [describe_project_file(project)] if c is not None]
-    candidates += blueprint.describe_project_blueprints(project)
-    if path.is_file():
-        candidates = [c for c in candidates if c.path.resolve() == path.resolve()]
-    if not candidates:
-        raise VmsandboxError(
-            f"no project config in {path}", hint="`vmsandbox trust` reads .vmsandbox.yaml and .vmsandbox/blueprints/"
-        )
-    return candidates
+def free_disk_mib() -> int:
+    """Free space where session disks are made (the state directory, or the nearest directory above it)."""
+    where = paths.state_dir()
+    while not where.exists() and where != where.parent:
+        where = where.parent
+    return shutil.disk_usage(where).free // 1024**2

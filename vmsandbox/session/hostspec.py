@@ -69,11 +69,12 @@ def parse_uri(uri: str, *, source: str) -> str:
 def check_host_key(uri: str, *, source: str) -> None:
     """Refuse a URI that turns off ssh's check of the host's key (libvirt's `no_verify`): the host is pinned in
     your known_hosts, or it is not used."""
-    if parse_qs(urlsplit(uri).query).get("no_verify", ["0"])[-1] != "0":
+    query = parse_qs(urlsplit(uri).query)
+    if query.get("no_verify", ["0"])[-1] != "0" or query.get("known_hosts_verify", ["normal"])[-1] == "ignore":
         raise VmsandboxError(
-            f"{source}: {uri!r} turns off the check of the host's SSH key (no_verify)",
+            f"{source}: {uri!r} turns off the check of the host's SSH key (no_verify, known_hosts_verify=ignore)",
             hint="add the host's key to your known_hosts (`ssh` to it once and compare the fingerprint), then drop "
-            "no_verify from the URI",
+            "that parameter from the URI",
         )
 
 
