@@ -217,6 +217,17 @@ def test_the_console_never_reaches_the_terminal_raw(cli: Cli, name: str) -> None
     assert b"\x1b]52" in cli.run("logs", name, "console", "--raw").stdout  # only when asked
 
 
+def test_a_diff_through_a_pipe_never_passes_escape_sequences(cli: Cli, name: str) -> None:
+    """`vmsandbox diff X | cat` (or `| less -R`) ends in a terminal too: the guest's escape sequences in a
+    file's content come out as \\xNN unless --raw asks for the bytes (for `git apply`)."""
+    guest(cli, name, "printf 'line\\033]52;c;cHduZWQ=\\007\\033[2Jdiff-attack\\n' > term-attack.txt")
+    out = cli.run("diff", name, "term-attack.txt").stdout
+    assert b"diff-attack" in out
+    no_escape_sequences(out)
+    assert b"\\x1b]52" in out
+    assert b"\x1b]52" in cli.run("diff", name, "term-attack.txt", "--raw").stdout  # only when asked
+
+
 def test_a_failed_boot_never_shows_the_console_raw(
     cli: Cli, base_image: store.Image, owned_name: str, project: Path, tmp_path: Path
 ) -> None:

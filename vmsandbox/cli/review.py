@@ -230,18 +230,20 @@ def diff(
     against: Annotated[
         str | None, typer.Option("--against", help="Diff against another session's tree (a fan-out's, a fork).")
     ] = None,
+    raw: Annotated[
+        bool, typer.Option("--raw", help="The guest's bytes as they are, control characters too (for `git apply`).")
+    ] = False,
 ) -> None:
-    """What the guest changed against the session's baseline: text diffs, binaries summarised.
+    """What the guest changed against the session's baseline: text diffs, binaries summarised. Control
+    characters are shown as \\xNN unless --raw: a pipe often ends in a terminal (`| cat`, `| less -R`).
 
     Examples: `vmsandbox diff exp1 --stat` · `vmsandbox diff exp-1 --against exp-2`"""
     from vmsandbox.session import lifecycle
     from vmsandbox.session.record import Record
     from vmsandbox.sync import diff as diffs
 
-    tty = sys.stdout.isatty()  # guest content never reaches a terminal with its escape sequences
-
-    def shown(text: str) -> str:
-        return ui.printable(text, markup=False) if tty else text
+    def shown(text: str) -> str:  # guest content never reaches a terminal with its escape sequences
+        return text if raw else ui.printable(text, markup=False)
 
     if against is not None:
         from vmsandbox.session import across
