@@ -142,14 +142,14 @@ def _connect(port: int, target: str) -> tuple[socket.socket, bytes]:
     return s, reply
 
 
-def _https_get(rig: Rig, host: str, ca: Path, headers: str = "", sni: str | None = None) -> bytes:
+def _https_get(rig: Rig, host: str, ca: Path, headers: str = "", sni: str | None = None, method: str = "GET") -> bytes:
     s, reply = _connect(rig.port, f"{host}:443")
     assert reply.startswith(b"HTTP/1.1 200"), reply
     ctx = ssl.create_default_context(cafile=str(ca))
     if sni is not None:
         ctx.check_hostname = False
     with ctx.wrap_socket(s, server_hostname=sni or host) as tls:
-        tls.sendall(f"GET /v1/thing HTTP/1.1\r\nHost: {host}\r\n{headers}\r\n".encode())
+        tls.sendall(f"{method} /v1/thing HTTP/1.1\r\nHost: {host}\r\n{headers}\r\n".encode())
         return _read_all(tls)
 
 
@@ -206,6 +206,18 @@ def test_secret_is_injected_only_after_verifying_the_upstream(rig: Rig) -> None:
     assert rig.bad.requests == []
     ev = rig.events()
     assert ev[0]["tls"] == "terminated" and ev[0]["secret"] == "api" and ev[1]["decision"] == "error"
+
+
+@pytest.mark.parametrize("method", ["TRACE", "TRACK", "OPTIONS", "PROPFIND"])
+def test_a_secret_never_rides_a_method_that_could_hand_it_back(rig: Rig, method: str) -> None:
+    """TRACE echoes the request, headers and all: a guest that sent one to an allowed API host would read
+    the injected secret in the answer. Only the methods of REST APIs get it; the others never go upstream."""
+    out = _https_get(rig, "api.up.example.com", rig.session_ca, f"x-api-key: {PLACEHOLDER}\r\n", method=method)
+    assert out.startswith(b"HTTP/1.1 403") and b"never carries a secret" in out, out
+    assert SECRET.encode() not in out
+    assert rig.api.requests == []
+    (event,) = rig.events()
+    assert event["decision"] == "deny" and event.get("secret") in (None, "")
 
 
 def test_missing_or_revoked_secret(rig: Rig) -> None:

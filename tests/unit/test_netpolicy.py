@@ -179,6 +179,27 @@ def test_client_hello_parser_rejects_garbage() -> None:
     assert tlshello.needed(b"\x16\x03\x01") == 0  # not enough yet
 
 
+def _hello(extensions: list[tuple[int, bytes]]) -> bytes:
+    def vec(n: int, data: bytes) -> bytes:
+        return len(data).to_bytes(n, "big") + data
+
+    body = b"\x03\x03" + bytes(32) + vec(1, b"") + vec(2, b"\x13\x01") + vec(1, b"\x00")
+    body += vec(2, b"".join(kind.to_bytes(2, "big") + vec(2, data) for kind, data in extensions))
+    handshake = b"\x01" + vec(3, body)
+    return b"\x16\x03\x01" + vec(2, handshake)
+
+
+def test_an_encrypted_client_hello_is_refused_whatever_its_outer_name() -> None:
+    """With ECH the SNI in the clear is a decoy public name: an allowed one would carry TLS to any host."""
+    name = b"api.anthropic.com"
+    entry = b"\x00" + len(name).to_bytes(2, "big") + name  # host_name
+    sni_ext = (0x0000, len(entry).to_bytes(2, "big") + entry)
+    assert tlshello.server_name(_hello([sni_ext])) == "api.anthropic.com"
+    for kind in (0xFE0D, 0xFFCE):
+        with pytest.raises(tlshello.HelloError, match="hides the real server name"):
+            tlshello.server_name(_hello([sni_ext, (kind, b"\x00" * 40)]))
+
+
 def test_allowlist_changes_at_runtime() -> None:
     from vmsandbox.egress import policy
     from vmsandbox.errors import VmsandboxError

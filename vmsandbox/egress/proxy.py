@@ -34,7 +34,15 @@ log = logging.getLogger(__name__)
 MAX_CONNECTIONS = 256
 HEAD_TIMEOUT = 30.0
 HELLO_TIMEOUT = 15.0
+# The methods of the HTTP APIs agents call (REST): only these get a secret. TRACE and TRACK echo the request,
+# headers and all; OPTIONS, CONNECT and extension methods have no business carrying an API key.
+SECRET_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE"})
 IDLE_TIMEOUT = 600.0  # an agent may stream one answer for minutes; a silent connection goes after 10
+
+
+def _may_carry_a_secret(method: str) -> None:
+    if method not in SECRET_METHODS:
+        raise Refused(f"{method} never carries a secret: it could hand it back (an echo, a TRACE)")
 
 
 def _same_origin(authority: str, target: str, host: str, port: int | None) -> None:
@@ -184,6 +192,7 @@ class Proxy:
             ev.method = f"CONNECT {head.method}"
             authority = (head.get("host") or [host])[0].lower()
             _same_origin(authority, head.target, host, ev.port)
+            _may_carry_a_secret(head.method)
             headers = httphead.forward_headers(head, authority)
             headers = self._inject(cfg, rule, headers, ev)
             upstream = await connect(addresses, f"{host}:{ev.port}", tls=self._upstream_tls(), server_hostname=host)

@@ -6,6 +6,9 @@ RECORD_HEADER = 5
 HANDSHAKE = 0x16
 CLIENT_HELLO = 0x01
 SNI_EXTENSION = 0x0000
+# Encrypted Client Hello (RFC 9849) and its draft ESNI: the real server name travels encrypted, and the SNI in
+# the clear is a decoy (the "public name") that would pass the allowlist while the TLS goes elsewhere.
+HIDDEN_NAME_EXTENSIONS = {0xFE0D: "Encrypted Client Hello", 0xFFCE: "encrypted SNI"}
 MAX_HELLO = 64 * 1024
 
 
@@ -88,6 +91,8 @@ def server_name(data: bytes) -> str | None:
     while extensions.pos < len(extensions.data):
         kind = extensions.number(2)
         payload = extensions.vector(2)
+        if kind in HIDDEN_NAME_EXTENSIONS:
+            raise HelloError(f"{HIDDEN_NAME_EXTENSIONS[kind]} hides the real server name; it is not passed")
         if kind != SNI_EXTENSION:
             continue
         if names:
