@@ -68,6 +68,18 @@ def test_a_refs_directory_that_is_a_link_is_not_walked(tmp_path: Path) -> None:
     assert refs.read_refs(git) == {}
 
 
+def test_a_refs_directory_above_the_ref_spaces_that_is_a_link_is_not_read(tmp_path: Path) -> None:
+    """`.git/refs` itself linked to another repository's refs (root reads them): nothing of it is read."""
+    git = repo(tmp_path)
+    other = repo(tmp_path / "other")
+    (other / "refs/heads/secret-branch").write_text(f"{A}\n")
+    for sub in ("heads/feature", "heads", "tags"):
+        (git / "refs" / sub).rmdir()
+    (git / "refs").rmdir()
+    (git / "refs").symlink_to(other / "refs")
+    assert refs.read_refs(git) == {}
+
+
 @pytest.mark.parametrize(
     ("make", "why"),
     [

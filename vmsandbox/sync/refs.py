@@ -60,21 +60,45 @@ def _read_small(dir_fd: int, name: str, limit: int) -> str | None:
     return None if data is None else data.decode("ascii", "replace")
 
 
+def _open_dir(gitdir: Path, rel: str) -> int | None:
+    """A descriptor of gitdir/rel reached one component at a time with no link followed (`.git/refs` that
+    links to another repository's refs is not read), or None where one is missing or not a directory."""
+    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        fd = os.open(gitdir, flags)
+    except OSError:
+        return None
+    for part in [p for p in rel.split("/") if p]:
+        try:
+            next_fd = os.open(part, flags, dir_fd=fd)
+        except OSError:
+            os.close(fd)
+            return None
+        os.close(fd)
+        fd = next_fd
+    return fd
+
+
 def _loose_refs(gitdir: Path) -> Iterator[tuple[str, str]]:
     for space in COPIED_REF_SPACES:
-        top = gitdir / space
-        if not is_real_dir(top):
+        top_fd = _open_dir(gitdir, space)
+        if top_fd is None:
             continue
-        for dirpath, _dirs, files, dir_fd in os.fwalk(top, follow_symlinks=False):
-            rel = os.path.relpath(dirpath, gitdir)
-            for name in files:
-                text = _read_small(dir_fd, name, MAX_REF_FILE)
-                if text is not None:
-                    yield (f"{rel}/{name}" if rel != "." else name), text.strip()
+        try:
+            for dirpath, _dirs, files, dir_fd in os.fwalk(".", follow_symlinks=False, dir_fd=top_fd):
+                rel = os.path.normpath(space + dirpath)  # space ends in "/"; dirpath is "." or "./sub"
+                for name in files:
+                    text = _read_small(dir_fd, name, MAX_REF_FILE)
+                    if text is not None:
+                        yield f"{rel}/{name}", text.strip()
+        finally:
+            os.close(top_fd)
 
 
 def _packed_refs(gitdir: Path) -> Iterator[tuple[str, str]]:
-    fd = os.open(gitdir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    fd = _open_dir(gitdir, "")
+    if fd is None:
+        return
     try:
         text = _read_small(fd, "packed-refs", MAX_PACKED_REFS)
     finally:
