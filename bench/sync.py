@@ -25,7 +25,7 @@ from vmsandbox.session.config import Settings
 from vmsandbox.session.options import Options
 from vmsandbox.session.record import Record
 from vmsandbox.sync import capture as capturing
-from vmsandbox.sync.plan import Decisions
+from vmsandbox.sync.plan import Decisions, Take
 
 
 def timed(fn: Callable[[], object]) -> float:
@@ -54,7 +54,7 @@ def allocated(path: Path) -> int:
 
 def pull(record: Record) -> None:
     plan = lifecycle.review(record, limit=64 * 1024**3)
-    out = lifecycle.decide(record, plan, Decisions.safe(plan, include_risky=False))
+    out = lifecycle.decide(record, plan, Decisions.safe(plan, Take()))
     assert not out.failed, out.failed
 
 

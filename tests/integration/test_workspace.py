@@ -217,6 +217,22 @@ def test_risky_file_applied_only_when_asked_and_without_setuid(cli: Cli, name: s
     assert not (project / ".git/hooks/pre-commit").exists()
 
 
+def test_what_the_project_ignores_comes_back_only_when_asked(cli: Cli, name: str, project: Path) -> None:
+    """The project's .gitignore says `*.log`: a guest's log (and the .pth-like derived file it stands for)
+    is not applied by --yes beside a reviewed source change; one line says how many and how to get them."""
+    exec_ok(cli, name, "mkdir -p ign && echo src > ign/main.py && echo 'import os' > ign/startup.log")
+    r = cli.run("pull", name, "--yes", "ign")
+    err = r.stderr.decode()
+    assert r.returncode == 3, err
+    assert (project / "ign" / "main.py").read_text() == "src\n"
+    assert not (project / "ign" / "startup.log").exists()
+    lines = [line for line in err.splitlines() if "ignored" in line and "--include-ignored" in line]
+    assert len(lines) == 1 and "1 change(s) to paths the project ignores (ign)" in lines[0], err
+    r = cli.run("pull", name, "--yes", "--include-ignored", "ign")
+    assert r.returncode == 0, r.stderr.decode()
+    assert (project / "ign" / "startup.log").read_text() == "import os\n"
+
+
 def test_pull_killed_midway_then_rerun(cli: Cli, name: str, project: Path) -> None:
     make = "mkdir -p many && for i in $(seq 1 40); do head -c 100000 /dev/urandom > many/f$i; done"
     exec_ok(cli, name, make)

@@ -19,6 +19,7 @@ from vmsandbox.session import checkpoint as cp_mod
 from vmsandbox.session.config import Settings
 from vmsandbox.session.options import Options, Run
 from vmsandbox.sync import outbox
+from vmsandbox.sync.plan import Take
 from vmsandbox.sync.tree import FILE, Entry
 from vmsandbox.vm.domain import WORKSPACE_SERIAL, boot_of, build_xml, for_restore, with_disks
 
@@ -144,7 +145,7 @@ def test_a_fork_gets_placeholders_and_a_ca_of_its_own(tmp_path: Path) -> None:
 
 
 def run_of(name: str | None, project: Path) -> Run:
-    return Run(Options(project=project, name=name, settings=Settings()), ["true"], None, False, False)
+    return Run(Options(project=project, name=name, settings=Settings()), ["true"], None, False, Take())
 
 
 def test_fanout_names_its_sessions_after_the_group(tmp_path: Path) -> None:

@@ -1,6 +1,13 @@
 from __future__ import annotations
 
-from vmsandbox.sync.compare import Status, compare, is_git_managed, risk_of
+import os
+from pathlib import Path
+
+from vmsandbox import paths
+from vmsandbox.sync import reviewable
+from vmsandbox.sync.changes import Gathered, Origin, Target
+from vmsandbox.sync.compare import Change, Status, compare, is_git_managed, risk_of
+from vmsandbox.sync.plan import Decisions, Plan, Take, make
 from vmsandbox.sync.tree import DIR, FILE, OTHER, SYMLINK, Entry
 
 
@@ -110,3 +117,36 @@ def test_applied_setuid_file_is_not_a_conflict_afterwards() -> None:
     guest = {"s.sh": f("x", 0o4755)}
     host_after_apply = {"s.sh": f("x", 0o755)}  # bits dropped on the way
     assert compare({}, host_after_apply, guest)[0].status is Status.SAME
+
+
+def test_derived_trees_of_a_project_without_git() -> None:
+    assert reviewable.derived(".venv/lib/python3.11/site-packages/evil.pth") == ".venv"
+    assert reviewable.derived("web/node_modules/x/index.js") == "node_modules"
+    assert reviewable.derived("pkg/__pycache__/m.cpython-311.pyc") == "__pycache__"
+    assert reviewable.derived("src/app.egg-info/PKG-INFO") == "app.egg-info"
+    assert reviewable.derived("src/main.py") is None
+    assert reviewable.derived("docs/building.md") is None  # a name, not a component
+
+
+def _plan(tmp_path: Path, found: list[Change]) -> Plan:
+    files = paths.session_paths("s")
+    target = Target("s", tmp_path, files, os.getuid(), os.getgid())
+    g = Gathered(target, found, tmp_path / "src", False, Origin.LIVE, None, 1024**3)
+    return make(g)
+
+
+def test_yes_leaves_what_the_project_ignores_and_says_so(tmp_path: Path) -> None:
+    """--yes applies the reviewable changes only: an ignored (or derived) path waits for --include-ignored, a
+    risky one for --include-risky; "all" never means the ignored ones."""
+    source = Change("src/main.py", None, f("a"), None, Status.APPLY)
+    venv = Change(".venv/lib/site-packages/x.pth", None, f("b"), None, Status.APPLY, held="derived (.venv)")
+    hook = Change(".envrc", None, f("c"), None, Status.APPLY, risky="direnv runs it")
+    plan = _plan(tmp_path, [source, venv, hook])
+    d = Decisions.safe(plan, Take())
+    assert [i.label for i in d.accept] == ["src/main.py"]
+    assert [i.label for i in d.ignored] == [".venv/lib/site-packages/x.pth"]
+    assert [i.label for i in d.held] == [".envrc"]
+    d = Decisions.safe(plan, Take(ignored=True))
+    assert sorted(i.label for i in d.accept) == [".venv/lib/site-packages/x.pth", "src/main.py"]
+    d = Decisions.safe(plan, Take(risky=True))
+    assert sorted(i.label for i in d.accept) == [".envrc", "src/main.py"] and len(d.ignored) == 1

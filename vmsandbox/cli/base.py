@@ -89,6 +89,9 @@ class NeedsCommand(TakesCommand):
 SessionName = Annotated[str, typer.Argument(help="Session name.")]
 ApplySafe = Annotated[bool, typer.Option("--yes", "-y", help="Apply the safe, non-conflicting changes.")]
 IncludeRisky = Annotated[bool, typer.Option("--include-risky", help="Apply quarantined changes too.")]
+IncludeIgnored = Annotated[
+    bool, typer.Option("--include-ignored", help="Apply changes to paths the project ignores (.gitignore) too.")
+]
 AsJson = Annotated[bool, typer.Option("--json", help="Print JSON.")]
 Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="Print names only, one per line.")]
 

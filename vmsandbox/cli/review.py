@@ -9,12 +9,20 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from vmsandbox import ui
-from vmsandbox.cli.base import EXIT_PENDING, ApplySafe, IncludeRisky, SessionName, app, sync_limit
+from vmsandbox.cli.base import (
+    EXIT_PENDING,
+    ApplySafe,
+    IncludeIgnored,
+    IncludeRisky,
+    SessionName,
+    app,
+    sync_limit,
+)
 from vmsandbox.errors import VmsandboxError
 
 if TYPE_CHECKING:
     from vmsandbox.session.record import Record
-    from vmsandbox.sync.plan import Decisions, Item, Outcome, Plan
+    from vmsandbox.sync.plan import Decisions, Item, Outcome, Plan, Take
 
 
 def summary_table(plan: Plan) -> Any:
@@ -37,11 +45,13 @@ def summary_table(plan: Plan) -> Any:
         status = {"apply": "[green]apply[/]", "conflict": "[red]conflict[/]", "unsafe": "[red]refused[/]"}[c.status]
         if item.quarantined and c.status is Status.APPLY:
             status = "[yellow]quarantined[/]"
+        elif item.held and c.status is Status.APPLY:
+            status = "[dim]ignored[/]"
         if item.repository:
             table.add_row(status, "repository", ui.printable(item.label), ui.printable(c.risky or ""))
             continue
         shown = c.notes if c.status is Status.UNSAFE else [*c.notes, diff.describe(c)]  # a refusal names the target
-        notes = "; ".join(filter(None, [c.risky, *shown]))
+        notes = "; ".join(filter(None, [c.risky, c.held, *shown]))
         table.add_row(status, c.kind, ui.printable(c.path), ui.printable(notes))
     return table
 
@@ -64,11 +74,12 @@ def ask_person(plan: Plan) -> Decisions:
     apply_rest = False
     for i, item in enumerate(plan.todo, 1):
         c = item.first
-        if apply_rest and not item.risky and c.status is Status.APPLY:
+        if apply_rest and not item.risky and not item.held and c.status is Status.APPLY:
             accepted.append(item)
             continue
         verb = "keep the guest version beside it" if c.status is Status.CONFLICT else "apply"
-        warn = f" [yellow]⚠ {ui.printable(item.risky)}[/]" if item.risky else ""
+        why = item.risky or item.held
+        warn = f" [yellow]⚠ {ui.printable(why)}[/]" if why else ""
         ui.err.print(f"[bold]({i}/{len(plan.todo)})[/] {item.kind} {ui.printable(item.label)} — {c.status.value}{warn}")
         while True:
             answer = _ask(f"  {verb}? y=yes n=no d=diff a=all safe q=quit", "yndaq")
@@ -88,12 +99,12 @@ def ask_person(plan: Plan) -> Decisions:
     return Decisions(tuple(accepted), (), take)
 
 
-def decide(plan: Plan, *, yes: bool, include_risky: bool) -> Decisions:
+def decide(plan: Plan, *, yes: bool, take: Take) -> Decisions:
     """The decisions for a plan: --yes, a person at a terminal, or (neither) nothing."""
     from vmsandbox.sync.plan import Decisions
 
     if yes:
-        return Decisions.safe(plan, include_risky=include_risky)
+        return Decisions.safe(plan, take)
     if ui.is_interactive():
         return ask_person(plan)
     ui.warn(
@@ -113,7 +124,7 @@ def show(plan: Plan) -> bool:
     return True
 
 
-def report(outcome: Outcome) -> None:
+def report(outcome: Outcome, name: str) -> None:
     for label, items, colour in (
         ("applied", outcome.applied, "green"),
         ("conflict", outcome.conflicts, "red"),
@@ -126,6 +137,15 @@ def report(outcome: Outcome) -> None:
             ui.err.print(f"  [{colour}]{label}[/] {ui.printable(item)}", highlight=False)
     for line in outcome.commits:
         ui.err.print(f"  [cyan]commit[/] {ui.printable(line)}", highlight=False)
+    if outcome.ignored:
+        tops = sorted({label.split("/")[0] for label in outcome.ignored})
+        where = ", ".join(ui.printable(t) for t in tops[:3]) + (" …" if len(tops) > 3 else "")
+        ui.err.print(
+            f"  [yellow]ignored[/] {len(outcome.ignored)} change(s) to paths the project ignores ({where}): not "
+            f"applied; they wait with the session (its outbox once it ends); `vmsandbox pull {name} "
+            "--include-ignored` applies them",
+            highlight=False,
+        )
     parts = [f"{len(outcome.applied)} applied"]
     if outcome.conflicts:
         parts.append(f"{len(outcome.conflicts)} conflict(s) kept beside their files")
@@ -136,20 +156,20 @@ def report(outcome: Outcome) -> None:
     ui.info("Sync-back: " + ", ".join(parts) + ".")
 
 
-def conduct(record: Record, plan: Plan, *, yes: bool, include_risky: bool) -> Outcome:
+def conduct(record: Record, plan: Plan, *, yes: bool, take: Take) -> Outcome:
     """Show the plan, get the decisions (--yes, a person, or none), carry them out, report."""
     from vmsandbox.session import lifecycle
     from vmsandbox.sync.plan import Decisions
 
     something = show(plan)
-    decisions = decide(plan, yes=yes, include_risky=include_risky) if something else Decisions()
+    decisions = decide(plan, yes=yes, take=take) if something else Decisions()
     outcome = lifecycle.decide(record, plan, decisions)
     if something:
-        report(outcome)
+        report(outcome, record.name)
     return outcome
 
 
-def review_session(name: str, *, yes: bool, include_risky: bool, dry_run: bool = False, only: list[str]) -> int:
+def review_session(name: str, *, yes: bool, take: Take, dry_run: bool = False, only: list[str]) -> int:
     """pull/recover: review, apply what is decided, report; the number of changes left (0 for a dry run)."""
     from vmsandbox.session import lifecycle, lock
     from vmsandbox.session.record import Record
@@ -162,7 +182,7 @@ def review_session(name: str, *, yes: bool, include_risky: bool, dry_run: bool =
             if show(plan):
                 ui.info(f"Dry run: {len(plan.todo)} change(s) pending; nothing written.")
             return 0
-        outcome = conduct(record, plan, yes=yes, include_risky=include_risky)
+        outcome = conduct(record, plan, yes=yes, take=take)
         if lifecycle.settle(record, outcome):
             ui.info(f"Every change of session {name} is dealt with; the session is removed.")
         return outcome.left
@@ -178,24 +198,35 @@ def pull(
     yes: ApplySafe = False,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Show what would happen; write nothing.")] = False,
     include_risky: IncludeRisky = False,
+    include_ignored: IncludeIgnored = False,
 ) -> None:
     """Review the guest's changes and sync the accepted ones into the project (three-way).
 
-    Exit code 0 when everything is synced, 3 when changes remain (quarantined, skipped, or unapplied).
+    Exit code 0 when everything is synced, 3 when changes remain (quarantined, ignored, skipped, or unapplied).
 
     Example: `vmsandbox pull exp1 --dry-run`, then `vmsandbox pull exp1 --yes src/`
     """
-    left = review_session(name, yes=yes, include_risky=include_risky, dry_run=dry_run, only=only or [])
+    from vmsandbox.sync.plan import Take
+
+    take = Take(risky=include_risky, ignored=include_ignored)
+    left = review_session(name, yes=yes, take=take, dry_run=dry_run, only=only or [])
     if left:
         raise typer.Exit(EXIT_PENDING)
 
 
 @app.command()
-def recover(name: SessionName, yes: ApplySafe = False, include_risky: IncludeRisky = False) -> None:
+def recover(
+    name: SessionName,
+    yes: ApplySafe = False,
+    include_risky: IncludeRisky = False,
+    include_ignored: IncludeIgnored = False,
+) -> None:
     """Review and apply a session's unsynced changes after its VM is gone (from its outbox or its disk).
 
     Example: `vmsandbox recover exp1 --yes`"""
-    if review_session(name, yes=yes, include_risky=include_risky, only=[]):
+    from vmsandbox.sync.plan import Take
+
+    if review_session(name, yes=yes, take=Take(risky=include_risky, ignored=include_ignored), only=[]):
         raise typer.Exit(EXIT_PENDING)
 
 

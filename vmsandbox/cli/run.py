@@ -29,6 +29,7 @@ from vmsandbox.errors import VmsandboxError
 if TYPE_CHECKING:
     from vmsandbox.session.options import RunFlags
     from vmsandbox.session.record import Record
+    from vmsandbox.sync.plan import Take
 
 AGENTS = ("claude", "codex", "gemini", "opencode")
 
@@ -45,6 +46,9 @@ TtyOpt = Annotated[
 ]
 YesOpt = Annotated[bool, typer.Option("--yes", "-y", help="At the end, apply the safe, non-conflicting changes.")]
 IncludeRiskyOpt = Annotated[bool, typer.Option("--include-risky", help="With --yes, apply quarantined changes too.")]
+IncludeIgnoredOpt = Annotated[
+    bool, typer.Option("--include-ignored", help="With --yes, apply changes to paths the project ignores too.")
+]
 NetworkOpt = Annotated[
     str | None,
     typer.Option("--network", help="allowlist (default): listed hosts only; open: any public host; none."),
@@ -98,6 +102,7 @@ def run(
     tty: TtyOpt = None,
     yes: YesOpt = False,
     include_risky: IncludeRiskyOpt = False,
+    include_ignored: IncludeIgnoredOpt = False,
     network: NetworkOpt = None,
     allow: AllowOpt = None,
     blueprint: BlueprintOpt = "base",
@@ -129,6 +134,7 @@ def run(
         tty=tty,
         yes=yes,
         include_risky=include_risky,
+        include_ignored=include_ignored,
         network=network,
         allow=tuple(allow or ()),
         publish=tuple(publish or ()),
@@ -169,11 +175,11 @@ def run_session(
                 f"`vmsandbox pull {record.name}`, `vmsandbox destroy {record.name}`"
             )
         else:
-            _finish(record, yes=planned.yes, include_risky=planned.include_risky)
+            _finish(record, yes=planned.yes, take=planned.take)
     raise typer.Exit(code)
 
 
-def _finish(record: Record, *, yes: bool, include_risky: bool) -> None:
+def _finish(record: Record, *, yes: bool, take: Take) -> None:
     """End of `run`: review the guest's changes, then destroy the VM (in the background: the exit code does not
     wait for it). Whatever was not synced is exported to the session's outbox first (lifecycle.finish), so
     nothing is lost: `vmsandbox recover NAME` takes it."""
@@ -181,7 +187,7 @@ def _finish(record: Record, *, yes: bool, include_risky: bool) -> None:
 
     with lock.held(record.files, record.name, "reviewing the changes of"):
         plan = lifecycle.review(record, limit=sync_limit())
-        outcome = review_ui.conduct(record, plan, yes=yes, include_risky=include_risky)
+        outcome = review_ui.conduct(record, plan, yes=yes, take=take)
         keeping = ui.step("Keeping the unsynced changes in the session's outbox") if outcome.left else nullcontext()
         with keeping:
             end = lifecycle.finish(record, plan.gathered, background=True)

@@ -15,6 +15,7 @@ from vmsandbox.image.blueprint import Blueprint
 from vmsandbox.image.store import Image
 from vmsandbox.session.config import Settings
 from vmsandbox.session.hostspec import HostSpec
+from vmsandbox.sync.plan import Take
 
 
 @dataclass(frozen=True)
@@ -30,6 +31,7 @@ class RunFlags:
     tty: bool | None = None
     yes: bool = False
     include_risky: bool = False
+    include_ignored: bool = False
     network: str | None = None
     allow: tuple[str, ...] = ()
     publish: tuple[str, ...] = ()
@@ -80,7 +82,7 @@ class Run:
     command: list[str] | None
     tty: bool | None
     yes: bool
-    include_risky: bool
+    take: Take  # what --yes takes beyond the safe, reviewable changes
 
 
 def parse_publish(spec: str, address: str | None) -> Publish:

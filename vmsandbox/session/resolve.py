@@ -14,6 +14,7 @@ from vmsandbox.session import config, hosts, hostspec, layerbuild, tunnel
 from vmsandbox.session.hostspec import HostSpec
 from vmsandbox.session.options import Options, Run, RunFlags, parse_publish
 from vmsandbox.session.record import validate_name, validate_project
+from vmsandbox.sync.plan import Take
 
 
 def resolve(path: Path, blueprint_name: str, command: list[str] | None, flags: RunFlags, *, agent: bool) -> Run:
@@ -44,7 +45,7 @@ def resolve(path: Path, blueprint_name: str, command: list[str] | None, flags: R
         cold=flags.cold,
         host=host,
     )
-    return Run(options, command, tty, flags.yes, flags.include_risky)
+    return Run(options, command, tty, flags.yes, Take(risky=flags.include_risky, ignored=flags.include_ignored))
 
 
 PLACE_TIMEOUT = 5.0  # a host that does not answer this fast is not placed on (and delays a run no more)

@@ -23,7 +23,7 @@ from typing import Any
 from vmsandbox import failpoint, paths, ui
 from vmsandbox.guest.ssh import Endpoint
 from vmsandbox.paths import SessionPaths
-from vmsandbox.sync import apply, capture, delta, mirror, refs, tree, views
+from vmsandbox.sync import apply, capture, delta, mirror, refs, reviewable, tree, views
 from vmsandbox.sync.compare import Change, Status, compare
 from vmsandbox.sync.hashcache import HashCache
 
@@ -81,6 +81,7 @@ def gather(target: Target, *, endpoint: Endpoint | None, limit: int) -> Gathered
     host = views.Lookup(target.project, cache)
     changes = [c for c in compare(base, host, guest, only=scope) if c.status is not Status.SAME]
     cache.save(partial=True)
+    reviewable.mark_held(target, changes)
     _remove_leftover_temporaries(target.project, changes)
     refs_changed, refused = _guest_refs(files, origin)
     return Gathered(target, changes, source, refs_changed, origin, refused, limit)

@@ -149,10 +149,16 @@ def git_env(who: Identity | None) -> dict[str, str]:
 
 
 def run_git(
-    project: Path, who: Identity | None, *args: str, check: bool = True, hint: str | None = None
+    project: Path,
+    who: Identity | None,
+    *args: str,
+    check: bool = True,
+    hint: str | None = None,
+    input: str | None = None,
 ) -> proc.Result:
     return proc.run(
         [*git_argv(project), *args],
+        input=input,
         env=git_env(who),
         as_user=who,
         limits=confine.GIT_LIMITS,

@@ -54,6 +54,7 @@ class Change:
     status: Status
     risky: str | None = None  # why it is quarantined
     notes: list[str] = field(default_factory=list)
+    held: str | None = None  # why --yes leaves it (not reviewable source: ignored by the project; reviewable.py)
 
     @property
     def kind(self) -> str:

@@ -46,6 +46,11 @@ class Item:
     def quarantined(self) -> bool:
         return self.risky is not None and self.first.status is not Status.UNSAFE
 
+    @property
+    def held(self) -> str | None:
+        """Why --yes leaves it: not reviewable source (reviewable.py)."""
+        return self.first.held
+
 
 def grouped(found: list[Change]) -> list[Item]:
     """One item per change, except that everything inside a repository nested in the project (a `.git` below
@@ -105,20 +110,32 @@ def make(g: Gathered, only: list[str] | None = None) -> Plan:
 
 
 @dataclass(frozen=True)
+class Take:
+    """What `--yes` takes beyond the safe, reviewable changes: quarantined ones (--include-risky), ones the
+    project ignores (--include-ignored)."""
+
+    risky: bool = False
+    ignored: bool = False
+
+
+@dataclass(frozen=True)
 class Decisions:
     """What to do with a plan: the items to apply (conflicts: keep the guest's copy beside the file), the
-    ones held back on purpose (quarantine), and whether to fetch the guest's commits."""
+    ones held back on purpose (quarantine; not reviewable source), and whether to fetch the guest's commits."""
 
     accept: tuple[Item, ...] = ()
     held: tuple[Item, ...] = ()
     take_commits: bool = False
+    ignored: tuple[Item, ...] = ()
 
     @classmethod
-    def safe(cls, plan: Plan, *, include_risky: bool) -> Decisions:
-        """`--yes`: every safe change (quarantined ones too with include_risky) and the commits."""
-        held = tuple(i for i in plan.todo if i.quarantined and not include_risky)
-        accept = tuple(i for i in plan.todo if i not in held)
-        return cls(accept, held, plan.gathered.refs_changed)
+    def safe(cls, plan: Plan, take: Take) -> Decisions:
+        """`--yes`: every safe, reviewable change (quarantined and ignored ones too if `take` says so) and the
+        commits."""
+        held = tuple(i for i in plan.todo if i.quarantined and not take.risky)
+        ignored = tuple(i for i in plan.todo if i.held and not take.ignored and i not in held)
+        accept = tuple(i for i in plan.todo if i not in held and i not in ignored)
+        return cls(accept, held, plan.gathered.refs_changed, ignored)
 
 
 @dataclass
@@ -126,6 +143,7 @@ class Outcome:
     applied: list[str] = field(default_factory=list)
     conflicts: list[str] = field(default_factory=list)  # guest copy kept beside the file
     quarantined: list[str] = field(default_factory=list)
+    ignored: list[str] = field(default_factory=list)  # not reviewable source: left pending by --yes
     skipped: list[str] = field(default_factory=list)
     refused: list[str] = field(default_factory=list)
     failed: list[str] = field(default_factory=list)
@@ -139,7 +157,8 @@ def carry_out(plan: Plan, decisions: Decisions) -> Outcome:
     g = plan.gathered
     out = Outcome(refused=plan.refused)
     out.quarantined = [f"{i.label} ({i.risky})" for i in decisions.held]
-    decided = {id(i) for i in (*decisions.accept, *decisions.held)}
+    out.ignored = [i.label for i in decisions.ignored]
+    decided = {id(i) for i in (*decisions.accept, *decisions.held, *decisions.ignored)}
     out.skipped = [i.label for i in plan.todo if id(i) not in decided]
     execute(g, [c for i in decisions.accept for c in i.changes], out)
     if decisions.take_commits:

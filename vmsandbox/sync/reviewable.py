@@ -1,0 +1,79 @@
+"""What a person can review comes back by default; the rest waits for an explicit choice.
+
+A change under a path the project itself ignores is derived or cached, not source: nobody reads a virtualenv's
+site-packages or a `node_modules` tree in a review, yet tools load them on their own (a `.pth` file runs at
+every Python start). So such changes are *held*: `--yes` and "apply all" leave them pending (they go to the
+session's outbox with the rest), the review says in one line how many there are, and `pull --include-ignored`
+brings them when the user decides so. What "ignored" means is the project's own answer, not a list of ours:
+
+- a project with git: its `.gitignore` files and `.git/info/exclude`, as git reads them (`git check-ignore`
+  in the host's repository, as the user, over the host's own ignore files — never the guest's);
+- a project without git: the derived trees every ecosystem makes (below).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from vmsandbox import confine
+from vmsandbox.errors import VmsandboxError
+from vmsandbox.sync import commits, refs
+from vmsandbox.sync.compare import Change, Status
+
+if TYPE_CHECKING:
+    from vmsandbox.sync.changes import Target
+
+log = logging.getLogger(__name__)
+
+# Directories that hold what a build, a package manager or an interpreter made (projects without git).
+DERIVED_DIRS = frozenset(
+    {
+        ".venv", "venv", "node_modules", "__pycache__", "site-packages", "dist-packages", ".eggs", ".tox",
+        ".nox", ".mypy_cache", ".pytest_cache", ".ruff_cache", ".cache", ".gradle", ".next", ".nuxt",
+        ".parcel-cache", ".turbo", ".svelte-kit", "build", "dist", "target", "out", "bower_components",
+    }
+)  # fmt: skip
+DERIVED_SUFFIXES = (".egg-info", ".pyc", ".pyo", ".class", ".o")
+
+
+def derived(path: str) -> str | None:
+    """Why a path of a project without git is derived (the component that makes it so), or None."""
+    for part in path.split("/"):
+        if part in DERIVED_DIRS or part.endswith(DERIVED_SUFFIXES):
+            return part
+    return None
+
+
+def mark_held(target: Target, found: Sequence[Change]) -> None:
+    """Set `held` on each change to a path the project ignores (UNSAFE ones are refused anyway)."""
+    candidates = [c for c in found if c.status is not Status.UNSAFE]
+    if not candidates:
+        return
+    if not refs.is_real_dir(target.project / ".git"):
+        for c in candidates:
+            part = derived(c.path)
+            if part is not None:
+                c.held = f"derived ({part}), not source"
+        return
+    ignored = _git_ignored(target, [c.path for c in candidates])
+    for c in candidates:
+        if c.path in ignored:
+            c.held = "ignored by the project (.gitignore)"
+
+
+def _git_ignored(target: Target, rel_paths: list[str]) -> set[str]:
+    """The paths git ignores in the host's repository (tracked files never are). On git's failure, the derived
+    trees stand in, said in the log."""
+    who = confine.invoking_user(target.uid, target.gid)
+    data = "".join(p + "\0" for p in rel_paths)
+    try:
+        result = commits.run_git(target.project, who, "check-ignore", "-z", "--stdin", check=False, input=data)
+    except VmsandboxError as exc:
+        log.warning("git check-ignore could not run in %s (%s): derived trees held instead", target.project, exc)
+        return {p for p in rel_paths if derived(p)}
+    if result.returncode not in (0, 1):  # 1: nothing is ignored
+        log.warning("git check-ignore failed in %s: %s", target.project, result.stderr.strip())
+        return {p for p in rel_paths if derived(p)}
+    return {p for p in result.stdout.split("\0") if p}
