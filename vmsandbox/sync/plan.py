@@ -11,9 +11,9 @@ import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from vmsandbox import failpoint
+from vmsandbox import confine, failpoint
 from vmsandbox.errors import VmsandboxError
-from vmsandbox.sync import apply, changes, commits, refs
+from vmsandbox.sync import apply, changes, commitreview, commits, refs
 from vmsandbox.sync.changes import BUNDLE, Gathered, Origin
 from vmsandbox.sync.compare import Change, Status
 from vmsandbox.sync.risk import nested_git_dir
@@ -127,6 +127,7 @@ class Decisions:
     held: tuple[Item, ...] = ()
     take_commits: bool = False
     ignored: tuple[Item, ...] = ()
+    risky_commits: bool = False  # branches whose commits touch risky paths are fetched too
 
     @classmethod
     def safe(cls, plan: Plan, take: Take) -> Decisions:
@@ -135,7 +136,7 @@ class Decisions:
         held = tuple(i for i in plan.todo if i.quarantined and not take.risky)
         ignored = tuple(i for i in plan.todo if i.held and not take.ignored and i not in held)
         accept = tuple(i for i in plan.todo if i not in held and i not in ignored)
-        return cls(accept, held, plan.gathered.refs_changed, ignored)
+        return cls(accept, held, plan.gathered.refs_changed, ignored, take.risky)
 
 
 @dataclass
@@ -163,7 +164,9 @@ def carry_out(plan: Plan, decisions: Decisions) -> Outcome:
     execute(g, [c for i in decisions.accept for c in i.changes], out)
     if decisions.take_commits:
         try:
-            out.commits = fetch_commits(g)
+            fetched = fetch_commits(g, include_risky=decisions.risky_commits)
+            out.commits = fetched.commits
+            out.quarantined += fetched.held
         except refs.Refused as exc:
             out.refused.append(f"the guest's commits: {exc.message}")
         except VmsandboxError as exc:
@@ -233,12 +236,29 @@ def execute(g: Gathered, accepted: list[Change], out: Outcome) -> None:
         changes.mark(g.target.files, done)
 
 
-def fetch_commits(g: Gathered) -> list[str]:
-    """The guest's new or moved branches and tags as refs/remotes/vmsandbox-<name>/* (commits.py); from an
-    outbox, from the bundle exported earlier."""
+@dataclass(frozen=True)
+class Fetched:
+    commits: list[str]  # one line per new commit under refs/remotes/vmsandbox-<name>/
+    held: list[str]  # one line per branch or tag held back: its commits touch risky paths
+
+
+def fetch_commits(g: Gathered, *, include_risky: bool, keep_staged: bool = False) -> Fetched:
+    """The guest's new or moved branches and tags, fetched into a staging namespace (commits.py; from an outbox,
+    from the bundle exported earlier), reviewed like files and promoted to refs/remotes/vmsandbox-<name>/*
+    where they touch nothing risky (commitreview.py). `keep_staged`: the held ones stay staged (for a bundle;
+    the caller drops them)."""
     t = g.target
     if not g.refs_changed or not refs.is_real_dir(t.project / ".git"):
-        return []
+        return Fetched([], [])
     if g.origin is not Origin.OUTBOX:
-        return commits.fetch(t.project, g.source, t.files.baseline, t.name, t.uid, t.gid)
-    return commits.fetch_bundle(t.project, t.files.outbox / BUNDLE, t.name, t.uid, t.gid)
+        commits.fetch(t.project, g.source, t.files.baseline, t.name, t.uid, t.gid)
+    else:
+        commits.fetch_bundle(t.project, t.files.outbox / BUNDLE, t.name, t.uid, t.gid)
+    who = confine.invoking_user(t.uid, t.gid)
+    try:
+        promoted, held = commitreview.promote(t.project, who, t.name, include_risky=include_risky)
+    finally:
+        if not keep_staged:
+            commitreview.drop_staged(t.project, who, t.name)
+    lines = commits.new_commits(t.project, who, commits.remote_prefix(t.name)) if promoted else []
+    return Fetched(lines, held)

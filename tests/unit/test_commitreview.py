@@ -1,0 +1,58 @@
+"""The paths a guest's commits touch, classed like the working tree's files (no git run here: its output is)."""
+
+from __future__ import annotations
+
+import pytest
+
+from vmsandbox.sync.commitreview import Touch, parse_diff_tree, risk_of_entry
+
+C1, C2 = "a" * 40, "b" * 40
+Z = "0" * 40
+
+
+def meta(src: str, dst: str, status: str) -> str:
+    return f":{src} {dst} {Z} {'1' * 40} {status}"
+
+
+def test_a_commit_touching_hooks_and_env_loaders_is_risky() -> None:
+    out = "\0".join(
+        [
+            C1,
+            meta("000000", "100644", "A"), ".envrc",
+            meta("000000", "100755", "A"), ".husky/pre-commit",
+            meta("000000", "100644", "A"), "README.md",
+            C2,  # a merge, against its second parent: an evil merge shows too
+            meta("100755", "100755", "M"), "scripts/build.sh",
+            meta("000000", "120000", "A"), "docs/link",
+            meta("000000", "160000", "A"), "vendor/lib",
+        ]
+    ) + "\0"  # fmt: skip
+    found = parse_diff_tree(out)
+    risky = {t.path: t.why for _c, t in found if t is not None}
+    assert set(risky) == {".envrc", ".husky/pre-commit", "scripts/build.sh", "docs/link", "vendor/lib"}
+    assert risky["scripts/build.sh"] == "executable, its content changed"
+    assert [c for c, t in found if t is None] == [C1]  # README.md, in the first commit
+
+
+def test_a_path_named_like_a_commit_id_is_a_path() -> None:
+    out = "\0".join([C1, meta("000000", "100644", "A"), C2, meta("000000", "100644", "A"), ".envrc"]) + "\0"
+    found = parse_diff_tree(out)
+    assert found == [(C1, None), (C1, Touch(".envrc", risk_of_entry("000000", "100644", "A", ".envrc") or ""))]
+
+
+def test_output_that_is_not_diff_tree_is_refused() -> None:
+    with pytest.raises(ValueError, match="unexpected"):
+        parse_diff_tree(f"{C1}\0garbage\0")
+
+
+@pytest.mark.parametrize(
+    ("src", "dst", "status", "path", "risky"),
+    [
+        ("000000", "100644", "A", "src/main.py", False),
+        ("100644", "100755", "M", "run.sh", True),
+        ("100644", "000000", "D", ".github/workflows/ci.yml", True),  # deleting CI is a risky change too
+        ("100644", "100644", "M", ".GIT./config", True),
+    ],
+)
+def test_risk_of_one_entry(src: str, dst: str, status: str, path: str, risky: bool) -> None:
+    assert (risk_of_entry(src, dst, status, path) is not None) is risky
