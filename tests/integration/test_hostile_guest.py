@@ -228,6 +228,23 @@ def test_a_diff_through_a_pipe_never_passes_escape_sequences(cli: Cli, name: str
     assert b"\x1b]52" in cli.run("diff", name, "term-attack.txt", "--raw").stdout  # only when asked
 
 
+def test_hard_links_stay_links_in_the_mirror_and_count_against_the_budget(cli: Cli, name: str, tmp_path: Path) -> None:
+    """50 links to a 4 MiB file are one file's worth of the host's disk in the mirror; applying them would
+    write 51 copies, so the sync budget counts them all before anything is written."""
+    guest(cli, name, "mkdir hl && head -c 4194304 /dev/urandom > hl/a && for i in $(seq 50); do ln hl/a hl/l$i; done")
+    try:
+        assert cli.run("diff", name, "--stat", "hl").returncode == 0  # fetched into the mirror
+        mirror = paths.session_paths(name).guest_tree / "hl"
+        assert (mirror / "a").stat().st_nlink == 51
+        assert len({p.stat().st_ino for p in mirror.iterdir()}) == 1  # one inode behind all 51 names
+        (tmp_path / "config.yaml").write_text("sync_limit: 100M\n")
+        r = cli.run("pull", name, "--yes", "hl", env=cli.env(VMSANDBOX_CONFIG_DIR=str(tmp_path)))
+        assert r.returncode == 125, r.stderr.decode()
+        assert b"add up to 204 MiB, more than the 100 MiB" in r.stderr, r.stderr.decode()
+    finally:
+        guest(cli, name, "rm -rf hl")
+
+
 def test_a_failed_boot_never_shows_the_console_raw(
     cli: Cli, base_image: store.Image, owned_name: str, project: Path, tmp_path: Path
 ) -> None:
