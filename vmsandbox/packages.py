@@ -17,6 +17,7 @@ TOOL_PACKAGES: Mapping[str, str] = {
     "libvirtd": "libvirt-daemon-system",
     "git": "git",
     "mount": "mount",
+    "bwrap": "bubblewrap",
     "debugfs": "e2fsprogs",
     "e2fsck": "e2fsprogs",
     "cp": "coreutils",

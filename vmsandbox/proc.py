@@ -20,6 +20,7 @@ from typing import IO, Any
 from vmsandbox import packages
 from vmsandbox.confine import Identity, Limits
 from vmsandbox.errors import VmsandboxError
+from vmsandbox.jail import Jail
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +76,7 @@ def run(
     pass_fds: Sequence[int] = (),
     max_output: int = MAX_OUTPUT,
     on_line: Callable[[str], None] | None = None,
+    jail: Jail | None = None,
 ) -> Result:
     """Run argv (never a shell string) and capture its output (at most `max_output` bytes of each stream);
     `on_line` sees each line of either stream as it comes (a long build's progress under its spinner).
@@ -83,29 +85,17 @@ def run(
     SystemExit, a timeout) the whole group is terminated before the exception goes on, so no
     grandchild keeps writing into a directory we are about to remove. With `as_user` the child switches to
     that account (after changing into `cwd`) and with `limits` it runs under those resource limits; its
-    process group is killed when it ends, so nothing it started outlives it.
+    process group is killed when it ends, so nothing it started outlives it. With `jail` it runs in bubblewrap
+    (jail.py): read-only but for the jail's writable paths, no network, its own PID namespace.
     """
     data = input.encode() if isinstance(input, str) else input
-    child = start(
-        argv,
-        stdin=subprocess.PIPE if data is not None else subprocess.DEVNULL,
-        env=env,
-        cwd=cwd,
-        as_user=as_user,
-        limits=limits,
-        pass_fds=pass_fds,
-    )
-    confined = as_user is not None or limits is not None
+    stdin = subprocess.PIPE if data is not None else subprocess.DEVNULL
+    child = start(argv, stdin=stdin, env=env, cwd=cwd, as_user=as_user, limits=limits, pass_fds=pass_fds, jail=jail)
+    confined = as_user is not None or limits is not None or jail is not None
     return finish(
-        child,
-        input=data,
-        check=check,
-        timeout=timeout,
-        hint=hint,
-        max_output=max_output,
-        reap_group=confined,
+        child, input=data, check=check, timeout=timeout, hint=hint, max_output=max_output, reap_group=confined,
         on_line=on_line,
-    )
+    )  # fmt: skip
 
 
 def start(
@@ -118,11 +108,15 @@ def start(
     as_user: Identity | None = None,
     limits: Limits | None = None,
     pass_fds: Sequence[int] = (),
+    jail: Jail | None = None,
 ) -> subprocess.Popen[bytes]:
     """Start argv in its own process group (stderr captured); `finish` collects it. For the rare caller
     that must wire two processes together; everyone else uses `run`."""
     args = [str(a) for a in argv]
     args[0] = which(args[0])
+    if jail is not None:
+        args = jail.argv(args, cwd)
+        args[0] = which(args[0])
     log.debug("run: %s%s", shlex.join(args), f" (as uid {as_user.uid})" if as_user else "")
     return subprocess.Popen(
         args,

@@ -433,7 +433,9 @@ class VmFactory:
 def guest_sh(record: Record, script: str, *, root: bool = False, timeout: float = 180) -> str:
     """Run `script` with sh in the guest's project directory (as the session's user, or root); its stdout. A
     failure fails the test with the command's stderr."""
-    command = f"cd {shlex.quote(record.project)} && {script}"
+    # `sh -c`: the script's own `&` and `;` stay inside it (a bare `cd X && a & b` would background the cd too,
+    # and that subshell would hold the session's stdout open)
+    command = f"cd {shlex.quote(record.project)} && exec sh -c {shlex.quote(script)}"
     endpoint = record.endpoint("root" if root else None)
     r = subprocess.run(
         [*endpoint.ssh_argv("-T"), "--", command], capture_output=True, text=True, timeout=timeout, check=False

@@ -144,7 +144,9 @@ def test_a_boot_that_stalls_is_reset_then_explained(
     # the product waits at least 20 s of silence (a real kernel can be quiet that long on a starved host); this
     # kernel prints its last line within a few seconds of each start, so 12 s of silence is a stall here too
     monkeypatch.setattr(boot_mod, "STALL_MIN", 12.0)
-    settings = replace(Settings(), boot_timeout=50)  # resets at ~15 s and ~30 s, the third boot seen by ~35 s
+    # stall limit max(12, 75 / 5) = 15 s: resets at ~18 s and ~36 s; the third boot has ~39 s to reach the
+    # initramfs (a host running two workers' guests can take 20 s for it)
+    settings = replace(Settings(), boot_timeout=75)
     with pytest.raises(VmsandboxError) as caught:
         create.create(Options(project=project, name=owned_name, settings=settings, image=stalling, cold=True))
     message, err = caught.value.message, capsys.readouterr().err

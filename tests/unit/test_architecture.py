@@ -81,3 +81,36 @@ def test_modules_and_functions_stay_small() -> None:
                 if length > 60:
                     big.append(f"{path.relative_to(PACKAGE)}:{node.name}: {length} lines")
     assert big == []
+
+
+# The tools that parse guest bytes on the host. Each call that starts one names a jail (jail.py), but for the
+# calls listed here, which never see guest data: mkfs/debugfs on our own fresh images, the host user's git config.
+GUEST_DATA_TOOLS = {"e2fsck", "debugfs", "git", "rsync"}
+NEVER_GUEST_DATA = {("vm/ext4.py", "remove_dir"), ("guest/files.py", "git_identity")}
+
+
+def _tool_of(call: ast.Call) -> str | None:
+    """The tool a proc.run/proc.start call starts, when its argv is a list literal naming it."""
+    if not call.args or not isinstance(call.args[0], ast.List) or not call.args[0].elts:
+        return None
+    first = call.args[0].elts[0]
+    return first.value if isinstance(first, ast.Constant) and isinstance(first.value, str) else None
+
+
+def test_no_guest_data_tool_runs_outside_the_jail() -> None:
+    """e2fsck, debugfs, git and rsync are started only with `jail=` (git through commits.run_git, which jails)."""
+    unjailed = []
+    for path in PACKAGE.rglob("*.py"):
+        rel = str(path.relative_to(PACKAGE))
+        for func in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(func, ast.FunctionDef):
+                continue
+            for node in ast.walk(func):
+                if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Attribute):
+                    continue
+                if node.func.attr not in ("run", "start") or _tool_of(node) not in GUEST_DATA_TOOLS:
+                    continue
+                if any(k.arg == "jail" for k in node.keywords) or (rel, func.name) in NEVER_GUEST_DATA:
+                    continue
+                unjailed.append(f"{rel}:{func.name} starts {_tool_of(node)}")
+    assert unjailed == []

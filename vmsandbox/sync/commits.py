@@ -30,8 +30,8 @@ from pathlib import Path
 
 from vmsandbox import confine, proc
 from vmsandbox.confine import Identity
+from vmsandbox.jail import Jail
 from vmsandbox.sync import refs, tree
-from vmsandbox.sync.refs import Refused
 
 
 @dataclass(frozen=True)
@@ -155,9 +155,13 @@ def run_git(
     check: bool = True,
     hint: str | None = None,
     input: str | None = None,
+    writable: tuple[Path, ...] = (),
 ) -> proc.Result:
+    """git in the project as `who`, jailed: it reads guest objects and refs, and may write only the project's
+    repository (and `writable`)."""
     return proc.run(
         [*git_argv(project), *args],
+        jail=Jail(writable=(project / ".git", *writable)),
         input=input,
         env=git_env(who),
         as_user=who,
@@ -168,14 +172,15 @@ def run_git(
     )
 
 
-def fetch(project: Path, guest_tree: Path, baseline: Path, session: str, uid: int, gid: int) -> bool:
+def fetch(project: Path, guest_tree: Path, baseline: Path, session: str, uid: int, gid: int) -> str | None:
     """Fetch the guest's new or moved branches and tags into the session's staging namespace of the project
-    (`staged(session)`; commitreview.py promotes them); whether there were any. Refused raises with the reason."""
+    (`staged(session)`; commitreview.py promotes them). Refused raises with the reason when the repository is
+    not read at all; refs that could not be fetched (the others were) are returned as one line saying why."""
     guest_git = guest_tree / ".git"
     refs.check_guest_gitdir(guest_git)
     wanted = refs.changed_refs(refs.read_refs(baseline / ".git"), refs.read_refs(guest_git))
     if not wanted:
-        return False
+        return None
     who = confine.invoking_user(uid, gid)
     incoming = make_incoming(guest_git, baseline / ".git", project / ".git", wanted, who)
     prefix = staged(session)
@@ -193,11 +198,8 @@ def fetch(project: Path, guest_tree: Path, baseline: Path, session: str, uid: in
     finally:
         shutil.rmtree(incoming.path, ignore_errors=True)
     if failed:
-        raise Refused(
-            f"the guest's {', '.join(failed)} could not be fetched (objects missing or failing git's checks)"
-            + ("; the others are reviewed" if len(failed) < len(wanted) else "")
-        )
-    return True
+        return f"the guest's {', '.join(failed)} could not be fetched (objects missing or failing git's checks)"
+    return None
 
 
 def remote_prefix(session: str) -> str:
@@ -268,5 +270,5 @@ def bundle(project: Path, dest: Path, session: str, uid: int, gid: int) -> None:
     with private_tmp(who) as tmp:
         made = tmp / dest.name
         # every ref the guest changed, as staged (held ones too): reviewed again when the bundle is fetched
-        run_git(project, who, "bundle", "create", "--quiet", str(made), f"--glob={staged(session)}/*")
+        run_git(project, who, "bundle", "create", "--quiet", str(made), f"--glob={staged(session)}/*", writable=(tmp,))
         shutil.copyfile(made, dest)

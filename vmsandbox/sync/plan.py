@@ -167,6 +167,8 @@ def carry_out(plan: Plan, decisions: Decisions) -> Outcome:
             fetched = fetch_commits(g, include_risky=decisions.risky_commits)
             out.commits = fetched.commits
             out.quarantined += fetched.held
+            if fetched.refused is not None:
+                out.refused.append(f"the guest's commits: {fetched.refused}")
         except refs.Refused as exc:
             out.refused.append(f"the guest's commits: {exc.message}")
         except VmsandboxError as exc:
@@ -240,6 +242,7 @@ def execute(g: Gathered, accepted: list[Change], out: Outcome) -> None:
 class Fetched:
     commits: list[str]  # one line per new commit under refs/remotes/vmsandbox-<name>/
     held: list[str]  # one line per branch or tag held back: its commits touch risky paths
+    refused: str | None = None  # refs that could not be fetched at all, and why
 
 
 def fetch_commits(g: Gathered, *, include_risky: bool, keep_staged: bool = False) -> Fetched:
@@ -250,8 +253,9 @@ def fetch_commits(g: Gathered, *, include_risky: bool, keep_staged: bool = False
     t = g.target
     if not g.refs_changed or not refs.is_real_dir(t.project / ".git"):
         return Fetched([], [])
+    refused = None
     if g.origin is not Origin.OUTBOX:
-        commits.fetch(t.project, g.source, t.files.baseline, t.name, t.uid, t.gid)
+        refused = commits.fetch(t.project, g.source, t.files.baseline, t.name, t.uid, t.gid)
     else:
         commits.fetch_bundle(t.project, t.files.outbox / BUNDLE, t.name, t.uid, t.gid)
     who = confine.invoking_user(t.uid, t.gid)
@@ -261,4 +265,4 @@ def fetch_commits(g: Gathered, *, include_risky: bool, keep_staged: bool = False
         if not keep_staged:
             commitreview.drop_staged(t.project, who, t.name)
     lines = commits.new_commits(t.project, who, commits.remote_prefix(t.name)) if promoted else []
-    return Fetched(lines, held)
+    return Fetched(lines, held, refused)

@@ -24,6 +24,7 @@ from vmsandbox import confine, proc
 from vmsandbox.confine import Identity, Limits
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.guest.ssh import Endpoint
+from vmsandbox.jail import Jail
 
 PREAMBLE_LIMIT = 64 * 1024
 PREAMBLE_TIMEOUT = 30.0
@@ -100,6 +101,8 @@ def rsync(
             as_user=side.as_user,
             limits=side.limits,
             pass_fds=(theirs.fileno(),),
+            # it talks to the guest's rsync: jailed, writing only where it receives (nothing when it sends)
+            jail=Jail(writable=(side.cwd,) if expect_sender else ()),
         )
     except BaseException:
         ours.close()
