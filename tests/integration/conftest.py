@@ -375,7 +375,9 @@ def owned_name(request: pytest.FixtureRequest, base_image: store.Image, state_di
 def kept_session(module_vms: VmFactory, project: Path) -> str:
     """A kept session on the module's own (module-scoped) `project`, for a module whose tests run in order
     against it; removed, whatever it holds, when the module is done."""
-    return module_vms.make(project).name
+    record = module_vms.make(project)
+    assert record.start == "warm"  # restored from the template, not booted
+    return record.name
 
 
 class VmFactory:

@@ -31,7 +31,9 @@ def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def source(module_vms: VmFactory, project: Path) -> str:
-    return module_vms.make(project).name
+    record = module_vms.make(project)
+    assert record.start == "warm"  # restored from the template, not booted
+    return record.name
 
 
 def sh(cli: Cli, name: str, script: str) -> str:

@@ -131,6 +131,7 @@ def test_run_teardown_killed_is_finished_by_gc(cli: Cli, owned_name: str, projec
 def busy_session(vm_factory: VmFactory, project: Path) -> str:
     """A kept session whose guest wrote a file of three chunks (not pulled yet)."""
     record = vm_factory.make(project)
+    assert record.start == "warm"  # restored from the template, not booted
     guest_sh(record, BIG)
     return record.name
 
@@ -239,6 +240,7 @@ def test_full_disk_during_pull_then_room_made(cli: Cli, vm_factory: VmFactory, s
     project.mkdir()
     (project / "README").write_text("hi\n")
     record = vm_factory.make(project)
+    assert record.start == "warm"  # restored from the template, not booted
     owned_name = record.name
     guest_sh(record, "head -c 20m /dev/zero | tr '\\0' x > big")
     full = small_fs / "filler"  # 500 MiB - 300 MiB leaves less than the file and the pull's reserve (256 MiB)

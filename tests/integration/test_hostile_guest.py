@@ -439,7 +439,9 @@ def test_a_dead_vms_disk_is_read_unprivileged_and_its_config_stays_untrusted(
     proj = tmp_path / "dead"
     proj.mkdir()
     (proj / "README").write_text("base\n")
-    owned_name = vm_factory.make(proj).name
+    record = vm_factory.make(proj)
+    assert record.start == "warm"  # restored from the template, not booted
+    owned_name = record.name
     script = (
         f"cp /bin/sh suid2; chmod 6755 suid2; git init -q sub; git -C sub config core.fsmonitor 'touch {marker}'; "
         "printf 'network: open\\n' > .vmsandbox.yaml; sync"

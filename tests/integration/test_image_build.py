@@ -92,7 +92,9 @@ def test_a_build_killed_in_conversion_is_cleaned_up_by_the_next_and_an_image_in_
         store.remove_tree(data)
 
     listed = json.loads(cli.run("image", "ls", "--json").stdout)
-    owned_name = vm_factory.make(project).name
+    record = vm_factory.make(project)
+    assert record.start == "warm"  # restored from the template, not booted
+    owned_name = record.name
     f = cli.run("image", "build", "--force")
     assert f.returncode == 125
     said = f.stderr.decode()

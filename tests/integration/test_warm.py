@@ -150,7 +150,9 @@ def test_a_template_build_killed_midway_is_collected_by_gc(
 def test_stop_and_start_keep_processes_and_work_across_a_libvirtd_restart(
     cli: Cli, project: Path, vm_factory: VmFactory
 ) -> None:
-    name = vm_factory.make(project).name
+    record = vm_factory.make(project)
+    assert record.start == "warm"  # restored from the template, not booted
+    name = record.name
     script = "nohup sleep 7777 >/dev/null 2>&1 & echo $! > /tmp/sleeper; echo unsynced > stopped-work.txt"
     guest_sh(Record.load(name), script)
     pid = cli.run("exec", name, "--", "cat", "/tmp/sleeper").stdout.strip()

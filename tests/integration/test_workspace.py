@@ -367,7 +367,9 @@ def test_destroy_refuses_then_force_exports_and_recover_restores(
     project = tmp_path / "own"
     project.mkdir()
     (project / "README").write_text("hello\n")
-    owned_name = vm_factory.make(project).name
+    record = vm_factory.make(project)
+    assert record.start == "warm"  # restored from the template, not booted
+    owned_name = record.name
     exec_ok(cli, owned_name, "echo late > late.txt")
     refused = cli.run("destroy", owned_name)
     assert refused.returncode == 125
