@@ -83,21 +83,20 @@ def run_phase(commands: list[list[str]], extra_env: dict[str, str]) -> int:
 
 
 def count() -> dict[str, int]:
-    """Integration test cases (a parametrised test counts once per case) and `assert` statements per kind."""
+    """Integration test cases (a parametrised test counts once per case), those that boot real VMs (not marked
+    no_vm), and `assert` statements per kind."""
     found: dict[str, int] = {}
     for kind in ("unit", "integration"):
         asserts = 0
         for source in sorted((ROOT / "tests" / kind).glob("*.py")):
             asserts += sum(isinstance(node, ast.Assert) for node in ast.walk(ast.parse(source.read_text())))
         found[f"{kind}_asserts"] = asserts
-    listed = subprocess.run(
-        [str(VENV_BIN / "pytest"), "--collect-only", "-q", "-p", "no:cacheprovider", "tests/integration"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        check=False,
-    ).stdout
-    found["integration_cases"] = sum(1 for line in listed.splitlines() if "::" in line)
+    collect = [str(VENV_BIN / "pytest"), "--collect-only", "-q", "-p", "no:cacheprovider"]
+    for key, select in (("integration_cases", []), ("real_vm_cases", ["-m", "not no_vm"])):
+        listed = subprocess.run(
+            [*collect, *select, "tests/integration"], cwd=ROOT, capture_output=True, text=True, check=False
+        ).stdout
+        found[key] = sum(1 for line in listed.splitlines() if "::" in line)
     return found
 
 

@@ -18,6 +18,8 @@ from vmsandbox.jail import Jail
 
 from .conftest import wait_for
 
+pytestmark = pytest.mark.no_vm
+
 
 @pytest.fixture
 def place() -> Iterator[Path]:

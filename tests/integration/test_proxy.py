@@ -24,6 +24,8 @@ from vmsandbox.egress.upstream import resolve_checked, verified_tls
 
 from .standins import LOOPBACK, Recorder, Upstream, UpstreamCA, http_upstream, make_ca
 
+pytestmark = pytest.mark.no_vm
+
 SECRET = "s3cr3t-value-never-in-guest"
 PLACEHOLDER = "vmsandbox-placeholder-abc123"
 
