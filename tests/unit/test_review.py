@@ -3,8 +3,10 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import pytest
+
 from vmsandbox import paths
-from vmsandbox.sync import reviewable
+from vmsandbox.sync import reviewable, tree
 from vmsandbox.sync.changes import Gathered, Origin, Target
 from vmsandbox.sync.compare import Change, Status, compare, is_git_managed, risk_of
 from vmsandbox.sync.plan import Decisions, Plan, Take, make
@@ -150,3 +152,14 @@ def test_yes_leaves_what_the_project_ignores_and_says_so(tmp_path: Path) -> None
     assert sorted(i.label for i in d.accept) == [".venv/lib/site-packages/x.pth", "src/main.py"]
     d = Decisions.safe(plan, Take(risky=True))
     assert sorted(i.label for i in d.accept) == [".envrc", "src/main.py"] and len(d.ignored) == 1
+
+
+def test_a_scan_stops_at_its_entry_limit(tmp_path: Path) -> None:
+    """A guest's tree is read into memory: one of millions of empty files stops the walk, not the host."""
+    root = tmp_path / "t"
+    (root / "d").mkdir(parents=True)
+    for i in range(11):
+        (root / "d" / f"f{i}").write_text("x")
+    assert len(tree.scan(root, max_entries=12)) == 12
+    with pytest.raises(tree.TooManyEntriesError, match="more than 10 entries"):
+        tree.scan(root, max_entries=10)

@@ -57,8 +57,19 @@ def _cache(files: SessionPaths) -> HashCache:
     return HashCache.load(files.hashes("mirror"), placeholders=True)
 
 
+# The most entries a guest's tree may hold: it is read into memory on the host (a checkout of a large monorepo
+# with its dependencies stays well below; a guest that makes millions of empty files does not).
+MAX_GUEST_ENTRIES = 2_000_000
+
+
 def _scan(files: SessionPaths) -> tree.Manifest:
-    return tree.scan(files.guest_tree, cache=_cache(files))
+    try:
+        return tree.scan(files.guest_tree, cache=_cache(files), max_entries=MAX_GUEST_ENTRIES)
+    except tree.TooManyEntriesError as exc:
+        raise VmsandboxError(
+            f"the guest's tree holds more than {MAX_GUEST_ENTRIES:,} files and directories; it is not read",
+            hint=f"remove what the guest generated (`vmsandbox shell {files.root.name}`), then pull again",
+        ) from exc
 
 
 def _walked(files: SessionPaths, base: tree.Tree, why: str) -> Fetched:

@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from vmsandbox.errors import VmsandboxError
 from vmsandbox.sync.hashcache import HashCache
 
 FILE, DIR, SYMLINK, OTHER = "file", "dir", "symlink", "other"
@@ -156,11 +157,18 @@ Manifest = dict[str, Entry]
 Tree = Mapping[str, Entry]  # a manifest only read: a Manifest, or one of sync.views
 
 
-def scan(root: Path, *, skip: frozenset[str] = frozenset(), cache: HashCache | None = None) -> Manifest:
+class TooManyEntriesError(VmsandboxError):
+    """A tree with more entries than a scan takes (a guest's tree is read into memory)."""
+
+
+def scan(
+    root: Path, *, skip: frozenset[str] = frozenset(), cache: HashCache | None = None, max_entries: int | None = None
+) -> Manifest:
     """Every path under root (root itself excluded). `skip` names top-level entries to leave out. With a cache
-    (sync.hashcache), unchanged files are not read again; the cache is saved after the walk."""
+    (sync.hashcache), unchanged files are not read again; the cache is saved after the walk. With
+    `max_entries`, a tree holding more raises TooManyEntriesError as soon as the walk finds one too many."""
     found: Manifest = {}
-    _walk(root, "", found, skip, cache)
+    _walk(root, "", found, skip, cache, max_entries=max_entries)
     if cache is not None:
         cache.save()
     return found
@@ -190,6 +198,7 @@ def _walk(
     cache: HashCache | None,
     *,
     dir_fd: int | None = None,
+    max_entries: int | None = None,
 ) -> None:
     """Add everything below `top` (relative to dir_fd, if given) to `found`, keyed `prefix` + its path below
     top; no symlink is followed."""
@@ -203,6 +212,8 @@ def _walk(
             entry = entry_at(here_fd, name, cache, here + name)
             if entry is not None:
                 found[here + name] = entry
+                if max_entries is not None and len(found) > max_entries:
+                    raise TooManyEntriesError(f"the tree under {top} holds more than {max_entries:,} entries")
         dirnames[:] = [d for d in dirnames if not (at_top and d in skip)]
 
 
