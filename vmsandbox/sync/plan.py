@@ -248,8 +248,8 @@ class Fetched:
 def fetch_commits(g: Gathered, *, include_risky: bool, keep_staged: bool = False) -> Fetched:
     """The guest's new or moved branches and tags, fetched into a staging namespace (commits.py; from an outbox,
     from the bundle exported earlier), reviewed like files and promoted to refs/remotes/vmsandbox-<name>/*
-    where they touch nothing risky (commitreview.py). `keep_staged`: the held ones stay staged (for a bundle;
-    the caller drops them)."""
+    where they touch nothing risky (commitreview.py). `keep_staged`: every staged ref stays (the outbox bundles
+    them all, held ones too; the caller drops them)."""
     t = g.target
     if not g.refs_changed or not refs.is_real_dir(t.project / ".git"):
         return Fetched([], [])
