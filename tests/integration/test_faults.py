@@ -87,14 +87,16 @@ def test_run_killed_at_its_end_keeps_the_work(cli: Cli, owned_name: str, project
     it; pull brings every file back whole."""
     script = f"{BIG}; echo 'export A=1' > .envrc; sha256sum big.bin > /tmp/want"  # .envrc: risky, so exported
     env = cli.env(**killed_at(point, after))
-    r = cli.run("run", "--yes", "--name", owned_name, str(project), "--", "sh", "-c", script, env=env)
+    r = cli.run(
+        "run", "--yes", "--include-binary", "--name", owned_name, str(project), "--", "sh", "-c", script, env=env
+    )
     assert r.returncode == -9, r.stderr.decode()
     want = guest_sha(cli, owned_name, "big.bin")
     assert not (project / "big.bin").exists() or sha(project / "big.bin") == want  # never a partial file
     assert state_of(cli, owned_name) == "orphaned"
     assert "kept session" in gc_line(cli, owned_name)
     assert temporaries(project) == []  # gc's look at the project swept the killed write's temporary file
-    p = cli.run("pull", owned_name, "--yes", "--include-risky")
+    p = cli.run("pull", owned_name, "--yes", "--include-risky", "--include-binary")
     assert p.returncode == 0, p.stderr.decode()
     assert sha(project / "big.bin") == want
     assert (project / ".envrc").read_text() == "export A=1\n"
@@ -139,11 +141,11 @@ def busy_session(vm_factory: VmFactory, project: Path) -> str:
 def test_pull_push_destroy_killed_then_rerun(cli: Cli, busy_session: str, project: Path) -> None:
     name = busy_session
     want = guest_sha(cli, name, "big.bin")
-    k = cli.run("pull", name, "--yes", env=cli.env(**killed_at("apply.chunk", 1)))
+    k = cli.run("pull", name, "--yes", "--include-binary", env=cli.env(**killed_at("apply.chunk", 1)))
     assert k.returncode == -9
     assert not (project / "big.bin").exists()  # killed mid-file: only a temporary file, never big.bin half
     assert len(temporaries(project)) == 1
-    again = cli.run("pull", name, "--yes")
+    again = cli.run("pull", name, "--yes", "--include-binary")
     assert again.returncode == 0, again.stderr.decode()
     assert sha(project / "big.bin") == want and temporaries(project) == []
 
@@ -170,10 +172,10 @@ def test_destroy_force_and_recover_killed_then_rerun(cli: Cli, busy_session: str
     d = cli.run("destroy", name, "--force")
     assert d.returncode == 0 and b"exported to" in d.stderr, d.stderr.decode()
     assert state_of(cli, name) == "exported"
-    k = cli.run("recover", name, "--yes", env=cli.env(**killed_at("pull.apply")))
+    k = cli.run("recover", name, "--yes", "--include-binary", env=cli.env(**killed_at("pull.apply")))
     assert k.returncode == -9
     assert not (project / "big.bin").exists()
-    r = cli.run("recover", name, "--yes")
+    r = cli.run("recover", name, "--yes", "--include-binary")
     assert r.returncode == 0, r.stderr.decode()
     assert sha(project / "big.bin") == want
     assert_gone(name)  # every change dealt with: recover removed the session
@@ -285,11 +287,11 @@ def test_commands_racing_on_one_session(cli: Cli, busy_session: str, project: Pa
     want = guest_sha(cli, name, "big.bin")
     files = paths.session_paths(name)
     with lock.held(files, name, "pulling"):  # another vmsandbox in the middle of a pull
-        for argv in (["pull", name, "--yes"], ["destroy", name, "--discard"], ["push", name]):
+        for argv in (["pull", name, "--yes", "--include-binary"], ["destroy", name, "--discard"], ["push", name]):
             r = cli.run(*argv)
             assert r.returncode == 125, r.stderr.decode()
             assert f"session {name} is busy: vmsandbox (pid".encode() in r.stderr and b"pulling" in r.stderr
-    procs = [cli.popen("pull", name, "--yes") for _ in range(2)]  # two real pulls at once
+    procs = [cli.popen("pull", name, "--yes", "--include-binary") for _ in range(2)]  # two real pulls at once
     codes = [p.wait(timeout=300) for p in procs]
     assert sorted(codes) in ([0, 0], [0, 125]), codes
     assert sha(project / "big.bin") == want and temporaries(project) == []

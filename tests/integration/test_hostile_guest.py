@@ -144,7 +144,7 @@ def attacked(
 ) -> subprocess.CompletedProcess[bytes]:
     """The guest plays ATTACKS once; then a `pull --yes` (its result)."""
     guest(cli, name, f"PROJECT={project!s}; MARKER={marker!s}; FOREIGN_OID={foreign[1]}\n" + ATTACKS)
-    return cli.run("pull", name, "--yes")
+    return cli.run("pull", name, "--yes", "--include-binary")  # holes.bin is zeros: binary
 
 
 def test_a_hostile_guest_gets_nothing_through_a_pull(
@@ -238,7 +238,7 @@ def test_hard_links_stay_links_in_the_mirror_and_count_against_the_budget(cli: C
         assert (mirror / "a").stat().st_nlink == 51
         assert len({p.stat().st_ino for p in mirror.iterdir()}) == 1  # one inode behind all 51 names
         (tmp_path / "config.yaml").write_text("sync_limit: 100M\n")
-        r = cli.run("pull", name, "--yes", "hl", env=cli.env(VMSANDBOX_CONFIG_DIR=str(tmp_path)))
+        r = cli.run("pull", name, "--yes", "--include-binary", "hl", env=cli.env(VMSANDBOX_CONFIG_DIR=str(tmp_path)))
         assert r.returncode == 125, r.stderr.decode()
         assert b"add up to 204 MiB, more than the 100 MiB" in r.stderr, r.stderr.decode()
     finally:
@@ -263,8 +263,9 @@ def test_a_failed_boot_never_shows_the_console_raw(
         (image / paths.IMAGE_MANIFEST).write_text(json.dumps(manifest))
         cfg = tmp_path / "cfg"
         cfg.mkdir()
-        # it has printed within a few seconds; the wait ends before a stall would reset it (test_lifecycle resets)
-        (cfg / "config.yaml").write_text("boot_timeout: 20\n")
+        # it prints within a few seconds (up to ~20 on a busy host); the wait ends before 20 s of silence after
+        # that would reset it (test_lifecycle plays the resets)
+        (cfg / "config.yaml").write_text("boot_timeout: 30\n")
         env = cli.env(VMSANDBOX_DATA_DIR=str(data), VMSANDBOX_CONFIG_DIR=str(cfg))
         r = cli.run("run", "--cold", "--name", owned_name, str(project), "--", "true", env=env)
         assert r.returncode == 125, r.stderr.decode()
@@ -375,12 +376,12 @@ def test_a_pull_takes_no_more_than_its_budget(cli: Cli, name: str, project: Path
     env = cli.env(VMSANDBOX_CONFIG_DIR=str(config))
     guest(cli, name, "mkdir -p budget && head -c 3000000 /dev/urandom > budget/huge.bin")
     try:
-        r = cli.run("pull", name, "--yes", "budget", env=env)
+        r = cli.run("pull", name, "--yes", "--include-binary", "budget", env=env)
         assert r.returncode == 125, r.stderr.decode()
         assert b"larger than the 1 MiB a sync takes per file" in r.stderr
         assert not (project / "budget").exists()
         guest(cli, name, "rm budget/huge.bin; for i in 1 2 3; do head -c 600000 /dev/urandom > budget/f$i; done")
-        r = cli.run("pull", name, "--yes", "budget", env=env)
+        r = cli.run("pull", name, "--yes", "--include-binary", "budget", env=env)
         assert r.returncode == 125, r.stderr.decode()
         assert b"more than the 1 MiB a sync takes at once; nothing was applied" in r.stderr
         assert not any((project / "budget").glob("f*"))
@@ -460,7 +461,7 @@ def test_a_dead_vms_disk_is_read_unprivileged_and_its_config_stays_untrusted(
     assert unsafe_files_under(cli.state_dir) == []
     assert not (proj / "sub/.git").exists() and not (proj / ".vmsandbox.yaml").exists() and not marker.exists()
     # the user decides to take everything, the guest's config included: it is applied, and not obeyed
-    r = cli.run("recover", owned_name, "--yes", "--include-risky")
+    r = cli.run("recover", owned_name, "--yes", "--include-risky", "--include-binary")
     assert (proj / ".vmsandbox.yaml").exists(), r.stderr.decode()
     assert (proj / "suid2").stat().st_mode & 0o7777 == 0o755
     refused = cli.run("run", str(proj), "--", "true")

@@ -162,7 +162,7 @@ def test_pull_yes_applies_what_is_safe(cli: Cli, mixed: str, project: Path) -> N
     mix = project / "mix"
     hooks_before = sorted(p.name for p in (project / ".git/hooks").iterdir())
     head_before = git(project, "rev-parse", "HEAD")
-    r = cli.run("pull", mixed, "--yes", "mix", ".git")
+    r = cli.run("pull", mixed, "--yes", "--include-binary", "mix", ".git")
     err = r.stderr.decode()
     assert r.returncode == 3, err  # quarantined changes remain
     guest_big = exec_ok(cli, mixed, "sha256sum mix/big.bin").split()[0]
@@ -198,9 +198,9 @@ def test_pull_yes_applies_what_is_safe(cli: Cli, mixed: str, project: Path) -> N
 
 
 def test_second_pull_is_idempotent(cli: Cli, mixed: str, project: Path) -> None:
-    cli.run("pull", mixed, "--yes", "mix")
+    cli.run("pull", mixed, "--yes", "--include-binary", "mix")
     before = tree.scan(project)
-    r = cli.run("pull", mixed, "--yes", "mix")
+    r = cli.run("pull", mixed, "--yes", "--include-binary", "mix")
     assert r.returncode == 3  # the quarantined setuid.sh is still pending there
     assert b"0 applied" in r.stderr
     assert tree.scan(project) == before
@@ -272,17 +272,34 @@ def test_what_the_project_ignores_comes_back_only_when_asked(cli: Cli, name: str
     assert (project / "ign" / "startup.log").read_text() == "import os\n"
 
 
+def test_binary_content_comes_back_only_on_an_explicit_choice(cli: Cli, name: str, project: Path) -> None:
+    """A binary file (a NUL in its first 8,000 bytes) cannot be reviewed as a diff: --yes alone leaves it, one
+    line says how to take it, --include-binary does."""
+    exec_ok(cli, name, "mkdir -p bin && printf 'ELF\\000\\001payload' > bin/tool && echo notes > bin/notes.txt")
+    r = cli.run("pull", name, "--yes", "bin")
+    err = r.stderr.decode()
+    assert r.returncode == 3, err
+    assert (project / "bin" / "notes.txt").read_text() == "notes\n" and not (project / "bin" / "tool").exists()
+    lines = [line for line in err.splitlines() if "--include-binary" in line]
+    assert len(lines) == 1 and "1 binary file(s) not applied (bin/tool)" in lines[0], err
+    r = cli.run("pull", name, "--yes", "--include-binary", "bin")
+    assert r.returncode == 0, r.stderr.decode()
+    assert (project / "bin" / "tool").read_bytes() == b"ELF\0\1payload"
+
+
 def test_pull_killed_midway_then_rerun(cli: Cli, name: str, project: Path) -> None:
     make = "mkdir -p many && for i in $(seq 1 40); do head -c 100000 /dev/urandom > many/f$i; done"
     exec_ok(cli, name, make)
     hashes = exec_ok(cli, name, "cd many && sha256sum *")
     want = {line.split()[1]: line.split()[0] for line in hashes.splitlines()}
-    killed = cli.run("pull", name, "--yes", "many", env=cli.env(VMSANDBOX_FAILPOINTS="pull.apply=kill-after:15"))
+    killed = cli.run(
+        "pull", name, "--yes", "--include-binary", "many", env=cli.env(VMSANDBOX_FAILPOINTS="pull.apply=kill-after:15")
+    )
     assert killed.returncode == -9
     present = {p.name: sha(p) for p in (project / "many").iterdir()}
     assert len(present) == 14  # the fail-point stopped it at the 16th change: the directory, then 14 files
     assert all(want[n] == h for n, h in present.items())  # every file old (absent) or new, never partial
-    again = cli.run("pull", name, "--yes", "many")
+    again = cli.run("pull", name, "--yes", "--include-binary", "many")
     assert again.returncode == 0, again.stderr.decode()
     assert {p.name: sha(p) for p in (project / "many").iterdir()} == want
 

@@ -163,3 +163,19 @@ def test_a_scan_stops_at_its_entry_limit(tmp_path: Path) -> None:
     assert len(tree.scan(root, max_entries=12)) == 12
     with pytest.raises(tree.TooManyEntriesError, match="more than 10 entries"):
         tree.scan(root, max_entries=10)
+
+
+def test_binary_content_waits_for_an_explicit_choice(tmp_path: Path) -> None:
+    """A file with a NUL in its first 8,000 bytes (git's test) is not applied by --yes alone."""
+    src = tmp_path / "src"
+    (src / "d").mkdir(parents=True)
+    (src / "d" / "blob.bin").write_bytes(b"ELF\x00\x01" + b"x" * 100)
+    (src / "d" / "late.txt").write_bytes(b"x" * 9000 + b"\x00")  # a NUL past the probe: text, as for git
+    assert reviewable.is_binary(src, "d/blob.bin") and not reviewable.is_binary(src, "d/late.txt")
+    blob = Change("d/blob.bin", None, f("a"), None, Status.APPLY, binary=True)
+    text = Change("d/late.txt", None, f("b"), None, Status.APPLY)
+    plan = _plan(tmp_path, [blob, text])
+    d = Decisions.safe(plan, Take())
+    assert [i.label for i in d.accept] == ["d/late.txt"] and [i.label for i in d.binary] == ["d/blob.bin"]
+    d = Decisions.safe(plan, Take(binary=True))
+    assert sorted(i.label for i in d.accept) == ["d/blob.bin", "d/late.txt"] and d.binary == ()

@@ -92,6 +92,7 @@ IncludeRisky = Annotated[bool, typer.Option("--include-risky", help="Apply quara
 IncludeIgnored = Annotated[
     bool, typer.Option("--include-ignored", help="Apply changes to paths the project ignores (.gitignore) too.")
 ]
+IncludeBinary = Annotated[bool, typer.Option("--include-binary", help="Apply binary files too (never by --yes alone).")]
 AsJson = Annotated[bool, typer.Option("--json", help="Print JSON.")]
 Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="Print names only, one per line.")]
 

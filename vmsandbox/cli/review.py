@@ -12,6 +12,7 @@ from vmsandbox import ui
 from vmsandbox.cli.base import (
     EXIT_PENDING,
     ApplySafe,
+    IncludeBinary,
     IncludeIgnored,
     IncludeRisky,
     SessionName,
@@ -51,7 +52,7 @@ def summary_table(plan: Plan) -> Any:
             table.add_row(status, "repository", ui.printable(item.label), ui.printable(c.risky or ""))
             continue
         shown = c.notes if c.status is Status.UNSAFE else [*c.notes, diff.describe(c)]  # a refusal names the target
-        notes = "; ".join(filter(None, [c.risky, c.held, *shown]))
+        notes = "; ".join(filter(None, [c.risky, c.held, "binary" if c.binary else None, *shown]))
         table.add_row(status, c.kind, ui.printable(c.path), ui.printable(notes))
     return table
 
@@ -74,11 +75,11 @@ def ask_person(plan: Plan) -> Decisions:
     apply_rest = False
     for i, item in enumerate(plan.todo, 1):
         c = item.first
-        if apply_rest and not item.risky and not item.held and c.status is Status.APPLY:
+        if apply_rest and not item.risky and not item.held and not item.binary and c.status is Status.APPLY:
             accepted.append(item)
             continue
         verb = "keep the guest version beside it" if c.status is Status.CONFLICT else "apply"
-        why = item.risky or item.held
+        why = item.risky or item.held or ("binary: apply only what you know" if item.binary else None)
         warn = f" [yellow]⚠ {ui.printable(why)}[/]" if why else ""
         ui.err.print(f"[bold]({i}/{len(plan.todo)})[/] {item.kind} {ui.printable(item.label)} — {c.status.value}{warn}")
         while True:
@@ -146,6 +147,15 @@ def report(outcome: Outcome, name: str) -> None:
             "--include-ignored` applies them",
             highlight=False,
         )
+    if outcome.binary:
+        shown = ", ".join(ui.printable(label) for label in outcome.binary[:3]) + (
+            " …" if len(outcome.binary) > 3 else ""
+        )
+        ui.err.print(
+            f"  [yellow]binary[/] {len(outcome.binary)} binary file(s) not applied ({shown}): binary content needs an "
+            f"explicit choice — `vmsandbox pull {name} --yes --include-binary`, or `y` at the prompt",
+            highlight=False,
+        )
     parts = [f"{len(outcome.applied)} applied"]
     if outcome.conflicts:
         parts.append(f"{len(outcome.conflicts)} conflict(s) kept beside their files")
@@ -199,16 +209,18 @@ def pull(
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Show what would happen; write nothing.")] = False,
     include_risky: IncludeRisky = False,
     include_ignored: IncludeIgnored = False,
+    include_binary: IncludeBinary = False,
 ) -> None:
     """Review the guest's changes and sync the accepted ones into the project (three-way).
 
-    Exit code 0 when everything is synced, 3 when changes remain (quarantined, ignored, skipped, or unapplied).
+    Exit code 0 when everything is synced, 3 when changes remain (quarantined, ignored, binary, skipped, or
+    unapplied).
 
     Example: `vmsandbox pull exp1 --dry-run`, then `vmsandbox pull exp1 --yes src/`
     """
     from vmsandbox.sync.plan import Take
 
-    take = Take(risky=include_risky, ignored=include_ignored)
+    take = Take(risky=include_risky, ignored=include_ignored, binary=include_binary)
     left = review_session(name, yes=yes, take=take, dry_run=dry_run, only=only or [])
     if left:
         raise typer.Exit(EXIT_PENDING)
@@ -220,13 +232,15 @@ def recover(
     yes: ApplySafe = False,
     include_risky: IncludeRisky = False,
     include_ignored: IncludeIgnored = False,
+    include_binary: IncludeBinary = False,
 ) -> None:
     """Review and apply a session's unsynced changes after its VM is gone (from its outbox or its disk).
 
     Example: `vmsandbox recover exp1 --yes`"""
     from vmsandbox.sync.plan import Take
 
-    if review_session(name, yes=yes, take=Take(risky=include_risky, ignored=include_ignored), only=[]):
+    take = Take(risky=include_risky, ignored=include_ignored, binary=include_binary)
+    if review_session(name, yes=yes, take=take, only=[]):
         raise typer.Exit(EXIT_PENDING)
 
 

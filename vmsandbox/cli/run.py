@@ -49,6 +49,7 @@ IncludeRiskyOpt = Annotated[bool, typer.Option("--include-risky", help="With --y
 IncludeIgnoredOpt = Annotated[
     bool, typer.Option("--include-ignored", help="With --yes, apply changes to paths the project ignores too.")
 ]
+IncludeBinaryOpt = Annotated[bool, typer.Option("--include-binary", help="With --yes, apply binary files too.")]
 NetworkOpt = Annotated[
     str | None,
     typer.Option("--network", help="allowlist (default): listed hosts only; open: any public host; none."),
@@ -103,6 +104,7 @@ def run(
     yes: YesOpt = False,
     include_risky: IncludeRiskyOpt = False,
     include_ignored: IncludeIgnoredOpt = False,
+    include_binary: IncludeBinaryOpt = False,
     network: NetworkOpt = None,
     allow: AllowOpt = None,
     blueprint: BlueprintOpt = "base",
@@ -135,6 +137,7 @@ def run(
         yes=yes,
         include_risky=include_risky,
         include_ignored=include_ignored,
+        include_binary=include_binary,
         network=network,
         allow=tuple(allow or ()),
         publish=tuple(publish or ()),

@@ -32,6 +32,7 @@ class RunFlags:
     yes: bool = False
     include_risky: bool = False
     include_ignored: bool = False
+    include_binary: bool = False
     network: str | None = None
     allow: tuple[str, ...] = ()
     publish: tuple[str, ...] = ()

@@ -45,7 +45,8 @@ def resolve(path: Path, blueprint_name: str, command: list[str] | None, flags: R
         cold=flags.cold,
         host=host,
     )
-    return Run(options, command, tty, flags.yes, Take(risky=flags.include_risky, ignored=flags.include_ignored))
+    take = Take(risky=flags.include_risky, ignored=flags.include_ignored, binary=flags.include_binary)
+    return Run(options, command, tty, flags.yes, take)
 
 
 PLACE_TIMEOUT = 5.0  # a host that does not answer this fast is not placed on (and delays a run no more)

@@ -81,7 +81,7 @@ def gather(target: Target, *, endpoint: Endpoint | None, limit: int) -> Gathered
     host = views.Lookup(target.project, cache)
     changes = [c for c in compare(base, host, guest, only=scope) if c.status is not Status.SAME]
     cache.save(partial=True)
-    reviewable.mark_held(target, changes)
+    reviewable.mark_held(target, changes, source)
     _remove_leftover_temporaries(target.project, changes)
     refs_changed, refused = _guest_refs(files, origin)
     return Gathered(target, changes, source, refs_changed, origin, refused, limit)

@@ -55,6 +55,7 @@ class Change:
     risky: str | None = None  # why it is quarantined
     notes: list[str] = field(default_factory=list)
     held: str | None = None  # why --yes leaves it (not reviewable source: ignored by the project; reviewable.py)
+    binary: bool = False  # the guest's content is binary: applied only on an explicit choice (reviewable.py)
 
     @property
     def kind(self) -> str:

@@ -51,6 +51,10 @@ class Item:
         """Why --yes leaves it: not reviewable source (reviewable.py)."""
         return self.first.held
 
+    @property
+    def binary(self) -> bool:
+        return any(c.binary for c in self.changes)
+
 
 def grouped(found: list[Change]) -> list[Item]:
     """One item per change, except that everything inside a repository nested in the project (a `.git` below
@@ -112,10 +116,11 @@ def make(g: Gathered, only: list[str] | None = None) -> Plan:
 @dataclass(frozen=True)
 class Take:
     """What `--yes` takes beyond the safe, reviewable changes: quarantined ones (--include-risky), ones the
-    project ignores (--include-ignored)."""
+    project ignores (--include-ignored), binary files (--include-binary)."""
 
     risky: bool = False
     ignored: bool = False
+    binary: bool = False
 
 
 @dataclass(frozen=True)
@@ -128,6 +133,7 @@ class Decisions:
     take_commits: bool = False
     ignored: tuple[Item, ...] = ()
     risky_commits: bool = False  # branches whose commits touch risky paths are fetched too
+    binary: tuple[Item, ...] = ()  # binary files left for an explicit choice
 
     @classmethod
     def safe(cls, plan: Plan, take: Take) -> Decisions:
@@ -135,8 +141,9 @@ class Decisions:
         commits."""
         held = tuple(i for i in plan.todo if i.quarantined and not take.risky)
         ignored = tuple(i for i in plan.todo if i.held and not take.ignored and i not in held)
-        accept = tuple(i for i in plan.todo if i not in held and i not in ignored)
-        return cls(accept, held, plan.gathered.refs_changed, ignored, take.risky)
+        binary = tuple(i for i in plan.todo if i.binary and not take.binary and i not in held and i not in ignored)
+        accept = tuple(i for i in plan.todo if i not in held and i not in ignored and i not in binary)
+        return cls(accept, held, plan.gathered.refs_changed, ignored, take.risky, binary)
 
 
 @dataclass
@@ -145,6 +152,7 @@ class Outcome:
     conflicts: list[str] = field(default_factory=list)  # guest copy kept beside the file
     quarantined: list[str] = field(default_factory=list)
     ignored: list[str] = field(default_factory=list)  # not reviewable source: left pending by --yes
+    binary: list[str] = field(default_factory=list)  # binary files left pending by --yes
     skipped: list[str] = field(default_factory=list)
     refused: list[str] = field(default_factory=list)
     failed: list[str] = field(default_factory=list)
@@ -159,7 +167,8 @@ def carry_out(plan: Plan, decisions: Decisions) -> Outcome:
     out = Outcome(refused=plan.refused)
     out.quarantined = [f"{i.label} ({i.risky})" for i in decisions.held]
     out.ignored = [i.label for i in decisions.ignored]
-    decided = {id(i) for i in (*decisions.accept, *decisions.held, *decisions.ignored)}
+    out.binary = [i.label for i in decisions.binary]
+    decided = {id(i) for i in (*decisions.accept, *decisions.held, *decisions.ignored, *decisions.binary)}
     out.skipped = [i.label for i in plan.todo if id(i) not in decided]
     execute(g, [c for i in decisions.accept for c in i.changes], out)
     if decisions.take_commits:

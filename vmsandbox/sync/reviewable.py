@@ -9,17 +9,23 @@ brings them when the user decides so. What "ignored" means is the project's own 
 - a project with git: its `.gitignore` files and `.git/info/exclude`, as git reads them (`git check-ignore`
   in the host's repository, as the user, over the host's own ignore files — never the guest's);
 - a project without git: the derived trees every ecosystem makes (below).
+
+Binary content is not reviewable either (a diff cannot show it): a file whose first 8,000 bytes hold a NUL (git's
+own test) is applied only on an explicit choice — `y` at the prompt, or `--include-binary` — never by `--yes`
+alone.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from vmsandbox import confine
 from vmsandbox.errors import VmsandboxError
-from vmsandbox.sync import commits, refs
+from vmsandbox.sync import commits, refs, tree
 from vmsandbox.sync.compare import Change, Status
 
 if TYPE_CHECKING:
@@ -46,11 +52,36 @@ def derived(path: str) -> str | None:
     return None
 
 
-def mark_held(target: Target, found: Sequence[Change]) -> None:
-    """Set `held` on each change to a path the project ignores (UNSAFE ones are refused anyway)."""
+BINARY_PROBE = 8000  # bytes looked at, as git does
+
+
+def is_binary(source: Path, rel: str) -> bool:
+    """Whether the file at `rel` under source (the guest's content) starts with a NUL within BINARY_PROBE bytes;
+    read without following links."""
+    where, _, name = rel.rpartition("/")
+    dir_fd = tree.open_dir_under(source, where)
+    if dir_fd is None:
+        return False
+    try:
+        fd = tree.open_file_at(dir_fd, name)
+    finally:
+        os.close(dir_fd)
+    if fd is None:
+        return False
+    try:
+        return b"\0" in os.read(fd, BINARY_PROBE)
+    finally:
+        os.close(fd)
+
+
+def mark_held(target: Target, found: Sequence[Change], source: Path) -> None:
+    """Set `held` on each change to a path the project ignores and `binary` on each binary file (UNSAFE ones are
+    refused anyway); `source` holds the guest's content."""
     candidates = [c for c in found if c.status is not Status.UNSAFE]
     if not candidates:
         return
+    for c in candidates:
+        c.binary = c.guest is not None and c.guest.kind == tree.FILE and c.guest.size > 0 and is_binary(source, c.path)
     if not refs.is_real_dir(target.project / ".git"):
         for c in candidates:
             part = derived(c.path)
