@@ -39,9 +39,19 @@ def data_dir() -> Path:
 
 
 def workers() -> int:
-    """As many pytest workers as the host has CPUs and memory for guests (at least one)."""
+    """As many pytest workers as the host has CPUs and memory for guests (at least one); VMSANDBOX_TEST_WORKERS
+    overrides it (to measure another count, never in CI)."""
+    if os.environ.get("VMSANDBOX_TEST_WORKERS", "").isdigit():
+        return max(1, int(os.environ["VMSANDBOX_TEST_WORKERS"]))
     available = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     return max(1, min(os.cpu_count() or 1, available // GUEST_MEMORY_PER_WORKER))
+
+
+def cpu_ticks() -> tuple[int, int]:
+    """(busy, total) jiffies of the whole host so far (/proc/stat's first line; iowait counts as idle)."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)
+    return sum(fields) - idle, sum(fields)
 
 
 def phases(serial: bool, cost_log: Path | None) -> list[tuple[str, list[list[str]], dict[str, str]]]:
@@ -124,23 +134,27 @@ def main() -> int:
     wanted = set(args.only.split(",")) if args.only else None
     record: dict[str, object] = {"started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "workers": workers()}
     times: dict[str, float] = {}
+    busy: dict[str, int] = {}  # per phase: how busy the host's CPUs were, in percent
     first_failure = 0
     started = time.monotonic()
     for name, commands, env in phases(args.serial, cost_log):
         if wanted is not None and name not in wanted:
             continue
-        t = time.monotonic()
+        t, (b0, t0) = time.monotonic(), cpu_ticks()
         code = run_phase(commands, env)
         times[name] = round(time.monotonic() - t, 1)
+        b1, t1 = cpu_ticks()
+        busy[name] = round(100 * (b1 - b0) / max(1, t1 - t0))
         if code and not first_failure:
             first_failure = code
             record["failed"] = name
     times["total"] = round(time.monotonic() - started, 1)
-    record |= {"seconds": times, "serial": args.serial, "commit": _commit()}
+    record |= {"seconds": times, "cpu_busy_percent": busy, "serial": args.serial, "commit": _commit()}
 
     print("\n" + "=" * 30 + " time of each phase " + "=" * 30)
     for name, seconds in times.items():
-        print(f"  {name:<12} {seconds / 60:5.1f} min ({seconds:.0f} s)")
+        load = f", host CPUs {busy[name]}% busy" if name in busy else ""
+        print(f"  {name:<12} {seconds / 60:5.1f} min ({seconds:.0f} s{load})")
     if "failed" in record:
         print(f"  FAILED: {record['failed']}")
     history = data_dir() / HISTORY
