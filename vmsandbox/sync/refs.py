@@ -61,22 +61,9 @@ def _read_small(dir_fd: int, name: str, limit: int) -> str | None:
 
 
 def _open_dir(gitdir: Path, rel: str) -> int | None:
-    """A descriptor of gitdir/rel reached one component at a time with no link followed (`.git/refs` that
-    links to another repository's refs is not read), or None where one is missing or not a directory."""
-    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-    try:
-        fd = os.open(gitdir, flags)
-    except OSError:
-        return None
-    for part in [p for p in rel.split("/") if p]:
-        try:
-            next_fd = os.open(part, flags, dir_fd=fd)
-        except OSError:
-            os.close(fd)
-            return None
-        os.close(fd)
-        fd = next_fd
-    return fd
+    """A descriptor of gitdir/rel, every component from gitdir itself down reached with no link followed
+    (`.git/refs` that links to another repository's refs is not read); None where one is missing."""
+    return tree.open_dir_under(gitdir.parent, "/".join(p for p in (gitdir.name, *rel.split("/")) if p))
 
 
 def _loose_refs(gitdir: Path) -> Iterator[tuple[str, str]]:
