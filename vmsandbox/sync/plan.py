@@ -139,11 +139,20 @@ class Decisions:
     def safe(cls, plan: Plan, take: Take) -> Decisions:
         """`--yes`: every safe, reviewable change (quarantined and ignored ones too if `take` says so) and the
         commits."""
-        held = tuple(i for i in plan.todo if i.quarantined and not take.risky)
-        ignored = tuple(i for i in plan.todo if i.held and not take.ignored and i not in held)
-        binary = tuple(i for i in plan.todo if i.binary and not take.binary and i not in held and i not in ignored)
-        accept = tuple(i for i in plan.todo if i not in held and i not in ignored and i not in binary)
-        return cls(accept, held, plan.gathered.refs_changed, ignored, take.risky, binary)
+        held: list[Item] = []
+        ignored: list[Item] = []
+        binary: list[Item] = []
+        accept: list[Item] = []
+        for i in plan.todo:  # one pass: the first reason that holds an item back is the one it is reported by
+            if i.quarantined and not take.risky:
+                held.append(i)
+            elif i.held and not take.ignored:
+                ignored.append(i)
+            elif i.binary and not take.binary:
+                binary.append(i)
+            else:
+                accept.append(i)
+        return cls(tuple(accept), tuple(held), plan.gathered.refs_changed, tuple(ignored), take.risky, tuple(binary))
 
 
 @dataclass
