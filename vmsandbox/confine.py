@@ -2,10 +2,10 @@
 everything that parses bytes that came out of a guest.
 
 The guest is hostile, so whatever reads its bytes on the host is a target: the rsync receiver that fills the
-session's mirror of the guest's tree, e2fsck and debugfs on a dead VM's workspace disk, git fetching the
-guest's commits. None of them runs as root:
+session's mirror of the guest's tree, git fetching the guest's commits (a dead VM's workspace disk is not
+parsed on the host at all: a reader VM mounts it, session.diskreader). None of them runs as root:
 
-- the mirror, the rsync receiver, e2fsck and debugfs belong to the dedicated system account `_vmsandbox`
+- the mirror and the rsync receiver belong to the dedicated system account `_vmsandbox`
   (made by `vmsandbox host setup`), which owns nothing else and can reach nothing else of ours;
 - git runs as the invoking user in their own repository (its objects must be theirs anyway);
 - each of them gets resource limits (file size, memory, CPU time, processes).
@@ -80,7 +80,7 @@ def clean_env(who: Identity | None) -> dict[str, str]:
 
 
 def guest_data_limits(file_bytes: int) -> Limits:
-    """For the rsync receiver, e2fsck and debugfs: the largest file the sync takes, and generous bounds on
+    """For the rsync receiver: the largest file the sync takes, and generous bounds on
     the rest (an honest transfer of a large tree stays far below them)."""
     return Limits(file_bytes=file_bytes, memory_bytes=4 * GIB, cpu_seconds=3600, processes=64)
 
@@ -257,13 +257,6 @@ def hand_over(root: Path, who: Identity | None) -> None:
         os.fchmod(root_fd, 0o700)
     finally:
         os.close(root_fd)
-
-
-def give_file(path: Path, who: Identity | None) -> None:
-    """A single file of ours (a disk image) to `who`, private (0600)."""
-    if who is not None:
-        os.lchown(path, who.uid, who.gid)
-    path.chmod(0o600)
 
 
 UNSAFE_BITS = 0o7002  # setuid, setgid, sticky, world-writable

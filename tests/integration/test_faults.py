@@ -198,7 +198,7 @@ def test_vm_destroyed_under_a_command_keeps_its_work(cli: Cli, owned_name: str, 
         if p.poll() is None:
             p.kill()
     assert p.returncode != 0
-    assert b"Reading the workspace disk" in err, err.decode()
+    assert b"mounted in the reader VM" in err, err.decode()
     assert (project / "saved.txt").read_text() == "saved\n"
     assert_gone(owned_name)
 

@@ -9,6 +9,7 @@ order); a test that kills its VM or needs another user owns its session; the tru
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 import os
 import pwd
@@ -435,14 +436,16 @@ def test_guest_output_is_captured_with_a_cap(name: str) -> None:
 def test_a_dead_vms_disk_is_read_unprivileged_and_its_config_stays_untrusted(
     cli: Cli, vm_factory: VmFactory, tmp_path: Path, marker: Path
 ) -> None:
-    """Its own VM, killed: the workspace disk is read by e2fsck and debugfs as the guest-data account, nothing
-    setuid lands in the mirror, and a .vmsandbox.yaml the guest wrote is untrusted even once applied."""
+    """Its own VM, killed: the workspace disk is mounted by a reader VM (never parsed on the host, never written:
+    its journal is replayed into the reader's overlay) and fetched by the guest-data account, nothing setuid
+    lands in the mirror, and a .vmsandbox.yaml the guest wrote is untrusted even once applied."""
     proj = tmp_path / "dead"
     proj.mkdir()
     (proj / "README").write_text("base\n")
     record = vm_factory.make(proj)
     assert record.start == "warm"  # restored from the template, not booted
     owned_name = record.name
+    disk = record.files.workspace_disk
     script = (
         f"cp /bin/sh suid2; chmod 6755 suid2; git init -q sub; git -C sub config core.fsmonitor 'touch {marker}'; "
         "printf 'network: open\\n' > .vmsandbox.yaml; sync"
@@ -450,14 +453,17 @@ def test_a_dead_vms_disk_is_read_unprivileged_and_its_config_stays_untrusted(
     guest(cli, owned_name, script)
     with Hypervisor(Record.load(owned_name).libvirt_uri) as hv:
         hv.destroy(DOMAIN_PREFIX + owned_name)
+    before = _disk_digest(disk)
     r = cli.run("recover", owned_name, "--yes")
     assert r.returncode == 3, r.stderr.decode()
     no_escape_sequences(r.stderr)
-    assert "Reading the workspace disk" in r.stderr.decode()
+    assert "read in a VM of its own" in r.stderr.decode() and "mounted in the reader VM" in r.stderr.decode()
+    assert _disk_digest(disk) == before
+    assert _readers_left(cli.state_dir) == []
     mirror = paths.session_paths(owned_name).guest_tree
     assert pwd.getpwuid(mirror.stat().st_uid).pw_name == ACCOUNT
     assert (mirror / "suid2").stat().st_mode & 0o7777 == 0o755
-    assert not (mirror / "lost+found").exists()  # e2fsck's, never the project's
+    assert not (mirror / "lost+found").exists()  # the project had none
     assert unsafe_files_under(cli.state_dir) == []
     assert not (proj / "sub/.git").exists() and not (proj / ".vmsandbox.yaml").exists() and not marker.exists()
     # the user decides to take everything, the guest's config included: it is applied, and not obeyed
@@ -466,6 +472,104 @@ def test_a_dead_vms_disk_is_read_unprivileged_and_its_config_stays_untrusted(
     assert (proj / "suid2").stat().st_mode & 0o7777 == 0o755
     refused = cli.run("run", str(proj), "--", "true")
     assert refused.returncode == 125 and b"not trusted" in refused.stderr
+
+
+def _disk_digest(disk: Path) -> str:
+    """A sparse disk's digest: its size and each stretch of data with its offset (holes are not read)."""
+    sha = hashlib.sha256(str(disk.stat().st_size).encode())
+    with disk.open("rb") as f:
+        fd, end, at = f.fileno(), disk.stat().st_size, 0
+        while at < end:
+            try:
+                at = os.lseek(fd, at, os.SEEK_DATA)
+            except OSError:  # ENXIO: only a hole is left
+                break
+            stop = os.lseek(fd, at, os.SEEK_HOLE)
+            sha.update(str(at).encode())
+            f.seek(at)
+            while at < stop:
+                chunk = f.read(min(1 << 20, stop - at))
+                sha.update(chunk)
+                at += len(chunk)
+    return sha.hexdigest()
+
+
+def _readers_left(state: Path) -> list[str]:
+    """Reader VMs' files and domains still there (a read leaves none)."""
+    left = [p.name for p in (state / "sessions").glob(".reader-*")]
+    with Hypervisor("qemu:///system") as hv:
+        left += [d.name for d in hv.domains(DOMAIN_PREFIX + ".reader-")]
+    return left
+
+
+# A name ext4 never holds ('/' is not a name character): written with X for '/', patched in the image's bytes.
+# Read by a host tool that trusts the directory entry (debugfs rdump, a FUSE driver), it leads out of the
+# mirror to /tmp; a guest kernel returns it as a name and rsync's receiver refuses it.
+def _crafted(outside: str) -> tuple[str, str]:
+    placeholder = "..X..X..X..X..X..X..X..X" + outside.lstrip("/").replace("/", "X")
+    return placeholder, placeholder.replace("X", "/")
+
+
+def test_a_disk_the_guest_crafted_is_read_in_a_vm_and_the_host_writes_nowhere_else(
+    cli: Cli, vm_factory: VmFactory, tmp_path: Path, marker: Path
+) -> None:
+    """The guest replaces its workspace filesystem with one of its own making (no checksums; a directory
+    entry whose name climbs out to /tmp, beside an ordinary file) and dies. The pull mounts that disk in a
+    reader VM, whose kernel refuses the crafted directory: the pull says so in one line, the ordinary file
+    comes back, nothing appears at the outside path, the raw disk is not written, no reader is left. Then the
+    disk is wrecked (its superblock zeroed): the pull says in one line that the
+    disk cannot be read and where it is, the session is kept, and the warm-start template is not blamed."""
+    from tests.integration.conftest import guest_sh
+
+    proj = tmp_path / "crafted"
+    proj.mkdir()
+    (proj / "README").write_text("base\n")
+    record = vm_factory.make(proj)
+    outside = f"/tmp/vmsandbox-escaped-{secrets.token_hex(4)}"
+    placeholder, climbing = _crafted(outside)
+    work = shlex.quote(record.project)
+    craft = (
+        "set -e; rm -rf /root/craft; mkdir -p /root/craft/src/sub; cd /root/craft; "
+        "echo 'from the crafted disk' > src/kept.txt; "
+        f"echo evil > src/sub/{placeholder}; "
+        "mkfs.ext4 -q -F -O ^metadata_csum,^dir_index,^has_journal -d src fs.img 32M; "
+        'python3 -c \'import sys; p="fs.img"; b=open(p,"rb").read(); '
+        f'n=b.count(b"{placeholder}"); assert n == 1, n; '
+        f'open(p,"wb").write(b.replace(b"{placeholder}", b"{climbing}"))\'; '
+        f"dev=$(findmnt -n -o SOURCE --target {work}); "
+        "systemctl stop 'vmsandbox-journal@*' || true; cd /; "
+        f"umount {work}; dd if=/root/craft/fs.img of=$dev bs=1M conv=fsync status=none; sync"
+    )
+    guest_sh(record, craft, root=True)
+    with Hypervisor(record.libvirt_uri) as hv:
+        hv.destroy(record.domain)
+    disk = record.files.workspace_disk
+    before = _disk_digest(disk)
+
+    r = cli.run("pull", record.name, "--yes")
+    said = r.stderr.decode()
+    no_escape_sequences(r.stderr)
+    assert "read in a VM of its own" in said, said
+    # the reader's kernel refuses the crafted directory: said in one line, the rest is reviewed
+    assert "part of the workspace disk could not be read" in said and "crafted/sub" in said, said
+    assert not Path(outside).exists() and not Path("/var" + outside).exists()
+    assert not marker.exists() and unsafe_files_under(cli.state_dir) == []
+    assert _readers_left(cli.state_dir) == []
+    assert _disk_digest(disk) == before  # only ever read (through an overlay)
+    assert (proj / "kept.txt").is_file(), said
+    assert (proj / "kept.txt").read_text() == "from the crafted disk\n"
+    assert not any(p.name.endswith(outside.rsplit("/", 1)[1]) for p in proj.rglob("*"))
+
+    with disk.open("r+b") as f:  # what a guest can do to its disk as well: no filesystem left at all
+        f.write(bytes(1 << 20))
+    wrecked = cli.run("pull", record.name, "--yes")
+    said = wrecked.stderr.decode()
+    assert wrecked.returncode != 0, said
+    assert f"the workspace disk of session {record.name} cannot be read" in said, said
+    assert str(disk) in said.replace("\n", "")
+    assert paths.session_paths(record.name).record.exists()  # kept: a person decides
+    assert _readers_left(cli.state_dir) == []
+    assert record.template is not None and not Path(record.template + ".failed").exists()
 
 
 # ---------------------------------------------------------------- trust (no VM)

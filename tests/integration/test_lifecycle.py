@@ -160,12 +160,12 @@ def test_a_boot_that_stalls_is_reset_then_explained(
 
 
 def test_guest_powering_off_is_reported_and_its_work_recovered(cli: Cli, owned_name: str, project: Path) -> None:
-    """The VM dies mid-command: its workspace disk is read on the host, so the work still comes back."""
+    """The VM dies mid-command: its workspace disk is read in a reader VM, so the work still comes back."""
     script = "echo saved > saved.txt; sync; sudo -n systemctl poweroff; sleep 120"
     r = cli.run("run", "--yes", "--name", owned_name, str(project), "--", "sh", "-c", script)
     assert r.returncode != 0
     assert b"the VM shut down" in r.stderr
-    assert b"Reading the workspace disk" in r.stderr
+    assert b"mounted in the reader VM" in r.stderr
     assert (project / "saved.txt").read_text() == "saved\n"
     assert_gone(owned_name)
 

@@ -1,4 +1,5 @@
-"""vmsandbox without sudo: a plain user in the libvirt group runs, pulls and destroys a session of their own,
+"""vmsandbox without sudo: a plain user in the libvirt group runs, pulls (from a live VM and from a dead one's
+disk) and destroys a session of their own,
 under their own XDG state directory (below a home that is 0700, as Ubuntu makes it); a user outside the group
 is told which group is missing; root's `ls` and `gc` leave the user's session alone."""
 
@@ -144,6 +145,19 @@ def test_a_member_of_the_libvirt_group_runs_pulls_and_destroys_without_sudo(memb
     for name in ("mine", "mine-b"):
         assert member.run("exec", name, "--", "cat", "new.txt").stdout == "hi\n"
     assert member.run("destroy", "mine-b", "--discard").returncode == 0
+
+    # its VM dies: the workspace disk is read by a reader VM of the user's own (no root anywhere)
+    assert member.run("exec", "mine", "--", "sh", "-c", "echo late > late.txt; sync").returncode == 0
+    with Hypervisor(URI) as hv:
+        hv.destroy(domain)
+    late = member.run("pull", "mine", "--yes")
+    assert late.returncode == 0, late.stderr
+    assert "mounted in the reader VM" in late.stderr, late.stderr
+    assert (project / "late.txt").read_text() == "late\n"
+    assert (project / "late.txt").stat().st_uid == member.uid
+    assert list(state.parent.glob(".reader-*")) == []
+    with Hypervisor(URI) as hv:
+        assert list(hv.domains(f"{DOMAIN_PREFIX}u{member.uid}-.reader-")) == []
 
     gone = member.run("destroy", "mine")
     assert gone.returncode == 0, gone.stderr

@@ -114,3 +114,18 @@ def test_no_guest_data_tool_runs_outside_the_jail() -> None:
                     continue
                 unjailed.append(f"{rel}:{func.name} starts {_tool_of(node)}")
     assert unjailed == []
+
+
+def test_no_filesystem_tool_reads_a_guest_written_disk() -> None:
+    """e2fsck is never started, debugfs only on the images the host itself just made: a disk the guest wrote
+    is mounted by a reader VM's kernel (session.diskreader), never parsed on the host, jailed or not."""
+    starts = []
+    for path in PACKAGE.rglob("*.py"):
+        rel = str(path.relative_to(PACKAGE))
+        for func in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(func, ast.FunctionDef):
+                continue
+            for node in ast.walk(func):
+                if isinstance(node, ast.Call) and _tool_of(node) in ("e2fsck", "debugfs", "fsck.ext4", "fsck"):
+                    starts.append((rel, func.name, _tool_of(node)))
+    assert starts == [("vm/ext4.py", "remove_dir", "debugfs")]

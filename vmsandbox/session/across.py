@@ -15,9 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from vmsandbox.errors import VmsandboxError
-from vmsandbox.session import lock
+from vmsandbox.session import lifecycle, lock
 from vmsandbox.session.record import Record
-from vmsandbox.session.state import is_running
 from vmsandbox.sync import apply, changes
 from vmsandbox.sync.compare import same_entry
 from vmsandbox.sync.diff import DIFF_LIMIT, is_text
@@ -42,8 +41,9 @@ def fetch(name: str, *, limit: int) -> Tree:
     record = Record.load(name)
     with lock.held(record.files, name, "reading the tree of"):
         record = Record.load(name)
-        endpoint = record.endpoint() if not record.files.outbox.is_dir() and is_running(record) else None
-        base, guest, scope, source, _origin = changes.fetch(record.target(), endpoint=endpoint, limit=limit)
+        with lifecycle.source(record) as (endpoint, disk):
+            fetched = changes.fetch(record.target(), endpoint=endpoint, limit=limit, disk=disk)
+        base, guest, scope, source, _origin = fetched
     changed = {p: guest.get(p) for p in scope if not same_entry(guest.get(p), base.get(p))}
     baseline_id = hashlib.sha256(record.files.baseline_manifest.read_bytes()).hexdigest()
     return Tree(name, changed, base, source, record.files.baseline, baseline_id)

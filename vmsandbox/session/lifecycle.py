@@ -9,6 +9,7 @@ the person (the CLI) sits outside.
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import time
 from collections.abc import Iterator
@@ -18,7 +19,8 @@ from pathlib import Path
 from vmsandbox import failpoint, paths, ui
 from vmsandbox.egress import control
 from vmsandbox.errors import VmsandboxError
-from vmsandbox.session import chain, images, lock, pins, remote, remotegc, teardown, tunnel
+from vmsandbox.guest.ssh import Endpoint
+from vmsandbox.session import chain, diskreader, images, lock, pins, remote, remotegc, teardown, tunnel
 from vmsandbox.session.hostspec import HostSpec
 from vmsandbox.session.record import DOMAIN_PREFIX, Phase, Record, State, domain_name, names
 from vmsandbox.session.state import is_running, status
@@ -33,13 +35,24 @@ from vmsandbox.vm.virt import Hypervisor
 
 def gather(record: Record, *, limit: int) -> Gathered:
     """The guest's changes, from wherever they are now (outbox, running VM, or a dead VM's disk)."""
-    live = not record.files.outbox.is_dir() and is_running(record)
-    if live:
+    with source(record) as (endpoint, disk):
+        return changes.gather(record.target(), endpoint=endpoint, limit=limit, disk=disk)
+
+
+@contextlib.contextmanager
+def source(record: Record) -> Iterator[tuple[Endpoint | None, bool]]:
+    """Where the guest's tree is read from, for as long as the block runs: (the running VM's endpoint, False),
+    (a reader VM's endpoint, True) with the workspace disk of a VM that is gone or stopped mounted in it, or
+    (None, False) when the outbox holds the changes."""
+    if record.files.outbox.is_dir():
+        yield None, False
+    elif is_running(record):
         remote.ensure_tunnel(record)
-    elif not record.files.outbox.is_dir():
+        yield record.endpoint(), False
+    else:
         remote.fetch_workspace(record)
-    endpoint = record.endpoint() if live else None
-    return changes.gather(record.target(), endpoint=endpoint, limit=limit)
+        with diskreader.reading(record) as reader:
+            yield reader, True
 
 
 def review(record: Record, *, limit: int, only: list[str] | None = None) -> Plan:
@@ -237,6 +250,7 @@ def gc(uri: str, *, limit: int, hosts: tuple[HostSpec, ...] = ()) -> Iterator[st
     with Hypervisor(uri) as hv:
         for name in names():
             yield from _gc_session(name, hv, uri, limit)
+        yield from diskreader.sweep(mine, hv)
         for info in list(hv.domains(DOMAIN_PREFIX)):
             xml = hv.xml(info.name)
             owner = session_of(xml) if xml else None

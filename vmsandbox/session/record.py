@@ -85,6 +85,9 @@ class Record:
     ssh_agent: bool = False  # the host's ssh-agent is forwarded into the guest (opt-in)
     credentials: list[str] = field(default_factory=list)  # home-relative files `clean` wipes (the blueprint's)
     disk: str | None = None  # the system disk when it is not the session's own overlay (image builds)
+    # the workspace disk when it is not the session's own raw disk: a reader VM's qcow2 overlay on the raw disk
+    # of a session whose VM is gone (session.diskreader)
+    workspace: str | None = None
     # The qcow2 chain above the image, oldest first, names in the session directory; the VM writes the last.
     # A checkpoint freezes the top one and puts a new one above it (session.checkpoint).
     overlays: list[str] = field(default_factory=lambda: [paths.SESSION_OVERLAY])
@@ -110,6 +113,14 @@ class Record:
     def system_disk(self) -> Path:
         """The disk the VM boots and writes."""
         return Path(self.disk) if self.disk else self.files.root / self.overlays[-1]
+
+    @property
+    def workspace_disk(self) -> Path:
+        return Path(self.workspace) if self.workspace else self.files.workspace_disk
+
+    @property
+    def workspace_format(self) -> str:
+        return "qcow2" if self.workspace else "raw"
 
     def endpoint(self, user: str | None = None) -> Endpoint:
         return Endpoint(self.name, self.ssh_port, user or self.user, self.files, self.ssh_agent)

@@ -66,7 +66,8 @@ def spec(record: Record, image: store.Image, *, warm: bool) -> DomainSpec:
         console_log=files.console_log,
         forwards=(Forward(record.ssh_port, 22),),
         fwcfg_files=fwcfg,
-        workspace_disk=None if warm else files.workspace_disk,
+        workspace_disk=None if warm else record.workspace_disk,
+        workspace_format=record.workspace_format,
         channel=files.identity_socket,
     )
 
@@ -154,7 +155,7 @@ def warm(
         record.start = "warm"
         record.save()
         failpoint.hit("run.restore")
-        hv.attach(record.domain, domain.workspace_xml(files.workspace_disk))
+        hv.attach(record.domain, domain.workspace_xml(record.workspace_disk, record.workspace_format))
         detail("identity")
         identity.send(files.identity_socket, files.fwcfg_dir, timeout=min(IDENTITY_TIMEOUT, boot_timeout))
         detail("sshd")

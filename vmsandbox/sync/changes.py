@@ -1,8 +1,9 @@
 """The guest's changes: gathered from where they are, compared three ways, and remembered once dealt with.
 
 Where the changes come from, in order: the session's outbox (exported when its VM went away), the running VM
-(its tree fetched into the host mirror), or the workspace disk of a VM that died (read on the host). The
-session layer says which (it knows whether the VM runs) and hands over a Target: what sync needs of a session.
+(its tree fetched into the host mirror), or the workspace disk of a VM that died or was stopped (mounted in a
+reader VM, and fetched from there the same way: the host never parses the disk). The session layer says which
+(it knows whether the VM runs, and starts the reader) and hands over a Target: what sync needs of a session.
 What was applied or otherwise dealt with is recorded (decisions.json), so a change is reviewed once and an
 interrupted pull can simply run again.
 """
@@ -69,11 +70,12 @@ class Gathered:
         return self.target.project
 
 
-def gather(target: Target, *, endpoint: Endpoint | None, limit: int) -> Gathered:
+def gather(target: Target, *, endpoint: Endpoint | None, limit: int, disk: bool = False) -> Gathered:
     """The guest's changes against the baseline and the host: from the outbox if there is one, else from the
-    running VM at `endpoint`, else (no endpoint: the VM is gone) from its workspace disk."""
+    running VM at `endpoint` (with `disk`: the reader VM of a dead VM's workspace disk), else (no endpoint: the
+    workspace disk is gone too) from the mirror as the last fetch left it."""
     files = target.files
-    base, guest, scope, source, origin = fetch(target, endpoint=endpoint, limit=limit)
+    base, guest, scope, source, origin = fetch(target, endpoint=endpoint, limit=limit, disk=disk)
     failpoint.hit("run.gather")
     # Only the paths where the guest's tree differs from the baseline are compared, and the host's side is
     # read only there (and where a guest's symlink leads): the project is not walked.
@@ -90,7 +92,7 @@ def gather(target: Target, *, endpoint: Endpoint | None, limit: int) -> Gathered
 Fetched = tuple[tree.Tree, tree.Tree, frozenset[str], Path, Origin]
 
 
-def fetch(target: Target, *, endpoint: Endpoint | None, limit: int) -> Fetched:
+def fetch(target: Target, *, endpoint: Endpoint | None, limit: int, disk: bool = False) -> Fetched:
     """The baseline, the guest's tree, the paths where they differ, where the guest's content is read from and
     where it came from (see gather)."""
     files = target.files
@@ -100,14 +102,26 @@ def fetch(target: Target, *, endpoint: Endpoint | None, limit: int) -> Fetched:
         kept = json.loads((files.outbox / OUTBOX_MANIFEST).read_text())
         guest = delta.view(base, {p: None if e is None else tree.Entry.from_dict(e) for p, e in kept.items()})
         scope, source, origin = frozenset(kept), files.outbox / OUTBOX_FILES, Origin.OUTBOX
-    elif endpoint is not None:
+    elif endpoint is not None and not disk:
         with ui.step("Fetching the guest's changes"):
             fetched = mirror.fetch_live(endpoint, str(target.project), files, base, max_file_bytes=limit)
         guest, scope, source, origin = fetched.view, fetched.differs, files.guest_tree, Origin.LIVE
         log.info("session %s: %s", target.name, fetched.how)
     else:
-        with ui.step("Reading the workspace disk of the stopped VM"):
-            fetched = mirror.fetch_from_disk(files, base, max_file_bytes=limit, copy=target.saved)
+        why = "the VM is stopped" if target.saved else "the VM is not running"
+        if endpoint is None:
+            fetched = mirror.fetch_nothing(files, base, f"{why} and its workspace disk is gone")
+        else:
+            with ui.step("Fetching the guest's changes from its workspace disk (mounted in the reader VM)"):
+                workdir = str(target.project)
+                fetched, unread = mirror.fetch_from_disk(endpoint, workdir, files, base, max_file_bytes=limit, why=why)
+            if unread:
+                shown = "; ".join(ui.printable(line, markup=False) for line in unread[:3])
+                more = f" (and {len(unread) - 3} more)" if len(unread) > 3 else ""
+                ui.warn(
+                    f"part of the workspace disk could not be read (the guest left it damaged, or made it so): "
+                    f"{shown}{more}. What could be read is reviewed; what could not is left out"
+                )
         guest, scope, source, origin = fetched.view, fetched.differs, files.guest_tree, Origin.DISK
     return base, guest, scope, source, origin
 

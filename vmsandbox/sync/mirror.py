@@ -3,9 +3,10 @@
 Changes come back with rsync's delta transfer into the mirror (it starts as a copy of the baseline): the paths
 the guest's change journal names (sync.journal), or the whole tree when the journal cannot say. What the
 mirror holds that differs from the baseline is kept between pulls (sync.delta), so a pull reads again only
-what it fetched. If the VM died, its workspace disk is read on the host instead. The mirror holds guest
-bytes, so it belongs to the unprivileged guest-data account (`confine`): the rsync receiver that fills it,
-and e2fsck and debugfs that read a dead VM's disk into it, run as that account with resource limits. Nothing
+what it fetched. If the VM died, a reader VM mounts its workspace disk and the whole tree is fetched from
+there (session.diskreader): the host never parses a guest-written filesystem. The mirror holds guest
+bytes, so it belongs to the unprivileged guest-data account (`confine`): the rsync receiver that fills it
+runs as that account, jailed, with resource limits. Nothing
 in it ever keeps a setuid, setgid or sticky bit or a world-writable mode; its root is 0700 inside the private
 session directory. Reviews only read it, with lstat and O_NOFOLLOW.
 """
@@ -13,17 +14,14 @@ session directory. Reviews only read it, with lstat and O_NOFOLLOW.
 from __future__ import annotations
 
 import os
-import shutil
 from dataclasses import dataclass
-from pathlib import Path
 
 from vmsandbox import confine, proc
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.guest.ssh import Endpoint
 from vmsandbox.paths import SessionPaths
-from vmsandbox.sync import capture, delta, journal, placeholders, transfer, tree
+from vmsandbox.sync import delta, journal, placeholders, transfer, tree
 from vmsandbox.sync.hashcache import HashCache
-from vmsandbox.vm import ext4
 
 # What the mirror never takes from the guest: owners, devices, FIFOs, sockets, and the mode bits that must
 # never exist on the host (setuid, setgid, sticky, world-writable). Holes stay holes, and hard links stay links
@@ -134,9 +132,20 @@ def fetch_live(
     return fetched
 
 
-def _rsync(endpoint: Endpoint, workdir: str, files: SessionPaths, max_file_bytes: int, only: list[str] | None) -> None:
+def _rsync(
+    endpoint: Endpoint,
+    workdir: str,
+    files: SessionPaths,
+    max_file_bytes: int,
+    only: list[str] | None,
+    *,
+    partial: bool = False,
+    hint: str | None = None,
+) -> list[str]:
     """rsync the guest's tree into the mirror: all of it, or `only` these paths, each with what is under it
-    (deleted in the mirror where the guest has none)."""
+    (deleted in the mirror where the guest has none). With `partial`, a transfer that could not read some
+    paths (rsync's exit 23/24: it then deletes nothing in the mirror) is not an error: rsync's lines about
+    them are returned."""
     who = confine.guest_data_account()
     side = transfer.Side(who, confine.guest_data_limits(max_file_bytes), files.guest_tree)
     remote = workdir.rstrip("/") + "/"
@@ -153,12 +162,15 @@ def _rsync(endpoint: Endpoint, workdir: str, files: SessionPaths, max_file_bytes
             expect_sender=True,
             remote_path=remote,
             input=None if only is None else b"".join(os.fsencode(p) + b"\0" for p in only),
-            hint=f"is the VM running? `vmsandbox ls`; its console: `vmsandbox logs {endpoint.session}`",
+            hint=hint or f"is the VM running? `vmsandbox ls`; its console: `vmsandbox logs {endpoint.session}`",
         )
     except proc.CommandError as exc:
+        if partial and exc.result.returncode in (23, 24):
+            return [line for line in exc.result.stderr.splitlines() if line.startswith("rsync: [sender]")]
         raise _explained(exc, max_file_bytes) from exc
     finally:
         files.guest_tree.chmod(0o700)  # rsync gave it the mode of the guest's project directory
+    return []
 
 
 def _explained(exc: proc.CommandError, max_file_bytes: int) -> VmsandboxError:
@@ -178,60 +190,24 @@ def _explained(exc: proc.CommandError, max_file_bytes: int) -> VmsandboxError:
     return exc
 
 
-def fetch_from_disk(files: SessionPaths, base: tree.Tree, *, max_file_bytes: int, copy: bool = False) -> Fetched:
-    """The VM is gone: read its workspace disk on the host (no mount, no loop device) into the mirror.
-
-    The disk was written by the guest: e2fsck and debugfs read it as the guest-data account, with limits.
-    With `copy` (a stopped session, whose guest will mount the disk again) they read a sparse copy of it."""
-    if not files.workspace_disk.exists():
-        return _walked(files, base, "the workspace disk is gone")
-    delta.forget(files.root)  # the mirror is about to change under it (the journal's cursor stays good: the
-    # disk holds at least what the guest had written when the cursor was taken)
-    if not copy:
-        _fetch_disk(files, files.workspace_disk, max_file_bytes)
-        return _thinned(files, base, _walked(files, base, "the VM is not running"))
-    duplicate = files.root / "workspace.copy"
-    duplicate.unlink(missing_ok=True)
-    proc.run(["cp", "--sparse=always", "--reflink=auto", files.workspace_disk, duplicate])
-    try:
-        _fetch_disk(files, duplicate, max_file_bytes)
-    finally:
-        duplicate.unlink(missing_ok=True)
-    return _thinned(files, base, _walked(files, base, "the VM is stopped"))
-
-
-def _thinned(files: SessionPaths, base: tree.Tree, fetched: Fetched) -> Fetched:
-    """The disk's tree was read whole into the mirror: the files the guest left as they were become
-    placeholders again, so the project is not held twice more."""
+def fetch_from_disk(
+    endpoint: Endpoint, workdir: str, files: SessionPaths, base: tree.Tree, *, max_file_bytes: int, why: str
+) -> tuple[Fetched, list[str]]:
+    """The VM is gone or stopped: a reader VM (session.diskreader) has its workspace disk mounted at `workdir`.
+    The whole tree is fetched from there as from a live VM (its journal knows nothing of the session's) and
+    read; the host never parses the disk. What the reader's kernel could not read (a damaged or crafted
+    filesystem) is left out, and said: the second value holds rsync's lines about it."""
+    delta.forget(files.root)  # the mirror is about to change under it (the session's journal cursor stays good:
+    # the disk holds at least what the guest had written when the cursor was taken)
+    hint = f"the reader VM of session {files.root.name} failed; the disk is unchanged: try again"
+    unread = _rsync(endpoint, workdir, files, max_file_bytes, None, partial=True, hint=hint)
+    fetched = _walked(files, base, why)
+    # rsync wrote whole files where placeholders were: those the guest left as they were become placeholders
+    # again, so the project is not held twice more
     placeholders.thin(files.guest_tree, base, (p for p in base if p not in fetched.differs))
-    return fetched
+    return fetched, unread
 
 
-def _fetch_disk(files: SessionPaths, image: Path, max_file_bytes: int) -> None:
-    who = confine.guest_data_account()
-    limits = confine.guest_data_limits(max_file_bytes)
-    fresh = files.root / "guest.new"
-    shutil.rmtree(fresh, ignore_errors=True)
-    fresh.mkdir(mode=0o700)
-    confine.hand_over(fresh, who)
-    confine.give_file(image, who)
-    disk = os.open(image, os.O_RDWR | os.O_NOFOLLOW)
-    device = f"/proc/self/fd/{disk}"
-    try:
-        # A VM that crashed left its journal unreplayed: let e2fsck replay it (exit codes 1 and 2: fixed).
-        fsck = ext4.replay_and_check(device, as_user=who, limits=limits, cwd=fresh, fd=disk)
-        if fsck.returncode > 2:
-            raise VmsandboxError(
-                f"the workspace disk of session {files.root.name} is damaged: {fsck.stderr.strip()}",
-                hint=f"its raw image is {files.workspace_disk}; try `e2fsck` on a copy of it",
-            )
-        ext4.dump_tree(device, as_user=who, limits=limits, cwd=fresh, fd=disk)
-    finally:
-        os.close(disk)
-    confine.hand_over(fresh, who)  # debugfs kept the guest's setuid bits and modes: drop what never lands
-    found = fresh / "lost+found"  # e2fsck makes one; the project had none (capture removed mkfs's)
-    made_by_fsck = found.is_dir() and not found.is_symlink() and not any(found.iterdir())
-    if made_by_fsck and "lost+found" not in capture.baseline(files):
-        found.rmdir()
-    shutil.rmtree(files.guest_tree, ignore_errors=True)
-    fresh.rename(files.guest_tree)
+def fetch_nothing(files: SessionPaths, base: tree.Tree, why: str) -> Fetched:
+    """Nothing to fetch from (the workspace disk is gone): the mirror as the last fetch left it."""
+    return _walked(files, base, why)

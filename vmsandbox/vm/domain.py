@@ -45,7 +45,8 @@ class DomainSpec:
     console_log: Path
     forwards: tuple[Forward, ...]
     fwcfg_files: dict[str, Path] = field(default_factory=dict)
-    workspace_disk: Path | None = None  # raw ext4, mounted by the guest at the project path (vdb)
+    workspace_disk: Path | None = None  # ext4, mounted by the guest at the project path (vdb)
+    workspace_format: str = "raw"  # "qcow2": a reader VM's overlay on a dead session's raw disk
     channel: Path | None = None  # the identity port's socket (a warm start sends the identity through it)
     # (LIBVIRTS_SOCKET: where libvirt puts it)
     template: bool = False  # a warm-start template being built, not a session (gc tells them apart)
@@ -116,7 +117,7 @@ def _devices(devices: ET.Element, spec: DomainSpec) -> None:
     _sub(disk, "target", dev="vda", bus="virtio")
     if spec.workspace_disk is not None:
         ws = _sub(devices, "disk", type="file", device="disk")
-        _sub(ws, "driver", name="qemu", type="raw", discard="unmap")
+        _sub(ws, "driver", name="qemu", type=spec.workspace_format, discard="unmap")
         _sub(ws, "source", file=str(spec.workspace_disk))
         _sub(ws, "target", dev="vdb", bus="virtio")
         _sub(ws, "serial", WORKSPACE_SERIAL)
@@ -138,10 +139,10 @@ def _devices(devices: ET.Element, spec: DomainSpec) -> None:
     _sub(devices, "memballoon", model="virtio", freePageReporting="on")
 
 
-def workspace_xml(disk: Path) -> str:
+def workspace_xml(disk: Path, fmt: str = "raw") -> str:
     """The workspace disk a warm start hot-plugs (the guest finds it by its serial)."""
     el = ET.Element("disk", type="file", device="disk")
-    _sub(el, "driver", name="qemu", type="raw", discard="unmap")
+    _sub(el, "driver", name="qemu", type=fmt, discard="unmap")
     _sub(el, "source", file=str(disk))
     _sub(el, "target", dev="sda", bus="scsi")
     _sub(el, "serial", WORKSPACE_SERIAL)

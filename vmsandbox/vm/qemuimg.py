@@ -67,6 +67,14 @@ def create_overlay(base: Path, dest: Path, size_bytes: int | None = None, *, dep
     proc.run(argv)
 
 
+def overlay_on_raw(base: Path, dest: Path) -> None:
+    """A qcow2 overlay on a raw image (its format given, never probed): what is written goes to the overlay,
+    the raw image is only read. Made without opening the raw image (`-u`, its size from stat): the caller may
+    not be able to read it (libvirt's QEMU account does)."""
+    size = str(base.stat().st_size)
+    proc.run(["qemu-img", "create", "-q", "-u", "-f", "qcow2", "-b", base, "-F", "raw", dest, size])
+
+
 def rebase(image: Path, backing: Path) -> None:
     """Make `backing` the backing file of `image` without changing what `image` reads as: what its old
     backing chain held that `backing` does not is copied into `image` first. Neither may be in use."""
