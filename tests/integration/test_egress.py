@@ -24,10 +24,9 @@ from vmsandbox import paths
 from vmsandbox.egress import control
 from vmsandbox.egress import secrets as secretstore
 from vmsandbox.egress.control import Door
-from vmsandbox.session.config import Settings
 from vmsandbox.session.record import Record
 
-from .conftest import Cli, VmFactory, wait_for
+from .conftest import Cli, VmFactory, suite_settings, wait_for
 from .standins import Recorder, Upstream, http_upstream, make_ca, standin, use_standin_daemon
 
 HTTP, TLS, API = standin("http"), standin("tls"), standin("api")
@@ -91,7 +90,7 @@ def guest(module_vms: VmFactory, cli: Cli, tmp_path_factory: pytest.TempPathFact
     ):
         os.environ["VMSANDBOX_CONFIG_DIR"] = str(tmp / "config")
         secretstore.put(secret_name, secret)
-        settings = Settings().merged(
+        settings = suite_settings().merged(
             {
                 "allow": [HTTP, TLS, f"localhost:{recorder.port}"],
                 "secrets": [{"secret": secret_name, "host": API, "header": "x-api-key", "env": "IT_KEY"}],

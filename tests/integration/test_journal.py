@@ -21,12 +21,11 @@ import pytest
 from vmsandbox import proc
 from vmsandbox.image import store
 from vmsandbox.session import create, lifecycle
-from vmsandbox.session.config import Settings
 from vmsandbox.session.options import Options
 from vmsandbox.session.record import Record
 from vmsandbox.sync import capture, delta, journal, mirror, tree
 
-from .conftest import unique_name
+from .conftest import suite_settings, unique_name
 
 LIMIT = 1024**3
 BIG = os.urandom(8 * 1024**2)
@@ -45,7 +44,7 @@ def session(base_image: store.Image, tmp_path_factory: pytest.TempPathFactory) -
     (project / "data").mkdir()
     (project / "data/big.bin").write_bytes(BIG)
     (project / "data/run.sh").write_text("#!/bin/sh\necho run\n")
-    record = create.create(Options(project=project, name=unique_name(), settings=Settings(), keep=True))
+    record = create.create(Options(project=project, name=unique_name(), settings=suite_settings(), keep=True))
     yield record
     lifecycle.remove(record)
 
@@ -260,7 +259,9 @@ def test_a_cold_booted_session_has_its_journal_too(base_image: store.Image, tmp_
     project = tmp_path / "cold"
     project.mkdir()
     (project / "a").write_text("a\n")
-    record = create.create(Options(project=project, name=unique_name(), settings=Settings(), keep=True, cold=True))
+    record = create.create(
+        Options(project=project, name=unique_name(), settings=suite_settings(), keep=True, cold=True)
+    )
     try:
         assert record.start == "cold"
         named = step(record, "echo more >> a", expect="the journal named 1 path(s)")

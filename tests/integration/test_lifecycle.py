@@ -15,12 +15,11 @@ from vmsandbox.errors import VmsandboxError
 from vmsandbox.image import store
 from vmsandbox.session import boot as boot_mod
 from vmsandbox.session import create
-from vmsandbox.session.config import Settings
 from vmsandbox.session.options import Options
 from vmsandbox.session.record import DOMAIN_PREFIX
 from vmsandbox.vm.virt import Hypervisor
 
-from .conftest import URI, Cli, assert_gone, processes, wait_for
+from .conftest import URI, Cli, assert_gone, processes, suite_settings, wait_for
 
 
 def domain_exists(name: str) -> bool:
@@ -146,7 +145,7 @@ def test_a_boot_that_stalls_is_reset_then_explained(
     monkeypatch.setattr(boot_mod, "STALL_MIN", 12.0)
     # stall limit max(12, 75 / 5) = 15 s: resets at ~18 s and ~36 s; the third boot has ~39 s to reach the
     # initramfs (a host running two workers' guests can take 20 s for it)
-    settings = replace(Settings(), boot_timeout=75)
+    settings = replace(suite_settings(), boot_timeout=75)
     with pytest.raises(VmsandboxError) as caught:
         create.create(Options(project=project, name=owned_name, settings=settings, image=stalling, cold=True))
     message, err = caught.value.message, capsys.readouterr().err

@@ -43,6 +43,7 @@ def isolated_dirs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[P
         d.mkdir()
         monkeypatch.setenv(f"VMSANDBOX_{var}_DIR", str(d))
     monkeypatch.delenv("VMSANDBOX_ACCEL", raising=False)
+    monkeypatch.delenv("VMSANDBOX_CPUS", raising=False)
     monkeypatch.delenv("VMSANDBOX_LIBVIRT_URI", raising=False)
     yield tmp_path
 

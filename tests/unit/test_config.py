@@ -26,6 +26,19 @@ def test_project_overrides_user_and_env_overrides_both(tmp_path: Path, monkeypat
     assert (s.cpus, s.memory_mib, s.accel) == (3, 3072, Accel.TCG)
 
 
+def test_vmsandbox_cpus_overrides_the_files_and_is_checked(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    write(tmp_path / "config" / "config.yaml", "cpus: 2\n")
+    monkeypatch.setattr(config, "host_cpus", lambda: 4)
+    monkeypatch.setenv("VMSANDBOX_CPUS", "1")
+    assert config.load().cpus == 1
+    assert config.layers(None)[-1].source == "VMSANDBOX_CPUS"
+    for bad, said in (("two", "not a number"), ("9", "between 1 and 4"), ("0", "between 1 and 4")):
+        monkeypatch.setenv("VMSANDBOX_CPUS", bad)
+        with pytest.raises(VmsandboxError) as err:
+            config.load()
+        assert said in err.value.message and "VMSANDBOX_CPUS" in err.value.message
+
+
 def test_unknown_key_names_file_and_key(tmp_path: Path) -> None:
     f = write(tmp_path / "proj" / ".vmsandbox.yaml", "cpu: 4\n")
     with pytest.raises(VmsandboxError) as err:

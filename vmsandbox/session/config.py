@@ -197,6 +197,10 @@ def layers(project: Path | None = None, *, blueprint: Blueprint | None = None) -
     if env_uri := os.environ.get("VMSANDBOX_LIBVIRT_URI"):
         uri = parse_uri(env_uri, source="VMSANDBOX_LIBVIRT_URI")
         settings = add("VMSANDBOX_LIBVIRT_URI", replace(settings, libvirt_uri=uri), ["libvirt_uri"])
+    if env_cpus := os.environ.get("VMSANDBOX_CPUS"):
+        if not env_cpus.isdigit():
+            raise VmsandboxError(f"VMSANDBOX_CPUS={env_cpus!r} is not a number of vCPUs", hint="e.g. VMSANDBOX_CPUS=1")
+        settings = add("VMSANDBOX_CPUS", settings.merged({"cpus": int(env_cpus)}, "VMSANDBOX_CPUS"), ["cpus"])
     if env_network := os.environ.get("VMSANDBOX_NETWORK"):
         network = netpolicy.parse_mode(env_network, source="VMSANDBOX_NETWORK")
         settings = add("VMSANDBOX_NETWORK", replace(settings, network=network), ["network"])
