@@ -25,7 +25,8 @@ from vmsandbox.session.config import Settings
 from vmsandbox.session.options import Options
 from vmsandbox.session.record import Record
 from vmsandbox.sync import capture as capturing
-from vmsandbox.sync.plan import Decisions, Take
+from vmsandbox.sync.plan import Decisions
+from vmsandbox.sync.take import Take
 
 
 def timed(fn: Callable[[], object]) -> float:

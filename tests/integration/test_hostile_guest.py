@@ -459,7 +459,7 @@ def test_a_dead_vms_disk_is_read_unprivileged_and_its_config_stays_untrusted(
     no_escape_sequences(r.stderr)
     assert "read in a VM of its own" in r.stderr.decode() and "mounted in the reader VM" in r.stderr.decode()
     assert _disk_digest(disk) == before
-    assert _readers_left(cli.state_dir) == []
+    assert _readers_left(cli.state_dir, owned_name) == []
     mirror = paths.session_paths(owned_name).guest_tree
     assert pwd.getpwuid(mirror.stat().st_uid).pw_name == ACCOUNT
     assert (mirror / "suid2").stat().st_mode & 0o7777 == 0o755
@@ -494,11 +494,12 @@ def _disk_digest(disk: Path) -> str:
     return sha.hexdigest()
 
 
-def _readers_left(state: Path) -> list[str]:
-    """Reader VMs' files and domains still there (a read leaves none)."""
-    left = [p.name for p in (state / "sessions").glob(".reader-*")]
+def _readers_left(state: Path, session: str) -> list[str]:
+    """The session's reader VMs' files and domains still there (a read leaves none; another worker's test may
+    be reading its own session meanwhile)."""
+    left = [p.name for p in (state / "sessions").glob(f".reader-{session}-*")]
     with Hypervisor("qemu:///system") as hv:
-        left += [d.name for d in hv.domains(DOMAIN_PREFIX + ".reader-")]
+        left += [d.name for d in hv.domains(f"{DOMAIN_PREFIX}.reader-{session}-")]
     return left
 
 
@@ -554,7 +555,7 @@ def test_a_disk_the_guest_crafted_is_read_in_a_vm_and_the_host_writes_nowhere_el
     assert "part of the workspace disk could not be read" in said and "crafted/sub" in said, said
     assert not Path(outside).exists() and not Path("/var" + outside).exists()
     assert not marker.exists() and unsafe_files_under(cli.state_dir) == []
-    assert _readers_left(cli.state_dir) == []
+    assert _readers_left(cli.state_dir, record.name) == []
     assert _disk_digest(disk) == before  # only ever read (through an overlay)
     assert (proj / "kept.txt").is_file(), said
     assert (proj / "kept.txt").read_text() == "from the crafted disk\n"
@@ -568,7 +569,7 @@ def test_a_disk_the_guest_crafted_is_read_in_a_vm_and_the_host_writes_nowhere_el
     assert f"the workspace disk of session {record.name} cannot be read" in said, said
     assert str(disk) in said.replace("\n", "")
     assert paths.session_paths(record.name).record.exists()  # kept: a person decides
-    assert _readers_left(cli.state_dir) == []
+    assert _readers_left(cli.state_dir, record.name) == []
     assert record.template is not None and not Path(record.template + ".failed").exists()
 
 

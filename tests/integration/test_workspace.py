@@ -232,13 +232,19 @@ $G read-tree main
 $G update-index --add --cacheinfo "100644,$(blob 'docs
 '),docs.txt"
 $G update-ref refs/heads/docs "$($G commit-tree "$($G write-tree)" -p main -m 'Add docs')"
+$G read-tree main
+$G update-index --add --cacheinfo "100644,$(blob 'import os
+'),build/startup.log"
+$G update-index --add --cacheinfo "100644,$(blob 'ELF\000\001'),lib/tool.so"
+$G update-ref refs/heads/vendor "$($G commit-tree "$($G write-tree)" -p main -m 'Update vendored files')"
 """
 
 
 def test_a_commit_is_reviewed_like_the_files_it_carries(cli: Cli, name: str, project: Path) -> None:
     """A commit "Fix typo in README" that adds `.envrc` and an executable husky hook: its branch is not created
     in the project (the user's `git merge` would put them in place) unless --include-risky; one line says what
-    it touches. A branch of plain files arrives as before. Nothing is checked out either way."""
+    it touches. A commit of a path the project ignores and of a binary is held the same way, until
+    --include-ignored --include-binary. A branch of plain files arrives as before. Nothing is checked out."""
     exec_ok(cli, name, COMMIT_ATTACK)
     prefix = f"refs/remotes/vmsandbox-{name}"
     r = cli.run("pull", name, "--yes", "no-such-path")  # the commits only
@@ -250,10 +256,20 @@ def test_a_commit_is_reviewed_like_the_files_it_carries(cli: Cli, name: str, pro
     assert git(project, "for-each-ref", "--format=%(refname)", f"{prefix}/typo-fix") == ""
     assert git(project, "log", "--format=%s", "-1", f"{prefix}/docs").strip() == "Add docs"
     assert git(project, "for-each-ref", "refs/vmsandbox-incoming") == ""  # nothing staged stays behind
+    # a commit of a path the project ignores (*.log) and a binary: held like those files, by their own flags
+    vendor = [line for line in err.splitlines() if "commits of vendor" in line]
+    assert len(vendor) == 1, err
+    assert "build/startup.log (ignored" in vendor[0] and "lib/tool.so (binary)" in vendor[0], vendor[0]
+    assert "--include-ignored --include-binary`" in vendor[0] and "--include-risky" not in vendor[0], vendor[0]
     r = cli.run("pull", name, "--yes", "--include-risky", "no-such-path")
     assert r.returncode in (0, 3), r.stderr.decode()
     assert git(project, "log", "--format=%s", "-1", f"{prefix}/typo-fix").strip() == "Fix typo in README"
     assert not (project / ".envrc").exists() and not (project / ".husky").exists()
+    assert git(project, "for-each-ref", "--format=%(refname)", f"{prefix}/vendor") == ""  # not risky: not taken
+    r = cli.run("pull", name, "--yes", "--include-ignored", "--include-binary", "no-such-path")
+    assert r.returncode in (0, 3), r.stderr.decode()
+    assert git(project, "log", "--format=%s", "-1", f"{prefix}/vendor").strip() == "Update vendored files"
+    assert not (project / "lib").exists() and not (project / "build").exists()  # nothing checked out
 
 
 def test_what_the_project_ignores_comes_back_only_when_asked(cli: Cli, name: str, project: Path) -> None:

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
-from vmsandbox.sync.commitreview import Touch, parse_diff_tree, risk_of_entry
+from vmsandbox.sync.commitreview import Kind, RefReview, Touch, parse_diff_tree, parse_numstat, risk_of_entry
+from vmsandbox.sync.take import Take
 
 C1, C2 = "a" * 40, "b" * 40
 Z = "0" * 40
@@ -56,3 +59,43 @@ def test_output_that_is_not_diff_tree_is_refused() -> None:
 )
 def test_risk_of_one_entry(src: str, dst: str, status: str, path: str, risky: bool) -> None:
     assert (risk_of_entry(src, dst, status, path) is not None) is risky
+
+
+def test_numstat_names_the_binary_paths_and_a_path_cannot_pose_as_a_commit() -> None:
+    out = "\0".join([C1, "1\t0\t.gitignore", "-\t-\tlib/tool.so", C2, f"-\t-\t{C1}", "3\t1\tREADME.md"]) + "\0"
+    assert parse_numstat(out) == {"lib/tool.so", C1}
+    with pytest.raises(ValueError, match="unexpected"):
+        parse_numstat(f"{C1}\0garbage\0")
+
+
+def test_a_ref_is_held_by_each_kind_until_that_kind_is_taken() -> None:
+    review = RefReview(
+        "main",
+        3,
+        (
+            Touch(".envrc", "an environment loader"),
+            Touch(".venv/lib/site.pth", "ignored by the project (.gitignore)", Kind.IGNORED),
+            Touch("tool.so", "binary", Kind.BINARY),
+        ),
+    )
+    assert [t.kind for t in review.holds(Take())] == [Kind.RISKY, Kind.IGNORED, Kind.BINARY]
+    assert [t.path for t in review.holds(Take(risky=True, binary=True))] == [".venv/lib/site.pth"]
+    assert review.holds(Take(risky=True, ignored=True, binary=True)) == ()
+    line = review.line("s1", Take(risky=True))
+    assert ".venv/lib/site.pth" in line and "tool.so" in line and ".envrc" not in line
+    assert "`vmsandbox pull s1 --include-ignored --include-binary` fetches it" in line
+
+
+def test_refs_a_killed_pull_left_staged_are_found_loose_or_packed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from vmsandbox.sync import commitreview
+
+    dropped: list[str] = []
+    monkeypatch.setattr(commitreview, "drop_staged", lambda _p, _w, session: dropped.append(session))
+    project = tmp_path / "p"
+    (project / ".git" / "refs" / "vmsandbox-incoming" / "s1").mkdir(parents=True)
+    (project / ".git" / "packed-refs").write_text(f"{C1} refs/vmsandbox-incoming/s2/main\n{C2} refs/heads/main\n")
+    assert [commitreview.drop_leftover(project, None, s) for s in ("s1", "s2", "s3", "s")] == [True, True, False, False]
+    assert dropped == ["s1", "s2"]
+    assert commitreview.drop_leftover(tmp_path / "no-git", None, "s1") is False

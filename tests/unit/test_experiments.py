@@ -19,7 +19,7 @@ from vmsandbox.session import checkpoint as cp_mod
 from vmsandbox.session.config import Settings
 from vmsandbox.session.options import Options, Run
 from vmsandbox.sync import outbox
-from vmsandbox.sync.plan import Take
+from vmsandbox.sync.take import Take
 from vmsandbox.sync.tree import FILE, Entry
 from vmsandbox.vm.domain import WORKSPACE_SERIAL, boot_of, build_xml, for_restore, with_disks
 

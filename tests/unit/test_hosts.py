@@ -442,7 +442,7 @@ def test_opening_another_hosts_libvirt_gives_up_when_it_never_answers(monkeypatc
 def test_a_fan_out_on_another_host_starts_as_many_at_once_as_that_host_holds(monkeypatch: pytest.MonkeyPatch) -> None:
     from vmsandbox.session import fanout, hosts
     from vmsandbox.session.options import Options, Run
-    from vmsandbox.sync.plan import Take
+    from vmsandbox.sync.take import Take
 
     spec = hostspec.HostSpec("big", "qemu+ssh://me@big/system")
     settings = config.Settings(memory_mib=2048)

@@ -9,7 +9,8 @@ from vmsandbox import paths
 from vmsandbox.sync import reviewable, tree
 from vmsandbox.sync.changes import Gathered, Origin, Target
 from vmsandbox.sync.compare import Change, Status, compare, is_git_managed, risk_of
-from vmsandbox.sync.plan import Decisions, Plan, Take, make
+from vmsandbox.sync.plan import Decisions, Plan, make
+from vmsandbox.sync.take import Take
 from vmsandbox.sync.tree import DIR, FILE, OTHER, SYMLINK, Entry
 
 

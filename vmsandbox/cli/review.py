@@ -23,7 +23,8 @@ from vmsandbox.errors import VmsandboxError
 
 if TYPE_CHECKING:
     from vmsandbox.session.record import Record
-    from vmsandbox.sync.plan import Decisions, Item, Outcome, Plan, Take
+    from vmsandbox.sync.plan import Decisions, Item, Outcome, Plan
+    from vmsandbox.sync.take import Take
 
 
 def summary_table(plan: Plan) -> Any:
@@ -218,7 +219,7 @@ def pull(
 
     Example: `vmsandbox pull exp1 --dry-run`, then `vmsandbox pull exp1 --yes src/`
     """
-    from vmsandbox.sync.plan import Take
+    from vmsandbox.sync.take import Take
 
     take = Take(risky=include_risky, ignored=include_ignored, binary=include_binary)
     left = review_session(name, yes=yes, take=take, dry_run=dry_run, only=only or [])
@@ -237,7 +238,7 @@ def recover(
     """Review and apply a session's unsynced changes after its VM is gone (from its outbox or its disk).
 
     Example: `vmsandbox recover exp1 --yes`"""
-    from vmsandbox.sync.plan import Take
+    from vmsandbox.sync.take import Take
 
     take = Take(risky=include_risky, ignored=include_ignored, binary=include_binary)
     if review_session(name, yes=yes, take=take, only=[]):

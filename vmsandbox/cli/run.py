@@ -29,7 +29,7 @@ from vmsandbox.errors import VmsandboxError
 if TYPE_CHECKING:
     from vmsandbox.session.options import RunFlags
     from vmsandbox.session.record import Record
-    from vmsandbox.sync.plan import Take
+    from vmsandbox.sync.take import Take
 
 AGENTS = ("claude", "codex", "gemini", "opencode")
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from vmsandbox.errors import VmsandboxError
-from vmsandbox.session import lifecycle, lock
+from vmsandbox.session import diskreader, lock
 from vmsandbox.session.record import Record
 from vmsandbox.sync import apply, changes
 from vmsandbox.sync.compare import same_entry
@@ -41,7 +41,7 @@ def fetch(name: str, *, limit: int) -> Tree:
     record = Record.load(name)
     with lock.held(record.files, name, "reading the tree of"):
         record = Record.load(name)
-        with lifecycle.source(record) as (endpoint, disk):
+        with diskreader.source(record) as (endpoint, disk):
             fetched = changes.fetch(record.target(), endpoint=endpoint, limit=limit, disk=disk)
         base, guest, scope, source, _origin = fetched
     changed = {p: guest.get(p) for p in scope if not same_entry(guest.get(p), base.get(p))}

@@ -28,14 +28,31 @@ from vmsandbox.errors import VmsandboxError
 from vmsandbox.guest import commands, ssh
 from vmsandbox.guest.ssh import Endpoint
 from vmsandbox.image import store
-from vmsandbox.session import config, start
+from vmsandbox.session import config, remote, start
 from vmsandbox.session.record import Phase, Record
+from vmsandbox.session.state import is_running
 from vmsandbox.vm import accel as accel_mod
 from vmsandbox.vm import qemuimg
 from vmsandbox.vm.virt import Hypervisor
 
 PREFIX = ".reader-"
 OVERLAY = "workspace.qcow2"
+
+
+@contextlib.contextmanager
+def source(record: Record) -> Iterator[tuple[Endpoint | None, bool]]:
+    """Where the guest's tree is read from, for as long as the block runs: (the running VM's endpoint, False),
+    (a reader VM's endpoint, True) with the workspace disk of a VM that is gone or stopped mounted in it, or
+    (None, False) when the outbox holds the changes."""
+    if record.files.outbox.is_dir():
+        yield None, False
+    elif is_running(record):
+        remote.ensure_tunnel(record)
+        yield record.endpoint(), False
+    else:
+        remote.fetch_workspace(record)
+        with reading(record) as reader:
+            yield reader, True
 
 
 @contextlib.contextmanager

@@ -9,22 +9,21 @@ the person (the CLI) sits outside.
 
 from __future__ import annotations
 
-import contextlib
+import logging
 import shutil
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from vmsandbox import failpoint, paths, ui
+from vmsandbox import confine, failpoint, paths, ui
 from vmsandbox.egress import control
 from vmsandbox.errors import VmsandboxError
-from vmsandbox.guest.ssh import Endpoint
 from vmsandbox.session import chain, diskreader, images, lock, pins, remote, remotegc, teardown, tunnel
 from vmsandbox.session.hostspec import HostSpec
 from vmsandbox.session.record import DOMAIN_PREFIX, Phase, Record, State, domain_name, names
-from vmsandbox.session.state import is_running, status
-from vmsandbox.sync import changes, outbox, plan
+from vmsandbox.session.state import status
+from vmsandbox.sync import changes, commitreview, outbox, plan
 from vmsandbox.sync.changes import Gathered
 from vmsandbox.sync.compare import Change
 from vmsandbox.sync.plan import Decisions, Outcome, Plan
@@ -32,27 +31,13 @@ from vmsandbox.vm.domain import session_of
 from vmsandbox.vm.node import UnreachableError
 from vmsandbox.vm.virt import Hypervisor
 
+log = logging.getLogger(__name__)
+
 
 def gather(record: Record, *, limit: int) -> Gathered:
     """The guest's changes, from wherever they are now (outbox, running VM, or a dead VM's disk)."""
-    with source(record) as (endpoint, disk):
+    with diskreader.source(record) as (endpoint, disk):
         return changes.gather(record.target(), endpoint=endpoint, limit=limit, disk=disk)
-
-
-@contextlib.contextmanager
-def source(record: Record) -> Iterator[tuple[Endpoint | None, bool]]:
-    """Where the guest's tree is read from, for as long as the block runs: (the running VM's endpoint, False),
-    (a reader VM's endpoint, True) with the workspace disk of a VM that is gone or stopped mounted in it, or
-    (None, False) when the outbox holds the changes."""
-    if record.files.outbox.is_dir():
-        yield None, False
-    elif is_running(record):
-        remote.ensure_tunnel(record)
-        yield record.endpoint(), False
-    else:
-        remote.fetch_workspace(record)
-        with diskreader.reading(record) as reader:
-            yield reader, True
 
 
 def review(record: Record, *, limit: int, only: list[str] | None = None) -> Plan:
@@ -185,6 +170,17 @@ def remove(record: Record, *, forget_unreachable: bool = False) -> None:
         )
     shutil.rmtree(record.files.root, ignore_errors=True)
     pins.unpin(record.name)
+    _drop_staged_refs(record)
+
+
+def _drop_staged_refs(record: Record) -> None:
+    """The refs a killed pull left staged for the session in the project go with it (never fatal)."""
+    try:
+        who = confine.invoking_user(record.uid, record.gid)
+        if commitreview.drop_leftover(Path(record.project), who, record.name):
+            log.info("session %s: dropped the refs a killed pull left staged in %s", record.name, record.project)
+    except (VmsandboxError, OSError) as exc:
+        ui.warn(f"the refs staged for session {record.name} in {record.project} stay: {exc}")
 
 
 def retire(record: Record) -> None:

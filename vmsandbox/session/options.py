@@ -15,7 +15,7 @@ from vmsandbox.image.blueprint import Blueprint
 from vmsandbox.image.store import Image
 from vmsandbox.session.config import Settings
 from vmsandbox.session.hostspec import HostSpec
-from vmsandbox.sync.plan import Take
+from vmsandbox.sync.take import Take
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ from vmsandbox.session import config, hosts, hostspec, layerbuild, tunnel
 from vmsandbox.session.hostspec import HostSpec
 from vmsandbox.session.options import Options, Run, RunFlags, parse_publish
 from vmsandbox.session.record import validate_name, validate_project
-from vmsandbox.sync.plan import Take
+from vmsandbox.sync.take import Take
 
 
 def resolve(path: Path, blueprint_name: str, command: list[str] | None, flags: RunFlags, *, agent: bool) -> Run:

@@ -20,6 +20,7 @@ from vmsandbox.sync.changes import BUNDLE, OUTBOX_FILES, OUTBOX_MANIFEST, OUTBOX
 from vmsandbox.sync.compare import Status
 from vmsandbox.sync.diff import diff_text
 from vmsandbox.sync.plan import fetch_commits
+from vmsandbox.sync.take import Take
 from vmsandbox.sync.tree import DIR, FILE, SYMLINK
 
 
@@ -71,7 +72,7 @@ def export(g: Gathered, *, box: Path | None = None) -> Path:
     if g.origin is not Origin.OUTBOX and g.refs_changed and refs.is_real_dir(t.project / ".git"):
         who = confine.invoking_user(t.uid, t.gid)
         try:  # the reviewed commits go into the project's refs/remotes now; all of them into a bundle for later
-            fetch_commits(g, include_risky=False, keep_staged=True)
+            fetch_commits(g, take=Take(), keep_staged=True)
             commits.bundle(t.project, staging / BUNDLE, t.name, t.uid, t.gid)
         except VmsandboxError as exc:
             ui.warn(f"could not keep the guest's commits: {exc.message}")

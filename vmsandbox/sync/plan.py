@@ -17,6 +17,7 @@ from vmsandbox.sync import apply, changes, commitreview, commits, refs
 from vmsandbox.sync.changes import BUNDLE, Gathered, Origin
 from vmsandbox.sync.compare import Change, Status
 from vmsandbox.sync.risk import nested_git_dir
+from vmsandbox.sync.take import Take
 from vmsandbox.sync.tree import FILE
 
 FREE_SPACE_RESERVE = 256 * 1024**2  # a pull never fills the project's filesystem to the last byte
@@ -114,16 +115,6 @@ def make(g: Gathered, only: list[str] | None = None) -> Plan:
 
 
 @dataclass(frozen=True)
-class Take:
-    """What `--yes` takes beyond the safe, reviewable changes: quarantined ones (--include-risky), ones the
-    project ignores (--include-ignored), binary files (--include-binary)."""
-
-    risky: bool = False
-    ignored: bool = False
-    binary: bool = False
-
-
-@dataclass(frozen=True)
 class Decisions:
     """What to do with a plan: the items to apply (conflicts: keep the guest's copy beside the file), the
     ones held back on purpose (quarantine; not reviewable source), and whether to fetch the guest's commits."""
@@ -132,7 +123,7 @@ class Decisions:
     held: tuple[Item, ...] = ()
     take_commits: bool = False
     ignored: tuple[Item, ...] = ()
-    risky_commits: bool = False  # branches whose commits touch risky paths are fetched too
+    commit_take: Take = field(default_factory=Take)  # what the guest's commits may touch and still be fetched
     binary: tuple[Item, ...] = ()  # binary files left for an explicit choice
 
     @classmethod
@@ -152,7 +143,7 @@ class Decisions:
                 binary.append(i)
             else:
                 accept.append(i)
-        return cls(tuple(accept), tuple(held), plan.gathered.refs_changed, tuple(ignored), take.risky, tuple(binary))
+        return cls(tuple(accept), tuple(held), plan.gathered.refs_changed, tuple(ignored), take, tuple(binary))
 
 
 @dataclass
@@ -182,7 +173,7 @@ def carry_out(plan: Plan, decisions: Decisions) -> Outcome:
     execute(g, [c for i in decisions.accept for c in i.changes], out)
     if decisions.take_commits:
         try:
-            fetched = fetch_commits(g, include_risky=decisions.risky_commits)
+            fetched = fetch_commits(g, take=decisions.commit_take)
             out.commits = fetched.commits
             out.quarantined += fetched.held
             if fetched.refused is not None:
@@ -259,15 +250,15 @@ def execute(g: Gathered, accepted: list[Change], out: Outcome) -> None:
 @dataclass(frozen=True)
 class Fetched:
     commits: list[str]  # one line per new commit under refs/remotes/vmsandbox-<name>/
-    held: list[str]  # one line per branch or tag held back: its commits touch risky paths
+    held: list[str]  # one line per branch or tag held back: its commits touch risky, ignored or binary paths
     refused: str | None = None  # refs that could not be fetched at all, and why
 
 
-def fetch_commits(g: Gathered, *, include_risky: bool, keep_staged: bool = False) -> Fetched:
+def fetch_commits(g: Gathered, *, take: Take, keep_staged: bool = False) -> Fetched:
     """The guest's new or moved branches and tags, fetched into a staging namespace (commits.py; from an outbox,
     from the bundle exported earlier), reviewed like files and promoted to refs/remotes/vmsandbox-<name>/*
-    where they touch nothing risky (commitreview.py). `keep_staged`: every staged ref stays (the outbox bundles
-    them all, held ones too; the caller drops them)."""
+    where they touch nothing held back (risky, ignored, binary; unless `take` takes that kind: commitreview.py).
+    `keep_staged`: every staged ref stays (the outbox bundles them all, held ones too; the caller drops them)."""
     t = g.target
     if not g.refs_changed or not refs.is_real_dir(t.project / ".git"):
         return Fetched([], [])
@@ -278,7 +269,7 @@ def fetch_commits(g: Gathered, *, include_risky: bool, keep_staged: bool = False
         commits.fetch_bundle(t.project, t.files.outbox / BUNDLE, t.name, t.uid, t.gid)
     who = confine.invoking_user(t.uid, t.gid)
     try:
-        promoted, held = commitreview.promote(t.project, who, t.name, include_risky=include_risky)
+        promoted, held = commitreview.promote(t.project, who, t.name, take=take)
     finally:
         if not keep_staged:
             commitreview.drop_staged(t.project, who, t.name)
