@@ -4,6 +4,7 @@ libvirt, subprocess and paramiko stand. Read from the source as text; nothing is
 from __future__ import annotations
 
 import ast
+from collections.abc import Iterator
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[2] / "vmsandbox"
@@ -97,35 +98,35 @@ def _tool_of(call: ast.Call) -> str | None:
     return first.value if isinstance(first, ast.Constant) and isinstance(first.value, str) else None
 
 
-def test_no_guest_data_tool_runs_outside_the_jail() -> None:
-    """e2fsck, debugfs, git and rsync are started only with `jail=` (git through commits.run_git, which jails)."""
-    unjailed = []
+def _tool_calls() -> Iterator[tuple[str, str, ast.Call]]:
+    """(module, function, call) for every call in a function of the package whose argv names a tool."""
     for path in PACKAGE.rglob("*.py"):
         rel = str(path.relative_to(PACKAGE))
         for func in ast.walk(ast.parse(path.read_text())):
             if not isinstance(func, ast.FunctionDef):
                 continue
             for node in ast.walk(func):
-                if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Attribute):
-                    continue
-                if node.func.attr not in ("run", "start") or _tool_of(node) not in GUEST_DATA_TOOLS:
-                    continue
-                if any(k.arg == "jail" for k in node.keywords) or (rel, func.name) in NEVER_GUEST_DATA:
-                    continue
-                unjailed.append(f"{rel}:{func.name} starts {_tool_of(node)}")
+                if isinstance(node, ast.Call) and _tool_of(node) is not None:
+                    yield rel, func.name, node
+
+
+def test_no_guest_data_tool_runs_outside_the_jail() -> None:
+    """e2fsck, debugfs, git and rsync are started only with `jail=` (git through commits.run_git, which jails)."""
+    unjailed = []
+    for rel, name, node in _tool_calls():
+        if not isinstance(node.func, ast.Attribute) or node.func.attr not in ("run", "start"):
+            continue
+        if _tool_of(node) not in GUEST_DATA_TOOLS:
+            continue
+        if any(k.arg == "jail" for k in node.keywords) or (rel, name) in NEVER_GUEST_DATA:
+            continue
+        unjailed.append(f"{rel}:{name} starts {_tool_of(node)}")
     assert unjailed == []
 
 
 def test_no_filesystem_tool_reads_a_guest_written_disk() -> None:
     """e2fsck is never started, debugfs only on the images the host itself just made: a disk the guest wrote
     is mounted by a reader VM's kernel (session.diskreader), never parsed on the host, jailed or not."""
-    starts = []
-    for path in PACKAGE.rglob("*.py"):
-        rel = str(path.relative_to(PACKAGE))
-        for func in ast.walk(ast.parse(path.read_text())):
-            if not isinstance(func, ast.FunctionDef):
-                continue
-            for node in ast.walk(func):
-                if isinstance(node, ast.Call) and _tool_of(node) in ("e2fsck", "debugfs", "fsck.ext4", "fsck"):
-                    starts.append((rel, func.name, _tool_of(node)))
+    fs_tools = ("e2fsck", "debugfs", "fsck.ext4", "fsck")
+    starts = [(rel, name, _tool_of(node)) for rel, name, node in _tool_calls() if _tool_of(node) in fs_tools]
     assert starts == [("vm/ext4.py", "remove_dir", "debugfs")]

@@ -44,15 +44,12 @@ def create(opts: Options) -> Record:
         files = paths.session_paths(name)
         confine.state_dirs()
         try:
-            files.root.mkdir(mode=0o700)
+            make_dir(files)
         except FileExistsError:
             raise VmsandboxError(
                 f"a session named {name} already exists",
                 hint=f"pick another --name, or `vmsandbox destroy {name}`",
             ) from None
-        confine.private_dir(files.root)  # QEMU's user reaches the disks, the guest-data account the mirror
-        if os.geteuid() != 0:
-            access.inherit_for_me(files.root)
         user = GuestUser("root", 0, 0) if opts.build_disk else GuestUser.of_host()
         record = _new_record(name, project, image, choice, settings, user, bp, opts)
         try:
@@ -149,16 +146,8 @@ def _prepare(record: Record, user: GuestUser, settings: Settings, bp: Blueprint,
                 capture.copy_from(paths.SessionPaths(opts.baseline_from), files, opts.baseline_from / capture.PRISTINE)
             )
     with ui.step("Preparing the session (keys, identity)"):
-        client_pub = ssh.generate_key(files.client_key, f"vmsandbox-{record.name}")
-        ssh.generate_key(files.host_key, f"vmsandbox-{record.name}-host")
+        write_identity(files, record.name, f"vmsandbox-{record.name}", user, record.project)
         fw = files.fwcfg_dir
-        fw.mkdir(mode=0o700)
-        (fw / "template").write_text("1\n")  # read only by a restored template's domain (start.spec)
-        (fw / "hostname").write_text(f"vmsandbox-{record.name}\n")
-        (fw / "user").write_text(f"{user.name} {user.uid} {user.gid}\n")
-        (fw / "workdir").write_text(record.project + "\n")
-        (fw / "authorized_keys").write_text(client_pub + "\n")
-        shutil.copyfile(files.host_key, fw / "host_key")
         request = Request(
             settings.network,
             settings.rules(),
@@ -175,6 +164,31 @@ def _prepare(record: Record, user: GuestUser, settings: Settings, bp: Blueprint,
     for note in notes:
         ui.info(f"  into the guest: {note}")
     record.save()
+
+
+def make_dir(files: paths.SessionPaths) -> None:
+    """A new session directory, private: QEMU's user reaches the disks, the guest-data account the mirror
+    (FileExistsError if it is there)."""
+    files.root.mkdir(mode=0o700)
+    confine.private_dir(files.root)
+    if os.geteuid() != 0:
+        access.inherit_for_me(files.root)
+
+
+def write_identity(files: paths.SessionPaths, name: str, hostname: str, user: GuestUser, workdir: str | None) -> None:
+    """The session's SSH keys and the identity files the guest reads (fw_cfg at a cold boot, the identity port
+    after a warm start): no `workdir`, and the guest mounts no workspace by itself."""
+    client_pub = ssh.generate_key(files.client_key, f"vmsandbox-{name}")
+    ssh.generate_key(files.host_key, f"vmsandbox-{name}-host")
+    fw = files.fwcfg_dir
+    fw.mkdir(mode=0o700)
+    (fw / "template").write_text("1\n")  # read only by a restored template's domain (start.spec)
+    (fw / "hostname").write_text(hostname + "\n")
+    (fw / "user").write_text(f"{user.name} {user.uid} {user.gid}\n")
+    if workdir is not None:
+        (fw / "workdir").write_text(workdir + "\n")
+    (fw / "authorized_keys").write_text(client_pub + "\n")
+    shutil.copyfile(files.host_key, fw / "host_key")
 
 
 def daemon_spec(record: Record) -> control.Spec:

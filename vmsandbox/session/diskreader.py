@@ -22,13 +22,14 @@ import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
-from vmsandbox import access, confine, paths, pids, ui
+from vmsandbox import confine, paths, pids, ui
 from vmsandbox.egress.netpolicy import Mode
 from vmsandbox.errors import VmsandboxError
-from vmsandbox.guest import commands, ssh
+from vmsandbox.guest import commands
+from vmsandbox.guest.files import GuestUser
 from vmsandbox.guest.ssh import Endpoint
 from vmsandbox.image import store
-from vmsandbox.session import config, remote, start
+from vmsandbox.session import config, create, remote, start
 from vmsandbox.session.record import Phase, Record
 from vmsandbox.session.state import is_running
 from vmsandbox.vm import accel as accel_mod
@@ -82,10 +83,7 @@ def _new(session: Record, settings: config.Settings) -> Record:
     name = f"{PREFIX}{session.name}-{secrets.token_hex(2)}"
     files = paths.session_paths(name)
     confine.state_dirs()
-    files.root.mkdir(mode=0o700)
-    confine.private_dir(files.root)
-    if os.geteuid() != 0:
-        access.inherit_for_me(files.root)
+    create.make_dir(files)
     choice = accel_mod.choose(settings.accel)
     reader = Record(
         name=name,
@@ -109,16 +107,10 @@ def _new(session: Record, settings: config.Settings) -> Record:
     reader.save()
     qemuimg.overlay_on_raw(session.files.workspace_disk, reader.workspace_disk)
     reader.workspace_disk.chmod(0o600)
-    fw = files.fwcfg_dir
-    fw.mkdir(mode=0o700)
-    (fw / "template").write_text("1\n")
-    (fw / "hostname").write_text("vmsandbox-reader\n")
-    (fw / "user").write_text(f"{session.user} {session.uid} {session.gid}\n")
     # no workdir: the guest's own start-up never touches the disk (a disk that cannot be mounted must not
     # look like a failed warm start, which would mark the template failed); _mount mounts it
-    (fw / "authorized_keys").write_text(ssh.generate_key(files.client_key, name) + "\n")
-    ssh.generate_key(files.host_key, f"{name}-host")
-    shutil.copyfile(files.host_key, fw / "host_key")
+    create.write_identity(files, name, "vmsandbox-reader", GuestUser(session.user, session.uid, session.gid), None)
+    fw = files.fwcfg_dir
     (fw / "env").write_text("")
     confine.give_to_qemu(fw)
     return reader
