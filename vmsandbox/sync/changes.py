@@ -116,7 +116,7 @@ def fetch(target: Target, *, endpoint: Endpoint | None, limit: int, disk: bool =
                 workdir = str(target.project)
                 fetched, unread = mirror.fetch_from_disk(endpoint, workdir, files, base, max_file_bytes=limit, why=why)
             if unread:
-                shown = "; ".join(ui.printable(line, markup=False) for line in unread[:3])
+                shown = "; ".join(unread[:3])  # (ui.warn escapes the guest's names)
                 more = f" (and {len(unread) - 3} more)" if len(unread) > 3 else ""
                 ui.warn(
                     f"part of the workspace disk could not be read (the guest left it damaged, or made it so): "
