@@ -24,6 +24,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 VENV_BIN = Path(sys.executable).parent
@@ -79,7 +80,7 @@ def phases(serial: bool, cost_log: Path | None) -> list[tuple[str, list[list[str
                 "--durations=30",
             ]
         ]
-        env = {}
+        env = {"VMSANDBOX_TEST_COST_LOG": str(cost_log)} if cost_log else {}
     return [("lint", lint, {}), ("unit", unit, {}), ("integration", integration, env)]
 
 
@@ -120,6 +121,43 @@ def print_costs(cost_log: Path, top: int = 30) -> None:
         print(f"{r['cpu']:7.1f} {r['wall']:7.1f}  {r['test']}")
 
 
+def timeline(cost_log: Path) -> dict[str, object]:
+    """Where a parallel run's integration time went: per worker, the seconds it ran tests and the seconds it sat
+    idle before the last worker finished (waiting on the host lock counts as running); per module, its tests'
+    wall time; the tests that ended last."""
+    rows = [json.loads(line) for line in cost_log.read_text().splitlines() if line.strip()]
+    begin = min(r["start"] for r in rows)
+    end = max(r["start"] + r["wall"] for r in rows)
+    workers: dict[str, dict[str, float]] = {}
+    for r in rows:
+        w = workers.setdefault(r["worker"], {"tests": 0.0})
+        w["tests"] += r["wall"]
+    for w in workers.values():
+        w["idle"] = round(end - begin - w["tests"], 1)
+        w["tests"] = round(w["tests"], 1)
+    modules: dict[str, float] = {}
+    for r in rows:
+        module = r["test"].split("::", 1)[0].rsplit("/", 1)[-1]
+        modules[module] = round(modules.get(module, 0.0) + r["wall"], 1)
+    last = sorted(rows, key=lambda r: r["start"] + r["wall"])[-6:]
+    return {
+        "span": round(end - begin, 1),
+        "workers": workers,
+        "modules": dict(sorted(modules.items(), key=lambda kv: -kv[1])),
+        "last": [
+            {"test": r["test"], "worker": r["worker"], "ends": round(r["start"] + r["wall"] - begin)} for r in last
+        ],
+    }
+
+
+def print_timeline(line: dict[str, Any]) -> None:
+    print(f"\nintegration tests over {line['span']:.0f} s:")
+    for name, w in sorted(line["workers"].items()):
+        print(f"  worker {name}: {w['tests']:.0f} s in tests, {w['idle']:.0f} s idle")
+    print("  per module: " + ", ".join(f"{m} {s:.0f} s" for m, s in line["modules"].items()))
+    print("  ended last: " + "; ".join(f"{r['test']} ({r['worker']}, at {r['ends']} s)" for r in line["last"]))
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--serial", action="store_true", help="integration tests one at a time, with their CPU cost")
@@ -130,7 +168,7 @@ def main() -> int:
         print(json.dumps(count(), indent=1))
         return 0
 
-    cost_log = Path(tempfile.mkstemp(prefix="vmsandbox-costs-", suffix=".jsonl")[1]) if args.serial else None
+    cost_log = Path(tempfile.mkstemp(prefix="vmsandbox-costs-", suffix=".jsonl")[1])
     wanted = set(args.only.split(",")) if args.only else None
     record: dict[str, object] = {"started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "workers": workers()}
     times: dict[str, float] = {}
@@ -157,11 +195,15 @@ def main() -> int:
         print(f"  {name:<12} {seconds / 60:5.1f} min ({seconds:.0f} s{load})")
     if "failed" in record:
         print(f"  FAILED: {record['failed']}")
+    if args.serial:
+        print_costs(cost_log)
+    elif cost_log.stat().st_size:
+        spent = timeline(cost_log)
+        record["timeline"] = spent
+        print_timeline(spent)
+    cost_log.unlink()
     history = data_dir() / HISTORY
     _remember(history, record)
-    if cost_log is not None:
-        print_costs(cost_log)
-        cost_log.unlink()
     return first_failure
 
 

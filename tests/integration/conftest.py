@@ -139,17 +139,20 @@ COST_LOG = os.environ.get("VMSANDBOX_TEST_COST_LOG")  # bench/suite.py: what eac
 
 @contextlib.contextmanager
 def _costed(item: pytest.Item) -> Iterator[None]:
-    """With VMSANDBOX_TEST_COST_LOG set: a JSON line per test with its wall time and the CPU time the whole
-    host spent meanwhile (only meaningful when tests run one at a time: `bench/suite.py --serial`)."""
+    """With VMSANDBOX_TEST_COST_LOG set: a JSON line per test with when it started, on which worker, its wall
+    time and the CPU time the whole host spent meanwhile (the CPU only means the test's own when tests run one
+    at a time: `bench/suite.py --serial`; in parallel the lines show when a worker sat idle)."""
     if not COST_LOG:
         yield
         return
-    started, busy = time.monotonic(), _host_busy_seconds()
+    began, started, busy = time.time(), time.monotonic(), _host_busy_seconds()
     try:
         yield
     finally:
         line = {
             "test": item.nodeid,
+            "worker": os.environ.get("PYTEST_XDIST_WORKER", "main"),
+            "start": round(began, 2),
             "wall": round(time.monotonic() - started, 2),
             "cpu": round(_host_busy_seconds() - busy, 2),
         }
