@@ -45,7 +45,10 @@ $(VENV)/.installed: pyproject.toml
 	$(VENV)/bin/pip install -q -e '.[dev]'
 	touch $@
 
+# Byte-compiled once here: where PYTHONDONTWRITEBYTECODE is set (as on CI machines) every `vmsandbox` call would
+# otherwise compile the modules it imports from source (measured: 0.45 -> 0.30 CPU s for `vmsandbox ls`).
 venv: $(VENV)/.installed
+	@$(VENV)/bin/python -m compileall -q vmsandbox tests bench
 
 # What udev and a service manager would do: /dev/kvm group kvm 0660, virtlogd and libvirtd running.
 host: venv

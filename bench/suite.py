@@ -19,6 +19,7 @@ import argparse
 import ast
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -142,6 +143,8 @@ def timeline(cost_log: Path) -> dict[str, object]:
     last = sorted(rows, key=lambda r: r["start"] + r["wall"])[-6:]
     return {
         "span": round(end - begin, 1),
+        "cli_calls": sum(r.get("cli_calls", 0) for r in rows),
+        "children_cpu": round(sum(r.get("children_cpu", 0.0) for r in rows), 1),
         "workers": workers,
         "modules": dict(sorted(modules.items(), key=lambda kv: -kv[1])),
         "last": [
@@ -152,6 +155,8 @@ def timeline(cost_log: Path) -> dict[str, object]:
 
 def print_timeline(line: dict[str, Any]) -> None:
     print(f"\nintegration tests over {line['span']:.0f} s:")
+    calls, cpu = line["cli_calls"], line["children_cpu"]
+    print(f"  {calls} vmsandbox commands; the tests' waited-for processes used {cpu:.0f} CPU s")
     for name, w in sorted(line["workers"].items()):
         print(f"  worker {name}: {w['tests']:.0f} s in tests, {w['idle']:.0f} s idle")
     print("  per module: " + ", ".join(f"{m} {s:.0f} s" for m, s in line["modules"].items()))
@@ -202,6 +207,9 @@ def main() -> int:
         record["timeline"] = spent
         print_timeline(spent)
     cost_log.unlink()
+    calls = cost_log.with_name(cost_log.name + ".calls")
+    if calls.exists():  # every `vmsandbox` command the tests ran, with its wall time: kept for a closer look
+        shutil.move(calls, data_dir() / "suite-last-calls.jsonl")
     history = data_dir() / HISTORY
     _remember(history, record)
     return first_failure

@@ -12,6 +12,7 @@ import contextlib
 import fcntl
 import json
 import os
+import resource
 import secrets
 import shlex
 import shutil
@@ -134,6 +135,7 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
         return (yield)
 
 
+CLI_CALLS = [0]  # `vmsandbox` commands this worker has started
 COST_LOG = os.environ.get("VMSANDBOX_TEST_COST_LOG")  # bench/suite.py: what each test cost the host
 
 
@@ -146,6 +148,7 @@ def _costed(item: pytest.Item) -> Iterator[None]:
         yield
         return
     began, started, busy = time.time(), time.monotonic(), _host_busy_seconds()
+    calls, children = CLI_CALLS[0], _children_seconds()
     try:
         yield
     finally:
@@ -155,9 +158,18 @@ def _costed(item: pytest.Item) -> Iterator[None]:
             "start": round(began, 2),
             "wall": round(time.monotonic() - started, 2),
             "cpu": round(_host_busy_seconds() - busy, 2),
+            "cli_calls": CLI_CALLS[0] - calls,
+            "children_cpu": round(_children_seconds() - children, 2),
         }
         with Path(COST_LOG).open("a") as log:
             log.write(json.dumps(line) + "\n")
+
+
+def _children_seconds() -> float:
+    """CPU seconds of this worker's waited-for children so far: the `vmsandbox` commands it ran (with the ssh and
+    rsync they waited for), not the daemons they left running or the guests."""
+    used = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return used.ru_utime + used.ru_stime
 
 
 def _host_busy_seconds() -> float:
@@ -293,6 +305,7 @@ class Cli:
         return env
 
     def argv(self, *args: str) -> list[str]:
+        CLI_CALLS[0] += 1
         return [sys.executable, "-m", "vmsandbox", *args]
 
     def run(
@@ -302,9 +315,15 @@ class Cli:
         timeout: float = 600,
         env: dict[str, str] | None = None,
     ) -> subprocess.CompletedProcess[bytes]:
-        return subprocess.run(
+        started = time.monotonic()
+        done = subprocess.run(
             self.argv(*args), input=input, capture_output=True, timeout=timeout, env=env or self.env(), check=False
         )
+        if COST_LOG:  # each command's wall time, for bench/suite.py's list of the slowest
+            call = {"args": [a for a in args if "/" not in a][:4], "wall": round(time.monotonic() - started, 2)}
+            with Path(COST_LOG + ".calls").open("a") as log:
+                log.write(json.dumps({"test": os.environ.get("PYTEST_CURRENT_TEST", "?"), **call}) + "\n")
+        return done
 
     def popen(self, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
         return subprocess.Popen(
