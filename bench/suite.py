@@ -68,7 +68,7 @@ def phases(serial: bool, cost_log: Path | None) -> list[tuple[str, list[list[str
         integration = [[*pytest, "tests/integration", "--durations=30"]]
         env = {"VMSANDBOX_TEST_COST_LOG": str(cost_log)}
     else:
-        # loadgroup: a module's tests stay on one worker (its shared VMs are made once); modules run heaviest first
+        # loadfile: a module's tests stay on one worker (its shared VMs are made once); modules run heaviest first
         integration = [
             [
                 *pytest,
@@ -76,7 +76,7 @@ def phases(serial: bool, cost_log: Path | None) -> list[tuple[str, list[list[str
                 "-n",
                 str(workers()),
                 "--dist",
-                "loadgroup",
+                "loadfile",
                 "--no-loadscope-reorder",
                 "--durations=30",
             ]

@@ -53,37 +53,45 @@ LOG_KEEP_DIR = Path(os.environ.get("VMSANDBOX_TEST_LOGS", "/var/tmp/vmsandbox-te
 NAME_PREFIX = "it-"
 
 
-# The modules that cost the most, first: the workers (pytest-xdist, `--dist loadgroup`) take a module at a time
-# in this order, so the long ones start at once and the short ones fill in at the end. Exclusive tests go last.
-HEAVIEST_FIRST = (
+# The modules that cost the most, first: the workers (pytest-xdist `--dist loadfile`: a module's tests all run on
+# one worker, in order, so its shared VMs are made once) take a module at a time in this order, so the long ones
+# start at once and the short ones fill in at the end. The module of exclusive tests goes last.
+# (Not `--dist loadgroup`: with pytest 9.2 xdist 3.8's group marks no longer reach its scheduler, so modules were
+# split across workers and each made its module's VMs again.)
+HEAVIEST_FIRST = (  # by the wall time of each module's tests in a run (bench/suite.py prints them)
     "test_hosts.py",
-    "test_experiments.py",
-    "test_blueprints.py",
-    "test_egress.py",
     "test_faults.py",
-    "test_lifecycle.py",
+    "test_egress.py",
     "test_hostile_guest.py",
+    "test_experiments.py",
+    "test_lifecycle.py",
+    "test_blueprints.py",
     "test_warm.py",
     "test_image_build.py",
+    "test_journal.py",
+    "test_workspace.py",
+    "test_plain_user.py",
+    "test_shared_session.py",
+    "test_proxy.py",
+    "test_jail.py",
 )
-EXCLUSIVE_GROUP = "exclusive"
+EXCLUSIVE_LAST = "test_libvirtd_restart.py"
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Integration tests are marked as such, grouped by module for the workers (a module's VMs are made once,
-    on one worker; the exclusive tests form one group of their own), and ordered heaviest module first."""
+    """Integration tests are marked as such and ordered heaviest module first, the exclusive module last."""
     here = Path(__file__).parent
     mine = [item for item in items if here in Path(str(item.fspath)).parents]
     for item in mine:
         item.add_marker(pytest.mark.integration)
-        if item.get_closest_marker("xdist_group") is None:
-            exclusive = item.get_closest_marker("exclusive") is not None
-            item.add_marker(pytest.mark.xdist_group(EXCLUSIVE_GROUP if exclusive else Path(str(item.fspath)).name))
+        exclusive = item.get_closest_marker("exclusive") is not None
+        if exclusive != (Path(str(item.fspath)).name == EXCLUSIVE_LAST):
+            raise pytest.UsageError(f"{item.nodeid}: exclusive tests belong in {EXCLUSIVE_LAST}, and only they")
 
     def weight(item: pytest.Item) -> int:
-        if item.get_closest_marker("exclusive") is not None:
-            return len(HEAVIEST_FIRST) + 1
         name = Path(str(item.fspath)).name
+        if name == EXCLUSIVE_LAST:
+            return len(HEAVIEST_FIRST) + 1
         return HEAVIEST_FIRST.index(name) if name in HEAVIEST_FIRST else len(HEAVIEST_FIRST)
 
     order = {id(item): n for n, item in enumerate(items)}
