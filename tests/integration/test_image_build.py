@@ -71,9 +71,9 @@ def test_a_build_killed_in_conversion_is_cleaned_up_by_the_next_and_an_image_in_
     cli: Cli, base_image: store.Image, vm_factory: VmFactory, project: Path
 ) -> None:
     """Killed between the filesystem and the qcow2: no image listed, its temporary directory left; the next
-    build removes it before anything else (that build is killed just after: from there on it is a build from
-    scratch, which CI's own image build is). A forced rebuild of an image a session uses is refused (it would
-    change the disk under the session)."""
+    build removes it before anything else and starts from the tree debootstrap made for these packages, kept
+    by the first (or an earlier) build; it is killed there (from there on it is a build like CI's own). A
+    forced rebuild of an image a session uses is refused (it would change the disk under the session)."""
     data = Path(tempfile.mkdtemp(prefix="vmsandbox-it-data-", dir="/var/tmp"))
     try:
         (data / "images").mkdir()
@@ -85,10 +85,17 @@ def test_a_build_killed_in_conversion_is_cleaned_up_by_the_next_and_an_image_in_
         assert json.loads(cli.run("image", "ls", "--json", env=env).stdout) == []
         (left,) = images.glob(".tmp-*")
         assert (left / "disk.raw").exists()  # the filesystem it made, a few GiB of sparse file
-        n = cli.run("image", "build", env={**env, "VMSANDBOX_FAILPOINTS": "image.begin=kill-after:0"}, timeout=900)
+        kept = paths.cache_dir() / "bootstrap"
+        assert [t.name for t in kept.glob("bookworm-*.tar")], k.stderr.decode()  # the installed tree, kept
+        n = cli.run("image", "build", env={**env, "VMSANDBOX_FAILPOINTS": "image.bootstrap=kill-after:0"}, timeout=900)
         assert n.returncode == -9, n.stderr.decode()
+        assert "tree debootstrap made on" in n.stderr.decode() and "(cached)" in n.stderr.decode(), n.stderr.decode()
         (fresh,) = images.glob(".tmp-*")  # its own; the killed build's is gone
         assert fresh != left and not left.exists()
+        unpacked = fresh / "rootfs"
+        assert (unpacked / "etc/debian_version").read_text().startswith("12.")
+        assert (unpacked / "usr/bin/sudo").stat().st_mode & 0o4000  # modes and owners as dpkg left them
+        assert (unpacked / "usr/bin/sudo").stat().st_uid == 0
         assert json.loads(cli.run("image", "ls", "--json", env=env).stdout) == []
         assert store.mounts_under(data) == []
     finally:

@@ -246,11 +246,13 @@ for _agent in AGENTS:
 
 def _ready(name: str) -> Record:
     """The session, able to take a command (its egress restarted if it had stopped)."""
-    from vmsandbox.session import create, state
+    from vmsandbox.session import state
     from vmsandbox.session.record import Record
 
     record = Record.load(name)
     if state.usable(record):
+        from vmsandbox.session import create  # (what starts a session: imported only when needed, a tenth of a s)
+
         ui.warn(f"the egress proxy of session {record.name} had stopped, so the guest had no network; restarting it")
         with ui.step("Restarting the egress proxy"):
             create.open_egress(record)

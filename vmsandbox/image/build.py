@@ -15,6 +15,7 @@ from pathlib import Path
 
 from vmsandbox import access, failpoint, paths, proc, ui
 from vmsandbox.errors import VmsandboxError
+from vmsandbox.image import bootstrapcache
 from vmsandbox.image.recipe import Recipe, load_recipe
 from vmsandbox.image.store import PREFIX, Image, build_in_place, get_image_at, remove_tree
 from vmsandbox.vm import ext4, qemuimg
@@ -58,15 +59,19 @@ def build(
         return get_image_at(final), False
     _require_build_host(root)
     users = (lambda: in_use(version)) if in_use else list
-    built = build_in_place(root, final, lambda work: _build_into(recipe, work), force=force, in_use=users)
+    # --force starts from a fresh debootstrap too (for the mirror's updates): no unpacked earlier tree
+    built = build_in_place(root, final, lambda work: _build_into(recipe, work, fresh=force), force=force, in_use=users)
     return get_image_at(final), built
 
 
-def _build_into(recipe: Recipe, work: Path) -> None:
+def _build_into(recipe: Recipe, work: Path, *, fresh: bool = False) -> None:
     started = time.time()
     failpoint.hit("image.begin")
     rootfs = work / "rootfs"
-    _bootstrap(recipe, rootfs)
+    stage = bootstrapcache.Stage(paths.cache_dir() / "bootstrap", recipe)
+    if fresh or not stage.unpack(rootfs):
+        _bootstrap(recipe, rootfs)
+        stage.keep(rootfs)
     failpoint.hit("image.bootstrap")
     with ui.step("Configuring the guest (CA certificates, units, sshd, masks)"):
         _customise(recipe, rootfs)
