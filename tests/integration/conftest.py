@@ -282,13 +282,18 @@ def project(tmp_path: Path) -> Path:
     return p
 
 
-def wait_for(predicate: Callable[[], object], timeout: float, what: str) -> None:
+def wait_for(predicate: Callable[[], object], timeout: float, what: str, *, every: float = 0.2) -> None:
+    """Poll predicate until it holds. A predicate that runs a `vmsandbox` command (half a CPU-second each, on a
+    host whose CPUs the guests need) polls `every=CLI_POLL` seconds."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if predicate():
             return
-        time.sleep(0.2)
+        time.sleep(every)
     raise AssertionError(f"timed out waiting for {what}")
+
+
+CLI_POLL = 2.0
 
 
 def unique_name() -> str:

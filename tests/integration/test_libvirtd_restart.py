@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import Cli, VmFactory, assert_gone, guest_sh, stop_libvirtd, wait_for
+from .conftest import CLI_POLL, Cli, VmFactory, assert_gone, guest_sh, stop_libvirtd, wait_for
 
 
 def _state(cli: Cli, name: str) -> str | None:
@@ -41,7 +41,7 @@ def test_libvirtd_restarted_while_one_session_runs_and_another_is_stopped(
     finally:
         setup = cli.run("host", "setup")  # the rest of the suite needs libvirtd back, whatever happened here
     assert setup.returncode == 0, setup.stderr.decode()
-    wait_for(lambda: _state(cli, name) == "running", 60, "ls to show the session again")
+    wait_for(lambda: _state(cli, name) == "running", 60, "ls to show the session again", every=CLI_POLL)
     r = cli.run("exec", name, "--", "cat", "/etc/hostname")
     assert r.returncode == 0 and r.stdout == f"vmsandbox-{name}\n".encode()
     g = cli.run("gc")

@@ -19,7 +19,7 @@ from vmsandbox.session.options import Options
 from vmsandbox.session.record import DOMAIN_PREFIX
 from vmsandbox.vm.virt import Hypervisor
 
-from .conftest import URI, Cli, assert_gone, processes, suite_settings, wait_for
+from .conftest import CLI_POLL, URI, Cli, assert_gone, processes, suite_settings, wait_for
 
 
 def domain_exists(name: str) -> bool:
@@ -204,7 +204,12 @@ def test_run_yes_applies_safe_changes_and_keeps_the_rest(cli: Cli, owned_name: s
     assert f"vmsandbox recover {owned_name}" in err
     states = [row["state"] for row in cli.ls() if row["name"] == owned_name]
     assert states in (["ending"], ["exported"])  # its VM is destroyed in the background
-    wait_for(lambda: [row["state"] for row in cli.ls() if row["name"] == owned_name] == ["exported"], 60, "teardown")
+    wait_for(
+        lambda: [row["state"] for row in cli.ls() if row["name"] == owned_name] == ["exported"],
+        60,
+        "teardown",
+        every=CLI_POLL,
+    )
     rows = [row for row in cli.ls() if row["name"] == owned_name]
     assert rows[0]["unsynced"] == 1
     assert not domain_exists(owned_name)
@@ -219,7 +224,7 @@ def test_gc_keeps_an_orphaned_session_holding_work(cli: Cli, owned_name: str, pr
     try:
         wait_for(lambda: record_status(owned_name) == "ready", 600, "the session to boot")
         probe = ("exec", owned_name, "--", "test", "-e", "w.txt")
-        wait_for(lambda: cli.run(*probe).returncode == 0, 120, "the command to write its work")
+        wait_for(lambda: cli.run(*probe).returncode == 0, 120, "the command to write its work", every=CLI_POLL)
         p.kill()
         p.wait()
     finally:

@@ -20,7 +20,7 @@ from vmsandbox.guest import channel, ssh
 from vmsandbox.image import store
 from vmsandbox.session.record import Record
 
-from .conftest import Cli, wait_for
+from .conftest import CLI_POLL, Cli, wait_for
 
 
 def test_uname_over_ssh_through_loopback_forward(shared: Record, base_image: store.Image) -> None:
@@ -144,7 +144,9 @@ def test_logs_console(shared: Record, cli: Cli) -> None:
     marker = f"console-marker-{secrets.token_hex(4)}"
     r = cli.run("exec", shared.name, "--", "sudo", "sh", "-c", f"echo {marker} > /dev/ttyS0")
     assert r.returncode == 0, r.stderr.decode()
-    wait_for(lambda: marker.encode() in cli.run("logs", shared.name, "console").stdout, 30, "the marker")
+    wait_for(
+        lambda: marker.encode() in cli.run("logs", shared.name, "console").stdout, 30, "the marker", every=CLI_POLL
+    )
     out = cli.run("logs", shared.name, "console").stdout
     assert f"{marker}\n".encode() in out and b"\r" not in out
 

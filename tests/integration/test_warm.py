@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.integration.conftest import (
+    CLI_POLL,
     Cli,
     VmFactory,
     assert_gone,
@@ -207,7 +208,7 @@ def test_a_warm_session_that_reboots_comes_back_as_itself(cli: Cli, project: Pat
             return False
         return up.returncode == 0 and before not in up.stdout and b"kept" in up.stdout
 
-    wait_for(back, 180, "the rebooted guest to answer as itself")
+    wait_for(back, 180, "the rebooted guest to answer as itself", every=CLI_POLL)
     out = cli.run("exec", owned_name, "--", "sh", "-c", 'hostname; findmnt -n -o SOURCE --target "$PWD"')
     assert out.stdout.decode().split() == [f"vmsandbox-{owned_name}", "/dev/sda"], out.stderr.decode()
     assert cli.run("destroy", owned_name, "--discard").returncode == 0

@@ -237,14 +237,22 @@ $G update-index --add --cacheinfo "100644,$(blob 'import os
 '),build/startup.log"
 $G update-index --add --cacheinfo "100644,$(blob 'ELF\000\001'),lib/tool.so"
 $G update-ref refs/heads/vendor "$($G commit-tree "$($G write-tree)" -p main -m 'Update vendored files')"
+$G read-tree docs
+$G update-index --add --cacheinfo "100644,$(blob '{"tasks": []}'),.vscode/tasks.json"
+$G update-ref refs/heads/merged "$($G commit-tree "$($G write-tree)" -p main -p docs -m "Merge branch 'docs'")"
+$G read-tree --empty
+$G update-index --add --cacheinfo "100644,$(blob '{"hooks": {}}'),.claude/settings.json"
+$G update-ref refs/heads/orphan "$($G commit-tree "$($G write-tree)" -m 'Initial import')"
 """
 
 
 def test_a_commit_is_reviewed_like_the_files_it_carries(cli: Cli, name: str, project: Path) -> None:
     """A commit "Fix typo in README" that adds `.envrc` and an executable husky hook: its branch is not created
     in the project (the user's `git merge` would put them in place) unless --include-risky; one line says what
-    it touches. A commit of a path the project ignores and of a binary is held the same way, until
-    --include-ignored --include-binary. A branch of plain files arrives as before. Nothing is checked out."""
+    it touches. So is an evil merge (the merge commit itself adds `.vscode/tasks.json`, in neither parent) and
+    a commit with no parent (Claude Code settings). A commit of a path the project ignores and of a binary is
+    held the same way, until --include-ignored --include-binary. A branch of plain files arrives as before.
+    Nothing is checked out."""
     exec_ok(cli, name, COMMIT_ATTACK)
     prefix = f"refs/remotes/vmsandbox-{name}"
     r = cli.run("pull", name, "--yes", "no-such-path")  # the commits only
@@ -256,6 +264,10 @@ def test_a_commit_is_reviewed_like_the_files_it_carries(cli: Cli, name: str, pro
     assert git(project, "for-each-ref", "--format=%(refname)", f"{prefix}/typo-fix") == ""
     assert git(project, "log", "--format=%s", "-1", f"{prefix}/docs").strip() == "Add docs"
     assert git(project, "for-each-ref", "refs/vmsandbox-incoming") == ""  # nothing staged stays behind
+    for branch, path in (("merged", ".vscode/tasks.json"), ("orphan", ".claude/settings.json")):
+        (line,) = [line for line in err.splitlines() if f"commits of {branch}" in line]
+        assert path in line and "--include-risky" in line, line
+        assert git(project, "for-each-ref", "--format=%(refname)", f"{prefix}/{branch}") == ""
     # a commit of a path the project ignores (*.log) and a binary: held like those files, by their own flags
     vendor = [line for line in err.splitlines() if "commits of vendor" in line]
     assert len(vendor) == 1, err
@@ -265,6 +277,9 @@ def test_a_commit_is_reviewed_like_the_files_it_carries(cli: Cli, name: str, pro
     assert r.returncode in (0, 3), r.stderr.decode()
     assert git(project, "log", "--format=%s", "-1", f"{prefix}/typo-fix").strip() == "Fix typo in README"
     assert not (project / ".envrc").exists() and not (project / ".husky").exists()
+    assert git(project, "log", "--format=%s", "-1", f"{prefix}/merged").strip() == "Merge branch 'docs'"
+    assert git(project, "log", "--format=%s", "-1", f"{prefix}/orphan").strip() == "Initial import"
+    assert not (project / ".vscode").exists() and not (project / ".claude").exists()
     assert git(project, "for-each-ref", "--format=%(refname)", f"{prefix}/vendor") == ""  # not risky: not taken
     r = cli.run("pull", name, "--yes", "--include-ignored", "--include-binary", "no-such-path")
     assert r.returncode in (0, 3), r.stderr.decode()
