@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from vmsandbox import proc
 from vmsandbox.image import bootstrapcache
 from vmsandbox.image import recipe as recipes
 
@@ -55,3 +56,21 @@ def test_only_a_fresh_private_file_of_ours_is_unpacked(recipe: recipes.Recipe, t
         stage.tar.write_bytes(b"tar")
         os.chown(stage.tar, 4321, 4321)
         assert not stage.usable()
+
+
+def test_a_tree_that_does_not_unpack_is_dropped_and_debootstrap_runs(
+    recipe: recipes.Recipe, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    stage = bootstrapcache.Stage(tmp_path / "bootstrap", recipe)
+    stage.directory.mkdir()
+    stage.tar.write_bytes(b"truncated")
+    stage.tar.chmod(0o600)
+    rootfs = tmp_path / "rootfs"
+
+    def tar_fails(argv: list[str], **_: object) -> proc.Result:
+        (rootfs / "half").write_text("unpacked so far")
+        raise proc.CommandError(proc.Result(tuple(map(str, argv)), 2, "", "tar: Unexpected EOF in archive"))
+
+    monkeypatch.setattr(proc, "run", tar_fails)
+    assert stage.unpack(rootfs) is False  # the build goes on to debootstrap
+    assert not rootfs.exists() and not stage.tar.exists()

@@ -19,10 +19,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from vmsandbox import proc, ui
+from vmsandbox.image import store
 from vmsandbox.image.recipe import Recipe
 
 MAX_AGE = 7 * 24 * 3600
-TAR_OPTIONS = ("--numeric-owner", "--xattrs", "--xattrs-include=*")  # file capabilities (ping) are xattrs
+TAR_OPTIONS = ("--numeric-owner", "--xattrs", "--xattrs-include=*")  # file capabilities and ACLs are xattrs
 
 
 def key(recipe: Recipe) -> str:
@@ -50,13 +51,21 @@ class Stage:
         return fresh and st.st_uid == os.geteuid() and not st.st_mode & 0o022 and self.tar.is_file()
 
     def unpack(self, rootfs: Path) -> bool:
-        """Unpack the kept tree into rootfs (made here); False when there is none to use."""
+        """Unpack the kept tree into rootfs (made here); False when there is none to use. One that does not
+        unpack (a truncated file, a full disk) is removed with what it unpacked: debootstrap runs instead."""
         if not self.usable():
             return False
         made = time.strftime("%Y-%m-%d", time.localtime(self.tar.stat().st_mtime))
-        with ui.step(f"Unpacking the Debian {self.recipe.suite} tree debootstrap made on {made} (cached)"):
-            rootfs.mkdir(mode=0o755)
-            proc.run(["tar", "-x", "-p", *TAR_OPTIONS, "-f", self.tar, "-C", rootfs])
+        try:
+            with ui.step(f"Unpacking the Debian {self.recipe.suite} tree debootstrap made on {made} (cached)"):
+                rootfs.mkdir(mode=0o755)
+                proc.run(["tar", "-x", "-p", *TAR_OPTIONS, "-f", self.tar, "-C", rootfs])
+        except proc.CommandError as exc:
+            ui.warn(f"the kept debootstrap tree did not unpack, so debootstrap runs again: {exc.message}")
+            store.remove_tree(rootfs)
+            with contextlib.suppress(OSError):
+                self.tar.unlink()
+            return False
         return True
 
     def keep(self, rootfs: Path) -> None:
