@@ -332,7 +332,7 @@ class Cli:
         done = subprocess.run(
             self.argv(*args), input=input, capture_output=True, timeout=timeout, env=env or self.env(), check=False
         )
-        if COST_LOG:  # each command's wall time, for bench/suite.py's list of the slowest
+        if COST_LOG:  # each command's wall time: bench/suite.py keeps them in <data dir>/suite-last-calls.jsonl
             call = {"args": [a for a in args if "/" not in a][:4], "wall": round(time.monotonic() - started, 2)}
             with Path(COST_LOG + ".calls").open("a") as log:
                 log.write(json.dumps({"test": os.environ.get("PYTEST_CURRENT_TEST", "?"), **call}) + "\n")
