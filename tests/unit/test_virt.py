@@ -83,3 +83,46 @@ def test_a_stopped_session_is_listed_as_such_and_never_collected() -> None:
     assert r.files.saved_memory.exists()
     r.files.saved_memory.unlink()  # the memory is lost: the session is what a dead VM is
     assert state.all_status(URI)[0].state == "exited"
+
+
+def test_a_workspace_copy_goes_through_qcow2_and_leaves_only_the_copy() -> None:
+    """A workspace disk's copy on a host: raw -> qcow2 -> raw (libvirt hands non-raw copies to qemu-img there, which
+    skips holes), named and formatted as asked, the volume in between deleted."""
+    from vmsandbox.session import remotecheckpoint
+    from vmsandbox.session.hostimages import POOL
+    from vmsandbox.vm import storage
+
+    with Hypervisor(URI) as hv:
+        hv.pool(POOL, "/vmsandbox-unit-pool")
+        hv.create_volume(POOL, storage.volume_xml("unit-ws.raw", 1 << 20, mode="0600"))
+        try:
+            remotecheckpoint.copy_workspace(hv, "unit-ws.raw", "unit-copy.raw")
+            assert sorted(hv.volumes(POOL)) == ["unit-copy.raw", "unit-ws.raw"]
+            desc = hv._conn.storagePoolLookupByName(POOL).storageVolLookupByName("unit-copy.raw").XMLDesc(0)
+            assert ET.fromstring(desc).find("target/format").get("type") == "raw"  # type: ignore[union-attr]  # noqa: S314
+        finally:
+            hv.delete_volume(POOL, "unit-ws.raw")
+            hv.delete_volume(POOL, "unit-copy.raw")
+
+
+def test_a_host_without_qemu_img_copies_the_workspace_byte_by_byte() -> None:
+    """When that host refuses the qcow2 copy (libvirt needs qemu-img for it), the copy is made directly."""
+    from vmsandbox.session import remotecheckpoint
+
+    class Host:
+        def __init__(self) -> None:
+            self.copies: list[tuple[str, str, str | None]] = []
+            self.deleted: list[str] = []
+
+        def delete_volume(self, pool: str, name: str) -> None:
+            self.deleted.append(name)
+
+        def clone_volume(self, pool: str, source: str, name: str, fmt: str | None = None) -> str:
+            self.copies.append((source, name, fmt))
+            if fmt == "qcow2":
+                raise VmsandboxError("cannot copy volume: creation of non-raw file images is not supported")
+            return name
+
+    host = Host()
+    remotecheckpoint.copy_workspace(host, "ws.raw", "copy.raw")  # type: ignore[arg-type]
+    assert host.copies == [("ws.raw", "copy.raw.copying.qcow2", "qcow2"), ("ws.raw", "copy.raw", None)]

@@ -27,7 +27,7 @@ def copy_disks(source: Record, cp: Checkpoint, record: Record, hv: Hypervisor) -
     overlay = f"{record.domain}.overlay.qcow2"
     hv.clone_volume(POOL, cp.overlay, overlay)
     workspace = remotecheckpoint.volume(source, cp.label, "workspace.raw")
-    hv.clone_volume(POOL, workspace, f"{record.domain}.workspace.raw")
+    remotecheckpoint.copy_workspace(hv, workspace, f"{record.domain}.workspace.raw")
     record.overlays = [overlay]
     record.save()
 

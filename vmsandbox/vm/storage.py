@@ -48,11 +48,11 @@ def volume_xml(
     return ET.tostring(vol, encoding="unicode")
 
 
-def copy_xml(name: str, source_xml: str) -> str:
-    """A volume to be made as a copy of the volume `source_xml` describes, in its format (libvirt gives it the
-    source's capacity; a copy of a qcow2 overlay reads through its chain, so it has no backing volume)."""
+def copy_xml(name: str, source_xml: str, fmt: str | None = None) -> str:
+    """A volume to be made as a copy of the volume `source_xml` describes, in its format or `fmt` (libvirt gives it
+    the source's capacity; a copy of a qcow2 overlay reads through its chain, so it has no backing volume)."""
     found = ET.fromstring(source_xml).find("target/format")  # noqa: S314 - libvirt's own description
-    return volume_xml(name, 0, mode="0600", fmt="raw" if found is None else found.get("type", "raw"))
+    return volume_xml(name, 0, mode="0600", fmt=fmt or ("raw" if found is None else found.get("type", "raw")))
 
 
 def _zeros(sha: hashlib._Hash, length: int) -> None:

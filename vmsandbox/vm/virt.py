@@ -228,13 +228,13 @@ class Hypervisor:
                     got[v.name()] = int(v.info()[2])
         return got
 
-    def clone_volume(self, pool: str, source: str, name: str, head: bytes = b"") -> str:
-        """A copy of volume SOURCE as NAME (0600), made by the pool's host (holes kept; a qcow2 one flattened), with
-        `head` written over its first bytes; its path there."""
+    def clone_volume(self, pool: str, source: str, name: str, head: bytes = b"", fmt: str | None = None) -> str:
+        """A copy of volume SOURCE as NAME (0600, in format `fmt` or the source's), made by the pool's host (holes
+        kept; a qcow2 one flattened), with `head` written over its first bytes; its path there."""
         try:
             found = self._conn.storagePoolLookupByName(pool)
             src = found.storageVolLookupByName(source)
-            vol = found.createXMLFrom(storage.copy_xml(name, src.XMLDesc(0)), src, 0)
+            vol = found.createXMLFrom(storage.copy_xml(name, src.XMLDesc(0), fmt), src, 0)
             if head:  # written in place: the rest of the volume is kept
                 stream = self._conn.newStream(0)
                 vol.upload(stream, 0, len(head), 0)
