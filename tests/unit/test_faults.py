@@ -188,3 +188,47 @@ def test_an_ending_session_is_listed_as_ending() -> None:
         assert state.status(r, hv).state is State.ENDING
     with pytest.raises(VmsandboxError, match="session s1 is ending"):
         state.usable(r)
+
+
+def test_a_boot_that_stalls_after_its_last_reset_is_given_up_at_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two resets of a stalled early boot; a third stall fails the boot then, not at the boot timeout."""
+    from vmsandbox.session import bootwait
+    from vmsandbox.vm.node import DomainInfo
+
+    clock = [0.0]
+    monkeypatch.setattr("vmsandbox.session.boot.time.monotonic", lambda: clock[0])
+    monkeypatch.setattr(boot, "host_load", lambda: (0.5, 2))
+    console = tmp_path / "console.log"
+    resets: list[str] = []
+
+    class Host:
+        def info(self, name: str) -> DomainInfo:
+            return DomainInfo(name, "running", None)
+
+        def cpu_seconds(self, _name: str) -> float:
+            return clock[0]
+
+        def reset(self, name: str) -> None:
+            resets.append(name)
+
+    def until(alive: bootwait.Alive) -> float:
+        booted = -1
+        while clock[0] < 300:  # the boot timeout: never reached
+            if booted < len(resets):  # each boot (the first, and one after each reset) stops in the initramfs
+                booted = len(resets)
+                with console.open("a") as f:
+                    f.write("[    0.000000] Linux version 6.1.0\nLoading, please wait...\n")
+            assert alive() is None
+            clock[0] += 1.0
+        raise AssertionError("the third stall was waited out")
+
+    b = bootwait.Booting("vmsandbox-s1", console, "s1", "tcg", "Booting")
+    with pytest.raises(VmsandboxError) as caught:
+        bootwait.wait(b, Host(), 300, until)  # type: ignore[arg-type]
+    assert resets == ["vmsandbox-s1", "vmsandbox-s1"]
+    assert clock[0] < 4 * boot.STALL_MAX  # three stall limits, not the 300 s timeout
+    message = caught.value.message
+    assert message.startswith("the guest stopped early in each of its 3 boots (60 s without output after")
+    assert "the boot got as far as: the initramfs ran; systemd did not start (after 2 reset(s)" in message

@@ -178,9 +178,9 @@ class Watch:
         return min(STALL_MAX, max(STALL_MIN, self.boot_timeout / 5))
 
     def stalled(self) -> str | None:
-        """When the boot stopped before systemd (no console output for the stall limit) and a reset is left:
-        the last line it printed."""
-        if self.stage >= Stage.INIT or self.resets >= RESETS:
+        """When the boot stopped before systemd (no console output for the stall limit): the last line it
+        printed. The VM is reset then, or given up on once RESETS resets have stalled too."""
+        if self.stage >= Stage.INIT:
             return None
         if time.monotonic() - self.grew < self.stall_limit:
             return None

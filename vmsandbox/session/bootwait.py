@@ -44,9 +44,12 @@ def wait(b: Booting, hv: Hypervisor, boot_timeout: int, until: Callable[[Alive],
             if starving := watch.starving(hv.cpu_seconds(b.domain)):
                 ui.warn(f"the boot is slow: {starving}")
             if (last := watch.stalled()) is not None:
+                silent = f"{watch.stall_limit:.0f} s without output after {last!r}"
+                if watch.resets >= boot.RESETS:  # three stalls in a row: the rest of the timeout changes nothing
+                    raise VmsandboxError(f"the guest stopped early in each of its {watch.resets + 1} boots ({silent})")
                 ui.warn(
-                    f"the guest stopped early in its boot ({watch.stall_limit:.0f} s without output after "
-                    f"{last!r}); resetting the VM (boot {watch.resets + 2} of {boot.RESETS + 1})"
+                    f"the guest stopped early in its boot ({silent}); resetting the VM "
+                    f"(boot {watch.resets + 2} of {boot.RESETS + 1})"
                 )
                 hv.reset(b.domain)
                 watch.was_reset()
