@@ -202,6 +202,80 @@ def test_secret_is_injected_on_the_host_and_never_in_the_guest(guest: Guest) -> 
     assert lines == ["0"], f"the secret or the CA key is visible in the guest: {lines}"
 
 
+ECH_HELLO = r"""
+import socket, sys
+host = sys.argv[1].encode()
+def vec(n, b):
+    return len(b).to_bytes(n, "big") + b
+sni = vec(2, b"\x00" + vec(2, host))  # the allowed name in the clear; ECH would hide the real one
+exts = b"".join(k.to_bytes(2, "big") + vec(2, d) for k, d in [(0x0000, sni), (0xFE0D, bytes(40))])
+body = b"\x03\x03" + bytes(32) + vec(1, b"") + vec(2, b"\x13\x01") + vec(1, b"\x00") + vec(2, exts)
+s = socket.create_connection(("127.0.0.1", 3128), timeout=30)
+s.sendall(b"CONNECT " + host + b":443 HTTP/1.1\r\nHost: " + host + b":443\r\n\r\n")
+head = b""
+while b"\r\n\r\n" not in head and (got := s.recv(4096)):
+    head += got
+print(head.split(b"\r\n")[0].decode())
+s.sendall(b"\x16\x03\x01" + vec(2, b"\x01" + vec(3, body)))
+rest = b""
+while got := s.recv(4096):
+    rest += got
+print("after the hello:", len(rest))
+"""
+
+
+def test_a_guest_gets_no_secret_echoed_and_hides_no_server_name(guest: Guest) -> None:
+    """From the real guest: a TRACE to the API host carrying the placeholder is refused before anything goes
+    upstream (a TRACE echoes the request, the injected secret with it), and a ClientHello to an allowed host that
+    carries Encrypted Client Hello (the name in the clear a decoy) is cut off there; the proxy log says both."""
+    guest.standins()
+    seen = len(guest.api.requests)
+    r = guest.sh(f'curl -sS -m 30 -X TRACE -H "x-api-key: $IT_KEY" -w "\\n%{{http_code}}" https://{API}/echo')
+    out = r.stdout.decode()
+    assert out.splitlines()[-1] == "403" and "never carries a secret" in out, (out, r.stderr.decode())
+    assert guest.secret not in out and len(guest.api.requests) == seen
+    tls_seen = len(guest.tls.requests)
+    r = guest.sh(f"cat > /tmp/ech.py <<'EOF'\n{ECH_HELLO}\nEOF\npython3 /tmp/ech.py {TLS}")
+    assert r.returncode == 0, r.stderr.decode()
+    assert r.stdout.decode().splitlines() == ["HTTP/1.1 200 Connection established", "after the hello: 0"]
+    assert len(guest.tls.requests) == tls_seen
+    events = guest.events()
+    trace = [e for e in events if e.get("method") == "CONNECT TRACE"]  # a request inside the terminated tunnel
+    assert trace and trace[-1]["decision"] == "deny" and not trace[-1].get("secret"), trace
+    hidden = [e for e in events if e.get("host") == TLS and "Encrypted Client Hello" in str(e.get("reason"))]
+    assert hidden and hidden[-1]["decision"] == "deny", events[-3:]
+
+
+def test_a_secret_changed_or_removed_reaches_the_running_session(guest: Guest) -> None:
+    """`secret set` and `secret rm` restart the egress daemon of each running session that injects the secret (a
+    daemon holds only the secrets it was handed when it started, it cannot read the store): the new value is
+    injected from then on, and a removed one no more."""
+    guest.standins()
+    env = guest.cli.env(VMSANDBOX_CONFIG_DIR=os.environ["VMSANDBOX_CONFIG_DIR"])
+    restarted = f"session {guest.record.name}: its egress proxy restarted"
+    fetch = f'curl -sS -m 30 -H "x-api-key: $IT_KEY" https://{API}/rotated'
+    new = "it-rotated-" + secrets.token_hex(8)
+    try:
+        r = guest.cli.run("secret", "set", guest.secret_name, input=new.encode(), env=env)
+        assert r.returncode == 0 and restarted in r.stderr.decode(), r.stderr.decode()
+        st = control.daemon_state(guest.record.files)
+        assert st is not None and st.alive and st.pid != guest.standin_pid and st.forward is Door.UP
+        guest.standins()  # the stand-in again, handed the store's value as the product's daemon was
+        assert guest.sh(fetch).returncode == 0
+        assert guest.api.requests[-1]["x-api-key"] == new
+        r = guest.cli.run("secret", "rm", guest.secret_name, env=env)
+        assert r.returncode == 0 and restarted in r.stderr.decode(), r.stderr.decode()
+        guest.standins()
+        seen = len(guest.api.requests)
+        out = guest.sh(fetch + " -w '\\n%{http_code}'").stdout.decode()
+        assert out.splitlines()[-1] == "502" and f"vmsandbox secret set {guest.secret_name}" in out, out
+        assert len(guest.api.requests) == seen and new not in out
+    finally:
+        secretstore.put(guest.secret_name, guest.secret)
+        guest.standin_pid = None  # the next test's stand-in is handed the secret again
+        guest.standins()
+
+
 def test_clean_removes_credentials_and_keeps_the_workspace(guest: Guest) -> None:
     r = guest.sh(
         "mkdir -p ~/.claude && echo token > ~/.claude/.credentials.json && echo https://u:p@x > ~/.git-credentials"
