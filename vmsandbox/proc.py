@@ -263,8 +263,11 @@ def run_attached(argv: Sequence[str | Path], *, env: Mapping[str, str] | None = 
         raise
 
 
-def spawn_detached(argv: Sequence[str | Path], *, log_file: Path, env: Mapping[str, str] | None = None) -> int:
-    """Start a background daemon that outlives us (its own session, stdout and stderr to log_file)."""
+def spawn_detached(
+    argv: Sequence[str | Path], *, log_file: Path, env: Mapping[str, str] | None = None, stdin: bytes | None = None
+) -> int:
+    """Start a background daemon that outlives us (its own session, stdout and stderr to log_file; `stdin`, if
+    given, written to its stdin, which is then closed: a few kB, within what a pipe holds)."""
     args = [str(a) for a in argv]
     args[0] = which(args[0])
     log.debug("spawn_detached: %s", shlex.join(args))
@@ -272,12 +275,15 @@ def spawn_detached(argv: Sequence[str | Path], *, log_file: Path, env: Mapping[s
     with os.fdopen(fd, "ab") as out:
         child = subprocess.Popen(
             args,
-            stdin=subprocess.DEVNULL,
+            stdin=subprocess.DEVNULL if stdin is None else subprocess.PIPE,
             stdout=out,
             stderr=subprocess.STDOUT,
             env=dict(env) if env is not None else None,
             start_new_session=True,
         )
+    if child.stdin is not None:
+        with child.stdin:
+            child.stdin.write(stdin or b"")
     return child.pid
 
 

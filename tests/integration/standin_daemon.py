@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ssl
 import sys
+from pathlib import Path
 
 from vmsandbox.egress import daemon
 from vmsandbox.egress.netpolicy import IPNetwork
@@ -26,9 +27,11 @@ def build(session: str, table: str, ca_file: str) -> daemon.Daemon:
             return [standins[host]]
         return await resolve_checked(host, port, networks)
 
+    test_ca = Path(ca_file).read_text()  # read now: the daemon is not root by the time it connects upstream
+
     def upstream_tls() -> ssl.SSLContext:
         ctx = verified_tls()
-        ctx.load_verify_locations(cafile=ca_file)
+        ctx.load_verify_locations(cadata=test_ca)
         return ctx
 
     return daemon.Daemon(session, resolver=resolver, upstream_tls=upstream_tls)

@@ -142,11 +142,14 @@ def use_standin_daemon(session: str, files_root: Path, upstreams: list[Upstream]
             [sys.executable, "-m", "tests.integration.standin_daemon", session, table, str(ca)],
             cwd=repo,
             env=env,
-            stdin=subprocess.DEVNULL,
+            stdin=subprocess.PIPE,
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
+    assert child.stdin is not None
+    with child.stdin:  # as the product's: its uid and its session's secrets, nothing else
+        child.stdin.write(control.handover(files))
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         state = control.daemon_state(files)

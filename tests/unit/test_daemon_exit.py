@@ -8,9 +8,12 @@ import threading
 import time
 
 import pytest
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from cryptography.hazmat.primitives.serialization import Encoding, NoEncryption, PrivateFormat, PublicFormat
 
 from vmsandbox import paths
 from vmsandbox.egress import control, daemon
+from vmsandbox.guest import ssh
 
 URI = "test:///default"  # libvirt's test driver: no domain of that name exists
 
@@ -20,6 +23,11 @@ def test_the_daemon_ends_when_its_session_goes_before_it_ever_connected() -> Non
     files = paths.session_paths("zz")
     files.root.mkdir(parents=True)
     control.Spec("zz", 1, True, (), URI, "vmsandbox-zz").save(files)
+    for path in (files.client_key, files.root / "host_key"):  # what the session makes with ssh-keygen
+        key = Ed25519PrivateKey.generate()
+        path.write_bytes(key.private_bytes(Encoding.PEM, PrivateFormat.OpenSSH, NoEncryption()))
+    public = key.public_key().public_bytes(Encoding.OpenSSH, PublicFormat.OpenSSH).decode()
+    ssh.write_known_hosts(files, 1, public)
     served = daemon.Daemon("zz")
     threading.Timer(0.5, shutil.rmtree, args=(files.root,)).start()  # gc removed the session meanwhile
 

@@ -28,6 +28,7 @@ def secret_set(name: Annotated[str, typer.Argument(help="Secret name, e.g. anthr
     value = getpass.getpass(f"Value for {name}: ", stream=sys.stderr) if sys.stdin.isatty() else sys.stdin.read()
     secretstore.put(name, value)
     ui.info(f"Secret {name} stored in {secretstore.directory()} (0600)")
+    _handed_again(name)
     if (unused := unused_warning(name, secret_users())) is not None:
         ui.warn(unused)
 
@@ -91,3 +92,19 @@ def secret_rm(name: Annotated[str, typer.Argument(help="Secret name.")]) -> None
     if not secretstore.remove(name):
         raise VmsandboxError(f"no secret named {name!r}", hint="list them with `vmsandbox secret ls`")
     ui.info(f"Secret {name} removed")
+    _handed_again(name)
+
+
+def _handed_again(name: str) -> None:
+    """Running sessions that inject the secret get it anew (their egress daemon restarts: it holds only what it
+    was handed)."""
+    from vmsandbox.session import runtime
+
+    for session, failed in runtime.secret_changed(name).items():
+        if failed is None:
+            ui.info(f"session {session}: its egress proxy restarted with the change (open connections were cut)")
+        else:
+            ui.warn(
+                f"session {session}: its egress proxy did not restart ({failed}); `vmsandbox stop {session}` "
+                f"and `vmsandbox start {session}` retry"
+            )

@@ -9,7 +9,6 @@ from __future__ import annotations
 import datetime
 import os
 import ssl
-import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -115,17 +114,20 @@ class Issuer:
         ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         ctx.minimum_version = ssl.TLSVersion.TLSv1_2
         ctx.set_alpn_protocols(["http/1.1"])
-        # ssl loads certificates from files only: write them to a private temporary directory and drop it.
-        with tempfile.TemporaryDirectory(prefix="vmsandbox-leaf-") as tmp:
-            chain = Path(tmp) / "chain.pem"
-            leaf_key = Path(tmp) / "key.pem"
-            chain.write_bytes(
-                cert.public_bytes(serialization.Encoding.PEM) + self._ca.public_bytes(serialization.Encoding.PEM)
-            )
-            leaf_key.write_bytes(
-                key.private_bytes(
-                    serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
-                )
-            )
-            ctx.load_cert_chain(chain, leaf_key)
+        chain = cert.public_bytes(serialization.Encoding.PEM) + self._ca.public_bytes(serialization.Encoding.PEM)
+        pem = serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+        _load_chain(ctx, chain, key.private_bytes(serialization.Encoding.PEM, *pem))
         return ctx
+
+
+def _load_chain(ctx: ssl.SSLContext, chain: bytes, key: bytes) -> None:
+    """ssl loads certificates from files only: these are memory files (memfd), named through /proc/self/fd, so
+    nothing is written to a disk or needs a directory the daemon (no longer root) may write."""
+    fds = [os.memfd_create("vmsandbox-leaf-chain"), os.memfd_create("vmsandbox-leaf-key")]
+    try:
+        for fd, data in zip(fds, (chain, key), strict=True):
+            os.write(fd, data)
+        ctx.load_cert_chain(f"/proc/self/fd/{fds[0]}", f"/proc/self/fd/{fds[1]}")
+    finally:
+        for fd in fds:
+            os.close(fd)

@@ -17,7 +17,10 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from vmsandbox import failpoint, paths, pids, proc
+from vmsandbox import failpoint, paths, pids, proc, ui
+from vmsandbox.egress import account, held, policy
+from vmsandbox.egress import secrets as secretstore
+from vmsandbox.egress.held import Held
 from vmsandbox.egress.ports import Publish
 from vmsandbox.errors import VmsandboxError
 
@@ -46,11 +49,15 @@ class Spec:
 
     def save(self, files: paths.SessionPaths) -> None:
         data = {**self.__dict__, "publish": [p.as_dict() for p in self.publish]}
-        paths.write_atomically(files.egress_daemon, json.dumps(data, indent=1))
+        held.rewrite(files.egress_daemon, json.dumps(data, indent=1))
 
     @classmethod
     def load(cls, files: paths.SessionPaths) -> Spec:
-        data: dict[str, Any] = json.loads(files.egress_daemon.read_text())
+        return cls.parse(held.read(files.egress_daemon))
+
+    @classmethod
+    def parse(cls, text: str) -> Spec:
+        data: dict[str, Any] = json.loads(text)
         data["publish"] = tuple(Publish.from_dict(p) for p in data["publish"])
         return cls(**data)
 
@@ -70,7 +77,7 @@ class DaemonState:
 
 def daemon_state(files: paths.SessionPaths) -> DaemonState | None:
     try:
-        data = json.loads(files.egress_state.read_text())
+        data = json.loads(held.read(files.egress_state))
     except (OSError, ValueError):
         return None
     served = tuple(str(p) for p in data.get("ports", ()))
@@ -84,8 +91,10 @@ def write_state(
     *,
     pid: int | None = None,
     ports: tuple[str, ...] = (),
+    into: Held | None = None,
 ) -> None:
-    """The daemon's state file: written by the daemon (its own pid), and once by spawn() for it."""
+    """The daemon's state file: written by the daemon (its own pid, `into` the file it holds), and once by spawn()
+    for it."""
     pid = os.getpid() if pid is None else pid
     data = {
         "pid": pid,
@@ -95,7 +104,10 @@ def write_state(
         "since": time.time(),
         "ports": list(ports),
     }
-    paths.write_atomically(files.egress_state, json.dumps(data))
+    if into is not None:
+        into.write(json.dumps(data))
+    else:
+        held.rewrite(files.egress_state, json.dumps(data))
 
 
 def reload(files: paths.SessionPaths) -> None:
@@ -132,11 +144,27 @@ def spawn(spec: Spec, files: paths.SessionPaths) -> Spawned:
     files.egress_state.unlink(missing_ok=True)
     spec.save(files)
     argv = [sys.executable, "-m", "vmsandbox.egress.daemon", spec.session]
-    pid = proc.spawn_detached(argv, log_file=files.egress_log)
+    pid = proc.spawn_detached(argv, log_file=files.egress_log, stdin=handover(files))
     # stop() finds a daemon by its state file: one is there from now on, even before the daemon writes its own
     # (it waits for the guest's sshd first), so a vmsandbox killed meanwhile leaves nothing gc cannot stop
     write_state(files, Door.DOWN, "starting", pid=pid)
     return Spawned(pid, pids.process_start(pid))
+
+
+def handover(files: paths.SessionPaths) -> bytes:
+    """What a daemon reads on its stdin before anything else: the uid it becomes (account.pick: None without
+    root) and the secrets its session maps, no others (it cannot read the secret store itself)."""
+    mapped = policy.proxy_config(policy.read_config(files)).secrets if files.egress_config.exists() else ()
+    names = {rule.secret for rule in mapped}
+    found = {name: value for name in sorted(names) if (value := secretstore.get(name)) is not None}
+    uid = account.pick()
+    if uid is not None and (closed := account.code_readable(uid)) is not None:
+        ui.warn(
+            f"the egress daemon runs as root: other accounts cannot read {closed}, where vmsandbox's code is "
+            "(install it where every account may read it, as `make setup` does, and it runs as a uid of its own)"
+        )
+        uid = None
+    return json.dumps({"uid": uid, "secrets": found}).encode()
 
 
 def wait_open(spec: Spec, files: paths.SessionPaths, spawned: Spawned, *, timeout: float = START_TIMEOUT) -> None:

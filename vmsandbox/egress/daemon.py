@@ -13,12 +13,17 @@ At each connection it steps the guest's clock to the host's. It restores the for
 drops, and exits when the session is removed, its VM is gone, or on SIGTERM. If it dies, the SSH connection
 dies with it and the guest's door closes (fails closed). Everything it serves comes from the session's spec
 file (control.Spec).
+
+Run by root, it is not root by the time the guest can send it anything: it opens its files (egress.held) and
+reads the session's keys and CA, takes its session's secrets from its stdin, then becomes a uid of its own
+(egress.account).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import signal
 import socket
@@ -30,10 +35,11 @@ from collections.abc import Callable
 from typing import Any
 
 from vmsandbox import paths
-from vmsandbox.egress import control, policy, ports
-from vmsandbox.egress import secrets as secretstore
+from vmsandbox.egress import account, control, policy, ports
+from vmsandbox.egress import log as proxylog
 from vmsandbox.egress.certs import Issuer
 from vmsandbox.egress.control import Door, Spec
+from vmsandbox.egress.held import Held
 from vmsandbox.egress.netpolicy import GUEST_PROXY_PORT
 from vmsandbox.egress.policy import ProxyConfig
 from vmsandbox.egress.proxy import Proxy
@@ -60,16 +66,23 @@ class Daemon:
         upstream_tls: Callable[[], ssl.SSLContext] = verified_tls,
     ) -> None:
         self.files = paths.session_paths(name)
-        self.spec = Spec.load(self.files)
+        # everything it reads or writes later is opened now, while it may still be root (account.py)
+        self.spec_file = Held.open(self.files.egress_daemon)
+        self.spec = Spec.parse(self.spec_file.text())
+        self.config_file = Held.open(self.files.egress_config) if self.files.egress_config.exists() else None
+        self.state_file = Held.open(self.files.egress_state, writable=True)
         self.endpoint = Endpoint(name, self.spec.ssh_port, "root", self.files)
+        self.keys = channel.load_keys(self.endpoint)
+        self.secrets: dict[str, str] = {}  # its session's, handed over on stdin (main)
+        self.dropped = False  # it became an account of its own: libvirt is not its to ask
         self.stop = threading.Event()
         self.loop = asyncio.new_event_loop()
         self._config: tuple[tuple[int, int], ProxyConfig] | None = None
-        self._issuer: Issuer | None = None
+        self._issuer = Issuer(self.files.ca_cert, self.files.ca_key) if self.files.ca_key.exists() else None
         self.proxy = Proxy(
             self._load_config,
-            self.files.proxy_log,
-            secretstore.get,
+            proxylog.Writer(self.files.proxy_log),
+            self.secrets.get,
             self._get_issuer,
             resolver=resolver,
             upstream_tls=upstream_tls,
@@ -81,16 +94,15 @@ class Daemon:
         self._open_ports(start=False)
 
     def _load_config(self) -> ProxyConfig:
-        """Re-read per connection when the file changed (`clean` revokes placeholders this way)."""
-        st = self.files.egress_config.stat()
-        version = (st.st_ino, st.st_mtime_ns)  # written by a rename: a new inode every time
+        """Re-read per connection when the file changed (`allow`, `deny`, `clean` rewrite it in place)."""
+        if self.config_file is None:
+            raise VmsandboxError(f"session {self.spec.session} has no egress policy")
+        version = self.config_file.version()
         if self._config is None or self._config[0] != version:
-            self._config = (version, policy.proxy_config(policy.read_config(self.files)))
+            self._config = (version, policy.proxy_config(json.loads(self.config_file.text())))
         return self._config[1]
 
     def _get_issuer(self) -> Issuer | None:
-        if self._issuer is None and self.files.ca_key.exists():
-            self._issuer = Issuer(self.files.ca_cert, self.files.ca_key)
         return self._issuer
 
     def _state(self, door: Door, error: str | None = None) -> None:
@@ -98,9 +110,11 @@ class Daemon:
         with self.ports_lock:
             served = tuple(ports.place(address, host) for address, host, _ in self.listeners)
         with contextlib.suppress(OSError):  # the session directory may be gone already: the daemon ends
-            control.write_state(self.files, door, error, ports=served)
+            control.write_state(self.files, door, error, ports=served, into=self.state_file)
 
     def _vm_running(self) -> bool:
+        if self.dropped:
+            return True  # not its to ask: it ends when its session goes or when it is stopped
         try:
             with Hypervisor(self.spec.libvirt_uri) as hv:
                 return not gone(hv.info(self.spec.domain))
@@ -137,7 +151,7 @@ class Daemon:
             self._state(Door.DOWN, error)
             if self.stop.is_set():
                 break
-            if not self.files.egress_daemon.exists() or not self._vm_running():
+            if self.spec_file.removed or not self._vm_running():
                 log.info("the session or its VM is gone; exiting")
                 self.stop.set()
                 break
@@ -148,7 +162,7 @@ class Daemon:
 
     def _hold_forward(self) -> str | None:
         try:
-            link = channel.connect(self.endpoint, user="root")
+            link = channel.connect(self.endpoint, user="root", keys=self.keys)
         except VmsandboxError as exc:
             return exc.message
         except OSError as exc:  # its session's files went away under it (removed): the loop exits next
@@ -208,8 +222,8 @@ class Daemon:
     def reload_ports(self) -> None:
         """SIGUSR1: the session's published ports changed (`vmsandbox port NAME publish|unpublish`)."""
         try:
-            self.spec = Spec.load(self.files)
-        except (OSError, ValueError, KeyError) as exc:
+            self.spec = Spec.parse(self.spec_file.text())
+        except (OSError, ValueError, KeyError, TypeError) as exc:
             log.warning("cannot reload the published ports: %s", exc)
             return
         self._open_ports()
@@ -244,7 +258,7 @@ class Daemon:
     async def _watch(self) -> None:
         """The session removed, or a stop asked for: end the loop (even if the forwarder thread died)."""
         while not self.stop.is_set():
-            if not self.files.egress_daemon.exists():
+            if self.spec_file.removed:
                 self.stop.set()
                 break
             await asyncio.sleep(WATCH_INTERVAL)
@@ -274,7 +288,13 @@ def main(argv: list[str], daemon: Callable[[str], Daemon] = Daemon) -> int:
         print("usage: python -m vmsandbox.egress.daemon SESSION", file=sys.stderr)
         return 2
     try:
+        uid, given = account.handed(sys.stdin.buffer if sys.stdin is not None else None)
         served = daemon(argv[0])
+        served.secrets.update(given)
+        if uid is not None:
+            account.become(uid)
+            served.dropped = True
+            log.info("running as uid %d", uid)
     except (OSError, ValueError, KeyError, VmsandboxError) as exc:
         log.error("cannot start: %s", exc)  # noqa: TRY400 - the message is the whole story
         return 1

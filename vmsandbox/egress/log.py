@@ -3,7 +3,7 @@ rotated, private) and read for people by `vmsandbox logs NAME proxy`."""
 
 from __future__ import annotations
 
-import contextlib
+import fcntl
 import json
 import os
 import time
@@ -52,15 +52,50 @@ def rotated(log_file: Path) -> Path:
     return log_file.with_name(log_file.name + ".1")
 
 
-def append(log_file: Path, ev: Event) -> None:
-    """One line for one connection; the file is rotated when it would grow past MAX_LOG_BYTES."""
-    line = json.dumps(ev.record(), sort_keys=True) + "\n"
-    with contextlib.suppress(FileNotFoundError):
-        if log_file.stat().st_size + len(line) > MAX_LOG_BYTES:
-            log_file.replace(rotated(log_file))
-    fd = os.open(log_file, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(line)
+class Writer:
+    """The log open for appending, with its previous generation: the daemon opens one before it drops root and
+    writes through it for good, so the log is rotated in place (copied to <log>.1, then emptied) under an
+    exclusive flock, never renamed (a new file would be one the daemon cannot open)."""
+
+    def __init__(self, log_file: Path) -> None:
+        flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+        self.fd = os.open(log_file, flags | os.O_APPEND, 0o600)
+        try:
+            self.older = os.open(rotated(log_file), flags, 0o600)
+        except OSError:
+            os.close(self.fd)
+            raise
+
+    def append(self, ev: Event) -> None:
+        """One line for one connection; the log is rotated first when it would grow past MAX_LOG_BYTES."""
+        line = (json.dumps(ev.record(), sort_keys=True) + "\n").encode()
+        fcntl.flock(self.fd, fcntl.LOCK_EX)
+        try:
+            if os.fstat(self.fd).st_size + len(line) > MAX_LOG_BYTES:
+                os.ftruncate(self.older, 0)
+                offset = 0
+                while chunk := os.pread(self.fd, 1 << 16, offset):
+                    offset += os.pwrite(self.older, chunk, offset)
+                os.ftruncate(self.fd, 0)
+            os.write(self.fd, line)
+        finally:
+            fcntl.flock(self.fd, fcntl.LOCK_UN)
+
+    def close(self) -> None:
+        os.close(self.fd)
+        os.close(self.older)
+
+
+def append(log_file: Path | Writer, ev: Event) -> None:
+    """One line for one connection, through the daemon's Writer or (a command's line) the file opened for it."""
+    if isinstance(log_file, Writer):
+        log_file.append(ev)
+        return
+    writer = Writer(log_file)
+    try:
+        writer.append(ev)
+    finally:
+        writer.close()
 
 
 def parse(line: str) -> dict[str, Any] | None:
@@ -125,4 +160,7 @@ def read(path: Path, *, follow: bool, stopped: Callable[[], bool] = lambda: Fals
                 continue
             if not follow or stopped():
                 return
+            if os.fstat(f.fileno()).st_size < f.tell():  # rotated in place: it starts again
+                f.seek(0)
+                pending = ""
             time.sleep(0.3)

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from vmsandbox import paths, ui
-from vmsandbox.egress import certs, netpolicy
+from vmsandbox.egress import certs, held, netpolicy
 from vmsandbox.egress import secrets as secretstore
 from vmsandbox.egress.mapping import SecretMapping
 from vmsandbox.egress.netpolicy import Mode, Policy, Rule
@@ -128,11 +128,11 @@ def rekey(source: paths.SessionPaths, name: str, files: paths.SessionPaths) -> d
 
 
 def write_config(files: paths.SessionPaths, data: dict[str, Any]) -> None:
-    paths.write_atomically(files.egress_config, json.dumps(data, indent=2, sort_keys=True), mode=0o600)
+    held.rewrite(files.egress_config, json.dumps(data, indent=2, sort_keys=True))  # read by a daemon that holds it
 
 
 def read_config(files: paths.SessionPaths) -> dict[str, Any]:
-    data: dict[str, Any] = json.loads(files.egress_config.read_text())
+    data: dict[str, Any] = json.loads(held.read(files.egress_config))
     return data
 
 

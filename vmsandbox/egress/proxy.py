@@ -23,7 +23,7 @@ from urllib.parse import urlsplit
 from vmsandbox.egress import httphead, tlshello
 from vmsandbox.egress.certs import Issuer
 from vmsandbox.egress.httphead import ProtocolError, RequestHead
-from vmsandbox.egress.log import Event, append
+from vmsandbox.egress.log import Event, Writer, append
 from vmsandbox.egress.netpolicy import Refused, parse_target
 from vmsandbox.egress.policy import ProxyConfig, SecretRule
 from vmsandbox.egress.streams import Stream, TlsStream, read_head, read_hello
@@ -57,7 +57,7 @@ class Proxy:
     def __init__(
         self,
         load_config: Callable[[], ProxyConfig],
-        log_file: Path,
+        log_file: Path | Writer,
         read_secret: Callable[[str], str | None],
         issuer: Callable[[], Issuer | None],
         *,

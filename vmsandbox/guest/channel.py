@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import socket
 import threading
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from vmsandbox.errors import VmsandboxError
@@ -85,19 +86,45 @@ def _as_link_error() -> Any:
         raise LinkError(f"{type(exc).__name__}: {exc}") from exc
 
 
-def connect(endpoint: Endpoint, *, user: str | None = None, timeout: float = 15) -> Link:
-    """A link with the pinned host key and the session key; unknown keys are rejected."""
+@dataclass(frozen=True)
+class Keys:
+    """A session's client key and pinned host keys, read once: the egress daemon reads them before it drops root
+    (the files are root's then) and connects with them for as long as it runs."""
+
+    client: Any  # paramiko.PKey
+    hosts: Any  # paramiko.HostKeys
+
+
+def load_keys(endpoint: Endpoint) -> Keys:
+    import paramiko
+
+    try:
+        client = paramiko.Ed25519Key.from_private_key_file(str(endpoint.files.client_key))
+        return Keys(client, paramiko.HostKeys(str(endpoint.files.known_hosts)))
+    except (paramiko.SSHException, OSError) as exc:
+        raise VmsandboxError(f"cannot read the SSH keys of session {endpoint.session}: {exc}") from exc
+
+
+def connect(endpoint: Endpoint, *, user: str | None = None, timeout: float = 15, keys: Keys | None = None) -> Link:
+    """A link with the pinned host key and the session key (read now, or `keys` read before); unknown keys are
+    rejected."""
     import paramiko
 
     client = paramiko.SSHClient()
-    client.load_host_keys(str(endpoint.files.known_hosts))
+    if keys is None:
+        client.load_host_keys(str(endpoint.files.known_hosts))
+    else:
+        for host, entry in keys.hosts.items():
+            for kind, key in entry.items():
+                client.get_host_keys().add(host, kind, key)
     client.set_missing_host_key_policy(paramiko.RejectPolicy())
     try:
         client.connect(
             LOOPBACK,
             port=endpoint.port,
             username=user or endpoint.user,
-            key_filename=str(endpoint.files.client_key),
+            key_filename=None if keys is not None else str(endpoint.files.client_key),
+            pkey=keys.client if keys is not None else None,
             look_for_keys=False,
             allow_agent=False,
             timeout=timeout,

@@ -21,7 +21,7 @@ from vmsandbox.egress.netpolicy import Mode
 from vmsandbox.egress.ports import Publish
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.session import state
-from vmsandbox.session.record import Record
+from vmsandbox.session.record import Record, names
 
 RELOAD_TIMEOUT = 10.0
 
@@ -135,3 +135,29 @@ def _apply_ports(record: Record) -> None:
         f"the egress daemon of session {record.name} did not take the new ports within {RELOAD_TIMEOUT:.0f} s",
         hint=f"see {record.files.egress_log}",
     )
+
+
+def secret_changed(secret: str) -> dict[str, str | None]:
+    """`secret set` or `secret rm`: each running session whose proxy injects `secret` gets a new egress daemon,
+    handed the secret's new value (or none). A daemon holds only what it was handed when it started: it cannot
+    read the secret store. Each session restarted, with why its new daemon did not start (None: it did)."""
+    from vmsandbox.session import create
+
+    done: dict[str, str | None] = {}
+    for name in names():
+        try:
+            record = Record.load(name)
+            current = control.daemon_state(record.files)
+            if current is None or not current.alive or not record.files.egress_config.exists():
+                continue
+            rules = policy.proxy_config(policy.read_config(record.files)).secrets
+        except (VmsandboxError, OSError, ValueError):
+            continue  # gone meanwhile, or not one this account may read
+        if any(rule.secret == secret for rule in rules):
+            try:
+                with _changing(record.files):
+                    create.open_egress(record)
+                done[name] = None
+            except VmsandboxError as exc:
+                done[name] = exc.message
+    return done
