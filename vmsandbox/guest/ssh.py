@@ -108,9 +108,14 @@ def wait_for_banner(port: int, *, timeout: float, alive: Callable[[], str | None
             raise VmsandboxError(f"the VM stopped while booting: {stopped}")
         if elapsed > timeout:
             raise VmsandboxError(f"the VM did not answer on SSH within {timeout:.0f} s")
-        with contextlib.suppress(OSError), socket.create_connection((LOOPBACK, port), timeout=2) as s:
-            s.settimeout(3)
-            data = s.recv(16)
-            if data.startswith(b"SSH-"):
-                return time.monotonic() - start
+        if answers(port):
+            return time.monotonic() - start
         time.sleep(0.1)  # a connect to a loopback forward costs nothing: a late banner costs the user
+
+
+def answers(port: int, timeout: float = 3) -> bool:
+    """Whether an sshd answers on 127.0.0.1:port with its banner (within `timeout` seconds)."""
+    with contextlib.suppress(OSError), socket.create_connection((LOOPBACK, port), timeout=2) as s:
+        s.settimeout(timeout)
+        return s.recv(16).startswith(b"SSH-")
+    return False

@@ -235,11 +235,14 @@ def open_tunnel(record: Record) -> None:
     tunnel.open_(files.root, record.libvirt_uri, record.ssh_port, record.remote_port)
 
 
-def ensure_tunnel(record: Record) -> None:
-    """Before a command reaches a remote session's guest: its tunnel runs (opened again if it died)."""
+def ensure_tunnel(record: Record, *, answering: bool = False) -> None:
+    """Before a command reaches a remote session's guest: its tunnel runs (opened again if it died). With
+    `answering` (the guest runs, its sshd is up), the tunnel must also carry the guest's SSH banner: an ssh
+    that was just killed still holds its port for a moment, and a command let through then is refused."""
     if not is_remote(record.libvirt_uri) or not record.remote_port:
         return
-    if not tunnel.alive(record.files.root) or tunnel.port_free(record.ssh_port):  # gone, or between two tries
+    down = not tunnel.alive(record.files.root) or tunnel.port_free(record.ssh_port)  # or between two tries
+    if down or (answering and not ssh.answers(record.ssh_port, timeout=5)):
         open_tunnel(record)
 
 

@@ -174,7 +174,7 @@ def usable(record: Record) -> bool:
         with Hypervisor(record.libvirt_uri) as hv:
             current = status(record, hv).state
         if current is State.RUNNING:
-            remote.ensure_tunnel(record)
+            remote.ensure_tunnel(record, answering=True)
     except UnreachableError as exc:  # QEMU runs on without libvirtd: the guest may well answer
         if record.exported or record.status is not Phase.READY:
             raise
