@@ -110,21 +110,18 @@ def connect(endpoint: Endpoint, *, user: str | None = None, timeout: float = 15,
     rejected."""
     import paramiko
 
+    keys = keys or load_keys(endpoint)
     client = paramiko.SSHClient()
-    if keys is None:
-        client.load_host_keys(str(endpoint.files.known_hosts))
-    else:
-        for host, entry in keys.hosts.items():
-            for kind, key in entry.items():
-                client.get_host_keys().add(host, kind, key)
+    for host, entry in keys.hosts.items():
+        for kind, key in entry.items():
+            client.get_host_keys().add(host, kind, key)
     client.set_missing_host_key_policy(paramiko.RejectPolicy())
     try:
         client.connect(
             LOOPBACK,
             port=endpoint.port,
             username=user or endpoint.user,
-            key_filename=None if keys is not None else str(endpoint.files.client_key),
-            pkey=keys.client if keys is not None else None,
+            pkey=keys.client,
             look_for_keys=False,
             allow_agent=False,
             timeout=timeout,
