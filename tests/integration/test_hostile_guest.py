@@ -369,8 +369,9 @@ def test_a_corrupt_object_and_a_commondir_from_the_guest_are_refused(cli: Cli, n
 
 
 def test_a_pull_takes_no_more_than_its_budget(cli: Cli, name: str, project: Path, tmp_path: Path) -> None:
-    """With `sync_limit: 1M`: a 3 MB file stops the fetch (the receiver may not write it), and three 600 kB
-    files stop the apply before anything is written (they add up to more than the budget)."""
+    """With `sync_limit: 1M`: a 3 MB file stops the fetch (the receiver may not write it), three 600 kB files
+    stop the apply before anything is written (they add up to more than the budget), and sixty of them, each
+    under the per-file limit, stop the transfer itself long before it is done (sync.meter)."""
     config = tmp_path / "config"
     config.mkdir()
     (config / "config.yaml").write_text("sync_limit: 1M\n")
@@ -385,6 +386,14 @@ def test_a_pull_takes_no_more_than_its_budget(cli: Cli, name: str, project: Path
         r = cli.run("pull", name, "--yes", "--include-binary", "budget", env=env)
         assert r.returncode == 125, r.stderr.decode()
         assert b"more than the 1 MiB a sync takes at once; nothing was applied" in r.stderr
+        assert not any((project / "budget").glob("f*"))
+        guest(cli, name, "for i in $(seq 4 60); do head -c 600000 /dev/urandom > budget/f$i; done")
+        r = cli.run("pull", name, "--yes", "--include-binary", "budget", env=env)
+        assert r.returncode == 125, r.stderr.decode()
+        assert b"the guest sent more than 1 MiB in one pull" in r.stderr, r.stderr.decode()
+        assert b"stopped while receiving, and nothing was applied" in r.stderr
+        received = sum(f.stat().st_size for f in (paths.session_paths(name).guest_tree / "budget").iterdir())
+        assert received < 18_000_000, received  # of 36 MB: stopped within a fifth of a second of passing it
         assert not any((project / "budget").glob("f*"))
     finally:
         guest(cli, name, "rm -rf budget")

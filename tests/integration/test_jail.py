@@ -1,5 +1,6 @@
 """The jail of the processes that read guest data, tried for real (bubblewrap; no VM): a reader that escapes its
-process group, writes outside its target or opens a connection gets nowhere."""
+process group, writes outside its target, opens a connection, reaches a Unix socket or reads a file the host
+left readable to every account gets nowhere."""
 
 from __future__ import annotations
 
@@ -59,10 +60,48 @@ def test_a_setsid_grandchild_does_not_outlive_the_reader(target: Path) -> None:
 def test_the_reader_writes_its_target_only(target: Path, place: Path) -> None:
     place.chmod(0o777)  # the account could write here, were it not for the jail
     outside = place / "outside"
-    r = jailed(f"echo in > {target}/in.txt; echo out > {outside} 2>&1; echo out > /var/tmp/jail-escape", target)
+    r = jailed(
+        f"echo in > {target}/in.txt; echo out > {outside}; echo out > /var/tmp/jail-escape; echo out > /usr/escape;"
+        "echo out > /escape; mkdir /new",
+        target,
+    )
     assert (target / "in.txt").read_text() == "in\n"
     assert not outside.exists() and not Path("/var/tmp/jail-escape").exists()
-    assert "Read-only file system" in r.stderr, r.stderr
+    assert not Path("/usr/escape").exists() and not Path("/escape").exists() and not Path("/new").exists()
+    # the directories down to the target, /usr and the jail's own root are there, read-only; nothing else
+    assert r.stderr.count("Read-only file system") == 5, r.stderr
+
+
+def test_the_reader_sees_the_system_and_its_target_and_nothing_else(target: Path, place: Path) -> None:
+    """A file every account may read, a Unix socket every account may connect to (a read-only mount does not
+    stop a connection): outside the target, neither is there; what is there is the system's programs."""
+    (place / "open.txt").write_text("for everyone")
+    (place / "open.txt").chmod(0o644)
+    connect = f"import socket; socket.socket(socket.AF_UNIX).connect({str(place / 'sock')!r})"
+    with socket.socket(socket.AF_UNIX) as listener:
+        listener.bind(str(place / "sock"))
+        (place / "sock").chmod(0o777)
+        listener.listen()
+        plain = proc.run(  # the same account, unjailed, reaches both: the jail is what stops it
+            ["/usr/bin/python3", "-c", f"{connect}; print('reached')"],
+            as_user=confine.guest_data_account(), check=False,
+        )  # fmt: skip
+        assert plain.stdout.strip() == "reached", plain.stderr
+        listener.accept()[0].close()
+        r = jailed(
+            f'cat {place}/open.txt; python3 -c "{connect}";'  # (the connection made unjailed is accepted above)
+            "echo ==; ls /; echo ==; ls /var; echo ==; ls /home /root /run /srv /opt; rsync --version | head -1",
+            target,
+        )
+        listener.settimeout(1)
+        with pytest.raises(TimeoutError):
+            listener.accept()
+    assert "for everyone" not in r.stdout and "FileNotFoundError" in r.stderr, r.stdout + r.stderr
+    _, top, var, rest = r.stdout.split("==\n")
+    assert set(top.split()) <= {"bin", "dev", "etc", "lib", "lib64", "proc", "sbin", "tmp", "usr", "var"}, top
+    assert var.split() == ["tmp"]  # only the path down to the target
+    assert r.stderr.count("No such file or directory") >= 6, r.stderr  # the file, and each of those five
+    assert rest.startswith("rsync  version"), rest
 
 
 def test_the_reader_has_no_network(target: Path) -> None:

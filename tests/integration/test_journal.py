@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from vmsandbox import proc
+from vmsandbox.errors import VmsandboxError
 from vmsandbox.image import store
 from vmsandbox.session import create, lifecycle
 from vmsandbox.session.options import Options
@@ -182,6 +183,22 @@ def test_the_relay_takes_any_fd_number(session: Record) -> None:
 
 def test_many_files_in_a_new_tree(session: Record) -> None:
     step(session, "mkdir -p gen && for i in $(seq 1 500); do echo $i > gen/f$i; done", expect="the journal named")
+
+
+def test_entries_are_counted_while_received(session: Record, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Past the budget of entries the receiver is stopped mid-transfer (rsync's itemized lines, counted as they
+    come: the tree was never read); the next pull, within it, reads the whole tree and misses nothing."""
+    guest(session, "mkdir -p flood && for i in $(seq 1 300); do : > flood/e$i; done")
+    monkeypatch.setattr(mirror, "MAX_GUEST_ENTRIES", 40)
+    with pytest.raises(VmsandboxError, match="more than 40 files and directories in one pull") as caught:
+        fetch(session)
+    assert "stopped while receiving" in caught.value.message and "sync_limit" in (caught.value.hint or "")
+    monkeypatch.undo()
+    after = fetch(session)
+    assert "whole tree" in after.how  # what the stopped transfer left is not trusted
+    assert {f"flood/e{i}" for i in range(1, 301)} <= after.differs
+    guest(session, "rm -rf flood")
+    fetch(session)
 
 
 def test_a_changed_hard_linked_file_is_a_walk(session: Record) -> None:

@@ -24,7 +24,7 @@ from vmsandbox.vm.virt import Hypervisor
 
 from .conftest import URI, Cli
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="makes local accounts: needs root (CI is root)")
+pytestmark = pytest.mark.root("it makes local accounts")
 
 
 @dataclass

@@ -156,12 +156,14 @@ def run_git(
     hint: str | None = None,
     input: str | None = None,
     writable: tuple[Path, ...] = (),
+    readable: tuple[Path, ...] = (),
 ) -> proc.Result:
     """git in the project as `who`, jailed: it reads guest objects and refs, and may write only the project's
-    repository (and `writable`)."""
+    repository (and `writable`); of the host it sees only the project, the object stores the project's own
+    repository borrows from, and `readable`."""
     return proc.run(
         [*git_argv(project), *args],
-        jail=Jail(writable=(project / ".git", *writable)),
+        jail=Jail(writable=(project / ".git", *writable), readable=(project, *_borrowed(project), *readable)),
         input=input,
         env=git_env(who),
         as_user=who,
@@ -170,6 +172,18 @@ def run_git(
         check=check,
         hint=hint,
     )
+
+
+def _borrowed(project: Path) -> list[Path]:
+    """The object stores the host's repository lists as alternates (a `git clone --reference`): the user's own
+    setting, read from their repository, never from the guest's."""
+    objects = project / ".git" / "objects"
+    try:
+        lines = (objects / "info" / "alternates").read_text(errors="replace").splitlines()
+    except OSError:
+        return []
+    found = [objects / line.strip() for line in lines if line.strip() and not line.startswith("#")]
+    return [p for p in found if p.is_dir()]
 
 
 def fetch(project: Path, guest_tree: Path, baseline: Path, session: str, uid: int, gid: int) -> str | None:
@@ -187,12 +201,13 @@ def fetch(project: Path, guest_tree: Path, baseline: Path, session: str, uid: in
     try:
         specs = [f"+refs/heads/*:{prefix}/*", f"+refs/tags/*:{prefix}/tags/*"]
         args = ["fetch", "--quiet", "--no-tags", "--no-write-fetch-head", "--no-recurse-submodules"]
-        result = run_git(project, who, *args, str(incoming.path), *specs, check=False)
+        seen = (incoming.path,)
+        result = run_git(project, who, *args, str(incoming.path), *specs, check=False, readable=seen)
         failed: list[str] = []
         if result.returncode != 0:  # one bad ref (an object the guest does not have) must not block the rest
             for name in sorted(wanted):
                 dest = name.replace("refs/heads/", f"{prefix}/", 1).replace("refs/tags/", f"{prefix}/tags/", 1)
-                one = run_git(project, who, *args, str(incoming.path), f"+{name}:{dest}", check=False)
+                one = run_git(project, who, *args, str(incoming.path), f"+{name}:{dest}", check=False, readable=seen)
                 if one.returncode != 0:
                     failed.append(name)
     finally:
@@ -246,8 +261,8 @@ def fetch_bundle(project: Path, bundle: Path, session: str, uid: int, gid: int) 
     who = confine.invoking_user(uid, gid)
     prefix, stage = remote_prefix(session), staged(session)
     with private_tmp(who) as tmp:
-        readable = tmp / bundle.name
-        shutil.copyfile(bundle, readable)
+        copy = tmp / bundle.name
+        shutil.copyfile(bundle, copy)
         confine.hand_over(tmp, who)
         run_git(
             project,
@@ -256,9 +271,10 @@ def fetch_bundle(project: Path, bundle: Path, session: str, uid: int, gid: int) 
             "--quiet",
             "--no-tags",
             "--no-write-fetch-head",
-            str(readable),
+            str(copy),
             f"+{prefix}/*:{stage}/*",
             f"+{stage}/*:{stage}/*",
+            readable=(tmp,),
             hint="the exported bundle of the guest's commits could not be read; its working-tree files still sync",
         )
 

@@ -20,7 +20,7 @@ from vmsandbox import confine, proc
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.guest.ssh import Endpoint
 from vmsandbox.paths import SessionPaths
-from vmsandbox.sync import delta, journal, placeholders, transfer, tree
+from vmsandbox.sync import delta, journal, meter, placeholders, transfer, tree
 from vmsandbox.sync.hashcache import HashCache
 
 # What the mirror never takes from the guest: owners, devices, FIFOs, sockets, and the mode bits that must
@@ -163,7 +163,16 @@ def _rsync(
             remote_path=remote,
             input=None if only is None else b"".join(os.fsencode(p) + b"\0" for p in only),
             hint=hint or f"is the VM running? `vmsandbox ls`; its console: `vmsandbox logs {endpoint.session}`",
+            budget=meter.Budget(bytes=max_file_bytes, entries=MAX_GUEST_ENTRIES),
         )
+    except meter.PassedError as exc:
+        delta.forget(files.root)  # the mirror holds part of it: the next pull reads the whole tree again
+        raise VmsandboxError(
+            f"the guest sent {exc.what} in one pull, more than a sync takes: it was stopped while receiving, "
+            "and nothing was applied",
+            hint=f"remove what the guest need not send back (`vmsandbox shell {endpoint.session}`), or raise "
+            "`sync_limit` in ~/.config/vmsandbox/config.yaml",
+        ) from exc
     except proc.CommandError as exc:
         if partial and exc.result.returncode in (23, 24):
             return [line for line in exc.result.stderr.splitlines() if line.startswith("rsync: [sender]")]

@@ -29,6 +29,7 @@ from vmsandbox.sync import commits, refs, tree
 from vmsandbox.sync.compare import Change, Status
 
 if TYPE_CHECKING:
+    from vmsandbox.confine import Identity
     from vmsandbox.sync.changes import Target
 
 log = logging.getLogger(__name__)
@@ -94,13 +95,22 @@ def mark_held(target: Target, found: Sequence[Change], source: Path) -> None:
             c.held = "ignored by the project (.gitignore)"
 
 
+def _global_ignore(who: Identity | None) -> tuple[Path, ...]:
+    """The user's own ignore file (git's default `core.excludesFile`), which the jail would otherwise hide."""
+    home = confine.clean_env(who)["HOME"]
+    found = Path(home) / ".config" / "git" / "ignore"
+    return (found,) if found.is_file() else ()
+
+
 def _git_ignored(target: Target, rel_paths: list[str]) -> set[str]:
     """The paths git ignores in the host's repository (tracked files never are). On git's failure, the derived
     trees stand in, said in the log."""
     who = confine.invoking_user(target.uid, target.gid)
     data = "".join(p + "\0" for p in rel_paths)
     try:
-        result = commits.run_git(target.project, who, "check-ignore", "-z", "--stdin", check=False, input=data)
+        result = commits.run_git(
+            target.project, who, "check-ignore", "-z", "--stdin", check=False, input=data, readable=_global_ignore(who)
+        )
     except VmsandboxError as exc:
         log.warning("git check-ignore could not run in %s (%s): derived trees held instead", target.project, exc)
         return {p for p in rel_paths if derived(p)}

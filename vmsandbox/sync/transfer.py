@@ -13,6 +13,7 @@ session's SSH connection with the other end of the socket pair as its stdin and 
 
 from __future__ import annotations
 
+import contextlib
 import shlex
 import socket
 import threading
@@ -25,6 +26,7 @@ from vmsandbox.confine import Identity, Limits
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.guest.ssh import Endpoint
 from vmsandbox.jail import Jail
+from vmsandbox.sync import meter
 
 PREAMBLE_LIMIT = 64 * 1024
 PREAMBLE_TIMEOUT = 30.0
@@ -84,12 +86,16 @@ def rsync(
     input: bytes | None = None,
     timeout: float | None = None,
     hint: str | None = None,
+    budget: meter.Budget | None = None,
 ) -> proc.Result:
     """Run `rsync OPTIONS SOURCE DEST` on the host as side.as_user, where the remote end (`HOST:PATH` in
     SOURCE or DEST) is the guest, reached as root over the session's SSH connection.
 
     `expect_sender`: the guest's rsync sends (a pull) or receives (a push); the command the relay reports
-    must say the same and name `remote_path`, or nothing is run in the guest."""
+    must say the same and name `remote_path`, or nothing is run in the guest. With `budget`, the receiver is
+    stopped as soon as it has written more bytes or made more entries than that (sync.meter): `meter.PassedError`."""
+    if budget is not None:
+        options = [*options, *meter.OPTIONS]
     ours, theirs = socket.socketpair()
     try:
         local = proc.start(
@@ -101,8 +107,8 @@ def rsync(
             as_user=side.as_user,
             limits=side.limits,
             pass_fds=(theirs.fileno(),),
-            # it talks to the guest's rsync: jailed, writing only where it receives (nothing when it sends)
-            jail=Jail(writable=(side.cwd,) if expect_sender else ()),
+            # it talks to the guest's rsync: jailed, writing only where it receives, reading only what it sends
+            jail=Jail(writable=(side.cwd,)) if expect_sender else Jail(readable=(side.cwd,)),
         )
     except BaseException:
         ours.close()
@@ -110,6 +116,7 @@ def rsync(
         raise
     theirs.close()
     guest = _GuestSide()
+    watch = meter.Meter(local.pid, budget) if budget is not None else None
     try:
         try:
             argv = read_preamble(ours)
@@ -119,10 +126,16 @@ def rsync(
             command = _checked(argv, endpoint, expect_sender=expect_sender, remote_path=remote_path)
             guest.start([*endpoint.ssh_argv("-T", user="root"), "--", command], ours.fileno(), timeout)
         ours.close()
-        result = proc.finish(local, input=input, check=False, timeout=timeout, hint=hint, reap_group=True)
+        with watch or contextlib.nullcontext():
+            result = proc.finish(
+                local, input=input, check=False, timeout=timeout, hint=hint, reap_group=True,
+                on_line=watch.line if watch is not None else None,
+            )  # fmt: skip
     finally:
         ours.close()
         guest.join()
+    if watch is not None and watch.passed is not None:
+        raise meter.PassedError(watch.passed)
     ssh_result = guest.result()
     if result.returncode != 0:
         extra = f"\n{ssh_result.stderr.strip()}" if ssh_result is not None and ssh_result.stderr.strip() else ""

@@ -1,0 +1,107 @@
+"""The budget held while rsync receives (sync.meter) and the jail's view of the host (jail.py), on a fake
+/proc and as argument lists: no process is started or killed."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from vmsandbox.jail import SYSTEM, Jail
+from vmsandbox.sync import meter
+
+
+def _process(proc: Path, pid: int, ppid: int, name: str, wchar: int) -> None:
+    task = proc / str(pid) / "task" / str(pid)
+    task.mkdir(parents=True)
+    (proc / str(pid) / "comm").write_text(f"{name}\n")
+    (task / "io").write_text(f"rchar: 7\nwchar: {wchar}\nsyscr: 1\n")
+    (task / "children").write_text("")
+    parent = proc / str(ppid) / "task" / str(ppid) / "children"
+    if parent.exists():
+        parent.write_text(f"{parent.read_text()}{pid} ")
+
+
+@pytest.fixture
+def proc(tmp_path: Path) -> Path:
+    """bwrap (100) → bwrap (101) → rsync (102) → its receiver (103) and the relay (104 bash, 105 cat); an
+    unrelated rsync (200) elsewhere."""
+    p = tmp_path / "proc"
+    _process(p, 100, 1, "bwrap", 5)
+    _process(p, 101, 100, "bwrap", 5)
+    _process(p, 102, 101, "rsync", 1000)
+    _process(p, 103, 102, "rsync", 4000)
+    _process(p, 104, 102, "bash", 9)
+    _process(p, 105, 104, "cat", 10**9)  # the wire passing through: not what was written
+    _process(p, 200, 1, "rsync", 10**9)
+    return p
+
+
+def test_the_bytes_counted_are_the_transfers_rsyncs_own(proc: Path) -> None:
+    killed: list[int] = []
+    m = meter.Meter(100, meter.Budget(bytes=10_000, entries=10), proc=proc, kill=killed.append)
+    m.sample()
+    assert m.written == 5000 and m.passed is None and killed == []
+
+
+def test_passing_the_bytes_stops_the_transfer_once(proc: Path) -> None:
+    killed: list[int] = []
+    (proc / "103" / "task" / "103" / "io").write_text(f"wchar: {4 * 1024**2 + meter.SLACK}\n")
+    m = meter.Meter(100, meter.Budget(bytes=4 * 1024**2, entries=10), proc=proc, kill=killed.append)
+    m.sample()
+    assert killed == [100] and m.passed == "more than 4 MiB"  # (rsync's own 1000 bytes over the slack)
+    m.sample()
+    assert killed == [100, 100] and m.passed == "more than 4 MiB"  # killed again, said once
+
+
+def test_a_count_never_goes_down_and_a_gone_process_keeps_its_bytes(proc: Path) -> None:
+    m = meter.Meter(100, meter.Budget(bytes=10**6, entries=10), proc=proc, kill=lambda _: None)
+    m.sample()
+    (proc / "103" / "task" / "103" / "io").write_text("wchar: 3\n")  # (a reused pid reads lower)
+    m.sample()
+    assert m.written == 5000
+    shutil.rmtree(proc / "103")
+    m.sample()
+    assert m.written == 5000
+
+
+def test_entries_are_itemized_lines_and_deletions_do_not_count() -> None:
+    killed: list[int] = []
+    m = meter.Meter(7, meter.Budget(bytes=10**9, entries=2), proc=Path("/nonexistent"), kill=killed.append)
+    for line in ("*deleting   a", ">f+++++++++", "cd+++++++++", "rsync: [sender] failed", "hf+++++++++"):
+        m.line(line)
+    assert m.entries == 3 and killed == [7] and m.passed == "more than 2 files and directories"
+
+
+def test_the_receiver_is_told_to_itemize_without_names() -> None:
+    assert meter.OPTIONS == ("--out-format=%i",)
+
+
+def test_the_jail_shows_the_system_and_what_it_is_given_and_nothing_else(tmp_path: Path) -> None:
+    project, gitdir, incoming = tmp_path / "p", tmp_path / "p" / ".git", tmp_path / "in"
+    argv = Jail(writable=(gitdir,), readable=(project, incoming)).argv(["git", "fetch"], project)
+    joined = " ".join(argv)
+    assert "--ro-bind / /" not in joined and "--bind / /" not in joined
+    mounts = [(a, argv[i + 2]) for i, a in enumerate(argv) if a in ("--ro-bind", "--bind", "--symlink")]
+    assert [m for m in mounts if m[0] == "--bind"] == [("--bind", str(gitdir))]  # the one place it writes
+    assert {dest for _, dest in mounts} == {str(gitdir), str(project), str(incoming)} | {
+        t for t in SYSTEM if Path(t).exists()
+    }
+    assert mounts.index(("--ro-bind", str(project))) < mounts.index(("--bind", str(gitdir)))  # nested: rw on top
+    assert argv[argv.index("--tmpfs") - 2 : argv.index("--tmpfs") + 2] == [
+        "--size",
+        str(64 * 1024**2),
+        "--tmpfs",
+        "/tmp",
+    ]
+    assert argv.index("--remount-ro") > max(i for i, a in enumerate(argv) if a in ("--bind", "--ro-bind"))
+    assert argv[-4:] == [str(project), "--", "git", "fetch"] and "--unshare-all" in argv
+
+
+def test_a_path_under_a_link_is_there_both_ways(tmp_path: Path) -> None:
+    (tmp_path / "real").mkdir()
+    (tmp_path / "link").symlink_to("real")
+    argv = Jail(readable=(tmp_path / "link",)).argv(["true"], None)
+    link, real = str(tmp_path / "link"), str((tmp_path / "real").resolve())
+    assert ["--ro-bind", link, link, "--ro-bind", real, real] == argv[argv.index(link) - 1 : argv.index(link) + 5]

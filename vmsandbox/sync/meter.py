@@ -1,0 +1,130 @@
+"""The sync budget held while rsync receives, not only before anything is applied.
+
+The per-file limit (RLIMIT_FSIZE, confine.guest_data_limits) bounds one file and the apply step counts what
+the user accepted, but a guest that sends ten thousand files each under the per-file limit, or a million
+empty ones, would fill the host's disk (or its memory, when the tree is read) before either is reached. So
+while the receiver works, two things are counted, and the transfer is killed as soon as one passes its bound:
+
+- **bytes**: what the kernel counted, the `wchar` of every rsync process of the transfer (/proc/PID/io: each
+  byte handed to write(), whatever rsync's delta blocks, holes or hard links made of the stream; the relay's
+  `cat`s only pass the wire on and are not counted; rsync's own messages are, within `SLACK`). Read every
+  `POLL` seconds, so a transfer stops at most that long after passing the budget.
+- **entries**: rsync prints one itemized line (`--out-format=%i`, never a name) per file, directory or link it
+  makes or updates; deletions are not counted.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import signal
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from vmsandbox.errors import VmsandboxError
+
+POLL = 0.2
+SLACK = 1024**2  # what rsync writes besides files (block checksums, indexes, messages) is counted too
+OPTIONS = ("--out-format=%i",)  # what the receiver must be given for entries to be counted
+_ITEM = re.compile(r"^[<>ch.][fdLDS]")  # an itemized line of something received (not "*deleting")
+
+
+@dataclass(frozen=True)
+class Budget:
+    """At most this many bytes written and entries made by one transfer."""
+
+    bytes: int
+    entries: int
+
+
+class PassedError(VmsandboxError):
+    """A transfer was stopped: it passed its budget (`what` says which bound)."""
+
+    def __init__(self, what: str) -> None:
+        super().__init__(f"the guest sent {what} in one transfer; it was stopped while receiving")
+        self.what = what
+
+
+class Meter:
+    """Watches one transfer (the process `pid` and everything under it) against a budget; kills its process
+    group when the budget is passed. `line` is handed rsync's output lines."""
+
+    def __init__(
+        self, pid: int, budget: Budget, *, proc: Path = Path("/proc"), kill: Callable[[int], None] | None = None
+    ) -> None:
+        self.pid, self.budget, self.proc, self._kill = pid, budget, proc, kill or _kill_group
+        self.written = self.entries = 0
+        self.passed: str | None = None  # what was passed, once it was
+        self._seen: dict[int, int] = {}  # the highest wchar read of each process (it never goes down)
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+
+    def __enter__(self) -> Meter:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._done.set()
+        self._thread.join()
+
+    def line(self, text: str) -> None:
+        if _ITEM.match(text):
+            self.entries += 1
+            if self.entries > self.budget.entries:
+                self._stop(f"more than {self.budget.entries:,} files and directories")
+
+    def sample(self) -> None:
+        """Read the bytes written so far (and stop the transfer past the budget)."""
+        for pid in self._rsyncs():
+            # the task's own count: the process's would add its children once it reaped them, counted twice
+            got = _wchar(self.proc / str(pid) / "task" / str(pid) / "io")
+            if got is not None and got > self._seen.get(pid, 0):
+                self._seen[pid] = got
+        self.written = sum(self._seen.values())
+        if self.written > self.budget.bytes + SLACK:
+            self._stop(f"more than {self.budget.bytes // 1024**2:,} MiB")
+
+    def _watch(self) -> None:
+        while not self._done.wait(POLL):
+            self.sample()
+
+    def _stop(self, what: str) -> None:
+        if self.passed is None:
+            self.passed = what
+        self._kill(self.pid)
+
+    def _rsyncs(self) -> list[int]:
+        """The rsync processes under pid (the jail's and rsync's own forks), found through each task's list of
+        children: a few reads, not a scan of every process."""
+        found, todo = [], [self.pid]
+        while todo:
+            pid = todo.pop()
+            here = self.proc / str(pid)
+            if _read(here / "comm").strip() == "rsync":
+                found.append(pid)
+            with contextlib.suppress(OSError):
+                for task in (here / "task").iterdir():
+                    todo += [int(child) for child in _read(task / "children").split()]
+        return found
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text()
+    except OSError:
+        return ""
+
+
+def _kill_group(pid: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, signal.SIGKILL)  # the jail's first process and its group: the kernel ends the rest with it
+
+
+def _wchar(path: Path) -> int | None:
+    for line in _read(path).splitlines():
+        if line.startswith("wchar:"):
+            return int(line.split()[1])
+    return None
