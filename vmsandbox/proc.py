@@ -60,6 +60,7 @@ def which(tool: str) -> str:
 PIPE, DEVNULL = subprocess.PIPE, subprocess.DEVNULL
 MAX_OUTPUT = 16 * 1024**2  # what is kept of a child's stdout and of its stderr: guest output has no bound
 TRUNCATED = "\n[... output truncated by vmsandbox ...]\n"
+Child = subprocess.Popen[bytes]  # what `start` returns and `finish` waits for
 
 
 def run(

@@ -12,6 +12,7 @@ import contextlib
 import fcntl
 import json
 import os
+import pwd
 import resource
 import secrets
 import shlex
@@ -33,7 +34,7 @@ from vmsandbox.image import build, store
 from vmsandbox.session import boot, create, lifecycle
 from vmsandbox.session.config import Settings
 from vmsandbox.session.options import Options
-from vmsandbox.session.record import DOMAIN_PREFIX, Record
+from vmsandbox.session.record import Record, domain_name
 from vmsandbox.vm.domain import session_of
 from vmsandbox.vm.virt import Hypervisor
 
@@ -42,6 +43,15 @@ URI = os.environ.get("VMSANDBOX_LIBVIRT_URI", "qemu:///system")
 # TCG on a 2-core host that runs two workers' guests, a second vCPU only adds contention (here a 1-vCPU guest ran
 # a fork-exec loop, a Python loop and 50 git commits 10-15 % faster). The product's default stays 2.
 TEST_CPUS = int(os.environ.setdefault("VMSANDBOX_CPUS", "1"))
+
+
+def played_user() -> tuple[str, int, int]:
+    """Who the guest user is in sessions the tests make as `sudo` by alice (SUDO_USER=alice, 1234:2345): alice as
+    root; as a plain user, that user (sudo's variables are believed only under sudo, that is as root)."""
+    if os.geteuid() == 0:
+        return ("alice", 1234, 2345)
+    me = pwd.getpwuid(os.geteuid())
+    return (me.pw_name, me.pw_uid, me.pw_gid)
 
 
 def suite_settings() -> Settings:
@@ -135,6 +145,7 @@ def host_lock(*, exclusive: bool) -> Iterator[None]:
         os.close(turnstile)
 
 
+@pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item: pytest.Item) -> None:
     """A test marked `root` (it makes accounts, stops libvirtd, builds images, plays a remote host) is skipped with
     its reason when the suite runs as a plain user."""
@@ -243,7 +254,7 @@ def state_dir() -> Iterator[Path]:
     os.environ["VMSANDBOX_STATE_DIR"] = str(d)
     yield d
     with Hypervisor(URI) as hv:  # only this run's domains: another run may share the host
-        for info in list(hv.domains(DOMAIN_PREFIX + NAME_PREFIX)):
+        for info in list(hv.domains(domain_name(NAME_PREFIX))):
             xml = hv.xml(info.name)
             owner = session_of(xml) if xml else None
             if owner is not None and d in owner[1].parents:
@@ -395,7 +406,7 @@ def assert_gone(name: str, *, within: float = 60) -> None:
     def leftovers() -> list[str]:
         found = []
         with Hypervisor(URI) as hv:
-            if hv.info(DOMAIN_PREFIX + name) is not None:
+            if hv.info(domain_name(name)) is not None:
                 found.append("domain")
         if paths.session_paths(name).root.exists():
             found.append("session directory")
@@ -421,7 +432,7 @@ def owned_name(request: pytest.FixtureRequest, base_image: store.Image, state_di
     yield name
     keep_console_on_failure(request, name)
     with Hypervisor(URI) as hv:
-        hv.destroy(DOMAIN_PREFIX + name)
+        hv.destroy(domain_name(name))
     shutil.rmtree(paths.session_paths(name).root, ignore_errors=True)
 
 
@@ -482,7 +493,7 @@ class VmFactory:
             with contextlib.suppress(VmsandboxError):
                 lifecycle.remove(Record.load(name))
             with Hypervisor(URI) as hv:
-                hv.destroy(DOMAIN_PREFIX + name)
+                hv.destroy(domain_name(name))
             shutil.rmtree(paths.session_paths(name).root, ignore_errors=True)
 
 
@@ -492,10 +503,8 @@ def guest_sh(record: Record, script: str, *, root: bool = False, timeout: float 
     # `sh -c`: the script's own `&` and `;` stay inside it (a bare `cd X && a & b` would background the cd too,
     # and that subshell would hold the session's stdout open)
     command = f"cd {shlex.quote(record.project)} && exec sh -c {shlex.quote(script)}"
-    endpoint = record.endpoint("root" if root else None)
-    r = subprocess.run(
-        [*endpoint.ssh_argv("-T"), "--", command], capture_output=True, text=True, timeout=timeout, check=False
-    )
+    argv = record.endpoint().ssh_argv("-T", user="root" if root else None)
+    r = subprocess.run([*argv, "--", command], capture_output=True, text=True, timeout=timeout, check=False)
     assert r.returncode == 0, f"{script}: exit {r.returncode}: {r.stderr}"
     return r.stdout
 

@@ -26,7 +26,7 @@ from vmsandbox.egress import secrets as secretstore
 from vmsandbox.egress.control import Door
 from vmsandbox.session.record import Record
 
-from .conftest import Cli, VmFactory, suite_settings, wait_for
+from .conftest import Cli, VmFactory, played_user, suite_settings, wait_for
 from .standins import Recorder, Upstream, http_upstream, make_ca, standin, use_standin_daemon
 
 HTTP, TLS, API = standin("http"), standin("tls"), standin("api")
@@ -347,7 +347,7 @@ def test_docker_runs_a_local_image_as_root_and_as_the_user(guest: Guest) -> None
     assert info == f"vmsandbox-{name} /var/lib/docker"  # the guest's own daemon, images on the session's disk
     assert source == "/dev/vda"
     as_user = guest.sh("id -un; docker run --rm local/mini:1 /usr/bin/echo hi-user")
-    assert as_user.stdout.decode().splitlines() == ["alice", "hi-user"], as_user.stderr.decode()
+    assert as_user.stdout.decode().splitlines() == [played_user()[0], "hi-user"], as_user.stderr.decode()
     as_root = guest.cli.run(
         "exec", name, "--", "sudo", "docker", "run", "--rm", "local/mini:1", "/usr/bin/echo", "hi-root"
     )

@@ -18,7 +18,7 @@ import pytest
 
 from vmsandbox import paths
 from vmsandbox.session import lock
-from vmsandbox.session.record import DOMAIN_PREFIX
+from vmsandbox.session.record import domain_name
 from vmsandbox.sync.apply import TMP_PREFIX
 from vmsandbox.vm.virt import Hypervisor
 
@@ -191,7 +191,7 @@ def test_vm_destroyed_under_a_command_keeps_its_work(cli: Cli, owned_name: str, 
             lambda: cli.run("exec", owned_name, "--", "test", "-e", "/tmp/ready").returncode == 0, 300, "the command"
         )
         with Hypervisor(URI) as hv:
-            hv.destroy(DOMAIN_PREFIX + owned_name)
+            hv.destroy(domain_name(owned_name))
         _out, err = p.communicate(timeout=300)
     finally:
         if p.poll() is None:
@@ -215,6 +215,7 @@ def small_fs(tmp_path: Path) -> Iterator[Path]:
     subprocess.run(["umount", "--lazy", mnt], check=False)
 
 
+@pytest.mark.root("it mounts a small filesystem to fill")
 def test_full_disk_during_pull_then_room_made(cli: Cli, vm_factory: VmFactory, small_fs: Path) -> None:
     project = small_fs / "proj"
     project.mkdir()
@@ -238,6 +239,7 @@ def test_full_disk_during_pull_then_room_made(cli: Cli, vm_factory: VmFactory, s
     assert_gone(owned_name)
 
 
+@pytest.mark.root("it mounts a small filesystem to fill")
 def test_full_disk_during_capture(cli: Cli, owned_name: str, project: Path, small_fs: Path) -> None:
     # two copies (the baseline and the workspace disk: the mirror starts with placeholders) do not fit in 500 MiB
     (project / "data.bin").write_bytes(b"\1" * 250 * 1024**2)
@@ -250,6 +252,7 @@ def test_full_disk_during_capture(cli: Cli, owned_name: str, project: Path, smal
     assert list((state / "sessions").iterdir()) == []
 
 
+@pytest.mark.root("it mounts a small filesystem to fill")
 def test_full_disk_during_image_build(cli: Cli, small_fs: Path) -> None:
     r = cli.run("image", "build", "--force", env=cli.env(VMSANDBOX_DATA_DIR=str(small_fs)))
     assert r.returncode == 125

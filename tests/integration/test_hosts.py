@@ -21,6 +21,8 @@ from tests.integration.conftest import Cli
 from vmsandbox import paths, pids
 from vmsandbox.image import store
 
+pytestmark = pytest.mark.root("it plays a second libvirt host: a libvirtd of its own in a mount namespace, an sshd")
+
 IMAGE_FILES = ("disk.qcow2", "vmlinuz", "initrd.img")
 
 

@@ -16,6 +16,8 @@ from vmsandbox.image import store
 
 from .conftest import Cli, VmFactory, default_signals, wait_for
 
+pytestmark = pytest.mark.root("it builds base images (debootstrap, file ownership in the image)")
+
 
 def processes_mentioning(text: str) -> list[str]:
     ps = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True, check=True).stdout

@@ -53,7 +53,7 @@ def session(base_image: store.Image, tmp_path_factory: pytest.TempPathFactory) -
 def guest(record: Record, script: str) -> None:
     """Run `script` as root in the guest's project directory."""
     command = f"cd {shlex.quote(record.project)} && {script}"
-    proc.run([*record.endpoint("root").ssh_argv("-T"), "--", command], timeout=120)
+    proc.run([*record.endpoint().ssh_argv("-T", user="root"), "--", command], timeout=120)
 
 
 def fetch(record: Record) -> mirror.Fetched:
@@ -92,6 +92,7 @@ def allocated(root: Path) -> int:
     return sum(p.lstat().st_blocks * 512 for p in root.rglob("*") if p.is_file() and not p.is_symlink())
 
 
+@pytest.mark.root("placeholders are marked with `trusted.*` attributes, which only root can set")
 def test_the_mirror_holds_no_second_copy_of_the_project(session: Record) -> None:
     """The mirror starts with placeholders (sync.placeholders): the baseline holds the project's data, the
     mirror none of it, and yet a walk of it finds the baseline. The workspace disk is sparse."""

@@ -12,6 +12,8 @@ import pytest
 
 from .conftest import CLI_POLL, Cli, VmFactory, assert_gone, guest_sh, stop_libvirtd, wait_for
 
+pytestmark = pytest.mark.root("it stops and starts the host's libvirtd")
+
 
 def _state(cli: Cli, name: str) -> str | None:
     rows = [row for row in cli.ls() if row["name"] == name]

@@ -16,15 +16,15 @@ from vmsandbox.image import store
 from vmsandbox.session import boot as boot_mod
 from vmsandbox.session import create
 from vmsandbox.session.options import Options
-from vmsandbox.session.record import DOMAIN_PREFIX
+from vmsandbox.session.record import domain_name
 from vmsandbox.vm.virt import Hypervisor
 
-from .conftest import CLI_POLL, URI, Cli, assert_gone, processes, suite_settings, wait_for
+from .conftest import CLI_POLL, URI, Cli, assert_gone, played_user, processes, suite_settings, wait_for
 
 
 def domain_exists(name: str) -> bool:
     with Hypervisor(URI) as hv:
-        return hv.info(DOMAIN_PREFIX + name) is not None
+        return hv.info(domain_name(name)) is not None
 
 
 def record_status(name: str) -> str | None:
@@ -51,7 +51,7 @@ def test_two_concurrent_sessions(cli: Cli, owned_name: str, project: Path) -> No
             assert out == f"vmsandbox-{n}\n".encode()
     finally:
         with Hypervisor(URI) as hv:
-            hv.destroy(DOMAIN_PREFIX + second)
+            hv.destroy(domain_name(second))
     assert_gone(owned_name)
     assert_gone(second)
 
@@ -192,7 +192,8 @@ def test_sudo_user_becomes_the_guest_user(cli: Cli, owned_name: str, project: Pa
     probe = "id -un; id -u; id -g; sudo -n id -u; stat -c %u:%g .; id -nG | tr ' ' '\\n' | grep -x docker"
     r = cli.run("run", "--name", owned_name, str(project), "--", "sh", "-c", probe, env=env)
     assert r.returncode == 0, r.stderr.decode()
-    assert r.stdout.decode().splitlines() == ["alice", "1234", "2345", "0", "1234:2345", "docker"]
+    user, uid, gid = played_user()  # (a plain user's run: that user, whatever SUDO_* says)
+    assert r.stdout.decode().splitlines() == [user, str(uid), str(gid), "0", f"{uid}:{gid}", "docker"]
     assert_gone(owned_name)
 
 

@@ -20,6 +20,7 @@ from tests.integration.conftest import (
     VmFactory,
     assert_gone,
     guest_sh,
+    played_user,
     processes,
     unique_name,
     wait_for,
@@ -74,7 +75,7 @@ def test_each_warm_session_is_its_own_machine(cli: Cli, sessions: dict[str, str]
         out = probe(cli, name)
         hostname, uid, gid, uuid, rand, clock, host_key, readme, source = out
         assert hostname == f"vmsandbox-{name}"
-        assert (uid, gid) == ("1234", "2345")
+        assert (uid, gid) == tuple(str(n) for n in played_user()[1:])
         assert abs(int(clock) - host_now) < 10, "the guest's clock was not stepped to the host's"
         # the key sshd presents is the one this session generated on the host and pinned
         assert host_key.split()[:2] == record.files.host_key.with_suffix(".pub").read_text().split()[:2]

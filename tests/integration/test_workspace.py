@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from vmsandbox import paths
-from vmsandbox.session.record import DOMAIN_PREFIX, Record
+from vmsandbox.session.record import Record, domain_name
 from vmsandbox.sync import tree
 from vmsandbox.vm.virt import Hypervisor
 
@@ -432,7 +432,7 @@ def test_destroy_refuses_then_force_exports_and_recover_restores(
     assert "late.txt" in (box / "changes.patch").read_text()
     assert json.loads((box / "manifest.json").read_text())["late.txt"]["kind"] == "file"
     with Hypervisor(Record.load(owned_name).libvirt_uri) as hv:
-        assert hv.info(DOMAIN_PREFIX + owned_name) is None
+        assert hv.info(domain_name(owned_name)) is None
     rec = cli.run("recover", owned_name, "--yes")
     assert rec.returncode == 0, rec.stderr.decode()  # nothing left: the session goes
     assert b"the session is removed" in rec.stderr

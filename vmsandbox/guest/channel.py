@@ -19,6 +19,9 @@ if TYPE_CHECKING:
     import paramiko
 
 
+RUN_OUTPUT = 1024**2
+
+
 class LinkError(Exception):
     """The SSH link failed (paramiko's errors, socket errors and EOF, as one type)."""
 
@@ -55,10 +58,10 @@ class Link:
             return self.transport.open_channel("direct-tcpip", (LOOPBACK, port), peer, timeout=timeout)
 
     def run(self, command: str, timeout: float = 30) -> tuple[int, bytes]:
-        """Run a command; its exit status and stdout."""
+        """Run a command; its exit status and stdout (at most `RUN_OUTPUT` bytes of it: the guest writes it)."""
         with _as_link_error():
             _stdin, stdout, _stderr = self.client.exec_command(command, timeout=timeout)
-            data = stdout.read()
+            data = stdout.read(RUN_OUTPUT)
             return int(stdout.channel.recv_exit_status()), bytes(data)
 
     def run_unread(self, command: str, timeout: float) -> int | None:

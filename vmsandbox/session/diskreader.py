@@ -22,7 +22,7 @@ import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
-from vmsandbox import confine, paths, pids, ui
+from vmsandbox import access, confine, paths, pids, ui
 from vmsandbox.egress.netpolicy import Mode
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.guest import commands
@@ -101,12 +101,16 @@ def _new(session: Record, settings: config.Settings) -> Record:
         libvirt_uri=settings.libvirt_uri,
         network=Mode.NONE,
         workspace=str(files.root / OVERLAY),
+        workspace_backing=str(session.files.workspace_disk),
         owner_pid=os.getpid(),
         owner_start=pids.process_start(os.getpid()),
     )
     reader.save()
     qemuimg.overlay_on_raw(session.files.workspace_disk, reader.workspace_disk)
     reader.workspace_disk.chmod(0o600)
+    qemu = confine.qemu_uid()
+    if qemu is not None and qemu != os.geteuid():  # QEMU reads the raw disk as it is (never relabelled): by ACL
+        access.let_read(session.files.workspace_disk, qemu)
     # no workdir: the guest's own start-up never touches the disk (a disk that cannot be mounted must not
     # look like a failed warm start, which would mark the template failed); _mount mounts it
     create.write_identity(files, name, "vmsandbox-reader", GuestUser(session.user, session.uid, session.gid), None)

@@ -88,6 +88,9 @@ class Record:
     # the workspace disk when it is not the session's own raw disk: a reader VM's qcow2 overlay on the raw disk
     # of a session whose VM is gone (session.diskreader)
     workspace: str | None = None
+    # and the raw disk under it, named in the reader's domain so libvirt never hands it to QEMU's account (it
+    # would not give a backing file back: the user could no longer read their own disk)
+    workspace_backing: str | None = None
     # The qcow2 chain above the image, oldest first, names in the session directory; the VM writes the last.
     # A checkpoint freezes the top one and puts a new one above it (session.checkpoint).
     overlays: list[str] = field(default_factory=lambda: [paths.SESSION_OVERLAY])

@@ -68,6 +68,7 @@ def spec(record: Record, image: store.Image, *, warm: bool) -> DomainSpec:
         fwcfg_files=fwcfg,
         workspace_disk=None if warm else record.workspace_disk,
         workspace_format=record.workspace_format,
+        workspace_backing=Path(record.workspace_backing) if record.workspace_backing else None,
         channel=files.identity_socket,
     )
 
@@ -155,7 +156,8 @@ def warm(
         record.start = "warm"
         record.save()
         failpoint.hit("run.restore")
-        hv.attach(record.domain, domain.workspace_xml(record.workspace_disk, record.workspace_format))
+        backing = Path(record.workspace_backing) if record.workspace_backing else None
+        hv.attach(record.domain, domain.workspace_xml(record.workspace_disk, record.workspace_format, backing))
         detail("identity")
         identity.send(files.identity_socket, files.fwcfg_dir, timeout=min(IDENTITY_TIMEOUT, boot_timeout))
         detail("sshd")

@@ -98,18 +98,8 @@ def rsync(
         options = [*options, *meter.OPTIONS]
     ours, theirs = socket.socketpair()
     try:
-        local = proc.start(
-            # --blocking-io: the relay's cats expect blocking pipes (rsync makes them non-blocking otherwise)
-            ["rsync", *options, "--blocking-io", "-e", relay_shell(theirs.fileno()), source, dest],
-            stdin=proc.PIPE if input is not None else proc.DEVNULL,
-            cwd=side.cwd,
-            env=confine.clean_env(side.as_user),
-            as_user=side.as_user,
-            limits=side.limits,
-            pass_fds=(theirs.fileno(),),
-            # it talks to the guest's rsync: jailed, writing only where it receives, reading only what it sends
-            jail=Jail(writable=(side.cwd,)) if expect_sender else Jail(readable=(side.cwd,)),
-        )
+        piped, sends = input is not None, not expect_sender
+        local = _start_local(options, source, dest, side, theirs.fileno(), piped=piped, sends=sends)
     except BaseException:
         ours.close()
         theirs.close()
@@ -143,6 +133,23 @@ def rsync(
             proc.Result(result.argv, result.returncode, result.stdout, result.stderr + extra), hint=hint
         )
     return result
+
+
+def _start_local(
+    options: Sequence[str], source: str, dest: str, side: Side, fd: int, *, piped: bool, sends: bool
+) -> proc.Child:
+    """The host's rsync, as side.as_user, jailed: writing only where it receives, reading only what it sends."""
+    return proc.start(
+        # --blocking-io: the relay's cats expect blocking pipes (rsync makes them non-blocking otherwise)
+        ["rsync", *options, "--blocking-io", "-e", relay_shell(fd), source, dest],
+        stdin=proc.PIPE if piped else proc.DEVNULL,
+        cwd=side.cwd,
+        env=confine.clean_env(side.as_user),
+        as_user=side.as_user,
+        limits=side.limits,
+        pass_fds=(fd,),
+        jail=Jail(readable=(side.cwd,)) if sends else Jail(writable=(side.cwd,)),
+    )
 
 
 class _GuestSide:

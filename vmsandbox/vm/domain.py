@@ -47,6 +47,7 @@ class DomainSpec:
     fwcfg_files: dict[str, Path] = field(default_factory=dict)
     workspace_disk: Path | None = None  # ext4, mounted by the guest at the project path (vdb)
     workspace_format: str = "raw"  # "qcow2": a reader VM's overlay on a dead session's raw disk
+    workspace_backing: Path | None = None  # that raw disk: read by QEMU through an ACL, never relabelled
     channel: Path | None = None  # the identity port's socket (a warm start sends the identity through it)
     # (LIBVIRTS_SOCKET: where libvirt puts it)
     template: bool = False  # a warm-start template being built, not a session (gc tells them apart)
@@ -119,6 +120,7 @@ def _devices(devices: ET.Element, spec: DomainSpec) -> None:
         ws = _sub(devices, "disk", type="file", device="disk")
         _sub(ws, "driver", name="qemu", type=spec.workspace_format, discard="unmap")
         _sub(ws, "source", file=str(spec.workspace_disk))
+        _backing(ws, spec.workspace_backing)
         _sub(ws, "target", dev="vdb", bus="virtio")
         _sub(ws, "serial", WORKSPACE_SERIAL)
     # a warm start hot-plugs its workspace disk as a SCSI disk here: no PCI hot-plug, no wait
@@ -139,14 +141,26 @@ def _devices(devices: ET.Element, spec: DomainSpec) -> None:
     _sub(devices, "memballoon", model="virtio", freePageReporting="on")
 
 
-def workspace_xml(disk: Path, fmt: str = "raw") -> str:
+def workspace_xml(disk: Path, fmt: str = "raw", backing: Path | None = None) -> str:
     """The workspace disk a warm start hot-plugs (the guest finds it by its serial)."""
     el = ET.Element("disk", type="file", device="disk")
     _sub(el, "driver", name="qemu", type=fmt, discard="unmap")
     _sub(el, "source", file=str(disk))
+    _backing(el, backing)
     _sub(el, "target", dev="sda", bus="scsi")
     _sub(el, "serial", WORKSPACE_SERIAL)
     return ET.tostring(el, encoding="unicode")
+
+
+def _backing(disk: ET.Element, raw: Path | None) -> None:
+    """Name a qcow2 overlay's raw backing file, which libvirt must not relabel: it gives a backing file to QEMU's
+    account for good (the caller lets QEMU read it by an ACL instead)."""
+    if raw is None:
+        return
+    chain = _sub(disk, "backingStore", type="file")
+    _sub(chain, "format", type="raw")
+    _sub(_sub(chain, "source", file=str(raw)), "seclabel", model="dac", relabel="no")
+    _sub(chain, "backingStore")
 
 
 def for_restore(saved_xml: str, spec: DomainSpec) -> str:
