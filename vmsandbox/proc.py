@@ -87,7 +87,7 @@ def run(
     grandchild keeps writing into a directory we are about to remove. With `as_user` the child switches to
     that account (after changing into `cwd`) and with `limits` it runs under those resource limits; its
     process group is killed when it ends, so nothing it started outlives it. With `jail` it runs in bubblewrap
-    (jail.py): read-only but for the jail's writable paths, no network, its own PID namespace.
+    (jail.py): the system's programs and the jail's own paths only, no network, its own PID namespace.
     """
     data = input.encode() if isinstance(input, str) else input
     stdin = subprocess.PIPE if data is not None else subprocess.DEVNULL
