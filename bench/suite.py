@@ -209,7 +209,11 @@ def main() -> int:
     cost_log.unlink()
     calls = cost_log.with_name(cost_log.name + ".calls")
     if calls.exists():  # every `vmsandbox` command the tests ran, with its wall time: kept for a closer look
-        shutil.move(calls, data_dir() / "suite-last-calls.jsonl")
+        try:
+            data_dir().mkdir(parents=True, exist_ok=True)
+            shutil.move(calls, data_dir() / "suite-last-calls.jsonl")
+        except OSError as exc:
+            print(f"(could not keep the commands' times in {data_dir()}: {exc.strerror})")
     history = data_dir() / HISTORY
     _remember(history, record)
     return first_failure
