@@ -15,6 +15,7 @@ session); gc removes one whose `vmsandbox` process died, and its domain.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import secrets
 import shlex
@@ -35,6 +36,8 @@ from vmsandbox.session.state import is_running
 from vmsandbox.vm import accel as accel_mod
 from vmsandbox.vm import qemuimg
 from vmsandbox.vm.virt import Hypervisor
+
+log = logging.getLogger(__name__)
 
 PREFIX = ".reader-"
 OVERLAY = "workspace.qcow2"
@@ -101,16 +104,13 @@ def _new(session: Record, settings: config.Settings) -> Record:
         libvirt_uri=settings.libvirt_uri,
         network=Mode.NONE,
         workspace=str(files.root / OVERLAY),
-        workspace_backing=str(session.files.workspace_disk),
+        workspace_backing=_readable_by_qemu(session.files.workspace_disk),
         owner_pid=os.getpid(),
         owner_start=pids.process_start(os.getpid()),
     )
     reader.save()
     qemuimg.overlay_on_raw(session.files.workspace_disk, reader.workspace_disk)
     reader.workspace_disk.chmod(0o600)
-    qemu = confine.qemu_uid()
-    if qemu is not None and qemu != os.geteuid():  # QEMU reads the raw disk as it is (never relabelled): by ACL
-        access.let_read(session.files.workspace_disk, qemu)
     # no workdir: the guest's own start-up never touches the disk (a disk that cannot be mounted must not
     # look like a failed warm start, which would mark the template failed); _mount mounts it
     create.write_identity(files, name, "vmsandbox-reader", GuestUser(session.user, session.uid, session.gid), None)
@@ -118,6 +118,21 @@ def _new(session: Record, settings: config.Settings) -> Record:
     (fw / "env").write_text("")
     confine.give_to_qemu(fw)
     return reader
+
+
+def _readable_by_qemu(disk: Path) -> str | None:
+    """The raw disk, once QEMU's account may read it through an ACL entry: the reader's domain names it so that
+    libvirt never relabels it (it would give it to QEMU's account for good). None where no ACL can be set: then
+    libvirt relabels it, as it must for QEMU to read it at all."""
+    qemu = confine.qemu_uid()
+    if qemu is None or qemu == os.geteuid():
+        return str(disk) if qemu is not None else None
+    try:
+        access.let_read(disk, qemu)
+    except VmsandboxError as exc:
+        log.info("%s: %s; libvirt will give it to QEMU's account", disk, exc.message)
+        return None
+    return str(disk)
 
 
 def _boot(reader: Record, session: Record, hv: Hypervisor, boot_timeout: int) -> None:
