@@ -125,13 +125,14 @@ def _readable_by_qemu(disk: Path) -> str | None:
     libvirt never relabels it (it would give it to QEMU's account for good). None where no ACL can be set: then
     libvirt relabels it, as it must for QEMU to read it at all."""
     qemu = confine.qemu_uid()
-    if qemu is None or qemu == os.geteuid():
-        return str(disk) if qemu is not None else None
-    try:
-        access.let_read(disk, qemu)
-    except VmsandboxError as exc:
-        log.info("%s: %s; libvirt will give it to QEMU's account", disk, exc.message)
+    if qemu is None:
         return None
+    if qemu != os.geteuid():  # (QEMU running as us reads it as it is)
+        try:
+            access.let_read(disk, qemu)
+        except VmsandboxError as exc:
+            log.info("%s: %s; libvirt will give it to QEMU's account", disk, exc.message)
+            return None
     return str(disk)
 
 

@@ -122,6 +122,11 @@ class Record:
         return Path(self.workspace) if self.workspace else self.files.workspace_disk
 
     @property
+    def workspace_backing_disk(self) -> Path | None:
+        """A reader's raw disk under its overlay, named in its domain (None: libvirt probes the chain)."""
+        return Path(self.workspace_backing) if self.workspace_backing else None
+
+    @property
     def workspace_format(self) -> str:
         return "qcow2" if self.workspace else "raw"
 

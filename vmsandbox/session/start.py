@@ -68,7 +68,7 @@ def spec(record: Record, image: store.Image, *, warm: bool) -> DomainSpec:
         fwcfg_files=fwcfg,
         workspace_disk=None if warm else record.workspace_disk,
         workspace_format=record.workspace_format,
-        workspace_backing=Path(record.workspace_backing) if record.workspace_backing else None,
+        workspace_backing=record.workspace_backing_disk,
         channel=files.identity_socket,
     )
 
@@ -156,8 +156,8 @@ def warm(
         record.start = "warm"
         record.save()
         failpoint.hit("run.restore")
-        backing = Path(record.workspace_backing) if record.workspace_backing else None
-        hv.attach(record.domain, domain.workspace_xml(record.workspace_disk, record.workspace_format, backing))
+        xml = domain.workspace_xml(record.workspace_disk, record.workspace_format, record.workspace_backing_disk)
+        hv.attach(record.domain, xml)
         detail("identity")
         identity.send(files.identity_socket, files.fwcfg_dir, timeout=min(IDENTITY_TIMEOUT, boot_timeout))
         detail("sshd")
