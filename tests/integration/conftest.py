@@ -45,11 +45,14 @@ URI = os.environ.get("VMSANDBOX_LIBVIRT_URI", "qemu:///system")
 TEST_CPUS = int(os.environ.setdefault("VMSANDBOX_CPUS", "1"))
 
 
+SUDO_PLAYED = ("alice", 1234, 2345)  # the invoking user tests play, as `sudo` by them would report
+
+
 def played_user() -> tuple[str, int, int]:
     """Who the guest user is in sessions the tests make as `sudo` by alice (SUDO_USER=alice, 1234:2345): alice as
     root; as a plain user, that user (sudo's variables are believed only under sudo, that is as root)."""
     if os.geteuid() == 0:
-        return ("alice", 1234, 2345)
+        return SUDO_PLAYED
     me = pwd.getpwuid(os.geteuid())
     return (me.pw_name, me.pw_uid, me.pw_gid)
 

@@ -26,7 +26,7 @@ from vmsandbox.egress import secrets as secretstore
 from vmsandbox.egress.control import Door
 from vmsandbox.session.record import Record
 
-from .conftest import Cli, VmFactory, played_user, suite_settings, wait_for
+from .conftest import SUDO_PLAYED, Cli, VmFactory, played_user, suite_settings, wait_for
 from .standins import Recorder, Upstream, http_upstream, make_ca, standin, use_standin_daemon
 
 HTTP, TLS, API = standin("http"), standin("tls"), standin("api")
@@ -68,7 +68,7 @@ class Guest:
         return [json.loads(line) for line in r.stdout.decode().splitlines()]
 
 
-ALICE = ("alice", 1234, 2345)  # the invoking user the session plays (as under `sudo`): not root in the guest
+ALICE = SUDO_PLAYED  # the invoking user the session plays (as under `sudo`): not root in the guest
 
 
 @pytest.fixture(scope="module")
