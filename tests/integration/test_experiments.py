@@ -13,8 +13,7 @@ import pytest
 
 from tests.integration.conftest import Cli, VmFactory, unique_name
 from vmsandbox.image import store
-from vmsandbox.session import chain
-from vmsandbox.session import checkpoint as cp_mod
+from vmsandbox.session import chain, checkpoints
 from vmsandbox.session.record import Record
 from vmsandbox.vm import qemuimg
 
@@ -93,7 +92,7 @@ def test_removed_checkpoints_fold_into_a_short_chain_that_still_rolls_back(cli: 
     ok(cli, "checkpoint", source, "c4")  # the VM is down here: what c2 and c3 froze is folded away
 
     record = Record.load(source)
-    kept = {c.label: c for c in cp_mod.listed(record.files)}
+    kept = {c.label: c for c in checkpoints.listed(record.files)}
     assert sorted(kept) == ["c1", "c4"]
     assert record.overlays == [*kept["c4"].chain, record.overlays[-1]]
     assert len(record.overlays) == 3, record.overlays  # c1's overlay, c4's, the top

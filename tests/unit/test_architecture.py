@@ -4,6 +4,7 @@ libvirt, subprocess and paramiko stand. Read from the source as text; nothing is
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -130,3 +131,130 @@ def test_no_filesystem_tool_reads_a_guest_written_disk() -> None:
     fs_tools = ("e2fsck", "debugfs", "fsck.ext4", "fsck")
     starts = [(rel, name, _tool_of(node)) for rel, name, node in _tool_calls() if _tool_of(node) in fs_tools]
     assert starts == [("vm/ext4.py", "remove_dir", "debugfs")]
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _graph() -> dict[str, set[str]]:
+    """Every module of the package and the modules it imports, wherever the import is written: at the top, in a
+    function, under TYPE_CHECKING (a cycle hidden behind a function-local import is still a cycle)."""
+    modules = {_module_name(p): p for p in PACKAGE.rglob("*.py")}
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        found = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("vmsandbox"):
+                # `from pkg import module` imports the module; `from module import name`, the module
+                found |= {
+                    f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in modules else node.module
+                    for a in node.names
+                }
+            elif isinstance(node, ast.Import):
+                found |= {a.name for a in node.names if a.name in modules}
+        graph[name] = found - {name}
+    return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected groups of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = []
+            while True:
+                w = stack.pop()
+                group.append(w)
+                if w == v:
+                    break
+            if len(group) > 1:
+                found.append(sorted(group))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_no_import_cycles_not_even_hidden_in_a_function() -> None:
+    assert _cycles(_graph()) == []
+
+
+def test_the_cycle_finder_finds_a_cycle() -> None:
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert _cycles({"a": {"b"}, "b": set()}) == []
+
+
+# Where a VM lives: session.place is the interface, session.local and session.remote its implementations,
+# session.places the one chooser. The implementations stand on these session modules only (data and helpers
+# that know nothing of policy); policy reaches them through the chooser alone.
+PLACES = ("vmsandbox.session.local", "vmsandbox.session.remote")
+CHOOSER = "vmsandbox.session.places"
+GROUND = {
+    f"vmsandbox.session.{m}"
+    for m in ("place", "record", "checkpoints", "templatekey", "boot", "chain", "pins", "hostspec")
+}
+
+
+def _in(module: str, package: str) -> bool:
+    return module == package or module.startswith(package + ".")
+
+
+def test_a_place_stands_on_the_ground_only_and_never_on_another_place() -> None:
+    wrong = []
+    for name, deps in _graph().items():
+        own = next((p for p in PLACES if _in(name, p)), None)
+        if own is None and name not in GROUND:
+            continue
+        for dep in deps:
+            if not _in(dep, "vmsandbox.session") or _in(dep, own or "-") or dep in GROUND:
+                continue
+            wrong.append(f"{name} imports {dep}")
+    assert wrong == []
+
+
+def test_policy_reaches_a_place_only_through_the_chooser() -> None:
+    wrong = [
+        f"{name} imports {dep}"
+        for name, deps in _graph().items()
+        if name != CHOOSER and not any(_in(name, p) for p in PLACES)
+        for dep in deps
+        if any(_in(dep, p) for p in PLACES)
+    ]
+    assert wrong == []
+
+
+# The ways code has asked "does this VM live on another host?": a URI's host part, the host's name compared with
+# `local`, the --host option compared with None.
+WHERE_TESTS = re.compile(
+    r"\bis_remote\b|\.hostname\b|\bhost\s*[!=]=\s*(\"local\"|'local'|LOCAL\b)|\b(opts|options)\.host\s+is\s+(not\s+)?None"
+)
+
+
+def test_only_the_chooser_asks_where_a_vm_lives() -> None:
+    asking = []
+    for path in PACKAGE.rglob("*.py"):
+        name = _module_name(path)
+        if name == CHOOSER or any(_in(name, p) for p in PLACES):
+            continue
+        if not (_in(name, "vmsandbox.session") or _in(name, "vmsandbox.cli")):
+            continue
+        for n, line in enumerate(path.read_text().splitlines(), 1):
+            if WHERE_TESTS.search(line):
+                asking.append(f"{path.relative_to(PACKAGE)}:{n}: {line.strip()}")
+    assert asking == []
+    assert WHERE_TESTS.search('if record.host == "local":') and WHERE_TESTS.search("if opts.host is None:")

@@ -105,7 +105,7 @@ def test_a_fork_restores_with_every_host_path_its_own() -> None:
 def test_a_fork_on_another_host_says_whose_it_is_and_keeps_the_save_images_layout() -> None:
     import io
 
-    from vmsandbox.session import remotesave
+    from vmsandbox.session.remote import save as remotesave
     from vmsandbox.vm import savefile
     from vmsandbox.vm.domain import client_of
 

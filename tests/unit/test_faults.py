@@ -194,7 +194,7 @@ def test_a_boot_that_stalls_after_its_last_reset_is_given_up_at_once(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Two resets of a stalled early boot; a third stall fails the boot then, not at the boot timeout."""
-    from vmsandbox.session import bootwait
+    from vmsandbox.session.local import bootwait
     from vmsandbox.vm.node import DomainInfo
 
     clock = [0.0]

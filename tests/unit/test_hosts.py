@@ -12,7 +12,10 @@ import pytest
 
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.image.store import Image
-from vmsandbox.session import config, hostimages, hostspec
+from vmsandbox.session import config, hostspec, places
+from vmsandbox.session.local.place import LocalPlace
+from vmsandbox.session.remote import images as hostimages
+from vmsandbox.session.remote.place import RemotePlace
 from vmsandbox.vm import storage
 from vmsandbox.vm.node import Node
 
@@ -35,8 +38,8 @@ def test_hosts_are_read_from_the_user_config(tmp_path: Path) -> None:
         hostspec.HostSpec("lab-2", "qemu+tls://lab2/system", None, 1024, "/srv/vms"),
     )
     assert [h.name for h in hostspec.every(s.libvirt_uri, s.hosts)] == ["local", "big", "lab-2"]
-    assert not hostspec.every(s.libvirt_uri, s.hosts)[0].remote
-    assert s.hosts[0].remote
+    assert isinstance(places.every(s.libvirt_uri, s.hosts)[0], LocalPlace)
+    assert all(isinstance(p, RemotePlace) for p in places.every(s.libvirt_uri, s.hosts)[1:])
     assert hostspec.named(s.libvirt_uri, s.hosts, "lab-2").uri == "qemu+tls://lab2/system"
     with pytest.raises(VmsandboxError, match="no host named 'lab3'") as err:
         hostspec.named(s.libvirt_uri, s.hosts, "lab3")
@@ -269,7 +272,7 @@ def test_a_header_that_cannot_take_the_new_name_is_refused(tmp_path: Path, conte
 
 
 def test_the_tunnel_reaches_the_host_as_libvirt_does() -> None:
-    from vmsandbox.session import tunnel
+    from vmsandbox.session.remote import tunnel
 
     argv = tunnel.ssh_argv("qemu+ssh://me@big.example:2222/system?keyfile=/k/id&command=/opt/ssh&no_verify=0")
     assert argv[0] == "/opt/ssh"
@@ -312,19 +315,19 @@ def test_run_on_another_host_checks_the_host_before_anything_is_made(
 
 
 def test_a_long_chain_there_is_refused_with_the_fork_that_starts_over() -> None:
-    from vmsandbox.session import remotecheckpoint
     from vmsandbox.session.record import Record
+    from vmsandbox.session.remote import checkpoint as remotecheckpoint
 
     record = Record("exp", "/p", "v", "tcg", "", 1, 512, 4096, 0, "u", 1000, 1000, "qemu+ssh://me@big/system")
     record.host = "big"
     record.overlays = [f"o{i}" for i in range(remotecheckpoint.MAX_CHAIN - 1)]
-    remotecheckpoint.check_room(record)
+    places.of(record).check_room(record)
     record.overlays.append("top")
     with pytest.raises(VmsandboxError, match="runs on host big over 18 overlays") as refused:
-        remotecheckpoint.check_room(record)
+        places.of(record).check_room(record)
     assert "vmsandbox fork exp NEW --from LABEL" in str(refused.value.hint)
     record.libvirt_uri, record.host = "qemu:///system", "local"
-    remotecheckpoint.check_room(record)  # this machine's: folded, nothing to refuse
+    places.of(record).check_room(record)  # this machine's: folded, nothing to refuse
 
 
 def test_a_volume_read_into_a_file_keeps_its_holes(tmp_path: Path) -> None:
@@ -363,7 +366,7 @@ class _Host:
 
 
 def test_a_host_s_limits_are_kept_when_a_session_is_placed_there() -> None:
-    from vmsandbox.session import remote
+    from vmsandbox.session.remote import vm as remote
 
     host = hostspec.HostSpec("big", "qemu+ssh://big/system", max_sessions=3, keep_free_mib=4096)
     remote.check_room(_Host(2, 8192), host, 2048)  # type: ignore[arg-type]  # a third fits, leaving 6 GiB

@@ -7,10 +7,11 @@ import pytest
 
 from vmsandbox import paths
 from vmsandbox.sync import reviewable, tree
-from vmsandbox.sync.changes import Gathered, Origin, Target
+from vmsandbox.sync.changes import Gathered, Origin
 from vmsandbox.sync.compare import Change, Status, compare, is_git_managed, risk_of
 from vmsandbox.sync.plan import Decisions, Plan, make
 from vmsandbox.sync.take import Take
+from vmsandbox.sync.target import Target
 from vmsandbox.sync.tree import DIR, FILE, OTHER, SYMLINK, Entry
 
 

@@ -18,7 +18,8 @@ from tests.unit.test_domain import qemu_args, spec
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.guest import identity
 from vmsandbox.image.store import Image
-from vmsandbox.session import template
+from vmsandbox.session import templatekey
+from vmsandbox.session.local import template
 from vmsandbox.vm import savefile
 from vmsandbox.vm.domain import build_xml, for_restore, session_of, with_netdev, workspace_xml
 
@@ -194,13 +195,13 @@ class FakeHv:
 
 def test_a_template_is_used_only_under_the_key_it_was_saved_with(tmp_path: Path) -> None:
     image = Image("bookworm-aaa", tmp_path / "base-bookworm-aaa", {"kernel_cmdline": "root=/dev/vda"})
-    shape = template.Shape("tcg", 2, 2048, 8192)
+    shape = templatekey.Shape("tcg", 2, 2048, 8192)
     hv = FakeHv()
     found, why = template.find(image, shape, hv)  # type: ignore[arg-type]
     assert found is None
     assert "no warm-start template yet" in why
-    key = template.key(image, shape, hv)  # type: ignore[arg-type]
-    where = template.root_of(image) / f"{shape.slug}-{template.digest(key)}"
+    key = templatekey.key(image, shape, hv)  # type: ignore[arg-type]
+    where = template.root_of(image) / f"{shape.slug}-{templatekey.digest(key)}"
     where.mkdir(parents=True)
     (where / template.MEMORY).write_bytes(b"LibvirtQemudSave")
     (where / template.META).write_text(json.dumps({"key": key}))

@@ -6,17 +6,17 @@ from __future__ import annotations
 import inspect
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Annotated, Any, NoReturn
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from vmsandbox import ui
+from vmsandbox.cli import run as run_mod
 from vmsandbox.cli.base import AsJson, SessionName, TakesCommand, age, app, columns, print_json, sync_limit, tail
 from vmsandbox.errors import VmsandboxError
 
 if TYPE_CHECKING:
-    from vmsandbox.session.checkpoint import Checkpoint
-    from vmsandbox.session.options import Run
+    from vmsandbox.session.checkpoints import Checkpoint
     from vmsandbox.session.record import Record
 
 
@@ -59,16 +59,13 @@ def checkpoint(
 
 
 def _sizes(record: Record, found: list[Checkpoint]) -> dict[str, int | None]:
-    """Each checkpoint's bytes on disk: here, or as the session's host says (None: it did not answer)."""
-    from vmsandbox.session import remotecheckpoint
-    from vmsandbox.session.hostspec import is_remote
+    """Each checkpoint's bytes where they are kept (None: the session's host did not answer)."""
+    from vmsandbox.session import checkpoint
 
-    if not is_remote(record.libvirt_uri):
-        return {c.label: c.size() for c in found}
     try:
-        return dict(remotecheckpoint.sizes(record, {c.label: c.overlay for c in found}))
+        return dict(checkpoint.sizes(record, found))
     except VmsandboxError as exc:
-        ui.warn(f"host {record.host} did not say what the checkpoints hold there: {exc.message}")
+        ui.warn(exc.message)
         return dict.fromkeys((c.label for c in found), None)
 
 
@@ -81,11 +78,11 @@ def checkpoints(name: SessionName, as_json: AsJson = False) -> None:
     """List a session's checkpoints, oldest first, with their age and size on disk.
 
     Example: `vmsandbox checkpoints exp1`"""
-    from vmsandbox.session import checkpoint as cp_mod
+    from vmsandbox.session import checkpoints
     from vmsandbox.session.record import Record
 
     record = Record.load(name)
-    found = cp_mod.listed(record.files)
+    found = checkpoints.listed(record.files)
     sizes = _sizes(record, found)
     if as_json:
         print_json([{**c.as_dict(), "bytes": sizes[c.label]} for c in found])
@@ -137,43 +134,8 @@ def fork(
     )
 
 
-def fan_out(planned: Run, n: int, check: str | None) -> NoReturn:
-    """Run a fan-out and print its summary; exit 0 when every session's command (and check) passed."""
-    from vmsandbox.session import fanout
-
-    group, names = fanout.names(planned, n)
-    ui.info(f"Fan-out [bold]{group}[/]: {n} session(s), {names[0]} … {names[-1]}")
-
-    outcomes = fanout.fan_out(planned, n, check, limit=sync_limit())
-    columns(
-        ["SESSION", "EXIT", "TIME", "FILES", "+", "-", "CHECK"],
-        [
-            [
-                o.name,
-                "-" if o.code is None else str(o.code),
-                f"{o.seconds:.1f}s",
-                str(o.files),
-                str(o.added),
-                str(o.removed),
-                {None: "-", True: "pass", False: "FAIL"}[o.check],
-            ]
-            for o in outcomes
-        ],
-    )
-    for o in outcomes:
-        if o.error:
-            ui.warn(f"{o.name}: {o.error}")
-    ui.info(
-        f"Each command's output: fanout.log in the session's directory. Compare them with `vmsandbox compare "
-        f"{' '.join(o.name for o in outcomes)}`, take one with `vmsandbox pull NAME`, then "
-        f"`vmsandbox destroy --group {group}`"
-    )
-    raise typer.Exit(0 if outcomes and all(o.ok for o in outcomes) else 1)
-
-
 def _fanout_command() -> Callable[..., None]:
     """`vmsandbox fanout N PATH [run options] -- COMMAND`: `run --fanout N`."""
-    from vmsandbox.cli import run as run_mod
 
     def command(**given: Any) -> None:
         n, path, blueprint = given.pop("n"), given.pop("path"), given.pop("blueprint")

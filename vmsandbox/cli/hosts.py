@@ -53,7 +53,7 @@ def hosts_command(
             ]
         )
     columns(["HOST", "STATE", "VERSIONS", "ACCEL", "MEMORY FREE", "SESSIONS", "IMAGES", "URI", "PROBLEM"], rows)
-    if any(s.node is None and s.spec.remote for s in found):
+    if any(s.node is None for s in found[1:]):  # a configured host (the first is this machine)
         ui.info(
             "A host that does not answer: check that `virsh -c URI version` works from here (ssh by key, without a "
             "password; libvirtd running there)."
@@ -77,15 +77,11 @@ def host_prepare(
     from vmsandbox.errors import VmsandboxError
     from vmsandbox.image import blueprint as blueprints
     from vmsandbox.image import layers, store
-    from vmsandbox.session import config, hostimages, hostspec
-    from vmsandbox.vm.virt import Hypervisor
+    from vmsandbox.session import config, hosts
 
     settings = config.load()
-    spec = hostspec.named(settings.libvirt_uri, settings.hosts, name)
-    if not spec.remote:
-        raise VmsandboxError(
-            f"host {name} is this machine: its images are used where they are", hint="name another host"
-        )
+    place = hosts.named(settings, name)
+    place.check_holds_images()
     found = store.get_image(image) if image else store.current_image()
     if blueprint is not None:
         bp = blueprints.load(blueprint)
@@ -96,7 +92,4 @@ def host_prepare(
                 hint=f"build it here first: `vmsandbox image build --blueprint {blueprint}`",
             )
         found = layer
-    with Hypervisor(spec.uri) as hv:
-        sent = hostimages.ensure(hv, spec, found)
-    what = "sent" if sent else "already there"
-    ui.info(f"Image {found.path.name} on host {name}: {what} (pool {hostimages.POOL} at {spec.pool_path})")
+    ui.info(f"Image {found.path.name} on host {name}: {hosts.hold_image(place, found)}")

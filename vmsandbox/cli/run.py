@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 import typer
 
 from vmsandbox import ui
+from vmsandbox.cli import fanout
 from vmsandbox.cli import review as review_ui
 from vmsandbox.cli.base import (
     ALIASES,
@@ -162,9 +163,7 @@ def run_session(
         raise VmsandboxError("--check goes with --fanout", hint="e.g. `vmsandbox run --fanout 3 --check 'make test' .`")
     planned = resolve.resolve(path, blueprint_name, cmd, flags, agent=agent)
     if flags.fanout is not None:
-        from vmsandbox.cli import experiments
-
-        experiments.fan_out(planned, flags.fanout, flags.check)
+        fanout.fan_out(planned, flags.fanout, flags.check)
     record = create.create(planned.options)
     code = EXIT_ERROR
     try:

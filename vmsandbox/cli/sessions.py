@@ -173,10 +173,10 @@ def logs(
     if which not in ("console", "proxy"):
         raise VmsandboxError(f"unknown log {which!r}", hint="available: console, proxy")
     path = record.files.console_log if which == "console" else record.files.proxy_log
-    if which == "console" and record.host != "local":
-        from vmsandbox.session import remotelog
+    if which == "console":
+        from vmsandbox.session import state
 
-        remotelog.refresh(record, follow=follow)
+        state.refresh_console(record, follow=follow)
     if not follow and not path.exists():
         if which == "proxy":
             ui.info(f"Session {name} has made no requests through its egress proxy yet.")

@@ -29,6 +29,8 @@ SLOW_AFTER = 45.0  # a boot still waited for after this long is checked (once) f
 # stall: the VM is reset (the guest starts over in the same QEMU, nothing of it has been used yet).
 STALL_MIN, STALL_MAX = 20.0, 60.0  # the stall limit: boot_timeout / 5, within these bounds
 RESETS = 2
+CONSOLE_TAIL_LINES = 30
+CONSOLE_TAIL_BYTES = 64 * 1024  # the guest writes the console: read only its end
 
 # whole sequences, and the halves systemd leaves where it shortens a line in the middle of one ("\x1b[…", "…[0m")
 _CSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b[()][0-9A-Za-z]|\x1b\[?[0-9;]*(?=…)|(?<=…)\[?[0-9;]*m")
@@ -247,3 +249,15 @@ def keep(console: Path, name: str) -> Path | None:
     for old in sorted(where.glob("*.console.log"))[:-KEEP_FAILED]:
         old.unlink(missing_ok=True)
     return kept
+
+
+def tail_of(log_file: Path, lines: int = CONSOLE_TAIL_LINES) -> str:
+    """The last lines of a console log (raw: the caller escapes or strips them)."""
+    try:
+        with log_file.open("rb") as f:
+            f.seek(max(0, f.seek(0, os.SEEK_END) - CONSOLE_TAIL_BYTES))
+            text = f.read().decode(errors="replace")
+    except OSError:
+        return "(no console output)"
+    tail = [line.rstrip() for line in text.splitlines() if line.strip()][-lines:]
+    return "\n".join(tail) or "(no console output)"

@@ -6,7 +6,7 @@ copy of the workspace disk; a reflink where the file system has them) and checkp
 not copied: the overlay the VM wrote until then is frozen, the checkpoint names it, and a new overlay above it
 takes the VM's writes from then on (session.chain keeps that chain short). Taking one saves the VM and
 restores it from the very file that is kept: the guest stops for a few seconds and carries on. A session on
-another host keeps the same, as volumes there (remotecheckpoint.py).
+another host keeps the same, as volumes there: how is the place's (session.place), what is kept is here.
 
 A rollback never loses work silently: what is unsynced in the session when it rolls back is exported first,
 outbox-style (changes.patch, the changed files, the guest's commits), to rolled-back/LABEL-TIME.
@@ -14,93 +14,25 @@ outbox-style (changes.patch, the changed files, the guest's commits), to rolled-
 
 from __future__ import annotations
 
-import json
-import os
 import re
-import secrets
 import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-from vmsandbox import access, paths, ui
+from vmsandbox import ui
 from vmsandbox.egress import control
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.guest import commands
-from vmsandbox.session import chain, lifecycle, lock, remotecheckpoint, suspend
-from vmsandbox.session.hostspec import is_remote
+from vmsandbox.session import lifecycle, lock, places, suspend
+from vmsandbox.session.checkpoints import MOST, Checkpoint, find, listed
 from vmsandbox.session.record import Record, State
 from vmsandbox.session.state import status
-from vmsandbox.sync import capture, changes, delta, journal, outbox
-from vmsandbox.vm import qemuimg
+from vmsandbox.sync import changes, delta, journal, outbox
 from vmsandbox.vm.virt import Hypervisor
 
-MEMORY = "memory.save"
-WORKSPACE = "workspace.raw"
-META = "checkpoint.json"
-MAX_CHECKPOINTS = 16
-MAX_DEPTH = 3 + MAX_CHECKPOINTS + 2  # base, layer, template; a frozen overlay per checkpoint; the top
 LABEL_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,39}$")
 SYNC_TIMEOUT = 120
-
-
-@dataclass(frozen=True)
-class Checkpoint:
-    label: str
-    created: float
-    chain: list[str]  # the overlays the system disk read then, oldest first; the last is frozen for this one
-    path: Path
-
-    @property
-    def overlay(self) -> str:
-        return self.chain[-1]
-
-    @property
-    def memory(self) -> Path:
-        return self.path / MEMORY
-
-    @property
-    def workspace(self) -> Path:
-        return self.path / WORKSPACE
-
-    def size(self) -> int:
-        """Bytes on disk: the saved memory, the workspace copy and the frozen overlay."""
-        kept = (self.memory, self.workspace, self.path.parent.parent / self.overlay)
-        return sum(f.stat().st_blocks * 512 for f in kept if f.exists())
-
-    def as_dict(self) -> dict[str, Any]:
-        return {"label": self.label, "created": self.created, "overlay": self.overlay, "bytes": self.size()}
-
-    def write(self) -> None:
-        data = {"label": self.label, "created": self.created, "chain": self.chain}
-        paths.write_atomically(self.path / META, json.dumps(data, indent=1))
-
-
-def listed(files: paths.SessionPaths) -> list[Checkpoint]:
-    """The session's checkpoints, oldest first (ones being taken, `.tmp-*`, are not)."""
-    found = []
-    if files.checkpoints.is_dir():
-        for d in files.checkpoints.iterdir():
-            if d.name.startswith(".") or not (d / META).is_file():
-                continue
-            try:
-                data = json.loads((d / META).read_text())
-                found.append(Checkpoint(str(data["label"]), float(data["created"]), list(data["chain"]), d))
-            except (OSError, ValueError, KeyError, TypeError) as exc:
-                ui.warn(f"checkpoint {d} is damaged ({exc}); `rm -r` it to drop it")
-    return sorted(found, key=lambda c: c.created)
-
-
-def find(files: paths.SessionPaths, name: str, label: str) -> Checkpoint:
-    for c in listed(files):
-        if c.label == label:
-            return c
-    labels = ", ".join(c.label for c in listed(files)) or "none"
-    raise VmsandboxError(
-        f"session {name} has no checkpoint {label!r} (it has: {labels})",
-        hint=f"`vmsandbox checkpoint {name} LABEL` takes one",
-    )
 
 
 def _check_label(label: str) -> str:
@@ -122,12 +54,12 @@ def take(name: str, label: str | None = None) -> Checkpoint:
         have = listed(record.files)
         if any(c.label == label for c in have):
             raise VmsandboxError(f"session {name} already has a checkpoint {label!r}", hint="pick another label")
-        if len(have) >= MAX_CHECKPOINTS:
+        if len(have) >= MOST:
             raise VmsandboxError(
                 f"session {name} has {len(have)} checkpoints, the most it keeps",
                 hint=f"remove one with `vmsandbox checkpoint rm {name} LABEL`",
             )
-        remotecheckpoint.check_room(record)
+        places.of(record).check_room(record)
         return take_locked(record, hv, label)
 
 
@@ -172,21 +104,9 @@ def freeze(record: Record, hv: Hypervisor, label: str) -> Checkpoint:
         Checkpoint(cp.label, cp.created, cp.chain, staging).write()
         staging.rename(cp.path)
 
-    if is_remote(record.libvirt_uri):
-        remotecheckpoint.freeze(record, hv, label, publish, leftovers=(staging, cp.path))
-        return cp
-    memory = staging / MEMORY
-    with ui.step(f"Saving {record.domain} (memory and devices)"):
-        hv.save(record.domain, str(memory))
     try:
-        with ui.step("Keeping the workspace disk"):
-            capture.copy_disk(files.workspace_disk, staging / WORKSPACE)
-        publish()
-        memory = cp.memory
-        new_top(record)
-        tidy(record, live=False)
+        places.of(record).freeze(record, hv, cp, staging, publish)
     except BaseException:
-        _leave_stopped(record, hv, memory)
         for d in (staging, cp.path):
             shutil.rmtree(d, ignore_errors=True)
         raise
@@ -195,56 +115,24 @@ def freeze(record: Record, hv: Hypervisor, label: str) -> Checkpoint:
 
 def wake(record: Record, hv: Hypervisor, cp: Checkpoint) -> None:
     """The second half: the VM resumed from the checkpoint's memory (left stopped on it if that fails)."""
+    _resume(record, hv, cp, f"Resuming {record.domain}")
+
+
+def _resume(record: Record, hv: Hypervisor, cp: Checkpoint, title: str) -> None:
+    """The VM resumed from checkpoint `cp`'s memory; if that fails, the session is left stopped on it (as
+    `vmsandbox stop` would have left it), so that `vmsandbox start` resumes it."""
+    place = places.of(record)
+    memory = place.memory_of(record, cp)
     try:
-        suspend.resume(record, hv, _memory(record, cp), f"Resuming {record.domain}")
+        suspend.resume(record, hv, memory, title)
     except BaseException:
-        _leave_stopped(record, hv, _memory(record, cp))
+        place.leave_stopped(record, hv, memory)
         raise
 
 
-def _memory(record: Record, cp: Checkpoint) -> Path | str:
-    """Where a checkpoint keeps the VM: its file here, or a volume on the session's host."""
-    return remotecheckpoint.volume(record, cp.label, "save") if is_remote(record.libvirt_uri) else cp.memory
-
-
-def _leave_stopped(record: Record, hv: Hypervisor, memory: Path | str) -> None:
-    """A checkpoint or rollback failed with the VM down: leave the session stopped on `memory` (as `vmsandbox
-    stop` would), so that `vmsandbox start` resumes it."""
-    if isinstance(memory, str):
-        remotecheckpoint.leave_stopped(record, hv, memory)
-    elif memory.exists():
-        shutil.copyfile(memory, record.files.saved_memory)
-        record.saved = True
-        record.save()
-        ui.warn(f"session {record.name} is stopped; `vmsandbox start {record.name}` resumes it")
-
-
-def new_top(record: Record) -> None:
-    """Freeze the VM's top overlay and put a new one above it (the VM must be down)."""
-    if os.geteuid() != 0 and record.system_disk.stat().st_uid == os.geteuid():
-        # libvirt hands a VM's backing images to QEMU's account and, unlike the top one, never hands them back:
-        # an entry of our own keeps a frozen overlay ours to read, fold and copy
-        access.grant(record.system_disk, os.geteuid(), 6)
-    top = f"overlay-{secrets.token_hex(4)}.qcow2"
-    qemuimg.create_overlay(record.system_disk, record.files.root / top, depth=MAX_DEPTH)
-    (record.files.root / top).chmod(0o600)
-    record.overlays.append(top)
-    record.save()
-
-
-def tidy(record: Record, *, live: bool) -> None:
-    """Fold the overlays no checkpoint needs into the ones above, delete the unreachable ones (session.chain)."""
-    files = record.files
-    have = listed(files)
-    chains = [record.overlays, *(c.chain for c in have)]
-    named = {record.overlays[-1], *(c.overlay for c in have)}
-    p = chain.plan(chains, named, chain.present(files.root), live=live)
-    if not p.folds and not p.dead:
-        return
-    chain.apply(files.root, chains, p)
-    record.save()
-    for c in have:
-        c.write()
+def sizes(record: Record, found: list[Checkpoint]) -> dict[str, int]:
+    """Each checkpoint's bytes where its session's place keeps it (raises when that place does not say)."""
+    return places.of(record).sizes(record, found)
 
 
 @dataclass(frozen=True)
@@ -275,25 +163,13 @@ def rollback(name: str, label: str, *, limit: int) -> Rolled:
         files.saved_memory.unlink(missing_ok=True)
         record.saved = False
         record.overlays = list(cp.chain)
-        if is_remote(record.libvirt_uri):
-            remotecheckpoint.rewind(record, hv, label, [c.chain for c in listed(files)])
-        else:
-            new_top(record)
-            with ui.step("Restoring the workspace disk"):
-                tmp = files.root / f".{paths.SESSION_WORKSPACE_DISK}.rollback"
-                capture.copy_disk(cp.workspace, tmp)
-                tmp.replace(files.workspace_disk)
-            tidy(record, live=False)
+        places.of(record).rewind(record, hv, cp)
         # the guest's journal went back in time with it: the next pull walks the tree once
         delta.forget(files.root)
         journal.cursor_file(files.root).unlink(missing_ok=True)
         record.unsynced = None
         record.save()
-        try:
-            suspend.resume(record, hv, _memory(record, cp), f"Restoring {record.domain} to checkpoint {label}")
-        except BaseException:
-            _leave_stopped(record, hv, _memory(record, cp))
-            raise
+        _resume(record, hv, cp, f"Restoring {record.domain} to checkpoint {label}")
     return Rolled(cp, box, len(left))
 
 
@@ -303,8 +179,5 @@ def remove(name: str, label: str) -> Checkpoint:
         record = Record.load(name)
         cp = find(record.files, name, label)
         shutil.rmtree(cp.path)
-        if is_remote(record.libvirt_uri):
-            remotecheckpoint.drop(record, hv, label, [c.chain for c in listed(record.files)])
-        else:  # a running VM reads every overlay of its chain: those are folded at the next checkpoint or rollback
-            tidy(record, live=status(record, hv).state is not State.STOPPED)
+        places.of(record).drop(record, hv, label, live=status(record, hv).state is not State.STOPPED)
     return cp

@@ -17,9 +17,10 @@ from vmsandbox.guest.files import GuestUser
 from vmsandbox.image import blueprint as blueprint_mod
 from vmsandbox.image import store
 from vmsandbox.image.blueprint import Blueprint
-from vmsandbox.session import pins, remote, remotestart, start
+from vmsandbox.session import pins, places
 from vmsandbox.session.config import Settings
 from vmsandbox.session.options import Options
+from vmsandbox.session.place import Place
 from vmsandbox.session.record import Phase, Record, default_name, validate_name, validate_project
 from vmsandbox.sync import capture
 from vmsandbox.vm import accel as accel_mod
@@ -38,9 +39,9 @@ def create(opts: Options) -> Record:
         if not os.environ.get("SSH_AUTH_SOCK"):
             raise VmsandboxError("--ssh-agent: no ssh-agent here (SSH_AUTH_SOCK is not set)", hint="start one first")
         ui.warn("--ssh-agent: the guest can use your SSH keys (not read them) while the session runs")
-    uri = settings.libvirt_uri if opts.host is None else opts.host.uri
-    with Hypervisor(uri) as hv:  # fails early, before anything is made, if libvirt is down
-        choice = _accel(opts, hv)
+    place = places.of_host(opts.host, settings.libvirt_uri)
+    with Hypervisor(place.uri) as hv:  # fails early, before anything is made, if libvirt is down
+        choice = _accel(opts, place, hv)
         files = paths.session_paths(name)
         confine.state_dirs()
         try:
@@ -51,7 +52,7 @@ def create(opts: Options) -> Record:
                 hint=f"pick another --name, or `vmsandbox destroy {name}`",
             ) from None
         user = GuestUser("root", 0, 0) if opts.build_disk else GuestUser.of_host()
-        record = _new_record(name, project, image, choice, settings, user, bp, opts)
+        record = _new_record(name, project, image, choice, settings, user, bp, opts, place)
         try:
             record.save()
             pins.pin(name, image.version, None)
@@ -63,13 +64,7 @@ def create(opts: Options) -> Record:
                 if record.wants_daemon:
                     spawned[:] = [control.spawn(daemon_spec(record), files)]
 
-            if opts.host is None:
-                start.boot(
-                    record, image, hv, cold_start=opts.cold, boot_timeout=settings.boot_timeout, launched=launched
-                )
-            else:
-                remotestart.boot(record, image, hv, opts.host, cold_start=opts.cold, boot_timeout=settings.boot_timeout)
-                launched()
+            place.boot(record, image, hv, cold=opts.cold, timeout=settings.boot_timeout, launched=launched)
             pins.pin(name, image.version, record.template)
             _open_egress(record, settings, spawned[0] if spawned else None)
             record.status = Phase.READY
@@ -77,22 +72,17 @@ def create(opts: Options) -> Record:
         except BaseException:
             control.stop(files)
             hv.destroy(record.domain)
-            remote.forget(files.root, record.libvirt_uri, record.domain)
+            place.forget(files.root, record.domain)
             shutil.rmtree(files.root, ignore_errors=True)
             pins.unpin(name)
             raise
     return record
 
 
-def _accel(opts: Options, hv: Hypervisor) -> accel_mod.Choice:
-    """The accelerator: this machine's, or (on another host, `hv`, after checking it has room under its limits)
-    what that host's CPU and libvirt allow."""
+def _accel(opts: Options, place: Place, hv: Hypervisor) -> accel_mod.Choice:
+    """The accelerator the place allows (`hv`: its libvirt), once it has room for the session under its limits."""
     requested = opts.settings.accel
-    if opts.host is None:
-        choice = accel_mod.choose(requested)
-    else:
-        remote.check_room(hv, opts.host, opts.settings.memory_mib)
-        choice = accel_mod.choose(requested, problem=hv.node().kvm_problem(), probe=False)
+    choice = place.admit(hv, requested, opts.settings.memory_mib)
     if choice.accel is accel_mod.Accel.TCG and requested is accel_mod.Accel.AUTO:
         ui.warn(choice.reason)
     return choice
@@ -107,6 +97,7 @@ def _new_record(
     user: GuestUser,
     bp: Blueprint,
     opts: Options,
+    place: Place,
 ) -> Record:
     return Record(
         name=name,
@@ -121,8 +112,8 @@ def _new_record(
         user=user.name,
         uid=user.uid,
         gid=user.gid,
-        libvirt_uri=settings.libvirt_uri if opts.host is None else opts.host.uri,
-        host="local" if opts.host is None else opts.host.name,
+        libvirt_uri=place.uri,
+        host=place.name,
         network=settings.network,
         blueprint=bp.name,
         ssh_agent=opts.ssh_agent,
@@ -182,7 +173,7 @@ def write_identity(files: paths.SessionPaths, name: str, hostname: str, user: Gu
     ssh.generate_key(files.host_key, f"vmsandbox-{name}-host")
     fw = files.fwcfg_dir
     fw.mkdir(mode=0o700)
-    (fw / "template").write_text("1\n")  # read only by a restored template's domain (start.spec)
+    (fw / "template").write_text("1\n")  # read only by a restored template's domain (local.start.spec)
     (fw / "hostname").write_text(hostname + "\n")
     (fw / "user").write_text(f"{user.name} {user.uid} {user.gid}\n")
     if workdir is not None:

@@ -30,7 +30,8 @@ from vmsandbox.guest import commands
 from vmsandbox.guest.files import GuestUser
 from vmsandbox.guest.ssh import Endpoint
 from vmsandbox.image import store
-from vmsandbox.session import config, create, remote, start
+from vmsandbox.session import config, create, places
+from vmsandbox.session.place import nothing
 from vmsandbox.session.record import Phase, Record
 from vmsandbox.session.state import is_running
 from vmsandbox.vm import accel as accel_mod
@@ -51,10 +52,10 @@ def source(record: Record) -> Iterator[tuple[Endpoint | None, bool]]:
     if record.files.outbox.is_dir():
         yield None, False
     elif is_running(record):
-        remote.ensure_tunnel(record)
+        places.of(record).reach(record)
         yield record.endpoint(), False
     else:
-        remote.fetch_workspace(record)
+        places.of(record).fetch_workspace(record)
         with reading(record) as reader:
             yield reader, True
 
@@ -139,7 +140,7 @@ def _readable_by_qemu(disk: Path) -> str | None:
 def _boot(reader: Record, session: Record, hv: Hypervisor, boot_timeout: int) -> None:
     ui.info("The workspace disk is read in a VM of its own (the host parses none of it)")
     try:
-        start.boot(reader, store.current_image(), hv, cold_start=False, boot_timeout=boot_timeout)
+        places.of(reader).boot(reader, store.current_image(), hv, cold=False, timeout=boot_timeout, launched=nothing)
     except VmsandboxError as exc:
         raise VmsandboxError(
             f"the VM that reads the workspace disk did not start: {exc.message}",

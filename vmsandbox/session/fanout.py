@@ -10,7 +10,6 @@ Every session is kept (`--keep`): the person compares them, pulls the one they w
 from __future__ import annotations
 
 import contextlib
-import os
 import shutil
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -20,13 +19,12 @@ from pathlib import Path
 from vmsandbox import confine, paths, ui
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.guest import commands
-from vmsandbox.session import create, hosts, lifecycle, lock
+from vmsandbox.session import create, hosts, lifecycle, lock, places
 from vmsandbox.session.options import Run
 from vmsandbox.session.record import Record, default_name, validate_name
 from vmsandbox.session.record import names as record_names
 from vmsandbox.sync import capture, changes
 from vmsandbox.sync.diff import diff_text
-from vmsandbox.vm import accel
 
 LOG = "fanout.log"
 INDEX_VARIABLE = "VMSANDBOX_INDEX"
@@ -61,26 +59,17 @@ def names(run: Run, n: int) -> tuple[str, list[str]]:
 def workers(run: Run, n: int) -> int:
     """How many sessions start at once: as many as fit in the memory the host has available, and under TCG (where
     a starting guest keeps a host CPU busy) no more than there are CPUs: measured on 2 cores, 4 sessions took
-    31 s two at a time and 38 s all at once. On another host, that host's memory, CPUs and accelerator."""
+    31 s two at a time and 38 s all at once: the memory, CPUs and accelerator of the place they start in."""
     memory_mib = max(run.options.settings.memory_mib, 1)
-    if run.options.host is not None:
-        there = hosts.probe(run.options.host)
-        if there.node is None:
-            raise VmsandboxError(
-                f"host {run.options.host.name} does not answer: {there.problem}",
-                hint="`vmsandbox hosts` shows every host and why one does not answer",
-            )
-        fit = there.node.available_mib // memory_mib
-        return max(1, min(n, fit, there.node.cpus if there.node.accel == "tcg" else fit))
-    try:
-        meminfo = Path("/proc/meminfo").read_text()
-        available_kib = int(next(line.split()[1] for line in meminfo.splitlines() if line.startswith("MemAvailable:")))
-    except (OSError, StopIteration, ValueError):
-        return 1
-    fit = available_kib // 1024 // memory_mib
-    if accel.choose(run.options.settings.accel).accel is accel.Accel.TCG:
-        fit = min(fit, os.cpu_count() or 1)
-    return max(1, min(n, fit))
+    place = places.of_host(run.options.host, run.options.settings.libvirt_uri)
+    there = hosts.probe(place.spec)
+    if there.node is None:
+        raise VmsandboxError(
+            f"host {place.name} does not answer: {there.problem}",
+            hint="`vmsandbox hosts` shows every host and why one does not answer",
+        )
+    fit = there.node.available_mib // memory_mib
+    return max(1, min(n, fit, there.node.cpus if there.accel == "tcg" else fit))
 
 
 def fan_out(run: Run, n: int, check: str | None, *, limit: int) -> list[Outcome]:

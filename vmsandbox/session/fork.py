@@ -8,8 +8,8 @@ Its identity is its own: SSH host key and client key, hostname, egress daemon an
 and session CA, no published ports. The restored guest still holds the source's identity, so the host logs in
 once with the source's keys (pinned to the source's host key) and hands it the new one; from then on only the
 fork's keys work. Processes that ran in the source run on in the fork (with the source's environment: new
-logins get the fork's). A session on another host is forked there, from its checkpoint's volumes
-(remotefork.py).
+logins get the fork's). A session on another host is forked there, from its checkpoint's volumes (how the
+disks are copied and the VM restored is the place's: session.place).
 """
 
 from __future__ import annotations
@@ -19,22 +19,17 @@ import os
 import shutil
 import threading
 import time
-from pathlib import Path
 
 from vmsandbox import access, confine, paths, proc, ui
 from vmsandbox.egress import control, policy
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.guest import commands, identity, ssh
 from vmsandbox.guest.ssh import Endpoint
-from vmsandbox.session import checkpoint, create, lifecycle, lock, pins, remotecheckpoint, remotefork
-from vmsandbox.session import start as start_mod
-from vmsandbox.session.checkpoint import Checkpoint
-from vmsandbox.session.hostspec import is_remote
+from vmsandbox.session import checkpoint, checkpoints, create, lifecycle, lock, pins, places
+from vmsandbox.session.checkpoints import Checkpoint
+from vmsandbox.session.place import Place, alive
 from vmsandbox.session.record import Phase, Record, validate_name
 from vmsandbox.sync import capture, delta
-from vmsandbox.vm import domain, qemuimg, savefile
-from vmsandbox.vm.accel import Accel
-from vmsandbox.vm.domain import DomainSpec
 from vmsandbox.vm.virt import Hypervisor
 
 # Run as root in the restored guest, the fork's identity (identity.bundle's tar) on stdin: the clock and the
@@ -66,9 +61,10 @@ def fork(name: str, new: str, *, label: str | None = None) -> Record:
     with lock.held(source.files, name, f"forking {new}"), Hypervisor(source.libvirt_uri) as hv:
         source = Record.load(name)
         if label is not None:
-            return _make(source, checkpoint.find(source.files, name, label), new, hv, at=label)
+            return _make(source, checkpoints.find(source.files, name, label), new, hv, at=label)
         checkpoint.must_run(source, hv, "forked")
-        remotecheckpoint.check_room(source)  # there, the checkpoint taken for the fork leaves an overlay
+        place = places.of(source)
+        place.check_room(source)  # the checkpoint taken for the fork may leave an overlay
         cp = checkpoint.freeze(source, hv, f"fork-{new}-{os.getpid()}")
         # the source resumes while the fork is made (two guests come back at once: under TCG, on two CPUs)
         failed: list[BaseException] = []
@@ -79,11 +75,7 @@ def fork(name: str, new: str, *, label: str | None = None) -> Record:
         finally:
             waking.join()
             shutil.rmtree(cp.path, ignore_errors=True)
-            if is_remote(source.libvirt_uri):
-                chains = [c.chain for c in checkpoint.listed(source.files)]
-                remotecheckpoint.drop(Record.load(name), hv, cp.label, chains)
-            else:
-                checkpoint.tidy(source, live=True)
+            place.drop(Record.load(name), hv, cp.label, live=True)
             for exc in failed:
                 ui.warn(f"session {name} did not resume after the fork: {exc}")
 
@@ -99,7 +91,8 @@ def _wake(source: Record, cp: Checkpoint, failed: list[BaseException]) -> None:
 def _make(source: Record, cp: Checkpoint, new: str, hv: Hypervisor, *, at: str | None) -> Record:
     """The fork NEW of `source` from `cp` (one of its checkpoints `at`, or None: one taken for this fork)."""
     files = paths.session_paths(new)
-    where = f" on host {source.host}" if is_remote(source.libvirt_uri) else ""
+    place = places.of(source)
+    where = place.where
     confine.state_dirs()
     try:
         files.root.mkdir(mode=0o700)
@@ -120,7 +113,7 @@ def _make(source: Record, cp: Checkpoint, new: str, hv: Hypervisor, *, at: str |
         saved=False,
         publish=(),
         overlays=[paths.SESSION_OVERLAY],
-        ssh_port=0 if is_remote(source.libvirt_uri) else source.ssh_port,  # there: a tunnel of its own
+        ssh_port=place.fork_port(source),
         start="fork",
         start_note=f"forked from {source.name}" + (f" at checkpoint {at}" if at else "") + where,
         forked_from=f"{source.name}@{at}" if at else source.name,
@@ -131,15 +124,12 @@ def _make(source: Record, cp: Checkpoint, new: str, hv: Hypervisor, *, at: str |
         record.save()
         pins.pin(new, record.image_version, record.template)
         with ui.step(f"Copying session {source.name}'s state{where}"):
-            _copy_state(source, cp, record, hv)
+            _copy_state(place, source, cp, record, hv)
         with ui.step("Preparing the fork (keys, identity, egress policy)"):
             _identity(source, record)
         started = time.monotonic()
         with ui.step(f"Restoring {record.domain} from it") as detail:
-            if is_remote(record.libvirt_uri):
-                remotefork.restore(source, cp, record, hv)
-            else:
-                start_mod.on_a_free_port(record, lambda: _restore(record, cp, hv))
+            place.restore_fork(source, cp, record, hv)
             detail("its own identity")
             _hand_over_identity(source, record, hv)
             spawned = control.spawn(create.daemon_spec(record), record.files) if record.wants_daemon else None
@@ -156,19 +146,10 @@ def _make(source: Record, cp: Checkpoint, new: str, hv: Hypervisor, *, at: str |
     return record
 
 
-def _copy_state(source: Record, cp: Checkpoint, record: Record, hv: Hypervisor) -> None:
+def _copy_state(place: Place, source: Record, cp: Checkpoint, record: Record, hv: Hypervisor) -> None:
     """The fork's disks, baseline and (a fresh) mirror, copied from the source at the checkpoint."""
     src, files = source.files, record.files
-    workspace: Path | None = None  # on another host: copied there, with the system disk
-    if is_remote(record.libvirt_uri):
-        remotefork.copy_disks(source, cp, record, hv)
-    else:
-        below = qemuimg.info(src.root / cp.chain[0]).backing_file
-        if below is None:
-            raise VmsandboxError(f"{src.root / cp.chain[0]} has no backing image")
-        qemuimg.copy_above(src.root / cp.overlay, Path(below), record.system_disk)
-        record.system_disk.chmod(0o600)
-        workspace = cp.workspace
+    workspace = place.copy_disks(source, cp, record, hv)  # None: the place made it, with the system disk
     capture.copy_from(src, files, workspace)
     for f in (src.decisions, src.hashes("project")):
         if f.exists():
@@ -199,34 +180,10 @@ def _identity(source: Record, record: Record) -> None:
     confine.give_to_qemu(fw)
 
 
-def _restore(record: Record, cp: Checkpoint, hv: Hypervisor) -> None:
-    files = record.files
-    saved = savefile.read(cp.memory)
-    kernel, initrd, cmdline = domain.boot_of(saved.xml)
-    spec = DomainSpec(
-        name=record.domain,
-        session=record.name,
-        session_dir=files.root,
-        accel=Accel(record.accel),
-        cpus=record.cpus,
-        memory_mib=record.memory_mib,
-        disk=record.system_disk,
-        kernel=kernel,
-        initrd=initrd,
-        cmdline=cmdline,
-        console_log=files.console_log,
-        forwards=(domain.Forward(record.ssh_port, 22),),
-        fwcfg_files={f.name: f for f in files.fwcfg_dir.iterdir()},
-        workspace_disk=files.workspace_disk,
-        channel=files.identity_socket,
-    )
-    start_mod.restore_as(record, hv, cp.memory, domain.for_restore(saved.xml, spec))
-
-
 def _hand_over_identity(source: Record, record: Record, hv: Hypervisor) -> None:
     """Log in with the source's keys (the restored guest's) and hand over the fork's identity."""
     files = record.files
-    ssh.wait_for_banner(record.ssh_port, timeout=60, alive=lambda: start_mod.alive(hv, record.domain))
+    ssh.wait_for_banner(record.ssh_port, timeout=60, alive=lambda: alive(hv, record.domain))
     bridge = paths.SessionPaths(files.root / "fork-bridge")
     bridge.root.mkdir(mode=0o700)
     try:
@@ -245,7 +202,7 @@ def _check_identity(record: Record, hv: Hypervisor) -> None:
     """The fork's own keys log in, and its sshd presents the host key pinned for it."""
     # sshd re-executes itself on the reload: connections are refused for a moment
     for _attempt in range(20):
-        ssh.wait_for_banner(record.ssh_port, timeout=60, alive=lambda: start_mod.alive(hv, record.domain))
+        ssh.wait_for_banner(record.ssh_port, timeout=60, alive=lambda: alive(hv, record.domain))
         answer = commands.run_as_root(record.endpoint(), "true", check=False, timeout=60)
         if answer.returncode != commands.SSH_FAILED:
             break

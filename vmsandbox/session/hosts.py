@@ -7,14 +7,14 @@ import threading
 import time
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlsplit
 
 from vmsandbox.errors import VmsandboxError
-from vmsandbox.image import layers, store
-from vmsandbox.session import hostimages, tunnel
+from vmsandbox.image import store
+from vmsandbox.session import hostspec, places
+from vmsandbox.session.config import Settings
 from vmsandbox.session.hostspec import HostSpec
+from vmsandbox.session.place import Place
 from vmsandbox.session.record import DOMAIN_PREFIX
-from vmsandbox.vm import accel
 from vmsandbox.vm.node import Node
 from vmsandbox.vm.virt import Hypervisor
 
@@ -30,17 +30,17 @@ class Status:
     images: tuple[str, ...] = ()  # the images it holds whole
 
     @property
+    def place(self) -> Place:
+        return places.of_host(self.spec, self.spec.uri)
+
+    @property
     def accel(self) -> str:
-        if self.node is None:
-            return "-"
-        if not self.spec.remote:  # this machine: the same answer a session here gets
-            return accel.choose(accel.Accel.AUTO).accel.value
-        return self.node.accel
+        return "-" if self.node is None else self.place.accel_of(self.node)
 
     def as_dict(self) -> dict[str, Any]:
         n = self.node
         facts = ("hostname", "libvirt", "qemu", "cpus", "memory_mib", "available_mib")
-        kvm_problem = None if n is None else (n.kvm_problem() if self.spec.remote else accel.kvm_problem())
+        kvm_problem = None if n is None else self.place.kvm_problem(n)
         return {
             "name": self.spec.name,
             "uri": self.spec.uri,
@@ -62,10 +62,7 @@ def probe(spec: HostSpec) -> Status:
         with Hypervisor(spec.uri) as hv:
             node = hv.node()
             sessions = sum(1 for d in hv.domains(DOMAIN_PREFIX) if not d.stopped)
-            if spec.remote:
-                images = tuple(hostimages.ready(hv))
-            else:
-                images = tuple(i.path.name for i in [*store.list_images(), *layers.list_layers()])
+            images = tuple(places.of_host(spec, spec.uri).images_held(hv))
     except VmsandboxError as exc:
         return Status(spec, None, exc.message)
     return Status(spec, node, None, sessions, images)
@@ -88,6 +85,17 @@ def probe_all(specs: list[HostSpec], timeout: float = PROBE_TIMEOUT) -> list[Sta
     return [found.get(i) or Status(s, None, f"no answer in {timeout:.0f} s") for i, s in enumerate(specs)]
 
 
+def named(settings: Settings, name: str) -> Place:
+    """The place a host name (`local`, or one under `hosts:`) stands for."""
+    return places.of_host(hostspec.named(settings.libvirt_uri, settings.hosts, name), settings.libvirt_uri)
+
+
+def hold_image(place: Place, image: store.Image) -> str:
+    """`image` sent to the place unless it holds it whole already: what was done, in words."""
+    with Hypervisor(place.uri) as hv:
+        return place.hold_image(hv, image)
+
+
 @dataclass(frozen=True)
 class Placement:
     spec: HostSpec  # where the session goes (`local`: this machine)
@@ -98,7 +106,9 @@ def room(s: Status, memory_mib: int) -> str | None:
     """Why a session of `memory_mib` does not fit on a host that answered (None: it fits)."""
     if s.node is None:
         return s.problem or "no answer"
-    if s.spec.remote and urlsplit(s.spec.uri).scheme not in tunnel.SSH_SCHEMES:
+    try:
+        s.place.check()
+    except VmsandboxError:
         return "not an ssh URI (sessions reach another host over ssh)"
     if s.spec.max_sessions is not None and s.sessions >= s.spec.max_sessions:
         return f"{s.sessions} session(s) run there, its max_sessions"
@@ -114,6 +124,6 @@ def place(found: list[Status], memory_mib: int) -> Placement:
     if not fits:
         why = "; ".join(f"{s.spec.name}: {room(s, memory_mib)}" for s in found)
         return Placement(found[0].spec, f"no host has room under its limits ({why}); running on this machine")
-    best = max(fits, key=lambda s: (s.node.available_mib if s.node else 0, not s.spec.remote))
+    best = max(fits, key=lambda s: s.node.available_mib if s.node else 0)  # the first (this machine) on a tie
     mib = best.node.available_mib if best.node else 0
     return Placement(best.spec, f"{mib} MiB of memory available there, the most of {len(fits)} host(s) with room")

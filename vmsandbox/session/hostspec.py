@@ -40,15 +40,6 @@ class HostSpec:
     keep_free_mib: int = DEFAULT_KEEP_FREE_MIB
     pool_path: str = DEFAULT_POOL_PATH
 
-    @property
-    def remote(self) -> bool:
-        return is_remote(self.uri)
-
-
-def is_remote(uri: str) -> bool:
-    """The libvirtd of `uri` runs on another machine (nothing on this one's file system is visible to it)."""
-    return bool(urlsplit(uri).hostname)
-
 
 def parse_uri(uri: str, *, source: str) -> str:
     parts = urlsplit(uri)

@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 
 from vmsandbox import ui
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.image import layers, store
-from vmsandbox.session import config, pins, template
+from vmsandbox.session import config, pins, places, templatekey
 from vmsandbox.session.record import Record, names
-from vmsandbox.vm import accel as accel_mod
 from vmsandbox.vm.virt import Hypervisor
 
 
@@ -40,19 +38,14 @@ def remove(version: str) -> str:
     return "base image"
 
 
-def default_template(image: store.Image) -> template.Template:
-    """The warm-start template of `image` for the VM shape the configuration gives (built unless it exists)."""
+def default_template(image: store.Image) -> str:
+    """The warm-start template of `image` on this machine for the VM shape the configuration gives (built unless
+    it exists): where it is."""
     settings = config.load()
-    choice = accel_mod.choose(settings.accel)
-    shape = template.Shape(choice.accel.value, settings.cpus, settings.memory_mib, settings.disk_mib)
-    with Hypervisor(settings.libvirt_uri) as hv:
-        found = template.ensure(image, shape, hv, settings.boot_timeout)
-    ui.info(f"Warm-start template for {shape.slug}: {found.path}")
+    place = places.of_host(None, settings.libvirt_uri)
+    with Hypervisor(place.uri) as hv:
+        choice = place.admit(hv, settings.accel, settings.memory_mib)
+        shape = templatekey.Shape(choice.accel.value, settings.cpus, settings.memory_mib, settings.disk_mib)
+        found = place.warm_template(image, shape, hv, settings.boot_timeout)
+    ui.info(f"Warm-start template for {shape.slug}: {found}")
     return found
-
-
-def collect_templates(hv: Hypervisor) -> Iterator[str]:
-    """gc of warm-start templates: interrupted builds, and superseded or failed ones no session is backed by."""
-    in_use = {Path(r.template) for r in _records() if r.template}
-    in_use |= {Path(p.template) for p in pins.of_others() if p.template}
-    yield from template.collect(hv, [*store.list_images(), *layers.list_layers()], in_use)

@@ -11,23 +11,23 @@ from __future__ import annotations
 
 import logging
 import shutil
+import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from vmsandbox import confine, failpoint, paths, ui
+from vmsandbox import confine, failpoint, paths, proc, ui
 from vmsandbox.egress import control
 from vmsandbox.errors import VmsandboxError
-from vmsandbox.session import chain, diskreader, images, lock, pins, remote, remotegc, teardown, tunnel
+from vmsandbox.session import chain, diskreader, lock, pins, places
 from vmsandbox.session.hostspec import HostSpec
-from vmsandbox.session.record import DOMAIN_PREFIX, Phase, Record, State, domain_name, names
+from vmsandbox.session.record import Phase, Record, State, domain_name, names
 from vmsandbox.session.state import status
 from vmsandbox.sync import changes, commitreview, outbox, plan
 from vmsandbox.sync.changes import Gathered
 from vmsandbox.sync.compare import Change
 from vmsandbox.sync.plan import Decisions, Outcome, Plan
-from vmsandbox.vm.domain import session_of
 from vmsandbox.vm.node import UnreachableError
 from vmsandbox.vm.virt import Hypervisor
 
@@ -78,10 +78,21 @@ def finish(record: Record, gathered: Gathered, *, background: bool = False) -> E
     record.ending = "retire" if left else "remove"
     if background:
         record.save()
-        teardown.start(record)
+        _teardown_in_background(record)
     else:
         end_now(record)
     return End(box, len(left))
+
+
+TEARDOWN_LOG = "teardown.log"
+
+
+def _teardown_in_background(record: Record) -> None:
+    """Hand the session's ending to a process of its own (session.teardown; its output goes to the state dir's
+    teardown.log)."""
+    paths.state_dir().mkdir(parents=True, exist_ok=True)
+    argv = [sys.executable, "-m", "vmsandbox.session.teardown", record.name]
+    proc.spawn_detached(argv, log_file=paths.state_dir() / TEARDOWN_LOG)
 
 
 def end_now(record: Record) -> None:
@@ -107,14 +118,7 @@ def destroy(record: Record, *, force: bool, discard: bool, limit: int) -> End:
     try:
         g, left = _pending(record, limit)
     except UnreachableError as exc:
-        if record.host == "local":
-            raise
-        raise VmsandboxError(
-            f"host {record.host} does not answer, so the changes of session {record.name} cannot be read: "
-            f"{exc.message}",
-            hint=f"try again once it answers; `vmsandbox destroy {record.name} --discard` forgets the session here "
-            "(its unsynced changes too) and `vmsandbox gc` removes its VM and volumes there when the host is back",
-        ) from exc
+        raise places.of(record).unanswered(record, exc) from exc
     if left and not force:
         listing = ", ".join(c.path for c in left[:5]) + (" …" if len(left) > 5 else "")
         raise VmsandboxError(
@@ -143,7 +147,7 @@ def _stop(files: paths.SessionPaths, uri: str, domain: str) -> None:
     failpoint.hit("destroy.stop")
     with Hypervisor(uri) as hv:
         hv.destroy(domain)
-    remote.forget(files.root, uri, domain)
+    places.of_uri(uri).forget(files.root, domain)
 
 
 def _pending(record: Record, limit: int) -> tuple[Gathered, list[Change]]:
@@ -161,13 +165,8 @@ def remove(record: Record, *, forget_unreachable: bool = False) -> None:
     try:
         _stop(record.files, record.libvirt_uri, record.domain)
     except UnreachableError as exc:
-        if record.host == "local" or not forget_unreachable:
+        if not forget_unreachable or not places.of(record).forget_unanswered(record, exc):
             raise
-        tunnel.close(record.files.root)
-        ui.warn(
-            f"host {record.host} does not answer ({exc.message}): session {record.name} is forgotten here; "
-            f"`vmsandbox gc` removes its VM and volumes there once the host answers"
-        )
     shutil.rmtree(record.files.root, ignore_errors=True)
     pins.unpin(record.name)
     _drop_staged_refs(record)
@@ -201,10 +200,8 @@ def retire(record: Record) -> None:
 
 
 def _state_at(record: Record, here: Hypervisor) -> State:
-    """A session's state, asked of this machine's libvirt or of its own host's."""
-    if record.host == "local":
-        return status(record, here).state
-    with Hypervisor(record.libvirt_uri) as hv:
+    """A session's state, asked of its place's libvirt (`here`, when that is this machine's)."""
+    with places.of(record).connected(here) as hv:
         return status(record, hv).state
 
 
@@ -247,19 +244,10 @@ def gc(uri: str, *, limit: int, hosts: tuple[HostSpec, ...] = ()) -> Iterator[st
         for name in names():
             yield from _gc_session(name, hv, uri, limit)
         yield from diskreader.sweep(mine, hv)
-        for info in list(hv.domains(DOMAIN_PREFIX)):
-            xml = hv.xml(info.name)
-            owner = session_of(xml) if xml else None
-            # a session of this account's sessions directory whose directory is gone (not a domain that merely
-            # shares the prefix, nor another account's session)
-            if owner is not None and remote.orphaned(owner[1], mine):
-                hv.destroy(info.name)
-                yield f"destroyed domain {info.name} (its session directory is gone)"
         for session in pins.collect():
             yield f"removed the pin of session {session} (its directory is gone)"
-        yield from images.collect_templates(hv)
-    for host in hosts:
-        yield from remotegc.sweep(host, mine)
+    for place in places.every(uri, hosts):
+        yield from place.sweep(mine)
     yield from _stale_captures(mine)
 
 

@@ -20,7 +20,7 @@ from vmsandbox.egress.netpolicy import Mode
 from vmsandbox.egress.ports import Publish
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.guest.ssh import Endpoint
-from vmsandbox.sync.changes import Target
+from vmsandbox.sync.target import Target
 
 DOMAIN_PREFIX = "vmsandbox-"
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,30}$")
@@ -101,7 +101,7 @@ class Record:
     forked_from: str | None = None  # "NAME" or "NAME@LABEL": the session (and checkpoint) this one is a copy of
     group: str | None = None  # the fan-out this session belongs to (`destroy --group`)
     host: str = "local"  # the libvirt host it runs on (`hosts:`); its URI is libvirt_uri
-    remote_port: int = 0  # on another host: the guest's SSH forward on that host's 127.0.0.1 (session.tunnel)
+    remote_port: int = 0  # on another host: the guest's SSH forward on that host's 127.0.0.1 (session.remote.tunnel)
     workspace_bytes: int = 0  # on another host: the size of the workspace disk sent (fetched back no larger)
 
     @property
@@ -258,3 +258,8 @@ def names() -> list[str]:
     if not root.is_dir():
         return []
     return sorted(d.name for d in root.iterdir() if d.is_dir() and not d.name.startswith("."))
+
+
+def orphaned(root: Path, mine: Path) -> bool:
+    """A session directory of this machine's sessions directory (`mine`), without its record (gone)."""
+    return root.parent.resolve() == mine and not (root / paths.SESSION_RECORD).exists()

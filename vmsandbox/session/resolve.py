@@ -10,7 +10,7 @@ from pathlib import Path
 from vmsandbox import ui
 from vmsandbox.egress import policy
 from vmsandbox.image import blueprint as blueprint_mod
-from vmsandbox.session import config, hosts, hostspec, layerbuild, tunnel
+from vmsandbox.session import config, hosts, hostspec, layerbuild, places
 from vmsandbox.session.hostspec import HostSpec
 from vmsandbox.session.options import Options, Run, RunFlags, parse_publish
 from vmsandbox.session.record import validate_name, validate_project
@@ -53,8 +53,8 @@ PLACE_TIMEOUT = 5.0  # a host that does not answer this fast is not placed on (a
 
 
 def _host(settings: config.Settings, flags: RunFlags) -> HostSpec | None:
-    """The other host a session goes to: --host, or with `hosts:` configured and no --host the one the simple
-    rule picks (hosts.place; a fan-out is placed by --host only); None for this machine."""
+    """The host a session goes to: --host, or with `hosts:` configured and no --host the one the simple rule
+    picks (hosts.place; a fan-out is placed by --host only); None (this machine) without either."""
     if flags.host is not None:
         spec = hostspec.named(settings.libvirt_uri, settings.hosts, flags.host)
     elif settings.hosts and not flags.fanout:
@@ -64,7 +64,5 @@ def _host(settings: config.Settings, flags: RunFlags) -> HostSpec | None:
         spec = placed.spec
     else:
         return None
-    if not spec.remote:
-        return None
-    tunnel.ssh_argv(spec.uri)  # an ssh URI, or the error that says so
+    places.of_host(spec, settings.libvirt_uri).check()  # e.g. another host: an ssh URI, or the error that says so
     return spec

@@ -13,13 +13,12 @@ from vmsandbox import paths, ui
 from vmsandbox.egress import control
 from vmsandbox.egress.control import Door
 from vmsandbox.errors import VmsandboxError
-from vmsandbox.session import remote, remotesave
+from vmsandbox.session import boot, places
 from vmsandbox.session.record import Phase, Record, State, names
 from vmsandbox.vm.node import UnreachableError, gone
 from vmsandbox.vm.virt import Hypervisor
 
-CONSOLE_TAIL_LINES = 30
-CONSOLE_TAIL_BYTES = 64 * 1024  # the guest writes the console: read only its end
+CONSOLE_TAIL_LINES = boot.CONSOLE_TAIL_LINES
 
 
 @dataclass(frozen=True)
@@ -89,7 +88,7 @@ def status(record: Record, hv: Hypervisor) -> Status:
         return Status(record, State.EXPORTED)
     info = hv.info(record.domain)
     if info is None or gone(info):
-        saved = record.saved and (record.files.saved_memory.exists() or remotesave.holds(record, hv))
+        saved = record.saved and places.of(record).holds_save(record, hv)
         return Status(record, State.STOPPED if saved else State.EXITED)
     if record.status is not Phase.READY:
         return Status(record, State.BOOTING if record.owner_alive() else State.ORPHANED)
@@ -105,13 +104,14 @@ def all_status(uri: str) -> list[Status]:
     connections: dict[str, Hypervisor | None] = {}
 
     def connected(record: Record) -> Hypervisor | None:
-        at = record.libvirt_uri if record.host != "local" else uri
+        place = places.of(record)
+        at = place.libvirt_for(uri)
         if at not in connections:
             try:
                 connections[at] = Hypervisor(at)
             except UnreachableError as exc:
-                where = "" if record.host == "local" else f"host {record.host}: "
-                ui.warn(f"{where}{exc.message}: session states are unknown ({exc.hint})" if exc.hint else exc.message)
+                said = f"{exc.message}{place.where}"
+                ui.warn(f"{said}: session states are unknown ({exc.hint})" if exc.hint else said)
                 connections[at] = None
         return connections[at]
 
@@ -152,19 +152,12 @@ def stops_within(record: Record, *, seconds: float) -> bool:
 
 
 def console_tail(name: str, lines: int = CONSOLE_TAIL_LINES) -> str:
-    return tail_of(paths.session_paths(name).console_log, lines)
+    return boot.tail_of(paths.session_paths(name).console_log, lines)
 
 
-def tail_of(log_file: Path, lines: int = CONSOLE_TAIL_LINES) -> str:
-    """The last lines of a console log (raw: the caller escapes or strips them)."""
-    try:
-        with log_file.open("rb") as f:
-            f.seek(max(0, f.seek(0, os.SEEK_END) - CONSOLE_TAIL_BYTES))
-            text = f.read().decode(errors="replace")
-    except OSError:
-        return "(no console output)"
-    tail = [line.rstrip() for line in text.splitlines() if line.strip()][-lines:]
-    return "\n".join(tail) or "(no console output)"
+def refresh_console(record: Record, *, follow: bool) -> None:
+    """The session's console log here brought up to date (with `follow`, kept so while the command runs)."""
+    places.of(record).refresh_console(record, follow=follow)
 
 
 def usable(record: Record) -> bool:
@@ -174,7 +167,7 @@ def usable(record: Record) -> bool:
         with Hypervisor(record.libvirt_uri) as hv:
             current = status(record, hv).state
         if current is State.RUNNING:
-            remote.ensure_tunnel(record, answering=True)
+            places.of(record).reach(record, answering=True)
     except UnreachableError as exc:  # QEMU runs on without libvirtd: the guest may well answer
         if record.exported or record.status is not Phase.READY:
             raise

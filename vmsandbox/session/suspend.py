@@ -2,7 +2,7 @@
 it holds no CPU and no RAM, then restored where it was — its processes, files, egress and published ports.
 
 A stopped session is a file in its directory (one on another host: a volume in that host's pool, see
-remotesave.py), not a libvirt domain: it survives a libvirtd restart and a host reboot. Before the save the
+remote/save.py), not a libvirt domain: it survives a libvirtd restart and a host reboot. Before the save the
 guest flushes its file systems, so `pull` and `diff` of a stopped session read its workspace disk (a copy of
 it: the guest will mount the original again) without starting it.
 """
@@ -10,19 +10,16 @@ it: the guest will mount the original again) without starting it.
 from __future__ import annotations
 
 import time
-from pathlib import Path
 
-from vmsandbox import paths, ui
+from vmsandbox import ui
 from vmsandbox.egress import control
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.guest import commands, ssh
-from vmsandbox.session import create, lock, remotesave
-from vmsandbox.session import start as start_mod
-from vmsandbox.session.hostspec import is_remote
+from vmsandbox.session import create, lock, places
+from vmsandbox.session.place import SavedVM, alive
 from vmsandbox.session.record import Record, State
 from vmsandbox.session.state import status
-from vmsandbox.vm import domain, savefile
-from vmsandbox.vm.node import PortTakenError, gone
+from vmsandbox.vm.node import gone
 from vmsandbox.vm.virt import Hypervisor
 
 SYNC_TIMEOUT = 120
@@ -50,12 +47,7 @@ def stop(name: str) -> Record:
             commands.run_as_root(record.endpoint(), "sync", timeout=SYNC_TIMEOUT)
         control.stop(files)
         try:
-            if is_remote(record.libvirt_uri):
-                with ui.step(f"Saving {record.domain} (memory and devices) on host {record.host}"):
-                    remotesave.save(record, hv)
-            else:
-                with ui.step(f"Saving {record.domain} (memory and devices) to disk"):
-                    hv.save(record.domain, str(files.saved_memory))
+            places.of(record).save(record, hv)
         except VmsandboxError:
             files.saved_memory.unlink(missing_ok=True)
             if record.wants_daemon and not gone(hv.info(record.domain)):  # it runs on: give it its door back
@@ -68,9 +60,7 @@ def stop(name: str) -> Record:
 
 def where_saved(record: Record) -> str:
     """What `stop` kept, and where, in words."""
-    if is_remote(record.libvirt_uri):
-        return f"its memory saved on host {record.host}"
-    return f"{record.files.saved_memory.stat().st_size / 1024**2:.0f} MiB of memory saved"
+    return places.of(record).saved_words(record)
 
 
 def start(name: str) -> Record:
@@ -80,51 +70,27 @@ def start(name: str) -> Record:
         record = Record.load(name)
         if status(record, hv).state is not State.STOPPED:
             raise VmsandboxError(f"session {name} is not stopped", hint="`vmsandbox ls` shows its state")
-        there = is_remote(record.libvirt_uri)
-        saved = remotesave.name(record) if there else files.saved_memory
-        where = f" on host {record.host}" if there else ""
-        resume(record, hv, saved, f"Restoring {record.domain} where it was{where}")
-        if there:
-            remotesave.restored(record, hv)
+        place = places.of(record)
+        resume(record, hv, place.stopped(record), f"Restoring {record.domain} where it was{place.where}")
+        place.started(record, hv)
         files.saved_memory.unlink(missing_ok=True)
         record.saved = False
         record.save()
     return record
 
 
-def resume(record: Record, hv: Hypervisor, memory: Path | str, title: str) -> None:
+def resume(record: Record, hv: Hypervisor, memory: SavedVM, title: str) -> None:
     """Restore the session's VM from a save image (`stop`'s, or a checkpoint's) over the session's system disk
     as the record names it now, wait for its sshd, step its clock (its egress daemon does, if it has one) and
     open its egress."""
     with ui.step(title):
-        _restore(record, hv, memory)
+        places.of(record).restore(record, hv, memory)
         # the egress daemon waits for the guest's sshd by itself: it starts while the guest comes back, and
         # steps the guest's clock when it connects (one SSH login, not two)
         spawned = control.spawn(create.daemon_spec(record), record.files) if record.wants_daemon else None
-        ssh.wait_for_banner(record.ssh_port, timeout=60, alive=lambda: start_mod.alive(hv, record.domain))
+        ssh.wait_for_banner(record.ssh_port, timeout=60, alive=lambda: alive(hv, record.domain))
         if spawned is None:
             commands.run_as_root(record.endpoint(), f"date -s @{time.time():.3f} >/dev/null", timeout=60)
     if spawned is not None:
         with ui.step("Opening the guest's egress proxy"):
             control.wait_open(create.daemon_spec(record), record.files, spawned)
-
-
-def _restore(record: Record, hv: Hypervisor, memory: Path | str) -> None:
-    """Restore on the session's SSH port, or on another one if something took it while the VM was down. On
-    another host, `memory` is a volume there (remotesave)."""
-    if is_remote(record.libvirt_uri):
-        remotesave.restore(record, hv, str(memory))
-        return
-    saved_xml = savefile.read(Path(memory)).xml
-    last = None
-    paths.own_file(record.files.console_log)
-    for _attempt in range(start_mod.PORT_ATTEMPTS):
-        try:
-            hv.restore(str(memory), domain.with_disks(saved_xml, record.system_disk, record.ssh_port))
-        except PortTakenError as exc:
-            last = exc
-            start_mod.new_port(record)
-            continue
-        record.save()
-        return
-    raise VmsandboxError(f"no free port for SSH after {start_mod.PORT_ATTEMPTS} tries: {last}")

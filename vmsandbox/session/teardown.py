@@ -1,6 +1,6 @@
 """The end of a `run` without the wait: the review is done and the exit code known, so destroying the VM
-(1 to 3 s) happens in a process of its own, which holds the session's lock while it works. If it is killed,
-the record still says how the session ends (Record.ending) and `gc` finishes the job.
+(1 to 3 s) happens in a process of its own (started by lifecycle.finish), which holds the session's lock while it
+works. If it is killed, the record still says how the session ends (Record.ending) and `gc` finishes the job.
 
     python -m vmsandbox.session.teardown NAME
 """
@@ -9,24 +9,13 @@ from __future__ import annotations
 
 import sys
 
-from vmsandbox import failpoint, paths, proc
+from vmsandbox import failpoint, paths
+from vmsandbox.errors import VmsandboxError
+from vmsandbox.session import lifecycle, lock
 from vmsandbox.session.record import Record
-
-LOG_FILE = "teardown.log"
-
-
-def start(record: Record) -> None:
-    """Hand the session's ending to a background process (its output goes to the state dir's teardown.log)."""
-    paths.state_dir().mkdir(parents=True, exist_ok=True)
-    proc.spawn_detached(
-        [sys.executable, "-m", "vmsandbox.session.teardown", record.name], log_file=paths.state_dir() / LOG_FILE
-    )
 
 
 def main(argv: list[str]) -> int:
-    from vmsandbox.errors import VmsandboxError
-    from vmsandbox.session import lifecycle, lock
-
     (name,) = argv
     try:
         with lock.held(paths.session_paths(name), name, lock.TEARDOWN, wait=True):

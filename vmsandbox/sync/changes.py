@@ -27,6 +27,7 @@ from vmsandbox.paths import SessionPaths
 from vmsandbox.sync import apply, capture, delta, mirror, refs, reviewable, tree, views
 from vmsandbox.sync.compare import Change, Status, compare
 from vmsandbox.sync.hashcache import HashCache
+from vmsandbox.sync.target import Target
 
 log = logging.getLogger(__name__)
 
@@ -41,18 +42,6 @@ class Origin(enum.StrEnum):
     OUTBOX = "outbox"  # exported when the VM went away
     LIVE = "live"  # fetched from the running VM
     DISK = "disk"  # read from a dead VM's workspace disk
-
-
-@dataclass(frozen=True)
-class Target:
-    """What sync needs of a session (the session layer builds it from its record)."""
-
-    name: str
-    project: Path
-    files: SessionPaths
-    uid: int  # the invoking user: owner of what lands in the project, and who runs git in it
-    gid: int
-    saved: bool = False  # the VM is saved to disk (`vmsandbox stop`) and will mount its workspace again
 
 
 @dataclass

@@ -10,9 +10,9 @@ from pathlib import Path
 from vmsandbox import confine, failpoint, paths, ui
 from vmsandbox.guest.ssh import Endpoint
 from vmsandbox.sync import capture, delta, mirror, placeholders, transfer, tree
-from vmsandbox.sync.changes import Target
 from vmsandbox.sync.compare import Status, compare, is_git_managed
 from vmsandbox.sync.hashcache import HashCache
+from vmsandbox.sync.target import Target
 
 
 def push(target: Target, endpoint: Endpoint, *, limit: int) -> tuple[list[str], list[str]]:

@@ -30,7 +30,7 @@ from vmsandbox.sync.compare import Change, Status
 
 if TYPE_CHECKING:
     from vmsandbox.confine import Identity
-    from vmsandbox.sync.changes import Target
+    from vmsandbox.sync.target import Target
 
 log = logging.getLogger(__name__)
 

@@ -10,8 +10,8 @@ import time
 
 from vmsandbox import paths
 from vmsandbox.errors import VmsandboxError
-from vmsandbox.session.hostimages import POOL
 from vmsandbox.session.record import Record
+from vmsandbox.session.remote.images import POOL
 from vmsandbox.vm.virt import Hypervisor
 
 CONSOLE_LIMIT = 4 * 1024 * 1024  # virtlogd rotates at 2 MiB: all of it

@@ -11,43 +11,28 @@ appears in one rename, complete, so a half-built template is never used.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import secrets
 import shutil
 import time
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from vmsandbox import access, confine, failpoint, paths, ui
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.image.store import Image
-from vmsandbox.session import bootwait
-from vmsandbox.vm import accel as accel_mod
+from vmsandbox.session import templatekey
+from vmsandbox.session.local import bootwait
+from vmsandbox.session.templatekey import DOMAIN_PREFIX, READY, SETTLE, Shape, digest, key
 from vmsandbox.vm import qemuimg
-from vmsandbox.vm.domain import DomainSpec, build_xml
+from vmsandbox.vm.domain import build_xml
 from vmsandbox.vm.virt import Hypervisor
 
 DIR = paths.IMAGE_TEMPLATES
 MEMORY = "memory.save"
 META = "meta.json"
-DOMAIN_PREFIX = "vmsandbox-template-"
-READY = "vmsandbox-boot: template ready"  # printed by images/base/rootfs/usr/local/lib/vmsandbox/warm
-SETTLE = 0.5  # after the marker: the guest's script is blocked on its port by then
-
-
-@dataclass(frozen=True)
-class Shape:
-    accel: str
-    cpus: int
-    memory_mib: int
-    disk_mib: int
-
-    @property
-    def slug(self) -> str:
-        return f"{self.accel}-{self.cpus}c-{self.memory_mib}m-{self.disk_mib}d"
 
 
 @dataclass(frozen=True)
@@ -62,23 +47,6 @@ class Template:
     @property
     def memory(self) -> Path:
         return self.path / MEMORY
-
-
-def key(image: Image, shape: Shape, hv: Hypervisor) -> dict[str, Any]:
-    """Everything a template's saved memory depends on."""
-    layout = build_xml(_spec(image, shape, "layout", Path("/layout")))
-    return {
-        "image": image.version,
-        "shape": asdict(shape),
-        "cmdline": image.kernel_cmdline,
-        "qemu": hv.qemu_version(),
-        "libvirt": hv.version(),
-        "domain": hashlib.sha256(layout.encode()).hexdigest()[:16],
-    }
-
-
-def digest(k: dict[str, Any]) -> str:
-    return hashlib.sha256(json.dumps(k, sort_keys=True).encode()).hexdigest()[:12]
 
 
 def root_of(image: Image) -> Path:
@@ -162,33 +130,13 @@ def ensure(image: Image, shape: Shape, hv: Hypervisor, boot_timeout: int) -> Tem
         return _build(image, shape, hv, boot_timeout)
 
 
-def _spec(image: Image, shape: Shape, name: str, where: Path) -> DomainSpec:
-    return DomainSpec(
-        name=name,
-        session=name,
-        session_dir=where,
-        accel=accel_mod.Accel(shape.accel),
-        cpus=shape.cpus,
-        memory_mib=shape.memory_mib,
-        disk=where / paths.IMAGE_DISK,
-        kernel=image.kernel,
-        initrd=image.initrd,
-        cmdline=image.kernel_cmdline,
-        console_log=where / "console.log",
-        forwards=(),
-        fwcfg_files={"template": where / "fwcfg" / "template"},
-        channel=where / "identity.sock",
-        template=True,
-    )
-
-
 def _build(image: Image, shape: Shape, hv: Hypervisor, boot_timeout: int) -> Template:
     k = key(image, shape, hv)
     final = _path_of(image, shape, k)
     tmp = root_of(image) / f".tmp-{secrets.token_hex(4)}"
     tmp.mkdir(mode=0o700)
     confine.private_dir(tmp)
-    spec = _spec(image, shape, DOMAIN_PREFIX + tmp.name[5:], tmp)
+    spec = templatekey.spec(image, shape, DOMAIN_PREFIX + tmp.name[5:], tmp)
     started = time.monotonic()
     try:
         qemuimg.create_overlay(image.disk, spec.disk, shape.disk_mib * 1024 * 1024, depth=2)

@@ -1,5 +1,5 @@
 """Warm-start templates on another host: built there, by that host's libvirt, once per image version, VM shape
-and that host's QEMU and libvirt versions (the key of template.py, with the host's versions in it), and kept
+and that host's QEMU and libvirt versions (the key of templatekey.py, with the host's versions in it), and kept
 in its pool as volumes named after the key's digest, `vmsandbox-template-DIGEST.`:
 
 - `disk.qcow2`: the template's system disk (backed by the image's volume), the backing volume of every session
@@ -27,9 +27,10 @@ from typing import Any
 from vmsandbox import access, paths, ui
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.image.store import Image
-from vmsandbox.session import boot, hostimages, remote, remotelog, template
-from vmsandbox.session.hostimages import POOL, volume
+from vmsandbox.session import boot, templatekey
 from vmsandbox.session.hostspec import HostSpec
+from vmsandbox.session.remote import images, log, vm
+from vmsandbox.session.remote.images import POOL, volume
 from vmsandbox.vm import accel as accel_mod
 from vmsandbox.vm import domain, node, storage
 from vmsandbox.vm.domain import DomainSpec
@@ -47,13 +48,13 @@ class RemoteTemplate:
         return f"{self.name}.{what}"
 
 
-def of(image: Image, shape: template.Shape, hv: Hypervisor) -> tuple[RemoteTemplate, dict[str, Any]]:
+def of(image: Image, shape: templatekey.Shape, hv: Hypervisor) -> tuple[RemoteTemplate, dict[str, Any]]:
     """The template this image and shape have on the host `hv` is connected to, and its key."""
-    k = template.key(image, shape, hv)
-    return RemoteTemplate(template.DOMAIN_PREFIX + template.digest(k)), k
+    k = templatekey.key(image, shape, hv)
+    return RemoteTemplate(templatekey.DOMAIN_PREFIX + templatekey.digest(k)), k
 
 
-def find(image: Image, shape: template.Shape, hv: Hypervisor) -> tuple[RemoteTemplate | None, str]:
+def find(image: Image, shape: templatekey.Shape, hv: Hypervisor) -> tuple[RemoteTemplate | None, str]:
     """The usable template there, or None and why there is none."""
     tmpl, k = of(image, shape, hv)
     vols = hv.volumes(POOL)
@@ -77,7 +78,7 @@ def record_of(hv: Hypervisor, tmpl: RemoteTemplate) -> dict[str, Any] | None:
     return record if isinstance(record, dict) else None
 
 
-def ensure(image: Image, shape: template.Shape, hv: Hypervisor, host: HostSpec, boot_timeout: int) -> RemoteTemplate:
+def ensure(image: Image, shape: templatekey.Shape, hv: Hypervisor, host: HostSpec, boot_timeout: int) -> RemoteTemplate:
     """The template there, built now if there is none (once: this machine's other sessions wait for it)."""
     found, why = find(image, shape, hv)
     if found is not None:
@@ -101,7 +102,7 @@ def lock_path(host: HostSpec) -> Path:
 
 def mark_failed(hv: Hypervisor, tmpl: RemoteTemplate, why: str) -> None:
     """A warm start from it failed in the guest: later sessions boot cold (and say why); gc removes it."""
-    hostimages.put_text(hv, tmpl.vol("failed"), why[:500] + "\n", mode="0600")
+    images.put_text(hv, tmpl.vol("failed"), why[:500] + "\n", mode="0600")
 
 
 def delete(hv: Hypervisor, tmpl: RemoteTemplate) -> None:
@@ -113,7 +114,7 @@ def delete(hv: Hypervisor, tmpl: RemoteTemplate) -> None:
 
 
 def _build(
-    image: Image, shape: template.Shape, hv: Hypervisor, tmpl: RemoteTemplate, k: dict[str, Any], boot_timeout: int
+    image: Image, shape: templatekey.Shape, hv: Hypervisor, tmpl: RemoteTemplate, k: dict[str, Any], boot_timeout: int
 ) -> None:
     delete(hv, tmpl)  # what an interrupted build of it left
     started = time.monotonic()
@@ -122,7 +123,7 @@ def _build(
         hv.create(domain.build_xml(spec))
         with ui.step(f"Booting the template there ({shape.accel.upper()}, {shape.cpus} vCPU)") as detail:
             _wait_ready(hv, tmpl, boot_timeout)
-            time.sleep(template.SETTLE)
+            time.sleep(templatekey.SETTLE)
             detail("saving its memory")
             saved = hv.create_volume(POOL, storage.volume_xml(tmpl.vol("save"), 0, mode="0600"))
             hv.save(tmpl.name, saved, here=False)
@@ -133,21 +134,21 @@ def _build(
             "built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "build_seconds": round(time.monotonic() - started, 1),
         }
-        hostimages.put_text(hv, tmpl.vol("ready"), json.dumps(meta), mode="0600")
+        images.put_text(hv, tmpl.vol("ready"), json.dumps(meta), mode="0600")
     except BaseException:
         delete(hv, tmpl)
         raise
 
 
-def _spec(image: Image, shape: template.Shape, hv: Hypervisor, tmpl: RemoteTemplate) -> DomainSpec:
+def _spec(image: Image, shape: templatekey.Shape, hv: Hypervisor, tmpl: RemoteTemplate) -> DomainSpec:
     """The build domain: its disk an overlay of the image's volume, its console and fw_cfg file volumes."""
     vols = hv.volumes(POOL)
     backing = vols[volume(image.path.name, paths.IMAGE_DISK)]
     size = shape.disk_mib * 1024 * 1024
     disk = hv.create_volume(POOL, storage.volume_xml(tmpl.vol("disk.qcow2"), size, mode="0600", backing=backing))
-    hostimages.put_text(hv, tmpl.vol("fw.template"), "1\n", mode="0600")
+    images.put_text(hv, tmpl.vol("fw.template"), "1\n", mode="0600")
     console = hv.create_volume(POOL, storage.volume_xml(tmpl.vol("console.log"), 0, mode="0600"))
-    vols, kernel = hv.volumes(POOL), remote.kernel_of(image)
+    vols, kernel = hv.volumes(POOL), vm.kernel_of(image)
     return DomainSpec(
         name=tmpl.name,
         session=tmpl.name,
@@ -164,7 +165,7 @@ def _spec(image: Image, shape: template.Shape, hv: Hypervisor, tmpl: RemoteTempl
         fwcfg_files={"template": Path(vols[tmpl.vol("fw.template")])},
         channel=domain.LIBVIRTS_SOCKET,
         template=True,
-        client=remote.client_id(),
+        client=vm.client_id(),
     )
 
 
@@ -173,11 +174,11 @@ def _wait_ready(hv: Hypervisor, tmpl: RemoteTemplate, boot_timeout: int) -> None
     deadline = time.monotonic() + boot_timeout
     while True:
         stopped = node.gone(hv.info(tmpl.name))
-        console = remotelog.console_of(hv, tmpl.vol("console.log")) or b""
-        if template.READY.encode() in console:
+        console = log.console_of(hv, tmpl.vol("console.log")) or b""
+        if templatekey.READY.encode() in console:
             return
         if stopped or time.monotonic() > deadline:
-            why = "stopped while booting" if stopped else f"did not reach {template.READY!r} within {boot_timeout} s"
+            why = "stopped while booting" if stopped else f"did not reach {templatekey.READY!r} within {boot_timeout} s"
             raise VmsandboxError(f"the template's VM {why}", hint=_kept(console, tmpl))
         time.sleep(POLL_SECONDS)
 

@@ -11,7 +11,6 @@ from pathlib import Path
 from vmsandbox import ui
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.session import boot
-from vmsandbox.session.state import tail_of
 from vmsandbox.vm import accel as accel_mod
 from vmsandbox.vm.node import gone
 from vmsandbox.vm.virt import Hypervisor
@@ -69,7 +68,7 @@ def failed(b: Booting, exc: VmsandboxError, watch: boot.Watch, cpu: boot.Cpu | N
         lines.append(f"({cpu.verdict() or cpu.figures})")
     if found := boot.trouble(text):
         lines.append("The console reports:\n" + "\n".join(f"  {t}" for t in found))
-    lines.append("Last lines of the console:\n" + boot.plain(tail_of(b.console, lines=BOOT_TAIL_LINES)))
+    lines.append("Last lines of the console:\n" + boot.plain(boot.tail_of(b.console, lines=BOOT_TAIL_LINES)))
     kept = boot.keep(b.console, b.name)
     where = f"the console is kept at {kept}" if kept else "the guest wrote no console"
     hint = f"{where}; on a busy host raise boot_timeout (config) or run fewer sessions at once"

@@ -4,7 +4,6 @@ which, and why it was cold."""
 
 from __future__ import annotations
 
-import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -15,43 +14,29 @@ from vmsandbox.errors import VmsandboxError
 from vmsandbox.guest import identity, ssh
 from vmsandbox.image import store
 from vmsandbox.session import boot as boot_mod
-from vmsandbox.session import bootwait, template
+from vmsandbox.session import templatekey
+from vmsandbox.session.local import bootwait, template
+from vmsandbox.session.place import IDENTITY_TIMEOUT, Launched, alive, nothing, template_for, warm_or_cold
 from vmsandbox.session.record import Record
 from vmsandbox.vm import accel as accel_mod
 from vmsandbox.vm import domain, qemuimg, savefile
 from vmsandbox.vm.domain import DomainSpec, Forward
-from vmsandbox.vm.node import PortTakenError, gone
+from vmsandbox.vm.node import PortTakenError
 from vmsandbox.vm.virt import Hypervisor
 
 PORT_ATTEMPTS = 4
-IDENTITY_TIMEOUT = 60  # the guest takes its identity in a second or two, even under TCG
 RESTORE_IMAGE = "restore.save"  # the session's copy of the template's memory, deleted once restored
 
 
-def shape(record: Record) -> template.Shape:
-    return template.Shape(record.accel, record.cpus, record.memory_mib, record.disk_mib)
-
-
-def plan(
-    record: Record, image: store.Image, hv: Hypervisor, *, cold: bool, boot_timeout: int
-) -> template.Template | None:
-    """The template to start from, or None (and record.start_note says why) for a cold boot."""
-    if cold or record.disk is not None:
-        record.start_note = "--cold" if cold else "an image build boots its disk cold"
-        return None
-    try:
-        return template.ensure(image, shape(record), hv, boot_timeout)
-    except VmsandboxError as exc:
-        record.start_note = f"the warm-start template could not be built: {exc.message}"
-        ui.warn(f"{record.start_note}; booting cold")
-        return None
-
-
-def spec(record: Record, image: store.Image, *, warm: bool) -> DomainSpec:
+def spec(record: Record, boot: tuple[Path, Path, str], *, warm: bool, workspace: bool) -> DomainSpec:
+    """The session's VM on this machine, booting (or restored with) `boot`'s kernel, initrd and command line:
+    with the `template` marker among its fw_cfg files when `warm` (read by a VM restored from a template), its
+    workspace disk attached unless it is hot-plugged later."""
     files = record.files
     fwcfg = {f.name: f for f in sorted(files.fwcfg_dir.iterdir())}
     if not warm:
         fwcfg.pop("template", None)
+    kernel, initrd, cmdline = boot
     return DomainSpec(
         name=record.domain,
         session=record.name,
@@ -60,17 +45,21 @@ def spec(record: Record, image: store.Image, *, warm: bool) -> DomainSpec:
         cpus=record.cpus,
         memory_mib=record.memory_mib,
         disk=record.system_disk,
-        kernel=image.kernel,
-        initrd=image.initrd,
-        cmdline=image.kernel_cmdline,
+        kernel=kernel,
+        initrd=initrd,
+        cmdline=cmdline,
         console_log=files.console_log,
         forwards=(Forward(record.ssh_port, 22),),
         fwcfg_files=fwcfg,
-        workspace_disk=None if warm else record.workspace_disk,
+        workspace_disk=record.workspace_disk if workspace else None,
         workspace_format=record.workspace_format,
         workspace_backing=record.workspace_backing_disk,
         channel=files.identity_socket,
     )
+
+
+def booting(image: store.Image) -> tuple[Path, Path, str]:
+    return image.kernel, image.initrd, image.kernel_cmdline
 
 
 def new_port(record: Record) -> None:
@@ -99,20 +88,13 @@ def on_a_free_port(record: Record, launch: Callable[[], None]) -> None:
     )
 
 
-Launched = Callable[[], None]  # called once the VM runs on its SSH port (create spawns the egress daemon)
-
-
-def _nothing() -> None:
-    return None
-
-
-def cold(record: Record, image: store.Image, hv: Hypervisor, boot_timeout: int, launched: Launched = _nothing) -> None:
+def cold(record: Record, image: store.Image, hv: Hypervisor, boot_timeout: int, launched: Launched = nothing) -> None:
     if record.disk is None:
         qemuimg.create_overlay(image.disk, record.system_disk, record.disk_mib * 1024 * 1024, depth=2)
         record.system_disk.chmod(0o600)
 
     def launch() -> None:
-        xml = domain.build_xml(spec(record, image, warm=False))
+        xml = domain.build_xml(spec(record, booting(image), warm=False, workspace=True))
         paths.write_atomically(record.files.domain_xml, xml)
         paths.own_file(record.files.console_log)
         hv.create(xml)
@@ -137,7 +119,7 @@ def warm(
     tmpl: template.Template,
     hv: Hypervisor,
     boot_timeout: int,
-    launched: Launched = _nothing,
+    launched: Launched = nothing,
 ) -> None:
     """Restore the template over a fresh overlay of the session's own, hot-plug the workspace disk, send the
     identity, wait for sshd. Raises (the caller boots cold instead) when any of it fails."""
@@ -148,7 +130,12 @@ def warm(
     saved = savefile.read(tmpl.memory)
 
     def launch() -> None:
-        restore_as(record, hv, tmpl.memory, domain.for_restore(saved.xml, spec(record, image, warm=True)))
+        restore_as(
+            record,
+            hv,
+            tmpl.memory,
+            domain.for_restore(saved.xml, spec(record, booting(image), warm=True, workspace=False)),
+        )
 
     with ui.step(f"Restoring {record.domain} from its warm-start template") as detail:
         on_a_free_port(record, launch)
@@ -179,11 +166,6 @@ def restore_as(record: Record, hv: Hypervisor, memory: Path, restored_xml: str) 
         clone.unlink(missing_ok=True)
 
 
-def alive(hv: Hypervisor, name: str) -> str | None:
-    """None while the domain runs, else why it stopped (for ssh.wait_for_banner)."""
-    return "the VM powered off or crashed" if gone(hv.info(name)) else None
-
-
 def boot(
     record: Record,
     image: store.Image,
@@ -191,10 +173,14 @@ def boot(
     *,
     cold_start: bool,
     boot_timeout: int,
-    launched: Launched = _nothing,
+    launched: Launched = nothing,
 ) -> None:
     """Start the session's VM: warm when a template serves, else (or when the warm start fails) cold."""
-    tmpl = plan(record, image, hv, cold=cold_start, boot_timeout=boot_timeout)
+    shape = templatekey.shape_of(record)
+    unbuilt = "the warm-start template could not be built"
+    tmpl = template_for(
+        record, lambda: template.ensure(image, shape, hv, boot_timeout), cold=cold_start, unbuilt=unbuilt
+    )
     if tmpl is None:
         cold(record, image, hv, boot_timeout, launched)
         return
@@ -210,19 +196,5 @@ def boot(
         record.system_disk.unlink(missing_ok=True)
         record.template = None
 
-    if not served(record, lambda: warm(record, image, t, hv, boot_timeout, launched), undo):
+    if not warm_or_cold(record, lambda: warm(record, image, t, hv, boot_timeout, launched), undo):
         cold(record, image, hv, boot_timeout, launched)
-
-
-def served(record: Record, warm_start: Callable[[], None], undo: Callable[[VmsandboxError], None]) -> bool:
-    """Whether `warm_start` started the session's VM (its time recorded); when it failed, `undo(why)` has cleared
-    it away, and the caller boots cold."""
-    started = time.monotonic()
-    try:
-        warm_start()
-    except VmsandboxError as exc:
-        undo(exc)
-        return False
-    record.boot_seconds = round(time.monotonic() - started, 1)
-    record.save()
-    return True

@@ -1,5 +1,5 @@
 """gc on another host: what this machine left there — the domains and volumes of its sessions whose directory is
-gone here, and warm-start templates (remotetemplate.py) that an interrupted build left, that failed a warm
+gone here, and warm-start templates (template.py) that an interrupted build left, that failed a warm
 start, or that this host's QEMU or libvirt (or a gone image) made stale, once no session's disk rests on them.
 """
 
@@ -12,11 +12,12 @@ from pathlib import Path
 
 from vmsandbox import access
 from vmsandbox.errors import VmsandboxError
-from vmsandbox.session import hostimages, remote, remotetemplate, template
-from vmsandbox.session.hostimages import POOL
+from vmsandbox.session import templatekey
 from vmsandbox.session.hostspec import HostSpec
-from vmsandbox.session.record import DOMAIN_PREFIX
-from vmsandbox.session.remotetemplate import RemoteTemplate
+from vmsandbox.session.record import DOMAIN_PREFIX, orphaned
+from vmsandbox.session.remote import images, template, vm
+from vmsandbox.session.remote.images import POOL
+from vmsandbox.session.remote.template import RemoteTemplate
 from vmsandbox.vm import domain
 from vmsandbox.vm.virt import Hypervisor
 
@@ -34,19 +35,19 @@ def sweep(host: HostSpec, mine: Path) -> Iterator[str]:
                 present.add(info.name)
                 xml = hv.xml(info.name)
                 owner = domain.session_of(xml) if xml else None
-                if owner is None or xml is None or domain.client_of(xml) != remote.client_id():
+                if owner is None or xml is None or domain.client_of(xml) != vm.client_id():
                     continue  # not a session, or another machine's
-                if remote.orphaned(owner[1], mine):
+                if orphaned(owner[1], mine):
                     hv.destroy(info.name)
-                    remote.forget(owner[1], host.uri, info.name)
+                    vm.forget(owner[1], host.uri, info.name)
                     yield f"destroyed domain {info.name} on host {host.name} (its session directory is gone)"
             for name in list(hv.volumes(POOL)):
-                dom = name.removesuffix(f".{remote.OWNER}")
+                dom = name.removesuffix(f".{vm.OWNER}")
                 if not name.startswith(DOMAIN_PREFIX) or dom == name or dom in present:
                     continue
                 root = _owner_dir(hv, name)
-                if root is not None and remote.orphaned(root, mine):
-                    remote.forget(root, host.uri, dom)
+                if root is not None and orphaned(root, mine):
+                    vm.forget(root, host.uri, dom)
                     yield f"deleted the volumes of {dom} on host {host.name} (its session directory is gone)"
             yield from _templates(hv, host)
     except VmsandboxError as exc:
@@ -56,12 +57,12 @@ def sweep(host: HostSpec, mine: Path) -> Iterator[str]:
 def _owner_dir(hv: Hypervisor, name: str) -> Path | None:
     """The session directory an owner volume names, if this machine wrote it (None: another's, or gone since)."""
     try:
-        got = hv.download(POOL, name, keep=remote.OWNER_LIMIT, length=remote.OWNER_LIMIT)
+        got = hv.download(POOL, name, keep=vm.OWNER_LIMIT, length=vm.OWNER_LIMIT)
     except VmsandboxError:  # deleted since it was listed (its session's own teardown)
         return None
     try:
         owner = json.loads(bytes(got.kept).rstrip(b"\0"))
-        if not isinstance(owner, dict) or owner.get("client") != remote.client_id():
+        if not isinstance(owner, dict) or owner.get("client") != vm.client_id():
             return None
         return Path(str(owner["session"]))
     except (ValueError, KeyError):
@@ -71,17 +72,17 @@ def _owner_dir(hv: Hypervisor, name: str) -> Path | None:
 def _templates(hv: Hypervisor, host: HostSpec) -> Iterator[str]:
     """The templates there that are not (or no longer) usable and that no session's disk rests on, removed.
     Nothing while this machine builds one there (its lock is held)."""
-    with access.flocked(remotetemplate.lock_path(host)) as held:
+    with access.flocked(template.lock_path(host)) as held:
         if not held:
             return
         vols = hv.volumes(POOL)
-        names = {v.split(".", 1)[0] for v in vols if v.startswith(template.DOMAIN_PREFIX)}
+        names = {v.split(".", 1)[0] for v in vols if v.startswith(templatekey.DOMAIN_PREFIX)}
         used = _backings(hv, vols)
         for name in sorted(names):
             tmpl = RemoteTemplate(name)
             why = _unusable(hv, tmpl, vols)
             if why and vols.get(tmpl.vol("disk.qcow2")) not in used:
-                remotetemplate.delete(hv, tmpl)
+                template.delete(hv, tmpl)
                 yield f"removed {why} on host {host.name} ({name})"
 
 
@@ -89,15 +90,15 @@ def _unusable(hv: Hypervisor, tmpl: RemoteTemplate, vols: dict[str, str]) -> str
     """Why a template there is to go ("" if it serves, or another machine is building it)."""
     xml = hv.xml(tmpl.name)
     if xml is not None:  # a build: an interrupted one of ours (the lock is free), or another machine's
-        return "an interrupted template build" if domain.client_of(xml) == remote.client_id() else ""
+        return "an interrupted template build" if domain.client_of(xml) == vm.client_id() else ""
     if tmpl.vol("failed") in vols:
         return "a warm-start template that failed a warm start"
     if tmpl.vol("ready") not in vols:
         return "an interrupted template build"
     try:
-        meta = remotetemplate.record_of(hv, tmpl) or {}
+        meta = template.record_of(hv, tmpl) or {}
         stale = (meta["key"]["qemu"], meta["key"]["libvirt"]) != (hv.qemu_version(), hv.version())
-        image_gone = meta["image"] not in hostimages.ready(hv)
+        image_gone = meta["image"] not in images.ready(hv)
     except (KeyError, TypeError):
         return "a warm-start template whose record cannot be read"
     if stale or image_gone:
@@ -109,7 +110,7 @@ def _backings(hv: Hypervisor, vols: dict[str, str]) -> set[str]:
     """The backing files that the sessions' qcow2 volumes there name (read from their headers)."""
     used: set[str] = set()
     for name, path in vols.items():
-        if name.endswith(".qcow2") and not name.startswith(template.DOMAIN_PREFIX):
+        if name.endswith(".qcow2") and not name.startswith(templatekey.DOMAIN_PREFIX):
             try:
                 head = bytes(hv.download(POOL, name, keep=QCOW2_HEAD, length=QCOW2_HEAD).kept)
             except VmsandboxError:  # deleted since it was listed
@@ -121,7 +122,7 @@ def _backings(hv: Hypervisor, vols: dict[str, str]) -> set[str]:
 
 def backing_of(head: bytes) -> str | None:
     """The backing file a qcow2 header names (None: none, or not a qcow2 header)."""
-    if len(head) < 20 or head[:4] != hostimages.QCOW2_MAGIC:
+    if len(head) < 20 or head[:4] != images.QCOW2_MAGIC:
         return None
     offset, size = struct.unpack(">QI", head[8:20])
     if offset == 0 or offset + size > len(head):

@@ -2,7 +2,7 @@
 `DOMAIN.save` beside its disks (libvirt writes it; nothing travels), and restored from it there: a stopped
 remote session holds no CPU and no RAM on its host, survives a restart of that host's libvirtd, and needs no
 connection while stopped. Its tunnel closes at `stop` and opens again at `start`; `pull` and `diff` of a
-stopped session fetch its workspace disk from the host (remote.fetch_workspace).
+stopped session fetch its workspace disk from the host (vm.fetch_workspace).
 """
 
 from __future__ import annotations
@@ -14,10 +14,9 @@ from pathlib import Path
 
 from vmsandbox import paths
 from vmsandbox.errors import VmsandboxError
-from vmsandbox.session import remote, tunnel
-from vmsandbox.session.hostimages import POOL
-from vmsandbox.session.hostspec import is_remote
 from vmsandbox.session.record import Record
+from vmsandbox.session.remote import tunnel, vm
+from vmsandbox.session.remote.images import POOL
 from vmsandbox.vm import domain, savefile, storage
 from vmsandbox.vm.domain import DomainSpec
 from vmsandbox.vm.virt import Hypervisor
@@ -32,7 +31,7 @@ def name(record: Record) -> str:
 
 def holds(record: Record, hv: Hypervisor) -> bool:
     """Whether the session's host holds its saved VM (`hv` is a connection to that host)."""
-    return is_remote(record.libvirt_uri) and name(record) in hv.volumes(POOL)
+    return record.files.saved_memory.exists() or name(record) in hv.volumes(POOL)
 
 
 def save(record: Record, hv: Hypervisor, into: str | None = None) -> None:
@@ -65,13 +64,13 @@ def restore(record: Record, hv: Hypervisor, saved: str) -> None:
         )
     found = header_of(record, hv, saved)
     system = Path(vols[record.overlays[-1]])
-    remote.on_a_free_port(
+    vm.on_a_free_port(
         record,
         lambda: hv.restore(vols[saved], domain.with_disks(found.xml, system, record.remote_port)),
         first=record.remote_port,
     )
     record.save()
-    remote.open_tunnel(record)
+    vm.open_tunnel(record)
 
 
 def header_of(record: Record, hv: Hypervisor, saved: str) -> savefile.Saved:
@@ -100,7 +99,7 @@ def restore_as(
         hv.restore(made[0], xml)
 
     try:
-        remote.on_a_free_port(record, launch, first=None)
+        vm.on_a_free_port(record, launch, first=None)
     finally:
         hv.delete_volume(POOL, copy)
     record.save()

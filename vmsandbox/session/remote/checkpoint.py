@@ -11,16 +11,13 @@ are deleted, the others stay, and a session takes at most MAX_CHAIN of them.
 from __future__ import annotations
 
 import secrets
-import shutil
 from collections.abc import Callable
-from pathlib import Path
 
 from vmsandbox import ui
 from vmsandbox.errors import VmsandboxError
-from vmsandbox.session import remotesave
-from vmsandbox.session.hostimages import POOL
-from vmsandbox.session.hostspec import is_remote
 from vmsandbox.session.record import Record
+from vmsandbox.session.remote import save
+from vmsandbox.session.remote.images import POOL
 from vmsandbox.vm import storage
 from vmsandbox.vm.virt import Hypervisor
 
@@ -51,8 +48,8 @@ def copy_workspace(hv: Hypervisor, source: str, name: str) -> None:
 
 
 def check_room(record: Record) -> None:
-    """Before a checkpoint: a session on another host has room in its chain (one here has nothing to check)."""
-    if is_remote(record.libvirt_uri) and len(record.overlays) >= MAX_CHAIN:
+    """Before a checkpoint: the session has room in its chain there."""
+    if len(record.overlays) >= MAX_CHAIN:
         raise VmsandboxError(
             f"session {record.name} runs on host {record.host} over {len(record.overlays)} overlays, the most a "
             "session there takes (its chain is not folded on another host yet)",
@@ -61,16 +58,13 @@ def check_room(record: Record) -> None:
         )
 
 
-def freeze(
-    record: Record, hv: Hypervisor, label: str, publish: Callable[[], None], leftovers: tuple[Path, ...]
-) -> None:
+def freeze(record: Record, hv: Hypervisor, label: str, publish: Callable[[], None]) -> None:
     """The VM (its file systems flushed, its egress stopped) saved into the checkpoint's volume, its workspace disk
     copied there, a new top overlay. The VM is down after (checkpoint.wake restores it). `publish` writes the
-    checkpoint's record here once its volumes are whole; on failure the `leftovers` here are removed and the
-    session is left stopped."""
+    checkpoint's record here once its volumes are whole; on failure the session is left stopped."""
     saved = volume(record, label, "save")
     with ui.step(f"Saving {record.domain} (memory and devices) on host {record.host}"):
-        remotesave.save(record, hv, saved)
+        save.save(record, hv, saved)
     try:
         with ui.step(f"Keeping the workspace disk (a copy on host {record.host})"):
             copy_workspace(hv, f"{record.domain}.workspace.raw", volume(record, label, "workspace.raw"))
@@ -80,8 +74,6 @@ def freeze(
         leave_stopped(record, hv, saved)
         hv.delete_volume(POOL, volume(record, label, "workspace.raw"))
         hv.delete_volume(POOL, saved)
-        for d in leftovers:
-            shutil.rmtree(d, ignore_errors=True)
         raise
 
 
@@ -98,7 +90,7 @@ def rewind(record: Record, hv: Hypervisor, label: str, chains: list[list[str]]) 
     """Rollback's disks, the VM down and record.overlays set to the checkpoint's chain: a new top overlay above
     it, the workspace disk replaced by the checkpoint's copy, a stopped session's save and the overlays no chain
     needs deleted."""
-    hv.delete_volume(POOL, remotesave.name(record))
+    hv.delete_volume(POOL, save.name(record))
     new_top(record, hv)
     with ui.step(f"Restoring the workspace disk (on host {record.host})"):
         workspace = f"{record.domain}.workspace.raw"
@@ -140,8 +132,8 @@ def leave_stopped(record: Record, hv: Hypervisor, saved: str) -> None:
     as `vmsandbox stop` would have left it), so that `vmsandbox start` resumes it."""
     if saved not in hv.volumes(POOL):
         return
-    hv.delete_volume(POOL, remotesave.name(record))
-    hv.clone_volume(POOL, saved, remotesave.name(record))
+    hv.delete_volume(POOL, save.name(record))
+    hv.clone_volume(POOL, saved, save.name(record))
     record.saved = True
     record.save()
     ui.warn(f"session {record.name} is stopped; `vmsandbox start {record.name}` resumes it")

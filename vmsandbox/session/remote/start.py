@@ -1,4 +1,4 @@
-"""Starting a session's VM on another host: warm — restored there from that host's template (remotetemplate.py)
+"""Starting a session's VM on another host: warm — restored there from that host's template (template.py)
 over an overlay of the template's disk, its workspace volume hot-plugged, its identity sent to the guest's
 identity port through libvirt — when a template can be had; cold (a full boot, identity from fw_cfg volumes)
 otherwise, or when the warm start fails. The session says which, and why it was cold.
@@ -13,11 +13,13 @@ from vmsandbox import ui
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.guest import identity
 from vmsandbox.image import store
-from vmsandbox.session import hostimages, remote, remotelog, remotesave, remotetemplate, start, tunnel
-from vmsandbox.session.hostimages import POOL
+from vmsandbox.session import templatekey
 from vmsandbox.session.hostspec import HostSpec
+from vmsandbox.session.place import IDENTITY_TIMEOUT, template_for, warm_or_cold
 from vmsandbox.session.record import Record
-from vmsandbox.session.remotetemplate import RemoteTemplate
+from vmsandbox.session.remote import images, log, save, template, tunnel, vm
+from vmsandbox.session.remote.images import POOL
+from vmsandbox.session.remote.template import RemoteTemplate
 from vmsandbox.vm import domain
 from vmsandbox.vm.virt import Hypervisor
 
@@ -26,64 +28,53 @@ def boot(
     record: Record, image: store.Image, hv: Hypervisor, host: HostSpec, *, cold_start: bool, boot_timeout: int
 ) -> None:
     """Send what the VM needs to the host and start it there (warm if it can), its tunnel open, its sshd up."""
-    hostimages.ensure(hv, host, image)
-    tmpl = _plan(record, image, hv, host, cold=cold_start, boot_timeout=boot_timeout)
-    sent = remote.send(record, image, hv, host, None if tmpl is None else hv.volumes(POOL)[tmpl.vol("disk.qcow2")])
+    images.ensure(hv, host, image)
+    shape = templatekey.shape_of(record)
+    unbuilt = f"no warm-start template on host {host.name}"
+    tmpl = template_for(
+        record, lambda: template.ensure(image, shape, hv, host, boot_timeout), cold=cold_start, unbuilt=unbuilt
+    )
+    sent = vm.send(record, image, hv, host, None if tmpl is None else hv.volumes(POOL)[tmpl.vol("disk.qcow2")])
     if tmpl is None:
-        remote.cold(record, image, hv, host, sent, boot_timeout)
+        vm.cold(record, image, hv, host, sent, boot_timeout)
         return
     t = tmpl
 
     def undo(exc: VmsandboxError) -> None:
         record.start_note = f"the warm start on host {host.name} failed: {exc.message}"
-        remotelog.fetch(record, hv)
+        log.fetch(record, hv)
         ui.warn(f"{record.start_note}; booting cold (`vmsandbox logs {record.name}` shows its console)")
-        remotetemplate.mark_failed(hv, t, exc.message)
+        template.mark_failed(hv, t, exc.message)
         tunnel.close(record.files.root)
         hv.destroy(record.domain)
 
-    if not start.served(record, lambda: warm(record, hv, host, t, sent, boot_timeout), undo):
-        cold = dataclasses.replace(sent, overlay=remote.new_overlay(record, image, hv))
-        remote.cold(record, image, hv, host, cold, boot_timeout)
+    if not warm_or_cold(record, lambda: warm(record, hv, host, t, sent, boot_timeout), undo):
+        cold = dataclasses.replace(sent, overlay=vm.new_overlay(record, image, hv))
+        vm.cold(record, image, hv, host, cold, boot_timeout)
 
 
-def _plan(
-    record: Record, image: store.Image, hv: Hypervisor, host: HostSpec, *, cold: bool, boot_timeout: int
-) -> RemoteTemplate | None:
-    """The template there to start from, or None (and record.start_note says why) for a cold boot."""
-    if cold or record.disk is not None:
-        record.start_note = "--cold" if cold else "an image build boots its disk cold"
-        return None
-    try:
-        return remotetemplate.ensure(image, start.shape(record), hv, host, boot_timeout)
-    except VmsandboxError as exc:
-        record.start_note = f"no warm-start template on host {host.name}: {exc.message}"
-        ui.warn(f"{record.start_note}; booting cold")
-        return None
-
-
-def warm(record: Record, hv: Hypervisor, host: HostSpec, tmpl: RemoteTemplate, sent: remote.Sent, timeout: int) -> None:
+def warm(record: Record, hv: Hypervisor, host: HostSpec, tmpl: RemoteTemplate, sent: vm.Sent, timeout: int) -> None:
     """Restore the template there as the session's VM, hot-plug its workspace volume, send its identity through
     libvirt, open its tunnel and wait for its sshd. Raises (the caller boots cold instead) when any of it fails."""
-    saved = remotesave.header_of(record, hv, tmpl.vol("save"))
+    saved = save.header_of(record, hv, tmpl.vol("save"))
     boot = domain.boot_of(saved.xml)
 
     def spec_of() -> domain.DomainSpec:  # its fw_cfg files its own (`template` too: a fork of it reads that)
-        spec = remote.spec(record, sent, boot)
+        spec = vm.spec(record, sent, boot)
         return dataclasses.replace(spec, workspace_disk=None, channel=domain.LIBVIRTS_SOCKET)
 
     with ui.step(f"Restoring {record.domain} on host {host.name} from its warm-start template") as detail:
-        remotesave.restore_as(record, hv, tmpl.vol("save"), saved, spec_of)
+        save.restore_as(record, hv, tmpl.vol("save"), saved, spec_of)
         record.start = "warm"
         record.save()
         hv.attach(record.domain, domain.workspace_xml(Path(sent.workspace)))
         detail("identity")
-        wait = min(start.IDENTITY_TIMEOUT, timeout)
+        wait = min(IDENTITY_TIMEOUT, timeout)
 
         def exchange(data: bytes) -> bytes:
             return hv.exchange(record.domain, domain.IDENTITY_PORT, data, limit=identity.REPLY_LIMIT, timeout=wait)
 
         identity.send_through(exchange, record.files.fwcfg_dir, timeout=wait)
         detail("sshd")
-        remote.open_tunnel(record)
-        remote.wait_for_sshd(record, hv, host, timeout)
+        vm.open_tunnel(record)
+        vm.wait_for_sshd(record, hv, host, timeout)

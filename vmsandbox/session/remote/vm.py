@@ -1,11 +1,11 @@
 """A session on another libvirt host. Its disks are volumes in that host's pool `vmsandbox`, named after its
 domain: `DOMAIN.overlay.qcow2` (backed by the image's volume), `DOMAIN.workspace.raw` (the workspace disk,
 made here and sent), `DOMAIN.fw.KEY` (its identity files, read by QEMU as fw_cfg), `DOMAIN.owner` (this
-machine and the session's directory, for gc), `DOMAIN.save` while it is stopped (remotesave.py), and the
-serial console `DOMAIN.console.log`, which virtlogd writes there (remotelog.py). Its SSH is forwarded to the
+machine and the session's directory, for gc), `DOMAIN.save` while it is stopped (save.py), and the
+serial console `DOMAIN.console.log`, which virtlogd writes there (log.py). Its SSH is forwarded to the
 host's 127.0.0.1 only and reached through a tunnel (tunnel.py); the egress daemon, the proxy's secrets, the
 baseline and the mirror stay on this machine. Its VM is restored from a template there or boots cold
-(remotestart.py).
+(start.py).
 """
 
 from __future__ import annotations
@@ -23,10 +23,10 @@ from vmsandbox import paths, ui
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.guest import ssh
 from vmsandbox.image import store
-from vmsandbox.session import hostimages, remotelog, tunnel
-from vmsandbox.session.hostimages import POOL, volume
-from vmsandbox.session.hostspec import HostSpec, is_remote
+from vmsandbox.session.hostspec import HostSpec
 from vmsandbox.session.record import DOMAIN_PREFIX, Record
+from vmsandbox.session.remote import images, log, tunnel
+from vmsandbox.session.remote.images import POOL, volume
 from vmsandbox.vm import accel as accel_mod
 from vmsandbox.vm import domain, storage
 from vmsandbox.vm.domain import DomainSpec, Forward
@@ -68,7 +68,7 @@ def check_room(hv: Hypervisor, host: HostSpec, memory_mib: int) -> None:
 
 def kernel_of(image: store.Image) -> str:
     """The image whose volumes hold the kernel and initrd (a layer's base)."""
-    return (hostimages.base_of(image) or image).path.name
+    return (images.base_of(image) or image).path.name
 
 
 @dataclass(frozen=True)
@@ -93,7 +93,7 @@ def send(record: Record, image: store.Image, hv: Hypervisor, host: HostSpec, bac
         overlay = new_overlay(record, image, hv, backing)
     vols = hv.volumes(POOL)
     record.workspace_bytes = files.workspace_disk.stat().st_size
-    record.overlays = [prefix + "overlay.qcow2"]  # volumes there (checkpoints add more: remotecheckpoint)
+    record.overlays = [prefix + "overlay.qcow2"]  # volumes there (checkpoints add more: checkpoint.py)
     record.save()
     files.workspace_disk.unlink()  # its host has it; a VM that dies there has it fetched back (fetch_workspace)
     return Sent(overlay, vols[prefix + "workspace.raw"], fwcfg, console)
@@ -195,7 +195,7 @@ def wait_for_sshd(record: Record, hv: Hypervisor, host: HostSpec, boot_timeout: 
     try:
         return ssh.wait_for_banner(record.ssh_port, timeout=boot_timeout, alive=lambda: _alive(hv, record))
     except VmsandboxError as exc:
-        remotelog.fetch(record, hv)
+        log.fetch(record, hv)
         raise VmsandboxError(
             f"{exc.message} (on host {host.name})", hint=f"`vmsandbox logs {record.name}` shows its console"
         ) from exc
@@ -239,7 +239,7 @@ def ensure_tunnel(record: Record, *, answering: bool = False) -> None:
     """Before a command reaches a remote session's guest: its tunnel runs (opened again if it died). With
     `answering` (the guest runs, its sshd is up), the tunnel must also carry the guest's SSH banner: an ssh
     that was just killed still holds its port for a moment, and a command let through then is refused."""
-    if not is_remote(record.libvirt_uri) or not record.remote_port:
+    if not record.remote_port:
         return
     down = not tunnel.alive(record.files.root) or tunnel.port_free(record.ssh_port)  # or between two tries
     if down or (answering and not ssh.answers(record.ssh_port, timeout=5)):
@@ -249,8 +249,6 @@ def ensure_tunnel(record: Record, *, answering: bool = False) -> None:
 def fetch_workspace(record: Record) -> None:
     """A remote session whose VM is not running: the workspace disk as the VM left it on its host, brought
     here (its changes are read from the disk)."""
-    if not is_remote(record.libvirt_uri):
-        return
     with Hypervisor(record.libvirt_uri) as hv:
         name = f"{record.domain}.workspace.raw"
         if name not in hv.volumes(POOL):
@@ -266,14 +264,7 @@ def fetch_workspace(record: Record) -> None:
 def forget(root: Path, uri: str, domain_name: str) -> None:
     """The remote session's tunnel closed and its volumes deleted (its domain is destroyed by the caller)."""
     tunnel.close(root)
-    if not is_remote(uri):
-        return
     with Hypervisor(uri) as hv:
         for name in hv.volumes(POOL):
             if name.startswith(f"{domain_name}."):
                 hv.delete_volume(POOL, name)
-
-
-def orphaned(root: Path, mine: Path) -> bool:
-    """A session directory of this machine's sessions directory, without its record (gone)."""
-    return root.parent.resolve() == mine and not (root / paths.SESSION_RECORD).exists()

@@ -102,7 +102,7 @@ def port_free(port: int) -> bool:
 def open_(root: Path, uri: str, local: int, remote: int) -> None:
     """Start the tunnel (closing one that ran) and wait until it listens on 127.0.0.1:local."""
     close(root)
-    argv = [sys.executable, "-m", "vmsandbox.session.tunnel", uri, str(local), str(remote)]
+    argv = [sys.executable, "-m", "vmsandbox.session.remote.tunnel", uri, str(local), str(remote)]
     pid = proc.spawn_detached(argv, log_file=root / LOG_FILE)
     paths.write_atomically(root / PID_FILE, json.dumps({"pid": pid, "start": pids.process_start(pid)}))
     deadline = time.monotonic() + OPEN_TIMEOUT
@@ -131,7 +131,7 @@ def close(root: Path) -> None:
 
 
 def main(args: list[str]) -> int:
-    """The supervisor: `python -m vmsandbox.session.tunnel URI LOCAL REMOTE` runs the forwarding ssh until it
+    """The supervisor: `python -m vmsandbox.session.remote.tunnel URI LOCAL REMOTE` runs the forwarding ssh until it
     is stopped (SIGTERM, which ends ssh with it), again after each end."""
     uri, local, remote = args[0], int(args[1]), int(args[2])
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))

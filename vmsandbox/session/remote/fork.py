@@ -13,21 +13,21 @@ image's header.
 
 from __future__ import annotations
 
-from vmsandbox.session import remote, remotecheckpoint, remotesave
-from vmsandbox.session.checkpoint import Checkpoint
-from vmsandbox.session.hostimages import POOL
+from vmsandbox.session.checkpoints import Checkpoint
 from vmsandbox.session.record import Record
+from vmsandbox.session.remote import checkpoint, save, vm
+from vmsandbox.session.remote.images import POOL
 from vmsandbox.vm import domain
 from vmsandbox.vm.virt import Hypervisor
 
 
 def copy_disks(source: Record, cp: Checkpoint, record: Record, hv: Hypervisor) -> None:
     """The fork's system and workspace disks, copied on the host from the checkpoint's volumes."""
-    remote.send_owner(record, hv)  # first: gc there can tell this machine's volumes by it
+    vm.send_owner(record, hv)  # first: gc there can tell this machine's volumes by it
     overlay = f"{record.domain}.overlay.qcow2"
     hv.clone_volume(POOL, cp.overlay, overlay)
-    workspace = remotecheckpoint.volume(source, cp.label, "workspace.raw")
-    remotecheckpoint.copy_workspace(hv, workspace, f"{record.domain}.workspace.raw")
+    workspace = checkpoint.volume(source, cp.label, "workspace.raw")
+    checkpoint.copy_workspace(hv, workspace, f"{record.domain}.workspace.raw")
     record.overlays = [overlay]
     record.save()
 
@@ -35,11 +35,11 @@ def copy_disks(source: Record, cp: Checkpoint, record: Record, hv: Hypervisor) -
 def restore(source: Record, cp: Checkpoint, record: Record, hv: Hypervisor) -> None:
     """The fork's VM restored there from the checkpoint's save, as its own domain, with its identity files, on a
     free port of the host's loopback; then its tunnel opened."""
-    fwcfg, console = remote.send_identity(record, hv)
-    saved_volume = remotecheckpoint.volume(source, cp.label, "save")
+    fwcfg, console = vm.send_identity(record, hv)
+    saved_volume = checkpoint.volume(source, cp.label, "save")
     vols = hv.volumes(POOL)
-    sent = remote.Sent(vols[record.overlays[-1]], vols[f"{record.domain}.workspace.raw"], fwcfg, console)
-    saved = remotesave.header_of(record, hv, saved_volume)
+    sent = vm.Sent(vols[record.overlays[-1]], vols[f"{record.domain}.workspace.raw"], fwcfg, console)
+    saved = save.header_of(record, hv, saved_volume)
     boot = domain.boot_of(saved.xml)
-    remotesave.restore_as(record, hv, saved_volume, saved, lambda: remote.spec(record, sent, boot))
-    remote.open_tunnel(record)
+    save.restore_as(record, hv, saved_volume, saved, lambda: vm.spec(record, sent, boot))
+    vm.open_tunnel(record)

@@ -1,0 +1,77 @@
+"""What a warm-start template is, wherever it is kept: the VM's shape, and the key of everything its saved memory
+depends on (the image, the shape, the domain layout, the QEMU and libvirt versions that saved it). Each place
+keeps its templates its own way (local.template: directories beside the image; remote.template: volumes in the
+host's pool), under this one key."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from vmsandbox import paths
+from vmsandbox.image.store import Image
+from vmsandbox.session.record import Record
+from vmsandbox.vm import accel as accel_mod
+from vmsandbox.vm.domain import DomainSpec, build_xml
+from vmsandbox.vm.virt import Hypervisor
+
+DOMAIN_PREFIX = "vmsandbox-template-"
+READY = "vmsandbox-boot: template ready"  # printed by images/base/rootfs/usr/local/lib/vmsandbox/warm
+SETTLE = 0.5  # after the marker: the guest's script is blocked on its port by then
+
+
+@dataclass(frozen=True)
+class Shape:
+    accel: str
+    cpus: int
+    memory_mib: int
+    disk_mib: int
+
+    @property
+    def slug(self) -> str:
+        return f"{self.accel}-{self.cpus}c-{self.memory_mib}m-{self.disk_mib}d"
+
+
+def shape_of(record: Record) -> Shape:
+    return Shape(record.accel, record.cpus, record.memory_mib, record.disk_mib)
+
+
+def spec(image: Image, shape: Shape, name: str, where: Path) -> DomainSpec:
+    """A template's VM booting `image` in `shape`, its files in directory `where` (this machine's layout)."""
+    return DomainSpec(
+        name=name,
+        session=name,
+        session_dir=where,
+        accel=accel_mod.Accel(shape.accel),
+        cpus=shape.cpus,
+        memory_mib=shape.memory_mib,
+        disk=where / paths.IMAGE_DISK,
+        kernel=image.kernel,
+        initrd=image.initrd,
+        cmdline=image.kernel_cmdline,
+        console_log=where / "console.log",
+        forwards=(),
+        fwcfg_files={"template": where / "fwcfg" / "template"},
+        channel=where / "identity.sock",
+        template=True,
+    )
+
+
+def key(image: Image, shape: Shape, hv: Hypervisor) -> dict[str, Any]:
+    """Everything a template's saved memory depends on."""
+    layout = build_xml(spec(image, shape, "layout", Path("/layout")))
+    return {
+        "image": image.version,
+        "shape": asdict(shape),
+        "cmdline": image.kernel_cmdline,
+        "qemu": hv.qemu_version(),
+        "libvirt": hv.version(),
+        "domain": hashlib.sha256(layout.encode()).hexdigest()[:16],
+    }
+
+
+def digest(k: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(k, sort_keys=True).encode()).hexdigest()[:12]
