@@ -15,7 +15,7 @@ IDENTITY_PORT = "org.vmsandbox.identity"  # the guest's /dev/virtio-ports/<name>
 WORKSPACE_SERIAL = "vmsandbox-workspace"
 LIBVIRTS_SOCKET = Path("libvirt")  # a channel whose socket libvirt places itself (on another host: we reach it
 # through libvirt, Hypervisor.exchange, and it goes where that host's QEMU may make it)
-TCG_TB_CACHE_MIB = 128  # QEMU's default is 1 GiB of host RAM per VM; see README, "Lean sessions"
+TCG_TB_CACHE_MIB = 128  # QEMU's default is 1 GiB of host RAM per VM; see docs/guide.md, "Lean sessions"
 # A fixed PCI slot for the NIC: q35 needs bus/addr spelled out for a device added on the QEMU command line.
 NIC_DEVICE = "virtio-net-pci,netdev=n0,bus=pcie.0,addr=0x10"
 
