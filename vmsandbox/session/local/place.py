@@ -17,7 +17,7 @@ from vmsandbox.session.record import DOMAIN_PREFIX, Record, names, orphaned
 from vmsandbox.session.templatekey import Shape
 from vmsandbox.vm import accel, domain, savefile
 from vmsandbox.vm.domain import session_of
-from vmsandbox.vm.node import Node, PortTakenError, UnreachableError
+from vmsandbox.vm.node import Node, UnreachableError
 from vmsandbox.vm.virt import Hypervisor
 
 
@@ -68,18 +68,14 @@ class LocalPlace(Place):
     def restore(self, record: Record, hv: Hypervisor, memory: SavedVM) -> None:
         saved = _file(memory)
         saved_xml = savefile.read(saved).xml
-        last = None
         paths.own_file(record.files.console_log)
-        for _attempt in range(start.PORT_ATTEMPTS):
-            try:
-                hv.restore(str(saved), domain.with_disks(saved_xml, record.system_disk, record.ssh_port))
-            except PortTakenError as exc:
-                last = exc
-                start.new_port(record)
-                continue
-            record.save()
-            return
-        raise VmsandboxError(f"no free port for SSH after {start.PORT_ATTEMPTS} tries: {last}")
+        # on the session's SSH port, or on another one if something took it while the VM was down
+
+        def launch() -> None:
+            hv.restore(str(saved), domain.with_disks(saved_xml, record.system_disk, record.ssh_port))
+
+        start.on_a_free_port(record, launch, keep=True)
+        record.save()
 
     def started(self, record: Record, hv: Hypervisor) -> None:
         return None

@@ -70,12 +70,13 @@ def new_port(record: Record) -> None:
     record.endpoint().write_config()
 
 
-def on_a_free_port(record: Record, launch: Callable[[], None]) -> None:
-    """Pick a free loopback port for the guest's SSH and launch the VM on it; another, if a process took the
-    port between our pick and QEMU's bind."""
+def on_a_free_port(record: Record, launch: Callable[[], None], *, keep: bool = False) -> None:
+    """Pick a free loopback port for the guest's SSH (with `keep`, try the session's own first) and launch the VM
+    on it; another, if a process took the port between our pick and QEMU's bind."""
     last: VmsandboxError | None = None
-    for _attempt in range(PORT_ATTEMPTS):
-        new_port(record)
+    for attempt in range(PORT_ATTEMPTS):
+        if attempt or not keep:
+            new_port(record)
         try:
             launch()
         except PortTakenError as exc:
