@@ -75,7 +75,7 @@ def _recording(kind: type[Place], steps: Steps) -> type[Place]:
 
         return method
 
-    overrides = {name: step(name) for name in sorted(Place.__abstractmethods__) if name != "where"}
+    overrides = {name: step(name) for name in sorted(Place.__abstractmethods__) if name not in ("where", "release")}
     overrides["libvirt_for"] = lambda self, here: HERE
     return type(f"Recording{kind.__name__}", (kind,), overrides)
 

@@ -136,6 +136,7 @@ def remove_damaged(name: str, uri: str) -> Path | None:
     if not files.root.is_dir():
         return None
     _stop(files, uri, domain_name(name))
+    places.release_any(files.root)
     shutil.rmtree(files.root)
     pins.unpin(name)
     return files.root

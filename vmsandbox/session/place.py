@@ -222,6 +222,12 @@ class Place(abc.ABC):
         """What the place keeps of a session beside its domain (tunnel, volumes) gone; the domain is the
         caller's to destroy."""
 
+    @staticmethod
+    @abc.abstractmethod
+    def release(root: Path) -> None:
+        """What a place of this kind runs on this machine for the session whose directory is `root` (a tunnel)
+        stopped: for a session whose record cannot be read, so whose place is not known."""
+
     @abc.abstractmethod
     def unanswered(self, record: Record, exc: UnreachableError) -> VmsandboxError:
         """The place did not answer, so a session's changes cannot be read: the error that says what to do."""

@@ -4,6 +4,7 @@ the config, or a libvirt URI give a Place — this machine's (session.local) or 
 
 from __future__ import annotations
 
+from pathlib import Path
 from urllib.parse import urlsplit
 
 from vmsandbox.session.hostspec import LOCAL, HostSpec
@@ -11,6 +12,8 @@ from vmsandbox.session.local.place import LocalPlace
 from vmsandbox.session.place import Place
 from vmsandbox.session.record import Record
 from vmsandbox.session.remote.place import RemotePlace
+
+KINDS: tuple[type[Place], ...] = (LocalPlace, RemotePlace)
 
 
 def _kind(uri: str) -> type[Place]:
@@ -32,6 +35,13 @@ def of_host(spec: HostSpec | None, libvirt_uri: str) -> Place:
 def of_uri(uri: str) -> Place:
     """The place whose libvirt is `uri` (a session whose record cannot be read is known by its URI only)."""
     return _kind(uri)(HostSpec(urlsplit(uri).hostname or LOCAL, uri))
+
+
+def release_any(root: Path) -> None:
+    """A session whose record cannot be read (so whose place is not known): what any kind of place runs on this
+    machine for it, stopped."""
+    for kind in KINDS:
+        kind.release(root)
 
 
 def every(libvirt_uri: str, configured: tuple[HostSpec, ...]) -> list[Place]:

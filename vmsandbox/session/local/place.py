@@ -124,6 +124,10 @@ class LocalPlace(Place):
     def forget(self, root: Path, domain_name: str) -> None:
         return None  # nothing is kept beside the domain but the session's directory
 
+    @staticmethod
+    def release(root: Path) -> None:
+        return None  # nothing runs here for a session but its VM and its egress daemon (the caller's)
+
     def unanswered(self, record: Record, exc: UnreachableError) -> VmsandboxError:
         return exc
 

@@ -121,6 +121,10 @@ class RemotePlace(Place):
     def forget(self, root: Path, domain_name: str) -> None:
         vm.forget(root, self.uri, domain_name)
 
+    @staticmethod
+    def release(root: Path) -> None:
+        tunnel.close(root)
+
     def unanswered(self, record: Record, exc: UnreachableError) -> VmsandboxError:
         return VmsandboxError(
             f"host {record.host} does not answer, so the changes of session {record.name} cannot be read: "
