@@ -7,17 +7,21 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
-from vmsandbox import paths
+from vmsandbox import paths, ui
+from vmsandbox.errors import VmsandboxError
 from vmsandbox.image.store import Image
 from vmsandbox.session.record import Record
 from vmsandbox.vm import accel as accel_mod
 from vmsandbox.vm.domain import DomainSpec, build_xml
 from vmsandbox.vm.virt import Hypervisor
 
+T = TypeVar("T")
 DOMAIN_PREFIX = "vmsandbox-template-"
 READY = "vmsandbox-boot: template ready"  # printed by images/base/rootfs/usr/local/lib/vmsandbox/warm
 SETTLE = 0.5  # after the marker: the guest's script is blocked on its port by then
@@ -75,3 +79,28 @@ def key(image: Image, shape: Shape, hv: Hypervisor) -> dict[str, Any]:
 
 def digest(k: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(k, sort_keys=True).encode()).hexdigest()[:12]
+
+
+def found_or_built(
+    find: Callable[[], tuple[T | None, str]],
+    lock: Callable[[], AbstractContextManager[Any]],
+    failed: Callable[[], bool],
+    build: Callable[[], T],
+    where: str,
+) -> T:
+    """A place's template for an image and shape: the one `find()` finds, else built (`build()`) once, under the
+    place's `lock()` (others wait for it, then find it) — unless the one with this key failed a warm start
+    (`failed()`), which stays until gc removes it (sessions may rest on its disk)."""
+    found, why = find()
+    if found is not None:
+        return found
+    with lock():
+        found, why = find()  # built by another process while we waited
+        if found is not None:
+            return found
+        if failed():
+            raise VmsandboxError(
+                why, hint="`vmsandbox gc` removes it when no session uses it; the next run builds anew"
+            )
+        ui.info(f"Building a warm-start template{where}: {why} (once per image version and VM shape)")
+        return build()

@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import Any
 
 from vmsandbox import access, confine, failpoint, paths, ui
-from vmsandbox.errors import VmsandboxError
 from vmsandbox.image.store import Image
 from vmsandbox.session import templatekey
 from vmsandbox.session.local import bootwait
@@ -114,20 +113,13 @@ def _lock(image: Image) -> Iterator[None]:
 
 def ensure(image: Image, shape: Shape, hv: Hypervisor, boot_timeout: int) -> Template:
     """The template for this image and shape, built now if there is none (once; others wait for it)."""
-    found, why = find(image, shape, hv)
-    if found is not None:
-        return found
-    with _lock(image):
-        found, why = find(image, shape, hv)  # built by another process while we waited
-        if found is not None:
-            return found
-        if _path_of(image, shape, key(image, shape, hv)).exists():
-            # it failed a warm start, and sessions may rest on its disk: gc removes it once none does
-            raise VmsandboxError(
-                why, hint="`vmsandbox gc` removes it when no session uses it; the next run builds anew"
-            )
-        ui.info(f"Building a warm-start template: {why} (once per image version and VM shape)")
-        return _build(image, shape, hv, boot_timeout)
+    return templatekey.found_or_built(
+        lambda: find(image, shape, hv),
+        lambda: _lock(image),
+        lambda: _path_of(image, shape, key(image, shape, hv)).exists(),  # there, yet not found: it failed
+        lambda: _build(image, shape, hv, boot_timeout),
+        "",
+    )
 
 
 def _build(image: Image, shape: Shape, hv: Hypervisor, boot_timeout: int) -> Template:

@@ -80,20 +80,20 @@ def record_of(hv: Hypervisor, tmpl: RemoteTemplate) -> dict[str, Any] | None:
 
 def ensure(image: Image, shape: templatekey.Shape, hv: Hypervisor, host: HostSpec, boot_timeout: int) -> RemoteTemplate:
     """The template there, built now if there is none (once: this machine's other sessions wait for it)."""
-    found, why = find(image, shape, hv)
-    if found is not None:
-        return found
     wait = f"another vmsandbox builds a warm-start template on host {host.name}; waiting for it…"
-    with access.flocked(lock_path(host), wait=wait):
-        found, why = find(image, shape, hv)
-        if found is not None:
-            return found
+
+    def build() -> RemoteTemplate:
         tmpl, k = of(image, shape, hv)
-        if tmpl.vol("failed") in hv.volumes(POOL):
-            raise VmsandboxError(why, hint="`vmsandbox gc` removes it when no session uses it")
-        ui.info(f"Building a warm-start template on host {host.name}: {why} (once per image version and VM shape)")
         _build(image, shape, hv, tmpl, k, boot_timeout)
         return tmpl
+
+    return templatekey.found_or_built(
+        lambda: find(image, shape, hv),
+        lambda: access.flocked(lock_path(host), wait=wait),
+        lambda: of(image, shape, hv)[0].vol("failed") in hv.volumes(POOL),
+        build,
+        f" on host {host.name}",
+    )
 
 
 def lock_path(host: HostSpec) -> Path:
