@@ -13,15 +13,18 @@ from typing import Any
 import pytest
 
 from vmsandbox.egress.netpolicy import Mode
-from vmsandbox.session import checkpoint, lifecycle, places, suspend
+from vmsandbox.image.store import Image
+from vmsandbox.session import checkpoint, create, lifecycle, places, suspend
 from vmsandbox.session.checkpoints import Checkpoint
+from vmsandbox.session.config import Settings
+from vmsandbox.session.hostspec import HostSpec
 from vmsandbox.session.local.place import LocalPlace
+from vmsandbox.session.options import Options
 from vmsandbox.session.place import Place, SavedVM
-from vmsandbox.session.record import Phase, Record
+from vmsandbox.session.record import Record
 from vmsandbox.session.remote.place import RemotePlace
+from vmsandbox.vm import accel
 from vmsandbox.vm.virt import Hypervisor
-
-from .conftest import saved_record
 
 HERE = "test:///default"
 THERE = "qemu+ssh://me@far.example/system"
@@ -42,36 +45,40 @@ class Steps:
         self.asked: list[str] = []
         self.saved: set[str] = set()
 
-    def __call__(self, name: str, place: Place, args: tuple[Any, ...]) -> Any:
+    def __call__(self, name: str, place: Place, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         self.asked.append(name)
         record = next((a for a in args if isinstance(a, Record)), None)
         hv = next((a for a in args if isinstance(a, Hypervisor)), None)
-        if name in ("save", "freeze") and record is not None and hv is not None:
+        if record is not None and hv is not None:
+            self._emulate(name, record, hv, args, kwargs)
+        answers = {
+            "admit": accel.choose(accel.Accel.TCG),
+            "holds_save": record is not None and record.name in self.saved,
+            "stopped": SavedVM(),
+            "memory_of": SavedVM(),
+            "sizes": {},
+            "forget_unanswered": False,
+        }
+        return args[-1] if name == "unanswered" else answers.get(name)
+
+    def _emulate(self, name: str, record: Record, hv: Hypervisor, args: tuple[Any, ...], kw: dict[str, Any]) -> None:
+        if name in ("boot", "restore"):
+            _running(hv, record.domain)
+        if name == "boot":
+            kw["launched"]()
+        if name in ("save", "freeze"):
             hv.destroy(record.domain)  # the VM is down once it is saved
             self.saved.add(record.name)
         if name == "freeze":
             args[-1]()  # publish: the checkpoint's record is whole
-        if name == "restore" and record is not None and hv is not None:
-            _running(hv, record.domain)
-        if name == "holds_save":
-            return record is not None and record.name in self.saved
-        if name in ("stopped", "memory_of"):
-            return SavedVM()
-        if name == "sizes":
-            return {}
-        if name in ("unanswered",):
-            return args[-1]
-        if name in ("forget_unanswered",):
-            return False
-        return None
 
 
 def _recording(kind: type[Place], steps: Steps) -> type[Place]:
     """`kind` with every step of the interface recorded (and emulated) instead of carried out."""
 
     def step(name: str) -> Callable[..., Any]:
-        def method(self: Place, *args: Any, **_kwargs: Any) -> Any:
-            return steps(name, self, args)
+        def method(self: Place, *args: Any, **kwargs: Any) -> Any:
+            return steps(name, self, args, kwargs)
 
         return method
 
@@ -107,31 +114,37 @@ def quiet_guest(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(control, "stop", lambda *a, **k: None)
 
 
-def _walk(name: str, uri: str, host: str, hv: Hypervisor) -> Record:
-    """A kept session through checkpoint, stop, start, checkpoint removal and destroy."""
-    fields = {"keep": True, "status": Phase.READY, "overlays": ["o.qcow2"], "network": Mode.NONE}
-    record = saved_record(name, libvirt_uri=uri, host=host, **fields)
-    _running(hv, record.domain)
+def _walk(name: str, host: HostSpec | None, project: Path) -> None:
+    """A session made with `run --keep` (here, or on `host`), then checkpointed, stopped, started, its checkpoint
+    removed, and destroyed."""
+    settings = Settings(libvirt_uri=HERE, network=Mode.NONE)
+    image = Image("v", project, {})
+    create.create(Options(project=project, name=name, settings=settings, keep=True, image=image, host=host))
     checkpoint.take(name, "c1")
     suspend.stop(name)
     suspend.start(name)
     checkpoint.remove(name, "c1")
     lifecycle.destroy(Record.load(name), force=False, discard=True, limit=1)
-    return record
 
 
 def test_a_session_here_and_one_there_take_the_same_steps(
-    monkeypatch: pytest.MonkeyPatch, one_libvirt: Hypervisor, quiet_guest: None
+    monkeypatch: pytest.MonkeyPatch, one_libvirt: Hypervisor, quiet_guest: None, tmp_path: Path
 ) -> None:
     here, there = Steps(), Steps()
     monkeypatch.setattr(places, "LocalPlace", _recording(LocalPlace, here))
     monkeypatch.setattr(places, "RemotePlace", _recording(RemotePlace, there))
+    # the project's capture and the session's keys and identity files are made the same way for every place
+    monkeypatch.setattr(create, "_prepare", lambda record, *_: record.save())
+    project = tmp_path / "project"
+    project.mkdir()
 
-    _walk("s1", HERE, "local", one_libvirt)
-    _walk("s2", THERE, "far", one_libvirt)
+    _walk("s1", None, project)
+    _walk("s2", HostSpec("far", THERE), project)
 
     assert here.asked == there.asked
     assert here.asked == [
+        "admit",  # run --keep: room and accelerator there, the VM started
+        "boot",
         "check_room",  # checkpoint: room in the disk chain, the VM saved into it, resumed from it
         "freeze",
         "memory_of",
