@@ -1,6 +1,7 @@
 """The one place that knows where a VM lives: a session's record (its `host` and `libvirt_uri`), a host named in
 the config, or a libvirt URI give a Place — this machine's (session.local) or another host's
-(session.remote). Policy asks here and nowhere else; a new kind of place is one more line in `_kind`."""
+(session.remote). Policy asks here and nowhere else; a new kind of place is one more line in `_kind` and in
+`KINDS`."""
 
 from __future__ import annotations
 
