@@ -2,29 +2,17 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 from vmsandbox import ui
-from vmsandbox.errors import VmsandboxError
 from vmsandbox.image import layers, store
 from vmsandbox.session import config, pins, places, templatekey
-from vmsandbox.session.record import Record, names
+from vmsandbox.session.record import readable
 from vmsandbox.vm.virt import Hypervisor
-
-
-def _records() -> Iterator[Record]:
-    """Every session's record that can be read (a damaged one is `ls`'s and `gc`'s to report)."""
-    for name in names():
-        try:
-            yield Record.load(name)
-        except VmsandboxError:
-            continue
 
 
 def users_of(version: str) -> list[str]:
     """The blueprint layers built on this image and the sessions booted from it."""
     users = [f"blueprint image {b.version}" for b in layers.list_layers() if b.manifest.get("base_version") == version]
-    users += [f"session {r.name}" for r in _records() if r.image_version == version]
+    users += [f"session {r.name}" for r in readable() if r.image_version == version]
     users += [str(p) for p in pins.of_others() if p.image == version]
     return users
 

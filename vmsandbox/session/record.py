@@ -12,6 +12,7 @@ import pwd
 import re
 import secrets
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
@@ -263,3 +264,12 @@ def names() -> list[str]:
 def orphaned(root: Path, mine: Path) -> bool:
     """A session directory of this machine's sessions directory (`mine`), without its record (gone)."""
     return root.parent.resolve() == mine and not (root / paths.SESSION_RECORD).exists()
+
+
+def readable() -> Iterator[Record]:
+    """Every session's record that can be read (a damaged one is `ls`'s and `gc`'s to report)."""
+    for name in names():
+        try:
+            yield Record.load(name)
+        except VmsandboxError:
+            continue

@@ -18,8 +18,6 @@ from vmsandbox.session.record import Phase, Record, State, names
 from vmsandbox.vm.node import UnreachableError, gone
 from vmsandbox.vm.virt import Hypervisor
 
-CONSOLE_TAIL_LINES = boot.CONSOLE_TAIL_LINES
-
 
 @dataclass(frozen=True)
 class Status:
@@ -151,7 +149,7 @@ def stops_within(record: Record, *, seconds: float) -> bool:
             time.sleep(0.5)
 
 
-def console_tail(name: str, lines: int = CONSOLE_TAIL_LINES) -> str:
+def console_tail(name: str, lines: int = boot.CONSOLE_TAIL_LINES) -> str:
     return boot.tail_of(paths.session_paths(name).console_log, lines)
 
 

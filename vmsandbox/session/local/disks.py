@@ -22,7 +22,9 @@ from vmsandbox.vm.virt import Hypervisor
 MAX_DEPTH = 3 + checkpoints.MOST + 2  # base, layer, template; a frozen overlay per checkpoint; the top
 
 
-def freeze(record: Record, hv: Hypervisor, staging: Path, publish: Launched) -> None:
+def freeze(record: Record, hv: Hypervisor, cp: Checkpoint, staging: Path, publish: Launched) -> None:
+    """The VM saved into `staging` (which `publish` makes cp.path), its workspace disk copied beside it, a new top
+    overlay; on failure, the session is left stopped on the saved memory, wherever it is by then."""
     memory = staging / checkpoints.MEMORY
     with ui.step(f"Saving {record.domain} (memory and devices)"):
         hv.save(record.domain, str(memory))
@@ -33,8 +35,7 @@ def freeze(record: Record, hv: Hypervisor, staging: Path, publish: Launched) -> 
         new_top(record)
         tidy(record, live=False)
     except BaseException:
-        published = record.files.checkpoints / staging.name.removeprefix(".tmp-") / checkpoints.MEMORY
-        leave_stopped(record, memory if memory.exists() else published)
+        leave_stopped(record, memory if memory.exists() else cp.memory)
         raise
 
 

@@ -13,7 +13,7 @@ from vmsandbox.session import pins
 from vmsandbox.session.checkpoints import Checkpoint
 from vmsandbox.session.local import disks, start, template
 from vmsandbox.session.place import Launched, Place, SavedVM, SaveFile
-from vmsandbox.session.record import DOMAIN_PREFIX, Record, names, orphaned
+from vmsandbox.session.record import DOMAIN_PREFIX, Record, orphaned, readable
 from vmsandbox.session.templatekey import Shape
 from vmsandbox.vm import accel, domain, savefile
 from vmsandbox.vm.domain import session_of
@@ -84,7 +84,7 @@ class LocalPlace(Place):
         return None  # the chain is folded (session.chain): it never grows past MAX_DEPTH
 
     def freeze(self, record: Record, hv: Hypervisor, cp: Checkpoint, staging: Path, publish: Launched) -> None:
-        disks.freeze(record, hv, staging, publish)
+        disks.freeze(record, hv, cp, staging, publish)
 
     def memory_of(self, record: Record, cp: Checkpoint) -> SavedVM:
         return SaveFile(cp.memory)
@@ -170,12 +170,5 @@ class LocalPlace(Place):
 
 def _templates_in_use() -> set[Path]:
     """The templates a session's disk rests on (its own, or a pinned one of another account's)."""
-    used: set[Path] = set()
-    for name in names():
-        try:
-            record = Record.load(name)
-        except VmsandboxError:
-            continue
-        if record.template:
-            used.add(Path(record.template))
+    used = {Path(r.template) for r in readable() if r.template}
     return used | {Path(p.template) for p in pins.of_others() if p.template}
