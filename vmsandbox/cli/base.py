@@ -93,6 +93,9 @@ IncludeIgnored = Annotated[
     bool, typer.Option("--include-ignored", help="Apply changes to paths the project ignores (.gitignore) too.")
 ]
 IncludeBinary = Annotated[bool, typer.Option("--include-binary", help="Apply binary files too (never by --yes alone).")]
+IncludeMass = Annotated[
+    bool, typer.Option("--include-mass", help="With --yes, apply a mass change too (mass_change_files/_size).")
+]
 AsJson = Annotated[bool, typer.Option("--json", help="Print JSON.")]
 Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="Print names only, one per line.")]
 

@@ -12,8 +12,7 @@ from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 import typer
 
 from vmsandbox import ui
-from vmsandbox.cli import fanout
-from vmsandbox.cli import review as review_ui
+from vmsandbox.cli import fanout, goingin, prompts
 from vmsandbox.cli.base import (
     ALIASES,
     EXIT_ERROR,
@@ -51,6 +50,10 @@ IncludeIgnoredOpt = Annotated[
     bool, typer.Option("--include-ignored", help="With --yes, apply changes to paths the project ignores too.")
 ]
 IncludeBinaryOpt = Annotated[bool, typer.Option("--include-binary", help="With --yes, apply binary files too.")]
+IncludeMassOpt = Annotated[bool, typer.Option("--include-mass", help="With --yes, apply a mass change too.")]
+SendSecretsOpt = Annotated[
+    bool, typer.Option("--send-secrets", help="Copy files that look like credentials into the VM too.")
+]
 NetworkOpt = Annotated[
     str | None,
     typer.Option("--network", help="allowlist (default): listed hosts only; open: any public host; none."),
@@ -106,6 +109,8 @@ def run(
     include_risky: IncludeRiskyOpt = False,
     include_ignored: IncludeIgnoredOpt = False,
     include_binary: IncludeBinaryOpt = False,
+    include_mass: IncludeMassOpt = False,
+    send_secrets: SendSecretsOpt = False,
     network: NetworkOpt = None,
     allow: AllowOpt = None,
     blueprint: BlueprintOpt = "base",
@@ -125,32 +130,8 @@ def run(
     Examples: `vmsandbox run . -- make test` · `vmsandbox run --keep --name exp .` (a shell; the session stays
     for `vmsandbox shell exp`) · `vmsandbox run -p 8000 . -- python3 -m http.server`
     """
-    from vmsandbox.session.options import RunFlags
-
-    flags = RunFlags(
-        name=name,
-        cpus=cpus,
-        memory=memory,
-        disk=disk,
-        accel=accel,
-        keep=keep,
-        tty=tty,
-        yes=yes,
-        include_risky=include_risky,
-        include_ignored=include_ignored,
-        include_binary=include_binary,
-        network=network,
-        allow=tuple(allow or ()),
-        publish=tuple(publish or ()),
-        publish_address=publish_address,
-        ssh_agent=ssh_agent,
-        git_identity=git_identity,
-        cold=cold,
-        fanout=fanout,
-        check=check,
-        host=host,
-    )
-    run_session(path, blueprint, tail(required=False), flags)
+    given = {k: v for k, v in locals().items() if k not in ("path", "blueprint")}  # every flag, as RunFlags
+    run_session(path, blueprint, tail(required=False), flags_of(given))
 
 
 def run_session(
@@ -161,7 +142,7 @@ def run_session(
 
     if flags.check is not None and flags.fanout is None:
         raise VmsandboxError("--check goes with --fanout", hint="e.g. `vmsandbox run --fanout 3 --check 'make test' .`")
-    planned = resolve.resolve(path, blueprint_name, cmd, flags, agent=agent)
+    planned = goingin.screen(resolve.resolve(path, blueprint_name, cmd, flags, agent=agent), send=flags.send_secrets)
     if flags.fanout is not None:
         fanout.fan_out(planned, flags.fanout, flags.check)
     record = create.create(planned.options)
@@ -189,7 +170,7 @@ def _finish(record: Record, *, yes: bool, take: Take) -> None:
 
     with lock.held(record.files, record.name, "reviewing the changes of"):
         plan = lifecycle.review(record, limit=sync_limit())
-        outcome = review_ui.conduct(record, plan, yes=yes, take=take)
+        outcome = prompts.conduct(record, plan, yes=yes, take=take)
         keeping = ui.step("Keeping the unsynced changes in the session's outbox") if outcome.left else nullcontext()
         with keeping:
             end = lifecycle.finish(record, plan.gathered, background=True)

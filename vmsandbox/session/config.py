@@ -39,6 +39,8 @@ FIELDS: dict[str, type] = {
     "allow_networks": list,
     "secrets": Mappings,
     "sync_limit": Size,
+    "mass_change_files": int,
+    "mass_change_size": Size,
     "hosts": Mappings,
 }
 # What a VM may be given: below these minimums the guest does not boot (memory), its image does not fit (disk),
@@ -84,6 +86,8 @@ class Settings:
     secrets: tuple[SecretMapping, ...] = ()  # every source adds; a later mapping for the same host wins
     allow_networks: tuple[str, ...] = ()  # non-public networks allowed names may resolve to
     sync_limit_mib: int = 16 * 1024  # a pull writes at most this much, and takes no larger file
+    mass_change_files: int = 1000  # a review of more changed paths is a mass change (sync/mass.py)
+    mass_change_size_mib: int = 1024  # … or of more MiB of changed files
     hosts: tuple[HostSpec, ...] = ()  # other libvirt hosts (hostspec.py); this machine is `libvirt_uri`
 
     def rules(self) -> tuple[netpolicy.Rule, ...]:
@@ -112,6 +116,7 @@ class Settings:
             changes["sync_limit_mib"] = parse_size_mib(
                 data["sync_limit"], what=label("sync_limit"), least=MIN_SYNC_LIMIT_MIB
             )
+        changes.update(self._review_changes(data, label))
         if "boot_timeout" in data and not BOOT_TIMEOUT_RANGE[0] <= data["boot_timeout"] <= BOOT_TIMEOUT_RANGE[1]:
             low, high = BOOT_TIMEOUT_RANGE
             raise VmsandboxError(f"{label('boot_timeout')} must be between {low} and {high} seconds")
@@ -126,6 +131,16 @@ class Settings:
             changes["hosts"] = parse_hosts(data["hosts"], source=source, parse_size_mib=parse_size_mib)
         changes.update(self._network_changes(data, source, label))
         return replace(self, **changes)
+
+    def _review_changes(self, data: dict[str, Any], label: Callable[[str], str]) -> dict[str, Any]:
+        changes: dict[str, Any] = {}
+        if "mass_change_size" in data:
+            changes["mass_change_size_mib"] = parse_size_mib(data["mass_change_size"], what=label("mass_change_size"))
+        if "mass_change_files" in data:
+            if data["mass_change_files"] < 1:
+                raise VmsandboxError(f"{label('mass_change_files')} must be at least 1")
+            changes["mass_change_files"] = data["mass_change_files"]
+        return changes
 
     def _network_changes(self, data: dict[str, Any], source: str, label: Callable[[str], str]) -> dict[str, Any]:
         changes: dict[str, Any] = {}

@@ -130,7 +130,7 @@ def _prepare(record: Record, user: GuestUser, settings: Settings, bp: Blueprint,
     files = record.files
     if opts.baseline_from is None:
         with ui.step(f"Capturing {record.project} (baseline and workspace disk)"):
-            record.baseline_entries = len(capture.capture(Path(record.project), files))
+            record.baseline_entries = len(capture.capture(Path(record.project), files, leave_out=opts.leave_out))
     else:
         with ui.step("Copying the capture of the project"):
             record.baseline_entries = len(

@@ -91,7 +91,7 @@ def fan_out(run: Run, n: int, check: str | None, *, limit: int) -> list[Outcome]
     outcomes: list[Outcome | None] = [None] * n
     try:
         with ui.step(f"Capturing {run.options.project} once for {n} sessions"):
-            capture.capture(run.options.project.resolve(), staging, pristine=True)
+            capture.capture(run.options.project.resolve(), staging, pristine=True, leave_out=run.options.leave_out)
         opts = replace(run.options, keep=True, group=group, baseline_from=staging.root)
 
         def work(i: int) -> None:

@@ -41,8 +41,13 @@ def gather(record: Record, *, limit: int) -> Gathered:
 
 
 def review(record: Record, *, limit: int, only: list[str] | None = None) -> Plan:
-    """What a review shows and asks about."""
-    return plan.make(gather(record, limit=limit), only)
+    """What a review shows and asks about (a mass change past the user's own thresholds: sync/mass.py)."""
+    from vmsandbox.session import config
+    from vmsandbox.sync import mass
+
+    settings = config.load()  # the user's file only: the project may be what the guest just changed
+    limits = mass.Limits(settings.mass_change_files, settings.mass_change_size_mib * 1024**2)
+    return plan.make(gather(record, limit=limit), only, limits=limits)
 
 
 def decide(record: Record, p: Plan, decisions: Decisions) -> Outcome:

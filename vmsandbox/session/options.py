@@ -33,6 +33,8 @@ class RunFlags:
     include_risky: bool = False
     include_ignored: bool = False
     include_binary: bool = False
+    include_mass: bool = False
+    send_secrets: bool = False  # files that look like credentials go into the VM too
     network: str | None = None
     allow: tuple[str, ...] = ()
     publish: tuple[str, ...] = ()
@@ -73,6 +75,7 @@ class Options:
     group: str | None = None  # a fan-out's name, shared by its sessions
     baseline_from: Path | None = None  # copy this capture of the project (a fan-out's) instead of capturing again
     host: HostSpec | None = None  # another libvirt host to run on (None: this machine, `libvirt_uri`)
+    leave_out: tuple[str, ...] = ()  # project files that stay out of the VM (credentials: sync/inbound.py)
 
 
 @dataclass(frozen=True)

@@ -45,7 +45,9 @@ def resolve(path: Path, blueprint_name: str, command: list[str] | None, flags: R
         cold=flags.cold,
         host=host,
     )
-    take = Take(risky=flags.include_risky, ignored=flags.include_ignored, binary=flags.include_binary)
+    take = Take(
+        risky=flags.include_risky, ignored=flags.include_ignored, binary=flags.include_binary, mass=flags.include_mass
+    )
     return Run(options, command, tty, flags.yes, take)
 
 

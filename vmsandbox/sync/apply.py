@@ -210,8 +210,8 @@ def make_dir(root: Path, rel: str, mode: int, owner: Owner) -> None:
         os.close(fd)
 
 
-def apply_one(root: Path, source: Path, change: Change, owner: Owner) -> None:
-    """Apply one change whose host side is still what the review saw (else: a conflict error)."""
+def _as_reviewed(root: Path, change: Change) -> tree.Entry | None:
+    """The host's entry at the change's path, which must still be what the review saw (else: an error)."""
     now = _current(root, change.path)
     expected = change.host
     if not (
@@ -220,6 +220,34 @@ def apply_one(root: Path, source: Path, change: Change, owner: Owner) -> None:
         or (now is not None and expected is not None and now.kind == expected.kind == DIR)
     ):
         raise VmsandboxError(f"{change.path} changed on the host since the review; left as it is")
+    return now
+
+
+def write_content(root: Path, change: Change, data: bytes, owner: Owner) -> None:
+    """Put `data` (a merge, the hunks a person chose, their edit) at the change's path, whose host side must still
+    be what the review saw; with the host file's permission bits (the guest's where the guest changed them)."""
+    now = _as_reviewed(root, change)
+    if now is not None and now.kind != FILE:
+        raise VmsandboxError(f"{change.path} is no longer a file on the host; left as it is")
+    base, guest = change.base, change.guest
+    mode = 0o644 if now is None else now.mode
+    moved = base is None or base.mode & tree.CARRIED != (guest.mode if guest else 0) & tree.CARRIED
+    if guest is not None and guest.kind == FILE and moved:  # the guest changed the bits: its bits (risk.py judged)
+        mode = guest.mode
+    fd = os.memfd_create("vmsandbox-content", os.MFD_CLOEXEC)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+        os.lseek(fd, 0, os.SEEK_SET)
+        write_from(root, change.path, fd, None, mode, owner)
+    finally:
+        os.close(fd)
+
+
+def apply_one(root: Path, source: Path, change: Change, owner: Owner) -> None:
+    """Apply one change whose host side is still what the review saw (else: a conflict error)."""
+    now = _as_reviewed(root, change)
     guest = change.guest
     if now is not None and (guest is None or guest.kind != now.kind):
         fd = _parent_fd(root, change.path, owner, create=False)

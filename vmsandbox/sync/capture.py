@@ -15,12 +15,13 @@ import json
 import os
 import shutil
 import stat
+from collections.abc import Collection
 from pathlib import Path
 
 from vmsandbox import confine, failpoint, paths, proc
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.paths import SessionPaths
-from vmsandbox.sync import delta, placeholders, tree, views
+from vmsandbox.sync import delta, inbound, placeholders, tree, views
 from vmsandbox.vm import ext4
 
 HEADROOM_BYTES = 8 * 1024**3  # room for what the agent adds (dependencies, builds) on the sparse disk
@@ -32,9 +33,12 @@ RESERVE_BYTES = 64 * 1024**2
 PRISTINE = "workspace.pristine.raw"  # a fan-out's one capture: its workspace disk as made, copied by each session
 
 
-def capture(project: Path, files: SessionPaths, *, pristine: bool = False) -> tree.Manifest:
-    """Snapshot the project (tracked, untracked, ignored, .git) into the session; build the workspace disk
-    (and with `pristine`, keep a copy of it as made, for copy_from)."""
+def capture(
+    project: Path, files: SessionPaths, *, pristine: bool = False, leave_out: Collection[str] = ()
+) -> tree.Manifest:
+    """Snapshot the project (tracked, untracked, ignored, .git) into the session, but what its `.vmsandboxignore`
+    names and `leave_out` (files that look like credentials: inbound.py); build the workspace disk (and with
+    `pristine`, keep a copy of it as made, for copy_from)."""
     check_space(project, files.root)
     files.baseline.mkdir(mode=0o700)
     proc.run(
@@ -44,6 +48,8 @@ def capture(project: Path, files: SessionPaths, *, pristine: bool = False) -> tr
     files.baseline.chmod(0o700)  # cp -a gave it the project's mode: keep the copy private
     failpoint.hit("run.capture")
     manifest = tree.scan(files.baseline)
+    spec = inbound.ignore_spec(project)
+    inbound.remove(files.baseline, manifest, [*leave_out, *(inbound.ignored(manifest, spec) if spec else [])])
     paths.write_atomically(files.baseline_manifest, json.dumps(tree.to_json(manifest)))
     used = sum(e.size for e in manifest.values())
     size = max(2 * used, used + HEADROOM_BYTES)

@@ -24,7 +24,7 @@ from typing import Any
 from vmsandbox import failpoint, paths, ui
 from vmsandbox.guest.ssh import Endpoint
 from vmsandbox.paths import SessionPaths
-from vmsandbox.sync import apply, capture, delta, mirror, refs, reviewable, tree, views
+from vmsandbox.sync import apply, capture, delta, merge, mirror, refs, reviewable, tree, views
 from vmsandbox.sync.compare import Change, Status, compare
 from vmsandbox.sync.hashcache import HashCache
 from vmsandbox.sync.target import Target
@@ -72,7 +72,9 @@ def gather(target: Target, *, endpoint: Endpoint | None, limit: int, disk: bool 
     host = views.Lookup(target.project, cache)
     changes = [c for c in compare(base, host, guest, only=scope) if c.status is not Status.SAME]
     cache.save(partial=True)
+    merge.merge_all(changes, baseline=files.baseline, host=target.project, guest=source)
     reviewable.mark_held(target, changes, source)
+    reviewable.mark_credentials(changes, source)
     _remove_leftover_temporaries(target.project, changes)
     refs_changed, refused = _guest_refs(files, origin)
     return Gathered(target, changes, source, refs_changed, origin, refused, limit)

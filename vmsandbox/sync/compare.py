@@ -41,8 +41,21 @@ GIT_MANAGED = (
 class Status(enum.StrEnum):
     APPLY = "apply"  # the guest changed it, the host did not: it can land
     CONFLICT = "conflict"  # both changed it differently: the host file is never touched
+    MERGED = "merged"  # both changed a text file where they do not overlap: the three-way merge lands (merge.py)
     SAME = "same"  # both made the same change: nothing to do
     UNSAFE = "unsafe"  # can never be written (FIFO, device, symlink leaving the tree, bad name)
+
+
+@dataclass(frozen=True)
+class Merge:
+    """Both sides' edits of a text file, merged (merge.py)."""
+
+    text: bytes  # the merged content; with diff3 conflict markers where `conflicts` > 0
+    conflicts: int  # overlapping hunks left for a person
+
+    @property
+    def clean(self) -> bool:
+        return self.conflicts == 0
 
 
 @dataclass
@@ -56,6 +69,8 @@ class Change:
     notes: list[str] = field(default_factory=list)
     held: str | None = None  # why --yes leaves it (not reviewable source: ignored by the project; reviewable.py)
     binary: bool = False  # the guest's content is binary: applied only on an explicit choice (reviewable.py)
+    secret: str | None = None  # what in the guest's content looks like a credential: never applied by --yes
+    merge: Merge | None = None  # both sides' edits merged (MERGED), or with conflict markers (CONFLICT): merge.py
 
     @property
     def kind(self) -> str:

@@ -63,11 +63,27 @@ def diff_text(g: Gathered, c: Change) -> str:
         return f"{c.path}: {c.kind}, {sizes} (too large to diff)\n"
     if not (is_text(old) and is_text(new)):
         return f"Binary file {c.path}: {c.kind}, {len(old)} → {len(new)} bytes\n"
+    return unified(old, new, f"a/{c.path}", f"b/{c.path}") or head
+
+
+def unified(old: bytes, new: bytes, fromfile: str, tofile: str) -> str:
+    """A unified diff of two texts ("" when they are equal)."""
     lines = difflib.unified_diff(
-        old.decode().splitlines(keepends=True),
-        new.decode().splitlines(keepends=True),
-        fromfile=f"a/{c.path}",
-        tofile=f"b/{c.path}",
+        old.decode(errors="replace").splitlines(keepends=True),
+        new.decode(errors="replace").splitlines(keepends=True),
+        fromfile=fromfile,
+        tofile=tofile,
     )
-    text = "".join(line if line.endswith("\n") else line + "\n\\ No newline at end of file\n" for line in lines)
-    return text or head
+    return "".join(line if line.endswith("\n") else line + "\n\\ No newline at end of file\n" for line in lines)
+
+
+def merge_text(g: Gathered, c: Change) -> str | None:
+    """How a merge reads: what it changes in the host's file (a clean one), or the three-way text with its
+    conflict markers (host | base | guest); None when no merge was made."""
+    if c.merge is None:
+        return None
+    if c.merge.clean:
+        host = apply.read_nofollow(g.project, c.path, limit=DIFF_LIMIT) or b""
+        return unified(host, c.merge.text, f"host/{c.path}", f"merged/{c.path}") or f"{c.path}: merged, no change\n"
+    head = f"=== {c.path}: {c.merge.conflicts} overlapping hunk(s), three-way (host | base | guest)\n"
+    return head + c.merge.text.decode(errors="replace")

@@ -17,9 +17,9 @@ from vmsandbox import confine, failpoint, ui
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.sync import apply, changes, commitreview, commits, refs
 from vmsandbox.sync.changes import BUNDLE, OUTBOX_FILES, OUTBOX_MANIFEST, OUTBOX_PATCH, OUTBOX_REFUSED, Gathered, Origin
+from vmsandbox.sync.commitfetch import fetch_commits
 from vmsandbox.sync.compare import Status
 from vmsandbox.sync.diff import diff_text
-from vmsandbox.sync.plan import fetch_commits
 from vmsandbox.sync.take import Take
 from vmsandbox.sync.tree import DIR, FILE, SYMLINK
 

@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import dataclasses
 import shutil
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from vmsandbox import confine, failpoint
+from vmsandbox import failpoint
 from vmsandbox.errors import VmsandboxError
-from vmsandbox.sync import apply, changes, commitreview, commits, refs
-from vmsandbox.sync.changes import BUNDLE, Gathered, Origin
+from vmsandbox.sync import apply, changes, commitfetch, mass, refs
+from vmsandbox.sync.changes import Gathered
 from vmsandbox.sync.compare import Change, Status
 from vmsandbox.sync.risk import nested_git_dir
 from vmsandbox.sync.take import Take
@@ -56,6 +57,11 @@ class Item:
     def binary(self) -> bool:
         return any(c.binary for c in self.changes)
 
+    @property
+    def secret(self) -> str | None:
+        """What looks like a credential in it (never applied by --yes)."""
+        return next((c.secret for c in self.changes if c.secret), None)
+
 
 def grouped(found: list[Change]) -> list[Item]:
     """One item per change, except that everything inside a repository nested in the project (a `.git` below
@@ -94,6 +100,7 @@ class Plan:
     gathered: Gathered
     shown: list[Change]  # every change in view (PATHS), pending or not, refused included
     todo: list[Item]  # what is waiting for a decision
+    mass: str | None = None  # why it is a mass change (mass.py): shown grouped, never applied by --yes alone
 
     @property
     def refused(self) -> list[str]:
@@ -108,10 +115,11 @@ class Plan:
         return not self.shown and not self.gathered.refs_changed and self.gathered.git_refused is None
 
 
-def make(g: Gathered, only: list[str] | None = None) -> Plan:
+def make(g: Gathered, only: list[str] | None = None, *, limits: mass.Limits | None = None) -> Plan:
     shown = select_paths(g.changes, g.project, only or [])
     in_view = {c.path for c in shown}
-    return Plan(g, shown, grouped([c for c in changes.pending(g) if c.path in in_view]))
+    todo = [c for c in changes.pending(g) if c.path in in_view]
+    return Plan(g, shown, grouped(todo), (limits or mass.Limits()).judge(todo))
 
 
 @dataclass(frozen=True)
@@ -125,17 +133,26 @@ class Decisions:
     ignored: tuple[Item, ...] = ()
     commit_take: Take = field(default_factory=Take)  # what the guest's commits may touch and still be fetched
     binary: tuple[Item, ...] = ()  # binary files left for an explicit choice
+    massed: tuple[Item, ...] = ()  # a mass change's items, left pending by --yes (mass.py)
+    secret: tuple[Item, ...] = ()  # changes holding what looks like a credential: never applied by --yes
+    contents: Mapping[str, bytes] = field(default_factory=dict)  # path -> what to write instead of the guest's
+    # version (the hunks a person chose, their edit of a merge); a merged change without one gets its merge
 
     @classmethod
     def safe(cls, plan: Plan, take: Take) -> Decisions:
         """`--yes`: every safe, reviewable change (quarantined and ignored ones too if `take` says so) and the
         commits."""
+        if plan.mass is not None and not take.mass:  # nothing of it lands unseen
+            return cls(massed=tuple(plan.todo), take_commits=plan.gathered.refs_changed, commit_take=take)
         held: list[Item] = []
         ignored: list[Item] = []
         binary: list[Item] = []
         accept: list[Item] = []
+        secret: list[Item] = []
         for i in plan.todo:  # one pass: the first reason that holds an item back is the one it is reported by
-            if i.quarantined and not take.risky:
+            if i.secret:
+                secret.append(i)
+            elif i.quarantined and not take.risky:
                 held.append(i)
             elif i.held and not take.ignored:
                 ignored.append(i)
@@ -143,16 +160,22 @@ class Decisions:
                 binary.append(i)
             else:
                 accept.append(i)
-        return cls(tuple(accept), tuple(held), plan.gathered.refs_changed, tuple(ignored), take, tuple(binary))
+        return cls(
+            tuple(accept), tuple(held), plan.gathered.refs_changed, tuple(ignored), take, tuple(binary),
+            secret=tuple(secret),
+        )  # fmt: skip
 
 
 @dataclass
 class Outcome:
     applied: list[str] = field(default_factory=list)
+    merged: list[str] = field(default_factory=list)  # both sides' edits, merged (or as a person resolved them)
     conflicts: list[str] = field(default_factory=list)  # guest copy kept beside the file
     quarantined: list[str] = field(default_factory=list)
     ignored: list[str] = field(default_factory=list)  # not reviewable source: left pending by --yes
     binary: list[str] = field(default_factory=list)  # binary files left pending by --yes
+    massed: str | None = None  # a mass change left pending by --yes: why it is one
+    secrets: list[str] = field(default_factory=list)  # what looks like a credential, left pending by --yes
     skipped: list[str] = field(default_factory=list)
     refused: list[str] = field(default_factory=list)
     failed: list[str] = field(default_factory=list)
@@ -168,12 +191,24 @@ def carry_out(plan: Plan, decisions: Decisions) -> Outcome:
     out.quarantined = [f"{i.label} ({i.risky})" for i in decisions.held]
     out.ignored = [i.label for i in decisions.ignored]
     out.binary = [i.label for i in decisions.binary]
-    decided = {id(i) for i in (*decisions.accept, *decisions.held, *decisions.ignored, *decisions.binary)}
+    out.massed = plan.mass if decisions.massed else None
+    out.secrets = [f"{i.label} ({i.secret})" for i in decisions.secret]
+    decided = {
+        id(i)
+        for i in (
+            *decisions.accept,
+            *decisions.held,
+            *decisions.ignored,
+            *decisions.binary,
+            *decisions.massed,
+            *decisions.secret,
+        )
+    }
     out.skipped = [i.label for i in plan.todo if id(i) not in decided]
-    execute(g, [c for i in decisions.accept for c in i.changes], out)
+    execute(g, [c for i in decisions.accept for c in i.changes], out, decisions.contents)
     if decisions.take_commits:
         try:
-            fetched = fetch_commits(g, take=decisions.commit_take)
+            fetched = commitfetch.fetch_commits(g, take=decisions.commit_take)
             out.commits = fetched.commits
             out.quarantined += fetched.held
             if fetched.refused is not None:
@@ -222,8 +257,17 @@ def check_space(g: Gathered, accepted: list[Change]) -> None:
         )
 
 
-def execute(g: Gathered, accepted: list[Change], out: Outcome) -> None:
-    """Apply the accepted changes in a safe order; conflicts keep the guest version beside the file."""
+def chosen_content(c: Change, contents: Mapping[str, bytes]) -> bytes | None:
+    """What is written instead of the guest's version: the person's choice, else a clean merge."""
+    data = contents.get(c.path)
+    if data is None and c.status is Status.MERGED and c.merge is not None:
+        return c.merge.text
+    return data if c.guest is not None and c.guest.kind == FILE else None
+
+
+def execute(g: Gathered, accepted: list[Change], out: Outcome, contents: Mapping[str, bytes] | None = None) -> None:
+    """Apply the accepted changes in a safe order (merges and chosen contents written as given); conflicts
+    nobody resolved keep the guest version beside the file."""
     owner = apply.Owner(g.target.uid, g.target.gid)
     check_space(g, accepted)
     done: list[Change] = []
@@ -231,7 +275,11 @@ def execute(g: Gathered, accepted: list[Change], out: Outcome) -> None:
         for c in apply.order(accepted):
             failpoint.hit("pull.apply")
             try:
-                if c.status is Status.CONFLICT:
+                data = chosen_content(c, contents or {})
+                if data is not None:
+                    apply.write_content(g.project, c, data, owner)
+                    (out.merged if c.status in (Status.MERGED, Status.CONFLICT) else out.applied).append(c.path)
+                elif c.status is Status.CONFLICT:
                     beside = _keep_conflict(g, c, owner)
                     kept = f" (guest version: {beside})" if beside else " (deleted in the guest)"
                     out.conflicts.append(c.path + kept)
@@ -245,33 +293,3 @@ def execute(g: Gathered, accepted: list[Change], out: Outcome) -> None:
                 out.failed.append(f"{c.path}: {exc.strerror}")
     finally:
         changes.mark(g.target.files, done)
-
-
-@dataclass(frozen=True)
-class Fetched:
-    commits: list[str]  # one line per new commit under refs/remotes/vmsandbox-<name>/
-    held: list[str]  # one line per branch or tag held back: its commits touch risky, ignored or binary paths
-    refused: str | None = None  # refs that could not be fetched at all, and why
-
-
-def fetch_commits(g: Gathered, *, take: Take, keep_staged: bool = False) -> Fetched:
-    """The guest's new or moved branches and tags, fetched into a staging namespace (commits.py; from an outbox,
-    from the bundle exported earlier), reviewed like files and promoted to refs/remotes/vmsandbox-<name>/*
-    where they touch nothing held back (risky, ignored, binary; unless `take` takes that kind: commitreview.py).
-    `keep_staged`: every staged ref stays (the outbox bundles them all, held ones too; the caller drops them)."""
-    t = g.target
-    if not g.refs_changed or not refs.is_real_dir(t.project / ".git"):
-        return Fetched([], [])
-    refused = None
-    if g.origin is not Origin.OUTBOX:
-        refused = commits.fetch(t.project, g.source, t.files.baseline, t.name, t.uid, t.gid)
-    else:
-        commits.fetch_bundle(t.project, t.files.outbox / BUNDLE, t.name, t.uid, t.gid)
-    who = confine.invoking_user(t.uid, t.gid)
-    try:
-        promoted, held = commitreview.promote(t.project, who, t.name, take=take)
-    finally:
-        if not keep_staged:
-            commitreview.drop_staged(t.project, who, t.name)
-    lines = commits.new_commits(t.project, who, commits.remote_prefix(t.name)) if promoted else []
-    return Fetched(lines, held, refused)

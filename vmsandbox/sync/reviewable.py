@@ -25,8 +25,9 @@ from typing import TYPE_CHECKING
 
 from vmsandbox import confine
 from vmsandbox.errors import VmsandboxError
-from vmsandbox.sync import commits, refs, tree
+from vmsandbox.sync import apply, commits, credentials, refs, tree
 from vmsandbox.sync.compare import Change, Status
+from vmsandbox.sync.credentials import SCAN_LIMIT
 
 if TYPE_CHECKING:
     from vmsandbox.confine import Identity
@@ -93,6 +94,25 @@ def mark_held(target: Target, found: Sequence[Change], source: Path) -> None:
     for c in candidates:
         if c.path in ignored:
             c.held = "ignored by the project (.gitignore)"
+
+
+def mark_credentials(found: Sequence[Change], source: Path) -> None:
+    """Set `secret` on each text file whose guest content holds what looks like a credential (credentials.py,
+    jailed): such a change is applied only on a person's explicit choice."""
+    contents: dict[str, bytes] = {}
+    for c in found:
+        g = c.guest
+        if c.status is Status.UNSAFE or c.binary or g is None or g.kind != tree.FILE or not 0 < g.size <= SCAN_LIMIT:
+            continue
+        data = apply.read_nofollow(source, c.path, limit=SCAN_LIMIT)
+        if data is not None:
+            contents[c.path] = data
+    if not contents:
+        return
+    findings = credentials.scan(contents, jailed=True)
+    for c in found:
+        if c.path in findings:
+            c.secret = credentials.summary(findings[c.path])
 
 
 def _global_ignore(who: Identity | None) -> tuple[Path, ...]:

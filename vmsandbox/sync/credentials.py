@@ -1,0 +1,120 @@
+"""Credentials, both ways: what looks like one in the project before it goes into the VM, and in what the
+guest sends back.
+
+The scanner is detect-secrets (Yelp's: regular expressions for the known token formats, keyword and entropy
+rules with its false-positive filters), run in its own process (scanworker.py); over the guest's contents that
+process is jailed like every parser of guest bytes. A finding names the rule and the line, never the value.
+The session's placeholders (`vmsandbox-placeholder-…`, what the guest sees instead of a real key) are not
+credentials and are not flagged, whichever session made them.
+
+Going in, the file names that hold credentials by their nature (keys, `.env`, cloud and package-manager
+credential files) are named too, whatever their content.
+"""
+
+from __future__ import annotations
+
+import base64
+import fnmatch
+import json
+import re
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import vmsandbox
+from vmsandbox import confine, proc
+from vmsandbox.errors import VmsandboxError
+from vmsandbox.jail import Jail
+
+PLACEHOLDER = re.compile(r"vmsandbox-placeholder-[0-9a-f]{32}")
+SCAN_LIMIT = 512 * 1024  # larger files are not scanned (generated data, not a config a token is pasted into)
+BATCH_BYTES = 16 * 1024**2  # contents per scanner process (its /tmp holds them: jail.TMP_BYTES)
+SCAN_TIMEOUT = 300
+# Names that hold credentials by their nature (matched against the file's name, or its path for those with /).
+CREDENTIAL_NAMES = (
+    ".env", ".env.*", "*.pem", "*.key", "*.p12", "*.pfx", "*.jks", "*.keystore", "*.kdbx", "id_rsa", "id_dsa",
+    "id_ecdsa", "id_ed25519", ".netrc", ".npmrc", ".pypirc", ".git-credentials", "*.tfvars", "*.tfstate",
+    "credentials.json", "service-account*.json", ".aws/credentials", ".docker/config.json", ".kube/config",
+    "*.ovpn", "secrets.yaml", "secrets.yml",
+)  # fmt: skip
+NOT_CREDENTIALS = (".env.example", ".env.sample", ".env.template", ".env.dist")
+
+
+@dataclass(frozen=True)
+class Finding:
+    path: str
+    what: str  # the rule: "GitHub Token", "Secret Keyword", "a private key's file name", …
+    line: int | None = None
+
+    def __str__(self) -> str:
+        return f"{self.what} (line {self.line})" if self.line else self.what
+
+
+def by_name(path: str) -> Finding | None:
+    name = path.rsplit("/", 1)[-1]
+    if name in NOT_CREDENTIALS:
+        return None
+    for pattern in CREDENTIAL_NAMES:
+        subject = path if "/" in pattern else name
+        if fnmatch.fnmatchcase(subject, pattern) or ("/" in pattern and subject.endswith("/" + pattern)):
+            return Finding(path, f"a credential file's name ({pattern})")
+    return None
+
+
+def _worker_jail() -> Jail:
+    """What the scanner's Python needs to read: its environment and the vmsandbox package; nothing else."""
+    package = Path(vmsandbox.__file__).resolve().parent
+    tops = {Path(sys.prefix), Path(sys.base_prefix), package, *(Path(p) for p in sys.path if p.endswith("-packages"))}
+    return Jail(readable=tuple(sorted(p for p in tops if p.is_dir())))
+
+
+def _scan_batch(batch: list[tuple[str, bytes]], *, jailed: bool) -> list[Finding]:
+    data = json.dumps([[name, base64.b64encode(content).decode()] for name, content in batch])
+    who = confine.guest_data_account() if jailed else None
+    result = proc.run(
+        [sys.executable, "-I", "-m", "vmsandbox.sync.scanworker"],  # -I: nothing of the cwd or environment
+        input=data,
+        jail=_worker_jail() if jailed else None,
+        as_user=who,
+        limits=confine.GIT_LIMITS if jailed else None,
+        env=confine.clean_env(who),
+        timeout=SCAN_TIMEOUT,
+        check=False,
+        hint="is detect-secrets installed (`pip install detect-secrets`)?",
+    )
+    if result.returncode != 0:
+        raise VmsandboxError(
+            f"the credential scanner failed: {result.stderr.strip()[-300:]}",
+            hint="reinstall vmsandbox with its dependencies (`pip install -e .`), which include detect-secrets",
+        )
+    found: list[Finding] = []
+    for index, what, line, value in json.loads(result.stdout):
+        if 0 <= index < len(batch) and not PLACEHOLDER.search(str(value)):
+            found.append(Finding(batch[index][0], str(what), int(line) if line else None))
+    return found
+
+
+def scan(contents: Mapping[str, bytes], *, jailed: bool) -> dict[str, list[Finding]]:
+    """Findings per path over the given contents (`jailed` for the guest's), one scanner process per batch."""
+    found: dict[str, list[Finding]] = {}
+    batch: list[tuple[str, bytes]] = []
+    size = 0
+    for path, content in contents.items():
+        if batch and size + len(content) > BATCH_BYTES:
+            for f in _scan_batch(batch, jailed=jailed):
+                found.setdefault(f.path, []).append(f)
+            batch, size = [], 0
+        batch.append((path, content))
+        size += len(content)
+    if batch:
+        for f in _scan_batch(batch, jailed=jailed):
+            found.setdefault(f.path, []).append(f)
+    return found
+
+
+def summary(findings: list[Finding]) -> str:
+    """One short line for a file's findings: the kinds found and where."""
+    first = sorted(findings, key=lambda f: f.line or 0)[:3]
+    more = f" and {len(findings) - 3} more" if len(findings) > 3 else ""
+    return "looks like a credential: " + ", ".join(map(str, first)) + more
