@@ -10,8 +10,9 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[2] / "vmsandbox"
 # Higher imports lower, never the other way; siblings not at all, but for the one named exception.
-LAYER = {"cli": 5, "session": 4, "sync": 3, "egress": 3, "image": 3, "guest": 2, "vm": 1}
-SIBLINGS_ALLOWED = {("image", "egress")}  # blueprints use egress.mapping, the secret-mapping type
+LAYER = {"cli": 5, "web": 5, "session": 4, "sync": 3, "egress": 3, "image": 3, "guest": 2, "vm": 1}
+SIBLINGS_ALLOWED = {("image", "egress"), ("cli", "web")}  # blueprints use egress.mapping (the secret-mapping
+# type); `vmsandbox ui` (cli/webui.py) serves the web edge. Never the web from the CLI's other modules: below.
 
 
 def _imports(path: Path) -> list[str]:
@@ -43,6 +44,26 @@ def test_dependencies_point_one_way() -> None:
             upward = here == "base" or LAYER[there] > LAYER[here]
             sideways = LAYER.get(there) == LAYER.get(here) and (here, there) not in SIBLINGS_ALLOWED
             if upward or sideways:
+                wrong.append(f"{rel} imports {module}")
+    assert wrong == []
+
+
+def test_the_web_page_is_an_edge_beside_the_cli() -> None:
+    """vmsandbox/web reaches the core as cli/ does and nothing but `vmsandbox ui` reaches it; the web's own
+    libraries (the ASGI framework, the server, the templates) stay in it."""
+    wrong = []
+    web_libraries = ("starlette", "uvicorn", "jinja2", "markupsafe")
+    for path in PACKAGE.rglob("*.py"):
+        rel = str(path.relative_to(PACKAGE))
+        tree = ast.parse(path.read_text())
+        modules = [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
+        modules += [n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module]
+        for module in modules:
+            if module.startswith("vmsandbox.web") and not rel.startswith("web/") and rel != "cli/webui.py":
+                wrong.append(f"{rel} imports {module}")
+            if module.startswith("vmsandbox.cli") and rel.startswith("web/"):
+                wrong.append(f"{rel} imports {module}")
+            if module.split(".")[0] in web_libraries and not rel.startswith("web/") and rel != "cli/webui.py":
                 wrong.append(f"{rel} imports {module}")
     assert wrong == []
 

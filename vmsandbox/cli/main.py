@@ -26,6 +26,7 @@ from vmsandbox.cli import (  # noqa: F401
     run,
     secrets,
     sessions,
+    webui,
 )
 from vmsandbox.cli.base import EXIT_ERROR, EXIT_INTERRUPTED, Invocation, app
 from vmsandbox.errors import VmsandboxError

@@ -34,7 +34,9 @@ def summary_table(plan: Plan) -> Any:
             "apply": "[green]apply[/]", "merged": "[cyan]merged[/]", "conflict": "[red]conflict[/]",
             "unsafe": "[red]refused[/]",
         }[c.status]  # fmt: skip
-        if item.quarantined and c.status in (Status.APPLY, Status.MERGED):
+        if item.secret and c.status in (Status.APPLY, Status.MERGED):
+            status = "[red]credential?[/]"
+        elif item.quarantined and c.status in (Status.APPLY, Status.MERGED):
             status = "[yellow]quarantined[/]"
         elif item.held and c.status in (Status.APPLY, Status.MERGED):
             status = "[dim]ignored[/]"

@@ -62,7 +62,7 @@ def by_name(path: str) -> Finding | None:
     return None
 
 
-def _worker_jail() -> Jail:
+def worker_jail() -> Jail:
     """What the scanner's Python needs to read: its environment and the vmsandbox package; nothing else."""
     package = Path(vmsandbox.__file__).resolve().parent
     tops = {Path(sys.prefix), Path(sys.base_prefix), package, *(Path(p) for p in sys.path if p.endswith("-packages"))}
@@ -75,7 +75,7 @@ def _scan_batch(batch: list[tuple[str, bytes]], *, jailed: bool) -> list[Finding
     result = proc.run(
         [sys.executable, "-I", "-m", "vmsandbox.sync.scanworker"],  # -I: nothing of the cwd or environment
         input=data,
-        jail=_worker_jail() if jailed else None,
+        jail=worker_jail() if jailed else None,
         as_user=who,
         limits=confine.GIT_LIMITS if jailed else None,
         env=confine.clean_env(who),

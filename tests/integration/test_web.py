@@ -1,0 +1,176 @@
+"""The web review in a real browser (the system's Chromium, headless, through Selenium) on a real session whose
+guest wrote hostile names and contents: no script of the guest runs, hunks are chosen, the host's files are
+exactly the chosen result. And who may not use the page: a wrong token, another site, another local user.
+
+Screenshots of the pages are written to $VMSANDBOX_SCREENSHOTS when it is set (README's come from here).
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import shutil
+import subprocess
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from vmsandbox.session.record import Record
+
+from .conftest import Cli, VmFactory, guest_sh
+
+pytestmark = pytest.mark.skipif(shutil.which("chromedriver") is None, reason="chromium-driver is not installed")
+
+A_PY = "def f():\n    return 1\n\n\n\n\n\ndef g():\n    return 2\n"
+HOSTILE = {  # name -> content, as the guest writes them
+    '"><img src=x onerror="window.pwned=1">.txt': "<script>window.pwned=2</script>\n",
+    "<svg onload=window.pwned=3>": "x\n",
+    "\x1b[31mred\x1b[0m.txt": "\x1b]0;title\x07<b onmouseover=alert(1)>bold</b>\n",
+    "quote'\"&amp;.md": "</textarea><script>window.pwned=4</script>\n",
+    "long-" + "x" * 200 + ".txt": "long\n",
+}
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    p = tmp_path_factory.mktemp("web") / "project"
+    p.mkdir()
+    (p / "a.py").write_text(A_PY)
+    return p
+
+
+@pytest.fixture(scope="module")
+def session(module_vms: VmFactory, project: Path) -> Record:
+    record = module_vms.make(project)
+    script = "sed -i 's/return 1/return 10/; s/return 2/return 20/' a.py && " + " && ".join(
+        f"printf '%s' {_q(content)} > {_q(name)}" for name, content in HOSTILE.items()
+    )
+    guest_sh(record, script)
+    return record
+
+
+def _q(text: str) -> str:
+    return "'" + text.replace("'", "'\\''") + "'"
+
+
+class Server:
+    def __init__(self, cli: Cli) -> None:
+        self.child = cli.popen("ui", "--no-browser")
+        assert self.child.stdout is not None
+        self.url = self.child.stdout.readline().decode().strip()
+        assert self.url.startswith("http://127.0.0.1:"), self.url
+        self.base, _, self.token = self.url.partition("/?token=")
+
+    def stop(self) -> None:
+        self.child.terminate()
+        self.child.wait(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def server(cli: Cli) -> Iterator[Server]:
+    s = Server(cli)
+    yield s
+    s.stop()
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[object]:
+    from selenium import webdriver
+    from selenium.webdriver.chrome.options import Options
+    from selenium.webdriver.chrome.service import Service
+
+    options = Options()
+    options.binary_location = shutil.which("chromium") or "/usr/bin/chromium"
+    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--window-size=1400,1000"):
+        options.add_argument(arg)
+    driver = webdriver.Chrome(options=options, service=Service(shutil.which("chromedriver")))
+    yield driver
+    driver.quit()
+
+
+def shoot(driver: object, name: str) -> None:
+    where = os.environ.get("VMSANDBOX_SCREENSHOTS")
+    if where:
+        driver.save_screenshot(str(Path(where) / name))  # type: ignore[attr-defined]
+
+
+def test_a_hostile_guest_runs_no_script_and_the_chosen_hunks_land(
+    session: Record, server: Server, browser: object, project: Path
+) -> None:
+    from selenium.webdriver.common.by import By
+
+    d = browser
+    d.get(f"{server.base}/?token={server.token}")  # type: ignore[attr-defined]
+    assert session.name in d.find_element(By.ID, "sessions").text  # type: ignore[attr-defined]
+    shoot(d, "sessions.png")
+    d.get(f"{server.base}/s/{session.name}")  # type: ignore[attr-defined]
+    labels = [e.text for e in d.find_elements(By.CSS_SELECTOR, "section.file .label")]  # type: ignore[attr-defined]
+    for name in HOSTILE:  # every name shown as text (the browser collapses the whitespace and hides ESC)
+        assert any(name.replace("\x1b", "")[:40] in label.replace("\x1b", "") for label in labels), (name, labels)
+    assert d.execute_script("return typeof window.pwned") == "undefined"  # type: ignore[attr-defined]
+    assert d.find_elements(By.CSS_SELECTOR, "main img, main b, main script") == []  # type: ignore[attr-defined]
+    scripts = d.execute_script("return [...document.scripts].map(s => s.src)")  # type: ignore[attr-defined]
+    assert scripts == [f"{server.base}/static/ui.js"]
+    shoot(d, "review.png")
+
+    a_py = next(
+        s
+        for s in d.find_elements(By.CSS_SELECTOR, "section.file")
+        if s.find_element(By.CSS_SELECTOR, ".label").text == "a.py"
+    )  # type: ignore[attr-defined]  # noqa: E501
+    boxes = a_py.find_elements(By.CSS_SELECTOR, "input[type=checkbox]")
+    assert len(boxes) == 2  # two hunks: f's and g's
+    boxes[1].click()  # take f's change only
+    d.find_element(By.ID, "apply").click()  # type: ignore[attr-defined]
+    outcome = _wait_for(d, "outcome").text
+    assert "applied a.py" in outcome
+    assert (project / "a.py").read_text() == A_PY.replace("return 1", "return 10")
+    for name, content in HOSTILE.items():
+        assert (project / name).read_text() == content
+    assert d.execute_script("return typeof window.pwned") == "undefined"  # type: ignore[attr-defined]
+
+
+def _wait_for(driver: object, element: str) -> object:
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    def found(d: object) -> object:
+        return d.find_elements(By.ID, element) and d.find_element(By.ID, element)  # type: ignore[attr-defined]
+
+    try:
+        return WebDriverWait(driver, 120).until(found)  # type: ignore[arg-type]
+    except Exception as exc:
+        raise AssertionError(driver.page_source[:3000]) from exc  # type: ignore[attr-defined]
+
+
+def _status(url: str, *, method: str = "GET", headers: dict[str, str] | None = None, data: bytes | None = None) -> int:
+    request = urllib.request.Request(url, method=method, headers=headers or {}, data=data)  # noqa: S310
+    try:
+        with urllib.request.urlopen(request, timeout=30) as answer:  # noqa: S310 - 127.0.0.1 only
+            return int(answer.status)
+    except urllib.error.HTTPError as exc:
+        return exc.code
+
+
+def test_no_token_another_site_or_another_user_is_refused(server: Server, session: Record) -> None:
+    cookie = {"Cookie": f"vmsandbox_ui={server.token}"}
+    assert _status(f"{server.base}/", headers=cookie) == 200
+    assert _status(f"{server.base}/") == 403
+    assert _status(f"{server.base}/?token=wrong") == 403
+    assert _status(f"{server.base}/", headers={"Cookie": "vmsandbox_ui=wrong"}) == 403
+    # DNS rebinding: a name that resolves to 127.0.0.1 is not this page
+    assert _status(f"{server.base}/", headers={**cookie, "Host": "evil.example:80"}) == 403
+    # a form of another site, with the cookie the browser would attach
+    post = {**cookie, "Origin": "http://evil.example", "Content-Type": "application/x-www-form-urlencoded"}
+    assert _status(f"{server.base}/s/{session.name}/apply", method="POST", headers=post, data=b"l0=a.py") == 403
+    # another local user, who cannot know the token
+    nobody = pwd.getpwnam("nobody")
+    probe = f"import urllib.request as u\ntry: u.urlopen('{server.base}/')\nexcept Exception as e: print(e.code)"
+    done = subprocess.run(
+        ["python3", "-c", probe], capture_output=True, text=True, timeout=60, check=False, user=nobody.pw_uid,
+        group=nobody.pw_gid, extra_groups=[],
+    )  # fmt: skip
+    assert done.stdout.strip() == "403", done.stderr

@@ -1,0 +1,149 @@
+"""The web review's routes: the sessions, one session's review (and applying it), its logs live, its runtime
+egress actions, and a fan-out side by side (compare.py). Every page is rendered by an autoescaping template."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from jinja2 import Environment, PackageLoader, select_autoescape
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
+
+from vmsandbox.errors import VmsandboxError
+from vmsandbox.web import compare, logs, review
+from vmsandbox.web.guard import Guard
+
+TEMPLATES = Environment(loader=PackageLoader("vmsandbox.web"), autoescape=select_autoescape(default=True))
+STATIC = Path(__file__).parent / "static"
+
+
+def page(template: str, status: int = 200, **values: Any) -> HTMLResponse:
+    return HTMLResponse(TEMPLATES.get_template(template).render(**values), status_code=status)
+
+
+def failed(exc: VmsandboxError) -> HTMLResponse:
+    return page("error.html", 409, message=exc.message, hint=exc.hint)
+
+
+def sessions(request: Request) -> Response:
+    from vmsandbox.session import config, state
+
+    rows = [s.as_dict() for s in state.all_status(config.load().libvirt_uri)]
+    return page("sessions.html", rows=rows, groups=compare.groups(rows))
+
+
+def show_review(request: Request) -> Response:
+    from vmsandbox.session import lifecycle, lock
+    from vmsandbox.session.record import Record
+
+    name = request.path_params["name"]
+    number = int(request.query_params.get("page", "0") or 0)
+    try:
+        record = Record.load(name)
+        with lock.held(record.files, name, "reviewing the changes of"):
+            plan = lifecycle.review(Record.load(name), limit=_limit())
+            files = review.files(plan, number)
+    except VmsandboxError as exc:
+        return failed(exc)
+    pages = max(1, -(-len(plan.todo) // review.PAGE_ITEMS))
+    return page(
+        "review.html", name=name, record=record, plan=plan, files=files, counts=review.counts(plan),
+        page=number, pages=pages, refused=plan.refused,
+    )  # fmt: skip
+
+
+async def apply_review(request: Request) -> Response:
+    form = await request.form()
+    fields: dict[str, list[str]] = {}
+    for key, value in form.multi_items():
+        fields.setdefault(key, []).append(value if isinstance(value, str) else "")
+    response: Response = await _in_thread(_apply, request.path_params["name"], fields)
+    return response
+
+
+def _apply(name: str, fields: dict[str, list[str]]) -> Response:
+    from vmsandbox.session import lifecycle, lock
+    from vmsandbox.session.record import Record
+
+    try:
+        record = Record.load(name)
+        with lock.held(record.files, name, "reviewing the changes of"):
+            record = Record.load(name)
+            plan = lifecycle.review(record, limit=_limit())
+            chosen = review.decisions(plan, fields)
+            outcome = lifecycle.decide(record, plan, chosen.decisions)
+            removed = lifecycle.settle(record, outcome)
+    except VmsandboxError as exc:
+        return failed(exc)
+    return page("outcome.html", name=name, outcome=outcome, refused=chosen.refused, removed=removed)
+
+
+def log_lines(request: Request) -> Response:
+    name, which = request.path_params["name"], request.path_params["which"]
+    try:
+        return JSONResponse(logs.tail(name, which))
+    except VmsandboxError as exc:
+        return JSONResponse({"error": exc.message}, status_code=409)
+
+
+async def egress_action(request: Request) -> Response:
+    form = await request.form()
+    name, action = request.path_params["name"], request.path_params["action"]
+    value = form.get("value")
+    try:
+        await _in_thread(logs.act, name, action, value if isinstance(value, str) else "")
+    except VmsandboxError as exc:
+        return failed(exc)
+    return RedirectResponse(f"/s/{name}", status_code=303)
+
+
+def show_compare(request: Request) -> Response:
+    names = [n for n in request.query_params.getlist("s") if n]
+    try:
+        view = compare.view(names)
+    except VmsandboxError as exc:
+        return failed(exc)
+    return page("compare.html", view=view, names=names)
+
+
+async def apply_compare(request: Request) -> Response:
+    form = await request.form()
+    fields = {k: str(v) for k, v in form.multi_items()}
+    try:
+        result = await _in_thread(compare.apply, fields)
+    except VmsandboxError as exc:
+        return failed(exc)
+    return page("compared.html", result=result)
+
+
+async def _in_thread(fn: Any, *args: Any) -> Any:
+    from starlette.concurrency import run_in_threadpool
+
+    return await run_in_threadpool(fn, *args)
+
+
+def _limit() -> int:
+    from vmsandbox.session import config
+
+    return config.load().sync_limit_mib * 1024**2
+
+
+def make(*, token: str, port: int) -> Guard:
+    """The application behind its guard (guard.py)."""
+    app = Starlette(
+        routes=[
+            Route("/", sessions),
+            Route("/s/{name}", show_review),
+            Route("/s/{name}/apply", apply_review, methods=["POST"]),
+            Route("/s/{name}/log/{which}", log_lines),
+            Route("/s/{name}/egress/{action}", egress_action, methods=["POST"]),
+            Route("/compare", show_compare),
+            Route("/compare/apply", apply_compare, methods=["POST"]),
+            Mount("/static", StaticFiles(directory=STATIC), name="static"),
+        ]
+    )
+    return Guard(app, token=token, port=port)

@@ -1,0 +1,67 @@
+"""Syntax highlighting of the guest's texts: Pygments in a jailed process (highlightworker.py), whose answer is
+data — (css class, text) per token — that this side escapes; a class that is not a short lowercase word is
+dropped. A lexer that fails or takes too long leaves the text plain."""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import sys
+from collections.abc import Sequence
+
+from markupsafe import Markup, escape
+
+from vmsandbox import confine, proc
+from vmsandbox.errors import VmsandboxError
+from vmsandbox.sync.credentials import worker_jail
+
+log = logging.getLogger(__name__)
+
+HIGHLIGHT_LIMIT = 256 * 1024  # larger texts are shown plain
+HIGHLIGHT_TIMEOUT = 60
+CSS_CLASS = re.compile(r"[a-z0-9]{1,4}")
+
+
+def plain(text: str) -> list[Markup]:
+    return [escape(line) for line in text.splitlines()]
+
+
+def _markup(tokens: Sequence[Sequence[str]]) -> Markup:
+    parts = []
+    for css, text in tokens:
+        if css and CSS_CLASS.fullmatch(css):
+            parts.append(Markup('<span class="{}">{}</span>').format(css, text))  # format() escapes both
+        else:
+            parts.append(escape(text))
+    return Markup("").join(parts)
+
+
+def lines(texts: Sequence[tuple[str, str]]) -> list[list[Markup]]:
+    """Each (file name, text) as its lines of markup, highlighted where the lexer answered."""
+    wanted = [(name, text) for name, text in texts if len(text) <= HIGHLIGHT_LIMIT]
+    answer: list[list[list[list[str]]]] = []
+    if wanted:
+        who = confine.guest_data_account()
+        try:
+            result = proc.run(
+                [sys.executable, "-I", "-m", "vmsandbox.web.highlightworker"],
+                input=json.dumps(wanted),
+                jail=worker_jail(),
+                as_user=who,
+                limits=confine.GIT_LIMITS,
+                env=confine.clean_env(who),
+                timeout=HIGHLIGHT_TIMEOUT,
+            )
+            answer = json.loads(result.stdout)
+        except (VmsandboxError, ValueError) as exc:
+            log.warning("no syntax highlighting: %s", exc)
+    got = iter(answer if len(answer) == len(wanted) else [])
+    out: list[list[Markup]] = []
+    for _name, text in texts:
+        tokens = next(got, None) if len(text) <= HIGHLIGHT_LIMIT else None
+        shown = plain(text)
+        if tokens is not None and len(tokens) == len(shown):  # the lexer's lines are the diff's lines
+            shown = [_markup(line) for line in tokens]
+        out.append(shown)
+    return out

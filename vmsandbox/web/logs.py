@@ -1,0 +1,57 @@
+"""A session's console tail and egress decisions for the page (polled; the page shows them as text only), and
+the runtime egress actions the CLI has (`allow`, `deny`)."""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from typing import Any
+
+from vmsandbox.errors import VmsandboxError
+
+TAIL = 200  # lines of each log sent to the page
+
+
+def tail(name: str, which: str) -> dict[str, Any]:
+    """The last lines of a session's console, or its last egress decisions as fields."""
+    from vmsandbox.egress import log as proxylog
+    from vmsandbox.session import state
+    from vmsandbox.session.record import Record
+
+    record = Record.load(name)
+    if which == "console":
+        state.refresh_console(record, follow=False)
+        return {"lines": state.console_tail(name, TAIL).splitlines()}
+    if which != "proxy":
+        raise VmsandboxError(f"unknown log {which!r}", hint="available: console, proxy")
+    events: deque[dict[str, Any]] = deque(maxlen=TAIL)
+    for line in proxylog.read(record.files.proxy_log, follow=False):
+        event = proxylog.parse(line)
+        if event is not None:
+            events.append(event)
+    return {"events": [_fields(e) for e in events]}
+
+
+def _fields(event: dict[str, Any]) -> dict[str, str]:
+    target = f"{event['host']}:{event.get('port', '?')}" if "host" in event else str(event.get("target", "?"))
+    return {
+        "time": time.strftime("%H:%M:%S", time.localtime(float(event.get("ts", 0)))),
+        "decision": str(event.get("decision", "?")),
+        "method": str(event.get("method", "-")),
+        "target": target,
+        "reason": str(event.get("reason") or ""),
+    }
+
+
+def act(name: str, action: str, value: str) -> list[str]:
+    """`allow` or `deny` hosts (space-separated) for a running session, as the CLI does."""
+    from vmsandbox.session import runtime
+
+    entries = value.split()
+    if not entries:
+        raise VmsandboxError("name a host to allow or deny", hint="e.g. pypi.org or *.example.com")
+    if action == "allow":
+        return runtime.allow(name, entries)
+    if action == "deny":
+        return runtime.deny(name, entries)
+    raise VmsandboxError(f"unknown action {action!r}", hint="allow or deny")

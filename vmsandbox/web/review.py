@@ -1,0 +1,219 @@
+"""A plan (sync.plan) as the review page shows it, and the page's form as Decisions.
+
+Each item of the plan is a file view: its badges (status, risk, held, binary, credential), its diff as hunks a
+person takes one by one (sync/hunks.py), or for an overlapping merge the three-way text to edit. The form names
+each item by its label and the guest's content hash it showed: an item that changed since (a later fetch) is
+not decided on from an old page.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from markupsafe import Markup, escape
+
+from vmsandbox.sync import apply, diff, hunks, merge
+from vmsandbox.sync.compare import Change, Status
+from vmsandbox.sync.diff import DIFF_LIMIT
+from vmsandbox.sync.plan import Decisions, Item, Plan
+from vmsandbox.sync.tree import FILE
+from vmsandbox.web import highlight
+
+CONTEXT = 3  # unchanged lines shown around a hunk
+PAGE_ITEMS = 100  # files per page: a mass change is read a page at a time
+
+
+@dataclass
+class Row:
+    kind: str  # "ctx", "del", "add"
+    old: int | None  # 1-based line numbers
+    new: int | None
+    html: Markup
+
+
+@dataclass
+class HunkView:
+    index: int
+    rows: list[Row]
+
+
+@dataclass
+class FileView:
+    id: int
+    label: str
+    kind: str
+    status: str
+    digest: str
+    badges: list[tuple[str, str]] = field(default_factory=list)  # (css class, text)
+    hunks: list[HunkView] = field(default_factory=list)
+    note: str = ""  # what a non-text change is
+    three_way: str | None = None  # an overlapping merge, to edit
+    default: str = "apply"  # the choice preselected: safe changes apply, the rest waits for a person
+
+
+def digest_of(item: Item) -> str:
+    """What the guest's side of an item was when shown (content hashes, kinds, "-" for deleted)."""
+    return "|".join((c.guest.digest or c.guest.kind) if c.guest else "-" for c in item.changes)
+
+
+def texts(plan: Plan, c: Change) -> tuple[bytes, bytes] | None:
+    """The two texts a change's hunks are made of (before, after), or None where it is not text."""
+    g = plan.gathered
+    if c.merge is not None and c.merge.clean:
+        host = apply.read_nofollow(g.project, c.path, limit=DIFF_LIMIT)
+        return None if host is None else (host, c.merge.text)
+    if any(e is not None and e.kind != FILE for e in (c.base, c.guest)) or c.binary or c.kind == "mode changed":
+        return None
+    old = apply.read_nofollow(g.target.files.baseline, c.path, limit=DIFF_LIMIT) if c.base else b""
+    new = apply.read_nofollow(g.source, c.path, limit=DIFF_LIMIT) if c.guest else b""
+    if old is None or new is None or not (diff.is_text(old) and diff.is_text(new)):
+        return None
+    return old, new
+
+
+def badges(item: Item) -> list[tuple[str, str]]:
+    c = item.first
+    found = [(c.status.value, c.status.value)]
+    if item.secret:
+        found.append(("secret", item.secret))
+    if item.risky:
+        found.append(("risky", f"quarantined: {item.risky}"))
+    if item.held:
+        found.append(("held", item.held))
+    if item.binary:
+        found.append(("binary", "binary"))
+    if c.merge is not None and not c.merge.clean:
+        found.append(("conflict", f"{c.merge.conflicts} overlapping hunk(s)"))
+    found += [("note", n) for n in c.notes]
+    return found
+
+
+def _hunk_views(old: bytes, new: bytes, old_html: list[Markup], new_html: list[Markup]) -> list[HunkView]:
+    found = hunks.hunks(old, new)
+    views: list[HunkView] = []
+    for n, h in enumerate(found):
+        rows: list[Row] = []
+        shown_before = min(found[n - 1].old_end + CONTEXT, h.old_start) if n else 0  # the last hunk's context
+        start = max(shown_before, h.old_start - CONTEXT)
+        rows += [Row("ctx", i + 1, None, old_html[i]) for i in range(start, h.old_start)]
+        rows += [Row("del", i + 1, None, old_html[i]) for i in range(h.old_start, h.old_end)]
+        rows += [Row("add", None, j + 1, new_html[j]) for j in range(h.new_start, h.new_end)]
+        end = min(found[n + 1].old_start if n + 1 < len(found) else len(old_html), h.old_end + CONTEXT)
+        rows += [Row("ctx", i + 1, None, old_html[i]) for i in range(h.old_end, end)]
+        views.append(HunkView(h.index, rows))
+    return views
+
+
+def files(plan: Plan, page: int = 0) -> list[FileView]:
+    """The file views of one page of the plan's items."""
+    items = list(enumerate(plan.todo))[page * PAGE_ITEMS : (page + 1) * PAGE_ITEMS]
+    pairs: list[tuple[int, bytes, bytes]] = []
+    views: list[FileView] = []
+    for i, item in items:
+        c = item.first
+        safe = c.status in (Status.APPLY, Status.MERGED) and not (item.risky or item.held or item.binary or item.secret)
+        view = FileView(i, item.label, item.kind, c.status.value, digest_of(item), badges(item))
+        view.default = "apply" if safe and plan.mass is None else "skip"
+        both = None if item.repository else texts(plan, c)
+        if c.merge is not None and not c.merge.clean:
+            view.three_way = c.merge.text.decode(errors="replace")
+        elif both is not None:
+            pairs.append((len(views), *both))
+        else:
+            view.note = diff.describe(c) or c.kind
+        views.append(view)
+    shown = highlight.lines(
+        [(views[k].label, text.decode(errors="replace")) for k, old, new in pairs for text in (old, new)]
+    )
+    for n, (k, old, new) in enumerate(pairs):
+        old_html, new_html = shown[2 * n], shown[2 * n + 1]
+        if len(old_html) != len(hunks.lines(old)) or len(new_html) != len(hunks.lines(new)):
+            old_html, new_html = _plain(old), _plain(new)
+        views[k].hunks = _hunk_views(old, new, old_html, new_html)
+    return views
+
+
+def _plain(text: bytes) -> list[Markup]:
+    return [escape(line.decode(errors="replace").rstrip("\r\n")) for line in hunks.lines(text)]
+
+
+@dataclass
+class Chosen:
+    decisions: Decisions
+    refused: list[str]  # items not decided on, and why
+
+
+def decisions(plan: Plan, form: dict[str, list[str]]) -> Chosen:
+    """The form of the review page as Decisions on `plan` (computed again): per item apply or not, the hunks
+    taken, an edited merge; the guest's commits if asked."""
+    by_label = {item.label: item for item in plan.todo}
+    accept: list[Item] = []
+    contents: dict[str, bytes] = {}
+    refused: list[str] = []
+    for key in (k for k in form if k.startswith("l")):
+        n = key[1:]
+        label = form[key][0]
+        item = by_label.get(label)
+        if item is None or form.get(f"d{n}", [""])[0] != digest_of(item):
+            refused.append(f"{label}: changed since the page was shown; reload it")
+            continue
+        if form.get(f"f{n}", ["skip"])[0] != "apply":
+            continue
+        why = _content(plan, item, form, n, contents)
+        if why is None:
+            accept.append(item)
+        elif why:
+            refused.append(f"{label}: {why}")
+    commits = form.get("commits", [""])[0] == "take"
+    return Chosen(Decisions(tuple(accept), (), commits and plan.gathered.refs_changed, contents=contents), refused)
+
+
+def _content(plan: Plan, item: Item, form: dict[str, list[str]], n: str, contents: dict[str, bytes]) -> str | None:
+    """Put in `contents` what the form says to write for the item (hunks, an edit); why it is not applied
+    ("" to leave it quietly: no hunk taken), or None to apply it."""
+    c = item.first
+    edited = form.get(f"m{n}")
+    if edited is not None and c.merge is not None and not c.merge.clean:
+        return _edited(c.path, c.merge.text, edited[0], contents)
+    both = texts(plan, c) if f"hs{n}" in form else None
+    if both is None:
+        return None
+    taken = {int(h) for h in form.get(f"h{n}", []) if h.isdigit()}
+    every = {h.index for h in hunks.hunks(*both)}
+    if not taken & every:
+        return ""
+    if not taken >= every:
+        contents[c.path] = hunks.compose(*both, taken)
+    return None
+
+
+def _edited(path: str, merged: bytes, edited: str, contents: dict[str, bytes]) -> str | None:
+    """An overlapping merge (`merged`, with its markers) as the person left it in the page."""
+    text = edited.encode()
+    if b"\r\n" not in merged:
+        text = text.replace(b"\r\n", b"\n")  # a browser sends a textarea's lines with CRLF
+    if text == merged:
+        return None  # not resolved: the guest's version is kept beside the file, as at the terminal
+    if merge.has_markers(text):
+        return "conflict markers remain in the merged text; resolve them or leave the file"
+    contents[path] = text
+    return None
+
+
+def counts(plan: Plan) -> dict[str, int]:
+    """The summary at the top of the page."""
+    items: Iterable[Item] = plan.todo
+    found = {"created": 0, "modified": 0, "deleted": 0, "merged": 0, "conflicts": 0, "risky": 0, "ignored": 0,
+             "binary": 0, "credentials": 0}  # fmt: skip
+    for item in items:
+        c = item.first
+        kind = {"added": "created", "deleted": "deleted"}.get(c.kind, "modified")
+        found[kind] += 1
+        found["merged"] += c.status is Status.MERGED
+        found["conflicts"] += c.status is Status.CONFLICT
+        found["risky"] += item.quarantined
+        found["ignored"] += bool(item.held)
+        found["binary"] += item.binary
+        found["credentials"] += bool(item.secret)
+    return found

@@ -1,0 +1,34 @@
+// The only script the page runs (the Content Security Policy allows no other): it polls a session's console
+// and egress log and shows them as text (textContent: never markup).
+"use strict";
+(function () {
+  const live = document.querySelector("section.live");
+  if (!live) return;
+  const base = "/s/" + encodeURIComponent(live.dataset.session) + "/log/";
+  const consoleBox = document.getElementById("console");
+  const egress = document.querySelector("#egress tbody");
+  async function poll() {
+    try {
+      const c = await (await fetch(base + "console", { credentials: "same-origin" })).json();
+      if (c.lines) consoleBox.textContent = c.lines.join("\n");
+      const p = await (await fetch(base + "proxy", { credentials: "same-origin" })).json();
+      if (p.events) {
+        egress.replaceChildren();
+        for (const e of p.events.slice().reverse()) {
+          const tr = document.createElement("tr");
+          tr.className = e.decision;
+          for (const k of ["time", "decision", "method", "target", "reason"]) {
+            const td = document.createElement("td");
+            td.textContent = e[k];
+            tr.appendChild(td);
+          }
+          egress.appendChild(tr);
+        }
+      }
+    } catch (err) {
+      consoleBox.dataset.error = String(err);
+    }
+  }
+  poll();
+  setInterval(poll, 3000);
+})();
