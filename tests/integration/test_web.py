@@ -15,10 +15,15 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
 from vmsandbox.session.record import Record
+
+if TYPE_CHECKING:
+    from selenium.webdriver.remote.webdriver import WebDriver
+    from selenium.webdriver.remote.webelement import WebElement
 
 from .conftest import Cli, VmFactory, guest_sh
 
@@ -77,7 +82,7 @@ def server(cli: Cli) -> Iterator[Server]:
 
 
 @pytest.fixture(scope="module")
-def browser() -> Iterator[object]:
+def browser() -> Iterator[WebDriver]:
     from selenium import webdriver
     from selenium.webdriver.chrome.options import Options
     from selenium.webdriver.chrome.service import Service
@@ -91,28 +96,28 @@ def browser() -> Iterator[object]:
     driver.quit()
 
 
-def shoot(driver: object, name: str) -> None:
+def shoot(driver: WebDriver, name: str) -> None:
     where = os.environ.get("VMSANDBOX_SCREENSHOTS")
     if where:
-        driver.save_screenshot(str(Path(where) / name))  # type: ignore[attr-defined]
+        driver.save_screenshot(str(Path(where) / name))
 
 
 def test_a_hostile_guest_runs_no_script_and_the_chosen_hunks_land(
-    session: Record, server: Server, browser: object, project: Path
+    session: Record, server: Server, browser: WebDriver, project: Path
 ) -> None:
     from selenium.webdriver.common.by import By
 
     d = browser
-    d.get(f"{server.base}/?token={server.token}")  # type: ignore[attr-defined]
-    assert session.name in d.find_element(By.ID, "sessions").text  # type: ignore[attr-defined]
+    d.get(f"{server.base}/?token={server.token}")
+    assert session.name in d.find_element(By.ID, "sessions").text
     shoot(d, "sessions.png")
-    d.get(f"{server.base}/s/{session.name}")  # type: ignore[attr-defined]
-    labels = [e.text for e in d.find_elements(By.CSS_SELECTOR, "section.file .label")]  # type: ignore[attr-defined]
+    d.get(f"{server.base}/s/{session.name}")
+    labels = [e.text for e in d.find_elements(By.CSS_SELECTOR, "section.file .label")]
     for name in HOSTILE:  # every name shown as text (the browser collapses the whitespace and hides ESC)
         assert any(name.replace("\x1b", "")[:40] in label.replace("\x1b", "") for label in labels), (name, labels)
-    assert d.execute_script("return typeof window.pwned") == "undefined"  # type: ignore[attr-defined]
-    assert d.find_elements(By.CSS_SELECTOR, "main img, main b, main script") == []  # type: ignore[attr-defined]
-    scripts = d.execute_script("return [...document.scripts].map(s => s.src)")  # type: ignore[attr-defined]
+    assert d.execute_script("return typeof window.pwned") == "undefined"
+    assert d.find_elements(By.CSS_SELECTOR, "main img, main b, main script") == []
+    scripts = d.execute_script("return [...document.scripts].map(s => s.src)")
     assert scripts == [f"{server.base}/static/ui.js"]
     shoot(d, "review.png")
 
@@ -120,30 +125,28 @@ def test_a_hostile_guest_runs_no_script_and_the_chosen_hunks_land(
         s
         for s in d.find_elements(By.CSS_SELECTOR, "section.file")
         if s.find_element(By.CSS_SELECTOR, ".label").text == "a.py"
-    )  # type: ignore[attr-defined]  # noqa: E501
+    )
     boxes = a_py.find_elements(By.CSS_SELECTOR, "input[type=checkbox]")
     assert len(boxes) == 2  # two hunks: f's and g's
     boxes[1].click()  # take f's change only
-    d.find_element(By.ID, "apply").click()  # type: ignore[attr-defined]
+    d.find_element(By.ID, "apply").click()
     outcome = _wait_for(d, "outcome").text
     assert "applied a.py" in outcome
     assert (project / "a.py").read_text() == A_PY.replace("return 1", "return 10")
     for name, content in HOSTILE.items():
         assert (project / name).read_text() == content
-    assert d.execute_script("return typeof window.pwned") == "undefined"  # type: ignore[attr-defined]
+    assert d.execute_script("return typeof window.pwned") == "undefined"
 
 
-def _wait_for(driver: object, element: str) -> object:
+def _wait_for(driver: WebDriver, element: str) -> WebElement:
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
 
-    def found(d: object) -> object:
-        return d.find_elements(By.ID, element) and d.find_element(By.ID, element)  # type: ignore[attr-defined]
-
     try:
-        return WebDriverWait(driver, 120).until(found)  # type: ignore[arg-type]
+        WebDriverWait(driver, 120).until(lambda d: bool(d.find_elements(By.ID, element)))
     except Exception as exc:
-        raise AssertionError(driver.page_source[:3000]) from exc  # type: ignore[attr-defined]
+        raise AssertionError(driver.page_source[:3000]) from exc
+    return driver.find_element(By.ID, element)
 
 
 def _status(url: str, *, method: str = "GET", headers: dict[str, str] | None = None, data: bytes | None = None) -> int:

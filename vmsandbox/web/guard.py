@@ -8,8 +8,8 @@ itself.
   refused even before the token is looked at.
 - A request that changes anything (POST) must come from the page: its Origin, where the browser sends one, must
   be this server; a form of another site is refused even with the cookie (SameSite would already keep it).
-- Every answer forbids framing, sniffing, referrers to other sites and caching, and carries a Content Security Policy that
-  runs no script but our own file and loads nothing from anywhere else.
+- Every answer forbids framing, sniffing, referrers to other sites and caching, and carries a Content Security
+  Policy that runs no script but our own file and loads nothing from anywhere else.
 """
 
 from __future__ import annotations
