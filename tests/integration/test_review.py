@@ -63,3 +63,67 @@ def test_edits_that_do_not_overlap_are_merged_and_overlapping_ones_kept(
         "line 3\n", "guest 3\n"
     )
     assert "merged" in done.stderr.decode()
+
+
+def test_a_mass_change_is_grouped_and_not_applied_by_yes(cli: Cli, session: Record, project: Path) -> None:
+    guest_sh(session, "mkdir -p mass/gen && cd mass/gen && for i in $(seq 1 1050); do echo $i > f$i.txt; done")
+    shown = cli.run("pull", session.name, "mass", "--dry-run")
+    assert shown.returncode == 0, shown.stderr.decode()
+    text = shown.stderr.decode()
+    assert "a mass change: 1052 changed paths, more than mass_change_files (1000)" in text  # and 2 directories
+    assert "mass/gen/" in text
+    assert text.count("f1000.txt") == 0  # grouped, not listed
+    done = cli.run("pull", session.name, "mass", "--yes")
+    assert done.returncode == 3, done.stderr.decode()
+    assert "nothing of it applied by --yes" in done.stderr.decode()
+    assert not (project / "mass").exists()
+    taken = cli.run("pull", session.name, "mass", "--yes", "--include-mass")
+    assert taken.returncode == 0, taken.stderr.decode()
+    assert len(list((project / "mass" / "gen").iterdir())) == 1050
+    assert (project / "mass" / "gen" / "f777.txt").read_text() == "777\n"
+
+
+def test_what_looks_like_a_credential_in_the_guest_is_flagged_and_not_applied_by_yes(
+    cli: Cli, session: Record, project: Path
+) -> None:
+    token = "ghp_" + "Zx8kQ2mW9vR4tY7uP1sL3nB6cD0fG5hJ8aK2"
+    guest_sh(
+        session,
+        f"mkdir -p creds && printf 'url: x\\ntoken: {token}\\n' > creds/deploy.yaml && "
+        "printf 'api_key = vmsandbox-placeholder-0123456789abcdef0123456789abcdef\\n' > creds/uses_placeholder.ini && "
+        "echo plain > creds/plain.txt",
+    )
+    done = cli.run("pull", session.name, "creds", "--yes", "--include-risky", "--include-ignored", "--include-binary")
+    text = done.stderr.decode()
+    assert done.returncode == 3, text
+    assert "credential?" in text
+    assert "GitHub Token (line 2)" in text
+    assert token not in text  # the finding names the rule and the line, never the value
+    assert not (project / "creds" / "deploy.yaml").exists()
+    assert (project / "creds" / "plain.txt").read_text() == "plain\n"
+    assert (project / "creds" / "uses_placeholder.ini").exists()  # the session's placeholders are not secrets
+
+
+def test_credentials_and_ignored_paths_stay_out_of_the_vm(cli: Cli, tmp_path: Path) -> None:
+    p = tmp_path / "going-in"
+    (p / "private").mkdir(parents=True)
+    (p / "private" / "notes.txt").write_text("mine\n")
+    (p / ".env").write_text("DATABASE_URL=postgres://u:hunter2@db/x\n")
+    (p / "deploy.pem").write_text("-----BEGIN RSA PRIVATE KEY-----\nMIIB\n-----END RSA PRIVATE KEY-----\n")
+    (p / "settings.json").write_text('{"aws_secret_access_key": "wJalrXUtnFEMI/K7MDENG/bPxRfiCYzQ8vT3nL0p"}\n')
+    (p / "main.py").write_text("print('hi')\n")
+    (p / ".vmsandboxignore").write_text("private/\n")
+    shown = cli.run("run", str(p), "--yes", "--", "sh", "-c", "ls -A | sort; echo new > main.py")
+    err = shown.stderr.decode()
+    assert shown.returncode == 0, err
+    assert shown.stdout.decode().split() == [".vmsandboxignore", "main.py"]
+    for name in (".env", "deploy.pem", "settings.json"):
+        assert name in err
+    assert "They stay out of the VM" in err
+    # the project keeps them, untouched; the guest's edit came back
+    assert (p / ".env").read_text() == "DATABASE_URL=postgres://u:hunter2@db/x\n"
+    assert (p / "private" / "notes.txt").read_text() == "mine\n"
+    assert (p / "main.py").read_text() == "new\n"
+    sent = cli.run("run", str(p), "--send-secrets", "--", "sh", "-c", "ls -A | sort")
+    assert sent.returncode == 0, sent.stderr.decode()
+    assert sent.stdout.decode().split() == [".env", ".vmsandboxignore", "deploy.pem", "main.py", "settings.json"]
