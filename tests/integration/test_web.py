@@ -30,6 +30,8 @@ from .conftest import Cli, VmFactory, guest_sh
 pytestmark = pytest.mark.skipif(shutil.which("chromedriver") is None, reason="chromium-driver is not installed")
 
 A_PY = "def f():\n    return 1\n\n\n\n\n\ndef g():\n    return 2\n"
+NOTES = "one\ntwo\nthree\n"
+RESOLVED = "one\nboth sides, resolved by hand\nthree\n"
 HOSTILE = {  # name -> content, as the guest writes them
     '"><img src=x onerror="window.pwned=1">.txt': "<script>window.pwned=2</script>\n",
     "<svg onload=window.pwned=3>": "x\n",
@@ -44,16 +46,17 @@ def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
     p = tmp_path_factory.mktemp("web") / "project"
     p.mkdir()
     (p / "a.py").write_text(A_PY)
+    (p / "notes.txt").write_text(NOTES)
     return p
 
 
 @pytest.fixture(scope="module")
 def session(module_vms: VmFactory, project: Path) -> Record:
     record = module_vms.make(project)
-    script = "sed -i 's/return 1/return 10/; s/return 2/return 20/' a.py && " + " && ".join(
-        f"printf '%s' {_q(content)} > {_q(name)}" for name, content in HOSTILE.items()
-    )
+    script = "sed -i 's/return 1/return 10/; s/return 2/return 20/' a.py && sed -i 's/two/guest two/' notes.txt && "
+    script += " && ".join(f"printf '%s' {_q(content)} > {_q(name)}" for name, content in HOSTILE.items())
     guest_sh(record, script)
+    (project / "notes.txt").write_text(NOTES.replace("two", "host two"))  # the same line: a conflict
     return record
 
 
@@ -96,6 +99,11 @@ def browser() -> Iterator[WebDriver]:
     driver.quit()
 
 
+def visit(driver: WebDriver, server: Server, path: str) -> None:
+    """Open a page of the server, holding its token (exchanged for the cookie on the way)."""
+    driver.get(f"{server.base}{path}{'&' if '?' in path else '?'}token={server.token}")
+
+
 def shoot(driver: WebDriver, name: str) -> None:
     where = os.environ.get("VMSANDBOX_SCREENSHOTS")
     if where:
@@ -121,18 +129,24 @@ def test_a_hostile_guest_runs_no_script_and_the_chosen_hunks_land(
     assert scripts == [f"{server.base}/static/ui.js"]
     shoot(d, "review.png")
 
-    a_py = next(
-        s
-        for s in d.find_elements(By.CSS_SELECTOR, "section.file")
-        if s.find_element(By.CSS_SELECTOR, ".label").text == "a.py"
-    )
+    sections = {
+        s.find_element(By.CSS_SELECTOR, ".label").text: s for s in d.find_elements(By.CSS_SELECTOR, "section.file")
+    }
+    a_py = sections["a.py"]
     boxes = a_py.find_elements(By.CSS_SELECTOR, "input[type=checkbox]")
     assert len(boxes) == 2  # two hunks: f's and g's
     boxes[1].click()  # take f's change only
+    notes = sections["notes.txt"]
+    merged = notes.find_element(By.CSS_SELECTOR, "textarea.merge")
+    assert "<<<<<<< host" in (merged.get_attribute("value") or "")
+    merged.clear()
+    merged.send_keys(RESOLVED)
+    notes.find_element(By.CSS_SELECTOR, "input[type=radio][value=apply]").click()  # a conflict waits for a choice
     d.find_element(By.ID, "apply").click()
     outcome = _wait_for(d, "outcome").text
     assert "applied a.py" in outcome
     assert (project / "a.py").read_text() == A_PY.replace("return 1", "return 10")
+    assert (project / "notes.txt").read_text() == RESOLVED
     for name, content in HOSTILE.items():
         assert (project / name).read_text() == content
     assert d.execute_script("return typeof window.pwned") == "undefined"
@@ -177,3 +191,56 @@ def test_no_token_another_site_or_another_user_is_refused(server: Server, sessio
         group=nobody.pw_gid, extra_groups=[],
     )  # fmt: skip
     assert done.stdout.strip() == "403", done.stderr
+
+
+def test_a_fanout_side_by_side_takes_one_session_per_file_then_ends_them(
+    cli: Cli, module_vms: VmFactory, server: Server, browser: WebDriver, tmp_path: Path
+) -> None:
+    from selenium.webdriver.common.by import By
+
+    p = tmp_path / "fan"
+    p.mkdir()
+    (p / "x.txt").write_text("base\n")
+    first, second = module_vms.make(p), module_vms.make(p)
+    guest_sh(first, "echo from-first > x.txt && echo same > y.txt")
+    guest_sh(second, "echo from-second > x.txt && echo same > y.txt")
+    visit(browser, server, f"/compare?s={first.name}&s={second.name}")
+    found = browser.find_elements(By.CSS_SELECTOR, "table.side > tbody > tr")
+    assert found, browser.page_source[:3000]
+    rows = {r.find_element(By.CSS_SELECTOR, "td.path").text.split("\n")[0]: r for r in found}
+    assert sorted(rows) == ["x.txt", "y.txt"]
+    assert "agree" in (rows["y.txt"].get_attribute("class") or "")
+    assert "differ" in (rows["x.txt"].get_attribute("class") or "")
+    shoot(browser, "compare.png")
+    rows["x.txt"].find_element(By.CSS_SELECTOR, f"input[value='{second.name}']").click()
+    rows["y.txt"].find_element(By.CSS_SELECTOR, f"input[value='{first.name}']").click()
+    browser.find_element(By.CSS_SELECTOR, "input[name=destroy]").click()
+    browser.find_element(By.ID, "apply").click()
+    outcome = _wait_for(browser, "outcome").text
+    assert f"x.txt from {second.name}" in outcome
+    assert (p / "x.txt").read_text() == "from-second\n"
+    assert (p / "y.txt").read_text() == "same\n"
+    states = {r["name"]: r["state"] for r in cli.ls()}
+    assert states.get(first.name) != "running"
+    assert states.get(second.name) != "running"
+
+
+def test_run_review_web_waits_for_the_review_in_the_browser(cli: Cli, browser: WebDriver, tmp_path: Path) -> None:
+    from selenium.webdriver.common.by import By
+
+    p = tmp_path / "at-the-end"
+    p.mkdir()
+    (p / "a.txt").write_text("a\n")
+    child = cli.popen("run", "--review", "web", str(p), "--", "sh", "-c", "echo b > a.txt")
+    assert child.stdout is not None
+    url = ""
+    while not url.startswith("http://127.0.0.1:"):
+        line = child.stdout.readline().decode()
+        assert line, "the run ended without serving its review"
+        url = line.strip()
+    browser.get(url)
+    assert "a.txt" in browser.find_element(By.ID, "review").text
+    browser.find_element(By.ID, "apply").click()
+    assert "applied a.txt" in _wait_for(browser, "outcome").text
+    assert child.wait(timeout=300) == 0
+    assert (p / "a.txt").read_text() == "b\n"

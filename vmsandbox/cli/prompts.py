@@ -213,13 +213,15 @@ def report(outcome: Outcome, name: str) -> None:
     ui.info("Sync-back: " + ", ".join(parts) + ".")
 
 
-def conduct(record: Record, plan: Plan, *, yes: bool, take: Take) -> Outcome:
-    """Show the plan, get the decisions (--yes, a person, or none), carry them out, report."""
+def conduct(record: Record, plan: Plan, *, yes: bool, take: Take, ask: bool = True) -> Outcome:
+    """Show the plan, get the decisions (--yes, a person unless not `ask`, or none), carry them out, report."""
     from vmsandbox.session import lifecycle
     from vmsandbox.sync.plan import Decisions
 
     something = show(plan)
-    decisions = decide(plan, yes=yes, take=take) if something else Decisions()
+    if something and ask and not yes and ui.is_interactive():
+        ui.info(f"[dim]To review in the browser instead (hunks, merges): q, then `vmsandbox ui {record.name}`[/]")
+    decisions = decide(plan, yes=yes, take=take) if something and (ask or yes) else Decisions()
     outcome = lifecycle.decide(record, plan, decisions)
     if something:
         report(outcome, record.name)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import typing
 from collections.abc import Callable
@@ -51,6 +52,9 @@ IncludeIgnoredOpt = Annotated[
 ]
 IncludeBinaryOpt = Annotated[bool, typer.Option("--include-binary", help="With --yes, apply binary files too.")]
 IncludeMassOpt = Annotated[bool, typer.Option("--include-mass", help="With --yes, apply a mass change too.")]
+ReviewOpt = Annotated[
+    str, typer.Option("--review", help="Where to review at the end: terminal, or web (opens `vmsandbox ui`).")
+]
 SendSecretsOpt = Annotated[
     bool, typer.Option("--send-secrets", help="Copy files that look like credentials into the VM too.")
 ]
@@ -111,6 +115,7 @@ def run(
     include_binary: IncludeBinaryOpt = False,
     include_mass: IncludeMassOpt = False,
     send_secrets: SendSecretsOpt = False,
+    review: ReviewOpt = "terminal",
     network: NetworkOpt = None,
     allow: AllowOpt = None,
     blueprint: BlueprintOpt = "base",
@@ -158,25 +163,36 @@ def run_session(
                 f"`vmsandbox pull {record.name}`, `vmsandbox destroy {record.name}`"
             )
         else:
-            _finish(record, yes=planned.yes, take=planned.take)
+            _finish(record, yes=planned.yes, take=planned.take, web=planned.web)
     raise typer.Exit(code)
 
 
-def _finish(record: Record, *, yes: bool, take: Take) -> None:
-    """End of `run`: review the guest's changes, then destroy the VM (in the background: the exit code does not
-    wait for it). Whatever was not synced is exported to the session's outbox first (lifecycle.finish), so
-    nothing is lost: `vmsandbox recover NAME` takes it."""
+def _finish(record: Record, *, yes: bool, take: Take, web: bool) -> None:
+    """End of `run`: review the guest's changes (at the terminal, or with `web` in the browser until applied),
+    then destroy the VM (in the background: the exit code does not wait for it). Whatever was not synced is
+    exported to the session's outbox first (lifecycle.finish), so nothing is lost: `vmsandbox recover NAME`
+    takes it."""
+    from vmsandbox.cli import webui
     from vmsandbox.session import lifecycle, lock
+    from vmsandbox.session.record import Record
 
+    if web and not yes:
+        ui.info("Review the changes in your browser; the VM ends once they are applied (Ctrl-C: leave them pending)")
+        with contextlib.suppress(KeyboardInterrupt):
+            webui.serve(record.name, until_applied=True)
+        record = Record.load(record.name)
     with lock.held(record.files, record.name, "reviewing the changes of"):
         plan = lifecycle.review(record, limit=sync_limit())
-        outcome = prompts.conduct(record, plan, yes=yes, take=take)
+        outcome = prompts.conduct(record, plan, yes=yes, take=take, ask=not web)
         keeping = ui.step("Keeping the unsynced changes in the session's outbox") if outcome.left else nullcontext()
         with keeping:
             end = lifecycle.finish(record, plan.gathered, background=True)
     ui.info(f"[dim]{record.domain} is destroyed in the background (`vmsandbox gc` finishes it if interrupted)[/]")
     if end.left:
-        ui.warn(f"{end.left} change(s) were not synced back; review them with `vmsandbox recover {record.name}`")
+        ui.warn(
+            f"{end.left} change(s) were not synced back; review them in the browser with `vmsandbox ui {record.name}`, "
+            f"or at the terminal with `vmsandbox recover {record.name}`"
+        )
 
 
 def flags_of(given: dict[str, Any]) -> RunFlags:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import secrets
 import socket
+import sys
 import webbrowser
 from typing import Annotated
 from urllib.parse import quote
@@ -20,7 +22,10 @@ def url_of(port: int, token: str, name: str | None = None) -> str:
 
 
 def has_browser() -> bool:
-    """A browser that opens where the user is (a desktop session, not ssh)."""
+    """A browser that opens where the user is: a desktop session (or $BROWSER), not an ssh login, where a
+    console browser would take over the terminal."""
+    if not any(os.environ.get(v) for v in ("DISPLAY", "WAYLAND_DISPLAY", "BROWSER")) and sys.platform != "darwin":
+        return False
     try:
         webbrowser.get()
     except webbrowser.Error:
@@ -41,7 +46,8 @@ def web_ui(
     serve(name, port=port, browser=not no_browser)
 
 
-def serve(name: str | None, *, port: int = 0, browser: bool = True) -> None:
+def serve(name: str | None, *, port: int = 0, browser: bool = True, until_applied: bool = False) -> None:
+    """Serve the page until Ctrl-C (with `until_applied`: or until a review is applied)."""
     import uvicorn
 
     from vmsandbox.web import app as web
@@ -56,7 +62,14 @@ def serve(name: str | None, *, port: int = 0, browser: bool = True) -> None:
     ui.info("The review is served at the URL above (only on this machine); Ctrl-C stops it.")
     if browser and has_browser():
         webbrowser.open(url)
+    server: uvicorn.Server | None = None
+
+    def applied() -> None:
+        if until_applied and server is not None:
+            server.should_exit = True  # (the answer in flight is finished first)
+
     config = uvicorn.Config(
-        web.make(token=token, port=bound), log_level="warning", access_log=False, log_config=None
+        web.make(token=token, port=bound, on_applied=applied), log_level="warning", access_log=False, log_config=None
     )  # log_config=None: its errors go to our log (stderr, -v), not to a configuration of its own
-    uvicorn.Server(config).run(sockets=[sock])
+    server = uvicorn.Server(config)
+    server.run(sockets=[sock])

@@ -35,6 +35,7 @@ class RunFlags:
     include_binary: bool = False
     include_mass: bool = False
     send_secrets: bool = False  # files that look like credentials go into the VM too
+    review: str = "terminal"  # where the review at the end happens: terminal, web
     network: str | None = None
     allow: tuple[str, ...] = ()
     publish: tuple[str, ...] = ()
@@ -87,6 +88,7 @@ class Run:
     tty: bool | None
     yes: bool
     take: Take  # what --yes takes beyond the safe, reviewable changes
+    web: bool = False  # the review at the end in the browser (`--review web`)
 
 
 def parse_publish(spec: str, address: str | None) -> Publish:

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from vmsandbox import ui
 from vmsandbox.egress import policy
+from vmsandbox.errors import VmsandboxError
 from vmsandbox.image import blueprint as blueprint_mod
 from vmsandbox.session import config, hosts, hostspec, layerbuild, places
 from vmsandbox.session.hostspec import HostSpec
@@ -48,7 +49,9 @@ def resolve(path: Path, blueprint_name: str, command: list[str] | None, flags: R
     take = Take(
         risky=flags.include_risky, ignored=flags.include_ignored, binary=flags.include_binary, mass=flags.include_mass
     )
-    return Run(options, command, tty, flags.yes, take)
+    if flags.review not in ("terminal", "web"):
+        raise VmsandboxError(f"--review {flags.review!r}: unknown", hint="--review terminal (the default) or web")
+    return Run(options, command, tty, flags.yes, take, web=flags.review == "web")
 
 
 PLACE_TIMEOUT = 5.0  # a host that does not answer this fast is not placed on (and delays a run no more)

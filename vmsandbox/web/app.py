@@ -3,6 +3,7 @@ egress actions, and a fan-out side by side (compare.py). Every page is rendered 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -62,6 +63,8 @@ async def apply_review(request: Request) -> Response:
     for key, value in form.multi_items():
         fields.setdefault(key, []).append(value if isinstance(value, str) else "")
     response: Response = await _in_thread(_apply, request.path_params["name"], fields)
+    if response.status_code == 200 and request.app.state.on_applied is not None:
+        request.app.state.on_applied()  # `run --review web`: the review is done, the run goes on
     return response
 
 
@@ -132,8 +135,8 @@ def _limit() -> int:
     return config.load().sync_limit_mib * 1024**2
 
 
-def make(*, token: str, port: int) -> Guard:
-    """The application behind its guard (guard.py)."""
+def make(*, token: str, port: int, on_applied: Callable[[], None] | None = None) -> Guard:
+    """The application behind its guard (guard.py); `on_applied` is called once a review is applied."""
     app = Starlette(
         routes=[
             Route("/", sessions),
@@ -146,4 +149,5 @@ def make(*, token: str, port: int) -> Guard:
             Mount("/static", StaticFiles(directory=STATIC), name="static"),
         ]
     )
+    app.state.on_applied = on_applied
     return Guard(app, token=token, port=port)

@@ -32,3 +32,11 @@
   poll();
   setInterval(poll, 3000);
 })();
+
+// An edited merge is a choice to apply it: its file's "apply" is selected (the person may still undo that).
+document.querySelectorAll("textarea.merge").forEach(function (area) {
+  area.addEventListener("input", function () {
+    const apply = area.closest("section.file").querySelector("input[type=radio][value=apply]");
+    if (apply) apply.checked = true;
+  });
+});
