@@ -244,3 +244,24 @@ def test_run_review_web_waits_for_the_review_in_the_browser(cli: Cli, browser: W
     assert "applied a.txt" in _wait_for(browser, "outcome").text
     assert child.wait(timeout=300) == 0
     assert (p / "a.txt").read_text() == "b\n"
+
+
+def test_the_page_allows_denies_and_publishes_as_the_cli_does(server: Server, session: Record) -> None:
+    from vmsandbox.egress import policy
+
+    headers = {
+        "Cookie": f"vmsandbox_ui={server.token}",
+        "Origin": server.base,
+        "Content-Type": "application/x-www-form-urlencoded",
+    }
+    where = f"{server.base}/s/{session.name}/egress"
+    assert _status(f"{where}/allow", method="POST", headers=headers, data=b"value=example.org") == 200  # 303 followed
+    assert "example.org" in policy.read_config(session.files)["allow"]
+    assert _status(f"{where}/deny", method="POST", headers=headers, data=b"value=example.org") == 200
+    assert "example.org" not in policy.read_config(session.files)["allow"]
+    assert _status(f"{where}/publish", method="POST", headers=headers, data=b"value=3000") == 200
+    assert [p.guest for p in Record.load(session.name).publish] == [3000]
+    assert _status(f"{where}/unpublish", method="POST", headers=headers, data=b"value=3000") == 200
+    assert Record.load(session.name).publish == ()
+    proxy = _status(f"{server.base}/s/{session.name}/log/proxy", headers={"Cookie": headers["Cookie"]})
+    assert proxy == 200

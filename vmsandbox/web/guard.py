@@ -49,8 +49,10 @@ class Guard:
         self.origins = {f"http://{h}" for h in self.hosts}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
+        if scope["type"] == "lifespan":
             await self.app(scope, receive, send)
+            return
+        if scope["type"] != "http":  # a websocket: the page has none, and nothing unchecked gets through
             return
         request = Request(scope)
         response = self.refusal(request)

@@ -44,14 +44,21 @@ def _fields(event: dict[str, Any]) -> dict[str, str]:
 
 
 def act(name: str, action: str, value: str) -> list[str]:
-    """`allow` or `deny` hosts (space-separated) for a running session, as the CLI does."""
+    """What the CLI's `allow`, `deny` and `port publish|unpublish` do, for a running session: hosts
+    (space-separated) or a port (`[HOST_PORT:]GUEST_PORT`, on loopback)."""
     from vmsandbox.session import runtime
+    from vmsandbox.session.options import parse_publish
 
     entries = value.split()
     if not entries:
-        raise VmsandboxError("name a host to allow or deny", hint="e.g. pypi.org or *.example.com")
+        raise VmsandboxError("name a host or a port", hint="e.g. pypi.org, *.example.com, 3000 or 8080:3000")
     if action == "allow":
         return runtime.allow(name, entries)
     if action == "deny":
         return runtime.deny(name, entries)
-    raise VmsandboxError(f"unknown action {action!r}", hint="allow or deny")
+    if action in ("publish", "unpublish"):
+        wanted = parse_publish(entries[0], None)
+        if action == "publish":
+            return runtime.publish(name, wanted).places()
+        return [p for gone in runtime.unpublish(name, wanted.guest, wanted.host) for p in gone.places()]
+    raise VmsandboxError(f"unknown action {action!r}", hint="allow, deny, publish or unpublish")
