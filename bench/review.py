@@ -43,7 +43,7 @@ def guest(record: Record, script: str) -> None:
 
 
 def change(record: Record, project: Path, round_: int) -> None:
-    guest(record, f"cd {project} && for f in pkg*/mod*.py; do sed -i 's/return x + 7$/return x + {round_}7/' $f; done")
+    guest(record, f"cd {project} && sed -i 's/return x + 7$/return x + {round_}7/' pkg*/mod*.py")
 
 
 def vmsandbox(*args: str) -> subprocess.CompletedProcess[bytes]:

@@ -74,7 +74,7 @@ def gather(target: Target, *, endpoint: Endpoint | None, limit: int, disk: bool 
     cache.save(partial=True)
     merge.merge_all(changes, baseline=files.baseline, host=target.project, guest=source)
     reviewable.mark_held(target, changes, source)
-    reviewable.mark_credentials(changes, source)
+    reviewable.mark_credentials(changes, source, files.baseline)
     _remove_leftover_temporaries(target.project, changes)
     refs_changed, refused = _guest_refs(files, origin)
     return Gathered(target, changes, source, refs_changed, origin, refused, limit)

@@ -96,9 +96,9 @@ def mark_held(target: Target, found: Sequence[Change], source: Path) -> None:
             c.held = "ignored by the project (.gitignore)"
 
 
-def mark_credentials(found: Sequence[Change], source: Path) -> None:
+def mark_credentials(found: Sequence[Change], source: Path, baseline: Path) -> None:
     """Set `secret` on each text file whose guest content holds what looks like a credential (credentials.py,
-    jailed): such a change is applied only on a person's explicit choice."""
+    jailed) on a line the guest wrote: such a change is applied only on a person's explicit choice."""
     contents: dict[str, bytes] = {}
     for c in found:
         g = c.guest
@@ -106,13 +106,23 @@ def mark_credentials(found: Sequence[Change], source: Path) -> None:
             continue
         data = apply.read_nofollow(source, c.path, limit=SCAN_LIMIT)
         if data is not None:
-            contents[c.path] = data
+            contents[c.path] = _new_lines(data, baseline, c)
     if not contents:
         return
     findings = credentials.scan(contents, jailed=True)
     for c in found:
         if c.path in findings:
             c.secret = credentials.summary(findings[c.path])
+
+
+def _new_lines(data: bytes, baseline: Path, c: Change) -> bytes:
+    """The guest's content with the lines the baseline's file already had emptied (numbering kept): what was
+    there before is not the guest's to answer for, and the scanner's time goes to what it wrote."""
+    old = apply.read_nofollow(baseline, c.path, limit=SCAN_LIMIT) if c.base is not None else None
+    if not old:
+        return data
+    before = set(old.splitlines())
+    return b"\n".join(b"" if line in before else line for line in data.splitlines())
 
 
 def _global_ignore(who: Identity | None) -> tuple[Path, ...]:

@@ -1,40 +1,42 @@
 """The credential scanner's process: detect-secrets over file contents given on stdin; findings on stdout.
 
 It runs in the jail (credentials.py) when the contents are the guest's: a scanner is a parser of hostile bytes
-like any other. Input: JSON `[[name, base64 content], …]`; each content is written under the jail's own /tmp
-with its file name (detect-secrets chooses rules by file type) and scanned with its default plugins and filters.
-Output: JSON `[[index, type, line number, secret], …]`.
+like any other. Input: JSON `[[name, base64 content], …]`. Output: JSON `[[index, type, line number, secret],
+…]`.
+
+detect-secrets' rules (its plugins: the known token formats, keywords, entropy; and its false-positive filters)
+run over each file's lines by file name, but only over the lines that could hold a secret at all: a word of
+the keyword family or a run of 16 token characters (every plugin's pattern needs one or the other). A line
+costs detect-secrets a fraction of a millisecond whatever it holds, and source files are mostly lines like
+`return x + 1`: this keeps a 1,000-file review from waiting half a minute for the scanner.
 """
 
 from __future__ import annotations
 
 import base64
 import json
+import re
 import sys
-import tempfile
-from pathlib import Path
+
+CANDIDATE = re.compile(
+    r"(?i)key|secret|token|passw|pwd|auth|credential|private|bearer|api|sig|session|cookie|://|[A-Za-z0-9+/=_-]{16}"
+)
 
 
 def main() -> None:
-    from detect_secrets.core.secrets_collection import SecretsCollection
+    from detect_secrets.core.scan import _process_line_based_plugins
     from detect_secrets.settings import default_settings
 
     files = json.load(sys.stdin)
     found: list[list[object]] = []
-    with tempfile.TemporaryDirectory() as top, default_settings():
-        where: dict[str, int] = {}
+    with default_settings():
         for index, (name, data) in enumerate(files):
-            folder = Path(top) / str(index)
-            folder.mkdir()
-            written = folder / (Path(name).name or "file")
-            written.write_bytes(base64.b64decode(data))
-            where[str(written)] = index
-        collection = SecretsCollection(root=top)
-        for path in where:
-            collection.scan_file(path)
-        for filename, secrets in collection.data.items():
-            index = where.get(filename, where.get(str(Path(top) / filename), -1))
-            found.extend([index, s.type, s.line_number, s.secret_value or ""] for s in secrets)
+            text = base64.b64decode(data).decode(errors="replace")
+            lines = [(n, line) for n, line in enumerate(text.splitlines(), start=1) if CANDIDATE.search(line)]
+            if not lines:
+                continue
+            for secret in _process_line_based_plugins(lines=lines, filename=name):
+                found.append([index, secret.type, secret.line_number, secret.secret_value or ""])
     json.dump(found, sys.stdout)
 
 
