@@ -3,7 +3,9 @@ conflict markers, `.vmsandboxignore` and taking paths out of a capture."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pathspec
 import pytest
@@ -11,6 +13,9 @@ import pytest
 from vmsandbox.sync import credentials, hunks, inbound, mass, merge, tree
 from vmsandbox.sync.compare import Change, Status
 from vmsandbox.sync.tree import DIR, FILE, Entry
+
+if TYPE_CHECKING:
+    from vmsandbox.sync.plan import Plan
 
 OLD = b"".join(b"line %d\n" % i for i in range(1, 21))
 NEW = OLD.replace(b"line 2\n", b"two\n").replace(b"line 10\n", b"").replace(b"line 19\n", b"nineteen\nand more\n")
@@ -95,3 +100,60 @@ def test_the_ignore_file_takes_paths_out_of_the_capture(tmp_path: Path) -> None:
     assert sorted(manifest) == ["src", "src/a.py"]
     assert sorted(p.name for p in base.rglob("*")) == ["a.py", "src"]
     assert manifest["src"].kind == DIR
+
+
+def _plan(tmp_path: Path, base: bytes, guest: bytes, *, host: bytes | None = None) -> Plan:
+    """A plan of one modified file `f.txt`: its baseline, the guest's and (by default the baseline's) host."""
+    from vmsandbox.paths import SessionPaths
+    from vmsandbox.sync.changes import Gathered, Origin
+    from vmsandbox.sync.plan import make
+    from vmsandbox.sync.target import Target
+
+    files = SessionPaths(tmp_path / "session")
+    project, source = tmp_path / "project", tmp_path / "guest"
+    for where, data in ((files.baseline, base), (project, base if host is None else host), (source, guest)):
+        where.mkdir(parents=True)
+        (where / "f.txt").write_bytes(data)
+    entry = {d: tree.Entry(FILE, 0o644, len(d), digest=str(hash(d))) for d in (base, guest)}
+    status = Status.APPLY if host is None else Status.CONFLICT
+    change = Change("f.txt", entry[base], entry[guest], entry[base], status)
+    target = Target("s", project, files, os.getuid(), os.getgid())
+    return make(Gathered(target, [change], source, False, Origin.LIVE, None, 1024**2))
+
+
+def test_the_page_s_hunk_choices_become_the_file_to_write(tmp_path: Path) -> None:
+    from vmsandbox.web import review
+
+    plan = _plan(tmp_path, OLD, NEW)
+    digest = review.digest_of(plan.todo[0])
+    form = {"l0": ["f.txt"], "d0": [digest], "f0": ["apply"], "hs0": ["1"], "h0": ["0", "2"]}
+    chosen = review.decisions(plan, form)
+    assert [i.label for i in chosen.decisions.accept] == ["f.txt"]
+    assert chosen.decisions.contents == {"f.txt": hunks.compose(OLD, NEW, {0, 2})}
+    every = review.decisions(plan, {**form, "h0": ["0", "1", "2"]})
+    assert every.decisions.contents == {}  # all hunks: the guest's file as it is
+    none = review.decisions(plan, {**form, "h0": []})
+    assert none.decisions.accept == () and none.refused == []
+    stale = review.decisions(plan, {**form, "d0": ["something else"]})
+    assert stale.decisions.accept == ()
+    assert stale.refused == ["f.txt: changed since the page was shown; reload it"]
+    skipped = review.decisions(plan, {**form, "f0": ["skip"]})
+    assert skipped.decisions.accept == ()
+
+
+def test_an_edited_merge_must_lose_its_markers_and_comes_back_with_the_file_s_line_ends(tmp_path: Path) -> None:
+    from vmsandbox.sync.compare import Merge
+    from vmsandbox.web import review
+
+    plan = _plan(tmp_path, b"a\nb\n", b"a\nguest\n", host=b"a\nhost\n")
+    item = plan.todo[0]
+    item.first.merge = Merge(b"a\n<<<<<<< host\nhost\n||||||| base\nb\n=======\nguest\n>>>>>>> guest\n", 1)
+    form = {"l0": ["f.txt"], "d0": [review.digest_of(item)], "f0": ["apply"]}
+    kept = review.decisions(plan, {**form, "m0": [item.first.merge.text.decode().replace("\n", "\r\n")]})
+    assert kept.decisions.contents == {}  # untouched: the guest's version goes beside the file
+    assert len(kept.decisions.accept) == 1
+    marked = review.decisions(plan, {**form, "m0": ["a\n<<<<<<< host\nboth\n"]})
+    assert marked.decisions.accept == ()
+    assert "conflict markers remain" in marked.refused[0]
+    done = review.decisions(plan, {**form, "m0": ["a\r\nboth\r\n"]})
+    assert done.decisions.contents == {"f.txt": b"a\nboth\n"}
