@@ -157,3 +157,20 @@ def test_an_edited_merge_must_lose_its_markers_and_comes_back_with_the_file_s_li
     assert "conflict markers remain" in marked.refused[0]
     done = review.decisions(plan, {**form, "m0": ["a\r\nboth\r\n"]})
     assert done.decisions.contents == {"f.txt": b"a\nboth\n"}
+
+
+def test_a_scanner_that_fails_leaves_every_text_change_for_a_person(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from vmsandbox.errors import VmsandboxError
+    from vmsandbox.sync import reviewable
+
+    def broken(contents: object, *, jailed: bool) -> object:
+        raise VmsandboxError("the credential scanner failed: no python here")
+
+    monkeypatch.setattr(credentials, "scan", broken)
+    plan = _plan(tmp_path, OLD, NEW)
+    found = [i.first for i in plan.todo]
+    reviewable.mark_credentials(found, tmp_path / "guest", tmp_path / "session" / "baseline")
+    assert found[0].secret == "not scanned (the scanner failed)"
+    assert plan.todo[0].secret

@@ -115,6 +115,9 @@ def scan(contents: Mapping[str, bytes], *, jailed: bool) -> dict[str, list[Findi
 
 def summary(findings: list[Finding]) -> str:
     """One short line for a file's findings: the kinds found and where."""
+    unscanned = [f.what for f in findings if f.what.startswith("not scanned")]
+    if unscanned:
+        return unscanned[0]
     first = sorted(findings, key=lambda f: f.line or 0)[:3]
     more = f" and {len(findings) - 3} more" if len(findings) > 3 else ""
     return "looks like a credential: " + ", ".join(map(str, first)) + more
