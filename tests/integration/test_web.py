@@ -32,6 +32,7 @@ pytestmark = pytest.mark.skipif(shutil.which("chromedriver") is None, reason="ch
 A_PY = "def f():\n    return 1\n\n\n\n\n\ndef g():\n    return 2\n"
 NOTES = "one\ntwo\nthree\n"
 RESOLVED = "one\nboth sides, resolved by hand\nthree\n"
+COMMIT_SUBJECT = "Fix <img src=x onerror=window.pwned=5> in f"
 HOSTILE = {  # name -> content, as the guest writes them
     '"><img src=x onerror="window.pwned=1">.txt': "<script>window.pwned=2</script>\n",
     "<svg onload=window.pwned=3>": "x\n",
@@ -47,6 +48,10 @@ def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
     p.mkdir()
     (p / "a.py").write_text(A_PY)
     (p / "notes.txt").write_text(NOTES)
+    git = ["git", "-C", str(p), "-c", "user.email=t@t", "-c", "user.name=t"]
+    subprocess.run([*git, "init", "-q", "-b", "main"], check=True)
+    subprocess.run([*git, "add", "-A"], check=True)
+    subprocess.run([*git, "commit", "-qm", "start"], check=True)
     return p
 
 
@@ -55,6 +60,12 @@ def session(module_vms: VmFactory, project: Path) -> Record:
     record = module_vms.make(project)
     script = "sed -i 's/return 1/return 10/; s/return 2/return 20/' a.py && sed -i 's/two/guest two/' notes.txt && "
     script += " && ".join(f"printf '%s' {_q(content)} > {_q(name)}" for name, content in HOSTILE.items())
+    script += (
+        " && git -c safe.directory='*' -c user.email=a@vm -c user.name=agent checkout -qb feature"
+        " && git -c safe.directory='*' -c user.email=a@vm -c user.name=agent commit -qm "
+        + _q(COMMIT_SUBJECT)
+        + " -- a.py"
+    )
     guest_sh(record, script)
     (project / "notes.txt").write_text(NOTES.replace("two", "host two"))  # the same line: a conflict
     return record
@@ -127,6 +138,12 @@ def test_a_hostile_guest_runs_no_script_and_the_chosen_hunks_land(
     assert d.find_elements(By.CSS_SELECTOR, "main img, main b, main script") == []
     scripts = d.execute_script("return [...document.scripts].map(s => s.src)")
     assert scripts == [f"{server.base}/static/ui.js"]
+    commits = d.find_element(By.ID, "commits").text
+    assert "feature" in commits
+    assert COMMIT_SUBJECT in commits  # the guest's words, as text
+    assert "a.py" in commits
+    listed = subprocess.run(["git", "-C", str(project), "for-each-ref"], capture_output=True, text=True, check=True)
+    assert "vmsandbox" not in listed.stdout  # shown from a staging namespace that is gone again
     shoot(d, "review.png")
 
     sections = {

@@ -202,7 +202,7 @@ def _touched(project: Path, who: Identity | None, oids: list[str]) -> tuple[Touc
     return tuple(held[p] for p in sorted(held))
 
 
-def _staged(project: Path, who: Identity | None, session: str) -> list[tuple[str, str]]:
+def staged_refs(project: Path, who: Identity | None, session: str) -> list[tuple[str, str]]:
     """(ref, object id) of every ref staged for the session."""
     listing = commits.run_git(
         project, who, "for-each-ref", "--format=%(objectname) %(refname)", commits.staged(session) + "/"
@@ -217,7 +217,7 @@ def promote(project: Path, who: Identity | None, session: str, *, take: Take) ->
     held: list[str] = []
     updates: list[str] = []
     prefix = commits.remote_prefix(session)
-    for ref, oid in _staged(project, who, session):
+    for ref, oid in staged_refs(project, who, session):
         found = review(project, who, ref)
         name = ref.split("/", 3)[3]
         if found is None:
@@ -233,7 +233,7 @@ def promote(project: Path, who: Identity | None, session: str, *, take: Take) ->
 
 def drop_staged(project: Path, who: Identity | None, session: str) -> None:
     """The staged refs go (their objects stay, unreachable, for git's own gc)."""
-    doomed = [f"delete {ref}\n" for ref, _oid in _staged(project, who, session)]
+    doomed = [f"delete {ref}\n" for ref, _oid in staged_refs(project, who, session)]
     if doomed:
         commits.run_git(project, who, "update-ref", "--stdin", input="".join(doomed))
 

@@ -48,12 +48,13 @@ def show_review(request: Request) -> Response:
         with lock.held(record.files, name, "reviewing the changes of"):
             plan = lifecycle.review(Record.load(name), limit=_limit())
             files = review.files(plan, number)
+            refs, refs_refused = review.commits(plan)
     except VmsandboxError as exc:
         return failed(exc)
     pages = max(1, -(-len(plan.todo) // review.PAGE_ITEMS))
     return page(
         "review.html", name=name, record=record, plan=plan, files=files, counts=review.counts(plan),
-        page=number, pages=pages, refused=plan.refused,
+        page=number, pages=pages, refused=plan.refused, refs=refs, refs_refused=refs_refused,
     )  # fmt: skip
 
 

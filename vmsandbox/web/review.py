@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from markupsafe import Markup, escape
 
-from vmsandbox.sync import apply, diff, hunks, merge
+from vmsandbox.sync import apply, commitfetch, diff, hunks, merge, refs
 from vmsandbox.sync.compare import Change, Status
 from vmsandbox.sync.diff import DIFF_LIMIT
 from vmsandbox.sync.plan import Decisions, Item, Plan
@@ -199,6 +199,14 @@ def _edited(path: str, merged: bytes, edited: str, contents: dict[str, bytes]) -
         return "conflict markers remain in the merged text; resolve them or leave the file"
     contents[path] = text
     return None
+
+
+def commits(plan: Plan) -> tuple[list[commitfetch.RefView], str | None]:
+    """The guest's branches and tags with their commits and the files they touch (staged, listed, dropped)."""
+    try:
+        return commitfetch.preview(plan.gathered)
+    except refs.Refused as exc:
+        return [], exc.message
 
 
 def counts(plan: Plan) -> dict[str, int]:
