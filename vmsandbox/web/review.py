@@ -61,14 +61,16 @@ def texts(plan: Plan, c: Change) -> tuple[bytes, bytes] | None:
     """The two texts a change's hunks are made of (before, after), or None where it is not text."""
     g = plan.gathered
     if c.merge is not None and c.merge.clean:
-        host = apply.read_nofollow(g.project, c.path, limit=DIFF_LIMIT)
-        return None if host is None else (host, c.merge.text)
-    if any(e is not None and e.kind != FILE for e in (c.base, c.guest)) or c.binary or c.kind == "mode changed":
+        old, new = apply.read_nofollow(g.project, c.path, limit=DIFF_LIMIT), c.merge.text
+    elif any(e is not None and e.kind != FILE for e in (c.base, c.guest)) or c.binary or c.kind == "mode changed":
         return None
-    old = apply.read_nofollow(g.target.files.baseline, c.path, limit=DIFF_LIMIT) if c.base else b""
-    new = apply.read_nofollow(g.source, c.path, limit=DIFF_LIMIT) if c.guest else b""
+    else:
+        old = apply.read_nofollow(g.target.files.baseline, c.path, limit=DIFF_LIMIT) if c.base else b""
+        new = apply.read_nofollow(g.source, c.path, limit=DIFF_LIMIT) if c.guest else b""
     if old is None or new is None or not (diff.is_text(old) and diff.is_text(new)):
         return None
+    if max(old.count(b"\n"), new.count(b"\n")) > hunks.HUNK_LINES:
+        return None  # taken or left whole
     return old, new
 
 
