@@ -60,6 +60,8 @@ def digest_of(item: Item) -> str:
 def texts(plan: Plan, c: Change) -> tuple[bytes, bytes] | None:
     """The two texts a change's hunks are made of (before, after), or None where it is not text."""
     g = plan.gathered
+    old: bytes | None
+    new: bytes | None
     if c.merge is not None and c.merge.clean:
         old, new = apply.read_nofollow(g.project, c.path, limit=DIFF_LIMIT), c.merge.text
     elif any(e is not None and e.kind != FILE for e in (c.base, c.guest)) or c.binary or c.kind == "mode changed":
