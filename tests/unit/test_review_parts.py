@@ -174,3 +174,16 @@ def test_a_scanner_that_fails_leaves_every_text_change_for_a_person(
     reviewable.mark_credentials(found, tmp_path / "guest", tmp_path / "session" / "baseline")
     assert found[0].secret == "not scanned (the scanner failed)"
     assert plan.todo[0].secret
+
+
+def test_a_credential_is_held_by_yes_whatever_else_it_takes(tmp_path: Path) -> None:
+    from vmsandbox.sync.plan import Decisions
+    from vmsandbox.sync.take import Take
+
+    plan = _plan(tmp_path, OLD, NEW)
+    c = plan.todo[0].first
+    c.secret, c.risky = "looks like a credential: GitHub Token (line 2)", "CI configuration"
+    assert [i.label for i in Decisions.safe(plan, Take()).held] == ["f.txt"]  # reported by its first reason
+    taken = Decisions.safe(plan, Take(risky=True, ignored=True, binary=True, mass=True))
+    assert taken.accept == ()
+    assert [i.label for i in taken.secret] == ["f.txt"]

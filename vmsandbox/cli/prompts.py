@@ -34,12 +34,12 @@ def summary_table(plan: Plan) -> Any:
             "apply": "[green]apply[/]", "merged": "[cyan]merged[/]", "conflict": "[red]conflict[/]",
             "unsafe": "[red]refused[/]",
         }[c.status]  # fmt: skip
-        if item.secret and c.status in (Status.APPLY, Status.MERGED):
-            status = "[red]credential?[/]"
-        elif item.quarantined and c.status in (Status.APPLY, Status.MERGED):
+        if item.quarantined and c.status in (Status.APPLY, Status.MERGED):
             status = "[yellow]quarantined[/]"
         elif item.held and c.status in (Status.APPLY, Status.MERGED):
             status = "[dim]ignored[/]"
+        elif item.secret and c.status in (Status.APPLY, Status.MERGED):
+            status = "[red]credential?[/]"
         if item.repository:
             table.add_row(status, "repository", ui.printable(item.label), ui.printable(c.risky or ""))
             continue

@@ -150,14 +150,14 @@ class Decisions:
         accept: list[Item] = []
         secret: list[Item] = []
         for i in plan.todo:  # one pass: the first reason that holds an item back is the one it is reported by
-            if i.secret:
-                secret.append(i)
-            elif i.quarantined and not take.risky:
+            if i.quarantined and not take.risky:
                 held.append(i)
             elif i.held and not take.ignored:
                 ignored.append(i)
             elif i.binary and not take.binary:
                 binary.append(i)
+            elif i.secret:  # whatever else is taken: no flag takes it
+                secret.append(i)
             else:
                 accept.append(i)
         return cls(
