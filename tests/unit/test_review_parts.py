@@ -65,7 +65,7 @@ def test_a_mass_change_is_grouped_by_directory_and_kind() -> None:
 
 @pytest.mark.parametrize(
     ("path", "named"),
-    [(".env", True), ("config/.env.production", True), (".env.example", False), ("keys/server.pem", True),
+    [(".env", True), ("config/.env.production", True), (".env.example", False), ("keys/server.pem", False),
      ("home/.aws/credentials", True), (".aws/credentials", True), ("id_ed25519", True), ("src/main.py", False),
      ("credentials.py", False), ("terraform.tfvars", True)],
 )  # fmt: skip

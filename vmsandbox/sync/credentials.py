@@ -32,8 +32,9 @@ SCAN_LIMIT = 512 * 1024  # larger files are not scanned (generated data, not a c
 BATCH_BYTES = 16 * 1024**2  # contents per scanner process (its /tmp holds them: jail.TMP_BYTES)
 SCAN_TIMEOUT = 300
 # Names that hold credentials by their nature (matched against the file's name, or its path for those with /).
+# Not `*.pem`/`*.key`: a certificate is public; a private key in one is found by its content (inbound.py).
 CREDENTIAL_NAMES = (
-    ".env", ".env.*", "*.pem", "*.key", "*.p12", "*.pfx", "*.jks", "*.keystore", "*.kdbx", "id_rsa", "id_dsa",
+    ".env", ".env.*", "*.p12", "*.pfx", "*.jks", "*.keystore", "*.kdbx", "id_rsa", "id_dsa",
     "id_ecdsa", "id_ed25519", ".netrc", ".npmrc", ".pypirc", ".git-credentials", "*.tfvars", "*.tfstate",
     "credentials.json", "service-account*.json", ".aws/credentials", ".docker/config.json", ".kube/config",
     "*.ovpn", "secrets.yaml", "secrets.yml",

@@ -25,7 +25,7 @@ CONTENT_LIMIT = 64 * 1024  # files scanned for credentials going in (config file
 MOST_SCANNED = 2000  # a project's files scanned at most (by name, every file is looked at)
 SCANNED_SUFFIXES = (
     ".env", ".yaml", ".yml", ".json", ".toml", ".ini", ".cfg", ".conf", ".properties", ".xml", ".sh", ".txt",
-    ".py", ".js", ".ts", ".rb", ".go", ".tf", ".config",
+    ".py", ".js", ".ts", ".rb", ".go", ".tf", ".config", ".pem", ".key", ".crt",
 )  # fmt: skip
 SKIPPED_DIRS = frozenset({".git", *DERIVED_DIRS})
 
