@@ -14,6 +14,7 @@ import typer
 
 from vmsandbox import ui
 from vmsandbox.cli.base import app
+from vmsandbox.errors import VmsandboxError
 
 
 def url_of(port: int, token: str, name: str | None = None) -> str:
@@ -52,10 +53,21 @@ def serve(name: str | None, *, port: int = 0, browser: bool = True, until_applie
 
     from vmsandbox.web import app as web
 
+    if name is not None:
+        from vmsandbox.session.record import Record
+
+        Record.load(name)  # a session that does not exist is said now, with its hint, not on the page
     token = secrets.token_urlsafe(32)
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind(("127.0.0.1", port))
+    try:
+        sock.bind(("127.0.0.1", port))
+    except OSError as exc:
+        sock.close()
+        raise VmsandboxError(
+            f"cannot listen on 127.0.0.1:{port}: {exc.strerror}",
+            hint="choose another port with --port, or leave it out for a free one",
+        ) from None
     bound = sock.getsockname()[1]
     url = url_of(bound, token, name)
     print(url, flush=True)  # stdout: the URL is the command's data
