@@ -42,7 +42,8 @@ def show_review(request: Request) -> Response:
     from vmsandbox.session.record import Record
 
     name = request.path_params["name"]
-    number = int(request.query_params.get("page", "0") or 0)
+    given = request.query_params.get("page", "0")
+    number = int(given) if given.isdigit() else 0
     try:
         record = Record.load(name)
         with lock.held(record.files, name, "reviewing the changes of"):
