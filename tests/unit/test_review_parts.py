@@ -187,3 +187,9 @@ def test_a_credential_is_held_by_yes_whatever_else_it_takes(tmp_path: Path) -> N
     taken = Decisions.safe(plan, Take(risky=True, ignored=True, binary=True, mass=True))
     assert taken.accept == ()
     assert [i.label for i in taken.secret] == ["f.txt"]
+
+
+def test_no_scanner_runs_where_no_line_could_hold_a_credential() -> None:
+    assert credentials.scan({"a.txt": b"guest\n", "b.py": b"def f(x):\n    return x + 1\n"}, jailed=True) == {}
+    assert credentials.CANDIDATE.search(b"token: abc")
+    assert credentials.CANDIDATE.search(b"x = 'ghp_Zx8kQ2mW9vR4tY7uP1sL3n'")

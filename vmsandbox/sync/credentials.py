@@ -28,6 +28,11 @@ from vmsandbox.errors import VmsandboxError
 from vmsandbox.jail import Jail
 
 PLACEHOLDER = re.compile(r"vmsandbox-placeholder-[0-9a-f]{32}")
+# A line that could hold a credential: a word of the keyword family or a run of 16 token characters (every
+# detect-secrets plugin's pattern needs one or the other). The scanner (scanworker.py) reads only such lines.
+CANDIDATE = re.compile(
+    rb"(?i)key|secret|token|passw|pwd|auth|credential|private|bearer|api|sig|session|cookie|://|[A-Za-z0-9+/=_-]{16}"
+)
 SCAN_LIMIT = 512 * 1024  # larger files are not scanned (generated data, not a config a token is pasted into)
 BATCH_BYTES = 16 * 1024**2  # contents per scanner process (its /tmp holds them: jail.TMP_BYTES)
 SCAN_TIMEOUT = 300
@@ -97,11 +102,14 @@ def _scan_batch(batch: list[tuple[str, bytes]], *, jailed: bool) -> list[Finding
 
 
 def scan(contents: Mapping[str, bytes], *, jailed: bool) -> dict[str, list[Finding]]:
-    """Findings per path over the given contents (`jailed` for the guest's), one scanner process per batch."""
+    """Findings per path over the given contents (`jailed` for the guest's), one scanner process per batch; no
+    process at all when no line could hold a credential (the scanner's own first test, CANDIDATE)."""
     found: dict[str, list[Finding]] = {}
     batch: list[tuple[str, bytes]] = []
     size = 0
     for path, content in contents.items():
+        if not CANDIDATE.search(content):
+            continue
         if batch and size + len(content) > BATCH_BYTES:
             for f in _scan_batch(batch, jailed=jailed):
                 found.setdefault(f.path, []).append(f)

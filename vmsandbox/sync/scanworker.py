@@ -18,7 +18,7 @@ import json
 import re
 import sys
 
-CANDIDATE = re.compile(
+CANDIDATE = re.compile(  # credentials.CANDIDATE, for text (this process imports nothing of vmsandbox)
     r"(?i)key|secret|token|passw|pwd|auth|credential|private|bearer|api|sig|session|cookie|://|[A-Za-z0-9+/=_-]{16}"
 )
 
