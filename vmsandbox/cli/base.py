@@ -120,7 +120,7 @@ def sync_limit() -> int:
     what the guest just changed)."""
     from vmsandbox.session import config
 
-    return config.load().sync_limit_mib * 1024**2
+    return config.sync_limit()
 
 
 def print_json(data: Any) -> None:

@@ -168,6 +168,12 @@ def parse_accel(value: str, *, source: str) -> Accel:
         raise VmsandboxError(f"{source}: unknown accelerator {value!r}", hint="use auto, kvm or tcg") from None
 
 
+def sync_limit() -> int:
+    """The sync budget in bytes, from the user's settings (never from a project file: the project may be
+    what the guest just changed)."""
+    return load().sync_limit_mib * 1024**2
+
+
 def load(project: Path | None = None, *, blueprint: Blueprint | None = None) -> Settings:
     """The settings for a project; a blueprint's allowlist and secret mappings come first, then the files.
 

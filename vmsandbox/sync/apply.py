@@ -223,6 +223,16 @@ def _as_reviewed(root: Path, change: Change) -> tree.Entry | None:
     return now
 
 
+def memory_file(data: bytes, *, inherited: bool = False) -> int:
+    """A file in memory holding `data`, read from its start (`inherited`: a child process may open it too)."""
+    fd = os.memfd_create("vmsandbox", 0 if inherited else os.MFD_CLOEXEC)
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+    os.lseek(fd, 0, os.SEEK_SET)
+    return fd
+
+
 def write_content(root: Path, change: Change, data: bytes, owner: Owner) -> None:
     """Put `data` (a merge, the hunks a person chose, their edit) at the change's path, whose host side must still
     be what the review saw; with the host file's permission bits (the guest's where the guest changed them)."""
@@ -234,12 +244,8 @@ def write_content(root: Path, change: Change, data: bytes, owner: Owner) -> None
     moved = base is None or base.mode & tree.CARRIED != (guest.mode if guest else 0) & tree.CARRIED
     if guest is not None and guest.kind == FILE and moved:  # the guest changed the bits: its bits (risk.py judged)
         mode = guest.mode
-    fd = os.memfd_create("vmsandbox-content", os.MFD_CLOEXEC)
+    fd = memory_file(data)
     try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view) :]
-        os.lseek(fd, 0, os.SEEK_SET)
         write_from(root, change.path, fd, None, mode, owner)
     finally:
         os.close(fd)

@@ -57,12 +57,7 @@ def _memory_files(*contents: bytes) -> Iterator[list[int]]:
     fds: list[int] = []
     try:
         for data in contents:
-            fd = os.memfd_create("vmsandbox-merge", 0)  # no MFD_CLOEXEC: git reads it through /proc/self/fd
-            fds.append(fd)
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
-            os.lseek(fd, 0, os.SEEK_SET)
+            fds.append(apply.memory_file(data, inherited=True))  # git reads it through /proc/self/fd
         yield fds
     finally:
         for fd in fds:

@@ -134,7 +134,7 @@ async def _in_thread(fn: Any, *args: Any) -> Any:
 def _limit() -> int:
     from vmsandbox.session import config
 
-    return config.load().sync_limit_mib * 1024**2
+    return config.sync_limit()
 
 
 def make(*, token: str, port: int, on_applied: Callable[[], None] | None = None) -> Guard:

@@ -47,7 +47,7 @@ def _plans(names: list[str]) -> dict[str, Plan]:
 
     if not 2 <= len(names) <= MOST:
         raise VmsandboxError(f"compare 2 to {MOST} sessions", hint="e.g. /compare?s=exp-1&s=exp-2")
-    limit = config.load().sync_limit_mib * 1024**2
+    limit = config.sync_limit()
     plans: dict[str, Plan] = {}
     for name in names:
         record = Record.load(name)
@@ -86,7 +86,7 @@ def apply(fields: dict[str, str]) -> Applied:
     for key, path in fields.items():
         if key.startswith("p") and fields.get("c" + key[1:]) in names:
             wanted.setdefault(fields["c" + key[1:]], set()).add(path)
-    limit = config.load().sync_limit_mib * 1024**2
+    limit = config.sync_limit()
     done = Applied({}, [], [])
     for name, chosen in wanted.items():
         record = Record.load(name)
