@@ -68,6 +68,7 @@ def serve(name: str | None, *, port: int = 0, browser: bool = True, until_applie
             f"cannot listen on 127.0.0.1:{port}: {exc.strerror}",
             hint="choose another port with --port, or leave it out for a free one",
         ) from None
+    sock.listen(128)  # before the URL is printed: a browser that is quick must queue, not be refused
     bound = sock.getsockname()[1]
     url = url_of(bound, token, name)
     print(url, flush=True)  # stdout: the URL is the command's data
