@@ -13,3 +13,8 @@ class VmsandboxError(Exception):
 
     def __str__(self) -> str:
         return self.message if self.hint is None else f"{self.message} (hint: {self.hint})"
+
+
+class UsageError(VmsandboxError):
+    """A value given on the command line is refused (`--cpus 0`, a bad `--name`): the command was not run as
+    written. The CLI exits 2 for it, as for a usage error of the parser, and 1 for any other failure."""

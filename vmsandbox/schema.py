@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import re
 from collections.abc import Mapping
 from pathlib import Path
@@ -84,7 +85,9 @@ def check(
     for key in data:
         if key not in fields:
             known = ", ".join(sorted(fields))
-            raise VmsandboxError(f"{source}: unknown key `{key}`", hint=f"known keys are: {known}")
+            near = difflib.get_close_matches(str(key), list(fields), n=1, cutoff=0.6)
+            said = f"did you mean `{near[0]}`? " if near else ""
+            raise VmsandboxError(f"{source}: unknown key `{key}`", hint=f"{said}known keys are: {known}")
     for key in required:
         if key not in data:
             raise VmsandboxError(f"{source}: missing key `{key}`")

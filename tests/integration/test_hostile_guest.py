@@ -248,7 +248,7 @@ def test_hard_links_stay_links_in_the_mirror_and_count_against_the_budget(cli: C
         assert len({p.stat().st_ino for p in mirror.iterdir()}) == 1  # one inode behind all 51 names
         (tmp_path / "config.yaml").write_text("sync_limit: 100M\n")
         r = cli.run("pull", name, "--yes", "--include-binary", "hl", env=cli.env(VMSANDBOX_CONFIG_DIR=str(tmp_path)))
-        assert r.returncode == 125, r.stderr.decode()
+        assert r.returncode == 1, r.stderr.decode()
         assert b"add up to 204 MiB, more than the 100 MiB" in r.stderr, r.stderr.decode()
     finally:
         guest(cli, name, "rm -rf hl")
@@ -387,17 +387,17 @@ def test_a_pull_takes_no_more_than_its_budget(cli: Cli, name: str, project: Path
     guest(cli, name, "mkdir -p budget && head -c 3000000 /dev/urandom > budget/huge.bin")
     try:
         r = cli.run("pull", name, "--yes", "--include-binary", "budget", env=env)
-        assert r.returncode == 125, r.stderr.decode()
+        assert r.returncode == 1, r.stderr.decode()
         assert b"larger than the 1 MiB a sync takes per file" in r.stderr
         assert not (project / "budget").exists()
         guest(cli, name, "rm budget/huge.bin; for i in 1 2 3; do head -c 600000 /dev/urandom > budget/f$i; done")
         r = cli.run("pull", name, "--yes", "--include-binary", "budget", env=env)
-        assert r.returncode == 125, r.stderr.decode()
+        assert r.returncode == 1, r.stderr.decode()
         assert b"more than the 1 MiB a sync takes at once; nothing was applied" in r.stderr
         assert not any((project / "budget").glob("f*"))
         guest(cli, name, "for i in $(seq 4 60); do head -c 600000 /dev/urandom > budget/f$i; done")
         r = cli.run("pull", name, "--yes", "--include-binary", "budget", env=env)
-        assert r.returncode == 125, r.stderr.decode()
+        assert r.returncode == 1, r.stderr.decode()
         assert b"the guest sent more than 1 MiB in one pull" in r.stderr, r.stderr.decode()
         assert b"stopped while receiving, and nothing was applied" in r.stderr
         received = sum(f.stat().st_size for f in (paths.session_paths(name).guest_tree / "budget").iterdir())
@@ -433,7 +433,7 @@ def test_guest_bytes_in_an_error_are_shown_escaped(cli: Cli, name: str) -> None:
     )
     try:
         r = cli.run("pull", name, "--yes")
-        assert r.returncode == 125
+        assert r.returncode == 1
         no_escape_sequences(r.stderr)
         assert b"[red]boom[/red]" in r.stderr and b"\\x1b]52" in r.stderr
     finally:
@@ -604,7 +604,7 @@ def test_an_untrusted_project_config_is_refused_before_anything_is_made(cli: Cli
     assert "not trusted" in err and "`allow`, `network`" in err and "vmsandbox trust" in err
     assert not paths.session_paths(n).root.exists()
     shown = cli.run("trust", str(proj))  # no terminal, no --yes: shown, not trusted
-    assert shown.returncode == 125 and b"evil.example" in shown.stderr and b"--yes" in shown.stderr
+    assert shown.returncode == 1 and b"evil.example" in shown.stderr and b"--yes" in shown.stderr
     assert cli.run("trust", "--yes", str(proj)).returncode == 0
     listed = cli.run("trust", "--list").stdout.decode()
     assert str(proj / ".vmsandbox.yaml") in listed and "trusted" in listed

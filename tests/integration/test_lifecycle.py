@@ -19,7 +19,17 @@ from vmsandbox.session.options import Options
 from vmsandbox.session.record import domain_name
 from vmsandbox.vm.virt import Hypervisor
 
-from .conftest import CLI_POLL, URI, Cli, assert_gone, played_user, processes, suite_settings, wait_for
+from .conftest import (
+    CLI_POLL,
+    URI,
+    Cli,
+    VmFactory,
+    assert_gone,
+    played_user,
+    processes,
+    suite_settings,
+    wait_for,
+)
 
 
 def domain_exists(name: str) -> bool:
@@ -70,7 +80,28 @@ def test_keep_then_destroy_leaves_nothing(cli: Cli, owned_name: str, project: Pa
     assert d.returncode == 0, d.stderr.decode()
     assert_gone(owned_name)
     unknown = cli.run("destroy", owned_name)
-    assert unknown.returncode == 125 and b"no session named" in unknown.stderr
+    assert unknown.returncode == 1 and b"no session named" in unknown.stderr
+
+
+def test_rm_takes_several_names_and_a_damaged_record_is_listed_then_removed(
+    cli: Cli, vm_factory: VmFactory, project: Path
+) -> None:
+    good, broken = (vm_factory.make(project).name for _ in range(2))
+    files = paths.session_paths(broken)
+    for damaged in (files.record, files.record.with_name(files.record.name + ".copy")):
+        damaged.write_text(json.dumps({"name": broken, "shape": "wrong"}))  # valid JSON, not a record
+    listed = cli.run("ls")
+    assert listed.returncode == 0 and b"Traceback" not in listed.stderr, listed.stderr.decode()
+    rows = {line.split()[0]: line.split()[1] for line in listed.stdout.decode().splitlines()[1:]}
+    assert rows[good] == "running" and rows[broken] == "damaged"
+    r = cli.run("rm", good, broken)  # each tried: the healthy one goes, the damaged one needs --discard
+    assert r.returncode == 1, r.stderr.decode()
+    assert f"destroy {broken} --discard".encode() in r.stderr and f"1 of 2 sessions: {broken}".encode() in r.stderr
+    assert_gone(good)
+    assert domain_exists(broken)  # its VM was left as it was
+    r = cli.run("rm", broken, "--discard")
+    assert r.returncode == 0, r.stderr.decode()
+    assert_gone(broken)
 
 
 def test_kill_9_then_ls_and_gc_recover(cli: Cli, owned_name: str, project: Path) -> None:

@@ -226,3 +226,55 @@ def test_the_egress_daemon_runs_as_an_account_of_its_own(shared: Record, cli: Cl
                 "http://not-allowed.invalid/dropped")  # fmt: skip
     assert r.stdout == b"403", r.stderr.decode()
     assert "not-allowed.invalid" in shared.files.proxy_log.read_text()
+
+
+def test_shell_runs_what_follows_the_name_as_limactl_shell_does(shared: Record, cli: Cli) -> None:
+    r = cli.run("shell", shared.name, "sh", "-c", "echo out; pwd; exit 3")
+    assert r.returncode == 3, r.stderr.decode()
+    assert r.stdout.decode().splitlines() == ["out", shared.project]
+    r = cli.run("ssh", shared.name, "uname", "-a")  # options after NAME belong to the command
+    assert r.returncode == 0 and r.stdout.startswith(b"Linux "), r.stderr.decode()
+    words = cli.run("ls", "-q", "--", "rm", "-rf", "/")  # a command that runs none takes no command
+    assert words.returncode == 2 and b"unexpected extra argument" in words.stderr
+
+
+def test_an_ssh_client_connects_with_only_the_printed_ssh_config(shared: Record, cli: Cli, tmp_path: Path) -> None:
+    r = cli.run("ssh-config", shared.name)
+    assert r.returncode == 0, r.stderr.decode()
+    config = tmp_path / "editor_ssh_config"
+    config.write_bytes(r.stdout)  # as an editor would have it in ~/.ssh/config: nothing else
+    host = f"vmsandbox-{shared.name}"
+    got = subprocess.run(
+        ["ssh", "-F", str(config), "-o", "BatchMode=yes", host, "cat /etc/hostname; id -un"],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert got.returncode == 0, got.stderr
+    assert got.stdout.split() == [host, shared.user]
+    assert "ControlPath" not in r.stdout.decode()  # vmsandbox's own connection socket is not the editor's
+
+
+def test_cp_copies_host_files_into_the_guest(shared: Record, cli: Cli, tmp_path: Path) -> None:
+    src = tmp_path / "fixtures"
+    (src / "sub").mkdir(parents=True)
+    (src / "sub" / "data.txt").write_text("payload\n")
+    single = tmp_path / "one file.txt"
+    single.write_text("single\n")
+    r = cli.run("cp", str(src), str(single), f"{shared.name}:/tmp/cp-test/")
+    assert r.returncode == 0, r.stderr.decode()
+    script = "cd /tmp/cp-test && cat fixtures/sub/data.txt 'one file.txt' && stat -c %U fixtures/sub/data.txt"
+    out = cli.run("exec", shared.name, "--", "sh", "-c", script)
+    assert out.stdout.decode().split("\n")[:3] == ["payload", "single", shared.user], out.stderr.decode()
+    cli.run("exec", shared.name, "--", "rm", "-rf", "/tmp/cp-test")
+    refused = cli.run("cp", str(single), shared.name)  # no NAME:PATH; and nothing ever copies out
+    assert refused.returncode == 2 and b"NAME:PATH" in refused.stderr
+
+
+def test_inspect_and_ls_with_a_filter_and_a_format(shared: Record, cli: Cli) -> None:
+    r = cli.run("inspect", shared.name, "--json")
+    assert r.returncode == 0, r.stderr.decode()
+    seen = json.loads(r.stdout)
+    assert seen["state"] == "running" and seen["ports"]["ssh"] == shared.ssh_port
+    assert Path(seen["files"]["ssh_config"]).exists()
+    listed = cli.run("ls", "--filter", f"name={shared.name},state=running", "--format", "{name} {ports[ssh]}")
+    assert listed.stdout.decode().splitlines() == [f"{shared.name} {shared.ssh_port}"]
+    assert cli.run("ls", "-q", "--filter", f"name={shared.name},state=stopped").stdout == b""

@@ -420,7 +420,7 @@ def test_destroy_refuses_then_force_exports_and_recover_restores(
     owned_name = record.name
     exec_ok(cli, owned_name, "echo late > late.txt")
     refused = cli.run("destroy", owned_name)
-    assert refused.returncode == 125
+    assert refused.returncode == 1
     assert b"unsynced change" in refused.stderr and b"destroy --force" in refused.stderr
     assert "late.txt" in cli.run("diff", owned_name, "--stat").stdout.decode()
     forced = cli.run("destroy", owned_name, "--force")

@@ -16,28 +16,28 @@ def run_cli(args: list[str]) -> int:
 
 
 def test_refuses_root_with_a_hint(capsys: pytest.CaptureFixture[str]) -> None:
-    assert run_cli(["run", "/", "--", "true"]) == base.EXIT_ERROR
+    assert run_cli(["run", "/", "--", "true"]) == base.EXIT_RUN_FAILED
     err = capsys.readouterr().err
     assert "too broad" in err and "hint:" in err
 
 
 def test_missing_path(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
-    assert run_cli(["run", str(tmp_path / "missing")]) == base.EXIT_ERROR
+    assert run_cli(["run", str(tmp_path / "missing")]) == base.EXIT_RUN_FAILED
     assert "does not exist" in capsys.readouterr().err
 
 
 def test_exec_needs_a_command(capsys: pytest.CaptureFixture[str]) -> None:
-    assert run_cli(["exec", "s1"]) == base.EXIT_ERROR
+    assert run_cli(["exec", "s1"]) == base.EXIT_USAGE
     assert "after `--`" in capsys.readouterr().err
 
 
 def test_bad_flag_value_names_it(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
-    assert run_cli(["run", str(tmp_path), "--memory", "lots", "--", "true"]) == base.EXIT_ERROR
+    assert run_cli(["run", str(tmp_path), "--memory", "lots", "--", "true"]) == base.EXIT_USAGE
     assert "--memory" in capsys.readouterr().err
 
 
 def test_unknown_session(capsys: pytest.CaptureFixture[str]) -> None:
-    assert run_cli(["logs", "ghost"]) == base.EXIT_ERROR
+    assert run_cli(["logs", "ghost"]) == base.EXIT_FAILED
     err = capsys.readouterr().err
     assert "no session named 'ghost'" in err and "vmsandbox ls" in err
 
@@ -56,7 +56,7 @@ def test_command_after_double_dash_is_not_the_path(
 
     (tmp_path / ".vmsandbox.yaml").write_text("network: open\n")
     monkeypatch.chdir(tmp_path)
-    assert run_cli(["run", "--", "ls", "/"]) == base.EXIT_ERROR
+    assert run_cli(["run", "--", "ls", "/"]) == base.EXIT_RUN_FAILED
     assert Invocation.command == ["ls", "/"]
     err = capsys.readouterr().err
     assert ".vmsandbox.yaml is not trusted" in err and "`vmsandbox trust .`" in err  # PATH was "."
@@ -66,11 +66,11 @@ def test_missing_secret_stops_run_before_anything_is_made(capsys: pytest.Capture
     (tmp_path / ".vmsandbox.yaml").write_text(
         "secrets:\n  - {secret: my-key, host: api.example.com, header: x-api-key, env: MY_KEY}\n"
     )
-    assert run_cli(["run", str(tmp_path), "--", "true"]) == base.EXIT_ERROR
+    assert run_cli(["run", str(tmp_path), "--", "true"]) == base.EXIT_RUN_FAILED
     assert "not trusted" in capsys.readouterr().err
     assert run_cli(["trust", "--yes", str(tmp_path)]) == 0
     assert "your secret my-key goes to api.example.com" in capsys.readouterr().err
-    assert run_cli(["run", str(tmp_path), "--", "true"]) == base.EXIT_ERROR
+    assert run_cli(["run", str(tmp_path), "--", "true"]) == base.EXIT_RUN_FAILED
     err = capsys.readouterr().err
     assert "secret my-key" in err and "vmsandbox secret set my-key" in err
 
@@ -92,20 +92,20 @@ def test_secret_set_ls_rm(
     assert '"api"' in out and "v4lue" not in out
     assert run_cli(["secret", "rm", "api"]) == 0
     assert not stored.exists()
-    assert run_cli(["secret", "rm", "api"]) == base.EXIT_ERROR
-    assert run_cli(["secret", "set", "../escape"]) == base.EXIT_ERROR
+    assert run_cli(["secret", "rm", "api"]) == base.EXIT_FAILED
+    assert run_cli(["secret", "set", "../escape"]) == base.EXIT_FAILED
 
 
 def test_bad_network_flags_name_them(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
-    assert run_cli(["run", str(tmp_path), "--network", "wide", "--", "true"]) == base.EXIT_ERROR
+    assert run_cli(["run", str(tmp_path), "--network", "wide", "--", "true"]) == base.EXIT_USAGE
     assert "--network" in capsys.readouterr().err
-    assert run_cli(["run", str(tmp_path), "--allow", "10.0.0.1", "--", "true"]) == base.EXIT_ERROR
+    assert run_cli(["run", str(tmp_path), "--allow", "10.0.0.1", "--", "true"]) == base.EXIT_USAGE
     assert "--allow" in capsys.readouterr().err
 
 
 def test_bad_publish_specs_are_refused(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     for spec, extra in (("web", []), ("70000", []), ("8080:0", []), ("3000", ["--publish-address", "nowhere"])):
-        assert run_cli(["run", str(tmp_path), "--publish", spec, *extra, "--", "true"]) == base.EXIT_ERROR
+        assert run_cli(["run", str(tmp_path), "--publish", spec, *extra, "--", "true"]) == base.EXIT_USAGE
         assert "--publish" in capsys.readouterr().err
 
 
@@ -122,7 +122,7 @@ def test_trust_shows_and_refuses_without_a_terminal_or_yes(capsys: pytest.Captur
     from vmsandbox import trust
 
     (tmp_path / ".vmsandbox.yaml").write_text("network: open\nallow: [evil.example]\n")
-    assert run_cli(["trust", str(tmp_path)]) == base.EXIT_ERROR
+    assert run_cli(["trust", str(tmp_path)]) == base.EXIT_FAILED
     err = capsys.readouterr().err
     assert "network" in err and "--yes" in err
     assert not trust.records()
@@ -222,7 +222,7 @@ def test_blueprints_are_listed_and_shown_merged(
     assert run_cli(["blueprint", "show", "mine"]) == 0
     shown = capsys.readouterr().out
     assert "- ripgrep" in shown and "- claude" in shown and "anthropic-api-key" in shown and str(mine) in shown
-    assert run_cli(["blueprint", "show", "nope"]) == base.EXIT_ERROR
+    assert run_cli(["blueprint", "show", "nope"]) == base.EXIT_FAILED
     assert "known blueprints" in capsys.readouterr().err
 
 
@@ -253,9 +253,9 @@ def test_config_validate_names_file_line_and_key(
     bp.write_text("description: x\napt: ['no such; rm -rf /']\n")
     assert run_cli(["config", "validate", str(good)]) == 0
     assert f"ok  {good}" in capsys.readouterr().out
-    assert run_cli(["config", "validate", str(bad)]) == base.EXIT_ERROR
+    assert run_cli(["config", "validate", str(bad)]) == base.EXIT_FAILED
     assert f"{bad}, line 3: `boot_timeout` must be between" in capsys.readouterr().err
-    assert run_cli(["config", "validate", str(bp)]) == base.EXIT_ERROR
+    assert run_cli(["config", "validate", str(bp)]) == base.EXIT_FAILED
     assert f"{bp}, line 2: `apt`" in capsys.readouterr().err
 
 
@@ -300,17 +300,17 @@ def test_every_command_has_an_example_in_its_help() -> None:
 
 
 def test_experiment_commands_refuse_what_they_cannot_do(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
-    assert run_cli(["run", str(tmp_path), "--check", "make test", "--", "true"]) == base.EXIT_ERROR
+    assert run_cli(["run", str(tmp_path), "--check", "make test", "--", "true"]) == base.EXIT_USAGE
     assert "--check goes with --fanout" in capsys.readouterr().err
-    assert run_cli(["compare", "only-one"]) == base.EXIT_ERROR
+    assert run_cli(["compare", "only-one"]) == base.EXIT_USAGE
     assert "two or more" in capsys.readouterr().err
-    assert run_cli(["diff", "a", "--against", "b", "--stat"]) == base.EXIT_ERROR
+    assert run_cli(["diff", "a", "--against", "b", "--stat"]) == base.EXIT_USAGE
     assert "--against" in capsys.readouterr().err
-    assert run_cli(["destroy", "--group", "nothing-here"]) == base.EXIT_ERROR
+    assert run_cli(["destroy", "--group", "nothing-here"]) == base.EXIT_FAILED
     assert "no fan-out named 'nothing-here'" in capsys.readouterr().err
-    assert run_cli(["checkpoint", "ghost", "Bad Label"]) == base.EXIT_ERROR
+    assert run_cli(["checkpoint", "ghost", "Bad Label"]) == base.EXIT_FAILED
     assert "invalid checkpoint label" in capsys.readouterr().err
-    assert run_cli(["checkpoint", "rm", "exp1"]) == base.EXIT_ERROR
+    assert run_cli(["checkpoint", "rm", "exp1"]) == base.EXIT_USAGE
     assert "takes a session and a label" in capsys.readouterr().err
     assert run_cli(["claude", "--help"]) == 0
     assert "--fanout" in capsys.readouterr().out  # the agent shorthands fan out too

@@ -306,10 +306,10 @@ def test_run_on_another_host_checks_the_host_before_anything_is_made(
     )
     project = tmp_path / "proj"
     project.mkdir()
-    assert run_cli(["run", str(project), "--host", "nowhere", "--", "true"]) == base.EXIT_ERROR
+    assert run_cli(["run", str(project), "--host", "nowhere", "--", "true"]) == base.EXIT_USAGE
     err = capsys.readouterr().err
     assert "no host named 'nowhere'" in err and "local, big, tls" in err
-    assert run_cli(["run", str(project), "--host", "tls", "--", "true"]) == base.EXIT_ERROR
+    assert run_cli(["run", str(project), "--host", "tls", "--", "true"]) == base.EXIT_RUN_FAILED
     assert "not an ssh URI" in capsys.readouterr().err
     assert not (tmp_path / "state" / "sessions").exists() or not any((tmp_path / "state" / "sessions").iterdir())
 

@@ -104,7 +104,7 @@ def test_layers_keep_one_version_and_are_refused_while_in_use(monkeypatch: pytes
     saved_record("s1", image_version="claude-abc")
     with pytest.raises(SystemExit) as exc:
         cli.main(["image", "rm", "claude-abc"])
-    assert exc.value.code == base.EXIT_ERROR and layer.exists()
+    assert exc.value.code == base.EXIT_FAILED and layer.exists()
     with pytest.raises(VmsandboxError, match="in use by: blueprint image claude-abc"):
         image.remove("v1", ["blueprint image claude-abc"])
     bpimage.remove_layer("claude-abc", [])

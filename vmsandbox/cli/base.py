@@ -4,19 +4,25 @@ after `--`, and small printing helpers."""
 from __future__ import annotations
 
 import difflib
+import inspect
 import json
+import re
 import sys
+from collections.abc import Callable
 from typing import Annotated, Any
 
 import typer
-from typer.core import TyperCommand, TyperGroup
+from typer.core import TyperArgument, TyperCommand, TyperGroup, TyperOption
 
 from vmsandbox import ui
-from vmsandbox.errors import VmsandboxError
+from vmsandbox.cli import complete
+from vmsandbox.errors import UsageError, VmsandboxError
 
-EXIT_ERROR = 125  # vmsandbox itself failed (as `docker run` does), so a command's own codes stay distinct
-EXIT_INTERRUPTED = 130
+EXIT_FAILED = 1  # vmsandbox failed
+EXIT_USAGE = 2  # the command line was wrong: the parser's usage errors and the values it refused (UsageError)
 EXIT_PENDING = 3  # pull/recover/push: changes remain unsynced
+EXIT_RUN_FAILED = 125  # run/exec/shell/agents: vmsandbox failed (as `docker run` does), so COMMAND's codes stay its own
+EXIT_INTERRUPTED = 130
 
 HELP = {"help_option_names": ["-h", "--help"]}  # inherited by every command and group below
 TYPO = 0.8  # how alike an unknown word must be to a command to be offered as "did you mean"
@@ -39,18 +45,62 @@ class Commands(TyperGroup):
                 exc.message = f"{message.rstrip('.')}. {hint}"  # type: ignore[attr-defined]
             raise
 
+    def list_commands(self, ctx: Any) -> list[str]:
+        """In the order of PANELS (a group's own commands, which PANELS does not name, as registered)."""
+        order = {name: i for i, name in enumerate(n for names in PANELS.values() for n in names)}
+        return sorted(super().list_commands(ctx), key=lambda name: order.get(name, len(order)))
+
+    def get_command(self, ctx: Any, cmd_name: str) -> Any:
+        command = super().get_command(ctx, cmd_name)
+        if isinstance(command, TyperCommand | TyperGroup):
+            command.help = readable(command.help or "")
+            if ctx.parent is None:
+                panel = next((p for p, names in PANELS.items() if cmd_name in names), None)
+                command.rich_help_panel = panel or command.rich_help_panel
+        return command
+
+
+def readable(text: str) -> str:
+    """A docstring as help: each paragraph one line (the terminal wraps it; a docstring's own line breaks would
+    cut sentences), and its examples one per line (`Examples: a · b`)."""
+    out: list[str] = []
+    for paragraph in inspect.cleandoc(text).split("\n\n"):
+        joined = " ".join(line.strip() for line in paragraph.splitlines())
+        for part in re.split(r" (?=Examples?: )", joined):
+            found = re.fullmatch(r"(Examples?):\s*(.+)", part)
+            if found is None:
+                out.append(part)
+            else:
+                out += [f"{found.group(1)}:", *(e.strip() for e in found.group(2).split(" · "))]
+    return "\n\n".join(p for p in out if p)
+
 
 ALIASES = "Aliases"  # the help panel of the short names other tools taught people (rm, ps, ssh, …)
+# The help's panels, in order, and their commands in the order a person meets them. One table decides the
+# order of `vmsandbox -h` (a test holds every command in it).
+PANELS: dict[str, tuple[str, ...]] = {
+    "Start": ("run", "claude", "codex", "gemini", "opencode"),
+    "Sessions": (
+        "ls", "inspect", "shell", "exec", "cp", "stop", "start", "destroy", "logs", "port", "allow", "deny",
+        "ssh-config", "clean", "gc",
+    ),
+    "Review": ("pull", "diff", "ui", "push", "recover"),
+    "Experiments": ("checkpoint", "checkpoints", "rollback", "fork", "fanout", "compare"),
+    "Images and hosts": ("image", "blueprint", "hosts", "host", "doctor"),
+    "Config": ("config", "secret", "trust", "completion"),
+    ALIASES: ("ssh", "ps", "list", "rm"),
+}  # fmt: skip
 
 app = typer.Typer(
     cls=Commands,
+    add_completion=False,  # `vmsandbox completion SHELL` prints the script (the shell's words come from main())
     suggest_commands=False,
     no_args_is_help=True,
     pretty_exceptions_show_locals=False,
     context_settings=HELP,
     help="Run AI coding agents in disposable VMs and review what they changed.\n\n"
-    "Examples: `vmsandbox claude .` · `vmsandbox run . -- make test` · `vmsandbox run --keep .` then "
-    "`vmsandbox shell NAME`, `vmsandbox pull NAME`, `vmsandbox destroy NAME`.",
+    "Examples:\n\n`vmsandbox claude .`\n\n`vmsandbox run . -- make test`\n\n"
+    "`vmsandbox run --keep --name exp .` then `vmsandbox shell exp`, `vmsandbox pull exp`, `vmsandbox destroy exp`",
 )
 
 
@@ -62,14 +112,31 @@ def _group(name: str, text: str) -> typer.Typer:
 
 
 blueprint_app = _group(
-    "blueprint", "List blueprints and show what one makes a session of (`vmsandbox blueprint show claude`)."
+    "blueprint", "List blueprints and show what one makes a session of.\n\nExample: `vmsandbox blueprint show claude`"
 )
 config_app = _group(
-    "config", "Show where each setting comes from, check config and blueprint files, print their JSON Schema."
+    "config",
+    "Show, check and describe config files.\n\nWhere each setting comes from, config and blueprint files "
+    "checked, their JSON Schema.",
 )
 image_app = _group("image", "Build, list and remove base images.")
 host_app = _group("host", "Host set-up where no service manager does it.")
 secret_app = _group("secret", "Secrets kept on the host and injected by the egress proxy.")
+
+
+def _flag_shown_as_flag(self: TyperOption, ctx: Any) -> str | None:
+    """typer shows `<bool>` beside a boolean flag, as if it took a value: a flag shows no type."""
+    return None if self.is_flag else _display_type_rich(self, ctx)
+
+
+def _argument_shown_by_name(self: TyperArgument, ctx: Any) -> str | None:
+    """and `<list[str]>` beside `NAME...`: an argument's metavar says it."""
+    return None
+
+
+_display_type_rich = TyperOption.display_type_rich
+TyperOption.display_type_rich = _flag_shown_as_flag  # type: ignore[method-assign]
+TyperArgument.display_type_rich = _argument_shown_by_name  # type: ignore[method-assign,assignment]
 
 
 class TakesCommand(TyperCommand):
@@ -86,7 +153,11 @@ class NeedsCommand(TakesCommand):
 
 
 # Parameters several commands share.
-SessionName = Annotated[str, typer.Argument(help="Session name.")]
+SessionName = Annotated[str, typer.Argument(help="Session name.", metavar="NAME", autocompletion=complete.sessions)]
+SessionNames = Annotated[
+    list[str] | None, typer.Argument(help="Session names.", metavar="NAME", autocompletion=complete.sessions)
+]
+AllSessions = Annotated[bool, typer.Option("--all", "-a", help="Every session (instead of names).")]
 ApplySafe = Annotated[bool, typer.Option("--yes", "-y", help="Apply the safe, non-conflicting changes.")]
 IncludeRisky = Annotated[bool, typer.Option("--include-risky", help="Apply quarantined changes too.")]
 IncludeIgnored = Annotated[
@@ -98,21 +169,67 @@ IncludeMass = Annotated[
 ]
 AsJson = Annotated[bool, typer.Option("--json", help="Print JSON.")]
 Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="Print names only, one per line.")]
+Label = Annotated[str, typer.Argument(help="A checkpoint's label.", metavar="LABEL", autocompletion=complete.labels)]
+
+
+# The commands that run a command in the guest: everything after their first `--` is that command, split off
+# before typer parses the rest (so `vmsandbox run -- ls /` never takes `ls` as PATH). Any other command gets
+# `--` as the parser's end of options, and words it does not take are a usage error.
+TAKE_A_COMMAND = frozenset({"run", "exec", "fanout", "claude", "codex", "gemini", "opencode"})
+# The commands that exit with the guest command's code: their own failures exit EXIT_RUN_FAILED.
+PASS_THE_CODE = TAKE_A_COMMAND | {"shell", "ssh"}
 
 
 class Invocation:
-    """Everything after the first `--` on the command line: the command to run in the guest.
+    """What main() found on the command line before typer parsed it."""
 
-    It is split off before typer parses the rest, so `vmsandbox run -- ls /` never takes `ls` as PATH.
-    """
+    command: list[str] | None = None  # after `--`, for a command of TAKE_A_COMMAND
+    failed: int = EXIT_FAILED  # the exit code of a failure of vmsandbox in this command
 
-    command: list[str] | None = None
+
+def command_word(args: list[str]) -> str | None:
+    """The command named on a command line (the global options before it take no values)."""
+    for arg in args:
+        if arg == "--":
+            return None
+        if not arg.startswith("-"):
+            return arg
+    return None
 
 
 def tail(*, required: bool) -> list[str] | None:
     if required and not Invocation.command:
-        raise VmsandboxError("no command given", hint="put the command after `--`, e.g. `-- make test`")
+        raise UsageError("no command given", hint="put the command after `--`, e.g. `-- make test`")
     return Invocation.command or None
+
+
+def each_session(
+    names: list[str] | None, every: bool, *, verb: str, which: Callable[[], list[str]], act: Callable[[str], None]
+) -> None:
+    """`act(name)` for every session named (or with --all every one `which()` gives), one after the other: a
+    failure is said and the others go on; the command fails at the end naming what failed."""
+    if every and names:
+        raise UsageError(f"`{verb}` takes session names or --all, not both", hint=f"e.g. `vmsandbox {verb} --all`")
+    if not every and not names:
+        raise UsageError(f"`{verb}` needs a session name", hint=f"`vmsandbox {verb} NAME...`, or `--all`")
+    targets = list(which()) if every else list(dict.fromkeys(names or ()))
+    if every and not targets:
+        ui.info(f"No session to {verb}.")
+        return
+    if len(targets) == 1 and not every:
+        act(targets[0])  # one name: its error is the command's, with its hint
+        return
+    failed = []
+    for name in targets:
+        try:
+            act(name)
+        except VmsandboxError as exc:
+            failed.append(name)
+            ui.err.print(f"[red]error:[/] {ui.printable(exc.message)}", soft_wrap=True)
+            if exc.hint:
+                ui.err.print(f"[dim]hint:[/] {ui.printable(exc.hint)}", soft_wrap=True)
+    if failed:
+        raise VmsandboxError(f"could not {verb} {len(failed)} of {len(targets)} sessions: {', '.join(failed)}")
 
 
 def sync_limit() -> int:

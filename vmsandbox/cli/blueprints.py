@@ -9,6 +9,7 @@ from typing import Annotated, Any
 import typer
 
 from vmsandbox import ui
+from vmsandbox.cli import complete
 from vmsandbox.cli.base import AsJson, Quiet, blueprint_app, columns, print_json
 from vmsandbox.errors import VmsandboxError
 
@@ -26,7 +27,9 @@ def _where(path: Path) -> str:
 
 @blueprint_app.command("ls")
 def blueprint_ls(as_json: AsJson = False, quiet: Quiet = False) -> None:
-    """List the blueprints a session here can use (`-q`: names only). A project's own blueprints are used
+    """List the blueprints a session can use.
+
+    List the blueprints a session here can use (`-q`: names only). A project's own blueprints are used
     only once trusted (`vmsandbox trust`).
 
     Example: `vmsandbox blueprint ls`"""
@@ -50,10 +53,19 @@ def blueprint_ls(as_json: AsJson = False, quiet: Quiet = False) -> None:
 
 @blueprint_app.command("show")
 def blueprint_show(
-    name: Annotated[str, typer.Argument(help="A blueprint name from `vmsandbox blueprint ls`.")],
+    name: Annotated[
+        str,
+        typer.Argument(
+            help="A blueprint name from `vmsandbox blueprint ls`.",
+            metavar="BLUEPRINT",
+            autocompletion=complete.blueprints,
+        ),
+    ],
     as_json: AsJson = False,
 ) -> None:
-    """Show a blueprint as a session gets it: packages, agent command, allowed hosts, secret mappings, files
+    """Show what a blueprint makes a session of.
+
+    Show a blueprint as a session gets it: packages, agent command, allowed hosts, secret mappings, files
     copied in — with what it extends merged in. Example: `vmsandbox blueprint show claude`"""
     import yaml
 

@@ -17,7 +17,9 @@ from vmsandbox.cli.base import AsJson, columns, config_app, print_json
 if TYPE_CHECKING:
     from vmsandbox.session.config import Layer
 
-ProjectArg = Annotated[Path, typer.Argument(help="The project directory (its .vmsandbox.yaml is read).")]
+ProjectArg = Annotated[
+    Path, typer.Argument(help="The project directory (its .vmsandbox.yaml is read).", metavar="PROJECT")
+]
 # The settings' fields as the keys that set them in a file, and how their values read.
 KEYS = {"memory_mib": "memory", "disk_mib": "disk", "sync_limit_mib": "sync_limit"}
 
@@ -79,7 +81,9 @@ def json_schema(*, blueprint: bool = False) -> dict[str, Any]:
 
 @config_app.command("show")
 def config_show(project: ProjectArg = Path(), as_json: AsJson = False) -> None:
-    """Each effective setting for a session of PROJECT and where it comes from: the defaults, your
+    """Show each setting for PROJECT and where it comes from.
+
+    Each effective setting for a session of PROJECT and where it comes from: the defaults, your
     ~/.config/vmsandbox/config.yaml, the project's .vmsandbox.yaml (as far as it is trusted), or an
     environment variable. Example: `vmsandbox config show ~/src/app`"""
     from vmsandbox.session import config
@@ -95,10 +99,15 @@ def config_show(project: ProjectArg = Path(), as_json: AsJson = False) -> None:
 def config_validate(
     files: Annotated[
         list[Path] | None,
-        typer.Argument(help="Config or blueprint files (default: your config and this directory's .vmsandbox.yaml)."),
+        typer.Argument(
+            help="Config or blueprint files (default: your config and this directory's .vmsandbox.yaml).",
+            metavar="FILE",
+        ),
     ] = None,
 ) -> None:
-    """Check config and blueprint files: syntax, keys, types and ranges, each error with file, line and key.
+    """Check config and blueprint files.
+
+    Check config and blueprint files: syntax, keys, types and ranges, each error with file, line and key.
     A file in a `blueprints` directory is checked as a blueprint.
     Example: `vmsandbox config validate .vmsandbox.yaml`"""
     from vmsandbox import paths
@@ -122,7 +131,9 @@ def config_validate(
 def config_schema(
     for_blueprint: Annotated[bool, typer.Option("--blueprint", help="The schema of a blueprint file instead.")] = False,
 ) -> None:
-    """Print the JSON Schema of config files (~/.config/vmsandbox/config.yaml, .vmsandbox.yaml) or, with
+    """Print the JSON Schema of config or blueprint files.
+
+    Print the JSON Schema of config files (~/.config/vmsandbox/config.yaml, .vmsandbox.yaml) or, with
     --blueprint, of blueprint files, for an editor's YAML support. Example: `vmsandbox config schema >
     vmsandbox.schema.json`"""
     print(json.dumps(json_schema(blueprint=for_blueprint), indent=2))

@@ -11,9 +11,22 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from vmsandbox import ui
+from vmsandbox.cli import complete
 from vmsandbox.cli import run as run_mod
-from vmsandbox.cli.base import AsJson, SessionName, TakesCommand, age, app, columns, print_json, sync_limit, tail
-from vmsandbox.errors import VmsandboxError
+from vmsandbox.cli.base import (
+    AsJson,
+    Label,
+    Quiet,
+    SessionName,
+    TakesCommand,
+    age,
+    app,
+    columns,
+    print_json,
+    sync_limit,
+    tail,
+)
+from vmsandbox.errors import UsageError, VmsandboxError
 
 if TYPE_CHECKING:
     from vmsandbox.session.checkpoints import Checkpoint
@@ -23,12 +36,23 @@ if TYPE_CHECKING:
 @app.command()
 def checkpoint(
     name: Annotated[
-        str, typer.Argument(help="Session name (or `rm`: remove a checkpoint, `checkpoint rm NAME LABEL`).")
+        str,
+        typer.Argument(
+            help="Session name (or `rm`: remove a checkpoint, `checkpoint rm NAME LABEL`).",
+            metavar="NAME",
+            autocompletion=complete.sessions,
+        ),
     ],
-    label: Annotated[str | None, typer.Argument(help="A label for it (default: cp-DATE-TIME).")] = None,
-    removed: Annotated[str | None, typer.Argument(help="With `rm`: the label to remove.", show_default=False)] = None,
+    label: Annotated[
+        str | None, typer.Argument(help="A label for it (default: cp-DATE-TIME).", metavar="LABEL")
+    ] = None,
+    removed: Annotated[
+        str | None, typer.Argument(help="With `rm`: the label to remove.", show_default=False, metavar="LABEL")
+    ] = None,
 ) -> None:
-    """Keep a running session's whole state — memory (its processes), disks, workspace — to return to with
+    """Take a checkpoint of a running session (memory, disks, workspace).
+
+    Keep a running session's whole state — memory (its processes), disks, workspace — to return to with
     `vmsandbox rollback NAME LABEL` or copy with `vmsandbox fork NAME NEW --from LABEL`. The guest pauses for a
     few seconds.
 
@@ -41,13 +65,9 @@ def checkpoint(
         ui.info(f"Removed checkpoint {gone.label} of session {label}")
         return
     if name == "rm":
-        raise VmsandboxError(
-            "`checkpoint rm` takes a session and a label", hint="e.g. `vmsandbox checkpoint rm exp1 c1`"
-        )
+        raise UsageError("`checkpoint rm` takes a session and a label", hint="e.g. `vmsandbox checkpoint rm exp1 c1`")
     if removed is not None:
-        raise VmsandboxError(
-            f"`checkpoint {name} {label}` takes no third argument", hint="did you mean `checkpoint rm`?"
-        )
+        raise UsageError(f"`checkpoint {name} {label}` takes no third argument", hint="did you mean `checkpoint rm`?")
     started = time.monotonic()
     cp = cp_mod.take(name, label)
     took = time.monotonic() - started
@@ -74,7 +94,7 @@ def _mib(size: int | None) -> str:
 
 
 @app.command()
-def checkpoints(name: SessionName, as_json: AsJson = False) -> None:
+def checkpoints(name: SessionName, as_json: AsJson = False, quiet: Quiet = False) -> None:
     """List a session's checkpoints, oldest first, with their age and size on disk.
 
     Example: `vmsandbox checkpoints exp1`"""
@@ -87,6 +107,10 @@ def checkpoints(name: SessionName, as_json: AsJson = False) -> None:
     if as_json:
         print_json([{**c.as_dict(), "bytes": sizes[c.label]} for c in found])
         return
+    if quiet:
+        for c in found:
+            print(c.label)
+        return
     if not found:
         ui.info(f"Session {name} has no checkpoints: `vmsandbox checkpoint {name} LABEL` takes one.")
         return
@@ -97,8 +121,10 @@ def checkpoints(name: SessionName, as_json: AsJson = False) -> None:
 
 
 @app.command()
-def rollback(name: SessionName, label: Annotated[str, typer.Argument(help="The checkpoint to return to.")]) -> None:
-    """Return a session to a checkpoint: its processes, files and disks as they were then. Changes not yet
+def rollback(name: SessionName, label: Label) -> None:
+    """Return a session to one of its checkpoints.
+
+    Return a session to a checkpoint: its processes, files and disks as they were then. Changes not yet
     pulled are exported first (a patch and the files), never lost.
 
     Example: `vmsandbox rollback exp1 before-refactor`"""
@@ -115,12 +141,17 @@ def rollback(name: SessionName, label: Annotated[str, typer.Argument(help="The c
 @app.command()
 def fork(
     name: SessionName,
-    new: Annotated[str, typer.Argument(help="The new session's name.")],
+    new: Annotated[str, typer.Argument(help="The new session's name.", metavar="NEW")],
     label: Annotated[
-        str | None, typer.Option("--from", help="Fork from this checkpoint of NAME instead of its state now.")
+        str | None,
+        typer.Option(
+            "--from", help="Fork from this checkpoint of NAME instead of its state now.", autocompletion=complete.labels
+        ),
     ] = None,
 ) -> None:
-    """Make an independent session NEW from NAME's state now (or a checkpoint's): its files, disks and running
+    """Copy a session (or one of its checkpoints) into a new session.
+
+    Make an independent session NEW from NAME's state now (or a checkpoint's): its files, disks and running
     processes, with its own identity, keys, egress and placeholders, and the same baseline for its review.
 
     Example: `vmsandbox fork exp1 exp1-b`, then `vmsandbox shell exp1-b`"""
@@ -144,12 +175,13 @@ def _fanout_command() -> Callable[..., None]:
     count = inspect.Parameter(
         "n",
         inspect.Parameter.POSITIONAL_OR_KEYWORD,
-        annotation=Annotated[int, typer.Argument(help="How many sessions.", show_default=False)],
+        annotation=Annotated[int, typer.Argument(help="How many sessions.", show_default=False, metavar="N")],
     )
     doc = (
+        "Run COMMAND in N sessions at once, then compare what each did.\n\n"
         "Start N sessions from one capture of PATH, each running COMMAND (after `--`) with VMSANDBOX_INDEX=1..N, "
         "then show what each did: exit code, time, files and lines changed, and whether `--check` passes.\n\n"
-        "Example: `vmsandbox fanout 3 . --check 'make test' -- sh -c 'echo $VMSANDBOX_INDEX > n.txt'`"
+        "Example:\n\n`vmsandbox fanout 3 . --check 'make test' -- sh -c 'echo $VMSANDBOX_INDEX > n.txt'`"
     )
     return run_mod.like_run(command, "fanout", doc, leave_out="fanout", first=(count,))
 
@@ -159,16 +191,25 @@ app.command("fanout", cls=TakesCommand)(_fanout_command())
 
 @app.command()
 def compare(
-    names: Annotated[list[str], typer.Argument(help="Two or more sessions (a fan-out's, or a session and its forks).")],
+    names: Annotated[
+        list[str],
+        typer.Argument(
+            help="Two or more sessions (a fan-out's, or a session and its forks).",
+            metavar="NAME",
+            autocompletion=complete.sessions,
+        ),
+    ],
     as_json: AsJson = False,
 ) -> None:
-    """Show side by side which paths each session changed against its baseline, and where they agree.
+    """Compare the changes of several sessions side by side.
+
+    Show side by side which paths each session changed against its baseline, and where they agree.
 
     Example: `vmsandbox compare exp-1 exp-2 exp-3`, then `vmsandbox diff exp-1 --against exp-2`"""
     from vmsandbox.session import across
 
     if len(names) < 2:
-        raise VmsandboxError("compare needs two or more sessions", hint="e.g. `vmsandbox compare exp-1 exp-2`")
+        raise UsageError("compare needs two or more sessions", hint="e.g. `vmsandbox compare exp-1 exp-2`")
     trees = [across.fetch(n, limit=sync_limit()) for n in names]
     rows = across.compare(trees)
     if as_json:

@@ -20,7 +20,9 @@ def host_setup(
         typer.Option("--user", help="who joins the libvirt group and then needs no sudo (default: who ran sudo)"),
     ] = None,
 ) -> None:
-    """Create the guest-data account and the libvirt group, give /dev/kvm udev's group and mode, start
+    """Set this machine up where no service manager does it.
+
+    Create the guest-data account and the libvirt group, give /dev/kvm udev's group and mode, start
     virtlogd and libvirtd with the group's socket, share the image store with the group (root).
 
     Example: `sudo vmsandbox host setup` (you join the libvirt group: log in again, then no more sudo)"""
@@ -68,13 +70,16 @@ def doctor(as_json: AsJson = False) -> None:
 @app.command("trust")
 def trust_command(
     path: Annotated[
-        Path, typer.Argument(help="A project directory (or its .vmsandbox.yaml / a blueprint file in it).")
+        Path,
+        typer.Argument(help="A project directory (or its .vmsandbox.yaml / a blueprint file in it).", metavar="PATH"),
     ] = Path(),
     yes: Annotated[bool, typer.Option("--yes", "-y", help="Trust without asking (after showing).")] = False,
     revoke: Annotated[bool, typer.Option("--revoke", help="Stop trusting these files.")] = False,
     list_all: Annotated[bool, typer.Option("--list", help="List every trusted file and whether it changed.")] = False,
 ) -> None:
-    """Trust a project's .vmsandbox.yaml and .vmsandbox/blueprints/*.yaml, after showing what they change.
+    """Trust a project's vmsandbox config, after showing what it changes.
+
+    Trust a project's .vmsandbox.yaml and .vmsandbox/blueprints/*.yaml, after showing what they change.
 
     A project file that widens what a session may do (network, allowlist, secrets, blueprints) is used only
     once you trusted its exact content; a changed file must be trusted again. Trust is kept outside every

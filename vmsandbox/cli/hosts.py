@@ -7,7 +7,8 @@ from typing import Annotated
 import typer
 
 from vmsandbox import ui
-from vmsandbox.cli.base import AsJson, app, columns, host_app, print_json
+from vmsandbox.cli import complete
+from vmsandbox.cli.base import AsJson, Quiet, app, columns, host_app, print_json
 
 
 def _mib(value: int | None) -> str:
@@ -17,17 +18,24 @@ def _mib(value: int | None) -> str:
 @app.command("hosts")
 def hosts_command(
     as_json: AsJson = False,
+    quiet: Quiet = False,
     timeout: Annotated[
         float, typer.Option("--timeout", min=1, help="Seconds to wait for a host before listing it unreachable.")
     ] = 20.0,
 ) -> None:
-    """List the libvirt hosts: this machine (`local`) and those under `hosts:` in your config. Each is asked at
+    """List the libvirt hosts sessions can run on.
+
+    List the libvirt hosts: this machine (`local`) and those under `hosts:` in your config. Each is asked at
     once; one that does not answer is listed with the reason (the command still succeeds).
 
     Example: `vmsandbox hosts --json`"""
     from vmsandbox.session import config, hosts, hostspec
 
     settings = config.load()
+    if quiet:  # names only: nothing is asked of the hosts
+        for spec in hostspec.every(settings.libvirt_uri, settings.hosts):
+            print(spec.name)
+        return
     found = hosts.probe_all(hostspec.every(settings.libvirt_uri, settings.hosts), timeout)
     if as_json:
         print_json([s.as_dict() for s in found])
@@ -62,7 +70,14 @@ def hosts_command(
 
 @host_app.command("prepare")
 def host_prepare(
-    name: Annotated[str, typer.Argument(help="A host under `hosts:` in your config (`vmsandbox hosts`).")],
+    name: Annotated[
+        str,
+        typer.Argument(
+            help="A host under `hosts:` in your config (`vmsandbox hosts`).",
+            metavar="HOST",
+            autocompletion=complete.hosts,
+        ),
+    ],
     image: Annotated[
         str | None, typer.Option("--image", help="A base image's version (default: the current one).")
     ] = None,
@@ -70,7 +85,9 @@ def host_prepare(
         str | None, typer.Option("--blueprint", "-b", help="Send this blueprint's layer (and its base) instead.")
     ] = None,
 ) -> None:
-    """Send an image to another host's storage pool now (a session placed there would send it first):
+    """Send an image to another host now.
+
+    Send an image to another host's storage pool now (a session placed there would send it first):
     through libvirt streams, holes skipped, read back and checked by SHA-256, once per image and host.
 
     Example: `vmsandbox host prepare big --blueprint claude`"""

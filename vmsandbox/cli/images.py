@@ -29,7 +29,9 @@ def image_build(
         bool, typer.Option("--no-template", help="Skip the warm-start template (the first session builds it).")
     ] = False,
 ) -> None:
-    """Build the base image locally from Debian packages, or a blueprint's thin layer on it (needs root), and its
+    """Build the base image, or a blueprint's layer on it.
+
+    Build the base image locally from Debian packages, or a blueprint's thin layer on it (needs root), and its
     warm-start template (a booted VM's saved memory that sessions start from in seconds).
 
     Example: `sudo vmsandbox image build -b claude`
@@ -74,7 +76,9 @@ def _build_blueprint(name: str, *, force: bool) -> Image:
 
 @image_app.command("ls")
 def image_ls(as_json: AsJson = False, quiet: Quiet = False) -> None:
-    """List built base images and blueprint layers (`-q`: versions only, as `image rm` takes them).
+    """List built base images and blueprint layers.
+
+    List built base images and blueprint layers (`-q`: versions only, as `image rm` takes them).
 
     Example: `vmsandbox image ls -q`"""
     from vmsandbox.image import layers, store
@@ -102,8 +106,12 @@ def image_ls(as_json: AsJson = False, quiet: Quiet = False) -> None:
 
 
 @image_app.command("rm")
-def image_rm(version: Annotated[str, typer.Argument(help="The version shown by `image ls`.")]) -> None:
-    """Remove a base image or a blueprint layer (refused while a session or a layer uses it).
+def image_rm(
+    version: Annotated[str, typer.Argument(help="The version shown by `image ls`.", metavar="VERSION")],
+) -> None:
+    """Remove a base image or a blueprint layer.
+
+    Remove a base image or a blueprint layer (refused while a session or a layer uses it).
 
     Example: `vmsandbox image rm bookworm-12408c8c268d`"""
     from vmsandbox.session import images

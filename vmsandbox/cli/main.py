@@ -16,20 +16,34 @@ import typer
 
 from vmsandbox import __version__, paths, ui
 from vmsandbox.cli import (  # noqa: F401
+    attach,
     blueprints,
+    completion,
     configs,
+    ending,
     experiments,
     host,
     hosts,
     images,
+    listing,
     review,
     run,
     secrets,
     sessions,
     webui,
 )
-from vmsandbox.cli.base import EXIT_ERROR, EXIT_INTERRUPTED, Invocation, app
-from vmsandbox.errors import VmsandboxError
+from vmsandbox.cli.base import (
+    EXIT_FAILED,
+    EXIT_INTERRUPTED,
+    EXIT_RUN_FAILED,
+    EXIT_USAGE,
+    PASS_THE_CODE,
+    TAKE_A_COMMAND,
+    Invocation,
+    app,
+    command_word,
+)
+from vmsandbox.errors import UsageError, VmsandboxError
 
 
 @app.callback(invoke_without_command=True)
@@ -68,7 +82,9 @@ def _setup_logging(verbose: bool) -> None:
 
 def missing_separator(message: str, args: list[str]) -> str | None:
     """`vmsandbox run proj make test`: the parser's "unexpected extra arguments (make test)" means a command
-    given without `--`. The hint shows the command line as it should be."""
+    given without `--`, for a command that takes one. The hint shows the command line as it should be."""
+    if command_word(args) not in TAKE_A_COMMAND:
+        return None
     found = re.fullmatch(r"Got unexpected extra argument(?:s|\(s\))? \((.*)\)", message.strip())
     if found is None:
         return None
@@ -85,7 +101,9 @@ def _terminate(signum: int, _frame: object) -> NoReturn:
 def main(argv: list[str] | None = None) -> NoReturn:
     args = list(sys.argv[1:] if argv is None else argv)
     Invocation.command = None
-    if "--" in args:
+    word = command_word(args)
+    Invocation.failed = EXIT_RUN_FAILED if word in PASS_THE_CODE else EXIT_FAILED
+    if word in TAKE_A_COMMAND and "--" in args:
         cut = args.index("--")
         args, Invocation.command = args[:cut], args[cut + 1 :]
     os.umask(0o077)  # whatever vmsandbox writes is private unless it says otherwise (images do)
@@ -97,7 +115,7 @@ def main(argv: list[str] | None = None) -> NoReturn:
         ui.err.print(f"[red]error:[/] {ui.printable(exc.message)}", soft_wrap=True)
         if exc.hint:
             ui.err.print(f"[dim]hint:[/] {ui.printable(exc.hint)}", soft_wrap=True)
-        sys.exit(EXIT_ERROR)
+        sys.exit(EXIT_USAGE if isinstance(exc, UsageError) else Invocation.failed)
     except PermissionError as exc:  # a file of another account: say which, never a traceback
         ui.err.print(f"[red]error:[/] permission denied: {ui.printable(str(exc.filename))}", soft_wrap=True)
         ui.err.print(
@@ -105,7 +123,7 @@ def main(argv: list[str] | None = None) -> NoReturn:
             "with or without sudo as the session was made",
             soft_wrap=True,
         )
-        sys.exit(EXIT_ERROR)
+        sys.exit(Invocation.failed)
     except KeyboardInterrupt:
         ui.err.print("[red]interrupted[/]")
         sys.exit(EXIT_INTERRUPTED)
@@ -120,6 +138,6 @@ def main(argv: list[str] | None = None) -> NoReturn:
             show()
             if (hint := missing_separator(str(getattr(exc, "message", "")), args)) is not None:
                 ui.err.print(f"[dim]hint:[/] {ui.printable(hint)}", soft_wrap=True)
-            sys.exit(int(getattr(exc, "exit_code", 2)))
+            sys.exit(int(getattr(exc, "exit_code", EXIT_USAGE)))
         raise
     sys.exit(code if isinstance(code, int) else 0)

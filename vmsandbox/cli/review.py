@@ -21,7 +21,7 @@ from vmsandbox.cli.base import (
     sync_limit,
 )
 from vmsandbox.cli.prompts import conduct, show
-from vmsandbox.errors import VmsandboxError
+from vmsandbox.errors import UsageError
 
 if TYPE_CHECKING:
     from vmsandbox.sync.take import Take
@@ -46,7 +46,7 @@ def review_session(name: str, *, yes: bool, take: Take, dry_run: bool = False, o
         return outcome.left
 
 
-Paths = Annotated[list[str] | None, typer.Argument(help="Only these paths (files or directories).")]
+Paths = Annotated[list[str] | None, typer.Argument(help="Only these paths (files or directories).", metavar="PATH")]
 
 
 @app.command()
@@ -60,7 +60,9 @@ def pull(
     include_binary: IncludeBinary = False,
     include_mass: IncludeMass = False,
 ) -> None:
-    """Review the guest's changes and sync the accepted ones into the project (three-way).
+    """Review the guest's changes and apply the ones you accept to the project.
+
+    Review the guest's changes and sync the accepted ones into the project (three-way).
 
     Exit code 0 when everything is synced, 3 when changes remain (quarantined, ignored, binary, skipped, or
     unapplied).
@@ -84,7 +86,9 @@ def recover(
     include_binary: IncludeBinary = False,
     include_mass: IncludeMass = False,
 ) -> None:
-    """Review and apply a session's unsynced changes after its VM is gone (from its outbox or its disk).
+    """Review the changes of a session whose VM is gone.
+
+    Review and apply a session's unsynced changes after its VM is gone (from its outbox or its disk).
 
     Example: `vmsandbox recover exp1 --yes`"""
     from vmsandbox.sync.take import Take
@@ -96,7 +100,9 @@ def recover(
 
 @app.command()
 def push(name: SessionName) -> None:
-    """Send host edits made during the session into the guest, never over a change the guest made.
+    """Send host edits made during a session into its guest.
+
+    Send host edits made during the session into the guest, never over a change the guest made.
 
     Example: `vmsandbox push exp1`"""
     from vmsandbox.session import lock, state
@@ -129,7 +135,9 @@ def diff(
         bool, typer.Option("--raw", help="The guest's bytes as they are, control characters too (for `git apply`).")
     ] = False,
 ) -> None:
-    """What the guest changed against the session's baseline: text diffs, binaries summarised. Control
+    """Show what the guest changed, as a diff.
+
+    What the guest changed against the session's baseline: text diffs, binaries summarised. Control
     characters are shown as \\xNN unless --raw: a pipe often ends in a terminal (`| cat`, `| less -R`).
 
     Examples: `vmsandbox diff exp1 --stat` · `vmsandbox diff exp-1 --against exp-2`"""
@@ -144,7 +152,7 @@ def diff(
         from vmsandbox.session import across
 
         if only or stat:
-            raise VmsandboxError("--against shows whole trees: it takes no PATHS and no --stat")
+            raise UsageError("--against shows whole trees: it takes no PATHS and no --stat")
         theirs, ours = across.fetch(against, limit=sync_limit()), across.fetch(name, limit=sync_limit())
         sys.stdout.write(shown(across.diff_between(ours, theirs)))
         return

@@ -13,19 +13,16 @@ from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 import typer
 
 from vmsandbox import ui
-from vmsandbox.cli import fanout, goingin, prompts
+from vmsandbox.cli import complete, fanout, goingin, prompts
 from vmsandbox.cli.base import (
-    ALIASES,
-    EXIT_ERROR,
+    EXIT_RUN_FAILED,
     Invocation,
-    NeedsCommand,
-    SessionName,
     TakesCommand,
     app,
     sync_limit,
     tail,
 )
-from vmsandbox.errors import VmsandboxError
+from vmsandbox.errors import UsageError
 
 if TYPE_CHECKING:
     from vmsandbox.session.options import RunFlags
@@ -35,12 +32,16 @@ if TYPE_CHECKING:
 AGENTS = ("claude", "codex", "gemini", "opencode")
 
 
-PathOpt = Annotated[Path, typer.Argument(help="The project directory.")]
-NameOpt = Annotated[str | None, typer.Option("--name", help="Session name (default: from the directory).")]
-CpusOpt = Annotated[int | None, typer.Option("--cpus", help="vCPUs.")]
-MemoryOpt = Annotated[str | None, typer.Option("--memory", help="Guest memory, e.g. 2G.")]
-DiskOpt = Annotated[str | None, typer.Option("--disk", help="Guest disk size, e.g. 20G.")]
-AccelOpt = Annotated[str | None, typer.Option("--accel", help="auto, kvm or tcg.")]
+PathOpt = Annotated[Path, typer.Argument(help="The project directory.", metavar="PATH")]
+NameOpt = Annotated[
+    str | None, typer.Option("--name", metavar="NAME", help="Session name (default: from the directory).")
+]
+CpusOpt = Annotated[int | None, typer.Option("--cpus", metavar="N", help="vCPUs.")]
+MemoryOpt = Annotated[str | None, typer.Option("--memory", metavar="SIZE", help="Guest memory, e.g. 2G.")]
+DiskOpt = Annotated[str | None, typer.Option("--disk", metavar="SIZE", help="Guest disk size, e.g. 20G.")]
+AccelOpt = Annotated[
+    str | None, typer.Option("--accel", metavar="auto|kvm|tcg", help="auto, kvm or tcg.", autocompletion=complete.accel)
+]
 KeepOpt = Annotated[bool, typer.Option("--keep", help="Keep the VM after the command or shell ends.")]
 TtyOpt = Annotated[
     bool | None, typer.Option("--tty/--no-tty", "-t", help="Give CMD a terminal (default: only for the shell).")
@@ -53,28 +54,49 @@ IncludeIgnoredOpt = Annotated[
 IncludeBinaryOpt = Annotated[bool, typer.Option("--include-binary", help="With --yes, apply binary files too.")]
 IncludeMassOpt = Annotated[bool, typer.Option("--include-mass", help="With --yes, apply a mass change too.")]
 ReviewOpt = Annotated[
-    str, typer.Option("--review", help="Where to review at the end: terminal, or web (opens `vmsandbox ui`).")
+    str,
+    typer.Option(
+        "--review",
+        metavar="terminal|web",
+        help="Where to review at the end: terminal, or web (opens `vmsandbox ui`).",
+        autocompletion=complete.review,
+    ),
 ]
 SendSecretsOpt = Annotated[
     bool, typer.Option("--send-secrets", help="Copy files that look like credentials into the VM too.")
 ]
 NetworkOpt = Annotated[
     str | None,
-    typer.Option("--network", help="allowlist (default): listed hosts only; open: any public host; none."),
+    typer.Option(
+        "--network",
+        metavar="MODE",
+        help="allowlist (default): listed hosts only; open: any public host; none.",
+        autocompletion=complete.networks,
+    ),
 ]
 AllowOpt = Annotated[
     list[str] | None,
-    typer.Option("--allow", help="Also allow HOST, *.DOMAIN or HOST:PORT (repeatable)."),
+    typer.Option("--allow", metavar="HOST", help="Also allow HOST, *.DOMAIN or HOST:PORT (repeatable)."),
 ]
 BlueprintOpt = Annotated[
-    str, typer.Option("--blueprint", "-b", help="base, claude, codex, gemini, opencode, or your own.")
+    str,
+    typer.Option(
+        "--blueprint",
+        "-b",
+        metavar="NAME",
+        help="base, claude, codex, gemini, opencode, or your own.",
+        autocompletion=complete.blueprints,
+    ),
 ]
 PublishOpt = Annotated[
     list[str] | None,
-    typer.Option("--publish", "-p", help="[HOST_PORT:]GUEST_PORT: reach a guest port on 127.0.0.1 and ::1."),
+    typer.Option(
+        "--publish", "-p", metavar="PORT", help="[HOST_PORT:]GUEST_PORT: reach a guest port on 127.0.0.1 and ::1."
+    ),
 ]
 PublishAddressOpt = Annotated[
-    str | None, typer.Option("--publish-address", help="Publish on this address instead of loopback.")
+    str | None,
+    typer.Option("--publish-address", metavar="ADDRESS", help="Publish on this address instead of loopback."),
 ]
 SshAgentOpt = Annotated[
     bool, typer.Option("--ssh-agent", help="Forward your ssh-agent into the guest (it can use your keys).")
@@ -85,14 +107,24 @@ ColdOpt = Annotated[
 ]
 FanoutOpt = Annotated[
     int | None,
-    typer.Option("--fanout", help="Start N sessions from one capture, each running COMMAND; compare them after."),
+    typer.Option(
+        "--fanout", metavar="N", help="Start N sessions from one capture, each running COMMAND; compare them after."
+    ),
 ]
 CheckOpt = Annotated[
-    str | None, typer.Option("--check", help="With --fanout: a shell command that tells whether a session passes.")
+    str | None,
+    typer.Option(
+        "--check", metavar="COMMAND", help="With --fanout: a shell command that tells whether a session passes."
+    ),
 ]
 HostOpt = Annotated[
     str | None,
-    typer.Option("--host", help="Run the VM on this libvirt host (`vmsandbox hosts`; default: this machine)."),
+    typer.Option(
+        "--host",
+        metavar="HOST",
+        help="Run the VM on this libvirt host (`vmsandbox hosts`; default: this machine).",
+        autocompletion=complete.hosts,
+    ),
 ]
 GitIdentityOpt = Annotated[
     bool, typer.Option("--git-identity", help="Copy your git user.name and user.email into the guest.")
@@ -128,7 +160,9 @@ def run(
     check: CheckOpt = None,
     host: HostOpt = None,
 ) -> None:
-    """Boot a disposable VM for PATH and run COMMAND (after `--`) or a shell in it; exit with COMMAND's code.
+    """Run COMMAND (or a shell) in a disposable VM on PATH, then review its changes.
+
+    Boot a disposable VM for PATH and run COMMAND (after `--`) or a shell in it; exit with COMMAND's code.
 
     COMMAND is an argument list (quoted for the guest's shell); use `-- sh -c '...'` for shell syntax.
 
@@ -146,12 +180,12 @@ def run_session(
     from vmsandbox.session import create, resolve, state
 
     if flags.check is not None and flags.fanout is None:
-        raise VmsandboxError("--check goes with --fanout", hint="e.g. `vmsandbox run --fanout 3 --check 'make test' .`")
+        raise UsageError("--check goes with --fanout", hint="e.g. `vmsandbox run --fanout 3 --check 'make test' .`")
     planned = goingin.screen(resolve.resolve(path, blueprint_name, cmd, flags, agent=agent), send=flags.send_secrets)
     if flags.fanout is not None:
         fanout.fan_out(planned, flags.fanout, flags.check)
     record = create.create(planned.options)
-    code = EXIT_ERROR
+    code = EXIT_RUN_FAILED
     try:
         code = commands.attach(record.endpoint(), record.project, planned.command, tty=planned.tty)
         if code == commands.SSH_FAILED and state.stops_within(record, seconds=15):
@@ -229,56 +263,12 @@ def _agent_command(agent: str) -> Callable[..., None]:
         run_session(path, agent, Invocation.command or [], flags_of(given), agent=True)
 
     doc = (
-        f"Run {agent} in a disposable VM on PATH — with its permission prompts off, the VM is the sandbox — "
-        f"then review what it changed. Arguments after `--` go to {agent}.\n\n"
-        f"Examples: `vmsandbox {agent} .` · `vmsandbox {agent} --keep . -- --help`"
+        f"Run {agent} in a disposable VM on PATH, then review what it changed.\n\n"
+        f"Its permission prompts are off: the VM is the sandbox. Arguments after `--` go to {agent}.\n\n"
+        f"Examples:\n\n`vmsandbox {agent} .`\n\n`vmsandbox {agent} --keep . -- --help`"
     )
     return like_run(command, agent, doc, leave_out="blueprint")
 
 
 for _agent in AGENTS:
     app.command(_agent, cls=TakesCommand)(_agent_command(_agent))
-
-
-def _ready(name: str) -> Record:
-    """The session, able to take a command (its egress restarted if it had stopped)."""
-    from vmsandbox.session import state
-    from vmsandbox.session.record import Record
-
-    record = Record.load(name)
-    if state.usable(record):
-        from vmsandbox.session import create  # (what starts a session: imported only when needed, a tenth of a s)
-
-        ui.warn(f"the egress proxy of session {record.name} had stopped, so the guest had no network; restarting it")
-        with ui.step("Restarting the egress proxy"):
-            create.open_egress(record)
-    return record
-
-
-@app.command()
-def shell(name: SessionName) -> None:
-    """Open an interactive shell in a session, in the project directory.
-
-    Example: `vmsandbox shell exp1`"""
-    from vmsandbox.guest import commands
-
-    record = _ready(name)
-    raise typer.Exit(commands.attach(record.endpoint(), record.project, None))
-
-
-app.command("ssh", help="Same as `shell`.", rich_help_panel=ALIASES)(shell)
-
-
-@app.command("exec", cls=NeedsCommand)
-def exec_(
-    name: SessionName,
-    tty: Annotated[bool, typer.Option("--tty", "-t", help="Give CMD a terminal.")] = False,
-) -> None:
-    """Run COMMAND (after `--`) in a session's project directory; exit with its code.
-
-    Example: `vmsandbox exec NAME -- git status`"""
-    from vmsandbox.guest import commands
-
-    cmd = tail(required=True)
-    record = _ready(name)
-    raise typer.Exit(commands.attach(record.endpoint(), record.project, cmd, tty=tty))

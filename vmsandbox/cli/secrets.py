@@ -11,13 +11,17 @@ from typing import Annotated
 import typer
 
 from vmsandbox import ui
-from vmsandbox.cli.base import AsJson, columns, print_json, secret_app
+from vmsandbox.cli.base import AsJson, Quiet, columns, print_json, secret_app
 from vmsandbox.errors import VmsandboxError
 
 
 @secret_app.command("set")
-def secret_set(name: Annotated[str, typer.Argument(help="Secret name, e.g. anthropic-api-key.")]) -> None:
-    """Store a secret on the host (read from stdin, or typed without echo). It never enters a VM.
+def secret_set(
+    name: Annotated[str, typer.Argument(help="Secret name, e.g. anthropic-api-key.", metavar="NAME")],
+) -> None:
+    """Store a secret on the host; it never enters a VM.
+
+    Store a secret on the host (read from stdin, or typed without echo). It never enters a VM.
 
     Example: `vmsandbox secret set anthropic-api-key`"""
     import getpass
@@ -66,7 +70,7 @@ def unused_warning(name: str, users: dict[str, str]) -> str | None:
 
 
 @secret_app.command("ls")
-def secret_ls(as_json: AsJson = False) -> None:
+def secret_ls(as_json: AsJson = False, quiet: Quiet = False) -> None:
     """List stored secrets (names only, never values).
 
     Example: `vmsandbox secret ls --json`"""
@@ -76,6 +80,10 @@ def secret_ls(as_json: AsJson = False) -> None:
     if as_json:
         print_json([{"name": s.name, "set_at": s.set_at, "bytes": s.length} for s in stored])
         return
+    if quiet:
+        for s in stored:
+            print(s.name)
+        return
     if not stored:
         ui.info("No secrets. Store one with `vmsandbox secret set NAME`.")
         return
@@ -83,7 +91,7 @@ def secret_ls(as_json: AsJson = False) -> None:
 
 
 @secret_app.command("rm")
-def secret_rm(name: Annotated[str, typer.Argument(help="Secret name.")]) -> None:
+def secret_rm(name: Annotated[str, typer.Argument(help="Secret name.", metavar="NAME")]) -> None:
     """Remove a stored secret (running sessions stop getting it at once).
 
     Example: `vmsandbox secret rm anthropic-api-key`"""

@@ -13,6 +13,7 @@ from urllib.parse import quote
 import typer
 
 from vmsandbox import ui
+from vmsandbox.cli import complete
 from vmsandbox.cli.base import app
 from vmsandbox.errors import VmsandboxError
 
@@ -36,11 +37,20 @@ def has_browser() -> bool:
 
 @app.command("ui")
 def web_ui(
-    name: Annotated[str | None, typer.Argument(help="Open this session's review (default: the session list).")] = None,
+    name: Annotated[
+        str | None,
+        typer.Argument(
+            help="Open this session's review (default: the session list).",
+            metavar="NAME",
+            autocompletion=complete.sessions,
+        ),
+    ] = None,
     port: Annotated[int, typer.Option("--port", help="Port on 127.0.0.1 (default: a free one).")] = 0,
     no_browser: Annotated[bool, typer.Option("--no-browser", help="Print the URL only.")] = False,
 ) -> None:
-    """Review sessions in your browser: diffs with syntax highlighting, choices per file and per hunk, merges,
+    """Review sessions in your browser.
+
+    Review sessions in your browser: diffs with syntax highlighting, choices per file and per hunk, merges,
     a fan-out side by side, console and egress live. Served on 127.0.0.1 behind a token; Ctrl-C stops it.
 
     Example: `vmsandbox ui exp1`"""

@@ -136,10 +136,12 @@ def describe(event: dict[str, Any]) -> str:
     return "  ".join(parts)
 
 
-def read(path: Path, *, follow: bool, stopped: Callable[[], bool] = lambda: False) -> Iterator[str]:
-    """The log's lines; with follow, keep waiting for new ones until `stopped()` (Ctrl-C ends it too)."""
+def read(path: Path, *, follow: bool, stopped: Callable[[], bool] = lambda: False, offset: int = 0) -> Iterator[str]:
+    """The log's lines (from byte `offset`); with follow, keep waiting for new ones until `stopped()` (Ctrl-C
+    ends it too)."""
     try:
         f = path.open(errors="replace")
+        f.seek(offset)
     except FileNotFoundError:
         if not follow:
             return

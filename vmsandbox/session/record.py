@@ -162,11 +162,11 @@ class Record:
             return cls._parse(record_file.read_text())
         except FileNotFoundError:
             raise VmsandboxError(f"no session named {name!r}", hint="list sessions with `vmsandbox ls`") from None
-        except (ValueError, TypeError, KeyError) as exc:
+        except (ValueError, TypeError, KeyError, AttributeError) as exc:  # (not a JSON object: AttributeError)
             damage = exc
         try:
             record = cls._parse(_copy_of(record_file).read_text())
-        except (OSError, ValueError, TypeError, KeyError):
+        except (OSError, ValueError, TypeError, KeyError, AttributeError):
             raise VmsandboxError(
                 f"the record of session {name} ({record_file}) is damaged, and so is its copy: {damage}",
                 hint=f"its VM and workspace disk are left as they are; `vmsandbox destroy {name} --discard` removes "

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from vmsandbox import ui
 from vmsandbox.egress import policy
-from vmsandbox.errors import VmsandboxError
+from vmsandbox.errors import UsageError, VmsandboxError
 from vmsandbox.image import blueprint as blueprint_mod
 from vmsandbox.session import config, hosts, hostspec, layerbuild, places
 from vmsandbox.session.hostspec import HostSpec
@@ -27,10 +27,16 @@ def resolve(path: Path, blueprint_name: str, command: list[str] | None, flags: R
     if agent:
         command = bp.agent_argv(command or [])
         tty = sys.stdin.isatty() if tty is None else tty
-    settings = config.load(project, blueprint=bp).merged(flags.settings_data(), config.COMMAND_LINE)
-    publish = tuple(parse_publish(p, flags.publish_address) for p in flags.publish)
-    if flags.name is not None:
-        validate_name(flags.name)
+    loaded = config.load(project, blueprint=bp)
+    try:  # what the command line says is checked here: a value refused is a usage error (exit 2)
+        settings = loaded.merged(flags.settings_data(), config.COMMAND_LINE)
+        publish = tuple(parse_publish(p, flags.publish_address) for p in flags.publish)
+        if flags.name is not None:
+            validate_name(flags.name)
+    except VmsandboxError as exc:
+        raise UsageError(exc.message, hint=exc.hint) from None
+    if flags.review not in ("terminal", "web"):
+        raise UsageError(f"--review {flags.review!r}: unknown", hint="--review terminal (the default) or web")
     policy.check_secrets(settings.network, settings.secrets)
     host = _host(settings, flags)
     options = Options(
@@ -49,8 +55,6 @@ def resolve(path: Path, blueprint_name: str, command: list[str] | None, flags: R
     take = Take(
         risky=flags.include_risky, ignored=flags.include_ignored, binary=flags.include_binary, mass=flags.include_mass
     )
-    if flags.review not in ("terminal", "web"):
-        raise VmsandboxError(f"--review {flags.review!r}: unknown", hint="--review terminal (the default) or web")
     return Run(options, command, tty, flags.yes, take, web=flags.review == "web")
 
 
@@ -61,7 +65,10 @@ def _host(settings: config.Settings, flags: RunFlags) -> HostSpec | None:
     """The host a session goes to: --host, or with `hosts:` configured and no --host the one the simple rule
     picks (hosts.place; a fan-out is placed by --host only); None (this machine) without either."""
     if flags.host is not None:
-        spec = hostspec.named(settings.libvirt_uri, settings.hosts, flags.host)
+        try:
+            spec = hostspec.named(settings.libvirt_uri, settings.hosts, flags.host)
+        except VmsandboxError as exc:
+            raise UsageError(exc.message, hint=exc.hint) from None
     elif settings.hosts and not flags.fanout:
         found = hosts.probe_all(hostspec.every(settings.libvirt_uri, settings.hosts), PLACE_TIMEOUT)
         placed = hosts.place(found, settings.memory_mib)

@@ -95,10 +95,26 @@ def status(record: Record, hv: Hypervisor) -> Status:
     return Status(record, State.PAUSED if info.state in ("paused", "suspended") else State.RUNNING)
 
 
+@dataclass(frozen=True)
+class Damaged:
+    """A session whose record cannot be read: listed, never hidden (`destroy NAME --discard` removes it)."""
+
+    name: str
+    problem: str
+    hint: str | None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "state": "damaged", "problem": self.problem, "hint": self.hint}
+
+
 def all_status(uri: str) -> list[Status]:
+    return listing(uri)[0]
+
+
+def listing(uri: str) -> tuple[list[Status], list[Damaged]]:
     """Every session's status: this machine's asked of `uri`, another host's of its own. Without libvirt (or
     a host that does not answer), the sessions are still listed (state `unknown`), with a warning that says
-    how to bring libvirt back."""
+    how to bring libvirt back. Sessions whose record is damaged come second, each said in a warning."""
     connections: dict[str, Hypervisor | None] = {}
 
     def connected(record: Record) -> Hypervisor | None:
@@ -114,6 +130,7 @@ def all_status(uri: str) -> list[Status]:
         return connections[at]
 
     found: list[Status] = []
+    damaged: list[Damaged] = []
     try:
         for name in names():
             try:
@@ -123,11 +140,12 @@ def all_status(uri: str) -> list[Status]:
             except VmsandboxError as exc:  # a damaged session is never hidden (one being made is skipped)
                 if paths.session_paths(name).record.exists():
                     ui.warn(f"{exc.message} ({exc.hint})" if exc.hint else exc.message)
+                    damaged.append(Damaged(name, exc.message, exc.hint))
     finally:
         for hv in connections.values():
             if hv is not None:
                 hv.close()
-    return found
+    return found, damaged
 
 
 def is_running(record: Record) -> bool:

@@ -1,0 +1,275 @@
+"""The command line's rules: where `--` belongs, several names and --all, exit codes, completion and help."""
+
+from __future__ import annotations
+
+import inspect
+import json
+import re
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import typer
+
+from tests.unit.conftest import saved_record
+from tests.unit.test_cli import run_cli
+from vmsandbox import paths
+from vmsandbox.cli import base, listing, sessions
+from vmsandbox.cli import main as cli
+from vmsandbox.errors import UsageError, VmsandboxError
+
+
+def test_only_commands_that_run_a_command_take_one_after_the_separator(capsys: pytest.CaptureFixture[str]) -> None:
+    assert run_cli(["ls", "-q", "--", "rm", "-rf", "/"]) == base.EXIT_USAGE
+    err = capsys.readouterr().err
+    assert "unexpected extra argument" in err and "after `--`" not in err
+    assert run_cli(["logs", "exp1", "console", "extra"]) == base.EXIT_USAGE
+    assert "after `--`" not in capsys.readouterr().err
+    assert run_cli(["run", "/nonexistent", "make", "test"]) == base.EXIT_USAGE
+    assert "vmsandbox run /nonexistent -- make test" in capsys.readouterr().err
+    assert cli.missing_separator("Got unexpected extra argument (b)", ["rm", "a", "b"]) is None
+    assert base.command_word(["-v", "run", "."]) == "run"
+    assert base.command_word(["--", "run"]) is None
+
+
+@pytest.mark.usefixtures("isolated_dirs")
+@pytest.mark.parametrize(
+    ("argv", "command"),
+    [
+        (["shell", "exp1", "uname", "-a"], ["uname", "-a"]),
+        (["ssh", "exp1", "ls", "-l", "--color"], ["ls", "-l", "--color"]),
+        (["shell", "exp1", "--", "ls"], ["ls"]),
+        (["shell", "exp1"], None),
+    ],
+)
+def test_shell_runs_what_follows_the_name(monkeypatch: pytest.MonkeyPatch, argv: list[str], command: Any) -> None:
+    from vmsandbox.cli import attach
+    from vmsandbox.guest import commands
+
+    saved_record("exp1")
+    seen: list[Any] = []
+    monkeypatch.setattr(attach, "ready", lambda name, starting=False: saved_record_loaded(name))
+
+    def attached(endpoint: Any, project: str, cmd: Any, tty: bool = False) -> int:
+        seen.append(cmd)
+        return 7
+
+    monkeypatch.setattr(commands, "attach", attached)
+    assert run_cli(argv) == 7  # the command's own code
+    assert seen == [command]
+
+
+def saved_record_loaded(name: str) -> Any:
+    from vmsandbox.session.record import Record
+
+    return Record.load(name)
+
+
+@pytest.mark.usefixtures("isolated_dirs")
+def test_several_names_each_tried_and_the_failures_named(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from vmsandbox.session import suspend
+
+    stopped: list[str] = []
+
+    def stop(name: str) -> Path:
+        if name == "bad":
+            raise VmsandboxError("session bad is not running", hint="`vmsandbox start bad`")
+        stopped.append(name)
+        return Path("/x")
+
+    monkeypatch.setattr(suspend, "stop", stop)
+    monkeypatch.setattr(suspend, "where_saved", lambda path: "saved")
+    assert run_cli(["stop", "a", "bad", "b", "a"]) == base.EXIT_FAILED
+    err = capsys.readouterr().err
+    assert stopped == ["a", "b"]  # each once, the failure did not stop the rest
+    assert "session bad is not running" in err and "could not stop 1 of 3 sessions: bad" in err
+    assert run_cli(["stop", "a", "--all"]) == base.EXIT_USAGE
+    assert run_cli(["stop"]) == base.EXIT_USAGE
+    assert "--all" in capsys.readouterr().err
+    assert run_cli(["destroy", "--all", "--group"]) == base.EXIT_USAGE
+
+
+@pytest.mark.usefixtures("isolated_dirs")
+def test_destroy_all_without_a_terminal_needs_yes(capsys: pytest.CaptureFixture[str]) -> None:
+    saved_record("one")
+    saved_record("two")
+    assert run_cli(["destroy", "--all"]) == base.EXIT_USAGE
+    err = capsys.readouterr().err
+    assert "would destroy 2 session(s): one, two" in err and "--yes" in err
+    assert (paths.session_paths("one").record).exists()
+
+
+@pytest.mark.usefixtures("isolated_dirs")
+@pytest.mark.parametrize(
+    ("argv", "code"),
+    [
+        (["run", ".", "--cpus", "0", "--", "true"], base.EXIT_USAGE),
+        (["run", ".", "--accel", "xen", "--", "true"], base.EXIT_USAGE),
+        (["run", ".", "--name", "Bad Name", "--", "true"], base.EXIT_USAGE),
+        (["run", ".", "--review", "paper", "--", "true"], base.EXIT_USAGE),
+        (["run", ".", "--cpus", "abc"], base.EXIT_USAGE),
+        (["exec", "nosuch", "--", "true"], base.EXIT_RUN_FAILED),
+        (["shell", "nosuch", "true"], base.EXIT_RUN_FAILED),
+        (["destroy", "nosuch"], base.EXIT_FAILED),
+        (["secret", "rm", "nosuch"], base.EXIT_FAILED),
+        (["logs", "nosuch", "--since", "10m"], base.EXIT_FAILED),
+        (["nosuchcommand"], base.EXIT_USAGE),
+    ],
+)
+def test_exit_codes(argv: list[str], code: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert run_cli(argv) == code
+
+
+@pytest.mark.usefixtures("isolated_dirs")
+def test_config_validate_fails_with_one(tmp_path: Path) -> None:
+    bad = tmp_path / "c.yaml"
+    bad.write_text("memroy: 2G\n")
+    assert run_cli(["config", "validate", str(bad)]) == base.EXIT_FAILED
+
+
+def complete(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], line: str) -> list[str]:
+    """What bash would be offered for `line` (its last word being completed)."""
+    words = line.split(" ")
+    monkeypatch.setenv("_VMSANDBOX_COMPLETE", "complete_bash")
+    monkeypatch.setenv("COMP_WORDS", line)
+    monkeypatch.setenv("COMP_CWORD", str(len(words) - 1))
+    capsys.readouterr()
+    run_cli([])
+    monkeypatch.delenv("_VMSANDBOX_COMPLETE")
+    return capsys.readouterr().out.split()
+
+
+@pytest.mark.usefixtures("isolated_dirs")
+def test_completion_offers_names_labels_and_choices(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    saved_record("exp1")
+    saved_record("exp2")
+    saved_record("other")
+    cps = paths.session_paths("exp1").checkpoints
+    for label in ("before", "after"):
+        (cps / label).mkdir(parents=True)
+        (cps / label / "checkpoint.json").write_text(json.dumps({"label": label, "created": time.time(), "chain": []}))
+    assert complete(monkeypatch, capsys, "vmsandbox destroy e") == ["exp1", "exp2"]
+    assert complete(monkeypatch, capsys, "vmsandbox shell ") == ["exp1", "exp2", "other"]
+    assert complete(monkeypatch, capsys, "vmsandbox run --accel ") == ["auto", "kvm", "tcg"]
+    assert complete(monkeypatch, capsys, "vmsandbox run --network o") == ["open"]
+    assert complete(monkeypatch, capsys, "vmsandbox logs exp1 ") == ["console", "proxy"]
+    assert complete(monkeypatch, capsys, "vmsandbox run --blueprint cl") == ["claude"]
+    assert complete(monkeypatch, capsys, "vmsandbox run --host ") == ["local"]
+    assert sorted(complete(monkeypatch, capsys, "vmsandbox rollback exp1 ")) == ["after", "before"]
+    assert complete(monkeypatch, capsys, "vmsandbox completion ") == ["bash", "fish", "zsh"]
+
+
+def test_completion_scripts(capsys: pytest.CaptureFixture[str]) -> None:
+    for shell in ("bash", "zsh", "fish"):
+        assert run_cli(["completion", shell]) == 0
+        assert "_VMSANDBOX_COMPLETE=complete_" + shell in capsys.readouterr().out
+    assert run_cli(["completion", "tcsh"]) == base.EXIT_USAGE
+
+
+def all_commands() -> list[tuple[str, Any]]:
+    def walk(cmd: Any, prefix: str) -> Any:
+        for name in cmd.list_commands(None):
+            sub = cmd.get_command(typer.Context(cmd), name)
+            yield prefix + name, sub
+            if hasattr(sub, "commands"):
+                yield from walk(sub, prefix + name + " ")
+
+    return list(walk(typer.main.get_command(base.app), ""))
+
+
+def test_help_reads_as_a_list_of_tasks(capsys: pytest.CaptureFixture[str]) -> None:
+    top = typer.main.get_command(base.app)
+    paneled = [n for names in base.PANELS.values() for n in names]
+    assert sorted(paneled) == sorted(top.commands)  # type: ignore[attr-defined]  # every command in one panel
+    for name, command in all_commands():
+        first = inspect.cleandoc(command.help or "").split("\n\n")[0]
+        assert "\n" not in first and len(first) <= 80, f"{name}: {first!r}"
+        assert run_cli([*name.split(" "), "--help"]) == 0
+        out = capsys.readouterr().out
+        assert "<bool>" not in out and "<list[str]>" not in out, name
+    assert run_cli(["--help"]) == 0
+    out = capsys.readouterr().out
+    listed = [m.group(1) for m in re.finditer(r"^\W+([a-z][a-z-]*)  ", out, re.MULTILINE)]
+    assert listed.index("run") < listed.index("ls") < listed.index("pull") < listed.index("checkpoint")  # panels' order
+
+
+def test_readable_help_joins_lines_and_splits_examples() -> None:
+    text = """First line.
+
+    A long sentence cut
+    in two.
+
+    Examples: `a` · `b c` (a note)"""
+    assert base.readable(text) == "First line.\n\nA long sentence cut in two.\n\nExamples:\n\n`a`\n\n`b c` (a note)"
+
+
+@pytest.mark.usefixtures("isolated_dirs")
+def test_a_damaged_record_is_a_row_of_its_own(capsys: pytest.CaptureFixture[str]) -> None:
+    files = paths.session_paths("broken")
+    files.root.mkdir(parents=True)
+    files.record.write_text(json.dumps(["not", "a", "record"]))
+    assert run_cli(["ls"]) == 0
+    captured = capsys.readouterr()
+    assert "broken" in captured.out and "damaged" in captured.out and "Traceback" not in captured.err
+    assert run_cli(["ls", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert (
+        rows[0]["name"] == "broken" and rows[0]["state"] == "damaged" and "destroy broken --discard" in rows[0]["hint"]
+    )
+
+
+def test_filters_and_formats() -> None:
+    row = {"name": "exp-1", "state": "running", "host": "local", "ports": {"ssh": 2222}}
+    assert listing.matches(row, listing.parse_filters(["state=running,host=local"]))
+    assert listing.matches(row, listing.parse_filters(["name=exp-*", "state=stopped", "state=running"]))
+    assert not listing.matches(row, listing.parse_filters(["state=stopped"]))
+    assert listing.formatted("{name} {ports[ssh]}", row) == "exp-1 2222"
+    for bad in (["bogus=1"], ["state"]):
+        with pytest.raises(UsageError):
+            listing.parse_filters(bad)
+    with pytest.raises(UsageError, match="no field 'nope'"):
+        listing.formatted("{nope}", row)
+    assert listing.formatted("{name} {state} {ports}", {"name": "b", "state": "damaged"}) == "b damaged ?"
+
+
+def test_logs_tail_and_since(tmp_path: Path) -> None:
+    log = tmp_path / "proxy.log"
+    older = tmp_path / "proxy.log.1"
+    older.write_text("o1\no2\n")
+    log.write_text("l1\nl2\nl3\npartial")
+    got = list(sessions.log_lines(log, older, follow=False, stopped=lambda: True, tail=2))
+    assert got == ["l2", "l3"]
+    assert list(sessions.log_lines(log, older, follow=False, stopped=lambda: True, tail=4)) == ["o2", "l1", "l2", "l3"]
+    assert sessions.parse_age("10m") == 600 and sessions.parse_age("2h") == 7200 and sessions.parse_age("30") == 30
+    with pytest.raises(UsageError):
+        sessions.parse_age("yesterday")
+
+
+@pytest.mark.usefixtures("isolated_dirs")
+def test_ssh_config_is_a_block_an_editor_uses_as_is(capsys: pytest.CaptureFixture[str]) -> None:
+    saved_record("exp1", ssh_port=2201)
+    assert run_cli(["ssh-config", "exp1"]) == 0
+    block = capsys.readouterr().out
+    lines = block.splitlines()
+    assert lines[0] == "Host vmsandbox-exp1"
+    options = dict(line.split(" ", 1) for line in (x.strip() for x in lines[1:]))
+    assert options["HostName"] == "127.0.0.1" and options["Port"] == "2201" and options["User"] == "u"
+    assert options["StrictHostKeyChecking"] == "yes"
+    assert options["UserKnownHostsFile"] == str(paths.session_paths("exp1").known_hosts)
+    assert "ControlPath" not in options and "ControlMaster" not in options  # our socket stays ours
+    assert run_cli(["ssh-config"]) == base.EXIT_USAGE
+
+
+@pytest.mark.usefixtures("isolated_dirs")
+def test_a_misspelt_key_gets_a_suggestion(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bad = tmp_path / "config.yaml"
+    bad.write_text("cpus: 2\nmemroy: 2G\n")
+    assert run_cli(["config", "validate", str(bad)]) == base.EXIT_FAILED
+    err = capsys.readouterr().err
+    assert "line 2" in err and "unknown key `memroy`" in err and "did you mean `memory`?" in err
