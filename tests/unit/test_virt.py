@@ -73,6 +73,22 @@ def test_gc_removes_sessions_whose_vm_is_gone() -> None:
     assert not r.files.root.exists()
 
 
+def test_gc_dry_run_says_what_it_would_do_and_does_nothing() -> None:
+    r = saved_record("dead", libvirt_uri=URI, keep=True, status="ready")
+    gone = paths.sessions_dir() / "gone"
+    with Hypervisor(URI) as hv:
+        hv.create(test_domain("vmsandbox-gone", gone))
+        try:
+            lines = list(lifecycle.gc(URI, limit=1024**3, dry=True))
+            assert lines == [
+                "would remove session dead (exited)",  # what gc does: test_gc_removes_sessions_whose_vm_is_gone
+                "would destroy domain vmsandbox-gone (its session directory is gone)",
+            ]
+            assert hv.info("vmsandbox-gone") is not None and r.files.root.exists()
+        finally:
+            hv.destroy("vmsandbox-gone")
+
+
 def test_a_stopped_session_is_listed_as_such_and_never_collected() -> None:
     r = saved_record("paused", libvirt_uri=URI, keep=True, status="ready", saved=True)
     r.files.saved_memory.write_bytes(b"LibvirtQemudSave")

@@ -180,19 +180,27 @@ def _destroy_group(group: str, *, force: bool, discard: bool) -> None:
 
 
 @app.command()
-def gc() -> None:
+def gc(
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", "-n", help="Say what would be cleaned up; change nothing.")
+    ] = False,
+) -> None:
     """Clean up sessions whose VM is gone or whose run was killed, and orphaned VMs.
 
     Removes sessions whose VM is gone or whose `vmsandbox run` died, and vmsandbox domains without a session
     (here, and this machine's on every host under `hosts:`; a host that does not answer is said and skipped).
     Sessions holding unsynced changes are kept (a stopped VM's changes are exported to its outbox).
 
-    Example: `vmsandbox gc`
+    Examples:
+
+    `vmsandbox gc --dry-run`
+
+    `vmsandbox gc`
     """
     from vmsandbox.session import config, lifecycle
 
     settings = config.load()
-    done = list(lifecycle.gc(settings.libvirt_uri, limit=sync_limit(), hosts=settings.hosts))
+    done = list(lifecycle.gc(settings.libvirt_uri, limit=sync_limit(), hosts=settings.hosts, dry=dry_run))
     for line in done:
         ui.info(line)
     if not done:

@@ -15,6 +15,7 @@ session); gc removes one whose `vmsandbox` process died, and its domain.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import secrets
@@ -31,7 +32,7 @@ from vmsandbox.guest.files import GuestUser
 from vmsandbox.guest.ssh import Endpoint
 from vmsandbox.image import store
 from vmsandbox.session import config, create, places
-from vmsandbox.session.place import nothing
+from vmsandbox.session.place import Tidy, nothing
 from vmsandbox.session.record import Phase, Record
 from vmsandbox.session.state import is_running
 from vmsandbox.vm import accel as accel_mod
@@ -173,7 +174,7 @@ def _mount(reader: Record, session: Record) -> None:
         )
 
 
-def sweep(sessions: Path, hv: Hypervisor) -> Iterator[str]:
+def sweep(sessions: Path, hv: Hypervisor, tidy: Tidy) -> Iterator[str]:
     """Readers whose `vmsandbox` process died (killed during a pull): their domain and files."""
     for root in sorted(sessions.glob(PREFIX + "*")):
         try:
@@ -182,7 +183,11 @@ def sweep(sessions: Path, hv: Hypervisor) -> Iterator[str]:
             reader = None
         if reader is not None and reader.owner_alive():
             continue
-        if reader is not None:
-            hv.destroy(reader.domain)
-        shutil.rmtree(root, ignore_errors=True)
-        yield f"removed a disk reader VM left by a killed command ({root.name})"
+        what = f"a disk reader VM left by a killed command ({root.name})"
+        yield tidy("remove", what, functools.partial(_drop, hv, root, reader))
+
+
+def _drop(hv: Hypervisor, root: Path, reader: Record | None) -> None:
+    if reader is not None:
+        hv.destroy(reader.domain)
+    shutil.rmtree(root, ignore_errors=True)

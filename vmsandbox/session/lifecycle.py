@@ -9,6 +9,7 @@ the person (the CLI) sits outside.
 
 from __future__ import annotations
 
+import functools
 import logging
 import shutil
 import sys
@@ -22,6 +23,7 @@ from vmsandbox.egress import control
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.session import chain, diskreader, lock, pins, places
 from vmsandbox.session.hostspec import HostSpec
+from vmsandbox.session.place import Tidy
 from vmsandbox.session.record import Phase, Record, State, domain_name, names
 from vmsandbox.session.state import status
 from vmsandbox.sync import changes, commitreview, outbox, plan
@@ -211,7 +213,7 @@ def _state_at(record: Record, here: Hypervisor) -> State:
         return status(record, hv).state
 
 
-def _gc_session(name: str, hv: Hypervisor, uri: str, limit: int) -> Iterator[str]:
+def _gc_session(name: str, hv: Hypervisor, uri: str, limit: int, tidy: Tidy) -> Iterator[str]:
     """gc of one session: removed if its VM is gone or its `run` died, unless it holds work."""
     files = paths.session_paths(name)
     try:
@@ -220,8 +222,7 @@ def _gc_session(name: str, hv: Hypervisor, uri: str, limit: int) -> Iterator[str
         if files.workspace_disk.exists():  # it may hold the guest's work: a person decides
             yield f"kept damaged session {name}: {exc.message}; `vmsandbox destroy {name} --discard` removes it"
         elif time.time() - files.root.stat().st_mtime > 60:  # not one being created right now
-            remove_damaged(name, uri)
-            yield f"removed damaged session directory {files.root}"
+            yield tidy("remove", f"damaged session directory {files.root}", lambda: remove_damaged(name, uri))
         return
     try:
         state = _state_at(record, hv)
@@ -229,6 +230,9 @@ def _gc_session(name: str, hv: Hypervisor, uri: str, limit: int) -> Iterator[str
         yield f"skipped session {name}: host {record.host} does not answer ({exc.message})"
         return
     if state not in (State.EXITED, State.ORPHANED, State.ENDING):
+        return
+    if tidy.dry:  # what a gc would do, said without the lock and without reading the guest's changes
+        yield _would_collect(record, state)
         return
     try:
         with lock.held(files, name, "cleaning up"):
@@ -241,28 +245,30 @@ def _gc_session(name: str, hv: Hypervisor, uri: str, limit: int) -> Iterator[str
         yield f"could not check session {name}: {exc.message}"
 
 
-def gc(uri: str, *, limit: int, hosts: tuple[HostSpec, ...] = ()) -> Iterator[str]:
+def gc(uri: str, *, limit: int, hosts: tuple[HostSpec, ...] = (), dry: bool = False) -> Iterator[str]:
     """Remove sessions whose VM is gone or whose `vmsandbox run` died — unless they hold unsynced work (a
     stopped VM's work is exported to its outbox, and the session kept) —, finish teardowns that were
-    interrupted, and destroy vmsandbox domains whose session directory is gone. Yields a line per thing done."""
+    interrupted, and destroy vmsandbox domains whose session directory is gone. Yields a line per thing done;
+    with `dry`, a line per thing it would do, and does nothing."""
     mine = paths.sessions_dir().resolve()
+    tidy = Tidy(dry=dry)
     with Hypervisor(uri) as hv:
         for name in names():
-            yield from _gc_session(name, hv, uri, limit)
-        yield from diskreader.sweep(mine, hv)
-        for session in pins.collect():
-            yield f"removed the pin of session {session} (its directory is gone)"
+            yield from _gc_session(name, hv, uri, limit, tidy)
+        yield from diskreader.sweep(mine, hv, tidy)
+        for session in pins.collect(dry=dry):
+            yield f"{'would remove' if dry else 'removed'} the pin of session {session} (its directory is gone)"
     for place in places.every(uri, hosts):
-        yield from place.sweep(mine)
-    yield from _stale_captures(mine)
+        yield from place.sweep(mine, tidy)
+    yield from _stale_captures(mine, tidy)
 
 
-def _stale_captures(sessions: Path) -> Iterator[str]:
+def _stale_captures(sessions: Path, tidy: Tidy) -> Iterator[str]:
     """The captures of fan-outs killed before they cleaned up."""
     for staging in sessions.glob(paths.FANOUT_CAPTURE_PREFIX + "*"):
         if time.time() - staging.stat().st_mtime > STALE_CAPTURE_SECONDS:
-            shutil.rmtree(staging, ignore_errors=True)
-            yield f"removed {staging} (the capture of a fan-out that did not finish)"
+            what = f"{staging} (the capture of a fan-out that did not finish)"
+            yield tidy("remove", what, functools.partial(shutil.rmtree, staging, ignore_errors=True))
 
 
 STALE_CAPTURE_SECONDS = 3600  # a fan-out copies its capture as its sessions start: one this old is left over
@@ -278,6 +284,15 @@ def _collect(record: Record, state: State, limit: int) -> str:
         return f"kept session {record.name} ({state}): {kept}"
     remove(record)
     return f"removed session {record.name} ({state})"
+
+
+def _would_collect(record: Record, state: State) -> str:
+    if record.ending is not None:
+        return f"would finish the teardown of session {record.name}"
+    if record.status is Phase.READY and record.files.baseline_manifest.exists() and record.unsynced != 0:
+        known = "" if record.unsynced is None else f", {record.unsynced} at the last count"
+        return f"would keep session {record.name} ({state}) if it holds unsynced changes{known}, else remove it"
+    return f"would remove session {record.name} ({state})"
 
 
 def _keeps_work(record: Record, state: State, limit: int) -> str | None:

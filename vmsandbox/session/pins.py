@@ -60,13 +60,15 @@ def unpin(session: str) -> None:
         (_dir() / f"{os.geteuid()}.{session}").unlink(missing_ok=True)
 
 
-def collect() -> list[str]:
-    """gc: this account's pins whose session directory is gone (a session removed behind vmsandbox's back)."""
+def collect(*, dry: bool = False) -> list[str]:
+    """gc: this account's pins whose session directory is gone (a session removed behind vmsandbox's back);
+    with `dry`, only named."""
     removed: list[str] = []
     for entry in _mine():
         with contextlib.suppress(OSError, ValueError, TypeError, KeyError):
             if not Path(json.loads(entry.read_text())["dir"]).is_dir():
-                entry.unlink()
+                if not dry:
+                    entry.unlink()
                 removed.append(entry.name.partition(".")[2])
     return removed
 

@@ -39,6 +39,23 @@ def nothing() -> None:
     return None
 
 
+PAST = {"remove": "removed", "destroy": "destroyed", "finish": "finished", "delete": "deleted"}
+
+
+@dataclass(frozen=True)
+class Tidy:
+    """What gc does with what it finds: does it and says so, or in a dry run (`gc --dry-run`) only says what
+    it would do."""
+
+    dry: bool = False
+
+    def __call__(self, verb: str, what: str, do: Callable[[], object]) -> str:
+        if self.dry:
+            return f"would {verb} {what}"
+        do()
+        return f"{PAST[verb]} {what}"
+
+
 def alive(hv: Hypervisor, name: str) -> str | None:
     """None while the domain runs, else why it stopped (for ssh.wait_for_banner)."""
     return "the VM powered off or crashed" if gone(hv.info(name)) else None
@@ -238,9 +255,9 @@ class Place(abc.ABC):
         the same (said; the place's gc sweeps it later) instead of the error raised."""
 
     @abc.abstractmethod
-    def sweep(self, mine: Path) -> Iterator[str]:
+    def sweep(self, mine: Path, tidy: Tidy) -> Iterator[str]:
         """gc there: domains and files of this machine's sessions that are gone, templates no session rests
-        on that are interrupted, failed or stale. A line per thing done."""
+        on that are interrupted, failed or stale. A line per thing done (or, in a dry run, to do)."""
 
     # -- the place itself --------------------------------------------------------------------------------------
     @abc.abstractmethod

@@ -3,6 +3,7 @@ straight to this machine's loopback, its templates beside the image (local.templ
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -12,7 +13,7 @@ from vmsandbox.image import layers, store
 from vmsandbox.session import pins
 from vmsandbox.session.checkpoints import Checkpoint
 from vmsandbox.session.local import disks, start, template
-from vmsandbox.session.place import Launched, Place, SavedVM, SaveFile
+from vmsandbox.session.place import Launched, Place, SavedVM, SaveFile, Tidy
 from vmsandbox.session.record import DOMAIN_PREFIX, Record, orphaned, readable
 from vmsandbox.session.templatekey import Shape
 from vmsandbox.vm import accel, domain, savefile
@@ -134,7 +135,7 @@ class LocalPlace(Place):
     def forget_unanswered(self, record: Record, exc: UnreachableError) -> bool:
         return False  # this machine's libvirt: start it (the error says how) rather than lose track of a VM
 
-    def sweep(self, mine: Path) -> Iterator[str]:
+    def sweep(self, mine: Path, tidy: Tidy) -> Iterator[str]:
         with Hypervisor(self.uri) as hv:
             for info in list(hv.domains(DOMAIN_PREFIX)):
                 xml = hv.xml(info.name)
@@ -142,9 +143,10 @@ class LocalPlace(Place):
                 # a session of this account's sessions directory whose directory is gone (not a domain that
                 # merely shares the prefix, nor another account's session)
                 if owner is not None and orphaned(owner[1], mine):
-                    hv.destroy(info.name)
-                    yield f"destroyed domain {info.name} (its session directory is gone)"
-            yield from template.collect(hv, [*store.list_images(), *layers.list_layers()], _templates_in_use())
+                    what = f"domain {info.name} (its session directory is gone)"
+                    yield tidy("destroy", what, functools.partial(hv.destroy, info.name))
+            images = [*store.list_images(), *layers.list_layers()]
+            yield from template.collect(hv, images, _templates_in_use(), tidy)
 
     def check(self) -> None:
         return None

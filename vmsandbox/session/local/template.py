@@ -11,6 +11,7 @@ appears in one rename, complete, so a half-built template is never used.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import secrets
 import shutil
@@ -24,6 +25,7 @@ from vmsandbox import access, confine, failpoint, paths, ui
 from vmsandbox.image.store import Image
 from vmsandbox.session import templatekey
 from vmsandbox.session.local import bootwait
+from vmsandbox.session.place import Tidy
 from vmsandbox.session.templatekey import DOMAIN_PREFIX, READY, SETTLE, Shape, digest, key
 from vmsandbox.vm import qemuimg
 from vmsandbox.vm.domain import build_xml
@@ -173,7 +175,7 @@ def _build(image: Image, shape: Shape, hv: Hypervisor, boot_timeout: int) -> Tem
     return Template(final, meta)
 
 
-def collect(hv: Hypervisor, images: list[Image], in_use: set[Path]) -> Iterator[str]:
+def collect(hv: Hypervisor, images: list[Image], in_use: set[Path], tidy: Tidy) -> Iterator[str]:
     """gc: template builds that died (their domain and directory), and templates no session uses that a newer
     one replaced. Skips everything while a build holds the lock."""
     for image in images:
@@ -184,24 +186,28 @@ def collect(hv: Hypervisor, images: list[Image], in_use: set[Path]) -> Iterator[
             if not held:
                 continue
             for tmp in root.glob(".tmp-*"):
-                hv.destroy(DOMAIN_PREFIX + tmp.name[5:])
-                shutil.rmtree(tmp, ignore_errors=True)
-                yield f"removed an interrupted template build {tmp}"
-            yield from _superseded(hv, image, root, in_use)
+                yield tidy("remove", f"an interrupted template build {tmp}", functools.partial(_drop_build, hv, tmp))
+            yield from _superseded(hv, image, root, in_use, tidy)
 
 
-def _superseded(hv: Hypervisor, image: Image, root: Path, in_use: set[Path]) -> Iterator[str]:
+def _drop_build(hv: Hypervisor, tmp: Path) -> None:
+    hv.destroy(DOMAIN_PREFIX + tmp.name[5:])
+    shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _superseded(hv: Hypervisor, image: Image, root: Path, in_use: set[Path], tidy: Tidy) -> Iterator[str]:
     for path in sorted(root.iterdir()):
         if path.name.startswith(".") or path.suffix == ".failed" or path in in_use:
             continue
         if _failed_mark(path).exists():
-            yield _remove(path, "a warm-start template that failed a warm start")
-            continue
-        shape = _shape_of(path)
-        current = find(image, shape, hv)[0] if shape is not None else None
-        if current is not None and current.path == path:
-            continue
-        yield _remove(path, "a superseded warm-start template")
+            why = "a warm-start template that failed a warm start"
+        else:
+            shape = _shape_of(path)
+            current = find(image, shape, hv)[0] if shape is not None else None
+            if current is not None and current.path == path:
+                continue
+            why = "a superseded warm-start template"
+        yield f"would remove {why} {path}" if tidy.dry else _remove(path, why)
 
 
 def _remove(path: Path, what: str) -> str:

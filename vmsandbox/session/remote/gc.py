@@ -5,6 +5,7 @@ start, or that this host's QEMU or libvirt (or a gone image) made stale, once no
 
 from __future__ import annotations
 
+import functools
 import json
 import struct
 from collections.abc import Iterator
@@ -14,6 +15,7 @@ from vmsandbox import access
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.session import templatekey
 from vmsandbox.session.hostspec import HostSpec
+from vmsandbox.session.place import Tidy
 from vmsandbox.session.record import DOMAIN_PREFIX, orphaned
 from vmsandbox.session.remote import images, template, vm
 from vmsandbox.session.remote.images import POOL
@@ -24,7 +26,7 @@ from vmsandbox.vm.virt import Hypervisor
 QCOW2_HEAD = 4096
 
 
-def sweep(host: HostSpec, mine: Path) -> Iterator[str]:
+def sweep(host: HostSpec, mine: Path, tidy: Tidy) -> Iterator[str]:
     """gc on another host: this machine's domains there whose session directory is gone here, destroyed, with
     their volumes; and the volumes of such a session that has no domain there (stopped, or a run killed before
     its VM started). A host that does not answer is said, not an error."""
@@ -38,20 +40,24 @@ def sweep(host: HostSpec, mine: Path) -> Iterator[str]:
                 if owner is None or xml is None or domain.client_of(xml) != vm.client_id():
                     continue  # not a session, or another machine's
                 if orphaned(owner[1], mine):
-                    hv.destroy(info.name)
-                    vm.forget(owner[1], host.uri, info.name)
-                    yield f"destroyed domain {info.name} on host {host.name} (its session directory is gone)"
+                    what = f"domain {info.name} on host {host.name} (its session directory is gone)"
+                    yield tidy("destroy", what, functools.partial(_drop, hv, host, info.name, owner[1]))
             for name in list(hv.volumes(POOL)):
                 dom = name.removesuffix(f".{vm.OWNER}")
                 if not name.startswith(DOMAIN_PREFIX) or dom == name or dom in present:
                     continue
-                root = _owner_dir(hv, name)
-                if root is not None and orphaned(root, mine):
-                    vm.forget(root, host.uri, dom)
-                    yield f"deleted the volumes of {dom} on host {host.name} (its session directory is gone)"
-            yield from _templates(hv, host)
+                owner_dir = _owner_dir(hv, name)
+                if owner_dir is not None and orphaned(owner_dir, mine):
+                    what = f"the volumes of {dom} on host {host.name} (its session directory is gone)"
+                    yield tidy("delete", what, functools.partial(vm.forget, owner_dir, host.uri, dom))
+            yield from _templates(hv, host, tidy)
     except VmsandboxError as exc:
         yield f"host {host.name} did not answer, nothing there was cleaned up: {exc.message}"
+
+
+def _drop(hv: Hypervisor, host: HostSpec, dom: str, root: Path) -> None:
+    hv.destroy(dom)
+    vm.forget(root, host.uri, dom)
 
 
 def _owner_dir(hv: Hypervisor, name: str) -> Path | None:
@@ -69,7 +75,7 @@ def _owner_dir(hv: Hypervisor, name: str) -> Path | None:
         return None
 
 
-def _templates(hv: Hypervisor, host: HostSpec) -> Iterator[str]:
+def _templates(hv: Hypervisor, host: HostSpec, tidy: Tidy) -> Iterator[str]:
     """The templates there that are not (or no longer) usable and that no session's disk rests on, removed.
     Nothing while this machine builds one there (its lock is held)."""
     with access.flocked(template.lock_path(host)) as held:
@@ -82,8 +88,8 @@ def _templates(hv: Hypervisor, host: HostSpec) -> Iterator[str]:
             tmpl = RemoteTemplate(name)
             why = _unusable(hv, tmpl, vols)
             if why and vols.get(tmpl.vol("disk.qcow2")) not in used:
-                template.delete(hv, tmpl)
-                yield f"removed {why} on host {host.name} ({name})"
+                what = f"{why} on host {host.name} ({name})"
+                yield tidy("remove", what, functools.partial(template.delete, hv, tmpl))
 
 
 def _unusable(hv: Hypervisor, tmpl: RemoteTemplate, vols: dict[str, str]) -> str:

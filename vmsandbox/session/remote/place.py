@@ -13,7 +13,7 @@ from vmsandbox.errors import VmsandboxError
 from vmsandbox.image import store
 from vmsandbox.session import checkpoints
 from vmsandbox.session.checkpoints import Checkpoint
-from vmsandbox.session.place import Launched, Place, SavedVM, SaveVolume
+from vmsandbox.session.place import Launched, Place, SavedVM, SaveVolume, Tidy
 from vmsandbox.session.record import Record
 from vmsandbox.session.remote import checkpoint, fork, gc, images, log, save, start, template, tunnel, vm
 from vmsandbox.session.templatekey import Shape
@@ -141,8 +141,8 @@ class RemotePlace(Place):
         )
         return True
 
-    def sweep(self, mine: Path) -> Iterator[str]:
-        yield from gc.sweep(self.spec, mine)
+    def sweep(self, mine: Path, tidy: Tidy) -> Iterator[str]:
+        yield from gc.sweep(self.spec, mine, tidy)
 
     def check(self) -> None:
         tunnel.ssh_argv(self.uri)  # an ssh URI, or the error that says so
