@@ -273,3 +273,16 @@ def test_a_misspelt_key_gets_a_suggestion(tmp_path: Path, capsys: pytest.Capture
     assert run_cli(["config", "validate", str(bad)]) == base.EXIT_FAILED
     err = capsys.readouterr().err
     assert "line 2" in err and "unknown key `memroy`" in err and "did you mean `memory`?" in err
+
+
+@pytest.mark.usefixtures("isolated_dirs")
+def test_config_validate_looks_up_what_a_blueprint_extends(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    found = tmp_path / "proj" / ".vmsandbox" / "blueprints"
+    found.mkdir(parents=True)
+    (found / "mine.yaml").write_text("description: mine\napt: [jq]\nextends: nosuch\n")
+    (found / "ok.yaml").write_text("extends: claude\n")
+    (found / "claude.yaml").write_text("extends: claude\napt: [jq]\n")  # the shipped one, extended by itself
+    assert run_cli(["config", "validate", str(found / "mine.yaml")]) == base.EXIT_FAILED
+    err = capsys.readouterr().err
+    assert "line 3" in err and "`extends`: no blueprint named 'nosuch'" in err and "claude" in err
+    assert run_cli(["config", "validate", str(found / "ok.yaml"), str(found / "claude.yaml")]) == 0

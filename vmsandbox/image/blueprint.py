@@ -182,16 +182,32 @@ def _read_project(path: Path, project: Path) -> tuple[bytes, dict[str, Any]] | N
 
 
 def check_file(path: Path) -> None:
-    """Check a blueprint file alone (`vmsandbox config validate`): its syntax, keys, types and values; an
-    error names the file, the line and the key. What it extends is not looked up."""
+    """Check a blueprint file (`vmsandbox config validate`): its syntax, keys, types and values, and that what
+    it extends exists where a session would look for it; an error names the file, the line and the key."""
     try:
         raw = path.read_bytes()
     except OSError as exc:
         raise VmsandboxError(f"cannot read {path}: {exc.strerror}") from exc
     try:
-        _validate(check(parse_yaml(raw, str(path)), FIELDS, source=str(path)), str(path))
+        data = check(parse_yaml(raw, str(path)), FIELDS, source=str(path))
+        _validate(data, str(path))
+        if "extends" in data:
+            _check_extends(path, data["extends"])
     except VmsandboxError as exc:
         raise located(exc, str(path), raw) from None
+
+
+def _check_extends(path: Path, parent: str) -> None:
+    """The blueprint `parent` is found from `path` (a project's `.vmsandbox/blueprints/` sees the project's)."""
+    inside = path.resolve().parent
+    project = inside.parent.parent if inside.parts[-2:] == PROJECT_DIR.parts else None
+    searched = [d.resolve() for d in search_dirs(project)]
+    if not NAME_RE.match(parent):
+        raise VmsandboxError(f"{path}: `extends`: invalid blueprint name {parent!r}")
+    try:
+        _find(parent, project, below=path if parent == path.stem and inside in searched else None)
+    except VmsandboxError as exc:
+        raise VmsandboxError(f"{path}: `extends`: {exc.message}", hint=exc.hint) from None
 
 
 def _validate(data: dict[str, Any], source: str) -> None:
