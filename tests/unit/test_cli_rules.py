@@ -286,3 +286,16 @@ def test_config_validate_looks_up_what_a_blueprint_extends(tmp_path: Path, capsy
     err = capsys.readouterr().err
     assert "line 3" in err and "`extends`: no blueprint named 'nosuch'" in err and "claude" in err
     assert run_cli(["config", "validate", str(found / "ok.yaml"), str(found / "claude.yaml")]) == 0
+
+
+def test_cp_puts_a_relative_guest_path_under_the_project() -> None:
+    from vmsandbox.sync import copyin
+    from vmsandbox.sync.target import Target
+
+    target = Target("s", Path("/work/my project"), paths.session_paths("s"), 1000, 1000)
+    assert copyin.guest_path(target, "tests/") == "/work/my project/tests/"
+    assert copyin.guest_path(target, "a.txt") == "/work/my project/a.txt"
+    assert copyin.guest_path(target, "/tmp/x") == "/tmp/x"
+    assert copyin.guest_path(target, "") == "/work/my project/"
+    with pytest.raises(UsageError):
+        copyin.guest_path(target, "a\nb")

@@ -1,4 +1,4 @@
-"""`vmsandbox shell` (and `ssh`) and `exec`: a shell or a command in a session that runs."""
+"""`vmsandbox shell` (and `ssh`), `exec` and `cp`: a shell, a command or host files in a session that runs."""
 
 from __future__ import annotations
 
@@ -131,5 +131,6 @@ def cp(
             hint="e.g. `vmsandbox cp ./file exp1:` (the project directory); out of a guest is `vmsandbox pull`",
         )
     record = ready(name)
-    written = copyin.copy_in(record.target(), record.endpoint(), sources, where)
+    with ui.step(f"Copying {len(sources)} item(s) into session {name}"):
+        written = copyin.copy_in(record.target(), record.endpoint(), sources, where)
     ui.info(f"Copied {len(sources)} item(s) into session {name} at {written}")

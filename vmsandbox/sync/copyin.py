@@ -33,12 +33,13 @@ def copy_in(target: Target, endpoint: Endpoint, sources: list[Path], dest: str) 
     remote = guest_path(target, dest)
     if len(sources) > 1 and not remote.endswith("/"):
         remote += "/"
-    side = transfer.Side(confine.invoking_user(target.uid, target.gid), confine.GIT_LIMITS, Path.cwd())
-    for source in sources:
+    for source in (s.absolute() for s in sources):
+        # the host's rsync is jailed and sees only the directory it runs in: the source's own
+        side = transfer.Side(confine.invoking_user(target.uid, target.gid), confine.GIT_LIMITS, source.parent)
         transfer.rsync(
             endpoint,
             ["-rlpt", "--mkpath", f"--chown={target.uid}:{target.gid}"],
-            str(source),
+            source.name or ".",
             f"{endpoint.host_alias}:{remote}",
             side=side,
             expect_sender=False,
