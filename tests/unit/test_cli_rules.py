@@ -299,3 +299,18 @@ def test_cp_puts_a_relative_guest_path_under_the_project() -> None:
     assert copyin.guest_path(target, "") == "/work/my project/"
     with pytest.raises(UsageError):
         copyin.guest_path(target, "a\nb")
+
+
+@pytest.mark.usefixtures("isolated_dirs")
+def test_config_show_marks_an_untrusted_project_files_values(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / ".vmsandbox.yaml").write_text("memory: 1G\nnetwork: open\nallow: [evil.example]\n")
+    assert run_cli(["config", "show", str(tmp_path), "--json"]) == 0
+    captured = capsys.readouterr()
+    rows = json.loads(captured.out)
+    assert "is not trusted" in captured.err and "vmsandbox trust" in captured.err
+    untrusted = {r["key"]: r["value"] for r in rows if "untrusted" in r["from"]}
+    assert untrusted == {"memory": '"1G"', "network": '"open"', "allow": '["evil.example"]'}
+    used = {r["key"]: r for r in rows if "untrusted" not in r["from"]}
+    assert used["network"]["value"] == "allowlist" and used["memory"]["from"] == "default"

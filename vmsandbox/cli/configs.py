@@ -85,10 +85,20 @@ def config_show(project: ProjectArg = Path(), as_json: AsJson = False) -> None:
 
     Each effective setting for a session of PROJECT and where it comes from: the defaults, your
     ~/.config/vmsandbox/config.yaml, the project's .vmsandbox.yaml (as far as it is trusted), or an
-    environment variable. Example: `vmsandbox config show ~/src/app`"""
+    environment variable. An untrusted project file's values are listed after them, marked untrusted.
+    Example: `vmsandbox config show ~/src/app`"""
+    from vmsandbox import trust
     from vmsandbox.session import config
 
-    rows = explained(config.layers(project.resolve()))
+    try:
+        rows = explained(config.layers(project.resolve()))
+    except trust.UntrustedError as exc:  # what it would set, shown as such; what a session gets without it
+        ui.warn(f"{exc.message}; its values are shown marked untrusted, and a session refuses to start ({exc.hint})")
+        rows = explained(config.layers(None))
+        found = config.project_file(project.resolve())
+        if found is not None:
+            said = f"{found.path} (untrusted: not used)"
+            rows += [{"key": k, "value": json.dumps(v), "from": said} for k, v in found.data.items()]
     if as_json:
         print_json(rows)
     else:
