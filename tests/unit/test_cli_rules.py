@@ -314,3 +314,21 @@ def test_config_show_marks_an_untrusted_project_files_values(
     assert untrusted == {"memory": '"1G"', "network": '"open"', "allow": '["evil.example"]'}
     used = {r["key"]: r for r in rows if "untrusted" not in r["from"]}
     assert used["network"]["value"] == "allowlist" and used["memory"]["from"] == "default"
+
+
+@pytest.mark.usefixtures("isolated_dirs")
+def test_a_record_is_checked_field_by_field() -> None:
+    from vmsandbox.session.record import Phase, Record
+
+    good = saved_record("exp1", status="ready")
+    data = json.loads(good.files.record.read_text())
+    good.files.record.write_text(json.dumps({**data, "from_a_newer_vmsandbox": 1}))
+    assert Record.load("exp1").status is Phase.READY  # a key it does not know is left out
+    bad = {**data, "cpus": "many", "status": "nonsense", "publish": [{"guest": "web"}]}
+    for f in (good.files.record, good.files.record.with_name(good.files.record.name + ".copy")):
+        f.write_text(json.dumps(bad))
+    with pytest.raises(VmsandboxError) as exc:
+        Record.load("exp1")
+    said = exc.value.message
+    assert "cpus: Input should be a valid integer" in said and "status:" in said and "publish.0.guest" in said
+    assert exc.value.hint is not None and "destroy exp1 --discard" in exc.value.hint

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import enum
+import functools
 import json
 import os
 import pwd
@@ -13,8 +14,9 @@ import re
 import secrets
 import time
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 from vmsandbox import paths, pids
 from vmsandbox.egress.netpolicy import Mode
@@ -179,13 +181,24 @@ class Record:
 
     @classmethod
     def _parse(cls, text: str) -> Record:
-        data = json.loads(text)
-        known = {f.name for f in fields(cls)}
-        record = cls(**{k: v for k, v in data.items() if k in known})
-        record.status = Phase(record.status)
-        record.network = Mode(record.network)
-        record.publish = tuple(Publish.from_dict(p) for p in data.get("publish", []))
+        """The record in `text`, every field checked against its type (pydantic); keys it does not know are
+        left out (a newer vmsandbox's). A damaged one raises ValueError naming every field that is wrong."""
+        from pydantic import ValidationError
+
+        try:
+            record: Record = _adapter().validate_json(text)
+        except ValidationError as exc:
+            said = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'the record'}: {e['msg']}" for e in exc.errors())
+            raise ValueError(said) from None
         return record
+
+
+@functools.cache
+def _adapter() -> Any:
+    """The record's pydantic validator, made once (and pydantic imported only when a record is read)."""
+    from pydantic import TypeAdapter
+
+    return TypeAdapter(Record)
 
 
 def _copy_of(record_file: Path) -> Path:
