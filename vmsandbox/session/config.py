@@ -15,7 +15,8 @@ from vmsandbox.egress import netpolicy
 from vmsandbox.egress.mapping import SecretMapping, parse_secret_mapping
 from vmsandbox.egress.netpolicy import Mode
 from vmsandbox.errors import VmsandboxError
-from vmsandbox.schema import Mappings, Size, check, located, parse_yaml
+from vmsandbox.filemodels import BOOT_TIMEOUT_RANGE, MIN_DISK_MIB, MIN_MEMORY_MIB, MIN_SYNC_LIMIT_MIB, ConfigFile, keys
+from vmsandbox.schema import check, located, parse_yaml
 from vmsandbox.session.hostspec import HostSpec, parse_hosts, parse_uri
 from vmsandbox.vm.accel import Accel
 
@@ -26,27 +27,9 @@ PROJECT_FILE = ".vmsandbox.yaml"
 COMMAND_LINE = "command line"  # as a source: keys are shown as the flags that set them
 USER_FILE = "config.yaml"
 
-FIELDS: dict[str, type] = {
-    "cpus": int,
-    "memory": Size,
-    "disk": Size,
-    "accel": str,
-    "libvirt_uri": str,
-    "boot_timeout": int,
-    "trust_host_ca": bool,
-    "network": str,
-    "allow": list,
-    "allow_networks": list,
-    "secrets": Mappings,
-    "sync_limit": Size,
-    "mass_change_files": int,
-    "mass_change_size": Size,
-    "hosts": Mappings,
-}
-# What a VM may be given: below these minimums the guest does not boot (memory), its image does not fit (disk),
-# or nothing useful syncs; boot_timeout in seconds.
-MIN_MEMORY_MIB, MIN_DISK_MIB, MIN_SYNC_LIMIT_MIB = 256, 4096, 1
-BOOT_TIMEOUT_RANGE = (1, 3600)
+FIELDS = keys(ConfigFile)  # the keys a config file takes (filemodels.ConfigFile: types, defaults, descriptions)
+# What a VM may be given (filemodels): below the minimums the guest does not boot (memory), its image does not
+# fit (disk), or nothing useful syncs; boot_timeout in seconds.
 # Keys that only size the VM: a project file may set them without being trusted (`vmsandbox trust`).
 SIZING_KEYS = frozenset({"cpus", "memory", "disk", "boot_timeout", "accel"})
 
@@ -94,7 +77,7 @@ class Settings:
         return tuple(netpolicy.parse_rule(a, source="allowlist") for a in self.allow)
 
     def merged(self, data: dict[str, Any], source: str) -> Settings:
-        data = check(data, FIELDS, source=source)
+        data = check(data, ConfigFile, source=source)
 
         def label(key: str) -> str:
             return f"--{key}" if source == COMMAND_LINE else f"{source}: `{key}`"
@@ -243,7 +226,7 @@ def project_file(project: Path) -> ProjectFile | None:
     if raw is None:
         return None
     try:
-        data = check(parse_yaml(raw, str(path)), FIELDS, source=str(path))
+        data = check(parse_yaml(raw, str(path)), ConfigFile, source=str(path))
         _refuse_machine_keys(path, data)
         Settings().merged(data, str(path))  # every value checked before anything asks for trust
     except VmsandboxError as exc:

@@ -21,12 +21,13 @@ from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 from vmsandbox.errors import VmsandboxError
-from vmsandbox.schema import Size, check
+from vmsandbox.filemodels import HostEntry, keys
+from vmsandbox.schema import check
 
 LOCAL = "local"
 DEFAULT_POOL_PATH = "/var/lib/libvirt/vmsandbox"
 DEFAULT_KEEP_FREE_MIB = 1024
-FIELDS: dict[str, type] = {"name": str, "uri": str, "max_sessions": int, "keep_free": Size, "pool_path": str}
+FIELDS = keys(HostEntry)
 _NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,31}$")
 # Transports that authenticate and encrypt (ssh, TLS) or stay on this machine (a unix socket).
 _SCHEMES = ("qemu", "qemu+ssh", "qemu+libssh", "qemu+libssh2", "qemu+tls", "qemu+unix")
@@ -77,7 +78,7 @@ def parse_hosts(
     found: list[HostSpec] = []
     for i, entry in enumerate(entries):
         where = f"{source}: `hosts[{i}]`"
-        data = check(entry, FIELDS, source=where, required=("name", "uri"))
+        data = check(entry, HostEntry, source=where)
         name = data["name"]
         if not _NAME.match(name) or name == LOCAL:
             raise VmsandboxError(
