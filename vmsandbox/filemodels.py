@@ -104,6 +104,13 @@ class ConfigFile(File):
     hosts: list[HostEntry] = Field(default_factory=list, description="Other libvirt hosts (your own config only).")
 
 
+class LoginEntry(File):
+    files: list[str] = Field(description="Home-relative files the agent's sign-in writes (kept by `vmsandbox login`).")
+    command: list[str] = Field(
+        default_factory=list, description="What signs in (default: the agent's command, interactive)."
+    )
+
+
 class BlueprintFile(File):
     """A blueprint: what a session of an agent (or your own kind) is made of."""
 
@@ -125,6 +132,7 @@ class BlueprintFile(File):
     )
     credentials: list[str] = Field(default_factory=list, description="Home-relative files `vmsandbox clean` wipes.")
     env: dict[str, str] = Field(default_factory=dict, description="The environment of every login in the guest.")
+    login: LoginEntry = Field(None, description="How the agent signs in, for logins kept across sessions.")  # type: ignore[assignment]
 
 
 class RecipeFile(File):

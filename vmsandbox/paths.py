@@ -276,7 +276,7 @@ def own_file(path: Path, *, truncate: bool = False) -> None:
     os.close(os.open(path, flags, 0o600))
 
 
-def write_atomically(path: Path, text: str, *, mode: int = 0o600) -> None:
+def write_atomically(path: Path, text: str | bytes, *, mode: int = 0o600) -> None:
     """Write text through a temporary file beside path and one rename: a reader (or a crash) sees the old
     content or the new, never a part of it. `mode` is the new file's, whatever the umask (vmsandbox runs under
     077): private by default; 0o644 for what other accounts read (a template's metadata)."""
@@ -284,7 +284,7 @@ def write_atomically(path: Path, text: str, *, mode: int = 0o600) -> None:
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, mode)
     try:
         os.fchmod(fd, mode)
-        with os.fdopen(fd, "w") as f:
+        with os.fdopen(fd, "wb" if isinstance(text, bytes) else "w") as f:
             f.write(text)
         tmp.replace(path)
     except BaseException:

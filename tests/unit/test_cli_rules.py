@@ -378,3 +378,43 @@ def test_the_schema_and_the_runtime_agree() -> None:
         "the model's defaults",
     )
     assert defaults == config.Settings()  # the defaults the schema shows are the ones a session gets
+
+
+@pytest.mark.usefixtures("isolated_dirs")
+def test_a_kept_login_goes_into_the_boot_bundle_and_nothing_else(capsys: pytest.CaptureFixture[str]) -> None:
+    import io
+    import tarfile
+
+    from vmsandbox.guest.files import GuestUser, build
+    from vmsandbox.image import blueprint
+    from vmsandbox.session import logins
+
+    claude = blueprint.load("claude")
+    assert claude.login_files == (".claude/.credentials.json", ".claude.json")
+    assert blueprint.load("codex").login_command == ("codex", "login")
+    assert logins.keep(claude, {".claude/.credentials.json": b'{"t": 1}'}) == [".claude/.credentials.json"]
+    kept = logins.store("claude") / ".claude" / ".credentials.json"
+    assert oct(kept.stat().st_mode & 0o777) == "0o600"
+    assert oct(kept.parent.stat().st_mode & 0o777) == oct(logins.store("claude").stat().st_mode & 0o777) == "0o700"
+    user = GuestUser("u", 1000, 1000)
+    data, notes = build(user, (), git=False, more=lambda b: logins.add_to(b, claude))
+    assert data is not None and any("claude's login" in n for n in notes)
+    with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+        member = tar.getmember("home/u/.claude/.credentials.json")
+        assert (member.uid, member.mode) == (1000, 0o600)
+        assert tar.extractfile(member).read() == b'{"t": 1}'  # type: ignore[union-attr]
+    assert build(user, (), git=False, more=lambda b: logins.add_to(b, blueprint.load("codex")))[0] is None
+    assert logins.forget(claude) == [".claude/.credentials.json"] and not kept.exists()
+    assert run_cli(["login", "base"]) == base.EXIT_USAGE  # no login files: nothing to keep
+    assert "names no login files" in capsys.readouterr().err
+
+
+def test_a_blueprint_login_must_stay_in_the_home(tmp_path: Path) -> None:
+    from vmsandbox.image import blueprint
+
+    for bad in ("/etc/shadow", "../x", ""):
+        f = tmp_path / "blueprints" / "x.yaml"
+        f.parent.mkdir(exist_ok=True)
+        f.write_text(f"login: {{files: [{json.dumps(bad)}]}}\n")
+        with pytest.raises(VmsandboxError, match="`login`"):
+            blueprint.check_file(f)

@@ -26,6 +26,7 @@ from vmsandbox.cli import (  # noqa: F401
     hosts,
     images,
     listing,
+    login,
     review,
     run,
     secrets,

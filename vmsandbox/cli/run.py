@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 import typer
 
 from vmsandbox import ui
-from vmsandbox.cli import complete, fanout, goingin, prompts
+from vmsandbox.cli import complete, fanout, goingin, login, prompts
 from vmsandbox.cli.base import (
     EXIT_RUN_FAILED,
     Invocation,
@@ -215,6 +215,7 @@ def _finish(record: Record, *, yes: bool, take: Take, web: bool) -> None:
         with contextlib.suppress(KeyboardInterrupt):
             webui.serve(record.name, until_applied=True)
         record = Record.load(record.name)
+    login.offer(record)  # a login the guest made: kept for later sessions only on a yes at a terminal
     with lock.held(record.files, record.name, "reviewing the changes of"):
         plan = lifecycle.review(record, limit=sync_limit())
         outcome = prompts.conduct(record, plan, yes=yes, take=take, ask=not web)

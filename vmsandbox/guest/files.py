@@ -10,6 +10,7 @@ import pwd
 import stat
 import tarfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
@@ -132,13 +133,18 @@ def gitconfig(name: str, email: str) -> bytes:
     return f"[user]\n\tname = {quote(name)}\n\temail = {quote(email)}\n".encode()
 
 
-def build(owner: GuestUser, copy: tuple[str, ...], *, git: bool) -> tuple[bytes | None, list[str]]:
-    """The tar for fw_cfg `files` (None when empty) and a note per thing copied, for the user."""
+def build(
+    owner: GuestUser, copy: tuple[str, ...], *, git: bool, more: Callable[[Bundle], list[str]] | None = None
+) -> tuple[bytes | None, list[str]]:
+    """The tar for fw_cfg `files` (None when empty) and a note per thing copied, for the user. `more` adds
+    files of its own (a kept login) and says them."""
     home = owner.host_home()
     bundle = Bundle(owner)
     for item in copy:
         bundle.copy_from_home(home, item)
     notes = [f"{item} (copied in; never synced back)" for item in bundle.copied]
+    if more is not None:
+        notes += more(bundle)
     if git:
         identity = git_identity(home)
         if identity is None:

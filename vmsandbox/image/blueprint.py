@@ -51,6 +51,8 @@ class Blueprint:
     copy: tuple[str, ...] = ()
     credentials: tuple[str, ...] = ()
     env: dict[str, str] = field(default_factory=dict)
+    login_files: tuple[str, ...] = ()  # home-relative files the agent's sign-in writes (session.logins keeps them)
+    login_command: tuple[str, ...] = ()  # what signs in (default: `command`)
     chain: tuple[str, ...] = ()  # the files this one is built from, base first
 
     @property
@@ -207,17 +209,22 @@ def _validate(data: dict[str, Any], source: str) -> None:
             raise VmsandboxError(f"{source}: `npm`: {pkg!r} is not an npm package spec")
     if "node" in data and not NODE_RANGE[0] <= data["node"] <= NODE_RANGE[1]:
         raise VmsandboxError(f"{source}: `node` must be a Node.js major version such as 24")
-    for item in data.get("copy", []):
-        if not item.startswith("~/") or ".." in Path(item).parts:
-            raise VmsandboxError(f"{source}: `copy`: {item!r} must be a path under the home directory (~/…)")
-    for item in data.get("credentials", []):
-        if item.startswith("/") or ".." in Path(item).parts:
-            raise VmsandboxError(f"{source}: `credentials`: {item!r} must be relative to the home directory")
+    _validate_home_paths(data, source)
     for key in data.get("env", {}):
         if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", key):
             raise VmsandboxError(f"{source}: `env`: {key!r} is not an environment variable name")
     for i, mapping in enumerate(data.get("secrets", [])):
         parse_secret_mapping(mapping, source=f"{source}: `secrets[{i}]`")
+
+
+def _validate_home_paths(data: dict[str, Any], source: str) -> None:
+    for item in data.get("copy", []):
+        if not item.startswith("~/") or ".." in Path(item).parts:
+            raise VmsandboxError(f"{source}: `copy`: {item!r} must be a path under the home directory (~/…)")
+    for key, items in (("credentials", data.get("credentials", [])), ("login", data.get("login", {}).get("files", []))):
+        for item in items:
+            if not item or item.startswith("/") or ".." in Path(item).parts:
+                raise VmsandboxError(f"{source}: `{key}`: {item!r} must be relative to the home directory")
 
 
 def _merge(parent: Blueprint, data: dict[str, Any], name: str, source: str) -> Blueprint:
@@ -238,6 +245,8 @@ def _merge(parent: Blueprint, data: dict[str, Any], name: str, source: str) -> B
         copy=added("copy"),
         credentials=added("credentials"),
         env={**parent.env, **data.get("env", {})},
+        login_files=tuple(data["login"]["files"]) if "login" in data else parent.login_files,
+        login_command=tuple(data["login"].get("command", ())) if "login" in data else parent.login_command,
         chain=(*parent.chain, source),
     )
 

@@ -17,7 +17,7 @@ from vmsandbox.guest.files import GuestUser
 from vmsandbox.image import blueprint as blueprint_mod
 from vmsandbox.image import store
 from vmsandbox.image.blueprint import Blueprint
-from vmsandbox.session import pins, places
+from vmsandbox.session import logins, pins, places
 from vmsandbox.session.config import Settings
 from vmsandbox.session.options import Options
 from vmsandbox.session.place import Place
@@ -148,7 +148,7 @@ def _prepare(record: Record, user: GuestUser, settings: Settings, bp: Blueprint,
         )
         placeholders = policy.prepare(record.name, files, request)
         (fw / "env").write_text(guestfiles.env_lines({**bp.env, **placeholders}))
-        bundle, notes = guestfiles.build(user, bp.copy, git=opts.git_identity)
+        bundle, notes = guestfiles.build(user, bp.copy, git=opts.git_identity, more=lambda b: logins.add_to(b, bp))
         if bundle is not None:
             (fw / "files").write_bytes(bundle)
         confine.give_to_qemu(fw)

@@ -1,0 +1,108 @@
+"""Logins that outlive a session. An agent signed in with a subscription (Claude's `/login`, a ChatGPT or
+Google sign-in) keeps its credential in files of the guest's home (the blueprint's `login: files:`); those die
+with the VM. `vmsandbox login AGENT` (or `--from NAME`, or a yes at the end of a run) keeps them on the host,
+0600 in a 0700 directory of the user's config, and every later session of that blueprint gets them copied in
+at boot, like `copy:` files.
+
+What comes back is guest bytes: they are only ever stored and copied into later guests, never read or parsed
+on the host (base64 from the guest, size-bounded), and only on the person's say-so (a command, or a question
+at a terminal): a guest that rewrote its login file (another account's token, a config that points the agent
+elsewhere) would otherwise reach every later session of that agent."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import shlex
+from pathlib import Path, PurePosixPath
+
+from vmsandbox import confine, paths
+from vmsandbox.errors import VmsandboxError
+from vmsandbox.guest import commands
+from vmsandbox.guest.files import Bundle, GuestUser
+from vmsandbox.image.blueprint import Blueprint
+from vmsandbox.session.record import Record
+
+MAX_LOGIN_BYTES = 1024**2  # a login file is a few KiB; one larger is not kept
+LOGINS_DIR = "logins"
+
+
+def store(blueprint: str) -> Path:
+    return paths.config_dir() / LOGINS_DIR / blueprint
+
+
+def kept(bp: Blueprint) -> list[str]:
+    """The blueprint's login files kept on the host."""
+    return [f for f in bp.login_files if (store(bp.name) / f).is_file()]
+
+
+def add_to(bundle: Bundle, bp: Blueprint) -> list[str]:
+    """Copy the kept login of `bp` into a session's boot bundle; a note per file."""
+    for rel in kept(bp):
+        bundle.add_bytes(bundle.owner.guest_home / rel, (store(bp.name) / rel).read_bytes(), 0o600)
+    return [f"{bp.name}'s login ({rel}, kept by `vmsandbox login`)" for rel in kept(bp)]
+
+
+def read(record: Record, bp: Blueprint) -> dict[str, bytes]:
+    """The login files as they are in the session's guest now (those that exist), as bytes."""
+    if not bp.login_files:
+        raise VmsandboxError(
+            f"blueprint {bp.name} names no login files", hint=f"add `login: {{files: [...]}}` to {bp.source}"
+        )
+    home = GuestUser(record.user, record.uid, record.gid).guest_home
+    found: dict[str, bytes] = {}
+    for rel in bp.login_files:
+        path = shlex.quote(str(home / PurePosixPath(rel)))
+        script = (
+            f"test -f {path} && ! test -L {path} || exit 3; "
+            f"test $(stat -c %s {path}) -le {MAX_LOGIN_BYTES} || exit 4; base64 -w0 {path}"
+        )
+        done = commands.run_as_root(record.endpoint(), script, check=False, max_output=2 * MAX_LOGIN_BYTES)
+        if done.returncode == 3:
+            continue
+        if done.returncode != 0:
+            raise VmsandboxError(f"the login file ~/{rel} of session {record.name} could not be read (too large?)")
+        try:
+            found[rel] = base64.b64decode(done.stdout.strip(), validate=True)
+        except (binascii.Error, ValueError):
+            raise VmsandboxError(f"the login file ~/{rel} of session {record.name} came back garbled") from None
+    return found
+
+
+def changed(record: Record, bp: Blueprint) -> dict[str, bytes]:
+    """The login files the session holds that differ from those kept (a new or refreshed login)."""
+    now = read(record, bp)
+    return {rel: data for rel, data in now.items() if _digest(store(bp.name) / rel) != _sha(data)}
+
+
+def keep(bp: Blueprint, files: dict[str, bytes]) -> list[str]:
+    """Keep these login files for later sessions of `bp` (0600, in a 0700 directory); the paths kept."""
+    root = store(bp.name)
+    for rel, data in files.items():
+        target = root / rel
+        target.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        d = target.parent
+        while d != paths.config_dir():  # logins/, the blueprint's, and any directory the file is in: 0700
+            confine.private_dir(d, traverse=False)
+            d = d.parent
+        paths.write_atomically(target, data, mode=0o600)
+    return sorted(files)
+
+
+def forget(bp: Blueprint) -> list[str]:
+    gone = kept(bp)
+    for rel in gone:
+        (store(bp.name) / rel).unlink()
+    return gone
+
+
+def _sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _digest(path: Path) -> str | None:
+    try:
+        return _sha(path.read_bytes())
+    except FileNotFoundError:
+        return None
