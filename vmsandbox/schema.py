@@ -153,7 +153,7 @@ def located(exc: VmsandboxError, source: str, raw: bytes) -> VmsandboxError:
     problem's, for ShapeError)."""
     lines = key_lines(raw)
     if isinstance(exc, ShapeError) and exc.source == source:
-        said = [(lines.get(key), text) for key, text in exc.items]
+        said = sorted(((lines.get(key), text) for key, text in exc.items), key=lambda p: p[0] or len(lines) + 1)
         if len(said) == 1:
             line, text = said[0]
             return VmsandboxError(f"{source}{'' if line is None else f', line {line}'}: {text}", hint=exc.hint)

@@ -418,3 +418,24 @@ def test_a_blueprint_login_must_stay_in_the_home(tmp_path: Path) -> None:
         f.write_text(f"login: {{files: [{json.dumps(bad)}]}}\n")
         with pytest.raises(VmsandboxError, match="`login`"):
             blueprint.check_file(f)
+
+
+@pytest.mark.usefixtures("isolated_dirs")
+def test_values_refused_are_said_all_at_once_beside_the_shape(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bad = tmp_path / "config.yaml"
+    bad.write_text("cpus: 0\nmemory: 2\naccel: xen\nboot_timeout: 0\nmemroy: 2G\nnetwork: wide\n")
+    assert run_cli(["config", "validate", str(bad)]) == base.EXIT_FAILED
+    err = capsys.readouterr().err
+    assert f"{bad}: 6 problems:" in err
+    for said in (
+        "line 5: unknown key `memroy` (did you mean `memory`?)",
+        "line 1: `cpus` must be between 1 and 16",
+        "line 2: `memory`: 2 is too small",
+        "line 3: `accel`: unknown accelerator 'xen'",
+        "line 4: `boot_timeout` must be between 1 and 3600 seconds",
+        "line 6: ",
+    ):
+        assert said in err, said
+    assert "use auto, kvm or tcg" in err  # the hints of each, together

@@ -16,7 +16,7 @@ from vmsandbox.egress.mapping import SecretMapping, parse_secret_mapping
 from vmsandbox.egress.netpolicy import Mode
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.filemodels import BOOT_TIMEOUT_RANGE, MIN_DISK_MIB, MIN_MEMORY_MIB, MIN_SYNC_LIMIT_MIB, ConfigFile, keys
-from vmsandbox.schema import check, located, parse_yaml
+from vmsandbox.schema import ShapeError, check, located, parse_yaml
 from vmsandbox.session.hostspec import HostSpec, parse_hosts, parse_uri
 from vmsandbox.vm.accel import Accel
 
@@ -30,6 +30,8 @@ USER_FILE = "config.yaml"
 FIELDS = keys(ConfigFile)  # the keys a config file takes (filemodels.ConfigFile: types, defaults, descriptions)
 # What a VM may be given (filemodels): below the minimums the guest does not boot (memory), its image does not
 # fit (disk), or nothing useful syncs; boot_timeout in seconds.
+# The size keys, and the least each takes (MiB).
+LEAST_MIB = {"memory": MIN_MEMORY_MIB, "disk": MIN_DISK_MIB, "sync_limit": MIN_SYNC_LIMIT_MIB, "mass_change_size": 1}
 # Keys that only size the VM: a project file may set them without being trusted (`vmsandbox trust`).
 SIZING_KEYS = frozenset({"cpus", "memory", "disk", "boot_timeout", "accel"})
 
@@ -77,71 +79,78 @@ class Settings:
         return tuple(netpolicy.parse_rule(a, source="allowlist") for a in self.allow)
 
     def merged(self, data: dict[str, Any], source: str) -> Settings:
-        data = check(data, ConfigFile, source=source)
+        """These settings with `data` (keys as in a file) laid over them. Every key's value is checked, and
+        every one refused is said at once (one alone keeps its own message and hint)."""
+        shape: ShapeError | None = None
+        try:
+            data = check(data, ConfigFile, source=source)
+        except ShapeError as exc:  # the keys of the right shape are still checked, to say everything at once
+            shape = exc
+            data = {k: v for k, v in data.items() if k not in {key for key, _ in exc.items}}
 
         def label(key: str) -> str:
             return f"--{key}" if source == COMMAND_LINE else f"{source}: `{key}`"
 
         changes: dict[str, Any] = {}
-        if "cpus" in data:
-            most = host_cpus()
-            if not 1 <= data["cpus"] <= most:
-                raise VmsandboxError(
-                    f"{label('cpus')} must be between 1 and {most} (the host's CPUs)",
-                    hint="more vCPUs than the host has only makes the guest slower",
-                )
-            changes["cpus"] = data["cpus"]
-        if "memory" in data:
-            changes["memory_mib"] = parse_size_mib(data["memory"], what=label("memory"), least=MIN_MEMORY_MIB)
-        if "disk" in data:
-            changes["disk_mib"] = parse_size_mib(data["disk"], what=label("disk"), least=MIN_DISK_MIB)
-        if "sync_limit" in data:
-            changes["sync_limit_mib"] = parse_size_mib(
-                data["sync_limit"], what=label("sync_limit"), least=MIN_SYNC_LIMIT_MIB
-            )
-        changes.update(self._review_changes(data, label))
-        if "boot_timeout" in data and not BOOT_TIMEOUT_RANGE[0] <= data["boot_timeout"] <= BOOT_TIMEOUT_RANGE[1]:
-            low, high = BOOT_TIMEOUT_RANGE
-            raise VmsandboxError(f"{label('boot_timeout')} must be between {low} and {high} seconds")
-        if "accel" in data:
-            changes["accel"] = parse_accel(data["accel"], source=label("accel"))
-        if "libvirt_uri" in data:  # held to the rules of `hosts:` URIs (no program-running transport)
-            changes["libvirt_uri"] = parse_uri(data["libvirt_uri"], source=label("libvirt_uri"))
-        for key in ("boot_timeout", "trust_host_ca"):
-            if key in data:
-                changes[key] = data[key]
-        if "hosts" in data:
-            changes["hosts"] = parse_hosts(data["hosts"], source=source, parse_size_mib=parse_size_mib)
-        changes.update(self._network_changes(data, source, label))
+        problems: list[tuple[str, VmsandboxError]] = []
+        for key, value in data.items():
+            try:
+                changes.update(self._converted(key, value, label, source))
+            except VmsandboxError as exc:
+                problems.append((key, exc))
+        if len(problems) == 1 and shape is None:
+            raise problems[0][1]
+        if problems or shape is not None:
+            said = [(key, exc.message.removeprefix(f"{source}: ")) for key, exc in problems]
+            hints = [e.hint for e in (shape, *(exc for _, exc in problems)) if e is not None and e.hint]
+            items = [*(shape.items if shape is not None else []), *said]
+            raise ShapeError(source, items, hint="; ".join(dict.fromkeys(hints)) or None)
         return replace(self, **changes)
 
-    def _review_changes(self, data: dict[str, Any], label: Callable[[str], str]) -> dict[str, Any]:
-        changes: dict[str, Any] = {}
-        if "mass_change_size" in data:
-            changes["mass_change_size_mib"] = parse_size_mib(data["mass_change_size"], what=label("mass_change_size"))
-        if "mass_change_files" in data:
-            if data["mass_change_files"] < 1:
-                raise VmsandboxError(f"{label('mass_change_files')} must be at least 1")
-            changes["mass_change_files"] = data["mass_change_files"]
-        return changes
+    def _converted(self, key: str, value: Any, label: Callable[[str], str], source: str) -> dict[str, Any]:
+        """One key of a config layer as the changes it makes to the settings (VmsandboxError if refused)."""
+        sizes = {
+            "memory": MIN_MEMORY_MIB,
+            "disk": MIN_DISK_MIB,
+            "sync_limit": MIN_SYNC_LIMIT_MIB,
+            "mass_change_size": 1,
+        }
+        if key in sizes:
+            return {f"{key}_mib": parse_size_mib(value, what=label(key), least=sizes[key])}
+        if key == "cpus" and not 1 <= value <= host_cpus():
+            raise VmsandboxError(
+                f"{label('cpus')} must be between 1 and {host_cpus()} (the host's CPUs)",
+                hint="more vCPUs than the host has only makes the guest slower",
+            )
+        if key == "boot_timeout" and not BOOT_TIMEOUT_RANGE[0] <= value <= BOOT_TIMEOUT_RANGE[1]:
+            low, high = BOOT_TIMEOUT_RANGE
+            raise VmsandboxError(f"{label('boot_timeout')} must be between {low} and {high} seconds")
+        if key == "mass_change_files" and value < 1:
+            raise VmsandboxError(f"{label('mass_change_files')} must be at least 1")
+        if key in ("cpus", "boot_timeout", "mass_change_files", "trust_host_ca"):
+            return {key: value}
+        if key == "accel":
+            return {"accel": parse_accel(value, source=label("accel"))}
+        if key == "libvirt_uri":  # held to the rules of `hosts:` URIs (no program-running transport)
+            return {"libvirt_uri": parse_uri(value, source=label("libvirt_uri"))}
+        if key == "hosts":
+            return {"hosts": parse_hosts(value, source=source, parse_size_mib=parse_size_mib)}
+        return self._network_change(key, value, label, source)
 
-    def _network_changes(self, data: dict[str, Any], source: str, label: Callable[[str], str]) -> dict[str, Any]:
-        changes: dict[str, Any] = {}
-        if "network" in data:
-            changes["network"] = netpolicy.parse_mode(data["network"], source=label("network"))
-        if "allow" in data:
-            for entry in data["allow"]:
+    def _network_change(self, key: str, value: Any, label: Callable[[str], str], source: str) -> dict[str, Any]:
+        if key == "network":
+            return {"network": netpolicy.parse_mode(value, source=label("network"))}
+        if key == "allow":
+            for entry in value:
                 netpolicy.parse_rule(entry, source=label("allow"))
-            changes["allow"] = tuple(dict.fromkeys([*self.allow, *(a.strip().lower() for a in data["allow"])]))
-        if "allow_networks" in data:
-            for entry in data["allow_networks"]:
+            return {"allow": tuple(dict.fromkeys([*self.allow, *(a.strip().lower() for a in value)]))}
+        if key == "allow_networks":
+            for entry in value:
                 netpolicy.parse_network(entry, source=label("allow_networks"))
-            changes["allow_networks"] = tuple(dict.fromkeys([*self.allow_networks, *data["allow_networks"]]))
-        if "secrets" in data:
-            added = [parse_secret_mapping(m, source=f"{source}: `secrets[{i}]`") for i, m in enumerate(data["secrets"])]
-            hosts = {m.host for m in added}
-            changes["secrets"] = (*(m for m in self.secrets if m.host not in hosts), *added)
-        return changes
+            return {"allow_networks": tuple(dict.fromkeys([*self.allow_networks, *value]))}
+        added = [parse_secret_mapping(m, source=f"{source}: `secrets[{i}]`") for i, m in enumerate(value)]
+        hosts = {m.host for m in added}
+        return {"secrets": (*(m for m in self.secrets if m.host not in hosts), *added)}
 
 
 def parse_accel(value: str, *, source: str) -> Accel:
