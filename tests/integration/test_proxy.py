@@ -313,3 +313,30 @@ def test_the_log_caps_what_the_guest_chose(rig: Rig) -> None:
     (event,) = rig.events()
     assert all(len(v) <= 260 for v in event.values() if isinstance(v, str))
     assert rig.log.stat().st_mode & 0o077 == 0  # the log is private
+
+
+def test_two_secrets_for_one_host_each_reach_the_header_its_placeholder_is_in(rig: Rig) -> None:
+    """An API key and a login token for the same API host (Claude's x-api-key and its setup token as a Bearer):
+    the request's placeholder says which; one without a placeholder gets the first secret that is set."""
+    token = "login-token-never-in-guest"
+    oauth = SecretRule(
+        "oauth", "api.up.example.com", "Authorization", "vmsandbox-placeholder-oauth9", "Bearer {secret}"
+    )
+    rig.config[0] = replace(rig.config[0], secrets=(*rig.config[0].secrets, oauth))
+    rig.secrets["oauth"] = token
+    out = _https_get(rig, "api.up.example.com", rig.session_ca, f"authorization: Bearer {oauth.placeholder}\r\n")
+    assert out.startswith(b"HTTP/1.1 200"), out
+    sent = rig.api.requests[-1]
+    assert sent["authorization"] == f"Bearer {token}" and "x-api-key" not in sent
+    out = _https_get(rig, "api.up.example.com", rig.session_ca, f"x-api-key: {PLACEHOLDER}\r\n")
+    assert rig.api.requests[-1]["x-api-key"] == SECRET and "authorization" not in rig.api.requests[-1]
+    del rig.secrets["api"]  # only the login token is set: a request without a placeholder gets it
+    out = _https_get(rig, "api.up.example.com", rig.session_ca, "")
+    assert out.startswith(b"HTTP/1.1 200"), out
+    assert rig.api.requests[-1]["authorization"] == f"Bearer {token}"
+    del rig.secrets["oauth"]  # nothing set: a login of the guest's own (a kept one) goes as it is
+    out = _https_get(rig, "api.up.example.com", rig.session_ca, "authorization: Bearer guest-own-login\r\n")
+    assert out.startswith(b"HTTP/1.1 200"), out
+    assert rig.api.requests[-1]["authorization"] == "Bearer guest-own-login" and "x-api-key" not in rig.api.requests[-1]
+    assert [e.get("secret") for e in rig.events()] == ["oauth", "api", "oauth", None]
+    assert "guest's own credentials" in str(rig.events()[-1]["reason"])

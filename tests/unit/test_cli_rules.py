@@ -439,3 +439,15 @@ def test_values_refused_are_said_all_at_once_beside_the_shape(
     ):
         assert said in err, said
     assert "use auto, kvm or tcg" in err  # the hints of each, together
+
+
+def test_claude_keeps_a_subscription_token_out_of_the_guest_like_an_api_key() -> None:
+    from vmsandbox.image import blueprint
+    from vmsandbox.session import config
+
+    settings = config.Settings().merged(blueprint.load("claude").settings_data(), "claude")
+    for_api = {m.secret: (m.header, m.value, m.env) for m in settings.secrets if m.host == "api.anthropic.com"}
+    assert for_api == {
+        "anthropic-api-key": ("x-api-key", "{secret}", "ANTHROPIC_API_KEY"),
+        "claude-oauth-token": ("Authorization", "Bearer {secret}", "CLAUDE_CODE_OAUTH_TOKEN"),
+    }

@@ -11,7 +11,7 @@ from __future__ import annotations
 import ipaddress
 import json
 import secrets
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,6 +49,13 @@ class ProxyConfig:
 
     def secret_for(self, host: str) -> SecretRule | None:
         return next((s for s in self.secrets if s.host == host), None)
+
+    def secret_in(self, host: str, headers: list[tuple[str, str]], is_set: Callable[[str], bool]) -> SecretRule | None:
+        """The rule for one request to `host`: of its rules (an API key, a login token…), the one whose
+        placeholder the request carries, else the first whose secret is set, else the first."""
+        rules = [s for s in self.secrets if s.host == host]
+        carried = [r for r in rules if any(r.placeholder in value for _, value in headers)]
+        return next(iter([*carried, *(r for r in rules if is_set(r.secret))]), rules[0] if rules else None)
 
 
 @dataclass(frozen=True)
@@ -104,7 +111,7 @@ def prepare(name: str, files: paths.SessionPaths, request: Request) -> dict[str,
     }
     write_config(files, data)
     if rules:
-        certs.create_ca(files.ca_cert, files.ca_key, session=name, hosts=[r.host for r in rules])
+        certs.create_ca(files.ca_cert, files.ca_key, session=name, hosts=list(dict.fromkeys(r.host for r in rules)))
         (files.fwcfg_dir / FWCFG_CA).write_bytes(files.ca_cert.read_bytes())
     # a secret that is not set gets no placeholder: the agent then offers its own login instead
     return {r.env: r.placeholder for r in rules if r.env and secretstore.get(r.secret) is not None}
@@ -122,7 +129,9 @@ def rekey(source: paths.SessionPaths, name: str, files: paths.SessionPaths) -> d
     data["session"] = name
     write_config(files, data)
     if data["secrets"]:
-        certs.create_ca(files.ca_cert, files.ca_key, session=name, hosts=[r["host"] for r in data["secrets"]])
+        certs.create_ca(
+            files.ca_cert, files.ca_key, session=name, hosts=list(dict.fromkeys(r["host"] for r in data["secrets"]))
+        )
         (files.fwcfg_dir / FWCFG_CA).write_bytes(files.ca_cert.read_bytes())
     return swapped
 

@@ -238,10 +238,14 @@ class Proxy:
     def _inject(
         self, cfg: ProxyConfig, rule: SecretRule, headers: list[tuple[str, str]], ev: Event
     ) -> list[tuple[str, str]]:
+        rule = cfg.secret_in(rule.host, headers, lambda s: self._read_secret(s) is not None) or rule
         if cfg.revoked:
             ev.reason = f"secret {rule.secret} was revoked by `vmsandbox clean`; the placeholder passed unchanged"
             return headers
         value = self._read_secret(rule.secret)
+        if value is None and not any(rule.placeholder in v for _, v in headers):  # the guest's own login
+            ev.reason = f"secret {rule.secret} is not set: the request went with the guest's own credentials"
+            return headers
         if value is None:
             raise Upstream(
                 f"secret {rule.secret} is not set on the host; set it with `vmsandbox secret set {rule.secret}`"
