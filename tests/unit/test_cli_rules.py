@@ -451,3 +451,15 @@ def test_claude_keeps_a_subscription_token_out_of_the_guest_like_an_api_key() ->
         "anthropic-api-key": ("x-api-key", "{secret}", "ANTHROPIC_API_KEY"),
         "claude-oauth-token": ("Authorization", "Bearer {secret}", "CLAUDE_CODE_OAUTH_TOKEN"),
     }
+
+
+@pytest.mark.usefixtures("isolated_dirs")
+def test_a_blueprints_refused_values_are_said_all_at_once(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bp = tmp_path / "blueprints" / "mine.yaml"
+    bp.parent.mkdir()
+    bp.write_text("apt: [Bad_Name]\nnode: 12\ncopy: [/etc/passwd]\nenv: {1X: a}\n")
+    assert run_cli(["config", "validate", str(bp)]) == base.EXIT_FAILED
+    err = capsys.readouterr().err
+    assert f"{bp}: 4 problems:" in err
+    for said in ("line 1: `apt`: 'Bad_Name'", "line 2: `node`", "line 3: `copy`: '/etc/passwd'", "line 4: `env`: '1X'"):
+        assert said in err, said

@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,7 +24,7 @@ from vmsandbox import paths, trust
 from vmsandbox.egress.mapping import parse_secret_mapping
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.filemodels import NODE_RANGE, BlueprintFile, keys
-from vmsandbox.schema import check, load_yaml, located, parse_yaml
+from vmsandbox.schema import ShapeError, check, load_yaml, located, parse_yaml
 
 BUILTIN_DIR = Path(__file__).parent / "blueprints"
 PROJECT_DIR = Path(".vmsandbox") / "blueprints"
@@ -201,30 +202,45 @@ def _check_extends(path: Path, parent: str) -> None:
 
 
 def _validate(data: dict[str, Any], source: str) -> None:
+    """A blueprint's values (its shape is checked before): every one refused said at once, each with its key
+    (a lone one keeps its own message and hint)."""
+    found = list(_refused(data, source))
+    if len(found) == 1:
+        raise VmsandboxError(f"{source}: {found[0][1]}", hint=found[0][2])
+    if found:
+        hints = "; ".join(dict.fromkeys(h for _, _, h in found if h)) or None
+        raise ShapeError(source, [(key, said) for key, said, _ in found], hint=hints)
+
+
+def _refused(data: dict[str, Any], source: str) -> Iterator[tuple[str, str, str | None]]:
+    """(key, what is wrong, hint) for each value of a blueprint that is refused."""
     for pkg in data.get("apt", []):
         if not _APT_RE.match(pkg):
-            raise VmsandboxError(f"{source}: `apt`: {pkg!r} is not a Debian package name")
+            yield "apt", f"`apt`: {pkg!r} is not a Debian package name", None
     for pkg in data.get("npm", []):
         if not _NPM_RE.match(pkg):
-            raise VmsandboxError(f"{source}: `npm`: {pkg!r} is not an npm package spec")
+            yield "npm", f"`npm`: {pkg!r} is not an npm package spec", None
     if "node" in data and not NODE_RANGE[0] <= data["node"] <= NODE_RANGE[1]:
-        raise VmsandboxError(f"{source}: `node` must be a Node.js major version such as 24")
-    _validate_home_paths(data, source)
+        yield "node", "`node` must be a Node.js major version such as 24", None
+    yield from _refused_paths(data)
     for key in data.get("env", {}):
         if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", key):
-            raise VmsandboxError(f"{source}: `env`: {key!r} is not an environment variable name")
+            yield "env", f"`env`: {key!r} is not an environment variable name", None
     for i, mapping in enumerate(data.get("secrets", [])):
-        parse_secret_mapping(mapping, source=f"{source}: `secrets[{i}]`")
+        try:
+            parse_secret_mapping(mapping, source=f"{source}: `secrets[{i}]`")
+        except VmsandboxError as exc:
+            yield "secrets", exc.message.removeprefix(f"{source}: "), exc.hint
 
 
-def _validate_home_paths(data: dict[str, Any], source: str) -> None:
+def _refused_paths(data: dict[str, Any]) -> Iterator[tuple[str, str, str | None]]:
     for item in data.get("copy", []):
         if not item.startswith("~/") or ".." in Path(item).parts:
-            raise VmsandboxError(f"{source}: `copy`: {item!r} must be a path under the home directory (~/…)")
+            yield "copy", f"`copy`: {item!r} must be a path under the home directory (~/…)", None
     for key, items in (("credentials", data.get("credentials", [])), ("login", data.get("login", {}).get("files", []))):
         for item in items:
             if not item or item.startswith("/") or ".." in Path(item).parts:
-                raise VmsandboxError(f"{source}: `{key}`: {item!r} must be relative to the home directory")
+                yield key, f"`{key}`: {item!r} must be relative to the home directory", None
 
 
 def _merge(parent: Blueprint, data: dict[str, Any], name: str, source: str) -> Blueprint:
