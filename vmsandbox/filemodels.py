@@ -151,6 +151,6 @@ class RecipeFile(File):
     remove: list[str]
 
 
-def keys(model: type[File]) -> tuple[str, ...]:
-    """The keys a file of `model` takes, as written in it."""
+def keys(model: type[BaseModel]) -> tuple[str, ...]:
+    """The keys a file (or an entry) of `model` takes, as written in it."""
     return tuple(f.alias or name for name, f in model.model_fields.items())

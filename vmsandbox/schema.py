@@ -15,6 +15,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from vmsandbox.errors import VmsandboxError
+from vmsandbox.filemodels import keys
 
 
 class _StrictLoader(yaml.SafeLoader):
@@ -134,7 +135,7 @@ def _keys_at(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:
         if nested is None:
             return []
         model = nested
-    return [f.alias or name for name, f in model.model_fields.items()]
+    return list(keys(model))
 
 
 def key_lines(raw: bytes) -> dict[str, int]:

@@ -39,9 +39,10 @@ def kept(bp: Blueprint) -> list[str]:
 
 def add_to(bundle: Bundle, bp: Blueprint) -> list[str]:
     """Copy the kept login of `bp` into a session's boot bundle; a note per file."""
-    for rel in kept(bp):
+    found = kept(bp)
+    for rel in found:
         bundle.add_bytes(bundle.owner.guest_home / rel, (store(bp.name) / rel).read_bytes(), 0o600)
-    return [f"{bp.name}'s login ({rel}, kept by `vmsandbox login`)" for rel in kept(bp)]
+    return [f"{bp.name}'s login ({rel}, kept by `vmsandbox login`)" for rel in found]
 
 
 def read(record: Record, bp: Blueprint) -> dict[str, bytes]:
