@@ -389,8 +389,12 @@ def test_a_port_is_published_and_unpublished_while_the_session_runs(guest: Guest
     guest.standins()
     name = guest.record.name
     before = control.daemon_state(guest.record.files)
-    serve = "(setsid python3 -m http.server 8123 --bind 127.0.0.1 </dev/null >/dev/null 2>&1 &); sleep 3"
+    serve = "(setsid python3 -m http.server 8123 --bind 127.0.0.1 </dev/null >/dev/null 2>&1 &)"
     assert guest.sh(serve).returncode == 0
+    # listening before it is published (a connection to a guest port nobody listens on is closed, as it should)
+    ready = 'for i in $(seq 120); do python3 -c "$PROBE" && exit 0; sleep 0.5; done; exit 1'
+    probe = "import socket; socket.create_connection(('127.0.0.1', 8123), 1).close()"
+    assert guest.sh(f'PROBE="{probe}"; {ready}').returncode == 0, "the guest's server never listened"
     r = guest.cli.run("port", name, "publish", "8123")
     assert r.returncode == 0, r.stderr.decode()
     listed = json.loads(guest.cli.run("port", name, "--json").stdout)

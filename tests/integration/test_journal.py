@@ -210,8 +210,9 @@ def test_a_changed_hard_linked_file_is_a_walk(session: Record) -> None:
 def test_a_file_mapped_for_writing_is_a_walk(session: Record) -> None:
     hold = (  # (in a subshell of its own, so that ssh does not wait for it)
         '(setsid python3 -c \'import mmap, os, time; fd = os.open("mapped", os.O_RDWR | os.O_CREAT); '
-        'os.ftruncate(fd, 4096); m = mmap.mmap(fd, 4096); m[:5] = b"hello"; time.sleep(600)\' &) '
-        "</dev/null >/dev/null 2>&1; sleep 2"
+        'os.ftruncate(fd, 4096); m = mmap.mmap(fd, 4096); m[:5] = b"hello"; open("/tmp/mapped-ready", "w"); '
+        "time.sleep(600)' &) </dev/null >/dev/null 2>&1; "
+        "for i in $(seq 600); do [ -e /tmp/mapped-ready ] && exit 0; sleep 0.1; done; exit 1"
     )
     named = step(session, hold, expect="file-mapped-for-writing")
     assert named.view["mapped"].size == 4096
