@@ -124,11 +124,11 @@ def _listening_addresses(port: int) -> set[str]:
 def test_user_blueprint_extends_base_and_config_is_copied_in_only(
     cli: Cli, base_image: store.Image, owned_name: str, project: Path, tmp_path: Path, ssh_agent: str
 ) -> None:
-    """A user blueprint that extends base and adds a Debian package builds its own layer; the config file it
-    names is copied in, changed in the guest, and the host copy stays as it was. With --git-identity and
-    --ssh-agent the guest sees the host user's git name and can use (not read) the agent's key. It boots cold:
-    the layer is thrown away at the end, so a warm template for it (a cold boot plus a memory save) would cost
-    more than the one boot it serves; warm starts of blueprint layers are tested on the claude layer."""
+    """A user blueprint that extends base and adds a Debian package has its own layer (over this base, built
+    once and then found by its hash, like the agents' layers: its build costs four minutes under TCG); the
+    config file it names is copied in, changed in the guest, and the host copy stays as it was. With
+    --git-identity and --ssh-agent the guest sees the host user's git name and can use (not read) the agent's
+    key."""
     config_dir = tmp_path / "config"
     (config_dir / "blueprints").mkdir(parents=True)
     (config_dir / "blueprints" / "mine.yaml").write_text(
@@ -145,7 +145,7 @@ def test_user_blueprint_extends_base_and_config_is_copied_in_only(
         " ~/.config/tool/settings.json; git config --global user.name; ssh-add -l | wc -l"
     )
     r = cli.run(
-        "run", "--blueprint", "mine", "--cold", "--git-identity", "--ssh-agent", "--yes", "--name", owned_name,
+        "run", "--blueprint", "mine", "--git-identity", "--ssh-agent", "--yes", "--name", owned_name,
         str(project), "--", "sh", "-c", script, env=env, timeout=1800,
     )  # fmt: skip
     assert r.returncode == 0, r.stderr.decode()
@@ -155,10 +155,8 @@ def test_user_blueprint_extends_base_and_config_is_copied_in_only(
     assert settings_file.read_text() == '{"theme": "dark"}\n'  # never written back
     assert b"No changes in the guest" in r.stderr  # and not part of the review
     assert_gone(owned_name)
-    layers = [i for i in json.loads(cli.run("image", "ls", "--json").stdout) if i["kind"] == "blueprint mine"]
-    assert len(layers) == 1 and layers[0]["base"] == base_image.version
-    removed = cli.run("image", "rm", layers[0]["version"])  # a test's layer does not outlive it
-    assert removed.returncode == 0, removed.stderr.decode()
+    images = json.loads(cli.run("image", "ls", "--json").stdout)
+    assert [i["kind"] for i in images if i.get("base") == base_image.version].count("blueprint mine") == 1
 
 
 @pytest.fixture

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from vmsandbox import paths
-from vmsandbox.session import lifecycle, pins, state
+from vmsandbox.session import collect, pins, state
 from vmsandbox.session.record import Record, State, domain_name
 from vmsandbox.vm.virt import Hypervisor
 
@@ -44,7 +44,7 @@ def running(hv: Hypervisor, record: Record) -> None:
 
 
 def gc() -> list[str]:
-    return list(lifecycle.gc(URI, limit=LIMIT))
+    return list(collect.gc(URI, limit=LIMIT))
 
 
 def test_a_run_killed_before_its_command_is_removed_with_its_vm(hv: Hypervisor) -> None:

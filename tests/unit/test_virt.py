@@ -9,7 +9,7 @@ import pytest
 
 from vmsandbox import paths
 from vmsandbox.errors import VmsandboxError
-from vmsandbox.session import lifecycle, state
+from vmsandbox.session import collect, state
 from vmsandbox.vm.domain import META_NS
 from vmsandbox.vm.virt import Hypervisor
 
@@ -57,7 +57,7 @@ def test_gc_destroys_our_domains_without_a_session_dir_only() -> None:
         hv.create(test_domain("vmsandbox-gone", gone))
         hv.create(test_domain("vmsandbox-foreign"))  # shares the prefix but has no vmsandbox metadata
         try:
-            lines = list(lifecycle.gc(URI, limit=1024**3))
+            lines = list(collect.gc(URI, limit=1024**3))
             assert lines == ["destroyed domain vmsandbox-gone (its session directory is gone)"]
             assert hv.info("vmsandbox-gone") is None
             assert hv.info("vmsandbox-foreign") is not None
@@ -69,7 +69,7 @@ def test_gc_destroys_our_domains_without_a_session_dir_only() -> None:
 def test_gc_removes_sessions_whose_vm_is_gone() -> None:
     r = saved_record("dead", libvirt_uri=URI, keep=True, status="ready")
     assert state.all_status(URI)[0].state == "exited"
-    assert list(lifecycle.gc(URI, limit=1024**3)) == ["removed session dead (exited)"]
+    assert list(collect.gc(URI, limit=1024**3)) == ["removed session dead (exited)"]
     assert not r.files.root.exists()
 
 
@@ -79,7 +79,7 @@ def test_gc_dry_run_says_what_it_would_do_and_does_nothing() -> None:
     with Hypervisor(URI) as hv:
         hv.create(test_domain("vmsandbox-gone", gone))
         try:
-            lines = list(lifecycle.gc(URI, limit=1024**3, dry=True))
+            lines = list(collect.gc(URI, limit=1024**3, dry=True))
             assert lines == [
                 "would remove session dead (exited)",  # what gc does: test_gc_removes_sessions_whose_vm_is_gone
                 "would destroy domain vmsandbox-gone (its session directory is gone)",
@@ -95,7 +95,7 @@ def test_a_stopped_session_is_listed_as_such_and_never_collected() -> None:
     listed = state.all_status(URI)[0].as_dict()
     assert listed["state"] == "stopped"
     assert listed["disk_bytes"] > 0
-    assert list(lifecycle.gc(URI, limit=1024**3)) == []
+    assert list(collect.gc(URI, limit=1024**3)) == []
     assert r.files.saved_memory.exists()
     r.files.saved_memory.unlink()  # the memory is lost: the session is what a dead VM is
     assert state.all_status(URI)[0].state == "exited"

@@ -197,10 +197,10 @@ def gc(
 
     `vmsandbox gc`
     """
-    from vmsandbox.session import config, lifecycle
+    from vmsandbox.session import collect, config
 
     settings = config.load()
-    done = list(lifecycle.gc(settings.libvirt_uri, limit=sync_limit(), hosts=settings.hosts, dry=dry_run))
+    done = list(collect.gc(settings.libvirt_uri, limit=sync_limit(), hosts=settings.hosts, dry=dry_run))
     for line in done:
         ui.info(line)
     if not done:

@@ -1,7 +1,7 @@
 """The end of a session, in one place: reviewing what the guest changed, and then removing the session — but
 never with unreviewed work. Whatever is left unsynced when the VM goes is exported to the outbox first, and a
-session holding work is never removed silently. `run`'s end, `pull`, `recover`, `destroy` and `gc` all go
-through here.
+session holding work is never removed silently. `run`'s end, `pull`, `recover`, `destroy` and `gc`
+(session.collect) all go through here.
 
 The review itself is data (sync.plan): this module gathers the plan and carries out decisions; whoever asks
 the person (the CLI) sits outside.
@@ -9,23 +9,17 @@ the person (the CLI) sits outside.
 
 from __future__ import annotations
 
-import functools
 import logging
 import shutil
 import sys
-import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from vmsandbox import confine, failpoint, paths, proc, ui
 from vmsandbox.egress import control
 from vmsandbox.errors import VmsandboxError
-from vmsandbox.session import chain, diskreader, lock, pins, places
-from vmsandbox.session.hostspec import HostSpec
-from vmsandbox.session.place import Tidy
-from vmsandbox.session.record import Phase, Record, State, domain_name, names
-from vmsandbox.session.state import status
+from vmsandbox.session import chain, diskreader, pins, places
+from vmsandbox.session.record import Record, domain_name
 from vmsandbox.sync import changes, commitreview, outbox, plan
 from vmsandbox.sync.changes import Gathered
 from vmsandbox.sync.compare import Change
@@ -123,7 +117,7 @@ def destroy(record: Record, *, force: bool, discard: bool, limit: int) -> End:
         remove(record, forget_unreachable=discard)
         return End()
     try:
-        g, left = _pending(record, limit)
+        g, left = pending(record, limit)
     except UnreachableError as exc:
         raise places.of(record).unanswered(record, exc) from exc
     if left and not force:
@@ -158,7 +152,7 @@ def _stop(files: paths.SessionPaths, uri: str, domain: str) -> None:
     places.of_uri(uri).forget(files.root, domain)
 
 
-def _pending(record: Record, limit: int) -> tuple[Gathered, list[Change]]:
+def pending(record: Record, limit: int) -> tuple[Gathered, list[Change]]:
     """The session's changes and the ones still pending; the record remembers how many."""
     g = gather(record, limit=limit)
     left = changes.pending(g)
@@ -205,105 +199,3 @@ def retire(record: Record) -> None:
     record.ending = None
     record.save()
     pins.unpin(record.name)  # its disks are gone: it rests on no image any more
-
-
-def _state_at(record: Record, here: Hypervisor) -> State:
-    """A session's state, asked of its place's libvirt (`here`, when that is this machine's)."""
-    with places.of(record).connected(here) as hv:
-        return status(record, hv).state
-
-
-def _gc_session(name: str, hv: Hypervisor, uri: str, limit: int, tidy: Tidy) -> Iterator[str]:
-    """gc of one session: removed if its VM is gone or its `run` died, unless it holds work."""
-    files = paths.session_paths(name)
-    try:
-        record = Record.load(name)
-    except VmsandboxError as exc:
-        if files.workspace_disk.exists():  # it may hold the guest's work: a person decides
-            yield f"kept damaged session {name}: {exc.message}; `vmsandbox destroy {name} --discard` removes it"
-        elif time.time() - files.root.stat().st_mtime > 60:  # not one being created right now
-            yield tidy("remove", f"damaged session directory {files.root}", lambda: remove_damaged(name, uri))
-        return
-    try:
-        state = _state_at(record, hv)
-    except UnreachableError as exc:  # another host that does not answer: its sessions wait for it
-        yield f"skipped session {name}: host {record.host} does not answer ({exc.message})"
-        return
-    if state not in (State.EXITED, State.ORPHANED, State.ENDING):
-        return
-    if tidy.dry:  # what a gc would do, said without the lock and without reading the guest's changes
-        yield _would_collect(record, state)
-        return
-    try:
-        with lock.held(files, name, "cleaning up"):
-            yield _collect(Record.load(name), state, limit)  # read again: a teardown may have run
-    except lock.BusyError as exc:
-        yield f"skipped {exc.message}"
-    except lock.GoneError:  # it ended meanwhile (its teardown finished)
-        return
-    except VmsandboxError as exc:  # one session's trouble never stops the clean-up of the others
-        yield f"could not check session {name}: {exc.message}"
-
-
-def gc(uri: str, *, limit: int, hosts: tuple[HostSpec, ...] = (), dry: bool = False) -> Iterator[str]:
-    """Remove sessions whose VM is gone or whose `vmsandbox run` died — unless they hold unsynced work (a
-    stopped VM's work is exported to its outbox, and the session kept) —, finish teardowns that were
-    interrupted, and destroy vmsandbox domains whose session directory is gone. Yields a line per thing done;
-    with `dry`, a line per thing it would do, and does nothing."""
-    mine = paths.sessions_dir().resolve()
-    tidy = Tidy(dry=dry)
-    with Hypervisor(uri) as hv:
-        for name in names():
-            yield from _gc_session(name, hv, uri, limit, tidy)
-        yield from diskreader.sweep(mine, hv, tidy)
-        for session in pins.collect(dry=dry):
-            yield f"{'would remove' if dry else 'removed'} the pin of session {session} (its directory is gone)"
-    for place in places.every(uri, hosts):
-        yield from place.sweep(mine, tidy)
-    yield from _stale_captures(mine, tidy)
-
-
-def _stale_captures(sessions: Path, tidy: Tidy) -> Iterator[str]:
-    """The captures of fan-outs killed before they cleaned up."""
-    for staging in sessions.glob(paths.FANOUT_CAPTURE_PREFIX + "*"):
-        if time.time() - staging.stat().st_mtime > STALE_CAPTURE_SECONDS:
-            what = f"{staging} (the capture of a fan-out that did not finish)"
-            yield tidy("remove", what, functools.partial(shutil.rmtree, staging, ignore_errors=True))
-
-
-STALE_CAPTURE_SECONDS = 3600  # a fan-out copies its capture as its sessions start: one this old is left over
-
-
-def _collect(record: Record, state: State, limit: int) -> str:
-    """gc of one stopped, orphaned or ending session (its lock held): what was done."""
-    if record.ending is not None:  # its background teardown was interrupted: finish it
-        end_now(record)
-        return f"finished the teardown of session {record.name}"
-    kept = _keeps_work(record, state, limit)
-    if kept is not None:
-        return f"kept session {record.name} ({state}): {kept}"
-    remove(record)
-    return f"removed session {record.name} ({state})"
-
-
-def _would_collect(record: Record, state: State) -> str:
-    if record.ending is not None:
-        return f"would finish the teardown of session {record.name}"
-    if record.status is Phase.READY and record.files.baseline_manifest.exists() and record.unsynced != 0:
-        known = "" if record.unsynced is None else f", {record.unsynced} at the last count"
-        return f"would keep session {record.name} ({state}) if it holds unsynced changes{known}, else remove it"
-    return f"would remove session {record.name} ({state})"
-
-
-def _keeps_work(record: Record, state: State, limit: int) -> str | None:
-    """Why gc keeps this session (its unsynced changes), or None. A session that never got ready never ran a
-    command: nothing in it is anyone's work."""
-    if record.status is not Phase.READY or not record.files.baseline_manifest.exists():
-        return None
-    g, left = _pending(record, limit)
-    if not left:
-        return None
-    if state is State.EXITED and not record.exported:
-        outbox.export(g)
-        retire(record)
-    return f"{len(left)} unsynced change(s); `vmsandbox pull {record.name}` or `vmsandbox recover {record.name}`"
