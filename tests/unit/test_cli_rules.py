@@ -267,6 +267,21 @@ def test_ssh_config_is_a_block_an_editor_uses_as_is(capsys: pytest.CaptureFixtur
 
 
 @pytest.mark.usefixtures("isolated_dirs")
+def test_ssh_config_all_prints_every_block_it_can_and_names_the_rest(capsys: pytest.CaptureFixture[str]) -> None:
+    saved_record("exp1", ssh_port=2201)
+    saved_record("exp2", ssh_port=2202)
+    broken = paths.session_paths("broken")
+    broken.root.mkdir(parents=True)
+    broken.record.write_text(json.dumps(["not", "a", "record"]))
+    assert run_cli(["ssh-config", "--all"]) == base.EXIT_FAILED
+    captured = capsys.readouterr()
+    hosts = [line for line in captured.out.splitlines() if line.startswith("Host ")]
+    assert hosts == ["Host vmsandbox-exp1", "Host vmsandbox-exp2"]
+    assert "\n\nHost vmsandbox-exp2" in captured.out  # blocks apart, as ~/.ssh/config reads them
+    assert "could not ssh-config 1 of 3 sessions: broken" in captured.err
+
+
+@pytest.mark.usefixtures("isolated_dirs")
 def test_a_misspelt_key_gets_a_suggestion(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     bad = tmp_path / "config.yaml"
     bad.write_text("cpus: 2\nmemroy: 2G\n")

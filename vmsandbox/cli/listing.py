@@ -20,6 +20,7 @@ from vmsandbox.cli.base import (
     age,
     app,
     columns,
+    each_session,
     print_json,
 )
 from vmsandbox.errors import UsageError, VmsandboxError
@@ -210,9 +211,11 @@ def ssh_config(names: SessionNames = None, every: AllSessions = False) -> None:
     `vmsandbox ssh-config --all`"""
     from vmsandbox.session.record import names as all_names
 
-    if every and names:
-        raise UsageError("`ssh-config` takes session names or --all, not both")
-    if not every and not names:
-        raise UsageError("`ssh-config` needs a session name", hint="`vmsandbox ssh-config NAME`, or `--all`")
-    blocks = [ssh_block(n) for n in (all_names() if every else dict.fromkeys(names or ()))]
-    print("\n".join(blocks), end="")
+    printed: list[str] = []
+
+    def one(name: str) -> None:  # blocks apart by a blank line; a session that has none is named at the end
+        block = ssh_block(name)
+        print(("\n" if printed else "") + block, end="", flush=True)
+        printed.append(name)
+
+    each_session(names, every, verb="ssh-config", which=all_names, act=one)
