@@ -125,7 +125,7 @@ def test_user_blueprint_extends_base_and_config_is_copied_in_only(
     cli: Cli, base_image: store.Image, owned_name: str, project: Path, tmp_path: Path, ssh_agent: str
 ) -> None:
     """A user blueprint that extends base and adds a Debian package has its own layer (over this base, built
-    once and then found by its hash, like the agents' layers: its build costs four minutes under TCG); the
+    once and then found by its hash, like the agents' layers: building it cost ~4 minutes of CI); the
     config file it names is copied in, changed in the guest, and the host copy stays as it was. With
     --git-identity and --ssh-agent the guest sees the host user's git name and can use (not read) the agent's
     key."""
