@@ -43,3 +43,8 @@ def test_the_daemon_ends_when_its_session_goes_before_it_ever_connected() -> Non
     finally:
         guard.cancel()
     assert time.monotonic() - started < 15
+    closed: list[bool] = []  # its loop can be closed (or collected) in any thread: no signal handler is left
+    closer = threading.Thread(target=lambda: (served.loop.close(), closed.append(True)))
+    closer.start()
+    closer.join()
+    assert closed == [True]

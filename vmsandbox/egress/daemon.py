@@ -279,6 +279,8 @@ class Daemon:
         with contextlib.suppress(asyncio.CancelledError):
             self.loop.run_until_complete(watcher)
         self._state(Door.DOWN, "stopped")
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1):  # here, in the main thread:
+            self.loop.remove_signal_handler(sig)  # a loop collected in another thread could not (a ValueError)
 
 
 def main(argv: list[str], daemon: Callable[[str], Daemon] = Daemon) -> int:
