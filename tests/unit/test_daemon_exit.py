@@ -44,7 +44,12 @@ def test_the_daemon_ends_when_its_session_goes_before_it_ever_connected() -> Non
         guard.cancel()
     assert time.monotonic() - started < 15
     closed: list[bool] = []  # its loop can be closed (or collected) in any thread: no signal handler is left
-    closer = threading.Thread(target=lambda: (served.loop.close(), closed.append(True)))
+
+    def close() -> None:
+        served.loop.close()
+        closed.append(True)
+
+    closer = threading.Thread(target=close)
     closer.start()
     closer.join()
     assert closed == [True]
