@@ -82,6 +82,18 @@ class ShapeError(VmsandboxError):
         super().__init__(f"{source}: {text}", hint=hint)
 
 
+def all_at_once(source: str, problems: list[tuple[str, VmsandboxError]], shape: ShapeError | None = None) -> None:
+    """Raise every problem of one file at once: its shape's (if any) and its values' ((key, error) each, the
+    error's message starting with `source`), their hints joined; one problem alone keeps its own error."""
+    if len(problems) == 1 and shape is None:
+        raise problems[0][1]
+    if problems or shape is not None:
+        said = [(key, exc.message.removeprefix(f"{source}: ")) for key, exc in problems]
+        hints = [e.hint for e in (shape, *(exc for _, exc in problems)) if e is not None and e.hint]
+        items = [*(shape.items if shape is not None else []), *said]
+        raise ShapeError(source, items, hint="; ".join(dict.fromkeys(hints)) or None)
+
+
 def _where(loc: tuple[str | int, ...]) -> tuple[str, str]:
     """A location as (the mapping it is in, the key in it): ("secrets[0]", "header"), ("", "allow[1]")."""
     last = max((i for i, part in enumerate(loc) if isinstance(part, str)), default=0)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,7 +24,7 @@ from vmsandbox import paths, trust
 from vmsandbox.egress.mapping import parse_secret_mapping
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.filemodels import NODE_RANGE, BlueprintFile, keys
-from vmsandbox.schema import ShapeError, check, load_yaml, located, parse_yaml
+from vmsandbox.schema import all_at_once, check, load_yaml, located, parse_yaml
 
 BUILTIN_DIR = Path(__file__).parent / "blueprints"
 PROJECT_DIR = Path(".vmsandbox") / "blueprints"
@@ -204,43 +204,44 @@ def _check_extends(path: Path, parent: str) -> None:
 def _validate(data: dict[str, Any], source: str) -> None:
     """A blueprint's values (its shape is checked before): every one refused said at once, each with its key
     (a lone one keeps its own message and hint)."""
-    found = list(_refused(data, source))
-    if len(found) == 1:
-        raise VmsandboxError(f"{source}: {found[0][1]}", hint=found[0][2])
-    if found:
-        hints = "; ".join(dict.fromkeys(h for _, _, h in found if h)) or None
-        raise ShapeError(source, [(key, said) for key, said, _ in found], hint=hints)
+    all_at_once(source, list(_refused(data, source)))
 
 
-def _refused(data: dict[str, Any], source: str) -> Iterator[tuple[str, str, str | None]]:
-    """(key, what is wrong, hint) for each value of a blueprint that is refused."""
+def _refused(data: dict[str, Any], source: str) -> Iterator[tuple[str, VmsandboxError]]:
+    """(key, why) for each value of a blueprint that is refused."""
+
+    def no(key: str, said: str) -> tuple[str, VmsandboxError]:
+        return key, VmsandboxError(f"{source}: `{key}`: {said}")
+
     for pkg in data.get("apt", []):
         if not _APT_RE.match(pkg):
-            yield "apt", f"`apt`: {pkg!r} is not a Debian package name", None
+            yield no("apt", f"{pkg!r} is not a Debian package name")
     for pkg in data.get("npm", []):
         if not _NPM_RE.match(pkg):
-            yield "npm", f"`npm`: {pkg!r} is not an npm package spec", None
+            yield no("npm", f"{pkg!r} is not an npm package spec")
     if "node" in data and not NODE_RANGE[0] <= data["node"] <= NODE_RANGE[1]:
-        yield "node", "`node` must be a Node.js major version such as 24", None
-    yield from _refused_paths(data)
+        yield "node", VmsandboxError(f"{source}: `node` must be a Node.js major version such as 24")
+    yield from _refused_paths(data, no)
     for key in data.get("env", {}):
         if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", key):
-            yield "env", f"`env`: {key!r} is not an environment variable name", None
+            yield no("env", f"{key!r} is not an environment variable name")
     for i, mapping in enumerate(data.get("secrets", [])):
         try:
             parse_secret_mapping(mapping, source=f"{source}: `secrets[{i}]`")
         except VmsandboxError as exc:
-            yield "secrets", exc.message.removeprefix(f"{source}: "), exc.hint
+            yield "secrets", exc
 
 
-def _refused_paths(data: dict[str, Any]) -> Iterator[tuple[str, str, str | None]]:
+def _refused_paths(
+    data: dict[str, Any], no: Callable[[str, str], tuple[str, VmsandboxError]]
+) -> Iterator[tuple[str, VmsandboxError]]:
     for item in data.get("copy", []):
         if not item.startswith("~/") or ".." in Path(item).parts:
-            yield "copy", f"`copy`: {item!r} must be a path under the home directory (~/…)", None
+            yield no("copy", f"{item!r} must be a path under the home directory (~/…)")
     for key, items in (("credentials", data.get("credentials", [])), ("login", data.get("login", {}).get("files", []))):
         for item in items:
             if not item or item.startswith("/") or ".." in Path(item).parts:
-                yield key, f"`{key}`: {item!r} must be relative to the home directory", None
+                yield no(key, f"{item!r} must be relative to the home directory")
 
 
 def _merge(parent: Blueprint, data: dict[str, Any], name: str, source: str) -> Blueprint:

@@ -16,7 +16,7 @@ from vmsandbox.egress.mapping import SecretMapping, parse_secret_mapping
 from vmsandbox.egress.netpolicy import Mode
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.filemodels import BOOT_TIMEOUT_RANGE, MIN_DISK_MIB, MIN_MEMORY_MIB, MIN_SYNC_LIMIT_MIB, ConfigFile, keys
-from vmsandbox.schema import ShapeError, check, located, parse_yaml
+from vmsandbox.schema import ShapeError, all_at_once, check, located, parse_yaml
 from vmsandbox.session.hostspec import HostSpec, parse_hosts, parse_uri
 from vmsandbox.vm.accel import Accel
 
@@ -98,13 +98,7 @@ class Settings:
                 changes.update(self._converted(key, value, label, source))
             except VmsandboxError as exc:
                 problems.append((key, exc))
-        if len(problems) == 1 and shape is None:
-            raise problems[0][1]
-        if problems or shape is not None:
-            said = [(key, exc.message.removeprefix(f"{source}: ")) for key, exc in problems]
-            hints = [e.hint for e in (shape, *(exc for _, exc in problems)) if e is not None and e.hint]
-            items = [*(shape.items if shape is not None else []), *said]
-            raise ShapeError(source, items, hint="; ".join(dict.fromkeys(hints)) or None)
+        all_at_once(source, problems, shape)
         return replace(self, **changes)
 
     def _converted(self, key: str, value: Any, label: Callable[[str], str], source: str) -> dict[str, Any]:
