@@ -13,7 +13,10 @@ jail bounds what it can reach at all, whatever it is tricked into doing:
   processes to see;
 - its own PID namespace: when the jail's first process ends, the kernel kills everything left in it, so a
   `setsid` grandchild cannot outlive it (process-group kills alone never reached those);
-- a new session (no TIOCSTI into our terminal) and death with its parent.
+- a new session (no TIOCSTI into our terminal) and death with its parent;
+- no new user namespaces (bubblewrap's `--disable-userns`: a user namespace would hand the process every
+  capability over mounts and networks of its own), and a seccomp filter (seccomp.py) that refuses the kernel's
+  surfaces a reader of guest bytes never needs.
 
 bubblewrap runs unprivileged (user namespaces) after the process switched to its account, so the account's
 own uid is what the jail writes with.
@@ -39,9 +42,12 @@ class Jail:
     writable: tuple[Path, ...] = ()
     readable: tuple[Path, ...] = ()
 
-    def argv(self, command: Sequence[str], cwd: Path | None) -> list[str]:
-        """`command` wrapped in bubblewrap (the caller resolves `bwrap` like any other tool)."""
-        args = ["bwrap", "--unshare-all", "--die-with-parent", "--new-session"]
+    def argv(self, command: Sequence[str], cwd: Path | None, *, seccomp_fd: int | None = None) -> list[str]:
+        """`command` wrapped in bubblewrap (the caller resolves `bwrap` like any other tool), under the seccomp
+        filter read from `seccomp_fd` (seccomp.memfd; the caller passes it on to the child)."""
+        args = ["bwrap", "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent", "--new-session"]
+        if seccomp_fd is not None:
+            args += ["--seccomp", str(seccomp_fd)]
         for top in map(Path, SYSTEM):
             if top.is_symlink():
                 args += ["--symlink", str(top.readlink()), str(top)]

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from vmsandbox import packages
+from vmsandbox import packages, seccomp
 from vmsandbox.confine import Identity, Limits
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.jail import Jail
@@ -115,22 +115,32 @@ def start(
     that must wire two processes together; everyone else uses `run`."""
     args = [str(a) for a in argv]
     args[0] = which(args[0])
+    filter_fd: int | None = None
     if jail is not None:
-        args = jail.argv(args, cwd)
+        filter_fd = seccomp.memfd()
+        if filter_fd is None:
+            log.warning("no seccomp table for this machine's architecture: the jail runs without its filter")
+        else:
+            pass_fds = (*pass_fds, filter_fd)
+        args = jail.argv(args, cwd, seccomp_fd=filter_fd)
         args[0] = which(args[0])
     log.debug("run: %s%s", shlex.join(args), f" (as uid {as_user.uid})" if as_user else "")
-    return subprocess.Popen(
-        args,
-        stdin=stdin,
-        stdout=stdout,
-        stderr=subprocess.PIPE,
-        env=dict(env) if env is not None else None,
-        cwd=cwd,
-        start_new_session=True,
-        preexec_fn=_child_setup(limits),  # noqa: PLW1509 - prctl and setrlimit only, no locks taken
-        pass_fds=tuple(pass_fds),
-        **_identity(as_user),
-    )
+    try:
+        return subprocess.Popen(
+            args,
+            stdin=stdin,
+            stdout=stdout,
+            stderr=subprocess.PIPE,
+            env=dict(env) if env is not None else None,
+            cwd=cwd,
+            start_new_session=True,
+            preexec_fn=_child_setup(limits),  # noqa: PLW1509 - prctl and setrlimit only, no locks taken
+            pass_fds=tuple(pass_fds),
+            **_identity(as_user),
+        )
+    finally:
+        if filter_fd is not None:
+            os.close(filter_fd)
 
 
 def finish(

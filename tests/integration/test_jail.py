@@ -5,6 +5,7 @@ left readable to every account gets nowhere."""
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 import socket
 import subprocess
@@ -118,3 +119,43 @@ def test_the_reader_has_no_network(target: Path) -> None:
         with pytest.raises(TimeoutError):
             listener.accept()
     assert r.returncode != 0 and "connected" not in r.stdout, r.stdout + r.stderr
+
+
+def test_the_reader_makes_no_namespace_and_no_kernel_surface_call(target: Path) -> None:
+    """No user namespace (which would give it every capability over mounts and networks of its own), whichever
+    way it asks: unshare(2), clone(2) with a namespace flag, setns(2); and the seccomp filter refuses the
+    calls a reader never needs (mount, keyctl, bpf, ptrace, userfaultfd, io_uring), while what it does need
+    (fork, exec, threads, pipes, files) still works."""
+    probe = r"""
+import ctypes, errno, os, threading, subprocess
+libc = ctypes.CDLL(None, use_errno=True)
+def call(nr, *args):
+    r = libc.syscall(nr, *[ctypes.c_long(a) for a in args])
+    return "ok" if r >= 0 else errno.errorcode[ctypes.get_errno()]
+CLONE_NEWUSER, CLONE_NEWNET, SIGCHLD = 0x10000000, 0x40000000, 17
+print("unshare-user", call(272, CLONE_NEWUSER))
+print("unshare-net", call(272, CLONE_NEWNET))
+print("clone-user", call(56, CLONE_NEWUSER | SIGCHLD, 0, 0, 0, 0))
+print("setns", call(308, 0, 0))
+print("mount", call(165, 0, 0, 0, 0, 0))
+print("keyctl", call(250, 0, 0, 0, 0, 0))
+print("bpf", call(321, 0, 0, 0))
+print("ptrace", call(101, 0, 0, 0, 0))
+print("userfaultfd", call(323, 0))
+print("io_uring", call(425, 1, 0))
+print("clone3", call(435, 0, 0))
+t = threading.Thread(target=lambda: None); t.start(); t.join()
+pid = os.fork()
+if pid == 0:
+    os._exit(7)
+print("spawn", subprocess.run(["true"]).returncode, os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
+"""
+    r = jailed(f"exec python3 -c {shlex.quote(probe)}", target)
+    found = dict(line.split(" ", 1) for line in r.stdout.splitlines())
+    for call in ("unshare-user", "unshare-net", "clone-user", "setns", "mount", "keyctl", "bpf", "ptrace",
+                 "userfaultfd", "io_uring"):  # fmt: skip
+        assert found.get(call) == "EPERM", (call, r.stdout, r.stderr)
+    assert found.get("clone3") == "ENOSYS", r.stdout  # so glibc falls back to clone(2), whose flags are seen
+    assert found.get("spawn") == "0 7", r.stdout + r.stderr
+    r = jailed("unshare -U -r true; echo $?", target)
+    assert r.stdout.strip() != "0", r.stdout + r.stderr

@@ -96,7 +96,7 @@ def test_modules_and_functions_stay_small() -> None:
     big = []
     for path in PACKAGE.rglob("*.py"):
         text = path.read_text()
-        if text.count("\n") > 310:
+        if text.count("\n") > 400:  # as long as its one concern needs, within one head
             big.append(f"{path.relative_to(PACKAGE)}: {text.count(chr(10))} lines")
         for node in ast.walk(ast.parse(text)):
             if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.end_lineno is not None:
