@@ -17,10 +17,13 @@ from __future__ import annotations
 
 import os
 import pwd
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
 import platformdirs
+
+from vmsandbox.errors import VmsandboxError
 
 APP = "vmsandbox"
 SYSTEM_DIR = Path("/var/lib/vmsandbox")
@@ -265,8 +268,29 @@ class SessionPaths:
         return self.root / SESSION_CA_KEY
 
 
+# A session's name: anchored at both ends (no `$`, which lets a trailing newline through), so it holds no
+# separator, no control character and no dot: it names one directory under sessions_dir() and nothing else.
+SESSION_NAME = re.compile(r"[a-z0-9][a-z0-9-]{0,30}")
+NAME_HINT = "a session name is 1-31 lowercase letters, digits and dashes, starting with a letter or digit"
+
+
+def is_session_name(name: str) -> bool:
+    return SESSION_NAME.fullmatch(name) is not None
+
+
 def session_paths(name: str) -> SessionPaths:
+    """The files of the session `name`: refused unless it is a session's name (the one check every way of
+    opening a session by name goes through: a command's argument, a page's field, an API's path)."""
+    if not is_session_name(name):
+        raise VmsandboxError(f"invalid session name {name!r}", hint=NAME_HINT)
     return SessionPaths(sessions_dir() / name)
+
+
+def fanout_capture(group: str) -> SessionPaths:
+    """Where a fan-out captures its project once (not a session: its name starts with a dot, so `ls` skips it)."""
+    if not is_session_name(group):
+        raise VmsandboxError(f"invalid fan-out group name {group!r}", hint=NAME_HINT)
+    return SessionPaths(sessions_dir() / (FANOUT_CAPTURE_PREFIX + group))
 
 
 def own_file(path: Path, *, truncate: bool = False) -> None:

@@ -279,3 +279,23 @@ def test_only_the_chooser_asks_where_a_vm_lives() -> None:
                 asking.append(f"{path.relative_to(PACKAGE)}:{n}: {line.strip()}")
     assert asking == []
     assert WHERE_TESTS.search('if record.host == "local":') and WHERE_TESTS.search("if opts.host is None:")
+
+
+def test_no_pattern_lets_a_trailing_newline_through() -> None:
+    """A pattern anchored with `$` matches before a final newline (`run --name $'x\\n'` passed as a name): an
+    anchored pattern ends in `\\Z`, or is used with fullmatch. Every regular expression literal of the package
+    that starts with `^` is held to it (re.MULTILINE ones excepted)."""
+    found = []
+    for path in PACKAGE.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
+                continue
+            if node.func.attr not in ("compile", "match", "search") or not node.args:
+                continue
+            first = node.args[0]
+            multiline = any("MULTILINE" in ast.unparse(a) or ast.unparse(a).endswith(".M") for a in node.args[1:])
+            if isinstance(first, ast.Constant) and isinstance(first.value, str) and not multiline:
+                text = first.value
+                if text.startswith("^") and text.endswith("$") and not text.endswith("\\$"):
+                    found.append(f"{path.relative_to(PACKAGE)}:{node.lineno} {text}")
+    assert found == []

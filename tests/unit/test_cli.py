@@ -320,3 +320,16 @@ def test_experiment_commands_refuse_what_they_cannot_do(capsys: pytest.CaptureFi
     assert run_cli(["fanout", "--help"]) == 0
     out = capsys.readouterr().out
     assert "--check" in out and "VMSANDBOX_INDEX" in out
+
+
+def test_a_name_with_a_newline_is_refused_before_anything_is_made(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """`run --name $'x\\n'` passed the name check (its `$`), then failed to restore a path with a newline, and
+    the product marked the shared warm-start template failed for it. Refused now, as a usage error, with
+    nothing made."""
+    from vmsandbox import paths
+
+    assert run_cli(["run", "--name", "x\n", str(tmp_path), "--", "true"]) == base.EXIT_USAGE
+    assert "invalid session name 'x\\n'" in capsys.readouterr().err
+    assert not paths.sessions_dir().exists() or list(paths.sessions_dir().iterdir()) == []

@@ -57,10 +57,32 @@ def test_a_home_above_or_around_the_project_is_refused_under_sudo_too(
     assert session.validate_project(home / "src" / "app") == (home / "src" / "app").resolve()
 
 
-@pytest.mark.parametrize("bad", ["", "UPPER", "-lead", "a b", "x" * 40, "../etc"])
+@pytest.mark.parametrize("bad", ["", "UPPER", "-lead", "a b", "x" * 40, "../etc", "x\n", "x\r", "a/b", ".capture-x"])
 def test_bad_names(bad: str) -> None:
     with pytest.raises(VmsandboxError, match="invalid session name"):
         session.validate_name(bad)
+
+
+def test_a_session_is_opened_by_its_name_only(tmp_path: Path) -> None:
+    """One way to open a session by name (issue 43): a name with a separator, a dot or a newline never reaches
+    the file system; a directory that is a symlink (to a session elsewhere, or to one of this account's under
+    another name) or whose record names another session is refused with one clear line."""
+    saved_record("real")
+    outside = tmp_path / "elsewhere" / "x"
+    outside.mkdir(parents=True)
+    (outside / paths.SESSION_RECORD).write_text((paths.session_paths("real").record).read_text())
+    for name in ("../../elsewhere/x", "../x", "x\n", "real/", "real\n"):
+        with pytest.raises(VmsandboxError, match="invalid session name"):
+            session.Record.load(name)
+    paths.session_paths("alias").root.symlink_to(paths.session_paths("real").root)
+    with pytest.raises(VmsandboxError, match="no session named 'alias'"):
+        session.Record.load("alias")
+    paths.session_paths("other").root.mkdir()
+    (paths.session_paths("other").record).write_text((paths.session_paths("real").record).read_text())
+    with pytest.raises(VmsandboxError, match=r"names another session \('real'\)"):
+        session.Record.load("other")
+    assert session.names() == ["other", "real"]  # the symlink is no session; the damaged one is listed
+    assert session.Record.load("real").name == "real"
 
 
 def test_default_name_is_valid() -> None:

@@ -217,11 +217,22 @@ def test_a_template_is_used_only_under_the_key_it_was_saved_with(tmp_path: Path)
     assert template.find(newer, shape, hv)[0] is None  # type: ignore[arg-type]
     # another shape neither
     assert template.find(image, dataclasses.replace(shape, memory_mib=4096), hv)[0] is None  # type: ignore[arg-type]
-    # a template that failed a warm start is not used again
-    template.mark_failed(found or template.Template(where, {}), "the guest did not take its identity")
+    # one session's failed warm start may be that session's own (its name, its workspace): the template stays
+    tmpl = found or template.Template(where, {})
+    assert not template.mark_failed(tmpl, "the guest did not take its identity", "bad-input")
+    assert not template.mark_failed(tmpl, "the guest did not take its identity", "bad-input")  # the same again
+    assert template.find(image, shape, hv)[0] is not None  # type: ignore[arg-type]
+    template.started(tmpl)  # then another session starts from it: the strike goes
+    assert not template.mark_failed(tmpl, "the guest did not take its identity", "third")
+    # another session fails next, with no success between: the template is not used again
+    assert template.mark_failed(tmpl, "the guest did not take its identity", "fourth")
     found, why = template.find(image, shape, hv)  # type: ignore[arg-type]
     assert found is None
     assert "failed a warm start" in why
+    (where.with_name(where.name + ".failed")).unlink()
+    # its own failure (its saved memory is not a save image) condemns it at once
+    assert template.mark_failed(tmpl, "not a complete libvirt save image", "fifth", own=True)
+    assert template.find(image, shape, hv)[0] is None  # type: ignore[arg-type]
 
 
 def test_a_restored_domain_moves_its_ssh_forward_and_nothing_else() -> None:

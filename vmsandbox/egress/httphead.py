@@ -11,9 +11,9 @@ from dataclasses import dataclass
 
 MAX_HEAD = 32 * 1024
 MAX_HEADERS = 100
-_TOKEN = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
-_VALUE = re.compile(r"^[\t\x20-\x7e\x80-\xff]*$")
-_VERSION = re.compile(r"^HTTP/1\.[01]$")
+_TOKEN = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+\Z")
+_VALUE = re.compile(r"^[\t\x20-\x7e\x80-\xff]*\Z")
+_VERSION = re.compile(r"^HTTP/1\.[01]\Z")
 # Hop-by-hop headers (RFC 9110 7.6.1) and the proxy's own: never passed on.
 HOP_BY_HOP = frozenset(
     {

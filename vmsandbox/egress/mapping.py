@@ -14,8 +14,8 @@ from vmsandbox.errors import VmsandboxError
 from vmsandbox.filemodels import SecretEntry
 from vmsandbox.schema import check
 
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_HEADER_NAME = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\Z")
+_HEADER_NAME = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+\Z")
 
 
 @dataclass(frozen=True)

@@ -77,8 +77,8 @@ _SPECIAL_SUFFIXES = {
     "arpa": "reverse-lookup name",
     "onion": "Tor name",
 }
-_LABEL = re.compile(r"^[a-z0-9_]([a-z0-9_-]{0,61}[a-z0-9_])?$")
-_NUMERIC_LABEL = re.compile(r"^(0x[0-9a-f]*|[0-9]+)$")
+_LABEL = re.compile(r"^[a-z0-9_]([a-z0-9_-]{0,61}[a-z0-9_])?\Z")
+_NUMERIC_LABEL = re.compile(r"^(0x[0-9a-f]*|[0-9]+)\Z")
 
 METADATA_ADDRESSES = frozenset(
     {

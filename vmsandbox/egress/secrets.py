@@ -14,7 +14,7 @@ from pathlib import Path
 from vmsandbox import paths
 from vmsandbox.errors import VmsandboxError
 
-NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}\Z")
 MAX_BYTES = 64 * 1024
 
 

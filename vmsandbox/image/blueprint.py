@@ -28,9 +28,9 @@ from vmsandbox.schema import all_at_once, check, load_yaml, located, parse_yaml
 
 BUILTIN_DIR = Path(__file__).parent / "blueprints"
 PROJECT_DIR = Path(".vmsandbox") / "blueprints"
-NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,30}$")
-_APT_RE = re.compile(r"^[a-z0-9][a-z0-9+.-]+(=[A-Za-z0-9.+~:-]+)?$")
-_NPM_RE = re.compile(r"^(@[a-z0-9][a-z0-9._-]*/)?[a-z0-9][a-z0-9._-]*(@[A-Za-z0-9.^~<>=*|-]+)?$")
+NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,30}\Z")
+_APT_RE = re.compile(r"^[a-z0-9][a-z0-9+.-]+(=[A-Za-z0-9.+~:-]+)?\Z")
+_NPM_RE = re.compile(r"^(@[a-z0-9][a-z0-9._-]*/)?[a-z0-9][a-z0-9._-]*(@[A-Za-z0-9.^~<>=*|-]+)?\Z")
 MAX_DEPTH = 8
 
 FIELDS = keys(BlueprintFile)  # the keys a blueprint takes (filemodels.BlueprintFile says what each means)
@@ -223,7 +223,7 @@ def _refused(data: dict[str, Any], source: str) -> Iterator[tuple[str, Vmsandbox
         yield "node", VmsandboxError(f"{source}: `node` must be a Node.js major version such as 24")
     yield from _refused_paths(data, no)
     for key in data.get("env", {}):
-        if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", key):
+        if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*\Z", key):
             yield no("env", f"{key!r} is not an environment variable name")
     for i, mapping in enumerate(data.get("secrets", [])):
         try:

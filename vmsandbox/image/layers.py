@@ -25,7 +25,7 @@ REGISTRY = "https://registry.npmjs.org"
 BUILD_HOSTS = ("deb.debian.org", "security.debian.org", "registry.npmjs.org")
 STEP_TIMEOUT = 45 * 60
 POWEROFF_TIMEOUT = 120
-_RELEASE = re.compile(r"^(\d+)\.(\d+)\.(\d+)$")
+_RELEASE = re.compile(r"^(\d+)\.(\d+)\.(\d+)\Z")
 
 
 def version_of(bp: Blueprint, base: store.Image) -> str:

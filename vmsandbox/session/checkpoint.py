@@ -31,7 +31,7 @@ from vmsandbox.session.state import status
 from vmsandbox.sync import changes, delta, journal, outbox
 from vmsandbox.vm.virt import Hypervisor
 
-LABEL_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,39}$")
+LABEL_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,39}\Z")
 SYNC_TIMEOUT = 120
 
 

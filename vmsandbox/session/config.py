@@ -36,7 +36,7 @@ LEAST_MIB = {"memory": MIN_MEMORY_MIB, "disk": MIN_DISK_MIB, "sync_limit": MIN_S
 SIZING_KEYS = frozenset({"cpus", "memory", "disk", "boot_timeout", "accel"})
 
 
-_SIZE = re.compile(r"^\s*(\d+)\s*([KMGT]?)(?:i?B)?\s*$", re.IGNORECASE)
+_SIZE = re.compile(r"^\s*(\d+)\s*([KMGT]?)(?:i?B)?\s*\Z", re.IGNORECASE)
 _UNIT_MIB = {"": 1, "K": 1 / 1024, "M": 1, "G": 1024, "T": 1024 * 1024}
 
 

@@ -84,7 +84,7 @@ def fan_out(run: Run, n: int, check: str | None, *, limit: int) -> list[Outcome]
             f"session(s) {', '.join(taken)} exist already",
             hint=f"pick another --name, or remove them with `vmsandbox destroy --group {group}`",
         )
-    staging = paths.session_paths(paths.FANOUT_CAPTURE_PREFIX + group)  # not a session: `ls` skips dot names
+    staging = paths.fanout_capture(group)
     shutil.rmtree(staging.root, ignore_errors=True)
     confine.state_dirs()
     confine.make_private_dir(staging.root)

@@ -28,7 +28,7 @@ LOCAL = "local"
 DEFAULT_POOL_PATH = "/var/lib/libvirt/vmsandbox"
 DEFAULT_KEEP_FREE_MIB = 1024
 FIELDS = keys(HostEntry)
-_NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,31}$")
+_NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,31}\Z")
 # Transports that authenticate and encrypt (ssh, TLS) or stay on this machine (a unix socket).
 _SCHEMES = ("qemu", "qemu+ssh", "qemu+libssh", "qemu+libssh2", "qemu+tls", "qemu+unix")
 

@@ -12,6 +12,7 @@ import os
 import pwd
 import re
 import secrets
+import stat
 import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
@@ -26,7 +27,6 @@ from vmsandbox.guest.ssh import Endpoint
 from vmsandbox.sync.target import Target
 
 DOMAIN_PREFIX = "vmsandbox-"
-NAME_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,30}$")
 
 
 def domain_name(session: str) -> str:
@@ -158,16 +158,32 @@ class Record:
 
     @classmethod
     def load(cls, name: str) -> Record:
-        """The session's record; from its copy (and mended) when the record itself is damaged."""
-        record_file = paths.session_paths(name).record
+        """The session `name`, the one way every command and front end opens a session by name: a valid name
+        (paths.session_paths), a real directory of this account's sessions directory (no symlink), whose record
+        names that same session. From its copy (and mended) when the record itself is damaged."""
+        files = paths.session_paths(name)
         try:
-            return cls._parse(record_file.read_text())
+            real = stat.S_ISDIR(os.lstat(files.root).st_mode)
+        except FileNotFoundError:
+            real = False
+        if not real:
+            raise VmsandboxError(f"no session named {name!r}", hint="list sessions with `vmsandbox ls`")
+        record_file = files.record
+        try:
+            record = cls._parse(_read_record(record_file))
         except FileNotFoundError:
             raise VmsandboxError(f"no session named {name!r}", hint="list sessions with `vmsandbox ls`") from None
         except (ValueError, TypeError, KeyError, AttributeError) as exc:  # (not a JSON object: AttributeError)
             damage = exc
+        else:
+            if record.name != name:
+                raise VmsandboxError(
+                    f"the record in {files.root} names another session ({record.name!r})",
+                    hint=f"`vmsandbox destroy {name} --discard` removes the directory",
+                )
+            return record
         try:
-            record = cls._parse(_copy_of(record_file).read_text())
+            record = cls._parse(_read_record(_copy_of(record_file)))
         except (OSError, ValueError, TypeError, KeyError, AttributeError):
             raise VmsandboxError(
                 f"the record of session {name} ({record_file}) is damaged, and so is its copy: {damage}",
@@ -175,7 +191,10 @@ class Record:
                 "them (with any unsynced work in them)",
             ) from damage
         if record.name != name:
-            raise VmsandboxError(f"the record in {record_file.parent} names another session ({record.name})")
+            raise VmsandboxError(
+                f"the record in {files.root} names another session ({record.name!r})",
+                hint=f"`vmsandbox destroy {name} --discard` removes the directory",
+            )
         record.save()  # mended from the copy
         return record
 
@@ -199,6 +218,19 @@ def _adapter() -> Any:
     from pydantic import TypeAdapter
 
     return TypeAdapter(Record)
+
+
+MAX_RECORD_BYTES = 1024**2
+
+
+def _read_record(path: Path) -> str:
+    """A record file's text, never through a symlink, and bounded."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    with os.fdopen(fd, "rb") as f:
+        data = f.read(MAX_RECORD_BYTES + 1)
+    if len(data) > MAX_RECORD_BYTES:
+        raise ValueError(f"the record is larger than {MAX_RECORD_BYTES} bytes")
+    return data.decode()
 
 
 def _copy_of(record_file: Path) -> Path:
@@ -254,11 +286,7 @@ def validate_project(path: Path) -> Path:
 
 
 def validate_name(name: str) -> str:
-    if not NAME_RE.match(name):
-        raise VmsandboxError(
-            f"invalid session name {name!r}",
-            hint="use 1-31 lowercase letters, digits and dashes, starting with a letter or digit",
-        )
+    paths.session_paths(name)  # (the one check of a name)
     return name
 
 
@@ -268,10 +296,12 @@ def default_name(project: Path) -> str:
 
 
 def names() -> list[str]:
+    """The sessions of this account: the directories of its sessions directory that bear a session's name
+    (a fan-out's capture, or anything else found there, is not one)."""
     root = paths.sessions_dir()
     if not root.is_dir():
         return []
-    return sorted(d.name for d in root.iterdir() if d.is_dir() and not d.name.startswith("."))
+    return sorted(d.name for d in root.iterdir() if paths.is_session_name(d.name) and d.is_dir() and not d.is_symlink())
 
 
 def orphaned(root: Path, mine: Path) -> bool:

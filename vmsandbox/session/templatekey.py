@@ -104,3 +104,21 @@ def found_or_built(
             )
         ui.info(f"Building a warm-start template{where}: {why} (once per image version and VM shape)")
         return build()
+
+
+def strike(session: str, why: str) -> str:
+    """What a template keeps of a warm start that failed: which session, and why (bounded)."""
+    return json.dumps({"session": session, "why": why[:500]}) + "\n"
+
+
+def condemns(previous: str | None, session: str) -> bool:
+    """Whether a failed warm start of `session` condemns the template, given the strike it holds (`previous`,
+    as `strike` wrote it, or None): only when another session failed before it, with no success between. A
+    strike that cannot be read counts as none."""
+    if previous is None:
+        return False
+    try:
+        said = json.loads(previous)
+    except ValueError:
+        return False
+    return isinstance(said, dict) and isinstance(said.get("session"), str) and said["session"] != session

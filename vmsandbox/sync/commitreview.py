@@ -26,8 +26,8 @@ from vmsandbox.sync.risk import risky_name
 from vmsandbox.sync.take import Take
 
 MAX_COMMITS = 1000  # more new commits than this on one ref: it is not reviewed, so it is held
-_OID = re.compile(r"^[0-9a-f]{40}([0-9a-f]{24})?$")
-_META = re.compile(r"^:(\d{6}) (\d{6}) [0-9a-f]+ [0-9a-f]+ ([A-Z])\d*$")
+_OID = re.compile(r"^[0-9a-f]{40}([0-9a-f]{24})?\Z")
+_META = re.compile(r"^:(\d{6}) (\d{6}) [0-9a-f]+ [0-9a-f]+ ([A-Z])\d*\Z")
 
 
 class Kind:

@@ -20,10 +20,10 @@ from vmsandbox.sync import tree
 MAX_REFS = 10_000
 MAX_REF_FILE = 4096
 MAX_PACKED_REFS = 64 * 1024**2
-_OID = re.compile(r"^([0-9a-f]{40}|[0-9a-f]{64})$")
-LOOSE = re.compile(r"^[0-9a-f]{2}/([0-9a-f]{38}|[0-9a-f]{62})$")
-PACK = re.compile(r"^pack/pack-([0-9a-f]{40}|[0-9a-f]{64})\.(pack|idx|rev)$")
-_REF_COMPONENT = re.compile(r"^[A-Za-z0-9_+][A-Za-z0-9._+-]*$")
+_OID = re.compile(r"^([0-9a-f]{40}|[0-9a-f]{64})\Z")
+LOOSE = re.compile(r"^[0-9a-f]{2}/([0-9a-f]{38}|[0-9a-f]{62})\Z")
+PACK = re.compile(r"^pack/pack-([0-9a-f]{40}|[0-9a-f]{64})\.(pack|idx|rev)\Z")
+_REF_COMPONENT = re.compile(r"^[A-Za-z0-9_+][A-Za-z0-9._+-]*\Z")
 FORBIDDEN = ("commondir", "objects/info/alternates", "objects/info/http-alternates")
 COPIED_REF_SPACES = ("refs/heads/", "refs/tags/")
 

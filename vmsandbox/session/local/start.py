@@ -189,13 +189,19 @@ def boot(
 
     def undo(exc: VmsandboxError) -> None:
         record.start_note = f"the warm start failed: {exc.message}"
-        template.mark_failed(t, exc.message)
+        condemned = template.mark_failed(t, exc.message, record.name, own=isinstance(exc, savefile.SaveImageError))
         kept = boot_mod.keep(record.files.console_log, record.name)
-        ui.warn(f"{record.start_note}; booting cold" + (f" (its console is kept at {kept})" if kept else ""))
+        ui.warn(
+            f"{record.start_note}; booting cold"
+            + (f" (its console is kept at {kept})" if kept else "")
+            + ("; its template failed another session's warm start too: later sessions boot cold" if condemned else "")
+        )
         control.stop(record.files)  # a daemon spawned for the restored VM: the cold one gets its own
         hv.destroy(record.domain)
         record.system_disk.unlink(missing_ok=True)
         record.template = None
 
-    if not warm_or_cold(record, lambda: warm(record, image, t, hv, boot_timeout, launched), undo):
+    if warm_or_cold(record, lambda: warm(record, image, t, hv, boot_timeout, launched), undo):
+        template.started(t)
+    else:
         cold(record, image, hv, boot_timeout, launched)

@@ -79,10 +79,35 @@ def _failed_mark(path: Path) -> Path:
     return path.with_name(path.name + ".failed")
 
 
-def mark_failed(tmpl: Template, why: str) -> None:
-    """A warm start from this template failed in the guest: later sessions boot cold (and say why) instead of
-    each waiting for the same failure; `gc` removes it, and the next session builds a new one."""
-    paths.write_atomically(_failed_mark(tmpl.path), why[:500] + "\n", mode=0o644)
+def _strike_mark(path: Path) -> Path:
+    return path.with_name(path.name + ".strike")
+
+
+def mark_failed(tmpl: Template, why: str, session: str, *, own: bool = False) -> bool:
+    """A warm start of `session` from this template failed. One session's failure may come from that session's
+    own input (its name, its workspace, its identity), so it never condemns what every session shares: the
+    template is condemned (later sessions boot cold and say why; `gc` removes it and the next session builds
+    a new one) only when a warm start of another session failed before, with no success between, or when the
+    failure is its own (`own`: its saved memory is not a save image). True if it was condemned now."""
+    strike = _strike_mark(tmpl.path)
+    if own or templatekey.condemns(_read_strike(strike), session):
+        paths.write_atomically(_failed_mark(tmpl.path), why[:500] + "\n", mode=0o644)
+        strike.unlink(missing_ok=True)
+        return True
+    paths.write_atomically(strike, templatekey.strike(session, why), mode=0o644)
+    return False
+
+
+def started(tmpl: Template) -> None:
+    """A warm start from it worked: an earlier session's failure was that session's own."""
+    _strike_mark(tmpl.path).unlink(missing_ok=True)
+
+
+def _read_strike(strike: Path) -> str | None:
+    try:
+        return strike.read_text()
+    except OSError:
+        return None
 
 
 def _why_missing(image: Image, shape: Shape, k: dict[str, Any]) -> str:
@@ -197,7 +222,7 @@ def _drop_build(hv: Hypervisor, tmp: Path) -> None:
 
 def _superseded(hv: Hypervisor, image: Image, root: Path, in_use: set[Path], tidy: Tidy) -> Iterator[str]:
     for path in sorted(root.iterdir()):
-        if path.name.startswith(".") or path.suffix == ".failed" or path in in_use:
+        if path.name.startswith(".") or path.suffix in (".failed", ".strike") or path in in_use:
             continue
         if _failed_mark(path).exists():
             why = "a warm-start template that failed a warm start"
@@ -215,6 +240,7 @@ def _remove(path: Path, what: str) -> str:
     if path.exists():
         return f"could not remove {what} {path} (another account made it): `sudo vmsandbox gc` removes it"
     _failed_mark(path).unlink(missing_ok=True)
+    _strike_mark(path).unlink(missing_ok=True)
     return f"removed {what} {path}"
 
 

@@ -20,7 +20,7 @@ from vmsandbox.session.record import Record
 from vmsandbox.session.remote import images, log, save, template, tunnel, vm
 from vmsandbox.session.remote.images import POOL
 from vmsandbox.session.remote.template import RemoteTemplate
-from vmsandbox.vm import domain
+from vmsandbox.vm import domain, savefile
 from vmsandbox.vm.virt import Hypervisor
 
 
@@ -43,12 +43,17 @@ def boot(
     def undo(exc: VmsandboxError) -> None:
         record.start_note = f"the warm start on host {host.name} failed: {exc.message}"
         log.fetch(record, hv)
-        ui.warn(f"{record.start_note}; booting cold (`vmsandbox logs {record.name}` shows its console)")
-        template.mark_failed(hv, t, exc.message)
+        condemned = template.mark_failed(hv, t, exc.message, record.name, own=isinstance(exc, savefile.SaveImageError))
+        ui.warn(
+            f"{record.start_note}; booting cold (`vmsandbox logs {record.name}` shows its console)"
+            + ("; its template failed another session's warm start too: later sessions boot cold" if condemned else "")
+        )
         tunnel.close(record.files.root)
         hv.destroy(record.domain)
 
-    if not warm_or_cold(record, lambda: warm(record, hv, host, t, sent, boot_timeout), undo):
+    if warm_or_cold(record, lambda: warm(record, hv, host, t, sent, boot_timeout), undo):
+        template.started(hv, t)
+    else:
         cold = dataclasses.replace(sent, overlay=vm.new_overlay(record, image, hv))
         vm.cold(record, image, hv, host, cold, boot_timeout)
 
