@@ -68,7 +68,12 @@ def test_risky_paths_and_new_exec_bits() -> None:
     assert risk_of("run.sh", f("x", 0o644), f("y", 0o755)) == "newly executable"
     assert risk_of("run.sh", f("x", 0o755), f("y", 0o755)) == "executable, its content changed"
     assert risk_of("run.sh", f("x", 0o755), f("x", 0o700)) is None  # the same bytes: nothing new runs
-    assert risk_of("run.sh", f("x", 0o755), f("y", 0o644)) is None  # no longer executable
+    # its bit dropped while its content changed: `sh run.sh` still runs it (issue 43: no laundering)
+    assert risk_of("run.sh", f("x", 0o755), f("y", 0o644)) == "executable, its content changed"
+    assert risk_of("run.sh", f("x", 0o755), f("x", 0o644)) is None  # only the bit dropped: nothing new runs
+    # executable on the host now (the user's chmod during the session): the same holds against the host's file
+    assert risk_of("run.sh", f("x", 0o644), f("y", 0o644), f("x", 0o755)) == "executable, its content changed"
+    assert risk_of("run.sh", f("x", 0o644), f("y", 0o755), f("x", 0o755)) == "executable, its content changed"
 
 
 def test_git_internals_managed_by_git_are_not_file_changes() -> None:

@@ -165,10 +165,10 @@ def test_a_scanner_that_fails_leaves_every_text_change_for_a_person(
     from vmsandbox.errors import VmsandboxError
     from vmsandbox.sync import reviewable
 
-    def broken(contents: object, *, jailed: bool) -> object:
+    def broken(contents: object, *, jailed: bool, pickles: object = None) -> object:
         raise VmsandboxError("the credential scanner failed: no python here")
 
-    monkeypatch.setattr(credentials, "scan", broken)
+    monkeypatch.setattr(credentials, "inspect", broken)
     plan = _plan(tmp_path, OLD, NEW)
     found = [i.first for i in plan.todo]
     reviewable.mark_credentials(found, tmp_path / "guest", tmp_path / "session" / "baseline")
@@ -193,3 +193,57 @@ def test_no_scanner_runs_where_no_line_could_hold_a_credential() -> None:
     assert credentials.scan({"a.txt": b"guest\n", "b.py": b"def f(x):\n    return x + 1\n"}, jailed=True) == {}
     assert credentials.CANDIDATE.search(b"token: abc")
     assert credentials.CANDIDATE.search(b"x = 'ghp_Zx8kQ2mW9vR4tY7uP1sL3n'")
+
+
+def test_a_new_directory_of_held_changes_waits_with_them(tmp_path: Path) -> None:
+    """`pull --yes` held a real repository's ignored `.pyc` files and made their `__pycache__` on the host all
+    the same (issue 43): a new directory that holds only what waits, waits with it, at any depth; one that
+    holds something applied is applied."""
+    from vmsandbox.paths import SessionPaths
+    from vmsandbox.sync.changes import Gathered, Origin
+    from vmsandbox.sync.plan import Decisions, make
+    from vmsandbox.sync.take import Take
+    from vmsandbox.sync.target import Target
+    from vmsandbox.sync.tree import DIR
+
+    def new(path: str, kind: str = FILE, held: str | None = None) -> Change:
+        entry = tree.Entry(kind, 0o755 if kind == DIR else 0o644, 1, digest=None if kind == DIR else "d")
+        return Change(path, None, entry, None, Status.APPLY, held=held)
+
+    why = "ignored by the project (.gitignore)"
+    found = [
+        new("pkg", DIR), new("pkg/__pycache__", DIR, why), new("pkg/__pycache__/a.pyc", held=why), new("pkg/a.py"),
+        new("cache", DIR), new("cache/deep", DIR), new("cache/deep/x.bin", held=why),
+    ]  # fmt: skip
+    target = Target("s", tmp_path, SessionPaths(tmp_path / "session"), os.getuid(), os.getgid())
+    plan = make(Gathered(target, found, tmp_path, False, Origin.LIVE, None, 1024**2))
+    decided = Decisions.safe(plan, Take())
+    assert sorted(i.label for i in decided.accept) == ["pkg", "pkg/a.py"]
+    assert sorted(i.label for i in decided.ignored) == [
+        "cache", "cache/deep", "cache/deep/x.bin", "pkg/__pycache__", "pkg/__pycache__/a.pyc"
+    ]  # fmt: skip
+    taken = Decisions.safe(plan, Take(ignored=True))
+    assert len(taken.accept) == len(found)
+
+
+def test_a_pickle_that_names_code_is_seen_whatever_its_protocol() -> None:
+    """docs/security.md says a pickle is held; a protocol-0 pickle read as plain text and `--yes` applied it
+    (issue 43). The scanner's parse (pickletools: parsed, never loaded) tells one naming code, by content."""
+    import pickle
+
+    from vmsandbox.sync import scanworker
+
+    class Boom:
+        def __reduce__(self) -> tuple[object, tuple[str]]:
+            return (print, ("pwned",))
+
+    for protocol in range(pickle.HIGHEST_PROTOCOL + 1):
+        data = pickle.dumps(Boom(), protocol=protocol)
+        assert credentials.may_be_pickle(data), protocol
+        assert scanworker.loads_code(data), protocol
+    text = b"cos\nsystem\n(S'echo pwned'\ntR."  # written by hand: reads as text
+    assert credentials.may_be_pickle(text) and scanworker.loads_code(text)
+    assert not scanworker.loads_code(pickle.dumps({"plain": [1, 2.5, "data"]}, protocol=0))  # data only
+    for source in (b"import os\nimport sys\n", b"class A:\n    pass\n", b"changes\n2024\n", b"", b"."):
+        assert not scanworker.loads_code(source)
+    assert scanworker.loads_code(b"cat\ndog\n")  # the unpickler would import module `at`: its code runs

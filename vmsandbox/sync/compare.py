@@ -92,15 +92,24 @@ def is_git_managed(path: str) -> bool:
     return any(inner == p.rstrip("/") or (p.endswith("/") and inner.startswith(p)) for p in GIT_MANAGED)
 
 
-def risk_of(path: str, base: Entry | None, guest: Entry | None) -> str | None:
+def _executable(entry: Entry | None) -> bool:
+    return entry is not None and entry.kind == FILE and bool(entry.mode & 0o111)
+
+
+def risk_of(path: str, base: Entry | None, guest: Entry | None, host: Entry | None = None) -> str | None:
+    """Why a guest change is risky: its name, or what runs. A file that was executable (in the baseline, or on
+    the host now) and whose content the guest changed is risky whatever mode the guest leaves it with:
+    `sh script.sh` and `python manage.py` run it without its bit, and dropping the bit must not launder it."""
     why = risky_name(path)
     if why is not None:
         return why
-    if guest is None or guest.kind != FILE or not guest.mode & 0o111:
+    if guest is None or guest.kind != FILE:
         return None
-    if base is None or base.kind != FILE or not base.mode & 0o111:
+    was = _executable(base) or _executable(host)
+    if guest.mode & 0o111 and not was:
         return "newly executable"
-    if base.digest != guest.digest:  # the bit was there before: the content is what runs
+    before = base if _executable(base) else host
+    if was and before is not None and before.digest != guest.digest:  # what ran before: its content is what runs
         return "executable, its content changed"
     return None
 
@@ -142,7 +151,7 @@ def compare(baseline: Tree, host: Tree, guest: Tree, *, only: Iterable[str] | No
         unsafe = unsafe_reason(path, g, (guest, host)) if status is not Status.SAME else None
         if unsafe is not None:
             status = Status.UNSAFE
-        change = Change(path, base, g, h, status, risk_of(path, base, g))
+        change = Change(path, base, g, h, status, risk_of(path, base, g, h))
         if unsafe is not None:
             change.notes.insert(0, unsafe)
         changes.append(change)

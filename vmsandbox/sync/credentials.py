@@ -75,8 +75,28 @@ def worker_jail() -> Jail:
     return Jail(readable=tuple(sorted(p for p in tops if p.is_dir())))
 
 
-def _scan_batch(batch: list[tuple[str, bytes]], *, jailed: bool) -> list[Finding]:
-    data = json.dumps([[name, base64.b64encode(content).decode()] for name, content in batch])
+# A content that might be a pickle naming code, as far as bytes tell without parsing: a binary protocol's
+# first byte, or a text protocol's GLOBAL/INST (`c` or `i`, a module, a newline, a name, a newline). Only these
+# go to the scanner process, which parses them (scanworker.loads_code).
+_PICKLE_HINT = re.compile(rb"\A\x80[\x02-\x05]|[ci][A-Za-z_][\w.]*\n[A-Za-z_][\w.]*\n")
+PICKLE = "a pickle that names code (loading it runs that code)"
+
+
+def may_be_pickle(content: bytes) -> bool:
+    return _PICKLE_HINT.search(content) is not None
+
+
+@dataclass
+class Scanned:
+    findings: dict[str, list[Finding]]  # per path
+    pickles: set[str]  # paths whose content is a pickle that names code
+
+
+def _run_worker(scan: list[tuple[str, bytes]], pickles: list[tuple[str, bytes]], *, jailed: bool) -> Scanned:
+    data = json.dumps(
+        {kind: [[name, base64.b64encode(content).decode()] for name, content in batch]
+         for kind, batch in (("scan", scan), ("pickles", pickles))}
+    )  # fmt: skip
     who = confine.guest_data_account() if jailed else None
     result = proc.run(
         [sys.executable, "-I", "-m", "vmsandbox.sync.scanworker"],  # -I: nothing of the cwd or environment
@@ -94,32 +114,41 @@ def _scan_batch(batch: list[tuple[str, bytes]], *, jailed: bool) -> list[Finding
             f"the credential scanner failed: {result.stderr.strip()[-300:]}",
             hint="reinstall vmsandbox with its dependencies (`pip install -e .`), which include detect-secrets",
         )
-    found: list[Finding] = []
-    for index, what, line, value in json.loads(result.stdout):
-        if 0 <= index < len(batch) and not PLACEHOLDER.search(str(value)):
-            found.append(Finding(batch[index][0], str(what), int(line) if line else None))
-    return found
+    answer = json.loads(result.stdout)
+    out = Scanned({}, set())
+    for index, what, line, value in answer["found"]:
+        if 0 <= index < len(scan) and not PLACEHOLDER.search(str(value)):
+            out.findings.setdefault(scan[index][0], []).append(
+                Finding(scan[index][0], str(what), int(line) if line else None)
+            )
+    out.pickles = {pickles[i][0] for i in answer["pickles"] if isinstance(i, int) and 0 <= i < len(pickles)}
+    return out
+
+
+def inspect(contents: Mapping[str, bytes], *, jailed: bool, pickles: Mapping[str, bytes] | None = None) -> Scanned:
+    """Credential findings per path over `contents` (`jailed` for the guest's), and which of `pickles` are
+    pickles that name code; one scanner process per batch, none when no line could hold a credential (the
+    scanner's own first test, CANDIDATE) and no content may be a pickle (may_be_pickle)."""
+    out = Scanned({}, set())
+    todo = [("scan", p, c) for p, c in contents.items() if CANDIDATE.search(c)]
+    todo += [("pickles", p, c) for p, c in (pickles or {}).items() if may_be_pickle(c)]
+    batch: dict[str, list[tuple[str, bytes]]] = {"scan": [], "pickles": []}
+    size = 0
+    for n, (kind, path, content) in enumerate(todo):
+        batch[kind].append((path, content))
+        size += len(content)
+        if size > BATCH_BYTES or n == len(todo) - 1:
+            got = _run_worker(batch["scan"], batch["pickles"], jailed=jailed)
+            for p, f in got.findings.items():
+                out.findings.setdefault(p, []).extend(f)
+            out.pickles |= got.pickles
+            batch, size = {"scan": [], "pickles": []}, 0
+    return out
 
 
 def scan(contents: Mapping[str, bytes], *, jailed: bool) -> dict[str, list[Finding]]:
-    """Findings per path over the given contents (`jailed` for the guest's), one scanner process per batch; no
-    process at all when no line could hold a credential (the scanner's own first test, CANDIDATE)."""
-    found: dict[str, list[Finding]] = {}
-    batch: list[tuple[str, bytes]] = []
-    size = 0
-    for path, content in contents.items():
-        if not CANDIDATE.search(content):
-            continue
-        if batch and size + len(content) > BATCH_BYTES:
-            for f in _scan_batch(batch, jailed=jailed):
-                found.setdefault(f.path, []).append(f)
-            batch, size = [], 0
-        batch.append((path, content))
-        size += len(content)
-    if batch:
-        for f in _scan_batch(batch, jailed=jailed):
-            found.setdefault(f.path, []).append(f)
-    return found
+    """Findings per path over the given contents (inspect, without the pickles)."""
+    return inspect(contents, jailed=jailed).findings
 
 
 def summary(findings: list[Finding]) -> str:

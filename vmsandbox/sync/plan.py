@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import shutil
+from bisect import bisect_left
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,7 +20,7 @@ from vmsandbox.sync.changes import Gathered
 from vmsandbox.sync.compare import Change, Status
 from vmsandbox.sync.risk import nested_git_dir
 from vmsandbox.sync.take import Take
-from vmsandbox.sync.tree import FILE
+from vmsandbox.sync.tree import DIR, FILE
 
 FREE_SPACE_RESERVE = 256 * 1024**2  # a pull never fills the project's filesystem to the last byte
 
@@ -160,10 +161,37 @@ class Decisions:
                 secret.append(i)
             else:
                 accept.append(i)
+        # nothing held is half-applied: a new directory that holds only what waits, waits with it
+        buckets = [held, ignored, binary, secret]
+        for shell, below in _empty_shells(accept, plan.todo):
+            accept.remove(shell)
+            next(b for b in buckets if any(x is below for x in b)).append(shell)
         return cls(
             tuple(accept), tuple(held), plan.gathered.refs_changed, tuple(ignored), take, tuple(binary),
             secret=tuple(secret),
         )  # fmt: skip
+
+
+def _empty_shells(accept: list[Item], todo: list[Item]) -> list[tuple[Item, Item]]:
+    """The accepted new directories that only hold changes left pending, deepest first, each with the first item
+    below it: applied alone, each would make an empty shell on the host of what was held back (a `__pycache__`
+    of held bytecode)."""
+    ordered = sorted(todo, key=lambda i: i.first.path)  # what is below a directory is one run of this order
+    keys = [i.first.path for i in ordered]
+    taken = {id(i) for i in accept}
+    shells = []
+    new_dirs = [i for i in accept if i.kind == "added" and i.first.guest is not None and i.first.guest.kind == DIR]
+    for i in sorted(new_dirs, key=lambda i: -i.first.path.count("/")):  # deepest first: a shell's parent may be one
+        prefix = i.first.path + "/"
+        below = []
+        for item in ordered[bisect_left(keys, prefix) :]:
+            if not item.first.path.startswith(prefix):
+                break
+            below.append(item)
+        if below and not any(id(item) in taken for item in below):
+            taken.discard(id(i))
+            shells.append((i, below[0]))  # (a shell below it comes first in this list: placed before it)
+    return shells
 
 
 @dataclass

@@ -90,34 +90,48 @@ def mark_held(target: Target, found: Sequence[Change], source: Path) -> None:
             if part is not None:
                 c.held = f"derived ({part}), not source"
         return
-    ignored = _git_ignored(target, [c.path for c in candidates])
-    for c in candidates:
-        if c.path in ignored:
+    # a directory is asked about as one (`dir/`): git's `name/` patterns match only directories, and the
+    # guest's new directory does not exist on the host for git to look at
+    asked = {c.path + "/" if c.guest is not None and c.guest.kind == tree.DIR else c.path: c for c in candidates}
+    ignored = _git_ignored(target, list(asked))
+    for query, c in asked.items():
+        if query in ignored:
             c.held = "ignored by the project (.gitignore)"
 
 
 def mark_credentials(found: Sequence[Change], source: Path, baseline: Path) -> None:
     """Set `secret` on each text file whose guest content holds what looks like a credential (credentials.py,
-    jailed) on a line the guest wrote: such a change is applied only on a person's explicit choice."""
+    jailed) on a line the guest wrote: such a change is applied only on a person's explicit choice. And mark
+    risky each file that is a pickle naming code, whatever its name or protocol (a text pickle reads as text):
+    loading it runs that code."""
     contents: dict[str, bytes] = {}
+    pickles: dict[str, bytes] = {}
     for c in found:
         g = c.guest
-        if c.status is Status.UNSAFE or c.binary or g is None or g.kind != tree.FILE or not 0 < g.size <= SCAN_LIMIT:
+        if c.status is Status.UNSAFE or g is None or g.kind != tree.FILE or not 0 < g.size <= SCAN_LIMIT:
             continue
         data = apply.read_nofollow(source, c.path, limit=SCAN_LIMIT)
-        if data is not None:
+        if data is None:
+            continue
+        if credentials.may_be_pickle(data):
+            pickles[c.path] = data
+        if not c.binary:
             contents[c.path] = _new_lines(data, baseline, c)
-    if not contents:
+    if not contents and not pickles:
         return
     try:
-        findings = credentials.scan(contents, jailed=True)
+        scanned = credentials.inspect(contents, jailed=True, pickles=pickles)
+        findings = scanned.findings
     except VmsandboxError as exc:  # unscanned is not clean: each waits for a person, who is told why
         log.warning("the credential scan failed: %s", exc)
         ui.warn(f"the credential scan failed ({exc.message}): the {len(contents)} text change(s) wait for your choice")
         findings = {path: [credentials.Finding(path, "not scanned (the scanner failed)")] for path in contents}
+        scanned = credentials.Scanned(findings, set(pickles))  # (what may be a pickle is held as one)
     for c in found:
         if c.path in findings:
             c.secret = credentials.summary(findings[c.path])
+        if c.path in scanned.pickles and c.risky is None:
+            c.risky = credentials.PICKLE
 
 
 def _new_lines(data: bytes, baseline: Path, c: Change) -> bytes:
