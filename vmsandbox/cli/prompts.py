@@ -169,6 +169,7 @@ def report(outcome: Outcome, name: str) -> None:
         ("quarantined", outcome.quarantined, "yellow"),
         ("credential?", outcome.secrets, "red"),
         ("not applied", outcome.skipped, "yellow"),
+        ("already applied", outcome.already, "dim"),
         ("refused", outcome.refused, "red"),
         ("failed", outcome.failed, "red"),
     ):

@@ -20,7 +20,7 @@ from vmsandbox.egress import control
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.session import chain, diskreader, pins, places
 from vmsandbox.session.record import Record, domain_name
-from vmsandbox.sync import changes, commitreview, outbox, plan
+from vmsandbox.sync import changes, commitreview, frozen, outbox, plan
 from vmsandbox.sync.changes import Gathered
 from vmsandbox.sync.compare import Change
 from vmsandbox.sync.plan import Decisions, Outcome, Plan
@@ -37,18 +37,28 @@ def gather(record: Record, *, limit: int) -> Gathered:
 
 
 def review(record: Record, *, limit: int, only: list[str] | None = None) -> Plan:
-    """What a review shows and asks about (a mass change past the user's own thresholds: sync/mass.py)."""
+    """What a review shows and asks about (a mass change past the user's own thresholds: sync/mass.py), frozen
+    host-side before anything shows it (sync.frozen): an apply takes exactly this review."""
     from vmsandbox.session import config
     from vmsandbox.sync import mass
 
     settings = config.load()  # the user's file only: the project may be what the guest just changed
     limits = mass.Limits(settings.mass_change_files, settings.mass_change_size_mib * 1024**2)
-    return plan.make(gather(record, limit=limit), only, limits=limits)
+    return frozen.freeze(plan.make(gather(record, limit=limit), only, limits=limits))
+
+
+def reviewed(record: Record, review_id: str) -> Plan:
+    """The review `review_id` of the session, as it was shown (nothing is fetched from the guest again)."""
+    return frozen.load(record.target(), review_id)
 
 
 def decide(record: Record, p: Plan, decisions: Decisions) -> Outcome:
-    """Carry out a person's (or --yes's) decisions; the record remembers how much is left."""
-    outcome = plan.carry_out(p, decisions)
+    """Carry out a person's (or --yes's) decisions on a frozen review, once; the record remembers how much is
+    left."""
+    try:
+        outcome = plan.carry_out(p, decisions)
+    finally:
+        frozen.consume(p)
     record.unsynced = outcome.left_total
     record.save()
     return outcome

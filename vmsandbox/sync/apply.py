@@ -91,6 +91,24 @@ def read_nofollow(root: Path, rel: str, *, limit: int) -> bytes | None:
         os.close(fd)
 
 
+class ChangedError(VmsandboxError):
+    """A side of a change is no longer what the review showed."""
+
+
+def read_as_reviewed(root: Path, rel: str, entry: tree.Entry | None, *, limit: int) -> bytes | None:
+    """The content of root/rel as the review saw it (`entry`: its content hash), at most `limit` bytes (None
+    when larger, or not a file); b"" for no entry. ChangedError when the file there now holds other bytes: what
+    is shown or applied is only ever what the review saw."""
+    if entry is None:
+        return b""
+    data = read_nofollow(root, rel, limit=limit)
+    if data is None or entry.digest is None:
+        return None
+    if hashlib.sha256(data).hexdigest() != entry.digest:
+        raise ChangedError(f"{rel} changed since the review; look at it again")
+    return data
+
+
 def _current(root: Path, rel: str) -> tree.Entry | None:
     try:
         fd = _parent_fd(root, rel, Owner(-1, -1), create=False)
@@ -155,7 +173,7 @@ def write_from(root: Path, rel: str, src: int, digest: str | None, mode: int, ow
         try:
             got = copy_sparse(src, f)
             if digest is not None and got != digest:
-                raise VmsandboxError(f"{rel} changed in the guest copy while it was being applied; run the pull again")
+                raise ChangedError(f"{rel} changed since the review (its content is not what was shown); look again")
             os.fchown(f, owner.uid, owner.gid)
             os.fchmod(f, mode & tree.CARRIED)
             os.fsync(f)
@@ -172,7 +190,7 @@ def copy_verified(
     content is still what the review saw."""
     src = open_nofollow(source, rel)
     if src is None:
-        raise VmsandboxError(f"{rel} changed in the guest copy while it was being applied; run the pull again")
+        raise ChangedError(f"{rel} changed since the review (it is no longer a file there); look again")
     try:
         write_from(root, dest or rel, src, expected.digest, expected.mode, owner)
     finally:

@@ -53,6 +53,9 @@ class Gathered:
     origin: Origin
     git_refused: str | None  # why the guest's repository is not read at all
     limit: int  # the sync budget: bytes a pull writes at most (and the largest file the mirror takes)
+    # the guest's new or moved branches and tags (name -> commit) as read: its commits are fetched at these
+    # tips, never at the refs of a later moment (None: from the outbox's bundle, or no repository to read)
+    tips: dict[str, str] | None = None
 
     @property
     def project(self) -> Path:
@@ -76,8 +79,9 @@ def gather(target: Target, *, endpoint: Endpoint | None, limit: int, disk: bool 
     reviewable.mark_held(target, changes, source)
     reviewable.mark_credentials(changes, source, files.baseline)
     _remove_leftover_temporaries(target.project, changes)
-    refs_changed, refused = _guest_refs(files, origin)
-    return Gathered(target, changes, source, refs_changed, origin, refused, limit)
+    tips, refused = _guest_refs(files, origin)
+    refs_changed = bool(tips) if tips is not None else (files.outbox / BUNDLE).exists()
+    return Gathered(target, changes, source, refs_changed, origin, refused, limit, tips)
 
 
 Fetched = tuple[tree.Tree, tree.Tree, frozenset[str], Path, Origin]
@@ -117,18 +121,19 @@ def fetch(target: Target, *, endpoint: Endpoint | None, limit: int, disk: bool =
     return base, guest, scope, source, origin
 
 
-def _guest_refs(files: SessionPaths, origin: Origin) -> tuple[bool, str | None]:
-    """Whether the guest has new or moved branches or tags, and why its repository is refused (if it is)."""
+def _guest_refs(files: SessionPaths, origin: Origin) -> tuple[dict[str, str] | None, str | None]:
+    """The guest's new or moved branches and tags (None: from the outbox, whose bundle holds them), and why its
+    repository is refused (if it is)."""
     if origin is Origin.OUTBOX:
-        return (files.outbox / BUNDLE).exists(), None
+        return None, None
     if not refs.is_real_dir(files.baseline / ".git"):
-        return False, None  # the project had no repository of its own
+        return {}, None  # the project had no repository of its own
     try:
         refs.check_guest_gitdir(files.guest_tree / ".git")
         guest_refs = refs.read_refs(files.guest_tree / ".git")
     except refs.Refused as exc:
-        return False, exc.message
-    return bool(refs.changed_refs(refs.read_refs(files.baseline / ".git"), guest_refs)), None
+        return {}, exc.message
+    return refs.changed_refs(refs.read_refs(files.baseline / ".git"), guest_refs), None
 
 
 def _remove_leftover_temporaries(project: Path, changes: list[Change]) -> None:

@@ -57,7 +57,7 @@ def preview(g: Gathered) -> tuple[list[RefView], str | None]:
 def _stage(g: Gathered) -> str | None:
     t = g.target
     if g.origin is not Origin.OUTBOX:
-        return commits.fetch(t.project, g.source, t.files.baseline, t.name, t.uid, t.gid)
+        return commits.fetch(t.project, g.source, t.files.baseline, t.name, t.uid, t.gid, g.tips or {})
     commits.fetch_bundle(t.project, t.files.outbox / BUNDLE, t.name, t.uid, t.gid)
     return None
 

@@ -24,7 +24,7 @@ import re
 import shutil
 import stat
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -186,13 +186,16 @@ def _borrowed(project: Path) -> list[Path]:
     return [p for p in found if p.is_dir()]
 
 
-def fetch(project: Path, guest_tree: Path, baseline: Path, session: str, uid: int, gid: int) -> str | None:
-    """Fetch the guest's new or moved branches and tags into the session's staging namespace of the project
-    (`staged(session)`; commitreview.py promotes them). Refused raises with the reason when the repository is
-    not read at all; refs that could not be fetched (the others were) are returned as one line saying why."""
+def fetch(
+    project: Path, guest_tree: Path, baseline: Path, session: str, uid: int, gid: int, tips: Mapping[str, str]
+) -> str | None:
+    """Fetch the guest's branches and tags at `tips` (name -> commit: what the review showed, not what the
+    guest's refs say now) into the session's staging namespace of the project (`staged(session)`;
+    commitreview.py promotes them). Refused raises with the reason when the repository is not read at all; refs
+    that could not be fetched (the others were) are returned as one line saying why."""
     guest_git = guest_tree / ".git"
     refs.check_guest_gitdir(guest_git)
-    wanted = refs.changed_refs(refs.read_refs(baseline / ".git"), refs.read_refs(guest_git))
+    wanted = {name: oid for name, oid in tips.items() if refs.valid_ref(name) and refs.is_oid(oid)}
     if not wanted:
         return None
     who = confine.invoking_user(uid, gid)

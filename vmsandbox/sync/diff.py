@@ -54,7 +54,10 @@ def diff_text(g: Gathered, c: Change) -> str:
     if (c.guest and c.guest.kind != FILE) or (c.base and c.base.kind != FILE) or c.kind == "mode changed":
         return f"{c.path}: {c.kind}, {describe(c)}\n"
     old = apply.read_nofollow(files.baseline, c.path, limit=DIFF_LIMIT) if c.base else b""
-    new = apply.read_nofollow(g.source, c.path, limit=DIFF_LIMIT) if c.guest else b""
+    try:
+        new = apply.read_as_reviewed(g.source, c.path, c.guest, limit=DIFF_LIMIT)
+    except apply.ChangedError as exc:
+        return f"{c.path}: {exc.message}\n"
     if old is None or new is None:
         sizes = f"{c.base.size if c.base else 0} → {c.guest.size if c.guest else 0} bytes"
         heads = [_head(files.baseline, c.path) if c.base else b"", _head(g.source, c.path) if c.guest else b""]

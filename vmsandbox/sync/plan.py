@@ -102,6 +102,7 @@ class Plan:
     shown: list[Change]  # every change in view (PATHS), pending or not, refused included
     todo: list[Item]  # what is waiting for a decision
     mass: str | None = None  # why it is a mass change (mass.py): shown grouped, never applied by --yes alone
+    id: str = ""  # the frozen review's (sync.frozen): what a front end names when it hands back a choice
 
     @property
     def refused(self) -> list[str]:
@@ -205,6 +206,7 @@ class Outcome:
     massed: str | None = None  # a mass change left pending by --yes: why it is one
     secrets: list[str] = field(default_factory=list)  # what looks like a credential, left pending by --yes
     skipped: list[str] = field(default_factory=list)
+    already: list[str] = field(default_factory=list)  # accepted, but dealt with since (another review's apply)
     refused: list[str] = field(default_factory=list)
     failed: list[str] = field(default_factory=list)
     commits: list[str] = field(default_factory=list)
@@ -233,7 +235,10 @@ def carry_out(plan: Plan, decisions: Decisions) -> Outcome:
         )
     }
     out.skipped = [i.label for i in plan.todo if id(i) not in decided]
-    execute(g, [c for i in decisions.accept for c in i.changes], out, decisions.contents)
+    still = {c.path for c in changes.pending(g)}  # another review's apply may have dealt with some since
+    accepted = [c for i in decisions.accept for c in i.changes]
+    out.already = [c.path for c in accepted if c.path not in still]
+    execute(g, [c for c in accepted if c.path in still], out, decisions.contents)
     if decisions.take_commits:
         try:
             fetched = commitfetch.fetch_commits(g, take=decisions.commit_take)

@@ -110,6 +110,10 @@ def read_refs(gitdir: Path) -> dict[str, str]:
     return refs
 
 
+def is_oid(text: str) -> bool:
+    return _OID.match(text) is not None
+
+
 def check_guest_gitdir(gitdir: Path) -> None:
     """Refuse (with the reason) a guest .git that is not a plain repository of its own."""
     try:

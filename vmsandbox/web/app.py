@@ -3,6 +3,7 @@ egress actions, and a fan-out side by side (compare.py). Every page is rendered 
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -37,25 +38,33 @@ def sessions(request: Request) -> Response:
     return page("sessions.html", rows=rows, groups=compare.groups(rows))
 
 
+def number(text: str | None, *, most: int = 10**6) -> int | None:
+    """A small decimal number a page sent (ASCII digits only: `isdigit()` takes superscripts `int()` refuses)."""
+    return int(text) if text is not None and re.fullmatch(r"[0-9]{1,7}", text) and int(text) <= most else None
+
+
 def show_review(request: Request) -> Response:
+    """One session's review: made now (fetched from the guest, then frozen), or, with `review=`, a page of the
+    frozen review the person is reading (nothing fetched)."""
     from vmsandbox.session import lifecycle, lock
     from vmsandbox.session.record import Record
 
     name = request.path_params["name"]
-    given = request.query_params.get("page", "0")
-    number = int(given) if given.isdigit() else 0
+    page_number = number(request.query_params.get("page")) or 0
+    given = request.query_params.get("review")
     try:
         record = Record.load(name)
         with lock.held(record.files, name, "reviewing the changes of"):
-            plan = lifecycle.review(Record.load(name), limit=_limit())
-            files = review.files(plan, number)
+            record = Record.load(name)
+            plan = lifecycle.reviewed(record, given) if given else lifecycle.review(record, limit=_limit())
+            files = review.files(plan, page_number)
             refs, refs_refused = review.commits(plan)
     except VmsandboxError as exc:
         return failed(exc)
     pages = max(1, -(-len(plan.todo) // review.PAGE_ITEMS))
     return page(
         "review.html", name=name, record=record, plan=plan, files=files, counts=review.counts(plan),
-        page=number, pages=pages, refused=plan.refused, refs=refs, refs_refused=refs_refused,
+        page=page_number, pages=pages, refused=plan.refused, refs=refs, refs_refused=refs_refused,
     )  # fmt: skip
 
 
@@ -71,6 +80,7 @@ async def apply_review(request: Request) -> Response:
 
 
 def _apply(name: str, fields: dict[str, list[str]]) -> Response:
+    """The person's choices on the frozen review the page showed (its id in the form): nothing is fetched."""
     from vmsandbox.session import lifecycle, lock
     from vmsandbox.session.record import Record
 
@@ -78,7 +88,7 @@ def _apply(name: str, fields: dict[str, list[str]]) -> Response:
         record = Record.load(name)
         with lock.held(record.files, name, "reviewing the changes of"):
             record = Record.load(name)
-            plan = lifecycle.review(record, limit=_limit())
+            plan = lifecycle.reviewed(record, fields.get("review", [""])[0])
             chosen = review.decisions(plan, fields)
             outcome = lifecycle.decide(record, plan, chosen.decisions)
             removed = lifecycle.settle(record, outcome)
@@ -112,7 +122,7 @@ def show_compare(request: Request) -> Response:
         view = compare.view(names)
     except VmsandboxError as exc:
         return failed(exc)
-    return page("compare.html", view=view, names=names)
+    return page("compare.html", view=view, names=names, pick=compare.pick)
 
 
 async def apply_compare(request: Request) -> Response:

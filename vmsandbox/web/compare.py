@@ -1,6 +1,11 @@
 """A fan-out side by side: the sessions' changes to the same files in columns; one session's version picked per
 file is applied (each by its own session's review and apply code), then the rest of the sessions are destroyed
-(their unpicked changes exported to their outboxes first: nothing is lost)."""
+(their unpicked changes exported to their outboxes first: nothing is lost).
+
+Each session's review is frozen when the page is drawn (sync.frozen); the form names each review by its id and
+each pick by the session, the item's number in its review and the hash of all the page showed of it
+(review.digest_of). The apply takes those reviews: nothing is fetched from a guest again, and nothing is
+matched by its label."""
 
 from __future__ import annotations
 
@@ -45,8 +50,8 @@ def _plans(names: list[str]) -> dict[str, Plan]:
     from vmsandbox.session import config, lifecycle, lock
     from vmsandbox.session.record import Record
 
-    if not 2 <= len(names) <= MOST:
-        raise VmsandboxError(f"compare 2 to {MOST} sessions", hint="e.g. /compare?s=exp-1&s=exp-2")
+    if not 2 <= len(names) <= MOST or len(set(names)) != len(names):
+        raise VmsandboxError(f"compare 2 to {MOST} different sessions", hint="e.g. /compare?s=exp-1&s=exp-2")
     limit = config.sync_limit()
     plans: dict[str, Plan] = {}
     for name in names:
@@ -56,17 +61,29 @@ def _plans(names: list[str]) -> dict[str, Plan]:
     return plans
 
 
-def view(names: list[str]) -> list[Line]:
+@dataclass
+class View:
+    lines: list[Line]
+    reviews: dict[str, str]  # session -> the id of its review frozen for this page
+
+
+def view(names: list[str]) -> View:
     """Every path any of the sessions changed, with each session's change to it (or none)."""
     plans = _plans(names)
     per_session = {name: {v.label: v for v in _all_views(plan)} for name, plan in plans.items()}
     paths = sorted({label for views in per_session.values() for label in views})
-    return [Line(p, [Cell(name, per_session[name].get(p)) for name in names]) for p in paths]
+    lines = [Line(p, [Cell(name, per_session[name].get(p)) for name in names]) for p in paths]
+    return View(lines, {name: plan.id for name, plan in plans.items()})
 
 
 def _all_views(plan: Plan) -> list[review.FileView]:
     pages = -(-len(plan.todo) // review.PAGE_ITEMS)
     return [v for n in range(pages) for v in review.files(plan, n)]
+
+
+def pick(cell: Cell) -> str:
+    """The value a pick of this cell sends: the session, the item's number in its review, and its hash."""
+    return "" if cell.view is None else f"{cell.session}:{cell.view.id}:{cell.view.digest}"
 
 
 @dataclass
@@ -77,30 +94,44 @@ class Applied:
 
 
 def apply(fields: dict[str, str]) -> Applied:
-    """Fields `p<k>` (a path) and `c<k>` (the session whose version to take, or ""), `destroy` ("rest")."""
+    """Fields `r-<session>` (the id of the session's review the page showed), `c<k>` (a pick: pick(cell), or ""
+    for none), `destroy` ("rest")."""
     from vmsandbox.session import config, lifecycle, lock
     from vmsandbox.session.record import Record
 
-    names = [n for n in fields.get("sessions", "").split(",") if n]
-    wanted: dict[str, set[str]] = {}
-    for key, path in fields.items():
-        if key.startswith("p") and fields.get("c" + key[1:]) in names:
-            wanted.setdefault(fields["c" + key[1:]], set()).add(path)
+    reviews = {key[2:]: value for key, value in fields.items() if key.startswith("r-")}
+    wanted: dict[str, dict[int, str]] = {}
+    for key, value in fields.items():
+        if key.startswith("c") and value:
+            session, _, rest = value.partition(":")
+            number, _, digest = rest.partition(":")
+            if session not in reviews or not (number.isascii() and number.isdigit()):
+                raise VmsandboxError(f"a pick names no review the page showed ({value[:80]!r})", hint=_AGAIN)
+            wanted.setdefault(session, {})[int(number)] = digest
     limit = config.sync_limit()
     done = Applied({}, [], [])
     for name, chosen in wanted.items():
         record = Record.load(name)
         with lock.held(record.files, name, "reviewing the changes of"):
             record = Record.load(name)
-            plan = lifecycle.review(record, limit=limit)
-            items = tuple(i for i in plan.todo if i.label in chosen)
-            outcome = lifecycle.decide(record, plan, Decisions(accept=items))
+            plan = lifecycle.reviewed(record, reviews[name])
+            items = []
+            for index, digest in sorted(chosen.items()):
+                item = plan.todo[index] if index < len(plan.todo) else None
+                if item is None or review.digest_of(item) != digest:
+                    done.failed.append(f"{name}: item {index} is not what the page showed; {_AGAIN}")
+                else:
+                    items.append(item)
+            outcome = lifecycle.decide(record, plan, Decisions(accept=tuple(items)))
         done.applied[name] = outcome.applied + outcome.merged + outcome.conflicts
         done.failed += outcome.failed
     if fields.get("destroy") == "rest":
-        for name in names:
+        for name in reviews:
             record = Record.load(name)
             with lock.held(record.files, name, "destroying"):
                 lifecycle.destroy(Record.load(name), force=True, discard=False, limit=limit)
             done.destroyed.append(name)
     return done
+
+
+_AGAIN = "reload the side-by-side page and pick again"

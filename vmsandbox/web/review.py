@@ -1,13 +1,16 @@
 """A plan (sync.plan) as the review page shows it, and the page's form as Decisions.
 
 Each item of the plan is a file view: its badges (status, risk, held, binary, credential), its diff as hunks a
-person takes one by one (sync/hunks.py), or for an overlapping merge the three-way text to edit. The form names
-each item by its label and the guest's content hash it showed: an item that changed since (a later fetch) is
-not decided on from an old page.
+person takes one by one (sync/hunks.py), or for an overlapping merge the three-way text to edit. The plan is a
+frozen review (sync.frozen); the form names it, and each item by its number in it and a hash of everything the
+page showed of it: the apply takes that review, never a new fetch, and a content that is no longer what was
+shown is not applied.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -17,7 +20,7 @@ from vmsandbox.sync import apply, commitfetch, diff, hunks, merge, refs
 from vmsandbox.sync.compare import Change, Status
 from vmsandbox.sync.diff import DIFF_LIMIT
 from vmsandbox.sync.plan import Decisions, Item, Plan
-from vmsandbox.sync.tree import FILE
+from vmsandbox.sync.tree import CARRIED, FILE
 from vmsandbox.web import highlight
 
 CONTEXT = 3  # unchanged lines shown around a hunk
@@ -53,22 +56,31 @@ class FileView:
 
 
 def digest_of(item: Item) -> str:
-    """What the guest's side of an item was when shown (content hashes, kinds, "-" for deleted)."""
-    return "|".join((c.guest.digest or c.guest.kind) if c.guest else "-" for c in item.changes)
+    """Everything a page shows of an item, as one short hash: each change's path, status, kind, carried mode,
+    content hash and link target on the guest's side, and every hold and badge. A form names it beside the
+    item, so a choice is only ever taken for exactly what was shown."""
+    shown = [
+        [c.path, c.status.value, c.kind, c.risky, c.held, c.binary, c.secret, c.notes,
+         None if c.guest is None else [c.guest.kind, c.guest.mode & CARRIED, c.guest.digest, c.guest.target],
+         None if c.merge is None else hashlib.sha256(c.merge.text).hexdigest()]
+        for c in item.changes
+    ]  # fmt: skip
+    return hashlib.sha256(json.dumps([item.label, item.repository, shown]).encode()).hexdigest()[:32]
 
 
 def texts(plan: Plan, c: Change) -> tuple[bytes, bytes] | None:
-    """The two texts a change's hunks are made of (before, after), or None where it is not text."""
+    """The two texts a change's hunks are made of (before, after), as the review saw them, or None where it is
+    not text. apply.ChangedError when one of them is no longer what the review saw."""
     g = plan.gathered
     old: bytes | None
     new: bytes | None
     if c.merge is not None and c.merge.clean:
-        old, new = apply.read_nofollow(g.project, c.path, limit=DIFF_LIMIT), c.merge.text
+        old, new = apply.read_as_reviewed(g.project, c.path, c.host, limit=DIFF_LIMIT), c.merge.text
     elif any(e is not None and e.kind != FILE for e in (c.base, c.guest)) or c.binary or c.kind == "mode changed":
         return None
     else:
         old = apply.read_nofollow(g.target.files.baseline, c.path, limit=DIFF_LIMIT) if c.base else b""
-        new = apply.read_nofollow(g.source, c.path, limit=DIFF_LIMIT) if c.guest else b""
+        new = apply.read_as_reviewed(g.source, c.path, c.guest, limit=DIFF_LIMIT)
     if old is None or new is None or not (diff.is_text(old) and diff.is_text(new)):
         return None
     if max(old.count(b"\n"), new.count(b"\n")) > hunks.HUNK_LINES:
@@ -119,7 +131,10 @@ def files(plan: Plan, page: int = 0) -> list[FileView]:
         safe = c.status in (Status.APPLY, Status.MERGED) and not (item.risky or item.held or item.binary or item.secret)
         view = FileView(i, item.label, item.kind, c.status.value, digest_of(item), badges(item))
         view.default = "apply" if safe and plan.mass is None else "skip"
-        both = None if item.repository else texts(plan, c)
+        try:
+            both = None if item.repository else texts(plan, c)
+        except apply.ChangedError as exc:
+            both, view.note = None, exc.message
         if c.merge is not None and not c.merge.clean:
             view.three_way = c.merge.text.decode(errors="replace")
         elif both is not None:
@@ -149,26 +164,29 @@ class Chosen:
 
 
 def decisions(plan: Plan, form: dict[str, list[str]]) -> Chosen:
-    """The form of the review page as Decisions on `plan` (computed again): per item apply or not, the hunks
-    taken, an edited merge; the guest's commits if asked."""
-    by_label = {item.label: item for item in plan.todo}
+    """The form of the review page as Decisions on `plan`, the frozen review the page showed: per item (by its
+    number in the review, with the hash of all it showed) apply or not, the hunks taken, an edited merge; the
+    guest's commits if asked."""
     accept: list[Item] = []
     contents: dict[str, bytes] = {}
     refused: list[str] = []
-    for key in (k for k in form if k.startswith("l")):
+    for key in (k for k in form if k.startswith("d") and k[1:].isdigit() and k[1:].isascii()):
         n = key[1:]
-        label = form[key][0]
-        item = by_label.get(label)
-        if item is None or form.get(f"d{n}", [""])[0] != digest_of(item):
-            refused.append(f"{label}: changed since the page was shown; reload it")
+        index = int(n)
+        item = plan.todo[index] if index < len(plan.todo) else None
+        if item is None or form[key][0] != digest_of(item):
+            refused.append(f"item {n}: not what this review showed; reload the page")
             continue
         if form.get(f"f{n}", ["skip"])[0] != "apply":
             continue
-        why = _content(plan, item, form, n, contents)
+        try:
+            why = _content(plan, item, form, n, contents)
+        except apply.ChangedError as exc:
+            why = exc.message
         if why is None:
             accept.append(item)
         elif why:
-            refused.append(f"{label}: {why}")
+            refused.append(f"{item.label}: {why}")
     commits = form.get("commits", [""])[0] == "take"
     return Chosen(Decisions(tuple(accept), (), commits and plan.gathered.refs_changed, contents=contents), refused)
 
@@ -183,7 +201,7 @@ def _content(plan: Plan, item: Item, form: dict[str, list[str]], n: str, content
     both = texts(plan, c) if f"hs{n}" in form else None
     if both is None:
         return None
-    taken = {int(h) for h in form.get(f"h{n}", []) if h.isdigit()}
+    taken = {int(h) for h in form.get(f"h{n}", []) if h.isdigit() and h.isascii()}
     every = {h.index for h in hunks.hunks(*both)}
     if not taken & every:
         return ""
