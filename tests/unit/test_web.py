@@ -1,8 +1,10 @@
-"""The web review's guard (token, Host, Origin, headers) on an app that only says hello; nothing is served
-on a socket (starlette's TestClient calls the app in process)."""
+"""The web review's guard (its own address, one-time tickets, the cookie, where a request comes from, Origin,
+headers) on an app that only says hello; nothing is served on a socket (starlette's TestClient calls the app
+in process)."""
 
 from __future__ import annotations
 
+import ipaddress
 import warnings
 
 import pytest
@@ -11,14 +13,16 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse
 from starlette.routing import Route
 
-from vmsandbox.web.guard import COOKIE, CSP, Guard
+from vmsandbox.web.guard import CSP, Guard, loopback_address
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")
     from starlette.testclient import TestClient
 
 PORT = 8123
-HOST = f"127.0.0.1:{PORT}"
+ADDRESS = "127.45.6.7"
+HOST = f"{ADDRESS}:{PORT}"
+PAGE = {"Host": HOST, "Sec-Fetch-Site": "same-origin"}
 
 
 def hello(request: Request) -> PlainTextResponse:
@@ -26,59 +30,110 @@ def hello(request: Request) -> PlainTextResponse:
 
 
 @pytest.fixture
-def client() -> TestClient:
+def guard() -> Guard:
     app = Starlette(routes=[Route("/", hello, methods=["GET", "POST"])])
-    return TestClient(Guard(app, token="s3cret", port=PORT), base_url=f"http://{HOST}", follow_redirects=False)
+    return Guard(app, address=ADDRESS, port=PORT)
 
 
-def test_the_token_in_the_url_becomes_a_strict_cookie_and_leaves_the_url(client: TestClient) -> None:
-    answer = client.get("/?token=s3cret&x=1", headers={"Host": HOST})
-    assert answer.status_code == 303
-    assert answer.headers["location"] == "/?x=1"
+@pytest.fixture
+def client(guard: Guard) -> TestClient:
+    return TestClient(guard, base_url=f"http://{HOST}", follow_redirects=False)
+
+
+def _cookie(guard: Guard, client: TestClient) -> dict[str, str]:
+    """The cookie a browser holds after opening a URL `vmsandbox ui` printed."""
+    answer = client.get(guard.url("/"), headers={"Host": HOST, "Sec-Fetch-Site": "none"})
+    name, _, rest = answer.headers["set-cookie"].partition("=")
+    return {"Cookie": f"{name}={rest.split(';')[0]}"}
+
+
+def test_the_page_has_an_address_of_its_own() -> None:
+    """Not 127.0.0.1, where the guests' published ports are: a cookie of another host never goes there."""
+    for _ in range(200):
+        address = ipaddress.ip_address(loopback_address())
+        assert address.is_loopback and address not in ipaddress.ip_network("127.0.0.0/24")
+
+
+def test_a_ticket_works_once_and_becomes_a_strict_cookie_the_url_never_holds(guard: Guard, client: TestClient) -> None:
+    url = guard.url("/")
+    answer = client.get(url.replace("/?", "/?x=1&"), headers={"Host": HOST, "Sec-Fetch-Site": "cross-site"})
+    assert answer.status_code == 200  # (opened from the launcher file: another site for the browser)
+    assert 'content="0;url=/?x=1"' in answer.text
     cookie = answer.headers["set-cookie"]
-    assert f"{COOKIE}=s3cret" in cookie
-    assert "HttpOnly" in cookie
-    assert "SameSite=strict" in cookie
+    assert cookie.startswith(f"vmsandbox_ui_{PORT}=")
+    assert "HttpOnly" in cookie and "SameSite=strict" in cookie and "Domain" not in cookie
+    value = cookie.split(";")[0].partition("=")[2]
+    assert value not in url and len(value) >= 32  # the cookie's secret is never in a URL
+    again = client.get(url, headers={"Host": HOST})
+    assert again.status_code == 403 and "used already" in again.text
+    fetched = client.get(guard.url("/"), headers={"Host": HOST, "Sec-Fetch-Mode": "cors"})
+    assert fetched.status_code == 403  # a ticket opens the page; a script's fetch cannot spend one
 
 
-def test_without_the_token_nothing_is_served(client: TestClient) -> None:
-    assert client.get("/", headers={"Host": HOST}).status_code == 403
-    assert client.get("/?token=wrong", headers={"Host": HOST}).status_code == 403
-    assert client.get("/", headers={"Host": HOST, "Cookie": f"{COOKIE}=wrong"}).status_code == 403
-    good = client.get("/", headers={"Host": HOST, "Cookie": f"{COOKIE}=s3cret"})
+def test_without_the_cookie_nothing_is_served(guard: Guard, client: TestClient) -> None:
+    assert client.get("/", headers=PAGE).status_code == 403
+    assert client.get("/?ticket=wrong", headers=PAGE).status_code == 403
+    assert client.get("/", headers={**PAGE, "Cookie": f"vmsandbox_ui_{PORT}=wrong"}).status_code == 403
+    good = client.get("/", headers={**PAGE, **_cookie(guard, client)})
     assert (good.status_code, good.text) == (200, "hello")
 
 
-@pytest.mark.parametrize("host", ["evil.example", f"evil.example:{PORT}", "127.0.0.1:1", "[::1]:8123", ""])
-def test_another_host_name_is_refused_even_with_the_token(client: TestClient, host: str) -> None:
-    assert client.get("/", headers={"Host": host, "Cookie": f"{COOKIE}=s3cret"}).status_code == 403
+@pytest.mark.parametrize(
+    "host", ["evil.example", f"evil.example:{PORT}", f"127.0.0.1:{PORT}", f"localhost:{PORT}", f"{ADDRESS}:1", ""]
+)
+def test_another_host_name_is_refused_even_with_the_cookie(guard: Guard, client: TestClient, host: str) -> None:
+    cookie = _cookie(guard, client)
+    assert client.get("/", headers={**PAGE, **cookie, "Host": host}).status_code == 403
+
+
+@pytest.mark.parametrize("site", ["same-site", "cross-site"])
+def test_another_page_reads_nothing_and_changes_nothing(guard: Guard, client: TestClient, site: str) -> None:
+    """A page a guest serves on a published port is another site (and another host) for the browser: even
+    holding the cookie, its GETs (which would start a fetch from a guest) are refused, and so are its POSTs."""
+    cookie = _cookie(guard, client)
+    assert client.get("/", headers={**cookie, "Host": HOST, "Sec-Fetch-Site": site}).status_code == 403
+    post = {**cookie, "Host": HOST, "Sec-Fetch-Site": site, "Origin": f"http://{HOST}"}
+    assert client.post("/", headers=post).status_code == 403
 
 
 @pytest.mark.parametrize(
     ("headers", "status"),
     [
-        ({"Origin": f"http://{HOST}"}, 200),
-        ({"Origin": f"http://localhost:{PORT}"}, 200),
-        ({}, 200),  # no Origin (not a browser): the token is what counts
+        ({"Origin": f"http://{HOST}", "Sec-Fetch-Site": "same-origin"}, 200),
+        ({"Origin": f"http://{HOST}"}, 200),  # a browser that does not say where it comes from: Origin says
+        ({}, 403),  # no Origin: not the page (a client that is not a browser gets nothing done)
+        ({"Origin": f"http://127.0.0.1:{PORT}"}, 403),
         ({"Origin": "http://evil.example"}, 403),
         ({"Origin": "null"}, 403),
-        ({"Origin": f"http://{HOST}", "Sec-Fetch-Site": "cross-site"}, 403),
-        ({"Sec-Fetch-Site": "same-site"}, 403),
+        ({"Origin": f"http://{HOST}", "Sec-Fetch-Site": "none"}, 403),  # typed: a POST never is
     ],
 )
-def test_a_change_must_come_from_the_page(client: TestClient, headers: dict[str, str], status: int) -> None:
-    answer = client.post("/", headers={"Host": HOST, "Cookie": f"{COOKIE}=s3cret", **headers})
+def test_a_change_must_come_from_the_page(
+    guard: Guard, client: TestClient, headers: dict[str, str], status: int
+) -> None:
+    answer = client.post("/", headers={"Host": HOST, **_cookie(guard, client), **headers})
     assert answer.status_code == status
 
 
-def test_every_answer_carries_the_strict_headers(client: TestClient) -> None:
+def test_every_answer_carries_the_strict_headers(guard: Guard, client: TestClient) -> None:
     for answer in (
-        client.get("/", headers={"Host": HOST}),
-        client.get("/", headers={"Host": HOST, "Cookie": f"{COOKIE}=s3cret"}),
+        client.get("/", headers=PAGE),
+        client.get("/", headers={**PAGE, **_cookie(guard, client)}),
+        client.get(guard.url("/"), headers=PAGE),
     ):
         assert answer.headers["content-security-policy"] == CSP
         assert answer.headers["x-frame-options"] == "DENY"
-        assert answer.headers["x-content-type-options"] == "nosniff"
-        assert answer.headers["cache-control"] == "no-store"
-    assert "script-src 'self'" in CSP
-    assert "unsafe-inline" not in CSP
+
+
+def test_the_browser_is_opened_on_a_file_only_this_account_reads() -> None:
+    """The ticket never goes on the browser's command line (/proc/PID/cmdline is every account's to read)."""
+    import stat
+
+    from vmsandbox.cli import webui
+
+    url = f"http://{HOST}/?ticket=abc&x=<1>"
+    launcher = webui.launcher_file(url)
+    assert stat.S_IMODE(launcher.stat().st_mode) == 0o600
+    assert stat.S_IMODE(launcher.parent.stat().st_mode) == 0o700
+    assert launcher.as_uri().startswith("file://") and "abc" not in launcher.as_uri()
+    assert 'url=http://127.45.6.7:8123/?ticket=abc&amp;x=&lt;1&gt;"' in launcher.read_text()

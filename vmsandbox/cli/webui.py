@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import html
 import os
-import secrets
 import socket
 import sys
+import tempfile
 import webbrowser
+from pathlib import Path
 from typing import Annotated
 from urllib.parse import quote
 
@@ -18,9 +20,8 @@ from vmsandbox.cli.base import app
 from vmsandbox.errors import VmsandboxError
 
 
-def url_of(port: int, token: str, name: str | None = None) -> str:
-    where = f"/s/{quote(name, safe='')}" if name else "/"
-    return f"http://127.0.0.1:{port}{where}?token={token}"
+def path_of(name: str | None) -> str:
+    return f"/s/{quote(name, safe='')}" if name else "/"
 
 
 def has_browser() -> bool:
@@ -62,37 +63,63 @@ def serve(name: str | None, *, port: int = 0, browser: bool = True, until_applie
     import uvicorn
 
     from vmsandbox.web import app as web
+    from vmsandbox.web.guard import loopback_address
 
     if name is not None:
         from vmsandbox.session.record import Record
 
         Record.load(name)  # a session that does not exist is said now, with its hint, not on the page
-    token = secrets.token_urlsafe(32)
+    address = loopback_address()
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
-        sock.bind(("127.0.0.1", port))
+        sock.bind((address, port))
     except OSError as exc:
         sock.close()
         raise VmsandboxError(
-            f"cannot listen on 127.0.0.1:{port}: {exc.strerror}",
+            f"cannot listen on {address}:{port}: {exc.strerror}",
             hint="choose another port with --port, or leave it out for a free one",
         ) from None
     sock.listen(128)  # before the URL is printed: a browser that is quick must queue, not be refused
     bound = sock.getsockname()[1]
-    url = url_of(bound, token, name)
-    print(url, flush=True)  # stdout: the URL is the command's data
-    ui.info("The review is served at the URL above (only on this machine); Ctrl-C stops it.")
-    if browser and has_browser():
-        webbrowser.open(url)
+    launchers: dict[str, Path] = {}
     server: uvicorn.Server | None = None
 
     def applied() -> None:
         if until_applied and server is not None:
             server.should_exit = True  # (the answer in flight is finished first)
 
-    config = uvicorn.Config(
-        web.make(token=token, port=bound, on_applied=applied), log_level="warning", access_log=False, log_config=None
-    )  # log_config=None: its errors go to our log (stderr, -v), not to a configuration of its own
-    server = uvicorn.Server(config)
-    server.run(sockets=[sock])
+    def used(ticket: str) -> None:
+        gone = launchers.pop(ticket, None)
+        if gone is not None:
+            gone.unlink(missing_ok=True)
+
+    guard = web.make(address=address, port=bound, on_applied=applied, on_exchange=used)
+    print(guard.url(path_of(name)), flush=True)  # stdout: the URL is the command's data (it works once)
+    ui.info("The review is served at the URL above (only on this machine; the link works once); Ctrl-C stops it.")
+    try:
+        if browser and has_browser():
+            ticket_url = guard.url(path_of(name))
+            launcher = launcher_file(ticket_url)
+            launchers[ticket_url.rpartition("ticket=")[2]] = launcher
+            webbrowser.open(launcher.as_uri())
+        config = uvicorn.Config(guard, log_level="warning", access_log=False, log_config=None)
+        # (log_config=None: its errors go to our log (stderr, -v), not to a configuration of its own)
+        server = uvicorn.Server(config)
+        server.run(sockets=[sock])
+    finally:
+        for launcher in launchers.values():
+            launcher.unlink(missing_ok=True)
+
+
+def launcher_file(url: str) -> Path:
+    """A page that sends the browser to `url`, readable by this account only: the browser is opened on it, so
+    the ticket is never on a command line (which every local account reads in /proc)."""
+    from vmsandbox import confine, paths
+
+    where = paths.state_dir() / "ui"
+    confine.make_private_dir(where, traverse=False)
+    fd, name = tempfile.mkstemp(prefix="open-", suffix=".html", dir=where)
+    with os.fdopen(fd, "w") as f:  # mkstemp: 0600, made by this account only
+        f.write(f'<!doctype html><meta http-equiv="refresh" content="0;url={html.escape(url)}">\n')
+    return Path(name)

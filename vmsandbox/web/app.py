@@ -147,8 +147,15 @@ def _limit() -> int:
     return config.sync_limit()
 
 
-def make(*, token: str, port: int, on_applied: Callable[[], None] | None = None) -> Guard:
-    """The application behind its guard (guard.py); `on_applied` is called once a review is applied."""
+def make(
+    *,
+    address: str,
+    port: int,
+    on_applied: Callable[[], None] | None = None,
+    on_exchange: Callable[[str], None] | None = None,
+) -> Guard:
+    """The application behind its guard (guard.py) at address:port; `on_applied` is called once a review is
+    applied, `on_exchange(ticket)` once a ticket is used."""
     app = Starlette(
         routes=[
             Route("/", sessions),
@@ -162,4 +169,4 @@ def make(*, token: str, port: int, on_applied: Callable[[], None] | None = None)
         ]
     )
     app.state.on_applied = on_applied
-    return Guard(app, token=token, port=port)
+    return Guard(app, address=address, port=port, on_exchange=on_exchange)

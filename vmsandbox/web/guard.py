@@ -1,13 +1,22 @@
-"""Who may use the page: whoever holds the token printed by `vmsandbox ui`, through 127.0.0.1, from the page
-itself.
+"""Who may use the page: the person `vmsandbox ui` opened it for, in their browser, from the page itself.
 
-- The token comes once in the URL (`/?token=…`); it is exchanged for an HttpOnly, SameSite=Strict cookie and the
-  browser is sent to the same URL without it (it does not stay in the history or a Referer). Every request
-  without the token — another local user, another program, a page of another site — gets 403.
-- Host must be 127.0.0.1:PORT or localhost:PORT: a DNS-rebinding page (evil.example resolving to 127.0.0.1) is
-  refused even before the token is looked at.
-- A request that changes anything (POST) must come from the page: its Origin, where the browser sends one, must
-  be this server; a form of another site is refused even with the cookie (SameSite would already keep it).
+- **Its own loopback address.** The page listens on an address of 127.0.0.0/8 drawn at random for each run
+  (`127.a.b.c`), not on 127.0.0.1, where the guests' published ports are. A browser keeps cookies per host, not
+  per port, and counts every port of one host as the same site: a cookie of 127.0.0.1 would go with every
+  request to a page a guest serves there, and SameSite would not hold back a request that page makes. On an
+  address of its own, the cookie goes nowhere else and every other page is another site.
+- **A secret that never leaves the process.** The cookie's value is never printed, never on a command line,
+  never in a URL. A URL carries a *ticket* instead, which works once: it is exchanged for the HttpOnly,
+  SameSite=Strict cookie, and the page sends the browser on to the same URL without it. The browser is never handed a
+  ticket on its command line (every local account reads those in /proc): it is opened on a file only this
+  account can read, which sends it on (webui.py).
+- **Host** must be this address and port: a DNS-rebinding page (evil.example resolving here) is refused before
+  anything else.
+- **From the page only.** A browser says where a request comes from (`Sec-Fetch-Site`, which no page can
+  forge): anything but the page itself or the person typing the URL is refused, a GET included, so a page
+  of another site (a guest's) reads nothing, changes nothing and starts nothing, not even a fetch from a
+  guest. A request that changes something must also carry the page's Origin: a client that is not a browser
+  gets nothing done, whatever it holds.
 - Every answer forbids framing, sniffing, referrers to other sites and caching, and carries a Content Security
   Policy that runs no script but our own file and loads nothing from anywhere else.
 """
@@ -15,11 +24,14 @@ itself.
 from __future__ import annotations
 
 import hmac
+import html
+import secrets
+from collections.abc import Callable
 from urllib.parse import urlencode
 
 from starlette.datastructures import URL
 from starlette.requests import Request
-from starlette.responses import PlainTextResponse, RedirectResponse, Response
+from starlette.responses import HTMLResponse, PlainTextResponse, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 COOKIE = "vmsandbox_ui"
@@ -37,16 +49,42 @@ HEADERS = {
     "Cross-Origin-Resource-Policy": "same-origin",
 }
 SAFE_METHODS = frozenset({"GET", "HEAD"})
+FROM_THE_PAGE = frozenset({"same-origin", "none"})  # Sec-Fetch-Site: the page itself, or the person
+MOST_TICKETS = 64
+
+
+def loopback_address() -> str:
+    """An address of 127.0.0.0/8 of its own for one run of the page (never 127.0.0.x, where other servers and
+    the guests' published ports are)."""
+    return f"127.{secrets.randbelow(254) + 1}.{secrets.randbelow(256)}.{secrets.randbelow(254) + 1}"
 
 
 class Guard:
-    """ASGI middleware: Host, token and Origin checked before the app sees a request; headers on every answer."""
+    """ASGI middleware: Host, where the request comes from, the ticket or the cookie, and Origin checked before
+    the app sees a request; headers on every answer. `on_exchange(ticket)` is called when a ticket is used."""
 
-    def __init__(self, app: ASGIApp, *, token: str, port: int) -> None:
+    def __init__(
+        self, app: ASGIApp, *, address: str, port: int, on_exchange: Callable[[str], None] | None = None
+    ) -> None:
         self.app = app
-        self.token = token
-        self.hosts = {f"127.0.0.1:{port}", f"localhost:{port}"}
-        self.origins = {f"http://{h}" for h in self.hosts}
+        self.host = f"{address}:{port}"
+        self.origin = f"http://{self.host}"
+        self.cookie = f"{COOKIE}_{port}"
+        self._secret = secrets.token_urlsafe(32)  # the cookie's value, and nothing else's
+        self._tickets: set[str] = set()
+        self._on_exchange = on_exchange
+
+    def ticket(self) -> str:
+        """A new ticket: a URL that carries it works once."""
+        if len(self._tickets) >= MOST_TICKETS:
+            self._tickets.clear()
+        found = secrets.token_urlsafe(24)
+        self._tickets.add(found)
+        return found
+
+    def url(self, path: str = "/") -> str:
+        """The page at `path`, for a person: with a new ticket."""
+        return f"{self.origin}{path}?{urlencode({'ticket': self.ticket()})}"
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
@@ -56,8 +94,6 @@ class Guard:
             return
         request = Request(scope)
         response = self.refusal(request)
-        if response is None and request.query_params.get("token") is not None:
-            response = self.exchange(request)
 
         async def with_headers(message: dict[str, object]) -> None:
             if message["type"] == "http.response.start":
@@ -71,27 +107,50 @@ class Guard:
             return
         await self.app(scope, receive, with_headers)  # type: ignore[arg-type]
 
-    def holds_token(self, request: Request) -> bool:
-        given = request.query_params.get("token") or request.cookies.get(COOKIE) or ""
-        return hmac.compare_digest(given.encode(), self.token.encode())
+    def holds_cookie(self, request: Request) -> bool:
+        given = request.cookies.get(self.cookie) or ""
+        return hmac.compare_digest(given.encode(), self._secret.encode())
 
     def refusal(self, request: Request) -> Response | None:
-        if request.headers.get("host") not in self.hosts:
-            return PlainTextResponse("refused: this page answers on 127.0.0.1 only", status_code=403)
-        if not self.holds_token(request):
-            return PlainTextResponse("refused: open the URL `vmsandbox ui` printed (it holds the token)", 403)
-        if request.method not in SAFE_METHODS:
-            origin = request.headers.get("origin")
-            if origin is not None and origin not in self.origins:
-                return PlainTextResponse("refused: a request from another site", status_code=403)
-            if request.headers.get("sec-fetch-site") not in (None, "same-origin", "none"):
-                return PlainTextResponse("refused: a request from another site", status_code=403)
-        return None
+        """Why the request is refused (an answer), the ticket's exchange, or None: the app answers."""
+        if request.headers.get("host") != self.host:
+            return _refused("this page answers at its own address only")
+        if "ticket" in request.query_params and request.method in SAFE_METHODS:
+            if request.headers.get("sec-fetch-mode", "navigate") != "navigate":
+                return _refused("a ticket is for opening the page")
+            return self.exchange(request)  # (from the launcher file: a navigation no page can make without one)
+        site = request.headers.get("sec-fetch-site")
+        why = None
+        if site is not None and site not in FROM_THE_PAGE:
+            why = "a request from another page"
+        elif not self.holds_cookie(request):
+            why = "open the URL `vmsandbox ui` printed (each works once)"
+        elif request.method not in SAFE_METHODS and (
+            request.headers.get("origin") != self.origin or site not in (None, "same-origin")
+        ):
+            why = "a change must come from the page itself"
+        return None if why is None else _refused(why)
 
     def exchange(self, request: Request) -> Response:
-        """The token in the URL for a cookie, and the same URL without it."""
-        rest = [(k, v) for k, v in request.query_params.multi_items() if k != "token"]
-        url = URL(path=request.url.path, query=urlencode(rest))
-        response = RedirectResponse(str(url), status_code=303)
-        response.set_cookie(COOKIE, self.token, httponly=True, samesite="strict", path="/")
+        """A ticket, used once, for the cookie; and the same URL without it."""
+        given = request.query_params["ticket"]
+        found = next((t for t in self._tickets if hmac.compare_digest(t.encode(), given.encode())), None)
+        if found is None:
+            return _refused("this link was used already (each works once); `vmsandbox ui` prints a new one")
+        self._tickets.discard(found)
+        if self._on_exchange is not None:
+            self._on_exchange(found)
+        rest = [(k, v) for k, v in request.query_params.multi_items() if k != "ticket"]
+        target = str(URL(path=request.url.path, query=urlencode(rest)))
+        # Not a redirect: a browser carries the most foreign Sec-Fetch-Site of a redirect chain on (the launcher
+        # file's), while a navigation this page starts is its own (same-origin).
+        response = HTMLResponse(
+            f'<!doctype html><meta http-equiv="refresh" content="0;url={html.escape(target)}">'
+            f'<p><a href="{html.escape(target)}">Continue</a></p>'
+        )
+        response.set_cookie(self.cookie, self._secret, httponly=True, samesite="strict", path="/")
         return response
+
+
+def _refused(why: str) -> Response:
+    return PlainTextResponse(f"refused: {why}", status_code=403)
