@@ -15,9 +15,11 @@ VMSANDBOX_DATA_DIR, VMSANDBOX_STATE_DIR and VMSANDBOX_CONFIG_DIR.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pwd
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -101,7 +103,7 @@ def config_dir() -> Path:
 def sudo_invoker() -> pwd.struct_passwd | None:
     """Who ran `sudo vmsandbox`, when that is what runs us (root, with SUDO_USER naming another account)."""
     user, uid = os.environ.get("SUDO_USER"), os.environ.get("SUDO_UID", "0")
-    if os.geteuid() != 0 or not user or uid == "0":
+    if os.getuid() != 0 or not user or uid == "0":  # (the real uid: as_invoker changes only the effective one)
         return None
     try:
         found = pwd.getpwnam(user)
@@ -110,21 +112,32 @@ def sudo_invoker() -> pwd.struct_passwd | None:
     return found if str(found.pw_uid) == uid else None
 
 
-def config_subdir(path: Path) -> None:
-    """mkdir -p of a directory under config_dir(), 0700; under sudo every directory it made is the invoker's."""
-    missing = [p for p in [*reversed(path.parents), path] if not p.exists()]
-    path.mkdir(parents=True, exist_ok=True, mode=0o700)
-    path.chmod(0o700)
-    give_to_invoker(*missing)
-
-
-def give_to_invoker(*made: Path) -> None:
-    """What root just wrote in the sudo user's config directory becomes theirs (without sudo they read it)."""
+@contextlib.contextmanager
+def as_invoker() -> Iterator[None]:
+    """Under sudo, the block runs as the invoking user (effective uid, gid and groups): whatever root writes in
+    that user's config directory is written as the user, so a link the user's account planted there (at any
+    depth, to any file) leads nowhere the user could not write already; and what is made is theirs. Without
+    sudo it changes nothing."""
     invoker = sudo_invoker()
     if invoker is None:
+        yield
         return
-    for path in made:
-        os.lchown(path, invoker.pw_uid, invoker.pw_gid)
+    groups, gid = os.getgroups(), os.getegid()
+    os.setgroups(os.getgrouplist(invoker.pw_name, invoker.pw_gid))
+    os.setegid(invoker.pw_gid)
+    os.seteuid(invoker.pw_uid)
+    try:
+        yield
+    finally:
+        os.seteuid(0)
+        os.setegid(gid)
+        os.setgroups(groups)
+
+
+def config_subdir(path: Path) -> None:
+    """mkdir -p of a directory under config_dir(), 0700 (call it as_invoker: under sudo, the invoker's)."""
+    path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    path.chmod(0o700)
 
 
 def images_dir() -> Path:

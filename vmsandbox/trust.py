@@ -119,9 +119,9 @@ def records() -> dict[str, dict[str, Any]]:
 
 
 def _save(data: dict[str, dict[str, Any]]) -> None:
-    paths.config_subdir(paths.config_dir())
-    paths.write_atomically(_store(), json.dumps(data, indent=1, sort_keys=True) + "\n", mode=0o600)
-    paths.give_to_invoker(_store())
+    with paths.as_invoker():
+        paths.config_subdir(paths.config_dir())
+        paths.write_atomically(_store(), json.dumps(data, indent=1, sort_keys=True) + "\n", mode=0o600)
 
 
 @dataclass(frozen=True)

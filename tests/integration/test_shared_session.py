@@ -259,11 +259,13 @@ def test_cp_copies_host_files_into_the_guest(shared: Record, cli: Cli, tmp_path:
     (src / "sub" / "data.txt").write_text("payload\n")
     single = tmp_path / "one file.txt"
     single.write_text("single\n")
-    r = cli.run("cp", str(src), str(single), f"{shared.name}:/tmp/cp-test/")
+    dash = tmp_path / "-e.txt"  # a name rsync would have taken for its -e option
+    dash.write_text("dash\n")
+    r = cli.run("cp", str(src), str(single), str(dash), f"{shared.name}:/tmp/cp-test/")
     assert r.returncode == 0, r.stderr.decode()
-    script = "cd /tmp/cp-test && cat fixtures/sub/data.txt 'one file.txt' && stat -c %U fixtures/sub/data.txt"
+    script = "cd /tmp/cp-test && cat fixtures/sub/data.txt 'one file.txt' ./-e.txt && stat -c %U fixtures/sub/data.txt"
     out = cli.run("exec", shared.name, "--", "sh", "-c", script)
-    assert out.stdout.decode().split("\n")[:3] == ["payload", "single", shared.user], out.stderr.decode()
+    assert out.stdout.decode().split("\n")[:4] == ["payload", "single", "dash", shared.user], out.stderr.decode()
     cli.run("exec", shared.name, "--", "rm", "-rf", "/tmp/cp-test")
     refused = cli.run("cp", str(single), shared.name)  # no NAME:PATH; and nothing ever copies out
     assert refused.returncode == 2 and b"NAME:PATH" in refused.stderr

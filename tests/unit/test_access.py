@@ -150,12 +150,17 @@ def test_the_guest_data_account_comment_is_one_useradd_takes() -> None:
 @pytest.mark.skipif(os.geteuid() != 0, reason="sudo means root")
 def test_under_sudo_config_and_secrets_are_the_invoking_users(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import pwd
+    import shutil
+    import tempfile
 
     from vmsandbox import paths
     from vmsandbox.egress import secrets
 
-    home = tmp_path / "home"
+    place = Path(tempfile.mkdtemp(prefix="vmsandbox-unit-", dir="/var/tmp"))  # (pytest's is private to root)
+    place.chmod(0o755)
+    home = place / "home"
     home.mkdir()
+    os.chown(home, OTHER, OTHER)  # a home is its user's: under sudo, what is written there is written as them
     fake = pwd.struct_passwd(("dev", "x", OTHER, OTHER, "", str(home), "/bin/sh"))
     real = pwd.getpwnam
     monkeypatch.setattr(pwd, "getpwnam", lambda name: fake if name == "dev" else real(name))
@@ -172,8 +177,30 @@ def test_under_sudo_config_and_secrets_are_the_invoking_users(tmp_path: Path, mo
     ]
     assert [(p.stat().st_uid, p.stat().st_gid) for p in made] == [(OTHER, OTHER)] * 4  # theirs, readable without sudo
     assert secrets.get("anthropic-api-key") == "sk-test"
+    # a link their account planted (a kept login's directory, a secrets directory) leads nowhere: what root
+    # writes there it writes as them, and a kept login is written without following any link
+    from vmsandbox.errors import VmsandboxError
+    from vmsandbox.image.blueprint import Blueprint
+    from vmsandbox.session import logins
+
+    victim = place / "root-only"
+    victim.mkdir(mode=0o755)
+    (paths.config_dir() / logins.LOGINS_DIR).mkdir()
+    os.chown(paths.config_dir() / logins.LOGINS_DIR, OTHER, OTHER)
+    logins.store("claude").symlink_to(victim)
+    bp = Blueprint(name="claude", source="x", login_files=(".claude/.credentials.json",))
+    with pytest.raises(VmsandboxError, match="not a directory of your config"):
+        logins.keep(bp, {".claude/.credentials.json": b"{}"})
+    assert list(victim.iterdir()) == [] and stat.S_IMODE(victim.stat().st_mode) == 0o755
+    shutil.rmtree(secrets.directory())
+    secrets.directory().symlink_to(victim)
+    with pytest.raises(PermissionError):
+        secrets.put("openai-api-key", "sk-other")
+    assert list(victim.iterdir()) == []
+    assert os.geteuid() == 0 and os.getegid() == 0  # root again afterwards
     monkeypatch.setenv("SUDO_UID", "12")  # SUDO_USER and SUDO_UID disagree: not trusted, root's own dir
     assert paths.config_dir() != home / ".config" / "vmsandbox"
+    shutil.rmtree(place)
 
 
 def test_state_directories_made_before_the_guest_data_account_existed_let_it_through_later(

@@ -253,3 +253,31 @@ def test_a_pickle_that_names_code_is_seen_whatever_its_protocol() -> None:
     for source in (b"import os\nimport sys\n", b"class A:\n    pass\n", b"changes\n2024\n", b"", b"."):
         assert not scanworker.loads_code(source)
     assert scanworker.loads_code(b"cat\ndog\n")  # the unpickler would import module `at`: its code runs
+
+
+def test_cp_shows_its_jailed_rsync_the_named_sources_only(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`cp ~/notes.txt NAME:` bound the whole home into the jail of the rsync that talks to the guest, and a
+    source named `-e.txt` reached rsync as an option (issue 43)."""
+    from vmsandbox.guest.ssh import Endpoint
+    from vmsandbox.paths import SessionPaths
+    from vmsandbox.sync import copyin, transfer
+    from vmsandbox.sync.target import Target
+
+    calls: list[tuple[list[str], str, transfer.Side]] = []
+
+    def fake(endpoint: object, options: list[str], source: str, dest: str, *, side: transfer.Side, **_: object) -> None:
+        calls.append((options, source, side))
+
+    monkeypatch.setattr(transfer, "rsync", fake)
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / ".ssh").mkdir()
+    notes, dash = home / "notes.txt", home / "-e.txt"
+    notes.write_text("n\n")
+    dash.write_text("d\n")
+    target = Target("s", tmp_path / "p", SessionPaths(tmp_path / "s"), os.getuid(), os.getgid())
+    endpoint = Endpoint("s", 2222, "u", target.files)
+    copyin.copy_in(target, endpoint, [notes, dash], "")
+    assert [(source, side.cwd, side.only) for _, source, side in calls] == [
+        ("./notes.txt", home, (notes,)), ("./-e.txt", home, (dash,))
+    ]  # fmt: skip

@@ -40,9 +40,9 @@ def put(name: str, value: str) -> None:
         raise VmsandboxError("the secret is empty", hint="pipe it in or type it at the prompt")
     if len(value.encode()) > MAX_BYTES or any(c in value for c in "\r\n\0"):
         raise VmsandboxError("a secret is one line of at most 64 KiB")
-    paths.config_subdir(directory())
-    paths.write_atomically(_path(name), value, mode=0o600)
-    paths.give_to_invoker(_path(name))
+    with paths.as_invoker():
+        paths.config_subdir(directory())
+        paths.write_atomically(_path(name), value, mode=0o600)
 
 
 def get(name: str) -> str | None:
@@ -56,7 +56,8 @@ def get(name: str) -> str | None:
 
 def remove(name: str) -> bool:
     try:
-        _path(name).unlink()
+        with paths.as_invoker():
+            _path(name).unlink()
     except FileNotFoundError:
         return False
     return True

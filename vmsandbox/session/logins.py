@@ -13,11 +13,13 @@ from __future__ import annotations
 
 import base64
 import binascii
+import contextlib
 import hashlib
+import os
 import shlex
 from pathlib import Path, PurePosixPath
 
-from vmsandbox import confine, paths
+from vmsandbox import paths
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.guest import commands
 from vmsandbox.guest.files import Bundle, GuestUser
@@ -78,23 +80,59 @@ def changed(record: Record, bp: Blueprint) -> dict[str, bytes]:
 
 
 def keep(bp: Blueprint, files: dict[str, bytes]) -> list[str]:
-    """Keep these login files for later sessions of `bp` (0600, in a 0700 directory); the paths kept."""
-    root = store(bp.name)
-    for rel, data in files.items():
-        target = root / rel
-        target.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        d = target.parent
-        while d != paths.config_dir():  # logins/, the blueprint's, and any directory the file is in: 0700
-            confine.private_dir(d, traverse=False)
-            d = d.parent
-        paths.write_atomically(target, data, mode=0o600)
+    """Keep these login files for later sessions of `bp` (0600, in a 0700 directory); the paths kept. Written
+    as the user (under sudo, root writes nothing in their config directory) and never through a link: each
+    directory is opened without following one, the file made beside its name and renamed over it."""
+    with paths.as_invoker():
+        paths.config_subdir(paths.config_dir())
+        top = os.open(paths.config_dir(), os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:
+            for rel, data in files.items():
+                _write_under(top, [LOGINS_DIR, bp.name, *PurePosixPath(rel).parts], data)
+        finally:
+            os.close(top)
     return sorted(files)
+
+
+def _write_under(top: int, parts: list[str], data: bytes) -> None:
+    """parts[-1] in the directory parts[:-1] below the directory fd `top`: each directory made 0700 where it is
+    missing and opened without following a link (one there is refused), the file written 0600 and renamed."""
+    if any(p in ("", ".", "..") or "/" in p for p in parts):
+        raise VmsandboxError(f"refusing the login file path {'/'.join(parts)!r}")
+    fd = os.dup(top)
+    try:
+        for part in parts[:-1]:
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(part, 0o700, dir_fd=fd)
+            try:
+                inner = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+            except OSError as exc:
+                raise VmsandboxError(
+                    f"{'/'.join(parts)}: {part} is not a directory of your config (a link?); nothing was kept",
+                    hint=f"remove it from {paths.config_dir()}, then keep the login again",
+                ) from exc
+            os.close(fd)
+            fd = inner
+            os.fchmod(fd, 0o700)
+        tmp = f".{parts[-1]}.{os.getpid()}.tmp"
+        out = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=fd)
+        try:
+            with os.fdopen(out, "wb") as f:
+                f.write(data)
+            os.rename(tmp, parts[-1], src_dir_fd=fd, dst_dir_fd=fd)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp, dir_fd=fd)
+            raise
+    finally:
+        os.close(fd)
 
 
 def forget(bp: Blueprint) -> list[str]:
     gone = kept(bp)
-    for rel in gone:
-        (store(bp.name) / rel).unlink()
+    with paths.as_invoker():
+        for rel in gone:
+            (store(bp.name) / rel).unlink()
     return gone
 
 

@@ -33,13 +33,16 @@ def copy_in(target: Target, endpoint: Endpoint, sources: list[Path], dest: str) 
     remote = guest_path(target, dest)
     if len(sources) > 1 and not remote.endswith("/"):
         remote += "/"
+    who = confine.invoking_user(target.uid, target.gid)
     for source in (s.absolute() for s in sources):
-        # the host's rsync is jailed and sees only the directory it runs in: the source's own
-        side = transfer.Side(confine.invoking_user(target.uid, target.gid), confine.GIT_LIMITS, source.parent)
+        # the host's rsync is jailed and sees the source alone (not the directory that holds it: a file of the
+        # home directory would have shown it the whole home), run in the source's directory; the name goes as
+        # `./NAME`, so a name that starts with `-` is a name, not one of rsync's options
+        side = transfer.Side(who, confine.GIT_LIMITS, source.parent, only=(source,))
         transfer.rsync(
             endpoint,
             ["-rlpt", "--mkpath", f"--chown={target.uid}:{target.gid}"],
-            source.name or ".",
+            f"./{source.name}",
             f"{endpoint.host_alias}:{remote}",
             side=side,
             expect_sender=False,

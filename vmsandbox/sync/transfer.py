@@ -67,11 +67,13 @@ def read_preamble(sock: socket.socket, *, timeout: float = PREAMBLE_TIMEOUT) -> 
 
 @dataclass(frozen=True)
 class Side:
-    """The unprivileged host side: who runs rsync, under which limits, in which directory."""
+    """The unprivileged host side: who runs rsync, under which limits, in which directory, and what of the host
+    its jail holds (`only`: just these paths, in `cwd`; by default the whole of `cwd`)."""
 
     as_user: Identity | None
     limits: Limits | None
     cwd: Path
+    only: tuple[Path, ...] | None = None
 
 
 def rsync(
@@ -148,7 +150,7 @@ def _start_local(
         as_user=side.as_user,
         limits=side.limits,
         pass_fds=(fd,),
-        jail=Jail(readable=(side.cwd,)) if sends else Jail(writable=(side.cwd,)),
+        jail=Jail(readable=side.only or (side.cwd,)) if sends else Jail(writable=side.only or (side.cwd,)),
     )
 
 
