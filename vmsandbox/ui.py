@@ -6,6 +6,7 @@ import logging
 import sys
 import threading
 import time
+import unicodedata
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
@@ -79,15 +80,42 @@ def step(title: str) -> Iterator[Detail]:
     err.print(f"[green]✓[/] {title} [dim]({time.monotonic() - start:.1f}s)[/]")
 
 
-_CONTROL = {c: f"\\x{c:02x}" for c in [*range(0x20), 0x7F, *range(0x80, 0xA0)] if c not in (0x09, 0x0A)}
+_CONTROL = {c: f"\\x{c:02x}" for c in [*range(0x20), 0x7F] if c not in (0x09, 0x0A)}
+# What can hide, reorder or restyle text around it, by Unicode category, not by a list of code points: controls
+# (escape sequences, C1 controls), format characters (bidirectional overrides and isolates, zero-width joiners and
+# spaces, invisible operators, tag characters), line and paragraph separators, surrogates (undecodable bytes),
+# private-use and unassigned code points. And a combining mark at the very start, which would join the
+# character before it: text that is not the guest's.
+HIDING = frozenset({"Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp"})
+
+
+def _escaped(code: int) -> str:
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
+
+
+def visible(text: str) -> str:
+    """Text from the guest as its characters are, and nothing that acts on what surrounds it: every character
+    that could hide, reorder or restyle text (HIDING, and a combining mark first) shown as \\xNN, \\uNNNN or
+    \\UNNNNNNNN. Tabs and newlines stay."""
+    if text.isascii():
+        return text.translate(_CONTROL)
+    out = []
+    for i, ch in enumerate(text):
+        code = ord(ch)
+        if code < 0x80:
+            out.append(_CONTROL.get(code, ch))
+            continue
+        category = unicodedata.category(ch)
+        hides = category in HIDING or (i == 0 and category in ("Mn", "Me", "Mc"))
+        out.append(_escaped(code) if hides else ch)
+    return "".join(out)
 
 
 def printable(text: str, *, markup: bool = True) -> str:
-    """Text from the guest made safe for a terminal: control characters (escape sequences) shown as \\xNN,
-    and, for rich output, markup brackets escaped."""
+    """Text from the guest made safe for a terminal (visible), and, for rich output, markup brackets escaped."""
     from rich.markup import escape
 
-    shown = text.translate(_CONTROL)
+    shown = visible(text)
     return escape(shown) if markup else shown
 
 

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
+from vmsandbox import ui
 from vmsandbox.session.record import Record
 
 if TYPE_CHECKING:
@@ -43,6 +44,7 @@ HOSTILE = {  # name -> content, as the guest writes them
     "\x1b[31mred\x1b[0m.txt": "\x1b]0;title\x07<b onmouseover=alert(1)>bold</b>\n",
     "quote'\"&amp;.md": "</textarea><script>window.pwned=4</script>\n",
     "long-" + "x" * 200 + ".txt": "long\n",
+    "invoice\u202etxt.exe": "reordered\u2066 name\u200b\n",  # a right-to-left override and invisible characters
 }
 
 
@@ -153,8 +155,9 @@ def test_a_hostile_guest_runs_no_script_and_the_chosen_hunks_land(
     shoot(d, "sessions.png")
     visit(d, server, f"/s/{session.name}")
     labels = [e.text for e in d.find_elements(By.CSS_SELECTOR, "section.file .label")]
-    for name in HOSTILE:  # every name shown as text (the browser collapses the whitespace and hides ESC)
-        assert any(name.replace("\x1b", "")[:40] in label.replace("\x1b", "") for label in labels), (name, labels)
+    for name in HOSTILE:  # every name shown as its characters are (ESC, bidi, zero-width as \xNN, \uNNNN)
+        assert any(ui.visible(name)[:40] in label for label in labels), (name, labels)
+    assert not any(ch in "".join(labels) for ch in "\x1b\u202e\u2066\u200b")
     assert d.execute_script("return typeof window.pwned") == "undefined"
     assert d.find_elements(By.CSS_SELECTOR, "main img, main b, main script") == []
     scripts = d.execute_script("return [...document.scripts].map(s => s.src)")

@@ -122,6 +122,39 @@ def test_guest_names_cannot_inject_markup_or_escape_sequences() -> None:
     assert ui.printable("tab\tand\nnewline", markup=False) == "tab\tand\nnewline"
 
 
+@pytest.mark.parametrize(
+    ("hostile", "shown"),
+    [
+        ("evil\u202etxt.exe", "evil\\u202etxt.exe"),  # right-to-left override: reorders what follows
+        ("a\u2066b\u2069c", "a\\u2066b\\u2069c"),  # isolates
+        ("in\u200bvisible\ufeff", "in\\u200bvisible\\ufeff"),  # zero-width space, BOM
+        ("tag\U000e0041", "tag\\U000e0041"),  # a tag character: invisible
+        ("next\u2028line", "next\\u2028line"),  # a line separator
+        ("c1\x85\x9b31m", "c1\\x85\\x9b31m"),  # C1 controls (NEL, CSI)
+        ("\u0336struck", "\\u0336struck"),  # a combining mark first would strike what comes before it
+        ("caf\u00e9 na\u0303o \u4e2d\u6587 \U0001f600", "caf\u00e9 na\u0303o \u4e2d\u6587 \U0001f600"),  # text is text
+        ("bad\udcff", "bad\\udcff"),  # an undecodable byte (surrogateescape)
+    ],
+)
+def test_what_is_shown_of_a_guest_name_is_what_its_characters_are(hostile: str, shown: str) -> None:
+    """Nothing in a guest's name or line can hide, reorder or restyle the text around it (issue 43): shown by
+    Unicode category, not by a list of code points."""
+    from vmsandbox import ui
+
+    assert ui.printable(hostile, markup=False) == shown
+
+
+def test_the_page_shows_a_guest_name_as_its_characters_are() -> None:
+    from markupsafe import Markup
+
+    from vmsandbox.web import app, highlight
+
+    page = app.TEMPLATES.from_string("<p>{{ name }}</p>{{ safe }}").render(name="a\u202eb<i>", safe=Markup("<b>ok</b>"))
+    assert page == "<p>a\\u202eb&lt;i&gt;</p><b>ok</b>"
+    assert highlight.plain("x\u2067y") == [Markup("x\\u2067y")]
+    assert highlight._markup([["k", "if\u202e"], ["", "<z>"]]) == Markup('<span class="k">if\\u202e</span>&lt;z&gt;')
+
+
 def test_applied_setuid_file_is_not_a_conflict_afterwards() -> None:
     guest = {"s.sh": f("x", 0o4755)}
     host_after_apply = {"s.sh": f("x", 0o755)}  # bits dropped on the way

@@ -9,17 +9,28 @@ from pathlib import Path
 from typing import Any
 
 from jinja2 import Environment, PackageLoader, select_autoescape
+from markupsafe import Markup
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
+from vmsandbox import ui
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.web import compare, logs, review
 from vmsandbox.web.guard import Guard
 
-TEMPLATES = Environment(loader=PackageLoader("vmsandbox.web"), autoescape=select_autoescape(default=True))
+
+def shown(value: Any) -> Any:
+    """Every value a page prints: guest text as its characters are (ui.visible: nothing that hides, reorders or
+    restyles what surrounds it), then escaped by the template. Markup is made here of text already shown so."""
+    return value if isinstance(value, Markup) or not isinstance(value, str) else ui.visible(value)
+
+
+TEMPLATES = Environment(
+    loader=PackageLoader("vmsandbox.web"), autoescape=select_autoescape(default=True), finalize=shown
+)
 STATIC = Path(__file__).parent / "static"
 
 

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 from markupsafe import Markup, escape
 
-from vmsandbox import confine, proc
+from vmsandbox import confine, proc, ui
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.sync.credentials import worker_jail
 
@@ -24,16 +24,17 @@ CSS_CLASS = re.compile(r"[a-z0-9]{1,4}")
 
 
 def plain(text: str) -> list[Markup]:
-    return [escape(line) for line in text.splitlines()]
+    return [escape(ui.visible(line)) for line in text.splitlines()]
 
 
 def _markup(tokens: Sequence[Sequence[str]]) -> Markup:
+    """A line of (css class, text) pairs: the text shown as its characters are (ui.visible), then escaped."""
     parts = []
     for css, text in tokens:
         if css and CSS_CLASS.fullmatch(css):
-            parts.append(Markup('<span class="{}">{}</span>').format(css, text))  # format() escapes both
+            parts.append(Markup('<span class="{}">{}</span>').format(css, ui.visible(text)))  # format() escapes both
         else:
-            parts.append(escape(text))
+            parts.append(escape(ui.visible(text)))
     return Markup("").join(parts)
 
 

@@ -7,6 +7,7 @@ import time
 from collections import deque
 from typing import Any
 
+from vmsandbox import ui
 from vmsandbox.errors import VmsandboxError
 
 TAIL = 200  # lines of each log sent to the page
@@ -21,7 +22,7 @@ def tail(name: str, which: str) -> dict[str, Any]:
     record = Record.load(name)
     if which == "console":
         state.refresh_console(record, follow=False)
-        return {"lines": state.console_tail(name, TAIL).splitlines()}
+        return {"lines": [ui.visible(line) for line in state.console_tail(name, TAIL).splitlines()]}
     if which != "proxy":
         raise VmsandboxError(f"unknown log {which!r}", hint="available: console, proxy")
     events: deque[dict[str, Any]] = deque(maxlen=TAIL)
@@ -34,13 +35,14 @@ def tail(name: str, which: str) -> dict[str, Any]:
 
 def _fields(event: dict[str, Any]) -> dict[str, str]:
     target = f"{event['host']}:{event.get('port', '?')}" if "host" in event else str(event.get("target", "?"))
-    return {
+    fields = {
         "time": time.strftime("%H:%M:%S", time.localtime(float(event.get("ts", 0)))),
         "decision": str(event.get("decision", "?")),
         "method": str(event.get("method", "-")),
         "target": target,
         "reason": str(event.get("reason") or ""),
     }
+    return {k: ui.visible(v) for k, v in fields.items()}  # the guest's words, as their characters are
 
 
 def act(name: str, action: str, value: str) -> list[str]:

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 from markupsafe import Markup, escape
 
+from vmsandbox import ui
 from vmsandbox.sync import apply, commitfetch, diff, hunks, merge, refs
 from vmsandbox.sync.compare import Change, Status
 from vmsandbox.sync.diff import DIFF_LIMIT
@@ -136,7 +137,11 @@ def files(plan: Plan, page: int = 0) -> list[FileView]:
         except apply.ChangedError as exc:
             both, view.note = None, exc.message
         if c.merge is not None and not c.merge.clean:
-            view.three_way = c.merge.text.decode(errors="replace")
+            text = c.merge.text.decode(errors="replace")
+            if ui.visible(text) == text:
+                view.three_way = text
+            else:  # shown escaped, an edit of it would be the escapes: resolved at the terminal instead
+                view.note = UNEDITABLE
         elif both is not None:
             pairs.append((len(views), *both))
         else:
@@ -154,7 +159,7 @@ def files(plan: Plan, page: int = 0) -> list[FileView]:
 
 
 def _plain(text: bytes) -> list[Markup]:
-    return [escape(line.decode(errors="replace").rstrip("\r\n")) for line in hunks.lines(text)]
+    return [escape(ui.visible(line.decode(errors="replace").rstrip("\r\n"))) for line in hunks.lines(text)]
 
 
 @dataclass
@@ -210,8 +215,17 @@ def _content(plan: Plan, item: Item, form: dict[str, list[str]], n: str, content
     return None
 
 
+UNEDITABLE = (
+    "both sides changed the same lines, and the text holds characters that hide or reorder what surrounds them: "
+    "it is not edited here (leave it pending, or apply to keep the guest's version beside the file; "
+    "`vmsandbox pull NAME PATH` shows it escaped)"
+)
+
+
 def _edited(path: str, merged: bytes, edited: str, contents: dict[str, bytes]) -> str | None:
     """An overlapping merge (`merged`, with its markers) as the person left it in the page."""
+    if ui.visible(merged.decode(errors="replace")) != merged.decode(errors="replace"):
+        return UNEDITABLE
     text = edited.encode()
     if b"\r\n" not in merged:
         text = text.replace(b"\r\n", b"\n")  # a browser sends a textarea's lines with CRLF
