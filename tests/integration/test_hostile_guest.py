@@ -407,6 +407,48 @@ def test_a_pull_takes_no_more_than_its_budget(cli: Cli, name: str, project: Path
         guest(cli, name, "rm -rf budget")
 
 
+def test_the_mirror_is_bounded_per_session_in_what_the_disk_spends(
+    cli: Cli, vm_factory: VmFactory, tmp_path: Path
+) -> None:
+    """Directories and links write almost nothing and take a block (and an inode) each: 6,000 of them passed a
+    budget counted in bytes written (issue 43). With `sync_limit: 8M` a pull may spend 8 MiB of the host's disk
+    and the session's mirror 16 MiB over all its pulls; past either, one line with the fix, nothing applied."""
+    config = tmp_path / "config"
+    config.mkdir()
+    (config / "config.yaml").write_text("sync_limit: 8M\n")
+    env = cli.env(VMSANDBOX_CONFIG_DIR=str(config))
+    proj = tmp_path / "bounded"
+    proj.mkdir()
+    (proj / "README").write_text("bounded\n")
+    record = vm_factory.make(proj)
+    mirror = paths.session_paths(record.name).guest_tree
+
+    def dirs(where: str, n: int) -> None:
+        made = f"import os; [os.makedirs('{where}/%d' % i) for i in range({n})]"
+        guest(cli, record.name, f"python3 -c {shlex.quote(made)}")
+
+    def spent() -> int:
+        return sum(p.lstat().st_blocks * 512 for p in mirror.rglob("*"))
+
+    dirs("many", 6000)
+    r = cli.run("pull", record.name, "--dry-run", env=env)
+    assert r.returncode == 1, r.stderr.decode()
+    said = r.stderr.decode()
+    assert "the guest sent more than 8 MiB in one pull" in said and "nothing was applied" in said, said
+    assert spent() < 12 * 1024**2, spent()  # of 24 MB: stopped as the entries came
+    guest(cli, record.name, "rm -rf many")
+    for where in ("a", "b"):
+        dirs(where, 1500)  # 6 MB each, under a pull's 8 MiB
+        r = cli.run("pull", record.name, "--dry-run", env=env)
+        assert r.returncode == 0, r.stderr.decode()
+    dirs("c", 1500)  # 6 MB more: past the session's 16 MiB
+    r = cli.run("pull", record.name, "--dry-run", env=env)
+    said = r.stderr.decode()
+    assert r.returncode == 1 and f"to session {record.name}'s mirror, past its bound" in said, said
+    assert spent() < 20 * 1024**2, spent()
+    assert [p.name for p in proj.iterdir()] == ["README"]
+
+
 def test_a_git_dir_pointing_at_a_host_repository_is_never_read(
     cli: Cli, name: str, project: Path, foreign: tuple[Path, str]
 ) -> None:

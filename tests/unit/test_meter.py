@@ -50,9 +50,9 @@ def test_passing_the_bytes_stops_the_transfer_once(proc: Path) -> None:
     (proc / "103" / "task" / "103" / "io").write_text(f"wchar: {4 * 1024**2 + meter.SLACK}\n")
     m = meter.Meter(100, meter.Budget(bytes=4 * 1024**2, entries=10), proc=proc, kill=killed.append)
     m.sample()
-    assert killed == [100] and m.passed == "more than 4 MiB"  # (rsync's own 1000 bytes over the slack)
+    assert killed == [100] and m.passed == "more than 4 MiB in one pull"  # (rsync's own 1000 bytes over the slack)
     m.sample()
-    assert killed == [100, 100] and m.passed == "more than 4 MiB"  # killed again, said once
+    assert killed == [100, 100] and m.passed == "more than 4 MiB in one pull"  # killed again, said once
 
 
 def test_a_count_never_goes_down_and_a_gone_process_keeps_its_bytes(proc: Path) -> None:
@@ -71,7 +71,7 @@ def test_entries_are_itemized_lines_and_deletions_do_not_count() -> None:
     m = meter.Meter(7, meter.Budget(bytes=10**9, entries=2), proc=Path("/nonexistent"), kill=killed.append)
     for line in ("*deleting   a", ">f+++++++++", "cd+++++++++", "rsync: [sender] failed", "hf+++++++++"):
         m.line(line)
-    assert m.entries == 3 and killed == [7] and m.passed == "more than 2 files and directories"
+    assert m.entries == 3 and killed == [7] and m.passed == "more than 2 files and directories in one pull"
 
 
 def test_the_receiver_is_told_to_itemize_without_names() -> None:
@@ -105,3 +105,55 @@ def test_a_path_under_a_link_is_there_both_ways(tmp_path: Path) -> None:
     argv = Jail(readable=(tmp_path / "link",)).argv(["true"], None)
     link, real = str(tmp_path / "link"), str((tmp_path / "real").resolve())
     assert ["--ro-bind", link, link, "--ro-bind", real, real] == argv[argv.index(link) - 1 : argv.index(link) + 5]
+
+
+def test_an_entry_is_charged_what_the_file_system_spends_on_it(proc: Path) -> None:
+    """8,000 directories wrote 1.1 MB and took 33 MB in the mirror (issue 43): each entry is charged a block
+    besides its bytes, and passing the budget that way stops the transfer as the line comes."""
+    killed: list[int] = []
+    tally = meter.Tally()
+    with meter.Meter(100, meter.Budget(bytes=10 * meter.BLOCK, entries=10**6), proc=proc, kill=killed.append,
+                     tally=tally) as m:  # fmt: skip
+        for _ in range(10):
+            m.line("cd+++++++++")
+        assert killed == [] and m.spent == 10 * meter.BLOCK + m.written
+        for _ in range(300):
+            m.line("cL+++++++++")
+    assert killed and m.passed == "more than 0 MiB in one pull"
+    assert tally.entries == 310 and tally.spent == 310 * meter.BLOCK + 5000
+
+
+def test_a_session_s_mirror_is_bounded_over_its_pulls(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The budget is per session, not per transfer: what each transfer spent adds up; a walk of the mirror sets
+    the ledger to the truth; the host's free blocks and inodes bound it too."""
+    import os
+
+    from vmsandbox.errors import VmsandboxError
+    from vmsandbox.paths import SessionPaths
+    from vmsandbox.sync import spend
+
+    files = SessionPaths(tmp_path / "s")
+    files.guest_tree.mkdir(parents=True)
+    mib = 1024**2
+    first = spend.room(files, 10 * mib, max_entries=1000)
+    assert (first.bytes, first.entries) == (10 * mib, 1000) and "in one pull" in first.why
+    spend.add(files.root, meter.Tally(spent=15 * mib, entries=400))
+    second = spend.room(files, 10 * mib, max_entries=1000)
+    assert (second.bytes, second.entries) == (5 * mib, 600) and "past its bound" in second.why
+    spend.add(files.root, meter.Tally(spent=5 * mib, entries=10))
+    (files.guest_tree / "d").mkdir()  # what the mirror really holds: one directory
+    third = spend.room(files, 10 * mib, max_entries=1000)  # the ledger said full: the truth decides
+    assert spend.load(files.root).entries == 1 and third.bytes == 10 * mib
+    for _ in range(3):
+        spend.add(files.root, meter.Tally(spent=20 * mib, entries=1))
+    for name in range(2000):
+        (files.guest_tree / "d" / str(name)).mkdir()
+    with pytest.raises(VmsandboxError, match=r"2,001 entries .* the most a session's may"):
+        spend.room(files, 10 * mib, max_entries=1000)
+
+    class Full:
+        f_bavail, f_frsize, f_favail, f_files = 100, 4096, 10**6, 10**6
+
+    monkeypatch.setattr(os, "statvfs", lambda _: Full())
+    with pytest.raises(VmsandboxError, match="no room left for the mirror"):
+        spend.room(SessionPaths(tmp_path / "empty"), 10 * mib, max_entries=1000)

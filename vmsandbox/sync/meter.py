@@ -11,6 +11,10 @@ while the receiver works, two things are counted, and the transfer is killed as 
   `POLL` seconds, so a transfer stops at most that long after passing the budget.
 - **entries**: rsync prints one itemized line (`--out-format=%i`, never a name) per file, directory or link it
   makes or updates; deletions are not counted.
+
+What a transfer *spends* of the host's disk is counted as the file system spends it, not as bytes written: each
+entry takes an inode and (a directory, a long link target, a file's tail) up to a block of its own, so each is
+charged BLOCK besides the bytes written. 8,000 empty directories write almost nothing and take 32 MB.
 """
 
 from __future__ import annotations
@@ -32,19 +36,32 @@ OPTIONS = ("--out-format=%i",)  # what the receiver must be given for entries to
 _ITEM = re.compile(r"^[<>ch.][fdLDS]")  # an itemized line of something received (not "*deleting")
 
 
+BLOCK = 4096  # what an entry costs the file system at least, besides its bytes (an ext4 block)
+
+
 @dataclass(frozen=True)
 class Budget:
-    """At most this many bytes written and entries made by one transfer."""
+    """At most this much spent (bytes written, and a block per entry) and this many entries made by one
+    transfer; `why` says whose bound it is ("in one pull", the session's, the host's free space)."""
 
     bytes: int
     entries: int
+    why: str = "in one pull"
+
+
+@dataclass
+class Tally:
+    """What a transfer spent, once it is over (bytes written and a block per entry; entries made)."""
+
+    spent: int = 0
+    entries: int = 0
 
 
 class PassedError(VmsandboxError):
     """A transfer was stopped: it passed its budget (`what` says which bound)."""
 
     def __init__(self, what: str) -> None:
-        super().__init__(f"the guest sent {what} in one transfer; it was stopped while receiving")
+        super().__init__(f"the guest sent {what}; it was stopped while receiving")
         self.what = what
 
 
@@ -53,9 +70,16 @@ class Meter:
     group when the budget is passed. `line` is handed rsync's output lines."""
 
     def __init__(
-        self, pid: int, budget: Budget, *, proc: Path = Path("/proc"), kill: Callable[[int], None] | None = None
+        self,
+        pid: int,
+        budget: Budget,
+        *,
+        proc: Path = Path("/proc"),
+        kill: Callable[[int], None] | None = None,
+        tally: Tally | None = None,
     ) -> None:
         self.pid, self.budget, self.proc, self._kill = pid, budget, proc, kill or _kill_group
+        self.tally = tally
         self.written = self.entries = 0
         self.passed: str | None = None  # what was passed, once it was
         self._seen: dict[int, int] = {}  # the highest wchar read of each process (it never goes down)
@@ -69,12 +93,25 @@ class Meter:
     def __exit__(self, *_: object) -> None:
         self._done.set()
         self._thread.join()
+        self.sample()
+        if self.tally is not None:
+            self.tally.spent, self.tally.entries = self.spent, self.entries
+
+    @property
+    def spent(self) -> int:
+        """What the file system spends on what was received: the bytes written and a block per entry."""
+        return self.written + BLOCK * self.entries
 
     def line(self, text: str) -> None:
         if _ITEM.match(text):
             self.entries += 1
             if self.entries > self.budget.entries:
-                self._stop(f"more than {self.budget.entries:,} files and directories")
+                self._stop(f"more than {self.budget.entries:,} files and directories {self.budget.why}")
+            elif self.spent > self.budget.bytes + SLACK:
+                self._stop(self._too_much())
+
+    def _too_much(self) -> str:
+        return f"more than {self.budget.bytes // 1024**2:,} MiB {self.budget.why}"
 
     def sample(self) -> None:
         """Read the bytes written so far (and stop the transfer past the budget)."""
@@ -84,8 +121,8 @@ class Meter:
             if got is not None and got > self._seen.get(pid, 0):
                 self._seen[pid] = got
         self.written = sum(self._seen.values())
-        if self.written > self.budget.bytes + SLACK:
-            self._stop(f"more than {self.budget.bytes // 1024**2:,} MiB")
+        if self.spent > self.budget.bytes + SLACK:
+            self._stop(self._too_much())
 
     def _watch(self) -> None:
         while not self._done.wait(POLL):

@@ -20,7 +20,7 @@ from vmsandbox import confine, proc
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.guest.ssh import Endpoint
 from vmsandbox.paths import SessionPaths
-from vmsandbox.sync import delta, journal, meter, placeholders, transfer, tree
+from vmsandbox.sync import delta, journal, meter, placeholders, spend, transfer, tree
 from vmsandbox.sync.hashcache import HashCache
 
 # What the mirror never takes from the guest: owners, devices, FIFOs, sockets, and the mode bits that must
@@ -72,6 +72,7 @@ def _scan(files: SessionPaths) -> tree.Manifest:
 
 def _walked(files: SessionPaths, base: tree.Tree, why: str) -> Fetched:
     guest = _scan(files)
+    spend.rebase(files.root, files.guest_tree)
     found = delta.between(base, guest)
     delta.save(files.root, found)
     return _readable(files, base, Fetched(guest, frozenset(found), f"the whole tree was read: {why}"))
@@ -152,6 +153,8 @@ def _rsync(
     options = [*RSYNC_PULL]
     if only is not None:
         options += ["--recursive", "--files-from=-", "--from0", "--delete-missing-args", "--force"]
+    budget = spend.room(files, max_file_bytes, max_entries=MAX_GUEST_ENTRIES)
+    tally = meter.Tally()
     try:
         transfer.rsync(
             endpoint,
@@ -163,13 +166,13 @@ def _rsync(
             remote_path=remote,
             input=None if only is None else b"".join(os.fsencode(p) + b"\0" for p in only),
             hint=hint or f"is the VM running? `vmsandbox ls`; its console: `vmsandbox logs {endpoint.session}`",
-            budget=meter.Budget(bytes=max_file_bytes, entries=MAX_GUEST_ENTRIES),
+            budget=budget,
+            tally=tally,
         )
     except meter.PassedError as exc:
         delta.forget(files.root)  # the mirror holds part of it: the next pull reads the whole tree again
         raise VmsandboxError(
-            f"the guest sent {exc.what} in one pull, more than a sync takes: it was stopped while receiving, "
-            "and nothing was applied",
+            f"the guest sent {exc.what}: it was stopped while receiving, and nothing was applied",
             hint=f"remove what the guest need not send back (`vmsandbox shell {endpoint.session}`), or raise "
             "`sync_limit` in ~/.config/vmsandbox/config.yaml",
         ) from exc
@@ -179,6 +182,7 @@ def _rsync(
         raise _explained(exc, max_file_bytes) from exc
     finally:
         files.guest_tree.chmod(0o700)  # rsync gave it the mode of the guest's project directory
+        spend.add(files.root, tally)
     return []
 
 

@@ -89,13 +89,14 @@ def rsync(
     timeout: float | None = None,
     hint: str | None = None,
     budget: meter.Budget | None = None,
+    tally: meter.Tally | None = None,
 ) -> proc.Result:
     """Run `rsync OPTIONS SOURCE DEST` on the host as side.as_user, where the remote end (`HOST:PATH` in
     SOURCE or DEST) is the guest, reached as root over the session's SSH connection.
 
     `expect_sender`: the guest's rsync sends (a pull) or receives (a push); the command the relay reports
     must say the same and name `remote_path`, or nothing is run in the guest. With `budget`, the receiver is
-    stopped as soon as it has written more bytes or made more entries than that (sync.meter): `meter.PassedError`."""
+    stopped once it spent more than that (sync.meter: `meter.PassedError`); `tally` gets what it spent."""
     if budget is not None:
         options = [*options, *meter.OPTIONS]
     ours, theirs = socket.socketpair()
@@ -108,7 +109,7 @@ def rsync(
         raise
     theirs.close()
     guest = _GuestSide()
-    watch = meter.Meter(local.pid, budget) if budget is not None else None
+    watch = meter.Meter(local.pid, budget, tally=tally) if budget is not None else None
     try:
         try:
             argv = read_preamble(ours)
