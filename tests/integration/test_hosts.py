@@ -71,7 +71,8 @@ def test_hosts_lists_each_host_and_why_one_does_not_answer(
             )
         )
         started = time.monotonic()
-        result = cli.run("hosts", "--json", "--timeout", "5", env=env)
+        # (a reachable host answers over ssh and libvirt within this, even on a loaded 2-core machine: 5 s did not)
+        result = cli.run("hosts", "--json", "--timeout", "15", env=env)
         took = time.monotonic() - started
         assert result.returncode == 0, result.stderr.decode()
         rows = {r["name"]: r for r in json.loads(result.stdout)}
@@ -85,10 +86,10 @@ def test_hosts_lists_each_host_and_why_one_does_not_answer(
         assert base_image.path.name in rows["local"]["images"]
         assert rows["refused"]["reachable"] is False
         assert "Connection refused" in rows["refused"]["problem"], rows["refused"]
-        assert rows["silent"] == {**rows["silent"], "reachable": False, "problem": "no answer in 5 s"}
-        assert took < 30, f"a silent host held `hosts` for {took:.0f} s"
+        assert rows["silent"] == {**rows["silent"], "reachable": False, "problem": "no answer in 15 s"}
+        assert took < 60, f"a silent host held `hosts` for {took:.0f} s"
 
-        table = cli.run("hosts", "--timeout", "5", env=env)
+        table = cli.run("hosts", "--timeout", "15", env=env)
         assert table.returncode == 0
         lines = table.stdout.decode().splitlines()
         assert lines[0].split()[:3] == ["HOST", "STATE", "VERSIONS"]
