@@ -396,8 +396,8 @@ def test_a_page_a_guest_serves_gets_nothing_from_the_page(
 
 FAKE_BROWSER = """#!/bin/sh
 printf '%s\\n' "$@" > "$0.args"
-exec sleep 300
-"""
+sleep 300
+"""  # (not exec: a browser keeps what it was given on its command line while it runs)
 
 ATTACKER = Path(__file__).parent / "secret_hunter.py"
 

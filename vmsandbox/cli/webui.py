@@ -7,6 +7,7 @@ import os
 import socket
 import sys
 import tempfile
+import threading
 import webbrowser
 from pathlib import Path
 from typing import Annotated
@@ -102,7 +103,9 @@ def serve(name: str | None, *, port: int = 0, browser: bool = True, until_applie
             ticket_url = guard.url(path_of(name))
             launcher = launcher_file(ticket_url)
             launchers[ticket_url.rpartition("ticket=")[2]] = launcher
-            webbrowser.open(launcher.as_uri())
+            # in a thread of its own: a browser command may wait until the browser is closed (a console browser,
+            # $BROWSER=firefox started fresh), and the page must be served meanwhile
+            threading.Thread(target=webbrowser.open, args=(launcher.as_uri(),), daemon=True).start()
         config = uvicorn.Config(guard, log_level="warning", access_log=False, log_config=None)
         # (log_config=None: its errors go to our log (stderr, -v), not to a configuration of its own)
         server = uvicorn.Server(config)
