@@ -9,8 +9,9 @@ while the receiver works, two things are counted, and the transfer is killed as 
   byte handed to write(), whatever rsync's delta blocks, holes or hard links made of the stream; the relay's
   `cat`s only pass the wire on and are not counted; rsync's own messages are, within `SLACK`). Read every
   `POLL` seconds, so a transfer stops at most that long after passing the budget.
-- **entries**: rsync prints one itemized line (`--out-format=%i`, never a name) per file, directory or link it
-  makes or updates; deletions are not counted.
+- **entries**: rsync prints one itemized line (`--out-format=%i %l`, never a name: what it did and the length)
+  per file, directory or link it makes or updates; deletions are not counted. A file's length counts as written
+  too, when the kernel's count (read between samples) says less.
 
 What a transfer *spends* of the host's disk is counted as the file system spends it, not as bytes written: each
 entry takes an inode and (a directory, a long link target, a file's tail) up to a block of its own, so each is
@@ -32,7 +33,7 @@ from vmsandbox.errors import VmsandboxError
 
 POLL = 0.2
 SLACK = 1024**2  # what rsync writes besides files (block checksums, indexes, messages) is counted too
-OPTIONS = ("--out-format=%i",)  # what the receiver must be given for entries to be counted
+OPTIONS = ("--out-format=%i %l",)  # what the receiver must be given for entries (and their lengths) to be counted
 _ITEM = re.compile(r"^[<>ch.][fdLDS]")  # an itemized line of something received (not "*deleting")
 
 
@@ -80,7 +81,7 @@ class Meter:
     ) -> None:
         self.pid, self.budget, self.proc, self._kill = pid, budget, proc, kill or _kill_group
         self.tally = tally
-        self.written = self.entries = 0
+        self.written = self.entries = self.listed = 0
         self.passed: str | None = None  # what was passed, once it was
         self._seen: dict[int, int] = {}  # the highest wchar read of each process (it never goes down)
         self._done = threading.Event()
@@ -100,11 +101,13 @@ class Meter:
     @property
     def spent(self) -> int:
         """What the file system spends on what was received: the bytes written and a block per entry."""
-        return self.written + BLOCK * self.entries
+        return max(self.written, self.listed) + BLOCK * self.entries
 
     def line(self, text: str) -> None:
         if _ITEM.match(text):
             self.entries += 1
+            length = text[2:].split()[-1] if text[1] == "f" and len(text.split()) == 2 else ""
+            self.listed += int(length) if length.isascii() and length.isdigit() else 0
             if self.entries > self.budget.entries:
                 self._stop(f"more than {self.budget.entries:,} files and directories {self.budget.why}")
             elif self.spent > self.budget.bytes + SLACK:

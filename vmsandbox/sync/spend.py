@@ -13,6 +13,12 @@ transfer may spend the least of:
 The ledger grows by what each transfer spent (a bound from above: rsync's replaced files free their old blocks);
 a full walk of the mirror sets it to what the mirror really holds, as does the next transfer when the ledger
 says the bound is reached. Past a bound: one line with the fix, and nothing applied.
+
+A transfer is stopped when the meter sees it pass its budget, not before: what the receiver makes faster than
+its lines come (empty directories: thousands in a fifth of a second) passes the budget by that much. No file
+system bound is at hand for an unprivileged receiver (quotas, a file system of its own need root). So the
+bound that holds is the session's: a transfer that passed it is measured (its mirror walked), and the next one
+is refused until the guest removes what it need not send.
 """
 
 from __future__ import annotations
@@ -27,7 +33,7 @@ from vmsandbox.errors import VmsandboxError
 from vmsandbox.sync.meter import Budget, Tally
 
 LEDGER = "mirror-spend.json"  # in the session directory
-FACTOR = 2
+FACTOR = 4
 FREE_RESERVE = 256 * 1024**2
 INODE_RESERVE = 10_000
 
