@@ -378,8 +378,8 @@ def test_a_corrupt_object_and_a_commondir_from_the_guest_are_refused(cli: Cli, n
 
 def test_a_pull_takes_no_more_than_its_budget(cli: Cli, name: str, project: Path, tmp_path: Path) -> None:
     """With `sync_limit: 1M`: a 3 MB file stops the fetch (the receiver may not write it, nor take its length),
-    three 600 kB files stop the apply before anything is written (they add up to more than the budget), and sixty of them, each
-    under the per-file limit, stop the transfer itself long before it is done (sync.meter)."""
+    three 600 kB files stop the apply before anything is written (they add up to more than the budget), and
+    sixty of them, each under the per-file limit, stop the transfer itself long before it is done (sync.meter)."""
     config = tmp_path / "config"
     config.mkdir()
     (config / "config.yaml").write_text("sync_limit: 1M\n")

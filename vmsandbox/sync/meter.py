@@ -106,7 +106,8 @@ class Meter:
     def line(self, text: str) -> None:
         if _ITEM.match(text):
             self.entries += 1
-            length = text[2:].split()[-1] if text[1] == "f" and len(text.split()) == 2 else ""
+            kind, _, length = text[1:].partition(" ")
+            length = length if kind.startswith("f") else ""
             self.listed += int(length) if length.isascii() and length.isdigit() else 0
             if self.entries > self.budget.entries:
                 self._stop(f"more than {self.budget.entries:,} files and directories {self.budget.why}")
