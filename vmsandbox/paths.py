@@ -157,6 +157,12 @@ def failed_boots_dir() -> Path:
     return state_dir() / "failed-boots"
 
 
+def serve_file() -> Path:
+    """Where a running `vmsandbox serve` says it is (its pid and URL, never its key): 0600, in the private state
+    directory, so a second one can say where the first is."""
+    return state_dir() / "serve.json"
+
+
 @dataclass(frozen=True)
 class SessionPaths:
     """The files of one session directory."""

@@ -10,9 +10,10 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[2] / "vmsandbox"
 # Higher imports lower, never the other way; siblings not at all, but for the one named exception.
-LAYER = {"cli": 5, "web": 5, "session": 4, "sync": 3, "egress": 3, "image": 3, "guest": 2, "vm": 1}
-SIBLINGS_ALLOWED = {("image", "egress"), ("cli", "web")}  # blueprints use egress.mapping (the secret-mapping
-# type); `vmsandbox ui` (cli/webui.py) serves the web edge. Never the web from the CLI's other modules: below.
+LAYER = {"cli": 5, "web": 5, "api": 5, "session": 4, "sync": 3, "egress": 3, "image": 3, "guest": 2, "vm": 1}
+SIBLINGS_ALLOWED = {("image", "egress"), ("cli", "web"), ("cli", "api")}  # blueprints use egress.mapping (the
+# secret-mapping type); `vmsandbox ui` (cli/webui.py) serves the web edge, `vmsandbox serve` (cli/serve.py) the API.
+# Never the web or the API from the CLI's other modules: below.
 
 
 def _imports(path: Path) -> list[str]:
@@ -63,7 +64,22 @@ def test_the_web_page_is_an_edge_beside_the_cli() -> None:
                 wrong.append(f"{rel} imports {module}")
             if module.startswith("vmsandbox.cli") and rel.startswith("web/"):
                 wrong.append(f"{rel} imports {module}")
-            if module.split(".")[0] in web_libraries and not rel.startswith("web/") and rel != "cli/webui.py":
+            served_here = rel.startswith(("web/", "api/")) or rel == "cli/webui.py"
+            if module.split(".")[0] in web_libraries and not served_here:
+                wrong.append(f"{rel} imports {module}")
+    assert wrong == []
+
+
+def test_the_api_is_an_edge_beside_the_cli() -> None:
+    """vmsandbox/api (`vmsandbox serve`) reaches the core as cli/ and web/ do; nothing but cli/serve.py reaches it,
+    and it reaches neither cli/ nor web/."""
+    wrong = []
+    for path in PACKAGE.rglob("*.py"):
+        rel = str(path.relative_to(PACKAGE))
+        for module in _imports(path):
+            if module.startswith("vmsandbox.api") and not rel.startswith("api/") and rel != "cli/serve.py":
+                wrong.append(f"{rel} imports {module}")
+            if module.startswith(("vmsandbox.cli", "vmsandbox.web")) and rel.startswith("api/"):
                 wrong.append(f"{rel} imports {module}")
     assert wrong == []
 

@@ -79,7 +79,7 @@ ALIASES = "Aliases"  # the help panel of the short names other tools taught peop
 # The help's panels, in order, and their commands in the order a person meets them. One table decides the
 # order of `vmsandbox -h` (a test holds every command in it).
 PANELS: dict[str, tuple[str, ...]] = {
-    "Start": ("run", "claude", "codex", "gemini", "opencode", "login"),
+    "Start": ("run", "claude", "codex", "gemini", "opencode", "login", "serve"),
     "Sessions": (
         "ls", "inspect", "shell", "exec", "cp", "stop", "start", "destroy", "logs", "port", "allow", "deny",
         "ssh-config", "clean", "gc",

@@ -30,6 +30,7 @@ from vmsandbox.cli import (  # noqa: F401
     review,
     run,
     secrets,
+    serve,
     sessions,
     webui,
 )

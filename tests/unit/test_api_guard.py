@@ -1,0 +1,124 @@
+"""Who may use the API, and how a refusal reads: another host name, a web page, another local account (on
+127.0.0.1 and on the Unix socket), no key or a wrong one; envd's Connect side refusing what it does not speak;
+the OpenAPI description; an unknown endpoint."""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.unit.apiserver import Served, served
+from vmsandbox.api import peer
+from vmsandbox.api.guard import Keys
+from vmsandbox.api.names import SessionName
+
+
+@pytest.fixture
+def api(tmp_path: Path) -> Iterator[Served]:
+    with served(tmp_path / "guests") as s:
+        yield s
+
+
+def test_another_host_name_is_refused_before_the_key(api: Served) -> None:
+    answer = httpx.get(f"{api.url}/v2/sandboxes", headers=api.headers | {"Host": f"evil.example:{api.port}"})
+    assert answer.status_code == 403 and answer.json()["message"].startswith("this API answers on 127.0.0.1 only")
+    assert httpx.get(f"http://localhost:{api.port}/v2/sandboxes", headers=api.headers).status_code == 200
+
+
+@pytest.mark.parametrize("header", [{"Origin": "https://evil.example"}, {"Sec-Fetch-Site": "cross-site"}])
+def test_a_web_page_is_refused_even_with_the_key(api: Served, header: dict[str, str]) -> None:
+    answer = httpx.get(f"{api.url}/v2/sandboxes", headers=api.headers | header)
+    assert answer.status_code == 403 and "from a program" in answer.json()["hint"]
+    assert "access-control-allow-origin" not in answer.headers
+    preflight = httpx.options(f"{api.url}/v2/sandboxes", headers={"Origin": "https://evil.example"})
+    assert preflight.status_code == 403 and "access-control-allow-origin" not in preflight.headers
+
+
+def test_no_key_or_a_wrong_one(api: Served) -> None:
+    answer = httpx.get(f"{api.url}/openapi.json")
+    assert answer.status_code == 401 and answer.json() == {
+        "code": 401,
+        "message": answer.json()["message"],
+        "hint": "set E2B_API_KEY to the key `vmsandbox serve` printed (it changes each time serve starts)",
+    }
+    wrong = httpx.get(f"{api.url}/openapi.json", headers={"X-API-Key": api.key + "x"})
+    assert wrong.status_code == 401 and wrong.json()["message"].startswith("not the API key")
+    assert api.key not in wrong.text
+
+
+def test_another_account_is_refused_whatever_it_sends(api: Served, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(peer, "owner", lambda sock: os.geteuid() + 1)
+    answer = httpx.get(f"{api.url}/v2/sandboxes", headers=api.headers)
+    assert answer.status_code == 403
+    assert answer.json()["message"].startswith(f"a connection from uid {os.geteuid() + 1}")
+    monkeypatch.setattr(peer, "owner", lambda sock: None)  # not found: refused too
+    assert httpx.get(f"{api.url}/v2/sandboxes", headers=api.headers).status_code == 403
+
+
+def test_the_owner_of_a_connection_is_found_on_loopback_and_on_a_unix_socket() -> None:
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(1)
+        with socket.create_connection(listener.getsockname()) as client:
+            accepted, _ = listener.accept()
+            with accepted:
+                assert peer.owner(accepted) == os.geteuid()
+                assert client.getsockname() == accepted.getpeername()
+    left, right = socket.socketpair(socket.AF_UNIX)
+    with left, right:
+        assert peer.owner(right) == os.geteuid()
+    assert peer.refusal(os.geteuid()) is None
+
+
+def test_the_owner_is_read_from_the_kernels_socket_table() -> None:
+    table = (
+        "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode\n"
+        "   0: 0100007F:C52D 0100007F:1F90 01 00000000:00000000 00:00000000 00000000  1001        0 89324 1\n"
+        "   1: 0100007F:1F90 0100007F:C52D 01 00000000:00000000 00:00000000 00000000     0        0 89325 1\n"
+    )
+    little = socket.htonl(1) != 1  # /proc writes the address's 32 bits in host order
+    if not little:
+        table = table.replace("0100007F", "7F000001")
+    assert peer.tcp_owner(("127.0.0.1", 0xC52D), ("127.0.0.1", 0x1F90), table) == 1001
+    assert peer.tcp_owner(("127.0.0.1", 0x1F90), ("127.0.0.1", 0xC52D), table) == 0
+    assert peer.tcp_owner(("127.0.0.1", 1), ("127.0.0.1", 2), table) is None
+
+
+def test_envd_speaks_connects_json_only(api: Served) -> None:
+    name = SessionName("some-sandbox")
+    headers = {"E2b-Sandbox-Id": name.value, "X-Access-Token": Keys(api.key).envd_token(name)}
+    url = f"{api.url}/process.Process/List"
+    binary = httpx.post(url, content=b"", headers=headers | {"Content-Type": "application/proto"})
+    assert binary.status_code == 501 and binary.json()["code"] == "unimplemented"
+    assert "JSON codec" in binary.json()["message"]
+    gone = httpx.post(url, content=b"{}", headers=headers | {"Content-Type": "application/json"})
+    assert gone.status_code == 503 and gone.json()["code"] == "unavailable"
+    assert "was not found running" in gone.json()["message"]
+    health = httpx.get(f"{api.url}/health", headers=headers)
+    assert health.status_code == 502 and "was not found running" in health.json()["message"]
+    bad = httpx.post(url, content=b"{}", headers=headers | {"E2b-Sandbox-Id": "../x"})
+    assert bad.status_code == 400 and bad.json()["code"] == "invalid_argument"
+
+
+def test_openapi_describes_the_control_plane_the_extension_and_envds_files(api: Served) -> None:
+    doc = httpx.get(f"{api.url}/openapi.json", headers=api.headers).json()
+    assert doc["openapi"].startswith("3.1")
+    paths = doc["paths"]
+    assert {"post", "get"} <= set(paths["/v2/sandboxes"])
+    assert "post" in paths["/vmsandbox/v1/sessions/{name}/reviews/{review}/apply"]
+    assert {"get", "post"} <= set(paths["/files"])
+    schemas = doc["components"]["schemas"]
+    assert {"NewSandbox", "SandboxOut", "ReviewOut", "ApplyIn", "ErrorOut"} <= set(schemas)
+    assert "templateID" in schemas["NewSandbox"]["properties"]
+
+
+def test_an_unknown_endpoint_is_json_naming_the_description(api: Served) -> None:
+    answer = httpx.get(f"{api.url}/nowhere", headers=api.headers)
+    assert answer.status_code == 404 and answer.json()["hint"] == "/openapi.json lists what is served"
+    answer = httpx.put(f"{api.url}/v2/sandboxes", headers=api.headers)
+    assert answer.status_code == 405

@@ -1,0 +1,94 @@
+"""`vmsandbox serve`: the settings it prints, one server per account (the second says where the first is), the
+Unix socket (0600, only this account), the key kept out of every file; and the command refusing to start while
+no backend is bound."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import threading
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import uvicorn
+
+from tests.unit.apiserver import wait_until
+from tests.unit.fakebackend import FakeBackend
+from tests.unit.test_cli import run_cli
+from vmsandbox import paths, pids
+from vmsandbox.api import server
+from vmsandbox.errors import VmsandboxError
+
+
+def test_the_command_refuses_to_start_while_no_backend_is_bound(capsys: pytest.CaptureFixture[str]) -> None:
+    assert run_cli(["serve"]) == 1
+    captured = capsys.readouterr()
+    assert "not bound to vmsandbox's sessions yet" in captured.err and captured.out == ""
+    assert run_cli(["serve", "--port", "70000"]) == 2
+
+
+def test_the_settings_are_what_e2bs_sdk_reads() -> None:
+    settings = server.Settings("http://127.0.0.1:1234", "vmsb_k")
+    assert settings.lines() == [
+        "E2B_API_URL=http://127.0.0.1:1234",
+        "E2B_SANDBOX_URL=http://127.0.0.1:1234",
+        "E2B_API_KEY=vmsb_k",
+    ]
+
+
+def test_a_second_serve_says_where_the_first_is() -> None:
+    with server.announced(server.Settings("http://127.0.0.1:1234", "vmsb_secret", Path("/run/x.sock"))):
+        written = paths.serve_file()
+        assert stat.S_IMODE(written.stat().st_mode) == 0o600
+        assert "vmsb_secret" not in written.read_text()
+        with pytest.raises(VmsandboxError, match=r"already runs .* at http://127.0.0.1:1234 and /run/x.sock") as exc:
+            server.refuse_second()
+        assert f"kill {os.getpid()}" in (exc.value.hint or "")
+    assert not written.exists()
+    written.write_text(json.dumps({"pid": os.getpid(), "start": "not-its-start", "url": "http://old"}))
+    server.refuse_second()  # a file a dead serve left: no longer true, not in the way
+
+
+def test_the_unix_socket_is_private_and_nothing_else_is_replaced(tmp_path: Path) -> None:
+    path = tmp_path / "api.sock"
+    with server.listen_unix(path):
+        assert stat.S_ISSOCK(path.lstat().st_mode) and stat.S_IMODE(path.lstat().st_mode) == 0o600
+        with pytest.raises(VmsandboxError, match="something listens"):
+            server.listen_unix(path)
+    server.listen_unix(path).close()  # a stale socket (nothing listening) is replaced
+    (tmp_path / "file").write_text("mine")
+    with pytest.raises(VmsandboxError, match="is not a socket"):
+        server.listen_unix(tmp_path / "file")
+
+
+def test_serve_serves_on_loopback_and_the_socket_until_stopped(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    made: list[uvicorn.Server] = []
+
+    class Recorded(uvicorn.Server):
+        def __init__(self, config: uvicorn.Config) -> None:
+            super().__init__(config)
+            made.append(self)
+
+    monkeypatch.setattr(uvicorn, "Server", Recorded)
+    backend = FakeBackend(tmp_path / "guests")
+    ready: list[server.Settings] = []
+    sock = tmp_path / "api.sock"
+    kwargs: dict[str, Any] = {"port": 0, "unix": sock, "ready": ready.append}
+    thread = threading.Thread(target=server.serve, args=(backend,), kwargs=kwargs, daemon=True)
+    thread.start()
+    wait_until(lambda: bool(ready and made), "serve is ready")
+    settings = ready[0]
+    assert settings.api_key.startswith("vmsb_") and settings.url.startswith("http://127.0.0.1:")
+    headers = {"X-API-Key": settings.api_key}
+    assert httpx.get(f"{settings.url}/v2/sandboxes", headers=headers).json() == []
+    with httpx.Client(transport=httpx.HTTPTransport(uds=str(sock))) as local:
+        assert local.get("http://localhost/v2/sandboxes", headers=headers).json() == []
+        assert local.get("http://localhost/v2/sandboxes").status_code == 401
+    assert json.loads(paths.serve_file().read_text())["pid"] == os.getpid()
+    assert pids.alive(os.getpid(), pids.process_start(os.getpid()))
+    made[0].should_exit = True
+    thread.join(30)
+    assert not thread.is_alive() and not paths.serve_file().exists() and not sock.exists()

@@ -1,0 +1,12 @@
+"""`vmsandbox serve`: sessions driven from code — a third edge beside `cli/` and `web/`.
+
+E2B's protocol where E2B has the operation (its control plane; envd's process and filesystem services over
+Connect, and its /files), so that E2B's own SDK drives vmsandbox sessions unchanged; vmsandbox's extension for
+what E2B lacks (sessions on a project, a frozen review, apply, rollback, fork) under /vmsandbox/v1.
+
+It calls one narrow interface (backend.py: Backend, and Processes and Files bound to a session) with values
+validated once (names.py) and typed data (model.py); the wire formats stay here (wire.py, controlwire.py,
+extwire.py). Served on 127.0.0.1 or a 0600 Unix socket only, behind an API key kept in memory, with Host and
+Origin checked and other accounts refused (guard.py, peer.py). Nothing imports it but cli/serve.py; it imports
+no cli/ and no web/.
+"""

@@ -1,0 +1,174 @@
+"""The extension's JSON (`/vmsandbox/v1/…`): what E2B has no word for. camelCase like E2B's; pydantic models
+that check what comes in, shape what goes out and give openapi.py its schemas."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic.alias_generators import to_camel
+
+from vmsandbox.api import model as m
+from vmsandbox.api.controlwire import MAX_ENVS, MAX_METADATA, MAX_TIMEOUT, Key, Value
+
+MAX_CHOICES = 10_000
+
+
+class Wire(BaseModel):
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
+
+
+class NewSession(Wire):
+    """A session on a project of this machine, captured as `vmsandbox run PROJECT` captures it."""
+
+    project: str = Field(max_length=4096, description="the project's absolute path on this machine")
+    blueprint: str = Field(default="base", max_length=40)
+    name: str | None = Field(default=None, max_length=40, description="default: BLUEPRINT-xxxxxxxx")
+    timeout: int | None = Field(default=None, ge=1, le=MAX_TIMEOUT, description="seconds (default 300)")
+    envs: dict[Key, Value] = Field(default_factory=dict, max_length=MAX_ENVS)
+    metadata: dict[Key, Value] = Field(default_factory=dict, max_length=MAX_METADATA)
+
+
+class ChoiceIn(Wire):
+    item: str = Field(max_length=64)
+    digest: str = Field(max_length=128, description="the item's digest as the review gave it")
+    hunks: list[str] | None = Field(default=None, max_length=MAX_CHOICES, description="default: the whole item")
+
+
+class ApplyIn(Wire):
+    choices: list[ChoiceIn] = Field(max_length=MAX_CHOICES)
+
+
+class CheckpointIn(Wire):
+    label: str | None = Field(default=None, max_length=40)
+
+
+class RollbackIn(Wire):
+    label: str = Field(max_length=40)
+
+
+class ForkIn(Wire):
+    label: str | None = Field(default=None, max_length=40, description="default: from the session as it is now")
+    name: str | None = Field(default=None, max_length=40)
+    timeout: int | None = Field(default=None, ge=1, le=MAX_TIMEOUT)
+
+
+class SessionOut(Wire):
+    name: str
+    blueprint: str
+    state: str
+    project: str | None
+    started_at: datetime
+    end_at: datetime
+    cpus: int
+    memory_mib: int
+    disk_mib: int
+    metadata: dict[str, str]
+
+
+class CheckpointOut(Wire):
+    snapshot_id: str = Field(alias="snapshotID")
+    session: str
+    label: str
+    taken_at: datetime
+
+
+class HoldOut(Wire):
+    badge: str
+    reason: str
+
+
+class HunkOut(Wire):
+    id: str
+    old_start: int
+    old_lines: list[str]
+    new_start: int
+    new_lines: list[str]
+
+
+class ItemOut(Wire):
+    id: str
+    path: str
+    kind: str
+    status: str
+    digest: str
+    holds: list[HoldOut]
+    hunks: list[HunkOut]
+
+
+class ReviewOut(Wire):
+    id: str
+    session: str
+    made_at: datetime
+    items: list[ItemOut]
+    refused: list[str]
+
+
+class RefusalOut(Wire):
+    item: str
+    reason: str
+
+
+class AppliedOut(Wire):
+    applied: list[str]
+    refused: list[RefusalOut]
+    left: int
+
+
+def session(s: m.Sandbox) -> SessionOut:
+    return SessionOut(
+        name=s.name.value,
+        blueprint=s.blueprint,
+        state=s.state.value,
+        project=s.project,
+        started_at=s.started_at,
+        end_at=s.end_at,
+        cpus=s.cpus,
+        memory_mib=s.memory_mib,
+        disk_mib=s.disk_mib,
+        metadata=dict(s.metadata),
+    )
+
+
+def checkpoint(c: m.Checkpoint) -> CheckpointOut:
+    ref = c.snapshot
+    return CheckpointOut(snapshotID=str(ref), session=ref.session.value, label=ref.label.value, taken_at=c.taken_at)
+
+
+def review(r: m.Review) -> ReviewOut:
+    return ReviewOut(
+        id=r.id.value,
+        session=r.session.value,
+        made_at=r.made_at,
+        items=[_item(i) for i in r.items],
+        refused=list(r.refused),
+    )
+
+
+def _item(i: m.ReviewItem) -> ItemOut:
+    return ItemOut(
+        id=i.id.value,
+        path=i.path,
+        kind=i.kind,
+        status=i.status,
+        digest=i.digest.value,
+        holds=[HoldOut(badge=h.badge.value, reason=h.reason) for h in i.holds],
+        hunks=[
+            HunkOut(
+                id=h.id.value,
+                old_start=h.old_start,
+                old_lines=list(h.old_lines),
+                new_start=h.new_start,
+                new_lines=list(h.new_lines),
+            )
+            for h in i.hunks
+        ],
+    )
+
+
+def applied(a: m.Applied) -> AppliedOut:
+    return AppliedOut(
+        applied=[t.value for t in a.applied],
+        refused=[RefusalOut(item=r.item.value, reason=r.reason) for r in a.refused],
+        left=a.left,
+    )
