@@ -20,10 +20,10 @@ from vmsandbox.session.record import validate_name
 
 PATH_BYTES = 4096  # PATH_MAX
 PART_BYTES = 255  # NAME_MAX
-USER_RE = re.compile(r"^[a-z_][a-z0-9_-]{0,31}$")  # a POSIX account name as useradd takes it
-TOKEN_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # ids the backend makes (reviews, items, hunks)
-DIGEST_RE = re.compile(r"^[0-9a-f]{16,128}$")
-TAG_RE = re.compile(r"^[\x21-\x7e]{1,64}$")  # a process tag: printable ASCII, no space
+USER_RE = re.compile(r"^[a-z_][a-z0-9_-]{0,31}\Z")  # a POSIX account name as useradd takes it
+TOKEN_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}\Z")  # ids the backend makes (reviews, items, hunks)
+DIGEST_RE = re.compile(r"^[0-9a-f]{16,128}\Z")
+TAG_RE = re.compile(r"^[\x21-\x7e]{1,64}\Z")  # a process tag: printable ASCII, no space
 
 
 class InvalidError(VmsandboxError):
