@@ -26,9 +26,11 @@ from pathlib import Path
 from vmsandbox.egress.ports import free_port
 from vmsandbox.guest import ssh
 from vmsandbox.image import store as image
-from vmsandbox.session import create, images, lifecycle
-from vmsandbox.session.config import Settings
+from vmsandbox.session.end import lifecycle
+from vmsandbox.session.host import images
 from vmsandbox.session.options import Options
+from vmsandbox.session.settings import Settings
+from vmsandbox.session.start import create
 from vmsandbox.vm import accel, qemuimg
 from vmsandbox.vm.domain import TCG_TB_CACHE_MIB
 
@@ -123,7 +125,7 @@ ECHO = ("echo", "x")
 def wait_for_teardowns() -> None:
     def running() -> bool:
         ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True, check=True).stdout
-        return "vmsandbox.session.teardown" in ps
+        return "vmsandbox.session.end.teardown" in ps
 
     while running():
         time.sleep(0.2)

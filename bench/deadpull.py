@@ -23,10 +23,11 @@ from pathlib import Path
 from sync import guest, make_tree  # bench/ is on the path: this runs as a script
 
 from vmsandbox import proc
-from vmsandbox.session import create, lifecycle
-from vmsandbox.session.config import Settings
+from vmsandbox.session.end import lifecycle
 from vmsandbox.session.options import Options
 from vmsandbox.session.record import Record
+from vmsandbox.session.settings import Settings
+from vmsandbox.session.start import create
 from vmsandbox.vm.virt import Hypervisor
 
 

@@ -21,10 +21,12 @@ import time
 from pathlib import Path
 
 from vmsandbox.image import store
-from vmsandbox.session import create, images, lifecycle
-from vmsandbox.session.config import Settings
+from vmsandbox.session.end import lifecycle
+from vmsandbox.session.host import images
 from vmsandbox.session.options import Options
 from vmsandbox.session.record import Record
+from vmsandbox.session.settings import Settings
+from vmsandbox.session.start import create
 
 
 def qemu_rss_mib(record: Record) -> float:

@@ -22,8 +22,8 @@ from pathlib import Path
 from boot import vmsandbox_run, wait_for_teardowns, workdir  # bench/ is on the path: this runs as a script
 
 from vmsandbox.image import store as image
-from vmsandbox.session import images
-from vmsandbox.session.config import Settings
+from vmsandbox.session.host import images
+from vmsandbox.session.settings import Settings
 from vmsandbox.vm import accel
 
 CLI = (sys.executable, "-m", "vmsandbox")

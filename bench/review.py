@@ -22,10 +22,11 @@ import time
 import urllib.request
 from pathlib import Path
 
-from vmsandbox.session import create, lifecycle
-from vmsandbox.session.config import Settings
+from vmsandbox.session.end import lifecycle
 from vmsandbox.session.options import Options
 from vmsandbox.session.record import Record
+from vmsandbox.session.settings import Settings
+from vmsandbox.session.start import create
 
 CODE = "".join(f"def f{i}(x):\n    return x + {i}\n\n\n" for i in range(40))
 

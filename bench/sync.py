@@ -20,13 +20,14 @@ from collections.abc import Callable
 from pathlib import Path
 
 from vmsandbox import paths, proc, ui
-from vmsandbox.session import create, lifecycle
-from vmsandbox.session.config import Settings
+from vmsandbox.session.end import lifecycle
 from vmsandbox.session.options import Options
 from vmsandbox.session.record import Record
-from vmsandbox.sync import capture as capturing
-from vmsandbox.sync.plan import Decisions
-from vmsandbox.sync.take import Take
+from vmsandbox.session.settings import Settings
+from vmsandbox.session.start import create
+from vmsandbox.sync.inward import capture as capturing
+from vmsandbox.sync.review.plan import Decisions
+from vmsandbox.sync.review.take import Take
 
 
 def timed(fn: Callable[[], object]) -> float:

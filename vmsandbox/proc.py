@@ -17,10 +17,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from vmsandbox import packages, seccomp
-from vmsandbox.confine import Identity, Limits
+from vmsandbox import packages
+from vmsandbox.confine import seccomp
+from vmsandbox.confine.accounts import Identity, Limits
+from vmsandbox.confine.jail import Jail
 from vmsandbox.errors import VmsandboxError
-from vmsandbox.jail import Jail
 
 log = logging.getLogger(__name__)
 

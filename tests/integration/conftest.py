@@ -31,10 +31,12 @@ import pytest
 from vmsandbox import paths, ui
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.image import build, store
-from vmsandbox.session import boot, create, lifecycle
-from vmsandbox.session.config import Settings
+from vmsandbox.session.end import lifecycle
 from vmsandbox.session.options import Options
+from vmsandbox.session.place import console as boot
 from vmsandbox.session.record import Record, domain_name
+from vmsandbox.session.settings import Settings
+from vmsandbox.session.start import create
 from vmsandbox.vm.domain import session_of
 from vmsandbox.vm.virt import Hypervisor
 
@@ -418,7 +420,7 @@ def assert_gone(name: str, *, within: float = 60) -> None:
             found.append("QEMU process")
         if f"vmsandbox.egress.daemon {name}" in ps:
             found.append("egress daemon")  # the session's proxy daemon goes with it
-        if f"vmsandbox.session.teardown {name}" in ps:
+        if f"vmsandbox.session.end.teardown {name}" in ps:
             found.append("teardown process")
         return found
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from vmsandbox.image import blueprint, store
-from vmsandbox.session import layerbuild
+from vmsandbox.session.start import layer as layerbuild
 
 from .conftest import Cli, assert_gone, keep_console_on_failure, unique_name, wait_for
 

@@ -13,7 +13,7 @@ import pytest
 
 from tests.integration.conftest import Cli, VmFactory, unique_name
 from vmsandbox.image import store
-from vmsandbox.session import chain, checkpoints
+from vmsandbox.session.place import chain, checkpoints
 from vmsandbox.session.record import Record
 from vmsandbox.vm import qemuimg
 

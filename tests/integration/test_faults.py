@@ -19,7 +19,7 @@ import pytest
 from vmsandbox import paths
 from vmsandbox.session import lock
 from vmsandbox.session.record import domain_name
-from vmsandbox.sync.apply import TMP_PREFIX
+from vmsandbox.sync.land.write import TMP_PREFIX
 from vmsandbox.vm.virt import Hypervisor
 
 from .conftest import URI, Cli, VmFactory, assert_gone, guest_sh, processes, wait_for
@@ -119,7 +119,9 @@ def test_run_teardown_killed_is_finished_by_gc(cli: Cli, owned_name: str, projec
     )
     assert r.returncode == 0, r.stderr.decode()
     assert (project / "done.txt").exists()
-    wait_for(lambda: f"vmsandbox.session.teardown {owned_name}" not in processes(), 60, "the teardown process to die")
+    wait_for(
+        lambda: f"vmsandbox.session.end.teardown {owned_name}" not in processes(), 60, "the teardown process to die"
+    )
     assert state_of(cli, owned_name) == "ending"
     assert f"finished the teardown of session {owned_name}" in gc_line(cli, owned_name)
     assert_gone(owned_name, within=0)

@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 
 from vmsandbox import paths
-from vmsandbox.confine import ACCOUNT
+from vmsandbox.confine.accounts import ACCOUNT
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.guest import identity
 from vmsandbox.image import store

@@ -189,8 +189,8 @@ def test_a_layer_travels_after_its_base_naming_the_base_volume_as_its_backing_fi
     beside it, and reads the same, block for block (checked by qemu-img in the stand-in's namespace)."""
     import subprocess
 
-    from vmsandbox.session import hostspec
-    from vmsandbox.session.remote import images as hostimages
+    from vmsandbox.session.place import hostspec
+    from vmsandbox.session.place.remote import images as hostimages
     from vmsandbox.vm.virt import Hypervisor
 
     layer_dir = tmp_path / "bp-it-layer"
@@ -353,8 +353,8 @@ def _stopped_and_started(cli: Cli, far: farhost.FarHost, env: dict[str, str], na
     """`stop` saves the VM on its host (no domain, no tunnel left); `diff` of the stopped session reads its disk,
     fetched from there; the save outlives a restart of that host's libvirtd; `start` brings back a running
     process, an unsynced change and the published port."""
+    from vmsandbox.session.place.remote import tunnel
     from vmsandbox.session.record import domain_name
-    from vmsandbox.session.remote import tunnel
 
     domain, root = domain_name(name), cli.state_dir / "sessions" / name
     busy = "echo paused > paused.txt; nohup sleep 7777 >/dev/null 2>&1 &"
@@ -470,8 +470,8 @@ def _swept_by_gc(
     both by this machine's name (in the domain's metadata, in the owner volume), and says which host (at `dead`)
     did not answer."""
     from vmsandbox.egress import control
+    from vmsandbox.session.place.remote import tunnel
     from vmsandbox.session.record import domain_name
-    from vmsandbox.session.remote import tunnel
 
     _lost_host(cli, far, env, tmp_path, lost, dead)
 

@@ -15,8 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from vmsandbox import confine, proc
-from vmsandbox.jail import Jail
+from vmsandbox import proc
+from vmsandbox.confine import accounts as confine
+from vmsandbox.confine.jail import Jail
 
 from .conftest import wait_for
 

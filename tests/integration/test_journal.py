@@ -21,10 +21,13 @@ import pytest
 from vmsandbox import proc
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.image import store
-from vmsandbox.session import create, lifecycle
+from vmsandbox.session.end import lifecycle
 from vmsandbox.session.options import Options
 from vmsandbox.session.record import Record
-from vmsandbox.sync import capture, delta, journal, mirror, tree
+from vmsandbox.session.start import create
+from vmsandbox.sync.fetch import delta, journal, mirror
+from vmsandbox.sync.inward import capture
+from vmsandbox.sync.tree import manifest as tree
 
 from .conftest import suite_settings, unique_name
 

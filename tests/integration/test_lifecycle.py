@@ -13,10 +13,10 @@ import pytest
 from vmsandbox import paths
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.image import store
-from vmsandbox.session import boot as boot_mod
-from vmsandbox.session import create
 from vmsandbox.session.options import Options
+from vmsandbox.session.place import console as boot_mod
 from vmsandbox.session.record import domain_name
+from vmsandbox.session.start import create
 from vmsandbox.vm.virt import Hypervisor
 
 from .conftest import (

@@ -17,8 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from vmsandbox import access, paths
-from vmsandbox.session import pins
+from vmsandbox import paths
+from vmsandbox.confine import access
+from vmsandbox.session.place import pins
 from vmsandbox.session.record import DOMAIN_PREFIX
 from vmsandbox.vm.virt import Hypervisor
 
@@ -168,7 +169,7 @@ def test_a_member_of_the_libvirt_group_runs_pulls_and_destroys_without_sudo(memb
 
 def access_uid() -> int:
     """libvirt's QEMU account: it owns the disks of a running VM (libvirt hands them over and back)."""
-    from vmsandbox import confine
+    from vmsandbox.confine import accounts as confine
 
     uid = confine.qemu_uid()
     assert uid is not None

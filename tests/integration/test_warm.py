@@ -27,8 +27,8 @@ from tests.integration.conftest import (
 )
 from vmsandbox import paths
 from vmsandbox.image import store
-from vmsandbox.session import templatekey
-from vmsandbox.session.local import template
+from vmsandbox.session.place import templates as templatekey
+from vmsandbox.session.place.local import template
 from vmsandbox.session.record import Record
 
 PROBE = (

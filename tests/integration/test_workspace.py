@@ -21,7 +21,7 @@ import pytest
 
 from vmsandbox import paths
 from vmsandbox.session.record import Record, domain_name
-from vmsandbox.sync import tree
+from vmsandbox.sync.tree import manifest as tree
 from vmsandbox.vm.virt import Hypervisor
 
 from .conftest import Cli, VmFactory, assert_gone, default_signals

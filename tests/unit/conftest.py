@@ -20,7 +20,7 @@ class UnexpectedSubprocessError(AssertionError):
 def a_host_of_sixteen_cpus(monkeypatch: pytest.MonkeyPatch) -> None:
     """Settings are checked against the host's CPUs, memory and free disk: the same answers on every machine
     the tests run on (16 CPUs, 32 GiB, 500 GiB free)."""
-    from vmsandbox.session import config
+    from vmsandbox.session import settings as config
 
     monkeypatch.setattr(config, "host_cpus", lambda: 16)
     monkeypatch.setattr(config, "host_memory_mib", lambda: 32 * 1024)

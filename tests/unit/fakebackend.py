@@ -35,7 +35,7 @@ from vmsandbox.api.model import (
     State,
 )
 from vmsandbox.api.names import BlueprintName, CheckpointLabel, Digest, SessionName, SnapshotRef, Token
-from vmsandbox.sync import hunks
+from vmsandbox.sync.review import hunks
 
 QUARANTINED = (".envrc", ".gitattributes")
 

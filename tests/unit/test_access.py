@@ -10,9 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from vmsandbox import access
+from vmsandbox.confine import access
 from vmsandbox.errors import VmsandboxError
-from vmsandbox.session import pins, record
+from vmsandbox.session import record
+from vmsandbox.session.place import pins
 from vmsandbox.vm import hostsetup
 
 QEMU = 64055  # an account that is not us
@@ -181,7 +182,7 @@ def test_under_sudo_config_and_secrets_are_the_invoking_users(tmp_path: Path, mo
     # writes there it writes as them, and a kept login is written without following any link
     from vmsandbox.errors import VmsandboxError
     from vmsandbox.image.blueprint import Blueprint
-    from vmsandbox.session import logins
+    from vmsandbox.session.running import logins
 
     victim = place / "root-only"
     victim.mkdir(mode=0o755)
@@ -208,7 +209,7 @@ def test_state_directories_made_before_the_guest_data_account_existed_let_it_thr
 ) -> None:
     """A fresh host's first command is `host setup`, which makes the state directories before it makes the
     guest-data account: once it exists, the next command must let it through (every root pull failed)."""
-    from vmsandbox import confine
+    from vmsandbox.confine import accounts as confine
 
     monkeypatch.setenv("VMSANDBOX_STATE_DIR", str(tmp_path / "new-state"))
     monkeypatch.setattr(confine, "traversers", lambda: [QEMU])

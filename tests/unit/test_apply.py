@@ -7,8 +7,9 @@ from pathlib import Path
 import pytest
 
 from vmsandbox.errors import VmsandboxError
-from vmsandbox.sync import apply, tree
-from vmsandbox.sync.compare import Change, Status
+from vmsandbox.sync.land import write as apply
+from vmsandbox.sync.review.compare import Change, Status
+from vmsandbox.sync.tree import manifest as tree
 
 OWNER = apply.Owner(os.getuid(), os.getgid())
 
@@ -163,7 +164,7 @@ def test_a_disk_filling_up_mid_file_leaves_the_old_version_whole(
         written[0] += len(data)
         return real_write(fd, data)
 
-    monkeypatch.setattr("vmsandbox.sync.apply.os.write", filling)
+    monkeypatch.setattr("vmsandbox.sync.land.write.os.write", filling)
     with pytest.raises(OSError, match="No space left on device"):
         apply.apply_one(root, src, c, OWNER)
     assert (root / "f").read_text() == "old version\n"

@@ -236,14 +236,14 @@ def test_the_cycle_finder_finds_a_cycle() -> None:
     assert _cycles({"a": {"b"}, "b": set()}) == []
 
 
-# Where a VM lives: session.place is the interface, session.local and session.remote its implementations,
-# session.places the one chooser. The implementations stand on these session modules only (data and helpers
-# that know nothing of policy); policy reaches them through the chooser alone.
-PLACES = ("vmsandbox.session.local", "vmsandbox.session.remote")
-CHOOSER = "vmsandbox.session.places"
-GROUND = {
-    f"vmsandbox.session.{m}"
-    for m in ("place", "record", "checkpoints", "templatekey", "boot", "chain", "pins", "hostspec")
+# Where a VM lives: session.place.interface is the interface, session.place.local and .remote its
+# implementations, session.place.choose the one chooser. The implementations stand on these modules only (data
+# and helpers that know nothing of policy); policy reaches them through the chooser alone.
+PLACES = ("vmsandbox.session.place.local", "vmsandbox.session.place.remote")
+CHOOSER = "vmsandbox.session.place.choose"
+GROUND = {"vmsandbox.session.record"} | {
+    f"vmsandbox.session.place.{m}"
+    for m in ("interface", "checkpoints", "templates", "console", "chain", "pins", "hostspec")
 }
 
 

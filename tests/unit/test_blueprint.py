@@ -10,7 +10,7 @@ from vmsandbox import trust
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.guest import files as guestfiles
 from vmsandbox.image import blueprint
-from vmsandbox.session import projecttrust
+from vmsandbox.session.host import trust as projecttrust
 
 
 def write(path: Path, text: str) -> Path:

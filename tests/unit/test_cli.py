@@ -262,7 +262,7 @@ def test_config_validate_names_file_line_and_key(
 def test_config_schema_describes_every_key(capsys: pytest.CaptureFixture[str]) -> None:
     from vmsandbox import filemodels
     from vmsandbox.image import blueprint
-    from vmsandbox.session import config
+    from vmsandbox.session import settings as config
 
     assert run_cli(["config", "schema"]) == 0
     doc = json.loads(capsys.readouterr().out)

@@ -70,7 +70,7 @@ def saved_record_loaded(name: str) -> Any:
 def test_several_names_each_tried_and_the_failures_named(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from vmsandbox.session import suspend
+    from vmsandbox.session.moments import suspend
 
     stopped: list[str] = []
 
@@ -304,7 +304,7 @@ def test_config_validate_looks_up_what_a_blueprint_extends(tmp_path: Path, capsy
 
 
 def test_cp_puts_a_relative_guest_path_under_the_project() -> None:
-    from vmsandbox.sync import copyin
+    from vmsandbox.sync.inward import cp as copyin
     from vmsandbox.sync.target import Target
 
     target = Target("s", Path("/work/my project"), paths.session_paths("s"), 1000, 1000)
@@ -370,7 +370,7 @@ def test_the_schema_and_the_runtime_agree() -> None:
     from vmsandbox import filemodels
     from vmsandbox.cli.configs import json_schema
     from vmsandbox.egress.netpolicy import Mode
-    from vmsandbox.session import config
+    from vmsandbox.session import settings as config
     from vmsandbox.vm.accel import Accel
 
     props = json_schema()["properties"]
@@ -402,7 +402,7 @@ def test_a_kept_login_goes_into_the_boot_bundle_and_nothing_else(capsys: pytest.
 
     from vmsandbox.guest.files import GuestUser, build
     from vmsandbox.image import blueprint
-    from vmsandbox.session import logins
+    from vmsandbox.session.running import logins
 
     claude = blueprint.load("claude")
     assert claude.login_files == (".claude/.credentials.json", ".claude.json")
@@ -458,7 +458,7 @@ def test_values_refused_are_said_all_at_once_beside_the_shape(
 
 def test_claude_keeps_a_subscription_token_out_of_the_guest_like_an_api_key() -> None:
     from vmsandbox.image import blueprint
-    from vmsandbox.session import config
+    from vmsandbox.session import settings as config
 
     settings = config.Settings().merged(blueprint.load("claude").settings_data(), "claude")
     for_api = {m.secret: (m.header, m.value, m.env) for m in settings.secrets if m.host == "api.anthropic.com"}

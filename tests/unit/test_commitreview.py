@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from vmsandbox.sync.commitreview import Kind, RefReview, Touch, parse_diff_tree, parse_numstat, risk_of_entry
-from vmsandbox.sync.take import Take
+from vmsandbox.sync.git.review import Kind, RefReview, Touch, parse_diff_tree, parse_numstat, risk_of_entry
+from vmsandbox.sync.review.take import Take
 
 C1, C2 = "a" * 40, "b" * 40
 Z = "0" * 40
@@ -89,7 +89,7 @@ def test_a_ref_is_held_by_each_kind_until_that_kind_is_taken() -> None:
 def test_refs_a_killed_pull_left_staged_are_found_loose_or_packed(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from vmsandbox.sync import commitreview
+    from vmsandbox.sync.git import review as commitreview
 
     dropped: list[str] = []
     monkeypatch.setattr(commitreview, "drop_staged", lambda _p, _w, session: dropped.append(session))

@@ -7,7 +7,7 @@ import pytest
 from vmsandbox import trust
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.image import blueprint
-from vmsandbox.session import config
+from vmsandbox.session import settings as config
 from vmsandbox.vm.accel import Accel
 
 

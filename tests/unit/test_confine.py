@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from vmsandbox import confine
+from vmsandbox.confine import accounts as confine
 
 NOBODY = confine.Identity(65534, 65534, (), "nobody")
 

@@ -109,7 +109,7 @@ def test_code_another_account_cannot_read_is_named(monkeypatch: pytest.MonkeyPat
     import vmsandbox
 
     closed = Path(vmsandbox.__file__).parent.parent
-    monkeypatch.setattr("vmsandbox.access.may", lambda path, *_a: path != closed)
+    monkeypatch.setattr("vmsandbox.confine.access.may", lambda path, *_a: path != closed)
     assert account.code_readable(61500) == closed
-    monkeypatch.setattr("vmsandbox.access.may", lambda *_a: True)
+    monkeypatch.setattr("vmsandbox.confine.access.may", lambda *_a: True)
     assert account.code_readable(61500) is None

@@ -14,13 +14,15 @@ from tests.unit.test_domain import qemu_args, spec
 from vmsandbox import paths, ui
 from vmsandbox.egress import policy
 from vmsandbox.errors import VmsandboxError
-from vmsandbox.session import across, chain, fanout
-from vmsandbox.session import checkpoint as cp_mod
-from vmsandbox.session.config import Settings
+from vmsandbox.session.moments import checkpoint as cp_mod
+from vmsandbox.session.moments import compare as across
+from vmsandbox.session.moments import fanout
 from vmsandbox.session.options import Options, Run
-from vmsandbox.sync import outbox
-from vmsandbox.sync.take import Take
-from vmsandbox.sync.tree import FILE, Entry
+from vmsandbox.session.place import chain
+from vmsandbox.session.settings import Settings
+from vmsandbox.sync.land import outbox
+from vmsandbox.sync.review.take import Take
+from vmsandbox.sync.tree.manifest import FILE, Entry
 from vmsandbox.vm.domain import WORKSPACE_SERIAL, boot_of, build_xml, for_restore, with_disks
 
 # ---------------------------------------------------------------- the overlay tree
@@ -105,7 +107,7 @@ def test_a_fork_restores_with_every_host_path_its_own() -> None:
 def test_a_fork_on_another_host_says_whose_it_is_and_keeps_the_save_images_layout() -> None:
     import io
 
-    from vmsandbox.session.remote import save as remotesave
+    from vmsandbox.session.place.remote import save as remotesave
     from vmsandbox.vm import savefile
     from vmsandbox.vm.domain import client_of
 

@@ -13,10 +13,11 @@ import pytest
 
 from vmsandbox import failpoint, paths
 from vmsandbox.errors import VmsandboxError
-from vmsandbox.session import boot, lock, state
-from vmsandbox.session.boot import Cpu, Stage
+from vmsandbox.session import lock, state
+from vmsandbox.session.place import console as boot
+from vmsandbox.session.place.console import Cpu, Stage
 from vmsandbox.session.record import Record, State
-from vmsandbox.sync import capture
+from vmsandbox.sync.inward import capture
 from vmsandbox.vm.virt import Hypervisor
 
 from .conftest import saved_record
@@ -78,7 +79,7 @@ def test_watch_shows_progress_and_says_once_when_the_host_starves(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     clock = [0.0]
-    monkeypatch.setattr("vmsandbox.session.boot.time.monotonic", lambda: clock[0])
+    monkeypatch.setattr("vmsandbox.session.place.console.time.monotonic", lambda: clock[0])
     monkeypatch.setattr(boot, "host_load", lambda: (9.0, 2))
     console = tmp_path / "console.log"
     w = boot.Watch(console, cpu_start=10.0, started=0.0)
@@ -146,7 +147,9 @@ def test_capture_refuses_before_copying_when_the_state_disk_is_too_small(
     (project / "link").symlink_to("/etc/passwd")  # not followed, not counted
     assert capture.project_bytes(project) == 100_000
     capture.check_space(project, tmp_path)  # room enough on the real tmp disk
-    monkeypatch.setattr("vmsandbox.sync.capture.shutil.disk_usage", lambda _p: type("U", (), {"free": 10 * 1024**2})())
+    monkeypatch.setattr(
+        "vmsandbox.sync.inward.capture.shutil.disk_usage", lambda _p: type("U", (), {"free": 10 * 1024**2})()
+    )
     with pytest.raises(VmsandboxError, match=r"needs about 64 MiB .* it has 10 MiB free") as caught:
         capture.check_space(project, tmp_path / "state" / "sessions")
     assert caught.value.hint is not None and "VMSANDBOX_STATE_DIR" in caught.value.hint
@@ -194,11 +197,11 @@ def test_a_boot_that_stalls_after_its_last_reset_is_given_up_at_once(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Two resets of a stalled early boot; a third stall fails the boot then, not at the boot timeout."""
-    from vmsandbox.session.local import bootwait
+    from vmsandbox.session.place.local import bootwait
     from vmsandbox.vm.node import DomainInfo
 
     clock = [0.0]
-    monkeypatch.setattr("vmsandbox.session.boot.time.monotonic", lambda: clock[0])
+    monkeypatch.setattr("vmsandbox.session.place.console.time.monotonic", lambda: clock[0])
     monkeypatch.setattr(boot, "host_load", lambda: (0.5, 2))
     console = tmp_path / "console.log"
     resets: list[str] = []

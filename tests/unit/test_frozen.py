@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 
 from vmsandbox.paths import SessionPaths
-from vmsandbox.sync import frozen, plan
-from vmsandbox.sync.changes import Gathered, Origin
-from vmsandbox.sync.compare import Change, Merge, Status
+from vmsandbox.sync.review import frozen, plan
+from vmsandbox.sync.review.compare import Change, Merge, Status
+from vmsandbox.sync.review.gather import Gathered, Origin
 from vmsandbox.sync.target import Target
-from vmsandbox.sync.tree import DIR, FILE, SYMLINK, Entry
+from vmsandbox.sync.tree.manifest import DIR, FILE, SYMLINK, Entry
 
 
 def _file(data: bytes, mode: int = 0o644) -> Entry:

@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from vmsandbox.sync import hashcache, tree
-from vmsandbox.sync.hashcache import HashCache
+from vmsandbox.sync.tree import hashcache
+from vmsandbox.sync.tree import manifest as tree
+from vmsandbox.sync.tree.hashcache import HashCache
 
 
 @pytest.fixture

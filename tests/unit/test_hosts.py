@@ -12,10 +12,12 @@ import pytest
 
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.image.store import Image
-from vmsandbox.session import config, hostspec, places
-from vmsandbox.session.local.place import LocalPlace
-from vmsandbox.session.remote import images as hostimages
-from vmsandbox.session.remote.place import RemotePlace
+from vmsandbox.session import settings as config
+from vmsandbox.session.place import choose as places
+from vmsandbox.session.place import hostspec
+from vmsandbox.session.place.local.place import LocalPlace
+from vmsandbox.session.place.remote import images as hostimages
+from vmsandbox.session.place.remote.place import RemotePlace
 from vmsandbox.vm import storage
 from vmsandbox.vm.node import Node
 
@@ -211,7 +213,7 @@ def test_kvm_on_a_host_needs_the_cpu_flag_and_libvirt_saying_yes() -> None:
 
 
 def test_host_listing_rows_keep_their_keys_when_a_host_does_not_answer() -> None:
-    from vmsandbox.session import hosts
+    from vmsandbox.session.host import hosts
 
     up = hosts.Status(
         hostspec.HostSpec("far", "qemu+ssh://h/system", 2),
@@ -274,7 +276,7 @@ def test_a_header_that_cannot_take_the_new_name_is_refused(tmp_path: Path, conte
 
 
 def test_the_tunnel_reaches_the_host_as_libvirt_does() -> None:
-    from vmsandbox.session.remote import tunnel
+    from vmsandbox.session.place.remote import tunnel
 
     argv = tunnel.ssh_argv("qemu+ssh://me@big.example:2222/system?keyfile=/k/id&command=/opt/ssh&no_verify=0")
     assert argv[0] == "/opt/ssh"
@@ -317,8 +319,8 @@ def test_run_on_another_host_checks_the_host_before_anything_is_made(
 
 
 def test_a_long_chain_there_is_refused_with_the_fork_that_starts_over() -> None:
+    from vmsandbox.session.place.remote import checkpoint as remotecheckpoint
     from vmsandbox.session.record import Record
-    from vmsandbox.session.remote import checkpoint as remotecheckpoint
 
     record = Record("exp", "/p", "v", "tcg", "", 1, 512, 4096, 0, "u", 1000, 1000, "qemu+ssh://me@big/system")
     record.host = "big"
@@ -368,7 +370,7 @@ class _Host:
 
 
 def test_a_host_s_limits_are_kept_when_a_session_is_placed_there() -> None:
-    from vmsandbox.session.remote import vm as remote
+    from vmsandbox.session.place.remote import vm as remote
 
     host = hostspec.HostSpec("big", "qemu+ssh://big/system", max_sessions=3, keep_free_mib=4096)
     remote.check_room(_Host(2, 8192), host, 2048)  # type: ignore[arg-type]  # a third fits, leaving 6 GiB
@@ -381,7 +383,7 @@ def test_a_host_s_limits_are_kept_when_a_session_is_placed_there() -> None:
 
 
 def _status(name: str, available: int | None, sessions: int = 0, **limits: Any) -> Any:
-    from vmsandbox.session import hosts
+    from vmsandbox.session.host import hosts
 
     uri = "qemu:///system" if name == "local" else f"qemu+ssh://{name}/system"
     spec = hostspec.HostSpec(name, uri, **limits)
@@ -391,7 +393,7 @@ def _status(name: str, available: int | None, sessions: int = 0, **limits: Any) 
 
 
 def test_placement_takes_the_host_with_the_most_memory_that_has_room() -> None:
-    from vmsandbox.session import hosts
+    from vmsandbox.session.host import hosts
 
     found = [
         _status("local", 6000),
@@ -410,7 +412,7 @@ def test_placement_takes_the_host_with_the_most_memory_that_has_room() -> None:
 
 
 def test_placement_stays_here_when_no_host_has_room_and_says_why() -> None:
-    from vmsandbox.session import hosts
+    from vmsandbox.session.host import hosts
 
     tls = _status("tls", 90000)
     tls = hosts.Status(hostspec.HostSpec("tls", "qemu+tls://tls/system"), tls.node, None)
@@ -445,9 +447,10 @@ def test_opening_another_hosts_libvirt_gives_up_when_it_never_answers(monkeypatc
 
 
 def test_a_fan_out_on_another_host_starts_as_many_at_once_as_that_host_holds(monkeypatch: pytest.MonkeyPatch) -> None:
-    from vmsandbox.session import fanout, hosts
+    from vmsandbox.session.host import hosts
+    from vmsandbox.session.moments import fanout
     from vmsandbox.session.options import Options, Run
-    from vmsandbox.sync.take import Take
+    from vmsandbox.sync.review.take import Take
 
     spec = hostspec.HostSpec("big", "qemu+ssh://me@big/system")
     settings = config.Settings(memory_mib=2048)

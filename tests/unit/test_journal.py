@@ -8,9 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from vmsandbox.sync import delta, hashcache, journal, tree, views
-from vmsandbox.sync.compare import Status, compare
-from vmsandbox.sync.hashcache import HashCache
+from vmsandbox.sync.fetch import delta, journal
+from vmsandbox.sync.review.compare import Status, compare
+from vmsandbox.sync.tree import hashcache, views
+from vmsandbox.sync.tree import manifest as tree
+from vmsandbox.sync.tree.hashcache import HashCache
 
 ID = "0123456789abcdef0123456789abcdef"
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from vmsandbox.jail import SYSTEM, Jail
-from vmsandbox.sync import meter
+from vmsandbox.confine.jail import SYSTEM, Jail
+from vmsandbox.sync.fetch import meter
 
 
 def _process(proc: Path, pid: int, ppid: int, name: str, wchar: int) -> None:
@@ -136,7 +136,7 @@ def test_a_session_s_mirror_is_bounded_over_its_pulls(tmp_path: Path, monkeypatc
 
     from vmsandbox.errors import VmsandboxError
     from vmsandbox.paths import SessionPaths
-    from vmsandbox.sync import spend
+    from vmsandbox.sync.fetch import spend
 
     files = SessionPaths(tmp_path / "s")
     files.guest_tree.mkdir(parents=True)

@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from vmsandbox.sync import placeholders, tree
-from vmsandbox.sync.hashcache import HashCache
+from vmsandbox.sync.tree import manifest as tree
+from vmsandbox.sync.tree import placeholders
+from vmsandbox.sync.tree.hashcache import HashCache
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="trusted.* attributes need root")
 

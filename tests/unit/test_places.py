@@ -14,15 +14,18 @@ import pytest
 
 from vmsandbox.egress.netpolicy import Mode
 from vmsandbox.image.store import Image
-from vmsandbox.session import checkpoint, create, lifecycle, places, suspend
-from vmsandbox.session.checkpoints import Checkpoint
-from vmsandbox.session.config import Settings
-from vmsandbox.session.hostspec import HostSpec
-from vmsandbox.session.local.place import LocalPlace
+from vmsandbox.session.end import lifecycle
+from vmsandbox.session.moments import checkpoint, suspend
 from vmsandbox.session.options import Options
-from vmsandbox.session.place import Place, SavedVM
+from vmsandbox.session.place import choose as places
+from vmsandbox.session.place.checkpoints import Checkpoint
+from vmsandbox.session.place.hostspec import HostSpec
+from vmsandbox.session.place.interface import Place, SavedVM
+from vmsandbox.session.place.local.place import LocalPlace
+from vmsandbox.session.place.remote.place import RemotePlace
 from vmsandbox.session.record import Record
-from vmsandbox.session.remote.place import RemotePlace
+from vmsandbox.session.settings import Settings
+from vmsandbox.session.start import create
 from vmsandbox.vm import accel
 from vmsandbox.vm.virt import Hypervisor
 

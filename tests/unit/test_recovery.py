@@ -12,7 +12,9 @@ from pathlib import Path
 import pytest
 
 from vmsandbox import paths
-from vmsandbox.session import collect, pins, state
+from vmsandbox.session import state
+from vmsandbox.session.end import gc as collect
+from vmsandbox.session.place import pins
 from vmsandbox.session.record import Record, State, domain_name
 from vmsandbox.vm.virt import Hypervisor
 

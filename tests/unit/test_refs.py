@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from vmsandbox.sync import refs
+from vmsandbox.sync.git import refs
 
 A, B = "a" * 40, "b" * 40
 

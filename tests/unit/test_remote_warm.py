@@ -17,7 +17,7 @@ from tests.unit.test_domain import spec
 from tests.unit.test_warm import template_xml
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.guest import identity
-from vmsandbox.session.remote import gc as remotegc
+from vmsandbox.session.place.remote import gc as remotegc
 from vmsandbox.vm import storage
 from vmsandbox.vm.domain import LIBVIRTS_SOCKET, build_xml, client_of, for_restore
 
@@ -192,10 +192,10 @@ def _overlay_on(backing: str) -> bytes:
 def test_gc_there_removes_unusable_templates_only_when_no_disk_rests_on_them(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from vmsandbox.session.hostspec import HostSpec
-    from vmsandbox.session.place import Tidy
-    from vmsandbox.session.remote import template as remotetemplate
-    from vmsandbox.session.remote import vm as remote
+    from vmsandbox.session.place.hostspec import HostSpec
+    from vmsandbox.session.place.interface import Tidy
+    from vmsandbox.session.place.remote import template as remotetemplate
+    from vmsandbox.session.place.remote import vm as remote
 
     monkeypatch.setattr(remotetemplate, "lock_path", lambda host: tmp_path / "lock")
     monkeypatch.setattr(remote, "client_id", lambda: "me/1")

@@ -6,13 +6,14 @@ from pathlib import Path
 import pytest
 
 from vmsandbox import paths
-from vmsandbox.sync import reviewable, tree
-from vmsandbox.sync.changes import Gathered, Origin
-from vmsandbox.sync.compare import Change, Status, compare, is_git_managed, risk_of
-from vmsandbox.sync.plan import Decisions, Plan, make
-from vmsandbox.sync.take import Take
+from vmsandbox.sync.review import holds as reviewable
+from vmsandbox.sync.review.compare import Change, Status, compare, is_git_managed, risk_of
+from vmsandbox.sync.review.gather import Gathered, Origin
+from vmsandbox.sync.review.plan import Decisions, Plan, make
+from vmsandbox.sync.review.take import Take
 from vmsandbox.sync.target import Target
-from vmsandbox.sync.tree import DIR, FILE, OTHER, SYMLINK, Entry
+from vmsandbox.sync.tree import manifest as tree
+from vmsandbox.sync.tree.manifest import DIR, FILE, OTHER, SYMLINK, Entry
 
 
 def f(digest: str, mode: int = 0o644) -> Entry:

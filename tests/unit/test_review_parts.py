@@ -11,12 +11,15 @@ from typing import TYPE_CHECKING
 import pathspec
 import pytest
 
-from vmsandbox.sync import credentials, hunks, inbound, mass, merge, tree
-from vmsandbox.sync.compare import Change, Status
-from vmsandbox.sync.tree import DIR, FILE, Entry
+from vmsandbox.sync.inward import leftout as inbound
+from vmsandbox.sync.review import hunks, mass, merge
+from vmsandbox.sync.review.compare import Change, Status
+from vmsandbox.sync.scan import credentials
+from vmsandbox.sync.tree import manifest as tree
+from vmsandbox.sync.tree.manifest import DIR, FILE, Entry
 
 if TYPE_CHECKING:
-    from vmsandbox.sync.plan import Plan
+    from vmsandbox.sync.review.plan import Plan
 
 OLD = b"".join(b"line %d\n" % i for i in range(1, 21))
 NEW = OLD.replace(b"line 2\n", b"two\n").replace(b"line 10\n", b"").replace(b"line 19\n", b"nineteen\nand more\n")
@@ -106,8 +109,8 @@ def test_the_ignore_file_takes_paths_out_of_the_capture(tmp_path: Path) -> None:
 def _plan(tmp_path: Path, base: bytes, guest: bytes, *, host: bytes | None = None) -> Plan:
     """A plan of one modified file `f.txt`: its baseline, the guest's and (by default the baseline's) host."""
     from vmsandbox.paths import SessionPaths
-    from vmsandbox.sync.changes import Gathered, Origin
-    from vmsandbox.sync.plan import make
+    from vmsandbox.sync.review.gather import Gathered, Origin
+    from vmsandbox.sync.review.plan import make
     from vmsandbox.sync.target import Target
 
     files = SessionPaths(tmp_path / "session")
@@ -148,7 +151,7 @@ def test_the_page_s_hunk_choices_become_the_file_to_write(tmp_path: Path) -> Non
 
 
 def test_an_edited_merge_must_lose_its_markers_and_comes_back_with_the_file_s_line_ends(tmp_path: Path) -> None:
-    from vmsandbox.sync.compare import Merge
+    from vmsandbox.sync.review.compare import Merge
     from vmsandbox.web import review
 
     plan = _plan(tmp_path, b"a\nb\n", b"a\nguest\n", host=b"a\nhost\n")
@@ -169,7 +172,7 @@ def test_a_scanner_that_fails_leaves_every_text_change_for_a_person(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from vmsandbox.errors import VmsandboxError
-    from vmsandbox.sync import reviewable
+    from vmsandbox.sync.review import holds as reviewable
 
     def broken(contents: object, *, jailed: bool, pickles: object = None) -> object:
         raise VmsandboxError("the credential scanner failed: no python here")
@@ -183,8 +186,8 @@ def test_a_scanner_that_fails_leaves_every_text_change_for_a_person(
 
 
 def test_a_credential_is_held_by_yes_whatever_else_it_takes(tmp_path: Path) -> None:
-    from vmsandbox.sync.plan import Decisions
-    from vmsandbox.sync.take import Take
+    from vmsandbox.sync.review.plan import Decisions
+    from vmsandbox.sync.review.take import Take
 
     plan = _plan(tmp_path, OLD, NEW)
     c = plan.todo[0].first
@@ -206,11 +209,11 @@ def test_a_new_directory_of_held_changes_waits_with_them(tmp_path: Path) -> None
     the same (issue 43): a new directory that holds only what waits, waits with it, at any depth; one that
     holds something applied is applied."""
     from vmsandbox.paths import SessionPaths
-    from vmsandbox.sync.changes import Gathered, Origin
-    from vmsandbox.sync.plan import Decisions, make
-    from vmsandbox.sync.take import Take
+    from vmsandbox.sync.review.gather import Gathered, Origin
+    from vmsandbox.sync.review.plan import Decisions, make
+    from vmsandbox.sync.review.take import Take
     from vmsandbox.sync.target import Target
-    from vmsandbox.sync.tree import DIR
+    from vmsandbox.sync.tree.manifest import DIR
 
     def new(path: str, kind: str = FILE, held: str | None = None) -> Change:
         entry = tree.Entry(kind, 0o755 if kind == DIR else 0o644, 1, digest=None if kind == DIR else "d")
@@ -237,7 +240,7 @@ def test_a_pickle_that_names_code_is_seen_whatever_its_protocol() -> None:
     (issue 43). The scanner's parse (pickletools: parsed, never loaded) tells one naming code, by content."""
     import pickle
 
-    from vmsandbox.sync import scanworker
+    from vmsandbox.sync.scan import worker as scanworker
 
     class Boom:
         def __reduce__(self) -> tuple[object, tuple[str]]:
@@ -260,7 +263,8 @@ def test_cp_shows_its_jailed_rsync_the_named_sources_only(tmp_path: Path, monkey
     source named `-e.txt` reached rsync as an option (issue 43)."""
     from vmsandbox.guest.ssh import Endpoint
     from vmsandbox.paths import SessionPaths
-    from vmsandbox.sync import copyin, transfer
+    from vmsandbox.sync.fetch import rsync as transfer
+    from vmsandbox.sync.inward import cp as copyin
     from vmsandbox.sync.target import Target
 
     calls: list[tuple[list[str], str, transfer.Side]] = []

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from vmsandbox.sync.risk import nested_git_dir, normalize, risky_name, symlink_escape
-from vmsandbox.sync.tree import DIR, SYMLINK, Entry
+from vmsandbox.sync.review.risk import nested_git_dir, normalize, risky_name, symlink_escape
+from vmsandbox.sync.tree.manifest import DIR, SYMLINK, Entry
 
 
 def link(target: str) -> Entry:

@@ -7,7 +7,7 @@ import struct
 
 import pytest
 
-from vmsandbox import seccomp
+from vmsandbox.confine import seccomp
 
 
 def _insns(program: bytes) -> list[tuple[int, int, int, int]]:

@@ -9,7 +9,8 @@ import pytest
 
 from vmsandbox import paths
 from vmsandbox.errors import VmsandboxError
-from vmsandbox.session import collect, state
+from vmsandbox.session import state
+from vmsandbox.session.end import gc as collect
 from vmsandbox.vm.domain import META_NS
 from vmsandbox.vm.virt import Hypervisor
 
@@ -104,8 +105,8 @@ def test_a_stopped_session_is_listed_as_such_and_never_collected() -> None:
 def test_a_workspace_copy_goes_through_qcow2_and_leaves_only_the_copy() -> None:
     """A workspace disk's copy on a host: raw -> qcow2 -> raw (libvirt hands non-raw copies to qemu-img there, which
     skips holes), named and formatted as asked, the volume in between deleted."""
-    from vmsandbox.session.remote import checkpoint as remotecheckpoint
-    from vmsandbox.session.remote.images import POOL
+    from vmsandbox.session.place.remote import checkpoint as remotecheckpoint
+    from vmsandbox.session.place.remote.images import POOL
     from vmsandbox.vm import storage
 
     with Hypervisor(URI) as hv:
@@ -123,7 +124,7 @@ def test_a_workspace_copy_goes_through_qcow2_and_leaves_only_the_copy() -> None:
 
 def test_a_host_without_qemu_img_copies_the_workspace_byte_by_byte() -> None:
     """When that host refuses the qcow2 copy (libvirt needs qemu-img for it), the copy is made directly."""
-    from vmsandbox.session.remote import checkpoint as remotecheckpoint
+    from vmsandbox.session.place.remote import checkpoint as remotecheckpoint
 
     class Host:
         def __init__(self) -> None:

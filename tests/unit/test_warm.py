@@ -18,8 +18,8 @@ from tests.unit.test_domain import qemu_args, spec
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.guest import identity
 from vmsandbox.image.store import Image
-from vmsandbox.session import templatekey
-from vmsandbox.session.local import template
+from vmsandbox.session.place import templates as templatekey
+from vmsandbox.session.place.local import template
 from vmsandbox.vm import savefile
 from vmsandbox.vm.domain import build_xml, for_restore, session_of, with_netdev, workspace_xml
 

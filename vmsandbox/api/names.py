@@ -15,7 +15,7 @@ from pathlib import Path
 
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.image.blueprint import NAME_RE as BLUEPRINT_RE
-from vmsandbox.session.checkpoint import LABEL_RE
+from vmsandbox.session.moments.checkpoint import LABEL_RE
 from vmsandbox.session.record import validate_name
 
 PATH_BYTES = 4096  # PATH_MAX

@@ -28,7 +28,7 @@ def ready(name: str, *, starting: bool = False) -> Record:
         _start_stopped(record)
         record = Record.load(name)
     if state.usable(record):
-        from vmsandbox.session import create  # (what starts a session: imported only when needed, a tenth of a s)
+        from vmsandbox.session.start import create  # (what starts a session: imported only when needed, a tenth of a s)
 
         ui.warn(f"the egress proxy of session {record.name} had stopped, so the guest had no network; restarting it")
         with ui.step("Restarting the egress proxy"):
@@ -80,7 +80,7 @@ app.command("ssh", cls=ShellCommand, help="Same as `shell`.", rich_help_panel=AL
 
 
 def _start_stopped(record: Record) -> None:
-    from vmsandbox.session import suspend
+    from vmsandbox.session.moments import suspend
 
     if not (sys.stdin.isatty() and sys.stderr.isatty()):
         raise VmsandboxError(f"session {record.name} is stopped", hint=f"start it with `vmsandbox start {record.name}`")
@@ -122,7 +122,7 @@ def cp(
     `vmsandbox cp ./fixtures exp1:tests/`
 
     `vmsandbox cp ~/data.csv exp1:/tmp/data.csv`"""
-    from vmsandbox.sync import copyin
+    from vmsandbox.sync.inward import cp as copyin
 
     name, colon, where = dest.partition(":")
     if not colon:

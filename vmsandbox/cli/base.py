@@ -235,7 +235,7 @@ def each_session(
 def sync_limit() -> int:
     """The sync budget in bytes, from the user's settings (never from a project file: the project may be
     what the guest just changed)."""
-    from vmsandbox.session import config
+    from vmsandbox.session import settings as config
 
     return config.sync_limit()
 

@@ -29,7 +29,7 @@ def sessions(incomplete: str) -> list[str]:
 def labels(ctx: Any, incomplete: str) -> list[str]:
     """The checkpoints of the session named before (`rollback NAME <TAB>`)."""
     from vmsandbox import paths
-    from vmsandbox.session import checkpoints
+    from vmsandbox.session.place import checkpoints
 
     with contextlib.suppress(Exception):
         name = ctx.params.get("name")
@@ -47,7 +47,8 @@ def blueprints(incomplete: str) -> list[str]:
 
 
 def hosts(incomplete: str) -> list[str]:
-    from vmsandbox.session import config, hostspec
+    from vmsandbox.session import settings as config
+    from vmsandbox.session.place import hostspec
 
     with contextlib.suppress(Exception):
         settings = config.load()

@@ -15,7 +15,7 @@ from vmsandbox import ui
 from vmsandbox.cli.base import AsJson, columns, config_app, print_json
 
 if TYPE_CHECKING:
-    from vmsandbox.session.config import Layer
+    from vmsandbox.session.settings import Layer
 
 ProjectArg = Annotated[
     Path, typer.Argument(help="The project directory (its .vmsandbox.yaml is read).", metavar="PROJECT")
@@ -69,7 +69,7 @@ def config_show(project: ProjectArg = Path(), as_json: AsJson = False) -> None:
     environment variable. An untrusted project file's values are listed after them, marked untrusted.
     Example: `vmsandbox config show ~/src/app`"""
     from vmsandbox import trust
-    from vmsandbox.session import config
+    from vmsandbox.session import settings as config
 
     try:
         rows = explained(config.layers(project.resolve()))
@@ -103,7 +103,7 @@ def config_validate(
     Example: `vmsandbox config validate .vmsandbox.yaml`"""
     from vmsandbox import paths
     from vmsandbox.image import blueprint
-    from vmsandbox.session import config
+    from vmsandbox.session import settings as config
 
     if not files:
         files = [f for f in (paths.config_dir() / config.USER_FILE, Path(config.PROJECT_FILE)) if f.is_file()]

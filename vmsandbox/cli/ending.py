@@ -16,7 +16,8 @@ from vmsandbox.errors import UsageError, VmsandboxError
 
 def _in_state(*states: str) -> Callable[[], list[str]]:
     def which() -> list[str]:
-        from vmsandbox.session import config, state
+        from vmsandbox.session import settings as config
+        from vmsandbox.session import state
 
         return [s.record.name for s in state.all_status(config.load().libvirt_uri) if s.state.value in states]
 
@@ -35,7 +36,7 @@ def stop(names: SessionNames = None, every: AllSessions = False) -> None:
     `vmsandbox stop exp1`
 
     `vmsandbox stop --all`"""
-    from vmsandbox.session import suspend
+    from vmsandbox.session.moments import suspend
 
     def one(name: str) -> None:
         saved = suspend.where_saved(suspend.stop(name))
@@ -55,7 +56,7 @@ def start(names: SessionNames = None, every: AllSessions = False) -> None:
     `vmsandbox start exp1`
 
     `vmsandbox start --all`"""
-    from vmsandbox.session import suspend
+    from vmsandbox.session.moments import suspend
 
     def one(name: str) -> None:
         suspend.start(name)
@@ -129,7 +130,9 @@ def _ask_all(found: list[str]) -> None:
 
 
 def _destroy_one(name: str, *, force: bool, discard: bool) -> None:
-    from vmsandbox.session import config, lifecycle, lock
+    from vmsandbox.session import lock
+    from vmsandbox.session import settings as config
+    from vmsandbox.session.end import lifecycle
     from vmsandbox.session.record import Record, validate_name
 
     try:
@@ -153,7 +156,9 @@ def _destroy_one(name: str, *, force: bool, discard: bool) -> None:
 def _destroy_group(group: str, *, force: bool, discard: bool) -> None:
     """Destroy a fan-out's sessions; the ones holding unsynced changes are kept (unless --force/--discard)
     and named, and the command fails if any was."""
-    from vmsandbox.session import fanout, lifecycle, lock
+    from vmsandbox.session import lock
+    from vmsandbox.session.end import lifecycle
+    from vmsandbox.session.moments import fanout
     from vmsandbox.session.record import Record
 
     members = fanout.group_members(group)
@@ -197,7 +202,8 @@ def gc(
 
     `vmsandbox gc`
     """
-    from vmsandbox.session import collect, config
+    from vmsandbox.session import settings as config
+    from vmsandbox.session.end import gc as collect
 
     settings = config.load()
     done = list(collect.gc(settings.libvirt_uri, limit=sync_limit(), hosts=settings.hosts, dry=dry_run))

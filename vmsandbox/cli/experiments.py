@@ -29,7 +29,7 @@ from vmsandbox.cli.base import (
 from vmsandbox.errors import UsageError, VmsandboxError
 
 if TYPE_CHECKING:
-    from vmsandbox.session.checkpoints import Checkpoint
+    from vmsandbox.session.place.checkpoints import Checkpoint
     from vmsandbox.session.record import Record
 
 
@@ -57,7 +57,7 @@ def checkpoint(
     few seconds.
 
     Examples: `vmsandbox checkpoint exp1 before-refactor` · `vmsandbox checkpoint rm exp1 before-refactor`"""
-    from vmsandbox.session import checkpoint as cp_mod
+    from vmsandbox.session.moments import checkpoint as cp_mod
     from vmsandbox.session.record import Record
 
     if name == "rm" and removed is not None and label is not None:
@@ -80,7 +80,7 @@ def checkpoint(
 
 def _sizes(record: Record, found: list[Checkpoint]) -> dict[str, int | None]:
     """Each checkpoint's bytes where they are kept (None: the session's host did not answer)."""
-    from vmsandbox.session import checkpoint
+    from vmsandbox.session.moments import checkpoint
 
     try:
         return dict(checkpoint.sizes(record, found))
@@ -98,7 +98,7 @@ def checkpoints(name: SessionName, as_json: AsJson = False, quiet: Quiet = False
     """List a session's checkpoints, oldest first, with their age and size on disk.
 
     Example: `vmsandbox checkpoints exp1`"""
-    from vmsandbox.session import checkpoints
+    from vmsandbox.session.place import checkpoints
     from vmsandbox.session.record import Record
 
     record = Record.load(name)
@@ -128,7 +128,7 @@ def rollback(name: SessionName, label: Label) -> None:
     pulled are exported first (a patch and the files), never lost.
 
     Example: `vmsandbox rollback exp1 before-refactor`"""
-    from vmsandbox.session import checkpoint as cp_mod
+    from vmsandbox.session.moments import checkpoint as cp_mod
 
     started = time.monotonic()
     rolled = cp_mod.rollback(name, label, limit=sync_limit())
@@ -155,7 +155,7 @@ def fork(
     processes, with its own identity, keys, egress and placeholders, and the same baseline for its review.
 
     Example: `vmsandbox fork exp1 exp1-b`, then `vmsandbox shell exp1-b`"""
-    from vmsandbox.session import fork as fork_mod
+    from vmsandbox.session.moments import fork as fork_mod
 
     started = time.monotonic()
     record = fork_mod.fork(name, new, label=label)
@@ -206,7 +206,7 @@ def compare(
     Show side by side which paths each session changed against its baseline, and where they agree.
 
     Example: `vmsandbox compare exp-1 exp-2 exp-3`, then `vmsandbox diff exp-1 --against exp-2`"""
-    from vmsandbox.session import across
+    from vmsandbox.session.moments import compare as across
 
     if len(names) < 2:
         raise UsageError("compare needs two or more sessions", hint="e.g. `vmsandbox compare exp-1 exp-2`")

@@ -15,7 +15,7 @@ if TYPE_CHECKING:
 
 def fan_out(planned: Run, n: int, check: str | None) -> NoReturn:
     """Run a fan-out and print its summary; exit 0 when every session's command (and check) passed."""
-    from vmsandbox.session import fanout
+    from vmsandbox.session.moments import fanout
 
     group, names = fanout.names(planned, n)
     ui.info(f"Fan-out [bold]{group}[/]: {n} session(s), {names[0]} … {names[-1]}")

@@ -16,7 +16,7 @@ SHOWN = 10  # files named one per line; the rest counted
 
 def screen(planned: Run, *, send: bool) -> Run:
     """`planned` with the files that look like credentials left out (unless `send`, or the person says so)."""
-    from vmsandbox.sync import inbound
+    from vmsandbox.sync.inward import leftout as inbound
 
     project = planned.options.project.resolve()
     with ui.step("Looking for credentials in the project before it goes into the VM"):

@@ -27,7 +27,7 @@ def host_setup(
 
     Example: `sudo vmsandbox host setup` (you join the libvirt group: log in again, then no more sudo)"""
     from vmsandbox import paths
-    from vmsandbox.session import config
+    from vmsandbox.session import settings as config
     from vmsandbox.vm import hostsetup
 
     invoker = paths.sudo_invoker()
@@ -43,8 +43,8 @@ def doctor(as_json: AsJson = False) -> None:
 
     Example: `vmsandbox doctor | less`"""
     from vmsandbox import trust
-    from vmsandbox.session import config
-    from vmsandbox.session import doctor as doctor_mod
+    from vmsandbox.session import settings as config
+    from vmsandbox.session.host import doctor as doctor_mod
 
     try:
         settings = config.load(Path.cwd())
@@ -88,7 +88,7 @@ def trust_command(
     Example: `vmsandbox trust ~/src/app`
     """
     from vmsandbox import trust
-    from vmsandbox.session import projecttrust
+    from vmsandbox.session.host import trust as projecttrust
 
     if list_all:
         _list_trusted()

@@ -29,7 +29,9 @@ def hosts_command(
     once; one that does not answer is listed with the reason (the command still succeeds).
 
     Example: `vmsandbox hosts --json`"""
-    from vmsandbox.session import config, hosts, hostspec
+    from vmsandbox.session import settings as config
+    from vmsandbox.session.host import hosts
+    from vmsandbox.session.place import hostspec
 
     settings = config.load()
     if quiet:  # names only: nothing is asked of the hosts
@@ -94,7 +96,8 @@ def host_prepare(
     from vmsandbox.errors import VmsandboxError
     from vmsandbox.image import blueprint as blueprints
     from vmsandbox.image import layers, store
-    from vmsandbox.session import config, hosts
+    from vmsandbox.session import settings as config
+    from vmsandbox.session.host import hosts
 
     settings = config.load()
     place = hosts.named(settings, name)

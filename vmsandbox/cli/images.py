@@ -37,7 +37,8 @@ def image_build(
     Example: `sudo vmsandbox image build -b claude`
     """
     from vmsandbox.image import build, recipe
-    from vmsandbox.session import config, images
+    from vmsandbox.session import settings as config
+    from vmsandbox.session.host import images
 
     if blueprint_name is not None:
         layer = _build_blueprint(blueprint_name, force=force)
@@ -60,7 +61,7 @@ def image_build(
 
 def _build_blueprint(name: str, *, force: bool) -> Image:
     from vmsandbox.image import blueprint
-    from vmsandbox.session import layerbuild
+    from vmsandbox.session.start import layer as layerbuild
 
     bp = blueprint.load(name, Path.cwd())
     start = time.monotonic()
@@ -114,7 +115,7 @@ def image_rm(
     Remove a base image or a blueprint layer (refused while a session or a layer uses it).
 
     Example: `vmsandbox image rm bookworm-12408c8c268d`"""
-    from vmsandbox.session import images
+    from vmsandbox.session.host import images
 
     what = images.remove(version)
     ui.info(f"Removed {what} {version}")

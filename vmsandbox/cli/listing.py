@@ -79,7 +79,8 @@ def formatted(fmt: str, row: dict[str, Any]) -> str:
 
 def session_rows() -> list[dict[str, Any]]:
     """Every session as `ls --json` gives it; a damaged one with its state `damaged` and its problem."""
-    from vmsandbox.session import config, state
+    from vmsandbox.session import settings as config
+    from vmsandbox.session import state
 
     found, damaged = state.listing(config.load().libvirt_uri)
     rows = [s.as_dict() for s in found]
@@ -151,7 +152,7 @@ def inspect(name: SessionName, as_json: AsJson = False) -> None:
     `vmsandbox inspect exp1`
 
     `vmsandbox inspect exp1 --json`"""
-    from vmsandbox.session import checkpoints
+    from vmsandbox.session.place import checkpoints
     from vmsandbox.session.record import Record
 
     record = Record.load(name)  # a missing or damaged session: its error, with its hint

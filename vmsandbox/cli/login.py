@@ -55,7 +55,7 @@ def login(
 
     `vmsandbox login gemini --forget`"""
     from vmsandbox.image import blueprint
-    from vmsandbox.session import logins
+    from vmsandbox.session.running import logins
 
     bp = blueprint.load(agent)
     if forget:
@@ -78,7 +78,7 @@ def login(
 
 
 def _keep(bp: Blueprint, record: Record) -> None:
-    from vmsandbox.session import logins
+    from vmsandbox.session.running import logins
 
     found = logins.read(record, bp)
     if not found:
@@ -99,8 +99,10 @@ def shlexed(bp: Blueprint) -> str:
 def _login_session(bp: Blueprint) -> None:
     """A disposable session of the blueprint on an empty project: its sign-in, then its login kept."""
     from vmsandbox.guest import commands
-    from vmsandbox.session import create, lifecycle, lock, resolve
+    from vmsandbox.session import lock
+    from vmsandbox.session.end import lifecycle
     from vmsandbox.session.options import RunFlags
+    from vmsandbox.session.start import create, resolve
 
     project = Path(tempfile.mkdtemp(prefix="vmsandbox-login-"))
     try:
@@ -124,7 +126,7 @@ def offer(record: Record) -> None:
     """At the end of a run at a terminal: a login the guest made (or refreshed) is kept if the person says so.
     Without a terminal nothing is asked and nothing kept (a guest's bytes reach later sessions only by a yes)."""
     from vmsandbox.image import blueprint
-    from vmsandbox.session import logins
+    from vmsandbox.session.running import logins
 
     if not ui.is_interactive():
         return

@@ -65,7 +65,7 @@ def _setup_logging(verbose: bool) -> None:
     root.setLevel(logging.DEBUG)
     fmt = logging.Formatter("%(asctime)s %(process)d %(levelname)s %(name)s: %(message)s")
     try:
-        from vmsandbox import confine
+        from vmsandbox.confine import accounts as confine
 
         confine.state_dirs()
         handler: logging.Handler = logging.handlers.RotatingFileHandler(

@@ -9,16 +9,16 @@ from vmsandbox import ui
 
 if TYPE_CHECKING:
     from vmsandbox.session.record import Record
-    from vmsandbox.sync.plan import Decisions, Item, Outcome, Plan
-    from vmsandbox.sync.take import Take
+    from vmsandbox.sync.review.plan import Decisions, Item, Outcome, Plan
+    from vmsandbox.sync.review.take import Take
 
 
 def summary_table(plan: Plan) -> Any:
     from rich.table import Column, Table
 
-    from vmsandbox.sync import diff
-    from vmsandbox.sync.compare import Status
-    from vmsandbox.sync.plan import grouped
+    from vmsandbox.sync.review import diff
+    from vmsandbox.sync.review.compare import Status
+    from vmsandbox.sync.review.plan import grouped
 
     # paths and notes fold onto more lines rather than end in "…": a path is read (and copied) whole
     table = Table(
@@ -61,9 +61,9 @@ def _ask(question: str, choices: str) -> str:
 
 def ask_person(plan: Plan) -> Decisions:
     """Per item: y apply, n skip, d diff, a apply all remaining safe items, q stop; then the commits."""
-    from vmsandbox.sync import diff
-    from vmsandbox.sync.compare import Status
-    from vmsandbox.sync.plan import Decisions
+    from vmsandbox.sync.review import diff
+    from vmsandbox.sync.review.compare import Status
+    from vmsandbox.sync.review.plan import Decisions
 
     if plan.mass is not None:
         return _ask_mass(plan)
@@ -101,8 +101,8 @@ def ask_person(plan: Plan) -> Decisions:
 
 def _ask_mass(plan: Plan) -> Decisions:
     """A mass change is not asked item by item: the safe part of it as a whole, or nothing."""
-    from vmsandbox.sync.plan import Decisions
-    from vmsandbox.sync.take import Take
+    from vmsandbox.sync.review.plan import Decisions
+    from vmsandbox.sync.review.take import Take
 
     answer = _ask(
         f"  A mass change ({plan.mass}). a=apply its safe changes (not quarantined, ignored, binary) "
@@ -117,7 +117,7 @@ def _ask_mass(plan: Plan) -> Decisions:
 def mass_table(plan: Plan) -> Any:
     from rich.table import Column, Table
 
-    from vmsandbox.sync import mass
+    from vmsandbox.sync.review import mass
 
     table = Table(Column("CHANGES", justify="right"), Column("KIND"), Column("SIZE", justify="right"),
                   Column("UNDER", overflow="fold"), box=None)  # fmt: skip
@@ -135,7 +135,7 @@ MASS_ROWS = 30
 
 def decide(plan: Plan, *, yes: bool, take: Take) -> Decisions:
     """The decisions for a plan: --yes, a person at a terminal, or (neither) nothing."""
-    from vmsandbox.sync.plan import Decisions
+    from vmsandbox.sync.review.plan import Decisions
 
     if yes:
         return Decisions.safe(plan, take)
@@ -216,8 +216,8 @@ def report(outcome: Outcome, name: str) -> None:
 
 def conduct(record: Record, plan: Plan, *, yes: bool, take: Take, ask: bool = True) -> Outcome:
     """Show the plan, get the decisions (--yes, a person unless not `ask`, or none), carry them out, report."""
-    from vmsandbox.session import lifecycle
-    from vmsandbox.sync.plan import Decisions
+    from vmsandbox.session.end import lifecycle
+    from vmsandbox.sync.review.plan import Decisions
 
     something = show(plan)
     if something and ask and not yes and ui.is_interactive():

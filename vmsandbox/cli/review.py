@@ -24,12 +24,13 @@ from vmsandbox.cli.prompts import conduct, show
 from vmsandbox.errors import UsageError
 
 if TYPE_CHECKING:
-    from vmsandbox.sync.take import Take
+    from vmsandbox.sync.review.take import Take
 
 
 def review_session(name: str, *, yes: bool, take: Take, dry_run: bool = False, only: list[str]) -> int:
     """pull/recover: review, apply what is decided, report; the number of changes left (0 for a dry run)."""
-    from vmsandbox.session import lifecycle, lock
+    from vmsandbox.session import lock
+    from vmsandbox.session.end import lifecycle
     from vmsandbox.session.record import Record
 
     record = Record.load(name)
@@ -69,7 +70,7 @@ def pull(
 
     Example: `vmsandbox pull exp1 --dry-run`, then `vmsandbox pull exp1 --yes src/`
     """
-    from vmsandbox.sync.take import Take
+    from vmsandbox.sync.review.take import Take
 
     take = Take(risky=include_risky, ignored=include_ignored, binary=include_binary, mass=include_mass)
     left = review_session(name, yes=yes, take=take, dry_run=dry_run, only=only or [])
@@ -91,7 +92,7 @@ def recover(
     Review and apply a session's unsynced changes after its VM is gone (from its outbox or its disk).
 
     Example: `vmsandbox recover exp1 --yes`"""
-    from vmsandbox.sync.take import Take
+    from vmsandbox.sync.review.take import Take
 
     take = Take(risky=include_risky, ignored=include_ignored, binary=include_binary, mass=include_mass)
     if review_session(name, yes=yes, take=take, only=[]):
@@ -107,7 +108,7 @@ def push(name: SessionName) -> None:
     Example: `vmsandbox push exp1`"""
     from vmsandbox.session import lock, state
     from vmsandbox.session.record import Record
-    from vmsandbox.sync import push as pushing
+    from vmsandbox.sync.inward import push as pushing
 
     record = Record.load(name)
     state.usable(record)
@@ -141,15 +142,15 @@ def diff(
     characters are shown as \\xNN unless --raw: a pipe often ends in a terminal (`| cat`, `| less -R`).
 
     Examples: `vmsandbox diff exp1 --stat` · `vmsandbox diff exp-1 --against exp-2`"""
-    from vmsandbox.session import lifecycle
+    from vmsandbox.session.end import lifecycle
     from vmsandbox.session.record import Record
-    from vmsandbox.sync import diff as diffs
+    from vmsandbox.sync.review import diff as diffs
 
     def shown(text: str) -> str:  # guest content never reaches a terminal with its escape sequences
         return text if raw else ui.printable(text, markup=False)
 
     if against is not None:
-        from vmsandbox.session import across
+        from vmsandbox.session.moments import compare as across
 
         if only or stat:
             raise UsageError("--against shows whole trees: it takes no PATHS and no --stat")

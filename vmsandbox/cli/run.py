@@ -27,7 +27,7 @@ from vmsandbox.errors import UsageError
 if TYPE_CHECKING:
     from vmsandbox.session.options import RunFlags
     from vmsandbox.session.record import Record
-    from vmsandbox.sync.take import Take
+    from vmsandbox.sync.review.take import Take
 
 AGENTS = ("claude", "codex", "gemini", "opencode")
 
@@ -177,7 +177,8 @@ def run_session(
     path: Path, blueprint_name: str, cmd: list[str] | None, flags: RunFlags, *, agent: bool = False
 ) -> NoReturn:
     from vmsandbox.guest import commands
-    from vmsandbox.session import create, resolve, state
+    from vmsandbox.session import state
+    from vmsandbox.session.start import create, resolve
 
     if flags.check is not None and flags.fanout is None:
         raise UsageError("--check goes with --fanout", hint="e.g. `vmsandbox run --fanout 3 --check 'make test' .`")
@@ -207,7 +208,8 @@ def _finish(record: Record, *, yes: bool, take: Take, web: bool) -> None:
     exported to the session's outbox first (lifecycle.finish), so nothing is lost: `vmsandbox recover NAME`
     takes it."""
     from vmsandbox.cli import webui
-    from vmsandbox.session import lifecycle, lock
+    from vmsandbox.session import lock
+    from vmsandbox.session.end import lifecycle
     from vmsandbox.session.record import Record
 
     if web and not yes:

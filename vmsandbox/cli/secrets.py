@@ -40,7 +40,7 @@ def secret_set(
 def secret_users() -> dict[str, str]:
     """Which secret names something reads: each blueprint's mappings and the user's config."""
     from vmsandbox.image import blueprint
-    from vmsandbox.session import config
+    from vmsandbox.session import settings as config
 
     users: dict[str, str] = {}
     for bp in sorted(blueprint.available(Path.cwd())):
@@ -106,7 +106,7 @@ def secret_rm(name: Annotated[str, typer.Argument(help="Secret name.", metavar="
 def _handed_again(name: str) -> None:
     """Running sessions that inject the secret get it anew (their egress daemon restarts: it holds only what it
     was handed)."""
-    from vmsandbox.session import runtime
+    from vmsandbox.session.running import reach as runtime
 
     for session, failed in runtime.secret_changed(name).items():
         if failed is None:

@@ -27,7 +27,7 @@ def allow(name: SessionName, hosts: HostsArg) -> None:
 
     Let a running session reach more hosts: its proxy allows them from the next connection on (the change
     is in `vmsandbox logs NAME proxy`). Example: `vmsandbox allow exp1 crates.io '*.crates.io'`"""
-    from vmsandbox.session import runtime
+    from vmsandbox.session.running import reach as runtime
 
     added = runtime.allow(name, hosts)
     ui.info(f"Session {name} now also reaches {', '.join(added)}" if added else "Already allowed; nothing changed")
@@ -39,7 +39,7 @@ def deny(name: SessionName, hosts: HostsArg) -> None:
 
     Take hosts off a running session's allowlist: new connections to them are refused (HOST also removes
     its HOST:PORT entries). Example: `vmsandbox deny exp1 registry.npmjs.org`"""
-    from vmsandbox.session import runtime
+    from vmsandbox.session.running import reach as runtime
 
     removed = runtime.deny(name, hosts)
     ui.info(f"Session {name} no longer reaches {', '.join(removed)} (new connections)")
@@ -59,9 +59,9 @@ def port(
 
     Examples: `vmsandbox port exp1` · `vmsandbox port exp1 publish 3000` (a free host port) ·
     `vmsandbox port exp1 publish 8080:3000` · `vmsandbox port exp1 unpublish 3000`"""
-    from vmsandbox.session import runtime
     from vmsandbox.session.options import parse_publish
     from vmsandbox.session.record import Record
+    from vmsandbox.session.running import reach as runtime
 
     if action is not None:
         if action not in ("publish", "unpublish") or spec is None:
@@ -221,7 +221,7 @@ def clean(name: SessionName) -> None:
     Example: `vmsandbox clean exp1`
     """
     from vmsandbox.cli.attach import ready
-    from vmsandbox.session import clean as cleaning
+    from vmsandbox.session.running import clean as cleaning
 
     removed = cleaning.clean(ready(name))
     for path in removed:

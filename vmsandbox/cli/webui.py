@@ -118,7 +118,8 @@ def serve(name: str | None, *, port: int = 0, browser: bool = True, until_applie
 def launcher_file(url: str) -> Path:
     """A page that sends the browser to `url`, readable by this account only: the browser is opened on it, so
     the ticket is never on a command line (which every local account reads in /proc)."""
-    from vmsandbox import confine, paths
+    from vmsandbox import paths
+    from vmsandbox.confine import accounts as confine
 
     where = paths.state_dir() / "ui"
     confine.make_private_dir(where, traverse=False)

@@ -18,7 +18,7 @@ import secrets
 from pathlib import Path
 from typing import IO
 
-from vmsandbox import access
+from vmsandbox.confine import access
 from vmsandbox.errors import VmsandboxError
 
 # systemd's range for dynamic users (DynamicUser=): Debian makes no account there

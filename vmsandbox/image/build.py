@@ -13,7 +13,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from vmsandbox import access, failpoint, paths, proc, ui
+from vmsandbox import failpoint, paths, proc, ui
+from vmsandbox.confine import access
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.image import bootstrapcache
 from vmsandbox.image.recipe import Recipe, load_recipe

@@ -15,7 +15,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from vmsandbox import access, confine, paths, proc, ui
+from vmsandbox import paths, proc, ui
+from vmsandbox.confine import access
+from vmsandbox.confine import accounts as confine
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.image.recipe import load_recipe
 

@@ -13,9 +13,9 @@ from vmsandbox.egress.ports import Publish
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.image.blueprint import Blueprint
 from vmsandbox.image.store import Image
-from vmsandbox.session.config import Settings
-from vmsandbox.session.hostspec import HostSpec
-from vmsandbox.sync.take import Take
+from vmsandbox.session.place.hostspec import HostSpec
+from vmsandbox.session.settings import Settings
+from vmsandbox.sync.review.take import Take
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,8 @@ from vmsandbox import paths, ui
 from vmsandbox.egress import control
 from vmsandbox.egress.control import Door
 from vmsandbox.errors import VmsandboxError
-from vmsandbox.session import boot, places
+from vmsandbox.session.place import choose as places
+from vmsandbox.session.place import console as boot
 from vmsandbox.session.record import Phase, Record, State, names
 from vmsandbox.vm.node import UnreachableError, gone
 from vmsandbox.vm.virt import Hypervisor

@@ -12,7 +12,9 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from vmsandbox import access, confine, packages, paths, proc
+from vmsandbox import packages, paths, proc
+from vmsandbox.confine import access
+from vmsandbox.confine import accounts as confine
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.vm.accel import KVM_DEVICE
 from vmsandbox.vm.virt import Hypervisor

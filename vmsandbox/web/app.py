@@ -43,7 +43,8 @@ def failed(exc: VmsandboxError) -> HTMLResponse:
 
 
 def sessions(request: Request) -> Response:
-    from vmsandbox.session import config, state
+    from vmsandbox.session import settings as config
+    from vmsandbox.session import state
 
     rows = [s.as_dict() for s in state.all_status(config.load().libvirt_uri)]
     return page("sessions.html", rows=rows, groups=compare.groups(rows))
@@ -57,7 +58,8 @@ def number(text: str | None, *, most: int = 10**6) -> int | None:
 def show_review(request: Request) -> Response:
     """One session's review: made now (fetched from the guest, then frozen), or, with `review=`, a page of the
     frozen review the person is reading (nothing fetched)."""
-    from vmsandbox.session import lifecycle, lock
+    from vmsandbox.session import lock
+    from vmsandbox.session.end import lifecycle
     from vmsandbox.session.record import Record
 
     name = request.path_params["name"]
@@ -92,7 +94,8 @@ async def apply_review(request: Request) -> Response:
 
 def _apply(name: str, fields: dict[str, list[str]]) -> Response:
     """The person's choices on the frozen review the page showed (its id in the form): nothing is fetched."""
-    from vmsandbox.session import lifecycle, lock
+    from vmsandbox.session import lock
+    from vmsandbox.session.end import lifecycle
     from vmsandbox.session.record import Record
 
     try:
@@ -153,7 +156,7 @@ async def _in_thread(fn: Any, *args: Any) -> Any:
 
 
 def _limit() -> int:
-    from vmsandbox.session import config
+    from vmsandbox.session import settings as config
 
     return config.sync_limit()
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from vmsandbox.errors import VmsandboxError
-from vmsandbox.sync.plan import Decisions, Plan
+from vmsandbox.sync.review.plan import Decisions, Plan
 from vmsandbox.web import review
 
 MOST = 8  # sessions side by side
@@ -47,7 +47,9 @@ def groups(rows: list[dict[str, Any]]) -> dict[str, list[str]]:
 
 
 def _plans(names: list[str]) -> dict[str, Plan]:
-    from vmsandbox.session import config, lifecycle, lock
+    from vmsandbox.session import lock
+    from vmsandbox.session import settings as config
+    from vmsandbox.session.end import lifecycle
     from vmsandbox.session.record import Record
 
     if not 2 <= len(names) <= MOST or len(set(names)) != len(names):
@@ -96,7 +98,9 @@ class Applied:
 def apply(fields: dict[str, str]) -> Applied:
     """Fields `r-<session>` (the id of the session's review the page showed), `c<k>` (a pick: pick(cell), or ""
     for none), `destroy` ("rest")."""
-    from vmsandbox.session import config, lifecycle, lock
+    from vmsandbox.session import lock
+    from vmsandbox.session import settings as config
+    from vmsandbox.session.end import lifecycle
     from vmsandbox.session.record import Record
 
     reviews = {key[2:]: value for key, value in fields.items() if key.startswith("r-")}

@@ -12,9 +12,10 @@ from collections.abc import Sequence
 
 from markupsafe import Markup, escape
 
-from vmsandbox import confine, proc, ui
+from vmsandbox import proc, ui
+from vmsandbox.confine import accounts as confine
 from vmsandbox.errors import VmsandboxError
-from vmsandbox.sync.credentials import worker_jail
+from vmsandbox.sync.scan.credentials import worker_jail
 
 log = logging.getLogger(__name__)
 

@@ -48,8 +48,8 @@ def _fields(event: dict[str, Any]) -> dict[str, str]:
 def act(name: str, action: str, value: str) -> list[str]:
     """What the CLI's `allow`, `deny` and `port publish|unpublish` do, for a running session: hosts
     (space-separated) or a port (`[HOST_PORT:]GUEST_PORT`, on loopback)."""
-    from vmsandbox.session import runtime
     from vmsandbox.session.options import parse_publish
+    from vmsandbox.session.running import reach as runtime
 
     entries = value.split()
     if not entries:

@@ -17,11 +17,14 @@ from dataclasses import dataclass, field
 from markupsafe import Markup, escape
 
 from vmsandbox import ui
-from vmsandbox.sync import apply, commitfetch, diff, hunks, merge, refs
-from vmsandbox.sync.compare import Change, Status
-from vmsandbox.sync.diff import DIFF_LIMIT
-from vmsandbox.sync.plan import Decisions, Item, Plan
-from vmsandbox.sync.tree import CARRIED, FILE
+from vmsandbox.sync.git import fetch as commitfetch
+from vmsandbox.sync.git import refs
+from vmsandbox.sync.land import write as apply
+from vmsandbox.sync.review import diff, hunks, merge
+from vmsandbox.sync.review.compare import Change, Status
+from vmsandbox.sync.review.diff import DIFF_LIMIT
+from vmsandbox.sync.review.plan import Decisions, Item, Plan
+from vmsandbox.sync.tree.manifest import CARRIED, FILE
 from vmsandbox.web import highlight
 
 CONTEXT = 3  # unchanged lines shown around a hunk

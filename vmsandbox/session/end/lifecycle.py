@@ -1,0 +1,217 @@
+"""The end of a session, in one place: reviewing what the guest changed, and then removing the session — but
+never with unreviewed work. Whatever is left unsynced when the VM goes is exported to the outbox first, and a
+session holding work is never removed silently. `run`'s end, `pull`, `recover`, `destroy` and `gc`
+(session.collect) all go through here.
+
+The review itself is data (sync.plan): this module gathers the plan and carries out decisions; whoever asks
+the person (the CLI) sits outside.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from vmsandbox import failpoint, paths, proc, ui
+from vmsandbox.confine import accounts as confine
+from vmsandbox.egress import control
+from vmsandbox.errors import VmsandboxError
+from vmsandbox.session.end import diskreader
+from vmsandbox.session.place import chain, pins
+from vmsandbox.session.place import choose as places
+from vmsandbox.session.record import Record, domain_name
+from vmsandbox.sync.git import review as commitreview
+from vmsandbox.sync.land import outbox
+from vmsandbox.sync.review import frozen, plan
+from vmsandbox.sync.review import gather as changes
+from vmsandbox.sync.review.compare import Change
+from vmsandbox.sync.review.gather import Gathered
+from vmsandbox.sync.review.plan import Decisions, Outcome, Plan
+from vmsandbox.vm.node import UnreachableError
+from vmsandbox.vm.virt import Hypervisor
+
+log = logging.getLogger(__name__)
+
+
+def gather(record: Record, *, limit: int) -> Gathered:
+    """The guest's changes, from wherever they are now (outbox, running VM, or a dead VM's disk)."""
+    with diskreader.source(record) as (endpoint, disk):
+        return changes.gather(record.target(), endpoint=endpoint, limit=limit, disk=disk)
+
+
+def review(record: Record, *, limit: int, only: list[str] | None = None) -> Plan:
+    """What a review shows and asks about (a mass change past the user's own thresholds: sync/mass.py), frozen
+    host-side before anything shows it (sync.frozen): an apply takes exactly this review."""
+    from vmsandbox.session import settings as config
+    from vmsandbox.sync.review import mass
+
+    settings = config.load()  # the user's file only: the project may be what the guest just changed
+    limits = mass.Limits(settings.mass_change_files, settings.mass_change_size_mib * 1024**2)
+    return frozen.freeze(plan.make(gather(record, limit=limit), only, limits=limits))
+
+
+def reviewed(record: Record, review_id: str) -> Plan:
+    """The review `review_id` of the session, as it was shown (nothing is fetched from the guest again)."""
+    return frozen.load(record.target(), review_id)
+
+
+def decide(record: Record, p: Plan, decisions: Decisions) -> Outcome:
+    """Carry out a person's (or --yes's) decisions on a frozen review, once; the record remembers how much is
+    left."""
+    try:
+        outcome = plan.carry_out(p, decisions)
+    finally:
+        frozen.consume(p)
+    record.unsynced = outcome.left_total
+    record.save()
+    return outcome
+
+
+def settle(record: Record, outcome: Outcome) -> bool:
+    """After `pull`/`recover`: a session whose VM is gone and whose every change is dealt with is removed.
+    True if it was."""
+    if record.exported and outcome.left_total == 0:
+        remove(record)
+        return True
+    return False
+
+
+@dataclass(frozen=True)
+class End:
+    """How a session ended: removed (no outbox), or its VM gone with `left` changes waiting in `outbox`."""
+
+    outbox: Path | None = None
+    left: int = 0
+
+
+def finish(record: Record, gathered: Gathered, *, background: bool = False) -> End:
+    """The end of `run` (after its review): export what is left, then destroy the VM — in the background if
+    asked (the exit code and the review do not wait for it; gc finishes a teardown that was interrupted)."""
+    left = changes.pending(gathered)
+    box = outbox.export(gathered) if left else None
+    record.ending = "retire" if left else "remove"
+    if background:
+        record.save()
+        _teardown_in_background(record)
+    else:
+        end_now(record)
+    return End(box, len(left))
+
+
+TEARDOWN_LOG = "teardown.log"
+
+
+def _teardown_in_background(record: Record) -> None:
+    """Hand the session's ending to a process of its own (session.teardown; its output goes to the state dir's
+    teardown.log)."""
+    paths.state_dir().mkdir(parents=True, exist_ok=True)
+    argv = [sys.executable, "-m", "vmsandbox.session.end.teardown", record.name]
+    proc.spawn_detached(argv, log_file=paths.state_dir() / TEARDOWN_LOG)
+
+
+def end_now(record: Record) -> None:
+    """Carry out the ending `finish` decided: retire (the outbox stays) or remove."""
+    if record.ending == "retire":
+        retire(record)
+    else:
+        remove(record)
+
+
+def destroy(record: Record, *, force: bool, discard: bool, limit: int) -> End:
+    """Destroy a session's VM and files — refused while changes are unsynced, unless `force` (they are
+    exported first) or `discard` (they are thrown away). A session whose host does not answer is forgotten
+    here with `discard` only (gc removes it there once the host answers)."""
+    if record.owner_alive() and not (force or discard):
+        raise VmsandboxError(
+            f"session {record.name} is in use by `vmsandbox run` (pid {record.owner_pid})",
+            hint=f"end that command, or `vmsandbox destroy {record.name} --force`",
+        )
+    if discard or not record.files.baseline_manifest.exists():
+        remove(record, forget_unreachable=discard)
+        return End()
+    try:
+        g, left = pending(record, limit)
+    except UnreachableError as exc:
+        raise places.of(record).unanswered(record, exc) from exc
+    if left and not force:
+        listing = ", ".join(c.path for c in left[:5]) + (" …" if len(left) > 5 else "")
+        raise VmsandboxError(
+            f"session {record.name} holds {len(left)} unsynced change(s): {listing}",
+            hint=f"review them with `vmsandbox pull {record.name}`; `destroy --force` exports them to the session's "
+            "outbox first, `destroy --discard` throws them away",
+        )
+    return finish(record, g)
+
+
+def remove_damaged(name: str, uri: str) -> Path | None:
+    """Remove a session whose record cannot be read: its egress daemon, its VM (found by name at `uri`)
+    and its directory. The directory's path, if there was one."""
+    files = paths.session_paths(name)
+    if not files.root.is_dir():
+        return None
+    _stop(files, uri, domain_name(name))
+    places.release_any(files.root)
+    shutil.rmtree(files.root)
+    pins.unpin(name)
+    return files.root
+
+
+def _stop(files: paths.SessionPaths, uri: str, domain: str) -> None:
+    """The session's egress daemon and its VM, gone."""
+    control.stop(files)
+    failpoint.hit("destroy.stop")
+    with Hypervisor(uri) as hv:
+        hv.destroy(domain)
+    places.of_uri(uri).forget(files.root, domain)
+
+
+def pending(record: Record, limit: int) -> tuple[Gathered, list[Change]]:
+    """The session's changes and the ones still pending; the record remembers how many."""
+    g = gather(record, limit=limit)
+    left = changes.pending(g)
+    record.unsynced = len(left)
+    record.save()
+    return g, left
+
+
+def remove(record: Record, *, forget_unreachable: bool = False) -> None:
+    """Destroy the VM and delete the session directory. With `forget_unreachable`, a session whose host does
+    not answer is deleted here all the same (said; `gc` sweeps its VM and volumes there later)."""
+    try:
+        _stop(record.files, record.libvirt_uri, record.domain)
+    except UnreachableError as exc:
+        if not forget_unreachable or not places.of(record).forget_unanswered(record, exc):
+            raise
+    shutil.rmtree(record.files.root, ignore_errors=True)
+    pins.unpin(record.name)
+    _drop_staged_refs(record)
+
+
+def _drop_staged_refs(record: Record) -> None:
+    """The refs a killed pull left staged for the session in the project go with it (never fatal)."""
+    try:
+        who = confine.invoking_user(record.uid, record.gid)
+        if commitreview.drop_leftover(Path(record.project), who, record.name):
+            log.info("session %s: dropped the refs a killed pull left staged in %s", record.name, record.project)
+    except (VmsandboxError, OSError) as exc:
+        ui.warn(f"the refs staged for session {record.name} in {record.project} stay: {exc}")
+
+
+def retire(record: Record) -> None:
+    """Destroy the VM and everything but what a later `recover` needs: the record, the baseline, the decisions
+    and the outbox of unsynced changes."""
+    _stop(record.files, record.libvirt_uri, record.domain)
+    files = record.files
+    doomed = [files.workspace_disk, files.client_key, files.client_key.with_suffix(".pub")]
+    doomed += [files.root / name for name in chain.present(files.root)]  # the VM's and its checkpoints'
+    for f in doomed:
+        f.unlink(missing_ok=True)
+    for d in (files.fwcfg_dir, files.guest_tree, files.checkpoints):
+        shutil.rmtree(d, ignore_errors=True)
+    record.exported = True
+    record.ending = None
+    record.save()
+    pins.unpin(record.name)  # its disks are gone: it rests on no image any more

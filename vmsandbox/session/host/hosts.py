@@ -1,0 +1,130 @@
+"""`vmsandbox hosts`: every libvirt host asked at once what it is and what it holds. A host that does not answer
+(in time) is listed with the reason; it is never an error for the others."""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from vmsandbox.errors import VmsandboxError
+from vmsandbox.image import store
+from vmsandbox.session.place import choose as places
+from vmsandbox.session.place import hostspec
+from vmsandbox.session.place.hostspec import HostSpec
+from vmsandbox.session.place.interface import Place
+from vmsandbox.session.record import DOMAIN_PREFIX
+from vmsandbox.session.settings import Settings
+from vmsandbox.vm.node import Node
+from vmsandbox.vm.virt import Hypervisor
+
+PROBE_TIMEOUT = 20.0  # a host behind a dead route would otherwise hold `hosts` for TCP's minutes
+
+
+@dataclass(frozen=True)
+class Status:
+    spec: HostSpec
+    node: Node | None
+    problem: str | None  # why it could not be asked (None: it answered)
+    sessions: int = 0  # vmsandbox domains running there
+    images: tuple[str, ...] = ()  # the images it holds whole
+
+    @property
+    def place(self) -> Place:
+        return places.of_host(self.spec, self.spec.uri)
+
+    @property
+    def accel(self) -> str:
+        return "-" if self.node is None else self.place.accel_of(self.node)
+
+    def as_dict(self) -> dict[str, Any]:
+        n = self.node
+        facts = ("hostname", "libvirt", "qemu", "cpus", "memory_mib", "available_mib")
+        kvm_problem = None if n is None else self.place.kvm_problem(n)
+        return {
+            "name": self.spec.name,
+            "uri": self.spec.uri,
+            "reachable": n is not None,
+            "problem": self.problem,
+            **{k: None if n is None else getattr(n, k) for k in facts},
+            "accel": None if n is None else self.accel,
+            "kvm_problem": kvm_problem,
+            "sessions": self.sessions,
+            "max_sessions": self.spec.max_sessions,
+            "keep_free_mib": self.spec.keep_free_mib,
+            "images": list(self.images),
+        }
+
+
+def probe(spec: HostSpec) -> Status:
+    """Ask one host (connecting to it)."""
+    try:
+        with Hypervisor(spec.uri) as hv:
+            node = hv.node()
+            sessions = sum(1 for d in hv.domains(DOMAIN_PREFIX) if not d.stopped)
+            images = tuple(places.of_host(spec, spec.uri).images_held(hv))
+    except VmsandboxError as exc:
+        return Status(spec, None, exc.message)
+    return Status(spec, node, None, sessions, images)
+
+
+def probe_all(specs: list[HostSpec], timeout: float = PROBE_TIMEOUT) -> list[Status]:
+    """Every host asked at once; one that has not answered after `timeout` is listed as such (its thread is a
+    daemon: a hung connection does not keep the command from ending)."""
+    found: dict[int, Status] = {}
+
+    def ask(i: int, spec: HostSpec) -> None:
+        found[i] = probe(spec)
+
+    threads = [threading.Thread(target=ask, args=(i, s), daemon=True) for i, s in enumerate(specs)]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + timeout
+    for t in threads:
+        t.join(max(0.0, deadline - time.monotonic()))
+    return [found.get(i) or Status(s, None, f"no answer in {timeout:.0f} s") for i, s in enumerate(specs)]
+
+
+def named(settings: Settings, name: str) -> Place:
+    """The place a host name (`local`, or one under `hosts:`) stands for."""
+    return places.of_host(hostspec.named(settings.libvirt_uri, settings.hosts, name), settings.libvirt_uri)
+
+
+def hold_image(place: Place, image: store.Image) -> str:
+    """`image` sent to the place unless it holds it whole already: what was done, in words."""
+    with Hypervisor(place.uri) as hv:
+        return place.hold_image(hv, image)
+
+
+@dataclass(frozen=True)
+class Placement:
+    spec: HostSpec  # where the session goes (`local`: this machine)
+    reason: str
+
+
+def room(s: Status, memory_mib: int) -> str | None:
+    """Why a session of `memory_mib` does not fit on a host that answered (None: it fits)."""
+    if s.node is None:
+        return s.problem or "no answer"
+    try:
+        s.place.check()
+    except VmsandboxError:
+        return "not an ssh URI (sessions reach another host over ssh)"
+    if s.spec.max_sessions is not None and s.sessions >= s.spec.max_sessions:
+        return f"{s.sessions} session(s) run there, its max_sessions"
+    if s.node.available_mib - memory_mib < s.spec.keep_free_mib:
+        return f"{s.node.available_mib} MiB available, keep_free {s.spec.keep_free_mib} MiB"
+    return None
+
+
+def place(found: list[Status], memory_mib: int) -> Placement:
+    """The simple rule: of the hosts with room under their limits, the one with the most memory available as
+    libvirt reports it (this machine on a tie); this machine when none has room."""
+    fits = [s for s in found if room(s, memory_mib) is None]
+    if not fits:
+        why = "; ".join(f"{s.spec.name}: {room(s, memory_mib)}" for s in found)
+        return Placement(found[0].spec, f"no host has room under its limits ({why}); running on this machine")
+    best = max(fits, key=lambda s: s.node.available_mib if s.node else 0)  # the first (this machine) on a tie
+    mib = best.node.available_mib if best.node else 0
+    return Placement(best.spec, f"{mib} MiB of memory available there, the most of {len(fits)} host(s) with room")

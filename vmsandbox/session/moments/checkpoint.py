@@ -1,0 +1,188 @@
+"""Checkpoints: a session's whole state — memory (its processes), system disk and workspace — kept at one moment,
+so that `rollback` returns the session there and `fork` copies it.
+
+A checkpoint is a directory in the session's: memory.save (libvirt's save image of the VM), workspace.raw (a
+copy of the workspace disk; a reflink where the file system has them) and checkpoint.json. The system disk is
+not copied: the overlay the VM wrote until then is frozen, the checkpoint names it, and a new overlay above it
+takes the VM's writes from then on (session.chain keeps that chain short). Taking one saves the VM and
+restores it from the very file that is kept: the guest stops for a few seconds and carries on. A session on
+another host keeps the same, as volumes there: how is the place's (session.place), what is kept is here.
+
+A rollback never loses work silently: what is unsynced in the session when it rolls back is exported first,
+outbox-style (changes.patch, the changed files, the guest's commits), to rolled-back/LABEL-TIME.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from vmsandbox import ui
+from vmsandbox.egress import control
+from vmsandbox.errors import VmsandboxError
+from vmsandbox.guest import commands
+from vmsandbox.session import lock
+from vmsandbox.session.end import lifecycle
+from vmsandbox.session.moments import suspend
+from vmsandbox.session.place import choose as places
+from vmsandbox.session.place.checkpoints import MOST, Checkpoint, find, listed
+from vmsandbox.session.record import Record, State
+from vmsandbox.session.state import status
+from vmsandbox.sync.fetch import delta, journal
+from vmsandbox.sync.land import outbox
+from vmsandbox.sync.review import gather as changes
+from vmsandbox.vm.virt import Hypervisor
+
+LABEL_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,39}\Z")
+SYNC_TIMEOUT = 120
+
+
+def _check_label(label: str) -> str:
+    if not LABEL_RE.match(label):
+        raise VmsandboxError(
+            f"invalid checkpoint label {label!r}",
+            hint="use 1-40 lowercase letters, digits, dots, dashes and underscores",
+        )
+    return label
+
+
+def take(name: str, label: str | None = None) -> Checkpoint:
+    """Checkpoint a running session (it pauses for a save and a restore)."""
+    label = _check_label(label or time.strftime("cp-%Y%m%d-%H%M%S"))
+    record = Record.load(name)
+    with lock.held(record.files, name, "taking a checkpoint"), Hypervisor(record.libvirt_uri) as hv:
+        record = Record.load(name)
+        must_run(record, hv, "checkpointed")
+        have = listed(record.files)
+        if any(c.label == label for c in have):
+            raise VmsandboxError(f"session {name} already has a checkpoint {label!r}", hint="pick another label")
+        if len(have) >= MOST:
+            raise VmsandboxError(
+                f"session {name} has {len(have)} checkpoints, the most it keeps",
+                hint=f"remove one with `vmsandbox checkpoint rm {name} LABEL`",
+            )
+        places.of(record).check_room(record)
+        return take_locked(record, hv, label)
+
+
+def must_run(record: Record, hv: Hypervisor, what: str) -> None:
+    """A kept, running session (the VM is saved and restored: a `run` would lose its command); else why not."""
+    if not record.keep:
+        raise VmsandboxError(
+            f"session {record.name} belongs to a running `vmsandbox run` (it ends with that command)",
+            hint=f"only sessions started with --keep can be {what}",
+        )
+    current = status(record, hv).state
+    if current is State.STOPPED:
+        raise VmsandboxError(f"session {record.name} is stopped", hint=f"`vmsandbox start {record.name}` first")
+    if current is not State.RUNNING:
+        raise VmsandboxError(
+            f"session {record.name} is {current}: only a running session can be {what}",
+            hint="`vmsandbox ls` shows what each session is doing",
+        )
+
+
+def take_locked(record: Record, hv: Hypervisor, label: str) -> Checkpoint:
+    """Take a checkpoint of a running session whose lock is held."""
+    cp = freeze(record, hv, label)
+    wake(record, hv, cp)
+    return cp
+
+
+def freeze(record: Record, hv: Hypervisor, label: str) -> Checkpoint:
+    """The first half of a checkpoint: the VM saved into it, its workspace copied, a new top overlay. The VM is
+    down until `wake`."""
+    files = record.files
+    files.checkpoints.mkdir(mode=0o700, exist_ok=True)
+    staging = files.checkpoints / f".tmp-{label}"
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(mode=0o700)
+    with ui.step("Flushing the guest's file systems"):
+        commands.run_as_root(record.endpoint(), "sync", timeout=SYNC_TIMEOUT)
+    control.stop(files)
+    cp = Checkpoint(label, time.time(), list(record.overlays), files.checkpoints / label)
+
+    def publish() -> None:  # once what it keeps is whole
+        Checkpoint(cp.label, cp.created, cp.chain, staging).write()
+        staging.rename(cp.path)
+
+    try:
+        places.of(record).freeze(record, hv, cp, staging, publish)
+    except BaseException:
+        for d in (staging, cp.path):
+            shutil.rmtree(d, ignore_errors=True)
+        raise
+    return cp
+
+
+def wake(record: Record, hv: Hypervisor, cp: Checkpoint) -> None:
+    """The second half: the VM resumed from the checkpoint's memory (left stopped on it if that fails)."""
+    _resume(record, hv, cp, f"Resuming {record.domain}")
+
+
+def _resume(record: Record, hv: Hypervisor, cp: Checkpoint, title: str) -> None:
+    """The VM resumed from checkpoint `cp`'s memory; if that fails, the session is left stopped on it (as
+    `vmsandbox stop` would have left it), so that `vmsandbox start` resumes it."""
+    place = places.of(record)
+    memory = place.memory_of(record, cp)
+    try:
+        suspend.resume(record, hv, memory, title)
+    except BaseException:
+        place.leave_stopped(record, hv, memory)
+        raise
+
+
+def sizes(record: Record, found: list[Checkpoint]) -> dict[str, int]:
+    """Each checkpoint's bytes where its session's place keeps it (raises when that place does not say)."""
+    return places.of(record).sizes(record, found)
+
+
+@dataclass(frozen=True)
+class Rolled:
+    checkpoint: Checkpoint
+    box: Path | None  # where the unsynced work was exported, if there was any
+    left: int
+
+
+def rollback(name: str, label: str, *, limit: int) -> Rolled:
+    """Return a session to a checkpoint: memory, processes, system disk and workspace. Unsynced work is
+    exported to rolled-back/ first."""
+    record = Record.load(name)
+    files = record.files
+    with lock.held(files, name, "rolling back"), Hypervisor(record.libvirt_uri) as hv:
+        record = Record.load(name)
+        cp = find(files, name, label)
+        if not record.keep or status(record, hv).state not in (State.RUNNING, State.STOPPED, State.EXITED):
+            must_run(record, hv, "rolled back")
+        g = lifecycle.gather(record, limit=limit)
+        left = changes.pending(g)
+        box = None
+        if left:
+            with ui.step(f"Keeping {len(left)} unsynced change(s) before the rollback"):
+                box = outbox.export(g, box=outbox.fresh_box(files.rolled_back, label))
+        control.stop(files)
+        hv.destroy(record.domain)
+        files.saved_memory.unlink(missing_ok=True)
+        record.saved = False
+        record.overlays = list(cp.chain)
+        places.of(record).rewind(record, hv, cp)
+        # the guest's journal went back in time with it: the next pull walks the tree once
+        delta.forget(files.root)
+        journal.cursor_file(files.root).unlink(missing_ok=True)
+        record.unsynced = None
+        record.save()
+        _resume(record, hv, cp, f"Restoring {record.domain} to checkpoint {label}")
+    return Rolled(cp, box, len(left))
+
+
+def remove(name: str, label: str) -> Checkpoint:
+    record = Record.load(name)
+    with lock.held(record.files, name, "removing a checkpoint"), Hypervisor(record.libvirt_uri) as hv:
+        record = Record.load(name)
+        cp = find(record.files, name, label)
+        shutil.rmtree(cp.path)
+        places.of(record).drop(record, hv, label, live=status(record, hv).state is not State.STOPPED)
+    return cp

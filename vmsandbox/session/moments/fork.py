@@ -1,0 +1,218 @@
+"""`vmsandbox fork NAME NEW`: an independent session made from another one's state — now (a checkpoint is taken
+for it and dropped after) or at one of its checkpoints — with its processes, files and disks.
+
+The fork gets copies, never shared files: its system disk is one overlay holding everything the source's
+overlays held above their image (`qemu-img convert -B`), its workspace disk a copy (a reflink where the file
+system can), its baseline the same captured project (so its review compares against the same starting point).
+Its identity is its own: SSH host key and client key, hostname, egress daemon and policy, secret placeholders
+and session CA, no published ports. The restored guest still holds the source's identity, so the host logs in
+once with the source's keys (pinned to the source's host key) and hands it the new one; from then on only the
+fork's keys work. Processes that ran in the source run on in the fork (with the source's environment: new
+logins get the fork's). A session on another host is forked there, from its checkpoint's volumes (how the
+disks are copied and the VM restored is the place's: session.place).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+import threading
+import time
+
+from vmsandbox import paths, proc, ui
+from vmsandbox.confine import access
+from vmsandbox.confine import accounts as confine
+from vmsandbox.egress import control, policy
+from vmsandbox.errors import VmsandboxError
+from vmsandbox.guest import commands, identity, ssh
+from vmsandbox.guest.ssh import Endpoint
+from vmsandbox.session import lock
+from vmsandbox.session.end import lifecycle
+from vmsandbox.session.moments import checkpoint
+from vmsandbox.session.place import checkpoints, pins
+from vmsandbox.session.place import choose as places
+from vmsandbox.session.place.checkpoints import Checkpoint
+from vmsandbox.session.place.interface import Place, alive
+from vmsandbox.session.record import Phase, Record, validate_name
+from vmsandbox.session.start import create
+from vmsandbox.sync.fetch import delta
+from vmsandbox.sync.inward import capture
+from vmsandbox.vm.virt import Hypervisor
+
+# Run as root in the restored guest, the fork's identity (identity.bundle's tar) on stdin: the clock and the
+# random generator first (the fork shares the source's memory), then the identity applied as a warm start
+# does (images/base/rootfs/usr/local/lib/vmsandbox/warm), then sshd reloaded with the new host key.
+REIDENTIFY = r"""set -eu
+d=$(mktemp -d /run/vmsandbox-fork.XXXXXX)
+tar -x -m -C "$d" -f -
+date -s "@$(cat "$d/clock")" >/dev/null
+perl -e 'open(my $s, "<", $ARGV[0]) or die; binmode $s; read($s, my $b, 4096);
+    open(my $f, ">", "/dev/urandom") or die; binmode $f; syswrite($f, $b) or die;
+    ioctl($f, 0x5207, 0) or die "reseed: $!\n"' "$d/seed"
+rm -f "$d/seed" "$d/clock"
+dev=$(findmnt -n -o SOURCE --target "$(cat "$d/workdir")" || true)
+WORKSPACE_DEV=$dev /usr/local/lib/vmsandbox/identity "$d" >/dev/null
+rm -rf /etc/vmsandbox/identity.d
+cp -a "$d" /etc/vmsandbox/identity.d
+rm -rf "$d"
+systemctl reload ssh.service
+"""
+IDENTITY_TIMEOUT = 120
+
+
+def fork(name: str, new: str, *, label: str | None = None) -> Record:
+    new = validate_name(new)
+    source = Record.load(name)
+    if source.disk is not None:
+        raise VmsandboxError(f"session {name} builds an image: it cannot be forked")
+    with lock.held(source.files, name, f"forking {new}"), Hypervisor(source.libvirt_uri) as hv:
+        source = Record.load(name)
+        if label is not None:
+            return _make(source, checkpoints.find(source.files, name, label), new, hv, at=label)
+        checkpoint.must_run(source, hv, "forked")
+        place = places.of(source)
+        place.check_room(source)  # the checkpoint taken for the fork may leave an overlay
+        cp = checkpoint.freeze(source, hv, f"fork-{new}-{os.getpid()}")
+        # the source resumes while the fork is made (two guests come back at once: under TCG, on two CPUs)
+        failed: list[BaseException] = []
+        waking = threading.Thread(target=_wake, args=(source, cp, failed))
+        waking.start()
+        try:
+            return _make(source, cp, new, hv, at=None)
+        finally:
+            waking.join()
+            shutil.rmtree(cp.path, ignore_errors=True)
+            place.drop(Record.load(name), hv, cp.label, live=True)
+            for exc in failed:
+                ui.warn(f"session {name} did not resume after the fork: {exc}")
+
+
+def _wake(source: Record, cp: Checkpoint, failed: list[BaseException]) -> None:
+    with ui.quiet(source.name), Hypervisor(source.libvirt_uri) as hv:
+        try:
+            checkpoint.wake(source, hv, cp)
+        except Exception as exc:  # noqa: BLE001 - reported by the thread that waits for this one
+            failed.append(exc)
+
+
+def _make(source: Record, cp: Checkpoint, new: str, hv: Hypervisor, *, at: str | None) -> Record:
+    """The fork NEW of `source` from `cp` (one of its checkpoints `at`, or None: one taken for this fork)."""
+    files = paths.session_paths(new)
+    place = places.of(source)
+    where = place.where
+    confine.state_dirs()
+    try:
+        files.root.mkdir(mode=0o700)
+    except FileExistsError:
+        raise VmsandboxError(f"a session named {new} already exists", hint="pick another name") from None
+    confine.private_dir(files.root)
+    if os.geteuid() != 0:
+        access.inherit_for_me(files.root)
+    record = dataclasses.replace(
+        source,
+        name=new,
+        created=time.time(),
+        keep=True,
+        owner_pid=None,
+        owner_start=None,
+        status=Phase.CREATING,
+        unsynced=None,
+        saved=False,
+        publish=(),
+        overlays=[paths.SESSION_OVERLAY],
+        ssh_port=place.fork_port(source),
+        start="fork",
+        start_note=f"forked from {source.name}" + (f" at checkpoint {at}" if at else "") + where,
+        forked_from=f"{source.name}@{at}" if at else source.name,
+        group=None,  # a fork of a fan-out's session is not one of the fan-out's
+        boot_seconds=None,
+    )
+    try:
+        record.save()
+        pins.pin(new, record.image_version, record.template)
+        with ui.step(f"Copying session {source.name}'s state{where}"):
+            _copy_state(place, source, cp, record, hv)
+        with ui.step("Preparing the fork (keys, identity, egress policy)"):
+            _identity(source, record)
+        started = time.monotonic()
+        with ui.step(f"Restoring {record.domain} from it") as detail:
+            place.restore_fork(source, cp, record, hv)
+            detail("its own identity")
+            _hand_over_identity(source, record, hv)
+            spawned = control.spawn(create.daemon_spec(record), record.files) if record.wants_daemon else None
+            _check_identity(record, hv)
+        record.boot_seconds = round(time.monotonic() - started, 1)
+        if spawned is not None:
+            with ui.step("Opening the fork's egress proxy"):
+                control.wait_open(create.daemon_spec(record), record.files, spawned)
+        record.status = Phase.READY
+        record.save()
+    except BaseException:
+        lifecycle.remove(record)
+        raise
+    return record
+
+
+def _copy_state(place: Place, source: Record, cp: Checkpoint, record: Record, hv: Hypervisor) -> None:
+    """The fork's disks, baseline and (a fresh) mirror, copied from the source at the checkpoint."""
+    src, files = source.files, record.files
+    workspace = place.copy_disks(source, cp, record, hv)  # None: the place made it, with the system disk
+    capture.copy_from(src, files, workspace)
+    for f in (src.decisions, src.hashes("project")):
+        if f.exists():
+            shutil.copyfile(f, files.root / f.name)
+    # the guest's tree is not the baseline's any more: with no record of the mirror, the first pull walks it
+    delta.forget(files.root)
+
+
+def _identity(source: Record, record: Record) -> None:
+    """The fork's keys, identity files (the source's, with its own hostname, keys, placeholders and CA) and
+    egress policy."""
+    files = record.files
+    client_pub = ssh.generate_key(files.client_key, f"vmsandbox-{record.name}")
+    ssh.generate_key(files.host_key, f"vmsandbox-{record.name}-host")
+    fw = files.fwcfg_dir
+    fw.mkdir(mode=0o700)
+    for f in source.files.fwcfg_dir.iterdir():  # contents only: libvirt's xattrs on them name the source's VM
+        shutil.copyfile(f, fw / f.name)
+    (fw / "hostname").write_text(f"vmsandbox-{record.name}\n")
+    (fw / "authorized_keys").write_text(client_pub + "\n")
+    shutil.copyfile(files.host_key, fw / "host_key")
+    (fw / policy.FWCFG_CA).unlink(missing_ok=True)
+    swapped = policy.rekey(source.files, record.name, files)
+    env = (fw / "env").read_text() if (fw / "env").exists() else ""
+    for old, new in swapped.items():
+        env = env.replace(old, new)
+    (fw / "env").write_text(env)
+    confine.give_to_qemu(fw)
+
+
+def _hand_over_identity(source: Record, record: Record, hv: Hypervisor) -> None:
+    """Log in with the source's keys (the restored guest's) and hand over the fork's identity."""
+    files = record.files
+    ssh.wait_for_banner(record.ssh_port, timeout=60, alive=lambda: alive(hv, record.domain))
+    bridge = paths.SessionPaths(files.root / "fork-bridge")
+    bridge.root.mkdir(mode=0o700)
+    try:
+        shutil.copyfile(source.files.client_key, bridge.client_key)
+        bridge.client_key.chmod(0o600)
+        ssh.write_known_hosts(bridge, record.ssh_port, source.files.host_key.with_suffix(".pub").read_text())
+        once = Endpoint(record.name, record.ssh_port, "root", bridge)
+        once.write_config()
+        argv = [*once.ssh_argv("-T", "-o", "ControlMaster=no"), "--", REIDENTIFY]
+        proc.run(argv, input=identity.bundle(files.fwcfg_dir), timeout=IDENTITY_TIMEOUT)
+    finally:
+        shutil.rmtree(bridge.root, ignore_errors=True)
+
+
+def _check_identity(record: Record, hv: Hypervisor) -> None:
+    """The fork's own keys log in, and its sshd presents the host key pinned for it."""
+    # sshd re-executes itself on the reload: connections are refused for a moment
+    for _attempt in range(20):
+        ssh.wait_for_banner(record.ssh_port, timeout=60, alive=lambda: alive(hv, record.domain))
+        answer = commands.run_as_root(record.endpoint(), "true", check=False, timeout=60)
+        if answer.returncode != commands.SSH_FAILED:
+            break
+        time.sleep(0.25)
+    commands.run_as_root(record.endpoint(), "true", timeout=60, hint="the fork did not take its new identity")

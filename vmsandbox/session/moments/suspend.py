@@ -1,0 +1,98 @@
+"""`vmsandbox stop` and `start`: a kept session's VM saved to disk (its memory and devices, beside its disks) so
+it holds no CPU and no RAM, then restored where it was — its processes, files, egress and published ports.
+
+A stopped session is a file in its directory (one on another host: a volume in that host's pool, see
+remote/save.py), not a libvirt domain: it survives a libvirtd restart and a host reboot. Before the save the
+guest flushes its file systems, so `pull` and `diff` of a stopped session read its workspace disk (a copy of
+it: the guest will mount the original again) without starting it.
+"""
+
+from __future__ import annotations
+
+import time
+
+from vmsandbox import ui
+from vmsandbox.egress import control
+from vmsandbox.errors import VmsandboxError
+from vmsandbox.guest import commands, ssh
+from vmsandbox.session import lock
+from vmsandbox.session.place import choose as places
+from vmsandbox.session.place.interface import SavedVM, alive
+from vmsandbox.session.record import Record, State
+from vmsandbox.session.start import create
+from vmsandbox.session.state import status
+from vmsandbox.vm.node import gone
+from vmsandbox.vm.virt import Hypervisor
+
+SYNC_TIMEOUT = 120
+
+
+def stop(name: str) -> Record:
+    record = Record.load(name)
+    files = record.files
+    with lock.held(files, name, "stopping"), Hypervisor(record.libvirt_uri) as hv:
+        record = Record.load(name)
+        current = status(record, hv).state
+        if current is State.STOPPED:
+            raise VmsandboxError(f"session {name} is already stopped", hint=f"`vmsandbox start {name}` resumes it")
+        if not record.keep:
+            raise VmsandboxError(
+                f"session {name} belongs to a running `vmsandbox run` (it ends with that command)",
+                hint="only sessions started with --keep can be stopped",
+            )
+        if current not in (State.RUNNING, State.PAUSED):
+            raise VmsandboxError(
+                f"session {name} is {current}: only a running session can be stopped",
+                hint="`vmsandbox ls` shows what each session is doing",
+            )
+        with ui.step("Flushing the guest's file systems"):
+            commands.run_as_root(record.endpoint(), "sync", timeout=SYNC_TIMEOUT)
+        control.stop(files)
+        try:
+            places.of(record).save(record, hv)
+        except VmsandboxError:
+            files.saved_memory.unlink(missing_ok=True)
+            if record.wants_daemon and not gone(hv.info(record.domain)):  # it runs on: give it its door back
+                create.open_egress(record)
+            raise
+        record.saved = True
+        record.save()
+    return record
+
+
+def where_saved(record: Record) -> str:
+    """What `stop` kept, and where, in words."""
+    return places.of(record).saved_words(record)
+
+
+def start(name: str) -> Record:
+    record = Record.load(name)
+    files = record.files
+    with lock.held(files, name, "starting"), Hypervisor(record.libvirt_uri) as hv:
+        record = Record.load(name)
+        if status(record, hv).state is not State.STOPPED:
+            raise VmsandboxError(f"session {name} is not stopped", hint="`vmsandbox ls` shows its state")
+        place = places.of(record)
+        resume(record, hv, place.stopped(record), f"Restoring {record.domain} where it was{place.where}")
+        place.started(record, hv)
+        files.saved_memory.unlink(missing_ok=True)
+        record.saved = False
+        record.save()
+    return record
+
+
+def resume(record: Record, hv: Hypervisor, memory: SavedVM, title: str) -> None:
+    """Restore the session's VM from a save image (`stop`'s, or a checkpoint's) over the session's system disk
+    as the record names it now, wait for its sshd, step its clock (its egress daemon does, if it has one) and
+    open its egress."""
+    with ui.step(title):
+        places.of(record).restore(record, hv, memory)
+        # the egress daemon waits for the guest's sshd by itself: it starts while the guest comes back, and
+        # steps the guest's clock when it connects (one SSH login, not two)
+        spawned = control.spawn(create.daemon_spec(record), record.files) if record.wants_daemon else None
+        ssh.wait_for_banner(record.ssh_port, timeout=60, alive=lambda: alive(hv, record.domain))
+        if spawned is None:
+            commands.run_as_root(record.endpoint(), f"date -s @{time.time():.3f} >/dev/null", timeout=60)
+    if spawned is not None:
+        with ui.step("Opening the guest's egress proxy"):
+            control.wait_open(create.daemon_spec(record), record.files, spawned)

@@ -1,0 +1,207 @@
+"""Starting a session's VM: warm (restored from its image's template, then given its identity over the identity
+port) when a template can be had, cold (a full boot, identity from fw_cfg) otherwise — and the session says
+which, and why it was cold."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+
+from vmsandbox import failpoint, paths, ui
+from vmsandbox.egress import control, ports
+from vmsandbox.errors import VmsandboxError
+from vmsandbox.guest import identity, ssh
+from vmsandbox.image import store
+from vmsandbox.session.place import console as boot_mod
+from vmsandbox.session.place import templates as templatekey
+from vmsandbox.session.place.interface import IDENTITY_TIMEOUT, Launched, alive, nothing, template_for, warm_or_cold
+from vmsandbox.session.place.local import bootwait, template
+from vmsandbox.session.record import Record
+from vmsandbox.vm import accel as accel_mod
+from vmsandbox.vm import domain, qemuimg, savefile
+from vmsandbox.vm.domain import DomainSpec, Forward
+from vmsandbox.vm.node import PortTakenError
+from vmsandbox.vm.virt import Hypervisor
+
+PORT_ATTEMPTS = 4
+RESTORE_IMAGE = "restore.save"  # the session's copy of the template's memory, deleted once restored
+
+
+def spec(record: Record, boot: tuple[Path, Path, str], *, warm: bool, workspace: bool) -> DomainSpec:
+    """The session's VM on this machine, booting (or restored with) `boot`'s kernel, initrd and command line:
+    with the `template` marker among its fw_cfg files when `warm` (read by a VM restored from a template), its
+    workspace disk attached unless it is hot-plugged later."""
+    files = record.files
+    fwcfg = {f.name: f for f in sorted(files.fwcfg_dir.iterdir())}
+    if not warm:
+        fwcfg.pop("template", None)
+    kernel, initrd, cmdline = boot
+    return DomainSpec(
+        name=record.domain,
+        session=record.name,
+        session_dir=files.root,
+        accel=accel_mod.Accel(record.accel),
+        cpus=record.cpus,
+        memory_mib=record.memory_mib,
+        disk=record.system_disk,
+        kernel=kernel,
+        initrd=initrd,
+        cmdline=cmdline,
+        console_log=files.console_log,
+        forwards=(Forward(record.ssh_port, 22),),
+        fwcfg_files=fwcfg,
+        workspace_disk=record.workspace_disk if workspace else None,
+        workspace_format=record.workspace_format,
+        workspace_backing=record.workspace_backing_disk,
+        channel=files.identity_socket,
+    )
+
+
+def booting(image: store.Image) -> tuple[Path, Path, str]:
+    return image.kernel, image.initrd, image.kernel_cmdline
+
+
+def new_port(record: Record) -> None:
+    """Give the session a free loopback port for the guest's SSH, with its pinned host key and ssh config."""
+    files = record.files
+    record.ssh_port = ports.free_port()
+    ssh.write_known_hosts(files, record.ssh_port, files.host_key.with_suffix(".pub").read_text())
+    record.endpoint().write_config()
+
+
+def on_a_free_port(record: Record, launch: Callable[[], None], *, keep: bool = False) -> None:
+    """Pick a free loopback port for the guest's SSH (with `keep`, try the session's own first) and launch the VM
+    on it; another, if a process took the port between our pick and QEMU's bind."""
+    last: VmsandboxError | None = None
+    for attempt in range(PORT_ATTEMPTS):
+        if attempt or not keep:
+            new_port(record)
+        try:
+            launch()
+        except PortTakenError as exc:
+            last = exc
+            continue
+        return
+    raise VmsandboxError(
+        f"no free port for SSH after {PORT_ATTEMPTS} tries: {last}",
+        hint="too many ports on 127.0.0.1 are taken; free some and retry",
+    )
+
+
+def cold(record: Record, image: store.Image, hv: Hypervisor, boot_timeout: int, launched: Launched = nothing) -> None:
+    if record.disk is None:
+        qemuimg.create_overlay(image.disk, record.system_disk, record.disk_mib * 1024 * 1024, depth=2)
+        record.system_disk.chmod(0o600)
+
+    def launch() -> None:
+        xml = domain.build_xml(spec(record, booting(image), warm=False, workspace=True))
+        paths.write_atomically(record.files.domain_xml, xml)
+        paths.own_file(record.files.console_log)
+        hv.create(xml)
+
+    on_a_free_port(record, launch)
+    launched()
+    record.start = "cold"
+    record.save()
+    failpoint.hit("run.boot")
+    title = f"Booting {record.domain} ({record.accel.upper()}, {record.cpus} vCPU, {record.memory_mib} MiB)"
+    b = bootwait.Booting(record.domain, record.files.console_log, record.name, record.accel, title)
+    waited = bootwait.wait(
+        b, hv, boot_timeout, lambda alive: ssh.wait_for_banner(record.ssh_port, timeout=boot_timeout, alive=alive)
+    )
+    record.boot_seconds = round(waited, 1)
+    record.save()
+
+
+def warm(
+    record: Record,
+    image: store.Image,
+    tmpl: template.Template,
+    hv: Hypervisor,
+    boot_timeout: int,
+    launched: Launched = nothing,
+) -> None:
+    """Restore the template over a fresh overlay of the session's own, hot-plug the workspace disk, send the
+    identity, wait for sshd. Raises (the caller boots cold instead) when any of it fails."""
+    files = record.files
+    qemuimg.create_overlay(tmpl.disk, record.system_disk, depth=3)
+    record.system_disk.chmod(0o600)
+    record.template = str(tmpl.path)
+    saved = savefile.read(tmpl.memory)
+
+    def launch() -> None:
+        restore_as(
+            record,
+            hv,
+            tmpl.memory,
+            domain.for_restore(saved.xml, spec(record, booting(image), warm=True, workspace=False)),
+        )
+
+    with ui.step(f"Restoring {record.domain} from its warm-start template") as detail:
+        on_a_free_port(record, launch)
+        launched()
+        record.start = "warm"
+        record.save()
+        failpoint.hit("run.restore")
+        xml = domain.workspace_xml(record.workspace_disk, record.workspace_format, record.workspace_backing_disk)
+        hv.attach(record.domain, xml)
+        detail("identity")
+        identity.send(files.identity_socket, files.fwcfg_dir, timeout=min(IDENTITY_TIMEOUT, boot_timeout))
+        detail("sshd")
+        ssh.wait_for_banner(record.ssh_port, timeout=boot_timeout, alive=lambda: alive(hv, record.domain))
+
+
+def restore_as(record: Record, hv: Hypervisor, memory: Path, restored_xml: str) -> None:
+    """Restore another VM's save image (a template's, a checkpoint's) as this session's VM: under its own name and
+    UUID (`restored_xml` has its paths), from a copy whose header says so, deleted once restored."""
+    files = record.files
+    xml = savefile.renamed(restored_xml, record.domain, str(uuid.uuid4()))
+    paths.write_atomically(files.domain_xml, xml)
+    clone = files.root / RESTORE_IMAGE
+    savefile.clone(memory, clone, xml)
+    paths.own_file(files.console_log)
+    try:
+        hv.restore(str(clone), xml)
+    finally:
+        clone.unlink(missing_ok=True)
+
+
+def boot(
+    record: Record,
+    image: store.Image,
+    hv: Hypervisor,
+    *,
+    cold_start: bool,
+    boot_timeout: int,
+    launched: Launched = nothing,
+) -> None:
+    """Start the session's VM: warm when a template serves, else (or when the warm start fails) cold."""
+    shape = templatekey.shape_of(record)
+    unbuilt = "the warm-start template could not be built"
+    tmpl = template_for(
+        record, lambda: template.ensure(image, shape, hv, boot_timeout), cold=cold_start, unbuilt=unbuilt
+    )
+    if tmpl is None:
+        cold(record, image, hv, boot_timeout, launched)
+        return
+    t = tmpl
+
+    def undo(exc: VmsandboxError) -> None:
+        record.start_note = f"the warm start failed: {exc.message}"
+        condemned = template.mark_failed(t, exc.message, record.name, own=isinstance(exc, savefile.SaveImageError))
+        kept = boot_mod.keep(record.files.console_log, record.name)
+        ui.warn(
+            f"{record.start_note}; booting cold"
+            + (f" (its console is kept at {kept})" if kept else "")
+            + ("; its template failed another session's warm start too: later sessions boot cold" if condemned else "")
+        )
+        control.stop(record.files)  # a daemon spawned for the restored VM: the cold one gets its own
+        hv.destroy(record.domain)
+        record.system_disk.unlink(missing_ok=True)
+        record.template = None
+
+    if warm_or_cold(record, lambda: warm(record, image, t, hv, boot_timeout, launched), undo):
+        template.started(t)
+    else:
+        cold(record, image, hv, boot_timeout, launched)

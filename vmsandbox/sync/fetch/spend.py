@@ -1,0 +1,119 @@
+"""What the mirror of a session's guest tree spends of the host's disk, and how much more one transfer may.
+
+A transfer is held to its budget while rsync receives (sync.meter), but a budget per transfer bounds nothing
+over a session: ten pulls of a little each add up. So each session keeps a ledger of what its mirror spends
+(blocks and inodes, as the file system counts them: sync.meter's BLOCK per entry besides the bytes), and a
+transfer may spend the least of:
+
+- what a pull takes at once (`sync_limit`);
+- what is left of the session's own bound, FACTOR times that (the mirror holds what the guest changed: more
+  than one pull's worth, when a person pulls a large change in parts);
+- what the host's file system has free, past a reserve of blocks and of inodes (checked before receiving).
+
+The ledger grows by what each transfer spent (a bound from above: rsync's replaced files free their old blocks);
+a full walk of the mirror sets it to what the mirror really holds, as does the next transfer when the ledger
+says the bound is reached. Past a bound: one line with the fix, and nothing applied.
+
+A transfer is stopped when the meter sees it pass its budget, not before: what the receiver makes faster than
+its lines come (empty directories: thousands in a fifth of a second) passes the budget by that much. No file
+system bound is at hand for an unprivileged receiver (quotas, a file system of its own need root). So the
+bound that holds is the session's: a transfer that passed it is measured (its mirror walked), and the next one
+is refused until the guest removes what it need not send.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from vmsandbox import paths
+from vmsandbox.errors import VmsandboxError
+from vmsandbox.sync.fetch.meter import Budget, Tally
+
+LEDGER = "mirror-spend.json"  # in the session directory
+FACTOR = 4
+FREE_RESERVE = 256 * 1024**2
+INODE_RESERVE = 10_000
+
+
+@dataclass
+class Spend:
+    bytes: int = 0
+    entries: int = 0
+
+
+def load(root: Path) -> Spend:
+    try:
+        data = json.loads((root / LEDGER).read_text())
+        return Spend(int(data["bytes"]), int(data["entries"]))
+    except (OSError, ValueError, KeyError, TypeError):
+        return Spend()
+
+
+def save(root: Path, spend: Spend) -> None:
+    paths.write_atomically(root / LEDGER, json.dumps(asdict(spend)))
+
+
+def add(root: Path, tally: Tally) -> None:
+    """What one transfer spent, added to the session's ledger."""
+    was = load(root)
+    save(root, Spend(was.bytes + tally.spent, was.entries + tally.entries))
+
+
+def measure(tree: Path) -> Spend:
+    """What the mirror holds now, as the file system counts it: its blocks and its entries (no link followed)."""
+    found = Spend()
+    for _dirpath, dirnames, filenames, dir_fd in os.fwalk(tree, follow_symlinks=False):
+        for name in dirnames + filenames:
+            try:
+                st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+            except FileNotFoundError:
+                continue
+            found.bytes += st.st_blocks * 512
+            found.entries += 1
+    return found
+
+
+def rebase(root: Path, tree: Path) -> Spend:
+    """The ledger set to what the mirror really holds."""
+    found = measure(tree)
+    save(root, found)
+    return found
+
+
+def room(files: paths.SessionPaths, limit: int, *, max_entries: int) -> Budget:
+    """What the next transfer into the session's mirror may spend (see the module's notes). Raises, saying
+    which bound and the fix, when nothing is left."""
+    bound = FACTOR * limit
+    spent = load(files.root)
+    if spent.bytes >= bound or spent.entries >= max_entries:
+        spent = rebase(files.root, files.guest_tree)  # the ledger is a bound from above: the truth decides
+    fs = os.statvfs(files.guest_tree)
+    free = fs.f_bavail * fs.f_frsize - FREE_RESERVE
+    inodes = fs.f_favail - max(INODE_RESERVE, fs.f_files // 100) if fs.f_files else max_entries
+    hint = (
+        f"remove what the guest need not send back (`vmsandbox shell {files.root.name}`), or raise `sync_limit` "
+        "in ~/.config/vmsandbox/config.yaml"
+    )
+    if spent.bytes >= bound or spent.entries >= max_entries:
+        raise VmsandboxError(
+            f"the mirror of session {files.root.name}'s guest tree takes {spent.bytes / 1024**2:,.0f} MiB in "
+            f"{spent.entries:,} entries on this machine's disk, the most a session's may ({FACTOR} x sync_limit); "
+            "nothing was applied",
+            hint=hint,
+        )
+    if free <= 0 or inodes <= 0:
+        raise VmsandboxError(
+            f"no room left for the mirror of session {files.root.name}'s guest tree: its file system keeps "
+            f"{FREE_RESERVE // 1024**2} MiB and {INODE_RESERVE:,} inodes free; nothing was applied",
+            hint=f"free space where vmsandbox keeps its state ({paths.state_dir()})",
+        )
+    choices = [
+        (limit, max_entries, "in one pull, more than a sync takes"),
+        (bound - spent.bytes, max_entries - spent.entries, f"to session {files.root.name}'s mirror, past its bound"),
+        (free, inodes, "to the mirror, more than this machine's disk has free"),
+    ]
+    size, _, why = min(choices, key=lambda c: c[0])
+    return Budget(bytes=size, entries=min(c[1] for c in choices), why=why)

@@ -1,0 +1,128 @@
+"""The workspace going in: the project captured on the host as it is, and the disk the guest mounts at the
+project's path.
+
+Work stays on the host where it can (the guest CPU is slow under TCG): the tree is copied locally (a
+reflink where the filesystem can), and the guest's ext4 disk is made on the host with `mkfs.ext4 -d`. The
+copy is the session's baseline: what every later comparison starts from. The mirror of the guest's tree
+starts as the baseline's tree with placeholders for its files (sync.placeholders: no second copy of the
+data), handed to the unprivileged guest-data account (mirror.py).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import stat
+from collections.abc import Collection
+from pathlib import Path
+
+from vmsandbox import failpoint, paths, proc
+from vmsandbox.confine import accounts as confine
+from vmsandbox.errors import VmsandboxError
+from vmsandbox.paths import SessionPaths
+from vmsandbox.sync.fetch import delta
+from vmsandbox.sync.inward import leftout as inbound
+from vmsandbox.sync.tree import manifest as tree
+from vmsandbox.sync.tree import placeholders, views
+from vmsandbox.vm import ext4
+
+HEADROOM_BYTES = 8 * 1024**3  # room for what the agent adds (dependencies, builds) on the sparse disk
+BYTES_PER_INODE = 8192
+COPIES = 2  # the baseline and the workspace disk's data (the mirror holds placeholders: sync.placeholders)
+RESERVE_BYTES = 64 * 1024**2
+
+
+PRISTINE = "workspace.pristine.raw"  # a fan-out's one capture: its workspace disk as made, copied by each session
+
+
+def capture(
+    project: Path, files: SessionPaths, *, pristine: bool = False, leave_out: Collection[str] = ()
+) -> tree.Manifest:
+    """Snapshot the project (tracked, untracked, ignored, .git) into the session, but what its `.vmsandboxignore`
+    names and `leave_out` (files that look like credentials: inbound.py); build the workspace disk (and with
+    `pristine`, keep a copy of it as made, for copy_from)."""
+    check_space(project, files.root)
+    files.baseline.mkdir(mode=0o700)
+    proc.run(
+        ["cp", "-a", "--reflink=auto", f"{project}/.", files.baseline],
+        hint="is the project readable, and is there space in the state directory?",
+    )
+    files.baseline.chmod(0o700)  # cp -a gave it the project's mode: keep the copy private
+    failpoint.hit("run.capture")
+    manifest = tree.scan(files.baseline)
+    spec = inbound.ignore_spec(project)
+    inbound.remove(files.baseline, manifest, [*leave_out, *(inbound.ignored(manifest, spec) if spec else [])])
+    paths.write_atomically(files.baseline_manifest, json.dumps(tree.to_json(manifest)))
+    used = sum(e.size for e in manifest.values())
+    size = max(2 * used, used + HEADROOM_BYTES)
+    inodes = max(2 * len(manifest), size // BYTES_PER_INODE)
+    disk = files.workspace_disk
+    ext4.make(files.baseline, disk, f"{size // 1024}k", label="workspace", inodes=inodes, extended=("root_owner=0:0",))
+    disk.chmod(0o600)  # a copy of the project: for root (and QEMU, via libvirt) only
+    if "lost+found" not in manifest:
+        ext4.remove_dir(disk, "lost+found")
+    if pristine:
+        copy_disk(files.workspace_disk, files.root / PRISTINE)
+    placeholders.make(files.baseline, files.guest_tree, manifest)
+    confine.hand_over(files.guest_tree, confine.guest_data_account())
+    delta.save(files.root, {})  # the mirror is the baseline: the first pull reads only what the journal names
+    return manifest
+
+
+def copy_from(source: SessionPaths, files: SessionPaths, workspace: Path | None) -> tree.Manifest:
+    """A session's capture copied from another's: its baseline and manifest, `workspace` as its workspace disk (a
+    fan-out's capture made once with `pristine`, a checkpoint's copy; None: its disk is made on another host),
+    and a mirror of its own that starts as the baseline."""
+    check_space(source.baseline, files.root)
+    proc.run(["cp", "-a", "--reflink=auto", source.baseline, files.baseline])
+    shutil.copyfile(source.baseline_manifest, files.baseline_manifest)
+    manifest = tree.from_json(json.loads(files.baseline_manifest.read_text()))
+    if workspace is not None:
+        copy_disk(workspace, files.workspace_disk)
+    placeholders.make(files.baseline, files.guest_tree, manifest)
+    confine.hand_over(files.guest_tree, confine.guest_data_account())
+    delta.save(files.root, {})
+    return manifest
+
+
+def copy_disk(source: Path, dest: Path) -> None:
+    """A sparse copy of a raw disk (a reflink where the file system can), 0600, without the source's xattrs
+    (libvirt's record of who uses a disk)."""
+    proc.run(["cp", "--sparse=always", "--reflink=auto", "--no-preserve=all", source, dest])
+    dest.chmod(0o600)
+
+
+def project_bytes(project: Path) -> int:
+    """What the project's files hold (symlinks not followed, holes not counted)."""
+    total = 0
+    for _top, _dirs, names, top_fd in os.fwalk(project):
+        for name in names:
+            with contextlib.suppress(OSError):
+                st = os.stat(name, dir_fd=top_fd, follow_symlinks=False)
+                total += min(st.st_size, st.st_blocks * 512) if stat.S_ISREG(st.st_mode) else 0
+    return total
+
+
+def check_space(project: Path, where: Path) -> None:
+    """Before anything is copied: room for the baseline and the workspace disk (without reflinks, two copies
+    of the project; the mirror starts with placeholders), plus a reserve."""
+    need = COPIES * project_bytes(project) + RESERVE_BYTES
+    free = shutil.disk_usage(where).free
+    if need > free:
+        raise VmsandboxError(
+            f"capturing {project} needs about {need / 1024**2:.0f} MiB in {where.parent} ({COPIES} copies of the "
+            f"project and a reserve); it has {free / 1024**2:.0f} MiB free",
+            hint="free space there, or point VMSANDBOX_STATE_DIR at a bigger disk",
+        )
+
+
+def baseline(files: SessionPaths) -> views.Stored:
+    """The manifest of what the session captured (its entries made as they are looked at)."""
+    try:
+        return views.Stored(json.loads(files.baseline_manifest.read_text()))
+    except FileNotFoundError:
+        raise VmsandboxError(
+            "this session has no workspace baseline", hint="it was created before workspaces existed; destroy it"
+        ) from None

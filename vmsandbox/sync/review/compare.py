@@ -1,0 +1,167 @@
+"""The three-way view: for each path, compare the baseline, the host now and the guest now.
+
+Everything from the guest is hostile: this module only classifies; apply.py decides how (and whether) a change
+may be written. Risky paths — places where a file turns into code the host runs later (risk.py) — are
+quarantined; symlinks that lead out of the project, FIFOs, devices and bad names are refused.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from vmsandbox.sync.review.risk import risky_name, symlink_escape
+from vmsandbox.sync.tree.manifest import CARRIED, DIR, FILE, OTHER, SYMLINK, Entry, Tree
+
+# .git internals that git itself manages: commits come back as fetched refs, never as these files.
+GIT_MANAGED = (
+    "objects/",
+    "refs/",
+    "logs/",
+    "index",
+    "packed-refs",
+    "HEAD",
+    "ORIG_HEAD",
+    "FETCH_HEAD",
+    "COMMIT_EDITMSG",
+    "MERGE_HEAD",
+    "MERGE_MSG",
+    "MERGE_MODE",
+    "AUTO_MERGE",
+    "REBASE_HEAD",
+    "CHERRY_PICK_HEAD",
+    "REVERT_HEAD",
+    "rebase-merge/",
+    "rebase-apply/",
+    "gitk.cache",
+)
+
+
+class Status(enum.StrEnum):
+    APPLY = "apply"  # the guest changed it, the host did not: it can land
+    CONFLICT = "conflict"  # both changed it differently: the host file is never touched
+    MERGED = "merged"  # both changed a text file where they do not overlap: the three-way merge lands (merge.py)
+    SAME = "same"  # both made the same change: nothing to do
+    UNSAFE = "unsafe"  # can never be written (FIFO, device, symlink leaving the tree, bad name)
+
+
+@dataclass(frozen=True)
+class Merge:
+    """Both sides' edits of a text file, merged (merge.py)."""
+
+    text: bytes  # the merged content; with diff3 conflict markers where `conflicts` > 0
+    conflicts: int  # overlapping hunks left for a person
+
+    @property
+    def clean(self) -> bool:
+        return self.conflicts == 0
+
+
+@dataclass
+class Change:
+    path: str
+    base: Entry | None
+    guest: Entry | None
+    host: Entry | None
+    status: Status
+    risky: str | None = None  # why it is quarantined
+    notes: list[str] = field(default_factory=list)
+    held: str | None = None  # why --yes leaves it (not reviewable source: ignored by the project; reviewable.py)
+    binary: bool = False  # the guest's content is binary: applied only on an explicit choice (reviewable.py)
+    secret: str | None = None  # what in the guest's content looks like a credential: never applied by --yes
+    merge: Merge | None = None  # both sides' edits merged (MERGED), or with conflict markers (CONFLICT): merge.py
+
+    @property
+    def kind(self) -> str:
+        if self.base is None:
+            return "added"
+        if self.guest is None:
+            return "deleted"
+        if self.base.kind != self.guest.kind:
+            return "type changed"
+        if self.base.kind == FILE and self.base.digest == self.guest.digest:
+            return "mode changed"
+        return "modified"
+
+
+def is_git_managed(path: str) -> bool:
+    if not path.startswith(".git/"):
+        return False
+    inner = path[len(".git/") :]
+    return any(inner == p.rstrip("/") or (p.endswith("/") and inner.startswith(p)) for p in GIT_MANAGED)
+
+
+def _executable(entry: Entry | None) -> bool:
+    return entry is not None and entry.kind == FILE and bool(entry.mode & 0o111)
+
+
+def risk_of(path: str, base: Entry | None, guest: Entry | None, host: Entry | None = None) -> str | None:
+    """Why a guest change is risky: its name, or what runs. A file that was executable (in the baseline, or on
+    the host now) and whose content the guest changed is risky whatever mode the guest leaves it with:
+    `sh script.sh` and `python manage.py` run it without its bit, and dropping the bit must not launder it."""
+    why = risky_name(path)
+    if why is not None:
+        return why
+    if guest is None or guest.kind != FILE:
+        return None
+    was = _executable(base) or _executable(host)
+    if guest.mode & 0o111 and not was:
+        return "newly executable"
+    before = base if _executable(base) else host
+    if was and before is not None and before.digest != guest.digest:  # what ran before: its content is what runs
+        return "executable, its content changed"
+    return None
+
+
+def unsafe_reason(path: str, guest: Entry | None, trees: Sequence[Mapping[str, Entry]] = ()) -> str | None:
+    """Why a guest change can never be written. `trees` (the guest's and the host's) decide where a symlink
+    leads."""
+    parts = path.split("/")
+    if path.startswith("/") or any(p in ("", ".", "..") for p in parts) or "\0" in path:
+        return "invalid path"
+    if guest is None:
+        return None
+    if guest.kind == OTHER:
+        return "FIFOs, sockets and device files are never created"
+    if guest.kind == SYMLINK:
+        why = symlink_escape(path, [{path: guest}, *trees])
+        if why is not None:
+            return f"symlink to {guest.target!r} leaves the project: {why}"
+    return None
+
+
+def compare(baseline: Tree, host: Tree, guest: Tree, *, only: Iterable[str] | None = None) -> list[Change]:
+    """Every path the guest changed against the baseline, classified. Sorted by path. `only`: the paths where
+    the guest's tree is known to differ from the baseline (the others are not looked at; nor is the host
+    listed, so `host` may be a tree.Lookup)."""
+    changes: list[Change] = []
+    for path in sorted(set(baseline) | set(guest) if only is None else only):
+        if is_git_managed(path):
+            continue
+        base, g, h = baseline.get(path), guest.get(path), host.get(path)
+        if same_entry(base, g):
+            continue
+        if same_entry(g, h):
+            status = Status.SAME
+        elif same_entry(base, h):
+            status = Status.APPLY
+        else:
+            status = Status.CONFLICT
+        unsafe = unsafe_reason(path, g, (guest, host)) if status is not Status.SAME else None
+        if unsafe is not None:
+            status = Status.UNSAFE
+        change = Change(path, base, g, h, status, risk_of(path, base, g, h))
+        if unsafe is not None:
+            change.notes.insert(0, unsafe)
+        changes.append(change)
+    return changes
+
+
+def same_entry(a: Entry | None, b: Entry | None) -> bool:
+    """Equal as far as a sync can carry: only the CARRIED permission bits travel, so only they can differ."""
+    if a is None or b is None:
+        return a is None and b is None
+    if a.kind in (DIR, FILE) and a.kind == b.kind:
+        return a.mode & CARRIED == b.mode & CARRIED and a.digest == b.digest
+    return a.same(b)

@@ -1,0 +1,257 @@
+"""A manifest of a directory tree: per relative path its type, mode, size and content hash.
+
+Walks never follow symlinks, not even a directory swapped for a symlink while the walk runs: directories are
+walked through their descriptors (os.fwalk) and files opened relative to them with O_NOFOLLOW. A symlink is
+recorded with its target. Paths use "/" and are relative.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import stat
+from collections.abc import Iterator, Mapping
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from vmsandbox.errors import VmsandboxError
+from vmsandbox.sync.tree.hashcache import HashCache
+
+FILE, DIR, SYMLINK, OTHER = "file", "dir", "symlink", "other"
+CHUNK = 1 << 20
+# The permission bits a sync carries: rwx for the owner and the group, r-x for others. Setuid, setgid, sticky
+# and world-writable never travel from a guest, so they never make a difference between two trees either.
+CARRIED = 0o775
+# A file of the mirror that stands for the baseline's (sync.placeholders): its content hash (the 32 bytes, small
+# enough to be kept in the inode: the placeholder takes no block), set by root only.
+PLACEHOLDER_XATTR = "trusted.vmsandbox.digest"
+
+
+@dataclass(frozen=True)
+class Entry:
+    kind: str  # file | dir | symlink | other (FIFO, socket, device)
+    mode: int  # permission bits, setuid/setgid/sticky included
+    size: int = 0
+    digest: str | None = None  # sha256 of a file's content
+    target: str | None = None  # a symlink's target
+
+    def same(self, other: Entry | None) -> bool:
+        """Same content and mode (what a sync must preserve); sizes and times don't matter."""
+        if other is None or other.kind != self.kind:
+            return False
+        if self.kind == FILE:
+            return self.digest == other.digest and self.mode == other.mode
+        if self.kind == SYMLINK:
+            return self.target == other.target
+        if self.kind == DIR:
+            return self.mode == other.mode
+        return True
+
+    def as_dict(self) -> dict[str, Any]:
+        return {k: v for k, v in asdict(self).items() if v is not None}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Entry:
+        return cls(**data)
+
+
+def open_file_at(dir_fd: int | None, name: str | Path, st: os.stat_result | None = None) -> int | None:
+    """An fd of the regular file `name` (relative to dir_fd), never through a symlink; None if it is not a
+    regular file any more (or not the one `st` describes)."""
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd)
+    except OSError:
+        return None
+    now = os.fstat(fd)
+    if not stat.S_ISREG(now.st_mode) or (st is not None and (now.st_ino, now.st_dev) != (st.st_ino, st.st_dev)):
+        os.close(fd)
+        return None
+    return fd
+
+
+def chunks(fd: int) -> Iterator[bytes]:
+    while data := os.read(fd, CHUNK):
+        yield data
+
+
+def read_at_most(fd: int, limit: int) -> bytes | None:
+    """The whole content of fd if it is at most `limit` bytes, else None (never reads much more)."""
+    if os.fstat(fd).st_size > limit:
+        return None
+    data = bytearray()
+    while len(data) <= limit and (chunk := os.read(fd, min(CHUNK, limit + 1 - len(data)))):
+        data += chunk
+    return None if len(data) > limit else bytes(data)
+
+
+def fd_digest(fd: int) -> str:
+    h = hashlib.sha256()
+    for data in chunks(fd):
+        h.update(data)
+    return h.hexdigest()
+
+
+def placeholder_digest(fd: int) -> str | None:
+    """The content hash a placeholder stands for, or None if the file is not one."""
+    try:
+        value = os.getxattr(fd, PLACEHOLDER_XATTR)
+    except OSError:
+        return None
+    return value.hex() if len(value) == hashlib.sha256().digest_size else None
+
+
+def entry_at(dir_fd: int, name: str, cache: HashCache | None = None, rel: str = "") -> Entry | None:
+    """The entry `name` in the directory dir_fd, never followed (None if it is gone). With a cache, a file
+    that is provably unchanged since it was hashed (at `rel`) is not read again."""
+    try:
+        st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return None
+    mode = stat.S_IMODE(st.st_mode)
+    if stat.S_ISLNK(st.st_mode):
+        return Entry(SYMLINK, 0o777, st.st_size, target=os.readlink(name, dir_fd=dir_fd))
+    if stat.S_ISDIR(st.st_mode):
+        return Entry(DIR, mode)
+    if stat.S_ISREG(st.st_mode):
+        return _file_entry(dir_fd, name, st, cache, rel)
+    return Entry(OTHER, mode)
+
+
+def _file_entry(dir_fd: int, name: str, st: os.stat_result, cache: HashCache | None, rel: str) -> Entry:
+    mode = stat.S_IMODE(st.st_mode)
+    if cache is not None and (known := cache.lookup(rel, st)) is not None:
+        return Entry(FILE, mode, st.st_size, digest=known)
+    fd = open_file_at(dir_fd, name, st)
+    if fd is None:  # swapped for something else meanwhile
+        return Entry(OTHER, 0)
+    try:
+        stands_for = placeholder_digest(fd) if cache is not None and cache.placeholders else None
+        digest = fd_digest(fd) if stands_for is None else stands_for
+    finally:
+        os.close(fd)
+    if cache is not None:
+        cache.remember(rel, st, digest)
+    return Entry(FILE, mode, st.st_size, digest=digest)
+
+
+def entry_of(path: Path) -> Entry | None:
+    """The entry at path (its parent directories are trusted; the entry itself is never followed)."""
+    try:
+        fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    try:
+        return entry_at(fd, path.name)
+    finally:
+        os.close(fd)
+
+
+def parents(rel: str) -> Iterator[str]:
+    """The directories above a relative path, outermost first (`a/b/c` -> `a`, `a/b`)."""
+    parts = rel.split("/")
+    return ("/".join(parts[:i]) for i in range(1, len(parts)))
+
+
+Manifest = dict[str, Entry]
+Tree = Mapping[str, Entry]  # a manifest only read: a Manifest, or one of sync.views
+
+
+class TooManyEntriesError(VmsandboxError):
+    """A tree with more entries than a scan takes (a guest's tree is read into memory)."""
+
+
+def scan(
+    root: Path, *, skip: frozenset[str] = frozenset(), cache: HashCache | None = None, max_entries: int | None = None
+) -> Manifest:
+    """Every path under root (root itself excluded). `skip` names top-level entries to leave out. With a cache
+    (sync.hashcache), unchanged files are not read again; the cache is saved after the walk. With
+    `max_entries`, a tree holding more raises TooManyEntriesError as soon as the walk finds one too many."""
+    found: Manifest = {}
+    _walk(root, "", found, skip, cache, max_entries=max_entries)
+    if cache is not None:
+        cache.save()
+    return found
+
+
+def scan_under(root: Path, rel: str, cache: HashCache | None = None) -> Manifest:
+    """The entry at `rel` under root and, if it is a directory, everything under it (keys relative to root).
+    No symlink is followed on the way down to `rel` either. The cache is not saved (the caller merges)."""
+    parent, name = _open_parent(root, rel)
+    if parent is None:
+        return {}
+    try:
+        entry = entry_at(parent, name, cache, rel)
+        found: Manifest = {} if entry is None else {rel: entry}
+        if entry is not None and entry.kind == DIR:
+            _walk(name, rel + "/", found, frozenset(), cache, dir_fd=parent)
+        return found
+    finally:
+        os.close(parent)
+
+
+def _walk(
+    top: str | Path,
+    prefix: str,
+    found: Manifest,
+    skip: frozenset[str],
+    cache: HashCache | None,
+    *,
+    dir_fd: int | None = None,
+    max_entries: int | None = None,
+) -> None:
+    """Add everything below `top` (relative to dir_fd, if given) to `found`, keyed `prefix` + its path below
+    top; no symlink is followed."""
+    for dirpath, dirnames, filenames, here_fd in os.fwalk(top, follow_symlinks=False, dir_fd=dir_fd):
+        rel_dir = os.path.relpath(dirpath, top)
+        here = prefix if rel_dir == "." else prefix + rel_dir + "/"
+        at_top = rel_dir == "." and not prefix
+        for name in sorted(dirnames + filenames):
+            if at_top and name in skip:
+                continue
+            entry = entry_at(here_fd, name, cache, here + name)
+            if entry is not None:
+                found[here + name] = entry
+                if max_entries is not None and len(found) > max_entries:
+                    raise TooManyEntriesError(f"the tree under {top} holds more than {max_entries:,} entries")
+        dirnames[:] = [d for d in dirnames if not (at_top and d in skip)]
+
+
+def open_dir_under(root: Path, rel: str) -> int | None:
+    """An fd of the directory `rel` under root ("" is root), reached without following any symlink (None if a
+    component is missing or not a directory)."""
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    for part in rel.split("/") if rel else ():
+        try:
+            inner = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+        except OSError:
+            os.close(fd)
+            return None
+        os.close(fd)
+        fd = inner
+    return fd
+
+
+def _open_parent(root: Path, rel: str) -> tuple[int | None, str]:
+    """open_dir_under for the directory that holds `rel`, and the last component's name."""
+    where, _, name = rel.rpartition("/")
+    return open_dir_under(root, where), name
+
+
+def entry_under(root: Path, rel: str, cache: HashCache | None = None) -> Entry | None:
+    """The entry at `rel` under root, no symlink followed on the way (None if there is none)."""
+    parent, name = _open_parent(root, rel)
+    if parent is None:
+        return None
+    try:
+        return entry_at(parent, name, cache, rel)
+    finally:
+        os.close(parent)
+
+
+def to_json(manifest: Mapping[str, Entry]) -> dict[str, Any]:
+    return {path: entry.as_dict() for path, entry in sorted(manifest.items())}
+
+
+def from_json(data: dict[str, Any]) -> Manifest:
+    return {path: Entry.from_dict(e) for path, e in data.items()}
