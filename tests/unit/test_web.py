@@ -129,10 +129,10 @@ def test_the_browser_is_opened_on_a_file_only_this_account_reads() -> None:
     """The ticket never goes on the browser's command line (/proc/PID/cmdline is every account's to read)."""
     import stat
 
-    from vmsandbox.cli import webui
+    from vmsandbox.web import server
 
     url = f"http://{HOST}/?ticket=abc&x=<1>"
-    launcher = webui.launcher_file(url)
+    launcher = server.launcher_file(url)
     assert stat.S_IMODE(launcher.stat().st_mode) == 0o600
     assert stat.S_IMODE(launcher.parent.stat().st_mode) == 0o700
     assert launcher.as_uri().startswith("file://") and "abc" not in launcher.as_uri()

@@ -1,5 +1,6 @@
-"""The review at a terminal: the summary of a plan (sync.plan), the questions to the person, the decisions
-(--yes, a person, or none) and the report of what was done. Everything shown from the guest is escaped."""
+"""The person at the terminal (core.person.Person): the summary of a review and its questions, the decisions
+(--yes, the person, or none), the report of what was done, the credentials named before boot, a login kept, a
+fan-out's table. Everything shown from the guest is escaped."""
 
 from __future__ import annotations
 
@@ -8,9 +9,12 @@ from typing import TYPE_CHECKING, Any
 from vmsandbox import ui
 
 if TYPE_CHECKING:
-    from vmsandbox.session.record import Record
+    from collections.abc import Sequence
+
+    from vmsandbox.session.moments.fanout import Outcome as FanOutcome
     from vmsandbox.sync.review.plan import Decisions, Item, Outcome, Plan
     from vmsandbox.sync.review.take import Take
+    from vmsandbox.sync.scan.credentials import Finding
 
 
 def summary_table(plan: Plan) -> Any:
@@ -133,21 +137,6 @@ def mass_table(plan: Plan) -> Any:
 MASS_ROWS = 30
 
 
-def decide(plan: Plan, *, yes: bool, take: Take) -> Decisions:
-    """The decisions for a plan: --yes, a person at a terminal, or (neither) nothing."""
-    from vmsandbox.sync.review.plan import Decisions
-
-    if yes:
-        return Decisions.safe(plan, take)
-    if ui.is_interactive():
-        return ask_person(plan)
-    ui.warn(
-        "no terminal to review on and no --yes: nothing applied (rerun with --yes to apply the safe "
-        "changes, or on a terminal to choose)"
-    )
-    return Decisions()
-
-
 def show(plan: Plan) -> bool:
     """The summary of a plan; False when there is nothing to review."""
     if plan.empty:
@@ -214,16 +203,73 @@ def report(outcome: Outcome, name: str) -> None:
     ui.info("Sync-back: " + ", ".join(parts) + ".")
 
 
-def conduct(record: Record, plan: Plan, *, yes: bool, take: Take, ask: bool = True) -> Outcome:
-    """Show the plan, get the decisions (--yes, a person unless not `ask`, or none), carry them out, report."""
-    from vmsandbox.session.end import lifecycle
-    from vmsandbox.sync.review.plan import Decisions
+SHOWN = 10  # files that look like credentials named one per line; the rest counted
 
-    something = show(plan)
-    if something and ask and not yes and ui.is_interactive():
-        ui.info(f"[dim]To review in the browser instead (hunks, merges): q, then `vmsandbox ui {record.name}`[/]")
-    decisions = decide(plan, yes=yes, take=take) if something and (ask or yes) else Decisions()
-    outcome = lifecycle.decide(record, plan, decisions)
-    if something:
-        report(outcome, record.name)
-    return outcome
+
+class Terminal:
+    """The person at this terminal, or `--yes` (`yes`, with what `take` takes) when they said so up front. Without
+    a terminal, nothing is asked: what `--yes` did not settle waits."""
+
+    def __init__(self, *, yes: bool = False, take: Take | None = None, ask: bool = True) -> None:
+        from vmsandbox.sync.review.take import Take
+
+        self.yes, self.take = yes, take or Take()
+        self.ask = ask and not yes and ui.is_interactive()
+
+    def leave_out(self, found: Sequence[Finding]) -> bool:
+        ui.warn(f"{len(found)} file(s) of the project look like credentials:")
+        for f in found[:SHOWN]:
+            ui.err.print(f"    {ui.printable(f.path)}: {ui.printable(f.what)}", highlight=False)
+        if len(found) > SHOWN:
+            ui.err.print(f"    … and {len(found) - SHOWN} more", highlight=False)
+        if not ui.is_interactive():
+            return True
+        answer = ""
+        while answer not in ("y", "n"):
+            answer = ui.err.input("  Leave them out of the VM? [Y/n] ").strip().lower()[:1] or "y"
+        return answer == "y"
+
+    def decide(self, review: Plan) -> Decisions:
+        from vmsandbox.core.person import Nobody
+
+        if not show(review):
+            from vmsandbox.sync.review.plan import Decisions
+
+            return Decisions()
+        if self.ask:
+            name = review.gathered.target.name
+            ui.info(f"[dim]To review in the browser instead (hunks, merges): q, then `vmsandbox ui {name}`[/]")
+            return ask_person(review)
+        return Nobody(yes=self.yes, take=self.take).decide(review)
+
+    def told(self, review: Plan, outcome: Outcome) -> None:
+        report(outcome, review.gathered.target.name)
+
+    def keep_login(self, agent: str, files: Sequence[str]) -> bool:
+        import typer
+
+        if not ui.is_interactive():
+            return False
+        return typer.confirm(
+            f"The session signed in to {agent} ({', '.join(files)}). Keep that login for later sessions?",
+            default=False,
+            err=True,
+        )
+
+    def fanned_out(self, group: str, outcomes: Sequence[FanOutcome]) -> None:
+        from vmsandbox.cli.base import columns
+
+        rows = [
+            [o.name, "-" if o.code is None else str(o.code), f"{o.seconds:.1f}s", str(o.files), str(o.added),
+             str(o.removed), {None: "-", True: "pass", False: "FAIL"}[o.check]]
+            for o in outcomes
+        ]  # fmt: skip
+        columns(["SESSION", "EXIT", "TIME", "FILES", "+", "-", "CHECK"], rows)
+        for o in outcomes:
+            if o.error:
+                ui.warn(f"{o.name}: {o.error}")
+        ui.info(
+            f"Each command's output: fanout.log in the session's directory. Compare them with `vmsandbox compare "
+            f"{' '.join(o.name for o in outcomes)}`, take one with `vmsandbox pull NAME`, then "
+            f"`vmsandbox destroy --group {group}`"
+        )

@@ -20,7 +20,7 @@ from vmsandbox.cli.base import (
     app,
     sync_limit,
 )
-from vmsandbox.cli.prompts import conduct, show
+from vmsandbox.cli.prompts import Terminal, show
 from vmsandbox.errors import UsageError
 
 if TYPE_CHECKING:
@@ -28,23 +28,19 @@ if TYPE_CHECKING:
 
 
 def review_session(name: str, *, yes: bool, take: Take, dry_run: bool = False, only: list[str]) -> int:
-    """pull/recover: review, apply what is decided, report; the number of changes left (0 for a dry run)."""
-    from vmsandbox.session import lock
-    from vmsandbox.session.end import lifecycle
-    from vmsandbox.session.record import Record
+    """pull/recover: the review put to the person at this terminal (or --yes), through the core; the number of
+    changes left (0 for a dry run)."""
+    from vmsandbox.core import reviews
 
-    record = Record.load(name)
-    with lock.held(record.files, name, "reviewing the changes of"):
-        record = Record.load(name)  # as the holder before us left it
-        plan = lifecycle.review(record, limit=sync_limit(), only=only)
-        if dry_run:
-            if show(plan):
-                ui.info(f"Dry run: {len(plan.todo)} change(s) pending; nothing written.")
-            return 0
-        outcome = conduct(record, plan, yes=yes, take=take)
-        if lifecycle.settle(record, outcome):
-            ui.info(f"Every change of session {name} is dealt with; the session is removed.")
-        return outcome.left
+    if dry_run:
+        plan = reviews.review(name, only=only)
+        if show(plan):
+            ui.info(f"Dry run: {len(plan.todo)} change(s) pending; nothing written.")
+        return 0
+    settled = reviews.pull(name, Terminal(yes=yes, take=take), only=only)
+    if settled.removed:
+        ui.info(f"Every change of session {name} is dealt with; the session is removed.")
+    return settled.outcome.left
 
 
 Paths = Annotated[list[str] | None, typer.Argument(help="Only these paths (files or directories).", metavar="PATH")]

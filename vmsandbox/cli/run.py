@@ -2,32 +2,26 @@
 
 from __future__ import annotations
 
-import contextlib
 import inspect
 import typing
 from collections.abc import Callable
-from contextlib import nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
 
 from vmsandbox import ui
-from vmsandbox.cli import complete, fanout, goingin, login, prompts
+from vmsandbox.cli import complete, prompts
 from vmsandbox.cli.base import (
-    EXIT_RUN_FAILED,
     Invocation,
     TakesCommand,
     app,
-    sync_limit,
     tail,
 )
-from vmsandbox.errors import UsageError
 
 if TYPE_CHECKING:
+    from vmsandbox.core.person import Person
     from vmsandbox.session.options import RunFlags
-    from vmsandbox.session.record import Record
-    from vmsandbox.sync.review.take import Take
 
 AGENTS = ("claude", "codex", "gemini", "opencode")
 
@@ -176,60 +170,24 @@ def run(
 def run_session(
     path: Path, blueprint_name: str, cmd: list[str] | None, flags: RunFlags, *, agent: bool = False
 ) -> NoReturn:
-    from vmsandbox.guest import commands
-    from vmsandbox.session import state
-    from vmsandbox.session.start import create, resolve
+    """A run through the core (core.flow), the person at this terminal asked (or, with `--review web`, on the
+    page for the review)."""
+    from vmsandbox.core import flow
+    from vmsandbox.session.options import take_of
 
-    if flags.check is not None and flags.fanout is None:
-        raise UsageError("--check goes with --fanout", hint="e.g. `vmsandbox run --fanout 3 --check 'make test' .`")
-    planned = goingin.screen(resolve.resolve(path, blueprint_name, cmd, flags, agent=agent), send=flags.send_secrets)
-    if flags.fanout is not None:
-        fanout.fan_out(planned, flags.fanout, flags.check)
-    record = create.create(planned.options)
-    code = EXIT_RUN_FAILED
-    try:
-        code = commands.attach(record.endpoint(), record.project, planned.command, tty=planned.tty)
-        if code == commands.SSH_FAILED and state.stops_within(record, seconds=15):
-            ui.warn(f"the VM shut down while the command ran; its console log: `vmsandbox logs {record.name}`")
-    finally:
-        if planned.options.keep:
-            ui.info(
-                f"Session [bold]{record.name}[/] keeps running: `vmsandbox shell {record.name}`, "
-                f"`vmsandbox pull {record.name}`, `vmsandbox destroy {record.name}`"
-            )
-        else:
-            _finish(record, yes=planned.yes, take=planned.take, web=planned.web)
-    raise typer.Exit(code)
+    person: Person = prompts.Terminal(yes=flags.yes, take=take_of(flags))
+    if flags.review == "web" and not flags.yes:
+        from vmsandbox.web.person import Page
 
-
-def _finish(record: Record, *, yes: bool, take: Take, web: bool) -> None:
-    """End of `run`: review the guest's changes (at the terminal, or with `web` in the browser until applied),
-    then destroy the VM (in the background: the exit code does not wait for it). Whatever was not synced is
-    exported to the session's outbox first (lifecycle.finish), so nothing is lost: `vmsandbox recover NAME`
-    takes it."""
-    from vmsandbox.cli import webui
-    from vmsandbox.session import lock
-    from vmsandbox.session.end import lifecycle
-    from vmsandbox.session.record import Record
-
-    if web and not yes:
-        ui.info("Review the changes in your browser; the VM ends once they are applied (Ctrl-C: leave them pending)")
-        with contextlib.suppress(KeyboardInterrupt):
-            webui.serve(record.name, until_applied=True)
-        record = Record.load(record.name)
-    login.offer(record)  # a login the guest made: kept for later sessions only on a yes at a terminal
-    with lock.held(record.files, record.name, "reviewing the changes of"):
-        plan = lifecycle.review(record, limit=sync_limit())
-        outcome = prompts.conduct(record, plan, yes=yes, take=take, ask=not web)
-        keeping = ui.step("Keeping the unsynced changes in the session's outbox") if outcome.left else nullcontext()
-        with keeping:
-            end = lifecycle.finish(record, plan.gathered, background=True)
-    ui.info(f"[dim]{record.domain} is destroyed in the background (`vmsandbox gc` finishes it if interrupted)[/]")
-    if end.left:
-        ui.warn(
-            f"{end.left} change(s) were not synced back; review them in the browser with `vmsandbox ui {record.name}`, "
-            f"or at the terminal with `vmsandbox recover {record.name}`"
+        person = Page(person)
+    ran = flow.run(flow.Ask(path, blueprint_name, cmd, flags, agent=agent), person)
+    if ran.kept and ran.record is not None:
+        name = ran.record.name
+        ui.info(
+            f"Session [bold]{name}[/] keeps running: `vmsandbox shell {name}`, `vmsandbox pull {name}`, "
+            f"`vmsandbox destroy {name}`"
         )
+    raise typer.Exit(ran.code)
 
 
 def flags_of(given: dict[str, Any]) -> RunFlags:

@@ -109,3 +109,10 @@ def parse_publish(spec: str, address: str | None) -> Publish:
     if not ip.is_loopback:
         ui.warn(f"publishing on {address}: other machines on that network can reach the guest's port")
     return replace(published, addresses=(str(ip),))
+
+
+def take_of(flags: RunFlags) -> Take:
+    """What `--yes` takes beyond the safe, reviewable changes, as the flags say."""
+    return Take(
+        risky=flags.include_risky, ignored=flags.include_ignored, binary=flags.include_binary, mass=flags.include_mass
+    )

@@ -18,6 +18,8 @@ from starlette.staticfiles import StaticFiles
 
 from vmsandbox import ui
 from vmsandbox.errors import VmsandboxError
+from vmsandbox.sync.git import fetch as commitfetch
+from vmsandbox.sync.review.plan import Decisions, Plan
 from vmsandbox.web import compare, logs, review
 from vmsandbox.web.guard import Guard
 
@@ -58,20 +60,17 @@ def number(text: str | None, *, most: int = 10**6) -> int | None:
 def show_review(request: Request) -> Response:
     """One session's review: made now (fetched from the guest, then frozen), or, with `review=`, a page of the
     frozen review the person is reading (nothing fetched)."""
-    from vmsandbox.session import lock
-    from vmsandbox.session.end import lifecycle
-    from vmsandbox.session.record import Record
+    from vmsandbox.core import reviews
 
     name = request.path_params["name"]
     page_number = number(request.query_params.get("page")) or 0
-    given = request.query_params.get("review")
+
+    def shown(plan: Plan) -> tuple[Plan, list[review.FileView], list[commitfetch.RefView], str | None]:
+        return (plan, review.files(plan, page_number), *review.commits(plan))
+
     try:
-        record = Record.load(name)
-        with lock.held(record.files, name, "reviewing the changes of"):
-            record = Record.load(name)
-            plan = lifecycle.reviewed(record, given) if given else lifecycle.review(record, limit=_limit())
-            files = review.files(plan, page_number)
-            refs, refs_refused = review.commits(plan)
+        record = reviews.record(name)
+        plan, files, refs, refs_refused = reviews.look(name, shown, review_id=request.query_params.get("review"))
     except VmsandboxError as exc:
         return failed(exc)
     pages = max(1, -(-len(plan.todo) // review.PAGE_ITEMS))
@@ -86,29 +85,33 @@ async def apply_review(request: Request) -> Response:
     fields: dict[str, list[str]] = {}
     for key, value in form.multi_items():
         fields.setdefault(key, []).append(value if isinstance(value, str) else "")
-    response: Response = await _in_thread(_apply, request.path_params["name"], fields)
-    if response.status_code == 200 and request.app.state.on_applied is not None:
-        request.app.state.on_applied()  # `run --review web`: the review is done, the run goes on
+    response: Response = await _in_thread(_apply, request.app.state.handoff, request.path_params["name"], fields)
     return response
 
 
-def _apply(name: str, fields: dict[str, list[str]]) -> Response:
-    """The person's choices on the frozen review the page showed (its id in the form): nothing is fetched."""
-    from vmsandbox.session import lock
-    from vmsandbox.session.end import lifecycle
-    from vmsandbox.session.record import Record
+def _apply(handoff: Any, name: str, fields: dict[str, list[str]]) -> Response:
+    """The person's choices on the frozen review the page showed (its id in the form): handed to the run that
+    waits for them (`run --review web`), or carried out here; nothing is fetched again either way."""
+    from vmsandbox.core import reviews
+
+    review_id = fields.get("review", [""])[0]
+    waiting = handoff.takes(name, review_id) if handoff is not None else None
+    if waiting is not None:
+        chosen = review.decisions(waiting, fields)
+        outcome = handoff.hand_back(chosen.decisions)
+        return page("outcome.html", name=name, outcome=outcome, refused=chosen.refused, removed=False)
+    refused: list[str] = []
+
+    def decide(plan: Plan) -> Decisions:
+        chosen = review.decisions(plan, fields)
+        refused.extend(chosen.refused)
+        return chosen.decisions
 
     try:
-        record = Record.load(name)
-        with lock.held(record.files, name, "reviewing the changes of"):
-            record = Record.load(name)
-            plan = lifecycle.reviewed(record, fields.get("review", [""])[0])
-            chosen = review.decisions(plan, fields)
-            outcome = lifecycle.decide(record, plan, chosen.decisions)
-            removed = lifecycle.settle(record, outcome)
+        settled = reviews.apply(name, review_id, decide)
     except VmsandboxError as exc:
         return failed(exc)
-    return page("outcome.html", name=name, outcome=outcome, refused=chosen.refused, removed=removed)
+    return page("outcome.html", name=name, outcome=settled.outcome, refused=refused, removed=settled.removed)
 
 
 def log_lines(request: Request) -> Response:
@@ -155,21 +158,9 @@ async def _in_thread(fn: Any, *args: Any) -> Any:
     return await run_in_threadpool(fn, *args)
 
 
-def _limit() -> int:
-    from vmsandbox.session import settings as config
-
-    return config.sync_limit()
-
-
-def make(
-    *,
-    address: str,
-    port: int,
-    on_applied: Callable[[], None] | None = None,
-    on_exchange: Callable[[str], None] | None = None,
-) -> Guard:
-    """The application behind its guard (guard.py) at address:port; `on_applied` is called once a review is
-    applied, `on_exchange(ticket)` once a ticket is used."""
+def make(*, address: str, port: int, handoff: Any = None, on_exchange: Callable[[str], None] | None = None) -> Guard:
+    """The application behind its guard (guard.py) at address:port; `handoff` takes the apply of the review a run
+    waits for (person.Page), `on_exchange(ticket)` is called once a ticket is used."""
     app = Starlette(
         routes=[
             Route("/", sessions),
@@ -182,5 +173,5 @@ def make(
             Mount("/static", StaticFiles(directory=STATIC), name="static"),
         ]
     )
-    app.state.on_applied = on_applied
+    app.state.handoff = handoff
     return Guard(app, address=address, port=port, on_exchange=on_exchange)

@@ -47,20 +47,11 @@ def groups(rows: list[dict[str, Any]]) -> dict[str, list[str]]:
 
 
 def _plans(names: list[str]) -> dict[str, Plan]:
-    from vmsandbox.session import lock
-    from vmsandbox.session import settings as config
-    from vmsandbox.session.end import lifecycle
-    from vmsandbox.session.record import Record
+    from vmsandbox.core import reviews
 
     if not 2 <= len(names) <= MOST or len(set(names)) != len(names):
         raise VmsandboxError(f"compare 2 to {MOST} different sessions", hint="e.g. /compare?s=exp-1&s=exp-2")
-    limit = config.sync_limit()
-    plans: dict[str, Plan] = {}
-    for name in names:
-        record = Record.load(name)
-        with lock.held(record.files, name, "reviewing the changes of"):
-            plans[name] = lifecycle.review(Record.load(name), limit=limit)
-    return plans
+    return {name: reviews.review(name) for name in names}
 
 
 @dataclass
@@ -98,27 +89,21 @@ class Applied:
 def apply(fields: dict[str, str]) -> Applied:
     """Fields `r-<session>` (the id of the session's review the page showed), `c<k>` (a pick: pick(cell), or ""
     for none), `destroy` ("rest")."""
-    from vmsandbox.session import lock
-    from vmsandbox.session import settings as config
-    from vmsandbox.session.end import lifecycle
-    from vmsandbox.session.record import Record
+    from vmsandbox.core import reviews, sessions
 
-    reviews = {key[2:]: value for key, value in fields.items() if key.startswith("r-")}
+    given = {key[2:]: value for key, value in fields.items() if key.startswith("r-")}
     wanted: dict[str, dict[int, str]] = {}
     for key, value in fields.items():
         if key.startswith("c") and value:
             session, _, rest = value.partition(":")
             number, _, digest = rest.partition(":")
-            if session not in reviews or not (number.isascii() and number.isdigit()):
+            if session not in given or not (number.isascii() and number.isdigit()):
                 raise VmsandboxError(f"a pick names no review the page showed ({value[:80]!r})", hint=_AGAIN)
             wanted.setdefault(session, {})[int(number)] = digest
-    limit = config.sync_limit()
     done = Applied({}, [], [])
     for name, chosen in wanted.items():
-        record = Record.load(name)
-        with lock.held(record.files, name, "reviewing the changes of"):
-            record = Record.load(name)
-            plan = lifecycle.reviewed(record, reviews[name])
+
+        def picked(plan: Plan, name: str = name, chosen: dict[int, str] = chosen) -> Decisions:
             items = []
             for index, digest in sorted(chosen.items()):
                 item = plan.todo[index] if index < len(plan.todo) else None
@@ -126,14 +111,14 @@ def apply(fields: dict[str, str]) -> Applied:
                     done.failed.append(f"{name}: item {index} is not what the page showed; {_AGAIN}")
                 else:
                     items.append(item)
-            outcome = lifecycle.decide(record, plan, Decisions(accept=tuple(items)))
+            return Decisions(accept=tuple(items))
+
+        outcome = reviews.apply(name, given[name], picked).outcome
         done.applied[name] = outcome.applied + outcome.merged + outcome.conflicts
         done.failed += outcome.failed
     if fields.get("destroy") == "rest":
-        for name in reviews:
-            record = Record.load(name)
-            with lock.held(record.files, name, "destroying"):
-                lifecycle.destroy(Record.load(name), force=True, discard=False, limit=limit)
+        for name in given:
+            sessions.destroy(name, force=True)
             done.destroyed.append(name)
     return done
 

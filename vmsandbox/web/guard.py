@@ -9,7 +9,7 @@
   never in a URL. A URL carries a *ticket* instead, which works once: it is exchanged for the HttpOnly,
   SameSite=Strict cookie, and the page sends the browser on to the same URL without it. The browser is never handed a
   ticket on its command line (every local account reads those in /proc): it is opened on a file only this
-  account can read, which sends it on (webui.py).
+  account can read, which sends it on (server.py).
 - **Host** must be this address and port: a DNS-rebinding page (evil.example resolving here) is refused before
   anything else.
 - **From the page only.** A browser says where a request comes from (`Sec-Fetch-Site`, which no page can

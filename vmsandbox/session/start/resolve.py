@@ -13,13 +13,12 @@ from vmsandbox.errors import UsageError, VmsandboxError
 from vmsandbox.image import blueprint as blueprint_mod
 from vmsandbox.session import settings as config
 from vmsandbox.session.host import hosts
-from vmsandbox.session.options import Options, Run, RunFlags, parse_publish
+from vmsandbox.session.options import Options, Run, RunFlags, parse_publish, take_of
 from vmsandbox.session.place import choose as places
 from vmsandbox.session.place import hostspec
 from vmsandbox.session.place.hostspec import HostSpec
 from vmsandbox.session.record import validate_name, validate_project
 from vmsandbox.session.start import layer as layerbuild
-from vmsandbox.sync.review.take import Take
 
 
 def resolve(path: Path, blueprint_name: str, command: list[str] | None, flags: RunFlags, *, agent: bool) -> Run:
@@ -56,10 +55,7 @@ def resolve(path: Path, blueprint_name: str, command: list[str] | None, flags: R
         cold=flags.cold,
         host=host,
     )
-    take = Take(
-        risky=flags.include_risky, ignored=flags.include_ignored, binary=flags.include_binary, mass=flags.include_mass
-    )
-    return Run(options, command, tty, flags.yes, take, web=flags.review == "web")
+    return Run(options, command, tty, flags.yes, take_of(flags), web=flags.review == "web")
 
 
 PLACE_TIMEOUT = 5.0  # a host that does not answer this fast is not placed on (and delays a run no more)

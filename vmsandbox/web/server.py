@@ -1,0 +1,144 @@
+"""The page served: on an address of 127.0.0.0/8 of its own (guard.py says why), its URL handed to a person
+once (a ticket), and a browser opened where there is a desktop, on a file only this account reads (never a
+ticket on a browser's command line). Served until Ctrl-C (`vmsandbox ui`), or in a thread while a run waits for
+its review (person.py)."""
+
+from __future__ import annotations
+
+import html
+import os
+import socket
+import sys
+import tempfile
+import threading
+import webbrowser
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+from urllib.parse import quote
+
+from vmsandbox import paths, ui
+from vmsandbox.confine import accounts as confine
+from vmsandbox.errors import VmsandboxError
+from vmsandbox.web import app as pages
+from vmsandbox.web.guard import loopback_address
+
+if TYPE_CHECKING:
+    import uvicorn
+
+
+def path_of(name: str | None, review: str | None = None) -> str:
+    """The page of a session (or the session list), at a frozen review of it when one is named."""
+    where = f"/s/{quote(name, safe='')}" if name else "/"
+    return f"{where}?review={review}" if review else where
+
+
+def has_browser() -> bool:
+    """A browser that opens where the user is: a desktop session (or $BROWSER), not an ssh login, where a
+    console browser would take over the terminal."""
+    if not any(os.environ.get(v) for v in ("DISPLAY", "WAYLAND_DISPLAY", "BROWSER")) and sys.platform != "darwin":
+        return False
+    try:
+        webbrowser.get()
+    except webbrowser.Error:
+        return False
+    return True
+
+
+def launcher_file(url: str) -> Path:
+    """A page that sends the browser to `url`, readable by this account only: the browser is opened on it, so
+    the ticket is never on a command line (which every local account reads in /proc)."""
+    where = paths.state_dir() / "ui"
+    confine.make_private_dir(where, traverse=False)
+    fd, name = tempfile.mkstemp(prefix="open-", suffix=".html", dir=where)
+    with os.fdopen(fd, "w") as f:  # mkstemp: 0600, made by this account only
+        f.write(f'<!doctype html><meta http-equiv="refresh" content="0;url={html.escape(url)}">\n')
+    return Path(name)
+
+
+class Server:
+    """The page, bound (the socket listens before any URL is given out) but not yet served. `handoff` takes the
+    apply of the review a run waits for (person.Page)."""
+
+    def __init__(self, *, port: int = 0, handoff: Any = None) -> None:
+        address = loopback_address()
+        self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            self._sock.bind((address, port))
+        except OSError as exc:
+            self._sock.close()
+            raise VmsandboxError(
+                f"cannot listen on {address}:{port}: {exc.strerror}",
+                hint="choose another port with --port, or leave it out for a free one",
+            ) from None
+        self._sock.listen(128)  # before a URL is printed: a browser that is quick must queue, not be refused
+        self._launchers: dict[str, Path] = {}
+        self.guard = pages.make(
+            address=address, port=self._sock.getsockname()[1], handoff=handoff, on_exchange=self._used
+        )
+        self._server: uvicorn.Server | None = None
+        self._thread: threading.Thread | None = None
+
+    def give(self, path: str, *, browser: bool) -> None:
+        """The URL of `path` to the person (stdout: the command's data; it works once), and a browser opened on it
+        where there is one."""
+        print(self.guard.url(path), flush=True)
+        if browser and has_browser():
+            url = self.guard.url(path)
+            launcher = launcher_file(url)
+            self._launchers[url.rpartition("ticket=")[2]] = launcher
+            # in a thread of its own: a browser command may wait until the browser is closed (a console browser,
+            # $BROWSER=firefox started fresh), and the page must be served meanwhile
+            threading.Thread(target=webbrowser.open, args=(launcher.as_uri(),), daemon=True).start()
+
+    def _used(self, ticket: str) -> None:
+        gone = self._launchers.pop(ticket, None)
+        if gone is not None:
+            gone.unlink(missing_ok=True)
+
+    def _made(self) -> uvicorn.Server:
+        import uvicorn
+
+        config = uvicorn.Config(self.guard, log_level="warning", access_log=False, log_config=None)
+        # (log_config=None: its errors go to our log (stderr, -v), not to a configuration of its own)
+        self._server = uvicorn.Server(config)
+        return self._server
+
+    def run(self) -> None:
+        """Serve until Ctrl-C (or stop())."""
+        try:
+            self._made().run(sockets=[self._sock])
+        finally:
+            self._tidy()
+
+    def start(self) -> None:
+        """Serve in a thread of its own."""
+        server = self._made()
+        self._thread = threading.Thread(target=server.run, kwargs={"sockets": [self._sock]}, daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop serving (the answer in flight is finished first)."""
+        if self._server is not None:
+            self._server.should_exit = True
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+        self._tidy()
+
+    def _tidy(self) -> None:
+        for launcher in self._launchers.values():
+            launcher.unlink(missing_ok=True)
+        self._launchers.clear()
+        self._sock.close()
+
+
+def serve(name: str | None, *, port: int = 0, browser: bool = True) -> None:
+    """`vmsandbox ui`: the page until Ctrl-C."""
+    if name is not None:
+        from vmsandbox.core import reviews
+
+        reviews.exists(name)  # a session that does not exist is said now, with its hint, not on the page
+    server = Server(port=port)
+    server.give(path_of(name), browser=browser)
+    ui.info("The review is served at the URL above (only on this machine; the link works once); Ctrl-C stops it.")
+    server.run()
