@@ -19,6 +19,7 @@ import contextlib
 import os
 import pwd
 import re
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -112,6 +113,9 @@ def sudo_invoker() -> pwd.struct_passwd | None:
     return found if str(found.pw_uid) == uid else None
 
 
+_as_invoker_lock = threading.RLock()
+
+
 @contextlib.contextmanager
 def as_invoker() -> Iterator[None]:
     """Under sudo, the block runs as the invoking user (effective uid, gid and groups): whatever root writes in
@@ -122,16 +126,20 @@ def as_invoker() -> Iterator[None]:
     if invoker is None:
         yield
         return
-    groups, gid = os.getgroups(), os.getegid()
-    os.setgroups(os.getgrouplist(invoker.pw_name, invoker.pw_gid))
-    os.setegid(invoker.pw_gid)
-    os.seteuid(invoker.pw_uid)
-    try:
-        yield
-    finally:
-        os.seteuid(0)
-        os.setegid(gid)
-        os.setgroups(groups)
+    with _as_invoker_lock:  # (the effective ids are the whole process's: one switch at a time, nested ones inside it)
+        if os.geteuid() != 0:
+            yield
+            return
+        groups, gid = os.getgroups(), os.getegid()
+        os.setgroups(os.getgrouplist(invoker.pw_name, invoker.pw_gid))
+        os.setegid(invoker.pw_gid)
+        os.seteuid(invoker.pw_uid)
+        try:
+            yield
+        finally:
+            os.seteuid(0)
+            os.setegid(gid)
+            os.setgroups(groups)
 
 
 def config_subdir(path: Path) -> None:

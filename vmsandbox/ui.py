@@ -87,6 +87,15 @@ _CONTROL = {c: f"\\x{c:02x}" for c in [*range(0x20), 0x7F] if c not in (0x09, 0x
 # private-use and unassigned code points. And a combining mark at the very start, which would join the
 # character before it: text that is not the guest's.
 HIDING = frozenset({"Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp"})
+# Unicode's Default_Ignorable_Code_Point (DerivedCoreProperties.txt): drawn as nothing whatever their category —
+# variation selectors (Mn), Hangul fillers (Lo), the combining grapheme joiner — so a line can carry what is not
+# seen. And no more than MARKS combining marks in a row (a stack of them paints over the lines around it).
+IGNORABLE = (
+    (0x00AD, 0x00AD), (0x034F, 0x034F), (0x061C, 0x061C), (0x115F, 0x1160), (0x17B4, 0x17B5), (0x180B, 0x180F),
+    (0x200B, 0x200F), (0x202A, 0x202E), (0x2060, 0x206F), (0x3164, 0x3164), (0xFE00, 0xFE0F), (0xFEFF, 0xFEFF),
+    (0xFFA0, 0xFFA0), (0xFFF0, 0xFFF8), (0x1BCA0, 0x1BCA3), (0x1D173, 0x1D17A), (0xE0000, 0xE0FFF),
+)  # fmt: skip
+MARKS = 3
 
 
 def _escaped(code: int) -> str:
@@ -100,13 +109,21 @@ def visible(text: str) -> str:
     if text.isascii():
         return text.translate(_CONTROL)
     out = []
+    marks = 0
     for i, ch in enumerate(text):
         code = ord(ch)
         if code < 0x80:
             out.append(_CONTROL.get(code, ch))
+            marks = 0
             continue
         category = unicodedata.category(ch)
-        hides = category in HIDING or (i == 0 and category in ("Mn", "Me", "Mc"))
+        marks = marks + 1 if category in ("Mn", "Me", "Mc") else 0
+        hides = (
+            category in HIDING
+            or (i == 0 and marks)
+            or marks > MARKS
+            or any(low <= code <= high for low, high in IGNORABLE)
+        )
         out.append(_escaped(code) if hides else ch)
     return "".join(out)
 

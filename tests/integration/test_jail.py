@@ -145,6 +145,10 @@ print("ptrace", call(101, 0, 0, 0, 0))
 print("userfaultfd", call(323, 0))
 print("io_uring", call(425, 1, 0))
 print("clone3", call(435, 0, 0))
+print("vsock", call(41, 40, 1, 0))
+print("alg", call(41, 38, 5, 0))
+print("ldt", call(154, 0, 0, 0))
+print("unix", call(41, 1, 1, 0))
 t = threading.Thread(target=lambda: None); t.start(); t.join()
 pid = os.fork()
 if pid == 0:
@@ -154,9 +158,10 @@ print("spawn", subprocess.run(["true"]).returncode, os.waitstatus_to_exitcode(os
     r = jailed(f"exec python3 -c {shlex.quote(probe)}", target)
     found = dict(line.split(" ", 1) for line in r.stdout.splitlines())
     for call in ("unshare-user", "unshare-net", "clone-user", "setns", "mount", "keyctl", "bpf", "ptrace",
-                 "userfaultfd", "io_uring"):  # fmt: skip
+                 "userfaultfd", "io_uring", "vsock", "alg", "ldt"):  # fmt: skip
         assert found.get(call) == "EPERM", (call, r.stdout, r.stderr)
     assert found.get("clone3") == "ENOSYS", r.stdout  # so glibc falls back to clone(2), whose flags are seen
+    assert found.get("unix") == "ok", r.stdout  # a socket pair's kind of socket is what a reader may use
     assert found.get("spawn") == "0 7", r.stdout + r.stderr
     r = jailed("unshare -U -r true; echo $?", target)
     assert r.stdout.strip() != "0", r.stdout + r.stderr

@@ -163,3 +163,31 @@ def test_a_session_s_mirror_is_bounded_over_its_pulls(tmp_path: Path, monkeypatc
     monkeypatch.setattr(os, "statvfs", lambda _: Full())
     with pytest.raises(VmsandboxError, match="no room left for the mirror"):
         spend.room(SessionPaths(tmp_path / "empty"), 10 * mib, max_entries=1000)
+
+
+def test_a_tree_too_deep_to_walk_is_refused_with_the_fix(tmp_path: Path) -> None:
+    """A chain of a thousand nested directories (within rsync's path limit) made the walks raise RecursionError:
+    every pull crashed with a traceback. One line with the fix instead."""
+    import os
+
+    from vmsandbox.errors import VmsandboxError
+    from vmsandbox.sync.fetch import spend
+    from vmsandbox.sync.tree import manifest
+
+    deep = tmp_path / "deep"
+    deep.mkdir()
+    fd = os.open(deep, os.O_RDONLY | os.O_DIRECTORY)
+    for _ in range(1500):
+        os.mkdir("a", dir_fd=fd)
+        inner = os.open("a", os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+        os.close(fd)
+        fd = inner
+    os.close(fd)
+    for walk in (lambda: manifest.scan(deep), lambda: spend.measure(deep)):
+        with pytest.raises(VmsandboxError, match="nested deeper than a walk goes") as err:
+            walk()
+        assert err.value.hint and "vmsandbox shell" in err.value.hint
+    path = deep / "/".join(["a"] * 1500)  # taken down from the bottom (rmtree recurses too)
+    while path != deep:
+        path.rmdir()
+        path = path.parent

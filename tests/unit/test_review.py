@@ -75,6 +75,11 @@ def test_risky_paths_and_new_exec_bits() -> None:
     # executable on the host now (the user's chmod during the session): the same holds against the host's file
     assert risk_of("run.sh", f("x", 0o644), f("y", 0o644), f("x", 0o755)) == "executable, its content changed"
     assert risk_of("run.sh", f("x", 0o644), f("y", 0o755), f("x", 0o755)) == "executable, its content changed"
+    # or replaced by a link to a new, plain file (or its directory by a link to one holding a new x.sh)
+    link = Entry(SYMLINK, 0o777, target="y.sh")
+    assert "a link where an executable" in (risk_of("scripts/x.sh", f("x", 0o755), link) or "")
+    assert "a link where an executable" in (risk_of("scripts", Entry(DIR, 0o755), link) or "")
+    assert risk_of("notes.txt", f("x", 0o644), link) is None  # a plain file's link: where it leads is judged apart
 
 
 def test_git_internals_managed_by_git_are_not_file_changes() -> None:
@@ -135,6 +140,10 @@ def test_guest_names_cannot_inject_markup_or_escape_sequences() -> None:
         ("\u0336struck", "\\u0336struck"),  # a combining mark first would strike what comes before it
         ("caf\u00e9 na\u0303o \u4e2d\u6587 \U0001f600", "caf\u00e9 na\u0303o \u4e2d\u6587 \U0001f600"),  # text is text
         ("bad\udcff", "bad\\udcff"),  # an undecodable byte (surrogateescape)
+        ("x\ufe0fy\U000e0100", "x\\ufe0fy\\U000e0100"),  # variation selectors: a payload no one sees
+        ("const {timeout,\u3164}", "const {timeout,\\u3164}"),  # a Hangul filler: an invisible identifier
+        ("a\u034fb", "a\\u034fb"),  # the combining grapheme joiner
+        ("z\u0301\u0302\u0303\u0304\u0305", "z\u0301\u0302\u0303\\u0304\\u0305"),  # a stack of marks, cut
     ],
 )
 def test_what_is_shown_of_a_guest_name_is_what_its_characters_are(hostile: str, shown: str) -> None:
@@ -220,3 +229,14 @@ def test_binary_content_waits_for_an_explicit_choice(tmp_path: Path) -> None:
     assert [i.label for i in d.accept] == ["d/late.txt"] and [i.label for i in d.binary] == ["d/blob.bin"]
     d = Decisions.safe(plan, Take(binary=True))
     assert sorted(i.label for i in d.accept) == ["d/blob.bin", "d/late.txt"] and d.binary == ()
+
+
+def test_a_lexer_that_answers_other_words_is_not_believed() -> None:
+    """The jailed lexer reads guest bytes too: its answer is shown only when its tokens are the text's own lines,
+    word for word (else the text is shown plain)."""
+    from vmsandbox.web import highlight
+
+    text = "x = 1\ny = 2\n"
+    assert highlight._same([[["n", "x"], ["", " = 1"]], [["n", "y = 2"]]], text)
+    assert not highlight._same([[["n", "x = 1"]], [["n", "y = 3"]]], text)  # another word
+    assert not highlight._same([[["n", "x = 1"]]], text)  # a line left out

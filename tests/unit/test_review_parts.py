@@ -237,10 +237,12 @@ def test_a_new_directory_of_held_changes_waits_with_them(tmp_path: Path) -> None
 
 def test_a_pickle_that_names_code_is_seen_whatever_its_protocol() -> None:
     """docs/security.md says a pickle is held; a protocol-0 pickle read as plain text and `--yes` applied it
-    (issue 43). The scanner's parse (pickletools: parsed, never loaded) tells one naming code, by content."""
+    (issue 43). The unpickler itself reads it, in the scanner's process, and its find_class stops the load at
+    the first name: whatever the protocol, a header or none, a number written as base 0 (which pickletools
+    refused while the unpickler took it)."""
     import pickle
 
-    from vmsandbox.sync.scan import worker as scanworker
+    from vmsandbox.sync.scan import worker
 
     class Boom:
         def __reduce__(self) -> tuple[object, tuple[str]]:
@@ -249,13 +251,18 @@ def test_a_pickle_that_names_code_is_seen_whatever_its_protocol() -> None:
     for protocol in range(pickle.HIGHEST_PROTOCOL + 1):
         data = pickle.dumps(Boom(), protocol=protocol)
         assert credentials.may_be_pickle(data), protocol
-        assert scanworker.loads_code(data), protocol
-    text = b"cos\nsystem\n(S'echo pwned'\ntR."  # written by hand: reads as text
-    assert credentials.may_be_pickle(text) and scanworker.loads_code(text)
-    assert not scanworker.loads_code(pickle.dumps({"plain": [1, 2.5, "data"]}, protocol=0))  # data only
+        assert worker.loads_code(data), protocol
+    for crafted in (
+        b"cos\nsystem\n(S'echo pwned'\ntR.",  # written by hand: reads as text
+        b"\x8c\x08builtins\x8c\x05print\x93\x8c\x05PWNED\x85R.",  # protocol 4 without its header, no NUL
+        b"I0x10\n0cbuiltins\nprint\n(S'x'\ntR.",  # an int pickletools refuses, then a call
+        b"cos\nsystem\n(S'x'\ntR." + b"x" * (1024**2),  # a payload, then a megabyte (never read)
+        b"cat\ndog\n",  # the unpickler would import module `at`: its code runs
+    ):
+        assert credentials.may_be_pickle(crafted) and worker.loads_code(crafted), crafted[:40]
+    assert not worker.loads_code(pickle.dumps({"plain": [1, 2.5, "data"]}, protocol=0))  # data only
     for source in (b"import os\nimport sys\n", b"class A:\n    pass\n", b"changes\n2024\n", b"", b"."):
-        assert not scanworker.loads_code(source)
-    assert scanworker.loads_code(b"cat\ndog\n")  # the unpickler would import module `at`: its code runs
+        assert not worker.loads_code(source)
 
 
 def test_cp_shows_its_jailed_rsync_the_named_sources_only(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -223,9 +223,11 @@ def test_a_template_is_used_only_under_the_key_it_was_saved_with(tmp_path: Path)
     assert not template.mark_failed(tmpl, "the guest did not take its identity", "bad-input")  # the same again
     assert template.find(image, shape, hv)[0] is not None  # type: ignore[arg-type]
     template.started(tmpl)  # then another session starts from it: the strike goes
-    assert not template.mark_failed(tmpl, "the guest did not take its identity", "third")
-    # another session fails next, with no success between: the template is not used again
-    assert template.mark_failed(tmpl, "the guest did not take its identity", "fourth")
+    assert not template.mark_failed(tmpl, "the guest did not take its identity", "third", project="/p")
+    # another session of the same project (a fan-out: the same input) fails too: still that project's input
+    assert not template.mark_failed(tmpl, "the guest did not take its identity", "third-2", project="/p")
+    # a session of another project fails next, with no success between: the template is not used again
+    assert template.mark_failed(tmpl, "the guest did not take its identity", "fourth", project="/q")
     found, why = template.find(image, shape, hv)  # type: ignore[arg-type]
     assert found is None
     assert "failed a warm start" in why

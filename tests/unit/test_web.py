@@ -13,7 +13,7 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse
 from starlette.routing import Route
 
-from vmsandbox.web.guard import CSP, Guard, loopback_address
+from vmsandbox.web.guard import CSP, TICKET_SECONDS, Guard, loopback_address
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")
@@ -137,3 +137,23 @@ def test_the_browser_is_opened_on_a_file_only_this_account_reads() -> None:
     assert stat.S_IMODE(launcher.parent.stat().st_mode) == 0o700
     assert launcher.as_uri().startswith("file://") and "abc" not in launcher.as_uri()
     assert 'url=http://127.45.6.7:8123/?ticket=abc&amp;x=&lt;1&gt;"' in launcher.read_text()
+
+
+def test_a_ticket_spends_the_others_and_an_unused_one_expires(
+    guard: Guard, client: TestClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The printed URL and the launcher's are given out together: one opens the page, the other nothing after;
+    an unused ticket expires; and the page sent on is never another site's (`//evil.example/`)."""
+    import time
+
+    printed, launcher = guard.url("/"), guard.url("/")
+    assert client.get(launcher, headers={"Host": HOST}).status_code == 200
+    assert client.get(printed, headers={"Host": HOST}).status_code == 403
+    late = guard.url("/")
+    now = time.monotonic()
+    monkeypatch.setattr(time, "monotonic", lambda: now + TICKET_SECONDS + 1)
+    assert client.get(late, headers={"Host": HOST}).status_code == 403
+    monkeypatch.setattr(time, "monotonic", lambda: now)
+    ticket = guard.url("/").rpartition("ticket=")[2]
+    answer = client.get(f"http://{HOST}//evil.example/x?ticket={ticket}", headers={"Host": HOST})
+    assert answer.status_code == 200 and 'url=/evil.example/x"' in answer.text, answer.text

@@ -138,8 +138,7 @@ def diff(
     characters are shown as \\xNN unless --raw: a pipe often ends in a terminal (`| cat`, `| less -R`).
 
     Examples: `vmsandbox diff exp1 --stat` · `vmsandbox diff exp-1 --against exp-2`"""
-    from vmsandbox.session.end import lifecycle
-    from vmsandbox.session.record import Record
+    from vmsandbox.core import reviews
     from vmsandbox.sync.review import diff as diffs
 
     def shown(text: str) -> str:  # guest content never reaches a terminal with its escape sequences
@@ -153,7 +152,7 @@ def diff(
         theirs, ours = across.fetch(against, limit=sync_limit()), across.fetch(name, limit=sync_limit())
         sys.stdout.write(shown(across.diff_between(ours, theirs)))
         return
-    plan = lifecycle.review(Record.load(name), limit=sync_limit(), only=only or [])
+    plan = reviews.review(name, only=only or [], freeze=False)
 
     for c in plan.shown:
         if stat:

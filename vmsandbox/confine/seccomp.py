@@ -37,7 +37,7 @@ REFUSED = (
     "process_vm_writev", "pidfd_getfd", "kexec_load", "kexec_file_load", "init_module", "finit_module",
     "delete_module", "open_by_handle_at", "name_to_handle_at", "swapon", "swapoff", "reboot", "acct", "quotactl",
     "syslog", "settimeofday", "clock_settime", "clock_adjtime", "adjtimex", "lookup_dcookie", "vhangup",
-    "personality", "iopl", "ioperm", "uselib", "memfd_secret",
+    "personality", "iopl", "ioperm", "uselib", "memfd_secret", "modify_ldt",
 )  # fmt: skip
 
 NUMBERS: dict[str, dict[str, int]] = {
@@ -51,8 +51,8 @@ NUMBERS: dict[str, dict[str, int]] = {
         "delete_module": 176, "open_by_handle_at": 304, "name_to_handle_at": 303, "swapon": 167, "swapoff": 168,
         "reboot": 169, "acct": 163, "quotactl": 179, "syslog": 103, "settimeofday": 164, "clock_settime": 227,
         "clock_adjtime": 305, "adjtimex": 159, "lookup_dcookie": 212, "vhangup": 153, "personality": 135,
-        "iopl": 172, "ioperm": 173, "uselib": 134, "memfd_secret": 447,
-        "clone": 56, "clone3": 435, "ioctl": 16,
+        "iopl": 172, "ioperm": 173, "uselib": 134, "memfd_secret": 447, "modify_ldt": 154,
+        "clone": 56, "clone3": 435, "ioctl": 16, "socket": 41,
     },
     "aarch64": {
         "unshare": 97, "setns": 268, "mount": 40, "umount2": 39, "pivot_root": 41, "chroot": 51,
@@ -65,13 +65,15 @@ NUMBERS: dict[str, dict[str, int]] = {
         "reboot": 142, "acct": 89, "quotactl": 60, "syslog": 116, "settimeofday": 170, "clock_settime": 112,
         "clock_adjtime": 266, "adjtimex": 171, "lookup_dcookie": 18, "vhangup": 58, "personality": 92,
         "memfd_secret": 447,
-        "clone": 220, "clone3": 435, "ioctl": 29,
+        "clone": 220, "clone3": 435, "ioctl": 29, "socket": 198,
     },
 }  # fmt: skip
 
 # clone(2) flags that make a namespace (linux/sched.h)
 NAMESPACE_FLAGS = 0x00020000 | 0x02000000 | 0x04000000 | 0x08000000 | 0x10000000 | 0x20000000 | 0x40000000
 TIOCSTI = 0x5412
+# socket families that reach past the jail's empty network namespace: the host's VM sockets, the kernel's crypto
+AF_ALG, AF_VSOCK = 38, 40
 
 # classic BPF (linux/filter.h, linux/seccomp.h)
 _LD_W_ABS = 0x00 | 0x00 | 0x20  # BPF_LD | BPF_W | BPF_ABS
@@ -119,6 +121,15 @@ def program(arch: str | None = None) -> bytes:
         _insn(_JEQ_K, nr["clone"], jf=3),
         _insn(_LD_W_ABS, _ARG0),
         _insn(_JSET_K, NAMESPACE_FLAGS, jf=1),
+        deny,
+        _insn(_LD_W_ABS, _NR),
+    ]
+    # socket(AF_VSOCK or AF_ALG, ...)
+    out += [
+        _insn(_JEQ_K, nr["socket"], jf=4),
+        _insn(_LD_W_ABS, _ARG0),
+        _insn(_JEQ_K, AF_VSOCK, jt=1),
+        _insn(_JEQ_K, AF_ALG, jf=1),
         deny,
         _insn(_LD_W_ABS, _NR),
     ]

@@ -35,9 +35,12 @@ def exists(name: str) -> None:
     Record.load(name)
 
 
-def review(name: str, *, only: list[str] | None = None) -> Plan:
-    """The session's changes now, frozen as they are shown (fetched from the guest, or its disk or outbox)."""
-    return look(name, lambda plan: plan, only=only)
+def review(name: str, *, only: list[str] | None = None, freeze: bool = True) -> Plan:
+    """The session's changes now, frozen as they are shown (fetched from the guest, or its disk or outbox); not
+    frozen when it is only read (`diff`: no apply takes it)."""
+    record = Record.load(name)
+    with lock.held(record.files, name, REVIEWING):
+        return lifecycle.review(Record.load(name), limit=limit(), only=only, freeze=freeze)
 
 
 def look(name: str, show: Callable[[Plan], T], *, review_id: str | None = None, only: list[str] | None = None) -> T:

@@ -46,12 +46,15 @@ def put(name: str, value: str) -> None:
 
 
 def get(name: str) -> str | None:
+    """The secret, read as the user (under sudo, root follows no link of theirs to a file only root reads)."""
     try:
-        fd = os.open(_path(name), os.O_RDONLY | os.O_NOFOLLOW)
-    except (FileNotFoundError, VmsandboxError):
+        where = _path(name)
+        with paths.as_invoker():
+            fd = os.open(where, os.O_RDONLY | os.O_NOFOLLOW)
+    except (OSError, VmsandboxError):
         return None
     with os.fdopen(fd) as f:
-        return f.read().strip() or None
+        return f.read(MAX_BYTES + 1).strip() or None
 
 
 def remove(name: str) -> bool:

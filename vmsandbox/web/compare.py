@@ -101,17 +101,17 @@ def apply(fields: dict[str, str]) -> Applied:
                 raise VmsandboxError(f"a pick names no review the page showed ({value[:80]!r})", hint=_AGAIN)
             wanted.setdefault(session, {})[int(number)] = digest
     done = Applied({}, [], [])
+    for name, chosen in wanted.items():  # every review and pick checked before anything of any is applied
+        plan = reviews.reviewed(name, given[name])
+        for index, digest in sorted(chosen.items()):
+            if index >= len(plan.todo) or review.digest_of(plan.todo[index]) != digest:
+                raise VmsandboxError(
+                    f"{name}: item {index} is not what the page showed; nothing was applied", hint=_AGAIN
+                )
     for name, chosen in wanted.items():
 
-        def picked(plan: Plan, name: str = name, chosen: dict[int, str] = chosen) -> Decisions:
-            items = []
-            for index, digest in sorted(chosen.items()):
-                item = plan.todo[index] if index < len(plan.todo) else None
-                if item is None or review.digest_of(item) != digest:
-                    done.failed.append(f"{name}: item {index} is not what the page showed; {_AGAIN}")
-                else:
-                    items.append(item)
-            return Decisions(accept=tuple(items))
+        def picked(plan: Plan, chosen: dict[int, str] = chosen) -> Decisions:
+            return Decisions(accept=tuple(plan.todo[index] for index in sorted(chosen)))
 
         outcome = reviews.apply(name, given[name], picked).outcome
         done.applied[name] = outcome.applied + outcome.merged + outcome.conflicts

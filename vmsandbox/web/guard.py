@@ -15,8 +15,12 @@
 - **From the page only.** A browser says where a request comes from (`Sec-Fetch-Site`, which no page can
   forge): anything but the page itself or the person typing the URL is refused, a GET included, so a page
   of another site (a guest's) reads nothing, changes nothing and starts nothing, not even a fetch from a
-  guest. A request that changes something must also carry the page's Origin: a client that is not a browser
-  gets nothing done, whatever it holds.
+  guest. A request that changes something must also carry the page's Origin. The cookie is what keeps out
+  a program that is not a browser (it can send any header it likes): nothing but this process and the
+  person's browser ever holds it.
+- **A ticket is spent** when it is used, and with it every other ticket given out with it (the printed URL
+  and the launcher's: one opens the page, the other then opens nothing); an unused one expires after
+  TICKET_SECONDS.
 - Every answer forbids framing, sniffing, referrers to other sites and caching, and carries a Content Security
   Policy that runs no script but our own file and loads nothing from anywhere else.
 """
@@ -26,6 +30,7 @@ from __future__ import annotations
 import hmac
 import html
 import secrets
+import time
 from collections.abc import Callable
 from urllib.parse import urlencode
 
@@ -49,6 +54,7 @@ HEADERS = {
     "Cross-Origin-Resource-Policy": "same-origin",
 }
 SAFE_METHODS = frozenset({"GET", "HEAD"})
+TICKET_SECONDS = 600.0
 FROM_THE_PAGE = frozenset({"same-origin", "none"})  # Sec-Fetch-Site: the page itself, or the person
 MOST_TICKETS = 64
 
@@ -71,7 +77,7 @@ class Guard:
         self.origin = f"http://{self.host}"
         self.cookie = f"{COOKIE}_{port}"
         self._secret = secrets.token_urlsafe(32)  # the cookie's value, and nothing else's
-        self._tickets: set[str] = set()
+        self._tickets: dict[str, float] = {}  # ticket -> when it expires (time.monotonic)
         self._on_exchange = on_exchange
 
     def ticket(self) -> str:
@@ -79,7 +85,7 @@ class Guard:
         if len(self._tickets) >= MOST_TICKETS:
             self._tickets.clear()
         found = secrets.token_urlsafe(24)
-        self._tickets.add(found)
+        self._tickets[found] = time.monotonic() + TICKET_SECONDS
         return found
 
     def url(self, path: str = "/") -> str:
@@ -134,14 +140,18 @@ class Guard:
     def exchange(self, request: Request) -> Response:
         """A ticket, used once, for the cookie; and the same URL without it."""
         given = request.query_params["ticket"]
+        now = time.monotonic()
         found = next((t for t in self._tickets if hmac.compare_digest(t.encode(), given.encode())), None)
-        if found is None:
-            return _refused("this link was used already (each works once); `vmsandbox ui` prints a new one")
-        self._tickets.discard(found)
+        if found is None or self._tickets[found] < now:
+            return _refused("this link was used already or expired (each works once); `vmsandbox ui` prints a new one")
+        spent = list(self._tickets)
+        self._tickets.clear()  # the others given out with it are spent too
         if self._on_exchange is not None:
-            self._on_exchange(found)
+            for ticket in spent:
+                self._on_exchange(ticket)
         rest = [(k, v) for k, v in request.query_params.multi_items() if k != "ticket"]
-        target = str(URL(path=request.url.path, query=urlencode(rest)))
+        path = "/" + request.url.path.lstrip("/")  # `//evil.example/…` would be another site's address
+        target = str(URL(path=path, query=urlencode(rest)))
         # Not a redirect: a browser carries the most foreign Sec-Fetch-Site of a redirect chain on (the launcher
         # file's), while a navigation this page starts is its own (same-origin).
         response = HTMLResponse(

@@ -39,6 +39,18 @@ def _markup(tokens: Sequence[Sequence[str]]) -> Markup:
     return Markup("").join(parts)
 
 
+def _same(tokens: Sequence[Sequence[Sequence[str]]], text: str) -> bool:
+    """Whether the lexer's answer holds the text's own lines and nothing else: the jailed lexer is a reader of
+    guest bytes too, and what a page shows must be what is applied."""
+    lines = text.split("\n")  # as the worker splits them
+    if text.endswith("\n"):
+        lines.pop()
+    return len(tokens) == len(lines) and all(
+        isinstance(line, list) and "".join(str(t[1]) for t in line if len(t) == 2) == want
+        for line, want in zip(tokens, lines, strict=True)
+    )
+
+
 def lines(texts: Sequence[tuple[str, str]]) -> list[list[Markup]]:
     """Each (file name, text) as its lines of markup, highlighted where the lexer answered."""
     wanted = [(name, text) for name, text in texts if len(text) <= HIGHLIGHT_LIMIT]
@@ -63,7 +75,7 @@ def lines(texts: Sequence[tuple[str, str]]) -> list[list[Markup]]:
     for _name, text in texts:
         tokens = next(got, None) if len(text) <= HIGHLIGHT_LIMIT else None
         shown = plain(text)
-        if tokens is not None and len(tokens) == len(shown):  # the lexer's lines are the diff's lines
+        if tokens is not None and len(tokens) == len(shown) and _same(tokens, text):  # the diff's lines, word for word
             shown = [_markup(line) for line in tokens]
         out.append(shown)
     return out

@@ -42,7 +42,7 @@ def gather(record: Record, *, limit: int) -> Gathered:
         return changes.gather(record.target(), endpoint=endpoint, limit=limit, disk=disk)
 
 
-def review(record: Record, *, limit: int, only: list[str] | None = None) -> Plan:
+def review(record: Record, *, limit: int, only: list[str] | None = None, freeze: bool = True) -> Plan:
     """What a review shows and asks about (a mass change past the user's own thresholds: sync/mass.py), frozen
     host-side before anything shows it (sync.frozen): an apply takes exactly this review."""
     from vmsandbox.session import settings as config
@@ -50,7 +50,8 @@ def review(record: Record, *, limit: int, only: list[str] | None = None) -> Plan
 
     settings = config.load()  # the user's file only: the project may be what the guest just changed
     limits = mass.Limits(settings.mass_change_files, settings.mass_change_size_mib * 1024**2)
-    return frozen.freeze(plan.make(gather(record, limit=limit), only, limits=limits))
+    made = plan.make(gather(record, limit=limit), only, limits=limits)
+    return frozen.freeze(made) if freeze else made  # (a review only read, never applied: `diff`)
 
 
 def reviewed(record: Record, review_id: str) -> Plan:

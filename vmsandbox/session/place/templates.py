@@ -106,19 +106,22 @@ def found_or_built(
         return build()
 
 
-def strike(session: str, why: str) -> str:
-    """What a template keeps of a warm start that failed: which session, and why (bounded)."""
-    return json.dumps({"session": session, "why": why[:500]}) + "\n"
+def strike(session: str, why: str, project: str = "") -> str:
+    """What a template keeps of a warm start that failed: which session (of which project), and why (bounded)."""
+    return json.dumps({"session": session, "project": project, "why": why[:500]}) + "\n"
 
 
-def condemns(previous: str | None, session: str) -> bool:
-    """Whether a failed warm start of `session` condemns the template, given the strike it holds (`previous`,
-    as `strike` wrote it, or None): only when another session failed before it, with no success between. A
-    strike that cannot be read counts as none."""
+def condemns(previous: str | None, session: str, project: str = "") -> bool:
+    """Whether a failed warm start of `session` (of `project`) condemns the template, given the strike it holds
+    (`previous`, as `strike` wrote it, or None): only when another session of another project failed before it,
+    with no success between (the sessions of one fan-out share their project's input). A strike that cannot be
+    read counts as none."""
     if previous is None:
         return False
     try:
         said = json.loads(previous)
     except ValueError:
         return False
-    return isinstance(said, dict) and isinstance(said.get("session"), str) and said["session"] != session
+    if not isinstance(said, dict) or not isinstance(said.get("session"), str):
+        return False
+    return bool(said["session"] != session and said.get("project", "") != project)

@@ -14,9 +14,9 @@ from __future__ import annotations
 import base64
 import binascii
 import contextlib
-import hashlib
 import os
 import shlex
+import stat
 from pathlib import Path, PurePosixPath
 
 from vmsandbox import paths
@@ -34,16 +34,63 @@ def store(blueprint: str) -> Path:
     return paths.config_dir() / LOGINS_DIR / blueprint
 
 
+def _kept(bp: Blueprint) -> dict[str, bytes]:
+    """The blueprint's login files kept on the host, read as the user (under sudo, root reads nothing of their
+    config directory) and never through a link: a link planted there (to root's own keys) leads nowhere."""
+    found: dict[str, bytes] = {}
+    top_dir = paths.config_dir()
+    with paths.as_invoker():
+        try:
+            top = os.open(top_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError:
+            return found
+        try:
+            for rel in bp.login_files:
+                data = _read_under(top, [LOGINS_DIR, bp.name, *PurePosixPath(rel).parts])
+                if data is not None:
+                    found[rel] = data
+        finally:
+            os.close(top)
+    return found
+
+
+def _read_under(top: int, parts: list[str]) -> bytes | None:
+    """The regular file parts[-1] below the directory fd `top`, reached without following any link, at most
+    MAX_LOGIN_BYTES (None when it is not there, not a plain file, or larger)."""
+    if any(p in ("", ".", "..") or "/" in p for p in parts):
+        return None
+    fd = os.dup(top)
+    try:
+        for part in parts[:-1]:
+            try:
+                inner = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+            except OSError:
+                return None
+            os.close(fd)
+            fd = inner
+        try:
+            f = os.open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=fd)
+        except OSError:
+            return None
+        with os.fdopen(f, "rb") as opened:
+            if not stat.S_ISREG(os.fstat(opened.fileno()).st_mode):
+                return None
+            data = opened.read(MAX_LOGIN_BYTES + 1)
+        return data if len(data) <= MAX_LOGIN_BYTES else None
+    finally:
+        os.close(fd)
+
+
 def kept(bp: Blueprint) -> list[str]:
     """The blueprint's login files kept on the host."""
-    return [f for f in bp.login_files if (store(bp.name) / f).is_file()]
+    return sorted(_kept(bp))
 
 
 def add_to(bundle: Bundle, bp: Blueprint) -> list[str]:
     """Copy the kept login of `bp` into a session's boot bundle; a note per file."""
-    found = kept(bp)
-    for rel in found:
-        bundle.add_bytes(bundle.owner.guest_home / rel, (store(bp.name) / rel).read_bytes(), 0o600)
+    found = _kept(bp)
+    for rel, data in found.items():
+        bundle.add_bytes(bundle.owner.guest_home / rel, data, 0o600)
     return [f"{bp.name}'s login ({rel}, kept by `vmsandbox login`)" for rel in found]
 
 
@@ -76,7 +123,8 @@ def read(record: Record, bp: Blueprint) -> dict[str, bytes]:
 def changed(record: Record, bp: Blueprint) -> dict[str, bytes]:
     """The login files the session holds that differ from those kept (a new or refreshed login)."""
     now = read(record, bp)
-    return {rel: data for rel, data in now.items() if _digest(store(bp.name) / rel) != _sha(data)}
+    was = _kept(bp)
+    return {rel: data for rel, data in now.items() if was.get(rel) != data}
 
 
 def keep(bp: Blueprint, files: dict[str, bytes]) -> list[str]:
@@ -134,14 +182,3 @@ def forget(bp: Blueprint) -> list[str]:
         for rel in gone:
             (store(bp.name) / rel).unlink()
     return gone
-
-
-def _sha(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
-
-
-def _digest(path: Path) -> str | None:
-    try:
-        return _sha(path.read_bytes())
-    except FileNotFoundError:
-        return None

@@ -31,6 +31,7 @@ from pathlib import Path
 from vmsandbox import paths
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.sync.fetch.meter import Budget, Tally
+from vmsandbox.sync.tree import manifest
 
 LEDGER = "mirror-spend.json"  # in the session directory
 FACTOR = 4
@@ -65,14 +66,17 @@ def add(root: Path, tally: Tally) -> None:
 def measure(tree: Path) -> Spend:
     """What the mirror holds now, as the file system counts it: its blocks and its entries (no link followed)."""
     found = Spend()
-    for _dirpath, dirnames, filenames, dir_fd in os.fwalk(tree, follow_symlinks=False):
-        for name in dirnames + filenames:
-            try:
-                st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
-            except FileNotFoundError:
-                continue
-            found.bytes += st.st_blocks * 512
-            found.entries += 1
+    try:
+        for _dirpath, dirnames, filenames, dir_fd in os.fwalk(tree, follow_symlinks=False):
+            for name in dirnames + filenames:
+                try:
+                    st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+                except FileNotFoundError:
+                    continue
+                found.bytes += st.st_blocks * 512
+                found.entries += 1
+    except RecursionError:
+        raise manifest.deep(tree) from None
     return found
 
 

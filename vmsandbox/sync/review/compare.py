@@ -103,6 +103,12 @@ def risk_of(path: str, base: Entry | None, guest: Entry | None, host: Entry | No
     why = risky_name(path)
     if why is not None:
         return why
+    if (
+        guest is not None
+        and guest.kind == SYMLINK
+        and any(_executable(e) or (e is not None and e.kind == DIR) for e in (base, host))
+    ):  # `sh scripts/x.sh` runs what the link leads to, which the guest chose: a file that was not executable
+        return "a link where an executable file or a directory was: what ran there now comes from elsewhere"
     if guest is None or guest.kind != FILE:
         return None
     was = _executable(base) or _executable(host)

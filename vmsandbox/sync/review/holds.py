@@ -111,9 +111,13 @@ def mark_credentials(found: Sequence[Change], source: Path, baseline: Path) -> N
     loading it runs that code."""
     contents: dict[str, bytes] = {}
     pickles: dict[str, bytes] = {}
+    large: list[Change] = []
     for c in found:
         g = c.guest
-        if c.status is Status.UNSAFE or g is None or g.kind != tree.FILE or not 0 < g.size <= SCAN_LIMIT:
+        if c.status is Status.UNSAFE or g is None or g.kind != tree.FILE or g.size == 0:
+            continue
+        if g.size > SCAN_LIMIT:
+            large.append(c)
             continue
         data = apply.read_nofollow(source, c.path, limit=SCAN_LIMIT)
         if data is None:
@@ -122,6 +126,7 @@ def mark_credentials(found: Sequence[Change], source: Path, baseline: Path) -> N
             pickles[c.path] = data
         if not c.binary:
             contents[c.path] = _new_lines(data, baseline, c)
+    _large_pickles(large, source)
     if not contents and not pickles:
         return
     try:
@@ -136,6 +141,32 @@ def mark_credentials(found: Sequence[Change], source: Path, baseline: Path) -> N
         if c.path in findings:
             c.secret = credentials.summary(findings[c.path])
         if c.path in scanned.pickles and c.risky is None:
+            c.risky = credentials.PICKLE
+
+
+def _large_pickles(large: Sequence[Change], source: Path) -> None:
+    """Files past the scan's size that start like a pickle: each read whole by a scanner process of its own (up
+    to PICKLE_LIMIT; past it, held unread); marked risky when one names code."""
+    for c in (c for c in large if c.risky is None):
+        fd = apply.open_nofollow(source, c.path)
+        if fd is None:
+            continue
+        try:
+            first = os.read(fd, 1)
+        finally:
+            os.close(fd)
+        if not credentials.may_be_pickle(first):
+            continue
+        data = apply.read_nofollow(source, c.path, limit=credentials.PICKLE_LIMIT)
+        if data is None:
+            c.risky = credentials.UNREAD_PICKLE
+            continue
+        try:
+            named = c.path in credentials.inspect({}, jailed=True, pickles={c.path: data}).pickles
+        except VmsandboxError as exc:  # unread is not clean
+            log.warning("the pickle check of %s failed: %s", c.path, exc)
+            named = True
+        if named:
             c.risky = credentials.PICKLE
 
 

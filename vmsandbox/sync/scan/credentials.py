@@ -16,6 +16,7 @@ from __future__ import annotations
 import base64
 import fnmatch
 import json
+import pickletools
 import re
 import sys
 from collections.abc import Mapping
@@ -76,15 +77,17 @@ def worker_jail() -> Jail:
     return Jail(readable=tuple(sorted(p for p in tops if p.is_dir())))
 
 
-# A content that might be a pickle naming code, as far as bytes tell without parsing: a binary protocol's
-# first byte, or a text protocol's GLOBAL/INST (`c` or `i`, a module, a newline, a name, a newline). Only these
-# go to the scanner process, which parses them (scanworker.loads_code).
-_PICKLE_HINT = re.compile(rb"\A\x80[\x02-\x05]|[ci][A-Za-z_][\w.]*\n[A-Za-z_][\w.]*\n")
+# A content that might be a pickle naming code, as far as its first byte tells without parsing: one the unpickler
+# takes as an opcode (no header is needed: a protocol-4 stream without its PROTO byte loads as well). Those go to
+# the scanner process, which loads them with a find_class that stops at the first name (worker.loads_code).
+PICKLE_OPCODES = frozenset(op.code.encode("latin-1")[0] for op in pickletools.opcodes)
+PICKLE_LIMIT = 16 * 1024**2  # contents looked at whole; a larger one starting like a pickle is held unread
 PICKLE = "a pickle that names code (loading it runs that code)"
+UNREAD_PICKLE = f"starts like a pickle and is larger than the {PICKLE_LIMIT // 1024**2} MiB looked at"
 
 
 def may_be_pickle(content: bytes) -> bool:
-    return _PICKLE_HINT.search(content) is not None
+    return bool(content) and content[0] in PICKLE_OPCODES
 
 
 @dataclass

@@ -4,8 +4,10 @@ contents are pickles that load code; findings on stdout.
 It runs in the jail (credentials.py) when the contents are the guest's: a scanner is a parser of hostile bytes
 like any other. Input: JSON `{"scan": [[name, base64 content], …], "pickles": [[name, base64 content], …]}`.
 Output: JSON `{"found": [[index, type, line number, secret], …], "pickles": [index, …]}`: the index of each
-content that Python's unpickler would read from its first byte as a pickle naming a global (a class or a
-function: loading it calls code), seen by pickletools, which parses and never loads.
+content that Python's unpickler, reading it from its first byte, would ask for code (a class or a function:
+what REDUCE, BUILD, OBJ and NEWOBJ call). It is read by that same unpickler, whose `find_class` — the one way a
+pickle reaches code, for GLOBAL, INST, STACK_GLOBAL and the extension registry alike — stops the load and says
+so: the parser is the one a real load uses, and nothing it names is ever imported.
 
 detect-secrets' rules (its plugins: the known token formats, keywords, entropy; and its false-positive filters)
 run over each file's lines by file name, but only over the lines that could hold a secret at all: a word of
@@ -26,30 +28,31 @@ CANDIDATE = re.compile(  # credentials.CANDIDATE, for text (this process imports
 )
 
 
-# Opcodes through which a pickle names code (a class or a function the unpickler imports, then calls through
-# REDUCE, BUILD, OBJ or NEWOBJ): pickletools' names. GLOBAL and INST carry the names in the stream (text
-# protocols); the others take them from the stack or the extension registry (binary protocols).
-NAMES_CODE = frozenset({"GLOBAL", "INST", "STACK_GLOBAL", "EXT1", "EXT2", "EXT4"})
-_DOTTED = re.compile(r"[A-Za-z_][\w.]*")
+_DOTTED = re.compile(r"[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*")
+
+
+class _NamesCode(Exception):  # noqa: N818 - control flow: the pickle asked for code
+    pass
 
 
 def loads_code(data: bytes) -> bool:
-    """Whether `data`, read by Python's unpickler from its first byte, names code before it stops or fails
-    (parsed by pickletools, never loaded). The unpickler runs each opcode as it reads it, so a stream cut
-    short after a call has made that call: a failure after a name counts as a pickle too."""
+    """Whether Python's unpickler, loading `data` from its first byte, asks for code before it stops or fails.
+    A stream that fails later has asked for nothing before its failure (code is only reached through
+    find_class, which is asked when the name is read): so a failure is no pickle that runs code."""
     import io
-    import pickletools
+    import pickle
+
+    class Finder(pickle.Unpickler):
+        def find_class(self, module: str, name: str) -> object:
+            if _DOTTED.fullmatch(module) and _DOTTED.fullmatch(name):
+                raise _NamesCode
+            raise pickle.UnpicklingError  # no module is called that: a real load fails here, having run nothing
 
     try:
-        for opcode, arg, _pos in pickletools.genops(io.BytesIO(data)):
-            if opcode.name in ("GLOBAL", "INST"):  # "module name": both must be names the unpickler can import
-                if all(_DOTTED.fullmatch(part) for part in str(arg).split(" ", 1)) and " " in str(arg):
-                    return True
-            elif opcode.name in NAMES_CODE:
-                return True
-            elif opcode.name == "STOP":
-                return False
-    except Exception:  # noqa: BLE001 - whatever the bytes are, the unpickler fails on them here
+        Finder(io.BytesIO(data)).load()
+    except _NamesCode:
+        return True
+    except Exception:  # noqa: BLE001 - whatever else the bytes do to the unpickler, they name no code
         return False
     return False
 

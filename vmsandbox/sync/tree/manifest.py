@@ -161,6 +161,17 @@ class TooManyEntriesError(VmsandboxError):
     """A tree with more entries than a scan takes (a guest's tree is read into memory)."""
 
 
+class TooDeepError(VmsandboxError):
+    """A tree nested deeper than a walk goes (Python's own walk recurses: a thousand levels end it)."""
+
+
+def deep(root: Path) -> TooDeepError:
+    return TooDeepError(
+        f"the tree under {root} is nested deeper than a walk goes (hundreds of directories in a path); not read",
+        hint="remove the deep directories in the guest (`vmsandbox shell NAME`), then try again",
+    )
+
+
 def scan(
     root: Path, *, skip: frozenset[str] = frozenset(), cache: HashCache | None = None, max_entries: int | None = None
 ) -> Manifest:
@@ -168,7 +179,10 @@ def scan(
     (sync.hashcache), unchanged files are not read again; the cache is saved after the walk. With
     `max_entries`, a tree holding more raises TooManyEntriesError as soon as the walk finds one too many."""
     found: Manifest = {}
-    _walk(root, "", found, skip, cache, max_entries=max_entries)
+    try:
+        _walk(root, "", found, skip, cache, max_entries=max_entries)
+    except RecursionError:
+        raise deep(root) from None
     if cache is not None:
         cache.save()
     return found
@@ -184,7 +198,10 @@ def scan_under(root: Path, rel: str, cache: HashCache | None = None) -> Manifest
         entry = entry_at(parent, name, cache, rel)
         found: Manifest = {} if entry is None else {rel: entry}
         if entry is not None and entry.kind == DIR:
-            _walk(name, rel + "/", found, frozenset(), cache, dir_fd=parent)
+            try:
+                _walk(name, rel + "/", found, frozenset(), cache, dir_fd=parent)
+            except RecursionError:
+                raise deep(root / rel) from None
         return found
     finally:
         os.close(parent)

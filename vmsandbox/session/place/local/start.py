@@ -189,7 +189,9 @@ def boot(
 
     def undo(exc: VmsandboxError) -> None:
         record.start_note = f"the warm start failed: {exc.message}"
-        condemned = template.mark_failed(t, exc.message, record.name, own=isinstance(exc, savefile.SaveImageError))
+        condemned = template.mark_failed(
+            t, exc.message, record.name, project=record.project, own=isinstance(exc, savefile.SaveImageError)
+        )
         kept = boot_mod.keep(record.files.console_log, record.name)
         ui.warn(
             f"{record.start_note}; booting cold"

@@ -85,18 +85,18 @@ def _strike_mark(path: Path) -> Path:
     return path.with_name(path.name + ".strike")
 
 
-def mark_failed(tmpl: Template, why: str, session: str, *, own: bool = False) -> bool:
+def mark_failed(tmpl: Template, why: str, session: str, *, project: str = "", own: bool = False) -> bool:
     """A warm start of `session` from this template failed. One session's failure may come from that session's
     own input (its name, its workspace, its identity), so it never condemns what every session shares: the
     template is condemned (later sessions boot cold and say why; `gc` removes it and the next session builds
     a new one) only when a warm start of another session failed before, with no success between, or when the
     failure is its own (`own`: its saved memory is not a save image). True if it was condemned now."""
     strike = _strike_mark(tmpl.path)
-    if own or templatekey.condemns(_read_strike(strike), session):
+    if own or templatekey.condemns(_read_strike(strike), session, project):
         paths.write_atomically(_failed_mark(tmpl.path), why[:500] + "\n", mode=0o644)
         strike.unlink(missing_ok=True)
         return True
-    paths.write_atomically(strike, templatekey.strike(session, why), mode=0o644)
+    paths.write_atomically(strike, templatekey.strike(session, why, project), mode=0o644)
     return False
 
 

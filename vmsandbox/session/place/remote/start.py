@@ -43,7 +43,9 @@ def boot(
     def undo(exc: VmsandboxError) -> None:
         record.start_note = f"the warm start on host {host.name} failed: {exc.message}"
         log.fetch(record, hv)
-        condemned = template.mark_failed(hv, t, exc.message, record.name, own=isinstance(exc, savefile.SaveImageError))
+        condemned = template.mark_failed(
+            hv, t, exc.message, record.name, project=record.project, own=isinstance(exc, savefile.SaveImageError)
+        )
         ui.warn(
             f"{record.start_note}; booting cold (`vmsandbox logs {record.name}` shows its console)"
             + ("; its template failed another session's warm start too: later sessions boot cold" if condemned else "")

@@ -102,7 +102,9 @@ def lock_path(host: HostSpec) -> Path:
     return paths.images_dir() / f".template-{host.name}.lock"
 
 
-def mark_failed(hv: Hypervisor, tmpl: RemoteTemplate, why: str, session: str, *, own: bool = False) -> bool:
+def mark_failed(
+    hv: Hypervisor, tmpl: RemoteTemplate, why: str, session: str, *, project: str = "", own: bool = False
+) -> bool:
     """A warm start of `session` from it failed: condemned (later sessions boot cold and say why; gc removes
     it) only when another session's warm start failed before, with no success between (templatekey.condemns:
     one session's own input never condemns what all share), or at once when the failure is its own (`own`).
@@ -112,13 +114,13 @@ def mark_failed(hv: Hypervisor, tmpl: RemoteTemplate, why: str, session: str, *,
     previous = None
     if strike in vols:
         previous = bytes(hv.download(POOL, strike, keep=READY_LIMIT, length=READY_LIMIT).kept).decode(errors="replace")
-    if own or templatekey.condemns(previous, session):
+    if own or templatekey.condemns(previous, session, project):
         images.put_text(hv, tmpl.vol("failed"), why[:500] + "\n", mode="0600")
         hv.delete_volume(POOL, strike)
         return True
     if strike in vols:
         hv.delete_volume(POOL, strike)
-    images.put_text(hv, strike, templatekey.strike(session, why), mode="0600")
+    images.put_text(hv, strike, templatekey.strike(session, why, project), mode="0600")
     return False
 
 
