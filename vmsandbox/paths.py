@@ -65,6 +65,7 @@ SESSION_CA_CERT = "session-ca.pem"  # per-session CA for secret-injecting hosts 
 SESSION_CA_KEY = "session-ca.key"  # its private key: host only, 0600
 SESSION_CHECKPOINTS = "checkpoints"  # one directory per checkpoint: memory.save, workspace.raw, checkpoint.json
 FANOUT_CAPTURE_PREFIX = ".capture-"  # in the sessions directory: a fan-out's one capture, while it starts them
+SESSION_SANDBOX = "sandbox.json"  # a session made through the API: its end, environment and metadata
 SESSION_ROLLED_BACK = "rolled-back"  # unsynced work a rollback would have lost, one outbox-like box per rollback
 # ssh's connection multiplexing: one login serves the command, rsync and later execs (%r: one per user)
 SESSION_SSH_SOCKET = "ssh-%r.sock"
@@ -310,6 +311,18 @@ def session_paths(name: str) -> SessionPaths:
     opening a session by name goes through: a command's argument, a page's field, an API's path)."""
     if not is_session_name(name):
         raise VmsandboxError(f"invalid session name {name!r}", hint=NAME_HINT)
+    return SessionPaths(sessions_dir() / name)
+
+
+READER_PREFIX = ".reader-"  # in the sessions directory: the reader VM of a dead VM's disk (session.end.diskreader)
+READER_NAME = re.compile(r"\.reader-[a-z0-9][a-z0-9-]{0,30}-[0-9a-f]{4}")
+
+
+def reader_paths(name: str) -> SessionPaths:
+    """The files of a reader VM (`.reader-SESSION-XXXX`: not a session; `ls` and every command by name skip
+    it, since its name is no session's)."""
+    if READER_NAME.fullmatch(name) is None:
+        raise VmsandboxError(f"invalid reader name {name!r}")
     return SessionPaths(sessions_dir() / name)
 
 

@@ -17,6 +17,7 @@ import urllib.request
 from pathlib import Path
 
 WORD = re.compile(rb"[A-Za-z0-9_-]{16,}")
+MAX_DEPTH = 40
 
 
 def words(data: bytes) -> set[str]:
@@ -31,7 +32,9 @@ def gather(roots: list[str]) -> set[str]:
                 with contextlib.suppress(OSError):
                     found |= words((pid / what).read_bytes())
     for root in roots:
-        for dirpath, _dirs, files in os.walk(root):
+        for dirpath, dirs, files in os.walk(root):
+            if dirpath.count("/") - root.count("/") >= MAX_DEPTH:
+                dirs[:] = []  # (no secret is kept that deep; os.walk would recurse past its limit)
             for name in files:
                 found |= words(name.encode())
                 with contextlib.suppress(OSError), Path(dirpath, name).open("rb") as f:

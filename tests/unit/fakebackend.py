@@ -19,8 +19,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from tests.unit.fakeguest import FakeFiles, FakeProcesses, Guest
-from vmsandbox.api.backend import ConflictError, NotFoundError, NotRunningError
-from vmsandbox.api.model import (
+from vmsandbox.core.sandbox.interface import ConflictError, NotFoundError, NotRunningError
+from vmsandbox.core.sandbox.model import (
     Applied,
     Badge,
     Checkpoint,
@@ -34,7 +34,7 @@ from vmsandbox.api.model import (
     SandboxSpec,
     State,
 )
-from vmsandbox.api.names import BlueprintName, CheckpointLabel, Digest, SessionName, SnapshotRef, Token
+from vmsandbox.core.sandbox.names import BlueprintName, CheckpointLabel, Digest, SessionName, SnapshotRef, Token
 from vmsandbox.sync.review import hunks
 
 QUARANTINED = (".envrc", ".gitattributes")

@@ -25,9 +25,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO
 
-from vmsandbox.api.backend import ExistsError, NotFoundError, RefusedError
-from vmsandbox.api.model import Chunk, Entry, EntryType, Exit, Output, ProcessInfo, ProcessSpec, Signal, Stream
-from vmsandbox.api.names import GuestPath, GuestUser
+from vmsandbox.core.sandbox.interface import ExistsError, NotFoundError, RefusedError
+from vmsandbox.core.sandbox.model import Chunk, Entry, EntryType, Exit, Output, ProcessInfo, ProcessSpec, Signal, Stream
+from vmsandbox.core.sandbox.names import GuestPath, GuestUser
 
 REAL_POPEN = subprocess.Popen  # taken at import, before the autouse fixture replaces it
 HOME = "/home/user"

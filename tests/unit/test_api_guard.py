@@ -15,7 +15,7 @@ import pytest
 from tests.unit.apiserver import Served, served
 from vmsandbox.api import peer
 from vmsandbox.api.guard import Keys
-from vmsandbox.api.names import SessionName
+from vmsandbox.core.sandbox.names import SessionName
 
 
 @pytest.fixture

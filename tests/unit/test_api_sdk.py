@@ -16,10 +16,10 @@ import pytest
 from tests.unit.apiserver import Served, point_sdk, served, wait_until
 from vmsandbox.api.connect import Call
 from vmsandbox.api.control import sweep
-from vmsandbox.api.model import Chunk, Exit, Output, Stream
-from vmsandbox.api.names import SessionName
 from vmsandbox.api.process import follow
 from vmsandbox.api.wire import Message
+from vmsandbox.core.sandbox.model import Chunk, Exit, Output, Stream
+from vmsandbox.core.sandbox.names import SessionName
 
 e2b = pytest.importorskip("e2b", reason="E2B's SDK is a dev dependency (pip install -e '.[dev]')")
 from e2b import (  # noqa: E402

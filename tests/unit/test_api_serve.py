@@ -23,10 +23,15 @@ from vmsandbox.api import server
 from vmsandbox.errors import VmsandboxError
 
 
-def test_the_command_refuses_to_start_while_no_backend_is_bound(capsys: pytest.CaptureFixture[str]) -> None:
-    assert run_cli(["serve"]) == 1
-    captured = capsys.readouterr()
-    assert "not bound to vmsandbox's sessions yet" in captured.err and captured.out == ""
+def test_the_command_serves_the_cores_sessions_and_refuses_a_bad_port(monkeypatch: pytest.MonkeyPatch) -> None:
+    from vmsandbox.cli import serve as command
+    from vmsandbox.core.sandbox.backend import SessionBackend
+
+    served: list[object] = []
+    monkeypatch.setattr(server, "serve", lambda backend, **_: served.append(backend))
+    assert run_cli(["serve"]) == 0
+    assert len(served) == 1 and isinstance(served[0], SessionBackend)
+    assert isinstance(command.core_backend(), SessionBackend)
     assert run_cli(["serve", "--port", "70000"]) == 2
 
 

@@ -157,3 +157,10 @@ def test_a_ticket_spends_the_others_and_an_unused_one_expires(
     ticket = guard.url("/").rpartition("ticket=")[2]
     answer = client.get(f"http://{HOST}//evil.example/x?ticket={ticket}", headers={"Host": HOST})
     assert answer.status_code == 200 and 'url=/evil.example/x"' in answer.text, answer.text
+
+
+def test_a_url_of_a_page_with_a_query_carries_its_ticket_beside_it(guard: Guard) -> None:
+    """`run --review web` gives the page of the frozen review (`/s/NAME?review=ID`): its ticket is one more
+    parameter (a second `?` made it part of the review's id, and the page refused the browser)."""
+    url = guard.url("/s/x?review=abc")
+    assert url.startswith(f"http://{HOST}/s/x?review=abc&ticket=") and url.count("?") == 1

@@ -16,10 +16,10 @@ from starlette.routing import Route
 from starlette.types import ASGIApp
 
 from vmsandbox.api import envd, openapi, threads
-from vmsandbox.api.backend import Backend
 from vmsandbox.api.control import Clock, Control, now, sweep
 from vmsandbox.api.extension import Extension
 from vmsandbox.api.guard import Guard, Keys
+from vmsandbox.core.sandbox.interface import Backend
 
 log = logging.getLogger(__name__)
 REAP_EVERY = 5.0  # seconds between looks for sessions whose end has come

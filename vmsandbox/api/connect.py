@@ -25,8 +25,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from vmsandbox.api import errors
-from vmsandbox.api.names import GuestUser, SessionName
 from vmsandbox.api.wire import Message
+from vmsandbox.core.sandbox.names import GuestUser, SessionName
 from vmsandbox.errors import VmsandboxError
 
 UNARY_TYPE = "application/json"

@@ -20,13 +20,13 @@ from starlette.routing import BaseRoute, Route
 
 from vmsandbox.api import controlwire as cw
 from vmsandbox.api import errors
-from vmsandbox.api.backend import Backend
 from vmsandbox.api.errors import UnimplementedError
 from vmsandbox.api.guard import Keys
-from vmsandbox.api.model import Sandbox, SandboxSpec, State
-from vmsandbox.api.names import BlueprintName, CheckpointLabel, InvalidError, SessionName, SnapshotRef
 from vmsandbox.api.respond import Endpoint, answers, body, done, ok, session
 from vmsandbox.api.threads import blocking
+from vmsandbox.core.sandbox.interface import Backend
+from vmsandbox.core.sandbox.model import Sandbox, SandboxSpec, State
+from vmsandbox.core.sandbox.names import BlueprintName, CheckpointLabel, InvalidError, SessionName, SnapshotRef
 
 log = logging.getLogger(__name__)
 Clock = Callable[[], datetime]

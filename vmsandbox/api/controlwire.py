@@ -12,8 +12,8 @@ from typing import Annotated, Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from vmsandbox.api.model import Checkpoint, Sandbox
-from vmsandbox.api.names import InvalidError
+from vmsandbox.core.sandbox.model import Checkpoint, Sandbox
+from vmsandbox.core.sandbox.names import InvalidError
 
 ENVD_VERSION = "0.5.7"  # the envd features served: stdin choice and closing (0.3.0, 0.5.2), default user (0.4.0),
 # octet-stream uploads (0.5.7); not file metadata (0.6.2), which E2B's SDK then refuses on its own side

@@ -11,13 +11,13 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
 from vmsandbox.api import connect, errors, files
-from vmsandbox.api.backend import Backend, NotRunningError
 from vmsandbox.api.connect import Call, Method
 from vmsandbox.api.files import user_of
 from vmsandbox.api.filesystem import FilesystemService
 from vmsandbox.api.guard import Keys
-from vmsandbox.api.names import InvalidError
 from vmsandbox.api.process import ProcessService, reach
+from vmsandbox.core.sandbox.interface import Backend, NotRunningError
+from vmsandbox.core.sandbox.names import InvalidError
 
 KEEPALIVE = 50.0  # seconds, when a client does not say (E2B's SDK says 50)
 KEEPALIVE_RANGE = (1.0, 3600.0)

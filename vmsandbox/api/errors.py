@@ -11,8 +11,8 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from vmsandbox.api import backend
-from vmsandbox.api.names import InvalidError
+from vmsandbox.core.sandbox import interface as backend
+from vmsandbox.core.sandbox.names import InvalidError
 from vmsandbox.errors import VmsandboxError
 
 log = logging.getLogger(__name__)

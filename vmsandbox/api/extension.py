@@ -19,13 +19,13 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
 from vmsandbox.api import extwire as xw
-from vmsandbox.api.backend import Backend
 from vmsandbox.api.control import Clock, end_after, new_name, now
 from vmsandbox.api.controlwire import read
-from vmsandbox.api.model import Choice, SandboxSpec
-from vmsandbox.api.names import BlueprintName, CheckpointLabel, Digest, ProjectPath, SessionName, Token
 from vmsandbox.api.respond import Endpoint, answers, body, ok, session
 from vmsandbox.api.threads import blocking
+from vmsandbox.core.sandbox.interface import Backend
+from vmsandbox.core.sandbox.model import Choice, SandboxSpec
+from vmsandbox.core.sandbox.names import BlueprintName, CheckpointLabel, Digest, ProjectPath, SessionName, Token
 
 PREFIX = "/vmsandbox/v1"
 

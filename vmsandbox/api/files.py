@@ -22,13 +22,13 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import Message
 
 from vmsandbox.api import errors
-from vmsandbox.api.backend import Backend, Files, RefusedError
 from vmsandbox.api.errors import BodyTooLargeError
 from vmsandbox.api.guard import Keys
-from vmsandbox.api.model import Entry, EntryType
-from vmsandbox.api.names import GuestPath, GuestUser, InvalidError
 from vmsandbox.api.process import reach
 from vmsandbox.api.threads import blocking
+from vmsandbox.core.sandbox.interface import Backend, Files, RefusedError
+from vmsandbox.core.sandbox.model import Entry, EntryType
+from vmsandbox.core.sandbox.names import GuestPath, GuestUser, InvalidError
 
 MAX_FILE = 1024**3  # bytes of one file either way
 MAX_FILES = 64  # files in one multipart upload

@@ -22,7 +22,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from vmsandbox.api import errors
 from vmsandbox.api.errors import ForbiddenError, UnauthenticatedError
-from vmsandbox.api.names import SessionName
+from vmsandbox.core.sandbox.names import SessionName
 
 ENVD_PATHS = ("/files", "/health")
 ENVD_PREFIXES = ("/process.Process/", "/filesystem.Filesystem/")

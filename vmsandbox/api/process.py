@@ -14,12 +14,12 @@ from collections.abc import AsyncIterator, Callable
 from typing import TypeVar
 
 from vmsandbox.api import wire
-from vmsandbox.api.backend import Backend, NotFoundError, NotRunningError, Processes
 from vmsandbox.api.connect import Call, Kind, Method, RpcError
-from vmsandbox.api.model import ProcessSpec, Stream
-from vmsandbox.api.names import SessionName
 from vmsandbox.api.threads import POLL, blocking
 from vmsandbox.api.wire import Message
+from vmsandbox.core.sandbox.interface import Backend, NotFoundError, NotRunningError, Processes
+from vmsandbox.core.sandbox.model import ProcessSpec, Stream
+from vmsandbox.core.sandbox.names import SessionName
 
 SERVICE = "process.Process"
 T = TypeVar("T")

@@ -13,7 +13,7 @@ from starlette.responses import JSONResponse, Response
 
 from vmsandbox.api import errors
 from vmsandbox.api.errors import BodyTooLargeError
-from vmsandbox.api.names import InvalidError, SessionName
+from vmsandbox.core.sandbox.names import InvalidError, SessionName
 
 MAX_BODY = 1024**2  # a JSON request body
 

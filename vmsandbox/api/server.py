@@ -21,8 +21,8 @@ from pathlib import Path
 
 from vmsandbox import paths, pids
 from vmsandbox.api import app
-from vmsandbox.api.backend import Backend
 from vmsandbox.api.peer import PeerCheckedH11
+from vmsandbox.core.sandbox.interface import Backend
 from vmsandbox.errors import VmsandboxError
 
 KEY_PREFIX = "vmsb_"

@@ -12,8 +12,8 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
 
-from vmsandbox.api.model import Entry, EntryType, Exit, ProcessInfo, ProcessSpec, Signal
-from vmsandbox.api.names import GuestPath, InvalidError, tag
+from vmsandbox.core.sandbox.model import Entry, EntryType, Exit, ProcessInfo, ProcessSpec, Signal
+from vmsandbox.core.sandbox.names import GuestPath, InvalidError, tag
 
 Message = dict[str, Any]
 

@@ -9,22 +9,18 @@ import typer
 
 from vmsandbox import ui
 from vmsandbox.cli.base import app
-from vmsandbox.errors import UsageError, VmsandboxError
+from vmsandbox.errors import UsageError
 
 if TYPE_CHECKING:
-    from vmsandbox.api.backend import Backend
     from vmsandbox.api.server import Settings
+    from vmsandbox.core.sandbox.interface import Backend
 
 
 def core_backend() -> Backend:
-    """The sessions `serve` drives."""
-    # TODO(lead): bind the API to the core (issue 44) here: return an object implementing
-    # vmsandbox.api.backend.Backend (and the Processes and Files it hands out) over the session core and its VMs.
-    # Until that exists, serve refuses to start rather than serve a stand-in.
-    raise VmsandboxError(
-        "`vmsandbox serve` is not bound to vmsandbox's sessions yet: nothing would run your sandboxes",
-        hint="drive sessions with `vmsandbox run --keep`, `shell`, `exec` and `pull` until it is",
-    )
+    """The sessions `serve` drives: the core's (core/sandbox/backend.py)."""
+    from vmsandbox.core.sandbox.backend import SessionBackend
+
+    return SessionBackend()
 
 
 def _ready(settings: Settings) -> None:

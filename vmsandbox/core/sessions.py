@@ -3,10 +3,17 @@ takes its lock where two commands must not interleave, and does its one thing.""
 
 from __future__ import annotations
 
-from vmsandbox.core import reviews
+import dataclasses
+from pathlib import Path
+
+from vmsandbox.core import flow, reviews
+from vmsandbox.core.person import Person
 from vmsandbox.session import lock
 from vmsandbox.session.end import lifecycle
+from vmsandbox.session.options import RunFlags
 from vmsandbox.session.record import Record
+from vmsandbox.session.start import create as creating
+from vmsandbox.session.start import resolve
 
 
 def destroy(name: str, *, force: bool = False, discard: bool = False) -> lifecycle.End:
@@ -15,3 +22,11 @@ def destroy(name: str, *, force: bool = False, discard: bool = False) -> lifecyc
     record = Record.load(name)
     with lock.held(record.files, name, "destroying"):
         return lifecycle.destroy(Record.load(name), force=force, discard=discard, limit=reviews.limit())
+
+
+def create(path: Path, blueprint: str, flags: RunFlags, person: Person) -> Record:
+    """A session on `path` made and left running (detached: nothing run in it), the project's credentials
+    screened going in as for a run."""
+    flags = dataclasses.replace(flags, keep=True)
+    planned = flow.screen(resolve.resolve(path, blueprint, None, flags, agent=False), person, send=flags.send_secrets)
+    return creating.create(planned.options)

@@ -113,6 +113,8 @@ class Record:
 
     @property
     def files(self) -> paths.SessionPaths:
+        if self.name.startswith(paths.READER_PREFIX):  # a reader VM (diskreader): its own kind of name
+            return paths.reader_paths(self.name)
         return paths.session_paths(self.name)
 
     @property

@@ -90,7 +90,8 @@ class Guard:
 
     def url(self, path: str = "/") -> str:
         """The page at `path`, for a person: with a new ticket."""
-        return f"{self.origin}{path}?{urlencode({'ticket': self.ticket()})}"
+        joint = "&" if "?" in path else "?"
+        return f"{self.origin}{path}{joint}{urlencode({'ticket': self.ticket()})}"
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":

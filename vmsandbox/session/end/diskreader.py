@@ -45,7 +45,7 @@ from vmsandbox.vm.virt import Hypervisor
 
 log = logging.getLogger(__name__)
 
-PREFIX = ".reader-"
+PREFIX = paths.READER_PREFIX
 OVERLAY = "workspace.qcow2"
 
 
@@ -90,7 +90,7 @@ def _new(session: Record, settings: config.Settings) -> Record:
     """The reader's record and files: the session's user and project path, the default VM shape (whose
     template is the one most likely made already), no network at all."""
     name = f"{PREFIX}{session.name}-{secrets.token_hex(2)}"
-    files = paths.session_paths(name)
+    files = paths.reader_paths(name)
     confine.state_dirs()
     create.make_dir(files)
     choice = accel_mod.choose(settings.accel)

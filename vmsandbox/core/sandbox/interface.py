@@ -20,7 +20,7 @@ from collections.abc import Iterator, Sequence
 from datetime import datetime
 from typing import IO, Protocol
 
-from vmsandbox.api.model import (
+from vmsandbox.core.sandbox.model import (
     Applied,
     Checkpoint,
     Choice,
@@ -33,7 +33,7 @@ from vmsandbox.api.model import (
     SandboxSpec,
     Signal,
 )
-from vmsandbox.api.names import CheckpointLabel, GuestPath, GuestUser, SessionName, Token
+from vmsandbox.core.sandbox.names import CheckpointLabel, GuestPath, GuestUser, SessionName, Token
 from vmsandbox.errors import VmsandboxError
 
 

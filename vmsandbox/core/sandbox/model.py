@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from vmsandbox.api.names import (
+from vmsandbox.core.sandbox.names import (
     BlueprintName,
     Digest,
     GuestPath,

@@ -1,0 +1,247 @@
+"""The one implementation of the API's interface (interface.Backend) over the core: a sandbox is a session, made
+as `vmsandbox create` makes one (on a project, or on an empty one of its own), paused and resumed as `stop` and
+`start` do, ended as `rm --force` (its unreviewed changes kept in its outbox), reviewed and applied through the
+core's reviews, so the contract holds here as everywhere: a choice names an item of a frozen review with what
+was shown of it. What E2B keeps of a sandbox beside the session (its end, environment, metadata) is a file in
+the session's directory."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from vmsandbox import paths
+from vmsandbox.confine import accounts as confine
+from vmsandbox.core import reviews, sessions, views
+from vmsandbox.core.person import Nobody
+from vmsandbox.core.sandbox import model
+from vmsandbox.core.sandbox.files import GuestFiles
+from vmsandbox.core.sandbox.interface import NotFoundError, NotRunningError
+from vmsandbox.core.sandbox.names import CheckpointLabel, Digest, SessionName, SnapshotRef, Token
+from vmsandbox.core.sandbox.processes import GuestProcesses
+from vmsandbox.errors import VmsandboxError
+from vmsandbox.session import settings as config
+from vmsandbox.session import state
+from vmsandbox.session.moments import checkpoint as checkpoints_mod
+from vmsandbox.session.moments import fork as forking
+from vmsandbox.session.moments import suspend
+from vmsandbox.session.options import RunFlags
+from vmsandbox.session.place import checkpoints
+from vmsandbox.session.record import Record, State
+from vmsandbox.sync.review import hunks as hunks_mod
+from vmsandbox.sync.review.plan import Decisions, Plan
+
+STATES = {State.RUNNING: model.State.RUNNING, State.STOPPED: model.State.PAUSED}
+
+
+def _kept(record: Record) -> dict[str, Any]:
+    try:
+        data: dict[str, Any] = json.loads((record.files.root / paths.SESSION_SANDBOX).read_text())
+    except (OSError, ValueError):
+        data = {}
+    return data
+
+
+def _keep(record: Record, **values: Any) -> None:
+    data = {**_kept(record), **values}
+    paths.write_atomically(record.files.root / paths.SESSION_SANDBOX, json.dumps(data, default=str))
+
+
+def _when(text: object, fallback: float) -> datetime:
+    try:
+        return datetime.fromisoformat(str(text))
+    except ValueError:
+        return datetime.fromtimestamp(fallback, tz=UTC)
+
+
+class SessionBackend:
+    """interface.Backend over the core's sessions."""
+
+    def __init__(self) -> None:
+        self._processes: dict[str, GuestProcesses] = {}
+        self._lock = threading.Lock()
+
+    # -- sessions ------------------------------------------------------------------------------------------------
+    def _sandbox(self, status: state.Status) -> model.Sandbox:
+        r = status.record
+        kept = _kept(r)
+        return model.Sandbox(
+            name=SessionName(r.name), blueprint=r.blueprint, state=STATES[status.state],
+            started_at=datetime.fromtimestamp(r.created, tz=UTC), end_at=_when(kept.get("end_at"), r.created + 3600),
+            cpus=r.cpus, memory_mib=r.memory_mib, disk_mib=r.disk_mib, metadata=kept.get("metadata") or {},
+            project=None if kept.get("own_project") else r.project,
+        )  # fmt: skip
+
+    def create(self, spec: model.SandboxSpec) -> model.Sandbox:
+        if spec.project is None:  # E2B's own sandboxes: on an empty project of their own
+            project = paths.state_dir() / "sandboxes" / spec.name.value
+            confine.make_private_dir(project, traverse=False)
+        else:
+            project = Path(str(spec.project))
+        record = sessions.create(project, spec.blueprint.value, RunFlags(name=spec.name.value), Nobody())
+        _keep(record, end_at=spec.end_at.isoformat(), envs=dict(spec.envs), metadata=dict(spec.metadata),
+              own_project=spec.project is None)  # fmt: skip
+        return self.sandbox(spec.name)
+
+    def sandboxes(self) -> Sequence[model.Sandbox]:
+        found = state.all_status(config.load().libvirt_uri)
+        return [self._sandbox(s) for s in found if s.state in STATES]
+
+    def sandbox(self, name: SessionName) -> model.Sandbox:
+        found = next((s for s in self.sandboxes() if s.name == name), None)
+        if found is None:
+            raise NotFoundError(f"no sandbox {name.value!r} (no running or paused session of that name)",
+                                hint="list them with Sandbox.list()")  # fmt: skip
+        return found
+
+    def kill(self, name: SessionName) -> None:
+        self.sandbox(name)
+        with self._lock:
+            self._processes.pop(name.value, None)
+        sessions.destroy(name.value, force=True)
+
+    def pause(self, name: SessionName) -> None:
+        if self.sandbox(name).state is not model.State.RUNNING:
+            from vmsandbox.core.sandbox.interface import ConflictError
+
+            raise ConflictError(f"sandbox {name.value} is paused already", hint="connect to it to resume it")
+        suspend.stop(name.value)
+
+    def resume(self, name: SessionName) -> model.Sandbox:
+        if self.sandbox(name).state is model.State.PAUSED:
+            suspend.start(name.value)
+        return self.sandbox(name)
+
+    def set_end(self, name: SessionName, end_at: datetime) -> None:
+        self.sandbox(name)
+        _keep(Record.load(name.value), end_at=end_at.isoformat())
+
+    # -- checkpoints and forks -----------------------------------------------------------------------------------
+    def checkpoint(self, name: SessionName, label: CheckpointLabel | None) -> model.Checkpoint:
+        return _checkpoint(name, checkpoints_mod.take(name.value, label.value if label else None))
+
+    def checkpoints(self, name: SessionName | None) -> Sequence[model.Checkpoint]:
+        records = [Record.load(name.value)] if name else [s.record for s in state.all_status(config.load().libvirt_uri)]
+        return [_checkpoint(SessionName(r.name), cp) for r in records for cp in checkpoints.listed(r.files)]
+
+    def rollback(self, name: SessionName, label: CheckpointLabel) -> model.Sandbox:
+        checkpoints_mod.rollback(name.value, label.value, limit=reviews.limit())
+        return self.sandbox(name)
+
+    def fork(
+        self, name: SessionName, label: CheckpointLabel | None, new: SessionName, end_at: datetime
+    ) -> model.Sandbox:
+        forking.fork(name.value, new.value, label=label.value if label else None)
+        source = _kept(Record.load(name.value))
+        _keep(Record.load(new.value), end_at=end_at.isoformat(), envs=source.get("envs") or {},
+              metadata=source.get("metadata") or {})  # fmt: skip
+        return self.sandbox(new)
+
+    # -- reviews -------------------------------------------------------------------------------------------------
+    def review(self, name: SessionName) -> model.Review:
+        return reviews.look(name.value, lambda plan: _review_of(name, plan))
+
+    def reviewed(self, name: SessionName, review: Token) -> model.Review:
+        return reviews.look(name.value, lambda plan: _review_of(name, plan), review_id=review.value)
+
+    def apply(self, name: SessionName, review: Token, choices: Sequence[model.Choice]) -> model.Applied:
+        chosen: list[tuple[Plan, views.Chosen]] = []
+
+        def decide(plan: Plan) -> Decisions:
+            asked = [
+                views.Choice(_index(c.item), c.digest.value, None if c.hunks is None else [_index(h) for h in c.hunks])
+                for c in choices
+            ]
+            chosen.append((plan, views.decide(plan, asked)))
+            return chosen[-1][1].decisions
+
+        settled = reviews.apply(name.value, review.value, decide)
+        plan, picked = chosen[0]
+        landed = set(settled.outcome.applied + settled.outcome.merged + settled.outcome.conflicts)
+        applied = [
+            c.item for c in choices
+            if 0 <= _index(c.item) < len(plan.todo) and all(x.path in landed for x in plan.todo[_index(c.item)].changes)
+        ]  # fmt: skip
+        refused = [model.Refusal(Token("review"), why) for why in picked.refused + settled.outcome.failed]
+        return model.Applied(tuple(applied), tuple(refused), settled.outcome.left_total)
+
+    # -- a running sandbox's processes and files -----------------------------------------------------------------
+    def _running(self, name: SessionName) -> Record:
+        if self.sandbox(name).state is not model.State.RUNNING:
+            raise NotRunningError(f"sandbox {name.value} was not found running (it is paused)",
+                                  hint="connect to it to resume it")  # fmt: skip
+        return Record.load(name.value)
+
+    def processes(self, name: SessionName) -> GuestProcesses:
+        record = self._running(name)
+        with self._lock:
+            found = self._processes.get(name.value)
+            if found is None:
+                found = GuestProcesses(record.endpoint("root"), record.user, _kept(record).get("envs") or {})
+                self._processes[name.value] = found
+            return found
+
+    def files(self, name: SessionName) -> GuestFiles:
+        record = self._running(name)
+        return GuestFiles(record.endpoint("root"), record.user)
+
+
+def _index(token: Token | str) -> int:
+    text = str(token)
+    number = text[1:] if text[:1] in ("i", "h") else text
+    if not (number.isascii() and number.isdigit()):
+        raise VmsandboxError(f"{text!r} names no item or hunk of a review", hint="use the ids the review gave")
+    return int(number)
+
+
+BADGES = {
+    "secret": model.Badge.SECRET, "quarantined": model.Badge.QUARANTINED, "ignored": model.Badge.IGNORED,
+    "binary": model.Badge.BINARY, "conflict": model.Badge.CONFLICT, "unsafe": model.Badge.UNSAFE,
+}  # fmt: skip
+
+
+def _checkpoint(name: SessionName, cp: checkpoints.Checkpoint) -> model.Checkpoint:
+    return model.Checkpoint(SnapshotRef(name, CheckpointLabel(cp.label)), datetime.fromtimestamp(cp.created, tz=UTC))
+
+
+def _hunks(both: tuple[bytes, bytes] | None) -> tuple[model.Hunk, ...]:
+    if both is None:
+        return ()
+    a, b = hunks_mod.lines(both[0]), hunks_mod.lines(both[1])
+
+    def shown(lines: list[bytes]) -> tuple[str, ...]:
+        return tuple(x.decode(errors="replace") for x in lines)
+
+    return tuple(
+        model.Hunk(
+            Token(f"h{h.index}"),
+            h.old_start + 1,
+            shown(a[h.old_start : h.old_end]),
+            h.new_start + 1,
+            shown(b[h.new_start : h.new_end]),
+        )
+        for h in hunks_mod.hunks(*both)
+    )
+
+
+def _review_of(name: SessionName, plan: Plan) -> model.Review:
+    items = []
+    for n, item in enumerate(plan.todo):
+        try:
+            both = None if item.repository else views.texts(plan, item.first)
+        except views.ChangedError:
+            both = None
+        holds = tuple(model.Hold(BADGES[what], why) for what, why in views.holds(item))
+        if plan.mass is not None:
+            holds += (model.Hold(model.Badge.MASS, plan.mass),)
+        digest = Digest(views.fingerprint(item))
+        items.append(
+            model.ReviewItem(
+                Token(f"i{n}"), item.label, item.kind, item.first.status.value, digest, holds, _hunks(both)
+            )
+        )
+    return model.Review(Token(plan.id), name, datetime.now(tz=UTC), tuple(items), tuple(plan.refused))

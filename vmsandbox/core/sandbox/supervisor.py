@@ -1,0 +1,326 @@
+"""The guest's side of a sandbox's processes (sandbox/processes.py sends this file to the guest's python3 over
+the session's ssh, as root, at every call: nothing of it is installed in the image).
+
+A process started here outlives the ssh call that started it, every client that watched it and a stop/start
+of its VM (its runner is a guest process like any other, saved and restored with its memory). Each lives in
+/run/vmsandbox/procs/PID/ (PID: the process's own): its spec, its output as one log of framed records in the
+order the runner read them (a byte for the stream — 1 stdout, 2 stderr, 0 the exit as JSON — four bytes of
+length, the data), its stdin as a FIFO the runner keeps open until told to close it, and its exit.
+
+    python3 supervisor.py start            (the spec as JSON on stdin) -> prints the pid
+    python3 supervisor.py follow PID FROM  -> the log's records from byte FROM, as they come, then the exit
+    python3 supervisor.py list             -> the running processes, as JSON
+    python3 supervisor.py input PID        (bytes on stdin: to the process's stdin)
+    python3 supervisor.py close PID        -> its stdin closed
+    python3 supervisor.py signal PID SIG   -> its process group signalled
+
+And a sandbox's files, as the user it runs as (`runuser -u USER -- python3 supervisor.py …`; a relative path
+is relative to that user's home; each answers one JSON line, or an error as {"error": KIND, "message": …}
+with exit code 3):
+
+    stat PATH · ls PATH DEPTH · mkdir PATH · mv FROM TO · rm PATH · write PATH (the bytes on stdin)
+
+This file imports nothing of vmsandbox: it runs in the guest.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import pwd
+import selectors
+import signal
+import struct
+import sys
+import time
+from typing import Any
+
+ROOT = "/run/vmsandbox/procs"
+HEAD = struct.Struct(">BI")
+OUT, ERR, EXIT = 1, 2, 0
+POLL = 0.05
+CHUNK = 64 * 1024
+
+
+def _dir(pid: int) -> str:
+    return os.path.join(ROOT, str(int(pid)))
+
+
+def _child(spec: dict[str, Any], stdin_fd: int, out_w: int, err_w: int) -> None:
+    """In the forked child: its own session and group, the user, the environment; then exec."""
+    os.setsid()
+    os.dup2(stdin_fd, 0)
+    os.dup2(out_w, 1)
+    os.dup2(err_w, 2)
+    user = pwd.getpwnam(spec["user"])
+    env = {
+        "HOME": user.pw_dir,
+        "USER": user.pw_name,
+        "LOGNAME": user.pw_name,
+        "SHELL": user.pw_shell,
+        "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+    }
+    env.update(spec.get("envs") or {})
+    os.setgid(user.pw_gid)
+    os.initgroups(user.pw_name, user.pw_gid)
+    os.setuid(user.pw_uid)
+    os.chdir(spec.get("cwd") or user.pw_dir)
+    os.execvpe(spec["cmd"], [spec["cmd"], *spec.get("args", [])], env)
+
+
+def _run(new: str, spec: dict[str, Any]) -> None:
+    """The runner (a daemon of its own): starts the process, writes what it says into the log, and its exit."""
+    dir_fd = os.open(new, os.O_RDONLY | os.O_DIRECTORY)
+    fifo = os.path.join(new, "stdin")
+    os.mkfifo(fifo, 0o600)
+    anchor = os.open(fifo, os.O_RDWR)  # the FIFO's writer while stdin is open: closed, the process reads EOF
+    stdin_fd = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK) if spec.get("stdin") else os.open(os.devnull, os.O_RDONLY)
+    os.set_blocking(stdin_fd, True)
+    out_r, out_w = os.pipe()
+    err_r, err_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            _child(spec, stdin_fd, out_w, err_w)
+        except BaseException as exc:  # noqa: BLE001 - it could not run: said on its stderr
+            os.write(2, f"{spec['cmd']}: {exc}\n".encode())
+        os._exit(127)
+    for fd in (stdin_fd, out_w, err_w):
+        os.close(fd)
+    if not spec.get("stdin"):
+        os.close(anchor)
+        anchor = -1
+    log = os.open("log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600, dir_fd=dir_fd)
+    with open(os.open("runner", os.O_WRONLY | os.O_CREAT, 0o600, dir_fd=dir_fd), "w") as f:
+        f.write(str(os.getpid()))
+    with open(os.open("pid", os.O_WRONLY | os.O_CREAT, 0o600, dir_fd=dir_fd), "w") as f:
+        f.write(str(pid))
+    signal.signal(signal.SIGUSR1, lambda *_: _close_anchor())
+    _state["anchor"] = anchor
+    deadline = time.monotonic() + spec["timeout"] if spec.get("timeout") else None
+    sel = selectors.DefaultSelector()
+    sel.register(out_r, selectors.EVENT_READ, OUT)
+    sel.register(err_r, selectors.EVENT_READ, ERR)
+    while sel.get_map():
+        for key, _ in sel.select(timeout=0.5):
+            data = os.read(key.fd, CHUNK)
+            if not data:
+                sel.unregister(key.fd)
+                os.close(key.fd)
+                continue
+            os.write(log, HEAD.pack(key.data, len(data)) + data)
+        if deadline is not None and time.monotonic() > deadline:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, signal.SIGKILL)
+            deadline = None
+    _, status = os.waitpid(pid, 0)
+    code = os.waitstatus_to_exitcode(status)
+    said = f"exit status {code}" if code >= 0 else f"signal: {signal.Signals(-code).name.lower()[3:]}"
+    ended = json.dumps({"code": code if code >= 0 else -1, "status": said}).encode()
+    os.write(log, HEAD.pack(EXIT, len(ended)) + ended)
+    with open(os.open("exit", os.O_WRONLY | os.O_CREAT, 0o600, dir_fd=dir_fd), "w") as f:
+        f.write(ended.decode())
+
+
+_state: dict[str, int] = {"anchor": -1}
+
+
+def _close_anchor() -> None:
+    if _state["anchor"] >= 0:
+        os.close(_state["anchor"])
+        _state["anchor"] = -1
+
+
+def start() -> None:
+    spec = json.load(sys.stdin)
+    os.makedirs(ROOT, mode=0o700, exist_ok=True)
+    new = os.path.join(ROOT, f".new-{os.getpid()}")
+    os.mkdir(new, 0o700)
+    with open(os.path.join(new, "spec.json"), "w") as f:
+        json.dump(spec, f)
+    if os.fork() == 0:  # the runner: a daemon of its own, which no ssh session's end reaches
+        os.setsid()
+        if os.fork():
+            os._exit(0)
+        null = os.open(os.devnull, os.O_RDWR)
+        for fd in (0, 1, 2):
+            os.dup2(null, fd)
+        try:
+            _run(new, spec)
+        finally:
+            os._exit(0)
+    pid_file = os.path.join(new, "pid")
+    for _ in range(600):
+        if os.path.exists(pid_file) and os.path.getsize(pid_file):
+            break
+        time.sleep(POLL)
+    with open(pid_file) as f:
+        pid = int(f.read())
+    os.rename(new, _dir(pid))
+    print(pid)
+
+
+def follow(pid: int, offset: int) -> None:
+    where = _dir(pid)
+    out = sys.stdout.buffer
+    with open(os.path.join(where, "log"), "rb") as log:
+        log.seek(offset)
+        while True:
+            data = log.read(CHUNK)
+            if data:
+                out.write(data)
+                out.flush()
+                continue
+            if os.path.exists(os.path.join(where, "exit")):
+                rest = log.read()
+                if not rest:
+                    return
+                out.write(rest)
+                out.flush()
+                continue
+            time.sleep(POLL)
+
+
+def running() -> None:
+    found = []
+    for name in os.listdir(ROOT) if os.path.isdir(ROOT) else []:
+        where = os.path.join(ROOT, name)
+        if name.isdigit() and not os.path.exists(os.path.join(where, "exit")):
+            with open(os.path.join(where, "spec.json")) as f:
+                found.append({"pid": int(name), "spec": json.load(f)})
+    print(json.dumps(found))
+
+
+# ---------------------------------------------------------------- files
+
+
+class Refused(Exception):  # noqa: N818 - an answer: (kind, message)
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
+def _path(given: str) -> str:
+    home = pwd.getpwuid(os.getuid()).pw_dir
+    return os.path.normpath(os.path.join(home, given))
+
+
+def _entry(path: str) -> dict[str, Any]:
+    import grp
+    import stat as st_mod
+
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        raise Refused("not_found", f"{path} does not exist") from None
+    except PermissionError:
+        raise Refused("refused", f"{path}: permission denied") from None
+    kind = ("dir" if st_mod.S_ISDIR(st.st_mode) else "file" if st_mod.S_ISREG(st.st_mode)
+            else "symlink" if st_mod.S_ISLNK(st.st_mode) else "other")  # fmt: skip
+    owner, group = str(st.st_uid), str(st.st_gid)
+    with contextlib.suppress(KeyError):
+        owner = pwd.getpwuid(st.st_uid).pw_name
+    with contextlib.suppress(KeyError):
+        group = grp.getgrgid(st.st_gid).gr_name
+    return {
+        "name": os.path.basename(path) or path, "type": kind, "path": path, "size": st.st_size,
+        "mode": st_mod.S_IMODE(st.st_mode), "permissions": st_mod.filemode(st.st_mode), "owner": owner,
+        "group": group, "modified": st.st_mtime, "target": os.readlink(path) if kind == "symlink" else None,
+    }  # fmt: skip
+
+
+def _listing(path: str, depth: int) -> list[dict[str, Any]]:
+    if _entry(path)["type"] != "dir":
+        raise Refused("refused", f"{path} is not a directory")
+    found: list[dict[str, Any]] = []
+    todo = [(path, 1)]
+    while todo:
+        where, level = todo.pop(0)
+        try:
+            names = sorted(os.listdir(where))
+        except PermissionError:
+            continue
+        for name in names:
+            entry = _entry(os.path.join(where, name))
+            found.append(entry)
+            if entry["type"] == "dir" and level < depth:
+                todo.append((entry["path"], level + 1))
+    return found
+
+
+def _mkdir(where: str) -> dict[str, Any]:
+    if os.path.lexists(where):
+        raise Refused("exists", f"{where} exists already")
+    os.makedirs(where)
+    return _entry(where)
+
+
+def _write(path: str) -> dict[str, Any]:
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    tmp = f"{path}.vmsandbox-{os.getpid()}"
+    with open(tmp, "wb") as f:
+        while data := sys.stdin.buffer.read(CHUNK):
+            f.write(data)
+    os.replace(tmp, path)
+    return _entry(path)
+
+
+def files(verb: str, args: list[str]) -> None:
+    import shutil
+
+    try:
+        if verb == "stat":
+            said: Any = _entry(_path(args[0]))
+        elif verb == "ls":
+            said = _listing(_path(args[0]), int(args[1]))
+        elif verb == "mkdir":
+            said = _mkdir(_path(args[0]))
+        elif verb == "mv":
+            os.rename(_path(args[0]), _path(args[1]))
+            said = _entry(_path(args[1]))
+        elif verb == "rm":
+            where = _path(args[0])
+            if _entry(where)["type"] == "dir":
+                shutil.rmtree(where)
+            else:
+                os.unlink(where)
+            said = None
+        else:
+            said = _write(_path(args[0]))
+    except Refused as exc:
+        print(json.dumps({"error": exc.kind, "message": str(exc)}))
+        sys.exit(3)
+    except FileNotFoundError as exc:
+        print(json.dumps({"error": "not_found", "message": f"{exc.filename}: no such file or directory"}))
+        sys.exit(3)
+    except OSError as exc:
+        print(json.dumps({"error": "refused", "message": f"{exc.filename}: {exc.strerror}"}))
+        sys.exit(3)
+    print(json.dumps(said))
+
+
+def main(argv: list[str]) -> None:
+    verb = argv[0]
+    if verb in ("stat", "ls", "mkdir", "mv", "rm", "write"):
+        files(verb, argv[1:])
+        return
+    if verb == "start":
+        start()
+    elif verb == "follow":
+        follow(int(argv[1]), int(argv[2]))
+    elif verb == "list":
+        running()
+    elif verb == "input":
+        with open(os.path.join(_dir(int(argv[1])), "stdin"), "wb") as fifo:
+            while data := sys.stdin.buffer.read(CHUNK):
+                fifo.write(data)
+    elif verb == "close":
+        with open(os.path.join(_dir(int(argv[1])), "runner")) as f:
+            os.kill(int(f.read()), signal.SIGUSR1)
+    elif verb == "signal":
+        os.killpg(int(argv[1]), int(argv[2]))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,174 @@
+"""A frozen review as every front end shows it, and a person's choices on it as Decisions: the hash of all a
+front end shows of an item (what a choice must name back), the two texts of a change as the review saw them,
+its hunks, its holds with their reasons, and choices — items, hunks, an edited merge — turned into what the
+core applies. The page (web/review.py) renders these; the API (core/sandbox/backend.py) serialises them."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass, field
+
+from vmsandbox.sync.land import write as apply
+from vmsandbox.sync.review import hunks, merge
+from vmsandbox.sync.review.compare import Change, Status
+from vmsandbox.sync.review.diff import DIFF_LIMIT, is_text
+from vmsandbox.sync.review.plan import Decisions, Item, Plan
+from vmsandbox.sync.tree.manifest import CARRIED, FILE
+
+ChangedError = apply.ChangedError
+
+
+def fingerprint(item: Item) -> str:
+    """Everything a front end shows of an item, as one short hash: each change's path, status, kind, carried
+    mode, content hash and link target on the guest's side, and every hold and badge. A choice names it beside
+    the item, so a choice is only ever taken for exactly what was shown."""
+    shown = [
+        [c.path, c.status.value, c.kind, c.risky, c.held, c.binary, c.secret, c.notes,
+         None if c.guest is None else [c.guest.kind, c.guest.mode & CARRIED, c.guest.digest, c.guest.target],
+         None if c.merge is None else hashlib.sha256(c.merge.text).hexdigest()]
+        for c in item.changes
+    ]  # fmt: skip
+    return hashlib.sha256(json.dumps([item.label, item.repository, shown]).encode()).hexdigest()[:32]
+
+
+def texts(plan: Plan, c: Change) -> tuple[bytes, bytes] | None:
+    """The two texts a change's hunks are made of (before, after), as the review saw them, or None where it is
+    not text. ChangedError when one of them is no longer what the review saw."""
+    g = plan.gathered
+    old: bytes | None
+    new: bytes | None
+    if c.merge is not None and c.merge.clean:
+        old, new = apply.read_as_reviewed(g.project, c.path, c.host, limit=DIFF_LIMIT), c.merge.text
+    elif any(e is not None and e.kind != FILE for e in (c.base, c.guest)) or c.binary or c.kind == "mode changed":
+        return None
+    else:
+        old = apply.read_nofollow(g.target.files.baseline, c.path, limit=DIFF_LIMIT) if c.base else b""
+        new = apply.read_as_reviewed(g.source, c.path, c.guest, limit=DIFF_LIMIT)
+    if old is None or new is None or not (is_text(old) and is_text(new)):
+        return None
+    if max(old.count(b"\n"), new.count(b"\n")) > hunks.HUNK_LINES:
+        return None  # taken or left whole
+    return old, new
+
+
+def holds(item: Item) -> list[tuple[str, str]]:
+    """Why an item waits for an explicit choice: (what, why), in the order a person reads them."""
+    c = item.first
+    found: list[tuple[str, str]] = []
+    if item.secret:
+        found.append(("secret", item.secret))
+    if item.risky:
+        found.append(("quarantined", item.risky))
+    if item.held:
+        found.append(("ignored", item.held))
+    if item.binary:
+        found.append(("binary", "binary content: applied only when chosen"))
+    if c.status is Status.CONFLICT:
+        found.append(("conflict", "the host changed it too"))
+    if c.status is Status.UNSAFE:
+        found.append(("unsafe", c.notes[0] if c.notes else "can never be written"))
+    return found
+
+
+@dataclass(frozen=True)
+class Choice:
+    """A person's choice of one item of a review: its number, the fingerprint they were shown, the hunks taken
+    (None: all of it), an edit of an overlapping merge (None: none)."""
+
+    item: int
+    shown: str
+    hunks: Collection[int] | None = None
+    edit: bytes | None = None
+
+
+@dataclass
+class Chosen:
+    decisions: Decisions
+    refused: list[str] = field(default_factory=list)  # choices not taken, and why
+
+
+def decide(plan: Plan, choices: list[Choice], *, commits: bool = False) -> Chosen:
+    """Choices on a frozen review as the Decisions the core carries out on it: each must name an item of that
+    review with what was shown of it; hunks and edits are composed from the texts the review saw."""
+    accept: list[Item] = []
+    contents: dict[str, bytes] = {}
+    refused: list[str] = []
+    for choice in choices:
+        item = plan.todo[choice.item] if 0 <= choice.item < len(plan.todo) else None
+        if item is None or fingerprint(item) != choice.shown:
+            refused.append(f"item {choice.item}: not what this review showed; look again")
+            continue
+        try:
+            why = _content(plan, item, choice, contents)
+        except ChangedError as exc:
+            why = exc.message
+        if why is None:
+            accept.append(item)
+        elif why:
+            refused.append(f"{item.label}: {why}")
+    return Chosen(Decisions(tuple(accept), (), commits and plan.gathered.refs_changed, contents=contents), refused)
+
+
+def _content(plan: Plan, item: Item, choice: Choice, contents: dict[str, bytes]) -> str | None:
+    """Put in `contents` what the choice says to write for the item; why it is not applied ("" to leave it
+    quietly: no hunk taken), or None to apply it."""
+    c = item.first
+    if choice.edit is not None and c.merge is not None and not c.merge.clean:
+        return edited(c.path, c.merge.text, choice.edit, contents)
+    both = texts(plan, c) if choice.hunks is not None else None
+    if both is None:
+        return None
+    every = {h.index for h in hunks.hunks(*both)}
+    taken = set(choice.hunks or ()) & every
+    if not taken:
+        return ""
+    if taken != every:
+        contents[c.path] = hunks.compose(*both, taken)
+    return None
+
+
+UNEDITABLE = (
+    "both sides changed the same lines, and the text holds characters that hide or reorder what surrounds them: "
+    "it is not edited here (leave it pending, or apply to keep the guest's version beside the file; "
+    "`vmsandbox pull NAME PATH` shows it escaped)"
+)
+
+
+def editable(merged: bytes) -> bool:
+    """Whether an overlapping merge may be edited by a person in a page (what they see is what its bytes are)."""
+    from vmsandbox import ui
+
+    text = merged.decode(errors="replace")
+    return ui.visible(text) == text
+
+
+def edited(path: str, merged: bytes, text: bytes, contents: dict[str, bytes]) -> str | None:
+    """An overlapping merge (`merged`, with its markers) as the person left it."""
+    if not editable(merged):
+        return UNEDITABLE
+    if b"\r\n" not in merged:
+        text = text.replace(b"\r\n", b"\n")  # a browser sends a textarea's lines with CRLF
+    if text == merged:
+        return None  # not resolved: the guest's version is kept beside the file, as at the terminal
+    if merge.has_markers(text):
+        return "conflict markers remain in the merged text; resolve them or leave the file"
+    contents[path] = text
+    return None
+
+
+def counts(plan: Plan) -> Mapping[str, int]:
+    """The summary at the top of a review."""
+    found = {"created": 0, "modified": 0, "deleted": 0, "merged": 0, "conflicts": 0, "risky": 0, "ignored": 0,
+             "binary": 0, "credentials": 0}  # fmt: skip
+    for item in plan.todo:
+        c = item.first
+        found[{"added": "created", "deleted": "deleted"}.get(c.kind, "modified")] += 1
+        found["merged"] += c.status is Status.MERGED
+        found["conflicts"] += c.status is Status.CONFLICT
+        found["risky"] += item.quarantined
+        found["ignored"] += bool(item.held)
+        found["binary"] += item.binary
+        found["credentials"] += bool(item.secret)
+    return found
