@@ -239,9 +239,9 @@ def test_the_cycle_finder_finds_a_cycle() -> None:
     assert _cycles({"a": {"b"}, "b": set()}) == []
 
 
-# Where a VM lives: session.place.interface is the interface, session.place.local and .remote its
-# implementations, session.place.choose the one chooser. The implementations stand on these modules only (data
-# and helpers that know nothing of policy); policy reaches them through the chooser alone.
+# Where a VM lives: session.place.interface holds the interfaces (Host, VM, Snapshots), session.place.local and
+# .remote their implementations, session.place.choose the one chooser. The implementations stand on these modules
+# only (data and helpers that know nothing of policy); policy reaches them through the chooser alone.
 PLACES = ("vmsandbox.session.place.local", "vmsandbox.session.place.remote")
 CHOOSER = "vmsandbox.session.place.choose"
 GROUND = {"vmsandbox.session.record"} | {
@@ -276,6 +276,140 @@ def test_policy_reaches_a_place_only_through_the_chooser() -> None:
         if any(_in(dep, p) for p in PLACES)
     ]
     assert wrong == []
+
+
+INTERFACE = PACKAGE / "session" / "place" / "interface.py"
+INTERFACES = ("Host", "VM", "Snapshots")
+WIDEST = 14  # public methods (properties too) of one place interface: about a dozen
+BINDS = {("Host", "vm"), ("Host", "boot"), ("Snapshots", "copy_disks"), ("Snapshots", "restore_fork")}
+
+
+def _classes(tree: ast.Module) -> dict[str, ast.ClassDef]:
+    return {n.name: n for n in tree.body if isinstance(n, ast.ClassDef)}
+
+
+def _public(cls: ast.ClassDef) -> list[ast.FunctionDef]:
+    return [f for f in cls.body if isinstance(f, ast.FunctionDef) and not f.name.startswith("_")]
+
+
+def test_the_place_interfaces_stay_small_and_take_no_record_they_bound() -> None:
+    """Each interface has about a dozen methods; a VM and its Snapshots are bound to the session's record when
+    made, so none of their methods takes one (but a fork's, which is another session's), and a Host takes one
+    only to bind it (its VM, a boot)."""
+    found = _classes(ast.parse(INTERFACE.read_text()))
+    wide = {name: len(_public(found[name])) for name in INTERFACES if len(_public(found[name])) > WIDEST}
+    assert wide == {}
+    taking = [
+        f"{name}.{f.name}({a.arg})"
+        for name in INTERFACES
+        for f in _public(found[name])
+        for a in f.args.args
+        if a.annotation is not None and ast.unparse(a.annotation) == "Record" and (name, f.name) not in BINDS
+    ]
+    assert taking == []
+
+
+def test_a_place_adds_no_public_method_its_interface_lacks() -> None:
+    """Policy reaches a place through its interface only: an implementation's public methods are the interface's."""
+    interface = {name: {f.name for f in _public(c)} for name, c in _classes(ast.parse(INTERFACE.read_text())).items()}
+    extra = []
+    for path in PACKAGE.rglob("*.py"):
+        if not any(_in(_module_name(path), p) for p in PLACES):
+            continue
+        for cls in _classes(ast.parse(path.read_text())).values():
+            bases = {ast.unparse(b) for b in cls.bases} & set(INTERFACES)
+            for base in bases:
+                extra += [f"{cls.name}.{f.name}" for f in _public(cls) if f.name not in interface[base]]
+    assert extra == []
+
+
+def _bindings(func: ast.FunctionDef | ast.AsyncFunctionDef) -> dict[str, set[str]]:
+    """The names a function binds to a session's VM (`v = x.vm(r)`, `with places.vm_of(r) as v`), each with the
+    record names it is bound to. (A Host is bound to a host, not to a session: `host_of(r)` binds no record.)"""
+    bound: dict[str, set[str]] = {}
+    for node in ast.walk(func):
+        pairs: list[tuple[ast.expr | None, ast.expr]] = []
+        if isinstance(node, ast.Assign) and len(node.targets) == 1:
+            pairs.append((node.targets[0], node.value))
+        elif isinstance(node, ast.With):
+            pairs += [(item.optional_vars, item.context_expr) for item in node.items]
+        for target, value in pairs:
+            if not (isinstance(target, ast.Name) and isinstance(value, ast.Call)):
+                continue
+            if isinstance(value.func, ast.Attribute) and value.func.attr in ("vm", "vm_of"):
+                bound[target.id] = {a.id for a in value.args if isinstance(a, ast.Name)}
+    return bound
+
+
+def _bound_in(receiver: ast.expr, bound: dict[str, set[str]]) -> set[str]:
+    """The record names a call's receiver is bound to: through a bound name, or a binding call in it."""
+    names: set[str] = set()
+    for part in ast.walk(receiver):
+        if isinstance(part, ast.Name):
+            names |= bound.get(part.id, set())
+        if isinstance(part, ast.Call) and isinstance(part.func, ast.Attribute) and part.func.attr != "load":
+            names |= {a.id for a in part.args if isinstance(a, ast.Name)}
+    return names
+
+
+def _rebound(tree: ast.AST, methods: set[str]) -> list[str]:
+    """Calls of a place method that pass a record its receiver is bound to: `x.of(r).m(r)`, `v.m(r)` after
+    `v = x.vm(r)` or `with places.vm_of(r) as v`, or `m(v.record)`."""
+    wrong = []
+    for func in ast.walk(tree):
+        if not isinstance(func, ast.FunctionDef | ast.AsyncFunctionDef):
+            continue
+        bound = _bindings(func)
+        for node in ast.walk(func):
+            if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
+                continue
+            if node.func.attr not in methods:
+                continue
+            names = _bound_in(node.func.value, bound)
+            for arg in [*node.args, *(k.value for k in node.keywords)]:
+                again = isinstance(arg, ast.Name) and arg.id in names
+                if again or (isinstance(arg, ast.Attribute) and arg.attr == "record"):
+                    wrong.append(f"{func.name}:{node.lineno}: {ast.unparse(node)}")
+    return wrong
+
+
+def _place_methods() -> set[str]:
+    found = _classes(ast.parse(INTERFACE.read_text()))
+    return {f.name for name in INTERFACES for f in _public(found[name])}
+
+
+def test_no_record_is_passed_to_a_place_that_holds_it() -> None:
+    """Outside the places (and the chooser, which binds them), a place method is never handed the record its VM
+    or Snapshots was bound to."""
+    methods = _place_methods()
+    wrong = []
+    for path in PACKAGE.rglob("*.py"):
+        if _module_name(path) == CHOOSER or any(_in(_module_name(path), p) for p in PLACES):
+            continue
+        wrong += [f"{path.relative_to(PACKAGE)}:{w}" for w in _rebound(ast.parse(path.read_text()), methods)]
+    assert wrong == []
+
+
+def test_the_rebinding_finder_finds_a_record_passed_twice() -> None:
+    methods = _place_methods()
+    passed_twice = """
+def a(record):
+    places.of(record).save(record, hv)
+def b(record):
+    with places.vm_of(record) as vm:
+        vm.snapshots.drop(record)
+def c(host, source):
+    vm = host.vm(source)
+    vm.restore(vm.record)
+"""
+    assert len(_rebound(ast.parse(passed_twice), methods)) == 3
+    bound_once = """
+def d(host, source, fork):
+    vm = host.vm(source)
+    vm.snapshots.restore_fork(cp, fork)
+    host.vm(Record.load(name)).snapshots.drop(cp.label, live=True)
+"""
+    assert _rebound(ast.parse(bound_once), methods) == []
 
 
 # The ways code has asked "does this VM live on another host?": a URI's host part, the host's name compared with

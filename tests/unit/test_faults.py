@@ -14,11 +14,11 @@ import pytest
 from vmsandbox import failpoint, paths
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.session import lock, state
+from vmsandbox.session.place import choose as places
 from vmsandbox.session.place import console as boot
 from vmsandbox.session.place.console import Cpu, Stage
 from vmsandbox.session.record import Record, State
 from vmsandbox.sync.inward import capture
-from vmsandbox.vm.virt import Hypervisor
 
 from .conftest import saved_record
 
@@ -187,8 +187,8 @@ def test_a_teardown_holding_the_lock_is_waited_for(capsys: pytest.CaptureFixture
 
 def test_an_ending_session_is_listed_as_ending() -> None:
     r = saved_record("s1", ending="remove")
-    with Hypervisor("test:///default") as hv:
-        assert state.status(r, hv).state is State.ENDING
+    with places.vm_of(r) as vm:
+        assert state.status(vm).state is State.ENDING
     with pytest.raises(VmsandboxError, match="session s1 is ending"):
         state.usable(r)
 

@@ -15,9 +15,9 @@ from vmsandbox.image.store import Image
 from vmsandbox.session import settings as config
 from vmsandbox.session.place import choose as places
 from vmsandbox.session.place import hostspec
-from vmsandbox.session.place.local.place import LocalPlace
+from vmsandbox.session.place.local.place import LocalHost
 from vmsandbox.session.place.remote import images as hostimages
-from vmsandbox.session.place.remote.place import RemotePlace
+from vmsandbox.session.place.remote.place import RemoteHost
 from vmsandbox.vm import storage
 from vmsandbox.vm.node import Node
 
@@ -40,8 +40,9 @@ def test_hosts_are_read_from_the_user_config(tmp_path: Path) -> None:
         hostspec.HostSpec("lab-2", "qemu+tls://lab2/system", None, 1024, "/srv/vms"),
     )
     assert [h.name for h in hostspec.every(s.libvirt_uri, s.hosts)] == ["local", "big", "lab-2"]
-    assert isinstance(places.every(s.libvirt_uri, s.hosts)[0], LocalPlace)
-    assert all(isinstance(p, RemotePlace) for p in places.every(s.libvirt_uri, s.hosts)[1:])
+    every = hostspec.every(s.libvirt_uri, s.hosts)
+    assert isinstance(places.Hosts(s.libvirt_uri, every).at(every[0]), LocalHost)
+    assert all(isinstance(places.Hosts(s.libvirt_uri, every).at(h), RemoteHost) for h in every[1:])
     assert hostspec.named(s.libvirt_uri, s.hosts, "lab-2").uri == "qemu+tls://lab2/system"
     with pytest.raises(VmsandboxError, match="no host named 'lab3'") as err:
         hostspec.named(s.libvirt_uri, s.hosts, "lab3")
@@ -319,19 +320,24 @@ def test_run_on_another_host_checks_the_host_before_anything_is_made(
 
 
 def test_a_long_chain_there_is_refused_with_the_fork_that_starts_over() -> None:
+    from vmsandbox.session.moments import checkpoint
     from vmsandbox.session.place.remote import checkpoint as remotecheckpoint
     from vmsandbox.session.record import Record
+
+    def check_room(record: Record) -> None:
+        with places.vm_of(record) as vm:  # nothing asked of its host: its abilities say it
+            checkpoint.check_room(vm)
 
     record = Record("exp", "/p", "v", "tcg", "", 1, 512, 4096, 0, "u", 1000, 1000, "qemu+ssh://me@big/system")
     record.host = "big"
     record.overlays = [f"o{i}" for i in range(remotecheckpoint.MAX_CHAIN - 1)]
-    places.of(record).check_room(record)
+    check_room(record)
     record.overlays.append("top")
     with pytest.raises(VmsandboxError, match="runs on host big over 18 overlays") as refused:
-        places.of(record).check_room(record)
+        check_room(record)
     assert "vmsandbox fork exp NEW --from LABEL" in str(refused.value.hint)
     record.libvirt_uri, record.host = "qemu:///system", "local"
-    places.of(record).check_room(record)  # this machine's: folded, nothing to refuse
+    check_room(record)  # this machine's: folded, nothing to refuse
 
 
 def test_a_volume_read_into_a_file_keeps_its_holes(tmp_path: Path) -> None:

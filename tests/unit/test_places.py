@@ -1,7 +1,8 @@
 """A session on this machine and one on another host take the same path through the policy modules: the same
-Place steps in the same order, chosen by session.places from the record alone. The policy runs for real (locks,
-records, checkpoints' files, states asked of libvirt's in-process test:/// driver, where both places' domains
-live); the places record the steps they are asked for and do the least that keeps libvirt's answers true."""
+steps of the place interfaces (Host, VM, Snapshots) in the same order, chosen by session.place.choose from the
+record alone. The policy runs for real (locks, records, checkpoints' files, states asked of libvirt's in-process
+test:/// driver, where both places' domains live); the places record the steps they are asked for and do the
+least that keeps libvirt's answers true."""
 
 from __future__ import annotations
 
@@ -18,11 +19,12 @@ from vmsandbox.session.end import lifecycle
 from vmsandbox.session.moments import checkpoint, suspend
 from vmsandbox.session.options import Options
 from vmsandbox.session.place import choose as places
+from vmsandbox.session.place import hostspec
 from vmsandbox.session.place.checkpoints import Checkpoint
 from vmsandbox.session.place.hostspec import HostSpec
-from vmsandbox.session.place.interface import Place, SavedVM
-from vmsandbox.session.place.local.place import LocalPlace
-from vmsandbox.session.place.remote.place import RemotePlace
+from vmsandbox.session.place.interface import VM, Host, SavedVM, Snapshots
+from vmsandbox.session.place.local.place import LocalHost, LocalSnapshots, LocalVM
+from vmsandbox.session.place.remote.place import RemoteHost, RemoteSnapshots, RemoteVM
 from vmsandbox.session.record import Record
 from vmsandbox.session.settings import Settings
 from vmsandbox.session.start import create
@@ -41,6 +43,15 @@ def _running(hv: Hypervisor, name: str) -> None:
     hv.create(ET.tostring(root, encoding="unicode"))
 
 
+def _bound(bound: Host | VM | Snapshots, args: tuple[Any, ...]) -> tuple[Record | None, Hypervisor]:
+    """The record a step is about (bound to it, or given to a Host) and the connection it runs on."""
+    if isinstance(bound, Snapshots):
+        return bound.vm.record, bound.vm.host.libvirt()
+    if isinstance(bound, VM):
+        return bound.record, bound.host.libvirt()
+    return next((a for a in args if isinstance(a, Record)), None), bound.libvirt()
+
+
 class Steps:
     """What the policy asked of a place, in order, and the little a place must do for libvirt to agree."""
 
@@ -48,11 +59,12 @@ class Steps:
         self.asked: list[str] = []
         self.saved: set[str] = set()
 
-    def __call__(self, name: str, place: Place, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    def __call__(self, name: str, bound: Host | VM | Snapshots, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         self.asked.append(name)
-        record = next((a for a in args if isinstance(a, Record)), None)
-        hv = next((a for a in args if isinstance(a, Hypervisor)), None)
-        if record is not None and hv is not None:
+        record, hv = _bound(bound, args)
+        if name == "forget":
+            hv.destroy(args[1])  # the VM goes with what its place kept of it
+        if record is not None:
             self._emulate(name, record, hv, args, kwargs)
         answers = {
             "admit": accel.choose(accel.Accel.TCG),
@@ -60,9 +72,10 @@ class Steps:
             "stopped": SavedVM(),
             "memory_of": SavedVM(),
             "sizes": {},
-            "forget_unanswered": False,
         }
-        return args[-1] if name == "unanswered" else answers.get(name)
+        if name == "boot" and isinstance(bound, Host) and record is not None:
+            return bound.vm(record)
+        return answers.get(name)
 
     def _emulate(self, name: str, record: Record, hv: Hypervisor, args: tuple[Any, ...], kw: dict[str, Any]) -> None:
         if name in ("boot", "restore"):
@@ -76,18 +89,31 @@ class Steps:
             args[-1]()  # publish: the checkpoint's record is whole
 
 
-def _recording(kind: type[Place], steps: Steps) -> type[Place]:
-    """`kind` with every step of the interface recorded (and emulated) instead of carried out."""
+def _steps(interface: type[Any], steps: Steps, binding: str) -> dict[str, Any]:
+    """Every step of `interface` recorded (and emulated) instead of carried out; `binding` (what makes the next
+    interface) is left to the class."""
 
     def step(name: str) -> Callable[..., Any]:
-        def method(self: Place, *args: Any, **kwargs: Any) -> Any:
+        def method(self: Any, *args: Any, **kwargs: Any) -> Any:
             return steps(name, self, args, kwargs)
 
         return method
 
-    overrides = {name: step(name) for name in sorted(Place.__abstractmethods__) if name not in ("where", "release")}
-    overrides["libvirt_for"] = lambda self, here: HERE
-    return type(f"Recording{kind.__name__}", (kind,), overrides)
+    return {name: step(name) for name in sorted(interface.__abstractmethods__) if name != binding}
+
+
+def _recording(kinds: tuple[type[Host], type[VM], type[Snapshots]], steps: Steps) -> type[Host]:
+    """A place's Host (and the VMs and Snapshots it binds) with every step recorded instead of carried out."""
+    host_kind, vm_kind, snapshots_kind = kinds
+    recorded_snapshots = type(f"Recording{snapshots_kind.__name__}", (snapshots_kind,), _steps(Snapshots, steps, ""))
+    vm_steps = _steps(VM, steps, "snapshots") | {"snapshots": property(recorded_snapshots)}
+    recorded_vm = type(f"Recording{vm_kind.__name__}", (vm_kind,), vm_steps)
+
+    def vm(self: Host, record: Record) -> VM:
+        return recorded_vm(self, record)  # type: ignore[no-any-return]
+
+    host_steps = _steps(Host, steps, "vm") | {"vm": vm}
+    return type(f"Recording{host_kind.__name__}", (host_kind,), host_steps)
 
 
 @pytest.fixture
@@ -134,8 +160,8 @@ def test_a_session_here_and_one_there_take_the_same_steps(
     monkeypatch: pytest.MonkeyPatch, one_libvirt: Hypervisor, quiet_guest: None, tmp_path: Path
 ) -> None:
     here, there = Steps(), Steps()
-    monkeypatch.setattr(places, "LocalPlace", _recording(LocalPlace, here))
-    monkeypatch.setattr(places, "RemotePlace", _recording(RemotePlace, there))
+    monkeypatch.setattr(places, "LocalHost", _recording((LocalHost, LocalVM, LocalSnapshots), here))
+    monkeypatch.setattr(places, "RemoteHost", _recording((RemoteHost, RemoteVM, RemoteSnapshots), there))
     # the project's capture and the session's keys and identity files are made the same way for every place
     monkeypatch.setattr(create, "_prepare", lambda record, *_: record.save())
     project = tmp_path / "project"
@@ -148,15 +174,14 @@ def test_a_session_here_and_one_there_take_the_same_steps(
     assert here.asked == [
         "admit",  # run --keep: room and accelerator there, the VM started
         "boot",
-        "check_room",  # checkpoint: room in the disk chain, the VM saved into it, resumed from it
-        "freeze",
+        "freeze",  # checkpoint (room in the disk chain: the host's abilities say): saved into it, resumed from it
         "memory_of",
         "restore",
         "save",  # stop
         "holds_save",  # start: the VM is gone, its save is there: stopped
         "stopped",
         "restore",
-        "started",
+        "discard_save",
         "drop",  # checkpoint rm
         "forget",  # destroy
     ]
@@ -166,10 +191,13 @@ def test_a_session_here_and_one_there_take_the_same_steps(
 def test_the_chooser_reads_the_place_from_the_record_alone() -> None:
     here = Record("a", "/p", "v", "tcg", "", 1, 512, 1024, 0, "u", 1000, 1000, "qemu:///system")
     there = Record("b", "/p", "v", "tcg", "", 1, 512, 1024, 0, "u", 1000, 1000, THERE, host="far")
-    assert type(places.of(here)) is LocalPlace and places.of(here).where == ""
-    assert type(places.of(there)) is RemotePlace and places.of(there).where == " on host far"
-    assert type(places.of_uri(THERE)) is RemotePlace and places.of_uri(THERE).name == "far.example"
-    assert [p.name for p in places.every("qemu:///system", ())] == ["local"]
+    with places.vm_of(here) as vm:  # nothing is asked of libvirt: no connection is opened
+        assert type(vm) is LocalVM and type(vm.host) is LocalHost and vm.host.where == ""
+    with places.vm_of(there) as vm:
+        assert type(vm) is RemoteVM and type(vm.host) is RemoteHost and vm.host.where == " on host far"
+    with places.host(places.spec_at(THERE)) as host:
+        assert type(host) is RemoteHost and host.spec.name == "far.example"
+    assert [h.name for h in hostspec.every("qemu:///system", ())] == ["local"]
 
 
 def test_a_checkpoint_carries_no_place(tmp_path: Path) -> None:

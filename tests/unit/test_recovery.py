@@ -14,6 +14,7 @@ import pytest
 from vmsandbox import paths
 from vmsandbox.session import state
 from vmsandbox.session.end import gc as collect
+from vmsandbox.session.place import choose as places
 from vmsandbox.session.place import pins
 from vmsandbox.session.record import Record, State, domain_name
 from vmsandbox.vm.virt import Hypervisor
@@ -45,6 +46,12 @@ def running(hv: Hypervisor, record: Record) -> None:
     hv.create(test_domain(record.domain, record.files.root))
 
 
+def _status(record: Record) -> state.Status:
+    """The session's status, asked of its host as every command asks it."""
+    with places.vm_of(record) as vm:
+        return state.status(vm)
+
+
 def gc() -> list[str]:
     return list(collect.gc(URI, limit=LIMIT))
 
@@ -57,7 +64,7 @@ def test_a_run_killed_before_its_command_is_removed_with_its_vm(hv: Hypervisor) 
     pins.pin(r.name, "/images/v", None)
     pin = paths.images_dir() / pins.DIR / f"{os.geteuid()}.{r.name}"
     assert pin.exists()
-    assert state.status(r, hv).state is State.ORPHANED
+    assert _status(r).state is State.ORPHANED
     assert gc() == ["removed session early (orphaned)"]
     assert hv.info(r.domain) is None
     assert not r.files.root.exists()
@@ -83,7 +90,7 @@ def test_a_teardown_killed_before_the_vm_went_is_finished(hv: Hypervisor, ending
     r.files.workspace_disk.write_bytes(b"\0" * 4096)
     r.files.outbox.mkdir()
     (r.files.outbox / "kept.txt").write_text("the guest's work\n")
-    assert state.status(r, hv).state is State.ENDING
+    assert _status(r).state is State.ENDING
     assert gc() == ["finished the teardown of session late"]
     assert hv.info(r.domain) is None
     assert not r.files.workspace_disk.exists()
@@ -92,7 +99,7 @@ def test_a_teardown_killed_before_the_vm_went_is_finished(hv: Hypervisor, ending
     else:
         again = Record.load("late")
         assert again.exported and again.ending is None
-        assert state.status(again, hv).state is State.EXPORTED
+        assert _status(again).state is State.EXPORTED
         assert (r.files.outbox / "kept.txt").read_text() == "the guest's work\n"
         assert gc() == []  # an exported session is the user's to recover or destroy
 

@@ -100,8 +100,8 @@ def host_prepare(
     from vmsandbox.session.host import hosts
 
     settings = config.load()
-    place = hosts.named(settings, name)
-    place.check_holds_images()
+    spec = hosts.named(settings, name)
+    hosts.check_holds_images(spec)
     found = store.get_image(image) if image else store.current_image()
     if blueprint is not None:
         bp = blueprints.load(blueprint)
@@ -112,4 +112,4 @@ def host_prepare(
                 hint=f"build it here first: `vmsandbox image build --blueprint {blueprint}`",
             )
         found = layer
-    ui.info(f"Image {found.path.name} on host {name}: {hosts.hold_image(place, found)}")
+    ui.info(f"Image {found.path.name} on host {name}: {hosts.hold_image(spec, found)}")

@@ -15,9 +15,9 @@ from vmsandbox.egress.control import Door
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.session.place import choose as places
 from vmsandbox.session.place import console as boot
+from vmsandbox.session.place.interface import VM
 from vmsandbox.session.record import Phase, Record, State, names
 from vmsandbox.vm.node import UnreachableError, gone
-from vmsandbox.vm.virt import Hypervisor
 
 
 @dataclass(frozen=True)
@@ -80,14 +80,15 @@ def _subdirs(directory: Path) -> list[Path]:
         return []
 
 
-def status(record: Record, hv: Hypervisor) -> Status:
+def status(vm: VM) -> Status:
+    record = vm.record
     if record.ending is not None:
         return Status(record, State.ENDING)
     if record.exported:
         return Status(record, State.EXPORTED)
-    info = hv.info(record.domain)
+    info = vm.info()
     if info is None or gone(info):
-        saved = record.saved and places.of(record).holds_save(record, hv)
+        saved = record.saved and vm.holds_save()
         return Status(record, State.STOPPED if saved else State.EXITED)
     if record.status is not Phase.READY:
         return Status(record, State.BOOTING if record.owner_alive() else State.ORPHANED)
@@ -116,52 +117,53 @@ def listing(uri: str) -> tuple[list[Status], list[Damaged]]:
     """Every session's status: this machine's asked of `uri`, another host's of its own. Without libvirt (or
     a host that does not answer), the sessions are still listed (state `unknown`), with a warning that says
     how to bring libvirt back. Sessions whose record is damaged come second, each said in a warning."""
-    connections: dict[str, Hypervisor | None] = {}
+    silent: set[str] = set()  # the hosts that did not answer (said once)
 
-    def connected(record: Record) -> Hypervisor | None:
-        place = places.of(record)
-        at = place.libvirt_for(uri)
-        if at not in connections:
-            try:
-                connections[at] = Hypervisor(at)
-            except UnreachableError as exc:
-                said = f"{exc.message}{place.where}"
-                ui.warn(f"{said}: session states are unknown ({exc.hint})" if exc.hint else said)
-                connections[at] = None
-        return connections[at]
+    def connected(asked: places.Hosts, record: Record) -> VM | None:
+        there = asked.of(record)
+        if there.spec.uri in silent:
+            return None
+        try:
+            there.libvirt()
+        except UnreachableError as exc:
+            said = f"{exc.message}{there.where}"
+            ui.warn(f"{said}: session states are unknown ({exc.hint})" if exc.hint else said)
+            silent.add(there.spec.uri)
+            return None
+        return there.vm(record)
 
     found: list[Status] = []
     damaged: list[Damaged] = []
-    try:
+    with places.hosts(uri) as asked:
         for name in names():
             try:
                 record = Record.load(name)
-                hv = connected(record)
-                found.append(status(record, hv) if hv is not None else Status(record, State.UNKNOWN))
+                vm = connected(asked, record)
+                found.append(status(vm) if vm is not None else Status(record, State.UNKNOWN))
             except VmsandboxError as exc:  # a damaged session is never hidden (one being made is skipped)
                 if paths.session_paths(name).record.exists():
                     ui.warn(f"{exc.message} ({exc.hint})" if exc.hint else exc.message)
                     damaged.append(Damaged(name, exc.message, exc.hint))
-    finally:
-        for hv in connections.values():
-            if hv is not None:
-                hv.close()
     return found, damaged
 
 
-def is_running(record: Record) -> bool:
-    with Hypervisor(record.libvirt_uri) as hv:
-        info = hv.info(record.domain)
+def runs(vm: VM) -> bool:
+    info = vm.info()
     return info is not None and info.state == "running"
+
+
+def is_running(record: Record) -> bool:
+    with places.vm_of(record) as vm:
+        return runs(vm)
 
 
 def stops_within(record: Record, *, seconds: float) -> bool:
     """Whether the VM stops (or is already gone) within `seconds`: tells a guest shutting itself down
     from a dropped connection."""
     deadline = time.monotonic() + seconds
-    with Hypervisor(record.libvirt_uri) as hv:
+    with places.vm_of(record) as vm:
         while True:
-            if gone(hv.info(record.domain)):
+            if gone(vm.info()):
                 return True
             if time.monotonic() > deadline:
                 return False
@@ -174,17 +176,18 @@ def console_tail(name: str, lines: int = boot.CONSOLE_TAIL_LINES) -> str:
 
 def refresh_console(record: Record, *, follow: bool) -> None:
     """The session's console log here brought up to date (with `follow`, kept so while the command runs)."""
-    places.of(record).refresh_console(record, follow=follow)
+    with places.vm_of(record) as vm:
+        vm.console(follow=follow)
 
 
 def usable(record: Record) -> bool:
     """Raise (with the fix) unless the session's VM can take a command. True when its egress daemon had
     stopped, so the guest has no network until it is started again (create.open_egress)."""
     try:
-        with Hypervisor(record.libvirt_uri) as hv:
-            current = status(record, hv).state
-        if current is State.RUNNING:
-            places.of(record).reach(record, answering=True)
+        with places.vm_of(record) as vm:
+            current = status(vm).state
+            if current is State.RUNNING:
+                vm.reach(answering=True)
     except UnreachableError as exc:  # QEMU runs on without libvirtd: the guest may well answer
         if record.exported or record.status is not Phase.READY:
             raise

@@ -35,10 +35,10 @@ from vmsandbox.guest.ssh import Endpoint
 from vmsandbox.image import store
 from vmsandbox.session import settings as config
 from vmsandbox.session.place import choose as places
-from vmsandbox.session.place.interface import Tidy, nothing
+from vmsandbox.session.place.interface import VM, Host, Tidy, nothing
 from vmsandbox.session.record import Phase, Record
 from vmsandbox.session.start import create
-from vmsandbox.session.state import is_running
+from vmsandbox.session.state import runs
 from vmsandbox.vm import accel as accel_mod
 from vmsandbox.vm import qemuimg
 from vmsandbox.vm.virt import Hypervisor
@@ -50,43 +50,49 @@ OVERLAY = "workspace.qcow2"
 
 
 @contextlib.contextmanager
-def source(record: Record) -> Iterator[tuple[Endpoint | None, bool]]:
+def source(record: Record, vm: VM | None = None) -> Iterator[tuple[Endpoint | None, bool]]:
     """Where the guest's tree is read from, for as long as the block runs: (the running VM's endpoint, False),
     (a reader VM's endpoint, True) with the workspace disk of a VM that is gone or stopped mounted in it, or
-    (None, False) when the outbox holds the changes."""
+    (None, False) when the outbox holds the changes. `vm`: the session's VM on the connection the caller's
+    operation holds (else one is opened here, for the block)."""
     if record.files.outbox.is_dir():
         yield None, False
-    elif is_running(record):
-        places.of(record).reach(record)
-        yield record.endpoint(), False
-    else:
-        places.of(record).fetch_workspace(record)
-        with reading(record) as reader:
+        return
+    with contextlib.ExitStack() as held:
+        there = vm or held.enter_context(places.vm_of(record))
+        if runs(there):
+            yield there.reach(), False
+            return
+        disk = there.workspace_disk()
+        with reading(record, disk, there.host) as reader:
             yield reader, True
 
 
 @contextlib.contextmanager
-def reading(record: Record) -> Iterator[Endpoint | None]:
-    """A reader VM with the session's workspace disk mounted at the project's path, for as long as the block
-    runs; its endpoint (root's login is the same as a session's). None when the session has no workspace disk
-    here (it was exported, or never made)."""
-    if not record.files.workspace_disk.exists():
+def reading(record: Record, disk: Path, near: Host | None = None) -> Iterator[Endpoint | None]:
+    """A reader VM with the session's workspace disk (`disk`, here) mounted at the project's path, for as long
+    as the block runs; its endpoint (root's login is the same as a session's). None when there is no such disk
+    here (the session was exported, or never made). `near`: a host the operation holds, used if it is the
+    reader's."""
+    if not disk.exists():
         yield None
         return
     settings = config.load()
-    reader = _new(record, settings)
+    reader = _new(record, disk, settings)
     try:
-        with Hypervisor(reader.libvirt_uri) as hv:
+        with contextlib.ExitStack() as held:
+            same = near is not None and near.spec.uri == reader.libvirt_uri
+            host = near if same and near else held.enter_context(places.host_of(reader))
             try:
-                _boot(reader, record, hv, settings.boot_timeout)
+                _boot(host, reader, record, settings.boot_timeout)
                 yield reader.endpoint()
             finally:
-                hv.destroy(reader.domain)
+                host.libvirt().destroy(reader.domain)
     finally:
         shutil.rmtree(reader.files.root, ignore_errors=True)
 
 
-def _new(session: Record, settings: config.Settings) -> Record:
+def _new(session: Record, disk: Path, settings: config.Settings) -> Record:
     """The reader's record and files: the session's user and project path, the default VM shape (whose
     template is the one most likely made already), no network at all."""
     name = f"{PREFIX}{session.name}-{secrets.token_hex(2)}"
@@ -110,12 +116,12 @@ def _new(session: Record, settings: config.Settings) -> Record:
         libvirt_uri=settings.libvirt_uri,
         network=Mode.NONE,
         workspace=str(files.root / OVERLAY),
-        workspace_backing=_readable_by_qemu(session.files.workspace_disk),
+        workspace_backing=_readable_by_qemu(disk),
         owner_pid=os.getpid(),
         owner_start=pids.process_start(os.getpid()),
     )
     reader.save()
-    qemuimg.overlay_on_raw(session.files.workspace_disk, reader.workspace_disk)
+    qemuimg.overlay_on_raw(disk, reader.workspace_disk)
     reader.workspace_disk.chmod(0o600)
     # no workdir: the guest's own start-up never touches the disk (a disk that cannot be mounted must not
     # look like a failed warm start, which would mark the template failed); _mount mounts it
@@ -142,10 +148,10 @@ def _readable_by_qemu(disk: Path) -> str | None:
     return str(disk)
 
 
-def _boot(reader: Record, session: Record, hv: Hypervisor, boot_timeout: int) -> None:
+def _boot(host: Host, reader: Record, session: Record, boot_timeout: int) -> None:
     ui.info("The workspace disk is read in a VM of its own (the host parses none of it)")
     try:
-        places.of(reader).boot(reader, store.current_image(), hv, cold=False, timeout=boot_timeout, launched=nothing)
+        host.boot(reader, store.current_image(), cold=False, timeout=boot_timeout, launched=nothing)
     except VmsandboxError as exc:
         raise VmsandboxError(
             f"the VM that reads the workspace disk did not start: {exc.message}",

@@ -17,14 +17,13 @@ from vmsandbox.errors import VmsandboxError
 from vmsandbox.session import lock
 from vmsandbox.session.end import diskreader, lifecycle
 from vmsandbox.session.place import choose as places
-from vmsandbox.session.place import pins
+from vmsandbox.session.place import hostspec, pins
 from vmsandbox.session.place.hostspec import HostSpec
 from vmsandbox.session.place.interface import Tidy
 from vmsandbox.session.record import Phase, Record, State, names
 from vmsandbox.session.state import status
 from vmsandbox.sync.land import outbox
 from vmsandbox.vm.node import UnreachableError
-from vmsandbox.vm.virt import Hypervisor
 
 STALE_CAPTURE_SECONDS = 3600  # a fan-out copies its capture as its sessions start: one this old is left over
 
@@ -33,18 +32,21 @@ def gc(uri: str, *, limit: int, hosts: tuple[HostSpec, ...] = (), dry: bool = Fa
     """Yields a line per thing done (with `dry`, per thing it would do)."""
     mine = paths.sessions_dir().resolve()
     tidy = Tidy(dry=dry)
-    with Hypervisor(uri) as hv:
+    everywhere = hostspec.every(uri, hosts)  # this machine first
+    with places.hosts(uri, everywhere) as asked:  # each host connected once, at its first question
+        here = asked.at(everywhere[0])
+        here.libvirt()  # fails early, before anything is done, if this machine's libvirt is down
         for name in names():
-            yield from _session(name, hv, uri, limit, tidy)
-        yield from diskreader.sweep(mine, hv, tidy)
+            yield from _session(name, asked, uri, limit, tidy)
+        yield from diskreader.sweep(mine, here.libvirt(), tidy)
         for session in pins.collect(dry=dry):
             yield f"{'would remove' if dry else 'removed'} the pin of session {session} (its directory is gone)"
-    for place in places.every(uri, hosts):
-        yield from place.sweep(mine, tidy)
+        for spec in everywhere:
+            yield from asked.at(spec).sweep(mine, tidy)
     yield from _stale_captures(mine, tidy)
 
 
-def _session(name: str, hv: Hypervisor, uri: str, limit: int, tidy: Tidy) -> Iterator[str]:
+def _session(name: str, asked: places.Hosts, uri: str, limit: int, tidy: Tidy) -> Iterator[str]:
     """gc of one session: removed if its VM is gone or its `run` died, unless it holds work."""
     files = paths.session_paths(name)
     try:
@@ -57,7 +59,7 @@ def _session(name: str, hv: Hypervisor, uri: str, limit: int, tidy: Tidy) -> Ite
             yield tidy("remove", what, lambda: lifecycle.remove_damaged(name, uri))
         return
     try:
-        state = _state_at(record, hv)
+        state = status(asked.vm(record)).state
     except UnreachableError as exc:  # another host that does not answer: its sessions wait for it
         yield f"skipped session {name}: host {record.host} does not answer ({exc.message})"
         return
@@ -75,12 +77,6 @@ def _session(name: str, hv: Hypervisor, uri: str, limit: int, tidy: Tidy) -> Ite
         return
     except VmsandboxError as exc:  # one session's trouble never stops the clean-up of the others
         yield f"could not check session {name}: {exc.message}"
-
-
-def _state_at(record: Record, here: Hypervisor) -> State:
-    """A session's state, asked of its place's libvirt (`here`, when that is this machine's)."""
-    with places.of(record).connected(here) as hv:
-        return status(record, hv).state
 
 
 def _may_hold_work(record: Record) -> bool:

@@ -22,6 +22,8 @@ from vmsandbox.errors import VmsandboxError
 from vmsandbox.session.end import diskreader
 from vmsandbox.session.place import chain, pins
 from vmsandbox.session.place import choose as places
+from vmsandbox.session.place.hostspec import HostSpec
+from vmsandbox.session.place.interface import VM
 from vmsandbox.session.record import Record, domain_name
 from vmsandbox.sync.git import review as commitreview
 from vmsandbox.sync.land import outbox
@@ -31,14 +33,14 @@ from vmsandbox.sync.review.compare import Change
 from vmsandbox.sync.review.gather import Gathered
 from vmsandbox.sync.review.plan import Decisions, Outcome, Plan
 from vmsandbox.vm.node import UnreachableError
-from vmsandbox.vm.virt import Hypervisor
 
 log = logging.getLogger(__name__)
 
 
-def gather(record: Record, *, limit: int) -> Gathered:
-    """The guest's changes, from wherever they are now (outbox, running VM, or a dead VM's disk)."""
-    with diskreader.source(record) as (endpoint, disk):
+def gather(record: Record, *, limit: int, vm: VM | None = None) -> Gathered:
+    """The guest's changes, from wherever they are now (outbox, running VM, or a dead VM's disk); `vm`: the
+    session's VM on the connection the caller's operation holds."""
+    with diskreader.source(record, vm) as (endpoint, disk):
         return changes.gather(record.target(), endpoint=endpoint, limit=limit, disk=disk)
 
 
@@ -136,7 +138,14 @@ def destroy(record: Record, *, force: bool, discard: bool, limit: int) -> End:
     try:
         g, left = pending(record, limit)
     except UnreachableError as exc:
-        raise places.of(record).unanswered(record, exc) from exc
+        if not places.abilities(record.libvirt_uri).elsewhere:
+            raise
+        raise VmsandboxError(
+            f"host {record.host} does not answer, so the changes of session {record.name} cannot be read: "
+            f"{exc.message}",
+            hint=f"try again once it answers; `vmsandbox destroy {record.name} --discard` forgets the session here "
+            "(its unsynced changes too) and `vmsandbox gc` removes its VM and volumes there when the host is back",
+        ) from exc
     if left and not force:
         listing = ", ".join(c.path for c in left[:5]) + (" …" if len(left) > 5 else "")
         raise VmsandboxError(
@@ -153,20 +162,19 @@ def remove_damaged(name: str, uri: str) -> Path | None:
     files = paths.session_paths(name)
     if not files.root.is_dir():
         return None
-    _stop(files, uri, domain_name(name))
-    places.release_any(files.root)
+    _stop(files, places.spec_at(uri), domain_name(name))
+    places.release(files.root)
     shutil.rmtree(files.root)
     pins.unpin(name)
     return files.root
 
 
-def _stop(files: paths.SessionPaths, uri: str, domain: str) -> None:
-    """The session's egress daemon and its VM, gone."""
+def _stop(files: paths.SessionPaths, spec: HostSpec, domain: str) -> None:
+    """The session's egress daemon and its VM (on the host `spec` names), gone."""
     control.stop(files)
     failpoint.hit("destroy.stop")
-    with Hypervisor(uri) as hv:
-        hv.destroy(domain)
-    places.of_uri(uri).forget(files.root, domain)
+    with places.host(spec) as host:
+        host.forget(files.root, domain)
 
 
 def pending(record: Record, limit: int) -> tuple[Gathered, list[Change]]:
@@ -182,10 +190,15 @@ def remove(record: Record, *, forget_unreachable: bool = False) -> None:
     """Destroy the VM and delete the session directory. With `forget_unreachable`, a session whose host does
     not answer is deleted here all the same (said; `gc` sweeps its VM and volumes there later)."""
     try:
-        _stop(record.files, record.libvirt_uri, record.domain)
+        _stop(record.files, places.spec_of(record), record.domain)
     except UnreachableError as exc:
-        if not forget_unreachable or not places.of(record).forget_unanswered(record, exc):
-            raise
+        if not forget_unreachable or not places.abilities(record.libvirt_uri).elsewhere:
+            raise  # this machine's libvirt: start it (the error says how) rather than lose track of a VM
+        places.release(record.files.root)
+        ui.warn(
+            f"host {record.host} does not answer ({exc.message}): session {record.name} is forgotten here; "
+            f"`vmsandbox gc` removes its VM and volumes there once the host answers"
+        )
     shutil.rmtree(record.files.root, ignore_errors=True)
     pins.unpin(record.name)
     _drop_staged_refs(record)
@@ -204,7 +217,7 @@ def _drop_staged_refs(record: Record) -> None:
 def retire(record: Record) -> None:
     """Destroy the VM and everything but what a later `recover` needs: the record, the baseline, the decisions
     and the outbox of unsynced changes."""
-    _stop(record.files, record.libvirt_uri, record.domain)
+    _stop(record.files, places.spec_of(record), record.domain)
     files = record.files
     doomed = [files.workspace_disk, files.client_key, files.client_key.with_suffix(".pub")]
     doomed += [files.root / name for name in chain.present(files.root)]  # the VM's and its checkpoints'

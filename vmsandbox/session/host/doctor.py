@@ -14,9 +14,9 @@ from vmsandbox.confine import accounts as confine
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.image import build, recipe
 from vmsandbox.image import store as image
+from vmsandbox.session.place import choose as places
 from vmsandbox.session.settings import Settings
 from vmsandbox.vm import accel, hostsetup
-from vmsandbox.vm.virt import Hypervisor
 
 MIN_SESSION_FREE = 2 * 1024**3
 
@@ -46,8 +46,8 @@ def _tool(tool: str, why: str, *, blocking: bool = True) -> Check:
 
 def _libvirt(uri: str) -> Check:
     try:
-        with Hypervisor(uri) as hv:
-            return Check("libvirt", True, f"libvirt {hv.version()} at {uri}")
+        with places.host(places.spec_for(None, uri)) as host:
+            return Check("libvirt", True, f"libvirt {host.libvirt().version()} at {uri}")
     except VmsandboxError as exc:
         return Check("libvirt", False, exc.message, exc.hint)
 

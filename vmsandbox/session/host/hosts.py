@@ -13,11 +13,9 @@ from vmsandbox.image import store
 from vmsandbox.session.place import choose as places
 from vmsandbox.session.place import hostspec
 from vmsandbox.session.place.hostspec import HostSpec
-from vmsandbox.session.place.interface import Place
 from vmsandbox.session.record import DOMAIN_PREFIX
 from vmsandbox.session.settings import Settings
 from vmsandbox.vm.node import Node
-from vmsandbox.vm.virt import Hypervisor
 
 PROBE_TIMEOUT = 20.0  # a host behind a dead route would otherwise hold `hosts` for TCP's minutes
 
@@ -31,17 +29,19 @@ class Status:
     images: tuple[str, ...] = ()  # the images it holds whole
 
     @property
-    def place(self) -> Place:
-        return places.of_host(self.spec, self.spec.uri)
-
-    @property
     def accel(self) -> str:
-        return "-" if self.node is None else self.place.accel_of(self.node)
+        if self.node is None:
+            return "-"
+        with places.host(self.spec) as host:  # its node says it: nothing is asked of the host again
+            return host.accelerator(self.node)
 
     def as_dict(self) -> dict[str, Any]:
         n = self.node
         facts = ("hostname", "libvirt", "qemu", "cpus", "memory_mib", "available_mib")
-        kvm_problem = None if n is None else self.place.kvm_problem(n)
+        kvm_problem = None
+        if n is not None:
+            with places.host(self.spec) as host:
+                kvm_problem = host.kvm_problem(n)
         return {
             "name": self.spec.name,
             "uri": self.spec.uri,
@@ -60,10 +60,11 @@ class Status:
 def probe(spec: HostSpec) -> Status:
     """Ask one host (connecting to it)."""
     try:
-        with Hypervisor(spec.uri) as hv:
+        with places.host(spec) as host:
+            hv = host.libvirt()
             node = hv.node()
             sessions = sum(1 for d in hv.domains(DOMAIN_PREFIX) if not d.stopped)
-            images = tuple(places.of_host(spec, spec.uri).images_held(hv))
+            images = tuple(host.images_held())
     except VmsandboxError as exc:
         return Status(spec, None, exc.message)
     return Status(spec, node, None, sessions, images)
@@ -86,15 +87,24 @@ def probe_all(specs: list[HostSpec], timeout: float = PROBE_TIMEOUT) -> list[Sta
     return [found.get(i) or Status(s, None, f"no answer in {timeout:.0f} s") for i, s in enumerate(specs)]
 
 
-def named(settings: Settings, name: str) -> Place:
-    """The place a host name (`local`, or one under `hosts:`) stands for."""
-    return places.of_host(hostspec.named(settings.libvirt_uri, settings.hosts, name), settings.libvirt_uri)
+def named(settings: Settings, name: str) -> HostSpec:
+    """The host a name (`local`, or one under `hosts:`) stands for."""
+    return hostspec.named(settings.libvirt_uri, settings.hosts, name)
 
 
-def hold_image(place: Place, image: store.Image) -> str:
-    """`image` sent to the place unless it holds it whole already: what was done, in words."""
-    with Hypervisor(place.uri) as hv:
-        return place.hold_image(hv, image)
+def check_holds_images(spec: HostSpec) -> None:
+    """Raise (with the fix) unless images are sent to the host (this machine uses them where they are)."""
+    if not places.abilities(spec.uri).holds_images:
+        raise VmsandboxError(
+            f"host {spec.name} is this machine: its images are used where they are", hint="name another host"
+        )
+
+
+def hold_image(spec: HostSpec, image: store.Image) -> str:
+    """`image` sent to the host unless it holds it whole already: what was done, in words."""
+    check_holds_images(spec)
+    with places.host(spec) as host:
+        return host.hold_image(image)
 
 
 @dataclass(frozen=True)
@@ -108,7 +118,7 @@ def room(s: Status, memory_mib: int) -> str | None:
     if s.node is None:
         return s.problem or "no answer"
     try:
-        s.place.check()
+        places.check(s.spec)
     except VmsandboxError:
         return "not an ssh URI (sessions reach another host over ssh)"
     if s.spec.max_sessions is not None and s.sessions >= s.spec.max_sessions:

@@ -9,7 +9,6 @@ from vmsandbox.session.place import choose as places
 from vmsandbox.session.place import pins
 from vmsandbox.session.place import templates as templatekey
 from vmsandbox.session.record import readable
-from vmsandbox.vm.virt import Hypervisor
 
 
 def users_of(version: str) -> list[str]:
@@ -33,10 +32,10 @@ def default_template(image: store.Image) -> str:
     """The warm-start template of `image` on this machine for the VM shape the configuration gives (built unless
     it exists): where it is."""
     settings = config.load()
-    place = places.of_host(None, settings.libvirt_uri)
-    with Hypervisor(place.uri) as hv:
-        choice = place.admit(hv, settings.accel, settings.memory_mib)
+    with places.host(places.spec_for(None, settings.libvirt_uri)) as host:
+        host.libvirt()  # as a session's start: fails first if libvirt is down
+        choice = host.admit(settings.accel, settings.memory_mib)
         shape = templatekey.Shape(choice.accel.value, settings.cpus, settings.memory_mib, settings.disk_mib)
-        found = place.warm_template(image, shape, hv, settings.boot_timeout)
+        found = host.warm_template(image, shape, settings.boot_timeout)
     ui.info(f"Warm-start template for {shape.slug}: {found}")
     return found

@@ -29,12 +29,12 @@ from vmsandbox.session.end import lifecycle
 from vmsandbox.session.moments import suspend
 from vmsandbox.session.place import choose as places
 from vmsandbox.session.place.checkpoints import MOST, Checkpoint, find, listed
+from vmsandbox.session.place.interface import VM
 from vmsandbox.session.record import Record, State
 from vmsandbox.session.state import status
 from vmsandbox.sync.fetch import delta, journal
 from vmsandbox.sync.land import outbox
 from vmsandbox.sync.review import gather as changes
-from vmsandbox.vm.virt import Hypervisor
 
 LABEL_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,39}\Z")
 SYNC_TIMEOUT = 120
@@ -53,9 +53,10 @@ def take(name: str, label: str | None = None) -> Checkpoint:
     """Checkpoint a running session (it pauses for a save and a restore)."""
     label = _check_label(label or time.strftime("cp-%Y%m%d-%H%M%S"))
     record = Record.load(name)
-    with lock.held(record.files, name, "taking a checkpoint"), Hypervisor(record.libvirt_uri) as hv:
+    with lock.held(record.files, name, "taking a checkpoint"), places.host_of(record) as host:
         record = Record.load(name)
-        must_run(record, hv, "checkpointed")
+        vm = host.vm(record)
+        must_run(vm, "checkpointed")
         have = listed(record.files)
         if any(c.label == label for c in have):
             raise VmsandboxError(f"session {name} already has a checkpoint {label!r}", hint="pick another label")
@@ -64,18 +65,32 @@ def take(name: str, label: str | None = None) -> Checkpoint:
                 f"session {name} has {len(have)} checkpoints, the most it keeps",
                 hint=f"remove one with `vmsandbox checkpoint rm {name} LABEL`",
             )
-        places.of(record).check_room(record)
-        return take_locked(record, hv, label)
+        check_room(vm)
+        return take_locked(vm, label)
 
 
-def must_run(record: Record, hv: Hypervisor, what: str) -> None:
+def check_room(vm: VM) -> None:
+    """Before a checkpoint: the session's disk chain has room for one more overlay (where its host does not fold
+    chains, its abilities say how many it takes)."""
+    most, record = vm.host.abilities.chain_limit, vm.record
+    if most is not None and len(record.overlays) >= most:
+        raise VmsandboxError(
+            f"session {record.name} runs{vm.host.where} over {len(record.overlays)} overlays, the most a "
+            "session there takes (its chain is not folded on another host yet)",
+            hint=f"`vmsandbox fork {record.name} NEW --from LABEL` makes a session there on one disk again (a copy "
+            "of that checkpoint's), or pull its work and start a new session",
+        )
+
+
+def must_run(vm: VM, what: str) -> None:
     """A kept, running session (the VM is saved and restored: a `run` would lose its command); else why not."""
+    record = vm.record
     if not record.keep:
         raise VmsandboxError(
             f"session {record.name} belongs to a running `vmsandbox run` (it ends with that command)",
             hint=f"only sessions started with --keep can be {what}",
         )
-    current = status(record, hv).state
+    current = status(vm).state
     if current is State.STOPPED:
         raise VmsandboxError(f"session {record.name} is stopped", hint=f"`vmsandbox start {record.name}` first")
     if current is not State.RUNNING:
@@ -85,16 +100,17 @@ def must_run(record: Record, hv: Hypervisor, what: str) -> None:
         )
 
 
-def take_locked(record: Record, hv: Hypervisor, label: str) -> Checkpoint:
+def take_locked(vm: VM, label: str) -> Checkpoint:
     """Take a checkpoint of a running session whose lock is held."""
-    cp = freeze(record, hv, label)
-    wake(record, hv, cp)
+    cp = freeze(vm, label)
+    wake(vm, cp)
     return cp
 
 
-def freeze(record: Record, hv: Hypervisor, label: str) -> Checkpoint:
+def freeze(vm: VM, label: str) -> Checkpoint:
     """The first half of a checkpoint: the VM saved into it, its workspace copied, a new top overlay. The VM is
     down until `wake`."""
+    record = vm.record
     files = record.files
     files.checkpoints.mkdir(mode=0o700, exist_ok=True)
     staging = files.checkpoints / f".tmp-{label}"
@@ -110,7 +126,7 @@ def freeze(record: Record, hv: Hypervisor, label: str) -> Checkpoint:
         staging.rename(cp.path)
 
     try:
-        places.of(record).freeze(record, hv, cp, staging, publish)
+        vm.snapshots.freeze(cp, staging, publish)
     except BaseException:
         for d in (staging, cp.path):
             shutil.rmtree(d, ignore_errors=True)
@@ -118,26 +134,26 @@ def freeze(record: Record, hv: Hypervisor, label: str) -> Checkpoint:
     return cp
 
 
-def wake(record: Record, hv: Hypervisor, cp: Checkpoint) -> None:
+def wake(vm: VM, cp: Checkpoint) -> None:
     """The second half: the VM resumed from the checkpoint's memory (left stopped on it if that fails)."""
-    _resume(record, hv, cp, f"Resuming {record.domain}")
+    _resume(vm, cp, f"Resuming {vm.record.domain}")
 
 
-def _resume(record: Record, hv: Hypervisor, cp: Checkpoint, title: str) -> None:
+def _resume(vm: VM, cp: Checkpoint, title: str) -> None:
     """The VM resumed from checkpoint `cp`'s memory; if that fails, the session is left stopped on it (as
     `vmsandbox stop` would have left it), so that `vmsandbox start` resumes it."""
-    place = places.of(record)
-    memory = place.memory_of(record, cp)
+    memory = vm.snapshots.memory_of(cp)
     try:
-        suspend.resume(record, hv, memory, title)
+        suspend.resume(vm, memory, title)
     except BaseException:
-        place.leave_stopped(record, hv, memory)
+        vm.snapshots.leave_stopped(memory)
         raise
 
 
 def sizes(record: Record, found: list[Checkpoint]) -> dict[str, int]:
     """Each checkpoint's bytes where its session's place keeps it (raises when that place does not say)."""
-    return places.of(record).sizes(record, found)
+    with places.vm_of(record) as vm:
+        return vm.snapshots.sizes(found)
 
 
 @dataclass(frozen=True)
@@ -152,37 +168,39 @@ def rollback(name: str, label: str, *, limit: int) -> Rolled:
     exported to rolled-back/ first."""
     record = Record.load(name)
     files = record.files
-    with lock.held(files, name, "rolling back"), Hypervisor(record.libvirt_uri) as hv:
+    with lock.held(files, name, "rolling back"), places.host_of(record) as host:
         record = Record.load(name)
+        vm = host.vm(record)
         cp = find(files, name, label)
-        if not record.keep or status(record, hv).state not in (State.RUNNING, State.STOPPED, State.EXITED):
-            must_run(record, hv, "rolled back")
-        g = lifecycle.gather(record, limit=limit)
+        if not record.keep or status(vm).state not in (State.RUNNING, State.STOPPED, State.EXITED):
+            must_run(vm, "rolled back")
+        g = lifecycle.gather(record, limit=limit, vm=vm)
         left = changes.pending(g)
         box = None
         if left:
             with ui.step(f"Keeping {len(left)} unsynced change(s) before the rollback"):
                 box = outbox.export(g, box=outbox.fresh_box(files.rolled_back, label))
         control.stop(files)
-        hv.destroy(record.domain)
+        host.libvirt().destroy(record.domain)
         files.saved_memory.unlink(missing_ok=True)
         record.saved = False
         record.overlays = list(cp.chain)
-        places.of(record).rewind(record, hv, cp)
+        vm.snapshots.rewind(cp)
         # the guest's journal went back in time with it: the next pull walks the tree once
         delta.forget(files.root)
         journal.cursor_file(files.root).unlink(missing_ok=True)
         record.unsynced = None
         record.save()
-        _resume(record, hv, cp, f"Restoring {record.domain} to checkpoint {label}")
+        _resume(vm, cp, f"Restoring {record.domain} to checkpoint {label}")
     return Rolled(cp, box, len(left))
 
 
 def remove(name: str, label: str) -> Checkpoint:
     record = Record.load(name)
-    with lock.held(record.files, name, "removing a checkpoint"), Hypervisor(record.libvirt_uri) as hv:
+    with lock.held(record.files, name, "removing a checkpoint"), places.host_of(record) as host:
         record = Record.load(name)
+        vm = host.vm(record)
         cp = find(record.files, name, label)
         shutil.rmtree(cp.path)
-        places.of(record).drop(record, hv, label, live=status(record, hv).state is not State.STOPPED)
+        vm.snapshots.drop(label, live=status(vm).state is not State.STOPPED)
     return cp

@@ -67,11 +67,11 @@ def workers(run: Run, n: int) -> int:
     a starting guest keeps a host CPU busy) no more than there are CPUs: measured on 2 cores, 4 sessions took
     31 s two at a time and 38 s all at once: the memory, CPUs and accelerator of the place they start in."""
     memory_mib = max(run.options.settings.memory_mib, 1)
-    place = places.of_host(run.options.host, run.options.settings.libvirt_uri)
-    there = hosts.probe(place.spec)
+    spec = places.spec_for(run.options.host, run.options.settings.libvirt_uri)
+    there = hosts.probe(spec)
     if there.node is None:
         raise VmsandboxError(
-            f"host {place.name} does not answer: {there.problem}",
+            f"host {spec.name} does not answer: {there.problem}",
             hint="`vmsandbox hosts` shows every host and why one does not answer",
         )
     fit = there.node.available_mib // memory_mib

@@ -33,12 +33,11 @@ from vmsandbox.session.moments import checkpoint
 from vmsandbox.session.place import checkpoints, pins
 from vmsandbox.session.place import choose as places
 from vmsandbox.session.place.checkpoints import Checkpoint
-from vmsandbox.session.place.interface import Place, alive
+from vmsandbox.session.place.interface import VM
 from vmsandbox.session.record import Phase, Record, validate_name
 from vmsandbox.session.start import create
 from vmsandbox.sync.fetch import delta
 from vmsandbox.sync.inward import capture
-from vmsandbox.vm.virt import Hypervisor
 
 # Run as root in the restored guest, the fork's identity (identity.bundle's tar) on stdin: the clock and the
 # random generator first (the fork shares the source's memory), then the identity applied as a warm start
@@ -66,41 +65,42 @@ def fork(name: str, new: str, *, label: str | None = None) -> Record:
     source = Record.load(name)
     if source.disk is not None:
         raise VmsandboxError(f"session {name} builds an image: it cannot be forked")
-    with lock.held(source.files, name, f"forking {new}"), Hypervisor(source.libvirt_uri) as hv:
+    with lock.held(source.files, name, f"forking {new}"), places.host_of(source) as host:
         source = Record.load(name)
+        vm = host.vm(source)
         if label is not None:
-            return _make(source, checkpoints.find(source.files, name, label), new, hv, at=label)
-        checkpoint.must_run(source, hv, "forked")
-        place = places.of(source)
-        place.check_room(source)  # the checkpoint taken for the fork may leave an overlay
-        cp = checkpoint.freeze(source, hv, f"fork-{new}-{os.getpid()}")
+            return _make(vm, checkpoints.find(source.files, name, label), new, at=label)
+        checkpoint.must_run(vm, "forked")
+        checkpoint.check_room(vm)  # the checkpoint taken for the fork may leave an overlay
+        cp = checkpoint.freeze(vm, f"fork-{new}-{os.getpid()}")
         # the source resumes while the fork is made (two guests come back at once: under TCG, on two CPUs)
         failed: list[BaseException] = []
         waking = threading.Thread(target=_wake, args=(source, cp, failed))
         waking.start()
         try:
-            return _make(source, cp, new, hv, at=None)
+            return _make(vm, cp, new, at=None)
         finally:
             waking.join()
             shutil.rmtree(cp.path, ignore_errors=True)
-            place.drop(Record.load(name), hv, cp.label, live=True)
+            host.vm(Record.load(name)).snapshots.drop(cp.label, live=True)
             for exc in failed:
                 ui.warn(f"session {name} did not resume after the fork: {exc}")
 
 
 def _wake(source: Record, cp: Checkpoint, failed: list[BaseException]) -> None:
-    with ui.quiet(source.name), Hypervisor(source.libvirt_uri) as hv:
+    # its own connection: meanwhile the operation makes the fork on its connection, in the thread that waits here
+    with ui.quiet(source.name), places.vm_of(source) as vm:
         try:
-            checkpoint.wake(source, hv, cp)
+            checkpoint.wake(vm, cp)
         except Exception as exc:  # noqa: BLE001 - reported by the thread that waits for this one
             failed.append(exc)
 
 
-def _make(source: Record, cp: Checkpoint, new: str, hv: Hypervisor, *, at: str | None) -> Record:
-    """The fork NEW of `source` from `cp` (one of its checkpoints `at`, or None: one taken for this fork)."""
-    files = paths.session_paths(new)
-    place = places.of(source)
-    where = place.where
+def _make(vm: VM, cp: Checkpoint, new: str, *, at: str | None) -> Record:
+    """The fork NEW of the source session (`vm`) from `cp` (one of its checkpoints `at`, or None: one taken for
+    this fork)."""
+    source, files = vm.record, paths.session_paths(new)
+    where = vm.host.where
     confine.state_dirs()
     try:
         files.root.mkdir(mode=0o700)
@@ -121,7 +121,7 @@ def _make(source: Record, cp: Checkpoint, new: str, hv: Hypervisor, *, at: str |
         saved=False,
         publish=(),
         overlays=[paths.SESSION_OVERLAY],
-        ssh_port=place.fork_port(source),
+        ssh_port=vm.snapshots.fork_port(),
         start="fork",
         start_note=f"forked from {source.name}" + (f" at checkpoint {at}" if at else "") + where,
         forked_from=f"{source.name}@{at}" if at else source.name,
@@ -132,16 +132,16 @@ def _make(source: Record, cp: Checkpoint, new: str, hv: Hypervisor, *, at: str |
         record.save()
         pins.pin(new, record.image_version, record.template)
         with ui.step(f"Copying session {source.name}'s state{where}"):
-            _copy_state(place, source, cp, record, hv)
+            _copy_state(vm, cp, record)
         with ui.step("Preparing the fork (keys, identity, egress policy)"):
             _identity(source, record)
         started = time.monotonic()
         with ui.step(f"Restoring {record.domain} from it") as detail:
-            place.restore_fork(source, cp, record, hv)
+            made = vm.snapshots.restore_fork(cp, record)
             detail("its own identity")
-            _hand_over_identity(source, record, hv)
+            _hand_over_identity(source, made)
             spawned = control.spawn(create.daemon_spec(record), record.files) if record.wants_daemon else None
-            _check_identity(record, hv)
+            _check_identity(made)
         record.boot_seconds = round(time.monotonic() - started, 1)
         if spawned is not None:
             with ui.step("Opening the fork's egress proxy"):
@@ -154,10 +154,11 @@ def _make(source: Record, cp: Checkpoint, new: str, hv: Hypervisor, *, at: str |
     return record
 
 
-def _copy_state(place: Place, source: Record, cp: Checkpoint, record: Record, hv: Hypervisor) -> None:
-    """The fork's disks, baseline and (a fresh) mirror, copied from the source at the checkpoint."""
-    src, files = source.files, record.files
-    workspace = place.copy_disks(source, cp, record, hv)  # None: the place made it, with the system disk
+def _copy_state(vm: VM, cp: Checkpoint, record: Record) -> None:
+    """The fork's (`record`) disks, baseline and (a fresh) mirror, copied from the source (`vm`) at the
+    checkpoint."""
+    src, files = vm.record.files, record.files
+    workspace = vm.snapshots.copy_disks(cp, record)  # None: the place made it, with the system disk
     capture.copy_from(src, files, workspace)
     for f in (src.decisions, src.hashes("project")):
         if f.exists():
@@ -188,10 +189,11 @@ def _identity(source: Record, record: Record) -> None:
     confine.give_to_qemu(fw)
 
 
-def _hand_over_identity(source: Record, record: Record, hv: Hypervisor) -> None:
+def _hand_over_identity(source: Record, fork: VM) -> None:
     """Log in with the source's keys (the restored guest's) and hand over the fork's identity."""
+    record = fork.record
     files = record.files
-    ssh.wait_for_banner(record.ssh_port, timeout=60, alive=lambda: alive(hv, record.domain))
+    ssh.wait_for_banner(record.ssh_port, timeout=60, alive=fork.alive)
     bridge = paths.SessionPaths(files.root / "fork-bridge")
     bridge.root.mkdir(mode=0o700)
     try:
@@ -206,11 +208,12 @@ def _hand_over_identity(source: Record, record: Record, hv: Hypervisor) -> None:
         shutil.rmtree(bridge.root, ignore_errors=True)
 
 
-def _check_identity(record: Record, hv: Hypervisor) -> None:
+def _check_identity(fork: VM) -> None:
     """The fork's own keys log in, and its sshd presents the host key pinned for it."""
+    record = fork.record
     # sshd re-executes itself on the reload: connections are refused for a moment
     for _attempt in range(20):
-        ssh.wait_for_banner(record.ssh_port, timeout=60, alive=lambda: alive(hv, record.domain))
+        ssh.wait_for_banner(record.ssh_port, timeout=60, alive=fork.alive)
         answer = commands.run_as_root(record.endpoint(), "true", check=False, timeout=60)
         if answer.returncode != commands.SSH_FAILED:
             break

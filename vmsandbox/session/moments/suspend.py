@@ -17,12 +17,11 @@ from vmsandbox.errors import VmsandboxError
 from vmsandbox.guest import commands, ssh
 from vmsandbox.session import lock
 from vmsandbox.session.place import choose as places
-from vmsandbox.session.place.interface import SavedVM, alive
+from vmsandbox.session.place.interface import VM, SavedVM
 from vmsandbox.session.record import Record, State
 from vmsandbox.session.start import create
 from vmsandbox.session.state import status
 from vmsandbox.vm.node import gone
-from vmsandbox.vm.virt import Hypervisor
 
 SYNC_TIMEOUT = 120
 
@@ -30,9 +29,10 @@ SYNC_TIMEOUT = 120
 def stop(name: str) -> Record:
     record = Record.load(name)
     files = record.files
-    with lock.held(files, name, "stopping"), Hypervisor(record.libvirt_uri) as hv:
+    with lock.held(files, name, "stopping"), places.host_of(record) as host:
         record = Record.load(name)
-        current = status(record, hv).state
+        vm = host.vm(record)
+        current = status(vm).state
         if current is State.STOPPED:
             raise VmsandboxError(f"session {name} is already stopped", hint=f"`vmsandbox start {name}` resumes it")
         if not record.keep:
@@ -49,10 +49,10 @@ def stop(name: str) -> Record:
             commands.run_as_root(record.endpoint(), "sync", timeout=SYNC_TIMEOUT)
         control.stop(files)
         try:
-            places.of(record).save(record, hv)
+            vm.save()
         except VmsandboxError:
             files.saved_memory.unlink(missing_ok=True)
-            if record.wants_daemon and not gone(hv.info(record.domain)):  # it runs on: give it its door back
+            if record.wants_daemon and not gone(vm.info()):  # it runs on: give it its door back
                 create.open_egress(record)
             raise
         record.saved = True
@@ -62,35 +62,36 @@ def stop(name: str) -> Record:
 
 def where_saved(record: Record) -> str:
     """What `stop` kept, and where, in words."""
-    return places.of(record).saved_words(record)
+    with places.vm_of(record) as vm:
+        return vm.saved_words()
 
 
 def start(name: str) -> Record:
     record = Record.load(name)
     files = record.files
-    with lock.held(files, name, "starting"), Hypervisor(record.libvirt_uri) as hv:
+    with lock.held(files, name, "starting"), places.host_of(record) as host:
         record = Record.load(name)
-        if status(record, hv).state is not State.STOPPED:
+        vm = host.vm(record)
+        if status(vm).state is not State.STOPPED:
             raise VmsandboxError(f"session {name} is not stopped", hint="`vmsandbox ls` shows its state")
-        place = places.of(record)
-        resume(record, hv, place.stopped(record), f"Restoring {record.domain} where it was{place.where}")
-        place.started(record, hv)
-        files.saved_memory.unlink(missing_ok=True)
+        resume(vm, vm.stopped(), f"Restoring {record.domain} where it was{host.where}")
+        vm.discard_save()
         record.saved = False
         record.save()
     return record
 
 
-def resume(record: Record, hv: Hypervisor, memory: SavedVM, title: str) -> None:
+def resume(vm: VM, memory: SavedVM, title: str) -> None:
     """Restore the session's VM from a save image (`stop`'s, or a checkpoint's) over the session's system disk
     as the record names it now, wait for its sshd, step its clock (its egress daemon does, if it has one) and
     open its egress."""
+    record = vm.record
     with ui.step(title):
-        places.of(record).restore(record, hv, memory)
+        vm.restore(memory)
         # the egress daemon waits for the guest's sshd by itself: it starts while the guest comes back, and
         # steps the guest's clock when it connects (one SSH login, not two)
         spawned = control.spawn(create.daemon_spec(record), record.files) if record.wants_daemon else None
-        ssh.wait_for_banner(record.ssh_port, timeout=60, alive=lambda: alive(hv, record.domain))
+        ssh.wait_for_banner(record.ssh_port, timeout=60, alive=vm.alive)
         if spawned is None:
             commands.run_as_root(record.endpoint(), f"date -s @{time.time():.3f} >/dev/null", timeout=60)
     if spawned is not None:

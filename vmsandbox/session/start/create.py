@@ -22,13 +22,13 @@ from vmsandbox.image.blueprint import Blueprint
 from vmsandbox.session.options import Options
 from vmsandbox.session.place import choose as places
 from vmsandbox.session.place import pins
-from vmsandbox.session.place.interface import Place
+from vmsandbox.session.place.hostspec import HostSpec
+from vmsandbox.session.place.interface import Host
 from vmsandbox.session.record import Phase, Record, default_name, validate_name, validate_project
 from vmsandbox.session.running import logins
 from vmsandbox.session.settings import Settings
 from vmsandbox.sync.inward import capture
 from vmsandbox.vm import accel as accel_mod
-from vmsandbox.vm.virt import Hypervisor
 
 
 def create(opts: Options) -> Record:
@@ -43,9 +43,9 @@ def create(opts: Options) -> Record:
         if not os.environ.get("SSH_AUTH_SOCK"):
             raise VmsandboxError("--ssh-agent: no ssh-agent here (SSH_AUTH_SOCK is not set)", hint="start one first")
         ui.warn("--ssh-agent: the guest can use your SSH keys (not read them) while the session runs")
-    place = places.of_host(opts.host, settings.libvirt_uri)
-    with Hypervisor(place.uri) as hv:  # fails early, before anything is made, if libvirt is down
-        choice = _accel(opts, place, hv)
+    with places.host(places.spec_for(opts.host, settings.libvirt_uri)) as host:
+        host.libvirt()  # fails early, before anything is made, if libvirt is down
+        choice = _accel(opts, host)
         files = paths.session_paths(name)
         confine.state_dirs()
         try:
@@ -56,7 +56,7 @@ def create(opts: Options) -> Record:
                 hint=f"pick another --name, or `vmsandbox destroy {name}`",
             ) from None
         user = GuestUser("root", 0, 0) if opts.build_disk else GuestUser.of_host()
-        record = _new_record(name, project, image, choice, settings, user, bp, opts, place)
+        record = _new_record(name, project, image, choice, settings, user, bp, opts, host.spec)
         try:
             record.save()
             pins.pin(name, image.version, None)
@@ -68,25 +68,24 @@ def create(opts: Options) -> Record:
                 if record.wants_daemon:
                     spawned[:] = [control.spawn(daemon_spec(record), files)]
 
-            place.boot(record, image, hv, cold=opts.cold, timeout=settings.boot_timeout, launched=launched)
+            host.boot(record, image, cold=opts.cold, timeout=settings.boot_timeout, launched=launched)
             pins.pin(name, image.version, record.template)
             _open_egress(record, settings, spawned[0] if spawned else None)
             record.status = Phase.READY
             record.save()
         except BaseException:
             control.stop(files)
-            hv.destroy(record.domain)
-            place.forget(files.root, record.domain)
+            host.forget(files.root, record.domain)
             shutil.rmtree(files.root, ignore_errors=True)
             pins.unpin(name)
             raise
     return record
 
 
-def _accel(opts: Options, place: Place, hv: Hypervisor) -> accel_mod.Choice:
-    """The accelerator the place allows (`hv`: its libvirt), once it has room for the session under its limits."""
+def _accel(opts: Options, host: Host) -> accel_mod.Choice:
+    """The accelerator the host allows, once it has room for the session under its limits."""
     requested = opts.settings.accel
-    choice = place.admit(hv, requested, opts.settings.memory_mib)
+    choice = host.admit(requested, opts.settings.memory_mib)
     if choice.accel is accel_mod.Accel.TCG and requested is accel_mod.Accel.AUTO:
         ui.warn(choice.reason)
     return choice
@@ -101,7 +100,7 @@ def _new_record(
     user: GuestUser,
     bp: Blueprint,
     opts: Options,
-    place: Place,
+    there: HostSpec,
 ) -> Record:
     return Record(
         name=name,
@@ -116,8 +115,8 @@ def _new_record(
         user=user.name,
         uid=user.uid,
         gid=user.gid,
-        libvirt_uri=place.uri,
-        host=place.name,
+        libvirt_uri=there.uri,
+        host=there.name,
         network=settings.network,
         blueprint=bp.name,
         ssh_agent=opts.ssh_agent,

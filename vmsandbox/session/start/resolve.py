@@ -76,5 +76,5 @@ def _host(settings: config.Settings, flags: RunFlags) -> HostSpec | None:
         spec = placed.spec
     else:
         return None
-    places.of_host(spec, settings.libvirt_uri).check()  # e.g. another host: an ssh URI, or the error that says so
+    places.check(spec)  # e.g. another host: an ssh URI, or the error that says so
     return spec

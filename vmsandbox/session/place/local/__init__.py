@@ -1,4 +1,4 @@
-"""This machine as a place a session's VM lives (session.place.Place: local.place.LocalPlace): starting it warm or
+"""This machine as a place a session's VM lives (place.py: LocalHost, LocalVM, LocalSnapshots): starting it warm or
 cold (start.py, bootwait.py; template.py: templates beside the image), its disks at checkpoints and forks
 (disks.py).
 

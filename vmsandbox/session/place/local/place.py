@@ -1,5 +1,6 @@
 """This machine as the place a session's VM lives: its files in the session's directory, its SSH forwarded
-straight to this machine's loopback, its templates beside the image (local.template)."""
+straight to this machine's loopback, its templates beside the image (local.template), its checkpoints' chains
+folded (local.disks)."""
 
 from __future__ import annotations
 
@@ -8,18 +9,17 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from vmsandbox import paths, ui
-from vmsandbox.errors import VmsandboxError
+from vmsandbox.guest.ssh import Endpoint
 from vmsandbox.image import layers, store
 from vmsandbox.session.place import pins
 from vmsandbox.session.place.checkpoints import Checkpoint
-from vmsandbox.session.place.interface import Launched, Place, SavedVM, SaveFile, Tidy
+from vmsandbox.session.place.interface import VM, Abilities, Host, Launched, SavedVM, SaveFile, Snapshots, Tidy
 from vmsandbox.session.place.local import disks, start, template
 from vmsandbox.session.place.templates import Shape
 from vmsandbox.session.record import DOMAIN_PREFIX, Record, orphaned, readable
 from vmsandbox.vm import accel, domain, savefile
 from vmsandbox.vm.domain import session_of
-from vmsandbox.vm.node import Node, UnreachableError
-from vmsandbox.vm.virt import Hypervisor
+from vmsandbox.vm.node import Node
 
 
 def _file(memory: SavedVM) -> Path:
@@ -28,146 +28,131 @@ def _file(memory: SavedVM) -> Path:
     return memory.path
 
 
-class LocalPlace(Place):
-    @property
-    def where(self) -> str:
-        return ""
+class LocalHost(Host):
+    # QEMU forwards the guest's SSH to this machine's loopback itself; the images are used where they are
+    abilities = Abilities(elsewhere=False, tunnelled=False, holds_images=False, chain_limit=None)
 
-    def libvirt_for(self, here: str) -> str:
-        return here  # the session's record may name the URI of an older config: this machine's is asked
-
-    def admit(self, hv: Hypervisor, requested: accel.Accel, memory_mib: int) -> accel.Choice:
+    def admit(self, requested: accel.Accel, memory_mib: int) -> accel.Choice:
         return accel.choose(requested)
 
-    def boot(
-        self, record: Record, image: store.Image, hv: Hypervisor, *, cold: bool, timeout: int, launched: Launched
-    ) -> None:
-        start.boot(record, image, hv, cold_start=cold, boot_timeout=timeout, launched=launched)
+    def boot(self, record: Record, image: store.Image, *, cold: bool, timeout: int, launched: Launched) -> VM:
+        start.boot(record, image, self.libvirt(), cold_start=cold, boot_timeout=timeout, launched=launched)
+        return self.vm(record)
 
-    def warm_template(self, image: store.Image, shape: Shape, hv: Hypervisor, timeout: int) -> str:
-        return str(template.ensure(image, shape, hv, timeout).path)
+    def warm_template(self, image: store.Image, shape: Shape, timeout: int) -> str:
+        return str(template.ensure(image, shape, self.libvirt(), timeout).path)
 
-    def reach(self, record: Record, *, answering: bool = False) -> None:
-        return None  # QEMU forwards the guest's SSH to this machine's loopback itself
+    def hold_image(self, image: store.Image) -> str:
+        raise TypeError("this machine holds no images sent to it (its abilities say so): nothing asks it to")
 
-    def refresh_console(self, record: Record, *, follow: bool) -> None:
-        return None  # virtlogd writes it in the session's directory
+    def images_held(self) -> list[str]:
+        return [i.path.name for i in [*store.list_images(), *layers.list_layers()]]
 
-    def save(self, record: Record, hv: Hypervisor) -> None:
-        with ui.step(f"Saving {record.domain} (memory and devices) to disk"):
-            hv.save(record.domain, str(record.files.saved_memory))
+    def accelerator(self, node: Node) -> str:
+        return accel.choose(accel.Accel.AUTO).accel.value  # the same answer a session here gets
 
-    def stopped(self, record: Record) -> SavedVM:
-        return SaveFile(record.files.saved_memory)
+    def kvm_problem(self, node: Node) -> str | None:
+        return accel.kvm_problem()
 
-    def holds_save(self, record: Record, hv: Hypervisor) -> bool:
-        return record.files.saved_memory.exists()
+    def sweep(self, mine: Path, tidy: Tidy) -> Iterator[str]:
+        hv = self.libvirt()
+        for info in list(hv.domains(DOMAIN_PREFIX)):
+            xml = hv.xml(info.name)
+            owner = session_of(xml) if xml else None
+            # a session of this account's sessions directory whose directory is gone (not a domain that merely
+            # shares the prefix, nor another account's session)
+            if owner is not None and orphaned(owner[1], mine):
+                what = f"domain {info.name} (its session directory is gone)"
+                yield tidy("destroy", what, functools.partial(hv.destroy, info.name))
+        images = [*store.list_images(), *layers.list_layers()]
+        yield from template.collect(hv, images, _templates_in_use(), tidy)
 
-    def saved_words(self, record: Record) -> str:
-        return f"{record.files.saved_memory.stat().st_size / 1024**2:.0f} MiB of memory saved"
+    def vm(self, record: Record) -> VM:
+        return LocalVM(self, record)
 
-    def restore(self, record: Record, hv: Hypervisor, memory: SavedVM) -> None:
-        saved = _file(memory)
+    def forget(self, root: Path, domain: str) -> None:
+        self.libvirt().destroy(domain)  # nothing is kept beside the domain but the session's directory
+
+
+class LocalVM(VM):
+    def reach(self, *, answering: bool = False) -> Endpoint:
+        return self.record.endpoint()
+
+    def console(self, *, follow: bool) -> Path:
+        return self.record.files.console_log  # virtlogd writes it there
+
+    def save(self) -> None:
+        with ui.step(f"Saving {self.record.domain} (memory and devices) to disk"):
+            self.host.libvirt().save(self.record.domain, str(self.record.files.saved_memory))
+
+    def holds_save(self) -> bool:
+        return self.record.files.saved_memory.exists()
+
+    def stopped(self) -> SavedVM:
+        return SaveFile(self.record.files.saved_memory)
+
+    def saved_words(self) -> str:
+        return f"{self.record.files.saved_memory.stat().st_size / 1024**2:.0f} MiB of memory saved"
+
+    def restore(self, memory: SavedVM) -> None:
+        record, saved = self.record, _file(memory)
         saved_xml = savefile.read(saved).xml
         paths.own_file(record.files.console_log)
         # on the session's SSH port, or on another one if something took it while the VM was down
 
         def launch() -> None:
-            hv.restore(str(saved), domain.with_disks(saved_xml, record.system_disk, record.ssh_port))
+            self.host.libvirt().restore(str(saved), domain.with_disks(saved_xml, record.system_disk, record.ssh_port))
 
         start.on_a_free_port(record, launch, keep=True)
         record.save()
 
-    def started(self, record: Record, hv: Hypervisor) -> None:
-        return None
+    def discard_save(self) -> None:
+        self.record.files.saved_memory.unlink(missing_ok=True)
 
-    def check_room(self, record: Record) -> None:
-        return None  # the chain is folded (session.chain): it never grows past MAX_DEPTH
+    def workspace_disk(self) -> Path:
+        return self.record.files.workspace_disk  # the VM wrote it in the session's directory
 
-    def freeze(self, record: Record, hv: Hypervisor, cp: Checkpoint, staging: Path, publish: Launched) -> None:
-        disks.freeze(record, hv, cp, staging, publish)
+    @property
+    def snapshots(self) -> Snapshots:
+        return LocalSnapshots(self)
 
-    def memory_of(self, record: Record, cp: Checkpoint) -> SavedVM:
+
+class LocalSnapshots(Snapshots):
+    def freeze(self, cp: Checkpoint, staging: Path, publish: Launched) -> None:
+        disks.freeze(self.vm.record, self.vm.host.libvirt(), cp, staging, publish)
+
+    def memory_of(self, cp: Checkpoint) -> SavedVM:
         return SaveFile(cp.memory)
 
-    def leave_stopped(self, record: Record, hv: Hypervisor, memory: SavedVM) -> None:
-        disks.leave_stopped(record, _file(memory))
+    def leave_stopped(self, memory: SavedVM) -> None:
+        disks.leave_stopped(self.vm.record, _file(memory))
 
-    def rewind(self, record: Record, hv: Hypervisor, cp: Checkpoint) -> None:
-        disks.rewind(record, cp)
+    def rewind(self, cp: Checkpoint) -> None:
+        disks.rewind(self.vm.record, cp)
 
-    def drop(self, record: Record, hv: Hypervisor, label: str, *, live: bool) -> None:
+    def drop(self, label: str, *, live: bool) -> None:
         # a running VM reads every overlay of its chain: those are folded at the next checkpoint or rollback
-        disks.tidy(record, live=live)
+        disks.tidy(self.vm.record, live=live)
 
-    def sizes(self, record: Record, found: list[Checkpoint]) -> dict[str, int]:
+    def sizes(self, found: list[Checkpoint]) -> dict[str, int]:
         return {c.label: c.size() for c in found}
 
-    def fork_port(self, source: Record) -> int:
-        return source.ssh_port
+    def fork_port(self) -> int:
+        return self.vm.record.ssh_port
 
-    def copy_disks(self, source: Record, cp: Checkpoint, record: Record, hv: Hypervisor) -> Path | None:
-        disks.copy_for_fork(source, cp, record)
+    def copy_disks(self, cp: Checkpoint, fork: Record) -> Path | None:
+        disks.copy_for_fork(self.vm.record, cp, fork)
         return cp.workspace
 
-    def restore_fork(self, source: Record, cp: Checkpoint, record: Record, hv: Hypervisor) -> None:
+    def restore_fork(self, cp: Checkpoint, fork: Record) -> VM:
         saved = savefile.read(cp.memory)
 
         def launch() -> None:
-            spec = start.spec(record, domain.boot_of(saved.xml), warm=True, workspace=True)
-            start.restore_as(record, hv, cp.memory, domain.for_restore(saved.xml, spec))
+            spec = start.spec(fork, domain.boot_of(saved.xml), warm=True, workspace=True)
+            start.restore_as(fork, self.vm.host.libvirt(), cp.memory, domain.for_restore(saved.xml, spec))
 
-        start.on_a_free_port(record, launch)
-
-    def fetch_workspace(self, record: Record) -> None:
-        return None  # it is in the session's directory
-
-    def forget(self, root: Path, domain_name: str) -> None:
-        return None  # nothing is kept beside the domain but the session's directory
-
-    @staticmethod
-    def release(root: Path) -> None:
-        return None  # nothing runs here for a session but its VM and its egress daemon (the caller's)
-
-    def unanswered(self, record: Record, exc: UnreachableError) -> VmsandboxError:
-        return exc
-
-    def forget_unanswered(self, record: Record, exc: UnreachableError) -> bool:
-        return False  # this machine's libvirt: start it (the error says how) rather than lose track of a VM
-
-    def sweep(self, mine: Path, tidy: Tidy) -> Iterator[str]:
-        with Hypervisor(self.uri) as hv:
-            for info in list(hv.domains(DOMAIN_PREFIX)):
-                xml = hv.xml(info.name)
-                owner = session_of(xml) if xml else None
-                # a session of this account's sessions directory whose directory is gone (not a domain that
-                # merely shares the prefix, nor another account's session)
-                if owner is not None and orphaned(owner[1], mine):
-                    what = f"domain {info.name} (its session directory is gone)"
-                    yield tidy("destroy", what, functools.partial(hv.destroy, info.name))
-            images = [*store.list_images(), *layers.list_layers()]
-            yield from template.collect(hv, images, _templates_in_use(), tidy)
-
-    def check(self) -> None:
-        return None
-
-    def check_holds_images(self) -> None:
-        raise VmsandboxError(
-            f"host {self.name} is this machine: its images are used where they are", hint="name another host"
-        )
-
-    def hold_image(self, hv: Hypervisor, image: store.Image) -> str:
-        self.check_holds_images()
-        return ""
-
-    def images_held(self, hv: Hypervisor) -> list[str]:
-        return [i.path.name for i in [*store.list_images(), *layers.list_layers()]]
-
-    def accel_of(self, node: Node) -> str:
-        return accel.choose(accel.Accel.AUTO).accel.value  # the same answer a session here gets
-
-    def kvm_problem(self, node: Node) -> str | None:
-        return accel.kvm_problem()
+        start.on_a_free_port(fork, launch)
+        return self.vm.host.vm(fork)
 
 
 def _templates_in_use() -> set[Path]:

@@ -1,4 +1,4 @@
-"""Another libvirt host as a place a session's VM lives (session.place.Place: remote.place.RemotePlace): its
+"""Another libvirt host as a place a session's VM lives (place.py: RemoteHost, RemoteVM, RemoteSnapshots): its
 images and sessions' disks as volumes in that host's pool (images.py, vm.py), starting there warm or cold
 (start.py; template.py: that host's templates), stop and start (save.py), checkpoints (checkpoint.py), forks
 (fork.py), its console (log.py), the ssh tunnel that reaches its guest (tunnel.py), and gc there (gc.py).

@@ -5,7 +5,7 @@ as volumes beside the session's: `DOMAIN.cp.LABEL.save` (the VM saved there) and
 and a new overlay volume above it takes the VM's writes, as here.
 
 Unlike a local session's, the chain is not folded (that takes `qemu-img` on the host): overlays no chain needs
-are deleted, the others stay, and a session takes at most MAX_CHAIN of them.
+are deleted, the others stay, and a session takes at most MAX_CHAIN of them (its host's abilities say so).
 """
 
 from __future__ import annotations
@@ -45,17 +45,6 @@ def copy_workspace(hv: Hypervisor, source: str, name: str) -> None:
         hv.clone_volume(POOL, between, name, fmt="raw")
     finally:
         hv.delete_volume(POOL, between)
-
-
-def check_room(record: Record) -> None:
-    """Before a checkpoint: the session has room in its chain there."""
-    if len(record.overlays) >= MAX_CHAIN:
-        raise VmsandboxError(
-            f"session {record.name} runs on host {record.host} over {len(record.overlays)} overlays, the most a "
-            "session there takes (its chain is not folded on another host yet)",
-            hint=f"`vmsandbox fork {record.name} NEW --from LABEL` makes a session there on one disk again (a copy "
-            "of that checkpoint's), or pull its work and start a new session",
-        )
 
 
 def freeze(record: Record, hv: Hypervisor, label: str, publish: Callable[[], None]) -> None:
@@ -116,11 +105,10 @@ def drop(record: Record, hv: Hypervisor, label: str, chains: list[list[str]]) ->
     tidy(record, hv, chains)
 
 
-def sizes(record: Record, kept: dict[str, str]) -> dict[str, int]:
+def sizes(record: Record, hv: Hypervisor, kept: dict[str, str]) -> dict[str, int]:
     """What each checkpoint (label: its frozen overlay) keeps on the session's host, in bytes: its save, its copy
     of the workspace disk and the overlay (which later checkpoints may share)."""
-    with Hypervisor(record.libvirt_uri) as hv:
-        used = hv.allocations(POOL)
+    used = hv.allocations(POOL)
     return {
         label: sum(used.get(v, 0) for v in (volume(record, label, "save"), volume(record, label, "workspace.raw"), top))
         for label, top in kept.items()

@@ -8,7 +8,7 @@ from __future__ import annotations
 import functools
 import json
 import struct
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from vmsandbox.confine import access
@@ -26,38 +26,39 @@ from vmsandbox.vm.virt import Hypervisor
 QCOW2_HEAD = 4096
 
 
-def sweep(host: HostSpec, mine: Path, tidy: Tidy) -> Iterator[str]:
-    """gc on another host: this machine's domains there whose session directory is gone here, destroyed, with
-    their volumes; and the volumes of such a session that has no domain there (stopped, or a run killed before
-    its VM started). A host that does not answer is said, not an error."""
+def sweep(libvirt: Callable[[], Hypervisor], host: HostSpec, mine: Path, tidy: Tidy) -> Iterator[str]:
+    """gc on another host (`libvirt()`: its connection): this machine's domains there whose session directory is
+    gone here, destroyed, with their volumes; and the volumes of such a session that has no domain there (stopped,
+    or a run killed before its VM started). A host that does not answer is said, not an error."""
     try:
-        with Hypervisor(host.uri) as hv:
-            present = set()
-            for info in list(hv.domains(DOMAIN_PREFIX)):
-                present.add(info.name)
-                xml = hv.xml(info.name)
-                owner = domain.session_of(xml) if xml else None
-                if owner is None or xml is None or domain.client_of(xml) != vm.client_id():
-                    continue  # not a session, or another machine's
-                if orphaned(owner[1], mine):
-                    what = f"domain {info.name} on host {host.name} (its session directory is gone)"
-                    yield tidy("destroy", what, functools.partial(_drop, hv, host, info.name, owner[1]))
-            for name in list(hv.volumes(POOL)):
-                dom = name.removesuffix(f".{vm.OWNER}")
-                if not name.startswith(DOMAIN_PREFIX) or dom == name or dom in present:
-                    continue
-                owner_dir = _owner_dir(hv, name)
-                if owner_dir is not None and orphaned(owner_dir, mine):
-                    what = f"the volumes of {dom} on host {host.name} (its session directory is gone)"
-                    yield tidy("delete", what, functools.partial(vm.forget, owner_dir, host.uri, dom))
-            yield from _templates(hv, host, tidy)
+        hv = libvirt()
+        present = set()
+        for info in list(hv.domains(DOMAIN_PREFIX)):
+            present.add(info.name)
+            xml = hv.xml(info.name)
+            owner = domain.session_of(xml) if xml else None
+            if owner is None or xml is None or domain.client_of(xml) != vm.client_id():
+                continue  # not a session, or another machine's
+            if orphaned(owner[1], mine):
+                what = f"domain {info.name} on host {host.name} (its session directory is gone)"
+                yield tidy("destroy", what, functools.partial(drop, hv, info.name, owner[1]))
+        for name in list(hv.volumes(POOL)):
+            dom = name.removesuffix(f".{vm.OWNER}")
+            if not name.startswith(DOMAIN_PREFIX) or dom == name or dom in present:
+                continue
+            owner_dir = _owner_dir(hv, name)
+            if owner_dir is not None and orphaned(owner_dir, mine):
+                what = f"the volumes of {dom} on host {host.name} (its session directory is gone)"
+                yield tidy("delete", what, functools.partial(vm.forget, hv, owner_dir, dom))
+        yield from _templates(hv, host, tidy)
     except VmsandboxError as exc:
         yield f"host {host.name} did not answer, nothing there was cleaned up: {exc.message}"
 
 
-def _drop(hv: Hypervisor, host: HostSpec, dom: str, root: Path) -> None:
+def drop(hv: Hypervisor, dom: str, root: Path) -> None:
+    """A session's domain there destroyed, its tunnel closed and its volumes deleted."""
     hv.destroy(dom)
-    vm.forget(root, host.uri, dom)
+    vm.forget(hv, root, dom)
 
 
 def _owner_dir(hv: Hypervisor, name: str) -> Path | None:

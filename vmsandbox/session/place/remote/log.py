@@ -37,11 +37,11 @@ def fetch(record: Record, hv: Hypervisor) -> bytes:
     return got or b""
 
 
-def refresh(record: Record, *, follow: bool) -> None:
+def refresh(record: Record, hv: Hypervisor, *, follow: bool) -> None:
     """`logs`: the copy here brought up to date; with `follow`, a daemon thread keeps appending what the host's
-    console gains (all of a new file when virtlogd rotated it), until the command ends."""
-    with Hypervisor(record.libvirt_uri) as hv:
-        seen = fetch(record, hv)
+    console gains (all of a new file when virtlogd rotated it), until the command ends (on a connection of its
+    own: it outlives the operation whose connection `hv` is)."""
+    seen = fetch(record, hv)
     if follow:
         threading.Thread(target=_follow, args=(record, seen), daemon=True, name="console-follow").start()
 

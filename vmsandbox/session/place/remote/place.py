@@ -10,16 +10,16 @@ from pathlib import Path
 
 from vmsandbox import ui
 from vmsandbox.errors import VmsandboxError
+from vmsandbox.guest.ssh import Endpoint
 from vmsandbox.image import store
 from vmsandbox.session.place import checkpoints
 from vmsandbox.session.place.checkpoints import Checkpoint
-from vmsandbox.session.place.interface import Launched, Place, SavedVM, SaveVolume, Tidy
-from vmsandbox.session.place.remote import checkpoint, fork, gc, images, log, save, start, template, tunnel, vm
+from vmsandbox.session.place.interface import VM, Abilities, Host, Launched, SavedVM, SaveVolume, Snapshots, Tidy
+from vmsandbox.session.place.remote import checkpoint, fork, gc, images, log, save, start, template, vm
 from vmsandbox.session.place.templates import Shape
 from vmsandbox.session.record import Record
 from vmsandbox.vm import accel
-from vmsandbox.vm.node import Node, UnreachableError
-from vmsandbox.vm.virt import Hypervisor
+from vmsandbox.vm.node import Node
 
 
 def _volume(memory: SavedVM) -> str:
@@ -32,133 +32,119 @@ def _chains(record: Record) -> list[list[str]]:
     return [c.chain for c in checkpoints.listed(record.files)]
 
 
-class RemotePlace(Place):
-    @property
-    def where(self) -> str:
-        return f" on host {self.name}"
+class RemoteHost(Host):
+    # the chain is not folded there (that takes qemu-img on the host): a session takes at most MAX_CHAIN overlays
+    abilities = Abilities(elsewhere=True, tunnelled=True, holds_images=True, chain_limit=checkpoint.MAX_CHAIN)
 
-    def libvirt_for(self, here: str) -> str:
-        return self.uri
-
-    def admit(self, hv: Hypervisor, requested: accel.Accel, memory_mib: int) -> accel.Choice:
+    def admit(self, requested: accel.Accel, memory_mib: int) -> accel.Choice:
+        hv = self.libvirt()
         vm.check_room(hv, self.spec, memory_mib)
         return accel.choose(requested, problem=hv.node().kvm_problem(), probe=False)
 
-    def boot(
-        self, record: Record, image: store.Image, hv: Hypervisor, *, cold: bool, timeout: int, launched: Launched
-    ) -> None:
-        start.boot(record, image, hv, self.spec, cold_start=cold, boot_timeout=timeout)
+    def boot(self, record: Record, image: store.Image, *, cold: bool, timeout: int, launched: Launched) -> VM:
+        start.boot(record, image, self.libvirt(), self.spec, cold_start=cold, boot_timeout=timeout)
         launched()  # the egress daemon reaches the guest through the tunnel, which is open only now
+        return self.vm(record)
 
-    def warm_template(self, image: store.Image, shape: Shape, hv: Hypervisor, timeout: int) -> str:
-        images.ensure(hv, self.spec, image)
-        return template.ensure(image, shape, hv, self.spec, timeout).name
+    def warm_template(self, image: store.Image, shape: Shape, timeout: int) -> str:
+        images.ensure(self.libvirt(), self.spec, image)
+        return template.ensure(image, shape, self.libvirt(), self.spec, timeout).name
 
-    def reach(self, record: Record, *, answering: bool = False) -> None:
-        vm.ensure_tunnel(record, answering=answering)
+    def hold_image(self, image: store.Image) -> str:
+        what = "sent" if images.ensure(self.libvirt(), self.spec, image) else "already there"
+        return f"{what} (pool {images.POOL} at {self.spec.pool_path})"
 
-    def refresh_console(self, record: Record, *, follow: bool) -> None:
-        log.refresh(record, follow=follow)
+    def images_held(self) -> list[str]:
+        return list(images.ready(self.libvirt()))
 
-    def save(self, record: Record, hv: Hypervisor) -> None:
-        with ui.step(f"Saving {record.domain} (memory and devices) on host {record.host}"):
-            save.save(record, hv)
+    def accelerator(self, node: Node) -> str:
+        return node.accel
 
-    def stopped(self, record: Record) -> SavedVM:
-        return SaveVolume(save.name(record))
+    def kvm_problem(self, node: Node) -> str | None:
+        return node.kvm_problem()
 
-    def holds_save(self, record: Record, hv: Hypervisor) -> bool:
-        return save.holds(record, hv)
+    def sweep(self, mine: Path, tidy: Tidy) -> Iterator[str]:
+        yield from gc.sweep(self.libvirt, self.spec, mine, tidy)
 
-    def saved_words(self, record: Record) -> str:
-        return f"its memory saved on host {record.host}"
+    def vm(self, record: Record) -> VM:
+        return RemoteVM(self, record)
 
-    def restore(self, record: Record, hv: Hypervisor, memory: SavedVM) -> None:
-        save.restore(record, hv, _volume(memory))
+    def forget(self, root: Path, domain: str) -> None:
+        gc.drop(self.libvirt(), domain, root)
 
-    def started(self, record: Record, hv: Hypervisor) -> None:
-        save.restored(record, hv)
 
-    def check_room(self, record: Record) -> None:
-        checkpoint.check_room(record)
+class RemoteVM(VM):
+    def reach(self, *, answering: bool = False) -> Endpoint:
+        vm.ensure_tunnel(self.record, answering=answering)
+        return self.record.endpoint()
 
-    def freeze(self, record: Record, hv: Hypervisor, cp: Checkpoint, staging: Path, publish: Launched) -> None:
-        checkpoint.freeze(record, hv, cp.label, publish)
+    def console(self, *, follow: bool) -> Path:
+        log.refresh(self.record, self.host.libvirt(), follow=follow)
+        return self.record.files.console_log
 
-    def memory_of(self, record: Record, cp: Checkpoint) -> SavedVM:
-        return SaveVolume(checkpoint.volume(record, cp.label, "save"))
+    def save(self) -> None:
+        with ui.step(f"Saving {self.record.domain} (memory and devices) on host {self.record.host}"):
+            save.save(self.record, self.host.libvirt())
 
-    def leave_stopped(self, record: Record, hv: Hypervisor, memory: SavedVM) -> None:
-        checkpoint.leave_stopped(record, hv, _volume(memory))
+    def holds_save(self) -> bool:
+        return save.holds(self.record, self.host.libvirt())
 
-    def rewind(self, record: Record, hv: Hypervisor, cp: Checkpoint) -> None:
-        checkpoint.rewind(record, hv, cp.label, _chains(record))
+    def stopped(self) -> SavedVM:
+        return SaveVolume(save.name(self.record))
 
-    def drop(self, record: Record, hv: Hypervisor, label: str, *, live: bool) -> None:
-        checkpoint.drop(record, hv, label, _chains(record))
+    def saved_words(self) -> str:
+        return f"its memory saved on host {self.record.host}"
 
-    def sizes(self, record: Record, found: list[Checkpoint]) -> dict[str, int]:
+    def restore(self, memory: SavedVM) -> None:
+        save.restore(self.record, self.host.libvirt(), _volume(memory))
+
+    def discard_save(self) -> None:
+        save.restored(self.record, self.host.libvirt())
+        self.record.files.saved_memory.unlink(missing_ok=True)
+
+    def workspace_disk(self) -> Path:
+        vm.fetch_workspace(self.record, self.host.libvirt())
+        return self.record.files.workspace_disk
+
+    @property
+    def snapshots(self) -> Snapshots:
+        return RemoteSnapshots(self)
+
+
+class RemoteSnapshots(Snapshots):
+    def freeze(self, cp: Checkpoint, staging: Path, publish: Launched) -> None:
+        checkpoint.freeze(self.vm.record, self.vm.host.libvirt(), cp.label, publish)
+
+    def memory_of(self, cp: Checkpoint) -> SavedVM:
+        return SaveVolume(checkpoint.volume(self.vm.record, cp.label, "save"))
+
+    def leave_stopped(self, memory: SavedVM) -> None:
+        checkpoint.leave_stopped(self.vm.record, self.vm.host.libvirt(), _volume(memory))
+
+    def rewind(self, cp: Checkpoint) -> None:
+        record = self.vm.record
+        checkpoint.rewind(record, self.vm.host.libvirt(), cp.label, _chains(record))
+
+    def drop(self, label: str, *, live: bool) -> None:
+        record = self.vm.record
+        checkpoint.drop(record, self.vm.host.libvirt(), label, _chains(record))
+
+    def sizes(self, found: list[Checkpoint]) -> dict[str, int]:
+        record = self.vm.record
         try:
-            return checkpoint.sizes(record, {c.label: c.overlay for c in found})
+            return checkpoint.sizes(record, self.vm.host.libvirt(), {c.label: c.overlay for c in found})
         except VmsandboxError as exc:
             raise VmsandboxError(
                 f"host {record.host} did not say what the checkpoints hold there: {exc.message}"
             ) from exc
 
-    def fork_port(self, source: Record) -> int:
+    def fork_port(self) -> int:
         return 0  # a tunnel of its own, opened when its VM runs
 
-    def copy_disks(self, source: Record, cp: Checkpoint, record: Record, hv: Hypervisor) -> Path | None:
-        fork.copy_disks(source, cp, record, hv)
-        return None
+    def copy_disks(self, cp: Checkpoint, fork_record: Record) -> Path | None:
+        fork.copy_disks(self.vm.record, cp, fork_record, self.vm.host.libvirt())
+        return None  # made there, beside the system disk
 
-    def restore_fork(self, source: Record, cp: Checkpoint, record: Record, hv: Hypervisor) -> None:
-        fork.restore(source, cp, record, hv)
-
-    def fetch_workspace(self, record: Record) -> None:
-        vm.fetch_workspace(record)
-
-    def forget(self, root: Path, domain_name: str) -> None:
-        vm.forget(root, self.uri, domain_name)
-
-    @staticmethod
-    def release(root: Path) -> None:
-        tunnel.close(root)
-
-    def unanswered(self, record: Record, exc: UnreachableError) -> VmsandboxError:
-        return VmsandboxError(
-            f"host {record.host} does not answer, so the changes of session {record.name} cannot be read: "
-            f"{exc.message}",
-            hint=f"try again once it answers; `vmsandbox destroy {record.name} --discard` forgets the session here "
-            "(its unsynced changes too) and `vmsandbox gc` removes its VM and volumes there when the host is back",
-        )
-
-    def forget_unanswered(self, record: Record, exc: UnreachableError) -> bool:
-        tunnel.close(record.files.root)
-        ui.warn(
-            f"host {record.host} does not answer ({exc.message}): session {record.name} is forgotten here; "
-            f"`vmsandbox gc` removes its VM and volumes there once the host answers"
-        )
-        return True
-
-    def sweep(self, mine: Path, tidy: Tidy) -> Iterator[str]:
-        yield from gc.sweep(self.spec, mine, tidy)
-
-    def check(self) -> None:
-        tunnel.ssh_argv(self.uri)  # an ssh URI, or the error that says so
-
-    def check_holds_images(self) -> None:
-        return None
-
-    def hold_image(self, hv: Hypervisor, image: store.Image) -> str:
-        what = "sent" if images.ensure(hv, self.spec, image) else "already there"
-        return f"{what} (pool {images.POOL} at {self.spec.pool_path})"
-
-    def images_held(self, hv: Hypervisor) -> list[str]:
-        return list(images.ready(hv))
-
-    def accel_of(self, node: Node) -> str:
-        return node.accel
-
-    def kvm_problem(self, node: Node) -> str | None:
-        return node.kvm_problem()
+    def restore_fork(self, cp: Checkpoint, fork_record: Record) -> VM:
+        fork.restore(self.vm.record, cp, fork_record, self.vm.host.libvirt())
+        return self.vm.host.vm(fork_record)

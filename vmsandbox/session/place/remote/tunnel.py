@@ -9,6 +9,9 @@ and start time in the session directory: a small supervisor (`main` below) that 
 it ends (a lost connection), with a growing pause, so the egress daemon's link to the guest comes back by
 itself. A command that needs the guest starts the supervisor again when it is gone (a reboot here): on the
 same port when it is free, so the pinned known_hosts entry and the ssh config stay right.
+
+The chooser (session.place.choose) checks a host's URI with `ssh_argv` when its abilities say `tunnelled`, and
+closes a session's tunnel by its directory alone when its record cannot be read or its host does not answer.
 """
 
 from __future__ import annotations

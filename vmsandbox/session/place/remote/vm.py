@@ -246,25 +246,23 @@ def ensure_tunnel(record: Record, *, answering: bool = False) -> None:
         open_tunnel(record)
 
 
-def fetch_workspace(record: Record) -> None:
+def fetch_workspace(record: Record, hv: Hypervisor) -> None:
     """A remote session whose VM is not running: the workspace disk as the VM left it on its host, brought
     here (its changes are read from the disk)."""
-    with Hypervisor(record.libvirt_uri) as hv:
-        name = f"{record.domain}.workspace.raw"
-        if name not in hv.volumes(POOL):
-            return
-        with ui.step(f"Fetching the workspace disk of {record.name} from host {record.host}"):
-            fd = os.open(record.files.workspace_disk, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
-            try:
-                hv.download(POOL, name, into=fd, length=record.workspace_bytes)  # what was sent, no more
-            finally:
-                os.close(fd)
+    name = f"{record.domain}.workspace.raw"
+    if name not in hv.volumes(POOL):
+        return
+    with ui.step(f"Fetching the workspace disk of {record.name} from host {record.host}"):
+        fd = os.open(record.files.workspace_disk, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+        try:
+            hv.download(POOL, name, into=fd, length=record.workspace_bytes)  # what was sent, no more
+        finally:
+            os.close(fd)
 
 
-def forget(root: Path, uri: str, domain_name: str) -> None:
+def forget(hv: Hypervisor, root: Path, domain_name: str) -> None:
     """The remote session's tunnel closed and its volumes deleted (its domain is destroyed by the caller)."""
     tunnel.close(root)
-    with Hypervisor(uri) as hv:
-        for name in hv.volumes(POOL):
-            if name.startswith(f"{domain_name}."):
-                hv.delete_volume(POOL, name)
+    for name in hv.volumes(POOL):
+        if name.startswith(f"{domain_name}."):
+            hv.delete_volume(POOL, name)
