@@ -79,6 +79,7 @@ class Sshd:
         self.sock.listen(8)
         self.port = int(self.sock.getsockname()[1])
         self.links: list[tuple[paramiko.Transport, _Server]] = []
+        self._released = threading.Event()  # (a link that stopped reading reads again at the end)
         self._thread = threading.Thread(target=self._serve, name="standin-accept", daemon=True)
         self._thread.start()
 
@@ -139,7 +140,19 @@ class Sshd:
             transport._channels.put = put  # type: ignore[attr-defined]
             transport._sanitize_window_size = sanitize  # type: ignore[attr-defined]
 
+    def stop_reading(self) -> None:
+        """The guest's sshd reads nothing more of the link in use (a hostile one: the daemon's writes pile up)."""
+        packetizer = self.transport.packetizer
+        real = packetizer.read_message
+
+        def read_message() -> Any:
+            self._released.wait()
+            return real()
+
+        packetizer.read_message = read_message  # type: ignore[method-assign]
+
     def close(self) -> None:
+        self._released.set()
         self.sock.close()
         for transport, _ in self.links:
             transport.close()

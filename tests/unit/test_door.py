@@ -19,6 +19,7 @@ from pathlib import Path
 import paramiko
 import pytest
 
+from vmsandbox import ui
 from vmsandbox.egress import control, daemon, doorway, limits
 from vmsandbox.egress.control import Door
 from vmsandbox.egress.limits import Limits
@@ -255,6 +256,30 @@ def test_a_forwarder_that_dies_stops_the_daemon_which_says_why(
     assert said is not None and "Fatal: the forwarder's own end" in said
 
 
+def test_a_guest_that_stops_reading_its_link_gets_it_closed_and_a_new_one(session: standin.Session) -> None:
+    """A replaced sshd that stops reading the SSH connection holds paramiko's writes (in the pump's thread) as
+    long as it likes: once they have hung for `stall` seconds (small here), the daemon says so (down, with
+    the reason), closes that link and makes another, through which the door answers again."""
+    big = standin.Upstream(b"x" * 4_000_000)
+
+    def scenario(served: daemon.Daemon, watch: Watch) -> None:
+        first = session.sshd.transport
+        opened = [session.sshd.connect(source_port=32000 + i) for i in range(16)]
+        for ch in opened:  # 16 answers of 4 MB: more than the link's socket buffers take (each window 2 MiB)
+            ch.sendall(GET)
+        session.sshd.stop_reading()
+        wait_for(lambda: session.sshd.transport is not first and served.door is Door.UP, "a new link")
+        assert _answered(session.sshd.connect(), GET).startswith(b"HTTP/1.1 200 OK")
+
+    try:
+        _, watch = run_daemon(session, big, scenario, Limits(stall=2.0))
+    finally:
+        big.close()
+    downs = [str(error) for door, error in watch.written if door is Door.DOWN]
+    assert any("waited on the SSH link for 2 s" in e for e in downs), watch.written
+    assert [door for door, _ in watch.written].count(Door.UP) == 2
+
+
 def test_the_guests_banner_is_escaped_in_the_daemons_log(upstream: standin.Upstream) -> None:
     """The guest's sshd banner lands in egress.log (paramiko logs it), which the error hints tell a person to
     read: an OSC 52 clipboard write and a screen clear in it arrive escaped, as does anything else written
@@ -263,7 +288,7 @@ def test_the_guests_banner_is_escaped_in_the_daemons_log(upstream: standin.Upstr
     stream = io.StringIO()
     root = logging.getLogger()
     handlers, level = list(root.handlers), root.level
-    escaped = daemon.log_to(stream)
+    escaped = ui.log_escaped(stream, daemon.LOG_FORMAT)  # (as daemon.main makes its log)
     logging.getLogger("paramiko").setLevel(logging.INFO)  # (the fixture's WARNING is undone at the test's end)
     try:
         with standin.session("banner", [ALLOWED], banner=hostile) as s:

@@ -29,7 +29,6 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from typing import TextIO
 
 from vmsandbox import paths, ui
 from vmsandbox.egress import account, control, limits, policy
@@ -56,6 +55,7 @@ WATCH_INTERVAL = 2.0
 MAX_BACKOFF = 10.0
 BOOT_WAIT = 600.0  # the longest a daemon waits for its guest's first banner
 CLOCK_TIMEOUT = 10.0  # stepping the guest's clock at each connect
+LOG_FORMAT = "%(asctime)s egressd[%(process)d] %(levelname)s %(message)s"
 
 
 class Daemon:
@@ -94,6 +94,7 @@ class Daemon:
         )
         self.link: channel.Link | None = None
         self.beat = time.monotonic()  # the forwarder's last round
+        self.hung: str | None = None  # why the watch closed the link (its writes hung)
         self.doorway = Doorway(self.proxy, self.loop, limits)
         self.published = Published(lambda: self.link, self.stop)
         self.door = Door.DOWN
@@ -205,6 +206,7 @@ class Daemon:
             log.exception("the forward failed")
             error = f"the forward failed: {type(exc).__name__}: {exc}"
         finally:
+            error, self.hung = self.hung or error, None
             self._state(Door.DOWN, error)  # before the link goes: never "up" without one
             self.link = None
             link.close()
@@ -240,7 +242,8 @@ class Daemon:
         late = [f"the {p.name} pump" for p in pumps if p.stalled(now) > lim]
         late += ["the forwarder"] if now - self.beat > lim else []
         if late and link is not None:
-            log.warning("%s waited on the SSH link for %.0f s: the guest reads nothing; closing it", late[0], lim)
+            self.hung = f"{late[0]} waited on the SSH link for {lim:.0f} s (the guest reads nothing)"
+            self._state(Door.DOWN, self.hung)  # before the link goes: never "up" without one
             link.close()
         dead = [p.name for p in pumps if not p.alive]
         if dead:
@@ -273,15 +276,9 @@ class Daemon:
             self.loop.remove_signal_handler(sig)  # a loop collected in another thread could not (a ValueError)
 
 
-def log_to(stream: TextIO) -> ui.Escaping:
-    """The daemon's log (its stderr, the session's egress log), escaped: the guest's sshd banner, a refused
-    channel's reason, a traceback's text cannot drive the terminal of whoever reads the file."""
-    return ui.log_escaped(stream, "%(asctime)s egressd[%(process)d] %(levelname)s %(message)s")
-
-
 def main(argv: list[str], daemon: Callable[[str], Daemon] = Daemon) -> int:
     """Run the daemon of session argv[0] (`daemon` builds it: tests give their own resolver through it)."""
-    sys.stderr = log_to(sys.stderr)
+    sys.stderr = ui.log_escaped(sys.stderr, LOG_FORMAT)  # its log escapes what the guest says in it
     if len(argv) != 1:
         print("usage: python -m vmsandbox.egress.daemon SESSION", file=sys.stderr)
         return 2
