@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import logging
 import sys
 import threading
@@ -9,6 +10,7 @@ import time
 import unicodedata
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import TextIO
 
 from rich.console import Console
 
@@ -134,6 +136,35 @@ def printable(text: str, *, markup: bool = True) -> str:
 
     shown = visible(text)
     return escape(shown) if markup else shown
+
+
+class Escaping(io.TextIOBase):
+    """A text stream that passes on what it is given with control characters escaped, as `printable` shows
+    them: a daemon's log file, which holds what a guest said and which a person reads in a terminal."""
+
+    def __init__(self, raw: TextIO) -> None:
+        self._raw = raw
+
+    def write(self, text: str) -> int:
+        self._raw.write(printable(text, markup=False))
+        return len(text)
+
+    def flush(self) -> None:
+        self._raw.flush()
+
+    def fileno(self) -> int:
+        return self._raw.fileno()
+
+
+def log_escaped(stream: TextIO, fmt: str) -> Escaping:
+    """This process's log goes to `stream` with control characters escaped (whatever logger wrote it); the
+    escaping stream, for what is written there otherwise (tracebacks: make it sys.stderr)."""
+    escaped = Escaping(stream)
+    handler = logging.StreamHandler(escaped)
+    handler.setFormatter(logging.Formatter(fmt))
+    logging.getLogger().addHandler(handler)
+    logging.getLogger().setLevel(logging.INFO)
+    return escaped
 
 
 def is_interactive() -> bool:

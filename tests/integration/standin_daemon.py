@@ -3,23 +3,28 @@ sends the stand-in names to their 127.0.0.1 ports (every other name goes through
 resolver), and upstream TLS that also trusts the stand-ins' test CA. Nothing in the product reads a test
 switch: this module builds the daemon itself.
 
-    python -m tests.integration.standin_daemon SESSION NAME=PORT[,NAME=PORT...] CA_FILE
+    python -m tests.integration.standin_daemon SESSION NAME=PORT[,NAME=PORT...] CA_FILE [LIMITS_JSON]
+
+LIMITS_JSON (optional): fields of egress.limits.Limits to set (a test's small timeouts), as the daemon's
+constructor takes them.
 """
 
 from __future__ import annotations
 
+import json
 import ssl
 import sys
 from pathlib import Path
 
 from vmsandbox.egress import daemon
+from vmsandbox.egress.limits import Limits
 from vmsandbox.egress.netpolicy import IPNetwork
 from vmsandbox.egress.upstream import resolve_checked, verified_tls
 
 LOOPBACK = "127.0.0.1"
 
 
-def build(session: str, table: str, ca_file: str) -> daemon.Daemon:
+def build(session: str, table: str, ca_file: str, limits: str = "{}") -> daemon.Daemon:
     standins = {name: (LOOPBACK, int(port)) for name, _, port in (i.partition("=") for i in table.split(","))}
 
     async def resolver(host: str, port: int, networks: tuple[IPNetwork, ...]) -> list[tuple[str, int]]:
@@ -34,9 +39,9 @@ def build(session: str, table: str, ca_file: str) -> daemon.Daemon:
         ctx.load_verify_locations(cadata=test_ca)
         return ctx
 
-    return daemon.Daemon(session, resolver=resolver, upstream_tls=upstream_tls)
+    return daemon.Daemon(session, resolver=resolver, upstream_tls=upstream_tls, limits=Limits(**json.loads(limits)))
 
 
 if __name__ == "__main__":
-    _, session, table, ca_file = sys.argv
-    sys.exit(daemon.main([session], lambda name: build(name, table, ca_file)))
+    session, table, ca_file, *limits = sys.argv[1:]
+    sys.exit(daemon.main([session], lambda name: build(name, table, ca_file, *limits)))

@@ -3,7 +3,9 @@ listener that records any connection reaching it. Nothing here listens on or con
 
 from __future__ import annotations
 
+import contextlib
 import http.server
+import json
 import socket
 import ssl
 import threading
@@ -16,6 +18,7 @@ from vmsandbox.egress.certs import Issuer, create_ca
 
 LOOPBACK = "127.0.0.1"
 STANDIN_DOMAIN = "up.example.com"  # the names of the stand-ins: never looked up, the test resolver maps them
+BIG = 8 * 1024**2  # the size of a stand-in's answer to /big
 
 
 def standin(name: str) -> str:
@@ -43,11 +46,14 @@ def _handler(upstream: Upstream) -> type[http.server.BaseHTTPRequestHandler]:
             body_in = self.rfile.read(length) if length else b""
             upstream.requests.append({k.lower(): v for k, v in self.headers.items()} | {":path": self.path})
             body = f"hello from {upstream.name} {self.command} {self.path} {len(body_in)}\n".encode()
+            if self.path == "/big":  # an answer more than a guest's buffers take, for one that reads nothing
+                body = b"x" * BIG
             self.send_response(200)
             self.send_header("Content-Length", str(len(body)))
             self.send_header("Connection", "close")
             self.end_headers()
-            self.wfile.write(body)
+            with contextlib.suppress(ConnectionError):  # (a guest that reads nothing: the proxy dropped it)
+                self.wfile.write(body)
 
         do_GET = _reply  # noqa: N815 - http.server's names
         do_POST = _reply  # noqa: N815
@@ -121,9 +127,16 @@ class Recorder:
         self.sock.close()
 
 
-def use_standin_daemon(session: str, files_root: Path, upstreams: list[Upstream], ca: Path, env: dict[str, str]) -> int:
-    """Replace a session's egress daemon by the stand-in one (standin_daemon.py); wait until the guest's door is
-    open again. Its pid."""
+def use_standin_daemon(
+    session: str,
+    files_root: Path,
+    upstreams: list[Upstream],
+    ca: Path,
+    env: dict[str, str],
+    limits: dict[str, float] | None = None,
+) -> int:
+    """Replace a session's egress daemon by the stand-in one (standin_daemon.py, with `limits`: fields of
+    egress.limits.Limits); wait until the guest's door is open again. Its pid."""
     import subprocess
     import sys
     import time
@@ -137,9 +150,10 @@ def use_standin_daemon(session: str, files_root: Path, upstreams: list[Upstream]
     files.egress_state.unlink(missing_ok=True)
     table = ",".join(u.mapping for u in upstreams)
     repo = Path(__file__).resolve().parents[2]
+    argv = [sys.executable, "-m", "tests.integration.standin_daemon", session, table, str(ca)]
     with files.egress_log.open("ab") as log:
         child = subprocess.Popen(
-            [sys.executable, "-m", "tests.integration.standin_daemon", session, table, str(ca)],
+            [*argv, json.dumps(limits or {})],
             cwd=repo,
             env=env,
             stdin=subprocess.PIPE,

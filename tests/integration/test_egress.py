@@ -6,6 +6,7 @@ must stay silent."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
@@ -13,6 +14,7 @@ import select
 import signal
 import socket
 import subprocess
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -26,7 +28,7 @@ from vmsandbox.egress import secrets as secretstore
 from vmsandbox.egress.control import Door
 from vmsandbox.session.record import Record
 
-from .conftest import SUDO_PLAYED, Cli, VmFactory, played_user, suite_settings, wait_for
+from .conftest import SUDO_PLAYED, Cli, VmFactory, guest_sh, played_user, suite_settings, wait_for
 from .standins import Recorder, Upstream, http_upstream, make_ca, standin, use_standin_daemon
 
 HTTP, TLS, API = standin("http"), standin("tls"), standin("api")
@@ -444,3 +446,153 @@ def test_proxy_death_fails_closed_and_exec_restarts_it(guest: Guest) -> None:
     assert b"had stopped" in r.stderr, r.stderr.decode()
     assert r.stdout == b"403"
     assert control.status(files, wanted=True) is Door.UP
+
+
+# A guest's programs flooding its door (run in the guest by its own python3): FLOOD connections in batches, five
+# kinds in turn: a superscript port, an open bracket, bytes that are no request, a head that never ends, and a
+# request for a large answer on a socket that reads nothing. Every reader waits for its answer (or the end);
+# the others are closed at the end. It prints what the readers got, by status.
+FLOOD = 1000
+FLOOD_SCRIPT = r"""
+import json, resource, selectors, socket, sys, time
+started = time.monotonic()
+host = sys.argv[1]
+n = int(sys.argv[2])
+soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, 8192), hard))
+kinds = [
+    b"CONNECT " + host.encode() + b":\xb2 HTTP/1.1\r\n\r\n",
+    b"GET http://[" + host.encode() + b"/ HTTP/1.1\r\n\r\n",
+    b"\x16\x03\x01\x00\x05hello\r\n\r\n",
+    b"GET http://" + host.encode() + b"/ HTTP/1.1\r\nHo",
+    b"GET http://" + host.encode() + b"/big HTTP/1.1\r\n\r\n",
+]
+got, silent = {}, []
+for start in range(0, n, 200):
+    sel = selectors.DefaultSelector()
+    for i in range(start, min(n, start + 200)):
+        s = socket.socket()
+        if i % 5 == 4:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        s.settimeout(60)
+        s.connect(("127.0.0.1", 3128))
+        try:
+            s.sendall(kinds[i % 5])
+        except OSError:
+            pass  # refused and closed already: its answer is read below
+        if i % 5 == 4:
+            silent.append(s)
+        else:
+            s.setblocking(False)
+            sel.register(s, selectors.EVENT_READ, bytearray())
+    while sel.get_map():
+        for key, _ in sel.select(120) or sys.exit("no answer in 120 s"):
+            try:
+                data = key.fileobj.recv(65536)
+            except ConnectionResetError:
+                data = b""
+            if data:
+                key.data.extend(data)
+                continue
+            status = bytes(key.data[9:12]).decode() or "closed"
+            got[status] = got.get(status, 0) + 1
+            sel.unregister(key.fileobj)
+            key.fileobj.close()
+    print(f"{time.monotonic() - started:.1f} s: {start + 200} opened, answers {got}", file=sys.stderr, flush=True)
+for s in silent:
+    s.close()
+print(json.dumps(got))
+"""
+
+# Another session's program, asking its own door for an allowed page again and again until told to stop (a
+# line on its stdin): what it got, by status.
+STEADY_SCRIPT = r"""
+import json, select, socket, sys
+host = sys.argv[1]
+got = {}
+while not select.select([sys.stdin], [], [], 0)[0]:
+    try:
+        s = socket.create_connection(("127.0.0.1", 3128), timeout=60)
+        s.sendall(b"GET http://" + host.encode() + b"/steady HTTP/1.1\r\n\r\n")
+        data = b""
+        while chunk := s.recv(65536):
+            data += chunk
+        s.close()
+        status = data[9:12].decode() or "closed"
+    except OSError as exc:
+        status = type(exc).__name__
+    got[status] = got.get(status, 0) + 1
+print(json.dumps(got))
+"""
+
+
+def _daemon_counts(pid: int) -> tuple[int, int]:
+    """The threads and descriptors of a daemon (as root may read them)."""
+    threads = next(
+        int(line.split()[1])
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines()
+        if line.startswith("Threads:")
+    )
+    return threads, len(list(Path(f"/proc/{pid}/fd").iterdir()))
+
+
+@pytest.mark.root("reads the egress daemon's threads and descriptors in /proc")
+def test_a_guest_flooding_its_door_leaves_it_and_another_session_working(
+    guest: Guest, vm_factory: VmFactory, tmp_path: Path
+) -> None:
+    """A real guest opens 1,000 malformed, slow and never-reading connections to its door (small timeouts
+    here: a head 2 s, a side that takes nothing 2 s): every reader gets an answer or a refusal, the daemon's
+    threads never grow and its descriptors stay bounded and come back, and the guest then makes an allowed
+    request. Another session on the same host asks its own door for a page all the while, and every one of its
+    requests is answered 200."""
+    limits = {"head_timeout": 2.0, "send_timeout": 2.0}
+    env = guest.cli.env(VMSANDBOX_CONFIG_DIR=os.environ["VMSANDBOX_CONFIG_DIR"])
+    pid = use_standin_daemon(guest.record.name, guest.record.files.root, [guest.http], guest.ca, env, limits)
+    guest.standin_pid = pid
+    project = tmp_path / "other"
+    project.mkdir()
+    other = vm_factory.make(project, settings=suite_settings().merged({"allow": [HTTP]}, "test"), user=ALICE)
+    use_standin_daemon(other.name, other.files.root, [guest.http], guest.ca, env)
+    write_script = "cat > /tmp/{0}.py <<'EOF'\n{1}\nEOF"
+    guest.sh(write_script.format("flood", FLOOD_SCRIPT))
+    assert guest.sh(f"curl -sS -m 30 http://{HTTP}/before").returncode == 0  # (every thread it has is made)
+    base, logged = _daemon_counts(pid), len(guest.events())
+    steady = subprocess.Popen(
+        [
+            *other.endpoint().ssh_argv("-T"),
+            "--",
+            f"{write_script.format('steady', STEADY_SCRIPT)}\npython3 /tmp/steady.py {HTTP}",
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    peaks: list[tuple[int, int]] = []
+    done = threading.Event()
+
+    def sample() -> None:
+        while not done.wait(0.2):
+            with contextlib.suppress(OSError, StopIteration):
+                peaks.append(_daemon_counts(pid))
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    try:
+        answered = json.loads(guest_sh(guest.record, f"python3 /tmp/flood.py {HTTP} {FLOOD}", timeout=900))
+        assert sum(answered.values()) == FLOOD * 4 // 5 and set(answered) <= {"400", "403", "408", "503"}, answered
+        after = guest.sh(f"curl -sS -m 30 http://{HTTP}/after")
+        assert f"hello from {HTTP} GET /after".encode() in after.stdout, after.stderr.decode()
+    finally:
+        done.set()
+        sampler.join()
+        out, err = steady.communicate(b"stop\n", timeout=300)
+    served = json.loads(out)
+    assert set(served) == {"200"} and served["200"] > 0, (served, err.decode())
+    peaks.append(base)  # (a flood quicker than the sampler)
+    assert max(t for t, _ in peaks) <= base[0], (base, max(peaks))  # no thread per connection
+    assert max(f for _, f in peaks) <= base[1] + 3 * 128, (base, max(peaks))
+    wait_for(lambda: all(n <= b for n, b in zip(_daemon_counts(pid), base, strict=True)), 60, "the daemon as it was")
+    state = control.daemon_state(guest.record.files)
+    assert state is not None and state.pid == pid and state.forward is Door.UP  # never restarted, up
+    assert len(guest.events()) - logged == FLOOD + 1  # a line for every connection (and the last request)
+    guest.standin_pid = None  # the next test gets the stand-in with the product's limits

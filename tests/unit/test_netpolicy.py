@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import ipaddress
+import re
 from typing import Any
 
 import pytest
 
-from vmsandbox.egress import httphead, netpolicy, tlshello
-from vmsandbox.egress.netpolicy import Mode, Policy, Refused, check_addresses, normalize_host, parse_rule
+from vmsandbox.egress import addresses, httphead, netpolicy, tlshello
+from vmsandbox.egress.netpolicy import IPAddress, Mode, Policy, Refused, normalize_host, parse_rule
 from vmsandbox.errors import VmsandboxError
 
 
@@ -39,13 +40,22 @@ from vmsandbox.errors import VmsandboxError
     ],
 )
 def test_forbidden_addresses(address: str, why: str) -> None:
-    reason = netpolicy.address_reason(ipaddress.ip_address(address))
+    reason = addresses.address_reason(ipaddress.ip_address(address))
     assert reason is not None and why in reason
 
 
 @pytest.mark.parametrize("address", ["93.184.215.14", "151.101.0.223", "2a04:4e42::223", "1.1.1.1"])
 def test_public_addresses_pass(address: str) -> None:
-    assert netpolicy.address_reason(ipaddress.ip_address(address)) is None
+    assert addresses.address_reason(ipaddress.ip_address(address)) is None
+
+
+def nothing_is_own(_ip: IPAddress) -> str | None:
+    """The host's own addresses, as a test without a host has them: none."""
+    return None
+
+
+def check_addresses(host: str, answers: list[str], allowed: Any = ()) -> list[IPAddress]:
+    return addresses.check_addresses(host, answers, allowed, own=nothing_is_own)
 
 
 def test_a_name_with_one_bad_answer_is_refused_whole() -> None:
@@ -57,7 +67,7 @@ def test_a_name_with_one_bad_answer_is_refused_whole() -> None:
 
 
 def test_allowed_networks_lift_private_but_never_loopback_or_metadata() -> None:
-    net = netpolicy.parse_network("203.0.113.0/24", source="t")
+    net = addresses.parse_network("203.0.113.0/24", source="t")
     assert check_addresses("gw.example", ["203.0.113.80"], [net])
     wide = ipaddress.ip_network("0.0.0.0/0")
     with pytest.raises(Refused, match="metadata"):
@@ -66,7 +76,7 @@ def test_allowed_networks_lift_private_but_never_loopback_or_metadata() -> None:
         check_addresses("lo.example", ["127.0.0.1"], [wide])
     for bad in ("127.0.0.0/8", "169.254.0.0/16", "0.0.0.0/0", "::/0", "nonsense"):
         with pytest.raises(VmsandboxError):
-            netpolicy.parse_network(bad, source="t")
+            addresses.parse_network(bad, source="t")
 
 
 @pytest.mark.parametrize(
@@ -219,3 +229,121 @@ def test_a_refusal_names_the_command_that_allows_it() -> None:
     p = Policy(Mode.ALLOWLIST, (), session="exp1")
     with pytest.raises(Refused, match=r"`vmsandbox allow exp1 example\.com`"):
         p.decide("example.com", 443)
+
+
+@pytest.mark.parametrize(
+    "port", ["\u00b2", "\u00b9", "\u0663", "\uff14\uff14\uff13", "0", "65536", "+443", " 443", "44 3", "0x1bb"]
+)
+def test_a_port_is_ascii_digits_only(port: str) -> None:
+    """str.isdigit() takes "²" (and other scripts' digits), which int() then refuses: a ValueError that escaped
+    the proxy left the connection open, unanswered and unlogged. Such a port is a refusal like any other."""
+    with pytest.raises(Refused, match="bad port"):
+        netpolicy.parse_target(f"allowed.example:{port}")
+    with pytest.raises(VmsandboxError, match="bad port"):
+        parse_rule(f"allowed.example:{port}", source="t")
+    assert netpolicy.parse_target("allowed.example:443") == ("allowed.example", 443)
+
+
+@pytest.mark.parametrize("host", ["_outbound", "_gateway", "_localdnsstub", "myhost", "jenkins", "ai"])
+def test_a_single_label_name_is_refused_in_every_mode_and_allowlist(host: str) -> None:
+    """nss-myhostname answers `_outbound` with the host's own address and `_gateway` with its router; a single
+    label otherwise means the host's own name, /etc/hosts or a search domain's internal host."""
+    for policy in (
+        Policy(Mode.OPEN),
+        Policy(Mode.ALLOWLIST, (parse_rule(host, source="t"), parse_rule(f"{host}:8080", source="t"))),
+    ):
+        for port in (80, 443, 8080):
+            with pytest.raises(Refused, match="single-label name"):
+                policy.decide(host, port)
+
+
+WIDE = (ipaddress.ip_network("0.0.0.0/0"), ipaddress.ip_network("::/0"))  # `any_network`: every address allowed
+
+
+@pytest.mark.parametrize(
+    ("address", "why"),
+    [
+        ("64:ff9b::7f00:1", "NAT64 address wrapping 127.0.0.1"),
+        ("64:ff9b::a9fe:a9fe", "NAT64 address wrapping 169.254.169.254"),
+        ("64:ff9b:1:7f00:0:100::", "NAT64 address (/48) wrapping 127.0.0.1"),
+        ("2002:7f00:1::", "6to4 address wrapping 127.0.0.1"),
+        ("2002:a9fe:a9fe::1", "6to4 address wrapping 169.254.169.254"),
+        ("2001:0:4136:e378:8000:63bf:80ff:fffe", "Teredo"),
+        ("2001::1", "Teredo"),
+        ("::ffff:127.0.0.1", "IPv4-mapped address wrapping 127.0.0.1"),
+        ("::ffff:0:a9fe:a9fe", "IPv4-translated address wrapping 169.254.169.254"),
+        ("::7f00:1", "IPv4-translated address wrapping 127.0.0.1"),
+    ],
+)
+def test_a_wrapping_of_a_never_allowed_address_is_never_allowed(address: str, why: str) -> None:
+    """NAT64, 6to4, Teredo and mapped spellings of loopback and metadata addresses: no allowed network lifts
+    them (the networks here allow everything, as `any_network` does), whatever their wrapper is."""
+    ip = ipaddress.ip_address(address)
+    reason = addresses.address_why(ip)
+    assert reason is not None and reason.hard and why in reason.text
+    wrapper = ipaddress.ip_network(f"{address}/{16 if address.startswith('200') else 96}", strict=False)
+    with pytest.raises(Refused, match=re.escape(why)):
+        check_addresses("wrapped.example", [address], [*WIDE, wrapper])
+
+
+def test_a_wrapping_of_a_private_address_is_as_private_as_it() -> None:
+    """What a wrapper carries decides: a NAT64 spelling of 10.0.0.1 is private (an allowed network may lift it),
+    of a public address it is not hard either."""
+    why = addresses.address_why(ipaddress.ip_address("64:ff9b::a00:1"))
+    assert why is not None and not why.hard and "10.0.0.1" in why.text
+    assert check_addresses("nat64.example", ["64:ff9b::a00:1"], [ipaddress.ip_network("64:ff9b::/96")])
+
+
+def test_the_hosts_own_addresses_are_refused_whatever_is_allowed() -> None:
+    """The host's own public address (or SLAAC IPv6 address) goes through its own stack to whatever listens on
+    0.0.0.0 or `::`: refused in every mode and under every allowed network. The test says which addresses are
+    the host's (an injected check, as the kernel's routing says it in the product)."""
+    own = {"198.51.100.7", "2001:db8:1::5", "93.184.215.14"}
+
+    def mine(ip: IPAddress) -> str | None:
+        return "one of this host's own addresses" if str(ip) in own else None
+
+    for answer in sorted(own):
+        with pytest.raises(Refused, match="this host's own"):
+            addresses.check_addresses("me.example", [answer], WIDE, own=mine)
+    with pytest.raises(Refused, match="this host's own"):  # one own answer among public ones: refused whole
+        addresses.check_addresses("me.example", ["1.1.1.1", "93.184.215.14"], (), own=mine)
+    assert addresses.check_addresses("them.example", ["1.1.1.1"], (), own=mine) == [ipaddress.ip_address("1.1.1.1")]
+
+
+def test_framing_is_decided_before_any_header_is_dropped() -> None:
+    """`Connection: content-length` once dropped the body's length before it went upstream: the body then
+    read as a second request, with its own Host. The head sent up carries the framing the guest's head had."""
+    head = httphead.parse_request(
+        b"POST http://a.example/ HTTP/1.1\r\nHost: a.example\r\nConnection: content-length, host, x-y\r\n"
+        b"Content-Length: 5\r\nX-Y: 1\r\n\r\n"
+    )
+    assert head.body == httphead.Body(5, stated=True)
+    assert httphead.forward_headers(head, "a.example") == [
+        ("Host", "a.example"),
+        ("Content-Length", "5"),
+        ("Connection", "close"),
+    ]
+    chunked = httphead.parse_request(
+        b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\nConnection: transfer-encoding\r\n\r\n"
+    )
+    assert ("Transfer-Encoding", "chunked") in httphead.forward_headers(chunked, "a.example")
+
+
+@pytest.mark.parametrize(
+    "head",
+    [
+        b"POST / HTTP/1.1\r\nContent-Length: \xc2\xb2\r\n\r\n",  # "²", UTF-8
+        b"POST / HTTP/1.1\r\nContent-Length: \xb2\r\n\r\n",  # "²", Latin-1
+        b"POST / HTTP/1.1\r\nContent-Length: 5, 5\r\n\r\n",
+        b"POST / HTTP/1.1\r\nContent-Length: +5\r\n\r\n",
+        b"POST / HTTP/1.1\r\nTransfer-Encoding: gzip, chunked\r\n\r\n",
+        b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\nTransfer-Encoding: identity\r\n\r\n",
+        b"POST / HTTP/1.0\r\nTransfer-Encoding: chunked\r\n\r\n",
+        b"CONNECT a.example:443 HTTP/1.1\r\nContent-Length: 5\r\n\r\n",
+        b"GET / HTTP/1.1\n\r\n\r\n",
+    ],
+)
+def test_a_framing_two_parsers_could_read_differently_is_refused(head: bytes) -> None:
+    with pytest.raises(httphead.ProtocolError):
+        httphead.parse_request(head)

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from vmsandbox.egress import log as proxylog
+from vmsandbox.egress.addresses import address_reason
 from vmsandbox.egress.log import Event
-from vmsandbox.egress.netpolicy import address_reason
 from vmsandbox.egress.policy import ProxyConfig
 from vmsandbox.egress.proxy import Proxy
 
@@ -45,3 +45,15 @@ def test_the_log_rotates(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Non
 )
 def test_addresses_that_are_not_public(address: str, why: str) -> None:
     assert why in (address_reason(ipaddress.ip_address(address)) or "")
+
+
+def test_what_the_guest_chose_is_never_raw_in_the_logs_people_read(tmp_path: Path) -> None:
+    """`vmsandbox logs NAME proxy` shows every line through describe() (escaped) or, with --json, as written
+    (JSON escapes control characters): an OSC 52 clipboard write in a target or reason never reaches a terminal."""
+    hostile = "x\x1b]52;c;Y3VybCBldmlsIHwgc2g=\x07\x1b[2J\x9b31m"
+    log = tmp_path / "proxy.jsonl"
+    proxylog.append(log, Event(decision="deny", method=hostile, target=hostile, reason=hostile))
+    (line,) = log.read_text().splitlines()
+    shown = proxylog.describe(proxylog.parse(line) or {})
+    for text in (line, shown):
+        assert not any(c in text for c in "\x1b\x07\x9b"), text

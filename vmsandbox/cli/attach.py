@@ -27,10 +27,11 @@ def ready(name: str, *, starting: bool = False) -> Record:
     if starting and record.saved:
         _start_stopped(record)
         record = Record.load(name)
-    if state.usable(record):
+    why = state.usable(record)
+    if why is not None:
         from vmsandbox.session.start import create  # (what starts a session: imported only when needed, a tenth of a s)
 
-        ui.warn(f"the egress proxy of session {record.name} had stopped, so the guest had no network; restarting it")
+        ui.warn(f"the egress proxy of session {record.name} {why}, so the guest had no network; restarting it")
         with ui.step("Restarting the egress proxy"):
             create.open_egress(record)
     return record

@@ -25,6 +25,7 @@ from vmsandbox.egress.ports import Publish
 from vmsandbox.errors import VmsandboxError
 
 START_TIMEOUT = 60.0
+DOWN_GRACE = 30.0  # a daemon that has said "down" this long (it retries every 10 s at most) is started again
 
 
 class Door(enum.StrEnum):
@@ -69,6 +70,7 @@ class DaemonState:
     forward: Door
     error: str | None
     ports: tuple[str, ...] = ()  # where it serves published ports now (Publish.places)
+    since: float | None = None  # when it wrote this (time.time())
 
     @property
     def alive(self) -> bool:
@@ -81,7 +83,15 @@ def daemon_state(files: paths.SessionPaths) -> DaemonState | None:
     except (OSError, ValueError):
         return None
     served = tuple(str(p) for p in data.get("ports", ()))
-    return DaemonState(data.get("pid"), data.get("start"), Door(data.get("forward", "down")), data.get("error"), served)
+    since = data.get("since")
+    return DaemonState(
+        data.get("pid"),
+        data.get("start"),
+        Door(data.get("forward", "down")),
+        data.get("error"),
+        served,
+        float(since) if isinstance(since, int | float) else None,
+    )
 
 
 def write_state(
@@ -124,6 +134,21 @@ def status(files: paths.SessionPaths, *, wanted: bool) -> Door:
     if st is None or not st.alive:
         return Door.STOPPED
     return st.forward
+
+
+def needs_restart(files: paths.SessionPaths, *, wanted: bool, now: float | None = None) -> str | None:
+    """Why the session's egress daemon must be started again before the guest has a network (its last
+    reason, as it recorded it), or None: it serves, or it is not wanted."""
+    if not wanted:
+        return None
+    st = daemon_state(files)
+    if st is None or not st.alive:
+        said = st.error if st is not None and st.error not in (None, "stopped", "starting") else None
+        return "had stopped" + (f" ({said})" if said else "")
+    down_for = (time.time() if now is None else now) - (st.since or 0)
+    if st.forward is Door.DOWN and down_for > DOWN_GRACE:
+        return f"has been down for {down_for:.0f} s ({st.error or 'no reason given'})"
+    return None
 
 
 @dataclass(frozen=True)
@@ -181,7 +206,7 @@ def wait_open(spec: Spec, files: paths.SessionPaths, spawned: Spawned, *, timeou
         time.sleep(0.1)
     stop(files)
     lines = files.egress_log.read_text(errors="replace").splitlines() if files.egress_log.exists() else []
-    tail = "\n".join(lines[-8:])
+    tail = "\n".join(ui.printable(line, markup=False) for line in lines[-8:])  # (written escaped: twice safe)
     raise VmsandboxError(
         f"the egress proxy of session {spec.session} did not open the guest's door within {timeout:.0f} s"
         + (f":\n{tail}" if tail else ""),

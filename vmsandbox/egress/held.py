@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import threading
 from pathlib import Path
 
 _OPEN = os.O_NOFOLLOW | os.O_CLOEXEC
@@ -39,6 +40,7 @@ class Held:
 
     def __init__(self, fd: int) -> None:
         self.fd = fd
+        self._lock = threading.Lock()  # flock excludes other processes: this, the holder's other threads
 
     @classmethod
     def open(cls, path: Path, *, writable: bool = False) -> Held:
@@ -47,6 +49,10 @@ class Held:
         return cls(os.open(path, flags | _OPEN, 0o600))
 
     def text(self) -> str:
+        with self._lock:
+            return self._text()
+
+    def _text(self) -> str:
         fcntl.flock(self.fd, fcntl.LOCK_SH)
         try:
             chunks, offset = [], 0
@@ -58,7 +64,10 @@ class Held:
             fcntl.flock(self.fd, fcntl.LOCK_UN)
 
     def write(self, text: str) -> None:
-        data = text.encode()
+        with self._lock:
+            self._write(text.encode())
+
+    def _write(self, data: bytes) -> None:
         fcntl.flock(self.fd, fcntl.LOCK_EX)
         try:
             os.ftruncate(self.fd, 0)

@@ -1,19 +1,24 @@
 """Strict parsing and rendering of HTTP/1.x message heads for the egress proxy (pure functions).
 
 Anything ambiguous is refused rather than guessed: folded lines, bare CR or LF, both Content-Length and
-Transfer-Encoding, two Host headers. The proxy forwards bodies as bytes and never parses them.
+Transfer-Encoding, two Host headers, a length that is not ASCII digits, a transfer coding other than chunked.
+How the body is framed is decided here, from the head as the guest sent it (`RequestHead.body`), and the head
+sent upstream carries exactly that framing, whatever `Connection` names (body.py carries that body and nothing
+after it).
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 MAX_HEAD = 32 * 1024
 MAX_HEADERS = 100
-_TOKEN = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+\Z")
-_VALUE = re.compile(r"^[\t\x20-\x7e\x80-\xff]*\Z")
-_VERSION = re.compile(r"^HTTP/1\.[01]\Z")
+_TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
+_VALUE = re.compile(r"[\t\x20-\x7e\x80-\xff]*")
+_VERSION = re.compile(r"HTTP/1\.[01]")
+_LENGTH = re.compile(r"[0-9]{1,18}")  # ASCII digits only ("²".isdigit() is True; int() refuses it)
+FRAMING = frozenset({"host", "content-length", "transfer-encoding"})  # set by the proxy on the way up, never kept
 # Hop-by-hop headers (RFC 9110 7.6.1) and the proxy's own: never passed on.
 HOP_BY_HOP = frozenset(
     {
@@ -33,12 +38,27 @@ class ProtocolError(ValueError):
     """A malformed or ambiguous message head; the proxy answers 400 and logs it."""
 
 
+@dataclass(frozen=True)
+class Body:
+    """How a request's body is framed: `length` bytes, or chunked (None); `stated`: the head said so."""
+
+    length: int | None = 0
+    stated: bool = False
+
+    def headers(self) -> list[tuple[str, str]]:
+        """The framing header the request goes upstream with."""
+        if self.length is None:
+            return [("Transfer-Encoding", "chunked")]
+        return [("Content-Length", str(self.length))] if self.stated else []
+
+
 @dataclass
 class RequestHead:
     method: str
     target: str
     version: str
     headers: list[tuple[str, str]]
+    body: Body = field(default_factory=Body)
 
     def get(self, name: str) -> list[str]:
         lname = name.lower()
@@ -63,7 +83,7 @@ def parse_request(raw: bytes) -> RequestHead:
     if len(parts) != 3:
         raise ProtocolError("malformed request line")
     method, target, version = parts
-    if not _TOKEN.match(method) or not _VERSION.match(version) or not target:
+    if not _TOKEN.fullmatch(method) or not _VERSION.fullmatch(version) or not target:
         raise ProtocolError("malformed request line")
     if len(lines) - 1 > MAX_HEADERS:
         raise ProtocolError("too many header fields")
@@ -72,26 +92,38 @@ def parse_request(raw: bytes) -> RequestHead:
         if line[:1] in (" ", "\t"):
             raise ProtocolError("folded header lines are not accepted")
         name, sep, value = line.partition(":")
-        if not sep or not _TOKEN.match(name):
+        if not sep or not _TOKEN.fullmatch(name):
             raise ProtocolError("malformed header field")
         value = value.strip(" \t")
-        if not _VALUE.match(value):
+        if not _VALUE.fullmatch(value):
             raise ProtocolError("control characters in a header value")
         headers.append((name, value))
     head = RequestHead(method.upper(), target, version, headers)
-    _check_framing(head)
+    head.body = _framing(head)
     return head
 
 
-def _check_framing(head: RequestHead) -> None:
-    """Refuse heads whose body framing or target host two parsers could read differently (smuggling)."""
+def _framing(head: RequestHead) -> Body:
+    """The body's framing; refuse heads whose framing or target host two parsers could read differently."""
     lengths = set(head.get("content-length"))
-    if head.get("transfer-encoding") and lengths:
-        raise ProtocolError("both Content-Length and Transfer-Encoding")
-    if len(lengths) > 1 or any(not v.isdigit() for v in lengths):
-        raise ProtocolError("bad Content-Length")
+    codings = [t.strip().lower() for v in head.get("transfer-encoding") for t in v.split(",")]
     if len(head.get("host")) > 1:
         raise ProtocolError("more than one Host header")
+    if codings and lengths:
+        raise ProtocolError("both Content-Length and Transfer-Encoding")
+    if codings:
+        if codings != ["chunked"] or head.version != "HTTP/1.1":
+            raise ProtocolError("a transfer coding other than chunked (or in HTTP/1.0)")
+        body = Body(None, stated=True)
+    elif lengths:
+        if len(lengths) > 1 or not all(_LENGTH.fullmatch(v) for v in lengths):
+            raise ProtocolError("bad Content-Length")
+        body = Body(int(lengths.pop()), stated=True)
+    else:
+        body = Body()
+    if head.method == "CONNECT" and body.length != 0:
+        raise ProtocolError("a CONNECT request carries no body")
+    return body
 
 
 def connection_tokens(head: RequestHead) -> set[str]:
@@ -100,11 +132,12 @@ def connection_tokens(head: RequestHead) -> set[str]:
 
 
 def forward_headers(head: RequestHead, host_header: str) -> list[tuple[str, str]]:
-    """The headers to send upstream: no hop-by-hop ones, the given Host, and Connection: close (one request
-    per upstream connection, so every request passes the policy on its own)."""
-    drop = HOP_BY_HOP | connection_tokens(head) | {"host"}
+    """The headers to send upstream: no hop-by-hop ones, the given Host, the body's framing as parsed from the
+    head the guest sent (whatever `Connection` names), and Connection: close (one request per upstream
+    connection, so every request passes the policy on its own)."""
+    drop = HOP_BY_HOP | connection_tokens(head) | FRAMING
     kept = [(k, v) for k, v in head.headers if k.lower() not in drop]
-    return [("Host", host_header), *kept, ("Connection", "close")]
+    return [("Host", host_header), *kept, *head.body.headers(), ("Connection", "close")]
 
 
 def render_request(method: str, target: str, headers: list[tuple[str, str]]) -> bytes:

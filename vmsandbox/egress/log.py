@@ -6,6 +6,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -34,7 +35,7 @@ class Event:
     secret: str | None = None
     up: int = 0  # bytes from the guest
     down: int = 0  # bytes to the guest
-    answered: bool = False  # a 200 to CONNECT went out: errors can only close the connection now
+    answered: bool = False  # the guest reads a tunnel or an answer now: no refusal in plain HTTP can follow
 
     def record(self) -> dict[str, Any]:
         """The log line's fields; text the guest chose (targets, names, reasons quoting them) is capped."""
@@ -65,10 +66,15 @@ class Writer:
         except OSError:
             os.close(self.fd)
             raise
+        self._lock = threading.Lock()  # flock excludes other processes only: the daemon writes from two threads
 
     def append(self, ev: Event) -> None:
         """One line for one connection; the log is rotated first when it would grow past MAX_LOG_BYTES."""
         line = (json.dumps(ev.record(), sort_keys=True) + "\n").encode()
+        with self._lock:
+            self._append(line)
+
+    def _append(self, line: bytes) -> None:
         fcntl.flock(self.fd, fcntl.LOCK_EX)
         try:
             if os.fstat(self.fd).st_size + len(line) > MAX_LOG_BYTES:

@@ -1,7 +1,7 @@
-"""Egress policy as pure functions: which host names a guest may reach, and which addresses it never may.
+"""Egress policy as pure functions: which host names (and ports) a guest may ask for.
 
 Nothing here opens a socket or resolves a name, so every refusal rule is tested on the host without traffic.
-The proxy (vmsandbox.egress.proxy) resolves names itself and hands the answers to `check_addresses`.
+The proxy (vmsandbox.egress.proxy) resolves names itself and hands the answers to `addresses.check_addresses`.
 """
 
 from __future__ import annotations
@@ -9,13 +9,13 @@ from __future__ import annotations
 import enum
 import ipaddress
 import re
-from collections.abc import Iterable
 from dataclasses import dataclass
 
 from vmsandbox.errors import VmsandboxError
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
+
 
 GUEST_PROXY_PORT = 3128  # the guest's one door out: its own 127.0.0.1:3128, forwarded to the host's proxy
 DEFAULT_PORTS = frozenset({80, 443})  # an allowlist entry without :PORT allows these
@@ -79,19 +79,12 @@ _SPECIAL_SUFFIXES = {
 }
 _LABEL = re.compile(r"^[a-z0-9_]([a-z0-9_-]{0,61}[a-z0-9_])?\Z")
 _NUMERIC_LABEL = re.compile(r"^(0x[0-9a-f]*|[0-9]+)\Z")
+_PORT = re.compile(r"[0-9]{1,5}")  # ASCII digits only: str.isdigit() takes "²", which int() refuses
 
-METADATA_ADDRESSES = frozenset(
-    {
-        ipaddress.ip_address("169.254.169.254"),  # AWS, GCP, Azure, OpenStack
-        ipaddress.ip_address("169.254.170.2"),  # AWS ECS task metadata
-        ipaddress.ip_address("fd00:ec2::254"),  # AWS over IPv6
-        ipaddress.ip_address("100.100.100.200"),  # Alibaba Cloud
-    }
-)
-CGNAT = ipaddress.ip_network("100.64.0.0/10")
-# NAT64 prefixes (RFC 6052, RFC 8215): the IPv4 address inside is what a gateway would connect to.
-NAT64 = (ipaddress.ip_network("64:ff9b::/96"), ipaddress.ip_network("64:ff9b:1::/48"))
-SITE_LOCAL = ipaddress.ip_network("fec0::/10")  # deprecated (RFC 3879) but still routed privately
+
+def port_number(text: str) -> int | None:
+    """A TCP port written in ASCII digits (1-65535), or None."""
+    return int(text) if _PORT.fullmatch(text) and 0 < int(text) < 65536 else None
 
 
 class Refused(Exception):  # noqa: N818 - a decision, not a failure of ours
@@ -124,88 +117,23 @@ def normalize_host(host: str) -> str:
     labels = h.split(".")
     # As browsers do (WHATWG URL): a numeric last label makes the whole name an IPv4 address in one of
     # inet_aton's spellings (2130706433, 0x7f.1, 127.1, 0177.0.0.1).
-    if _NUMERIC_LABEL.match(labels[-1]):
+    if _NUMERIC_LABEL.fullmatch(labels[-1]):
         raise Refused("IP literals are not allowed; use a host name")
-    if not all(_LABEL.match(label) for label in labels):
+    if not all(_LABEL.fullmatch(label) for label in labels):
         raise Refused("malformed host name")
     return h
 
 
 def special_name_reason(host: str) -> str | None:
-    """Why a (normalized) host name is never resolved for a guest, or None."""
+    """Why a (normalized) host name is never resolved for a guest, or None. A name of one label is never a
+    public one: the host's own rules answer it (nss-myhostname's `_outbound` and `_gateway` and the host's own
+    name, systemd-resolved's `_localdnsstub`, /etc/hosts, a search domain's internal hosts)."""
     for suffix, why in _SPECIAL_SUFFIXES.items():
         if host == suffix or host.endswith("." + suffix):
             return f"{host} is a {why}"
+    if "." not in host:
+        return f"{host} is a single-label name, which only this host's own rules answer"
     return None
-
-
-# Reasons no `allow_networks` entry can lift: these addresses are the host itself or the cloud under it.
-HARD_REASONS = frozenset(
-    {
-        "a cloud metadata address",
-        "a loopback address",
-        "the unspecified address",
-        "a link-local address",
-        "a multicast address",
-    }
-)
-
-
-def _wrapped_reason(ip: ipaddress.IPv6Address) -> str | None:
-    """Why an IPv6 address that carries (or stands for) another address may not be reached."""
-    if ip.ipv4_mapped is not None:
-        return address_reason(ip.ipv4_mapped)
-    if ip.sixtofour is not None and address_reason(ip.sixtofour) is not None:
-        return f"a 6to4 address wrapping {ip.sixtofour}"
-    if ip.teredo is not None:
-        return "a Teredo tunnel address"
-    if any(ip in net for net in NAT64):
-        inner = address_reason(ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF))
-        if inner is not None:
-            return f"a NAT64 address wrapping {inner}"
-    if ip in SITE_LOCAL:
-        return "a site-local address"
-    return None
-
-
-def address_reason(ip: IPAddress) -> str | None:
-    """Why the guest may not reach this address, or None for a public unicast address."""
-    if isinstance(ip, ipaddress.IPv6Address):
-        wrapped = _wrapped_reason(ip)
-        if wrapped is not None or ip.ipv4_mapped is not None:
-            return wrapped
-    checks: tuple[tuple[bool, str], ...] = (
-        (ip in METADATA_ADDRESSES, "a cloud metadata address"),
-        (ip.is_loopback, "a loopback address"),
-        (ip.is_unspecified, "the unspecified address"),
-        (ip.is_link_local, "a link-local address"),
-        (isinstance(ip, ipaddress.IPv4Address) and ip in CGNAT, "a carrier-grade NAT (shared) address"),
-        (ip.is_multicast, "a multicast address"),
-        (ip.is_private, "a private address"),
-        (ip.is_reserved, "a reserved address"),
-        (not ip.is_global, "not a public address"),
-    )
-    for hit, why in checks:
-        if hit:
-            return why
-    return None
-
-
-def check_addresses(host: str, addresses: Iterable[str], allowed: Iterable[IPNetwork] = ()) -> list[IPAddress]:
-    """The resolved addresses of host, all public (or in an `allowed` network), in order; Refused if any is
-    not (a name that mixes public and private answers is refused whole: a rebinding trick or a mistake)."""
-    nets = tuple(allowed)
-    found: list[IPAddress] = []
-    for text in addresses:
-        ip = ipaddress.ip_address(text.split("%", 1)[0])
-        why = address_reason(ip)
-        if why is not None and (why in HARD_REASONS or not any(ip in n for n in nets)):
-            raise Refused(f"{host} resolves to {ip}, {why}")
-        if ip not in found:
-            found.append(ip)
-    if not found:
-        raise Refused(f"{host} does not resolve")
-    return found
 
 
 @dataclass(frozen=True)
@@ -231,9 +159,9 @@ def parse_rule(entry: str, *, source: str) -> Rule:
     port: int | None = None
     if text.count(":") == 1:
         text, port_text = text.split(":")
-        if not port_text.isdigit() or not 0 < int(port_text) < 65536:
+        port = port_number(port_text)
+        if port is None:
             raise VmsandboxError(f"{source}: bad port in allowlist entry {entry!r}", hint="write host:PORT")
-        port = int(port_text)
     wildcard = text.startswith("*.")
     try:
         name = normalize_host(text[2:] if wildcard else text)
@@ -247,23 +175,6 @@ def parse_rule(entry: str, *, source: str) -> Rule:
     return Rule(("*." if wildcard else "") + name, port)
 
 
-def parse_network(entry: str, *, source: str) -> IPNetwork:
-    """An `allow_networks` entry: a non-public network the proxy may connect to (a corporate gateway, a
-    fake-IP resolver). Never one that reaches loopback, link-local or metadata addresses."""
-    try:
-        net = ipaddress.ip_network(entry.strip(), strict=False)
-    except ValueError:
-        raise VmsandboxError(f"{source}: {entry!r} is not a network", hint="write it like 203.0.113.0/24") from None
-    for ip in (net.network_address, net.broadcast_address):
-        why = address_reason(ip)
-        if why in HARD_REASONS:
-            raise VmsandboxError(f"{source}: {entry} includes {why}; that can never be allowed")
-    for hard in (*METADATA_ADDRESSES, ipaddress.ip_address("127.0.0.1"), ipaddress.ip_address("::1")):
-        if hard.version == net.version and hard in net:
-            raise VmsandboxError(f"{source}: {entry} includes {hard}; that can never be allowed")
-    return net
-
-
 def parse_target(authority: str, *, default_port: int | None = None) -> tuple[str, int]:
     """'host:port' (a CONNECT target or a URL's authority) -> (normalized host, port); Refused if bad."""
     if authority.startswith("["):
@@ -275,10 +186,11 @@ def parse_target(authority: str, *, default_port: int | None = None) -> tuple[st
         if default_port is None:
             raise Refused("the target needs a port (host:port)")
         port = default_port
-    elif port_text.isdigit() and 0 < int(port_text) < 65536:
-        port = int(port_text)
     else:
-        raise Refused("bad port")
+        found = port_number(port_text)
+        if found is None:
+            raise Refused("bad port")
+        port = found
     return normalize_host(host), port
 
 

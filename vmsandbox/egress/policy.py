@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from vmsandbox import paths, ui
-from vmsandbox.egress import certs, held, netpolicy
+from vmsandbox.egress import addresses, certs, held, netpolicy
 from vmsandbox.egress import secrets as secretstore
 from vmsandbox.egress.mapping import SecretMapping
 from vmsandbox.egress.netpolicy import Mode, Policy, Rule
@@ -151,7 +151,7 @@ def proxy_config(data: dict[str, Any]) -> ProxyConfig:
         tuple(netpolicy.parse_rule(a, source="egress.json") for a in data["allow"]),
         ANY_NETWORK
         if data.get("any_network")
-        else tuple(netpolicy.parse_network(n, source="egress.json") for n in data.get("allow_networks", [])),
+        else tuple(addresses.parse_network(n, source="egress.json") for n in data.get("allow_networks", [])),
         session=str(data.get("session", "NAME")),
     )
     return ProxyConfig(

@@ -6,8 +6,10 @@ is a few hundred lines we can read. mitmproxy would bring a large dependency tre
 for features we would have to turn off.
 
 Each connection from the guest is one request: HTTP CONNECT (passed through after checking the SNI, or
-terminated with the session CA for hosts that get a secret injected) or plain HTTP in absolute form.
-Every connection ends in one JSON line in the session's proxy log.
+terminated with the session CA for hosts that get a secret injected) or plain HTTP in absolute form. Its body
+goes upstream as its head frames it and nothing after it does (body.py). Every connection, whatever bytes it
+sends, ends in an answer or a refusal (an error nobody foresaw is a 400 like a parser's) and in one JSON line in
+the session's proxy log, and counts against the limit until it is closed.
 """
 
 from __future__ import annotations
@@ -20,35 +22,19 @@ from collections.abc import Callable
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from vmsandbox.egress import httphead, tlshello
+from vmsandbox.egress import httphead, inject, tlshello
+from vmsandbox.egress.body import relay
 from vmsandbox.egress.certs import Issuer
 from vmsandbox.egress.httphead import ProtocolError, RequestHead
+from vmsandbox.egress.limits import Limits
 from vmsandbox.egress.log import Event, Writer, append
 from vmsandbox.egress.netpolicy import Refused, parse_target
 from vmsandbox.egress.policy import ProxyConfig, SecretRule
 from vmsandbox.egress.streams import Stream, TlsStream, read_head, read_hello
 from vmsandbox.egress.upstream import Resolver, Upstream, connect, resolve_checked, verified_tls
+from vmsandbox.errors import VmsandboxError
 
 log = logging.getLogger(__name__)
-
-MAX_CONNECTIONS = 256
-HEAD_TIMEOUT = 30.0
-HELLO_TIMEOUT = 15.0
-# The methods of the HTTP APIs agents call (REST): only these get a secret. TRACE and TRACK echo the request,
-# headers and all; OPTIONS, CONNECT and extension methods have no business carrying an API key.
-SECRET_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE"})
-IDLE_TIMEOUT = 600.0  # an agent may stream one answer for minutes; a silent connection goes after 10
-
-
-def _may_carry_a_secret(method: str) -> None:
-    if method not in SECRET_METHODS:
-        raise Refused(f"{method} never carries a secret: it could hand it back (an echo, a TRACE)")
-
-
-def _same_origin(authority: str, target: str, host: str, port: int | None) -> None:
-    """A request inside a terminated tunnel must be for the tunnel's own host, in origin form."""
-    if parse_target(authority, default_port=port)[0] != host or not target.startswith("/"):
-        raise Refused(f"request for {authority}{target[:80]} inside the tunnel to {host}")
 
 
 class Proxy:
@@ -63,6 +49,7 @@ class Proxy:
         *,
         resolver: Resolver = resolve_checked,
         upstream_tls: Callable[[], ssl.SSLContext] = verified_tls,
+        limits: Limits = Limits(),  # noqa: B008 - frozen
     ) -> None:
         self._load_config = load_config
         self._log_file = log_file
@@ -70,29 +57,34 @@ class Proxy:
         self._issuer = issuer
         self._resolver = resolver  # a test gives its own (stand-ins on loopback); the product never does
         self._upstream_tls = upstream_tls
-        self._active = 0
+        self.limits = limits
+        self.active = 0  # connections not yet closed
+        self._told: set[str] = set()  # kinds of unforeseen error already written to the daemon's log
 
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        client = Stream(reader, writer)
+        client = Stream(reader, writer, send_timeout=self.limits.send_timeout)
         ev = Event()
-        if self._active >= MAX_CONNECTIONS:
-            ev.decision, ev.reason = "deny", f"too many connections (limit {MAX_CONNECTIONS})"
-            await self._answer(client, 503, "Service Unavailable", ev.reason)
-        else:
-            self._active += 1
-            try:
+        self.active += 1
+        try:
+            if self.active > self.limits.connections:
+                ev.decision, ev.reason = "deny", f"too many connections (limit {self.limits.connections})"
+                await self._answer(client, 503, "Service Unavailable", ev.reason)
+            else:
                 await self._serve(client, ev)
+        except Exception as exc:  # noqa: BLE001 - a fault in the refusal itself: the line and the close still come
+            self._unforeseen(exc, ev)
+        finally:
+            try:
+                self._log(ev)  # before the guest sees the connection end: the log is never behind the guest
+                await client.close()
             finally:
-                self._active -= 1
-        if ev.method is not None or ev.decision == "deny":
-            self._log(ev)  # before the guest sees the connection end: the log is never behind the guest
-        await client.close()
+                self.active -= 1
 
     async def _serve(self, client: Stream, ev: Event) -> None:
         """One guest connection; every way it can end is turned into an answer (while one can be sent)."""
         try:
             cfg = self._load_config()
-            head = httphead.parse_request(await asyncio.wait_for(read_head(client), HEAD_TIMEOUT))
+            head = httphead.parse_request(await asyncio.wait_for(read_head(client), self.limits.head_timeout))
             ev.method, ev.target = head.method, head.target[:200]
             if head.method == "CONNECT":
                 await self._connect(cfg, head, client, ev)
@@ -102,29 +94,46 @@ class Proxy:
             ev.reason = ev.reason or "the guest closed the connection"
         except Refused as exc:
             ev.decision, ev.reason = "deny", exc.reason
-            if not ev.answered:
-                await self._answer(client, 403, "Forbidden", f"refused: {exc.reason}")
+            await self._answer(client, 403, "Forbidden", f"refused: {exc.reason}", ev)
         except ProtocolError as exc:
             ev.decision, ev.reason = "deny", f"malformed request: {exc}"
-            await self._answer(client, 400, "Bad Request", ev.reason)
+            await self._answer(client, 400, "Bad Request", ev.reason, ev)
         except Upstream as exc:
             ev.decision, ev.reason = "error", str(exc)
-            if not ev.answered:
-                await self._answer(client, 502, "Bad Gateway", ev.reason)
+            await self._answer(client, 502, "Bad Gateway", ev.reason, ev)
+        except VmsandboxError as exc:  # its policy cannot be read
+            ev.decision, ev.reason = "deny", exc.message
+            await self._answer(client, 503, "Service Unavailable", ev.reason, ev)
         except TimeoutError:
-            ev.reason = "timed out"
+            ev.reason = ev.reason or "timed out"
             if ev.method is None:
                 await self._answer(client, 408, "Request Timeout", "no complete request in time")
         except (OSError, ssl.SSLError, asyncio.IncompleteReadError) as exc:
             ev.reason = ev.reason or f"{type(exc).__name__}: {exc}"
+        except Exception as exc:  # noqa: BLE001 - whatever else the guest's bytes raise is a refusal like a parser's
+            self._unforeseen(exc, ev)
+            await self._answer(client, 400, "Bad Request", ev.reason or "malformed request", ev)
 
-    async def _answer(self, client: Stream, status: int, reason: str, text: str) -> None:
-        with contextlib.suppress(OSError, ssl.SSLError):
+    def _unforeseen(self, exc: Exception, ev: Event) -> None:
+        ev.decision, ev.reason = "deny", f"malformed request ({type(exc).__name__}: {exc})"
+        kind = f"{type(exc).__module__}.{type(exc).__qualname__}"
+        if kind not in self._told:  # once per kind: a guest repeating it does not fill the daemon's log
+            self._told.add(kind)
+            log.warning("an unforeseen %s in a guest's request, refused (400)", kind, exc_info=exc)
+
+    async def _answer(self, client: Stream, status: int, reason: str, text: str, ev: Event | None = None) -> None:
+        if ev is not None and ev.answered:
+            return  # a tunnel's TLS, or an answer under way: only the end of the connection can say it now
+        with contextlib.suppress(OSError, ssl.SSLError, TimeoutError):
             await client.send(
                 httphead.render_response(
                     status, reason, f"vmsandbox egress proxy: {text}\n", [("X-Vmsandbox-Reason", text)]
                 )
             )
+
+    def refused(self, reason: str) -> None:
+        """A connection refused before it reached the proxy (the door was full): its line in the log."""
+        self._log(Event(decision="deny", reason=reason))
 
     def _log(self, ev: Event) -> None:
         try:
@@ -143,7 +152,7 @@ class Proxy:
         try:
             await client.send(b"HTTP/1.1 200 Connection established\r\n\r\n")
             ev.answered = True
-            hello = await asyncio.wait_for(read_hello(client), HELLO_TIMEOUT)
+            hello = await asyncio.wait_for(read_hello(client), self.limits.hello_timeout)
             if hello:
                 try:
                     sni = tlshello.server_name(hello)
@@ -160,13 +169,14 @@ class Proxy:
             if upstream is None:
                 raise Upstream("no upstream connection")
             if not hello:  # plain HTTP in a tunnel: held to the same Host rule as a terminated one
+                ev.answered = False  # the tunnel speaks plain HTTP: refusals are said in it
                 await self._tunnelled_http(client, upstream, ev)
                 return
             ev.tls = "passthrough"
             ev.decision = "allow"
             await upstream.send(hello)
             ev.up += len(hello)
-            await self._relay(client, upstream, ev)
+            await relay(client, upstream, ev, None, self.limits.idle_timeout)
         finally:
             if upstream is not None:
                 await upstream.close()
@@ -186,95 +196,72 @@ class Proxy:
             raise Refused("this session has no CA to inject secrets with")
         host = ev.host or ""
         tls = TlsStream(client, issuer.context(host), hello)
-        await asyncio.wait_for(tls.handshake(), HELLO_TIMEOUT)
+        await asyncio.wait_for(tls.handshake(), self.limits.hello_timeout)
         try:
-            head = httphead.parse_request(await asyncio.wait_for(read_head(tls), HEAD_TIMEOUT))
+            head = httphead.parse_request(await asyncio.wait_for(read_head(tls), self.limits.head_timeout))
             ev.method = f"CONNECT {head.method}"
             authority = (head.get("host") or [host])[0].lower()
-            _same_origin(authority, head.target, host, ev.port)
-            _may_carry_a_secret(head.method)
-            headers = httphead.forward_headers(head, authority)
-            headers = self._inject(cfg, rule, headers, ev)
+            inject.same_origin(authority, head.target, host, ev.port)
+            inject.may_carry_a_secret(head.method)
+            headers = inject.inject(cfg, rule, httphead.forward_headers(head, authority), self._read_secret, ev)
             upstream = await connect(addresses, f"{host}:{ev.port}", tls=self._upstream_tls(), server_hostname=host)
-        except Refused as exc:
-            ev.decision, ev.reason = "deny", exc.reason
-            await self._answer(tls, 403, "Forbidden", f"refused: {exc.reason}")
-            return
-        except ProtocolError as exc:
-            ev.decision, ev.reason = "deny", f"malformed request: {exc}"
-            await self._answer(tls, 400, "Bad Request", ev.reason)
-            return
-        except Upstream as exc:
-            ev.decision, ev.reason = "error", str(exc)
-            await self._answer(tls, 502, "Bad Gateway", ev.reason)
+        except (Refused, ProtocolError, Upstream) as exc:
+            await self._answer_in(tls, exc, ev)
             return
         ev.decision = "allow"
         try:
-            out = httphead.render_request(head.method, head.target, headers)
-            await upstream.send(out)
-            ev.up += len(out)
-            await self._relay(tls, upstream, ev)
+            await self._send_head(upstream, head.method, head.target, headers, ev)
+            await relay(tls, upstream, ev, head.body, self.limits.idle_timeout)
+        except ProtocolError as exc:  # the body's framing: said inside the TLS while nothing came back yet
+            await self._answer_in(tls, exc, ev)
         finally:
             await upstream.close()
+
+    async def _answer_in(self, tls: TlsStream, exc: Refused | ProtocolError | Upstream, ev: Event) -> None:
+        """A refusal inside the terminated TLS (while nothing of an answer went to the guest yet)."""
+        if isinstance(exc, Refused):
+            ev.decision, ev.reason, status = "deny", exc.reason, (403, "Forbidden", f"refused: {exc.reason}")
+        elif isinstance(exc, ProtocolError):
+            ev.decision, ev.reason = "deny", f"malformed request: {exc}"
+            status = (400, "Bad Request", ev.reason)
+        else:
+            ev.decision, ev.reason, status = "error", str(exc), (502, "Bad Gateway", str(exc))
+        if not ev.down:
+            await self._answer(tls, *status)
 
     async def _tunnelled_http(self, client: Stream, upstream: Stream, ev: Event) -> None:
         """One plain HTTP request inside a CONNECT tunnel: it must be for the tunnel's own host, in origin
         form; it goes upstream with `Connection: close`, so each request is checked on its own."""
         host = ev.host or ""
-        head = httphead.parse_request(await asyncio.wait_for(read_head(client), HEAD_TIMEOUT))
+        head = httphead.parse_request(await asyncio.wait_for(read_head(client), self.limits.head_timeout))
         ev.method = f"CONNECT {head.method}"
         authority = (head.get("host") or [""])[0].lower()
-        try:
-            _same_origin(authority, head.target, host, ev.port)
-        except Refused as exc:  # the tunnel speaks plain HTTP: say so in it
-            await self._answer(client, 403, "Forbidden", f"refused: {exc.reason}")
-            raise
-        out = httphead.render_request(head.method, head.target, httphead.forward_headers(head, authority))
+        inject.same_origin(authority, head.target, host, ev.port)
         ev.decision = "allow"
-        await upstream.send(out)
-        ev.up += len(out)
-        await self._relay(client, upstream, ev)
-
-    def _inject(
-        self, cfg: ProxyConfig, rule: SecretRule, headers: list[tuple[str, str]], ev: Event
-    ) -> list[tuple[str, str]]:
-        rule = cfg.secret_in(rule.host, headers, lambda s: self._read_secret(s) is not None) or rule
-        if cfg.revoked:
-            ev.reason = f"secret {rule.secret} was revoked by `vmsandbox clean`; the placeholder passed unchanged"
-            return headers
-        value = self._read_secret(rule.secret)
-        if value is None and not any(rule.placeholder in v for _, v in headers):  # the guest's own login
-            ev.reason = f"secret {rule.secret} is not set: the request went with the guest's own credentials"
-            return headers
-        if value is None:
-            raise Upstream(
-                f"secret {rule.secret} is not set on the host; set it with `vmsandbox secret set {rule.secret}`"
-            )
-        ev.secret = rule.secret
-        name = rule.header.lower()
-        if any(k.lower() == name for k, _ in headers):
-            return [(k, v.replace(rule.placeholder, value) if k.lower() == name else v) for k, v in headers]
-        return [*headers, (rule.header, rule.value.replace("{secret}", value))]
+        await self._send_head(upstream, head.method, head.target, httphead.forward_headers(head, authority), ev)
+        await relay(client, upstream, ev, head.body, self.limits.idle_timeout)
 
     # ------------------------------------------------------------------ plain HTTP
 
     async def _forward(self, cfg: ProxyConfig, head: RequestHead, client: Stream, ev: Event) -> None:
-        url = urlsplit(head.target)
-        if url.scheme != "http" or not url.netloc:
+        try:
+            url = urlsplit(head.target)
+            netloc = url.netloc
+        except ValueError:  # urlsplit's own refusals (a bracket left open, a port that is no number)
+            raise ProtocolError("a malformed URL") from None
+        if url.scheme != "http" or not netloc:
             raise ProtocolError("a proxy request needs an absolute http:// URL (use CONNECT for https)")
-        if "@" in url.netloc:
+        if "@" in netloc:
             raise Refused("credentials in the URL are not passed on")
-        ev.host, ev.port = parse_target(url.netloc, default_port=80)
+        ev.host, ev.port = parse_target(netloc, default_port=80)
         cfg.policy.decide(ev.host, ev.port)
         addresses = await self._resolve(cfg, ev.host, ev.port)
         upstream = await connect(addresses, f"{ev.host}:{ev.port}")
         ev.decision = "allow"
         try:
             path = (url.path or "/") + (f"?{url.query}" if url.query else "")
-            out = httphead.render_request(head.method, path, httphead.forward_headers(head, url.netloc))
-            await upstream.send(out)
-            ev.up += len(out)
-            await self._relay(client, upstream, ev)
+            await self._send_head(upstream, head.method, path, httphead.forward_headers(head, netloc), ev)
+            await relay(client, upstream, ev, head.body, self.limits.idle_timeout)
         finally:
             await upstream.close()
 
@@ -283,25 +270,9 @@ class Proxy:
     async def _resolve(self, cfg: ProxyConfig, host: str, port: int) -> list[tuple[str, int]]:
         return await self._resolver(host, port, cfg.policy.networks)
 
-    async def _relay(self, client: Stream, upstream: Stream, ev: Event) -> None:
-        """Copy both ways until the upstream is done; a half-closed guest side is passed on."""
-
-        async def guest_to_upstream() -> None:
-            while data := await asyncio.wait_for(client.recv(), IDLE_TIMEOUT):
-                ev.up += len(data)
-                await upstream.send(data)
-            await upstream.send_eof()
-
-        async def upstream_to_guest() -> None:
-            while data := await asyncio.wait_for(upstream.recv(), IDLE_TIMEOUT):
-                ev.down += len(data)
-                await client.send(data)
-
-        sending = asyncio.create_task(guest_to_upstream())
-        try:
-            await upstream_to_guest()
-        finally:
-            if not sending.done():
-                sending.cancel()
-            with contextlib.suppress(asyncio.CancelledError, OSError, TimeoutError, ssl.SSLError):
-                await sending
+    async def _send_head(
+        self, upstream: Stream, method: str, target: str, headers: list[tuple[str, str]], ev: Event
+    ) -> None:
+        out = httphead.render_request(method, target, headers)
+        await upstream.send(out)
+        ev.up += len(out)

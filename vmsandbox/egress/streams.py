@@ -13,15 +13,20 @@ from vmsandbox.egress.httphead import ProtocolError
 from vmsandbox.egress.netpolicy import Refused
 
 CHUNK = 64 * 1024
+SEND_TIMEOUT = 60.0  # a peer that takes no byte of what waits for it for this long is dropped
 
 
 class Stream:
-    """A byte stream with push-back, over asyncio streams."""
+    """A byte stream with push-back, over asyncio streams. Sending to a peer that does not read times out
+    (TimeoutError after `send_timeout` seconds), and so does closing: the connection is then dropped."""
 
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    def __init__(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, *, send_timeout: float = SEND_TIMEOUT
+    ) -> None:
         self.reader = reader
         self.writer = writer
         self.pending = bytearray()
+        self.send_timeout = send_timeout
 
     async def recv(self, n: int = CHUNK) -> bytes:
         if self.pending:
@@ -35,7 +40,8 @@ class Stream:
 
     async def send(self, data: bytes) -> None:
         self.writer.write(data)
-        await self.writer.drain()
+        async with asyncio.timeout(self.send_timeout):
+            await self.writer.drain()
 
     async def send_eof(self) -> None:
         if self.writer.can_write_eof():
@@ -43,9 +49,14 @@ class Stream:
                 self.writer.write_eof()
 
     async def close(self) -> None:
+        """Close, after what waits is sent; dropped at once when the peer takes none of it in time."""
+        waiting = self.writer.transport.get_write_buffer_size()
         self.writer.close()
-        with contextlib.suppress(Exception):
-            await self.writer.wait_closed()
+        try:
+            async with asyncio.timeout(self.send_timeout if waiting else None):  # (nothing waits: closed at once)
+                await self.writer.wait_closed()
+        except Exception:  # noqa: BLE001 - whatever ends the wait, the connection goes
+            self.writer.transport.abort()
 
 
 class TlsStream(Stream):
@@ -53,7 +64,7 @@ class TlsStream(Stream):
     memory BIOs, so the hello the proxy inspected is the one the handshake uses."""
 
     def __init__(self, inner: Stream, ctx: ssl.SSLContext, first: bytes) -> None:
-        super().__init__(inner.reader, inner.writer)
+        super().__init__(inner.reader, inner.writer, send_timeout=inner.send_timeout)
         self.inner = inner
         self._in = ssl.MemoryBIO()
         self._out = ssl.MemoryBIO()

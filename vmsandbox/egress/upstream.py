@@ -9,26 +9,40 @@ import socket
 import ssl
 from collections.abc import Awaitable, Callable
 
-from vmsandbox.egress.netpolicy import IPNetwork, Refused, check_addresses
+from vmsandbox.egress import ownaddr
+from vmsandbox.egress.addresses import OwnCheck, check_addresses
+from vmsandbox.egress.netpolicy import IPNetwork, Refused
 from vmsandbox.egress.streams import Stream
 
 CONNECT_TIMEOUT = 15.0
 RESOLVE_TIMEOUT = 10.0
 
 Resolver = Callable[[str, int, tuple[IPNetwork, ...]], Awaitable[list[tuple[str, int]]]]
+Lookup = Callable[[str, int], Awaitable[list[str]]]  # a name's addresses, as the host's resolver answers
 
 
-async def resolve_checked(host: str, port: int, networks: tuple[IPNetwork, ...]) -> list[tuple[str, int]]:
-    """Resolve on the host and check every answer (netpolicy.check_addresses): the addresses to connect to."""
-    loop = asyncio.get_running_loop()
-    try:
-        infos = await asyncio.wait_for(
-            loop.getaddrinfo(host, port, type=socket.SOCK_STREAM, proto=socket.IPPROTO_TCP), RESOLVE_TIMEOUT
-        )
-    except (OSError, TimeoutError):
-        raise Refused(f"{host} does not resolve") from None
-    found = check_addresses(host, [str(i[4][0]) for i in infos], networks)
-    return [(str(ip), port) for ip in found]
+async def host_lookup(host: str, port: int) -> list[str]:
+    """The host's own resolver (getaddrinfo, in the loop's executor)."""
+    infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM, proto=socket.IPPROTO_TCP)
+    return [str(i[4][0]) for i in infos]
+
+
+def checked_resolver(lookup: Lookup = host_lookup, own: OwnCheck = ownaddr.own_reason) -> Resolver:
+    """A resolver that checks every answer (addresses.check_addresses, the host's own addresses asked of `own`
+    at each check): it gives the addresses to connect to. A test gives its own `lookup` and `own`."""
+
+    async def resolve(host: str, port: int, networks: tuple[IPNetwork, ...]) -> list[tuple[str, int]]:
+        try:
+            answers = await asyncio.wait_for(lookup(host, port), RESOLVE_TIMEOUT)
+        except (OSError, TimeoutError):
+            raise Refused(f"{host} does not resolve") from None
+        found = check_addresses(host, answers, networks, own=own)
+        return [(str(ip), port) for ip in found]
+
+    return resolve
+
+
+resolve_checked = checked_resolver()  # the product's: the host's resolver, the kernel's routes
 
 
 def verified_tls() -> ssl.SSLContext:

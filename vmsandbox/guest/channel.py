@@ -1,5 +1,5 @@
 """The one module that imports paramiko: an SSH link to a guest held by a long-running host process (the egress
-daemon), with the session's pinned host key, remote forwards, direct channels, and a byte bridge.
+daemon), with the session's pinned host key, remote forwards, and direct channels used without ever blocking.
 
 paramiko is imported lazily: 150 ms of imports that `run` and `exec` (which use the system ssh) never need.
 """
@@ -7,8 +7,8 @@ paramiko is imported lazily: 150 ms of imports that `run` and `exec` (which use 
 from __future__ import annotations
 
 import contextlib
-import socket
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -20,6 +20,7 @@ if TYPE_CHECKING:
 
 
 RUN_OUTPUT = 1024**2
+CHUNK = 64 * 1024
 
 
 class LinkError(Exception):
@@ -48,14 +49,19 @@ class Link:
         with _as_link_error():
             self.transport.request_port_forward(LOOPBACK, port)
 
-    def accept(self, timeout: float) -> Any | None:
-        with _as_link_error():
-            return self.transport.accept(timeout=timeout)
+    def limit_window(self, size: int) -> None:
+        """The most a guest may send on a channel opened from now on before we read it (its SSH window)."""
+        self.transport.default_window_size = size
 
-    def open_direct(self, port: int, peer: tuple[str, int], timeout: float = 10) -> Any:
+    def accept(self, timeout: float) -> Channel | None:
+        with _as_link_error():
+            ch = self.transport.accept(timeout=timeout)
+        return None if ch is None else Channel(ch)
+
+    def open_direct(self, port: int, peer: tuple[str, int], timeout: float = 10) -> Channel:
         """A channel to the guest's own 127.0.0.1:port (published ports)."""
         with _as_link_error():
-            return self.transport.open_channel("direct-tcpip", (LOOPBACK, port), peer, timeout=timeout)
+            return Channel(self.transport.open_channel("direct-tcpip", (LOOPBACK, port), peer, timeout=timeout))
 
     def run(self, command: str, timeout: float = 30) -> tuple[int, bytes]:
         """Run a command; its exit status and stdout (at most `RUN_OUTPUT` bytes of it: the guest writes it)."""
@@ -77,6 +83,94 @@ class Link:
 
     def close(self) -> None:
         self.client.close()
+
+
+class _Arrival(threading.Event):
+    """What one of a channel's buffers calls (under its own lock, in paramiko's thread) when data or its end
+    arrives, and when it is emptied: `notify` once each time it goes from empty to not."""
+
+    def __init__(self, notify: Callable[[], None]) -> None:
+        super().__init__()
+        self._notify = notify
+        self._arrived = False
+
+    def set(self) -> None:
+        if not self._arrived:
+            self._arrived = True
+            self._notify()
+
+    def clear(self) -> None:
+        self._arrived = False
+
+
+class Channel:
+    """One SSH channel, used without ever blocking and without a descriptor: `read` takes what has arrived,
+    `write` what the guest's window takes now, `watch` says when something arrives (paramiko's own way, a pipe
+    per channel, races its close against paramiko's thread). A guest that sends past the window it was given is
+    refused (it would pile up here)."""
+
+    def __init__(self, chan: paramiko.Channel) -> None:
+        chan.settimeout(0.0)
+        self._chan = chan
+        self._window = int(chan.in_window_size)  # what the guest may have sent that we have not read
+
+    def watch(self, notify: Callable[[], None]) -> None:
+        """Call `notify` (in paramiko's thread; it must not wait) when data or the channel's end arrives."""
+        self._chan.in_buffer.set_event(_Arrival(notify))
+        self._chan.in_stderr_buffer.set_event(_Arrival(notify))
+
+    @property
+    def readable(self) -> bool:
+        """A read would return something now (data, or the channel's end)."""
+        ch = self._chan
+        return bool(ch.recv_ready() or ch.recv_stderr_ready() or ch.eof_received or ch.closed)
+
+    def read(self, n: int = CHUNK) -> bytes | None:
+        """What has arrived (at most n bytes; b"" at the channel's end), or None when nothing has."""
+        with _as_link_error():
+            self.check()
+            while self._chan.recv_stderr_ready():  # a forwarded connection has one stream: the other is dropped
+                self._chan.recv_stderr(CHUNK)
+            try:
+                return bytes(self._chan.recv(n))
+            except TimeoutError:
+                return None
+
+    def check(self) -> None:
+        """LinkError when the guest sent past its window."""
+        unread = len(self._chan.in_buffer) + len(self._chan.in_stderr_buffer)
+        if unread > self._window:
+            raise LinkError(f"the guest sent {unread} bytes past a window of {self._window}")
+
+    @property
+    def writable(self) -> bool:
+        """A write would take at least one byte now (or fail at once: the channel ended)."""
+        return bool(self._chan.send_ready())
+
+    def write(self, data: bytes) -> int:
+        """Send what the guest's window takes now: the number of bytes sent (0 when its window is shut)."""
+        with _as_link_error():
+            if not self._chan.send_ready():
+                return 0
+            try:
+                return int(self._chan.send(data))
+            except TimeoutError:
+                return 0
+
+    def end(self) -> None:
+        """No more data from us (the guest reads its end)."""
+        with _as_link_error():
+            self._chan.shutdown_write()
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):  # paramiko's, on a link already gone: nothing left to close
+            self._chan.close()
+
+    def refuse(self, data: bytes) -> None:
+        """Send what the window takes of `data` (an answer that says why), then close: never waits."""
+        with contextlib.suppress(LinkError):
+            self.write(data)
+        self.close()
 
 
 @contextlib.contextmanager
@@ -144,25 +238,3 @@ def connect(endpoint: Endpoint, *, user: str | None = None, timeout: float = 15,
             hint=f"check the VM with `vmsandbox logs {endpoint.session} console`",
         ) from exc
     return Link(client)
-
-
-def bridge(channel: Any, sock: socket.socket) -> None:
-    """Copy bytes between an SSH channel and a socket, both ways, until both end."""
-
-    def pump_in() -> None:
-        with contextlib.suppress(OSError, EOFError):
-            while data := channel.recv(65536):
-                sock.sendall(data)
-        with contextlib.suppress(OSError):
-            sock.shutdown(socket.SHUT_WR)
-
-    t = threading.Thread(target=pump_in, daemon=True)
-    t.start()
-    with contextlib.suppress(OSError, EOFError):
-        while data := sock.recv(65536):
-            channel.sendall(data)
-    with contextlib.suppress(OSError, EOFError):
-        channel.shutdown_write()
-    t.join(timeout=5)
-    channel.close()
-    sock.close()

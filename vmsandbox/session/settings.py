@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from vmsandbox import paths, trust
-from vmsandbox.egress import netpolicy
+from vmsandbox.egress import addresses, netpolicy
 from vmsandbox.egress.mapping import SecretMapping, parse_secret_mapping
 from vmsandbox.egress.netpolicy import Mode
 from vmsandbox.errors import VmsandboxError
@@ -140,7 +140,7 @@ class Settings:
             return {"allow": tuple(dict.fromkeys([*self.allow, *(a.strip().lower() for a in value)]))}
         if key == "allow_networks":
             for entry in value:
-                netpolicy.parse_network(entry, source=label("allow_networks"))
+                addresses.parse_network(entry, source=label("allow_networks"))
             return {"allow_networks": tuple(dict.fromkeys([*self.allow_networks, *value]))}
         added = [parse_secret_mapping(m, source=f"{source}: `secrets[{i}]`") for i, m in enumerate(value)]
         hosts = {m.host for m in added}

@@ -180,9 +180,9 @@ def refresh_console(record: Record, *, follow: bool) -> None:
         vm.console(follow=follow)
 
 
-def usable(record: Record) -> bool:
-    """Raise (with the fix) unless the session's VM can take a command. True when its egress daemon had
-    stopped, so the guest has no network until it is started again (create.open_egress)."""
+def usable(record: Record) -> str | None:
+    """Raise (with the fix) unless the session's VM can take a command. Why its egress daemon must be started
+    again (create.open_egress), so that the guest has a network (control.needs_restart), or None."""
     try:
         with places.vm_of(record) as vm:
             current = status(vm).state
@@ -208,4 +208,4 @@ def usable(record: Record) -> bool:
             hint=f"see `vmsandbox logs {record.name}`; `vmsandbox recover {record.name}` reviews its changes, "
             f"`vmsandbox destroy {record.name}` removes it",
         )
-    return control.status(record.files, wanted=record.wants_daemon) is Door.STOPPED
+    return control.needs_restart(record.files, wanted=record.wants_daemon)
