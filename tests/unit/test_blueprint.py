@@ -141,3 +141,65 @@ def test_env_lines_refuse_line_breaks() -> None:
     assert guestfiles.env_lines({"A": "1 2"}) == "A=1 2\n"
     with pytest.raises(VmsandboxError):
         guestfiles.env_lines({"A": "x\nB=y"})
+
+
+def test_a_blueprints_problems_come_in_one_round(isolated_dirs: Path) -> None:
+    """Shape, values and `extends` were three rounds (issue 46): now one, each at its own line."""
+    f = write(
+        isolated_dirs / "config" / "blueprints" / "bad.yaml",
+        "extends: claudee\napt: [jq, 'Bad Name']\nallow: ['http://bad']\nnodee: 24\nlogin:\n  fils: [x]\n",
+    )
+    for attempt in (lambda: blueprint.load("bad"), lambda: blueprint.check_file(f)):
+        with pytest.raises(VmsandboxError) as err:
+            attempt()
+        said = err.value.message
+        assert said.startswith(f"{f}: 6 problems:")
+        for line in (
+            "line 1: `extends`: no blueprint named 'claudee' (did you mean `claude`?)",
+            "line 2: `apt`: 'Bad Name' is not a Debian package name",
+            "line 3: `allow[0]`: 'http://bad' is a URL, not a host name",
+            "line 4: unknown key `nodee` (did you mean `node`?)",
+            "line 5: `login`: missing key `files`",
+            "line 6: `login`: unknown key `fils` (did you mean `files`?)",
+        ):
+            assert line in said, line
+
+
+def test_a_misspelt_blueprint_name_gets_a_did_you_mean() -> None:
+    with pytest.raises(VmsandboxError, match=r"no blueprint named 'claudee' \(did you mean `claude`\?\)"):
+        blueprint.load("claudee")
+
+
+def test_a_duplicated_key_of_a_blueprint_is_said_with_the_others(isolated_dirs: Path) -> None:
+    f = write(isolated_dirs / "config" / "blueprints" / "bad.yaml", "apt: [jq]\nnode: 12\napt: [rg]\n")
+    with pytest.raises(VmsandboxError) as err:
+        blueprint.check_file(f)
+    assert "line 2: `node`" in err.value.message
+    assert "line 3: the key `apt` is given twice (first on line 1)" in err.value.message
+
+
+# One rule for a value wherever it may be written: a bad value of each key a config file and a blueprint both
+# take, refused by both in the same words.
+SHARED_BAD = {
+    "allow": ("allow: ['http://bad', 'a b', '*.com']\n", ["'http://bad' is a URL", "bad allowlist entry", "too broad"]),
+    "secrets": ("secrets: [{secret: k, host: 10.0.0.1, header: x}]\n", ["`secrets[0]`: `host`: IP literals"]),
+}
+
+
+@pytest.mark.parametrize("key", sorted(SHARED_BAD))
+def test_a_value_is_held_to_one_rule_in_a_config_and_in_a_blueprint(tmp_path: Path, key: str) -> None:
+    from vmsandbox.filemodels import BlueprintFile, ConfigFile, keys
+    from vmsandbox.session import settings as config
+
+    assert set(keys(ConfigFile)) & set(keys(BlueprintFile)) == set(SHARED_BAD)  # a new shared key needs a case
+    text, needles = SHARED_BAD[key]
+    as_config = write(tmp_path / "proj" / ".vmsandbox.yaml", text)
+    as_blueprint = write(tmp_path / "blueprints" / "b.yaml", text)
+    with pytest.raises(VmsandboxError) as by_config:
+        config.read_file(as_config, config.Settings())
+    with pytest.raises(VmsandboxError) as by_blueprint:
+        blueprint.check_file(as_blueprint)
+    for needle in needles:
+        assert needle in by_config.value.message and needle in by_blueprint.value.message, needle
+    shown = [m.value.message.split(": ", 1)[1] for m in (by_config, by_blueprint)]
+    assert shown[0] == shown[1]  # the same words, past the file's name

@@ -333,3 +333,104 @@ def test_a_name_with_a_newline_is_refused_before_anything_is_made(
     assert run_cli(["run", "--name", "x\n", str(tmp_path), "--", "true"]) == base.EXIT_USAGE
     assert "invalid session name 'x\\n'" in capsys.readouterr().err
     assert not paths.sessions_dir().exists() or list(paths.sessions_dir().iterdir()) == []
+
+
+# Issue 46: diagnostics never block.
+
+
+def test_config_validate_checks_every_file_named(
+    capsys: pytest.CaptureFixture[str], isolated_dirs: Path, tmp_path: Path
+) -> None:
+    a = tmp_path / "a.yaml"
+    a.write_text("cpus: 0\nmemroy: 2G\n")
+    b = tmp_path / "b.yaml"
+    b.write_text("memory: 4G\n")
+    c = tmp_path / "blueprints" / "c.yaml"
+    c.parent.mkdir()
+    c.write_text("extends: nosuch\n")
+    assert run_cli(["config", "validate", str(a), str(b), str(c)]) == base.EXIT_FAILED
+    captured = capsys.readouterr()
+    assert f"ok  {b}" in captured.out  # after a bad one
+    assert f"{a}: 2 problems:" in captured.err and f"{c}, line 1: `extends`: no blueprint named" in captured.err
+    assert f"2 of 3 files have problems: {a}, {c}" in captured.err
+
+
+def test_config_validate_without_files_checks_yours_and_the_projects(
+    capsys: pytest.CaptureFixture[str], isolated_dirs: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Your config, your blueprints, this directory's .vmsandbox.yaml and its blueprints (checked as a
+    project's: `hosts` refused)."""
+    (isolated_dirs / "config" / "config.yaml").write_text("cpus: 2\n")
+    mine = isolated_dirs / "config" / "blueprints" / "mine.yaml"
+    mine.parent.mkdir()
+    mine.write_text("extends: claude\napt: ['Bad Name']\n")
+    project = tmp_path / "proj"
+    (project / ".vmsandbox" / "blueprints").mkdir(parents=True)
+    (project / ".vmsandbox.yaml").write_text("hosts: []\n")
+    (project / ".vmsandbox" / "blueprints" / "dev.yaml").write_text("extends: base\n")
+    monkeypatch.chdir(project)
+    assert run_cli(["config", "validate"]) == base.EXIT_FAILED
+    captured = capsys.readouterr()
+    assert f"ok  {isolated_dirs / 'config' / 'config.yaml'}" in captured.out
+    assert "ok  .vmsandbox/blueprints/dev.yaml" in captured.out
+    assert f"{mine}, line 2: `apt`: 'Bad Name'" in captured.err
+    assert ".vmsandbox.yaml, line 1: `hosts` is never taken from a project file" in captured.err
+    assert "2 of 4 files have problems" in captured.err
+
+
+def test_ls_says_a_broken_config_in_a_line_and_lists_the_sessions(
+    capsys: pytest.CaptureFixture[str], isolated_dirs: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from vmsandbox.session import state
+
+    user = isolated_dirs / "config" / "config.yaml"
+    user.write_text("libvirt_uri: qemu+ssh://me@lab/system\ncpus: many\nmemroy: 2G\n")
+    asked: list[str] = []
+
+    def listing(uri: str) -> tuple[list[state.Status], list[state.Damaged]]:
+        asked.append(uri)
+        return [], [state.Damaged("exp1", "its record is damaged", None)]
+
+    monkeypatch.setattr(state, "listing", listing)
+    assert run_cli(["ls"]) == 0
+    captured = capsys.readouterr()
+    assert asked == ["qemu+ssh://me@lab/system"]  # what of the file passes is used
+    (warning,) = captured.err.strip().splitlines()
+    assert warning.startswith(f"warning: {user}: 2 problems, the first at line 2: `cpus` must be an integer")
+    assert warning.endswith("`vmsandbox config validate` lists them")
+    assert "exp1" in captured.out and "NAME" in captured.out
+
+
+def test_config_show_says_what_is_broken_and_shows_the_rest(
+    capsys: pytest.CaptureFixture[str], isolated_dirs: Path, tmp_path: Path
+) -> None:
+    (isolated_dirs / "config" / "config.yaml").write_text("memory: 3G\nmass_change_size: 2G\ncpus: 0\naccel: xen\n")
+    assert run_cli(["config", "show", str(tmp_path), "--json"]) == 0
+    captured = capsys.readouterr()
+    rows = {r["key"]: r for r in json.loads(captured.out)}
+    assert rows["memory"]["value"] == "3072 MiB" and rows["cpus"]["from"] == "default"
+    assert rows["mass_change_size"]["value"] == "2048 MiB"  # named as the key is written
+    assert "mass_change_size_mib" not in rows
+    assert "2 problems:" in captured.err and "line 3: `cpus`" in captured.err and "line 4: `accel`" in captured.err
+    assert "left out of the settings shown" in captured.err
+
+
+def test_doctor_counts_a_broken_config_as_one_failed_check(isolated_dirs: Path, tmp_path: Path) -> None:
+    from vmsandbox.session.host import doctor
+
+    (isolated_dirs / "config" / "config.yaml").write_text("memory: 3G\ncpus: 0\nnetwork: opne\n")
+    (tmp_path / ".vmsandbox.yaml").write_text("disk: [\n")
+    check, settings = doctor.config_check(tmp_path)
+    assert (check.name, check.level) == ("config", "fail")
+    assert "line 2: `cpus` must be between 1 and 16" in check.detail
+    assert "line 3: `network`: unknown network mode 'opne' (did you mean `open`?)" in check.detail
+    assert "hint: use allowlist, open or none" in check.detail
+    assert ".vmsandbox.yaml, line 1, column" in check.detail and check.fix is not None
+    assert settings.memory_mib == 3072  # the other checks run with what passes
+    (tmp_path / ".vmsandbox.yaml").write_text("network: open\n")
+    (isolated_dirs / "config" / "config.yaml").write_text("memory: 3G\n")
+    check, settings = doctor.config_check(tmp_path)
+    assert (check.level, settings.network.value) == ("warn", "allowlist")  # untrusted: your own settings
+    assert "not trusted" in check.detail
+    check, _ = doctor.config_check(None)
+    assert check.level == "ok"

@@ -359,8 +359,8 @@ def test_every_problem_of_a_file_at_once_with_its_line(tmp_path: Path, capsys: p
     for said in (
         "line 1: unknown key `memroy` (did you mean `memory`?)",
         "line 2: `cpus` must be an integer, not str 'four'",
-        "line 3: `secrets[0]`: missing key `header`",
-        "line 3: `secrets[0]`: unknown key `hedaer` (did you mean `header`?)",
+        "line 4: `secrets[0]`: missing key `header`",  # its entry's line (issue 46: it said `secrets:`'s, 3)
+        "line 4: `secrets[0]`: unknown key `hedaer` (did you mean `header`?)",
         "line 5: `allow[1]` must be a string, not int 5",
     ):
         assert said in err, said

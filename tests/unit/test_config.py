@@ -224,3 +224,136 @@ def test_yaml_errors_name_the_file_and_line(tmp_path: Path) -> None:
     write(project / ".vmsandbox.yaml", "cpus: 2\nmemory: [\n")
     with pytest.raises(VmsandboxError, match=r"\.vmsandbox\.yaml, line \d+, column \d+: not valid YAML"):
         config.load(project)
+
+
+# Issue 46: every problem of a config file in one round, each at its own line with its own hint.
+
+BROKEN = """\
+cpus: 2
+memory: 2G
+cpus: 40
+network: alowlist
+accel: kmv
+allow: [pypi.org, "http://bad"]
+hosts:
+  - name: big
+    uri: qemu+ssh://me@big/system
+  - name: small
+    uri: qemu+ssh://me@small/system
+    keep_free: 1G
+    colour: red
+mass_change_size: lots
+"""
+
+
+def test_every_problem_of_a_config_in_one_round_each_at_its_line_with_its_hint(isolated_dirs: Path) -> None:
+    """A key given twice hides nothing else; a nested key is said at its own line (13, not `hosts:`'s 7); a
+    name expected gets a "did you mean"; each hint is on a line of its own, under its problem."""
+    f = write(isolated_dirs / "config" / "config.yaml", BROKEN)
+    with pytest.raises(VmsandboxError) as err:
+        config.load()
+    lines = err.value.message.splitlines()
+    assert lines[0] == f"{f}: 7 problems:"
+    said = [line.strip() for line in lines[1:]]
+    assert said == [
+        "line 3: the key `cpus` is given twice (first on line 1)",
+        "hint: keep one of them",
+        "line 3: `cpus` must be between 1 and 16 (the host's CPUs)",
+        "hint: more vCPUs than the host has only makes the guest slower",
+        "line 4: `network`: unknown network mode 'alowlist' (did you mean `allowlist`?)",
+        "hint: use allowlist, open or none",
+        "line 5: `accel`: unknown accelerator 'kmv' (did you mean `kvm`?)",
+        "hint: use auto, kvm or tcg",
+        "line 6: `allow[1]`: 'http://bad' is a URL, not a host name",
+        "hint: write bad",
+        "line 13: `hosts[1]`: unknown key `colour`",
+        "hint: `hosts[1]` takes: name, uri, max_sessions, keep_free, pool_path",
+        "line 14: `mass_change_size`: cannot read size 'lots'",
+        "hint: write it like 2G or 2048M",
+    ]
+    assert err.value.hint is None  # not joined into one line: each is under its own problem
+
+
+@pytest.mark.parametrize(
+    ("text", "line", "said"),
+    [
+        ("cpus: 2\nmemory: [\n", 2, "the end of the file"),  # PyYAML's mark is on line 3, past the file
+        ("cpus: 2\nmemory: [\n\n# a comment\n", 2, "the end of the file"),
+        ('cpus: 2\nmemory: "2G\nboot_timeout: 5\n', 2, "while scanning a quoted scalar"),  # the quote's line
+        ("cpus: 2\nmemory\nboot_timeout: 5\n", 2, "could not find expected ':'"),  # the key's line, not the next
+        ("cpus: 2\n  memory: 2G\n", 2, "mapping values are not allowed here"),
+        ("cpus: 2\nallow:\n  - a.com\n  memory: 2G\n", 4, "expected <block end>"),
+        ("hosts:\n\t- name: a\n", 2, "'\\t'"),
+    ],
+)
+def test_a_yaml_syntax_error_is_said_at_the_line_that_holds_it(tmp_path: Path, text: str, line: int, said: str) -> None:
+    f = write(tmp_path / "config.yaml", text)
+    with pytest.raises(VmsandboxError) as err:
+        config.read_file(f, config.Settings())
+    assert err.value.message.startswith(f"{f}, line {line}, column ")
+    assert "not valid YAML" in err.value.message and said in err.value.message
+    assert err.value.hint is not None
+
+
+def test_a_key_given_twice_is_said_beside_every_other_problem(tmp_path: Path) -> None:
+    text = "memory: 2G\nsecrets:\n  - secret: k\n    secret: j\n    host: a.com\nmemroy: 1G\n"
+    f = write(tmp_path / "config.yaml", text)
+    with pytest.raises(VmsandboxError) as err:
+        config.read_file(f, config.Settings())
+    message = err.value.message
+    assert f"{f}: 3 problems:" in message
+    assert "line 4: `secrets[0]`: the key `secret` is given twice (first on line 3)" in message
+    assert "line 3: `secrets[0]`: missing key `header`" in message  # the entry's line
+    assert "line 6: unknown key `memroy` (did you mean `memory`?)" in message
+
+
+def test_a_nested_key_in_a_secret_is_said_at_its_own_line(tmp_path: Path) -> None:
+    f = write(
+        tmp_path / "config.yaml",
+        "cpus: 2\nsecrets:\n  - secret: k\n    host: 10.0.0.1\n    header: x\n  - secret: j\n"
+        "    host: b.com\n    header: 'x y'\n",
+    )
+    with pytest.raises(VmsandboxError) as err:
+        config.read_file(f, config.Settings())
+    assert "line 4: `secrets[0]`: `host`: IP literals are not allowed" in err.value.message
+    assert "line 8: `secrets[1]`: `header` 'x y' is not a header name" in err.value.message
+
+
+def test_a_broken_config_is_read_as_far_as_it_passes(isolated_dirs: Path, tmp_path: Path) -> None:
+    """What a diagnostic goes on with (ls, doctor, config show): every key that passes, the problems beside."""
+    write(isolated_dirs / "config" / "config.yaml", "memory: 3G\ncpus: 99\nallow: [a.example, 'http://b']\n")
+    project = tmp_path / "proj"
+    write(project / ".vmsandbox.yaml", "disk: 30G\nboot_timeout: [\n")
+    settings, broken = config.load_lenient(project)
+    assert (settings.memory_mib, settings.cpus, settings.allow) == (3072, 2, ())  # a refused key left out whole
+    assert [type(e).__name__ for e in broken] == ["FileError", "FileError"]
+    assert "2 problems" in broken[0].message and "not valid YAML" in broken[1].message
+    with pytest.raises(VmsandboxError):  # what a session reads: refused whole
+        config.load(project)
+
+
+def test_an_untrusted_project_file_is_left_out_of_a_lenient_read(tmp_path: Path) -> None:
+    project = tmp_path / "proj"
+    write(project / ".vmsandbox.yaml", "network: open\n")
+    settings, broken = config.load_lenient(project)
+    assert settings.network.value == "allowlist"
+    (untrusted,) = broken
+    assert isinstance(untrusted, trust.UntrustedError)
+
+
+def test_a_project_file_is_refused_machine_keys_beside_its_other_problems(tmp_path: Path) -> None:
+    project = tmp_path / "proj"
+    f = write(project / ".vmsandbox.yaml", "hosts: []\ncpus: 0\nlibvirt_uri: qemu:///system\n")
+    with pytest.raises(VmsandboxError) as err:
+        config.load(project)
+    message = err.value.message
+    assert f"{f}: 3 problems:" in message
+    for said in ("line 1: `hosts` is never taken", "line 2: `cpus` must be between", "line 3: `libvirt_uri` is never"):
+        assert said in message, said
+
+
+def test_the_settings_rows_are_named_as_the_keys_are_written() -> None:
+    """`config show` named a row `mass_change_size_mib` where the key is `mass_change_size`."""
+    import dataclasses
+
+    assert {config.key_of(f.name) for f in dataclasses.fields(config.Settings)} == set(config.FIELDS)

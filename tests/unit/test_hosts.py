@@ -70,7 +70,7 @@ def test_a_bad_host_entry_names_the_file_the_entry_and_the_key(tmp_path: Path, e
     with pytest.raises(VmsandboxError) as err:
         config.load()
     assert needle in err.value.message
-    assert "config.yaml, line 2" in err.value.message
+    assert "config.yaml, line 3" in err.value.message  # the entry's own line (issue 46: it said `hosts:`'s, 2)
     assert "`hosts[0]`" in err.value.message
 
 

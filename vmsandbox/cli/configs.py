@@ -1,5 +1,6 @@
-"""`vmsandbox config show|validate|schema`: each effective setting with the source it came from, a check of a
-config or blueprint file (file, line and key in every error), and the JSON Schema editors use for them."""
+"""`vmsandbox config show|validate|schema`: each effective setting with the source it came from (and what is
+broken, said, not stopping it), a check of config and blueprint files (every problem of every file, each at its
+line with its hint), and the JSON Schema editors use for them."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from vmsandbox import ui
-from vmsandbox.cli.base import AsJson, columns, config_app, print_json
+from vmsandbox.cli.base import EXIT_FAILED, AsJson, columns, config_app, print_json
+from vmsandbox.errors import VmsandboxError
 
 if TYPE_CHECKING:
     from vmsandbox.session.settings import Layer
@@ -20,8 +22,6 @@ if TYPE_CHECKING:
 ProjectArg = Annotated[
     Path, typer.Argument(help="The project directory (its .vmsandbox.yaml is read).", metavar="PROJECT")
 ]
-# The settings' fields as the keys that set them in a file, and how their values read.
-KEYS = {"memory_mib": "memory", "disk_mib": "disk", "sync_limit_mib": "sync_limit"}
 
 
 def _shown(field: str, value: Any) -> str:
@@ -40,9 +40,11 @@ def _shown(field: str, value: Any) -> str:
 
 def explained(steps: list[Layer]) -> list[dict[str, str]]:
     """Each setting's effective value and the last source that set it."""
+    from vmsandbox.session.settings import key_of
+
     rows = []
     for f in dataclasses.fields(steps[-1].settings):
-        key = KEYS.get(f.name, f.name)
+        key = key_of(f.name)
         source = "default"
         for now, before in zip(steps[1:], steps[:-1], strict=True):
             if key in now.keys or getattr(now.settings, f.name) != getattr(before.settings, f.name):
@@ -66,20 +68,30 @@ def config_show(project: ProjectArg = Path(), as_json: AsJson = False) -> None:
 
     Each effective setting for a session of PROJECT and where it comes from: the defaults, your
     ~/.config/vmsandbox/config.yaml, the project's .vmsandbox.yaml (as far as it is trusted), or an
-    environment variable. An untrusted project file's values are listed after them, marked untrusted.
+    environment variable. An untrusted project file's values are listed after them, marked untrusted. A
+    file with problems is said first, every problem at its line; what of it passes is shown.
     Example: `vmsandbox config show ~/src/app`"""
     from vmsandbox import trust
+    from vmsandbox.session import configread
     from vmsandbox.session import settings as config
 
-    try:
-        rows = explained(config.layers(project.resolve()))
-    except trust.UntrustedError as exc:  # what it would set, shown as such; what a session gets without it
-        ui.warn(f"{exc.message}; its values are shown marked untrusted, and a session refuses to start ({exc.hint})")
-        rows = explained(config.layers(None))
-        found = config.project_file(project.resolve())
-        if found is not None:
-            said = f"{found.path} (untrusted: not used)"
-            rows += [{"key": k, "value": json.dumps(v), "from": said} for k, v in found.data.items()]
+    broken: list[VmsandboxError] = []
+    rows = explained(config.layers(project.resolve(), broken=broken))
+    for exc in broken:
+        if not isinstance(exc, trust.UntrustedError):
+            _said(exc, "warning", "yellow")
+        else:  # what it would set, shown as such; what a session gets without it
+            ui.warn(
+                f"{exc.message}; its values are shown marked untrusted, and a session refuses to start ({exc.hint})"
+            )
+            found = configread.read_project(project.resolve(), config.Settings())
+            if found is not None:
+                said = f"{found.path} (untrusted: not used)"
+                rows += [{"key": k, "value": json.dumps(v), "from": said} for k, v in found.data.items()]
+    if any(not isinstance(exc, trust.UntrustedError) for exc in broken):
+        ui.warn(
+            "what has a problem is left out of the settings shown, and a session refuses to start until it is fixed"
+        )
     if as_json:
         print_json(rows)
     else:
@@ -91,31 +103,66 @@ def config_validate(
     files: Annotated[
         list[Path] | None,
         typer.Argument(
-            help="Config or blueprint files (default: your config and this directory's .vmsandbox.yaml).",
+            help="Config or blueprint files (default: your config and blueprints, this directory's .vmsandbox.yaml "
+            "and blueprints).",
             metavar="FILE",
         ),
     ] = None,
 ) -> None:
     """Check config and blueprint files.
 
-    Check config and blueprint files: syntax, keys, types and ranges, each error with file, line and key.
-    A file in a `blueprints` directory is checked as a blueprint.
+    Check config and blueprint files: syntax, keys, types and values, every problem of every file at once, each
+    with its line and hint. A file in a `blueprints` directory is checked as a blueprint, a `.vmsandbox.yaml` as a
+    project's file. Without FILE: your config, your blueprints, and this directory's .vmsandbox.yaml and
+    blueprints.
     Example: `vmsandbox config validate .vmsandbox.yaml`"""
+    from vmsandbox import paths
+
+    targets = files or default_files()
+    if not targets:
+        ui.info(f"No config file here or in {paths.config_dir()}: the defaults apply (`vmsandbox config show`).")
+        return
+    failed = [f for f in targets if not _valid(f)]
+    if failed and len(targets) > 1:
+        names = ", ".join(ui.printable(str(f)) for f in failed)
+        ui.err.print(f"[red]{len(failed)} of {len(targets)} files have problems:[/] {names}", soft_wrap=True)
+    if failed:
+        raise typer.Exit(EXIT_FAILED)
+
+
+def default_files() -> list[Path]:
+    """What `config validate` checks without FILE: your config and blueprints, this directory's project file
+    and blueprints (those that exist)."""
     from vmsandbox import paths
     from vmsandbox.image import blueprint
     from vmsandbox.session import settings as config
 
-    if not files:
-        files = [f for f in (paths.config_dir() / config.USER_FILE, Path(config.PROJECT_FILE)) if f.is_file()]
-        if not files:
-            ui.info(f"No config file here or in {paths.config_dir()}: the defaults apply (`vmsandbox config show`).")
-            return
-    for f in files:
+    found = [paths.config_dir() / config.USER_FILE, *sorted((paths.config_dir() / "blueprints").glob("*.yaml"))]
+    found += [Path(config.PROJECT_FILE), *sorted(blueprint.PROJECT_DIR.glob("*.yaml"))]
+    return [f for f in found if f.is_file()]
+
+
+def _valid(f: Path) -> bool:
+    """Check one file: `ok  FILE` on stdout, or every problem of it on stderr."""
+    from vmsandbox.image import blueprint
+    from vmsandbox.session import settings as config
+
+    try:
         if f.parent.name == "blueprints":
             blueprint.check_file(f)
         else:
-            config.read_file(f, config.Settings())
-        print(f"ok  {ui.printable(str(f), markup=False)}")
+            config.read_file(f, config.Settings(), project=f.name == config.PROJECT_FILE)
+    except VmsandboxError as exc:
+        _said(exc, "error", "red")
+        return False
+    print(f"ok  {ui.printable(str(f), markup=False)}")
+    return True
+
+
+def _said(exc: VmsandboxError, label: str, colour: str) -> None:
+    ui.err.print(f"[{colour}]{label}:[/] {ui.printable(exc.message)}", soft_wrap=True)
+    if exc.hint:
+        ui.err.print(f"[dim]hint:[/] {ui.printable(exc.hint)}", soft_wrap=True)
 
 
 @config_app.command("schema")

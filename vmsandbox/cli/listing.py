@@ -77,12 +77,19 @@ def formatted(fmt: str, row: dict[str, Any]) -> str:
         raise UsageError(f"--format {fmt!r}: {exc}", hint="e.g. --format '{name}\\t{state}\\t{ports[ssh]}'") from None
 
 
-def session_rows() -> list[dict[str, Any]]:
-    """Every session as `ls --json` gives it; a damaged one with its state `damaged` and its problem."""
+def session_rows(broken: list[VmsandboxError] | None = None) -> list[dict[str, Any]]:
+    """Every session as `ls --json` gives it; a damaged one with its state `damaged` and its problem. Given
+    `broken`, a config with problems is read as far as it passes and its problems added there."""
     from vmsandbox.session import settings as config
     from vmsandbox.session import state
 
-    found, damaged = state.listing(config.load().libvirt_uri)
+    if broken is None:
+        uri = config.load().libvirt_uri
+    else:
+        settings, problems = config.load_lenient()
+        uri = settings.libvirt_uri
+        broken += problems
+    found, damaged = state.listing(uri)
     rows = [s.as_dict() for s in found]
     for r in rows:
         if r["state"] not in REACHABLE:
@@ -102,8 +109,13 @@ def ls(as_json: AsJson = False, quiet: Quiet = False, fmt: Format = None, filter
     `vmsandbox ls -q`
 
     `vmsandbox ls --filter state=running --format '{name} {ports[ssh]}'`"""
+    from vmsandbox.document import FileError
+
     wanted = parse_filters(filters or [])
-    rows = [r for r in session_rows() if matches(r, wanted)]
+    broken: list[VmsandboxError] = []
+    rows = [r for r in session_rows(broken) if matches(r, wanted)]
+    for exc in broken:  # a line before the table, never in its way: the listing goes on with what passes
+        ui.warn(f"{exc.brief()}; `vmsandbox config validate` lists them" if isinstance(exc, FileError) else exc.message)
     if as_json:
         print_json(rows)
     elif quiet or fmt is not None:

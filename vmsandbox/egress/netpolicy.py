@@ -63,7 +63,12 @@ def parse_mode(value: str, *, source: str) -> Mode:
     try:
         return Mode(value.lower())
     except ValueError:
-        raise VmsandboxError(f"{source}: unknown network mode {value!r}", hint="use allowlist, open or none") from None
+        from vmsandbox.document import did_you_mean  # here alone: the rest of this module is pure policy
+
+        near = did_you_mean(value.lower(), [m.value for m in Mode])
+        raise VmsandboxError(
+            f"{source}: unknown network mode {value!r}{near}", hint="use allowlist, open or none"
+        ) from None
 
 
 # Special-use names (RFC 6761 and friends) that must never be looked up for a guest.

@@ -15,22 +15,20 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from vmsandbox import paths, trust
-from vmsandbox.egress.mapping import parse_secret_mapping
+from vmsandbox import document, paths, trust
+from vmsandbox.document import Problem, did_you_mean
 from vmsandbox.errors import VmsandboxError
-from vmsandbox.filemodels import NODE_RANGE, BlueprintFile, keys
-from vmsandbox.schema import all_at_once, check, load_yaml, located, parse_yaml
+from vmsandbox.filemodels import BlueprintFile, keys
+from vmsandbox.image import blueprintfile
 
 BUILTIN_DIR = Path(__file__).parent / "blueprints"
 PROJECT_DIR = Path(".vmsandbox") / "blueprints"
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,30}\Z")
-_APT_RE = re.compile(r"^[a-z0-9][a-z0-9+.-]+(=[A-Za-z0-9.+~:-]+)?\Z")
-_NPM_RE = re.compile(r"^(@[a-z0-9][a-z0-9._-]*/)?[a-z0-9][a-z0-9._-]*(@[A-Za-z0-9.^~<>=*|-]+)?\Z")
+NAME_HINT = "lower-case letters, digits, - and _ (at most 31)"
 MAX_DEPTH = 8
 
 FIELDS = keys(BlueprintFile)  # the keys a blueprint takes (filemodels.BlueprintFile says what each means)
@@ -111,16 +109,17 @@ def _find(name: str, project: Path | None, *, below: Path | None = None) -> Path
         f = d / f"{name}.yaml"
         if f.is_file():
             return f
-    known = ", ".join(sorted(available(project))) or "none"
+    known = sorted(available(project))
+    mine = paths.config_dir() / "blueprints"
     raise VmsandboxError(
-        f"no blueprint named {name!r}",
-        hint=f"known blueprints: {known}; user blueprints go in {paths.config_dir() / 'blueprints'}",
+        f"no blueprint named {name!r}{did_you_mean(name, known)}",
+        hint=f"known blueprints: {', '.join(known) or 'none'}; user blueprints go in {mine}",
     )
 
 
 def load(name: str, project: Path | None = None) -> Blueprint:
     if not NAME_RE.match(name):
-        raise VmsandboxError(f"invalid blueprint name {name!r}", hint="use lowercase letters, digits, - and _")
+        raise VmsandboxError(f"invalid blueprint name {name!r}", hint=f"use {NAME_HINT}")
     return _load_file(name, _find(name, project), project, depth=0)
 
 
@@ -131,12 +130,7 @@ def _load_file(name: str, path: Path, project: Path | None, *, depth: int) -> Bl
     data = _read(path, project)
     parent_name = data.get("extends")
     if parent_name is not None:
-        if not NAME_RE.match(parent_name):
-            raise VmsandboxError(f"{source}: `extends`: invalid blueprint name {parent_name!r}")
-        try:
-            parent_file = _find(parent_name, project, below=path if parent_name == name else None)
-        except VmsandboxError as exc:
-            raise VmsandboxError(f"{source}: `extends`: {exc.message}", hint=exc.hint) from None
+        parent_file = _find(parent_name, project, below=path if parent_name == name else None)
         parent = _load_file(parent_name, parent_file, project, depth=depth + 1)
     else:
         parent = Blueprint(name=name, source=source)
@@ -148,100 +142,54 @@ def is_project_file(path: Path, project: Path | None) -> bool:
 
 
 def _read(path: Path, project: Path | None) -> dict[str, Any]:
-    """A blueprint file's checked and validated content. A project's blueprint is code from the project (apt and npm
+    """A blueprint file's checked content. A project's blueprint is code from the project (apt and npm
     packages installed as root, hosts allowed, host files copied in, secrets mapped): it is used only after
     the user trusted its exact content (`vmsandbox trust`)."""
     if project is None or not is_project_file(path, project):
-        data = check(load_yaml(path), BlueprintFile, source=str(path))
-        _validate(data, str(path))
-        return data
-    found = _read_project(path, project)
-    if found is None:
+        return _checked(path, document.read_bytes(path), project)
+    raw = trust.read_project_file(path, project)
+    if raw is None:
         raise VmsandboxError(f"{path} disappeared while it was read")
-    raw, data = found
-    _validate(data, str(path))  # a bad file says what is wrong before anything asks for trust
+    data = _checked(path, raw, project)  # a bad file says what is wrong before anything asks for trust
     trust.require(path, raw, sorted(k for k in data if k != "description"), project=project)
     return data
 
 
-def _read_project(path: Path, project: Path) -> tuple[bytes, dict[str, Any]] | None:
-    """A project blueprint's bytes (what trust is about) and the content parsed from exactly those bytes."""
-    raw = trust.read_project_file(path, project)
-    if raw is None:
-        return None
-    return raw, check(parse_yaml(raw, str(path)), BlueprintFile, source=str(path))
+def _checked(path: Path, raw: bytes, project: Path | None) -> dict[str, Any]:
+    """A blueprint file's content; FileError with every problem of it, each at its line: its syntax, keys
+    given twice, its shape, its values, and what it extends (looked up as a session would, from `project`)."""
+    doc = document.read(raw, str(path))
+    if doc.data is None:
+        doc.fail()
+        return {}
+    found = blueprintfile.problems(doc.data, str(path))
+    parent = doc.data.get("extends")
+    if isinstance(parent, str):
+        found += _extends_problems(path, parent, project)
+    doc.fail(found)
+    return doc.data
 
 
 def check_file(path: Path) -> None:
     """Check a blueprint file (`vmsandbox config validate`): its syntax, keys, types and values, and that what
-    it extends exists where a session would look for it; an error names the file, the line and the key."""
-    try:
-        raw = path.read_bytes()
-    except OSError as exc:
-        raise VmsandboxError(f"cannot read {path}: {exc.strerror}") from exc
-    try:
-        data = check(parse_yaml(raw, str(path)), BlueprintFile, source=str(path))
-        _validate(data, str(path))
-        if "extends" in data:
-            _check_extends(path, data["extends"])
-    except VmsandboxError as exc:
-        raise located(exc, str(path), raw) from None
-
-
-def _check_extends(path: Path, parent: str) -> None:
-    """The blueprint `parent` is found from `path` (a project's `.vmsandbox/blueprints/` sees the project's)."""
+    it extends exists where a session would look for it; FileError with every problem, each at its line."""
     inside = path.resolve().parent
     project = inside.parent.parent if inside.parts[-2:] == PROJECT_DIR.parts else None
-    searched = [d.resolve() for d in search_dirs(project)]
+    _checked(path, document.read_bytes(path), project)
+
+
+def _extends_problems(path: Path, parent: str, project: Path | None) -> list[Problem]:
+    """What is wrong with `extends: parent` in `path` (a blueprint extending its own name takes the next one
+    down the search order, when it is in one of its directories)."""
     if not NAME_RE.match(parent):
-        raise VmsandboxError(f"{path}: `extends`: invalid blueprint name {parent!r}")
+        return [Problem(f"`extends`: invalid blueprint name {parent!r}", ("extends",), hint=f"use {NAME_HINT}")]
+    searched = [d.resolve() for d in search_dirs(project)]
+    below = path if parent == path.stem and path.resolve().parent in searched else None
     try:
-        _find(parent, project, below=path if parent == path.stem and inside in searched else None)
+        _find(parent, project, below=below)
     except VmsandboxError as exc:
-        raise VmsandboxError(f"{path}: `extends`: {exc.message}", hint=exc.hint) from None
-
-
-def _validate(data: dict[str, Any], source: str) -> None:
-    """A blueprint's values (its shape is checked before): every one refused said at once, each with its key
-    (a lone one keeps its own message and hint)."""
-    all_at_once(source, list(_refused(data, source)))
-
-
-def _refused(data: dict[str, Any], source: str) -> Iterator[tuple[str, VmsandboxError]]:
-    """(key, why) for each value of a blueprint that is refused."""
-
-    def no(key: str, said: str) -> tuple[str, VmsandboxError]:
-        return key, VmsandboxError(f"{source}: `{key}`: {said}")
-
-    for pkg in data.get("apt", []):
-        if not _APT_RE.match(pkg):
-            yield no("apt", f"{pkg!r} is not a Debian package name")
-    for pkg in data.get("npm", []):
-        if not _NPM_RE.match(pkg):
-            yield no("npm", f"{pkg!r} is not an npm package spec")
-    if "node" in data and not NODE_RANGE[0] <= data["node"] <= NODE_RANGE[1]:
-        yield "node", VmsandboxError(f"{source}: `node` must be a Node.js major version such as 24")
-    yield from _refused_paths(data, no)
-    for key in data.get("env", {}):
-        if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*\Z", key):
-            yield no("env", f"{key!r} is not an environment variable name")
-    for i, mapping in enumerate(data.get("secrets", [])):
-        try:
-            parse_secret_mapping(mapping, source=f"{source}: `secrets[{i}]`")
-        except VmsandboxError as exc:
-            yield "secrets", exc
-
-
-def _refused_paths(
-    data: dict[str, Any], no: Callable[[str, str], tuple[str, VmsandboxError]]
-) -> Iterator[tuple[str, VmsandboxError]]:
-    for item in data.get("copy", []):
-        if not item.startswith("~/") or ".." in Path(item).parts:
-            yield no("copy", f"{item!r} must be a path under the home directory (~/…)")
-    for key, items in (("credentials", data.get("credentials", [])), ("login", data.get("login", {}).get("files", []))):
-        for item in items:
-            if not item or item.startswith("/") or ".." in Path(item).parts:
-                yield no(key, f"{item!r} must be relative to the home directory")
+        return [Problem(f"`extends`: {exc.message}", ("extends",), hint=exc.hint)]
+    return []
 
 
 def _merge(parent: Blueprint, data: dict[str, Any], name: str, source: str) -> Blueprint:
@@ -284,11 +232,10 @@ def describe_project_blueprints(project: Path) -> list[trust.Candidate]:
     if not directory.is_dir():
         return found
     for path in sorted(directory.glob("*.yaml")):
-        read = _read_project(path, project)
-        if read is None:
+        raw = trust.read_project_file(path, project)
+        if raw is None:
             continue
-        raw, data = read
-        _validate(data, str(path))
+        data = _checked(path, raw, project)
         shadows = path.stem in {f.stem for f in BUILTIN_DIR.glob("*.yaml")}
         lines = [f"replaces the shipped blueprint `{path.stem}`"] if shadows else []
         lines += [f"{k}: {json.dumps(v, ensure_ascii=False)}" for k, v in data.items()]

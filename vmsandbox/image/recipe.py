@@ -9,9 +9,10 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 
+from vmsandbox.document import load_yaml
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.filemodels import RecipeFile
-from vmsandbox.schema import check, load_yaml
+from vmsandbox.schema import check
 
 BUILDER_REVISION = "3"  # bump when the build steps change in a way the recipe files do not show
 HOST_CA_DIR = Path("/usr/local/share/ca-certificates")

@@ -11,21 +11,24 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from vmsandbox import paths, trust
-from vmsandbox.egress import addresses, netpolicy
-from vmsandbox.egress.mapping import SecretMapping, parse_secret_mapping
+from vmsandbox.document import FileError, Problem, did_you_mean, read_bytes, refused
+from vmsandbox.egress import netpolicy
+from vmsandbox.egress.mapping import SecretMapping
 from vmsandbox.egress.netpolicy import Mode
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.filemodels import BOOT_TIMEOUT_RANGE, MIN_DISK_MIB, MIN_MEMORY_MIB, MIN_SYNC_LIMIT_MIB, ConfigFile, keys
-from vmsandbox.schema import ShapeError, all_at_once, check, located, parse_yaml
+from vmsandbox.image import values
+from vmsandbox.schema import shape_problems
+from vmsandbox.session import configread
+from vmsandbox.session.configread import ProjectFile, read_config, read_project
 from vmsandbox.session.place.hostspec import HostSpec, parse_hosts, parse_uri
 from vmsandbox.vm.accel import Accel
 
 if TYPE_CHECKING:
     from vmsandbox.image.blueprint import Blueprint
 
-PROJECT_FILE = ".vmsandbox.yaml"
 COMMAND_LINE = "command line"  # as a source: keys are shown as the flags that set them
-USER_FILE = "config.yaml"
+PROJECT_FILE, USER_FILE = configread.PROJECT_FILE, configread.USER_FILE
 
 FIELDS = keys(ConfigFile)  # the keys a config file takes (filemodels.ConfigFile: types, defaults, descriptions)
 # What a VM may be given (filemodels): below the minimums the guest does not boot (memory), its image does not
@@ -34,10 +37,17 @@ FIELDS = keys(ConfigFile)  # the keys a config file takes (filemodels.ConfigFile
 LEAST_MIB = {"memory": MIN_MEMORY_MIB, "disk": MIN_DISK_MIB, "sync_limit": MIN_SYNC_LIMIT_MIB, "mass_change_size": 1}
 # Keys that only size the VM: a project file may set them without being trusted (`vmsandbox trust`).
 SIZING_KEYS = frozenset({"cpus", "memory", "disk", "boot_timeout", "accel"})
+LIST_KEYS = frozenset({"allow", "allow_networks", "secrets", "hosts"})  # each entry checked on its own
 
 
 _SIZE = re.compile(r"^\s*(\d+)\s*([KMGT]?)(?:i?B)?\s*\Z", re.IGNORECASE)
 _UNIT_MIB = {"": 1, "K": 1 / 1024, "M": 1, "G": 1024, "T": 1024 * 1024}
+
+
+def key_of(field: str) -> str:
+    """The key that sets a field of the settings, as a file writes it (`memory_mib` is set by `memory`)."""
+    key = field.removesuffix("_mib")
+    return key if key in LEAST_MIB else field
 
 
 def host_cpus() -> int:
@@ -79,38 +89,45 @@ class Settings:
         return tuple(netpolicy.parse_rule(a, source="allowlist") for a in self.allow)
 
     def merged(self, data: dict[str, Any], source: str) -> Settings:
-        """These settings with `data` (keys as in a file) laid over them. Every key's value is checked, and
-        every one refused is said at once (one alone keeps its own message and hint)."""
-        shape: ShapeError | None = None
-        try:
-            data = check(data, ConfigFile, source=source)
-        except ShapeError as exc:  # the keys of the right shape are still checked, to say everything at once
-            shape = exc
-            data = {k: v for k, v in data.items() if k not in {key for key, _ in exc.items}}
+        """These settings with `data` (keys as in a file) laid over them; FileError with every key refused."""
+        settings, problems = self.merging(data, source)
+        if len(problems) == 1 and source == COMMAND_LINE:  # `--memory: …`, as a flag's error reads
+            raise VmsandboxError(problems[0].text, hint=problems[0].hint)
+        if problems:
+            raise FileError(source, problems)
+        return settings
+
+    def merging(self, data: dict[str, Any], source: str) -> tuple[Settings, list[Problem]]:
+        """These settings with the keys of `data` that pass laid over them, and a problem for each that does
+        not: its shape's, then its value's (each entry of a list on its own), all at once, each at its key."""
+        problems = shape_problems(data, ConfigFile)
+        bad = [p.at for p in problems]
 
         def label(key: str) -> str:
-            return f"--{key}" if source == COMMAND_LINE else f"{source}: `{key}`"
+            return f"--{key.split('[', maxsplit=1)[0]}" if source == COMMAND_LINE else f"{source}: `{key}`"
 
         changes: dict[str, Any] = {}
-        problems: list[tuple[str, VmsandboxError]] = []
         for key, value in data.items():
+            if key not in FIELDS:  # unknown, or not even a string: a problem of its shape already
+                continue
+            if (key,) in bad or (key not in LIST_KEYS and any(at[:1] == (key,) for at in bad)):
+                continue
+            if key in LIST_KEYS:
+                skip = {at[1] for at in bad if len(at) > 1 and at[0] == key and isinstance(at[1], int)}
+                change, refused_entries = self._entries(key, value, label, source, skip)
+                changes.update(change)
+                problems += refused_entries
+                continue
             try:
-                changes.update(self._converted(key, value, label, source))
+                changes.update(self._converted(key, value, label))
             except VmsandboxError as exc:
-                problems.append((key, exc))
-        all_at_once(source, problems, shape)
-        return replace(self, **changes)
+                problems += refused(exc, source, (key,))
+        return replace(self, **changes), problems
 
-    def _converted(self, key: str, value: Any, label: Callable[[str], str], source: str) -> dict[str, Any]:
+    def _converted(self, key: str, value: Any, label: Callable[[str], str]) -> dict[str, Any]:
         """One key of a config layer as the changes it makes to the settings (VmsandboxError if refused)."""
-        sizes = {
-            "memory": MIN_MEMORY_MIB,
-            "disk": MIN_DISK_MIB,
-            "sync_limit": MIN_SYNC_LIMIT_MIB,
-            "mass_change_size": 1,
-        }
-        if key in sizes:
-            return {f"{key}_mib": parse_size_mib(value, what=label(key), least=sizes[key])}
+        if key in LEAST_MIB:
+            return {f"{key}_mib": parse_size_mib(value, what=label(key), least=LEAST_MIB[key])}
         if key == "cpus" and not 1 <= value <= host_cpus():
             raise VmsandboxError(
                 f"{label('cpus')} must be between 1 and {host_cpus()} (the host's CPUs)",
@@ -121,37 +138,59 @@ class Settings:
             raise VmsandboxError(f"{label('boot_timeout')} must be between {low} and {high} seconds")
         if key == "mass_change_files" and value < 1:
             raise VmsandboxError(f"{label('mass_change_files')} must be at least 1")
-        if key in ("cpus", "boot_timeout", "mass_change_files", "trust_host_ca"):
-            return {key: value}
         if key == "accel":
             return {"accel": parse_accel(value, source=label("accel"))}
         if key == "libvirt_uri":  # held to the rules of `hosts:` URIs (no program-running transport)
             return {"libvirt_uri": parse_uri(value, source=label("libvirt_uri"))}
-        if key == "hosts":
-            return {"hosts": parse_hosts(value, source=source, parse_size_mib=parse_size_mib)}
-        return self._network_change(key, value, label, source)
-
-    def _network_change(self, key: str, value: Any, label: Callable[[str], str], source: str) -> dict[str, Any]:
         if key == "network":
             return {"network": netpolicy.parse_mode(value, source=label("network"))}
+        return {key: value}  # cpus, boot_timeout, mass_change_files, trust_host_ca: as checked above
+
+    def _entries(
+        self, key: str, given: list[Any], label: Callable[[str], str], source: str, skip: set[int]
+    ) -> tuple[dict[str, Any], list[Problem]]:
+        """A list key's entries that pass (added to what the settings have), and a problem for each refused."""
+        if key == "hosts":
+            return _hosts(given, source, skip)
+        taken, problems = values.entries(key, given, source=source, where=lambda i: label(f"{key}[{i}]"), skip=skip)
         if key == "allow":
-            for entry in value:
-                netpolicy.parse_rule(entry, source=label("allow"))
-            return {"allow": tuple(dict.fromkeys([*self.allow, *(a.strip().lower() for a in value)]))}
+            return {"allow": tuple(dict.fromkeys([*self.allow, *(a.strip().lower() for a, _ in taken)]))}, problems
         if key == "allow_networks":
-            for entry in value:
-                addresses.parse_network(entry, source=label("allow_networks"))
-            return {"allow_networks": tuple(dict.fromkeys([*self.allow_networks, *value]))}
-        added = [parse_secret_mapping(m, source=f"{source}: `secrets[{i}]`") for i, m in enumerate(value)]
+            return {"allow_networks": tuple(dict.fromkeys([*self.allow_networks, *(a for a, _ in taken)]))}, problems
+        added = [m for _, m in taken]
         hosts = {m.host for m in added}
-        return {"secrets": (*(m for m in self.secrets if m.host not in hosts), *added)}
+        return {"secrets": (*(m for m in self.secrets if m.host not in hosts), *added)}, problems
+
+
+def _hosts(given: list[dict[str, Any]], source: str, skip: set[int]) -> tuple[dict[str, Any], list[Problem]]:
+    """The `hosts:` entries that pass, each checked on its own (hostspec.py), and a problem for each refused."""
+    taken: dict[str, int] = {}
+    problems: list[Problem] = []
+    for i, entry in enumerate(given):
+        if i in skip:
+            continue
+        try:
+            parse_hosts([entry], source=source, parse_size_mib=parse_size_mib)
+        except VmsandboxError as exc:  # said of `hosts[0]`, the one entry it was given: of `hosts[i]` here
+            one = refused(exc, source, ("hosts", i))
+            problems += [replace(p, text=p.text.replace("`hosts[0]`", f"`hosts[{i}]`", 1)) for p in one]
+            continue
+        if entry["name"] in taken:
+            first = taken[entry["name"]]
+            twice = f"`hosts[{i}]`: the host name {entry['name']!r} is given twice (first in `hosts[{first}]`)"
+            problems.append(Problem(twice, ("hosts", i, "name"), hint="give each host a name of its own"))
+            continue
+        taken[entry["name"]] = i
+    kept = [given[i] for i in taken.values()]
+    return {"hosts": parse_hosts(kept, source=source, parse_size_mib=parse_size_mib)}, problems
 
 
 def parse_accel(value: str, *, source: str) -> Accel:
     try:
         return Accel(value.lower())
     except ValueError:
-        raise VmsandboxError(f"{source}: unknown accelerator {value!r}", hint="use auto, kvm or tcg") from None
+        near = did_you_mean(value.lower(), [a.value for a in Accel])
+        raise VmsandboxError(f"{source}: unknown accelerator {value!r}{near}", hint="use auto, kvm or tcg") from None
 
 
 def sync_limit() -> int:
@@ -168,6 +207,14 @@ def load(project: Path | None = None, *, blueprint: Blueprint | None = None) -> 
     return layers(project, blueprint=blueprint)[-1].settings
 
 
+def load_lenient(project: Path | None = None) -> tuple[Settings, list[VmsandboxError]]:
+    """The settings as far as the files pass, and what is wrong with them: what a diagnostic (`ls`, `doctor`,
+    `config show`) goes on with, saying what is broken. An untrusted project file is left out, its
+    UntrustedError among them."""
+    broken: list[VmsandboxError] = []
+    return layers(project, broken=broken)[-1].settings, broken
+
+
 @dataclass(frozen=True)
 class Layer:
     source: str  # "default", a file, an environment variable
@@ -175,14 +222,23 @@ class Layer:
     keys: frozenset[str]  # the keys it set
 
 
-def layers(project: Path | None = None, *, blueprint: Blueprint | None = None) -> list[Layer]:
+def layers(
+    project: Path | None = None, *, blueprint: Blueprint | None = None, broken: list[VmsandboxError] | None = None
+) -> list[Layer]:
     """The settings after each source that set something, in order (defaults first): `config show` tells
-    from them where each effective setting came from."""
+    from them where each effective setting came from. Given `broken`, a source with problems adds what of it
+    passes and its problems to `broken` (what a diagnostic shows; an untrusted project file adds nothing
+    but its UntrustedError); without it, its problems are raised."""
     found = [Layer("default", Settings(), frozenset())]
 
     def add(source: str, settings: Settings, keys: Iterable[str]) -> Settings:
         found.append(Layer(source, settings, frozenset(keys)))
         return settings
+
+    def said(exc: VmsandboxError) -> None:
+        if broken is None:
+            raise exc
+        broken.append(exc)
 
     settings = found[0].settings
     if blueprint is not None:
@@ -190,77 +246,75 @@ def layers(project: Path | None = None, *, blueprint: Blueprint | None = None) -
         settings = add(blueprint.source, settings.merged(data, blueprint.source), data)
     user_file = paths.config_dir() / USER_FILE
     if user_file.is_file():
-        settings, keys = read_file(user_file, settings)
-        add(str(user_file), settings, keys)
+        try:
+            user = read_config(read_bytes(user_file), str(user_file), settings)
+        except VmsandboxError as exc:  # cannot be read at all
+            said(exc)
+        else:
+            if user.problems is not None:
+                said(user.problems)
+            settings = add(str(user_file), user.settings, user.data)
     if project is not None:
-        project_found = project_file(project)
-        if project_found is not None:
-            trust.require(project_found.path, project_found.raw, widening_keys(project_found.data), project=project)
-            source = str(project_found.path)
-            settings = add(source, settings.merged(project_found.data, source), project_found.data)
-    if env_accel := os.environ.get("VMSANDBOX_ACCEL"):
-        accel = parse_accel(env_accel, source="VMSANDBOX_ACCEL")
-        settings = add("VMSANDBOX_ACCEL", replace(settings, accel=accel), ["accel"])
-    if env_uri := os.environ.get("VMSANDBOX_LIBVIRT_URI"):
-        uri = parse_uri(env_uri, source="VMSANDBOX_LIBVIRT_URI")
-        settings = add("VMSANDBOX_LIBVIRT_URI", replace(settings, libvirt_uri=uri), ["libvirt_uri"])
-    if env_cpus := os.environ.get("VMSANDBOX_CPUS"):
-        if not env_cpus.isdigit():
-            raise VmsandboxError(f"VMSANDBOX_CPUS={env_cpus!r} is not a number of vCPUs", hint="e.g. VMSANDBOX_CPUS=1")
-        settings = add("VMSANDBOX_CPUS", settings.merged({"cpus": int(env_cpus)}, "VMSANDBOX_CPUS"), ["cpus"])
-    if env_network := os.environ.get("VMSANDBOX_NETWORK"):
-        network = netpolicy.parse_mode(env_network, source="VMSANDBOX_NETWORK")
-        settings = add("VMSANDBOX_NETWORK", replace(settings, network=network), ["network"])
+        try:
+            settings = _project_layer(project, settings, add, said)
+        except VmsandboxError as exc:  # untrusted too: the settings go on without the project's file
+            said(exc)
+    for name, change in _ENVIRONMENT.items():
+        if value := os.environ.get(name):
+            try:
+                settings = add(name, *change(settings, value, name))
+            except VmsandboxError as exc:
+                said(exc)
     return found
 
 
-@dataclass(frozen=True)
-class ProjectFile:
-    path: Path
-    raw: bytes  # the bytes trust is about
-    data: dict[str, Any]  # parsed from exactly those bytes
+def _project_layer(
+    project: Path,
+    settings: Settings,
+    add: Callable[[str, Settings, Iterable[str]], Settings],
+    said: Callable[[VmsandboxError], None],
+) -> Settings:
+    found = read_project(project, Settings())
+    if found is None:
+        return settings
+    if found.problems is not None:
+        said(found.problems)
+    trust.require(found.path, found.raw, widening_keys(found.data), project=project)
+    source = str(found.path)
+    return add(source, settings.merged(found.data, source), found.data)
+
+
+def _cpus(settings: Settings, value: str, name: str) -> tuple[Settings, list[str]]:
+    if not value.isdigit():
+        raise VmsandboxError(f"{name}={value!r} is not a number of vCPUs", hint=f"e.g. {name}=1")
+    return settings.merged({"cpus": int(value)}, name), ["cpus"]
+
+
+# The environment variables that set something, in order, and what each changes (after the files).
+_ENVIRONMENT: dict[str, Callable[[Settings, str, str], tuple[Settings, list[str]]]] = {
+    "VMSANDBOX_ACCEL": lambda s, v, name: (replace(s, accel=parse_accel(v, source=name)), ["accel"]),
+    "VMSANDBOX_LIBVIRT_URI": lambda s, v, name: (replace(s, libvirt_uri=parse_uri(v, source=name)), ["libvirt_uri"]),
+    "VMSANDBOX_CPUS": _cpus,
+    "VMSANDBOX_NETWORK": lambda s, v, name: (replace(s, network=netpolicy.parse_mode(v, source=name)), ["network"]),
+}
 
 
 def project_file(project: Path) -> ProjectFile | None:
-    """A project's `.vmsandbox.yaml`, read without following links and checked (unknown keys and bad types
-    are errors; `libvirt_uri` is refused: it names a program-running transport as easily as a host)."""
-    path = project / PROJECT_FILE
-    raw = trust.read_project_file(path, project)
-    if raw is None:
-        return None
-    try:
-        data = check(parse_yaml(raw, str(path)), ConfigFile, source=str(path))
-        _refuse_machine_keys(path, data)
-        Settings().merged(data, str(path))  # every value checked before anything asks for trust
-    except VmsandboxError as exc:
-        raise located(exc, str(path), raw) from None
-    return ProjectFile(path, raw, data)
+    """A project's `.vmsandbox.yaml`, read without following links and checked: every value before anything
+    asks for trust (FileError with every problem, each at its line)."""
+    found = read_project(project, Settings())
+    if found is not None and found.problems is not None:
+        raise found.problems
+    return found
 
 
-def _refuse_machine_keys(path: Path, data: dict[str, Any]) -> None:
-    for key in ("libvirt_uri", "hosts"):
-        if key in data:
-            raise VmsandboxError(
-                f"{path}: `{key}` is never taken from a project file",
-                hint=f"set it in {paths.config_dir() / USER_FILE}"
-                + (" or VMSANDBOX_LIBVIRT_URI" if key == "libvirt_uri" else "")
-                + ", then remove it there",
-            )
-
-
-def read_file(path: Path, settings: Settings) -> tuple[Settings, list[str]]:
-    """`settings` with a config file's keys laid over them, and the keys it set; an error names the file, the
-    line and the key."""
-    try:
-        raw = path.read_bytes()
-    except OSError as exc:
-        raise VmsandboxError(f"cannot read {path}: {exc.strerror}") from exc
-    try:
-        data = parse_yaml(raw, str(path))
-        merged = settings.merged(data, str(path))
-    except VmsandboxError as exc:
-        raise located(exc, str(path), raw) from None
-    return merged, list(data)
+def read_file(path: Path, settings: Settings, *, project: bool = False) -> tuple[Settings, list[str]]:
+    """`settings` with a config file's keys laid over them, and the keys it set; FileError with every
+    problem of it, each at its line (a project's file: `libvirt_uri` and `hosts` refused too)."""
+    read = read_config(read_bytes(path), str(path), settings, project=project)
+    if read.problems is not None:
+        raise read.problems
+    return read.settings, list(read.data)
 
 
 def widening_keys(data: dict[str, Any]) -> list[str]:

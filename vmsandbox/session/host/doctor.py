@@ -8,12 +8,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from vmsandbox import paths, proc
+from vmsandbox import paths, proc, trust
 from vmsandbox.confine import access
 from vmsandbox.confine import accounts as confine
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.image import build, recipe
 from vmsandbox.image import store as image
+from vmsandbox.session import settings as config
 from vmsandbox.session.place import choose as places
 from vmsandbox.session.settings import Settings
 from vmsandbox.vm import accel, hostsetup
@@ -169,6 +170,30 @@ def _image() -> Check:
         "`sudo vmsandbox image build` to update",
         blocking=False,
     )
+
+
+def diagnose(project: Path | None) -> list[Check]:
+    """Every check, the config's first: a broken config is one failed check (every problem of it said, each
+    at its line with its hint), and the others run with what of it passes — the diagnosis never stops at it."""
+    first, settings = config_check(project)
+    return [first, *run_checks(settings)]
+
+
+def config_check(project: Path | None) -> tuple[Check, Settings]:
+    """The check of your config and `project`'s `.vmsandbox.yaml`, and the settings as far as they pass (your
+    own only, when the project's file is not trusted)."""
+    settings, broken = config.load_lenient(project)
+    problems = [e for e in broken if not isinstance(e, trust.UntrustedError)]
+    untrusted = next((e for e in broken if isinstance(e, trust.UntrustedError)), None)
+    own = None if untrusted is None else f"{untrusted.message}: checked with your own settings only"
+    if problems:
+        said = [e.message + (f"\n  hint: {e.hint}" if e.hint else "") for e in problems]
+        said += [] if untrusted is None else [f"{own}\n  hint: {untrusted.hint}"]
+        fix = "fix each problem where it is said (`vmsandbox config validate` checks again)"
+        return Check("config", False, "\n".join(said), fix), settings
+    if untrusted is not None and own is not None:
+        return Check("config", False, own, untrusted.hint, blocking=False), settings
+    return Check("config", True, "every setting read (`vmsandbox config show` lists them)"), settings
 
 
 def run_checks(settings: Settings) -> list[Check]:
