@@ -5,11 +5,14 @@ whole there. All traffic stays on loopback."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import shutil
 import socket
+import subprocess
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -53,6 +56,43 @@ def _sha256(path: Path) -> str:
     return sha.hexdigest()
 
 
+def _wrong_speaker() -> socket.socket:
+    """A listener on 127.0.0.1 that answers every connection with bytes that are no ssh greeting."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(8)
+
+    def serve() -> None:
+        with contextlib.suppress(OSError):  # closed: the test is over
+            while True:
+                conn, _ = listener.accept()
+                with conn:
+                    conn.sendall(b"\x00\x01 not ssh\r\n")
+                    conn.settimeout(5)
+                    with contextlib.suppress(OSError):
+                        conn.recv(4096)
+
+    threading.Thread(target=serve, daemon=True).start()
+    return listener
+
+
+def _ssh_wrapper(tmp_path: Path, name: str, *, key: Path, known_hosts: Path) -> Path:
+    """An ssh for libvirt's `command=` that reaches the stand-in with this key and known_hosts."""
+    wrapper = tmp_path / name
+    wrapper.write_text(
+        "#!/bin/sh\n"
+        f"exec ssh -i {key} -o IdentitiesOnly=yes -o UserKnownHostsFile={known_hosts} -o StrictHostKeyChecking=yes "
+        '-o BatchMode=yes -o ConnectTimeout=10 "$@"\n'
+    )
+    wrapper.chmod(0o755)
+    return wrapper
+
+
+def _new_key(path: Path) -> Path:
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", path], check=True)
+    return path
+
+
 def test_hosts_lists_each_host_and_why_one_does_not_answer(
     cli: Cli, far: farhost.FarHost, tmp_path: Path, base_image: store.Image
 ) -> None:
@@ -61,6 +101,16 @@ def test_hosts_lists_each_host_and_why_one_does_not_answer(
     silent.bind(("127.0.0.1", 0))
     silent.listen(8)
     silent_port = silent.getsockname()[1]
+    speaker = _wrong_speaker()
+    # the stand-in's sshd as a host whose key is not the one known here, and as one that takes none of our keys
+    other_host_key = _new_key(tmp_path / "other_host_key").with_suffix(".pub").read_text().split()
+    (tmp_path / "stale_known_hosts").write_text(f"[127.0.0.1]:{far.port} {other_host_key[0]} {other_host_key[1]}\n")
+    client_key = far.root / "client_key"
+    stale = _ssh_wrapper(tmp_path, "stale-ssh", key=client_key, known_hosts=tmp_path / "stale_known_hosts")
+    stranger = _ssh_wrapper(
+        tmp_path, "stranger-ssh", key=_new_key(tmp_path / "k"), known_hosts=far.root / "known_hosts"
+    )
+    at_far = f"qemu+ssh://root@127.0.0.1:{far.port}/system?no_tty=1&command="
     try:
         env = cli.env(
             **_config(
@@ -68,6 +118,9 @@ def test_hosts_lists_each_host_and_why_one_does_not_answer(
                 {"name": "far", "uri": far.uri, "max_sessions": 3},
                 {"name": "refused", "uri": f"qemu+ssh://root@127.0.0.1:{refused}/system?command={far.ssh}&no_tty=1"},
                 {"name": "silent", "uri": f"qemu+ssh://root@127.0.0.1:{silent_port}/system?no_tty=1"},
+                {"name": "not-ssh", "uri": f"qemu+ssh://root@127.0.0.1:{speaker.getsockname()[1]}/system?no_tty=1"},
+                {"name": "key-changed", "uri": at_far + str(stale)},
+                {"name": "no-key", "uri": at_far + str(stranger)},
             )
         )
         started = time.monotonic()
@@ -76,7 +129,7 @@ def test_hosts_lists_each_host_and_why_one_does_not_answer(
         took = time.monotonic() - started
         assert result.returncode == 0, result.stderr.decode()
         rows = {r["name"]: r for r in json.loads(result.stdout)}
-        assert list(rows) == ["local", "far", "refused", "silent"]
+        assert list(rows) == ["local", "far", "refused", "silent", "not-ssh", "key-changed", "no-key"]
         for name in ("local", "far"):
             assert rows[name]["reachable"] is True, rows[name]
             assert rows[name]["libvirt"] and rows[name]["qemu"] and rows[name]["cpus"] >= 1
@@ -84,19 +137,32 @@ def test_hosts_lists_each_host_and_why_one_does_not_answer(
             assert rows[name]["accel"] == "tcg"  # this machine's KVM is not one guests can use
         assert rows["far"]["max_sessions"] == 3
         assert base_image.path.name in rows["local"]["images"]
-        assert rows["refused"]["reachable"] is False
-        assert "Connection refused" in rows["refused"]["problem"], rows["refused"]
-        assert rows["silent"] == {**rows["silent"], "reachable": False, "problem": "no answer in 15 s"}
+        # why each other host does not answer, in ssh's words (libvirt's transport says "Broken pipe" or nothing)
+        said = {name: rows[name]["problem"] for name in list(rows)[2:]}
+        assert all(rows[name]["reachable"] is False for name in said), rows
+        assert said["refused"] == f"ssh: connect to host 127.0.0.1 port {refused}: Connection refused", said
+        assert said["silent"] == "Connection timed out during banner exchange", said
+        assert said["not-ssh"].startswith("kex_exchange_identification"), said
+        assert said["key-changed"] == (
+            f"Host key for [127.0.0.1]:{far.port} has changed and you have requested strict checking."
+        ), said
+        assert said["no-key"] == "root@127.0.0.1: Permission denied (publickey).", said
+        assert "start sshd there" in rows["refused"]["hint"]
+        remove = f'ssh-keygen -f "{tmp_path}/stale_known_hosts" -R "[127.0.0.1]:{far.port}"'  # ssh's own words
+        assert remove in rows["key-changed"]["hint"]
         assert took < 60, f"a silent host held `hosts` for {took:.0f} s"
 
         table = cli.run("hosts", "--timeout", "15", env=env)
         assert table.returncode == 0
         lines = table.stdout.decode().splitlines()
         assert lines[0].split()[:3] == ["HOST", "STATE", "VERSIONS"]
-        assert [ln.split()[1] for ln in lines[1:]] == ["ok", "ok", "unreachable", "unreachable"]
-        assert "virsh -c URI version" in table.stderr.decode()
+        assert [ln.split()[1] for ln in lines[1:]] == ["ok", "ok", *["unreachable"] * 5]
+        hints = table.stderr.decode()
+        assert "hint: refused: nothing listens on that port there" in hints, hints
+        assert "hint: no-key: let ssh in by key" in hints, hints
     finally:
         silent.close()
+        speaker.close()
 
 
 def _inside(far: farhost.FarHost, *argv: str) -> str:

@@ -40,9 +40,14 @@ def wait_for(predicate: Callable[[], object], what: str) -> None:
         time.sleep(0.05)
 
 
-def threads() -> int:
-    """The threads of the daemon (and of the test): not the stand-ins'."""
-    return sum(1 for t in threading.enumerate() if not t.name.startswith("standin"))
+def threads(since: frozenset[int] = frozenset()) -> int:
+    """The threads of the daemon (and of the test): not the stand-ins', nor those alive at `since` (an
+    earlier test's threads may still be ending: only threads born during the scenario are counted)."""
+    return sum(1 for t in threading.enumerate() if not t.name.startswith("standin") and t.ident not in since)
+
+
+def alive() -> frozenset[int]:
+    return frozenset(t.ident for t in threading.enumerate() if t.ident is not None)
 
 
 def descriptors() -> int:
@@ -152,16 +157,17 @@ def test_a_guest_that_shuts_its_window_costs_no_thread_and_is_dropped_in_time(
 
     def scenario(served: daemon.Daemon, watch: Watch) -> None:
         assert _answered(session.sshd.connect(), GET).endswith(HELLO)
-        base = (threads(), descriptors())
+        before = alive()
+        base = (threads(before), descriptors())
         shut = []
         for i in range(60):
             ch = session.sshd.connect(window=0, source_port=41000 + i)
             ch.sendall(GET if i % 2 else b"GARBAGE\r\n\r\n")  # an answer of 600 kB, or a refusal: neither goes
             shut.append(ch)
-        assert threads() == base[0]
+        assert threads(before) == base[0] == 0
         wait_for(lambda: all(ch.closed for ch in shut), "the daemon to close every one of them")
         wait_for(lambda: served.proxy.active == 0 and descriptors() <= base[1], "the daemon to be as it was")
-        assert threads() == base[0]
+        assert threads(before) == 0
         assert _answered(session.sshd.connect(), GET).endswith(HELLO)
 
     _, watch = run_daemon(session, upstream, scenario, Limits(send_timeout=1.0))
@@ -335,7 +341,8 @@ def test_a_flood_of_malformed_slow_and_never_reading_connections_leaves_the_door
 
     def scenario(served: daemon.Daemon, watch: Watch) -> None:
         assert _answered(session.sshd.connect(), GET).endswith(HELLO)
-        base = (threads(), descriptors())
+        before = alive()
+        base = (threads(before), descriptors())
         opened: list[tuple[int, paramiko.Channel]] = []
         for i in range(FLOOD):
             kind = i % 5
@@ -344,7 +351,7 @@ def test_a_flood_of_malformed_slow_and_never_reading_connections_leaves_the_door
                 ch.sendall(MALFORMED[kind] if kind < 3 else SLOW if kind == 3 else GET)
             opened.append((kind, ch))
             if i % 100 == 0:
-                peaks.append((threads(), descriptors()))
+                peaks.append((threads(before), descriptors()))
         for kind, ch in opened:
             if kind == 4:
                 continue  # (it reads nothing)
@@ -357,9 +364,11 @@ def test_a_flood_of_malformed_slow_and_never_reading_connections_leaves_the_door
         door = served.doorway.pump
         assert door is not None
         wait_for(lambda: door.count == 0 and served.proxy.active == 0, "the door to be empty")
-        wait_for(lambda: threads() <= base[0] and descriptors() <= base[1], "threads and descriptors as they were")
+        wait_for(
+            lambda: threads(before) <= base[0] and descriptors() <= base[1], "threads and descriptors as they were"
+        )
         assert _answered(session.sshd.connect(), GET).endswith(HELLO)
-        assert threads() == base[0] and max(t for t, _ in peaks) == base[0]  # never a thread per connection
+        assert threads(before) == base[0] == 0 and max(t for t, _ in peaks) == 0  # never a thread per connection
         fixed = base[1] + 3 * lim.connections  # a socket pair and an upstream per connection
         assert max(d for _, d in peaks) <= fixed, peaks
 

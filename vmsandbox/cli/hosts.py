@@ -63,11 +63,9 @@ def hosts_command(
             ]
         )
     columns(["HOST", "STATE", "VERSIONS", "ACCEL", "MEMORY FREE", "SESSIONS", "IMAGES", "URI", "PROBLEM"], rows)
-    if any(s.node is None for s in found[1:]):  # a configured host (the first is this machine)
-        ui.info(
-            "A host that does not answer: check that `virsh -c URI version` works from here (ssh by key, without a "
-            "password; libvirtd running there)."
-        )
+    for s in found:  # each host that does not answer: the fix for what it said
+        if s.node is None and s.hint:
+            ui.err.print(f"[dim]hint:[/] {ui.printable(s.spec.name)}: {ui.printable(s.hint)}", soft_wrap=True)
 
 
 @host_app.command("prepare")

@@ -13,9 +13,16 @@ from typing import TypeVar
 from urllib.parse import urlsplit
 
 from vmsandbox.errors import VmsandboxError
+from vmsandbox.vm import sshcheck
 
 T = TypeVar("T")
 OPEN_TIMEOUT = 20.0  # another host's libvirt answers in a second or two; one behind a dead route, in TCP's minutes
+
+
+REMOTE_HINT = (
+    "check that `virsh -c URI version` works from here (ssh by key, without a password, to an account that may "
+    "use libvirt there; libvirtd running there)"
+)
 
 
 class UnreachableError(VmsandboxError):
@@ -87,11 +94,8 @@ class Node:
 
 def unreachable_hint(message: str, uri: str, default_uri: str) -> str:
     """The fix for a libvirt connection refused with `message`."""
-    if urlsplit(uri).hostname:
-        return (
-            "check that `virsh -c URI version` works from here (ssh by key, without a password, to an account "
-            "that may use libvirt there; libvirtd running there)"
-        )
+    if urlsplit(uri).hostname:  # libvirt's ssh transport loses ssh's words; `hosts` asks ssh itself
+        return f"`vmsandbox hosts` says why, in ssh's words; {REMOTE_HINT}" if sshcheck.target(uri) else REMOTE_HINT
     hint = (
         "start it with `vmsandbox host setup` (or `virtlogd -d && libvirtd -d` as root), "
         "then check with `vmsandbox doctor`"

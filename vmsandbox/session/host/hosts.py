@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.image import store
@@ -15,9 +16,12 @@ from vmsandbox.session.place import hostspec
 from vmsandbox.session.place.hostspec import HostSpec
 from vmsandbox.session.record import DOMAIN_PREFIX
 from vmsandbox.session.settings import Settings
-from vmsandbox.vm.node import Node
+from vmsandbox.vm import sshcheck
+from vmsandbox.vm.node import REMOTE_HINT, Node, unreachable_hint
 
 PROBE_TIMEOUT = 20.0  # a host behind a dead route would otherwise hold `hosts` for TCP's minutes
+JOIN_GRACE = 1.0  # a probe ends by its own deadline: this is for a machine too busy to wake its thread on time
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -27,6 +31,7 @@ class Status:
     problem: str | None  # why it could not be asked (None: it answered)
     sessions: int = 0  # vmsandbox domains running there
     images: tuple[str, ...] = ()  # the images it holds whole
+    hint: str | None = None  # the fix for `problem`
 
     @property
     def accel(self) -> str:
@@ -47,6 +52,7 @@ class Status:
             "uri": self.spec.uri,
             "reachable": n is not None,
             "problem": self.problem,
+            "hint": self.hint,
             **{k: None if n is None else getattr(n, k) for k in facts},
             "accel": None if n is None else self.accel,
             "kvm_problem": kvm_problem,
@@ -57,8 +63,8 @@ class Status:
         }
 
 
-def probe(spec: HostSpec) -> Status:
-    """Ask one host (connecting to it)."""
+def _ask(spec: HostSpec) -> Status:
+    """Ask one host's libvirt what it is and what it holds (connecting to it)."""
     try:
         with places.host(spec) as host:
             hv = host.libvirt()
@@ -66,22 +72,85 @@ def probe(spec: HostSpec) -> Status:
             sessions = sum(1 for d in hv.domains(DOMAIN_PREFIX) if not d.stopped)
             images = tuple(host.images_held())
     except VmsandboxError as exc:
-        return Status(spec, None, exc.message)
+        return Status(spec, None, exc.message, hint=exc.hint)
     return Status(spec, node, None, sessions, images)
 
 
+class _Later(Generic[T]):
+    """call() in a daemon thread (a host that never answers must not keep the command from ending); `ended` is
+    set when it returns."""
+
+    def __init__(self, call: Callable[[], T], ended: threading.Event) -> None:
+        self._value: list[T] = []
+        self._error: list[BaseException] = []
+        self._ended = ended
+        threading.Thread(target=self._run, args=(call,), daemon=True).start()
+
+    def _run(self, call: Callable[[], T]) -> None:
+        try:
+            self._value.append(call())
+        except BaseException as exc:  # noqa: BLE001 - handed to the waiting thread as it is
+            self._error.append(exc)
+        finally:
+            self._ended.set()
+
+    @property
+    def done(self) -> bool:
+        """Whether call() returned (what it raised is raised here)."""
+        if self._error:
+            raise self._error[0]
+        return bool(self._value)
+
+    @property
+    def value(self) -> T:
+        return self._value[0]
+
+
+def probe(spec: HostSpec, timeout: float = PROBE_TIMEOUT) -> Status:
+    """Ask one host, within `timeout`. A host reached over ssh is sshed to at the same time (vm/sshcheck.py):
+    when its libvirt does not answer, ssh's own words say why (libvirt's transport loses them); when ssh cannot
+    get through, neither can libvirt, and that is the answer."""
+    deadline = time.monotonic() + timeout
+    ended = threading.Event()
+    asked = _Later(lambda: _ask(spec), ended)
+    checked = _Later(lambda: sshcheck.check(spec.uri, timeout), ended) if sshcheck.target(spec.uri) else None
+    while True:
+        ended.clear()  # before looking: an end after this wakes the wait below
+        if asked.done and (asked.value.node is not None or checked is None or checked.done):
+            break
+        if checked is not None and checked.done and checked.value is not None:
+            break
+        if not ended.wait(deadline - time.monotonic()):
+            break
+    if asked.done and asked.value.node is not None:
+        return asked.value
+    if checked is not None and checked.done and (why := checked.value) is not None:
+        return Status(spec, None, why.said, hint=why.hint)
+    no_answer = f"no answer in {timeout:.0f} s"
+    if checked is None:  # not over ssh (this machine, TLS): libvirt's words and their fix
+        hint = unreachable_hint("", spec.uri, spec.uri)
+        return asked.value if asked.done else Status(spec, None, no_answer, hint=hint)
+    problem = asked.value.problem if asked.done else no_answer
+    return Status(spec, None, problem, hint=_PAST_SSH if checked.done else REMOTE_HINT)
+
+
+_PAST_SSH = (
+    "ssh gets through, libvirt there does not answer: check that libvirtd runs there and that the account may "
+    "use it (`virsh -c URI version` from here)"
+)
+
+
 def probe_all(specs: list[HostSpec], timeout: float = PROBE_TIMEOUT) -> list[Status]:
-    """Every host asked at once; one that has not answered after `timeout` is listed as such (its thread is a
-    daemon: a hung connection does not keep the command from ending)."""
+    """Every host asked at once, each within `timeout`; one that has not answered by then is listed as such."""
     found: dict[int, Status] = {}
 
     def ask(i: int, spec: HostSpec) -> None:
-        found[i] = probe(spec)
+        found[i] = probe(spec, timeout)
 
     threads = [threading.Thread(target=ask, args=(i, s), daemon=True) for i, s in enumerate(specs)]
     for t in threads:
         t.start()
-    deadline = time.monotonic() + timeout
+    deadline = time.monotonic() + timeout + JOIN_GRACE
     for t in threads:
         t.join(max(0.0, deadline - time.monotonic()))
     return [found.get(i) or Status(s, None, f"no answer in {timeout:.0f} s") for i, s in enumerate(specs)]
