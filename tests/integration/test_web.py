@@ -168,7 +168,7 @@ def test_a_hostile_guest_runs_no_script_and_the_chosen_hunks_land(
     assert "a.py" in commits
     listed = subprocess.run(["git", "-C", str(project), "for-each-ref"], capture_output=True, text=True, check=True)
     assert "vmsandbox" not in listed.stdout  # shown from a staging namespace that is gone again
-    shoot(d, "review.png")
+    shoot(d, "hostile.png")
 
     sections = {
         s.find_element(By.CSS_SELECTOR, ".label").text: s for s in d.find_elements(By.CSS_SELECTOR, "section.file")
@@ -191,6 +191,69 @@ def test_a_hostile_guest_runs_no_script_and_the_chosen_hunks_land(
     for name, content in HOSTILE.items():
         assert (project / name).read_text() == content
     assert d.execute_script("return typeof window.pwned") == "undefined"
+
+
+TERMUI = "def echo(message):\n    print(message)\n\n\ndef style(text):\n    return text\n"
+PYC = ["core", "utils", "types", "parser", "termui", "decorators", "exceptions", "formatting"]
+
+
+def test_a_review_reads_like_a_pull_request(
+    module_vms: VmFactory, server: Server, browser: WebDriver, tmp_path: Path
+) -> None:
+    """One source change and a dozen files the project ignores or that are binary (a package imported once,
+    images): the source change first and alone in view, the rest one line per group with its reason, folded;
+    a group taken by its one choice, once expanded, lands whole; what was left waits."""
+    from selenium.webdriver.common.by import By
+
+    p = tmp_path / "pr"
+    (p / "src" / "click").mkdir(parents=True)
+    (p / "src" / "click" / "termui.py").write_text(TERMUI)
+    (p / ".gitignore").write_text("__pycache__/\n*.pyc\n")
+    git = ["git", "-C", str(p), "-c", "user.email=t@t", "-c", "user.name=t"]
+    subprocess.run([*git, "init", "-q", "-b", "main"], check=True)
+    subprocess.run([*git, "add", "-A"], check=True)
+    subprocess.run([*git, "commit", "-qm", "start"], check=True)
+    record = module_vms.make(p)
+    script = "sed -i 's/    print(message)/    print(message, flush=True)/' src/click/termui.py"
+    script += " && mkdir -p src/click/__pycache__ assets"
+    script += "".join(f" && printf '\\247\\r\\r\\n\\000{m}' > src/click/__pycache__/{m}.cpython-311.pyc" for m in PYC)
+    script += "".join(f" && printf '\\211PNG\\000{n}' > assets/icon-{n}.png" for n in range(4))
+    guest_sh(record, script)
+
+    d = browser
+    visit(d, server, f"/s/{record.name}")
+    sections = d.find_elements(By.CSS_SELECTOR, "section.file")
+    assert [s.find_element(By.CSS_SELECTOR, ".label").text for s in sections if s.is_displayed()] == [
+        "src/click/termui.py"
+    ]
+    assert len(sections) == 1 + 9 + 5  # (the new directories are held with what they hold)
+    assert sections[0].find_element(By.CSS_SELECTOR, ".badge.outcome").text == "will apply"
+    groups = d.find_elements(By.CSS_SELECTOR, "section.group")
+    lines = [g.find_element(By.CSS_SELECTOR, ".groupline").text for g in groups]
+    assert "9 ignored by .gitignore" in lines[0] and "apply these 9" in lines[0], lines
+    assert "5 binary files" in lines[1] and "apply these 5" in lines[1], lines
+    assert [g.find_element(By.TAG_NAME, "details").get_attribute("open") for g in groups] == [None, None]
+    toc = d.find_element(By.ID, "toc").text.splitlines()
+    assert toc[0].startswith("src/click/termui.py") and "will apply" in toc[0], toc
+    assert toc[1:] == ["9 held: ignored by .gitignore", "5 held: binary files"], toc
+    shoot(d, "review.png")
+
+    images = groups[1]
+    images.find_element(By.TAG_NAME, "summary").click()  # expanded on request
+    shown = images.find_elements(By.CSS_SELECTOR, "section.file")
+    icons = [f"assets/icon-{n}.png" for n in range(4)]
+    assert [s.find_element(By.CSS_SELECTOR, ".label").text for s in shown] == ["assets", *icons]
+    outcomes = [s.find_element(By.CSS_SELECTOR, ".badge.outcome") for s in shown]
+    assert [b.text for b in outcomes[1:]] == ["held: binary — pick to apply"] * 4
+    images.find_element(By.CSS_SELECTOR, ".take-all input").click()  # the group's one choice
+    assert {b.text for b in outcomes} == {"will apply"}
+    d.find_element(By.ID, "apply").click()
+    outcome = _wait_for(d, "outcome").text
+    assert "applied src/click/termui.py" in outcome and "applied assets/icon-3.png" in outcome, outcome
+    assert (p / "src" / "click" / "termui.py").read_text() == TERMUI.replace("(message)\n", "(message, flush=True)\n")
+    assert (p / "assets" / "icon-2.png").read_bytes() == b"\x89PNG\x002"
+    assert not (p / "src" / "click" / "__pycache__").exists()  # not chosen: it waits with the session
+    assert "9 change(s) still pending" in d.find_element(By.ID, "left").text
 
 
 def _wait_for(driver: WebDriver, element: str) -> WebElement:
@@ -251,6 +314,9 @@ def test_a_fanout_side_by_side_takes_one_session_per_file_then_ends_them(
     guest_sh(first, "echo from-first > x.txt && echo same > y.txt")
     guest_sh(second, "echo from-second > x.txt && echo same > y.txt")
     visit(browser, server, f"/compare?s={first.name}&s={second.name}")
+    first_row = browser.find_element(By.CSS_SELECTOR, "table.side > tbody > tr td.path").text
+    assert first_row.split("\n")[0] == "x.txt"  # where the sessions differ comes first
+    browser.find_element(By.CSS_SELECTOR, "#agreed summary").click()  # where they agree: folded until asked
     found = browser.find_elements(By.CSS_SELECTOR, "table.side > tbody > tr")
     assert found, browser.page_source[:3000]
     rows = {r.find_element(By.CSS_SELECTOR, "td.path").text.split("\n")[0]: r for r in found}

@@ -17,42 +17,93 @@ if TYPE_CHECKING:
     from vmsandbox.sync.scan.credentials import Finding
 
 
-def summary_table(plan: Plan) -> Any:
-    from rich.table import Column, Table
+STATUS = {"apply": "[green]apply[/]", "merged": "[cyan]merged[/]", "conflict": "[red]conflict[/]",
+          "unsafe": "[red]refused[/]"}  # fmt: skip
+NOTE_LEAST, HEAD_LEAST = 24, 4  # columns a note keeps beside a long path (it wraps), and a cut path of its start
+REASON_LEAST = 20  # columns a held group's reason keeps before its options go on a line of their own
 
+
+def cut(text: str, width: int, *, path: bool = True) -> str:
+    """Text shown in `width` columns at most: a path cut in its middle (it keeps its start and, where it fits,
+    its whole file name), other text at its end."""
+    from rich.cells import cell_len, set_cell_size
+
+    if cell_len(text) <= width:
+        return text
+    if not path:
+        return set_cell_size(text, width - 1) + "…"
+    name = cell_len("/" + text.rsplit("/", 1)[-1])
+    tail = name if name <= width - 1 - HEAD_LEAST else (width - 1) * 2 // 3
+    return set_cell_size(text, width - 1 - tail) + "…" + set_cell_size(text[::-1], tail)[::-1]
+
+
+def _row(item: Item) -> tuple[str, str, str, str]:
+    """(status markup, kind, path, note) of one change read on its own."""
     from vmsandbox.sync.review import diff
     from vmsandbox.sync.review.compare import Status
+
+    c = item.first
+    if item.repository:
+        return STATUS[c.status], "repository", item.label, c.risky or ""
+    shown = c.notes if c.status is Status.UNSAFE else [*c.notes, diff.describe(c)]  # a refusal names the target
+    if c.merge is not None and not c.merge.clean:
+        shown.insert(0, f"{c.merge.conflicts} overlapping hunk(s), the rest merged")
+    return STATUS[c.status], c.kind, c.path, "; ".join(filter(None, shown))
+
+
+def summary_table(plan: Plan, width: int | None = None) -> Any:
+    """The changes read one by one, source first and what is refused after (the held ones are group lines:
+    held_lines), in `width` columns (the terminal's): a path too long is cut in its middle, whole in
+    `vmsandbox diff NAME --stat` and at the prompt."""
+    from rich.cells import cell_len
+    from rich.markup import escape
+    from rich.table import Column, Table
+
+    from vmsandbox.sync.review.compare import Status
+    from vmsandbox.sync.review.outline import keys
     from vmsandbox.sync.review.plan import grouped
 
-    # paths and notes fold onto more lines rather than end in "…": a path is read (and copied) whole
+    found = grouped(plan.shown)
+    items = [i for i in found if i.first.status is not Status.UNSAFE]
+    held = keys(items, plan.mass is not None)
+    rows = [_row(i) for i, k in zip(items, held, strict=True) if k is None]
+    rows += [_row(i) for i in found if i.first.status is Status.UNSAFE]
+    paths = [ui.visible(path) for _, _, path, _ in rows]
+    kinds = max((len(kind) for _, kind, _, _ in rows), default=6)
+    room = (width or ui.err.width) - 8 - len("conflict") - kinds  # 8: the padding of four columns
+    notes = max((cell_len(ui.visible(note)) for *_, note in rows), default=0)
+    longest = max(map(cell_len, paths), default=4)
+    path_width = max(12, min(longest, room - min(notes, NOTE_LEAST) - (notes > 0)))
     table = Table(
-        Column("STATUS", no_wrap=True),
-        Column("CHANGE", no_wrap=True),
-        Column("PATH", overflow="fold"),
-        Column("NOTE", overflow="fold"),
-        box=None,
-    )
-    for item in grouped(plan.shown):
-        c = item.first
-        status = {
-            "apply": "[green]apply[/]", "merged": "[cyan]merged[/]", "conflict": "[red]conflict[/]",
-            "unsafe": "[red]refused[/]",
-        }[c.status]  # fmt: skip
-        if item.quarantined and c.status in (Status.APPLY, Status.MERGED):
-            status = "[yellow]quarantined[/]"
-        elif item.held and c.status in (Status.APPLY, Status.MERGED):
-            status = "[dim]ignored[/]"
-        elif item.secret and c.status in (Status.APPLY, Status.MERGED):
-            status = "[red]credential?[/]"
-        if item.repository:
-            table.add_row(status, "repository", ui.printable(item.label), ui.printable(c.risky or ""))
-            continue
-        shown = c.notes if c.status is Status.UNSAFE else [*c.notes, diff.describe(c)]  # a refusal names the target
-        if c.merge is not None and not c.merge.clean:
-            shown.insert(0, f"{c.merge.conflicts} overlapping hunk(s), the rest merged")
-        notes = "; ".join(filter(None, [c.secret, c.risky, c.held, "binary" if c.binary else None, *shown]))
-        table.add_row(status, c.kind, ui.printable(c.path), ui.printable(notes))
+        Column("STATUS", no_wrap=True, min_width=len("conflict")), Column("CHANGE", no_wrap=True),
+        Column("PATH", no_wrap=True, width=path_width), Column("NOTE", overflow="fold"), box=None,
+        caption_justify="left", caption_style="dim",
+    )  # fmt: skip
+    for (status, kind, _, note), path in zip(rows, paths, strict=True):
+        table.add_row(status, kind, escape(cut(path, path_width)), ui.printable(note))
+    if longest > path_width:
+        table.caption = f"paths cut to fit; whole: `vmsandbox diff {plan.gathered.target.name} --stat`"
     return table
+
+
+def held_lines(plan: Plan, width: int | None = None) -> list[str]:
+    """One line per held group of the plan: how many, why, and what takes them (`--include-*`), in `width`
+    columns (the reason cut short where it must; on a narrow terminal the options go on a line of their own)."""
+    from rich.markup import escape
+
+    from vmsandbox.sync.review.outline import outline
+
+    width = width or ui.err.width
+    lines = []
+    for g in outline(plan.todo, plan.mass is not None).groups:
+        take = " ".join(g.flags) if g.flags else "only `y` at the prompt"
+        head = f"  held {len(g.numbers):>3}  "
+        room = width - len(head) - len(" · ") - len(take)
+        apart = room < REASON_LEAST and len(ui.visible(g.reason)) > room  # the options on the next line
+        reason = escape(cut(ui.visible(g.reason), width - len(head) if apart else room, path=False))
+        head = head.replace("held", "[yellow]held[/]", 1)
+        lines.append(f"{head}{reason}\n{' ' * 13}→ {take}" if apart else f"{head}{reason} · {take}")
+    return lines
 
 
 def _ask(question: str, choices: str) -> str:
@@ -64,43 +115,67 @@ def _ask(question: str, choices: str) -> str:
 
 
 def ask_person(plan: Plan) -> Decisions:
-    """Per item: y apply, n skip, d diff, a apply all remaining safe items, q stop; then the commits."""
-    from vmsandbox.sync.review import diff
-    from vmsandbox.sync.review.compare import Status
+    """The source changes one by one (y apply, n skip, d diff, a apply all remaining safe ones, q stop), then each
+    held group as one question (y all of it, n none, e each, q stop); then the commits."""
+    from vmsandbox.sync.review.outline import outline
     from vmsandbox.sync.review.plan import Decisions
 
     if plan.mass is not None:
         return _ask_mass(plan)
-    SAFE = (Status.APPLY, Status.MERGED)  # noqa: N806
+    shape = outline(plan.todo)
     accepted: list[Item] = []
-    apply_rest = False
-    for i, item in enumerate(plan.todo, 1):
-        c = item.first
-        if apply_rest and not (item.risky or item.held or item.binary or item.secret) and c.status in SAFE:
-            accepted.append(item)
-            continue
-        verb = {Status.CONFLICT: "keep the guest version beside it", Status.MERGED: "apply the merge"}.get(
-            c.status, "apply"
-        )
-        why = item.secret or item.risky or item.held or ("binary: apply only what you know" if item.binary else None)
-        warn = f" [yellow]⚠ {ui.printable(why)}[/]" if why else ""
-        ui.err.print(f"[bold]({i}/{len(plan.todo)})[/] {item.kind} {ui.printable(item.label)} — {c.status.value}{warn}")
-        while True:
-            answer = _ask(f"  {verb}? y=yes n=no d=diff a=all safe q=quit", "yndaq")
-            if answer != "d":
-                break
-            text = "".join(diff.merge_text(plan.gathered, m) or diff.diff_text(plan.gathered, m) for m in item.changes)
-            ui.err.print(ui.printable(text, markup=False), markup=False, highlight=False)
+    answer = _ask_items(plan, shape.source, accepted, shape.order)
+    for g, line in zip(shape.groups, held_lines(plan), strict=True):
         if answer == "q":
             break
-        if answer in "ya":
-            accepted.append(item)
-        apply_rest = apply_rest or answer == "a"
+        ui.err.print(line, highlight=False)
+        answer = _ask(
+            f"  apply {'it' if len(g.numbers) == 1 else 'all ' + str(len(g.numbers))}? y=yes n=no e=each q=quit", "yneq"
+        )
+        if answer == "y":
+            accepted += [plan.todo[n] for n in g.numbers]
+        elif answer == "e":
+            answer = _ask_items(plan, g.numbers, accepted, shape.order, held=True)
     name = plan.gathered.target.name
     take = plan.gathered.refs_changed and (
         _ask(f"Fetch the guest's commits into refs/remotes/vmsandbox-{name}/*? y=yes n=no", "yn") == "y"
     )
     return Decisions(tuple(accepted), (), take)
+
+
+def _ask_items(plan: Plan, numbers: Sequence[int], accepted: list[Item], order: list[int], held: bool = False) -> str:
+    """Ask about each of the plan's items `numbers` (counted in reading `order`; `held`: a held group's, which
+    "all safe" never takes); the last answer ("q": stop)."""
+    from vmsandbox.sync.review import diff
+    from vmsandbox.sync.review.compare import Status
+
+    apply_rest, answer = False, ""
+    for n in numbers:
+        item, c = plan.todo[n], plan.todo[n].first
+        why = item.secret or item.risky or item.held or ("binary: apply only what you know" if item.binary else None)
+        safe = not (why or held) and c.status in (Status.APPLY, Status.MERGED)
+        if apply_rest and safe:
+            accepted.append(item)
+            continue
+        verb = {Status.CONFLICT: "keep the guest version beside it", Status.MERGED: "apply the merge"}.get(
+            c.status, "apply"
+        )
+        warn = f" [yellow]⚠ {ui.printable(why)}[/]" if why else ""
+        place = f"({order.index(n) + 1}/{len(order)})"
+        ui.err.print(f"[bold]{place}[/] {item.kind} {ui.printable(item.label)} — {c.status.value}{warn}")
+        choices = "yndaq" if not (why or held) else "yndq"
+        while True:
+            answer = _ask(f"  {verb}? y=yes n=no d=diff{' a=all safe' if 'a' in choices else ''} q=quit", choices)
+            if answer != "d":
+                break
+            text = "".join(diff.merge_text(plan.gathered, m) or diff.diff_text(plan.gathered, m) for m in item.changes)
+            ui.err.print(ui.printable(text, markup=False), markup=False, highlight=False)
+        if answer == "q":
+            return answer
+        if answer in "ya":
+            accepted.append(item)
+        apply_rest = apply_rest or answer == "a"
+    return answer
 
 
 def _ask_mass(plan: Plan) -> Decisions:
@@ -118,16 +193,20 @@ def _ask_mass(plan: Plan) -> Decisions:
     return Decisions(massed=tuple(plan.todo))
 
 
-def mass_table(plan: Plan) -> Any:
+def mass_table(plan: Plan, width: int | None = None) -> Any:
+    """A mass change by directory and kind, largest groups first, in `width` columns (directories cut short)."""
+    from rich.markup import escape
     from rich.table import Column, Table
 
     from vmsandbox.sync.review import mass
 
-    table = Table(Column("CHANGES", justify="right"), Column("KIND"), Column("SIZE", justify="right"),
-                  Column("UNDER", overflow="fold"), box=None)  # fmt: skip
+    table = Table(Column("CHANGES", justify="right"), Column("KIND", no_wrap=True), Column("SIZE", justify="right"),
+                  Column("UNDER", no_wrap=True), box=None)  # fmt: skip
     groups = mass.grouped(c for i in plan.todo for c in i.changes)
+    room = (width or ui.err.width) - 8 - len("CHANGES") - max((len(g.kind) for g in groups), default=4) - 12
     for g in groups[:MASS_ROWS]:
-        table.add_row(str(g.count), g.kind, f"{g.size / 1024**2:.1f} MiB", ui.printable(g.where))
+        where = escape(cut(ui.visible(g.where), max(room, 12)))
+        table.add_row(str(g.count), g.kind, f"{g.size / 1024**2:.1f} MiB", where)
     if len(groups) > MASS_ROWS:
         rest = groups[MASS_ROWS:]
         table.add_row(str(sum(g.count for g in rest)), "…", "", f"{len(rest)} more groups")
@@ -138,15 +217,27 @@ MASS_ROWS = 30
 
 
 def show(plan: Plan) -> bool:
-    """The summary of a plan; False when there is nothing to review."""
+    """The summary before the questions, or of a dry run: summary(), then a line per held group and its option."""
+    shown = summary(plan)
+    for line in held_lines(plan) if shown and plan.mass is None else []:
+        ui.err.print(line, highlight=False)
+    return shown
+
+
+def summary(plan: Plan) -> bool:
+    """The summary's table (a mass change's by directory and kind); what is held is said by the report after an
+    apply (`--yes`), or by show() before the questions. False when there is nothing to review."""
     if plan.empty:
         ui.info("No changes in the guest.")
         return False
     if plan.mass is not None:
         ui.err.print(mass_table(plan))
-        ui.warn(f"a mass change: {plan.mass}; shown grouped by directory and kind")
-    elif plan.shown:
-        ui.err.print(summary_table(plan))
+        ui.warn(f"a mass change: {plan.mass}")
+        ui.err.print("  shown by directory and kind; `--yes --include-mass` takes its safe part")
+        return True
+    table = summary_table(plan)
+    if table.rows:
+        ui.err.print(table)
     return True
 
 
@@ -232,7 +323,7 @@ class Terminal:
     def decide(self, review: Plan) -> Decisions:
         from vmsandbox.core.person import Nobody
 
-        if not show(review):
+        if not (show(review) if self.ask else summary(review)):  # (without questions the report says what waits)
             from vmsandbox.sync.review.plan import Decisions
 
             return Decisions()

@@ -77,6 +77,7 @@ def show_review(request: Request) -> Response:
     return page(
         "review.html", name=name, record=record, plan=plan, files=files, counts=review.counts(plan),
         page=page_number, pages=pages, refused=plan.refused, refs=refs, refs_refused=refs_refused,
+        groups=review.shelves(plan, files),
     )  # fmt: skip
 
 

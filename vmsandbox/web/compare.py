@@ -36,6 +36,11 @@ class Line:
         digests = {c.view.digest for c in self.cells if c.view is not None}
         return len(digests) == 1 and all(c.view is not None for c in self.cells)
 
+    @property
+    def held(self) -> bool:
+        """Some session's change to it is held (ignored, binary, quarantined, …): read after the source."""
+        return any(c.view is not None and c.view.group is not None for c in self.cells)
+
 
 def groups(rows: list[dict[str, Any]]) -> dict[str, list[str]]:
     """The fan-outs among the sessions listed: group name → its sessions."""
@@ -56,16 +61,28 @@ def _plans(names: list[str]) -> dict[str, Plan]:
 
 @dataclass
 class View:
-    lines: list[Line]
+    lines: list[Line]  # where the sessions differ first (source, then held), then where they all agree
     reviews: dict[str, str]  # session -> the id of its review frozen for this page
+
+    @property
+    def differ(self) -> list[tuple[int, Line]]:
+        """The lines where the sessions differ, each with its number in the form."""
+        return [(k, line) for k, line in enumerate(self.lines) if not line.agree]
+
+    @property
+    def agree(self) -> list[tuple[int, Line]]:
+        """The lines where every session made the same change: folded on the page."""
+        return [(k, line) for k, line in enumerate(self.lines) if line.agree]
 
 
 def view(names: list[str]) -> View:
-    """Every path any of the sessions changed, with each session's change to it (or none)."""
+    """Every path any of the sessions changed, with each session's change to it (or none): where they differ
+    first, the source before what is held; where they all agree last."""
     plans = _plans(names)
     per_session = {name: {v.label: v for v in _all_views(plan)} for name, plan in plans.items()}
     paths = sorted({label for views in per_session.values() for label in views})
     lines = [Line(p, [Cell(name, per_session[name].get(p)) for name in names]) for p in paths]
+    lines.sort(key=lambda line: (line.agree, line.held))  # (stable: in path order within each)
     return View(lines, {name: plan.id for name, plan in plans.items()})
 
 

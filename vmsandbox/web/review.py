@@ -1,9 +1,10 @@
 """A plan (sync.plan) as the review page shows it, and the page's form as Decisions.
 
-Each item of the plan is a file view: its badges (status, risk, held, binary, credential), its diff as hunks a
-person takes one by one (sync/hunks.py), or for an overlapping merge the three-way text to edit. The plan is a
-frozen review (sync.frozen); the form names it, and each item by its number in it and a hash of everything the
-page showed of it: the apply takes that review, never a new fetch, and a content that is no longer what was
+Each item of the plan is a file view: what applying or leaving it does and why it is held (badges.py), its diff
+as hunks a person takes one by one (sync/hunks.py), or for an overlapping merge the three-way text to edit. The
+source changes come first; what is held after, in groups of one choice each (sync/review/outline.py). The plan
+is a frozen review (sync.frozen); the form names it, and each item by its number in it and a hash of everything
+the page showed of it: the apply takes that review, never a new fetch, and a content that is no longer what was
 shown is not applied.
 """
 
@@ -20,12 +21,12 @@ from vmsandbox import ui
 from vmsandbox.sync.git import fetch as commitfetch
 from vmsandbox.sync.git import refs
 from vmsandbox.sync.land import write as apply
-from vmsandbox.sync.review import diff, hunks, merge
+from vmsandbox.sync.review import diff, hunks, merge, outline
 from vmsandbox.sync.review.compare import Change, Status
 from vmsandbox.sync.review.diff import DIFF_LIMIT
 from vmsandbox.sync.review.plan import Decisions, Item, Plan
 from vmsandbox.sync.tree.manifest import CARRIED, FILE
-from vmsandbox.web import highlight
+from vmsandbox.web import badges, highlight
 
 CONTEXT = 3  # unchanged lines shown around a hunk
 PAGE_ITEMS = 100  # files per page: a mass change is read a page at a time
@@ -47,16 +48,33 @@ class HunkView:
 
 @dataclass
 class FileView:
-    id: int
+    id: int  # the item's number in the frozen review (plan.todo)
     label: str
     kind: str
     status: str
     digest: str
-    badges: list[tuple[str, str]] = field(default_factory=list)  # (css class, text)
+    words: badges.Words  # what applying and leaving it do, its hold, the facts beside
+    group: str | None = None  # the held group it is shown in (outline.keys), None: a source change
     hunks: list[HunkView] = field(default_factory=list)
     note: str = ""  # what a non-text change is
     three_way: str | None = None  # an overlapping merge, to edit
     default: str = "apply"  # the choice preselected: safe changes apply, the rest waits for a person
+
+    @property
+    def outcome(self) -> badges.Badge:
+        """What happens to it with the choice preselected."""
+        return self.words.on_apply if self.default == "apply" else self.words.on_skip
+
+
+@dataclass
+class Shelf:
+    """A held group as one page shows it: one line with its reason and the one choice that takes every file of it
+    listed on this page, the files shown on request."""
+
+    key: str
+    reason: str
+    total: int  # in the whole review (a mass change's groups span pages)
+    files: list[FileView]
 
 
 def digest_of(item: Item) -> str:
@@ -92,23 +110,6 @@ def texts(plan: Plan, c: Change) -> tuple[bytes, bytes] | None:
     return old, new
 
 
-def badges(item: Item) -> list[tuple[str, str]]:
-    c = item.first
-    found = [(c.status.value, c.status.value)]
-    if item.secret:
-        found.append(("secret", item.secret))
-    if item.risky:
-        found.append(("risky", f"quarantined: {item.risky}"))
-    if item.held:
-        found.append(("held", item.held))
-    if item.binary:
-        found.append(("binary", "binary"))
-    if c.merge is not None and not c.merge.clean:
-        found.append(("conflict", f"{c.merge.conflicts} overlapping hunk(s)"))
-    found += [("note", n) for n in c.notes]
-    return found
-
-
 def _hunk_views(old: bytes, new: bytes, old_html: list[Markup], new_html: list[Markup]) -> list[HunkView]:
     found = hunks.hunks(old, new)
     views: list[HunkView] = []
@@ -126,29 +127,16 @@ def _hunk_views(old: bytes, new: bytes, old_html: list[Markup], new_html: list[M
 
 
 def files(plan: Plan, page: int = 0) -> list[FileView]:
-    """The file views of one page of the plan's items."""
-    items = list(enumerate(plan.todo))[page * PAGE_ITEMS : (page + 1) * PAGE_ITEMS]
+    """The file views of one page of the plan's items, as a person reads them (outline.py): the source changes
+    first, then the held groups."""
+    shape = outline.outline(plan.todo, plan.mass is not None)
+    held = {n: g.key for g in shape.groups for n in g.numbers}
     pairs: list[tuple[int, bytes, bytes]] = []
     views: list[FileView] = []
-    for i, item in items:
-        c = item.first
-        safe = c.status in (Status.APPLY, Status.MERGED) and not (item.risky or item.held or item.binary or item.secret)
-        view = FileView(i, item.label, item.kind, c.status.value, digest_of(item), badges(item))
-        view.default = "apply" if safe and plan.mass is None else "skip"
-        try:
-            both = None if item.repository else texts(plan, c)
-        except apply.ChangedError as exc:
-            both, view.note = None, exc.message
-        if c.merge is not None and not c.merge.clean:
-            text = c.merge.text.decode(errors="replace")
-            if ui.visible(text) == text:
-                view.three_way = text
-            else:  # shown escaped, an edit of it would be the escapes: resolved at the terminal instead
-                view.note = UNEDITABLE
-        elif both is not None:
+    for i in shape.order[page * PAGE_ITEMS : (page + 1) * PAGE_ITEMS]:
+        view, both = _view(plan, i, held.get(i))
+        if both is not None:
             pairs.append((len(views), *both))
-        else:
-            view.note = diff.describe(c) or c.kind
         views.append(view)
     shown = highlight.lines(
         [(views[k].label, text.decode(errors="replace")) for k, old, new in pairs for text in (old, new)]
@@ -159,6 +147,39 @@ def files(plan: Plan, page: int = 0) -> list[FileView]:
             old_html, new_html = _plain(old), _plain(new)
         views[k].hunks = _hunk_views(old, new, old_html, new_html)
     return views
+
+
+def _view(plan: Plan, i: int, group: str | None) -> tuple[FileView, tuple[bytes, bytes] | None]:
+    """Item `i`'s view, and its two texts when it is shown as hunks."""
+    item = plan.todo[i]
+    c = item.first
+    view = FileView(i, item.label, item.kind, c.status.value, digest_of(item), badges.words(item, group), group)
+    safe = c.status in (Status.APPLY, Status.MERGED) and not (item.risky or item.held or item.binary or item.secret)
+    view.default = "apply" if safe and group is None else "skip"  # (a mass change's items are all in groups)
+    try:
+        both = None if item.repository else texts(plan, c)
+    except apply.ChangedError as exc:
+        both, view.note = None, exc.message
+    if c.merge is not None and not c.merge.clean:
+        text = c.merge.text.decode(errors="replace")
+        if ui.visible(text) == text:
+            view.three_way = text
+        else:  # shown escaped, an edit of it would be the escapes: resolved at the terminal instead
+            view.note = UNEDITABLE
+        return view, None
+    if both is None:
+        view.note = view.note or diff.describe(c) or c.kind
+    return view, both
+
+
+def shelves(plan: Plan, views: list[FileView]) -> list[Shelf]:
+    """The held groups of the page that shows `views`, in the order they are read."""
+    found: list[Shelf] = []
+    for g in outline.outline(plan.todo, plan.mass is not None).groups:
+        members = [v for v in views if v.group == g.key]
+        if members:
+            found.append(Shelf(g.key, g.reason, len(g.numbers), members))
+    return found
 
 
 def _plain(text: bytes) -> list[Markup]:
@@ -173,11 +194,13 @@ class Chosen:
 
 def decisions(plan: Plan, form: dict[str, list[str]]) -> Chosen:
     """The form of the review page as Decisions on `plan`, the frozen review the page showed: per item (by its
-    number in the review, with the hash of all it showed) apply or not, the hunks taken, an edited merge; the
-    guest's commits if asked."""
+    number in the review, with the hash of all it showed) apply or not — its own choice, or its held group's
+    (`g-KEY`: every item of the group the page listed, each still named by number and hash) — the hunks taken,
+    an edited merge; the guest's commits if asked."""
     accept: list[Item] = []
     contents: dict[str, bytes] = {}
     refused: list[str] = []
+    groups = outline.keys(plan.todo, plan.mass is not None)
     for key in (k for k in form if k.startswith("d") and k[1:].isdigit() and k[1:].isascii()):
         n = key[1:]
         index = int(n)
@@ -185,7 +208,9 @@ def decisions(plan: Plan, form: dict[str, list[str]]) -> Chosen:
         if item is None or form[key][0] != digest_of(item):
             refused.append(f"item {n}: not what this review showed; reload the page")
             continue
-        if form.get(f"f{n}", ["skip"])[0] != "apply":
+        group = groups[index]
+        taken = group is not None and form.get(f"g-{group}", [""])[0] == "apply"  # its group's one choice
+        if form.get(f"f{n}", ["skip"])[0] != "apply" and not taken:
             continue
         try:
             why = _content(plan, item, form, n, contents)

@@ -51,6 +51,9 @@ DERIVED_DIRS = frozenset(
 DERIVED_SUFFIXES = (".egg-info", ".pyc", ".pyo", ".class", ".o")
 
 
+IGNORED = "ignored by the project (.gitignore)"  # a change's `held` for a path git ignores
+
+
 def derived(path: str) -> str | None:
     """Why a path of a project without git is derived (the component that makes it so), or None."""
     for part in path.split("/"):
@@ -101,7 +104,7 @@ def mark_held(target: Target, found: Sequence[Change], source: Path) -> None:
     ignored = _git_ignored(target, list(asked))
     for query, c in asked.items():
         if query in ignored:
-            c.held = "ignored by the project (.gitignore)"
+            c.held = IGNORED
 
 
 def mark_credentials(found: Sequence[Change], source: Path, baseline: Path) -> None:

@@ -43,12 +43,17 @@ class Group:
     size: int  # bytes of the guest's files
 
 
+def place(path: str) -> str:
+    """The directory a change is counted under: its first GROUP_DEPTH levels (`a/b/`), "." for the top."""
+    parts = path.split("/")[:-1][:GROUP_DEPTH]
+    return "/".join(parts) + "/" if parts else "."
+
+
 def grouped(changes: Iterable[Change]) -> list[Group]:
     """The changes counted by directory (first GROUP_DEPTH levels) and kind, largest groups first."""
     counts: dict[tuple[str, str], list[int]] = {}
     for c in changes:
-        parts = c.path.split("/")[:-1][:GROUP_DEPTH]
-        key = ("/".join(parts) + "/" if parts else ".", c.kind)
+        key = (place(c.path), c.kind)
         entry = counts.setdefault(key, [0, 0])
         entry[0] += 1
         entry[1] += c.guest.size if c.guest is not None and c.guest.kind == FILE else 0

@@ -168,7 +168,7 @@ class Decisions:
                 accept.append(i)
         # nothing held is half-applied: a new directory that holds only what waits, waits with it
         buckets = [held, ignored, binary, secret]
-        for shell, below in _empty_shells(accept, plan.todo):
+        for shell, below in empty_shells(accept, plan.todo):
             accept.remove(shell)
             next(b for b in buckets if any(x is below for x in b)).append(shell)
         return cls(
@@ -177,7 +177,7 @@ class Decisions:
         )  # fmt: skip
 
 
-def _empty_shells(accept: list[Item], todo: list[Item]) -> list[tuple[Item, Item]]:
+def empty_shells(accept: list[Item], todo: list[Item]) -> list[tuple[Item, Item]]:
     """The accepted new directories that only hold changes left pending, deepest first, each with the first item
     below it: applied alone, each would make an empty shell on the host of what was held back (a `__pycache__`
     of held bytecode)."""

@@ -1,5 +1,5 @@
 // The only script the page runs (the Content Security Policy allows no other): it polls a session's console
-// and egress log and shows them as text (textContent: never markup).
+// and egress log and shows them as text (textContent: never markup), and says what each choice will do.
 "use strict";
 (function () {
   const live = document.querySelector("section.live");
@@ -33,10 +33,58 @@
   setInterval(poll, 3000);
 })();
 
+// What a choice does, said beside it: a file's badges (on its card and in the list at the top) follow its
+// apply / leave choice; a held group's checkbox takes or leaves every file listed under it, and shows whether
+// all, some or none of them are taken. (Without this script the server reads the same fields.)
+function said(n, value) {
+  const which = value === "apply" ? "apply" : "skip";
+  document.querySelectorAll('.badge.outcome[data-for="' + n + '"]').forEach(function (badge) {
+    badge.textContent = badge.dataset[which];
+    badge.className = "badge outcome " + badge.dataset[which + "Class"];
+  });
+}
+
+function settled(file, value) {
+  said(file.id.slice("file-".length), value);
+  const group = file.closest("section.group");
+  if (group) follow(group);
+}
+
+function chose(file, value) {
+  const radio = file.querySelector("input[type=radio][value=" + value + "]");
+  if (radio) radio.checked = true;
+  settled(file, value);
+}
+
+function follow(group) {
+  const box = group.querySelector(".take-all input");
+  const files = group.querySelectorAll("section.file").length;
+  const taken = group.querySelectorAll("section.file input[type=radio][value=apply]:checked").length;
+  box.checked = taken === files;
+  box.indeterminate = taken > 0 && taken < files;
+}
+
+document.querySelectorAll("section.file").forEach(function (file) {
+  file.querySelectorAll("input[type=radio]").forEach(function (radio) {
+    radio.addEventListener("change", function () {
+      settled(file, radio.value);
+    });
+  });
+});
+
+document.querySelectorAll("section.group").forEach(function (group) {
+  const box = group.querySelector(".take-all input");
+  box.addEventListener("change", function () {
+    const value = box.checked ? "apply" : "skip";
+    group.querySelectorAll("section.file").forEach(function (file) {
+      chose(file, value);
+    });
+  });
+});
+
 // An edited merge is a choice to apply it: its file's "apply" is selected (the person may still undo that).
 document.querySelectorAll("textarea.merge").forEach(function (area) {
   area.addEventListener("input", function () {
-    const apply = area.closest("section.file").querySelector("input[type=radio][value=apply]");
-    if (apply) apply.checked = true;
+    chose(area.closest("section.file"), "apply");
   });
 });
