@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 import pathspec
 import pytest
 
+from vmsandbox.core import views
 from vmsandbox.sync.inward import leftout as inbound
 from vmsandbox.sync.review import hunks, mass, merge
 from vmsandbox.sync.review.compare import Change, Status
@@ -129,7 +130,7 @@ def test_the_page_s_hunk_choices_become_the_file_to_write(tmp_path: Path) -> Non
     from vmsandbox.web import review
 
     plan = _plan(tmp_path, OLD, NEW)
-    digest = review.digest_of(plan.todo[0])
+    digest = views.fingerprint(plan.todo[0])
     form = {"d0": [digest], "f0": ["apply"], "hs0": ["1"], "h0": ["0", "2"]}
     chosen = review.decisions(plan, form)
     assert [i.label for i in chosen.decisions.accept] == ["f.txt"]
@@ -157,7 +158,7 @@ def test_an_edited_merge_must_lose_its_markers_and_comes_back_with_the_file_s_li
     plan = _plan(tmp_path, b"a\nb\n", b"a\nguest\n", host=b"a\nhost\n")
     item = plan.todo[0]
     item.first.merge = Merge(b"a\n<<<<<<< host\nhost\n||||||| base\nb\n=======\nguest\n>>>>>>> guest\n", 1)
-    form = {"d0": [review.digest_of(item)], "f0": ["apply"]}
+    form = {"d0": [views.fingerprint(item)], "f0": ["apply"]}
     kept = review.decisions(plan, {**form, "m0": [item.first.merge.text.decode().replace("\n", "\r\n")]})
     assert kept.decisions.contents == {}  # untouched: the guest's version goes beside the file
     assert len(kept.decisions.accept) == 1

@@ -89,16 +89,17 @@ class Chosen:
     refused: list[str] = field(default_factory=list)  # choices not taken, and why
 
 
-def decide(plan: Plan, choices: list[Choice], *, commits: bool = False) -> Chosen:
+def decide(plan: Plan, choices: list[Choice], *, commits: bool = False, again: str = "look again") -> Chosen:
     """Choices on a frozen review as the Decisions the core carries out on it: each must name an item of that
-    review with what was shown of it; hunks and edits are composed from the texts the review saw."""
+    review with what was shown of it (`again`: what a person does when it does not); hunks and edits are
+    composed from the texts the review saw."""
     accept: list[Item] = []
     contents: dict[str, bytes] = {}
     refused: list[str] = []
     for choice in choices:
         item = plan.todo[choice.item] if 0 <= choice.item < len(plan.todo) else None
         if item is None or fingerprint(item) != choice.shown:
-            refused.append(f"item {choice.item}: not what this review showed; look again")
+            refused.append(f"item {choice.item}: not what this review showed; {again}")
             continue
         try:
             why = _content(plan, item, choice, contents)

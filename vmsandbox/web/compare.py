@@ -4,7 +4,7 @@ file is applied (each by its own session's review and apply code), then the rest
 
 Each session's review is frozen when the page is drawn (sync.frozen); the form names each review by its id and
 each pick by the session, the item's number in its review and the hash of all the page showed of it
-(review.digest_of). The apply takes those reviews: nothing is fetched from a guest again, and nothing is
+(core/views.fingerprint). The apply takes those reviews: nothing is fetched from a guest again, and nothing is
 matched by its label."""
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from vmsandbox.core import views
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.sync.review.plan import Decisions, Plan
 from vmsandbox.web import review
@@ -121,7 +122,7 @@ def apply(fields: dict[str, str]) -> Applied:
     for name, chosen in wanted.items():  # every review and pick checked before anything of any is applied
         plan = reviews.reviewed(name, given[name])
         for index, digest in sorted(chosen.items()):
-            if index >= len(plan.todo) or review.digest_of(plan.todo[index]) != digest:
+            if index >= len(plan.todo) or views.fingerprint(plan.todo[index]) != digest:
                 raise VmsandboxError(
                     f"{name}: item {index} is not what the page showed; nothing was applied", hint=_AGAIN
                 )

@@ -10,22 +10,17 @@ shown is not applied.
 
 from __future__ import annotations
 
-import hashlib
-import json
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from markupsafe import Markup, escape
 
 from vmsandbox import ui
+from vmsandbox.core import views
 from vmsandbox.sync.git import fetch as commitfetch
 from vmsandbox.sync.git import refs
-from vmsandbox.sync.land import write as apply
-from vmsandbox.sync.review import diff, hunks, merge, outline
-from vmsandbox.sync.review.compare import Change, Status
-from vmsandbox.sync.review.diff import DIFF_LIMIT
-from vmsandbox.sync.review.plan import Decisions, Item, Plan
-from vmsandbox.sync.tree.manifest import CARRIED, FILE
+from vmsandbox.sync.review import diff, hunks, outline
+from vmsandbox.sync.review.compare import Status
+from vmsandbox.sync.review.plan import Plan
 from vmsandbox.web import badges, highlight
 
 CONTEXT = 3  # unchanged lines shown around a hunk
@@ -77,39 +72,6 @@ class Shelf:
     files: list[FileView]
 
 
-def digest_of(item: Item) -> str:
-    """Everything a page shows of an item, as one short hash: each change's path, status, kind, carried mode,
-    content hash and link target on the guest's side, and every hold and badge. A form names it beside the
-    item, so a choice is only ever taken for exactly what was shown."""
-    shown = [
-        [c.path, c.status.value, c.kind, c.risky, c.held, c.binary, c.secret, c.notes,
-         None if c.guest is None else [c.guest.kind, c.guest.mode & CARRIED, c.guest.digest, c.guest.target],
-         None if c.merge is None else hashlib.sha256(c.merge.text).hexdigest()]
-        for c in item.changes
-    ]  # fmt: skip
-    return hashlib.sha256(json.dumps([item.label, item.repository, shown]).encode()).hexdigest()[:32]
-
-
-def texts(plan: Plan, c: Change) -> tuple[bytes, bytes] | None:
-    """The two texts a change's hunks are made of (before, after), as the review saw them, or None where it is
-    not text. apply.ChangedError when one of them is no longer what the review saw."""
-    g = plan.gathered
-    old: bytes | None
-    new: bytes | None
-    if c.merge is not None and c.merge.clean:
-        old, new = apply.read_as_reviewed(g.project, c.path, c.host, limit=DIFF_LIMIT), c.merge.text
-    elif any(e is not None and e.kind != FILE for e in (c.base, c.guest)) or c.binary or c.kind == "mode changed":
-        return None
-    else:
-        old = apply.read_nofollow(g.target.files.baseline, c.path, limit=DIFF_LIMIT) if c.base else b""
-        new = apply.read_as_reviewed(g.source, c.path, c.guest, limit=DIFF_LIMIT)
-    if old is None or new is None or not (diff.is_text(old) and diff.is_text(new)):
-        return None
-    if max(old.count(b"\n"), new.count(b"\n")) > hunks.HUNK_LINES:
-        return None  # taken or left whole
-    return old, new
-
-
 def _hunk_views(old: bytes, new: bytes, old_html: list[Markup], new_html: list[Markup]) -> list[HunkView]:
     found = hunks.hunks(old, new)
     views: list[HunkView] = []
@@ -153,19 +115,19 @@ def _view(plan: Plan, i: int, group: str | None) -> tuple[FileView, tuple[bytes,
     """Item `i`'s view, and its two texts when it is shown as hunks."""
     item = plan.todo[i]
     c = item.first
-    view = FileView(i, item.label, item.kind, c.status.value, digest_of(item), badges.words(item, group), group)
+    view = FileView(i, item.label, item.kind, c.status.value, views.fingerprint(item), badges.words(item, group), group)
     safe = c.status in (Status.APPLY, Status.MERGED) and not (item.risky or item.held or item.binary or item.secret)
     view.default = "apply" if safe and group is None else "skip"  # (a mass change's items are all in groups)
     try:
-        both = None if item.repository else texts(plan, c)
-    except apply.ChangedError as exc:
+        both = None if item.repository else views.texts(plan, c)
+    except views.ChangedError as exc:
         both, view.note = None, exc.message
     if c.merge is not None and not c.merge.clean:
         text = c.merge.text.decode(errors="replace")
-        if ui.visible(text) == text:
+        if views.editable(c.merge.text):
             view.three_way = text
         else:  # shown escaped, an edit of it would be the escapes: resolved at the terminal instead
-            view.note = UNEDITABLE
+            view.note = views.UNEDITABLE
         return view, None
     if both is None:
         view.note = view.note or diff.describe(c) or c.kind
@@ -186,83 +148,30 @@ def _plain(text: bytes) -> list[Markup]:
     return [escape(ui.visible(line.decode(errors="replace").rstrip("\r\n"))) for line in hunks.lines(text)]
 
 
-@dataclass
-class Chosen:
-    decisions: Decisions
-    refused: list[str]  # items not decided on, and why
-
-
-def decisions(plan: Plan, form: dict[str, list[str]]) -> Chosen:
-    """The form of the review page as Decisions on `plan`, the frozen review the page showed: per item (by its
-    number in the review, with the hash of all it showed) apply or not — its own choice, or its held group's
-    (`g-KEY`: every item of the group the page listed, each still named by number and hash) — the hunks taken,
-    an edited merge; the guest's commits if asked."""
-    accept: list[Item] = []
-    contents: dict[str, bytes] = {}
-    refused: list[str] = []
+def decisions(plan: Plan, form: dict[str, list[str]]) -> views.Chosen:
+    """The form of the review page as the core's choices on `plan`, the frozen review the page showed: per item
+    (by its number in the review, with the hash of all it showed) apply or not — its own choice, or its held
+    group's (`g-KEY`: every item of the group the page listed, each still named by number and hash) — the hunks
+    taken, an edited merge; the guest's commits if asked."""
     groups = outline.keys(plan.todo, plan.mass is not None)
+    choices: list[views.Choice] = []
     for key in (k for k in form if k.startswith("d") and k[1:].isdigit() and k[1:].isascii()):
         n = key[1:]
         index = int(n)
-        item = plan.todo[index] if index < len(plan.todo) else None
-        if item is None or form[key][0] != digest_of(item):
-            refused.append(f"item {n}: not what this review showed; reload the page")
-            continue
-        group = groups[index]
+        group = groups[index] if index < len(groups) else None
         taken = group is not None and form.get(f"g-{group}", [""])[0] == "apply"  # its group's one choice
-        if form.get(f"f{n}", ["skip"])[0] != "apply" and not taken:
-            continue
-        try:
-            why = _content(plan, item, form, n, contents)
-        except apply.ChangedError as exc:
-            why = exc.message
-        if why is None:
-            accept.append(item)
-        elif why:
-            refused.append(f"{item.label}: {why}")
+        chosen = form.get(f"f{n}", ["skip"])[0] == "apply" or taken
+        if not chosen and index < len(groups) and form[key][0] == views.fingerprint(plan.todo[index]):
+            continue  # (left: a page that is not this review's is refused all the same)
+        edit = form.get(f"m{n}")
+        chosen_hunks = {int(h) for h in form.get(f"h{n}", []) if h.isdigit() and h.isascii()}
+        choices.append(views.Choice(
+            index, form[key][0],
+            hunks=chosen_hunks if f"hs{n}" in form else None,
+            edit=None if edit is None else edit[0].encode(),
+        ))  # fmt: skip
     commits = form.get("commits", [""])[0] == "take"
-    return Chosen(Decisions(tuple(accept), (), commits and plan.gathered.refs_changed, contents=contents), refused)
-
-
-def _content(plan: Plan, item: Item, form: dict[str, list[str]], n: str, contents: dict[str, bytes]) -> str | None:
-    """Put in `contents` what the form says to write for the item (hunks, an edit); why it is not applied
-    ("" to leave it quietly: no hunk taken), or None to apply it."""
-    c = item.first
-    edited = form.get(f"m{n}")
-    if edited is not None and c.merge is not None and not c.merge.clean:
-        return _edited(c.path, c.merge.text, edited[0], contents)
-    both = texts(plan, c) if f"hs{n}" in form else None
-    if both is None:
-        return None
-    taken = {int(h) for h in form.get(f"h{n}", []) if h.isdigit() and h.isascii()}
-    every = {h.index for h in hunks.hunks(*both)}
-    if not taken & every:
-        return ""
-    if not taken >= every:
-        contents[c.path] = hunks.compose(*both, taken)
-    return None
-
-
-UNEDITABLE = (
-    "both sides changed the same lines, and the text holds characters that hide or reorder what surrounds them: "
-    "it is not edited here (leave it pending, or apply to keep the guest's version beside the file; "
-    "`vmsandbox pull NAME PATH` shows it escaped)"
-)
-
-
-def _edited(path: str, merged: bytes, edited: str, contents: dict[str, bytes]) -> str | None:
-    """An overlapping merge (`merged`, with its markers) as the person left it in the page."""
-    if ui.visible(merged.decode(errors="replace")) != merged.decode(errors="replace"):
-        return UNEDITABLE
-    text = edited.encode()
-    if b"\r\n" not in merged:
-        text = text.replace(b"\r\n", b"\n")  # a browser sends a textarea's lines with CRLF
-    if text == merged:
-        return None  # not resolved: the guest's version is kept beside the file, as at the terminal
-    if merge.has_markers(text):
-        return "conflict markers remain in the merged text; resolve them or leave the file"
-    contents[path] = text
-    return None
+    return views.decide(plan, choices, commits=commits, again="reload the page")
 
 
 def commits(plan: Plan) -> tuple[list[commitfetch.RefView], str | None]:
@@ -273,19 +182,4 @@ def commits(plan: Plan) -> tuple[list[commitfetch.RefView], str | None]:
         return [], exc.message
 
 
-def counts(plan: Plan) -> dict[str, int]:
-    """The summary at the top of the page."""
-    items: Iterable[Item] = plan.todo
-    found = {"created": 0, "modified": 0, "deleted": 0, "merged": 0, "conflicts": 0, "risky": 0, "ignored": 0,
-             "binary": 0, "credentials": 0}  # fmt: skip
-    for item in items:
-        c = item.first
-        kind = {"added": "created", "deleted": "deleted"}.get(c.kind, "modified")
-        found[kind] += 1
-        found["merged"] += c.status is Status.MERGED
-        found["conflicts"] += c.status is Status.CONFLICT
-        found["risky"] += item.quarantined
-        found["ignored"] += bool(item.held)
-        found["binary"] += item.binary
-        found["credentials"] += bool(item.secret)
-    return found
+counts = views.counts  # (the summary at the top of the page)
