@@ -97,3 +97,20 @@ def test_serve_serves_on_loopback_and_the_socket_until_stopped(tmp_path: Path, m
     made[0].should_exit = True
     thread.join(30)
     assert not thread.is_alive() and not paths.serve_file().exists() and not sock.exists()
+
+
+def test_a_session_the_api_did_not_make_has_no_end_and_is_never_reaped(tmp_path: Path) -> None:
+    """A person's session (made at the terminal, no end kept for it) is listed with no end: the reaper of a
+    `serve` running beside it never ends it, however late it is."""
+    from datetime import UTC, datetime, timedelta
+
+    from vmsandbox.api.control import sweep
+    from vmsandbox.core.sandbox import backend as core
+    from vmsandbox.core.sandbox.model import SandboxSpec
+    from vmsandbox.core.sandbox.names import BlueprintName, SessionName
+
+    assert core._when(None) == core.NO_END and core._when("not a time") == core.NO_END
+    assert core._when("2026-12-05T10:00:00+00:00") == datetime(2026, 12, 5, 10, tzinfo=UTC)
+    fake = FakeBackend(tmp_path)
+    fake.create(SandboxSpec(SessionName("mine"), BlueprintName("base"), None, core.NO_END, {}, {}))
+    assert sweep(fake, datetime.now(UTC) + timedelta(days=365 * 100)) == []

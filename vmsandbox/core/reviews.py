@@ -14,9 +14,11 @@ from vmsandbox.session import lock
 from vmsandbox.session import settings as config
 from vmsandbox.session.end import lifecycle
 from vmsandbox.session.record import Record
+from vmsandbox.sync.review.frozen import StaleError
 from vmsandbox.sync.review.plan import Decisions, Outcome, Plan
 
 REVIEWING = "reviewing the changes of"
+__all__ = ["StaleError"]  # (a review that was applied already, or replaced: raised by apply)
 T = TypeVar("T")
 
 

@@ -87,6 +87,7 @@ class Choice:
 class Chosen:
     decisions: Decisions
     refused: list[str] = field(default_factory=list)  # choices not taken, and why
+    refused_items: list[int] = field(default_factory=list)  # the item each of them named, in the same order
 
 
 def decide(plan: Plan, choices: list[Choice], *, commits: bool = False, again: str = "look again") -> Chosen:
@@ -96,10 +97,12 @@ def decide(plan: Plan, choices: list[Choice], *, commits: bool = False, again: s
     accept: list[Item] = []
     contents: dict[str, bytes] = {}
     refused: list[str] = []
+    which: list[int] = []
     for choice in choices:
         item = plan.todo[choice.item] if 0 <= choice.item < len(plan.todo) else None
         if item is None or fingerprint(item) != choice.shown:
             refused.append(f"item {choice.item}: not what this review showed; {again}")
+            which.append(choice.item)
             continue
         try:
             why = _content(plan, item, choice, contents)
@@ -109,7 +112,9 @@ def decide(plan: Plan, choices: list[Choice], *, commits: bool = False, again: s
             accept.append(item)
         elif why:
             refused.append(f"{item.label}: {why}")
-    return Chosen(Decisions(tuple(accept), (), commits and plan.gathered.refs_changed, contents=contents), refused)
+            which.append(choice.item)
+    decisions = Decisions(tuple(accept), (), commits and plan.gathered.refs_changed, contents=contents)
+    return Chosen(decisions, refused, which)
 
 
 def _content(plan: Plan, item: Item, choice: Choice, contents: dict[str, bytes]) -> str | None:

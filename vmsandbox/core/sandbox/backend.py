@@ -8,6 +8,7 @@ the session's directory."""
 from __future__ import annotations
 
 import json
+import shutil
 import threading
 from collections.abc import Sequence
 from datetime import UTC, datetime
@@ -20,7 +21,7 @@ from vmsandbox.core import reviews, sessions, views
 from vmsandbox.core.person import Nobody
 from vmsandbox.core.sandbox import model
 from vmsandbox.core.sandbox.files import GuestFiles
-from vmsandbox.core.sandbox.interface import NotFoundError, NotRunningError
+from vmsandbox.core.sandbox.interface import ConflictError, NotFoundError, NotRunningError
 from vmsandbox.core.sandbox.names import CheckpointLabel, Digest, SessionName, SnapshotRef, Token
 from vmsandbox.core.sandbox.processes import GuestProcesses
 from vmsandbox.errors import VmsandboxError
@@ -35,6 +36,7 @@ from vmsandbox.session.record import Record, State
 from vmsandbox.sync.review import hunks as hunks_mod
 from vmsandbox.sync.review.plan import Decisions, Plan
 
+AGAIN = "ask for a new review (POST /vmsandbox/v1/sessions/{0}/reviews) and choose from it"
 STATES = {State.RUNNING: model.State.RUNNING, State.STOPPED: model.State.PAUSED}
 
 
@@ -51,11 +53,16 @@ def _keep(record: Record, **values: Any) -> None:
     paths.write_atomically(record.files.root / paths.SESSION_SANDBOX, json.dumps(data, default=str))
 
 
-def _when(text: object, fallback: float) -> datetime:
+NO_END = datetime(9999, 12, 31, tzinfo=UTC)  # a session made outside the API ends when a person ends it
+
+
+def _when(text: object) -> datetime:
+    """A sandbox's end as kept; a session the API did not make, or given no timeout, has none (the reaper never
+    ends what a person started at the terminal)."""
     try:
-        return datetime.fromisoformat(str(text))
+        return datetime.fromisoformat(str(text)) if text else NO_END
     except ValueError:
-        return datetime.fromtimestamp(fallback, tz=UTC)
+        return NO_END
 
 
 class SessionBackend:
@@ -71,17 +78,17 @@ class SessionBackend:
         kept = _kept(r)
         return model.Sandbox(
             name=SessionName(r.name), blueprint=r.blueprint, state=STATES[status.state],
-            started_at=datetime.fromtimestamp(r.created, tz=UTC), end_at=_when(kept.get("end_at"), r.created + 3600),
+            started_at=datetime.fromtimestamp(r.created, tz=UTC), end_at=_when(kept.get("end_at")),
             cpus=r.cpus, memory_mib=r.memory_mib, disk_mib=r.disk_mib, metadata=kept.get("metadata") or {},
             project=None if kept.get("own_project") else r.project,
         )  # fmt: skip
 
     def create(self, spec: model.SandboxSpec) -> model.Sandbox:
         if spec.project is None:  # E2B's own sandboxes: on an empty project of their own
-            project = paths.state_dir() / "sandboxes" / spec.name.value
+            project = _own_project(spec.name.value)
             confine.make_private_dir(project, traverse=False)
         else:
-            project = Path(str(spec.project))
+            project = spec.project.value
         record = sessions.create(project, spec.blueprint.value, RunFlags(name=spec.name.value), Nobody())
         _keep(record, end_at=spec.end_at.isoformat(), envs=dict(spec.envs), metadata=dict(spec.metadata),
               own_project=spec.project is None)  # fmt: skip
@@ -99,15 +106,18 @@ class SessionBackend:
         return found
 
     def kill(self, name: SessionName) -> None:
+        """Ended: a project session's unreviewed changes wait in its outbox (as `rm --force`); E2B's own
+        sandbox is gone whole, its empty project with it (nothing of a person's was in it)."""
         self.sandbox(name)
         with self._lock:
             self._processes.pop(name.value, None)
-        sessions.destroy(name.value, force=True)
+        own = bool(_kept(Record.load(name.value)).get("own_project"))
+        sessions.destroy(name.value, force=True, discard=own)
+        if own:
+            shutil.rmtree(_own_project(name.value), ignore_errors=True)
 
     def pause(self, name: SessionName) -> None:
         if self.sandbox(name).state is not model.State.RUNNING:
-            from vmsandbox.core.sandbox.interface import ConflictError
-
             raise ConflictError(f"sandbox {name.value} is paused already", hint="connect to it to resume it")
         suspend.stop(name.value)
 
@@ -138,7 +148,7 @@ class SessionBackend:
         forking.fork(name.value, new.value, label=label.value if label else None)
         source = _kept(Record.load(name.value))
         _keep(Record.load(new.value), end_at=end_at.isoformat(), envs=source.get("envs") or {},
-              metadata=source.get("metadata") or {})  # fmt: skip
+              metadata=source.get("metadata") or {}, own_project=bool(source.get("own_project")))  # fmt: skip
         return self.sandbox(new)
 
     # -- reviews -------------------------------------------------------------------------------------------------
@@ -156,17 +166,27 @@ class SessionBackend:
                 views.Choice(_index(c.item), c.digest.value, None if c.hunks is None else [_index(h) for h in c.hunks])
                 for c in choices
             ]
-            chosen.append((plan, views.decide(plan, asked)))
+            chosen.append((plan, views.decide(plan, asked, again=AGAIN.format(name.value))))
             return chosen[-1][1].decisions
 
-        settled = reviews.apply(name.value, review.value, decide)
+        try:
+            settled = reviews.apply(name.value, review.value, decide)
+        except reviews.StaleError as exc:
+            raise ConflictError(exc.message, hint=AGAIN.format(name.value)) from exc
         plan, picked = chosen[0]
         landed = set(settled.outcome.applied + settled.outcome.merged + settled.outcome.conflicts)
         applied = [
             c.item for c in choices
             if 0 <= _index(c.item) < len(plan.todo) and all(x.path in landed for x in plan.todo[_index(c.item)].changes)
         ]  # fmt: skip
-        refused = [model.Refusal(Token("review"), why) for why in picked.refused + settled.outcome.failed]
+        pairs = zip(picked.refused_items, picked.refused, strict=True)
+        refused = [model.Refusal(Token(f"i{n}"), why) for n, why in pairs]
+        for why in settled.outcome.failed:  # (a path the apply could not write: named by the item that holds it)
+            n = next(
+                (n for n, item in enumerate(plan.todo) if any(why.startswith(f"{c.path}: ") for c in item.changes)),
+                None,
+            )
+            refused.append(model.Refusal(Token("review" if n is None else f"i{n}"), why))
         return model.Applied(tuple(applied), tuple(refused), settled.outcome.left_total)
 
     # -- a running sandbox's processes and files -----------------------------------------------------------------
@@ -181,13 +201,25 @@ class SessionBackend:
         with self._lock:
             found = self._processes.get(name.value)
             if found is None:
-                found = GuestProcesses(record.endpoint("root"), record.user, _kept(record).get("envs") or {})
+                kept = _kept(record)
+                found = GuestProcesses(record.endpoint("root"), record.user, kept.get("envs") or {}, _workdir(record))
                 self._processes[name.value] = found
             return found
 
     def files(self, name: SessionName) -> GuestFiles:
         record = self._running(name)
-        return GuestFiles(record.endpoint("root"), record.user)
+        return GuestFiles(record.endpoint("root"), record.user, _workdir(record))
+
+
+def _own_project(name: str) -> Path:
+    """The empty project an E2B sandbox of its own is made on."""
+    return paths.state_dir() / "sandboxes" / name
+
+
+def _workdir(record: Record) -> str | None:
+    """Where a sandbox's processes start and its relative paths begin: a project session's project directory
+    (as `vmsandbox exec` runs), E2B's own sandboxes' home."""
+    return None if _kept(record).get("own_project") else record.project
 
 
 def _index(token: Token | str) -> int:

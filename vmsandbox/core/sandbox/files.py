@@ -1,10 +1,11 @@
 """A sandbox's files, from the host (interface.Files): each call one ssh command, the guest's side
 (supervisor.py) run as the account the file is read or written as (`runuser`), so the guest's own permissions
-decide. A relative path is relative to that account's home."""
+decide. A relative path is relative to the session's project when it has one, else to that account's home."""
 
 from __future__ import annotations
 
 import json
+import posixpath
 import shlex
 from collections.abc import Iterator, Sequence
 from datetime import UTC, datetime
@@ -32,10 +33,15 @@ def _entry(said: dict[str, Any]) -> Entry:
 
 
 class GuestFiles:
-    """interface.Files for one running session (`user`: the session's, for a call that names none)."""
+    """interface.Files for one running session (`user`: the session's, for a call that names none; `workdir`:
+    where a relative path starts, None: the account's home)."""
 
-    def __init__(self, endpoint: Endpoint, user: str) -> None:
-        self.endpoint, self.user = endpoint, user
+    def __init__(self, endpoint: Endpoint, user: str, workdir: str | None = None) -> None:
+        self.endpoint, self.user, self.workdir = endpoint, user, workdir
+
+    def _at(self, path: GuestPath) -> str:
+        text = str(path)
+        return posixpath.join(self.workdir, text) if self.workdir and not text.startswith("/") else text
 
     def _call(self, user: GuestUser | None, args: Sequence[str], data: IO[bytes] | None = None) -> Any:
         payload = data.read() if data is not None else None
@@ -51,19 +57,19 @@ class GuestFiles:
         return said
 
     def stat(self, path: GuestPath, user: GuestUser | None) -> Entry:
-        return _entry(self._call(user, ["stat", str(path)]))
+        return _entry(self._call(user, ["stat", self._at(path)]))
 
     def list_dir(self, path: GuestPath, depth: int, user: GuestUser | None) -> Sequence[Entry]:
-        return [_entry(e) for e in self._call(user, ["ls", str(path), str(max(depth, 1))])]
+        return [_entry(e) for e in self._call(user, ["ls", self._at(path), str(max(depth, 1))])]
 
     def make_dir(self, path: GuestPath, user: GuestUser | None) -> Entry:
-        return _entry(self._call(user, ["mkdir", str(path)]))
+        return _entry(self._call(user, ["mkdir", self._at(path)]))
 
     def move(self, source: GuestPath, destination: GuestPath, user: GuestUser | None) -> Entry:
-        return _entry(self._call(user, ["mv", str(source), str(destination)]))
+        return _entry(self._call(user, ["mv", self._at(source), self._at(destination)]))
 
     def remove(self, path: GuestPath, user: GuestUser | None) -> None:
-        self._call(user, ["rm", str(path)])
+        self._call(user, ["rm", self._at(path)])
 
     def read(self, path: GuestPath, user: GuestUser | None) -> Iterator[bytes]:
         entry = self.stat(path, user)
@@ -80,4 +86,4 @@ class GuestFiles:
             child.wait(timeout=CALL_TIMEOUT)
 
     def write(self, path: GuestPath, user: GuestUser | None, data: IO[bytes]) -> Entry:
-        return _entry(self._call(user, ["write", str(path)], data))
+        return _entry(self._call(user, ["write", self._at(path)], data))

@@ -126,17 +126,18 @@ class _Follow:
 
 
 class GuestProcesses:
-    """interface.Processes for one running session; `envs`: the sandbox's own, under every process's."""
+    """interface.Processes for one running session; `envs`: the sandbox's own, under every process's; `workdir`:
+    where a process that names none starts (None: its account's home)."""
 
-    def __init__(self, endpoint: Endpoint, user: str, envs: Mapping[str, str]) -> None:
-        self.endpoint, self.user, self.envs = endpoint, user, dict(envs)
+    def __init__(self, endpoint: Endpoint, user: str, envs: Mapping[str, str], workdir: str | None = None) -> None:
+        self.endpoint, self.user, self.envs, self.workdir = endpoint, user, dict(envs), workdir
         self._follows: dict[int, _Follow] = {}
         self._lock = threading.Lock()
 
     def start(self, spec: ProcessSpec) -> int:
         wanted = {
             "cmd": spec.cmd, "args": list(spec.args), "envs": {**self.envs, **spec.envs},
-            "cwd": None if spec.cwd is None else str(spec.cwd), "user": str(spec.user or self.user),
+            "cwd": self.workdir if spec.cwd is None else str(spec.cwd), "user": str(spec.user or self.user),
             "stdin": spec.stdin, "timeout": spec.timeout,
         }  # fmt: skip
         done = guest_call(self.endpoint, ["start"], input=json.dumps(wanted).encode())
