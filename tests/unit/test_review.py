@@ -234,7 +234,7 @@ def test_binary_content_waits_for_an_explicit_choice(tmp_path: Path) -> None:
 def test_a_lexer_that_answers_other_words_is_not_believed() -> None:
     """The jailed lexer reads guest bytes too: its answer is shown only when its tokens are the text's own lines,
     word for word (else the text is shown plain)."""
-    from vmsandbox.web import highlight
+    from vmsandbox.sync.scan import highlight
 
     text = "x = 1\ny = 2\n"
     assert highlight._same([[["n", "x"], ["", " = 1"]], [["n", "y = 2"]]], text)

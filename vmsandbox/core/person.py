@@ -17,6 +17,8 @@ from vmsandbox.sync.review.plan import Decisions, Outcome, Plan
 from vmsandbox.sync.review.take import Take
 from vmsandbox.sync.scan.credentials import Finding
 
+__all__ = ["FanOutcome", "Finding", "Nobody", "Person"]  # (what a person is shown is the core's to hand out)
+
 
 class Person(Protocol):
     """Whoever a session's work asks."""

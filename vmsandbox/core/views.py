@@ -10,14 +10,56 @@ import json
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 
+from vmsandbox.sync.git import fetch as commitfetch
+from vmsandbox.sync.git import refs
 from vmsandbox.sync.land import write as apply
-from vmsandbox.sync.review import hunks, merge
+from vmsandbox.sync.review import diff, hunks, merge
 from vmsandbox.sync.review.compare import Change, Status
 from vmsandbox.sync.review.diff import DIFF_LIMIT, is_text
-from vmsandbox.sync.review.plan import Decisions, Item, Plan
+from vmsandbox.sync.review.hunks import Hunk
+from vmsandbox.sync.review.outline import Group, Outline
+from vmsandbox.sync.review.outline import keys as _keys
+from vmsandbox.sync.review.outline import outline as _outline
+from vmsandbox.sync.review.plan import Decisions, Item, Outcome, Plan
+from vmsandbox.sync.scan import highlight
 from vmsandbox.sync.tree.manifest import CARRIED, FILE
 
+# what a front end reads of a review: its types, as the core hands them out
+__all__ = ["FILE", "Change", "ChangedError", "Decisions", "Group", "Hunk", "Item", "Outcome", "Outline", "Plan",
+           "RefView", "Status", "Tokens"]  # fmt: skip
 ChangedError = apply.ChangedError
+RefView = commitfetch.RefView
+Tokens = highlight.Tokens
+lines = hunks.lines  # a text's lines, as hunks count them
+hunks_of = hunks.hunks  # the hunks between two texts, numbered as a choice names them
+describe = diff.describe  # what a change that is not shown as text is, in words
+tokens = highlight.tokens  # texts as the jailed lexer's tokens, None where it did not answer truly
+
+
+def outline(plan: Plan) -> Outline:
+    """The review as a person reads it: source changes first, then the held groups (sync/review/outline.py)."""
+    return _outline(plan.todo, plan.mass is not None)
+
+
+def groups(plan: Plan) -> list[str | None]:
+    """Each item's held group (None: a source change), in the review's order."""
+    return _keys(plan.todo, plan.mass is not None)
+
+
+def safe(item: Item) -> bool:
+    """Whether an item is applied unless a person says otherwise: a change that applies or merges cleanly and is
+    held for nothing."""
+    c = item.first
+    return c.status in (Status.APPLY, Status.MERGED) and not (item.risky or item.held or item.binary or item.secret)
+
+
+def commits(plan: Plan) -> tuple[list[RefView], str | None]:
+    """The guest's branches and tags with their commits and the files they touch, and why they are refused (if
+    they are)."""
+    try:
+        return commitfetch.preview(plan.gathered)
+    except refs.Refused as exc:
+        return [], exc.message
 
 
 def fingerprint(item: Item) -> str:

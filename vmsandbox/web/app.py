@@ -17,9 +17,8 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from vmsandbox import ui
+from vmsandbox.core.views import Decisions, Plan, RefView
 from vmsandbox.errors import VmsandboxError
-from vmsandbox.sync.git import fetch as commitfetch
-from vmsandbox.sync.review.plan import Decisions, Plan
 from vmsandbox.web import compare, logs, review
 from vmsandbox.web.guard import Guard
 
@@ -45,10 +44,9 @@ def failed(exc: VmsandboxError) -> HTMLResponse:
 
 
 def sessions(request: Request) -> Response:
-    from vmsandbox.session import settings as config
-    from vmsandbox.session import state
+    from vmsandbox.core import sessions as sessions_of
 
-    rows = [s.as_dict() for s in state.all_status(config.load().libvirt_uri)]
+    rows = sessions_of.listing()
     return page("sessions.html", rows=rows, groups=compare.groups(rows))
 
 
@@ -65,7 +63,7 @@ def show_review(request: Request) -> Response:
     name = request.path_params["name"]
     page_number = number(request.query_params.get("page")) or 0
 
-    def shown(plan: Plan) -> tuple[Plan, list[review.FileView], list[commitfetch.RefView], str | None]:
+    def shown(plan: Plan) -> tuple[Plan, list[review.FileView], list[RefView], str | None]:
         return (plan, review.files(plan, page_number), *review.commits(plan))
 
     try:

@@ -9,9 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from vmsandbox.sync.review.compare import Status
-from vmsandbox.sync.review.plan import Item
-from vmsandbox.sync.tree.manifest import FILE
+from vmsandbox.core.views import FILE, Item, Status
 
 Badge = tuple[str, str]  # (css class, words)
 

@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from vmsandbox.core import views
+from vmsandbox.core.views import Decisions, Plan
 from vmsandbox.errors import VmsandboxError
-from vmsandbox.sync.review.plan import Decisions, Plan
 from vmsandbox.web import review
 
 MOST = 8  # sessions side by side

@@ -4,10 +4,10 @@ the runtime egress actions the CLI has (`allow`, `deny`)."""
 from __future__ import annotations
 
 import time
-from collections import deque
 from typing import Any
 
 from vmsandbox import ui
+from vmsandbox.core import watch
 from vmsandbox.errors import VmsandboxError
 
 TAIL = 200  # lines of each log sent to the page
@@ -15,22 +15,11 @@ TAIL = 200  # lines of each log sent to the page
 
 def tail(name: str, which: str) -> dict[str, Any]:
     """The last lines of a session's console, or its last egress decisions as fields."""
-    from vmsandbox.egress import log as proxylog
-    from vmsandbox.session import state
-    from vmsandbox.session.record import Record
-
-    record = Record.load(name)
     if which == "console":
-        state.refresh_console(record, follow=False)
-        return {"lines": [ui.visible(line) for line in state.console_tail(name, TAIL).splitlines()]}
+        return {"lines": [ui.visible(line) for line in watch.console(name, TAIL)]}
     if which != "proxy":
         raise VmsandboxError(f"unknown log {which!r}", hint="available: console, proxy")
-    events: deque[dict[str, Any]] = deque(maxlen=TAIL)
-    for line in proxylog.read(record.files.proxy_log, follow=False):
-        event = proxylog.parse(line)
-        if event is not None:
-            events.append(event)
-    return {"events": [_fields(e) for e in events]}
+    return {"events": [_fields(e) for e in watch.egress(name, TAIL)]}
 
 
 def _fields(event: dict[str, Any]) -> dict[str, str]:
@@ -48,19 +37,15 @@ def _fields(event: dict[str, Any]) -> dict[str, str]:
 def act(name: str, action: str, value: str) -> list[str]:
     """What the CLI's `allow`, `deny` and `port publish|unpublish` do, for a running session: hosts
     (space-separated) or a port (`[HOST_PORT:]GUEST_PORT`, on loopback)."""
-    from vmsandbox.session.options import parse_publish
-    from vmsandbox.session.running import reach as runtime
-
     entries = value.split()
     if not entries:
         raise VmsandboxError("name a host or a port", hint="e.g. pypi.org, *.example.com, 3000 or 8080:3000")
     if action == "allow":
-        return runtime.allow(name, entries)
+        return watch.allow(name, entries)
     if action == "deny":
-        return runtime.deny(name, entries)
-    if action in ("publish", "unpublish"):
-        wanted = parse_publish(entries[0], None)
-        if action == "publish":
-            return runtime.publish(name, wanted).places()
-        return [p for gone in runtime.unpublish(name, wanted.guest, wanted.host) for p in gone.places()]
+        return watch.deny(name, entries)
+    if action == "publish":
+        return watch.publish(name, entries[0])
+    if action == "unpublish":
+        return watch.unpublish(name, entries[0])
     raise VmsandboxError(f"unknown action {action!r}", hint="allow, deny, publish or unpublish")

@@ -9,10 +9,8 @@ import queue
 from collections.abc import Sequence
 
 from vmsandbox import ui
-from vmsandbox.core.person import Person
-from vmsandbox.session.moments.fanout import Outcome as FanOutcome
-from vmsandbox.sync.review.plan import Decisions, Outcome, Plan
-from vmsandbox.sync.scan.credentials import Finding
+from vmsandbox.core.person import FanOutcome, Finding, Person
+from vmsandbox.core.views import Decisions, Outcome, Plan
 from vmsandbox.web import server
 
 

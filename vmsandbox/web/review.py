@@ -1,8 +1,8 @@
 """A plan (sync.plan) as the review page shows it, and the page's form as Decisions.
 
 Each item of the plan is a file view: what applying or leaving it does and why it is held (badges.py), its diff
-as hunks a person takes one by one (sync/hunks.py), or for an overlapping merge the three-way text to edit. The
-source changes come first; what is held after, in groups of one choice each (sync/review/outline.py). The plan
+as hunks a person takes one by one (core.views.hunks_of), or for an overlapping merge the three-way text to edit. The
+source changes come first; what is held after, in groups of one choice each (core.views.outline). The plan
 is a frozen review (sync.frozen); the form names it, and each item by its number in it and a hash of everything
 the page showed of it: the apply takes that review, never a new fetch, and a content that is no longer what was
 shown is not applied.
@@ -16,11 +16,7 @@ from markupsafe import Markup, escape
 
 from vmsandbox import ui
 from vmsandbox.core import views
-from vmsandbox.sync.git import fetch as commitfetch
-from vmsandbox.sync.git import refs
-from vmsandbox.sync.review import diff, hunks, outline
-from vmsandbox.sync.review.compare import Status
-from vmsandbox.sync.review.plan import Plan
+from vmsandbox.core.views import Plan
 from vmsandbox.web import badges, highlight
 
 CONTEXT = 3  # unchanged lines shown around a hunk
@@ -73,8 +69,8 @@ class Shelf:
 
 
 def _hunk_views(old: bytes, new: bytes, old_html: list[Markup], new_html: list[Markup]) -> list[HunkView]:
-    found = hunks.hunks(old, new)
-    views: list[HunkView] = []
+    found = views.hunks_of(old, new)
+    made: list[HunkView] = []
     for n, h in enumerate(found):
         rows: list[Row] = []
         shown_before = min(found[n - 1].old_end + CONTEXT, h.old_start) if n else 0  # the last hunk's context
@@ -84,31 +80,31 @@ def _hunk_views(old: bytes, new: bytes, old_html: list[Markup], new_html: list[M
         rows += [Row("add", None, j + 1, new_html[j]) for j in range(h.new_start, h.new_end)]
         end = min(found[n + 1].old_start if n + 1 < len(found) else len(old_html), h.old_end + CONTEXT)
         rows += [Row("ctx", i + 1, None, old_html[i]) for i in range(h.old_end, end)]
-        views.append(HunkView(h.index, rows))
-    return views
+        made.append(HunkView(h.index, rows))
+    return made
 
 
 def files(plan: Plan, page: int = 0) -> list[FileView]:
     """The file views of one page of the plan's items, as a person reads them (outline.py): the source changes
     first, then the held groups."""
-    shape = outline.outline(plan.todo, plan.mass is not None)
+    shape = views.outline(plan)
     held = {n: g.key for g in shape.groups for n in g.numbers}
     pairs: list[tuple[int, bytes, bytes]] = []
-    views: list[FileView] = []
+    page_views: list[FileView] = []
     for i in shape.order[page * PAGE_ITEMS : (page + 1) * PAGE_ITEMS]:
         view, both = _view(plan, i, held.get(i))
         if both is not None:
-            pairs.append((len(views), *both))
-        views.append(view)
+            pairs.append((len(page_views), *both))
+        page_views.append(view)
     shown = highlight.lines(
-        [(views[k].label, text.decode(errors="replace")) for k, old, new in pairs for text in (old, new)]
+        [(page_views[k].label, text.decode(errors="replace")) for k, old, new in pairs for text in (old, new)]
     )
     for n, (k, old, new) in enumerate(pairs):
         old_html, new_html = shown[2 * n], shown[2 * n + 1]
-        if len(old_html) != len(hunks.lines(old)) or len(new_html) != len(hunks.lines(new)):
+        if len(old_html) != len(views.lines(old)) or len(new_html) != len(views.lines(new)):
             old_html, new_html = _plain(old), _plain(new)
-        views[k].hunks = _hunk_views(old, new, old_html, new_html)
-    return views
+        page_views[k].hunks = _hunk_views(old, new, old_html, new_html)
+    return page_views
 
 
 def _view(plan: Plan, i: int, group: str | None) -> tuple[FileView, tuple[bytes, bytes] | None]:
@@ -116,8 +112,8 @@ def _view(plan: Plan, i: int, group: str | None) -> tuple[FileView, tuple[bytes,
     item = plan.todo[i]
     c = item.first
     view = FileView(i, item.label, item.kind, c.status.value, views.fingerprint(item), badges.words(item, group), group)
-    safe = c.status in (Status.APPLY, Status.MERGED) and not (item.risky or item.held or item.binary or item.secret)
-    view.default = "apply" if safe and group is None else "skip"  # (a mass change's items are all in groups)
+    safe = views.safe(item) and group is None  # (a mass change's items are all in groups)
+    view.default = "apply" if safe else "skip"
     try:
         both = None if item.repository else views.texts(plan, c)
     except views.ChangedError as exc:
@@ -130,22 +126,22 @@ def _view(plan: Plan, i: int, group: str | None) -> tuple[FileView, tuple[bytes,
             view.note = views.UNEDITABLE
         return view, None
     if both is None:
-        view.note = view.note or diff.describe(c) or c.kind
+        view.note = view.note or views.describe(c) or c.kind
     return view, both
 
 
-def shelves(plan: Plan, views: list[FileView]) -> list[Shelf]:
-    """The held groups of the page that shows `views`, in the order they are read."""
+def shelves(plan: Plan, shown: list[FileView]) -> list[Shelf]:
+    """The held groups of the page that shows `shown`, in the order they are read."""
     found: list[Shelf] = []
-    for g in outline.outline(plan.todo, plan.mass is not None).groups:
-        members = [v for v in views if v.group == g.key]
+    for g in views.outline(plan).groups:
+        members = [v for v in shown if v.group == g.key]
         if members:
             found.append(Shelf(g.key, g.reason, len(g.numbers), members))
     return found
 
 
 def _plain(text: bytes) -> list[Markup]:
-    return [escape(ui.visible(line.decode(errors="replace").rstrip("\r\n"))) for line in hunks.lines(text)]
+    return [escape(ui.visible(line.decode(errors="replace").rstrip("\r\n"))) for line in views.lines(text)]
 
 
 def decisions(plan: Plan, form: dict[str, list[str]]) -> views.Chosen:
@@ -153,7 +149,7 @@ def decisions(plan: Plan, form: dict[str, list[str]]) -> views.Chosen:
     (by its number in the review, with the hash of all it showed) apply or not — its own choice, or its held
     group's (`g-KEY`: every item of the group the page listed, each still named by number and hash) — the hunks
     taken, an edited merge; the guest's commits if asked."""
-    groups = outline.keys(plan.todo, plan.mass is not None)
+    groups = views.groups(plan)
     choices: list[views.Choice] = []
     for key in (k for k in form if k.startswith("d") and k[1:].isdigit() and k[1:].isascii()):
         n = key[1:]
@@ -174,12 +170,5 @@ def decisions(plan: Plan, form: dict[str, list[str]]) -> views.Chosen:
     return views.decide(plan, choices, commits=commits, again="reload the page")
 
 
-def commits(plan: Plan) -> tuple[list[commitfetch.RefView], str | None]:
-    """The guest's branches and tags with their commits and the files they touch (staged, listed, dropped)."""
-    try:
-        return commitfetch.preview(plan.gathered)
-    except refs.Refused as exc:
-        return [], exc.message
-
-
+commits = views.commits  # (the guest's branches and tags, and why they are refused)
 counts = views.counts  # (the summary at the top of the page)

@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
-from vmsandbox import paths, ui
-from vmsandbox.confine import accounts as confine
+from vmsandbox import ui
+from vmsandbox.core import sessions
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.web import app as pages
 from vmsandbox.web.guard import loopback_address
@@ -47,8 +47,7 @@ def has_browser() -> bool:
 def launcher_file(url: str) -> Path:
     """A page that sends the browser to `url`, readable by this account only: the browser is opened on it, so
     the ticket is never on a command line (which every local account reads in /proc)."""
-    where = paths.state_dir() / "ui"
-    confine.make_private_dir(where, traverse=False)
+    where = sessions.private_dir("ui")
     fd, name = tempfile.mkstemp(prefix="open-", suffix=".html", dir=where)
     with os.fdopen(fd, "w") as f:  # mkstemp: 0600, made by this account only
         f.write(f'<!doctype html><meta http-equiv="refresh" content="0;url={html.escape(url)}">\n')

@@ -1,6 +1,6 @@
 """The lexer's process: Pygments over texts given on stdin; tokens per line on stdout.
 
-It runs in the jail (highlight.py): a lexer is a parser of the guest's bytes. Input: JSON `[[file name, text],
+It runs in the jail (sync/scan/highlight.py): a lexer is a parser of the guest's bytes. Input: JSON `[[file name, text],
 …]`. Output: JSON, per text a list of lines, each a list of `[css class, text]` (the host escapes the text and
 checks the class: nothing of this becomes markup unchecked).
 """
