@@ -1,7 +1,7 @@
 """The files people write, as pydantic v2 models: the keys each takes, their types, their defaults, what they
 mean (the JSON Schema's descriptions) and the ranges the runtime holds them to. The models check a file's
 shape, every problem at once (schema.check); what a value means (a size too small for a VM, a host that is not
-public, a Debian package name) is checked where it is used: session.config, image.blueprint, egress.mapping,
+public, a Debian package name) is checked where it is used: session.config, image.blueprint, egress.rules.mapping,
 session.hostspec. A test holds the schema's ranges and defaults to the runtime's."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ MIN_MEMORY_MIB, MIN_DISK_MIB, MIN_SYNC_LIMIT_MIB = 256, 4096, 1
 BOOT_TIMEOUT_RANGE = (1, 3600)
 NODE_RANGE = (18, 40)
 ACCELS = ("auto", "kvm", "tcg")  # vm.accel.Accel
-NETWORKS = ("allowlist", "open", "none")  # egress.netpolicy.Mode
+NETWORKS = ("allowlist", "open", "none")  # egress.rules.netpolicy.Mode
 SIZE_PATTERN = r"^\s*\d+\s*[KMGTkmgt]?(i?[Bb])?\s*$"
 SIZE_SAID = "a size like 2G or 512M, or a number of MiB"
 

@@ -5,7 +5,7 @@ switch: this module builds the daemon itself.
 
     python -m tests.integration.standin_daemon SESSION NAME=PORT[,NAME=PORT...] CA_FILE [LIMITS_JSON]
 
-LIMITS_JSON (optional): fields of egress.limits.Limits to set (a test's small timeouts), as the daemon's
+LIMITS_JSON (optional): fields of egress.rules.limits.Limits to set (a test's small timeouts), as the daemon's
 constructor takes them.
 """
 
@@ -17,9 +17,9 @@ import sys
 from pathlib import Path
 
 from vmsandbox.egress import daemon
-from vmsandbox.egress.limits import Limits
-from vmsandbox.egress.netpolicy import IPNetwork
-from vmsandbox.egress.upstream import resolve_checked, verified_tls
+from vmsandbox.egress.relay.upstream import resolve_checked, verified_tls
+from vmsandbox.egress.rules.limits import Limits
+from vmsandbox.egress.rules.netpolicy import IPNetwork
 
 LOOPBACK = "127.0.0.1"
 

@@ -14,7 +14,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from vmsandbox.egress.certs import Issuer, create_ca
+from vmsandbox.egress.relay.certs import Issuer, create_ca
 
 LOOPBACK = "127.0.0.1"
 STANDIN_DOMAIN = "up.example.com"  # the names of the stand-ins: never looked up, the test resolver maps them
@@ -136,7 +136,7 @@ def use_standin_daemon(
     limits: dict[str, float] | None = None,
 ) -> int:
     """Replace a session's egress daemon by the stand-in one (standin_daemon.py, with `limits`: fields of
-    egress.limits.Limits); wait until the guest's door is open again. Its pid."""
+    egress.rules.limits.Limits); wait until the guest's door is open again. Its pid."""
     import subprocess
     import sys
     import time

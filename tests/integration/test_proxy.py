@@ -15,12 +15,13 @@ from pathlib import Path
 
 import pytest
 
-from vmsandbox.egress import certs, tlshello
-from vmsandbox.egress.certs import Issuer
-from vmsandbox.egress.netpolicy import IPNetwork, Mode, Policy, parse_rule
 from vmsandbox.egress.policy import ProxyConfig, SecretRule
-from vmsandbox.egress.proxy import Proxy
-from vmsandbox.egress.upstream import resolve_checked, verified_tls
+from vmsandbox.egress.relay import certs
+from vmsandbox.egress.relay.certs import Issuer
+from vmsandbox.egress.relay.proxy import Proxy
+from vmsandbox.egress.relay.upstream import resolve_checked, verified_tls
+from vmsandbox.egress.rules import tlshello
+from vmsandbox.egress.rules.netpolicy import IPNetwork, Mode, Policy, parse_rule
 
 from .standins import LOOPBACK, Recorder, Upstream, UpstreamCA, http_upstream, make_ca
 

@@ -27,7 +27,7 @@ from paramiko.common import AUTH_FAILED, AUTH_SUCCESSFUL, OPEN_FAILED_ADMINISTRA
 
 from vmsandbox import paths
 from vmsandbox.egress import control, policy
-from vmsandbox.egress.netpolicy import IPNetwork, Mode
+from vmsandbox.egress.rules.netpolicy import IPNetwork, Mode
 from vmsandbox.guest import ssh
 
 LOOPBACK = "127.0.0.1"
@@ -238,7 +238,7 @@ class Upstream:
 
     def resolver(self, name: str) -> Callable[[str, int, tuple[IPNetwork, ...]], Any]:
         """The daemon's resolver: `name` is this upstream; any other name does not resolve."""
-        from vmsandbox.egress.netpolicy import Refused
+        from vmsandbox.egress.rules.netpolicy import Refused
 
         async def resolve(host: str, port: int, networks: tuple[IPNetwork, ...]) -> list[tuple[str, int]]:
             if host != name:

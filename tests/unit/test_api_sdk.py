@@ -14,10 +14,10 @@ import httpx
 import pytest
 
 from tests.unit.apiserver import Served, point_sdk, served, wait_until
-from vmsandbox.api.connect import Call
-from vmsandbox.api.control import sweep
-from vmsandbox.api.process import follow
-from vmsandbox.api.wire import Message
+from vmsandbox.api.envd.connect import Call
+from vmsandbox.api.envd.process import follow
+from vmsandbox.api.envd.wire import Message
+from vmsandbox.api.plane.control import sweep
 from vmsandbox.core.sandbox.model import Chunk, Exit, Output, Stream
 from vmsandbox.core.sandbox.names import SessionName
 

@@ -104,7 +104,7 @@ def test_a_session_the_api_did_not_make_has_no_end_and_is_never_reaped(tmp_path:
     `serve` running beside it never ends it, however late it is."""
     from datetime import UTC, datetime, timedelta
 
-    from vmsandbox.api.control import sweep
+    from vmsandbox.api.plane.control import sweep
     from vmsandbox.core.sandbox import backend as core
     from vmsandbox.core.sandbox.model import SandboxSpec
     from vmsandbox.core.sandbox.names import BlueprintName, SessionName

@@ -11,7 +11,7 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[2] / "vmsandbox"
 # Higher imports lower, never the other way; siblings not at all, but for the one named exception.
 LAYER = {"cli": 6, "web": 6, "api": 6, "core": 5, "session": 4, "sync": 3, "egress": 3, "image": 3, "guest": 2, "vm": 1}
-SIBLINGS_ALLOWED = {("image", "egress"), ("cli", "web"), ("cli", "api")}  # blueprints use egress.mapping (the
+SIBLINGS_ALLOWED = {("image", "egress"), ("cli", "web"), ("cli", "api")}  # blueprints use egress.rules.mapping (the
 # secret-mapping type); `vmsandbox ui` (cli/webui.py) serves the web edge, `vmsandbox serve` (cli/serve.py) the API.
 # Never the web or the API from the CLI's other modules: below.
 

@@ -267,7 +267,7 @@ def test_config_schema_describes_every_key(capsys: pytest.CaptureFixture[str]) -
     assert run_cli(["config", "schema"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert set(doc["properties"]) == set(config.FIELDS) and doc["additionalProperties"] is False
-    from vmsandbox.egress.netpolicy import Mode
+    from vmsandbox.egress.rules.netpolicy import Mode
     from vmsandbox.vm.accel import Accel
 
     assert doc["properties"]["accel"]["enum"] == [a.value for a in Accel]  # the schema keeps up with the code

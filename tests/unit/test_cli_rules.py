@@ -369,7 +369,7 @@ def test_every_problem_of_a_file_at_once_with_its_line(tmp_path: Path, capsys: p
 def test_the_schema_and_the_runtime_agree() -> None:
     from vmsandbox import filemodels
     from vmsandbox.cli.configs import json_schema
-    from vmsandbox.egress.netpolicy import Mode
+    from vmsandbox.egress.rules.netpolicy import Mode
     from vmsandbox.session import settings as config
     from vmsandbox.vm.accel import Accel
 

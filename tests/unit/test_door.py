@@ -20,9 +20,11 @@ import paramiko
 import pytest
 
 from vmsandbox import ui
-from vmsandbox.egress import control, daemon, doorway, limits
+from vmsandbox.egress import control, daemon
 from vmsandbox.egress.control import Door
-from vmsandbox.egress.limits import Limits
+from vmsandbox.egress.door import doorway
+from vmsandbox.egress.rules import limits
+from vmsandbox.egress.rules.limits import Limits
 from vmsandbox.guest import channel
 
 from . import guest_standin as standin

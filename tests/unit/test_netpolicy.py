@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from vmsandbox.egress import addresses, httphead, netpolicy, tlshello
-from vmsandbox.egress.netpolicy import IPAddress, Mode, Policy, Refused, normalize_host, parse_rule
+from vmsandbox.egress.rules import addresses, httphead, netpolicy, tlshello
+from vmsandbox.egress.rules.netpolicy import IPAddress, Mode, Policy, Refused, normalize_host, parse_rule
 from vmsandbox.errors import VmsandboxError
 
 

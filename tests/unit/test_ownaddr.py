@@ -10,8 +10,8 @@ import struct
 
 import pytest
 
-from vmsandbox.egress import ownaddr
-from vmsandbox.egress.netpolicy import IPAddress
+from vmsandbox.egress.relay import ownaddr
+from vmsandbox.egress.rules.netpolicy import IPAddress
 
 
 def _answer(seq: int, route_type: int, *, family: int = socket.AF_INET) -> bytes:

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from vmsandbox.egress.netpolicy import Mode
+from vmsandbox.egress.rules.netpolicy import Mode
 from vmsandbox.image.store import Image
 from vmsandbox.session.end import lifecycle
 from vmsandbox.session.moments import checkpoint, suspend

@@ -20,11 +20,11 @@ from typing import Any
 
 import pytest
 
-from vmsandbox.egress.limits import Limits
-from vmsandbox.egress.netpolicy import IPAddress, IPNetwork, Mode, Policy, Refused, parse_rule
 from vmsandbox.egress.policy import ANY_NETWORK, ProxyConfig
-from vmsandbox.egress.proxy import Proxy
-from vmsandbox.egress.upstream import checked_resolver
+from vmsandbox.egress.relay.proxy import Proxy
+from vmsandbox.egress.relay.upstream import checked_resolver
+from vmsandbox.egress.rules.limits import Limits
+from vmsandbox.egress.rules.netpolicy import IPAddress, IPNetwork, Mode, Policy, Refused, parse_rule
 
 LOOPBACK = "127.0.0.1"
 ALLOWED = "allowed.example"

@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 
 from vmsandbox.egress import log as proxylog
-from vmsandbox.egress.addresses import address_reason
 from vmsandbox.egress.log import Event
 from vmsandbox.egress.policy import ProxyConfig
-from vmsandbox.egress.proxy import Proxy
+from vmsandbox.egress.relay.proxy import Proxy
+from vmsandbox.egress.rules.addresses import address_reason
 
 
 def test_fields_are_capped() -> None:

@@ -15,10 +15,12 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp
 
-from vmsandbox.api import envd, openapi, threads
-from vmsandbox.api.control import Clock, Control, now, sweep
-from vmsandbox.api.extension import Extension
+from vmsandbox.api import threads
+from vmsandbox.api.envd import routes as envd
 from vmsandbox.api.guard import Guard, Keys
+from vmsandbox.api.plane import openapi
+from vmsandbox.api.plane.control import Clock, Control, now, sweep
+from vmsandbox.api.plane.extension import Extension
 from vmsandbox.core.sandbox.interface import Backend
 
 log = logging.getLogger(__name__)

@@ -57,7 +57,7 @@ def hosts(incomplete: str) -> list[str]:
 
 
 def networks(incomplete: str) -> list[str]:
-    from vmsandbox.egress.netpolicy import Mode
+    from vmsandbox.egress.rules.netpolicy import Mode
 
     return _starting((m.value for m in Mode), incomplete)
 

@@ -13,7 +13,7 @@ closed and made again. If it dies, the guest's door closes with its SSH connecti
 
 Run by root, it is not root by the time the guest can send it anything: it opens its files (egress.held) and
 reads the session's keys and CA, takes its session's secrets from its stdin, then becomes a uid of its own
-(egress.account) within its limits (egress.limits). Its log escapes what the guest says in it.
+(egress.account) within its limits (egress.rules.limits). Its log escapes what the guest says in it.
 """
 
 from __future__ import annotations
@@ -31,19 +31,20 @@ import time
 from collections.abc import Callable
 
 from vmsandbox import paths, ui
-from vmsandbox.egress import account, control, limits, policy
+from vmsandbox.egress import account, control, policy
 from vmsandbox.egress import log as proxylog
-from vmsandbox.egress.certs import Issuer
 from vmsandbox.egress.control import Door, Spec
-from vmsandbox.egress.doorway import Doorway
+from vmsandbox.egress.door.doorway import Doorway
+from vmsandbox.egress.door.published import Published
+from vmsandbox.egress.door.pump import Pump
 from vmsandbox.egress.held import Held
-from vmsandbox.egress.limits import Limits
-from vmsandbox.egress.netpolicy import GUEST_PROXY_PORT
 from vmsandbox.egress.policy import ProxyConfig
-from vmsandbox.egress.proxy import Proxy
-from vmsandbox.egress.published import Published
-from vmsandbox.egress.pump import Pump
-from vmsandbox.egress.upstream import Resolver, resolve_checked, verified_tls
+from vmsandbox.egress.relay.certs import Issuer
+from vmsandbox.egress.relay.proxy import Proxy
+from vmsandbox.egress.relay.upstream import Resolver, resolve_checked, verified_tls
+from vmsandbox.egress.rules import limits
+from vmsandbox.egress.rules.limits import Limits
+from vmsandbox.egress.rules.netpolicy import GUEST_PROXY_PORT
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.guest import channel, ssh
 from vmsandbox.guest.ssh import Endpoint

@@ -16,10 +16,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from vmsandbox import paths, ui
-from vmsandbox.egress import addresses, certs, held, netpolicy
+from vmsandbox.egress import held
 from vmsandbox.egress import secrets as secretstore
-from vmsandbox.egress.mapping import SecretMapping
-from vmsandbox.egress.netpolicy import Mode, Policy, Rule
+from vmsandbox.egress.relay import certs
+from vmsandbox.egress.rules import addresses, netpolicy
+from vmsandbox.egress.rules.mapping import SecretMapping
+from vmsandbox.egress.rules.netpolicy import Mode, Policy, Rule
 from vmsandbox.errors import VmsandboxError
 
 FWCFG_CA = "ca"  # the session CA certificate, trusted by the guest's system store

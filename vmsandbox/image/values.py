@@ -9,8 +9,8 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from vmsandbox.document import Problem, refused
-from vmsandbox.egress import addresses, netpolicy
-from vmsandbox.egress.mapping import parse_secret_mapping
+from vmsandbox.egress.rules import addresses, netpolicy
+from vmsandbox.egress.rules.mapping import parse_secret_mapping
 from vmsandbox.errors import VmsandboxError
 
 

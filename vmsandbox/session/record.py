@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from vmsandbox import paths, pids
-from vmsandbox.egress.netpolicy import Mode
 from vmsandbox.egress.ports import Publish
+from vmsandbox.egress.rules.netpolicy import Mode
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.guest.ssh import Endpoint
 from vmsandbox.sync.target import Target

@@ -12,9 +12,9 @@ from typing import TYPE_CHECKING, Any
 
 from vmsandbox import paths, trust
 from vmsandbox.document import FileError, Problem, did_you_mean, read_bytes, refused
-from vmsandbox.egress import netpolicy
-from vmsandbox.egress.mapping import SecretMapping
-from vmsandbox.egress.netpolicy import Mode
+from vmsandbox.egress.rules import netpolicy
+from vmsandbox.egress.rules.mapping import SecretMapping
+from vmsandbox.egress.rules.netpolicy import Mode
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.filemodels import BOOT_TIMEOUT_RANGE, MIN_DISK_MIB, MIN_MEMORY_MIB, MIN_SYNC_LIMIT_MIB, ConfigFile, keys
 from vmsandbox.image import values

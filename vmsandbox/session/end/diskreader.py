@@ -27,7 +27,7 @@ from pathlib import Path
 from vmsandbox import paths, pids, ui
 from vmsandbox.confine import access
 from vmsandbox.confine import accounts as confine
-from vmsandbox.egress.netpolicy import Mode
+from vmsandbox.egress.rules.netpolicy import Mode
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.guest import commands
 from vmsandbox.guest.files import GuestUser

@@ -17,8 +17,8 @@ from collections.abc import Iterator
 
 from vmsandbox import paths
 from vmsandbox.egress import control, log, policy, ports
-from vmsandbox.egress.netpolicy import Mode
 from vmsandbox.egress.ports import Publish
+from vmsandbox.egress.rules.netpolicy import Mode
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.session import state
 from vmsandbox.session.record import Record, names

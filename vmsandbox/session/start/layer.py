@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from vmsandbox import paths, ui
-from vmsandbox.egress.netpolicy import Mode
+from vmsandbox.egress.rules.netpolicy import Mode
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.guest import commands
 from vmsandbox.image import layers, store

@@ -14,7 +14,7 @@ import ipaddress
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from vmsandbox.egress.netpolicy import IPAddress, IPNetwork, Refused
+from vmsandbox.egress.rules.netpolicy import IPAddress, IPNetwork, Refused
 from vmsandbox.errors import VmsandboxError
 
 OwnCheck = Callable[[IPAddress], "str | None"]  # why an address is this host's own, or None

@@ -18,9 +18,9 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
-from vmsandbox.api import extwire as xw
-from vmsandbox.api.control import Clock, end_after, new_name, now
-from vmsandbox.api.controlwire import read
+from vmsandbox.api.plane import extwire as xw
+from vmsandbox.api.plane.control import Clock, end_after, new_name, now
+from vmsandbox.api.plane.controlwire import read
 from vmsandbox.api.respond import Endpoint, answers, body, ok, session
 from vmsandbox.api.threads import blocking
 from vmsandbox.core.sandbox.interface import Backend

@@ -13,10 +13,10 @@ import time
 from collections.abc import AsyncIterator, Callable
 from typing import TypeVar
 
-from vmsandbox.api import wire
-from vmsandbox.api.connect import Call, Kind, Method, RpcError
+from vmsandbox.api.envd import wire
+from vmsandbox.api.envd.connect import Call, Kind, Method, RpcError
+from vmsandbox.api.envd.wire import Message
 from vmsandbox.api.threads import POLL, blocking
-from vmsandbox.api.wire import Message
 from vmsandbox.core.sandbox.interface import Backend, NotFoundError, NotRunningError, Processes
 from vmsandbox.core.sandbox.model import ProcessSpec, Stream
 from vmsandbox.core.sandbox.names import SessionName

@@ -1,7 +1,7 @@
 """Egress policy as pure functions: which host names (and ports) a guest may ask for.
 
 Nothing here opens a socket or resolves a name, so every refusal rule is tested on the host without traffic.
-The proxy (vmsandbox.egress.proxy) resolves names itself and hands the answers to `addresses.check_addresses`.
+The proxy (vmsandbox.egress.relay.proxy) resolves names itself and hands the answers to `addresses.check_addresses`.
 """
 
 from __future__ import annotations

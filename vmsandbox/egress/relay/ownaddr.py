@@ -19,7 +19,7 @@ import socket
 import struct
 from collections.abc import Callable
 
-from vmsandbox.egress.netpolicy import IPAddress
+from vmsandbox.egress.rules.netpolicy import IPAddress
 
 NETLINK_ROUTE = 0
 RTM_NEWROUTE, RTM_GETROUTE = 24, 26

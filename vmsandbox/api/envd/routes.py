@@ -10,12 +10,13 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
-from vmsandbox.api import connect, errors, files
-from vmsandbox.api.connect import Call, Method
-from vmsandbox.api.files import user_of
-from vmsandbox.api.filesystem import FilesystemService
+from vmsandbox.api import errors
+from vmsandbox.api.envd import connect, files
+from vmsandbox.api.envd.connect import Call, Method
+from vmsandbox.api.envd.files import user_of
+from vmsandbox.api.envd.filesystem import FilesystemService
+from vmsandbox.api.envd.process import ProcessService, reach
 from vmsandbox.api.guard import Keys
-from vmsandbox.api.process import ProcessService, reach
 from vmsandbox.core.sandbox.interface import Backend, NotRunningError
 from vmsandbox.core.sandbox.names import InvalidError
 

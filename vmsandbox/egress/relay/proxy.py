@@ -22,16 +22,16 @@ from collections.abc import Callable
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from vmsandbox.egress import httphead, inject, tlshello
-from vmsandbox.egress.body import relay
-from vmsandbox.egress.certs import Issuer
-from vmsandbox.egress.httphead import ProtocolError, RequestHead
-from vmsandbox.egress.limits import Limits
 from vmsandbox.egress.log import Event, Writer, append
-from vmsandbox.egress.netpolicy import Refused, parse_target
 from vmsandbox.egress.policy import ProxyConfig, SecretRule
-from vmsandbox.egress.streams import Stream, TlsStream, read_head, read_hello
-from vmsandbox.egress.upstream import Resolver, Upstream, connect, resolve_checked, verified_tls
+from vmsandbox.egress.relay.body import relay
+from vmsandbox.egress.relay.certs import Issuer
+from vmsandbox.egress.relay.streams import Stream, TlsStream, read_head, read_hello
+from vmsandbox.egress.relay.upstream import Resolver, Upstream, connect, resolve_checked, verified_tls
+from vmsandbox.egress.rules import httphead, inject, tlshello
+from vmsandbox.egress.rules.httphead import ProtocolError, RequestHead
+from vmsandbox.egress.rules.limits import Limits
+from vmsandbox.egress.rules.netpolicy import Refused, parse_target
 from vmsandbox.errors import VmsandboxError
 
 log = logging.getLogger(__name__)

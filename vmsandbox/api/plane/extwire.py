@@ -8,7 +8,7 @@ from datetime import datetime
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
-from vmsandbox.api.controlwire import MAX_ENVS, MAX_METADATA, MAX_TIMEOUT, Key, Value
+from vmsandbox.api.plane.controlwire import MAX_ENVS, MAX_METADATA, MAX_TIMEOUT, Key, Value
 from vmsandbox.core.sandbox import model as m
 
 MAX_CHOICES = 10_000

@@ -10,8 +10,8 @@ import threading
 from collections.abc import Callable
 
 from vmsandbox.egress import ports
+from vmsandbox.egress.door.pump import Pump
 from vmsandbox.egress.ports import Publish
-from vmsandbox.egress.pump import Pump
 from vmsandbox.guest import channel
 
 log = logging.getLogger("vmsandbox.egress.daemon")

@@ -8,10 +8,10 @@ from __future__ import annotations
 import asyncio
 import socket
 
-from vmsandbox.egress import httphead
-from vmsandbox.egress.limits import Limits
-from vmsandbox.egress.proxy import Proxy
-from vmsandbox.egress.pump import Pump
+from vmsandbox.egress.door.pump import Pump
+from vmsandbox.egress.relay.proxy import Proxy
+from vmsandbox.egress.rules import httphead
+from vmsandbox.egress.rules.limits import Limits
 from vmsandbox.guest import channel
 
 

@@ -18,10 +18,10 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
-from vmsandbox.api import controlwire as cw
 from vmsandbox.api import errors
 from vmsandbox.api.errors import UnimplementedError
 from vmsandbox.api.guard import Keys
+from vmsandbox.api.plane import controlwire as cw
 from vmsandbox.api.respond import Endpoint, answers, body, done, ok, session
 from vmsandbox.api.threads import blocking
 from vmsandbox.core.sandbox.interface import Backend

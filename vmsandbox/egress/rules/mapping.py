@@ -8,8 +8,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from vmsandbox.egress import netpolicy
 from vmsandbox.egress import secrets as secretstore
+from vmsandbox.egress.rules import netpolicy
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.filemodels import SecretEntry
 from vmsandbox.schema import check

@@ -25,7 +25,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from vmsandbox.api import errors
-from vmsandbox.api.wire import Message
+from vmsandbox.api.envd.wire import Message
 from vmsandbox.core.sandbox.names import GuestUser, SessionName
 from vmsandbox.errors import VmsandboxError
 

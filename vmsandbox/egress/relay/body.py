@@ -15,9 +15,9 @@ import ssl
 from collections.abc import Coroutine
 from typing import Any
 
-from vmsandbox.egress.httphead import MAX_HEAD, Body, ProtocolError
 from vmsandbox.egress.log import Event
-from vmsandbox.egress.streams import CHUNK, Stream
+from vmsandbox.egress.relay.streams import CHUNK, Stream
+from vmsandbox.egress.rules.httphead import MAX_HEAD, Body, ProtocolError
 
 AFTER_THE_REQUEST = "bytes after the request were not passed on (one request per connection)"
 MAX_SIZE_LINE = 4096  # a chunk's size line, extensions included

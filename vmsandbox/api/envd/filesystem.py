@@ -3,11 +3,11 @@ Watching a directory is not served (it needs events from the guest's kernel the 
 
 from __future__ import annotations
 
-from vmsandbox.api import wire
-from vmsandbox.api.connect import Call, Kind, Method, RpcError
-from vmsandbox.api.process import reach
+from vmsandbox.api.envd import wire
+from vmsandbox.api.envd.connect import Call, Kind, Method, RpcError
+from vmsandbox.api.envd.process import reach
+from vmsandbox.api.envd.wire import Message
 from vmsandbox.api.threads import blocking
-from vmsandbox.api.wire import Message
 from vmsandbox.core.sandbox.interface import Backend, Files
 
 SERVICE = "filesystem.Filesystem"

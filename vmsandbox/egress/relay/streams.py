@@ -8,9 +8,9 @@ import asyncio
 import contextlib
 import ssl
 
-from vmsandbox.egress import httphead, tlshello
-from vmsandbox.egress.httphead import ProtocolError
-from vmsandbox.egress.netpolicy import Refused
+from vmsandbox.egress.rules import httphead, tlshello
+from vmsandbox.egress.rules.httphead import ProtocolError
+from vmsandbox.egress.rules.netpolicy import Refused
 
 CHUNK = 64 * 1024
 SEND_TIMEOUT = 60.0  # a peer that takes no byte of what waits for it for this long is dropped

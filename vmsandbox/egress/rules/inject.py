@@ -6,9 +6,9 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from vmsandbox.egress.log import Event
-from vmsandbox.egress.netpolicy import Refused, parse_target
 from vmsandbox.egress.policy import ProxyConfig, SecretRule
-from vmsandbox.egress.upstream import Upstream
+from vmsandbox.egress.relay.upstream import Upstream
+from vmsandbox.egress.rules.netpolicy import Refused, parse_target
 
 # The methods of the HTTP APIs agents call (REST): only these get a secret. TRACE and TRACK echo the request,
 # headers and all; OPTIONS, CONNECT and extension methods have no business carrying an API key.

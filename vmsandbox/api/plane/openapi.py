@@ -11,9 +11,9 @@ from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
 from vmsandbox import __version__
-from vmsandbox.api import controlwire as cw
-from vmsandbox.api import extwire as xw
-from vmsandbox.api.extension import PREFIX
+from vmsandbox.api.plane import controlwire as cw
+from vmsandbox.api.plane import extwire as xw
+from vmsandbox.api.plane.extension import PREFIX
 
 # (method, path, summary, request body, answer, status, answers a list)
 Op = tuple[str, str, str, type[BaseModel] | None, type[BaseModel] | None, int, bool]

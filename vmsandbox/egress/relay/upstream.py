@@ -9,10 +9,10 @@ import socket
 import ssl
 from collections.abc import Awaitable, Callable
 
-from vmsandbox.egress import ownaddr
-from vmsandbox.egress.addresses import OwnCheck, check_addresses
-from vmsandbox.egress.netpolicy import IPNetwork, Refused
-from vmsandbox.egress.streams import Stream
+from vmsandbox.egress.relay import ownaddr
+from vmsandbox.egress.relay.streams import Stream
+from vmsandbox.egress.rules.addresses import OwnCheck, check_addresses
+from vmsandbox.egress.rules.netpolicy import IPNetwork, Refused
 
 CONNECT_TIMEOUT = 15.0
 RESOLVE_TIMEOUT = 10.0
