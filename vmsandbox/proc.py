@@ -105,6 +105,7 @@ def start(
     *,
     stdin: int | IO[Any] | None = subprocess.DEVNULL,
     stdout: int | IO[Any] | None = subprocess.PIPE,
+    stderr: int | IO[Any] | None = subprocess.PIPE,
     env: Mapping[str, str] | None = None,
     cwd: Path | None = None,
     as_user: Identity | None = None,
@@ -112,8 +113,9 @@ def start(
     pass_fds: Sequence[int] = (),
     jail: Jail | None = None,
 ) -> subprocess.Popen[bytes]:
-    """Start argv in its own process group (stderr captured); `finish` collects it. For the rare caller
-    that must wire two processes together; everyone else uses `run`."""
+    """Start argv in its own process group (stderr captured unless told otherwise: a caller that reads only
+    stdout passes DEVNULL, so a full stderr pipe never stalls the child); `finish` collects it. For the rare
+    caller that must wire two processes together or stream what a child says; everyone else uses `run`."""
     args = [str(a) for a in argv]
     args[0] = which(args[0])
     filter_fd: int | None = None
@@ -131,7 +133,7 @@ def start(
             args,
             stdin=stdin,
             stdout=stdout,
-            stderr=subprocess.PIPE,
+            stderr=stderr,
             env=dict(env) if env is not None else None,
             cwd=cwd,
             start_new_session=True,

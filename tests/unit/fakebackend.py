@@ -21,6 +21,7 @@ from pathlib import Path
 from tests.unit.fakeguest import FakeFiles, FakeProcesses, Guest
 from vmsandbox.core.sandbox.interface import ConflictError, NotFoundError, NotRunningError
 from vmsandbox.core.sandbox.model import (
+    NO_END,
     Applied,
     Badge,
     Checkpoint,
@@ -99,6 +100,13 @@ class FakeBackend:
     def create(self, spec: SandboxSpec) -> Sandbox:
         return self._make(spec)
 
+    def adopt(self, name: SessionName) -> Sandbox:
+        """A session a person started at the terminal, as the real backend lists it: no end kept for it."""
+        spec = SandboxSpec(name, BlueprintName("base"), None, NO_END)
+        made = self._make(spec)
+        self._session(name).sandbox = replace(made, timed=False)
+        return self.sandbox(name)
+
     def sandboxes(self) -> Sequence[Sandbox]:
         return [s.sandbox for s in self.sessions.values()]
 
@@ -120,6 +128,7 @@ class FakeBackend:
             raise ConflictError(f"session {name} is paused already")
         session.processes.each(signals.SIGSTOP)
         self._state(session, State.PAUSED)
+        session.sandbox = replace(session.sandbox, end_at=NO_END)  # (a paused sandbox has no end)
 
     def resume(self, name: SessionName) -> Sandbox:
         session = self._session(name)
@@ -129,6 +138,11 @@ class FakeBackend:
 
     def set_end(self, name: SessionName, end_at: datetime) -> None:
         session = self._session(name)
+        if not session.sandbox.timed:
+            raise ConflictError(
+                f"session {name} was started at the terminal: the API keeps no end for it",
+                hint=f"end it with `vmsandbox rm {name}` when it is done",
+            )
         session.sandbox = replace(session.sandbox, end_at=end_at)
 
     def checkpoint(self, name: SessionName, label: CheckpointLabel | None) -> Checkpoint:

@@ -15,7 +15,7 @@ import httpx
 import pytest
 import uvicorn
 
-from tests.unit.apiserver import wait_until
+from tests.unit.apiserver import served, wait_until
 from tests.unit.fakebackend import FakeBackend
 from tests.unit.test_cli import run_cli
 from vmsandbox import paths, pids
@@ -100,17 +100,28 @@ def test_serve_serves_on_loopback_and_the_socket_until_stopped(tmp_path: Path, m
 
 
 def test_a_session_the_api_did_not_make_has_no_end_and_is_never_reaped(tmp_path: Path) -> None:
-    """A person's session (made at the terminal, no end kept for it) is listed with no end: the reaper of a
-    `serve` running beside it never ends it, however late it is."""
+    """A person's session (made at the terminal, no end kept for it) is listed with no end: `connect` to it
+    gives it none, `set_timeout` is refused with what to do, and the reaper of a `serve` running beside it never
+    ends it, however late it is. A paused API sandbox has no end either: resumed by a person, it is theirs."""
     from datetime import UTC, datetime, timedelta
 
     from vmsandbox.api.plane.control import sweep
     from vmsandbox.core.sandbox import backend as core
-    from vmsandbox.core.sandbox.model import SandboxSpec
-    from vmsandbox.core.sandbox.names import BlueprintName, SessionName
+    from vmsandbox.core.sandbox.names import SessionName
 
     assert core._when(None) == core.NO_END and core._when("not a time") == core.NO_END
     assert core._when("2026-12-05T10:00:00+00:00") == datetime(2026, 12, 5, 10, tzinfo=UTC)
-    fake = FakeBackend(tmp_path)
-    fake.create(SandboxSpec(SessionName("mine"), BlueprintName("base"), None, core.NO_END, {}, {}))
-    assert sweep(fake, datetime.now(UTC) + timedelta(days=365 * 100)) == []
+    later = datetime.now(UTC) + timedelta(days=365 * 100)
+    with served(tmp_path / "guests") as api:
+        api.backend.adopt(SessionName("mine"))
+        api.backend.pause(SessionName("mine"))
+        assert httpx.post(f"{api.url}/v2/sandboxes/mine/connect", headers=api.headers, json={}).status_code == 201
+        answer = httpx.post(f"{api.url}/sandboxes/mine/timeout", headers=api.headers, json={"timeout": 1})
+        assert answer.status_code == 409 and "vmsandbox rm mine" in answer.json()["message"]
+        made = httpx.post(f"{api.url}/v2/sandboxes", headers=api.headers, json={"templateID": "base", "timeout": 60})
+        name = SessionName(made.json()["sandboxID"])
+        assert httpx.post(f"{api.url}/sandboxes/{name}/pause", headers=api.headers).status_code == 204
+        api.backend.resume(name)  # a person's `vmsandbox start`, a day later
+        assert sweep(api.backend, later) == []
+        assert httpx.post(f"{api.url}/sandboxes/{name}/timeout", headers=api.headers, json={"timeout": 1}).is_success
+        assert sweep(api.backend, later) == [name]  # the API's own, given an end again: ended at it

@@ -165,11 +165,16 @@ def _content(plan: Plan, item: Item, choice: Choice, contents: dict[str, bytes])
     c = item.first
     if choice.edit is not None and c.merge is not None and not c.merge.clean:
         return edited(c.path, c.merge.text, choice.edit, contents)
-    both = texts(plan, c) if choice.hunks is not None else None
-    if both is None:
+    if choice.hunks is None:
         return None
+    both = texts(plan, c)
+    if both is None:
+        return "it has no hunks to choose from (not text, or too long): choose it whole"
     every = {h.index for h in hunks.hunks(*both)}
-    taken = set(choice.hunks or ()) & every
+    unknown = sorted(set(choice.hunks) - every)
+    if unknown:
+        return f"it has no hunk {', '.join(f'h{n}' for n in unknown)}: choose from the hunks the review showed"
+    taken = set(choice.hunks)
     if not taken:
         return ""
     if taken != every:

@@ -68,6 +68,9 @@ def sweep(backend: Backend, moment: datetime) -> list[SessionName]:
     for s in backend.sandboxes():
         if s.state is State.RUNNING and s.end_at <= moment:
             try:
+                now = backend.sandbox(s.name)  # (as it is now: a timeout may have moved it since the listing)
+                if not (now.timed and now.state is State.RUNNING and now.end_at <= moment):
+                    continue
                 backend.kill(s.name)
             except Exception:
                 log.exception("ending %s at its timeout failed", s.name)
@@ -160,7 +163,7 @@ class Control:
         s = await blocking(self.backend.sandbox, name)
         if s.state is State.PAUSED:
             await blocking(self.backend.resume, name)
-        if s.state is State.PAUSED or end_at > s.end_at:
+        if s.timed and (s.state is State.PAUSED or end_at > s.end_at):  # (a person's session keeps no end)
             await blocking(self.backend.set_end, name, end_at)
         return self._out(await blocking(self.backend.sandbox, name), 201 if s.state is State.PAUSED else 200)
 

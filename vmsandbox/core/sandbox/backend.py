@@ -53,7 +53,7 @@ def _keep(record: Record, **values: Any) -> None:
     paths.write_atomically(record.files.root / paths.SESSION_SANDBOX, json.dumps(data, default=str))
 
 
-NO_END = datetime(9999, 12, 31, tzinfo=UTC)  # a session made outside the API ends when a person ends it
+NO_END = model.NO_END  # a session made outside the API ends when a person ends it
 
 
 def _when(text: object) -> datetime:
@@ -78,7 +78,8 @@ class SessionBackend:
         kept = _kept(r)
         return model.Sandbox(
             name=SessionName(r.name), blueprint=r.blueprint, state=STATES[status.state],
-            started_at=datetime.fromtimestamp(r.created, tz=UTC), end_at=_when(kept.get("end_at")),
+            started_at=datetime.fromtimestamp(r.created, tz=UTC),
+            end_at=_when(kept.get("end_at")) if kept.get("api") else NO_END, timed=bool(kept.get("api")),
             cpus=r.cpus, memory_mib=r.memory_mib, disk_mib=r.disk_mib, metadata=kept.get("metadata") or {},
             project=None if kept.get("own_project") else r.project,
         )  # fmt: skip
@@ -90,7 +91,7 @@ class SessionBackend:
         else:
             project = spec.project.value
         record = sessions.create(project, spec.blueprint.value, RunFlags(name=spec.name.value), Nobody())
-        _keep(record, end_at=spec.end_at.isoformat(), envs=dict(spec.envs), metadata=dict(spec.metadata),
+        _keep(record, api=True, end_at=spec.end_at.isoformat(), envs=dict(spec.envs), metadata=dict(spec.metadata),
               own_project=spec.project is None)  # fmt: skip
         return self.sandbox(spec.name)
 
@@ -109,26 +110,38 @@ class SessionBackend:
         """Ended: a project session's unreviewed changes wait in its outbox (as `rm --force`); E2B's own
         sandbox is gone whole, its empty project with it (nothing of a person's was in it)."""
         self.sandbox(name)
-        with self._lock:
-            self._processes.pop(name.value, None)
+        self._forget(name)
         own = bool(_kept(Record.load(name.value)).get("own_project"))
         sessions.destroy(name.value, force=True, discard=own)
         if own:
             shutil.rmtree(_own_project(name.value), ignore_errors=True)
 
     def pause(self, name: SessionName) -> None:
+        """Stopped with its memory; its end forgotten (E2B's rule: a paused sandbox has none), so whoever resumes
+        it — a `connect` that gives it a new end, or a person's `vmsandbox start` — is never ended by an old one."""
         if self.sandbox(name).state is not model.State.RUNNING:
             raise ConflictError(f"sandbox {name.value} is paused already", hint="connect to it to resume it")
+        self._forget(name)
         suspend.stop(name.value)
+        _keep(Record.load(name.value), end_at=None)
 
     def resume(self, name: SessionName) -> model.Sandbox:
         if self.sandbox(name).state is model.State.PAUSED:
+            self._forget(name)  # (it comes back on another port: nothing cached of it holds)
             suspend.start(name.value)
         return self.sandbox(name)
 
     def set_end(self, name: SessionName, end_at: datetime) -> None:
-        self.sandbox(name)
+        if not self.sandbox(name).timed:
+            raise ConflictError(
+                f"session {name.value} was started at the terminal: the API keeps no end for it",
+                hint=f"end it with `vmsandbox rm {name.value}` when it is done",
+            )
         _keep(Record.load(name.value), end_at=end_at.isoformat())
+
+    def _forget(self, name: SessionName) -> None:
+        with self._lock:
+            self._processes.pop(name.value, None)
 
     # -- checkpoints and forks -----------------------------------------------------------------------------------
     def checkpoint(self, name: SessionName, label: CheckpointLabel | None) -> model.Checkpoint:
@@ -147,7 +160,7 @@ class SessionBackend:
     ) -> model.Sandbox:
         forking.fork(name.value, new.value, label=label.value if label else None)
         source = _kept(Record.load(name.value))
-        _keep(Record.load(new.value), end_at=end_at.isoformat(), envs=source.get("envs") or {},
+        _keep(Record.load(new.value), api=True, end_at=end_at.isoformat(), envs=source.get("envs") or {},
               metadata=source.get("metadata") or {}, own_project=bool(source.get("own_project")))  # fmt: skip
         return self.sandbox(new)
 

@@ -5,7 +5,9 @@ decide. A relative path is relative to the session's project when it has one, el
 from __future__ import annotations
 
 import json
+import os
 import posixpath
+import select
 import shlex
 from collections.abc import Iterator, Sequence
 from datetime import UTC, datetime
@@ -16,20 +18,66 @@ from vmsandbox.core.sandbox.interface import ExistsError, NotFoundError, Refused
 from vmsandbox.core.sandbox.model import Entry, EntryType
 from vmsandbox.core.sandbox.names import GuestPath, GuestUser
 from vmsandbox.core.sandbox.processes import CALL_TIMEOUT, guest_call
+from vmsandbox.core.sandbox.processes import said as said_by_guest
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.guest.ssh import Endpoint
 
 CHUNK = 1024**2
+IDLE = 60.0  # seconds a download waits for the guest's next bytes
 ERRORS: dict[str, type[VmsandboxError]] = {"not_found": NotFoundError, "exists": ExistsError, "refused": RefusedError}
 
 
-def _entry(said: dict[str, Any]) -> Entry:
-    return Entry(
-        name=str(said["name"]), type=EntryType(said["type"]), path=str(said["path"]), size=int(said["size"]),
-        mode=int(said["mode"]), permissions=str(said["permissions"]), owner=str(said["owner"]),
-        group=str(said["group"]), modified=datetime.fromtimestamp(float(said["modified"]), tz=UTC),
-        symlink_target=said.get("target"),
-    )  # fmt: skip
+def _entry(said: Any) -> Entry:
+    """An entry as the guest described it (its names are data: shown by whoever shows them); an answer that is
+    not one is refused, never half-read."""
+    try:
+        target = said.get("target")
+        return Entry(
+            name=str(said["name"]), type=EntryType(said["type"]), path=str(said["path"]), size=int(said["size"]),
+            mode=int(said["mode"]), permissions=str(said["permissions"]), owner=str(said["owner"]),
+            group=str(said["group"]), modified=datetime.fromtimestamp(float(said["modified"]), tz=UTC),
+            symlink_target=None if target is None else str(target),
+        )  # fmt: skip
+    except (AttributeError, KeyError, TypeError, ValueError, OverflowError, OSError):
+        raise RefusedError("the guest's answer is not a file's description") from None
+
+
+def _stdin(data: IO[bytes]) -> IO[bytes] | bytes:
+    """What is written, as the guest's call takes it: a file streamed from its descriptor (never read whole
+    here; a spooled upload goes to its disk file), else the bytes of a small one."""
+    try:
+        data.fileno()
+    except (AttributeError, OSError, ValueError):
+        return data.read()
+    return data
+
+
+class _Download:
+    """A file's bytes as the guest sends them. `close()` ends it whatever it is doing (its ssh killed, from any
+    thread), and a guest that sends nothing for IDLE seconds ends it too: no reader waits on a guest for good."""
+
+    def __init__(self, child: proc.Child) -> None:
+        self.child = child
+
+    def __iter__(self) -> _Download:
+        return self
+
+    def __next__(self) -> bytes:
+        out = self.child.stdout
+        if out is None or self.child.returncode is not None:
+            raise StopIteration
+        ready, _, _ = select.select([out], [], [], IDLE)
+        data = os.read(out.fileno(), CHUNK) if ready else None
+        if not data:
+            self.close()
+            if data is None:
+                raise RefusedError(f"the guest sent nothing of the file for {IDLE:.0f} s", hint="read it again")
+            raise StopIteration
+        return data
+
+    def close(self) -> None:
+        self.child.kill()
+        self.child.wait(timeout=CALL_TIMEOUT)
 
 
 class GuestFiles:
@@ -44,23 +92,26 @@ class GuestFiles:
         return posixpath.join(self.workdir, text) if self.workdir and not text.startswith("/") else text
 
     def _call(self, user: GuestUser | None, args: Sequence[str], data: IO[bytes] | None = None) -> Any:
-        payload = data.read() if data is not None else None
+        payload = _stdin(data) if data is not None else None
         done = guest_call(self.endpoint, args, input=payload, as_user=str(user or self.user))
         try:
             said = json.loads(done.stdout) if done.stdout.strip() else None
         except ValueError:
             said = None
         if done.returncode == 3 and isinstance(said, dict) and said.get("error") in ERRORS:
-            raise ERRORS[said["error"]](str(said.get("message", "refused"))[:300])
+            raise ERRORS[said["error"]](said_by_guest(str(said.get("message", "refused"))))
         if done.returncode != 0:
-            raise RefusedError(f"the guest refused: {done.stderr.strip()[-300:] or done.returncode}")
+            raise RefusedError(f"the guest refused: {said_by_guest(done.stderr) or done.returncode}")
         return said
 
     def stat(self, path: GuestPath, user: GuestUser | None) -> Entry:
         return _entry(self._call(user, ["stat", self._at(path)]))
 
     def list_dir(self, path: GuestPath, depth: int, user: GuestUser | None) -> Sequence[Entry]:
-        return [_entry(e) for e in self._call(user, ["ls", self._at(path), str(max(depth, 1))])]
+        found = self._call(user, ["ls", self._at(path), str(max(depth, 1))])
+        if not isinstance(found, list):
+            raise RefusedError("the guest's answer is not a directory's listing")
+        return [_entry(e) for e in found]
 
     def make_dir(self, path: GuestPath, user: GuestUser | None) -> Entry:
         return _entry(self._call(user, ["mkdir", self._at(path)]))
@@ -76,14 +127,8 @@ class GuestFiles:
         if entry.type != EntryType.FILE:
             raise RefusedError(f"{entry.path} is not a file", hint="read a regular file")
         run = f"runuser -u {shlex.quote(str(user or self.user))} -- cat -- {shlex.quote(entry.path)}"
-        child = proc.start([*self.endpoint.ssh_argv("-T", user="root"), "--", run])
-        try:
-            if child.stdout is not None:
-                while data := child.stdout.read(CHUNK):
-                    yield data
-        finally:
-            child.kill()
-            child.wait(timeout=CALL_TIMEOUT)
+        argv = [*self.endpoint.ssh_argv("-T", user="root"), "--", run]
+        return _Download(proc.start(argv, stderr=proc.DEVNULL))
 
     def write(self, path: GuestPath, user: GuestUser | None, data: IO[bytes]) -> Entry:
         return _entry(self._call(user, ["write", self._at(path)], data))

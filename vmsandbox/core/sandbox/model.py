@@ -6,7 +6,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 
 from vmsandbox.core.sandbox.names import (
     BlueprintName,
@@ -39,6 +39,9 @@ class SandboxSpec:
     metadata: Mapping[str, str] = field(default_factory=dict)  # kept and listed, never interpreted
 
 
+NO_END = datetime(9999, 12, 31, tzinfo=UTC)  # the end of a sandbox that has none: paused, or a person's own
+
+
 @dataclass(frozen=True)
 class Sandbox:
     name: SessionName
@@ -51,6 +54,7 @@ class Sandbox:
     disk_mib: int
     metadata: Mapping[str, str] = field(default_factory=dict)
     project: str | None = None  # the host project it was captured from
+    timed: bool = True  # whether the API keeps its end: a session started at the terminal has none (end_at far)
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,9 @@ order the runner read them (a byte for the stream — 1 stdout, 2 stderr, 0 the 
 length, the data), its stdin as a FIFO the runner keeps open until told to close it, and its exit.
 
     python3 supervisor.py start            (the spec as JSON on stdin) -> prints the pid
-    python3 supervisor.py follow PID FROM  -> the log's records from byte FROM, as they come, then the exit
+    python3 supervisor.py follow PID FROM [MOST]  -> the log's records from byte FROM, as they come, then the exit
+                                           (MOST: only the whole records of MOST bytes there are now; exit 4:
+                                           no such process)
     python3 supervisor.py list             -> the running processes, as JSON
     python3 supervisor.py input PID        (bytes on stdin: to the process's stdin)
     python3 supervisor.py close PID        -> its stdin closed
@@ -161,11 +163,23 @@ def start() -> None:
     print(pid)
 
 
-def follow(pid: int, offset: int) -> None:
+MISSING = 4  # `follow`'s exit code when there is no such process
+
+
+def follow(pid: int, offset: int, most: int | None = None) -> None:
+    """The log's records from `offset` as they come, until the exit; with `most`, only the whole records of the
+    first `most` bytes there are now (at least one), then end."""
     where = _dir(pid)
+    try:
+        log = open(os.path.join(where, "log"), "rb")  # noqa: SIM115 - closed below
+    except FileNotFoundError:
+        sys.exit(MISSING)
     out = sys.stdout.buffer
-    with open(os.path.join(where, "log"), "rb") as log:
+    with log:
         log.seek(offset)
+        if most is not None:
+            _some(log, out, most)
+            return
         while True:
             data = log.read(CHUNK)
             if data:
@@ -180,6 +194,18 @@ def follow(pid: int, offset: int) -> None:
                 out.flush()
                 continue
             time.sleep(POLL)
+
+
+def _some(log: Any, out: Any, most: int) -> None:
+    sent = 0
+    while len(head := log.read(HEAD.size)) == HEAD.size:
+        _, length = HEAD.unpack(head)
+        data = log.read(length)
+        if len(data) < length or (sent and sent + HEAD.size + length > most):
+            break
+        out.write(head + data)
+        sent += HEAD.size + length
+    out.flush()
 
 
 def running() -> None:
@@ -308,7 +334,7 @@ def main(argv: list[str]) -> None:
     if verb == "start":
         start()
     elif verb == "follow":
-        follow(int(argv[1]), int(argv[2]))
+        follow(int(argv[1]), int(argv[2]), int(argv[3]) if len(argv) > 3 else None)
     elif verb == "list":
         running()
     elif verb == "input":
