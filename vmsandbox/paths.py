@@ -90,6 +90,11 @@ def state_dir() -> Path:
     return Path(platformdirs.user_state_dir(APP))
 
 
+def sandbox_projects() -> Path:
+    """Where the empty project of each API sandbox of its own is made (one directory per sandbox)."""
+    return state_dir() / "sandboxes"
+
+
 def config_dir() -> Path:
     """The user's configuration and secrets. Under sudo, the invoking user's (~/.config/vmsandbox of SUDO_USER):
     the same config and secrets with and without sudo, as the agent settings a session copies are theirs."""

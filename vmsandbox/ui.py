@@ -156,6 +156,14 @@ class Escaping(io.TextIOBase):
         return self._raw.fileno()
 
 
+class EscapingFormatter(logging.Formatter):
+    """A log line, traceback and all, with what would act on a terminal shown as escapes (visible): a log holds
+    what guests said (their stderr in an error, their names), and people read logs in terminals."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return visible(super().format(record))
+
+
 def log_escaped(stream: TextIO, fmt: str) -> Escaping:
     """This process's log goes to `stream` with control characters escaped (whatever logger wrote it); the
     escaping stream, for what is written there otherwise (tracebacks: make it sys.stderr)."""

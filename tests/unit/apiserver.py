@@ -35,15 +35,15 @@ class Served:
 @contextlib.contextmanager
 def served(root: Path) -> Iterator[Served]:
     backend = FakeBackend(root)
-    sock = server.listen_tcp(0)  # listening before the thread starts: a client's first request queues
-    port = sock.getsockname()[1]
+    socks = server.listen_tcp(0)  # listening before the thread starts: a client's first request queues
+    port = socks[0].getsockname()[1]
     key = "test-" + secrets.token_urlsafe(16)
     asgi = app.make(backend, api_key=key, port=port, reap=False)
     config = uvicorn.Config(
         asgi, http=PeerCheckedH11, log_level="warning", access_log=False, log_config=None, timeout_graceful_shutdown=5
     )
     running = uvicorn.Server(config)
-    thread = threading.Thread(target=running.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread = threading.Thread(target=running.run, kwargs={"sockets": socks}, daemon=True)
     thread.start()
     try:
         yield Served(f"http://127.0.0.1:{port}", key, port, backend)
@@ -51,7 +51,8 @@ def served(root: Path) -> Iterator[Served]:
         running.should_exit = True
         thread.join(WAIT)
         backend.close()
-        sock.close()
+        for sock in socks:
+            sock.close()
 
 
 def point_sdk(monkeypatch: pytest.MonkeyPatch, s: Served) -> None:

@@ -38,14 +38,17 @@ def no_subprocesses(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.fixture(autouse=True)
 def isolated_dirs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """vmsandbox's data, state and config directories of the test, beside its tmp_path (not in it: a project in
+    tmp_path must not hold vmsandbox's own state, which is refused)."""
+    base = tmp_path.parent / f"{tmp_path.name}.vmsandbox"
     for var in ("DATA", "STATE", "CONFIG"):
-        d = tmp_path / var.lower()
-        d.mkdir()
+        d = base / var.lower()
+        d.mkdir(parents=True)
         monkeypatch.setenv(f"VMSANDBOX_{var}_DIR", str(d))
     monkeypatch.delenv("VMSANDBOX_ACCEL", raising=False)
     monkeypatch.delenv("VMSANDBOX_CPUS", raising=False)
     monkeypatch.delenv("VMSANDBOX_LIBVIRT_URI", raising=False)
-    yield tmp_path
+    yield base
 
 
 def saved_record(name: str, **fields: Any) -> Record:

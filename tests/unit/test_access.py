@@ -85,8 +85,8 @@ def test_the_traverse_only_acl_is_what_the_kernel_takes(tmp_path: Path) -> None:
     assert stat.S_IMODE(d.stat().st_mode) == 0o710  # owner rwx, the mask (x) in the group bits, others none
 
 
-def test_shared_store_directories_and_their_locks(tmp_path: Path) -> None:
-    images = tmp_path / "data" / "images"
+def test_shared_store_directories_and_their_locks(tmp_path: Path, isolated_dirs: Path) -> None:
+    images = isolated_dirs / "data" / "images"
     access.store_root(images)
     assert stat.S_IMODE(images.parent.stat().st_mode) == 0o755
     with access.flocked(images / ".lock") as held:

@@ -60,6 +60,52 @@ def test_another_account_is_refused_whatever_it_sends(api: Served, monkeypatch: 
     assert httpx.get(f"{api.url}/v2/sandboxes", headers=api.headers).status_code == 403
 
 
+def test_another_accounts_connection_is_answered_and_closed_as_it_is_made(
+    api: Served, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A connection of another account that sends nothing is answered 403 and closed at once: a thousand of them
+    hold none of serve's descriptors."""
+    monkeypatch.setattr(peer, "owner", lambda sock: os.geteuid() + 1)
+    held = [socket.create_connection(("127.0.0.1", api.port)) for _ in range(50)]
+    for s in held:
+        s.settimeout(10)
+        answer = b""
+        while chunk := s.recv(4096):  # (to the end: the server closed it)
+            answer += chunk
+        assert answer.startswith(b"HTTP/1.1 403") and b"this API serves only the account" in answer
+        s.close()
+
+
+def test_a_connection_that_sends_no_whole_head_is_closed_in_time(api: Served, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(peer, "HEAD_TIMEOUT", 0.5)
+    with (
+        socket.create_connection(("127.0.0.1", api.port)) as quiet,
+        socket.create_connection(("127.0.0.1", api.port)) as slow,
+    ):
+        slow.sendall(b"GET /v2/sandboxes HTTP/1.1\r\nHost: 127.0.0.1\r\n")  # never the blank line
+        for s in (quiet, slow):
+            s.settimeout(10)
+            assert s.recv(4096) == b""  # closed by the server, not left waiting
+    assert httpx.get(f"{api.url}/v2/sandboxes", headers=api.headers).status_code == 200
+
+
+def test_the_ipv6_twin_of_the_port_is_held_and_served_to_this_account_only(
+    api: Served, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A client told `localhost` may try ::1 first: serve holds [::1]:PORT too, so no other account can listen
+    there for the key, and answers there as on 127.0.0.1, to this account only."""
+    if not socket.has_ipv6 or not Path("/proc/net/tcp6").exists():
+        pytest.skip("no IPv6 loopback on this machine")
+    squat = socket.socket(socket.AF_INET6)
+    with squat, pytest.raises(OSError):
+        squat.bind(("::1", api.port))
+    answer = httpx.get(f"http://[::1]:{api.port}/v2/sandboxes", headers=api.headers | {"Host": f"localhost:{api.port}"})
+    assert answer.status_code == 200
+    monkeypatch.setattr(peer, "OWNER", os.geteuid() + 1)  # (as another account would be seen)
+    answer = httpx.get(f"http://[::1]:{api.port}/v2/sandboxes", headers=api.headers | {"Host": f"localhost:{api.port}"})
+    assert answer.status_code == 403
+
+
 def test_the_owner_of_a_connection_is_found_on_loopback_and_on_a_unix_socket() -> None:
     with socket.socket() as listener:
         listener.bind(("127.0.0.1", 0))
@@ -69,6 +115,13 @@ def test_the_owner_of_a_connection_is_found_on_loopback_and_on_a_unix_socket() -
             with accepted:
                 assert peer.owner(accepted) == os.geteuid()
                 assert client.getsockname() == accepted.getpeername()
+    with socket.socket(socket.AF_INET6) as listener:
+        listener.bind(("::1", 0))
+        listener.listen(1)
+        with socket.create_connection(listener.getsockname()[:2]) as client:
+            accepted, _ = listener.accept()
+            with accepted:
+                assert peer.owner(accepted) == os.geteuid()
     left, right = socket.socketpair(socket.AF_UNIX)
     with left, right:
         assert peer.owner(right) == os.geteuid()

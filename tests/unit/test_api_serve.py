@@ -125,3 +125,14 @@ def test_a_session_the_api_did_not_make_has_no_end_and_is_never_reaped(tmp_path:
         assert sweep(api.backend, later) == []
         assert httpx.post(f"{api.url}/sandboxes/{name}/timeout", headers=api.headers, json={"timeout": 1}).is_success
         assert sweep(api.backend, later) == [name]  # the API's own, given an end again: ended at it
+
+
+def test_serve_refuses_to_run_under_sudo(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under sudo, the file work done as the invoking user switches the whole process's identity: a threaded
+    server would serve, for that moment, as the other account. It runs as the account it serves instead."""
+    import pwd
+
+    monkeypatch.setattr(paths, "sudo_invoker", lambda: pwd.getpwuid(os.getuid()))
+    with pytest.raises(VmsandboxError, match="not under sudo") as exc:
+        server.refuse_sudo()
+    assert "run `vmsandbox serve` as yourself" in (exc.value.hint or "")

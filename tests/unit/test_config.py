@@ -17,8 +17,10 @@ def write(path: Path, text: str) -> Path:
     return path
 
 
-def test_project_overrides_user_and_env_overrides_both(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    write(tmp_path / "config" / "config.yaml", "cpus: 3\nmemory: 1G\naccel: kvm\n")
+def test_project_overrides_user_and_env_overrides_both(
+    tmp_path: Path, isolated_dirs: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    write(isolated_dirs / "config" / "config.yaml", "cpus: 3\nmemory: 1G\naccel: kvm\n")
     project = tmp_path / "proj"
     write(project / ".vmsandbox.yaml", "memory: 3072M\n")
     monkeypatch.setenv("VMSANDBOX_ACCEL", "tcg")
@@ -26,8 +28,10 @@ def test_project_overrides_user_and_env_overrides_both(tmp_path: Path, monkeypat
     assert (s.cpus, s.memory_mib, s.accel) == (3, 3072, Accel.TCG)
 
 
-def test_vmsandbox_cpus_overrides_the_files_and_is_checked(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    write(tmp_path / "config" / "config.yaml", "cpus: 2\n")
+def test_vmsandbox_cpus_overrides_the_files_and_is_checked(
+    tmp_path: Path, isolated_dirs: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    write(isolated_dirs / "config" / "config.yaml", "cpus: 2\n")
     monkeypatch.setattr(config, "host_cpus", lambda: 4)
     monkeypatch.setenv("VMSANDBOX_CPUS", "1")
     assert config.load().cpus == 1
@@ -93,8 +97,8 @@ def test_a_size_may_be_a_plain_number_of_mib(tmp_path: Path) -> None:
     assert (s.memory_mib, s.disk_mib) == (2048, 30720)
 
 
-def test_network_settings_accumulate_across_sources(tmp_path: Path) -> None:
-    write(tmp_path / "config" / "config.yaml", "allow: ['*.example.org']\nallow_networks: [203.0.113.0/24]\n")
+def test_network_settings_accumulate_across_sources(tmp_path: Path, isolated_dirs: Path) -> None:
+    write(isolated_dirs / "config" / "config.yaml", "allow: ['*.example.org']\nallow_networks: [203.0.113.0/24]\n")
     project = tmp_path / "proj"
     write(
         project / ".vmsandbox.yaml",

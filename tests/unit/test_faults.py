@@ -139,7 +139,7 @@ def test_a_damaged_record_is_read_from_its_copy_and_mended() -> None:
 
 
 def test_capture_refuses_before_copying_when_the_state_disk_is_too_small(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, isolated_dirs: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     project = tmp_path / "p"
     project.mkdir()
@@ -151,7 +151,7 @@ def test_capture_refuses_before_copying_when_the_state_disk_is_too_small(
         "vmsandbox.sync.inward.capture.shutil.disk_usage", lambda _p: type("U", (), {"free": 10 * 1024**2})()
     )
     with pytest.raises(VmsandboxError, match=r"needs about 64 MiB .* it has 10 MiB free") as caught:
-        capture.check_space(project, tmp_path / "state" / "sessions")
+        capture.check_space(project, isolated_dirs / "state" / "sessions")
     assert caught.value.hint is not None and "VMSANDBOX_STATE_DIR" in caught.value.hint
 
 

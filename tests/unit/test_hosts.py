@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from vmsandbox import paths
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.image.store import Image
 from vmsandbox.session import settings as config
@@ -22,9 +23,10 @@ from vmsandbox.vm import storage
 from vmsandbox.vm.node import Node
 
 
-def _user_config(tmp_path: Path, text: str) -> None:
-    (tmp_path / "config").mkdir(exist_ok=True)
-    (tmp_path / "config" / "config.yaml").write_text(text)
+def _user_config(_tmp_path: Path, text: str) -> None:
+    config = paths.config_dir()  # (the test's own: conftest.isolated_dirs)
+    config.mkdir(exist_ok=True)
+    (config / "config.yaml").write_text(text)
 
 
 def test_hosts_are_read_from_the_user_config(tmp_path: Path) -> None:
@@ -300,7 +302,7 @@ def test_the_tunnel_reaches_the_host_as_libvirt_does() -> None:
 
 
 def test_run_on_another_host_checks_the_host_before_anything_is_made(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, isolated_dirs: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     from tests.unit.test_cli import run_cli
     from vmsandbox.cli import base
@@ -316,7 +318,9 @@ def test_run_on_another_host_checks_the_host_before_anything_is_made(
     assert "no host named 'nowhere'" in err and "local, big, tls" in err
     assert run_cli(["run", str(project), "--host", "tls", "--", "true"]) == base.EXIT_RUN_FAILED
     assert "not an ssh URI" in capsys.readouterr().err
-    assert not (tmp_path / "state" / "sessions").exists() or not any((tmp_path / "state" / "sessions").iterdir())
+    assert not (isolated_dirs / "state" / "sessions").exists() or not any(
+        (isolated_dirs / "state" / "sessions").iterdir()
+    )
 
 
 def test_a_long_chain_there_is_refused_with_the_fork_that_starts_over() -> None:

@@ -132,7 +132,7 @@ def test_a_client_behind_what_is_held_gets_one_read_of_the_log_never_another_rea
     processes = gproc.GuestProcesses(Endpoint(), "user", {})  # type: ignore[arg-type]
     held = processes._follows[3] = follow(record(1, b"new"))
     held.base = 1000  # (what came before was trimmed)
-    held.exit = None
+    held._next = time.monotonic() + 60  # (its own reader is not what is counted here)
     started = guest(monkeypatch, record(1, b"old") + record(1, b"er"))
     out = processes.output(3, 0, 0.0)
     assert [c.data for c in out.chunks] == [b"old", b"er"] and out.cursor == 2 * HEAD.size + 5
@@ -261,3 +261,17 @@ def test_hunks_chosen_on_an_item_without_them_or_not_in_it_are_refused_with_why(
     assert chosen.decisions.accept == () and chosen.refused_items == [1] and "no hunk h99" in chosen.refused[0]
     chosen = views.decide(plan, [views.Choice(1, views.fingerprint(text), hunks=[0])])
     assert chosen.decisions.accept == (text,) and chosen.refused == []
+
+
+def test_a_guests_bytes_in_a_logged_error_reach_the_log_as_escapes() -> None:
+    """The reaper logs what ending a session raised, whole; a core error carries the tail of ssh or rsync's
+    stderr (the guest's words). Every handler of the CLI's log formats through ui.EscapingFormatter."""
+    import logging
+
+    from vmsandbox import ui
+
+    error = proc.CommandError(proc.Result(("rsync",), 12, "", "rsync: \x1b]52;c;ZXZpbA==\x07\x1b[2J \u202eowned"))
+    record = logging.LogRecord("x", logging.ERROR, __file__, 1, "ending %s failed", ("s1",), exc_info=None)
+    record.exc_info = (type(error), error, None)
+    shown = ui.EscapingFormatter("%(message)s").format(record)
+    assert "\x1b" not in shown and "\u202e" not in shown and "\\x1b]52" in shown and "CommandError" in shown

@@ -24,6 +24,21 @@ def test_project_must_exist_and_be_a_directory(tmp_path: Path) -> None:
     assert session.validate_project(tmp_path) == tmp_path.resolve()
 
 
+def test_vmsandbox_own_state_config_and_data_are_never_a_project(isolated_dirs: Path) -> None:
+    """A project inside, or holding, vmsandbox's own state, config or data (every session's keys, mirrors,
+    outboxes and the host's secrets) is refused; an API sandbox's own empty project is the one exception."""
+    for own in ("state", "config", "data"):
+        inside = isolated_dirs / own / "sessions" / "x"
+        inside.mkdir(parents=True)
+        with pytest.raises(VmsandboxError, match="is inside vmsandbox's own"):
+            session.validate_project(inside)
+    with pytest.raises(VmsandboxError, match="holds vmsandbox's own"):
+        session.validate_project(isolated_dirs)
+    mine = paths.sandbox_projects() / "base-1234abcd"
+    mine.mkdir(parents=True)
+    assert session.validate_project(mine) == mine.resolve()
+
+
 def test_too_broad_projects_are_refused(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     with pytest.raises(VmsandboxError, match="too broad"):
         session.validate_project(Path("/"))

@@ -10,6 +10,7 @@ plain-http URL, which uvicorn serves. E2B_DEBUG must stay unset: with it the SDK
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import secrets
@@ -26,6 +27,7 @@ from vmsandbox.core.sandbox.interface import Backend
 from vmsandbox.errors import VmsandboxError
 
 KEY_PREFIX = "vmsb_"
+LIMIT_CONNECTIONS = 256  # connections at once: more are answered 503
 
 
 @dataclass(frozen=True)
@@ -50,6 +52,18 @@ def running() -> dict[str, object] | None:
     return found
 
 
+def refuse_sudo() -> None:
+    """`serve` runs as the account it serves, never under sudo: its threads must never take on another
+    account's identity (sudo's file work switches the whole process), and a key handed out under sudo would
+    drive sessions as root."""
+    invoker = paths.sudo_invoker()
+    if invoker is not None:
+        raise VmsandboxError(
+            f"`vmsandbox serve` runs as the account it serves, not under sudo (you are {invoker.pw_name})",
+            hint="run `vmsandbox serve` as yourself; `sudo vmsandbox host setup` once lets your account use libvirt",
+        )
+
+
 def refuse_second() -> None:
     found = running()
     if found is None:
@@ -61,19 +75,49 @@ def refuse_second() -> None:
     )
 
 
-def listen_tcp(port: int) -> socket.socket:
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+def _bound(family: socket.AddressFamily, host: str, port: int) -> socket.socket:
+    sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if family == socket.AF_INET6:
+        sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
     try:
-        sock.bind(("127.0.0.1", port))
-    except OSError as exc:
+        sock.bind((host, port))
+    except OSError:
         sock.close()
-        raise VmsandboxError(
-            f"cannot listen on 127.0.0.1:{port}: {exc.strerror}",
-            hint="choose another port with --port, or leave it out for a free one",
-        ) from None
-    sock.listen(128)  # before the settings are printed: a quick client queues rather than being refused
+        raise
     return sock
+
+
+def listen_tcp(port: int) -> list[socket.socket]:
+    """127.0.0.1:PORT, and [::1]:PORT where the machine has IPv6's loopback: a client told `localhost` may try
+    ::1 first, and no other account may hold the port's twin there to take its key. Both or neither."""
+    for _attempt in range(20 if port == 0 else 1):
+        try:
+            four = _bound(socket.AF_INET, "127.0.0.1", port)
+        except OSError as exc:
+            raise VmsandboxError(
+                f"cannot listen on 127.0.0.1:{port}: {exc.strerror}",
+                hint="choose another port with --port, or leave it out for a free one",
+            ) from None
+        bound = four.getsockname()[1]
+        try:
+            six = _bound(socket.AF_INET6, "::1", bound)
+        except OSError as exc:
+            if exc.errno in (errno.EADDRNOTAVAIL, errno.EAFNOSUPPORT):
+                six = None  # (no IPv6 loopback here: nobody can hold it either)
+            else:
+                four.close()
+                if port == 0:
+                    continue  # its twin is taken: another free port
+                raise VmsandboxError(
+                    f"cannot listen on [::1]:{port}: {exc.strerror}",
+                    hint="choose another port with --port (its IPv6 twin is held by another program)",
+                ) from None
+        socks = [four] if six is None else [four, six]
+        for sock in socks:
+            sock.listen(128)  # before the settings are printed: a quick client queues rather than being refused
+        return socks
+    raise VmsandboxError("no free port on 127.0.0.1 whose [::1] twin is free too", hint="give one with --port")
 
 
 def listen_unix(path: Path) -> socket.socket:
@@ -126,16 +170,23 @@ def serve(backend: Backend, *, port: int, unix: Path | None, ready: Callable[[Se
     import uvicorn
 
     refuse_second()
+    refuse_sudo()
     tcp = listen_tcp(port)
-    sockets = [tcp, *([listen_unix(unix)] if unix is not None else [])]
-    bound = tcp.getsockname()[1]
+    sockets = [*tcp, *([listen_unix(unix)] if unix is not None else [])]
+    bound = tcp[0].getsockname()[1]
     settings = Settings(f"http://127.0.0.1:{bound}", KEY_PREFIX + secrets.token_urlsafe(32), unix)
     try:
         with announced(settings):
             ready(settings)
             asgi = app.make(backend, api_key=settings.api_key, port=bound)
             config = uvicorn.Config(
-                asgi, http=PeerCheckedH11, log_level="warning", access_log=False, log_config=None, lifespan="on"
+                asgi,
+                http=PeerCheckedH11,
+                log_level="warning",
+                access_log=False,
+                log_config=None,
+                lifespan="on",
+                limit_concurrency=LIMIT_CONNECTIONS,
             )  # log_config=None: its errors go to our log (stderr, -v), not to a configuration of its own
             uvicorn.Server(config).run(sockets=sockets)
     finally:

@@ -10,6 +10,7 @@ import re
 import shlex
 import signal
 import sys
+import threading
 from typing import Annotated, NoReturn
 
 import typer
@@ -63,7 +64,8 @@ def _setup_logging(verbose: bool) -> None:
     """A verbose log file in the state directory always; stderr gets the log only with --verbose."""
     root = logging.getLogger()
     root.setLevel(logging.DEBUG)
-    fmt = logging.Formatter("%(asctime)s %(process)d %(levelname)s %(name)s: %(message)s")
+    fmt = ui.EscapingFormatter("%(asctime)s %(process)d %(levelname)s %(name)s: %(message)s")
+    threading.excepthook = _thread_failed
     try:
         from vmsandbox.confine import accounts as confine
 
@@ -78,8 +80,16 @@ def _setup_logging(verbose: bool) -> None:
         pass  # a read-only state dir must not stop `--help` or `doctor`
     if verbose:
         stream = logging.StreamHandler(sys.stderr)
-        stream.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+        stream.setFormatter(ui.EscapingFormatter("%(levelname)s %(name)s: %(message)s"))
         root.addHandler(stream)
+
+
+def _thread_failed(args: threading.ExceptHookArgs) -> None:
+    """A thread's uncaught exception goes to the log (escaped), not raw to stderr."""
+    logging.getLogger("vmsandbox.thread").error(
+        "thread %s failed", args.thread.name if args.thread else "?",
+        exc_info=(args.exc_type, args.exc_value, args.exc_traceback),  # type: ignore[arg-type]
+    )  # fmt: skip
 
 
 def missing_separator(message: str, args: list[str]) -> str | None:

@@ -277,6 +277,12 @@ def validate_project(path: Path) -> Path:
                     f"refusing to sandbox {resolved}: it is inside {home / keys}, which holds your keys or config",
                     hint=hint,
                 )
+    own = _vmsandbox_own(resolved)
+    if own is not None:
+        raise VmsandboxError(
+            f"refusing to sandbox {resolved}: it {own} (every session's keys, mirrors and secrets)",
+            hint=hint,
+        )
     held = [m for m in HOME_MARKERS if (resolved / m).is_dir() and not (resolved / m).is_symlink()]
     if held:
         raise VmsandboxError(
@@ -285,6 +291,20 @@ def validate_project(path: Path) -> Path:
             hint=f"{hint}; move {resolved / held[0]} out of the project if it is the project's own",
         )
     return resolved
+
+
+def _vmsandbox_own(resolved: Path) -> str | None:
+    """How `resolved` holds or sits in vmsandbox's own state, config or data, if it does. The empty project an
+    API sandbox of its own is made on (paths.sandbox_project) is the one directory there a session may have."""
+    if resolved.parent == paths.sandbox_projects().resolve():
+        return None
+    for own in (paths.state_dir(), paths.config_dir(), paths.data_dir()):
+        mine = own.resolve()
+        if resolved == mine or resolved in mine.parents:
+            return f"holds vmsandbox's own {mine}"
+        if mine in resolved.parents:
+            return f"is inside vmsandbox's own {mine}"
+    return None
 
 
 def validate_name(name: str) -> str:

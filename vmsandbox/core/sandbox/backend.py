@@ -7,10 +7,11 @@ the session's directory."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -22,11 +23,10 @@ from vmsandbox.core.person import Nobody
 from vmsandbox.core.sandbox import model
 from vmsandbox.core.sandbox.files import GuestFiles
 from vmsandbox.core.sandbox.interface import ConflictError, NotFoundError, NotRunningError
-from vmsandbox.core.sandbox.names import CheckpointLabel, Digest, SessionName, SnapshotRef, Token
+from vmsandbox.core.sandbox.names import CheckpointLabel, Digest, InvalidError, SessionName, SnapshotRef, Token
 from vmsandbox.core.sandbox.processes import GuestProcesses
-from vmsandbox.errors import VmsandboxError
+from vmsandbox.session import lock, state
 from vmsandbox.session import settings as config
-from vmsandbox.session import state
 from vmsandbox.session.moments import checkpoint as checkpoints_mod
 from vmsandbox.session.moments import fork as forking
 from vmsandbox.session.moments import suspend
@@ -106,10 +106,20 @@ class SessionBackend:
                                 hint="list them with Sandbox.list()")  # fmt: skip
         return found
 
+    def _not_driven(self, name: SessionName, what: str) -> None:
+        """Refused while a person's `vmsandbox run` drives the session (its review would meet a VM gone)."""
+        record = Record.load(name.value)
+        if record.owner_alive():
+            raise ConflictError(
+                f"session {name.value} is driven by a `vmsandbox run` (pid {record.owner_pid}): it is not {what} here",
+                hint="end that run first (it reviews the changes at its end), then try again",
+            )
+
     def kill(self, name: SessionName) -> None:
         """Ended: a project session's unreviewed changes wait in its outbox (as `rm --force`); E2B's own
         sandbox is gone whole, its empty project with it (nothing of a person's was in it)."""
         self.sandbox(name)
+        self._not_driven(name, "ended")
         self._forget(name)
         own = bool(_kept(Record.load(name.value)).get("own_project"))
         sessions.destroy(name.value, force=True, discard=own)
@@ -121,6 +131,7 @@ class SessionBackend:
         it — a `connect` that gives it a new end, or a person's `vmsandbox start` — is never ended by an old one."""
         if self.sandbox(name).state is not model.State.RUNNING:
             raise ConflictError(f"sandbox {name.value} is paused already", hint="connect to it to resume it")
+        self._not_driven(name, "paused")
         self._forget(name)
         suspend.stop(name.value)
         _keep(Record.load(name.value), end_at=None)
@@ -152,6 +163,8 @@ class SessionBackend:
         return [_checkpoint(SessionName(r.name), cp) for r in records for cp in checkpoints.listed(r.files)]
 
     def rollback(self, name: SessionName, label: CheckpointLabel) -> model.Sandbox:
+        self._not_driven(name, "rolled back")
+        self._forget(name)
         checkpoints_mod.rollback(name.value, label.value, limit=reviews.limit())
         return self.sandbox(name)
 
@@ -166,26 +179,26 @@ class SessionBackend:
 
     # -- reviews -------------------------------------------------------------------------------------------------
     def review(self, name: SessionName) -> model.Review:
-        return reviews.look(name.value, lambda plan: _review_of(name, plan))
+        with _answered(name):
+            return reviews.look(name.value, lambda plan: _review_of(name, plan))
 
     def reviewed(self, name: SessionName, review: Token) -> model.Review:
-        return reviews.look(name.value, lambda plan: _review_of(name, plan), review_id=review.value)
+        with _answered(name):
+            return reviews.look(name.value, lambda plan: _review_of(name, plan), review_id=review.value)
 
     def apply(self, name: SessionName, review: Token, choices: Sequence[model.Choice]) -> model.Applied:
         chosen: list[tuple[Plan, views.Chosen]] = []
+        asked = [  # (ids read before the review is opened: a malformed one spends nothing)
+            views.Choice(_index(c.item), c.digest.value, None if c.hunks is None else [_index(h, "h") for h in c.hunks])
+            for c in choices
+        ]
 
         def decide(plan: Plan) -> Decisions:
-            asked = [
-                views.Choice(_index(c.item), c.digest.value, None if c.hunks is None else [_index(h) for h in c.hunks])
-                for c in choices
-            ]
             chosen.append((plan, views.decide(plan, asked, again=AGAIN.format(name.value))))
             return chosen[-1][1].decisions
 
-        try:
+        with _answered(name):
             settled = reviews.apply(name.value, review.value, decide)
-        except reviews.StaleError as exc:
-            raise ConflictError(exc.message, hint=AGAIN.format(name.value)) from exc
         plan, picked = chosen[0]
         landed = set(settled.outcome.applied + settled.outcome.merged + settled.outcome.conflicts)
         applied = [
@@ -226,7 +239,7 @@ class SessionBackend:
 
 def _own_project(name: str) -> Path:
     """The empty project an E2B sandbox of its own is made on."""
-    return paths.state_dir() / "sandboxes" / name
+    return paths.sandbox_projects() / name
 
 
 def _workdir(record: Record) -> str | None:
@@ -235,11 +248,24 @@ def _workdir(record: Record) -> str | None:
     return None if _kept(record).get("own_project") else record.project
 
 
-def _index(token: Token | str) -> int:
+@contextlib.contextmanager
+def _answered(name: SessionName) -> Iterator[None]:
+    """A review spent or replaced, or a session another command holds, as the conflicts they are (409)."""
+    try:
+        yield
+    except reviews.StaleError as exc:
+        raise ConflictError(exc.message, hint=AGAIN.format(name.value)) from exc
+    except lock.BusyError as exc:
+        raise ConflictError(exc.message, hint=exc.hint or "try again once the other command is done") from exc
+
+
+def _index(token: Token | str, kind: str = "i") -> int:
+    """The number an item's (`i3`) or a hunk's (`h0`) id gives, as the review gave them."""
     text = str(token)
-    number = text[1:] if text[:1] in ("i", "h") else text
-    if not (number.isascii() and number.isdigit()):
-        raise VmsandboxError(f"{text!r} names no item or hunk of a review", hint="use the ids the review gave")
+    number = text[1:] if text[:1] == kind else ""
+    if not (number.isascii() and number.isdigit() and len(number) <= 7):
+        what = "an item" if kind == "i" else "a hunk"
+        raise InvalidError(f"{text[:40]!r} is not {what} of a review", hint="use the ids the review gave")
     return int(number)
 
 

@@ -17,7 +17,7 @@ from vmsandbox import proc
 from vmsandbox.core.sandbox.interface import ExistsError, NotFoundError, RefusedError
 from vmsandbox.core.sandbox.model import Entry, EntryType
 from vmsandbox.core.sandbox.names import GuestPath, GuestUser
-from vmsandbox.core.sandbox.processes import CALL_TIMEOUT, guest_call
+from vmsandbox.core.sandbox.processes import CALL_TIMEOUT, SSH, guest_call
 from vmsandbox.core.sandbox.processes import said as said_by_guest
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.guest.ssh import Endpoint
@@ -127,7 +127,7 @@ class GuestFiles:
         if entry.type != EntryType.FILE:
             raise RefusedError(f"{entry.path} is not a file", hint="read a regular file")
         run = f"runuser -u {shlex.quote(str(user or self.user))} -- cat -- {shlex.quote(entry.path)}"
-        argv = [*self.endpoint.ssh_argv("-T", user="root"), "--", run]
+        argv = [*self.endpoint.ssh_argv(*SSH, user="root"), "--", run]
         return _Download(proc.start(argv, stderr=proc.DEVNULL))
 
     def write(self, path: GuestPath, user: GuestUser | None, data: IO[bytes]) -> Entry:

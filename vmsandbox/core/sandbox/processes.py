@@ -42,6 +42,7 @@ FOLLOWED = 32  # processes followed at once in one sandbox
 MISSING = 4  # the guest's `follow`: no such process
 BACKOFF = 30.0  # seconds, at most, between two follows that ended without the exit
 CALL_TIMEOUT = 120.0
+SSH = ("-T", "-a")  # no terminal; never the host's agent, even for a session made with --ssh-agent
 log = logging.getLogger(__name__)
 MALFORMED = "the guest's output stream for this process was malformed; it is not read further"
 
@@ -63,7 +64,7 @@ def guest_call(
     run = f"{guest_program()} {shlex.join(args)}"
     if as_user is not None:
         run = f"runuser -u {shlex.quote(as_user)} -- {run}"
-    argv = [*endpoint.ssh_argv("-T", user="root"), "--", run]
+    argv = [*endpoint.ssh_argv(*SSH, user="root"), "--", run]
     if input is None or isinstance(input, bytes):
         return proc.run(argv, input=input, check=False, timeout=CALL_TIMEOUT)
     child = proc.start(argv, stdin=input)
@@ -148,7 +149,7 @@ class _Follow:
 
     def _read(self) -> None:
         run = f"{guest_program()} follow {self.pid} {self.end}"
-        child = proc.start([*self.endpoint.ssh_argv("-T", user="root"), "--", run], stderr=proc.DEVNULL)
+        child = proc.start([*self.endpoint.ssh_argv(*SSH, user="root"), "--", run], stderr=proc.DEVNULL)
         before = self.end
         try:
             if child.stdout is not None:
@@ -272,7 +273,7 @@ class GuestProcesses:
     def _again(self, pid: int, cursor: int) -> Output:
         """At most BATCH bytes of `pid`'s output from `cursor`, read once from the guest's log (its records whole)."""
         run = f"{guest_program()} follow {pid} {cursor} {BATCH}"
-        child = proc.start([*self.endpoint.ssh_argv("-T", user="root"), "--", run], stderr=proc.DEVNULL)
+        child = proc.start([*self.endpoint.ssh_argv(*SSH, user="root"), "--", run], stderr=proc.DEVNULL)
         timer = threading.Timer(CALL_TIMEOUT, child.kill)  # (a guest that never answers is not waited for)
         timer.start()
         chunks: list[Chunk] = []
