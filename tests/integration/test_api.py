@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import select
 import signal
 import subprocess
@@ -51,20 +52,23 @@ class Served:
 
 
 def _settings(child: subprocess.Popen[bytes], timeout: float = 60) -> dict[str, str]:
-    """The three lines `serve` prints on stdout once it listens."""
+    """The three lines `serve` prints on stdout once it listens (read from the descriptor: a buffered reader
+    would hold lines that select no longer sees)."""
     assert child.stdout is not None
-    found: dict[str, str] = {}
+    fd = child.stdout.fileno()
+    seen = b""
     deadline = time.monotonic() + timeout
-    while len(found) < 3:
-        left = deadline - time.monotonic()
-        ready, _, _ = select.select([child.stdout], [], [], max(left, 0))
-        line = child.stdout.readline() if ready else b""
-        if not line:
-            err = child.stderr.read().decode() if child.poll() is not None and child.stderr else ""
-            pytest.fail(f"`vmsandbox serve` printed no settings: {err}")
-        key, _, value = line.decode().strip().partition("=")
-        found[key] = value
-    return found
+    while seen.count(b"\n") < 3:
+        ready, _, _ = select.select([fd], [], [], max(deadline - time.monotonic(), 0))
+        got = os.read(fd, 4096) if ready else b""
+        if not got:
+            if child.poll() is None:
+                child.send_signal(signal.SIGINT)
+            child.wait(timeout=60)
+            err = child.stderr.read().decode() if child.stderr else ""
+            pytest.fail(f"`vmsandbox serve` printed no settings ({seen!r}): {err}")
+        seen += got
+    return dict(line.partition("=")[::2] for line in seen.decode().splitlines()[:3])
 
 
 @pytest.fixture(scope="module")

@@ -193,7 +193,7 @@ def test_entries_are_counted_while_received(session: Record, monkeypatch: pytest
     """Past the budget of entries the receiver is stopped mid-transfer (rsync's itemized lines, counted as they
     come: the tree was never read); the next pull, within it, reads the whole tree and misses nothing."""
     guest(session, "mkdir -p flood && for i in $(seq 1 300); do : > flood/e$i; done")
-    monkeypatch.setattr(mirror, "MAX_GUEST_ENTRIES", 40)
+    monkeypatch.setattr(mirror, "MAX_PULL_ENTRIES", 40)
     with pytest.raises(VmsandboxError, match="more than 40 files and directories in one pull") as caught:
         fetch(session)
     assert "stopped while receiving" in caught.value.message and "sync_limit" in (caught.value.hint or "")

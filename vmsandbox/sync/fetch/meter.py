@@ -115,7 +115,9 @@ class Meter:
                 self._stop(self._too_much())
 
     def _too_much(self) -> str:
-        return f"more than {self.budget.bytes // 1024**2:,} MiB {self.budget.why}"
+        size = self.budget.bytes
+        shown = f"{size // 1024**2:,} MiB" if size >= 1024**2 else f"{max(size, 0) // 1024:,} KiB"
+        return f"more than {shown} {self.budget.why}"
 
     def sample(self) -> None:
         """Read the bytes written so far (and stop the transfer past the budget)."""

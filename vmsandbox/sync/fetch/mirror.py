@@ -62,6 +62,7 @@ def _cache(files: SessionPaths) -> HashCache:
 # The most entries a guest's tree may hold: it is read into memory on the host (a checkout of a large monorepo
 # with its dependencies stays well below; a guest that makes millions of empty files does not).
 MAX_GUEST_ENTRIES = 2_000_000
+MAX_PULL_ENTRIES = MAX_GUEST_ENTRIES  # what one transfer may bring (its own name: tests lower it alone)
 
 
 def _scan(files: SessionPaths) -> tree.Manifest:
@@ -157,7 +158,7 @@ def _rsync(
     options = [*RSYNC_PULL]
     if only is not None:
         options += ["--recursive", "--files-from=-", "--from0", "--delete-missing-args", "--force"]
-    budget = spend.room(files, max_file_bytes, max_entries=MAX_GUEST_ENTRIES)
+    budget = spend.room(files, max_file_bytes, max_entries=MAX_GUEST_ENTRIES, pull_entries=MAX_PULL_ENTRIES)
     tally = meter.Tally()
     try:
         transfer.rsync(

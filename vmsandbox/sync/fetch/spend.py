@@ -87,13 +87,16 @@ def rebase(root: Path, tree: Path) -> Spend:
     return found
 
 
-def room(files: paths.SessionPaths, limit: int, *, max_entries: int) -> Budget:
-    """What the next transfer into the session's mirror may spend (see the module's notes). Raises, saying
+def room(files: paths.SessionPaths, limit: int, *, max_entries: int, pull_entries: int | None = None) -> Budget:
+    """What the next transfer into the session's mirror may spend (see the module's notes): `limit` bytes and
+    `pull_entries` entries at once (`max_entries`, the session's bound, unless less is given). Raises, saying
     which bound and the fix, when nothing is left."""
     bound = FACTOR * limit
     spent = load(files.root)
-    if spent.bytes >= bound or spent.entries >= max_entries:
-        spent = rebase(files.root, files.guest_tree)  # the ledger is a bound from above: the truth decides
+    if bound - spent.bytes < limit or max_entries - spent.entries < max_entries // FACTOR:
+        # the ledger is a bound from above (a stopped transfer's partial files were removed; replaced files
+        # freed their blocks): where it, not `sync_limit`, would bound this transfer, the truth decides
+        spent = rebase(files.root, files.guest_tree)
     fs = os.statvfs(files.guest_tree)
     free = fs.f_bavail * fs.f_frsize - FREE_RESERVE
     inodes = fs.f_favail - max(INODE_RESERVE, fs.f_files // 100) if fs.f_files else max_entries
@@ -115,7 +118,11 @@ def room(files: paths.SessionPaths, limit: int, *, max_entries: int) -> Budget:
             hint=f"free space where vmsandbox keeps its state ({paths.state_dir()})",
         )
     choices = [
-        (limit, max_entries, "in one pull, more than a sync takes"),
+        (
+            limit,
+            max_entries if pull_entries is None else min(pull_entries, max_entries),
+            "in one pull, more than a sync takes",
+        ),
         (bound - spent.bytes, max_entries - spent.entries, f"to session {files.root.name}'s mirror, past its bound"),
         (free, inodes, "to the mirror, more than this machine's disk has free"),
     ]
