@@ -155,3 +155,45 @@ def test_bad_input_is_refused_with_the_fix(client: httpx.Client, project: Path, 
     assert answer.status_code == 400 and "checkpoint label" in answer.json()["message"]
     answer = client.post(f"{V1}/sessions", content=b"[" * (2 * 1024**2))
     assert answer.status_code == 413
+
+
+def test_a_review_of_many_items_and_lines_comes_in_bounded_pages(
+    client: httpx.Client, project: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """However many items and lines the guest makes, an answer holds a page: at most `limit` items and
+    PAGE_BYTES of lines; an item past ITEM_BYTES is listed without its lines; the pages add up to the review."""
+    from vmsandbox.api.plane import extwire
+
+    monkeypatch.setattr(extwire, "PAGE_BYTES", 40_000)
+    monkeypatch.setattr(extwire, "ITEM_BYTES", 100_000)
+    (project / "big.txt").write_text("x\n")
+    (project / "mid.txt").write_text("x\n")
+    make_session(client, project)
+    edit(
+        "proj-1",
+        project,
+        "mkdir many && for i in $(seq 1 130); do echo $i > many/f$i.txt; done; "
+        "python3 -c \"open('big.txt', 'w').write(('y' * 79 + '\\n') * 2000)\"; "
+        "python3 -c \"open('mid.txt', 'w').write(('z' * 79 + '\\n') * 400)\"",
+    )
+    first = review(client, "proj-1")
+    assert first["total"] == 132 and len(first["items"]) <= 100 and first["nextToken"] is not None
+    seen = list(first["items"])
+    token = first["nextToken"]
+    while token is not None:
+        page = client.get(f"{V1}/sessions/proj-1/reviews/{first['id']}", params={"nextToken": token, "limit": 50})
+        assert page.status_code == 200, page.text
+        body = page.json()
+        assert 1 <= len(body["items"]) <= 50 and body["id"] == first["id"]
+        weight = sum(len(line) for i in body["items"] for h in i["hunks"] for line in h["newLines"] + h["oldLines"])
+        assert weight <= 40_000 or len(body["items"]) == 1
+        seen += body["items"]
+        token = body["nextToken"]
+    assert len(seen) == 132 and len({i["id"] for i in seen}) == 132
+    by_path = {i["path"]: i for i in seen}
+    assert not by_path["big.txt"]["hunksShown"] and by_path["big.txt"]["hunks"] == []
+    assert by_path["big.txt"]["hunkCount"] >= 1
+    assert by_path["mid.txt"]["hunksShown"] and len(by_path["mid.txt"]["hunks"][0]["newLines"]) == 400
+    for bad in ("²", "-1", "x", "9" * 40):
+        answer = client.get(f"{V1}/sessions/proj-1/reviews/{first['id']}", params={"nextToken": bad})
+        assert answer.status_code == 400 and "nextToken" in answer.json()["message"], (bad, answer.text)

@@ -26,11 +26,10 @@ from vmsandbox.api.respond import Endpoint, answers, body, done, ok, session
 from vmsandbox.api.threads import blocking
 from vmsandbox.core.sandbox.interface import Backend
 from vmsandbox.core.sandbox.model import Sandbox, SandboxSpec, State
-from vmsandbox.core.sandbox.names import BlueprintName, CheckpointLabel, InvalidError, SessionName, SnapshotRef
+from vmsandbox.core.sandbox.names import BlueprintName, CheckpointLabel, SessionName, SnapshotRef
 
 log = logging.getLogger(__name__)
 Clock = Callable[[], datetime]
-PAGE = 100
 
 
 def now() -> datetime:
@@ -134,7 +133,7 @@ class Control:
             pairs = {unquote(k): unquote(v) for k, v in parse_qsl(metadata)}  # E2B's SDK quotes each, then the pairs
             found = [s for s in found if all(s.metadata.get(k) == v for k, v in pairs.items())]
         found = sorted(found, key=lambda s: s.started_at, reverse=query.get("order", "desc") != "asc")
-        start, limit = _page(query.get("nextToken"), query.get("limit"))
+        start, limit = cw.page_of(query.get("nextToken"), query.get("limit"))
         page = found[start : start + limit]
         headers = {"x-next-token": str(start + limit)} if start + limit < len(found) else {}
         return ok([cw.dump(cw.listed(s)) for s in page], headers=headers)
@@ -182,7 +181,7 @@ class Control:
         found = await blocking(self.backend.checkpoints, SessionName(given) if given else None)
         if wanted := request.query_params.get("name"):
             found = [c for c in found if c.snapshot.label.value == wanted]
-        start, limit = _page(request.query_params.get("nextToken"), request.query_params.get("limit"))
+        start, limit = cw.page_of(request.query_params.get("nextToken"), request.query_params.get("limit"))
         page = found[start : start + limit]
         headers = {"x-next-token": str(start + limit)} if start + limit < len(found) else {}
         return ok([cw.dump(cw.snapshot(c)) for c in page], headers=headers)
@@ -198,9 +197,3 @@ class Control:
                 found = errors.problem(exc)
                 results.append(cw.ForkResultOut(error=cw.ErrorOut(code=found.status, message=found.message)))
         return ok([cw.dump(r) for r in results], 201)
-
-
-def _page(token: str | None, limit: str | None) -> tuple[int, int]:
-    if (token and not token.isdigit()) or (limit and not limit.isdigit()):
-        raise InvalidError("nextToken and limit are counts", hint="pass back the x-next-token the last page gave")
-    return int(token or 0), max(1, min(int(limit or PAGE), PAGE))

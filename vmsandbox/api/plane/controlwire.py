@@ -158,3 +158,14 @@ def _listed_fields(s: Sandbox) -> dict[str, Any]:
 
 def snapshot(c: Checkpoint) -> SnapshotOut:
     return SnapshotOut(snapshotID=str(c.snapshot), names=[c.snapshot.label.value])
+
+
+PAGE = 100  # the most rows a page of a listing holds
+
+
+def page_of(token: str | None, limit: str | None, *, most: int = PAGE) -> tuple[int, int]:
+    """Where a page starts and how many rows it may hold, from a client's `nextToken` and `limit`."""
+    for given in (token, limit):
+        if given and not (given.isascii() and given.isdigit() and len(given) <= 9):
+            raise InvalidError("nextToken and limit are counts", hint="pass back the nextToken the last page gave")
+    return int(token or 0), max(1, min(int(limit or most), most))

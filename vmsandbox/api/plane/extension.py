@@ -20,7 +20,7 @@ from starlette.routing import BaseRoute, Route
 
 from vmsandbox.api.plane import extwire as xw
 from vmsandbox.api.plane.control import Clock, end_after, new_name, now
-from vmsandbox.api.plane.controlwire import read
+from vmsandbox.api.plane.controlwire import page_of, read
 from vmsandbox.api.respond import Endpoint, answers, body, ok, session
 from vmsandbox.api.threads import blocking
 from vmsandbox.core.sandbox.interface import Backend
@@ -79,11 +79,14 @@ class Extension:
         return ok(dump(xw.session(await blocking(self.backend.sandbox, session(request)))))
 
     async def review(self, request: Request) -> Response:
-        return ok(dump(xw.review(await blocking(self.backend.review, session(request)))), 201)
+        """Read the changes as a frozen review: its first page (`GET …/reviews/ID?nextToken=` gives the rest)."""
+        start, most = _page(request)
+        return ok(dump(xw.review(await blocking(self.backend.review, session(request)), start, most)), 201)
 
     async def reviewed(self, request: Request) -> Response:
         name, review = session(request), Token(str(request.path_params["review"]))
-        return ok(dump(xw.review(await blocking(self.backend.reviewed, name, review))))
+        start, most = _page(request)
+        return ok(dump(xw.review(await blocking(self.backend.reviewed, name, review), start, most)))
 
     async def apply(self, request: Request) -> Response:
         name, review = session(request), Token(str(request.path_params["review"]))
@@ -117,3 +120,8 @@ class Extension:
         new = SessionName(asked.name) if asked.name else new_name(name.value)
         made = await blocking(self.backend.fork, name, label, new, self._end(asked.timeout))
         return ok(dump(xw.session(made)), 201)
+
+
+def _page(request: Request) -> tuple[int, int]:
+    query = request.query_params
+    return page_of(query.get("nextToken"), query.get("limit"), most=xw.REVIEW_PAGE)

@@ -12,6 +12,12 @@ from vmsandbox.api.plane.controlwire import MAX_ENVS, MAX_METADATA, MAX_TIMEOUT,
 from vmsandbox.core.sandbox import model as m
 
 MAX_CHOICES = 10_000
+# A review's answer comes in pages (the guest decides how many items and lines there are): at most
+# REVIEW_PAGE items, and no more than PAGE_BYTES of their lines unless one item alone is more; an item whose lines
+# pass ITEM_BYTES is listed without them (taken or left whole; `vmsandbox diff NAME` shows it).
+REVIEW_PAGE = 100
+PAGE_BYTES = 1024**2
+ITEM_BYTES = 4 * 1024**2
 
 
 class Wire(BaseModel):
@@ -94,13 +100,17 @@ class ItemOut(Wire):
     digest: str
     holds: list[HoldOut]
     hunks: list[HunkOut]
+    hunks_shown: bool = Field(description="false: its lines are too many to send; it is taken or left whole")
+    hunk_count: int
 
 
 class ReviewOut(Wire):
     id: str
     session: str
     made_at: datetime
-    items: list[ItemOut]
+    items: list[ItemOut] = Field(description="one page of the review's items, in its order")
+    total: int = Field(description="how many items the review holds")
+    next_token: str | None = Field(description="the nextToken of the next page; null: this was the last")
     refused: list[str]
 
 
@@ -135,17 +145,38 @@ def checkpoint(c: m.Checkpoint) -> CheckpointOut:
     return CheckpointOut(snapshotID=str(ref), session=ref.session.value, label=ref.label.value, taken_at=c.taken_at)
 
 
-def review(r: m.Review) -> ReviewOut:
+def review(r: m.Review, start: int = 0, most: int = REVIEW_PAGE) -> ReviewOut:
+    """One page of a review: items from `start`, at most `most` of them and PAGE_BYTES of their lines (one
+    item at least, so every page moves on)."""
+    items: list[ItemOut] = []
+    used = 0
+    at = start
+    while at < len(r.items) and len(items) < most:
+        item = r.items[at]
+        size = _size(item)
+        shown = size <= ITEM_BYTES
+        if items and shown and used + size > PAGE_BYTES:
+            break
+        items.append(_item(item, shown))
+        used += size if shown else 0
+        at += 1
     return ReviewOut(
         id=r.id.value,
         session=r.session.value,
         made_at=r.made_at,
-        items=[_item(i) for i in r.items],
+        items=items,
+        total=len(r.items),
+        next_token=str(at) if at < len(r.items) else None,
         refused=list(r.refused),
     )
 
 
-def _item(i: m.ReviewItem) -> ItemOut:
+def _size(i: m.ReviewItem) -> int:
+    """What an item's lines weigh in an answer (a bound from below of their JSON)."""
+    return sum(len(line) for h in i.hunks for line in (*h.old_lines, *h.new_lines)) + 64 * len(i.hunks)
+
+
+def _item(i: m.ReviewItem, shown: bool = True) -> ItemOut:
     return ItemOut(
         id=i.id.value,
         path=i.path,
@@ -161,8 +192,10 @@ def _item(i: m.ReviewItem) -> ItemOut:
                 new_start=h.new_start,
                 new_lines=list(h.new_lines),
             )
-            for h in i.hunks
+            for h in (i.hunks if shown else ())
         ],
+        hunks_shown=shown,
+        hunk_count=len(i.hunks),
     )
 
 

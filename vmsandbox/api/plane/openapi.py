@@ -49,8 +49,8 @@ EXTENSION: tuple[Op, ...] = (
     ("post", "/sessions", "Create a session on a project of this machine", xw.NewSession, xw.SessionOut, 201, False),
     ("get", "/sessions", "List sessions", None, xw.SessionOut, 200, True),
     ("get", "/sessions/{name}", "A session", None, xw.SessionOut, 200, False),
-    ("post", "/sessions/{name}/reviews", "Read its changes as a frozen review", None, xw.ReviewOut, 201, False),
-    ("get", "/sessions/{name}/reviews/{review}", "A review, as it was read", None, xw.ReviewOut, 200, False),
+    ("post", "/sessions/{name}/reviews", "Read its changes as a frozen review (its first page)", None, xw.ReviewOut, 201, False),
+    ("get", "/sessions/{name}/reviews/{review}", "A page of a review, as it was read (nextToken, limit)", None, xw.ReviewOut, 200, False),
     (
         "post",
         "/sessions/{name}/reviews/{review}/apply",
