@@ -334,6 +334,9 @@ class Terminal:
         return Nobody(yes=self.yes, take=self.take).decide(review)
 
     def told(self, review: Plan, outcome: Outcome) -> None:
+        if review.empty:
+            ui.info("No changes in the guest.")
+            return
         report(outcome, review.gathered.target.name)
 
     def keep_login(self, agent: str, files: Sequence[str]) -> bool:

@@ -62,11 +62,11 @@ def reviewed(name: str, review_id: str) -> Plan:
 
 
 def conduct(record: Record, plan: Plan, person: Person) -> Outcome:
-    """A frozen review put to a person, what they decided carried out on it, and the outcome told."""
+    """A frozen review put to a person, what they decided carried out on it, and the outcome told (an empty
+    review is told too: a person waits to hear that nothing changed)."""
     decisions = Decisions() if plan.empty else person.decide(plan)
     outcome = lifecycle.decide(record, plan, decisions)
-    if not plan.empty:
-        person.told(plan, outcome)
+    person.told(plan, outcome)
     return outcome
 
 

@@ -66,9 +66,15 @@ def show_review(request: Request) -> Response:
     def shown(plan: Plan) -> tuple[Plan, list[review.FileView], list[RefView], str | None]:
         return (plan, review.files(plan, page_number), *review.commits(plan))
 
+    review_id = request.query_params.get("review")
+    handoff = request.app.state.handoff
+    waiting = handoff.takes(name, review_id) if handoff is not None and review_id else None
     try:
         record = reviews.record(name)
-        plan, files, refs, refs_refused = reviews.look(name, shown, review_id=request.query_params.get("review"))
+        if waiting is not None:  # the run that waits for this page holds the session's lock: its review, as is
+            plan, files, refs, refs_refused = shown(waiting)
+        else:
+            plan, files, refs, refs_refused = reviews.look(name, shown, review_id=review_id)
     except VmsandboxError as exc:
         return failed(exc)
     pages = max(1, -(-len(plan.todo) // review.PAGE_ITEMS))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import shutil
 import threading
 from collections.abc import Iterator, Sequence
@@ -109,7 +110,7 @@ class SessionBackend:
     def _not_driven(self, name: SessionName, what: str) -> None:
         """Refused while a person's `vmsandbox run` drives the session (its review would meet a VM gone)."""
         record = Record.load(name.value)
-        if record.owner_alive():
+        if record.owner_alive() and record.owner_pid != os.getpid():  # (a session this server made is its own)
             raise ConflictError(
                 f"session {name.value} is driven by a `vmsandbox run` (pid {record.owner_pid}): it is not {what} here",
                 hint="end that run first (it reviews the changes at its end), then try again",
