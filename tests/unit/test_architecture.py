@@ -194,7 +194,8 @@ def _tool_calls() -> Iterator[tuple[str, str, ast.Call]]:
 
 
 def test_no_guest_data_tool_runs_outside_the_jail() -> None:
-    """e2fsck, debugfs, git and rsync are started only with `jail=` (git through commits.run_git, which jails)."""
+    """e2fsck, debugfs, git and rsync are started only with `jail=` (git through sync.git's Repository.run, which
+    jails)."""
     unjailed = []
     for rel, name, node in _tool_calls():
         if not isinstance(node.func, ast.Attribute) or node.func.attr not in ("run", "start"):

@@ -16,7 +16,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from vmsandbox import failpoint, paths, proc, ui
-from vmsandbox.confine import accounts as confine
 from vmsandbox.egress import control
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.session.end import diskreader
@@ -26,6 +25,7 @@ from vmsandbox.session.place.hostspec import HostSpec
 from vmsandbox.session.place.interface import VM
 from vmsandbox.session.record import Record, domain_name
 from vmsandbox.sync.git import review as commitreview
+from vmsandbox.sync.git.repository import Repository
 from vmsandbox.sync.land import outbox
 from vmsandbox.sync.review import frozen, plan
 from vmsandbox.sync.review import gather as changes
@@ -207,8 +207,8 @@ def remove(record: Record, *, forget_unreachable: bool = False) -> None:
 def _drop_staged_refs(record: Record) -> None:
     """The refs a killed pull left staged for the session in the project go with it (never fatal)."""
     try:
-        who = confine.invoking_user(record.uid, record.gid)
-        if commitreview.drop_leftover(Path(record.project), who, record.name):
+        repo = Repository.of(Path(record.project), record.uid, record.gid)
+        if commitreview.drop_leftover(repo, record.name):
             log.info("session %s: dropped the refs a killed pull left staged in %s", record.name, record.project)
     except (VmsandboxError, OSError) as exc:
         ui.warn(f"the refs staged for session {record.name} in {record.project} stay: {exc}")

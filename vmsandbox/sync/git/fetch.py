@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from vmsandbox.confine import accounts as confine
 from vmsandbox.sync.git import refs
 from vmsandbox.sync.git import repository as commits
 from vmsandbox.sync.git import review as commitreview
@@ -40,27 +39,27 @@ def preview(g: Gathered) -> tuple[list[RefView], str | None]:
     if not g.refs_changed or not refs.is_real_dir(t.project / ".git"):
         return [], None
     refused = _stage(g)
-    who = confine.invoking_user(t.uid, t.gid)
+    repo = t.repository
     views: list[RefView] = []
     try:
-        for ref, _oid in commitreview.staged_refs(t.project, who, t.name):
+        for ref, _oid in commitreview.staged_refs(repo, t.name):
             new = [ref, "--not", "--branches", "--tags", "--remotes"]
-            log = commits.run_git(t.project, who, "log", f"--max-count={MOST_SHOWN}", "--format=%h %s", *new)
-            touched = commits.run_git(t.project, who, "log", "--format=", "--name-only", *new, check=False)
-            found = commitreview.review(t.project, who, ref)
+            log = repo.run("log", f"--max-count={MOST_SHOWN}", "--format=%h %s", *new)
+            touched = repo.run("log", "--format=", "--name-only", *new, check=False)
+            found = commitreview.review(repo, ref)
             held = [f"{x.path} ({x.why})" for x in found.risky] if found else ["could not be listed"]
             files = list(dict.fromkeys(p for p in touched.stdout.splitlines() if p))[:MOST_SHOWN]
             views.append(RefView(ref.split("/", 3)[3], log.stdout.splitlines(), files, held))
     finally:
-        commitreview.drop_staged(t.project, who, t.name)
+        commitreview.drop_staged(repo, t.name)
     return views, refused
 
 
 def _stage(g: Gathered) -> str | None:
     t = g.target
     if g.origin is not Origin.OUTBOX:
-        return commits.fetch(t.project, g.source, t.files.baseline, t.name, t.uid, t.gid, g.tips or {})
-    commits.fetch_bundle(t.project, t.files.outbox / BUNDLE, t.name, t.uid, t.gid)
+        return t.repository.fetch(g.source, t.files.baseline, t.name, g.tips or {})
+    t.repository.fetch_bundle(t.files.outbox / BUNDLE, t.name)
     return None
 
 
@@ -73,11 +72,11 @@ def fetch_commits(g: Gathered, *, take: Take, keep_staged: bool = False) -> Fetc
     if not g.refs_changed or not refs.is_real_dir(t.project / ".git"):
         return Fetched([], [])
     refused = _stage(g)
-    who = confine.invoking_user(t.uid, t.gid)
+    repo = t.repository
     try:
-        promoted, held = commitreview.promote(t.project, who, t.name, take=take)
+        promoted, held = commitreview.promote(repo, t.name, take=take)
     finally:
         if not keep_staged:
-            commitreview.drop_staged(t.project, who, t.name)
-    lines = commits.new_commits(t.project, who, commits.remote_prefix(t.name)) if promoted else []
+            commitreview.drop_staged(repo, t.name)
+    lines = repo.new_commits(commits.remote_prefix(t.name)) if promoted else []
     return Fetched(lines, held, refused)

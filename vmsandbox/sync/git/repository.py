@@ -150,30 +150,113 @@ def git_env(who: Identity | None) -> dict[str, str]:
     }
 
 
-def run_git(
-    project: Path,
-    who: Identity | None,
-    *args: str,
-    check: bool = True,
-    hint: str | None = None,
-    input: str | None = None,
-    writable: tuple[Path, ...] = (),
-    readable: tuple[Path, ...] = (),
-) -> proc.Result:
-    """git in the project as `who`, jailed: it reads guest objects and refs, and may write only the project's
-    repository (and `writable`); of the host it sees only the project, the object stores the project's own
-    repository borrows from, and `readable`."""
-    return proc.run(
-        [*git_argv(project), *args],
-        jail=Jail(writable=(project / ".git", *writable), readable=(project, *_borrowed(project), *readable)),
-        input=input,
-        env=git_env(who),
-        as_user=who,
-        limits=confine.GIT_LIMITS,
-        cwd=project,
-        check=check,
-        hint=hint,
-    )
+@dataclass(frozen=True)
+class Repository:
+    """The project's own git repository and whose it is: every git call in it runs as its owner (asked once,
+    when it is made), jailed, taking nothing from anywhere but that repository."""
+
+    project: Path
+    who: Identity | None  # None: the owner is who runs vmsandbox already
+
+    @classmethod
+    def of(cls, project: Path, uid: int, gid: int) -> Repository:
+        return cls(project, confine.invoking_user(uid, gid))
+
+    def run(
+        self,
+        *args: str,
+        check: bool = True,
+        hint: str | None = None,
+        input: str | None = None,
+        writable: tuple[Path, ...] = (),
+        readable: tuple[Path, ...] = (),
+    ) -> proc.Result:
+        """git in the project as its owner, jailed: it reads guest objects and refs, and may write only the
+        project's repository (and `writable`); of the host it sees only the project, the object stores the
+        project's own repository borrows from, and `readable`."""
+        project = self.project
+        return proc.run(
+            [*git_argv(project), *args],
+            jail=Jail(writable=(project / ".git", *writable), readable=(project, *_borrowed(project), *readable)),
+            input=input,
+            env=git_env(self.who),
+            as_user=self.who,
+            limits=confine.GIT_LIMITS,
+            cwd=project,
+            check=check,
+            hint=hint,
+        )
+
+    def fetch(self, guest_tree: Path, baseline: Path, session: str, tips: Mapping[str, str]) -> str | None:
+        """Fetch the guest's branches and tags at `tips` (name -> commit: what the review showed, not what the
+        guest's refs say now) into the session's staging namespace of the project (`staged(session)`;
+        git/review.py promotes them). Refused raises with the reason when the repository is not read at all;
+        refs that could not be fetched (the others were) are returned as one line saying why."""
+        guest_git = guest_tree / ".git"
+        refs.check_guest_gitdir(guest_git)
+        wanted = {name: oid for name, oid in tips.items() if refs.valid_ref(name) and refs.is_oid(oid)}
+        if not wanted:
+            return None
+        incoming = make_incoming(guest_git, baseline / ".git", self.project / ".git", wanted, self.who)
+        prefix = staged(session)
+        try:
+            specs = [f"+refs/heads/*:{prefix}/*", f"+refs/tags/*:{prefix}/tags/*"]
+            args = ["fetch", "--quiet", "--no-tags", "--no-write-fetch-head", "--no-recurse-submodules"]
+            seen = (incoming.path,)
+            result = self.run(*args, str(incoming.path), *specs, check=False, readable=seen)
+            failed: list[str] = []
+            if result.returncode != 0:  # one bad ref (an object the guest does not have) must not block the rest
+                for name in sorted(wanted):
+                    dest = name.replace("refs/heads/", f"{prefix}/", 1).replace("refs/tags/", f"{prefix}/tags/", 1)
+                    one = self.run(*args, str(incoming.path), f"+{name}:{dest}", check=False, readable=seen)
+                    if one.returncode != 0:
+                        failed.append(name)
+        finally:
+            shutil.rmtree(incoming.path, ignore_errors=True)
+        if failed:
+            return f"the guest's {', '.join(failed)} could not be fetched (objects missing or failing git's checks)"
+        return None
+
+    def new_commits(self, prefix: str) -> list[str]:
+        """One line per commit under prefix that no local branch or tag has (at most 20)."""
+        listing = self.run(
+            "log", "--oneline", "--no-decorate", "--max-count=20", f"--glob={prefix}/*", "--not", "--branches",
+            "--tags", check=False,
+        )  # fmt: skip
+        return listing.stdout.splitlines() or [f"refs updated under {prefix}/"]
+
+    @contextlib.contextmanager
+    def private_tmp(self) -> Iterator[Path]:
+        """A temporary directory only the owner (and root) can use."""
+        path = Path(tempfile.mkdtemp(prefix="vmsandbox-"))
+        try:
+            confine.hand_over(path, self.who)
+            yield path
+        finally:
+            shutil.rmtree(path, ignore_errors=True)
+
+    def fetch_bundle(self, bundle: Path, session: str) -> None:
+        """The guest's commits kept in an exported bundle (made by `bundle` below) back into the project's
+        staging namespace, reviewed again (git/review.py) wherever they had been."""
+        prefix, stage = remote_prefix(session), staged(session)
+        with self.private_tmp() as tmp:
+            copy = tmp / bundle.name
+            shutil.copyfile(bundle, copy)
+            confine.hand_over(tmp, self.who)
+            self.run(
+                "fetch", "--quiet", "--no-tags", "--no-write-fetch-head", str(copy), f"+{prefix}/*:{stage}/*",
+                f"+{stage}/*:{stage}/*", readable=(tmp,),
+                hint="the exported bundle of the guest's commits could not be read; its working-tree files still sync",
+            )  # fmt: skip
+
+    def bundle(self, dest: Path, session: str) -> None:
+        """A bundle of the session's staged refs (the outbox keeps them in it), made by git as the owner, kept at
+        dest."""
+        with self.private_tmp() as tmp:
+            made = tmp / dest.name
+            # every ref the guest changed, as staged (held ones too): reviewed again when the bundle is fetched
+            self.run("bundle", "create", "--quiet", str(made), f"--glob={staged(session)}/*", writable=(tmp,))
+            shutil.copyfile(made, dest)
 
 
 def _borrowed(project: Path) -> list[Path]:
@@ -188,40 +271,6 @@ def _borrowed(project: Path) -> list[Path]:
     return [p for p in found if p.is_dir()]
 
 
-def fetch(
-    project: Path, guest_tree: Path, baseline: Path, session: str, uid: int, gid: int, tips: Mapping[str, str]
-) -> str | None:
-    """Fetch the guest's branches and tags at `tips` (name -> commit: what the review showed, not what the
-    guest's refs say now) into the session's staging namespace of the project (`staged(session)`;
-    commitreview.py promotes them). Refused raises with the reason when the repository is not read at all; refs
-    that could not be fetched (the others were) are returned as one line saying why."""
-    guest_git = guest_tree / ".git"
-    refs.check_guest_gitdir(guest_git)
-    wanted = {name: oid for name, oid in tips.items() if refs.valid_ref(name) and refs.is_oid(oid)}
-    if not wanted:
-        return None
-    who = confine.invoking_user(uid, gid)
-    incoming = make_incoming(guest_git, baseline / ".git", project / ".git", wanted, who)
-    prefix = staged(session)
-    try:
-        specs = [f"+refs/heads/*:{prefix}/*", f"+refs/tags/*:{prefix}/tags/*"]
-        args = ["fetch", "--quiet", "--no-tags", "--no-write-fetch-head", "--no-recurse-submodules"]
-        seen = (incoming.path,)
-        result = run_git(project, who, *args, str(incoming.path), *specs, check=False, readable=seen)
-        failed: list[str] = []
-        if result.returncode != 0:  # one bad ref (an object the guest does not have) must not block the rest
-            for name in sorted(wanted):
-                dest = name.replace("refs/heads/", f"{prefix}/", 1).replace("refs/tags/", f"{prefix}/tags/", 1)
-                one = run_git(project, who, *args, str(incoming.path), f"+{name}:{dest}", check=False, readable=seen)
-                if one.returncode != 0:
-                    failed.append(name)
-    finally:
-        shutil.rmtree(incoming.path, ignore_errors=True)
-    if failed:
-        return f"the guest's {', '.join(failed)} could not be fetched (objects missing or failing git's checks)"
-    return None
-
-
 def remote_prefix(session: str) -> str:
     return f"refs/remotes/vmsandbox-{session}"
 
@@ -229,67 +278,3 @@ def remote_prefix(session: str) -> str:
 def staged(session: str) -> str:
     """Where the guest's refs wait, fetched but not reviewed: no `git branch -a` or merge target shows them."""
     return f"refs/vmsandbox-incoming/{session}"
-
-
-def new_commits(project: Path, who: Identity | None, prefix: str) -> list[str]:
-    """One line per commit under prefix that no local branch or tag has (at most 20)."""
-    listing = run_git(
-        project,
-        who,
-        "log",
-        "--oneline",
-        "--no-decorate",
-        "--max-count=20",
-        f"--glob={prefix}/*",
-        "--not",
-        "--branches",
-        "--tags",
-        check=False,
-    )
-    return listing.stdout.splitlines() or [f"refs updated under {prefix}/"]
-
-
-@contextlib.contextmanager
-def private_tmp(who: Identity | None) -> Iterator[Path]:
-    """A temporary directory only `who` (and root) can use."""
-    path = Path(tempfile.mkdtemp(prefix="vmsandbox-"))
-    try:
-        confine.hand_over(path, who)
-        yield path
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
-
-
-def fetch_bundle(project: Path, bundle: Path, session: str, uid: int, gid: int) -> None:
-    """The guest's commits kept in an exported bundle (made by `bundle` below) back into the project's staging
-    namespace, reviewed again (commitreview.py) wherever they had been."""
-    who = confine.invoking_user(uid, gid)
-    prefix, stage = remote_prefix(session), staged(session)
-    with private_tmp(who) as tmp:
-        copy = tmp / bundle.name
-        shutil.copyfile(bundle, copy)
-        confine.hand_over(tmp, who)
-        run_git(
-            project,
-            who,
-            "fetch",
-            "--quiet",
-            "--no-tags",
-            "--no-write-fetch-head",
-            str(copy),
-            f"+{prefix}/*:{stage}/*",
-            f"+{stage}/*:{stage}/*",
-            readable=(tmp,),
-            hint="the exported bundle of the guest's commits could not be read; its working-tree files still sync",
-        )
-
-
-def bundle(project: Path, dest: Path, session: str, uid: int, gid: int) -> None:
-    """A bundle of the session's staged refs (plan.fetch_commits keeps them for it), made by git as the invoking
-    user, kept at dest."""
-    who = confine.invoking_user(uid, gid)
-    with private_tmp(who) as tmp:
-        made = tmp / dest.name
-        # every ref the guest changed, as staged (held ones too): reviewed again when the bundle is fetched
-        run_git(project, who, "bundle", "create", "--quiet", str(made), f"--glob={staged(session)}/*", writable=(tmp,))
-        shutil.copyfile(made, dest)

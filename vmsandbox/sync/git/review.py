@@ -18,9 +18,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from pathlib import Path
 
-from vmsandbox.confine.accounts import Identity
 from vmsandbox.sync.git import refs
 from vmsandbox.sync.git import repository as commits
 from vmsandbox.sync.review.risk import risky_name
@@ -141,30 +139,28 @@ def parse_numstat(output: str) -> set[str]:
     return found
 
 
-def _diff_tree(project: Path, who: Identity | None, oids: list[str], form: str) -> str | None:
-    done = commits.run_git(
-        project, who, "diff-tree", "--stdin", "-m", "-r", "-z", form, "--no-abbrev", "--no-renames", "--root",
+def _diff_tree(repo: commits.Repository, oids: list[str], form: str) -> str | None:
+    done = repo.run(
+        "diff-tree", "--stdin", "-m", "-r", "-z", form, "--no-abbrev", "--no-renames", "--root",
         check=False, input="".join(f"{o}\n" for o in oids),
     )  # fmt: skip
     return done.stdout if done.returncode == 0 else None
 
 
-def _ignored(project: Path, who: Identity | None, paths: set[str]) -> set[str] | None:
+def _ignored(repo: commits.Repository, paths: set[str]) -> set[str] | None:
     """The paths the host's repository ignores (as for the working tree's files), or None if git failed."""
     if not paths:
         return set()
-    done = commits.run_git(
-        project, who, "check-ignore", "-z", "--stdin", check=False, input="".join(p + "\0" for p in sorted(paths))
-    )
+    done = repo.run("check-ignore", "-z", "--stdin", check=False, input="".join(p + "\0" for p in sorted(paths)))
     if done.returncode not in (0, 1):  # 1: nothing is ignored
         return None
     return {p for p in done.stdout.split("\0") if p}
 
 
-def review(project: Path, who: Identity | None, ref: str) -> RefReview | None:
+def review(repo: commits.Repository, ref: str) -> RefReview | None:
     """The new commits of one staged ref and what they touch (None: they could not be listed)."""
-    listed = commits.run_git(
-        project, who, "rev-list", f"--max-count={MAX_COMMITS + 1}", ref, "--not", "--branches", "--tags", "--remotes",
+    listed = repo.run(
+        "rev-list", f"--max-count={MAX_COMMITS + 1}", ref, "--not", "--branches", "--tags", "--remotes",
         check=False,
     )  # fmt: skip
     if listed.returncode != 0:
@@ -175,15 +171,15 @@ def review(project: Path, who: Identity | None, ref: str) -> RefReview | None:
         return RefReview(name, len(oids), (Touch("…", f"more than {MAX_COMMITS} new commits: not reviewed"),))
     if not oids:
         return RefReview(name, 0, ())
-    touched = _touched(project, who, oids)
+    touched = _touched(repo, oids)
     return None if touched is None else RefReview(name, len(oids), touched)
 
 
-def _touched(project: Path, who: Identity | None, oids: list[str]) -> tuple[Touch, ...] | None:
+def _touched(repo: commits.Repository, oids: list[str]) -> tuple[Touch, ...] | None:
     """What these commits touch that holds them back, a path once (its first reason: risky, ignored, binary);
     None if git could not say."""
-    raw = _diff_tree(project, who, oids, "--raw")
-    numstat = _diff_tree(project, who, oids, "--numstat")
+    raw = _diff_tree(repo, oids, "--raw")
+    numstat = _diff_tree(repo, oids, "--numstat")
     if raw is None or numstat is None:
         return None
     try:
@@ -193,7 +189,7 @@ def _touched(project: Path, who: Identity | None, oids: list[str]) -> tuple[Touc
         return None
     held = {e.path: Touch(e.path, why) for e in entries if (why := risk_of_entry(e.src, e.dst, e.status, e.path))}
     written = {e.path for e in entries if e.dst != "000000"}  # deleting a file brings nothing in
-    ignored = _ignored(project, who, written - set(held))
+    ignored = _ignored(repo, written - set(held))
     if ignored is None:
         return None
     for path in sorted(ignored):
@@ -203,23 +199,21 @@ def _touched(project: Path, who: Identity | None, oids: list[str]) -> tuple[Touc
     return tuple(held[p] for p in sorted(held))
 
 
-def staged_refs(project: Path, who: Identity | None, session: str) -> list[tuple[str, str]]:
+def staged_refs(repo: commits.Repository, session: str) -> list[tuple[str, str]]:
     """(ref, object id) of every ref staged for the session."""
-    listing = commits.run_git(
-        project, who, "for-each-ref", "--format=%(objectname) %(refname)", commits.staged(session) + "/"
-    )
+    listing = repo.run("for-each-ref", "--format=%(objectname) %(refname)", commits.staged(session) + "/")
     return [(ref, oid) for oid, _, ref in (line.partition(" ") for line in listing.stdout.splitlines())]
 
 
-def promote(project: Path, who: Identity | None, session: str, *, take: Take) -> tuple[int, list[str]]:
+def promote(repo: commits.Repository, session: str, *, take: Take) -> tuple[int, list[str]]:
     """Review every staged ref; move those whose commits touch nothing held back (risky, ignored, binary: unless
     `take` takes that kind) to refs/remotes/vmsandbox-SESSION/. How many moved, and one line per ref held back
     saying what it touches and which flag fetches it."""
     held: list[str] = []
     updates: list[str] = []
     prefix = commits.remote_prefix(session)
-    for ref, oid in staged_refs(project, who, session):
-        found = review(project, who, ref)
+    for ref, oid in staged_refs(repo, session):
+        found = review(repo, ref)
         name = ref.split("/", 3)[3]
         if found is None:
             held.append(f"commits of {name}: could not be listed; not fetched")
@@ -228,21 +222,21 @@ def promote(project: Path, who: Identity | None, session: str, *, take: Take) ->
         else:
             updates.append(f"update {prefix}/{name} {oid}\n")
     if updates:
-        commits.run_git(project, who, "update-ref", "--stdin", input="".join(updates))
+        repo.run("update-ref", "--stdin", input="".join(updates))
     return len(updates), held
 
 
-def drop_staged(project: Path, who: Identity | None, session: str) -> None:
+def drop_staged(repo: commits.Repository, session: str) -> None:
     """The staged refs go (their objects stay, unreachable, for git's own gc)."""
-    doomed = [f"delete {ref}\n" for ref, _oid in staged_refs(project, who, session)]
+    doomed = [f"delete {ref}\n" for ref, _oid in staged_refs(repo, session)]
     if doomed:
-        commits.run_git(project, who, "update-ref", "--stdin", input="".join(doomed))
+        repo.run("update-ref", "--stdin", input="".join(doomed))
 
 
-def drop_leftover(project: Path, who: Identity | None, session: str) -> bool:
+def drop_leftover(repo: commits.Repository, session: str) -> bool:
     """When a session goes: the refs a killed pull left staged for it in the project (the project's own
     repository, read as the host's data). Git runs only if some are there. Whether any were."""
-    gitdir = project / ".git"
+    gitdir = repo.project / ".git"
     if not refs.is_real_dir(gitdir):
         return False
     space = f"{commits.staged(session)}/"
@@ -252,5 +246,5 @@ def drop_leftover(project: Path, who: Identity | None, session: str) -> bool:
         packed.is_file() and not packed.is_symlink() and space.encode() in packed.read_bytes()
     )
     if there:
-        drop_staged(project, who, session)
+        drop_staged(repo, session)
     return there

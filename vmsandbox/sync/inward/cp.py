@@ -33,7 +33,7 @@ def copy_in(target: Target, endpoint: Endpoint, sources: list[Path], dest: str) 
     remote = guest_path(target, dest)
     if len(sources) > 1 and not remote.endswith("/"):
         remote += "/"
-    who = confine.invoking_user(target.uid, target.gid)
+    who = target.owner
     for source in (s.absolute() for s in sources):
         # the host's rsync is jailed and sees the source alone (not the directory that holds it: a file of the
         # home directory would have shown it the whole home), run in the source's directory; the name goes as

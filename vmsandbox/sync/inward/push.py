@@ -36,7 +36,7 @@ def push(target: Target, endpoint: Endpoint, *, limit: int) -> tuple[list[str], 
     if send:
         remote = str(target.project).rstrip("/") + "/"
         # the host side reads the user's project as the user; the guest's rsync never talks to root here
-        side = transfer.Side(confine.invoking_user(target.uid, target.gid), confine.GIT_LIMITS, target.project)
+        side = transfer.Side(target.owner, confine.GIT_LIMITS, target.project)
         with ui.step(f"Pushing {len(send)} host change(s) into the guest"):
             failpoint.hit("push.send")
             transfer.rsync(

@@ -14,10 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from vmsandbox import failpoint, ui
-from vmsandbox.confine import accounts as confine
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.sync.git import refs
-from vmsandbox.sync.git import repository as commits
 from vmsandbox.sync.git import review as commitreview
 from vmsandbox.sync.git.fetch import fetch_commits
 from vmsandbox.sync.land import write as apply
@@ -83,15 +81,14 @@ def export(g: Gathered, *, box: Path | None = None) -> Path:
     (staging / OUTBOX_PATCH).write_text("".join(diff_text(g, c) for c in todo))
     t = g.target
     if g.origin is not Origin.OUTBOX and g.refs_changed and refs.is_real_dir(t.project / ".git"):
-        who = confine.invoking_user(t.uid, t.gid)
         try:  # the reviewed commits go into the project's refs/remotes now; all of them into a bundle for later
             fetch_commits(g, take=Take(), keep_staged=True)
-            commits.bundle(t.project, staging / BUNDLE, t.name, t.uid, t.gid)
+            t.repository.bundle(staging / BUNDLE, t.name)
         except VmsandboxError as exc:
             ui.warn(f"could not keep the guest's commits: {exc.message}")
         finally:
             with contextlib.suppress(VmsandboxError):
-                commitreview.drop_staged(t.project, who, t.name)
+                commitreview.drop_staged(t.repository, t.name)
     elif g.origin is Origin.OUTBOX and (box / BUNDLE).exists():
         shutil.copyfile(box / BUNDLE, staging / BUNDLE)
     if box.exists() and box != staging:

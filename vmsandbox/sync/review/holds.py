@@ -27,7 +27,6 @@ from vmsandbox import ui
 from vmsandbox.confine import accounts as confine
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.sync.git import refs
-from vmsandbox.sync.git import repository as commits
 from vmsandbox.sync.land import write as apply
 from vmsandbox.sync.review.compare import Change, Status
 from vmsandbox.sync.scan import credentials
@@ -193,12 +192,10 @@ def _global_ignore(who: Identity | None) -> tuple[Path, ...]:
 def _git_ignored(target: Target, rel_paths: list[str]) -> set[str]:
     """The paths git ignores in the host's repository (tracked files never are). On git's failure, the derived
     trees stand in, said in the log."""
-    who = confine.invoking_user(target.uid, target.gid)
+    repo = target.repository
     data = "".join(p + "\0" for p in rel_paths)
     try:
-        result = commits.run_git(
-            target.project, who, "check-ignore", "-z", "--stdin", check=False, input=data, readable=_global_ignore(who)
-        )
+        result = repo.run("check-ignore", "-z", "--stdin", check=False, input=data, readable=_global_ignore(repo.who))
     except VmsandboxError as exc:
         log.warning("git check-ignore could not run in %s (%s): derived trees held instead", target.project, exc)
         return {p for p in rel_paths if derived(p)}
