@@ -11,6 +11,7 @@ import json
 import os
 import pwd
 import shutil
+import signal
 import stat
 import subprocess
 import textwrap
@@ -349,17 +350,22 @@ def test_run_review_web_waits_for_the_review_in_the_browser(cli: Cli, browser: W
     (p / "a.txt").write_text("a\n")
     child = cli.popen("run", "--review", "web", str(p), "--", "sh", "-c", "echo b > a.txt")
     assert child.stdout is not None
-    url = ""
-    while not url.startswith("http://127."):
-        line = child.stdout.readline().decode()
-        assert line, "the run ended without serving its review"
-        url = line.strip()
-    browser.get(url)
-    assert "a.txt" in _wait_for(browser, "review").text
-    browser.find_element(By.ID, "apply").click()
-    assert "applied a.txt" in _wait_for(browser, "outcome").text
-    assert child.wait(timeout=300) == 0
-    assert (p / "a.txt").read_text() == "b\n"
+    try:
+        url = ""
+        while not url.startswith("http://127."):
+            line = child.stdout.readline().decode()
+            assert line, "the run ended without serving its review"
+            url = line.strip()
+        browser.get(url)
+        assert "a.txt" in _wait_for(browser, "review").text
+        browser.find_element(By.ID, "apply").click()
+        assert "applied a.txt" in _wait_for(browser, "outcome").text
+        assert child.wait(timeout=300) == 0
+        assert (p / "a.txt").read_text() == "b\n"
+    finally:  # a run left waiting for its page would hold its VM past the test: Ctrl-C, as a person would
+        if child.poll() is None:
+            child.send_signal(signal.SIGINT)
+            child.wait(timeout=300)
 
 
 def test_the_page_allows_denies_and_publishes_as_the_cli_does(server: Server, session: Record) -> None:
