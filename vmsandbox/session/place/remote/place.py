@@ -5,7 +5,9 @@ proxy's secrets, the baseline and the mirror stay on this machine."""
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
+from contextlib import AbstractContextManager
 from pathlib import Path
 
 from vmsandbox import ui
@@ -62,6 +64,9 @@ class RemoteHost(Host):
 
     def kvm_problem(self, node: Node) -> str | None:
         return node.kvm_problem()
+
+    def memory_problem(self, node: Node) -> str | None:
+        return start.UNSHARED
 
     def sweep(self, mine: Path, tidy: Tidy) -> Iterator[str]:
         yield from gc.sweep(self.libvirt, self.spec, mine, tidy)
@@ -140,6 +145,9 @@ class RemoteSnapshots(Snapshots):
 
     def fork_port(self) -> int:
         return 0  # a tunnel of its own, opened when its VM runs
+
+    def share(self, cp: Checkpoint) -> AbstractContextManager[str]:
+        return contextlib.nullcontext(f"each restores a copy of the memory ({start.UNSHARED})")
 
     def copy_disks(self, cp: Checkpoint, fork_record: Record) -> Path | None:
         fork.copy_disks(self.vm.record, cp, fork_record, self.vm.host.libvirt())
