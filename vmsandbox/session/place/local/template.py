@@ -253,7 +253,7 @@ def _split(where: Path) -> None:
     finally:
         os.close(fd)
     for f, final in ((ram, where / RAM), (state, where / STATE)):
-        f.chmod(0o444)  # never written again; read by root only (sealed.fill), by the account that built it
+        f.chmod(0o444)  # never written again (like memory.save); QEMU maps a sealed copy (sealed.fill), never these
         f.rename(final)
 
 
