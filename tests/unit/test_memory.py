@@ -21,7 +21,7 @@ from tests.unit.test_warm import fake_save, template_xml
 from vmsandbox.session.place.local import sharing
 from vmsandbox.session.place.local import template as templates
 from vmsandbox.vm import domain, node, savefile
-from vmsandbox.vm.memory import sealed
+from vmsandbox.vm.memory import sealed, usage
 from vmsandbox.vm.memory import split as memsplit
 
 P = memsplit.PAGE
@@ -368,3 +368,37 @@ def test_a_held_copy_grown_well_past_the_template_memory_is_refreshed(tmp_path: 
         assert sharing._grown(held, tmpl)
     finally:
         os.close(fd)
+
+
+ROLLUP = """559a607b9000-7fff8a162000 ---p 00000000 00:00 0                          [rollup]
+Rss:              334368 kB
+Pss:              314874 kB
+Pss_Shmem:         94060 kB
+Shared_Clean:      23080 kB
+Shared_Dirty:       1024 kB
+Private_Clean:       396 kB
+Private_Dirty:    310892 kB
+AnonHugePages:    100352 kB
+"""
+
+
+def test_a_process_memory_use_is_read_from_its_smaps_rollup(tmp_path: Path) -> None:
+    (tmp_path / "42").mkdir()
+    (tmp_path / "42" / "smaps_rollup").write_text(ROLLUP)
+    used = usage.of_process(42, tmp_path)
+    assert used == usage.Usage(rss_mib=326, pss_mib=307, shared_mib=23, private_mib=303)
+    assert used.as_dict()["shared_mib"] == 23
+    assert usage.of_process(43, tmp_path) is None  # gone, or not ours to read
+
+
+def test_a_domain_memory_use_is_its_qemu_by_libvirts_pid_file(tmp_path: Path) -> None:
+    pids, proc = tmp_path / "pids", tmp_path / "proc"
+    pids.mkdir()
+    (proc / "42").mkdir(parents=True)
+    (proc / "42" / "smaps_rollup").write_text(ROLLUP)
+    (proc / "42" / "cmdline").write_bytes(b"qemu-system-x86_64\0-name\0guest=vmsandbox-a,debug-threads=on\0")
+    (pids / "vmsandbox-a.pid").write_text("42")
+    (pids / "vmsandbox-b.pid").write_text("42")  # stale: pid 42 is another domain's QEMU now
+    assert usage.of_domain("vmsandbox-a", pids, proc) == usage.of_process(42, proc)
+    assert usage.of_domain("vmsandbox-b", pids, proc) is None
+    assert usage.of_domain("vmsandbox-c", pids, proc) is None

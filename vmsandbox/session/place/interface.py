@@ -31,6 +31,7 @@ from vmsandbox.session.place.hostspec import HostSpec
 from vmsandbox.session.place.templates import Shape
 from vmsandbox.session.record import Record
 from vmsandbox.vm import accel
+from vmsandbox.vm.memory.usage import Usage
 from vmsandbox.vm.node import DomainInfo, Node, gone
 from vmsandbox.vm.virt import Hypervisor
 
@@ -216,6 +217,11 @@ class VM(abc.ABC):
     def alive(self) -> str | None:
         """None while the VM runs, else why it stopped (for ssh.wait_for_banner)."""
         return alive(self.host.libvirt(), self.record.domain)
+
+    @abc.abstractmethod
+    def memory_use(self) -> Usage | None:
+        """What the running VM's process takes of its machine's memory now, shared and private (None: not running,
+        or not something this machine can read)."""
 
     @abc.abstractmethod
     def reach(self, *, answering: bool = False) -> Endpoint:

@@ -20,7 +20,9 @@ from vmsandbox.session.place.templates import Shape
 from vmsandbox.session.record import DOMAIN_PREFIX, Record, orphaned, readable
 from vmsandbox.vm import accel, domain, savefile
 from vmsandbox.vm.domain import session_of
+from vmsandbox.vm.memory import usage
 from vmsandbox.vm.node import Node
+from vmsandbox.vm.virt import DEFAULT_URI
 
 
 def _file(memory: SavedVM) -> Path:
@@ -80,6 +82,10 @@ class LocalHost(Host):
 
 
 class LocalVM(VM):
+    def memory_use(self) -> usage.Usage | None:
+        # the system libvirt's pid files say which process is the domain's QEMU (a session daemon's: not read)
+        return usage.of_domain(self.record.domain) if self.record.libvirt_uri == DEFAULT_URI else None
+
     def reach(self, *, answering: bool = False) -> Endpoint:
         return self.record.endpoint()
 

@@ -21,6 +21,7 @@ from vmsandbox.session.place.remote import checkpoint, fork, gc, images, log, sa
 from vmsandbox.session.place.templates import Shape
 from vmsandbox.session.record import Record
 from vmsandbox.vm import accel
+from vmsandbox.vm.memory.usage import Usage
 from vmsandbox.vm.node import Node
 
 
@@ -79,6 +80,9 @@ class RemoteHost(Host):
 
 
 class RemoteVM(VM):
+    def memory_use(self) -> Usage | None:
+        return None  # its QEMU runs on the other host: this machine's /proc does not hold it
+
     def reach(self, *, answering: bool = False) -> Endpoint:
         vm.ensure_tunnel(self.record, answering=answering)
         return self.record.endpoint()
