@@ -38,6 +38,7 @@ IMAGE_INITRD = "initrd.img"
 IMAGE_MANIFEST = "manifest.json"
 IMAGE_PINS = ".pins"  # in the images directory: what each account's sessions rest on (session.pins)
 IMAGE_TEMPLATES = "templates"  # its warm-start templates (shared with the libvirt group, like the store)
+RUNTIME_DIR = Path("/run/vmsandbox")  # root's: what lives while processes live (memory holders)
 
 # Files inside a session directory.
 SESSION_RECORD = "session.json"
@@ -164,6 +165,13 @@ def cache_dir() -> Path:
 
 def sessions_dir() -> Path:
     return state_dir() / "sessions"
+
+
+def memory_holders_dir() -> Path:
+    """Where the holders of templates' sealed memory files say where they are (one JSON file per template): a
+    runtime directory of root's, as only root starts them (VMSANDBOX_RUNTIME_DIR moves it)."""
+    env = os.environ.get("VMSANDBOX_RUNTIME_DIR")
+    return (Path(env) if env else RUNTIME_DIR) / "memory"
 
 
 def failed_boots_dir() -> Path:

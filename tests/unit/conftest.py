@@ -41,7 +41,7 @@ def isolated_dirs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[P
     """vmsandbox's data, state and config directories of the test, beside its tmp_path (not in it: a project in
     tmp_path must not hold vmsandbox's own state, which is refused)."""
     base = tmp_path.parent / f"{tmp_path.name}.vmsandbox"
-    for var in ("DATA", "STATE", "CONFIG"):
+    for var in ("DATA", "STATE", "CONFIG", "RUNTIME"):
         d = base / var.lower()
         d.mkdir(parents=True)
         monkeypatch.setenv(f"VMSANDBOX_{var}_DIR", str(d))

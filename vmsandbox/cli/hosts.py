@@ -63,6 +63,11 @@ def hosts_command(
             ]
         )
     columns(["HOST", "STATE", "VERSIONS", "ACCEL", "MEMORY FREE", "SESSIONS", "IMAGES", "URI", "PROBLEM"], rows)
+    for s in found:  # each host whose sessions load a copy of their memory: why
+        if s.node is not None and s.memory_problem:
+            ui.info(
+                f"memory on {ui.printable(s.spec.name)}: each session loads a copy ({ui.printable(s.memory_problem)})"
+            )
     for s in found:  # each host that does not answer: the fix for what it said
         if s.node is None and s.hint:
             ui.err.print(f"[dim]hint:[/] {ui.printable(s.spec.name)}: {ui.printable(s.hint)}", soft_wrap=True)

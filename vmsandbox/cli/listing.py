@@ -164,6 +164,7 @@ def inspect(name: SessionName, as_json: AsJson = False) -> None:
     `vmsandbox inspect exp1`
 
     `vmsandbox inspect exp1 --json`"""
+    from vmsandbox.session import state
     from vmsandbox.session.place import checkpoints
     from vmsandbox.session.record import Record
 
@@ -177,7 +178,11 @@ def inspect(name: SessionName, as_json: AsJson = False) -> None:
         "checkpoints": [c.label for c in checkpoints.listed(files)],
         "files": {"directory": str(files.root), "console_log": str(files.console_log), "ssh_config": None},
         "user": record.user,
+        # the file its RAM maps copy-on-write, shared with every session that maps it; else why it is its own
+        "memory": {"shared_from": record.memory, "note": record.memory_note or None},
     }
+    if row["state"] in REACHABLE:  # its QEMU now: resident, proportional, shared with other sessions, private
+        row["memory"].update(state.memory_use(record) or {})
     if row["state"] in REACHABLE:
         row["files"]["ssh_config"] = str(files.ssh_config)
     if as_json:

@@ -100,6 +100,10 @@ class Record:
     start: str = "cold"  # "warm": restored from a template; "cold": booted (start_note says why)
     start_note: str = ""
     template: str | None = None  # the warm-start template whose disk the overlay is backed by
+    # the memory file the VM maps copy-on-write (a template's memory.ram, the memory.save of the checkpoint it was
+    # forked at), sharing the pages it never writes with every session that maps it; None: its memory is its own
+    memory: str | None = None
+    memory_note: str = ""  # why its memory is its own (a cold boot, a restore of its own save, a host that cannot)
     saved: bool = False  # `vmsandbox stop`: the VM's memory is in the session directory, no domain runs
     forked_from: str | None = None  # "NAME" or "NAME@LABEL": the session (and checkpoint) this one is a copy of
     group: str | None = None  # the fan-out this session belongs to (`destroy --group`)

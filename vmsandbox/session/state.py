@@ -147,6 +147,14 @@ def listing(uri: str) -> tuple[list[Status], list[Damaged]]:
     return found, damaged
 
 
+def memory_use(record: Record) -> dict[str, int] | None:
+    """What the session's running VM takes of its machine's memory now, shared and private (None: it does not
+    run, or its place cannot tell)."""
+    with places.vm_of(record) as vm:
+        used = vm.memory_use()
+    return None if used is None else used.as_dict()
+
+
 def runs(vm: VM) -> bool:
     info = vm.info()
     return info is not None and info.state == "running"

@@ -92,6 +92,30 @@ class Node:
         return "kvm" if self.kvm_problem() is None else "tcg"
 
 
+@dataclass(frozen=True)
+class Confinement:
+    """How libvirt confines the QEMU processes it starts there, from its capabilities: the account they run as
+    under its DAC driver (by domain type), and every security model it applies."""
+
+    models: tuple[str, ...]  # "dac", "selinux", "apparmor" ("none" left out)
+    accounts: dict[str, tuple[int, int]]  # domain type ("qemu", "kvm") -> (uid, gid) of its QEMU processes
+
+    @classmethod
+    def of(cls, caps: str) -> Confinement:
+        host = ET.fromstring(caps).find("host")  # noqa: S314 - from our own (or a configured host's) libvirt
+        models: list[str] = []
+        accounts: dict[str, tuple[int, int]] = {}
+        for sec in [] if host is None else host.iterfind("secmodel"):
+            model = sec.findtext("model", "")
+            if model and model != "none":
+                models.append(model)
+            for label in sec.iterfind("baselabel") if model == "dac" else ():
+                uid, _, gid = (label.text or "").partition(":")
+                if uid.startswith("+") and gid.startswith("+") and uid[1:].isdigit() and gid[1:].isdigit():
+                    accounts[label.get("type", "")] = (int(uid[1:]), int(gid[1:]))
+        return cls(tuple(models), accounts)
+
+
 def unreachable_hint(message: str, uri: str, default_uri: str) -> str:
     """The fix for a libvirt connection refused with `message`."""
     if urlsplit(uri).hostname:  # libvirt's ssh transport loses ssh's words; `hosts` asks ssh itself

@@ -170,6 +170,13 @@ class Hypervisor:
                 step()
         return True
 
+    def confinement(self) -> node.Confinement:
+        """How libvirt confines the QEMU processes it starts (its security models, the account they run as)."""
+        try:
+            return node.Confinement.of(self._conn.getCapabilities())
+        except libvirt.libvirtError as exc:
+            raise VmsandboxError(f"libvirt at {self.uri} did not describe its host: {_message(exc)}") from exc
+
     def node(self) -> node.Node:
         c = self._conn
         try:

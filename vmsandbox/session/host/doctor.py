@@ -53,6 +53,20 @@ def _libvirt(uri: str) -> Check:
         return Check("libvirt", False, exc.message, exc.hint)
 
 
+def _memory(uri: str) -> Check:
+    """Whether warm starts map their template's memory (shared) or load a copy each, and why."""
+    name = "shared memory"
+    try:
+        with places.host(places.spec_for(None, uri)) as host:
+            why = host.memory_problem(host.libvirt().node())
+    except VmsandboxError as exc:
+        return Check(name, False, f"not checked: {exc.message}", exc.hint, blocking=False)
+    if why is None:
+        return Check(name, True, "warm starts and forks map their memory copy-on-write, one copy for all")
+    fix = "run vmsandbox as root (`sudo`)" if os.geteuid() != 0 else "libvirt's QEMU under its own account, DAC only"
+    return Check(name, False, f"each session loads a copy of its memory: {why}", fix, blocking=False)
+
+
 def _kvm_device() -> Check:
     if not accel.KVM_DEVICE.exists():
         return Check("/dev/kvm permissions", True, "no /dev/kvm (TCG only)")
@@ -202,6 +216,7 @@ def run_checks(settings: Settings) -> list[Check]:
         lambda: _tool("qemu-system-x86_64", "runs the VMs"),
         lambda: _tool("qemu-img", "makes the per-session overlays"),
         lambda: _libvirt(settings.libvirt_uri),
+        lambda: _memory(settings.libvirt_uri),
         _kvm_device,
         _account,
         _group,

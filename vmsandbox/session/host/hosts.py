@@ -32,6 +32,7 @@ class Status:
     sessions: int = 0  # vmsandbox domains running there
     images: tuple[str, ...] = ()  # the images it holds whole
     hint: str | None = None  # the fix for `problem`
+    memory_problem: str | None = None  # why its sessions load a copy of their template's memory (None: they map it)
 
     @property
     def accel(self) -> str:
@@ -60,6 +61,8 @@ class Status:
             "max_sessions": self.spec.max_sessions,
             "keep_free_mib": self.spec.keep_free_mib,
             "images": list(self.images),
+            "memory_shared": n is not None and self.memory_problem is None,
+            "memory_problem": self.memory_problem,
         }
 
 
@@ -71,9 +74,10 @@ def _ask(spec: HostSpec) -> Status:
             node = hv.node()
             sessions = sum(1 for d in hv.domains(DOMAIN_PREFIX) if not d.stopped)
             images = tuple(host.images_held())
+            memory = host.memory_problem(node)
     except VmsandboxError as exc:
         return Status(spec, None, exc.message, hint=exc.hint)
-    return Status(spec, node, None, sessions, images)
+    return Status(spec, node, None, sessions, images, memory_problem=memory)
 
 
 class _Later(Generic[T]):

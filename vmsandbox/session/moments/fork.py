@@ -69,18 +69,26 @@ def fork(name: str, new: str, *, label: str | None = None) -> Record:
         source = Record.load(name)
         vm = host.vm(source)
         if label is not None:
-            return _make(vm, checkpoints.find(source.files, name, label), new, at=label)
+            cp = checkpoints.find(source.files, name, label)
+            with vm.snapshots.share(cp) as how:
+                ui.info(f"  memory: {how}")
+                return _make(vm, cp, new, at=label)
         checkpoint.must_run(vm, "forked")
         checkpoint.check_room(vm)  # the checkpoint taken for the fork may leave an overlay
         cp = checkpoint.freeze(vm, f"fork-{new}-{os.getpid()}")
-        # the source resumes while the fork is made (two guests come back at once: under TCG, on two CPUs)
         failed: list[BaseException] = []
-        waking = threading.Thread(target=_wake, args=(source, cp, failed))
-        waking.start()
         try:
-            return _make(vm, cp, new, at=None)
+            # the source and the fork map one copy of the memory saved (where the place can): the source resumes
+            # while the fork is made (two guests come back at once: under TCG, on two CPUs)
+            with vm.snapshots.share(cp) as how:
+                ui.info(f"  memory: {how}")
+                waking = threading.Thread(target=_wake, args=(source, cp, failed))
+                waking.start()
+                try:
+                    return _make(vm, cp, new, at=None)
+                finally:
+                    waking.join()
         finally:
-            waking.join()
             shutil.rmtree(cp.path, ignore_errors=True)
             host.vm(Record.load(name)).snapshots.drop(cp.label, live=True)
             for exc in failed:

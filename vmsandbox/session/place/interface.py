@@ -17,6 +17,7 @@ from __future__ import annotations
 import abc
 import time
 from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar, TypeVar
@@ -30,6 +31,7 @@ from vmsandbox.session.place.hostspec import HostSpec
 from vmsandbox.session.place.templates import Shape
 from vmsandbox.session.record import Record
 from vmsandbox.vm import accel
+from vmsandbox.vm.memory.usage import Usage
 from vmsandbox.vm.node import DomainInfo, Node, gone
 from vmsandbox.vm.virt import Hypervisor
 
@@ -42,7 +44,7 @@ def nothing() -> None:
     return None
 
 
-PAST = {"remove": "removed", "destroy": "destroyed", "finish": "finished", "delete": "deleted"}
+PAST = {"remove": "removed", "destroy": "destroyed", "finish": "finished", "delete": "deleted", "stop": "stopped"}
 
 
 @dataclass(frozen=True)
@@ -183,6 +185,10 @@ class Host(abc.ABC):
         """Why KVM cannot be used there (None: it can)."""
 
     @abc.abstractmethod
+    def memory_problem(self, node: Node) -> str | None:
+        """Why sessions there cannot map their template's memory, sharing it (each loads a copy); None: they can."""
+
+    @abc.abstractmethod
     def sweep(self, mine: Path, tidy: Tidy) -> Iterator[str]:
         """gc there: domains and files of this machine's sessions that are gone, templates no session rests
         on that are interrupted, failed or stale. A line per thing done (or, in a dry run, to do)."""
@@ -211,6 +217,11 @@ class VM(abc.ABC):
     def alive(self) -> str | None:
         """None while the VM runs, else why it stopped (for ssh.wait_for_banner)."""
         return alive(self.host.libvirt(), self.record.domain)
+
+    @abc.abstractmethod
+    def memory_use(self) -> Usage | None:
+        """What the running VM's process takes of its machine's memory now, shared and private (None: not running,
+        or not something this machine can read)."""
 
     @abc.abstractmethod
     def reach(self, *, answering: bool = False) -> Endpoint:
@@ -296,6 +307,12 @@ class Snapshots(abc.ABC):
     @abc.abstractmethod
     def fork_port(self) -> int:
         """The SSH port a fork's record starts with (0: it gets one of its own when it is reached)."""
+
+    @abc.abstractmethod
+    def share(self, cp: Checkpoint) -> AbstractContextManager[str]:
+        """While the context lasts, the VMs restored from checkpoint `cp` (its session resuming, the forks made from
+        it) map one copy of its memory and share the pages none of them writes, where the place can; each loads a
+        copy where it cannot. What was done (or why it could not be), in words."""
 
     @abc.abstractmethod
     def copy_disks(self, cp: Checkpoint, fork: Record) -> Path | None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Iterator
+from contextlib import AbstractContextManager
 from pathlib import Path
 
 from vmsandbox import paths, ui
@@ -14,12 +15,14 @@ from vmsandbox.image import layers, store
 from vmsandbox.session.place import pins
 from vmsandbox.session.place.checkpoints import Checkpoint
 from vmsandbox.session.place.interface import VM, Abilities, Host, Launched, SavedVM, SaveFile, Snapshots, Tidy
-from vmsandbox.session.place.local import disks, start, template
+from vmsandbox.session.place.local import disks, sharing, start, template
 from vmsandbox.session.place.templates import Shape
 from vmsandbox.session.record import DOMAIN_PREFIX, Record, orphaned, readable
 from vmsandbox.vm import accel, domain, savefile
 from vmsandbox.vm.domain import session_of
+from vmsandbox.vm.memory import usage
 from vmsandbox.vm.node import Node
+from vmsandbox.vm.virt import DEFAULT_URI
 
 
 def _file(memory: SavedVM) -> Path:
@@ -54,6 +57,9 @@ class LocalHost(Host):
     def kvm_problem(self, node: Node) -> str | None:
         return accel.kvm_problem()
 
+    def memory_problem(self, node: Node) -> str | None:
+        return sharing.problem(self.libvirt(), self.accelerator(node))
+
     def sweep(self, mine: Path, tidy: Tidy) -> Iterator[str]:
         hv = self.libvirt()
         for info in list(hv.domains(DOMAIN_PREFIX)):
@@ -66,6 +72,7 @@ class LocalHost(Host):
                 yield tidy("destroy", what, functools.partial(hv.destroy, info.name))
         images = [*store.list_images(), *layers.list_layers()]
         yield from template.collect(hv, images, _templates_in_use(), tidy)
+        yield from sharing.sweep(hv, tidy)
 
     def vm(self, record: Record) -> VM:
         return LocalVM(self, record)
@@ -75,6 +82,10 @@ class LocalHost(Host):
 
 
 class LocalVM(VM):
+    def memory_use(self) -> usage.Usage | None:
+        # the system libvirt's pid files say which process is the domain's QEMU (a session daemon's: not read)
+        return usage.of_domain(self.record.domain) if self.record.libvirt_uri == DEFAULT_URI else None
+
     def reach(self, *, answering: bool = False) -> Endpoint:
         return self.record.endpoint()
 
@@ -98,10 +109,20 @@ class LocalVM(VM):
         record, saved = self.record, _file(memory)
         saved_xml = savefile.read(saved).xml
         paths.own_file(record.files.console_log)
+        shared = sharing.split_of(saved)  # a fork's checkpoint: the source maps what its forks map
+        hv = self.host.libvirt()
         # on the session's SSH port, or on another one if something took it while the VM was down
 
         def launch() -> None:
-            self.host.libvirt().restore(str(saved), domain.with_disks(saved_xml, record.system_disk, record.ssh_port))
+            xml = domain.with_disks(saved_xml, record.system_disk, record.ssh_port)
+            if shared is not None:
+                start.restore_shared(record, hv, shared, xml, saved)
+                return
+            if domain.memory_of(saved_xml) is not None:
+                # a session that mapped shared memory, saved whole: its memory is its own from now on
+                xml = domain.with_memory(xml, None)
+            hv.restore(str(saved), xml)
+            record.memory, record.memory_note = None, "restored from a save of its own: its memory is its own"
 
         start.on_a_free_port(record, launch, keep=True)
         record.save()
@@ -140,16 +161,26 @@ class LocalSnapshots(Snapshots):
     def fork_port(self) -> int:
         return self.vm.record.ssh_port
 
+    def share(self, cp: Checkpoint) -> AbstractContextManager[str]:
+        what = f"the memory of {self.vm.record.name} at its checkpoint {cp.label} (sealed, in memory)"
+        return sharing.of_checkpoint(cp.memory, what, self.vm.host.libvirt(), self.vm.record.accel)
+
     def copy_disks(self, cp: Checkpoint, fork: Record) -> Path | None:
         disks.copy_for_fork(self.vm.record, cp, fork)
         return cp.workspace
 
     def restore_fork(self, cp: Checkpoint, fork: Record) -> VM:
         saved = savefile.read(cp.memory)
+        shared = sharing.split_of(cp.memory)
+        if shared is None:
+            fork.memory_note = "its memory is a copy of its source's"
 
         def launch() -> None:
             spec = start.spec(fork, domain.boot_of(saved.xml), warm=True, workspace=True)
-            start.restore_as(fork, self.vm.host.libvirt(), cp.memory, domain.for_restore(saved.xml, spec))
+            xml = domain.for_restore(saved.xml, spec)
+            if shared is None and domain.memory_of(saved.xml) is not None:
+                xml = domain.with_memory(xml, None)
+            start.restore_shared(fork, self.vm.host.libvirt(), shared, xml, cp.memory)
 
         start.on_a_free_port(fork, launch)
         return self.vm.host.vm(fork)

@@ -16,7 +16,7 @@ from vmsandbox.image import store
 from vmsandbox.session.place import console as boot_mod
 from vmsandbox.session.place import templates as templatekey
 from vmsandbox.session.place.interface import IDENTITY_TIMEOUT, Launched, alive, nothing, template_for, warm_or_cold
-from vmsandbox.session.place.local import bootwait, template
+from vmsandbox.session.place.local import bootwait, sharing, template
 from vmsandbox.session.record import Record
 from vmsandbox.vm import accel as accel_mod
 from vmsandbox.vm import domain, qemuimg, savefile
@@ -103,6 +103,7 @@ def cold(record: Record, image: store.Image, hv: Hypervisor, boot_timeout: int, 
     on_a_free_port(record, launch)
     launched()
     record.start = "cold"
+    record.memory, record.memory_note = None, "a cold boot: its memory is its own"
     record.save()
     failpoint.hit("run.boot")
     title = f"Booting {record.domain} ({record.accel.upper()}, {record.cpus} vCPU, {record.memory_mib} MiB)"
@@ -122,21 +123,19 @@ def warm(
     boot_timeout: int,
     launched: Launched = nothing,
 ) -> None:
-    """Restore the template over a fresh overlay of the session's own, hot-plug the workspace disk, send the
+    """Restore the template over a fresh overlay of the session's own — mapping its memory (shared with every
+    session of the template) where this machine can, else loading a copy — hot-plug the workspace disk, send the
     identity, wait for sshd. Raises (the caller boots cold instead) when any of it fails."""
     files = record.files
     qemuimg.create_overlay(tmpl.disk, record.system_disk, depth=3)
     record.system_disk.chmod(0o600)
     record.template = str(tmpl.path)
     saved = savefile.read(tmpl.memory)
+    shared = _template_memory(record, tmpl, hv)
 
     def launch() -> None:
-        restore_as(
-            record,
-            hv,
-            tmpl.memory,
-            domain.for_restore(saved.xml, spec(record, booting(image), warm=True, workspace=False)),
-        )
+        xml = domain.for_restore(saved.xml, spec(record, booting(image), warm=True, workspace=False))
+        restore_shared(record, hv, shared, xml, tmpl.memory)
 
     with ui.step(f"Restoring {record.domain} from its warm-start template") as detail:
         on_a_free_port(record, launch)
@@ -150,6 +149,37 @@ def warm(
         identity.send(files.identity_socket, files.fwcfg_dir, timeout=min(IDENTITY_TIMEOUT, boot_timeout))
         detail("sshd")
         ssh.wait_for_banner(record.ssh_port, timeout=boot_timeout, alive=lambda: alive(hv, record.domain))
+
+
+def _template_memory(record: Record, tmpl: template.Template, hv: Hypervisor) -> sharing.Shared | None:
+    """The template's memory for the session to map, or None (record.memory_note says why: it loads a copy)."""
+    try:
+        return sharing.of_template(tmpl, hv, record.accel)
+    except VmsandboxError as exc:
+        record.memory_note = f"its template's memory is copied: {exc.message}"
+        return None
+
+
+def restore_shared(
+    record: Record, hv: Hypervisor, shared: sharing.Shared | None, restored_xml: str, whole: Path
+) -> None:
+    """Restore `restored_xml` as the session's VM mapping `shared` (record.memory names it), or — without it, or
+    when that restore fails (a holder that ended between our look and QEMU's) — from the save image `whole`,
+    its memory then its own (record.memory_note says why)."""
+    if shared is not None:
+        try:
+            restore_as(record, hv, shared.state, domain.with_memory(restored_xml, shared.held.path))
+        except PortTakenError:
+            raise
+        except VmsandboxError as exc:
+            hv.destroy(record.domain)
+            record.memory_note = f"mapping its memory failed ({exc.message}); it loaded a copy"
+            ui.warn(f"session {record.name}: {record.memory_note}")
+        else:
+            record.memory, record.memory_note = str(shared.source), ""
+            return
+    restore_as(record, hv, whole, restored_xml)
+    record.memory = None
 
 
 def restore_as(record: Record, hv: Hypervisor, memory: Path, restored_xml: str) -> None:

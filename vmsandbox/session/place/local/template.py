@@ -1,5 +1,7 @@
 """Warm-start templates: an image booted once to the point where it waits for a session's identity, its memory
-saved. Kept beside the image (`<image>/templates/<shape>-<key>/`: disk.qcow2, memory.save, meta.json).
+saved. Kept beside the image (`<image>/templates/<shape>-<key>/`: disk.qcow2, memory.save, meta.json; and the
+saved memory split for sessions that share it (local.sharing): memory.ram, the guest's RAM as a flat file, and
+memory.state, the rest of the save image).
 
 A template is tied to everything its saved memory depends on: the image version (its directory), the VM's
 shape (accelerator, vCPUs, memory, disk size), the domain layout, and the QEMU and libvirt versions that saved
@@ -13,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
+import os
 import secrets
 import shutil
 import time
@@ -24,6 +27,7 @@ from typing import Any
 from vmsandbox import failpoint, paths, ui
 from vmsandbox.confine import access
 from vmsandbox.confine import accounts as confine
+from vmsandbox.image import layers, store
 from vmsandbox.image.store import Image
 from vmsandbox.session.place import templates as templatekey
 from vmsandbox.session.place.interface import Tidy
@@ -31,11 +35,15 @@ from vmsandbox.session.place.local import bootwait
 from vmsandbox.session.place.templates import DOMAIN_PREFIX, READY, SETTLE, Shape, digest, key
 from vmsandbox.vm import qemuimg
 from vmsandbox.vm.domain import build_xml
+from vmsandbox.vm.memory import split as memsplit
 from vmsandbox.vm.virt import Hypervisor
 
 DIR = paths.IMAGE_TEMPLATES
 MEMORY = "memory.save"
 META = "meta.json"
+RAM = "memory.ram"  # the saved RAM, flat (zero pages are holes): sealed in memory, mapped by every session
+STATE = "memory.state"  # the save image without that RAM: what a session sharing it restores
+UNSPLIT = "memory.unsplit"  # why its memory could not be split (its sessions restore memory.save whole)
 
 
 @dataclass(frozen=True)
@@ -50,6 +58,14 @@ class Template:
     @property
     def memory(self) -> Path:
         return self.path / MEMORY
+
+    @property
+    def ram(self) -> Path:
+        return self.path / RAM
+
+    @property
+    def state(self) -> Path:
+        return self.path / STATE
 
 
 def root_of(image: Image) -> Path:
@@ -182,6 +198,8 @@ def _build(image: Image, shape: Shape, hv: Hypervisor, boot_timeout: int) -> Tem
         # every account of the libvirt group restores it (it holds no identity: each session gets its own
         # after the restore, and fresh entropy)
         (tmp / MEMORY).chmod(0o444)
+        with ui.step("Splitting the template's memory for sessions to share"):
+            _split(tmp)
         meta: dict[str, Any] = {
             "key": k,
             "built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -202,6 +220,43 @@ def _build(image: Image, shape: Shape, hv: Hypervisor, boot_timeout: int) -> Tem
     return Template(final, meta)
 
 
+def split(tmpl: Template) -> None:
+    """The template's memory split for sessions that share it (memory.ram, memory.state): made now, under the lock
+    of its image's templates, if it was built before templates were split."""
+    if tmpl.ram.is_file() and tmpl.state.is_file():
+        return
+    with access.flocked(tmpl.path.parent / ".lock", wait="Waiting for another vmsandbox that builds a template"):
+        if tmpl.ram.is_file() and tmpl.state.is_file():
+            return
+        with contextlib.suppress(OSError):
+            raise memsplit.StreamError((tmpl.path / UNSPLIT).read_text().strip())
+        try:
+            with ui.step("Splitting the warm-start template's memory for sessions to share (once)"):
+                _split(tmpl.path)
+        except memsplit.StreamError as exc:  # said once, kept: every later session restores it whole at once
+            paths.write_atomically(tmpl.path / UNSPLIT, exc.message[:500] + "\n", mode=0o644)
+            raise
+
+
+def _split(where: Path) -> None:
+    """memory.save in directory `where` split into memory.ram and memory.state, each appearing whole (a rename)."""
+    ram, state = where / f".{RAM}.tmp", where / f".{STATE}.tmp"
+    for f in (ram, state):
+        f.unlink(missing_ok=True)
+    fd = os.open(ram, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+    try:
+        memsplit.split(where / MEMORY, fd, state)
+        os.fsync(fd)
+    except BaseException:
+        ram.unlink(missing_ok=True)
+        raise
+    finally:
+        os.close(fd)
+    for f, final in ((ram, where / RAM), (state, where / STATE)):
+        f.chmod(0o444)  # never written again (like memory.save); QEMU maps a sealed copy (sealed.fill), never these
+        f.rename(final)
+
+
 def collect(hv: Hypervisor, images: list[Image], in_use: set[Path], tidy: Tidy) -> Iterator[str]:
     """gc: template builds that died (their domain and directory), and templates no session uses that a newer
     one replaced. Skips everything while a build holds the lock."""
@@ -215,6 +270,21 @@ def collect(hv: Hypervisor, images: list[Image], in_use: set[Path], tidy: Tidy) 
             for tmp in root.glob(".tmp-*"):
                 yield tidy("remove", f"an interrupted template build {tmp}", functools.partial(_drop_build, hv, tmp))
             yield from _superseded(hv, image, root, in_use, tidy)
+
+
+def is_current(path: Path, hv: Hypervisor) -> bool:
+    """Whether the template at `path` is the one a new session of its image and shape starts from."""
+    shape = _shape_of(path)
+    if shape is None or _failed_mark(path).exists():
+        return False
+    where = path.parent.parent  # <image>/templates/<template>
+    prefix = layers.PREFIX if where.name.startswith(layers.PREFIX) else store.PREFIX
+    try:
+        image = store.get_image_at(where, prefix=prefix)
+    except (OSError, ValueError):
+        return False
+    current = find(image, shape, hv)[0]
+    return current is not None and current.path == path
 
 
 def _drop_build(hv: Hypervisor, tmp: Path) -> None:

@@ -5,7 +5,9 @@ proxy's secrets, the baseline and the mirror stay on this machine."""
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
+from contextlib import AbstractContextManager
 from pathlib import Path
 
 from vmsandbox import ui
@@ -19,6 +21,7 @@ from vmsandbox.session.place.remote import checkpoint, fork, gc, images, log, sa
 from vmsandbox.session.place.templates import Shape
 from vmsandbox.session.record import Record
 from vmsandbox.vm import accel
+from vmsandbox.vm.memory.usage import Usage
 from vmsandbox.vm.node import Node
 
 
@@ -63,6 +66,9 @@ class RemoteHost(Host):
     def kvm_problem(self, node: Node) -> str | None:
         return node.kvm_problem()
 
+    def memory_problem(self, node: Node) -> str | None:
+        return start.UNSHARED
+
     def sweep(self, mine: Path, tidy: Tidy) -> Iterator[str]:
         yield from gc.sweep(self.libvirt, self.spec, mine, tidy)
 
@@ -74,6 +80,9 @@ class RemoteHost(Host):
 
 
 class RemoteVM(VM):
+    def memory_use(self) -> Usage | None:
+        return None  # its QEMU runs on the other host: this machine's /proc does not hold it
+
     def reach(self, *, answering: bool = False) -> Endpoint:
         vm.ensure_tunnel(self.record, answering=answering)
         return self.record.endpoint()
@@ -140,6 +149,9 @@ class RemoteSnapshots(Snapshots):
 
     def fork_port(self) -> int:
         return 0  # a tunnel of its own, opened when its VM runs
+
+    def share(self, cp: Checkpoint) -> AbstractContextManager[str]:
+        return contextlib.nullcontext(f"each restores a copy of the memory ({start.UNSHARED})")
 
     def copy_disks(self, cp: Checkpoint, fork_record: Record) -> Path | None:
         fork.copy_disks(self.vm.record, cp, fork_record, self.vm.host.libvirt())

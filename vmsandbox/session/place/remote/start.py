@@ -60,6 +60,13 @@ def boot(
         vm.cold(record, image, hv, host, cold, boot_timeout)
 
 
+# why sessions on another host load a copy of their memory (Host.memory_problem, `hosts`, `inspect`)
+UNSHARED = (
+    "on another host no process of this machine can hand QEMU a sealed memory file, so each session there "
+    "restores a copy of its template's memory"
+)
+
+
 def warm(record: Record, hv: Hypervisor, host: HostSpec, tmpl: RemoteTemplate, sent: vm.Sent, timeout: int) -> None:
     """Restore the template there as the session's VM, hot-plug its workspace volume, send its identity through
     libvirt, open its tunnel and wait for its sshd. Raises (the caller boots cold instead) when any of it fails."""
@@ -73,6 +80,7 @@ def warm(record: Record, hv: Hypervisor, host: HostSpec, tmpl: RemoteTemplate, s
     with ui.step(f"Restoring {record.domain} on host {host.name} from its warm-start template") as detail:
         save.restore_as(record, hv, tmpl.vol("save"), saved, spec_of)
         record.start = "warm"
+        record.memory, record.memory_note = None, f"its template's memory is copied: {UNSHARED}"
         record.save()
         hv.attach(record.domain, domain.workspace_xml(Path(sent.workspace)))
         detail("identity")

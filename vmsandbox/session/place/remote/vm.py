@@ -182,6 +182,7 @@ def cold(record: Record, image: store.Image, hv: Hypervisor, host: HostSpec, sen
 
     on_a_free_port(record, launch, first=None)
     record.start = "cold"
+    record.memory, record.memory_note = None, "a cold boot: its memory is its own"
     record.save()
     with ui.step(f"Booting {record.domain} on host {host.name} ({record.accel.upper()}, {record.cpus} vCPU)"):
         open_tunnel(record)

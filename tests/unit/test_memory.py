@@ -1,0 +1,404 @@
+"""Memory shared between sessions, without a VM: a save image split into RAM and the rest (on a stream written
+here as QEMU 7.2 writes one), the domain's memory backend, sealed memory files and what the kernel refuses
+with them, libvirt's word on how QEMU is confined, and why a host cannot share."""
+
+from __future__ import annotations
+
+import ctypes
+import dataclasses
+import errno
+import json
+import mmap
+import os
+import struct
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+from tests.unit.test_domain import qemu_args, spec
+from tests.unit.test_warm import fake_save, template_xml
+from vmsandbox.session.place.local import sharing
+from vmsandbox.session.place.local import template as templates
+from vmsandbox.vm import domain, node, savefile
+from vmsandbox.vm.memory import sealed, usage
+from vmsandbox.vm.memory import split as memsplit
+
+P = memsplit.PAGE
+RAM = 16 * P  # the machine's RAM in these streams: 16 pages
+ROM = 2 * P
+
+
+class Stream:
+    """A migration stream as QEMU 7.2 writes a save: header, configuration, `ram` START/PART/END, devices, EOF."""
+
+    def __init__(self) -> None:
+        self.out = bytearray(struct.pack(">II", memsplit.FILE_MAGIC, memsplit.FILE_VERSION))
+        self.out += bytes([memsplit.CONFIGURATION]) + struct.pack(">I", 10) + b"pc-q35-7.2"
+        self.last: str | None = None
+
+    def section(self, kind: int, sid: int, records: bytes, name: str = "ram") -> None:
+        head = bytes([kind]) + struct.pack(">I", sid)
+        if kind in (memsplit.SECTION_START, memsplit.SECTION_FULL):
+            head += bytes([len(name)]) + name.encode() + struct.pack(">II", 0, 4)
+        self.out += head + records + bytes([memsplit.SECTION_FOOTER]) + struct.pack(">I", sid)
+
+    def blocks(self, listed: list[tuple[str, int]]) -> bytes:
+        data = struct.pack(">Q", sum(n for _, n in listed) | memsplit.FLAG_MEM_SIZE)
+        for name, length in listed:
+            data += bytes([len(name)]) + name.encode() + struct.pack(">Q", length)
+        return data + self.eos()
+
+    def page(self, block: str, offset: int, data: bytes | None) -> bytes:
+        """A PAGE record (or ZERO, with None), CONTINUE when it is the block of the record before."""
+        flags = memsplit.FLAG_PAGE if data is not None else memsplit.FLAG_ZERO
+        same = block == self.last
+        self.last = block
+        record = struct.pack(">Q", offset | flags | (memsplit.FLAG_CONTINUE if same else 0))
+        record += b"" if same else bytes([len(block)]) + block.encode()
+        return record + (data if data is not None else b"\0")
+
+    @staticmethod
+    def eos() -> bytes:
+        return struct.pack(">Q", memsplit.FLAG_EOS)
+
+
+def page_of(n: int) -> bytes:
+    return bytes([n]) * P
+
+
+DEVICES = b"\x04" + struct.pack(">I", 9) + b"\x05apic0" + struct.pack(">II", 0, 3) + b"DEVICE-STATE" * 7
+
+
+def a_save(tmp_path: Path, *, main: str = "pc.ram") -> tuple[Path, dict[int, bytes]]:
+    """A save image whose RAM has a page of its own at every odd page (zeros elsewhere), and a ROM of two pages."""
+    s = Stream()
+    s.section(memsplit.SECTION_START, 3, s.blocks([(main, RAM), ("pc.rom", ROM)]))
+    written = {i * P: page_of(i) for i in range(1, 16, 2)}
+    first = b"".join(s.page(main, i * P, written.get(i * P)) for i in range(8))
+    first += s.page("pc.rom", 0, page_of(0xAA)) + s.page("pc.rom", P, None)
+    s.section(memsplit.SECTION_PART, 3, first + s.eos())
+    s.section(
+        memsplit.SECTION_PART, 3, b"".join(s.page(main, i * P, written.get(i * P)) for i in range(8, 16)) + s.eos()
+    )
+    s.section(memsplit.SECTION_END, 3, s.eos())
+    s.out += DEVICES + b"\x00" + b"\x06" + struct.pack(">I", 2) + b"{}"
+    fake_save(tmp_path / "vm.save", template_xml(), bytes(s.out))
+    return tmp_path / "vm.save", written
+
+
+def records(stream: bytes) -> tuple[list[tuple[str, int]], list[tuple[str, int, int]], bytes]:
+    """What a split stream holds: the block list, every page record (block, offset, flags) and what follows the
+    RAM sections."""
+    pos, blocks, pages, block = 8 + 1 + 4 + 10, [], [], ""
+    while stream[pos] != memsplit.SECTION_FULL:
+        kind = stream[pos]
+        pos += 5
+        if kind == memsplit.SECTION_START:
+            pos += 1 + stream[pos] + 8
+        while True:
+            (word,) = struct.unpack_from(">Q", stream, pos)
+            pos += 8
+            flags, offset = word & memsplit.FLAG_MASK, word & ~memsplit.FLAG_MASK
+            if flags & memsplit.FLAG_EOS:
+                break
+            if flags & memsplit.FLAG_MEM_SIZE:
+                total = offset
+                while total:
+                    name = stream[pos + 1 : pos + 1 + stream[pos]].decode()
+                    pos += 1 + stream[pos]
+                    (length,) = struct.unpack_from(">Q", stream, pos)
+                    pos += 8
+                    blocks.append((name, length))
+                    total -= length
+                continue
+            if not flags & memsplit.FLAG_CONTINUE:
+                block = stream[pos + 1 : pos + 1 + stream[pos]].decode()
+                pos += 1 + stream[pos]
+            pages.append((block, offset, flags))
+            pos += P if flags & memsplit.FLAG_PAGE else 1
+        pos += 5  # the footer
+    return blocks, pages, stream[pos:]
+
+
+@pytest.mark.parametrize("main", ["pc.ram", "vmsandbox.ram"])  # a template's save; a shared session's own save
+def test_a_split_puts_every_page_of_ram_in_the_file_and_keeps_the_rest(tmp_path: Path, main: str) -> None:
+    save, written = a_save(tmp_path, main=main)
+    fd = os.open(tmp_path / "ram", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        got = memsplit.split(save, fd, tmp_path / "state.save")
+    finally:
+        os.close(fd)
+    ram = (tmp_path / "ram").read_bytes()
+    assert got.ram_bytes == len(ram) == RAM
+    assert got.pages == len(written)
+    for i in range(16):
+        assert ram[i * P : (i + 1) * P] == written.get(i * P, bytes(P)), f"page {i}"
+    state = savefile.read(tmp_path / "state.save")
+    assert state.xml == savefile.read(save).xml  # the same domain, its header kept
+    blocks, pages, rest = records((tmp_path / "state.save").read_bytes()[state.stream_offset :])
+    assert blocks == [(memsplit.SHARED_BLOCK, RAM), ("pc.rom", ROM)]  # the RAM block is the shared backend's
+    assert pages == [("pc.rom", 0, memsplit.FLAG_PAGE), ("pc.rom", P, memsplit.FLAG_ZERO)]  # none of the RAM's
+    assert rest.startswith(DEVICES)  # the devices' state, copied as it was
+
+
+def test_a_split_carries_the_xml_it_is_given(tmp_path: Path) -> None:
+    save, _ = a_save(tmp_path)
+    fd = os.open(tmp_path / "ram", os.O_RDWR | os.O_CREAT, 0o600)
+    other = savefile.renamed(savefile.read(save).xml, "vmsandbox-x", "99999999-2222-4333-8444-555555555555")
+    memsplit.split(save, fd, tmp_path / "state.save", other)
+    os.close(fd)
+    assert savefile.read(tmp_path / "state.save").xml == other
+
+
+def test_the_file_keeps_the_zero_pages_as_holes(tmp_path: Path) -> None:
+    s = Stream()
+    big = 4096 * P
+    s.section(memsplit.SECTION_START, 3, s.blocks([("pc.ram", big)]))
+    body = b"".join(s.page("pc.ram", i * P, page_of(7) if i == 2000 else None) for i in range(4096))
+    s.section(memsplit.SECTION_END, 3, body + s.eos())
+    s.out += DEVICES
+    fake_save(tmp_path / "vm.save", template_xml(), bytes(s.out))
+    fd = os.open(tmp_path / "ram", os.O_RDWR | os.O_CREAT, 0o600)
+    memsplit.split(tmp_path / "vm.save", fd, tmp_path / "state.save")
+    os.close(fd)
+    assert (tmp_path / "ram").stat().st_size == big
+    assert (tmp_path / "ram").stat().st_blocks * 512 < 64 * P  # one page written (file systems round up)
+
+
+def damaged(tmp_path: Path, change: str) -> Path:
+    s = Stream()
+    if change == "subsection":
+        s.out += b"\x05"
+    s.section(memsplit.SECTION_START, 3, s.blocks([("pc.ram", RAM)]))
+    if change == "xbzrle":
+        s.section(memsplit.SECTION_PART, 3, struct.pack(">Q", 0x40) + b"\x06pc.ram" + s.eos())
+    elif change == "block":
+        s.section(memsplit.SECTION_START, 4, s.eos(), name="block")
+    elif change == "past-the-end":
+        s.section(memsplit.SECTION_PART, 3, s.page("pc.ram", RAM, page_of(1)) + s.eos())
+    if change != "missing-pages":
+        s.section(memsplit.SECTION_PART, 3, b"".join(s.page("pc.ram", i * P, None) for i in range(16)) + s.eos())
+    s.out += DEVICES
+    data = bytes(s.out)
+    if change == "truncated":
+        data = data[:40]
+    fake_save(tmp_path / "vm.save", template_xml(), data)
+    return tmp_path / "vm.save"
+
+
+@pytest.mark.parametrize("change", ["subsection", "xbzrle", "block", "past-the-end", "missing-pages", "truncated"])
+def test_what_the_split_does_not_know_is_refused_and_leaves_nothing(tmp_path: Path, change: str) -> None:
+    save = damaged(tmp_path, change)
+    fd = os.open(tmp_path / "ram", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        with pytest.raises(memsplit.StreamError):
+            memsplit.split(save, fd, tmp_path / "state.save")
+    finally:
+        os.close(fd)
+    assert not (tmp_path / "state.save").exists()
+
+
+def test_the_split_of_a_save_without_ram_is_refused(tmp_path: Path) -> None:
+    s = Stream()
+    s.section(memsplit.SECTION_START, 3, s.blocks([("pc.rom", ROM)]))
+    s.out += DEVICES
+    fake_save(tmp_path / "vm.save", template_xml(), bytes(s.out))
+    fd = os.open(tmp_path / "ram", os.O_RDWR | os.O_CREAT, 0o600)
+    with pytest.raises(memsplit.StreamError, match="machine's RAM"):
+        memsplit.split(tmp_path / "vm.save", fd, tmp_path / "state.save")
+    os.close(fd)
+
+
+# --- the domain's memory backend ---
+
+
+def session_xml() -> str:
+    s = dataclasses.replace(spec(), fwcfg_files={"template": Path("/s/fwcfg/template")})
+    return domain.for_restore(template_xml(), s)
+
+
+def test_a_shared_session_maps_the_file_privately_as_its_ram() -> None:
+    xml = domain.with_memory(session_xml(), "/proc/42/fd/7")
+    args = qemu_args(xml)
+    i = args.index("-object")
+    backend = json.loads(args[i + 1])
+    assert backend == {
+        "qom-type": "memory-backend-file",
+        "id": memsplit.SHARED_BLOCK,
+        "mem-path": "/proc/42/fd/7",
+        "size": 2048 * 1024**2,
+        "share": False,
+        "readonly": False,
+        "discard-data": False,
+    }
+    assert args[args.index("-machine") + 1] == f"memory-backend={memsplit.SHARED_BLOCK}"
+    assert domain.memory_of(xml) == "/proc/42/fd/7"
+    assert "restrict=on" in args[1]  # the network stays as it was
+
+
+def test_a_backend_named_again_replaces_the_one_there() -> None:
+    once = domain.with_memory(session_xml(), "/proc/42/fd/7")
+    again = domain.with_memory(once, None)  # a shared session's own save, restored whole
+    args = qemu_args(again)
+    assert args.count("-object") == 1 and args.count("-machine") == 1
+    assert json.loads(args[args.index("-object") + 1])["qom-type"] == "memory-backend-ram"
+    assert domain.memory_of(again) is None
+    assert domain.memory_of(session_xml()) is None
+
+
+def test_the_backend_leaves_the_guest_abi_alone() -> None:
+    before, after = ET.fromstring(session_xml()), ET.fromstring(domain.with_memory(session_xml(), "/x"))  # noqa: S314
+    assert [e.tag for e in before.iter() if "qemu" not in e.tag] == [e.tag for e in after.iter() if "qemu" not in e.tag]
+
+
+# --- sealed memory files ---
+
+
+def test_a_sealed_file_refuses_every_change_and_stays_private_to_write(tmp_path: Path) -> None:
+    src = tmp_path / "ram"
+    with src.open("wb") as f:
+        f.truncate(64 * P)
+        f.seek(5 * P)
+        f.write(page_of(5))
+    fd = sealed.create("test", 64 * P)
+    try:
+        assert sealed.fill(fd, src) == P
+        sealed.seal(fd, (os.getuid(), os.getgid()))
+        assert sealed.sealed(fd)
+        with pytest.raises(PermissionError):
+            os.pwrite(fd, b"x", 0)
+        with pytest.raises(PermissionError):
+            os.ftruncate(fd, 0)
+        libc = ctypes.CDLL(None, use_errno=True)
+        punch = 0x01 | 0x02  # FALLOC_FL_KEEP_SIZE | FALLOC_FL_PUNCH_HOLE: what QEMU 7.2's balloon asks
+        assert libc.fallocate(fd, punch, ctypes.c_long(5 * P), ctypes.c_long(P)) == -1
+        assert ctypes.get_errno() == errno.EPERM
+        with pytest.raises(PermissionError):
+            mmap.mmap(fd, 64 * P, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        private = mmap.mmap(fd, 64 * P, mmap.MAP_PRIVATE, mmap.PROT_READ | mmap.PROT_WRITE)
+        assert private[5 * P : 6 * P] == page_of(5)
+        private[5 * P : 6 * P] = page_of(9)  # a guest's write: its own copy
+        again = mmap.mmap(fd, 64 * P, mmap.MAP_PRIVATE, mmap.PROT_READ)
+        assert again[5 * P : 6 * P] == page_of(5)  # never seen by another mapping, nor by the file
+        assert os.pread(fd, P, 5 * P) == page_of(5)
+        private.close()
+        again.close()
+    finally:
+        os.close(fd)
+
+
+def test_only_a_sealed_file_is_handed_to_a_holder() -> None:
+    fd = sealed.create("test", P)
+    try:
+        with pytest.raises(ValueError, match="sealed"):
+            sealed.hold(fd, (64055, 64055), detached=True)
+    finally:
+        os.close(fd)
+
+
+# --- how libvirt confines QEMU, and why a host cannot share ---
+
+CAPS = """<capabilities><host>
+  <secmodel><model>none</model><doi>0</doi></secmodel>
+  <secmodel><model>dac</model><doi>0</doi>
+    <baselabel type='kvm'>+64055:+64055</baselabel><baselabel type='qemu'>+64055:+108</baselabel></secmodel>
+</host></capabilities>"""
+
+
+def test_libvirts_capabilities_say_which_account_runs_qemu() -> None:
+    c = node.Confinement.of(CAPS)
+    assert c.models == ("dac",)
+    assert c.accounts == {"kvm": (64055, 64055), "qemu": (64055, 108)}
+    assert sharing._confinement_problem(c, "tcg") is None
+
+
+@pytest.mark.parametrize(
+    ("caps", "said"),
+    [
+        (CAPS.replace("<model>none</model>", "<model>selinux</model>"), "selinux"),
+        (CAPS.replace("+64055:+108", "+0:+0"), "as root"),
+        (CAPS.replace("<baselabel type='qemu'>+64055:+108</baselabel>", ""), "does not say"),
+    ],
+)
+def test_a_host_that_cannot_share_says_why(caps: str, said: str) -> None:
+    why = sharing._confinement_problem(node.Confinement.of(caps), "tcg")
+    assert why is not None and said in why
+
+
+class _Hv:
+    """A hypervisor that could share (root aside): QEMU 7.2 confined by DAC as libvirt-qemu."""
+
+    def qemu_version(self) -> str:
+        return "7.2.0"
+
+    def confinement(self) -> node.Confinement:
+        return node.Confinement.of(CAPS)
+
+
+@pytest.mark.parametrize("value", ["0", "off", "No", "false"])
+def test_sharing_turned_off_says_so(monkeypatch: pytest.MonkeyPatch, value: str) -> None:
+    monkeypatch.setenv(sharing.SWITCH, value)
+    why = sharing.problem(_Hv(), "tcg")  # type: ignore[arg-type]
+    assert why == f"turned off ({sharing.SWITCH}={value})"
+
+
+def test_sharing_is_on_unless_turned_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(os, "geteuid", lambda: 0)
+    monkeypatch.delenv(sharing.SWITCH, raising=False)
+    assert sharing.problem(_Hv(), "tcg") is None  # type: ignore[arg-type]
+    monkeypatch.setenv(sharing.SWITCH, "1")
+    assert sharing.problem(_Hv(), "tcg") is None  # type: ignore[arg-type]
+
+
+def test_a_held_copy_grown_well_past_the_template_memory_is_refreshed(tmp_path: Path) -> None:
+    """tmpfs gives a hole a page of its own at a session's first write there: a copy grown past twice the
+    template's memory (and some slack) is replaced by a fresh one for the sessions to come."""
+    tmpl = templates.Template(tmp_path, {})
+    with tmpl.ram.open("wb") as f:
+        f.write(b"x" * (1 << 20))
+    fd = os.memfd_create("grown")
+    try:
+        held = sealed.Held(os.getpid(), "", fd, 0, 0)
+        os.ftruncate(fd, 1 << 30)
+        assert not sharing._grown(held, tmpl)  # holes only
+        os.posix_fallocate(fd, 0, sharing.REFRESH_SLACK)
+        assert not sharing._grown(held, tmpl)
+        os.posix_fallocate(fd, 0, sharing.REFRESH_SLACK + (8 << 20))
+        assert sharing._grown(held, tmpl)
+    finally:
+        os.close(fd)
+
+
+ROLLUP = """559a607b9000-7fff8a162000 ---p 00000000 00:00 0                          [rollup]
+Rss:              334368 kB
+Pss:              314874 kB
+Pss_Shmem:         94060 kB
+Shared_Clean:      23080 kB
+Shared_Dirty:       1024 kB
+Private_Clean:       396 kB
+Private_Dirty:    310892 kB
+AnonHugePages:    100352 kB
+"""
+
+
+def test_a_process_memory_use_is_read_from_its_smaps_rollup(tmp_path: Path) -> None:
+    (tmp_path / "42").mkdir()
+    (tmp_path / "42" / "smaps_rollup").write_text(ROLLUP)
+    used = usage.of_process(42, tmp_path)
+    assert used == usage.Usage(rss_mib=326, pss_mib=307, shared_mib=23, private_mib=303)
+    assert used.as_dict()["shared_mib"] == 23
+    assert usage.of_process(43, tmp_path) is None  # gone, or not ours to read
+
+
+def test_a_domain_memory_use_is_its_qemu_by_libvirts_pid_file(tmp_path: Path) -> None:
+    pids, proc = tmp_path / "pids", tmp_path / "proc"
+    pids.mkdir()
+    (proc / "42").mkdir(parents=True)
+    (proc / "42" / "smaps_rollup").write_text(ROLLUP)
+    (proc / "42" / "cmdline").write_bytes(b"qemu-system-x86_64\0-name\0guest=vmsandbox-a,debug-threads=on\0")
+    (pids / "vmsandbox-a.pid").write_text("42")
+    (pids / "vmsandbox-b.pid").write_text("42")  # stale: pid 42 is another domain's QEMU now
+    assert usage.of_domain("vmsandbox-a", pids, proc) == usage.of_process(42, proc)
+    assert usage.of_domain("vmsandbox-b", pids, proc) is None
+    assert usage.of_domain("vmsandbox-c", pids, proc) is None

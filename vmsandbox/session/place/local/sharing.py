@@ -1,0 +1,223 @@
+"""Memory shared between sessions on this machine: a warm start maps its template's memory copy-on-write
+instead of loading a copy of it, and the forks of a session map the memory its fork checkpoint saved, as does
+the session itself when it resumes (docs/architecture.md, "Memory shared between sessions").
+
+A save image is split (vm.memory.split) into the guest's RAM as a flat file and the rest; the RAM is copied into a
+memfd, sealed (vm.memory.sealed: no process can change a byte of it any more) and held by a holder process of QEMU's
+account (vm.memory.hold), where QEMU opens it: /proc/PID/fd/N. A session's domain names that path as its memory
+backend, mapped privately (vm.domain.with_memory), and restores the rest: it loads no RAM at all, and the pages
+it never writes stay one copy in the host's memory, however many sessions map them.
+
+A template's holder outlives the command that started it (a file in the runtime directory says where it is; gc
+stops it once the template is superseded); a fork's lives as long as the fork command (its QEMUs keep the file
+mapped after: a memfd lives while anything maps it).
+
+Where it cannot be done here, `problem()` says why, every session restores a copy of its memory as before, and
+its record says so (record.memory_note: `inspect`; `doctor` and `hosts` say it of the host).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import hashlib
+import json
+import os
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from vmsandbox import paths, proc, ui
+from vmsandbox.confine import access
+from vmsandbox.errors import VmsandboxError
+from vmsandbox.session.place.interface import Tidy
+from vmsandbox.session.place.local import template as templates
+from vmsandbox.vm import node
+from vmsandbox.vm.memory import sealed
+from vmsandbox.vm.memory import split as memsplit
+from vmsandbox.vm.virt import Hypervisor
+
+SWITCH = "VMSANDBOX_SHARE_MEMORY"  # "0" (or off, no, false): every session loads a copy of its memory, as before
+MIN_QEMU = (5, 0)  # -machine memory-backend= (the RAM backend chosen by id) came with QEMU 5.0
+STATE = "memory.state"  # beside a checkpoint's memory.save: its split for forks
+REFRESH_SLACK = 256 << 20  # a template's held copy grown past twice its memory and this: a fresh one (_grown)
+
+
+@dataclass(frozen=True)
+class Shared:
+    """A memory file sessions map: the holder that keeps it, and the save image to restore over it."""
+
+    held: sealed.Held
+    state: Path  # the save image without the RAM
+    source: str  # what it is, for record.memory: a template's memory.ram, or the memory a fork was made at
+
+
+def problem(hv: Hypervisor, accel: str) -> str | None:
+    """Why sessions of accelerator `accel` cannot share memory here (None: they can)."""
+    if os.environ.get(SWITCH, "1").strip().lower() in ("0", "off", "no", "false"):
+        return f"turned off ({SWITCH}={os.environ[SWITCH]})"
+    if os.geteuid() != 0:
+        return (
+            "vmsandbox runs unprivileged: only root may start the process of QEMU's account that hands QEMU a "
+            "sealed memory file"
+        )
+    qemu = tuple(int(p) for p in hv.qemu_version().split(".")[:2])
+    if qemu < MIN_QEMU:
+        return f"QEMU {hv.qemu_version()} is older than {'.'.join(map(str, MIN_QEMU))} (no -machine memory-backend)"
+    return _confinement_problem(hv.confinement(), accel)
+
+
+def _confinement_problem(c: node.Confinement, accel: str) -> str | None:
+    kind = "kvm" if accel == "kvm" else "qemu"
+    other = [m for m in c.models if m != "dac"]
+    if other:
+        return f"libvirt confines QEMU with {', '.join(other)} here: QEMU could not open the holder's memory file"
+    owner = c.accounts.get(kind)
+    if owner is None:
+        return "libvirt does not say which account runs QEMU here (no DAC base label in its capabilities)"
+    if owner[0] == 0:
+        return "libvirt runs QEMU as root here (qemu.conf `user`), without the capabilities to open the memory file"
+    return None
+
+
+def owner(hv: Hypervisor, accel: str) -> tuple[int, int]:
+    """QEMU's account (uid, gid); raises with why sessions cannot share memory here."""
+    why = problem(hv, accel)
+    if why is not None:
+        raise VmsandboxError(why)
+    return hv.confinement().accounts["kvm" if accel == "kvm" else "qemu"]
+
+
+# --- a template's memory: one holder per template, for every session of every command ---
+
+
+def of_template(tmpl: templates.Template, hv: Hypervisor, accel: str) -> Shared:
+    """The template's memory, sealed and held (its holder started now if none runs); raises with why not."""
+    who = owner(hv, accel)
+    templates.split(tmpl)
+    entry = _entry(tmpl)
+    entry.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    with access.flocked(entry.with_suffix(".lock"), wait="Waiting for another vmsandbox that loads this memory"):
+        held = _read(entry)
+        if held is not None and held.alive() and _grown(held, tmpl):
+            held.stop()  # its sessions keep the file they map; new ones map a fresh copy
+            held = None
+        if held is None or not held.alive():
+            held = _start(tmpl, who)
+            paths.write_atomically(entry, json.dumps({**held.as_dict(), "template": str(tmpl.path)}) + "\n")
+    return Shared(held, tmpl.state, str(tmpl.ram))
+
+
+def _grown(held: sealed.Held, tmpl: templates.Template) -> bool:
+    """Whether the held copy grew well past the template's memory: tmpfs gives a hole of the file a page of its own
+    the first time a session writes there (a copy-on-write fault reads the file's page first), zeros that stay
+    in the file for good — harmless, but memory that only a fresh copy gives back."""
+    try:
+        held_bytes = Path(held.path).stat().st_blocks * 512
+    except OSError:
+        return False
+    return held_bytes > 2 * tmpl.ram.stat().st_blocks * 512 + REFRESH_SLACK
+
+
+def _entry(tmpl: templates.Template) -> Path:
+    """Where the holder of a template's memory says where it is (its name: the template's path and file)."""
+    st = tmpl.ram.stat()
+    key = hashlib.sha256(f"{tmpl.path.resolve()}:{st.st_dev}:{st.st_ino}".encode()).hexdigest()[:16]
+    return paths.memory_holders_dir() / f"{key}.json"
+
+
+def _read(entry: Path) -> sealed.Held | None:
+    with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+        return sealed.Held.of(json.loads(entry.read_text()))
+    return None
+
+
+def _start(tmpl: templates.Template, who: tuple[int, int]) -> sealed.Held:
+    with ui.step("Loading the template's memory for sessions to share (once)"):
+        fd = sealed.create(f"vmsandbox-{tmpl.path.name}", tmpl.ram.stat().st_size)
+        try:
+            sealed.fill(fd, tmpl.ram)
+            sealed.seal(fd, who)
+            held, _child = sealed.hold(fd, who, detached=True)
+        finally:
+            os.close(fd)
+    return held
+
+
+def sweep(hv: Hypervisor, tidy: Tidy) -> Iterator[str]:
+    """gc: the holders of templates that are gone, failed or superseded (new sessions never map them again; those
+    that do keep their mapping), and the records of holders that ended."""
+    root = paths.memory_holders_dir()
+    for entry in sorted(root.glob("*.json")) if root.is_dir() else ():
+        held = _read(entry)
+        try:
+            where = Path(json.loads(entry.read_text())["template"])
+        except (OSError, ValueError, KeyError, TypeError):
+            where = None
+        if held is None or where is None or not held.alive():
+            yield tidy("remove", f"the record of a memory holder that ended ({entry})", functools.partial(_drop, entry))
+        elif not templates.is_current(where, hv):
+            what = f"the memory holder of {where} (pid {held.pid}: that template serves no new session)"
+            yield tidy("stop", what, functools.partial(_release, entry, held))
+
+
+def _release(entry: Path, held: sealed.Held) -> None:
+    held.stop()  # the sessions that map its file keep it: a memfd lives while one maps it
+    _drop(entry)
+
+
+def _drop(entry: Path) -> None:
+    entry.unlink(missing_ok=True)
+    entry.with_suffix(".lock").unlink(missing_ok=True)
+
+
+# --- a checkpoint's memory, for the source and the forks made from it by one command ---
+
+_HELD: dict[Path, Shared] = {}
+_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def of_checkpoint(save: Path, what: str, hv: Hypervisor, accel: str) -> Iterator[str]:
+    """While it lasts, restores from save image `save` (a fork's checkpoint: `what`, in words) in this process map
+    one sealed copy of its RAM (split_of finds it): the source resuming and its forks share the pages none of them
+    writes. Yields what was done, in words; where it cannot be done, why (each restores a copy then)."""
+    state = save.with_name(STATE)
+    try:
+        who = owner(hv, accel)
+        state.unlink(missing_ok=True)
+        with ui.step("Sealing the saved memory for the session and its forks to share"):
+            split, held, child = _seal_split(save, state, who)
+    except (VmsandboxError, OSError) as exc:
+        state.unlink(missing_ok=True)
+        yield f"each restores a copy ({exc.message if isinstance(exc, VmsandboxError) else exc})"
+        return
+    with _LOCK:
+        _HELD[save] = Shared(held, state, what)
+    try:
+        yield f"{split.pages * memsplit.PAGE / 1024**2:.0f} MiB mapped copy-on-write, one copy for all"
+    finally:
+        with _LOCK:
+            _HELD.pop(save, None)
+        if child.stdin is not None:
+            child.stdin.close()  # the holder ends; the QEMUs that map the file keep it
+        child.wait()
+        state.unlink(missing_ok=True)
+
+
+def _seal_split(save: Path, state: Path, who: tuple[int, int]) -> tuple[memsplit.Split, sealed.Held, proc.Child]:
+    fd = sealed.create(f"vmsandbox-{save.parent.name}", 0)
+    try:
+        split = memsplit.split(save, fd, state)
+        sealed.seal(fd, who)
+        held, child = sealed.hold(fd, who, detached=False)
+    finally:
+        os.close(fd)
+    return split, held, child
+
+
+def split_of(save: Path) -> Shared | None:
+    """The sealed copy of save image `save`'s memory this process holds (of_checkpoint), or None."""
+    with _LOCK:
+        return _HELD.get(save)

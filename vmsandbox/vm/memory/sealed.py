@@ -1,0 +1,154 @@
+"""Sealed memory files: a guest's RAM in a memfd that nobody can change once it is sealed — not the QEMU processes
+that map it copy-on-write, not the holder that hands it to them (vm.memory.hold), not us — and the holder process
+that keeps it where QEMU opens it (/proc/PID/fd/N).
+
+The seals (memfd_create(2), fcntl F_ADD_SEALS): F_SEAL_WRITE (no write(2), no shared writable mapping, no hole
+punched: QEMU 7.2 punches holes in a memory backend's file when the guest's balloon reports free pages, private
+mapping or not, and fails with EPERM here), F_SEAL_SHRINK and F_SEAL_GROW (no truncate, no fallocate past the
+end), F_SEAL_SEAL (the seals stay). A private (copy-on-write) mapping stays writable: a guest's writes land in
+its own QEMU's anonymous pages, never in the file.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import select
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from vmsandbox import pids, proc
+from vmsandbox.errors import VmsandboxError
+
+SEALS = fcntl.F_SEAL_SEAL | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_WRITE
+READY_TIMEOUT = 30.0
+CHUNK = 1 << 30
+
+
+def create(name: str, size: int) -> int:
+    """A new memfd of `size` bytes (all holes), sealable, closed on exec."""
+    fd = os.memfd_create(name, os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+    try:
+        os.ftruncate(fd, size)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def fill(fd: int, source: Path) -> int:
+    """Copy the file `source` into memfd `fd` (sized like it), its holes left holes; the bytes copied."""
+    copied = 0
+    with source.open("rb") as f:
+        src, end, at = f.fileno(), os.fstat(f.fileno()).st_size, 0
+        while at < end:
+            try:
+                data = os.lseek(src, at, os.SEEK_DATA)
+            except OSError:  # ENXIO: no data past `at`
+                break
+            hole = os.lseek(src, data, os.SEEK_HOLE)
+            os.lseek(fd, data, os.SEEK_SET)
+            while data < hole:
+                n = os.sendfile(fd, src, data, min(hole - data, CHUNK))
+                if n == 0:
+                    raise VmsandboxError(f"{source} ended while it was copied into memory")
+                data += n
+                copied += n
+            at = hole
+    return copied
+
+
+def seal(fd: int, owner: tuple[int, int]) -> None:
+    """Seal the memfd for good, owned by QEMU's account (which opens it read-write: sealed, that changes nothing)."""
+    os.fchown(fd, *owner)
+    os.fchmod(fd, 0o600)
+    fcntl.fcntl(fd, fcntl.F_ADD_SEALS, SEALS)
+
+
+def sealed(fd: int) -> bool:
+    try:
+        return fcntl.fcntl(fd, fcntl.F_GET_SEALS) & SEALS == SEALS
+    except OSError:  # not a memfd
+        return False
+
+
+@dataclass(frozen=True)
+class Held:
+    """A holder process and the sealed memory file it holds: where QEMU opens it."""
+
+    pid: int
+    start: str  # the process's start time: a reused pid is not it
+    fd: int
+    ino: int  # the memfd's inode: what the holder holds is still that file
+    size: int
+
+    @property
+    def path(self) -> str:
+        return f"/proc/{self.pid}/fd/{self.fd}"
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def of(cls, data: dict[str, Any]) -> Held:
+        return cls(int(data["pid"]), str(data["start"]), int(data["fd"]), int(data["ino"]), int(data["size"]))
+
+    def alive(self) -> bool:
+        """Whether the holder still runs and holds that same file, sealed."""
+        if not pids.alive(self.pid, self.start):
+            return False
+        try:
+            fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            return False
+        try:
+            st = os.fstat(fd)
+            return st.st_ino == self.ino and st.st_size == self.size and sealed(fd)
+        finally:
+            os.close(fd)
+
+    def stop(self) -> None:
+        if pids.alive(self.pid, self.start):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, 15)
+
+
+def hold(fd: int, owner: tuple[int, int], *, detached: bool) -> tuple[Held, proc.Child]:
+    """Start the holder of sealed memfd `fd` as QEMU's account `owner`. `detached`: it holds the file until it is
+    stopped (Held.stop), outliving this process; else until the child's stdin is closed (Child.stdin: close it,
+    or this process ends)."""
+    if not sealed(fd):
+        raise ValueError("only a sealed memory file is handed to QEMU")
+    st = os.fstat(fd)
+    os.set_inheritable(fd, True)
+    try:
+        until = "signal" if detached else "eof"
+        argv = [sys.executable, "-m", "vmsandbox.vm.memory.hold", str(owner[0]), str(owner[1]), str(fd), until]
+        child = proc.start(argv, stdin=proc.DEVNULL if detached else proc.PIPE, pass_fds=(fd,))
+    finally:
+        os.set_inheritable(fd, False)
+    line = _ready_line(child)
+    if not line.startswith("ready "):
+        child.kill()
+        child.wait()
+        said = (child.stderr.read() if child.stderr else b"").decode(errors="replace").strip()[-500:]
+        raise VmsandboxError(
+            f"the memory holder did not start: {line or said or 'no answer'}",
+            hint="`vmsandbox doctor` says whether sessions here can share memory",
+        )
+    _, pid, held_fd = line.split()
+    return Held(int(pid), pids.process_start(int(pid)) or "", int(held_fd), st.st_ino, st.st_size), child
+
+
+def _ready_line(child: proc.Child) -> str:
+    """The holder's first line (it says it is ready once it is QEMU's account), or "" if none comes in time."""
+    out = child.stdout
+    if out is None:
+        return ""
+    ready, _, _ = select.select([out], [], [], READY_TIMEOUT)
+    if not ready:
+        return ""
+    return out.readline(256).decode(errors="replace").strip()

@@ -1,0 +1,62 @@
+"""What a VM's process takes of this machine's memory, read from /proc/PID/smaps_rollup: resident (RSS), and
+proportional (PSS: a page shared with N processes counts 1/N), of which shared with another process and private
+to it. A session that maps its template's memory shares every page of it that it never wrote."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+PROC = Path("/proc")
+LIBVIRT_PIDS = Path("/run/libvirt/qemu")  # where the system libvirtd's QEMU driver keeps each domain's pid file
+KIB_PER_MIB = 1024
+
+
+@dataclass(frozen=True)
+class Usage:
+    rss_mib: int
+    pss_mib: int
+    shared_mib: int  # resident pages another process maps too (the template's, where it maps them)
+    private_mib: int  # resident pages only this process maps
+
+    def as_dict(self) -> dict[str, int]:
+        return {
+            "rss_mib": self.rss_mib,
+            "pss_mib": self.pss_mib,
+            "shared_mib": self.shared_mib,
+            "private_mib": self.private_mib,
+        }
+
+
+def of_process(pid: int, proc: Path = PROC) -> Usage | None:
+    """The memory process `pid` takes now (None: no such process, or not ours to read)."""
+    try:
+        lines = (proc / str(pid) / "smaps_rollup").read_text().splitlines()[1:]
+    except OSError:
+        return None
+    kib: dict[str, int] = {}
+    for line in lines:
+        key, _, rest = line.partition(":")
+        words = rest.split()
+        if len(words) == 2 and words[1] == "kB" and words[0].isdigit():
+            kib[key] = int(words[0])
+    if "Rss" not in kib or "Pss" not in kib:
+        return None
+
+    def mib(*keys: str) -> int:
+        return sum(kib.get(k, 0) for k in keys) // KIB_PER_MIB
+
+    return Usage(mib("Rss"), mib("Pss"), mib("Shared_Clean", "Shared_Dirty"), mib("Private_Clean", "Private_Dirty"))
+
+
+def of_domain(domain: str, pids: Path = LIBVIRT_PIDS, proc: Path = PROC) -> Usage | None:
+    """The memory the QEMU of the system libvirt's running domain `domain` takes now (None: no pid file, or a
+    stale one, or not ours to read)."""
+    try:
+        pid = int((pids / f"{domain}.pid").read_text().strip())
+        argv = (proc / str(pid) / "cmdline").read_bytes().split(b"\0")
+    except (OSError, ValueError):
+        return None
+    if not any(a.startswith(f"guest={domain},".encode()) or a == f"guest={domain}".encode() for a in argv):
+        return None  # the pid is another process's now
+    return of_process(pid, proc)
