@@ -49,7 +49,10 @@ def test_dependencies_point_one_way() -> None:
     assert wrong == []
 
 
-WEB_LAUNCHERS = ("cli/webui.py", "cli/run.py")  # `vmsandbox ui`, and the review at the end of `run --review web`
+WEB_LAUNCHERS = (
+    "cli/review/webui.py",
+    "cli/sessions/run.py",
+)  # `vmsandbox ui`, and the review at the end of `run --review web`
 
 
 def test_the_web_page_is_an_edge_beside_the_cli() -> None:
@@ -67,7 +70,7 @@ def test_the_web_page_is_an_edge_beside_the_cli() -> None:
                 wrong.append(f"{rel} imports {module}")
             if module.startswith("vmsandbox.cli") and rel.startswith("web/"):
                 wrong.append(f"{rel} imports {module}")
-            served_here = rel.startswith(("web/", "api/")) or rel == "cli/webui.py"
+            served_here = rel.startswith(("web/", "api/")) or rel == "cli/review/webui.py"
             if module.split(".")[0] in web_libraries and not served_here:
                 wrong.append(f"{rel} imports {module}")
     assert wrong == []
@@ -495,3 +498,48 @@ def test_no_pattern_lets_a_trailing_newline_through() -> None:
                 if text.startswith("^") and text.endswith("$") and not text.endswith("\\$"):
                     found.append(f"{path.relative_to(PACKAGE)}:{node.lineno} {text}")
     assert found == []
+
+
+# The command line is a thin front end over the core (issue 46): it parses, calls vmsandbox.core, and shows. What
+# it may import beside the core and other CLI modules; the edges it serves are named with the one module each.
+CLI_MAY_IMPORT = ("vmsandbox.core", "vmsandbox.cli", "vmsandbox.ui", "vmsandbox.errors")
+CLI_SERVES = {
+    "cli/review/webui.py": "vmsandbox.web",
+    "cli/sessions/run.py": "vmsandbox.web",
+    "cli/serve.py": "vmsandbox.api",
+}
+FOLDER_WIDTH = 12  # modules of one folder of the CLI: a table of contents, not a drawer
+
+
+def test_the_cli_reaches_the_rest_only_through_the_core() -> None:
+    """Every import of vmsandbox/cli (at the top, in a function, under TYPE_CHECKING) is of the core, the CLI
+    itself, ui or errors — the web page and the API only from the module that serves each."""
+    wrong = []
+    for path in (PACKAGE / "cli").rglob("*.py"):
+        rel = str(path.relative_to(PACKAGE))
+        for module in _imports(path):
+            if module == "vmsandbox" or any(_in(module, m) for m in CLI_MAY_IMPORT):
+                continue
+            if rel in CLI_SERVES and _in(module, CLI_SERVES[rel]):
+                continue
+            wrong.append(f"{rel} imports {module}")
+    assert wrong == []
+
+
+def test_the_rule_finds_a_cli_module_reaching_past_the_core(tmp_path: Path) -> None:
+    reaching = tmp_path / "m.py"
+    reaching.write_text("def f():\n    from vmsandbox.session.record import Record\n    from vmsandbox import paths\n")
+    assert [m for m in _imports(reaching) if m != "vmsandbox" and not any(_in(m, a) for a in CLI_MAY_IMPORT)] == [
+        "vmsandbox.session.record", "vmsandbox.session.record.Record", "vmsandbox.paths"
+    ]  # fmt: skip
+
+
+def test_the_cli_folders_read_like_a_table_of_contents() -> None:
+    wide = {
+        str(folder.relative_to(PACKAGE)): n
+        for folder in [PACKAGE / "cli", *(p for p in (PACKAGE / "cli").rglob("*") if p.is_dir())]
+        if folder.name != "__pycache__"
+        if (n := len([*folder.glob("*.py"), *(d for d in folder.iterdir() if d.is_dir() and d.name != "__pycache__")]))
+        > FOLDER_WIDTH
+    }
+    assert wide == {}

@@ -5,7 +5,7 @@ while it runs), and the credentials it holds (wiped, its placeholders revoked)."
 from __future__ import annotations
 
 from vmsandbox.core import sessions
-from vmsandbox.egress.netpolicy import Mode
+from vmsandbox.egress.rules.netpolicy import Mode
 from vmsandbox.egress.ports import Publish
 from vmsandbox.errors import UsageError, VmsandboxError
 from vmsandbox.session.options import parse_publish

@@ -10,13 +10,14 @@ import enum
 import json
 import logging
 import logging.handlers
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from vmsandbox import __version__, filemodels, paths, schema, trust
+from vmsandbox import __version__, filemodels, paths, schema, trust, ui
 from vmsandbox.confine import accounts as confine
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.image import blueprint
@@ -37,20 +38,29 @@ def open_log(verbose: bool) -> None:
     person was shown already (ui.info, ui.warn) is not said again on stderr."""
     root = logging.getLogger()
     root.setLevel(logging.DEBUG)
+    threading.excepthook = _thread_failed
     try:
         confine.state_dirs()
         where = paths.state_dir() / paths.SESSION_LOG
         handler: logging.Handler = logging.handlers.RotatingFileHandler(where, maxBytes=2 * 1024**2, backupCount=2)
         where.chmod(0o600)
-        handler.setFormatter(logging.Formatter("%(asctime)s %(process)d %(levelname)s %(name)s: %(message)s"))
+        handler.setFormatter(ui.EscapingFormatter("%(asctime)s %(process)d %(levelname)s %(name)s: %(message)s"))
         root.addHandler(handler)
     except OSError:
         pass  # a read-only state dir must not stop `--help` or `doctor`
     if verbose:
         stream = logging.StreamHandler()
-        stream.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+        stream.setFormatter(ui.EscapingFormatter("%(levelname)s %(name)s: %(message)s"))
         stream.addFilter(lambda record: not getattr(record, "shown", False))
         root.addHandler(stream)
+
+
+def _thread_failed(args: threading.ExceptHookArgs) -> None:
+    """A thread's uncaught exception goes to the log (escaped), not raw to stderr."""
+    logging.getLogger("vmsandbox.thread").error(
+        "thread %s failed", args.thread.name if args.thread else "?",
+        exc_info=(args.exc_type, args.exc_value, args.exc_traceback),  # type: ignore[arg-type]
+    )  # fmt: skip
 
 
 def _shown(field: str, value: Any) -> str:

@@ -1,113 +1,186 @@
-"""`vmsandbox hosts` and `vmsandbox host prepare`: the libvirt hosts sessions may run on, and their images."""
+"""`vmsandbox host ls|add|rm|setup|prepare`: the libvirt hosts sessions may run on (this machine, `local`, and
+those under `hosts:` in your config), this machine's set-up where no service manager does it, and images sent
+ahead to another host."""
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
 from vmsandbox import ui
-from vmsandbox.cli import complete
-from vmsandbox.cli.base import AsJson, Quiet, app, columns, host_app, print_json
+from vmsandbox.cli import complete, output
+from vmsandbox.cli.base import noun
+from vmsandbox.cli.output import AsJson, Column, Format, Quiet
+
+host = noun(
+    "host",
+    "The libvirt hosts sessions run on: ls, add, rm, setup, prepare.\n\n"
+    "This machine (`local`) and those under `hosts:` in your config.\n\n"
+    "Example: `vmsandbox host add big qemu+ssh://me@big.example/system`, then `vmsandbox run --host big .`",
+)
+FIELDS = ("name", "uri", "reachable", "problem", "hint", "hostname", "libvirt", "qemu", "cpus", "memory_mib",
+          "available_mib", "accel", "kvm_problem", "sessions", "max_sessions", "keep_free_mib", "images")  # fmt: skip
 
 
-def _mib(value: int | None) -> str:
-    return "-" if value is None else f"{value / 1024:.1f}G"
+def _gib(mib: int | None) -> str:
+    return "-" if mib is None else f"{mib / 1024:.1f}G"
 
 
-@app.command("hosts")
-def hosts_command(
+TABLE = (
+    Column("HOST", lambda r: r["name"]),
+    Column("STATE", lambda r: "ok" if r["reachable"] else "unreachable"),
+    Column("ACCEL", lambda r: r["accel"] or "-"),
+    Column("FREE", lambda r: "-" if not r["reachable"] else f"{_gib(r['available_mib'])}/{_gib(r['memory_mib'])}"),
+    Column("SESSIONS", lambda r: str(r["sessions"]) + ("" if r["max_sessions"] is None else f"/{r['max_sessions']}")),
+    Column("IMAGES", lambda r: str(len(r["images"]))),
+    Column("URI", lambda r: r["uri"]),
+)
+
+
+@host.command("ls")
+def ls(
     as_json: AsJson = False,
     quiet: Quiet = False,
+    fmt: Format = None,
     timeout: Annotated[
-        float, typer.Option("--timeout", min=1, help="Seconds to wait for a host before listing it unreachable.")
+        float, typer.Option("--timeout", metavar="SECONDS", help="Wait this long for a host (at least 1).")
     ] = 20.0,
 ) -> None:
     """List the libvirt hosts sessions can run on.
 
-    List the libvirt hosts: this machine (`local`) and those under `hosts:` in your config. Each is asked at
-    once; one that does not answer is listed with the reason (the command still succeeds).
+    Each is asked at once; one that does not answer is listed as such, the reason and its fix said after the
+    table (the command still succeeds). SESSIONS: yours there, as `vmsandbox ls --filter host=NAME` lists them.
 
-    Example: `vmsandbox hosts --json`"""
-    from vmsandbox.session import settings as config
-    from vmsandbox.session.host import hosts
-    from vmsandbox.session.place import hostspec
+    Examples: `vmsandbox host ls` · `vmsandbox host ls --json`"""
+    from vmsandbox.core import hosts
+    from vmsandbox.errors import UsageError
 
-    settings = config.load()
+    output.formats(fmt)
+    output.template(fmt, FIELDS)
+    if timeout < 1:
+        raise UsageError(f"--timeout {timeout:g}: give 1 second or more")
     if quiet:  # names only: nothing is asked of the hosts
-        for spec in hostspec.every(settings.libvirt_uri, settings.hosts):
-            print(spec.name)
+        for name in hosts.names():
+            print(name)
         return
-    found = hosts.probe_all(hostspec.every(settings.libvirt_uri, settings.hosts), timeout)
-    if as_json:
-        print_json([s.as_dict() for s in found])
+    found = hosts.listed(timeout)
+    rows: list[dict[str, Any]] = [h.facts for h in found]
+    output.listing(rows, TABLE, as_json=as_json, fmt=fmt, empty="", paths=("URI",), fields=FIELDS)
+    if as_json or fmt:
         return
-    rows = []
-    for s in found:
-        n = s.node
-        if n is None:
-            rows.append([s.spec.name, "unreachable", "-", "-", "-", "-", "-", s.spec.uri, s.problem or ""])
-            continue
-        most = "" if s.spec.max_sessions is None else f"/{s.spec.max_sessions}"
-        rows.append(
-            [
-                s.spec.name,
-                "ok",
-                f"libvirt {n.libvirt}, QEMU {n.qemu}",
-                s.accel,
-                f"{_mib(n.available_mib)} of {_mib(n.memory_mib)}",
-                f"{s.sessions}{most}",
-                str(len(s.images)),
-                s.spec.uri,
-                "",
-            ]
-        )
-    columns(["HOST", "STATE", "VERSIONS", "ACCEL", "MEMORY FREE", "SESSIONS", "IMAGES", "URI", "PROBLEM"], rows)
-    for s in found:  # each host that does not answer: the fix for what it said
-        if s.node is None and s.hint:
-            ui.err.print(f"[dim]hint:[/] {ui.printable(s.spec.name)}: {ui.printable(s.hint)}", soft_wrap=True)
+    for h in found:  # each host that does not answer: why, and the fix
+        if not h.answered:
+            ui.err.print(f"[yellow]{ui.printable(h.name)}:[/] {ui.printable(h.problem or 'no answer')}", soft_wrap=True)
+            if h.hint:
+                ui.err.print(f"[dim]hint:[/] {ui.printable(h.hint)}", soft_wrap=True)
 
 
-@host_app.command("prepare")
-def host_prepare(
+@host.command("add")
+def add(
+    name: Annotated[str, typer.Argument(help="A short name: lower-case letters, digits, dashes.", metavar="NAME")],
+    uri: Annotated[str, typer.Argument(help="Its libvirt URI, over ssh or TLS.", metavar="URI")],
+    max_sessions: Annotated[
+        int | None, typer.Option("--max-sessions", metavar="N", help="At most N sessions there.")
+    ] = None,
+    keep_free: Annotated[
+        str | None, typer.Option("--keep-free", metavar="SIZE", help="Memory left free there \\[default: 1G].")
+    ] = None,
+    pool_path: Annotated[
+        str | None,
+        typer.Option(
+            "--pool-path", metavar="DIR", help="Where its pool keeps disks \\[default: /var/lib/libvirt/vmsandbox]."
+        ),
+    ] = None,
+) -> None:
+    """Add a libvirt host to your config, for sessions to run on.
+
+    It goes under `hosts:` of ~/.config/vmsandbox/config.yaml (the rest of the file as it was), checked as the
+    config is read: a URI over ssh (`qemu+ssh://USER@HOST/system`) or TLS, its host key pinned in your
+    known_hosts.
+
+    Example: `vmsandbox host add big qemu+ssh://me@big.example/system --max-sessions 8`"""
+    from vmsandbox.core import hosts
+
+    hosts.add(name, uri, max_sessions=max_sessions, keep_free=keep_free, pool_path=pool_path)
+    ui.info(f"Host {name} added to {hosts.config_file()}: `vmsandbox host ls` asks it, `--host {name}` uses it")
+
+
+@host.command("rm")
+def rm(
+    name: Annotated[
+        str, typer.Argument(help="A host of your config.", metavar="HOST", autocompletion=complete.other_hosts)
+    ],
+) -> None:
+    """Take a host off your config.
+
+    Sessions there, and the images and volumes it holds, are left as they are (`vmsandbox rm --stale` sweeps what
+    is ours there while it is still configured).
+
+    Example: `vmsandbox host rm big`"""
+    from vmsandbox.core import hosts
+
+    hosts.remove(name)
+    ui.info(f"Host {name} taken off {hosts.config_file()}")
+
+
+@host.command("setup")
+def setup(
+    user: Annotated[
+        str | None,
+        typer.Option(
+            "--user",
+            metavar="USER",
+            help="Who joins the libvirt group and then needs no sudo \\[default: who ran sudo].",
+        ),
+    ] = None,
+) -> None:
+    """Set this machine up where no service manager does it.
+
+    Create the guest-data account and the libvirt group, give /dev/kvm udev's group and mode, start virtlogd and
+    libvirtd with the group's socket, share the image store with the group (root).
+
+    Example: `sudo vmsandbox host setup` (you join the libvirt group: log in again, then no more sudo)"""
+    from vmsandbox.core import hosts
+
+    for line in hosts.setup(user):
+        ui.info(f"[green]✓[/] {line}")
+
+
+@host.command("prepare")
+def prepare(
     name: Annotated[
         str,
         typer.Argument(
-            help="A host under `hosts:` in your config (`vmsandbox hosts`).",
-            metavar="HOST",
-            autocompletion=complete.hosts,
+            help="A host of your config (`vmsandbox host ls`).", metavar="HOST", autocompletion=complete.other_hosts
         ),
     ],
     image: Annotated[
-        str | None, typer.Option("--image", help="A base image's version (default: the current one).")
+        str | None,
+        typer.Option(
+            "--image",
+            metavar="VERSION",
+            help="A base image's version \\[default: the current one].",
+            autocompletion=complete.images,
+        ),
     ] = None,
     blueprint: Annotated[
-        str | None, typer.Option("--blueprint", "-b", help="Send this blueprint's layer (and its base) instead.")
+        str | None,
+        typer.Option(
+            "--blueprint",
+            "-b",
+            metavar="NAME",
+            help="Send this blueprint's layer (and its base) instead.",
+            autocompletion=complete.blueprints,
+        ),
     ] = None,
 ) -> None:
     """Send an image to another host now.
 
-    Send an image to another host's storage pool now (a session placed there would send it first):
-    through libvirt streams, holes skipped, read back and checked by SHA-256, once per image and host.
+    A session placed there would send it first; this does it ahead: through libvirt streams, holes skipped, read
+    back and checked by SHA-256, once per image and host.
 
     Example: `vmsandbox host prepare big --blueprint claude`"""
-    from vmsandbox.errors import VmsandboxError
-    from vmsandbox.image import blueprint as blueprints
-    from vmsandbox.image import layers, store
-    from vmsandbox.session import settings as config
-    from vmsandbox.session.host import hosts
+    from vmsandbox.core import images
 
-    settings = config.load()
-    spec = hosts.named(settings, name)
-    hosts.check_holds_images(spec)
-    found = store.get_image(image) if image else store.current_image()
-    if blueprint is not None:
-        bp = blueprints.load(blueprint)
-        layer = layers.find(bp, found)
-        if layer is None:
-            raise VmsandboxError(
-                f"blueprint {blueprint} has no image built on {found.version} yet",
-                hint=f"build it here first: `vmsandbox image build --blueprint {blueprint}`",
-            )
-        found = layer
-    ui.info(f"Image {found.path.name} on host {name}: {hosts.hold_image(spec, found)}")
+    ui.info(f"Host {name} holds {images.send(name, version=image, blueprint_name=blueprint)}")

@@ -1,32 +1,32 @@
-"""`vmsandbox login AGENT`: an agent's sign-in kept on the host for every later session of that agent
-(session.logins); and the question at the end of a run whose guest signed in."""
+"""`vmsandbox login add|ls|rm`: an agent's sign-in kept on the host for every later session of that agent."""
 
 from __future__ import annotations
 
-import shutil
-import sys
-import tempfile
-from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import Annotated
 
 import typer
 
 from vmsandbox import ui
-from vmsandbox.cli import complete
-from vmsandbox.cli.base import app, sync_limit
-from vmsandbox.errors import UsageError, VmsandboxError
+from vmsandbox.cli import complete, output
+from vmsandbox.cli.base import noun
+from vmsandbox.cli.output import AsJson, Column, Format, Quiet
 
-if TYPE_CHECKING:
-    from vmsandbox.image.blueprint import Blueprint
-    from vmsandbox.session.record import Record
+login = noun(
+    "login",
+    "Agents signed in once for every later session: add, ls, rm.\n\n"
+    "For a subscription's sign-in; an API key is a secret (`vmsandbox secret set`).\n\n"
+    "Example: `vmsandbox login add claude`",
+)
 
 
-@app.command()
-def login(
+@login.command("add")
+def add(
     agent: Annotated[
         str,
         typer.Argument(
-            help="claude, codex, gemini, opencode (a blueprint).", metavar="AGENT", autocompletion=complete.blueprints
+            help="claude, codex, gemini, opencode (a blueprint with a login).",
+            metavar="AGENT",
+            autocompletion=complete.agents,
         ),
     ],
     source: Annotated[
@@ -34,110 +34,51 @@ def login(
         typer.Option(
             "--from",
             metavar="NAME",
-            help="Keep the login made in this running session.",
+            help="Keep the login made in this running session instead.",
             autocompletion=complete.sessions,
         ),
     ] = None,
-    forget: Annotated[bool, typer.Option("--forget", help="Remove the kept login.")] = False,
 ) -> None:
     """Sign an agent in once; every later session of it starts signed in.
 
-    Without --from, a disposable VM of the agent's blueprint runs its sign-in (claude: `/login` in it, then
-    quit; codex: `codex login`; …) and what it writes in the guest's home is kept on the host (0600, in your
-    config directory), then copied into each later session of that agent. With --from, the login made in a
-    running session is kept. An API key needs none of this: `vmsandbox secret set` keeps it out of the VM.
+    A disposable VM of the agent's blueprint runs its sign-in (claude: `/login` in it, then quit; codex: `codex
+    login`; …) and what it writes in the guest's home is kept on the host (0600, in your config directory). With
+    --from, the login made in a running session is kept. An API key needs none of this: `vmsandbox secret set`.
 
-    Examples:
+    Examples: `vmsandbox login add claude` · `vmsandbox login add codex --from exp1`"""
+    from vmsandbox.core import secrets, sessions
 
-    `vmsandbox login claude`
-
-    `vmsandbox login codex --from exp1`
-
-    `vmsandbox login gemini --forget`"""
-    from vmsandbox.image import blueprint
-    from vmsandbox.session.running import logins
-
-    bp = blueprint.load(agent)
-    if forget:
-        gone = logins.forget(bp)
-        ui.info(f"Forgot {agent}'s login ({', '.join(gone)})" if gone else f"No login of {agent} is kept.")
-        return
-    if not bp.login_files:
-        raise UsageError(
-            f"blueprint {agent} names no login files", hint=f"add `login: {{files: [...]}}` to {bp.source}"
-        )
-    if source is not None:
-        from vmsandbox.cli.attach import ready
-
-        record = ready(source)
-        if record.blueprint != agent:
-            raise UsageError(f"session {source} is a {record.blueprint} session, not {agent}")
-        _keep(bp, record)
-        return
-    _login_session(bp)
+    secrets.agent(agent)
+    kept = secrets.keep_from(agent, sessions.ready(source)) if source is not None else secrets.sign_in(agent)
+    ui.info(f"[green]✓[/] {agent}'s login kept ({', '.join(kept)}); later {agent} sessions start signed in")
 
 
-def _keep(bp: Blueprint, record: Record) -> None:
-    from vmsandbox.session.running import logins
+@login.command("ls")
+def ls(as_json: AsJson = False, quiet: Quiet = False, fmt: Format = None) -> None:
+    """List the agents whose login is kept.
 
-    found = logins.read(record, bp)
-    if not found:
-        raise VmsandboxError(
-            f"no login of {bp.name} in session {record.name} (none of ~/{', ~/'.join(bp.login_files)})",
-            hint=f"sign in there first ({shlexed(bp)}), then run this again",
-        )
-    kept = logins.keep(bp, found)
-    ui.info(f"[green]✓[/] {bp.name}'s login kept ({', '.join(kept)}); later {bp.name} sessions start signed in")
+    Example: `vmsandbox login ls`"""
+    from vmsandbox.core import secrets
 
-
-def shlexed(bp: Blueprint) -> str:
-    import shlex
-
-    return shlex.join(bp.login_command or bp.command)
+    output.formats(fmt)
+    rows = [{"name": name, "files": files} for name, files in secrets.logged_in().items()]
+    table = (Column("AGENT", lambda r: r["name"]), Column("FILES", lambda r: ", ".join(r["files"])))
+    output.listing(rows, table, as_json=as_json, quiet=quiet, fmt=fmt, fields=("name", "files"),
+                   empty="No login is kept: `vmsandbox login add AGENT` signs one in.")  # fmt: skip
 
 
-def _login_session(bp: Blueprint) -> None:
-    """A disposable session of the blueprint on an empty project: its sign-in, then its login kept."""
-    from vmsandbox.guest import commands
-    from vmsandbox.session import lock
-    from vmsandbox.session.end import lifecycle
-    from vmsandbox.session.options import RunFlags
-    from vmsandbox.session.start import create, resolve
+@login.command("rm")
+def rm(
+    agent: Annotated[
+        str, typer.Argument(help="An agent whose login is kept.", metavar="AGENT", autocompletion=complete.signed_in)
+    ],
+) -> None:
+    """Remove an agent's kept login.
 
-    project = Path(tempfile.mkdtemp(prefix="vmsandbox-login-"))
-    try:
-        planned = resolve.resolve(project, bp.name, None, RunFlags(keep=True), agent=False)
-        record = create.create(planned.options)
-        try:
-            ui.info(f"Sign in to {bp.name} here; the VM ends when `{shlexed(bp)}` does.")
-            tty = sys.stdin.isatty() and sys.stdout.isatty()
-            code = commands.attach(record.endpoint(), record.project, list(bp.login_command or bp.command), tty=tty)
-            if code != 0:
-                ui.warn(f"`{shlexed(bp)}` exited with {code}")
-            _keep(bp, record)
-        finally:
-            with lock.held(record.files, record.name, "destroying"):
-                lifecycle.destroy(record, force=False, discard=True, limit=sync_limit())
-    finally:
-        shutil.rmtree(project, ignore_errors=True)
+    Later sessions of it start signed out; running ones keep what they have.
 
+    Example: `vmsandbox login rm gemini`"""
+    from vmsandbox.core import secrets
 
-def offer(record: Record) -> None:
-    """At the end of a run at a terminal: a login the guest made (or refreshed) is kept if the person says so.
-    Without a terminal nothing is asked and nothing kept (a guest's bytes reach later sessions only by a yes)."""
-    from vmsandbox.image import blueprint
-    from vmsandbox.session.running import logins
-
-    if not ui.is_interactive():
-        return
-    try:
-        bp = blueprint.load(record.blueprint, Path(record.project))
-        fresh = logins.changed(record, bp) if bp.login_files else {}
-    except VmsandboxError:
-        return  # no blueprint any more, or a guest that no longer answers: nothing to offer
-    if fresh and typer.confirm(
-        f"The session signed in to {bp.name} ({', '.join(sorted(fresh))}). Keep that login for later sessions?",
-        default=False,
-        err=True,
-    ):
-        ui.info(f"[green]✓[/] kept ({', '.join(logins.keep(bp, fresh))})")
+    gone = secrets.forget(agent)
+    ui.info(f"Forgot {agent}'s login ({', '.join(gone)})" if gone else f"No login of {agent} is kept.")

@@ -1,114 +1,87 @@
-"""`vmsandbox secret set|ls|rm`: secrets kept on the host, injected by the egress proxy, never in a VM."""
+"""`vmsandbox secret set|ls|rm|wipe`: secrets kept on the host, put into a session's requests by its egress proxy
+(the guest sees a placeholder), and the credentials a running session holds wiped."""
 
 from __future__ import annotations
 
-import contextlib
 import sys
 import time
-from pathlib import Path
 from typing import Annotated
 
 import typer
 
 from vmsandbox import ui
-from vmsandbox.cli.base import AsJson, Quiet, columns, print_json, secret_app
-from vmsandbox.errors import VmsandboxError
+from vmsandbox.cli import complete, output
+from vmsandbox.cli.base import SessionName, noun
+from vmsandbox.cli.output import AsJson, Column, Format, Quiet
+
+secret = noun(
+    "secret",
+    "Secrets kept on the host, never in a VM: set, ls, rm, wipe.\n\n"
+    "A session's egress proxy puts them into the requests that need them; the guest sees a placeholder.\n\n"
+    "Example: `vmsandbox secret set anthropic-api-key`",
+)
 
 
-@secret_app.command("set")
-def secret_set(
-    name: Annotated[str, typer.Argument(help="Secret name, e.g. anthropic-api-key.", metavar="NAME")],
+@secret.command("set")
+def set_(
+    name: Annotated[
+        str,
+        typer.Argument(help="Its name, e.g. anthropic-api-key.", metavar="NAME", autocompletion=complete.secret_names),
+    ],
 ) -> None:
     """Store a secret on the host; it never enters a VM.
 
-    Store a secret on the host (read from stdin, or typed without echo). It never enters a VM.
+    It is read from stdin, or typed without echo at a terminal. Running sessions that use it get it at once.
 
     Example: `vmsandbox secret set anthropic-api-key`"""
     import getpass
 
-    from vmsandbox.egress import secrets as secretstore
+    from vmsandbox.core import secrets
 
-    secretstore.validate_name(name)
+    secrets.check_name(name)
     value = getpass.getpass(f"Value for {name}: ", stream=sys.stderr) if sys.stdin.isatty() else sys.stdin.read()
-    secretstore.put(name, value)
-    ui.info(f"Secret {name} stored in {secretstore.directory()} (0600)")
+    where = secrets.put(name, value)
+    ui.info(f"Secret {name} stored in {where} (0600)")
     _handed_again(name)
-    if (unused := unused_warning(name, secret_users())) is not None:
-        ui.warn(unused)
+    if (unread := secrets.unread(name, secrets.readers())) is not None:
+        ui.warn(unread)
 
 
-def secret_users() -> dict[str, str]:
-    """Which secret names something reads: each blueprint's mappings and the user's config."""
-    from vmsandbox.image import blueprint
-    from vmsandbox.session import settings as config
-
-    users: dict[str, str] = {}
-    for bp in sorted(blueprint.available(Path.cwd())):
-        with contextlib.suppress(VmsandboxError):  # a broken blueprint says so when it is used
-            for mapping in blueprint.load(bp, Path.cwd()).secrets:
-                users.setdefault(str(mapping.get("secret")), f"the {bp} blueprint")
-    for m in config.load().secrets:
-        users.setdefault(m.secret, "your config")
-    return users
-
-
-def unused_warning(name: str, users: dict[str, str]) -> str | None:
-    """A warning when nothing reads a secret of this name (a typo, `_` for `-`), naming the close ones."""
-    if name in users:
-        return None
-
-    def norm(n: str) -> str:
-        return n.lower().replace("_", "-").replace(".", "-")
-
-    close = [u for u in users if norm(u) == norm(name)]
-    if close:
-        return f"nothing reads a secret named {name!r}; {users[close[0]]} reads {close[0]!r}: " + (
-            f"store it as `vmsandbox secret set {close[0]}` (and `vmsandbox secret rm {name}`)"
-        )
-    known = ", ".join(sorted(users)) or "none"
-    return f"no blueprint or config reads a secret named {name!r} yet (the names they read: {known})"
-
-
-@secret_app.command("ls")
-def secret_ls(as_json: AsJson = False, quiet: Quiet = False) -> None:
+@secret.command("ls")
+def ls(as_json: AsJson = False, quiet: Quiet = False, fmt: Format = None) -> None:
     """List stored secrets (names only, never values).
 
     Example: `vmsandbox secret ls --json`"""
-    from vmsandbox.egress import secrets as secretstore
+    from vmsandbox.core import secrets
 
-    stored = secretstore.list_all()
-    if as_json:
-        print_json([{"name": s.name, "set_at": s.set_at, "bytes": s.length} for s in stored])
-        return
-    if quiet:
-        for s in stored:
-            print(s.name)
-        return
-    if not stored:
-        ui.info("No secrets. Store one with `vmsandbox secret set NAME`.")
-        return
-    columns(["NAME", "SET"], [[s.name, time.strftime("%Y-%m-%d %H:%M", time.localtime(s.set_at))] for s in stored])
+    output.formats(fmt)
+    rows = [{"name": s.name, "set_at": s.set_at, "bytes": s.length} for s in secrets.listed()]
+    table = (
+        Column("NAME", lambda r: r["name"]),
+        Column("SET", lambda r: time.strftime("%Y-%m-%d %H:%M", time.localtime(r["set_at"]))),
+    )
+    empty = "No secrets. Store one with `vmsandbox secret set NAME`."
+    output.listing(rows, table, as_json=as_json, quiet=quiet, fmt=fmt, empty=empty, fields=("name", "set_at", "bytes"))
 
 
-@secret_app.command("rm")
-def secret_rm(name: Annotated[str, typer.Argument(help="Secret name.", metavar="NAME")]) -> None:
-    """Remove a stored secret (running sessions stop getting it at once).
+@secret.command("rm")
+def rm(
+    name: Annotated[str, typer.Argument(help="A stored secret.", metavar="NAME", autocompletion=complete.secrets)],
+) -> None:
+    """Remove a stored secret; running sessions stop getting it at once.
 
     Example: `vmsandbox secret rm anthropic-api-key`"""
-    from vmsandbox.egress import secrets as secretstore
+    from vmsandbox.core import secrets
 
-    if not secretstore.remove(name):
-        raise VmsandboxError(f"no secret named {name!r}", hint="list them with `vmsandbox secret ls`")
+    secrets.remove(name)
     ui.info(f"Secret {name} removed")
     _handed_again(name)
 
 
 def _handed_again(name: str) -> None:
-    """Running sessions that inject the secret get it anew (their egress daemon restarts: it holds only what it
-    was handed)."""
-    from vmsandbox.session.running import reach as runtime
+    from vmsandbox.core import secrets
 
-    for session, failed in runtime.secret_changed(name).items():
+    for session, failed in secrets.handed_again(name).items():
         if failed is None:
             ui.info(f"session {session}: its egress proxy restarted with the change (open connections were cut)")
         else:
@@ -116,3 +89,19 @@ def _handed_again(name: str) -> None:
                 f"session {session}: its egress proxy did not restart ({failed}); `vmsandbox stop {session}` "
                 f"and `vmsandbox start {session}` retry"
             )
+
+
+@secret.command("wipe")
+def wipe(name: SessionName) -> None:
+    """Wipe the credentials a running session holds.
+
+    Agent login files and git credentials in the guest are removed, and the placeholders its proxy swaps for your
+    secrets stop working; the workspace is not touched.
+
+    Example: `vmsandbox secret wipe exp1`"""
+    from vmsandbox.core import policy
+
+    removed = policy.wipe(name)
+    for path in removed:
+        ui.err.print(f"  [red]removed[/] {ui.printable(path)}")
+    ui.info(f"Session {name}: {len(removed)} credential file(s) removed, placeholders revoked; workspace untouched.")

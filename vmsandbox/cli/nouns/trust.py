@@ -1,111 +1,52 @@
-"""`vmsandbox host setup`, `doctor` and `trust`: the host, its checks, and which project configs you trust."""
+"""`vmsandbox trust add|ls|rm`: the project configs you trust — a project's .vmsandbox.yaml and blueprints that
+widen what a session may do are used only once their exact content is trusted (direnv's model)."""
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
 from vmsandbox import ui
-from vmsandbox.cli.base import AsJson, app, host_app, print_json
+from vmsandbox.cli import complete, output
+from vmsandbox.cli.base import noun
+from vmsandbox.cli.output import AsJson, Column, Format, Quiet
 from vmsandbox.errors import VmsandboxError
 
-
-@host_app.command("setup")
-def host_setup(
-    user: Annotated[
-        str | None,
-        typer.Option("--user", help="who joins the libvirt group and then needs no sudo (default: who ran sudo)"),
-    ] = None,
-) -> None:
-    """Set this machine up where no service manager does it.
-
-    Create the guest-data account and the libvirt group, give /dev/kvm udev's group and mode, start
-    virtlogd and libvirtd with the group's socket, share the image store with the group (root).
-
-    Example: `sudo vmsandbox host setup` (you join the libvirt group: log in again, then no more sudo)"""
-    from vmsandbox import paths
-    from vmsandbox.session import settings as config
-    from vmsandbox.vm import hostsetup
-
-    invoker = paths.sudo_invoker()
-    if user is None and invoker is not None:
-        user = invoker.pw_name
-    for line in hostsetup.setup(config.load().libvirt_uri, user):
-        ui.info(f"[green]✓[/] {line}")
+trust = noun(
+    "trust",
+    "Project configs you trust, by their exact content: add, ls, rm.\n\n"
+    "A project's .vmsandbox.yaml and .vmsandbox/blueprints/*.yaml that widen what a session may do (network, "
+    "allowlist, secrets, blueprints) are used only once you trusted their exact content; a changed file must be "
+    "trusted again.\n\nExample: `vmsandbox trust add ~/src/app`",
+)
+PathArg = Annotated[
+    Path,
+    typer.Argument(help="A project directory, its .vmsandbox.yaml or a blueprint file in it.", metavar="PATH"),
+]
 
 
-@app.command()
-def doctor(as_json: AsJson = False) -> None:
-    """Check everything a session needs; print the fix for each failure.
-
-    Example: `vmsandbox doctor | less`"""
-    from vmsandbox import trust
-    from vmsandbox.session import settings as config
-    from vmsandbox.session.host import doctor as doctor_mod
-
-    try:
-        settings = config.load(Path.cwd())
-    except trust.UntrustedError as exc:
-        ui.warn(f"{exc.message} — checking with your own settings only")
-        settings = config.load()
-    checks = doctor_mod.run_checks(settings)
-    if as_json:
-        print_json([{"name": c.name, "level": c.level, "detail": c.detail, "fix": c.fix} for c in checks])
-    else:
-        marks = {"ok": "[green]✓[/]", "warn": "[yellow]![/]", "fail": "[red]✗[/]"}
-        for c in checks:  # the report is this command's output: stdout (`vmsandbox doctor | less`)
-            ui.out.print(f"{marks[c.level]} {c.name}: {ui.printable(c.detail)}")
-            if c.fix and not c.ok:
-                ui.out.print(f"    fix: {ui.printable(c.fix)}")
-    failed = [c for c in checks if c.level == "fail"]
-    if failed:
-        if not as_json:
-            ui.out.print(f"[red]A session cannot start here:[/] {len(failed)} check(s) failed.")
-        raise typer.Exit(1)
-
-
-@app.command("trust")
-def trust_command(
-    path: Annotated[
-        Path,
-        typer.Argument(help="A project directory (or its .vmsandbox.yaml / a blueprint file in it).", metavar="PATH"),
-    ] = Path(),
+@trust.command("add")
+def add(
+    path: PathArg = Path(),
     yes: Annotated[bool, typer.Option("--yes", "-y", help="Trust without asking (after showing).")] = False,
-    revoke: Annotated[bool, typer.Option("--revoke", help="Stop trusting these files.")] = False,
-    list_all: Annotated[bool, typer.Option("--list", help="List every trusted file and whether it changed.")] = False,
 ) -> None:
     """Trust a project's vmsandbox config, after showing what it changes.
 
-    Trust a project's .vmsandbox.yaml and .vmsandbox/blueprints/*.yaml, after showing what they change.
-
-    A project file that widens what a session may do (network, allowlist, secrets, blueprints) is used only
-    once you trusted its exact content; a changed file must be trusted again. Trust is kept outside every
+    Each file is shown with what it sets against what a session gets without it; trust is kept outside every
     project, in your config directory.
 
-    Example: `vmsandbox trust ~/src/app`
-    """
-    from vmsandbox import trust
-    from vmsandbox.session.host import trust as projecttrust
+    Example: `vmsandbox trust add ~/src/app`"""
+    from vmsandbox.core import settings
 
-    if list_all:
-        _list_trusted()
-        return
-    candidates = projecttrust.trust_candidates(path)
-    if revoke:
-        for c in candidates:
-            if trust.revoke(c.path):
-                ui.info(f"No longer trusted: {ui.printable(str(c.path))}")
-        return
-    for c in candidates:
-        st = c.state
-        label = "trusted" if st.trusted else "changed since you trusted it" if st.changed else "not trusted"
-        ui.err.print(f"[bold]{ui.printable(str(c.path))}[/] ({label}, sha256 {trust.digest(c.raw)[:12]})")
+    found = settings.candidates(path)
+    for c in found:
+        label = "trusted" if c.trusted else "changed since you trusted it" if c.changed else "not trusted"
+        ui.err.print(f"[bold]{ui.printable(str(c.path))}[/] ({label}, sha256 {c.digest})")
         for line in c.lines:
             ui.err.print(f"  {ui.printable(line)}")
-    todo = [c for c in candidates if not c.state.trusted]
+    todo = [c for c in found if not c.trusted]
     if not todo:
         ui.info("Everything shown is trusted already.")
         return
@@ -117,19 +58,42 @@ def trust_command(
             ui.info("Nothing trusted.")
             raise typer.Exit(1)
     for c in todo:
-        trust.trust(c.path, c.raw)
+        settings.trust_file(c)
         ui.info(f"[green]Trusted[/] {ui.printable(str(c.path))}")
 
 
-def _list_trusted() -> None:
-    from vmsandbox import trust
+@trust.command("ls")
+def ls(as_json: AsJson = False, quiet: Quiet = False, fmt: Format = None) -> None:
+    """List every file you trusted and whether it changed since.
 
-    for name, entry in sorted(trust.records().items()):
-        path = Path(name)
-        try:
-            raw = trust.read_project_file(path)
-        except VmsandboxError:
-            raw = None
-        state = "missing" if raw is None else "trusted" if trust.state(path, raw).trusted else "changed (untrusted)"
-        when = time.strftime("%Y-%m-%d %H:%M", time.localtime(float(entry.get("trusted_at", 0))))
-        print(f"{state:20} {when}  {ui.printable(name, markup=False)}")  # the path last: never cut
+    Example: `vmsandbox trust ls`"""
+    from vmsandbox.core import settings
+
+    output.formats(fmt)
+    rows = [{"path": path, "state": state, "trusted_at": when} for state, when, path in settings.trusted()]
+    table = (Column("PATH", lambda r: r["path"]), Column("STATE", lambda r: r["state"]),
+             Column("TRUSTED", lambda r: r["trusted_at"]))  # fmt: skip
+    empty = "You trust no project config yet: `vmsandbox trust add PATH` shows one, then trusts it."
+    output.listing(rows, table, as_json=as_json, quiet=quiet, fmt=fmt, key="path", empty=empty,
+                   fields=("path", "state", "trusted_at"))  # fmt: skip
+
+
+@trust.command("rm")
+def rm(
+    path: Annotated[
+        Path,
+        typer.Argument(help="A trusted project, or one of its files.", metavar="PATH", autocompletion=complete.trusted),
+    ] = Path(),
+) -> None:
+    """Stop trusting a project's vmsandbox config.
+
+    Its files are used again only once trusted anew.
+
+    Example: `vmsandbox trust rm ~/src/app`"""
+    from vmsandbox.core import settings
+
+    gone = settings.revoke(path)
+    for p in gone:
+        ui.info(f"No longer trusted: {ui.printable(str(p))}")
+    if not gone:
+        ui.info(f"Nothing at {ui.printable(str(path))} was trusted.")

@@ -1,14 +1,17 @@
-"""`vmsandbox pull|recover|diff|push`: a session's plan (sync.plan) reviewed at the terminal (prompts.py), or
-shown as a diff. Everything shown from the guest is escaped."""
+"""`vmsandbox pull`, `diff` and `push`: a session's changes reviewed at the terminal (prompts.py) and applied, shown
+as a diff (or beside other sessions'), and host edits sent the other way. Everything shown from the guest is
+escaped."""
 
 from __future__ import annotations
 
 import sys
-from typing import TYPE_CHECKING, Annotated
+from collections.abc import Callable
+from typing import Annotated
 
 import typer
 
 from vmsandbox import ui
+from vmsandbox.cli import complete, output
 from vmsandbox.cli.base import (
     EXIT_PENDING,
     ApplySafe,
@@ -18,32 +21,11 @@ from vmsandbox.cli.base import (
     IncludeRisky,
     SessionName,
     app,
-    sync_limit,
 )
-from vmsandbox.cli.prompts import Terminal, show
+from vmsandbox.cli.review.prompts import Terminal, show
 from vmsandbox.errors import UsageError
 
-if TYPE_CHECKING:
-    from vmsandbox.sync.review.take import Take
-
-
-def review_session(name: str, *, yes: bool, take: Take, dry_run: bool = False, only: list[str]) -> int:
-    """pull/recover: the review put to the person at this terminal (or --yes), through the core; the number of
-    changes left (0 for a dry run)."""
-    from vmsandbox.core import reviews
-
-    if dry_run:
-        plan = reviews.review(name, only=only)
-        if show(plan):
-            ui.info(f"Dry run: {len(plan.todo)} change(s) pending; nothing written.")
-        return 0
-    settled = reviews.pull(name, Terminal(yes=yes, take=take), only=only)
-    if settled.removed:
-        ui.info(f"Every change of session {name} is dealt with; the session is removed.")
-    return settled.outcome.left
-
-
-Paths = Annotated[list[str] | None, typer.Argument(help="Only these paths (files or directories).", metavar="PATH")]
+Paths = Annotated[list[str] | None, typer.Argument(help="Only these paths (files or directories).", metavar="PATH...")]
 
 
 @app.command()
@@ -59,39 +41,23 @@ def pull(
 ) -> None:
     """Review the guest's changes and apply the ones you accept to the project.
 
-    Review the guest's changes and sync the accepted ones into the project (three-way).
+    Three ways: what the guest changed against what it started from and what the host has now. It works on a
+    running or stopped session, and on one whose VM is gone (from its outbox or its disk). Exit code 0 when
+    everything is synced, 3 when changes remain (quarantined, ignored, binary, skipped, or unapplied).
 
-    Exit code 0 when everything is synced, 3 when changes remain (quarantined, ignored, binary, skipped, or
-    unapplied).
+    Examples: `vmsandbox pull exp1 --dry-run` · `vmsandbox pull exp1 --yes src/`"""
+    from vmsandbox.core import reviews, views
 
-    Example: `vmsandbox pull exp1 --dry-run`, then `vmsandbox pull exp1 --yes src/`
-    """
-    from vmsandbox.sync.review.take import Take
-
-    take = Take(risky=include_risky, ignored=include_ignored, binary=include_binary, mass=include_mass)
-    left = review_session(name, yes=yes, take=take, dry_run=dry_run, only=only or [])
-    if left:
-        raise typer.Exit(EXIT_PENDING)
-
-
-@app.command()
-def recover(
-    name: SessionName,
-    yes: ApplySafe = False,
-    include_risky: IncludeRisky = False,
-    include_ignored: IncludeIgnored = False,
-    include_binary: IncludeBinary = False,
-    include_mass: IncludeMass = False,
-) -> None:
-    """Review the changes of a session whose VM is gone.
-
-    Review and apply a session's unsynced changes after its VM is gone (from its outbox or its disk).
-
-    Example: `vmsandbox recover exp1 --yes`"""
-    from vmsandbox.sync.review.take import Take
-
-    take = Take(risky=include_risky, ignored=include_ignored, binary=include_binary, mass=include_mass)
-    if review_session(name, yes=yes, take=take, only=[]):
+    take = views.Take(risky=include_risky, ignored=include_ignored, binary=include_binary, mass=include_mass)
+    if dry_run:
+        plan = reviews.review(name, only=only or [])
+        if show(plan):
+            ui.info(f"Dry run: {len(plan.todo)} change(s) pending; nothing written.")
+        return
+    settled = reviews.pull(name, Terminal(yes=yes, take=take), only=only or [])
+    if settled.removed:
+        ui.info(f"Every change of session {name} is dealt with; the session is removed.")
+    if settled.outcome.left:
         raise typer.Exit(EXIT_PENDING)
 
 
@@ -99,18 +65,13 @@ def recover(
 def push(name: SessionName) -> None:
     """Send host edits made during a session into its guest.
 
-    Send host edits made during the session into the guest, never over a change the guest made.
+    Edits of the project on this machine since the session began go in, never over a change the guest made (those
+    are said, and left as they are on both sides).
 
     Example: `vmsandbox push exp1`"""
-    from vmsandbox.session import lock, state
-    from vmsandbox.session.record import Record
-    from vmsandbox.sync.inward import push as pushing
+    from vmsandbox.core import sessions
 
-    record = Record.load(name)
-    state.usable(record)
-    with lock.held(record.files, name, "pushing into"):
-        record = Record.load(name)
-        pushed, conflicts = pushing.push(record.target(), record.endpoint(), limit=sync_limit())
+    pushed, conflicts = sessions.push(name)
     for path in pushed:
         ui.err.print(f"  [green]pushed[/] {ui.printable(path)}")
     for path in conflicts:
@@ -126,36 +87,71 @@ def diff(
     only: Paths = None,
     stat: Annotated[bool, typer.Option("--stat", help="One line per changed path.")] = False,
     against: Annotated[
-        str | None, typer.Option("--against", help="Diff against another session's tree (a fan-out's, a fork).")
+        list[str] | None,
+        typer.Option(
+            "--against",
+            metavar="NAME",
+            help="Another session's tree (a fan-out's, a fork): their diff; with --stat, or several, side by side.",
+            autocompletion=complete.other_sessions,
+        ),
     ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="With --stat: a JSON array.")] = False,
     raw: Annotated[
         bool, typer.Option("--raw", help="The guest's bytes as they are, control characters too (for `git apply`).")
     ] = False,
 ) -> None:
     """Show what the guest changed, as a diff.
 
-    What the guest changed against the session's baseline: text diffs, binaries summarised. Control
-    characters are shown as \\xNN unless --raw: a pipe often ends in a terminal (`| cat`, `| less -R`).
+    Against the session's baseline: text diffs, binaries summarised. Against other sessions (--against): the
+    difference between two trees, or with --stat (or several) which paths each changed and where they agree.
+    Control characters are shown as \\xNN unless --raw: a pipe often ends in a terminal (`| less -R`).
 
-    Examples: `vmsandbox diff exp1 --stat` · `vmsandbox diff exp-1 --against exp-2`"""
-    from vmsandbox.core import reviews
-    from vmsandbox.sync.review import diff as diffs
+    Examples: `vmsandbox diff exp1 --stat` · `vmsandbox diff exp-1 --against exp-2` · `vmsandbox diff exp-1
+    --against exp-2 --against exp-3 --stat`"""
+    from vmsandbox.core import reviews, views
 
     def shown(text: str) -> str:  # guest content never reaches a terminal with its escape sequences
         return text if raw else ui.printable(text, markup=False)
 
-    if against is not None:
-        from vmsandbox.session.moments import compare as across
-
-        if only or stat:
-            raise UsageError("--against shows whole trees: it takes no PATHS and no --stat")
-        theirs, ours = across.fetch(against, limit=sync_limit()), across.fetch(name, limit=sync_limit())
-        sys.stdout.write(shown(across.diff_between(ours, theirs)))
+    if as_json and not stat:
+        raise UsageError("--json goes with --stat", hint=f"`vmsandbox diff {name} --stat --json`")
+    if against:
+        if only:
+            raise UsageError("--against compares whole trees: it takes no PATH")
+        _across(name, against, stat=stat or len(against) > 1, as_json=as_json, shown=shown)
         return
     plan = reviews.review(name, only=only or [], freeze=False)
-
+    if as_json:
+        output.print_json([{"path": c.path, "kind": c.kind, "note": views.describe(c)} for c in plan.shown])
+        return
     for c in plan.shown:
         if stat:
-            print(shown(f"{c.kind:13} {c.path}  {diffs.describe(c)}".rstrip()))
+            print(shown(f"{c.kind:13} {c.path}  {views.describe(c)}".rstrip()))
         else:
-            sys.stdout.write(shown(diffs.diff_text(plan.gathered, c)))
+            sys.stdout.write(shown(views.diff_text(plan.gathered, c)))
+
+
+def _across(name: str, others: list[str], *, stat: bool, as_json: bool, shown: Callable[[str], str]) -> None:
+    """Sessions side by side (--stat, or more than one other), or the diff between two trees."""
+    from vmsandbox.core import moments
+
+    if len({name, *others}) < len(others) + 1:
+        raise UsageError("--against names another session, once", hint=f"e.g. `vmsandbox diff {name} --against OTHER`")
+    if not stat:
+        sys.stdout.write(shown(moments.between(name, others[0])))
+        return
+    names = [name, *others]
+    side = moments.side_by_side(names)
+    if as_json:
+        rows = [
+            {"path": r.path, "sessions": dict(zip(names, r.cells, strict=True)), "agree": r.agree} for r in side.rows
+        ]
+        output.print_json(rows)
+        return
+    if not side.shared:
+        ui.warn("these sessions were captured separately: each is compared against its own baseline")
+    if not side.rows:
+        ui.info("None of these sessions changed anything.")
+        return
+    output.columns(["PATH", *names, ""], [[r.path, *r.cells, "same" if r.agree else "differ"] for r in side.rows],
+                   paths=("PATH",))  # fmt: skip

@@ -1,5 +1,5 @@
-"""`vmsandbox stop`, `start`, `destroy` (and `rm`) and `gc`: pausing sessions and ending them, one, several
-or all at once, never silently losing unsynced changes."""
+"""`vmsandbox stop`, `start` and `rm`: pausing sessions and ending them — one, several, all, a fan-out, or what a
+crash left — never silently losing unsynced changes."""
 
 from __future__ import annotations
 
@@ -10,16 +10,15 @@ from typing import Annotated
 import typer
 
 from vmsandbox import ui
-from vmsandbox.cli.base import ALIASES, AllSessions, SessionNames, app, each_session, sync_limit
+from vmsandbox.cli.base import AllSessions, SessionNames, app, each_session
 from vmsandbox.errors import UsageError, VmsandboxError
 
 
 def _in_state(*states: str) -> Callable[[], list[str]]:
     def which() -> list[str]:
-        from vmsandbox.session import settings as config
-        from vmsandbox.session import state
+        from vmsandbox.core import listing
 
-        return [s.record.name for s in state.all_status(config.load().libvirt_uri) if s.state.value in states]
+        return listing.in_state(*states)
 
     return which
 
@@ -28,18 +27,14 @@ def _in_state(*states: str) -> Callable[[], list[str]]:
 def stop(names: SessionNames = None, every: AllSessions = False) -> None:
     """Stop sessions, keeping them on disk to start again.
 
-    Their VMs (memory and devices) are saved to disk, freeing CPU and RAM; `vmsandbox start NAME` resumes one
-    where it was. `pull`, `diff` and `destroy` work while a session is stopped. `--all`: every running one.
+    Their VMs (memory and devices) are saved to disk, freeing CPU and RAM; `vmsandbox start NAME` resumes one where
+    it was. `pull`, `diff` and `rm` work while a session is stopped. `--all`: every running one.
 
-    Examples:
-
-    `vmsandbox stop exp1`
-
-    `vmsandbox stop --all`"""
-    from vmsandbox.session.moments import suspend
+    Examples: `vmsandbox stop exp1` · `vmsandbox stop --all`"""
+    from vmsandbox.core import sessions
 
     def one(name: str) -> None:
-        saved = suspend.where_saved(suspend.stop(name))
+        saved = sessions.stop(name)
         ui.info(f"Stopped session [bold]{name}[/] ({saved}); `vmsandbox start {name}` resumes it")
 
     each_session(names, every, verb="stop", which=_in_state("running", "paused"), act=one)
@@ -51,163 +46,126 @@ def start(names: SessionNames = None, every: AllSessions = False) -> None:
 
     Their processes, files, egress and published ports come back. `--all`: every stopped one.
 
-    Examples:
-
-    `vmsandbox start exp1`
-
-    `vmsandbox start --all`"""
-    from vmsandbox.session.moments import suspend
+    Examples: `vmsandbox start exp1` · `vmsandbox start --all`"""
+    from vmsandbox.core import sessions
 
     def one(name: str) -> None:
-        suspend.start(name)
+        sessions.start(name)
         ui.info(f"Session [bold]{name}[/] is running again: `vmsandbox shell {name}`")
 
     each_session(names, every, verb="start", which=_in_state("stopped"), act=one)
 
 
 Force = Annotated[
-    bool, typer.Option("--force", help="Destroy even with unsynced changes (they are exported to the outbox).")
+    bool, typer.Option("--force", "-f", help="Even with unsynced changes: they are kept in its outbox first.")
 ]
-Discard = Annotated[bool, typer.Option("--discard", help="Destroy and throw unsynced changes away.")]
-Group = Annotated[bool, typer.Option("--group", help="NAME is a fan-out: destroy every session of it.")]
+Discard = Annotated[bool, typer.Option("--discard", help="Even with unsynced changes: they are thrown away.")]
+Group = Annotated[bool, typer.Option("--group", help="NAME is a fan-out: every session of it.")]
 Yes = Annotated[bool, typer.Option("--yes", "-y", help="With --all: do not ask first.")]
+Stale = Annotated[
+    bool, typer.Option("--stale", help="What a crash left: sessions whose VM or run is gone, VMs without a session.")
+]
+DryRun = Annotated[bool, typer.Option("--dry-run", "-n", help="With --stale: say what would go; change nothing.")]
 
 
-@app.command()
-def destroy(
+@app.command("rm")
+def rm(
     names: SessionNames = None,
     every: AllSessions = False,
     force: Force = False,
     discard: Discard = False,
     group: Group = False,
     yes: Yes = False,
+    stale: Stale = False,
+    dry_run: DryRun = False,
 ) -> None:
-    """Destroy sessions: their VMs and files, never silently losing unsynced changes.
+    """Remove sessions: their VMs and files, never silently losing unsynced changes.
 
-    A session holding changes not yet pulled is refused (`--force` exports them to its outbox first,
-    `--discard` throws them away); the others are destroyed. A session whose record is damaged is removed
-    with `--discard`. `--all` asks first at a terminal (`--yes` does not ask).
+    A session holding changes not yet pulled is refused (`-f` keeps them in its outbox first, for `vmsandbox pull
+    NAME`; `--discard` throws them away); the others go. A session whose record is damaged goes with `--discard`.
+    `--all` asks first at a terminal (`--yes` does not). `--stale` removes what crashes and kill -9 left (a session
+    holding unsynced changes stays), here and on every host of your config.
 
-    Examples:
-
-    `vmsandbox destroy exp1 exp2`
-
-    `vmsandbox destroy --group exp` (a fan-out)
-
-    `vmsandbox destroy --all --yes`"""
+    Examples: `vmsandbox rm exp1 exp2` · `vmsandbox rm -f exp1` · `vmsandbox rm --group exp` (a fan-out) ·
+    `vmsandbox rm --all --yes` · `vmsandbox rm --stale --dry-run`"""
+    if stale:
+        if names or every or group or force or discard:
+            raise UsageError("--stale finds what to remove itself: it takes no names, --all, --group, -f or --discard")
+        _stale(dry_run)
+        return
+    if dry_run:
+        raise UsageError("--dry-run goes with --stale", hint="`vmsandbox rm --stale --dry-run`")
+    if every and group:
+        raise UsageError("--group names fan-outs; it does not go with --all", hint="`vmsandbox rm --all`")
 
     def one(name: str) -> None:
         if group:
-            _destroy_group(name, force=force, discard=discard)
+            _remove_group(name, force=force, discard=discard)
         else:
-            _destroy_one(name, force=force, discard=discard)
+            _remove(name, force=force, discard=discard)
 
     def which() -> list[str]:
-        from vmsandbox.session.record import names as all_names
+        from vmsandbox.core import listing
 
-        found = all_names()
+        found = listing.names()
         if found and not yes:
             _ask_all(found)
         return found
 
-    if every and group:
-        raise UsageError("--group names fan-outs; it does not go with --all", hint="`vmsandbox destroy --all`")
-    each_session(names, every, verb="destroy", which=which, act=one)
-
-
-app.command("rm", help="Same as `destroy`.", rich_help_panel=ALIASES)(destroy)
+    each_session(names, every, verb="rm", which=which, act=one)
 
 
 def _ask_all(found: list[str]) -> None:
     listed = ", ".join(found)
     if not (sys.stdin.isatty() and sys.stderr.isatty()):
         raise UsageError(
-            f"`destroy --all` would destroy {len(found)} session(s): {listed}",
-            hint="add --yes to destroy them without asking (unsynced changes still keep a session)",
+            f"`rm --all` would remove {len(found)} session(s): {listed}",
+            hint="add --yes to remove them without asking (unsynced changes still keep a session)",
         )
-    if not typer.confirm(f"Destroy {len(found)} session(s): {listed}?", default=False, err=True):
+    if not typer.confirm(f"Remove {len(found)} session(s): {listed}?", default=False, err=True):
         raise typer.Exit(1)
 
 
-def _destroy_one(name: str, *, force: bool, discard: bool) -> None:
-    from vmsandbox.session import lock
-    from vmsandbox.session import settings as config
-    from vmsandbox.session.end import lifecycle
-    from vmsandbox.session.record import Record, validate_name
+def _remove(name: str, *, force: bool, discard: bool) -> None:
+    from vmsandbox.core import sessions
 
-    try:
-        record = Record.load(name)
-    except VmsandboxError:
-        if discard:
-            removed = lifecycle.remove_damaged(validate_name(name), config.load().libvirt_uri)
-            if removed is not None:
-                ui.info(f"Removed the damaged session directory {removed}")
-                return
-        raise
-    with lock.held(record.files, name, "destroying"):
-        record = Record.load(name)
-        end = lifecycle.destroy(record, force=force, discard=discard, limit=sync_limit())
-    ui.info(f"[green]✓[/] Destroyed {record.domain}")
-    if end.outbox is not None:
-        ui.info(f"{end.left} unsynced change(s) exported to {end.outbox}")
-        ui.info(f"Review them later with `vmsandbox recover {name}`; drop them with `destroy {name} --discard`.")
+    gone = sessions.destroy(name, force=force, discard=discard)
+    if gone.damaged is not None:
+        ui.info(f"Removed the damaged session directory {gone.damaged}")
+        return
+    ui.info(f"[green]✓[/] Removed session {name}")
+    if gone.outbox is not None:
+        ui.info(f"{gone.left} unsynced change(s) kept in {gone.outbox}")
+        ui.info(f"Review them with `vmsandbox pull {name}`; drop them with `vmsandbox rm {name} --discard`.")
 
 
-def _destroy_group(group: str, *, force: bool, discard: bool) -> None:
-    """Destroy a fan-out's sessions; the ones holding unsynced changes are kept (unless --force/--discard)
-    and named, and the command fails if any was."""
-    from vmsandbox.session import lock
-    from vmsandbox.session.end import lifecycle
-    from vmsandbox.session.moments import fanout
-    from vmsandbox.session.record import Record
+def _remove_group(group: str, *, force: bool, discard: bool) -> None:
+    """A fan-out's sessions removed; the ones holding unsynced changes are kept (unless -f/--discard) and named,
+    and the command fails if any was."""
+    from vmsandbox.core import sessions
 
-    members = fanout.group_members(group)
-    if not members:
-        raise VmsandboxError(f"no fan-out named {group!r}", hint="`vmsandbox ls` lists sessions")
     refused = []
-    for record in members:
+    for name in sessions.group(group):
         try:
-            with lock.held(record.files, record.name, "destroying"):
-                end = lifecycle.destroy(Record.load(record.name), force=force, discard=discard, limit=sync_limit())
+            gone = sessions.destroy(name, force=force, discard=discard)
         except VmsandboxError as exc:
-            refused.append(record.name)
+            refused.append(name)
             ui.warn(exc.message)
             continue
-        ui.info(
-            f"[green]✓[/] Destroyed {record.domain}"
-            + (f" ({end.left} change(s) kept in {end.outbox})" if end.outbox else "")
-        )
+        kept = f" ({gone.left} change(s) kept in {gone.outbox})" if gone.outbox else ""
+        ui.info(f"[green]✓[/] Removed session {name}{kept}")
     if refused:
         raise VmsandboxError(
             f"{len(refused)} session(s) of {group} were kept: {', '.join(refused)}",
-            hint=f"pull what you want first; `vmsandbox destroy --group {group} --discard` throws the rest away",
+            hint=f"pull what you want first; `vmsandbox rm --group {group} --discard` throws the rest away",
         )
 
 
-@app.command()
-def gc(
-    dry_run: Annotated[
-        bool, typer.Option("--dry-run", "-n", help="Say what would be cleaned up; change nothing.")
-    ] = False,
-) -> None:
-    """Clean up sessions whose VM is gone or whose run was killed, and orphaned VMs.
+def _stale(dry: bool) -> None:
+    from vmsandbox.core import sessions
 
-    Removes sessions whose VM is gone or whose `vmsandbox run` died, and vmsandbox domains without a session
-    (here, and this machine's on every host under `hosts:`; a host that does not answer is said and skipped).
-    Sessions holding unsynced changes are kept (a stopped VM's changes are exported to its outbox).
-
-    Examples:
-
-    `vmsandbox gc --dry-run`
-
-    `vmsandbox gc`
-    """
-    from vmsandbox.session import settings as config
-    from vmsandbox.session.end import gc as collect
-
-    settings = config.load()
-    done = list(collect.gc(settings.libvirt_uri, limit=sync_limit(), hosts=settings.hosts, dry=dry_run))
+    done = list(sessions.stale(dry=dry))
     for line in done:
         ui.info(line)
     if not done:
-        ui.info("Nothing to clean up.")
+        ui.info("Nothing stale: every session's VM is where its record says.")

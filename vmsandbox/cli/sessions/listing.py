@@ -1,188 +1,140 @@
-"""`vmsandbox ls` (`ps`, `list`), `inspect` and `ssh-config`: what sessions there are, one session in full,
-and how an editor or an ssh client reaches one."""
+"""`vmsandbox ls` and `inspect`: what sessions there are, and one (or several) in full — or as the ssh config an
+editor reaches it with."""
 
 from __future__ import annotations
 
-import fnmatch
-import string
 from typing import Annotated, Any
 
 import typer
 
 from vmsandbox import ui
-from vmsandbox.cli.base import (
-    ALIASES,
-    AllSessions,
-    AsJson,
-    Quiet,
-    SessionName,
-    SessionNames,
-    age,
-    app,
-    columns,
-    each_session,
-    print_json,
-)
-from vmsandbox.errors import UsageError, VmsandboxError
+from vmsandbox.cli import complete, output
+from vmsandbox.cli.base import AllSessions, SessionNames, age, app, each_session
+from vmsandbox.cli.output import AsJson, Column, Format, Quiet
+from vmsandbox.errors import UsageError
 
-FILTER_KEYS = ("name", "state", "host", "network", "blueprint", "group", "project")
-REACHABLE = ("running", "paused", "booting")  # the states in which the session's SSH port answers
-Format = Annotated[
-    str | None,
-    typer.Option(
-        "--format", metavar="FORMAT", help="Print each session with a Python format string, e.g. '{name} {state}'."
-    ),
-]
+FIELDS = (  # what a row has (`ls --json` gives each of them; --format names them)
+    "name", "state", "host", "created", "age_seconds", "project", "accel", "ports", "cpus", "memory_mib", "image",
+    "keep", "domain", "unsynced", "network", "blueprint", "publish", "egress", "start", "group", "forked_from",
+    "disk_bytes", "problem", "hint",
+)  # fmt: skip
 Filter = Annotated[
     list[str] | None,
     typer.Option(
         "--filter",
         "-f",
         metavar="KEY=VALUE",
-        help=f"Only sessions with KEY=VALUE[,KEY=VALUE] ({', '.join(FILTER_KEYS)}).",
+        help=f"Only sessions with KEY=VALUE[,KEY=VALUE] ({', '.join(complete.FILTER_KEYS)}; repeatable).",
+        autocompletion=complete.filters,
     ),
 ]
 
 
-def parse_filters(given: list[str]) -> dict[str, set[str]]:
-    """`--filter state=running,host=local` (and more --filter): each key must match one of its values."""
-    wanted: dict[str, set[str]] = {}
-    for part in (p for text in given for p in text.split(",") if p):
-        key, eq, value = part.partition("=")
-        if not eq or key not in FILTER_KEYS:
-            raise UsageError(
-                f"--filter {part!r}: expected KEY=VALUE with KEY one of {', '.join(FILTER_KEYS)}",
-                hint="e.g. `vmsandbox ls --filter state=running,host=local` (name=exp* takes a wildcard)",
-            )
-        wanted.setdefault(key, set()).add(value)
-    return wanted
+def _ssh(r: dict[str, Any]) -> str:
+    ssh = (r.get("ports") or {}).get("ssh")
+    return "-" if ssh is None else f"127.0.0.1:{ssh}"
 
 
-def matches(row: dict[str, Any], wanted: dict[str, set[str]]) -> bool:
-    return all(any(fnmatch.fnmatchcase(str(row.get(k) or ""), v) for v in values) for k, values in wanted.items())
+def _network(r: dict[str, Any]) -> str:
+    return str(r["network"]) + ("" if r["egress"] in ("up", "off") else f" ({r['egress']})")
 
 
-def formatted(fmt: str, row: dict[str, Any]) -> str:
-    """A row through the user's format string; an unknown field is a usage error naming the fields."""
-
-    class Row(dict[str, Any]):
-        def __missing__(self, key: str) -> str:
-            if row.get("state") == "damaged":
-                return "?"  # a damaged record has a name and a problem only
-            raise UsageError(f"--format: no field {key!r}", hint=f"the fields: {', '.join(sorted(row))}")
-
-    try:
-        return string.Formatter().vformat(fmt, (), Row(row))
-    except (ValueError, IndexError, AttributeError, TypeError) as exc:
-        raise UsageError(f"--format {fmt!r}: {exc}", hint="e.g. --format '{name}\\t{state}\\t{ports[ssh]}'") from None
+def _or_dash(show: Any) -> Any:
+    """A cell of a damaged session, which has a name and a problem only: `-`."""
+    return lambda r: "-" if r["state"] == "damaged" else show(r)
 
 
-def session_rows(broken: list[VmsandboxError] | None = None) -> list[dict[str, Any]]:
-    """Every session as `ls --json` gives it; a damaged one with its state `damaged` and its problem. Given
-    `broken`, a config with problems is read as far as it passes and its problems added there."""
-    from vmsandbox.session import settings as config
-    from vmsandbox.session import state
-
-    if broken is None:
-        uri = config.load().libvirt_uri
-    else:
-        settings, problems = config.load_lenient()
-        uri = settings.libvirt_uri
-        broken += problems
-    found, damaged = state.listing(uri)
-    rows = [s.as_dict() for s in found]
-    for r in rows:
-        if r["state"] not in REACHABLE:
-            r["ports"] = {**r["ports"], "ssh": None}  # an exited VM's port is another program's now
-    return [*rows, *(d.as_dict() for d in damaged)]
+TABLE = (
+    Column("NAME", lambda r: r["name"]),
+    Column("STATE", lambda r: r["state"]),
+    Column("AGE", _or_dash(lambda r: age(r["age_seconds"]))),
+    Column("SSH", _or_dash(_ssh)),
+    Column("NETWORK", _or_dash(_network)),
+    Column("UNSYNCED", _or_dash(lambda r: "?" if r["unsynced"] is None else str(r["unsynced"]))),
+    Column("HOST", _or_dash(lambda r: r["host"])),
+    Column("PROJECT", _or_dash(lambda r: r["project"])),
+)
 
 
 @app.command("ls")
 def ls(as_json: AsJson = False, quiet: Quiet = False, fmt: Format = None, filters: Filter = None) -> None:
     """List sessions.
 
-    Lists what it knows even when libvirt does not answer; a session whose record is damaged is a row of its
-    own (`vmsandbox destroy NAME --discard` removes it). `--json` gives every field `--format` can use.
+    It lists what it knows even when libvirt does not answer; a session whose record is damaged is a row of its
+    own (`vmsandbox rm NAME --discard` removes it). A broken config is said in a line first, and the rest of it
+    used. Columns too wide for the terminal are cut: `--json` and `vmsandbox inspect NAME` give everything whole.
 
-    Examples:
+    Examples: `vmsandbox ls -q` · `vmsandbox ls --filter state=running --format '{{.Name}} {{.Ports.ssh}}'` ·
+    `vmsandbox ls --format 'table {{.Name}}\\t{{.MemoryMib}}\\t{{.Project}}'`"""
+    from vmsandbox.core import listing
 
-    `vmsandbox ls -q`
-
-    `vmsandbox ls --filter state=running --format '{name} {ports[ssh]}'`"""
-    from vmsandbox.document import FileError
-
-    wanted = parse_filters(filters or [])
-    broken: list[VmsandboxError] = []
-    rows = [r for r in session_rows(broken) if matches(r, wanted)]
-    for exc in broken:  # a line before the table, never in its way: the listing goes on with what passes
-        ui.warn(f"{exc.brief()}; `vmsandbox config validate` lists them" if isinstance(exc, FileError) else exc.message)
-    if as_json:
-        print_json(rows)
-    elif quiet or fmt is not None:
-        for r in rows:
-            print(r["name"] if quiet else formatted(fmt or "", r))
-    elif not rows:
-        ui.info("No sessions." if not wanted else "No session matches.")
-    else:
-        columns(
-            ["NAME", "STATE", "AGE", "ACCEL", "SSH", "MEMORY", "DISK", "NETWORK", "UNSYNCED", "HOST", "PROJECT"],
-            [_cells(r) for r in rows],
-        )
-
-
-def _cells(r: dict[str, Any]) -> list[str]:
-    if r["state"] == "damaged":
-        return [r["name"], "damaged", *["-"] * 8, r["problem"]]
-    ssh = r["ports"]["ssh"]
-    return [
-        r["name"],
-        r["state"],
-        age(r["age_seconds"]),
-        r["accel"],
-        "-" if ssh is None else f"127.0.0.1:{ssh}",
-        f"{r['memory_mib']} MiB",
-        f"{r['disk_bytes'] / 1024**2:.0f} MiB",
-        r["network"] + ("" if r["egress"] in ("up", "off") else f" ({r['egress']})"),
-        "?" if r["unsynced"] is None else str(r["unsynced"]),
-        r["host"],
-        r["project"],
-    ]
-
-
-for _alias in ("ps", "list"):
-    app.command(_alias, help="Same as `ls`.", rich_help_panel=ALIASES)(ls)
+    output.formats(fmt)
+    output.template(fmt, FIELDS)  # a template naming no field: refused before anything is asked
+    keys = {k: (complete.filter_values(k) if k in complete.CHECKED_FILTERS else None) for k in complete.FILTER_KEYS}
+    wanted = output.filters(filters or [], keys)
+    broken: list[str] = []
+    rows = [r for r in listing.rows(broken) if output.matches(r, wanted)]
+    for line in broken:  # a line before the table, never in its way: the listing goes on with what passes
+        ui.warn(line)
+    empty = (
+        "No session matches; `vmsandbox ls` lists them all."
+        if wanted
+        else "No sessions. Start one with `vmsandbox run .` (a command, then the review) or `vmsandbox create .`"
+    )
+    output.listing(rows, TABLE, as_json=as_json, quiet=quiet, fmt=fmt, empty=empty, paths=("PROJECT",), fields=FIELDS)
 
 
 @app.command()
-def inspect(name: SessionName, as_json: AsJson = False) -> None:
-    """Show everything known of one session.
+def inspect(
+    names: SessionNames = None,
+    every: AllSessions = False,
+    fmt: Annotated[
+        str | None,
+        typer.Option(
+            "--format",
+            metavar="FORMAT",
+            help="json, ssh-config (a `Host vmsandbox-NAME` block for ~/.ssh/config), or a template: '{{.State}}'.",
+            autocompletion=complete.formats,
+        ),
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="JSON: an object for one name, else an array.")] = False,
+) -> None:
+    """Show everything known of sessions, or their ssh config.
 
-    Its state, host, image, resources, network and published ports, files, checkpoints and how to reach it.
+    Each session's state, host, image, resources, network and published ports, files, checkpoints and how to reach
+    it. `--format ssh-config` prints the block VS Code's or Cursor's Remote-SSH, JetBrains Gateway and `ssh
+    vmsandbox-NAME` attach with (its port, key and pinned host key).
 
-    Examples:
+    Examples: `vmsandbox inspect exp1` · `vmsandbox inspect exp1 --format '{{.State}}'` · `vmsandbox inspect
+    --format ssh-config exp1 >> ~/.ssh/config`"""
+    from vmsandbox.core import listing
 
-    `vmsandbox inspect exp1`
-
-    `vmsandbox inspect exp1 --json`"""
-    from vmsandbox.session.place import checkpoints
-    from vmsandbox.session.record import Record
-
-    record = Record.load(name)  # a missing or damaged session: its error, with its hint
-    row = next((r for r in session_rows() if r["name"] == name), None)
-    if row is None:
-        raise VmsandboxError(f"no session named {name!r}", hint="list sessions with `vmsandbox ls`")
-    files = record.files
-    row = {
-        **row,
-        "checkpoints": [c.label for c in checkpoints.listed(files)],
-        "files": {"directory": str(files.root), "console_log": str(files.console_log), "ssh_config": None},
-        "user": record.user,
-    }
-    if row["state"] in REACHABLE:
-        row["files"]["ssh_config"] = str(files.ssh_config)
-    if as_json:
-        print_json(row)
+    output.formats(fmt, ("ssh-config",))
+    shaped = output.template(fmt, [*FIELDS, "checkpoints", "files", "user"]) if fmt != "ssh-config" else None
+    if fmt == "ssh-config":
+        _ssh_config(names, every)
         return
+    if as_json or fmt == "json":
+        if every or len(names or []) != 1:
+            found = [listing.inspect(n) for n in (listing.names() if every else names or [])]
+            if not (every or names):
+                raise UsageError("`inspect` needs a session name", hint="`vmsandbox inspect NAME...`, or `--all`")
+            output.print_json(found)
+        else:
+            output.print_json(listing.inspect((names or [""])[0]))
+        return
+
+    def one(name: str) -> None:
+        row = listing.inspect(name)
+        if shaped is not None:
+            print(shaped.render(row))
+            return
+        _print_row(row)
+
+    each_session(names, every, verb="inspect", which=listing.names, act=one)
+
+
+def _print_row(row: dict[str, Any]) -> None:
     for key, value in row.items():
         if isinstance(value, dict):
             for k, v in value.items():
@@ -193,42 +145,14 @@ def inspect(name: SessionName, as_json: AsJson = False) -> None:
             print(f"{key}: {'-' if value is None else value}")
 
 
-EDITOR_OPTIONS = (  # of the session's own ssh options, what an editor's client needs (not our control socket)
-    "HostName", "Port", "User", "IdentityFile", "IdentitiesOnly", "UserKnownHostsFile", "GlobalKnownHostsFile",
-    "StrictHostKeyChecking", "HostKeyAlgorithms", "CheckHostIP", "PasswordAuthentication",
-    "KbdInteractiveAuthentication", "ForwardAgent", "ForwardX11", "ServerAliveInterval", "ServerAliveCountMax",
-)  # fmt: skip
-
-
-def ssh_block(name: str) -> str:
-    from vmsandbox.guest import ssh
-    from vmsandbox.session.record import Record
-
-    endpoint = Record.load(name).endpoint()
-    options = endpoint.ssh_options()
-    lines = [f"Host {ssh.host_alias(name)}", *(f"    {k} {options[k]}" for k in EDITOR_OPTIONS)]
-    return "\n".join(lines) + "\n"
-
-
-@app.command("ssh-config")
-def ssh_config(names: SessionNames = None, every: AllSessions = False) -> None:
-    """Print the ssh config of sessions, for an editor or ssh.
-
-    A `Host vmsandbox-NAME` block with the session's port, key and pinned host key; append it to
-    ~/.ssh/config and VS Code's or Cursor's Remote-SSH, JetBrains Gateway or `ssh vmsandbox-NAME` attach to it.
-
-    Examples:
-
-    `vmsandbox ssh-config exp1 >> ~/.ssh/config`
-
-    `vmsandbox ssh-config --all`"""
-    from vmsandbox.session.record import names as all_names
+def _ssh_config(names: list[str] | None, every: bool) -> None:
+    from vmsandbox.core import listing
 
     printed: list[str] = []
 
     def one(name: str) -> None:  # blocks apart by a blank line; a session that has none is named at the end
-        block = ssh_block(name)
+        block = listing.ssh_config(name)
         print(("\n" if printed else "") + block, end="", flush=True)
         printed.append(name)
 
-    each_session(names, every, verb="ssh-config", which=all_names, act=one)
+    each_session(names, every, verb="inspect", which=listing.names, act=one)
