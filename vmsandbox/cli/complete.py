@@ -82,10 +82,10 @@ def ports(ctx: Any, incomplete: str) -> list[str]:
 
 def allowed(ctx: Any, incomplete: str) -> list[str]:
     """The allowlist entries of the session named before (`policy deny NAME <TAB>`), but those given."""
-    from vmsandbox.core import policy
+    from vmsandbox.core import watch
 
     name = ctx.params.get("name")
-    return _starting(_quietly(lambda: policy.allowlist(name).entries), incomplete, given(ctx)) if name else []
+    return _starting(_quietly(lambda: watch.allowlist(name).entries), incomplete, given(ctx)) if name else []
 
 
 def blueprints(incomplete: str) -> list[str]:
@@ -146,9 +146,9 @@ def trusted(incomplete: str) -> list[str]:
 
 
 def networks(incomplete: str) -> list[str]:
-    from vmsandbox.core import policy
+    from vmsandbox.core import watch
 
-    return _starting(policy.MODES, incomplete)
+    return _starting(watch.MODES, incomplete)
 
 
 def accel(incomplete: str) -> list[str]:
@@ -175,11 +175,11 @@ CHECKED_FILTERS = ("state", "network", "host")  # keys whose value must be one o
 def filter_values(key: str) -> list[str]:
     """The values `ls --filter KEY=` may take (those a session here has, for a name, fan-out or blueprint)."""
     from vmsandbox.core import hosts as hostlist
-    from vmsandbox.core import images, listing, policy
+    from vmsandbox.core import images, listing, watch
 
     found: dict[str, Callable[[], Iterable[str]]] = {
         "state": lambda: listing.STATES,
-        "network": lambda: policy.MODES,
+        "network": lambda: watch.MODES,
         "host": hostlist.names,
         "blueprint": images.blueprint_names,
         "group": listing.groups,

@@ -30,9 +30,9 @@ def allow(name: SessionName, hosts: Hosts) -> None:
     Its proxy lets them through from the next connection on; the change is in `vmsandbox policy log NAME`.
 
     Example: `vmsandbox policy allow exp1 crates.io '*.crates.io'`"""
-    from vmsandbox.core import policy as core
+    from vmsandbox.core import watch
 
-    added = core.allow(name, hosts)
+    added = watch.allow(name, hosts)
     ui.info(f"Session {name} now also reaches {', '.join(added)}" if added else "Already allowed; nothing changed")
 
 
@@ -53,9 +53,9 @@ def deny(
     New connections to them are refused; open ones go on.
 
     Example: `vmsandbox policy deny exp1 registry.npmjs.org`"""
-    from vmsandbox.core import policy as core
+    from vmsandbox.core import watch
 
-    removed = core.deny(name, hosts)
+    removed = watch.deny(name, hosts)
     ui.info(f"Session {name} no longer reaches {', '.join(removed)} (new connections)")
 
 
@@ -67,10 +67,10 @@ def ls(name: SessionName, as_json: AsJson = False, quiet: Quiet = False, fmt: Fo
     the private networks allowed names may resolve to.
 
     Example: `vmsandbox policy ls exp1`"""
-    from vmsandbox.core import policy as core
+    from vmsandbox.core import watch
 
     output.formats(fmt)
-    found = core.allowlist(name)
+    found = watch.allowlist(name)
     rows = [{"entry": e, "kind": "host"} for e in found.entries]
     rows += [{"entry": n, "kind": "network"} for n in found.networks]
     if not (as_json or quiet or fmt):

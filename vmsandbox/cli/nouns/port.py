@@ -26,10 +26,10 @@ def ls(name: SessionName, as_json: AsJson = False, quiet: Quiet = False, fmt: Fo
     """List a session's published ports.
 
     Example: `vmsandbox port ls exp1`"""
-    from vmsandbox.core import policy
+    from vmsandbox.core import watch
 
     output.formats(fmt)
-    rows = [{**p.as_dict(), "places": p.places()} for p in policy.ports(name)]
+    rows = [{**p.as_dict(), "places": p.places()} for p in watch.ports(name)]
     table = (Column("GUEST", lambda r: f"{r['guest']}/tcp"), Column("ON", lambda r: ", ".join(r["places"])))
     empty = f"Session {name} publishes no ports: `vmsandbox port publish {name} [HOST_PORT:]GUEST_PORT`"
     output.listing(rows, table, as_json=as_json, quiet=quiet, fmt=fmt, key="guest", empty=empty,
@@ -50,9 +50,9 @@ def publish(
     On a free host port unless HOST_PORT says which, on 127.0.0.1 and ::1 unless --publish-address says where.
 
     Examples: `vmsandbox port publish exp1 3000` · `vmsandbox port publish exp1 8080:3000`"""
-    from vmsandbox.core import policy
+    from vmsandbox.core import watch
 
-    done = policy.publish(name, spec, address)
+    done = watch.publish(name, spec, address)
     ui.info(f"Guest port {done.guest} is published on {', '.join(done.places())}")
 
 
@@ -66,7 +66,7 @@ def rm(
     Every host port it has, or only the one HOST_PORT names.
 
     Example: `vmsandbox port rm exp1 3000`"""
-    from vmsandbox.core import policy
+    from vmsandbox.core import watch
 
-    for gone in policy.unpublish(name, spec):
+    for gone in watch.unpublish(name, spec):
         ui.info(f"Guest port {gone.guest} is no longer published on {', '.join(gone.places())}")

@@ -99,9 +99,9 @@ def wipe(name: SessionName) -> None:
     secrets stop working; the workspace is not touched.
 
     Example: `vmsandbox secret wipe exp1`"""
-    from vmsandbox.core import policy
+    from vmsandbox.core import watch
 
-    removed = policy.wipe(name)
+    removed = watch.wipe(name)
     for path in removed:
         ui.err.print(f"  [red]removed[/] {ui.printable(path)}")
     ui.info(f"Session {name}: {len(removed)} credential file(s) removed, placeholders revoked; workspace untouched.")

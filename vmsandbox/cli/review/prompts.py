@@ -77,7 +77,7 @@ def held_lines(plan: Plan, width: int | None = None) -> list[str]:
 
     width = width or ui.err.width
     lines = []
-    for g in outline(plan.todo, plan.mass is not None).groups:
+    for g in outline(plan).groups:
         take = " ".join(g.flags) if g.flags else "only `y` at the prompt"
         head = f"  held {len(g.numbers):>3}  "
         room = width - len(head) - len(" · ") - len(take)
@@ -103,7 +103,7 @@ def ask_person(plan: Plan) -> Decisions:
 
     if plan.mass is not None:
         return _ask_mass(plan)
-    shape = outline(plan.todo)
+    shape = outline(plan)
     accepted: list[Item] = []
     answer = _ask_items(plan, shape.source, accepted, shape.order)
     for g, line in zip(shape.groups, held_lines(plan), strict=True):
