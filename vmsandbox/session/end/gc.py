@@ -114,7 +114,7 @@ def _keeps_work(record: Record, state: State, limit: int) -> str | None:
     if state is State.EXITED and not record.exported:
         outbox.export(g)
         lifecycle.retire(record)
-    return f"{len(left)} unsynced change(s); `vmsandbox pull {record.name}` or `vmsandbox pull {record.name}`"
+    return f"{len(left)} unsynced change(s); `vmsandbox pull {record.name}` reviews them"
 
 
 def _stale_captures(sessions: Path, tidy: Tidy) -> Iterator[str]:
