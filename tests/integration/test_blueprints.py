@@ -85,7 +85,8 @@ while (my $c = $s->accept) {
 def test_a_dev_server_in_the_guest_answers_on_host_loopback(cli: Cli, dev: tuple[str, int]) -> None:
     name, port = dev
     listing = cli.run("port", "ls", name).stdout.decode()
-    assert f"8000/tcp -> 127.0.0.1:{port}" in listing and f"8000/tcp -> [::1]:{port}" in listing
+    rows = [line.split(None, 1) for line in listing.splitlines()]
+    assert rows == [["GUEST", "ON"], ["8000/tcp", f"127.0.0.1:{port}, [::1]:{port}"]], listing
     start = cli.run("exec", name, "--", "sh", "-c", f"setsid perl -e {_sh_quote(PERL_SERVER)} >/dev/null 2>&1 &")
     assert start.returncode == 0, start.stderr.decode()
 

@@ -171,7 +171,7 @@ def test_destroy_force_and_recover_killed_then_rerun(cli: Cli, busy_session: str
     assert k.returncode == -9
     assert state_of(cli, name) == "running"  # not retired: the VM still holds the work
     d = cli.run("rm", name, "--force")
-    assert d.returncode == 0 and b"exported to" in d.stderr, d.stderr.decode()
+    assert d.returncode == 0 and b"kept in" in d.stderr and b"outbox" in d.stderr, d.stderr.decode()
     assert state_of(cli, name) == "exported"
     k = cli.run("pull", name, "--yes", "--include-binary", env=cli.env(**killed_at("pull.apply")))
     assert k.returncode == -9

@@ -277,6 +277,8 @@ def test_inspect_and_ls_with_a_filter_and_a_format(shared: Record, cli: Cli) -> 
     seen = json.loads(r.stdout)
     assert seen["state"] == "running" and seen["ports"]["ssh"] == shared.ssh_port
     assert Path(seen["files"]["ssh_config"]).exists()
-    listed = cli.run("ls", "--filter", f"name={shared.name},state=running", "--format", "{name} {ports[ssh]}")
-    assert listed.stdout.decode().splitlines() == [f"{shared.name} {shared.ssh_port}"]
+    listed = cli.run("ls", "--filter", f"name={shared.name},state=running", "--format", "{{.Name}} {{.Ports.ssh}}")
+    assert listed.stdout.decode().splitlines() == [f"{shared.name} {shared.ssh_port}"], listed.stderr.decode()
+    old = cli.run("ls", "--format", "{name} {ports[ssh]}")  # a Python format string names no field: refused
+    assert old.returncode == 2 and old.stdout == b"" and b"{{.Name}}" in old.stderr, old.stderr.decode()
     assert cli.run("ls", "-q", "--filter", f"name={shared.name},state=stopped").stdout == b""
