@@ -94,7 +94,6 @@ def send(host: str, *, version: str | None, blueprint_name: str | None) -> str:
                 hint=f"build it here first: `vmsandbox image build --blueprint {blueprint_name}`",
             )
         found = layer
-    ui.info(f"Sending {found.path.name} to host {host}")
     return f"{found.path.name}: {hosts.hold_image(spec, found)}"
 
 
