@@ -40,25 +40,25 @@ def experiments(project: Path, run: int) -> tuple[float, float, float]:
     name, fork = f"bench-{os.getpid()}-{run}", f"bench-{os.getpid()}-{run}-f"
     subprocess.run([*CLI, "run", "--keep", "--name", name, str(project), "--", "true"], check=True, capture_output=True)
     try:
-        checkpoint = timed("checkpoint", name, "c1")
+        checkpoint = timed("checkpoint", "create", name, "c1")
         subprocess.run([*CLI, "exec", name, "--", "sh", "-c", "echo x > later.txt"], check=True, capture_output=True)
-        rollback = timed("rollback", name, "c1")
+        rollback = timed("checkpoint", "restore", name, "c1")
         start = time.monotonic()
-        subprocess.run([*CLI, "fork", name, fork], check=True, capture_output=True)
+        subprocess.run([*CLI, "create", "--from", name, "--name", fork], check=True, capture_output=True)
         subprocess.run([*CLI, "exec", fork, "--", "true"], check=True, capture_output=True)  # a usable shell
         forked = time.monotonic() - start
         return checkpoint, rollback, forked
     finally:
         for n in (fork, name):
-            subprocess.run([*CLI, "destroy", n, "--discard"], check=False, capture_output=True)
+            subprocess.run([*CLI, "rm", n, "--discard"], check=False, capture_output=True)
 
 
 def fanout(project: Path, run: int, n: int) -> float:
     group = f"fan-{os.getpid()}-{run}"
     try:
-        return timed("fanout", str(n), str(project), "--name", group, "--", "true")
+        return timed("run", "--fanout", str(n), str(project), "--name", group, "--", "true")
     finally:
-        subprocess.run([*CLI, "destroy", "--group", group, "--discard"], check=False, capture_output=True)
+        subprocess.run([*CLI, "rm", "--group", group, "--discard"], check=False, capture_output=True)
 
 
 def main() -> None:

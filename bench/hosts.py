@@ -73,7 +73,7 @@ def main() -> None:
         print(f"  run --host far -- true, cold (--cold):         {c:.1f}s")
         print(f"  run --host far -- true, warm:                  {w:.1f}s  ratio to cold {w / c:.2f} (target <= 0.5)")
     finally:
-        subprocess.run([*CLI, "gc"], check=False, capture_output=True)
+        subprocess.run([*CLI, "rm", "--stale"], check=False, capture_output=True)
         far.stop()
         shutil.rmtree(work, ignore_errors=True)
 

@@ -130,7 +130,9 @@ class BlueprintFile(File):
     copy_: list[str] = Field(
         default_factory=list, alias="copy", description="Files under ~ copied into the guest's home (never back)."
     )
-    credentials: list[str] = Field(default_factory=list, description="Home-relative files `vmsandbox clean` wipes.")
+    credentials: list[str] = Field(
+        default_factory=list, description="Home-relative files `vmsandbox secret wipe` wipes."
+    )
     env: dict[str, str] = Field(default_factory=dict, description="The environment of every login in the guest.")
     login: LoginEntry = Field(None, description="How the agent signs in, for logins kept across sessions.")  # type: ignore[assignment]
 

@@ -113,7 +113,7 @@ def records() -> dict[str, dict[str, Any]]:
         return {}
     except ValueError as exc:
         raise VmsandboxError(
-            f"{_store()} is damaged: {exc}", hint="remove it; then trust your projects again with `vmsandbox trust`"
+            f"{_store()} is damaged: {exc}", hint="remove it; then trust your projects again with `vmsandbox trust add`"
         ) from exc
     return data if isinstance(data, dict) else {}
 
@@ -160,7 +160,7 @@ class UntrustedError(VmsandboxError):
         since = " (it changed since you trusted it)" if changed else ""
         super().__init__(
             f"{path} is not trusted{since}: it sets {what}, which widen what a session may do",
-            hint=f"read it, then `vmsandbox trust {project}` (it shows what the file changes)",
+            hint=f"read it, then `vmsandbox trust add {project}` (it shows what the file changes)",
         )
         self.path = path
         self.keys = keys

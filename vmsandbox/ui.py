@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import logging
+import os
 import sys
 import threading
 import time
@@ -14,8 +15,19 @@ from typing import TextIO
 
 from rich.console import Console
 
-err = Console(stderr=True, highlight=False, soft_wrap=True)  # a hint split mid-command helps nobody
-out = Console(highlight=False, soft_wrap=True)
+
+def plain() -> bool:
+    """NO_COLOR (no-color.org: set and not empty): no colour and no style, not even the dimmed "hint:"."""
+    return bool(os.environ.get("NO_COLOR"))
+
+
+def console(*, stderr: bool) -> Console:
+    """A console that honours NO_COLOR (rich alone keeps bold and dim under it)."""
+    return Console(stderr=stderr, highlight=False, soft_wrap=True, color_system=None if plain() else "auto")
+
+
+err = console(stderr=True)  # soft_wrap: a hint split mid-command helps nobody
+out = console(stderr=False)
 log = logging.getLogger("vmsandbox")
 
 
@@ -37,10 +49,15 @@ def _quiet() -> str | None:
     return prefix
 
 
+SHOWN = {"shown": True}  # a log record a person was shown already (`-v` does not say it twice on stderr)
+
+
 def info(message: str) -> None:
     if _quiet() is None:
         err.print(message)
-    log.info(message)
+        log.info(message, extra=SHOWN)
+    else:
+        log.info(message)
 
 
 _warned: set[str] = set()  # warnings quiet threads printed already: N sessions say "using TCG" once
@@ -55,7 +72,7 @@ def warn(message: str) -> None:
             return
         _warned.add(message)
     err.print(f"{printable(f'[{prefix}] ') if prefix else ''}[yellow]warning:[/] {printable(message)}")
-    log.warning(message)
+    log.warning(message, extra=SHOWN)
 
 
 Detail = Callable[[str], None]

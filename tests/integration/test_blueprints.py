@@ -65,10 +65,10 @@ def dev(
     env = cli.env(SUDO_USER="alice", SUDO_UID="1234", SUDO_GID="2345")
     r = cli.run("run", "--keep", "--publish", "8000", "--name", name, str(project), "--", "true", env=env)
     assert r.returncode == 0, r.stderr.decode()
-    ports = json.loads(cli.run("port", name, "--json").stdout)
+    ports = json.loads(cli.run("port", "ls", name, "--json").stdout)
     yield name, int(ports[0]["host"])
     keep_console_on_failure(request, name)
-    cli.run("destroy", name, "--discard")
+    cli.run("rm", name, "--discard")
     assert_gone(name)
 
 
@@ -84,8 +84,9 @@ while (my $c = $s->accept) {
 
 def test_a_dev_server_in_the_guest_answers_on_host_loopback(cli: Cli, dev: tuple[str, int]) -> None:
     name, port = dev
-    listing = cli.run("port", name).stdout.decode()
-    assert f"8000/tcp -> 127.0.0.1:{port}" in listing and f"8000/tcp -> [::1]:{port}" in listing
+    listing = cli.run("port", "ls", name).stdout.decode()
+    rows = [line.split(None, 1) for line in listing.splitlines()]
+    assert rows == [["GUEST", "ON"], ["8000/tcp", f"127.0.0.1:{port}, [::1]:{port}"]], listing
     start = cli.run("exec", name, "--", "sh", "-c", f"setsid perl -e {_sh_quote(PERL_SERVER)} >/dev/null 2>&1 &")
     assert start.returncode == 0, start.stderr.decode()
 

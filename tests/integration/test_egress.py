@@ -65,7 +65,7 @@ class Guest:
         return self.cli.run(*argv, timeout=180)
 
     def events(self) -> list[dict[str, object]]:
-        r = self.cli.run("logs", self.record.name, "proxy", "--json")
+        r = self.cli.run("policy", "log", self.record.name, "--json")
         assert r.returncode == 0, r.stderr.decode()
         return [json.loads(line) for line in r.stdout.decode().splitlines()]
 
@@ -146,12 +146,12 @@ def test_denied_and_loopback_requests_are_refused_and_logged(guest: Guest) -> No
     assert refused(f"127.0.0.1:{port}", "IP literal"), denied
     assert refused(f"[::1]:{port}", "IP literal"), denied
     assert refused("localhost", "loopback"), denied
-    readable = guest.cli.run("logs", guest.record.name, "proxy")
+    readable = guest.cli.run("policy", "log", guest.record.name)
     assert b"DENY" in readable.stdout and b"denied.invalid" in readable.stdout
 
 
 def test_logs_follow_shows_new_decisions(guest: Guest) -> None:
-    follower = guest.cli.popen("logs", guest.record.name, "proxy", "--follow")
+    follower = guest.cli.popen("policy", "log", guest.record.name, "--follow")
     try:
         time.sleep(1.5)
         guest.sh("curl -sS -m 20 -o /dev/null https://follow-me.invalid/")
@@ -286,7 +286,7 @@ def test_clean_removes_credentials_and_keeps_the_workspace(guest: Guest) -> None
     )
     assert r.returncode == 0, r.stderr.decode()
     before = guest.sh("find . -type f | sort | xargs sha256sum").stdout
-    r = guest.cli.run("clean", guest.record.name)
+    r = guest.cli.run("secret", "wipe", guest.record.name)
     assert r.returncode == 0, r.stderr.decode()
     assert b".credentials.json" in r.stderr and b"auth.json" in r.stderr
     left = guest.sh(
@@ -357,8 +357,8 @@ def test_docker_runs_a_local_image_as_root_and_as_the_user(guest: Guest) -> None
 
 
 def test_allow_and_deny_change_a_running_sessions_allowlist(guest: Guest) -> None:
-    """`vmsandbox deny` takes a host off the allowlist of the running session (its next request is refused,
-    naming the command that allows it again), `vmsandbox allow` puts it back; both are in the proxy log."""
+    """`vmsandbox policy deny` takes a host off the allowlist of the running session (its next request is refused,
+    naming the command that allows it again), `vmsandbox policy allow` puts it back; both are in the proxy log."""
     guest.standins()
     name = guest.record.name
 
@@ -367,21 +367,24 @@ def test_allow_and_deny_change_a_running_sessions_allowlist(guest: Guest) -> Non
         return r.stdout
 
     assert fetch() == b"200"
-    r = guest.cli.run("deny", name, HTTP)
+    r = guest.cli.run("policy", "deny", name, HTTP)
     assert r.returncode == 0, r.stderr.decode()
     assert fetch() == b"403"
     refusal = [e for e in guest.events() if e.get("host") == HTTP and e["decision"] == "deny"][-1]
-    assert f"vmsandbox allow {name} {HTTP}" in str(refusal["reason"])
-    again = guest.cli.run("deny", name, HTTP)
+    assert f"vmsandbox policy allow {name} {HTTP}" in str(refusal["reason"])
+    again = guest.cli.run("policy", "deny", name, HTTP)
     assert again.returncode != 0 and b"is not in the allowlist" in again.stderr
-    r = guest.cli.run("allow", name, HTTP, "*.example.org")
+    r = guest.cli.run("policy", "allow", name, HTTP, "*.example.org")
     assert r.returncode == 0, r.stderr.decode()
     assert fetch() == b"200"
     policy_lines = [str(e["reason"]) for e in guest.events() if e["decision"] == "policy"]
-    assert policy_lines[-2:] == [f"denied {HTTP} (vmsandbox deny)", f"allowed {HTTP}, *.example.org (vmsandbox allow)"]
-    covered = guest.cli.run("deny", name, "www.example.org")
+    assert policy_lines[-2:] == [
+        f"denied {HTTP} (vmsandbox policy deny)",
+        f"allowed {HTTP}, *.example.org (vmsandbox policy allow)",
+    ]
+    covered = guest.cli.run("policy", "deny", name, "www.example.org")
     assert covered.returncode != 0 and b"*.example.org lets it through" in covered.stderr
-    bad = guest.cli.run("allow", name, "10.0.0.1")
+    bad = guest.cli.run("policy", "allow", name, "10.0.0.1")
     assert bad.returncode != 0 and b"IP literal" in bad.stderr
 
 
@@ -397,21 +400,21 @@ def test_a_port_is_published_and_unpublished_while_the_session_runs(guest: Guest
     ready = 'for i in $(seq 120); do python3 -c "$PROBE" && exit 0; sleep 0.5; done; exit 1'
     probe = "import socket; socket.create_connection(('127.0.0.1', 8123), 1).close()"
     assert guest.sh(f'PROBE="{probe}"; {ready}').returncode == 0, "the guest's server never listened"
-    r = guest.cli.run("port", name, "publish", "8123")
+    r = guest.cli.run("port", "publish", name, "8123")
     assert r.returncode == 0, r.stderr.decode()
-    listed = json.loads(guest.cli.run("port", name, "--json").stdout)
+    listed = json.loads(guest.cli.run("port", "ls", name, "--json").stdout)
     host_port = next(p["host"] for p in listed if p["guest"] == 8123)
     with socket.create_connection(("127.0.0.1", host_port), timeout=30) as conn:
         conn.sendall(b"GET / HTTP/1.0\r\n\r\n")
         assert conn.recv(64).startswith(b"HTTP/1.0 200")
     after = control.daemon_state(guest.record.files)
     assert before is not None and after is not None and after.pid == before.pid  # reloaded, not restarted
-    taken = guest.cli.run("port", name, "publish", "8123")
+    taken = guest.cli.run("port", "publish", name, "8123")
     assert taken.returncode != 0 and b"published already" in taken.stderr
-    r = guest.cli.run("port", name, "unpublish", "8123")
+    r = guest.cli.run("port", "rm", name, "8123")
     assert r.returncode == 0, r.stderr.decode()
     wait_for(lambda: not _listening(host_port), 10, "the published port to close")
-    assert json.loads(guest.cli.run("port", name, "--json").stdout) == []
+    assert json.loads(guest.cli.run("port", "ls", name, "--json").stdout) == []
 
 
 def _listening(port: int) -> bool:

@@ -61,14 +61,14 @@ def marker_running(cli: Cli, name: str) -> bool:
 
 def test_rollback_brings_back_files_and_processes_and_keeps_unsynced_work(cli: Cli, source: str) -> None:
     sh(cli, source, f"echo kept > kept.txt; sync; nohup {MARKER} >/dev/null 2>&1 &")
-    ok(cli, "checkpoint", source, "c1")
-    listed = data(cli, "checkpoints", source, "--json")
+    ok(cli, "checkpoint", "create", source, "c1")
+    listed = data(cli, "checkpoint", "ls", source, "--json")
     assert [c["label"] for c in listed] == ["c1"] and int(str(listed[0]["bytes"])) > 0
     assert marker_running(cli, source), "the checkpoint's save and restore lost the running process"
 
     sh(cli, source, f"rm kept.txt; pkill -f '^{MARKER}$'; echo lost > later.txt")
     assert not marker_running(cli, source)
-    out = ok(cli, "rollback", source, "c1")
+    out = ok(cli, "checkpoint", "restore", source, "c1")
 
     assert sh(cli, source, "cat kept.txt; ls") == "kept\nREADME\nkept.txt\n"
     assert marker_running(cli, source), "the rollback did not bring the process back"
@@ -85,11 +85,11 @@ def test_rollback_brings_back_files_and_processes_and_keeps_unsynced_work(cli: C
 def test_removed_checkpoints_fold_into_a_short_chain_that_still_rolls_back(cli: Cli, source: str) -> None:
     for label, text in (("c2", "two"), ("c3", "three")):
         sh(cli, source, f"echo {text} > {label}.txt; sync")
-        ok(cli, "checkpoint", source, label)
+        ok(cli, "checkpoint", "create", source, label)
     ok(cli, "checkpoint", "rm", source, "c2")
     ok(cli, "checkpoint", "rm", source, "c3")
     sh(cli, source, "echo four > c4.txt; sync")
-    ok(cli, "checkpoint", source, "c4")  # the VM is down here: what c2 and c3 froze is folded away
+    ok(cli, "checkpoint", "create", source, "c4")  # the VM is down here: what c2 and c3 froze is folded away
 
     record = Record.load(source)
     kept = {c.label: c for c in checkpoints.listed(record.files)}
@@ -102,9 +102,9 @@ def test_removed_checkpoints_fold_into_a_short_chain_that_still_rolls_back(cli: 
         assert [i.path.name for i in images[:3]] == list(reversed(record.overlays))
 
     sh(cli, source, "rm c2.txt c3.txt c4.txt")
-    ok(cli, "rollback", source, "c4")
+    ok(cli, "checkpoint", "restore", source, "c4")
     assert sh(cli, source, "cat c2.txt c3.txt c4.txt") == "two\nthree\nfour\n"
-    ok(cli, "rollback", source, "c1")  # taken a minute or more ago: the guest's clock must not say so
+    ok(cli, "checkpoint", "restore", source, "c1")  # taken a minute or more ago: the guest's clock must not say so
     host_now = time.time()
     assert sh(cli, source, "ls") == "README\nkept.txt\n"
     assert abs(int(sh(cli, source, "date +%s")) - host_now) < 10, "the clock was not stepped after the rollback"
@@ -114,7 +114,7 @@ def test_a_fork_copies_state_then_diverges_with_an_identity_of_its_own(cli: Cli,
     sh(cli, source, "echo before > shared.txt; sync")
     fork = unique_name()
     try:
-        ok(cli, "fork", source, fork)
+        ok(cli, "create", "--from", source, "--name", fork)
         record, theirs = Record.load(fork), Record.load(source)
         assert record.forked_from == source and record.group is None
         assert sh(cli, fork, "cat shared.txt") == "before\n"
@@ -138,14 +138,14 @@ def test_a_fork_copies_state_then_diverges_with_an_identity_of_its_own(cli: Cli,
         assert "only-fork.txt" in ok(cli, "diff", fork, "--stat")
         assert "only-fork.txt" not in ok(cli, "diff", source, "--stat")
     finally:
-        cli.run("destroy", fork, "--discard")
+        cli.run("rm", fork, "--discard")
     from_checkpoint = unique_name()
     try:
-        ok(cli, "fork", source, from_checkpoint, "--from", "c1")
+        ok(cli, "create", "--from", f"{source}:c1", "--name", from_checkpoint)
         assert sh(cli, from_checkpoint, "ls") == "README\nkept.txt\n"
         assert Record.load(from_checkpoint).forked_from == f"{source}@c1"
     finally:
-        cli.run("destroy", from_checkpoint, "--discard")
+        cli.run("rm", from_checkpoint, "--discard")
 
 
 def test_fanout_compare_pull_one_destroy_the_group(cli: Cli, project: Path, base_image: store.Image) -> None:
@@ -155,7 +155,7 @@ def test_fanout_compare_pull_one_destroy_the_group(cli: Cli, project: Path, base
         # each guest also writes terminal escapes to its output and into a file's name: the worst it has for
         # the fan-out's summary and for `compare`
         r = cli.run(
-            "fanout", "3", str(project), "--name", group, "--check", "test -s n.txt",
+            "run", "--fanout", "3", str(project), "--name", group, "--check", "test -s n.txt",
             "--", "sh", "-c", f"echo $VMSANDBOX_INDEX > n.txt; printf '{HOSTILE}'; : > \"$(printf 'e{HOSTILE}')\"",
         )  # fmt: skip
         assert r.returncode == 0, r.stderr.decode()
@@ -165,21 +165,21 @@ def test_fanout_compare_pull_one_destroy_the_group(cli: Cli, project: Path, base
             assert Record.load(name).group == group
             assert any(line.split()[:2] == [name, "0"] and line.split()[-1] == "pass" for line in table.splitlines())
             assert "\x1b]0;pwned\x07" in (Record.load(name).files.root / "fanout.log").read_text()  # kept as sent
-        rows = data(cli, "compare", *names, "--json")
+        rows = data(cli, "diff", names[0], *(w for n in names[1:] for w in ("--against", n)), "--stat", "--json")
         n_txt = next(row for row in rows if row["path"] == "n.txt")
         assert n_txt["sessions"] == dict.fromkeys(names, "added") and n_txt["agree"] is False
-        shown = cli.run("compare", *names)
+        shown = cli.run("diff", names[0], *(w for n in names[1:] for w in ("--against", n)))
         assert shown.returncode == 0 and b"\x1b" not in shown.stdout and b"\\x1b]0;pwned" in shown.stdout
         assert "-1\n+2\n" in ok(cli, "diff", names[1], "--against", names[0])
 
         ok(cli, "pull", names[1], "--yes")
         assert (project / "n.txt").read_text() == "2\n"
-        refused = cli.run("destroy", "--group", group)
+        refused = cli.run("rm", "--group", group)
         assert refused.returncode != 0 and b"were kept" in refused.stderr  # the others hold unsynced work
-        ok(cli, "destroy", "--group", group, "--discard")
+        ok(cli, "rm", "--group", group, "--discard")
         assert not any(row["name"] in names for row in cli.ls())
     finally:
         for made in project.iterdir():
             if made.name != "README":
                 made.unlink()
-        cli.run("destroy", "--group", group, "--discard")
+        cli.run("rm", "--group", group, "--discard")

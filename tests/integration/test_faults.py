@@ -51,7 +51,7 @@ def state_of(cli: Cli, name: str) -> str | None:
 
 
 def gc_line(cli: Cli, name: str) -> str:
-    r = cli.run("gc")
+    r = cli.run("rm", "--stale")
     assert r.returncode == 0, r.stderr.decode()
     lines = [line for line in r.stderr.decode().splitlines() if re.search(rf"\b{name}\b", line)]
     return "\n".join(lines)
@@ -99,7 +99,7 @@ def test_run_killed_at_its_end_keeps_the_work(cli: Cli, owned_name: str, project
     assert p.returncode == 0, p.stderr.decode()
     assert sha(project / "big.bin") == want
     assert (project / ".envrc").read_text() == "export A=1\n"
-    d = cli.run("destroy", owned_name)
+    d = cli.run("rm", owned_name)
     assert d.returncode == 0, d.stderr.decode()
     assert_gone(owned_name)
 
@@ -156,10 +156,10 @@ def test_pull_push_destroy_killed_then_rerun(cli: Cli, busy_session: str, projec
     assert cli.run("push", name).returncode == 0
     assert cli.run("exec", name, "--", "cat", "from-host.txt").stdout == b"host\n"
 
-    k = cli.run("destroy", name, env=cli.env(**killed_at("destroy.stop")))
+    k = cli.run("rm", name, env=cli.env(**killed_at("destroy.stop")))
     assert k.returncode == -9
     assert state_of(cli, name) == "running"  # its daemon was stopped, its VM and files are whole
-    d = cli.run("destroy", name)
+    d = cli.run("rm", name)
     assert d.returncode == 0, d.stderr.decode()
     assert_gone(name)
 
@@ -167,16 +167,16 @@ def test_pull_push_destroy_killed_then_rerun(cli: Cli, busy_session: str, projec
 def test_destroy_force_and_recover_killed_then_rerun(cli: Cli, busy_session: str, project: Path) -> None:
     name = busy_session
     want = guest_sha(cli, name, "big.bin")
-    k = cli.run("destroy", name, "--force", env=cli.env(**killed_at("apply.chunk", 1)))  # mid-export
+    k = cli.run("rm", name, "--force", env=cli.env(**killed_at("apply.chunk", 1)))  # mid-export
     assert k.returncode == -9
     assert state_of(cli, name) == "running"  # not retired: the VM still holds the work
-    d = cli.run("destroy", name, "--force")
-    assert d.returncode == 0 and b"exported to" in d.stderr, d.stderr.decode()
+    d = cli.run("rm", name, "--force")
+    assert d.returncode == 0 and b"kept in" in d.stderr and b"outbox" in d.stderr, d.stderr.decode()
     assert state_of(cli, name) == "exported"
-    k = cli.run("recover", name, "--yes", "--include-binary", env=cli.env(**killed_at("pull.apply")))
+    k = cli.run("pull", name, "--yes", "--include-binary", env=cli.env(**killed_at("pull.apply")))
     assert k.returncode == -9
     assert not (project / "big.bin").exists()
-    r = cli.run("recover", name, "--yes", "--include-binary")
+    r = cli.run("pull", name, "--yes", "--include-binary")
     assert r.returncode == 0, r.stderr.decode()
     assert sha(project / "big.bin") == want
     assert_gone(name)  # every change dealt with: recover removed the session
@@ -237,7 +237,7 @@ def test_full_disk_during_pull_then_room_made(cli: Cli, vm_factory: VmFactory, s
     again = cli.run("pull", owned_name, "--yes")
     assert again.returncode == 0, again.stderr.decode()
     assert (project / "big").stat().st_size == 20 * 1024**2
-    cli.run("destroy", owned_name)
+    cli.run("rm", owned_name)
     assert_gone(owned_name)
 
 
@@ -270,7 +270,7 @@ def test_commands_racing_on_one_session(cli: Cli, busy_session: str, project: Pa
     want = guest_sha(cli, name, "big.bin")
     files = paths.session_paths(name)
     with lock.held(files, name, "pulling"):  # another vmsandbox in the middle of a pull
-        for argv in (["pull", name, "--yes", "--include-binary"], ["destroy", name, "--discard"], ["push", name]):
+        for argv in (["pull", name, "--yes", "--include-binary"], ["rm", name, "--discard"], ["push", name]):
             r = cli.run(*argv)
             assert r.returncode == 1, r.stderr.decode()
             assert f"session {name} is busy: vmsandbox (pid".encode() in r.stderr and b"pulling" in r.stderr
@@ -278,7 +278,7 @@ def test_commands_racing_on_one_session(cli: Cli, busy_session: str, project: Pa
     codes = [p.wait(timeout=300) for p in procs]
     assert sorted(codes) in ([0, 0], [0, 1]), codes
     assert sha(project / "big.bin") == want and temporaries(project) == []
-    assert cli.run("destroy", name).returncode == 0
+    assert cli.run("rm", name).returncode == 0
     assert_gone(name)
 
 
@@ -296,6 +296,6 @@ def test_damaged_record(cli: Cli, busy_session: str) -> None:
     assert r.returncode == 1
     assert b"is damaged, and so is its copy" in r.stderr and b"--discard" in r.stderr, r.stderr.decode()
     assert "kept damaged session" in gc_line(cli, name)  # its workspace disk may hold work
-    d = cli.run("destroy", name, "--discard")
+    d = cli.run("rm", name, "--discard")
     assert d.returncode == 0, d.stderr.decode()
     assert_gone(name)

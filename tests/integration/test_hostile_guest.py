@@ -219,11 +219,11 @@ def test_nothing_under_the_state_directory_is_setuid_or_reachable(
 
 def test_the_console_never_reaches_the_terminal_raw(cli: Cli, name: str) -> None:
     guest(cli, name, "printf '\\033]52;c;cHduZWQ=\\007\\033[2Jconsole-attack\\n' > /dev/ttyS0")
-    out = cli.run("logs", name, "console").stdout
+    out = cli.run("logs", name).stdout
     assert b"console-attack" in out
     no_escape_sequences(out)
     assert b"\\x1b]52" in out
-    assert b"\x1b]52" in cli.run("logs", name, "console", "--raw").stdout  # only when asked
+    assert b"\x1b]52" in cli.run("logs", name, "--raw").stdout  # only when asked
 
 
 def test_a_diff_through_a_pipe_never_passes_escape_sequences(cli: Cli, name: str) -> None:
@@ -510,7 +510,7 @@ def test_a_dead_vms_disk_is_read_unprivileged_and_its_config_stays_untrusted(
     with Hypervisor(Record.load(owned_name).libvirt_uri) as hv:
         hv.destroy(domain_name(owned_name))
     before = _disk_digest(disk)
-    r = cli.run("recover", owned_name, "--yes")
+    r = cli.run("pull", owned_name, "--yes")
     assert r.returncode == 3, r.stderr.decode()
     no_escape_sequences(r.stderr)
     assert "read in a VM of its own" in r.stderr.decode() and "mounted in the reader VM" in r.stderr.decode()
@@ -523,7 +523,7 @@ def test_a_dead_vms_disk_is_read_unprivileged_and_its_config_stays_untrusted(
     assert unsafe_files_under(cli.state_dir) == []
     assert not (proj / "sub/.git").exists() and not (proj / ".vmsandbox.yaml").exists() and not marker.exists()
     # the user decides to take everything, the guest's config included: it is applied, and not obeyed
-    r = cli.run("recover", owned_name, "--yes", "--include-risky", "--include-binary")
+    r = cli.run("pull", owned_name, "--yes", "--include-risky", "--include-binary")
     assert (proj / ".vmsandbox.yaml").exists(), r.stderr.decode()
     assert (proj / "suid2").stat().st_mode & 0o7777 == 0o755
     refused = cli.run("run", str(proj), "--", "true")
@@ -642,15 +642,15 @@ def test_an_untrusted_project_config_is_refused_before_anything_is_made(cli: Cli
     assert r.returncode == 125, err
     assert "not trusted" in err and "`allow`, `network`" in err and "vmsandbox trust" in err
     assert not paths.session_paths(n).root.exists()
-    shown = cli.run("trust", str(proj))  # no terminal, no --yes: shown, not trusted
+    shown = cli.run("trust", "add", str(proj))  # no terminal, no --yes: shown, not trusted
     assert shown.returncode == 1 and b"evil.example" in shown.stderr and b"--yes" in shown.stderr
-    assert cli.run("trust", "--yes", str(proj)).returncode == 0
-    listed = cli.run("trust", "--list").stdout.decode()
+    assert cli.run("trust", "add", "--yes", str(proj)).returncode == 0
+    listed = cli.run("trust", "ls").stdout.decode()
     assert str(proj / ".vmsandbox.yaml") in listed and "trusted" in listed
     (proj / ".vmsandbox.yaml").write_text("memory: 1G\nnetwork: open\nallow: [evil.example, worse.example]\n")
     again = cli.run("run", "--name", n, str(proj), "--", "true")
     assert again.returncode == 125 and b"changed since you trusted it" in again.stderr
-    assert cli.run("trust", "--revoke", str(proj)).returncode == 0
+    assert cli.run("trust", "rm", str(proj)).returncode == 0
 
 
 def test_a_project_blueprint_and_libvirt_uri_need_more_than_a_clone(cli: Cli, tmp_path: Path) -> None:
@@ -659,7 +659,7 @@ def test_a_project_blueprint_and_libvirt_uri_need_more_than_a_clone(cli: Cli, tm
     (proj / ".vmsandbox/blueprints/claude.yaml").write_text("extends: claude\ncopy: ['~/.ssh']\n")
     r = cli.run("claude", str(proj), "--", "--version")
     assert r.returncode == 125 and b"not trusted" in r.stderr and b"claude.yaml" in r.stderr
-    shown = cli.run("trust", str(proj)).stderr.decode()
+    shown = cli.run("trust", "add", str(proj)).stderr.decode()
     assert "replaces the shipped blueprint `claude`" in shown and "~/.ssh" in shown
     (proj / ".vmsandbox.yaml").write_text("libvirt_uri: 'qemu+ext:///system?command=/tmp/x'\n")
     r = cli.run("run", str(proj), "--", "true")
@@ -670,12 +670,12 @@ def test_a_trusted_project_config_is_obeyed(cli: Cli, owned_name: str, tmp_path:
     proj = tmp_path / "trusted"
     proj.mkdir()
     (proj / ".vmsandbox.yaml").write_text("network: none\n")
-    assert cli.run("trust", "--yes", str(proj)).returncode == 0
+    assert cli.run("trust", "add", "--yes", str(proj)).returncode == 0
     r = cli.run("run", "--keep", "--name", owned_name, str(proj), "--", "true")
     assert r.returncode == 0, r.stderr.decode()
     (row,) = [row for row in cli.ls() if row["name"] == owned_name]
     assert row["network"] == "none"
-    assert cli.run("destroy", owned_name, "--discard").returncode == 0
+    assert cli.run("rm", owned_name, "--discard").returncode == 0
 
 
 # ---------------------------------------------------------------- an unprivileged invoking user
@@ -740,6 +740,6 @@ def test_commits_and_pushes_run_as_the_invoking_user(cli: Cli, owned_name: str, 
         (proj / "README").write_text("host edit\n")
         assert cli.run("push", owned_name, env=env).returncode == 0
         assert cli.run("exec", owned_name, "--", "cat", "README", env=env).stdout == b"host edit\n"
-        assert cli.run("destroy", owned_name, "--discard", env=env).returncode == 0
+        assert cli.run("rm", owned_name, "--discard", env=env).returncode == 0
     finally:
         shutil.rmtree(base, ignore_errors=True)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import itertools
 import json
 import shutil
 import socket
@@ -125,7 +126,7 @@ def test_hosts_lists_each_host_and_why_one_does_not_answer(
         )
         started = time.monotonic()
         # (a reachable host answers over ssh and libvirt within this, even on a loaded 2-core machine: 5 s did not)
-        result = cli.run("hosts", "--json", "--timeout", "15", env=env)
+        result = cli.run("host", "ls", "--json", "--timeout", "15", env=env)
         took = time.monotonic() - started
         assert result.returncode == 0, result.stderr.decode()
         rows = {r["name"]: r for r in json.loads(result.stdout)}
@@ -152,17 +153,23 @@ def test_hosts_lists_each_host_and_why_one_does_not_answer(
         assert remove in rows["key-changed"]["hint"]
         assert took < 60, f"a silent host held `hosts` for {took:.0f} s"
 
-        table = cli.run("hosts", "--timeout", "15", env=env)
+        table = cli.run("host", "ls", "--timeout", "15", env=env)
         assert table.returncode == 0
         lines = table.stdout.decode().splitlines()
-        assert lines[0].split()[:3] == ["HOST", "STATE", "VERSIONS"]
+        assert lines[0].split()[:3] == ["HOST", "STATE", "ACCEL"]
         assert [ln.split()[1] for ln in lines[1:]] == ["ok", "ok", *["unreachable"] * 5]
         hints = table.stderr.decode()
-        assert "hint: refused: nothing listens on that port there" in hints, hints
-        assert "hint: no-key: let ssh in by key" in hints, hints
+        assert _hint_of(hints, "refused").startswith("hint: nothing listens on that port there"), hints
+        assert _hint_of(hints, "no-key").startswith("hint: let ssh in by key"), hints
     finally:
         silent.close()
         speaker.close()
+
+
+def _hint_of(said: str, host: str) -> str:
+    """The hint `host ls` gives under a host that does not answer (its line, `HOST: why`, then the hint)."""
+    lines = said.splitlines()
+    return next(after for line, after in itertools.pairwise(lines) if line.startswith(f"{host}: "))
 
 
 def _inside(far: farhost.FarHost, *argv: str) -> str:
@@ -180,7 +187,7 @@ def test_an_image_goes_to_a_host_once_checked_and_again_when_not_whole(
     try:
         first = cli.run("host", "prepare", "far", env=env)
         assert first.returncode == 0, first.stderr.decode()
-        assert f"Image {name} on host far: sent" in first.stderr.decode()
+        assert f"Host far holds {name}: sent" in first.stderr.decode()
         listing = _inside(far, "ls", pool_path).split()
         assert sorted(listing) == sorted([*(f"{name}.{f}" for f in IMAGE_FILES), f"{name}.ready"])
         # what is there is what we have, byte for byte, and only the stand-in's mount namespace sees it
@@ -198,17 +205,17 @@ def test_an_image_goes_to_a_host_once_checked_and_again_when_not_whole(
         assert "already there" in again.stderr.decode()
         assert "Sending" not in again.stderr.decode()
 
-        listed = json.loads(cli.run("hosts", "--json", env=env).stdout)
+        listed = json.loads(cli.run("host", "ls", "--json", env=env).stdout)
         assert name in next(r for r in listed if r["name"] == "far")["images"]
 
         # an upload cut off: the record of it is gone and a volume is short. It is not used; it is sent again.
         _inside(far, "rm", f"{pool_path}/{name}.ready")
         _inside(far, "truncate", "-s", "4096", f"{pool_path}/{name}.vmlinuz")
-        listed = json.loads(cli.run("hosts", "--json", env=env).stdout)
+        listed = json.loads(cli.run("host", "ls", "--json", env=env).stdout)
         assert name not in next(r for r in listed if r["name"] == "far")["images"]
         resent = cli.run("host", "prepare", "far", env=env)
         assert resent.returncode == 0, resent.stderr.decode()
-        assert f"Image {name} on host far: sent" in resent.stderr.decode()
+        assert f"Host far holds {name}: sent" in resent.stderr.decode()
         assert _inside(far, "sha256sum", f"{pool_path}/{name}.vmlinuz").split()[0] == _sha256(
             base_image.path / "vmlinuz"
         )
@@ -355,7 +362,7 @@ def test_a_session_runs_on_another_host_and_its_changes_come_back(
         _stopped_and_started(cli, far, env, name, port)
         _after_its_vm_died(cli, far, env, name, project)
     finally:
-        gone = cli.run("destroy", name, "--discard", env=env)
+        gone = cli.run("rm", name, "--discard", env=env)
     assert gone.returncode == 0, gone.stderr.decode()
     assert _remote_volumes(far, f"{domain}.") == []
     assert domain not in _inside(far, "virsh", "-c", "qemu:///system", "list", "--all", "--name").split()
@@ -506,10 +513,10 @@ def _lost_host(cli: Cli, far: farhost.FarHost, env: dict[str, str], tmp_path: Pa
         assert next(r for r in json.loads(listed.stdout) if r["name"] == lost)["state"] == "unknown"
         assert "no answer in" in listed.stderr.decode()
         record_file.write_text(record_file.read_text().replace(silent_uri, dead))
-        refused = cli.run("destroy", lost, env=env, timeout=120)
+        refused = cli.run("rm", lost, env=env, timeout=120)
         assert refused.returncode != 0
         assert "host far does not answer" in refused.stderr.decode() and "--discard" in refused.stderr.decode()
-        forgotten = cli.run("destroy", lost, "--discard", env=env, timeout=120)
+        forgotten = cli.run("rm", lost, "--discard", env=env, timeout=120)
         assert forgotten.returncode == 0, forgotten.stderr.decode()
         assert "forgotten here" in forgotten.stderr.decode()
         assert not (cli.state_dir / "sessions" / lost).exists()
@@ -552,7 +559,7 @@ def _swept_by_gc(
     stale = _stale_template(far, tmp_path)
     serving = _remote_volumes(far, "vmsandbox-template-")
 
-    swept = cli.run("gc", env=env)
+    swept = cli.run("rm", "--stale", env=env)
     assert swept.returncode == 0, swept.stderr.decode()
     said = swept.stderr.decode()
     assert f"removed a superseded warm-start template on host far ({stale})" in said, said
@@ -583,7 +590,7 @@ def test_a_fan_out_there_is_compared_checkpointed_forked_and_its_leftovers_swept
     names = [f"{group}-1", f"{group}-2"]
     try:
         made = cli.run(
-            "fanout", "2", str(project), "--host", "far", "--name", group, "--check", "test -s n.txt",
+            "run", "--fanout", "2", str(project), "--host", "far", "--name", group, "--check", "test -s n.txt",
             "--", "sh", "-c", "echo $VMSANDBOX_INDEX > n.txt",
             env=env,
         )  # fmt: skip
@@ -593,7 +600,7 @@ def test_a_fan_out_there_is_compared_checkpointed_forked_and_its_leftovers_swept
         for name in names:
             assert rows[name]["host"] == "far" and rows[name]["group"] == group
             assert domain_name(name) in listed
-        compared = cli.run("compare", *names, "--json", env=env)
+        compared = cli.run("diff", names[0], "--against", names[1], "--stat", "--json", env=env)
         assert compared.returncode == 0, compared.stderr.decode()
         n_txt = next(row for row in json.loads(compared.stdout) if row["path"] == "n.txt")
         assert n_txt["sessions"] == dict.fromkeys(names, "added")
@@ -602,7 +609,7 @@ def test_a_fan_out_there_is_compared_checkpointed_forked_and_its_leftovers_swept
         _swept_by_gc(cli, far, env, tmp_path, lost=names[0], wiped=names[1], dead=dead_uri)
         _a_failed_warm_start_boots_cold(cli, far, env, tmp_path, project)
     finally:
-        cli.run("destroy", "--group", group, "--discard", env=env)  # what a failed step left
+        cli.run("rm", "--group", group, "--discard", env=env)  # what a failed step left
     for name in names:
         assert _remote_volumes(far, f"{domain_name(name)}.") == []
 
@@ -623,7 +630,7 @@ def _a_failed_warm_start_boots_cold(
     assert "the warm start on host far failed" in said and "booting cold" in said, said
     assert (project / "cold.txt").read_text() == "cold\n"
     assert f"{name}.failed" in _remote_volumes(far, f"{name}.")
-    swept = cli.run("gc", env=env)
+    swept = cli.run("rm", "--stale", env=env)
     assert swept.returncode == 0, swept.stderr.decode()
     assert f"removed a warm-start template that failed a warm start on host far ({name})" in swept.stderr.decode()
     assert _remote_volumes(far, "vmsandbox-template-") == []
@@ -658,7 +665,7 @@ def _checkpoint_and_rollback(cli: Cli, far: farhost.FarHost, env: dict[str, str]
     domain = domain_name(name)
     started = "echo one > a.txt; nohup sleep 4444 >/dev/null 2>&1 &"
     assert cli.run("exec", name, "--", "sh", "-c", started, env=env).returncode == 0
-    took = cli.run("checkpoint", name, "c1", env=env)
+    took = cli.run("checkpoint", "create", name, "c1", env=env)
     assert took.returncode == 0, took.stderr.decode()
     volumes = _remote_volumes(far, f"{domain}.")
     assert f"{domain}.cp.c1.save" in volumes and f"{domain}.cp.c1.workspace.raw" in volumes
@@ -666,13 +673,13 @@ def _checkpoint_and_rollback(cli: Cli, far: farhost.FarHost, env: dict[str, str]
     later = "echo two > b.txt; echo changed > a.txt; pkill -x sleep"
     assert cli.run("exec", name, "--", "sh", "-c", later, env=env).returncode == 0
 
-    rolled = cli.run("rollback", name, "c1", env=env)
+    rolled = cli.run("checkpoint", "restore", name, "c1", env=env)
     assert rolled.returncode == 0, rolled.stderr.decode()
     assert "rolled-back" in rolled.stderr.decode()  # the unsynced b.txt and a.txt kept here first
     assert cli.run("exec", name, "--", "cat", "a.txt", env=env).stdout == b"one\n"
     assert cli.run("exec", name, "--", "test", "-e", "b.txt", env=env).returncode != 0
     assert cli.run("exec", name, "--", "pgrep", "-x", "sleep", env=env).returncode == 0  # back with it
-    listed = json.loads(cli.run("checkpoints", name, "--json", env=env).stdout)
+    listed = json.loads(cli.run("checkpoint", "ls", name, "--json", env=env).stdout)
     assert [c["label"] for c in listed] == ["c1"]
     assert listed[0]["bytes"] > 16 * 1024**2  # as the host says: the guest's memory is most of it
     _forked_there(cli, far, env, name)
@@ -695,7 +702,7 @@ def _forked_there(cli: Cli, far: farhost.FarHost, env: dict[str, str], name: str
     fork, domain = unique_name(), domain_name(name)
     assert cli.run("exec", name, "--", "sh", "-c", "echo before > f.txt", env=env).returncode == 0
     try:
-        made = cli.run("fork", name, fork, env=env)
+        made = cli.run("create", "--from", name, "--name", fork, env=env)
         assert made.returncode == 0, made.stderr.decode()
         row = next(r for r in json.loads(cli.run("ls", "--json", env=env).stdout) if r["name"] == fork)
         assert (row["host"], row["state"]) == ("far", "running")
@@ -712,7 +719,7 @@ def _forked_there(cli: Cli, far: farhost.FarHost, env: dict[str, str], name: str
         assert cli.run("exec", name, "--", "test", "-e", "only-fork.txt", env=env).returncode != 0  # apart
         assert not [v for v in _remote_volumes(far, f"{domain}.") if ".cp.fork-" in v]  # its checkpoint dropped
     finally:
-        gone = cli.run("destroy", fork, "--discard", env=env)
+        gone = cli.run("rm", fork, "--discard", env=env)
     assert gone.returncode == 0, gone.stderr.decode()
     assert _remote_volumes(far, f"{domain_name(fork)}.") == []
     assert cli.run("exec", name, "--", "cat", "f.txt", env=env).stdout == b"before\n"  # the source carries on

@@ -115,4 +115,4 @@ def test_a_build_killed_in_conversion_is_cleaned_up_by_the_next_and_an_image_in_
     said = f.stderr.decode()
     assert "is in use by: " in said and f"session {owned_name}" in said.split("is in use by: ")[1], said
     assert bases() == listed  # the base image the session uses, as it was
-    assert cli.run("destroy", owned_name).returncode == 0
+    assert cli.run("rm", owned_name).returncode == 0

@@ -46,7 +46,7 @@ def test_libvirtd_restarted_while_one_session_runs_and_another_is_stopped(
     wait_for(lambda: _state(cli, name) == "running", 60, "ls to show the session again", every=CLI_POLL)
     r = cli.run("exec", name, "--", "cat", "/etc/hostname")
     assert r.returncode == 0 and r.stdout == f"vmsandbox-{name}\n".encode()
-    g = cli.run("gc")
+    g = cli.run("rm", "--stale")
     assert g.returncode == 0 and paused.name.encode() not in g.stdout + g.stderr  # a stopped session is kept
     assert _state(cli, paused.name) == "stopped"
     before = time.time()
@@ -57,6 +57,6 @@ def test_libvirtd_restarted_while_one_session_runs_and_another_is_stopped(
     work, clock = probe.stdout.decode().split()
     assert work == "unsynced" and abs(int(clock) - before) < 30
     for gone in (name, paused.name):
-        d = cli.run("destroy", gone, "--discard")
+        d = cli.run("rm", gone, "--discard")
         assert d.returncode == 0, d.stderr.decode()
         assert_gone(gone)

@@ -76,11 +76,49 @@ def test_keep_then_destroy_leaves_nothing(cli: Cli, owned_name: str, project: Pa
     probe = cli.run("exec", owned_name, "--", "sh", "-c", "curl -sS -m 10 http://pypi.org/; echo exit=$?")
     assert b"exit=7" in probe.stdout, probe.stderr.decode()  # refused: nothing listens on the proxy port
     assert f"vmsandbox.egress.daemon {owned_name}" not in processes()
-    d = cli.run("destroy", owned_name)
+    d = cli.run("rm", owned_name)
     assert d.returncode == 0, d.stderr.decode()
     assert_gone(owned_name)
-    unknown = cli.run("destroy", owned_name)
+    unknown = cli.run("rm", owned_name)
     assert unknown.returncode == 1 and b"no session named" in unknown.stderr
+
+
+def test_create_then_exec_in_a_directory_with_variables_then_rm_f(cli: Cli, owned_name: str, project: Path) -> None:
+    """docker's habits: `create` makes a session and runs nothing in it (detached); `exec -w DIR -e K=V` runs in
+    DIR under the project with K set; `stop` and `start` keep it; `rm` refuses unsynced work and `rm -f` keeps it
+    in the outbox; `rm --discard` forgets it."""
+    made = cli.run("create", "--name", owned_name, str(project))
+    assert made.returncode == 0, made.stderr.decode()
+    assert f"vmsandbox shell {owned_name}".encode() in made.stderr  # what to do next
+    (row,) = [row for row in cli.ls() if row["name"] == owned_name]
+    assert row["state"] == "running"
+    assert cli.run("exec", owned_name, "--", "mkdir", "-p", "sub/dir").returncode == 0
+    script = 'pwd; printf "%s|%s\n" "$GREETING" "$EMPTY"; echo made > made.txt'
+    r = cli.run("exec", "-w", "sub/dir", "-e", "GREETING=hello world", "--env", "EMPTY=", owned_name, "--", "sh",
+                "-c", script)  # fmt: skip
+    assert r.returncode == 0, r.stderr.decode()
+    assert r.stdout.decode().splitlines() == [f"{project}/sub/dir", "hello world|"]
+    bad = cli.run("exec", "-e", "1NOPE=x", owned_name, "--", "true")
+    assert bad.returncode == 2 and b"KEY=VALUE" in bad.stderr
+    stopped = cli.run("stop", owned_name)
+    assert stopped.returncode == 0, stopped.stderr.decode()
+    assert [row["state"] for row in cli.ls() if row["name"] == owned_name] == ["stopped"]
+    started = cli.run("start", owned_name)
+    assert started.returncode == 0, started.stderr.decode()
+    kept = cli.run("exec", "--workdir", str(project / "sub"), owned_name, "--", "cat", "dir/made.txt")
+    assert kept.stdout == b"made\n", kept.stderr.decode()  # an absolute directory as given; the file survived
+    refused = cli.run("rm", owned_name)
+    assert refused.returncode == 1 and b"vmsandbox rm -f" in refused.stderr, refused.stderr.decode()
+    assert domain_exists(owned_name)
+    forced = cli.run("rm", "-f", owned_name)
+    assert forced.returncode == 0, forced.stderr.decode()
+    assert not domain_exists(owned_name)
+    assert "sub/dir/made.txt" in (paths.session_paths(owned_name).outbox / "changes.patch").read_text()
+    assert [row["state"] for row in cli.ls() if row["name"] == owned_name] == ["exported"]
+    assert not (project / "sub").exists()  # nothing applied to the project
+    gone = cli.run("rm", owned_name, "--discard")
+    assert gone.returncode == 0, gone.stderr.decode()
+    assert_gone(owned_name)
 
 
 def test_rm_takes_several_names_and_a_damaged_record_is_listed_then_removed(
@@ -96,7 +134,7 @@ def test_rm_takes_several_names_and_a_damaged_record_is_listed_then_removed(
     assert rows[good] == "running" and rows[broken] == "damaged"
     r = cli.run("rm", good, broken)  # each tried: the healthy one goes, the damaged one needs --discard
     assert r.returncode == 1, r.stderr.decode()
-    assert f"destroy {broken} --discard".encode() in r.stderr and f"1 of 2 sessions: {broken}".encode() in r.stderr
+    assert f"vmsandbox rm {broken} --discard".encode() in r.stderr and f"1 of 2 sessions: {broken}".encode() in r.stderr
     assert_gone(good)
     assert domain_exists(broken)  # its VM was left as it was
     r = cli.run("rm", broken, "--discard")
@@ -116,7 +154,7 @@ def test_kill_9_then_ls_and_gc_recover(cli: Cli, owned_name: str, project: Path)
             p.kill()
     assert domain_exists(owned_name)  # the VM outlives the killed process
     assert [row["state"] for row in cli.ls() if row["name"] == owned_name] == ["orphaned"]
-    g = cli.run("gc")
+    g = cli.run("rm", "--stale")
     assert g.returncode == 0
     assert f"removed session {owned_name} (orphaned)".encode() in g.stderr
     assert_gone(owned_name)
@@ -235,7 +273,7 @@ def test_run_yes_applies_safe_changes_and_keeps_the_rest(cli: Cli, owned_name: s
     assert r.returncode == 5, err  # the command's exit code, whatever the review found
     assert (project / "new.txt").read_text() == "new\n"
     assert not (project / ".envrc").exists()  # quarantined: never applied by --yes
-    assert f"vmsandbox recover {owned_name}" in err
+    assert f"vmsandbox pull {owned_name}" in err
     states = [row["state"] for row in cli.ls() if row["name"] == owned_name]
     assert states in (["ending"], ["exported"])  # its VM is destroyed in the background
     wait_for(
@@ -247,7 +285,7 @@ def test_run_yes_applies_safe_changes_and_keeps_the_rest(cli: Cli, owned_name: s
     rows = [row for row in cli.ls() if row["name"] == owned_name]
     assert rows[0]["unsynced"] == 1
     assert not domain_exists(owned_name)
-    rec = cli.run("recover", owned_name, "--yes", "--include-risky")
+    rec = cli.run("pull", owned_name, "--yes", "--include-risky")
     assert rec.returncode == 0, rec.stderr.decode()
     assert (project / ".envrc").read_text() == "export X=1\n"
     assert_gone(owned_name)  # nothing left to review: the session is gone
@@ -264,12 +302,12 @@ def test_gc_keeps_an_orphaned_session_holding_work(cli: Cli, owned_name: str, pr
     finally:
         if p.poll() is None:
             p.kill()
-    g = cli.run("gc")
+    g = cli.run("rm", "--stale")
     assert f"kept session {owned_name} (orphaned)".encode() in g.stderr, g.stderr.decode()
     assert domain_exists(owned_name)  # the VM and its disk stay until the work is reviewed
     pulled = cli.run("pull", owned_name, "--yes")
     assert pulled.returncode == 0, pulled.stderr.decode()
     assert (project / "w.txt").read_text() == "work\n"
-    g2 = cli.run("gc")
+    g2 = cli.run("rm", "--stale")
     assert f"removed session {owned_name} (orphaned)".encode() in g2.stderr
     assert_gone(owned_name)

@@ -22,7 +22,7 @@ def test_a_login_is_kept_and_later_sessions_start_signed_in(cli: Cli, tmp_path: 
     (config / "blueprints").mkdir(parents=True)
     (config / "blueprints" / "standin.yaml").write_text(STANDIN)
     env = cli.env(VMSANDBOX_CONFIG_DIR=str(config))
-    signed = cli.run("login", "standin", env=env)  # a disposable VM runs the stand-in's sign-in
+    signed = cli.run("login", "add", "standin", env=env)  # a disposable VM runs the stand-in's sign-in
     assert signed.returncode == 0, signed.stderr.decode()
     kept = config / "logins" / "standin" / ".standin" / "auth.json"
     token = kept.read_text()
@@ -47,13 +47,13 @@ def test_a_login_is_kept_and_later_sessions_start_signed_in(cli: Cli, tmp_path: 
     )
     assert kept_run.returncode == 0, kept_run.stderr.decode()
     assert kept.read_text() == token
-    taken = cli.run("login", "standin", "--from", owned_name, env=env)  # the person's word: keep that one
+    taken = cli.run("login", "add", "standin", "--from", owned_name, env=env)  # the person's word: keep that one
     assert taken.returncode == 0, taken.stderr.decode()
     assert kept.read_text() == "refreshed\n"
-    assert cli.run("destroy", owned_name, "--discard", env=env).returncode == 0
+    assert cli.run("rm", owned_name, "--discard", env=env).returncode == 0
     assert_gone(owned_name)
 
-    forgot = cli.run("login", "standin", "--forget", env=env)
+    forgot = cli.run("login", "rm", "standin", env=env)
     assert forgot.returncode == 0 and not kept.exists()
     again = cli.run(
         "run",

@@ -115,7 +115,7 @@ def test_a_member_of_the_libvirt_group_runs_pulls_and_destroys_without_sudo(memb
     listed = json.loads(member.run("ls", "--json").stdout)
     assert [s["name"] for s in listed] == ["mine"]
     assert all(s["name"] != "mine" for s in cli.ls())  # root's sessions are another account's: not listed
-    root_gc = cli.run("gc")
+    root_gc = cli.run("rm", "--stale")
     assert root_gc.returncode == 0, root_gc.stderr.decode()
     with Hypervisor(URI) as hv:
         assert hv.info(domain) is not None, root_gc.stderr.decode()  # root's gc does not take it for an orphan
@@ -136,16 +136,16 @@ def test_a_member_of_the_libvirt_group_runs_pulls_and_destroys_without_sudo(memb
 
     # checkpoints and forks: libvirt hands a frozen overlay (a backing image now) to QEMU's account for good
     for step in (
-        ("checkpoint", "mine", "c1"),
+        ("checkpoint", "create", "mine", "c1"),
         ("exec", "mine", "--", "rm", "new.txt"),
-        ("rollback", "mine", "c1"),
-        ("fork", "mine", "mine-b"),
+        ("checkpoint", "restore", "mine", "c1"),
+        ("create", "--from", "mine", "--name", "mine-b"),
     ):
         done = member.run(*step)
         assert done.returncode == 0, f"{step}: {done.stderr}"
     for name in ("mine", "mine-b"):
         assert member.run("exec", name, "--", "cat", "new.txt").stdout == "hi\n"
-    assert member.run("destroy", "mine-b", "--discard").returncode == 0
+    assert member.run("rm", "mine-b", "--discard").returncode == 0
 
     # its VM dies: the workspace disk is read by a reader VM of the user's own (no root anywhere)
     assert member.run("exec", "mine", "--", "sh", "-c", "echo late > late.txt; sync").returncode == 0
@@ -160,7 +160,7 @@ def test_a_member_of_the_libvirt_group_runs_pulls_and_destroys_without_sudo(memb
     with Hypervisor(URI) as hv:
         assert list(hv.domains(f"{DOMAIN_PREFIX}u{member.uid}-.reader-")) == []
 
-    gone = member.run("destroy", "mine")
+    gone = member.run("rm", "mine")
     assert gone.returncode == 0, gone.stderr
     with Hypervisor(URI) as hv:
         assert hv.info(domain) is None

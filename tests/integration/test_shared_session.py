@@ -144,10 +144,8 @@ def test_logs_console(shared: Record, cli: Cli) -> None:
     marker = f"console-marker-{secrets.token_hex(4)}"
     r = cli.run("exec", shared.name, "--", "sudo", "sh", "-c", f"echo {marker} > /dev/ttyS0")
     assert r.returncode == 0, r.stderr.decode()
-    wait_for(
-        lambda: marker.encode() in cli.run("logs", shared.name, "console").stdout, 30, "the marker", every=CLI_POLL
-    )
-    out = cli.run("logs", shared.name, "console").stdout
+    wait_for(lambda: marker.encode() in cli.run("logs", shared.name).stdout, 30, "the marker", every=CLI_POLL)
+    out = cli.run("logs", shared.name).stdout
     assert f"{marker}\n".encode() in out and b"\r" not in out
 
 
@@ -232,14 +230,16 @@ def test_shell_runs_what_follows_the_name_as_limactl_shell_does(shared: Record, 
     r = cli.run("shell", shared.name, "sh", "-c", "echo out; pwd; exit 3")
     assert r.returncode == 3, r.stderr.decode()
     assert r.stdout.decode().splitlines() == ["out", shared.project]
-    r = cli.run("ssh", shared.name, "uname", "-a")  # options after NAME belong to the command
-    assert r.returncode == 0 and r.stdout.startswith(b"Linux "), r.stderr.decode()
+    r = cli.run("ssh", shared.name, "uname", "-a")  # an old name works, saying its new form; options after NAME
+    assert r.returncode == 0 and r.stdout.startswith(b"Linux "), r.stderr.decode()  # belong to the command
+    note = f"note: `vmsandbox ssh {shared.name} uname -a` is now `vmsandbox shell {shared.name} uname -a`"
+    assert r.stderr.decode().splitlines()[:1] == [note]
     words = cli.run("ls", "-q", "--", "rm", "-rf", "/")  # a command that runs none takes no command
     assert words.returncode == 2 and b"unexpected extra argument" in words.stderr
 
 
 def test_an_ssh_client_connects_with_only_the_printed_ssh_config(shared: Record, cli: Cli, tmp_path: Path) -> None:
-    r = cli.run("ssh-config", shared.name)
+    r = cli.run("inspect", "--format", "ssh-config", shared.name)
     assert r.returncode == 0, r.stderr.decode()
     config = tmp_path / "editor_ssh_config"
     config.write_bytes(r.stdout)  # as an editor would have it in ~/.ssh/config: nothing else
@@ -277,6 +277,8 @@ def test_inspect_and_ls_with_a_filter_and_a_format(shared: Record, cli: Cli) -> 
     seen = json.loads(r.stdout)
     assert seen["state"] == "running" and seen["ports"]["ssh"] == shared.ssh_port
     assert Path(seen["files"]["ssh_config"]).exists()
-    listed = cli.run("ls", "--filter", f"name={shared.name},state=running", "--format", "{name} {ports[ssh]}")
-    assert listed.stdout.decode().splitlines() == [f"{shared.name} {shared.ssh_port}"]
+    listed = cli.run("ls", "--filter", f"name={shared.name},state=running", "--format", "{{.Name}} {{.Ports.ssh}}")
+    assert listed.stdout.decode().splitlines() == [f"{shared.name} {shared.ssh_port}"], listed.stderr.decode()
+    old = cli.run("ls", "--format", "{name} {ports[ssh]}")  # a Python format string names no field: refused
+    assert old.returncode == 2 and old.stdout == b"" and b"{{.Name}}" in old.stderr, old.stderr.decode()
     assert cli.run("ls", "-q", "--filter", f"name={shared.name},state=stopped").stdout == b""

@@ -58,7 +58,7 @@ def sessions(cli: Cli, project: Path, base_image: store.Image) -> Iterator[dict[
         yield names
     finally:
         for name in names.values():
-            cli.run("destroy", name, "--discard")
+            cli.run("rm", name, "--discard")
 
 
 def probe(cli: Cli, name: str) -> list[str]:
@@ -138,7 +138,7 @@ def test_a_template_build_killed_midway_is_collected_by_gc(
         its_vm = f"guest={templatekey.DOMAIN_PREFIX}{half[0].name[len('.tmp-') :]},"
         assert its_vm in processes()
         assert not [p for p in root.iterdir() if not p.name.startswith(".")]  # nothing usable, nothing failed
-        g = cli.run("gc", env=env)
+        g = cli.run("rm", "--stale", env=env)
         assert g.returncode == 0, g.stderr.decode()
         assert "removed an interrupted template build" in g.stderr.decode() + g.stdout.decode()
         assert not list(root.glob(".tmp-*"))
@@ -167,9 +167,9 @@ def test_stop_and_start_keep_processes_and_work(cli: Cli, project: Path, vm_fact
     assert e.returncode != 0 and f"vmsandbox start {name}".encode() in e.stderr, e.stderr.decode()
     d = cli.run("diff", name)  # read from a copy of the workspace disk, the VM left as it was
     assert d.returncode == 0 and b"+unsynced" in d.stdout, d.stdout.decode() + d.stderr.decode()
-    refused = cli.run("destroy", name)
+    refused = cli.run("rm", name)
     assert refused.returncode != 0 and b"unsynced" in refused.stderr, refused.stderr.decode()
-    g = cli.run("gc")
+    g = cli.run("rm", "--stale")
     assert g.returncode == 0 and name.encode() not in g.stdout + g.stderr  # a stopped session is not garbage
     before = time.time()
     st = cli.run("start", name)
@@ -186,7 +186,7 @@ def test_stop_and_start_keep_processes_and_work(cli: Cli, project: Path, vm_fact
     (project / "stopped-work.txt").unlink()
     s = cli.run("stop", name)
     assert s.returncode == 0, s.stderr.decode()
-    gone = cli.run("destroy", name)  # a stopped session with nothing unsynced goes like any other
+    gone = cli.run("rm", name)  # a stopped session with nothing unsynced goes like any other
     assert gone.returncode == 0, gone.stderr.decode()
     assert_gone(name)
 
@@ -213,4 +213,4 @@ def test_a_warm_session_that_reboots_comes_back_as_itself(cli: Cli, project: Pat
     wait_for(back, 180, "the rebooted guest to answer as itself", every=CLI_POLL)
     out = cli.run("exec", owned_name, "--", "sh", "-c", 'hostname; findmnt -n -o SOURCE --target "$PWD"')
     assert out.stdout.decode().split() == [f"vmsandbox-{owned_name}", "/dev/sda"], out.stderr.decode()
-    assert cli.run("destroy", owned_name, "--discard").returncode == 0
+    assert cli.run("rm", owned_name, "--discard").returncode == 0

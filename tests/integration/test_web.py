@@ -441,9 +441,9 @@ def test_a_page_a_guest_serves_gets_nothing_from_the_page(
     ready = 'for i in $(seq 120); do python3 -c "$PROBE" && exit 0; sleep 0.5; done; exit 1'
     probe = "import socket; socket.create_connection(('127.0.0.1', 8124), 1).close()"
     guest_sh(session, f'PROBE="{probe}"; {ready}')
-    published = cli.run("port", session.name, "publish", "8124")
+    published = cli.run("port", "publish", session.name, "8124")
     assert published.returncode == 0, published.stderr.decode()
-    listed = json.loads(cli.run("port", session.name, "--json").stdout)
+    listed = json.loads(cli.run("port", "ls", session.name, "--json").stdout)
     host_port = next(p["host"] for p in listed if p["guest"] == 8124)
     reviews = session.files.root / "reviews"
     before = sorted(reviews.iterdir()) if reviews.is_dir() else []
@@ -457,7 +457,7 @@ def test_a_page_a_guest_serves_gets_nothing_from_the_page(
             time.sleep(0.2)
         said = json.loads(browser.title.removeprefix("done "))
     finally:
-        cli.run("port", session.name, "unpublish", "8124")
+        cli.run("port", "rm", session.name, "8124")
     assert "read:error" in said, said  # nothing read
     assert (sorted(reviews.iterdir()) if reviews.is_dir() else []) == before, said  # no review made: no fetch
     assert policy.read_config(session.files)["allow"] == allowed

@@ -419,11 +419,11 @@ def test_destroy_refuses_then_force_exports_and_recover_restores(
     assert record.start == "warm"  # restored from the template, not booted
     owned_name = record.name
     exec_ok(cli, owned_name, "echo late > late.txt")
-    refused = cli.run("destroy", owned_name)
+    refused = cli.run("rm", owned_name)
     assert refused.returncode == 1
-    assert b"unsynced change" in refused.stderr and b"destroy --force" in refused.stderr
+    assert b"unsynced change" in refused.stderr and b"vmsandbox rm -f" in refused.stderr
     assert "late.txt" in cli.run("diff", owned_name, "--stat").stdout.decode()
-    forced = cli.run("destroy", owned_name, "--force")
+    forced = cli.run("rm", owned_name, "--force")
     assert forced.returncode == 0, forced.stderr.decode()
     rows = [row for row in cli.ls() if row["name"] == owned_name]
     assert rows and rows[0]["state"] == "exported"
@@ -433,7 +433,7 @@ def test_destroy_refuses_then_force_exports_and_recover_restores(
     assert json.loads((box / "manifest.json").read_text())["late.txt"]["kind"] == "file"
     with Hypervisor(Record.load(owned_name).libvirt_uri) as hv:
         assert hv.info(domain_name(owned_name)) is None
-    rec = cli.run("recover", owned_name, "--yes")
+    rec = cli.run("pull", owned_name, "--yes")
     assert rec.returncode == 0, rec.stderr.decode()  # nothing left: the session goes
     assert b"the session is removed" in rec.stderr
     assert (project / "late.txt").read_text() == "late\n"

@@ -4,6 +4,7 @@ import json
 from pathlib import Path
 
 import pytest
+import typer.main
 
 from vmsandbox.cli import base
 from vmsandbox.cli import main as cli
@@ -59,7 +60,7 @@ def test_command_after_double_dash_is_not_the_path(
     assert run_cli(["run", "--", "ls", "/"]) == base.EXIT_RUN_FAILED
     assert Invocation.command == ["ls", "/"]
     err = capsys.readouterr().err
-    assert ".vmsandbox.yaml is not trusted" in err and "`vmsandbox trust .`" in err  # PATH was "."
+    assert ".vmsandbox.yaml is not trusted" in err and "`vmsandbox trust add .`" in err  # PATH was "."
 
 
 def test_missing_secret_stops_run_before_anything_is_made(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
@@ -92,8 +93,8 @@ def test_secret_set_ls_rm(
     assert '"api"' in out and "v4lue" not in out
     assert run_cli(["secret", "rm", "api"]) == 0
     assert not stored.exists()
-    assert run_cli(["secret", "rm", "api"]) == base.EXIT_FAILED
-    assert run_cli(["secret", "set", "../escape"]) == base.EXIT_FAILED
+    assert run_cli(["secret", "rm", "api"]) == base.EXIT_FAILED  # no such secret: as docker's `rm` of none
+    assert run_cli(["secret", "set", "../escape"]) == base.EXIT_USAGE  # no name a secret can have
 
 
 def test_bad_network_flags_name_them(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
@@ -110,7 +111,7 @@ def test_bad_publish_specs_are_refused(capsys: pytest.CaptureFixture[str], tmp_p
 
 
 def test_agent_shorthands_exist_with_runs_options(capsys: pytest.CaptureFixture[str]) -> None:
-    from vmsandbox.cli.run import AGENTS
+    from vmsandbox.cli.sessions.run import AGENTS
 
     for agent in AGENTS:
         assert run_cli([agent, "--help"]) == 0
@@ -146,10 +147,78 @@ def test_dash_h_is_help_everywhere(capsys: pytest.CaptureFixture[str], args: lis
     assert "Usage: vmsandbox" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize(("alias", "same"), [("rm", "destroy"), ("ps", "ls"), ("list", "ls"), ("ssh", "shell")])
-def test_aliases_other_tools_taught(capsys: pytest.CaptureFixture[str], alias: str, same: str) -> None:
-    assert run_cli([alias, "-h"]) == 0
-    assert f"Same as `{same}`" in capsys.readouterr().out
+@pytest.mark.parametrize(
+    ("old", "new"),
+    [
+        (["destroy", "-h"], ["rm", "-h"]),
+        (["ps", "-h"], ["ls", "-h"]),
+        (["list", "-h"], ["ls", "-h"]),
+        (["ssh", "-h"], ["shell", "-h"]),
+        (["checkpoints", "-h"], ["checkpoint", "ls", "-h"]),
+        (["rollback", "-h"], ["checkpoint", "restore", "-h"]),
+        (["recover", "-h"], ["pull", "-h"]),
+        (["gc", "-h"], ["rm", "--stale", "-h"]),
+        (["clean", "-h"], ["secret", "wipe", "-h"]),
+        (["hosts", "-h"], ["host", "ls", "-h"]),
+        (["allow", "-h"], ["policy", "allow", "-h"]),
+        (["deny", "-h"], ["policy", "deny", "-h"]),
+        (["fanout", "-h"], ["run", "-h"]),
+    ],
+)
+def test_an_old_name_says_its_new_form_then_does_it(
+    capsys: pytest.CaptureFixture[str], old: list[str], new: list[str]
+) -> None:
+    assert run_cli(old) == 0
+    captured = capsys.readouterr()
+    (note,) = captured.err.strip().splitlines()  # one line
+    assert note == f"note: `vmsandbox {' '.join(old)}` is now `vmsandbox {' '.join(new)}`"
+    assert run_cli(new) == 0
+    assert capsys.readouterr().out == captured.out  # the new form's help: the same command
+
+
+@pytest.mark.parametrize(
+    ("old", "new"),
+    [
+        ("checkpoint exp1 before", "checkpoint create exp1 before"),
+        ("checkpoint rm exp1 before", None),
+        ("port exp1", "port ls exp1"),
+        ("port exp1 --json", "port ls exp1 --json"),
+        ("port exp1 publish 8080:3000", "port publish exp1 8080:3000"),
+        ("port exp1 unpublish 3000", "port rm exp1 3000"),
+        ("logs exp1 proxy --since 10m -f", "policy log exp1 --since 10m -f"),
+        ("logs exp1 --tail 5 proxy", "policy log exp1 --tail 5"),
+        ("logs exp1 console", "logs exp1"),
+        ("logs exp1 -n 5", None),
+        ("login claude", "login add claude"),
+        ("login codex --from exp1", "login add codex --from exp1"),
+        ("login gemini --forget", "login rm gemini"),
+        ("trust ~/src/app --yes", "trust add ~/src/app --yes"),
+        ("trust --list", "trust ls"),
+        ("trust --revoke ~/src/app", "trust rm ~/src/app"),
+        ("fork exp1 exp2", "create --from exp1 --name exp2"),
+        ("fork exp1 exp2 --from before", "create --from exp1:before --name exp2"),
+        ("fanout 3 . --check 'make test'", "run --fanout 3 . --check 'make test'"),
+        ("fanout --cpus 1 3 .", "run --fanout 3 --cpus 1 ."),
+        ("compare a b c --json", "diff a --against b --against c --stat --json"),
+        ("ssh-config --all", "inspect --format ssh-config --all"),
+        ("-v destroy exp1 --force", "rm exp1 --force"),
+        ("run . -- fanout 3", None),
+    ],
+)
+def test_an_old_shape_is_put_in_the_new_grammar(capsys: pytest.CaptureFixture[str], old: str, new: str | None) -> None:
+    import shlex
+
+    from vmsandbox.cli import aliases
+
+    args = shlex.split(old)
+    at = next(i for i, a in enumerate(args) if not a.startswith("-"))
+    now = aliases.modern(args, at, lambda: typer.main.get_command(base.app))
+    err = capsys.readouterr().err
+    if new is None:
+        assert now == args and err == ""
+    else:
+        assert now == [*args[:at], *shlex.split(new)]
+        assert err.startswith("note: ") and shlex.join(["vmsandbox", *shlex.split(new)]) in err
 
 
 def test_usage_lines_show_the_command_after_the_separator(capsys: pytest.CaptureFixture[str]) -> None:
@@ -171,12 +240,22 @@ def test_a_command_without_the_separator_gets_the_right_command_line(
     assert cli.missing_separator("No such option: --frob", ["run"]) is None
 
 
-def test_listings_never_cut_a_name(capsys: pytest.CaptureFixture[str]) -> None:
-    long = "a-session-name-much-longer-than-any-terminal-column-would-be-" * 2
-    base.columns(["NAME", "PROJECT"], [[long, "/p"], ["s", "/a/very/long/project/path/" * 4 + "\x1b]0;x\x07"]])
+def test_a_table_fits_80_columns_cutting_the_widest_column_but_never_a_name(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from vmsandbox.cli import output
+
+    path = "/a/very/long/project/path/" * 4 + "main.py"
+    rows = [["exp-1", "running", "a note " * 12, path], ["s", "stopped", "-", "/p\x1b]0;x\x07"]]
+    output.columns(["NAME", "STATE", "NOTE", "PROJECT"], rows, paths=("PROJECT",), fit=80)
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0].startswith("NAME") and lines[1].startswith(long + "  /p")
-    assert "…" not in "".join(lines) and "\x1b" not in lines[2] and lines[2].endswith("\\x1b]0;x\\x07")
+    assert all(len(line) <= 80 for line in lines), lines
+    assert lines[1].startswith("exp-1  running  a note") and "…" in lines[1]
+    assert lines[1].endswith("/main.py")  # a path cut in its middle keeps its file name
+    assert "\x1b" not in lines[2] and lines[2].endswith("\\x1b]0;x\\x07")
+    long = "a-session-name-much-longer-than-any-terminal-column-would-be-" * 2
+    output.columns(["NAME", "PROJECT"], [[long, "/p"]], fit=80)
+    assert capsys.readouterr().out.splitlines()[1].startswith(long)  # a name is copied: never cut
 
 
 def test_a_secret_nothing_reads_gets_a_warning_naming_the_close_one(
@@ -195,7 +274,15 @@ def test_a_secret_nothing_reads_gets_a_warning_naming_the_close_one(
 
 
 @pytest.mark.parametrize(
-    ("word", "offered"), [("destory", "destroy"), ("ps2", None), ("top", None), ("frobnicate", None), ("pushh", "push")]
+    ("word", "offered"),
+    [
+        ("destory", "rm"),
+        ("rollbak", "checkpoint restore"),
+        ("ps2", None),
+        ("top", None),
+        ("frobnicate", None),
+        ("pushh", "push"),
+    ],
 )
 def test_did_you_mean_only_for_a_near_typo(capsys: pytest.CaptureFixture[str], word: str, offered: str | None) -> None:
     assert run_cli([word]) == 2
@@ -218,11 +305,11 @@ def test_blueprints_are_listed_and_shown_merged(
     assert {"base", "claude", "codex", "gemini", "opencode", "mine"} <= set(capsys.readouterr().out.split())
     assert run_cli(["blueprint", "ls"]) == 0
     out = capsys.readouterr().out
-    assert "mine      yours     mine" in out and "built in" in out
+    assert "mine      yours     mine" in out.replace("  ", "  ") and "built in" in out
     assert run_cli(["blueprint", "show", "mine"]) == 0
     shown = capsys.readouterr().out
     assert "- ripgrep" in shown and "- claude" in shown and "anthropic-api-key" in shown and str(mine) in shown
-    assert run_cli(["blueprint", "show", "nope"]) == base.EXIT_FAILED
+    assert run_cli(["blueprint", "show", "nope"]) == base.EXIT_USAGE  # a name on the command line that is none
     assert "known blueprints" in capsys.readouterr().err
 
 
@@ -305,19 +392,21 @@ def test_every_command_has_an_example_in_its_help() -> None:
 def test_experiment_commands_refuse_what_they_cannot_do(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     assert run_cli(["run", str(tmp_path), "--check", "make test", "--", "true"]) == base.EXIT_USAGE
     assert "--check goes with --fanout" in capsys.readouterr().err
-    assert run_cli(["compare", "only-one"]) == base.EXIT_USAGE
-    assert "two or more" in capsys.readouterr().err
-    assert run_cli(["diff", "a", "--against", "b", "--stat"]) == base.EXIT_USAGE
+    assert run_cli(["diff", "a", "--against", "a"]) == base.EXIT_USAGE
+    assert "another session" in capsys.readouterr().err
+    assert run_cli(["diff", "a", "--against", "b", "src/"]) == base.EXIT_USAGE
     assert "--against" in capsys.readouterr().err
-    assert run_cli(["destroy", "--group", "nothing-here"]) == base.EXIT_FAILED
+    assert run_cli(["diff", "a", "--json"]) == base.EXIT_USAGE
+    assert "--json goes with --stat" in capsys.readouterr().err
+    assert run_cli(["rm", "--group", "nothing-here"]) == base.EXIT_FAILED
     assert "no fan-out named 'nothing-here'" in capsys.readouterr().err
-    assert run_cli(["checkpoint", "ghost", "Bad Label"]) == base.EXIT_FAILED
+    assert run_cli(["checkpoint", "create", "ghost", "Bad Label"]) == base.EXIT_FAILED
     assert "invalid checkpoint label" in capsys.readouterr().err
     assert run_cli(["checkpoint", "rm", "exp1"]) == base.EXIT_USAGE
-    assert "takes a session and a label" in capsys.readouterr().err
+    assert "Missing argument 'LABEL'" in capsys.readouterr().err
     assert run_cli(["claude", "--help"]) == 0
     assert "--fanout" in capsys.readouterr().out  # the agent shorthands fan out too
-    assert run_cli(["fanout", "--help"]) == 0
+    assert run_cli(["run", "--help"]) == 0
     out = capsys.readouterr().out
     assert "--check" in out and "VMSANDBOX_INDEX" in out
 

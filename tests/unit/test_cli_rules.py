@@ -2,20 +2,16 @@
 
 from __future__ import annotations
 
-import inspect
 import json
-import re
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
-import typer
 
 from tests.unit.conftest import saved_record
 from tests.unit.test_cli import run_cli
 from vmsandbox import paths
-from vmsandbox.cli import base, listing, sessions
+from vmsandbox.cli import base
 from vmsandbox.cli import main as cli
 from vmsandbox.errors import UsageError, VmsandboxError
 
@@ -35,35 +31,49 @@ def test_only_commands_that_run_a_command_take_one_after_the_separator(capsys: p
 
 @pytest.mark.usefixtures("isolated_dirs")
 @pytest.mark.parametrize(
-    ("argv", "command"),
+    ("argv", "command", "workdir", "env"),
     [
-        (["shell", "exp1", "uname", "-a"], ["uname", "-a"]),
-        (["ssh", "exp1", "ls", "-l", "--color"], ["ls", "-l", "--color"]),
-        (["shell", "exp1", "--", "ls"], ["ls"]),
-        (["shell", "exp1"], None),
+        (["shell", "exp1", "uname", "-a"], ["uname", "-a"], "/p", {}),
+        (["ssh", "exp1", "ls", "-l", "--color", "-v"], ["ls", "-l", "--color", "-v"], "/p", {}),
+        (["shell", "exp1", "--", "ls"], ["ls"], "/p", {}),
+        (["shell", "exp1"], None, "/p", {}),
+        (["shell", "-w", "src", "-e", "A=1", "-e", "B=x y", "exp1", "env"], ["env"], "/p/src", {"A": "1", "B": "x y"}),
+        (["exec", "-e", "K=", "exp1", "-w", "/tmp", "--", "pwd"], ["pwd"], "/tmp", {"K": ""}),
+        (["-v", "exec", "exp1", "--", "true", "-v"], ["true", "-v"], "/p", {}),
     ],
 )
-def test_shell_runs_what_follows_the_name(monkeypatch: pytest.MonkeyPatch, argv: list[str], command: Any) -> None:
-    from vmsandbox.cli import attach
+def test_shell_and_exec_run_what_follows_where_and_with_what_they_are_told(
+    monkeypatch: pytest.MonkeyPatch, argv: list[str], command: Any, workdir: str, env: dict[str, str]
+) -> None:
+    from vmsandbox.core import sessions
     from vmsandbox.guest import commands
 
     saved_record("exp1")
     seen: list[Any] = []
-    monkeypatch.setattr(attach, "ready", lambda name, starting=False: saved_record_loaded(name))
+    monkeypatch.setattr(sessions, "ready", sessions.record)
 
-    def attached(endpoint: Any, project: str, cmd: Any, tty: bool = False) -> int:
-        seen.append(cmd)
+    def attached(endpoint: Any, where: str, cmd: Any, tty: bool | None = None, env: Any = None) -> int:
+        seen.append((cmd, where, dict(env or {})))
         return 7
 
     monkeypatch.setattr(commands, "attach", attached)
     assert run_cli(argv) == 7  # the command's own code
-    assert seen == [command]
+    assert seen == [(command, workdir, env)]
 
 
-def saved_record_loaded(name: str) -> Any:
-    from vmsandbox.session.record import Record
+def test_a_variable_and_a_directory_reach_the_guest_quoted() -> None:
+    from vmsandbox.guest.commands import remote_command
 
-    return Record.load(name)
+    line = remote_command("/p/my dir", ["make", "test"], {"A": "x y", "B": "$(id)"})
+    assert line == "cd -- '/p/my dir' && export A='x y' && export B='$(id)' && exec make test"
+
+
+@pytest.mark.usefixtures("isolated_dirs")
+@pytest.mark.parametrize("bad", [["-e", "NOEQUALS"], ["-e", "1X=a"], ["-e", "A B=1"]])
+def test_a_variable_that_is_not_key_value_is_a_usage_error(bad: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    saved_record("exp1")
+    assert run_cli(["exec", *bad, "exp1", "--", "true"]) == base.EXIT_USAGE
+    assert "expected KEY=VALUE" in capsys.readouterr().err
 
 
 @pytest.mark.usefixtures("isolated_dirs")
@@ -89,16 +99,18 @@ def test_several_names_each_tried_and_the_failures_named(
     assert run_cli(["stop", "a", "--all"]) == base.EXIT_USAGE
     assert run_cli(["stop"]) == base.EXIT_USAGE
     assert "--all" in capsys.readouterr().err
-    assert run_cli(["destroy", "--all", "--group"]) == base.EXIT_USAGE
+    assert run_cli(["rm", "--all", "--group"]) == base.EXIT_USAGE
+    assert run_cli(["rm", "--stale", "exp1"]) == base.EXIT_USAGE
+    assert run_cli(["rm", "--dry-run", "exp1"]) == base.EXIT_USAGE
 
 
 @pytest.mark.usefixtures("isolated_dirs")
-def test_destroy_all_without_a_terminal_needs_yes(capsys: pytest.CaptureFixture[str]) -> None:
+def test_rm_all_without_a_terminal_needs_yes(capsys: pytest.CaptureFixture[str]) -> None:
     saved_record("one")
     saved_record("two")
-    assert run_cli(["destroy", "--all"]) == base.EXIT_USAGE
+    assert run_cli(["rm", "--all"]) == base.EXIT_USAGE
     err = capsys.readouterr().err
-    assert "would destroy 2 session(s): one, two" in err and "--yes" in err
+    assert "would remove 2 session(s): one, two" in err and "--yes" in err
     assert (paths.session_paths("one").record).exists()
 
 
@@ -111,12 +123,35 @@ def test_destroy_all_without_a_terminal_needs_yes(capsys: pytest.CaptureFixture[
         (["run", ".", "--name", "Bad Name", "--", "true"], base.EXIT_USAGE),
         (["run", ".", "--review", "paper", "--", "true"], base.EXIT_USAGE),
         (["run", ".", "--cpus", "abc"], base.EXIT_USAGE),
+        (["run", ".", "--blueprint", "nosuch", "--", "true"], base.EXIT_USAGE),  # a name that is none: usage
+        (["run", ".", "--host", "nosuch", "--", "true"], base.EXIT_USAGE),
+        (["run", ".", "--fanout", "0", "--", "true"], base.EXIT_USAGE),
+        (["run", ".", "--fanout", "2", "--yes", "--", "true"], base.EXIT_USAGE),
+        (["create", ".", "--blueprint", "nosuch"], base.EXIT_USAGE),
+        (["create", ".", "--from", "exp1"], base.EXIT_USAGE),  # a copy needs its name
+        (["create", ".", "--from", "exp1", "--name", "b"], base.EXIT_USAGE),  # and takes no PATH
+        (["image", "build", "--blueprint", "nosuch"], base.EXIT_USAGE),
+        (["host", "prepare", "nosuch"], base.EXIT_USAGE),
+        (["login", "add", "nosuch"], base.EXIT_USAGE),
+        (["login", "add", "base"], base.EXIT_USAGE),
         (["exec", "nosuch", "--", "true"], base.EXIT_RUN_FAILED),
         (["shell", "nosuch", "true"], base.EXIT_RUN_FAILED),
-        (["destroy", "nosuch"], base.EXIT_FAILED),
+        (["create", "/nonexistent"], base.EXIT_FAILED),
+        (["rm", "nosuch"], base.EXIT_FAILED),
         (["secret", "rm", "nosuch"], base.EXIT_FAILED),
-        (["logs", "nosuch", "--since", "10m"], base.EXIT_FAILED),
+        (["policy", "log", "nosuch", "--since", "10m"], base.EXIT_FAILED),
+        (["policy", "log", "nosuch", "--since", "yesterday"], base.EXIT_USAGE),
+        (["logs", "nosuch", "--tail", "-1"], base.EXIT_USAGE),
+        (["host", "ls", "--timeout", "0"], base.EXIT_USAGE),
+        (["ls", "--filter", "state=bogus"], base.EXIT_USAGE),
+        (["ls", "--format", "{{.Bogus}}"], base.EXIT_USAGE),
         (["nosuchcommand"], base.EXIT_USAGE),
+        (["help", "nosuchcommand"], base.EXIT_USAGE),
+        ([], 0),
+        (["checkpoint"], 0),
+        (["help"], 0),
+        (["help", "checkpoint", "restore"], 0),
+        (["version"], 0),
     ],
 )
 def test_exit_codes(argv: list[str], code: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -129,156 +164,6 @@ def test_config_validate_fails_with_one(tmp_path: Path) -> None:
     bad = tmp_path / "c.yaml"
     bad.write_text("memroy: 2G\n")
     assert run_cli(["config", "validate", str(bad)]) == base.EXIT_FAILED
-
-
-def complete(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], line: str) -> list[str]:
-    """What bash would be offered for `line` (its last word being completed)."""
-    words = line.split(" ")
-    monkeypatch.setenv("_VMSANDBOX_COMPLETE", "complete_bash")
-    monkeypatch.setenv("COMP_WORDS", line)
-    monkeypatch.setenv("COMP_CWORD", str(len(words) - 1))
-    capsys.readouterr()
-    run_cli([])
-    monkeypatch.delenv("_VMSANDBOX_COMPLETE")
-    return capsys.readouterr().out.split()
-
-
-@pytest.mark.usefixtures("isolated_dirs")
-def test_completion_offers_names_labels_and_choices(
-    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> None:
-    saved_record("exp1")
-    saved_record("exp2")
-    saved_record("other")
-    cps = paths.session_paths("exp1").checkpoints
-    for label in ("before", "after"):
-        (cps / label).mkdir(parents=True)
-        (cps / label / "checkpoint.json").write_text(json.dumps({"label": label, "created": time.time(), "chain": []}))
-    assert complete(monkeypatch, capsys, "vmsandbox destroy e") == ["exp1", "exp2"]
-    assert complete(monkeypatch, capsys, "vmsandbox shell ") == ["exp1", "exp2", "other"]
-    assert complete(monkeypatch, capsys, "vmsandbox run --accel ") == ["auto", "kvm", "tcg"]
-    assert complete(monkeypatch, capsys, "vmsandbox run --network o") == ["open"]
-    assert complete(monkeypatch, capsys, "vmsandbox logs exp1 ") == ["console", "proxy"]
-    assert complete(monkeypatch, capsys, "vmsandbox run --blueprint cl") == ["claude"]
-    assert complete(monkeypatch, capsys, "vmsandbox run --host ") == ["local"]
-    assert sorted(complete(monkeypatch, capsys, "vmsandbox rollback exp1 ")) == ["after", "before"]
-    assert complete(monkeypatch, capsys, "vmsandbox completion ") == ["bash", "fish", "zsh"]
-
-
-def test_completion_scripts(capsys: pytest.CaptureFixture[str]) -> None:
-    for shell in ("bash", "zsh", "fish"):
-        assert run_cli(["completion", shell]) == 0
-        assert "_VMSANDBOX_COMPLETE=complete_" + shell in capsys.readouterr().out
-    assert run_cli(["completion", "tcsh"]) == base.EXIT_USAGE
-
-
-def all_commands() -> list[tuple[str, Any]]:
-    def walk(cmd: Any, prefix: str) -> Any:
-        for name in cmd.list_commands(None):
-            sub = cmd.get_command(typer.Context(cmd), name)
-            yield prefix + name, sub
-            if hasattr(sub, "commands"):
-                yield from walk(sub, prefix + name + " ")
-
-    return list(walk(typer.main.get_command(base.app), ""))
-
-
-def test_help_reads_as_a_list_of_tasks(capsys: pytest.CaptureFixture[str]) -> None:
-    top = typer.main.get_command(base.app)
-    paneled = [n for names in base.PANELS.values() for n in names]
-    assert sorted(paneled) == sorted(top.commands)  # type: ignore[attr-defined]  # every command in one panel
-    for name, command in all_commands():
-        first = inspect.cleandoc(command.help or "").split("\n\n")[0]
-        assert "\n" not in first and len(first) <= 80, f"{name}: {first!r}"
-        assert run_cli([*name.split(" "), "--help"]) == 0
-        out = capsys.readouterr().out
-        assert "<bool>" not in out and "<list[str]>" not in out, name
-    assert run_cli(["--help"]) == 0
-    out = capsys.readouterr().out
-    listed = [m.group(1) for m in re.finditer(r"^\W+([a-z][a-z-]*)  ", out, re.MULTILINE)]
-    assert listed.index("run") < listed.index("ls") < listed.index("pull") < listed.index("checkpoint")  # panels' order
-
-
-def test_readable_help_joins_lines_and_splits_examples() -> None:
-    text = """First line.
-
-    A long sentence cut
-    in two.
-
-    Examples: `a` · `b c` (a note)"""
-    assert base.readable(text) == "First line.\n\nA long sentence cut in two.\n\nExamples:\n\n`a`\n\n`b c` (a note)"
-
-
-@pytest.mark.usefixtures("isolated_dirs")
-def test_a_damaged_record_is_a_row_of_its_own(capsys: pytest.CaptureFixture[str]) -> None:
-    files = paths.session_paths("broken")
-    files.root.mkdir(parents=True)
-    files.record.write_text(json.dumps(["not", "a", "record"]))
-    assert run_cli(["ls"]) == 0
-    captured = capsys.readouterr()
-    assert "broken" in captured.out and "damaged" in captured.out and "Traceback" not in captured.err
-    assert run_cli(["ls", "--json"]) == 0
-    rows = json.loads(capsys.readouterr().out)
-    assert (
-        rows[0]["name"] == "broken" and rows[0]["state"] == "damaged" and "destroy broken --discard" in rows[0]["hint"]
-    )
-
-
-def test_filters_and_formats() -> None:
-    row = {"name": "exp-1", "state": "running", "host": "local", "ports": {"ssh": 2222}}
-    assert listing.matches(row, listing.parse_filters(["state=running,host=local"]))
-    assert listing.matches(row, listing.parse_filters(["name=exp-*", "state=stopped", "state=running"]))
-    assert not listing.matches(row, listing.parse_filters(["state=stopped"]))
-    assert listing.formatted("{name} {ports[ssh]}", row) == "exp-1 2222"
-    for bad in (["bogus=1"], ["state"]):
-        with pytest.raises(UsageError):
-            listing.parse_filters(bad)
-    with pytest.raises(UsageError, match="no field 'nope'"):
-        listing.formatted("{nope}", row)
-    assert listing.formatted("{name} {state} {ports}", {"name": "b", "state": "damaged"}) == "b damaged ?"
-
-
-def test_logs_tail_and_since(tmp_path: Path) -> None:
-    log = tmp_path / "proxy.log"
-    older = tmp_path / "proxy.log.1"
-    older.write_text("o1\no2\n")
-    log.write_text("l1\nl2\nl3\npartial")
-    got = list(sessions.log_lines(log, older, follow=False, stopped=lambda: True, tail=2))
-    assert got == ["l2", "l3"]
-    assert list(sessions.log_lines(log, older, follow=False, stopped=lambda: True, tail=4)) == ["o2", "l1", "l2", "l3"]
-    assert sessions.parse_age("10m") == 600 and sessions.parse_age("2h") == 7200 and sessions.parse_age("30") == 30
-    with pytest.raises(UsageError):
-        sessions.parse_age("yesterday")
-
-
-@pytest.mark.usefixtures("isolated_dirs")
-def test_ssh_config_is_a_block_an_editor_uses_as_is(capsys: pytest.CaptureFixture[str]) -> None:
-    saved_record("exp1", ssh_port=2201)
-    assert run_cli(["ssh-config", "exp1"]) == 0
-    block = capsys.readouterr().out
-    lines = block.splitlines()
-    assert lines[0] == "Host vmsandbox-exp1"
-    options = dict(line.split(" ", 1) for line in (x.strip() for x in lines[1:]))
-    assert options["HostName"] == "127.0.0.1" and options["Port"] == "2201" and options["User"] == "u"
-    assert options["StrictHostKeyChecking"] == "yes"
-    assert options["UserKnownHostsFile"] == str(paths.session_paths("exp1").known_hosts)
-    assert "ControlPath" not in options and "ControlMaster" not in options  # our socket stays ours
-    assert run_cli(["ssh-config"]) == base.EXIT_USAGE
-
-
-@pytest.mark.usefixtures("isolated_dirs")
-def test_ssh_config_all_prints_every_block_it_can_and_names_the_rest(capsys: pytest.CaptureFixture[str]) -> None:
-    saved_record("exp1", ssh_port=2201)
-    saved_record("exp2", ssh_port=2202)
-    broken = paths.session_paths("broken")
-    broken.root.mkdir(parents=True)
-    broken.record.write_text(json.dumps(["not", "a", "record"]))
-    assert run_cli(["ssh-config", "--all"]) == base.EXIT_FAILED
-    captured = capsys.readouterr()
-    hosts = [line for line in captured.out.splitlines() if line.startswith("Host ")]
-    assert hosts == ["Host vmsandbox-exp1", "Host vmsandbox-exp2"]
-    assert "\n\nHost vmsandbox-exp2" in captured.out  # blocks apart, as ~/.ssh/config reads them
-    assert "could not ssh-config 1 of 3 sessions: broken" in captured.err
 
 
 @pytest.mark.usefixtures("isolated_dirs")
@@ -346,7 +231,7 @@ def test_a_record_is_checked_field_by_field() -> None:
         Record.load("exp1")
     said = exc.value.message
     assert "cpus: Input should be a valid integer" in said and "status:" in said and "publish.0.guest" in said
-    assert exc.value.hint is not None and "destroy exp1 --discard" in exc.value.hint
+    assert exc.value.hint is not None and "rm exp1 --discard" in exc.value.hint
 
 
 @pytest.mark.usefixtures("isolated_dirs")
@@ -368,7 +253,7 @@ def test_every_problem_of_a_file_at_once_with_its_line(tmp_path: Path, capsys: p
 
 def test_the_schema_and_the_runtime_agree() -> None:
     from vmsandbox import filemodels
-    from vmsandbox.cli.configs import json_schema
+    from vmsandbox.core.settings import json_schema
     from vmsandbox.egress.rules.netpolicy import Mode
     from vmsandbox.session import settings as config
     from vmsandbox.vm.accel import Accel

@@ -3,6 +3,7 @@ every path of this repository a page names in backticks exists. Files only, no n
 
 from __future__ import annotations
 
+import itertools
 import re
 from pathlib import Path
 from typing import Any
@@ -151,4 +152,78 @@ def test_the_checker_finds_a_missing_file_a_missing_heading_and_a_stale_path(tmp
         "other.md#elsewhere: no heading #elsewhere in other.md",
         "shot.png: no such file",
         "#nowhere: no heading #nowhere in p.md",
+    ]
+
+
+# A command line a page shows: `vmsandbox WORD…` in a code span or a fenced block (prose says "vmsandbox keeps").
+COMMAND_LINE = re.compile(r"(?:^|[\s`(;|&$])vmsandbox((?:\s+[^\s`;|&)<>]+)*)")
+
+
+def _code(page: Path) -> list[tuple[int, str]]:
+    """The page's code: fenced lines whole, and each code span of the other lines."""
+    found, fenced = [], False
+    for n, line in enumerate(page.read_text().splitlines(), 1):
+        if FENCE.match(line):
+            fenced = not fenced
+        elif fenced:
+            found.append((n, line))
+        else:
+            found += [(n, span) for _, span in CODE_SPAN.findall(line)]
+    return found
+
+
+def unknown_commands(page: Path, root: Any) -> list[str]:
+    """Each `vmsandbox …` a page shows whose command (and a noun's verb) is not one of the grammar — an old name
+    works, but says its new form: a page teaches the new — or that names an option its command does not take."""
+    wrong = []
+    for n, code in _code(page):
+        for m in COMMAND_LINE.finditer(code):
+            words = m.group(1).split()
+            words = words[: words.index("--")] if "--" in words else words
+            words = [*itertools.takewhile(lambda w: not w.startswith("#"), words)]  # a shell comment after it
+            command, path = root, list[str]()
+            for word in words:
+                if word.startswith("-"):
+                    name = word.split("=", 1)[0]
+                    options = {o for p in command.params for o in [*p.opts, *p.secondary_opts]}
+                    if name.startswith("--") and name not in options | {"--help"}:
+                        wrong.append(f"{_name(page)}:{n}: `vmsandbox {' '.join(path)} {name}`: no such option")
+                    continue
+                if not hasattr(command, "commands"):
+                    break
+                if word not in command.commands:
+                    if command is not root or re.fullmatch(r"[a-z][a-z-]*", word):  # not `vmsandbox [OPTIONS]`
+                        kind = "command" if command is root else "verb"
+                        wrong.append(f"{_name(page)}:{n}: `vmsandbox {' '.join([*path, word])}`: no such {kind}")
+                    break
+                command, path = command.commands[word], [*path, word]
+    return wrong
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
+def test_every_command_a_page_shows_is_one_of_the_grammar(page: Path) -> None:
+    import typer.main
+
+    from vmsandbox.cli import base, main  # noqa: F401  (main registers the commands)
+
+    assert unknown_commands(page, typer.main.get_command(base.app)) == []
+
+
+def test_the_command_checker_finds_an_old_name_a_missing_verb_and_an_option(tmp_path: Path) -> None:
+    import typer.main
+
+    from vmsandbox.cli import base, main  # noqa: F401  (main registers the commands)
+
+    page = tmp_path / "p.md"
+    page.write_text(
+        "Run `vmsandbox run . -- make --frob` then `vmsandbox shell exp -w /src`; vmsandbox says so.\n"
+        "`vmsandbox destroy exp` and `vmsandbox checkpoint exp before` and `vmsandbox ls --bogus`\n"
+        "```\n$ vmsandbox checkpoint restore exp before\nvmsandbox port ls exp | cat\n```\n"
+        "`vmsandbox image` `vmsandbox policy frob x` `vmsandbox help checkpoint`\n"
+    )
+    assert [w.split(": ", 1)[1] for w in unknown_commands(page, typer.main.get_command(base.app))] == [
+        "`vmsandbox destroy`: no such command",
+        "`vmsandbox checkpoint exp`: no such verb",
+        "`vmsandbox ls --bogus`: no such option",
+        "`vmsandbox policy frob`: no such verb",
     ]

@@ -143,7 +143,7 @@ def _page(other: Person, monkeypatch: pytest.MonkeyPatch) -> Person:
 def test_every_front_end_takes_the_same_steps_in_the_same_order(
     front: str, recorder: Recorder, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from vmsandbox.cli import prompts
+    from vmsandbox.cli.review import prompts
 
     monkeypatch.setattr(prompts, "show", lambda plan: True)  # (the terminal's summary table: shown, not tested)
     people: dict[str, Person] = {

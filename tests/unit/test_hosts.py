@@ -92,7 +92,7 @@ def test_hosts_never_come_from_a_project(tmp_path: Path) -> None:
 
 
 def test_the_config_schema_describes_a_host_entry() -> None:
-    from vmsandbox.cli.configs import json_schema
+    from vmsandbox.core.settings import json_schema
 
     doc = json_schema()
     hosts = doc["properties"]["hosts"]
@@ -339,7 +339,7 @@ def test_a_long_chain_there_is_refused_with_the_fork_that_starts_over() -> None:
     record.overlays.append("top")
     with pytest.raises(VmsandboxError, match="runs on host big over 18 overlays") as refused:
         check_room(record)
-    assert "vmsandbox fork exp NEW --from LABEL" in str(refused.value.hint)
+    assert "vmsandbox create --from exp:LABEL --name NEW" in str(refused.value.hint)
     record.libvirt_uri, record.host = "qemu:///system", "local"
     check_room(record)  # this machine's: folded, nothing to refuse
 

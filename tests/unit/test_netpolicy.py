@@ -227,7 +227,7 @@ def test_allowlist_changes_at_runtime() -> None:
 
 def test_a_refusal_names_the_command_that_allows_it() -> None:
     p = Policy(Mode.ALLOWLIST, (), session="exp1")
-    with pytest.raises(Refused, match=r"`vmsandbox allow exp1 example\.com`"):
+    with pytest.raises(Refused, match=r"`vmsandbox policy allow exp1 example\.com`"):
         p.decide("example.com", 443)
 
 

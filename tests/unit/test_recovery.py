@@ -120,7 +120,7 @@ def test_a_damaged_record_with_a_disk_is_kept_and_one_without_is_removed(hv: Hyp
     assert len(lines) == 2, lines
     assert lines[0] == f"removed damaged session directory {bare.root}"
     assert lines[1].startswith("kept damaged session withdisk: ")
-    assert lines[1].endswith("`vmsandbox destroy withdisk --discard` removes it")
+    assert lines[1].endswith("`vmsandbox rm withdisk --discard` removes it")
     assert hv.info(domain_name("bare")) is None
     assert not bare.root.exists() and paths.session_paths("withdisk").workspace_disk.exists()
 

@@ -178,7 +178,7 @@ def _console(width: int = 80) -> tuple[Console, io.StringIO]:
 
 def _shown(monkeypatch: pytest.MonkeyPatch, plan: Plan, width: int = 80) -> list[str]:
     from vmsandbox import ui
-    from vmsandbox.cli import prompts
+    from vmsandbox.cli.review import prompts
 
     console, printed = _console(width)
     monkeypatch.setattr(ui, "err", console)
@@ -227,7 +227,7 @@ def test_the_prompt_asks_each_source_change_then_one_question_per_group(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from vmsandbox import ui
-    from vmsandbox.cli import prompts
+    from vmsandbox.cli.review import prompts
 
     plan = _plan(tmp_path)
     answers = iter(["n", "y", "n", "y", "e", "n", "y", "n", "n", "n"])  # README, source; risky; ignored; binary: each

@@ -270,11 +270,11 @@ def test_hosts_prints_each_unanswered_host_s_fix(
     ]
     monkeypatch.setattr(hosts, "probe_all", lambda specs, timeout: found)
     with pytest.raises(SystemExit) as done:
-        cli.main(["hosts"])
+        cli.main(["host", "ls"])
     assert not done.value.code
     out, err = capsys.readouterr()
-    assert "Connection refused" in out.splitlines()[-1]
-    assert "hint: far: start sshd" in err
+    assert out.splitlines()[-1].split()[:2] == ["far", "unreachable"]
+    assert f"far: {REFUSED.said}" in err and f"hint: {REFUSED.hint}" in err  # after the table, ssh's words
     assert "local:" not in err
 
 
@@ -282,5 +282,5 @@ def test_a_session_s_host_that_does_not_answer_points_to_where_ssh_says_why() ->
     from vmsandbox.vm.node import REMOTE_HINT, unreachable_hint
 
     over_ssh = unreachable_hint("Cannot write data: Broken pipe", FAR.uri, "qemu:///system")
-    assert over_ssh.startswith("`vmsandbox hosts` says why, in ssh's words") and REMOTE_HINT in over_ssh
+    assert over_ssh.startswith("`vmsandbox host ls` says why, in ssh's words") and REMOTE_HINT in over_ssh
     assert unreachable_hint("", "qemu+tls://big/system", "qemu:///system") == REMOTE_HINT

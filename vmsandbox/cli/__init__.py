@@ -1,5 +1,12 @@
-"""The command line: parsing and printing only. The one place errors become exit codes and where a person
-is asked (review prompts, trust). No session policy lives here.
+"""The command line: parsing and printing only, over the core (vmsandbox.core). The one place errors become exit
+codes and where a person at a terminal is asked (review prompts, trust). No session policy lives here.
 
-May import anything below it.
+main.py (the entry), base.py (apps, panels, exit codes, shared parameters), aliases.py (the names earlier versions
+took), output.py (listings: tables, --format, --json, --filter), complete.py and completion.py (the shell's
+words), meta.py (help, version, doctor), serve.py (the HTTP API); sessions/ (the everyday verbs on sessions),
+review/ (diff, pull, push, the browser's review, the terminal's prompts), nouns/ (each thing acted on with its
+verbs: checkpoint, port, policy, image, blueprint, host, secret, login, config, trust).
+
+May import: vmsandbox.core, vmsandbox.ui, vmsandbox.errors (and the web and API edges it serves, named in the
+architecture test). Nothing below the core.
 """

@@ -1,17 +1,16 @@
-"""What every command module of the CLI shares: the typer apps, the exit codes, shared parameters, the command
-after `--`, and small printing helpers."""
+"""What every command module of the CLI shares: the typer apps (the top and each noun's), the exit codes, the
+help's panels, shared parameters, the command after `--`, several names or --all."""
 
 from __future__ import annotations
 
 import difflib
 import inspect
-import json
 import re
-import sys
 from collections.abc import Callable
 from typing import Annotated, Any
 
 import typer
+import typer.rich_utils
 from typer.core import TyperArgument, TyperCommand, TyperGroup, TyperOption
 
 from vmsandbox import ui
@@ -20,18 +19,39 @@ from vmsandbox.errors import UsageError, VmsandboxError
 
 EXIT_FAILED = 1  # vmsandbox failed
 EXIT_USAGE = 2  # the command line was wrong: the parser's usage errors and the values it refused (UsageError)
-EXIT_PENDING = 3  # pull/recover/push: changes remain unsynced
+EXIT_PENDING = 3  # pull/push: changes remain unsynced
 EXIT_RUN_FAILED = 125  # run/exec/shell/agents: vmsandbox failed (as `docker run` does), so COMMAND's codes stay its own
 EXIT_INTERRUPTED = 130
 
 HELP = {"help_option_names": ["-h", "--help"]}  # inherited by every command and group below
 TYPO = 0.8  # how alike an unknown word must be to a command to be offered as "did you mean"
 TYPO_LENGTH = 4  # and how long: shorter words are other words more often than typos
+if ui.plain():
+    typer.rich_utils.COLOR_SYSTEM = None  # NO_COLOR: the help too
+
+# The help's panels, in order, and their commands in the order a person meets them: the everyday verbs, then the
+# nouns (each with its verbs: `vmsandbox checkpoint create|ls|rm|restore`). One table decides the order of
+# `vmsandbox -h` (a test holds every command in it). The names earlier versions took are in aliases.py.
+PANELS: dict[str, tuple[str, ...]] = {
+    "Start": ("run", "create", "claude", "codex", "gemini", "opencode"),
+    "Sessions": ("ls", "inspect", "start", "stop", "shell", "exec", "cp", "logs", "rm"),
+    "Review": ("diff", "pull", "push", "ui"),
+    "Inside a session": ("checkpoint", "port", "policy"),
+    "This machine": ("image", "blueprint", "host", "secret", "login", "config", "trust", "doctor"),
+    "More": ("serve", "completion", "help", "version"),
+}
+RENAMED: dict[str, tuple[str, ...]] = {}  # the names earlier versions took and their new form (aliases.TOP)
 
 
 class Commands(TyperGroup):
-    """A group that offers "did you mean" for a near typo only (`destory`), never a different command for
-    another word (`ps` is not `push`, which changes the guest)."""
+    """A group that shows its help (exit 0) when given nothing, and offers "did you mean" for a near typo only
+    (`destory`), never a different command for another word (`ps` is not `push`, which changes the guest)."""
+
+    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
+        if not args and self.no_args_is_help and not ctx.resilient_parsing:
+            typer.echo(ctx.get_help(), color=ctx.color)
+            ctx.exit(0)
+        return list(super().parse_args(ctx, args))
 
     def resolve_command(self, ctx: Any, args: list[str]) -> Any:
         try:
@@ -39,11 +59,19 @@ class Commands(TyperGroup):
         except Exception as exc:
             message = getattr(exc, "message", None)
             if isinstance(message, str) and message.startswith("No such command") and args:
-                near = difflib.get_close_matches(args[0], list(self.commands), n=1, cutoff=TYPO)
-                near = near if len(args[0]) >= TYPO_LENGTH else []  # `top` is no typo of `stop`
-                hint = f"Did you mean {near[0]!r}?" if near else "`vmsandbox -h` lists the commands."
-                exc.message = f"{message.rstrip('.')}. {hint}"  # type: ignore[attr-defined]
+                exc.message = f"{message.rstrip('.')}. {self.near(ctx, args[0])}"  # type: ignore[attr-defined]
             raise
+
+    def near(self, ctx: Any, word: str) -> str:
+        """The hint for a word that is no command here: the command it is a typo of, if it is one (an old name's
+        typo: its new form)."""
+        renamed = RENAMED if ctx.parent is None else {}
+        known = list(self.commands) + list(renamed)
+        near = difflib.get_close_matches(word, known, n=1, cutoff=TYPO) if len(word) >= TYPO_LENGTH else []
+        if not near:  # `top` is no typo of `stop`
+            where = " ".join(["vmsandbox", *ctx.command_path.split(" ")[1:], "-h"])
+            return f"`{where}` lists the commands."
+        return f"Did you mean {' '.join(renamed.get(near[0], (near[0],)))!r}?"
 
     def list_commands(self, ctx: Any) -> list[str]:
         """In the order of PANELS (a group's own commands, which PANELS does not name, as registered)."""
@@ -75,22 +103,6 @@ def readable(text: str) -> str:
     return "\n\n".join(p for p in out if p)
 
 
-ALIASES = "Aliases"  # the help panel of the short names other tools taught people (rm, ps, ssh, …)
-# The help's panels, in order, and their commands in the order a person meets them. One table decides the
-# order of `vmsandbox -h` (a test holds every command in it).
-PANELS: dict[str, tuple[str, ...]] = {
-    "Start": ("run", "claude", "codex", "gemini", "opencode", "login", "serve"),
-    "Sessions": (
-        "ls", "inspect", "shell", "exec", "cp", "stop", "start", "destroy", "logs", "port", "allow", "deny",
-        "ssh-config", "clean", "gc",
-    ),
-    "Review": ("pull", "diff", "ui", "push", "recover"),
-    "Experiments": ("checkpoint", "checkpoints", "rollback", "fork", "fanout", "compare"),
-    "Images and hosts": ("image", "blueprint", "hosts", "host", "doctor"),
-    "Config": ("config", "secret", "trust", "completion"),
-    ALIASES: ("ssh", "ps", "list", "rm"),
-}  # fmt: skip
-
 app = typer.Typer(
     cls=Commands,
     add_completion=False,  # `vmsandbox completion SHELL` prints the script (the shell's words come from main())
@@ -100,33 +112,27 @@ app = typer.Typer(
     context_settings=HELP,
     help="Run AI coding agents in disposable VMs and review what they changed.\n\n"
     "Examples:\n\n`vmsandbox claude .`\n\n`vmsandbox run . -- make test`\n\n"
-    "`vmsandbox run --keep --name exp .` then `vmsandbox shell exp`, `vmsandbox pull exp`, `vmsandbox destroy exp`",
+    "`vmsandbox create --name exp .` then `vmsandbox shell exp`, `vmsandbox pull exp`, `vmsandbox rm exp`",
 )
 
 
-def _group(name: str, text: str) -> typer.Typer:
-    """A command group under `vmsandbox NAME`, with the settings every group shares (help, typos)."""
+def noun(name: str, text: str) -> typer.Typer:
+    """A noun under `vmsandbox NAME` whose verbs act on one kind of thing, with the settings every group shares
+    (its help when given nothing, typos)."""
     group = typer.Typer(cls=Commands, suggest_commands=False, no_args_is_help=True, context_settings=HELP, help=text)
     app.add_typer(group, name=name)
     return group
 
 
-blueprint_app = _group(
-    "blueprint", "List blueprints and show what one makes a session of.\n\nExample: `vmsandbox blueprint show claude`"
-)
-config_app = _group(
-    "config",
-    "Show, check and describe config files.\n\nWhere each setting comes from, config and blueprint files "
-    "checked, their JSON Schema.",
-)
-image_app = _group("image", "Build, list and remove base images.")
-host_app = _group("host", "Host set-up where no service manager does it.")
-secret_app = _group("secret", "Secrets kept on the host and injected by the egress proxy.")
-
-
 def _flag_shown_as_flag(self: TyperOption, ctx: Any) -> str | None:
-    """typer shows `<bool>` beside a boolean flag, as if it took a value: a flag shows no type."""
-    return None if self.is_flag else _display_type_rich(self, ctx)
+    """typer shows `<bool>` beside a boolean flag, as if it took a value, and click's type (`<int range>`) beside
+    an option without a metavar: a flag shows nothing, an option its metavar (or its name, upper-cased)."""
+    if self.is_flag:
+        return None
+    if self.metavar is not None:
+        return str(self.metavar)
+    longest = max(self.opts, key=len).lstrip("-").upper().replace("-", "_")
+    return longest + ("..." if self.nargs != 1 else "")
 
 
 def _argument_shown_by_name(self: TyperArgument, ctx: Any) -> str | None:
@@ -134,8 +140,16 @@ def _argument_shown_by_name(self: TyperArgument, ctx: Any) -> str | None:
     return None
 
 
-_display_type_rich = TyperOption.display_type_rich
+def _usage_name(self: TyperArgument) -> str:
+    """An argument in the usage line as people write them: `NAME`, `[NAME]`, `NAME...` (typer's `{NAME}...`)."""
+    name = str(self.display_name_raw)
+    name += "" if self.nargs == 1 or name.endswith("...") else "..."
+    return name if self.required else f"[{name}]"
+
+
+TyperArgument._usage_display_name = _usage_name  # type: ignore[method-assign]
 TyperOption.display_type_rich = _flag_shown_as_flag  # type: ignore[method-assign]
+TyperOption._get_number_range_help_str = lambda self: None  # type: ignore[method-assign]  # (`[x>=0]`: the help says)
 TyperArgument.display_type_rich = _argument_shown_by_name  # type: ignore[method-assign,assignment]
 
 
@@ -155,7 +169,7 @@ class NeedsCommand(TakesCommand):
 # Parameters several commands share.
 SessionName = Annotated[str, typer.Argument(help="Session name.", metavar="NAME", autocompletion=complete.sessions)]
 SessionNames = Annotated[
-    list[str] | None, typer.Argument(help="Session names.", metavar="NAME", autocompletion=complete.sessions)
+    list[str] | None, typer.Argument(help="Session names.", metavar="NAME...", autocompletion=complete.sessions)
 ]
 AllSessions = Annotated[bool, typer.Option("--all", "-a", help="Every session (instead of names).")]
 ApplySafe = Annotated[bool, typer.Option("--yes", "-y", help="Apply the safe, non-conflicting changes.")]
@@ -167,17 +181,24 @@ IncludeBinary = Annotated[bool, typer.Option("--include-binary", help="Apply bin
 IncludeMass = Annotated[
     bool, typer.Option("--include-mass", help="With --yes, apply a mass change too (mass_change_files/_size).")
 ]
-AsJson = Annotated[bool, typer.Option("--json", help="Print JSON.")]
-Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="Print names only, one per line.")]
 Label = Annotated[str, typer.Argument(help="A checkpoint's label.", metavar="LABEL", autocompletion=complete.labels)]
+Workdir = Annotated[
+    str | None,
+    typer.Option("--workdir", "-w", metavar="DIR", help="Run in DIR (relative: to the project directory)."),
+]
+Env = Annotated[
+    list[str] | None,
+    typer.Option("--env", "-e", metavar="KEY=VALUE", help="Set an environment variable (repeatable)."),
+]
 
 
 # The commands that run a command in the guest: everything after their first `--` is that command, split off
 # before typer parses the rest (so `vmsandbox run -- ls /` never takes `ls` as PATH). Any other command gets
 # `--` as the parser's end of options, and words it does not take are a usage error.
-TAKE_A_COMMAND = frozenset({"run", "exec", "fanout", "claude", "codex", "gemini", "opencode"})
+TAKE_A_COMMAND = frozenset({"run", "exec", "claude", "codex", "gemini", "opencode"})
 # The commands that exit with the guest command's code: their own failures exit EXIT_RUN_FAILED.
-PASS_THE_CODE = TAKE_A_COMMAND | {"shell", "ssh"}
+PASS_THE_CODE = TAKE_A_COMMAND | {"shell"}
+GLOBAL_FLAGS = ("-v", "--verbose")  # taken anywhere on the line (before `--`, and before `shell NAME`'s command)
 
 
 class Invocation:
@@ -214,7 +235,7 @@ def each_session(
         raise UsageError(f"`{verb}` needs a session name", hint=f"`vmsandbox {verb} NAME...`, or `--all`")
     targets = list(which()) if every else list(dict.fromkeys(names or ()))
     if every and not targets:
-        ui.info(f"No session to {verb}.")
+        ui.info(f"No session to {verb.split(maxsplit=1)[0]}.")
         return
     if len(targets) == 1 and not every:
         act(targets[0])  # one name: its error is the command's, with its hint
@@ -225,32 +246,16 @@ def each_session(
             act(name)
         except VmsandboxError as exc:
             failed.append(name)
-            ui.err.print(f"[red]error:[/] {ui.printable(exc.message)}", soft_wrap=True)
-            if exc.hint:
-                ui.err.print(f"[dim]hint:[/] {ui.printable(exc.hint)}", soft_wrap=True)
+            said(exc)
     if failed:
         raise VmsandboxError(f"could not {verb} {len(failed)} of {len(targets)} sessions: {', '.join(failed)}")
 
 
-def sync_limit() -> int:
-    """The sync budget in bytes, from the user's settings (never from a project file: the project may be
-    what the guest just changed)."""
-    from vmsandbox.session import settings as config
-
-    return config.sync_limit()
-
-
-def print_json(data: Any) -> None:
-    ui.out.print_json(json.dumps(data), indent=2) if sys.stdout.isatty() else print(json.dumps(data, indent=2))
-
-
-def columns(headers: list[str], rows: list[list[str]]) -> None:
-    """A listing on stdout: plain columns aligned to their widest cell, nothing ever cut short (names,
-    versions and paths are meant to be copied), the last column unpadded. Cells are shown escaped."""
-    cells = [headers, *[[ui.printable(c, markup=False) for c in row] for row in rows]]
-    widths = [max(len(row[i]) for row in cells) for i in range(len(headers) - 1)]
-    for row in cells:
-        print("  ".join([*(c.ljust(w) for c, w in zip(row, widths, strict=False)), row[-1]]))
+def said(exc: VmsandboxError, label: str = "error", colour: str = "red") -> None:
+    """An error (and its hint) on stderr, as the end of the command says it."""
+    ui.err.print(f"[{colour}]{label}:[/] {ui.printable(exc.message)}", soft_wrap=True)
+    if exc.hint:
+        ui.err.print(f"[dim]hint:[/] {ui.printable(exc.hint)}", soft_wrap=True)
 
 
 def age(seconds: float) -> str:

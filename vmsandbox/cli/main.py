@@ -1,52 +1,53 @@
 """The entry point: `vmsandbox …`. The only place a VmsandboxError becomes a red line, a hint and an exit code.
-Every command module is imported here, which registers its commands on the shared app."""
+Before the line is parsed, an old name is put in the one grammar (aliases.py), `-v` is taken wherever it is, and
+the command after `--` is set aside. Every command module is imported here, which registers its commands on the
+shared app."""
 
 from __future__ import annotations
 
-import logging
-import logging.handlers
 import os
 import re
 import shlex
 import signal
 import sys
-import threading
 from typing import Annotated, NoReturn
 
 import typer
+import typer.main
 
-from vmsandbox import __version__, paths, ui
-from vmsandbox.cli import (  # noqa: F401
-    attach,
-    blueprints,
-    completion,
-    configs,
-    ending,
-    experiments,
-    host,
-    hosts,
-    images,
-    listing,
-    login,
-    review,
-    run,
-    secrets,
-    serve,
-    sessions,
-    webui,
-)
+from vmsandbox import ui
+from vmsandbox.cli import aliases, completion, meta, serve  # noqa: F401
 from vmsandbox.cli.base import (
     EXIT_FAILED,
     EXIT_INTERRUPTED,
     EXIT_RUN_FAILED,
     EXIT_USAGE,
+    GLOBAL_FLAGS,
     PASS_THE_CODE,
+    RENAMED,
     TAKE_A_COMMAND,
     Invocation,
     app,
     command_word,
+    said,
 )
+from vmsandbox.cli.nouns import (  # noqa: F401
+    blueprint,
+    checkpoint,
+    config,
+    host,
+    image,
+    login,
+    policy,
+    port,
+    secret,
+    trust,
+)
+from vmsandbox.cli.review import review, webui  # noqa: F401
+from vmsandbox.cli.sessions import attach, lifecycle, listing, logs, run  # noqa: F401
 from vmsandbox.errors import UsageError, VmsandboxError
+
+RENAMED.update(aliases.TOP)  # "did you mean" offers an old name's new form
 
 
 @app.callback(invoke_without_command=True)
@@ -54,42 +55,12 @@ def _root(
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log every step and command to stderr.")] = False,
     version: Annotated[bool, typer.Option("--version", help="Print the version.")] = False,
 ) -> None:
+    from vmsandbox.core import settings
+
     if version:
-        print(__version__)
+        print(settings.version())
         raise typer.Exit(0)
-    _setup_logging(verbose)
-
-
-def _setup_logging(verbose: bool) -> None:
-    """A verbose log file in the state directory always; stderr gets the log only with --verbose."""
-    root = logging.getLogger()
-    root.setLevel(logging.DEBUG)
-    fmt = ui.EscapingFormatter("%(asctime)s %(process)d %(levelname)s %(name)s: %(message)s")
-    threading.excepthook = _thread_failed
-    try:
-        from vmsandbox.confine import accounts as confine
-
-        confine.state_dirs()
-        handler: logging.Handler = logging.handlers.RotatingFileHandler(
-            paths.state_dir() / paths.SESSION_LOG, maxBytes=2 * 1024**2, backupCount=2
-        )
-        (paths.state_dir() / paths.SESSION_LOG).chmod(0o600)
-        handler.setFormatter(fmt)
-        root.addHandler(handler)
-    except OSError:
-        pass  # a read-only state dir must not stop `--help` or `doctor`
-    if verbose:
-        stream = logging.StreamHandler(sys.stderr)
-        stream.setFormatter(ui.EscapingFormatter("%(levelname)s %(name)s: %(message)s"))
-        root.addHandler(stream)
-
-
-def _thread_failed(args: threading.ExceptHookArgs) -> None:
-    """A thread's uncaught exception goes to the log (escaped), not raw to stderr."""
-    logging.getLogger("vmsandbox.thread").error(
-        "thread %s failed", args.thread.name if args.thread else "?",
-        exc_info=(args.exc_type, args.exc_value, args.exc_traceback),  # type: ignore[arg-type]
-    )  # fmt: skip
+    settings.open_log(verbose)
 
 
 def missing_separator(message: str, args: list[str]) -> str | None:
@@ -106,27 +77,48 @@ def missing_separator(message: str, args: list[str]) -> str | None:
     return "put the command to run after `--`: " + shlex.join(["vmsandbox", *args[: -len(extra)], "--", *extra])
 
 
+def global_flags(args: list[str]) -> list[str]:
+    """`-v` wherever it is on the line, moved before the command (never after `--`, nor in the command that
+    `shell NAME` runs)."""
+    word = command_word(args)
+    end = args.index("--") if "--" in args else len(args)
+    if word == "shell":  # `shell [OPTIONS] NAME COMMAND...`: what follows NAME is the guest's
+        start = args.index(word)
+        named = next((i for i in range(start + 1, end) if not args[i].startswith("-")), end)
+        end = min(end, named + 1)
+    found = [i for i in range(end) if args[i] in GLOBAL_FLAGS]
+    return [*(args[i] for i in found[:1]), *(a for i, a in enumerate(args) if i not in found)]
+
+
+def prepare(args: list[str]) -> list[str]:
+    """The line as typer parses it: in the one grammar, `-v` first, the command after `--` set aside."""
+    word = command_word(args)
+    if word is not None:
+        args = aliases.modern(args, args.index(word), lambda: typer.main.get_command(app))
+    args = global_flags(args)
+    word = command_word(args)
+    Invocation.command = None
+    Invocation.failed = EXIT_RUN_FAILED if word in PASS_THE_CODE else EXIT_FAILED
+    if word in TAKE_A_COMMAND and "--" in args:
+        cut = args.index("--")
+        args, Invocation.command = args[:cut], args[cut + 1 :]
+    return args
+
+
 def _terminate(signum: int, _frame: object) -> NoReturn:
     raise SystemExit(128 + signum)  # unwinds through every cleanup handler, like Ctrl-C
 
 
 def main(argv: list[str] | None = None) -> NoReturn:
     args = list(sys.argv[1:] if argv is None else argv)
-    Invocation.command = None
-    word = command_word(args)
-    Invocation.failed = EXIT_RUN_FAILED if word in PASS_THE_CODE else EXIT_FAILED
-    if word in TAKE_A_COMMAND and "--" in args:
-        cut = args.index("--")
-        args, Invocation.command = args[:cut], args[cut + 1 :]
     os.umask(0o077)  # whatever vmsandbox writes is private unless it says otherwise (images do)
     signal.signal(signal.SIGTERM, _terminate)
     signal.signal(signal.SIGHUP, _terminate)
     try:
+        args = prepare(args)
         code = app(args=args, prog_name="vmsandbox", standalone_mode=False)
     except VmsandboxError as exc:  # plain text that may quote a guest (stderr of ssh, rsync, git): escaped
-        ui.err.print(f"[red]error:[/] {ui.printable(exc.message)}", soft_wrap=True)
-        if exc.hint:
-            ui.err.print(f"[dim]hint:[/] {ui.printable(exc.hint)}", soft_wrap=True)
+        said(exc)
         sys.exit(EXIT_USAGE if isinstance(exc, UsageError) else Invocation.failed)
     except PermissionError as exc:  # a file of another account: say which, never a traceback
         ui.err.print(f"[red]error:[/] permission denied: {ui.printable(str(exc.filename))}", soft_wrap=True)

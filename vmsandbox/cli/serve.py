@@ -32,14 +32,14 @@ def _ready(settings: Settings) -> None:
 
 @app.command("serve")
 def serve_api(
-    port: Annotated[int, typer.Option("--port", help="Port on 127.0.0.1 (default: a free one).")] = 0,
+    port: Annotated[int, typer.Option("--port", metavar="PORT", help="Port on 127.0.0.1 \\[default: a free one].")] = 0,
     unix: Annotated[
         Path | None, typer.Option("--socket", help="Also serve on this Unix socket (made 0600).", metavar="PATH")
     ] = None,
 ) -> None:
     """Serve an HTTP API that E2B's SDK drives, with the review as its extension.
 
-    E2B's control plane and sandbox API (commands, files, pause, connect, snapshots) over vmsandbox sessions,
+    It serves E2B's control plane and sandbox API (commands, files, pause, connect, snapshots) over vmsandbox sessions,
     and under /vmsandbox/v1 sessions on a project, their changes as a frozen review, apply, rollback and fork
     (/openapi.json describes both). Prints E2B_API_URL, E2B_SANDBOX_URL and E2B_API_KEY on stdout, one a line:
     set them where the SDK runs. The key is new each time and kept only in memory. Ctrl-C stops it.

@@ -19,12 +19,13 @@ from vmsandbox.image import blueprint
 from vmsandbox.session import lock, state
 from vmsandbox.session.end import lifecycle
 from vmsandbox.session.moments import fanout
-from vmsandbox.session.options import Run, RunFlags
+from vmsandbox.session.options import Run, RunFlags, take_of
 from vmsandbox.session.record import Record
 from vmsandbox.session.running import logins
 from vmsandbox.session.start import create, resolve
 from vmsandbox.sync.inward import leftout
 
+__all__ = ["RunFlags", "take_of"]  # (the flags of a run, and what --yes takes by them, for the front ends)
 RUN_FAILED = 125  # the run itself failed (as docker's): the command's own codes are its own
 
 
@@ -50,10 +51,33 @@ class Ran:
     left: int = 0  # changes not synced back, waiting in the outbox
 
 
+# What a fan-out never reads: its sessions are kept (`--keep`) for the person to compare and pull one of them.
+NOT_FANNED = {"yes": "--yes", "include_risky": "--include-risky", "include_ignored": "--include-ignored",
+              "include_binary": "--include-binary", "include_mass": "--include-mass", "keep": "--keep"}  # fmt: skip
+
+
+def check_fanout(flags: RunFlags) -> None:
+    """A fan-out asked of the flags, checked before anything is looked up: a number of sessions it can start,
+    and no option it would not read (UsageError)."""
+    if flags.check is not None and flags.fanout is None:
+        raise UsageError("--check goes with --fanout", hint="e.g. `vmsandbox run --fanout 3 --check 'make test' .`")
+    if flags.fanout is None:
+        return
+    if not 1 <= flags.fanout <= fanout.MAX_SESSIONS:
+        raise UsageError(f"--fanout {flags.fanout}: a fan-out starts 1 to {fanout.MAX_SESSIONS} sessions")
+    unread = [flag for key, flag in NOT_FANNED.items() if getattr(flags, key)]
+    unread += ["--review web"] if flags.review != "terminal" else []
+    unread += ["--tty"] if flags.tty is not None else []
+    if unread:
+        raise UsageError(
+            f"{unread[0]} does not go with --fanout: a fan-out keeps every session, reviewed by none",
+            hint="compare them with `vmsandbox diff NAME-1 --against NAME-2 --stat`, then `vmsandbox pull NAME-1`",
+        )
+
+
 def run(ask: Ask, person: Person) -> Ran:
     """The whole run (see the module's notes)."""
-    if ask.flags.check is not None and ask.flags.fanout is None:
-        raise UsageError("--check goes with --fanout", hint="e.g. `vmsandbox run --fanout 3 --check 'make test' .`")
+    check_fanout(ask.flags)
     resolved = resolve.resolve(ask.path, ask.blueprint, ask.command, ask.flags, agent=ask.agent)
     planned = screen(resolved, person, send=ask.flags.send_secrets)
     if ask.flags.fanout is not None:
@@ -110,11 +134,11 @@ def end(record: Record, person: Person) -> int:
         keeping = ui.step("Keeping the unsynced changes in the session's outbox") if outcome.left else nullcontext()
         with keeping:
             ended = lifecycle.finish(record, plan.gathered, background=True)
-    ui.info(f"[dim]{record.domain} is destroyed in the background (`vmsandbox gc` finishes it if interrupted)[/]")
+    ui.info(f"[dim]{record.domain} goes in the background (`vmsandbox rm --stale` finishes it if interrupted)[/]")
     if ended.left:
         ui.warn(
             f"{ended.left} change(s) were not synced back; review them in the browser with `vmsandbox ui "
-            f"{record.name}`, or at the terminal with `vmsandbox recover {record.name}`"
+            f"{record.name}`, or at the terminal with `vmsandbox pull {record.name}`"
         )
     return ended.left
 

@@ -1,9 +1,14 @@
 """Operations on one session by name, for every front end: each opens the session the one way (Record.load),
-takes its lock where two commands must not interleave, and does its one thing."""
+takes its lock where two commands must not interleave, and does its one thing — make one and leave it running,
+stop and start it, run a command or a shell in it, copy files into it, send host edits into it, end it (alone,
+as a fan-out, or what a crash left)."""
 
 from __future__ import annotations
 
 import dataclasses
+import re
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -11,13 +16,22 @@ from vmsandbox import paths
 from vmsandbox.confine import accounts
 from vmsandbox.core import flow, reviews
 from vmsandbox.core.person import Person
+from vmsandbox.errors import UsageError, VmsandboxError
+from vmsandbox.guest import commands
 from vmsandbox.session import lock, state
 from vmsandbox.session import settings as config
+from vmsandbox.session.end import gc as collect
 from vmsandbox.session.end import lifecycle
+from vmsandbox.session.moments import fanout, fork, suspend
 from vmsandbox.session.options import RunFlags
-from vmsandbox.session.record import Record
+from vmsandbox.session.record import Record, validate_name
 from vmsandbox.session.start import create as creating
 from vmsandbox.session.start import resolve
+from vmsandbox.sync.inward import cp as copying
+from vmsandbox.sync.inward import push as pushing
+
+__all__ = ["Record", "RunFlags"]  # (the record a front end is handed back; the flags of a run)
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 def listing() -> list[dict[str, Any]]:
@@ -33,12 +47,9 @@ def private_dir(name: str) -> Path:
     return where
 
 
-def destroy(name: str, *, force: bool = False, discard: bool = False) -> lifecycle.End:
-    """The session's VM and files gone: refused while changes are unsynced, unless `force` (they wait in its
-    outbox first) or `discard` (thrown away)."""
-    record = Record.load(name)
-    with lock.held(record.files, name, "destroying"):
-        return lifecycle.destroy(Record.load(name), force=force, discard=discard, limit=reviews.limit())
+def record(name: str) -> Record:
+    """The session `name` (raises, with the hint, when there is none)."""
+    return Record.load(name)
 
 
 def create(path: Path, blueprint: str, flags: RunFlags, person: Person) -> Record:
@@ -47,3 +58,126 @@ def create(path: Path, blueprint: str, flags: RunFlags, person: Person) -> Recor
     flags = dataclasses.replace(flags, keep=True)
     planned = flow.screen(resolve.resolve(path, blueprint, None, flags, agent=False), person, send=flags.send_secrets)
     return creating.create(planned.options)
+
+
+def copy_of(name: str, new: str, *, label: str | None = None) -> Record:
+    """A new session `new` made from `name`'s state now (or its checkpoint `label`): its files, disks and
+    running processes, with its own identity, keys and egress, and the same baseline for its review."""
+    return fork.fork(name, validate_name(new), label=label)
+
+
+def stop(name: str) -> str:
+    """The session's VM saved to disk (memory and devices): what was kept, and where, in words."""
+    return suspend.where_saved(suspend.stop(name))
+
+
+def start(name: str) -> Record:
+    """A stopped session resumed where it was: processes, files, egress, published ports."""
+    return suspend.start(name)
+
+
+def stopped(name: str) -> bool:
+    """Whether the session is stopped (saved to disk, to be started again)."""
+    return Record.load(name).saved
+
+
+def ready(name: str) -> Record:
+    """The session, able to take a command: raises (with the fix) unless its VM runs; its egress daemon started
+    again if it had died (without it the guest has no network)."""
+    found = Record.load(name)
+    why = state.usable(found)
+    if why is not None:
+        from vmsandbox import ui
+
+        ui.warn(f"the egress proxy of session {found.name} {why}, so the guest had no network; restarting it")
+        with ui.step("Restarting the egress proxy"):
+            creating.open_egress(found)
+    return found
+
+
+@dataclass(frozen=True)
+class Where:
+    """Where and with what a command runs in a session: `workdir` (relative: to the project directory; None:
+    the project directory) and environment variables set for it."""
+
+    workdir: str | None = None
+    env: Mapping[str, str] = dataclasses.field(default_factory=dict)
+
+
+def environment(given: list[str]) -> dict[str, str]:
+    """`KEY=VALUE` words as variables (UsageError for one that is not)."""
+    found: dict[str, str] = {}
+    for word in given:
+        key, eq, value = word.partition("=")
+        if not eq or ENV_NAME.fullmatch(key) is None:
+            raise UsageError(f"--env {word!r}: expected KEY=VALUE", hint="e.g. -e DEBUG=1 (KEY: letters, digits, _)")
+        found[key] = value
+    return found
+
+
+def attach(name: str, argv: list[str] | None, *, tty: bool | None, where: Where | None = None) -> int:
+    """Run `argv` (None: a login shell) in a running session, in its project directory (or `where`); its exit
+    code."""
+    found = ready(name)
+    where = where or Where()
+    workdir = found.project if not where.workdir else str(Path(found.project) / where.workdir)
+    if "\n" in workdir or "\x00" in workdir:
+        raise UsageError(f"--workdir {where.workdir!r}: a directory name has no newline")
+    return commands.attach(found.endpoint(), workdir, argv, tty=tty, env=where.env)
+
+
+def copy_in(name: str, sources: list[Path], where: str) -> str:
+    """Files of this machine copied into a running session at `where` (relative: under the project); the
+    guest path written to."""
+    found = ready(name)
+    return copying.copy_in(found.target(), found.endpoint(), sources, where)
+
+
+def push(name: str) -> tuple[list[str], list[str]]:
+    """Host edits made during the session sent into its guest, never over a change the guest made: (the paths
+    sent, the paths the guest changed too, left as they are on both sides)."""
+    found = Record.load(name)
+    state.usable(found)
+    with lock.held(found.files, name, "pushing into"):
+        found = Record.load(name)
+        return pushing.push(found.target(), found.endpoint(), limit=reviews.limit())
+
+
+@dataclass(frozen=True)
+class Removed:
+    """How a session went: its unsynced changes (`left`) kept in `outbox`, or a damaged session's directory
+    removed (`damaged`)."""
+
+    outbox: Path | None = None
+    left: int = 0
+    damaged: Path | None = None
+
+
+def destroy(name: str, *, force: bool = False, discard: bool = False) -> Removed:
+    """The session's VM and files gone: refused while changes are unsynced, unless `force` (they wait in its
+    outbox first) or `discard` (thrown away). With `discard`, a session whose record is damaged goes too."""
+    try:
+        found = Record.load(name)
+    except VmsandboxError:
+        if discard and (gone := lifecycle.remove_damaged(validate_name(name), config.load().libvirt_uri)):
+            return Removed(damaged=gone)
+        raise
+    with lock.held(found.files, name, "destroying"):
+        ended = lifecycle.destroy(Record.load(name), force=force, discard=discard, limit=reviews.limit())
+    return Removed(ended.outbox, ended.left)
+
+
+def group(name: str) -> list[str]:
+    """The sessions of the fan-out `name` (raises when there is none)."""
+    members = [r.name for r in fanout.group_members(name)]
+    if not members:
+        raise VmsandboxError(f"no fan-out named {name!r}", hint="`vmsandbox ls --filter group=NAME` lists one")
+    return members
+
+
+def stale(*, dry: bool) -> Iterator[str]:
+    """What a crash left, removed (with `dry`, only said): sessions whose VM is gone or whose run was killed
+    (kept while they hold unsynced changes, a stopped VM's exported first), and vmsandbox VMs without a session,
+    here and on every host of the config. A line per thing done."""
+    settings = config.load()
+    return collect.gc(settings.libvirt_uri, limit=reviews.limit(), hosts=settings.hosts, dry=dry)

@@ -10,23 +10,29 @@ import json
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 
+from vmsandbox.session.moments.fanout import Outcome as FanOutcome
 from vmsandbox.sync.git import fetch as commitfetch
 from vmsandbox.sync.git import refs
 from vmsandbox.sync.land import write as apply
-from vmsandbox.sync.review import diff, hunks, merge
+from vmsandbox.sync.review import diff, hunks, mass, merge
 from vmsandbox.sync.review.compare import Change, Status
-from vmsandbox.sync.review.diff import DIFF_LIMIT, is_text
+from vmsandbox.sync.review.diff import DIFF_LIMIT, diff_text, is_text, merge_text
 from vmsandbox.sync.review.hunks import Hunk
 from vmsandbox.sync.review.outline import Group, Outline
 from vmsandbox.sync.review.outline import keys as _keys
 from vmsandbox.sync.review.outline import outline as _outline
-from vmsandbox.sync.review.plan import Decisions, Item, Outcome, Plan
+from vmsandbox.sync.review.plan import Decisions, Item, Outcome, Plan, grouped
+from vmsandbox.sync.review.take import Take
 from vmsandbox.sync.scan import highlight
+from vmsandbox.sync.scan.credentials import Finding
 from vmsandbox.sync.tree.manifest import CARRIED, FILE
 
 # what a front end reads of a review: its types, as the core hands them out
-__all__ = ["FILE", "Change", "ChangedError", "Decisions", "Group", "Hunk", "Item", "Outcome", "Outline", "Plan",
-           "RefView", "Status", "Tokens"]  # fmt: skip
+# (the plan and its parts, its outline, a change described and as a diff, a mass change by directory, a fan-out's
+# outcome, and what a person's choices make)
+__all__ = ["FILE", "Change", "ChangedError", "Decisions", "FanOutcome", "Finding", "Group", "Hunk", "Item", "Outcome",
+           "Outline", "Plan", "RefView", "Status", "Take", "Tokens", "diff_text", "grouped", "mass", "merge_text",
+           ]  # fmt: skip
 ChangedError = apply.ChangedError
 RefView = commitfetch.RefView
 Tokens = highlight.Tokens
@@ -34,6 +40,7 @@ lines = hunks.lines  # a text's lines, as hunks count them
 hunks_of = hunks.hunks  # the hunks between two texts, numbered as a choice names them
 describe = diff.describe  # what a change that is not shown as text is, in words
 tokens = highlight.tokens  # texts as the jailed lexer's tokens, None where it did not answer truly
+keys = _keys  # the held group of each of some items (None: a source change), as the review orders them
 
 
 def outline(plan: Plan) -> Outline:

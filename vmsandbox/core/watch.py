@@ -1,17 +1,27 @@
-"""A running session as a person watches and steers it while it works: its console's last lines, its egress
-decisions, and what may change without a restart (hosts allowed or denied, ports published). The page polls
-these; the terminal's `logs`, `allow`, `deny` and `port` do the same things."""
+"""A running session as a person watches and steers it while it works, for every front end: its console's last
+lines, its egress decisions, what it may reach (its allowlist read, widened, narrowed: the proxy takes a change
+from the next connection on), the ports it publishes (listed, opened, closed while it runs), and the credentials
+it holds (wiped, its placeholders revoked). The page polls these; the terminal's `logs`, `policy` and `port` do
+the same things."""
 
 from __future__ import annotations
 
 from collections import deque
 from typing import Any
 
+from vmsandbox.core import sessions
 from vmsandbox.egress import log as proxylog
+from vmsandbox.egress.ports import Publish
+from vmsandbox.egress.rules.netpolicy import Mode
+from vmsandbox.errors import UsageError, VmsandboxError
 from vmsandbox.session import state
 from vmsandbox.session.options import parse_publish
 from vmsandbox.session.record import Record
-from vmsandbox.session.running import reach
+from vmsandbox.session.running import clean, reach
+from vmsandbox.session.running.reach import Allowlist
+
+__all__ = ["Allowlist", "Publish"]
+MODES = tuple(m.value for m in Mode)  # the network modes a session may have
 
 
 def console(name: str, lines: int) -> list[str]:
@@ -34,21 +44,44 @@ def egress(name: str, events: int) -> list[dict[str, Any]]:
 
 
 def allow(name: str, hosts: list[str]) -> list[str]:
-    """Let the running session reach these hosts too; the allowlist after."""
+    """HOST, *.DOMAIN or HOST:PORT entries added to a running session's allowlist; the ones that were new."""
     return reach.allow(name, hosts)
 
 
 def deny(name: str, hosts: list[str]) -> list[str]:
-    """Take these hosts off the running session's allowlist; the allowlist after."""
+    """Entries taken off a running session's allowlist (HOST takes its HOST:PORT entries too); the ones removed."""
     return reach.deny(name, hosts)
 
 
-def publish(name: str, spec: str) -> list[str]:
-    """Publish a guest port (`[HOST_PORT:]GUEST_PORT`) on loopback while the session runs; where it is now."""
-    return reach.publish(name, parse_publish(spec, None)).places()
+def allowlist(name: str) -> Allowlist:
+    return reach.allowlist(name)
 
 
-def unpublish(name: str, spec: str) -> list[str]:
-    """Stop publishing a guest port; where it was."""
-    wanted = parse_publish(spec, None)
-    return [p for gone in reach.unpublish(name, wanted.guest, wanted.host) for p in gone.places()]
+def ports(name: str) -> tuple[Publish, ...]:
+    """The ports a session publishes (its record)."""
+    return Record.load(name).publish
+
+
+def _spec(spec: str, address: str | None) -> Publish:
+    try:
+        return parse_publish(spec, address)
+    except VmsandboxError as exc:
+        raise UsageError(exc.message, hint=exc.hint) from None
+
+
+def publish(name: str, spec: str, address: str | None = None) -> Publish:
+    """`[HOST_PORT:]GUEST_PORT` of a running session published (on a free host port when none is given), on
+    loopback or `address`."""
+    return reach.publish(name, _spec(spec, address))
+
+
+def unpublish(name: str, spec: str) -> list[Publish]:
+    """A guest port no longer published (every host port it has, or the one `HOST_PORT:` names)."""
+    wanted = _spec(spec, None)
+    return reach.unpublish(name, wanted.guest, wanted.host)
+
+
+def wipe(name: str) -> list[str]:
+    """The credentials a running session holds wiped (agent logins, git credentials) and the placeholders of
+    your secrets revoked (its proxy stops replacing them); the guest's paths removed (guest text)."""
+    return clean.clean(sessions.ready(name))

@@ -216,7 +216,7 @@ class Daemon:
     # ------------------------------------------------------------ main
 
     def reload_ports(self) -> None:
-        """SIGUSR1: the session's published ports changed (`vmsandbox port NAME publish|unpublish`)."""
+        """SIGUSR1: the session's published ports changed (`vmsandbox port publish|rm`)."""
         try:
             self.spec = Spec.parse(self.spec_file.text())
         except (OSError, ValueError, KeyError, TypeError) as exc:

@@ -1,5 +1,5 @@
 """A session's proxy log: one JSON object per connection, written by the proxy (fields capped, the file
-rotated, private) and read for people by `vmsandbox logs NAME proxy`."""
+rotated, private) and read for people by `vmsandbox policy log NAME`."""
 
 from __future__ import annotations
 
@@ -123,7 +123,7 @@ def describe(event: dict[str, Any]) -> str:
     """One readable line (rich markup; guest-chosen text escaped)."""
     when = time.strftime("%H:%M:%S", time.localtime(float(event.get("ts", 0))))
     decision = str(event.get("decision", "?"))
-    if decision == "policy":  # `vmsandbox allow` / `deny` changed the allowlist
+    if decision == "policy":  # `vmsandbox policy allow` / `deny` changed the allowlist
         return f"{when}  [cyan]POLICY[/] {ui.printable(str(event.get('reason', '')))}"
     colour = {"allow": "green", "deny": "red"}.get(decision, "yellow")
     target = f"{event['host']}:{event.get('port', '?')}" if "host" in event else str(event.get("target", "?"))

@@ -47,7 +47,7 @@ class SecretRule:
 class ProxyConfig:
     policy: Policy
     secrets: tuple[SecretRule, ...] = ()
-    revoked: bool = False  # `vmsandbox clean` ran: placeholders pass through unreplaced
+    revoked: bool = False  # `vmsandbox secret wipe` ran: placeholders pass through unreplaced
 
     def secret_for(self, host: str) -> SecretRule | None:
         return next((s for s in self.secrets if s.host == host), None)
@@ -172,7 +172,7 @@ def revoke(files: paths.SessionPaths) -> None:
 
 def allowed_more(data: dict[str, Any], entries: Sequence[str]) -> list[str]:
     """Add allowlist entries (HOST, *.DOMAIN, HOST:PORT, checked) to a policy; the ones that were new."""
-    rules = [str(netpolicy.parse_rule(e, source="vmsandbox allow")) for e in entries]
+    rules = [str(netpolicy.parse_rule(e, source="vmsandbox policy allow")) for e in entries]
     added = [r for r in dict.fromkeys(rules) if r not in data["allow"]]
     data["allow"] = [*data["allow"], *added]
     return added
@@ -181,7 +181,7 @@ def allowed_more(data: dict[str, Any], entries: Sequence[str]) -> list[str]:
 def allowed_less(data: dict[str, Any], entries: Sequence[str], *, session: str) -> list[str]:
     """Take entries off a policy's allowlist (HOST also takes its HOST:PORT entries); the ones removed. An
     entry that is not there is an error, which names the wildcard that still lets it through, if one does."""
-    rules = [netpolicy.parse_rule(e, source="vmsandbox deny") for e in entries]
+    rules = [netpolicy.parse_rule(e, source="vmsandbox policy deny") for e in entries]
     kept = [netpolicy.parse_rule(a, source="egress policy") for a in data["allow"]]
 
     def taken(k: Rule, r: Rule) -> bool:
@@ -194,9 +194,9 @@ def allowed_less(data: dict[str, Any], entries: Sequence[str], *, session: str) 
             raise VmsandboxError(
                 f"{r} is not in the allowlist of session {session}"
                 + (f"; {still[0]} lets it through" if still else ""),
-                hint=f"`vmsandbox deny {session} {still[0]}` removes that"
+                hint=f"`vmsandbox policy deny {session} {still[0]}` removes that"
                 if still
-                else f"`vmsandbox logs {session} proxy`",
+                else f"`vmsandbox policy log {session}`",
             )
     removed = [str(k) for k in kept if any(taken(k, r) for r in rules)]
     data["allow"] = [str(k) for k in kept if str(k) not in removed]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import shlex
 import sys
+from collections.abc import Mapping
 
 from vmsandbox import proc
 from vmsandbox.guest.ssh import Endpoint
@@ -11,12 +12,14 @@ from vmsandbox.guest.ssh import Endpoint
 SSH_FAILED = 255  # what ssh exits with when the connection (not the command) failed
 
 
-def remote_command(workdir: str, cmd: list[str] | None) -> str:
-    """The command line the guest's shell runs: cd into the project, then CMD (argv, quoted) or a login shell."""
+def remote_command(workdir: str, cmd: list[str] | None, env: Mapping[str, str] | None = None) -> str:
+    """The command line the guest's shell runs: cd into the project, the variables of `env` exported (names
+    checked by the caller, values quoted), then CMD (argv, quoted) or a login shell."""
     target = shlex.join(cmd) if cmd else 'exec "${SHELL:-/bin/bash}" -l'
     if cmd:
         target = f"exec {target}"
-    return f"cd -- {shlex.quote(workdir)} && {target}"
+    exports = "".join(f"export {k}={shlex.quote(v)} && " for k, v in (env or {}).items())
+    return f"cd -- {shlex.quote(workdir)} && {exports}{target}"
 
 
 def run_as_root(
@@ -34,15 +37,23 @@ def run_as_root(
     return proc.run(argv, check=check, timeout=timeout, hint=hint, max_output=max_output)
 
 
-def attach(endpoint: Endpoint, workdir: str, cmd: list[str] | None, *, tty: bool | None = None) -> int:
-    """Run CMD (or an interactive shell) in the guest in the project directory; returns its exit code.
+def attach(
+    endpoint: Endpoint,
+    workdir: str,
+    cmd: list[str] | None,
+    *,
+    tty: bool | None = None,
+    env: Mapping[str, str] | None = None,
+) -> int:
+    """Run CMD (or an interactive shell) in the guest in `workdir` (the project directory), with `env` set;
+    returns its exit code.
 
     A shell gets a PTY when stdin is a terminal (window size, Ctrl-C, colours). A command gets none
     unless asked, so its stdout and stderr stay separate and binary-safe.
     """
     want_tty = tty if tty is not None else (cmd is None and sys.stdin.isatty())
     flags = ["-t"] if want_tty else ["-T"]
-    argv = [*endpoint.ssh_argv(*flags), "--", remote_command(workdir, cmd)]
+    argv = [*endpoint.ssh_argv(*flags), "--", remote_command(workdir, cmd, env)]
     return proc.run_attached(argv)
 
 

@@ -21,7 +21,7 @@ from typing import Any
 
 from vmsandbox import document, paths, trust
 from vmsandbox.document import Problem, did_you_mean
-from vmsandbox.errors import VmsandboxError
+from vmsandbox.errors import UsageError, VmsandboxError
 from vmsandbox.filemodels import BlueprintFile, keys
 from vmsandbox.image import blueprintfile
 
@@ -115,6 +115,17 @@ def _find(name: str, project: Path | None, *, below: Path | None = None) -> Path
         f"no blueprint named {name!r}{did_you_mean(name, known)}",
         hint=f"known blueprints: {', '.join(known) or 'none'}; user blueprints go in {mine}",
     )
+
+
+def named(name: str, project: Path | None = None) -> Blueprint:
+    """The blueprint a person named (on a command line, in a request): a name that is no blueprint is theirs
+    to correct (UsageError, with the names there are); a blueprint whose file has a problem is not."""
+    if NAME_RE.match(name) is None or name not in available(project):
+        try:
+            _find(name, project) if NAME_RE.match(name) else load(name, project)
+        except VmsandboxError as exc:
+            raise UsageError(exc.message, hint=exc.hint) from None
+    return load(name, project)
 
 
 def load(name: str, project: Path | None = None) -> Blueprint:
@@ -217,7 +228,7 @@ def _merge(parent: Blueprint, data: dict[str, Any], name: str, source: str) -> B
 
 
 def shipped_credentials() -> tuple[str, ...]:
-    """Every credential file the shipped blueprints name (what `vmsandbox clean` always wipes)."""
+    """Every credential file the shipped blueprints name (what `vmsandbox secret wipe` always wipes)."""
     found: dict[str, None] = {}
     for f in sorted(BUILTIN_DIR.glob("*.yaml")):
         found.update(dict.fromkeys(load(f.stem).credentials))

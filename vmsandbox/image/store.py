@@ -178,7 +178,7 @@ def _refuse_if_used(final: Path, in_use: Callable[[], list[str]]) -> None:
     if users:
         raise VmsandboxError(
             f"{final.name} is in use by: {', '.join(users)}; rebuilding it would change the disk under them",
-            hint="destroy those sessions (`vmsandbox destroy NAME`) and remove those blueprint images "
+            hint="remove those sessions (`vmsandbox rm NAME`) and remove those blueprint images "
             "(`vmsandbox image rm VERSION`) first; a changed recipe builds a new version beside it instead",
         )
 
@@ -193,7 +193,7 @@ def remove_image(image: Image, users: list[str], *, what: str) -> None:
     if users:
         raise VmsandboxError(
             f"{what} {image.version} is in use by: {', '.join(users)}",
-            hint="destroy those sessions (`vmsandbox destroy NAME`) and remove those blueprint images first",
+            hint="remove those sessions (`vmsandbox rm NAME`) and remove those blueprint images first",
         )
     with build_lock(image.path.parent):
         tmp = image.path.parent / f"{TMP_PREFIX}rm-{image.path.name}"

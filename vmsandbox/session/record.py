@@ -185,7 +185,7 @@ class Record:
             if record.name != name:
                 raise VmsandboxError(
                     f"the record in {files.root} names another session ({record.name!r})",
-                    hint=f"`vmsandbox destroy {name} --discard` removes the directory",
+                    hint=f"`vmsandbox rm {name} --discard` removes the directory",
                 )
             return record
         try:
@@ -193,13 +193,13 @@ class Record:
         except (OSError, ValueError, TypeError, KeyError, AttributeError):
             raise VmsandboxError(
                 f"the record of session {name} ({record_file}) is damaged, and so is its copy: {damage}",
-                hint=f"its VM and workspace disk are left as they are; `vmsandbox destroy {name} --discard` removes "
+                hint=f"its VM and workspace disk are left as they are; `vmsandbox rm {name} --discard` removes "
                 "them (with any unsynced work in them)",
             ) from damage
         if record.name != name:
             raise VmsandboxError(
                 f"the record in {files.root} names another session ({record.name!r})",
-                hint=f"`vmsandbox destroy {name} --discard` removes the directory",
+                hint=f"`vmsandbox rm {name} --discard` removes the directory",
             )
         record.save()  # mended from the copy
         return record

@@ -317,6 +317,14 @@ def read_file(path: Path, settings: Settings, *, project: bool = False) -> tuple
     return read.settings, list(read.data)
 
 
+def read_config_text(text: str, source: str) -> Settings:
+    """The settings a user config file's text gives (FileError with every problem of it, each at its line)."""
+    read = read_config(text.encode(), source, Settings())
+    if read.problems is not None:
+        raise read.problems
+    return read.settings
+
+
 def widening_keys(data: dict[str, Any]) -> list[str]:
     """The keys of a project file that need trust: those that reach beyond sizing the VM, and sizing keys past
     what a cloned repository may ask of this host unasked — memory over half of it, a disk larger than the

@@ -204,7 +204,7 @@ def usable(record: Record) -> str | None:
     if current is State.EXPORTED:
         raise VmsandboxError(
             f"session {record.name} has no VM any more; its unsynced changes wait in its outbox",
-            hint=f"review them with `vmsandbox recover {record.name}`",
+            hint=f"review them with `vmsandbox pull {record.name}`",
         )
     if current is State.STOPPED:
         raise VmsandboxError(
@@ -213,7 +213,7 @@ def usable(record: Record) -> str | None:
     if current in (State.EXITED, State.BOOTING, State.ENDING):
         raise VmsandboxError(
             f"session {record.name} is {current}",
-            hint=f"see `vmsandbox logs {record.name}`; `vmsandbox recover {record.name}` reviews its changes, "
-            f"`vmsandbox destroy {record.name}` removes it",
+            hint=f"see `vmsandbox logs {record.name}`; `vmsandbox pull {record.name}` reviews its changes, "
+            f"`vmsandbox rm {record.name}` removes it",
         )
     return control.needs_restart(record.files, wanted=record.wants_daemon)

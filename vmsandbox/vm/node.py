@@ -119,7 +119,7 @@ class Confinement:
 def unreachable_hint(message: str, uri: str, default_uri: str) -> str:
     """The fix for a libvirt connection refused with `message`."""
     if urlsplit(uri).hostname:  # libvirt's ssh transport loses ssh's words; `hosts` asks ssh itself
-        return f"`vmsandbox hosts` says why, in ssh's words; {REMOTE_HINT}" if sshcheck.target(uri) else REMOTE_HINT
+        return f"`vmsandbox host ls` says why, in ssh's words; {REMOTE_HINT}" if sshcheck.target(uri) else REMOTE_HINT
     hint = (
         "start it with `vmsandbox host setup` (or `virtlogd -d && libvirtd -d` as root), "
         "then check with `vmsandbox doctor`"

@@ -45,7 +45,7 @@ def act(name: str, action: str, value: str) -> list[str]:
     if action == "deny":
         return watch.deny(name, entries)
     if action == "publish":
-        return watch.publish(name, entries[0])
+        return watch.publish(name, entries[0]).places()
     if action == "unpublish":
-        return watch.unpublish(name, entries[0])
+        return [p for gone in watch.unpublish(name, entries[0]) for p in gone.places()]
     raise VmsandboxError(f"unknown action {action!r}", hint="allow, deny, publish or unpublish")

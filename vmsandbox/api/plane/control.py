@@ -53,7 +53,7 @@ def refuse_unserved(new: cw.NewSandbox) -> None:
     if new.network is not None or new.allow_internet_access is not None:
         raise UnimplementedError(
             "network settings per sandbox are not served: the blueprint's egress allowlist applies",
-            hint="leave network and allow_internet_access out; widen it with `vmsandbox allow NAME HOST`",
+            hint="leave network and allow_internet_access out; widen it with `vmsandbox policy allow NAME HOST`",
         )
     if new.mcp is not None or new.iam is not None or new.volume_mounts:
         raise UnimplementedError(

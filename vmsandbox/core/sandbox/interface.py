@@ -9,7 +9,7 @@ Contracts the edge relies on (E2B's SDK expects them):
 - A process outlives the request that started it, the client that watched it (a disconnect loses nothing) and a
   pause/resume of its session; its output is kept until read (up to a bound) and its exit until its session
   ends, so `Processes.output` can be called again from any cursor it returned.
-- `kill` ends a session the way `vmsandbox destroy` does: unreviewed changes are kept in the outbox.
+- `kill` ends a session the way `vmsandbox rm` does: unreviewed changes are kept in the outbox.
 - A review is frozen when made: `apply` takes items of that review only, by id and digest, and refuses an item
   whose guest side changed since (the review contract).
 """

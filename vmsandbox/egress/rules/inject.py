@@ -36,7 +36,7 @@ def inject(
     """The request's headers with the secret its placeholder (or the host's first set secret) stands for."""
     rule = cfg.secret_in(rule.host, headers, lambda s: read_secret(s) is not None) or rule
     if cfg.revoked:
-        ev.reason = f"secret {rule.secret} was revoked by `vmsandbox clean`; the placeholder passed unchanged"
+        ev.reason = f"secret {rule.secret} was revoked by `vmsandbox secret wipe`; the placeholder passed unchanged"
         return headers
     value = read_secret(rule.secret)
     if value is None and not any(rule.placeholder in v for _, v in headers):  # the guest's own login

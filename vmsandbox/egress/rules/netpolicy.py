@@ -52,11 +52,11 @@ class Mode(enum.StrEnum):
         if self is Mode.OPEN:
             if port not in DEFAULT_PORTS:
                 raise Refused(
-                    f"port {port} is not open (only 80 and 443); allow it with `vmsandbox allow {session} "
+                    f"port {port} is not open (only 80 and 443); allow it with `vmsandbox policy allow {session} "
                     f"{host}:{port}`"
                 )
             return
-        raise Refused(f"{host}:{port} is not in the allowlist; allow it with `vmsandbox allow {session} {host}`")
+        raise Refused(f"{host}:{port} is not in the allowlist; allow it with `vmsandbox policy allow {session} {host}`")
 
 
 def parse_mode(value: str, *, source: str) -> Mode:
@@ -204,7 +204,7 @@ class Policy:
     mode: Mode
     rules: tuple[Rule, ...] = ()
     networks: tuple[IPNetwork, ...] = ()  # non-public networks the user allowed (allow_networks)
-    session: str = "NAME"  # named in refusals (`vmsandbox allow SESSION HOST`)
+    session: str = "NAME"  # named in refusals (`vmsandbox policy allow SESSION HOST`)
 
     def decide(self, host: str, port: int) -> None:
         """Refused unless the guest may ask for host:port (before any lookup)."""

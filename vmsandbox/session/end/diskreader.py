@@ -180,7 +180,7 @@ def _mount(reader: Record, session: Record) -> None:
         raise VmsandboxError(
             f"the workspace disk of session {session.name} cannot be read: a VM could not mount it ({said})",
             hint=f"the guest left it damaged; its raw image is {session.files.workspace_disk} (never changed by "
-            f"a read). `vmsandbox destroy {session.name} --discard` removes the session",
+            f"a read). `vmsandbox rm {session.name} --discard` removes the session",
         )
 
 

@@ -1,4 +1,4 @@
-"""`vmsandbox gc`: sessions whose VM is gone or whose `run` died are removed — unless they may hold unsynced
+"""`vmsandbox rm --stale`: sessions whose VM is gone or whose `run` died are removed — unless they may hold unsynced
 work (then kept, a stopped VM's work exported to its outbox) —, teardowns that were interrupted are finished,
 and what is left of sessions whose directory is gone (domains, reader VMs, pins, volumes on other hosts, the
 captures of killed fan-outs) is swept. With `dry`, each line says what it would do, and nothing is done.
@@ -53,7 +53,7 @@ def _session(name: str, asked: places.Hosts, uri: str, limit: int, tidy: Tidy) -
         record = Record.load(name)
     except VmsandboxError as exc:
         if files.workspace_disk.exists():  # it may hold the guest's work: a person decides
-            yield f"kept damaged session {name}: {exc.message}; `vmsandbox destroy {name} --discard` removes it"
+            yield f"kept damaged session {name}: {exc.message}; `vmsandbox rm {name} --discard` removes it"
         elif time.time() - files.root.stat().st_mtime > 60:  # not one being created right now
             what = f"damaged session directory {files.root}"
             yield tidy("remove", what, lambda: lifecycle.remove_damaged(name, uri))
@@ -114,7 +114,7 @@ def _keeps_work(record: Record, state: State, limit: int) -> str | None:
     if state is State.EXITED and not record.exported:
         outbox.export(g)
         lifecycle.retire(record)
-    return f"{len(left)} unsynced change(s); `vmsandbox pull {record.name}` or `vmsandbox recover {record.name}`"
+    return f"{len(left)} unsynced change(s); `vmsandbox pull {record.name}` reviews them"
 
 
 def _stale_captures(sessions: Path, tidy: Tidy) -> Iterator[str]:

@@ -130,7 +130,7 @@ def destroy(record: Record, *, force: bool, discard: bool, limit: int) -> End:
     if record.owner_alive() and not (force or discard):
         raise VmsandboxError(
             f"session {record.name} is in use by `vmsandbox run` (pid {record.owner_pid})",
-            hint=f"end that command, or `vmsandbox destroy {record.name} --force`",
+            hint=f"end that command, or `vmsandbox rm {record.name} --force`",
         )
     if discard or not record.files.baseline_manifest.exists():
         remove(record, forget_unreachable=discard)
@@ -143,15 +143,16 @@ def destroy(record: Record, *, force: bool, discard: bool, limit: int) -> End:
         raise VmsandboxError(
             f"host {record.host} does not answer, so the changes of session {record.name} cannot be read: "
             f"{exc.message}",
-            hint=f"try again once it answers; `vmsandbox destroy {record.name} --discard` forgets the session here "
-            "(its unsynced changes too) and `vmsandbox gc` removes its VM and volumes there when the host is back",
+            hint=f"try again once it answers; `vmsandbox rm {record.name} --discard` forgets the session here "
+            "(its unsynced changes too) and `vmsandbox rm --stale` removes its VM and volumes there when the host is "
+            "back",
         ) from exc
     if left and not force:
         listing = ", ".join(c.path for c in left[:5]) + (" …" if len(left) > 5 else "")
         raise VmsandboxError(
             f"session {record.name} holds {len(left)} unsynced change(s): {listing}",
-            hint=f"review them with `vmsandbox pull {record.name}`; `destroy --force` exports them to the session's "
-            "outbox first, `destroy --discard` throws them away",
+            hint=f"review them with `vmsandbox pull {record.name}`; `vmsandbox rm -f` keeps them in the session's "
+            "outbox first, `vmsandbox rm --discard` throws them away",
         )
     return finish(record, g)
 
@@ -197,7 +198,7 @@ def remove(record: Record, *, forget_unreachable: bool = False) -> None:
         places.release(record.files.root)
         ui.warn(
             f"host {record.host} does not answer ({exc.message}): session {record.name} is forgotten here; "
-            f"`vmsandbox gc` removes its VM and volumes there once the host answers"
+            f"`vmsandbox rm --stale` removes its VM and volumes there once the host answers"
         )
     shutil.rmtree(record.files.root, ignore_errors=True)
     pins.unpin(record.name)

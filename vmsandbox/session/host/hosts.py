@@ -1,4 +1,4 @@
-"""`vmsandbox hosts`: every libvirt host asked at once what it is and what it holds. A host that does not answer
+"""`vmsandbox host ls`: every libvirt host asked at once what it is and what it holds. A host that does not answer
 (in time) is listed with the reason; it is never an error for the others."""
 
 from __future__ import annotations

@@ -63,6 +63,7 @@ def trust_candidates(path: Path) -> list[trust.Candidate]:
         candidates = [c for c in candidates if c.path.resolve() == path.resolve()]
     if not candidates:
         raise VmsandboxError(
-            f"no project config in {path}", hint="`vmsandbox trust` reads .vmsandbox.yaml and .vmsandbox/blueprints/"
+            f"no project config in {path}",
+            hint="`vmsandbox trust add` reads .vmsandbox.yaml and .vmsandbox/blueprints/",
         )
     return candidates

@@ -77,8 +77,8 @@ def check_room(vm: VM) -> None:
         raise VmsandboxError(
             f"session {record.name} runs{vm.host.where} over {len(record.overlays)} overlays, the most a "
             "session there takes (its chain is not folded on another host yet)",
-            hint=f"`vmsandbox fork {record.name} NEW --from LABEL` makes a session there on one disk again (a copy "
-            "of that checkpoint's), or pull its work and start a new session",
+            hint=f"`vmsandbox create --from {record.name}:LABEL --name NEW` makes a session there on one disk again "
+            "(a copy of that checkpoint's), or pull its work and start a new session",
         )
 
 

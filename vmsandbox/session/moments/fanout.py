@@ -4,7 +4,7 @@ command with VMSANDBOX_INDEX=1..N set, as many at a time as the host's memory al
 The project is captured once (into a staging directory beside the sessions); every session copies that
 capture (reflinks where the file system has them) and is made, and runs the command, in a worker thread.
 Every session is kept (`--keep`): the person compares them, pulls the one they want and destroys the group
-(`vmsandbox destroy --group NAME`). A command's output goes to fanout.log in its session directory.
+(`vmsandbox rm --group NAME`). A command's output goes to fanout.log in its session directory.
 """
 
 from __future__ import annotations
@@ -72,7 +72,7 @@ def workers(run: Run, n: int) -> int:
     if there.node is None:
         raise VmsandboxError(
             f"host {spec.name} does not answer: {there.problem}",
-            hint="`vmsandbox hosts` shows every host and why one does not answer",
+            hint="`vmsandbox host ls` shows every host and why one does not answer",
         )
     fit = there.node.available_mib // memory_mib
     return max(1, min(n, fit, there.node.cpus if there.accel == "tcg" else fit))
@@ -82,13 +82,13 @@ def fan_out(run: Run, n: int, check: str | None, *, limit: int) -> list[Outcome]
     """Capture the project once, then make the sessions and run the command in each, as many at a time as
     `workers` allows. A session that could not be made is an Outcome with its error; the others go on."""
     if not run.command:
-        raise VmsandboxError("a fan-out needs a command", hint="e.g. `vmsandbox fanout 3 . -- make test`")
+        raise VmsandboxError("a fan-out needs a command", hint="e.g. `vmsandbox run --fanout 3 . -- make test`")
     group, all_names = names(run, n)
     taken = [name for name in all_names if paths.session_paths(name).root.exists()]
     if taken:
         raise VmsandboxError(
             f"session(s) {', '.join(taken)} exist already",
-            hint=f"pick another --name, or remove them with `vmsandbox destroy --group {group}`",
+            hint=f"pick another --name, or remove them with `vmsandbox rm --group {group}`",
         )
     staging = paths.fanout_capture(group)
     shutil.rmtree(staging.root, ignore_errors=True)
@@ -118,7 +118,7 @@ def fan_out(run: Run, n: int, check: str | None, *, limit: int) -> list[Outcome]
             with ui.step(f"Running {n} sessions") as progress:
                 list(pool.map(work, range(n)))
         except KeyboardInterrupt:
-            ui.warn(f"interrupted: the sessions started so far are kept; `vmsandbox destroy --group {group}` ends them")
+            ui.warn(f"interrupted: the sessions started so far are kept; `vmsandbox rm --group {group}` ends them")
             raise
         finally:
             pool.shutdown(wait=True, cancel_futures=True)  # what runs finishes; what waits does not start

@@ -1,5 +1,5 @@
-"""`vmsandbox fork NAME NEW`: an independent session made from another one's state — now (a checkpoint is taken
-for it and dropped after) or at one of its checkpoints — with its processes, files and disks.
+"""`vmsandbox create --from NAME --name NEW` (a fork): an independent session made from another one's state — now
+(a checkpoint is taken for it and dropped after) or at one of its checkpoints — with its processes, files and disks.
 
 The fork gets copies, never shared files: its system disk is one overlay holding everything the source's
 overlays held above their image (`qemu-img convert -B`), its workspace disk a copy (a reflink where the file

@@ -73,5 +73,5 @@ def find(files: paths.SessionPaths, name: str, label: str) -> Checkpoint:
     labels = ", ".join(c.label for c in listed(files)) or "none"
     raise VmsandboxError(
         f"session {name} has no checkpoint {label!r} (it has: {labels})",
-        hint=f"`vmsandbox checkpoint {name} LABEL` takes one",
+        hint=f"`vmsandbox checkpoint create {name} LABEL` takes one",
     )

@@ -100,7 +100,7 @@ def found_or_built(
             return found
         if failed():
             raise VmsandboxError(
-                why, hint="`vmsandbox gc` removes it when no session uses it; the next run builds anew"
+                why, hint="`vmsandbox rm --stale` removes it when no session uses it; the next run builds anew"
             )
         ui.info(f"Building a warm-start template{where}: {why} (once per image version and VM shape)")
         return build()

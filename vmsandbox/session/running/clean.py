@@ -1,4 +1,4 @@
-"""`vmsandbox clean`: wipe volatile credentials in a running session without touching the workspace — agent
+"""`vmsandbox secret wipe`: wipe volatile credentials in a running session without touching the workspace — agent
 auth files, git credentials, and the placeholders the proxy swaps for secrets (which it stops honouring)."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Logins that outlive a session. An agent signed in with a subscription (Claude's `/login`, a ChatGPT or
 Google sign-in) keeps its credential in files of the guest's home (the blueprint's `login: files:`); those die
-with the VM. `vmsandbox login AGENT` (or `--from NAME`, or a yes at the end of a run) keeps them on the host,
+with the VM. `vmsandbox login add AGENT` (or `--from NAME`, or a yes at the end of a run) keeps them on the host,
 0600 in a 0700 directory of the user's config, and every later session of that blueprint gets them copied in
 at boot, like `copy:` files.
 

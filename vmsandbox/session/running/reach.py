@@ -1,5 +1,5 @@
-"""Changing what a running session may reach, while it runs: its allowlist (`vmsandbox allow` / `deny`) and
-its published ports (`vmsandbox port NAME publish` / `unpublish`).
+"""Changing what a running session may reach, while it runs: its allowlist (`vmsandbox policy allow` / `deny`;
+`policy ls` reads it) and its published ports (`vmsandbox port publish` / `rm`).
 
 The proxy re-reads the session's egress policy for every new connection, so an allowlist change applies to the
 next connection (open ones go on); the change is written to the session's proxy log. Published ports are
@@ -14,6 +14,7 @@ import fcntl
 import os
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 from vmsandbox import paths
 from vmsandbox.egress import control, log, policy, ports
@@ -63,7 +64,7 @@ def allow(name: str, entries: list[str]) -> list[str]:
         added = policy.allowed_more(data, entries)
         policy.write_config(record.files, data)
     if added:
-        _logged(record, f"allowed {', '.join(added)} (vmsandbox allow)")
+        _logged(record, f"allowed {', '.join(added)} (vmsandbox policy allow)")
     return added
 
 
@@ -74,8 +75,28 @@ def deny(name: str, entries: list[str]) -> list[str]:
         data = policy.read_config(record.files)
         removed = policy.allowed_less(data, entries, session=name)
         policy.write_config(record.files, data)
-    _logged(record, f"denied {', '.join(removed)} (vmsandbox deny)")
+    _logged(record, f"denied {', '.join(removed)} (vmsandbox policy deny)")
     return removed
+
+
+@dataclass(frozen=True)
+class Allowlist:
+    """What a session's proxy lets through now: its network mode, its allowlist entries (HOST, *.DOMAIN,
+    HOST:PORT) and the non-public networks allowed names may resolve to."""
+
+    mode: Mode
+    entries: tuple[str, ...]
+    networks: tuple[str, ...]
+
+
+def allowlist(name: str) -> Allowlist:
+    """A session's allowlist as its proxy reads it (every change by `policy allow`/`deny` included)."""
+    record = Record.load(name)
+    if not record.files.egress_config.exists():
+        return Allowlist(record.network, (), ())
+    data = policy.read_config(record.files)  # (never half written: what the proxy reads, as it reads it)
+    networks = ("any",) if data.get("any_network") else tuple(data.get("allow_networks", ()))
+    return Allowlist(Mode(data["mode"]), tuple(data["allow"]), networks)
 
 
 def publish(name: str, wanted: Publish) -> Publish:

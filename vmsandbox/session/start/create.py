@@ -53,7 +53,7 @@ def create(opts: Options) -> Record:
         except FileExistsError:
             raise VmsandboxError(
                 f"a session named {name} already exists",
-                hint=f"pick another --name, or `vmsandbox destroy {name}`",
+                hint=f"pick another --name, or `vmsandbox rm {name}`",
             ) from None
         user = GuestUser("root", 0, 0) if opts.build_disk else GuestUser.of_host()
         record = _new_record(name, project, image, choice, settings, user, bp, opts, host.spec)

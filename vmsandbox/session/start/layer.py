@@ -133,7 +133,7 @@ def _guest(record: Record, script: str, *, timeout: float = STEP_TIMEOUT) -> str
         tail = "\n".join((result.stdout + result.stderr).strip().splitlines()[-15:])
         raise VmsandboxError(
             f"building the image failed (exit {result.returncode}):\n{tail}",
-            hint=f"see the proxy's decisions with `vmsandbox logs {record.name} proxy` while it runs; "
+            hint=f"see the proxy's decisions with `vmsandbox policy log {record.name}` while it runs; "
             "a host missing from the allowlist shows up there",
         )
     return result.stdout

@@ -25,7 +25,7 @@ def resolve(path: Path, blueprint_name: str, command: list[str] | None, flags: R
     """Every check that needs no VM, cheapest first (a layer build takes minutes, so it comes last)."""
     validate_project(path)  # `~` or `/` is refused before anything reads its config
     project = path
-    bp = blueprint_mod.load(blueprint_name, project)
+    bp = blueprint_mod.named(blueprint_name, project)  # a name that is no blueprint: a usage error
     tty = flags.tty
     if agent:
         command = bp.agent_argv(command or [])

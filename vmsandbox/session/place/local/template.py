@@ -89,7 +89,7 @@ def find(image: Image, shape: Shape, hv: Hypervisor) -> tuple[Template | None, s
         return None, f"the template at {path} does not match its key"
     with contextlib.suppress(OSError):
         failed = _failed_mark(path).read_text().strip()
-        return None, f"its warm-start template failed a warm start ({failed}); `vmsandbox gc` removes it"
+        return None, f"its warm-start template failed a warm start ({failed}); `vmsandbox rm --stale` removes it"
     return Template(path, meta), ""
 
 
@@ -310,7 +310,7 @@ def _superseded(hv: Hypervisor, image: Image, root: Path, in_use: set[Path], tid
 def _remove(path: Path, what: str) -> str:
     shutil.rmtree(path, ignore_errors=True)
     if path.exists():
-        return f"could not remove {what} {path} (another account made it): `sudo vmsandbox gc` removes it"
+        return f"could not remove {what} {path} (another account made it): `sudo vmsandbox rm --stale` removes it"
     _failed_mark(path).unlink(missing_ok=True)
     _strike_mark(path).unlink(missing_ok=True)
     return f"removed {what} {path}"

@@ -60,7 +60,7 @@ def restore(record: Record, hv: Hypervisor, saved: str) -> None:
         raise VmsandboxError(
             f"the saved VM of session {record.name} ({saved}) is not on host {record.host} any more",
             hint=f"`vmsandbox pull {record.name}` brings its unsynced work back from its disk, "
-            f"`vmsandbox destroy {record.name}` removes it",
+            f"`vmsandbox rm {record.name}` removes it",
         )
     found = header_of(record, hv, saved)
     system = Path(vols[record.overlays[-1]])
@@ -114,7 +114,7 @@ def header(saved: savefile.Saved, xml: str) -> bytes:
             f"the session's domain XML ({len(xml)} bytes) does not fit in the save image's header "
             f"({saved.stream_offset} bytes)",
             hint="libvirt pads that header to 64 KiB: this save image was not written by it; "
-            "make it again (`vmsandbox checkpoint`, or `vmsandbox gc` for a template) and retry",
+            "make it again (`vmsandbox checkpoint create`, or `vmsandbox rm --stale` for a template) and retry",
         )
     return head
 

@@ -61,7 +61,8 @@ def find(image: Image, shape: templatekey.Shape, hv: Hypervisor) -> tuple[Remote
     tmpl, k = of(image, shape, hv)
     vols = hv.volumes(POOL)
     if tmpl.vol("failed") in vols:
-        return None, f"its warm-start template there failed a warm start; `vmsandbox gc` removes it ({tmpl.name})"
+        failed = f"its warm-start template there failed a warm start; `vmsandbox rm --stale` removes it ({tmpl.name})"
+        return None, failed
     if tmpl.vol("ready") not in vols:
         return None, f"no warm-start template there yet for {image.version} ({shape.slug})"
     record = record_of(hv, tmpl) or {}

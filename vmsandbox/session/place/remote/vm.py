@@ -177,7 +177,8 @@ def cold(record: Record, image: store.Image, hv: Hypervisor, host: HostSpec, sen
         except VmsandboxError as exc:  # its QEMU, its libvirt: that host's doctor is `virsh` there
             raise VmsandboxError(
                 f"{exc.message} (on host {host.name})",
-                hint=f"check that host's QEMU and libvirt: `virsh -c '{host.uri}' domcapabilities`, `vmsandbox hosts`",
+                hint=f"check that host's QEMU and libvirt: `virsh -c '{host.uri}' domcapabilities`, "
+                "`vmsandbox host ls`",
             ) from exc
 
     on_a_free_port(record, launch, first=None)

@@ -7,45 +7,29 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from vmsandbox import ui
+from vmsandbox.cli import output
+from vmsandbox.cli.output import cut
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-    from vmsandbox.session.moments.fanout import Outcome as FanOutcome
-    from vmsandbox.sync.review.plan import Decisions, Item, Outcome, Plan
-    from vmsandbox.sync.review.take import Take
-    from vmsandbox.sync.scan.credentials import Finding
+    from vmsandbox.core.views import Decisions, FanOutcome, Finding, Item, Outcome, Plan, Take
 
 
 STATUS = {"apply": "[green]apply[/]", "merged": "[cyan]merged[/]", "conflict": "[red]conflict[/]",
           "unsafe": "[red]refused[/]"}  # fmt: skip
-NOTE_LEAST, HEAD_LEAST = 24, 4  # columns a note keeps beside a long path (it wraps), and a cut path of its start
+NOTE_LEAST = 24  # columns a note keeps beside a long path (it wraps)
 REASON_LEAST = 20  # columns a held group's reason keeps before its options go on a line of their own
-
-
-def cut(text: str, width: int, *, path: bool = True) -> str:
-    """Text shown in `width` columns at most: a path cut in its middle (it keeps its start and, where it fits,
-    its whole file name), other text at its end."""
-    from rich.cells import cell_len, set_cell_size
-
-    if cell_len(text) <= width:
-        return text
-    if not path:
-        return set_cell_size(text, width - 1) + "…"
-    name = cell_len("/" + text.rsplit("/", 1)[-1])
-    tail = name if name <= width - 1 - HEAD_LEAST else (width - 1) * 2 // 3
-    return set_cell_size(text, width - 1 - tail) + "…" + set_cell_size(text[::-1], tail)[::-1]
 
 
 def _row(item: Item) -> tuple[str, str, str, str]:
     """(status markup, kind, path, note) of one change read on its own."""
-    from vmsandbox.sync.review import diff
-    from vmsandbox.sync.review.compare import Status
+    from vmsandbox.core.views import Status, describe
 
     c = item.first
     if item.repository:
         return STATUS[c.status], "repository", item.label, c.risky or ""
-    shown = c.notes if c.status is Status.UNSAFE else [*c.notes, diff.describe(c)]  # a refusal names the target
+    shown = c.notes if c.status is Status.UNSAFE else [*c.notes, describe(c)]  # a refusal names the target
     if c.merge is not None and not c.merge.clean:
         shown.insert(0, f"{c.merge.conflicts} overlapping hunk(s), the rest merged")
     return STATUS[c.status], c.kind, c.path, "; ".join(filter(None, shown))
@@ -59,9 +43,7 @@ def summary_table(plan: Plan, width: int | None = None) -> Any:
     from rich.markup import escape
     from rich.table import Column, Table
 
-    from vmsandbox.sync.review.compare import Status
-    from vmsandbox.sync.review.outline import keys
-    from vmsandbox.sync.review.plan import grouped
+    from vmsandbox.core.views import Status, grouped, keys
 
     found = grouped(plan.shown)
     items = [i for i in found if i.first.status is not Status.UNSAFE]
@@ -91,11 +73,11 @@ def held_lines(plan: Plan, width: int | None = None) -> list[str]:
     columns (the reason cut short where it must; on a narrow terminal the options go on a line of their own)."""
     from rich.markup import escape
 
-    from vmsandbox.sync.review.outline import outline
+    from vmsandbox.core.views import outline
 
     width = width or ui.err.width
     lines = []
-    for g in outline(plan.todo, plan.mass is not None).groups:
+    for g in outline(plan).groups:
         take = " ".join(g.flags) if g.flags else "only `y` at the prompt"
         head = f"  held {len(g.numbers):>3}  "
         room = width - len(head) - len(" · ") - len(take)
@@ -117,12 +99,11 @@ def _ask(question: str, choices: str) -> str:
 def ask_person(plan: Plan) -> Decisions:
     """The source changes one by one (y apply, n skip, d diff, a apply all remaining safe ones, q stop), then each
     held group as one question (y all of it, n none, e each, q stop); then the commits."""
-    from vmsandbox.sync.review.outline import outline
-    from vmsandbox.sync.review.plan import Decisions
+    from vmsandbox.core.views import Decisions, outline
 
     if plan.mass is not None:
         return _ask_mass(plan)
-    shape = outline(plan.todo)
+    shape = outline(plan)
     accepted: list[Item] = []
     answer = _ask_items(plan, shape.source, accepted, shape.order)
     for g, line in zip(shape.groups, held_lines(plan), strict=True):
@@ -146,8 +127,7 @@ def ask_person(plan: Plan) -> Decisions:
 def _ask_items(plan: Plan, numbers: Sequence[int], accepted: list[Item], order: list[int], held: bool = False) -> str:
     """Ask about each of the plan's items `numbers` (counted in reading `order`; `held`: a held group's, which
     "all safe" never takes); the last answer ("q": stop)."""
-    from vmsandbox.sync.review import diff
-    from vmsandbox.sync.review.compare import Status
+    from vmsandbox.core.views import Status, diff_text, merge_text
 
     apply_rest, answer = False, ""
     for n in numbers:
@@ -168,7 +148,7 @@ def _ask_items(plan: Plan, numbers: Sequence[int], accepted: list[Item], order: 
             answer = _ask(f"  {verb}? y=yes n=no d=diff{' a=all safe' if 'a' in choices else ''} q=quit", choices)
             if answer != "d":
                 break
-            text = "".join(diff.merge_text(plan.gathered, m) or diff.diff_text(plan.gathered, m) for m in item.changes)
+            text = "".join(merge_text(plan.gathered, m) or diff_text(plan.gathered, m) for m in item.changes)
             ui.err.print(ui.printable(text, markup=False), markup=False, highlight=False)
         if answer == "q":
             return answer
@@ -180,8 +160,7 @@ def _ask_items(plan: Plan, numbers: Sequence[int], accepted: list[Item], order: 
 
 def _ask_mass(plan: Plan) -> Decisions:
     """A mass change is not asked item by item: the safe part of it as a whole, or nothing."""
-    from vmsandbox.sync.review.plan import Decisions
-    from vmsandbox.sync.review.take import Take
+    from vmsandbox.core.views import Decisions, Take
 
     answer = _ask(
         f"  A mass change ({plan.mass}). a=apply its safe changes (not quarantined, ignored, binary) "
@@ -198,7 +177,7 @@ def mass_table(plan: Plan, width: int | None = None) -> Any:
     from rich.markup import escape
     from rich.table import Column, Table
 
-    from vmsandbox.sync.review import mass
+    from vmsandbox.core.views import mass
 
     table = Table(Column("CHANGES", justify="right"), Column("KIND", no_wrap=True), Column("SIZE", justify="right"),
                   Column("UNDER", no_wrap=True), box=None)  # fmt: skip
@@ -302,7 +281,7 @@ class Terminal:
     a terminal, nothing is asked: what `--yes` did not settle waits."""
 
     def __init__(self, *, yes: bool = False, take: Take | None = None, ask: bool = True) -> None:
-        from vmsandbox.sync.review.take import Take
+        from vmsandbox.core.views import Take
 
         self.yes, self.take = yes, take or Take()
         self.ask = ask and not yes and ui.is_interactive()
@@ -324,7 +303,7 @@ class Terminal:
         from vmsandbox.core.person import Nobody
 
         if not (show(review) if self.ask else summary(review)):  # (without questions the report says what waits)
-            from vmsandbox.sync.review.plan import Decisions
+            from vmsandbox.core.views import Decisions
 
             return Decisions()
         if self.ask:
@@ -351,19 +330,18 @@ class Terminal:
         )
 
     def fanned_out(self, group: str, outcomes: Sequence[FanOutcome]) -> None:
-        from vmsandbox.cli.base import columns
-
         rows = [
             [o.name, "-" if o.code is None else str(o.code), f"{o.seconds:.1f}s", str(o.files), str(o.added),
              str(o.removed), {None: "-", True: "pass", False: "FAIL"}[o.check]]
             for o in outcomes
         ]  # fmt: skip
-        columns(["SESSION", "EXIT", "TIME", "FILES", "+", "-", "CHECK"], rows)
+        output.columns(["SESSION", "EXIT", "TIME", "FILES", "+", "-", "CHECK"], rows)
         for o in outcomes:
             if o.error:
                 ui.warn(f"{o.name}: {o.error}")
+        first, *others = [o.name for o in outcomes] or ["NAME"]
+        against = " ".join(f"--against {n}" for n in others)
         ui.info(
-            f"Each command's output: fanout.log in the session's directory. Compare them with `vmsandbox compare "
-            f"{' '.join(o.name for o in outcomes)}`, take one with `vmsandbox pull NAME`, then "
-            f"`vmsandbox destroy --group {group}`"
+            f"Each command's output: fanout.log in the session's directory. Compare them with `vmsandbox diff {first} "
+            f"{against} --stat`, take one with `vmsandbox pull NAME`, then `vmsandbox rm --group {group}`"
         )

@@ -15,19 +15,19 @@ def web_ui(
     name: Annotated[
         str | None,
         typer.Argument(
-            help="Open this session's review (default: the session list).",
+            help="Open this session's review \\[default: the session list].",
             metavar="NAME",
             autocompletion=complete.sessions,
         ),
     ] = None,
-    port: Annotated[int, typer.Option("--port", help="Port (default: a free one).")] = 0,
+    port: Annotated[int, typer.Option("--port", metavar="PORT", help="Port \\[default: a free one].")] = 0,
     no_browser: Annotated[bool, typer.Option("--no-browser", help="Print the URL only.")] = False,
 ) -> None:
     """Review sessions in your browser.
 
-    Review sessions in your browser: diffs with syntax highlighting, choices per file and per hunk, merges,
-    a fan-out side by side, console and egress live. Served on an address of this machine's own (127.x.y.z)
-    behind a link that works once; Ctrl-C stops it.
+    Diffs with syntax highlighting, choices per file and per hunk, merges, a fan-out side by side, the console and
+    egress live. Served on an address of this machine's own (127.x.y.z) behind a link that works once; Ctrl-C
+    stops it.
 
     Example: `vmsandbox ui exp1`"""
     from vmsandbox.web import server

@@ -1,0 +1,506 @@
+"""The one grammar (issue 46): everyday verbs at the top and nouns with verbs, in panels; help a person reads;
+listings as docker and limactl print them (tables that fit, --format, --filter); completion of every finite value
+through bash's own protocol."""
+
+from __future__ import annotations
+
+import inspect
+import json
+import re
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import typer
+import typer.main
+
+from tests.unit.conftest import saved_record
+from tests.unit.test_cli import run_cli
+from vmsandbox import paths
+from vmsandbox.cli import base, output
+from vmsandbox.cli.sessions import logs
+from vmsandbox.errors import UsageError
+
+NOUNS = {
+    "checkpoint": {"create", "ls", "rm", "restore"},
+    "port": {"ls", "publish", "rm"},
+    "policy": {"allow", "deny", "ls", "log"},
+    "host": {"ls", "add", "rm", "setup", "prepare"},
+    "image": {"build", "ls", "rm"},
+    "blueprint": {"ls", "show"},
+    "secret": {"set", "ls", "rm", "wipe"},
+    "login": {"add", "ls", "rm"},
+    "config": {"show", "validate", "schema"},
+    "trust": {"add", "ls", "rm"},
+}
+
+
+def all_commands() -> list[tuple[str, Any]]:
+    def walk(cmd: Any, prefix: str) -> Any:
+        for name in cmd.list_commands(None):
+            sub = cmd.get_command(typer.Context(cmd), name)
+            yield prefix + name, sub
+            if hasattr(sub, "commands"):
+                yield from walk(sub, prefix + name + " ")
+
+    return list(walk(typer.main.get_command(base.app), ""))
+
+
+def test_the_top_lists_about_25_names_each_in_one_panel_and_every_noun_its_verbs(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    top = typer.main.get_command(base.app)
+    paneled = [n for names in base.PANELS.values() for n in names]
+    assert sorted(paneled) == sorted(top.commands)  # type: ignore[attr-defined]  # every command in one panel
+    assert len(paneled) == len(set(paneled)) <= 35
+    for noun, verbs in NOUNS.items():
+        assert set(top.commands[noun].commands) == verbs, noun  # type: ignore[attr-defined]
+        assert all(v in top.commands[noun].help.split("\n\n")[0] for v in verbs), noun  # type: ignore[attr-defined]
+    assert run_cli(["--help"]) == 0
+    out = capsys.readouterr().out
+    commands = out[out.index("╭─ Start") :]
+    listed = [m.group(1) for m in re.finditer(r"^│ ([a-z][a-z-]*)  ", commands, re.MULTILINE)]
+    assert listed == paneled  # in the panels' order, nothing else (no alias)
+    for old in ("destroy", "rollback", "checkpoints", "fork", "fanout", "compare", "recover", "gc", "hosts"):
+        assert old not in listed
+
+
+def test_help_a_person_reads(capsys: pytest.CaptureFixture[str]) -> None:
+    """Each summary one line of at most 80 characters, never said again as the next paragraph; every command has
+    an example; no click type shown where a metavar belongs (`<int range> [x>=0]`)."""
+    for name, command in all_commands():
+        paragraphs = inspect.cleandoc(command.help or "").split("\n\n")
+        first = paragraphs[0]
+        assert "\n" not in first and len(first) <= 80, f"{name}: {first!r}"
+        if len(paragraphs) > 1:
+            again = " ".join(first.split()[:4]).rstrip(".").lower()
+            assert not paragraphs[1].lower().startswith(again), f"{name} repeats its first sentence"
+        assert "Example" in (command.help or ""), name
+        assert run_cli([*name.split(" "), "--help"]) == 0
+        out = capsys.readouterr().out
+        for leak in ("<bool>", "<list[str]>", "<int", "<float", "<str>", "<path>", "range>", "x>=", "x<="):
+            assert leak not in out, f"{name}: {leak}"
+
+
+def test_run_shows_its_options_in_panels_with_their_defaults(capsys: pytest.CaptureFixture[str]) -> None:
+    assert run_cli(["run", "-h"]) == 0
+    out = capsys.readouterr().out
+    panels = re.findall(r"╭─ ([^─]+?) ─", out)
+    assert panels[:1] == ["Arguments"] and {
+        "The VM",
+        "Network",
+        "Into the guest",
+        "The review at the end",
+        "Fan-out",
+    } <= set(panels)
+    flat = " ".join(out.replace("│", " ").split())
+    assert "vCPUs [default: 2" in flat and "[default: 2G]" in flat and "[default: 20G]" in flat
+
+
+def test_readable_help_joins_lines_and_splits_examples() -> None:
+    text = """First line.
+
+    A long sentence cut
+    in two.
+
+    Examples: `a` · `b c` (a note)"""
+    assert base.readable(text) == "First line.\n\nA long sentence cut in two.\n\nExamples:\n\n`a`\n\n`b c` (a note)"
+
+
+def test_help_and_version(capsys: pytest.CaptureFixture[str]) -> None:
+    assert run_cli(["help", "checkpoint", "restore"]) == 0
+    shown = capsys.readouterr().out
+    assert run_cli(["checkpoint", "restore", "-h"]) == 0
+    assert shown == capsys.readouterr().out
+    assert run_cli(["help", "rollback"]) == 0  # an old name: its new form's help
+    captured = capsys.readouterr()
+    assert captured.out == shown and "is now `vmsandbox checkpoint restore`" in captured.err
+    assert run_cli(["help", "checkpoint", "nope"]) == base.EXIT_USAGE
+    assert run_cli(["version"]) == 0
+    assert re.fullmatch(r"vmsandbox \d+\.\d+\.\d+\n", capsys.readouterr().out)
+    assert run_cli([]) == 0  # bare: the help, exit 0
+    assert "Usage: vmsandbox" in capsys.readouterr().out
+    assert run_cli(["policy"]) == 0
+    assert "allow" in capsys.readouterr().out
+
+
+@pytest.mark.usefixtures("isolated_dirs")
+def test_a_damaged_record_is_a_row_of_its_own_its_problem_said_apart(capsys: pytest.CaptureFixture[str]) -> None:
+    files = paths.session_paths("broken")
+    files.root.mkdir(parents=True)
+    files.record.write_text(json.dumps(["not", "a", "record"]))
+    assert run_cli(["ls"]) == 0
+    captured = capsys.readouterr()
+    row = next(line for line in captured.out.splitlines() if line.startswith("broken"))
+    assert row.split() == ["broken", "damaged", "-", "-", "-", "-", "-", "-"]  # its problem: not in PROJECT
+    assert "broken" in captured.err and "Traceback" not in captured.err
+    assert run_cli(["ls", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert rows[0]["name"] == "broken" and rows[0]["state"] == "damaged" and "rm broken --discard" in rows[0]["hint"]
+
+
+@pytest.mark.usefixtures("isolated_dirs")
+def test_empty_listings_say_what_to_do_next(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from vmsandbox.session import state
+
+    monkeypatch.setattr(state, "listing", lambda uri: ([], []))
+    for argv, said in (
+        (["ls"], "vmsandbox run ."),
+        (["ls", "--filter", "state=running"], "`vmsandbox ls` lists them all"),
+        (["secret", "ls"], "vmsandbox secret set NAME"),
+        (["trust", "ls"], "vmsandbox trust add PATH"),
+        (["login", "ls"], "vmsandbox login add AGENT"),
+        (["image", "ls"], "vmsandbox image build"),
+    ):
+        assert run_cli(argv) == 0
+        captured = capsys.readouterr()
+        assert captured.out == "" and said in captured.err, argv
+
+
+@pytest.mark.usefixtures("isolated_dirs")
+def test_verbose_says_each_line_once(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    import logging
+
+    from vmsandbox.session import state
+
+    monkeypatch.setattr(state, "listing", lambda uri: ([], []))
+    handlers = list(logging.getLogger().handlers)
+    try:
+        assert run_cli(["ls", "-v"]) == 0  # -v anywhere on the line
+        assert capsys.readouterr().err.count("No sessions") == 1
+    finally:
+        logging.getLogger().handlers = handlers
+
+
+def test_no_color_means_no_style_at_all(monkeypatch: pytest.MonkeyPatch) -> None:
+    import io
+
+    from vmsandbox import ui
+
+    monkeypatch.setenv("FORCE_COLOR", "1")  # as a terminal shows it
+    monkeypatch.setenv("TERM", "xterm-256color")
+    for value, styled in (("1", False), ("", True)):
+        monkeypatch.setenv("NO_COLOR", value)
+        console = ui.console(stderr=True)
+        console.file = io.StringIO()
+        console.print("[dim]hint:[/] [red]x[/]")
+        assert ("\x1b[" in console.file.getvalue()) is styled, value
+
+
+ROW = {"name": "exp-1", "state": "running", "host": "local", "ports": {"ssh": 2222}, "age_seconds": 5, "egress": None}
+
+
+def test_filters_check_their_keys_and_values() -> None:
+    keys: dict[str, Any] = {"name": None, "state": ("running", "stopped"), "host": ("local",)}
+    assert output.matches(ROW, output.filters(["state=running,host=local"], keys))
+    assert output.matches(ROW, output.filters(["name=exp-*", "state=stopped", "state=running"], keys))
+    assert output.matches(ROW, output.filters(["state=run*"], keys))
+    assert not output.matches(ROW, output.filters(["state=stopped"], keys))
+    refusals = (
+        (["bogus=1"], "KEY one of name, state, host"),
+        (["state"], "KEY=VALUE"),
+        (["state=bogus"], "state is one of running, stopped"),
+        (["host=far"], "host is one of local"),
+    )
+    for bad, said in refusals:
+        with pytest.raises(UsageError) as refused:
+            output.filters(bad, keys)
+        assert said in f"{refused.value.message} {refused.value.hint}", bad
+
+
+def test_format_templates_as_docker_takes_them(capsys: pytest.CaptureFixture[str]) -> None:
+    fields = list(ROW)
+    shaped = output.template("{{.Name}} {{ .State }}\\t{{.Ports.ssh}} {{.AgeSeconds}} {{json .Ports}}", fields)
+    assert shaped is not None and not shaped.table
+    assert shaped.render(ROW) == 'exp-1 running\t2222 5 {"ssh": 2222}'
+    assert output.template("json", fields) is None and output.template("table", fields) is None
+    for bad in ("{{.Nope}}", "{name}", "{.Name}", "plain", "{{ print .Name }}"):
+        with pytest.raises(UsageError) as refused:
+            output.template(bad, fields)
+        assert ".Name, .State" in (refused.value.hint or ""), bad  # the fields there are
+    output.listing([ROW], (), fmt="json", empty="")
+    assert json.loads(capsys.readouterr().out) == ROW  # an object a line, as docker's --format json
+    output.listing([ROW, {**ROW, "name": "b"}], (), fmt="table {{.Name}}\\t{{.State}}", empty="")
+    assert capsys.readouterr().out.splitlines() == ["NAME   STATE", "exp-1  running", "b      running"]
+    output.listing([{**ROW, "egress": None}], (), fmt="{{.Egress}}", empty="")
+    assert capsys.readouterr().out == "-\n"
+
+
+@pytest.mark.usefixtures("isolated_dirs")
+def test_ls_refuses_a_format_before_asking_anything(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from vmsandbox.session import state
+
+    def asked(uri: str) -> Any:
+        raise AssertionError("libvirt asked")
+
+    monkeypatch.setattr(state, "listing", asked)
+    for fmt in ("{{.Bogus}}", "{.Name}", "yaml"):
+        assert run_cli(["ls", "--format", fmt]) == base.EXIT_USAGE
+        assert ".Name" in capsys.readouterr().err
+    assert run_cli(["ls", "--filter", "state=bogus"]) == base.EXIT_USAGE
+    assert "state is one of booting, running" in capsys.readouterr().err
+
+
+def test_logs_tail_and_since(tmp_path: Path) -> None:
+    from vmsandbox.core import listing
+
+    log = tmp_path / "proxy.log"
+    older = tmp_path / "proxy.log.1"
+    older.write_text("o1\no2\n")
+    log.write_text("l1\nl2\nl3\npartial")
+    got = list(listing.lines(log, older, follow=False, stopped=lambda: True, tail=2))
+    assert got == ["l2", "l3"]
+    assert list(listing.lines(log, older, follow=False, stopped=lambda: True, tail=4)) == ["o2", "l1", "l2", "l3"]
+    assert logs.parse_age("10m") == 600 and logs.parse_age("2h") == 7200 and logs.parse_age("30") == 30
+    with pytest.raises(UsageError):
+        logs.parse_age("yesterday")
+
+
+@pytest.mark.usefixtures("isolated_dirs")
+def test_ssh_config_is_a_block_an_editor_uses_as_is(capsys: pytest.CaptureFixture[str]) -> None:
+    saved_record("exp1", ssh_port=2201)
+    assert run_cli(["inspect", "--format", "ssh-config", "exp1"]) == 0
+    block = capsys.readouterr().out
+    lines = block.splitlines()
+    assert lines[0] == "Host vmsandbox-exp1"
+    options = dict(line.split(" ", 1) for line in (x.strip() for x in lines[1:]))
+    assert options["HostName"] == "127.0.0.1" and options["Port"] == "2201" and options["User"] == "u"
+    assert options["StrictHostKeyChecking"] == "yes"
+    assert options["UserKnownHostsFile"] == str(paths.session_paths("exp1").known_hosts)
+    assert "ControlPath" not in options and "ControlMaster" not in options  # our socket stays ours
+    assert run_cli(["inspect", "--format", "ssh-config"]) == base.EXIT_USAGE
+
+
+@pytest.mark.usefixtures("isolated_dirs")
+def test_ssh_config_all_prints_every_block_it_can_and_names_the_rest(capsys: pytest.CaptureFixture[str]) -> None:
+    saved_record("exp1", ssh_port=2201)
+    saved_record("exp2", ssh_port=2202)
+    broken = paths.session_paths("broken")
+    broken.root.mkdir(parents=True)
+    broken.record.write_text(json.dumps(["not", "a", "record"]))
+    assert run_cli(["ssh-config", "--all"]) == base.EXIT_FAILED  # the old name, still
+    captured = capsys.readouterr()
+    hosts = [line for line in captured.out.splitlines() if line.startswith("Host ")]
+    assert hosts == ["Host vmsandbox-exp1", "Host vmsandbox-exp2"]
+    assert "\n\nHost vmsandbox-exp2" in captured.out  # blocks apart, as ~/.ssh/config reads them
+    assert "could not inspect 1 of 3 sessions: broken" in captured.err
+
+
+# Completion, through bash's protocol: bash splits the line into COMP_WORDS (at spaces, and at `=` and `:`, which
+# are in COMP_WORDBREAKS), and replaces its current word with each answer.
+BREAKS = re.compile(r"([=:]+)")
+
+
+def bash_words(line: str) -> list[str]:
+    words: list[str] = []
+    for token in line.split(" "):
+        words += [w for w in BREAKS.split(token) if w] or [""]
+    return words
+
+
+def complete(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], line: str) -> list[str]:
+    """What the word being completed (the last of `line`) becomes for each answer bash gets."""
+    words = bash_words(line)
+    monkeypatch.setenv("_VMSANDBOX_COMPLETE", "complete_bash")
+    monkeypatch.setenv("COMP_WORDS", "\n".join(words))  # as the script joins them (IFS=$'\n')
+    monkeypatch.setenv("COMP_CWORD", str(len(words) - 1))
+    capsys.readouterr()
+    run_cli([])
+    monkeypatch.delenv("_VMSANDBOX_COMPLETE")
+    current = line.rsplit(" ", maxsplit=1)[-1]
+    kept = current[: len(current) - len(words[-1])]  # what bash does not replace
+    return sorted(kept + answer for answer in capsys.readouterr().out.splitlines() if answer)
+
+
+@pytest.mark.usefixtures("isolated_dirs")
+def test_completion_offers_every_finite_value(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], isolated_dirs: Path
+) -> None:
+    from vmsandbox.core import listing
+    from vmsandbox.egress import secrets
+    from vmsandbox.egress.ports import Publish
+
+    saved_record("exp1", publish=(Publish(3000, 40000), Publish(8080, 40001)))
+    saved_record("exp2", group="fan")
+    saved_record("other")
+    cps = paths.session_paths("exp1").checkpoints
+    for label in ("before", "after"):
+        (cps / label).mkdir(parents=True)
+        (cps / label / "checkpoint.json").write_text(json.dumps({"label": label, "created": time.time(), "chain": []}))
+    secrets.put("my-key", "v")
+    (isolated_dirs / "config" / "config.yaml").write_text("hosts:\n  - {name: big, uri: 'qemu+ssh://me@big/system'}\n")
+    offered = {
+        "vmsandbox rm e": ["exp1", "exp2"],
+        "vmsandbox shell ": ["exp1", "exp2", "other"],
+        "vmsandbox stop exp1 ": ["exp2", "other"],  # not exp1 again
+        "vmsandbox rm --group ": ["fan"],  # fan-outs, not sessions
+        "vmsandbox diff exp1 --against ": ["exp2", "other"],
+        "vmsandbox cp ./f ex": ["exp1:", "exp2:"],
+        "vmsandbox cp ex": [],  # a host path first: the shell's files
+        "vmsandbox port rm exp1 ": ["3000", "8080"],
+        "vmsandbox checkpoint restore exp1 ": ["after", "before"],
+        "vmsandbox run --accel ": ["auto", "kvm", "tcg"],
+        "vmsandbox run --network o": ["open"],
+        "vmsandbox run --review ": ["terminal", "web"],
+        "vmsandbox run --blueprint cl": ["claude"],
+        "vmsandbox image build --blueprint co": ["codex"],
+        "vmsandbox run --host ": ["big", "local"],
+        "vmsandbox host rm ": ["big"],
+        "vmsandbox login add ": ["claude", "codex", "gemini", "opencode"],  # only agents with a login
+        "vmsandbox secret rm ": ["my-key"],
+        "vmsandbox ls --format ": ["json", "table"],
+        "vmsandbox inspect --format s": ["ssh-config"],
+        "vmsandbox ls --filter st": ["state="],
+        "vmsandbox ls --filter state=": [f"state={s}" for s in listing.STATES],
+        "vmsandbox ls --filter state=ru": ["state=running"],
+        "vmsandbox ls --filter host=b": ["host=big"],
+        "vmsandbox ls --filter=network=n": ["--filter=network=none"],
+        "vmsandbox help check": ["checkpoint"],
+        "vmsandbox help checkpoint r": ["restore", "rm"],
+        "vmsandbox completion ": ["bash", "fish", "zsh"],
+    }
+    for line, expected in offered.items():
+        assert complete(monkeypatch, capsys, line) == sorted(expected), line
+
+
+def test_completion_scripts(capsys: pytest.CaptureFixture[str]) -> None:
+    for shell in ("bash", "zsh", "fish"):
+        assert run_cli(["completion", shell]) == 0
+        assert "_VMSANDBOX_COMPLETE=complete_" + shell in capsys.readouterr().out
+    assert run_cli(["completion", "bash"]) == 0
+    assert "compopt -o nospace" in capsys.readouterr().out  # `state=`, `exp1:`: the word goes on
+    assert run_cli(["completion", "tcsh"]) == base.EXIT_USAGE
+
+
+@pytest.mark.usefixtures("isolated_dirs")
+def test_host_ls_counts_the_sessions_ls_shows(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """libvirt's count of vmsandbox domains there (another account's, reader VMs) is not what `ls` lists."""
+    from tests.unit.test_sshcheck import NODE
+    from vmsandbox.session.host import hosts
+    from vmsandbox.session.place.hostspec import HostSpec
+
+    saved_record("a")
+    saved_record("b")
+    saved_record("c", host="far")
+    local = HostSpec("local", "qemu:///system")
+    monkeypatch.setattr(hosts, "probe_all", lambda specs, timeout: [hosts.Status(local, NODE, None, sessions=7)])
+    monkeypatch.setattr(hosts.Status, "accel", property(lambda self: "kvm"))
+    monkeypatch.setattr(hosts.Status, "as_dict", lambda self: {"name": "local", "uri": local.uri, "reachable": True,
+                        "accel": "kvm", "available_mib": 1024, "memory_mib": 2048, "max_sessions": None,
+                        "images": []})  # fmt: skip
+    assert run_cli(["host", "ls", "--format", "{{.Name}} {{.Sessions}}"]) == 0
+    assert capsys.readouterr().out == "local 2\n"
+    assert run_cli(["host", "ls"]) == 0
+    (_head, row) = capsys.readouterr().out.splitlines()
+    assert row.split()[:5] == ["local", "ok", "kvm", "1.0G/2.0G", "2"]
+
+
+@pytest.mark.usefixtures("isolated_dirs")
+def test_host_add_and_rm_edit_your_config_where_hosts_are(
+    capsys: pytest.CaptureFixture[str], isolated_dirs: Path
+) -> None:
+    from vmsandbox.session import settings as config
+
+    mine = isolated_dirs / "config" / "config.yaml"
+    mine.write_text("cpus: 2  # two, mine\nhosts:\n  - name: a\n    uri: qemu+ssh://me@a/system\n# kept\nmemory: 3G\n")
+    assert run_cli(["host", "add", "big", "qemu+ssh://me@big/system", "--max-sessions", "4"]) == 0
+    text = mine.read_text()
+    assert text.startswith("cpus: 2  # two, mine\nhosts:\n") and "# kept\nmemory: 3G\n" in text  # as it was
+    assert [(h.name, h.max_sessions) for h in config.load().hosts] == [("a", None), ("big", 4)]
+    for refused in (["host", "add", "big", "qemu+ssh://me@b/system"], ["host", "add", "x", "qemu+tcp://b/system"],
+                    ["host", "add", "local", "qemu+ssh://me@b/system"], ["host", "rm", "nosuch"]):  # fmt: skip
+        assert run_cli(refused) == base.EXIT_USAGE, refused
+    assert mine.read_text() == text  # nothing written by a refusal
+    assert run_cli(["host", "rm", "a"]) == 0
+    assert [h.name for h in config.load().hosts] == ["big"] and "# two, mine" in mine.read_text()
+    assert run_cli(["host", "rm", "big"]) == 0
+    assert config.load().hosts == () and "hosts" not in mine.read_text()
+    mine.write_text("cpus: many\n")
+    assert run_cli(["host", "add", "big", "qemu+ssh://me@big/system"]) == base.EXIT_FAILED  # a broken file: as is
+    assert mine.read_text() == "cpus: many\n"
+
+
+@pytest.mark.usefixtures("isolated_dirs")
+def test_policy_ls_lists_what_the_proxy_reads(capsys: pytest.CaptureFixture[str]) -> None:
+    from vmsandbox.egress import policy
+
+    record = saved_record("exp1")
+    policy.write_config(record.files, {"mode": "allowlist", "allow": ["pypi.org", "*.npmjs.org:443"], "secrets": [],
+                                       "allow_networks": ["203.0.113.0/24"]})  # fmt: skip
+    assert run_cli(["policy", "ls", "exp1", "-q"]) == 0
+    assert capsys.readouterr().out.split() == ["pypi.org", "*.npmjs.org:443", "203.0.113.0/24"]
+    assert run_cli(["policy", "ls", "exp1", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)[0] == {"entry": "pypi.org", "kind": "host"}
+    saved_record("none")
+    assert run_cli(["policy", "ls", "none"]) == 0
+    assert "policy allow none HOST" in capsys.readouterr().err
+
+
+@pytest.mark.usefixtures("isolated_dirs")
+def test_a_fanout_is_refused_before_any_image_is_looked_up(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from vmsandbox.image import store
+
+    def looked_up() -> Any:
+        raise AssertionError("an image was looked up")
+
+    monkeypatch.setattr(store, "current_image", looked_up)
+    for argv, said in ((["fanout", "0", str(tmp_path)], "1 to 64"), (["run", "--fanout", "2", "--yes", str(tmp_path)],
+                       "--yes does not go with --fanout"), (["claude", "--fanout", "2", "--keep", str(tmp_path)],
+                       "--keep does not go with --fanout")):  # fmt: skip
+        assert run_cli([*argv, "--", "true"]) == base.EXIT_USAGE, argv
+        assert said in capsys.readouterr().err
+
+
+@pytest.mark.usefixtures("isolated_dirs")
+def test_create_makes_a_session_and_runs_nothing_or_copies_one(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    from vmsandbox.core import sessions
+    from vmsandbox.guest import commands
+
+    made: list[Any] = []
+
+    def create(path: Path, bp: str, flags: Any, person: Any) -> Any:
+        made.append((path, bp, flags))
+        return saved_record(flags.name)
+
+    def copy_of(name: str, new: str, label: str | None) -> Any:
+        made.append((name, new, label))
+        return saved_record(new, forked_from=name)
+
+    monkeypatch.setattr(sessions, "create", create)
+    monkeypatch.setattr(sessions, "copy_of", copy_of)
+    monkeypatch.setattr(commands, "attach", lambda *a, **k: pytest.fail("a command was run"))
+    assert run_cli(["create", "--name", "exp", "-b", "claude", "--cpus", "1", str(tmp_path)]) == 0
+    (path, bp, flags) = made.pop()
+    assert (path, bp, flags.name, flags.cpus, flags.review, flags.fanout) == (
+        tmp_path,
+        "claude",
+        "exp",
+        1,
+        "terminal",
+        None,
+    )
+    assert "vmsandbox shell exp" in capsys.readouterr().err
+    assert run_cli(["create", "--from", "exp:before", "--name", "exp-b"]) == 0
+    assert made.pop() == ("exp", "exp-b", "before")
+    assert run_cli(["fork", "exp", "exp-c"]) == 0  # the old name
+    assert made.pop() == ("exp", "exp-c", None)
+
+
+def test_a_global_flag_is_taken_anywhere_but_in_the_guest_s_command() -> None:
+    from vmsandbox.cli.main import global_flags
+
+    assert global_flags(["ls", "-v"]) == ["-v", "ls"]
+    assert global_flags(["rm", "exp", "--verbose", "-f"]) == ["--verbose", "rm", "exp", "-f"]
+    assert global_flags(["exec", "exp", "--", "ls", "-v"]) == ["exec", "exp", "--", "ls", "-v"]
+    assert global_flags(["shell", "-v", "exp", "ls", "-v"]) == ["-v", "shell", "exp", "ls", "-v"]

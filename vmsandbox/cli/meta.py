@@ -1,0 +1,82 @@
+"""`vmsandbox help`, `version` and `doctor`: the help of any command, what is installed, and every check a
+session needs with the fix for each failure."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from vmsandbox import ui
+from vmsandbox.cli import complete, output
+from vmsandbox.cli.base import EXIT_FAILED, app
+from vmsandbox.errors import UsageError
+
+
+@app.command("help")
+def help_(
+    ctx: typer.Context,
+    words: Annotated[
+        list[str] | None,
+        typer.Argument(
+            help="A command, or a noun and its verb.", metavar="COMMAND...", autocompletion=complete.commands
+        ),
+    ] = None,
+) -> None:
+    """Show the help of a command (or of vmsandbox).
+
+    Examples: `vmsandbox help` · `vmsandbox help run` · `vmsandbox help checkpoint restore`"""
+    from vmsandbox.cli import aliases
+
+    words = list(words or [])
+    if words:
+        words = aliases.modern(words, 0, lambda: ctx.find_root().command)
+    command, at = ctx.find_root().command, ctx.find_root()
+    for word in words:
+        found = command.get_command(at, word) if hasattr(command, "get_command") else None
+        if found is None or found.hidden:
+            hint = command.near(at, word) if hasattr(command, "near") else "`vmsandbox -h` lists the commands."
+            raise UsageError(f"no command {' '.join(words)!r}", hint=hint)
+        at = typer.Context(found, info_name=word, parent=at)
+        command = found
+    typer.echo(at.get_help(), color=at.color)
+
+
+@app.command()
+def version(as_json: output.AsJson = False) -> None:
+    """Print vmsandbox's version.
+
+    Example: `vmsandbox version`"""
+    from vmsandbox.core import settings
+
+    if as_json:
+        output.print_json({"version": settings.version()})
+    else:
+        print(f"vmsandbox {settings.version()}")
+
+
+@app.command()
+def doctor(as_json: output.AsJson = False) -> None:
+    """Check everything a session needs; print the fix for each failure.
+
+    Your config (and this directory's .vmsandbox.yaml) first: a problem there is one failed check, with every
+    problem at its line, and the other checks go on with what of it passes.
+
+    Example: `vmsandbox doctor | less`"""
+    from vmsandbox.core import hosts
+
+    checks = hosts.diagnose(Path.cwd())
+    if as_json:
+        output.print_json([{"name": c.name, "level": c.level, "detail": c.detail, "fix": c.fix} for c in checks])
+    else:
+        marks = {"ok": "[green]✓[/]", "warn": "[yellow]![/]", "fail": "[red]✗[/]"}
+        for c in checks:  # the report is this command's output: stdout (`vmsandbox doctor | less`)
+            ui.out.print(f"{marks[c.level]} {c.name}: {ui.printable(c.detail)}")
+            if c.fix and not c.ok:
+                ui.out.print(f"    fix: {ui.printable(c.fix)}")
+    failed = [c for c in checks if c.level == "fail"]
+    if failed:
+        if not as_json:
+            ui.out.print(f"[red]A session cannot start here:[/] {len(failed)} check(s) failed.")
+        raise typer.Exit(EXIT_FAILED)

@@ -1,0 +1,3 @@
+"""The things acted on, each a noun with its verbs: `checkpoint create|ls|rm|restore`, `port ls|publish|rm`,
+`policy allow|deny|ls|log`, `image build|ls|rm`, `blueprint ls|show`, `host ls|add|rm|setup|prepare`,
+`secret set|ls|rm|wipe`, `login add|ls|rm`, `config show|validate|schema`, `trust add|ls|rm`."""

@@ -1,0 +1,158 @@
+"""`vmsandbox ls` and `inspect`: what sessions there are, and one (or several) in full — or as the ssh config an
+editor reaches it with."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import typer
+
+from vmsandbox import ui
+from vmsandbox.cli import complete, output
+from vmsandbox.cli.base import AllSessions, SessionNames, age, app, each_session
+from vmsandbox.cli.output import AsJson, Column, Format, Quiet
+from vmsandbox.errors import UsageError
+
+FIELDS = (  # what a row has (`ls --json` gives each of them; --format names them)
+    "name", "state", "host", "created", "age_seconds", "project", "accel", "ports", "cpus", "memory_mib", "image",
+    "keep", "domain", "unsynced", "network", "blueprint", "publish", "egress", "start", "group", "forked_from",
+    "disk_bytes", "problem", "hint",
+)  # fmt: skip
+Filter = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--filter",
+        "-f",
+        metavar="KEY=VALUE",
+        help=f"Only sessions with KEY=VALUE[,KEY=VALUE] ({', '.join(complete.FILTER_KEYS)}; repeatable).",
+        autocompletion=complete.filters,
+    ),
+]
+
+
+def _ssh(r: dict[str, Any]) -> str:
+    ssh = (r.get("ports") or {}).get("ssh")
+    return "-" if ssh is None else f"127.0.0.1:{ssh}"
+
+
+def _network(r: dict[str, Any]) -> str:
+    return str(r["network"]) + ("" if r["egress"] in ("up", "off") else f" ({r['egress']})")
+
+
+def _or_dash(show: Any) -> Any:
+    """A cell of a damaged session, which has a name and a problem only: `-`."""
+    return lambda r: "-" if r["state"] == "damaged" else show(r)
+
+
+TABLE = (
+    Column("NAME", lambda r: r["name"]),
+    Column("STATE", lambda r: r["state"]),
+    Column("AGE", _or_dash(lambda r: age(r["age_seconds"]))),
+    Column("SSH", _or_dash(_ssh)),
+    Column("NETWORK", _or_dash(_network)),
+    Column("UNSYNCED", _or_dash(lambda r: "?" if r["unsynced"] is None else str(r["unsynced"]))),
+    Column("HOST", _or_dash(lambda r: r["host"])),
+    Column("PROJECT", _or_dash(lambda r: r["project"])),
+)
+
+
+@app.command("ls")
+def ls(as_json: AsJson = False, quiet: Quiet = False, fmt: Format = None, filters: Filter = None) -> None:
+    """List sessions.
+
+    It lists what it knows even when libvirt does not answer; a session whose record is damaged is a row of its
+    own (`vmsandbox rm NAME --discard` removes it). A broken config is said in a line first, and the rest of it
+    used. Columns too wide for the terminal are cut: `--json` and `vmsandbox inspect NAME` give everything whole.
+
+    Examples: `vmsandbox ls -q` · `vmsandbox ls --filter state=running --format '{{.Name}} {{.Ports.ssh}}'` ·
+    `vmsandbox ls --format 'table {{.Name}}\\t{{.MemoryMib}}\\t{{.Project}}'`"""
+    from vmsandbox.core import listing
+
+    output.formats(fmt)
+    output.template(fmt, FIELDS)  # a template naming no field: refused before anything is asked
+    keys = {k: (complete.filter_values(k) if k in complete.CHECKED_FILTERS else None) for k in complete.FILTER_KEYS}
+    wanted = output.filters(filters or [], keys)
+    broken: list[str] = []
+    rows = [r for r in listing.rows(broken) if output.matches(r, wanted)]
+    for line in broken:  # a line before the table, never in its way: the listing goes on with what passes
+        ui.warn(line)
+    empty = (
+        "No session matches; `vmsandbox ls` lists them all."
+        if wanted
+        else "No sessions. Start one with `vmsandbox run .` (a command, then the review) or `vmsandbox create .`"
+    )
+    output.listing(rows, TABLE, as_json=as_json, quiet=quiet, fmt=fmt, empty=empty, paths=("PROJECT",), fields=FIELDS)
+
+
+@app.command()
+def inspect(
+    names: SessionNames = None,
+    every: AllSessions = False,
+    fmt: Annotated[
+        str | None,
+        typer.Option(
+            "--format",
+            metavar="FORMAT",
+            help="json, ssh-config (a `Host vmsandbox-NAME` block for ~/.ssh/config), or a template: '{{.State}}'.",
+            autocompletion=complete.formats,
+        ),
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="JSON: an object for one name, else an array.")] = False,
+) -> None:
+    """Show everything known of sessions, or their ssh config.
+
+    Each session's state, host, image, resources, network and published ports, files, checkpoints and how to reach
+    it. `--format ssh-config` prints the block VS Code's or Cursor's Remote-SSH, JetBrains Gateway and `ssh
+    vmsandbox-NAME` attach with (its port, key and pinned host key).
+
+    Examples: `vmsandbox inspect exp1` · `vmsandbox inspect exp1 --format '{{.State}}'` · `vmsandbox inspect
+    --format ssh-config exp1 >> ~/.ssh/config`"""
+    from vmsandbox.core import listing
+
+    output.formats(fmt, ("ssh-config",))
+    shaped = output.template(fmt, [*FIELDS, "checkpoints", "files", "user"]) if fmt != "ssh-config" else None
+    if fmt == "ssh-config":
+        _ssh_config(names, every)
+        return
+    if as_json or fmt == "json":
+        if every or len(names or []) != 1:
+            found = [listing.inspect(n) for n in (listing.names() if every else names or [])]
+            if not (every or names):
+                raise UsageError("`inspect` needs a session name", hint="`vmsandbox inspect NAME...`, or `--all`")
+            output.print_json(found)
+        else:
+            output.print_json(listing.inspect((names or [""])[0]))
+        return
+
+    def one(name: str) -> None:
+        row = listing.inspect(name)
+        if shaped is not None:
+            print(shaped.render(row))
+            return
+        _print_row(row)
+
+    each_session(names, every, verb="inspect", which=listing.names, act=one)
+
+
+def _print_row(row: dict[str, Any]) -> None:
+    for key, value in row.items():
+        if isinstance(value, dict):
+            for k, v in value.items():
+                print(f"{key}.{k}: {'-' if v is None else v}")
+        elif isinstance(value, list):
+            print(f"{key}: {', '.join(str(v) for v in value) or '-'}")
+        else:
+            print(f"{key}: {'-' if value is None else value}")
+
+
+def _ssh_config(names: list[str] | None, every: bool) -> None:
+    from vmsandbox.core import listing
+
+    printed: list[str] = []
+
+    def one(name: str) -> None:  # blocks apart by a blank line; a session that has none is named at the end
+        block = listing.ssh_config(name)
+        print(("\n" if printed else "") + block, end="", flush=True)
+        printed.append(name)
+
+    each_session(names, every, verb="inspect", which=listing.names, act=one)

@@ -1,0 +1,168 @@
+"""What is known of sessions, for every front end: every session as a row (`ls`), one in full (`inspect`), the
+ssh config an editor reaches one with, its logs (the console, the egress decisions) and the names a command
+line may take (sessions, fan-outs, checkpoints). Reading only: nothing here changes a session."""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from vmsandbox import paths
+from vmsandbox.document import FileError
+from vmsandbox.egress import log as proxylog
+from vmsandbox.errors import VmsandboxError
+from vmsandbox.guest import ssh
+from vmsandbox.session import settings as config
+from vmsandbox.session import state
+from vmsandbox.session.place import checkpoints
+from vmsandbox.session.record import Record, State, readable
+from vmsandbox.session.record import names as record_names
+
+DAMAGED = "damaged"  # the state of a session whose record cannot be read
+STATES = (*(s.value for s in State), DAMAGED)  # every state `ls` shows
+REACHABLE = ("running", "paused", "booting")  # the states in which the session's SSH port answers
+EDITOR_OPTIONS = (  # of the session's own ssh options, what an editor's client needs (not our control socket)
+    "HostName", "Port", "User", "IdentityFile", "IdentitiesOnly", "UserKnownHostsFile", "GlobalKnownHostsFile",
+    "StrictHostKeyChecking", "HostKeyAlgorithms", "CheckHostIP", "PasswordAuthentication",
+    "KbdInteractiveAuthentication", "ForwardAgent", "ForwardX11", "ServerAliveInterval", "ServerAliveCountMax",
+)  # fmt: skip
+
+
+def names() -> list[str]:
+    """Every session of this account, by name (read from its directory: no libvirt, no guest)."""
+    return record_names()
+
+
+def groups() -> list[str]:
+    """The fan-outs whose sessions are still here."""
+    return sorted({r.group for r in readable() if r.group})
+
+
+def in_state(*states: str) -> list[str]:
+    """The sessions in one of `states` (asked of libvirt)."""
+    return [s.record.name for s in state.all_status(config.load().libvirt_uri) if s.state.value in states]
+
+
+def rows(broken: list[str] | None = None) -> list[dict[str, Any]]:
+    """Every session as `ls --json` gives it; a damaged one with its state `damaged` and its problem. Given
+    `broken`, a config with problems is read as far as it passes and its problems said there, a line each (the
+    listing goes on with what passes)."""
+    if broken is None:
+        uri = config.load().libvirt_uri
+    else:
+        settings, problems = config.load_lenient()
+        uri = settings.libvirt_uri
+        broken += [f"{e.brief()}; `vmsandbox config validate` lists them" if isinstance(e, FileError) else e.message
+                   for e in problems]  # fmt: skip
+    found, damaged = state.listing(uri)
+    listed = [s.as_dict() for s in found]
+    for r in listed:
+        if r["state"] not in REACHABLE:
+            r["ports"] = {**r["ports"], "ssh": None}  # an exited VM's port is another program's now
+    return [*listed, *(d.as_dict() for d in damaged)]
+
+
+def inspect(name: str) -> dict[str, Any]:
+    """Everything known of one session: its row, its checkpoints, its files and how to reach it."""
+    record = Record.load(name)  # a missing or damaged session: its error, with its hint
+    row = next((r for r in rows() if r["name"] == name), None)
+    if row is None:
+        raise VmsandboxError(f"no session named {name!r}", hint="list sessions with `vmsandbox ls`")
+    files = record.files
+    reachable = row["state"] in REACHABLE
+    return {
+        **row,
+        "checkpoints": [c.label for c in checkpoints.listed(files)],
+        "files": {
+            "directory": str(files.root),
+            "console_log": str(files.console_log),
+            "ssh_config": str(files.ssh_config) if reachable else None,
+        },
+        "user": record.user,
+        # the file its RAM maps copy-on-write, shared with every session that maps it, else why it is its own;
+        # and while it runs, what its QEMU takes: resident, proportional, shared with other sessions, private
+        "memory": {
+            "shared_from": record.memory,
+            "note": record.memory_note or None,
+            **((state.memory_use(record) or {}) if reachable else {}),
+        },
+    }
+
+
+def ssh_config(name: str) -> str:
+    """A `Host vmsandbox-NAME` block for ~/.ssh/config: the session's port, key and pinned host key."""
+    options = Record.load(name).endpoint().ssh_options()
+    lines = [f"Host {ssh.host_alias(name)}", *(f"    {k} {options[k]}" for k in EDITOR_OPTIONS)]
+    return "\n".join(lines) + "\n"
+
+
+def labels(name: str) -> list[str]:
+    """A session's checkpoints, oldest first, by label (its files only)."""
+    return [c.label for c in checkpoints.listed(paths.session_paths(name))]
+
+
+def ports(name: str) -> list[int]:
+    """The guest ports a session publishes (its record only)."""
+    with contextlib.suppress(VmsandboxError):
+        return sorted({p.guest for p in Record.load(name).publish})
+    return []
+
+
+def console(name: str, *, follow: bool, tail: int | None) -> Iterator[str]:
+    """A session's serial console, its lines as the guest wrote them (brought up to date first)."""
+    record = Record.load(name)
+    state.refresh_console(record, follow=follow)
+    if not follow and not record.files.console_log.exists():
+        raise VmsandboxError(f"session {name} has no console log yet")
+    return lines(record.files.console_log, None, follow=follow, stopped=_gone(record), tail=tail)
+
+
+def proxy(name: str, *, follow: bool, tail: int | None, since: float | None) -> Iterator[tuple[str, dict[str, Any]]]:
+    """A session's egress decisions, oldest first, each as its JSON line and as data: every allowed or denied
+    request and every change of its allowlist (with `since`, only those at that time or later)."""
+    record = Record.load(name)
+    path = record.files.proxy_log
+    if not follow and not path.exists():
+        return iter(())
+    found = lines(path, proxylog.rotated(path), follow=follow, stopped=_gone(record), tail=tail)
+    return ((line, event) for line in found if (event := proxylog.parse(line)) is not None and after(event, since))
+
+
+def after(event: dict[str, Any], since: float | None) -> bool:
+    return since is None or float(event.get("ts", 0)) >= since
+
+
+def describe(event: dict[str, Any]) -> str:
+    """An egress decision in one line, as a person reads it."""
+    return proxylog.describe(event)
+
+
+def _gone(record: Record) -> Callable[[], bool]:
+    return lambda: not record.files.record.exists()
+
+
+def lines(
+    path: Path, older: Path | None, *, follow: bool, stopped: Callable[[], bool], tail: int | None
+) -> Iterator[str]:
+    """A log's lines (its rotated part first, when not following), the last `tail` of them only, then with
+    `follow` the new ones as they come."""
+    if tail is None:
+        if older is not None and older.exists() and not follow:
+            yield from proxylog.read(older, follow=False)
+        yield from proxylog.read(path, follow=follow, stopped=stopped)
+        return
+    try:
+        text = path.read_bytes()
+    except FileNotFoundError:
+        text = b""
+    whole = text[: text.rfind(b"\n") + 1]  # a line being written is read when it ends
+    last: collections.deque[str] = collections.deque(maxlen=tail)
+    if older is not None and older.exists():
+        last.extend(proxylog.read(older, follow=False))
+    last.extend(whole.decode(errors="replace").splitlines())
+    yield from last
+    if follow:
+        yield from proxylog.read(path, follow=True, stopped=stopped, offset=len(whole))
