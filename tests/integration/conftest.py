@@ -258,8 +258,8 @@ def state_dir() -> Iterator[Path]:
     old = os.environ.get("VMSANDBOX_STATE_DIR")
     os.environ["VMSANDBOX_STATE_DIR"] = str(d)
     yield d
-    with Hypervisor(URI) as hv:  # only this run's domains: another run may share the host
-        for info in list(hv.domains(domain_name(NAME_PREFIX))):
+    with Hypervisor(URI) as hv:  # only this run's domains (another run may share the host), whatever their name:
+        for info in list(hv.domains(domain_name(""))):  # a session named after its project, a reader VM too
             xml = hv.xml(info.name)
             owner = session_of(xml) if xml else None
             if owner is not None and d in owner[1].parents:
