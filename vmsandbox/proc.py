@@ -10,6 +10,7 @@ import shlex
 import shutil
 import signal
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -277,6 +278,13 @@ def run_attached(argv: Sequence[str | Path], *, env: Mapping[str, str] | None = 
         raise
 
 
+def own_module(module: str, *args: str) -> list[str]:
+    """The command line of one of vmsandbox's own modules run as a program: isolated (`-I`: neither the working
+    directory, which may be a project's, nor PYTHON* variables put anything on its import path; a project's
+    `ctypes.py` or `signal.py` must never be imported by a process that starts as root)."""
+    return [sys.executable, "-I", "-m", module, *args]
+
+
 def spawn_detached(
     argv: Sequence[str | Path], *, log_file: Path, env: Mapping[str, str] | None = None, stdin: bytes | None = None
 ) -> int:
@@ -294,6 +302,7 @@ def spawn_detached(
             stderr=subprocess.STDOUT,
             env=dict(env) if env is not None else None,
             start_new_session=True,
+            cwd="/",  # a daemon holds no project directory (nor imports from one)
         )
     if child.stdin is not None:
         with child.stdin:

@@ -165,3 +165,17 @@ print("spawn", subprocess.run(["true"]).returncode, os.waitstatus_to_exitcode(os
     assert found.get("spawn") == "0 7", r.stdout + r.stderr
     r = jailed("unshare -U -r true; echo $?", target)
     assert r.stdout.strip() != "0", r.stdout + r.stderr
+
+
+def test_own_modules_run_isolated_from_the_working_directory(tmp_path: Path) -> None:
+    """A package named like the module started, planted where the process starts (a project's `json/`), is not
+    what runs: `-I` keeps the working directory off the import path of every process vmsandbox starts of its own
+    (the egress daemon, teardown, the memory holder start as root: the audit of issue 48 found the cwd there)."""
+    planted = tmp_path / "marker"
+    (tmp_path / "json").mkdir()
+    (tmp_path / "json" / "__init__.py").write_text(f"open({str(planted)!r}, 'w').write('imported')\n")
+    (tmp_path / "json" / "tool.py").write_text("")
+    done = proc.run(proc.own_module("json.tool"), input='{"a": 1}', cwd=tmp_path)
+    assert '"a": 1' in done.stdout and not planted.exists()
+    bare = proc.run([proc.own_module("json")[0], "-m", "json.tool"], input="{}", cwd=tmp_path, check=False)
+    assert planted.exists(), bare  # (the same start without -I imports it: the test can fail)

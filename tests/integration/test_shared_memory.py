@@ -203,9 +203,11 @@ def test_the_balloon_cannot_punch_holes_in_the_template(pair: tuple[Record, Reco
 
 
 def test_a_fork_and_its_source_map_one_copy_of_the_memory_saved_at_the_fork(
-    module_vms: VmFactory, pair: tuple[Record, Record]
+    module_vms: VmFactory, pair: tuple[Record, Record], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The fork sees its source's state at the fork, not its later writes; both map the memory saved then."""
+    """With VMSANDBOX_SHARE_FORK_MEMORY=1, the fork sees its source's state at the fork, not its later writes;
+    both map the memory saved then."""
+    monkeypatch.setenv(sharing.FORK_SWITCH, "1")
     source = Record.load(pair[0].name)
     guest_sh(source, "echo before > /dev/shm/forkmark", root=True)
     new = unique_name()

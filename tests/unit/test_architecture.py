@@ -153,6 +153,19 @@ def test_one_module_each_for_libvirt_subprocess_and_paramiko() -> None:
     assert users == {"libvirt": {"vm/virt.py"}, "subprocess": {"proc.py"}, "paramiko": {"guest/channel.py"}}
 
 
+def test_python_is_started_only_isolated_and_only_by_proc() -> None:
+    """vmsandbox starts its own modules as programs (daemons, teardown, the holder of a memory file, jailed
+    readers) only through proc.own_module: `-I`, so a project's `ctypes.py` in the working directory is never
+    imported by a process that starts as root (issue 48's audit found the cwd on four such paths)."""
+    found = []
+    for path in PACKAGE.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            named = isinstance(node, ast.Attribute) and node.attr == "executable"
+            if named and isinstance(node.value, ast.Name) and node.value.id == "sys":  # type: ignore[attr-defined]
+                found.append(str(path.relative_to(PACKAGE)))
+    assert set(found) == {"proc.py"}, found
+
+
 def test_no_test_switch_in_the_product() -> None:
     offenders = [
         str(p.relative_to(PACKAGE))

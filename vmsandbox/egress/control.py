@@ -12,7 +12,6 @@ import enum
 import json
 import os
 import signal
-import sys
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -168,7 +167,7 @@ def spawn(spec: Spec, files: paths.SessionPaths) -> Spawned:
     stop(files)
     files.egress_state.unlink(missing_ok=True)
     spec.save(files)
-    argv = [sys.executable, "-m", "vmsandbox.egress.daemon", spec.session]
+    argv = proc.own_module("vmsandbox.egress.daemon", spec.session)
     pid = proc.spawn_detached(argv, log_file=files.egress_log, stdin=handover(files))
     # stop() finds a daemon by its state file: one is there from now on, even before the daemon writes its own
     # (it waits for the guest's sshd first), so a vmsandbox killed meanwhile leaves nothing gc cannot stop

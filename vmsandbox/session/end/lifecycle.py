@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 import shutil
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -111,7 +110,7 @@ def _teardown_in_background(record: Record) -> None:
     """Hand the session's ending to a process of its own (session.teardown; its output goes to the state dir's
     teardown.log)."""
     paths.state_dir().mkdir(parents=True, exist_ok=True)
-    argv = [sys.executable, "-m", "vmsandbox.session.end.teardown", record.name]
+    argv = proc.own_module("vmsandbox.session.end.teardown", record.name)
     proc.spawn_detached(argv, log_file=paths.state_dir() / TEARDOWN_LOG)
 
 

@@ -11,8 +11,9 @@ transfer may spend the least of:
 - what the host's file system has free, past a reserve of blocks and of inodes (checked before receiving).
 
 The ledger grows by what each transfer spent (a bound from above: rsync's replaced files free their old blocks);
-a full walk of the mirror sets it to what the mirror really holds, as does the next transfer when the ledger
-says the bound is reached. Past a bound: one line with the fix, and nothing applied.
+a full walk of the mirror sets it to what the mirror really holds, as does the next transfer whenever the
+ledger, rather than `sync_limit`, would bound it (a stopped transfer's partial files are gone from the disk).
+Past a bound: one line with the fix, and nothing applied.
 
 A transfer is stopped when the meter sees it pass its budget, not before: what the receiver makes faster than
 its lines come (empty directories: thousands in a fifth of a second) passes the budget by that much. No file

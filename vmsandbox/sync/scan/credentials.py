@@ -103,7 +103,7 @@ def _run_worker(scan: list[tuple[str, bytes]], pickles: list[tuple[str, bytes]],
     )  # fmt: skip
     who = confine.guest_data_account() if jailed else None
     result = proc.run(
-        [sys.executable, "-I", "-m", "vmsandbox.sync.scan.worker"],  # -I: nothing of the cwd or environment
+        proc.own_module("vmsandbox.sync.scan.worker"),  # -I: nothing of the cwd or environment
         input=data,
         jail=worker_jail() if jailed else None,
         as_user=who,

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import logging
-import sys
 from collections.abc import Sequence
 
 from vmsandbox import proc
@@ -42,7 +41,7 @@ def tokens(texts: Sequence[tuple[str, str]]) -> list[Tokens | None]:
         who = confine.guest_data_account()
         try:
             result = proc.run(
-                [sys.executable, "-I", "-m", "vmsandbox.sync.scan.highlightworker"],
+                proc.own_module("vmsandbox.sync.scan.highlightworker"),
                 input=json.dumps(wanted),
                 jail=worker_jail(),
                 as_user=who,

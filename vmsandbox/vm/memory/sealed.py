@@ -15,7 +15,7 @@ import contextlib
 import fcntl
 import os
 import select
-import sys
+import stat
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -42,7 +42,10 @@ def create(name: str, size: int) -> int:
 def fill(fd: int, source: Path) -> int:
     """Copy the file `source` into memfd `fd` (sized like it), its holes left holes; the bytes copied."""
     copied = 0
-    with source.open("rb") as f:
+    opened = os.open(source, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)  # a link there is refused, never followed
+    with os.fdopen(opened, "rb") as f:
+        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+            raise VmsandboxError(f"{source} is not a template's memory file", hint="run `vmsandbox rm --stale`")
         src, end, at = f.fileno(), os.fstat(f.fileno()).st_size, 0
         while at < end:
             try:
@@ -126,8 +129,8 @@ def hold(fd: int, owner: tuple[int, int], *, detached: bool) -> tuple[Held, proc
     os.set_inheritable(fd, True)
     try:
         until = "signal" if detached else "eof"
-        argv = [sys.executable, "-m", "vmsandbox.vm.memory.hold", str(owner[0]), str(owner[1]), str(fd), until]
-        child = proc.start(argv, stdin=proc.DEVNULL if detached else proc.PIPE, pass_fds=(fd,))
+        argv = proc.own_module("vmsandbox.vm.memory.hold", str(owner[0]), str(owner[1]), str(fd), until)
+        child = proc.start(argv, stdin=proc.DEVNULL if detached else proc.PIPE, pass_fds=(fd,), cwd=Path("/"))
     finally:
         os.set_inheritable(fd, False)
     line = _ready_line(child)

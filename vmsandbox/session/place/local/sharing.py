@@ -39,6 +39,10 @@ from vmsandbox.vm.memory import split as memsplit
 from vmsandbox.vm.virt import Hypervisor
 
 SWITCH = "VMSANDBOX_SHARE_MEMORY"  # "0" (or off, no, false): every session loads a copy of its memory, as before
+# A fork's memory is a session's own (what its agent read, its tokens), not a template's (public: the image's): a
+# sealed copy of it could be read by every QEMU of this host, of every account, since they all run as one account
+# and a holder's fd is theirs to open. So forks share it only when asked: "1" (or on, yes, true).
+FORK_SWITCH = "VMSANDBOX_SHARE_FORK_MEMORY"
 MIN_QEMU = (5, 0)  # -machine memory-backend= (the RAM backend chosen by id) came with QEMU 5.0
 STATE = "memory.state"  # beside a checkpoint's memory.save: its split for forks
 REFRESH_SLACK = 256 << 20  # a template's held copy grown past twice its memory and this: a fresh one (_grown)
@@ -184,6 +188,9 @@ def of_checkpoint(save: Path, what: str, hv: Hypervisor, accel: str) -> Iterator
     one sealed copy of its RAM (split_of finds it): the source resuming and its forks share the pages none of them
     writes. Yields what was done, in words; where it cannot be done, why (each restores a copy then)."""
     state = save.with_name(STATE)
+    if os.environ.get(FORK_SWITCH, "").strip().lower() not in ("1", "on", "yes", "true"):
+        yield f"each restores a copy (a session's own memory is shared only with {FORK_SWITCH}=1)"
+        return
     try:
         who = owner(hv, accel)
         state.unlink(missing_ok=True)

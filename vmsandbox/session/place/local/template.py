@@ -18,6 +18,7 @@ import json
 import os
 import secrets
 import shutil
+import stat
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -27,6 +28,7 @@ from typing import Any
 from vmsandbox import failpoint, paths, ui
 from vmsandbox.confine import access
 from vmsandbox.confine import accounts as confine
+from vmsandbox.errors import VmsandboxError
 from vmsandbox.image import layers, store
 from vmsandbox.image.store import Image
 from vmsandbox.session.place import templates as templatekey
@@ -247,13 +249,21 @@ def _split(where: Path) -> None:
     try:
         memsplit.split(where / MEMORY, fd, state)
         os.fsync(fd)
+        os.fchmod(fd, 0o444)  # never written again (like memory.save); QEMU maps a sealed copy, never these
+        made = os.open(state, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)  # (through the descriptor: a link put
+        try:  # there meanwhile by a member of the directory's group is refused, its target never chmodded)
+            if not stat.S_ISREG(os.fstat(made).st_mode):
+                raise VmsandboxError(f"{state} is not the file the split wrote", hint="run `vmsandbox rm --stale`")
+            os.fchmod(made, 0o444)
+        finally:
+            os.close(made)
     except BaseException:
         ram.unlink(missing_ok=True)
+        state.unlink(missing_ok=True)
         raise
     finally:
         os.close(fd)
     for f, final in ((ram, where / RAM), (state, where / STATE)):
-        f.chmod(0o444)  # never written again (like memory.save); QEMU maps a sealed copy (sealed.fill), never these
         f.rename(final)
 
 

@@ -105,7 +105,7 @@ def port_free(port: int) -> bool:
 def open_(root: Path, uri: str, local: int, remote: int) -> None:
     """Start the tunnel (closing one that ran) and wait until it listens on 127.0.0.1:local."""
     close(root)
-    argv = [sys.executable, "-m", "vmsandbox.session.place.remote.tunnel", uri, str(local), str(remote)]
+    argv = proc.own_module("vmsandbox.session.place.remote.tunnel", uri, str(local), str(remote))
     pid = proc.spawn_detached(argv, log_file=root / LOG_FILE)
     paths.write_atomically(root / PID_FILE, json.dumps({"pid": pid, "start": pids.process_start(pid)}))
     deadline = time.monotonic() + OPEN_TIMEOUT
