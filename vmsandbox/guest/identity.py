@@ -1,6 +1,6 @@
 """The identity a warm-started guest receives over its identity port (a virtio-serial channel whose host end
 is a unix socket in the session directory): the session's fw_cfg files, the host's clock and fresh random
-bytes, as one tar. The guest's side is images/base/rootfs/usr/local/lib/vmsandbox/warm.
+bytes, as one tar. The guest's side is `identity warm` (images/base/rootfs/usr/local/lib/vmsandbox/identity).
 
 On another host the port is reached through libvirt (`send_through`, given Hypervisor.exchange): its socket
 is that host's.

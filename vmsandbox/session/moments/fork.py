@@ -41,7 +41,7 @@ from vmsandbox.sync.inward import capture
 
 # Run as root in the restored guest, the fork's identity (identity.bundle's tar) on stdin: the clock and the
 # random generator first (the fork shares the source's memory), then the identity applied as a warm start
-# does (images/base/rootfs/usr/local/lib/vmsandbox/warm), then sshd reloaded with the new host key.
+# does (`identity warm`, images/base/rootfs/usr/local/lib/vmsandbox/identity), then sshd reloaded with the new host key.
 REIDENTIFY = r"""set -eu
 d=$(mktemp -d /run/vmsandbox-fork.XXXXXX)
 tar -x -m -C "$d" -f -

@@ -23,7 +23,7 @@ from vmsandbox.vm.virt import Hypervisor
 
 T = TypeVar("T")
 DOMAIN_PREFIX = "vmsandbox-template-"
-READY = "vmsandbox-boot: template ready"  # printed by images/base/rootfs/usr/local/lib/vmsandbox/warm
+READY = "vmsandbox-boot: template ready"  # printed by `identity warm` (images/base/rootfs/usr/local/lib/vmsandbox/)
 SETTLE = 0.5  # after the marker: the guest's script is blocked on its port by then
 
 

@@ -202,7 +202,7 @@ def _open_egress(record: Record, settings: Settings, spawned: control.Spawned | 
     if not record.wants_daemon:
         return
     label = settings.network.label(len(settings.allow)) if settings.network.has_door else "the guest's published ports"
-    with ui.step(f"Opening the guest's egress proxy ({label})"):
+    with ui.step(f"Opening the guest's egress proxy ({label})"), ssh.login_ahead(record.endpoint()):
         if spawned is None:
             open_egress(record)
         else:
