@@ -115,7 +115,7 @@ class BlueprintFile(File):
     """A blueprint: what a session of an agent (or your own kind) is made of."""
 
     extends: str = Field(None, description="The blueprint this one starts from.")  # type: ignore[assignment]
-    description: str = Field(None, description="One line for `vmsandbox blueprint ls`.")  # type: ignore[assignment]
+    description: str = Field(None, description="One line for `vmsandbox image ls --blueprints`.")  # type: ignore[assignment]
     apt: list[str] = Field(default_factory=list, description="Debian packages for the image layer.")
     npm: list[str] = Field(default_factory=list, description="Global npm packages for the image layer.")
     node: int = Field(  # type: ignore[assignment]

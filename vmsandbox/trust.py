@@ -3,8 +3,8 @@ they decide what a session may reach (network, secrets, host files copied in, pa
 A freshly cloned repository — or a guest whose changes were applied — must not get that power silently.
 
 So (as direnv and mise do) a project file that widens what a session may do is obeyed only after the user
-trusted its exact content with `vmsandbox trust`. The record — the file's absolute path and the SHA-256 of its
-bytes — lives in the user's config directory, outside every project, so nothing in a project (or a guest)
+trusted its exact content with `vmsandbox config trust`. The record — the file's absolute path and the SHA-256 of
+its bytes — lives in the user's config directory, outside every project, so nothing in a project (or a guest)
 can write it. A changed file is untrusted again. Keys that only size the VM need no trust.
 
 Files are read once, without following symlinks, and parsed from the very bytes whose hash was checked.
@@ -113,7 +113,8 @@ def records() -> dict[str, dict[str, Any]]:
         return {}
     except ValueError as exc:
         raise VmsandboxError(
-            f"{_store()} is damaged: {exc}", hint="remove it; then trust your projects again with `vmsandbox trust add`"
+            f"{_store()} is damaged: {exc}",
+            hint="remove it; then trust your projects again with `vmsandbox config trust add`",
         ) from exc
     return data if isinstance(data, dict) else {}
 
@@ -160,7 +161,7 @@ class UntrustedError(VmsandboxError):
         since = " (it changed since you trusted it)" if changed else ""
         super().__init__(
             f"{path} is not trusted{since}: it sets {what}, which widen what a session may do",
-            hint=f"read it, then `vmsandbox trust add {project}` (it shows what the file changes)",
+            hint=f"read it, then `vmsandbox config trust add {project}` (it shows what the file changes)",
         )
         self.path = path
         self.keys = keys
@@ -177,7 +178,7 @@ def require(path: Path, data: bytes, keys: list[str], *, project: Path) -> None:
 
 @dataclass(frozen=True)
 class Candidate:
-    """A project file `vmsandbox trust` looks at."""
+    """A project file `vmsandbox config trust` looks at."""
 
     path: Path
     raw: bytes

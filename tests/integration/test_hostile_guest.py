@@ -640,17 +640,17 @@ def test_an_untrusted_project_config_is_refused_before_anything_is_made(cli: Cli
     r = cli.run("run", "--name", n, str(proj), "--", "true")
     err = r.stderr.decode()
     assert r.returncode == 125, err
-    assert "not trusted" in err and "`allow`, `network`" in err and "vmsandbox trust" in err
+    assert "not trusted" in err and "`allow`, `network`" in err and "vmsandbox config trust add" in err
     assert not paths.session_paths(n).root.exists()
-    shown = cli.run("trust", "add", str(proj))  # no terminal, no --yes: shown, not trusted
+    shown = cli.run("config", "trust", "add", str(proj))  # no terminal, no --yes: shown, not trusted
     assert shown.returncode == 1 and b"evil.example" in shown.stderr and b"--yes" in shown.stderr
-    assert cli.run("trust", "add", "--yes", str(proj)).returncode == 0
-    listed = cli.run("trust", "ls").stdout.decode()
+    assert cli.run("config", "trust", "add", "--yes", str(proj)).returncode == 0
+    listed = cli.run("config", "trust", "ls").stdout.decode()
     assert str(proj / ".vmsandbox.yaml") in listed and "trusted" in listed
     (proj / ".vmsandbox.yaml").write_text("memory: 1G\nnetwork: open\nallow: [evil.example, worse.example]\n")
     again = cli.run("run", "--name", n, str(proj), "--", "true")
     assert again.returncode == 125 and b"changed since you trusted it" in again.stderr
-    assert cli.run("trust", "rm", str(proj)).returncode == 0
+    assert cli.run("config", "trust", "rm", str(proj)).returncode == 0
 
 
 def test_a_project_blueprint_and_libvirt_uri_need_more_than_a_clone(cli: Cli, tmp_path: Path) -> None:
@@ -659,7 +659,7 @@ def test_a_project_blueprint_and_libvirt_uri_need_more_than_a_clone(cli: Cli, tm
     (proj / ".vmsandbox/blueprints/claude.yaml").write_text("extends: claude\ncopy: ['~/.ssh']\n")
     r = cli.run("claude", str(proj), "--", "--version")
     assert r.returncode == 125 and b"not trusted" in r.stderr and b"claude.yaml" in r.stderr
-    shown = cli.run("trust", "add", str(proj)).stderr.decode()
+    shown = cli.run("config", "trust", "add", str(proj)).stderr.decode()
     assert "replaces the shipped blueprint `claude`" in shown and "~/.ssh" in shown
     (proj / ".vmsandbox.yaml").write_text("libvirt_uri: 'qemu+ext:///system?command=/tmp/x'\n")
     r = cli.run("run", str(proj), "--", "true")
@@ -670,7 +670,7 @@ def test_a_trusted_project_config_is_obeyed(cli: Cli, owned_name: str, tmp_path:
     proj = tmp_path / "trusted"
     proj.mkdir()
     (proj / ".vmsandbox.yaml").write_text("network: none\n")
-    assert cli.run("trust", "add", "--yes", str(proj)).returncode == 0
+    assert cli.run("config", "trust", "add", "--yes", str(proj)).returncode == 0
     r = cli.run("run", "--keep", "--name", owned_name, str(proj), "--", "true")
     assert r.returncode == 0, r.stderr.decode()
     (row,) = [row for row in cli.ls() if row["name"] == owned_name]

@@ -67,7 +67,7 @@ def test_a_user_blueprint_may_extend_the_builtin_of_the_same_name(isolated_dirs:
 @pytest.mark.parametrize("linked", [".vmsandbox", ".vmsandbox/blueprints"])
 def test_a_project_cannot_borrow_trust_through_a_linked_directory(tmp_path: Path, linked: str) -> None:
     """A cloned repository whose `.vmsandbox` (or `.vmsandbox/blueprints`) links to a trusted project's gets
-    neither its blueprints nor a way to trust them: the link is refused, by `run` and by `vmsandbox trust`."""
+    neither its blueprints nor a way to trust them: the link is refused, by `run` and by `vmsandbox config trust`."""
     trusted = tmp_path / "trusted"
     mine = trusted / ".vmsandbox" / "blueprints" / "dev.yaml"
     write(mine, "extends: base\nallow: [internal.example]\n")

@@ -60,7 +60,7 @@ def test_command_after_double_dash_is_not_the_path(
     assert run_cli(["run", "--", "ls", "/"]) == base.EXIT_RUN_FAILED
     assert Invocation.command == ["ls", "/"]
     err = capsys.readouterr().err
-    assert ".vmsandbox.yaml is not trusted" in err and "`vmsandbox trust add .`" in err  # PATH was "."
+    assert ".vmsandbox.yaml is not trusted" in err and "`vmsandbox config trust add .`" in err  # PATH was "."
 
 
 def test_missing_secret_stops_run_before_anything_is_made(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
@@ -69,7 +69,7 @@ def test_missing_secret_stops_run_before_anything_is_made(capsys: pytest.Capture
     )
     assert run_cli(["run", str(tmp_path), "--", "true"]) == base.EXIT_RUN_FAILED
     assert "not trusted" in capsys.readouterr().err
-    assert run_cli(["trust", "--yes", str(tmp_path)]) == 0
+    assert run_cli(["config", "trust", "add", "--yes", str(tmp_path)]) == 0
     assert "your secret my-key goes to api.example.com" in capsys.readouterr().err
     assert run_cli(["run", str(tmp_path), "--", "true"]) == base.EXIT_RUN_FAILED
     err = capsys.readouterr().err
@@ -111,9 +111,7 @@ def test_bad_publish_specs_are_refused(capsys: pytest.CaptureFixture[str], tmp_p
 
 
 def test_agent_shorthands_exist_with_runs_options(capsys: pytest.CaptureFixture[str]) -> None:
-    from vmsandbox.cli.sessions.run import AGENTS
-
-    for agent in AGENTS:
+    for agent in base.AGENTS:
         assert run_cli([agent, "--help"]) == 0
         out = capsys.readouterr().out
         assert "--publish" in out and "--blueprint" not in out and agent in out
@@ -123,7 +121,7 @@ def test_trust_shows_and_refuses_without_a_terminal_or_yes(capsys: pytest.Captur
     from vmsandbox import trust
 
     (tmp_path / ".vmsandbox.yaml").write_text("network: open\nallow: [evil.example]\n")
-    assert run_cli(["trust", str(tmp_path)]) == base.EXIT_FAILED
+    assert run_cli(["config", "trust", "add", str(tmp_path)]) == base.EXIT_FAILED
     err = capsys.readouterr().err
     assert "network" in err and "--yes" in err
     assert not trust.records()
@@ -131,11 +129,11 @@ def test_trust_shows_and_refuses_without_a_terminal_or_yes(capsys: pytest.Captur
 
 def test_trust_shows_what_a_config_changes_escaped(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     (tmp_path / ".vmsandbox.yaml").write_text("cpus: 2\nnetwork: open\nallow: [evil.example]\n")
-    assert run_cli(["trust", "--yes", str(tmp_path)]) == 0
+    assert run_cli(["config", "trust", "add", "--yes", str(tmp_path)]) == 0
     err = capsys.readouterr().err
     assert 'network: "open"   (now: "allowlist")' in err
     assert "cpus: 2   (sizes the VM: needs no trust)" in err
-    assert run_cli(["trust", str(tmp_path)]) == 0  # trusted already: nothing to ask
+    assert run_cli(["config", "trust", "add", str(tmp_path)]) == 0  # trusted already: nothing to ask
     assert "trusted already" in capsys.readouterr().err
 
 
@@ -163,6 +161,11 @@ def test_dash_h_is_help_everywhere(capsys: pytest.CaptureFixture[str], args: lis
         (["allow", "-h"], ["policy", "allow", "-h"]),
         (["deny", "-h"], ["policy", "deny", "-h"]),
         (["fanout", "-h"], ["run", "-h"]),
+        (["trust", "-h"], ["config", "trust", "-h"]),
+        (["trust", "ls", "-h"], ["config", "trust", "ls", "-h"]),
+        (["blueprint", "-h"], ["image", "-h"]),
+        (["blueprint", "ls", "-h"], ["image", "ls", "--blueprints", "-h"]),
+        (["blueprint", "show", "-h"], ["image", "show", "-h"]),
     ],
 )
 def test_an_old_name_says_its_new_form_then_does_it(
@@ -192,9 +195,20 @@ def test_an_old_name_says_its_new_form_then_does_it(
         ("login claude", "login add claude"),
         ("login codex --from exp1", "login add codex --from exp1"),
         ("login gemini --forget", "login rm gemini"),
-        ("trust ~/src/app --yes", "trust add ~/src/app --yes"),
-        ("trust --list", "trust ls"),
-        ("trust --revoke ~/src/app", "trust rm ~/src/app"),
+        ("trust add ~/src/app --yes", "config trust add ~/src/app --yes"),
+        ("trust ls --json", "config trust ls --json"),
+        ("trust rm ~/src/app", "config trust rm ~/src/app"),
+        ("trust ~/src/app --yes", "config trust add ~/src/app --yes"),
+        ("trust --yes ~/src/app", "config trust add --yes ~/src/app"),
+        ("trust --list", "config trust ls"),
+        ("trust --revoke ~/src/app", "config trust rm ~/src/app"),
+        ("trust", "config trust"),
+        ("config trust add .", None),
+        ("blueprint ls", "image ls --blueprints"),
+        ("blueprint ls -q", "image ls --blueprints -q"),
+        ("blueprint show claude --json", "image show claude --json"),
+        ("blueprint", "image"),
+        ("image show claude", None),
         ("fork exp1 exp2", "create --from exp1 --name exp2"),
         ("fork exp1 exp2 --from before", "create --from exp1:before --name exp2"),
         ("fanout 3 . --check 'make test'", "run --fanout 3 . --check 'make test'"),
@@ -282,6 +296,8 @@ def test_a_secret_nothing_reads_gets_a_warning_naming_the_close_one(
         ("top", None),
         ("frobnicate", None),
         ("pushh", "push"),
+        ("trsut", "config trust"),
+        ("blueprnt", "image"),
     ],
 )
 def test_did_you_mean_only_for_a_near_typo(capsys: pytest.CaptureFixture[str], word: str, offered: str | None) -> None:
@@ -301,16 +317,25 @@ def test_blueprints_are_listed_and_shown_merged(
     mine.parent.mkdir(parents=True)
     mine.write_text("extends: claude\ndescription: mine\napt: [ripgrep]\n")
     monkeypatch.chdir(tmp_path)
-    assert run_cli(["blueprint", "ls", "-q"]) == 0
+    assert run_cli(["image", "ls", "--blueprints", "-q"]) == 0
     assert {"base", "claude", "codex", "gemini", "opencode", "mine"} <= set(capsys.readouterr().out.split())
-    assert run_cli(["blueprint", "ls"]) == 0
+    assert run_cli(["image", "ls", "--blueprints"]) == 0
     out = capsys.readouterr().out
-    assert "mine      yours     mine" in out.replace("  ", "  ") and "built in" in out
-    assert run_cli(["blueprint", "show", "mine"]) == 0
+    assert "mine      yours     mine" in out and "built in" in out
+    assert all(len(line) <= 80 for line in out.splitlines())
+    assert run_cli(["image", "ls", "--blueprints", "--format", "{{.Name}}:{{.From}}"]) == 0
+    assert "mine:yours" in capsys.readouterr().out.splitlines()
+    assert run_cli(["image", "ls", "--blueprints", "--format", "{{.Kernel}}"]) == base.EXIT_USAGE  # an image's
+    assert ".Name, .From, .File, .Description" in capsys.readouterr().err
+    assert run_cli(["image", "show", "mine"]) == 0
     shown = capsys.readouterr().out
     assert "- ripgrep" in shown and "- claude" in shown and "anthropic-api-key" in shown and str(mine) in shown
-    assert run_cli(["blueprint", "show", "nope"]) == base.EXIT_USAGE  # a name on the command line that is none
+    assert run_cli(["image", "show", "nope"]) == base.EXIT_USAGE  # a name on the command line that is none
     assert "known blueprints" in capsys.readouterr().err
+    assert run_cli(["blueprint", "show", "mine"]) == 0  # the old form: the same, its new form said
+    captured = capsys.readouterr()
+    assert captured.out == shown
+    assert captured.err == "note: `vmsandbox blueprint show mine` is now `vmsandbox image show mine`\n"
 
 
 def test_config_show_names_where_each_setting_comes_from(

@@ -209,7 +209,7 @@ def test_config_show_marks_an_untrusted_project_files_values(
     assert run_cli(["config", "show", str(tmp_path), "--json"]) == 0
     captured = capsys.readouterr()
     rows = json.loads(captured.out)
-    assert "is not trusted" in captured.err and "vmsandbox trust" in captured.err
+    assert "is not trusted" in captured.err and "vmsandbox config trust add" in captured.err
     untrusted = {r["key"]: r["value"] for r in rows if "untrusted" in r["from"]}
     assert untrusted == {"memory": '"1G"', "network": '"open"', "allow": '["evil.example"]'}
     used = {r["key"]: r for r in rows if "untrusted" not in r["from"]}

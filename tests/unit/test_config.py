@@ -149,7 +149,7 @@ def test_a_project_file_that_widens_needs_trust_and_sizing_does_not(tmp_path: Pa
     write(project / ".vmsandbox.yaml", "cpus: 4\nnetwork: open\nallow: [evil.example]\n")
     with pytest.raises(trust.UntrustedError) as exc:
         config.load(project)
-    assert "`allow`, `network`" in exc.value.message and "vmsandbox trust" in (exc.value.hint or "")
+    assert "`allow`, `network`" in exc.value.message and "vmsandbox config trust add" in (exc.value.hint or "")
     trust.trust(project / ".vmsandbox.yaml", (project / ".vmsandbox.yaml").read_bytes())
     assert config.load(project).network.value == "open"
     write(project / ".vmsandbox.yaml", "cpus: 4\nnetwork: open\nallow: [evil.example, worse.example]\n")
@@ -202,7 +202,7 @@ def test_libvirt_uri_follows_the_rules_of_hosts_uris(
 
 def test_a_project_file_sizing_past_the_host_needs_trust(tmp_path: Path) -> None:
     """Sizing needs no trust up to a ceiling: a cloned repository asking for more than half the host's memory
-    or a disk larger than the free space is untrusted until `vmsandbox trust`."""
+    or a disk larger than the free space is untrusted until `vmsandbox config trust`."""
     project = tmp_path / "proj"
     write(project / ".vmsandbox.yaml", "memory: 16G\ndisk: 400G\n")
     assert (config.load(project).memory_mib, config.load(project).disk_mib) == (16 * 1024, 400 * 1024)

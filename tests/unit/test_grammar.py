@@ -27,12 +27,11 @@ NOUNS = {
     "port": {"ls", "publish", "rm"},
     "policy": {"allow", "deny", "ls", "log"},
     "host": {"ls", "add", "rm", "setup", "prepare"},
-    "image": {"build", "ls", "rm"},
-    "blueprint": {"ls", "show"},
+    "image": {"build", "ls", "show", "rm"},
     "secret": {"set", "ls", "rm", "wipe"},
     "login": {"add", "ls", "rm"},
-    "config": {"show", "validate", "schema"},
-    "trust": {"add", "ls", "rm"},
+    "config": {"show", "validate", "schema", "trust"},
+    "config trust": {"add", "ls", "rm"},
 }
 
 
@@ -47,23 +46,63 @@ def all_commands() -> list[tuple[str, Any]]:
     return list(walk(typer.main.get_command(base.app), ""))
 
 
+def top_rows(out: str) -> list[list[str]]:
+    """The rows of `vmsandbox -h`'s command panels, each the names it shows (`claude,` over `codex,`: one row)."""
+    rows: list[list[str]] = []
+    joined = False
+    for found in re.finditer(r"^│ (\S*)", out[out.index("╭─ Start") :], re.MULTILINE):
+        name = found.group(1)
+        if not name:
+            continue  # a summary's second line
+        if joined:
+            rows[-1].append(name.rstrip(","))
+        else:
+            rows.append([name.rstrip(",")])
+        joined = name.endswith(",")
+    return rows
+
+
 def test_the_top_lists_about_25_names_each_in_one_panel_and_every_noun_its_verbs(
-    capsys: pytest.CaptureFixture[str],
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setenv("COLUMNS", "80")  # as piped
     top = typer.main.get_command(base.app)
     paneled = [n for names in base.PANELS.values() for n in names]
-    assert sorted(paneled) == sorted(top.commands)  # type: ignore[attr-defined]  # every command in one panel
-    assert len(paneled) == len(set(paneled)) <= 35
+    shown = [n for n, c in top.commands.items() if not c.hidden]  # type: ignore[attr-defined]
+    assert sorted(paneled) == sorted(shown)  # every command not hidden in one panel
+    assert len(paneled) == len(set(paneled)) <= 30
+    hidden = {n for n, c in top.commands.items() if c.hidden}  # type: ignore[attr-defined]
+    assert hidden == {"help", "version"}  # (-h and --version are in the Options panel)
     for noun, verbs in NOUNS.items():
-        assert set(top.commands[noun].commands) == verbs, noun  # type: ignore[attr-defined]
-        assert all(v in top.commands[noun].help.split("\n\n")[0] for v in verbs), noun  # type: ignore[attr-defined]
+        group: Any = top
+        for word in noun.split(" "):
+            group = group.commands[word]
+        assert set(group.commands) == verbs, noun
+        assert all(v in group.help.split("\n\n")[0] for v in verbs), noun
     assert run_cli(["--help"]) == 0
     out = capsys.readouterr().out
-    commands = out[out.index("╭─ Start") :]
-    listed = [m.group(1) for m in re.finditer(r"^│ ([a-z][a-z-]*)  ", commands, re.MULTILINE)]
-    assert listed == paneled  # in the panels' order, nothing else (no alias)
+    rows = top_rows(out)
+    assert len(rows) <= 27
+    assert [n for row in rows for n in row] == paneled  # in the panels' order, nothing else (no alias, no hidden)
+    assert ["claude", "codex", "gemini", "opencode"] in rows  # one row, its summary the agents'
+    assert "│ opencode " in out and "Run that agent in a disposable VM" in out
+    assert all(len(line) <= 80 for line in out.splitlines())
     for old in ("destroy", "rollback", "checkpoints", "fork", "fanout", "compare", "recover", "gc", "hosts"):
-        assert old not in listed
+        assert old not in paneled
+    assert "`vmsandbox help COMMAND`" in out.split("╰")[-1]  # the last line names `help`
+
+
+def test_the_top_help_honours_no_color(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Its rows too are printed by typer's console: styled on a terminal, not at all under NO_COLOR."""
+    from typer import rich_utils
+
+    monkeypatch.setattr(rich_utils, "FORCE_TERMINAL", True)  # as a terminal shows it
+    for colours, styled in (("standard", True), (None, False)):
+        monkeypatch.setattr(rich_utils, "COLOR_SYSTEM", colours)
+        assert run_cli(["-h"]) == 0
+        out = capsys.readouterr().out
+        assert ("\x1b[" in out) is styled, colours
+        assert "opencode" in out and "completion" in out
 
 
 def test_help_a_person_reads(capsys: pytest.CaptureFixture[str]) -> None:
@@ -116,9 +155,17 @@ def test_help_and_version(capsys: pytest.CaptureFixture[str]) -> None:
     assert run_cli(["help", "rollback"]) == 0  # an old name: its new form's help
     captured = capsys.readouterr()
     assert captured.out == shown and "is now `vmsandbox checkpoint restore`" in captured.err
+    for old, new in ((["blueprint", "ls"], ["image", "ls"]), (["trust", "add"], ["config", "trust", "add"]),
+                     (["gc"], ["rm"])):  # fmt: skip
+        assert run_cli(["help", *old]) == 0  # the command of its new form (`image ls --blueprints`: image ls)
+        captured = capsys.readouterr()
+        assert run_cli([*new, "-h"]) == 0
+        assert captured.out == capsys.readouterr().out and "is now" in captured.err, old
     assert run_cli(["help", "checkpoint", "nope"]) == base.EXIT_USAGE
-    assert run_cli(["version"]) == 0
+    assert run_cli(["version"]) == 0  # hidden from -h, working
     assert re.fullmatch(r"vmsandbox \d+\.\d+\.\d+\n", capsys.readouterr().out)
+    assert run_cli(["help", "version"]) == 0
+    assert "Usage: vmsandbox version" in capsys.readouterr().out
     assert run_cli([]) == 0  # bare: the help, exit 0
     assert "Usage: vmsandbox" in capsys.readouterr().out
     assert run_cli(["policy"]) == 0
@@ -151,7 +198,7 @@ def test_empty_listings_say_what_to_do_next(
         (["ls"], "vmsandbox run ."),
         (["ls", "--filter", "state=running"], "`vmsandbox ls` lists them all"),
         (["secret", "ls"], "vmsandbox secret set NAME"),
-        (["trust", "ls"], "vmsandbox trust add PATH"),
+        (["config", "trust", "ls"], "vmsandbox config trust add PATH"),
         (["login", "ls"], "vmsandbox login add AGENT"),
         (["image", "ls"], "vmsandbox image build"),
     ):
@@ -319,8 +366,9 @@ def complete(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 
 @pytest.mark.usefixtures("isolated_dirs")
 def test_completion_offers_every_finite_value(
-    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], isolated_dirs: Path
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], isolated_dirs: Path, tmp_path: Path
 ) -> None:
+    from vmsandbox import trust
     from vmsandbox.core import listing
     from vmsandbox.egress import secrets
     from vmsandbox.egress.ports import Publish
@@ -334,6 +382,8 @@ def test_completion_offers_every_finite_value(
         (cps / label / "checkpoint.json").write_text(json.dumps({"label": label, "created": time.time(), "chain": []}))
     secrets.put("my-key", "v")
     (isolated_dirs / "config" / "config.yaml").write_text("hosts:\n  - {name: big, uri: 'qemu+ssh://me@big/system'}\n")
+    (tmp_path / ".vmsandbox.yaml").write_text("network: open\n")
+    assert run_cli(["config", "trust", "add", "--yes", str(tmp_path)]) == 0
     offered = {
         "vmsandbox rm e": ["exp1", "exp2"],
         "vmsandbox shell ": ["exp1", "exp2", "other"],
@@ -349,6 +399,7 @@ def test_completion_offers_every_finite_value(
         "vmsandbox run --review ": ["terminal", "web"],
         "vmsandbox run --blueprint cl": ["claude"],
         "vmsandbox image build --blueprint co": ["codex"],
+        "vmsandbox image show cl": ["claude"],
         "vmsandbox run --host ": ["big", "local"],
         "vmsandbox host rm ": ["big"],
         "vmsandbox login add ": ["claude", "codex", "gemini", "opencode"],  # only agents with a login
@@ -362,6 +413,11 @@ def test_completion_offers_every_finite_value(
         "vmsandbox ls --filter=network=n": ["--filter=network=none"],
         "vmsandbox help check": ["checkpoint"],
         "vmsandbox help checkpoint r": ["restore", "rm"],
+        "vmsandbox help config t": ["trust"],
+        "vmsandbox config trust ": ["add", "ls", "rm"],
+        "vmsandbox config trust rm ": [trust.key(tmp_path / ".vmsandbox.yaml")],
+        "vmsandbox im": ["image"],  # not `blueprint`, an old name
+        "vmsandbox tru": [],
         "vmsandbox completion ": ["bash", "fish", "zsh"],
     }
     for line, expected in offered.items():

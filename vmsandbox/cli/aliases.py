@@ -19,7 +19,9 @@ restore`'s help.
     port NAME [publish|unpublish P]  port ls NAME / port publish NAME P / port rm NAME P
     hosts                            host ls
     login AGENT [--forget]           login add AGENT / login rm AGENT
-    trust PATH / --list / --revoke   trust add PATH / trust ls / trust rm PATH
+    trust add|ls|rm …                config trust add|ls|rm …
+    trust PATH / --list / --revoke   config trust add PATH / config trust ls / config trust rm PATH
+    blueprint ls / show NAME         image ls --blueprints / image show NAME
 """
 
 from __future__ import annotations
@@ -148,14 +150,21 @@ def _login(rest: list[str]) -> list[str] | None:
     return ["login", "add", *rest]
 
 
-def _trust(rest: list[str]) -> list[str] | None:
+def _trust(rest: list[str]) -> list[str]:
     if not rest or rest[0] in ("add", "ls", "rm", *HELP):
-        return None
+        return ["config", "trust", *rest]
     if "--list" in rest:
-        return ["trust", "ls", *(w for w in rest if w != "--list")]
+        return ["config", "trust", "ls", *(w for w in rest if w != "--list")]
     if "--revoke" in rest:
-        return ["trust", "rm", *(w for w in rest if w != "--revoke")]
-    return ["trust", "add", *rest]
+        return ["config", "trust", "rm", *(w for w in rest if w != "--revoke")]
+    return ["config", "trust", "add", *rest]
+
+
+def _blueprint(rest: list[str]) -> list[str]:
+    verb = next(iter(_split(rest, set())[0]), None)
+    if verb is not None and rest[verb] == "ls":
+        return ["image", *rest[: verb + 1], "--blueprints", *rest[verb + 1 :]]
+    return ["image", *rest]  # `show NAME` as it was; the noun alone: image's help
 
 
 # An old name that is also a new one, in an old shape (None: the words are the new shape already).
@@ -164,9 +173,16 @@ SHAPES: dict[str, Callable[[list[str]], list[str] | None]] = {
     "port": _port,
     "logs": _logs,
     "login": _login,
-    "trust": _trust,
 }
-MOVED: dict[str, Rewrite] = {"fork": _fork, "fanout": _fanout, "compare": _compare}
+MOVED: dict[str, Rewrite] = {
+    "fork": _fork,
+    "fanout": _fanout,
+    "compare": _compare,
+    "trust": _trust,
+    "blueprint": _blueprint,
+}
+# A noun now under another (MOVED rewrites its shapes): where it went, for "did you mean" (as TOP's names).
+FOLDED: dict[str, tuple[str, ...]] = {"trust": ("config", "trust"), "blueprint": ("image",)}
 
 
 def modern(args: list[str], at: int, root: Callable[[], Any]) -> list[str]:

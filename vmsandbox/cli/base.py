@@ -3,6 +3,7 @@ help's panels, shared parameters, the command after `--`, several names or --all
 
 from __future__ import annotations
 
+import copy
 import difflib
 import inspect
 import re
@@ -10,7 +11,9 @@ from collections.abc import Callable
 from typing import Annotated, Any
 
 import typer
-import typer.rich_utils
+from rich.padding import Padding
+from rich.text import Text
+from typer import rich_utils
 from typer.core import TyperArgument, TyperCommand, TyperGroup, TyperOption
 
 from vmsandbox import ui
@@ -27,18 +30,24 @@ HELP = {"help_option_names": ["-h", "--help"]}  # inherited by every command and
 TYPO = 0.8  # how alike an unknown word must be to a command to be offered as "did you mean"
 TYPO_LENGTH = 4  # and how long: shorter words are other words more often than typos
 if ui.plain():
-    typer.rich_utils.COLOR_SYSTEM = None  # NO_COLOR: the help too
+    rich_utils.COLOR_SYSTEM = None  # NO_COLOR: the help too
 
 # The help's panels, in order, and their commands in the order a person meets them: the everyday verbs, then the
 # nouns (each with its verbs: `vmsandbox checkpoint create|ls|rm|restore`). One table decides the order of
-# `vmsandbox -h` (a test holds every command in it). The names earlier versions took are in aliases.py.
+# `vmsandbox -h` (a test holds every command not hidden in it; `help` and `version` are hidden, their Options
+# -h and --version shown instead). The names earlier versions took are in aliases.py.
+AGENTS = ("claude", "codex", "gemini", "opencode")  # `vmsandbox AGENT PATH` (sessions/run.py)
 PANELS: dict[str, tuple[str, ...]] = {
-    "Start": ("run", "create", "claude", "codex", "gemini", "opencode"),
+    "Start": ("run", "create", *AGENTS),
     "Sessions": ("ls", "inspect", "start", "stop", "shell", "exec", "cp", "logs", "rm"),
     "Review": ("diff", "pull", "push", "ui"),
     "Inside a session": ("checkpoint", "port", "policy"),
-    "This machine": ("image", "blueprint", "host", "secret", "login", "config", "trust", "doctor"),
-    "More": ("serve", "completion", "help", "version"),
+    "This machine": ("image", "host", "secret", "login", "config", "doctor"),
+    "More": ("serve", "completion"),
+}
+# Commands alike but for a name, shown as one row of `vmsandbox -h` (each keeps its own -h): the row's summary.
+ROWS: dict[tuple[str, ...], str] = {
+    AGENTS: "Run that agent in a disposable VM on PATH, then review what it changed.",
 }
 RENAMED: dict[str, tuple[str, ...]] = {}  # the names earlier versions took and their new form (aliases.TOP)
 
@@ -87,6 +96,42 @@ class Commands(TyperGroup):
                 command.rich_help_panel = panel or command.rich_help_panel
         return command
 
+    def format_help(self, ctx: Any, formatter: Any) -> None:
+        """The top's help as typer prints it, but for its commands: the commands of one of ROWS in one row, their
+        names one under the other (so the names' column stays as narrow as the longest name), and the epilog
+        after them. A group's help is typer's."""
+        mode = self.rich_markup_mode
+        if ctx.parent is not None or mode is None:
+            super().format_help(ctx, formatter)
+            return
+        bare = copy.copy(self)  # the usage, the text and the options, as typer prints them
+        bare.commands, bare.epilog = {}, None
+        rich_utils.rich_format_help(obj=bare, ctx=ctx, markup_mode=mode)
+        panels = self.rows(ctx)
+        widest = max(len(line) for row in panels.values() for c in row for line in str(c.name).splitlines())
+        console = rich_utils._get_rich_console()  # NO_COLOR and the width as for the rest of the help
+        for panel, row in panels.items():
+            rich_utils._print_commands_panel(
+                name=panel, commands=row, markup_mode=mode, console=console, cmd_len=widest
+            )
+        if self.epilog:
+            console.print(Padding(Text(self.epilog), 1))
+
+    def rows(self, ctx: Any) -> dict[str, list[Any]]:
+        """The rows of the top's help, panel by panel: each command not hidden, the commands of one of ROWS as one
+        (its names `claude,\\ncodex,…`, its summary the row's)."""
+        panels: dict[str, list[Any]] = {}
+        for name in self.list_commands(ctx):
+            command = self.get_command(ctx, name)
+            together = next((names for names in ROWS if name in names), (name,))
+            if command is None or command.hidden or name != together[0]:
+                continue
+            panel = command.rich_help_panel or rich_utils.COMMANDS_PANEL_TITLE
+            if len(together) > 1:
+                command = TyperCommand(",\n".join(together), help=ROWS[together])
+            panels.setdefault(panel, []).append(command)
+        return panels
+
 
 def readable(text: str) -> str:
     """A docstring as help: each paragraph one line (the terminal wraps it; a docstring's own line breaks would
@@ -113,14 +158,15 @@ app = typer.Typer(
     help="Run AI coding agents in disposable VMs and review what they changed.\n\n"
     "Examples:\n\n`vmsandbox claude .`\n\n`vmsandbox run . -- make test`\n\n"
     "`vmsandbox create --name exp .` then `vmsandbox shell exp`, `vmsandbox pull exp`, `vmsandbox rm exp`",
+    epilog="`vmsandbox help COMMAND` (or `vmsandbox COMMAND -h`) shows a command's help.",
 )
 
 
-def noun(name: str, text: str) -> typer.Typer:
-    """A noun under `vmsandbox NAME` whose verbs act on one kind of thing, with the settings every group shares
-    (its help when given nothing, typos)."""
+def noun(name: str, text: str, *, under: typer.Typer = app) -> typer.Typer:
+    """A noun under `vmsandbox NAME` (or under another noun: `vmsandbox config trust`) whose verbs act on one kind
+    of thing, with the settings every group shares (its help when given nothing, typos)."""
     group = typer.Typer(cls=Commands, suggest_commands=False, no_args_is_help=True, context_settings=HELP, help=text)
-    app.add_typer(group, name=name)
+    under.add_typer(group, name=name)
     return group
 
 
@@ -195,7 +241,7 @@ Env = Annotated[
 # The commands that run a command in the guest: everything after their first `--` is that command, split off
 # before typer parses the rest (so `vmsandbox run -- ls /` never takes `ls` as PATH). Any other command gets
 # `--` as the parser's end of options, and words it does not take are a usage error.
-TAKE_A_COMMAND = frozenset({"run", "exec", "claude", "codex", "gemini", "opencode"})
+TAKE_A_COMMAND = frozenset({"run", "exec", *AGENTS})
 # The commands that exit with the guest command's code: their own failures exit EXIT_RUN_FAILED.
 PASS_THE_CODE = TAKE_A_COMMAND | {"shell"}
 GLOBAL_FLAGS = ("-v", "--verbose")  # taken anywhere on the line (before `--`, and before `shell NAME`'s command)

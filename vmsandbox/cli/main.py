@@ -32,7 +32,6 @@ from vmsandbox.cli.base import (
     said,
 )
 from vmsandbox.cli.nouns import (  # noqa: F401
-    blueprint,
     checkpoint,
     config,
     host,
@@ -47,7 +46,7 @@ from vmsandbox.cli.review import review, webui  # noqa: F401
 from vmsandbox.cli.sessions import attach, lifecycle, listing, logs, run  # noqa: F401
 from vmsandbox.errors import UsageError, VmsandboxError
 
-RENAMED.update(aliases.TOP)  # "did you mean" offers an old name's new form
+RENAMED.update(aliases.TOP | aliases.FOLDED)  # "did you mean" offers an old name's new form
 
 
 @app.callback(invoke_without_command=True)

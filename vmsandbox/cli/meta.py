@@ -1,5 +1,6 @@
 """`vmsandbox help`, `version` and `doctor`: the help of any command, what is installed, and every check a
-session needs with the fix for each failure."""
+session needs with the fix for each failure. `help` and `version` are not listed by `vmsandbox -h` (its options
+-h and --version are, and its last line names `help`)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from vmsandbox.cli.base import EXIT_FAILED, app
 from vmsandbox.errors import UsageError
 
 
-@app.command("help")
+@app.command("help", hidden=True)  # not listed by -h, whose last line says it
 def help_(
     ctx: typer.Context,
     words: Annotated[
@@ -30,12 +31,13 @@ def help_(
     from vmsandbox.cli import aliases
 
     words = list(words or [])
-    if words:
+    if words:  # an old name: its new form's command (`gc`: `rm`, whose --stale it was)
         words = aliases.modern(words, 0, lambda: ctx.find_root().command)
+        words = words[: next((i for i, w in enumerate(words) if w.startswith("-")), len(words))]
     command, at = ctx.find_root().command, ctx.find_root()
     for word in words:
         found = command.get_command(at, word) if hasattr(command, "get_command") else None
-        if found is None or found.hidden:
+        if found is None:
             hint = command.near(at, word) if hasattr(command, "near") else "`vmsandbox -h` lists the commands."
             raise UsageError(f"no command {' '.join(words)!r}", hint=hint)
         at = typer.Context(found, info_name=word, parent=at)
@@ -43,7 +45,7 @@ def help_(
     typer.echo(at.get_help(), color=at.color)
 
 
-@app.command()
+@app.command(hidden=True)  # not listed by -h (--version is)
 def version(as_json: output.AsJson = False) -> None:
     """Print vmsandbox's version.
 

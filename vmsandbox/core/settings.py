@@ -137,7 +137,7 @@ def json_schema(*, of_blueprint: bool = False) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class Trusted:
-    """A project config file as `trust` shows it: its path, whether it is trusted (or changed since), a short
+    """A project config file as `config trust` shows it: its path, whether it is trusted (or changed since), a short
     hash of its content, and what it changes, line by line."""
 
     path: Path

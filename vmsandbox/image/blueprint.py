@@ -155,7 +155,7 @@ def is_project_file(path: Path, project: Path | None) -> bool:
 def _read(path: Path, project: Path | None) -> dict[str, Any]:
     """A blueprint file's checked content. A project's blueprint is code from the project (apt and npm
     packages installed as root, hosts allowed, host files copied in, secrets mapped): it is used only after
-    the user trusted its exact content (`vmsandbox trust`)."""
+    the user trusted its exact content (`vmsandbox config trust`)."""
     if project is None or not is_project_file(path, project):
         return _checked(path, document.read_bytes(path), project)
     raw = trust.read_project_file(path, project)
@@ -236,7 +236,7 @@ def shipped_credentials() -> tuple[str, ...]:
 
 
 def describe_project_blueprints(project: Path) -> list[trust.Candidate]:
-    """The project's blueprint files as `vmsandbox trust` shows them: every key (they all reach beyond the
+    """The project's blueprint files as `vmsandbox config trust` shows them: every key (they all reach beyond the
     VM's size: packages installed as root, hosts, secrets, host files copied in, the agent's command)."""
     found: list[trust.Candidate] = []
     directory = project / PROJECT_DIR

@@ -35,7 +35,7 @@ FIELDS = keys(ConfigFile)  # the keys a config file takes (filemodels.ConfigFile
 # fit (disk), or nothing useful syncs; boot_timeout in seconds.
 # The size keys, and the least each takes (MiB).
 LEAST_MIB = {"memory": MIN_MEMORY_MIB, "disk": MIN_DISK_MIB, "sync_limit": MIN_SYNC_LIMIT_MIB, "mass_change_size": 1}
-# Keys that only size the VM: a project file may set them without being trusted (`vmsandbox trust`).
+# Keys that only size the VM: a project file may set them without being trusted (`vmsandbox config trust`).
 SIZING_KEYS = frozenset({"cpus", "memory", "disk", "boot_timeout", "accel"})
 LIST_KEYS = frozenset({"allow", "allow_networks", "secrets", "hosts"})  # each entry checked on its own
 
@@ -203,7 +203,7 @@ def load(project: Path | None = None, *, blueprint: Blueprint | None = None) -> 
     """The settings for a project; a blueprint's allowlist and secret mappings come first, then the files.
 
     A project's `.vmsandbox.yaml` is obeyed only as far as it is trusted (trust.py): keys that size the VM
-    always, the rest only after `vmsandbox trust`. `libvirt_uri` never comes from a project."""
+    always, the rest only after `vmsandbox config trust`. `libvirt_uri` never comes from a project."""
     return layers(project, blueprint=blueprint)[-1].settings
 
 

@@ -1,6 +1,7 @@
-"""`vmsandbox config show|validate|schema`: each effective setting with the source it came from (what is broken
-said, not stopping it), a check of config and blueprint files (every problem of every file, each at its line
-with its hint), and the JSON Schema editors use for them."""
+"""`vmsandbox config show|validate|schema|trust`: each effective setting with the source it came from (what is
+broken said, not stopping it), a check of config and blueprint files (every problem of every file, each at its line
+with its hint), and the JSON Schema editors use for them. `config trust add|ls|rm` (the project configs you trust)
+is a noun of its own: trust.py."""
 
 from __future__ import annotations
 
@@ -18,9 +19,10 @@ from vmsandbox.errors import VmsandboxError
 
 config = noun(
     "config",
-    "Settings and where each comes from: show, validate, schema.\n\n"
-    "Your ~/.config/vmsandbox/config.yaml and a project's .vmsandbox.yaml, their blueprints, their JSON Schema.\n\n"
-    "Example: `vmsandbox config show ~/src/app`",
+    "Settings and their sources: show, validate, schema, trust.\n\n"
+    "Your ~/.config/vmsandbox/config.yaml and a project's .vmsandbox.yaml, their blueprints, their JSON Schema, and "
+    "the project configs you trust (`config trust add|ls|rm`).\n\n"
+    "Examples: `vmsandbox config show ~/src/app` · `vmsandbox config trust add ~/src/app`",
 )
 ProjectArg = Annotated[
     Path, typer.Argument(help="The project directory (its .vmsandbox.yaml is read).", metavar="PROJECT")

@@ -1,5 +1,7 @@
-"""`vmsandbox image build|ls|rm`: the base image and blueprint layers, built locally, each with its warm-start
-template."""
+"""`vmsandbox image build|ls|show|rm`: the base image and blueprint layers, built locally, each with its warm-start
+template; and the blueprints they are built from — which there are (built in, yours, the project's: `image ls
+--blueprints`) and what one makes a session of, with everything it extends merged in (`image show`). Earlier
+versions had these as `vmsandbox blueprint ls|show` (aliases.py)."""
 
 from __future__ import annotations
 
@@ -14,12 +16,15 @@ from vmsandbox.cli.output import AsJson, Column, Format, Quiet
 
 image = noun(
     "image",
-    "Base images and blueprint layers: build, ls, rm.\n\n"
-    "The base is built here from Debian packages; a blueprint's layer on it holds what the blueprint installs. Each "
-    "has its warm-start template (sessions start from its saved memory in seconds).\n\n"
-    "Example: `sudo vmsandbox image build`, then `vmsandbox image ls`",
+    "Base images, blueprints and their layers: build, ls, show, rm.\n\n"
+    "A blueprint says what a session is made of: packages, the agent's command, allowed hosts, secrets and files "
+    "copied in. The base image is built here from Debian packages; a blueprint's layer on it holds what the "
+    "blueprint installs. Each has its warm-start template (sessions start from its saved memory in seconds).\n\n"
+    "Examples: `sudo vmsandbox image build`, then `vmsandbox image ls` · `vmsandbox image ls --blueprints` · "
+    "`vmsandbox image show claude`",
 )
 FIELDS = ("version", "path", "built_at", "build_seconds", "disk_bytes", "kernel", "recipe_hash", "kind", "base")
+BLUEPRINT_FIELDS = ("name", "from", "file", "description")
 
 
 @image.command("build")
@@ -65,15 +70,27 @@ def build(
 
 
 @image.command("ls")
-def ls(as_json: AsJson = False, quiet: Quiet = False, fmt: Format = None) -> None:
-    """List built base images and blueprint layers.
+def ls(
+    blueprints: Annotated[
+        bool, typer.Option("--blueprints", help="List the blueprints a session here can use instead, built or not.")
+    ] = False,
+    as_json: AsJson = False,
+    quiet: Quiet = False,
+    fmt: Format = None,
+) -> None:
+    """List built base images and blueprint layers (--blueprints: the blueprints).
 
-    `-q` gives their versions, as `image rm` takes them.
+    `-q` gives their versions, as `image rm` takes them. With --blueprints: the blueprints built in, yours
+    (~/.config/vmsandbox/blueprints/) and this project's (.vmsandbox/blueprints/, used only once trusted: `vmsandbox
+    config trust add`); `-q` gives their names, as `image show` and `image build -b` take them.
 
-    Example: `vmsandbox image ls -q`"""
+    Examples: `vmsandbox image ls -q` · `vmsandbox image ls --blueprints`"""
     from vmsandbox.core import images
 
     output.formats(fmt)
+    if blueprints:
+        _blueprints(as_json=as_json, quiet=quiet, fmt=fmt)
+        return
     output.template(fmt, FIELDS)
     table = (
         Column("VERSION", lambda r: r["version"]),
@@ -84,6 +101,50 @@ def ls(as_json: AsJson = False, quiet: Quiet = False, fmt: Format = None) -> Non
     )
     output.listing(images.listed(), table, as_json=as_json, quiet=quiet, fmt=fmt, key="version",
                    empty="No images. Build the base with `sudo vmsandbox image build`.", fields=FIELDS)  # fmt: skip
+
+
+def _blueprints(*, as_json: bool, quiet: bool, fmt: str | None) -> None:
+    """`image ls --blueprints`: each blueprint, where it comes from (built in, yours, the project's) and what it is
+    for (or why it cannot be used)."""
+    from vmsandbox.core import images
+
+    output.template(fmt, BLUEPRINT_FIELDS)
+    table = (
+        Column("NAME", lambda r: r["name"]),
+        Column("FROM", lambda r: r["from"]),
+        Column("DESCRIPTION", lambda r: r["description"]),
+    )
+    output.listing(images.blueprints(), table, as_json=as_json, quiet=quiet, fmt=fmt, empty="",
+                   fields=BLUEPRINT_FIELDS)  # fmt: skip
+
+
+@image.command("show")
+def show(
+    name: Annotated[
+        str,
+        typer.Argument(
+            help="A blueprint (`vmsandbox image ls --blueprints`).",
+            metavar="BLUEPRINT",
+            autocompletion=complete.blueprints,
+        ),
+    ],
+    as_json: AsJson = False,
+) -> None:
+    """Show what a blueprint makes a session (and its image layer) of.
+
+    Its packages, agent command, allowed hosts, secret mappings and files copied in, with what it extends merged.
+
+    Example: `vmsandbox image show claude`"""
+    import yaml
+
+    from vmsandbox.core import images
+
+    data = images.blueprint_shown(name)
+    if as_json:
+        output.print_json(data)
+        return
+    shown = {k: v for k, v in data.items() if v not in (None, [], {}, "")}
+    print(ui.printable(yaml.safe_dump(shown, sort_keys=False, allow_unicode=True), markup=False), end="")
 
 
 @image.command("rm")

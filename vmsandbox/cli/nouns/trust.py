@@ -1,5 +1,6 @@
-"""`vmsandbox trust add|ls|rm`: the project configs you trust — a project's .vmsandbox.yaml and blueprints that
-widen what a session may do are used only once their exact content is trusted (direnv's model)."""
+"""`vmsandbox config trust add|ls|rm`: the project configs you trust — a project's .vmsandbox.yaml and blueprints
+that widen what a session may do are used only once their exact content is trusted (direnv's model). A noun under
+`config` (earlier versions: `vmsandbox config trust`, aliases.py)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import typer
 from vmsandbox import ui
 from vmsandbox.cli import complete, output
 from vmsandbox.cli.base import noun
+from vmsandbox.cli.nouns.config import config
 from vmsandbox.cli.output import AsJson, Column, Format, Quiet
 from vmsandbox.errors import VmsandboxError
 
@@ -19,7 +21,8 @@ trust = noun(
     "Project configs you trust, by their exact content: add, ls, rm.\n\n"
     "A project's .vmsandbox.yaml and .vmsandbox/blueprints/*.yaml that widen what a session may do (network, "
     "allowlist, secrets, blueprints) are used only once you trusted their exact content; a changed file must be "
-    "trusted again.\n\nExample: `vmsandbox trust add ~/src/app`",
+    "trusted again.\n\nExample: `vmsandbox config trust add ~/src/app`",
+    under=config,
 )
 PathArg = Annotated[
     Path,
@@ -37,7 +40,7 @@ def add(
     Each file is shown with what it sets against what a session gets without it; trust is kept outside every
     project, in your config directory.
 
-    Example: `vmsandbox trust add ~/src/app`"""
+    Example: `vmsandbox config trust add ~/src/app`"""
     from vmsandbox.core import settings
 
     found = settings.candidates(path)
@@ -66,14 +69,14 @@ def add(
 def ls(as_json: AsJson = False, quiet: Quiet = False, fmt: Format = None) -> None:
     """List every file you trusted and whether it changed since.
 
-    Example: `vmsandbox trust ls`"""
+    Example: `vmsandbox config trust ls`"""
     from vmsandbox.core import settings
 
     output.formats(fmt)
     rows = [{"path": path, "state": state, "trusted_at": when} for state, when, path in settings.trusted()]
     table = (Column("PATH", lambda r: r["path"]), Column("STATE", lambda r: r["state"]),
              Column("TRUSTED", lambda r: r["trusted_at"]))  # fmt: skip
-    empty = "You trust no project config yet: `vmsandbox trust add PATH` shows one, then trusts it."
+    empty = "You trust no project config yet: `vmsandbox config trust add PATH` shows one, then trusts it."
     output.listing(rows, table, as_json=as_json, quiet=quiet, fmt=fmt, key="path", empty=empty,
                    fields=("path", "state", "trusted_at"))  # fmt: skip
 
@@ -89,7 +92,7 @@ def rm(
 
     Its files are used again only once trusted anew.
 
-    Example: `vmsandbox trust rm ~/src/app`"""
+    Example: `vmsandbox config trust rm ~/src/app`"""
     from vmsandbox.core import settings
 
     gone = settings.revoke(path)

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 import typer
 
 from vmsandbox import ui
-from vmsandbox.cli.base import Invocation, TakesCommand, app, tail
+from vmsandbox.cli.base import AGENTS, Invocation, TakesCommand, app, tail
 from vmsandbox.cli.review import prompts
 from vmsandbox.cli.sessions.runoptions import (
     AccelOpt,
@@ -49,8 +49,6 @@ from vmsandbox.errors import UsageError
 if TYPE_CHECKING:
     from vmsandbox.core.person import Person
     from vmsandbox.core.sessions import RunFlags
-
-AGENTS = ("claude", "codex", "gemini", "opencode")
 
 
 @app.command(cls=TakesCommand)

@@ -57,7 +57,7 @@ BlueprintOpt = Annotated[
         "--blueprint",
         "-b",
         metavar="NAME",
-        help="base, claude, codex, gemini, opencode, or your own (`vmsandbox blueprint ls`).",
+        help="base, claude, codex, gemini, opencode, or your own (`vmsandbox image ls --blueprints`).",
         autocompletion=complete.blueprints,
         rich_help_panel=VM,
     ),

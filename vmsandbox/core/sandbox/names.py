@@ -71,7 +71,8 @@ class BlueprintName:
         if not BLUEPRINT_RE.match(self.value):
             raise InvalidError(
                 f"not a blueprint name: {self.value[:80]!r}",
-                hint="name a blueprint `vmsandbox blueprint ls` lists (e.g. `base`), or a snapshot as SESSION:LABEL",
+                hint="name a blueprint `vmsandbox image ls --blueprints` lists (e.g. `base`), "
+                "or a snapshot as SESSION:LABEL",
             )
 
 

@@ -1,5 +1,5 @@
-"""What `vmsandbox trust` shows of a project: its `.vmsandbox.yaml` key by key (what each sets, and what it is
-now without the file) and its blueprints."""
+"""What `vmsandbox config trust` shows of a project: its `.vmsandbox.yaml` key by key (what each sets, and what
+it is now without the file) and its blueprints."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from vmsandbox.session.settings import Settings, load, project_file, widening_ke
 
 
 def describe_project_file(project: Path) -> trust.Candidate | None:
-    """The project's `.vmsandbox.yaml` as `vmsandbox trust` shows it: each key, what it sets, and what it is
-    now without the file (from the defaults and the user's config)."""
+    """The project's `.vmsandbox.yaml` as `vmsandbox config trust` shows it: each key, what it sets, and what it
+    is now without the file (from the defaults and the user's config)."""
     found = project_file(project)
     if found is None:
         return None
@@ -50,7 +50,7 @@ def _now(settings: Settings, name: str) -> str:
 
 
 def trust_candidates(path: Path) -> list[trust.Candidate]:
-    """The project config files `vmsandbox trust` looks at: at path, a project directory (its .vmsandbox.yaml
+    """The project config files `vmsandbox config trust` looks at: at path, a project directory (its .vmsandbox.yaml
     and .vmsandbox/blueprints/*.yaml) or one of those files."""
     from vmsandbox.image import blueprint
 
@@ -64,6 +64,6 @@ def trust_candidates(path: Path) -> list[trust.Candidate]:
     if not candidates:
         raise VmsandboxError(
             f"no project config in {path}",
-            hint="`vmsandbox trust add` reads .vmsandbox.yaml and .vmsandbox/blueprints/",
+            hint="`vmsandbox config trust add` reads .vmsandbox.yaml and .vmsandbox/blueprints/",
         )
     return candidates

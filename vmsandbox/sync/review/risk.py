@@ -28,8 +28,8 @@ RISKY_PATTERNS: tuple[tuple[str, str], ...] = (
     (".svn", "Subversion internals"),
     (".jj", "jujutsu internals (config, aliases)"),
     # this tool
-    (".vmsandbox.yaml", "vmsandbox project config (used only after `vmsandbox trust add`)"),
-    (".vmsandbox", "vmsandbox project blueprints (used only after `vmsandbox trust add`)"),
+    (".vmsandbox.yaml", "vmsandbox project config (used only after `vmsandbox config trust add`)"),
+    (".vmsandbox", "vmsandbox project blueprints (used only after `vmsandbox config trust add`)"),
     # git hook managers
     (".husky", "git hooks (husky)"),
     (".githooks", "git hooks"),
