@@ -83,9 +83,12 @@ class Commands(TyperGroup):
         return f"Did you mean {' '.join(renamed.get(near[0], (near[0],)))!r}?"
 
     def list_commands(self, ctx: Any) -> list[str]:
-        """In the order of PANELS (a group's own commands, which PANELS does not name, as registered)."""
+        """The top's in the order of PANELS; a noun's verbs as registered (`image`'s `ls` is not the top's)."""
+        names = list(super().list_commands(ctx))
+        if ctx is not None and ctx.parent is not None:
+            return names
         order = {name: i for i, name in enumerate(n for names in PANELS.values() for n in names)}
-        return sorted(super().list_commands(ctx), key=lambda name: order.get(name, len(order)))
+        return sorted(names, key=lambda name: order.get(name, len(order)))
 
     def get_command(self, ctx: Any, cmd_name: str) -> Any:
         command = super().get_command(ctx, cmd_name)
