@@ -311,7 +311,7 @@ PLACES = ("vmsandbox.session.place.local", "vmsandbox.session.place.remote")
 CHOOSER = "vmsandbox.session.place.choose"
 GROUND = {"vmsandbox.session.record"} | {
     f"vmsandbox.session.place.{m}"
-    for m in ("interface", "checkpoints", "templates", "console", "chain", "pins", "hostspec")
+    for m in ("interface", "checkpoints", "templates", "console", "chain", "pins", "hostspec", "room")
 }
 
 

@@ -180,7 +180,7 @@ def test_a_damaged_record_is_a_row_of_its_own_its_problem_said_apart(capsys: pyt
     assert run_cli(["ls"]) == 0
     captured = capsys.readouterr()
     row = next(line for line in captured.out.splitlines() if line.startswith("broken"))
-    assert row.split() == ["broken", "damaged", "-", "-", "-", "-", "-", "-"]  # its problem: not in PROJECT
+    assert row.split() == ["broken", "damaged", "-", "-", "-", "-", "-", "-", "-"]  # its problem: not in PROJECT
     assert "broken" in captured.err and "Traceback" not in captured.err
     assert run_cli(["ls", "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)
@@ -448,9 +448,9 @@ def test_host_ls_counts_the_sessions_ls_shows(
     local = HostSpec("local", "qemu:///system")
     monkeypatch.setattr(hosts, "probe_all", lambda specs, timeout: [hosts.Status(local, NODE, None, sessions=7)])
     monkeypatch.setattr(hosts.Status, "accel", property(lambda self: "kvm"))
-    monkeypatch.setattr(hosts.Status, "as_dict", lambda self: {"name": "local", "uri": local.uri, "reachable": True,
-                        "accel": "kvm", "available_mib": 1024, "memory_mib": 2048, "max_sessions": None,
-                        "images": []})  # fmt: skip
+    monkeypatch.setattr(hosts.Status, "as_dict", lambda self, memory_mib: {"name": "local", "uri": local.uri,
+                        "reachable": True, "accel": "kvm", "available_mib": 1024, "memory_mib": 2048,
+                        "max_sessions": None, "images": [], "room": 0})  # fmt: skip
     assert run_cli(["host", "ls", "--format", "{{.Name}} {{.Sessions}}"]) == 0
     assert capsys.readouterr().out == "local 2\n"
     assert run_cli(["host", "ls"]) == 0

@@ -257,3 +257,14 @@ def test_the_header_is_read_and_checked(monkeypatch: pytest.MonkeyPatch) -> None
     os.close(w2)
     with pytest.raises(ident.StepError, match="unexpected header"):
         ident.receive(r2)
+
+
+def test_a_fork_finds_the_workspace_its_source_mounted(tmp_path: Path) -> None:
+    info = tmp_path / "mountinfo"
+    info.write_text(
+        "22 1 254:0 / / rw,relatime shared:1 - ext4 /dev/vda rw\n"
+        "40 22 8:0 / /work/my\\040proj rw,noatime shared:20 - ext4 /dev/sda rw\n"
+        "41 22 0:5 / /work/other rw - tmpfs tmpfs rw\n"
+    )
+    assert ident.mounted_device("/work/my proj", str(info)) == "/dev/sda"
+    assert ident.mounted_device("/work", str(info)) == ""

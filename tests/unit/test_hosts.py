@@ -380,16 +380,36 @@ class _Host:
 
 
 def test_a_host_s_limits_are_kept_when_a_session_is_placed_there() -> None:
-    from vmsandbox.session.place.remote import vm as remote
+    from vmsandbox.session.place import room
 
     host = hostspec.HostSpec("big", "qemu+ssh://big/system", max_sessions=3, keep_free_mib=4096)
-    remote.check_room(_Host(2, 8192), host, 2048)  # type: ignore[arg-type]  # a third fits, leaving 6 GiB
+    room.check(_Host(2, 8192), host, 2048)  # type: ignore[arg-type]  # a third fits, leaving 6 GiB
     with pytest.raises(VmsandboxError, match="host big runs 3 session") as err:
-        remote.check_room(_Host(3, 60000), host, 2048)  # type: ignore[arg-type]
+        room.check(_Host(3, 60000), host, 2048)  # type: ignore[arg-type]
     assert err.value.hint is not None and "another --host" in err.value.hint
     with pytest.raises(VmsandboxError, match="6000 MiB of memory available: a 2048 MiB session would leave less"):
-        remote.check_room(_Host(0, 6000), host, 2048)  # type: ignore[arg-type]
-    remote.check_room(_Host(9, 6144), hostspec.HostSpec("any", "qemu+ssh://a/system"), 2048)  # type: ignore[arg-type]
+        room.check(_Host(0, 6000), host, 2048)  # type: ignore[arg-type]
+    room.check(_Host(9, 6144), hostspec.HostSpec("any", "qemu+ssh://a/system"), 2048)  # type: ignore[arg-type]
+
+
+def test_this_machine_keeps_its_keep_free_too() -> None:
+    from vmsandbox.session.place import room
+
+    local = hostspec.HostSpec(hostspec.LOCAL, "qemu:///system")  # keep_free 1 GiB, no max_sessions
+    room.check(_Host(50, 3072), local, 2048)  # type: ignore[arg-type]
+    with pytest.raises(VmsandboxError, match="this machine has 3071 MiB of memory available") as err:
+        room.check(_Host(0, 3071), local, 2048)  # type: ignore[arg-type]
+    assert err.value.hint is not None and "end a session" in err.value.hint
+
+
+def test_how_many_more_sessions_fit() -> None:
+    from vmsandbox.session.place import room
+
+    # 20 GiB available, 1 GiB kept free, 2 GiB sessions that take 256 MiB each once started: the last one
+    # admitted still has its whole 2 GiB to grow into
+    assert room.fits(20480, 1024, 2048, 256) == (20480 - 1024 - 2048) // 256 + 1 == 69
+    assert room.fits(20480, 1024, 2048, None) == 9  # nothing runs to measure: each counted whole
+    assert room.fits(3071, 1024, 2048, 256) == 0 and room.fits(3072, 1024, 2048, 256) == 1
 
 
 def _status(name: str, available: int | None, sessions: int = 0, **limits: Any) -> Any:

@@ -402,3 +402,15 @@ def test_a_domain_memory_use_is_its_qemu_by_libvirts_pid_file(tmp_path: Path) ->
     assert usage.of_domain("vmsandbox-a", pids, proc) == usage.of_process(42, proc)
     assert usage.of_domain("vmsandbox-b", pids, proc) is None
     assert usage.of_domain("vmsandbox-c", pids, proc) is None
+
+
+def test_a_typical_session_is_the_median_of_those_that_can_be_read(tmp_path: Path) -> None:
+    pids, proc = tmp_path / "pids", tmp_path / "proc"
+    pids.mkdir()
+    for pid, name, pss_kib in ((41, "a", 100 * 1024), (42, "b", 300 * 1024), (43, "c", 200 * 1024)):
+        (proc / str(pid)).mkdir(parents=True)
+        (proc / str(pid) / "smaps_rollup").write_text(ROLLUP.replace("314874", str(pss_kib)))
+        (proc / str(pid) / "cmdline").write_bytes(f"qemu\0-name\0guest=vmsandbox-{name},x\0".encode())
+        (pids / f"vmsandbox-{name}.pid").write_text(str(pid))
+    assert usage.footprint(["vmsandbox-a", "vmsandbox-b", "vmsandbox-c", "vmsandbox-gone"], pids, proc) == 200
+    assert usage.footprint(["vmsandbox-gone"], pids, proc) is None

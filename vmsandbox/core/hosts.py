@@ -54,7 +54,7 @@ def listed(timeout: float) -> list[Host]:
     shown = []
     for s in found:
         n, count = s.node, mine.get(s.spec.name, 0)
-        facts = {**s.as_dict(), "sessions": count}
+        facts = {**s.as_dict(settings.memory_mib), "sessions": count}
         versions = "-" if n is None else f"libvirt {n.libvirt}, QEMU {n.qemu}"
         memory = None if n is None else (n.available_mib, n.memory_mib)
         shown.append(

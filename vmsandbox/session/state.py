@@ -3,6 +3,7 @@ its state for `ls`, whether its VM runs, and the end of its serial console."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from dataclasses import dataclass
@@ -17,6 +18,7 @@ from vmsandbox.session.place import choose as places
 from vmsandbox.session.place import console as boot
 from vmsandbox.session.place.interface import VM
 from vmsandbox.session.record import Phase, Record, State, names
+from vmsandbox.vm.memory.usage import Usage
 from vmsandbox.vm.node import UnreachableError, gone
 
 
@@ -24,6 +26,7 @@ from vmsandbox.vm.node import UnreachableError, gone
 class Status:
     record: Record
     state: State
+    memory: Usage | None = None  # what its running VM takes of its machine now (None: not running, or not known)
 
     @property
     def door(self) -> Door:
@@ -56,6 +59,7 @@ class Status:
             "group": r.group,
             "forked_from": r.forked_from,
             "disk_bytes": disk_bytes(r),
+            "memory": None if self.memory is None else self.memory.as_dict(),
         }
 
 
@@ -95,6 +99,13 @@ def status(vm: VM) -> Status:
     if not record.keep and not record.owner_alive():
         return Status(record, State.ORPHANED)
     return Status(record, State.PAUSED if info.state in ("paused", "suspended") else State.RUNNING)
+
+
+def measured(found: Status, vm: VM) -> Status:
+    """`found` with what its VM takes of its machine's memory now, when it runs (a listing shows it)."""
+    if found.state not in (State.RUNNING, State.PAUSED, State.ORPHANED, State.BOOTING):
+        return found
+    return dataclasses.replace(found, memory=vm.memory_use())
 
 
 @dataclass(frozen=True)
@@ -139,7 +150,7 @@ def listing(uri: str) -> tuple[list[Status], list[Damaged]]:
             try:
                 record = Record.load(name)
                 vm = connected(asked, record)
-                found.append(status(vm) if vm is not None else Status(record, State.UNKNOWN))
+                found.append(measured(status(vm), vm) if vm is not None else Status(record, State.UNKNOWN))
             except VmsandboxError as exc:  # a damaged session is never hidden (one being made is skipped)
                 if paths.session_paths(name).record.exists():
                     ui.warn(f"{exc.message} ({exc.hint})" if exc.hint else exc.message)

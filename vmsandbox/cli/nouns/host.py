@@ -21,7 +21,7 @@ host = noun(
 )
 FIELDS = ("name", "uri", "reachable", "problem", "hint", "hostname", "libvirt", "qemu", "cpus", "memory_mib",
           "available_mib", "accel", "kvm_problem", "sessions", "max_sessions", "keep_free_mib", "images",
-          "memory_shared", "memory_problem")  # fmt: skip
+          "memory_shared", "memory_problem", "session_pss_mib", "room")  # fmt: skip
 
 
 def _gib(mib: int | None) -> str:
@@ -34,6 +34,7 @@ TABLE = (
     Column("ACCEL", lambda r: r["accel"] or "-"),
     Column("FREE", lambda r: "-" if not r["reachable"] else f"{_gib(r['available_mib'])}/{_gib(r['memory_mib'])}"),
     Column("SESSIONS", lambda r: str(r["sessions"]) + ("" if r["max_sessions"] is None else f"/{r['max_sessions']}")),
+    Column("ROOM", lambda r: "-" if r["room"] is None else str(r["room"])),
     Column("IMAGES", lambda r: str(len(r["images"]))),
     Column("URI", lambda r: r["uri"]),
 )
@@ -52,6 +53,9 @@ def ls(
 
     Each is asked at once; one that does not answer is listed as such, the reason and its fix said after the
     table (the command still succeeds). SESSIONS: yours there, as `vmsandbox ls --filter host=NAME` lists them.
+    ROOM: how many more sessions of your configured memory it admits now: each must leave its keep_free free
+    even if it came to fill all its memory, and each already running counts what it takes now (this machine
+    measures its sessions; another host's count whole).
 
     Examples: `vmsandbox host ls` · `vmsandbox host ls --json`"""
     from vmsandbox.core import hosts

@@ -16,7 +16,7 @@ from vmsandbox.errors import UsageError
 FIELDS = (  # what a row has (`ls --json` gives each of them; --format names them)
     "name", "state", "host", "created", "age_seconds", "project", "accel", "ports", "cpus", "memory_mib", "image",
     "keep", "domain", "unsynced", "network", "blueprint", "publish", "egress", "start", "group", "forked_from",
-    "disk_bytes", "problem", "hint",
+    "disk_bytes", "memory", "problem", "hint",
 )  # fmt: skip
 Filter = Annotated[
     list[str] | None,
@@ -51,6 +51,7 @@ TABLE = (
     Column("SSH", _or_dash(_ssh)),
     Column("NETWORK", _or_dash(_network)),
     Column("UNSYNCED", _or_dash(lambda r: "?" if r["unsynced"] is None else str(r["unsynced"]))),
+    Column("MEM", _or_dash(lambda r: "-" if not r["memory"] else f"{r['memory']['pss_mib']}M")),
     Column("HOST", _or_dash(lambda r: r["host"])),
     Column("PROJECT", _or_dash(lambda r: r["project"])),
 )
@@ -63,6 +64,9 @@ def ls(as_json: AsJson = False, quiet: Quiet = False, fmt: Format = None, filter
     It lists what it knows even when libvirt does not answer; a session whose record is damaged is a row of its
     own (`vmsandbox rm NAME --discard` removes it). A broken config is said in a line first, and the rest of it
     used. Columns too wide for the terminal are cut: `--json` and `vmsandbox inspect NAME` give everything whole.
+    MEM: what a running session's VM takes of this machine now (its proportional share: the pages of its
+    template's memory it never wrote are shared by every session of that template, and count a share each);
+    `inspect` splits it into shared and private, `vmsandbox host ls` says how many more sessions fit.
 
     Examples: `vmsandbox ls -q` · `vmsandbox ls --filter state=running --format '{{.Name}} {{.Ports.ssh}}'` ·
     `vmsandbox ls --format 'table {{.Name}}\\t{{.MemoryMib}}\\t{{.Project}}'`"""

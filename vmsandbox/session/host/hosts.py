@@ -13,10 +13,12 @@ from vmsandbox.errors import VmsandboxError
 from vmsandbox.image import store
 from vmsandbox.session.place import choose as places
 from vmsandbox.session.place import hostspec
+from vmsandbox.session.place import room as admission
 from vmsandbox.session.place.hostspec import HostSpec
 from vmsandbox.session.record import DOMAIN_PREFIX
 from vmsandbox.session.settings import Settings
 from vmsandbox.vm import sshcheck
+from vmsandbox.vm.memory import usage
 from vmsandbox.vm.node import REMOTE_HINT, Node, unreachable_hint
 
 PROBE_TIMEOUT = 20.0  # a host behind a dead route would otherwise hold `hosts` for TCP's minutes
@@ -33,6 +35,7 @@ class Status:
     images: tuple[str, ...] = ()  # the images it holds whole
     hint: str | None = None  # the fix for `problem`
     memory_problem: str | None = None  # why its sessions load a copy of their template's memory (None: they map it)
+    footprint_mib: int | None = None  # what one session running there takes now (PSS, median; None: not known)
 
     @property
     def accel(self) -> str:
@@ -41,7 +44,8 @@ class Status:
         with places.host(self.spec) as host:  # its node says it: nothing is asked of the host again
             return host.accelerator(self.node)
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self, memory_mib: int = 0) -> dict[str, Any]:
+        """Its facts; given the configured session memory, `room`: how many more such sessions it admits now."""
         n = self.node
         facts = ("hostname", "libvirt", "qemu", "cpus", "memory_mib", "available_mib")
         kvm_problem = None
@@ -63,7 +67,18 @@ class Status:
             "images": list(self.images),
             "memory_shared": n is not None and self.memory_problem is None,
             "memory_problem": self.memory_problem,
+            "session_pss_mib": self.footprint_mib,
+            "room": None if n is None or not memory_mib else self.room(memory_mib),
         }
+
+    def room(self, memory_mib: int) -> int:
+        """How many more sessions of `memory_mib` it admits now (0 when unreachable)."""
+        if self.node is None:
+            return 0
+        fit = admission.fits(self.node.available_mib, self.spec.keep_free_mib, memory_mib, self.footprint_mib)
+        if self.spec.max_sessions is not None:
+            fit = min(fit, max(self.spec.max_sessions - self.sessions, 0))
+        return fit
 
 
 def _ask(spec: HostSpec) -> Status:
@@ -72,12 +87,14 @@ def _ask(spec: HostSpec) -> Status:
         with places.host(spec) as host:
             hv = host.libvirt()
             node = hv.node()
-            sessions = sum(1 for d in hv.domains(DOMAIN_PREFIX) if not d.stopped)
+            running = [d.name for d in hv.domains(DOMAIN_PREFIX) if not d.stopped]
             images = tuple(host.images_held())
             memory = host.memory_problem(node)
+            # this machine's QEMUs can be measured (their /proc); another host's are not asked
+            footprint = usage.footprint(running) if spec.name == hostspec.LOCAL else None
     except VmsandboxError as exc:
         return Status(spec, None, exc.message, hint=exc.hint)
-    return Status(spec, node, None, sessions, images, memory_problem=memory)
+    return Status(spec, node, None, len(running), images, memory_problem=memory, footprint_mib=footprint)
 
 
 class _Later(Generic[T]):

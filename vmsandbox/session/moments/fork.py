@@ -41,8 +41,15 @@ from vmsandbox.sync.inward import capture
 
 # Run as root in the restored guest, the fork's identity (identity.bundle's tar) on stdin: the clock and the
 # random generator first (the fork shares the source's memory), then the identity applied as a warm start
-# does (`identity warm`, images/base/rootfs/usr/local/lib/vmsandbox/identity), then sshd reloaded with the new host key.
+# does, then sshd reloaded with the new host key. The guest's identity program does it all in one process
+# (`identity fork`, images/base/rootfs/usr/local/lib/vmsandbox/identity); the lines after `esac` are for the
+# sessions of images older than that program (a shell script then, which takes only a directory), read by
+# the shell's own `read` so that nothing else runs first.
 REIDENTIFY = r"""set -eu
+read -r first </usr/local/lib/vmsandbox/identity
+case $first in
+*python3*) exec /usr/local/lib/vmsandbox/identity fork >/dev/null ;;
+esac
 d=$(mktemp -d /run/vmsandbox-fork.XXXXXX)
 tar -x -m -C "$d" -f -
 date -s "@$(cat "$d/clock")" >/dev/null

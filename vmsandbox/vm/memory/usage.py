@@ -4,6 +4,7 @@ to it. A session that maps its template's memory shares every page of it that it
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -60,3 +61,10 @@ def of_domain(domain: str, pids: Path = LIBVIRT_PIDS, proc: Path = PROC) -> Usag
     if not any(a.startswith(f"guest={domain},".encode()) or a == f"guest={domain}".encode() for a in argv):
         return None  # the pid is another process's now
     return of_process(pid, proc)
+
+
+def footprint(domains: Iterable[str], pids: Path = LIBVIRT_PIDS, proc: Path = PROC) -> int | None:
+    """What one running session takes of this machine now, typically: the median PSS of the QEMUs of the system
+    libvirt's running `domains` (None: none can be read)."""
+    found = sorted(u.pss_mib for u in (of_domain(d, pids, proc) for d in domains) if u is not None)
+    return found[len(found) // 2] if found else None

@@ -12,7 +12,7 @@ from pathlib import Path
 from vmsandbox import paths, ui
 from vmsandbox.guest.ssh import Endpoint
 from vmsandbox.image import layers, store
-from vmsandbox.session.place import pins
+from vmsandbox.session.place import pins, room
 from vmsandbox.session.place.checkpoints import Checkpoint
 from vmsandbox.session.place.interface import VM, Abilities, Host, Launched, SavedVM, SaveFile, Snapshots, Tidy
 from vmsandbox.session.place.local import disks, sharing, start, template
@@ -36,6 +36,7 @@ class LocalHost(Host):
     abilities = Abilities(elsewhere=False, tunnelled=False, holds_images=False, chain_limit=None)
 
     def admit(self, requested: accel.Accel, memory_mib: int) -> accel.Choice:
+        room.check(self.libvirt(), self.spec, memory_mib)
         return accel.choose(requested)
 
     def boot(self, record: Record, image: store.Image, *, cold: bool, timeout: int, launched: Launched) -> VM:

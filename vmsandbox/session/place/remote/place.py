@@ -14,7 +14,7 @@ from vmsandbox import ui
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.guest.ssh import Endpoint
 from vmsandbox.image import store
-from vmsandbox.session.place import checkpoints
+from vmsandbox.session.place import checkpoints, room
 from vmsandbox.session.place.checkpoints import Checkpoint
 from vmsandbox.session.place.interface import VM, Abilities, Host, Launched, SavedVM, SaveVolume, Snapshots, Tidy
 from vmsandbox.session.place.remote import checkpoint, fork, gc, images, log, save, start, template, vm
@@ -41,7 +41,7 @@ class RemoteHost(Host):
 
     def admit(self, requested: accel.Accel, memory_mib: int) -> accel.Choice:
         hv = self.libvirt()
-        vm.check_room(hv, self.spec, memory_mib)
+        room.check(hv, self.spec, memory_mib)
         return accel.choose(requested, problem=hv.node().kvm_problem(), probe=False)
 
     def boot(self, record: Record, image: store.Image, *, cold: bool, timeout: int, launched: Launched) -> VM:

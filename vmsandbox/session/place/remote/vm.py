@@ -26,7 +26,7 @@ from vmsandbox.image import store
 from vmsandbox.session.place.hostspec import HostSpec
 from vmsandbox.session.place.remote import images, log, tunnel
 from vmsandbox.session.place.remote.images import POOL, volume
-from vmsandbox.session.record import DOMAIN_PREFIX, Record
+from vmsandbox.session.record import Record
 from vmsandbox.vm import accel as accel_mod
 from vmsandbox.vm import domain, storage
 from vmsandbox.vm.domain import DomainSpec, Forward
@@ -47,23 +47,6 @@ def client_id() -> str:
     except OSError:
         machine = ""
     return f"{socket.gethostname()}/{machine}"
-
-
-def check_room(hv: Hypervisor, host: HostSpec, memory_mib: int) -> None:
-    """Before anything is made there: the host's limits (`max_sessions`, `keep_free`) leave room for one more."""
-    running = sum(1 for d in hv.domains(DOMAIN_PREFIX) if not d.stopped)
-    if host.max_sessions is not None and running >= host.max_sessions:
-        raise VmsandboxError(
-            f"host {host.name} runs {running} session(s), its max_sessions",
-            hint="destroy one there (`vmsandbox ls` shows the HOST), pick another --host, or raise its max_sessions",
-        )
-    available = hv.node().available_mib
-    if available - memory_mib < host.keep_free_mib:
-        raise VmsandboxError(
-            f"host {host.name} has {available} MiB of memory available: a {memory_mib} MiB session would leave less "
-            f"than its keep_free ({host.keep_free_mib} MiB)",
-            hint="give the session less --memory, pick another --host, or lower keep_free for that host",
-        )
 
 
 def kernel_of(image: store.Image) -> str:
