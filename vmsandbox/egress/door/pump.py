@@ -63,8 +63,10 @@ class Pair:
 
     @property
     def more(self) -> bool:
-        """The channel holds more than this step took, and there is room for it."""
-        return not self.ch_eof and len(self.to_sock) < CHUNK and self.ch.readable
+        """Something could move now without an event to tell of it: the channel holds more than this step took
+        (and there is room for it), or bytes for the channel wait and its window is open."""
+        inbound = not self.ch_eof and len(self.to_sock) < CHUNK and self.ch.readable
+        return inbound or (bool(self.to_ch) and self.ch.writable)
 
     def step(self, now: float) -> None:
         """Move what can move now, both ways, without waiting."""
@@ -118,8 +120,13 @@ class Pair:
             elif data:
                 self.to_ch += data
                 got = len(data)
-        sent = self.ch.write(bytes(self.to_ch)) if self.to_ch else 0
-        del self.to_ch[:sent]
+        sent = 0
+        while self.to_ch:  # paramiko sends one packet a call (at most 32 KiB): as many as the window takes
+            took = self.ch.write(bytes(self.to_ch))
+            if not took:
+                break
+            del self.to_ch[:took]
+            sent += took
         if self.sock_eof and not self.to_ch and not self.ch_shut:
             self.ch_shut = True
             self.ch.end()
