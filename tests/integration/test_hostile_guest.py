@@ -671,11 +671,14 @@ def test_a_trusted_project_config_is_obeyed(cli: Cli, owned_name: str, tmp_path:
     proj.mkdir()
     (proj / ".vmsandbox.yaml").write_text("network: none\n")
     assert cli.run("config", "trust", "add", "--yes", str(proj)).returncode == 0
-    r = cli.run("run", "--keep", "--name", owned_name, str(proj), "--", "true")
-    assert r.returncode == 0, r.stderr.decode()
-    (row,) = [row for row in cli.ls() if row["name"] == owned_name]
-    assert row["network"] == "none"
-    assert cli.run("rm", owned_name, "--discard").returncode == 0
+    try:
+        r = cli.run("run", "--keep", "--name", owned_name, str(proj), "--", "true")
+        assert r.returncode == 0, r.stderr.decode()
+        (row,) = [row for row in cli.ls() if row["name"] == owned_name]
+        assert row["network"] == "none"
+        assert cli.run("rm", owned_name, "--discard").returncode == 0
+    finally:  # the trust is the invoking account's own: not left behind for its later sessions
+        cli.run("config", "trust", "rm", str(proj))
 
 
 # ---------------------------------------------------------------- an unprivileged invoking user

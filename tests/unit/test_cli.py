@@ -137,6 +137,23 @@ def test_trust_shows_what_a_config_changes_escaped(capsys: pytest.CaptureFixture
     assert "trusted already" in capsys.readouterr().err
 
 
+def test_the_trust_of_a_project_that_is_gone_can_be_taken_back(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    import shutil
+
+    from vmsandbox import trust
+
+    project = tmp_path / "app"
+    project.mkdir()
+    (project / ".vmsandbox.yaml").write_text("network: open\n")
+    assert run_cli(["config", "trust", "add", "--yes", str(project)]) == 0
+    shutil.rmtree(project)  # `config trust ls` says "missing"; `rm` with the directory's path still finds it
+    assert run_cli(["config", "trust", "rm", str(project)]) == 0
+    assert "No longer trusted" in capsys.readouterr().err
+    assert not trust.records()
+
+
 @pytest.mark.parametrize(
     "args", [["-h"], ["ls", "-h"], ["image", "-h"], ["image", "ls", "-h"], ["secret", "set", "-h"]]
 )

@@ -162,14 +162,13 @@ def trust_file(found: Trusted) -> None:
 
 
 def revoke(path: Path) -> list[Path]:
-    """The project config files at `path` (a project directory: its .vmsandbox.yaml and blueprints; or one file,
-    there or gone) no longer trusted; the ones that were."""
-    if path.is_dir():
-        root = path.resolve()
+    """The project config files at `path` (a project directory: its .vmsandbox.yaml and blueprints; or one file;
+    either there or gone) no longer trusted; the ones that were."""
+    found = [] if path.is_dir() else [Path(trust.key(path.absolute()))]
+    if path.is_dir() or not path.exists():  # a project directory (there, or gone with its files)
+        root = path.resolve() if path.is_dir() else path.absolute()
         mine = [Path(n) for n in trust.records()]
-        found = [p for p in mine if p == root / config.PROJECT_FILE or p.parent == root / blueprint.PROJECT_DIR]
-    else:
-        found = [Path(trust.key(path.absolute()))]
+        found += [p for p in mine if p == root / config.PROJECT_FILE or p.parent == root / blueprint.PROJECT_DIR]
     return [p for p in found if trust.revoke(p)]
 
 
