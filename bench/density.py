@@ -1,8 +1,11 @@
 """Density benchmark: how many idle sessions this host holds. Starts kept sessions (warm, the default shape)
-one after another and, at 1 session and after every `--step` more, reports the host RSS of their QEMU
-processes (total and mean), the host's free memory, and the latency of `vmsandbox exec NAME -- true` (median
-of 3) against the latency at one session. Stops at `--max` sessions, or once the latency is above
-`--limit` times the one-session latency (the figure the issue asks: sessions held with exec <= 2x). Every
+one after another and, at 1 session and after every `--step` more, reports their QEMUs' memory — proportional
+(PSS: a page of the template's memory that N sessions map counts 1/N each) and resident (RSS), totals and
+means —, the host's available memory, how many more sessions admission would take (`host ls`'s ROOM), and the
+latency of `vmsandbox exec NAME -- true` (median of 3) against the latency at one session. Stops at `--max`
+sessions, once the latency is above `--limit` times the one-session latency (the figure the issue asks:
+sessions held with exec <= 2x), or when admission refuses the next one (it says why). Then wakes them all at
+once (`exec -- true` in every session together): the time that takes and the memory available after. Every
 session is destroyed at the end.
 
     sudo .venv/bin/python bench/density.py [--max 40] [--step 4] [--limit 2.0]
@@ -20,21 +23,24 @@ import tempfile
 import time
 from pathlib import Path
 
+from vmsandbox.errors import VmsandboxError
 from vmsandbox.image import store
 from vmsandbox.session.end import lifecycle
 from vmsandbox.session.host import images
 from vmsandbox.session.options import Options
+from vmsandbox.session.place import room
+from vmsandbox.session.place.hostspec import DEFAULT_KEEP_FREE_MIB
 from vmsandbox.session.record import Record
 from vmsandbox.session.settings import Settings
 from vmsandbox.session.start import create
+from vmsandbox.vm.memory import usage
 
 
-def qemu_rss_mib(record: Record) -> float:
-    pid = int(Path(f"/run/libvirt/qemu/{record.domain}.pid").read_text())
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return 0.0
+def used(record: Record) -> usage.Usage:
+    found = usage.of_domain(record.domain)
+    if found is None:
+        raise SystemExit(f"cannot read the memory of {record.domain}'s QEMU")
+    return found
 
 
 def free_mib() -> float:
@@ -44,14 +50,33 @@ def free_mib() -> float:
     return 0.0
 
 
+def exec_argv(name: str) -> list[str]:
+    return [sys.executable, "-m", "vmsandbox", "exec", name, "--", "true"]
+
+
 def exec_latency(name: str) -> float:
     took = []
     for _ in range(3):
         start = time.monotonic()
-        argv = [sys.executable, "-m", "vmsandbox", "exec", name, "--", "true"]
-        subprocess.run(argv, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        subprocess.run(exec_argv(name), check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         took.append(time.monotonic() - start)
     return statistics.median(took)
+
+
+def wake_all(sessions: list[Record], first: float) -> None:
+    """`exec -- true` in every session at once: how long until all answered, and the memory after."""
+    start = time.monotonic()
+    running = [
+        subprocess.Popen(exec_argv(r.name), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for r in sessions
+    ]
+    failed = sum(p.wait() != 0 for p in running)
+    took = time.monotonic() - start
+    pss = [used(r).pss_mib for r in sessions]
+    print(
+        f"wake all {len(sessions)} at once: {took:.1f}s until every exec answered ({took / first:.1f}x one exec), "
+        f"{failed} failed; QEMU PSS total {sum(pss)} MiB after, host available {free_mib():.0f} MiB",
+        flush=True,
+    )
 
 
 def main() -> None:
@@ -64,6 +89,7 @@ def main() -> None:
     work.chmod(0o711)
     os.environ.setdefault("VMSANDBOX_STATE_DIR", str(work / "state"))
     images.default_template(store.current_image())
+    settings = Settings()
     sessions: list[Record] = []
     first = 0.0
     try:
@@ -71,21 +97,31 @@ def main() -> None:
             project = work / f"p{len(sessions)}"
             project.mkdir()
             (project / "README").write_text("idle\n")
-            sessions.append(create.create(Options(project=project, name=None, settings=Settings(), keep=True)))
+            try:
+                sessions.append(create.create(Options(project=project, name=None, settings=settings, keep=True)))
+            except VmsandboxError as exc:
+                print(f"admission refused session {len(sessions) + 1}: {exc.message}", flush=True)
+                break
             if len(sessions) != 1 and len(sessions) % args.step:
                 continue
             time.sleep(5)  # let the newest settle
             latency = exec_latency(sessions[-1].name)
             first = first or latency
-            rss = [qemu_rss_mib(r) for r in sessions]
+            found = [used(r) for r in sessions]
+            pss, rss = [u.pss_mib for u in found], [u.rss_mib for u in found]
+            available = int(free_mib())
+            more = room.fits(available, DEFAULT_KEEP_FREE_MIB, settings.memory_mib, int(statistics.median(pss)))
             print(
-                f"{len(sessions):3d} sessions: QEMU RSS total {sum(rss):7.0f} MiB, mean {statistics.mean(rss):4.0f} "
-                f"MiB; host available {free_mib():6.0f} MiB; exec -- true {latency:.2f}s ({latency / first:.2f}x)",
+                f"{len(sessions):3d} sessions: QEMU PSS total {sum(pss):6d} MiB, mean {statistics.mean(pss):4.0f} "
+                f"(RSS total {sum(rss):6d}, mean {statistics.mean(rss):4.0f}); host available {available:6d} MiB, "
+                f"room for {more} more; exec -- true {latency:.2f}s ({latency / first:.2f}x)",
                 flush=True,
             )
             if latency > args.limit * first:
                 print(f"exec latency above {args.limit}x the one-session latency: stopping", flush=True)
                 break
+        if sessions and first:
+            wake_all(sessions, first)
     finally:
         for r in sessions:
             lifecycle.remove(r)

@@ -169,9 +169,20 @@ def sessions_dir() -> Path:
 
 def memory_holders_dir() -> Path:
     """Where the holders of templates' sealed memory files say where they are (one JSON file per template): a
-    runtime directory of root's, as only root starts them (VMSANDBOX_RUNTIME_DIR moves it)."""
+    runtime directory of root's, as only root starts them (VMSANDBOX_RUNTIME_DIR moves it: to a directory of
+    root's that no one else may write, or not at all — root trusts what it reads there)."""
     env = os.environ.get("VMSANDBOX_RUNTIME_DIR")
-    return (Path(env) if env else RUNTIME_DIR) / "memory"
+    if not env:
+        return RUNTIME_DIR / "memory"
+    moved = Path(env)
+    with contextlib.suppress(FileNotFoundError):  # (made by root when first used)
+        st = moved.stat()
+        if os.geteuid() == 0 and (st.st_uid != 0 or st.st_mode & 0o022):
+            raise VmsandboxError(
+                f"VMSANDBOX_RUNTIME_DIR={env} is not root's alone (others may write there)",
+                hint="unset it (the default is /run/vmsandbox), or point it at a directory root owns, mode 0700",
+            )
+    return moved / "memory"
 
 
 def failed_boots_dir() -> Path:

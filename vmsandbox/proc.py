@@ -313,6 +313,15 @@ def spawn_detached(
 _PR_SET_PDEATHSIG = 1
 
 
+def reap(child: subprocess.Popen[bytes], timeout: float) -> int:
+    """Wait for a child that was told to end; past `timeout` seconds it (and its group) is killed. Its exit code."""
+    try:
+        return child.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        _kill_group(child)
+        return child.wait()
+
+
 def _die_with_parent() -> None:
     """In the child: get SIGTERM if vmsandbox dies, even by SIGKILL (no cleanup handler runs then)."""
     with contextlib.suppress(OSError, AttributeError):

@@ -414,3 +414,66 @@ def test_a_typical_session_is_the_median_of_those_that_can_be_read(tmp_path: Pat
         (pids / f"vmsandbox-{name}.pid").write_text(str(pid))
     assert usage.footprint(["vmsandbox-a", "vmsandbox-b", "vmsandbox-c", "vmsandbox-gone"], pids, proc) == 200
     assert usage.footprint(["vmsandbox-gone"], pids, proc) is None
+
+
+def test_a_holder_whose_fd_became_a_fifo_is_not_alive_and_root_never_waits_on_it(tmp_path: Path) -> None:
+    """A process of the holder's account may put a FIFO at the fd number root checks: root's open must not wait
+    for a writer that never comes (it held the entry's lock: every later warm start would wait too)."""
+    import threading
+
+    from vmsandbox import pids
+
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    fd = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)  # no writer: a blocking open of it waits for one
+    try:
+        held = sealed.Held(os.getpid(), pids.process_start(os.getpid()) or "", fd, os.fstat(fd).st_ino, 0)
+        answers: list[bool] = []
+        asked = threading.Thread(target=lambda: answers.append(held.alive()), daemon=True)
+        asked.start()
+        asked.join(5)
+        assert answers == [False]
+    finally:
+        os.close(fd)
+
+
+def test_a_runtime_directory_others_may_write_is_refused_to_root(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from vmsandbox import paths
+    from vmsandbox.errors import VmsandboxError
+
+    shared = tmp_path / "run"
+    shared.mkdir(mode=0o777)
+    shared.chmod(0o777)
+    monkeypatch.setenv("VMSANDBOX_RUNTIME_DIR", str(shared))
+    monkeypatch.setattr(os, "geteuid", lambda: 0)
+    with pytest.raises(VmsandboxError, match="not root's alone") as err:
+        paths.memory_holders_dir()
+    assert err.value.hint is not None and "unset it" in err.value.hint
+    monkeypatch.setenv("VMSANDBOX_RUNTIME_DIR", str(tmp_path / "not-yet"))  # made by root when first used
+    assert paths.memory_holders_dir() == tmp_path / "not-yet" / "memory"
+
+
+def test_gc_leaves_a_holder_record_a_warm_start_is_writing(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """gc reads and removes a holder's record under its lock, as a warm start writes it, and never removes the
+    lock file: a holder started meanwhile is never left unrecorded (nothing would ever stop it)."""
+    from vmsandbox import paths
+    from vmsandbox.confine import access
+
+    monkeypatch.setattr(paths, "memory_holders_dir", lambda: tmp_path)
+    entry = tmp_path / "abc.json"
+    entry.write_text("{}")  # unreadable: a holder that ended, as gc sees it
+    said: list[str] = []
+
+    def tidy(verb: str, what: str, do: object) -> str:
+        said.append(verb)
+        do()  # type: ignore[operator]
+        return what
+
+    with access.flocked(entry.with_suffix(".lock")) as mine:
+        assert mine
+        assert list(sharing.sweep(None, tidy)) == []  # type: ignore[arg-type]  # busy: left alone
+    assert entry.exists()
+    assert len(list(sharing.sweep(None, tidy))) == 1 and said == ["remove"]  # type: ignore[arg-type]
+    assert not entry.exists() and entry.with_suffix(".lock").exists()

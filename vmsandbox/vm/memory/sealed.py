@@ -103,13 +103,14 @@ class Held:
         """Whether the holder still runs and holds that same file, sealed."""
         if not pids.alive(self.pid, self.start):
             return False
-        try:
-            fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
+        try:  # never waits: a FIFO put at that fd number (by a process of the holder's account) opens at once
+            fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
         except OSError:
             return False
         try:
             st = os.fstat(fd)
-            return st.st_ino == self.ino and st.st_size == self.size and sealed(fd)
+            same = stat.S_ISREG(st.st_mode) and st.st_ino == self.ino and st.st_size == self.size
+            return same and sealed(fd)
         finally:
             os.close(fd)
 

@@ -46,6 +46,7 @@ FORK_SWITCH = "VMSANDBOX_SHARE_FORK_MEMORY"
 MIN_QEMU = (5, 0)  # -machine memory-backend= (the RAM backend chosen by id) came with QEMU 5.0
 STATE = "memory.state"  # beside a checkpoint's memory.save: its split for forks
 REFRESH_SLACK = 256 << 20  # a template's held copy grown past twice its memory and this: a fresh one (_grown)
+HOLDER_EXIT_TIMEOUT = 10.0  # a fork's holder, told to end (its stdin closed), ends at once: past this it is killed
 
 
 @dataclass(frozen=True)
@@ -154,26 +155,26 @@ def sweep(hv: Hypervisor, tidy: Tidy) -> Iterator[str]:
     that do keep their mapping), and the records of holders that ended."""
     root = paths.memory_holders_dir()
     for entry in sorted(root.glob("*.json")) if root.is_dir() else ():
-        held = _read(entry)
-        try:
-            where = Path(json.loads(entry.read_text())["template"])
-        except (OSError, ValueError, KeyError, TypeError):
-            where = None
-        if held is None or where is None or not held.alive():
-            yield tidy("remove", f"the record of a memory holder that ended ({entry})", functools.partial(_drop, entry))
-        elif not templates.is_current(where, hv):
-            what = f"the memory holder of {where} (pid {held.pid}: that template serves no new session)"
-            yield tidy("stop", what, functools.partial(_release, entry, held))
+        # under the entry's lock, as a warm start writes it: a holder started meanwhile is never unrecorded
+        with access.flocked(entry.with_suffix(".lock")) as mine:
+            if not mine:
+                continue  # a warm start is loading this memory now: its record is current
+            held = _read(entry)
+            try:
+                where = Path(json.loads(entry.read_text())["template"])
+            except (OSError, ValueError, KeyError, TypeError):
+                where = None
+            if held is None or where is None or not held.alive():
+                what = f"the record of a memory holder that ended ({entry})"
+                yield tidy("remove", what, functools.partial(entry.unlink, missing_ok=True))
+            elif not templates.is_current(where, hv):
+                what = f"the memory holder of {where} (pid {held.pid}: that template serves no new session)"
+                yield tidy("stop", what, functools.partial(_release, entry, held))
 
 
 def _release(entry: Path, held: sealed.Held) -> None:
     held.stop()  # the sessions that map its file keep it: a memfd lives while one maps it
-    _drop(entry)
-
-
-def _drop(entry: Path) -> None:
-    entry.unlink(missing_ok=True)
-    entry.with_suffix(".lock").unlink(missing_ok=True)
+    entry.unlink(missing_ok=True)  # (its lock file stays: unlinked, two processes could each hold "the" lock)
 
 
 # --- a checkpoint's memory, for the source and the forks made from it by one command ---
@@ -209,7 +210,7 @@ def of_checkpoint(save: Path, what: str, hv: Hypervisor, accel: str) -> Iterator
             _HELD.pop(save, None)
         if child.stdin is not None:
             child.stdin.close()  # the holder ends; the QEMUs that map the file keep it
-        child.wait()
+        proc.reap(child, HOLDER_EXIT_TIMEOUT)  # one held up (a process of its account may trace it) is killed
         state.unlink(missing_ok=True)
 
 
