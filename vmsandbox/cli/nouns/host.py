@@ -35,7 +35,6 @@ TABLE = (
     Column("FREE", lambda r: "-" if not r["reachable"] else f"{_gib(r['available_mib'])}/{_gib(r['memory_mib'])}"),
     Column("SESSIONS", lambda r: str(r["sessions"]) + ("" if r["max_sessions"] is None else f"/{r['max_sessions']}")),
     Column("ROOM", lambda r: "-" if r["room"] is None else str(r["room"])),
-    Column("IMAGES", lambda r: str(len(r["images"]))),
     Column("URI", lambda r: r["uri"]),
 )
 
@@ -55,7 +54,7 @@ def ls(
     table (the command still succeeds). SESSIONS: yours there, as `vmsandbox ls --filter host=NAME` lists them.
     ROOM: how many more sessions of your configured memory it admits now: each must leave its keep_free free
     even if it came to fill all its memory, and each already running counts what it takes now (this machine
-    measures its sessions; another host's count whole).
+    measures its sessions; another host's count whole). `--json` adds the images each holds and more.
 
     Examples: `vmsandbox host ls` · `vmsandbox host ls --json`"""
     from vmsandbox.core import hosts
