@@ -21,12 +21,12 @@ def check(hv: Hypervisor, host: HostSpec, memory_mib: int) -> None:
         )
     available = hv.node().available_mib
     if available - memory_mib < host.keep_free_mib:
-        where = "this machine" if host.name == LOCAL else f"host {host.name}"
+        here = host.name == LOCAL  # (this machine's keep_free is the default: only other hosts are configured)
         raise VmsandboxError(
-            f"{where} has {available} MiB of memory available: a {memory_mib} MiB session would leave less than "
-            f"its keep_free ({host.keep_free_mib} MiB)",
-            hint="end a session (`vmsandbox ls`), give this one less --memory, pick another --host, or lower "
-            + ("`keep_free`" if host.name != LOCAL else "`keep_free` (`hosts:` in your config)"),
+            f"{'this machine' if here else f'host {host.name}'} has {available} MiB of memory available: a "
+            f"{memory_mib} MiB session would leave less than its keep_free ({host.keep_free_mib} MiB)",
+            hint="end a session (`vmsandbox ls`), give this one less --memory, or "
+            + ("run it on another host (--host)" if here else "pick another --host, or lower that host's keep_free"),
         )
 
 
