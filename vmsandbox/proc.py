@@ -27,6 +27,9 @@ from vmsandbox.errors import VmsandboxError
 log = logging.getLogger(__name__)
 
 
+TAIL_CHARS = 2000  # what an error shows of a command's output, at most (the end of its last lines)
+
+
 @dataclass(frozen=True)
 class Result:
     argv: tuple[str, ...]
@@ -39,12 +42,19 @@ class CommandError(VmsandboxError):
     """A command exited non-zero; carries the command, its exit code and the tail of its stderr."""
 
     def __init__(self, result: Result, *, hint: str | None = None) -> None:
-        tail = "\n".join(result.stderr.strip().splitlines()[-8:])
+        tail = tail_of(result.stderr, lines=8)
         super().__init__(
             f"`{shlex.join(result.argv)}` failed with exit code {result.returncode}" + (f": {tail}" if tail else ""),
             hint=hint,
         )
         self.result = result
+
+
+def tail_of(output: str, *, lines: int, chars: int = TAIL_CHARS) -> str:
+    """The end of a command's output as an error shows it: its last lines, and of them its last characters (one
+    line of output may be hundreds of kB: a registry's answer)."""
+    tail = "\n".join(output.strip().splitlines()[-lines:])
+    return tail if len(tail) <= chars else "…" + tail[-chars:]
 
 
 def which(tool: str) -> str:

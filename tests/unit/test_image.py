@@ -112,10 +112,12 @@ def test_layers_keep_one_version_and_are_refused_while_in_use(monkeypatch: pytes
 
 
 def test_a_failed_build_step_shows_the_end_of_its_output_bounded() -> None:
+    from vmsandbox import proc
     from vmsandbox.session.start import layer
 
     document = '{"versions": {' + '"1.0": {},' * 50_000 + "}"  # a registry's answer: one line of 500 kB
-    shown = layer.tail_of(document + "\n")
-    assert len(shown) == layer.TAIL_CHARS + 1 and shown.startswith("…") and shown.endswith("}")
-    assert layer.tail_of("\n".join(f"line {i}" for i in range(100))).splitlines()[0] == "line 85"
-    assert layer.tail_of("  \n") == ""
+    shown = proc.tail_of(document + "\n", lines=layer.TAIL_LINES)
+    assert len(shown) == proc.TAIL_CHARS + 1 and shown.startswith("…") and shown.endswith("}")
+    lines = "\n".join(f"line {i}" for i in range(100))
+    assert proc.tail_of(lines, lines=layer.TAIL_LINES).splitlines()[0] == "line 85"
+    assert proc.tail_of("  \n", lines=layer.TAIL_LINES) == ""

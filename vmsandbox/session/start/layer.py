@@ -14,7 +14,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from vmsandbox import paths, ui
+from vmsandbox import paths, proc, ui
 from vmsandbox.egress.rules.netpolicy import Mode
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.guest import commands
@@ -32,7 +32,7 @@ from vmsandbox.vm import qemuimg
 
 STEP_TIMEOUT = 45 * 60
 POWEROFF_TIMEOUT = 120
-TAIL_LINES, TAIL_CHARS = 15, 2000  # what an error shows of a failed step's output
+TAIL_LINES = 15  # what an error shows of a failed step's output (the end of its lines: proc.tail_of)
 
 
 def for_blueprint(bp: Blueprint, *, build: bool = True) -> store.Image:
@@ -123,13 +123,6 @@ def _build_into(bp: Blueprint, base: store.Image, version: str, work: Path) -> N
     (work / paths.IMAGE_MANIFEST).chmod(0o444)
 
 
-def tail_of(output: str, *, lines: int = TAIL_LINES, chars: int = TAIL_CHARS) -> str:
-    """The end of a step's output as an error shows it: its last lines, and of them its last characters (a
-    registry's answer is one line of hundreds of kB)."""
-    tail = "\n".join(output.strip().splitlines()[-lines:])
-    return tail if len(tail) <= chars else "…" + tail[-chars:]
-
-
 def _guest(record: Record, script: str, *, timeout: float = STEP_TIMEOUT) -> str:
     """Run a shell script as root in the build VM; its output, or an error with the output's tail."""
     # `set` inside: Debian's bash reads bash.bashrc when started by sshd, which -u at start-up would trip on
@@ -138,7 +131,7 @@ def _guest(record: Record, script: str, *, timeout: float = STEP_TIMEOUT) -> str
         record.endpoint("root"), f"bash -c {shlex.quote(wrapped)}", check=False, timeout=timeout
     )
     if result.returncode != 0:
-        tail = tail_of(result.stderr) or tail_of(result.stdout)
+        tail = proc.tail_of(result.stderr, lines=TAIL_LINES) or proc.tail_of(result.stdout, lines=TAIL_LINES)
         raise VmsandboxError(
             f"building the image failed (exit {result.returncode}):\n{tail}",
             hint=f"see the proxy's decisions with `vmsandbox policy log {record.name}` while it runs; "
