@@ -207,10 +207,13 @@ def session(
 
 
 class Upstream:
-    """A plain HTTP server on 127.0.0.1 that answers every request `body` (after reading its head)."""
+    """A plain HTTP server on 127.0.0.1 that answers every request `body` (after reading its head), then closes
+    the connection — or, `kept_open`, keeps it open (keep-alive; a TLS tunnel's HTTP/2 stream): the answer's last
+    bytes are followed by no end."""
 
-    def __init__(self, body: bytes = b"hello\n") -> None:
+    def __init__(self, body: bytes = b"hello\n", *, kept_open: bool = False) -> None:
         self.body = body
+        self.kept_open = kept_open
         self.sock = socket.socket()
         self.sock.bind((LOOPBACK, 0))
         self.sock.listen(64)
@@ -233,8 +236,11 @@ class Upstream:
             while b"\r\n\r\n" not in head and (chunk := conn.recv(4096)):
                 head += chunk
             self.heads.append(head)
-            conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\nConnection: close\r\n\r\n" % len(self.body))
+            close = b"" if self.kept_open else b"Connection: close\r\n"
+            conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n%s\r\n" % (len(self.body), close))
             conn.sendall(self.body)
+            if self.kept_open:
+                conn.recv(1)  # until the client ends it
 
     def resolver(self, name: str) -> Callable[[str, int, tuple[IPNetwork, ...]], Any]:
         """The daemon's resolver: `name` is this upstream; any other name does not resolve."""

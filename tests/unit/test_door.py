@@ -407,27 +407,12 @@ def test_the_door_takes_its_limit_and_refuses_the_next_at_once(
     assert len(events) == 25 and sum("limit 4" in str(e.get("reason")) for e in events) == 20
 
 
-class _KeptOpen(standin.Upstream):
-    """Answers with a length, then keeps the connection open (keep-alive; a TLS tunnel's HTTP/2 stream): the
-    answer's last bytes are followed by no end."""
-
-    def _answer(self, conn: socket.socket) -> None:
-        with conn, contextlib.suppress(OSError):
-            conn.settimeout(30)
-            head = b""
-            while b"\r\n\r\n" not in head and (chunk := conn.recv(4096)):
-                head += chunk
-            conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(self.body))
-            conn.sendall(self.body)
-            conn.recv(1)  # until the client ends it
-
-
 def test_an_answer_followed_by_no_end_reaches_the_guest_whole(session: standin.Session) -> None:
     """A 387 kB npm document through a kept-open tunnel reached the guest short by ~27 kB and was cut after
     `send_timeout`: paramiko sends one packet (32 KiB at most) a call, the rest waited for an event that never
     came (nothing more from upstream, no end, the window open). Every byte comes now, without an end."""
     body = bytes(range(256)) * 1600  # 400 kB
-    kept = _KeptOpen(body)
+    kept = standin.Upstream(body, kept_open=True)
 
     def scenario(served: daemon.Daemon, watch: Watch) -> None:
         ch = session.sshd.connect()
