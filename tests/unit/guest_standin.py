@@ -47,6 +47,7 @@ class _Server(paramiko.ServerInterface):
     def __init__(self, client_key: paramiko.PKey) -> None:
         self.client_key = client_key
         self.forwarded = threading.Event()
+        self.commands: list[bytes] = []  # what the daemon ran on this link (its clock step)
 
     def get_allowed_auths(self, username: str) -> str:
         return "publickey"
@@ -58,6 +59,7 @@ class _Server(paramiko.ServerInterface):
         return OPEN_SUCCEEDED if kind == "session" else OPEN_FAILED_ADMINISTRATIVELY_PROHIBITED
 
     def check_channel_exec_request(self, channel: paramiko.Channel, command: bytes) -> bool:
+        self.commands.append(command)
         done = threading.Thread(target=channel.send_exit_status, args=(0,), name="standin-exec", daemon=True)
         done.start()  # `date -s`: done
         return True
@@ -79,6 +81,7 @@ class Sshd:
         self.sock.listen(8)
         self.port = int(self.sock.getsockname()[1])
         self.links: list[tuple[paramiko.Transport, _Server]] = []
+        self.accepted = 0  # connections made to it (each costs a real guest a login's start-up)
         self._released = threading.Event()  # (a link that stopped reading reads again at the end)
         self._thread = threading.Thread(target=self._serve, name="standin-accept", daemon=True)
         self._thread.start()
@@ -89,6 +92,7 @@ class Sshd:
                 conn, _ = self.sock.accept()
             except OSError:
                 return
+            self.accepted += 1
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # as sshd: no small write waits for an ACK
             transport = paramiko.Transport(conn)
             transport.name = "standin-sshd"  # (not one of the daemon's threads)
@@ -188,16 +192,17 @@ class Session:
 
 @contextlib.contextmanager
 def session(
-    name: str, allow: list[str], *, mode: Mode = Mode.ALLOWLIST, banner: str | None = None
+    name: str, allow: list[str], *, mode: Mode = Mode.ALLOWLIST, banner: str | None = None, fresh: bool = False
 ) -> Iterator[Session]:
-    """A session's files (under the tests' state dir) and its guest's sshd, pinned."""
+    """A session's files (under the tests' state dir) and its guest's sshd, pinned; `fresh`: a guest that
+    starts now (the daemon's spec says so)."""
     files = paths.session_paths(name)
     files.root.mkdir(parents=True)
     _key(files.client_key)
     host_public = _key(files.root / "host_key")
     sshd = Sshd(files.root / "host_key", files.client_key, banner)
     ssh.write_known_hosts(files, sshd.port, host_public)
-    control.Spec(name, sshd.port, True, (), URI, f"vmsandbox-{name}").save(files)
+    control.Spec(name, sshd.port, True, (), URI, f"vmsandbox-{name}", fresh).save(files)
     config = {"mode": mode.value, "allow": allow, "secrets": [], "session": name}
     policy.write_config(files, config)
     try:

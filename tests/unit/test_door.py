@@ -313,6 +313,28 @@ def test_the_guests_banner_is_escaped_in_the_daemons_log(upstream: standin.Upstr
     assert "\x1b" not in text and "\x07" not in text
 
 
+@pytest.mark.parametrize("fresh", [True, False])
+def test_the_first_link_takes_the_connection_that_answered_and_steps_the_clock_unless_fresh(
+    upstream: standin.Upstream, fresh: bool
+) -> None:
+    """The daemon waits for its guest's sshd and logs in on the connection whose banner came: one connection to
+    the guest, not a probe and then a login (each costs a real guest a login's start-up). A guest that starts
+    now (spec `fresh`) has the host's clock: its first link runs nothing there; any later link steps the
+    guest's clock (it may have been restored or suspended meanwhile), and so does every link of a daemon that
+    is not fresh."""
+    with standin.session("first", [ALLOWED], fresh=fresh) as s:
+
+        def scenario(served: daemon.Daemon, watch: Watch) -> None:
+            assert s.sshd.accepted == 1
+            first = s.sshd.transport
+            first.close()
+            wait_for(lambda: s.sshd.transport is not first and served.door is Door.UP, "a new link")
+
+        run_daemon(s, upstream, scenario, Limits())
+        said = [[c.split()[:2] for c in server.commands] for _, server in s.sshd.links]
+    assert said == [[] if fresh else [[b"date", b"-s"]], [[b"date", b"-s"]]]
+
+
 def test_the_process_limits_are_never_above_what_it_has() -> None:
     lim = Limits(files=4096, tasks=256)
     got = limits.process_limits(lim, own_uid=True, get=lambda _which: (1024, 1024))

@@ -46,6 +46,9 @@ class Spec:
     publish: tuple[Publish, ...]
     libvirt_uri: str
     domain: str
+    # spawned with a guest that starts now: its clock is the host's at the first link (a cold boot reads the
+    # host's, a warm start's identity sets it), which then needs no step
+    fresh: bool = False
 
     def save(self, files: paths.SessionPaths) -> None:
         data = {**self.__dict__, "publish": [p.as_dict() for p in self.publish]}

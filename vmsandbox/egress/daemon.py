@@ -24,6 +24,7 @@ import contextlib
 import json
 import logging
 import signal
+import socket
 import ssl
 import sys
 import threading
@@ -96,6 +97,7 @@ class Daemon:
         self.link: channel.Link | None = None
         self.beat = time.monotonic()  # the forwarder's last round
         self.hung: str | None = None  # why the watch closed the link (its writes hung)
+        self.clock_right = self.spec.fresh  # the guest's clock needs no step at the next link
         self.doorway = Doorway(self.proxy, self.loop, limits)
         self.published = Published(lambda: self.link, self.stop)
         self.door = Door.DOWN
@@ -126,8 +128,9 @@ class Daemon:
 
     # ------------------------------------------------------------ forwarder thread
 
-    def _await_sshd(self) -> None:
-        """Spawned while its guest boots: wait for sshd's banner before the first connect (not in backoff)."""
+    def _await_sshd(self) -> socket.socket | None:
+        """Spawned while its guest boots: wait for sshd's banner before the first connect (not in backoff), on a
+        connection the first link then uses (every connection costs the guest a login's start-up)."""
         checked = time.monotonic()
 
         def alive() -> str | None:
@@ -141,9 +144,10 @@ class Daemon:
             return None
 
         try:
-            ssh.wait_for_banner(self.spec.ssh_port, timeout=BOOT_WAIT, alive=alive)
+            return ssh.banner_socket(self.spec.ssh_port, timeout=BOOT_WAIT, alive=alive)
         except VmsandboxError as exc:
             log.info("sshd did not answer: %s", exc.message)  # the forward loop says what follows
+            return None
 
     def forward(self) -> None:
         """The forwarder thread. Whatever ends it is recorded (down, with the reason) and ends the daemon."""
@@ -159,10 +163,10 @@ class Daemon:
 
     def _forward(self) -> None:
         self._state(Door.DOWN, "waiting for the guest's sshd")
-        self._await_sshd()
+        sock = self._await_sshd()
         backoff = 0.5
         while not self.stop.is_set():
-            error = self._hold_forward()
+            error, sock = self._hold_forward(sock), None
             self._state(Door.DOWN, error)
             if self.stop.is_set():
                 break
@@ -174,10 +178,11 @@ class Daemon:
             self.stop.wait(backoff)
             backoff = min(backoff * 2, MAX_BACKOFF)
 
-    def _hold_forward(self) -> str:
-        """One SSH link, held until it ends: why it ended (the state says so before the link goes)."""
+    def _hold_forward(self, sock: socket.socket | None = None) -> str:
+        """One SSH link (on `sock` if given), held until it ends: why it ended (the state says so before the link
+        goes)."""
         try:
-            link = channel.connect(self.endpoint, user="root", keys=self.keys)
+            link = channel.connect(self.endpoint, user="root", keys=self.keys, sock=sock)
         except VmsandboxError as exc:
             return exc.message
         except Exception as exc:  # noqa: BLE001 - its files went away under it (removed), or anything else
@@ -188,8 +193,12 @@ class Daemon:
             link.limit_window(self.limits.window)
             # the guest's clock is behind after a restore (a checkpoint, `start`, a suspended host): step it to
             # ours before the door opens, so that whoever waits for the door gets a guest with the right time
-            if link.run_unread(f"date -s @{time.time():.3f} >/dev/null 2>&1", timeout=CLOCK_TIMEOUT) != 0:
+            # (not at the first link with a guest that starts now: its clock came from the host at its start)
+            if not self.clock_right and (
+                link.run_unread(f"date -s @{time.time():.3f} >/dev/null 2>&1", timeout=CLOCK_TIMEOUT) != 0
+            ):
                 log.warning("could not step the guest's clock")
+            self.clock_right = False
             if self.spec.door:
                 link.forward_remote(GUEST_PROXY_PORT)
                 log.info("guest 127.0.0.1:%d is open", GUEST_PROXY_PORT)

@@ -16,6 +16,8 @@ from vmsandbox.errors import VmsandboxError
 from vmsandbox.guest.ssh import LOOPBACK, Endpoint
 
 if TYPE_CHECKING:
+    import socket
+
     import paramiko
 
 
@@ -202,9 +204,16 @@ def load_keys(endpoint: Endpoint) -> Keys:
         raise VmsandboxError(f"cannot read the SSH keys of session {endpoint.session}: {exc}") from exc
 
 
-def connect(endpoint: Endpoint, *, user: str | None = None, timeout: float = 15, keys: Keys | None = None) -> Link:
+def connect(
+    endpoint: Endpoint,
+    *,
+    user: str | None = None,
+    timeout: float = 15,
+    keys: Keys | None = None,
+    sock: socket.socket | None = None,
+) -> Link:
     """A link with the pinned host key and the session key (read now, or `keys` read before); unknown keys are
-    rejected."""
+    rejected. On `sock` (a connection to the endpoint whose banner came: ssh.banner_socket) if given."""
     import paramiko
 
     keys = keys or load_keys(endpoint)
@@ -224,6 +233,7 @@ def connect(endpoint: Endpoint, *, user: str | None = None, timeout: float = 15,
             timeout=timeout,
             banner_timeout=timeout,
             auth_timeout=timeout,
+            sock=sock,
         )
     except paramiko.BadHostKeyException as exc:
         client.close()

@@ -65,6 +65,9 @@ class Endpoint:
             "ServerAliveInterval": "15",
             "ServerAliveCountMax": "4",
             "ConnectTimeout": "10",
+            # The post-quantum hybrid (OpenSSH 9's default, sntrup761) costs each login ~0.1 s of a TCG guest; the
+            # connection runs over the host's loopback (through an ssh tunnel of the user's own for a remote host)
+            "KexAlgorithms": "curve25519-sha256,curve25519-sha256@libssh.org",
             "LogLevel": "ERROR",
             "SendEnv": "LANG LC_* COLORTERM",
             # One login (slow under TCG) serves the command, the review's rsync and later execs.
@@ -96,11 +99,18 @@ def write_known_hosts(files: SessionPaths, port: int, host_public_key: str) -> N
 
 
 def wait_for_banner(port: int, *, timeout: float, alive: Callable[[], str | None]) -> float:
-    """Wait until sshd answers with its banner on 127.0.0.1:port.
+    """Wait until sshd answers with its banner on 127.0.0.1:port. `alive` returns None while the VM runs, else
+    why it stopped. Returns seconds waited."""
+    start = time.monotonic()
+    banner_socket(port, timeout=timeout, alive=alive).close()
+    return time.monotonic() - start
 
-    slirp accepts TCP on the forwarded port before sshd listens, so a connect alone proves nothing.
-    `alive` returns None while the VM runs, else why it stopped. Returns seconds waited.
-    """
+
+def banner_socket(port: int, *, timeout: float, alive: Callable[[], str | None]) -> socket.socket:
+    """A connection to 127.0.0.1:port on which sshd has sent its banner (peeked, not read): a client may log in
+    on it. slirp accepts TCP on the forwarded port before sshd listens, so a connect alone proves nothing; and
+    every connection sshd accepts costs the guest a login's start-up (a fork and a re-exec: ~0.2 s under TCG),
+    so the one that answers is worth keeping. `alive` returns None while the VM runs, else why it stopped."""
     start = time.monotonic()
     while True:
         elapsed = time.monotonic() - start
@@ -109,17 +119,36 @@ def wait_for_banner(port: int, *, timeout: float, alive: Callable[[], str | None
             raise VmsandboxError(f"the VM stopped while booting: {stopped}")
         if elapsed > timeout:
             raise VmsandboxError(f"the VM did not answer on SSH within {timeout:.0f} s")
-        if answers(port):
-            return time.monotonic() - start
+        s = _answering(port)
+        if s is not None:
+            return s
         time.sleep(0.1)  # a connect to a loopback forward costs nothing: a late banner costs the user
+
+
+def _answering(port: int, timeout: float = 3) -> socket.socket | None:
+    """A connection on which an sshd has sent its banner within `timeout` seconds (peeked), else None."""
+    try:
+        s = socket.create_connection((LOOPBACK, port), timeout=2)
+    except OSError:
+        return None
+    try:
+        s.settimeout(timeout)
+        if s.recv(4, socket.MSG_PEEK) == b"SSH-":
+            s.settimeout(None)
+            return s
+    except OSError:
+        pass
+    s.close()
+    return None
 
 
 def answers(port: int, timeout: float = 3) -> bool:
     """Whether an sshd answers on 127.0.0.1:port with its banner (within `timeout` seconds)."""
-    with contextlib.suppress(OSError), socket.create_connection((LOOPBACK, port), timeout=2) as s:
-        s.settimeout(timeout)
-        return s.recv(16).startswith(b"SSH-")
-    return False
+    s = _answering(port, timeout)
+    if s is None:
+        return False
+    s.close()
+    return True
 
 
 LOGIN_AHEAD_TIMEOUT = 30.0

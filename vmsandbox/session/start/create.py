@@ -66,7 +66,7 @@ def create(opts: Options) -> Record:
 
             def launched() -> None:  # the egress daemon starts while the guest boots, and waits for its sshd
                 if record.wants_daemon:
-                    spawned[:] = [control.spawn(daemon_spec(record), files)]
+                    spawned[:] = [control.spawn(daemon_spec(record, fresh=True), files)]
 
             host.boot(record, image, cold=opts.cold, timeout=settings.boot_timeout, launched=launched)
             pins.pin(name, image.version, record.template)
@@ -185,9 +185,9 @@ def write_identity(files: paths.SessionPaths, name: str, hostname: str, user: Gu
     shutil.copyfile(files.host_key, fw / "host_key")
 
 
-def daemon_spec(record: Record) -> control.Spec:
+def daemon_spec(record: Record, *, fresh: bool = False) -> control.Spec:
     return control.Spec(
-        record.name, record.ssh_port, record.network.has_door, record.publish, record.libvirt_uri, record.domain
+        record.name, record.ssh_port, record.network.has_door, record.publish, record.libvirt_uri, record.domain, fresh
     )
 
 

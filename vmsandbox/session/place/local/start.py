@@ -15,7 +15,7 @@ from vmsandbox.guest import identity, ssh
 from vmsandbox.image import store
 from vmsandbox.session.place import console as boot_mod
 from vmsandbox.session.place import templates as templatekey
-from vmsandbox.session.place.interface import IDENTITY_TIMEOUT, Launched, alive, nothing, template_for, warm_or_cold
+from vmsandbox.session.place.interface import IDENTITY_TIMEOUT, Launched, nothing, template_for, warm_or_cold
 from vmsandbox.session.place.local import bootwait, sharing, template
 from vmsandbox.session.record import Record
 from vmsandbox.vm import accel as accel_mod
@@ -146,9 +146,9 @@ def warm(
         xml = domain.workspace_xml(record.workspace_disk, record.workspace_format, record.workspace_backing_disk)
         hv.attach(record.domain, xml)
         detail("identity")
+        # the guest answers once sshd listens (its `systemctl start` returned): no banner to wait for, and a
+        # probe would cost the guest a login's start-up
         identity.send(files.identity_socket, files.fwcfg_dir, timeout=min(IDENTITY_TIMEOUT, boot_timeout))
-        detail("sshd")
-        ssh.wait_for_banner(record.ssh_port, timeout=boot_timeout, alive=lambda: alive(hv, record.domain))
 
 
 def _template_memory(record: Record, tmpl: template.Template, hv: Hypervisor) -> sharing.Shared | None:
