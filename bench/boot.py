@@ -32,7 +32,7 @@ from vmsandbox.session.options import Options
 from vmsandbox.session.settings import Settings
 from vmsandbox.session.start import create
 from vmsandbox.vm import accel, qemuimg
-from vmsandbox.vm.domain import TCG_TB_CACHE_MIB
+from vmsandbox.vm.domain import NO_ASLR, TCG_TB_CACHE_MIB
 
 
 def bare_qemu_boot(img: image.Image, choice: accel.Accel, cpus: int, memory_mib: int, work: Path) -> float:
@@ -66,7 +66,7 @@ def bare_qemu_boot(img: image.Image, choice: accel.Accel, cpus: int, memory_mib:
         "-initrd",
         str(img.initrd),
         "-append",
-        img.kernel_cmdline,
+        img.kernel_cmdline if choice is accel.Accel.KVM else f"{img.kernel_cmdline} {NO_ASLR}",  # as a session's
         "-drive",
         f"file={overlay},if=virtio,format=qcow2",
         "-netdev",

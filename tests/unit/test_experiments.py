@@ -101,7 +101,7 @@ def test_a_fork_restores_with_every_host_path_its_own() -> None:
     root = ET.fromstring(xml)  # noqa: S314
     ws = [disk for disk in root.findall("devices/disk") if disk.findtext("serial") == WORKSPACE_SERIAL]
     assert ws[0].find("source").get("file") == str(d / "workspace.raw")  # type: ignore[union-attr]
-    assert boot_of(xml) == (Path("/img/vmlinuz"), Path("/img/initrd.img"), "root=/dev/vda rw")
+    assert boot_of(xml) == (Path("/img/vmlinuz"), Path("/img/initrd.img"), "root=/dev/vda rw norandmaps")  # as saved
 
 
 def test_a_fork_on_another_host_says_whose_it_is_and_keeps_the_save_images_layout() -> None:

@@ -18,6 +18,7 @@ IDENTITY_PORT = "org.vmsandbox.identity"  # the guest's /dev/virtio-ports/<name>
 WORKSPACE_SERIAL = "vmsandbox-workspace"
 LIBVIRTS_SOCKET = Path("libvirt")  # a channel whose socket libvirt places itself (on another host: we reach it
 # through libvirt, Hypervisor.exchange, and it goes where that host's QEMU may make it)
+NO_ASLR = "norandmaps"  # on a TCG guest's kernel command line: kernel_cmdline
 TCG_TB_CACHE_MIB = 128  # QEMU's default is 1 GiB of host RAM per VM; see docs/guide.md, "Lean sessions"
 # A fixed PCI slot for the NIC: q35 needs bus/addr spelled out for a device added on the QEMU command line.
 NIC_DEVICE = "virtio-net-pci,netdev=n0,bus=pcie.0,addr=0x10"
@@ -93,7 +94,7 @@ def build_xml(spec: DomainSpec) -> str:
     _sub(os_el, "type", "hvm", arch="x86_64", machine="q35")
     _sub(os_el, "kernel", str(spec.kernel))
     _sub(os_el, "initrd", str(spec.initrd))
-    _sub(os_el, "cmdline", spec.cmdline)
+    _sub(os_el, "cmdline", kernel_cmdline(spec))
     features = _sub(dom, "features")
     _sub(features, "acpi")
     if spec.accel is Accel.TCG:
@@ -164,6 +165,17 @@ def _backing(disk: ET.Element, raw: Path | None) -> None:
     _sub(chain, "format", type="raw")
     _sub(_sub(chain, "source", file=str(raw)), "seclabel", model="dac", relabel="no")
     _sub(chain, "backingStore")
+
+
+def kernel_cmdline(spec: DomainSpec) -> str:
+    """The guest kernel's command line: the image's, and under TCG `norandmaps` (no address space
+    randomisation). QEMU 7.2's TCG keys translated code by its virtual address, so a library that every process
+    maps at an address of its own is translated again in each: a login cost a TCG guest ~7,000 translations
+    more each time. The guest is disposable and hostile by design (its root is the agent's): ASLR there
+    protects nothing of the host's, and a guest that wants it back sets kernel.randomize_va_space."""
+    if spec.accel is not Accel.TCG or NO_ASLR in spec.cmdline.split():
+        return spec.cmdline
+    return f"{spec.cmdline} {NO_ASLR}"
 
 
 def for_restore(saved_xml: str, spec: DomainSpec) -> str:
