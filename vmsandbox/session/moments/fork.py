@@ -42,14 +42,24 @@ from vmsandbox.sync.inward import capture
 # Run as root in the restored guest, the fork's identity (identity.bundle's tar) on stdin: the clock and the
 # random generator first (the fork shares the source's memory), then the identity applied as a warm start
 # does, then sshd reloaded with the new host key. The guest's identity program does it all in one process
-# (`identity fork`, images/base/rootfs/usr/local/lib/vmsandbox/identity); the lines after `esac` are for the
-# sessions of images older than that program (a shell script then, which takes only a directory), read by
-# the shell's own `read` so that nothing else runs first.
+# (`identity fork`, images/base/rootfs/usr/local/lib/vmsandbox/identity); the other branch is for the sessions
+# of images older than that program (a shell script then, which takes only a directory), told apart by the
+# shell's own `read` so that nothing else runs first. It returns once the reloaded sshd listens again (a
+# socket of another inode on port 22, read from /proc/net/tcp by the shell alone, within 10 s): the host's
+# next login is the fork's own, with no probe for the banner (each costs the guest a login's start-up).
 REIDENTIFY = r"""set -eu
+listening() {  # the inode of sshd's socket listening on port 22 (0.0.0.0), in $found ("" while none)
+    found=
+    while read -r _ local _ st _ _ _ _ _ inode _; do
+        if [ "$st" = 0A ] && [ "$local" = 00000000:0016 ]; then found=$inode; fi
+    done </proc/net/tcp
+}
+listening
+before=$found
 read -r first </usr/local/lib/vmsandbox/identity
 case $first in
-*python3*) exec /usr/local/lib/vmsandbox/identity fork >/dev/null ;;
-esac
+*python3*) /usr/local/lib/vmsandbox/identity fork >/dev/null ;;
+*)
 d=$(mktemp -d /run/vmsandbox-fork.XXXXXX)
 tar -x -m -C "$d" -f -
 date -s "@$(cat "$d/clock")" >/dev/null
@@ -63,6 +73,15 @@ rm -rf /etc/vmsandbox/identity.d
 cp -a "$d" /etc/vmsandbox/identity.d
 rm -rf "$d"
 systemctl reload ssh.service
+;;
+esac
+i=0
+while [ $i -lt 200 ]; do
+    listening
+    if [ -n "$found" ] && [ "$found" != "$before" ]; then break; fi
+    i=$((i + 1))
+    sleep 0.05
+done
 """
 IDENTITY_TIMEOUT = 120
 
@@ -208,7 +227,6 @@ def _hand_over_identity(source: Record, fork: VM) -> None:
     """Log in with the source's keys (the restored guest's) and hand over the fork's identity."""
     record = fork.record
     files = record.files
-    ssh.wait_for_banner(record.ssh_port, timeout=60, alive=fork.alive)
     bridge = paths.SessionPaths(files.root / "fork-bridge")
     bridge.root.mkdir(mode=0o700)
     try:
@@ -218,7 +236,13 @@ def _hand_over_identity(source: Record, fork: VM) -> None:
         once = Endpoint(record.name, record.ssh_port, "root", bridge)
         once.write_config()
         argv = [*once.ssh_argv("-T", "-o", "ControlMaster=no"), "--", REIDENTIFY]
-        proc.run(argv, input=identity.bundle(files.fwcfg_dir), timeout=IDENTITY_TIMEOUT)
+        # the source's sshd came back with its memory: no probe first, unless the login finds none
+        handed = proc.run(argv, input=identity.bundle(files.fwcfg_dir), timeout=IDENTITY_TIMEOUT, check=False)
+        if handed.returncode == commands.SSH_FAILED:
+            ssh.wait_for_banner(record.ssh_port, timeout=60, alive=fork.alive)
+            handed = proc.run(argv, input=identity.bundle(files.fwcfg_dir), timeout=IDENTITY_TIMEOUT, check=False)
+        if handed.returncode != 0:
+            raise proc.CommandError(handed)
     finally:
         shutil.rmtree(bridge.root, ignore_errors=True)
 
@@ -226,11 +250,12 @@ def _hand_over_identity(source: Record, fork: VM) -> None:
 def _check_identity(fork: VM) -> None:
     """The fork's own keys log in, and its sshd presents the host key pinned for it."""
     record = fork.record
-    # sshd re-executes itself on the reload: connections are refused for a moment
-    for _attempt in range(20):
-        ssh.wait_for_banner(record.ssh_port, timeout=60, alive=fork.alive)
+    # the hand-over returned once the reloaded sshd listened; should it not be there yet, wait for its banner
+    for attempt in range(20):
+        if attempt:
+            time.sleep(0.25)
+            ssh.wait_for_banner(record.ssh_port, timeout=60, alive=fork.alive)
         answer = commands.run_as_root(record.endpoint(), "true", check=False, timeout=60)
         if answer.returncode != commands.SSH_FAILED:
             break
-        time.sleep(0.25)
     commands.run_as_root(record.endpoint(), "true", timeout=60, hint="the fork did not take its new identity")
