@@ -146,8 +146,8 @@ def warm(
         xml = domain.workspace_xml(record.workspace_disk, record.workspace_format, record.workspace_backing_disk)
         hv.attach(record.domain, xml)
         detail("identity")
-        # the guest answers once sshd listens (its `systemctl start` returned): no banner to wait for, and a
-        # probe would cost the guest a login's start-up
+        # the guest answers once sshd listens (PID 1's job that started it has ended): no banner to wait for,
+        # and a probe would cost the guest a login's start-up
         identity.send(files.identity_socket, files.fwcfg_dir, timeout=min(IDENTITY_TIMEOUT, boot_timeout))
 
 
