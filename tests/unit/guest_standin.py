@@ -35,6 +35,25 @@ logging.getLogger("standin.sshd").setLevel(logging.CRITICAL)
 URI = "test:///default"  # libvirt's test driver: never asked (the daemon is told it dropped root)
 
 
+def listen(serve: Callable[[socket.socket], None], *, name: str, backlog: int = 16) -> socket.socket:
+    """A socket listening on 127.0.0.1 (a free port): a thread named `name` hands each connection to `serve`, one
+    after another, until the socket is closed."""
+    sock = socket.socket()
+    sock.bind((LOOPBACK, 0))
+    sock.listen(backlog)
+
+    def accept() -> None:
+        while True:
+            try:
+                conn, _ = sock.accept()
+            except OSError:
+                return
+            serve(conn)
+
+    threading.Thread(target=accept, name=name, daemon=True).start()
+    return sock
+
+
 def _key(path: Path) -> str:
     """A new Ed25519 key at `path` (OpenSSH format); its public line."""
     key = Ed25519PrivateKey.generate()
@@ -76,37 +95,28 @@ class Sshd:
         self.banner = banner  # its version line, if not paramiko's
         self.host_key = paramiko.Ed25519Key.from_private_key_file(str(host_key))
         self.client_key = paramiko.Ed25519Key.from_private_key_file(str(client_key))
-        self.sock = socket.socket()
-        self.sock.bind((LOOPBACK, 0))
-        self.sock.listen(8)
-        self.port = int(self.sock.getsockname()[1])
         self.links: list[tuple[paramiko.Transport, _Server]] = []
         self.accepted = 0  # connections made to it (each costs a real guest a login's start-up)
         self._released = threading.Event()  # (a link that stopped reading reads again at the end)
-        self._thread = threading.Thread(target=self._serve, name="standin-accept", daemon=True)
-        self._thread.start()
+        self.sock = listen(self._take, name="standin-accept", backlog=8)
+        self.port = int(self.sock.getsockname()[1])
 
-    def _serve(self) -> None:
-        while True:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            self.accepted += 1
-            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # as sshd: no small write waits for an ACK
-            transport = paramiko.Transport(conn)
-            transport.name = "standin-sshd"  # (not one of the daemon's threads)
-            transport.set_log_channel("standin.sshd")  # (its complaints about a banner probe are not the test's)
-            if self.banner is not None:
-                transport.local_version = self.banner
-            transport.add_server_key(self.host_key)
-            server = _Server(self.client_key)
-            try:
-                transport.start_server(server=server)
-            except (paramiko.SSHException, EOFError, OSError):
-                transport.close()
-                continue
-            self.links.append((transport, server))
+    def _take(self, conn: socket.socket) -> None:
+        self.accepted += 1
+        conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # as sshd: no small write waits for an ACK
+        transport = paramiko.Transport(conn)
+        transport.name = "standin-sshd"  # (not one of the daemon's threads)
+        transport.set_log_channel("standin.sshd")  # (its complaints about a banner probe are not the test's)
+        if self.banner is not None:
+            transport.local_version = self.banner
+        transport.add_server_key(self.host_key)
+        server = _Server(self.client_key)
+        try:
+            transport.start_server(server=server)
+        except (paramiko.SSHException, EOFError, OSError):
+            transport.close()
+            return
+        self.links.append((transport, server))
 
     @property
     def transport(self) -> paramiko.Transport:
@@ -219,20 +229,12 @@ class Upstream:
     def __init__(self, body: bytes = b"hello\n", *, kept_open: bool = False) -> None:
         self.body = body
         self.kept_open = kept_open
-        self.sock = socket.socket()
-        self.sock.bind((LOOPBACK, 0))
-        self.sock.listen(64)
-        self.port = int(self.sock.getsockname()[1])
         self.heads: list[bytes] = []
-        threading.Thread(target=self._serve, name="standin-upstream", daemon=True).start()
+        self.sock = listen(self._take, name="standin-upstream", backlog=64)
+        self.port = int(self.sock.getsockname()[1])
 
-    def _serve(self) -> None:
-        while True:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._answer, args=(conn,), name="standin-answer", daemon=True).start()
+    def _take(self, conn: socket.socket) -> None:
+        threading.Thread(target=self._answer, args=(conn,), name="standin-answer", daemon=True).start()
 
     def _answer(self, conn: socket.socket) -> None:
         with conn, contextlib.suppress(OSError):

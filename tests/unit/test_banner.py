@@ -13,6 +13,8 @@ import pytest
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.guest import ssh
 
+from . import guest_standin as standin
+
 BANNER = b"SSH-2.0-OpenSSH_9.2p1 Debian-2\r\n"
 
 
@@ -20,27 +22,19 @@ class Forward:
     """A forwarded port: each connection is closed at once (no sshd yet) until `listening`, then greeted."""
 
     def __init__(self) -> None:
-        self.sock = socket.socket()
-        self.sock.bind((ssh.LOOPBACK, 0))
-        self.sock.listen(16)
-        self.port = int(self.sock.getsockname()[1])
         self.listening = threading.Event()
         self.accepted = 0
         self.greeted: list[socket.socket] = []
-        threading.Thread(target=self._serve, daemon=True).start()
+        self.sock = standin.listen(self._take, name="standin-forward")
+        self.port = int(self.sock.getsockname()[1])
 
-    def _serve(self) -> None:
-        while True:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            self.accepted += 1
-            if self.listening.is_set():
-                conn.sendall(BANNER)
-                self.greeted.append(conn)
-            else:
-                conn.close()
+    def _take(self, conn: socket.socket) -> None:
+        self.accepted += 1
+        if self.listening.is_set():
+            conn.sendall(BANNER)
+            self.greeted.append(conn)
+        else:
+            conn.close()
 
     def close(self) -> None:
         self.sock.close()

@@ -26,6 +26,8 @@ from vmsandbox.egress.relay.upstream import checked_resolver
 from vmsandbox.egress.rules.limits import Limits
 from vmsandbox.egress.rules.netpolicy import IPAddress, IPNetwork, Mode, Policy, Refused, parse_rule
 
+from . import guest_standin as standin
+
 LOOPBACK = "127.0.0.1"
 ALLOWED = "allowed.example"
 TIMEOUT = 30.0  # the longest a test waits for what should come at once (never reached when all is well)
@@ -41,19 +43,11 @@ class Upstream:
     done: threading.Condition = field(default_factory=threading.Condition)
 
     def __post_init__(self) -> None:
-        self.sock = socket.socket()
-        self.sock.bind((LOOPBACK, 0))
-        self.sock.listen(64)
+        self.sock = standin.listen(self._take, name="standin-upstream", backlog=64)
         self.port = int(self.sock.getsockname()[1])
-        threading.Thread(target=self._serve, daemon=True).start()
 
-    def _serve(self) -> None:
-        while True:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._one, args=(conn,), daemon=True).start()
+    def _take(self, conn: socket.socket) -> None:
+        threading.Thread(target=self._one, args=(conn,), daemon=True).start()
 
     def _one(self, conn: socket.socket) -> None:
         got = b""
