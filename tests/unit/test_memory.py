@@ -20,7 +20,7 @@ from tests.unit.test_domain import qemu_args, spec
 from tests.unit.test_warm import fake_save, template_xml
 from vmsandbox.session.place.local import sharing
 from vmsandbox.session.place.local import template as templates
-from vmsandbox.vm import domain, node, savefile
+from vmsandbox.vm import domain, node, rambackend, savefile
 from vmsandbox.vm.memory import sealed, usage
 from vmsandbox.vm.memory import split as memsplit
 
@@ -219,7 +219,7 @@ def session_xml() -> str:
 
 
 def test_a_shared_session_maps_the_file_privately_as_its_ram() -> None:
-    xml = domain.with_memory(session_xml(), "/proc/42/fd/7")
+    xml = rambackend.with_memory(session_xml(), "/proc/42/fd/7")
     args = qemu_args(xml)
     i = args.index("-object")
     backend = json.loads(args[i + 1])
@@ -233,22 +233,22 @@ def test_a_shared_session_maps_the_file_privately_as_its_ram() -> None:
         "discard-data": False,
     }
     assert args[args.index("-machine") + 1] == f"memory-backend={memsplit.SHARED_BLOCK}"
-    assert domain.memory_of(xml) == "/proc/42/fd/7"
+    assert rambackend.memory_of(xml) == "/proc/42/fd/7"
     assert "restrict=on" in args[1]  # the network stays as it was
 
 
 def test_a_backend_named_again_replaces_the_one_there() -> None:
-    once = domain.with_memory(session_xml(), "/proc/42/fd/7")
-    again = domain.with_memory(once, None)  # a shared session's own save, restored whole
+    once = rambackend.with_memory(session_xml(), "/proc/42/fd/7")
+    again = rambackend.with_memory(once, None)  # a shared session's own save, restored whole
     args = qemu_args(again)
     assert args.count("-object") == 1 and args.count("-machine") == 1
     assert json.loads(args[args.index("-object") + 1])["qom-type"] == "memory-backend-ram"
-    assert domain.memory_of(again) is None
-    assert domain.memory_of(session_xml()) is None
+    assert rambackend.memory_of(again) is None
+    assert rambackend.memory_of(session_xml()) is None
 
 
 def test_the_backend_leaves_the_guest_abi_alone() -> None:
-    before, after = ET.fromstring(session_xml()), ET.fromstring(domain.with_memory(session_xml(), "/x"))  # noqa: S314
+    before, after = ET.fromstring(session_xml()), ET.fromstring(rambackend.with_memory(session_xml(), "/x"))  # noqa: S314
     assert [e.tag for e in before.iter() if "qemu" not in e.tag] == [e.tag for e in after.iter() if "qemu" not in e.tag]
 
 

@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-import itertools
-import json
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from vmsandbox.vm.accel import Accel
-from vmsandbox.vm.memory.split import SHARED_BLOCK
 
 QEMU_NS = "http://libvirt.org/schemas/domain/qemu/1.0"
 META_NS = "https://github.com/vmsandbox/vmsandbox/xmlns/session/1"
@@ -183,13 +180,13 @@ def for_restore(saved_xml: str, spec: DomainSpec) -> str:
     memory, CPUs) stay exactly as saved; the name, the metadata and every host-side path and port are the
     session's. libvirt restores only XML whose guest ABI matches the save image."""
     root = ET.fromstring(saved_xml)  # noqa: S314 - written by our own libvirt daemon
-    _find(root, "name").text = spec.name
-    meta = _find(root, "metadata")
+    find(root, "name").text = spec.name
+    meta = find(root, "metadata")
     for child in list(meta):
         meta.remove(child)
     ET.SubElement(meta, f"{{{META_NS}}}session", _owner(spec))
     _set_disks(root, spec.disk, spec.workspace_disk)
-    source = _find(root, "devices/serial/source")
+    source = find(root, "devices/serial/source")
     source.set("path", str(spec.console_log))
     source.set("append", "on")
     for entry in root.iterfind("sysinfo[@type='fwcfg']/entry"):
@@ -198,7 +195,7 @@ def for_restore(saved_xml: str, spec: DomainSpec) -> str:
             raise ValueError(f"the saved domain reads fw_cfg entry {key!r}, which this session does not provide")
         entry.set("file", str(spec.fwcfg_files[key]))
     if spec.channel is not None:
-        channel = _find(root, "devices/channel")
+        channel = find(root, "devices/channel")
         sock = channel.find("source")
         if sock is None:  # libvirt leaves out a socket it placed itself
             sock = ET.Element("source", mode="bind")
@@ -224,8 +221,8 @@ def boot_of(xml: str) -> tuple[Path, Path, str]:
     """The kernel, initrd and command line a domain XML boots."""
     root = ET.fromstring(xml)  # noqa: S314 - written by our own libvirt daemon
     return (
-        Path(_find(root, "os/kernel").text or ""),
-        Path(_find(root, "os/initrd").text or ""),
+        Path(find(root, "os/kernel").text or ""),
+        Path(find(root, "os/initrd").text or ""),
         root.findtext("os/cmdline", ""),
     )
 
@@ -249,77 +246,9 @@ def _set_disks(root: ET.Element, system: Path, workspace: Path | None) -> None:
             path = workspace
         else:
             continue
-        _find(disk, "source").set("file", str(path))
+        find(disk, "source").set("file", str(path))
         for chain in disk.findall("backingStore"):
             disk.remove(chain)
-
-
-def with_memory(xml: str, mem_path: str | None) -> str:
-    """The domain's RAM as the memory backend SHARED_BLOCK (what a split save image names it, vm.memory.split): a
-    copy-on-write mapping of the sealed file at `mem_path` (share=off: the guest's writes stay in its own QEMU),
-    or with None plain anonymous memory (a shared session's own save, restored whole). libvirt 9.0 cannot name a
-    domain's memory file, so the backend is two arguments of QEMU's command line (docs/architecture.md, "Memory
-    shared between sessions"): `-object` with the backend, `-machine memory-backend=` choosing it over the one
-    libvirt makes (which stays, unused and untouched)."""
-    root = ET.fromstring(xml)  # noqa: S314 - written by our own libvirt daemon
-    cmd = root.find(f"{{{QEMU_NS}}}commandline")
-    if cmd is None:
-        cmd = ET.SubElement(root, f"{{{QEMU_NS}}}commandline")
-    for flag, given in itertools.pairwise(list(cmd)):  # a backend named before (a save image's XML) goes
-        if _ours(flag.get("value", ""), given.get("value", "")):
-            cmd.remove(flag)
-            cmd.remove(given)
-    size = _memory_bytes(root)
-    backend: dict[str, object] = {"qom-type": "memory-backend-ram", "id": SHARED_BLOCK, "size": size}
-    if mem_path is not None:
-        backend = {
-            "qom-type": "memory-backend-file",
-            "id": SHARED_BLOCK,
-            "mem-path": mem_path,
-            "size": size,
-            "share": False,  # copy-on-write: a write never reaches the file
-            "readonly": False,  # (QEMU 7.2's readonly maps it read-only: the guest could not write its RAM)
-            "discard-data": False,  # QEMU exiting leaves the file as it is
-        }
-    for arg in ("-object", json.dumps(backend, separators=(",", ":")), "-machine", _backend_selected()):
-        ET.SubElement(cmd, f"{{{QEMU_NS}}}arg", {"value": arg})
-    return ET.tostring(root, encoding="unicode") + "\n"
-
-
-def memory_of(xml: str) -> str | None:
-    """The file a domain's RAM maps (with_memory), or None: its own memory."""
-    root = ET.fromstring(xml)  # noqa: S314 - written by our own libvirt daemon
-    args = [a.get("value", "") for a in root.iterfind(f"{{{QEMU_NS}}}commandline/{{{QEMU_NS}}}arg")]
-    for flag, value in itertools.pairwise(args):
-        if flag == "-object" and _ours(flag, value):
-            path = json.loads(value).get("mem-path")
-            return str(path) if path is not None else None
-    return None
-
-
-def _backend_selected() -> str:
-    return f"memory-backend={SHARED_BLOCK}"
-
-
-def _ours(flag: str, value: str) -> bool:
-    """Whether QEMU arguments `flag value` are with_memory's."""
-    if flag == "-machine":
-        return value == _backend_selected()
-    if flag != "-object" or not value.startswith("{"):
-        return False
-    try:
-        return bool(json.loads(value).get("id") == SHARED_BLOCK)
-    except ValueError:
-        return False
-
-
-def _memory_bytes(root: ET.Element) -> int:
-    el = _find(root, "memory")
-    units = {"KiB": 1024, "k": 1024, "MiB": 1024**2, "M": 1024**2, "GiB": 1024**3, "G": 1024**3, "b": 1, "bytes": 1}
-    unit = el.get("unit", "KiB")
-    if unit not in units:
-        raise ValueError(f"the domain's memory is in a unit this code does not read: {unit}")
-    return int(el.text or "0") * units[unit]
 
 
 def with_netdev(xml: str, ssh_port: int) -> str:
@@ -331,12 +260,13 @@ def with_netdev(xml: str, ssh_port: int) -> str:
 
 def _set_netdev(root: ET.Element, value: str) -> None:
     """Replace the user-mode netdev (the QEMU command-line argument build_xml wrote) with `value`."""
-    for arg in _find(root, f"{{{QEMU_NS}}}commandline"):
+    for arg in find(root, f"{{{QEMU_NS}}}commandline"):
         if arg.get("value", "").startswith("user,"):
             arg.set("value", value)
 
 
-def _find(root: ET.Element, path: str) -> ET.Element:
+def find(root: ET.Element, path: str) -> ET.Element:
+    """The element at `path` of a domain XML libvirt wrote (ValueError when it has none)."""
     el = root.find(path)
     if el is None:
         raise ValueError(f"the saved domain XML has no {path}")

@@ -18,7 +18,7 @@ from vmsandbox.session.place.interface import VM, Abilities, Host, Launched, Sav
 from vmsandbox.session.place.local import disks, sharing, start, template
 from vmsandbox.session.place.templates import Shape
 from vmsandbox.session.record import DOMAIN_PREFIX, Record, orphaned, readable
-from vmsandbox.vm import accel, domain, savefile
+from vmsandbox.vm import accel, domain, rambackend, savefile
 from vmsandbox.vm.domain import session_of
 from vmsandbox.vm.memory import usage
 from vmsandbox.vm.node import Node
@@ -119,9 +119,9 @@ class LocalVM(VM):
             if shared is not None:
                 start.restore_shared(record, hv, shared, xml, saved)
                 return
-            if domain.memory_of(saved_xml) is not None:
+            if rambackend.memory_of(saved_xml) is not None:
                 # a session that mapped shared memory, saved whole: its memory is its own from now on
-                xml = domain.with_memory(xml, None)
+                xml = rambackend.with_memory(xml, None)
             hv.restore(str(saved), xml)
             record.memory, record.memory_note = None, "restored from a save of its own: its memory is its own"
 
@@ -179,8 +179,8 @@ class LocalSnapshots(Snapshots):
         def launch() -> None:
             spec = start.spec(fork, domain.boot_of(saved.xml), warm=True, workspace=True)
             xml = domain.for_restore(saved.xml, spec)
-            if shared is None and domain.memory_of(saved.xml) is not None:
-                xml = domain.with_memory(xml, None)
+            if shared is None and rambackend.memory_of(saved.xml) is not None:
+                xml = rambackend.with_memory(xml, None)
             start.restore_shared(fork, self.vm.host.libvirt(), shared, xml, cp.memory)
 
         start.on_a_free_port(fork, launch)

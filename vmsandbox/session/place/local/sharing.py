@@ -5,7 +5,7 @@ the session itself when it resumes (docs/architecture.md, "Memory shared between
 A save image is split (vm.memory.split) into the guest's RAM as a flat file and the rest; the RAM is copied into a
 memfd, sealed (vm.memory.sealed: no process can change a byte of it any more) and held by a holder process of QEMU's
 account (vm.memory.hold), where QEMU opens it: /proc/PID/fd/N. A session's domain names that path as its memory
-backend, mapped privately (vm.domain.with_memory), and restores the rest: it loads no RAM at all, and the pages
+backend, mapped privately (vm.rambackend.with_memory), and restores the rest: it loads no RAM at all, and the pages
 it never writes stay one copy in the host's memory, however many sessions map them.
 
 A template's holder outlives the command that started it (a file in the runtime directory says where it is; gc

@@ -19,7 +19,7 @@ from vmsandbox.session.place.interface import IDENTITY_TIMEOUT, Launched, nothin
 from vmsandbox.session.place.local import bootwait, sharing, template
 from vmsandbox.session.record import Record
 from vmsandbox.vm import accel as accel_mod
-from vmsandbox.vm import domain, qemuimg, savefile
+from vmsandbox.vm import domain, qemuimg, rambackend, savefile
 from vmsandbox.vm.domain import DomainSpec, Forward
 from vmsandbox.vm.node import PortTakenError
 from vmsandbox.vm.virt import Hypervisor
@@ -168,7 +168,7 @@ def restore_shared(
     its memory then its own (record.memory_note says why)."""
     if shared is not None:
         try:
-            restore_as(record, hv, shared.state, domain.with_memory(restored_xml, shared.held.path))
+            restore_as(record, hv, shared.state, rambackend.with_memory(restored_xml, shared.held.path))
         except PortTakenError:
             raise
         except VmsandboxError as exc:
