@@ -148,6 +148,28 @@ def test_a_fork_copies_state_then_diverges_with_an_identity_of_its_own(cli: Cli,
         cli.run("rm", from_checkpoint, "--discard")
 
 
+def test_a_session_forked_twice_gives_each_fork_its_state_at_its_fork(
+    cli: Cli, vm_factory: VmFactory, project: Path
+) -> None:
+    # the second fork's checkpoint folds the overlay the first one froze (no checkpoint needs it any more): the
+    # fork is copied from the chain as folded, not as it was before its checkpoint was taken
+    source = vm_factory.make(project).name
+    first, second = unique_name(), unique_name()
+    sh(cli, source, "echo one > one.txt; sync")
+    ok(cli, "create", "--from", source, "--name", first)
+    sh(cli, source, "echo two > two.txt; sync")
+    ok(cli, "create", "--from", source, "--name", second)
+    try:
+        assert sh(cli, first, "ls") == "README\none.txt\n"
+        assert sh(cli, second, "ls") == "README\none.txt\ntwo.txt\n"
+        record = Record.load(source)
+        assert chain.present(record.files.root) == set(record.overlays)
+        assert sh(cli, source, "cat one.txt two.txt") == "one\ntwo\n"
+    finally:
+        for fork in (first, second):
+            cli.run("rm", fork, "--discard")
+
+
 def test_fanout_compare_pull_one_destroy_the_group(cli: Cli, project: Path, base_image: store.Image) -> None:
     group = unique_name()
     names = [f"{group}-{i}" for i in (1, 2, 3)]

@@ -131,7 +131,9 @@ def freeze(vm: VM, label: str) -> Checkpoint:
         for d in (staging, cp.path):
             shutil.rmtree(d, ignore_errors=True)
         raise
-    return cp
+    # as published: the freeze may have folded the overlays below it that no checkpoint needed any more (a
+    # former fork's), and its chain names what is left
+    return find(files, record.name, label)
 
 
 def wake(vm: VM, cp: Checkpoint) -> None:
