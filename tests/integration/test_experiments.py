@@ -148,23 +148,31 @@ def test_a_fork_copies_state_then_diverges_with_an_identity_of_its_own(cli: Cli,
         cli.run("rm", from_checkpoint, "--discard")
 
 
-def test_a_session_forked_twice_gives_each_fork_its_state_at_its_fork(
+def test_a_session_forked_by_its_port_then_by_a_login_gives_each_fork_its_state(
     cli: Cli, vm_factory: VmFactory, project: Path
 ) -> None:
     # the second fork's checkpoint folds the overlay the first one froze (no checkpoint needs it any more): the
     # fork is copied from the chain as folded, not as it was before its checkpoint was taken
-    source = vm_factory.make(project).name
+    source = vm_factory.make(project)
+    assert source.identity_port  # a warm start's guest keeps its `identity` on the port for forks
     first, second = unique_name(), unique_name()
-    sh(cli, source, "echo one > one.txt; sync")
-    ok(cli, "create", "--from", source, "--name", first)
-    sh(cli, source, "echo two > two.txt; sync")
-    ok(cli, "create", "--from", source, "--name", second)
+    sh(cli, source.name, "echo one > one.txt; sync")
+    said = ok(cli, "create", "--from", source.name, "--name", first)
     try:
+        # handed its identity on its port, by its source's `identity` restored with the memory: no login
+        assert "with a login instead" not in said and Record.load(first).identity_port
+        assert "fork's identity taken" in Record.load(first).files.console_log.read_text(errors="replace")
+        # the source's root ends what listens there: the next fork is handed its identity with a login
+        sh(cli, source.name, "echo two > two.txt; sync; sudo pkill -x identity")
+        said = ok(cli, "create", "--from", source.name, "--name", second)
+        assert "with a login instead" in said and not Record.load(second).identity_port
+        for fork in (first, second):
+            assert sh(cli, fork, "hostname").strip() == f"vmsandbox-{fork}"
         assert sh(cli, first, "ls") == "README\none.txt\n"
         assert sh(cli, second, "ls") == "README\none.txt\ntwo.txt\n"
-        record = Record.load(source)
+        record = Record.load(source.name)
         assert chain.present(record.files.root) == set(record.overlays)
-        assert sh(cli, source, "cat one.txt two.txt") == "one\ntwo\n"
+        assert sh(cli, source.name, "cat one.txt two.txt") == "one\ntwo\n"
     finally:
         for fork in (first, second):
             cli.run("rm", fork, "--discard")

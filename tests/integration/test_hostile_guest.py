@@ -287,8 +287,9 @@ def test_a_failed_boot_never_shows_the_console_raw(
         shutil.rmtree(data, ignore_errors=True)
 
 
-# The identity port's answer: root in a real guest holds the port (every domain has it) and answers a warm start's
-# identity with what the worst template could send; the host's side of the warm start reads it.
+# The identity port's answer: root in a real guest holds the port (every domain has it; root ends the guest's own
+# `identity`, which keeps it open for forks) and answers a warm start's identity with what the worst template
+# could send; the host's side of the warm start reads it.
 HOSTILE_ANSWERS = {
     "escapes-and-flood": r"printf '\033]0;pwned\007\033[2Jerror: ' >&3; head -c 300000 /dev/zero | tr '\0' A >&3",
     "silence": "sleep 30",
@@ -299,6 +300,7 @@ HOSTILE_ANSWERS = {
 def test_the_identity_ports_answer_is_bounded_and_escaped(cli: Cli, name: str, answer: str) -> None:
     port = "/dev/virtio-ports/org.vmsandbox.identity"
     responder = (
+        "pkill -x identity; while pgrep -x identity >/dev/null; do sleep 0.1; done; "
         f"echo $$ >/tmp/responder.pid; exec 3<>{port}; touch /tmp/responder-ready; "
         f'until read -r m s <&3; do sleep 0.05; done; head -c "$s" <&3 >/dev/null; {HOSTILE_ANSWERS[answer]}'
     )

@@ -8,6 +8,7 @@ import importlib.machinery
 import importlib.util
 import io
 import os
+import socket
 import tarfile
 from pathlib import Path
 from types import ModuleType
@@ -268,3 +269,94 @@ def test_a_fork_finds_the_workspace_its_source_mounted(tmp_path: Path) -> None:
     )
     assert ident.mounted_device("/work/my proj", str(info)) == "/dev/sda"
     assert ident.mounted_device("/work", str(info)) == ""
+
+
+def _bundle(tmp_path: Path) -> bytes:
+    fw = tmp_path / "fw"
+    fw.mkdir(exist_ok=True)
+    (fw / "hostname").write_text("fork\n")
+    return host_side.message(fw)
+
+
+def _port_pair() -> tuple[int, int]:
+    """The guest's end of the identity port and the host's."""
+    a, b = socket.socketpair()
+    return a.detach(), b.detach()
+
+
+def _answers(end: int) -> bytes:
+    got = b""
+    while chunk := os.read(end, 4096):
+        got += chunk
+    return got
+
+
+def test_a_fork_takes_its_identity_on_the_port_once_the_host_connects(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    became: list[dict[str, bytes]] = []
+    monkeypatch.setattr(ident, "become_fork", became.append)
+    monkeypatch.setattr(ident, "mark", lambda step: None)
+    # the port before the host connects: end-of-file at once; `idle` sleeps until it does (here: it connects)
+    closed_r, closed_w = os.pipe()
+    os.close(closed_w)
+    port = os.dup(closed_r)
+    guest, host = _port_pair()
+    idled: list[int] = []
+
+    def idle() -> None:
+        idled.append(1)
+        os.dup2(guest, port)  # the host's end connected
+        os.write(host, _bundle(tmp_path))
+
+    try:
+        assert ident.take_fork(port, idle) is True
+        os.close(port)
+        os.close(guest)
+        assert _answers(host) == b"taking\nok forks\n"
+        assert idled == [1] and became[0]["hostname"] == b"fork\n" and "clock" in became[0]
+    finally:
+        for fd in (closed_r, host):
+            os.close(fd)
+
+
+@pytest.mark.parametrize(
+    ("sent", "fails", "answered"),
+    [
+        (b"something-else 10\n", None, b"error: unexpected header\n"),
+        (None, ident.StepError("sshd did not reload"), b"taking\nerror: sshd did not reload\n"),
+    ],
+)
+def test_a_fork_identity_that_fails_is_answered_with_why(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, sent: bytes | None, fails: Exception | None, answered: bytes
+) -> None:
+    def become(members: dict[str, bytes]) -> None:
+        if fails is not None:
+            raise fails
+
+    monkeypatch.setattr(ident, "become_fork", become)
+    monkeypatch.setattr(ident, "say", lambda line, err=False: None)
+    guest, host = _port_pair()
+    os.write(host, sent if sent is not None else _bundle(tmp_path))
+    try:
+        assert ident.take_fork(guest, lambda: pytest.fail("the host is connected: nothing to wait for")) is False
+        os.close(guest)
+        assert _answers(host) == answered
+    finally:
+        os.close(host)
+
+
+def test_the_reloaded_sshd_is_told_by_its_new_socket(tmp_path: Path) -> None:
+    table = tmp_path / "tcp"
+    head = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode\n"
+    row = "   {n}: {local} 00000000:0000 {st} 00000000:00000000 00:00000000 00000000     0        0 {inode} 1 0\n"
+    table.write_text(
+        head
+        + row.format(n=0, local="0100007F:0CB8", st="0A", inode=111)  # 127.0.0.1:3256, listening
+        + row.format(n=1, local="00000000:0016", st="01", inode=222)  # port 22, an established connection
+        + row.format(n=2, local="00000000:0016", st="0A", inode=333)  # sshd's
+    )
+    assert ident.listening_inode(str(table)) == "333"
+    table.write_text(head)
+    assert ident.listening_inode(str(table)) is None
+    assert ident.listening_inode(str(tmp_path / "none")) is None

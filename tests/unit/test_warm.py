@@ -9,6 +9,7 @@ import io
 import json
 import socket
 import tarfile
+import threading
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -139,6 +140,7 @@ def test_identity_bundle_has_the_files_the_clock_and_a_fresh_seed(tmp_path: Path
     ("guest", "expected"),
     [
         (b"ok\n", None),
+        (b"ok forks\n", None),
         (b"error: sshd did not start\n", "sshd did not start"),
         (b"\x1b]0;owned\x07ok\n", "\\x1b]0;owned\\x07ok"),  # shown escaped, never obeyed
         (b"A" * 100_000, "A" * 100),  # bounded
@@ -151,7 +153,6 @@ def test_the_guests_answer_is_bounded_and_escaped(tmp_path: Path, guest: bytes, 
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     server.bind(str(tmp_path / "id.sock"))
     server.listen(1)
-    import threading
 
     def fake_guest() -> None:
         conn, _ = server.accept()
@@ -178,6 +179,79 @@ def test_the_guests_answer_is_bounded_and_escaped(tmp_path: Path, guest: bytes, 
             assert expected in err.value.message
             assert len(err.value.message) < identity.REPLY_LIMIT * 4 + 100
     finally:
+        t.join()
+        server.close()
+
+
+def _fake_guest(server: socket.socket, answer: bytes, hold: threading.Event | None = None) -> None:
+    """Take the identity (header and bundle) on the port, send `answer`, hang up (once `hold` is set)."""
+    conn, _ = server.accept()
+    with conn:
+        header = b""
+        while not header.endswith(b"\n"):
+            header += conn.recv(1)
+        size, got = int(header.split()[1]), 0
+        while got < size:
+            got += len(conn.recv(65536))
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+            conn.sendall(answer)
+        if hold is not None:
+            hold.wait(30)
+
+
+@pytest.mark.parametrize(
+    ("guest", "expected"),
+    [
+        (b"taking\nok forks\n", True),
+        (b"taking\nok\n", False),
+        (b"taking\n", "(no answer)"),  # the guest hung up after taking it
+        (b"taking\nerror: sshd did not reload\n", "sshd did not reload"),
+        (b"taking\n\x1b]0;owned\x07\n", "\\x1b]0;owned\\x07"),  # shown escaped, never obeyed
+        (b"taking\n" + b"A" * 100_000, "A" * 100),  # bounded
+        (b"ok forks\n", identity.NotListeningError),  # not "taking": the host logs in instead
+        (b"\x1b]0;owned\x07" * 1000, identity.NotListeningError),
+        (b"", identity.NotListeningError),  # nothing listens: the port closes
+    ],
+)
+def test_a_forks_identity_on_its_port_is_taken_then_answered(
+    tmp_path: Path, guest: bytes, expected: bool | str | type[Exception]
+) -> None:
+    (tmp_path / "fw").mkdir()
+    (tmp_path / "fw" / "hostname").write_text("x\n")
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(str(tmp_path / "id.sock"))
+    server.listen(1)
+    t = threading.Thread(target=_fake_guest, args=(server, guest))
+    t.start()
+    try:
+        if isinstance(expected, bool):
+            assert identity.hand_over(tmp_path / "id.sock", tmp_path / "fw", ack=5, timeout=5) is expected
+        else:
+            kind = expected if isinstance(expected, type) else VmsandboxError
+            with pytest.raises(kind) as err:
+                identity.hand_over(tmp_path / "id.sock", tmp_path / "fw", ack=5, timeout=5)
+            message = err.value.message  # type: ignore[attr-defined]
+            assert "\x1b" not in message and len(message) < identity.REPLY_LIMIT * 4 + 100
+            if isinstance(expected, str):
+                assert expected in message and not isinstance(err.value, identity.NotListeningError)
+    finally:
+        t.join()
+        server.close()
+
+
+def test_a_fork_port_where_nothing_listens_is_given_up_after_the_ack_time(tmp_path: Path) -> None:
+    (tmp_path / "fw").mkdir()
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(str(tmp_path / "id.sock"))
+    server.listen(1)  # QEMU's end of the port takes the connection; no guest process reads it
+    hold = threading.Event()
+    t = threading.Thread(target=_fake_guest, args=(server, b"", hold))
+    t.start()
+    try:
+        with pytest.raises(identity.NotListeningError, match="no answer within 1 s"):
+            identity.hand_over(tmp_path / "id.sock", tmp_path / "fw", ack=1, timeout=60)
+    finally:
+        hold.set()
         t.join()
         server.close()
 

@@ -5,24 +5,28 @@ bytes, as one tar. The guest's side is `identity warm` (images/base/rootfs/usr/l
 On another host the port is reached through libvirt (`send_through`, given Hypervisor.exchange): its socket
 is that host's.
 
-The guest answers with one line. That line is guest bytes reaching the host: it is read bounded, compared
-with "ok", and otherwise only ever shown escaped.
+The guest answers with one line: "ok forks" from a guest whose `identity` stays on the port, where a fork of its
+memory gets its own identity the same way (`hand_over`: "taking" at once, then that line), "ok" from an older
+one. Those lines are guest bytes reaching the host: each is read bounded, compared with what is expected, and
+otherwise only ever shown escaped.
 """
 
 from __future__ import annotations
 
+import contextlib
 import io
 import secrets
 import socket
 import tarfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from vmsandbox import ui
 from vmsandbox.errors import VmsandboxError
 
 HEADER = "vmsandbox-identity"
+OK, SERVING, TAKING = b"ok", b"ok forks", b"taking"  # the guest's answers (`identity warm`, `serve`)
 REPLY_LIMIT = 512
 SEED_BYTES = 64
 SKIP = frozenset({"template"})  # the template marker is the domain's, not the identity's
@@ -42,34 +46,70 @@ def bundle(fwcfg_dir: Path, *, now: float | None = None, seed: bytes | None = No
     return out.getvalue()
 
 
-def send(sock: Path, fwcfg_dir: Path, *, timeout: float) -> float:
-    """Send the identity and wait for the guest's answer; the seconds it took. Raises with the guest's
-    (escaped) answer when it is not "ok"."""
-    started = time.monotonic()
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
-        s.settimeout(timeout)
+class NotListeningError(VmsandboxError):
+    """Nothing on the guest's end of the port took a fork's identity (`hand_over`)."""
+
+
+def send(sock: Path, fwcfg_dir: Path, *, timeout: float) -> bool:
+    """Send the identity and wait for the guest's answer: whether its forks can get theirs on their port too
+    (record.identity_port). Raises with the guest's (escaped) answer when it is not "ok"."""
+    with _connected(sock, timeout) as s:
         try:
-            s.connect(str(sock))
             s.sendall(message(fwcfg_dir))
-            reply = read_line(s)
+            reply = Lines(s).next()
         except TimeoutError:
             raise VmsandboxError(f"the guest did not take its identity within {timeout:.0f} s") from None
         except OSError as exc:
             raise VmsandboxError(f"the identity port failed: {exc.strerror or exc}") from exc
-    _check(reply)
-    return time.monotonic() - started
+    return _check(reply)
 
 
-def send_through(exchange: Callable[[bytes], bytes], fwcfg_dir: Path, *, timeout: float) -> float:
+def hand_over(sock: Path, fwcfg_dir: Path, *, ack: float, timeout: float) -> bool:
+    """A fork's identity on the fork's port, where its source's `identity`, restored with the source's memory,
+    still listens: it says "taking" within `ack` seconds (else NotListeningError: the host hands it over another
+    way), then answers as at a warm start within `timeout`. Whether the fork's forks can get theirs so too."""
+    with _connected(sock, ack) as s:
+        lines = Lines(s)
+        try:
+            s.sendall(message(fwcfg_dir))
+            first = lines.next()
+        except (TimeoutError, OSError) as exc:
+            reason = f"no answer within {ack:.0f} s" if isinstance(exc, TimeoutError) else str(exc.strerror or exc)
+            raise NotListeningError(f"the fork's port did not take its identity: {reason}") from None
+        if first != TAKING:
+            shown = ui.printable(first.decode(errors="replace"), markup=False)
+            raise NotListeningError(f"the fork's port did not take its identity: {shown or '(no answer)'}")
+        s.settimeout(timeout)
+        try:
+            reply = lines.next()
+        except TimeoutError:
+            raise VmsandboxError(f"the fork did not take its identity within {timeout:.0f} s") from None
+        except OSError as exc:
+            raise VmsandboxError(f"the identity port failed: {exc.strerror or exc}") from exc
+    return _check(reply)
+
+
+@contextlib.contextmanager
+def _connected(sock: Path, timeout: float) -> Iterator[socket.socket]:
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(timeout)
+        try:
+            s.connect(str(sock))
+        except TimeoutError:
+            raise VmsandboxError(f"the identity port did not answer within {timeout:.0f} s") from None
+        except OSError as exc:
+            raise VmsandboxError(f"the identity port failed: {exc.strerror or exc}") from exc
+        yield s
+
+
+def send_through(exchange: Callable[[bytes], bytes], fwcfg_dir: Path, *, timeout: float) -> bool:
     """`send`, through `exchange` (it sends the message and returns the guest's answer, at most REPLY_LIMIT bytes
     up to a newline, or raises TimeoutError)."""
-    started = time.monotonic()
     try:
         reply = exchange(message(fwcfg_dir))
     except TimeoutError:
         raise VmsandboxError(f"the guest did not take its identity within {timeout:.0f} s") from None
-    _check(reply.split(b"\n", 1)[0][:REPLY_LIMIT].strip())
-    return time.monotonic() - started
+    return _check(reply.split(b"\n", 1)[0][:REPLY_LIMIT].strip())
 
 
 def message(fwcfg_dir: Path) -> bytes:
@@ -78,18 +118,25 @@ def message(fwcfg_dir: Path) -> bytes:
     return f"{HEADER} {len(data)}\n".encode() + data
 
 
-def _check(reply: bytes) -> None:
-    if reply != b"ok":
-        shown = ui.printable(reply.decode(errors="replace"), markup=False)
-        raise VmsandboxError(f"the guest did not take its identity: {shown or '(no answer)'}")
+def _check(reply: bytes) -> bool:
+    """Whether the guest serves its forks' identities (the reply "ok forks"; "ok": it took its own only)."""
+    if reply in (OK, SERVING):
+        return reply == SERVING
+    shown = ui.printable(reply.decode(errors="replace"), markup=False)
+    raise VmsandboxError(f"the guest did not take its identity: {shown or '(no answer)'}")
 
 
-def read_line(s: socket.socket) -> bytes:
-    """One line from the guest, at most REPLY_LIMIT bytes (a longer one is cut there)."""
-    got = b""
-    while b"\n" not in got and len(got) < REPLY_LIMIT:
-        chunk = s.recv(REPLY_LIMIT - len(got))
-        if not chunk:
-            break
-        got += chunk
-    return got.split(b"\n", 1)[0][:REPLY_LIMIT].strip()
+class Lines:
+    """The guest's lines on a socket, each at most REPLY_LIMIT bytes (a longer one is cut there)."""
+
+    def __init__(self, s: socket.socket) -> None:
+        self.s, self.buf = s, b""
+
+    def next(self) -> bytes:
+        while b"\n" not in self.buf and len(self.buf) < REPLY_LIMIT:
+            chunk = self.s.recv(REPLY_LIMIT - len(self.buf))
+            if not chunk:
+                break
+            self.buf += chunk
+        line, _, self.buf = self.buf.partition(b"\n")
+        return line[:REPLY_LIMIT].strip()

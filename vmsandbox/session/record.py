@@ -99,6 +99,9 @@ class Record:
     overlays: list[str] = field(default_factory=lambda: [paths.SESSION_OVERLAY])
     start: str = "cold"  # "warm": restored from a template; "cold": booted (start_note says why)
     start_note: str = ""
+    # its guest's `identity` listens on the identity port for a fork's identity (a warm start's, or a fork's, of an
+    # image whose guest said so): a fork of it is handed its identity there, without a login (moments.fork)
+    identity_port: bool = False
     template: str | None = None  # the warm-start template whose disk the overlay is backed by
     # the memory file the VM maps copy-on-write (a template's memory.ram, the memory.save of the checkpoint it was
     # forked at), sharing the pages it never writes with every session that maps it; None: its memory is its own

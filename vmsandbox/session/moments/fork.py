@@ -5,9 +5,11 @@ The fork gets copies, never shared files: its system disk is one overlay holding
 overlays held above their image (`qemu-img convert -B`), its workspace disk a copy (a reflink where the file
 system can), its baseline the same captured project (so its review compares against the same starting point).
 Its identity is its own: SSH host key and client key, hostname, egress daemon and policy, secret placeholders
-and session CA, no published ports. The restored guest still holds the source's identity, so the host logs in
-once with the source's keys (pinned to the source's host key) and hands it the new one; from then on only the
-fork's keys work. Processes that ran in the source run on in the fork (with the source's environment: new
+and session CA, no published ports. The restored guest still holds the source's identity: on this machine the
+source's `identity` (a warm start's, restored asleep with the source's memory) takes the new one on the fork's
+identity port, as at a warm start, with no login; otherwise (a guest that does not listen there) the host logs in
+once with the source's keys (pinned to the source's host key) and hands it over. From then on only the fork's
+keys work. Processes that ran in the source run on in the fork (with the source's environment: new
 logins get the fork's). A session on another host is forked there, from its checkpoint's volumes (how the
 disks are copied and the VM restored is the place's: session.place).
 """
@@ -84,6 +86,7 @@ while [ $i -lt 200 ]; do
 done
 """
 IDENTITY_TIMEOUT = 120
+PORT_ACK = 10.0  # a source's `identity`, restored asleep in the fork, says "taking" within this (else: a login)
 
 
 def fork(name: str, new: str, *, label: str | None = None) -> Record:
@@ -173,7 +176,7 @@ def _make(vm: VM, cp: Checkpoint, new: str, *, at: str | None) -> Record:
         with ui.step(f"Restoring {record.domain} from it") as detail:
             made = vm.snapshots.restore_fork(cp, record)
             detail("its own identity")
-            _hand_over_identity(source, made)
+            record.identity_port = _hand_over_on_port(made) or _hand_over_identity(source, made)
             spawned = control.spawn(create.daemon_spec(record), record.files) if record.wants_daemon else None
             _check_identity(made)
         record.boot_seconds = round(time.monotonic() - started, 1)
@@ -223,8 +226,24 @@ def _identity(source: Record, record: Record) -> None:
     confine.give_to_qemu(fw)
 
 
-def _hand_over_identity(source: Record, fork: VM) -> None:
-    """Log in with the source's keys (the restored guest's) and hand over the fork's identity."""
+def _hand_over_on_port(fork: VM) -> bool:
+    """The fork's identity on its identity port, where its source's guest listens (record.identity_port: the
+    source said so at its warm start; its `identity` was restored with its memory), on this machine; whether
+    that was done (else the host logs in with the source's keys instead)."""
+    record = fork.record
+    if not record.identity_port or fork.host.abilities.elsewhere:
+        return False
+    files = record.files
+    try:
+        return identity.hand_over(files.identity_socket, files.fwcfg_dir, ack=PORT_ACK, timeout=IDENTITY_TIMEOUT)
+    except identity.NotListeningError as exc:  # its guest rebooted, or its root ended what listened
+        ui.warn(f"{exc.message}; handing it over with a login instead")
+        return False
+
+
+def _hand_over_identity(source: Record, fork: VM) -> bool:
+    """Log in with the source's keys (the restored guest's) and hand over the fork's identity. (False: a fork
+    made so is not known to listen on its port.)"""
     record = fork.record
     files = record.files
     bridge = paths.SessionPaths(files.root / "fork-bridge")
@@ -245,6 +264,7 @@ def _hand_over_identity(source: Record, fork: VM) -> None:
             raise proc.CommandError(handed)
     finally:
         shutil.rmtree(bridge.root, ignore_errors=True)
+    return False
 
 
 def _check_identity(fork: VM) -> None:

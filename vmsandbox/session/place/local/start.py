@@ -102,7 +102,7 @@ def cold(record: Record, image: store.Image, hv: Hypervisor, boot_timeout: int, 
 
     on_a_free_port(record, launch)
     launched()
-    record.start = "cold"
+    record.start, record.identity_port = "cold", False
     record.memory, record.memory_note = None, "a cold boot: its memory is its own"
     record.save()
     failpoint.hit("run.boot")
@@ -148,7 +148,9 @@ def warm(
         detail("identity")
         # the guest answers once sshd listens (PID 1's job that started it has ended): no banner to wait for,
         # and a probe would cost the guest a login's start-up
-        identity.send(files.identity_socket, files.fwcfg_dir, timeout=min(IDENTITY_TIMEOUT, boot_timeout))
+        record.identity_port = identity.send(
+            files.identity_socket, files.fwcfg_dir, timeout=min(IDENTITY_TIMEOUT, boot_timeout)
+        )
 
 
 def _template_memory(record: Record, tmpl: template.Template, hv: Hypervisor) -> sharing.Shared | None:
