@@ -203,7 +203,9 @@ def _fake_guest(server: socket.socket, answer: bytes, hold: threading.Event | No
     ("guest", "expected"),
     [
         (b"taking\nok forks\n", True),
-        (b"taking\nok\n", False),
+        (b"taking\nok\n", False),  # taken: its forks get theirs with a login (not this one a second time)
+        (b"taking\nok forks   \n", "ok forks"),  # compared as it came
+        (b"taking  \nok forks\n", identity.NotListeningError),
         (b"taking\n", "(no answer)"),  # the guest hung up after taking it
         (b"taking\nerror: sshd did not reload\n", "sshd did not reload"),
         (b"taking\n\x1b]0;owned\x07\n", "\\x1b]0;owned\\x07"),  # shown escaped, never obeyed
@@ -225,7 +227,8 @@ def test_a_forks_identity_on_its_port_is_taken_then_answered(
     t.start()
     try:
         if isinstance(expected, bool):
-            assert identity.hand_over(tmp_path / "id.sock", tmp_path / "fw", ack=5, timeout=5) is expected
+            handed = identity.hand_over(tmp_path / "id.sock", tmp_path / "fw", ack=5, timeout=5)
+            assert handed == identity.Handed(serving=expected)
         else:
             kind = expected if isinstance(expected, type) else VmsandboxError
             with pytest.raises(kind) as err:
@@ -254,6 +257,50 @@ def test_a_fork_port_where_nothing_listens_is_given_up_after_the_ack_time(tmp_pa
         hold.set()
         t.join()
         server.close()
+
+
+def _drip(server: socket.socket, answer: bytes, every: float, done: threading.Event) -> None:
+    """A guest that doles out its answer a byte at a time, each within any per-read timeout."""
+    conn, _ = server.accept()
+    with conn, contextlib.suppress(OSError):
+        header = b""
+        while not header.endswith(b"\n"):
+            header += conn.recv(1)
+        size, got = int(header.split()[1]), 0
+        while got < size:
+            got += len(conn.recv(65536))
+        for byte in answer:
+            if done.wait(every):
+                return
+            conn.sendall(bytes([byte]))
+
+
+@pytest.mark.parametrize(("answer", "phase"), [(b"taking" + b" " * 400, "ack"), (b"taking\n" + b" " * 400, "answer")])
+def test_a_guest_that_doles_out_its_answer_is_given_up_on_at_the_deadline(
+    tmp_path: Path, answer: bytes, phase: str
+) -> None:
+    (tmp_path / "fw").mkdir()
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(str(tmp_path / "id.sock"))
+    server.listen(1)
+    done = threading.Event()
+    t = threading.Thread(target=_drip, args=(server, answer, 0.05, done))
+    t.start()
+    try:
+        # a deadline for the whole line: with a timeout per read, all 400 bytes came (20 s) and no timeout
+        expected = identity.NotListeningError if phase == "ack" else VmsandboxError
+        with pytest.raises(expected, match="within 1 s"):
+            identity.hand_over(tmp_path / "id.sock", tmp_path / "fw", ack=1, timeout=1)
+    finally:
+        done.set()
+        t.join()
+        server.close()
+
+
+def test_a_fork_port_that_cannot_be_connected_is_handed_over_another_way(tmp_path: Path) -> None:
+    (tmp_path / "fw").mkdir()
+    with pytest.raises(identity.NotListeningError, match="did not take its identity"):
+        identity.hand_over(tmp_path / "no.sock", tmp_path / "fw", ack=1, timeout=1)
 
 
 class FakeHv:

@@ -13,13 +13,13 @@ otherwise only ever shown escaped.
 
 from __future__ import annotations
 
-import contextlib
 import io
 import secrets
 import socket
 import tarfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from vmsandbox import ui
@@ -53,10 +53,10 @@ class NotListeningError(VmsandboxError):
 def send(sock: Path, fwcfg_dir: Path, *, timeout: float) -> bool:
     """Send the identity and wait for the guest's answer: whether its forks can get theirs on their port too
     (record.identity_port). Raises with the guest's (escaped) answer when it is not "ok"."""
-    with _connected(sock, timeout) as s:
+    with _connect(sock, timeout) as s:
         try:
             s.sendall(message(fwcfg_dir))
-            reply = Lines(s).next()
+            reply = Lines(s).next(within=timeout)
         except TimeoutError:
             raise VmsandboxError(f"the guest did not take its identity within {timeout:.0f} s") from None
         except OSError as exc:
@@ -64,42 +64,52 @@ def send(sock: Path, fwcfg_dir: Path, *, timeout: float) -> bool:
     return _check(reply)
 
 
-def hand_over(sock: Path, fwcfg_dir: Path, *, ack: float, timeout: float) -> bool:
+@dataclass(frozen=True)
+class Handed:
+    """A fork's identity taken on its port (`hand_over`); `serving`: the fork's forks can get theirs so too."""
+
+    serving: bool
+
+
+def hand_over(sock: Path, fwcfg_dir: Path, *, ack: float, timeout: float) -> Handed:
     """A fork's identity on the fork's port, where its source's `identity`, restored with the source's memory,
     still listens: it says "taking" within `ack` seconds (else NotListeningError: the host hands it over another
-    way), then answers as at a warm start within `timeout`. Whether the fork's forks can get theirs so too."""
-    with _connected(sock, ack) as s:
+    way), then answers as at a warm start within `timeout` (each a deadline for the whole line, however the
+    guest doles out its bytes)."""
+    try:
+        s = _connect(sock, ack)
+    except VmsandboxError as exc:  # no port to connect to: the host hands it over another way
+        raise NotListeningError(f"the fork's port did not take its identity: {exc.message}") from None
+    with s:
         lines = Lines(s)
         try:
             s.sendall(message(fwcfg_dir))
-            first = lines.next()
+            first = lines.next(within=ack)
         except (TimeoutError, OSError) as exc:
             reason = f"no answer within {ack:.0f} s" if isinstance(exc, TimeoutError) else str(exc.strerror or exc)
             raise NotListeningError(f"the fork's port did not take its identity: {reason}") from None
         if first != TAKING:
-            shown = ui.printable(first.decode(errors="replace"), markup=False)
-            raise NotListeningError(f"the fork's port did not take its identity: {shown or '(no answer)'}")
-        s.settimeout(timeout)
+            raise NotListeningError(f"the fork's port did not take its identity: {_shown(first)}")
         try:
-            reply = lines.next()
+            reply = lines.next(within=timeout)
         except TimeoutError:
             raise VmsandboxError(f"the fork did not take its identity within {timeout:.0f} s") from None
         except OSError as exc:
             raise VmsandboxError(f"the identity port failed: {exc.strerror or exc}") from exc
-    return _check(reply)
+    return Handed(_check(reply))
 
 
-@contextlib.contextmanager
-def _connected(sock: Path, timeout: float) -> Iterator[socket.socket]:
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
-        s.settimeout(timeout)
-        try:
-            s.connect(str(sock))
-        except TimeoutError:
+def _connect(sock: Path, timeout: float) -> socket.socket:
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(timeout)
+    try:
+        s.connect(str(sock))
+    except OSError as exc:
+        s.close()
+        if isinstance(exc, TimeoutError):
             raise VmsandboxError(f"the identity port did not answer within {timeout:.0f} s") from None
-        except OSError as exc:
-            raise VmsandboxError(f"the identity port failed: {exc.strerror or exc}") from exc
-        yield s
+        raise VmsandboxError(f"the identity port failed: {exc.strerror or exc}") from exc
+    return s
 
 
 def send_through(exchange: Callable[[bytes], bytes], fwcfg_dir: Path, *, timeout: float) -> bool:
@@ -109,7 +119,7 @@ def send_through(exchange: Callable[[bytes], bytes], fwcfg_dir: Path, *, timeout
         reply = exchange(message(fwcfg_dir))
     except TimeoutError:
         raise VmsandboxError(f"the guest did not take its identity within {timeout:.0f} s") from None
-    return _check(reply.split(b"\n", 1)[0][:REPLY_LIMIT].strip())
+    return _check(reply.split(b"\n", 1)[0][:REPLY_LIMIT])
 
 
 def message(fwcfg_dir: Path) -> bytes:
@@ -119,11 +129,15 @@ def message(fwcfg_dir: Path) -> bytes:
 
 
 def _check(reply: bytes) -> bool:
-    """Whether the guest serves its forks' identities (the reply "ok forks"; "ok": it took its own only)."""
+    """Whether the guest serves its forks' identities (the reply "ok forks"; "ok": it took its own only); the
+    reply is compared as it came, byte for byte."""
     if reply in (OK, SERVING):
         return reply == SERVING
-    shown = ui.printable(reply.decode(errors="replace"), markup=False)
-    raise VmsandboxError(f"the guest did not take its identity: {shown or '(no answer)'}")
+    raise VmsandboxError(f"the guest did not take its identity: {_shown(reply)}")
+
+
+def _shown(reply: bytes) -> str:
+    return ui.printable(reply.decode(errors="replace").strip(), markup=False) or "(no answer)"
 
 
 class Lines:
@@ -132,11 +146,17 @@ class Lines:
     def __init__(self, s: socket.socket) -> None:
         self.s, self.buf = s, b""
 
-    def next(self) -> bytes:
+    def next(self, *, within: float) -> bytes:
+        """The next line, whole within `within` seconds (else TimeoutError), without its newline."""
+        deadline = time.monotonic() + within
         while b"\n" not in self.buf and len(self.buf) < REPLY_LIMIT:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError
+            self.s.settimeout(left)
             chunk = self.s.recv(REPLY_LIMIT - len(self.buf))
             if not chunk:
                 break
             self.buf += chunk
         line, _, self.buf = self.buf.partition(b"\n")
-        return line[:REPLY_LIMIT].strip()
+        return line[:REPLY_LIMIT]

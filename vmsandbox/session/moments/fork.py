@@ -176,7 +176,10 @@ def _make(vm: VM, cp: Checkpoint, new: str, *, at: str | None) -> Record:
         with ui.step(f"Restoring {record.domain} from it") as detail:
             made = vm.snapshots.restore_fork(cp, record)
             detail("its own identity")
-            record.identity_port = _hand_over_on_port(made) or _hand_over_identity(source, made)
+            handed = _hand_over_on_port(made)
+            if handed is None:
+                _hand_over_identity(source, made)
+            record.identity_port = handed is not None and handed.serving
             spawned = control.spawn(create.daemon_spec(record), record.files) if record.wants_daemon else None
             _check_identity(made)
         record.boot_seconds = round(time.monotonic() - started, 1)
@@ -226,24 +229,23 @@ def _identity(source: Record, record: Record) -> None:
     confine.give_to_qemu(fw)
 
 
-def _hand_over_on_port(fork: VM) -> bool:
+def _hand_over_on_port(fork: VM) -> identity.Handed | None:
     """The fork's identity on its identity port, where its source's guest listens (record.identity_port: the
-    source said so at its warm start; its `identity` was restored with its memory), on this machine; whether
-    that was done (else the host logs in with the source's keys instead)."""
+    source said so at its warm start; its `identity` was restored with its memory), on this machine; None when
+    it was not taken there (the host logs in with the source's keys instead)."""
     record = fork.record
     if not record.identity_port or fork.host.abilities.elsewhere:
-        return False
+        return None
     files = record.files
     try:
         return identity.hand_over(files.identity_socket, files.fwcfg_dir, ack=PORT_ACK, timeout=IDENTITY_TIMEOUT)
     except identity.NotListeningError as exc:  # its guest rebooted, or its root ended what listened
         ui.warn(f"{exc.message}; handing it over with a login instead")
-        return False
+        return None
 
 
-def _hand_over_identity(source: Record, fork: VM) -> bool:
-    """Log in with the source's keys (the restored guest's) and hand over the fork's identity. (False: a fork
-    made so is not known to listen on its port.)"""
+def _hand_over_identity(source: Record, fork: VM) -> None:
+    """Log in with the source's keys (the restored guest's) and hand over the fork's identity."""
     record = fork.record
     files = record.files
     bridge = paths.SessionPaths(files.root / "fork-bridge")
@@ -264,7 +266,6 @@ def _hand_over_identity(source: Record, fork: VM) -> bool:
             raise proc.CommandError(handed)
     finally:
         shutil.rmtree(bridge.root, ignore_errors=True)
-    return False
 
 
 def _check_identity(fork: VM) -> None:
