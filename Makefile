@@ -14,9 +14,10 @@ VMSANDBOX := $(VENV)/bin/vmsandbox
 
 # Debian packages: QEMU and libvirt (VMs), libvirt-dev/pkg-config/gcc/python3-dev (to build
 # libvirt-python), debootstrap/e2fsprogs (the base image), rsync/openssh-client (the workspace), git, bubblewrap
-# (the jail of every process that reads guest data).
+# (the jail of every process that reads guest data), tini (where no service manager runs, libvirtd's reaper).
 APT_PACKAGES := qemu-system-x86 qemu-utils libvirt-daemon-system libvirt-clients libvirt-dev pkg-config \
-	gcc python3-dev python3-venv debootstrap e2fsprogs rsync openssh-client git make ca-certificates procps bubblewrap
+	gcc python3-dev python3-venv debootstrap e2fsprogs rsync openssh-client git make ca-certificates procps bubblewrap \
+	tini
 # The tests also play a remote libvirt host on this machine, reached through an sshd they start on 127.0.0.1,
 # and drive the web review in the system's Chromium (headless, through chromium-driver).
 TEST_APT_PACKAGES := openssh-server chromium chromium-driver

@@ -15,6 +15,7 @@ TOOL_PACKAGES: Mapping[str, str] = {
     "rsync": "rsync",
     "virtlogd": "libvirt-daemon-system",
     "libvirtd": "libvirt-daemon-system",
+    "tini": "tini",
     "git": "git",
     "mount": "mount",
     "bwrap": "bubblewrap",

@@ -10,9 +10,17 @@ from pathlib import Path
 
 import pytest
 
+from vmsandbox.vm import hostsetup
+
 from .conftest import CLI_POLL, Cli, VmFactory, assert_gone, guest_sh, stop_libvirtd, wait_for
 
 pytestmark = pytest.mark.root("it stops and starts the host's libvirtd")
+
+
+def _parent_comm(pid: int) -> str:
+    status = Path(f"/proc/{pid}/status").read_text()
+    parent = next(line.split()[1] for line in status.splitlines() if line.startswith("PPid:"))
+    return Path(f"/proc/{parent}/comm").read_text().strip()
 
 
 def _state(cli: Cli, name: str) -> str | None:
@@ -56,6 +64,10 @@ def test_libvirtd_restarted_while_one_session_runs_and_another_is_stopped(
     assert probe.returncode == 0, probe.stderr.decode()
     work, clock = probe.stdout.decode().split()
     assert work == "unsynced" and abs(int(clock) - before) < 30
+    if not hostsetup.SERVICE_MANAGER.is_dir():  # host setup brought libvirtd back as the child of its reaper,
+        assert b"under tini" in setup.stdout + setup.stderr  # whose QEMUs are reaped the moment they exit
+        qemu = int(Path(f"/run/libvirt/qemu/{paused.domain}.pid").read_text())
+        assert _parent_comm(qemu) == hostsetup.REAPER
     for gone in (name, paused.name):
         d = cli.run("rm", gone, "--discard")
         assert d.returncode == 0, d.stderr.decode()

@@ -221,3 +221,26 @@ def test_state_directories_made_before_the_guest_data_account_existed_let_it_thr
     for d in (tmp_path / "new-state", sessions):
         assert access.may(d, QEMU, set(), 1) and access.may(d, OTHER, set(), 1), d
         assert not access.may(d, OTHER, set(), 4)
+
+
+def test_libvirtd_is_reaped_only_as_the_child_of_the_reaper(tmp_path: Path) -> None:
+    def process(pid: int, comm: str, parent: int) -> None:
+        (tmp_path / str(pid)).mkdir()
+        (tmp_path / str(pid) / "comm").write_text(comm + "\n")
+        (tmp_path / str(pid) / "status").write_text(f"Name:\t{comm}\nPid:\t{pid}\nPPid:\t{parent}\n")
+
+    process(1, "process_api", 0)  # an init that reaps orphans when it gets to them
+    process(10, "tini", 1)
+    process(11, "libvirtd", 10)
+    process(20, "libvirtd", 1)  # `libvirtd -d`: daemonized, its parent PID 1
+    assert hostsetup.reaped([11], tmp_path)
+    assert not hostsetup.reaped([20], tmp_path)
+    assert not hostsetup.reaped([11, 20], tmp_path)
+    assert not hostsetup.reaped([99], tmp_path)  # gone meanwhile: not known to be reaped
+
+
+def test_libvirtd_runs_in_the_foreground_under_a_subreaper() -> None:
+    argv = hostsetup.libvirtd_argv("/usr/bin/tini")
+    assert argv[:3] == ["/usr/bin/tini", "-s", "--"]  # -s: the subreaper of what libvirtd's QEMUs leave
+    assert Path(argv[3]).name == "libvirtd" and "-d" not in argv
+    assert argv[-2:] == ["--config", str(hostsetup.RUNTIME_CONF)]
