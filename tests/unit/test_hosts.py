@@ -20,7 +20,7 @@ from vmsandbox.session.place.local.place import LocalHost
 from vmsandbox.session.place.remote import images as hostimages
 from vmsandbox.session.place.remote.place import RemoteHost
 from vmsandbox.vm import storage
-from vmsandbox.vm.node import Node
+from vmsandbox.vm.node import Node, here
 
 
 def _user_config(_tmp_path: Path, text: str) -> None:
@@ -506,6 +506,18 @@ def test_a_node_is_read_from_libvirts_answers() -> None:
     assert (node.memory_mib, node.available_mib, node.cpu_features) == (8192, 2048, frozenset({"vmx", "avx"}))
     assert node.accel == "kvm"
     assert Node.of("h", "9", "7", 4, {"total": 1024, "free": 0}, "<capabilities/>", None).accel == "tcg"
+
+
+def test_this_machines_memory_available_is_the_kernels_not_libvirts_cached() -> None:
+    # libvirt's `cached` counts shared memory (a template's held memory, tmpfs), which no pressure gives back:
+    # admission read 2 GiB more than the kernel had to give with 100 sessions of one template
+    stats = {"total": 24 * 1024 * 1024, "free": 512 * 1024, "buffers": 0, "cached": 3 * 1024 * 1024}
+    meminfo = "MemTotal: 25165824 kB\nMemFree: 524288 kB\nMemAvailable: 1048576 kB\nShmem: 2097152 kB\n"
+    caps = "<capabilities/>"
+    assert Node.of("h", "9", "7", 4, stats, caps, None).available_mib == 3584  # another host: what libvirt says
+    assert Node.of("h", "9", "7", 4, stats, caps, None, meminfo=meminfo).available_mib == 1024
+    assert Node.of("h", "9", "7", 4, stats, caps, None, meminfo="MemTotal: 1 kB\n").available_mib == 3584
+    assert here("qemu:///system") and here("qemu+unix:///system") and not here("qemu+ssh://root@big.example/system")
 
 
 def test_domain_states_are_named_by_libvirts_numbers() -> None:

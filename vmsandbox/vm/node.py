@@ -53,6 +53,15 @@ class DomainInfo:
         return self.state in ("shutoff", "crashed")
 
 
+def _mem_available(meminfo: str) -> int | None:
+    """MemAvailable (KiB) of /proc/meminfo's text, or None where it has none."""
+    for line in meminfo.splitlines():
+        key, _, value = line.partition(":")
+        if key == "MemAvailable" and value.split() and value.split()[0].isdigit():
+            return int(value.split()[0])
+    return None
+
+
 def gone(info: DomainInfo | None) -> bool:
     """No domain, or one that powered off or crashed."""
     return info is None or info.stopped
@@ -65,18 +74,32 @@ class Node:
     qemu: str
     cpus: int
     memory_mib: int
-    available_mib: int  # free, plus what the kernel would give back (buffers, page cache)
+    available_mib: int  # what the kernel could give without swapping (see `of`)
     cpu_features: frozenset[str]  # the host CPU's, as libvirt lists them (vmx/svm: virtualisation)
     kvm_error: str | None  # why libvirt would not run a KVM guest there (None: it would)
 
     @classmethod
     def of(
-        cls, hostname: str, libvirt: str, qemu: str, cpus: int, stats: dict[str, int], caps: str, kvm: str | None
+        cls,
+        hostname: str,
+        libvirt: str,
+        qemu: str,
+        cpus: int,
+        stats: dict[str, int],
+        caps: str,
+        kvm: str | None,
+        *,
+        meminfo: str | None = None,
     ) -> Node:
-        """From what libvirt answers: its memory stats (KiB) and its capabilities XML (the host CPU's features)."""
+        """From what libvirt answers: its memory stats (KiB) and its capabilities XML (the host CPU's features).
+        Its memory available is the kernel's own MemAvailable where `meminfo` (/proc/meminfo's text, this
+        machine's) is given; else free, buffers and cached, which is all libvirt says of another host — and
+        counts shared memory as cached: the held memory of templates, which no pressure gives back."""
         cpu = ET.fromstring(caps).find("host/cpu")  # noqa: S314 - a host the user's config names
         features = frozenset(f.get("name", "") for f in ([] if cpu is None else cpu.iter("feature")))
         available = stats["free"] + stats.get("buffers", 0) + stats.get("cached", 0)
+        kernel = _mem_available(meminfo) if meminfo is not None else None
+        available = available if kernel is None else kernel
         return cls(hostname, libvirt, qemu, cpus, stats["total"] // 1024, available // 1024, features, kvm)
 
     def kvm_problem(self) -> str | None:
@@ -116,9 +139,14 @@ class Confinement:
         return cls(tuple(models), accounts)
 
 
+def here(uri: str) -> bool:
+    """Whether libvirt at `uri` runs on this machine (a URI with no host in it)."""
+    return not urlsplit(uri).hostname
+
+
 def unreachable_hint(message: str, uri: str, default_uri: str) -> str:
     """The fix for a libvirt connection refused with `message`."""
-    if urlsplit(uri).hostname:  # libvirt's ssh transport loses ssh's words; `hosts` asks ssh itself
+    if not here(uri):  # libvirt's ssh transport loses ssh's words; `hosts` asks ssh itself
         return f"`vmsandbox host ls` says why, in ssh's words; {REMOTE_HINT}" if sshcheck.target(uri) else REMOTE_HINT
     hint = (
         "start it with `vmsandbox host setup` (or `virtlogd -d && libvirtd -d` as root), "
@@ -147,7 +175,7 @@ def opened(uri: str, call: Callable[[], T]) -> T:
     when it has not returned within OPEN_TIMEOUT: a host that takes the connection and never answers (or one
     behind a dead route) would otherwise hold `ls`, `gc` or `destroy` for minutes. The thread is left to end by
     itself."""
-    if not urlsplit(uri).hostname:
+    if here(uri):
         return call()
     result: list[T] = []
     error: list[BaseException] = []

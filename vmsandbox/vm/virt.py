@@ -20,6 +20,7 @@ from vmsandbox.vm import node, storage
 
 log = logging.getLogger(__name__)
 DEFAULT_URI = "qemu:///system"
+MEMINFO = Path("/proc/meminfo")
 
 # libvirt prints every error to stderr by default; we report them ourselves.
 libvirt.registerErrorHandler(lambda _ctx, _err: None, None)
@@ -187,7 +188,8 @@ class Hypervisor:
                 kvm_error = _message(exc)
             stats = c.getMemoryStats(libvirt.VIR_NODE_MEMORY_STATS_ALL_CELLS)
             versions = (c.getHostname(), self.version(), self.qemu_version(), int(c.getInfo()[2]))
-            return node.Node.of(*versions, stats, c.getCapabilities(), kvm_error)
+            meminfo = MEMINFO.read_text() if node.here(self.uri) else None  # the kernel's own figure, here
+            return node.Node.of(*versions, stats, c.getCapabilities(), kvm_error, meminfo=meminfo)
         except libvirt.libvirtError as exc:
             raise VmsandboxError(f"libvirt at {self.uri} did not describe its host: {_message(exc)}") from exc
 
