@@ -156,13 +156,7 @@ def test_the_guests_answer_is_bounded_and_escaped(tmp_path: Path, guest: bytes, 
 
     def fake_guest() -> None:
         conn, _ = server.accept()
-        header = b""
-        while not header.endswith(b"\n"):
-            header += conn.recv(1)
-        size = int(header.split()[1])
-        got = 0
-        while got < size:
-            got += len(conn.recv(65536))
+        _read_identity(conn)
         # a flood: the host stops reading at REPLY_LIMIT and hangs up, which is the point
         with contextlib.suppress(BrokenPipeError, ConnectionResetError):
             conn.sendall(guest)
@@ -183,16 +177,21 @@ def test_the_guests_answer_is_bounded_and_escaped(tmp_path: Path, guest: bytes, 
         server.close()
 
 
+def _read_identity(conn: socket.socket) -> None:
+    """What the host sends on the port: its header line, then the bundle of the size the header names."""
+    header = b""
+    while not header.endswith(b"\n"):
+        header += conn.recv(1)
+    size, got = int(header.split()[1]), 0
+    while got < size:
+        got += len(conn.recv(65536))
+
+
 def _fake_guest(server: socket.socket, answer: bytes, hold: threading.Event | None = None) -> None:
     """Take the identity (header and bundle) on the port, send `answer`, hang up (once `hold` is set)."""
     conn, _ = server.accept()
     with conn:
-        header = b""
-        while not header.endswith(b"\n"):
-            header += conn.recv(1)
-        size, got = int(header.split()[1]), 0
-        while got < size:
-            got += len(conn.recv(65536))
+        _read_identity(conn)
         with contextlib.suppress(BrokenPipeError, ConnectionResetError):
             conn.sendall(answer)
         if hold is not None:
@@ -263,12 +262,7 @@ def _drip(server: socket.socket, answer: bytes, every: float, done: threading.Ev
     """A guest that doles out its answer a byte at a time, each within any per-read timeout."""
     conn, _ = server.accept()
     with conn, contextlib.suppress(OSError):
-        header = b""
-        while not header.endswith(b"\n"):
-            header += conn.recv(1)
-        size, got = int(header.split()[1]), 0
-        while got < size:
-            got += len(conn.recv(65536))
+        _read_identity(conn)
         for byte in answer:
             if done.wait(every):
                 return
