@@ -31,8 +31,8 @@ class Forward:
     def _take(self, conn: socket.socket) -> None:
         self.accepted += 1
         if self.listening.is_set():
+            self.greeted.append(conn)  # before the banner: the test reads the list once the banner has come
             conn.sendall(BANNER)
-            self.greeted.append(conn)
         else:
             conn.close()
 
