@@ -17,15 +17,13 @@ from __future__ import annotations
 
 import contextlib
 import os
-import pwd
 import re
-import threading
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import platformdirs
 
+from vmsandbox.confine import sudo
 from vmsandbox.errors import VmsandboxError
 
 APP = "vmsandbox"
@@ -102,55 +100,14 @@ def config_dir() -> Path:
     env = os.environ.get("VMSANDBOX_CONFIG_DIR")
     if env:
         return Path(env)
-    invoker = sudo_invoker()
+    invoker = sudo.invoker()
     if invoker is not None:
         return Path(invoker.pw_dir) / ".config" / APP
     return Path(platformdirs.user_config_dir(APP))
 
 
-def sudo_invoker() -> pwd.struct_passwd | None:
-    """Who ran `sudo vmsandbox`, when that is what runs us (root, with SUDO_USER naming another account)."""
-    user, uid = os.environ.get("SUDO_USER"), os.environ.get("SUDO_UID", "0")
-    if os.getuid() != 0 or not user or uid == "0":  # (the real uid: as_invoker changes only the effective one)
-        return None
-    try:
-        found = pwd.getpwnam(user)
-    except KeyError:
-        return None
-    return found if str(found.pw_uid) == uid else None
-
-
-_as_invoker_lock = threading.RLock()
-
-
-@contextlib.contextmanager
-def as_invoker() -> Iterator[None]:
-    """Under sudo, the block runs as the invoking user (effective uid, gid and groups): whatever root writes in
-    that user's config directory is written as the user, so a link the user's account planted there (at any
-    depth, to any file) leads nowhere the user could not write already; and what is made is theirs. Without
-    sudo it changes nothing."""
-    invoker = sudo_invoker()
-    if invoker is None:
-        yield
-        return
-    with _as_invoker_lock:  # (the effective ids are the whole process's: one switch at a time, nested ones inside it)
-        if os.geteuid() != 0:
-            yield
-            return
-        groups, gid = os.getgroups(), os.getegid()
-        os.setgroups(os.getgrouplist(invoker.pw_name, invoker.pw_gid))
-        os.setegid(invoker.pw_gid)
-        os.seteuid(invoker.pw_uid)
-        try:
-            yield
-        finally:
-            os.seteuid(0)
-            os.setegid(gid)
-            os.setgroups(groups)
-
-
 def config_subdir(path: Path) -> None:
-    """mkdir -p of a directory under config_dir(), 0700 (call it as_invoker: under sudo, the invoker's)."""
+    """mkdir -p of a directory under config_dir(), 0700 (call it in sudo.as_invoker: under sudo, the invoker's)."""
     path.mkdir(parents=True, exist_ok=True, mode=0o700)
     path.chmod(0o700)
 

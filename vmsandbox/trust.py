@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from vmsandbox import paths
+from vmsandbox.confine import sudo
 from vmsandbox.errors import VmsandboxError
 
 TRUST_FILE = "trusted.json"
@@ -120,7 +121,7 @@ def records() -> dict[str, dict[str, Any]]:
 
 
 def _save(data: dict[str, dict[str, Any]]) -> None:
-    with paths.as_invoker():
+    with sudo.as_invoker():
         paths.config_subdir(paths.config_dir())
         paths.write_atomically(_store(), json.dumps(data, indent=1, sort_keys=True) + "\n", mode=0o600)
 

@@ -132,7 +132,7 @@ def test_serve_refuses_to_run_under_sudo(monkeypatch: pytest.MonkeyPatch) -> Non
     server would serve, for that moment, as the other account. It runs as the account it serves instead."""
     import pwd
 
-    monkeypatch.setattr(paths, "sudo_invoker", lambda: pwd.getpwuid(os.getuid()))
+    monkeypatch.setattr(server, "sudo_invoker", lambda: pwd.getpwuid(os.getuid()))
     with pytest.raises(VmsandboxError, match="not under sudo") as exc:
         server.refuse_sudo()
     assert "run `vmsandbox serve` as yourself" in (exc.value.hint or "")

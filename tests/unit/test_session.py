@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from vmsandbox import paths, pids
+from vmsandbox.confine import sudo
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.guest import files as guestfiles
 from vmsandbox.guest.commands import remote_command
@@ -57,7 +58,7 @@ def test_a_home_above_or_around_the_project_is_refused_under_sudo_too(
     (home / ".config" / "app").mkdir(parents=True)
     (home / "src" / "app" / ".config").mkdir(parents=True)  # a project's own .config (.NET tools): fine
     invoker = pwd.struct_passwd(("alice", "x", 1234, 1234, "", str(home), "/bin/sh"))
-    monkeypatch.setattr(paths, "sudo_invoker", lambda: invoker)
+    monkeypatch.setattr(sudo, "invoker", lambda: invoker)
     for broad in (home, tmp_path / "home"):
         with pytest.raises(VmsandboxError, match="too broad"):
             session.validate_project(broad)

@@ -23,6 +23,7 @@ from pathlib import Path
 from vmsandbox import paths, pids
 from vmsandbox.api import app
 from vmsandbox.api.peer import PeerCheckedH11
+from vmsandbox.confine.sudo import invoker as sudo_invoker
 from vmsandbox.core.sandbox.interface import Backend
 from vmsandbox.errors import VmsandboxError
 
@@ -56,10 +57,10 @@ def refuse_sudo() -> None:
     """`serve` runs as the account it serves, never under sudo: its threads must never take on another
     account's identity (sudo's file work switches the whole process), and a key handed out under sudo would
     drive sessions as root."""
-    invoker = paths.sudo_invoker()
-    if invoker is not None:
+    who = sudo_invoker()
+    if who is not None:
         raise VmsandboxError(
-            f"`vmsandbox serve` runs as the account it serves, not under sudo (you are {invoker.pw_name})",
+            f"`vmsandbox serve` runs as the account it serves, not under sudo (you are {who.pw_name})",
             hint="run `vmsandbox serve` as yourself; `sudo vmsandbox host setup` once lets your account use libvirt",
         )
 

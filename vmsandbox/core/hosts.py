@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from vmsandbox import paths
+from vmsandbox.confine import sudo
 from vmsandbox.session import settings as config
 from vmsandbox.session.host import configured, doctor, hosts
 from vmsandbox.session.host.doctor import Check
@@ -85,7 +85,7 @@ def setup(user: str | None) -> Iterator[str]:
     """This machine set up where no service manager does it (root): the guest-data account and the libvirt
     group (which `user`, default: who ran sudo, joins), /dev/kvm's group and mode, virtlogd and libvirtd
     started with the group's socket, the image store shared with the group. A line per thing done."""
-    invoker = paths.sudo_invoker()
+    invoker = sudo.invoker()
     if user is None and invoker is not None:
         user = invoker.pw_name
     return hostsetup.setup(config.load().libvirt_uri, user)

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from vmsandbox import paths
+from vmsandbox.confine import sudo
 from vmsandbox.errors import VmsandboxError
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}\Z")
@@ -40,7 +41,7 @@ def put(name: str, value: str) -> None:
         raise VmsandboxError("the secret is empty", hint="pipe it in or type it at the prompt")
     if len(value.encode()) > MAX_BYTES or any(c in value for c in "\r\n\0"):
         raise VmsandboxError("a secret is one line of at most 64 KiB")
-    with paths.as_invoker():
+    with sudo.as_invoker():
         paths.config_subdir(directory())
         paths.write_atomically(_path(name), value, mode=0o600)
 
@@ -49,7 +50,7 @@ def get(name: str) -> str | None:
     """The secret, read as the user (under sudo, root follows no link of theirs to a file only root reads)."""
     try:
         where = _path(name)
-        with paths.as_invoker():
+        with sudo.as_invoker():
             fd = os.open(where, os.O_RDONLY | os.O_NOFOLLOW)
     except (OSError, VmsandboxError):
         return None
@@ -59,7 +60,7 @@ def get(name: str) -> str | None:
 
 def remove(name: str) -> bool:
     try:
-        with paths.as_invoker():
+        with sudo.as_invoker():
             _path(name).unlink()
     except FileNotFoundError:
         return False

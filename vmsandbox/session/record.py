@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from vmsandbox import paths, pids
+from vmsandbox.confine import sudo
 from vmsandbox.egress.ports import Publish
 from vmsandbox.egress.rules.netpolicy import Mode
 from vmsandbox.errors import VmsandboxError
@@ -258,7 +259,7 @@ def _homes() -> list[Path]:
     found = [Path.home()]
     with contextlib.suppress(KeyError):
         found.append(Path(pwd.getpwuid(os.geteuid()).pw_dir))
-    invoker = paths.sudo_invoker()
+    invoker = sudo.invoker()
     if invoker is not None:
         found.append(Path(invoker.pw_dir))
     return [h.resolve() for h in found if str(h) not in ("", "/")]

@@ -20,6 +20,7 @@ import stat
 from pathlib import Path, PurePosixPath
 
 from vmsandbox import paths
+from vmsandbox.confine import sudo
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.guest import commands
 from vmsandbox.guest.files import Bundle, GuestUser
@@ -39,7 +40,7 @@ def _kept(bp: Blueprint) -> dict[str, bytes]:
     config directory) and never through a link: a link planted there (to root's own keys) leads nowhere."""
     found: dict[str, bytes] = {}
     top_dir = paths.config_dir()
-    with paths.as_invoker():
+    with sudo.as_invoker():
         try:
             top = os.open(top_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
         except OSError:
@@ -131,7 +132,7 @@ def keep(bp: Blueprint, files: dict[str, bytes]) -> list[str]:
     """Keep these login files for later sessions of `bp` (0600, in a 0700 directory); the paths kept. Written
     as the user (under sudo, root writes nothing in their config directory) and never through a link: each
     directory is opened without following one, the file made beside its name and renamed over it."""
-    with paths.as_invoker():
+    with sudo.as_invoker():
         paths.config_subdir(paths.config_dir())
         top = os.open(paths.config_dir(), os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
         try:
@@ -178,7 +179,7 @@ def _write_under(top: int, parts: list[str], data: bytes) -> None:
 
 def forget(bp: Blueprint) -> list[str]:
     gone = kept(bp)
-    with paths.as_invoker():
+    with sudo.as_invoker():
         for rel in gone:
             (store(bp.name) / rel).unlink()
     return gone
