@@ -230,7 +230,8 @@ def test_an_upload_is_streamed_from_its_file_never_read_whole(monkeypatch: pytes
     entry = {"name": "x", "type": "file", "path": "/x", "size": 0, "mode": 420, "permissions": "-rw-r--r--",
              "owner": "u", "group": "u", "modified": 0, "target": None}  # fmt: skip
 
-    def call(endpoint: Any, args: Any, *, input: object = None, as_user: str | None = None) -> proc.Result:
+    def call(endpoint: Any, args: Any, *, input: object = None, as_user: str | None = None, script: str) -> proc.Result:
+        assert script == gfiles.GUEST_SIDE  # the files' own guest side, not the processes'
         seen.append(input)
         return proc.Result(("ssh",), 0, json.dumps(entry), "")
 

@@ -1,5 +1,5 @@
 """A sandbox's files, from the host (interface.Files): each call one ssh command, the guest's side
-(supervisor.py) run as the account the file is read or written as (`runuser`), so the guest's own permissions
+(guestfiles.py) run as the account the file is read or written as (`runuser`), so the guest's own permissions
 decide. A relative path is relative to the session's project when it has one, else to that account's home."""
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from vmsandbox.errors import VmsandboxError
 from vmsandbox.guest.ssh import Endpoint
 
 CHUNK = 1024**2
+GUEST_SIDE = "guestfiles.py"  # the guest's side of these calls (sent at each: processes.guest_program)
 IDLE = 60.0  # seconds a download waits for the guest's next bytes
 ERRORS: dict[str, type[VmsandboxError]] = {"not_found": NotFoundError, "exists": ExistsError, "refused": RefusedError}
 
@@ -93,7 +94,7 @@ class GuestFiles:
 
     def _call(self, user: GuestUser | None, args: Sequence[str], data: IO[bytes] | None = None) -> Any:
         payload = _stdin(data) if data is not None else None
-        done = guest_call(self.endpoint, args, input=payload, as_user=str(user or self.user))
+        done = guest_call(self.endpoint, args, input=payload, as_user=str(user or self.user), script=GUEST_SIDE)
         try:
             said = json.loads(done.stdout) if done.stdout.strip() else None
         except ValueError:

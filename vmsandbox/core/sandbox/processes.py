@@ -47,9 +47,12 @@ log = logging.getLogger(__name__)
 MALFORMED = "the guest's output stream for this process was malformed; it is not read further"
 
 
-def guest_program() -> str:
-    """The guest's side, as one `python3 -c` argument (never installed in the image)."""
-    code = (Path(__file__).parent / "supervisor.py").read_bytes()
+SUPERVISOR = "supervisor.py"  # the guest's side of processes (files have theirs: files.GUEST_SIDE)
+
+
+def guest_program(script: str = SUPERVISOR) -> str:
+    """A guest side (a file beside this one), as one `python3 -c` argument (never installed in the image)."""
+    code = (Path(__file__).parent / script).read_bytes()
     loader = (
         f"import base64, sys; exec(compile(base64.b64decode({base64.b64encode(code).decode()!r}), 'vmsandbox', 'exec'))"
     )
@@ -57,11 +60,16 @@ def guest_program() -> str:
 
 
 def guest_call(
-    endpoint: Endpoint, args: Sequence[str], *, input: bytes | IO[bytes] | None = None, as_user: str | None = None
+    endpoint: Endpoint,
+    args: Sequence[str],
+    *,
+    input: bytes | IO[bytes] | None = None,
+    as_user: str | None = None,
+    script: str = SUPERVISOR,
 ) -> proc.Result:
-    """One verb of the guest's side, as root or (`as_user`) as that account; `input` bytes, or a file streamed
-    in (never read whole here)."""
-    run = f"{guest_program()} {shlex.join(args)}"
+    """One verb of a guest side (`script`), as root or (`as_user`) as that account; `input` bytes, or a file
+    streamed in (never read whole here)."""
+    run = f"{guest_program(script)} {shlex.join(args)}"
     if as_user is not None:
         run = f"runuser -u {shlex.quote(as_user)} -- {run}"
     argv = [*endpoint.ssh_argv(*SSH, user="root"), "--", run]
