@@ -124,6 +124,11 @@ def sessions_dir() -> Path:
     return state_dir() / "sessions"
 
 
+# The memory guard of a sessions directory (session.host.guard) says there where it runs and what it did
+GUARD_PID = "guard.pid"
+GUARD_LOG = "guard.log"
+
+
 def memory_holders_dir() -> Path:
     """Where the holders of templates' sealed memory files say where they are (one JSON file per template): a
     runtime directory of root's, as only root starts them (VMSANDBOX_RUNTIME_DIR moves it: to a directory of

@@ -416,6 +416,43 @@ def test_a_typical_session_is_the_median_of_those_that_can_be_read(tmp_path: Pat
     assert usage.footprint(["vmsandbox-gone"], pids, proc) is None
 
 
+def test_the_holes_of_the_shared_files_sessions_map_are_reserved_once_per_file(tmp_path: Path) -> None:
+    """A save reads every page of a session's memory: a hole of a tmpfs file read through a private mapping gets a
+    page of its own. What the files the running QEMUs map have not got yet is owed, once per file."""
+    memfd = os.memfd_create("vmsandbox-tcg-test", os.MFD_CLOEXEC)
+    other = os.memfd_create("not-ours", os.MFD_CLOEXEC)
+    try:
+        os.ftruncate(memfd, 64 << 20)
+        os.pwrite(memfd, b"x" * (4 << 20), 0)  # 4 MiB held, 60 MiB of holes
+        os.ftruncate(other, 64 << 20)
+        pids, proc = tmp_path / "pids", tmp_path / "proc"
+        pids.mkdir()
+        for pid, name in ((41, "a"), (42, "b")):  # two QEMUs mapping one file (here: this process's fds)
+            (proc / str(pid)).mkdir(parents=True)
+            (proc / str(pid) / "cmdline").write_bytes(f"qemu\0-name\0guest=vmsandbox-{name},x\0".encode())
+            (proc / str(pid) / "fd").symlink_to(f"/proc/{os.getpid()}/fd")
+            (pids / f"vmsandbox-{name}.pid").write_text(str(pid))
+        found = usage.shared_file("vmsandbox-a", pids, proc)
+        assert found == usage.SharedFile(os.fstat(memfd).st_ino, 64, 60)
+        assert list(usage.shared_files(pids, proc)) == [found.inode]
+        assert usage.reserved_mib(pids, proc) == 60
+        assert usage.shared_file("vmsandbox-gone", pids, proc) is None
+        os.pwrite(memfd, b"\0" * (60 << 20), 4 << 20)  # what a save's reading through a mapping does, in effect
+        assert usage.reserved_mib(pids, proc) == 0
+    finally:
+        os.close(memfd)
+        os.close(other)
+
+
+def test_this_machines_available_memory_leaves_out_what_is_reserved() -> None:
+    stats = {"total": 24 * 1024 * 1024, "free": 512 * 1024}
+    meminfo = "MemAvailable: 3145728 kB\n"
+    n = node.Node.of("h", "9", "7", 4, stats, "<capabilities/>", None, meminfo=meminfo, reserved_mib=1024)
+    assert (n.available_mib, n.reserved_mib) == (2048, 1024)
+    far = node.Node.of("h", "9", "7", 4, stats, "<capabilities/>", None, reserved_mib=1024)  # (another host)
+    assert (far.available_mib, far.reserved_mib) == (512, 0)
+
+
 def test_a_holder_whose_fd_became_a_fifo_is_not_alive_and_root_never_waits_on_it(tmp_path: Path) -> None:
     """A process of the holder's account may put a FIFO at the fd number root checks: root's open must not wait
     for a writer that never comes (it held the entry's lock: every later warm start would wait too)."""

@@ -82,6 +82,7 @@ def inspect(name: str) -> dict[str, Any]:
             "ssh_config": str(files.ssh_config) if reachable else None,
         },
         "user": record.user,
+        "stopped_by": record.stop_note or None,  # why it was stopped when no person stopped it (the memory guard)
         # the file its RAM maps copy-on-write, shared with every session that maps it, else why it is its own;
         # and while it runs, what its QEMU takes: resident, proportional, shared with other sessions, private
         "memory": {

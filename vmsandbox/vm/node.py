@@ -53,7 +53,7 @@ class DomainInfo:
         return self.state in ("shutoff", "crashed")
 
 
-def _mem_available(meminfo: str) -> int | None:
+def mem_available_kib(meminfo: str) -> int | None:
     """MemAvailable (KiB) of /proc/meminfo's text, or None where it has none."""
     for line in meminfo.splitlines():
         key, _, value = line.partition(":")
@@ -77,6 +77,7 @@ class Node:
     available_mib: int  # what the kernel could give without swapping (see `of`)
     cpu_features: frozenset[str]  # the host CPU's, as libvirt lists them (vmx/svm: virtualisation)
     kvm_error: str | None  # why libvirt would not run a KVM guest there (None: it would)
+    reserved_mib: int = 0  # of the kernel's figure, what the holes of shared memory files take back (see `of`)
 
     @classmethod
     def of(
@@ -90,17 +91,23 @@ class Node:
         kvm: str | None,
         *,
         meminfo: str | None = None,
+        reserved_mib: int = 0,
     ) -> Node:
         """From what libvirt answers: its memory stats (KiB) and its capabilities XML (the host CPU's features).
         Its memory available is the kernel's own MemAvailable where `meminfo` (/proc/meminfo's text, this
-        machine's) is given; else free, buffers and cached, which is all libvirt says of another host — and
-        counts shared memory as cached: the held memory of templates, which no pressure gives back."""
+        machine's) is given, less `reserved_mib` (the holes of the shared memory files its sessions map, which
+        their next save reads in: vm.memory.usage.reserved_mib); else free, buffers and cached, which is all
+        libvirt says of another host — and counts shared memory as cached: the held memory of templates, which
+        no pressure gives back."""
         cpu = ET.fromstring(caps).find("host/cpu")  # noqa: S314 - a host the user's config names
         features = frozenset(f.get("name", "") for f in ([] if cpu is None else cpu.iter("feature")))
         available = stats["free"] + stats.get("buffers", 0) + stats.get("cached", 0)
-        kernel = _mem_available(meminfo) if meminfo is not None else None
-        available = available if kernel is None else kernel
-        return cls(hostname, libvirt, qemu, cpus, stats["total"] // 1024, available // 1024, features, kvm)
+        kernel = mem_available_kib(meminfo) if meminfo is not None else None
+        available = available if kernel is None else kernel - reserved_mib * 1024
+        return cls(
+            hostname, libvirt, qemu, cpus, stats["total"] // 1024, max(available, 0) // 1024, features, kvm,
+            reserved_mib if kernel is not None else 0,
+        )  # fmt: skip
 
     def kvm_problem(self) -> str | None:
         """Why KVM cannot be used there (the same two questions accel.kvm_problem asks of this machine)."""

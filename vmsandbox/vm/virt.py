@@ -17,6 +17,7 @@ import libvirt
 from vmsandbox import paths
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.vm import node, storage
+from vmsandbox.vm.memory import usage
 
 log = logging.getLogger(__name__)
 DEFAULT_URI = "qemu:///system"
@@ -188,8 +189,12 @@ class Hypervisor:
                 kvm_error = _message(exc)
             stats = c.getMemoryStats(libvirt.VIR_NODE_MEMORY_STATS_ALL_CELLS)
             versions = (c.getHostname(), self.version(), self.qemu_version(), int(c.getInfo()[2]))
-            meminfo = MEMINFO.read_text() if node.here(self.uri) else None  # the kernel's own figure, here
-            return node.Node.of(*versions, stats, c.getCapabilities(), kvm_error, meminfo=meminfo)
+            here = node.here(self.uri)
+            meminfo = MEMINFO.read_text() if here else None  # the kernel's own figure, here
+            reserved = usage.reserved_mib() if here else 0
+            return node.Node.of(
+                *versions, stats, c.getCapabilities(), kvm_error, meminfo=meminfo, reserved_mib=reserved
+            )
         except libvirt.libvirtError as exc:
             raise VmsandboxError(f"libvirt at {self.uri} did not describe its host: {_message(exc)}") from exc
 

@@ -20,8 +20,8 @@ host = noun(
     "Example: `vmsandbox host add big qemu+ssh://me@big.example/system`, then `vmsandbox run --host big .`",
 )
 FIELDS = ("name", "uri", "reachable", "problem", "hint", "hostname", "libvirt", "qemu", "cpus", "memory_mib",
-          "available_mib", "accel", "kvm_problem", "sessions", "max_sessions", "keep_free_mib", "images",
-          "memory_shared", "memory_problem", "session_pss_mib", "room")  # fmt: skip
+          "available_mib", "reserved_mib", "accel", "kvm_problem", "sessions", "max_sessions", "keep_free_mib",
+          "images", "memory_shared", "memory_problem", "session_pss_mib", "room")  # fmt: skip
 
 
 def _gib(mib: int | None) -> str:
@@ -54,7 +54,9 @@ def ls(
     table (the command still succeeds). SESSIONS: yours there, as `vmsandbox ls --filter host=NAME` lists them.
     ROOM: how many more sessions of your configured memory it admits now: each must leave its keep_free free
     even if it came to fill all its memory, and each already running counts what it takes now (this machine
-    measures its sessions; another host's count whole). `--json` adds the images each holds and more.
+    measures its sessions; another host's count whole). FREE on this machine leaves out what is reserved: the
+    holes of the memory files sessions share, which a save of one of them reads in (`reserved_mib`). `--json`
+    adds the images each holds and more.
 
     Examples: `vmsandbox host ls` · `vmsandbox host ls --json`"""
     from vmsandbox.core import hosts

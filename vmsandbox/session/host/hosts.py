@@ -47,7 +47,7 @@ class Status:
     def as_dict(self, memory_mib: int = 0) -> dict[str, Any]:
         """Its facts; given the configured session memory, `room`: how many more such sessions it admits now."""
         n = self.node
-        facts = ("hostname", "libvirt", "qemu", "cpus", "memory_mib", "available_mib")
+        facts = ("hostname", "libvirt", "qemu", "cpus", "memory_mib", "available_mib", "reserved_mib")
         kvm_problem = None
         if n is not None:
             with places.host(self.spec) as host:

@@ -26,7 +26,9 @@ from vmsandbox.vm.node import gone
 SYNC_TIMEOUT = 120
 
 
-def stop(name: str) -> Record:
+def stop(name: str, *, why: str = "", flush_timeout: float = SYNC_TIMEOUT) -> Record:
+    """Save session `name`'s VM to disk, its file systems flushed first (within `flush_timeout`: else an error,
+    and it runs on); `why`: the reason, when no person stopped it (record.stop_note)."""
     record = Record.load(name)
     files = record.files
     with lock.held(files, name, "stopping"), places.host_of(record) as host:
@@ -46,7 +48,7 @@ def stop(name: str) -> Record:
                 hint="`vmsandbox ls` shows what each session is doing",
             )
         with ui.step("Flushing the guest's file systems"):
-            commands.run_as_root(record.endpoint(), "sync", timeout=SYNC_TIMEOUT)
+            commands.run_as_root(record.endpoint(), "sync", timeout=flush_timeout)
         control.stop(files)
         try:
             vm.save()
@@ -56,6 +58,7 @@ def stop(name: str) -> Record:
                 create.open_egress(record)
             raise
         record.saved = True
+        record.stop_note = why
         record.save()
     return record
 
@@ -74,9 +77,12 @@ def start(name: str) -> Record:
         vm = host.vm(record)
         if status(vm).state is not State.STOPPED:
             raise VmsandboxError(f"session {name} is not stopped", hint="`vmsandbox ls` shows its state")
+        if record.stop_note:
+            ui.info(f"session {name} was {record.stop_note}")
         resume(vm, vm.stopped(), f"Restoring {record.domain} where it was{host.where}")
         vm.discard_save()
         record.saved = False
+        record.stop_note = ""
         record.save()
     return record
 

@@ -34,7 +34,7 @@ from vmsandbox.errors import VmsandboxError
 from vmsandbox.session.place.interface import Tidy
 from vmsandbox.session.place.local import template as templates
 from vmsandbox.vm import node
-from vmsandbox.vm.memory import sealed
+from vmsandbox.vm.memory import sealed, usage
 from vmsandbox.vm.memory import split as memsplit
 from vmsandbox.vm.virt import Hypervisor
 
@@ -105,8 +105,8 @@ def of_template(tmpl: templates.Template, hv: Hypervisor, accel: str) -> Shared:
     entry.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     with access.flocked(entry.with_suffix(".lock"), wait="Waiting for another vmsandbox that loads this memory"):
         held = _read(entry)
-        if held is not None and held.alive() and _grown(held, tmpl):
-            held.stop()  # its sessions keep the file they map; new ones map a fresh copy
+        if held is not None and held.alive() and _grown(held, tmpl) and held.ino not in usage.shared_files():
+            held.stop()  # no session maps it any more: a fresh copy gives its grown part back
             held = None
         if held is None or not held.alive():
             held = _start(tmpl, who)
@@ -116,8 +116,10 @@ def of_template(tmpl: templates.Template, hv: Hypervisor, accel: str) -> Shared:
 
 def _grown(held: sealed.Held, tmpl: templates.Template) -> bool:
     """Whether the held copy grew well past the template's memory: tmpfs gives a hole of the file a page of its own
-    the first time a session writes there (a copy-on-write fault reads the file's page first), zeros that stay
-    in the file for good — harmless, but memory that only a fresh copy gives back."""
+    the first time it is read through a session's mapping (a copy-on-write fault, a save's read of every page),
+    zeros that stay in the file for good — memory that only a fresh copy gives back. Only once no session maps
+    it: a fresh copy while sessions still map the grown one would hold both, and grow too at the next save (one
+    copy per template grows at most to the template's memory; usage.shared_file)."""
     try:
         held_bytes = Path(held.path).stat().st_blocks * 512
     except OSError:

@@ -4,11 +4,13 @@ which, and why it was cold."""
 
 from __future__ import annotations
 
+import contextlib
+import os
 import uuid
 from collections.abc import Callable
 from pathlib import Path
 
-from vmsandbox import failpoint, paths, ui
+from vmsandbox import failpoint, paths, pids, proc, ui
 from vmsandbox.egress import control, ports
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.guest import identity, ssh
@@ -82,11 +84,29 @@ def on_a_free_port(record: Record, launch: Callable[[], None], *, keep: bool = F
         except PortTakenError as exc:
             last = exc
             continue
+        guarded()
         return
     raise VmsandboxError(
         f"no free port for SSH after {PORT_ATTEMPTS} tries: {last}",
         hint="too many ports on 127.0.0.1 are taken; free some and retry",
     )
+
+
+GUARD = "vmsandbox.session.host.guard"  # this machine's memory guard: its module, run as a process of its own
+
+
+def guarded() -> None:
+    """This machine's memory guard watches the sessions of this sessions directory from now on: started unless it
+    runs (root's only: it reads every QEMU's memory and may stop any account's session). Two commands may start
+    one at once: the second ends at once, on the guard's lock."""
+    if os.geteuid() != 0:
+        return
+    root = paths.sessions_dir()
+    with contextlib.suppress(OSError, ValueError):
+        pid, start = (root / paths.GUARD_PID).read_text().split()
+        if pids.alive(int(pid), start):
+            return
+    proc.spawn_detached(proc.own_module(GUARD), log_file=root / paths.GUARD_LOG)
 
 
 def cold(record: Record, image: store.Image, hv: Hypervisor, boot_timeout: int, launched: Launched = nothing) -> None:
