@@ -126,12 +126,13 @@ def main() -> None:
             first = first or latency
             found = [u for u in (used(r) for r in sessions) if u is not None]
             pss, rss = [u.pss_mib for u in found], [u.rss_mib for u in found]
-            available = int(free_mib())
+            reserved = usage.reserved_mib()  # the shared files' holes, which admission leaves out too
+            available = int(free_mib()) - reserved
             more = room.fits(available, DEFAULT_KEEP_FREE_MIB, settings.memory_mib, int(statistics.median(pss)))
             print(
                 f"{len(sessions):3d} sessions: QEMU PSS total {sum(pss):6d} MiB, mean {statistics.mean(pss):4.0f} "
-                f"(RSS total {sum(rss):6d}, mean {statistics.mean(rss):4.0f}); host available {available:6d} MiB, "
-                f"room for {more} more; exec -- true {latency:.2f}s ({latency / first:.2f}x)",
+                f"(RSS total {sum(rss):6d}, mean {statistics.mean(rss):4.0f}); host available {available:6d} MiB "
+                f"({reserved} reserved), room for {more} more; exec -- true {latency:.2f}s ({latency / first:.2f}x)",
                 flush=True,
             )
             if latency > args.limit * first:

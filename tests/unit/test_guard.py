@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import time
+from collections.abc import Iterator
+
 import pytest
 
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.session.host import guard
 from vmsandbox.session.host.guard import Held
+from vmsandbox.vm.memory import usage
 
 
 def test_it_stops_kept_sessions_with_most_memory_of_their_own_first() -> None:
@@ -64,3 +68,31 @@ def test_only_the_sessions_asked_for(machine: Machine) -> None:
 def test_memory_the_kernel_does_not_tell_stops_nothing(machine: Machine, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(guard, "available_mib", lambda: None)
     assert guard.relieve(10**6) == []
+
+
+@pytest.mark.parametrize(("kernel", "rounds"), [(550, 3), (613, 0)])
+def test_the_guard_relieves_while_short_and_ends_once_no_session_runs(
+    monkeypatch: pytest.MonkeyPatch, kernel: int, rounds: int
+) -> None:
+    """Short is the kernel's figure less what is reserved (550 - 100 < 512; 613 - 100 is not)."""
+    looks = []
+
+    def records() -> Iterator[object]:
+        looks.append(1)
+        return iter([object()] if len(looks) <= 3 else [])  # a session runs for three rounds, then none
+
+    relieved: list[int] = []
+    monkeypatch.setattr(guard, "_records", records)
+    monkeypatch.setattr(guard, "IDLE_LOOK", 0.0)
+    monkeypatch.setattr(guard, "IDLE_EXIT", 0.0)
+    monkeypatch.setattr(usage, "reserved_mib", lambda: 100)
+    monkeypatch.setattr(guard, "kernel_available_mib", lambda: kernel)
+
+    def relieve(floor: int) -> list[str]:
+        relieved.append(floor)
+        return []
+
+    monkeypatch.setattr(guard, "relieve", relieve)
+    monkeypatch.setattr(time, "sleep", lambda _s: None)
+    guard.watch(512)
+    assert relieved == [512] * rounds

@@ -27,7 +27,7 @@ import fcntl
 import os
 import sys
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -65,31 +65,42 @@ def order(held: Iterable[Held]) -> list[Held]:
     return sorted((h for h in held if h.kept), key=lambda h: (-h.private_mib, h.name))
 
 
-def available_mib() -> int | None:
-    """This machine's MemAvailable less what the holes of the shared memory files its sessions map take back at
-    their next save (usage.reserved_mib: a stop that reads them in then leaves what it frees of its own); None:
-    the kernel does not say."""
+def kernel_available_mib() -> int | None:
+    """The kernel's MemAvailable (None: it does not say)."""
     try:
         kib = node.mem_available_kib(usage.PROC.joinpath("meminfo").read_text())
     except OSError:
         return None
-    return None if kib is None else kib // usage.KIB_PER_MIB - usage.reserved_mib()
+    return None if kib is None else kib // usage.KIB_PER_MIB
+
+
+def available_mib() -> int | None:
+    """This machine's MemAvailable less what the holes of the shared memory files its sessions map take back at
+    their next save (usage.reserved_mib: a stop that reads them in then leaves what it frees of its own); None:
+    the kernel does not say."""
+    kernel = kernel_available_mib()
+    return None if kernel is None else kernel - usage.reserved_mib()
 
 
 def running() -> list[Held]:
     """The sessions of this sessions directory whose QEMU runs on this machine now."""
     found = []
+    for record in _records():
+        used = usage.of_domain(record.domain)
+        if used is not None:
+            found.append(Held(record.name, used.private_mib, record.keep))
+    return found
+
+
+def _records() -> Iterator[Record]:
+    """The sessions of this sessions directory that this machine's libvirt runs a domain of."""
     for domain in _domains():
         try:
             record = Record.load(domain.removeprefix(DOMAIN_PREFIX))
         except VmsandboxError:
             continue  # another directory's session, a reader VM, one being removed
-        if record.domain != domain:  # (this machine's libvirt runs it: it is one of this machine's)
-            continue
-        used = usage.of_domain(domain)
-        if used is not None:
-            found.append(Held(record.name, used.private_mib, record.keep))
-    return found
+        if record.domain == domain:
+            yield record
 
 
 def _domains() -> list[str]:
@@ -138,26 +149,29 @@ def _stop(name: str, why: str) -> None:
 
 
 def watch(floor_mib: int = FLOOR_MIB) -> None:
-    """Relieve the machine whenever it is short, until no session of this directory has run for IDLE_EXIT."""
-    last_seen, last_look, said_stuck = time.monotonic(), 0.0, -STUCK_EVERY
+    """Relieve the machine whenever it is short, until no session of this directory has run for IDLE_EXIT. A
+    round is one read of /proc/meminfo; what is reserved (every QEMU's descriptors read) is read again every
+    IDLE_LOOK seconds, and whenever the machine looks short with the last figure."""
+    last_seen, last_look, said_stuck, reserved = time.monotonic(), -IDLE_LOOK, -STUCK_EVERY, 0
     while True:
         now = time.monotonic()
         if now - last_look >= IDLE_LOOK:
-            last_look = now
-            if running():
+            last_look, reserved = now, usage.reserved_mib()
+            if next(_records(), None) is not None:
                 last_seen = now
             elif now - last_seen >= IDLE_EXIT:
                 return
-        try:
-            stopped = relieve(floor_mib)
-        except Exception as exc:  # noqa: BLE001 - the guard outlives one bad round; the log says what it was
-            ui.warn(f"{_now()} the memory guard's round failed: {exc}")
-            stopped = []
-        available = available_mib()
-        short = not stopped and available is not None and available < floor_mib
-        if short and now - said_stuck >= STUCK_EVERY:  # said once a minute, not every round
-            said_stuck = now
-            ui.warn(f"{_now()} {available} MiB available, and no session the guard may stop (only kept ones)")
+        kernel = kernel_available_mib()
+        if kernel is not None and kernel - reserved < floor_mib:
+            try:
+                stopped = relieve(floor_mib)
+            except Exception as exc:  # noqa: BLE001 - the guard outlives one bad round; the log says what it was
+                ui.warn(f"{_now()} the memory guard's round failed: {exc}")
+                stopped = []
+            available = available_mib()
+            if not stopped and available is not None and available < floor_mib and now - said_stuck >= STUCK_EVERY:
+                said_stuck = now  # said once a minute, not every round
+                ui.warn(f"{_now()} {available} MiB available, and no session the guard may stop (only kept ones)")
         time.sleep(INTERVAL)
 
 
