@@ -5,6 +5,7 @@ wait on it."""
 
 from __future__ import annotations
 
+import fcntl
 import mmap
 import time
 from pathlib import Path
@@ -54,11 +55,12 @@ def test_the_holes_of_the_file_they_share_are_reserved_until_read_in(quiet_and_b
     quiet, big = (Record.load(n) for n in quiet_and_big)
     one, two = usage.shared_file(quiet.domain), usage.shared_file(big.domain)
     assert one is not None and two is not None and one.inode == two.inode and one.size_mib == 2048, (one, two)
-    assert usage.shared_files()[one.inode] == one
+    assert usage.shared_files()[one.key] == one
+    assert usage.reserved_mib() >= one.holes_mib  # (a root holder's file, mapped: its holes are owed)
     read_through_a_private_mapping(quiet)
     after = usage.shared_file(big.domain)
     assert after is not None and after.holes_mib == 0, after
-    assert usage.shared_files()[one.inode].holes_mib == 0
+    assert usage.shared_files()[one.key].holes_mib == 0
 
 
 @pytest.fixture
@@ -120,7 +122,9 @@ def test_the_guard_watches_once_a_session_runs(quiet_and_big: tuple[str, str], s
     """Started by the first session of this sessions directory: its lock is held, its pid file names it, its log
     says it watches."""
     sessions = state_dir / "sessions"
-    assert (sessions / guard.LOCK).exists() and guard.lock() is None  # a guard holds it
+    # a guard holds its lock (asked without taking it, should no one hold it)
+    with (sessions / guard.LOCK).open() as f, pytest.raises(BlockingIOError):
+        fcntl.flock(f, fcntl.LOCK_SH | fcntl.LOCK_NB)
     pid, start = (sessions / paths.GUARD_PID).read_text().split()
     assert pids.alive(int(pid), start)
     assert guard.MODULE.encode() in Path(f"/proc/{pid}/cmdline").read_bytes()

@@ -15,7 +15,7 @@ from vmsandbox.vm.memory import usage
 
 def test_it_stops_kept_sessions_with_most_memory_of_their_own_first() -> None:
     held = [Held("idle", 120, True), Held("big", 900, True), Held("mid", 400, True), Held("run", 2000, False)]
-    assert [h.name for h in guard.order(held)] == ["big", "mid", "idle"]  # never a `run` session, however big
+    assert [h.name for h in guard.order(held)] == ["big", "mid", "idle"]  # never an attached one, however big
     assert [h.name for h in guard.order([Held("b", 10, True), Held("a", 10, True)])] == ["a", "b"]  # ties: by name
 
 
@@ -25,10 +25,15 @@ class Machine:
     def __init__(self, available: int, held: list[Held], *, busy: frozenset[str] = frozenset()) -> None:
         self.available, self.held, self.busy = available, held, busy
         self.stopped: list[tuple[str, str]] = []
+        self.tried: list[str] = []
+        self.kernel = 8192
 
     def stop(self, name: str, why: str) -> None:
+        self.tried.append(name)
         if name in self.busy:
             raise VmsandboxError(f"session {name} is busy: vmsandbox (pid 1) is pulling it")
+        if name == "broken":
+            raise OSError(28, "No space left on device")
         self.stopped.append((name, why))
         gone = next(h for h in self.held if h.name == name)
         self.held.remove(gone)
@@ -41,6 +46,7 @@ def machine(monkeypatch: pytest.MonkeyPatch) -> Machine:
     monkeypatch.setattr(guard, "available_mib", lambda: m.available)
     monkeypatch.setattr(guard, "running", lambda: m.held)
     monkeypatch.setattr(guard, "_stop", m.stop)
+    monkeypatch.setattr(guard, "kernel_available_mib", lambda: m.kernel)
     return m
 
 
@@ -59,6 +65,35 @@ def test_it_stops_until_the_floor_holds_again(machine: Machine) -> None:
 def test_a_busy_session_is_passed_over_for_the_next(machine: Machine) -> None:
     machine.busy = frozenset({"big"})
     assert guard.relieve(1000) == ["mid", "idle"]  # short 700: `big` would have covered it alone
+
+
+def test_one_that_could_not_be_stopped_rests_while_the_others_are(
+    machine: Machine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A guest that holds its flush (or a save that fails with any error) does not get tried first every round:
+    it rests REST seconds, and the rounds meanwhile go to the others."""
+    machine.held.append(Held("broken", 900, True))
+    machine.busy = frozenset({"big"})
+    resting: dict[str, float] = {}
+    assert guard.relieve(600, resting=resting) == ["mid"]  # `broken` and `big` tried first, in vain
+    assert machine.tried == ["broken", "big", "mid"] and set(resting) == {"broken", "big"}
+    machine.available = 300
+    assert guard.relieve(600, resting=resting) == ["idle"]  # neither is tried again while it rests
+    assert machine.tried[3:] == ["idle"]
+    later = time.monotonic() + guard.REST + 1
+    monkeypatch.setattr(time, "monotonic", lambda: later)
+    machine.available = 300
+    assert guard.relieve(600, resting=resting) == [] and machine.tried[4:] == ["broken", "big"]
+
+
+def test_a_stop_that_would_read_in_more_holes_than_the_kernel_has_is_not_made(machine: Machine) -> None:
+    """Its save would fill the shared file's holes first: with the kernel short of them, that is the OOM."""
+    machine.held = [Held("holey", 900, True, holes_mib=1800), Held("whole", 300, True)]
+    machine.kernel = 1500
+    assert guard.relieve(400) == ["whole"] and machine.tried == ["whole"]
+    machine.kernel = 4096
+    machine.available = 100
+    assert guard.relieve(400) == ["holey"]
 
 
 def test_only_the_sessions_asked_for(machine: Machine) -> None:
@@ -88,7 +123,8 @@ def test_the_guard_relieves_while_short_and_ends_once_no_session_runs(
     monkeypatch.setattr(usage, "reserved_mib", lambda: 100)
     monkeypatch.setattr(guard, "kernel_available_mib", lambda: kernel)
 
-    def relieve(floor: int) -> list[str]:
+    def relieve(floor: int, *, resting: dict[str, float] | None = None) -> list[str]:
+        assert resting is not None  # the guard's, kept from round to round
         relieved.append(floor)
         return []
 
@@ -96,3 +132,31 @@ def test_the_guard_relieves_while_short_and_ends_once_no_session_runs(
     monkeypatch.setattr(time, "sleep", lambda _s: None)
     guard.watch(512)
     assert relieved == [512] * rounds
+
+
+class FakeRecord:
+    def __init__(self, name: str, *, keep: bool, owner_alive: bool) -> None:
+        self.name, self.keep, self._owner = name, keep, owner_alive
+        self.domain = f"vmsandbox-{name}"
+
+    def owner_alive(self) -> bool:
+        return self._owner
+
+
+def test_only_kept_sessions_no_command_is_attached_to_are_the_guards_to_stop(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`run --keep`, a fan-out's workers and the API keep their sessions while their command is attached."""
+    records = [
+        FakeRecord("kept", keep=True, owner_alive=False),
+        FakeRecord("attached", keep=True, owner_alive=True),
+        FakeRecord("run", keep=False, owner_alive=True),
+    ]
+    monkeypatch.setattr(guard, "_records", lambda: iter(records))
+    monkeypatch.setattr(usage, "of_domain", lambda _d: usage.Usage(300, 200, 100, 200))
+    monkeypatch.setattr(usage, "shared_file", lambda _d: usage.SharedFile(1, 2, 2048, 64))
+    held = guard.running()
+    assert [(h.name, h.stoppable, h.holes_mib) for h in held] == [
+        ("kept", True, 64),
+        ("attached", False, 64),
+        ("run", False, 64),
+    ]
+    assert [h.name for h in guard.order(held)] == ["kept"]

@@ -18,6 +18,7 @@ import pytest
 
 from tests.unit.test_domain import qemu_args, spec
 from tests.unit.test_warm import fake_save, template_xml
+from vmsandbox import pids
 from vmsandbox.session.place.local import sharing
 from vmsandbox.session.place.local import template as templates
 from vmsandbox.vm import domain, node, rambackend, savefile
@@ -418,30 +419,36 @@ def test_a_typical_session_is_the_median_of_those_that_can_be_read(tmp_path: Pat
 
 def test_the_holes_of_the_shared_files_sessions_map_are_reserved_once_per_file(tmp_path: Path) -> None:
     """A save reads every page of a session's memory: a hole of a tmpfs file read through a private mapping gets a
-    page of its own. What the files the running QEMUs map have not got yet is owed, once per file."""
-    memfd = os.memfd_create("vmsandbox-tcg-test", os.MFD_CLOEXEC)
-    other = os.memfd_create("not-ours", os.MFD_CLOEXEC)
+    page of its own. What a held file the running QEMUs map has not got yet is owed, once per file; a file no
+    holder of root's holds (one a QEMU made up, however large) counts nothing."""
+    memfd = sealed.create("vmsandbox-tcg-test", 64 << 20)
+    madeup = sealed.create("vmsandbox-made-up", 1 << 40)  # a terabyte of holes, held by no holder
     try:
-        os.ftruncate(memfd, 64 << 20)
         os.pwrite(memfd, b"x" * (4 << 20), 0)  # 4 MiB held, 60 MiB of holes
-        os.ftruncate(other, 64 << 20)
-        pids, proc = tmp_path / "pids", tmp_path / "proc"
-        pids.mkdir()
-        for pid, name in ((41, "a"), (42, "b")):  # two QEMUs mapping one file (here: this process's fds)
+        sealed.seal(memfd, (os.getuid(), os.getgid()))
+        st = os.fstat(memfd)
+        entry = tmp_path / "holder.json"
+        me = sealed.Held(os.getpid(), pids.process_start(os.getpid()) or "", memfd, st.st_ino, st.st_size)
+        entry.write_text(json.dumps(me.as_dict()))
+        pids_dir, proc = tmp_path / "pids", tmp_path / "proc"
+        pids_dir.mkdir()
+        for pid, name in ((41, "a"), (42, "b")):  # two QEMUs holding both files (here: this process's fds)
             (proc / str(pid)).mkdir(parents=True)
             (proc / str(pid) / "cmdline").write_bytes(f"qemu\0-name\0guest=vmsandbox-{name},x\0".encode())
             (proc / str(pid) / "fd").symlink_to(f"/proc/{os.getpid()}/fd")
-            (pids / f"vmsandbox-{name}.pid").write_text(str(pid))
-        found = usage.shared_file("vmsandbox-a", pids, proc)
-        assert found == usage.SharedFile(os.fstat(memfd).st_ino, 64, 60)
-        assert list(usage.shared_files(pids, proc)) == [found.inode]
-        assert usage.reserved_mib(pids, proc) == 60
-        assert usage.shared_file("vmsandbox-gone", pids, proc) is None
-        os.pwrite(memfd, b"\0" * (60 << 20), 4 << 20)  # what a save's reading through a mapping does, in effect
-        assert usage.reserved_mib(pids, proc) == 0
+            (pids_dir / f"vmsandbox-{name}.pid").write_text(str(pid))
+        found = usage.shared_files(pids_dir, proc)
+        assert found[st.st_dev, st.st_ino] == usage.SharedFile(st.st_dev, st.st_ino, 64, 60)
+        assert len(found) == 2  # the made-up one is seen, and counts nothing below
+        assert usage.reserved_mib([entry], pids_dir, proc) == 60
+        assert usage.reserved_mib([entry], pids_dir, tmp_path / "none") == 0  # no QEMU maps it: nothing owed
+        with mmap.mmap(memfd, 0, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ) as m:  # as a save reads every page
+            for at in range(0, len(m), mmap.PAGESIZE):
+                m[at]
+        assert usage.reserved_mib([entry], pids_dir, proc) == 0
     finally:
         os.close(memfd)
-        os.close(other)
+        os.close(madeup)
 
 
 def test_this_machines_available_memory_leaves_out_what_is_reserved() -> None:

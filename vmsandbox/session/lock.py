@@ -33,9 +33,9 @@ class GoneError(VmsandboxError):
 
 
 @contextlib.contextmanager
-def held(files: SessionPaths, name: str, doing: str, *, wait: bool = False) -> Iterator[None]:
+def held(files: SessionPaths, name: str, doing: str, *, wait: bool = False, never_wait: bool = False) -> Iterator[None]:
     """Hold session `name`'s lock while `doing` (e.g. "pulling"). Another holder: BusyError at once, but a
-    teardown is waited for (and with `wait`, any holder)."""
+    teardown is waited for (and with `wait`, any holder; with `never_wait`, none)."""
     gone = GoneError(f"no session named {name!r} (any more)", hint="list sessions with `vmsandbox ls`")
     try:
         fd = os.open(files.root / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
@@ -44,7 +44,7 @@ def held(files: SessionPaths, name: str, doing: str, *, wait: bool = False) -> I
     try:
         if not _take(fd):
             holder = os.pread(fd, 200, 0).decode(errors="replace").strip()
-            if not wait and TEARDOWN not in holder:
+            if never_wait or (not wait and TEARDOWN not in holder):
                 raise BusyError(
                     f"session {name} is busy: {holder or 'another vmsandbox command is using it'}",
                     hint="wait for that command to finish, then run this one again",

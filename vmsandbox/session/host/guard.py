@@ -23,6 +23,7 @@ IDLE_EXIT seconds. Sessions on other hosts are not guarded here: their memory is
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import sys
@@ -30,6 +31,7 @@ import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from datetime import datetime
+from pathlib import Path
 
 from vmsandbox import paths, pids, ui
 from vmsandbox.errors import VmsandboxError
@@ -45,10 +47,15 @@ MODULE = "vmsandbox.session.host.guard"  # what the local place starts (session.
 INTERVAL = 1.0
 IDLE_EXIT = 60.0  # no session of its directory ran this long: the guard ends (the next session starts one)
 IDLE_LOOK = 10.0  # how often it asks whether any does
-# a guest's flush before its save, at most (a guest that holds it longer is passed over this round: the guard
-# never waits on one guest while the machine runs out)
+# a guest's flush before its save, at most: one that holds it longer is passed over for the next session, and
+# rests that long before it is asked again (the guard never waits on one guest while the machine runs out)
 FLUSH_TIMEOUT = 15.0
-STUCK_EVERY = 60.0  # short of memory with nothing it may stop: said this often
+REST = 300.0
+HOLES_MARGIN_MIB = 128  # a session whose save would read in more holes than the kernel has, less this: passed over
+SAY_EVERY = 60.0  # the same trouble (nothing to stop, a failed round) said this often
+# a guard started while another ends (its pid file gone, its lock not yet let go) waits this long for the lock
+LOCK_PATIENCE = 2.0
+OOM_SCORE_ADJ = -900
 
 
 @dataclass(frozen=True)
@@ -57,12 +64,16 @@ class Held:
 
     name: str
     private_mib: int
-    kept: bool  # started with --keep (or made by `create`): `stop` may stop it
+    # stopping it is the guard's to do: kept (started with --keep, or made by `create`) and no command of a person's
+    # attached to it (`run --keep`, a fan-out's worker, the API: record.owner_alive)
+    stoppable: bool
+    holes_mib: int = 0  # the holes of the shared file it maps, which its save reads in (usage.SharedFile)
 
 
 def order(held: Iterable[Held]) -> list[Held]:
-    """The sessions the guard may stop, in the order it stops them: kept ones, most memory of their own first."""
-    return sorted((h for h in held if h.kept), key=lambda h: (-h.private_mib, h.name))
+    """The sessions the guard may stop, in the order it stops them: stoppable ones, most memory of their own
+    first."""
+    return sorted((h for h in held if h.stoppable), key=lambda h: (-h.private_mib, h.name))
 
 
 def kernel_available_mib() -> int | None:
@@ -88,7 +99,9 @@ def running() -> list[Held]:
     for record in _records():
         used = usage.of_domain(record.domain)
         if used is not None:
-            found.append(Held(record.name, used.private_mib, record.keep))
+            shared = usage.shared_file(record.domain)
+            stoppable = record.keep and not record.owner_alive()
+            found.append(Held(record.name, used.private_mib, stoppable, shared.holes_mib if shared else 0))
     return found
 
 
@@ -111,33 +124,50 @@ def _domains() -> list[str]:
     return [p.name.removesuffix(".pid") for p in pids]
 
 
-def relieve(floor_mib: int = FLOOR_MIB, *, among: Iterable[str] | None = None) -> list[str]:
+def relieve(
+    floor_mib: int = FLOOR_MIB, *, among: Iterable[str] | None = None, resting: dict[str, float] | None = None
+) -> list[str]:
     """Stop sessions (of `among`, when given) while this machine has less than `floor_mib` available; the ones
-    stopped. It looks again after each stop."""
+    stopped. It looks again after each stop. One that could not be stopped rests REST seconds (`resting`: name ->
+    until when, on the monotonic clock, kept by the caller from round to round)."""
     wanted = None if among is None else set(among)
+    resting = {} if resting is None else resting
     stopped: list[str] = []
     tried: set[str] = set()
     while True:
         available = available_mib()
         if available is None or available >= floor_mib:
             return stopped
-        held = [h for h in order(running()) if (wanted is None or h.name in wanted) and h.name not in tried]
+        now = time.monotonic()
+        held = [
+            h for h in order(running())
+            if (wanted is None or h.name in wanted) and h.name not in tried and resting.get(h.name, 0.0) <= now
+        ]  # fmt: skip
         if not held:
             return stopped
-        name = held[0].name
-        tried.add(name)
+        h = held[0]
+        tried.add(h.name)
+        kernel = kernel_available_mib() or 0
+        if h.holes_mib >= kernel - HOLES_MARGIN_MIB:
+            ui.warn(
+                f"{_now()} not stopping {h.name}: its save would read in {h.holes_mib} MiB of the memory file it "
+                f"shares, and the kernel has {kernel} MiB"
+            )
+            continue
+        ui.warn(f"{_now()} {available} MiB available (floor {floor_mib} MiB): stopping {h.name}")
         why = (
             f"stopped by the memory guard at {_now()}: this machine had {available} MiB of memory available, "
             f"under its floor of {floor_mib} MiB"
         )
-        ui.warn(f"{_now()} {available} MiB available (floor {floor_mib} MiB): stopping {name}")
         try:
-            _stop(name, why)
-        except VmsandboxError as exc:  # busy (another command holds it), gone, or its save failed: the next one
-            ui.warn(f"could not stop {name}: {exc.message}")
+            _stop(h.name, why)
+        except Exception as exc:  # noqa: BLE001 - busy, gone, a guest that holds its flush, a save that failed: the next
+            said = exc.message if isinstance(exc, VmsandboxError) else f"{type(exc).__name__}: {exc}"
+            ui.warn(f"{_now()} could not stop {h.name} (it rests {REST:.0f} s): {said}")
+            resting[h.name] = time.monotonic() + REST
             continue
-        stopped.append(name)
-        ui.info(f"{name} stopped (`vmsandbox start {name}` resumes it)")
+        stopped.append(h.name)
+        ui.info(f"{_now()} {h.name} stopped (`vmsandbox start {h.name}` resumes it)")
 
 
 def _now() -> str:
@@ -145,57 +175,76 @@ def _now() -> str:
 
 
 def _stop(name: str, why: str) -> None:
-    suspend.stop(name, why=why, flush_timeout=FLUSH_TIMEOUT)
+    suspend.stop(name, why=why, flush_timeout=FLUSH_TIMEOUT, never_wait=True)
 
 
 def watch(floor_mib: int = FLOOR_MIB) -> None:
     """Relieve the machine whenever it is short, until no session of this directory has run for IDLE_EXIT. A
     round is one read of /proc/meminfo; what is reserved (every QEMU's descriptors read) is read again every
     IDLE_LOOK seconds, and whenever the machine looks short with the last figure."""
-    last_seen, last_look, said_stuck, reserved = time.monotonic(), -IDLE_LOOK, -STUCK_EVERY, 0
+    last_seen, last_look, said, reserved = time.monotonic(), -IDLE_LOOK, -SAY_EVERY, 0
+    resting: dict[str, float] = {}
     while True:
         now = time.monotonic()
-        if now - last_look >= IDLE_LOOK:
-            last_look, reserved = now, usage.reserved_mib()
-            if next(_records(), None) is not None:
-                last_seen = now
-            elif now - last_seen >= IDLE_EXIT:
-                return
-        kernel = kernel_available_mib()
-        if kernel is not None and kernel - reserved < floor_mib:
-            try:
-                stopped = relieve(floor_mib)
-            except Exception as exc:  # noqa: BLE001 - the guard outlives one bad round; the log says what it was
-                ui.warn(f"{_now()} the memory guard's round failed: {exc}")
-                stopped = []
-            available = available_mib()
-            if not stopped and available is not None and available < floor_mib and now - said_stuck >= STUCK_EVERY:
-                said_stuck = now  # said once a minute, not every round
-                ui.warn(f"{_now()} {available} MiB available, and no session the guard may stop (only kept ones)")
+        try:
+            if now - last_look >= IDLE_LOOK:
+                last_look, reserved = now, usage.reserved_mib()
+                if next(_records(), None) is not None:
+                    last_seen = now
+                elif now - last_seen >= IDLE_EXIT:
+                    return
+            kernel = kernel_available_mib()
+            if kernel is not None and kernel - reserved < floor_mib:
+                stopped = relieve(floor_mib, resting=resting)
+                available = available_mib()
+                if not stopped and available is not None and available < floor_mib and now - said >= SAY_EVERY:
+                    said = now  # said once a minute, not every round
+                    ui.warn(f"{_now()} {available} MiB available, and no session the guard may stop now")
+        except Exception as exc:  # noqa: BLE001 - the guard outlives one bad round; the log says what it was
+            if now - said >= SAY_EVERY:
+                said = now
+                ui.warn(f"{_now()} the memory guard's round failed: {type(exc).__name__}: {exc}")
         time.sleep(INTERVAL)
 
 
-def lock() -> int | None:
-    """The guard's lock of this sessions directory, held (None: another guard holds it); its pid file written."""
+def lock(patience: float = 0.0) -> int | None:
+    """The guard's lock of this sessions directory, held (None: another guard held it for `patience` seconds);
+    its pid file written."""
     root = paths.sessions_dir()
     root.mkdir(parents=True, exist_ok=True)
     fd = os.open(root / LOCK, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
-        return None
+    deadline = time.monotonic() + patience
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            break
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                os.close(fd)
+                return None
+            time.sleep(0.1)
     paths.write_atomically(root / paths.GUARD_PID, f"{os.getpid()} {pids.process_start(os.getpid())}\n")
     return fd
 
 
 def main() -> int:
-    fd = lock()
+    fd = lock(patience=LOCK_PATIENCE)
     if fd is None:
         return 0
+    with contextlib.suppress(OSError):  # it has to run just when memory is short: the OOM killer's last choice
+        Path("/proc/self/oom_score_adj").write_text(f"{OOM_SCORE_ADJ}\n")
     ui.info(f"{_now()} the memory guard of {paths.sessions_dir()} watches (pid {os.getpid()})")
     try:
-        watch()
+        while True:
+            watch()
+            # a session started while it decided to end found its pid file and started none: with the file gone,
+            # the next one starts a guard; this one looks once more before it goes
+            (paths.sessions_dir() / paths.GUARD_PID).unlink(missing_ok=True)
+            if next(_records(), None) is None:
+                break
+            paths.write_atomically(
+                paths.sessions_dir() / paths.GUARD_PID, f"{os.getpid()} {pids.process_start(os.getpid())}\n"
+            )
     finally:
         os.close(fd)
     ui.info(f"{_now()} no session ran for {IDLE_EXIT:.0f} s: the memory guard ends")

@@ -26,12 +26,13 @@ from vmsandbox.vm.node import gone
 SYNC_TIMEOUT = 120
 
 
-def stop(name: str, *, why: str = "", flush_timeout: float = SYNC_TIMEOUT) -> Record:
+def stop(name: str, *, why: str = "", flush_timeout: float = SYNC_TIMEOUT, never_wait: bool = False) -> Record:
     """Save session `name`'s VM to disk, its file systems flushed first (within `flush_timeout`: else an error,
-    and it runs on); `why`: the reason, when no person stopped it (record.stop_note)."""
+    and it runs on); `why`: the reason, when no person stopped it (record.stop_note); `never_wait`: not even for
+    a teardown (lock.held)."""
     record = Record.load(name)
     files = record.files
-    with lock.held(files, name, "stopping"), places.host_of(record) as host:
+    with lock.held(files, name, "stopping", never_wait=never_wait), places.host_of(record) as host:
         record = Record.load(name)
         vm = host.vm(record)
         current = status(vm).state

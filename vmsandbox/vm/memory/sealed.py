@@ -13,14 +13,16 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import json
 import os
 import select
 import stat
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from vmsandbox import pids, proc
+from vmsandbox import paths, pids, proc
 from vmsandbox.errors import VmsandboxError
 
 SEALS = fcntl.F_SEAL_SEAL | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_WRITE
@@ -118,6 +120,21 @@ class Held:
         if pids.alive(self.pid, self.start):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(self.pid, 15)
+
+
+def held_files(entries: Iterable[Path] | None = None) -> list[Held]:
+    """The holders of this machine that still hold their sealed file, from what each says where it is (`entries`,
+    by default every one in paths.memory_holders_dir(): root's)."""
+    if entries is None:
+        root = paths.memory_holders_dir()
+        entries = sorted(root.glob("*.json")) if root.is_dir() else []
+    found = []
+    for entry in entries:
+        with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+            held = Held.of(json.loads(entry.read_text()))
+            if held.alive():
+                found.append(held)
+    return found
 
 
 def hold(fd: int, owner: tuple[int, int], *, detached: bool) -> tuple[Held, proc.Child]:

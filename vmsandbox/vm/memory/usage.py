@@ -9,11 +9,14 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from vmsandbox.vm.memory import sealed
+
 PROC = Path("/proc")
 LIBVIRT_PIDS = Path("/run/libvirt/qemu")  # where the system libvirtd's QEMU driver keeps each domain's pid file
 KIB_PER_MIB = 1024
 MIB = 1024 * 1024
 SHARED_PREFIX = "/memfd:vmsandbox-"  # the name of every sealed memory file (vm.memory.sealed.create)
+DOMAINS = "vmsandbox-"  # the name of every session's domain starts so (session.record.DOMAIN_PREFIX)
 
 
 @dataclass(frozen=True)
@@ -81,50 +84,71 @@ def footprint(domains: Iterable[str], pids: Path = LIBVIRT_PIDS, proc: Path = PR
 
 @dataclass(frozen=True)
 class SharedFile:
-    """The sealed memory file a QEMU maps as its guest's RAM (a template's, or a fork's), shared with every other
-    session that maps it."""
+    """A sealed memory file (a template's, or a fork's) that a QEMU maps as its guest's RAM, shared with every
+    other session that maps it."""
 
+    device: int
     inode: int
     size_mib: int
-    holes_mib: int  # what it holds no page for yet: see `shared_file`
+    holes_mib: int  # what it holds no page for yet: see `reserved_mib`
+
+    @property
+    def key(self) -> tuple[int, int]:
+        return self.device, self.inode
 
 
-def shared_file(domain: str, pids: Path = LIBVIRT_PIDS, proc: Path = PROC) -> SharedFile | None:
-    """The shared memory file the QEMU of running domain `domain` maps (None: its memory is its own, or it runs no
-    more). Its holes are memory to come: a save of any session that maps it (`stop`, a checkpoint, a fork) reads
-    every page, and tmpfs gives each hole read through a private mapping a page of its own, zeros kept for good —
-    once per file, up to its size."""
-    pid = qemu_pid(domain, pids, proc)
-    if pid is None:
-        return None
+def _memory_files(pid: int, proc: Path) -> list[SharedFile]:
+    """Every sealed memory file of ours (by its name) that process `pid` holds open."""
     try:
-        fds = list((proc / str(pid) / "fd").iterdir())
+        fds = sorted((proc / str(pid) / "fd").iterdir())
     except OSError:
-        return None
-    for fd in fds:
+        return []
+    found = []
+    for fd in fds:  # (readlink and stat open nothing: no FIFO or slow file there can hold root)
         try:
             if not str(fd.readlink()).startswith(SHARED_PREFIX):
                 continue
             st = fd.stat()
         except OSError:
             continue
-        held = st.st_blocks * 512
-        return SharedFile(st.st_ino, st.st_size // MIB, max(st.st_size - held, 0) // MIB)
-    return None
-
-
-def shared_files(pids: Path = LIBVIRT_PIDS, proc: Path = PROC) -> dict[int, SharedFile]:
-    """The shared memory files the QEMUs of the running domains map, by inode (each once)."""
-    found: dict[int, SharedFile] = {}
-    with contextlib.suppress(OSError):
-        for pidfile in sorted(pids.glob("*.pid")):
-            f = shared_file(pidfile.name.removesuffix(".pid"), pids, proc)
-            if f is not None:
-                found[f.inode] = f
+        holes = max(st.st_size - st.st_blocks * 512, 0)
+        found.append(SharedFile(st.st_dev, st.st_ino, st.st_size // MIB, holes // MIB))
     return found
 
 
-def reserved_mib(pids: Path = LIBVIRT_PIDS, proc: Path = PROC) -> int:
-    """The memory this machine owes the shared files its sessions map: their holes, which the next save of any
-    session that maps one reads in (`shared_file`). Not available, though the kernel counts it so."""
-    return sum(f.holes_mib for f in shared_files(pids, proc).values())
+def shared_file(domain: str, pids: Path = LIBVIRT_PIDS, proc: Path = PROC) -> SharedFile | None:
+    """The shared memory file the QEMU of running domain `domain` maps (None: its memory is its own, or it runs no
+    more)."""
+    pid = qemu_pid(domain, pids, proc)
+    found = [] if pid is None else _memory_files(pid, proc)
+    return found[0] if found else None
+
+
+def shared_files(pids: Path = LIBVIRT_PIDS, proc: Path = PROC) -> dict[tuple[int, int], SharedFile]:
+    """The shared memory files the QEMUs of the running vmsandbox domains hold, by (device, inode), each once."""
+    found: dict[tuple[int, int], SharedFile] = {}
+    with contextlib.suppress(OSError):
+        for pidfile in sorted(pids.glob(f"{DOMAINS}*.pid")):
+            pid = qemu_pid(pidfile.name.removesuffix(".pid"), pids, proc)
+            for f in [] if pid is None else _memory_files(pid, proc):
+                found[f.key] = f
+    return found
+
+
+def reserved_mib(holders: Iterable[Path] | None = None, pids: Path = LIBVIRT_PIDS, proc: Path = PROC) -> int:
+    """The memory this machine owes the shared files its sessions map: their holes. A save of any session that maps
+    one (`stop`, a checkpoint, a fork) reads every page, and tmpfs gives each hole read through a private mapping a
+    page of its own, zeros kept for good — once per file, up to its size. Not available, though the kernel counts
+    it so. Only files root's holders hold count (`holders`: where each says where it holds its file, by default
+    paths.memory_holders_dir()), each at most its size, once, and only while a session's QEMU maps it: a file a
+    QEMU made up counts nothing."""
+    mapped = shared_files(pids, proc)
+    owed: dict[tuple[int, int], int] = {}
+    for held in sealed.held_files(holders):
+        try:
+            st = Path(held.path).stat()
+        except OSError:
+            continue
+        if (st.st_dev, st.st_ino) in mapped:
+            owed[st.st_dev, st.st_ino] = max(st.st_size - st.st_blocks * 512, 0) // MIB
+    return sum(owed.values())

@@ -105,7 +105,7 @@ def of_template(tmpl: templates.Template, hv: Hypervisor, accel: str) -> Shared:
     entry.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     with access.flocked(entry.with_suffix(".lock"), wait="Waiting for another vmsandbox that loads this memory"):
         held = _read(entry)
-        if held is not None and held.alive() and _grown(held, tmpl) and held.ino not in usage.shared_files():
+        if held is not None and held.alive() and _grown(held, tmpl) and not _mapped(held):
             held.stop()  # no session maps it any more: a fresh copy gives its grown part back
             held = None
         if held is None or not held.alive():
@@ -125,6 +125,15 @@ def _grown(held: sealed.Held, tmpl: templates.Template) -> bool:
     except OSError:
         return False
     return held_bytes > 2 * tmpl.ram.stat().st_blocks * 512 + REFRESH_SLACK
+
+
+def _mapped(held: sealed.Held) -> bool:
+    """Whether the QEMU of a running session maps the held file."""
+    try:
+        st = Path(held.path).stat()
+    except OSError:
+        return False
+    return (st.st_dev, st.st_ino) in usage.shared_files()
 
 
 def _entry(tmpl: templates.Template) -> Path:

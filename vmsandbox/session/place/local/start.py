@@ -97,16 +97,19 @@ GUARD = "vmsandbox.session.host.guard"  # this machine's memory guard: its modul
 
 def guarded() -> None:
     """This machine's memory guard watches the sessions of this sessions directory from now on: started unless it
-    runs (root's only: it reads every QEMU's memory and may stop any account's session). Two commands may start
-    one at once: the second ends at once, on the guard's lock."""
+    runs (root's only: it reads every QEMU's memory, and root's sessions are the ones it stops). Two commands may
+    start one at once: the second ends, on the guard's lock."""
     if os.geteuid() != 0:
         return
     root = paths.sessions_dir()
     with contextlib.suppress(OSError, ValueError):
         pid, start = (root / paths.GUARD_PID).read_text().split()
-        if pids.alive(int(pid), start):
+        if pids.alive(int(pid), start) and GUARD.encode() in Path(f"/proc/{pid}/cmdline").read_bytes():
             return
-    proc.spawn_detached(proc.own_module(GUARD), log_file=root / paths.GUARD_LOG)
+    try:
+        proc.spawn_detached(proc.own_module(GUARD), log_file=root / paths.GUARD_LOG)
+    except (OSError, VmsandboxError) as exc:  # the session runs: without its guard, which is said
+        ui.warn(f"this machine's memory guard did not start ({exc}): sessions run unguarded until the next one starts")
 
 
 def cold(record: Record, image: store.Image, hv: Hypervisor, boot_timeout: int, launched: Launched = nothing) -> None:
