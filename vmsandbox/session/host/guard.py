@@ -10,10 +10,13 @@ beside the disks: nothing lost; `vmsandbox start` resumes them), until the floor
 
 The session holding most memory of its own goes first: its stop frees most, and it is the likeliest to have made
 the shortage (a guest cannot look smaller than the private pages the host counts of its QEMU; idleness, which a
-guest could feign, is not asked). A session of a running `run` belongs to that command and is never stopped; one
-another command holds (its lock), or whose guest does not flush within FLUSH_TIMEOUT, is passed over for the
-next: the guard never waits on one guest while the machine runs out. Each stop says why in the session's record
-(`inspect`; `start` says it again) and in the guard's log (paths.GUARD_LOG, in the sessions directory).
+guest could feign, is not asked). Only kept sessions no command is attached to are its to stop (a `run --keep`,
+a fan-out's worker, the API's sandboxes belong to their command while it runs). One that another command holds
+(its lock: never waited for), whose guest does not flush within FLUSH_TIMEOUT, or whose stop fails otherwise, is
+passed over for the next and rests REST seconds: the guard never waits on one guest while the machine runs out.
+One whose save would read in more of its shared file's holes than the kernel has is not stopped (that save would
+be the OOM). Each stop says why in the session's record (`inspect`; `start` says it again) and in the guard's log
+(paths.GUARD_LOG, in the sessions directory).
 
 One guard per sessions directory (a lock held for its life; a second one ends at once), root's: only root may
 read every QEMU's memory and stop every account's sessions. A session root starts on this machine starts it
