@@ -81,7 +81,7 @@ def test_a_guest_that_holds_its_flush_is_passed_over(
 ) -> None:
     quiet, big = quiet_and_big
     sizes = held(quiet_and_big)
-    assert sizes[big].private_mib > sizes[quiet].private_mib + BALLAST_MIB // 2, sizes
+    assert sizes[big].own_mib > sizes[quiet].own_mib + BALLAST_MIB // 2, sizes
     record = Record.load(big)
     # its root makes `sync` wait ten minutes, as a guest could to keep the guard waiting while the machine runs out
     guest_sh(record, "mv /usr/bin/sync /usr/bin/sync.real && printf '#!/bin/sh\\nsleep 600\\n' > /usr/bin/sync "

@@ -37,7 +37,7 @@ class Machine:
         self.stopped.append((name, why))
         gone = next(h for h in self.held if h.name == name)
         self.held.remove(gone)
-        self.available += gone.private_mib
+        self.available += gone.own_mib
 
 
 @pytest.fixture
@@ -151,7 +151,7 @@ def test_only_kept_sessions_no_command_is_attached_to_are_the_guards_to_stop(mon
         FakeRecord("run", keep=False, owner_alive=True),
     ]
     monkeypatch.setattr(guard, "_records", lambda: iter(records))
-    monkeypatch.setattr(usage, "of_domain", lambda _d: usage.Usage(300, 200, 100, 200))
+    monkeypatch.setattr(usage, "of_domain", lambda _d: usage.Usage(300, 200, 100, 200, 150))
     monkeypatch.setattr(usage, "shared_file", lambda _d: usage.SharedFile(1, 2, 2048, 64))
     held = guard.running()
     assert [(h.name, h.stoppable, h.holes_mib) for h in held] == [

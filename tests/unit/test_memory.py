@@ -379,6 +379,7 @@ Shared_Clean:      23080 kB
 Shared_Dirty:       1024 kB
 Private_Clean:       396 kB
 Private_Dirty:    310892 kB
+Anonymous:        287744 kB
 AnonHugePages:    100352 kB
 """
 
@@ -387,7 +388,7 @@ def test_a_process_memory_use_is_read_from_its_smaps_rollup(tmp_path: Path) -> N
     (tmp_path / "42").mkdir()
     (tmp_path / "42" / "smaps_rollup").write_text(ROLLUP)
     used = usage.of_process(42, tmp_path)
-    assert used == usage.Usage(rss_mib=326, pss_mib=307, shared_mib=23, private_mib=303)
+    assert used == usage.Usage(rss_mib=326, pss_mib=307, shared_mib=23, private_mib=303, anonymous_mib=281)
     assert used.as_dict()["shared_mib"] == 23
     assert usage.of_process(43, tmp_path) is None  # gone, or not ours to read
 

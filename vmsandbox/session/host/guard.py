@@ -9,8 +9,8 @@ admission leaves: 512 MiB by default) it stops kept sessions as `vmsandbox stop`
 beside the disks: nothing lost; `vmsandbox start` resumes them), until the floor holds again.
 
 The session holding most memory of its own goes first: its stop frees most, and it is the likeliest to have made
-the shortage (a guest cannot look smaller than the private pages the host counts of its QEMU; idleness, which a
-guest could feign, is not asked). Only kept sessions no command is attached to are its to stop (a `run --keep`,
+the shortage (a guest cannot look smaller than the anonymous pages the host counts of its QEMU; idleness, which
+a guest could feign, is not asked). Only kept sessions no command is attached to are its to stop (a `run --keep`,
 a fan-out's worker, the API's sandboxes belong to their command while it runs). One that another command holds
 (its lock: never waited for), whose guest does not flush within FLUSH_TIMEOUT, or whose stop fails otherwise, is
 passed over for the next and rests REST seconds: the guard never waits on one guest while the machine runs out.
@@ -66,7 +66,7 @@ class Held:
     """A running session of this machine and the memory its QEMU holds of its own."""
 
     name: str
-    private_mib: int
+    own_mib: int  # what stopping it gives back: its QEMU's anonymous pages (usage.Usage.anonymous_mib)
     # stopping it is the guard's to do: kept (started with --keep, or made by `create`) and no command of a person's
     # attached to it (`run --keep`, a fan-out's worker, the API: record.owner_alive)
     stoppable: bool
@@ -76,7 +76,7 @@ class Held:
 def order(held: Iterable[Held]) -> list[Held]:
     """The sessions the guard may stop, in the order it stops them: stoppable ones, most memory of their own
     first."""
-    return sorted((h for h in held if h.stoppable), key=lambda h: (-h.private_mib, h.name))
+    return sorted((h for h in held if h.stoppable), key=lambda h: (-h.own_mib, h.name))
 
 
 def kernel_available_mib() -> int | None:
@@ -104,7 +104,7 @@ def running() -> list[Held]:
         if used is not None:
             shared = usage.shared_file(record.domain)
             stoppable = record.keep and not record.owner_alive()
-            found.append(Held(record.name, used.private_mib, stoppable, shared.holes_mib if shared else 0))
+            found.append(Held(record.name, used.anonymous_mib, stoppable, shared.holes_mib if shared else 0))
     return found
 
 

@@ -25,6 +25,9 @@ class Usage:
     pss_mib: int
     shared_mib: int  # resident pages another process maps too (the template's, where it maps them)
     private_mib: int  # resident pages only this process maps
+    # its anonymous pages (what it wrote of the guest's RAM, its own heap and code cache): what ending it gives back,
+    # where the private pages of a shared file it alone maps stay with the file's holder
+    anonymous_mib: int = 0
 
     def as_dict(self) -> dict[str, int]:
         return {
@@ -32,6 +35,7 @@ class Usage:
             "pss_mib": self.pss_mib,
             "shared_mib": self.shared_mib,
             "private_mib": self.private_mib,
+            "anonymous_mib": self.anonymous_mib,
         }
 
 
@@ -53,7 +57,8 @@ def of_process(pid: int, proc: Path = PROC) -> Usage | None:
     def mib(*keys: str) -> int:
         return sum(kib.get(k, 0) for k in keys) // KIB_PER_MIB
 
-    return Usage(mib("Rss"), mib("Pss"), mib("Shared_Clean", "Shared_Dirty"), mib("Private_Clean", "Private_Dirty"))
+    private = mib("Private_Clean", "Private_Dirty")
+    return Usage(mib("Rss"), mib("Pss"), mib("Shared_Clean", "Shared_Dirty"), private, mib("Anonymous"))
 
 
 def qemu_pid(domain: str, pids: Path = LIBVIRT_PIDS, proc: Path = PROC) -> int | None:
