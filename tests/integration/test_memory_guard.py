@@ -1,7 +1,8 @@
-"""The memory guard on real VMs: when this machine is short of memory (a floor set just above what it has), the
-guard stops the session holding most memory of its own to disk, not the quiet one, and that session resumes with
-what its memory held; a guest that holds its flush is passed over for the next session, and the guard does not
-wait on it."""
+"""The memory guard on real VMs: the holes of the file two sessions share are reserved until read in; when this
+machine is short of memory (the figure the guard reads made short until one of the two is stopped: other tests'
+VMs come and go meanwhile), the guard stops the session holding most memory of its own to disk, not the quiet
+one, and that session resumes with what its memory held; a guest that holds its flush is passed over for the
+next session, and the guard does not wait on it; and a guard watches once a session runs."""
 
 from __future__ import annotations
 
