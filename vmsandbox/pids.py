@@ -24,3 +24,13 @@ def alive(pid: int | None, start: str | None) -> bool:
     except OSError:
         return False
     return state != "Z"
+
+
+def runs(pid_file: Path, module: str) -> bool:
+    """Whether the process a pid file names ("PID START", as a daemon of ours writes it) still runs, and runs our
+    `module` (python -m), not another program."""
+    try:
+        pid, start = pid_file.read_text().split()
+        return alive(int(pid), start) and module.encode() in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except (OSError, ValueError):
+        return False

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
+from vmsandbox import pids
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.session.host import guard
 from vmsandbox.session.host.guard import Held
@@ -160,3 +163,23 @@ def test_only_kept_sessions_no_command_is_attached_to_are_the_guards_to_stop(mon
         ("run", False, 64),
     ]
     assert [h.name for h in guard.order(held)] == ["kept"]
+
+
+def test_a_pid_file_names_a_guard_only_while_that_process_runs_the_guard(tmp_path: Path) -> None:
+    """A pid reused by another program, a dead one, or a file that is not one, is no guard (a session starts one)."""
+    f = tmp_path / "guard.pid"
+    f.write_text(f"{os.getpid()} {pids.process_start(os.getpid())}\n")
+    mine = Path(f"/proc/{os.getpid()}/cmdline").read_bytes().split(b"\0")[1].decode()  # what this process runs
+    assert pids.runs(f, mine)
+    assert not pids.runs(f, guard.MODULE)  # alive, but not the guard
+    f.write_text(f"{os.getpid()} 0\n")
+    assert not pids.runs(f, mine)  # the pid, but another start time: reused
+    f.write_text("not a pid file")
+    assert not pids.runs(f, mine)
+    assert not pids.runs(tmp_path / "none.pid", mine)
+
+
+def test_host_ls_says_where_the_guard_watches(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert guard.said(False).startswith("none there:")
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    assert guard.said(True).startswith("none for this account:")

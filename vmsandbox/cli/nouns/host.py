@@ -21,7 +21,7 @@ host = noun(
 )
 FIELDS = ("name", "uri", "reachable", "problem", "hint", "hostname", "libvirt", "qemu", "cpus", "memory_mib",
           "available_mib", "reserved_mib", "accel", "kvm_problem", "sessions", "max_sessions", "keep_free_mib",
-          "images", "memory_shared", "memory_problem", "session_pss_mib", "room")  # fmt: skip
+          "images", "memory_shared", "memory_problem", "session_pss_mib", "memory_guard", "room")  # fmt: skip
 
 
 def _gib(mib: int | None) -> str:

@@ -210,6 +210,18 @@ def watch(floor_mib: int = FLOOR_MIB) -> None:
         time.sleep(INTERVAL)
 
 
+def said(local: bool) -> str:
+    """What `host ls` says of the memory guard of a host (`local`: this machine)."""
+    if not local:
+        return "none there: the guard watches this machine's memory and sessions only"
+    if os.geteuid() != 0:
+        return "none for this account: it is root's (it reads every QEMU's memory), and guards root's sessions"
+    doing = f"stops kept sessions to disk when less than {FLOOR_MIB} MiB is available"
+    if pids.runs(paths.sessions_dir() / paths.GUARD_PID, MODULE):
+        return f"watching: {doing}"
+    return f"starts with the next session: then {doing}"
+
+
 def lock(patience: float = 0.0) -> int | None:
     """The guard's lock of this sessions directory, held (None: another guard held it for `patience` seconds);
     its pid file written."""

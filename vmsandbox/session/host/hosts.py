@@ -11,6 +11,7 @@ from typing import Any, Generic, TypeVar
 
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.image import store
+from vmsandbox.session.host import guard
 from vmsandbox.session.place import choose as places
 from vmsandbox.session.place import hostspec
 from vmsandbox.session.place import room as admission
@@ -68,6 +69,7 @@ class Status:
             "memory_shared": n is not None and self.memory_problem is None,
             "memory_problem": self.memory_problem,
             "session_pss_mib": self.footprint_mib,
+            "memory_guard": guard.said(self.spec.name == hostspec.LOCAL),
             "room": None if n is None or not memory_mib else self.room(memory_mib),
         }
 

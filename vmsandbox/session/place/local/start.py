@@ -4,7 +4,6 @@ which, and why it was cold."""
 
 from __future__ import annotations
 
-import contextlib
 import os
 import uuid
 from collections.abc import Callable
@@ -102,10 +101,8 @@ def guarded() -> None:
     if os.geteuid() != 0:
         return
     root = paths.sessions_dir()
-    with contextlib.suppress(OSError, ValueError):
-        pid, start = (root / paths.GUARD_PID).read_text().split()
-        if pids.alive(int(pid), start) and GUARD.encode() in Path(f"/proc/{pid}/cmdline").read_bytes():
-            return
+    if pids.runs(root / paths.GUARD_PID, GUARD):
+        return
     try:
         proc.spawn_detached(proc.own_module(GUARD), log_file=root / paths.GUARD_LOG)
     except (OSError, VmsandboxError) as exc:  # the session runs: without its guard, which is said
