@@ -124,7 +124,9 @@ def sessions_dir() -> Path:
     return state_dir() / "sessions"
 
 
-# The memory guard of a sessions directory (session.host.guard) says there where it runs and what it did
+# The memory guard of a sessions directory: its module, run as a process of its own (started by the local place,
+# which may not import it), and where it says there where it runs and what it did
+GUARD_MODULE = "vmsandbox.session.host.guard"
 GUARD_PID = "guard.pid"
 GUARD_LOG = "guard.log"
 

@@ -128,5 +128,5 @@ def test_the_guard_watches_once_a_session_runs(quiet_and_big: tuple[str, str], s
         fcntl.flock(f, fcntl.LOCK_SH | fcntl.LOCK_NB)
     pid, start = (sessions / paths.GUARD_PID).read_text().split()
     assert pids.alive(int(pid), start)
-    assert guard.MODULE.encode() in Path(f"/proc/{pid}/cmdline").read_bytes()
+    assert paths.GUARD_MODULE.encode() in Path(f"/proc/{pid}/cmdline").read_bytes()
     assert "the memory guard of" in (sessions / paths.GUARD_LOG).read_text()

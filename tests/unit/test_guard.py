@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from vmsandbox import pids
+from vmsandbox import paths, pids
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.session.host import guard
 from vmsandbox.session.host.guard import Held
@@ -154,8 +154,9 @@ def test_only_kept_sessions_no_command_is_attached_to_are_the_guards_to_stop(mon
         FakeRecord("run", keep=False, owner_alive=True),
     ]
     monkeypatch.setattr(guard, "_records", lambda: iter(records))
-    monkeypatch.setattr(usage, "of_domain", lambda _d: usage.Usage(300, 200, 100, 200, 150))
-    monkeypatch.setattr(usage, "shared_file", lambda _d: usage.SharedFile(1, 2, 2048, 64))
+    monkeypatch.setattr(usage, "qemu_pid", lambda _d: 42)
+    monkeypatch.setattr(usage, "of_process", lambda _pid: usage.Usage(300, 200, 100, 200, 150))
+    monkeypatch.setattr(usage, "memory_files", lambda _pid: [usage.SharedFile(1, 2, 2048, 64)])
     held = guard.running()
     assert [(h.name, h.stoppable, h.holes_mib) for h in held] == [
         ("kept", True, 64),
@@ -171,7 +172,7 @@ def test_a_pid_file_names_a_guard_only_while_that_process_runs_the_guard(tmp_pat
     f.write_text(f"{os.getpid()} {pids.process_start(os.getpid())}\n")
     mine = Path(f"/proc/{os.getpid()}/cmdline").read_bytes().split(b"\0")[1].decode()  # what this process runs
     assert pids.runs(f, mine)
-    assert not pids.runs(f, guard.MODULE)  # alive, but not the guard
+    assert not pids.runs(f, paths.GUARD_MODULE)  # alive, but not the guard
     f.write_text(f"{os.getpid()} 0\n")
     assert not pids.runs(f, mine)  # the pid, but another start time: reused
     f.write_text("not a pid file")

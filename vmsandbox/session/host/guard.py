@@ -46,7 +46,6 @@ from vmsandbox.vm.memory import usage
 
 FLOOR_MIB = DEFAULT_KEEP_FREE_MIB // 2
 LOCK = "guard.lock"  # in the sessions directory, beside paths.GUARD_PID and paths.GUARD_LOG
-MODULE = "vmsandbox.session.host.guard"  # what the local place starts (session.place.local.start.guarded)
 INTERVAL = 1.0
 IDLE_EXIT = 60.0  # no session of its directory ran this long: the guard ends (the next session starts one)
 IDLE_LOOK = 10.0  # how often it asks whether any does
@@ -100,11 +99,12 @@ def running() -> list[Held]:
     """The sessions of this sessions directory whose QEMU runs on this machine now."""
     found = []
     for record in _records():
-        used = usage.of_domain(record.domain)
-        if used is not None:
-            shared = usage.shared_file(record.domain)
+        pid = usage.qemu_pid(record.domain)
+        used = None if pid is None else usage.of_process(pid)
+        if pid is not None and used is not None:
+            shared = usage.memory_files(pid)  # (the one its RAM maps)
             stoppable = record.keep and not record.owner_alive()
-            found.append(Held(record.name, used.anonymous_mib, stoppable, shared.holes_mib if shared else 0))
+            found.append(Held(record.name, used.anonymous_mib, stoppable, shared[0].holes_mib if shared else 0))
     return found
 
 
@@ -217,7 +217,7 @@ def said(local: bool) -> str:
     if os.geteuid() != 0:
         return "none for this account: it is root's (it reads every QEMU's memory), and guards root's sessions"
     doing = f"stops kept sessions to disk when less than {FLOOR_MIB} MiB is available"
-    if pids.runs(paths.sessions_dir() / paths.GUARD_PID, MODULE):
+    if pids.runs(paths.sessions_dir() / paths.GUARD_PID, paths.GUARD_MODULE):
         return f"watching: {doing}"
     return f"starts with the next session: then {doing}"
 
@@ -238,8 +238,13 @@ def lock(patience: float = 0.0) -> int | None:
                 os.close(fd)
                 return None
             time.sleep(0.1)
-    paths.write_atomically(root / paths.GUARD_PID, f"{os.getpid()} {pids.process_start(os.getpid())}\n")
+    _say_where()
     return fd
+
+
+def _say_where() -> None:
+    """The guard's pid file: "PID START", as pids.runs reads it."""
+    paths.write_atomically(paths.sessions_dir() / paths.GUARD_PID, f"{os.getpid()} {pids.process_start(os.getpid())}\n")
 
 
 def main() -> int:
@@ -257,9 +262,7 @@ def main() -> int:
             (paths.sessions_dir() / paths.GUARD_PID).unlink(missing_ok=True)
             if next(_records(), None) is None:
                 break
-            paths.write_atomically(
-                paths.sessions_dir() / paths.GUARD_PID, f"{os.getpid()} {pids.process_start(os.getpid())}\n"
-            )
+            _say_where()
     finally:
         os.close(fd)
     ui.info(f"{_now()} no session ran for {IDLE_EXIT:.0f} s: the memory guard ends")

@@ -102,7 +102,7 @@ class SharedFile:
         return self.device, self.inode
 
 
-def _memory_files(pid: int, proc: Path) -> list[SharedFile]:
+def memory_files(pid: int, proc: Path = PROC) -> list[SharedFile]:
     """Every sealed memory file of ours (by its name) that process `pid` holds open."""
     try:
         fds = sorted((proc / str(pid) / "fd").iterdir())
@@ -125,7 +125,7 @@ def shared_file(domain: str, pids: Path = LIBVIRT_PIDS, proc: Path = PROC) -> Sh
     """The shared memory file the QEMU of running domain `domain` maps (None: its memory is its own, or it runs no
     more)."""
     pid = qemu_pid(domain, pids, proc)
-    found = [] if pid is None else _memory_files(pid, proc)
+    found = [] if pid is None else memory_files(pid, proc)
     return found[0] if found else None
 
 
@@ -135,7 +135,7 @@ def shared_files(pids: Path = LIBVIRT_PIDS, proc: Path = PROC) -> dict[tuple[int
     with contextlib.suppress(OSError):
         for pidfile in sorted(pids.glob(f"{DOMAINS}*.pid")):
             pid = qemu_pid(pidfile.name.removesuffix(".pid"), pids, proc)
-            for f in [] if pid is None else _memory_files(pid, proc):
+            for f in [] if pid is None else memory_files(pid, proc):
                 found[f.key] = f
     return found
 

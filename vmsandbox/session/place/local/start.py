@@ -91,9 +91,6 @@ def on_a_free_port(record: Record, launch: Callable[[], None], *, keep: bool = F
     )
 
 
-GUARD = "vmsandbox.session.host.guard"  # this machine's memory guard: its module, run as a process of its own
-
-
 def guarded() -> None:
     """This machine's memory guard watches the sessions of this sessions directory from now on: started unless it
     runs (root's only: it reads every QEMU's memory, and root's sessions are the ones it stops). Two commands may
@@ -101,10 +98,10 @@ def guarded() -> None:
     if os.geteuid() != 0:
         return
     root = paths.sessions_dir()
-    if pids.runs(root / paths.GUARD_PID, GUARD):
+    if pids.runs(root / paths.GUARD_PID, paths.GUARD_MODULE):
         return
     try:
-        proc.spawn_detached(proc.own_module(GUARD), log_file=root / paths.GUARD_LOG)
+        proc.spawn_detached(proc.own_module(paths.GUARD_MODULE), log_file=root / paths.GUARD_LOG)
     except (OSError, VmsandboxError) as exc:  # the session runs: without its guard, which is said
         ui.warn(f"this machine's memory guard did not start ({exc}): sessions run unguarded until the next one starts")
 
