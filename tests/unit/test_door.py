@@ -264,6 +264,25 @@ def test_a_forwarder_that_dies_stops_the_daemon_which_says_why(
     assert said is not None and "Fatal: the forwarder's own end" in said
 
 
+def test_a_stop_ends_the_forwarders_wait_for_the_guest_at_once(
+    session: standin.Session, upstream: standin.Upstream, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SIGTERM (`control.stop`: a checkpoint, a fork, `stop` wait for the daemon to end) wakes the forwarder that
+    waits for the guest's next connection: the daemon ends without waiting that wait out (here 10 minutes, longer
+    than the test waits), and says down."""
+    monkeypatch.setattr(daemon, "ACCEPT_WAIT", 600.0)
+
+    def scenario(served: daemon.Daemon, watch: Watch) -> None:
+        forwarder = next(t for t in threading.enumerate() if t.name == "forwarder")
+        served.loop.call_soon_threadsafe(served._stopping)  # what the loop's SIGTERM handler calls
+        forwarder.join(TIMEOUT)
+        assert not forwarder.is_alive(), "the forwarder waited on, past the stop"
+
+    served, watch = run_daemon(session, upstream, scenario, Limits())
+    assert served.failure is None
+    assert watch.written[-1][0] is Door.DOWN
+
+
 def test_a_guest_that_stops_reading_its_link_gets_it_closed_and_a_new_one(session: standin.Session) -> None:
     """A replaced sshd that stops reading the SSH connection holds paramiko's writes (in the pump's thread) as
     long as it likes: once they have hung for `stall` seconds (small here), the daemon says so (down, with

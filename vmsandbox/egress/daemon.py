@@ -54,6 +54,7 @@ from vmsandbox.vm.virt import Hypervisor
 
 log = logging.getLogger("vmsandbox.egress.daemon")
 WATCH_INTERVAL = 2.0
+ACCEPT_WAIT = 1.0  # the forwarder's longest wait for the guest's next connection (a stop ends it at once)
 MAX_BACKOFF = 10.0
 BOOT_WAIT = 600.0  # the longest a daemon waits for its guest's first banner
 CLOCK_TIMEOUT = 10.0  # stepping the guest's clock at each connect
@@ -207,7 +208,7 @@ class Daemon:
             self._state(Door.UP)
             while link.active and not self.stop.is_set():
                 self.beat = time.monotonic()
-                ch = link.accept(timeout=1)
+                ch = link.accept(timeout=ACCEPT_WAIT)
                 if ch is not None:
                     self.doorway.serve(ch)
         except channel.LinkError as exc:
@@ -260,9 +261,17 @@ class Daemon:
             self.failure = f"the {dead[0]} pump stopped"
             self.stop.set()
 
+    def _stopping(self) -> None:
+        """SIGTERM, SIGINT, SIGHUP: stop now. The forwarder, waiting for the guest's next connection, is woken
+        (a stop waits for the daemon to end: a checkpoint, a fork, `stop`), and ends its link as at any end."""
+        self.stop.set()
+        link = self.link
+        if link is not None:
+            link.interrupt()
+
     def run(self) -> None:
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-            self.loop.add_signal_handler(sig, self.stop.set)
+            self.loop.add_signal_handler(sig, self._stopping)
         self.loop.add_signal_handler(signal.SIGUSR1, self.reload_ports)
         lim = self.limits
         self.loop.set_default_executor(concurrent.futures.ThreadPoolExecutor(lim.resolver_threads, "resolver"))

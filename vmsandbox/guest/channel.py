@@ -60,6 +60,11 @@ class Link:
             ch = self.transport.accept(timeout=timeout)
         return None if ch is None else Channel(ch)
 
+    def interrupt(self) -> None:
+        """End a wait in accept() now (from another thread): it returns None, as at its timeout."""
+        with self.transport.lock:  # paramiko's accept() waits on this condition of its lock
+            self.transport.server_accept_cv.notify_all()
+
     def open_direct(self, port: int, peer: tuple[str, int], timeout: float = 10) -> Channel:
         """A channel to the guest's own 127.0.0.1:port (published ports)."""
         with _as_link_error():
