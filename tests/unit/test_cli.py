@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -565,3 +566,24 @@ def test_doctor_counts_a_broken_config_as_one_failed_check(isolated_dirs: Path, 
     assert "not trusted" in check.detail
     check, _ = doctor.config_check(None)
     assert check.level == "ok"
+
+
+def test_inspect_says_when_a_session_was_created_as_a_local_time(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from vmsandbox.core import listing
+
+    monkeypatch.setenv("TZ", "UTC")
+    time.tzset()
+    try:
+        row = {"name": "exp1", "created": 1796518680.21, "age_seconds": 3, "memory": {"pss_mib": 240}, "publish": []}
+        monkeypatch.setattr(listing, "inspect", lambda name: row)
+        assert run_cli(["inspect", "exp1"]) == 0
+        out = capsys.readouterr().out.splitlines()
+        assert out[:5] == ["name: exp1", "created: 2026-12-06 00:58:00 UTC", "age_seconds: 3", "memory.pss_mib: 240",
+                           "publish: -"]  # fmt: skip
+        assert run_cli(["inspect", "exp1", "--json"]) == 0
+        assert json.loads(capsys.readouterr().out)["created"] == 1796518680.21  # the seconds, for programs
+    finally:
+        monkeypatch.delenv("TZ")
+        time.tzset()

@@ -3,6 +3,7 @@ editor reaches it with."""
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Annotated, Any
 
 import typer
@@ -139,8 +140,12 @@ def inspect(
 
 
 def _print_row(row: dict[str, Any]) -> None:
+    """`key: value` lines, a dict's as `key.sub: value`; when it was created as this machine's local time (`--json`
+    gives the seconds since the epoch)."""
     for key, value in row.items():
-        if isinstance(value, dict):
+        if key == "created" and isinstance(value, int | float):
+            print(f"created: {datetime.fromtimestamp(value).astimezone():%Y-%m-%d %H:%M:%S %Z}")
+        elif isinstance(value, dict):
             for k, v in value.items():
                 print(f"{key}.{k}: {'-' if v is None else v}")
         elif isinstance(value, list):
