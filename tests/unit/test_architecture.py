@@ -519,3 +519,43 @@ def test_no_pattern_lets_a_trailing_newline_through() -> None:
                 if text.startswith("^") and text.endswith("$") and not text.endswith("\\$"):
                     found.append(f"{path.relative_to(PACKAGE)}:{node.lineno} {text}")
     assert found == []
+
+
+def _loaded_at_import(module: str) -> set[str]:
+    """What importing `module` loads: the modules its top-level statements import (not those in a function or
+    under TYPE_CHECKING), theirs in turn; the package's own by name, others by their first part."""
+    modules = {_module_name(p): p for p in PACKAGE.rglob("*.py")}
+    seen, todo, outside = set(), [module], set()
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        stack = list(ast.parse(modules[name].read_text()).body)
+        while stack:
+            node = stack.pop()
+            if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+                stack += node.orelse
+            elif isinstance(node, ast.If | ast.Try):
+                stack += [*node.body, *node.orelse, *getattr(node, "finalbody", []), *getattr(node, "handlers", [])]
+            elif isinstance(node, ast.ExceptHandler):
+                stack += node.body
+            elif isinstance(node, ast.Import | ast.ImportFrom):
+                module_names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
+                if isinstance(node, ast.ImportFrom) and node.module:
+                    module_names += [f"{node.module}.{a.name}" for a in node.names]
+                for m in module_names:
+                    if m in modules:
+                        todo.append(m)
+                    elif not m.startswith("vmsandbox"):
+                        outside.add(m.split(".")[0])
+    return outside
+
+
+def test_the_egress_daemon_loads_no_config_models_and_no_libvirt() -> None:
+    """Every session runs an egress daemon for its life: what it imports is memory of its own in every one of them
+    (a hundred idle sessions: a hundred daemons). Config models (pydantic), YAML and libvirt's module cost it ~10
+    MiB of its own and are never used by a daemon that dropped root: they are imported where they are used."""
+    loaded = _loaded_at_import("vmsandbox.egress.daemon")
+    assert "asyncio" in loaded  # (the walk finds what it should)
+    assert loaded & {"pydantic", "yaml", "libvirt", "typer", "starlette"} == set()

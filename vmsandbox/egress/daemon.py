@@ -50,7 +50,6 @@ from vmsandbox.errors import VmsandboxError
 from vmsandbox.guest import channel, ssh
 from vmsandbox.guest.ssh import Endpoint
 from vmsandbox.vm.node import gone
-from vmsandbox.vm.virt import Hypervisor
 
 log = logging.getLogger("vmsandbox.egress.daemon")
 WATCH_INTERVAL = 2.0
@@ -121,6 +120,8 @@ class Daemon:
     def _vm_running(self) -> bool:
         if self.dropped:
             return True  # not its to ask: it ends when its session goes or when it is stopped
+        from vmsandbox.vm.virt import Hypervisor  # here: a daemon that dropped root never loads libvirt's module
+
         try:
             with Hypervisor(self.spec.libvirt_uri) as hv:
                 return not gone(hv.info(self.spec.domain))

@@ -11,8 +11,6 @@ from typing import Any
 from vmsandbox.egress import secrets as secretstore
 from vmsandbox.egress.rules import netpolicy
 from vmsandbox.errors import VmsandboxError
-from vmsandbox.filemodels import SecretEntry
-from vmsandbox.schema import check
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\Z")
 _HEADER_NAME = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+\Z")
@@ -31,6 +29,11 @@ class SecretMapping:
 
 
 def parse_secret_mapping(data: dict[str, Any], *, source: str) -> SecretMapping:
+    # here, not above: every session's egress daemon imports this module (its policy's mappings) and never parses
+    # one; the config's models (pydantic) and YAML documents cost each daemon ~8 MiB of its own memory
+    from vmsandbox.filemodels import SecretEntry
+    from vmsandbox.schema import check
+
     data = check(data, SecretEntry, source=source)
     secretstore.validate_name(data["secret"])
     try:
