@@ -11,9 +11,10 @@ import time
 import unicodedata
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
-from rich.console import Console
+if TYPE_CHECKING:
+    from rich.console import Console
 
 
 def plain() -> bool:
@@ -23,11 +24,35 @@ def plain() -> bool:
 
 def console(*, stderr: bool) -> Console:
     """A console that honours NO_COLOR (rich alone keeps bold and dim under it)."""
+    from rich.console import Console
+
     return Console(stderr=stderr, highlight=False, soft_wrap=True, color_system=None if plain() else "auto")
 
 
-err = console(stderr=True)  # soft_wrap: a hint split mid-command helps nobody
-out = console(stderr=False)
+class _AtFirstUse:
+    """`err` and `out`: a console made when first used. A process that never prints through one never imports
+    rich — every session's egress daemon, which only logs (rich is ~2 MiB of its own memory in each)."""
+
+    def __init__(self, *, stderr: bool) -> None:
+        object.__setattr__(self, "_stderr", stderr)
+        object.__setattr__(self, "_made", None)
+
+    def _console(self) -> Console:
+        made: Console | None = object.__getattribute__(self, "_made")
+        if made is None:
+            made = console(stderr=object.__getattribute__(self, "_stderr"))
+            object.__setattr__(self, "_made", made)
+        return made
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._console(), name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        setattr(self._console(), name, value)
+
+
+err: Console = _AtFirstUse(stderr=True)  # type: ignore[assignment]  # soft_wrap: a hint split mid-command helps nobody
+out: Console = _AtFirstUse(stderr=False)  # type: ignore[assignment]
 log = logging.getLogger("vmsandbox")
 
 
@@ -149,10 +174,12 @@ def visible(text: str) -> str:
 
 def printable(text: str, *, markup: bool = True) -> str:
     """Text from the guest made safe for a terminal (visible), and, for rich output, markup brackets escaped."""
-    from rich.markup import escape
-
     shown = visible(text)
-    return escape(shown) if markup else shown
+    if not markup:
+        return shown
+    from rich.markup import escape  # here: a daemon's log (Escaping) never needs it
+
+    return escape(shown)
 
 
 class Escaping(io.TextIOBase):

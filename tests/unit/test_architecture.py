@@ -555,7 +555,8 @@ def _loaded_at_import(module: str) -> set[str]:
 def test_the_egress_daemon_loads_no_config_models_and_no_libvirt() -> None:
     """Every session runs an egress daemon for its life: what it imports is memory of its own in every one of them
     (a hundred idle sessions: a hundred daemons). Config models (pydantic), YAML and libvirt's module cost it ~10
-    MiB of its own and are never used by a daemon that dropped root: they are imported where they are used."""
+    MiB of its own and are never used by a daemon that dropped root; rich (ui's consoles, made at their first use)
+    2 MiB, and a daemon prints nothing: each is imported where it is used."""
     loaded = _loaded_at_import("vmsandbox.egress.daemon")
     assert "asyncio" in loaded  # (the walk finds what it should)
-    assert loaded & {"pydantic", "yaml", "libvirt", "typer", "starlette"} == set()
+    assert loaded & {"pydantic", "yaml", "libvirt", "typer", "starlette", "rich"} == set()
