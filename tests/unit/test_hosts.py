@@ -93,13 +93,14 @@ def test_hosts_never_come_from_a_project(tmp_path: Path) -> None:
 
 def test_the_config_schema_describes_a_host_entry() -> None:
     from vmsandbox.core.settings import json_schema
+    from vmsandbox.filemodels import HostEntry, keys
 
     doc = json_schema()
     hosts = doc["properties"]["hosts"]
     assert hosts["type"] == "array"
     entry = doc["$defs"][hosts["items"]["$ref"].rsplit("/", 1)[1]]
     assert entry["required"] == ["name", "uri"]
-    assert set(entry["properties"]) == set(hostspec.FIELDS)
+    assert set(entry["properties"]) == set(keys(HostEntry))
     assert entry["additionalProperties"] is False
 
 

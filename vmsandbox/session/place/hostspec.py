@@ -21,13 +21,10 @@ from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 from vmsandbox.errors import VmsandboxError
-from vmsandbox.filemodels import HostEntry, keys
-from vmsandbox.schema import check
 
 LOCAL = "local"
 DEFAULT_POOL_PATH = "/var/lib/libvirt/vmsandbox"
 DEFAULT_KEEP_FREE_MIB = 1024
-FIELDS = keys(HostEntry)
 _NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,31}\Z")
 # Transports that authenticate and encrypt (ssh, TLS) or stay on this machine (a unix socket).
 _SCHEMES = ("qemu", "qemu+ssh", "qemu+libssh", "qemu+libssh2", "qemu+tls", "qemu+unix")
@@ -75,6 +72,10 @@ def parse_hosts(
 ) -> tuple[HostSpec, ...]:
     """The `hosts:` list of a config file, checked: known keys, names unique and not `local`, URIs of libvirt's
     QEMU driver over a transport that authenticates (sizes read by the config's own `parse_size_mib`)."""
+    # here: a remote session's tunnel supervisor imports this module for its host-key rule, never for a config
+    from vmsandbox.filemodels import HostEntry
+    from vmsandbox.schema import check
+
     found: list[HostSpec] = []
     for i, entry in enumerate(entries):
         where = f"{source}: `hosts[{i}]`"
