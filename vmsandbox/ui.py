@@ -23,7 +23,8 @@ def plain() -> bool:
 
 
 def console(*, stderr: bool) -> Console:
-    """A console that honours NO_COLOR (rich alone keeps bold and dim under it)."""
+    """A console that honours NO_COLOR (rich alone keeps bold and dim under it); soft_wrap: a hint split
+    mid-command helps nobody."""
     from rich.console import Console
 
     return Console(stderr=stderr, highlight=False, soft_wrap=True, color_system=None if plain() else "auto")
@@ -37,11 +38,16 @@ class _AtFirstUse:
         object.__setattr__(self, "_stderr", stderr)
         object.__setattr__(self, "_made", None)
 
+    _making = threading.Lock()  # a fan-out's threads print at once: one console each, never two
+
     def _console(self) -> Console:
         made: Console | None = object.__getattribute__(self, "_made")
         if made is None:
-            made = console(stderr=object.__getattribute__(self, "_stderr"))
-            object.__setattr__(self, "_made", made)
+            with self._making:
+                made = object.__getattribute__(self, "_made")
+                if made is None:
+                    made = console(stderr=object.__getattribute__(self, "_stderr"))
+                    object.__setattr__(self, "_made", made)
         return made
 
     def __getattr__(self, name: str) -> Any:
@@ -51,7 +57,7 @@ class _AtFirstUse:
         setattr(self._console(), name, value)
 
 
-err: Console = _AtFirstUse(stderr=True)  # type: ignore[assignment]  # soft_wrap: a hint split mid-command helps nobody
+err: Console = _AtFirstUse(stderr=True)  # type: ignore[assignment]
 out: Console = _AtFirstUse(stderr=False)  # type: ignore[assignment]
 log = logging.getLogger("vmsandbox")
 

@@ -587,3 +587,24 @@ def test_inspect_says_when_a_session_was_created_as_a_local_time(
     finally:
         monkeypatch.delenv("TZ")
         time.tzset()
+
+
+def test_uis_consoles_are_made_at_first_use_once_for_every_thread() -> None:
+    """ui.err/ui.out are made when first used (a daemon that only logs never imports rich): until then nothing is
+    made; threads that print at once share one console; what is set on it reaches the console."""
+    import threading
+
+    from vmsandbox import ui
+
+    later = ui._AtFirstUse(stderr=True)
+    assert object.__getattribute__(later, "_made") is None
+    made: list[object] = []
+    threads = [threading.Thread(target=lambda: made.append(later._console())) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(made) == 8 and all(m is made[0] for m in made)
+    later.quiet = True  # (bench/sync.py silences ui.err so)
+    assert made[0].quiet is True  # type: ignore[attr-defined]
+    assert later.stderr is True
