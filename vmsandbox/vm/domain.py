@@ -289,3 +289,13 @@ def client_of(xml: str) -> str | None:
         if meta is not None and (el := meta.find(f"{{{META_NS}}}{kind}")) is not None:
             return el.get("client")
     return None
+
+
+def memory_bytes(root: ET.Element) -> int:
+    """The guest's RAM, in bytes, of domain XML `root` (its `<memory>`, in any unit libvirt writes)."""
+    el = find(root, "memory")
+    units = {"KiB": 1024, "k": 1024, "MiB": 1024**2, "M": 1024**2, "GiB": 1024**3, "G": 1024**3, "b": 1, "bytes": 1}
+    unit = el.get("unit", "KiB")
+    if unit not in units:
+        raise ValueError(f"the domain's memory is in a unit this code does not read: {unit}")
+    return int(el.text or "0") * units[unit]

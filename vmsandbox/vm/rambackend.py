@@ -8,7 +8,7 @@ import itertools
 import json
 import xml.etree.ElementTree as ET
 
-from vmsandbox.vm.domain import QEMU_NS, find
+from vmsandbox.vm.domain import QEMU_NS, memory_bytes
 from vmsandbox.vm.memory.split import SHARED_BLOCK
 
 
@@ -27,7 +27,7 @@ def with_memory(xml: str, mem_path: str | None) -> str:
         if _ours(flag.get("value", ""), given.get("value", "")):
             cmd.remove(flag)
             cmd.remove(given)
-    size = _memory_bytes(root)
+    size = memory_bytes(root)
     backend: dict[str, object] = {"qom-type": "memory-backend-ram", "id": SHARED_BLOCK, "size": size}
     if mem_path is not None:
         backend = {
@@ -69,12 +69,3 @@ def _ours(flag: str, value: str) -> bool:
         return bool(json.loads(value).get("id") == SHARED_BLOCK)
     except ValueError:
         return False
-
-
-def _memory_bytes(root: ET.Element) -> int:
-    el = find(root, "memory")
-    units = {"KiB": 1024, "k": 1024, "MiB": 1024**2, "M": 1024**2, "GiB": 1024**3, "G": 1024**3, "b": 1, "bytes": 1}
-    unit = el.get("unit", "KiB")
-    if unit not in units:
-        raise ValueError(f"the domain's memory is in a unit this code does not read: {unit}")
-    return int(el.text or "0") * units[unit]

@@ -25,11 +25,12 @@ from __future__ import annotations
 import os
 import shutil
 import struct
+import xml.etree.ElementTree as ET
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
-from vmsandbox.vm import savefile
+from vmsandbox.vm import domain, savefile
 
 PAGE = 4096
 MAIN_BLOCKS = ("pc.ram", "vmsandbox.ram")  # the machine's RAM as libvirt names it, and as a shared session's is
@@ -124,13 +125,15 @@ def split(source: Path, ram_fd: int, state: Path, xml: str | None = None) -> Spl
     and the rest into a new save image `state` (carrying `xml`, else the saved XML), with the RAM block renamed
     to SHARED_BLOCK."""
     saved = savefile.read(source)
+    # the RAM's size as libvirt wrote it: the stream (QEMU's) may claim any, and root sizes the file by it
+    expected = domain.memory_bytes(ET.fromstring(saved.xml))  # noqa: S314 - libvirt's header, not QEMU's stream
     with source.open("rb", buffering=READ_BUFFER) as f:
         f.seek(saved.stream_offset)
         fd = os.open(state, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
         try:
             with open(fd, "wb", closefd=False) as out:
                 out.write(savefile.header_for(saved, saved.xml if xml is None else xml))
-                ram_bytes, pages = _split_stream(_Reader(f, str(source)), ram_fd, out)
+                ram_bytes, pages = _split_stream(_Reader(f, str(source)), ram_fd, out, expected)
                 size = out.tell()
         except BaseException:
             os.close(fd)
@@ -153,9 +156,9 @@ def _head(r: _Reader, out: BinaryIO) -> None:
         raise StreamError(f"{r.where}: the configuration has a subsection this code does not read")
 
 
-def _split_stream(r: _Reader, ram_fd: int, out: BinaryIO) -> tuple[int, int]:
+def _split_stream(r: _Reader, ram_fd: int, out: BinaryIO, expected: int) -> tuple[int, int]:
     _head(r, out)
-    ram = _Ram(ram_fd, r.where)
+    ram = _Ram(ram_fd, r.where, expected)
     names: dict[int, str] = {}
     while True:
         begin = r.pos
@@ -192,8 +195,9 @@ def _split_stream(r: _Reader, ram_fd: int, out: BinaryIO) -> tuple[int, int]:
 class _Ram:
     """The records of the `ram` sections: the main block's pages go to the file, the rest stay in the stream."""
 
-    def __init__(self, ram_fd: int, where: str) -> None:
+    def __init__(self, ram_fd: int, where: str, expected: int) -> None:
         self.where = where
+        self.expected = expected  # the machine's RAM, as the domain says
         self.pages = _Pages(ram_fd)
         self.fd = ram_fd
         self.main: str | None = None  # the main block's name in the stream
@@ -242,6 +246,10 @@ class _Ram:
             total -= length
         if total != 0 or self.main is None:
             raise StreamError(f"{self.where}: the RAM blocks listed do not add up, or none is the machine's RAM")
+        if self.length != self.expected:
+            raise StreamError(
+                f"{self.where}: the machine's RAM is {self.length} bytes in the stream, {self.expected} in the domain"
+            )
         if self.length % PAGE:
             raise StreamError(f"{self.where}: the machine's RAM is not a whole number of pages")
         os.ftruncate(self.fd, self.length)
