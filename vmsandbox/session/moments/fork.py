@@ -100,7 +100,7 @@ def fork(name: str, new: str, *, label: str | None = None) -> Record:
         if label is not None:
             cp = checkpoints.find(source.files, name, label)
             with vm.snapshots.share(cp) as how:
-                ui.info(f"  memory: {how}")
+                ui.info(f"  memory: {ui.printable(how)}")  # (it may quote a save image's names)
                 return _make(vm, cp, new, at=label)
         checkpoint.must_run(vm, "forked")
         checkpoint.check_room(vm)  # the checkpoint taken for the fork may leave an overlay
@@ -110,7 +110,7 @@ def fork(name: str, new: str, *, label: str | None = None) -> Record:
             # the source and the fork map one copy of the memory saved (where the place can): the source resumes
             # while the fork is made (two guests come back at once: under TCG, on two CPUs)
             with vm.snapshots.share(cp) as how:
-                ui.info(f"  memory: {how}")
+                ui.info(f"  memory: {ui.printable(how)}")  # (it may quote a save image's names)
                 waking = threading.Thread(target=_wake, args=(source, cp, failed))
                 waking.start()
                 try:
