@@ -156,7 +156,11 @@ def test_only_kept_sessions_no_command_is_attached_to_are_the_guards_to_stop(mon
     monkeypatch.setattr(guard, "_records", lambda: iter(records))
     monkeypatch.setattr(usage, "qemu_pid", lambda _d: 42)
     monkeypatch.setattr(usage, "of_process", lambda _pid: usage.Usage(300, 200, 100, 200, 150))
-    monkeypatch.setattr(usage, "memory_files", lambda _pid: [usage.SharedFile(1, 2, 2048, 64)])
+    # each maps the template's file (held by root's holder); a QEMU also holds a memfd it made up, a terabyte of
+    # holes by which it would have its session passed over: only the held file's holes count
+    made_up = usage.SharedFile(1, 3, 1 << 20, 1 << 20)
+    monkeypatch.setattr(usage, "memory_files", lambda _pid: [made_up, usage.SharedFile(1, 2, 2048, 64)])
+    monkeypatch.setattr(usage, "held_keys", lambda: {(1, 2)})
     held = guard.running()
     assert [(h.name, h.stoppable, h.holes_mib) for h in held] == [
         ("kept", True, 64),

@@ -71,6 +71,15 @@ def page_of(n: int) -> bytes:
 DEVICES = b"\x04" + struct.pack(">I", 9) + b"\x05apic0" + struct.pack(">II", 0, 3) + b"DEVICE-STATE" * 7
 
 
+def sized(ram: int) -> str:
+    """The template's domain XML with `ram` bytes of memory (what libvirt writes in a save's header)."""
+    root = ET.fromstring(template_xml())  # noqa: S314
+    memory = root.find("memory")
+    assert memory is not None
+    memory.text, memory.attrib = str(ram // 1024), {"unit": "KiB"}
+    return ET.tostring(root, encoding="unicode")
+
+
 def a_save(tmp_path: Path, *, main: str = "pc.ram") -> tuple[Path, dict[int, bytes]]:
     """A save image whose RAM has a page of its own at every odd page (zeros elsewhere), and a ROM of two pages."""
     s = Stream()
@@ -84,7 +93,7 @@ def a_save(tmp_path: Path, *, main: str = "pc.ram") -> tuple[Path, dict[int, byt
     )
     s.section(memsplit.SECTION_END, 3, s.eos())
     s.out += DEVICES + b"\x00" + b"\x06" + struct.pack(">I", 2) + b"{}"
-    fake_save(tmp_path / "vm.save", template_xml(), bytes(s.out))
+    fake_save(tmp_path / "vm.save", sized(RAM), bytes(s.out))
     return tmp_path / "vm.save", written
 
 
@@ -159,7 +168,7 @@ def test_the_file_keeps_the_zero_pages_as_holes(tmp_path: Path) -> None:
     body = b"".join(s.page("pc.ram", i * P, page_of(7) if i == 2000 else None) for i in range(4096))
     s.section(memsplit.SECTION_END, 3, body + s.eos())
     s.out += DEVICES
-    fake_save(tmp_path / "vm.save", template_xml(), bytes(s.out))
+    fake_save(tmp_path / "vm.save", sized(big), bytes(s.out))
     fd = os.open(tmp_path / "ram", os.O_RDWR | os.O_CREAT, 0o600)
     memsplit.split(tmp_path / "vm.save", fd, tmp_path / "state.save")
     os.close(fd)
@@ -171,7 +180,7 @@ def damaged(tmp_path: Path, change: str) -> Path:
     s = Stream()
     if change == "subsection":
         s.out += b"\x05"
-    s.section(memsplit.SECTION_START, 3, s.blocks([("pc.ram", RAM)]))
+    s.section(memsplit.SECTION_START, 3, s.blocks([("pc.ram", RAM * 4096 if change == "larger" else RAM)]))
     if change == "xbzrle":
         s.section(memsplit.SECTION_PART, 3, struct.pack(">Q", 0x40) + b"\x06pc.ram" + s.eos())
     elif change == "block":
@@ -184,17 +193,23 @@ def damaged(tmp_path: Path, change: str) -> Path:
     data = bytes(s.out)
     if change == "truncated":
         data = data[:40]
-    fake_save(tmp_path / "vm.save", template_xml(), data)
+    fake_save(tmp_path / "vm.save", sized(RAM), data)
     return tmp_path / "vm.save"
 
 
-@pytest.mark.parametrize("change", ["subsection", "xbzrle", "block", "past-the-end", "missing-pages", "truncated"])
+# larger: the stream (QEMU's, a guest's if it took its QEMU over) says the RAM is larger than the domain (libvirt's
+# header) says: root would size the memory file by it, and fill it
+CHANGES = ["subsection", "xbzrle", "block", "past-the-end", "missing-pages", "truncated", "larger"]
+
+
+@pytest.mark.parametrize("change", CHANGES)
 def test_what_the_split_does_not_know_is_refused_and_leaves_nothing(tmp_path: Path, change: str) -> None:
     save = damaged(tmp_path, change)
     fd = os.open(tmp_path / "ram", os.O_RDWR | os.O_CREAT, 0o600)
     try:
-        with pytest.raises(memsplit.StreamError):
+        with pytest.raises(memsplit.StreamError, match="in the domain" if change == "larger" else None):
             memsplit.split(save, fd, tmp_path / "state.save")
+        assert os.fstat(fd).st_size <= RAM  # never sized past the domain's RAM
     finally:
         os.close(fd)
     assert not (tmp_path / "state.save").exists()
@@ -358,17 +373,22 @@ def test_a_held_copy_grown_well_past_the_template_memory_is_refreshed(tmp_path: 
     tmpl = templates.Template(tmp_path, {})
     with tmpl.ram.open("wb") as f:
         f.write(b"x" * (1 << 20))
-    fd = os.memfd_create("grown")
-    try:
-        held = sealed.Held(os.getpid(), "", fd, 0, 0)
-        os.ftruncate(fd, 1 << 30)
-        assert not sharing._grown(held, tmpl)  # holes only
-        os.posix_fallocate(fd, 0, sharing.REFRESH_SLACK)
-        assert not sharing._grown(held, tmpl)
-        os.posix_fallocate(fd, 0, sharing.REFRESH_SLACK + (8 << 20))
-        assert sharing._grown(held, tmpl)
-    finally:
-        os.close(fd)
+
+    def grown(allocated: int) -> bool:  # a held copy of 1 GiB with `allocated` bytes of pages, sealed
+        fd = sealed.create("vmsandbox-grown", 1 << 30)
+        try:
+            if allocated:
+                os.posix_fallocate(fd, 0, allocated)
+            sealed.seal(fd, (os.getuid(), os.getgid()))
+            st = os.fstat(fd)
+            held = sealed.Held(os.getpid(), pids.process_start(os.getpid()) or "", fd, st.st_ino, st.st_size)
+            return sharing._grown(held, tmpl)
+        finally:
+            os.close(fd)
+
+    assert not grown(0)  # holes only
+    assert not grown(sharing.REFRESH_SLACK)
+    assert grown(sharing.REFRESH_SLACK + (8 << 20))
 
 
 ROLLUP = """559a607b9000-7fff8a162000 ---p 00000000 00:00 0                          [rollup]
@@ -433,11 +453,11 @@ def test_the_holes_of_the_shared_files_sessions_map_are_reserved_once_per_file(t
         entry.write_text(json.dumps(me.as_dict()))
         pids_dir, proc = tmp_path / "pids", tmp_path / "proc"
         pids_dir.mkdir()
-        for pid, name in ((41, "a"), (42, "b")):  # two QEMUs holding both files (here: this process's fds)
-            (proc / str(pid)).mkdir(parents=True)
-            (proc / str(pid) / "cmdline").write_bytes(f"qemu\0-name\0guest=vmsandbox-{name},x\0".encode())
-            (proc / str(pid) / "fd").symlink_to(f"/proc/{os.getpid()}/fd")
-            (pids_dir / f"vmsandbox-{name}.pid").write_text(str(pid))
+        me_dir = proc / str(os.getpid())  # a QEMU holding both files: this process (its fds are taken from it)
+        me_dir.mkdir(parents=True)
+        (me_dir / "cmdline").write_bytes(b"qemu\0-name\0guest=vmsandbox-a,x\0")
+        (me_dir / "fd").symlink_to(f"/proc/{os.getpid()}/fd")
+        (pids_dir / "vmsandbox-a.pid").write_text(str(os.getpid()))
         found = usage.shared_files(pids_dir, proc)
         assert found[st.st_dev, st.st_ino] == usage.SharedFile(st.st_dev, st.st_ino, 64, 60)
         assert len(found) == 2  # the made-up one is seen, and counts nothing below
@@ -480,6 +500,46 @@ def test_a_holder_whose_fd_became_a_fifo_is_not_alive_and_root_never_waits_on_it
         assert answers == [False]
     finally:
         os.close(fd)
+
+
+def test_root_takes_a_holders_file_and_never_opens_what_is_at_its_number(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A process of QEMU's account may trace a holder and put any file at the number root looks at: a terminal
+    (opened by root, it would become root's controlling one), a watchdog (opened, armed), a FUSE file (asked its
+    size, it may never answer). Root takes a copy of the descriptor (pidfd_getfd) and asks nothing of a file that
+    is no memfd: here a terminal, a pipe, a file of a disk and a tmpfs file are each not alive, and no path under
+    /proc is ever opened; the sealed memfd it handed over is."""
+    opened: list[str] = []
+    real_open = os.open
+
+    def recording(path: object, *args: object, **kwargs: object) -> int:
+        opened.append(str(path))
+        return real_open(path, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(os, "open", recording)
+    me = (os.getpid(), pids.process_start(os.getpid()) or "")
+    master, terminal = os.openpty()
+    reading, writing = os.pipe()
+    on_disk = os.open(tmp_path / "file", os.O_RDWR | os.O_CREAT, 0o600)
+    on_tmpfs = os.open("/dev/shm", os.O_RDWR | os.O_TMPFILE, 0o600)  # tmpfs, as memfds are, but another mount
+    memfd = sealed.create("vmsandbox-held", 1 << 20)
+    try:
+        for fd in (terminal, reading, on_disk, on_tmpfs):
+            st = os.fstat(fd)
+            assert not sealed.Held(*me, fd, st.st_ino, st.st_size).alive()
+        sealed.seal(memfd, (os.getuid(), os.getgid()))
+        st = os.fstat(memfd)
+        held = sealed.Held(*me, memfd, st.st_ino, st.st_size)
+        assert held.alive()
+        found = held.stat()
+        assert found is not None and found.st_ino == st.st_ino
+        assert not sealed.Held(*me, memfd, st.st_ino + 1, st.st_size).alive()  # another file at that number
+        assert not sealed.Held(me[0], "1", memfd, st.st_ino, st.st_size).alive()  # another process of that pid
+        assert [p for p in opened if p.startswith("/proc") and "/fd/" in p] == []
+    finally:
+        for fd in (master, terminal, reading, writing, on_disk, on_tmpfs, memfd):
+            os.close(fd)
 
 
 def test_a_runtime_directory_others_may_write_is_refused_to_root(

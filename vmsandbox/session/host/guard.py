@@ -98,13 +98,14 @@ def available_mib() -> int | None:
 def running() -> list[Held]:
     """The sessions of this sessions directory whose QEMU runs on this machine now."""
     found = []
+    held = usage.held_keys()  # the holes of these alone: a QEMU may make up a memfd of any size, to be passed over
     for record in _records():
         pid = usage.qemu_pid(record.domain)
         used = None if pid is None else usage.of_process(pid)
         if pid is not None and used is not None:
-            shared = usage.memory_files(pid)  # (the one its RAM maps)
+            holes = max((f.holes_mib for f in usage.memory_files(pid) if f.key in held), default=0)
             stoppable = record.keep and not record.owner_alive()
-            found.append(Held(record.name, used.anonymous_mib, stoppable, shared[0].holes_mib if shared else 0))
+            found.append(Held(record.name, used.anonymous_mib, stoppable, holes))
     return found
 
 

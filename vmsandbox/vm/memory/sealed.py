@@ -12,12 +12,14 @@ its own QEMU's anonymous pages, never in the file.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import fcntl
+import functools
 import json
 import os
 import select
 import stat
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -28,6 +30,8 @@ from vmsandbox.errors import VmsandboxError
 SEALS = fcntl.F_SEAL_SEAL | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_WRITE
 READY_TIMEOUT = 30.0
 CHUNK = 1 << 30
+SYS_PIDFD_GETFD = 438  # pidfd_getfd(2), Linux 5.6: one number on every architecture
+PROC_SELF = Path("/proc/self")
 
 
 def create(name: str, size: int) -> int:
@@ -80,6 +84,55 @@ def sealed(fd: int) -> bool:
         return False
 
 
+@functools.cache
+def _memfd_mount() -> int | None:
+    """The kernel's internal mount every memfd lives on (its mnt_id), read from a memfd made to ask."""
+    probe = os.memfd_create("vmsandbox-mount", os.MFD_CLOEXEC)
+    try:
+        return _mount_of(probe)
+    finally:
+        os.close(probe)
+
+
+def _mount_of(fd: int) -> int | None:
+    """The mount of this process's descriptor `fd`, from /proc/self/fdinfo (nothing is asked of its file)."""
+    with contextlib.suppress(OSError, ValueError):
+        for line in (PROC_SELF / "fdinfo" / str(fd)).read_text().splitlines():
+            if line.startswith("mnt_id:"):
+                return int(line.split()[1])
+    return None
+
+
+@contextlib.contextmanager
+def taken(pid: int, fd: int, start: str | None = None) -> Iterator[int | None]:
+    """Process `pid`'s descriptor `fd`, if it is a memory file: a copy of it taken from the process (pidfd_getfd(2))
+    and told a memfd by its mount alone (fdinfo) before anything is asked of the file; None for anything else.
+    Nothing is opened by a path: a process of QEMU's account may trace a holder (or be a QEMU) and put any file at
+    that number — a device opened would act (a watchdog armed, a terminal taken as root's controlling one), a FUSE
+    file asked its size could hang root. `start`: the process's start time, so that a reused pid is not it."""
+    try:
+        pidfd = os.pidfd_open(pid)
+    except OSError:
+        yield None
+        return
+    try:
+        if start is not None and not pids.alive(pid, start):  # (the pidfd holds that process from here on)
+            yield None
+            return
+        libc = ctypes.CDLL(None, use_errno=True)
+        got = int(libc.syscall(SYS_PIDFD_GETFD, pidfd, fd, 0))
+        if got < 0:  # gone, no such descriptor, or a kernel before 5.6
+            yield None
+            return
+        try:
+            memory = _mount_of(got)
+            yield got if memory is not None and memory == _memfd_mount() else None
+        finally:
+            os.close(got)
+    finally:
+        os.close(pidfd)
+
+
 @dataclass(frozen=True)
 class Held:
     """A holder process and the sealed memory file it holds: where QEMU opens it."""
@@ -103,18 +156,16 @@ class Held:
 
     def alive(self) -> bool:
         """Whether the holder still runs and holds that same file, sealed."""
-        if not pids.alive(self.pid, self.start):
-            return False
-        try:  # never waits: a FIFO put at that fd number (by a process of the holder's account) opens at once
-            fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-        except OSError:
-            return False
-        try:
+        return self.stat() is not None
+
+    def stat(self) -> os.stat_result | None:
+        """The file the holder holds, if it still runs and holds that same file, sealed (taken from it: `taken`)."""
+        with taken(self.pid, self.fd, self.start) as fd:
+            if fd is None:
+                return None
             st = os.fstat(fd)
             same = stat.S_ISREG(st.st_mode) and st.st_ino == self.ino and st.st_size == self.size
-            return same and sealed(fd)
-        finally:
-            os.close(fd)
+            return st if same and sealed(fd) else None
 
     def stop(self) -> None:
         if pids.alive(self.pid, self.start):

@@ -5,6 +5,7 @@ to it. A session that maps its template's memory shares every page of it that it
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -109,13 +110,17 @@ def memory_files(pid: int, proc: Path = PROC) -> list[SharedFile]:
     except OSError:
         return []
     found = []
-    for fd in fds:  # (readlink and stat open nothing: no FIFO or slow file there can hold root)
+    for fd in fds:  # (readlink opens nothing; the file is asked its size only once it is told a memfd: sealed.taken)
         try:
             if not str(fd.readlink()).startswith(SHARED_PREFIX):
                 continue
-            st = fd.stat()
-        except OSError:
+            number = int(fd.name)
+        except (OSError, ValueError):
             continue
+        with sealed.taken(pid, number) as got:
+            if got is None:
+                continue
+            st = os.fstat(got)
         holes = max(st.st_size - st.st_blocks * 512, 0)
         found.append(SharedFile(st.st_dev, st.st_ino, st.st_size // MIB, holes // MIB))
     return found
@@ -148,12 +153,15 @@ def reserved_mib(holders: Iterable[Path] | None = None, pids: Path = LIBVIRT_PID
     paths.memory_holders_dir()), each at most its size, once, and only while a session's QEMU maps it: a file a
     QEMU made up counts nothing."""
     mapped = shared_files(pids, proc)
-    owed: dict[tuple[int, int], int] = {}
+    return sum(mapped[key].holes_mib for key in held_keys(holders) if key in mapped)
+
+
+def held_keys(holders: Iterable[Path] | None = None) -> set[tuple[int, int]]:
+    """The (device, inode) of every file root's holders hold (`holders`: as for `reserved_mib`): the only memory
+    files whose holes count — a QEMU may make up a memfd of any name and size."""
+    found = set()
     for held in sealed.held_files(holders):
-        try:
-            st = Path(held.path).stat()
-        except OSError:
-            continue
-        if (st.st_dev, st.st_ino) in mapped:
-            owed[st.st_dev, st.st_ino] = max(st.st_size - st.st_blocks * 512, 0) // MIB
-    return sum(owed.values())
+        st = held.stat()
+        if st is not None:
+            found.add((st.st_dev, st.st_ino))
+    return found

@@ -120,20 +120,16 @@ def _grown(held: sealed.Held, tmpl: templates.Template) -> bool:
     zeros that stay in the file for good — memory that only a fresh copy gives back. Only once no session maps
     it: a fresh copy while sessions still map the grown one would hold both, and grow too at the next save (one
     copy per template grows at most to the template's memory; usage.shared_file)."""
-    try:
-        held_bytes = Path(held.path).stat().st_blocks * 512
-    except OSError:
+    st = held.stat()
+    if st is None:
         return False
-    return held_bytes > 2 * tmpl.ram.stat().st_blocks * 512 + REFRESH_SLACK
+    return st.st_blocks * 512 > 2 * tmpl.ram.stat().st_blocks * 512 + REFRESH_SLACK
 
 
 def _mapped(held: sealed.Held) -> bool:
     """Whether the QEMU of a running session maps the held file."""
-    try:
-        st = Path(held.path).stat()
-    except OSError:
-        return False
-    return (st.st_dev, st.st_ino) in usage.shared_files()
+    st = held.stat()
+    return st is not None and (st.st_dev, st.st_ino) in usage.shared_files()
 
 
 def _entry(tmpl: templates.Template) -> Path:
