@@ -211,8 +211,8 @@ def hold(fd: int, owner: tuple[int, int], *, detached: bool) -> tuple[Held, proc
             f"the memory holder did not start: {line or said or 'no answer'}",
             hint="`vmsandbox doctor` says whether sessions here can share memory",
         )
-    _, pid, held_fd = line.split()
-    return Held(int(pid), pids.process_start(int(pid)) or "", int(held_fd), st.st_ino, st.st_size), child
+    _, _pid, held_fd = line.split()  # (its own pid, which it says: the one we started is the one that holds)
+    return Held(child.pid, pids.process_start(child.pid) or "", int(held_fd), st.st_ino, st.st_size), child
 
 
 def _ready_line(child: proc.Child) -> str:
