@@ -582,3 +582,22 @@ def test_gc_leaves_a_holder_record_a_warm_start_is_writing(monkeypatch: pytest.M
     assert entry.exists()
     assert len(list(sharing.sweep(None, tidy))) == 1 and said == ["remove"]  # type: ignore[arg-type]
     assert not entry.exists() and entry.with_suffix(".lock").exists()
+
+
+def test_a_host_where_root_cannot_take_a_holders_file_shares_no_memory(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Root checks a holder by taking a copy of its descriptor (pidfd_getfd: Linux 5.6, and a ptrace attach, which
+    Yama's ptrace_scope 3 refuses even root): where it cannot, sessions restore copies and say why — never a holder
+    started again and again at every warm start, each holding a copy."""
+    yama = tmp_path / "ptrace_scope"
+    monkeypatch.setattr(sealed, "YAMA", yama)
+    yama.write_text("1\n")
+    assert sealed.taking_problem() is None  # (this kernel is newer than 5.6)
+    yama.write_text("3\n")
+    assert "ptrace_scope is 3" in (sealed.taking_problem() or "")
+    yama.unlink()
+    real = os.uname()
+    old = type("U", (), {"release": "5.4.0-150-generic", "sysname": real.sysname})()
+    monkeypatch.setattr(os, "uname", lambda: old)
+    assert "no pidfd_getfd" in (sealed.taking_problem() or "")

@@ -103,6 +103,28 @@ def _mount_of(fd: int) -> int | None:
     return None
 
 
+YAMA = Path("/proc/sys/kernel/yama/ptrace_scope")
+
+
+def taking_problem() -> str | None:
+    """Why root cannot take a copy of another process's descriptor here (`taken`), or None."""
+    try:
+        if YAMA.read_text().strip() == "3":
+            return "Yama's ptrace_scope is 3 here: root may not take the holder's memory file to check it"
+    except OSError:
+        pass  # no Yama
+    release = os.uname().release.split("-")[0].split(".")
+    with contextlib.suppress(ValueError):
+        if tuple(int(p) for p in release[:2]) < (5, 6):
+            return f"the kernel ({os.uname().release}) has no pidfd_getfd (5.6), by which root checks a holder"
+    return None
+
+
+@functools.cache
+def _libc() -> ctypes.CDLL:
+    return ctypes.CDLL(None, use_errno=True)
+
+
 @contextlib.contextmanager
 def taken(pid: int, fd: int, start: str | None = None) -> Iterator[int | None]:
     """Process `pid`'s descriptor `fd`, if it is a memory file: a copy of it taken from the process (pidfd_getfd(2))
@@ -119,8 +141,7 @@ def taken(pid: int, fd: int, start: str | None = None) -> Iterator[int | None]:
         if start is not None and not pids.alive(pid, start):  # (the pidfd holds that process from here on)
             yield None
             return
-        libc = ctypes.CDLL(None, use_errno=True)
-        got = int(libc.syscall(SYS_PIDFD_GETFD, pidfd, fd, 0))
+        got = int(_libc().syscall(SYS_PIDFD_GETFD, pidfd, fd, 0))
         if got < 0:  # gone, no such descriptor, or a kernel before 5.6
             yield None
             return

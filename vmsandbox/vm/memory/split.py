@@ -126,7 +126,10 @@ def split(source: Path, ram_fd: int, state: Path, xml: str | None = None) -> Spl
     to SHARED_BLOCK."""
     saved = savefile.read(source)
     # the RAM's size as libvirt wrote it: the stream (QEMU's) may claim any, and root sizes the file by it
-    expected = domain.memory_bytes(ET.fromstring(saved.xml))  # noqa: S314 - libvirt's header, not QEMU's stream
+    try:
+        expected = domain.memory_bytes(ET.fromstring(saved.xml))  # noqa: S314 - libvirt's header, not QEMU's
+    except (ValueError, ET.ParseError) as exc:
+        raise StreamError(f"{source}: the saved domain's memory: {exc}") from None
     with source.open("rb", buffering=READ_BUFFER) as f:
         f.seek(saved.stream_offset)
         fd = os.open(state, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)

@@ -70,6 +70,9 @@ def problem(hv: Hypervisor, accel: str) -> str | None:
     qemu = tuple(int(p) for p in hv.qemu_version().split(".")[:2])
     if qemu < MIN_QEMU:
         return f"QEMU {hv.qemu_version()} is older than {'.'.join(map(str, MIN_QEMU))} (no -machine memory-backend)"
+    taking = sealed.taking_problem()
+    if taking is not None:
+        return taking
     return _confinement_problem(hv.confinement(), accel)
 
 
@@ -110,6 +113,9 @@ def of_template(tmpl: templates.Template, hv: Hypervisor, accel: str) -> Shared:
             held = None
         if held is None or not held.alive():
             held = _start(tmpl, who)
+            if not held.alive():  # (a holder root cannot look at: none is left running for the next to start again)
+                held.stop()
+                raise VmsandboxError("the memory holder started, but root cannot take its file to check it")
             paths.write_atomically(entry, json.dumps({**held.as_dict(), "template": str(tmpl.path)}) + "\n")
     return Shared(held, tmpl.state, str(tmpl.ram))
 
