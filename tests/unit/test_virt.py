@@ -143,3 +143,39 @@ def test_a_host_without_qemu_img_copies_the_workspace_byte_by_byte() -> None:
     host = Host()
     remotecheckpoint.copy_workspace(host, "ws.raw", "copy.raw")  # type: ignore[arg-type]
     assert host.copies == [("ws.raw", "copy.raw.copying.qcow2", "qcow2"), ("ws.raw", "copy.raw", None)]
+
+
+class HeldSave:
+    """A domain whose save never ends until its job is aborted (a QEMU that holds its migration)."""
+
+    def __init__(self, *, ends: bool = False) -> None:
+        import threading
+
+        self.aborted = threading.Event()
+        self.ends = ends
+
+    def save(self, path: str) -> None:
+        import libvirt
+
+        if self.ends:
+            return
+        if not self.aborted.wait(600):
+            return
+        raise libvirt.libvirtError("operation aborted: job 'save' canceled by client")
+
+    def abortJob(self) -> None:  # noqa: N802 - libvirt's name
+        self.aborted.set()
+
+
+def test_a_save_held_past_its_deadline_is_aborted_and_said() -> None:
+    """The memory guard stops a session with a deadline: a save its QEMU holds is aborted then (the VM runs on),
+    and the guard goes on to the next; a save that ends is left be."""
+    from vmsandbox.vm import virt
+
+    held = HeldSave()
+    with pytest.raises(VmsandboxError, match="did not end within 0 s: it was aborted"):
+        virt.bounded_save(held, "/nowhere", 0.2)
+    assert held.aborted.is_set()
+    quick = HeldSave(ends=True)
+    virt.bounded_save(quick, "/nowhere", 60)
+    assert not quick.aborted.is_set()

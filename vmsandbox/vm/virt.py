@@ -6,6 +6,7 @@ import contextlib
 import io
 import logging
 import os
+import threading
 import time
 import xml.etree.ElementTree as ET
 from collections.abc import Callable, Iterator
@@ -79,13 +80,17 @@ class Hypervisor:
         """The version of the QEMU binary libvirt runs (a save image restores only into a QEMU that can read it)."""
         return node.dotted(self._conn.getVersion())
 
-    def save(self, name: str, path: str, *, here: bool = True) -> None:
+    def save(self, name: str, path: str, *, here: bool = True, deadline: float | None = None) -> None:
         """Save the domain's memory and device state to `path` and stop it (its disks stay). A file `here` is made
-        first, ours to read (libvirtd writes into it, not into a 0600 root file); another host's is libvirt's."""
+        first, ours to read (libvirtd writes into it, not into a 0600 root file); another host's is libvirt's.
+        `deadline`: seconds after which a save that has not ended is aborted (bounded_save)."""
         self._must(name)  # a domain that is gone is said before a file is made for it
         if here:
             paths.own_file(Path(path), truncate=True)
-        self._on(name, "save", lambda dom: dom.save(path), hint="check free space under it")
+        if deadline is None:
+            self._on(name, "save", lambda dom: dom.save(path), hint="check free space under it")
+        else:
+            self._on(name, "save", lambda dom: bounded_save(dom, path, deadline), hint="check free space under it")
 
     def restore(self, path: str, xml: str) -> None:
         """Start a transient domain from a save image, with `xml` (same guest ABI, other host-side paths)."""
@@ -321,3 +326,30 @@ class Hypervisor:
                 stream.abort()
             raise VmsandboxError(f"reading volume {name} of pool {pool} at {self.uri} failed: {_message(exc)}") from exc
         return got
+
+
+ABORT_WAIT = 30.0  # how long an aborted save may take to end
+
+
+def bounded_save(dom: Any, path: str, deadline: float) -> None:
+    """dom.save(path), aborted (abortJob: the VM runs on) if it has not ended within `deadline` seconds — a QEMU
+    that holds its migration (one its guest took over) holds its caller no longer (the memory guard, which has
+    other sessions to stop)."""
+    failed: list[BaseException] = []
+
+    def saving() -> None:
+        try:
+            dom.save(path)
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread
+            failed.append(exc)
+
+    thread = threading.Thread(target=saving, name="save", daemon=True)
+    thread.start()
+    thread.join(deadline)
+    if thread.is_alive():
+        with contextlib.suppress(libvirt.libvirtError):
+            dom.abortJob()
+        thread.join(ABORT_WAIT)
+        raise VmsandboxError(f"the save did not end within {deadline:.0f} s: it was aborted, and the VM runs on")
+    if failed:
+        raise failed[0]

@@ -52,6 +52,7 @@ IDLE_LOOK = 10.0  # how often it asks whether any does
 # a guest's flush before its save, at most: one that holds it longer is passed over for the next session, and
 # rests that long before it is asked again (the guard never waits on one guest while the machine runs out)
 FLUSH_TIMEOUT = 15.0
+SAVE_DEADLINE = 60.0  # a save not ended by then (a QEMU that holds it) is aborted: the session rests, others go on
 REST = 300.0
 HOLES_MARGIN_MIB = 128  # a session whose save would read in more holes than the kernel has, less this: passed over
 SAY_EVERY = 60.0  # the same trouble (nothing to stop, a failed round) said this often
@@ -179,7 +180,7 @@ def _now() -> str:
 
 
 def _stop(name: str, why: str) -> None:
-    suspend.stop(name, why=why, flush_timeout=FLUSH_TIMEOUT, never_wait=True)
+    suspend.stop(name, why=why, flush_timeout=FLUSH_TIMEOUT, never_wait=True, save_deadline=SAVE_DEADLINE)
 
 
 def watch(floor_mib: int = FLOOR_MIB) -> None:

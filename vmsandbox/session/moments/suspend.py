@@ -26,10 +26,17 @@ from vmsandbox.vm.node import gone
 SYNC_TIMEOUT = 120
 
 
-def stop(name: str, *, why: str = "", flush_timeout: float = SYNC_TIMEOUT, never_wait: bool = False) -> Record:
+def stop(
+    name: str,
+    *,
+    why: str = "",
+    flush_timeout: float = SYNC_TIMEOUT,
+    never_wait: bool = False,
+    save_deadline: float | None = None,
+) -> Record:
     """Save session `name`'s VM to disk, its file systems flushed first (within `flush_timeout`: else an error,
     and it runs on); `why`: the reason, when no person stopped it (record.stop_note); `never_wait`: not even for
-    a teardown (lock.held)."""
+    a teardown (lock.held); `save_deadline`: a save not ended by then is aborted, and it runs on."""
     record = Record.load(name)
     files = record.files
     with lock.held(files, name, "stopping", never_wait=never_wait), places.host_of(record) as host:
@@ -52,7 +59,7 @@ def stop(name: str, *, why: str = "", flush_timeout: float = SYNC_TIMEOUT, never
             commands.run_as_root(record.endpoint(), "sync", timeout=flush_timeout)
         control.stop(files)
         try:
-            vm.save()
+            vm.save(deadline=save_deadline)
         except VmsandboxError:
             files.saved_memory.unlink(missing_ok=True)
             if record.wants_daemon and not gone(vm.info()):  # it runs on: give it its door back

@@ -233,8 +233,9 @@ class VM(abc.ABC):
         """The VM's serial console as a file here, up to date (with `follow`, kept so while this command runs)."""
 
     @abc.abstractmethod
-    def save(self) -> None:
-        """Save the running VM where a stopped session keeps it (nothing half-saved left on failure)."""
+    def save(self, *, deadline: float | None = None) -> None:
+        """Save the running VM where a stopped session keeps it (nothing half-saved left on failure). `deadline`:
+        seconds after which a save that has not ended is aborted (the VM runs on) and this raises."""
 
     @abc.abstractmethod
     def holds_save(self) -> bool:

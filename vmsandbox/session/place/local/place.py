@@ -93,9 +93,9 @@ class LocalVM(VM):
     def console(self, *, follow: bool) -> Path:
         return self.record.files.console_log  # virtlogd writes it there
 
-    def save(self) -> None:
+    def save(self, *, deadline: float | None = None) -> None:
         with ui.step(f"Saving {self.record.domain} (memory and devices) to disk"):
-            self.host.libvirt().save(self.record.domain, str(self.record.files.saved_memory))
+            self.host.libvirt().save(self.record.domain, str(self.record.files.saved_memory), deadline=deadline)
 
     def holds_save(self) -> bool:
         return self.record.files.saved_memory.exists()

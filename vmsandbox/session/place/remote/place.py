@@ -91,9 +91,9 @@ class RemoteVM(VM):
         log.refresh(self.record, self.host.libvirt(), follow=follow)
         return self.record.files.console_log
 
-    def save(self) -> None:
+    def save(self, *, deadline: float | None = None) -> None:
         with ui.step(f"Saving {self.record.domain} (memory and devices) on host {self.record.host}"):
-            save.save(self.record, self.host.libvirt())
+            save.save(self.record, self.host.libvirt(), deadline=deadline)
 
     def holds_save(self) -> bool:
         return save.holds(self.record, self.host.libvirt())

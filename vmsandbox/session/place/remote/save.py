@@ -34,7 +34,7 @@ def holds(record: Record, hv: Hypervisor) -> bool:
     return record.files.saved_memory.exists() or name(record) in hv.volumes(POOL)
 
 
-def save(record: Record, hv: Hypervisor, into: str | None = None) -> None:
+def save(record: Record, hv: Hypervisor, into: str | None = None, *, deadline: float | None = None) -> None:
     """Save the VM into its host's pool (as `into`: a checkpoint's; else the stopped session's) and close its
     tunnel; on failure, nothing half-saved is left. The volume is made through libvirt first (then written by
     the save), so that the pool lists it even when another session's upload keeps libvirt from rescanning it."""
@@ -42,7 +42,7 @@ def save(record: Record, hv: Hypervisor, into: str | None = None) -> None:
     hv.delete_volume(POOL, into)  # a leftover of a save that failed: the VM runs, so it is not needed
     target = hv.create_volume(POOL, storage.volume_xml(into, 0, mode="0600"))
     try:
-        hv.save(record.domain, target, here=False)
+        hv.save(record.domain, target, here=False, deadline=deadline)
     except VmsandboxError as exc:
         hv.delete_volume(POOL, into)
         raise VmsandboxError(
