@@ -426,6 +426,32 @@ def test_a_domain_memory_use_is_its_qemu_by_libvirts_pid_file(tmp_path: Path) ->
     assert usage.of_domain("vmsandbox-c", pids, proc) is None
 
 
+def test_a_qemu_that_rewrites_its_command_line_is_still_its_domains(tmp_path: Path) -> None:
+    """A QEMU taken over by its guest may rewrite its command line (to hide from the memory guard): it is still
+    found by its start time, which the kernel keeps, before libvirt wrote its pid file; a pid reused after that is
+    not the domain's, whatever its command line."""
+    pids_dir, proc = tmp_path / "pids", tmp_path / "proc"
+    pids_dir.mkdir()
+    (proc / "42").mkdir(parents=True)
+    (proc / "stat").write_text("cpu 1 2 3\nbtime 1000000\nprocesses 9\n")
+    (proc / "42" / "cmdline").write_bytes(b"nothing-to-see\0")
+    ticks = os.sysconf("SC_CLK_TCK")
+
+    def started(at: float) -> None:  # /proc/42/stat with its start `at` seconds after boot
+        fields = ["S"] + ["0"] * 18 + [str(int(at * ticks))] + ["0"] * 10
+        (proc / "42" / "stat").write_text(f"42 (qemu (x) y) {' '.join(fields)}\n")
+
+    pidfile = pids_dir / "vmsandbox-a.pid"
+    pidfile.write_text("42")
+    os.utime(pidfile, (1000000 + 500, 1000000 + 500))  # libvirt wrote it 500 s after boot
+    started(499.5)
+    assert usage.qemu_pid("vmsandbox-a", pids_dir, proc) == 42  # its command line is no longer its own: found
+    started(900)  # pid 42 is a process started long after the pid file: not the domain's
+    assert usage.qemu_pid("vmsandbox-a", pids_dir, proc) is None
+    (proc / "42" / "stat").write_text("garbage")
+    assert usage.qemu_pid("vmsandbox-a", pids_dir, proc) is None
+
+
 def test_a_typical_session_is_the_median_of_those_that_can_be_read(tmp_path: Path) -> None:
     pids, proc = tmp_path / "pids", tmp_path / "proc"
     pids.mkdir()

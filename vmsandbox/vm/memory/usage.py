@@ -17,6 +17,7 @@ LIBVIRT_PIDS = Path("/run/libvirt/qemu")  # where the system libvirtd's QEMU dri
 KIB_PER_MIB = 1024
 MIB = 1024 * 1024
 SHARED_PREFIX = "/memfd:vmsandbox-"  # the name of every sealed memory file (vm.memory.sealed.create)
+START_SLACK = 2.0  # the boot time's whole seconds, and libvirt writing the pid file after QEMU started
 DOMAINS = "vmsandbox-"  # the name of every session's domain starts so (session.record.DOMAIN_PREFIX)
 
 
@@ -64,14 +65,31 @@ def of_process(pid: int, proc: Path = PROC) -> Usage | None:
 
 def qemu_pid(domain: str, pids: Path = LIBVIRT_PIDS, proc: Path = PROC) -> int | None:
     """The pid of the QEMU of the system libvirt's running domain `domain` (None: no pid file, or a stale one)."""
+    pidfile = pids / f"{domain}.pid"
     try:
-        pid = int((pids / f"{domain}.pid").read_text().strip())
+        pid = int(pidfile.read_text().strip())
         argv = (proc / str(pid) / "cmdline").read_bytes().split(b"\0")
     except (OSError, ValueError):
         return None
-    if not any(a.startswith(f"guest={domain},".encode()) or a == f"guest={domain}".encode() for a in argv):
+    named = any(a.startswith(f"guest={domain},".encode()) or a == f"guest={domain}".encode() for a in argv)
+    if not (named or _started_before(pid, pidfile, proc)):
         return None  # the pid is another process's now
     return pid
+
+
+def _started_before(pid: int, pidfile: Path, proc: Path) -> bool:
+    """Whether process `pid` started before libvirt wrote `pidfile` (a pid reused later starts later): by the
+    kernel's start time, which a process cannot change — its command line it can (a QEMU its guest took over
+    that rewrites it is still its domain's, for the memory guard and the reservation)."""
+    try:
+        ticks = int((proc / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[19])
+        boot = next(
+            int(line.split()[1]) for line in (proc / "stat").read_text().splitlines() if line.startswith("btime ")
+        )
+        written = pidfile.stat().st_mtime
+    except (OSError, ValueError, IndexError, StopIteration):
+        return False
+    return boot + ticks / os.sysconf("SC_CLK_TCK") <= written + START_SLACK
 
 
 def of_domain(domain: str, pids: Path = LIBVIRT_PIDS, proc: Path = PROC) -> Usage | None:
