@@ -87,10 +87,8 @@ class Hypervisor:
         self._must(name)  # a domain that is gone is said before a file is made for it
         if here:
             paths.own_file(Path(path), truncate=True)
-        if deadline is None:
-            self._on(name, "save", lambda dom: dom.save(path), hint="check free space under it")
-        else:
-            self._on(name, "save", lambda dom: bounded_save(dom, path, deadline), hint="check free space under it")
+        saving = (lambda dom: dom.save(path)) if deadline is None else (lambda dom: bounded_save(dom, path, deadline))
+        self._on(name, "save", saving, hint="check free space under it")
 
     def restore(self, path: str, xml: str) -> None:
         """Start a transient domain from a save image, with `xml` (same guest ABI, other host-side paths)."""
@@ -328,13 +326,9 @@ class Hypervisor:
         return got
 
 
-ABORT_WAIT = 30.0  # how long an aborted save may take to end
-
-
-def bounded_save(dom: Any, path: str, deadline: float) -> None:
-    """dom.save(path), aborted (abortJob: the VM runs on) if it has not ended within `deadline` seconds — a QEMU
-    that holds its migration (one its guest took over) holds its caller no longer (the memory guard, which has
-    other sessions to stop)."""
+def bounded_save(dom: Any, path: str, deadline: float, abort_wait: float = 30.0) -> None:
+    """dom.save(path), aborted if not ended within `deadline` seconds (abortJob: the VM runs on): a QEMU that holds
+    its migration (its guest took it over) holds its caller no longer — the memory guard has others to stop."""
     failed: list[BaseException] = []
 
     def saving() -> None:
@@ -349,7 +343,7 @@ def bounded_save(dom: Any, path: str, deadline: float) -> None:
     if thread.is_alive():
         with contextlib.suppress(libvirt.libvirtError):
             dom.abortJob()
-        thread.join(ABORT_WAIT)
+        thread.join(abort_wait)
         raise VmsandboxError(f"the save did not end within {deadline:.0f} s: it was aborted, and the VM runs on")
     if failed:
         raise failed[0]
