@@ -627,3 +627,47 @@ def test_a_host_where_root_cannot_take_a_holders_file_shares_no_memory(
     old = type("U", (), {"release": "5.4.0-150-generic", "sysname": real.sysname})()
     monkeypatch.setattr(os, "uname", lambda: old)
     assert "no pidfd_getfd" in (sealed.taking_problem() or "")
+
+
+def test_gc_stops_a_holder_whose_copy_grew_once_no_session_maps_it(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A save of a session fills the holes of its template's copy (up to the guest's RAM); a warm start replaces a
+    grown copy no session maps, but a template nobody starts from again kept it for good: gc gives it back. A
+    fresh copy stays (warm starts map it), and a grown one a session still maps stays."""
+    from vmsandbox import paths
+
+    monkeypatch.setattr(paths, "memory_holders_dir", lambda: tmp_path / "holders")
+    monkeypatch.setattr(templates, "is_current", lambda _where, _hv: True)
+    mapped: dict[tuple[int, int], usage.SharedFile] = {}
+    monkeypatch.setattr(usage, "shared_files", lambda: mapped)
+    tmpl = tmp_path / "tmpl"
+    tmpl.mkdir()
+    (tmpl / templates.Template(tmpl, {}).ram.name).write_bytes(b"x" * (1 << 20))
+    (tmp_path / "holders").mkdir()
+    said: list[str] = []
+
+    def tidy(verb: str, what: str, do: object) -> str:  # (never done: the holder here is this process)
+        said.append(verb)
+        return what
+
+    def swept(allocated: int) -> list[str]:
+        fd = sealed.create("vmsandbox-swept", 1 << 30)
+        try:
+            if allocated:
+                os.posix_fallocate(fd, 0, allocated)
+            sealed.seal(fd, (os.getuid(), os.getgid()))
+            st = os.fstat(fd)
+            held = sealed.Held(os.getpid(), pids.process_start(os.getpid()) or "", fd, st.st_ino, st.st_size)
+            (tmp_path / "holders" / "t.json").write_text(json.dumps({**held.as_dict(), "template": str(tmpl)}))
+            mapped.clear()
+            first = list(sharing.sweep(None, tidy))  # type: ignore[arg-type]
+            mapped[st.st_dev, st.st_ino] = usage.SharedFile(st.st_dev, st.st_ino, 1024, 0)
+            assert list(sharing.sweep(None, tidy)) == []  # type: ignore[arg-type]  # a session maps it: it stays
+            return first
+        finally:
+            os.close(fd)
+
+    assert swept(0) == []  # a fresh copy stays
+    (grown,) = swept(sharing.REFRESH_SLACK + (8 << 20))
+    assert "its copy grew, and no session maps it" in grown and said == ["stop"]

@@ -165,7 +165,8 @@ def _start(tmpl: templates.Template, who: tuple[int, int]) -> sealed.Held:
 
 def sweep(hv: Hypervisor, tidy: Tidy) -> Iterator[str]:
     """gc: the holders of templates that are gone, failed or superseded (new sessions never map them again; those
-    that do keep their mapping), and the records of holders that ended."""
+    that do keep their mapping), those whose copy grew and no session maps (the next warm start seals a fresh
+    one), and the records of holders that ended."""
     root = paths.memory_holders_dir()
     for entry in sorted(root.glob("*.json")) if root.is_dir() else ():
         # under the entry's lock, as a warm start writes it: a holder started meanwhile is never unrecorded
@@ -182,6 +183,10 @@ def sweep(hv: Hypervisor, tidy: Tidy) -> Iterator[str]:
                 yield tidy("remove", what, functools.partial(entry.unlink, missing_ok=True))
             elif not templates.is_current(where, hv):
                 what = f"the memory holder of {where} (pid {held.pid}: that template serves no new session)"
+                yield tidy("stop", what, functools.partial(_release, entry, held))
+            elif _grown(held, templates.Template(where, {})) and not _mapped(held):
+                # a copy grown by a save stays grown until that template's next warm start: up to its guest's RAM
+                what = f"the memory holder of {where} (pid {held.pid}: its copy grew, and no session maps it)"
                 yield tidy("stop", what, functools.partial(_release, entry, held))
 
 
