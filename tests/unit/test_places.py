@@ -25,7 +25,7 @@ from vmsandbox.session.place.hostspec import HostSpec
 from vmsandbox.session.place.interface import VM, Host, SavedVM, Snapshots
 from vmsandbox.session.place.local.place import LocalHost, LocalSnapshots, LocalVM
 from vmsandbox.session.place.remote.place import RemoteHost, RemoteSnapshots, RemoteVM
-from vmsandbox.session.record import Record
+from vmsandbox.session.record import Record, State
 from vmsandbox.session.settings import Settings
 from vmsandbox.session.start import create
 from vmsandbox.vm import accel
@@ -203,3 +203,48 @@ def test_the_chooser_reads_the_place_from_the_record_alone() -> None:
 def test_a_checkpoint_carries_no_place(tmp_path: Path) -> None:
     cp = Checkpoint("c1", 1.0, ["o.qcow2"], tmp_path / "c1")
     assert cp.overlay == "o.qcow2" and cp.memory == tmp_path / "c1" / "memory.save"
+
+
+class HeldSaves(Steps):
+    """A place whose save libvirt could not abort past its deadline: the file is being written, the VM runs on."""
+
+    def __call__(self, name: str, bound: Host | VM | Snapshots, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        if name == "save" and isinstance(bound, VM):
+            from vmsandbox.errors import SaveInFlightError
+
+            bound.record.files.saved_memory.write_bytes(b"being written")
+            raise SaveInFlightError("the save did not end within 60 s, nor 30 s after its abort")
+        return super().__call__(name, bound, args, kwargs)
+
+
+def test_a_save_that_may_yet_end_keeps_its_file_and_the_session_says_what_it_is(
+    monkeypatch: pytest.MonkeyPatch, one_libvirt: Hypervisor, quiet_guest: None, tmp_path: Path
+) -> None:
+    """The guard's stop whose save was not aborted in time: the file (which may yet hold all of the VM's memory)
+    is kept and the session counted as saved; while its VM runs on it is running, not stopped, and once the save
+    ends it is stopped, and starts."""
+    from vmsandbox.core import sessions
+    from vmsandbox.errors import SaveInFlightError
+    from vmsandbox.session import state
+
+    steps = HeldSaves()
+    monkeypatch.setattr(places, "LocalHost", _recording((LocalHost, LocalVM, LocalSnapshots), steps))
+    monkeypatch.setattr(create, "_prepare", lambda record, *_: record.save())
+    project = tmp_path / "project"
+    project.mkdir()
+    settings = Settings(libvirt_uri=HERE, network=Mode.NONE)
+    create.create(Options(project=project, name="s3", settings=settings, keep=True, image=Image("v", project, {})))
+
+    with pytest.raises(SaveInFlightError):
+        suspend.stop("s3", why="stopped by the memory guard", save_deadline=60)
+    record = Record.load("s3")
+    assert record.saved and record.files.saved_memory.read_bytes() == b"being written"
+    with places.vm_of(record) as vm:
+        assert state.status(vm).state is State.RUNNING
+    assert not sessions.stopped("s3")  # `exec` does not offer to start a VM that runs
+
+    one_libvirt.destroy(record.domain)  # the save ended after all: the VM is down, its memory in the file
+    steps.saved.add("s3")
+    assert sessions.stopped("s3")
+    suspend.start("s3")
+    assert not Record.load("s3").saved and one_libvirt.info(record.domain)

@@ -148,18 +148,23 @@ def test_a_host_without_qemu_img_copies_the_workspace_byte_by_byte() -> None:
 class HeldSave:
     """A domain whose save never ends until its job is aborted (a QEMU that holds its migration)."""
 
-    def __init__(self, *, ends: bool = False) -> None:
+    def __init__(self, *, ends: bool = False, at_abort: str = "fails") -> None:
         import threading
 
         self.aborted = threading.Event()
         self.ends = ends
+        self.at_abort = at_abort  # "fails" (the VM runs on), "ends" (it was saved all the same), "holds" (on)
+        self.release = threading.Event()
 
     def save(self, path: str) -> None:
         import libvirt
 
         if self.ends:
             return
-        if not self.aborted.wait(600):
+        if not self.aborted.wait(600) or self.at_abort == "ends":
+            return
+        if self.at_abort == "holds":
+            self.release.wait(600)
             return
         raise libvirt.libvirtError("operation aborted: job 'save' canceled by client")
 
@@ -179,3 +184,19 @@ def test_a_save_held_past_its_deadline_is_aborted_and_said() -> None:
     quick = HeldSave(ends=True)
     virt.bounded_save(quick, "/nowhere", 60)
     assert not quick.aborted.is_set()
+
+
+def test_a_save_that_ends_as_it_is_aborted_is_a_save_and_one_not_aborted_is_kept() -> None:
+    """A save that ended as its abort came (the VM stopped, its memory in the file) is not said to be aborted: a
+    caller told "it runs on" would delete the only copy of its memory. One libvirt could not abort either may yet
+    end so: said apart (SaveInFlightError), its file kept."""
+    from vmsandbox.errors import SaveInFlightError
+    from vmsandbox.vm import virt
+
+    ended = HeldSave(at_abort="ends")
+    virt.bounded_save(ended, "/nowhere", 0.1)
+    assert ended.aborted.is_set()
+    held = HeldSave(at_abort="holds")
+    with pytest.raises(SaveInFlightError, match="neither in 0 s nor 0 s after abortJob"):
+        virt.bounded_save(held, "/nowhere", 0.1, abort_wait=0.2)
+    held.release.set()

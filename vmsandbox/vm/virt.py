@@ -16,7 +16,7 @@ from typing import Any
 import libvirt
 
 from vmsandbox import paths
-from vmsandbox.errors import VmsandboxError
+from vmsandbox.errors import SaveInFlightError, VmsandboxError
 from vmsandbox.vm import node, storage
 from vmsandbox.vm.memory import usage
 
@@ -194,10 +194,8 @@ class Hypervisor:
             versions = (c.getHostname(), self.version(), self.qemu_version(), int(c.getInfo()[2]))
             here = node.here(self.uri)
             meminfo = MEMINFO.read_text() if here else None  # the kernel's own figure, here
-            reserved = usage.reserved_mib() if here else 0
-            return node.Node.of(
-                *versions, stats, c.getCapabilities(), kvm_error, meminfo=meminfo, reserved_mib=reserved
-            )
+            held = usage.reserved_mib() if here else 0
+            return node.Node.of(*versions, stats, c.getCapabilities(), kvm_error, meminfo=meminfo, reserved_mib=held)
         except libvirt.libvirtError as exc:
             raise VmsandboxError(f"libvirt at {self.uri} did not describe its host: {_message(exc)}") from exc
 
@@ -330,20 +328,23 @@ def bounded_save(dom: Any, path: str, deadline: float, abort_wait: float = 30.0)
     """dom.save(path), aborted if not ended within `deadline` seconds (abortJob: the VM runs on): a QEMU that holds
     its migration (its guest took it over) holds its caller no longer — the memory guard has others to stop."""
     failed: list[BaseException] = []
-
-    def saving() -> None:
-        try:
-            dom.save(path)
-        except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread
-            failed.append(exc)
-
-    thread = threading.Thread(target=saving, name="save", daemon=True)
+    thread = threading.Thread(target=_saving, args=(dom, path, failed), name="save", daemon=True)
     thread.start()
     thread.join(deadline)
     if thread.is_alive():
         with contextlib.suppress(libvirt.libvirtError):
             dom.abortJob()
         thread.join(abort_wait)
-        raise VmsandboxError(f"the save did not end within {deadline:.0f} s: it was aborted, and the VM runs on")
+        if thread.is_alive():
+            raise SaveInFlightError(f"the save ended neither in {deadline:.0f} s nor {abort_wait:.0f} s after abortJob")
+        if failed:  # else it ended as it was aborted: the VM is saved, its file all there is of its memory
+            raise VmsandboxError(f"the save did not end within {deadline:.0f} s: it was aborted, and the VM runs on")
     if failed:
         raise failed[0]
+
+
+def _saving(dom: Any, path: str, failed: list[BaseException]) -> None:
+    try:
+        dom.save(path)
+    except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread
+        failed.append(exc)

@@ -13,7 +13,7 @@ import time
 
 from vmsandbox import ui
 from vmsandbox.egress import control
-from vmsandbox.errors import VmsandboxError
+from vmsandbox.errors import SaveInFlightError, VmsandboxError
 from vmsandbox.guest import commands, ssh
 from vmsandbox.session import lock
 from vmsandbox.session.place import choose as places
@@ -60,6 +60,10 @@ def stop(
         control.stop(files)
         try:
             vm.save(deadline=save_deadline)
+        except SaveInFlightError:  # it may yet stop the VM: then its file is all there is of its memory
+            record.saved, record.stop_note = True, why
+            record.save()
+            raise
         except VmsandboxError:
             files.saved_memory.unlink(missing_ok=True)
             if record.wants_daemon and not gone(vm.info()):  # it runs on: give it its door back
