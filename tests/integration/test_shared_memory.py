@@ -1,12 +1,14 @@
 """Memory shared between sessions, on real VMs: two sessions of one template map one copy of its memory (their
 proportional set size is less than their resident one by the part they share); a write in one reaches neither
 the other nor the template; no session's QEMU can change the template's memory, not by writing it, not by
-punching holes in it (the balloon's free page reporting asks QEMU 7.2 to), not by truncating it."""
+punching holes in it (the balloon's free page reporting asks QEMU 7.2 to), not by truncating it; a copy no
+session maps is given back (the memory guard's first relief), and the next warm start seals a fresh one."""
 
 from __future__ import annotations
 
 import errno
 import hashlib
+import json
 import os
 import subprocess
 from collections.abc import Iterator
@@ -20,6 +22,7 @@ from vmsandbox.session.moments import fork
 from vmsandbox.session.place.local import sharing
 from vmsandbox.session.place.local import template as templates
 from vmsandbox.session.record import Record
+from vmsandbox.vm.memory import sealed
 from vmsandbox.vm.virt import Hypervisor
 
 MiB = 1024 * 1024
@@ -224,3 +227,35 @@ def test_a_fork_and_its_source_map_one_copy_of_the_memory_saved_at_the_fork(
         assert guest_sh(forked, "cat /dev/shm/forkmark", root=True).strip() == "before"
     finally:
         lifecycle.remove(Record.load(made.name))
+
+
+def test_a_copy_no_session_maps_is_given_back_and_the_next_warm_start_seals_anew(
+    module_vms: VmFactory, project: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What the memory guard frees before it stops a session: the copy of a template's memory no session maps. Its
+    holders here are this test's own (a runtime directory of its own: the other tests' copies are left be)."""
+    runtime = tmp_path / "runtime"
+    runtime.mkdir(mode=0o700)
+    monkeypatch.setenv("VMSANDBOX_RUNTIME_DIR", str(runtime))
+    first = module_vms.make(project)
+    assert first.memory is not None, first.memory_note
+    (entry,) = sorted((runtime / "memory").glob("*.json"))
+    held = sealed.Held.of(json.loads(entry.read_text()))
+    assert held.alive() and sharing.give_back() == []  # a session maps it: it stays
+    lifecycle.remove(Record.load(first.name))
+    second: Record | None = None
+    try:
+        (freed,) = sharing.give_back()
+        assert freed[0] == first.template and freed[1] > 0, freed  # (its pages the warm start read in)
+        wait_for(lambda: not held.alive(), timeout=10, what="the holder to end")
+        assert not entry.exists()
+        second = module_vms.make(project)
+        assert second.memory is not None, second.memory_note
+        again = sealed.Held.of(json.loads(entry.read_text()))
+        assert again.pid != held.pid and again.alive()
+        assert guest_sh(second, "cat README") == "shared hello\n"
+    finally:
+        if second is not None:
+            lifecycle.remove(Record.load(second.name))
+        for left in (runtime / "memory").glob("*.json"):  # none left running: their directory goes with the test
+            sealed.Held.of(json.loads(left.read_text())).stop()

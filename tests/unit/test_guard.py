@@ -30,6 +30,14 @@ class Machine:
         self.stopped: list[tuple[str, str]] = []
         self.tried: list[str] = []
         self.kernel = 8192
+        self.unmapped = 0  # MiB held by template copies no session maps
+        self.given_back = 0
+
+    def give_back(self) -> bool:
+        self.given_back += 1
+        freed, self.unmapped = self.unmapped, 0
+        self.available += freed
+        return freed > 0
 
     def stop(self, name: str, why: str) -> None:
         self.tried.append(name)
@@ -50,6 +58,7 @@ def machine(monkeypatch: pytest.MonkeyPatch) -> Machine:
     monkeypatch.setattr(guard, "running", lambda: m.held)
     monkeypatch.setattr(guard, "_stop", m.stop)
     monkeypatch.setattr(guard, "kernel_available_mib", lambda: m.kernel)
+    monkeypatch.setattr(guard, "_give_back", m.give_back)
     return m
 
 
@@ -188,3 +197,15 @@ def test_host_ls_says_where_the_guard_watches(monkeypatch: pytest.MonkeyPatch) -
     assert guard.said(False).startswith("none there:")
     monkeypatch.setattr(os, "geteuid", lambda: 1000)
     assert guard.said(True).startswith("none for this account:")
+
+
+def test_copies_no_session_maps_are_given_back_before_any_session_is_stopped(machine: Machine) -> None:
+    """A template's copy no session maps is memory nobody uses (a grown one holds up to its guest's RAM): it goes
+    first, once a shortage, and sessions are stopped only if that was not enough."""
+    machine.unmapped = 400
+    assert guard.relieve(600) == [] and machine.given_back == 1 and machine.stopped == []
+    machine.available, machine.unmapped = 300, 100
+    assert guard.relieve(600) == ["big"] and machine.given_back == 2  # 400 after the copies: `big` still goes
+    assert guard.relieve(600, among=["mid"]) == [] and machine.given_back == 2  # (a floor that holds: nothing)
+    machine.available = 100
+    assert guard.relieve(600, among=["mid"]) == ["mid"] and machine.given_back == 2  # told which: only they

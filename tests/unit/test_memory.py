@@ -671,3 +671,41 @@ def test_gc_stops_a_holder_whose_copy_grew_once_no_session_maps_it(
     assert swept(0) == []  # a fresh copy stays
     (grown,) = swept(sharing.REFRESH_SLACK + (8 << 20))
     assert "its copy grew, and no session maps it" in grown and said == ["stop"]
+
+
+def test_the_guard_gives_back_every_copy_no_session_maps_and_leaves_the_rest(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Before it stops a session, the memory guard stops the holders of the copies no QEMU maps, grown or fresh
+    (each said with its size); a copy a session maps stays, and so does one a warm start is loading (its lock)."""
+    from vmsandbox import paths
+    from vmsandbox.confine import access
+
+    holders = tmp_path / "holders"
+    holders.mkdir()
+    monkeypatch.setattr(paths, "memory_holders_dir", lambda: holders)
+    mapped: dict[tuple[int, int], usage.SharedFile] = {}
+    monkeypatch.setattr(usage, "shared_files", lambda: mapped)
+    released: list[str] = []
+    monkeypatch.setattr(sharing, "_release", lambda entry, _held: released.append(entry.stem))  # (this process)
+    fds = []
+    try:
+        for name, allocated in (("unmapped", 8 << 20), ("fresh", 0), ("mapped", 4 << 20), ("loading", 0)):
+            fd = sealed.create(f"vmsandbox-{name}", 64 << 20)
+            fds.append(fd)
+            if allocated:
+                os.posix_fallocate(fd, 0, allocated)
+            sealed.seal(fd, (os.getuid(), os.getgid()))
+            st = os.fstat(fd)
+            held = sealed.Held(os.getpid(), pids.process_start(os.getpid()) or "", fd, st.st_ino, st.st_size)
+            (holders / f"{name}.json").write_text(json.dumps({**held.as_dict(), "template": f"/t/{name}"}))
+            if name == "mapped":
+                mapped[st.st_dev, st.st_ino] = usage.SharedFile(st.st_dev, st.st_ino, 64, 0)
+        with access.flocked(holders / "loading.lock") as mine:
+            assert mine
+            freed = sharing.give_back()
+    finally:
+        for fd in fds:
+            os.close(fd)
+    assert sorted(released) == ["fresh", "unmapped"]
+    assert sorted(freed) == [("/t/fresh", 0), ("/t/unmapped", 8)]

@@ -5,7 +5,8 @@ adds up to (session.place.room). Should they all wake and write, the kernel's OO
 session gone, with whatever its guest had not synced. The guard reads every second what this machine has
 available — the kernel's MemAvailable less what is reserved: the holes of the memory files sessions share, which
 the next save of one of them reads in (vm.memory.usage.reserved_mib) — and under its floor (half the keep_free
-admission leaves: 512 MiB by default) it stops kept sessions as `vmsandbox stop` does (memory and devices saved
+admission leaves: 512 MiB by default) it first gives back the template copies no session maps (a warm start
+seals a fresh one when it needs it), then stops kept sessions as `vmsandbox stop` does (memory and devices saved
 beside the disks: nothing lost; `vmsandbox start` resumes them), until the floor holds again.
 
 The session holding most memory of its own goes first: its stop frees most, and it is the likeliest to have made
@@ -40,6 +41,7 @@ from vmsandbox import paths, pids, ui
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.session.moments import suspend
 from vmsandbox.session.place.hostspec import DEFAULT_KEEP_FREE_MIB
+from vmsandbox.session.place.local import sharing
 from vmsandbox.session.record import DOMAIN_PREFIX, Record
 from vmsandbox.vm import node
 from vmsandbox.vm.memory import usage
@@ -139,10 +141,15 @@ def relieve(
     resting = {} if resting is None else resting
     stopped: list[str] = []
     tried: set[str] = set()
+    given_back = among is not None  # (told which sessions it may stop: nothing else is touched)
     while True:
         available = available_mib()
         if available is None or available >= floor_mib:
             return stopped
+        if not given_back:  # memory no session uses goes before any session is stopped
+            given_back = True
+            if _give_back():
+                continue
         now = time.monotonic()
         held = [
             h for h in order(running())
@@ -173,6 +180,18 @@ def relieve(
             continue
         stopped.append(h.name)
         ui.info(f"{_now()} {h.name} stopped (`vmsandbox start {h.name}` resumes it)")
+
+
+def _give_back() -> bool:
+    """The template copies no session maps given back (sharing.give_back), each said: whether any was."""
+    try:
+        freed = sharing.give_back()
+    except (OSError, VmsandboxError) as exc:
+        ui.warn(f"{_now()} could not give back the template copies no session maps: {exc}")
+        return False
+    for where, mib in freed:
+        ui.warn(f"{_now()} gave back {mib} MiB: the copy of {where}'s memory no session maps")
+    return bool(freed)
 
 
 def _now() -> str:
