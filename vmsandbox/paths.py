@@ -149,6 +149,16 @@ def memory_holders_dir() -> Path:
     return moved / "memory"
 
 
+def memory_holder_entries() -> list[Path]:
+    """What each holder says where it is (memory_holders_dir), in order: none where there is none, nor for an
+    account that may not read root's directory (another account's sessions never map root's holders' files)."""
+    root = memory_holders_dir()
+    try:
+        return sorted(root.glob("*.json")) if root.is_dir() else []
+    except PermissionError:
+        return []
+
+
 def failed_boots_dir() -> Path:
     """Consoles of boots that failed, kept after their session is gone."""
     return state_dir() / "failed-boots"

@@ -586,6 +586,26 @@ def test_a_runtime_directory_others_may_write_is_refused_to_root(
     assert paths.memory_holders_dir() == tmp_path / "not-yet" / "memory"
 
 
+def test_an_account_that_may_not_read_roots_holders_finds_none(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Root's holders write in a directory of root's alone (/run/vmsandbox, 0700): a member of the libvirt group's
+    `doctor`, `host ls` and `rm --stale` read no holder there, and fail on none (seen: "permission denied")."""
+    from vmsandbox import paths
+
+    class Unreadable(type(tmp_path)):  # type: ignore[misc]  # what stat() of a path under a 0700 directory gives
+        def is_dir(self) -> bool:
+            raise PermissionError(13, "Permission denied", str(self))
+
+    monkeypatch.setattr(paths, "memory_holders_dir", lambda: Unreadable(tmp_path / "run" / "memory"))
+    assert paths.memory_holder_entries() == [] and sealed.held_files() == [] and usage.held_keys() == set()
+    assert sharing.give_back() == [] and list(sharing.sweep(None, lambda *a: "")) == []  # type: ignore[arg-type]
+    held = tmp_path / "held"
+    held.mkdir()
+    (held / "b.json").write_text("{}")
+    (held / "a.json").write_text("{}")
+    monkeypatch.setattr(paths, "memory_holders_dir", lambda: held)
+    assert paths.memory_holder_entries() == [held / "a.json", held / "b.json"]
+
+
 def test_gc_leaves_a_holder_record_a_warm_start_is_writing(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """gc reads and removes a holder's record under its lock, as a warm start writes it, and never removes the
     lock file: a holder started meanwhile is never left unrecorded (nothing would ever stop it)."""

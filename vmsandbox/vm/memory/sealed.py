@@ -198,8 +198,7 @@ def held_files(entries: Iterable[Path] | None = None) -> list[Held]:
     """The holders of this machine that still hold their sealed file, from what each says where it is (`entries`,
     by default every one in paths.memory_holders_dir(): root's)."""
     if entries is None:
-        root = paths.memory_holders_dir()
-        entries = sorted(root.glob("*.json")) if root.is_dir() else []
+        entries = paths.memory_holder_entries()
     found = []
     for entry in entries:
         with contextlib.suppress(OSError, ValueError, KeyError, TypeError):

@@ -167,8 +167,7 @@ def sweep(hv: Hypervisor, tidy: Tidy) -> Iterator[str]:
     """gc: the holders of templates that are gone, failed or superseded (new sessions never map them again; those
     that do keep their mapping), those whose copy grew and no session maps (the next warm start seals a fresh
     one), and the records of holders that ended."""
-    root = paths.memory_holders_dir()
-    for entry in sorted(root.glob("*.json")) if root.is_dir() else ():
+    for entry in paths.memory_holder_entries():
         # under the entry's lock, as a warm start writes it: a holder started meanwhile is never unrecorded
         with access.flocked(entry.with_suffix(".lock")) as mine:
             if not mine:
@@ -191,10 +190,9 @@ def give_back() -> list[tuple[str, int]]:
     """Stop the holder of every template copy no session maps: what the memory guard gives back before it stops a
     session — (the template, the MiB its copy held) of each. A warm start seals a fresh copy when it needs one
     (~0.2 s); one that was handed this copy's path just before maps a copy of its own (start.restore_shared)."""
-    root = paths.memory_holders_dir()
     mapped = usage.shared_files()
     freed = []
-    for entry in sorted(root.glob("*.json")) if root.is_dir() else ():
+    for entry in paths.memory_holder_entries():
         with access.flocked(entry.with_suffix(".lock")) as mine:
             held = _read(entry) if mine else None  # (a warm start is loading this memory now: left)
             st = None if held is None or not held.alive() else held.stat()
