@@ -77,10 +77,8 @@ def start(name: str) -> Record:
 
 
 def stopped(name: str) -> bool:
-    """Whether the session is stopped (saved to disk, to be started again; not a VM that ran on after a save that
-    was not aborted in time, which is counted as saved: `stop`)."""
-    found = Record.load(name)
-    return found.saved and state.is_stopped(found)
+    """Whether the session is stopped (saved to disk, to be started again)."""
+    return Record.load(name).saved
 
 
 def ready(name: str) -> Record:

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from vmsandbox import paths
-from vmsandbox.errors import SaveInFlightError, VmsandboxError
+from vmsandbox.errors import VmsandboxError
 from vmsandbox.session.place.remote import tunnel, vm
 from vmsandbox.session.place.remote.images import POOL
 from vmsandbox.session.record import Record
@@ -43,8 +43,6 @@ def save(record: Record, hv: Hypervisor, into: str | None = None, *, deadline: f
     target = hv.create_volume(POOL, storage.volume_xml(into, 0, mode="0600"))
     try:
         hv.save(record.domain, target, here=False, deadline=deadline)
-    except SaveInFlightError:
-        raise  # its volume is being written: it may yet hold all there is of the VM's memory
     except VmsandboxError as exc:
         hv.delete_volume(POOL, into)
         raise VmsandboxError(
