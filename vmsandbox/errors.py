@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 
 class VmsandboxError(Exception):
     """A failure the user can act on: `message` says what went wrong, `hint` names the fix."""
@@ -21,9 +23,11 @@ class UsageError(VmsandboxError):
 
 
 class SaveInFlightError(VmsandboxError):
-    """A save past its deadline that libvirt did not abort either: it may yet end and stop the VM, so its file is
-    kept and the session counted as saved (a VM that runs on is listed as running all the same)."""
+    """A save past its deadline that libvirt did not abort either: it may yet end, and stop the VM. `outcome()`
+    waits for its end and says whether it saved: its file is all there is of the VM's memory then (else the file
+    is partial, and the VM runs on)."""
 
-    def __init__(self, message: str) -> None:
-        hint = "`vmsandbox ls` says whether it was saved or runs on; `virsh domjobabort DOMAIN` ends the save"
+    def __init__(self, message: str, domain: str, outcome: Callable[[], bool]) -> None:
+        hint = f"`vmsandbox ls` says whether it was saved or runs on; `virsh domjobabort {domain}` ends the save"
         super().__init__(message, hint=hint)
+        self.outcome = outcome

@@ -140,8 +140,8 @@ def memory_holders_dir() -> Path:
         return RUNTIME_DIR / "memory"
     moved = Path(env)
     with contextlib.suppress(FileNotFoundError):  # (made by root when first used)
-        st = moved.stat()
-        if os.geteuid() == 0 and (st.st_uid != 0 or st.st_mode & 0o022):
+        st = moved.stat() if os.geteuid() == 0 else None  # (another account reads nothing there: entries below)
+        if st is not None and (st.st_uid != 0 or st.st_mode & 0o022):
             raise VmsandboxError(
                 f"VMSANDBOX_RUNTIME_DIR={env} is not root's alone (others may write there)",
                 hint="unset it (the default is /run/vmsandbox), or point it at a directory root owns, mode 0700",
@@ -151,11 +151,14 @@ def memory_holders_dir() -> Path:
 
 def memory_holder_entries() -> list[Path]:
     """What each holder says where it is (memory_holders_dir), in order: none where there is none, nor for an
-    account that may not read root's directory (another account's sessions never map root's holders' files)."""
+    account that may not read root's directory (another account's sessions never map root's holders' files); root
+    denied it is told so (the guard and gc would count nothing reserved and stop nothing)."""
     root = memory_holders_dir()
     try:
         return sorted(root.glob("*.json")) if root.is_dir() else []
     except PermissionError:
+        if os.geteuid() == 0:  # root denied its own directory (a security module, a root-squashed mount): said
+            raise
         return []
 
 

@@ -22,7 +22,7 @@ from vmsandbox.session.moments import fork
 from vmsandbox.session.place.local import sharing
 from vmsandbox.session.place.local import template as templates
 from vmsandbox.session.record import Record
-from vmsandbox.vm.memory import sealed
+from vmsandbox.vm.memory import holders, sealed
 from vmsandbox.vm.virt import Hypervisor
 
 MiB = 1024 * 1024
@@ -241,11 +241,11 @@ def test_a_copy_no_session_maps_is_given_back_and_the_next_warm_start_seals_anew
     assert first.memory is not None, first.memory_note
     (entry,) = sorted((runtime / "memory").glob("*.json"))
     held = sealed.Held.of(json.loads(entry.read_text()))
-    assert held.alive() and sharing.give_back() == []  # a session maps it: it stays
+    assert held.alive() and holders.give_back() == []  # a session maps it: it stays
     lifecycle.remove(Record.load(first.name))
     second: Record | None = None
     try:
-        (freed,) = sharing.give_back()
+        (freed,) = holders.give_back()
         assert freed[0] == first.template and freed[1] > 0, freed  # (its pages the warm start read in)
         wait_for(lambda: not held.alive(), timeout=10, what="the holder to end")
         assert not entry.exists()

@@ -19,10 +19,12 @@ import pytest
 from tests.unit.test_domain import qemu_args, spec
 from tests.unit.test_warm import fake_save, template_xml
 from vmsandbox import pids
+from vmsandbox.errors import VmsandboxError
 from vmsandbox.session.place.local import sharing
 from vmsandbox.session.place.local import template as templates
+from vmsandbox.session.record import Record
 from vmsandbox.vm import domain, node, rambackend, savefile
-from vmsandbox.vm.memory import sealed, usage
+from vmsandbox.vm.memory import holders, sealed, usage
 from vmsandbox.vm.memory import split as memsplit
 
 P = memsplit.PAGE
@@ -588,7 +590,8 @@ def test_a_runtime_directory_others_may_write_is_refused_to_root(
 
 def test_an_account_that_may_not_read_roots_holders_finds_none(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """Root's holders write in a directory of root's alone (/run/vmsandbox, 0700): a member of the libvirt group's
-    `doctor`, `host ls` and `rm --stale` read no holder there, and fail on none (seen: "permission denied")."""
+    `doctor`, `host ls` and `rm --stale` read no holder there, and fail on none (seen: "permission denied"); root
+    denied it is told."""
     from vmsandbox import paths
 
     class Unreadable(type(tmp_path)):  # type: ignore[misc]  # what stat() of a path under a 0700 directory gives
@@ -596,8 +599,11 @@ def test_an_account_that_may_not_read_roots_holders_finds_none(monkeypatch: pyte
             raise PermissionError(13, "Permission denied", str(self))
 
     monkeypatch.setattr(paths, "memory_holders_dir", lambda: Unreadable(tmp_path / "run" / "memory"))
+    with pytest.raises(PermissionError):  # root denied its own directory is told so: it would count nothing
+        paths.memory_holder_entries()
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
     assert paths.memory_holder_entries() == [] and sealed.held_files() == [] and usage.held_keys() == set()
-    assert sharing.give_back() == [] and list(sharing.sweep(None, lambda *a: "")) == []  # type: ignore[arg-type]
+    assert holders.give_back() == [] and list(sharing.sweep(None, lambda *a: "")) == []  # type: ignore[arg-type]
     held = tmp_path / "held"
     held.mkdir()
     (held / "b.json").write_text("{}")
@@ -697,20 +703,33 @@ def test_the_guard_gives_back_every_copy_no_session_maps_and_leaves_the_rest(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     """Before it stops a session, the memory guard stops the holders of the copies no QEMU maps, grown or fresh
-    (each said with its size); a copy a session maps stays, and so does one a warm start is loading (its lock)."""
+    (each said with its size); a copy a session maps stays, and so do one a warm start is loading (its lock) and
+    one a warm start was handed and its QEMU does not map yet (its lease)."""
     from vmsandbox import paths
     from vmsandbox.confine import access
 
-    holders = tmp_path / "holders"
-    holders.mkdir()
-    monkeypatch.setattr(paths, "memory_holders_dir", lambda: holders)
+    records = tmp_path / "holders"
+    records.mkdir()
+    monkeypatch.setattr(paths, "memory_holders_dir", lambda: records)
     mapped: dict[tuple[int, int], usage.SharedFile] = {}
     monkeypatch.setattr(usage, "shared_files", lambda: mapped)
     released: list[str] = []
-    monkeypatch.setattr(sharing, "_release", lambda entry, _held: released.append(entry.stem))  # (this process)
+
+    def release(entry: Path, _held: sealed.Held) -> bool:  # (the holder here is this process: never stopped)
+        released.append(entry.stem)
+        entry.unlink()  # its record goes with it
+        return True
+
+    monkeypatch.setattr(holders, "release", release)
     fds = []
     try:
-        for name, allocated in (("unmapped", 8 << 20), ("fresh", 0), ("mapped", 4 << 20), ("loading", 0)):
+        for name, allocated in (
+            ("unmapped", 8 << 20),
+            ("fresh", 0),
+            ("mapped", 4 << 20),
+            ("loading", 0),
+            ("leased", 0),
+        ):
             fd = sealed.create(f"vmsandbox-{name}", 64 << 20)
             fds.append(fd)
             if allocated:
@@ -718,14 +737,43 @@ def test_the_guard_gives_back_every_copy_no_session_maps_and_leaves_the_rest(
             sealed.seal(fd, (os.getuid(), os.getgid()))
             st = os.fstat(fd)
             held = sealed.Held(os.getpid(), pids.process_start(os.getpid()) or "", fd, st.st_ino, st.st_size)
-            (holders / f"{name}.json").write_text(json.dumps({**held.as_dict(), "template": f"/t/{name}"}))
+            (records / f"{name}.json").write_text(json.dumps({**held.as_dict(), "template": f"/t/{name}"}))
             if name == "mapped":
                 mapped[st.st_dev, st.st_ino] = usage.SharedFile(st.st_dev, st.st_ino, 64, 0)
-        with access.flocked(holders / "loading.lock") as mine:
+        lease = holders.lease(records / "leased.json")  # a warm start between its look and its QEMU's mapping
+        with access.flocked(records / "loading.lock") as mine:
             assert mine
-            freed = sharing.give_back()
+            freed = holders.give_back()
+        os.close(lease)
     finally:
         for fd in fds:
             os.close(fd)
     assert sorted(released) == ["fresh", "unmapped"]
     assert sorted(freed) == [("/t/fresh", 0), ("/t/unmapped", 8)]
+
+
+def test_a_restored_qemu_that_maps_another_file_than_the_holders_never_runs_on_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A holder killed and its pid taken by a process of QEMU's account with its own memfd at the same number: the
+    QEMU restored (paused) opened that file, not the one root checked. Told apart by the file's device and inode."""
+    from vmsandbox.session.place.local import start
+
+    fd = sealed.create("vmsandbox-checked", 1 << 20)
+    try:
+        sealed.seal(fd, (os.getuid(), os.getgid()))
+        st = os.fstat(fd)
+        held = sealed.Held(os.getpid(), pids.process_start(os.getpid()) or "", fd, st.st_ino, st.st_size)
+        shared = sharing.Shared(held, Path("/nowhere"), "memory.ram")
+        record = Record("s", "/p", "v", "tcg", "", 1, 512, 1024, 0, "u", 1000, 1000, "qemu:///system")
+        theirs = usage.SharedFile(st.st_dev, st.st_ino + 1, 1, 0)
+        monkeypatch.setattr(usage, "shared_file", lambda _domain: theirs)
+        with pytest.raises(VmsandboxError, match="not the one the holder held"):
+            start._maps_the_held_file(record, shared)
+        monkeypatch.setattr(usage, "shared_file", lambda _domain: None)  # (it maps none: its memory is its own)
+        with pytest.raises(VmsandboxError):
+            start._maps_the_held_file(record, shared)
+        monkeypatch.setattr(usage, "shared_file", lambda _domain: usage.SharedFile(st.st_dev, st.st_ino, 1, 0))
+        start._maps_the_held_file(record, shared)
+    finally:
+        os.close(fd)

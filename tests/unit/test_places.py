@@ -6,6 +6,8 @@ least that keeps libvirt's answers true."""
 
 from __future__ import annotations
 
+import threading
+import time
 import xml.etree.ElementTree as ET
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -14,7 +16,9 @@ from typing import Any
 import pytest
 
 from vmsandbox.egress.rules.netpolicy import Mode
+from vmsandbox.errors import SaveInFlightError
 from vmsandbox.image.store import Image
+from vmsandbox.session import state
 from vmsandbox.session.end import lifecycle
 from vmsandbox.session.moments import checkpoint, suspend
 from vmsandbox.session.options import Options
@@ -206,27 +210,41 @@ def test_a_checkpoint_carries_no_place(tmp_path: Path) -> None:
 
 
 class HeldSaves(Steps):
-    """A place whose save libvirt could not abort past its deadline: the file is being written, the VM runs on."""
+    """A place whose save libvirt could not abort past its deadline: the file is being written, the VM runs on, and
+    the save ends when the test says (`ends`), saved or not (`saves`)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ends = threading.Event()
+        self.saves = False
 
     def __call__(self, name: str, bound: Host | VM | Snapshots, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         if name == "save" and isinstance(bound, VM):
             from vmsandbox.errors import SaveInFlightError
 
             bound.record.files.saved_memory.write_bytes(b"being written")
-            raise SaveInFlightError("the save did not end within 60 s, nor 30 s after its abort")
+            raise SaveInFlightError("the save ended neither in 60 s nor 30 s after abortJob", "d", self.outcome)
         return super().__call__(name, bound, args, kwargs)
 
+    def outcome(self) -> bool:
+        self.ends.wait(30)
+        return self.saves
 
-def test_a_save_that_may_yet_end_keeps_its_file_and_the_session_says_what_it_is(
-    monkeypatch: pytest.MonkeyPatch, one_libvirt: Hypervisor, quiet_guest: None, tmp_path: Path
+
+def _until(what: Callable[[], bool]) -> None:
+    deadline = time.monotonic() + 10
+    while not what():
+        assert time.monotonic() < deadline, "the save was not settled"
+        time.sleep(0.02)
+
+
+@pytest.mark.parametrize("saves", [True, False])
+def test_a_save_that_outlives_its_abort_is_settled_when_it_ends(
+    monkeypatch: pytest.MonkeyPatch, one_libvirt: Hypervisor, quiet_guest: None, tmp_path: Path, saves: bool
 ) -> None:
-    """The guard's stop whose save was not aborted in time: the file (which may yet hold all of the VM's memory)
-    is kept and the session counted as saved; while its VM runs on it is running, not stopped, and once the save
-    ends it is stopped, and starts."""
-    from vmsandbox.core import sessions
-    from vmsandbox.errors import SaveInFlightError
-    from vmsandbox.session import state
-
+    """The guard's stop whose save libvirt did not abort in time: until the save ends, the session runs and its file
+    (which may yet hold all of its memory) is kept; then it is stopped (saved: `start` resumes it), or the file
+    goes and it runs on (not saved)."""
     steps = HeldSaves()
     monkeypatch.setattr(places, "LocalHost", _recording((LocalHost, LocalVM, LocalSnapshots), steps))
     monkeypatch.setattr(create, "_prepare", lambda record, *_: record.save())
@@ -235,16 +253,24 @@ def test_a_save_that_may_yet_end_keeps_its_file_and_the_session_says_what_it_is(
     settings = Settings(libvirt_uri=HERE, network=Mode.NONE)
     create.create(Options(project=project, name="s3", settings=settings, keep=True, image=Image("v", project, {})))
 
-    with pytest.raises(SaveInFlightError):
+    with pytest.raises(SaveInFlightError, match="abortJob") as err:
         suspend.stop("s3", why="stopped by the memory guard", save_deadline=60)
+    assert err.value.hint is not None and "virsh domjobabort d" in err.value.hint
     record = Record.load("s3")
-    assert record.saved and record.files.saved_memory.read_bytes() == b"being written"
+    assert not record.saved and record.files.saved_memory.read_bytes() == b"being written"
     with places.vm_of(record) as vm:
         assert state.status(vm).state is State.RUNNING
-    assert not sessions.stopped("s3")  # `exec` does not offer to start a VM that runs
 
-    one_libvirt.destroy(record.domain)  # the save ended after all: the VM is down, its memory in the file
-    steps.saved.add("s3")
-    assert sessions.stopped("s3")
-    suspend.start("s3")
-    assert not Record.load("s3").saved and one_libvirt.info(record.domain)
+    steps.saves = saves
+    if saves:  # the save ended after all: the VM is down, its memory in the file
+        one_libvirt.destroy(record.domain)
+        steps.saved.add("s3")
+    steps.ends.set()
+    if saves:
+        _until(lambda: Record.load("s3").saved)
+        assert Record.load("s3").stop_note == "stopped by the memory guard"
+        suspend.start("s3")
+        assert not Record.load("s3").saved and one_libvirt.info(record.domain)
+    else:
+        _until(lambda: not record.files.saved_memory.exists())
+        assert not Record.load("s3").saved and one_libvirt.info(record.domain)

@@ -171,18 +171,21 @@ class HeldSave:
     def abortJob(self) -> None:  # noqa: N802 - libvirt's name
         self.aborted.set()
 
+    def name(self) -> str:
+        return "vmsandbox-held"
+
 
 def test_a_save_held_past_its_deadline_is_aborted_and_said() -> None:
     """The memory guard stops a session with a deadline: a save its QEMU holds is aborted then (the VM runs on),
     and the guard goes on to the next; a save that ends is left be."""
-    from vmsandbox.vm import virt
+    from vmsandbox.vm import timedsave
 
     held = HeldSave()
-    with pytest.raises(VmsandboxError, match="did not end within 0 s: it was aborted"):
-        virt.bounded_save(held, "/nowhere", 0.2)
+    with pytest.raises(VmsandboxError, match=r"did not end within 0\.2 s: it was aborted"):
+        timedsave.bounded(lambda: held.save("/nowhere"), held.abortJob, "vmsandbox-held", 0.2)
     assert held.aborted.is_set()
     quick = HeldSave(ends=True)
-    virt.bounded_save(quick, "/nowhere", 60)
+    timedsave.bounded(lambda: quick.save("/nowhere"), quick.abortJob, "vmsandbox-held", 60)
     assert not quick.aborted.is_set()
 
 
@@ -191,12 +194,14 @@ def test_a_save_that_ends_as_it_is_aborted_is_a_save_and_one_not_aborted_is_kept
     caller told "it runs on" would delete the only copy of its memory. One libvirt could not abort either may yet
     end so: said apart (SaveInFlightError), its file kept."""
     from vmsandbox.errors import SaveInFlightError
-    from vmsandbox.vm import virt
+    from vmsandbox.vm import timedsave
 
     ended = HeldSave(at_abort="ends")
-    virt.bounded_save(ended, "/nowhere", 0.1)
+    timedsave.bounded(lambda: ended.save("/nowhere"), ended.abortJob, "vmsandbox-held", 0.1)
     assert ended.aborted.is_set()
     held = HeldSave(at_abort="holds")
-    with pytest.raises(SaveInFlightError, match="neither in 0 s nor 0 s after abortJob"):
-        virt.bounded_save(held, "/nowhere", 0.1, abort_wait=0.2)
+    with pytest.raises(SaveInFlightError, match=r"neither in 0\.1 s nor 0\.2 s after abortJob") as err:
+        timedsave.bounded(lambda: held.save("/nowhere"), held.abortJob, "vmsandbox-held", 0.1, abort_wait=0.2)
+    assert err.value.hint is not None and "virsh domjobabort vmsandbox-held" in err.value.hint
     held.release.set()
+    assert err.value.outcome() is True  # it ended, and saved: the caller counts the session stopped then

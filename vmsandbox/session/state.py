@@ -176,11 +176,6 @@ def is_running(record: Record) -> bool:
         return runs(vm)
 
 
-def is_stopped(record: Record) -> bool:
-    with places.vm_of(record) as vm:
-        return status(vm).state is State.STOPPED
-
-
 def stops_within(record: Record, *, seconds: float) -> bool:
     """Whether the VM stops (or is already gone) within `seconds`: tells a guest shutting itself down
     from a dropped connection."""

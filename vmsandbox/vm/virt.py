@@ -6,7 +6,6 @@ import contextlib
 import io
 import logging
 import os
-import threading
 import time
 import xml.etree.ElementTree as ET
 from collections.abc import Callable, Iterator
@@ -16,13 +15,12 @@ from typing import Any
 import libvirt
 
 from vmsandbox import paths
-from vmsandbox.errors import SaveInFlightError, VmsandboxError
-from vmsandbox.vm import node, storage
+from vmsandbox.errors import VmsandboxError
+from vmsandbox.vm import node, storage, timedsave
 from vmsandbox.vm.memory import usage
 
 log = logging.getLogger(__name__)
 DEFAULT_URI = "qemu:///system"
-MEMINFO = Path("/proc/meminfo")
 
 # libvirt prints every error to stderr by default; we report them ourselves.
 libvirt.registerErrorHandler(lambda _ctx, _err: None, None)
@@ -40,8 +38,7 @@ def _not_started(exc: libvirt.libvirtError, what: str, hint: str | None = None) 
 
 
 def _refresh(pool: Any) -> None:
-    """The pool's volume list brought up to date with its directory, unless a volume is being sent or read (libvirt
-    refuses: "asynchronous jobs running"); the volumes made through libvirt are listed all the same."""
+    """The pool's volumes as its directory holds them, unless one is being sent or read ("asynchronous jobs")."""
     try:
         pool.refresh(0)
     except libvirt.libvirtError as exc:
@@ -83,17 +80,23 @@ class Hypervisor:
     def save(self, name: str, path: str, *, here: bool = True, deadline: float | None = None) -> None:
         """Save the domain's memory and device state to `path` and stop it (its disks stay). A file `here` is made
         first, ours to read (libvirtd writes into it, not into a 0600 root file); another host's is libvirt's.
-        `deadline`: seconds after which a save that has not ended is aborted (bounded_save)."""
+        `deadline`: seconds after which a save that has not ended is aborted (timedsave.bounded)."""
         self._must(name)  # a domain that is gone is said before a file is made for it
         if here:
             paths.own_file(Path(path), truncate=True)
-        saving = (lambda dom: dom.save(path)) if deadline is None else (lambda dom: bounded_save(dom, path, deadline))
+        saving = (
+            (lambda dom: dom.save(path))
+            if deadline is None
+            else (lambda dom: timedsave.bounded(lambda: dom.save(path), lambda: _abort_job(dom), dom.name(), deadline))
+        )
         self._on(name, "save", saving, hint="check free space under it")
 
-    def restore(self, path: str, xml: str) -> None:
-        """Start a transient domain from a save image, with `xml` (same guest ABI, other host-side paths)."""
+    def restore(self, path: str, xml: str, *, paused: bool = False) -> None:
+        """Start a transient domain from a save image, with `xml` (same guest ABI, other host-side paths); `paused`:
+        its guest runs only once `resume`d."""
+        flags = libvirt.VIR_DOMAIN_SAVE_PAUSED if paused else libvirt.VIR_DOMAIN_SAVE_RUNNING
         try:
-            self._conn.restoreFlags(path, xml, libvirt.VIR_DOMAIN_SAVE_RUNNING)
+            self._conn.restoreFlags(path, xml, flags)
         except libvirt.libvirtError as exc:
             raise _not_started(exc, "libvirt could not restore the VM") from exc
 
@@ -166,6 +169,9 @@ class Hypervisor:
         """Reset the domain as the reset button would: the guest starts over, in the same QEMU process."""
         self._on(name, "reset", lambda dom: dom.reset(0))
 
+    def resume(self, name: str) -> None:
+        self._on(name, "resume", lambda dom: dom.resume())
+
     def destroy(self, name: str) -> bool:
         """Power the domain off at once (and undefine it if persistent). False if it did not exist."""
         if (dom := self._lookup(name)) is None:
@@ -193,7 +199,7 @@ class Hypervisor:
             stats = c.getMemoryStats(libvirt.VIR_NODE_MEMORY_STATS_ALL_CELLS)
             versions = (c.getHostname(), self.version(), self.qemu_version(), int(c.getInfo()[2]))
             here = node.here(self.uri)
-            meminfo = MEMINFO.read_text() if here else None  # the kernel's own figure, here
+            meminfo = usage.PROC.joinpath("meminfo").read_text() if here else None  # the kernel's own figure, here
             held = usage.reserved_mib() if here else 0
             return node.Node.of(*versions, stats, c.getCapabilities(), kvm_error, meminfo=meminfo, reserved_mib=held)
         except libvirt.libvirtError as exc:
@@ -324,27 +330,6 @@ class Hypervisor:
         return got
 
 
-def bounded_save(dom: Any, path: str, deadline: float, abort_wait: float = 30.0) -> None:
-    """dom.save(path), aborted if not ended within `deadline` seconds (abortJob: the VM runs on): a QEMU that holds
-    its migration (its guest took it over) holds its caller no longer — the memory guard has others to stop."""
-    failed: list[BaseException] = []
-    thread = threading.Thread(target=_saving, args=(dom, path, failed), name="save", daemon=True)
-    thread.start()
-    thread.join(deadline)
-    if thread.is_alive():
-        with contextlib.suppress(libvirt.libvirtError):
-            dom.abortJob()
-        thread.join(abort_wait)
-        if thread.is_alive():
-            raise SaveInFlightError(f"the save ended neither in {deadline:.0f} s nor {abort_wait:.0f} s after abortJob")
-        if failed:  # else it ended as it was aborted: the VM is saved, its file all there is of its memory
-            raise VmsandboxError(f"the save did not end within {deadline:.0f} s: it was aborted, and the VM runs on")
-    if failed:
-        raise failed[0]
-
-
-def _saving(dom: Any, path: str, failed: list[BaseException]) -> None:
-    try:
-        dom.save(path)
-    except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread
-        failed.append(exc)
+def _abort_job(dom: Any) -> None:
+    with contextlib.suppress(libvirt.libvirtError):  # (refused: the job has ended, or the domain is gone)
+        dom.abortJob()

@@ -41,10 +41,9 @@ from vmsandbox import paths, pids, ui
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.session.moments import suspend
 from vmsandbox.session.place.hostspec import DEFAULT_KEEP_FREE_MIB
-from vmsandbox.session.place.local import sharing
 from vmsandbox.session.record import DOMAIN_PREFIX, Record
 from vmsandbox.vm import node
-from vmsandbox.vm.memory import usage
+from vmsandbox.vm.memory import holders, usage
 
 FLOOR_MIB = DEFAULT_KEEP_FREE_MIB // 2
 LOCK = "guard.lock"  # in the sessions directory, beside paths.GUARD_PID and paths.GUARD_LOG
@@ -183,9 +182,9 @@ def relieve(
 
 
 def _give_back() -> bool:
-    """The template copies no session maps given back (sharing.give_back), each said: whether any was."""
+    """The template copies no session maps given back (holders.give_back), each said: whether any was."""
     try:
-        freed = sharing.give_back()
+        freed = holders.give_back()
     except (OSError, VmsandboxError) as exc:
         ui.warn(f"{_now()} could not give back the template copies no session maps: {exc}")
         return False

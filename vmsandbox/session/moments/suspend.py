@@ -9,7 +9,9 @@ it: the guest will mount the original again) without starting it.
 
 from __future__ import annotations
 
+import threading
 import time
+from collections.abc import Callable
 
 from vmsandbox import ui
 from vmsandbox.egress import control
@@ -60,19 +62,42 @@ def stop(
         control.stop(files)
         try:
             vm.save(deadline=save_deadline)
-        except SaveInFlightError:  # it may yet stop the VM: then its file is all there is of its memory
-            record.saved, record.stop_note = True, why
-            record.save()
+        except SaveInFlightError as exc:  # it may yet stop the VM: its file is kept until the save says
+            threading.Thread(target=_settle, args=(name, why, exc.outcome), name="settle", daemon=True).start()
             raise
         except VmsandboxError:
-            files.saved_memory.unlink(missing_ok=True)
-            if record.wants_daemon and not gone(vm.info()):  # it runs on: give it its door back
-                create.open_egress(record)
+            _not_saved(record, vm)
             raise
         record.saved = True
         record.stop_note = why
         record.save()
     return record
+
+
+def _not_saved(record: Record, vm: VM) -> None:
+    record.files.saved_memory.unlink(missing_ok=True)  # what a failed save left: never a stopped session's memory
+    if record.wants_daemon and not gone(vm.info()):  # it runs on: give it its door back
+        create.open_egress(record)
+
+
+def _settle(name: str, why: str, outcome: Callable[[], bool]) -> None:
+    """A save that outlived its deadline and its abort, settled once it ends (in the memory guard's process, which
+    runs while the session's VM does): saved — the VM stopped, its file all there is of its memory — or not, and
+    the VM runs on with its door back. Until then the session is running, its file kept."""
+    saved = outcome()
+    try:
+        files = Record.load(name).files
+        with lock.held(files, name, "settling its save", wait=True), places.vm_of(Record.load(name)) as vm:
+            record = vm.record  # (as it is now, read under the lock)
+            if saved and gone(vm.info()):
+                record.saved, record.stop_note = True, why
+                record.save()
+            else:
+                _not_saved(record, vm)
+    except VmsandboxError as exc:
+        ui.warn(f"session {name}: its save ended ({'saved' if saved else 'not saved'}), then: {exc.message}")
+        return
+    ui.info(f"session {name}: its save ended after all: {'stopped' if saved else 'it runs on'}")
 
 
 def where_saved(record: Record) -> str:

@@ -18,6 +18,7 @@ import functools
 import json
 import os
 import select
+import signal
 import stat
 from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass
@@ -188,10 +189,22 @@ class Held:
             same = stat.S_ISREG(st.st_mode) and st.st_ino == self.ino and st.st_size == self.size
             return st if same and sealed(fd) else None
 
-    def stop(self) -> None:
-        if pids.alive(self.pid, self.start):
+    def stop(self, wait: float = 0.0) -> bool:
+        """Tell the holder to end, through a pidfd of the process whose start time is its own (a pid reused since
+        is never signalled); with `wait`, wait that long for it to end. Whether it has ended (not: it runs on —
+        held up, or a process of its account traces it — and its file with it)."""
+        try:
+            pidfd = os.pidfd_open(self.pid)
+        except OSError:
+            return True
+        try:
+            if not pids.alive(self.pid, self.start):  # (checked with the pidfd open: it holds that process)
+                return True
             with contextlib.suppress(ProcessLookupError):
-                os.kill(self.pid, 15)
+                signal.pidfd_send_signal(pidfd, signal.SIGTERM)
+            return bool(select.select([pidfd], [], [], wait)[0]) if wait else False
+        finally:
+            os.close(pidfd)
 
 
 def held_files(entries: Iterable[Path] | None = None) -> list[Held]:

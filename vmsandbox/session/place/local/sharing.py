@@ -34,7 +34,7 @@ from vmsandbox.errors import VmsandboxError
 from vmsandbox.session.place.interface import Tidy
 from vmsandbox.session.place.local import template as templates
 from vmsandbox.vm import node
-from vmsandbox.vm.memory import sealed, usage
+from vmsandbox.vm.memory import holders, sealed, usage
 from vmsandbox.vm.memory import split as memsplit
 from vmsandbox.vm.virt import Hypervisor
 
@@ -56,6 +56,13 @@ class Shared:
     held: sealed.Held
     state: Path  # the save image without the RAM
     source: str  # what it is, for record.memory: a template's memory.ram, or the memory a fork was made at
+    lease: int | None = None  # a template's: held from the look at its holder until the QEMU maps its file
+
+    def release(self) -> None:
+        """The QEMU maps the file now (or will not): gc and the memory guard may judge its holder again."""
+        if self.lease is not None:
+            with contextlib.suppress(OSError):
+                os.close(self.lease)
 
 
 def problem(hv: Hypervisor, accel: str) -> str | None:
@@ -107,7 +114,7 @@ def of_template(tmpl: templates.Template, hv: Hypervisor, accel: str) -> Shared:
     entry = _entry(tmpl)
     entry.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     with access.flocked(entry.with_suffix(".lock"), wait="Waiting for another vmsandbox that loads this memory"):
-        held = _read(entry)
+        held = holders.read(entry)
         if held is not None and held.alive() and _grown(held, tmpl) and not _mapped(held):
             held.stop()  # no session maps it any more: a fresh copy gives its grown part back
             held = None
@@ -117,7 +124,8 @@ def of_template(tmpl: templates.Template, hv: Hypervisor, accel: str) -> Shared:
                 held.stop()
                 raise VmsandboxError("the memory holder started, but root cannot take its file to check it")
             paths.write_atomically(entry, json.dumps({**held.as_dict(), "template": str(tmpl.path)}) + "\n")
-    return Shared(held, tmpl.state, str(tmpl.ram))
+        lease = holders.lease(entry)  # (taken before the lock is let go: no look of gc's or the guard's comes between)
+    return Shared(held, tmpl.state, str(tmpl.ram), lease)
 
 
 def _grown(held: sealed.Held, tmpl: templates.Template) -> bool:
@@ -145,12 +153,6 @@ def _entry(tmpl: templates.Template) -> Path:
     return paths.memory_holders_dir() / f"{key}.json"
 
 
-def _read(entry: Path) -> sealed.Held | None:
-    with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
-        return sealed.Held.of(json.loads(entry.read_text()))
-    return None
-
-
 def _start(tmpl: templates.Template, who: tuple[int, int]) -> sealed.Held:
     with ui.step("Loading the template's memory for sessions to share (once)"):
         fd = sealed.create(f"vmsandbox-{tmpl.path.name}", tmpl.ram.stat().st_size)
@@ -169,50 +171,21 @@ def sweep(hv: Hypervisor, tidy: Tidy) -> Iterator[str]:
     one), and the records of holders that ended."""
     for entry in paths.memory_holder_entries():
         # under the entry's lock, as a warm start writes it: a holder started meanwhile is never unrecorded
-        with access.flocked(entry.with_suffix(".lock")) as mine:
+        with holders.judged(entry) as mine:
             if not mine:
                 continue  # a warm start is loading this memory now: its record is current
-            held, named = _read(entry), _template_of(entry)
+            held, named = holders.read(entry), holders.template_of(entry)
             where = None if named is None else Path(named)
             if held is None or where is None or not held.alive():
                 what = f"the record of a memory holder that ended ({entry})"
                 yield tidy("remove", what, functools.partial(entry.unlink, missing_ok=True))
             elif not templates.is_current(where, hv):
                 what = f"the memory holder of {where} (pid {held.pid}: that template serves no new session)"
-                yield tidy("stop", what, functools.partial(_release, entry, held))
+                yield tidy("stop", what, functools.partial(holders.release, entry, held))
             elif _grown(held, templates.Template(where, {})) and not _mapped(held):
                 # a copy grown by a save stays grown until that template's next warm start: up to its guest's RAM
                 what = f"the memory holder of {where} (pid {held.pid}: its copy grew, and no session maps it)"
-                yield tidy("stop", what, functools.partial(_release, entry, held))
-
-
-def give_back() -> list[tuple[str, int]]:
-    """Stop the holder of every template copy no session maps: what the memory guard gives back before it stops a
-    session — (the template, the MiB its copy held) of each. A warm start seals a fresh copy when it needs one
-    (~0.2 s); one that was handed this copy's path just before maps a copy of its own (start.restore_shared)."""
-    mapped = usage.shared_files()
-    freed = []
-    for entry in paths.memory_holder_entries():
-        with access.flocked(entry.with_suffix(".lock")) as mine:
-            held = _read(entry) if mine else None  # (a warm start is loading this memory now: left)
-            st = None if held is None or not held.alive() else held.stat()
-            if held is None or st is None or (st.st_dev, st.st_ino) in mapped:
-                continue
-            where = _template_of(entry) or entry.stem
-            _release(entry, held)
-            freed.append((where, st.st_blocks * 512 >> 20))
-    return freed
-
-
-def _template_of(entry: Path) -> str | None:
-    with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
-        return str(json.loads(entry.read_text())["template"])
-    return None
-
-
-def _release(entry: Path, held: sealed.Held) -> None:
-    held.stop()  # the sessions that map its file keep it: a memfd lives while one maps it
-    entry.unlink(missing_ok=True)  # (its lock file stays: unlinked, two processes could each hold "the" lock)
+                yield tidy("stop", what, functools.partial(holders.release, entry, held))
 
 
 # --- a checkpoint's memory, for the source and the forks made from it by one command ---

@@ -22,6 +22,7 @@ from vmsandbox.session.record import Record
 from vmsandbox.vm import accel as accel_mod
 from vmsandbox.vm import domain, qemuimg, rambackend, savefile
 from vmsandbox.vm.domain import DomainSpec, Forward
+from vmsandbox.vm.memory import usage
 from vmsandbox.vm.node import PortTakenError
 from vmsandbox.vm.virt import Hypervisor
 
@@ -155,7 +156,11 @@ def warm(
         restore_shared(record, hv, shared, xml, tmpl.memory)
 
     with ui.step(f"Restoring {record.domain} from its warm-start template") as detail:
-        on_a_free_port(record, launch)
+        try:
+            on_a_free_port(record, launch)
+        finally:
+            if shared is not None:
+                shared.release()  # its QEMU maps the file now (or never will)
         launched()
         record.start = "warm"
         record.save()
@@ -187,7 +192,9 @@ def restore_shared(
     its memory then its own (record.memory_note says why)."""
     if shared is not None:
         try:
-            restore_as(record, hv, shared.state, rambackend.with_memory(restored_xml, shared.held.path))
+            restore_as(record, hv, shared.state, rambackend.with_memory(restored_xml, shared.held.path), paused=True)
+            _maps_the_held_file(record, shared)
+            hv.resume(record.domain)
         except PortTakenError:
             raise
         except VmsandboxError as exc:
@@ -201,9 +208,19 @@ def restore_shared(
     record.memory = None
 
 
-def restore_as(record: Record, hv: Hypervisor, memory: Path, restored_xml: str) -> None:
+def _maps_the_held_file(record: Record, shared: sharing.Shared) -> None:
+    """The restored QEMU (paused: its guest has not run) maps the very file root checked in the holder — not what a
+    process of QEMU's account may have put at the holder's pid and number since (the holder killed, its pid
+    taken again): else the guest never runs on that memory (raises: the caller loads a copy)."""
+    held, mapped = shared.held.stat(), usage.shared_file(record.domain)
+    if held is None or mapped is None or mapped.key != (held.st_dev, held.st_ino):
+        raise VmsandboxError("the memory file its QEMU opened is not the one the holder held")
+
+
+def restore_as(record: Record, hv: Hypervisor, memory: Path, restored_xml: str, *, paused: bool = False) -> None:
     """Restore another VM's save image (a template's, a checkpoint's) as this session's VM: under its own name and
-    UUID (`restored_xml` has its paths), from a copy whose header says so, deleted once restored."""
+    UUID (`restored_xml` has its paths), from a copy whose header says so, deleted once restored (`paused`: its
+    guest runs once resumed)."""
     files = record.files
     xml = savefile.renamed(restored_xml, record.domain, str(uuid.uuid4()))
     paths.write_atomically(files.domain_xml, xml)
@@ -211,7 +228,7 @@ def restore_as(record: Record, hv: Hypervisor, memory: Path, restored_xml: str) 
     savefile.clone(memory, clone, xml)
     paths.own_file(files.console_log)
     try:
-        hv.restore(str(clone), xml)
+        hv.restore(str(clone), xml, paused=paused)
     finally:
         clone.unlink(missing_ok=True)
 
