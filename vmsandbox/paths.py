@@ -149,19 +149,6 @@ def memory_holders_dir() -> Path:
     return moved / "memory"
 
 
-def memory_holder_entries() -> list[Path]:
-    """What each holder says where it is (memory_holders_dir), in order: none where there is none, nor for an
-    account that may not read root's directory (another account's sessions never map root's holders' files); root
-    denied it is told so (the guard and gc would count nothing reserved and stop nothing)."""
-    root = memory_holders_dir()
-    try:
-        return sorted(root.glob("*.json")) if root.is_dir() else []
-    except PermissionError:
-        if os.geteuid() == 0:  # root denied its own directory (a security module, a root-squashed mount): said
-            raise
-        return []
-
-
 def failed_boots_dir() -> Path:
     """Consoles of boots that failed, kept after their session is gone."""
     return state_dir() / "failed-boots"

@@ -4,6 +4,7 @@ with them, libvirt's word on how QEMU is confined, and why a host cannot share."
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import dataclasses
 import errno
@@ -12,6 +13,7 @@ import mmap
 import os
 import struct
 import xml.etree.ElementTree as ET
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -369,6 +371,21 @@ def test_sharing_is_on_unless_turned_off(monkeypatch: pytest.MonkeyPatch) -> Non
     assert sharing.problem(_Hv(), "tcg") is None  # type: ignore[arg-type]
 
 
+@contextlib.contextmanager
+def held_here(name: str, size: int, allocated: int = 0) -> Iterator[tuple[sealed.Held, os.stat_result]]:
+    """A sealed memfd of `size` bytes (`allocated` of them given pages), recorded as held by this process (so that
+    no test stops its holder), and its stat."""
+    fd = sealed.create(f"vmsandbox-{name}", size)
+    try:
+        if allocated:
+            os.posix_fallocate(fd, 0, allocated)
+        sealed.seal(fd, (os.getuid(), os.getgid()))
+        st = os.fstat(fd)
+        yield sealed.Held(os.getpid(), pids.process_start(os.getpid()) or "", fd, st.st_ino, st.st_size), st
+    finally:
+        os.close(fd)
+
+
 def test_a_held_copy_grown_well_past_the_template_memory_is_refreshed(tmp_path: Path) -> None:
     """tmpfs gives a hole a page of its own at a session's first write there: a copy grown past twice the
     template's memory (and some slack) is replaced by a fresh one for the sessions to come."""
@@ -377,16 +394,8 @@ def test_a_held_copy_grown_well_past_the_template_memory_is_refreshed(tmp_path: 
         f.write(b"x" * (1 << 20))
 
     def grown(allocated: int) -> bool:  # a held copy of 1 GiB with `allocated` bytes of pages, sealed
-        fd = sealed.create("vmsandbox-grown", 1 << 30)
-        try:
-            if allocated:
-                os.posix_fallocate(fd, 0, allocated)
-            sealed.seal(fd, (os.getuid(), os.getgid()))
-            st = os.fstat(fd)
-            held = sealed.Held(os.getpid(), pids.process_start(os.getpid()) or "", fd, st.st_ino, st.st_size)
+        with held_here("grown", 1 << 30, allocated) as (held, _):
             return sharing._grown(held, tmpl)
-        finally:
-            os.close(fd)
 
     assert not grown(0)  # holes only
     assert not grown(sharing.REFRESH_SLACK)
@@ -600,16 +609,16 @@ def test_an_account_that_may_not_read_roots_holders_finds_none(monkeypatch: pyte
 
     monkeypatch.setattr(paths, "memory_holders_dir", lambda: Unreadable(tmp_path / "run" / "memory"))
     with pytest.raises(PermissionError):  # root denied its own directory is told so: it would count nothing
-        paths.memory_holder_entries()
+        sealed.holder_entries()
     monkeypatch.setattr(os, "geteuid", lambda: 1000)
-    assert paths.memory_holder_entries() == [] and sealed.held_files() == [] and usage.held_keys() == set()
+    assert sealed.holder_entries() == [] and sealed.held_files() == [] and usage.held_keys() == set()
     assert holders.give_back() == [] and list(sharing.sweep(None, lambda *a: "")) == []  # type: ignore[arg-type]
     held = tmp_path / "held"
     held.mkdir()
     (held / "b.json").write_text("{}")
     (held / "a.json").write_text("{}")
     monkeypatch.setattr(paths, "memory_holders_dir", lambda: held)
-    assert paths.memory_holder_entries() == [held / "a.json", held / "b.json"]
+    assert sealed.holder_entries() == [held / "a.json", held / "b.json"]
 
 
 def test_gc_leaves_a_holder_record_a_warm_start_is_writing(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
@@ -678,21 +687,13 @@ def test_gc_stops_a_holder_whose_copy_grew_once_no_session_maps_it(
         return what
 
     def swept(allocated: int) -> list[str]:
-        fd = sealed.create("vmsandbox-swept", 1 << 30)
-        try:
-            if allocated:
-                os.posix_fallocate(fd, 0, allocated)
-            sealed.seal(fd, (os.getuid(), os.getgid()))
-            st = os.fstat(fd)
-            held = sealed.Held(os.getpid(), pids.process_start(os.getpid()) or "", fd, st.st_ino, st.st_size)
+        with held_here("swept", 1 << 30, allocated) as (held, st):
             (tmp_path / "holders" / "t.json").write_text(json.dumps({**held.as_dict(), "template": str(tmpl)}))
             mapped.clear()
             first = list(sharing.sweep(None, tidy))  # type: ignore[arg-type]
             mapped[st.st_dev, st.st_ino] = usage.SharedFile(st.st_dev, st.st_ino, 1024, 0)
             assert list(sharing.sweep(None, tidy)) == []  # type: ignore[arg-type]  # a session maps it: it stays
             return first
-        finally:
-            os.close(fd)
 
     assert swept(0) == []  # a fresh copy stays
     (grown,) = swept(sharing.REFRESH_SLACK + (8 << 20))
@@ -721,8 +722,7 @@ def test_the_guard_gives_back_every_copy_no_session_maps_and_leaves_the_rest(
         return True
 
     monkeypatch.setattr(holders, "release", release)
-    fds = []
-    try:
+    with contextlib.ExitStack() as stack:
         for name, allocated in (
             ("unmapped", 8 << 20),
             ("fresh", 0),
@@ -730,13 +730,7 @@ def test_the_guard_gives_back_every_copy_no_session_maps_and_leaves_the_rest(
             ("loading", 0),
             ("leased", 0),
         ):
-            fd = sealed.create(f"vmsandbox-{name}", 64 << 20)
-            fds.append(fd)
-            if allocated:
-                os.posix_fallocate(fd, 0, allocated)
-            sealed.seal(fd, (os.getuid(), os.getgid()))
-            st = os.fstat(fd)
-            held = sealed.Held(os.getpid(), pids.process_start(os.getpid()) or "", fd, st.st_ino, st.st_size)
+            held, st = stack.enter_context(held_here(name, 64 << 20, allocated))
             (records / f"{name}.json").write_text(json.dumps({**held.as_dict(), "template": f"/t/{name}"}))
             if name == "mapped":
                 mapped[st.st_dev, st.st_ino] = usage.SharedFile(st.st_dev, st.st_ino, 64, 0)
@@ -745,9 +739,6 @@ def test_the_guard_gives_back_every_copy_no_session_maps_and_leaves_the_rest(
             assert mine
             freed = holders.give_back()
         os.close(lease)
-    finally:
-        for fd in fds:
-            os.close(fd)
     assert sorted(released) == ["fresh", "unmapped"]
     assert sorted(freed) == [("/t/fresh", 0), ("/t/unmapped", 8)]
 
@@ -759,11 +750,7 @@ def test_a_restored_qemu_that_maps_another_file_than_the_holders_never_runs_on_i
     QEMU restored (paused) opened that file, not the one root checked. Told apart by the file's device and inode."""
     from vmsandbox.session.place.local import start
 
-    fd = sealed.create("vmsandbox-checked", 1 << 20)
-    try:
-        sealed.seal(fd, (os.getuid(), os.getgid()))
-        st = os.fstat(fd)
-        held = sealed.Held(os.getpid(), pids.process_start(os.getpid()) or "", fd, st.st_ino, st.st_size)
+    with held_here("checked", 1 << 20) as (held, st):
         shared = sharing.Shared(held, Path("/nowhere"), "memory.ram")
         record = Record("s", "/p", "v", "tcg", "", 1, 512, 1024, 0, "u", 1000, 1000, "qemu:///system")
         theirs = usage.SharedFile(st.st_dev, st.st_ino + 1, 1, 0)
@@ -775,5 +762,3 @@ def test_a_restored_qemu_that_maps_another_file_than_the_holders_never_runs_on_i
             start._maps_the_held_file(record, shared)
         monkeypatch.setattr(usage, "shared_file", lambda _domain: usage.SharedFile(st.st_dev, st.st_ino, 1, 0))
         start._maps_the_held_file(record, shared)
-    finally:
-        os.close(fd)

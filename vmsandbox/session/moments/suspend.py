@@ -13,7 +13,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from vmsandbox import ui
+from vmsandbox import paths, ui
 from vmsandbox.egress import control
 from vmsandbox.errors import SaveInFlightError, VmsandboxError
 from vmsandbox.guest import commands, ssh
@@ -86,8 +86,10 @@ def _settle(name: str, why: str, outcome: Callable[[], bool]) -> None:
     the VM runs on with its door back. Until then the session is running, its file kept."""
     saved = outcome()
     try:
-        files = Record.load(name).files
-        with lock.held(files, name, "settling its save", wait=True), places.vm_of(Record.load(name)) as vm:
+        with (
+            lock.held(paths.session_paths(name), name, "settling its save", wait=True),
+            places.vm_of(Record.load(name)) as vm,
+        ):
             record = vm.record  # (as it is now, read under the lock)
             if saved and gone(vm.info()):
                 record.saved, record.stop_note = True, why

@@ -15,7 +15,6 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
-from vmsandbox import paths
 from vmsandbox.vm.memory import sealed, usage
 
 RELEASE_WAIT = 2.0  # a holder told to end ends at once; one that does not (traced, held up) keeps its record
@@ -78,7 +77,7 @@ def give_back() -> list[tuple[str, int]]:
     session — (the template, the MiB its copy held) of each. A warm start seals a fresh copy when it needs one
     (~0.2 s)."""
     freed = []
-    for entry in paths.memory_holder_entries():
+    for entry in sealed.holder_entries():
         with judged(entry) as mine:
             held = read(entry) if mine else None  # (a warm start is loading this memory now: left)
             st = None if held is None else held.stat()

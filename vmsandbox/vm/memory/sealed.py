@@ -207,11 +207,24 @@ class Held:
             os.close(pidfd)
 
 
+def holder_entries() -> list[Path]:
+    """What each holder says where it is (paths.memory_holders_dir), in order: none where there is none, nor for an
+    account that may not read root's directory (another account's sessions never map root's holders' files); root
+    denied it is told so (the guard and gc would count nothing reserved and stop nothing)."""
+    root = paths.memory_holders_dir()
+    try:
+        return sorted(root.glob("*.json")) if root.is_dir() else []
+    except PermissionError:
+        if os.geteuid() == 0:  # root denied its own directory (a security module, a root-squashed mount): said
+            raise
+        return []
+
+
 def held_files(entries: Iterable[Path] | None = None) -> list[Held]:
     """The holders of this machine that still hold their sealed file, from what each says where it is (`entries`,
     by default every one in paths.memory_holders_dir(): root's)."""
     if entries is None:
-        entries = paths.memory_holder_entries()
+        entries = holder_entries()
     found = []
     for entry in entries:
         with contextlib.suppress(OSError, ValueError, KeyError, TypeError):

@@ -169,7 +169,7 @@ def sweep(hv: Hypervisor, tidy: Tidy) -> Iterator[str]:
     """gc: the holders of templates that are gone, failed or superseded (new sessions never map them again; those
     that do keep their mapping), those whose copy grew and no session maps (the next warm start seals a fresh
     one), and the records of holders that ended."""
-    for entry in paths.memory_holder_entries():
+    for entry in sealed.holder_entries():
         # under the entry's lock, as a warm start writes it: a holder started meanwhile is never unrecorded
         with holders.judged(entry) as mine:
             if not mine:
