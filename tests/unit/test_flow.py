@@ -156,3 +156,35 @@ def test_every_front_end_takes_the_same_steps_in_the_same_order(
     assert recorder.steps == STEPS
     taken = {"terminal --yes": 1, "page": 1, "nobody": 0}[front]
     assert len(recorder.decisions[0].accept) == taken  # what differs is what the person answered, nothing else
+
+
+def test_a_fan_out_makes_the_group_it_prints(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Without --name, a fan-out's group is drawn from the project with a random suffix: the group printed, the one
+    its sessions are made in (`GROUP-1` … `GROUP-N`) and the one its closing hint names (`rm --group`) are one.
+    (It printed one draw and made the sessions under another: `rm --group` as printed found no fan-out.)"""
+    from vmsandbox.core import reviews
+    from vmsandbox.session.moments import fanout
+
+    made: list[tuple[str, list[str]]] = []
+
+    def fan_out(run: Run, n: int, check: str | None, *, limit: int) -> list[fanout.Outcome]:
+        group, names = fanout.names(run, n)  # how the fan-out names what it makes
+        made.append((group, names))
+        return [fanout.Outcome(name, i, 0, 1.0) for i, name in enumerate(names, 1)]
+
+    told: list[tuple[str, list[str]]] = []
+
+    class Told(Nobody):
+        def fanned_out(self, group: str, outcomes: Any) -> None:
+            told.append((group, [o.name for o in outcomes]))
+
+    planned = Run(Options(project=tmp_path / "My Project", name=None, settings=None), ["true"], False, False,  # type: ignore[arg-type]
+                  Take())  # fmt: skip
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(fanout, "fan_out", fan_out)
+        patch.setattr(reviews, "limit", lambda: 1)
+        assert flow.fan_out(planned, 4, None, Told()).code == 0
+    (group, names), printed = made[0], " ".join(capsys.readouterr().err.split())
+    assert group.startswith("my-project-") and names == [f"{group}-{i}" for i in range(1, 5)]
+    assert f"Fan-out {group}: 4 session(s), {group}-1 … {group}-4" in printed
+    assert told == [(group, names)]

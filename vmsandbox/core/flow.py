@@ -116,8 +116,9 @@ def fan_out(planned: Run, n: int, check: str | None, person: Person) -> Ran:
     """N sessions from one capture, each running the command; what each did told to the person. Exit 0 when
     every session's command (and check) passed."""
     group, names = fanout.names(planned, n)
+    named = dataclasses.replace(planned, options=dataclasses.replace(planned.options, name=group))
     ui.info(f"Fan-out [bold]{group}[/]: {n} session(s), {names[0]} … {names[-1]}")
-    outcomes = fanout.fan_out(planned, n, check, limit=reviews.limit())
+    outcomes = fanout.fan_out(named, n, check, limit=reviews.limit())  # (the group named once: the one printed)
     person.fanned_out(group, outcomes)
     return Ran(0 if outcomes and all(o.ok for o in outcomes) else 1, None, kept=True)
 

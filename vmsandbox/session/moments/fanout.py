@@ -55,7 +55,8 @@ class Outcome:
 
 
 def names(run: Run, n: int) -> tuple[str, list[str]]:
-    """The group's name (--name, else from the project) and its sessions' (`GROUP-1` … `GROUP-N`)."""
+    """The group's name (--name, else from the project) and its sessions' (`GROUP-1` … `GROUP-N`). A name from the
+    project ends in a random suffix, new at each call: a caller that prints it passes it on as the run's name."""
     if not 1 <= n <= MAX_SESSIONS:
         raise VmsandboxError(f"a fan-out starts 1 to {MAX_SESSIONS} sessions, not {n}")
     group = run.options.name or default_name(run.options.project.resolve())
