@@ -64,6 +64,8 @@ def test_a_ticket_works_once_and_becomes_a_strict_cookie_the_url_never_holds(gua
     assert "HttpOnly" in cookie and "SameSite=strict" in cookie and "Domain" not in cookie
     value = cookie.split(";")[0].partition("=")[2]
     assert value not in url and len(value) >= 32  # the cookie's secret is never in a URL
+    came_back = client.get("/", headers={**PAGE, "Cookie": f"vmsandbox_ui_{PORT}={value}"})
+    assert came_back.status_code == 200  # the browser came back with the cookie: the ticket is spent now
     again = client.get(url, headers={"Host": HOST})
     assert again.status_code == 403 and "used already" in again.text
     fetched = client.get(guard.url("/"), headers={"Host": HOST, "Sec-Fetch-Mode": "cors"})
@@ -148,6 +150,7 @@ def test_a_ticket_spends_the_others_and_an_unused_one_expires(
 
     printed, launcher = guard.url("/"), guard.url("/")
     assert client.get(launcher, headers={"Host": HOST}).status_code == 200
+    assert client.get("/", headers=PAGE).status_code == 200  # (the client's jar holds the cookie: it came back)
     assert client.get(printed, headers={"Host": HOST}).status_code == 403
     late = guard.url("/")
     now = time.monotonic()
@@ -157,6 +160,21 @@ def test_a_ticket_spends_the_others_and_an_unused_one_expires(
     ticket = guard.url("/").rpartition("ticket=")[2]
     answer = client.get(f"http://{HOST}//evil.example/x?ticket={ticket}", headers={"Host": HOST})
     assert answer.status_code == 200 and 'url=/evil.example/x"' in answer.text, answer.text
+
+
+def test_an_exchange_whose_answer_never_reached_a_browser_spends_nothing(guard: Guard) -> None:
+    """A request that waited until the browser gave up (a page starved by another account's connections) is
+    answered to nobody: the URL still opens the page when the person tries again, and once a browser came back
+    with its cookie, every other cookie handed out for it is worth nothing and the URL opens nothing more."""
+    url = guard.url("/")
+    lost = TestClient(guard, base_url=f"http://{HOST}", follow_redirects=False)
+    assert lost.get(url, headers={"Host": HOST}).status_code == 200  # (its answer reached nobody)
+    browser = TestClient(guard, base_url=f"http://{HOST}", follow_redirects=False)
+    assert browser.get(url, headers={"Host": HOST}).status_code == 200  # the same URL, tried again
+    assert browser.get("/", headers=PAGE).text == "hello"
+    assert lost.get("/", headers=PAGE).status_code == 403  # the cookie of the lost answer: spent with the ticket
+    assert TestClient(guard).get(url, headers={"Host": HOST}).status_code == 403
+    assert browser.get("/", headers=PAGE).text == "hello"
 
 
 def test_a_url_of_a_page_with_a_query_carries_its_ticket_beside_it(guard: Guard) -> None:

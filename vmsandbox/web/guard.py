@@ -18,9 +18,15 @@
   guest. A request that changes something must also carry the page's Origin. The cookie is what keeps out
   a program that is not a browser (it can send any header it likes): nothing but this process and the
   person's browser ever holds it.
-- **A ticket is spent** when it is used, and with it every other ticket given out with it (the printed URL
-  and the launcher's: one opens the page, the other then opens nothing); an unused one expires after
-  TICKET_SECONDS.
+- **A ticket is spent** when the browser comes back with the cookie it was exchanged for (the page the exchange
+  answers sends it straight on), and with it every other ticket given out with it (the printed URL and the
+  launcher's: one opens the page, the other then opens nothing), and every other cookie handed out for one; an
+  unused one expires after TICKET_SECONDS. An exchange whose answer never reached a browser (a request that
+  waited until the browser gave up) spends nothing: the same URL opens the page when it is tried again.
+- **Only the person's account.** The page is served behind the core's gate (core/door): a connection from any
+  other account is refused as it is made, holds none of the server's slots, and never sees a head timeout's
+  worth of the page's time; the cookie a browser would send to another port of this address (browsers keep
+  cookies per host) is of no use to an account the page refuses.
 - Every answer forbids framing, sniffing, referrers to other sites and caching, and carries a Content Security
   Policy that runs no script but our own file and loads nothing from anywhere else.
 """
@@ -75,8 +81,9 @@ class Guard:
         self.app = app
         self.host = f"{address}:{port}"
         self.origin = f"http://{self.host}"
-        self.cookie = f"{COOKIE}_{port}"
-        self._secret = secrets.token_urlsafe(32)  # the cookie's value, and nothing else's
+        self.cookie = f"{COOKIE}_{port}"  # (the port in its name: two pages of one address never mix theirs)
+        self._held: list[str] = []  # the cookie's values browsers came back with; nothing else's
+        self._pending: dict[str, float] = {}  # values handed out for a ticket, not yet come back -> expiry
         self._tickets: dict[str, float] = {}  # ticket -> when it expires (time.monotonic)
         self._on_exchange = on_exchange
 
@@ -115,8 +122,25 @@ class Guard:
         await self.app(scope, receive, with_headers)  # type: ignore[arg-type]
 
     def holds_cookie(self, request: Request) -> bool:
-        given = request.cookies.get(self.cookie) or ""
-        return hmac.compare_digest(given.encode(), self._secret.encode())
+        """Whether the request carries the page's cookie. The first request that comes back with a value handed
+        out for a ticket makes it the page's: every ticket and every other value handed out is spent then."""
+        given = (request.cookies.get(self.cookie) or "").encode()
+        if not given:
+            return False
+        if any(hmac.compare_digest(given, v.encode()) for v in self._held):
+            return True
+        now = time.monotonic()
+        found = next((v for v in self._pending if hmac.compare_digest(given, v.encode())), None)
+        if found is None or self._pending[found] < now:
+            return False
+        self._held.append(found)
+        self._pending.clear()
+        spent = list(self._tickets)
+        self._tickets.clear()  # the others given out with it are spent too
+        if self._on_exchange is not None:
+            for ticket in spent:
+                self._on_exchange(ticket)
+        return True
 
     def refusal(self, request: Request) -> Response | None:
         """Why the request is refused (an answer), the ticket's exchange, or None: the app answers."""
@@ -139,17 +163,17 @@ class Guard:
         return None if why is None else _refused(why)
 
     def exchange(self, request: Request) -> Response:
-        """A ticket, used once, for the cookie; and the same URL without it."""
+        """A ticket for a cookie, and the same URL without the ticket. Nothing is spent until the browser comes
+        back with the cookie (holds_cookie): an answer that never reached one leaves the ticket as it was."""
         given = request.query_params["ticket"]
         now = time.monotonic()
         found = next((t for t in self._tickets if hmac.compare_digest(t.encode(), given.encode())), None)
         if found is None or self._tickets[found] < now:
             return _refused("this link was used already or expired (each works once); `vmsandbox ui` prints a new one")
-        spent = list(self._tickets)
-        self._tickets.clear()  # the others given out with it are spent too
-        if self._on_exchange is not None:
-            for ticket in spent:
-                self._on_exchange(ticket)
+        if len(self._pending) >= MOST_TICKETS:
+            self._pending.clear()
+        value = secrets.token_urlsafe(32)
+        self._pending[value] = self._tickets[found]
         rest = [(k, v) for k, v in request.query_params.multi_items() if k != "ticket"]
         path = "/" + request.url.path.lstrip("/")  # `//evil.example/…` would be another site's address
         target = str(URL(path=path, query=urlencode(rest)))
@@ -159,7 +183,7 @@ class Guard:
             f'<!doctype html><meta http-equiv="refresh" content="0;url={html.escape(target)}">'
             f'<p><a href="{html.escape(target)}">Continue</a></p>'
         )
-        response.set_cookie(self.cookie, self._secret, httponly=True, samesite="strict", path="/")
+        response.set_cookie(self.cookie, value, httponly=True, samesite="strict", path="/")
         return response
 
 

@@ -1,7 +1,8 @@
 """The page served: on an address of 127.0.0.0/8 of its own (guard.py says why), its URL handed to a person
 once (a ticket), and a browser opened where there is a desktop, on a file only this account reads (never a
 ticket on a browser's command line). Served until Ctrl-C (`vmsandbox ui`), or in a thread while a run waits for
-its review (person.py)."""
+its review (person.py). Behind the core's gate, as the API is (core/door): the person's account only, a whole
+request head within its timeout, LIMIT_CONNECTIONS at once."""
 
 from __future__ import annotations
 
@@ -16,14 +17,45 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
 from vmsandbox import ui
+from vmsandbox.confine.sudo import invoker as sudo_invoker
 from vmsandbox.core import sessions
+from vmsandbox.core.door import gate
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.web import app as pages
 from vmsandbox.web.guard import loopback_address
 
 if TYPE_CHECKING:
     import uvicorn
+
+LIMIT_CONNECTIONS = 64  # connections the page holds at once (a browser opens six or so): more are answered 503
+
+
+def people() -> frozenset[int]:
+    """The accounts whose browser the page serves: this one, and under sudo the person who ran it (a browser
+    opened from a root process may run as either)."""
+    who = sudo_invoker()
+    return frozenset({os.geteuid(), *([who.pw_uid] if who is not None else [])})
+
+
+PEOPLE = people()
+
+
+class PageGate(gate.Gate):
+    """uvicorn's HTTP/1.1 protocol behind the core's gate: the person's connections only."""
+
+    inner = H11Protocol
+
+    def owners(self) -> frozenset[int]:
+        return PEOPLE
+
+    def refusal(self, uid: int | None) -> bytes:
+        who = "an account that could not be found" if uid is None else f"uid {uid}"
+        body = f"refused: a connection from {who}; this page serves only the account that opened it\n".encode()
+        head = "HTTP/1.1 403 Forbidden\r\ncontent-type: text/plain; charset=utf-8\r\n"
+        return f"{head}content-length: {len(body)}\r\nconnection: close\r\n\r\n".encode() + body
 
 
 def path_of(name: str | None, review: str | None = None) -> str:
@@ -98,7 +130,14 @@ class Server:
     def _made(self) -> uvicorn.Server:
         import uvicorn
 
-        config = uvicorn.Config(self.guard, log_level="warning", access_log=False, log_config=None)
+        config = uvicorn.Config(
+            self.guard,
+            http=PageGate,
+            log_level="warning",
+            access_log=False,
+            log_config=None,
+            limit_concurrency=LIMIT_CONNECTIONS,
+        )
         # (log_config=None: its errors go to our log (stderr, -v), not to a configuration of its own)
         self._server = uvicorn.Server(config)
         return self._server

@@ -1,0 +1,116 @@
+"""Who holds the other end of an accepted connection, as the kernel says it: on a Unix socket SO_PEERCRED; on
+loopback TCP the one socket at the client's address and port connected to ours, asked for by its 4-tuple over
+NETLINK_SOCK_DIAG (inet_diag: the request `ss` makes, answered from the kernel's hash table, whatever the size
+of the socket table — /proc/net/tcp is read whole, and another account can make it as long as it likes).
+
+Only a live socket somebody still holds counts: ESTABLISHED (or half-closed by its holder, FIN_WAIT1/2) with an
+inode. A TIME_WAIT socket, an orphan its holder closed, a listener or a half-open socket that happens to sit at
+the address is none of these and names nobody — a TIME_WAIT row says uid 0 whoever made it — so it is refused,
+as a socket that is not found is.
+"""
+
+from __future__ import annotations
+
+import socket
+import struct
+from dataclasses import dataclass
+
+NETLINK_SOCK_DIAG = 4
+SOCK_DIAG_BY_FAMILY = 20
+NLM_F_REQUEST = 0x1
+NLMSG_ERROR = 0x2
+NO_COOKIE = 0xFFFFFFFF  # INET_DIAG_NOCOOKIE: the socket is named by its addresses alone
+ALL_STATES = 0xFFFFFFFF
+
+_HEADER = struct.Struct("=IHHII")  # nlmsghdr: length, type, flags, sequence, port
+_REQUEST = struct.Struct("=BBBBI")  # inet_diag_req_v2: family, protocol, extensions, pad, states
+_ID = struct.Struct("!HH16s16s")  # inet_diag_sockid: source and destination port and address (network order)
+_ID_REST = struct.Struct("=III")  # its interface and cookie (host order)
+_MESSAGE = struct.Struct("=BBBB")  # inet_diag_msg: family, state, timer, retransmits; then its sockid
+_MESSAGE_REST = struct.Struct("=IIIII")  # expires, rqueue, wqueue, uid, inode
+
+ESTABLISHED, FIN_WAIT1, FIN_WAIT2 = 1, 4, 5
+LIVE = frozenset({ESTABLISHED, FIN_WAIT1, FIN_WAIT2})  # (TIME_WAIT is 6; LISTEN 10; SYN_SENT 2)
+LOOKUP_SECONDS = 2.0  # the kernel answers at once; a reply that does not come is no answer
+
+
+@dataclass(frozen=True)
+class Row:
+    """What inet_diag says of one socket."""
+
+    family: int
+    state: int
+    local: tuple[str, int]
+    remote: tuple[str, int]
+    uid: int
+    inode: int
+
+
+def _packed(family: int, host: str) -> bytes:
+    return socket.inet_pton(family, host).ljust(16, b"\0")
+
+
+def request(family: int, local: tuple[str, int], remote: tuple[str, int], sequence: int = 1) -> bytes:
+    """The netlink message that asks for the one TCP socket at `local` connected to `remote`."""
+    body = _REQUEST.pack(family, socket.IPPROTO_TCP, 0, 0, ALL_STATES)
+    body += _ID.pack(local[1], remote[1], _packed(family, local[0]), _packed(family, remote[0]))
+    body += _ID_REST.pack(0, NO_COOKIE, NO_COOKIE)
+    return _HEADER.pack(_HEADER.size + len(body), SOCK_DIAG_BY_FAMILY, NLM_F_REQUEST, sequence, 0) + body
+
+
+def parse(data: bytes, sequence: int = 1) -> Row | None:
+    """The socket a reply describes; None for an error (ENOENT: no such socket) or anything unexpected."""
+    if len(data) < _HEADER.size:
+        return None
+    length, kind, _flags, seq, _port = _HEADER.unpack_from(data)
+    want = _HEADER.size + _MESSAGE.size + _ID.size + _ID_REST.size + _MESSAGE_REST.size
+    if kind == NLMSG_ERROR or seq != sequence or length < want or len(data) < want:
+        return None
+    family, state, _timer, _retrans = _MESSAGE.unpack_from(data, _HEADER.size)
+    if family not in (socket.AF_INET, socket.AF_INET6):
+        return None
+    at = _HEADER.size + _MESSAGE.size
+    sport, dport, src, dst = _ID.unpack_from(data, at)
+    at += _ID.size + _ID_REST.size
+    _expires, _rq, _wq, uid, inode = _MESSAGE_REST.unpack_from(data, at)
+    size = 4 if family == socket.AF_INET else 16
+    local = (socket.inet_ntop(family, src[:size]), sport)
+    remote = (socket.inet_ntop(family, dst[:size]), dport)
+    return Row(family, state, local, remote, uid, inode)
+
+
+def lookup(family: int, local: tuple[str, int], remote: tuple[str, int]) -> Row | None:
+    """inet_diag's answer for the TCP socket at `local` connected to `remote` (None: none, or no answer)."""
+    try:
+        with socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC, NETLINK_SOCK_DIAG) as nl:
+            nl.settimeout(LOOKUP_SECONDS)
+            nl.sendto(request(family, local, remote), (0, 0))
+            return parse(nl.recv(8192))
+    except OSError:
+        return None
+
+
+def holder(row: Row | None, family: int, local: tuple[str, int], remote: tuple[str, int]) -> int | None:
+    """The uid of the account that holds the socket `row` describes, if it is a live one at exactly that 4-tuple."""
+    if row is None or row.family != family or row.state not in LIVE or row.inode == 0:
+        return None
+    same = _packed(family, row.local[0]) == _packed(family, local[0]) and row.local[1] == local[1]
+    if not same or _packed(family, row.remote[0]) != _packed(family, remote[0]) or row.remote[1] != remote[1]:
+        return None
+    return row.uid
+
+
+def tcp_holder(family: int, client: tuple[str, int], server: tuple[str, int]) -> int | None:
+    """Who holds the client's end of a loopback TCP connection to `server` (blocking: call it off the loop)."""
+    client, server = (client[0], client[1]), (server[0], server[1])  # (IPv6 names carry flow and scope)
+    return holder(lookup(family, client, server), family, client, server)
+
+
+def unix_holder(sock: socket.socket) -> int | None:
+    """Who connected to a Unix socket (SO_PEERCRED, taken when they connected)."""
+    try:
+        creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    except OSError:
+        return None
+    _pid, uid, _gid = struct.unpack("3i", creds)
+    return int(uid)
