@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import io
 import logging
 import os
@@ -146,6 +147,27 @@ IGNORABLE = (
     (0xFFA0, 0xFFA0), (0xFFF0, 0xFFF8), (0x1BCA0, 0x1BCA3), (0x1D173, 0x1D17A), (0xE0000, 0xE0FFF),
 )  # fmt: skip
 MARKS = 3
+# What is not what it looks like, in a name above all: every space but the ASCII one (category Zs: no-break,
+# ideographic, en/em and the rest); characters drawn blank that are no space (a Braille blank, the object
+# replacement character, a null notehead); and look-alikes of the two characters that give a path its shape, `/`
+# and `.` — any character whose compatibility form holds one (fullwidth solidus, one dot leader, `‥`, `…`, digit
+# full stops) and Unicode's confusables of them (confusables.txt) that are no letter of a script: a top-level
+# `src\u2215main.py` reads as `src/main.py`, `\u2025` as `..`.
+BLANKS = frozenset({0x2800, 0xFFFC, 0x1D159})
+LOOKALIKES = frozenset({
+    0x1735, 0x2041, 0x2215, 0x2044, 0x2571, 0x27CB, 0x29F8, 0x1D23A, 0x31D3, 0x3033, 0x2F03,  # of `/`
+    0x1D16D, 0x2024, 0x0701, 0x0702, 0xA60E, 0x10A50,  # of `.`
+})  # fmt: skip
+
+
+@functools.lru_cache(maxsize=4096)
+def _misleads(ch: str) -> bool:
+    """Whether a non-ASCII character that hides nothing still reads as what it is not (a space, `/`, `.`)."""
+    code = ord(ch)
+    if code in BLANKS or code in LOOKALIKES or unicodedata.category(ch) == "Zs":
+        return True
+    folded = unicodedata.normalize("NFKC", ch)
+    return "/" in folded or "." in folded
 
 
 def _escaped(code: int) -> str:
@@ -153,9 +175,11 @@ def _escaped(code: int) -> str:
 
 
 def visible(text: str) -> str:
-    """Text from the guest as its characters are, and nothing that acts on what surrounds it: every character
-    that could hide, reorder or restyle text (HIDING, and a combining mark first) shown as \\xNN, \\uNNNN or
-    \\UNNNNNNNN. Tabs and newlines stay."""
+    """Text from the guest as its characters are, and nothing that acts on what surrounds it or reads as what it
+    is not: every character that could hide, reorder or restyle text (HIDING, and a combining mark first), every
+    space but U+0020 and every blank, and every look-alike of `/` and `.` (_misleads) shown as \\xNN, \\uNNNN or
+    \\UNNNNNNNN. Tabs and newlines stay. The one escaping the terminal, the page and `diff` show names and lines
+    through."""
     if text.isascii():
         return text.translate(_CONTROL)
     out = []
@@ -173,6 +197,7 @@ def visible(text: str) -> str:
             or (i == 0 and marks)
             or marks > MARKS
             or any(low <= code <= high for low, high in IGNORABLE)
+            or _misleads(ch)
         )
         out.append(_escaped(code) if hides else ch)
     return "".join(out)
