@@ -1,6 +1,6 @@
 """Where vmsandbox keeps things, and the name of every per-session file, in one place.
 
-Layout (root; see docs/guide.md, "Where things live"):
+Layout (root; see docs/configuration.md, "Where things live"):
 
     /var/lib/vmsandbox/images/base-<version>/   immutable base images (disk.qcow2, vmlinuz, initrd.img,
                                                 manifest.json); `.tmp-*` are builds in progress

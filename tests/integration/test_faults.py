@@ -2,7 +2,7 @@
 VM killed under a command, libvirtd restarted, the host's disks full, commands racing on one session, and a
 damaged session record. After each: nothing lost (every guest change applied whole, or in the outbox, or
 still in a live VM), no half-written file in the project, and after `gc`/`destroy` no domain, daemon, port
-or lock left. README's "When things go wrong" table states what these tests assert.
+or lock left. The "When things go wrong" table of docs/troubleshooting.md states what these tests assert.
 """
 
 from __future__ import annotations

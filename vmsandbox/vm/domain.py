@@ -16,7 +16,7 @@ WORKSPACE_SERIAL = "vmsandbox-workspace"
 LIBVIRTS_SOCKET = Path("libvirt")  # a channel whose socket libvirt places itself (on another host: we reach it
 # through libvirt, Hypervisor.exchange, and it goes where that host's QEMU may make it)
 NO_ASLR = "norandmaps"  # on a TCG guest's kernel command line: kernel_cmdline
-TCG_TB_CACHE_MIB = 128  # QEMU's default is 1 GiB of host RAM per VM; see docs/guide.md, "Lean sessions"
+TCG_TB_CACHE_MIB = 128  # QEMU's default is 1 GiB of host RAM per VM; docs/development.md has the figures
 # A fixed PCI slot for the NIC: q35 needs bus/addr spelled out for a device added on the QEMU command line.
 NIC_DEVICE = "virtio-net-pci,netdev=n0,bus=pcie.0,addr=0x10"
 
