@@ -12,17 +12,18 @@ from vmsandbox.errors import VmsandboxError
 from vmsandbox.guest import files as guestfiles
 from vmsandbox.guest.commands import remote_command
 from vmsandbox.session import record as session
+from vmsandbox.session.start import project
 
 from .conftest import saved_record
 
 
 def test_project_must_exist_and_be_a_directory(tmp_path: Path) -> None:
     with pytest.raises(VmsandboxError, match="does not exist"):
-        session.validate_project(tmp_path / "nope")
+        project.validate_project(tmp_path / "nope")
     (tmp_path / "f").write_text("")
     with pytest.raises(VmsandboxError, match="not a directory"):
-        session.validate_project(tmp_path / "f")
-    assert session.validate_project(tmp_path) == tmp_path.resolve()
+        project.validate_project(tmp_path / "f")
+    assert project.validate_project(tmp_path) == tmp_path.resolve()
 
 
 def test_vmsandbox_own_state_config_and_data_are_never_a_project(isolated_dirs: Path) -> None:
@@ -32,20 +33,20 @@ def test_vmsandbox_own_state_config_and_data_are_never_a_project(isolated_dirs: 
         inside = isolated_dirs / own / "sessions" / "x"
         inside.mkdir(parents=True)
         with pytest.raises(VmsandboxError, match="is inside vmsandbox's own"):
-            session.validate_project(inside)
+            project.validate_project(inside)
     with pytest.raises(VmsandboxError, match="holds vmsandbox's own"):
-        session.validate_project(isolated_dirs)
+        project.validate_project(isolated_dirs)
     mine = paths.sandbox_projects() / "base-1234abcd"
     mine.mkdir(parents=True)
-    assert session.validate_project(mine) == mine.resolve()
+    assert project.validate_project(mine) == mine.resolve()
 
 
 def test_too_broad_projects_are_refused(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     with pytest.raises(VmsandboxError, match="too broad"):
-        session.validate_project(Path("/"))
+        project.validate_project(Path("/"))
     monkeypatch.setenv("HOME", str(tmp_path))
     with pytest.raises(VmsandboxError, match="too broad"):
-        session.validate_project(tmp_path)
+        project.validate_project(tmp_path)
 
 
 def test_a_home_above_or_around_the_project_is_refused_under_sudo_too(
@@ -59,18 +60,19 @@ def test_a_home_above_or_around_the_project_is_refused_under_sudo_too(
     (home / "src" / "app" / ".config").mkdir(parents=True)  # a project's own .config (.NET tools): fine
     invoker = pwd.struct_passwd(("alice", "x", 1234, 1234, "", str(home), "/bin/sh"))
     monkeypatch.setattr(sudo, "invoker", lambda: invoker)
+    monkeypatch.setattr(project, "person_uid", os.geteuid)  # (alice's tree is made by this account: homes here)
     for broad in (home, tmp_path / "home"):
         with pytest.raises(VmsandboxError, match="too broad"):
-            session.validate_project(broad)
+            project.validate_project(broad)
     for inside in (home / ".ssh", home / ".config" / "app"):
         with pytest.raises(VmsandboxError, match="holds your keys or config"):
-            session.validate_project(inside)
+            project.validate_project(inside)
     copy = tmp_path / "backup"
     (copy / ".gnupg").mkdir(parents=True)
     with pytest.raises(VmsandboxError, match=r"it holds \.gnupg, like a home directory") as err:
-        session.validate_project(copy)
+        project.validate_project(copy)
     assert err.value.hint is not None and "move" in err.value.hint
-    assert session.validate_project(home / "src" / "app") == (home / "src" / "app").resolve()
+    assert project.validate_project(home / "src" / "app") == (home / "src" / "app").resolve()
 
 
 @pytest.mark.parametrize("bad", ["", "UPPER", "-lead", "a b", "x" * 40, "../etc", "x\n", "x\r", "a/b", ".capture-x"])

@@ -4,12 +4,10 @@ behind. Values are typed here (enums, ports) and plain in the JSON."""
 
 from __future__ import annotations
 
-import contextlib
 import enum
 import functools
 import json
 import os
-import pwd
 import re
 import secrets
 import stat
@@ -20,7 +18,6 @@ from pathlib import Path
 from typing import Any
 
 from vmsandbox import paths, pids
-from vmsandbox.confine import sudo
 from vmsandbox.egress.ports import Publish
 from vmsandbox.egress.rules.netpolicy import Mode
 from vmsandbox.errors import VmsandboxError
@@ -249,73 +246,6 @@ def _copy_of(record_file: Path) -> Path:
 
 
 # A home's directories of keys, credentials and every tool's config: no project lives inside one.
-KEY_DIRS = (".ssh", ".gnupg", ".aws", ".kube", ".docker", ".password-store", ".config", ".local")
-# Of those, the ones no project holds at its top (.config and .docker do: .NET's tool manifest, compose setups):
-# a directory holding one is a home by another name, or a copy of one.
-HOME_MARKERS = (".ssh", ".gnupg", ".password-store")
-
-
-def _homes() -> list[Path]:
-    """The homes of whoever runs vmsandbox: $HOME, the account's own, and under sudo the invoking user's."""
-    found = [Path.home()]
-    with contextlib.suppress(KeyError):
-        found.append(Path(pwd.getpwuid(os.geteuid()).pw_dir))
-    invoker = sudo.invoker()
-    if invoker is not None:
-        found.append(Path(invoker.pw_dir))
-    return [h.resolve() for h in found if str(h) not in ("", "/")]
-
-
-def validate_project(path: Path) -> Path:
-    """The project directory, resolved. Refused: `/`, a home directory or a directory above one, a directory
-    inside one of a home's key or config directories (`~/.ssh`, `~/.config`, …), and a directory that holds
-    `.ssh`, `.gnupg` or `.password-store` at its top (a home by another name): the agent would get the user's
-    keys and config."""
-    if not path.exists():
-        raise VmsandboxError(f"{path} does not exist", hint="give the path of a project directory")
-    if not path.is_dir():
-        raise VmsandboxError(f"{path} is not a directory", hint="give the path of a project directory")
-    resolved = path.resolve()
-    hint = "run vmsandbox inside a project directory"
-    if resolved == Path("/") or any(resolved == h or resolved in h.parents for h in _homes()):
-        raise VmsandboxError(f"refusing to sandbox {resolved}: it is too broad (it holds a home directory)", hint=hint)
-    for home in _homes():
-        for keys in KEY_DIRS:
-            if resolved.is_relative_to(home / keys):
-                raise VmsandboxError(
-                    f"refusing to sandbox {resolved}: it is inside {home / keys}, which holds your keys or config",
-                    hint=hint,
-                )
-    own = _vmsandbox_own(resolved)
-    if own is not None:
-        raise VmsandboxError(
-            f"refusing to sandbox {resolved}: it {own} (every session's keys, mirrors and secrets)",
-            hint=hint,
-        )
-    held = [m for m in HOME_MARKERS if (resolved / m).is_dir() and not (resolved / m).is_symlink()]
-    if held:
-        raise VmsandboxError(
-            f"refusing to sandbox {resolved}: it holds {', '.join(held)}, like a home directory (keys and config "
-            "the agent would read)",
-            hint=f"{hint}; move {resolved / held[0]} out of the project if it is the project's own",
-        )
-    return resolved
-
-
-def _vmsandbox_own(resolved: Path) -> str | None:
-    """How `resolved` holds or sits in vmsandbox's own state, config or data, if it does. The empty project an
-    API sandbox of its own is made on (paths.sandbox_project) is the one directory there a session may have."""
-    if resolved.parent == paths.sandbox_projects().resolve():
-        return None
-    for own in (paths.state_dir(), paths.config_dir(), paths.data_dir()):
-        mine = own.resolve()
-        if resolved == mine or resolved in mine.parents:
-            return f"holds vmsandbox's own {mine}"
-        if mine in resolved.parents:
-            return f"is inside vmsandbox's own {mine}"
-    return None
-
-
 def validate_name(name: str) -> str:
     paths.session_paths(name)  # (the one check of a name)
     return name

@@ -24,9 +24,10 @@ from vmsandbox.session.place import choose as places
 from vmsandbox.session.place import pins
 from vmsandbox.session.place.hostspec import HostSpec
 from vmsandbox.session.place.interface import Host
-from vmsandbox.session.record import Phase, Record, default_name, validate_name, validate_project
+from vmsandbox.session.record import Phase, Record, default_name, validate_name
 from vmsandbox.session.running import logins
 from vmsandbox.session.settings import Settings
+from vmsandbox.session.start.project import validate_project
 from vmsandbox.sync.inward import capture
 from vmsandbox.vm import accel as accel_mod
 

@@ -17,8 +17,9 @@ from vmsandbox.session.options import Options, Run, RunFlags, parse_publish, tak
 from vmsandbox.session.place import choose as places
 from vmsandbox.session.place import hostspec
 from vmsandbox.session.place.hostspec import HostSpec
-from vmsandbox.session.record import validate_name, validate_project
+from vmsandbox.session.record import validate_name
 from vmsandbox.session.start import layer as layerbuild
+from vmsandbox.session.start.project import validate_project
 
 
 def resolve(path: Path, blueprint_name: str, command: list[str] | None, flags: RunFlags, *, agent: bool) -> Run:

@@ -1,0 +1,122 @@
+"""What may be a project (session/start/project.py), checked where every front end's session is made: the
+system's trees (by device and inode, whatever path leads there), /home, any account's home, a tree with a
+directory another account owns or every account can write — for root too, whose account owns the system."""
+
+from __future__ import annotations
+
+import os
+import pwd
+from pathlib import Path
+
+import pytest
+
+from vmsandbox.confine import sudo
+from vmsandbox.errors import VmsandboxError
+from vmsandbox.session.start import project
+
+AS_ROOT = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to give a directory to another account")
+
+
+@pytest.mark.parametrize(
+    ("where", "said"),
+    [
+        ("/etc", "it is the system's /etc"),
+        ("/etc/ssh", "it is inside the system's /etc"),  # `POST /vmsandbox/v1/sessions {"project": "/etc/ssh"}`
+        ("/usr", "it is the system's /usr"),
+        ("/boot", "the system's /boot"),
+        ("/run", "the system's /run"),
+        ("/var/lib", "it is inside the system's /var"),
+        ("/proc/self", "inside the system's /proc"),
+        ("/sys", "the system's /sys"),
+        ("/dev", "the system's /dev"),
+        ("/home", "where accounts' homes are made"),
+        ("/", "too broad"),
+    ],
+)
+def test_the_systems_trees_are_nobodys_project_not_even_roots(where: str, said: str) -> None:
+    """The audit's list for a root `serve` (issue 57): each was a project before."""
+    if not Path(where).is_dir():
+        pytest.skip(f"no {where} here")
+    with pytest.raises(VmsandboxError, match="refusing to sandbox") as refused:
+        project.validate_project(Path(where))
+    assert said in refused.value.message and refused.value.hint
+
+
+def test_a_system_tree_is_known_by_what_it_is_not_by_its_name(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A tree is the system's by device and inode: held under another name (as a bind mount would be), inside
+    the project or around it, it is refused all the same; the one open tree inside (FHS's /var/tmp) is not."""
+    conf = tmp_path / "proj" / "conf"
+    (conf / "sub").mkdir(parents=True)
+    (tmp_path / "etc").symlink_to(conf)  # the system's /etc, as the kernel would know it
+    (tmp_path / "var" / "tmp" / "p").mkdir(parents=True)
+    (tmp_path / "var" / "lib" / "p").mkdir(parents=True)
+    monkeypatch.setattr(project, "SYSTEM_TREES", (str(tmp_path / "etc"), str(tmp_path / "var")))
+    monkeypatch.setattr(project, "OPEN_TREES", (str(tmp_path / "var" / "tmp"),))
+    with pytest.raises(VmsandboxError, match=rf"holds the system's {tmp_path / 'etc'} \(at {conf}\)"):
+        project.validate_project(tmp_path / "proj")
+    with pytest.raises(VmsandboxError, match="it is inside the system's"):
+        project.validate_project(conf / "sub")
+    with pytest.raises(VmsandboxError, match="it is inside the system's"):
+        project.validate_project(tmp_path / "var" / "lib" / "p")
+    assert project.validate_project(tmp_path / "var" / "tmp" / "p") == (tmp_path / "var" / "tmp" / "p").resolve()
+
+
+def test_a_tree_another_account_owns_any_directory_of_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The person's is the top and every directory in it: the error names the first that is not, whose it is,
+    and the fix."""
+    mine = tmp_path / "proj"
+    (mine / "src").mkdir(parents=True)
+    assert project.validate_project(mine) == mine.resolve()
+    monkeypatch.setattr(project, "person_uid", lambda: os.geteuid() + 4242)  # (as another account sees the tree)
+    with pytest.raises(VmsandboxError, match=rf"it is owned by .*uid {os.geteuid()}\), not by you") as refused:
+        project.validate_project(mine)
+    assert refused.value.hint is not None and f"chown -R {os.geteuid() + 4242} {mine}" in refused.value.hint
+
+
+@AS_ROOT
+def test_another_accounts_ssh_at_any_depth_is_refused(tmp_path: Path) -> None:
+    keys = tmp_path / "proj" / "backup" / "alice" / ".ssh"
+    keys.mkdir(parents=True)
+    os.chown(keys, 4242, 4242)
+    with pytest.raises(VmsandboxError, match=rf"{keys} is owned by .*4242.*not by you"):
+        project.validate_project(tmp_path / "proj")
+    os.chown(keys, os.geteuid(), os.getegid())
+    assert project.validate_project(tmp_path / "proj") == (tmp_path / "proj").resolve()
+
+
+def test_under_sudo_the_tree_must_be_the_invokers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`sudo vmsandbox run DIR` takes DIR for the person who ran sudo: a tree of root's (or anyone else's) is not
+    theirs to hand to a guest."""
+    invoker = pwd.struct_passwd(("alice", "x", os.geteuid() + 4242, 1234, "", "/nonexistent", "/bin/sh"))
+    monkeypatch.setattr(sudo, "invoker", lambda: invoker)
+    (tmp_path / "proj").mkdir()
+    with pytest.raises(VmsandboxError, match=r"owned by root \(uid 0\), not by you \(alice\)"):
+        project.validate_project(tmp_path / "proj")
+
+
+def test_a_tree_every_account_writes_in_is_refused(tmp_path: Path) -> None:
+    """What another account can put in it (a file, a link to its own) is not the person's: /tmp, /var/tmp,
+    /dev/shm, and any directory left writable by all."""
+    shared = tmp_path / "proj" / "drop"
+    shared.mkdir(parents=True)
+    shared.chmod(0o1777)
+    with pytest.raises(VmsandboxError, match=rf"{shared} is writable by every account \(mode 1777\)") as refused:
+        project.validate_project(tmp_path / "proj")
+    assert refused.value.hint is not None and "mkdir -m 700" in refused.value.hint
+    shared.chmod(0o777)
+    with pytest.raises(VmsandboxError, match="writable by every account") as refused:
+        project.validate_project(tmp_path / "proj")
+    assert refused.value.hint is not None and f"chmod o-w {shared}" in refused.value.hint
+    shared.chmod(0o755)
+    assert project.validate_project(tmp_path / "proj") == (tmp_path / "proj").resolve()
+
+
+def test_a_tree_holding_any_accounts_home_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    bob = pwd.struct_passwd(("bob", "x", os.geteuid() + 17, 17, "", str(tmp_path / "homes" / "bob"), "/bin/sh"))
+    (tmp_path / "homes" / "bob").mkdir(parents=True)
+    monkeypatch.setattr(pwd, "getpwall", lambda: [bob])
+    for broad in (tmp_path / "homes", tmp_path / "homes" / "bob"):
+        with pytest.raises(VmsandboxError, match=rf"it holds the home of bob \({tmp_path / 'homes' / 'bob'}\)"):
+            project.validate_project(broad)

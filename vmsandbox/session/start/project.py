@@ -1,0 +1,213 @@
+"""What may be a project: a tree of the person's own, and nothing the system or another account keeps. Checked
+where a session's project is opened (create.py; resolve.py before a project's config is read), so the terminal,
+the page and the API refuse the same trees with the same words.
+
+Refused, by what a tree is rather than by its name:
+- **Not the person's.** The top or any directory in it owned by another account than the person's (under sudo,
+  the person is who ran sudo), or writable by every account: another account's home or `.ssh` at any depth,
+  `/tmp` and `/dev/shm` (anyone's files and links land there) — and a tree nobody listed that another account
+  keeps or can write in.
+- **The system's.** A tree of the Filesystem Hierarchy Standard's system directories (/etc, /usr, /boot, /run,
+  /proc, /sys, /dev, /var, …): the project is one of them, inside one, or holds one — by device and inode, so a
+  bind mount or a link to /etc by another name is /etc too (root owns these trees: ownership alone lets root in).
+- **Homes.** `/` and any directory at or above a home (the person's, or any account's in the password database);
+  inside the person's own key and config directories; holding `.ssh`, `.gnupg` or `.password-store` at its top.
+- vmsandbox's own state, config and data (every session's keys and mirrors).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pwd
+import stat
+from pathlib import Path
+
+from vmsandbox import paths
+from vmsandbox.confine import sudo
+from vmsandbox.errors import VmsandboxError
+
+KEY_DIRS = (".ssh", ".gnupg", ".aws", ".kube", ".docker", ".password-store", ".config", ".local")
+# Of those, the ones no project holds at its top (.config and .docker do: .NET's tool manifest, compose setups):
+# a directory holding one is a home by another name, or a copy of one.
+HOME_MARKERS = (".ssh", ".gnupg", ".password-store")
+# The Filesystem Hierarchy Standard's trees of the system (its programs, libraries, configuration, variable state,
+# boot files and the kernel's own file systems), and inside them the one that is anyone's (FHS: /var/tmp).
+SYSTEM_TREES = ("/bin", "/boot", "/dev", "/etc", "/lib", "/lib32", "/lib64", "/libx32", "/proc", "/run", "/sbin",
+                "/sys", "/usr", "/var")  # fmt: skip
+OPEN_TREES = ("/var/tmp",)  # noqa: S108  (a place, not a file made there)
+HOME_PARENTS = ("/home",)  # where accounts' homes are made: a project may be in one, never the whole of it
+HINT = "run vmsandbox inside a project directory of yours"
+
+Identity = tuple[int, int]
+
+
+def person() -> pwd.struct_passwd | None:
+    """Whose project it must be: who ran sudo, or the account that runs vmsandbox."""
+    found = sudo.invoker()
+    if found is not None:
+        return found
+    with contextlib.suppress(KeyError):
+        return pwd.getpwuid(os.geteuid())
+    return None
+
+
+def person_uid() -> int:
+    who = person()
+    return os.geteuid() if who is None else who.pw_uid
+
+
+def _homes() -> list[Path]:
+    """The homes of whoever runs vmsandbox: $HOME, the account's own, and under sudo the invoking user's."""
+    found = [Path.home()]
+    with contextlib.suppress(KeyError):
+        found.append(Path(pwd.getpwuid(os.geteuid()).pw_dir))
+    invoker = sudo.invoker()
+    if invoker is not None:
+        found.append(Path(invoker.pw_dir))
+    return [h.resolve() for h in found if str(h) not in ("", "/")]
+
+
+def _identity(path: str | Path) -> Identity | None:
+    try:
+        st = Path(path).stat()
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino)
+
+
+def _trees(names: tuple[str, ...]) -> dict[Identity, str]:
+    return {found: name for name in names if (found := _identity(name)) is not None}
+
+
+def validate_project(path: Path) -> Path:
+    """The project directory, resolved, once it is a tree of the person's own (the module says what is not)."""
+    if not path.exists():
+        raise VmsandboxError(f"{path} does not exist", hint="give the path of a project directory")
+    if not path.is_dir():
+        raise VmsandboxError(f"{path} is not a directory", hint="give the path of a project directory")
+    resolved = path.resolve()
+    _not_a_home(resolved)
+    system, open_ = _trees(SYSTEM_TREES), _trees(OPEN_TREES)
+    _not_the_systems(resolved, system, open_)
+    _no_other_home(resolved)
+    own = _vmsandbox_own(resolved)
+    if own is not None:
+        raise VmsandboxError(f"refusing to sandbox {resolved}: it {own} (every session's keys, mirrors and secrets)",
+                             hint=HINT)  # fmt: skip
+    held = [m for m in HOME_MARKERS if (resolved / m).is_dir() and not (resolved / m).is_symlink()]
+    if held:
+        raise VmsandboxError(
+            f"refusing to sandbox {resolved}: it holds {', '.join(held)}, like a home directory (keys and config "
+            "the agent would read)",
+            hint=f"{HINT}; move {resolved / held[0]} out of the project if it is the project's own",
+        )
+    _all_the_persons(resolved, system)
+    return resolved
+
+
+def _not_a_home(resolved: Path) -> None:
+    """Not `/`, nor the person's home or a directory above one, nor inside a home's key and config
+    directories."""
+    if resolved == Path("/") or any(resolved == h or resolved in h.parents for h in _homes()):
+        raise VmsandboxError(f"refusing to sandbox {resolved}: it is too broad (it holds a home directory)", hint=HINT)
+    for home in _homes():
+        for keys in KEY_DIRS:
+            if resolved.is_relative_to(home / keys):
+                raise VmsandboxError(
+                    f"refusing to sandbox {resolved}: it is inside {home / keys}, which holds your keys or config",
+                    hint=HINT,
+                )
+
+
+def _no_other_home(resolved: Path) -> None:
+    """Not at or above any account's home (the password database's)."""
+    me = person_uid()
+    for account in pwd.getpwall():
+        home = Path(account.pw_dir)
+        if account.pw_uid == me or not home.is_absolute() or home == Path("/"):
+            continue
+        if resolved == home or resolved in home.parents:
+            raise VmsandboxError(
+                f"refusing to sandbox {resolved}: it holds the home of {account.pw_name} ({home})", hint=HINT
+            )
+
+
+def _not_the_systems(resolved: Path, system: dict[Identity, str], open_: dict[Identity, str]) -> None:
+    """Neither a system tree nor inside one, whatever path leads there (by device and inode); nor /home."""
+    parents, found = _trees(HOME_PARENTS), _identity(resolved)
+    if found is not None and found in parents:
+        raise VmsandboxError(f"refusing to sandbox {resolved}: it is {parents[found]}, where accounts' homes are made",
+                             hint=HINT)  # fmt: skip
+    for at in (resolved, *resolved.parents):
+        found = _identity(at)
+        if found in open_:
+            return
+        if found in system:
+            where = "it is" if at == resolved else "it is inside"
+            raise VmsandboxError(
+                f"refusing to sandbox {resolved}: {where} the system's {system[found]}",
+                hint=f"{HINT} (copy what you need of {system[found]} into one)",
+            )
+
+
+def _all_the_persons(top: Path, system: dict[Identity, str]) -> None:
+    """The top and every directory in it owned by the person and closed to other accounts' writes, none of them a
+    system tree (a bind mount of one).
+    Links are not followed; a directory the person cannot list is not looked into (taking it fails later)."""
+    me = person_uid()
+    todo = [top]
+    first = True
+    while todo:
+        here = todo.pop()
+        try:
+            st = here.lstat()
+        except OSError:
+            continue
+        if (st.st_dev, st.st_ino) in system and not first:
+            raise VmsandboxError(f"refusing to sandbox {top}: it holds the system's {system[(st.st_dev, st.st_ino)]} "
+                                 f"(at {here})", hint=HINT)  # fmt: skip
+        if st.st_uid != me:
+            _not_yours(top, here, st.st_uid, me)
+        if st.st_mode & stat.S_IWOTH and stat.S_ISDIR(st.st_mode):
+            shared = st.st_mode & stat.S_ISVTX  # (a place for everyone's files by design: /tmp)
+            raise VmsandboxError(
+                f"refusing to sandbox {top}: {'it' if here == top else here} is writable by every account (mode "
+                f"{stat.S_IMODE(st.st_mode):04o}): what is in it is not only yours",
+                hint=f"make a directory of your own in it (`mkdir -m 700 {here}/NAME`) and run there"
+                if shared
+                else f"{HINT}, or take the write away from others if it is yours (`chmod o-w {here}`)",
+            )
+        first = False
+        with contextlib.suppress(OSError), os.scandir(here) as entries:
+            todo += [Path(e.path) for e in entries if e.is_dir(follow_symlinks=False)]
+
+
+def _not_yours(top: Path, here: Path, uid: int, me: int) -> None:
+    try:
+        owner = f"{pwd.getpwuid(uid).pw_name} (uid {uid})"
+    except KeyError:
+        owner = f"uid {uid}"
+    who = person()
+    mine = who.pw_name if who is not None and who.pw_uid == me else str(me)
+    which = "it is" if here == top else f"{here} is"
+    raise VmsandboxError(
+        f"refusing to sandbox {top}: {which} owned by {owner}, not by you ({mine}): a project holds only what is "
+        "yours",
+        hint=f"run vmsandbox as that account, or, if the directory is yours, take it over "
+        f"(`sudo chown -R {mine} {here}`)",
+    )
+
+
+def _vmsandbox_own(resolved: Path) -> str | None:
+    """How `resolved` holds or sits in vmsandbox's own state, config or data, if it does. The empty project an
+    API sandbox of its own is made on (paths.sandbox_project) is the one directory there a session may have."""
+    if resolved.parent == paths.sandbox_projects().resolve():
+        return None
+    for own in (paths.state_dir(), paths.config_dir(), paths.data_dir()):
+        mine = own.resolve()
+        if resolved == mine or resolved in mine.parents:
+            return f"holds vmsandbox's own {mine}"
+        if mine in resolved.parents:
+            return f"is inside vmsandbox's own {mine}"
+    return None
