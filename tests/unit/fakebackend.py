@@ -13,7 +13,7 @@ import hashlib
 import secrets
 import shutil
 import signal as signals
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -34,6 +34,7 @@ from vmsandbox.core.sandbox.model import (
     Sandbox,
     SandboxSpec,
     State,
+    check_taken,
 )
 from vmsandbox.core.sandbox.names import BlueprintName, CheckpointLabel, Digest, SessionName, SnapshotRef, Token
 from vmsandbox.sync.review import hunks
@@ -214,7 +215,13 @@ class FakeBackend:
                 for h in found
             )
             status = "conflict" if any(h.badge is Badge.CONFLICT for h in holds) else "apply"
-            items.append(ReviewItem(Token(f"i{n}"), path, kind, status, digest(new), tuple(holds), shown))
+            mode = None if new is None else (session.guest_project() / path).stat().st_mode & 0o775
+            items.append(
+                ReviewItem(
+                    Token(f"i{n}"), path, kind, status, digest(new), tuple(holds), shown,
+                    entry_type=None if new is None else "file", mode=mode,
+                )
+            )  # fmt: skip
             contents[f"i{n}"] = new
         review = Review(Token(secrets.token_hex(8)), name, datetime.now(UTC), tuple(items))
         session.reviews[review.id.value] = (review, contents)
@@ -226,12 +233,15 @@ class FakeBackend:
             raise NotFoundError(f"session {name} has no review {review}", hint="read one with POST …/reviews")
         return found[0]
 
-    def apply(self, name: SessionName, review: Token, choices: Sequence[Choice]) -> Applied:
+    def apply(
+        self, name: SessionName, review: Token, choices: Sequence[Choice], include: Collection[Badge] = ()
+    ) -> Applied:
         session = self._session(name)
         shown, contents = session.reviews.get(review.value) or (None, {})
         if shown is None:
             raise NotFoundError(f"session {name} has no review {review}")
         assert session.project is not None and session.baseline is not None
+        check_taken(shown.items, choices, include)  # (the core's rule, as the real backend applies it)
         items = {i.id.value: i for i in shown.items}
         done, refused = [], []
         for choice in choices:

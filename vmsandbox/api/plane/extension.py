@@ -24,7 +24,7 @@ from vmsandbox.api.plane.controlwire import page_of, read
 from vmsandbox.api.respond import Endpoint, answers, body, ok, session
 from vmsandbox.api.threads import blocking
 from vmsandbox.core.sandbox.interface import Backend
-from vmsandbox.core.sandbox.model import Choice, SandboxSpec
+from vmsandbox.core.sandbox.model import Badge, Choice, SandboxSpec
 from vmsandbox.core.sandbox.names import BlueprintName, CheckpointLabel, Digest, ProjectPath, SessionName, Token
 
 PREFIX = "/vmsandbox/v1"
@@ -99,7 +99,8 @@ class Extension:
             )
             for c in asked.choices
         ]
-        return ok(dump(xw.applied(await blocking(self.backend.apply, name, review, choices))))
+        include = [Badge(k) for k in asked.include]
+        return ok(dump(xw.applied(await blocking(self.backend.apply, name, review, choices, include))))
 
     async def checkpoints(self, request: Request) -> Response:
         found = await blocking(self.backend.checkpoints, session(request))

@@ -4,6 +4,7 @@ that check what comes in, shape what goes out and give openapi.py its schemas.""
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
@@ -41,8 +42,18 @@ class ChoiceIn(Wire):
     hunks: list[str] | None = Field(default=None, max_length=MAX_CHOICES, description="default: the whole item")
 
 
+Take = Literal["quarantined", "ignored", "binary", "secret", "mass"]  # the holds a choice must take (model.TAKES)
+
+
 class ApplyIn(Wire):
     choices: list[ChoiceIn] = Field(max_length=MAX_CHOICES)
+    include: list[Take] = Field(
+        default_factory=list,
+        max_length=len(m.TAKES),
+        description="the holds the chosen items may carry (the terminal's --include-risky, --include-ignored, "
+        "--include-binary, --include-mass; a secret is taken only so): a chosen item held for one not named here "
+        "is refused with a 400 and nothing is applied",
+    )
 
 
 class CheckpointIn(Wire):
@@ -98,6 +109,9 @@ class ItemOut(Wire):
     kind: str
     status: str
     digest: str
+    entry_type: str | None = Field(description="what lands: file, dir, symlink or other; null: deleted (or many)")
+    mode: str | None = Field(description="its permission bits as they land, in octal (`0755`); null: none land")
+    target: str | None = Field(description="a symbolic link's target as it lands; null: not a link")
     holds: list[HoldOut]
     hunks: list[HunkOut]
     hunks_shown: bool = Field(description="false: its lines are too many to send; it is taken or left whole")
@@ -173,7 +187,8 @@ def review(r: m.Review, start: int = 0, most: int = REVIEW_PAGE) -> ReviewOut:
 
 def _size(i: m.ReviewItem) -> int:
     """What an item's lines weigh in an answer (a bound from below of their JSON)."""
-    return sum(len(line) for h in i.hunks for line in (*h.old_lines, *h.new_lines)) + 64 * len(i.hunks)
+    lines = sum(len(line) for h in i.hunks for line in (*h.old_lines, *h.new_lines))
+    return lines + 64 * len(i.hunks) + len(i.target or "")
 
 
 def _item(i: m.ReviewItem, shown: bool = True) -> ItemOut:
@@ -183,6 +198,9 @@ def _item(i: m.ReviewItem, shown: bool = True) -> ItemOut:
         kind=i.kind,
         status=i.status,
         digest=i.digest.value,
+        entry_type=i.entry_type,
+        mode=None if i.mode is None else f"{i.mode:04o}",
+        target=i.target,
         holds=[HoldOut(badge=h.badge.value, reason=h.reason) for h in i.holds],
         hunks=[
             HunkOut(

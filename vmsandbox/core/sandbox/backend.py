@@ -12,7 +12,7 @@ import json
 import os
 import shutil
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -36,6 +36,7 @@ from vmsandbox.session.place import checkpoints
 from vmsandbox.session.record import Record, State
 from vmsandbox.sync.review import hunks as hunks_mod
 from vmsandbox.sync.review.plan import Decisions, Plan
+from vmsandbox.sync.tree.manifest import CARRIED
 
 AGAIN = "ask for a new review (POST /vmsandbox/v1/sessions/{0}/reviews) and choose from it"
 STATES = {State.RUNNING: model.State.RUNNING, State.STOPPED: model.State.PAUSED}
@@ -187,7 +188,9 @@ class SessionBackend:
         with _answered(name):
             return reviews.look(name.value, lambda plan: _review_of(name, plan), review_id=review.value)
 
-    def apply(self, name: SessionName, review: Token, choices: Sequence[model.Choice]) -> model.Applied:
+    def apply(
+        self, name: SessionName, review: Token, choices: Sequence[model.Choice], include: Collection[model.Badge] = ()
+    ) -> model.Applied:
         chosen: list[tuple[Plan, views.Chosen]] = []
         asked = [  # (ids read before the review is opened: a malformed one spends nothing)
             views.Choice(_index(c.item), c.digest.value, None if c.hunks is None else [_index(h, "h") for h in c.hunks])
@@ -195,6 +198,8 @@ class SessionBackend:
         ]
 
         def decide(plan: Plan) -> Decisions:
+            held = [_shown(plan, n) for n in sorted({c.item for c in asked}) if 0 <= n < len(plan.todo)]
+            model.check_taken(held, choices, include)  # (raised before anything is applied: the review stays)
             chosen.append((plan, views.decide(plan, asked, again=AGAIN.format(name.value))))
             return chosen[-1][1].decisions
 
@@ -300,20 +305,25 @@ def _hunks(both: tuple[bytes, bytes] | None) -> tuple[model.Hunk, ...]:
     )
 
 
+def _shown(plan: Plan, n: int, *, lines: bool = False) -> model.ReviewItem:
+    """Item `n` of a review as the API shows it: its holds, what lands beside its content (type, mode, a link's
+    target), and, with `lines`, its hunks."""
+    item = plan.todo[n]
+    both = None
+    if lines and not item.repository:
+        with contextlib.suppress(views.ChangedError):
+            both = views.texts(plan, item.first)
+    holds = tuple(model.Hold(BADGES[what], why) for what, why in views.holds(item))
+    if plan.mass is not None:
+        holds += (model.Hold(model.Badge.MASS, plan.mass),)
+    guest = None if item.repository else item.first.guest
+    return model.ReviewItem(
+        Token(f"i{n}"), item.label, item.kind, item.first.status.value, Digest(views.fingerprint(item)), holds,
+        _hunks(both), entry_type=None if guest is None else guest.kind,
+        mode=None if guest is None else guest.mode & CARRIED, target=None if guest is None else guest.target,
+    )  # fmt: skip
+
+
 def _review_of(name: SessionName, plan: Plan) -> model.Review:
-    items = []
-    for n, item in enumerate(plan.todo):
-        try:
-            both = None if item.repository else views.texts(plan, item.first)
-        except views.ChangedError:
-            both = None
-        holds = tuple(model.Hold(BADGES[what], why) for what, why in views.holds(item))
-        if plan.mass is not None:
-            holds += (model.Hold(model.Badge.MASS, plan.mass),)
-        digest = Digest(views.fingerprint(item))
-        items.append(
-            model.ReviewItem(
-                Token(f"i{n}"), item.label, item.kind, item.first.status.value, digest, holds, _hunks(both)
-            )
-        )
-    return model.Review(Token(plan.id), name, datetime.now(tz=UTC), tuple(items), tuple(plan.refused))
+    items = tuple(_shown(plan, n, lines=True) for n in range(len(plan.todo)))
+    return model.Review(Token(plan.id), name, datetime.now(tz=UTC), items, tuple(plan.refused))

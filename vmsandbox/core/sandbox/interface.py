@@ -16,12 +16,13 @@ Contracts the edge relies on (E2B's SDK expects them):
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from datetime import datetime
 from typing import IO, Protocol
 
 from vmsandbox.core.sandbox.model import (
     Applied,
+    Badge,
     Checkpoint,
     Choice,
     Entry,
@@ -165,8 +166,11 @@ class Backend(Protocol):
         """A review made earlier, as it was made."""
         ...
 
-    def apply(self, name: SessionName, review: Token, choices: Sequence[Choice]) -> Applied:
-        """Apply the chosen items (or hunks of them) of that review to the host project, exactly as reviewed."""
+    def apply(
+        self, name: SessionName, review: Token, choices: Sequence[Choice], include: Collection[Badge] = ()
+    ) -> Applied:
+        """Apply the chosen items (or hunks of them) of that review to the host project, exactly as reviewed. A
+        chosen item held for a hold `include` does not name (model.TAKES) is an InvalidError: nothing applied."""
         ...
 
     def processes(self, name: SessionName) -> Processes:

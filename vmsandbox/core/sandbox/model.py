@@ -4,7 +4,7 @@ the edge turns them into E2B's JSON, Connect's messages or the extension's JSON,
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
@@ -13,6 +13,7 @@ from vmsandbox.core.sandbox.names import (
     Digest,
     GuestPath,
     GuestUser,
+    InvalidError,
     ProjectPath,
     SessionName,
     SnapshotRef,
@@ -156,6 +157,14 @@ class Badge(enum.StrEnum):
     UNSAFE = "unsafe"  # can never be written (a FIFO, a symlink leaving the tree)
 
 
+# The holds a choice must name in its request's `include` to be taken (what `--include-*` takes at the terminal;
+# a secret is taken at the terminal only when a person chooses it): an id and a digest alone do not take them.
+TAKES = {
+    Badge.QUARANTINED: "--include-risky", Badge.IGNORED: "--include-ignored", Badge.BINARY: "--include-binary",
+    Badge.MASS: "--include-mass", Badge.SECRET: "a person's own choice",
+}  # fmt: skip
+
+
 @dataclass(frozen=True)
 class Hold:
     badge: Badge
@@ -180,6 +189,15 @@ class ReviewItem:
     digest: Digest  # the guest's side as it was when the review was read
     holds: tuple[Hold, ...] = ()
     hunks: tuple[Hunk, ...] = ()  # a text change, block by block; empty: taken or left whole
+    # what lands, beside its content (the digest binds them too): the guest side's type (file, dir, symlink, other;
+    # None: deleted, or a nested repository's many paths), its permission bits as they land, a link's target
+    entry_type: str | None = None
+    mode: int | None = None
+    target: str | None = None
+
+    def untaken(self, include: Collection[Badge]) -> list[Hold]:
+        """The holds on it that a choice does not take unless its request names them."""
+        return [h for h in self.holds if h.badge in TAKES and h.badge not in include]
 
 
 @dataclass(frozen=True)
@@ -198,6 +216,25 @@ class Choice:
     item: Token
     digest: Digest  # as the review gave it
     hunks: tuple[Token, ...] | None = None  # None: the whole item
+
+
+def check_taken(items: Sequence[ReviewItem], choices: Sequence[Choice], include: Collection[Badge]) -> None:
+    """InvalidError (400) naming every chosen item held for what the request's `include` does not name, and what
+    to add: a held item is taken only when asked for by its hold, as `--include-risky` asks at the terminal."""
+    by_id = {i.id.value: i for i in items}
+    held = [(c.item.value, by_id[c.item.value]) for c in choices if c.item.value in by_id]
+    missing = [(n, i, i.untaken(include)) for n, i in held if i.untaken(include)]
+    if not missing:
+        return
+    kinds = sorted({h.badge.value for *_, holds in missing for h in holds})
+    said = "; ".join(f"{n} ({i.path}): {', '.join(f'{h.badge.value}: {h.reason}' for h in holds)}"
+                     for n, i, holds in missing[:5])  # fmt: skip
+    more = f" (and {len(missing) - 5} more)" if len(missing) > 5 else ""
+    flags = ", ".join(f"{k!r} ({TAKES[Badge(k)]} at the terminal)" for k in kinds)
+    raise InvalidError(
+        f"held items chosen without taking their hold: {said}{more}",
+        hint=f"add {flags} to the request's include list to apply them, or leave them out",
+    )
 
 
 @dataclass(frozen=True)
