@@ -114,6 +114,10 @@ class FakeBackend:
     def sandbox(self, name: SessionName) -> Sandbox:
         return self._session(name).sandbox
 
+    def born(self, name: SessionName) -> datetime | None:
+        found = self.sessions.get(name.value)
+        return None if found is None else found.sandbox.started_at
+
     def kill(self, name: SessionName) -> None:
         session = self._session(name)
         session.processes.end()

@@ -111,11 +111,16 @@ def test_the_ipv6_twin_of_the_port_is_held_and_served_to_this_account_only(
 
 def test_envd_speaks_connects_json_only(api: Served) -> None:
     name = SessionName("some-sandbox")
-    headers = {"E2b-Sandbox-Id": name.value, "X-Access-Token": Keys(api.key).envd_token(name)}
+    made = api.backend.adopt(name)
+    headers = {
+        "E2b-Sandbox-Id": name.value,
+        "X-Access-Token": Keys(api.key, api.backend.born).envd_token(name, made.started_at),
+    }
     url = f"{api.url}/process.Process/List"
     binary = httpx.post(url, content=b"", headers=headers | {"Content-Type": "application/proto"})
     assert binary.status_code == 501 and binary.json()["code"] == "unimplemented"
     assert "JSON codec" in binary.json()["message"]
+    api.backend.kill(name)
     gone = httpx.post(url, content=b"{}", headers=headers | {"Content-Type": "application/json"})
     assert gone.status_code == 503 and gone.json()["code"] == "unavailable"
     assert "was not found running" in gone.json()["message"]

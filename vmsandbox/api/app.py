@@ -51,7 +51,7 @@ async def _reap(backend: Backend, clock: Clock, every: float) -> None:
 
 def make(backend: Backend, *, api_key: str, port: int, clock: Clock = now, reap: bool = True) -> ASGIApp:
     """The app for a server on 127.0.0.1:`port` (and a Unix socket, where Host means nothing)."""
-    keys = Keys(api_key)
+    keys = Keys(api_key, backend.born)  # (a sandbox's token is bound to when it was made)
 
     @contextlib.asynccontextmanager
     async def lifespan(_app: Starlette) -> AsyncIterator[None]:

@@ -6,7 +6,8 @@
   can drive the API even with the key, and a preflight gets no grant.
 - The control plane and the extension take the key in `X-API-Key` (E2B's header), compared in constant time.
   envd's side takes, per sandbox, the access token the control plane handed out for it (`X-Access-Token`, with
-  `E2b-Sandbox-Id` naming the sandbox): an HMAC of the key and the sandbox's name, so nothing is stored.
+  `E2b-Sandbox-Id` naming the sandbox): an HMAC of the key, the sandbox's name and when that sandbox was made,
+  so nothing is stored and a token is worth nothing to a later sandbox of the same name.
 - A connection from another local account is refused before any of this (peer.py).
 Every refusal is JSON with the fix; nothing it says depends on the key.
 """
@@ -16,12 +17,16 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+from collections.abc import Callable
+from datetime import UTC, datetime
 
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from vmsandbox.api import errors
 from vmsandbox.api.errors import ForbiddenError, UnauthenticatedError
+from vmsandbox.api.threads import blocking
+from vmsandbox.core.sandbox.interface import NotRunningError
 from vmsandbox.core.sandbox.names import SessionName
 
 ENVD_PATHS = ("/files", "/health")
@@ -34,13 +39,17 @@ def is_envd(path: str) -> bool:
 
 
 class Keys:
-    """The API key (in memory only) and the sandbox access tokens made from it."""
+    """The API key (in memory only) and the sandbox access tokens made from it. `born` says when the sandbox of a
+    name was made (None: there is none; a blocking read, made in a worker thread)."""
 
-    def __init__(self, api_key: str) -> None:
+    def __init__(self, api_key: str, born: Callable[[SessionName], datetime | None]) -> None:
         self._key = api_key.encode()
+        self._born = born
 
-    def envd_token(self, name: SessionName) -> str:
-        return hmac.new(self._key, b"envd:" + name.value.encode(), hashlib.sha256).hexdigest()
+    def envd_token(self, name: SessionName, born: datetime) -> str:
+        """The access token of the sandbox `name` made at `born` (its started_at)."""
+        made = born.astimezone(UTC).isoformat().encode()
+        return hmac.new(self._key, b"envd:" + name.value.encode() + b"\0" + made, hashlib.sha256).hexdigest()
 
     def check_api_key(self, headers: Headers) -> None:
         given = headers.get("x-api-key")
@@ -49,16 +58,20 @@ class Keys:
         if not hmac.compare_digest(given.encode(), self._key):
             raise UnauthenticatedError("not the API key of this `vmsandbox serve`", hint=KEY_HINT)
 
-    def check_envd(self, headers: Headers) -> SessionName:
-        """The sandbox a request to envd's side is for, once its access token is the one handed out for it."""
+    async def check_envd(self, headers: Headers) -> SessionName:
+        """The sandbox a request to envd's side is for, once its access token is the one handed out for it (for
+        this sandbox, not an earlier one of its name)."""
         given = headers.get("e2b-sandbox-id")
         if not given:
             raise UnauthenticatedError(
                 "no sandbox named (E2b-Sandbox-Id)", hint="set E2B_SANDBOX_URL to the URL `vmsandbox serve` printed"
             )
         name = SessionName(given)
+        born = await blocking(self._born, name)
+        if born is None:
+            raise NotRunningError(f"no sandbox {name.value}", hint="make one with Sandbox.create")
         token = headers.get("x-access-token", "")
-        if not hmac.compare_digest(token.encode(), self.envd_token(name).encode()):
+        if not hmac.compare_digest(token.encode(), self.envd_token(name, born).encode()):
             raise UnauthenticatedError(
                 f"no access token for sandbox {name} (X-Access-Token)",
                 hint="get the sandbox from Sandbox.create or Sandbox.connect, which hand out its token",

@@ -45,7 +45,7 @@ async def body(request: Request) -> Any:
         return {}
     try:
         return json.loads(data)
-    except (UnicodeDecodeError, json.JSONDecodeError):
+    except ValueError:  # (not JSON, not UTF-8, or a number past the 4,300 digits Python converts)
         raise InvalidError("the request body is not JSON", hint="send a JSON object (see /openapi.json)") from None
 
 

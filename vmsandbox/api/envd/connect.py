@@ -97,7 +97,7 @@ def end_of_stream(exc: BaseException | None) -> bytes:
 def parse(data: bytes) -> Message:
     try:
         found = json.loads(data)
-    except (UnicodeDecodeError, json.JSONDecodeError):
+    except ValueError:  # (not JSON, not UTF-8, or a number past the 4,300 digits Python converts)
         raise RpcError("invalid_argument", "the message is not JSON", hint=_CODEC_HINT) from None
     if not isinstance(found, dict):
         raise RpcError("invalid_argument", "the message is not a JSON object", hint=_CODEC_HINT)
@@ -206,6 +206,6 @@ def timeout_of(request: Request) -> float | None:
     given = request.headers.get("connect-timeout-ms")
     if not given:
         return None
-    if not given.isdigit() or len(given) > 10:
+    if not (given.isascii() and given.isdigit() and len(given) <= 10):  # (`isdigit` takes "²", `int` does not)
         raise RpcError("invalid_argument", f"Connect-Timeout-Ms is not a number of milliseconds: {given[:20]!r}")
     return int(given) / 1000

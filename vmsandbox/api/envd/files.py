@@ -71,7 +71,7 @@ def _path(request: Request) -> GuestPath:
 
 
 async def _files(request: Request, backend: Backend, keys: Keys) -> Files:
-    return await reach(backend.files, keys.check_envd(request.headers))
+    return await reach(backend.files, await keys.check_envd(request.headers))
 
 
 async def read(request: Request, *, backend: Backend, keys: Keys) -> Response:

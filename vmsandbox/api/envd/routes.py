@@ -28,7 +28,7 @@ def keepalive_of(request: Request) -> float:
     given = request.headers.get("keepalive-ping-interval")
     if not given:
         return KEEPALIVE
-    if not given.isdigit():
+    if not (given.isascii() and given.isdigit() and len(given) <= 10):  # (`isdigit` takes "²", `float` does not)
         raise InvalidError(f"Keepalive-Ping-Interval is not a number of seconds: {given[:20]!r}")
     low, high = KEEPALIVE_RANGE
     return min(max(float(given), low), high)
@@ -37,7 +37,7 @@ def keepalive_of(request: Request) -> float:
 async def rpc(request: Request, *, method: Method, keys: Keys) -> Response:
     try:
         call = Call(
-            sandbox=keys.check_envd(request.headers),
+            sandbox=await keys.check_envd(request.headers),
             user=user_of(request),
             timeout=connect.timeout_of(request),
             keepalive=keepalive_of(request),
@@ -50,7 +50,7 @@ async def rpc(request: Request, *, method: Method, keys: Keys) -> Response:
 async def health(request: Request, *, backend: Backend, keys: Keys) -> Response:
     """204 while the sandbox runs; 502 saying it `was not found` otherwise (what E2B's SDK reads as ended)."""
     try:
-        await reach(backend.processes, keys.check_envd(request.headers))
+        await reach(backend.processes, await keys.check_envd(request.headers))
     except Exception as exc:  # noqa: BLE001  (every failure is an answer)
         found = errors.problem(exc)
         status = 502 if isinstance(exc, NotRunningError) else found.status

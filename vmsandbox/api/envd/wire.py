@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import re
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
@@ -56,14 +57,24 @@ def optional_text(message: Mapping[str, Any], name: str) -> str | None:
     return None if field(message, name) is None else text(message, name)
 
 
+INT64 = (-(2**63), 2**63 - 1)  # the widest integer a protobuf field holds
+DECIMAL = re.compile(r"-?[0-9]{1,19}")  # as protobuf's JSON writes an int64: ASCII digits (`isdigit` takes "²")
+
+
 def integer(message: Mapping[str, Any], name: str, default: int = 0) -> int:
+    """An integer field: a JSON number or a decimal string of ASCII digits, within 64 bits; anything else is a 400
+    naming the field (never a 500 from `int()`)."""
     value = field(message, name)
     if value is None:
         return default
-    if isinstance(value, str) and value.lstrip("-").isdigit():
-        return int(value)
-    if isinstance(value, bool) or not isinstance(value, int):
+    if isinstance(value, str):
+        if not DECIMAL.fullmatch(value):
+            raise _wrong(name, "an integer (ASCII digits, at most 19)")
+        value = int(value)
+    elif isinstance(value, bool) or not isinstance(value, int):
         raise _wrong(name, "an integer")
+    if not INT64[0] <= value <= INT64[1]:
+        raise _wrong(name, "an integer of at most 64 bits")
     return value
 
 

@@ -107,7 +107,7 @@ class Control:
         return end_after(self.clock, timeout)
 
     def _out(self, s: Sandbox, status: int = 201) -> Response:
-        return ok(cw.dump(cw.sandbox(s, self.keys.envd_token(s.name))), status)
+        return ok(cw.dump(cw.sandbox(s, self.keys.envd_token(s.name, s.started_at))), status)
 
     async def create(self, request: Request) -> Response:
         new = cw.read(cw.NewSandbox, await body(request))
@@ -144,7 +144,7 @@ class Control:
 
     async def detail(self, request: Request) -> Response:
         s = await blocking(self.backend.sandbox, session(request))
-        return ok(cw.dump(cw.detail(s, self.keys.envd_token(s.name))))
+        return ok(cw.dump(cw.detail(s, self.keys.envd_token(s.name, s.started_at))))
 
     async def kill(self, request: Request) -> Response:
         await blocking(self.backend.kill, session(request))
@@ -192,7 +192,9 @@ class Control:
         for _ in range(asked.count):
             try:
                 made = await blocking(self.backend.fork, name, None, new_name(name.value), self._end(asked.timeout))
-                results.append(cw.ForkResultOut(sandbox=cw.sandbox(made, self.keys.envd_token(made.name))))
+                results.append(
+                    cw.ForkResultOut(sandbox=cw.sandbox(made, self.keys.envd_token(made.name, made.started_at)))
+                )
             except Exception as exc:  # noqa: BLE001  (one fork's failure is its result)
                 found = errors.problem(exc)
                 results.append(cw.ForkResultOut(error=cw.ErrorOut(code=found.status, message=found.message)))

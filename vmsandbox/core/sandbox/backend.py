@@ -26,6 +26,7 @@ from vmsandbox.core.sandbox.files import GuestFiles
 from vmsandbox.core.sandbox.interface import ConflictError, NotFoundError, NotRunningError
 from vmsandbox.core.sandbox.names import CheckpointLabel, Digest, InvalidError, SessionName, SnapshotRef, Token
 from vmsandbox.core.sandbox.processes import GuestProcesses
+from vmsandbox.errors import VmsandboxError
 from vmsandbox.session import lock, state
 from vmsandbox.session import settings as config
 from vmsandbox.session.moments import checkpoint as checkpoints_mod
@@ -107,6 +108,12 @@ class SessionBackend:
             raise NotFoundError(f"no sandbox {name.value!r} (no running or paused session of that name)",
                                 hint="list them with Sandbox.list()")  # fmt: skip
         return found
+
+    def born(self, name: SessionName) -> datetime | None:
+        try:
+            return datetime.fromtimestamp(Record.load(name.value).created, tz=UTC)
+        except (VmsandboxError, OSError, ValueError):
+            return None
 
     def _not_driven(self, name: SessionName, what: str) -> None:
         """Refused while a person's `vmsandbox run` drives the session (its review would meet a VM gone)."""

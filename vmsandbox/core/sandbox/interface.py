@@ -128,6 +128,11 @@ class Backend(Protocol):
 
     def sandbox(self, name: SessionName) -> Sandbox: ...
 
+    def born(self, name: SessionName) -> datetime | None:
+        """When the session of that name was made (its Sandbox's started_at), None if there is none: what a
+        sandbox's access token is bound to, read cheaply (its record, not libvirt)."""
+        ...
+
     def kill(self, name: SessionName) -> None:
         """End it (running or paused), keeping its unreviewed changes in the outbox."""
         ...
