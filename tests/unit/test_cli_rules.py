@@ -208,7 +208,7 @@ def test_config_show_marks_an_untrusted_project_files_values(
     (tmp_path / ".vmsandbox.yaml").write_text("memory: 1G\nnetwork: open\nallow: [evil.example]\n")
     assert run_cli(["config", "show", str(tmp_path), "--json"]) == 0
     captured = capsys.readouterr()
-    rows = json.loads(captured.out)
+    rows = [json.loads(line) for line in captured.out.splitlines()]
     assert "is not trusted" in captured.err and "vmsandbox config trust add" in captured.err
     untrusted = {r["key"]: r["value"] for r in rows if "untrusted" in r["from"]}
     assert untrusted == {"memory": '"1G"', "network": '"open"', "allow": '["evil.example"]'}

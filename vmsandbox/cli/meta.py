@@ -53,7 +53,7 @@ def version(as_json: output.AsJson = False) -> None:
     from vmsandbox.core import settings
 
     if as_json:
-        output.print_json({"version": settings.version()})
+        output.json_lines([{"version": settings.version()}])
     else:
         print(f"vmsandbox {settings.version()}")
 
@@ -70,7 +70,7 @@ def doctor(as_json: output.AsJson = False) -> None:
 
     checks = hosts.diagnose(Path.cwd())
     if as_json:
-        output.print_json([{"name": c.name, "level": c.level, "detail": c.detail, "fix": c.fix} for c in checks])
+        output.json_lines([{"name": c.name, "level": c.level, "detail": c.detail, "fix": c.fix} for c in checks])
     else:
         marks = {"ok": "[green]✓[/]", "warn": "[yellow]![/]", "fail": "[red]✗[/]"}
         for c in checks:  # the report is this command's output: stdout (`vmsandbox doctor | less`)

@@ -1,14 +1,17 @@
-"""How listings come out, alike for every command that lists: a table that fits the terminal (80 columns when
-stdout is no terminal), `-q` names, `--json` (an array), and `--format` as docker and limactl take it —
-`json` (an object a line), `table`, or a Go-style template (`'{{.Name}} {{.State}}'`, `'table {{.Name}}\\t...'`,
-`{{json .Ports}}`), checked against the fields before anything is listed. And `--filter KEY=VALUE`, its keys and
-(where they are a known set) its values checked."""
+"""How listings come out, alike for every command that lists, as docker prints them:
+- a table of whole values, never cut: its headers are its fields' names (`AVAILABLE MIB` is `{{.AvailableMib}}`);
+  wider than the terminal (80 columns, or COLUMNS, when stdout is no terminal), it leaves out whole columns in the
+  order the listing gives and says which on stderr; `-o wide` shows every column;
+- `-q`: the names, one a line; `--json` (and `--format json`): one JSON object a line, every field;
+- `--format`: json, table, or a Go template (cli/template: the subset docker users write), checked against the
+  listing's fields before anything is listed.
+One of -q, --json, --format and -o at a time. And `--filter KEY=VALUE`, its keys and (where they are a known set)
+its values checked."""
 
 from __future__ import annotations
 
 import fnmatch
 import json
-import re
 import shutil
 import sys
 from collections.abc import Callable, Mapping, Sequence
@@ -20,33 +23,58 @@ from rich.cells import cell_len, set_cell_size
 
 from vmsandbox import ui
 from vmsandbox.cli import complete
+from vmsandbox.cli.template.checked import Template, check
 from vmsandbox.errors import UsageError
 
 WIDTH = 80  # the width of a table when stdout is no terminal (COLUMNS says otherwise)
 GAP = 2  # spaces between two columns
-LEAST = 8  # a column is cut no narrower than this (or its header)
+NAMED = ("json", "table")  # the formats that are no template
 HEAD_LEAST = 4  # columns a cut path keeps of its start
 
-AsJson = Annotated[bool, typer.Option("--json", help="Print a JSON array: every field, whole.")]
+
+def _outputs(incomplete: str) -> list[str]:
+    return [w for w in ("wide",) if w.startswith(incomplete)]
+
+
+AsJson = Annotated[bool, typer.Option("--json", help="One JSON object a line, every field (as --format json).")]
 Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="Print names only, one per line.")]
-Format = Annotated[
+Output = Annotated[
     str | None,
     typer.Option(
-        "--format",
-        metavar="FORMAT",
-        help="json (an object a line), table, or a template: '{{.Name}} {{.State}}' ('table …' adds headers).",
-        autocompletion=complete.formats,
+        "--output",
+        "-o",
+        metavar="wide",
+        help="wide: every column, however wide (a table wider than the terminal leaves columns out).",
+        autocompletion=_outputs,
     ),
 ]
 
 
+def format_option(example: str, also: str = "") -> Any:
+    """A listing's --format option, its example a template of that listing's fields (`also`: another's)."""
+    return typer.Option(
+        "--format",
+        metavar="FORMAT",
+        help=f"json (an object a line), table, or a Go template: '{example}' ('table …' adds headers"
+        + (f"; {also})." if also else ")."),
+        autocompletion=complete.formats,
+    )
+
+
 def print_json(data: Any) -> None:
+    """One JSON document, indented (`inspect --json`, as docker inspect)."""
     ui.out.print_json(json.dumps(data), indent=2) if sys.stdout.isatty() else print(json.dumps(data, indent=2))
 
 
+def json_lines(rows: Sequence[Any]) -> None:
+    """One JSON object a line, as docker's --format json (and `{{json .}}`) prints them."""
+    for row in rows:
+        print(json.dumps(row, separators=(",", ":")))
+
+
 def cut(text: str, width: int, *, path: bool = True) -> str:
-    """Text shown in `width` columns at most: a path cut in its middle (it keeps its start and, where it fits,
-    its whole file name), other text at its end."""
+    """Text shown in `width` columns at most, for the review's screens (a listing never cuts): a path cut in its
+    middle (it keeps its start and, where it fits, its whole file name), other text at its end."""
     if cell_len(text) <= width:
         return text
     if width <= 1:
@@ -62,73 +90,21 @@ def width() -> int:
     return shutil.get_terminal_size((WIDTH, 24)).columns
 
 
-def columns(headers: list[str], rows: list[list[str]], *, paths: Sequence[str] = (), fit: int | None = None) -> None:
-    """A table on stdout in `fit` columns (the terminal's): its first column (names, meant to be copied) whole,
-    the widest of the others cut with an ellipsis until the table fits (`paths`: the headers of columns cut in
-    their middle); the whole text is in --json and `inspect`. Cells are shown escaped."""
-    cells = [headers, *[[ui.printable(c, markup=False) for c in row] for row in rows]]
+def columns(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
+    """An aligned table on stdout, every value whole, each shown escaped."""
+    cells = [list(headers), *[[ui.visible(c) for c in row] for row in rows]]
     widths = [max(cell_len(row[i]) for row in cells) for i in range(len(headers))]
-    room = (fit or width()) - GAP * (len(headers) - 1)
-    least = [max(min(LEAST, w), cell_len(h)) for w, h in zip(widths, headers, strict=True)]
-    while sum(widths) > room:
-        cuttable = [i for i in range(1, len(widths)) if widths[i] > least[i]]
-        if not cuttable:
-            break
-        widest = max(cuttable, key=lambda i: widths[i])
-        widths[widest] -= 1
     for row in cells:
-        shown = [c if i == 0 else cut(c, widths[i], path=headers[i] in paths) for i, c in enumerate(row)]
-        padded = [c + " " * (widths[i] - cell_len(c)) for i, c in enumerate(shown[:-1])]
-        print((" " * GAP).join([*padded, shown[-1]]).rstrip())
+        padded = [c + " " * (widths[i] - cell_len(c)) for i, c in enumerate(row[:-1])]
+        print((" " * GAP).join([*padded, row[-1]]).rstrip())
 
 
-# --format: a Go-style template, as docker and limactl take it.
-ACTION = re.compile(r"\{\{-?\s*(.*?)\s*-?\}\}")
-REFERENCE = re.compile(r"(json\s+)?\.((?:[A-Za-z_][A-Za-z0-9_]*)(?:\.[A-Za-z0-9_]+)*)?")
-
-
-def _key(word: str) -> str:
-    return word.replace("_", "").lower()
-
-
-@dataclass(frozen=True)
-class Template:
-    """A checked --format template: its text, whether it is a table (headers, aligned), and each field it names
-    as (json?, the path of keys)."""
-
-    text: str
-    table: bool
-
-    def render(self, row: dict[str, Any]) -> str:
-        def one(found: re.Match[str]) -> str:
-            action = REFERENCE.fullmatch(found.group(1))
-            if action is None:  # (template() refuses one)
-                return found.group(0)
-            value: Any = row
-            for part in (action.group(2) or "").split(".") if action.group(2) else []:
-                if isinstance(value, dict):
-                    value = next((v for k, v in value.items() if _key(str(k)) == _key(part)), None)
-                else:
-                    value = None
-            if action.group(1):
-                return json.dumps(value)
-            return _plain(value)
-
-        return ACTION.sub(one, self.text)
-
-    def headers(self) -> str:
-        def one(found: re.Match[str]) -> str:
-            action = REFERENCE.fullmatch(found.group(1))
-            return (action.group(2) or "").upper().replace(".", " ") if action else ""
-
-        return ACTION.sub(one, self.text)
-
-
-def _plain(value: Any) -> str:
+def plain(value: Any) -> str:
+    """A value in a table's cell: None as `-`, a list as `a, b`."""
     if value is None:
         return "-"
-    if isinstance(value, list):
-        return ",".join(_plain(v) for v in value)
+    if isinstance(value, list | tuple):
+        return ", ".join(plain(v) for v in value) or "-"
     if isinstance(value, dict):
         return json.dumps(value)
     if isinstance(value, bool):
@@ -136,88 +112,134 @@ def _plain(value: Any) -> str:
     return str(value)
 
 
+@dataclass(frozen=True)
+class Column:
+    """A column of a listing's table: the field it shows (its header is that field's name in upper case words),
+    its cell as people read it (else the value as it is), and, for a field the listing makes for its table (`age`
+    from `age_seconds`), how a row makes it: every row then has it, in --json and --format too."""
+
+    field: str
+    cell: Callable[[dict[str, Any]], str] | None = None
+    made: Callable[[dict[str, Any]], Any] | None = None
+
+    @property
+    def header(self) -> str:
+        return self.field.replace("_", " ").upper()
+
+    def shown(self, row: dict[str, Any]) -> str:
+        return ui.visible(self.cell(row) if self.cell is not None else plain(row.get(self.field)))
+
+
+@dataclass(frozen=True)
+class Shape:
+    """How a listing is to come out: the options given, checked."""
+
+    json: bool = False
+    quiet: bool = False
+    template: Template | None = None
+    wide: bool = False
+
+
+@dataclass(frozen=True)
+class Listing:
+    """What a listing command lists: the fields of its rows, its table (its first column, the names, always
+    shown), the order its other columns are kept in when the table is too wide (`keep`, the first kept longest;
+    those not named after, in their order), the field `-q` prints, and its --format help's example."""
+
+    fields: tuple[str, ...]
+    columns: tuple[Column, ...]
+    example: str
+    keep: tuple[str, ...] = ()
+    key: str = "name"
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """Every field a row has: its own and those made for the table."""
+        return tuple(dict.fromkeys([*self.fields, *(c.field for c in self.columns if c.made is not None)]))
+
+    def shape(
+        self, *, as_json: bool = False, quiet: bool = False, fmt: str | None = None, output: str | None = None
+    ) -> Shape:
+        """The options checked before anything is listed (UsageError: two ways at once, an unknown format or
+        output, a template with a fault or a field this listing has not)."""
+        given = [
+            o for o, on in (("-q", quiet), ("--json", as_json), ("--format", fmt is not None), ("-o", output)) if on
+        ]
+        if len(given) > 1:
+            raise UsageError(f"{' and '.join(given)}: choose one")
+        if output not in (None, "wide"):
+            raise UsageError(f"-o {output}: no such output", hint="`-o wide` shows every column, however wide")
+        formats(fmt)
+        shaped = template(fmt, self.names)
+        return Shape(json=as_json or fmt == "json", quiet=quiet, template=shaped, wide=output == "wide")
+
+    def show(self, rows: Sequence[dict[str, Any]], shape: Shape, *, empty: str) -> None:
+        """Rows as `shape` says (`empty`, said on stderr when the table has no row: what to do next)."""
+        made = [{**r, **{c.field: c.made(r) for c in self.columns if c.made is not None}} for r in rows]
+        if shape.json:
+            json_lines(made)
+        elif shape.quiet:
+            for r in made:
+                print(ui.visible(plain(r.get(self.key))))
+        elif shape.template is not None:
+            templated(shape.template, made)
+        elif not made:
+            ui.info(empty)
+        else:
+            self.table(made, wide=shape.wide)
+
+    def table(self, rows: Sequence[dict[str, Any]], *, wide: bool) -> None:
+        cells = [[c.shown(r) for c in self.columns] for r in rows]
+        heads = [c.header for c in self.columns]
+        widths = [max(cell_len(x) for x in [h, *(row[i] for row in cells)]) for i, h in enumerate(heads)]
+        room = width()
+        shown = list(range(len(heads))) if wide else self.fitting(widths, room)
+        columns([heads[i] for i in shown], [[row[i] for i in shown] for row in cells])
+        left = [heads[i] for i in range(len(heads)) if i not in shown]
+        if left:
+            ui.info(f"[dim]{', '.join(left)} left out to fit {room} columns: `-o wide` shows every column[/]")
+
+    def fitting(self, widths: Sequence[int], room: int) -> list[int]:
+        """The columns shown in `room`: the first, then each other in the order kept that still fits whole."""
+        fields = [c.field for c in self.columns]
+        ranked = sorted(range(1, len(fields)), key=lambda i: (self.keep + tuple(fields)).index(fields[i]))
+        taken, used = [0], widths[0]
+        for i in ranked:
+            if used + GAP + widths[i] <= room:
+                taken.append(i)
+                used += GAP + widths[i]
+        return sorted(taken)
+
+
+def templated(shaped: Template, rows: Sequence[dict[str, Any]]) -> None:
+    """Rows through a template, every one rendered before any is printed; a `table` aligned under its headers
+    (the columns the person chose, all of them, whole)."""
+    texts = [shaped.render(r) for r in rows]
+    if not shaped.table:
+        for text in texts:
+            print(ui.visible(text))
+        return
+    lines = "\n".join([shaped.headers(), *texts]).split("\n")
+    split = [line.split("\t") for line in lines]
+    if all(len(s) == len(split[0]) for s in split):
+        columns(split[0], split[1:])
+    else:
+        for line in lines:
+            print(ui.visible(line))
+
+
 def template(fmt: str | None, fields: Sequence[str]) -> Template | None:
-    """`--format` checked against the fields of a row (UsageError naming them): None for the table (or json)."""
-    if fmt is None or fmt in ("table", "json"):
+    """`--format` checked against the fields of a row (UsageError naming them): None for json and table."""
+    if fmt is None or fmt in NAMED or "{{" not in fmt:
         return None
-    text = fmt.replace("\\t", "\t").replace("\\n", "\n")
-    table = text.startswith("table ")
-    text = text.removeprefix("table ").lstrip() if table else text
-    known = {_key(f) for f in fields}
-    named = []
-    for found in ACTION.finditer(text):
-        action = REFERENCE.fullmatch(found.group(1))
-        if action is None:
-            raise UsageError(f"--format: {found.group(0)} is not a field", hint=_fields_hint(fields))
-        first = (action.group(2) or "").split(".")[0]
-        if first and _key(first) not in known:
-            raise UsageError(f"--format: no field {first!r}", hint=_fields_hint(fields))
-        named.append(first or ".")
-    if not named:
-        raise UsageError(f"--format {fmt!r} names no field", hint=_fields_hint(fields))
-    return Template(text, table)
-
-
-def _fields_hint(fields: Sequence[str]) -> str:
-    shown = ", ".join("." + "".join(w.capitalize() for w in f.split("_")) for f in fields)
-    return f"e.g. --format '{{{{.Name}}}}\\t{{{{.State}}}}'; the fields: {shown} (json, table, or `--json` for all)"
+    return check(fmt, fields)
 
 
 def formats(fmt: str | None, extra: Sequence[str] = ()) -> None:
     """Refuse a named format this listing does not have (json, table, and `extra`)."""
-    if fmt is not None and "{{" not in fmt and fmt not in ("json", "table", *extra):
-        named = ", ".join(("json", "table", *extra))
+    if fmt is not None and "{{" not in fmt and fmt not in (*NAMED, *extra):
+        named = ", ".join((*NAMED, *extra))
         raise UsageError(f"--format {fmt!r}: no such format", hint=f"{named}, or a template such as '{{{{.Name}}}}'")
-
-
-@dataclass(frozen=True)
-class Column:
-    """A column of a listing's table: its header and its cell for a row."""
-
-    header: str
-    cell: Callable[[dict[str, Any]], str]
-
-
-def listing(
-    rows: list[dict[str, Any]],
-    table: Sequence[Column],
-    *,
-    as_json: bool = False,
-    quiet: bool = False,
-    fmt: str | None = None,
-    key: str = "name",
-    empty: str,
-    paths: Sequence[str] = (),
-    fields: Sequence[str] = (),
-) -> None:
-    """Rows shown as the options say: --json (an array), --format json (an object a line), -q (the `key` of
-    each), a template (checked against `fields`, and the rows' own), or the table (`empty` when there is no row:
-    what to do next)."""
-    known = list(dict.fromkeys([*fields, *(k for r in rows for k in r)])) or [key]
-    shaped = template(fmt, known) if fmt is not None else None
-    if as_json:
-        print_json(rows)
-    elif fmt == "json":
-        for r in rows:
-            print(json.dumps(r))
-    elif quiet:
-        for r in rows:
-            print(r[key])
-    elif shaped is not None:
-        shown = [shaped.render(r) for r in rows]
-        if shaped.table:
-            lines = [shaped.headers(), *shown]
-            split = [line.split("\t") for line in lines]
-            if all(len(s) == len(split[0]) for s in split):
-                columns(split[0], split[1:], fit=10**6)  # the person chose the columns: nothing cut
-                return
-            shown = lines
-        for line in shown:
-            print(line)
-    elif not rows:
-        ui.info(empty)
-    else:
-        columns([c.header for c in table], [[c.cell(r) for c in table] for r in rows], paths=paths)
 
 
 def filters(given: list[str], keys: Mapping[str, Sequence[str] | None]) -> dict[str, set[str]]:

@@ -11,14 +11,14 @@ import typer
 from vmsandbox import ui
 from vmsandbox.cli import output
 from vmsandbox.cli.base import Label, SessionName, age, noun
-from vmsandbox.cli.output import AsJson, Column, Format, Quiet
+from vmsandbox.cli.output import AsJson, Column, Listing, Output, Quiet
 
 checkpoint = noun(
     "checkpoint",
     "A session's state kept to return to: create, ls, rm, restore.\n\n"
     "Its memory (its processes), disks and workspace; `vmsandbox create --from NAME:LABEL` copies one into a new "
     "session.\n\n"
-    "Example: `vmsandbox checkpoint create exp1 before`, later `vmsandbox checkpoint restore exp1 before`",
+    "Examples: `vmsandbox checkpoint create exp1 before` · `vmsandbox checkpoint restore exp1 before` (later)",
 )
 
 
@@ -47,24 +47,35 @@ def create(
     )
 
 
+CHECKPOINTS = Listing(
+    fields=("label", "created", "overlay", "bytes"),
+    columns=(
+        Column("label"),
+        Column("age", made=lambda r: age(time.time() - r["created"])),
+        Column("size", made=lambda r: _mib(r["bytes"])),
+    ),
+    example="{{.Label}} {{.Size}}",
+    key="label",
+)
+
+
 @checkpoint.command("ls")
-def ls(name: SessionName, as_json: AsJson = False, quiet: Quiet = False, fmt: Format = None) -> None:
+def ls(
+    name: SessionName,
+    as_json: AsJson = False,
+    quiet: Quiet = False,
+    fmt: Annotated[str | None, output.format_option(CHECKPOINTS.example)] = None,
+    wide: Output = None,
+) -> None:
     """List a session's checkpoints, oldest first, with their age and size on disk.
 
-    Example: `vmsandbox checkpoint ls exp1`"""
+    Examples: `vmsandbox checkpoint ls exp1` · `vmsandbox checkpoint ls exp1 --format '{{.Label}} {{.Bytes}}'`"""
     from vmsandbox.core import moments
 
-    output.formats(fmt)
-    output.template(fmt, ("label", "created", "bytes"))
+    shape = CHECKPOINTS.shape(as_json=as_json, quiet=quiet, fmt=fmt, output=wide)
     rows = [c.as_dict() for c in moments.kept(name)]
-    table = (
-        Column("LABEL", lambda r: r["label"]),
-        Column("AGE", lambda r: age(time.time() - r["created"])),
-        Column("SIZE", lambda r: _mib(r["bytes"])),
-    )
     empty = f"Session {name} has no checkpoints: `vmsandbox checkpoint create {name} [LABEL]` takes one."
-    output.listing(rows, table, as_json=as_json, quiet=quiet, fmt=fmt, key="label", empty=empty,
-                   fields=("label", "created", "bytes"))  # fmt: skip
+    CHECKPOINTS.show(rows, shape, empty=empty)
 
 
 @checkpoint.command("rm")

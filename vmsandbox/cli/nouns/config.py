@@ -14,7 +14,7 @@ import typer
 from vmsandbox import ui
 from vmsandbox.cli import output
 from vmsandbox.cli.base import EXIT_FAILED, noun, said
-from vmsandbox.cli.output import AsJson, Column, Format
+from vmsandbox.cli.output import AsJson, Column, Listing, Output
 from vmsandbox.errors import VmsandboxError
 
 config = noun(
@@ -24,23 +24,34 @@ config = noun(
     "the project configs you trust (`config trust add|ls|rm`).\n\n"
     "Examples: `vmsandbox config show ~/src/app` · `vmsandbox config trust add ~/src/app`",
 )
+SETTINGS = Listing(
+    fields=("key", "value", "from"),
+    columns=(Column("key"), Column("value"), Column("from")),
+    example="{{.Key}}={{.Value}}",
+    key="key",
+)
 ProjectArg = Annotated[
     Path, typer.Argument(help="The project directory (its .vmsandbox.yaml is read).", metavar="PROJECT")
 ]
 
 
 @config.command("show")
-def show(project: ProjectArg = Path(), as_json: AsJson = False, fmt: Format = None) -> None:
+def show(
+    project: ProjectArg = Path(),
+    as_json: AsJson = False,
+    fmt: Annotated[str | None, output.format_option(SETTINGS.example)] = None,
+    wide: Output = None,
+) -> None:
     """Show each setting for PROJECT and where it comes from.
 
     The defaults, your ~/.config/vmsandbox/config.yaml, the project's .vmsandbox.yaml (as far as it is trusted),
     or an environment variable. An untrusted project file's values come after them, marked untrusted. A file with
     problems is said first, every problem at its line; what of it passes is shown.
 
-    Example: `vmsandbox config show ~/src/app`"""
+    Examples: `vmsandbox config show ~/src/app` · `vmsandbox config show --format '{{.Key}} {{.From}}'`"""
     from vmsandbox.core import settings
 
-    output.formats(fmt)
+    shape = SETTINGS.shape(as_json=as_json, fmt=fmt, output=wide)
     found = settings.explained(project)
     for exc in found.broken:
         if not isinstance(exc, settings.UntrustedError):
@@ -53,13 +64,7 @@ def show(project: ProjectArg = Path(), as_json: AsJson = False, fmt: Format = No
         ui.warn(
             "what has a problem is left out of the settings shown, and a session refuses to start until it is fixed"
         )
-    table = (
-        Column("KEY", lambda r: r["key"]),
-        Column("VALUE", lambda r: r["value"]),
-        Column("FROM", lambda r: r["from"]),
-    )
-    output.listing(found.rows, table, as_json=as_json, fmt=fmt, key="key", empty="", paths=("FROM",),
-                   fields=("key", "value", "from"))  # fmt: skip
+    SETTINGS.show(found.rows, shape, empty="")
 
 
 @config.command("validate")

@@ -11,13 +11,13 @@ import typer
 from vmsandbox import ui
 from vmsandbox.cli import complete, output
 from vmsandbox.cli.base import noun
-from vmsandbox.cli.output import AsJson, Column, Format, Quiet
+from vmsandbox.cli.output import AsJson, Column, Listing, Output, Quiet
 
 host = noun(
     "host",
     "The libvirt hosts sessions run on: ls, add, rm, setup, prepare.\n\n"
     "This machine (`local`) and those under `hosts:` in your config.\n\n"
-    "Example: `vmsandbox host add big qemu+ssh://me@big.example/system`, then `vmsandbox run --host big .`",
+    "Examples: `vmsandbox host add big qemu+ssh://me@big.example/system` · `vmsandbox run --host big .` (then)",
 )
 FIELDS = ("name", "uri", "reachable", "problem", "hint", "hostname", "libvirt", "qemu", "cpus", "memory_mib",
           "available_mib", "reserved_mib", "accel", "kvm_problem", "sessions", "max_sessions", "keep_free_mib",
@@ -28,14 +28,23 @@ def _gib(mib: int | None) -> str:
     return "-" if mib is None else f"{mib / 1024:.1f}G"
 
 
-TABLE = (
-    Column("HOST", lambda r: r["name"]),
-    Column("STATE", lambda r: "ok" if r["reachable"] else "unreachable"),
-    Column("ACCEL", lambda r: r["accel"] or "-"),
-    Column("FREE", lambda r: "-" if not r["reachable"] else f"{_gib(r['available_mib'])}/{_gib(r['memory_mib'])}"),
-    Column("SESSIONS", lambda r: str(r["sessions"]) + ("" if r["max_sessions"] is None else f"/{r['max_sessions']}")),
-    Column("ROOM", lambda r: "-" if r["room"] is None else str(r["room"])),
-    Column("URI", lambda r: r["uri"]),
+HOSTS = Listing(
+    fields=FIELDS,
+    columns=(
+        Column("name"),
+        Column("state", made=lambda r: "ok" if r["reachable"] else "unreachable"),
+        Column("accel"),
+        Column(
+            "free", made=lambda r: f"{_gib(r['available_mib'])}/{_gib(r['memory_mib'])}" if r["reachable"] else None
+        ),
+        Column(
+            "sessions", lambda r: f"{r['sessions']}" + ("" if r["max_sessions"] is None else f"/{r['max_sessions']}")
+        ),
+        Column("room"),
+        Column("uri"),
+    ),
+    example="{{.Name}} {{.Sessions}} {{.Room}}",
+    keep=("state", "free", "room", "sessions", "accel"),
 )
 
 
@@ -43,7 +52,8 @@ TABLE = (
 def ls(
     as_json: AsJson = False,
     quiet: Quiet = False,
-    fmt: Format = None,
+    fmt: Annotated[str | None, output.format_option(HOSTS.example)] = None,
+    wide: Output = None,
     timeout: Annotated[
         float, typer.Option("--timeout", metavar="SECONDS", help="Wait this long for a host (at least 1).")
     ] = 20.0,
@@ -58,12 +68,12 @@ def ls(
     holes of the memory files sessions share, which a save of one of them reads in (`reserved_mib`). `--json`
     adds the images each holds and more.
 
-    Examples: `vmsandbox host ls` · `vmsandbox host ls --json`"""
+    Examples: `vmsandbox host ls` · `vmsandbox host ls --json` ·
+    `vmsandbox host ls --format '{{.Name}} {{.AvailableMib}}'`"""
     from vmsandbox.core import hosts
     from vmsandbox.errors import UsageError
 
-    output.formats(fmt)
-    output.template(fmt, FIELDS)
+    shape = HOSTS.shape(as_json=as_json, quiet=quiet, fmt=fmt, output=wide)
     if timeout < 1:
         raise UsageError(f"--timeout {timeout:g}: give 1 second or more")
     if quiet:  # names only: nothing is asked of the hosts
@@ -72,7 +82,7 @@ def ls(
         return
     found = hosts.listed(timeout)
     rows: list[dict[str, Any]] = [h.facts for h in found]
-    output.listing(rows, TABLE, as_json=as_json, fmt=fmt, empty="", paths=("URI",), fields=FIELDS)
+    HOSTS.show(rows, shape, empty="")
     if as_json or fmt:
         return
     for h in found:  # each host whose sessions load a copy of their memory: why

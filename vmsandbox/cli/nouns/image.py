@@ -12,7 +12,7 @@ import typer
 from vmsandbox import ui
 from vmsandbox.cli import complete, output
 from vmsandbox.cli.base import noun
-from vmsandbox.cli.output import AsJson, Column, Format, Quiet
+from vmsandbox.cli.output import AsJson, Column, Listing, Output, Quiet
 
 image = noun(
     "image",
@@ -20,11 +20,27 @@ image = noun(
     "A blueprint says what a session is made of: packages, the agent's command, allowed hosts, secrets and files "
     "copied in. The base image is built here from Debian packages; a blueprint's layer on it holds what the "
     "blueprint installs. Each has its warm-start template (sessions start from its saved memory in seconds).\n\n"
-    "Examples: `sudo vmsandbox image build`, then `vmsandbox image ls` · `vmsandbox image ls --blueprints` · "
+    "Examples: `sudo vmsandbox image build` · `vmsandbox image ls` · `vmsandbox image ls --blueprints` · "
     "`vmsandbox image show claude`",
 )
-FIELDS = ("version", "path", "built_at", "build_seconds", "disk_bytes", "kernel", "recipe_hash", "kind", "base")
-BLUEPRINT_FIELDS = ("name", "from", "file", "description")
+IMAGES = Listing(
+    fields=("version", "path", "built_at", "build_seconds", "disk_bytes", "kernel", "recipe_hash", "kind", "base"),
+    columns=(
+        Column("version"),
+        Column("kind"),
+        Column("built_at"),
+        Column("size", made=lambda r: f"{(r['disk_bytes'] or 0) / 1024**2:.0f} MiB"),
+        Column("kernel"),
+    ),
+    example="{{.Version}} {{.Kind}} {{.Size}}",
+    keep=("kind", "size", "built_at"),
+    key="version",
+)
+BLUEPRINTS = Listing(
+    fields=("name", "from", "file", "description"),
+    columns=(Column("name"), Column("from"), Column("description")),
+    example="{{.Name}} {{.From}}",
+)
 
 
 @image.command("build")
@@ -76,7 +92,8 @@ def ls(
     ] = False,
     as_json: AsJson = False,
     quiet: Quiet = False,
-    fmt: Format = None,
+    fmt: Annotated[str | None, output.format_option(IMAGES.example, f"--blueprints: '{BLUEPRINTS.example}'")] = None,
+    wide: Output = None,
 ) -> None:
     """List built base images and blueprint layers (--blueprints: the blueprints).
 
@@ -84,38 +101,16 @@ def ls(
     (~/.config/vmsandbox/blueprints/) and this project's (.vmsandbox/blueprints/, used only once trusted: `vmsandbox
     config trust add`); `-q` gives their names, as `image show` and `image build -b` take them.
 
-    Examples: `vmsandbox image ls -q` · `vmsandbox image ls --blueprints`"""
+    Examples: `vmsandbox image ls -q` · `vmsandbox image ls --blueprints` ·
+    `vmsandbox image ls --format '{{.Version}} {{.BuiltAt}}'`"""
     from vmsandbox.core import images
 
-    output.formats(fmt)
-    if blueprints:
-        _blueprints(as_json=as_json, quiet=quiet, fmt=fmt)
+    if blueprints:  # each blueprint, where it comes from (built in, yours, the project's) and what it is for
+        shape = BLUEPRINTS.shape(as_json=as_json, quiet=quiet, fmt=fmt, output=wide)
+        BLUEPRINTS.show(images.blueprints(), shape, empty="")
         return
-    output.template(fmt, FIELDS)
-    table = (
-        Column("VERSION", lambda r: r["version"]),
-        Column("KIND", lambda r: r["kind"]),
-        Column("BUILT", lambda r: str(r["built_at"])),
-        Column("SIZE", lambda r: f"{(r['disk_bytes'] or 0) / 1024**2:.0f} MiB"),
-        Column("KERNEL", lambda r: str(r["kernel"])),
-    )
-    output.listing(images.listed(), table, as_json=as_json, quiet=quiet, fmt=fmt, key="version",
-                   empty="No images. Build the base with `sudo vmsandbox image build`.", fields=FIELDS)  # fmt: skip
-
-
-def _blueprints(*, as_json: bool, quiet: bool, fmt: str | None) -> None:
-    """`image ls --blueprints`: each blueprint, where it comes from (built in, yours, the project's) and what it is
-    for (or why it cannot be used)."""
-    from vmsandbox.core import images
-
-    output.template(fmt, BLUEPRINT_FIELDS)
-    table = (
-        Column("NAME", lambda r: r["name"]),
-        Column("FROM", lambda r: r["from"]),
-        Column("DESCRIPTION", lambda r: r["description"]),
-    )
-    output.listing(images.blueprints(), table, as_json=as_json, quiet=quiet, fmt=fmt, empty="",
-                   fields=BLUEPRINT_FIELDS)  # fmt: skip
+    shape = IMAGES.shape(as_json=as_json, quiet=quiet, fmt=fmt, output=wide)
+    IMAGES.show(images.listed(), shape, empty="No images. Build the base with `sudo vmsandbox image build`.")
 
 
 @image.command("show")
@@ -141,7 +136,7 @@ def show(
 
     data = images.blueprint_shown(name)
     if as_json:
-        output.print_json(data)
+        output.json_lines([data])
         return
     shown = {k: v for k, v in data.items() if v not in (None, [], {}, "")}
     print(ui.printable(yaml.safe_dump(shown, sort_keys=False, allow_unicode=True), markup=False), end="")

@@ -9,7 +9,7 @@ import typer
 from vmsandbox import ui
 from vmsandbox.cli import complete, output
 from vmsandbox.cli.base import noun
-from vmsandbox.cli.output import AsJson, Column, Format, Quiet
+from vmsandbox.cli.output import AsJson, Column, Listing, Output, Quiet
 
 login = noun(
     "login",
@@ -53,18 +53,26 @@ def add(
     ui.info(f"[green]✓[/] {agent}'s login kept ({', '.join(kept)}); later {agent} sessions start signed in")
 
 
+LOGINS = Listing(
+    fields=("name", "files"), columns=(Column("name"), Column("files")), example='{{.Name}}: {{join .Files " "}}'
+)
+
+
 @login.command("ls")
-def ls(as_json: AsJson = False, quiet: Quiet = False, fmt: Format = None) -> None:
+def ls(
+    as_json: AsJson = False,
+    quiet: Quiet = False,
+    fmt: Annotated[str | None, output.format_option(LOGINS.example)] = None,
+    wide: Output = None,
+) -> None:
     """List the agents whose login is kept.
 
-    Example: `vmsandbox login ls`"""
+    Examples: `vmsandbox login ls` · `vmsandbox login ls --format '{{.Name}} {{len .Files}}'`"""
     from vmsandbox.core import secrets
 
-    output.formats(fmt)
+    shape = LOGINS.shape(as_json=as_json, quiet=quiet, fmt=fmt, output=wide)
     rows = [{"name": name, "files": files} for name, files in secrets.logged_in().items()]
-    table = (Column("AGENT", lambda r: r["name"]), Column("FILES", lambda r: ", ".join(r["files"])))
-    output.listing(rows, table, as_json=as_json, quiet=quiet, fmt=fmt, fields=("name", "files"),
-                   empty="No login is kept: `vmsandbox login add AGENT` signs one in.")  # fmt: skip
+    LOGINS.show(rows, shape, empty="No login is kept: `vmsandbox login add AGENT` signs one in.")
 
 
 @login.command("rm")

@@ -11,7 +11,7 @@ import typer
 from vmsandbox import ui
 from vmsandbox.cli import complete, output
 from vmsandbox.cli.base import SessionName, noun
-from vmsandbox.cli.output import AsJson, Column, Format, Quiet
+from vmsandbox.cli.output import AsJson, Column, Listing, Output, Quiet
 from vmsandbox.cli.sessions.logs import Follow, Tail, lines_wanted, parse_age
 
 policy = noun(
@@ -59,17 +59,28 @@ def deny(
     ui.info(f"Session {name} no longer reaches {', '.join(removed)} (new connections)")
 
 
+ALLOWED = Listing(
+    fields=("entry", "kind"), columns=(Column("entry"), Column("kind")), example="{{.Entry}}", key="entry"
+)
+
+
 @policy.command("ls")
-def ls(name: SessionName, as_json: AsJson = False, quiet: Quiet = False, fmt: Format = None) -> None:
+def ls(
+    name: SessionName,
+    as_json: AsJson = False,
+    quiet: Quiet = False,
+    fmt: Annotated[str | None, output.format_option(ALLOWED.example)] = None,
+    wide: Output = None,
+) -> None:
     """List a session's allowlist, as its proxy reads it now.
 
     Its network mode first (allowlist: only these; open: any public host; none: no way out), then each entry, and
     the private networks allowed names may resolve to.
 
-    Example: `vmsandbox policy ls exp1`"""
+    Examples: `vmsandbox policy ls exp1` · `vmsandbox policy ls exp1 --format '{{.Kind}} {{.Entry}}'`"""
     from vmsandbox.core import watch
 
-    output.formats(fmt)
+    shape = ALLOWED.shape(as_json=as_json, quiet=quiet, fmt=fmt, output=wide)
     found = watch.allowlist(name)
     rows = [{"entry": e, "kind": "host"} for e in found.entries]
     rows += [{"entry": n, "kind": "network"} for n in found.networks]
@@ -80,10 +91,7 @@ def ls(name: SessionName, as_json: AsJson = False, quiet: Quiet = False, fmt: Fo
         if found.mode.value == "allowlist"
         else f"(network {found.mode.value}: no allowlist)"
     )
-    table = (Column("ENTRY", lambda r: r["entry"]), Column("KIND", lambda r: r["kind"]))
-    output.listing(
-        rows, table, as_json=as_json, quiet=quiet, fmt=fmt, key="entry", empty=empty, fields=("entry", "kind")
-    )
+    ALLOWED.show(rows, shape, empty=empty)
 
 
 @policy.command("log")

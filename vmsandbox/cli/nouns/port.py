@@ -10,7 +10,7 @@ import typer
 from vmsandbox import ui
 from vmsandbox.cli import complete, output
 from vmsandbox.cli.base import SessionName, noun
-from vmsandbox.cli.output import AsJson, Column, Format, Quiet
+from vmsandbox.cli.output import AsJson, Column, Listing, Output, Quiet
 
 port = noun(
     "port",
@@ -21,19 +21,31 @@ port = noun(
 Spec = Annotated[str, typer.Argument(help="[HOST_PORT:]GUEST_PORT", metavar="PORT")]
 
 
+PORTS = Listing(
+    fields=("guest", "host", "addresses", "places"),
+    columns=(Column("guest", lambda r: f"{r['guest']}/tcp"), Column("places")),
+    example="{{.Guest}} {{.Host}}",
+    key="guest",
+)
+
+
 @port.command("ls")
-def ls(name: SessionName, as_json: AsJson = False, quiet: Quiet = False, fmt: Format = None) -> None:
+def ls(
+    name: SessionName,
+    as_json: AsJson = False,
+    quiet: Quiet = False,
+    fmt: Annotated[str | None, output.format_option(PORTS.example)] = None,
+    wide: Output = None,
+) -> None:
     """List a session's published ports.
 
-    Example: `vmsandbox port ls exp1`"""
+    Examples: `vmsandbox port ls exp1` · `vmsandbox port ls exp1 --format '{{.Guest}} {{join .Places " "}}'`"""
     from vmsandbox.core import watch
 
-    output.formats(fmt)
+    shape = PORTS.shape(as_json=as_json, quiet=quiet, fmt=fmt, output=wide)
     rows = [{**p.as_dict(), "places": p.places()} for p in watch.ports(name)]
-    table = (Column("GUEST", lambda r: f"{r['guest']}/tcp"), Column("ON", lambda r: ", ".join(r["places"])))
     empty = f"Session {name} publishes no ports: `vmsandbox port publish {name} [HOST_PORT:]GUEST_PORT`"
-    output.listing(rows, table, as_json=as_json, quiet=quiet, fmt=fmt, key="guest", empty=empty,
-                   fields=("guest", "host", "addresses", "places"))  # fmt: skip
+    PORTS.show(rows, shape, empty=empty)
 
 
 @port.command("publish")

@@ -12,7 +12,7 @@ import typer
 from vmsandbox import ui
 from vmsandbox.cli import complete, output
 from vmsandbox.cli.base import SessionName, noun
-from vmsandbox.cli.output import AsJson, Column, Format, Quiet
+from vmsandbox.cli.output import AsJson, Column, Listing, Output, Quiet
 
 secret = noun(
     "secret",
@@ -47,21 +47,31 @@ def set_(
         ui.warn(unread)
 
 
+SECRETS = Listing(
+    fields=("name", "set_at", "bytes"),
+    columns=(
+        Column("name"),
+        Column("set", made=lambda r: time.strftime("%Y-%m-%d %H:%M", time.localtime(r["set_at"]))),
+    ),
+    example="{{.Name}} {{.Bytes}}",
+)
+
+
 @secret.command("ls")
-def ls(as_json: AsJson = False, quiet: Quiet = False, fmt: Format = None) -> None:
+def ls(
+    as_json: AsJson = False,
+    quiet: Quiet = False,
+    fmt: Annotated[str | None, output.format_option(SECRETS.example)] = None,
+    wide: Output = None,
+) -> None:
     """List stored secrets (names only, never values).
 
-    Example: `vmsandbox secret ls --json`"""
+    Examples: `vmsandbox secret ls --json` · `vmsandbox secret ls --format '{{.Name}} {{.Set}}'`"""
     from vmsandbox.core import secrets
 
-    output.formats(fmt)
+    shape = SECRETS.shape(as_json=as_json, quiet=quiet, fmt=fmt, output=wide)
     rows = [{"name": s.name, "set_at": s.set_at, "bytes": s.length} for s in secrets.listed()]
-    table = (
-        Column("NAME", lambda r: r["name"]),
-        Column("SET", lambda r: time.strftime("%Y-%m-%d %H:%M", time.localtime(r["set_at"]))),
-    )
-    empty = "No secrets. Store one with `vmsandbox secret set NAME`."
-    output.listing(rows, table, as_json=as_json, quiet=quiet, fmt=fmt, empty=empty, fields=("name", "set_at", "bytes"))
+    SECRETS.show(rows, shape, empty="No secrets. Store one with `vmsandbox secret set NAME`.")
 
 
 @secret.command("rm")

@@ -13,7 +13,7 @@ from vmsandbox import ui
 from vmsandbox.cli import complete, output
 from vmsandbox.cli.base import noun
 from vmsandbox.cli.nouns.config import config
-from vmsandbox.cli.output import AsJson, Column, Format, Quiet
+from vmsandbox.cli.output import AsJson, Column, Listing, Output, Quiet
 from vmsandbox.errors import VmsandboxError
 
 trust = noun(
@@ -65,20 +65,30 @@ def add(
         ui.info(f"[green]Trusted[/] {ui.printable(str(c.path))}")
 
 
+TRUSTED = Listing(
+    fields=("path", "state", "trusted_at"),
+    columns=(Column("path"), Column("state"), Column("trusted_at")),
+    example="{{.State}} {{.Path}}",
+    key="path",
+)
+
+
 @trust.command("ls")
-def ls(as_json: AsJson = False, quiet: Quiet = False, fmt: Format = None) -> None:
+def ls(
+    as_json: AsJson = False,
+    quiet: Quiet = False,
+    fmt: Annotated[str | None, output.format_option(TRUSTED.example)] = None,
+    wide: Output = None,
+) -> None:
     """List every file you trusted and whether it changed since.
 
-    Example: `vmsandbox config trust ls`"""
+    Examples: `vmsandbox config trust ls` · `vmsandbox config trust ls --format '{{.Path}} {{.TrustedAt}}'`"""
     from vmsandbox.core import settings
 
-    output.formats(fmt)
+    shape = TRUSTED.shape(as_json=as_json, quiet=quiet, fmt=fmt, output=wide)
     rows = [{"path": path, "state": state, "trusted_at": when} for state, when, path in settings.trusted()]
-    table = (Column("PATH", lambda r: r["path"]), Column("STATE", lambda r: r["state"]),
-             Column("TRUSTED", lambda r: r["trusted_at"]))  # fmt: skip
     empty = "You trust no project config yet: `vmsandbox config trust add PATH` shows one, then trusts it."
-    output.listing(rows, table, as_json=as_json, quiet=quiet, fmt=fmt, key="path", empty=empty,
-                   fields=("path", "state", "trusted_at"))  # fmt: skip
+    TRUSTED.show(rows, shape, empty=empty)
 
 
 @trust.command("rm")

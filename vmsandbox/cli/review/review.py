@@ -95,7 +95,7 @@ def diff(
             autocompletion=complete.other_sessions,
         ),
     ] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="With --stat: a JSON array.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="With --stat: one JSON object a line, a path each.")] = False,
     raw: Annotated[
         bool, typer.Option("--raw", help="The guest's bytes as they are, control characters too (for `git apply`).")
     ] = False,
@@ -122,7 +122,7 @@ def diff(
         return
     plan = reviews.review(name, only=only or [], freeze=False)
     if as_json:
-        output.print_json([{"path": c.path, "kind": c.kind, "note": views.describe(c)} for c in plan.shown])
+        output.json_lines([{"path": c.path, "kind": c.kind, "note": views.describe(c)} for c in plan.shown])
         return
     for c in plan.shown:
         if stat:
@@ -146,12 +146,11 @@ def _across(name: str, others: list[str], *, stat: bool, as_json: bool, shown: C
         rows = [
             {"path": r.path, "sessions": dict(zip(names, r.cells, strict=True)), "agree": r.agree} for r in side.rows
         ]
-        output.print_json(rows)
+        output.json_lines(rows)
         return
     if not side.shared:
         ui.warn("these sessions were captured separately: each is compared against its own baseline")
     if not side.rows:
         ui.info("None of these sessions changed anything.")
         return
-    output.columns(["PATH", *names, ""], [[r.path, *r.cells, "same" if r.agree else "differ"] for r in side.rows],
-                   paths=("PATH",))  # fmt: skip
+    output.columns(["PATH", *names, ""], [[r.path, *r.cells, "same" if r.agree else "differ"] for r in side.rows])

@@ -11,7 +11,7 @@ import typer
 from vmsandbox import ui
 from vmsandbox.cli import complete, output
 from vmsandbox.cli.base import AllSessions, SessionNames, age, app, each_session
-from vmsandbox.cli.output import AsJson, Column, Format, Quiet
+from vmsandbox.cli.output import AsJson, Column, Listing, Output, Quiet
 from vmsandbox.errors import UsageError
 
 FIELDS = (  # what a row has (`ls --json` gives each of them; --format names them)
@@ -31,9 +31,9 @@ Filter = Annotated[
 ]
 
 
-def _ssh(r: dict[str, Any]) -> str:
+def _ssh(r: dict[str, Any]) -> str | None:
     ssh = (r.get("ports") or {}).get("ssh")
-    return "-" if ssh is None else f"127.0.0.1:{ssh}"
+    return None if ssh is None else f"127.0.0.1:{ssh}"
 
 
 def _network(r: dict[str, Any]) -> str:
@@ -45,36 +45,47 @@ def _or_dash(show: Any) -> Any:
     return lambda r: "-" if r["state"] == "damaged" else show(r)
 
 
-TABLE = (
-    Column("NAME", lambda r: r["name"]),
-    Column("STATE", lambda r: r["state"]),
-    Column("AGE", _or_dash(lambda r: age(r["age_seconds"]))),
-    Column("SSH", _or_dash(_ssh)),
-    Column("NETWORK", _or_dash(_network)),
-    Column("UNSYNCED", _or_dash(lambda r: "?" if r["unsynced"] is None else str(r["unsynced"]))),
-    Column("MEM", _or_dash(lambda r: "-" if not r["memory"] else f"{r['memory']['pss_mib']}M")),
-    Column("HOST", _or_dash(lambda r: r["host"])),
-    Column("PROJECT", _or_dash(lambda r: r["project"])),
+SESSIONS = Listing(
+    fields=FIELDS,
+    columns=(
+        Column("name"),
+        Column("state"),
+        Column("age", made=lambda r: None if "age_seconds" not in r else age(r["age_seconds"])),
+        Column("ssh", made=_ssh),
+        Column("network", _or_dash(_network)),
+        Column("unsynced", _or_dash(lambda r: "?" if r["unsynced"] is None else str(r["unsynced"]))),
+        Column("mem", made=lambda r: f"{r['memory']['pss_mib']}M" if r.get("memory") else None),
+        Column("host"),
+        Column("project"),
+    ),
+    example="{{.Name}} {{.State}} {{.Ssh}}",
+    keep=("state", "ssh", "project", "unsynced", "age", "network", "host", "mem"),
 )
 
 
 @app.command("ls")
-def ls(as_json: AsJson = False, quiet: Quiet = False, fmt: Format = None, filters: Filter = None) -> None:
+def ls(
+    as_json: AsJson = False,
+    quiet: Quiet = False,
+    fmt: Annotated[str | None, output.format_option(SESSIONS.example)] = None,
+    wide: Output = None,
+    filters: Filter = None,
+) -> None:
     """List sessions.
 
     It lists what it knows even when libvirt does not answer; a session whose record is damaged is a row of its
     own (`vmsandbox rm NAME --discard` removes it). A broken config is said in a line first, and the rest of it
-    used. Columns too wide for the terminal are cut: `--json` and `vmsandbox inspect NAME` give everything whole.
+    used. Values are whole: columns that do not fit the terminal are left out, as said below the table (`-o wide`
+    shows them all; `--json` and `vmsandbox inspect NAME` give every field).
     MEM: what a running session's VM takes of this machine now (its proportional share: the pages of its
     template's memory it never wrote are shared by every session of that template, and count a share each);
     `inspect` splits it into shared and private, `vmsandbox host ls` says how many more sessions fit.
 
     Examples: `vmsandbox ls -q` · `vmsandbox ls --filter state=running --format '{{.Name}} {{.Ports.ssh}}'` ·
-    `vmsandbox ls --format 'table {{.Name}}\\t{{.MemoryMib}}\\t{{.Project}}'`"""
+    `vmsandbox ls --format 'table {{.Name}}\\t{{.MemoryMib}}\\t{{.Project}}'` · `vmsandbox ls -o wide`"""
     from vmsandbox.core import listing
 
-    output.formats(fmt)
-    output.template(fmt, FIELDS)  # a template naming no field: refused before anything is asked
+    shape = SESSIONS.shape(as_json=as_json, quiet=quiet, fmt=fmt, output=wide)  # refused before anything is asked
     keys = {k: (complete.filter_values(k) if k in complete.CHECKED_FILTERS else None) for k in complete.FILTER_KEYS}
     wanted = output.filters(filters or [], keys)
     broken: list[str] = []
@@ -86,7 +97,7 @@ def ls(as_json: AsJson = False, quiet: Quiet = False, fmt: Format = None, filter
         if wanted
         else "No sessions. Start one with `vmsandbox run .` (a command, then the review) or `vmsandbox create .`"
     )
-    output.listing(rows, TABLE, as_json=as_json, quiet=quiet, fmt=fmt, empty=empty, paths=("PROJECT",), fields=FIELDS)
+    SESSIONS.show(rows, shape, empty=empty)
 
 
 @app.command()
@@ -102,7 +113,9 @@ def inspect(
             autocompletion=complete.formats,
         ),
     ] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="JSON: an object for one name, else an array.")] = False,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="A JSON array, an object for each (as docker inspect).")
+    ] = False,
 ) -> None:
     """Show everything known of sessions, or their ssh config.
 
@@ -115,18 +128,14 @@ def inspect(
     from vmsandbox.core import listing
 
     output.formats(fmt, ("ssh-config",))
-    shaped = output.template(fmt, [*FIELDS, "checkpoints", "files", "user"]) if fmt != "ssh-config" else None
+    shaped = output.template(fmt, [*FIELDS, "checkpoints", "files", "user", "stopped_by"])
     if fmt == "ssh-config":
         _ssh_config(names, every)
         return
     if as_json or fmt == "json":
-        if every or len(names or []) != 1:
-            found = [listing.inspect(n) for n in (listing.names() if every else names or [])]
-            if not (every or names):
-                raise UsageError("`inspect` needs a session name", hint="`vmsandbox inspect NAME...`, or `--all`")
-            output.print_json(found)
-        else:
-            output.print_json(listing.inspect((names or [""])[0]))
+        if not (every or names):
+            raise UsageError("`inspect` needs a session name", hint="`vmsandbox inspect NAME...`, or `--all`")
+        output.print_json([listing.inspect(n) for n in (listing.names() if every else names or [])])
         return
 
     def one(name: str) -> None:
