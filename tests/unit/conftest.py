@@ -72,3 +72,28 @@ def saved_record(name: str, **fields: Any) -> Record:
     record.files.root.mkdir(parents=True)
     record.save()
     return record
+
+
+@pytest.fixture
+def looks_in_this_process(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Root's looks at a process's descriptors (vm.memory.foreign) answered by the look helper's own code in this
+    process (no helper process is started), at this process's own descriptors only; each test starts with nothing
+    shunned and nothing said."""
+    import ctypes
+    import os
+
+    from vmsandbox.vm.memory import foreign, look
+
+    mount, libc = look.memfd_mount(), ctypes.CDLL(None, use_errno=True)
+
+    def here(request: dict[str, Any]) -> dict[str, Any] | str:
+        assert request["pid"] == os.getpid(), "a unit test looks at its own process only"
+        said, held = look.answer(request, mount, libc)
+        for fd in held:  # (a test's own pipes and files: their close never waits)
+            os.close(fd)
+        return said
+
+    monkeypatch.setattr(foreign, "_asked", here)
+    monkeypatch.setattr(foreign, "_SHUNNED", set())
+    monkeypatch.setattr(foreign, "_NOTES", {})
+    yield

@@ -18,8 +18,14 @@ from vmsandbox.session import settings as config
 from vmsandbox.session.place import choose as places
 from vmsandbox.session.settings import Settings
 from vmsandbox.vm import accel, hostsetup
+from vmsandbox.vm.memory import foreign
 
 MIN_SESSION_FREE = 2 * 1024**3
+SKIPPED_FIX = (
+    "a process of QEMU's account put something else than a memory file at a holder's or a QEMU's descriptor: "
+    "`sudo vmsandbox rm --stale` stops such a holder (the next warm start seals a fresh copy); see what runs as "
+    "QEMU's account (`ps -u libvirt-qemu`)"
+)
 
 
 @dataclass(frozen=True)
@@ -61,6 +67,10 @@ def _memory(uri: str) -> Check:
             why = host.memory_problem(host.libvirt().node())
     except VmsandboxError as exc:
         return Check(name, False, f"not checked: {exc.message}", exc.hint, blocking=False)
+    skipped = foreign.notes()  # what root's looks at the holders and QEMUs here passed over (reading the node)
+    if why is None and skipped:
+        said = "warm starts and forks map their memory copy-on-write, but root's look " + "; ".join(skipped)
+        return Check(name, False, said, SKIPPED_FIX, blocking=False)
     if why is None:
         return Check(name, True, "warm starts and forks map their memory copy-on-write, one copy for all")
     fix = "run vmsandbox as root (`sudo`)" if os.geteuid() != 0 else "libvirt's QEMU under its own account, DAC only"

@@ -17,7 +17,9 @@ a fan-out's worker, the API's sandboxes belong to their command while it runs). 
 passed over for the next and rests REST seconds: the guard never waits on one guest while the machine runs out.
 One whose save would read in more of its shared file's holes than the kernel has is not stopped (that save would
 be the OOM). Each stop says why in the session's record (`inspect`; `start` says it again) and in the guard's log
-(paths.GUARD_LOG, in the sessions directory).
+(paths.GUARD_LOG, in the sessions directory). What it reads of a holder's or a QEMU's descriptors is read by root's
+look helper (vm.memory.foreign), never in the guard's own process: a process of QEMU's account that puts a file
+whose close never ends there holds up a helper, never the guard; what was passed over is said in its log, once.
 
 One guard per sessions directory (a lock held for its life; a second one ends at once), root's: only root may
 read every QEMU's memory and stop every account's sessions. A session root starts on this machine starts it
@@ -43,7 +45,7 @@ from vmsandbox.session.moments import suspend
 from vmsandbox.session.place.hostspec import DEFAULT_KEEP_FREE_MIB
 from vmsandbox.session.record import DOMAIN_PREFIX, Record
 from vmsandbox.vm import node
-from vmsandbox.vm.memory import holders, usage
+from vmsandbox.vm.memory import foreign, holders, usage
 
 FLOOR_MIB = DEFAULT_KEEP_FREE_MIB // 2
 LOCK = "guard.lock"  # in the sessions directory, beside paths.GUARD_PID and paths.GUARD_LOG
@@ -227,6 +229,9 @@ def watch(floor_mib: int = FLOOR_MIB) -> None:
             if now - said >= SAY_EVERY:
                 said = now
                 ui.warn(f"{_now()} the memory guard's round failed: {type(exc).__name__}: {exc}")
+        finally:
+            for skipped in foreign.unsaid():  # a holder or QEMU root's look passed over (vm.memory.foreign): once
+                ui.warn(f"{_now()} {skipped}")
         time.sleep(INTERVAL)
 
 

@@ -9,6 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
+from vmsandbox import ui
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.image import store
 from vmsandbox.session.host import guard
@@ -19,7 +20,7 @@ from vmsandbox.session.place.hostspec import HostSpec
 from vmsandbox.session.record import DOMAIN_PREFIX
 from vmsandbox.session.settings import Settings
 from vmsandbox.vm import sshcheck
-from vmsandbox.vm.memory import usage
+from vmsandbox.vm.memory import foreign, usage
 from vmsandbox.vm.node import REMOTE_HINT, Node, unreachable_hint
 
 PROBE_TIMEOUT = 20.0  # a host behind a dead route would otherwise hold `hosts` for TCP's minutes
@@ -94,6 +95,8 @@ def _ask(spec: HostSpec) -> Status:
             memory = host.memory_problem(node)
             # this machine's QEMUs can be measured (their /proc); another host's are not asked
             footprint = usage.footprint(running) if spec.name == hostspec.LOCAL else None
+        for skipped in foreign.unsaid():  # a holder or QEMU root's look passed over reading the node: said
+            ui.warn(skipped)
     except VmsandboxError as exc:
         return Status(spec, None, exc.message, hint=exc.hint)
     return Status(spec, node, None, len(running), images, memory_problem=memory, footprint_mib=footprint)

@@ -81,9 +81,9 @@ def give_back() -> list[tuple[str, int]]:
         with judged(entry) as mine:
             held = read(entry) if mine else None  # (a warm start is loading this memory now: left)
             st = None if held is None else held.stat()
-            if held is None or st is None or (st.st_dev, st.st_ino) in usage.shared_files():  # (looked at now)
+            if held is None or st is None or st.key in usage.shared_files():  # (looked at now)
                 continue
             where = template_of(entry) or entry.stem  # (read before its record goes)
             if release(entry, held):  # (one that runs on, traced or held up, holds its file: not given back)
-                freed.append((where, st.st_blocks * 512 >> 20))
+                freed.append((where, st.blocks * 512 >> 20))
     return freed

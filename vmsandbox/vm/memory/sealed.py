@@ -12,27 +12,27 @@ its own QEMU's anonymous pages, never in the file.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import fcntl
-import functools
 import json
 import os
 import select
 import signal
 import stat
-from collections.abc import Iterable, Iterator
+import time
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from vmsandbox import paths, pids, proc
 from vmsandbox.errors import VmsandboxError
+from vmsandbox.vm.memory import foreign, look
 
-SEALS = fcntl.F_SEAL_SEAL | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_WRITE
+SEALS = look.SEALS
 READY_TIMEOUT = 30.0
+EXIT_GRACE = 5.0  # a holder killed ends at once, unless a process of its account holds it up: then it is left
+SAID_BYTES = 500  # what is kept of a holder's words on stderr when it did not start
 CHUNK = 1 << 30
-SYS_PIDFD_GETFD = 438  # pidfd_getfd(2), Linux 5.6: one number on every architecture
-PROC_SELF = Path("/proc/self")
 
 
 def create(name: str, size: int) -> int:
@@ -85,30 +85,11 @@ def sealed(fd: int) -> bool:
         return False
 
 
-@functools.cache
-def _memfd_mount() -> int | None:
-    """The kernel's internal mount every memfd lives on (its mnt_id), read from a memfd made to ask."""
-    probe = os.memfd_create("vmsandbox-mount", os.MFD_CLOEXEC)
-    try:
-        return _mount_of(probe)
-    finally:
-        os.close(probe)
-
-
-def _mount_of(fd: int) -> int | None:
-    """The mount of this process's descriptor `fd`, from /proc/self/fdinfo (nothing is asked of its file)."""
-    with contextlib.suppress(OSError, ValueError):
-        for line in (PROC_SELF / "fdinfo" / str(fd)).read_text().splitlines():
-            if line.startswith("mnt_id:"):
-                return int(line.split()[1])
-    return None
-
-
 YAMA = Path("/proc/sys/kernel/yama/ptrace_scope")
 
 
 def taking_problem() -> str | None:
-    """Why root cannot take a copy of another process's descriptor here (`taken`), or None."""
+    """Why root cannot take a copy of another process's descriptor here (vm.memory.look), or None."""
     try:
         if YAMA.read_text().strip() == "3":
             return "Yama's ptrace_scope is 3 here: root may not take the holder's memory file to check it"
@@ -119,40 +100,6 @@ def taking_problem() -> str | None:
         if tuple(int(p) for p in release[:2]) < (5, 6):
             return f"the kernel ({os.uname().release}) has no pidfd_getfd (5.6), by which root checks a holder"
     return None
-
-
-@functools.cache
-def _libc() -> ctypes.CDLL:
-    return ctypes.CDLL(None, use_errno=True)
-
-
-@contextlib.contextmanager
-def taken(pid: int, fd: int, start: str | None = None) -> Iterator[int | None]:
-    """Process `pid`'s descriptor `fd`, if it is a memory file: a copy of it taken from the process (pidfd_getfd(2))
-    and told a memfd by its mount alone (fdinfo) before anything is asked of the file; None for anything else.
-    Nothing is opened by a path: a process of QEMU's account may trace a holder (or be a QEMU) and put any file at
-    that number — a device opened would act (a watchdog armed, a terminal taken as root's controlling one), a FUSE
-    file asked its size could hang root. `start`: the process's start time, so that a reused pid is not it."""
-    try:
-        pidfd = os.pidfd_open(pid)
-    except OSError:
-        yield None
-        return
-    try:
-        if start is not None and not pids.alive(pid, start):  # (the pidfd holds that process from here on)
-            yield None
-            return
-        got = int(_libc().syscall(SYS_PIDFD_GETFD, pidfd, fd, 0))
-        if got < 0:  # gone, no such descriptor, or a kernel before 5.6
-            yield None
-            return
-        try:
-            memory = _mount_of(got)
-            yield got if memory is not None and memory == _memfd_mount() else None
-        finally:
-            os.close(got)
-    finally:
-        os.close(pidfd)
 
 
 @dataclass(frozen=True)
@@ -180,14 +127,26 @@ class Held:
         """Whether the holder still runs and holds that same file, sealed."""
         return self.stat() is not None
 
-    def stat(self) -> os.stat_result | None:
-        """The file the holder holds, if it still runs and holds that same file, sealed (taken from it: `taken`)."""
-        with taken(self.pid, self.fd, self.start) as fd:
-            if fd is None:
-                return None
-            st = os.fstat(fd)
-            same = stat.S_ISREG(st.st_mode) and st.st_ino == self.ino and st.st_size == self.size
-            return st if same and sealed(fd) else None
+    def stat(self) -> foreign.Memfd | None:
+        """The file the holder holds, if it still runs and holds that same file, sealed."""
+        found = self.look()
+        return found if isinstance(found, foreign.Memfd) else None
+
+    def look(self) -> foreign.Memfd | str | None:
+        """The file the holder holds, as root's look helper sees it (vm.memory.foreign: root's own process never
+        holds what is at the holder's number, whatever a process of QEMU's account put there): that same file,
+        sealed; else why not, in words (said once: foreign.unsaid); None if the holder ended."""
+        seen = foreign.look(self.pid, f"holder pid {self.pid}", start=self.start, fds=(self.fd,))
+        if seen.gone:
+            return None
+        if seen.skipped:
+            return seen.skipped[0]
+        for m in seen.found:
+            if m.inode == self.ino and m.size == self.size and m.sealed:
+                return m
+        said = f"skipped holder pid {self.pid}: its descriptor {self.fd} is another memory file than it was given"
+        foreign.note(said)
+        return said
 
     def stop(self, wait: float = 0.0) -> bool:
         """Tell the holder to end, through a pidfd of the process whose start time is its own (a pid reused since
@@ -220,17 +179,18 @@ def holder_entries() -> list[Path]:
         return []
 
 
-def held_files(entries: Iterable[Path] | None = None) -> list[Held]:
-    """The holders of this machine that still hold their sealed file, from what each says where it is (`entries`,
-    by default every one in paths.memory_holders_dir(): root's)."""
+def held_files(entries: Iterable[Path] | None = None) -> list[tuple[Held, foreign.Memfd]]:
+    """The holders of this machine that still hold their sealed file, and that file, from what each says where it
+    is (`entries`, by default every one in paths.memory_holders_dir(): root's)."""
     if entries is None:
         entries = holder_entries()
     found = []
     for entry in entries:
         with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
             held = Held.of(json.loads(entry.read_text()))
-            if held.alive():
-                found.append(held)
+            st = held.stat()
+            if st is not None:
+                found.append((held, st))
     return found
 
 
@@ -248,25 +208,62 @@ def hold(fd: int, owner: tuple[int, int], *, detached: bool) -> tuple[Held, proc
         child = proc.start(argv, stdin=proc.DEVNULL if detached else proc.PIPE, pass_fds=(fd,), cwd=Path("/"))
     finally:
         os.set_inheritable(fd, False)
-    line = _ready_line(child)
-    if not line.startswith("ready "):
-        child.kill()
-        child.wait()
-        said = (child.stderr.read() if child.stderr else b"").decode(errors="replace").strip()[-500:]
+    deadline = time.monotonic() + READY_TIMEOUT
+    line = _words(child.stdout, deadline, until_line=True)
+    # its words are only compared, never parsed: the one we started, holding the number we gave it (a process of
+    # its account may trace it before it says them, and make it say anything)
+    if line != f"ready {child.pid} {fd}":
+        end(child, 0.0)
+        said = _words(child.stderr, time.monotonic() + 1.0, until_line=False)
         raise VmsandboxError(
-            f"the memory holder did not start: {line or said or 'no answer'}",
+            f"the memory holder did not start: {_printable(line or said or 'no answer')}",
             hint="`vmsandbox doctor` says whether sessions here can share memory",
         )
-    _, _pid, held_fd = line.split()  # (its own pid, which it says: the one we started is the one that holds)
-    return Held(child.pid, pids.process_start(child.pid) or "", int(held_fd), st.st_ino, st.st_size), child
+    return Held(child.pid, pids.process_start(child.pid) or "", fd, st.st_ino, st.st_size), child
 
 
-def _ready_line(child: proc.Child) -> str:
-    """The holder's first line (it says it is ready once it is QEMU's account), or "" if none comes in time."""
-    out = child.stdout
-    if out is None:
+def end(child: proc.Child, wait: float) -> bool:
+    """Let a holder we started end: told (its stdin closed), `wait` seconds, then killed, EXIT_GRACE more — then
+    left to itself, never waited for longer (a process of its account may hold it up: a FUSE file closed in it
+    hangs it for good). Whether it ended."""
+    if child.stdin is not None:
+        with contextlib.suppress(OSError):
+            child.stdin.close()
+    try:
+        pidfd = os.pidfd_open(child.pid)  # (our child, not yet reaped: its pid is not another's)
+    except OSError:
+        return child.poll() is not None
+    try:
+        for grace, kill in ((wait, True), (EXIT_GRACE, False)):
+            if select.select([pidfd], [], [], grace)[0]:
+                child.wait()  # (it ended: at once)
+                return True
+            if kill:
+                with contextlib.suppress(OSError):
+                    signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+        return False
+    finally:
+        os.close(pidfd)
+
+
+def _printable(text: str) -> str:
+    return "".join(c if c.isprintable() and c.isascii() else "?" for c in text)
+
+
+def _words(stream: IO[bytes] | None, deadline: float, *, until_line: bool) -> str:
+    """What a holder said on `stream` by `deadline`: its first line (`until_line`), or what it said until the
+    stream ended, at most SAID_BYTES (never a read that waits past the deadline)."""
+    if stream is None:
         return ""
-    ready, _, _ = select.select([out], [], [], READY_TIMEOUT)
-    if not ready:
-        return ""
-    return out.readline(256).decode(errors="replace").strip()
+    got = bytearray()
+    fd = stream.fileno()
+    while len(got) < SAID_BYTES and not (until_line and b"\n" in got):
+        wait = deadline - time.monotonic()
+        if wait <= 0 or not select.select([fd], [], [], wait)[0]:
+            break
+        chunk = os.read(fd, SAID_BYTES)
+        if not chunk:
+            break
+        got += chunk
+    text = bytes(got[:SAID_BYTES]).decode(errors="replace")
+    return text.split("\n", 1)[0].strip() if until_line else text.strip()

@@ -10,13 +10,12 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from vmsandbox.vm.memory import sealed
+from vmsandbox.vm.memory import foreign, sealed
 
 PROC = Path("/proc")
 LIBVIRT_PIDS = Path("/run/libvirt/qemu")  # where the system libvirtd's QEMU driver keeps each domain's pid file
 KIB_PER_MIB = 1024
 MIB = 1024 * 1024
-SHARED_PREFIX = "/memfd:vmsandbox-"  # the name of every sealed memory file (vm.memory.sealed.create)
 START_SLACK = 2.0  # the boot time's whole seconds, and libvirt writing the pid file after QEMU started
 DOMAINS = "vmsandbox-"  # the name of every session's domain starts so (session.record.DOMAIN_PREFIX)
 
@@ -63,9 +62,9 @@ def of_process(pid: int, proc: Path = PROC) -> Usage | None:
     return Usage(mib("Rss"), mib("Pss"), mib("Shared_Clean", "Shared_Dirty"), private, mib("Anonymous"))
 
 
-def qemu_pid(domain: str, pids: Path = LIBVIRT_PIDS, proc: Path = PROC) -> int | None:
+def qemu_pid(domain: str, pids: Path | None = None, proc: Path = PROC) -> int | None:
     """The pid of the QEMU of the system libvirt's running domain `domain` (None: no pid file, or a stale one)."""
-    pidfile = pids / f"{domain}.pid"
+    pidfile = (pids or LIBVIRT_PIDS) / f"{domain}.pid"
     try:
         pid = int(pidfile.read_text().strip())
         argv = (proc / str(pid) / "cmdline").read_bytes().split(b"\0")
@@ -92,14 +91,14 @@ def _started_before(pid: int, pidfile: Path, proc: Path) -> bool:
     return boot + ticks / os.sysconf("SC_CLK_TCK") <= written + START_SLACK
 
 
-def of_domain(domain: str, pids: Path = LIBVIRT_PIDS, proc: Path = PROC) -> Usage | None:
+def of_domain(domain: str, pids: Path | None = None, proc: Path = PROC) -> Usage | None:
     """The memory the QEMU of the system libvirt's running domain `domain` takes now (None: no pid file, or a
     stale one, or not ours to read)."""
     pid = qemu_pid(domain, pids, proc)
     return None if pid is None else of_process(pid, proc)
 
 
-def footprint(domains: Iterable[str], pids: Path = LIBVIRT_PIDS, proc: Path = PROC) -> int | None:
+def footprint(domains: Iterable[str], pids: Path | None = None, proc: Path = PROC) -> int | None:
     """What one running session takes of this machine now, typically: the median PSS of the QEMUs of the system
     libvirt's running `domains` (None: none can be read)."""
     found = sorted(u.pss_mib for u in (of_domain(d, pids, proc) for d in domains) if u is not None)
@@ -121,49 +120,36 @@ class SharedFile:
         return self.device, self.inode
 
 
-def memory_files(pid: int, proc: Path = PROC) -> list[SharedFile]:
-    """Every sealed memory file of ours (by its name) that process `pid` holds open."""
-    try:
-        fds = sorted((proc / str(pid) / "fd").iterdir())
-    except OSError:
-        return []
+def memory_files(pid: int) -> list[SharedFile]:
+    """Every memory file of ours (by its name) that process `pid` holds open, as root's look helper sees it
+    (vm.memory.foreign: root's own process never holds what a QEMU hands it); what it skipped is said there."""
     found = []
-    for fd in fds:  # (readlink opens nothing; the file is asked its size only once it is told a memfd: sealed.taken)
-        try:
-            if not str(fd.readlink()).startswith(SHARED_PREFIX):
-                continue
-            number = int(fd.name)
-        except (OSError, ValueError):
-            continue
-        with sealed.taken(pid, number) as got:
-            if got is None:
-                continue
-            st = os.fstat(got)
-        holes = max(st.st_size - st.st_blocks * 512, 0)
-        found.append(SharedFile(st.st_dev, st.st_ino, st.st_size // MIB, holes // MIB))
+    for m in foreign.look(pid, f"QEMU pid {pid}").found:
+        holes = max(m.size - m.blocks * 512, 0)
+        found.append(SharedFile(m.device, m.inode, m.size // MIB, holes // MIB))
     return found
 
 
-def shared_file(domain: str, pids: Path = LIBVIRT_PIDS, proc: Path = PROC) -> SharedFile | None:
+def shared_file(domain: str, pids: Path | None = None, proc: Path = PROC) -> SharedFile | None:
     """The shared memory file the QEMU of running domain `domain` maps (None: its memory is its own, or it runs no
     more)."""
     pid = qemu_pid(domain, pids, proc)
-    found = [] if pid is None else memory_files(pid, proc)
+    found = [] if pid is None else memory_files(pid)
     return found[0] if found else None
 
 
-def shared_files(pids: Path = LIBVIRT_PIDS, proc: Path = PROC) -> dict[tuple[int, int], SharedFile]:
+def shared_files(pids: Path | None = None, proc: Path = PROC) -> dict[tuple[int, int], SharedFile]:
     """The shared memory files the QEMUs of the running vmsandbox domains hold, by (device, inode), each once."""
     found: dict[tuple[int, int], SharedFile] = {}
     with contextlib.suppress(OSError):
-        for pidfile in sorted(pids.glob(f"{DOMAINS}*.pid")):
+        for pidfile in sorted((pids or LIBVIRT_PIDS).glob(f"{DOMAINS}*.pid")):
             pid = qemu_pid(pidfile.name.removesuffix(".pid"), pids, proc)
-            for f in [] if pid is None else memory_files(pid, proc):
+            for f in [] if pid is None else memory_files(pid):
                 found[f.key] = f
     return found
 
 
-def reserved_mib(holders: Iterable[Path] | None = None, pids: Path = LIBVIRT_PIDS, proc: Path = PROC) -> int:
+def reserved_mib(holders: Iterable[Path] | None = None, pids: Path | None = None, proc: Path = PROC) -> int:
     """The memory this machine owes the shared files its sessions map: their holes. A save of any session that maps
     one (`stop`, a checkpoint, a fork) reads every page, and tmpfs gives each hole read through a private mapping a
     page of its own, zeros kept for good — once per file, up to its size. Not available, though the kernel counts
@@ -177,9 +163,4 @@ def reserved_mib(holders: Iterable[Path] | None = None, pids: Path = LIBVIRT_PID
 def held_keys(holders: Iterable[Path] | None = None) -> set[tuple[int, int]]:
     """The (device, inode) of every file root's holders hold (`holders`: as for `reserved_mib`): the only memory
     files whose holes count — a QEMU may make up a memfd of any name and size."""
-    found = set()
-    for held in sealed.held_files(holders):
-        st = held.stat()
-        if st is not None:
-            found.add((st.st_dev, st.st_ino))
-    return found
+    return {st.key for _held, st in sealed.held_files(holders)}

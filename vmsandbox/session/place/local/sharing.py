@@ -34,7 +34,7 @@ from vmsandbox.errors import VmsandboxError
 from vmsandbox.session.place.interface import Tidy
 from vmsandbox.session.place.local import template as templates
 from vmsandbox.vm import node
-from vmsandbox.vm.memory import holders, sealed, usage
+from vmsandbox.vm.memory import foreign, holders, sealed, usage
 from vmsandbox.vm.memory import split as memsplit
 from vmsandbox.vm.virt import Hypervisor
 
@@ -115,14 +115,19 @@ def of_template(tmpl: templates.Template, hv: Hypervisor, accel: str) -> Shared:
     entry.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     with access.flocked(entry.with_suffix(".lock"), wait="Waiting for another vmsandbox that loads this memory"):
         held = holders.read(entry)
-        if held is not None and held.alive() and _grown(held, tmpl) and not _mapped(held):
+        seen = None if held is None else held.look()
+        if isinstance(seen, str) and held is not None:  # (it runs, and holds no longer what root gave it)
+            ui.warn(f"{seen}: that holder is stopped, and a fresh copy of the template's memory sealed")
+            held.stop()
+        elif held is not None and seen is not None and _grown(held, tmpl) and not _mapped(held):
             held.stop()  # no session maps it any more: a fresh copy gives its grown part back
-            held = None
-        if held is None or not held.alive():
+            seen = None
+        if held is None or not isinstance(seen, foreign.Memfd):
             held = _start(tmpl, who)
-            if not held.alive():  # (a holder root cannot look at: none is left running for the next to start again)
+            checked = held.look()
+            if not isinstance(checked, foreign.Memfd):  # (one root cannot look at: none is left running for the next)
                 held.stop()
-                raise VmsandboxError("the memory holder started, but root cannot take its file to check it")
+                raise VmsandboxError(f"the memory holder started, but root could not check it: {checked or 'it ended'}")
             paths.write_atomically(entry, json.dumps({**held.as_dict(), "template": str(tmpl.path)}) + "\n")
         lease = holders.lease(entry)  # (taken before the lock is let go: no look of gc's or the guard's comes between)
     return Shared(held, tmpl.state, str(tmpl.ram), lease)
@@ -137,13 +142,13 @@ def _grown(held: sealed.Held, tmpl: templates.Template) -> bool:
     st = held.stat()
     if st is None:
         return False
-    return st.st_blocks * 512 > 2 * tmpl.ram.stat().st_blocks * 512 + REFRESH_SLACK
+    return st.blocks * 512 > 2 * tmpl.ram.stat().st_blocks * 512 + REFRESH_SLACK
 
 
 def _mapped(held: sealed.Held) -> bool:
     """Whether the QEMU of a running session maps the held file."""
     st = held.stat()
-    return st is not None and (st.st_dev, st.st_ino) in usage.shared_files()
+    return st is not None and st.key in usage.shared_files()
 
 
 def _entry(tmpl: templates.Template) -> Path:
@@ -176,7 +181,11 @@ def sweep(hv: Hypervisor, tidy: Tidy) -> Iterator[str]:
                 continue  # a warm start is loading this memory now: its record is current
             held, named = holders.read(entry), holders.template_of(entry)
             where = None if named is None else Path(named)
-            if held is None or where is None or not held.alive():
+            seen = None if held is None else held.look()
+            if isinstance(seen, str) and held is not None:  # it runs, and holds no longer what root gave it
+                what = f"the memory holder of {where or entry} ({seen})"
+                yield tidy("stop", what, functools.partial(holders.release, entry, held))
+            elif held is None or where is None or seen is None:
                 what = f"the record of a memory holder that ended ({entry})"
                 yield tidy("remove", what, functools.partial(entry.unlink, missing_ok=True))
             elif not templates.is_current(where, hv):
@@ -219,9 +228,9 @@ def of_checkpoint(save: Path, what: str, hv: Hypervisor, accel: str) -> Iterator
     finally:
         with _LOCK:
             _HELD.pop(save, None)
-        if child.stdin is not None:
-            child.stdin.close()  # the holder ends; the QEMUs that map the file keep it
-        proc.reap(child, HOLDER_EXIT_TIMEOUT)  # one held up (a process of its account may trace it) is killed
+        # the holder ends (the QEMUs that map the file keep it); one held up (a process of its account may trace
+        # it) is killed, and one that does not end even so is left, never waited for
+        sealed.end(child, HOLDER_EXIT_TIMEOUT)
         state.unlink(missing_ok=True)
 
 

@@ -179,8 +179,9 @@ def _template_memory(record: Record, tmpl: template.Template, hv: Hypervisor) ->
     """The template's memory for the session to map, or None (record.memory_note says why: it loads a copy)."""
     try:
         return sharing.of_template(tmpl, hv, record.accel)
-    except VmsandboxError as exc:
-        record.memory_note = f"its template's memory is copied: {exc.message}"
+    except (VmsandboxError, OSError, ValueError) as exc:  # (memory it cannot share is a copy, never a failed start)
+        said = exc.message if isinstance(exc, VmsandboxError) else f"{type(exc).__name__}: {exc}"
+        record.memory_note = f"its template's memory is copied: {said}"
         return None
 
 
@@ -213,7 +214,7 @@ def _maps_the_held_file(record: Record, shared: sharing.Shared) -> None:
     process of QEMU's account may have put at the holder's pid and number since (the holder killed, its pid
     taken again): else the guest never runs on that memory (raises: the caller loads a copy)."""
     held, mapped = shared.held.stat(), usage.shared_file(record.domain)
-    if held is None or mapped is None or mapped.key != (held.st_dev, held.st_ino):
+    if held is None or mapped is None or mapped.key != held.key:
         raise VmsandboxError("the memory file its QEMU opened is not the one the holder held")
 
 
