@@ -2,7 +2,8 @@
 proportional set size is less than their resident one by the part they share); a write in one reaches neither
 the other nor the template; no session's QEMU can change the template's memory, not by writing it, not by
 punching holes in it (the balloon's free page reporting asks QEMU 7.2 to), not by truncating it; a copy no
-session maps is given back (the memory guard's first relief), and the next warm start seals a fresh one."""
+session maps is given back (the memory guard's first relief), and the next warm start seals a fresh one; a holder
+that holds a FUSE file instead (a process of QEMU's account traced it) holds no warm start up."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from tests.integration.conftest import URI, VmFactory, guest_sh, unique_name, wait_for
+from tests.integration.foreign_files import NUMBER, ended, never_closing, qemu_account_process
 from vmsandbox.session.end import lifecycle
 from vmsandbox.session.moments import fork
 from vmsandbox.session.place.local import sharing
@@ -259,3 +261,43 @@ def test_a_copy_no_session_maps_is_given_back_and_the_next_warm_start_seals_anew
             lifecycle.remove(Record.load(second.name))
         for left in (runtime / "memory").glob("*.json"):  # none left running: their directory goes with the test
             sealed.Held.of(json.loads(left.read_text())).stop()
+
+
+def test_a_warm_start_whose_holder_holds_a_fuse_file_seals_a_fresh_copy_and_says_so(
+    module_vms: VmFactory,
+    project: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    """A process of QEMU's account traced the template's holder and put a FUSE file that never answers root's close
+    at its number (here a stand-in of that account, named in the holder's record): the warm start is not held up.
+    The holder is passed over, said, and stopped; a fresh copy is sealed and mapped; root never closed the file
+    (the kernel said it was no memfd before anything was taken)."""
+    runtime = tmp_path / "runtime"
+    runtime.mkdir(mode=0o700)
+    monkeypatch.setenv("VMSANDBOX_RUNTIME_DIR", str(runtime))
+    first = module_vms.make(project)  # (its holder's record: where the stand-in is named)
+    lifecycle.remove(Record.load(first.name))
+    (entry,) = sorted((runtime / "memory").glob("*.json"))
+    sealed.Held.of(json.loads(entry.read_text())).stop(wait=10)
+    template = json.loads(entry.read_text())["template"]
+    made: Record | None = None
+    with never_closing(tmp_path) as fuse, qemu_account_process("hold", fuse) as holder:
+        entry.write_text(json.dumps(holder.record(template)))
+        capfd.readouterr()
+        try:
+            made = module_vms.make(project)
+            assert made.start == "warm" and made.memory is not None, made.memory_note
+            said = f"skipped holder pid {holder.pid}: its descriptor {NUMBER} is not a memfd"
+            assert said in capfd.readouterr().err
+            ended(holder.pid)  # stopped by the warm start
+            fresh = sealed.Held.of(json.loads(entry.read_text()))
+            assert fresh.pid != holder.pid and fresh.alive()
+            assert guest_sh(made, "cat README") == "shared hello\n"
+            assert fuse.held_flushes() == []
+        finally:
+            if made is not None:
+                lifecycle.remove(Record.load(made.name))
+            for left in (runtime / "memory").glob("*.json"):  # none left running: their directory goes with the test
+                sealed.Held.of(json.loads(left.read_text())).stop()
