@@ -31,19 +31,34 @@ def test_only_commands_that_run_a_command_take_one_after_the_separator(capsys: p
 
 @pytest.mark.usefixtures("isolated_dirs")
 @pytest.mark.parametrize(
-    ("argv", "command", "workdir", "env"),
+    ("argv", "command", "workdir", "env", "tty"),
     [
-        (["shell", "exp1", "uname", "-a"], ["uname", "-a"], "/p", {}),
-        (["ssh", "exp1", "ls", "-l", "--color", "-v"], ["ls", "-l", "--color", "-v"], "/p", {}),
-        (["shell", "exp1", "--", "ls"], ["ls"], "/p", {}),
-        (["shell", "exp1"], None, "/p", {}),
-        (["shell", "-w", "src", "-e", "A=1", "-e", "B=x y", "exp1", "env"], ["env"], "/p/src", {"A": "1", "B": "x y"}),
-        (["exec", "-e", "K=", "exp1", "-w", "/tmp", "--", "pwd"], ["pwd"], "/tmp", {"K": ""}),
-        (["-v", "exec", "exp1", "--", "true", "-v"], ["true", "-v"], "/p", {}),
+        (["shell", "exp1", "uname", "-a"], ["uname", "-a"], "/p", {}, False),
+        (["shell", "exp1", "ls", "-l", "--color", "-v"], ["ls", "-l", "--color", "-v"], "/p", {}, False),
+        (["shell", "exp1", "--", "ls"], ["ls"], "/p", {}, False),
+        (["shell", "exp1"], None, "/p", {}, None),
+        (["shell", "-it", "exp1"], None, "/p", {}, None),  # docker's habit: a shell is interactive already
+        (["shell", "-t", "exp1", "top"], ["top"], "/p", {}, True),
+        (
+            ["shell", "-w", "src", "-e", "A=1", "-e", "B=x y", "exp1", "env"],
+            ["env"],
+            "/p/src",
+            {"A": "1", "B": "x y"},
+            False,
+        ),
+        (["shell", "-w", "src", "exp1", "env", "-v"], ["env", "-v"], "/p/src", {}, False),
+        (["exec", "-e", "K=", "exp1", "-w", "/tmp", "--", "pwd"], ["pwd"], "/tmp", {"K": ""}, False),
+        (["-v", "exec", "exp1", "--", "true", "-v"], ["true", "-v"], "/p", {}, False),
+        (["exec", "exp1", "ls", "-l"], ["ls", "-l"], "/p", {}, False),  # without `--`, as docker's
+        (["exec", "exp1", "git", "log", "-v", "-w", "x"], ["git", "log", "-v", "-w", "x"], "/p", {}, False),
+        (["exec", "-it", "exp1", "--", "bash"], ["bash"], "/p", {}, True),
+        (["exec", "-it", "exp1", "bash"], ["bash"], "/p", {}, True),
+        (["exec", "-i", "exp1", "cat"], ["cat"], "/p", {}, False),
+        (["exec", "-t", "-w", "src", "exp1", "make", "-t"], ["make", "-t"], "/p/src", {}, True),
     ],
 )
 def test_shell_and_exec_run_what_follows_where_and_with_what_they_are_told(
-    monkeypatch: pytest.MonkeyPatch, argv: list[str], command: Any, workdir: str, env: dict[str, str]
+    monkeypatch: pytest.MonkeyPatch, argv: list[str], command: Any, workdir: str, env: dict[str, str], tty: Any
 ) -> None:
     from vmsandbox.core import sessions
     from vmsandbox.guest import commands
@@ -53,12 +68,12 @@ def test_shell_and_exec_run_what_follows_where_and_with_what_they_are_told(
     monkeypatch.setattr(sessions, "ready", sessions.record)
 
     def attached(endpoint: Any, where: str, cmd: Any, tty: bool | None = None, env: Any = None) -> int:
-        seen.append((cmd, where, dict(env or {})))
+        seen.append((cmd, where, dict(env or {}), tty))
         return 7
 
     monkeypatch.setattr(commands, "attach", attached)
     assert run_cli(argv) == 7  # the command's own code
-    assert seen == [(command, workdir, env)]
+    assert seen == [(command, workdir, env, tty)]
 
 
 def test_a_variable_and_a_directory_reach_the_guest_quoted() -> None:
@@ -135,7 +150,19 @@ def test_rm_all_without_a_terminal_needs_yes(capsys: pytest.CaptureFixture[str])
         (["login", "add", "nosuch"], base.EXIT_USAGE),
         (["login", "add", "base"], base.EXIT_USAGE),
         (["exec", "nosuch", "--", "true"], base.EXIT_RUN_FAILED),
+        (["exec", "nosuch", "true"], base.EXIT_RUN_FAILED),
         (["shell", "nosuch", "true"], base.EXIT_RUN_FAILED),
+        (["shell", "-it", "nosuch"], base.EXIT_RUN_FAILED),
+        (["exec", "No_Such", "true"], base.EXIT_USAGE),  # an invalid name: usage, as everywhere
+        (["shell", "No_Such"], base.EXIT_USAGE),
+        (["inspect", "No_Such"], base.EXIT_USAGE),
+        (["rm", "No_Such"], base.EXIT_USAGE),
+        (["ui", "--port", "99999"], base.EXIT_USAGE),
+        (["checkpoint", "exp1"], base.EXIT_USAGE),
+        (["checkpoint", "help"], 0),
+        (["-v"], 0),
+        (["ps", "-a"], 0),
+        (["secret", "list"], 0),
         (["create", "/nonexistent"], base.EXIT_FAILED),
         (["rm", "nosuch"], base.EXIT_FAILED),
         (["secret", "rm", "nosuch"], base.EXIT_FAILED),
@@ -305,7 +332,7 @@ def test_a_kept_login_goes_into_the_boot_bundle_and_nothing_else(capsys: pytest.
         assert tar.extractfile(member).read() == b'{"t": 1}'  # type: ignore[union-attr]
     assert build(user, (), git=False, more=lambda b: logins.add_to(b, blueprint.load("codex")))[0] is None
     assert logins.forget(claude) == [".claude/.credentials.json"] and not kept.exists()
-    assert run_cli(["login", "base"]) == base.EXIT_USAGE  # no login files: nothing to keep
+    assert run_cli(["login", "add", "base"]) == base.EXIT_USAGE  # no login files: nothing to keep
     assert "names no login files" in capsys.readouterr().err
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import inspect
 import json
 import re
+import shlex
 import time
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,7 @@ import typer.main
 from tests.unit.conftest import saved_record
 from tests.unit.test_cli import run_cli
 from vmsandbox import paths
-from vmsandbox.cli import base, output
+from vmsandbox.cli import base, helptext, output
 from vmsandbox.cli.sessions import logs
 from vmsandbox.errors import UsageError
 
@@ -47,7 +48,8 @@ def all_commands() -> list[tuple[str, Any]]:
 
 
 def top_rows(out: str) -> list[list[str]]:
-    """The rows of `vmsandbox -h`'s command panels, each the names it shows (`claude,` over `codex,`: one row)."""
+    """The rows of `vmsandbox -h`'s command panels as a terminal shows them, each the names it shows (`claude,`
+    over `codex,`: one row)."""
     rows: list[list[str]] = []
     joined = False
     for found in re.finditer(r"^│ (\S*)", out[out.index("╭─ Start") :], re.MULTILINE):
@@ -62,10 +64,29 @@ def top_rows(out: str) -> list[list[str]]:
     return rows
 
 
+@pytest.fixture
+def terminal(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Help as a terminal of 80 columns shows it, without colour (the panels' text as it is)."""
+    from typer import rich_utils
+
+    monkeypatch.setenv("COLUMNS", "80")
+    monkeypatch.setattr(rich_utils, "FORCE_TERMINAL", True)
+    monkeypatch.setattr(rich_utils, "COLOR_SYSTEM", None)
+
+
+def plain_rows(out: str) -> dict[str, list[str]]:
+    """The panels of `vmsandbox -h` piped (`Start:`, then `  run  Run COMMAND…`), each its rows' names."""
+    panels: dict[str, list[str]] = {}
+    for block in out.split("\n\n"):
+        head, *rows = block.splitlines()
+        if head.endswith(":") and head != "Examples:" and rows and rows[0].startswith("  "):
+            panels[head[:-1]] = [r[2:].split("  ")[0] for r in rows if r[2:3] != " "]
+    return panels
+
+
 def test_the_top_lists_about_25_names_each_in_one_panel_and_every_noun_its_verbs(
-    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
-    monkeypatch.setenv("COLUMNS", "80")  # as piped
     top = typer.main.get_command(base.app)
     paneled = [n for names in base.PANELS.values() for n in names]
     shown = [n for n, c in top.commands.items() if not c.hidden]  # type: ignore[attr-defined]
@@ -81,28 +102,105 @@ def test_the_top_lists_about_25_names_each_in_one_panel_and_every_noun_its_verbs
         assert all(v in group.help.split("\n\n")[0] for v in verbs), noun
     assert run_cli(["--help"]) == 0
     out = capsys.readouterr().out
-    rows = top_rows(out)
+    panels = plain_rows(out)
+    assert list(panels) == ["Options", *base.PANELS]
+    rows = [row for name in base.PANELS for row in panels[name]]
     assert len(rows) <= 27
-    assert [n for row in rows for n in row] == paneled  # in the panels' order, nothing else (no alias, no hidden)
-    assert ["claude", "codex", "gemini", "opencode"] in rows  # one row, its summary the agents'
-    assert "│ opencode " in out and "Run that agent in a disposable VM" in out
-    assert all(len(line) <= 80 for line in out.splitlines())
+    assert [r.split(", ") for r in rows if "," in r] == [list(base.AGENTS)]  # one row, its summary the agents'
+    assert [n for r in rows for n in r.split(", ")] == paneled  # in the panels' order, nothing else (no alias)
+    assert "Run that agent in a disposable VM" in out
     for old in ("destroy", "rollback", "checkpoints", "fork", "fanout", "compare", "recover", "gc", "hosts"):
         assert old not in paneled
-    assert "`vmsandbox help COMMAND`" in out.split("╰")[-1]  # the last line names `help`
+    assert "vmsandbox help COMMAND" in out.strip().splitlines()[-1]  # the last line names `help`
+
+
+@pytest.mark.usefixtures("terminal")
+def test_at_a_terminal_the_top_help_keeps_its_panels(capsys: pytest.CaptureFixture[str]) -> None:
+    assert run_cli(["--help"]) == 0
+    out = capsys.readouterr().out
+    rows = top_rows(out)
+    paneled = [n for names in base.PANELS.values() for n in names]
+    assert [n for row in rows for n in row] == paneled  # in the panels' order, nothing else (no alias, no hidden)
+    assert ["claude", "codex", "gemini", "opencode"] in rows  # one row, its summary the agents'
+    assert "│ opencode " in out and all(len(line) <= 80 for line in out.splitlines())
+    assert run_cli(["ui", "-h"]) == 0
+    port = next(line for line in capsys.readouterr().out.splitlines() if "--port" in line)
+    assert port.count("[default:") == 1  # said by the help, not again by typer
 
 
 def test_the_top_help_honours_no_color(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
-    """Its rows too are printed by typer's console: styled on a terminal, not at all under NO_COLOR."""
+    """Its rows too are printed by typer's console: styled on a terminal, not at all under NO_COLOR (where help is
+    plain text)."""
     from typer import rich_utils
 
     monkeypatch.setattr(rich_utils, "FORCE_TERMINAL", True)  # as a terminal shows it
-    for colours, styled in (("standard", True), (None, False)):
-        monkeypatch.setattr(rich_utils, "COLOR_SYSTEM", colours)
+    for no_color, styled in (("", True), ("1", False)):
+        monkeypatch.setenv("NO_COLOR", no_color)
         assert run_cli(["-h"]) == 0
         out = capsys.readouterr().out
-        assert ("\x1b[" in out) is styled, colours
-        assert "opencode" in out and "completion" in out
+        assert ("\x1b[" in out) is styled, no_color
+        assert ("╭" in out) is styled and "opencode" in out and "completion" in out
+
+
+BOX = set("╭╮╰╯│─┌┐└┘├┤")
+
+
+def test_help_piped_is_plain_text_that_pastes(capsys: pytest.CaptureFixture[str]) -> None:
+    """Every command's and group's help piped: no box, no padding, no trailing space, no markup shown as it is
+    written (backticks, `\\[`), each default said once, each example one line that runs as it is (a note after it
+    is a shell comment)."""
+    for name, _command in [("", None), *all_commands()]:
+        argv = [*name.split(" "), "-h"] if name else ["-h"]
+        assert run_cli(argv) == 0, name
+        out = capsys.readouterr().out
+        assert out.startswith(f"Usage: {' '.join(['vmsandbox', *argv[:-1]])} "), name
+        assert not BOX & set(out), name
+        assert [line for line in out.splitlines() if line != line.rstrip()] == [], name
+        assert "`" not in out and "\\[" not in out, name
+        assert all(line.count("[default:") <= 1 for line in out.splitlines()), name
+        _, _, examples = out.partition("\nExample")
+        assert examples, f"{name}: no example"
+        for line in examples.split("\n\n")[0].splitlines()[1:]:
+            assert line.startswith("  ") and "vmsandbox " in line, f"{name}: {line!r}"
+            shlex.split(line.split("  # ")[0])  # one whole command line, quotes closed
+        command = _command or typer.main.get_command(base.app)
+        helptext.tidy(command)
+        written = str(command.help).split("\n\n")
+        for example in written[next(i for i, p in enumerate(written) if helptext.EXAMPLES.fullmatch(p)) + 1 :]:
+            assert helptext.EXAMPLE.fullmatch(example), f"{name}: one command an example: {example}"
+
+
+def test_the_help_of_every_option_with_a_finite_set_lists_it(capsys: pytest.CaptureFixture[str]) -> None:
+    """An option whose values are a known set (its completion says which) names each of them in its help."""
+    from vmsandbox.cli import complete
+    from vmsandbox.core import watch
+
+    sets = {complete.accel: complete.ACCEL, complete.review: complete.REVIEW, complete.shells: complete.SHELLS,
+            complete.networks: watch.MODES, complete.formats: complete.FORMATS}  # fmt: skip
+    seen = 0
+    for name, command in all_commands():
+        for param in command.params:
+            values = sets.get(_completion_of(param))
+            if name == "inspect" and values == complete.FORMATS:
+                values = ("json", "ssh-config")  # (and a template: one of many, not a table)
+            if values is None:
+                continue
+            seen += 1
+            said = f"{param.metavar} {param.help}"
+            assert all(v in said for v in values), f"{name} {param.name}: {said}"
+    assert seen >= 10
+
+
+def _completion_of(param: Any) -> Any:
+    """The function typer was given as a parameter's autocompletion (its wrappers hold it)."""
+    found = [getattr(param, "_custom_shell_complete", None)]
+    while found:
+        function = found.pop()
+        inner = [c.cell_contents for c in getattr(function, "__closure__", None) or () if callable(c.cell_contents)]
+        if not inner and getattr(function, "__module__", "") == "vmsandbox.cli.complete":
+            return function
+        found += inner
+    return None
 
 
 def test_help_a_person_reads(capsys: pytest.CaptureFixture[str]) -> None:
@@ -125,16 +223,18 @@ def test_help_a_person_reads(capsys: pytest.CaptureFixture[str]) -> None:
 def test_run_shows_its_options_in_panels_with_their_defaults(capsys: pytest.CaptureFixture[str]) -> None:
     assert run_cli(["run", "-h"]) == 0
     out = capsys.readouterr().out
-    panels = re.findall(r"╭─ ([^─]+?) ─", out)
-    assert panels[:1] == ["Arguments"] and {
+    panels = re.findall(r"^(\S[^:\n]*):$", out, re.MULTILINE)
+    assert panels[:3] == ["Examples", "Arguments", "Options"] and {
         "The VM",
         "Network",
         "Into the guest",
         "The review at the end",
         "Fan-out",
     } <= set(panels)
-    flat = " ".join(out.replace("│", " ").split())
+    flat = " ".join(out.split())
     assert "vCPUs [default: 2" in flat and "[default: 2G]" in flat and "[default: 20G]" in flat
+    assert "allowlist: listed hosts only [default]" in flat and "-t, --tty / --no-tty" in flat
+    assert "  vmsandbox run --keep --name exp .  # a shell; the session stays for vmsandbox shell exp\n" in out
 
 
 def test_readable_help_joins_lines_and_splits_examples() -> None:
@@ -144,7 +244,12 @@ def test_readable_help_joins_lines_and_splits_examples() -> None:
     in two.
 
     Examples: `a` · `b c` (a note)"""
-    assert base.readable(text) == "First line.\n\nA long sentence cut in two.\n\nExamples:\n\n`a`\n\n`b c` (a note)"
+    assert helptext.readable(text) == "First line.\n\nA long sentence cut in two.\n\nExamples:\n\n`a`\n\n`b c` (a note)"
+    assert helptext.prose("run `vmsandbox shell exp1` to go in, then `exit`", 20) == [
+        "run",
+        "vmsandbox shell exp1",
+        "to go in, then exit",
+    ]  # a command is never cut across lines
 
 
 def test_help_and_version(capsys: pytest.CaptureFixture[str]) -> None:
@@ -152,24 +257,38 @@ def test_help_and_version(capsys: pytest.CaptureFixture[str]) -> None:
     shown = capsys.readouterr().out
     assert run_cli(["checkpoint", "restore", "-h"]) == 0
     assert shown == capsys.readouterr().out
-    assert run_cli(["help", "rollback"]) == 0  # an old name: its new form's help
-    captured = capsys.readouterr()
-    assert captured.out == shown and "is now `vmsandbox checkpoint restore`" in captured.err
-    for old, new in ((["blueprint", "ls"], ["image", "ls"]), (["trust", "add"], ["config", "trust", "add"]),
-                     (["gc"], ["rm"])):  # fmt: skip
-        assert run_cli(["help", *old]) == 0  # the command of its new form (`image ls --blueprints`: image ls)
+    for noun in (["checkpoint", "help", "restore"], ["help", "checkpoint", "restore"]):  # under a noun too
+        assert run_cli(noun) == 0
+        assert capsys.readouterr().out == shown, noun
+    assert run_cli(["checkpoint", "help"]) == 0  # the noun's help, never a session named help
+    noun_help = capsys.readouterr().out
+    assert run_cli(["checkpoint", "-h"]) == 0
+    assert noun_help == capsys.readouterr().out
+    assert run_cli(["config", "trust", "help", "add"]) == 0
+    assert "Usage: vmsandbox config trust add" in capsys.readouterr().out
+    assert run_cli(["help", "secret", "list"]) == 0  # `list` is `ls`
+    assert "Usage: vmsandbox secret ls" in capsys.readouterr().out
+    for old in (["rollback"], ["gc"], ["checkpoint", "nope"], ["blueprint", "ls"]):
+        assert run_cli(["help", *old]) == base.EXIT_USAGE, old
         captured = capsys.readouterr()
-        assert run_cli([*new, "-h"]) == 0
-        assert captured.out == capsys.readouterr().out and "is now" in captured.err, old
-    assert run_cli(["help", "checkpoint", "nope"]) == base.EXIT_USAGE
-    assert run_cli(["version"]) == 0  # hidden from -h, working
-    assert re.fullmatch(r"vmsandbox \d+\.\d+\.\d+\n", capsys.readouterr().out)
+        assert captured.out == "" and "is now" not in captured.err and "hint:" in captured.err, old
     assert run_cli(["help", "version"]) == 0
     assert "Usage: vmsandbox version" in capsys.readouterr().out
     assert run_cli([]) == 0  # bare: the help, exit 0
     assert "Usage: vmsandbox" in capsys.readouterr().out
     assert run_cli(["policy"]) == 0
     assert "allow" in capsys.readouterr().out
+
+
+def test_version_is_one_line_however_asked(capsys: pytest.CaptureFixture[str]) -> None:
+    """`vmsandbox -v` alone is the version, as docker's; `version` and `--version` say it the same way."""
+    said = set()
+    for argv in (["version"], ["--version"], ["-v"]):
+        assert run_cli(argv) == 0
+        said.add(capsys.readouterr().out)
+    assert len(said) == 1 and re.fullmatch(r"vmsandbox \d+\.\d+\.\d+\n", said.pop())
+    assert run_cli(["version", "--json"]) == 0
+    assert set(json.loads(capsys.readouterr().out)) == {"version"}
 
 
 @pytest.mark.usefixtures("isolated_dirs")
@@ -312,7 +431,7 @@ def test_ssh_config_all_prints_every_block_it_can_and_names_the_rest(capsys: pyt
     broken = paths.session_paths("broken")
     broken.root.mkdir(parents=True)
     broken.record.write_text(json.dumps(["not", "a", "record"]))
-    assert run_cli(["ssh-config", "--all"]) == base.EXIT_FAILED  # the old name, still
+    assert run_cli(["inspect", "--format", "ssh-config", "--all"]) == base.EXIT_FAILED
     captured = capsys.readouterr()
     hosts = [line for line in captured.out.splitlines() if line.startswith("Host ")]
     assert hosts == ["Host vmsandbox-exp1", "Host vmsandbox-exp2"]
@@ -491,9 +610,12 @@ def test_a_fanout_is_refused_before_any_image_is_looked_up(
         raise AssertionError("an image was looked up")
 
     monkeypatch.setattr(store, "current_image", looked_up)
-    for argv, said in ((["fanout", "0", str(tmp_path)], "1 to 64"), (["run", "--fanout", "2", "--yes", str(tmp_path)],
-                       "--yes does not go with --fanout"), (["claude", "--fanout", "2", "--keep", str(tmp_path)],
-                       "--keep does not go with --fanout")):  # fmt: skip
+    refused = (
+        (["run", "--fanout", "0", str(tmp_path)], "1 to 64"),
+        (["run", "--fanout", "2", "--yes", str(tmp_path)], "--yes does not go with --fanout"),
+        (["claude", "--fanout", "2", "--keep", str(tmp_path)], "--keep does not go with --fanout"),
+    )
+    for argv, said in refused:
         assert run_cli([*argv, "--", "true"]) == base.EXIT_USAGE, argv
         assert said in capsys.readouterr().err
 
@@ -531,8 +653,8 @@ def test_create_makes_a_session_and_runs_nothing_or_copies_one(
     assert "vmsandbox shell exp" in capsys.readouterr().err
     assert run_cli(["create", "--from", "exp:before", "--name", "exp-b"]) == 0
     assert made.pop() == ("exp", "exp-b", "before")
-    assert run_cli(["fork", "exp", "exp-c"]) == 0  # the old name
-    assert made.pop() == ("exp", "exp-c", None)
+    assert run_cli(["fork", "exp", "exp-c"]) == base.EXIT_USAGE  # an old name: no command, said how it is done
+    assert "`vmsandbox create --from NAME[:LABEL] --name NEW`" in capsys.readouterr().err and made == []
 
 
 def test_a_global_flag_is_taken_anywhere_but_in_the_guest_s_command() -> None:
@@ -542,3 +664,271 @@ def test_a_global_flag_is_taken_anywhere_but_in_the_guest_s_command() -> None:
     assert global_flags(["rm", "exp", "--verbose", "-f"]) == ["--verbose", "rm", "exp", "-f"]
     assert global_flags(["exec", "exp", "--", "ls", "-v"]) == ["exec", "exp", "--", "ls", "-v"]
     assert global_flags(["shell", "-v", "exp", "ls", "-v"]) == ["-v", "shell", "exp", "ls", "-v"]
+
+
+# Issue 56: one grammar without traps. A word a person mistypes or guesses is an error, never a different verb.
+
+TRAPS = [
+    ["checkpoint", "exp1"],  # a guess at "exp1's checkpoints": it took one
+    ["checkpoint", "exp1", "before"],
+    ["checkpoint", "lst"],
+    ["checkpoint", "lst", "exp1"],
+    ["login", "claude"],
+    ["login", "codex", "--from", "exp1"],
+    ["login", "gemini", "--forget"],
+    ["port", "exp1"],
+    ["port", "exp1", "publish", "8080:3000"],
+    ["logs", "exp1", "proxy"],
+    ["destroy", "exp1"],
+    ["fork", "exp1", "exp2"],
+    ["fanout", "3", "."],
+    ["compare", "exp1", "exp2"],
+    ["rollback", "exp1", "before"],
+    ["recover", "exp1"],
+    ["gc"],
+    ["clean", "exp1"],
+    ["allow", "exp1", "example.com"],
+    ["trust", "."],
+    ["blueprint", "ls"],
+    ["ssh", "exp1"],
+    ["stpo", "exp1"],
+    ["rn", "exp1"],
+    ["image", "lst"],
+    ["secret", "rmm", "exp1"],
+]
+
+
+@pytest.fixture
+def nothing_changes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Session exp1, and every verb of the core that changes a session or this machine failing the test if
+    called."""
+    from vmsandbox.core import moments, secrets, sessions, settings, watch
+
+    saved_record("exp1")
+    for module, names in ((moments, ("take", "restore", "remove")), (sessions, ("destroy", "create", "copy_of",
+                          "stop", "start", "attach")), (secrets, ("sign_in", "keep_from", "forget")),
+                          (watch, ("publish", "unpublish", "wipe")), (settings, ("trust_file", "revoke"))):  # fmt: skip
+        for name in names:
+            monkeypatch.setattr(module, name, lambda *a, _n=name, **k: pytest.fail(f"{_n} was called"))
+
+
+@pytest.mark.usefixtures("nothing_changes")
+@pytest.mark.parametrize("argv", TRAPS, ids=" ".join)
+def test_a_trap_shape_is_a_usage_error_that_names_the_command_and_does_nothing(
+    argv: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert run_cli(argv) == base.EXIT_USAGE
+    err = capsys.readouterr().err
+    lines = err.splitlines()
+    assert len(lines) == 2 and lines[0].startswith("error: ") and lines[1].startswith("hint: "), err
+    assert "is now" not in err and ("`vmsandbox " in lines[1] or "usage: vmsandbox" in lines[1]), err
+    assert paths.session_paths("exp1").record.exists()
+
+
+@pytest.mark.usefixtures("nothing_changes")
+@pytest.mark.parametrize(
+    ("argv", "hint"),
+    [
+        (["lss"], "did you mean `vmsandbox ls`?"),
+        (["sl"], "did you mean `vmsandbox ls`?"),
+        (["stpo", "exp1"], "did you mean `vmsandbox stop exp1`?"),
+        (["rn", "exp1"], "did you mean `vmsandbox rm exp1`?"),
+        (["pul", "exp1"], "did you mean `vmsandbox pull exp1`?"),
+        (["strat", "exp1"], "did you mean `vmsandbox start exp1`?"),
+        (["image", "lst"], "did you mean `vmsandbox image ls`?"),
+        (["checkpoint", "lst", "exp1"], "did you mean `vmsandbox checkpoint ls exp1`?"),
+        (["config", "trust", "ad", "."], "did you mean `vmsandbox config trust add .`?"),
+        (["destory", "exp1"], "`vmsandbox rm NAME` removes a session"),  # a typo of an old name: what does it now
+        (
+            ["checkpoint", "exp1"],
+            "the verb comes first: `vmsandbox checkpoint ls exp1` or `vmsandbox checkpoint create",
+        ),
+        (["port", "exp1"], "`vmsandbox port ls exp1` or `vmsandbox port publish exp1 PORT`"),
+        (["login", "claude"], "`vmsandbox login add claude`"),
+        (["exp1"], "`vmsandbox shell exp1` opens a shell in it"),
+        (["frobnicate"], "`vmsandbox -h` lists the commands"),
+        (["image", "frobnicate"], "`vmsandbox image -h` lists the verbs"),
+    ],
+)
+def test_did_you_mean_from_two_letters_up_and_the_verb_first(
+    argv: list[str], hint: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert run_cli(argv) == base.EXIT_USAGE
+    assert hint in capsys.readouterr().err.splitlines()[-1]
+
+
+def test_edit_distance_counts_a_swap_as_one_edit() -> None:
+    from vmsandbox.cli import aliases
+
+    assert [aliases.distance(a, b) for a, b in (("stpo", "stop"), ("lss", "ls"), ("ls", "ls"), ("rm", "cp"))] == [
+        1, 1, 0, 2,
+    ]  # fmt: skip
+    assert aliases.nearest("x", ["ls"]) is None  # one letter: nothing near
+    assert aliases.nearest("xyzzy", ["ls", "rm"]) is None
+
+
+def test_list_and_remove_are_ls_and_rm_wherever_those_are(capsys: pytest.CaptureFixture[str]) -> None:
+    """Every group with `ls` takes `list` (and `rm`, `remove`): the same command, its help the same, hidden from
+    help and completion; docker's `ps` is `ls` at the top only."""
+    groups = [("", typer.main.get_command(base.app))] + [(n, c) for n, c in all_commands() if hasattr(c, "commands")]
+    checked = 0
+    for name, group in groups:
+        path = name.split(" ") if name else []
+        for same, verb in (("list", "ls"), ("remove", "rm"), *((("ps", "ls"),) if not path else ())):
+            if verb not in group.commands:
+                assert run_cli([*path, same, "-h"]) == base.EXIT_USAGE, (name, same)
+                capsys.readouterr()
+                continue
+            assert run_cli([*path, same, "-h"]) == 0, (name, same)
+            taken = capsys.readouterr()
+            assert run_cli([*path, verb, "-h"]) == 0
+            assert taken.out == capsys.readouterr().out and taken.err == "", (name, same)
+            checked += 1
+        assert not {"list", "remove", "ps"} & set(group.commands), name
+    assert checked >= 10
+    assert run_cli(["-h"]) == 0
+    assert not re.search(r"^  (list|remove|ps)\b", capsys.readouterr().out, re.MULTILINE)
+
+
+@pytest.mark.usefixtures("isolated_dirs")
+def test_ls_and_ps_take_docker_s_all(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    from vmsandbox.core import listing
+
+    monkeypatch.setattr(listing, "rows", lambda broken=None: [{"name": "exp1", "state": "running"},
+                                                              {"name": "exp2", "state": "stopped"}])  # fmt: skip
+    assert run_cli(["ls", "-q"]) == 0
+    listed = capsys.readouterr().out
+    assert listed == "exp1\nexp2\n"
+    for argv in (["ls", "-a"], ["ps", "-a"], ["ps", "--all"], ["list", "-a"]):
+        assert run_cli([*argv, "-q"]) == 0, argv
+        assert capsys.readouterr().out == listed, argv  # every session, as `ls` lists them anyway
+    assert run_cli(["ls", "-h"]) == 0
+    assert "docker's ps -a" in capsys.readouterr().out
+
+
+@pytest.mark.usefixtures("isolated_dirs")
+def test_inspect_takes_docker_s_f_for_format(capsys: pytest.CaptureFixture[str]) -> None:
+    saved_record("exp1")
+    assert run_cli(["inspect", "--format", "{{.Name}} {{.User}}", "exp1"]) == 0
+    long = capsys.readouterr().out
+    assert long == "exp1 u\n"
+    assert run_cli(["inspect", "-f", "{{.Name}} {{.User}}", "exp1"]) == 0
+    assert capsys.readouterr().out == long
+    assert run_cli(["inspect", "-f", "json", "exp1"]) == 0
+    assert json.loads(capsys.readouterr().out)[0]["name"] == "exp1"  # an array, as docker inspect
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["nosuch"],
+        ["ls", "--bogus"],
+        ["ls", "-a", "extra"],
+        ["checkpoint", "rm", "exp1"],
+        ["run", "--cpus", "many"],
+        ["ui", "--port", "99999"],
+        ["serve", "--port", "-1"],
+        ["host", "ls", "--timeout", "inf"],
+        ["host", "ls", "--timeout", "nan"],
+        ["logs", "exp1", "--tail", str(10**30)],
+        ["policy", "log", "exp1", "-n", "-5"],
+        ["host", "add", "big", "qemu+ssh://me@big/system", "--max-sessions", "0"],
+        ["shell", "--bogus", "exp1"],
+        ["exec", "--bogus", "exp1", "true"],
+        ["inspect", "-f"],
+    ],
+    ids=" ".join,
+)
+def test_a_parser_error_is_said_as_ours_one_error_line_and_a_hint(
+    argv: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert run_cli(argv) == base.EXIT_USAGE
+    captured = capsys.readouterr()
+    lines = captured.err.splitlines()
+    assert captured.out == "" and len(lines) == 2, captured.err
+    assert re.match(r"error: [a-z`-]", lines[0]) and lines[1].startswith("hint: "), captured.err
+    for other in ("Usage:", "Try ", "Error:", "Traceback"):
+        assert other not in captured.err
+
+
+def test_a_parser_error_hint_is_the_usage_line(capsys: pytest.CaptureFixture[str]) -> None:
+    assert run_cli(["checkpoint", "rm", "exp1"]) == base.EXIT_USAGE
+    assert capsys.readouterr().err.splitlines() == [
+        "error: missing argument 'LABEL'",
+        "hint: usage: vmsandbox checkpoint rm [OPTIONS] NAME LABEL (`vmsandbox checkpoint rm -h` says more)",
+    ]
+    assert run_cli(["ui", "--port", "99999"]) == base.EXIT_USAGE
+    assert "error: invalid value for '--port': at most 65535" in capsys.readouterr().err
+
+
+def _takes_a_session(command: Any) -> bool:
+    from vmsandbox.cli import complete
+
+    first = next((p for p in command.params if p.param_type_name == "argument"), None)
+    return first is not None and _completion_of(first) is complete.sessions
+
+
+@pytest.mark.usefixtures("nothing_changes")
+def test_an_invalid_session_name_is_a_usage_error_in_every_command(capsys: pytest.CaptureFixture[str]) -> None:
+    """Exit 2 wherever a session is named (never 1 in one command, 125 in another), before anything is done."""
+    checked = []
+    for name, command in all_commands():
+        if not _takes_a_session(command):
+            continue
+        others = [p for p in command.params if p.param_type_name == "argument"][1:]
+        argv = [*name.split(" "), "Bad_Name", *("x" for p in others if p.required)]
+        if name == "exec":
+            argv.append("true")
+        assert run_cli(argv) == base.EXIT_USAGE, argv
+        assert "error: invalid session name 'Bad_Name'" in capsys.readouterr().err, argv
+        checked.append(name)
+    assert {"inspect", "rm", "shell", "exec", "stop", "logs", "pull", "checkpoint create", "port ls"} <= set(checked)
+    assert run_cli(["rm", "exp1", "-it"]) == base.EXIT_USAGE  # the parser's: no such option
+    assert paths.session_paths("exp1").record.exists()
+
+
+def _numbers() -> list[tuple[str, Any]]:
+    return [
+        (f"{name} {max(p.opts, key=len)}", p)
+        for name, command in all_commands()
+        for p in command.params
+        if p.type_descriptor.annotation in (int, float)
+    ]
+
+
+CHECKED_BY_THE_COMMAND = {"--cpus", "--fanout", "serve --port"}  # the command says its bounds (tested below)
+
+
+def test_every_number_option_has_bounds_the_parser_keeps(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """A number given on the line out of range is a usage error, never a traceback (`ui --port 99999` was 35
+    lines of one): the parser keeps its bounds, or the command says them (run's --cpus and --fanout)."""
+    unbounded = []
+    for name, param in _numbers():
+        info = param.type_descriptor.parameter_info
+        if (info.min is None or info.max is None) and not any(c in name for c in CHECKED_BY_THE_COMMAND):
+            unbounded.append(name)
+    assert unbounded == []
+    huge = str(10**30)
+    for argv in (["run", str(tmp_path), "--cpus", huge, "--", "true"],
+                 ["run", str(tmp_path), "--fanout", huge, "--", "true"], ["serve", "--port", "65536"]):  # fmt: skip
+        assert run_cli(argv) == base.EXIT_USAGE, argv
+        assert "Traceback" not in capsys.readouterr().err
+
+
+def test_run_takes_docker_s_rm_with_a_note_that_removal_is_the_default(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from vmsandbox.cli.sessions import run
+
+    ran: list[Any] = []
+    monkeypatch.setattr(run, "run_session", lambda path, bp, cmd, flags, **k: ran.append((cmd, flags)))
+    for argv in (["run", "--rm", str(tmp_path), "--", "true"], ["claude", "--rm", str(tmp_path)]):
+        assert run_cli(argv) == 0, argv
+        (_cmd, flags) = ran.pop()
+        assert not flags.keep and flags.fanout is None
+        assert capsys.readouterr().err == "note: --rm is the default here: the VM goes at the end unless --keep\n"
+    assert run_cli(["run", str(tmp_path), "--", "true"]) == 0
+    assert capsys.readouterr().err == "" and ran.pop()[1].keep is False  # said only when given
+    for both in (["--rm", "--keep"], ["--rm", "--fanout", "2"]):
+        assert run_cli(["run", *both, str(tmp_path), "--", "true"]) == base.EXIT_USAGE
+        assert "--rm does not go with" in capsys.readouterr().err and ran == []

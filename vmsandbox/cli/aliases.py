@@ -1,211 +1,140 @@
-"""The names earlier versions took, kept working for a while: a command line that uses one is rewritten into the
-one grammar before it is parsed, and its new form is said on stderr (one line), then done. They are no commands
-of their own (hidden from `vmsandbox -h` and from completion): `vmsandbox rollback -h` shows `checkpoint
-restore`'s help.
+"""The words beside the grammar, and what a word that is none of it gets.
 
-    old                              new
-    destroy, ps, list, ssh           rm, ls, ls, shell
-    checkpoint NAME [LABEL]          checkpoint create NAME [LABEL]
-    checkpoints NAME / rollback      checkpoint ls NAME / checkpoint restore
-    fork NAME NEW [--from LABEL]     create --from NAME[:LABEL] --name NEW
-    fanout N …                       run --fanout N …
-    compare A B C                    diff A --against B --against C --stat
-    recover                          pull
-    gc                               rm --stale
-    clean NAME                       secret wipe NAME
-    ssh-config NAME                  inspect --format ssh-config NAME
-    allow / deny NAME HOST…          policy allow / policy deny NAME HOST…
-    logs NAME proxy                  policy log NAME
-    port NAME [publish|unpublish P]  port ls NAME / port publish NAME P / port rm NAME P
-    hosts                            host ls
-    login AGENT [--forget]           login add AGENT / login rm AGENT
-    trust add|ls|rm …                config trust add|ls|rm …
-    trust PATH / --list / --revoke   config trust add PATH / config trust ls / config trust rm PATH
-    blueprint ls / show NAME         image ls --blueprints / image show NAME
-"""
+`list` and `remove` are `ls` and `rm` wherever those are, and docker's `ps` is `ls` at the top: the very same
+command, hidden from help and completion. Nothing else is rewritten. A name earlier versions took or another tool
+uses (`destroy`, `fork`, `checkpoints` …) is no command here, and a word that is no command, verb or synonym is a
+usage error whose hint names what does it: "did you mean" by edit distance for words of two letters and up, the
+verb first for a noun given a name (`checkpoint exp1`: `checkpoint ls exp1`). A hint names a command and never
+runs one: a guessed or mistyped word never becomes a verb that changes state."""
 
 from __future__ import annotations
 
+import contextlib
 import shlex
-from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
-from vmsandbox import ui
+from vmsandbox.errors import UsageError
 
-Rewrite = Callable[[list[str]], list[str]]  # the words after the old name → the new command line's words
-
-# An old name that is now another name (and the words after it are the same).
-TOP: dict[str, tuple[str, ...]] = {
-    "destroy": ("rm",),
-    "ps": ("ls",),
-    "list": ("ls",),
-    "ssh": ("shell",),
-    "checkpoints": ("checkpoint", "ls"),
-    "rollback": ("checkpoint", "restore"),
-    "recover": ("pull",),
-    "gc": ("rm", "--stale"),
-    "clean": ("secret", "wipe"),
-    "ssh-config": ("inspect", "--format", "ssh-config"),
-    "allow": ("policy", "allow"),
-    "deny": ("policy", "deny"),
-    "hosts": ("host", "ls"),
-    "fork": ("create", "--from"),
-    "fanout": ("run", "--fanout"),
-    "compare": ("diff",),
+SAME = {"list": "ls", "remove": "rm"}  # under every group that has the verb
+SAME_AT_TOP = {"ps": "ls"}  # docker's
+# Words that are no command here, at the top, and what does their work (the names earlier versions took, and other
+# tools' words for ours): said as the hint, never done.
+ELSEWHERE = {
+    "destroy": "`vmsandbox rm NAME` removes a session",
+    "delete": "`vmsandbox rm NAME` removes a session",
+    "ssh": "`vmsandbox shell NAME` opens a shell in a session; `vmsandbox inspect --format ssh-config NAME` "
+    "prints ssh's own config for it",
+    "checkpoints": "`vmsandbox checkpoint ls NAME` lists a session's checkpoints",
+    "rollback": "`vmsandbox checkpoint restore NAME LABEL` returns a session to a checkpoint",
+    "fork": "`vmsandbox create --from NAME[:LABEL] --name NEW` copies a session",
+    "fanout": "`vmsandbox run --fanout N PATH -- COMMAND` starts N sessions",
+    "compare": "`vmsandbox diff NAME --against OTHER --stat` compares sessions",
+    "recover": "`vmsandbox pull NAME` reviews what a session changed, kept changes too",
+    "gc": "`vmsandbox rm --stale` removes what crashes left",
+    "clean": "`vmsandbox secret wipe NAME` wipes the credentials a session holds",
+    "ssh-config": "`vmsandbox inspect --format ssh-config NAME` prints a session's ssh config",
+    "allow": "`vmsandbox policy allow NAME HOST...` lets a session reach more hosts",
+    "deny": "`vmsandbox policy deny NAME HOST...` takes hosts back",
+    "hosts": "`vmsandbox host ls` lists the hosts",
+    "images": "`vmsandbox image ls` lists the images",
+    "trust": "`vmsandbox config trust add PATH` trusts a project's config",
+    "blueprint": "`vmsandbox image ls --blueprints` lists the blueprints, `vmsandbox image show NAME` shows one",
+    "blueprints": "`vmsandbox image ls --blueprints` lists the blueprints",
 }
-HELP = ("-h", "--help")
+FIRST = ("ls", "show")  # the verbs that only read: named first when a noun is given a name
+SHORTEST = 2  # a word this long and up gets "did you mean"
 
 
-class Root:
-    """The command tree the line is read against (the top group, made when first asked for)."""
-
-    made: Callable[[], Any] = staticmethod(lambda: None)
-
-
-def _valued(path: tuple[str, ...]) -> set[str]:
-    """The options of the command at `path` that take a value (so a word after one is no argument)."""
-    command = Root.made()
-    for word in path:
-        command = command.commands[word]
-    return {name for p in command.params if not getattr(p, "is_flag", True) for name in p.opts}
+def same(word: str, verbs: Any, *, top: bool) -> str | None:
+    """The verb `word` is another name of here (`list`: `ls`), if it is one and the verb is here."""
+    verb = SAME.get(word) or (SAME_AT_TOP.get(word) if top else None)
+    return verb if verb is not None and verb in verbs else None
 
 
-def _split(words: list[str], valued: set[str]) -> tuple[list[int], int]:
-    """The indexes of the arguments among `words` (not options, nor their values), and where `--` is."""
-    found: list[int] = []
-    i = 0
-    while i < len(words):
-        word = words[i]
-        if word == "--":
-            return found, i
-        if word.startswith("-") and word != "-":
-            i += 2 if word in valued else 1
+def distance(a: str, b: str) -> int:
+    """Edits from `a` to `b`: insertions, deletions, substitutions and swaps of two neighbours (`stpo`: `stop`)."""
+    rows = [list(range(len(b) + 1))]
+    for i, x in enumerate(a, 1):
+        row = [i]
+        for j, y in enumerate(b, 1):
+            row.append(min(rows[-1][j] + 1, row[j - 1] + 1, rows[-1][j - 1] + (x != y)))
+            if i > 1 and j > 1 and x == b[j - 2] and a[i - 2] == y:
+                row[j] = min(row[j], rows[-2][j - 2] + 1)
+        rows.append(row)
+    return rows[-1][-1]
+
+
+def nearest(word: str, known: list[str]) -> str | None:
+    """The known word `word` is a typo of: one edit away (two for words of five letters and up), the first of the
+    nearest."""
+    if len(word) < SHORTEST:
+        return None
+    most = 1 if len(word) <= 4 else 2
+    found = sorted((distance(word, k), i, k) for i, k in enumerate(known) if k != word)
+    return found[0][2] if found and found[0][0] <= most else None
+
+
+def unknown(group: Any, ctx: Any, args: list[str]) -> UsageError:
+    """The error for `args[0]`, no command of `group` (at `ctx`): its hint what the person may have meant."""
+    word, rest = args[0], args[1:]
+    path = ctx.command_path.split(" ")
+    top = ctx.parent is None
+    visible = [n for n, c in group.commands.items() if not c.hidden]
+    known = [*visible, *(n for n in group.commands if n not in visible), *SAME, *(SAME_AT_TOP if top else ())]
+    known = [k for k in known if k in group.commands or same(k, group.commands, top=top)]
+    message = f"no command {word!r}" if top else f"`{' '.join(path)}` has no verb {word!r}"
+    if top and word in ELSEWHERE:
+        return UsageError(message, hint=ELSEWHERE[word])
+    near = nearest(word, [*known, *(ELSEWHERE if top else ())])
+    if near in ELSEWHERE and near not in known:
+        return UsageError(message, hint=ELSEWHERE[near])
+    if near is not None:
+        line = shlex.join([*path, same(near, group.commands, top=top) or near, *rest])
+        return UsageError(message, hint=f"did you mean `{line if len(line) <= 80 else ' '.join([*path, near])}`?")
+    hint = _named(path, word) if top else _verb_first(group, path, word)
+    return UsageError(message, hint=hint or f"`{' '.join([*path, '-h'])}` lists the {'commands' if top else 'verbs'}")
+
+
+def _verb_first(group: Any, path: list[str], word: str) -> str | None:
+    """`vmsandbox checkpoint exp1`: the verbs that take a first argument, with `word` as it (those that only read
+    first)."""
+    order = sorted(group.commands, key=lambda n: FIRST.index(n) if n in FIRST else len(FIRST))
+    lines = []
+    for verb in order:
+        command = group.commands[verb]
+        taken = [p for p in command.params if p.param_type_name == "argument"]
+        if command.hidden or not taken:
             continue
-        found.append(i)
-        i += 1
-    return found, len(words)
-
-
-def _fork(rest: list[str]) -> list[str]:
-    args, _ = _split(rest, {"--from"})
-    if len(args) < 2 or any(w in HELP for w in rest):
-        return ["create", *rest] if any(w in HELP for w in rest) else ["create", "--from", *rest]
-    name, new = rest[args[0]], rest[args[1]]
-    others = [w for i, w in enumerate(rest) if i not in args[:2]]
-    label = others[others.index("--from") + 1] if "--from" in others[:-1] else None
-    others = [w for i, w in enumerate(others) if w != "--from" and (i == 0 or others[i - 1] != "--from")]
-    return ["create", "--from", f"{name}:{label}" if label else name, "--name", new, *others]
-
-
-def _fanout(rest: list[str]) -> list[str]:
-    if any(w in HELP for w in rest[: _split(rest, set())[1]]):
-        return ["run", "-h"]
-    args, _ = _split(rest, _valued(("run",)))
-    if not args:
-        return ["run", "--fanout", *rest]
-    n = args[0]
-    return ["run", "--fanout", rest[n], *rest[:n], *rest[n + 1 :]]
-
-
-def _compare(rest: list[str]) -> list[str]:
-    args, _ = _split(rest, set())
-    names = [rest[i] for i in args]
-    others = [w for i, w in enumerate(rest) if i not in args]
-    if not names:
-        return ["diff", *others]
-    against = [w for n in names[1:] for w in ("--against", n)]
-    return ["diff", names[0], *against, "--stat", *others]
-
-
-def _checkpoint(rest: list[str]) -> list[str] | None:
-    if not rest or rest[0].startswith("-") or rest[0] in ("create", "ls", "rm", "restore"):
+        more = [_shown(p) for p in taken[1:] if p.required]
+        lines.append(f"`{shlex.join([*path, verb, word])}{''.join(' ' + m for m in more)}`")
+    if not lines:
         return None
-    return ["checkpoint", "create", *rest]
+    return f"the verb comes first: {' or '.join(lines[:2])} (`{' '.join([*path, '-h'])}` lists the verbs)"
 
 
-def _port(rest: list[str]) -> list[str] | None:
-    if not rest or rest[0].startswith("-") or rest[0] in ("ls", "publish", "rm"):
-        return None
-    name, after = rest[0], rest[1:]
-    if after[:1] == ["publish"]:
-        return ["port", "publish", name, *after[1:]]
-    if after[:1] == ["unpublish"]:
-        return ["port", "rm", name, *after[1:]]
-    return ["port", "ls", name, *after]
+def _shown(param: Any) -> str:
+    name = str(param.metavar or param.name.upper())
+    return name if param.nargs == 1 or name.endswith("...") else f"{name}..."
 
 
-def _logs(rest: list[str]) -> list[str] | None:
-    args, _ = _split(rest, _valued(("logs",)))
-    if len(args) < 2 or rest[args[1]] not in ("proxy", "console"):
-        return None
-    which, others = rest[args[1]], [w for i, w in enumerate(rest) if i != args[1]]
-    return ["policy", "log", *others] if which == "proxy" else ["logs", *others]
+def _named(path: list[str], word: str) -> str | None:
+    """`vmsandbox exp1`, `vmsandbox .`: what to do with a session, or with a directory."""
+    from vmsandbox.core import listing
+
+    sessions: list[str] = []
+    with contextlib.suppress(Exception):  # a hint, never a second failure
+        sessions = listing.names()
+    if word in sessions:
+        shell, inspect = shlex.join([*path, "shell", word]), shlex.join([*path, "inspect", word])
+        return f"`{shell}` opens a shell in it, `{inspect}` shows it"
+    if Path(word).is_dir():
+        run, agent = shlex.join([*path, "run", word]), shlex.join([*path, "claude", word])
+        return f"`{run}` opens a shell in a VM on it, `{agent}` runs an agent there"
+    return None
 
 
-def _login(rest: list[str]) -> list[str] | None:
-    if not rest or rest[0].startswith("-") or rest[0] in ("add", "ls", "rm"):
-        return None
-    if "--forget" in rest:
-        return ["login", "rm", *(w for w in rest if w != "--forget")]
-    return ["login", "add", *rest]
-
-
-def _trust(rest: list[str]) -> list[str]:
-    if not rest or rest[0] in ("add", "ls", "rm", *HELP):
-        return ["config", "trust", *rest]
-    if "--list" in rest:
-        return ["config", "trust", "ls", *(w for w in rest if w != "--list")]
-    if "--revoke" in rest:
-        return ["config", "trust", "rm", *(w for w in rest if w != "--revoke")]
-    return ["config", "trust", "add", *rest]
-
-
-def _blueprint(rest: list[str]) -> list[str]:
-    verb = next(iter(_split(rest, set())[0]), None)
-    if verb is not None and rest[verb] == "ls":
-        return ["image", *rest[: verb + 1], "--blueprints", *rest[verb + 1 :]]
-    return ["image", *rest]  # `show NAME` as it was; the noun alone: image's help
-
-
-# An old name that is also a new one, in an old shape (None: the words are the new shape already).
-SHAPES: dict[str, Callable[[list[str]], list[str] | None]] = {
-    "checkpoint": _checkpoint,
-    "port": _port,
-    "logs": _logs,
-    "login": _login,
-}
-MOVED: dict[str, Rewrite] = {
-    "fork": _fork,
-    "fanout": _fanout,
-    "compare": _compare,
-    "trust": _trust,
-    "blueprint": _blueprint,
-}
-# A noun now under another (MOVED rewrites its shapes): where it went, for "did you mean" (as TOP's names).
-FOLDED: dict[str, tuple[str, ...]] = {"trust": ("config", "trust"), "blueprint": ("image",)}
-
-
-def modern(args: list[str], at: int, root: Callable[[], Any]) -> list[str]:
-    """`args` in the one grammar (the command word is `args[at]`; `root()` the command tree), its new form said on
-    stderr when it was not."""
-    Root.made = root
-    word, rest = args[at], args[at + 1 :]
-    tail = rest[_split(rest, set())[1] :]  # after `--`: the guest's command, never rewritten
-    rest = rest[: len(rest) - len(tail)]
-    new: list[str] | None
-    if word in MOVED:
-        new = MOVED[word](rest)
-    elif word in TOP:
-        new = [*TOP[word], *rest]
-    elif word in SHAPES:
-        new = SHAPES[word](rest)
-    else:
-        new = None
-    if new is None:
-        return args
-    now = [*args[:at], *new, *tail]
-    old = shlex.join(["vmsandbox", *args[at : len(args) - len(tail)]])
-    ui.err.print(
-        f"note: `{ui.printable(old)}` is now `{ui.printable(shlex.join(['vmsandbox', *new]))}`", soft_wrap=True
-    )
-    return now
+def help_of(ctx: Any, words: list[str]) -> tuple[Any, list[str]]:
+    """`vmsandbox checkpoint help [VERB]`: the top's `help` and the words it is given (the noun's path first)."""
+    root = ctx.find_root().command
+    return root.commands["help"], [*ctx.command_path.split(" ")[1:], *words]

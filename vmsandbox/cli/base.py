@@ -4,9 +4,6 @@ help's panels, shared parameters, the command after `--`, several names or --all
 from __future__ import annotations
 
 import copy
-import difflib
-import inspect
-import re
 from collections.abc import Callable
 from typing import Annotated, Any
 
@@ -16,8 +13,8 @@ from rich.text import Text
 from typer import rich_utils
 from typer.core import TyperArgument, TyperCommand, TyperGroup, TyperOption
 
-from vmsandbox import ui
-from vmsandbox.cli import complete
+from vmsandbox import paths, ui
+from vmsandbox.cli import aliases, complete, helptext
 from vmsandbox.errors import UsageError, VmsandboxError
 
 EXIT_FAILED = 1  # vmsandbox failed
@@ -27,15 +24,13 @@ EXIT_RUN_FAILED = 125  # run/exec/shell/agents: vmsandbox failed (as `docker run
 EXIT_INTERRUPTED = 130
 
 HELP = {"help_option_names": ["-h", "--help"]}  # inherited by every command and group below
-TYPO = 0.8  # how alike an unknown word must be to a command to be offered as "did you mean"
-TYPO_LENGTH = 4  # and how long: shorter words are other words more often than typos
 if ui.plain():
     rich_utils.COLOR_SYSTEM = None  # NO_COLOR: the help too
 
 # The help's panels, in order, and their commands in the order a person meets them: the everyday verbs, then the
 # nouns (each with its verbs: `vmsandbox checkpoint create|ls|rm|restore`). One table decides the order of
 # `vmsandbox -h` (a test holds every command not hidden in it; `help` and `version` are hidden, their Options
-# -h and --version shown instead). The names earlier versions took are in aliases.py.
+# -h and --version shown instead). The words beside these (`list`, `remove`, `ps`) are in aliases.py.
 AGENTS = ("claude", "codex", "gemini", "opencode")  # `vmsandbox AGENT PATH` (sessions/run.py)
 PANELS: dict[str, tuple[str, ...]] = {
     "Start": ("run", "create", *AGENTS),
@@ -49,12 +44,12 @@ PANELS: dict[str, tuple[str, ...]] = {
 ROWS: dict[tuple[str, ...], str] = {
     AGENTS: "Run that agent in a disposable VM on PATH, then review what it changed.",
 }
-RENAMED: dict[str, tuple[str, ...]] = {}  # the names earlier versions took and their new form (aliases.TOP)
 
 
 class Commands(TyperGroup):
-    """A group that shows its help (exit 0) when given nothing, and offers "did you mean" for a near typo only
-    (`destory`), never a different command for another word (`ps` is not `push`, which changes the guest)."""
+    """A group that shows its help (exit 0) when given nothing, takes `list`/`remove` for `ls`/`rm` and `help
+    [VERB]` under it, and refuses any other word that is none of its commands with a hint (aliases.py): a typo is
+    never a different command."""
 
     def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
         if not args and self.no_args_is_help and not ctx.resilient_parsing:
@@ -63,24 +58,17 @@ class Commands(TyperGroup):
         return list(super().parse_args(ctx, args))
 
     def resolve_command(self, ctx: Any, args: list[str]) -> Any:
-        try:
-            return super().resolve_command(ctx, args)
-        except Exception as exc:
-            message = getattr(exc, "message", None)
-            if isinstance(message, str) and message.startswith("No such command") and args:
-                exc.message = f"{message.rstrip('.')}. {self.near(ctx, args[0])}"  # type: ignore[attr-defined]
-            raise
-
-    def near(self, ctx: Any, word: str) -> str:
-        """The hint for a word that is no command here: the command it is a typo of, if it is one (an old name's
-        typo: its new form)."""
-        renamed = RENAMED if ctx.parent is None else {}
-        known = list(self.commands) + list(renamed)
-        near = difflib.get_close_matches(word, known, n=1, cutoff=TYPO) if len(word) >= TYPO_LENGTH else []
-        if not near:  # `top` is no typo of `stop`
-            where = " ".join(["vmsandbox", *ctx.command_path.split(" ")[1:], "-h"])
-            return f"`{where}` lists the commands."
-        return f"Did you mean {' '.join(renamed.get(near[0], (near[0],)))!r}?"
+        word = args[0] if args else "-"
+        if word not in self.commands and not word.startswith("-"):
+            verb = aliases.same(word, self.commands, top=ctx.parent is None)
+            if verb is not None:
+                args = [verb, *args[1:]]
+            elif word == "help" and not ctx.resilient_parsing:  # `vmsandbox checkpoint help [VERB]`
+                command, words = aliases.help_of(ctx, args[1:])
+                return "help", command, words
+            elif not ctx.resilient_parsing:
+                raise aliases.unknown(self, ctx, args)
+        return super().resolve_command(ctx, args)
 
     def list_commands(self, ctx: Any) -> list[str]:
         """The top's in the order of PANELS; a noun's verbs as registered (`image`'s `ls` is not the top's)."""
@@ -93,18 +81,21 @@ class Commands(TyperGroup):
     def get_command(self, ctx: Any, cmd_name: str) -> Any:
         command = super().get_command(ctx, cmd_name)
         if isinstance(command, TyperCommand | TyperGroup):
-            command.help = readable(command.help or "")
+            helptext.tidy(command)
             if ctx.parent is None:
                 panel = next((p for p, names in PANELS.items() if cmd_name in names), None)
                 command.rich_help_panel = panel or command.rich_help_panel
         return command
 
     def format_help(self, ctx: Any, formatter: Any) -> None:
-        """The top's help as typer prints it, but for its commands: the commands of one of ROWS in one row, their
-        names one under the other (so the names' column stays as narrow as the longest name), and the epilog
-        after them. A group's help is typer's."""
+        """Plain text when piped (helptext.py). At a terminal, the top's help as typer prints it, but for its
+        commands: the commands of one of ROWS in one row, their names one under the other (so the names' column
+        stays as narrow as the longest name), and the epilog after them. A group's help is typer's."""
         mode = self.rich_markup_mode
-        if ctx.parent is not None or mode is None:
+        if helptext.piped() or mode is None:
+            formatter.write(helptext.plain(ctx, self, self.rows(ctx) if ctx.parent is None else None))
+            return
+        if ctx.parent is not None:
             super().format_help(ctx, formatter)
             return
         bare = copy.copy(self)  # the usage, the text and the options, as typer prints them
@@ -136,21 +127,6 @@ class Commands(TyperGroup):
         return panels
 
 
-def readable(text: str) -> str:
-    """A docstring as help: each paragraph one line (the terminal wraps it; a docstring's own line breaks would
-    cut sentences), and its examples one per line (`Examples: a · b`)."""
-    out: list[str] = []
-    for paragraph in inspect.cleandoc(text).split("\n\n"):
-        joined = " ".join(line.strip() for line in paragraph.splitlines())
-        for part in re.split(r" (?=Examples?: )", joined):
-            found = re.fullmatch(r"(Examples?):\s*(.+)", part)
-            if found is None:
-                out.append(part)
-            else:
-                out += [f"{found.group(1)}:", *(e.strip() for e in found.group(2).split(" · "))]
-    return "\n\n".join(p for p in out if p)
-
-
 app = typer.Typer(
     cls=Commands,
     add_completion=False,  # `vmsandbox completion SHELL` prints the script (the shell's words come from main())
@@ -159,8 +135,9 @@ app = typer.Typer(
     pretty_exceptions_show_locals=False,
     context_settings=HELP,
     help="Run AI coding agents in disposable VMs and review what they changed.\n\n"
-    "Examples:\n\n`vmsandbox claude .`\n\n`vmsandbox run . -- make test`\n\n"
-    "`vmsandbox create --name exp .` then `vmsandbox shell exp`, `vmsandbox pull exp`, `vmsandbox rm exp`",
+    "Examples: `vmsandbox claude .` (an agent on this directory, then the review) · `vmsandbox run . -- make test` · "
+    "`vmsandbox create --name exp .` (a session that stays: `vmsandbox shell exp`, `vmsandbox pull exp`, "
+    "`vmsandbox rm exp`)",
     epilog="`vmsandbox help COMMAND` (or `vmsandbox COMMAND -h`) shows a command's help.",
 )
 
@@ -200,6 +177,19 @@ TyperArgument._usage_display_name = _usage_name  # type: ignore[method-assign]
 TyperOption.display_type_rich = _flag_shown_as_flag  # type: ignore[method-assign]
 TyperOption._get_number_range_help_str = lambda self: None  # type: ignore[method-assign]  # (`[x>=0]`: the help says)
 TyperArgument.display_type_rich = _argument_shown_by_name  # type: ignore[method-assign,assignment]
+_panels = TyperCommand.format_help
+
+
+def _format_help(self: TyperCommand, ctx: Any, formatter: Any) -> None:
+    """A command's help: plain text when piped (helptext.py), typer's panels at a terminal."""
+    helptext.tidy(self)
+    if helptext.piped():
+        formatter.write(helptext.plain(ctx, self))
+    else:
+        _panels(self, ctx, formatter)
+
+
+TyperCommand.format_help = _format_help  # type: ignore[method-assign]
 
 
 class TakesCommand(TyperCommand):
@@ -216,9 +206,22 @@ class NeedsCommand(TakesCommand):
 
 
 # Parameters several commands share.
-SessionName = Annotated[str, typer.Argument(help="Session name.", metavar="NAME", autocompletion=complete.sessions)]
+def session_names(value: Any) -> Any:
+    """A session's name (or each of several) checked as the line is read: one that cannot be a session's is a
+    usage error (exit 2) before anything is done, in every command."""
+    for name in value if isinstance(value, list | tuple) else [value]:
+        if name is not None and not paths.is_session_name(name):
+            raise UsageError(f"invalid session name {name!r}", hint=paths.NAME_HINT)
+    return value
+
+
+SessionName = Annotated[
+    str,
+    typer.Argument(help="Session name.", metavar="NAME", autocompletion=complete.sessions, callback=session_names),
+]
 SessionNames = Annotated[
-    list[str] | None, typer.Argument(help="Session names.", metavar="NAME...", autocompletion=complete.sessions)
+    list[str] | None,
+    typer.Argument(help="Session names.", metavar="NAME...", autocompletion=complete.sessions, callback=session_names),
 ]
 AllSessions = Annotated[bool, typer.Option("--all", "-a", help="Every session (instead of names).")]
 ApplySafe = Annotated[bool, typer.Option("--yes", "-y", help="Apply the safe, non-conflicting changes.")]

@@ -1,7 +1,7 @@
-"""The entry point: `vmsandbox …`. The only place a VmsandboxError becomes a red line, a hint and an exit code.
-Before the line is parsed, an old name is put in the one grammar (aliases.py), `-v` is taken wherever it is, and
-the command after `--` is set aside. Every command module is imported here, which registers its commands on the
-shared app."""
+"""The entry point: `vmsandbox …`. The only place an error becomes a red line, a hint and an exit code: ours
+(VmsandboxError) and the parser's alike, one `error:` line and a `hint:`. Before the line is parsed `-v` is taken
+wherever it is (alone, it is the version, as docker's) and the command after `--` is set aside. Every command module
+is imported here, which registers its commands on the shared app."""
 
 from __future__ import annotations
 
@@ -13,10 +13,10 @@ import sys
 from typing import Annotated, NoReturn
 
 import typer
-import typer.main
+from typer._click import exceptions as parser  # typer's own click: the parser's errors
 
 from vmsandbox import ui
-from vmsandbox.cli import aliases, completion, meta, serve  # noqa: F401
+from vmsandbox.cli import completion, meta, serve  # noqa: F401
 from vmsandbox.cli.base import (
     EXIT_FAILED,
     EXIT_INTERRUPTED,
@@ -24,7 +24,6 @@ from vmsandbox.cli.base import (
     EXIT_USAGE,
     GLOBAL_FLAGS,
     PASS_THE_CODE,
-    RENAMED,
     TAKE_A_COMMAND,
     Invocation,
     app,
@@ -46,8 +45,6 @@ from vmsandbox.cli.review import review, webui  # noqa: F401
 from vmsandbox.cli.sessions import attach, lifecycle, listing, logs, run  # noqa: F401
 from vmsandbox.errors import UsageError, VmsandboxError
 
-RENAMED.update(aliases.TOP | aliases.FOLDED)  # "did you mean" offers an old name's new form
-
 
 @app.callback(invoke_without_command=True)
 def _root(
@@ -57,7 +54,7 @@ def _root(
     from vmsandbox.core import settings
 
     if version:
-        print(settings.version())
+        print(f"vmsandbox {settings.version()}")  # as `vmsandbox version` and `vmsandbox -v` say it
         raise typer.Exit(0)
     settings.open_log(verbose)
 
@@ -76,24 +73,51 @@ def missing_separator(message: str, args: list[str]) -> str | None:
     return "put the command to run after `--`: " + shlex.join(["vmsandbox", *args[: -len(extra)], "--", *extra])
 
 
+def parser_error(exc: parser.UsageError, args: list[str]) -> UsageError:
+    """The parser's usage error in our words: its message one line (lower case, as ours), the hint what fixes it
+    (a "did you mean", the `--` a command needs) or else the command's usage line."""
+    message = exc.format_message().strip().rstrip(".")
+    message, _, near = message.partition(" Did you mean ")
+    message = message.strip().rstrip(".")
+    message = message[:1].lower() + message[1:]
+    message = re.sub(
+        r"Input should be (less|greater) than or equal to ",
+        lambda m: f"at {'most' if m.group(1) == 'less' else 'least'} ",
+        message,
+    )
+    if near:
+        return UsageError(message, hint=f"did you mean {near.rstrip('?')}?")
+    if (hint := missing_separator(str(exc.message), args)) is not None:
+        return UsageError(message, hint=hint)
+    ctx = exc.ctx
+    if ctx is None:
+        return UsageError(message, hint="`vmsandbox -h` lists the commands")
+    usage = " ".join([ctx.command_path, *ctx.command.collect_usage_pieces(ctx)])
+    return UsageError(message, hint=f"usage: {usage} (`{ctx.command_path} -h` says more)")
+
+
+# The options of `shell` and `exec` that take a value (a word after one is not NAME).
+VALUED = frozenset({"-w", "--workdir", "-e", "--env"})
+
+
 def global_flags(args: list[str]) -> list[str]:
     """`-v` wherever it is on the line, moved before the command (never after `--`, nor in the command that
-    `shell NAME` runs)."""
+    `shell NAME` or `exec NAME` without `--` runs)."""
     word = command_word(args)
     end = args.index("--") if "--" in args else len(args)
-    if word == "shell":  # `shell [OPTIONS] NAME COMMAND...`: what follows NAME is the guest's
-        start = args.index(word)
-        named = next((i for i in range(start + 1, end) if not args[i].startswith("-")), end)
-        end = min(end, named + 1)
+    if word == "shell" or (word == "exec" and end == len(args)):  # what follows NAME is the guest's
+        i = args.index(word) + 1
+        while i < end and args[i].startswith("-"):
+            i += 2 if args[i] in VALUED else 1
+        end = min(end, i + 1)
     found = [i for i in range(end) if args[i] in GLOBAL_FLAGS]
     return [*(args[i] for i in found[:1]), *(a for i, a in enumerate(args) if i not in found)]
 
 
 def prepare(args: list[str]) -> list[str]:
-    """The line as typer parses it: in the one grammar, `-v` first, the command after `--` set aside."""
-    word = command_word(args)
-    if word is not None:
-        args = aliases.modern(args, args.index(word), lambda: typer.main.get_command(app))
+    """The line as typer parses it: `-v` first (alone: `--version`), the command after `--` set aside."""
+    if args == ["-v"]:  # docker's: the version (with a command, -v is --verbose)
+        return ["--version"]
     args = global_flags(args)
     word = command_word(args)
     Invocation.command = None
@@ -135,12 +159,10 @@ def main(argv: list[str] | None = None) -> NoReturn:
     except typer.Abort:
         ui.err.print("[red]aborted[/]")
         sys.exit(EXIT_INTERRUPTED)
-    except Exception as exc:  # usage errors from the parser
-        show = getattr(exc, "show", None)
-        if callable(show):
-            show()
-            if (hint := missing_separator(str(getattr(exc, "message", "")), args)) is not None:
-                ui.err.print(f"[dim]hint:[/] {ui.printable(hint)}", soft_wrap=True)
-            sys.exit(int(getattr(exc, "exit_code", EXIT_USAGE)))
-        raise
+    except parser.UsageError as exc:  # the parser's: said as ours are
+        said(parser_error(exc, args))
+        sys.exit(EXIT_USAGE)
+    except parser.ClickException as exc:
+        said(VmsandboxError(exc.format_message()))
+        sys.exit(exc.exit_code)
     sys.exit(code if isinstance(code, int) else 0)

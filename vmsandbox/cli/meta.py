@@ -10,7 +10,7 @@ from typing import Annotated
 import typer
 
 from vmsandbox import ui
-from vmsandbox.cli import complete, output
+from vmsandbox.cli import base, complete, output
 from vmsandbox.cli.base import EXIT_FAILED, app
 from vmsandbox.errors import UsageError
 
@@ -27,19 +27,21 @@ def help_(
 ) -> None:
     """Show the help of a command (or of vmsandbox).
 
+    `vmsandbox NOUN help [VERB]` is the same (`vmsandbox checkpoint help restore`).
+
     Examples: `vmsandbox help` · `vmsandbox help run` · `vmsandbox help checkpoint restore`"""
     from vmsandbox.cli import aliases
 
-    words = list(words or [])
-    if words:  # an old name: its new form's command (`gc`: `rm`, whose --stale it was)
-        words = aliases.modern(words, 0, lambda: ctx.find_root().command)
-        words = words[: next((i for i, w in enumerate(words) if w.startswith("-")), len(words))]
     command, at = ctx.find_root().command, ctx.find_root()
-    for word in words:
-        found = command.get_command(at, word) if hasattr(command, "get_command") else None
+    for given in words or []:
+        if given.startswith("-"):
+            break
+        if not isinstance(command, base.Commands):
+            raise UsageError(f"`{at.command_path}` has no verbs", hint=f"`{at.command_path} -h` shows its help")
+        word = aliases.same(given, command.commands, top=at.parent is None) or given
+        found = command.get_command(at, word)
         if found is None:
-            hint = command.near(at, word) if hasattr(command, "near") else "`vmsandbox -h` lists the commands."
-            raise UsageError(f"no command {' '.join(words)!r}", hint=hint)
+            raise aliases.unknown(command, at, [word])
         at = typer.Context(found, info_name=word, parent=at)
         command = found
     typer.echo(at.get_help(), color=at.color)

@@ -55,7 +55,8 @@ def ls(
     fmt: Annotated[str | None, output.format_option(HOSTS.example)] = None,
     wide: Output = None,
     timeout: Annotated[
-        float, typer.Option("--timeout", metavar="SECONDS", help="Wait this long for a host (at least 1).")
+        float,
+        typer.Option("--timeout", metavar="SECONDS", min=1, max=3600, help="Wait this long for a host (1 to 3600)."),
     ] = 20.0,
 ) -> None:
     """List the libvirt hosts sessions can run on.
@@ -74,8 +75,8 @@ def ls(
     from vmsandbox.errors import UsageError
 
     shape = HOSTS.shape(as_json=as_json, quiet=quiet, fmt=fmt, output=wide)
-    if timeout < 1:
-        raise UsageError(f"--timeout {timeout:g}: give 1 second or more")
+    if not 1 <= timeout <= 3600:  # (nan passes the parser's bounds)
+        raise UsageError(f"--timeout {timeout:g}: give 1 to 3600 seconds")
     if quiet:  # names only: nothing is asked of the hosts
         for name in hosts.names():
             print(name)
@@ -101,7 +102,7 @@ def add(
     name: Annotated[str, typer.Argument(help="A short name: lower-case letters, digits, dashes.", metavar="NAME")],
     uri: Annotated[str, typer.Argument(help="Its libvirt URI, over ssh or TLS.", metavar="URI")],
     max_sessions: Annotated[
-        int | None, typer.Option("--max-sessions", metavar="N", help="At most N sessions there.")
+        int | None, typer.Option("--max-sessions", metavar="N", min=1, max=10000, help="At most N sessions there.")
     ] = None,
     keep_free: Annotated[
         str | None, typer.Option("--keep-free", metavar="SIZE", help="Memory left free there \\[default: 1G].")

@@ -7,7 +7,7 @@ from typing import Annotated
 import typer
 
 from vmsandbox.cli import complete
-from vmsandbox.cli.base import app
+from vmsandbox.cli.base import app, session_names
 
 
 @app.command("ui")
@@ -18,9 +18,12 @@ def web_ui(
             help="Open this session's review \\[default: the session list].",
             metavar="NAME",
             autocompletion=complete.sessions,
+            callback=session_names,
         ),
     ] = None,
-    port: Annotated[int, typer.Option("--port", metavar="PORT", help="Port \\[default: a free one].")] = 0,
+    port: Annotated[
+        int, typer.Option("--port", metavar="PORT", min=0, max=65535, help="Port \\[default: a free one].")
+    ] = 0,
     no_browser: Annotated[bool, typer.Option("--no-browser", help="Print the URL only.")] = False,
 ) -> None:
     """Review sessions in your browser.

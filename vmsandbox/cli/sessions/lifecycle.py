@@ -27,8 +27,9 @@ def _in_state(*states: str) -> Callable[[], list[str]]:
 def stop(names: SessionNames = None, every: AllSessions = False) -> None:
     """Stop sessions, keeping them on disk to start again.
 
-    Their VMs (memory and devices) are saved to disk, freeing CPU and RAM; `vmsandbox start NAME` resumes one where
-    it was. `pull`, `diff` and `rm` work while a session is stopped. `--all`: every running one.
+    Unlike `docker stop`, nothing is killed: their VMs (memory and devices) are saved to disk, freeing CPU and RAM,
+    and `vmsandbox start NAME` resumes one where it was, its processes running on. `pull`, `diff` and `rm` work
+    while a session is stopped. `--all`: every running one.
 
     Examples: `vmsandbox stop exp1` · `vmsandbox stop --all`"""
     from vmsandbox.core import sessions
@@ -81,10 +82,11 @@ def rm(
 ) -> None:
     """Remove sessions: their VMs and files, never silently losing unsynced changes.
 
-    A session holding changes not yet pulled is refused (`-f` keeps them in its outbox first, for `vmsandbox pull
-    NAME`; `--discard` throws them away); the others go. A session whose record is damaged goes with `--discard`.
-    `--all` asks first at a terminal (`--yes` does not). `--stale` removes what crashes and kill -9 left (a session
-    holding unsynced changes stays), here and on every host of your config.
+    A running session goes too (no -f needed, unlike `docker rm`). One holding changes not yet pulled is refused:
+    `-f` keeps them in its outbox first, for `vmsandbox pull NAME`; `--discard` throws them away. A session whose
+    record is damaged goes with `--discard`. `--all` asks first at a terminal (`--yes` does not). `--stale`
+    removes what crashes and kill -9 left (a session holding unsynced changes stays), here and on every host of
+    your config.
 
     Examples: `vmsandbox rm exp1 exp2` · `vmsandbox rm -f exp1` · `vmsandbox rm --group exp` (a fan-out) ·
     `vmsandbox rm --all --yes` · `vmsandbox rm --stale --dry-run`"""

@@ -45,6 +45,10 @@ def _or_dash(show: Any) -> Any:
     return lambda r: "-" if r["state"] == "damaged" else show(r)
 
 
+Every = Annotated[
+    bool,
+    typer.Option("--all", "-a", help="Every session, stopped ones too: `ls` lists them all anyway (docker's ps -a)."),
+]
 SESSIONS = Listing(
     fields=FIELDS,
     columns=(
@@ -70,6 +74,7 @@ def ls(
     fmt: Annotated[str | None, output.format_option(SESSIONS.example)] = None,
     wide: Output = None,
     filters: Filter = None,
+    every: Every = False,
 ) -> None:
     """List sessions.
 
@@ -85,6 +90,7 @@ def ls(
     `vmsandbox ls --format 'table {{.Name}}\\t{{.MemoryMib}}\\t{{.Project}}'` · `vmsandbox ls -o wide`"""
     from vmsandbox.core import listing
 
+    del every  # every session is listed, running or not
     shape = SESSIONS.shape(as_json=as_json, quiet=quiet, fmt=fmt, output=wide)  # refused before anything is asked
     keys = {k: (complete.filter_values(k) if k in complete.CHECKED_FILTERS else None) for k in complete.FILTER_KEYS}
     wanted = output.filters(filters or [], keys)
@@ -108,6 +114,7 @@ def inspect(
         str | None,
         typer.Option(
             "--format",
+            "-f",
             metavar="FORMAT",
             help="json, ssh-config (a `Host vmsandbox-NAME` block for ~/.ssh/config), or a template: '{{.State}}'.",
             autocompletion=complete.formats,

@@ -13,8 +13,11 @@ from vmsandbox import ui
 from vmsandbox.cli.base import SessionName, app
 from vmsandbox.errors import UsageError
 
+MOST_LINES = 10**9  # --tail's bound (a count the parser refuses past, never a traceback)
 Follow = Annotated[bool, typer.Option("--follow", "-f", help="Keep printing new lines as they come.")]
-Tail = Annotated[int | None, typer.Option("--tail", "-n", metavar="N", help="Only the last N lines.")]
+Tail = Annotated[
+    int | None, typer.Option("--tail", "-n", metavar="N", min=0, max=MOST_LINES, help="Only the last N lines.")
+]
 
 
 @app.command()

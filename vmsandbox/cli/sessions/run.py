@@ -39,6 +39,7 @@ from vmsandbox.cli.sessions.runoptions import (
     PublishAddressOpt,
     PublishOpt,
     ReviewOpt,
+    RmOpt,
     SendSecretsOpt,
     SshAgentOpt,
     TtyOpt,
@@ -63,6 +64,7 @@ def run(
     host: HostOpt = None,
     cold: ColdOpt = False,
     keep: KeepOpt = False,
+    rm: RmOpt = False,
     network: NetworkOpt = None,
     allow: AllowOpt = None,
     publish: PublishOpt = None,
@@ -84,7 +86,7 @@ def run(
 
     The VM boots on a copy of PATH; COMMAND (after `--`, an argument list quoted for the guest's shell: `-- sh -c
     '...'` for shell syntax) runs in the project directory, and `run` exits with its code. Then the review, and
-    the VM goes (unless --keep).
+    the VM goes (unless --keep: removal is the default, docker's --rm is taken as it is).
 
     Examples: `vmsandbox run . -- make test` · `vmsandbox run --keep --name exp .` (a shell; the session stays
     for `vmsandbox shell exp`) · `vmsandbox run -p 8000 . -- python3 -m http.server` · `vmsandbox run --fanout 3
@@ -123,9 +125,19 @@ def flags_of(given: dict[str, Any]) -> RunFlags:
     """`run`'s flags from the keyword arguments of a command that takes them (like_run)."""
     from vmsandbox.core.sessions import RunFlags
 
+    if given.pop("rm", False):
+        _removal_is_the_default(given)
     given["allow"] = tuple(given.get("allow") or ())
     given["publish"] = tuple(given.get("publish") or ())
     return RunFlags(**given)
+
+
+def _removal_is_the_default(given: dict[str, Any]) -> None:
+    """`--rm`, as docker's: what happens anyway, said in a line; refused beside a flag that keeps the VM."""
+    for keeps, why in (("keep", "--keep keeps the VM"), ("fanout", "a fan-out keeps its sessions")):
+        if given.get(keeps):
+            raise UsageError(f"--rm does not go with --{keeps}: {why}", hint="leave --rm out")
+    ui.info("note: --rm is the default here: the VM goes at the end unless --keep")
 
 
 def like_run(command: Callable[..., None], name: str, doc: str, *, leave_out: str) -> Callable[..., None]:
@@ -183,12 +195,12 @@ def create(
 ) -> None:
     """Make a session on PATH and leave it running, nothing run in it.
 
-    As `docker create` and `limactl create` do: then `vmsandbox shell NAME`, `exec`, `pull`, `stop`, `start`,
-    `rm`. With --from, the new session is a copy of another (files, disks and running processes, with its own
-    identity, keys and egress; the same baseline for its review).
+    Unlike `docker create`, it starts the VM (as `limactl start` does): then `vmsandbox shell NAME`, `exec`,
+    `pull`, `stop`, `start`, `rm`. With --from, the new session is a copy of another (files, disks and running
+    processes, with its own identity, keys and egress; the same baseline for its review).
 
     Examples: `vmsandbox create --name exp .` · `vmsandbox create --from exp --name exp-b` · `vmsandbox create
-    --from exp:before --name exp-c` (a checkpoint)"""
+    --from exp:before --name exp-c` (from its checkpoint `before`)"""
     from vmsandbox.core import sessions
 
     if source is not None:

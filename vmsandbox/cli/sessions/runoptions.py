@@ -79,12 +79,16 @@ ColdOpt = Annotated[
 KeepOpt = Annotated[
     bool, typer.Option("--keep", help="Keep the VM after the command or shell ends.", rich_help_panel=VM)
 ]
+RmOpt = Annotated[
+    bool,
+    typer.Option("--rm", help="Remove the VM at the end: the default here (docker's --rm, taken).", rich_help_panel=VM),
+]
 NetworkOpt = Annotated[
     str | None,
     typer.Option(
         "--network",
         metavar="MODE",
-        help="allowlist: listed hosts only [default]; open: any public host; none.",
+        help="allowlist: listed hosts only \\[default]; open: any public host; none: no network.",
         autocompletion=complete.networks,
         rich_help_panel=NETWORK,
     ),
