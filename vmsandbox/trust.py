@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from vmsandbox import paths
-from vmsandbox.confine import sudo
+from vmsandbox.confine import beneath, sudo
 from vmsandbox.errors import VmsandboxError
 
 TRUST_FILE = "trusted.json"
@@ -74,22 +74,21 @@ def read_project_file(path: Path, project: Path | None = None) -> bytes | None:
 
 
 def _open_parent(path: Path, project: Path | None) -> int | None:
-    """A descriptor of the file's directory, reached from the project one component at a time with no link
-    followed (None: no project given, the file's directory is used as it is named)."""
+    """A descriptor of the file's directory, reached beneath the project (confine.beneath: one component at a
+    time, no link followed, no `..`); None: no project given, the file's directory is used as it is named."""
     if project is None:
         return None
     try:
         rel = path.parent.relative_to(project)
     except ValueError:
         raise VmsandboxError(f"{path} is not in the project {project}") from None
-    fd = os.open(project, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    where = project
-    for part in rel.parts:
-        where = where / part
+    with beneath.Root.open(project, follow=True) as top:  # (the project is named by the user: a link there is theirs)
         try:
-            next_fd = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+            return top.opendir("/".join(rel.parts))
+        except beneath.Outside:
+            raise VmsandboxError(f"{path} is not in the project {project}") from None
         except OSError as exc:
-            os.close(fd)
+            where = project / (exc.filename or "")
             if exc.errno in (errno.ELOOP, errno.ENOTDIR) and where.is_symlink():
                 raise VmsandboxError(
                     f"{where} is a symlink; a project's config directories must be its own",
@@ -98,9 +97,6 @@ def _open_parent(path: Path, project: Path | None) -> int | None:
             if exc.errno in (errno.ENOENT, errno.ENOTDIR):
                 raise FileNotFoundError(exc.errno, exc.strerror, str(where)) from None
             raise VmsandboxError(f"cannot read {where}: {exc.strerror}") from exc
-        os.close(fd)
-        fd = next_fd
-    return fd
 
 
 def _store() -> Path:

@@ -4,12 +4,24 @@ from __future__ import annotations
 
 import pytest
 
-from vmsandbox.sync.review.risk import nested_git_dir, normalize, risky_name, symlink_escape
+from vmsandbox.confine.resolve import Reach
+from vmsandbox.sync.review.risk import nested_git_dir, normalize, risky_name
+from vmsandbox.sync.tree.final import Final
 from vmsandbox.sync.tree.manifest import DIR, SYMLINK, Entry
 
 
 def link(target: str) -> Entry:
     return Entry(SYMLINK, 0o777, target=target)
+
+
+def symlink_escape(path: str, trees: list[dict[str, Entry]]) -> str | None:
+    """Why the link at `path` of the guest's tree (trees[0]) leads out once applied over the host's (trees[1], or
+    the same tree), or None."""
+    guest, host = trees[0], trees[-1]
+    target = guest[path].target
+    assert target is not None
+    verdict = Final({} if len(trees) > 1 else guest, host, guest, fold=False).leads(path, target, {path: guest[path]})
+    return None if verdict.reach is Reach.INSIDE else verdict.why
 
 
 @pytest.mark.parametrize(

@@ -14,13 +14,13 @@ from __future__ import annotations
 import base64
 import binascii
 import contextlib
+import errno
 import os
 import shlex
-import stat
 from pathlib import Path, PurePosixPath
 
 from vmsandbox import paths
-from vmsandbox.confine import sudo
+from vmsandbox.confine import beneath, sudo
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.guest import commands
 from vmsandbox.guest.files import Bundle, GuestUser
@@ -37,49 +37,26 @@ def store(blueprint: str) -> Path:
 
 def _kept(bp: Blueprint) -> dict[str, bytes]:
     """The blueprint's login files kept on the host, read as the user (under sudo, root reads nothing of their
-    config directory) and never through a link: a link planted there (to root's own keys) leads nowhere."""
+    config directory) and beneath it (confine.beneath): a link planted there (to root's own keys) leads nowhere,
+    a file that is not a plain one or is larger than MAX_LOGIN_BYTES is not read."""
     found: dict[str, bytes] = {}
-    top_dir = paths.config_dir()
     with sudo.as_invoker():
         try:
-            top = os.open(top_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            top = beneath.Root.open(paths.config_dir())
         except OSError:
             return found
-        try:
+        with top:
             for rel in bp.login_files:
-                data = _read_under(top, [LOGINS_DIR, bp.name, *PurePosixPath(rel).parts])
-                if data is not None:
-                    found[rel] = data
-        finally:
-            os.close(top)
+                with contextlib.suppress(beneath.Outside):
+                    data = top.read(_stored(bp, rel), limit=MAX_LOGIN_BYTES)
+                    if data is not None:
+                        found[rel] = data
     return found
 
 
-def _read_under(top: int, parts: list[str]) -> bytes | None:
-    """The regular file parts[-1] below the directory fd `top`, reached without following any link, at most
-    MAX_LOGIN_BYTES (None when it is not there, not a plain file, or larger)."""
-    if any(p in ("", ".", "..") or "/" in p for p in parts):
-        return None
-    fd = os.dup(top)
-    try:
-        for part in parts[:-1]:
-            try:
-                inner = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
-            except OSError:
-                return None
-            os.close(fd)
-            fd = inner
-        try:
-            f = os.open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=fd)
-        except OSError:
-            return None
-        with os.fdopen(f, "rb") as opened:
-            if not stat.S_ISREG(os.fstat(opened.fileno()).st_mode):
-                return None
-            data = opened.read(MAX_LOGIN_BYTES + 1)
-        return data if len(data) <= MAX_LOGIN_BYTES else None
-    finally:
-        os.close(fd)
+def _stored(bp: Blueprint, rel: str) -> str:
+    """Where a login file is kept beneath the config directory (Outside for a name that is not plain)."""
+    return "/".join(beneath.split("/".join([LOGINS_DIR, bp.name, *PurePosixPath(rel).parts])))
 
 
 def kept(bp: Blueprint) -> list[str]:
@@ -129,57 +106,53 @@ def changed(record: Record, bp: Blueprint) -> dict[str, bytes]:
 
 
 def keep(bp: Blueprint, files: dict[str, bytes]) -> list[str]:
-    """Keep these login files for later sessions of `bp` (0600, in a 0700 directory); the paths kept. Written
-    as the user (under sudo, root writes nothing in their config directory) and never through a link: each
-    directory is opened without following one, the file made beside its name and renamed over it."""
+    """Keep these login files for later sessions of `bp` (0600, in 0700 directories); the paths kept. Written
+    as the user (under sudo, root writes nothing in their config directory) and beneath it (confine.beneath): a
+    directory on the way is opened without following a link (one there is refused), each file made beside its
+    name and renamed over it."""
     with sudo.as_invoker():
         paths.config_subdir(paths.config_dir())
-        top = os.open(paths.config_dir(), os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
-        try:
+        with beneath.Root.open(paths.config_dir()) as top:
             for rel, data in files.items():
-                _write_under(top, [LOGINS_DIR, bp.name, *PurePosixPath(rel).parts], data)
-        finally:
-            os.close(top)
+                _write(top, rel, bp, data)
     return sorted(files)
 
 
-def _write_under(top: int, parts: list[str], data: bytes) -> None:
-    """parts[-1] in the directory parts[:-1] below the directory fd `top`: each directory made 0700 where it is
-    missing and opened without following a link (one there is refused), the file written 0600 and renamed."""
-    if any(p in ("", ".", "..") or "/" in p for p in parts):
-        raise VmsandboxError(f"refusing the login file path {'/'.join(parts)!r}")
-    fd = os.dup(top)
+def _write(top: beneath.Root, rel: str, bp: Blueprint, data: bytes) -> None:
     try:
-        for part in parts[:-1]:
-            with contextlib.suppress(FileExistsError):
-                os.mkdir(part, 0o700, dir_fd=fd)
-            try:
-                inner = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
-            except OSError as exc:
-                raise VmsandboxError(
-                    f"{'/'.join(parts)}: {part} is not a directory of your config (a link?); nothing was kept",
-                    hint=f"remove it from {paths.config_dir()}, then keep the login again",
-                ) from exc
-            os.close(fd)
-            fd = inner
-            os.fchmod(fd, 0o700)
-        tmp = f".{parts[-1]}.{os.getpid()}.tmp"
+        where = _stored(bp, rel)
+    except beneath.Outside:
+        raise VmsandboxError(f"refusing the login file path {rel!r}") from None
+
+    def private(fd: int, _made: bool) -> None:
+        os.fchmod(fd, 0o700)
+
+    def made(fd: int, tmp: str) -> None:
         out = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=fd)
-        try:
-            with os.fdopen(out, "wb") as f:
-                f.write(data)
-            os.rename(tmp, parts[-1], src_dir_fd=fd, dst_dir_fd=fd)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp, dir_fd=fd)
+        with os.fdopen(out, "wb") as f:
+            f.write(data)
+
+    try:
+        top.replace(where, made, temporary=f".{where.rpartition('/')[2]}.", mode=0o700, each=private)
+    except NotADirectoryError as exc:
+        raise _not_a_directory(where, exc) from exc
+    except OSError as exc:
+        if exc.errno != errno.ELOOP:
             raise
-    finally:
-        os.close(fd)
+        raise _not_a_directory(where, exc) from exc
+
+
+def _not_a_directory(where: str, exc: OSError) -> VmsandboxError:
+    part = (exc.filename or "").rpartition("/")[2]
+    return VmsandboxError(
+        f"{where}: {part} is not a directory of your config (a link?); nothing was kept",
+        hint=f"remove it from {paths.config_dir()}, then keep the login again",
+    )
 
 
 def forget(bp: Blueprint) -> list[str]:
     gone = kept(bp)
-    with sudo.as_invoker():
+    with sudo.as_invoker(), beneath.Root.open(paths.config_dir()) as top:
         for rel in gone:
-            (store(bp.name) / rel).unlink()
+            top.remove(_stored(bp, rel))
     return gone

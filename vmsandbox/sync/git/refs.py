@@ -14,8 +14,8 @@ import stat
 from collections.abc import Iterator
 from pathlib import Path
 
+from vmsandbox.confine import beneath
 from vmsandbox.errors import VmsandboxError
-from vmsandbox.sync.tree import manifest as tree
 
 MAX_REFS = 10_000
 MAX_REF_FILE = 4096
@@ -49,48 +49,32 @@ def is_real_dir(path: Path) -> bool:
         return False
 
 
-def _read_small(dir_fd: int, name: str, limit: int) -> str | None:
-    fd = tree.open_file_at(dir_fd, name)
-    if fd is None:
-        return None
-    try:
-        data = tree.read_at_most(fd, limit)
-    finally:
-        os.close(fd)
-    return None if data is None else data.decode("ascii", "replace")
-
-
-def _open_dir(gitdir: Path, rel: str) -> int | None:
-    """A descriptor of gitdir/rel, every component from gitdir itself down reached with no link followed
-    (`.git/refs` that links to another repository's refs is not read); None where one is missing."""
-    return tree.open_dir_under(gitdir.parent, "/".join(p for p in (gitdir.name, *rel.split("/")) if p))
-
-
-def _loose_refs(gitdir: Path) -> Iterator[tuple[str, str]]:
+def _loose_refs(gitdir: beneath.Root) -> Iterator[tuple[str, str]]:
     for space in COPIED_REF_SPACES:
-        top_fd = _open_dir(gitdir, space)
-        if top_fd is None:
-            continue
         try:
-            for dirpath, _dirs, files, dir_fd in os.fwalk(".", follow_symlinks=False, dir_fd=top_fd):
-                rel = os.path.normpath(space + dirpath)  # space ends in "/"; dirpath is "." or "./sub"
-                for name in files:
-                    text = _read_small(dir_fd, name, MAX_REF_FILE)
-                    if text is not None:
-                        yield f"{rel}/{name}", text.strip()
-        finally:
-            os.close(top_fd)
+            walked = list(_walk_refs(gitdir, space.rstrip("/")))
+        except OSError:  # not there, or a link (`.git/refs` that links to another repository's is not read)
+            continue
+        yield from walked
 
 
-def _packed_refs(gitdir: Path) -> Iterator[tuple[str, str]]:
-    fd = _open_dir(gitdir, "")
-    if fd is None:
-        return
-    try:
-        text = _read_small(fd, "packed-refs", MAX_PACKED_REFS)
-    finally:
-        os.close(fd)
-    for line in (text or "").splitlines():
+def _walk_refs(gitdir: beneath.Root, space: str) -> Iterator[tuple[str, str]]:
+    for rel_dir, _dirs, files, dir_fd in gitdir.walk(space):
+        for name in files:
+            fd = beneath.regular_at(dir_fd, name)
+            if fd is None:
+                continue
+            try:
+                data = beneath.read_at_most(fd, MAX_REF_FILE)
+            finally:
+                os.close(fd)
+            if data is not None:
+                yield "/".join(p for p in (space, rel_dir, name) if p), data.decode("ascii", "replace").strip()
+
+
+def _packed_refs(gitdir: beneath.Root) -> Iterator[tuple[str, str]]:
+    data = gitdir.read("packed-refs", limit=MAX_PACKED_REFS)
+    for line in (data or b"").decode("ascii", "replace").splitlines():
         if line.startswith(("#", "^")):
             continue
         oid, _, name = line.partition(" ")
@@ -102,8 +86,13 @@ def read_refs(gitdir: Path) -> dict[str, str]:
     ones, as in git. Symbolic refs, bad names and bad object ids are left out."""
     if not is_real_dir(gitdir):
         return {}
-    found = dict(_packed_refs(gitdir))
-    found.update(_loose_refs(gitdir))
+    try:
+        top = beneath.Root.open(gitdir)  # (not through a link: it was just seen to be a directory)
+    except OSError:
+        return {}
+    with top:
+        found = dict(_packed_refs(top))
+        found.update(_loose_refs(top))
     refs = {name: oid for name, oid in found.items() if valid_ref(name) and _OID.match(oid)}
     if len(refs) > MAX_REFS:
         raise Refused(f"the guest's repository has more than {MAX_REFS} branches and tags; they are not fetched")

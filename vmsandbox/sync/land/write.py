@@ -13,15 +13,14 @@
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import os
-import secrets
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from vmsandbox import failpoint
+from vmsandbox.confine import beneath
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.sync.review.compare import Change
 from vmsandbox.sync.tree import manifest as tree
@@ -41,54 +40,43 @@ class UnsafePathError(VmsandboxError):
     pass
 
 
+def _made(owner: Owner) -> beneath.EachDir:
+    """What a directory the write makes on its way gets: the owner, and 0755 (made 0700 until then)."""
+
+    def each(fd: int, made: bool) -> None:
+        if made:
+            os.fchown(fd, owner.uid, owner.gid)
+            os.fchmod(fd, 0o755)
+
+    return each
+
+
 def _parent_fd(root: Path, rel: str, owner: Owner, *, create: bool) -> int:
-    """An fd of the directory that will hold `rel`, reached without following any symlink."""
-    parts = rel.split("/")
-    if any(p in ("", ".", "..") for p in parts) or rel.startswith("/"):
-        raise UnsafePathError(f"refusing the path {rel!r}")
-    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
-    try:
-        for part in parts[:-1]:
-            try:
-                nxt = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
-            except FileNotFoundError:
-                if not create:
-                    raise
-                os.mkdir(part, 0o700, dir_fd=fd)
-                nxt = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
-                os.fchown(nxt, owner.uid, owner.gid)
-                os.fchmod(nxt, 0o755)
-            except OSError as exc:  # ELOOP/ENOTDIR: a symlink or a file where a directory should be
-                raise UnsafePathError(f"refusing to write below {part!r} in {rel!r}: not a real directory") from exc
-            os.close(fd)
-            fd = nxt
-    except BaseException:
-        os.close(fd)
-        raise
+    """An fd of the directory that will hold `rel`, reached beneath root (confine.beneath: no link followed, no
+    `..`); with `create`, the missing directories on the way are made, owned by `owner`."""
+    with beneath.Root.open(root) as top:
+        try:
+            fd, _name = top.parent(rel, mode=0o700 if create else None, each=_made(owner) if create else None)
+        except beneath.Outside:
+            raise UnsafePathError(f"refusing the path {rel!r}") from None
+        except FileNotFoundError:
+            raise
+        except OSError as exc:  # ELOOP/ENOTDIR: a symlink or a file where a directory should be
+            below = (exc.filename or "").rpartition("/")[2]
+            raise UnsafePathError(f"refusing to write below {below!r} in {rel!r}: not a real directory") from exc
     return fd
 
 
 def open_nofollow(root: Path, rel: str) -> int | None:
-    """An fd of the regular file root/rel, reached without following any symlink (None otherwise)."""
-    try:
-        fd = _parent_fd(root, rel, Owner(-1, -1), create=False)
-    except (OSError, UnsafePathError):
-        return None
-    try:
-        return tree.open_file_at(fd, rel.rsplit("/", 1)[-1])
-    finally:
-        os.close(fd)
+    """An fd of the regular file root/rel, reached beneath root without following any symlink (None otherwise)."""
+    with beneath.Root.open(root) as top:
+        return top.open_regular(rel)
 
 
 def read_nofollow(root: Path, rel: str, *, limit: int) -> bytes | None:
     """At most `limit` bytes of the regular file root/rel (None if it is not one, or is larger)."""
-    fd = open_nofollow(root, rel)
-    if fd is None:
-        return None
-    try:
-        return tree.read_at_most(fd, limit)
-    finally:
-        os.close(fd)
+    with beneath.Root.open(root) as top:
+        return top.read(rel, limit=limit)
 
 
 class ChangedError(VmsandboxError):
@@ -131,14 +119,8 @@ def _place(root: Path, rel: str, owner: Owner, make: Callable[[int, str], None])
     """Make the new version of root/rel under a temporary name in its directory (`make(dir_fd, name)`), then
     rename it into place: readers see the old version until the rename and the new one after it."""
     fd = _parent_fd(root, rel, owner, create=True)
-    tmp = f"{TMP_PREFIX}{secrets.token_hex(6)}"
     try:
-        make(fd, tmp)
-        os.rename(tmp, rel.rsplit("/", 1)[-1], src_dir_fd=fd, dst_dir_fd=fd)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp, dir_fd=fd)
-        raise
+        beneath.replace_at(fd, rel.rsplit("/", 1)[-1], make, temporary=TMP_PREFIX)
     finally:
         os.close(fd)
 

@@ -8,10 +8,11 @@ quarantined; symlinks that lead out of the project, FIFOs, devices and bad names
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
-from vmsandbox.sync.review.risk import risky_name, symlink_escape
+from vmsandbox.sync.review.risk import judge_links, risky_name
+from vmsandbox.sync.tree.final import Final
 from vmsandbox.sync.tree.manifest import CARRIED, DIR, FILE, OTHER, SYMLINK, Entry, Tree
 
 # .git internals that git itself manages: commits come back as fetched refs, never as these files.
@@ -120,27 +121,30 @@ def risk_of(path: str, base: Entry | None, guest: Entry | None, host: Entry | No
     return None
 
 
-def unsafe_reason(path: str, guest: Entry | None, trees: Sequence[Mapping[str, Entry]] = ()) -> str | None:
-    """Why a guest change can never be written. `trees` (the guest's and the host's) decide where a symlink
-    leads."""
+def unsafe_reason(path: str, guest: Entry | None) -> str | None:
+    """Why a guest change can never be written, by itself (where a link leads is judge_links's: it needs every
+    tree)."""
     parts = path.split("/")
     if path.startswith("/") or any(p in ("", ".", "..") for p in parts) or "\0" in path:
         return "invalid path"
-    if guest is None:
-        return None
-    if guest.kind == OTHER:
+    if guest is not None and guest.kind == OTHER:
         return "FIFOs, sockets and device files are never created"
-    if guest.kind == SYMLINK:
-        why = symlink_escape(path, [{path: guest}, *trees])
-        if why is not None:
-            return f"symlink to {guest.target!r} leaves the project: {why}"
     return None
 
 
-def compare(baseline: Tree, host: Tree, guest: Tree, *, only: Iterable[str] | None = None) -> list[Change]:
+def compare(
+    baseline: Tree,
+    host: Tree,
+    guest: Tree,
+    *,
+    only: Iterable[str] | None = None,
+    host_links: Callable[[], Mapping[str, str]] | None = None,
+    fold: bool = False,
+) -> list[Change]:
     """Every path the guest changed against the baseline, classified. Sorted by path. `only`: the paths where
     the guest's tree is known to differ from the baseline (the others are not looked at; nor is the host
-    listed, so `host` may be a tree.Lookup)."""
+    listed, so `host` may be a tree.Lookup — then `host_links` lists the host's links, when a judge needs
+    them). `fold`: the project's file system compares names case-insensitively."""
     changes: list[Change] = []
     for path in sorted(set(baseline) | set(guest) if only is None else only):
         if is_git_managed(path):
@@ -154,14 +158,32 @@ def compare(baseline: Tree, host: Tree, guest: Tree, *, only: Iterable[str] | No
             status = Status.APPLY
         else:
             status = Status.CONFLICT
-        unsafe = unsafe_reason(path, g, (guest, host)) if status is not Status.SAME else None
-        if unsafe is not None:
-            status = Status.UNSAFE
         change = Change(path, base, g, h, status, risk_of(path, base, g, h))
+        unsafe = unsafe_reason(path, g) if status is not Status.SAME else None
         if unsafe is not None:
+            change.status = Status.UNSAFE
             change.notes.insert(0, unsafe)
         changes.append(change)
+    final = Final(baseline, host, guest, fold=fold, kept=[c.path for c in changes if c.status is Status.UNSAFE])
+    _judge_links(changes, final, host_links or (lambda: _links_of(host)))
     return changes
+
+
+def _links_of(tree: Tree) -> dict[str, str]:
+    return {p: e.target for p, e in tree.items() if e.kind == SYMLINK and e.target is not None}
+
+
+def _judge_links(changes: list[Change], final: Final, host_links: Callable[[], Mapping[str, str]]) -> None:
+    """Refuse the changes that would make a link lead out, and hold the links that lead through what nobody has
+    (risk.judge_links)."""
+    judged = [c for c in changes if c.status not in (Status.SAME, Status.UNSAFE)]
+    refused, unknown = judge_links(final, [(c.path, c.guest, c.host) for c in judged], host_links)
+    for c in judged:
+        if c.path in refused:
+            c.status = Status.UNSAFE
+            c.notes.insert(0, refused[c.path])
+        elif c.path in unknown:
+            c.risky = unknown[c.path] if c.risky is None else f"{c.risky}; {unknown[c.path]}"
 
 
 def same_entry(a: Entry | None, b: Entry | None) -> bool:

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from vmsandbox import failpoint, paths, ui
+from vmsandbox.confine import beneath
 from vmsandbox.guest.ssh import Endpoint
 from vmsandbox.paths import SessionPaths
 from vmsandbox.sync.fetch import delta, mirror
@@ -77,10 +78,13 @@ def gather(target: Target, *, endpoint: Endpoint | None, limit: int, disk: bool 
     base, guest, scope, source, origin = fetch(target, endpoint=endpoint, limit=limit, disk=disk)
     failpoint.hit("run.gather")
     # Only the paths where the guest's tree differs from the baseline are compared, and the host's side is
-    # read only there (and where a guest's symlink leads): the project is not walked.
+    # read only there (and where a guest's symlink leads): the project is not walked, but for its links (no
+    # content read) when a change makes or removes one (risk.judge_links).
     cache = HashCache.load(files.hashes("project"))
     host = views.Lookup(target.project, cache)
-    changes = [c for c in compare(base, host, guest, only=scope) if c.status is not Status.SAME]
+    with beneath.Root.open(target.project, follow=True) as project:  # names compared as its file system does
+        found = compare(base, host, guest, only=scope, host_links=project.links, fold=project.folds())
+    changes = [c for c in found if c.status is not Status.SAME]
     cache.save(partial=True)
     merge.merge_all(changes, baseline=files.baseline, host=target.project, guest=source)
     reviewable.mark_held(target, changes, source)

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING
 
 from vmsandbox import ui
 from vmsandbox.confine import accounts as confine
+from vmsandbox.confine import beneath
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.sync.git import refs
 from vmsandbox.sync.land import write as apply
@@ -66,15 +67,9 @@ BINARY_PROBE = 8000  # bytes looked at, as git does
 
 def is_binary(source: Path, rel: str) -> bool:
     """Whether the file at `rel` under source (the guest's content) starts with a NUL within BINARY_PROBE bytes;
-    read without following links."""
-    where, _, name = rel.rpartition("/")
-    dir_fd = tree.open_dir_under(source, where)
-    if dir_fd is None:
-        return False
-    try:
-        fd = tree.open_file_at(dir_fd, name)
-    finally:
-        os.close(dir_fd)
+    read beneath source (confine.beneath: no link followed)."""
+    with beneath.Root.open(source) as top:
+        fd = top.open_regular(rel)
     if fd is None:
         return False
     try:

@@ -5,15 +5,18 @@ Both are judged the way an attacker would try to get around them:
 - a risky name matches at any depth and the way the filesystems a project may live on compare names:
   case-insensitively (Unicode case folding, not lower()), with NTFS's trailing dots and spaces and HFS+'s
   ignorable code points dropped and the 8.3 short name `git~1` taken as `.git` (as git itself does);
-- a symlink is judged by where it leads in the final tree, following the other symlinks of that tree (the
-  guest's and the host's), never by the text of its target.
+- a symlink is judged by where it leads in the tree as it will be after the apply (sync.tree.final), following
+  every link of that tree (the guest's and the host's), never by the text of its target; a component nobody
+  has is unknown, not a directory; and a change that makes a link already on the host lead out is refused.
 """
 
 from __future__ import annotations
 
 import fnmatch
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
+from vmsandbox.confine.resolve import Reach
+from vmsandbox.sync.tree.final import Final
 from vmsandbox.sync.tree.manifest import SYMLINK, Entry
 
 # Places where a file becomes code that runs on the host later (hooks, editors, agents, CI, env loaders,
@@ -167,65 +170,60 @@ def nested_git_dir(path: str) -> str | None:
     return None
 
 
-MAX_HOPS = 40  # like the kernel's limit on symlinks followed in one lookup
-MAX_STEPS = 4096  # work bound over all branches (a symlink that is one thing in one tree, another in the other)
+UNKNOWN = "neither the project nor the guest has it: where the link leads is not known until it exists"
+Changed = tuple[str, Entry | None, Entry | None]  # a change's path, the guest's entry and the host's
 
 
-class _Escape(Exception):  # noqa: N818 - control flow
-    def __init__(self, why: str) -> None:
-        self.why = why
+def judge_links(
+    final: Final, changes: Sequence[Changed], host_links: Callable[[], Mapping[str, str]]
+) -> tuple[dict[str, str], dict[str, str]]:
+    """Every change judged by where links lead in the tree as it will be (`final`: the host's links and the
+    guest's, every component resolved, names compared as the project's file system does): the changes that can
+    never be written, and why; the links that wait for a person, and why.
+
+    - A guest's link is refused when it leads out in any way of taking the review (through another link of
+      either side, an absolute target, a loop), or would lead out once a component nobody has yet exists; it
+      waits for a person when it passes a component nobody has (it leads nowhere today: what is made there
+      later decides).
+    - A change at a path that a link already on the host passes through is refused when, with it, that link
+      would lead out where it did not before (`host_links`: every link on the host, asked only then)."""
+    refused: dict[str, str] = {}
+    unknown: dict[str, str] = {}
+    for path, guest, _host in changes:
+        if guest is None or guest.kind != SYMLINK or guest.target is None:
+            continue
+        verdict = final.leads(path, guest.target, {final.key(path): guest})
+        if verdict.reach is not Reach.INSIDE:
+            refused[path] = f"symlink to {guest.target!r} leaves the project: {verdict.why}"
+        elif verdict.unresolved is not None:
+            unknown[path] = f"a link through {verdict.unresolved}, which {UNKNOWN}"
+    for path, why in _leading_host_links_out(final, changes, host_links).items():
+        refused.setdefault(path, why)
+    return refused, unknown
 
 
-def symlink_escape(path: str, trees: Sequence[Mapping[str, Entry]]) -> str | None:
-    """Why the symlink at `path` (its target taken from the first tree that has it) leads out of the project
-    when followed, or None if every way of following it stays inside.
-
-    Each component is looked up in every tree: where it is a symlink in one of them, that link is followed
-    too (the final tree holds the guest's changes and the host's files, and may hold either). `..` above the
-    project root, an absolute target, or more than MAX_HOPS links in one lookup count as leaving."""
-    found = next((t[path].target for t in trees if path in t and t[path].kind == SYMLINK), None)
-    if found is None:
-        return None
-    target: str = found
-    steps = [0]
-
-    def walk(base: list[str], todo: list[str], hops: int) -> None:
-        while todo:
-            steps[0] += 1
-            if steps[0] > MAX_STEPS:
-                raise _Escape("too many symlinks to follow")
-            part = todo.pop(0)
-            if part in ("", "."):
-                continue
-            if part == "..":
-                if not base:
-                    raise _Escape("it leads above the project")
-                base = base[:-1]
-                continue
-            here = [*base, part]
-            key = "/".join(here)
-            links: set[str] = set()
-            plain = False
-            for t in trees:
-                entry = t.get(key)
-                if entry is not None and entry.kind == SYMLINK and entry.target is not None:
-                    links.add(entry.target)
-                else:
-                    plain = True
-            for link in links:
-                if hops + 1 > MAX_HOPS:
-                    raise _Escape("too many levels of symlinks")
-                if link.startswith("/"):
-                    raise _Escape(f"it leads to {link} through {key}")
-                walk(list(base), [*link.split("/"), *todo], hops + 1)
-            if not plain:
-                return
-            base = here
-
-    if target.startswith("/"):
-        return f"it points to an absolute path ({target})"
-    try:
-        walk(path.split("/")[:-1], target.split("/"), 1)
-    except _Escape as exc:
-        return exc.why
-    return None
+def _leading_host_links_out(
+    final: Final, changes: Sequence[Changed], host_links: Callable[[], Mapping[str, str]]
+) -> dict[str, str]:
+    """The changes that would make a link already on the host lead out (only a change where either side is a
+    link can move where a name resolves: a directory made where nothing was reads as the walk already read it)."""
+    moved = {
+        final.key(path): (path, guest)
+        for path, guest, host in changes
+        if any(e is not None and e.kind == SYMLINK for e in (guest, host))
+    }
+    if not moved:
+        return {}
+    blamed: dict[str, str] = {}
+    for at, target in sorted(host_links().items()):
+        every = final.leads(at, target)
+        hit = sorted(every.through & moved.keys())
+        if every.reach is Reach.INSIDE or not hit:
+            continue
+        before = final.leads_now(at, target).reach  # a link that leads out already is the host's own
+        for key in hit:
+            path, guest = moved[key]
+            taken = final.leads(at, target, {key: guest})
+            if path not in blamed and taken.reach > before:
+                blamed[path] = f"with it, the link {at} -> {target!r} already in the project leads out: {taken.why}"
+    return blamed

@@ -1,12 +1,14 @@
 """A manifest of a directory tree: per relative path its type, mode, size and content hash.
 
-Walks never follow symlinks, not even a directory swapped for a symlink while the walk runs: directories are
-walked through their descriptors (os.fwalk) and files opened relative to them with O_NOFOLLOW. A symlink is
-recorded with its target. Paths use "/" and are relative.
+Walks never follow symlinks, not even a directory swapped for a symlink while the walk runs: every tree is
+walked beneath its top (confine.beneath.Root: descriptors, no link followed, no `..`), and files are opened
+relative to their directory with O_NOFOLLOW. A symlink is recorded with its target. Paths use "/" and are
+relative.
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import stat
@@ -15,6 +17,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from vmsandbox.confine import beneath
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.sync.tree.hashcache import HashCache
 
@@ -56,33 +59,13 @@ class Entry:
         return cls(**data)
 
 
-def open_file_at(dir_fd: int | None, name: str | Path, st: os.stat_result | None = None) -> int | None:
-    """An fd of the regular file `name` (relative to dir_fd), never through a symlink; None if it is not a
-    regular file any more (or not the one `st` describes)."""
-    try:
-        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd)
-    except OSError:
-        return None
-    now = os.fstat(fd)
-    if not stat.S_ISREG(now.st_mode) or (st is not None and (now.st_ino, now.st_dev) != (st.st_ino, st.st_dev)):
-        os.close(fd)
-        return None
-    return fd
+open_file_at = beneath.regular_at  # the regular file `name` of a directory fd, never through a link (None: not one)
+read_at_most = beneath.read_at_most  # the whole content of an fd if it is at most `limit` bytes, else None
 
 
 def chunks(fd: int) -> Iterator[bytes]:
     while data := os.read(fd, CHUNK):
         yield data
-
-
-def read_at_most(fd: int, limit: int) -> bytes | None:
-    """The whole content of fd if it is at most `limit` bytes, else None (never reads much more)."""
-    if os.fstat(fd).st_size > limit:
-        return None
-    data = bytearray()
-    while len(data) <= limit and (chunk := os.read(fd, min(CHUNK, limit + 1 - len(data)))):
-        data += chunk
-    return None if len(data) > limit else bytes(data)
 
 
 def fd_digest(fd: int) -> str:
@@ -175,14 +158,16 @@ def deep(root: Path) -> TooDeepError:
 def scan(
     root: Path, *, skip: frozenset[str] = frozenset(), cache: HashCache | None = None, max_entries: int | None = None
 ) -> Manifest:
-    """Every path under root (root itself excluded). `skip` names top-level entries to leave out. With a cache
-    (sync.hashcache), unchanged files are not read again; the cache is saved after the walk. With
-    `max_entries`, a tree holding more raises TooManyEntriesError as soon as the walk finds one too many."""
+    """Every path under root (root itself excluded; root is the caller's name, followed if a link). `skip` names
+    top-level entries to leave out. With a cache (sync.hashcache), unchanged files are not read again; the cache
+    is saved after the walk. With `max_entries`, a tree holding more raises TooManyEntriesError as soon as the
+    walk finds one too many."""
     found: Manifest = {}
-    try:
-        _walk(root, "", found, skip, cache, max_entries=max_entries)
-    except RecursionError:
-        raise deep(root) from None
+    with beneath.Root.open(root, follow=True) as top:
+        try:
+            _walk(top, "", found, skip, cache, max_entries=max_entries)
+        except RecursionError:
+            raise deep(root) from None
     if cache is not None:
         cache.save()
     return found
@@ -191,38 +176,34 @@ def scan(
 def scan_under(root: Path, rel: str, cache: HashCache | None = None) -> Manifest:
     """The entry at `rel` under root and, if it is a directory, everything under it (keys relative to root).
     No symlink is followed on the way down to `rel` either. The cache is not saved (the caller merges)."""
-    parent, name = _open_parent(root, rel)
-    if parent is None:
-        return {}
-    try:
-        entry = entry_at(parent, name, cache, rel)
+    with beneath.Root.open(root, follow=True) as top:
+        entry = _entry(top, rel, cache)
         found: Manifest = {} if entry is None else {rel: entry}
-        if entry is not None and entry.kind == DIR:
-            try:
-                _walk(name, rel + "/", found, frozenset(), cache, dir_fd=parent)
-            except RecursionError:
-                raise deep(root / rel) from None
+        with top.directory(rel) as there:
+            if entry is None or entry.kind != DIR or there is None:  # (or swapped for a link meanwhile)
+                return found
+        try:
+            _walk(top, rel, found, frozenset(), cache)
+        except RecursionError:
+            raise deep(root / rel) from None
         return found
-    finally:
-        os.close(parent)
 
 
 def _walk(
-    top: str | Path,
-    prefix: str,
+    top: beneath.Root,
+    rel: str,
     found: Manifest,
     skip: frozenset[str],
     cache: HashCache | None,
     *,
-    dir_fd: int | None = None,
     max_entries: int | None = None,
 ) -> None:
-    """Add everything below `top` (relative to dir_fd, if given) to `found`, keyed `prefix` + its path below
-    top; no symlink is followed."""
-    for dirpath, dirnames, filenames, here_fd in os.fwalk(top, follow_symlinks=False, dir_fd=dir_fd):
-        rel_dir = os.path.relpath(dirpath, top)
-        here = prefix if rel_dir == "." else prefix + rel_dir + "/"
-        at_top = rel_dir == "." and not prefix
+    """Add everything below the directory `rel` of top to `found`, keyed by its path beneath top; no symlink is
+    followed."""
+    for rel_dir, dirnames, filenames, here_fd in top.walk(rel):
+        here = "/".join(p for p in (rel, rel_dir) if p)
+        here = here + "/" if here else ""
+        at_top = not here
         for name in sorted(dirnames + filenames):
             if at_top and name in skip:
                 continue
@@ -230,40 +211,39 @@ def _walk(
             if entry is not None:
                 found[here + name] = entry
                 if max_entries is not None and len(found) > max_entries:
-                    raise TooManyEntriesError(f"the tree under {top} holds more than {max_entries:,} entries")
+                    raise TooManyEntriesError(f"the tree under {top.path} holds more than {max_entries:,} entries")
         dirnames[:] = [d for d in dirnames if not (at_top and d in skip)]
 
 
 def open_dir_under(root: Path, rel: str) -> int | None:
-    """An fd of the directory `rel` under root ("" is root), reached without following any symlink (None if a
-    component is missing or not a directory)."""
-    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    for part in rel.split("/") if rel else ():
+    """An fd of the directory `rel` under root ("" is root), reached beneath it (confine.beneath); None if a
+    component is missing, a link or not a directory, or `rel` is not a plain name beneath root."""
+    with beneath.Root.open(root, follow=True) as top:
         try:
-            inner = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
-        except OSError:
-            os.close(fd)
+            return top.opendir(rel)
+        except (OSError, beneath.Outside):
             return None
-        os.close(fd)
-        fd = inner
-    return fd
 
 
-def _open_parent(root: Path, rel: str) -> tuple[int | None, str]:
-    """open_dir_under for the directory that holds `rel`, and the last component's name."""
-    where, _, name = rel.rpartition("/")
-    return open_dir_under(root, where), name
+def _entry(top: beneath.Root, rel: str, cache: HashCache | None) -> Entry | None:
+    try:
+        parent, name = top.parent(rel)
+    except (OSError, beneath.Outside):
+        return None
+    try:
+        return entry_at(parent, name, cache, rel)
+    except OSError as exc:  # a name the file system cannot hold (too long, not in its encoding): nothing is there
+        if exc.errno not in (errno.ENAMETOOLONG, errno.EILSEQ, errno.EINVAL):
+            raise
+        return None
+    finally:
+        os.close(parent)
 
 
 def entry_under(root: Path, rel: str, cache: HashCache | None = None) -> Entry | None:
     """The entry at `rel` under root, no symlink followed on the way (None if there is none)."""
-    parent, name = _open_parent(root, rel)
-    if parent is None:
-        return None
-    try:
-        return entry_at(parent, name, cache, rel)
-    finally:
-        os.close(parent)
+    with beneath.Root.open(root, follow=True) as top:
+        return _entry(top, rel, cache)
 
 
 def to_json(manifest: Mapping[str, Entry]) -> dict[str, Any]:

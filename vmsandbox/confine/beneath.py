@@ -1,0 +1,352 @@
+"""One way to walk beneath a directory (in the spirit of Go's `os.Root`): every host-side reader and writer of a
+project, a session's baseline or mirror, or a config directory reaches what it names from the directory's
+descriptor, one component at a time, and never leaves it.
+
+- A name is relative and plain: `..`, `.`, an empty component, an absolute name or a NUL is refused (Outside),
+  whatever it would resolve to. A `..` that would stay inside is refused too: a caller that means a parent names
+  it.
+- Each directory on the way is opened with O_NOFOLLOW | O_DIRECTORY from the one above it: a link there is
+  refused (ELOOP/ENOTDIR), never followed, whether it leads in or out.
+- The last component is opened, read, made, renamed or removed relative to its directory's descriptor and is
+  never followed (O_NOFOLLOW, AT_SYMLINK_NOFOLLOW); what is written is made beside its name and renamed over it.
+- The top is the caller's: the path it names is trusted, opened once; a link there is refused unless `follow`.
+
+Where a link *would* lead (the review's judge of a guest's link) is confine.resolve's, asked of the same tree;
+names compare as the root's file system compares them (`folds`: ext4's casefold, CIFS, a Mac's volume).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import os
+import secrets
+import stat
+import struct
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from types import TracebackType
+
+from vmsandbox.errors import VmsandboxError
+
+DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC  # (a FIFO put there never blocks the open)
+CHUNK = 1 << 20
+FS_IOC_GETFLAGS = 0x80086601  # the inode flags of ext4, f2fs, tmpfs (`lsattr`)
+FS_CASEFOLD_FL = 0x40000000  # `chattr +F`: names in this directory compare case-insensitively
+TEMPORARY = ".vmsandbox-tmp-"  # what a file is made as beside its name, before it is renamed over it
+PROBED = 64  # entries of the top looked at for a name to find under its other case
+
+# What to do with each directory on the way to a name: called with its descriptor and whether it was just made.
+EachDir = Callable[[int, bool], None]
+
+
+class Outside(VmsandboxError):  # noqa: N818 - a refusal, like refs.Refused
+    """A name that is not plainly beneath the root (`..`, `.`, empty, absolute, NUL)."""
+
+
+def split(rel: str) -> list[str]:
+    """The components of a name beneath a root ("" is the root itself: none)."""
+    if rel == "":
+        return []
+    parts = rel.split("/")
+    if rel.startswith("/") or "\0" in rel or any(p in ("", ".", "..") for p in parts):
+        raise Outside(f"refusing the path {rel!r}: only plain names beneath the directory are reached")
+    return parts
+
+
+def regular_at(dir_fd: int | None, name: str | Path, st: os.stat_result | None = None) -> int | None:
+    """A descriptor of the regular file `name` in the directory dir_fd, never through a link; None when it is not
+    a regular file any more (or not the one `st` describes)."""
+    try:
+        fd = os.open(name, FILE_FLAGS, dir_fd=dir_fd)
+    except OSError:
+        return None
+    now = os.fstat(fd)
+    if not stat.S_ISREG(now.st_mode) or (st is not None and (now.st_ino, now.st_dev) != (st.st_ino, st.st_dev)):
+        os.close(fd)
+        return None
+    return fd
+
+
+def read_at_most(fd: int, limit: int) -> bytes | None:
+    """The whole content of fd if it is at most `limit` bytes, else None (never reads much more)."""
+    if os.fstat(fd).st_size > limit:
+        return None
+    data = bytearray()
+    while len(data) <= limit and (chunk := os.read(fd, min(CHUNK, limit + 1 - len(data)))):
+        data += chunk
+    return None if len(data) > limit else bytes(data)
+
+
+def replace_at(dir_fd: int, name: str, make: Callable[[int, str], None], *, temporary: str = TEMPORARY) -> None:
+    """Make the new version of `name` under a temporary name beside it (`make(dir_fd, temporary_name)`), then
+    rename it over name: a reader sees the old version until the rename, the new one after it. The temporary is
+    removed if anything fails."""
+    tmp = f"{temporary}{secrets.token_hex(6)}"
+    try:
+        make(dir_fd, tmp)
+        os.rename(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp, dir_fd=dir_fd)
+        raise
+
+
+def _step(fd: int, part: str, where: str, mode: int | None, each: EachDir | None) -> int:
+    """The directory `part` of fd, opened without following a link (made with `mode` where it is missing); fd
+    is closed either way. An error names `where`, the path so far."""
+    made = False
+    try:
+        try:
+            inner = os.open(part, DIR_FLAGS, dir_fd=fd)
+        except FileNotFoundError:
+            if mode is None:
+                raise
+            with contextlib.suppress(FileExistsError):  # (made meanwhile: opened below as any other)
+                os.mkdir(part, mode, dir_fd=fd)
+                made = True
+            inner = os.open(part, DIR_FLAGS, dir_fd=fd)
+    except OSError as exc:
+        raise OSError(exc.errno, exc.strerror, where) from None
+    finally:
+        os.close(fd)
+    if each is not None:
+        try:
+            each(inner, made)
+        except BaseException:
+            os.close(inner)
+            raise
+    return inner
+
+
+class Root:
+    """A directory and what is beneath it, reached only from its descriptor. Close it (or use it as a context
+    manager); a Root made by `sub` is closed on its own."""
+
+    def __init__(self, fd: int, path: Path) -> None:
+        self.fd = fd
+        self.path = path  # for messages only: nothing is reached by this name again
+
+    @classmethod
+    def open(cls, path: Path | str, *, follow: bool = False) -> Root:
+        """The directory `path` names (a link there is refused unless `follow`). OSError when it is not one."""
+        return cls(os.open(path, DIR_FLAGS & ~os.O_NOFOLLOW if follow else DIR_FLAGS), Path(path))
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+    def __enter__(self) -> Root:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ directories
+
+    def opendir(self, rel: str, *, mode: int | None = None, each: EachDir | None = None) -> int:
+        """A new descriptor of the directory `rel` ("" is the root). With `mode`, each missing directory on the way
+        is made with it; `each(fd, made)` is called for every directory below the root on the way. OSError
+        (its filename the path up to the component that failed) when one is missing, a link, or not a
+        directory."""
+        fd = os.dup(self.fd)
+        parts = split(rel)
+        for i, part in enumerate(parts):
+            fd = _step(fd, part, "/".join(parts[: i + 1]), mode, each)
+        return fd
+
+    def sub(self, rel: str, *, mode: int | None = None, each: EachDir | None = None) -> Root:
+        """The directory `rel` as a Root of its own (Go's OpenRoot)."""
+        return Root(self.opendir(rel, mode=mode, each=each), self.path / rel)
+
+    def parent(self, rel: str, *, mode: int | None = None, each: EachDir | None = None) -> tuple[int, str]:
+        """A descriptor of the directory that holds `rel`, and rel's last component."""
+        parts = split(rel)
+        if not parts:
+            raise Outside("the top directory itself has no name beneath it")
+        return self.opendir("/".join(parts[:-1]), mode=mode, each=each), parts[-1]
+
+    @contextlib.contextmanager
+    def directory(self, rel: str) -> Iterator[int | None]:
+        """The descriptor of the directory `rel` while the block runs; None when it is not one, or not reached."""
+        try:
+            fd = self.opendir(rel)
+        except (OSError, Outside):
+            yield None
+            return
+        try:
+            yield fd
+        finally:
+            os.close(fd)
+
+    def walk(self, rel: str = "") -> Iterator[tuple[str, list[str], list[str], int]]:
+        """Everything below the directory `rel`, top down: (its path beneath the root, "" for rel itself relative to
+        rel, directory names (prune them in place), other names, its descriptor). No link is followed."""
+        top = self.opendir(rel)
+        try:
+            for dirpath, dirnames, filenames, fd in os.fwalk(".", follow_symlinks=False, dir_fd=top):
+                yield ("" if dirpath == "." else dirpath[2:]), dirnames, filenames, fd
+        finally:
+            os.close(top)
+
+    def links(self) -> dict[str, str]:
+        """Every symlink beneath the root, and its target. A directory that cannot be opened is passed over; one
+        descriptor is held per level of the walk."""
+        found: dict[str, str] = {}
+        levels: list[tuple[str, int, Iterator[str]]] = []
+
+        def enter(prefix: str, fd: int) -> None:
+            subdirs = []
+            with os.scandir(fd) as listed:
+                for entry in listed:
+                    if entry.is_symlink():
+                        with contextlib.suppress(OSError):
+                            found[prefix + entry.name] = os.readlink(entry.name, dir_fd=fd)
+                    elif entry.is_dir(follow_symlinks=False):
+                        subdirs.append(entry.name)
+            levels.append((prefix, fd, iter(subdirs)))
+
+        enter("", os.dup(self.fd))
+        try:
+            while levels:
+                prefix, fd, todo = levels[-1]
+                name = next(todo, None)
+                if name is None:
+                    os.close(levels.pop()[1])
+                    continue
+                try:
+                    inner = os.open(name, DIR_FLAGS, dir_fd=fd)
+                except OSError:
+                    continue
+                try:
+                    enter(f"{prefix}{name}/", inner)
+                except OSError:
+                    os.close(inner)
+        finally:
+            for _prefix, fd, _todo in levels:
+                os.close(fd)
+        return found
+
+    # ------------------------------------------------------------------ what is at a name
+
+    def lstat(self, rel: str) -> os.stat_result | None:
+        """The name itself (a link is not followed), or None when it, or a directory on the way, is not there as
+        a directory of the root's own."""
+        try:
+            fd, name = self.parent(rel)
+        except (OSError, Outside):
+            return None
+        try:
+            return os.stat(name, dir_fd=fd, follow_symlinks=False)
+        except OSError:
+            return None
+        finally:
+            os.close(fd)
+
+    def readlink(self, rel: str) -> str | None:
+        """The target of the link `rel`, or None when it is not a link."""
+        try:
+            fd, name = self.parent(rel)
+        except (OSError, Outside):
+            return None
+        try:
+            return os.readlink(name, dir_fd=fd)
+        except OSError:
+            return None
+        finally:
+            os.close(fd)
+
+    def open_regular(self, rel: str, st: os.stat_result | None = None) -> int | None:
+        """A descriptor of the regular file `rel` (None when it is none, or is reached only through a link)."""
+        try:
+            fd, name = self.parent(rel)
+        except (OSError, Outside):
+            return None
+        try:
+            return regular_at(fd, name, st)
+        finally:
+            os.close(fd)
+
+    def read(self, rel: str, *, limit: int) -> bytes | None:
+        """At most `limit` bytes of the regular file `rel` (None when it is none, or is larger)."""
+        fd = self.open_regular(rel)
+        if fd is None:
+            return None
+        try:
+            return read_at_most(fd, limit)
+        finally:
+            os.close(fd)
+
+    # ------------------------------------------------------------------ writing
+
+    def replace(
+        self,
+        rel: str,
+        make: Callable[[int, str], None],
+        *,
+        temporary: str = TEMPORARY,
+        mode: int | None = None,
+        each: EachDir | None = None,
+    ) -> None:
+        """replace_at in the directory that holds `rel` (`mode` and `each`: as for opendir, for the directories
+        on the way)."""
+        fd, name = self.parent(rel, mode=mode, each=each)
+        try:
+            replace_at(fd, name, make, temporary=temporary)
+        finally:
+            os.close(fd)
+
+    def remove(self, rel: str) -> None:
+        """Remove the name `rel` (not a directory: a link is removed, not followed). OSError when it is not there."""
+        fd, name = self.parent(rel)
+        try:
+            os.unlink(name, dir_fd=fd)
+        finally:
+            os.close(fd)
+
+    # ------------------------------------------------------------------ how names compare
+
+    def folds(self) -> bool:
+        """Whether names beneath the root compare case-insensitively: ext4's (or f2fs's) casefold flag on the top
+        directory, or — on a file system without the flag (CIFS, a Mac's volume over a share, vfat) — a name of
+        the top found again under its other case, as the same file. (A folding directory below a top that does
+        not fold is not seen: ext4 sets the flag on empty directories only, and subdirectories inherit it.)"""
+        try:
+            flags = struct.unpack("i", fcntl.ioctl(self.fd, FS_IOC_GETFLAGS, bytes(8))[:4])[0]
+        except OSError:
+            flags = 0
+        return bool(flags & FS_CASEFOLD_FL) or self._found_in_other_case()
+
+    def _found_in_other_case(self) -> bool:
+        with os.scandir(self.fd) as listed:
+            for n, entry in enumerate(listed):
+                if n >= PROBED:
+                    break
+                if entry.name.swapcase() != entry.name:
+                    return _same(self.fd, entry.name, entry.name.swapcase())
+        name = self.path.name  # the top's own name, in its parent, on the same file system
+        if name.swapcase() == name:
+            return False
+        try:
+            parent = os.open(self.path.parent, DIR_FLAGS & ~os.O_NOFOLLOW)
+        except OSError:
+            return False
+        try:
+            return os.fstat(parent).st_dev == os.fstat(self.fd).st_dev and _same(parent, name, name.swapcase())
+        finally:
+            os.close(parent)
+
+
+def _same(dir_fd: int, name: str, other: str) -> bool:
+    """Whether `other` (the name in another case) is the very file `name` is."""
+    try:
+        one = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+        two = os.stat(other, dir_fd=dir_fd, follow_symlinks=False)
+    except OSError as exc:
+        if exc.errno not in (errno.ENOENT, errno.ENOTDIR, errno.EILSEQ, errno.EINVAL, errno.ENAMETOOLONG):
+            raise
+        return False
+    return (one.st_dev, one.st_ino) == (two.st_dev, two.st_ino)
