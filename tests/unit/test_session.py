@@ -41,6 +41,24 @@ def test_vmsandbox_own_state_config_and_data_are_never_a_project(isolated_dirs: 
     assert project.validate_project(mine) == mine.resolve()
 
 
+def test_an_api_sandboxs_own_project_is_one_in_a_plain_accounts_local_state(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A plain account's state directory is ~/.local/state/vmsandbox: the empty project of an API sandbox of its own
+    is made there (E2B's `Sandbox.create`), and is a project; nothing else under ~/.local is."""
+    home = tmp_path / "alice"
+    state = home / ".local" / "state" / "vmsandbox"
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.setenv("VMSANDBOX_STATE_DIR", str(state))
+    mine = paths.sandbox_projects() / "base-1234abcd"
+    mine.mkdir(parents=True)
+    assert project.validate_project(mine) == mine.resolve()
+    for not_one in (state / "sessions" / "x", home / ".local" / "share" / "app"):
+        not_one.mkdir(parents=True)
+        with pytest.raises(VmsandboxError, match="refusing to sandbox"):
+            project.validate_project(not_one)
+
+
 def test_too_broad_projects_are_refused(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     with pytest.raises(VmsandboxError, match="too broad"):
         project.validate_project(Path("/"))

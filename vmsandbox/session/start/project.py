@@ -111,6 +111,8 @@ def _not_a_home(resolved: Path) -> None:
     directories."""
     if resolved == Path("/") or any(resolved == h or resolved in h.parents for h in _homes()):
         raise VmsandboxError(f"refusing to sandbox {resolved}: it is too broad (it holds a home directory)", hint=HINT)
+    if resolved.parent == paths.sandbox_projects().resolve():
+        return  # an API sandbox's own empty project: in the state directory, which a plain account has in ~/.local
     for home in _homes():
         for keys in KEY_DIRS:
             if resolved.is_relative_to(home / keys):
