@@ -24,7 +24,7 @@ from pathlib import Path
 import platformdirs
 
 from vmsandbox.confine import sudo
-from vmsandbox.errors import VmsandboxError
+from vmsandbox.errors import UsageError, VmsandboxError
 
 APP = "vmsandbox"
 SYSTEM_DIR = Path("/var/lib/vmsandbox")
@@ -298,7 +298,7 @@ def session_paths(name: str) -> SessionPaths:
     """The files of the session `name`: refused unless it is a session's name (the one check every way of
     opening a session by name goes through: a command's argument, a page's field, an API's path)."""
     if not is_session_name(name):
-        raise VmsandboxError(f"invalid session name {name!r}", hint=NAME_HINT)
+        raise UsageError(f"invalid session name {name!r}", hint=NAME_HINT)  # exit 2, whoever named it
     return SessionPaths(sessions_dir() / name)
 
 
@@ -317,7 +317,7 @@ def reader_paths(name: str) -> SessionPaths:
 def fanout_capture(group: str) -> SessionPaths:
     """Where a fan-out captures its project once (not a session: its name starts with a dot, so `ls` skips it)."""
     if not is_session_name(group):
-        raise VmsandboxError(f"invalid fan-out group name {group!r}", hint=NAME_HINT)
+        raise UsageError(f"invalid fan-out group name {group!r}", hint=NAME_HINT)
     return SessionPaths(sessions_dir() / (FANOUT_CAPTURE_PREFIX + group))
 
 

@@ -157,6 +157,9 @@ def test_rm_all_without_a_terminal_needs_yes(capsys: pytest.CaptureFixture[str])
         (["shell", "No_Such"], base.EXIT_USAGE),
         (["inspect", "No_Such"], base.EXIT_USAGE),
         (["rm", "No_Such"], base.EXIT_USAGE),
+        (["diff", "nosuch", "--against", "No_Such"], base.EXIT_USAGE),  # a name given by an option too
+        (["cp", "/etc/hostname", "No_Such:/tmp"], base.EXIT_USAGE),
+        (["create", "--from", "No_Such", "--name", "ok"], base.EXIT_USAGE),
         (["ui", "--port", "99999"], base.EXIT_USAGE),
         (["checkpoint", "exp1"], base.EXIT_USAGE),
         (["checkpoint", "help"], 0),
