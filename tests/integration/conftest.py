@@ -375,8 +375,7 @@ class Cli:
     def ls(self) -> list[dict[str, object]]:
         result = self.run("ls", "--json")
         assert result.returncode == 0, result.stderr.decode()
-        data: list[dict[str, object]] = json.loads(result.stdout)
-        return data
+        return [json.loads(line) for line in result.stdout.splitlines()]  # an object a line
 
 
 @pytest.fixture(scope="session")

@@ -65,7 +65,7 @@ def dev(
     env = cli.env(SUDO_USER="alice", SUDO_UID="1234", SUDO_GID="2345")
     r = cli.run("run", "--keep", "--publish", "8000", "--name", name, str(project), "--", "true", env=env)
     assert r.returncode == 0, r.stderr.decode()
-    ports = json.loads(cli.run("port", "ls", name, "--json").stdout)
+    ports = [json.loads(line) for line in cli.run("port", "ls", name, "--json").stdout.splitlines()]
     yield name, int(ports[0]["host"])
     keep_console_on_failure(request, name)
     cli.run("rm", name, "--discard")
@@ -86,7 +86,7 @@ def test_a_dev_server_in_the_guest_answers_on_host_loopback(cli: Cli, dev: tuple
     name, port = dev
     listing = cli.run("port", "ls", name).stdout.decode()
     rows = [line.split(None, 1) for line in listing.splitlines()]
-    assert rows == [["GUEST", "ON"], ["8000/tcp", f"127.0.0.1:{port}, [::1]:{port}"]], listing
+    assert rows == [["GUEST", "PLACES"], ["8000/tcp", f"127.0.0.1:{port}, [::1]:{port}"]], listing
     start = cli.run("exec", name, "--", "sh", "-c", f"setsid perl -e {_sh_quote(PERL_SERVER)} >/dev/null 2>&1 &")
     assert start.returncode == 0, start.stderr.decode()
 
@@ -156,7 +156,7 @@ def test_user_blueprint_extends_base_and_config_is_copied_in_only(
     assert settings_file.read_text() == '{"theme": "dark"}\n'  # never written back
     assert b"No changes in the guest" in r.stderr  # and not part of the review
     assert_gone(owned_name)
-    images = json.loads(cli.run("image", "ls", "--json").stdout)
+    images = [json.loads(line) for line in cli.run("image", "ls", "--json").stdout.splitlines()]
     assert [i["kind"] for i in images if i.get("base") == base_image.version].count("blueprint mine") == 1
 
 

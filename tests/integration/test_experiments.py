@@ -51,8 +51,7 @@ def ok(cli: Cli, *args: str) -> str:
 def data(cli: Cli, *args: str) -> list[dict[str, object]]:
     r = cli.run(*args)
     assert r.returncode == 0, f"{args}: {r.stderr.decode()}"
-    found: list[dict[str, object]] = json.loads(r.stdout)
-    return found
+    return [json.loads(line) for line in r.stdout.splitlines()]  # --json: an object a line
 
 
 def marker_running(cli: Cli, name: str) -> bool:

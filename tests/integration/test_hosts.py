@@ -129,7 +129,7 @@ def test_hosts_lists_each_host_and_why_one_does_not_answer(
         result = cli.run("host", "ls", "--json", "--timeout", "15", env=env)
         took = time.monotonic() - started
         assert result.returncode == 0, result.stderr.decode()
-        rows = {r["name"]: r for r in json.loads(result.stdout)}
+        rows = {r["name"]: r for r in map(json.loads, result.stdout.splitlines())}
         assert list(rows) == ["local", "far", "refused", "silent", "not-ssh", "key-changed", "no-key"]
         for name in ("local", "far"):
             assert rows[name]["reachable"] is True, rows[name]
@@ -156,7 +156,7 @@ def test_hosts_lists_each_host_and_why_one_does_not_answer(
         table = cli.run("host", "ls", "--timeout", "15", env=env)
         assert table.returncode == 0
         lines = table.stdout.decode().splitlines()
-        assert lines[0].split()[:3] == ["HOST", "STATE", "ACCEL"]
+        assert lines[0].split()[:3] == ["NAME", "STATE", "ACCEL"]
         assert [ln.split()[1] for ln in lines[1:]] == ["ok", "ok", *["unreachable"] * 5]
         hints = table.stderr.decode()
         assert _hint_of(hints, "refused").startswith("hint: nothing listens on that port there"), hints
@@ -205,13 +205,13 @@ def test_an_image_goes_to_a_host_once_checked_and_again_when_not_whole(
         assert "already there" in again.stderr.decode()
         assert "Sending" not in again.stderr.decode()
 
-        listed = json.loads(cli.run("host", "ls", "--json", env=env).stdout)
+        listed = [json.loads(line) for line in cli.run("host", "ls", "--json", env=env).stdout.splitlines()]
         assert name in next(r for r in listed if r["name"] == "far")["images"]
 
         # an upload cut off: the record of it is gone and a volume is short. It is not used; it is sent again.
         _inside(far, "rm", f"{pool_path}/{name}.ready")
         _inside(far, "truncate", "-s", "4096", f"{pool_path}/{name}.vmlinuz")
-        listed = json.loads(cli.run("host", "ls", "--json", env=env).stdout)
+        listed = [json.loads(line) for line in cli.run("host", "ls", "--json", env=env).stdout.splitlines()]
         assert name not in next(r for r in listed if r["name"] == "far")["images"]
         resent = cli.run("host", "prepare", "far", env=env)
         assert resent.returncode == 0, resent.stderr.decode()
@@ -348,7 +348,9 @@ def test_a_session_runs_on_another_host_and_its_changes_come_back(
     try:
         with Hypervisor("qemu:///system") as here:
             assert here.info(domain) is None  # it runs there, not here
-        row = next(r for r in json.loads(cli.run("ls", "--json", env=env).stdout) if r["name"] == name)
+        row = next(
+            r for r in map(json.loads, cli.run("ls", "--json", env=env).stdout.splitlines()) if r["name"] == name
+        )
         assert (row["host"], row["state"]) == ("far", "running")
         assert row["start"] == "warm", row  # restored from that host's template: everything below runs on it
         assert _inside(far, "virsh", "-c", "qemu:///system", "domstate", domain).strip() == "running"
@@ -439,7 +441,7 @@ def _stopped_and_started(cli: Cli, far: farhost.FarHost, env: dict[str, str], na
     assert f"{domain}.save" in _remote_volumes(far, f"{domain}.")
     assert not tunnel.alive(root)
     far.restart_libvirtd()
-    row = next(r for r in json.loads(cli.run("ls", "--json", env=env).stdout) if r["name"] == name)
+    row = next(r for r in map(json.loads, cli.run("ls", "--json", env=env).stdout.splitlines()) if r["name"] == name)
     assert row["state"] == "stopped"
     diff = cli.run("diff", name, env=env)
     assert diff.returncode == 0, diff.stderr.decode()
@@ -461,7 +463,7 @@ def _after_its_vm_died(cli: Cli, far: farhost.FarHost, env: dict[str, str], name
     wrote = cli.run("exec", name, "--", "sh", "-c", f"echo late > late.txt; {title}; sync", env=env)
     assert wrote.returncode == 0, wrote.stderr.decode()
     _inside(far, "virsh", "-c", "qemu:///system", "destroy", domain_name(name))
-    row = next(r for r in json.loads(cli.run("ls", "--json", env=env).stdout) if r["name"] == name)
+    row = next(r for r in map(json.loads, cli.run("ls", "--json", env=env).stdout.splitlines()) if r["name"] == name)
     assert row["state"] == "exited"
     # the host grows the disk it gives back: no more than was sent comes here
     disk = f"/var/lib/libvirt/vmsandbox/{domain_name(name)}.workspace.raw"
@@ -510,7 +512,7 @@ def _lost_host(cli: Cli, far: farhost.FarHost, env: dict[str, str], tmp_path: Pa
     try:
         listed = cli.run("ls", "--json", env=env, timeout=120)  # never held for TCP's minutes
         assert listed.returncode == 0, listed.stderr.decode()
-        assert next(r for r in json.loads(listed.stdout) if r["name"] == lost)["state"] == "unknown"
+        assert next(r for r in map(json.loads, listed.stdout.splitlines()) if r["name"] == lost)["state"] == "unknown"
         assert "no answer in" in listed.stderr.decode()
         record_file.write_text(record_file.read_text().replace(silent_uri, dead))
         refused = cli.run("rm", lost, env=env, timeout=120)
@@ -595,14 +597,14 @@ def test_a_fan_out_there_is_compared_checkpointed_forked_and_its_leftovers_swept
             env=env,
         )  # fmt: skip
         assert made.returncode == 0, made.stderr.decode()
-        rows = {r["name"]: r for r in json.loads(cli.run("ls", "--json", env=env).stdout)}
+        rows = {r["name"]: r for r in map(json.loads, cli.run("ls", "--json", env=env).stdout.splitlines())}
         listed = _inside(far, "virsh", "-c", "qemu:///system", "list", "--name").split()
         for name in names:
             assert rows[name]["host"] == "far" and rows[name]["group"] == group
             assert domain_name(name) in listed
         compared = cli.run("diff", names[0], "--against", names[1], "--stat", "--json", env=env)
         assert compared.returncode == 0, compared.stderr.decode()
-        n_txt = next(row for row in json.loads(compared.stdout) if row["path"] == "n.txt")
+        n_txt = next(row for row in map(json.loads, compared.stdout.splitlines()) if row["path"] == "n.txt")
         assert n_txt["sessions"] == dict.fromkeys(names, "added")
         _warm_and_distinct(cli, env, names)
         _checkpoint_and_rollback(cli, far, env, names[0])
@@ -640,7 +642,7 @@ def _warm_and_distinct(cli: Cli, env: dict[str, str], names: list[str]) -> None:
     """Two sessions restored there from one template: each its own hostname, host key, entropy and clock."""
     probe = "hostname; id -u; id -g; cat /proc/sys/kernel/random/uuid; openssl rand -hex 16; date +%s"
 
-    rows = {r["name"]: r for r in json.loads(cli.run("ls", "--json", env=env).stdout)}
+    rows = {r["name"]: r for r in map(json.loads, cli.run("ls", "--json", env=env).stdout.splitlines())}
     seen = []
     for name in names:
         assert rows[name]["start"] == "warm", rows[name]
@@ -679,7 +681,7 @@ def _checkpoint_and_rollback(cli: Cli, far: farhost.FarHost, env: dict[str, str]
     assert cli.run("exec", name, "--", "cat", "a.txt", env=env).stdout == b"one\n"
     assert cli.run("exec", name, "--", "test", "-e", "b.txt", env=env).returncode != 0
     assert cli.run("exec", name, "--", "pgrep", "-x", "sleep", env=env).returncode == 0  # back with it
-    listed = json.loads(cli.run("checkpoint", "ls", name, "--json", env=env).stdout)
+    listed = [json.loads(line) for line in cli.run("checkpoint", "ls", name, "--json", env=env).stdout.splitlines()]
     assert [c["label"] for c in listed] == ["c1"]
     assert listed[0]["bytes"] > 16 * 1024**2  # as the host says: the guest's memory is most of it
     _forked_there(cli, far, env, name)
@@ -704,7 +706,9 @@ def _forked_there(cli: Cli, far: farhost.FarHost, env: dict[str, str], name: str
     try:
         made = cli.run("create", "--from", name, "--name", fork, env=env)
         assert made.returncode == 0, made.stderr.decode()
-        row = next(r for r in json.loads(cli.run("ls", "--json", env=env).stdout) if r["name"] == fork)
+        row = next(
+            r for r in map(json.loads, cli.run("ls", "--json", env=env).stdout.splitlines()) if r["name"] == fork
+        )
         assert (row["host"], row["state"]) == ("far", "running")
         assert domain_name(fork) in _inside(far, "virsh", "-c", "qemu:///system", "list", "--name").split()
         assert cli.run("exec", fork, "--", "cat", "f.txt", env=env).stdout == b"before\n"

@@ -47,7 +47,7 @@ def test_libvirtd_restarted_while_one_session_runs_and_another_is_stopped(
         assert r.returncode == 0 and b"trying session" in r.stderr, r.stderr.decode()
         down = cli.run("ls", "--json")  # what the records say, with the reason once
         assert down.returncode == 0 and b"cannot connect to libvirt" in down.stderr, down.stderr.decode()
-        assert [s["state"] for s in json.loads(down.stdout) if s["name"] == name] == ["unknown"]
+        assert [s["state"] for s in map(json.loads, down.stdout.splitlines()) if s["name"] == name] == ["unknown"]
     finally:
         setup = cli.run("host", "setup")  # the rest of the suite needs libvirtd back, whatever happened here
     assert setup.returncode == 0, setup.stderr.decode()

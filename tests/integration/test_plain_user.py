@@ -125,7 +125,7 @@ def test_a_member_of_the_libvirt_group_runs_pulls_and_destroys_without_sudo(memb
         assert hv.info(domain) is not None  # the uid keeps two accounts' "mine" apart
 
     state = member.home / ".local" / "state" / "vmsandbox" / "sessions" / "mine"
-    listed = json.loads(member.run("ls", "--json").stdout)
+    listed = [json.loads(line) for line in member.run("ls", "--json").stdout.splitlines()]
     assert [s["name"] for s in listed] == ["mine"]
     assert all(s["name"] != "mine" for s in cli.ls())  # root's sessions are another account's: not listed
     root_gc = cli.run("rm", "--stale")

@@ -152,7 +152,7 @@ def test_logs_console(shared: Record, cli: Cli) -> None:
 def test_doctor_passes_here(cli: Cli) -> None:
     r = cli.run("doctor", "--json")
     assert r.returncode == 0, r.stdout.decode()
-    checks = {c["name"]: c for c in json.loads(r.stdout)}
+    checks = {c["name"]: c for c in [json.loads(line) for line in r.stdout.splitlines()]}
     if "KVM" not in checks["accelerator"]["detail"]:  # the fallback is no success: a warning with a fix
         assert checks["accelerator"]["level"] == "warn" and checks["accelerator"]["fix"]
     text = cli.run("doctor")  # the report is the output: `vmsandbox doctor | less` shows it
@@ -165,7 +165,7 @@ def test_ls_lists_sessions_when_libvirt_does_not_answer(shared: Record, cli: Cli
     bogus = "qemu+unix:///system?socket=/nonexistent/libvirt-sock"
     r = cli.run("ls", "--json", env=cli.env(VMSANDBOX_LIBVIRT_URI=bogus))
     assert r.returncode == 0, r.stderr.decode()
-    mine = [s for s in json.loads(r.stdout) if s["name"] == shared.name]
+    mine = [s for s in [json.loads(line) for line in r.stdout.splitlines()] if s["name"] == shared.name]
     assert [s["state"] for s in mine] == ["unknown"]
     err = r.stderr.decode()
     assert "cannot connect to libvirt" in err and "libvirt_uri" in err
@@ -226,14 +226,19 @@ def test_the_egress_daemon_runs_as_an_account_of_its_own(shared: Record, cli: Cl
     assert "not-allowed.invalid" in shared.files.proxy_log.read_text()
 
 
-def test_shell_runs_what_follows_the_name_as_limactl_shell_does(shared: Record, cli: Cli) -> None:
+def test_shell_and_exec_run_what_follows_the_name_as_limactl_and_docker_do(shared: Record, cli: Cli) -> None:
     r = cli.run("shell", shared.name, "sh", "-c", "echo out; pwd; exit 3")
     assert r.returncode == 3, r.stderr.decode()
     assert r.stdout.decode().splitlines() == ["out", shared.project]
-    r = cli.run("ssh", shared.name, "uname", "-a")  # an old name works, saying its new form; options after NAME
-    assert r.returncode == 0 and r.stdout.startswith(b"Linux "), r.stderr.decode()  # belong to the command
-    note = f"note: `vmsandbox ssh {shared.name} uname -a` is now `vmsandbox shell {shared.name} uname -a`"
-    assert r.stderr.decode().splitlines()[:1] == [note]
+    r = cli.run("exec", shared.name, "uname", "-a")  # without `--`, as docker's: options after NAME are its
+    assert r.returncode == 0 and r.stdout.startswith(b"Linux "), r.stderr.decode()
+    assert cli.run("exec", shared.name, "true").returncode == 0
+    r = cli.run("exec", "-it", shared.name, "--", "true")  # docker's -it (no terminal here: ssh runs it without)
+    assert r.returncode == 0, r.stderr.decode()
+    r = cli.run("inspect", "-f", "{{.State}}", shared.name)  # docker's -f
+    assert (r.returncode, r.stdout) == (0, b"running\n"), r.stderr.decode()
+    r = cli.run("ssh", shared.name, "uname", "-a")  # an old name: no command, its hint names one, nothing run
+    assert (r.returncode, r.stdout) == (2, b"") and b"`vmsandbox shell NAME`" in r.stderr, r.stderr.decode()
     words = cli.run("ls", "-q", "--", "rm", "-rf", "/")  # a command that runs none takes no command
     assert words.returncode == 2 and b"unexpected extra argument" in words.stderr
 
@@ -274,7 +279,7 @@ def test_cp_copies_host_files_into_the_guest(shared: Record, cli: Cli, tmp_path:
 def test_inspect_and_ls_with_a_filter_and_a_format(shared: Record, cli: Cli) -> None:
     r = cli.run("inspect", shared.name, "--json")
     assert r.returncode == 0, r.stderr.decode()
-    seen = json.loads(r.stdout)
+    (seen,) = json.loads(r.stdout)  # an array, as docker inspect
     assert seen["state"] == "running" and seen["ports"]["ssh"] == shared.ssh_port
     assert Path(seen["files"]["ssh_config"]).exists()
     listed = cli.run("ls", "--filter", f"name={shared.name},state=running", "--format", "{{.Name}} {{.Ports.ssh}}")

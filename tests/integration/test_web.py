@@ -443,7 +443,7 @@ def test_a_page_a_guest_serves_gets_nothing_from_the_page(
     guest_sh(session, f'PROBE="{probe}"; {ready}')
     published = cli.run("port", "publish", session.name, "8124")
     assert published.returncode == 0, published.stderr.decode()
-    listed = json.loads(cli.run("port", "ls", session.name, "--json").stdout)
+    listed = [json.loads(line) for line in cli.run("port", "ls", session.name, "--json").stdout.splitlines()]
     host_port = next(p["host"] for p in listed if p["guest"] == 8124)
     reviews = session.files.root / "reviews"
     before = sorted(reviews.iterdir()) if reviews.is_dir() else []
