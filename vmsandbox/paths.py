@@ -160,6 +160,22 @@ def serve_file() -> Path:
     return state_dir() / "serve.json"
 
 
+def serve_env_file() -> Path:
+    """What E2B's SDK needs to reach the running `vmsandbox serve`, key included (`NAME=value` lines, 0600), for as
+    long as it serves: `vmsandbox serve --env` prints it as `export` lines."""
+    return state_dir() / "serve.env"
+
+
+def serve_key_file() -> Path:
+    """The API key `vmsandbox serve --keep-key` keeps for its next start (0600); there only while a person asks."""
+    return state_dir() / "serve.key"
+
+
+def serve_log() -> Path:
+    """What a `vmsandbox serve --detach` says on stderr, in the background (never its key)."""
+    return state_dir() / "serve.log"
+
+
 @dataclass(frozen=True)
 class SessionPaths:
     """The files of one session directory."""

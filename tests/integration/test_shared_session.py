@@ -152,7 +152,7 @@ def test_logs_console(shared: Record, cli: Cli) -> None:
 def test_doctor_passes_here(cli: Cli) -> None:
     r = cli.run("doctor", "--json")
     assert r.returncode == 0, r.stdout.decode()
-    checks = {c["name"]: c for c in json.loads(r.stdout)}
+    checks = {c["name"]: c for c in [json.loads(line) for line in r.stdout.splitlines()]}
     if "KVM" not in checks["accelerator"]["detail"]:  # the fallback is no success: a warning with a fix
         assert checks["accelerator"]["level"] == "warn" and checks["accelerator"]["fix"]
     text = cli.run("doctor")  # the report is the output: `vmsandbox doctor | less` shows it
@@ -165,7 +165,7 @@ def test_ls_lists_sessions_when_libvirt_does_not_answer(shared: Record, cli: Cli
     bogus = "qemu+unix:///system?socket=/nonexistent/libvirt-sock"
     r = cli.run("ls", "--json", env=cli.env(VMSANDBOX_LIBVIRT_URI=bogus))
     assert r.returncode == 0, r.stderr.decode()
-    mine = [s for s in json.loads(r.stdout) if s["name"] == shared.name]
+    mine = [s for s in [json.loads(line) for line in r.stdout.splitlines()] if s["name"] == shared.name]
     assert [s["state"] for s in mine] == ["unknown"]
     err = r.stderr.decode()
     assert "cannot connect to libvirt" in err and "libvirt_uri" in err
@@ -279,7 +279,7 @@ def test_cp_copies_host_files_into_the_guest(shared: Record, cli: Cli, tmp_path:
 def test_inspect_and_ls_with_a_filter_and_a_format(shared: Record, cli: Cli) -> None:
     r = cli.run("inspect", shared.name, "--json")
     assert r.returncode == 0, r.stderr.decode()
-    seen = json.loads(r.stdout)
+    (seen,) = json.loads(r.stdout)  # an array, as docker inspect
     assert seen["state"] == "running" and seen["ports"]["ssh"] == shared.ssh_port
     assert Path(seen["files"]["ssh_config"]).exists()
     listed = cli.run("ls", "--filter", f"name={shared.name},state=running", "--format", "{{.Name}} {{.Ports.ssh}}")
