@@ -1,7 +1,14 @@
-"""`vmsandbox serve` driven by E2B's own SDK (the `e2b` package, unchanged) on real sessions: a sandbox made,
-commands run (output, exit codes, streaming), files written and read, listed, a process kept across a pause, a
-snapshot forked, killed. And a session on a project through the extension: its changes as a frozen review, one
-hunk of it applied, what the guest changed after the review not applied, a review spent once.
+"""`vmsandbox serve` driven by E2B's own SDK (the `e2b` package, unchanged) on real sessions, from the account that
+runs it (serve refuses root: as root, the tests make a member of the libvirt group and act as it).
+
+- The one line: `serve --detach` starts it and prints `export` lines, `serve --env` prints them again in any
+  shell, a key kept across restarts only with --keep-key, `serve --stop`; and no serve as root.
+- The SDK from create to kill (output, exit codes, streaming, files, list, a process kept across a pause, a
+  snapshot forked, kill), and a session on a project through the extension (a frozen review, one hunk applied,
+  what the guest changed after the review not applied, a review spent once): api_drive.py, run as the account.
+- The review loop of docs/api.md, run as it is written there.
+- Without E2B_SANDBOX_URL (or E2B_API_URL), the SDK sends nothing off this machine: it fails, in a network
+  namespace that has nothing but loopback.
 """
 
 from __future__ import annotations
@@ -9,210 +16,286 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import select
-import signal
+import pwd
+import re
+import secrets
+import shlex
+import shutil
 import subprocess
-import time
-import urllib.error
-import urllib.request
+import sys
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from vmsandbox.session.record import Record, domain_name
+from vmsandbox.confine import access
+from vmsandbox.session.record import DOMAIN_PREFIX
 from vmsandbox.vm.virt import Hypervisor
 
-from .conftest import URI, Cli, assert_gone, keep_console
+from .conftest import LOG_KEEP_DIR, URI, Cli, wait_for
 
 e2b = pytest.importorskip("e2b", reason="the e2b SDK (a dev dependency) is not installed")
 
-A_PY = "def f():\n    return 1\n\n\n\n\n\n\n\ndef g():\n    return 2\n"
+HERE = Path(__file__).resolve().parent
+DRIVE = HERE / "api_drive.py"
+DOCS = HERE.parents[1] / "docs" / "api.md"
+EXAMPLE_HEADING = "## The review loop from code"
+VENV_BIN = str(Path(sys.executable).parent)
+
+
+@dataclass
+class Account:
+    """Whom `serve` serves: as root, a fresh member of the libvirt group (its own home and state); as a plain user,
+    that user, in the run's state directory."""
+
+    name: str
+    uid: int
+    home: Path
+    state: Path
+    env: dict[str, str]
+    other: bool  # another account than the test's: reached through runuser
+    logs: list[Path] = field(default_factory=list)
+
+    def run(
+        self, *argv: str, extra: dict[str, str] | None = None, cwd: Path | None = None, timeout: float = 600
+    ) -> subprocess.CompletedProcess[str]:
+        env = {**self.env, **(extra or {})}
+        if self.other:  # (runuser is found on the test's PATH; the account's environment is `env -i`'s)
+            argv = ("runuser", "-u", self.name, "--", "env", "-i", *(f"{k}={v}" for k, v in env.items()), *argv)
+        return subprocess.run(
+            argv,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            cwd=cwd or self.home,
+            env=None if self.other else env,
+            check=False,
+        )
+
+    def vmsandbox(self, *args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+        return self.run(sys.executable, "-m", "vmsandbox", *args, timeout=timeout)
+
+    def sessions(self) -> list[dict[str, Any]]:
+        listed = self.vmsandbox("ls", "--json")
+        assert listed.returncode == 0, listed.stderr
+        if listed.stdout.lstrip().startswith("["):  # (an array, or an object a line: either is read)
+            whole: list[dict[str, Any]] = json.loads(listed.stdout)
+            return whole
+        return [json.loads(line) for line in listed.stdout.splitlines() if line.strip()]
+
+    def domain(self, name: str) -> str:
+        return f"{DOMAIN_PREFIX}u{self.uid}-{name}"
+
+
+def _base_env(home: Path) -> dict[str, str]:
+    env = {"PATH": f"{VENV_BIN}:/usr/local/bin:/usr/bin:/bin", "HOME": str(home), "LANG": "C.UTF-8"}
+    env["TMPDIR"] = str(home)  # (what the docs' example makes in a temporary directory goes with the account)
+    for passed in ("VMSANDBOX_DATA_DIR", "VMSANDBOX_CPUS", "VMSANDBOX_LIBVIRT_URI"):
+        if passed in os.environ:
+            env[passed] = os.environ[passed]
+    return env
+
+
+@contextlib.contextmanager
+def an_account(request: pytest.FixtureRequest) -> Iterator[Account]:
+    if os.geteuid() != 0:
+        me = pwd.getpwuid(os.geteuid())
+        state = Path(os.environ["VMSANDBOX_STATE_DIR"]) / f"serve-{secrets.token_hex(3)}"
+        state.mkdir(mode=0o700)
+        home = state / "home"
+        home.mkdir(mode=0o700)
+        env = {**_base_env(home), "VMSANDBOX_STATE_DIR": str(state)}
+        account = Account(me.pw_name, me.pw_uid, home, state, env, other=False)
+    else:
+        name = f"vmsbx{secrets.token_hex(3)}"
+        subprocess.run(["useradd", "--create-home", "--shell", "/bin/sh", "-G", access.GROUP, name], check=True)
+        pw = pwd.getpwnam(name)
+        home = Path(pw.pw_dir)
+        home.chmod(0o700)  # (QEMU's account gets through it all the same)
+        account = Account(name, pw.pw_uid, home, home / ".local/state/vmsandbox", _base_env(home), other=True)
+    try:
+        ran = account.vmsandbox("--version")
+        assert ran.returncode == 0, f"{sys.executable} cannot be run by {account.name}: {ran.stderr}"
+        yield account
+    finally:
+        _clean_up(account, failed=bool(request.session.testsfailed))
+
+
+def _clean_up(account: Account, *, failed: bool) -> None:
+    """Whatever the account left: its serve, its sessions (their consoles kept when a test failed), the account."""
+    account.vmsandbox("serve", "--stop")
+    for log_file in (account.state / "sessions").glob("*/console.log") if failed else ():
+        LOG_KEEP_DIR.mkdir(parents=True, exist_ok=True)
+        kept = LOG_KEEP_DIR / f"api-{log_file.parent.name}.console.log"
+        shutil.copyfile(log_file, kept)
+        print(f"\nserial console of {log_file.parent.name} kept at {kept}")
+    with contextlib.suppress(AssertionError, json.JSONDecodeError):
+        for s in account.sessions():
+            account.vmsandbox("rm", "--discard", "--force", s["name"], timeout=300)
+    with Hypervisor(URI) as hv:
+        for info in list(hv.domains(f"{DOMAIN_PREFIX}u{account.uid}-")):
+            if account.other:
+                hv.destroy(info.name)
+    if account.other:
+        subprocess.run(["userdel", "--remove", account.name], check=False, capture_output=True)
+    else:
+        shutil.rmtree(account.state, ignore_errors=True)
+
+
+def exports(stdout: str) -> dict[str, str]:
+    """The `export NAME=value` lines `serve --detach` and `serve --env` print, as a shell reads them."""
+    found = {}
+    for line in stdout.splitlines():
+        word, assignment = shlex.split(line)
+        assert word == "export", line
+        name, _, value = assignment.partition("=")
+        found[name] = value
+    assert sorted(found) == ["E2B_API_KEY", "E2B_API_URL", "E2B_DOMAIN", "E2B_SANDBOX_URL"], stdout
+    return found
 
 
 @dataclass
 class Served:
-    url: str
-    key: str
-    child: subprocess.Popen[bytes]
+    account: Account
+    settings: dict[str, str]
 
-    def call(self, method: str, path: str, body: object = None) -> tuple[int, Any]:
-        """The extension, as any HTTP client calls it."""
-        data = None if body is None else json.dumps(body).encode()
-        headers = {"X-API-Key": self.key, "Content-Type": "application/json"}
-        url = f"{self.url}/vmsandbox/v1{path}"  # (http://127.0.0.1:PORT, as serve printed it)
-        request = urllib.request.Request(url, data, headers, method=method)  # noqa: S310
-        try:
-            with urllib.request.urlopen(request, timeout=600) as answer:  # noqa: S310 - a loopback address only
-                return answer.status, json.loads(answer.read())
-        except urllib.error.HTTPError as exc:
-            return exc.code, json.loads(exc.read())
-
-
-def _settings(child: subprocess.Popen[bytes], timeout: float = 60) -> dict[str, str]:
-    """The three lines `serve` prints on stdout once it listens (read from the descriptor: a buffered reader
-    would hold lines that select no longer sees)."""
-    assert child.stdout is not None
-    fd = child.stdout.fileno()
-    seen = b""
-    deadline = time.monotonic() + timeout
-    while seen.count(b"\n") < 3:
-        ready, _, _ = select.select([fd], [], [], max(deadline - time.monotonic(), 0))
-        got = os.read(fd, 4096) if ready else b""
-        if not got:
-            if child.poll() is None:
-                child.send_signal(signal.SIGINT)
-            child.wait(timeout=60)
-            err = child.stderr.read().decode() if child.stderr else ""
-            pytest.fail(f"`vmsandbox serve` printed no settings ({seen!r}): {err}")
-        seen += got
-    return dict(line.partition("=")[::2] for line in seen.decode().splitlines()[:3])
+    def drive(self, *args: str, timeout: float = 1800) -> dict[str, Any]:
+        """A part of api_drive.py as the account, configured by the settings alone; its last line."""
+        done = self.account.run(sys.executable, str(DRIVE), *args, extra=self.settings, timeout=timeout)
+        assert done.returncode == 0, f"{args}: {done.stdout}\n{done.stderr}"
+        last: dict[str, Any] = json.loads(done.stdout.splitlines()[-1])
+        return last
 
 
 @pytest.fixture(scope="module")
-def served(cli: Cli) -> Iterator[Served]:
-    child = cli.popen("serve")
-    try:
-        settings = _settings(child)
+def served(base_image: object, request: pytest.FixtureRequest) -> Iterator[Served]:
+    with an_account(request) as account:
+        started = account.vmsandbox("serve", "--detach")
+        assert started.returncode == 0, started.stderr
+        settings = exports(started.stdout)
         assert settings["E2B_API_URL"] == settings["E2B_SANDBOX_URL"]
         assert settings["E2B_API_URL"].startswith("http://127.0.0.1:")
-        with pytest.MonkeyPatch.context() as env:
-            for key, value in settings.items():
-                env.setenv(key, value)
-            env.delenv("E2B_DEBUG", raising=False)
-            env.delenv("E2B_DOMAIN", raising=False)
-            yield Served(settings["E2B_API_URL"], settings["E2B_API_KEY"], child)
-    finally:
-        child.send_signal(signal.SIGINT)
-        try:
-            child.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            child.kill()
-            child.wait()
+        yield Served(account, settings)
 
 
-@contextlib.contextmanager
-def ended(cli: Cli, request: pytest.FixtureRequest, *names: str) -> Iterator[list[str]]:
-    """Sessions a test made, removed whatever happens (the serial log kept when it failed)."""
-    made = list(names)
-    try:
-        yield made
-    finally:
-        failed = bool(request.session.testsfailed)
-        for name in made:
-            keep_console(request.node.name, name, failed=failed)
-            cli.run("rm", "--discard", name, timeout=300)  # (gone already, when the test went through)
+def _gone(account: Account, name: str) -> None:
+    """No domain, no session directory: once its background teardown is done."""
 
-
-def test_e2b_sdk_drives_a_sandbox_from_create_to_kill(served: Served, cli: Cli, request: pytest.FixtureRequest) -> None:
-    """The SDK's own calls, each answered by a real guest: output and exit codes, a stream, files, the list, a
-    background process that lives through a pause and a connect, a snapshot forked into a second sandbox, kill."""
-    from e2b import CommandExitException, Sandbox
-
-    sbx = Sandbox.create("base", timeout=900)
-    with ended(cli, request, sbx.sandbox_id) as made:
-        r = sbx.commands.run('echo out; echo err >&2; printf "%s" "$GREETING"', envs={"GREETING": "hi"})
-        assert (r.stdout, r.stderr, r.exit_code) == ("out\nhi", "err\n", 0)
-        seen: list[str] = []
-        sbx.commands.run("for i in 1 2 3; do echo $i; done", on_stdout=seen.append)
-        assert "".join(seen) == "1\n2\n3\n"
-        with pytest.raises(CommandExitException) as failed:
-            sbx.commands.run("echo no >&2; exit 3")
-        assert failed.value.exit_code == 3 and failed.value.stderr == "no\n"
-
-        sbx.files.write("dir/notes.txt", "hello")
-        assert sbx.files.read("dir/notes.txt") == "hello"
-        assert [e.name for e in sbx.files.list("dir")] == ["notes.txt"]
-        blob = bytes(range(256)) * 64
-        sbx.files.write("dir/blob.bin", blob)
-        assert bytes(sbx.files.read("dir/blob.bin", format="bytes")) == blob
-        sbx.files.rename("dir/notes.txt", "dir/moved.txt")
-        assert not sbx.files.exists("dir/notes.txt") and sbx.files.exists("dir/moved.txt")
-        sbx.files.remove("dir/moved.txt")
-        assert sbx.commands.run("ls dir").stdout == "blob.bin\n"
-
-        listed = {s.sandbox_id: s for s in Sandbox.list().next_items()}
-        assert listed[sbx.sandbox_id].state.value == "running"
-
-        kept = sbx.commands.run("sleep 900", background=True, timeout=0)
-        sbx.pause()
-        assert {s.sandbox_id: s for s in Sandbox.list().next_items()}[sbx.sandbox_id].state.value == "paused"
-        sbx = Sandbox.connect(sbx.sandbox_id)
-        assert kept.pid in [p.pid for p in sbx.commands.list()]
-        assert sbx.commands.run(f"kill -0 {kept.pid} && echo alive").stdout == "alive\n"  # the same process
-        assert sbx.commands.kill(kept.pid)
-
-        sbx.files.write("before.txt", "from the parent")
-        snap = sbx.create_snapshot()
-        child = Sandbox.create(snap.snapshot_id, timeout=900)
-        made.append(child.sandbox_id)
-        assert child.files.read("before.txt") == "from the parent"
-        child.kill()
-        sbx.kill()
-        for name in made:
-            assert_gone(name)
-        assert not {sbx.sandbox_id, child.sandbox_id} & {s.sandbox_id for s in Sandbox.list().next_items()}
-
-
-def test_a_project_session_applies_what_its_frozen_review_showed_and_chosen(
-    served: Served, cli: Cli, request: pytest.FixtureRequest, tmp_path: Path
-) -> None:
-    """A session on a project (the extension) driven by the SDK; its review chosen from by item and hunk: only
-    the chosen hunk reaches the host, a file the guest rewrote after the review lands as the review showed it,
-    a choice with another digest is refused and nothing is applied, and a review is spent by its apply."""
-    from e2b import Sandbox
-
-    project = tmp_path / "project"
-    project.mkdir()
-    (project / "a.py").write_text(A_PY)
-    status, made = served.call("POST", "/sessions", {"project": str(project), "blueprint": "base", "timeout": 900})
-    assert status == 201, made
-    name = made["name"]
-    with ended(cli, request, name):
-        assert Record.load(name).project == str(project)
-        sbx = Sandbox.connect(name)
-        assert sbx.commands.run("pwd").stdout == f"{project}\n"  # where a project session's commands start
-        sbx.commands.run("sed -i 's/return 1/return 10/; s/return 2/return 20/' a.py && echo new > c.txt")
-
-        status, shown = served.call("POST", f"/sessions/{name}/reviews")
-        assert status == 201, shown
-        items = {i["path"]: i for i in shown["items"]}
-        assert sorted(items) == ["a.py", "c.txt"]
-        a_py, c_txt = items["a.py"], items["c.txt"]
-        assert [h["newLines"] for h in a_py["hunks"]] == [["    return 10\n"], ["    return 20\n"]]
-
-        wrong = {"choices": [{"item": a_py["id"], "digest": "0" * 32}]}
-        status, out = served.call("POST", f"/sessions/{name}/reviews/{shown['id']}/apply", wrong)
-        assert status == 200 and out["applied"] == [] and [r["item"] for r in out["refused"]] == [a_py["id"]]
-        assert (project / "a.py").read_text() == A_PY and not (project / "c.txt").exists()
-        status, out = served.call("POST", f"/sessions/{name}/reviews/{shown['id']}/apply", wrong)
-        assert status == 409 and "ask for a new review" in out["message"]  # spent by the apply before
-
-        status, shown = served.call("POST", f"/sessions/{name}/reviews")
-        items = {i["path"]: i for i in shown["items"]}
-        a_py, c_txt = items["a.py"], items["c.txt"]
-        status, again = served.call("GET", f"/sessions/{name}/reviews/{shown['id']}")
-        assert status == 200 and again["items"] == shown["items"]  # the review as it was shown
-        sbx.commands.run("echo written after the review > c.txt")
-        first = next(h["id"] for h in a_py["hunks"] if h["newLines"] == ["    return 10\n"])
-        choices = [
-            {"item": a_py["id"], "digest": a_py["digest"], "hunks": [first]},
-            {"item": c_txt["id"], "digest": c_txt["digest"]},
-        ]
-        status, out = served.call("POST", f"/sessions/{name}/reviews/{shown['id']}/apply", {"choices": choices})
-        assert status == 200 and sorted(out["applied"]) == sorted([a_py["id"], c_txt["id"]]), out
-        assert (project / "a.py").read_text() == A_PY.replace("return 1\n", "return 10\n")
-        assert (project / "c.txt").read_text() == "new\n"  # as the review showed it
-
-        status, later = served.call("POST", f"/sessions/{name}/reviews")
-        assert [(i["path"], i["hunks"][0]["newLines"]) for i in later["items"]] == [
-            ("c.txt", ["written after the review\n"])
-        ]
-        sbx.kill()  # ended: its VM gone, what nobody took waits in its outbox
+    def left() -> bool:
         with Hypervisor(URI) as hv:
-            assert hv.info(domain_name(name)) is None
-        assert [s["unsynced"] for s in cli.ls() if s["name"] == name] == [1]
-        assert cli.run("rm", "--discard", name).returncode == 0
-        assert_gone(name)
+            return hv.info(account.domain(name)) is not None or (account.state / "sessions" / name).exists()
+
+    wait_for(lambda: not left(), 120, f"{name} to be gone", every=1.0)
+
+
+def test_serve_refuses_root_and_says_how(cli: Cli) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("the suite runs as a plain user: root's refusal is the unit tests'")
+    done = cli.run("serve", timeout=60)
+    assert done.returncode == 1, done.stderr
+    assert b"does not run as root" in done.stderr and b"vmsandbox host setup" in done.stderr
+
+
+@pytest.mark.no_vm
+def test_serve_in_one_line_env_anywhere_a_key_kept_only_when_asked_and_stop(
+    host: str, request: pytest.FixtureRequest
+) -> None:
+    """`eval "$(vmsandbox serve --detach)"` starts it and sets the shell up; `serve --env` sets another shell up
+    (E2B's SDK, run there, lists the account's sandboxes); a second --detach starts no second server; --stop
+    stops it and its settings go; --keep-key gives the same key after a restart, a start without it a new one."""
+    with an_account(request) as account:
+        none = account.vmsandbox("serve", "--env")
+        assert none.returncode == 1 and "no `vmsandbox serve` runs" in none.stderr and "--detach" in none.stderr
+
+        one_line = 'eval "$(vmsandbox serve --detach --keep-key)" && echo "$E2B_API_URL $E2B_API_KEY"'
+        started = account.run("sh", "-c", one_line)
+        assert started.returncode == 0, started.stderr
+        url, key = started.stdout.split()
+        assert url.startswith("http://127.0.0.1:") and key.startswith("vmsb_")
+        env_file = account.state / "serve.env"
+        assert oct(env_file.stat().st_mode & 0o777) == "0o600" and f"E2B_API_KEY={key}\n" in env_file.read_text()
+        assert key not in (account.state / "serve.log").read_text()  # its stderr: never the key
+
+        sdk = "from e2b import Sandbox; print(Sandbox.list().next_items())"
+        listed = account.run("sh", "-c", f'eval "$(vmsandbox serve --env)" && python -c "{sdk}"')
+        assert listed.returncode == 0 and listed.stdout == "[]\n", listed.stderr
+        again = account.vmsandbox("serve", "--detach")
+        assert again.returncode == 0 and exports(again.stdout)["E2B_API_KEY"] == key and "runs already" in again.stderr
+
+        stopped = account.vmsandbox("serve", "--stop")
+        assert stopped.returncode == 0, stopped.stderr
+        assert not env_file.exists() and account.vmsandbox("serve", "--env").returncode == 1
+        kept = account.vmsandbox("serve", "--detach", "--keep-key")
+        assert kept.returncode == 0 and exports(kept.stdout)["E2B_API_KEY"] == key  # the same key after a restart
+        assert account.vmsandbox("serve", "--stop").returncode == 0
+        fresh = account.vmsandbox("serve", "--detach")
+        assert fresh.returncode == 0 and exports(fresh.stdout)["E2B_API_KEY"] != key
+        assert not (account.state / "serve.key").exists()  # a start without --keep-key drops the kept key
+        assert account.vmsandbox("serve", "--stop").returncode == 0
+
+
+def test_e2b_sdk_drives_a_sandbox_from_create_to_kill(served: Served) -> None:
+    made = served.drive("create-to-kill")["made"]
+    assert len(made) == 2
+    for name in made:
+        _gone(served.account, name)
+    assert not {s["name"] for s in served.account.sessions()} & set(made)
+
+
+def test_a_project_session_applies_what_its_frozen_review_showed_and_chosen(served: Served) -> None:
+    account = served.account
+    project = account.home / f"project-{secrets.token_hex(2)}"
+    assert account.run("mkdir", str(project)).returncode == 0
+    name = served.drive("project-review", str(project))["name"]
+    with Hypervisor(URI) as hv:
+        assert hv.info(account.domain(name)) is None  # killed: its VM gone
+    assert [s["unsynced"] for s in account.sessions() if s["name"] == name] == [1]  # the rest in its outbox
+    assert account.vmsandbox("rm", "--discard", name).returncode == 0
+    _gone(account, name)
+
+
+def docs_example() -> str:
+    """The fenced Python block under EXAMPLE_HEADING in docs/api.md, as a reader copies it."""
+    text = DOCS.read_text()
+    start = text.index(EXAMPLE_HEADING + "\n")
+    found = re.search(r"^```python\n(.*?)^```$", text[start:], re.S | re.M)
+    assert found is not None, f"no python block under {EXAMPLE_HEADING!r} in {DOCS}"
+    return found.group(1)
+
+
+def test_the_docs_review_loop_runs_as_written(served: Served) -> None:
+    """The example of docs/api.md, verbatim, in a shell set up by the documented line: one hunk of two lands."""
+    account = served.account
+    (account.home / "review_loop.py").write_text(docs_example())  # (root's file, which the account reads)
+    ran = account.run("sh", "-c", 'eval "$(vmsandbox serve --env)" && exec python review_loop.py', timeout=1800)
+    assert ran.returncode == 0, f"{ran.stdout}\n{ran.stderr}"
+    [name] = [line.removeprefix("session: ") for line in ran.stdout.splitlines() if line.startswith("session: ")]
+    [project] = account.home.glob("review-loop-*")  # (tempfile's, in the account's TMPDIR)
+    calc = (project / "calc.py").read_text()
+    assert calc.startswith('"""Arithmetic."""\n') and "def mul(a, b):" in calc and "def times" not in calc
+    assert calc in ran.stdout  # what it printed is what is on the host
+    assert re.search(r"^applied: \['[^']+'\]$", ran.stdout, re.M), ran.stdout  # one item: its first hunk
+    _gone(account, name)  # the hunk not taken was declined: nothing left to keep, the session is gone whole
+
+
+@pytest.mark.no_vm
+def test_without_e2b_sandbox_url_the_sdk_sends_nothing_off_this_machine(tmp_path: Path) -> None:
+    """E2B's SDK with only E2B_API_URL and E2B_API_KEY set (E2B_SANDBOX_URL forgotten): its commands, files and
+    the envd token have nowhere to go, and without E2B_API_URL neither has the key. In a network namespace of its
+    own (loopback only), so that nothing can leave this machine whatever the SDK tries."""
+    if shutil.which("unshare") is None or shutil.which("ip") is None:
+        pytest.skip("needs unshare and ip (util-linux, iproute2) for a network namespace")
+    own = ["unshare", "--net"] if os.geteuid() == 0 else ["unshare", "--net", "--map-root-user"]
+    child = f"ip link set lo up && exec {shlex.quote(sys.executable)} {shlex.quote(str(DRIVE))} offline"
+    env = {**os.environ, "OFFLINE_ROOT": str(tmp_path / "guests")}
+    done = subprocess.run([*own, "sh", "-c", child], capture_output=True, text=True, timeout=300, env=env, check=False)
+    if done.returncode != 0 and done.stderr.startswith("unshare: "):
+        pytest.skip(f"no network namespace of its own here: {done.stderr.strip()}")
+    assert done.returncode == 0, f"{done.stdout}\n{done.stderr}"
+    result = json.loads(done.stdout.splitlines()[-1])
+    assert result["envd_url"].startswith("https://49983-") and result["envd_url"].endswith(".invalid")
+    for what in ("command", "write", "read"):
+        assert "set-e2b-sandbox-url.invalid" in result["failures"][what], result["failures"]
+    assert "api.set-e2b-api-url.invalid" in result["failures"]["list"], result["failures"]

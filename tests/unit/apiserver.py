@@ -14,7 +14,7 @@ import pytest
 import uvicorn
 
 from tests.unit.fakebackend import FakeBackend
-from vmsandbox.api import app, server
+from vmsandbox.api import app, running, server
 from vmsandbox.api.peer import PeerCheckedH11
 
 WAIT = 30.0  # the longest a test waits for a condition
@@ -57,10 +57,9 @@ def served(root: Path) -> Iterator[Served]:
 
 def point_sdk(monkeypatch: pytest.MonkeyPatch, s: Served) -> None:
     """E2B's SDK, configured as `vmsandbox serve` tells a user to configure it."""
-    for line in server.Settings(s.url, s.key).lines():
-        name, _, value = line.partition("=")
+    for name, value in running.Settings(s.url, s.key).variables().items():
         monkeypatch.setenv(name, value)
-    for name in ("E2B_DEBUG", "E2B_DOMAIN", "E2B_HTTP_VERSION", "E2B_ACCESS_TOKEN"):
+    for name in ("E2B_DEBUG", "E2B_HTTP_VERSION", "E2B_ACCESS_TOKEN"):
         monkeypatch.delenv(name, raising=False)
 
 

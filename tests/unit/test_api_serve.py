@@ -1,15 +1,19 @@
-"""`vmsandbox serve`: the settings it prints, one server per account (the second says where the first is), the
-Unix socket (0600, only this account), the key kept out of every file; and the command refusing to start while
-no backend is bound."""
+"""`vmsandbox serve`: the settings it prints (`export` lines a shell evaluates), one server per account (the second
+says where the first is), `serve --env` reading the running one's 0600 env file, a key kept across restarts only
+with --keep-key, the Unix socket (0600, only this account), never as root; the domain it answers, where E2B's SDK
+goes when E2B_SANDBOX_URL (or E2B_API_URL) is missing (nowhere: a `.invalid` name); and the command refusing
+options that do not go together."""
 
 from __future__ import annotations
 
 import json
 import os
+import shlex
 import stat
 import threading
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 import pytest
@@ -19,42 +23,112 @@ from tests.unit.apiserver import served, wait_until
 from tests.unit.fakebackend import FakeBackend
 from tests.unit.test_cli import run_cli
 from vmsandbox import paths, pids
-from vmsandbox.api import server
+from vmsandbox.api import running, server
+from vmsandbox.api.plane.controlwire import SANDBOX_DOMAIN
 from vmsandbox.errors import VmsandboxError
 
+KEY = "vmsb_" + "k" * 43
+SETTINGS = running.Settings("http://127.0.0.1:1234", KEY, Path("/run/x.sock"))
 
-def test_the_command_serves_the_cores_sessions_and_refuses_a_bad_port(monkeypatch: pytest.MonkeyPatch) -> None:
+
+def test_the_command_serves_the_cores_sessions_and_refuses_what_does_not_go_together(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     from vmsandbox.cli import serve as command
     from vmsandbox.core.sandbox.backend import SessionBackend
 
-    served: list[object] = []
-    monkeypatch.setattr(server, "serve", lambda backend, **_: served.append(backend))
-    assert run_cli(["serve"]) == 0
-    assert len(served) == 1 and isinstance(served[0], SessionBackend)
+    served_with: list[tuple[object, dict[str, Any]]] = []
+    monkeypatch.setattr(server, "serve", lambda backend, **kw: served_with.append((backend, kw)))
+    assert run_cli(["serve", "--keep-key"]) == 0
+    [(backend, kw)] = served_with
+    assert isinstance(backend, SessionBackend) and kw["keep_key"] is True and kw["port"] == 0
     assert isinstance(command.core_backend(), SessionBackend)
     assert run_cli(["serve", "--port", "70000"]) == 2
+    for wrong in (["--env", "--stop"], ["--env", "--port", "1"], ["--stop", "--detach"], ["--env", "--keep-key"]):
+        capsys.readouterr()
+        assert run_cli(["serve", *wrong]) == 2, wrong
+        assert "--env and --stop go alone" in capsys.readouterr().err
+    assert len(served_with) == 1
 
 
-def test_the_settings_are_what_e2bs_sdk_reads() -> None:
-    settings = server.Settings("http://127.0.0.1:1234", "vmsb_k")
-    assert settings.lines() == [
-        "E2B_API_URL=http://127.0.0.1:1234",
-        "E2B_SANDBOX_URL=http://127.0.0.1:1234",
-        "E2B_API_KEY=vmsb_k",
-    ]
+def test_the_settings_are_shell_lines_e2bs_sdk_reads() -> None:
+    assert SETTINGS.variables() == {
+        "E2B_API_URL": "http://127.0.0.1:1234",
+        "E2B_SANDBOX_URL": "http://127.0.0.1:1234",
+        "E2B_API_KEY": KEY,
+        "E2B_DOMAIN": running.API_DOMAIN,
+    }
+    parsed = [shlex.split(line) for line in SETTINGS.exports()]  # as `eval` reads them
+    assert parsed == [["export", f"{k}={v}"] for k, v in SETTINGS.variables().items()]
+    odd = running.Settings("http://127.0.0.1:1/a b'c", KEY)  # (never made: a value is quoted whatever it holds)
+    assert shlex.split(odd.exports()[0]) == ["export", "E2B_API_URL=http://127.0.0.1:1/a b'c"]
 
 
-def test_a_second_serve_says_where_the_first_is() -> None:
-    with server.announced(server.Settings("http://127.0.0.1:1234", "vmsb_secret", Path("/run/x.sock"))):
-        written = paths.serve_file()
-        assert stat.S_IMODE(written.stat().st_mode) == 0o600
-        assert "vmsb_secret" not in written.read_text()
+def test_a_running_serve_leaves_its_settings_for_serve_env_and_a_second_serve_says_where_it_is(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert run_cli(["serve", "--env"]) == 1
+    err = capsys.readouterr().err
+    assert "no `vmsandbox serve` runs" in err and "vmsandbox serve --detach" in err
+    with running.announced(SETTINGS):
+        where, env_file = paths.serve_file(), paths.serve_env_file()
+        for made in (where, env_file):
+            assert stat.S_IMODE(made.stat().st_mode) == 0o600
+        assert KEY not in where.read_text()
+        assert f"E2B_API_KEY={KEY}\n" in env_file.read_text()  # a dotenv file: `set -a; . FILE` reads it too
         with pytest.raises(VmsandboxError, match=r"already runs .* at http://127.0.0.1:1234 and /run/x.sock") as exc:
             server.refuse_second()
-        assert f"kill {os.getpid()}" in (exc.value.hint or "")
-    assert not written.exists()
-    written.write_text(json.dumps({"pid": os.getpid(), "start": "not-its-start", "url": "http://old"}))
+        assert "vmsandbox serve --env" in (exc.value.hint or "") and "--stop" in (exc.value.hint or "")
+        assert running.current() == SETTINGS
+        capsys.readouterr()
+        assert run_cli(["serve", "--env"]) == 0
+        assert capsys.readouterr().out.splitlines() == SETTINGS.exports()
+    assert not where.exists() and not env_file.exists()
+    where.write_text(json.dumps({"pid": os.getpid(), "start": "not-its-start", "url": "http://old"}))
     server.refuse_second()  # a file a dead serve left: no longer true, not in the way
+    with pytest.raises(VmsandboxError, match="no `vmsandbox serve` runs"):
+        running.current()
+
+
+def test_serve_env_trusts_no_env_file_but_its_own(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An env file another account could have written, or that names another server, is not printed for eval."""
+    with running.announced(SETTINGS):
+        env_file = paths.serve_env_file()
+        env_file.chmod(0o644)
+        with pytest.raises(VmsandboxError, match="not this account's alone") as exc:
+            running.current()
+        assert f"rm {env_file}" in (exc.value.hint or "")
+        env_file.chmod(0o600)
+        env_file.write_text(env_file.read_text().replace("127.0.0.1:1234", "127.0.0.1:9"))
+        with pytest.raises(VmsandboxError, match="does not match the serve that runs"):
+            running.current()
+        env_file.unlink()
+        env_file.symlink_to(paths.serve_file())
+        with pytest.raises(VmsandboxError, match="cannot read"):
+            running.current()
+
+
+def test_a_key_is_kept_across_starts_only_while_the_person_asks() -> None:
+    first, note = running.api_key(keep=False)
+    assert note is None and running.KEY.fullmatch(first) and not paths.serve_key_file().exists()
+    assert running.api_key(keep=False)[0] != first  # new at each start
+
+    kept, note = running.api_key(keep=True)
+    key_file = paths.serve_key_file()
+    assert "kept in" in (note or "") and stat.S_IMODE(key_file.stat().st_mode) == 0o600
+    assert key_file.read_text() == kept + "\n"
+    assert running.api_key(keep=True) == (kept, None)  # the next start with --keep-key: the same key
+
+    fresh, note = running.api_key(keep=False)  # a start without it: a new key, and the kept one gone
+    assert fresh != kept and "is removed" in (note or "") and not key_file.exists()
+
+    key_file.write_text("not a key\n")
+    key_file.chmod(0o600)
+    replaced, note = running.api_key(keep=True)  # (a file that holds no key of ours: a new one kept)
+    assert running.KEY.fullmatch(replaced) and key_file.read_text() == replaced + "\n"
+    key_file.chmod(0o640)
+    with pytest.raises(VmsandboxError, match="not this account's alone"):
+        running.api_key(keep=True)
 
 
 def test_the_unix_socket_is_private_and_nothing_else_is_replaced(tmp_path: Path) -> None:
@@ -78,15 +152,16 @@ def test_serve_serves_on_loopback_and_the_socket_until_stopped(tmp_path: Path, m
             made.append(self)
 
     monkeypatch.setattr(uvicorn, "Server", Recorded)
+    monkeypatch.setattr(server, "refuse_root", lambda: None)  # (these tests may run as root; the rule: below)
     backend = FakeBackend(tmp_path / "guests")
-    ready: list[server.Settings] = []
+    ready: list[running.Settings] = []
     sock = tmp_path / "api.sock"
-    kwargs: dict[str, Any] = {"port": 0, "unix": sock, "ready": ready.append}
+    kwargs: dict[str, Any] = {"port": 0, "unix": sock, "ready": lambda s, _note: ready.append(s)}
     thread = threading.Thread(target=server.serve, args=(backend,), kwargs=kwargs, daemon=True)
     thread.start()
     wait_until(lambda: bool(ready and made), "serve is ready")
     settings = ready[0]
-    assert settings.api_key.startswith("vmsb_") and settings.url.startswith("http://127.0.0.1:")
+    assert running.KEY.fullmatch(settings.api_key) and settings.url.startswith("http://127.0.0.1:")
     headers = {"X-API-Key": settings.api_key}
     assert httpx.get(f"{settings.url}/v2/sandboxes", headers=headers).json() == []
     with httpx.Client(transport=httpx.HTTPTransport(uds=str(sock))) as local:
@@ -94,9 +169,67 @@ def test_serve_serves_on_loopback_and_the_socket_until_stopped(tmp_path: Path, m
         assert local.get("http://localhost/v2/sandboxes").status_code == 401
     assert json.loads(paths.serve_file().read_text())["pid"] == os.getpid()
     assert pids.alive(os.getpid(), pids.process_start(os.getpid()))
+    assert running.current() == settings
     made[0].should_exit = True
     thread.join(30)
     assert not thread.is_alive() and not paths.serve_file().exists() and not sock.exists()
+    assert not paths.serve_env_file().exists()  # the key is on disk while it serves, and then only with --keep-key
+
+
+def test_the_sdk_missing_e2b_sandbox_url_or_e2b_api_url_is_sent_nowhere(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """E2B's SDK builds a sandbox's envd URL from the domain the server answers when E2B_SANDBOX_URL is not set (with
+    no domain, `https://sandbox.e2b.app`: E2B's cloud would get the commands, files and envd token); and the control
+    plane's from E2B_DOMAIN when E2B_API_URL is not set (`https://api.e2b.app`, for the key). Both are `.invalid`
+    names here: they resolve nowhere and no public CA certifies one. (What the SDK then does with them, in a network
+    namespace of its own: tests/integration/test_api.py.)"""
+    from e2b import ConnectionConfig, Sandbox
+
+    with served(tmp_path / "guests") as api:
+        for name in ("E2B_SANDBOX_URL", "E2B_DOMAIN", "E2B_DEBUG", "E2B_ACCESS_TOKEN"):
+            monkeypatch.delenv(name, raising=False)
+        monkeypatch.setenv("E2B_API_URL", api.url)
+        monkeypatch.setenv("E2B_API_KEY", api.key)
+        sbx = Sandbox.create("base")
+        assert sbx.sandbox_domain == SANDBOX_DOMAIN
+        assert Sandbox.connect(sbx.sandbox_id).sandbox_domain == SANDBOX_DOMAIN  # (connect answers it too)
+        for url in (sbx.envd_api_url, sbx.envd_direct_url):
+            parts = urlsplit(url)
+            assert parts.scheme == "https" and parts.hostname == f"49983-{sbx.sandbox_id}.{SANDBOX_DOMAIN}"
+            assert parts.hostname.endswith(".invalid")
+        assert "e2b.app" not in sbx.envd_api_url
+
+    for name, value in running.Settings("http://127.0.0.1:1", KEY).variables().items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv("E2B_API_URL")  # the settings with E2B_API_URL lost on the way
+    api_host = urlsplit(ConnectionConfig().api_url).hostname or ""
+    assert api_host == f"api.{running.API_DOMAIN}" and api_host.endswith(".invalid")
+    assert ConnectionConfig().get_sandbox_url("s", "").startswith("http://127.0.0.1:1")  # (E2B_SANDBOX_URL still set)
+
+
+def test_serve_refuses_root_and_sudo(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Root's key would drive sessions as root, and the kernel's socket table names root for connections no
+    process holds (another account passes for root); under sudo, the file work done as the invoking user switches
+    the whole process's identity. It runs as the account it serves, and says how."""
+    import pwd
+
+    monkeypatch.setattr(server, "sudo_invoker", lambda: None)
+    monkeypatch.setattr(os, "geteuid", lambda: 0)
+    with pytest.raises(VmsandboxError, match="does not run as root") as exc:
+        server.refuse_root()
+    assert "your own account" in (exc.value.hint or "") and "vmsandbox host setup" in (exc.value.hint or "")
+    ready: list[object] = []
+    with pytest.raises(VmsandboxError, match="does not run as root"):
+        server.serve(FakeBackend(tmp_path / "guests"), port=0, unix=None, ready=lambda *a: ready.append(a))
+    assert ready == [] and not paths.serve_file().exists() and not paths.serve_env_file().exists()
+
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    server.refuse_root()
+    monkeypatch.setattr(server, "sudo_invoker", lambda: pwd.getpwuid(os.getuid()))
+    with pytest.raises(VmsandboxError, match="not under sudo") as exc:
+        server.refuse_root()
+    assert "run `vmsandbox serve` as yourself" in (exc.value.hint or "")
 
 
 def test_a_session_the_api_did_not_make_has_no_end_and_is_never_reaped(tmp_path: Path) -> None:
@@ -125,14 +258,3 @@ def test_a_session_the_api_did_not_make_has_no_end_and_is_never_reaped(tmp_path:
         assert sweep(api.backend, later) == []
         assert httpx.post(f"{api.url}/sandboxes/{name}/timeout", headers=api.headers, json={"timeout": 1}).is_success
         assert sweep(api.backend, later) == [name]  # the API's own, given an end again: ended at it
-
-
-def test_serve_refuses_to_run_under_sudo(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Under sudo, the file work done as the invoking user switches the whole process's identity: a threaded
-    server would serve, for that moment, as the other account. It runs as the account it serves instead."""
-    import pwd
-
-    monkeypatch.setattr(server, "sudo_invoker", lambda: pwd.getpwuid(os.getuid()))
-    with pytest.raises(VmsandboxError, match="not under sudo") as exc:
-        server.refuse_sudo()
-    assert "run `vmsandbox serve` as yourself" in (exc.value.hint or "")

@@ -1,78 +1,60 @@
-"""Serving the API: a fresh key, 127.0.0.1 (and a 0600 Unix socket if asked), the settings a client needs, and
-uvicorn until interrupted; one server per account at a time (paths.serve_file says where it is).
+"""Serving the API: a key, 127.0.0.1 (and a 0600 Unix socket if asked), the settings a client needs, and uvicorn
+until interrupted; one server per account at a time, never as root (running.py: what it leaves for the account's
+other commands, the key kept where asked, the background start and the stop).
 
-The key lives in this process's memory only: it is printed once (the caller's stdout), never written to a file,
-never put on a command line. E2B's SDK reaches a self-hosted control plane by E2B_API_URL and every sandbox's
-envd by E2B_SANDBOX_URL (one URL; the sandbox rides in a header), both this server; it speaks HTTP/1.1 to a
-plain-http URL, which uvicorn serves. E2B_DEBUG must stay unset: with it the SDK skips kill and set_timeout.
+The key is never put on a command line or in a log: it is printed to the caller's stdout and kept in the 0600 env
+file of the private state directory while the server runs (and in serve.key across restarts with --keep-key).
+E2B's SDK reaches a self-hosted control plane by E2B_API_URL and every sandbox's envd by E2B_SANDBOX_URL (one
+URL; the sandbox rides in a header), both this server; it speaks HTTP/1.1 to a plain-http URL, which uvicorn
+serves. E2B_DEBUG must stay unset: with it the SDK skips kill and set_timeout.
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
-import json
 import os
-import secrets
 import socket
 import stat
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable
 from pathlib import Path
 
-from vmsandbox import paths, pids
-from vmsandbox.api import app
+from vmsandbox.api import app, running
 from vmsandbox.api.peer import PeerCheckedH11
+from vmsandbox.api.running import Settings
 from vmsandbox.confine.sudo import invoker as sudo_invoker
 from vmsandbox.core.sandbox.interface import Backend
 from vmsandbox.errors import VmsandboxError
 
-KEY_PREFIX = "vmsb_"
 LIMIT_CONNECTIONS = 256  # connections at once: more are answered 503
+GRACEFUL_STOP = 10  # seconds the requests under way get to end once the server is told to stop
+AS_YOURSELF = "run `vmsandbox serve` as your own account, a member of the libvirt group (`sudo vmsandbox host setup`"
+AS_YOURSELF += " once adds you: log in again)"
 
 
-@dataclass(frozen=True)
-class Settings:
-    url: str
-    api_key: str
-    socket: Path | None = None
-
-    def lines(self) -> list[str]:
-        """What a client sets: one `NAME=value` a line."""
-        return [f"E2B_API_URL={self.url}", f"E2B_SANDBOX_URL={self.url}", f"E2B_API_KEY={self.api_key}"]
-
-
-def running() -> dict[str, object] | None:
-    """The serve that runs for this account, if one does (its pid, URL and socket; not its key)."""
-    try:
-        found = json.loads(paths.serve_file().read_text())
-    except (OSError, ValueError):
-        return None
-    if not isinstance(found, dict) or not pids.alive(found.get("pid"), found.get("start")):
-        return None
-    return found
-
-
-def refuse_sudo() -> None:
-    """`serve` runs as the account it serves, never under sudo: its threads must never take on another
-    account's identity (sudo's file work switches the whole process), and a key handed out under sudo would
-    drive sessions as root."""
+def refuse_root() -> None:
+    """`serve` runs as the account it serves, never as root, under sudo or not: a key handed out by root would drive
+    sessions as root; the kernel's socket table, which says who connects on 127.0.0.1, names root for a connection
+    no process holds any more (so another account could pass for root); and under sudo, the file work done as the
+    invoking user switches the whole process, so a threaded server would serve for a moment as another account."""
     who = sudo_invoker()
     if who is not None:
         raise VmsandboxError(
             f"`vmsandbox serve` runs as the account it serves, not under sudo (you are {who.pw_name})",
-            hint="run `vmsandbox serve` as yourself; `sudo vmsandbox host setup` once lets your account use libvirt",
+            hint=f"run `vmsandbox serve` as yourself; {AS_YOURSELF.split(', ', 1)[1]}",
         )
+    if os.geteuid() == 0:
+        raise VmsandboxError("`vmsandbox serve` does not run as root: it serves one account", hint=AS_YOURSELF)
 
 
 def refuse_second() -> None:
-    found = running()
+    found = running.running()
     if found is None:
         return
     where = f"{found.get('url')}" + (f" and {found['socket']}" if found.get("socket") else "")
     raise VmsandboxError(
         f"`vmsandbox serve` already runs for this account (pid {found.get('pid')}) at {where}",
-        hint=f"use that one (its key is what it printed), or stop it (`kill {found.get('pid')}`) and start again",
+        hint="use that one (`vmsandbox serve --env` prints its settings), or stop it (`vmsandbox serve --stop`)",
     )
 
 
@@ -146,39 +128,27 @@ def listen_unix(path: Path) -> socket.socket:
     return sock
 
 
-@contextlib.contextmanager
-def announced(settings: Settings) -> Iterator[None]:
-    """The serve file, for as long as this server runs (0600; the URL and socket, never the key)."""
-    target = paths.serve_file()
-    target.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    data = {"pid": os.getpid(), "start": pids.process_start(os.getpid()), "url": settings.url}
-    data["socket"] = str(settings.socket) if settings.socket else None
-    fresh = target.with_name(f".{target.name}.{os.getpid()}")
-    fd = os.open(fresh, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "w") as out:
-        json.dump(data, out)
-    fresh.replace(target)
-    try:
-        yield
-    finally:
-        with contextlib.suppress(OSError, ValueError):
-            if json.loads(target.read_text()).get("pid") == os.getpid():
-                target.unlink()
-
-
-def serve(backend: Backend, *, port: int, unix: Path | None, ready: Callable[[Settings], None]) -> None:
-    """Serve until interrupted; `ready` gets the settings once the sockets listen."""
+def serve(
+    backend: Backend,
+    *,
+    port: int,
+    unix: Path | None,
+    ready: Callable[[Settings, str | None], None],
+    keep_key: bool = False,
+) -> None:
+    """Serve until interrupted; `ready` gets the settings (and a note on the key, if any) once the sockets listen."""
     import uvicorn
 
+    refuse_root()
     refuse_second()
-    refuse_sudo()
     tcp = listen_tcp(port)
     sockets = [*tcp, *([listen_unix(unix)] if unix is not None else [])]
     bound = tcp[0].getsockname()[1]
-    settings = Settings(f"http://127.0.0.1:{bound}", KEY_PREFIX + secrets.token_urlsafe(32), unix)
+    key, note = running.api_key(keep=keep_key)
+    settings = Settings(f"http://127.0.0.1:{bound}", key, unix)
     try:
-        with announced(settings):
-            ready(settings)
+        with running.announced(settings):
+            ready(settings, note)
             asgi = app.make(backend, api_key=settings.api_key, port=bound)
             config = uvicorn.Config(
                 asgi,
@@ -188,9 +158,12 @@ def serve(backend: Backend, *, port: int, unix: Path | None, ready: Callable[[Se
                 log_config=None,
                 lifespan="on",
                 limit_concurrency=LIMIT_CONNECTIONS,
+                timeout_graceful_shutdown=GRACEFUL_STOP,
             )  # log_config=None: its errors go to our log (stderr, -v), not to a configuration of its own
             uvicorn.Server(config).run(sockets=sockets)
     finally:
+        for sock in sockets:
+            sock.close()
         if unix is not None:
             with contextlib.suppress(OSError):
                 unix.unlink()

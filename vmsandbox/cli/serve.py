@@ -1,4 +1,5 @@
-"""`vmsandbox serve`: the HTTP API (vmsandbox/api) that E2B's SDK drives, on 127.0.0.1."""
+"""`vmsandbox serve`: the HTTP API (vmsandbox/api) that E2B's SDK drives, on 127.0.0.1: in a terminal, or in the
+background (`--detach`, `--stop`), and the settings of the running one as shell lines (`--env`)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from vmsandbox.cli.base import app
 from vmsandbox.errors import UsageError
 
 if TYPE_CHECKING:
-    from vmsandbox.api.server import Settings
+    from vmsandbox.api.running import Settings
     from vmsandbox.core.sandbox.interface import Backend
 
 
@@ -23,11 +24,45 @@ def core_backend() -> Backend:
     return SessionBackend()
 
 
-def _ready(settings: Settings) -> None:
-    for line in settings.lines():
+def _print_exports(settings: Settings) -> None:
+    for line in settings.exports():
         print(line, flush=True)  # stdout: the settings are the command's data
+
+
+def _serving(settings: Settings, how: str) -> None:
     where = f" and on {settings.socket}" if settings.socket else ""
-    ui.info(f"Serving E2B's API at {settings.url}{where} (only on this machine, only for you); Ctrl-C stops it.")
+    ui.info(f"Serving E2B's API at {settings.url}{where} (only on this machine, only for you){how}")
+
+
+def _in_terminal(settings: Settings, note: str | None) -> None:
+    _print_exports(settings)
+    if note:
+        ui.info(note)
+    _serving(settings, '; Ctrl-C stops it. Elsewhere: eval "$(vmsandbox serve --env)"')
+
+
+def _in_background(settings: Settings, note: str | None) -> None:
+    """The child of `--detach`: its stderr is serve.log, and its stdout prints nothing (the key stays out of logs)."""
+    if note:
+        ui.info(note)
+    _serving(settings, "")
+
+
+def _detach(args: list[str]) -> None:
+    from vmsandbox.api import running, server
+
+    server.refuse_root()
+    found = running.running()
+    if found is not None:
+        _print_exports(running.current())
+        ui.info(
+            f"`vmsandbox serve` runs already (pid {found.get('pid')}): its settings; to start one with other options, "
+            "`vmsandbox serve --stop` first"
+        )
+        return
+    settings = running.start_detached(args)
+    _print_exports(settings)
+    _serving(settings, " in the background; `vmsandbox serve --stop` stops it")
 
 
 @app.command("serve")
@@ -36,18 +71,48 @@ def serve_api(
     unix: Annotated[
         Path | None, typer.Option("--socket", help="Also serve on this Unix socket (made 0600).", metavar="PATH")
     ] = None,
+    detach: Annotated[
+        bool, typer.Option("--detach", "-d", help="Serve in the background; print its settings once it listens.")
+    ] = False,
+    keep_key: Annotated[
+        bool, typer.Option("--keep-key", help="Keep the key across restarts (0600, in the state directory).")
+    ] = False,
+    env: Annotated[
+        bool, typer.Option("--env", help="Print the running server's settings as `export` lines, and exit.")
+    ] = False,
+    stop: Annotated[bool, typer.Option("--stop", help="Stop the server that runs for this account.")] = False,
+    background: Annotated[bool, typer.Option("--background", hidden=True)] = False,  # the process --detach starts
 ) -> None:
     """Serve an HTTP API that E2B's SDK drives, with the review as its extension.
 
     It serves E2B's control plane and sandbox API (commands, files, pause, connect, snapshots) over vmsandbox sessions,
     and under /vmsandbox/v1 sessions on a project, their changes as a frozen review, apply, rollback and fork
-    (/openapi.json describes both). Prints E2B_API_URL, E2B_SANDBOX_URL and E2B_API_KEY on stdout, one a line:
-    set them where the SDK runs. The key is new each time and kept only in memory. Ctrl-C stops it.
+    (/openapi.json describes both), on 127.0.0.1 for your account only (never as root). It prints the settings E2B's
+    SDK reads (E2B_API_URL, E2B_SANDBOX_URL, E2B_API_KEY, E2B_DOMAIN) as `export` lines on stdout, and keeps them in a
+    0600 file of the state directory while it serves: `vmsandbox serve --env` prints them again, in any shell. The key
+    is new at each start, unless --keep-key (a start without it drops a kept key). In a terminal, Ctrl-C stops it;
+    --detach serves in the background until `vmsandbox serve --stop`.
 
-    Example: `vmsandbox serve --port 49999`"""
-    from vmsandbox.api import server
+    Examples: `eval "$(vmsandbox serve --detach)"` · `eval "$(vmsandbox serve --env)"` · `vmsandbox serve --stop`"""
+    from vmsandbox.api import running, server
 
+    serving = port != 0 or unix is not None or keep_key or detach or background
+    if (env or stop) and (serving or (env and stop)):
+        raise UsageError(
+            "--env and --stop go alone", hint="`vmsandbox serve --env` prints the running server's settings"
+        )
     if not 0 <= port <= 65535:
         raise UsageError(f"--port {port} is not a port", hint="give 1 to 65535, or leave --port out for a free one")
-    backend = core_backend()
-    server.serve(backend, port=port, unix=unix.absolute() if unix is not None else None, ready=_ready)
+    if env:
+        _print_exports(running.current())
+        return
+    if stop:
+        ui.info(f"`vmsandbox serve` (pid {running.stop()}) stopped")
+        return
+    where = unix.absolute() if unix is not None else None
+    if detach and not background:
+        args = ["--background", *(["--port", str(port)] if port else []), *(["--keep-key"] if keep_key else [])]
+        _detach([*args, *(["--socket", str(where)] if where is not None else [])])
+        return
+    ready = _in_background if background else _in_terminal
+    server.serve(core_backend(), port=port, unix=where, ready=ready, keep_key=keep_key)

@@ -22,6 +22,11 @@ MAX_TIMEOUT = 7 * 24 * 3600  # seconds a session may be given at once
 DEFAULT_TIMEOUT = 300  # E2B's SDK default
 MAX_METADATA = 64
 MAX_ENVS = 1024
+# The domain E2B's SDK is told a sandbox lives under. It uses it only where E2B_SANDBOX_URL is not set, to build
+# `https://49983-SANDBOX.DOMAIN`: a name in `.invalid` (RFC 6761) resolves nowhere, and no public CA certifies one,
+# so a client missing that variable fails on this machine instead of sending a command, a file or the envd token
+# to E2B's cloud (`sandbox.e2b.app`, its fallback for no domain). The name says the fix in the SDK's error.
+SANDBOX_DOMAIN = "set-e2b-sandbox-url.invalid"
 
 
 Key = Annotated[str, Field(min_length=1, max_length=256)]
@@ -72,7 +77,7 @@ class SandboxOut(Wire):
     client_id: str = Field(default=CLIENT_ID, alias="clientID")
     envd_version: str = Field(default=ENVD_VERSION, alias="envdVersion")
     envd_access_token: str = Field(alias="envdAccessToken")
-    domain: str | None = None
+    domain: str = SANDBOX_DOMAIN
 
 
 class ListedSandboxOut(Wire):
@@ -91,7 +96,7 @@ class ListedSandboxOut(Wire):
 
 class SandboxDetailOut(ListedSandboxOut):
     envd_access_token: str = Field(alias="envdAccessToken")
-    domain: str | None = None
+    domain: str = SANDBOX_DOMAIN
 
 
 class SnapshotOut(Wire):
