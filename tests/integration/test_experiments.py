@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shlex
 import time
 from pathlib import Path
 
@@ -175,6 +177,32 @@ def test_a_session_forked_by_its_port_then_by_a_login_gives_each_fork_its_state(
     finally:
         for fork in (first, second):
             cli.run("rm", fork, "--discard")
+
+
+def test_a_fanout_without_a_name_is_removed_by_the_group_it_prints(
+    cli: Cli, project: Path, base_image: store.Image
+) -> None:
+    """Without --name the group is drawn from the project: the group printed is the one made, and the closing hint
+    works as printed (`run --fanout 4 DIR -- true` printed X-c849 and made X-dc1a-1…4; `rm --group X-c849` then
+    answered "no fan-out named")."""
+    r = cli.run("run", "--fanout", "2", str(project), "--", "true")
+    said = " ".join((r.stdout + r.stderr).decode().split())
+    try:
+        assert r.returncode == 0, said
+        printed = re.search(r"Fan-out (\S+): 2 session\(s\), (\S+) … (\S+)", said)
+        assert printed is not None, said
+        group, names = printed[1], [printed[2], printed[3]]
+        assert group.startswith("exp-project-") and names == [f"{group}-1", f"{group}-2"]
+        assert {row["name"]: row["group"] for row in cli.ls() if row["name"] in names} == dict.fromkeys(names, group)
+        hint = re.search(r"`(vmsandbox rm --group [^`]+)`", said)
+        assert hint is not None and hint[1] == f"vmsandbox rm --group {group}", said
+        removed = cli.run(*shlex.split(hint[1])[1:])  # as printed
+        assert removed.returncode == 0, removed.stderr.decode()
+        assert not any(row["name"] in names for row in cli.ls())
+    finally:
+        for row in cli.ls():  # (what a failure left of it)
+            if str(row["group"] or "").startswith("exp-project-") and row["project"] == str(project):
+                cli.run("rm", "--discard", str(row["name"]))
 
 
 def test_fanout_compare_pull_one_destroy_the_group(cli: Cli, project: Path, base_image: store.Image) -> None:
