@@ -256,3 +256,25 @@ def test_kept_logins_are_read_and_written_beneath_the_config(tmp_path: Path) -> 
     with pytest.raises(VmsandboxError, match="not a directory of your config"):
         logins.keep(claude, {".claude/.credentials.json": b"{}"})
     assert (victim / ".credentials.json").read_text() == "root's"
+
+
+def test_push_copies_into_the_baseline_beneath_it(tmp_path: Path) -> None:
+    """The host made a directory a link (to a directory of root's, say): push copies the link into the baseline,
+    and then the deletion of what the directory held removes nothing through it."""
+    from vmsandbox.sync.inward import push
+
+    project, baseline, victim = tmp_path / "project", tmp_path / "baseline", tmp_path / "victim"
+    (baseline / "a").mkdir(parents=True)
+    (baseline / "a" / "x").write_text("old")
+    victim.mkdir()
+    (victim / "x").write_text("root's own")
+    project.mkdir()
+    (project / "a").symlink_to(victim)
+    (project / "new").mkdir()
+    (project / "new" / "f").write_text("new")
+    for rel in ("a", "a/x", "new", "new/f"):  # as push takes them: in path order
+        push._copy_entry(project, baseline, rel)
+    assert (baseline / "a").readlink() == victim
+    assert (victim / "x").read_text() == "root's own"
+    assert (baseline / "new" / "f").read_text() == "new"
+    assert sorted(p.name for p in baseline.iterdir()) == ["a", "new"]

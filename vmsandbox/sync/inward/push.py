@@ -5,10 +5,12 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import stat
 from pathlib import Path
 
 from vmsandbox import failpoint, paths, ui
 from vmsandbox.confine import accounts as confine
+from vmsandbox.confine import beneath
 from vmsandbox.guest.ssh import Endpoint
 from vmsandbox.sync.fetch import delta, mirror
 from vmsandbox.sync.fetch import rsync as transfer
@@ -70,18 +72,65 @@ def push(target: Target, endpoint: Endpoint, *, limit: int) -> tuple[list[str], 
 
 
 def _copy_entry(src_root: Path, dst_root: Path, rel: str) -> None:
-    src, dst = src_root / rel, dst_root / rel
-    if dst.is_dir() and not dst.is_symlink():
-        shutil.rmtree(dst)
-    else:
-        dst.unlink(missing_ok=True)
-    if not src.exists() and not src.is_symlink():
-        return
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    if src.is_symlink():
-        dst.symlink_to(os.readlink(src))  # noqa: PTH115 - exact target
-    elif src.is_dir():
-        dst.mkdir()
-        shutil.copystat(src, dst)
-    else:
-        shutil.copy2(src, dst)
+    """The host's entry at `rel` (or its absence) copied into the baseline, beneath both (confine.beneath): a link on
+    either side, at any depth, is copied or removed as a link, never followed (root never deletes or writes through
+    a link the project holds, such as a directory the host made a link before its contents were copied)."""
+    with beneath.Root.open(src_root, follow=True) as src, beneath.Root.open(dst_root) as dst:
+        _remove(dst, rel)
+        st = src.lstat(rel)
+        if st is None:
+            return
+        if stat.S_ISLNK(st.st_mode):
+            target = src.readlink(rel)
+            if target is not None:
+                dst.replace(rel, lambda fd, tmp: os.symlink(target, tmp, dir_fd=fd), mode=0o755)
+        elif stat.S_ISDIR(st.st_mode):
+            fd, name = dst.parent(rel, mode=0o755)
+            try:
+                os.mkdir(name, 0o700, dir_fd=fd)
+                made = os.open(name, beneath.DIR_FLAGS, dir_fd=fd)
+            finally:
+                os.close(fd)
+            try:
+                _settle(made, st)
+            finally:
+                os.close(made)
+        elif (data := src.open_regular(rel, st)) is not None:
+            try:
+                dst.replace(rel, lambda fd, tmp: _copy_file(data, fd, tmp, st), mode=0o755)
+            finally:
+                os.close(data)
+
+
+def _remove(root: beneath.Root, rel: str) -> None:
+    """Whatever `rel` is beneath root (a directory with what it holds), if it is there."""
+    try:
+        fd, name = root.parent(rel)
+    except (OSError, beneath.Outside):
+        return  # (its directory is not there, or is a link: nothing at rel is beneath root)
+    try:
+        st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+        if stat.S_ISDIR(st.st_mode):
+            shutil.rmtree(name, dir_fd=fd)  # (by descriptors, never through a link)
+        else:
+            os.unlink(name, dir_fd=fd)
+    except FileNotFoundError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _copy_file(src: int, dir_fd: int, name: str, st: os.stat_result) -> None:
+    out = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=dir_fd)
+    try:
+        while os.copy_file_range(src, out, tree.CHUNK):
+            pass
+        _settle(out, st)
+    finally:
+        os.close(out)
+
+
+def _settle(fd: int, st: os.stat_result) -> None:
+    """The mode and times of `st` on what fd is (as a copy keeps them)."""
+    os.fchmod(fd, stat.S_IMODE(st.st_mode))
+    os.utime(fd, ns=(st.st_atime_ns, st.st_mtime_ns))

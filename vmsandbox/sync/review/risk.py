@@ -170,7 +170,7 @@ def nested_git_dir(path: str) -> str | None:
     return None
 
 
-UNKNOWN = "neither the project nor the guest has it: where the link leads is not known until it exists"
+UNKNOWN = "neither the project nor the guest has: where the link leads is not known until that exists"
 Changed = tuple[str, Entry | None, Entry | None]  # a change's path, the guest's entry and the host's
 
 
