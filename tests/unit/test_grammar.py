@@ -289,6 +289,8 @@ def test_version_is_one_line_however_asked(capsys: pytest.CaptureFixture[str]) -
     assert len(said) == 1 and re.fullmatch(r"vmsandbox \d+\.\d+\.\d+\n", said.pop())
     assert run_cli(["version", "--json"]) == 0
     assert set(json.loads(capsys.readouterr().out)) == {"version"}
+    assert run_cli(["--verbose"]) == 0  # nothing to be verbose about: the help, never silence
+    assert capsys.readouterr().out.startswith("Usage: vmsandbox [OPTIONS] COMMAND")
 
 
 @pytest.mark.usefixtures("isolated_dirs")
@@ -908,6 +910,10 @@ def test_every_number_option_has_bounds_the_parser_keeps(capsys: pytest.CaptureF
         if (info.min is None or info.max is None) and not any(c in name for c in CHECKED_BY_THE_COMMAND):
             unbounded.append(name)
     assert unbounded == []
+    for argv in (["config", "show", "a" * 5000], ["run", "b" * 5000, "--", "true"], ["create", "c" * 5000]):
+        assert run_cli(argv) == base.EXIT_USAGE, argv[:2]  # a path too long for any file system: said, exit 2
+        err = capsys.readouterr().err
+        assert "error: file name too long: " in err and " characters)\nhint: " in err and "Traceback" not in err
     huge = str(10**30)
     for argv in (["run", str(tmp_path), "--cpus", huge, "--", "true"],
                  ["run", str(tmp_path), "--fanout", huge, "--", "true"], ["serve", "--port", "65536"]):  # fmt: skip

@@ -162,10 +162,11 @@ def parameters(ctx: Any, command: Any, wide: int) -> list[str]:
             continue
         default = "Arguments" if param.param_type_name == "argument" else "Options"
         panels.setdefault(getattr(param, "rich_help_panel", None) or default, []).append(_row(ctx, param))
+    column = columns(name for rows in panels.values() for name, _ in rows)  # one column for every panel
     out: list[str] = []
     for panel, rows in panels.items():
         if rows:
-            out += ["", f"{panel}:", *table(rows, wide)]
+            out += ["", f"{panel}:", *table(rows, wide, column)]
     return out
 
 

@@ -5,6 +5,7 @@ is imported here, which registers its commands on the shared app."""
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import shlex
@@ -118,6 +119,8 @@ def prepare(args: list[str]) -> list[str]:
     """The line as typer parses it: `-v` first (alone: `--version`), the command after `--` set aside."""
     if args == ["-v"]:  # docker's: the version (with a command, -v is --verbose)
         return ["--version"]
+    if args and set(args) <= set(GLOBAL_FLAGS):  # `--verbose` and nothing to be verbose about: the help
+        return ["--help"]
     args = global_flags(args)
     word = command_word(args)
     Invocation.command = None
@@ -151,6 +154,13 @@ def main(argv: list[str] | None = None) -> NoReturn:
             soft_wrap=True,
         )
         sys.exit(Invocation.failed)
+    except OSError as exc:  # a path given that no file system takes: bad input, said as such
+        if exc.errno != errno.ENAMETOOLONG:
+            raise
+        name = str(exc.filename)
+        shown = name if len(name) <= 80 else f"{name[:60]}... ({len(name)} characters)"
+        said(UsageError(f"{str(exc.strerror).lower()}: {ui.printable(shown)}", hint="give a shorter path"))
+        sys.exit(EXIT_USAGE)
     except KeyboardInterrupt:
         ui.err.print("[red]interrupted[/]")
         sys.exit(EXIT_INTERRUPTED)
