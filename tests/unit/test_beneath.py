@@ -278,3 +278,15 @@ def test_push_copies_into_the_baseline_beneath_it(tmp_path: Path) -> None:
     assert (victim / "x").read_text() == "root's own"
     assert (baseline / "new" / "f").read_text() == "new"
     assert sorted(p.name for p in baseline.iterdir()) == ["a", "new"]
+
+
+def test_remove_takes_a_directory_and_what_it_holds_never_through_a_link(layout: tuple[Path, Path]) -> None:
+    root, outside = layout
+    (root / "d" / "e" / "far").symlink_to(outside)
+    with beneath.Root.open(root) as top:
+        top.remove("out")  # the link, not what it leads to
+        top.remove("d")  # with the links inside it
+        with pytest.raises(OSError):
+            top.remove("in/e")  # not beneath: `in` is a link
+    assert sorted(p.name for p in root.iterdir()) == ["in"]
+    assert (outside / "secret").read_bytes() == SECRET

@@ -22,6 +22,7 @@ import errno
 import fcntl
 import os
 import secrets
+import shutil
 import stat
 import struct
 from collections.abc import Callable, Iterator
@@ -300,10 +301,14 @@ class Root:
             os.close(fd)
 
     def remove(self, rel: str) -> None:
-        """Remove the name `rel` (not a directory: a link is removed, not followed). OSError when it is not there."""
+        """Remove what `rel` is (a link, not what it leads to; a directory with all it holds, by descriptors).
+        OSError when it is not there, or a directory on the way is not (or is a link)."""
         fd, name = self.parent(rel)
         try:
-            os.unlink(name, dir_fd=fd)
+            if stat.S_ISDIR(os.stat(name, dir_fd=fd, follow_symlinks=False).st_mode):
+                shutil.rmtree(name, dir_fd=fd)  # (fd-based: a link met inside is removed, never followed)
+            else:
+                os.unlink(name, dir_fd=fd)
         finally:
             os.close(fd)
 

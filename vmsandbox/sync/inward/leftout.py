@@ -9,13 +9,13 @@ has and the baseline does not: a guest that writes one is a conflict, never an o
 from __future__ import annotations
 
 import os
-import shutil
 import stat
 from collections.abc import Collection
 from pathlib import Path
 
 import pathspec
 
+from vmsandbox.confine import beneath
 from vmsandbox.sync.review.holds import DERIVED_DIRS
 from vmsandbox.sync.scan import credentials
 from vmsandbox.sync.scan.credentials import Finding
@@ -54,21 +54,18 @@ def ignored(manifest: tree.Tree, spec: pathspec.GitIgnoreSpec) -> list[str]:
 
 def remove(baseline: Path, manifest: tree.Manifest, left_out: Collection[str]) -> int:
     """Take `left_out` (paths of the manifest, files or whole directories) out of the baseline copy and its
-    manifest; the number of entries removed. Only paths the scan reached are removed: their parents are real
-    directories of our own copy, never links."""
+    manifest; the number of entries removed. Removed beneath the baseline (confine.beneath): never through a
+    link."""
     removed = 0
-    for path in sorted(left_out):
-        entry = manifest.get(path)
-        if entry is None:
-            continue
-        if entry.kind == tree.DIR:
-            shutil.rmtree(baseline / path)
-        else:
-            (baseline / path).unlink()
-        below = [p for p in manifest if p == path or p.startswith(path + "/")]
-        for p in below:
-            del manifest[p]
-        removed += len(below)
+    with beneath.Root.open(baseline) as copy:
+        for path in sorted(left_out):
+            if manifest.get(path) is None:
+                continue
+            copy.remove(path)
+            below = [p for p in manifest if p == path or p.startswith(path + "/")]
+            for p in below:
+                del manifest[p]
+            removed += len(below)
     return removed
 
 

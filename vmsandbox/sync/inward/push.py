@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
-import shutil
 import stat
 from pathlib import Path
 
@@ -76,7 +76,8 @@ def _copy_entry(src_root: Path, dst_root: Path, rel: str) -> None:
     either side, at any depth, is copied or removed as a link, never followed (root never deletes or writes through
     a link the project holds, such as a directory the host made a link before its contents were copied)."""
     with beneath.Root.open(src_root, follow=True) as src, beneath.Root.open(dst_root) as dst:
-        _remove(dst, rel)
+        with contextlib.suppress(OSError, beneath.Outside):
+            dst.remove(rel)
         st = src.lstat(rel)
         if st is None:
             return
@@ -100,24 +101,6 @@ def _copy_entry(src_root: Path, dst_root: Path, rel: str) -> None:
                 dst.replace(rel, lambda fd, tmp: _copy_file(data, fd, tmp, st), mode=0o755)
             finally:
                 os.close(data)
-
-
-def _remove(root: beneath.Root, rel: str) -> None:
-    """Whatever `rel` is beneath root (a directory with what it holds), if it is there."""
-    try:
-        fd, name = root.parent(rel)
-    except (OSError, beneath.Outside):
-        return  # (its directory is not there, or is a link: nothing at rel is beneath root)
-    try:
-        st = os.stat(name, dir_fd=fd, follow_symlinks=False)
-        if stat.S_ISDIR(st.st_mode):
-            shutil.rmtree(name, dir_fd=fd)  # (by descriptors, never through a link)
-        else:
-            os.unlink(name, dir_fd=fd)
-    except FileNotFoundError:
-        pass
-    finally:
-        os.close(fd)
 
 
 def _copy_file(src: int, dir_fd: int, name: str, st: os.stat_result) -> None:
