@@ -64,6 +64,14 @@ def top_rows(out: str) -> list[list[str]]:
     return rows
 
 
+@pytest.fixture(autouse=True)
+def piped(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Help as a pipe reads it (stdout is capsys's), whatever FORCE_COLOR or GITHUB_ACTIONS say where it runs."""
+    from typer import rich_utils
+
+    monkeypatch.setattr(rich_utils, "FORCE_TERMINAL", None)
+
+
 @pytest.fixture
 def terminal(monkeypatch: pytest.MonkeyPatch) -> None:
     """Help as a terminal of 80 columns shows it, without colour (the panels' text as it is)."""
