@@ -11,8 +11,10 @@ as a socket that is not found is.
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import struct
+import threading
 from dataclasses import dataclass
 
 NETLINK_SOCK_DIAG = 4
@@ -79,14 +81,35 @@ def parse(data: bytes, sequence: int = 1) -> Row | None:
     return Row(family, state, local, remote, uid, inode)
 
 
+_thread = threading.local()  # each lookup thread's own netlink socket, kept: a lookup never needs a descriptor
+
+
+def _netlink() -> tuple[socket.socket, int]:
+    """This thread's netlink socket (made once: a crowd that takes every free descriptor of the process cannot
+    make a lookup fail, and so refuse the person), and the sequence number of its next request."""
+    nl: socket.socket | None = getattr(_thread, "nl", None)
+    if nl is None:
+        nl = socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC, NETLINK_SOCK_DIAG)
+        nl.settimeout(LOOKUP_SECONDS)
+        _thread.nl, _thread.sequence = nl, 0
+    _thread.sequence = _thread.sequence % 0xFFFFFFFF + 1
+    return nl, _thread.sequence
+
+
 def lookup(family: int, local: tuple[str, int], remote: tuple[str, int]) -> Row | None:
     """inet_diag's answer for the TCP socket at `local` connected to `remote` (None: none, or no answer)."""
     try:
-        with socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC, NETLINK_SOCK_DIAG) as nl:
-            nl.settimeout(LOOKUP_SECONDS)
-            nl.sendto(request(family, local, remote), (0, 0))
-            return parse(nl.recv(8192))
+        nl, sequence = _netlink()
+        nl.sendto(request(family, local, remote, sequence), (0, 0))
+        while True:
+            data = nl.recv(8192)
+            if len(data) >= _HEADER.size and _HEADER.unpack_from(data)[3] == sequence:
+                return parse(data, sequence)
+            # (the answer to an earlier request that was given up on: read on to this one's)
     except OSError:
+        with contextlib.suppress(AttributeError, OSError):
+            _thread.nl.close()
+        _thread.nl = None  # (made again by the next lookup)
         return None
 
 
