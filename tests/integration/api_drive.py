@@ -18,6 +18,8 @@ from pathlib import Path
 from typing import Any
 
 A_PY = "def f():\n    return 1\n\n\n\n\n\n\n\ndef g():\n    return 2\n"
+SLOW = 600  # seconds a control-plane call may take (the SDK's default is 60): a boot, a save or a restore under TCG,
+# on a host other tests keep busy
 
 
 def create_to_kill() -> dict[str, Any]:
@@ -25,7 +27,7 @@ def create_to_kill() -> dict[str, Any]:
     background process that lives through a pause and a connect, a snapshot forked into a second sandbox, kill."""
     from e2b import CommandExitException, Sandbox
 
-    sbx = Sandbox.create("base", timeout=900)
+    sbx = Sandbox.create("base", timeout=900, request_timeout=SLOW)
     made = [sbx.sandbox_id]
     print(json.dumps({"made": made}), flush=True)  # (for the test's cleanup, should what follows fail)
     r = sbx.commands.run('echo out; echo err >&2; printf "%s" "$GREETING"', envs={"GREETING": "hi"})
@@ -56,14 +58,14 @@ def create_to_kill() -> dict[str, Any]:
     kept = sbx.commands.run("sleep 900", background=True, timeout=0)
     sbx.pause()
     assert {s.sandbox_id: s for s in Sandbox.list().next_items()}[sbx.sandbox_id].state.value == "paused"
-    sbx = Sandbox.connect(sbx.sandbox_id)
+    sbx = Sandbox.connect(sbx.sandbox_id, request_timeout=SLOW)
     assert kept.pid in [p.pid for p in sbx.commands.list()]
     assert sbx.commands.run(f"kill -0 {kept.pid} && echo alive").stdout == "alive\n"  # the same process
     assert sbx.commands.kill(kept.pid)
 
     sbx.files.write("before.txt", "from the parent")
     snap = sbx.create_snapshot()
-    child = Sandbox.create(snap.snapshot_id, timeout=900)
+    child = Sandbox.create(snap.snapshot_id, timeout=900, request_timeout=SLOW)
     made.append(child.sandbox_id)
     print(json.dumps({"made": made}), flush=True)
     assert child.files.read("before.txt") == "from the parent"
@@ -91,7 +93,7 @@ def project_review(project: Path) -> dict[str, Any]:
     name = made.json()["name"]
     print(json.dumps({"name": name}), flush=True)
     assert api.get(f"/sessions/{name}").json()["project"] == str(project)
-    sbx = Sandbox.connect(name)
+    sbx = Sandbox.connect(name, request_timeout=SLOW)
     assert sbx.commands.run("pwd").stdout == f"{project}\n"  # where a project session's commands start
     sbx.commands.run("sed -i 's/return 1/return 10/; s/return 2/return 20/' a.py && echo new > c.txt")
 
