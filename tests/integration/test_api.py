@@ -124,7 +124,18 @@ def an_account(request: pytest.FixtureRequest) -> Iterator[Account]:
 
 
 def _clean_up(account: Account, *, failed: bool) -> None:
-    """Whatever the account left: its serve, its sessions (their consoles kept when a test failed), the account."""
+    """Whatever the account left: its serve, its sessions (their consoles kept when a test failed), the account
+    (removed whatever went wrong before)."""
+    try:
+        _stop_and_remove_sessions(account, failed=failed)
+    finally:
+        if account.other:
+            subprocess.run(["userdel", "--remove", account.name], check=False, capture_output=True)
+        else:
+            shutil.rmtree(account.state, ignore_errors=True)
+
+
+def _stop_and_remove_sessions(account: Account, *, failed: bool) -> None:
     account.vmsandbox("serve", "--stop")
     for log_file in (account.state / "sessions").glob("*/console.log") if failed else ():
         LOG_KEEP_DIR.mkdir(parents=True, exist_ok=True)
@@ -138,10 +149,6 @@ def _clean_up(account: Account, *, failed: bool) -> None:
         for info in list(hv.domains(f"{DOMAIN_PREFIX}u{account.uid}-")):
             if account.other:
                 hv.destroy(info.name)
-    if account.other:
-        subprocess.run(["userdel", "--remove", account.name], check=False, capture_output=True)
-    else:
-        shutil.rmtree(account.state, ignore_errors=True)
 
 
 def exports(stdout: str) -> dict[str, str]:
