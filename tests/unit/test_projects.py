@@ -104,7 +104,10 @@ def test_a_tree_every_account_writes_in_is_refused(tmp_path: Path) -> None:
     shared.chmod(0o1777)
     with pytest.raises(VmsandboxError, match=rf"{shared} is writable by every account \(mode 1777\)") as refused:
         project.validate_project(tmp_path / "proj")
-    assert refused.value.hint is not None and "mkdir -m 700" in refused.value.hint
+    assert refused.value.hint is not None and f"chmod o-w {shared}" in refused.value.hint
+    with pytest.raises(VmsandboxError, match=r"it is writable by every account \(mode 1777\)") as refused:
+        project.validate_project(shared)  # (a /tmp of its own: a directory of one's own in it is the fix)
+    assert refused.value.hint is not None and f"mkdir -m 700 {shared}/NAME" in refused.value.hint
     shared.chmod(0o777)
     with pytest.raises(VmsandboxError, match="writable by every account") as refused:
         project.validate_project(tmp_path / "proj")

@@ -172,7 +172,7 @@ def _all_the_persons(top: Path, system: dict[Identity, str]) -> None:
         if st.st_uid != me:
             _not_yours(top, here, st.st_uid, me)
         if st.st_mode & stat.S_IWOTH and stat.S_ISDIR(st.st_mode):
-            shared = st.st_mode & stat.S_ISVTX  # (a place for everyone's files by design: /tmp)
+            shared = st.st_mode & stat.S_ISVTX and here == top  # (a place for everyone's files by design: /tmp)
             raise VmsandboxError(
                 f"refusing to sandbox {top}: {'it' if here == top else here} is writable by every account (mode "
                 f"{stat.S_IMODE(st.st_mode):04o}): what is in it is not only yours",
@@ -194,8 +194,7 @@ def _not_yours(top: Path, here: Path, uid: int, me: int) -> None:
     mine = who.pw_name if who is not None and who.pw_uid == me else str(me)
     which = "it is" if here == top else f"{here} is"
     raise VmsandboxError(
-        f"refusing to sandbox {top}: {which} owned by {owner}, not by you ({mine}): a project holds only what is "
-        "yours",
+        f"refusing to sandbox {top}: {which} owned by {owner}, not by you ({mine}): a project holds only what is yours",
         hint=f"run vmsandbox as that account, or, if the directory is yours, take it over "
         f"(`sudo chown -R {mine} {here}`)",
     )
