@@ -123,3 +123,29 @@ def test_a_tree_holding_any_accounts_home_is_refused(tmp_path: Path, monkeypatch
     for broad in (tmp_path / "homes", tmp_path / "homes" / "bob"):
         with pytest.raises(VmsandboxError, match=rf"it holds the home of bob \({tmp_path / 'homes' / 'bob'}\)"):
             project.validate_project(broad)
+
+
+def test_a_plain_account_may_keep_a_directory_root_made_in_its_tree(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`sudo make install` left `build/` root's: a person running as themselves reads there only what the kernel
+    lets them, so it is no other account's tree; under sudo (euid 0) the same directory is refused."""
+    mine = tmp_path / "proj"
+    (mine / "build").mkdir(parents=True)
+    me = os.geteuid() + 4242
+    monkeypatch.setattr(project, "person_uid", lambda: me)
+    monkeypatch.setattr(os, "geteuid", lambda: me)
+    monkeypatch.setattr(project, "_identity", lambda path: None)  # (no system tree matched by a stand-in uid)
+    owners = {mine: me, mine / "build": 0}
+    real = Path.lstat
+
+    def lstat(path: Path) -> os.stat_result:
+        st = list(real(path))
+        st[4] = owners.get(path, me)
+        return os.stat_result(st)
+
+    monkeypatch.setattr(Path, "lstat", lstat)
+    project._all_the_persons(mine, {})
+    monkeypatch.setattr(os, "geteuid", lambda: 0)
+    with pytest.raises(VmsandboxError, match=r"build is owned by root \(uid 0\)"):
+        project._all_the_persons(mine, {})

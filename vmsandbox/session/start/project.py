@@ -169,7 +169,7 @@ def _all_the_persons(top: Path, system: dict[Identity, str]) -> None:
         if (st.st_dev, st.st_ino) in system and not first:
             raise VmsandboxError(f"refusing to sandbox {top}: it holds the system's {system[(st.st_dev, st.st_ino)]} "
                                  f"(at {here})", hint=HINT)  # fmt: skip
-        if st.st_uid != me:
+        if st.st_uid != me and not _roots_left_to_the_kernel(st.st_uid, me):
             _not_yours(top, here, st.st_uid, me)
         if st.st_mode & stat.S_IWOTH and stat.S_ISDIR(st.st_mode):
             shared = st.st_mode & stat.S_ISVTX and here == top  # (a place for everyone's files by design: /tmp)
@@ -183,6 +183,13 @@ def _all_the_persons(top: Path, system: dict[Identity, str]) -> None:
         first = False
         with contextlib.suppress(OSError), os.scandir(here) as entries:
             todo += [Path(e.path) for e in entries if e.is_dir(follow_symlinks=False)]
+
+
+def _roots_left_to_the_kernel(uid: int, me: int) -> bool:
+    """A directory root owns in the tree of a person who runs vmsandbox as themselves (`sudo make install`'s
+    `build/`, a container's output): the capture runs as the person, so the kernel lets it read there only what the
+    person may read already. Under sudo or as root the capture could read root's own: refused, as any owner's."""
+    return uid == 0 and os.geteuid() == me != 0
 
 
 def _not_yours(top: Path, here: Path, uid: int, me: int) -> None:
