@@ -52,7 +52,9 @@ SESSION_LOG = "vmsandbox.log"
 SESSION_BASELINE_DIR = "baseline"  # the project as captured at session start (immutable)
 SESSION_BASELINE_MANIFEST = "baseline.json"
 SESSION_WORKSPACE_DISK = "workspace.raw"  # ext4 built from the baseline; the guest mounts it at the project path
-SESSION_GUEST_DIR = "guest"  # mirror of the guest's project tree as of the last fetch
+SESSION_MIRROR_DIR = "mirror"  # the mirror's place; under root, where its own file system is mounted
+SESSION_MIRROR_IMAGE = "mirror.img"  # that file system (sparse, root's): sync.fetch.volume
+SESSION_GUEST_DIR = "guest"  # in the mirror's place: the guest's project tree as of the last fetch
 SESSION_DECISIONS = "decisions.json"  # which guest changes were applied or otherwise dealt with
 SESSION_OUTBOX = "outbox"  # unsynced changes exported when the VM went away (patch, files, git bundle)
 SESSION_EGRESS_CONFIG = "egress.json"  # the proxy's policy and secret mappings (re-read per connection)
@@ -256,8 +258,16 @@ class SessionPaths:
         return self.root / SESSION_WORKSPACE_DISK
 
     @property
+    def mirror(self) -> Path:
+        return self.root / SESSION_MIRROR_DIR
+
+    @property
+    def mirror_image(self) -> Path:
+        return self.root / SESSION_MIRROR_IMAGE
+
+    @property
     def guest_tree(self) -> Path:
-        return self.root / SESSION_GUEST_DIR
+        return self.mirror / SESSION_GUEST_DIR
 
     @property
     def decisions(self) -> Path:

@@ -37,6 +37,7 @@ from vmsandbox.session.place import console as boot
 from vmsandbox.session.record import Record, domain_name
 from vmsandbox.session.settings import Settings
 from vmsandbox.session.start import create
+from vmsandbox.sync.fetch import volume
 from vmsandbox.vm.domain import session_of
 from vmsandbox.vm.virt import Hypervisor
 
@@ -269,6 +270,9 @@ def state_dir() -> Iterator[Path]:
         del os.environ["VMSANDBOX_STATE_DIR"]
     else:
         os.environ["VMSANDBOX_STATE_DIR"] = old
+    for left in (d / "sessions").glob("*"):  # a session the run left: its mirror's file system unmounted first
+        with contextlib.suppress(VmsandboxError, OSError):
+            volume.drop(paths.SessionPaths(left))
     shutil.rmtree(d, ignore_errors=True)
 
 
@@ -498,6 +502,8 @@ class VmFactory:
                 lifecycle.remove(Record.load(name))
             with Hypervisor(URI) as hv:
                 hv.destroy(domain_name(name))
+            with contextlib.suppress(VmsandboxError, OSError):
+                volume.drop(paths.session_paths(name))
             shutil.rmtree(paths.session_paths(name).root, ignore_errors=True)
 
 

@@ -23,6 +23,7 @@ from vmsandbox.session.place import choose as places
 from vmsandbox.session.place.hostspec import HostSpec
 from vmsandbox.session.place.interface import VM
 from vmsandbox.session.record import Record, domain_name
+from vmsandbox.sync.fetch import volume
 from vmsandbox.sync.git import review as commitreview
 from vmsandbox.sync.git.repository import Repository
 from vmsandbox.sync.land import outbox
@@ -164,6 +165,7 @@ def remove_damaged(name: str, uri: str) -> Path | None:
         return None
     _stop(files, places.spec_at(uri), domain_name(name))
     places.release(files.root)
+    volume.drop(files)  # (its own file system, if it has one, unmounted first: rmtree would not leave it)
     shutil.rmtree(files.root)
     pins.unpin(name)
     return files.root
@@ -199,6 +201,7 @@ def remove(record: Record, *, forget_unreachable: bool = False) -> None:
             f"host {record.host} does not answer ({exc.message}): session {record.name} is forgotten here; "
             f"`vmsandbox rm --stale` removes its VM and volumes there once the host answers"
         )
+    volume.drop(record.files)
     shutil.rmtree(record.files.root, ignore_errors=True)
     pins.unpin(record.name)
     _drop_staged_refs(record)
@@ -223,7 +226,8 @@ def retire(record: Record) -> None:
     doomed += [files.root / name for name in chain.present(files.root)]  # the VM's and its checkpoints'
     for f in doomed:
         f.unlink(missing_ok=True)
-    for d in (files.fwcfg_dir, files.guest_tree, files.checkpoints):
+    volume.drop(files)
+    for d in (files.fwcfg_dir, files.checkpoints):
         shutil.rmtree(d, ignore_errors=True)
     record.exported = True
     record.ending = None

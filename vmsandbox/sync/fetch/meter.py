@@ -3,12 +3,14 @@
 The per-file limit (RLIMIT_FSIZE, confine.guest_data_limits) bounds one file and the apply step counts what
 the user accepted, but a guest that sends ten thousand files each under the per-file limit, or a million
 empty ones, would fill the host's disk (or its memory, when the tree is read) before either is reached. So
-while the receiver works, two things are counted, and the transfer is killed as soon as one passes its bound:
+the receiver is watched while it works, and the transfer is killed as soon as it passes a bound:
 
 - **bytes**: what the kernel counted, the `wchar` of every rsync process of the transfer (/proc/PID/io: each
   byte handed to write(), whatever rsync's delta blocks, holes or hard links made of the stream; the relay's
   `cat`s only pass the wire on and are not counted; rsync's own messages are, within `SLACK`). Read every
   `POLL` seconds, so a transfer stops at most that long after passing the budget.
+- **the file system's word**: where the mirror has a file system of its own (sync.fetch.volume), the kernel
+  stops the receiver at the session's bound (ENOSPC); its first line saying so ends the transfer.
 - **entries**: rsync prints one itemized line (`--out-format=%i %l`, never a name: what it did and the length)
   per file, directory or link it makes or updates; deletions are not counted. A file's length counts as written
   too, when the kernel's count (read between samples) says less.
@@ -35,6 +37,8 @@ POLL = 0.2
 SLACK = 1024**2  # what rsync writes besides files (block checksums, indexes, messages) is counted too
 OPTIONS = ("--out-format=%i %l",)  # what the receiver must be given for entries (and their lengths) to be counted
 _ITEM = re.compile(r"^[<>ch.][fdLDS]")  # an itemized line of something received (not "*deleting")
+# the receiver's own word that the file system it writes refused: no space, no inode, over a quota (ENOSPC, EDQUOT)
+_FULL = re.compile(r"rsync: \[(?:receiver|generator)\] .*\((?:28|122)\)")  # the whole line (fullmatch)
 
 
 BLOCK = 4096  # what an entry costs the file system at least, besides its bytes (an ext4 block)
@@ -43,11 +47,13 @@ BLOCK = 4096  # what an entry costs the file system at least, besides its bytes 
 @dataclass(frozen=True)
 class Budget:
     """At most this much spent (bytes written, and a block per entry) and this many entries made by one
-    transfer; `why` says whose bound it is ("in one pull", the session's, the host's free space)."""
+    transfer; `why` says whose bound it is ("in one pull", the session's, the host's free space); `full` what
+    was passed when the file system itself refused (the mirror's own, or the host's)."""
 
     bytes: int
     entries: int
     why: str = "in one pull"
+    full: str = "more than this machine's disk has free"
 
 
 @dataclass
@@ -104,7 +110,9 @@ class Meter:
         return max(self.written, self.listed) + BLOCK * self.entries
 
     def line(self, text: str) -> None:
-        if _ITEM.match(text):
+        if _FULL.fullmatch(text):  # the kernel stopped it: the rest of the transfer would only be refused too
+            self._stop(self.budget.full)
+        elif _ITEM.match(text):
             self.entries += 1
             kind, _, length = text[1:].partition(" ")
             length = length if kind.startswith("f") else ""

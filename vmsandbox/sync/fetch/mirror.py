@@ -14,6 +14,7 @@ session directory. Reviews only read it, with lstat and O_NOFOLLOW.
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 
 from vmsandbox import proc
@@ -21,7 +22,7 @@ from vmsandbox.confine import accounts as confine
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.guest.ssh import Endpoint
 from vmsandbox.paths import SessionPaths
-from vmsandbox.sync.fetch import delta, journal, meter, spend
+from vmsandbox.sync.fetch import delta, journal, meter, spend, volume
 from vmsandbox.sync.fetch import rsync as transfer
 from vmsandbox.sync.tree import manifest as tree
 from vmsandbox.sync.tree import placeholders
@@ -75,9 +76,15 @@ def _scan(files: SessionPaths) -> tree.Manifest:
         ) from exc
 
 
-def _walked(files: SessionPaths, base: tree.Tree, why: str) -> Fetched:
+def _held(files: SessionPaths, base: tree.Tree, max_file_bytes: int) -> volume.Held:
+    """The mirror, made if it is not there (sync.fetch.volume): its bound is FACTOR pulls' worth."""
+    return volume.ensure(files, base, bound=spend.FACTOR * max_file_bytes, max_entries=MAX_GUEST_ENTRIES)
+
+
+def _walked(files: SessionPaths, base: tree.Tree, why: str, held: volume.Held) -> Fetched:
     guest = _scan(files)
-    spend.rebase(files.root, files.guest_tree)
+    if not held.own:  # (in a file system of its own the kernel keeps the bound: no ledger to set)
+        spend.rebase(files.root, files.guest_tree)
     found = delta.between(base, guest)
     delta.save(files.root, found)
     return _readable(files, base, Fetched(guest, frozenset(found), f"the whole tree was read: {why}"))
@@ -113,6 +120,7 @@ def fetch_live(
     and are read again. When it cannot say, the whole tree is fetched and read. The guest side runs as root
     so files the agent made with sudo come along; the host side is the unprivileged guest-data account, which
     may write no file larger than `max_file_bytes`."""
+    held = _held(files, base, max_file_bytes)
     cursor = journal.load(files.root)
     known = delta.load(files.root)
     answer = journal.ask(endpoint, cursor)
@@ -121,7 +129,7 @@ def fetch_live(
         try:
             if answer.paths:  # placeholders named get their data first: rsync sends only the difference
                 placeholders.fill(files.guest_tree, files.baseline, base, answer.paths)
-                _rsync(endpoint, workdir, files, max_file_bytes, answer.paths)
+                _rsync(endpoint, workdir, files, max_file_bytes, answer.paths, held=held)
                 delta.refresh(files.guest_tree, base, known, answer.paths, _cache(files))
                 delta.save(files.root, known)
         except proc.CommandError as exc:  # (a path that vanished meanwhile; a lying journal): walk instead
@@ -131,8 +139,8 @@ def fetch_live(
             how = f"the journal named {len(answer.paths)} path(s)"
             return _readable(files, base, Fetched(delta.view(base, known), frozenset(known), how))
     delta.forget(files.root)  # the mirror is about to change under it
-    _rsync(endpoint, workdir, files, max_file_bytes, None)
-    fetched = _walked(files, base, why)
+    _rsync(endpoint, workdir, files, max_file_bytes, None, held=held)
+    fetched = _walked(files, base, why, held)
     if answer.cursor is not None:  # taken before this fetch began: the next one asks from there
         journal.save(files.root, answer.cursor)
     return fetched
@@ -145,6 +153,7 @@ def _rsync(
     max_file_bytes: int,
     only: list[str] | None,
     *,
+    held: volume.Held,
     partial: bool = False,
     hint: str | None = None,
 ) -> list[str]:
@@ -158,7 +167,9 @@ def _rsync(
     options = [*RSYNC_PULL]
     if only is not None:
         options += ["--recursive", "--files-from=-", "--from0", "--delete-missing-args", "--force"]
-    budget = spend.room(files, max_file_bytes, max_entries=MAX_GUEST_ENTRIES, pull_entries=MAX_PULL_ENTRIES)
+    budget = spend.room(
+        files, max_file_bytes, max_entries=MAX_GUEST_ENTRIES, pull_entries=MAX_PULL_ENTRIES, ledger=not held.own
+    )
     tally = meter.Tally()
     try:
         transfer.rsync(
@@ -175,24 +186,54 @@ def _rsync(
             tally=tally,
         )
     except meter.PassedError as exc:
-        delta.forget(files.root)  # the mirror holds part of it: the next pull reads the whole tree again
-        raise VmsandboxError(
-            f"the guest sent {exc.what}: it was stopped while receiving, and nothing was applied",
-            hint=f"remove what the guest need not send back (`vmsandbox shell {endpoint.session}`), or raise "
-            "`sync_limit` in ~/.config/vmsandbox/config.yaml",
-        ) from exc
+        raise _refused(files, exc.what, endpoint.session, held) from exc
     except proc.CommandError as exc:
+        if _FULL.search(exc.result.stderr):  # the file system refused before the meter read its word
+            raise _refused(files, budget.full, endpoint.session, held) from exc
+        _spent(files, held, tally)
         if partial and exc.result.returncode in (23, 24):
             return [line for line in exc.result.stderr.splitlines() if line.startswith("rsync: [sender]")]
-        raise _explained(exc, max_file_bytes) from exc
+        raise _explained(exc, max_file_bytes, files, held) from exc
     finally:
-        files.guest_tree.chmod(0o700)  # rsync gave it the mode of the guest's project directory
-        spend.add(files.root, tally)
+        if files.guest_tree.is_dir():  # (not if it was dropped)
+            files.guest_tree.chmod(0o700)  # rsync gave it the mode of the guest's project directory
+    _spent(files, held, tally)
     return []
 
 
-def _explained(exc: proc.CommandError, max_file_bytes: int) -> VmsandboxError:
+_FULL = re.compile(r"No space left on device \(28\)|Disk quota exceeded \(122\)")
+
+
+def _spent(files: SessionPaths, held: volume.Held, tally: meter.Tally) -> None:
+    if not held.own:  # (in a file system of its own the kernel counts)
+        spend.add(files.root, tally)
+
+
+def _refused(files: SessionPaths, what: str, session: str, held: volume.Held) -> VmsandboxError:
+    """A transfer stopped at a bound; one line says so, with the fix. The mirror holds part of it, so the next
+    pull reads the whole tree again. In a file system of its own that part is within the session's bound (the
+    kernel's), and what earlier pulls brought stays for the next (a person may pull a large change in parts).
+    Counted, the receiver may have passed the bound by what it made faster than the meter read: then the
+    mirror is dropped from the host's disk (the next pull makes it anew), or no later pull would have room."""
+    delta.forget(files.root)
+    found = spend.Spend() if held.own else spend.rebase(files.root, files.guest_tree)
+    if found.bytes >= held.bound or found.entries >= MAX_GUEST_ENTRIES:
+        volume.drop(files)
+    return VmsandboxError(
+        f"the guest sent {what}: it was stopped while receiving, and nothing was applied",
+        hint=f"remove what the guest need not send back (`vmsandbox shell {session}`), or raise `sync_limit` in "
+        "~/.config/vmsandbox/config.yaml",
+    )
+
+
+def _explained(exc: proc.CommandError, max_file_bytes: int, files: SessionPaths, held: volume.Held) -> VmsandboxError:
     text = exc.result.stderr
+    if held.own and "Input/output error (5)" in text:  # its image could not grow: the host's disk is full
+        volume.drop(files)
+        return VmsandboxError(
+            f"the mirror of session {files.root.name}'s guest tree could not be written: {exc.message}",
+            hint=f"free space where vmsandbox keeps its state ({files.root.parent}), then pull again",
+        )
     if "File too large" in text or exc.result.returncode in (-25, 128 + 25):  # EFBIG / SIGXFSZ
         return VmsandboxError(
             f"a file in the guest is larger than the {max_file_bytes // 1024**2} MiB a sync takes per file: "
@@ -218,14 +259,15 @@ def fetch_from_disk(
     delta.forget(files.root)  # the mirror is about to change under it (the session's journal cursor stays good:
     # the disk holds at least what the guest had written when the cursor was taken)
     hint = f"the reader VM of session {files.root.name} failed; the disk is unchanged: try again"
-    unread = _rsync(endpoint, workdir, files, max_file_bytes, None, partial=True, hint=hint)
-    fetched = _walked(files, base, why)
+    held = _held(files, base, max_file_bytes)
+    unread = _rsync(endpoint, workdir, files, max_file_bytes, None, held=held, partial=True, hint=hint)
+    fetched = _walked(files, base, why, held)
     # rsync wrote whole files where placeholders were: those the guest left as they were become placeholders
     # again, so the project is not held twice more
     placeholders.thin(files.guest_tree, base, (p for p in base if p not in fetched.differs))
     return fetched, unread
 
 
-def fetch_nothing(files: SessionPaths, base: tree.Tree, why: str) -> Fetched:
+def fetch_nothing(files: SessionPaths, base: tree.Tree, why: str, *, max_file_bytes: int) -> Fetched:
     """Nothing to fetch from (the workspace disk is gone): the mirror as the last fetch left it."""
-    return _walked(files, base, why)
+    return _walked(files, base, why, _held(files, base, max_file_bytes))

@@ -1,25 +1,28 @@
-"""What the mirror of a session's guest tree spends of the host's disk, and how much more one transfer may.
+"""What the mirror of a session's guest tree may spend of the host's disk, and how much more one transfer may.
 
-A transfer is held to its budget while rsync receives (sync.meter), but a budget per transfer bounds nothing
-over a session: ten pulls of a little each add up. So each session keeps a ledger of what its mirror spends
-(blocks and inodes, as the file system counts them: sync.meter's BLOCK per entry besides the bytes), and a
-transfer may spend the least of:
+A transfer may spend the least of:
 
-- what a pull takes at once (`sync_limit`);
+- what a pull takes at once (`sync_limit`), held by the meter while rsync receives (sync.fetch.meter);
 - what is left of the session's own bound, FACTOR times that (the mirror holds what the guest changed: more
   than one pull's worth, when a person pulls a large change in parts);
 - what the host's file system has free, past a reserve of blocks and of inodes (checked before receiving).
 
-The ledger grows by what each transfer spent (a bound from above: rsync's replaced files free their old blocks);
-a full walk of the mirror sets it to what the mirror really holds, as does the next transfer whenever the
-ledger, rather than `sync_limit`, would bound it (a stopped transfer's partial files are gone from the disk).
-Past a bound: one line with the fix, and nothing applied.
+**The session's bound is the kernel's under root.** The mirror lives in a file system of its own whose length
+is that bound plus the project's own tree (sync.fetch.volume): the receiver is stopped by ENOSPC at the bound
+whatever it makes, and a walk never has to catch up with it. Measured with `sync_limit: 16M`: a guest's 40,000
+empty directories took 158 MiB of the host's disk when the bound below was counted; in a file system of its
+own the transfer is stopped where the image ends (64 MiB and the project's share), whatever the meter saw.
 
-A transfer is stopped when the meter sees it pass its budget, not before: what the receiver makes faster than
-its lines come (empty directories: thousands in a fifth of a second) passes the budget by that much. No file
-system bound is at hand for an unprivileged receiver (quotas, a file system of its own need root). So the
-bound that holds is the session's: a transfer that passed it is measured (its mirror walked), and the next one
-is refused until the guest removes what it need not send.
+**Without root it is this ledger** (no file system can be mounted, and project quotas need root to set their
+limits): each session keeps what its mirror spends (blocks and inodes, as the file system counts them: the
+meter's BLOCK per entry besides the bytes). The ledger grows by what each transfer spent (a bound from above:
+rsync's replaced files free their old blocks); a full walk of the mirror sets it to what the mirror really
+holds, as does the next transfer whenever the ledger, rather than `sync_limit`, would bound it. A transfer is
+stopped when the meter sees it pass its budget, not before: what the receiver makes faster than its lines come
+(empty directories: thousands in a fifth of a second) passes the budget by that much; a mirror that passed
+the session's bound so is dropped from the disk at once (sync.fetch.mirror), and the next pull makes it anew.
+
+Past a bound, either way: one line with the fix, and nothing applied.
 """
 
 from __future__ import annotations
@@ -88,24 +91,32 @@ def rebase(root: Path, tree: Path) -> Spend:
     return found
 
 
-def room(files: paths.SessionPaths, limit: int, *, max_entries: int, pull_entries: int | None = None) -> Budget:
+def room(
+    files: paths.SessionPaths,
+    limit: int,
+    *,
+    max_entries: int,
+    pull_entries: int | None = None,
+    ledger: bool = True,
+) -> Budget:
     """What the next transfer into the session's mirror may spend (see the module's notes): `limit` bytes and
-    `pull_entries` entries at once (`max_entries`, the session's bound, unless less is given). Raises, saying
-    which bound and the fix, when nothing is left."""
+    `pull_entries` entries at once (`max_entries`, the session's bound, unless less is given). With `ledger`
+    the session's bound is counted here; without, the mirror's own file system keeps it. Raises, saying which
+    bound and the fix, when nothing is left."""
     bound = FACTOR * limit
-    spent = load(files.root)
-    if bound - spent.bytes < limit or max_entries - spent.entries < max_entries // FACTOR:
+    spent = load(files.root) if ledger else Spend()
+    if ledger and (bound - spent.bytes < limit or max_entries - spent.entries < max_entries // FACTOR):
         # the ledger is a bound from above (a stopped transfer's partial files were removed; replaced files
         # freed their blocks): where it, not `sync_limit`, would bound this transfer, the truth decides
         spent = rebase(files.root, files.guest_tree)
-    fs = os.statvfs(files.guest_tree)
+    fs = os.statvfs(files.root)  # the host's (the mirror's own file system, if it has one, is inside it)
     free = fs.f_bavail * fs.f_frsize - FREE_RESERVE
     inodes = fs.f_favail - max(INODE_RESERVE, fs.f_files // 100) if fs.f_files else max_entries
     hint = (
         f"remove what the guest need not send back (`vmsandbox shell {files.root.name}`), or raise `sync_limit` "
         "in ~/.config/vmsandbox/config.yaml"
     )
-    if spent.bytes >= bound or spent.entries >= max_entries:
+    if ledger and (spent.bytes >= bound or spent.entries >= max_entries):
         raise VmsandboxError(
             f"the mirror of session {files.root.name}'s guest tree takes {spent.bytes / 1024**2:,.0f} MiB in "
             f"{spent.entries:,} entries on this machine's disk, the most a session's may ({FACTOR} x sync_limit); "
@@ -118,14 +129,21 @@ def room(files: paths.SessionPaths, limit: int, *, max_entries: int, pull_entrie
             f"{FREE_RESERVE // 1024**2} MiB and {INODE_RESERVE:,} inodes free; nothing was applied",
             hint=f"free space where vmsandbox keeps its state ({paths.state_dir()})",
         )
+    mine = f"to session {files.root.name}'s mirror, past its bound"
     choices = [
         (
             limit,
             max_entries if pull_entries is None else min(pull_entries, max_entries),
             "in one pull, more than a sync takes",
         ),
-        (bound - spent.bytes, max_entries - spent.entries, f"to session {files.root.name}'s mirror, past its bound"),
+        *([(bound - spent.bytes, max_entries - spent.entries, mine)] if ledger else []),
         (free, inodes, "to the mirror, more than this machine's disk has free"),
     ]
     size, _, why = min(choices, key=lambda c: c[0])
-    return Budget(bytes=size, entries=min(c[1] for c in choices), why=why)
+    full = (
+        "more than this machine's disk has free"
+        if ledger
+        else f"more than session {files.root.name}'s mirror may hold ({bound / 1024**2:,.0f} MiB, {FACTOR} x "
+        "sync_limit), past its bound"
+    )
+    return Budget(bytes=size, entries=min(c[1] for c in choices), why=why, full=full)

@@ -3,9 +3,10 @@ project's path.
 
 Work stays on the host where it can (the guest CPU is slow under TCG): the tree is copied locally (a
 reflink where the filesystem can), and the guest's ext4 disk is made on the host with `mkfs.ext4 -d`. The
-copy is the session's baseline: what every later comparison starts from. The mirror of the guest's tree
-starts as the baseline's tree with placeholders for its files (sync.placeholders: no second copy of the
-data), handed to the unprivileged guest-data account (mirror.py).
+copy is the session's baseline: what every later comparison starts from. The mirror of the guest's tree is
+made from it when a pull first needs it (sync.fetch.volume: the baseline's tree with placeholders for its
+files, no second copy of the data, in a file system of its own under root): a session that is never pulled
+never pays for it.
 """
 
 from __future__ import annotations
@@ -19,13 +20,12 @@ from collections.abc import Collection
 from pathlib import Path
 
 from vmsandbox import failpoint, paths, proc
-from vmsandbox.confine import accounts as confine
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.paths import SessionPaths
 from vmsandbox.sync.fetch import delta
 from vmsandbox.sync.inward import leftout as inbound
 from vmsandbox.sync.tree import manifest as tree
-from vmsandbox.sync.tree import placeholders, views
+from vmsandbox.sync.tree import views
 from vmsandbox.vm import ext4
 
 HEADROOM_BYTES = 8 * 1024**3  # room for what the agent adds (dependencies, builds) on the sparse disk
@@ -65,9 +65,7 @@ def capture(
         ext4.remove_dir(disk, "lost+found")
     if pristine:
         copy_disk(files.workspace_disk, files.root / PRISTINE)
-    placeholders.make(files.baseline, files.guest_tree, manifest)
-    confine.hand_over(files.guest_tree, confine.guest_data_account())
-    delta.save(files.root, {})  # the mirror is the baseline: the first pull reads only what the journal names
+    delta.save(files.root, {})  # the mirror will be the baseline: the first pull reads only what the journal names
     return manifest
 
 
@@ -81,9 +79,7 @@ def copy_from(source: SessionPaths, files: SessionPaths, workspace: Path | None)
     manifest = tree.from_json(json.loads(files.baseline_manifest.read_text()))
     if workspace is not None:
         copy_disk(workspace, files.workspace_disk)
-    placeholders.make(files.baseline, files.guest_tree, manifest)
-    confine.hand_over(files.guest_tree, confine.guest_data_account())
-    delta.save(files.root, {})
+    delta.save(files.root, {})  # (its mirror, made when a pull needs it, starts as the baseline)
     return manifest
 
 

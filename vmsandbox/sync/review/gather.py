@@ -116,7 +116,7 @@ def fetch(target: Target, *, endpoint: Endpoint | None, limit: int, disk: bool =
     else:
         why = "the VM is stopped" if target.saved else "the VM is not running"
         if endpoint is None:
-            fetched = mirror.fetch_nothing(files, base, f"{why} and its workspace disk is gone")
+            fetched = mirror.fetch_nothing(files, base, f"{why} and its workspace disk is gone", max_file_bytes=limit)
         else:
             with ui.step("Fetching the guest's changes from its workspace disk (mounted in the reader VM)"):
                 workdir = str(target.project)

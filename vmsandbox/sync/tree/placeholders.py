@@ -163,8 +163,7 @@ def _copy_in(
     tmp, fd = _temporary(dir_fd)
     try:
         try:
-            while os.copy_file_range(src, fd, tree.CHUNK):
-                pass
+            _copy(src, fd)
         finally:
             os.close(src)
         os.lseek(fd, 0, os.SEEK_SET)
@@ -179,6 +178,19 @@ def _copy_in(
     finally:
         os.close(fd)
     return True
+
+
+def _copy(src: int, dst: int) -> None:
+    """All of `src` into `dst`, in the kernel: copy_file_range (a reflink where the file system can), or, from the
+    baseline into a mirror in a file system of its own (sync.fetch.volume), sendfile."""
+    try:
+        while os.copy_file_range(src, dst, tree.CHUNK):
+            pass
+    except OSError as exc:
+        if exc.errno != errno.EXDEV:  # (refused before a byte moved: both offsets are where they were)
+            raise
+        while os.sendfile(dst, src, None, tree.CHUNK):
+            pass
 
 
 def _discard(dir_fd: int, name: str) -> None:
