@@ -25,6 +25,7 @@ from vmsandbox.session.options import Options
 from vmsandbox.session.record import Record
 from vmsandbox.session.settings import Settings
 from vmsandbox.session.start import create
+from vmsandbox.session.start.project import opened
 from vmsandbox.sync.inward import capture as capturing
 from vmsandbox.sync.review.plan import Decisions
 from vmsandbox.sync.review.take import Take
@@ -61,6 +62,12 @@ def pull(record: Record) -> None:
     assert not out.failed, out.failed
 
 
+def capture_once(project: Path, scratch: paths.SessionPaths) -> None:
+    """The capture as a session makes it: the project opened and checked once, copied from that descriptor."""
+    with opened(project) as tree:
+        capturing.capture(tree, scratch)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--files", type=int, default=10_000)
@@ -83,7 +90,7 @@ def main() -> None:
         local_copy = timed(lambda: shutil.copytree(project, work / "copy", symlinks=True))
         scratch = paths.SessionPaths(work / "scratch")
         scratch.root.mkdir()
-        capture = timed(lambda: capturing.capture(project, scratch))
+        capture = timed(lambda: capture_once(project, scratch))
         record = create.create(Options(project=project, name=None, settings=Settings(), keep=True))
         try:
             ep = record.endpoint("root")

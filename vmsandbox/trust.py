@@ -7,7 +7,9 @@ trusted its exact content with `vmsandbox config trust`. The record — the file
 its bytes — lives in the user's config directory, outside every project, so nothing in a project (or a guest)
 can write it. A changed file is untrusted again. Keys that only size the VM need no trust.
 
-Files are read once, without following symlinks, and parsed from the very bytes whose hash was checked.
+Files are read once, without following symlinks, and parsed from the very bytes whose hash was checked. Under
+sudo, root reads one only where the person who ran sudo could (confine.rights): their rights on the file and on
+every directory from the project down to it.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from vmsandbox import paths
-from vmsandbox.confine import beneath, sudo
+from vmsandbox.confine import beneath, rights, sudo
 from vmsandbox.errors import VmsandboxError
 
 TRUST_FILE = "trusted.json"
@@ -67,10 +69,38 @@ def read_project_file(path: Path, project: Path | None = None) -> bytes | None:
         st = os.fstat(f.fileno())
         if not stat.S_ISREG(st.st_mode):
             raise VmsandboxError(f"{path} is not a regular file")
+        who = rights.person()
+        if who is not None and not rights.may(f.fileno(), who, rights.READ, st):
+            raise _not_theirs(path, who.name)
         data = f.read(MAX_CONFIG_BYTES + 1)
     if len(data) > MAX_CONFIG_BYTES:
         raise VmsandboxError(f"{path} is larger than {MAX_CONFIG_BYTES // 1024} KiB; that is not a config file")
     return data
+
+
+def names_in(directory: Path, project: Path) -> list[str]:
+    """The names in a config directory of the project (`.vmsandbox/blueprints`), reached as read_project_file
+    reaches a file's: beneath the project, no link followed, under sudo with the person's rights; none when it is
+    not there as a directory of the project's own (a link there is refused when a file of it is read)."""
+    who = rights.person()
+
+    def passable(fd: int, _made: bool) -> None:
+        if who is not None and not rights.may(fd, who, rights.PASS):
+            raise _not_theirs(directory, who.name)
+
+    with beneath.Root.open(project, follow=True) as top:
+        passable(top.fd, False)
+        try:
+            fd = top.opendir("/".join(directory.relative_to(project).parts), each=passable)
+        except OSError:
+            return []
+    try:
+        if who is not None and not rights.may(fd, who, rights.LIST):
+            raise _not_theirs(directory, who.name)
+        with os.scandir(fd) as listed:
+            return sorted(e.name for e in listed)
+    finally:
+        os.close(fd)
 
 
 def _open_parent(path: Path, project: Path | None) -> int | None:
@@ -82,9 +112,16 @@ def _open_parent(path: Path, project: Path | None) -> int | None:
         rel = path.parent.relative_to(project)
     except ValueError:
         raise VmsandboxError(f"{path} is not in the project {project}") from None
+    who = rights.person()
+
+    def passable(fd: int, _made: bool) -> None:
+        if who is not None and not rights.may(fd, who, rights.PASS):
+            raise _not_theirs(path, who.name)
+
     with beneath.Root.open(project, follow=True) as top:  # (the project is named by the user: a link there is theirs)
+        passable(top.fd, False)
         try:
-            return top.opendir("/".join(rel.parts))
+            return top.opendir("/".join(rel.parts), each=passable)
         except beneath.Outside:
             raise VmsandboxError(f"{path} is not in the project {project}") from None
         except OSError as exc:
@@ -97,6 +134,13 @@ def _open_parent(path: Path, project: Path | None) -> int | None:
             if exc.errno in (errno.ENOENT, errno.ENOTDIR):
                 raise FileNotFoundError(exc.errno, exc.strerror, str(where)) from None
             raise VmsandboxError(f"cannot read {where}: {exc.strerror}") from exc
+
+
+def _not_theirs(path: Path, name: str) -> VmsandboxError:
+    return VmsandboxError(
+        f"{path}: you ({name}) may not read it, and vmsandbox reads a project's files for you only as you could",
+        hint=f"make it (and the directories above it) readable for {name}, or remove it",
+    )
 
 
 def _store() -> Path:

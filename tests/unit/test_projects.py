@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from vmsandbox.confine import sudo
+from vmsandbox.confine import access, beneath, rights, sudo
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.session.start import project
 
@@ -136,16 +136,117 @@ def test_a_plain_account_may_keep_a_directory_root_made_in_its_tree(
     monkeypatch.setattr(project, "person_uid", lambda: me)
     monkeypatch.setattr(os, "geteuid", lambda: me)
     monkeypatch.setattr(project, "_identity", lambda path: None)  # (no system tree matched by a stand-in uid)
-    owners = {mine: me, mine / "build": 0}
-    real = Path.lstat
+    owners = {mine.stat().st_ino: me, (mine / "build").stat().st_ino: 0}
+    real = os.fstat
 
-    def lstat(path: Path) -> os.stat_result:
-        st = list(real(path))
-        st[4] = owners.get(path, me)
-        return os.stat_result(st)
+    def fstat(fd: int) -> os.stat_result:  # (the check reads each directory's owner from its descriptor)
+        st = real(fd)
+        fields = list(st)
+        fields[4] = owners.get(st.st_ino, me)
+        return os.stat_result(fields)
 
-    monkeypatch.setattr(Path, "lstat", lstat)
-    project._all_the_persons(mine, {})
-    monkeypatch.setattr(os, "geteuid", lambda: 0)
-    with pytest.raises(VmsandboxError, match=r"build is owned by root \(uid 0\)"):
-        project._all_the_persons(mine, {})
+    monkeypatch.setattr(os, "fstat", fstat)
+    with beneath.Root.open(mine) as top:
+        project._all_the_persons(top, {})
+        monkeypatch.setattr(os, "geteuid", lambda: 0)
+        with pytest.raises(VmsandboxError, match=r"build is owned by root \(uid 0\)"):
+            project._all_the_persons(top, {})
+
+
+OTHER = 4242  # an account that is not the one running the tests (nor root)
+
+
+def _group_of_two(monkeypatch: pytest.MonkeyPatch, gid: int) -> None:
+    """The group gid has another member than the person (and root): as a team's group has."""
+    me = project.person_uid()
+    monkeypatch.setattr(rights, "members", lambda g: {me, OTHER} if g == gid else {me})
+
+
+def test_a_project_whose_parent_another_account_of_its_group_may_write_is_refused_unless_sticky(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """F1: the project in a team directory (`root:team 2775`): a member of the team could put a link to root's files
+    in its place between the check and the copy. Refused, and the fix said; sticky, only the entry's owner may rename
+    it, so it is the person's project for good."""
+    team = tmp_path / "team"
+    mine = team / "alice"
+    mine.mkdir(parents=True)
+    team.chmod(0o2775)
+    _group_of_two(monkeypatch, team.stat().st_gid)
+    said = rf"{team} can be changed by the group .*uid {OTHER}.*something else at {mine}"
+    with pytest.raises(VmsandboxError, match=said) as refused:
+        project.validate_project(mine)
+    assert refused.value.hint is not None and f"chmod +t {team}" in refused.value.hint
+    team.chmod(0o3775)
+    assert project.validate_project(mine) == mine.resolve()
+    monkeypatch.setattr(rights, "members", lambda g: {project.person_uid()})  # (a group of one's own: theirs alone)
+    team.chmod(0o2775)
+    assert project.validate_project(mine) == mine.resolve()
+
+
+def test_a_directory_in_the_project_that_another_account_may_write_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """F1, in the project: a directory of the person's that a group with other members, or an ACL entry, lets another
+    account write (rename a subdirectory for a link while the copy runs). A group of the person's own is theirs."""
+    mine = tmp_path / "proj"
+    shared = mine / "shared"
+    (shared / "sub").mkdir(parents=True)
+    shared.chmod(0o2775)
+    assert project.validate_project(mine) == mine.resolve()  # (the group is the person's own)
+    _group_of_two(monkeypatch, shared.stat().st_gid)
+    with pytest.raises(VmsandboxError, match=rf"{shared} can be changed by the group .*uid {OTHER}") as refused:
+        project.validate_project(mine)
+    assert refused.value.hint is not None and f"chmod g-w {shared}" in refused.value.hint
+    shared.chmod(0o755)
+    assert project.validate_project(mine) == mine.resolve()
+    access.grant(shared / "sub", OTHER, 7)  # `setfacl -m u:OTHER:rwx`: the mode bits say nothing of it
+    with pytest.raises(VmsandboxError, match=rf"{shared / 'sub'} can be changed by uid {OTHER} \(an ACL entry\)"):
+        project.validate_project(mine)
+
+
+@AS_ROOT
+def test_a_project_in_another_accounts_directory_is_refused_sticky_or_not(tmp_path: Path) -> None:
+    """Its owner may rename what is in it, sticky or not: no fix but to move the project."""
+    theirs = tmp_path / "theirs"
+    mine = theirs / "alice"
+    mine.mkdir(parents=True)
+    os.chown(theirs, OTHER, OTHER)
+    for mode in (0o755, 0o1755):
+        theirs.chmod(mode)
+        with pytest.raises(VmsandboxError, match=rf"{theirs} can be changed by .*{OTHER}.* \(its owner\)") as refused:
+            project.validate_project(mine)
+        assert refused.value.hint is not None and "chmod +t" not in refused.value.hint
+
+
+@AS_ROOT
+def test_under_sudo_a_project_the_person_cannot_reach_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Root reaches a tree of the person's behind a directory they may not pass; they could not read it themselves,
+    so vmsandbox does not read it for them."""
+    invoker = pwd.struct_passwd(("vmsf1-alice", "x", OTHER, OTHER, "", "/nonexistent", "/bin/sh"))
+    monkeypatch.setattr(sudo, "invoker", lambda: invoker)
+    locked = tmp_path / "locked"
+    mine = locked / "alice"
+    mine.mkdir(parents=True)
+    locked.chmod(0o700)
+    os.chown(mine, OTHER, OTHER)
+    with pytest.raises(VmsandboxError, match=r"you \(vmsf1-alice\) may not pass .*, above it") as refused:
+        project.validate_project(mine)
+    assert refused.value.hint
+
+
+def test_the_project_is_checked_from_the_descriptor_it_is_opened_by(tmp_path: Path) -> None:
+    """What `opened` hands over (to the capture) is the directory that was checked, whatever its path holds by then:
+    the path swapped for a link to another tree changes nothing of it."""
+    mine = tmp_path / "proj"
+    (mine / "src").mkdir(parents=True)
+    other = tmp_path / "other"
+    (other / "loot").mkdir(parents=True)
+    with project.opened(mine) as tree:
+        assert tree.path == mine.resolve()
+        mine.rename(tmp_path / "proj.old")
+        mine.symlink_to(other)
+        with os.scandir(tree.fd) as listed:
+            assert [e.name for e in listed] == ["src"]

@@ -22,6 +22,7 @@ import pwd
 import stat
 import struct
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 from vmsandbox import paths, ui
@@ -36,7 +37,7 @@ DEFAULT_ACL_XATTR = "system.posix_acl_default"
 _ACL_VERSION = 2
 _USER_OBJ, _USER, _GROUP_OBJ, _GROUP, _MASK, _OTHER = 0x01, 0x02, 0x04, 0x08, 0x10, 0x20
 _NO_ID = 0xFFFFFFFF
-_R, _X = 4, 1
+_R, _W, _X = 4, 2, 1
 
 
 def group_gid() -> int | None:
@@ -145,8 +146,23 @@ def _acl_of(path: Path) -> list[tuple[int, int, int]]:
     try:
         return _parse(os.getxattr(path, ACL_XATTR, follow_symlinks=False))
     except OSError:
-        mode = stat.S_IMODE(path.lstat().st_mode)
-        return [(_USER_OBJ, mode >> 6 & 7, _NO_ID), (_GROUP_OBJ, mode >> 3 & 7, _NO_ID), (_OTHER, mode & 7, _NO_ID)]
+        return _of_mode(path.lstat())
+
+
+def _of_mode(st: os.stat_result) -> list[tuple[int, int, int]]:
+    mode = stat.S_IMODE(st.st_mode)
+    return [(_USER_OBJ, mode >> 6 & 7, _NO_ID), (_GROUP_OBJ, mode >> 3 & 7, _NO_ID), (_OTHER, mode & 7, _NO_ID)]
+
+
+def acl_at(fd: int, st: os.stat_result) -> list[tuple[int, int, int]]:
+    """The access ACL of what the descriptor fd holds (its stat `st`), or the one its mode bits stand for. An ACL
+    that cannot be read for another reason than its absence is an OSError: who may do what is then unknown."""
+    try:
+        return _parse(os.getxattr(fd, ACL_XATTR))
+    except OSError as exc:
+        if exc.errno not in (errno.ENODATA, errno.ENOTSUP, errno.EOPNOTSUPP):
+            raise
+        return _of_mode(st)
 
 
 def traverse_only_acl(uids: list[int]) -> bytes:
@@ -193,10 +209,13 @@ def grant(path: Path, uid: int, perms: int) -> None:
 
 def may(path: Path, uid: int, gids: set[int], perms: int) -> bool:
     """Whether the account (uid, gids) has `perms` on path, by its mode and access ACL."""
-    st = path.stat()
+    return allows(path.stat(), _acl_of(path), uid, gids, perms)
+
+
+def allows(st: os.stat_result, entries: list[tuple[int, int, int]], uid: int, gids: set[int], perms: int) -> bool:
+    """Whether the account (uid, gids) has `perms` on what has the stat `st` and the ACL `entries` (acl_at)."""
     if uid == 0:
         return True
-    entries = _acl_of(path)
     mask = next((b for t, b, _ in entries if t == _MASK), 7)
     if st.st_uid == uid:
         return next(b for t, b, _ in entries if t == _USER_OBJ) & perms == perms
@@ -207,6 +226,34 @@ def may(path: Path, uid: int, gids: set[int], perms: int) -> bool:
     if groups:
         return any(b & perms == perms for b in groups)
     return next(b for t, b, _ in entries if t == _OTHER) & perms == perms
+
+
+@dataclass(frozen=True)
+class Writers:
+    """Who may write in a directory (add, rename and remove its entries), by its mode and access ACL."""
+
+    uids: frozenset[int]  # its owner and the accounts named in its ACL with write
+    gids: frozenset[int]  # its group and the groups named in its ACL with write (their members may)
+    everyone: bool  # every account may
+
+
+def writers(st: os.stat_result, entries: list[tuple[int, int, int]]) -> Writers:
+    """Who may write where `st` and `entries` (acl_at) say. The owner always counts: it may give itself the write."""
+    mask = next((b for t, b, _ in entries if t == _MASK), 7)
+    uids, gids, everyone = {st.st_uid}, set(), False
+    for tag, bits, ident in entries:
+        masked = bits & mask if tag in (_USER, _GROUP_OBJ, _GROUP) else bits
+        if not masked & _W:
+            continue
+        if tag == _USER:
+            uids.add(ident)
+        elif tag == _GROUP_OBJ:
+            gids.add(st.st_gid)
+        elif tag == _GROUP:
+            gids.add(ident)
+        elif tag == _OTHER:
+            everyone = True
+    return Writers(frozenset(uids), frozenset(gids), everyone)
 
 
 def let_traverse(path: Path, uid: int, gids: set[int], who: str) -> list[Path]:

@@ -4,10 +4,10 @@ nothing is ever read back from where they land (the review covers the project on
 
 from __future__ import annotations
 
+import errno
 import io
 import os
 import pwd
-import stat
 import tarfile
 import time
 from collections.abc import Callable
@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from vmsandbox import proc, ui
+from vmsandbox.confine import beneath, rights
+from vmsandbox.confine.accounts import Identity
 from vmsandbox.errors import VmsandboxError
 
 MAX_COPY_BYTES = 16 * 1024**2
@@ -93,20 +95,19 @@ class Bundle:
 
     def copy_from_home(self, home: Path, item: str) -> None:
         """`~/rel` from the host home to the same place under the guest user's home (files and directories;
-        symlinks, devices and the like are skipped). A missing source is not an error."""
+        symlinks, devices and the like are skipped). A missing source is not an error. Read beneath the home with no
+        link followed on the way; under sudo only what the person may read (confine.rights), so root copies for
+        them nothing they could not read themselves."""
         rel = item.removeprefix("~/")
-        source = home / rel
         try:
-            st = source.lstat()
-        except FileNotFoundError:
+            top = beneath.Root.open(home, follow=True)
+        except OSError:
             return
-        files = [source] if stat.S_ISREG(st.st_mode) else []
-        if stat.S_ISDIR(st.st_mode):
-            files = sorted(p for p in source.rglob("*") if p.is_file() and not p.is_symlink())
-        for f in files:
-            target = self.owner.guest_home / rel / f.relative_to(source) if f != source else self.owner.guest_home / rel
-            self.add_bytes(PurePosixPath(target), f.read_bytes(), f.stat().st_mode)
-        if files:
+        with top:
+            found = _home_files(top, rel, rights.person())
+        for where, data, mode in found:
+            self.add_bytes(PurePosixPath(self.owner.guest_home / where), data, mode)
+        if found:
             self.copied.append(item)
 
     def close(self) -> bytes:
@@ -114,12 +115,71 @@ class Bundle:
         return self._buf.getvalue()
 
 
+def _home_files(top: beneath.Root, rel: str, who: Identity | None) -> list[tuple[str, bytes, int]]:
+    """The regular files at `rel` beneath the home `top` (rel itself, or every one below it: path, bytes, mode),
+    never through a link; with `who`, only those they may read through directories they may pass and list."""
+
+    def passable(fd: int, _made: bool) -> None:
+        if who is not None and not rights.may(fd, who, rights.PASS):
+            raise PermissionError(errno.EACCES, "not the person's to pass", rel)
+
+    try:
+        passable(top.fd, False)
+        parent, name = top.parent(rel, each=passable)
+    except (OSError, beneath.Outside):
+        return []
+    try:
+        one = _readable(parent, name, who)
+        if one is not None:
+            return [(rel, *one)]
+        if who is not None and not rights.may_at(parent, name, who, rights.LIST):
+            return []
+        try:
+            source = beneath.Root(os.open(name, beneath.DIR_FLAGS, dir_fd=parent), top.path / rel)
+        except OSError:  # (none there, or not a directory: a link, a device...)
+            return []
+    finally:
+        os.close(parent)
+    found = []
+    with source:
+        for here, dirs, names, fd in source.walk():
+            dirs[:] = sorted(d for d in dirs if who is None or rights.may_at(fd, d, who, rights.LIST))
+            for file in sorted(names):
+                got = _readable(fd, file, who)
+                if got is not None:
+                    found.append((f"{rel}/{here}/{file}" if here else f"{rel}/{file}", *got))
+    return found
+
+
+def _readable(dir_fd: int, name: str, who: Identity | None) -> tuple[bytes, int] | None:
+    """The bytes and mode of the regular file `name` of dir_fd (never through a link), if `who` (None: we) may read
+    it."""
+    fd = beneath.regular_at(dir_fd, name)
+    if fd is None:
+        return None
+    try:
+        st = os.fstat(fd)
+        if who is not None and not rights.may(fd, who, rights.READ, st):
+            return None
+        data = beneath.read_at_most(fd, MAX_COPY_BYTES)
+    finally:
+        os.close(fd)
+    if data is None:
+        raise VmsandboxError(
+            f"{name}, to copy into the guest, is larger than {MAX_COPY_BYTES // 1024**2} MiB",
+            hint="copy fewer or smaller files (blueprint `copy:`)",
+        )
+    return data, st.st_mode
+
+
 def git_identity(home: Path) -> tuple[str, str] | None:
-    """The host user's git user.name and user.email (from their global config), if both are set."""
+    """The host user's git user.name and user.email (from their global config), if both are set. Under sudo git runs
+    as them (confine.rights): what their config includes, it reads with their rights, not root's."""
     env = {"HOME": str(home), "PATH": os.environ.get("PATH", "/usr/bin:/bin")}
+    who = rights.person()
     values = []
     for key in ("user.name", "user.email"):
-        result = proc.run(["git", "config", "--global", "--get", key], check=False, env=env)
+        result = proc.run(["git", "config", "--global", "--get", key], check=False, env=env, as_user=who, cwd=Path("/"))
         values.append(result.stdout.strip())
     if not all(values):
         return None

@@ -94,9 +94,12 @@ def search_dirs(project: Path | None) -> list[Path]:
 def available(project: Path | None = None) -> dict[str, Path]:
     found: dict[str, Path] = {}
     for d in search_dirs(project):
-        if d.is_dir():
-            for f in sorted(d.glob("*.yaml")):
-                found.setdefault(f.stem, f)
+        if project is not None and d == project / PROJECT_DIR:  # (listed as its files are read: trust.names_in)
+            files = [d / name for name in trust.names_in(d, project) if name.endswith(".yaml")]
+        else:
+            files = sorted(d.glob("*.yaml")) if d.is_dir() else []
+        for f in files:
+            found.setdefault(f.stem, f)
     return found
 
 

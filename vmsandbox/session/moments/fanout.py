@@ -27,7 +27,7 @@ from vmsandbox.session.options import Run
 from vmsandbox.session.place import choose as places
 from vmsandbox.session.record import Record, default_name, validate_name
 from vmsandbox.session.record import names as record_names
-from vmsandbox.session.start import create
+from vmsandbox.session.start import create, project
 from vmsandbox.sync.inward import capture
 from vmsandbox.sync.review import gather as changes
 from vmsandbox.sync.review.diff import diff_text
@@ -97,8 +97,9 @@ def fan_out(run: Run, n: int, check: str | None, *, limit: int) -> list[Outcome]
     confine.make_private_dir(staging.root)
     outcomes: list[Outcome | None] = [None] * n
     try:
-        with ui.step(f"Capturing {run.options.project} once for {n} sessions"):
-            capture.capture(run.options.project.resolve(), staging, pristine=True, leave_out=run.options.leave_out)
+        step = ui.step(f"Capturing {run.options.project} once for {n} sessions")
+        with step, project.opened(run.options.project) as tree:  # (checked and copied from one descriptor)
+            capture.capture(tree, staging, pristine=True, leave_out=run.options.leave_out)
         opts = replace(run.options, keep=True, group=group, baseline_from=staging.root)
 
         def work(i: int) -> None:

@@ -8,7 +8,7 @@ import shutil
 from pathlib import Path
 
 from vmsandbox import paths, pids, ui
-from vmsandbox.confine import access
+from vmsandbox.confine import access, beneath
 from vmsandbox.confine import accounts as confine
 from vmsandbox.egress import control, policy, ports
 from vmsandbox.egress.policy import Request
@@ -27,14 +27,20 @@ from vmsandbox.session.place.interface import Host
 from vmsandbox.session.record import Phase, Record, default_name, validate_name
 from vmsandbox.session.running import logins
 from vmsandbox.session.settings import Settings
-from vmsandbox.session.start.project import validate_project
+from vmsandbox.session.start.project import opened
 from vmsandbox.sync.inward import capture
 from vmsandbox.vm import accel as accel_mod
 
 
 def create(opts: Options) -> Record:
-    """Create a session and boot its VM; on any failure or interrupt, nothing is left behind."""
-    project = validate_project(opts.project)
+    """Create a session and boot its VM; on any failure or interrupt, nothing is left behind. The project is opened
+    and checked once, and captured from that descriptor (project.opened)."""
+    with opened(opts.project) as tree:
+        return _create(opts, tree)
+
+
+def _create(opts: Options, tree: beneath.Root) -> Record:
+    project = tree.path
     name = validate_name(opts.name) if opts.name else default_name(project)
     settings = opts.settings
     policy.check_secrets(settings.network, settings.secrets, quiet=True)  # the command line said it already
@@ -62,7 +68,7 @@ def create(opts: Options) -> Record:
             record.save()
             pins.pin(name, image.version, None)
             record.publish = ports.choose(opts.publish)
-            _prepare(record, user, settings, bp, opts)
+            _prepare(record, user, settings, bp, opts, tree)
             spawned: list[control.Spawned] = []
 
             def launched() -> None:  # the egress daemon starts while the guest boots, and waits for its sshd
@@ -130,11 +136,13 @@ def _new_record(
     )
 
 
-def _prepare(record: Record, user: GuestUser, settings: Settings, bp: Blueprint, opts: Options) -> None:
+def _prepare(
+    record: Record, user: GuestUser, settings: Settings, bp: Blueprint, opts: Options, tree: beneath.Root
+) -> None:
     files = record.files
     if opts.baseline_from is None:
         with ui.step(f"Capturing {record.project} (baseline and workspace disk)"):
-            record.baseline_entries = len(capture.capture(Path(record.project), files, leave_out=opts.leave_out))
+            record.baseline_entries = len(capture.capture(tree, files, leave_out=opts.leave_out))
     else:
         with ui.step("Copying the capture of the project"):
             record.baseline_entries = len(

@@ -2,7 +2,10 @@
 project's path.
 
 Work stays on the host where it can (the guest CPU is slow under TCG): the tree is copied locally (a
-reflink where the filesystem can), and the guest's ext4 disk is made on the host with `mkfs.ext4 -d`. The
+reflink where the filesystem can), and the guest's ext4 disk is made on the host with `mkfs.ext4 -d`. The copy is
+the person's (confine.rights): under sudo `cp` runs as who ran sudo, so it reads nothing they could not, and it
+copies from the descriptor the project check walked (session.start.project.opened), never from a path another
+account could change in between; what root reads of the project afterwards it reads from that copy. The
 copy is the session's baseline: what every later comparison starts from. The mirror of the guest's tree is
 made from it when a pull first needs it (sync.fetch.volume: the baseline's tree with placeholders for its
 files, no second copy of the data, in a file system of its own under root): a session that is never pulled
@@ -16,10 +19,11 @@ import json
 import os
 import shutil
 import stat
-from collections.abc import Collection
+from collections.abc import Collection, Iterator
 from pathlib import Path
 
 from vmsandbox import failpoint, paths, proc
+from vmsandbox.confine import accounts, beneath, rights
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.paths import SessionPaths
 from vmsandbox.sync.fetch import delta
@@ -38,21 +42,18 @@ PRISTINE = "workspace.pristine.raw"  # a fan-out's one capture: its workspace di
 
 
 def capture(
-    project: Path, files: SessionPaths, *, pristine: bool = False, leave_out: Collection[str] = ()
+    project: beneath.Root, files: SessionPaths, *, pristine: bool = False, leave_out: Collection[str] = ()
 ) -> tree.Manifest:
-    """Snapshot the project (tracked, untracked, ignored, .git) into the session, but what its `.vmsandboxignore`
-    names and `leave_out` (files that look like credentials: inbound.py); build the workspace disk (and with
-    `pristine`, keep a copy of it as made, for copy_from)."""
+    """Snapshot the project (tracked, untracked, ignored, .git; opened and checked by project.opened) into the
+    session, but what its `.vmsandboxignore` names and `leave_out` (files that look like credentials: inbound.py);
+    build the workspace disk (and with `pristine`, keep a copy of it as made, for copy_from)."""
     check_space(project, files.root)
     files.baseline.mkdir(mode=0o700)
-    proc.run(
-        ["cp", "-a", "--reflink=auto", f"{project}/.", files.baseline],
-        hint="is the project readable, and is there space in the state directory?",
-    )
+    copy_tree(project, files.baseline)
     files.baseline.chmod(0o700)  # cp -a gave it the project's mode: keep the copy private
     failpoint.hit("run.capture")
     manifest = tree.scan(files.baseline)
-    spec = inbound.ignore_spec(project)
+    spec = inbound.ignore_spec(files.baseline, project.path)  # (the copy's: what the person could read)
     inbound.remove(files.baseline, manifest, [*leave_out, *(inbound.ignored(manifest, spec) if spec else [])])
     paths.write_atomically(files.baseline_manifest, json.dumps(tree.to_json(manifest)))
     used = sum(e.size for e in manifest.values())
@@ -67,6 +68,35 @@ def capture(
         copy_disk(files.workspace_disk, files.root / PRISTINE)
     delta.save(files.root, {})  # the mirror will be the baseline: the first pull reads only what the journal names
     return manifest
+
+
+def copy_tree(project: beneath.Root, dest: Path) -> None:
+    """The project's tree into `dest` (an empty directory of ours), as `cp -a` copies it, with the person's rights:
+    under sudo cp runs as who ran sudo (rights.person: uid, gid, groups) in `dest`, made theirs for the copy, so the
+    kernel lets it read only what they may; and it reads the project through its descriptor (`/proc/self/fd/N`,
+    the directory the check walked), whatever the project's path holds by then."""
+    who = rights.person()
+    if who is not None:
+        os.chown(dest, who.uid, who.gid)
+    source = f"/proc/self/fd/{project.fd}/."
+    result = proc.run(
+        ["cp", "-a", "--reflink=auto", source, "."],
+        cwd=dest,
+        as_user=who,
+        env=accounts.clean_env(who) if who is not None else None,
+        pass_fds=(project.fd,),
+        check=False,
+    )
+    if result.returncode != 0:
+        said = proc.tail_of(
+            result.stderr.replace(f"{source}/", f"{project.path}/").replace(source, str(project.path)), lines=8
+        )
+        mine = f" ({who.name})" if who is not None else ""
+        raise VmsandboxError(
+            f"copying {project.path} failed: {said}",
+            hint=f"every file of the project must be readable by you{mine} (vmsandbox copies it with your rights, "
+            "under sudo too), and the state directory needs the space",
+        )
 
 
 def copy_from(source: SessionPaths, files: SessionPaths, workspace: Path | None) -> tree.Manifest:
@@ -90,10 +120,22 @@ def copy_disk(source: Path, dest: Path) -> None:
     dest.chmod(0o600)
 
 
-def project_bytes(project: Path) -> int:
-    """What the project's files hold (symlinks not followed, holes not counted)."""
+def project_bytes(project: Path | beneath.Root) -> int:
+    """What the project's files hold (symlinks not followed, holes not counted); a Root is walked from its
+    descriptor, under sudo into the directories the person may list only (their copy fails at the others)."""
+    if isinstance(project, Path):
+        return _bytes(os.fwalk(project), None)
+    who = rights.person()
+    if who is not None and not rights.may(project.fd, who, rights.LIST):
+        return 0
+    return _bytes(os.fwalk(".", dir_fd=project.fd), who)
+
+
+def _bytes(walked: Iterator[tuple[str, list[str], list[str], int]], who: accounts.Identity | None) -> int:
     total = 0
-    for _top, _dirs, names, top_fd in os.fwalk(project):
+    for _top, dirs, names, top_fd in walked:
+        if who is not None:
+            dirs[:] = [d for d in dirs if rights.may_at(top_fd, d, who, rights.LIST)]
         for name in names:
             with contextlib.suppress(OSError):
                 st = os.stat(name, dir_fd=top_fd, follow_symlinks=False)
@@ -101,14 +143,15 @@ def project_bytes(project: Path) -> int:
     return total
 
 
-def check_space(project: Path, where: Path) -> None:
+def check_space(project: Path | beneath.Root, where: Path) -> None:
     """Before anything is copied: room for the baseline and the workspace disk (without reflinks, two copies
     of the project; the mirror starts with placeholders), plus a reserve."""
     need = COPIES * project_bytes(project) + RESERVE_BYTES
     free = shutil.disk_usage(where).free
     if need > free:
+        named = project if isinstance(project, Path) else project.path
         raise VmsandboxError(
-            f"capturing {project} needs about {need / 1024**2:.0f} MiB in {where.parent} ({COPIES} copies of the "
+            f"capturing {named} needs about {need / 1024**2:.0f} MiB in {where.parent} ({COPIES} copies of the "
             f"project and a reserve); it has {free / 1024**2:.0f} MiB free",
             hint="free space there, or point VMSANDBOX_STATE_DIR at a bigger disk",
         )
