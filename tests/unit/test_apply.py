@@ -8,7 +8,7 @@ import pytest
 
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.sync.land import write as apply
-from vmsandbox.sync.review.compare import Change, Status
+from vmsandbox.sync.review.compare import Change, Status, same_entry
 from vmsandbox.sync.tree import manifest as tree
 
 OWNER = apply.Owner(os.getuid(), os.getgid())
@@ -169,3 +169,22 @@ def test_a_disk_filling_up_mid_file_leaves_the_old_version_whole(
         apply.apply_one(root, src, c, OWNER)
     assert (root / "f").read_text() == "old version\n"
     assert [p.name for p in root.iterdir()] == ["f"]
+
+
+@pytest.mark.parametrize(("guest", "landed"), [(0o100, 0o700), (0o000, 0o700), (0o555, 0o755), (0o2777, 0o775)])
+def test_a_directory_lands_with_its_owners_rwx_whatever_the_guest_set(tmp_path: Path, guest: int, landed: int) -> None:
+    """(Audit F2: a guest's 0100 directory landed as it was, its owner could not list it, and what the guest had
+    put in it was hidden from every later review.) A mode the guest set and the mode it landed as are the same
+    change: the next pull does not show it again."""
+    root = tmp_path / "root"
+    root.mkdir()
+    for rel in ("new", "kept"):
+        c = Change(rel, None, tree.Entry(tree.DIR, guest), None, Status.APPLY)
+        if rel == "kept":
+            (root / rel).mkdir(mode=0o755)
+            c = Change(rel, tree.Entry(tree.DIR, 0o755), tree.Entry(tree.DIR, guest), tree.entry_of(root / rel),
+                       Status.APPLY)  # fmt: skip
+        apply.apply_one(root, tmp_path / "src", c, OWNER)
+        assert (root / rel).stat().st_mode & 0o7777 == landed
+        assert same_entry(tree.entry_of(root / rel), tree.Entry(tree.DIR, guest))
+    assert not same_entry(tree.Entry(tree.DIR, 0o755), tree.Entry(tree.DIR, 0o700))  # (the bits that land differ)

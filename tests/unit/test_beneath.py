@@ -14,8 +14,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.unit import another
 from vmsandbox import paths, trust
-from vmsandbox.confine import beneath
+from vmsandbox.confine import beneath, cases
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.image import blueprint
 from vmsandbox.session.running import logins
@@ -169,6 +170,35 @@ def test_names_compare_as_the_file_system_compares_them(layout: tuple[Path, Path
         assert not top.folds()
 
 
+def test_a_name_the_guest_chose_cannot_make_a_folding_file_system_say_no(tmp_path: Path) -> None:
+    """(Audit: the first name of the top with a case used to decide. On NTFS over CIFS `0ß` and `0SS` are two names,
+    so a guest's `0ß` listed first said "no folding" where `Readme` and `rEADME` are one file.) Only names of
+    ASCII letters are asked; the stand-in folds them as such a file system does (a hard link)."""
+    top = tmp_path / "1"  # (its own name has no letter to ask)
+    top.mkdir()
+    (top / "Readme").write_text("r")
+    os.link(top / "Readme", top / "rEADME")
+    for n in range(200):  # a name of the guest's that the directory lists before both (its order is the hash's)
+        guests = f"{n}\u00df"
+        (top / guests).write_text("g")
+        listed = [p.name for p in top.iterdir() if p.name.swapcase() != p.name]
+        if listed[0] == guests:
+            break
+        (top / guests).unlink()
+    assert listed[0] == guests and not (top / guests.swapcase()).exists()
+    with beneath.Root.open(top) as root:
+        assert root.folds()
+
+
+def test_a_top_with_no_name_to_ask_asks_a_name_of_its_own_and_leaves_none(tmp_path: Path) -> None:
+    top = tmp_path / "2"
+    top.mkdir()
+    (top / "0\u00df").write_text("g")  # (no ASCII letter: not asked)
+    with beneath.Root.open(top) as root:
+        assert not root.folds()  # this machine's file system tells the made name from its other case
+    assert [p.name for p in top.iterdir()] == ["0\u00df"]
+
+
 def test_ext4s_casefold_flag_says_the_directory_folds(
     layout: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -179,12 +209,12 @@ def test_ext4s_casefold_flag_says_the_directory_folds(
 
     def ioctl(fd: int, request: int, arg: bytes) -> bytes:
         asked.append(request)
-        return struct.pack("i", beneath.FS_CASEFOLD_FL | 0x80000) + bytes(4)
+        return struct.pack("i", cases.FS_CASEFOLD_FL | 0x80000) + bytes(4)
 
     monkeypatch.setattr(fcntl, "ioctl", ioctl)
     with beneath.Root.open(root) as top:
         assert top.folds()
-    assert asked == [beneath.FS_IOC_GETFLAGS]
+    assert asked == [cases.FS_IOC_GETFLAGS]
 
 
 # ---------------------------------------------------------------------- every walker answers alike
@@ -290,3 +320,77 @@ def test_remove_takes_a_directory_and_what_it_holds_never_through_a_link(layout:
             top.remove("in/e")  # not beneath: `in` is a link
     assert sorted(p.name for p in root.iterdir()) == ["in"]
     assert (outside / "secret").read_bytes() == SECRET
+
+
+# ---------------------------------------------------------------------- what cannot be read is not known
+
+HERE = Path()  # (the tree as the other account names it: it is run in it)
+
+
+@pytest.fixture
+def hidden(tmp_path: Path) -> Path:
+    """A tree whose `a/d` its owner may enter but not list (mode 0100), with a link in it, owned by the account
+    the checks run as (nobody, under root)."""
+    top = tmp_path / "tree"
+    (top / "a" / "d").mkdir(parents=True)
+    (top / "a" / "d" / "x").symlink_to("../../..")
+    (top / "a" / "w").symlink_to("d")
+    another.owned(top)
+    (top / "a" / "d").chmod(0o100)
+    return top
+
+
+def test_a_directory_that_cannot_be_listed_is_not_known_never_empty(hidden: Path) -> None:
+    """(The audit's F2: `links()` passed over it, the host's side of a review read nothing there, so a later
+    change made the link in it lead out unseen.)"""
+
+    def look() -> object:
+        found: list[object] = []
+        with beneath.Root.open(HERE) as top:
+            asked = (top.links, lambda: list(top.walk()), lambda: tree.scan(HERE), lambda: tree.scan_under(HERE, "a"),
+                     lambda: tree.entry_under(HERE, "a/d/x"))  # fmt: skip
+            for ask in asked:
+                try:
+                    ask()
+                    found.append("read")
+                except beneath.Unreadable as exc:
+                    found.append([exc.rel, exc.message, exc.hint])
+        found.append(
+            [None if (e := tree.entry_under(HERE, p)) is None else e.as_dict() for p in ("a/w/x", "a/nope/x", "a/d")]
+        )
+        return found
+
+    said = another.run_as_another(look, hidden)
+    assert isinstance(said, list), said
+    *refused, nothing = said
+    assert nothing == [
+        None,
+        None,
+        {"kind": "dir", "mode": 0o100, "size": 0},
+    ]  # (through a link, missing; the dir itself)
+    assert len(refused) == 5
+    for said in refused:
+        assert isinstance(said, list), said
+        rel, message, hint = said
+        assert rel == "a/d"
+        assert message == "a/d cannot be read (Permission denied): what it holds is not known"
+        assert hint == "make it readable for you (`chmod u+rwx 'a/d'`), then try again"
+
+
+def test_the_links_of_a_tree_deeper_than_the_descriptors_left_are_not_known(tmp_path: Path) -> None:
+    """(`links()` holds a descriptor per level: past the limit it used to pass over the rest without a word.)"""
+    top = tmp_path / "tree"
+    deep = top.joinpath(*["d"] * 40)
+    deep.mkdir(parents=True)
+    (deep / "x").symlink_to("../" * 41)
+    (top / "shallow").symlink_to("d")
+    another.owned(top)
+
+    def look() -> object:
+        with beneath.Root.open(HERE) as root:
+            return sorted(root.links())
+
+    assert another.run_as_another(look, top) == ["d/" * 40 + "x", "shallow"]  # (with descriptors enough)
+    said = another.run_as_another(look, top, open_files=len(list(Path("/proc/self/fd").iterdir())) + 16)
+    assert isinstance(said, list) and said[:2] == ["raised", "Unreadable"], said
+    assert "cannot be read (Too many open files): what it holds is not known" in said[2]

@@ -11,11 +11,14 @@ from pathlib import Path
 
 import pytest
 
-from vmsandbox.confine import resolve
+from tests.unit import another
+from vmsandbox.confine import beneath, resolve
 from vmsandbox.confine.resolve import DIR, LINK, OTHER, Node, Reach
+from vmsandbox.sync.land import write as apply
 from vmsandbox.sync.review import plan
 from vmsandbox.sync.review.compare import Change, Status, compare
 from vmsandbox.sync.tree import manifest as tree
+from vmsandbox.sync.tree import views
 from vmsandbox.sync.tree.manifest import Entry
 
 D = Entry(tree.DIR, 0o755)
@@ -244,3 +247,90 @@ def test_the_host_is_walked_for_its_links_only_when_a_change_moves_one() -> None
     assert asked == []
     compare(base, base, {**base, "d/l": link("f")}, host_links=host_links)
     assert asked == [1]
+
+
+# ---------------------------------------------------------------------- what the host cannot read (audit F2)
+
+HERE = Path()  # (the project as the other account names it: it is run in it)
+
+
+def _pulls(hidden_by: str) -> object:
+    """The audit's three pulls, each taken as `--yes` takes them, by an account that is not root: the project has
+    `a/b/c/w -> e`; pull 1 adds `a/b/c/d/x -> ../w/../../../..` (inside); then `a/b/c/d` is made search-only (by
+    the guest's pull 2, or by the person's own hand); pull 3 retargets w to `../../..`, inside by itself, which
+    would make x lead four levels above the project. What each pull did, and where x leads in the end."""
+    project = HERE / "home" / "u" / "proj"
+    baseline = tree.scan(project)
+    guest = dict(baseline)
+    owner = apply.Owner(os.getuid(), os.getgid())
+    said: list[list[object]] = []
+
+    def pull() -> None:
+        with beneath.Root.open(project, follow=True) as top:
+            found = compare(baseline, views.Lookup(project), guest, host_links=top.links, fold=top.folds())
+        for c in (c for c in found if c.status is not Status.SAME):
+            taken = c.status in (Status.APPLY, Status.MERGED) and not plan.Item(c.path, (c,)).quarantined
+            said.append([c.path, c.status.value, c.notes[:1], taken])
+            if taken:
+                apply.apply_one(project, HERE / "nothing", c, owner)
+
+    guest["a/b/c/d/x"] = link("../w/../../../..")
+    pull()
+    del guest["a/b/c/d/x"]
+    if hidden_by == "guest":
+        guest["a/b/c/d"] = Entry(tree.DIR, 0o100)
+    pull()
+    if hidden_by == "person":
+        (project / "a/b/c/d").chmod(0o100)
+    guest["a/b/c/w"] = link("../../..")
+    pull()
+    return [said, os.path.relpath(os.path.realpath(project / "a/b/c/d/x"), project)]
+
+
+@pytest.mark.parametrize("hidden_by", ["guest", "person"])
+def test_a_directory_the_person_cannot_list_hides_no_link_from_the_judge(tmp_path: Path, hidden_by: str) -> None:
+    """Without root the kernel says what may be read: a directory made search-only used to read as empty to the
+    judge, and w landed. Now a directory from the guest always lands with its owner's rwx, and one the person made
+    so is not known: the change is refused, with what to do."""
+    top = tmp_path / "tree"
+    for d in ("a/b/c/d", "a/b/c/e"):
+        (top / "home/u/proj" / d).mkdir(parents=True)
+    for d in ("a", "a/b", "a/b/c", "a/b/c/d", "a/b/c/e"):
+        (top / "home/u/proj" / d).chmod(0o755)  # (whatever the umask)
+    (top / "home/u/proj/a/b/c/w").symlink_to("e")
+    another.owned(top)
+    answer = another.run_as_another(lambda: _pulls(hidden_by), top)
+    assert isinstance(answer, list), answer
+    said, x_leads_to = answer
+    assert not x_leads_to.startswith(".."), said  # x stays inside the project
+    w = [s for s in said if s[0] == "a/b/c/w"]
+    assert len(w) == 1 and w[0][1] == "unsafe" and w[0][3] is False, said
+    if hidden_by == "guest":  # the guest's 0100 landed as 0700: the judge sees x and names it
+        assert ["a/b/c/d", "apply", [], True] in said
+        assert "the link a/b/c/d/x -> '../w/../../../..' already in the project leads out" in w[0][2][0]
+        assert (top / "home/u/proj/a/b/c/d").stat().st_mode & 0o777 == 0o700
+    else:
+        (why,) = w[0][2]
+        assert why.startswith("not written: whether it makes a link already in the project lead out is not known")
+        assert "a/b/c/d cannot be read (Permission denied)" in why and "chmod u+rwx" in why
+
+
+def test_a_change_whose_host_side_cannot_be_read_is_refused_with_what_to_do(tmp_path: Path) -> None:
+    top = tmp_path / "tree"
+    (top / "d").mkdir(parents=True)
+    (top / "d" / "f").write_text("the person's")
+    another.owned(top)
+    (top / "d").chmod(0o100)
+
+    def look() -> object:
+        with beneath.Root.open(HERE) as top:
+            found = compare({"d": D}, views.Lookup(HERE), {"d": D, "d/f": F, "n": link("d/f")}, host_links=top.links)
+        return [[c.path, c.status.value, c.notes] for c in found]
+
+    said = another.run_as_another(look, top)
+    assert said == [
+        ["d/f", "unsafe", ["not written: d cannot be read (Permission denied): what it holds is not known; "
+                           "make it readable for you (`chmod u+rwx 'd'`), then try again"]],
+        ["n", "unsafe", ["not written: where the link leads is not known, as d cannot be read (Permission denied): "
+                         "what it holds is not known; make it readable for you (`chmod u+rwx 'd'`), then try again"]],
+    ], said  # fmt: skip

@@ -10,41 +10,63 @@ descriptor, one component at a time, and never leaves it.
 - The last component is opened, read, made, renamed or removed relative to its directory's descriptor and is
   never followed (O_NOFOLLOW, AT_SYMLINK_NOFOLLOW); what is written is made beside its name and renamed over it.
 - The top is the caller's: the path it names is trusted, opened once; a link there is refused unless `follow`.
+- What cannot be read is unknown, never empty: a directory a walk or a listing of links cannot open or list (no
+  permission, no descriptor left, anything but its being gone) raises Unreadable, which a caller turns into a
+  refusal a person reads; only a name that is not there (ENOENT) is passed over.
 
 Where a link *would* lead (the review's judge of a guest's link) is confine.resolve's, asked of the same tree;
-names compare as the root's file system compares them (`folds`: ext4's casefold, CIFS, a Mac's volume).
+names compare as the root's file system compares them (`folds`, confine.cases: ext4's casefold, CIFS, a Mac's volume).
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
-import fcntl
 import os
 import secrets
 import shutil
 import stat
-import struct
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import TracebackType
 
+from vmsandbox.confine import cases
 from vmsandbox.errors import VmsandboxError
 
 DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC  # (a FIFO put there never blocks the open)
 CHUNK = 1 << 20
-FS_IOC_GETFLAGS = 0x80086601  # the inode flags of ext4, f2fs, tmpfs (`lsattr`)
-FS_CASEFOLD_FL = 0x40000000  # `chattr +F`: names in this directory compare case-insensitively
 TEMPORARY = ".vmsandbox-tmp-"  # what a file is made as beside its name, before it is renamed over it
-PROBED = 64  # entries of the top looked at for a name to find under its other case
 
 # What to do with each directory on the way to a name: called with its descriptor and whether it was just made.
 EachDir = Callable[[int, bool], None]
+Listed = tuple[str, list[str], list[str], list[str], int]  # a directory: path, directories, other names, links, fd
 
 
 class Outside(VmsandboxError):  # noqa: N818 - a refusal, like refs.Refused
     """A name that is not plainly beneath the root (`..`, `.`, empty, absolute, NUL)."""
+
+
+class Unreadable(VmsandboxError):  # noqa: N818 - an answer, like Outside
+    """A name beneath the root that could not be read for another reason than its not being there: what it holds
+    is not known (and must never be taken for nothing)."""
+
+    def __init__(self, root: Path, rel: str, exc: OSError) -> None:
+        where = root / rel if rel else root
+        why = exc.strerror or str(exc)
+        if exc.errno in (errno.EMFILE, errno.ENFILE):
+            hint = "raise the limit of open files (`ulimit -n`), or flatten the deep directories, then try again"
+        elif exc.errno in (errno.ENOTDIR, errno.ELOOP, errno.EINVAL):
+            why, hint = "it changed while it was read", "try again once nothing else changes it"
+        else:
+            hint = f"make it readable for you (`chmod u+rwx '{where}'`), then try again"
+        super().__init__(f"{where} cannot be read ({why}): what it holds is not known", hint=hint)
+        self.rel = rel
+
+
+# Errors that say nothing is there as a directory of the root's own: a component missing, a file, or a link (never
+# followed). Any other error (EACCES, EMFILE, EIO...) leaves what is there unknown.
+NOT_THERE = frozenset({errno.ENOENT, errno.ENOTDIR, errno.ELOOP})
 
 
 def split(rel: str) -> list[str]:
@@ -172,10 +194,16 @@ class Root:
 
     @contextlib.contextmanager
     def directory(self, rel: str) -> Iterator[int | None]:
-        """The descriptor of the directory `rel` while the block runs; None when it is not one, or not reached."""
+        """The descriptor of the directory `rel` while the block runs; None when it is not one, or not reached (a
+        component missing, a file, a link). Unreadable when it, or a directory on the way, cannot be opened."""
         try:
             fd = self.opendir(rel)
-        except (OSError, Outside):
+        except Outside:
+            yield None
+            return
+        except OSError as exc:
+            if exc.errno not in NOT_THERE:
+                raise Unreadable(self.path, exc.filename or rel, exc) from None
             yield None
             return
         try:
@@ -185,51 +213,69 @@ class Root:
 
     def walk(self, rel: str = "") -> Iterator[tuple[str, list[str], list[str], int]]:
         """Everything below the directory `rel`, top down: (its path beneath the root, "" for rel itself relative to
-        rel, directory names (prune them in place), other names, its descriptor). No link is followed."""
-        top = self.opendir(rel)
+        rel, directory names (prune them in place), other names (links included), its descriptor). No link is
+        followed. OSError when `rel` is not there as a directory (as opendir); Unreadable when it, or a directory
+        below it, cannot be opened or listed (a name gone meanwhile is passed over)."""
+        for here, dirnames, others, _links, fd in self._tree(rel):
+            yield here, dirnames, others, fd
+
+    def links(self) -> dict[str, str]:
+        """Every symlink beneath the root, and its target. A directory that cannot be opened or listed raises
+        Unreadable (a link in it is not known, so none can be said to be missing); a name gone meanwhile is passed
+        over. One descriptor is held per level of the walk."""
+        found: dict[str, str] = {}
+        for here, _dirnames, _others, links, fd in self._tree(""):
+            for name in links:
+                rel = f"{here}/{name}" if here else name
+                try:
+                    found[rel] = os.readlink(name, dir_fd=fd)
+                except FileNotFoundError:
+                    continue
+                except OSError as exc:  # (EINVAL: no longer a link)
+                    raise Unreadable(self.path, rel, exc) from None
+        return found
+
+    def _tree(self, rel: str) -> Iterator[Listed]:
         try:
-            for dirpath, dirnames, filenames, fd in os.fwalk(".", follow_symlinks=False, dir_fd=top):
-                yield ("" if dirpath == "." else dirpath[2:]), dirnames, filenames, fd
+            top = self.opendir(rel)
+        except OSError as exc:
+            if exc.errno in NOT_THERE:
+                raise
+            raise Unreadable(self.path, exc.filename or rel, exc) from None
+        try:
+            yield from self._below(top, rel, "")
         finally:
             os.close(top)
 
-    def links(self) -> dict[str, str]:
-        """Every symlink beneath the root, and its target. A directory that cannot be opened is passed over; one
-        descriptor is held per level of the walk."""
-        found: dict[str, str] = {}
-        levels: list[tuple[str, int, Iterator[str]]] = []
-
-        def enter(prefix: str, fd: int) -> None:
-            subdirs = []
+    def _below(self, fd: int, rel: str, here: str) -> Iterator[Listed]:
+        dirnames: list[str] = []
+        others: list[str] = []
+        links: list[str] = []
+        where = "/".join(p for p in (rel, here) if p)
+        try:
             with os.scandir(fd) as listed:
                 for entry in listed:
-                    if entry.is_symlink():
-                        with contextlib.suppress(OSError):
-                            found[prefix + entry.name] = os.readlink(entry.name, dir_fd=fd)
-                    elif entry.is_dir(follow_symlinks=False):
-                        subdirs.append(entry.name)
-            levels.append((prefix, fd, iter(subdirs)))
-
-        enter("", os.dup(self.fd))
-        try:
-            while levels:
-                prefix, fd, todo = levels[-1]
-                name = next(todo, None)
-                if name is None:
-                    os.close(levels.pop()[1])
-                    continue
-                try:
-                    inner = os.open(name, DIR_FLAGS, dir_fd=fd)
-                except OSError:
-                    continue
-                try:
-                    enter(f"{prefix}{name}/", inner)
-                except OSError:
-                    os.close(inner)
-        finally:
-            for _prefix, fd, _todo in levels:
-                os.close(fd)
-        return found
+                    if entry.is_dir(follow_symlinks=False):
+                        dirnames.append(entry.name)
+                    else:
+                        others.append(entry.name)
+                        if entry.is_symlink():
+                            links.append(entry.name)
+        except OSError as exc:
+            raise Unreadable(self.path, where, exc) from None
+        yield here, dirnames, others, links, fd
+        for name in dirnames:  # (as pruned by the caller)
+            below = f"{here}/{name}" if here else name
+            try:
+                inner = os.open(name, DIR_FLAGS, dir_fd=fd)
+            except FileNotFoundError:
+                continue
+            except OSError as exc:  # (ELOOP, ENOTDIR: made a link or a file meanwhile; EACCES, EMFILE...)
+                raise Unreadable(self.path, "/".join(p for p in (rel, below) if p), exc) from None
+            try:
+                yield from self._below(inner, rel, below)
+            finally:
+                os.close(inner)
 
     # ------------------------------------------------------------------ what is at a name
 
@@ -315,43 +361,5 @@ class Root:
     # ------------------------------------------------------------------ how names compare
 
     def folds(self) -> bool:
-        """Whether names beneath the root compare case-insensitively: ext4's (or f2fs's) casefold flag on the top
-        directory, or — on a file system without the flag (CIFS, a Mac's volume over a share, vfat) — a name of
-        the top found again under its other case, as the same file. (A folding directory below a top that does
-        not fold is not seen: ext4 sets the flag on empty directories only, and subdirectories inherit it.)"""
-        try:
-            flags = struct.unpack("i", fcntl.ioctl(self.fd, FS_IOC_GETFLAGS, bytes(8))[:4])[0]
-        except OSError:
-            flags = 0
-        return bool(flags & FS_CASEFOLD_FL) or self._found_in_other_case()
-
-    def _found_in_other_case(self) -> bool:
-        with os.scandir(self.fd) as listed:
-            for n, entry in enumerate(listed):
-                if n >= PROBED:
-                    break
-                if entry.name.swapcase() != entry.name:
-                    return _same(self.fd, entry.name, entry.name.swapcase())
-        name = self.path.name  # the top's own name, in its parent, on the same file system
-        if name.swapcase() == name:
-            return False
-        try:
-            parent = os.open(self.path.parent, DIR_FLAGS & ~os.O_NOFOLLOW)
-        except OSError:
-            return False
-        try:
-            return os.fstat(parent).st_dev == os.fstat(self.fd).st_dev and _same(parent, name, name.swapcase())
-        finally:
-            os.close(parent)
-
-
-def _same(dir_fd: int, name: str, other: str) -> bool:
-    """Whether `other` (the name in another case) is the very file `name` is."""
-    try:
-        one = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
-        two = os.stat(other, dir_fd=dir_fd, follow_symlinks=False)
-    except OSError as exc:
-        if exc.errno not in (errno.ENOENT, errno.ENOTDIR, errno.EILSEQ, errno.EINVAL, errno.ENAMETOOLONG):
-            raise
-        return False
-    return (one.st_dev, one.st_ino) == (two.st_dev, two.st_ino)
+        """Whether names beneath the root compare case-insensitively (confine.cases)."""
+        return cases.folds(self.fd, self.path)

@@ -3,8 +3,9 @@
 - nothing is written outside the project root, and no existing symlink on the host is followed: every
   parent directory is checked with lstat, files are opened with O_NOFOLLOW;
 - symlinks whose target leaves the tree, FIFOs, sockets and devices are never created (review.py marks them);
-- only the carried permission bits land (tree.CARRIED: no setuid/setgid/sticky, nothing world-writable);
-  files land owned by the invoking user;
+- only the carried permission bits land (tree.CARRIED: no setuid/setgid/sticky, nothing world-writable), and a
+  directory always with its owner's rwx (tree.landed_mode: one its owner cannot list would hide what is in it from
+  later reviews); files land owned by the invoking user;
 - each file is streamed (never held in memory whole) into a temporary file in its directory, its hash checked
   against what the review showed, fsynced and renamed into place, so an interrupted pull leaves every file
   either old or new, and running it again finishes the job; runs of zeros become holes (sparse stays sparse);
@@ -203,7 +204,7 @@ def make_dir(root: Path, rel: str, mode: int, owner: Owner) -> None:
         try:
             if created:
                 os.fchown(d, owner.uid, owner.gid)
-            os.fchmod(d, mode & tree.CARRIED)
+            os.fchmod(d, tree.landed_mode(DIR, mode))
         finally:
             os.close(d)
     finally:

@@ -11,9 +11,10 @@ import enum
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
-from vmsandbox.sync.review.risk import judge_links, risky_name
+from vmsandbox.confine.beneath import Unreadable
+from vmsandbox.sync.review.risk import judge_links, not_known, risky_name
 from vmsandbox.sync.tree.final import Final
-from vmsandbox.sync.tree.manifest import CARRIED, DIR, FILE, OTHER, SYMLINK, Entry, Tree
+from vmsandbox.sync.tree.manifest import DIR, FILE, OTHER, SYMLINK, Entry, Tree, landed_mode
 
 # .git internals that git itself manages: commits come back as fetched refs, never as these files.
 GIT_MANAGED = (
@@ -149,8 +150,13 @@ def compare(
     for path in sorted(set(baseline) | set(guest) if only is None else only):
         if is_git_managed(path):
             continue
-        base, g, h = baseline.get(path), guest.get(path), host.get(path)
+        base, g = baseline.get(path), guest.get(path)
         if same_entry(base, g):
+            continue
+        try:
+            h = host.get(path)
+        except Unreadable as exc:  # the host's side is not known: never taken for nothing
+            changes.append(Change(path, base, g, None, Status.UNSAFE, risk_of(path, base, g), [not_known(exc)]))
             continue
         if same_entry(g, h):
             status = Status.SAME
@@ -187,9 +193,10 @@ def _judge_links(changes: list[Change], final: Final, host_links: Callable[[], M
 
 
 def same_entry(a: Entry | None, b: Entry | None) -> bool:
-    """Equal as far as a sync can carry: only the CARRIED permission bits travel, so only they can differ."""
+    """Equal as far as a sync can carry: only the bits that land (tree.landed_mode: the CARRIED ones, a directory's
+    owner's rwx always) travel, so only they can differ."""
     if a is None or b is None:
         return a is None and b is None
     if a.kind in (DIR, FILE) and a.kind == b.kind:
-        return a.mode & CARRIED == b.mode & CARRIED and a.digest == b.digest
+        return landed_mode(a.kind, a.mode) == landed_mode(b.kind, b.mode) and a.digest == b.digest
     return a.same(b)

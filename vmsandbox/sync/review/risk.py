@@ -15,6 +15,7 @@ from __future__ import annotations
 import fnmatch
 from collections.abc import Callable, Mapping, Sequence
 
+from vmsandbox.confine.beneath import Unreadable
 from vmsandbox.confine.resolve import Reach
 from vmsandbox.sync.tree.final import Final
 from vmsandbox.sync.tree.manifest import SYMLINK, Entry
@@ -174,6 +175,12 @@ UNKNOWN = "neither the project nor the guest has: where the link leads is not kn
 Changed = tuple[str, Entry | None, Entry | None]  # a change's path, the guest's entry and the host's
 
 
+def not_known(exc: Unreadable, what: str = "") -> str:
+    """Why a change is refused when the project holds what cannot be read (beneath.Unreadable): it stands until a
+    pull that can read it (`what`: what was not known)."""
+    return f"not written: {what}{exc.message}; {exc.hint}" if exc.hint else f"not written: {what}{exc.message}"
+
+
 def judge_links(
     final: Final, changes: Sequence[Changed], host_links: Callable[[], Mapping[str, str]]
 ) -> tuple[dict[str, str], dict[str, str]]:
@@ -192,7 +199,11 @@ def judge_links(
     for path, guest, _host in changes:
         if guest is None or guest.kind != SYMLINK or guest.target is None:
             continue
-        verdict = final.leads(path, guest.target, {final.key(path): guest})
+        try:
+            verdict = final.leads(path, guest.target, {final.key(path): guest})
+        except Unreadable as exc:  # (the host's side of a component on the way)
+            refused[path] = not_known(exc, "where the link leads is not known, as ")
+            continue
         if verdict.reach is not Reach.INSIDE:
             refused[path] = f"symlink to {guest.target!r} leaves the project: {verdict.why}"
         elif verdict.unresolved is not None:
@@ -215,7 +226,19 @@ def _leading_host_links_out(
     if not moved:
         return {}
     blamed: dict[str, str] = {}
-    for at, target in sorted(host_links().items()):
+    try:
+        _blame(final, moved, host_links(), blamed)
+    except Unreadable as exc:  # a link there is not known: none can be said to stay inside
+        why = not_known(exc, "whether it makes a link already in the project lead out is not known, as ")
+        return {path: blamed.get(path, why) for path, _guest in moved.values()}
+    return blamed
+
+
+def _blame(
+    final: Final, moved: Mapping[str, tuple[str, Entry | None]], links: Mapping[str, str], blamed: dict[str, str]
+) -> None:
+    """Put in `blamed` each moved change (by its key) that makes one of the host's `links` lead out."""
+    for at, target in sorted(links.items()):
         every = final.leads(at, target)
         hit = sorted(every.through & moved.keys())
         if every.reach is Reach.INSIDE or not hit:
@@ -226,4 +249,3 @@ def _leading_host_links_out(
             taken = final.leads(at, target, {key: guest})
             if path not in blamed and taken.reach > before:
                 blamed[path] = f"with it, the link {at} -> {target!r} already in the project leads out: {taken.why}"
-    return blamed

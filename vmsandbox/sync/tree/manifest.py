@@ -26,6 +26,9 @@ CHUNK = 1 << 20
 # The permission bits a sync carries: rwx for the owner and the group, r-x for others. Setuid, setgid, sticky
 # and world-writable never travel from a guest, so they never make a difference between two trees either.
 CARRIED = 0o775
+# What a directory always lands with, whatever the guest set: its owner may list, enter and write it. A directory a
+# person cannot list would hide what is in it from every later review (modes from the guest never rule the host).
+DIR_OWNER = 0o700
 # A file of the mirror that stands for the baseline's (sync.placeholders): its content hash (the 32 bytes, small
 # enough to be kept in the inode: the placeholder takes no block), set by root only.
 PLACEHOLDER_XATTR = "trusted.vmsandbox.digest"
@@ -57,6 +60,12 @@ class Entry:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Entry:
         return cls(**data)
+
+
+def landed_mode(kind: str, mode: int) -> int:
+    """The permission bits an entry of `kind` with `mode` lands with on the host: the carried ones, and a
+    directory's owner's rwx."""
+    return mode & CARRIED | DIR_OWNER if kind == DIR else mode & CARRIED
 
 
 open_file_at = beneath.regular_at  # the regular file `name` of a directory fd, never through a link (None: not one)
@@ -161,7 +170,7 @@ def scan(
     """Every path under root (root itself excluded; root is the caller's name, followed if a link). `skip` names
     top-level entries to leave out. With a cache (sync.hashcache), unchanged files are not read again; the cache
     is saved after the walk. With `max_entries`, a tree holding more raises TooManyEntriesError as soon as the
-    walk finds one too many."""
+    walk finds one too many. A directory that cannot be opened or listed raises beneath.Unreadable: never empty."""
     found: Manifest = {}
     with beneath.Root.open(root, follow=True) as top:
         try:
@@ -175,7 +184,8 @@ def scan(
 
 def scan_under(root: Path, rel: str, cache: HashCache | None = None) -> Manifest:
     """The entry at `rel` under root and, if it is a directory, everything under it (keys relative to root).
-    No symlink is followed on the way down to `rel` either. The cache is not saved (the caller merges)."""
+    No symlink is followed on the way down to `rel` either. The cache is not saved (the caller merges).
+    beneath.Unreadable when a directory there cannot be opened or listed: never read as empty."""
     with beneath.Root.open(root, follow=True) as top:
         entry = _entry(top, rel, cache)
         found: Manifest = {} if entry is None else {rel: entry}
@@ -207,7 +217,10 @@ def _walk(
         for name in sorted(dirnames + filenames):
             if at_top and name in skip:
                 continue
-            entry = entry_at(here_fd, name, cache, here + name)
+            try:
+                entry = entry_at(here_fd, name, cache, here + name)
+            except OSError as exc:  # (EACCES: a directory listed but not searchable)
+                raise beneath.Unreadable(top.path, here + name, exc) from None
             if entry is not None:
                 found[here + name] = entry
                 if max_entries is not None and len(found) > max_entries:
@@ -225,23 +238,36 @@ def open_dir_under(root: Path, rel: str) -> int | None:
             return None
 
 
+# A name the file system cannot hold (too long, not in its encoding): nothing can be there by that name.
+CANNOT_HOLD = frozenset({errno.ENAMETOOLONG, errno.EILSEQ, errno.EINVAL})
+
+
 def _entry(top: beneath.Root, rel: str, cache: HashCache | None) -> Entry | None:
+    """The entry at `rel`; None when nothing is there (a component missing, or a file or a link: what is beneath a
+    link is the link's target's, never this name's; a name the file system cannot hold). beneath.Unreadable when
+    a directory on the way, or the entry, cannot be read: what is there is not known, and is never taken for
+    nothing."""
     try:
         parent, name = top.parent(rel)
-    except (OSError, beneath.Outside):
+    except beneath.Outside:
         return None
+    except OSError as exc:
+        if exc.errno in beneath.NOT_THERE | CANNOT_HOLD:
+            return None
+        raise beneath.Unreadable(top.path, exc.filename or rel, exc) from None
     try:
         return entry_at(parent, name, cache, rel)
-    except OSError as exc:  # a name the file system cannot hold (too long, not in its encoding): nothing is there
-        if exc.errno not in (errno.ENAMETOOLONG, errno.EILSEQ, errno.EINVAL):
-            raise
-        return None
+    except OSError as exc:
+        if exc.errno in beneath.NOT_THERE | CANNOT_HOLD:
+            return None
+        raise beneath.Unreadable(top.path, rel, exc) from None
     finally:
         os.close(parent)
 
 
 def entry_under(root: Path, rel: str, cache: HashCache | None = None) -> Entry | None:
-    """The entry at `rel` under root, no symlink followed on the way (None if there is none)."""
+    """The entry at `rel` under root, no symlink followed on the way (None if there is none; beneath.Unreadable if
+    what is there cannot be read)."""
     with beneath.Root.open(root, follow=True) as top:
         return _entry(top, rel, cache)
 
