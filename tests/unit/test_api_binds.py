@@ -120,3 +120,21 @@ def test_a_digest_is_a_digest_not_a_take() -> None:
                             (model.Hold(model.Badge.SECRET, "looks like a key"),))  # fmt: skip
     with pytest.raises(InvalidError, match="a person's own choice"):
         model.check_taken([item], [model.Choice(Token("i0"), Digest("0" * 32))], ())
+
+
+@pytest.mark.parametrize("spelled", ["i00", "i0000000", "i01", "i", "I0", "i-0", "i0x", "h0", "i12345678"])
+def test_an_id_is_taken_only_as_the_review_spelled_it(reviewed: plan.Plan, spelled: str) -> None:
+    """(Audit F5: the check of holds matched ids by their text, the apply read them by number, so `i00` took the
+    held `i0` with no include.) One parse for both: an id spelled otherwise is a 400, before anything is read."""
+    items = backend._review_of(SessionName("s"), reviewed).items
+    held = next(i for i in items if i.holds)
+    with pytest.raises(InvalidError, match="is not an item of a review"):
+        model.check_taken(items, [model.Choice(Token(spelled), held.digest)], ())
+    with pytest.raises(InvalidError, match="is not an item of a review"):  # (the session is never looked up)
+        backend.SessionBackend.__new__(backend.SessionBackend).apply(
+            SessionName("s"), Token("0" * 32), [model.Choice(Token(spelled), held.digest)]
+        )
+    assert model.number(held.id) == int(held.id.value[1:])  # the ids the review gives are read as given
+    assert model.number(Token("h12"), "h") == 12
+    with pytest.raises(InvalidError, match="is not a hunk of a review"):
+        model.number(Token("h012"), "h")

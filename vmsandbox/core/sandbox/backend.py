@@ -24,7 +24,7 @@ from vmsandbox.core.person import Nobody
 from vmsandbox.core.sandbox import model
 from vmsandbox.core.sandbox.files import GuestFiles
 from vmsandbox.core.sandbox.interface import ConflictError, NotFoundError, NotRunningError
-from vmsandbox.core.sandbox.names import CheckpointLabel, Digest, InvalidError, SessionName, SnapshotRef, Token
+from vmsandbox.core.sandbox.names import CheckpointLabel, Digest, SessionName, SnapshotRef, Token
 from vmsandbox.core.sandbox.processes import GuestProcesses
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.session import lock, state
@@ -37,7 +37,7 @@ from vmsandbox.session.place import checkpoints
 from vmsandbox.session.record import Record, State
 from vmsandbox.sync.review import hunks as hunks_mod
 from vmsandbox.sync.review.plan import Decisions, Plan
-from vmsandbox.sync.tree.manifest import CARRIED
+from vmsandbox.sync.tree.manifest import landed_mode
 
 AGAIN = "ask for a new review (POST /vmsandbox/v1/sessions/{0}/reviews) and choose from it"
 STATES = {State.RUNNING: model.State.RUNNING, State.STOPPED: model.State.PAUSED}
@@ -199,8 +199,12 @@ class SessionBackend:
         self, name: SessionName, review: Token, choices: Sequence[model.Choice], include: Collection[model.Badge] = ()
     ) -> model.Applied:
         chosen: list[tuple[Plan, views.Chosen]] = []
-        asked = [  # (ids read before the review is opened: a malformed one spends nothing)
-            views.Choice(_index(c.item), c.digest.value, None if c.hunks is None else [_index(h, "h") for h in c.hunks])
+        asked = [  # (ids read before the review is opened, as check_taken reads them: a malformed one spends nothing)
+            views.Choice(
+                model.number(c.item),
+                c.digest.value,
+                None if c.hunks is None else [model.number(h, "h") for h in c.hunks],
+            )
             for c in choices
         ]
 
@@ -214,9 +218,10 @@ class SessionBackend:
             settled = reviews.apply(name.value, review.value, decide)
         plan, picked = chosen[0]
         landed = set(settled.outcome.applied + settled.outcome.merged + settled.outcome.conflicts)
+        numbers = [model.number(c.item) for c in choices]
         applied = [
-            c.item for c in choices
-            if 0 <= _index(c.item) < len(plan.todo) and all(x.path in landed for x in plan.todo[_index(c.item)].changes)
+            c.item for c, n in zip(choices, numbers, strict=True)
+            if 0 <= n < len(plan.todo) and all(x.path in landed for x in plan.todo[n].changes)
         ]  # fmt: skip
         pairs = zip(picked.refused_items, picked.refused, strict=True)
         refused = [model.Refusal(Token(f"i{n}"), why) for n, why in pairs]
@@ -272,16 +277,6 @@ def _answered(name: SessionName) -> Iterator[None]:
         raise ConflictError(exc.message, hint=exc.hint or "try again once the other command is done") from exc
 
 
-def _index(token: Token | str, kind: str = "i") -> int:
-    """The number an item's (`i3`) or a hunk's (`h0`) id gives, as the review gave them."""
-    text = str(token)
-    number = text[1:] if text[:1] == kind else ""
-    if not (number.isascii() and number.isdigit() and len(number) <= 7):
-        what = "an item" if kind == "i" else "a hunk"
-        raise InvalidError(f"{text[:40]!r} is not {what} of a review", hint="use the ids the review gave")
-    return int(number)
-
-
 BADGES = {
     "secret": model.Badge.SECRET, "quarantined": model.Badge.QUARANTINED, "ignored": model.Badge.IGNORED,
     "binary": model.Badge.BINARY, "conflict": model.Badge.CONFLICT, "unsafe": model.Badge.UNSAFE,
@@ -327,7 +322,8 @@ def _shown(plan: Plan, n: int, *, lines: bool = False) -> model.ReviewItem:
     return model.ReviewItem(
         Token(f"i{n}"), item.label, item.kind, item.first.status.value, Digest(views.fingerprint(item)), holds,
         _hunks(both), entry_type=None if guest is None else guest.kind,
-        mode=None if guest is None else guest.mode & CARRIED, target=None if guest is None else guest.target,
+        mode=None if guest is None else landed_mode(guest.kind, guest.mode),
+        target=None if guest is None else guest.target,
     )  # fmt: skip
 
 

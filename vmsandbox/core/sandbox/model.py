@@ -218,11 +218,29 @@ class Choice:
     hunks: tuple[Token, ...] | None = None  # None: the whole item
 
 
+MOST_DIGITS = 7  # an item's or a hunk's number: a review holds far fewer
+
+
+def number(token: Token, kind: str = "i") -> int:
+    """The number of an item's (`i3`) or a hunk's (`h0`) id, spelled exactly as the review gave it: the letter,
+    then the number in ASCII digits without a leading zero. Any other spelling (`i03`, `I3`) is an InvalidError
+    (400): one id, one spelling, so whatever matches ids (the check of holds) and whatever takes them (the apply)
+    read the same item."""
+    text = token.value
+    digits = text[1:] if text[:1] == kind else ""
+    canonical = digits.isascii() and digits.isdigit() and len(digits) <= MOST_DIGITS and str(int(digits)) == digits
+    if not canonical:
+        what = "an item" if kind == "i" else "a hunk"
+        raise InvalidError(f"{text[:40]!r} is not {what} of a review", hint="use the ids the review gave, unchanged")
+    return int(digits)
+
+
 def check_taken(items: Sequence[ReviewItem], choices: Sequence[Choice], include: Collection[Badge]) -> None:
     """InvalidError (400) naming every chosen item held for what the request's `include` does not name, and what
-    to add: a held item is taken only when asked for by its hold, as `--include-risky` asks at the terminal."""
-    by_id = {i.id.value: i for i in items}
-    held = [(c.item.value, by_id[c.item.value]) for c in choices if c.item.value in by_id]
+    to add: a held item is taken only when asked for by its hold, as `--include-risky` asks at the terminal. Items
+    are matched by their number (`number`: an id spelled otherwise is refused), as the apply takes them."""
+    by_number = {number(i.id): i for i in items}
+    held = [(c.item.value, by_number[n]) for c in choices if (n := number(c.item)) in by_number]
     missing = [(n, i, i.untaken(include)) for n, i in held if i.untaken(include)]
     if not missing:
         return
