@@ -150,21 +150,40 @@ MARKS = 3
 # What is not what it looks like, in a name above all: every space but the ASCII one (category Zs: no-break,
 # ideographic, en/em and the rest); characters drawn blank that are no space (a Braille blank, the object
 # replacement character, a null notehead); and look-alikes of the two characters that give a path its shape, `/`
-# and `.` — any character whose compatibility form holds one (fullwidth solidus, one dot leader, `‥`, `…`, digit
-# full stops) and Unicode's confusables of them (confusables.txt) that are no letter of a script: a top-level
-# `src\u2215main.py` reads as `src/main.py`, `\u2025` as `..`.
+# and `.`, that are no letter of a script: a top-level `src\u2215main.py` reads as `src/main.py`, `\u2025` as `..`,
+# `\u0660\u0660/etc` as `../etc`. By property: any character whose compatibility form holds one (fullwidth solidus,
+# one dot leader, `‥`, `…`, digit full stops), any non-letter named a solidus or a slash (`⫽`, the combining
+# overlays), any punctuation named a dot or a point (a raised dot, a word separator dot); and by the table below.
 BLANKS = frozenset({0x2800, 0xFFFC, 0x1D159})
-LOOKALIKES = frozenset({
-    0x1735, 0x2041, 0x2215, 0x2044, 0x2571, 0x27CB, 0x29F8, 0x1D23A, 0x31D3, 0x3033, 0x2F03,  # of `/`
-    0x1D16D, 0x2024, 0x0701, 0x0702, 0xA60E, 0x10A50,  # of `.`
-})  # fmt: skip
+# Unicode's confusables (UTS #39, confusables.txt) of `/` (U+002F), of `.` (U+002E) and of the middle dot `·`
+# (U+00B7) that a `.` is read as: every entry of the three, as Debian 12's python3-confusable-homoglyphs 3.2.0
+# carries the file (confusables.json). Those that are letters of a script (categories Lu, Ll, Lt, Lo: katakana NO,
+# a CJK ideograph, Coptic ESH) are text and stay; every other one is escaped: punctuation, symbols, a combining
+# mark, digits (the Arabic-Indic zeros), modifier letters (Lisu MYA TI).
+CONFUSABLES = {
+    "/": (0x1735, 0x2041, 0x2215, 0x2044, 0x2571, 0x27CB, 0x29F8, 0x1D23A, 0x31D3, 0x3033, 0x2CC6, 0x30CE, 0x4E3F,
+          0x2F03),
+    ".": (0x1D16D, 0x2024, 0x0701, 0x0702, 0xA60E, 0x10A50, 0x0660, 0x06F0, 0xA4F8),
+    "\u00b7": (0x00B7, 0x30FB, 0xFF65, 0x16EB, 0x0387, 0x2E31, 0x10101, 0x2022, 0x2027, 0x2219, 0x22C5, 0xA78F,
+               0x1427),
+}  # fmt: skip
+LETTERS = frozenset({"Lu", "Ll", "Lt", "Lo"})
+LOOKALIKES = frozenset(c for cs in CONFUSABLES.values() for c in cs if unicodedata.category(chr(c)) not in LETTERS)
+SLASHES = frozenset({"SOLIDUS", "SLASH"})  # a word of the name of a non-letter drawn as `/` (not REVERSE ones)
+DOTS = frozenset({"DOT", "POINT"})  # the last word of the name of punctuation drawn as a point
 
 
 @functools.lru_cache(maxsize=4096)
 def _misleads(ch: str) -> bool:
     """Whether a non-ASCII character that hides nothing still reads as what it is not (a space, `/`, `.`)."""
     code = ord(ch)
-    if code in BLANKS or code in LOOKALIKES or unicodedata.category(ch) == "Zs":
+    category = unicodedata.category(ch)
+    if code in BLANKS or code in LOOKALIKES or category == "Zs":
+        return True
+    words = unicodedata.name(ch, "").split()
+    if category not in LETTERS and SLASHES & {*words} and not {"REVERSE", "REVERSED"} & {*words}:
+        return True
+    if category[0] == "P" and words[-1:] and words[-1] in DOTS:
         return True
     folded = unicodedata.normalize("NFKC", ch)
     return "/" in folded or "." in folded
@@ -177,9 +196,9 @@ def _escaped(code: int) -> str:
 def visible(text: str) -> str:
     """Text from the guest as its characters are, and nothing that acts on what surrounds it or reads as what it
     is not: every character that could hide, reorder or restyle text (HIDING, and a combining mark first), every
-    space but U+0020 and every blank, and every look-alike of `/` and `.` (_misleads) shown as \\xNN, \\uNNNN or
-    \\UNNNNNNNN. Tabs and newlines stay. The one escaping the terminal, the page and `diff` show names and lines
-    through."""
+    space but U+0020 and every blank, and every look-alike of `/` and `.` that is no letter (_misleads: digits and
+    dot-like punctuation too) shown as \\xNN, \\uNNNN or \\UNNNNNNNN. Tabs and newlines stay. The one escaping the
+    terminal, the page and `diff` show names and lines through."""
     if text.isascii():
         return text.translate(_CONTROL)
     out = []

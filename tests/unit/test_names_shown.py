@@ -55,3 +55,44 @@ def test_a_name_reads_as_its_bytes_in_the_terminal_the_page_and_diff(name: str, 
     assert page == shown.replace("&", "&amp;")
     diff = f"--- a/{name}\n+++ b/{name}\n@@ -1 +1 @@\n-x\n+y\n"
     assert ui.printable(diff, markup=False).splitlines()[0] == f"--- a/{shown}"
+
+
+# Unicode's confusables (confusables.txt) of `.` and of the middle dot that are no letter, and what Unicode
+# names a slash or a dot: each shown as its code, wherever it stands in a name (audit F6).
+LOOKALIKES = {
+    "\u0660": "ARABIC-INDIC DIGIT ZERO",  # a digit: confusables.txt maps it to `.`
+    "\u06f0": "EXTENDED ARABIC-INDIC DIGIT ZERO",
+    "\ua4f8": "LISU LETTER TONE MYA TI",  # a modifier letter (Lm), drawn as a full stop
+    "\u00b7": "MIDDLE DOT",
+    "\u16eb": "RUNIC SINGLE PUNCTUATION",
+    "\u2e31": "WORD SEPARATOR MIDDLE DOT",
+    "\u22c5": "DOT OPERATOR",
+    "\u2219": "BULLET OPERATOR",
+    "\u2027": "HYPHENATION POINT",
+    "\u0387": "GREEK ANO TELEIA",
+    "\u2e33": "RAISED DOT",  # (named a dot: by property)
+    "\u0338": "COMBINING LONG SOLIDUS OVERLAY",  # (named a solidus: by property)
+    "\u2afd": "DOUBLE SOLIDUS OPERATOR",
+    "\U0001f67c": "VERY HEAVY SOLIDUS",
+}
+LETTERS = ["\u30ce", "\u4e3f", "\u2cc6", "\ua78f"]  # confusables too, but letters of a script: text, shown
+
+
+@pytest.mark.parametrize("ch", sorted(LOOKALIKES))
+def test_every_look_alike_of_a_dot_or_a_slash_that_is_no_letter_is_escaped(ch: str) -> None:
+    assert unicodedata.name(ch) == LOOKALIKES[ch]
+    code = f"\\x{ord(ch):02x}" if ord(ch) < 0x100 else f"\\u{ord(ch):04x}" if ord(ch) < 0x10000 else f"\\U{ord(ch):08x}"
+    for name in (f"{ch}{ch}/etc/passwd", f"src{ch}py", f"x{ch}"):
+        assert ui.visible(name) == name.replace(ch, code), name
+
+
+def test_every_punctuation_named_a_dot_is_escaped_and_letters_are_shown() -> None:
+    named = [
+        chr(c) for c in range(0x80, 0x20000)
+        if unicodedata.category(chr(c)).startswith("P") and unicodedata.name(chr(c), "").endswith((" DOT", " POINT"))
+    ]  # fmt: skip
+    assert len(named) >= 20 and "\u00b7" in named
+    for ch in named:
+        assert ch not in ui.visible(f"a{ch}b"), f"U+{ord(ch):04X} {unicodedata.name(ch)}"
+    for ch in LETTERS:
+        assert ui.visible(f"a{ch}b") == f"a{ch}b"
