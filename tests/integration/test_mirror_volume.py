@@ -67,7 +67,9 @@ def test_the_mirror_is_made_once_in_its_own_file_system_and_dropped_whole(
     (files.guest_tree / "pulled").write_text("a pull's\n")
     assert volume.ensure(files, base, bound=8 * MIB, max_entries=10_000) == held
     assert (files.guest_tree / "pulled").exists()  # used as it is
-    volume.ensure(files, base, bound=16 * MIB, max_entries=10_000)  # sync_limit changed: made anew for it
+    lower = volume.ensure(files, base, bound=4 * MIB, max_entries=10_000)  # a lower sync_limit: each pull's
+    assert lower == held and (files.guest_tree / "pulled").exists()  # the mirror keeps the bound it has
+    volume.ensure(files, base, bound=16 * MIB, max_entries=10_000)  # a higher one: made anew for it
     assert not (files.guest_tree / "pulled").exists()
     assert json.loads((files.mirror / volume.BOUND).read_text())["bound"] == 16 * MIB
     volume.drop(files)

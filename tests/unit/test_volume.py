@@ -182,7 +182,7 @@ def test_in_a_file_system_of_its_own_the_session_s_bound_is_not_counted(tmp_path
     files = SessionPaths(tmp_path / "s")
     files.root.mkdir()
     spend.save(files.root, spend.Spend(bytes=10**12, entries=10**9))  # (a ledger left over: not read)
-    budget = spend.room(files, 16 * MIB, max_entries=2_000_000, ledger=False)
+    budget = spend.room(files, 16 * MIB, max_entries=2_000_000, kernel=spend.FACTOR * 16 * MIB)
     assert budget.bytes == 16 * MIB and "in one pull" in budget.why
     assert budget.full == "more than session s's mirror may hold (64 MiB, 4 x sync_limit), past its bound"
     assert not files.guest_tree.exists()  # never walked

@@ -168,7 +168,11 @@ def _rsync(
     if only is not None:
         options += ["--recursive", "--files-from=-", "--from0", "--delete-missing-args", "--force"]
     budget = spend.room(
-        files, max_file_bytes, max_entries=MAX_GUEST_ENTRIES, pull_entries=MAX_PULL_ENTRIES, ledger=not held.own
+        files,
+        max_file_bytes,
+        max_entries=MAX_GUEST_ENTRIES,
+        pull_entries=MAX_PULL_ENTRIES,
+        kernel=held.bound if held.own else None,
     )
     tally = meter.Tally()
     try:

@@ -97,13 +97,14 @@ def room(
     *,
     max_entries: int,
     pull_entries: int | None = None,
-    ledger: bool = True,
+    kernel: int | None = None,
 ) -> Budget:
     """What the next transfer into the session's mirror may spend (see the module's notes): `limit` bytes and
-    `pull_entries` entries at once (`max_entries`, the session's bound, unless less is given). With `ledger`
-    the session's bound is counted here; without, the mirror's own file system keeps it. Raises, saying which
+    `pull_entries` entries at once (`max_entries`, the session's bound, unless less is given). The session's
+    bound is counted here, or (`kernel`: that bound) kept by the mirror's own file system. Raises, saying which
     bound and the fix, when nothing is left."""
-    bound = FACTOR * limit
+    ledger = kernel is None
+    bound = FACTOR * limit if kernel is None else kernel
     spent = load(files.root) if ledger else Spend()
     if ledger and (bound - spent.bytes < limit or max_entries - spent.entries < max_entries // FACTOR):
         # the ledger is a bound from above (a stopped transfer's partial files were removed; replaced files

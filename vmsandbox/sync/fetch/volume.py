@@ -13,10 +13,11 @@ Only the host's kernel writes the image's metadata, and nothing else on the host
 debugfs): the receiver writes files through the mount, as the guest-data account; the image itself is root's
 in root's private session directory. An image that is not mounted (after a reboot or a crash) is never
 mounted again: the mirror is a cache of the guest's tree, made anew from the baseline (and the next pull reads
-the whole tree); so it needs no journal. It is made anew too when the bound changed (`sync_limit`). A transfer
-the kernel stopped leaves the mirror within its bound, and what earlier pulls brought stays. `drop` is how a
-session's end, `rm` and `rm --stale` remove it (a lazy unmount: a process still in it never keeps the session
-from going).
+the whole tree); so it needs no journal. It is made anew too when the bound grew (a higher `sync_limit`; a file
+system is not grown in place: that needs CAP_SYS_RESOURCE, which not every root has), and kept when it shrank
+(each pull takes less; the mirror keeps the bound it was made with). A transfer the kernel stopped leaves the
+mirror within its bound, and what earlier pulls brought stays. `drop` is how a session's end, `rm` and
+`rm --stale` remove it (a lazy unmount: a process still in it never keeps the session from going).
 
 Without root (a plain member of the libvirt group) nothing can be mounted: the mirror is a directory at
 `mirror/guest`, and its bound is spend's ledger, counted as the receiver works, so one transfer can pass it
@@ -106,8 +107,8 @@ def ensure(files: SessionPaths, base: Tree, *, bound: int, max_entries: int) -> 
     """The session's mirror, made if it is not there (or not as it must be): the baseline's tree with
     placeholders for its files (`base`), the guest-data account's; in a file system of its own under root."""
     own = _own(files)
-    if own is not None and own.get("bound") == bound:
-        return Held(True, bound)
+    if own is not None and own.get("bound", 0) >= bound:  # (a lower sync_limit bounds each pull; the mirror
+        return Held(True, own["bound"])  # keeps the bound it was made with)
     if own is None and not files.mirror_image.exists() and files.guest_tree.is_dir() and not _is_mount(files):
         return Held(False, bound)  # a directory: a plain user's, or root's where nothing could be mounted
     drop(files)
