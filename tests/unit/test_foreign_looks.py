@@ -8,12 +8,15 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import io
+import json
 import os
 import socket
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 
@@ -33,13 +36,21 @@ class Recording:
         self.libc = ctypes.CDLL(None, use_errno=True)
         self.taken: list[int] = []
         self.swap = swap
+        self.copies: list[int] = []  # what the takes got instead: a helper that holds one never closes it
 
     def syscall(self, number: int, pidfd: int, fd: int, flags: int) -> int:
         assert number == look.SYS_PIDFD_GETFD
         self.taken.append(fd)
         if self.swap is not None:
-            return os.dup(self.swap)
+            self.copies.append(os.dup(self.swap))
+            return self.copies[-1]
         return int(self.libc.syscall(number, pidfd, fd, flags))
+
+    def close_copies(self) -> None:
+        """Close what the takes got instead (the helper held each: a test's own pipes and files)."""
+        for fd in self.copies:
+            os.close(fd)
+        self.copies.clear()
 
 
 def asked(fds: list[int], libc: Recording, start: str | None = None) -> tuple[dict[str, Any], list[int]]:
@@ -177,20 +188,6 @@ class _Left:
         return 0 if self.ended else None
 
 
-def test_looks_stop_while_too_many_helpers_are_left_hanging(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A helper left hanging costs a task and a pid: past MOST_LEFT of them no look is made (the callers go on as for
-    a process they could not look at); one that ends is reaped, and counts no more."""
-    helper = foreign._Helper()
-    left = [_Left() for _ in range(foreign.MOST_LEFT)]
-    helper.left = left  # type: ignore[assignment]
-    monkeypatch.setattr(foreign, "_HELPER", helper)
-    said = helper.ask({"pid": 1, "start": None, "fds": None})
-    assert isinstance(said, str) and f"left {foreign.MOST_LEFT} looks hanging" in said
-    assert helper.child is None  # no helper started
-    left[0].ended = True
-    assert foreign.left() == foreign.MOST_LEFT - 1
-
-
 def test_a_holders_words_are_read_to_a_deadline_never_past_it() -> None:
     """A holder a process of its account traces may say anything, half a line, or nothing: what it said by the
     deadline is taken as it is (compared with what the holder we started says, never parsed)."""
@@ -222,3 +219,205 @@ def test_a_warm_start_whose_shared_memory_fails_in_any_way_loads_a_copy(
     assert start._template_memory(record, None, None) is None  # type: ignore[arg-type]
     assert record.memory_note.startswith("its template's memory is copied: ")
     assert type(failure).__name__ in record.memory_note
+
+
+class Keepers:
+    """The keepers a helper makes, as numbers (no process is made here): `make` is look.make_keeper's stand-in."""
+
+    def __init__(self, *, made: bool = True) -> None:
+        self.made = made
+        self.pids: list[int] = []
+
+    def make(self) -> int | None:
+        if not self.made:
+            return None
+        self.pids.append(90000 + len(self.pids))
+        return self.pids[-1]
+
+
+def served(requests: list[dict[str, Any]], libc: Recording, keepers: Keepers) -> tuple[int, list[dict[str, Any]]]:
+    """What the helper's loop (look.serve) says to `requests`, in order, and its exit code."""
+    out = io.BytesIO()
+    lines = io.BytesIO(b"".join(json.dumps(r).encode() + b"\n" for r in requests))
+    code = look.serve(look.memfd_mount(), libc, keepers.make, lines, out)
+    return code, [json.loads(line) for line in out.getvalue().splitlines()]
+
+
+def test_a_helper_that_holds_what_it_took_hands_it_to_one_keeper_and_goes_on_answering(tmp_path: Path) -> None:
+    """What the helper may not close stays in its descriptor table, which it shares with a keeper made at the first
+    such copy (said first, on a line of its own); it goes on answering, each later copy in the same table, and ends
+    only once it holds MOST_HELD of them. Without a keeper (the kernel makes none) it ends with the first."""
+    me, start = os.getpid(), pids.process_start(os.getpid())
+    with every_kind(tmp_path) as fds:
+        ask = {"pid": me, "start": start, "fds": [fds["sealed"]]}
+        keepers, libc = Keepers(), Recording(swap=fds["fifo"])
+        code, said = served([ask] * 5, libc, keepers)
+        for copy in libc.copies:  # still open in this process: the helper's table is its keeper's, never closed
+            assert os.fstat(copy).st_ino == os.fstat(fds["fifo"]).st_ino
+        libc.close_copies()
+        assert code == 0 and keepers.pids == [90000]  # every request answered; one keeper for all
+        assert said[0] == {"keeper": 90000}
+        assert [a["holding"] for a in said[1:]] == [True] * 5 and not any(a["ends"] for a in said[1:])
+        assert served([ask] * 2, Recording(), Keepers())[1][-1]["found"]  # nothing held: no keeper
+
+        libc = Recording(swap=fds["fifo"])
+        code, said = served([ask] * 3, libc, Keepers(made=False))
+        libc.close_copies()
+        assert code == 1 and len(said) == 1 and said[0]["holding"] and said[0]["ends"]  # it ends holding it
+
+
+def test_a_helper_ends_once_it_holds_its_most(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(look, "MOST_HELD", 3)
+    with every_kind(tmp_path) as fds:
+        ask = {"pid": os.getpid(), "start": pids.process_start(os.getpid()), "fds": [fds["sealed"]]}
+        libc = Recording(swap=fds["pipe"])
+        code, said = served([ask] * 5, libc, Keepers())
+        libc.close_copies()
+    assert code == 0 and [a.get("ends") for a in said] == [None, False, False, True]  # its keeper holds the three
+
+
+class InProcessHelper:
+    """Root's look helper as foreign._Helper starts it, but its loop (look.serve) run by a thread of this process on
+    two pipes: it looks at this process's descriptors only. `hang_at`: a descriptor whose take never returns until
+    the helper is killed (a killable wait of the kernel's, as a take of a process in the middle of an exec)."""
+
+    started: ClassVar[list[InProcessHelper]] = []
+
+    def __init__(self, libc: Recording, keepers: Keepers, hang_at: int | None = None) -> None:
+        asked, self._requests = os.pipe()
+        self._answers, answered = os.pipe()
+        self.stdin, self.stdout = os.fdopen(self._requests, "wb"), os.fdopen(self._answers, "rb")
+        self.pid = 0
+        self.killed = threading.Event()
+        hung = self
+
+        class Taking:
+            def syscall(self, number: int, pidfd: int, fd: int, flags: int) -> int:
+                if fd == hang_at:
+                    hung.killed.wait()
+                    return -1
+                return libc.syscall(number, pidfd, fd, flags)
+
+        def loop() -> None:
+            with (
+                contextlib.suppress(OSError, ValueError),  # (root closed its ends: a pipe broken)
+                os.fdopen(asked, "rb") as requests,
+                os.fdopen(answered, "wb") as answers,
+            ):
+                look.serve(look.memfd_mount(), Taking(), keepers.make, requests, answers)
+
+        self.thread = threading.Thread(target=loop, daemon=True)
+        self.thread.start()
+        InProcessHelper.started.append(self)
+
+    def poll(self) -> int | None:
+        return None if self.thread.is_alive() else 0
+
+    def kill(self) -> None:
+        self.killed.set()
+
+
+@contextlib.contextmanager
+def in_process_helper(
+    monkeypatch: pytest.MonkeyPatch, libc: Recording, keepers: Keepers, hang_at: int | None = None
+) -> Iterator[foreign._Helper]:
+    ended: set[int] = set()
+    helper = foreign._Helper(lambda: InProcessHelper(libc, keepers, hang_at), ended.__contains__)  # type: ignore[arg-type,return-value]
+    monkeypatch.setattr(foreign, "_HELPER", helper)
+    try:
+        yield helper
+    finally:
+        helper._leave(kill=True)
+        for h in InProcessHelper.started:
+            h.killed.set()
+            h.thread.join(30)
+        InProcessHelper.started.clear()
+
+
+class SwapAt(Recording):
+    """A take of any descriptor in `at` gets `swap` instead (the processes that race root's look); others are real."""
+
+    def __init__(self, swap: int, at: set[int]) -> None:
+        super().__init__(swap)
+        self.at = at
+
+    def syscall(self, number: int, pidfd: int, fd: int, flags: int) -> int:
+        if fd in self.at:
+            return super().syscall(number, pidfd, fd, flags)
+        self.taken.append(fd)
+        return int(self.libc.syscall(number, pidfd, fd, flags))
+
+
+def test_offenders_each_cost_one_copy_and_the_rest_are_still_looked_at(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Many offenders (more than MOST_LEFT, as eight racing QEMUs were against the old bound of 8 helpers) hand over
+    what the helper keeps: one helper, one keeper, and a genuine memory file is still looked at."""
+    me, start = os.getpid(), pids.process_start(os.getpid())
+    with every_kind(tmp_path) as fds:
+        offenders = [os.dup(fds["sealed"]) for _ in range(foreign.MOST_LEFT + 2)]
+        keepers = Keepers()
+        libc = SwapAt(fds["fifo"], set(offenders))
+        try:
+            with in_process_helper(monkeypatch, libc, keepers) as helper:
+                first = None
+                for fd in offenders:
+                    said = helper.ask({"pid": me, "start": start, "fds": [fd]})
+                    assert isinstance(said, dict) and said["holding"] and not said["ends"], said
+                    first = first or helper.child
+                    assert helper.child is first  # the same helper goes on
+                genuine = helper.ask({"pid": me, "start": start, "fds": [fds["sealed"]]})
+                assert isinstance(genuine, dict) and [f[0] for f in genuine["found"]] == [fds["sealed"]]
+                assert helper.kept == keepers.pids == [90000] and foreign.left() == 1
+        finally:
+            libc.close_copies()
+            for fd in offenders:
+                os.close(fd)
+
+
+def test_a_helper_killed_at_its_deadline_leaves_its_keeper_counted_and_its_process_shunned(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A take that waits (the kernel's killable wait) after a copy was kept: root kills the helper at the deadline;
+    the keeper it said it made is counted (it ends once the helper has, perhaps hanging), the process asked about is
+    never asked about again, and a fresh helper answers the next look."""
+    monkeypatch.setattr(foreign, "LOOK_DEADLINE", 0.2)
+    me, start = os.getpid(), pids.process_start(os.getpid())
+    with every_kind(tmp_path) as fds:
+        swapped, waits = os.dup(fds["sealed"]), os.dup(fds["sealed"])
+        keepers = Keepers()
+        libc = SwapAt(fds["pipe"], {swapped})
+        try:
+            with in_process_helper(monkeypatch, libc, keepers, hang_at=waits) as helper:
+                said = helper.ask({"pid": me, "start": start, "fds": [swapped, waits]})
+                assert isinstance(said, str) and "no answer within" in said
+                assert helper.kept == [90000] and (me, start) in foreign._SHUNNED
+                wait_until_ended = InProcessHelper.started[0].thread
+                wait_until_ended.join(30)
+                assert foreign.left() == 1  # the keeper (the killed helper has ended and is reaped)
+                again = helper.ask({"pid": me, "start": start, "fds": [fds["sealed"]]})
+                assert isinstance(again, dict) and again["found"] and len(InProcessHelper.started) == 2
+        finally:
+            libc.close_copies()
+            for fd in (swapped, waits):
+                os.close(fd)
+
+
+def test_past_most_left_keepers_no_look_is_made_and_the_caller_is_told_it_is_blind(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A keeper left running (and a helper that ended holding, where the kernel makes no keeper) costs a task and a
+    pid, perhaps for good: past MOST_LEFT of them no look is made, and the caller is told it could not look (it
+    assumes the worst); one that ends is reaped, and counts no more."""
+    helper = foreign._Helper(reaped=lambda _pid: False)
+    left = [_Left() for _ in range(2)]
+    helper.left = left  # type: ignore[assignment]
+    helper.kept = list(range(1, foreign.MOST_LEFT - 1))
+    monkeypatch.setattr(foreign, "_HELPER", helper)
+    monkeypatch.setattr(foreign, "_asked", helper.ask)
+    seen = foreign.look(os.getpid(), "QEMU pid 1")
+    assert seen.blind and f"left {foreign.MOST_LEFT} processes holding" in seen.skipped[0]
+    assert helper.child is None  # no helper started
+    left[0].ended = True
+    helper.reaped = lambda pid: pid == 1
+    assert foreign.left() == foreign.MOST_LEFT - 2

@@ -168,8 +168,8 @@ def test_only_kept_sessions_no_command_is_attached_to_are_the_guards_to_stop(mon
     # each maps the template's file (held by root's holder); a QEMU also holds a memfd it made up, a terabyte of
     # holes by which it would have its session passed over: only the held file's holes count
     made_up = usage.SharedFile(1, 3, 1 << 20, 1 << 20)
-    monkeypatch.setattr(usage, "memory_files", lambda _pid: [made_up, usage.SharedFile(1, 2, 2048, 64)])
-    monkeypatch.setattr(usage, "held_keys", lambda: {(1, 2)})
+    monkeypatch.setattr(usage, "seen_files", lambda _pid: [made_up, usage.SharedFile(1, 2, 2048, 64)])
+    monkeypatch.setattr(usage, "held_files", lambda: usage.HeldFiles({(1, 2): 64}))
     held = guard.running()
     assert [(h.name, h.stoppable, h.holes_mib) for h in held] == [
         ("kept", True, 64),
@@ -209,3 +209,66 @@ def test_copies_no_session_maps_are_given_back_before_any_session_is_stopped(mac
     assert guard.relieve(600, among=["mid"]) == [] and machine.given_back == 2  # (a floor that holds: nothing)
     machine.available = 100
     assert guard.relieve(600, among=["mid"]) == ["mid"] and machine.given_back == 2  # told which: only they
+
+
+def test_what_root_cannot_see_is_reserved_at_its_worst_never_as_nothing() -> None:
+    """A holder root cannot look at holds a file of its recorded size, all holes (reserved whole, mapped or not); a
+    QEMU root cannot look at maps every held file (each reserved once, and its own save reads in the largest). A file
+    no holder holds counts nothing, unless a holder root could not see may hold it: then at most that size."""
+    seen = usage.HeldFiles({(1, 2): 60, (1, 5): 10})
+    assert (seen.owed(set()), seen.owed({(1, 2)}), seen.owed(None)) == (0, 60, 70)
+    blind = usage.HeldFiles({(1, 2): 60, (1, 5): 10}, unseen=(32,))
+    assert (blind.owed(set()), blind.owed({(1, 2)}), blind.owed(None)) == (32, 92, 102)
+    made_up = usage.SharedFile(1, 9, 1 << 20, 1 << 20)  # a terabyte of holes, held by no holder of root's
+    assert seen.holes_of([made_up, usage.SharedFile(1, 5, 16, 10)]) == 10
+    assert seen.holes_of([made_up]) == 0 and blind.holes_of([made_up]) == 32
+    assert seen.holes_of(None) == 60 and blind.holes_of(None) == 60 and usage.HeldFiles({}, (32,)).holes_of(None) == 32
+
+
+@pytest.mark.usefixtures("looks_in_this_process")
+def test_a_holder_root_cannot_look_at_and_a_qemu_it_cannot_see_all_of_count_at_their_worst(tmp_path: Path) -> None:
+    """Root's real looks (in this process): a holder whose number holds a pipe is reserved at its recorded size; a QEMU
+    (this process, by libvirt's pid file) holding more memory files of ours than a look reads makes every held file
+    count, and its session's save the largest."""
+    import json
+
+    from vmsandbox.vm.memory import look, sealed
+
+    me, start = os.getpid(), pids.process_start(os.getpid()) or ""
+    memfd = sealed.create("vmsandbox-guarded", 64 << 20)
+    reading, writing = os.pipe()
+    made: list[int] = []
+    try:
+        os.pwrite(memfd, b"x" * (4 << 20), 0)  # 4 MiB held, 60 MiB of holes
+        sealed.seal(memfd, (os.getuid(), os.getgid()))
+        st = os.fstat(memfd)
+        good, swapped = tmp_path / "good.json", tmp_path / "swapped.json"
+        good.write_text(json.dumps(sealed.Held(me, start, memfd, st.st_ino, st.st_size).as_dict()))
+        swapped.write_text(json.dumps(sealed.Held(me, start, reading, st.st_ino + 1, 32 << 20).as_dict()))
+        pid_files, proc = tmp_path / "pids", tmp_path / "proc"
+        pid_files.mkdir()
+        (proc / str(me)).mkdir(parents=True)
+        (proc / str(me) / "cmdline").write_bytes(b"qemu\0-name\0guest=vmsandbox-a,x\0")
+        assert usage.held_files([good, swapped]) == usage.HeldFiles({(st.st_dev, st.st_ino): 60}, (32,))
+        assert usage.reserved_mib([good, swapped], pid_files, proc) == 32  # no QEMU maps the seen one: its holes
+        (pid_files / "vmsandbox-a.pid").write_text(str(me))
+        assert usage.mapped_keys(pid_files, proc) == {(st.st_dev, st.st_ino)}
+        assert usage.reserved_mib([good, swapped], pid_files, proc) == 92
+        made = [sealed.create("vmsandbox-many", 0) for _ in range(look.MOST)]  # past what a look reads
+        assert usage.mapped_keys(pid_files, proc) is None and usage.seen_files(me) is None
+        assert usage.reserved_mib([good, swapped], pid_files, proc) == 92  # (here the QEMU maps it anyway)
+    finally:
+        for fd in (memfd, reading, writing, *made):
+            os.close(fd)
+
+
+def test_a_qemu_root_cannot_see_is_taken_to_map_the_largest_held_file(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Its save may read in the largest held file's holes: a stop is not made where that would be more than the
+    kernel has (as for a session known to map it); one root sees keeps its own figure."""
+    records = [FakeRecord("blind", keep=True, owner_alive=False), FakeRecord("seen", keep=True, owner_alive=False)]
+    monkeypatch.setattr(guard, "_records", lambda: iter(records))
+    monkeypatch.setattr(usage, "qemu_pid", lambda d: 41 if d == "vmsandbox-blind" else 42)
+    monkeypatch.setattr(usage, "of_process", lambda _pid: usage.Usage(300, 200, 100, 200, 150))
+    monkeypatch.setattr(usage, "seen_files", lambda pid: None if pid == 41 else [usage.SharedFile(1, 2, 2048, 64)])
+    monkeypatch.setattr(usage, "held_files", lambda: usage.HeldFiles({(1, 2): 64, (1, 7): 7000}))
+    assert [(h.name, h.holes_mib) for h in guard.running()] == [("blind", 7000), ("seen", 64)]

@@ -670,13 +670,15 @@ def test_gc_stops_a_holder_whose_copy_grew_once_no_session_maps_it(
 ) -> None:
     """A save of a session fills the holes of its template's copy (up to the guest's RAM); a warm start replaces a
     grown copy no session maps, but a template nobody starts from again kept it for good: gc gives it back. A
-    fresh copy stays (warm starts map it), and a grown one a session still maps stays."""
+    fresh copy stays (warm starts map it), and a grown one a session still maps stays, or may map (a QEMU root could
+    not look at)."""
     from vmsandbox import paths
 
     monkeypatch.setattr(paths, "memory_holders_dir", lambda: tmp_path / "holders")
     monkeypatch.setattr(templates, "is_current", lambda _where, _hv: True)
     mapped: dict[tuple[int, int], usage.SharedFile] = {}
-    monkeypatch.setattr(usage, "shared_files", lambda: mapped)
+    blind: list[bool] = []  # a QEMU root cannot look at runs: it may map the copy
+    monkeypatch.setattr(usage, "mapped_keys", lambda: None if blind else set(mapped))
     tmpl = tmp_path / "tmpl"
     tmpl.mkdir()
     (tmpl / templates.Template(tmpl, {}).ram.name).write_bytes(b"x" * (1 << 20))
@@ -699,6 +701,8 @@ def test_gc_stops_a_holder_whose_copy_grew_once_no_session_maps_it(
     assert swept(0) == []  # a fresh copy stays
     (grown,) = swept(sharing.REFRESH_SLACK + (8 << 20))
     assert "its copy grew, and no session maps it" in grown and said == ["stop"]
+    blind.append(True)
+    assert swept(sharing.REFRESH_SLACK + (8 << 20)) == [] and said == ["stop"]  # it may be mapped: it stays
 
 
 def test_the_guard_gives_back_every_copy_no_session_maps_and_leaves_the_rest(
@@ -706,7 +710,8 @@ def test_the_guard_gives_back_every_copy_no_session_maps_and_leaves_the_rest(
 ) -> None:
     """Before it stops a session, the memory guard stops the holders of the copies no QEMU maps, grown or fresh
     (each said with its size); a copy a session maps stays, and so do one a warm start is loading (its lock) and
-    one a warm start was handed and its QEMU does not map yet (its lease)."""
+    one a warm start was handed and its QEMU does not map yet (its lease). While a QEMU runs that root could not
+    look at, none is given back: it may map any of them (stopped, its holes would leave the reservation)."""
     from vmsandbox import paths
     from vmsandbox.confine import access
 
@@ -714,7 +719,8 @@ def test_the_guard_gives_back_every_copy_no_session_maps_and_leaves_the_rest(
     records.mkdir()
     monkeypatch.setattr(paths, "memory_holders_dir", lambda: records)
     mapped: dict[tuple[int, int], usage.SharedFile] = {}
-    monkeypatch.setattr(usage, "shared_files", lambda: mapped)
+    blind: list[bool] = []  # a QEMU root cannot look at runs: it may map any copy
+    monkeypatch.setattr(usage, "mapped_keys", lambda: None if blind else set(mapped))
     released: list[str] = []
 
     def release(entry: Path, _held: sealed.Held) -> bool:  # (the holder here is this process: never stopped)
@@ -738,6 +744,9 @@ def test_the_guard_gives_back_every_copy_no_session_maps_and_leaves_the_rest(
         lease = holders.lease(records / "leased.json")  # a warm start between its look and its QEMU's mapping
         with access.flocked(records / "loading.lock") as mine:
             assert mine
+            blind.append(True)
+            assert holders.give_back() == [] and released == []  # none while a QEMU root cannot see may map it
+            blind.clear()
             freed = holders.give_back()
         os.close(lease)
     assert sorted(released) == ["fresh", "unmapped"]

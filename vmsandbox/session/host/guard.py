@@ -19,7 +19,10 @@ One whose save would read in more of its shared file's holes than the kernel has
 be the OOM). Each stop says why in the session's record (`inspect`; `start` says it again) and in the guard's log
 (paths.GUARD_LOG, in the sessions directory). What it reads of a holder's or a QEMU's descriptors is read by root's
 look helper (vm.memory.foreign), never in the guard's own process: a process of QEMU's account that puts a file
-whose close never ends there holds up a helper, never the guard; what was passed over is said in its log, once.
+whose close never ends there holds up a keeper of the helper's, never the guard; what was passed over is said in
+its log, once. What it cannot see it takes at its worst, never as nothing: a holder it cannot look at holds a file
+of its recorded size, all holes, reserved whole; a QEMU it cannot look at maps every held file (all are reserved,
+and its own save would read in the largest).
 
 One guard per sessions directory (a lock held for its life; a second one ends at once), root's: only root may
 read every QEMU's memory and stop every account's sessions. A session root starts on this machine starts it
@@ -102,12 +105,12 @@ def available_mib() -> int | None:
 def running() -> list[Held]:
     """The sessions of this sessions directory whose QEMU runs on this machine now."""
     found = []
-    held = usage.held_keys()  # the holes of these alone: a QEMU may make up a memfd of any size, to be passed over
+    held = usage.held_files()  # the holes of these alone: a QEMU may make up a memfd of any size, to be passed over
     for record in _records():
         pid = usage.qemu_pid(record.domain)
         used = None if pid is None else usage.of_process(pid)
         if pid is not None and used is not None:
-            holes = max((f.holes_mib for f in usage.memory_files(pid) if f.key in held), default=0)
+            holes = held.holes_of(usage.seen_files(pid))  # (one root cannot see: the worst held file)
             stoppable = record.keep and not record.owner_alive()
             found.append(Held(record.name, used.anonymous_mib, stoppable, holes))
     return found

@@ -1,17 +1,23 @@
 """Root's looks at the descriptors of processes another account may steer (a template's holder, a QEMU), made where a
 hang costs nothing: each is asked of root's look helper (vm.memory.look, a process of its own), with a deadline,
-and a helper that holds what it took, or does not answer in time, is left to itself and never waited for.
+and whatever it took and may not close is held by its keeper, a process made to end last, never by root.
 
 What a look costs when the other account plays foul, and its bounds (this process's, whatever calls it: the memory
 guard, a warm start, gc, `doctor`, `host ls`):
 - a descriptor that is no memory file by what the kernel says of it is never taken (most swaps end here);
-- one swapped between that look and the take (a race the other account may win now and then) is held by the
-  helper, which ends at once: its exit closes it after its memory is gone, so if the close hangs (a FUSE file that
-  never answers its FLUSH) a task and a pid are lost, never root's process nor its memory; the process that did it
-  is not looked at again by this process;
-- a helper that does not answer within LOOK_DEADLINE is killed (its waits are killable) and left;
-- at most MOST_LEFT helpers are left running at once (ended ones are reaped at each look): past that, no look is
-  made, and each caller goes on as it does for a process it could not look at.
+- one swapped between that look and the take (a race the other account may win now and then) is kept open: the
+  helper makes a keeper at the first such copy (a process sharing its descriptor table, root's child) and goes on
+  answering; every later copy joins the same table. The keeper ends after the helper, and its exit is the close
+  that may hang (a FUSE file that never answers its FLUSH): a task and a pid, after its memory is gone, never
+  root's process nor its memory. The process that handed it over is an offender: never looked at again by this
+  process, so each offender costs a descriptor once, and the processes that did not offend are looked at still;
+- a helper that does not answer within LOOK_DEADLINE is killed (its waits are killable; what it held is its
+  keeper's, so it ends at once) and its process is an offender too: this ends a helper's life, and with it, at
+  worst, one keeper left hanging; a helper also ends once it holds look.MOST_HELD copies;
+- at most MOST_LEFT keepers (and helpers that ended holding, where the kernel makes no keeper) are left running at
+  once, reaped as they end: past that, no look is made, and each caller goes on as for a process it could not look
+  at — assuming the worst of it (usage: a QEMU root cannot see maps every held file; a holder's file root cannot
+  see is all holes), never that it holds nothing.
 Every look that skips something says why (`notes`, `unsaid`): the callers say it where their person reads.
 """
 
@@ -33,13 +39,15 @@ from vmsandbox.errors import VmsandboxError
 from vmsandbox.vm.memory import look as helper
 
 LOOK_DEADLINE = 5.0  # a look of one process answers in milliseconds; past this its helper is killed and left
-MOST_LEFT = 8  # helpers left running (each perhaps a task in state D for good), at most, before looks stop
+# keepers (and helpers that ended holding) left running, each perhaps a task in state D for good, at most, before looks
+# stop: one per helper that held a copy and was then killed at a deadline (an offender each), or full (MOST_HELD)
+MOST_LEFT = 16
 ANSWER_BYTES = 1 << 20
 MOST_NOTES = 64
 
 WHY = {
     helper.NOT_MEMFD: "its descriptor {fd} is not a memfd",
-    helper.SWAPPED: "its descriptor {fd} was no memfd once taken (left to root's look helper, which may hang on it)",
+    helper.SWAPPED: "its descriptor {fd} was no memfd once taken (held by a keeper of root's: it may hang closing it)",
     helper.NOT_TAKEN: "its descriptor {fd} could not be taken",
     helper.TOO_MANY: f"its descriptor {{fd}} is past the first {helper.MOST} memory files it holds",
 }
@@ -68,6 +76,12 @@ class Look:
     found: tuple[Memfd, ...] = ()
     skipped: tuple[str, ...] = ()
     gone: bool = False  # the process ended (or its pid is another's): nothing to say
+
+    @property
+    def blind(self) -> bool:
+        """Whether the look may have missed a memory file of the process (it skipped something, or was not made):
+        a caller then assumes the worst of it."""
+        return bool(self.skipped)
 
 
 # (pid, start) of the processes that handed a look something no memfd, or held one past its deadline
@@ -132,18 +146,64 @@ def note(said: str) -> None:
                 del _NOTES[next(iter(_NOTES))]
 
 
-class _Helper:
-    """Root's look helper: started when first asked, one request at a time (under _LOCK), left when it holds what it
-    took or does not answer in time."""
+class _Lines:
+    """The lines a helper says, one at a time, each by a deadline (what came after a line waits for the next)."""
 
-    def __init__(self) -> None:
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self.got = bytearray()
+
+    def next(self, deadline: float) -> bytes | None:
+        """The next line by `deadline` (None: none, the stream ended, or it grew past ANSWER_BYTES)."""
+        while b"\n" not in self.got:
+            ready = select.select([self.fd], [], [], max(deadline - time.monotonic(), 0.0))[0]
+            if not ready:
+                return None
+            chunk = os.read(self.fd, 65536)
+            if not chunk or len(self.got) + len(chunk) > ANSWER_BYTES:
+                return None
+            self.got += chunk
+        line, _, rest = self.got.partition(b"\n")
+        self.got = bytearray(rest)
+        return bytes(line)
+
+
+def _start() -> proc.Child:
+    return proc.start(proc.own_module("vmsandbox.vm.memory.look"), stdin=proc.PIPE, stderr=proc.DEVNULL, cwd=Path("/"))
+
+
+def _reaped(pid: int) -> bool:
+    """Whether keeper `pid`, a child of this process (look.make_keeper), has ended: reaped if it has."""
+    try:
+        return os.waitpid(pid, os.WNOHANG)[0] == pid
+    except ChildProcessError:  # (not ours, or reaped already)
+        return True
+
+
+class _Helper:
+    """Root's look helper: started when first asked, one request at a time (under _LOCK), killed and left when it does
+    not answer in time; the keepers it made, reaped as they end."""
+
+    def __init__(self, start: Callable[[], proc.Child] = _start, reaped: Callable[[int], bool] = _reaped) -> None:
+        self.start, self.reaped = start, reaped
         self.child: proc.Child | None = None
-        self.left: list[proc.Child] = []
+        self.lines: _Lines | None = None
+        self.left: list[proc.Child] = []  # helpers let go that have not ended yet (one that ended holding may hang)
+        self.kept: list[int] = []  # its keepers: each ends once its helper has, perhaps hanging for good
+
+    def running(self) -> int:
+        """How many keepers, and helpers let go, have not ended yet (ended ones reaped: they cost nothing)."""
+        self.left = [c for c in self.left if c.poll() is None]
+        self.kept = [k for k in self.kept if not self.reaped(k)]
+        return len(self.left) + len(self.kept)
 
     def ask(self, request: dict[str, Any]) -> dict[str, Any] | str:
-        self.left = [c for c in self.left if c.poll() is None]  # (reaped: ended ones cost nothing)
-        if len(self.left) >= MOST_LEFT:
-            return f"root has left {len(self.left)} looks hanging on what they took: no more looks from this process"
+        hanging = self.running()
+        if hanging >= MOST_LEFT:
+            return (
+                f"root's looks left {hanging} processes holding what they took (each may hang for good closing it): "
+                "no more looks from this process"
+            )
         for _ in range(2):  # (a helper that ended since the last look: a fresh one)
             child = self._running()
             if isinstance(child, str):
@@ -153,20 +213,34 @@ class _Helper:
             except OSError:
                 self._leave(kill=True)
                 continue
-            line = _line(_fd(child.stdout), time.monotonic() + LOOK_DEADLINE)
-            if line is None:
+            answer = self._answer(time.monotonic() + LOOK_DEADLINE)
+            if answer is None:
                 self._leave(kill=True)
                 _SHUNNED.add((int(request["pid"]), request["start"]))
                 return f"root's look got no answer within {LOOK_DEADLINE:.0f} s (its helper is left, killed)"
-            try:
-                answer: dict[str, Any] = json.loads(line)
-            except ValueError:
+            if isinstance(answer, str):
                 self._leave(kill=True)
-                return "root's look helper answered what it may not"
-            if answer.get("holding"):
-                self._leave(kill=False)  # (it ends by itself; its end may hang: never waited for)
+                return answer
+            if answer.get("ends"):
+                self._leave(kill=False)  # (it ends by itself; without a keeper its end may hang: never waited for)
             return answer
         return "root's look helper ended at once, twice"
+
+    def _answer(self, deadline: float) -> dict[str, Any] | str | None:
+        """The helper's answer by `deadline` (None: none), each keeper it says it made on the way kept."""
+        while self.lines is not None and (line := self.lines.next(deadline)) is not None:
+            try:
+                said = json.loads(line)
+            except ValueError:
+                said = None
+            if not isinstance(said, dict):
+                return "root's look helper answered what it may not"
+            if set(said) != {"keeper"}:
+                return said
+            if not isinstance(said["keeper"], int) or said["keeper"] <= 0:
+                return "root's look helper answered what it may not"
+            self.kept.append(said["keeper"])
+        return None
 
     def _running(self) -> proc.Child | str:
         if self.child is not None and self.child.poll() is None:
@@ -174,21 +248,24 @@ class _Helper:
         if self.child is not None:
             self._leave(kill=False)
         try:
-            self.child = proc.start(
-                proc.own_module("vmsandbox.vm.memory.look"), stdin=proc.PIPE, stderr=proc.DEVNULL, cwd=Path("/")
-            )
+            self.child = self.start()
         except (OSError, VmsandboxError) as exc:
             return f"root's look helper did not start: {exc}"
+        self.lines = _Lines(_fd(self.child.stdout))
         return self.child
 
     def _leave(self, *, kill: bool) -> None:
-        """Let the helper go, never waited for: it is reaped at a later look if it ends."""
+        """Let the helper go, never waited for: it is reaped at a later look once it ends (its keeper too)."""
         child, self.child = self.child, None
         if child is None:
             return
         if kill:
             with contextlib.suppress(OSError):
                 child.kill()  # (our child, not yet reaped: its pid is not another's)
+        if self.lines is not None:  # a keeper it made before it was killed: said already, or never
+            with contextlib.suppress(OSError):
+                self._answer(time.monotonic())
+        self.lines = None
         for stream in (child.stdin, child.stdout):
             if stream is not None:
                 with contextlib.suppress(OSError):
@@ -200,26 +277,12 @@ def _fd(stream: Any) -> int:
     return int(stream.fileno())
 
 
-def _line(fd: int, deadline: float) -> bytes | None:
-    """One line from `fd` by `deadline` (None: none, the stream ended, or it grew past ANSWER_BYTES)."""
-    got = bytearray()
-    while b"\n" not in got:
-        wait = deadline - time.monotonic()
-        if wait <= 0 or not select.select([fd], [], [], wait)[0]:
-            return None
-        chunk = os.read(fd, 65536)
-        if not chunk or len(got) + len(chunk) > ANSWER_BYTES:
-            return None
-        got += chunk
-    return bytes(got.split(b"\n", 1)[0])
-
-
 _HELPER = _Helper()
 _asked: Callable[[dict[str, Any]], dict[str, Any] | str] = _HELPER.ask  # (unit tests answer in their own process)
 
 
 def left() -> int:
-    """How many look helpers this process left that still run (each perhaps hanging on what it took)."""
+    """How many processes this process's looks left running that still run: keepers (each perhaps hanging on what its
+    helper took) and helpers let go."""
     with _LOCK:
-        _HELPER.left = [c for c in _HELPER.left if c.poll() is None]
-        return len(_HELPER.left)
+        return _HELPER.running()

@@ -12,12 +12,17 @@ new. The helper takes it instead, and asks nothing of the file:
 2. that is advisory (the process may swap the number between the look and the take), so of the copy it took, again:
    F_GET_SEALS, which the kernel answers only for a memory file (shmem) without calling the file, then its mount;
 3. only a memory file is then asked its size (fstat) and closed: shmem's close never waits. Anything else is never
-   closed here: the helper says it holds one and exits, and its exit closes the copy after its memory is released
-   (a task's exit lets go of its memory before its descriptors), so a helper that hangs there costs a task and a
-   pid, not memory; foreign bounds how many it leaves.
+   closed by the helper: at the first such copy it makes a keeper (`make_keeper`), a process that shares its
+   descriptor table and is root's child as the helper is, and goes on answering. The keeper waits for the helper
+   to end (told to, full, killed at a deadline) and then ends: the table's last holder, its exit is the close that
+   may hang, after its memory is released (a task's exit lets go of its memory before its descriptors). So the
+   helper itself always ends at once, and every copy a helper held, however many offenders handed them over, costs
+   one task and one pid for good at worst; foreign bounds how many it leaves. Where the kernel makes no keeper
+   (clone3 refused), the helper ends with what it holds, as its own keeper.
 
 Standard library only, nothing read from disk once it runs but /proc. SIGTERM is ignored (a thread that started it
-may end: PDEATHSIG): it ends when its stdin does.
+may end: PDEATHSIG): it ends when its stdin does, or once it holds MOST_HELD copies (root starts a fresh one).
+Each answer is one JSON line; a keeper made while answering is said first, on a line of its own ({"keeper": PID}).
 """
 
 from __future__ import annotations
@@ -27,17 +32,26 @@ import ctypes
 import fcntl
 import json
 import os
+import select
 import signal
+import struct
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 PREFIX = "/memfd:vmsandbox-"  # the link of every memory file of ours (vm.memory.sealed.create names them so)
 SEALS = fcntl.F_SEAL_SEAL | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_WRITE
 SYS_PIDFD_GETFD = 438  # pidfd_getfd(2), Linux 5.6: one number on every architecture
+SYS_CLONE3 = 435  # clone3(2), Linux 5.3: one number on every architecture
+CLONE_FILES, CLONE_PARENT = 0x400, 0x8000
+CLONE_ARGS = struct.Struct("=8Q")  # struct clone_args as Linux 5.3 knows it: flags, pidfd, child_tid, parent_tid,
+# exit_signal (0: CLONE_PARENT takes the helper's), stack, stack_size (0, 0: the helper's stack, copied), tls
+MOST_HELD = 256  # copies a helper holds (with its keeper) before it ends and root starts a fresh one
 MOST = 64  # memory files looked at in one process, at most (a QEMU maps one; one could make up thousands)
 LINE = 1 << 16  # a request's length, at most
-NAME = b"vmsandbox-look"  # what `ps` shows of it (and of one left hanging)
+NAME = b"vmsandbox-look"  # what `ps` shows of it
+KEEPER_NAME = b"vmsandbox-keep"  # and of its keeper (which may hang for good once the helper has ended)
 _PR_SET_NAME = 15
 
 # why a descriptor was not looked at (vm.memory.foreign says each in words)
@@ -101,9 +115,12 @@ def told(pid: int, fd: int, mount: int | None) -> str | None:
     return None
 
 
-def answer(request: dict[str, Any], mount: int | None, libc: Any) -> tuple[dict[str, Any], list[int]]:
+def answer(
+    request: dict[str, Any], mount: int | None, libc: Any, hold: Callable[[int], None] = lambda _fd: None
+) -> tuple[dict[str, Any], list[int]]:
     """The answer to one request ({"pid", "start", "fds": a list, or null for every memory file of ours}), and the
-    copies taken that are no memory file (never closed: see the module)."""
+    copies taken that are no memory file (never closed: see the module; each handed to `hold` as it is taken,
+    before the next take, which could be the one that waits)."""
     pid, start, fds = int(request["pid"]), request.get("start"), request.get("fds")
     found: list[list[int]] = []
     skipped: list[list[Any]] = []
@@ -132,6 +149,7 @@ def answer(request: dict[str, Any], mount: int | None, libc: Any) -> tuple[dict[
             seals = seals_of(got)
             if seals is None or mount_of("self", got) != mount:  # taken, and no memory file: never closed here
                 held.append(got)
+                hold(got)
                 skipped.append([fd, SWAPPED])
                 continue
             st = os.fstat(got)
@@ -153,14 +171,62 @@ def _memory_files(pid: int) -> list[int]:
     return sorted(found)
 
 
-def serve(mount: int | None, libc: Any) -> int:
-    """Answer each request on stdin until it ends (0), or until it holds a copy that is no memory file (1)."""
-    while line := sys.stdin.buffer.readline(LINE):
-        said, held = answer(json.loads(line), mount, libc)
-        sys.stdout.write(json.dumps(said) + "\n")
-        sys.stdout.flush()
-        if held:
-            return 1
+class Keeping:
+    """What a helper holds of what it took and may not close: how many copies, and its keeper (made at the first,
+    by `make`; None: none could be made), said to root on a line of its own as soon as it is made."""
+
+    def __init__(self, make: Callable[[], int | None], say: Callable[[dict[str, Any]], None]) -> None:
+        self.make, self.say = make, say
+        self.keeper: int | None = None
+        self.held = 0
+
+    def hold(self, _fd: int) -> None:
+        if self.held == 0:
+            self.keeper = self.make()
+            if self.keeper is not None:
+                self.say({"keeper": self.keeper})
+        self.held += 1
+
+    @property
+    def ends(self) -> bool:
+        """Whether the helper ends after this answer: it holds a copy and has no keeper, or it is full."""
+        return (self.held > 0 and self.keeper is None) or self.held >= MOST_HELD
+
+
+def make_keeper(libc: Any) -> int | None:
+    """A keeper of this helper's descriptors: a copy of this process (clone3) that shares its descriptor table
+    (CLONE_FILES) and is its parent's child (CLONE_PARENT: root's process reaps it), waits until the helper has
+    ended, then ends, the table's last holder: its exit closes what the helper took and kept. Its pid; None where
+    the kernel makes none (a filter refuses clone3, a kernel before 5.3)."""
+    me = os.pidfd_open(os.getpid())  # (in the shared table, never closed: the keeper waits on it)
+    args = ctypes.create_string_buffer(CLONE_ARGS.pack(CLONE_FILES | CLONE_PARENT, 0, 0, 0, 0, 0, 0, 0))
+    pid = int(libc.syscall(SYS_CLONE3, args, ctypes.c_size_t(CLONE_ARGS.size)))
+    if pid == 0:  # the keeper: one thread, this process's memory copied; it runs nothing but this
+        try:
+            libc.prctl(_PR_SET_NAME, KEEPER_NAME, 0, 0, 0)
+            select.select([me], [], [])  # until the helper has ended
+        finally:
+            os._exit(0)  # (never the interpreter's teardown)
+    if pid < 0:
+        os.close(me)
+        return None
+    return pid
+
+
+def serve(mount: int | None, libc: Any, make: Callable[[], int | None], stdin: IO[bytes], stdout: IO[bytes]) -> int:
+    """Answer each request on `stdin` until it ends (0), or until the helper must end: it holds a copy that is no
+    memory file and has no keeper (1), or it holds MOST_HELD (0)."""
+
+    def say(said: dict[str, Any]) -> None:
+        stdout.write(json.dumps(said).encode() + b"\n")
+        stdout.flush()
+
+    keeping = Keeping(make, say)
+    while line := stdin.readline(LINE):
+        said, _held = answer(json.loads(line), mount, libc, keeping.hold)
+        say({**said, "ends": keeping.ends})
+        if keeping.ends:
+            return 1 if keeping.keeper is None else 0
     return 0
 
 
@@ -170,7 +236,7 @@ def main() -> None:
     libc.prctl(_PR_SET_NAME, NAME, 0, 0, 0)
     code = 2
     try:
-        code = serve(memfd_mount(), libc)
+        code = serve(memfd_mount(), libc, lambda: make_keeper(libc), sys.stdin.buffer, sys.stdout.buffer)
     finally:  # never the interpreter's teardown: its memory goes before what it holds (see the module)
         os._exit(code)
 

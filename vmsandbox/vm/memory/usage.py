@@ -5,6 +5,7 @@ to it. A session that maps its template's memory shares every page of it that it
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -123,11 +124,18 @@ class SharedFile:
 def memory_files(pid: int) -> list[SharedFile]:
     """Every memory file of ours (by its name) that process `pid` holds open, as root's look helper sees it
     (vm.memory.foreign: root's own process never holds what a QEMU hands it); what it skipped is said there."""
-    found = []
-    for m in foreign.look(pid, f"QEMU pid {pid}").found:
-        holes = max(m.size - m.blocks * 512, 0)
-        found.append(SharedFile(m.device, m.inode, m.size // MIB, holes // MIB))
-    return found
+    return _shared(foreign.look(pid, f"QEMU pid {pid}").found)
+
+
+def seen_files(pid: int) -> list[SharedFile] | None:
+    """The memory files of ours QEMU `pid` holds, all of them; None where root could not see them all (its look
+    skipped something, or was not made: vm.memory.foreign): a caller assumes the worst."""
+    seen = foreign.look(pid, f"QEMU pid {pid}")
+    return None if seen.blind else _shared(seen.found)
+
+
+def _shared(found: Iterable[foreign.Memfd]) -> list[SharedFile]:
+    return [SharedFile(m.device, m.inode, m.size // MIB, max(m.size - m.blocks * 512, 0) // MIB) for m in found]
 
 
 def shared_file(domain: str, pids: Path | None = None, proc: Path = PROC) -> SharedFile | None:
@@ -138,29 +146,90 @@ def shared_file(domain: str, pids: Path | None = None, proc: Path = PROC) -> Sha
     return found[0] if found else None
 
 
-def shared_files(pids: Path | None = None, proc: Path = PROC) -> dict[tuple[int, int], SharedFile]:
-    """The shared memory files the QEMUs of the running vmsandbox domains hold, by (device, inode), each once."""
-    found: dict[tuple[int, int], SharedFile] = {}
+def _qemus(pids: Path | None, proc: Path) -> list[int]:
+    """The pids of the QEMUs of the running vmsandbox domains."""
+    found = []
     with contextlib.suppress(OSError):
         for pidfile in sorted((pids or LIBVIRT_PIDS).glob(f"{DOMAINS}*.pid")):
             pid = qemu_pid(pidfile.name.removesuffix(".pid"), pids, proc)
-            for f in [] if pid is None else memory_files(pid):
-                found[f.key] = f
+            if pid is not None:
+                found.append(pid)
     return found
+
+
+def shared_files(pids: Path | None = None, proc: Path = PROC) -> dict[tuple[int, int], SharedFile]:
+    """The shared memory files the QEMUs of the running vmsandbox domains hold, by (device, inode), each once (those
+    root could see: `mapped_keys` says whether it saw them all)."""
+    return {f.key: f for pid in _qemus(pids, proc) for f in memory_files(pid)}
+
+
+def mapped_keys(pids: Path | None = None, proc: Path = PROC) -> set[tuple[int, int]] | None:
+    """The (device, inode) of every memory file the QEMUs of the running vmsandbox domains hold; None where root could
+    not see all a QEMU holds (it may map any file)."""
+    mapped: set[tuple[int, int]] = set()
+    for pid in _qemus(pids, proc):
+        files = seen_files(pid)
+        if files is None:
+            return None
+        mapped.update(f.key for f in files)
+    return mapped
+
+
+@dataclass(frozen=True)
+class HeldFiles:
+    """The files root's holders hold, as root's looks saw them: each seen file's holes (MiB) by (device, inode); and,
+    for each holder root could not look at (one a process of QEMU's account tampered with), its file's recorded
+    size, all of it holes at worst — never nothing."""
+
+    seen: dict[tuple[int, int], int]
+    unseen: tuple[int, ...] = ()
+
+    def holes_of(self, files: list[SharedFile] | None) -> int:
+        """What a save of the session whose QEMU holds `files` reads in of a held file's holes, at worst (None: root
+        could not see what it holds: any held file). A file no holder of root's holds counts nothing (a QEMU may
+        make up a memfd of any size), unless a holder root could not see may hold it: then at most that size."""
+        unseen = max(self.unseen, default=0)
+        if files is None:
+            return max([*self.seen.values(), unseen], default=0)
+        holes = [self.seen[f.key] if f.key in self.seen else min(f.holes_mib, unseen) for f in files]
+        return max(holes, default=0)
+
+    def owed(self, mapped: set[tuple[int, int]] | None) -> int:
+        """What the held files' holes take back at the sessions' next saves: each file a running QEMU maps, once (None:
+        a QEMU root could not see may map any), and every file root could not see, whole."""
+        seen = [holes for key, holes in self.seen.items() if mapped is None or key in mapped]
+        return sum(seen) + sum(self.unseen)
+
+
+def held_files(holders: Iterable[Path] | None = None) -> HeldFiles:
+    """The files root's holders hold (`holders`: where each says where it holds its file, by default
+    paths.memory_holders_dir()), as root's looks see them: the only memory files whose holes count. A holder that
+    ended holds nothing."""
+    seen: dict[tuple[int, int], int] = {}
+    unseen: list[int] = []
+    for entry in sealed.holder_entries() if holders is None else holders:
+        with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+            held = sealed.Held.of(json.loads(entry.read_text()))
+            found = held.look()
+            if isinstance(found, foreign.Memfd):
+                seen[found.key] = max(found.size - found.blocks * 512, 0) // MIB
+            elif found is not None:  # (a holder root could not look at: its file is all holes, at worst)
+                unseen.append(-(-held.size // MIB))
+    return HeldFiles(seen, tuple(unseen))
 
 
 def reserved_mib(holders: Iterable[Path] | None = None, pids: Path | None = None, proc: Path = PROC) -> int:
     """The memory this machine owes the shared files its sessions map: their holes. A save of any session that maps
     one (`stop`, a checkpoint, a fork) reads every page, and tmpfs gives each hole read through a private mapping a
     page of its own, zeros kept for good — once per file, up to its size. Not available, though the kernel counts
-    it so. Only files root's holders hold count (`holders`: where each says where it holds its file, by default
-    paths.memory_holders_dir()), each at most its size, once, and only while a session's QEMU maps it: a file a
-    QEMU made up counts nothing."""
-    mapped = shared_files(pids, proc)
-    return sum(mapped[key].holes_mib for key in held_keys(holders) if key in mapped)
+    it so. Only files root's holders hold count (`holders`: as for `held_files`), each at most its size, once, and
+    only while a session's QEMU maps it: a file a QEMU made up counts nothing. What root cannot see counts at its
+    worst (HeldFiles.owed): a QEMU it cannot look at maps every held file, a holder it cannot look at holds a file
+    of its recorded size, all holes."""
+    return held_files(holders).owed(mapped_keys(pids, proc))
 
 
 def held_keys(holders: Iterable[Path] | None = None) -> set[tuple[int, int]]:
-    """The (device, inode) of every file root's holders hold (`holders`: as for `reserved_mib`): the only memory
-    files whose holes count — a QEMU may make up a memfd of any name and size."""
-    return {st.key for _held, st in sealed.held_files(holders)}
+    """The (device, inode) of every file root's holders hold that root could look at (`holders`: as for
+    `reserved_mib`)."""
+    return set(held_files(holders).seen)

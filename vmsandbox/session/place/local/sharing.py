@@ -146,9 +146,10 @@ def _grown(held: sealed.Held, tmpl: templates.Template) -> bool:
 
 
 def _mapped(held: sealed.Held) -> bool:
-    """Whether the QEMU of a running session maps the held file."""
+    """Whether the QEMU of a running session maps the held file (or may: one root cannot look at)."""
     st = held.stat()
-    return st is not None and st.key in usage.shared_files()
+    mapped = None if st is None else usage.mapped_keys()
+    return st is not None and (mapped is None or st.key in mapped)
 
 
 def _entry(tmpl: templates.Template) -> Path:
