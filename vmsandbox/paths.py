@@ -173,6 +173,13 @@ def serve_key_file() -> Path:
     return state_dir() / "serve.key"
 
 
+def serve_port_file() -> Path:
+    """The port this account's `vmsandbox serve` listens on, kept after it stops so that the next one takes it back
+    (shells still set up for it then reach it, not whoever took the port); locked while a serve runs (flock): no
+    settings outlive the serve behind them (0600)."""
+    return state_dir() / "serve.port"
+
+
 def serve_log() -> Path:
     """What a `vmsandbox serve --detach` says on stderr, in the background (never its key)."""
     return state_dir() / "serve.log"

@@ -210,8 +210,9 @@ def test_serve_in_one_line_env_anywhere_a_key_kept_only_when_asked_and_stop(
     host: str, request: pytest.FixtureRequest
 ) -> None:
     """`eval "$(vmsandbox serve --detach)"` starts it and sets the shell up; `serve --env` sets another shell up
-    (E2B's SDK, run there, lists the account's sandboxes); a second --detach starts no second server; --stop
-    stops it and its settings go; --keep-key gives the same key after a restart, a start without it a new one."""
+    (E2B's SDK, run there, lists the account's sandboxes); a second --detach starts no second server; `eval` of
+    --stop stops it, its settings go from disk and from the shell; --keep-key gives the same key after a restart,
+    on the same port, a start without it a new key."""
     with an_account(request) as account:
         none = account.vmsandbox("serve", "--env")
         assert none.returncode == 1 and "no `vmsandbox serve` runs" in none.stderr and "--detach" in none.stderr
@@ -231,11 +232,14 @@ def test_serve_in_one_line_env_anywhere_a_key_kept_only_when_asked_and_stop(
         again = account.vmsandbox("serve", "--detach")
         assert again.returncode == 0 and exports(again.stdout)["E2B_API_KEY"] == key and "runs already" in again.stderr
 
-        stopped = account.vmsandbox("serve", "--stop")
+        stopped = account.run("sh", "-c", f'{one_line} >/dev/null; eval "$(vmsandbox serve --stop)"; env')
         assert stopped.returncode == 0, stopped.stderr
+        assert not {"E2B_API_URL", "E2B_API_KEY"} & {line.split("=")[0] for line in stopped.stdout.splitlines()}
+        assert f"still point at {url}" in stopped.stderr and "any account" in stopped.stderr
         assert not env_file.exists() and account.vmsandbox("serve", "--env").returncode == 1
         kept = account.vmsandbox("serve", "--detach", "--keep-key")
         assert kept.returncode == 0 and exports(kept.stdout)["E2B_API_KEY"] == key  # the same key after a restart
+        assert exports(kept.stdout)["E2B_API_URL"] == url  # and its port taken back: old shells reach it
         assert account.vmsandbox("serve", "--stop").returncode == 0
         fresh = account.vmsandbox("serve", "--detach")
         assert fresh.returncode == 0 and exports(fresh.stdout)["E2B_API_KEY"] != key

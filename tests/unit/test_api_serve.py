@@ -6,9 +6,11 @@ options that do not go together."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shlex
+import socket
 import stat
 import threading
 from pathlib import Path
@@ -156,7 +158,7 @@ def test_serve_serves_on_loopback_and_the_socket_until_stopped(tmp_path: Path, m
     backend = FakeBackend(tmp_path / "guests")
     ready: list[running.Settings] = []
     sock = tmp_path / "api.sock"
-    kwargs: dict[str, Any] = {"port": 0, "unix": sock, "ready": lambda s, _note: ready.append(s)}
+    kwargs: dict[str, Any] = {"port": 0, "unix": sock, "ready": lambda s, _note, _warnings: ready.append(s)}
     thread = threading.Thread(target=server.serve, args=(backend,), kwargs=kwargs, daemon=True)
     thread.start()
     wait_until(lambda: bool(ready and made), "serve is ready")
@@ -258,3 +260,83 @@ def test_a_session_the_api_did_not_make_has_no_end_and_is_never_reaped(tmp_path:
         assert sweep(api.backend, later) == []
         assert httpx.post(f"{api.url}/sandboxes/{name}/timeout", headers=api.headers, json={"timeout": 1}).is_success
         assert sweep(api.backend, later) == [name]  # the API's own, given an end again: ended at it
+
+
+def _left_by_a_killed_serve(url: str = "http://127.0.0.1:4321") -> None:
+    """serve.json and serve.env as a serve killed with SIGKILL leaves them (its process gone, its key on disk)."""
+    paths.serve_file().parent.mkdir(parents=True, exist_ok=True)
+    paths.serve_file().write_text(json.dumps({"pid": os.getpid(), "start": "a dead one's", "url": url}))
+    env = "".join(f"{k}={v}\n" for k, v in running.Settings(url, KEY).variables().items())
+    paths.serve_env_file().write_text(env)
+    paths.serve_env_file().chmod(0o600)
+
+
+def test_settings_no_live_serve_backs_are_removed_by_the_next_env_stop_or_start(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A serve killed with SIGKILL (or a crash, a power cut) cannot remove its env file, key included: the account's
+    next `serve --env`, `serve --stop` or serve removes it, and says which URL shells may still point at."""
+    for command in (["serve", "--env"], ["serve", "--stop"]):
+        _left_by_a_killed_serve()
+        capsys.readouterr()
+        assert run_cli(command) == 1
+        err = capsys.readouterr().err
+        assert "no `vmsandbox serve` runs" in err and "ended without stopping" in err and "127.0.0.1:4321" in err
+        assert not paths.serve_env_file().exists() and not paths.serve_file().exists()
+    _left_by_a_killed_serve()
+    with running.announced(SETTINGS):  # a start: the new serve's own settings, none of the old
+        assert paths.serve_env_file().read_text().count("E2B_API_URL=") == 1 and running.current() == SETTINGS
+    assert running.forget_stale() is None  # nothing left to remove
+
+
+def test_a_running_serve_holds_its_settings_against_a_sweep_and_a_second_serve() -> None:
+    """serve.port is locked while a serve runs: no sweep takes its files, no second serve announces itself (two
+    started at once); it says the serve's port for the next start, and stays when the serve has stopped."""
+    with running.announced(SETTINGS):
+        assert running.forget_stale() is None and paths.serve_env_file().exists()
+        with pytest.raises(VmsandboxError, match="already runs"), running.announced(SETTINGS):
+            pass
+        assert running.current() == SETTINGS  # (the second one's failure removed nothing)
+    assert running.last_port() == 1234 and not paths.serve_env_file().exists()
+    paths.serve_port_file().write_text("not a port\n")
+    assert running.last_port() == 0
+
+
+def test_stop_prints_unset_lines_and_says_where_old_shells_point(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`eval "$(vmsandbox serve --stop)"` clears the settings in that shell (and in any other, whether a serve still
+    runs or not); stderr says that shells which keep them point at a port any account may take."""
+    assert [shlex.split(line) for line in running.unsets()] == [["unset", name] for name in running.NAMES]
+    monkeypatch.setattr(running, "stop", lambda: (4242, "http://127.0.0.1:4321"))
+    capsys.readouterr()
+    assert run_cli(["serve", "--stop"]) == 0
+    out, err = capsys.readouterr()
+    assert out.splitlines() == running.unsets()
+    assert "(pid 4242) stopped" in err and "http://127.0.0.1:4321" in err and "any account" in err
+    assert 'eval "$(vmsandbox serve --stop)"' in err
+    assert run_cli(["serve", "--env", "--stop"]) == 2  # (it still goes alone)
+
+
+def test_a_serve_takes_its_last_port_back_or_says_another_program_holds_it() -> None:
+    """Shells set up for the last serve point at its port: the next one listens there while it is free (whatever
+    --port is not given), else on a free one, saying that the old port is someone else's now."""
+    with contextlib.closing(socket.socket()) as probe:
+        probe.bind(("127.0.0.1", 0))
+        last = probe.getsockname()[1]
+    paths.serve_port_file().parent.mkdir(parents=True, exist_ok=True)
+    paths.serve_port_file().write_text(f"{last}\n")
+    paths.serve_port_file().chmod(0o600)
+    socks, notes = server.listen_again(0)
+    assert socks[0].getsockname()[1] == last and notes == []
+    try:
+        moved, notes = server.listen_again(0)  # (held now: by that first socket, as by another account's)
+        assert moved[0].getsockname()[1] != last and len(notes) == 1
+        assert f"127.0.0.1:{last}" in notes[0] and "taken by another program" in notes[0]
+        for sock in moved:
+            sock.close()
+        with pytest.raises(VmsandboxError, match=f"cannot listen on 127.0.0.1:{last}"):
+            server.listen_again(last)  # a port asked for is that port or nothing
+    finally:
+        for sock in socks:
+            sock.close()

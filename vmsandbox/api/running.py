@@ -5,7 +5,15 @@ starting one in the background and stopping it.
 Files (paths.py; the state directory is 0700, each file 0600 and written whole before it is renamed into place):
 serve.json says which process serves where (pid, start time, URL, socket; never the key); serve.env holds what
 the SDK needs, key included, as `NAME=value` lines (a dotenv file: `set -a; . FILE`, python-dotenv, systemd); both
-go when the server stops. serve.key is there only while the person asks for `--keep-key`.
+go when the server stops. serve.key is there only while the person asks for `--keep-key`. serve.port says the port
+the last serve listened on (the next takes it back) and is locked (flock) by the serve that runs: settings that no
+live serve backs (one killed with SIGKILL, a crash, a power cut) are removed by the next `serve`, `serve --env` or
+`serve --stop` of the account, as soon as it finds the lock free.
+
+What a shell keeps is out of reach: after a serve ends, a shell set up for it sends what E2B's SDK sends (the key,
+a sandbox's environment variables, commands) to 127.0.0.1:PORT, a port any account may take (loopback TCP ports are
+first come, and the unchanged SDK cannot check whom it reaches). So `--stop` prints `unset` lines (`eval` them) and
+says so, the next serve takes the same port back while it is free, and says so when another program took it.
 
 E2B's SDK (2.x) reaches a server of its own only through E2B_API_URL and E2B_SANDBOX_URL, which it marks
 deprecated: its current variable, E2B_DOMAIN, makes `https://api.DOMAIN` and `https://49983-ID.DOMAIN` of it
@@ -17,6 +25,7 @@ sending the key to E2B's cloud (`api.e2b.app`). pyproject bounds the SDK below 3
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import re
@@ -27,6 +36,8 @@ import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
 
 from vmsandbox import paths, pids, proc
 from vmsandbox.errors import VmsandboxError
@@ -54,6 +65,36 @@ class Settings:
     def exports(self) -> list[str]:
         """`export NAME=value` lines, for `eval "$(vmsandbox serve --env)"`."""
         return [f"export {name}={shlex.quote(value)}" for name, value in self.variables().items()]
+
+
+def unsets() -> list[str]:
+    """`unset NAME` lines, for `eval "$(vmsandbox serve --stop)"`: a shell set up for a serve that is gone would send
+    the SDK's requests to a port any account may take."""
+    return [f"unset {name}" for name in NAMES]
+
+
+def stale_note(url: str) -> str:
+    return (
+        f"a `vmsandbox serve` ended without stopping (killed, or the machine went down) and left its settings for "
+        f"{url}: removed; a shell still set up for it sends the SDK's requests to a port any account may take: "
+        '`eval "$(vmsandbox serve --stop)"` there clears them'
+    )
+
+
+def moved_note(port: int) -> str:
+    return (
+        f"127.0.0.1:{port}, where this account's last `vmsandbox serve` listened, is taken by another program "
+        "(perhaps another account's): shells and programs still set up for it send it your key and requests — "
+        '`eval "$(vmsandbox serve --stop)"` in each clears their settings; this serve listens on a new port'
+    )
+
+
+def stopped_note(url: str) -> str:
+    return (
+        f"shells that took its settings still point at {url}, a port any account on this machine may take now: "
+        '`eval "$(vmsandbox serve --stop)"` in each clears them (as here); the next `vmsandbox serve` takes the port '
+        "back while it is free"
+    )
 
 
 def _write_private(target: Path, text: str) -> None:
@@ -102,23 +143,91 @@ def api_key(*, keep: bool) -> tuple[str, str | None]:
     return KEY_PREFIX + secrets.token_urlsafe(32), f"a new key: the one kept in {kept_file} is removed (no --keep-key)"
 
 
-def running() -> dict[str, object] | None:
-    """The serve that runs for this account, if one does (its pid, start, URL and socket; not its key)."""
+def _named() -> dict[str, Any] | None:
+    """What serve.json says, whether or not its serve still runs."""
     try:
         found = json.loads(paths.serve_file().read_text())
     except (OSError, ValueError):
         return None
-    if not isinstance(found, dict) or not pids.alive(found.get("pid"), found.get("start")):
+    return found if isinstance(found, dict) else None
+
+
+def running() -> dict[str, object] | None:
+    """The serve that runs for this account, if one does (its pid, start, URL and socket; not its key)."""
+    found = _named()
+    if found is None or not pids.alive(found.get("pid"), found.get("start")):
         return None
     return found
 
 
+@contextlib.contextmanager
+def _port_lock() -> Iterator[int | None]:
+    """serve.port, locked (flock, never waited for): its descriptor while held; None while a serve holds it."""
+    target = paths.serve_port_file()
+    target.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    try:
+        fd = os.open(target, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    except OSError as exc:
+        raise VmsandboxError(f"cannot open {target}: {exc.strerror}", hint=f"remove it (`rm {target}`)") from None
+    try:
+        st = os.fstat(fd)
+        if st.st_uid != os.geteuid() or st.st_mode & 0o077:
+            raise VmsandboxError(
+                f"{target} is not this account's alone (owner uid {st.st_uid}, mode {st.st_mode & 0o777:o})",
+                hint=f"remove it (`rm {target}`): vmsandbox writes it again, 0600",
+            )
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            yield None
+            return
+        yield fd
+    finally:
+        os.close(fd)
+
+
+def _remove_settings() -> str | None:
+    """serve.env and serve.json removed (under serve.port's lock); the URL they named, if there were any."""
+    named = _named() or {}
+    env = None
+    with contextlib.suppress(VmsandboxError):  # (one not this account's alone goes too: the directory is ours)
+        env = _read_private(paths.serve_env_file())
+    found = [f for f in (paths.serve_env_file(), paths.serve_file()) if f.exists() or f.is_symlink()]
+    for f in found:
+        f.unlink(missing_ok=True)
+    url = named.get("url")
+    if not isinstance(url, str):
+        url = next((line[13:] for line in (env or "").splitlines() if line.startswith("E2B_API_URL=")), "")
+    return (url or "its port") if found else None
+
+
+def forget_stale() -> str | None:
+    """Remove the settings no live serve backs — serve.env (the key) and serve.json, left by a serve that ended
+    without its own clean-up (SIGKILL, a crash, the machine going down) — and say the URL they named (None: there
+    were none). Nothing while a serve holds serve.port's lock (it runs, or starts)."""
+    if not paths.state_dir().is_dir():
+        return None
+    with _port_lock() as free:
+        named = _named()
+        if free is None or (named is not None and pids.alive(named.get("pid"), named.get("start"))):
+            return None  # (alive without the lock: a serve of a vmsandbox before it; its files are its own)
+        return _remove_settings()
+
+
+def last_port() -> int:
+    """The port this account's last serve listened on (0: none said)."""
+    said = (_read_private(paths.serve_port_file()) or "").strip()
+    return int(said) if said.isascii() and said.isdigit() and 0 < int(said) < 65536 else 0
+
+
 def current() -> Settings:
-    """The settings of the serve that runs for this account, from its env file."""
+    """The settings of the serve that runs for this account, from its env file (what no serve backs is removed)."""
+    stale = forget_stale()
     found = running()
     text = _read_private(paths.serve_env_file()) if found is not None else None
     if found is None or text is None:
-        raise VmsandboxError("no `vmsandbox serve` runs for this account", hint=NOT_RUNNING_HINT)
+        said = f" ({stale_note(stale)})" if stale else ""
+        raise VmsandboxError(f"no `vmsandbox serve` runs for this account{said}", hint=NOT_RUNNING_HINT)
     values = {}
     for line in text.splitlines():
         name, _, value = line.partition("=")
@@ -134,20 +243,29 @@ def current() -> Settings:
 
 @contextlib.contextmanager
 def announced(settings: Settings) -> Iterator[None]:
-    """serve.json and serve.env, for as long as this server runs."""
-    me = os.getpid()
-    data = {"pid": me, "start": pids.process_start(me), "url": settings.url}
-    data["socket"] = str(settings.socket) if settings.socket else None
-    head = f"# E2B's SDK settings of `vmsandbox serve` (pid {me}); this file goes when it stops\n"
-    _write_private(paths.serve_env_file(), head + "".join(f"{k}={v}\n" for k, v in settings.variables().items()))
-    _write_private(paths.serve_file(), json.dumps(data))
-    try:
-        yield
-    finally:
-        with contextlib.suppress(OSError, ValueError):
-            if json.loads(paths.serve_file().read_text()).get("pid") == me:
+    """serve.json and serve.env, for as long as this server runs, under serve.port's lock (and its port said there
+    for the next serve); what a serve that ended without its clean-up left is removed first."""
+    with _port_lock() as mine:
+        if mine is None:
+            raise VmsandboxError(
+                "`vmsandbox serve` already runs for this account",
+                hint="use that one (`vmsandbox serve --env` prints its settings), or `vmsandbox serve --stop` it",
+            )
+        _remove_settings()
+        os.ftruncate(mine, 0)
+        os.pwrite(mine, f"{urlsplit(settings.url).port or ''}\n".encode(), 0)
+        me = os.getpid()
+        data = {"pid": me, "start": pids.process_start(me), "url": settings.url}
+        data["socket"] = str(settings.socket) if settings.socket else None
+        head = f"# E2B's SDK settings of `vmsandbox serve` (pid {me}); this file goes when it stops\n"
+        _write_private(paths.serve_file(), json.dumps(data))  # (first: a serve --env never takes the key for stale)
+        _write_private(paths.serve_env_file(), head + "".join(f"{k}={v}\n" for k, v in settings.variables().items()))
+        try:
+            yield
+        finally:
+            with contextlib.suppress(OSError):
                 paths.serve_env_file().unlink(missing_ok=True)
-                paths.serve_file().unlink()
+                paths.serve_file().unlink(missing_ok=True)
 
 
 def _until(done: Callable[[], bool], seconds: float) -> bool:
@@ -204,12 +322,17 @@ def start_detached(args: list[str]) -> Settings:
     )
 
 
-def stop() -> int:
-    """Stop the serve that runs for this account (SIGTERM: its requests end, its files go); its pid."""
+def stop() -> tuple[int, str]:
+    """Stop the serve that runs for this account (SIGTERM: its requests end, its files go); its pid and URL. Settings
+    no live serve backs are removed, whether one ran or not."""
     found = running()
     if found is None:
-        raise VmsandboxError("no `vmsandbox serve` runs for this account", hint="nothing to stop")
-    pid, start = found["pid"], found["start"]
+        stale = forget_stale()
+        raise VmsandboxError(
+            "no `vmsandbox serve` runs for this account" + (f" ({stale_note(stale)})" if stale else ""),
+            hint="nothing to stop",
+        )
+    pid, start, url = found["pid"], found["start"], str(found.get("url"))
     if not isinstance(pid, int) or not isinstance(start, str):  # (never: running() found it alive by both)
         raise VmsandboxError(f"{paths.serve_file()} names no process", hint="nothing to stop")
     with contextlib.suppress(ProcessLookupError):
@@ -218,4 +341,5 @@ def stop() -> int:
         raise VmsandboxError(
             f"`vmsandbox serve` (pid {pid}) did not stop within {STOP_WAIT:g} s", hint=f"`kill -KILL {pid}` ends it"
         )
-    return pid
+    forget_stale()  # (its own exit removes them; one that ended otherwise did not)
+    return pid, url

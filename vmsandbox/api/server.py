@@ -128,27 +128,42 @@ def listen_unix(path: Path) -> socket.socket:
     return sock
 
 
+def listen_again(port: int) -> tuple[list[socket.socket], list[str]]:
+    """127.0.0.1:PORT, or (no port given) the port this account's last serve listened on, which shells still set up
+    for it point at: taken back while it is free, else a free one, and that said (another program holds it)."""
+    last = 0 if port else running.last_port()
+    try:
+        return listen_tcp(port or last), []
+    except VmsandboxError:
+        if not last:
+            raise
+    return listen_tcp(0), [running.moved_note(last)]
+
+
 def serve(
     backend: Backend,
     *,
     port: int,
     unix: Path | None,
-    ready: Callable[[Settings, str | None], None],
+    ready: Callable[[Settings, str | None, list[str]], None],
     keep_key: bool = False,
 ) -> None:
-    """Serve until interrupted; `ready` gets the settings (and a note on the key, if any) once the sockets listen."""
+    """Serve until interrupted; `ready` gets the settings, a note on the key (if any) and warnings (settings a serve
+    that did not stop left, the last serve's port taken) once the sockets listen."""
     import uvicorn
 
     refuse_root()
     refuse_second()
-    tcp = listen_tcp(port)
+    stale = running.forget_stale()
+    tcp, moved = listen_again(port)
+    notes = [*([running.stale_note(stale)] if stale else []), *moved]
     sockets = [*tcp, *([listen_unix(unix)] if unix is not None else [])]
     bound = tcp[0].getsockname()[1]
     key, note = running.api_key(keep=keep_key)
     settings = Settings(f"http://127.0.0.1:{bound}", key, unix)
     try:
         with running.announced(settings):
-            ready(settings, note)
+            ready(settings, note, notes)
             asgi = app.make(backend, api_key=settings.api_key, port=bound)
             config = uvicorn.Config(
                 asgi,

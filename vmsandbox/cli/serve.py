@@ -24,9 +24,9 @@ def core_backend() -> Backend:
     return SessionBackend()
 
 
-def _print_exports(settings: Settings) -> None:
-    for line in settings.exports():
-        print(line, flush=True)  # stdout: the settings are the command's data
+def _print_lines(lines: list[str]) -> None:
+    for line in lines:
+        print(line, flush=True)  # stdout: the settings (or their unsetting) are the command's data, for eval
 
 
 def _serving(settings: Settings, how: str) -> None:
@@ -34,35 +34,53 @@ def _serving(settings: Settings, how: str) -> None:
     ui.info(f"Serving E2B's API at {settings.url}{where} (only on this machine, only for you){how}")
 
 
-def _in_terminal(settings: Settings, note: str | None) -> None:
-    _print_exports(settings)
+def _say(note: str | None, warnings: list[str]) -> None:
+    for warning in warnings:
+        ui.warn(warning)
     if note:
         ui.info(note)
+
+
+def _in_terminal(settings: Settings, note: str | None, warnings: list[str]) -> None:
+    _print_lines(settings.exports())
+    _say(note, warnings)
     _serving(settings, '; Ctrl-C stops it. Elsewhere: eval "$(vmsandbox serve --env)"')
 
 
-def _in_background(settings: Settings, note: str | None) -> None:
+def _in_background(settings: Settings, note: str | None, warnings: list[str]) -> None:
     """The child of `--detach`: its stderr is serve.log, and its stdout prints nothing (the key stays out of logs)."""
-    if note:
-        ui.info(note)
+    _say(note, warnings)
     _serving(settings, "")
 
 
-def _detach(args: list[str]) -> None:
+def _detach(args: list[str], *, port: int) -> None:
     from vmsandbox.api import running, server
 
     server.refuse_root()
     found = running.running()
     if found is not None:
-        _print_exports(running.current())
+        _print_lines(running.current().exports())
         ui.info(
             f"`vmsandbox serve` runs already (pid {found.get('pid')}): its settings; to start one with other options, "
             "`vmsandbox serve --stop` first"
         )
         return
+    stale, last = running.forget_stale(), 0 if port else running.last_port()  # (said here: the child's go to its log)
     settings = running.start_detached(args)
-    _print_exports(settings)
+    _print_lines(settings.exports())
+    moved = [running.moved_note(last)] if last and not settings.url.endswith(f":{last}") else []
+    _say(None, [*([running.stale_note(stale)] if stale else []), *moved])
     _serving(settings, " in the background; `vmsandbox serve --stop` stops it")
+
+
+def _stop() -> None:
+    """`--stop`: `unset` lines first (`eval` them, whether a serve ran or not), then the stop, said on stderr."""
+    from vmsandbox.api import running
+
+    _print_lines(running.unsets())
+    pid, url = running.stop()
+    ui.info(f"`vmsandbox serve` (pid {pid}) stopped")
+    ui.warn(running.stopped_note(url))
 
 
 @app.command("serve")
@@ -80,7 +98,9 @@ def serve_api(
     env: Annotated[
         bool, typer.Option("--env", help="Print the running server's settings as `export` lines, and exit.")
     ] = False,
-    stop: Annotated[bool, typer.Option("--stop", help="Stop the server that runs for this account.")] = False,
+    stop: Annotated[
+        bool, typer.Option("--stop", help="Stop the server that runs for this account; print `unset` lines.")
+    ] = False,
     background: Annotated[bool, typer.Option("--background", hidden=True)] = False,  # the process --detach starts
 ) -> None:
     """Serve an HTTP API that E2B's SDK drives, with the review as its extension.
@@ -91,9 +111,12 @@ def serve_api(
     SDK reads (E2B_API_URL, E2B_SANDBOX_URL, E2B_API_KEY, E2B_DOMAIN) as `export` lines on stdout, and keeps them in a
     0600 file of the state directory while it serves: `vmsandbox serve --env` prints them again, in any shell. The key
     is new at each start, unless --keep-key (a start without it drops a kept key). In a terminal, Ctrl-C stops it;
-    --detach serves in the background until `vmsandbox serve --stop`.
+    --detach serves in the background until `vmsandbox serve --stop`, which prints `unset` lines: a shell that keeps
+    the settings of a serve that is gone points at a port any account may take. Each start takes the port of the
+    last one back while it is free.
 
-    Examples: `eval "$(vmsandbox serve --detach)"` · `eval "$(vmsandbox serve --env)"` · `vmsandbox serve --stop`"""
+    Examples: `eval "$(vmsandbox serve --detach)"` · `eval "$(vmsandbox serve --env)"` ·
+    `eval "$(vmsandbox serve --stop)"`"""
     from vmsandbox.api import running, server
 
     serving = port != 0 or unix is not None or keep_key or detach or background
@@ -104,15 +127,15 @@ def serve_api(
     if not 0 <= port <= 65535:
         raise UsageError(f"--port {port} is not a port", hint="give 1 to 65535, or leave --port out for a free one")
     if env:
-        _print_exports(running.current())
+        _print_lines(running.current().exports())
         return
     if stop:
-        ui.info(f"`vmsandbox serve` (pid {running.stop()}) stopped")
+        _stop()
         return
     where = unix.absolute() if unix is not None else None
     if detach and not background:
         args = ["--background", *(["--port", str(port)] if port else []), *(["--keep-key"] if keep_key else [])]
-        _detach([*args, *(["--socket", str(where)] if where is not None else [])])
+        _detach([*args, *(["--socket", str(where)] if where is not None else [])], port=port)
         return
     ready = _in_background if background else _in_terminal
     server.serve(core_backend(), port=port, unix=where, ready=ready, keep_key=keep_key)
