@@ -65,8 +65,8 @@ run: image
 	$(SUDO) $(VMSANDBOX) run demo -- sh -c 'echo "hello from $$(hostname), kernel $$(uname -r), user $$(id -un)"'
 
 lint: venv
-	$(VENV)/bin/ruff check vmsandbox tests bench
-	$(VENV)/bin/ruff format --check vmsandbox tests bench
+	$(VENV)/bin/ruff check vmsandbox tests bench docs/hooks
+	$(VENV)/bin/ruff format --check vmsandbox tests bench docs/hooks
 	$(VENV)/bin/mypy
 
 unit: venv

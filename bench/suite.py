@@ -68,8 +68,8 @@ def cpu_ticks() -> tuple[int, int]:
 def phases(serial: bool, cost_log: Path | None) -> list[tuple[str, list[list[str]], dict[str, str]]]:
     pytest = [str(VENV_BIN / "pytest"), "-q", "-p", "no:cacheprovider"]
     lint = [
-        [str(VENV_BIN / "ruff"), "check", "vmsandbox", "tests", "bench", GUEST_PROGRAM],
-        [str(VENV_BIN / "ruff"), "format", "--check", "vmsandbox", "tests", "bench", GUEST_PROGRAM],
+        [str(VENV_BIN / "ruff"), "check", "vmsandbox", "tests", "bench", "docs/hooks", GUEST_PROGRAM],
+        [str(VENV_BIN / "ruff"), "format", "--check", "vmsandbox", "tests", "bench", "docs/hooks", GUEST_PROGRAM],
         [str(VENV_BIN / "mypy")],
     ]
     unit = [[*pytest, "tests/unit", "-n", str(workers())]]
