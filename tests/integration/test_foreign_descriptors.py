@@ -138,7 +138,8 @@ def test_a_qemu_that_races_its_descriptor_hangs_one_keeper_never_root_nor_its_lo
         genuine_holder(own_looks / "runtime", "t") as (held, holes),
     ):
         (usage.LIBVIRT_PIDS / f"{domain}.pid").write_text(f"{qemu.pid}\n")
-        assert within(usage.reserved_mib) == 0  # the QEMU seen, mapping no held file: nothing owed
+        first = within(usage.reserved_mib)  # (the race may be won at this very look, on a loaded host)
+        assert first == (holes if foreign.left() else 0)  # the QEMU seen, mapping no held file: nothing owed
 
         def race() -> int:
             for n in range(1, RACE_LOOKS + 1):
