@@ -26,7 +26,7 @@ pytestmark = [pytest.mark.no_vm, pytest.mark.root("it makes two accounts")]
 
 HERE = Path(__file__).parent
 PAIRS = 5000  # loopback pairs the other account holds: 10,000 rows of the socket table
-CROWD = 3000  # connections per round to each front end
+CROWD = 3000  # connections per round to each front end (the count in issue 57)
 ASKED = 8  # the person's requests to each front end under the flood
 WAIT = 120.0  # the longest a process is waited for to say it is ready
 
@@ -93,7 +93,7 @@ class Started:
         """Close its stdin (what tells the crowd to stop); what it printed after, once it ended."""
         assert self.proc.stdin is not None
         self.proc.stdin.close()
-        self.proc.wait(600)
+        self.proc.wait(WAIT)
         out = []
         while line := self.lines.get(timeout=WAIT):
             out.append(line)

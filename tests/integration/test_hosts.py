@@ -547,6 +547,7 @@ def _swept_by_gc(
     from vmsandbox.egress import control
     from vmsandbox.session.place.remote import tunnel
     from vmsandbox.session.record import domain_name
+    from vmsandbox.sync.fetch import volume
 
     _lost_host(cli, far, env, tmp_path, lost, dead)
 
@@ -573,6 +574,7 @@ def _swept_by_gc(
     for name in (lost, wiped):
         assert _remote_volumes(far, f"{domain_name(name)}.") == []
         assert domain_name(name) not in listed
+    volume.drop(paths.SessionPaths(aside))  # (its mirror's own file system, mounted by its review)
     shutil.rmtree(aside, ignore_errors=True)
 
 

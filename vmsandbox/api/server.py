@@ -23,6 +23,7 @@ from vmsandbox.api import app, running
 from vmsandbox.api.peer import PeerCheckedH11
 from vmsandbox.api.running import Settings
 from vmsandbox.confine.sudo import invoker as sudo_invoker
+from vmsandbox.core.door import gate
 from vmsandbox.core.sandbox.interface import Backend
 from vmsandbox.errors import VmsandboxError
 
@@ -173,6 +174,7 @@ def serve(
                 log_config=None,
                 lifespan="on",
                 limit_concurrency=LIMIT_CONNECTIONS,
+                backlog=gate.room(LIMIT_CONNECTIONS),
                 timeout_graceful_shutdown=GRACEFUL_STOP,
             )  # log_config=None: its errors go to our log (stderr, -v), not to a configuration of its own
             uvicorn.Server(config).run(sockets=sockets)

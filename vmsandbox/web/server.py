@@ -137,6 +137,7 @@ class Server:
             access_log=False,
             log_config=None,
             limit_concurrency=LIMIT_CONNECTIONS,
+            backlog=gate.room(LIMIT_CONNECTIONS),
         )
         # (log_config=None: its errors go to our log (stderr, -v), not to a configuration of its own)
         self._server = uvicorn.Server(config)

@@ -1,9 +1,14 @@
 """The gate before a front end's HTTP server (an asyncio protocol that stands where the server's own would, then
 hands the connection over): nothing of a connection is read, and the server holds no slot for it, until the
-kernel said it is the person's (kernel.py, asked in a thread of its own, never on the event loop) and it sent a
-whole request head within HEAD_TIMEOUT seconds.
+kernel said it is the person's and it sent a whole request head within HEAD_TIMEOUT seconds.
 
-- Another account's connection is answered (`refusal`) and closed as soon as the kernel named it: it never holds
+The kernel is asked as the connection is accepted, on the event loop (kernel.py: a few microseconds, answered
+within the request). In a thread pool the lookups waited on the interpreter's lock behind the loop that accepts
+them: 60 a second were judged, and a crowd of 1,000 connections from another account held every descriptor of
+the page's process until the person's requests failed.
+
+- Another account's connection is answered (`refusal`) and closed as soon as the kernel named it (what it sent
+  by then dropped unseen, so that the close is no reset that could overtake the answer): it never holds
   one of the server's slots, so no number of them takes the person's (the server counts only what it was
   handed), and each costs one hash lookup in the kernel, whatever the size of the socket table.
 - A connection that sends no whole head in time, or a head over MOST_HEAD bytes, is closed (idle browser
@@ -14,50 +19,67 @@ whole request head within HEAD_TIMEOUT seconds.
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
-import logging
+import contextlib
+import resource
 import socket
-import threading
 from collections.abc import Callable, Collection
 from typing import Any, ClassVar
 
 from vmsandbox.core.door import kernel
 
-HEAD_TIMEOUT = 10.0  # seconds from connecting to a whole request head (the owner's lookup included)
+HEAD_TIMEOUT = 10.0  # seconds from connecting to a whole request head
 MOST_HEAD = 64 * 1024  # bytes of a request head
 END_OF_HEAD = b"\r\n\r\n"
-LOOKUP_THREADS = 2  # lookups take microseconds each: two threads serve thousands of connections a second
-
-log = logging.getLogger(__name__)
-_lookups: concurrent.futures.ThreadPoolExecutor | None = None
-_lookups_made = threading.Lock()
+MOST_BACKLOG = 2048  # connections the kernel queues before they are accepted (uvicorn's own default)
+MOST_DESCRIPTORS = 65536  # the soft limit raised to this at most (never past the hard one)
+RESERVE = 256  # descriptors kept for everything but connections (files, logs, the session's own)
 
 
-def lookups() -> concurrent.futures.ThreadPoolExecutor:
-    """The threads that ask the kernel who connected (shared by every gate of this process)."""
-    global _lookups  # noqa: PLW0603  (one pool per process, made when first needed)
-    with _lookups_made:
-        if _lookups is None:
-            _lookups = concurrent.futures.ThreadPoolExecutor(LOOKUP_THREADS, thread_name_prefix="vmsandbox-door")
-        return _lookups
+def room(slots: int) -> int:
+    """The backlog a front end with `slots` connections at once may listen with, and descriptors enough for it.
+
+    asyncio accepts up to the backlog in one go, and only then lets the gate judge (and close) them: a backlog
+    past the free descriptors makes accept fail with EMFILE, which asyncio logs once per connection and then
+    retries; a crowd of another account's 1,000 connections held the page's 1,024 descriptors and its every
+    request failed. So the soft limit is raised (to the hard one, MOST_DESCRIPTORS at most) and the backlog is
+    what fits under it."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = MOST_DESCRIPTORS if hard == resource.RLIM_INFINITY else min(hard, MOST_DESCRIPTORS)
+    if soft != resource.RLIM_INFINITY and soft < wanted:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
+            soft = wanted
+    if soft == resource.RLIM_INFINITY:
+        return MOST_BACKLOG
+    return max(16, min(MOST_BACKLOG, soft - slots - RESERVE))
 
 
-def holder_of(sock: socket.socket | None) -> Callable[[], int | None]:
-    """What finds who holds the other end of `sock` (a blocking call; nothing of the socket object is used by it
-    but the addresses read here, on the loop)."""
+def holder(sock: Any) -> int | None:
+    """Who holds the other end of `sock`, as the kernel says (None: nobody it could name). Asked on the event
+    loop: SO_PEERCRED is read from the socket, and inet_diag answers within the request itself (kernel.py)."""
     if sock is None:
-        return lambda: None
+        return None
     if sock.family == socket.AF_UNIX:
-        found = kernel.unix_holder(sock)
-        return lambda: found
+        return kernel.unix_holder(sock)
     if sock.family not in (socket.AF_INET, socket.AF_INET6):
-        return lambda: None
+        return None
     try:
         client, server = sock.getpeername(), sock.getsockname()
-    except OSError:
-        return lambda: None
-    family = sock.family
-    return lambda: kernel.tcp_holder(family, client, server)
+    except OSError:  # (already reset by the client)
+        return None
+    return kernel.tcp_holder(sock.family, client, server)
+
+
+def _drop_what_waits(sock: Any) -> None:
+    """What the client already sent, taken from the kernel and dropped unseen (at most MOST_HEAD bytes, never
+    waited for): a socket closed with bytes unread is reset, and the reset can reach the client before the
+    refusal written just before it, which it then never reads."""
+    if sock is None:
+        return
+    with contextlib.suppress(OSError), sock.dup() as copy:
+        dropped = 0
+        while dropped < MOST_HEAD and (chunk := copy.recv(MOST_HEAD, socket.MSG_DONTWAIT)):
+            dropped += len(chunk)
 
 
 class Gate(asyncio.Protocol):
@@ -71,7 +93,6 @@ class Gate(asyncio.Protocol):
         self._made = (args, kwargs)
         self._transport: asyncio.Transport | None = None
         self._head = bytearray()
-        self._admitted = False
         self._timer: asyncio.TimerHandle | None = None
 
     # -- what a front end says ------------------------------------------------------------------------------------
@@ -88,34 +109,18 @@ class Gate(asyncio.Protocol):
         if not isinstance(transport, asyncio.Transport):  # (a server's stream transport is always one)
             transport.close()
             return
-        self._transport = transport
-        transport.pause_reading()  # nothing is read before the kernel said whose it is
-        loop = asyncio.get_running_loop()
-        self._timer = loop.call_later(HEAD_TIMEOUT, self._late)
-        find = holder_of(transport.get_extra_info("socket"))
-        try:
-            asked = loop.run_in_executor(lookups(), find)
-        except RuntimeError:  # (the pool is shut down: this process is ending)
-            self._refuse(None)
-            return
-        asked.add_done_callback(self._judged)
-
-    def _judged(self, asked: asyncio.Future[int | None]) -> None:
-        transport = self._transport
-        if transport is None or transport.is_closing():
-            return
-        uid = None if asked.cancelled() or asked.exception() is not None else asked.result()
+        self._transport = transport  # (nothing is read before this returns: asyncio starts reading after it)
+        uid = holder(transport.get_extra_info("socket"))
         if uid is None or uid not in self.owners():
             self._refuse(uid)
             return
-        self._admitted = True
-        transport.resume_reading()
-        self._read_on(transport)
+        self._timer = asyncio.get_running_loop().call_later(HEAD_TIMEOUT, self._late)
 
     def _refuse(self, uid: int | None) -> None:
         self._stop_timer()
         if self._transport is not None and not self._transport.is_closing():
             self._transport.write(self.refusal(uid))
+            _drop_what_waits(self._transport.get_extra_info("socket"))
             self._transport.close()
 
     def _late(self) -> None:
@@ -129,19 +134,19 @@ class Gate(asyncio.Protocol):
             self._timer = None
 
     def data_received(self, data: bytes) -> None:
-        if self._transport is None:
+        """(Only an admitted connection is read.) A whole head is handed over; one that grows past MOST_HEAD
+        closes the connection."""
+        transport = self._transport
+        if transport is None or transport.is_closing():
             return
-        self._head += data  # (kept until the kernel has answered: asyncio may read once before the pause holds)
-        self._read_on(self._transport, len(self._head) - len(data))
-
-    def _read_on(self, transport: asyncio.Transport, seen: int = 0) -> None:
-        """A whole head is handed over; one that grows past MOST_HEAD closes the connection."""
+        seen = len(self._head)
+        self._head += data
         end = self._head.find(END_OF_HEAD, max(0, seen - len(END_OF_HEAD) + 1), MOST_HEAD + len(END_OF_HEAD))
-        if end < 0 and len(self._head) > MOST_HEAD:
+        if end >= 0:
+            self._hand_over(transport)
+        elif len(self._head) > MOST_HEAD:
             self._stop_timer()
             transport.close()
-        elif end >= 0 and self._admitted:
-            self._hand_over(transport)
 
     def _hand_over(self, transport: asyncio.Transport) -> None:
         """The connection to the server's protocol, as if it had been its from the start."""

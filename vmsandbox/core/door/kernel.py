@@ -33,7 +33,7 @@ _MESSAGE_REST = struct.Struct("=IIIII")  # expires, rqueue, wqueue, uid, inode
 
 ESTABLISHED, FIN_WAIT1, FIN_WAIT2 = 1, 4, 5
 LIVE = frozenset({ESTABLISHED, FIN_WAIT1, FIN_WAIT2})  # (TIME_WAIT is 6; LISTEN 10; SYN_SENT 2)
-LOOKUP_SECONDS = 2.0  # the kernel answers at once; a reply that does not come is no answer
+LOOKUP_SECONDS = 0.1  # the kernel answers within the request; a reply that does not come is no answer
 
 
 @dataclass(frozen=True)
@@ -81,7 +81,7 @@ def parse(data: bytes, sequence: int = 1) -> Row | None:
     return Row(family, state, local, remote, uid, inode)
 
 
-_thread = threading.local()  # each lookup thread's own netlink socket, kept: a lookup never needs a descriptor
+_thread = threading.local()  # each thread's (each event loop's) netlink socket, kept: a lookup needs no descriptor
 
 
 def _netlink() -> tuple[socket.socket, int]:
@@ -124,7 +124,8 @@ def holder(row: Row | None, family: int, local: tuple[str, int], remote: tuple[s
 
 
 def tcp_holder(family: int, client: tuple[str, int], server: tuple[str, int]) -> int | None:
-    """Who holds the client's end of a loopback TCP connection to `server` (blocking: call it off the loop)."""
+    """Who holds the client's end of a loopback TCP connection to `server` (one request and its answer, which the
+    kernel queues before the request returns: waited for LOOKUP_SECONDS at most)."""
     client, server = (client[0], client[1]), (server[0], server[1])  # (IPv6 names carry flow and scope)
     return holder(lookup(family, client, server), family, client, server)
 
