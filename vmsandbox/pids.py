@@ -1,9 +1,21 @@
 """Processes we started earlier (the egress daemon, the `vmsandbox run` that owns a session), told apart from an
-unrelated process that got the same pid: a pid and its start time, read from /proc."""
+unrelated process that got the same pid: a pid and its start time, read from /proc. And waiting on a process's
+descriptors (its pidfd, its pipes) with poll(2), never select(2): select takes no descriptor numbered past 1,023
+(it raises ValueError), and a process that serves a front end raises its limit of descriptors
+(core/door/gate.room) so that another account's crowd can be accepted and refused."""
 
 from __future__ import annotations
 
+import select
 from pathlib import Path
+from typing import IO, Any
+
+
+def readable(fd: int | IO[Any], wait: float | None) -> bool:
+    """Whether `fd` is readable (or ended, or failed) within `wait` seconds (None: as long as it takes)."""
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    return bool(poller.poll(None if wait is None else max(0, round(wait * 1000))))
 
 
 def process_start(pid: int) -> str | None:

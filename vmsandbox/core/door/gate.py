@@ -1,16 +1,14 @@
 """The gate before a front end's HTTP server (an asyncio protocol that stands where the server's own would, then
 hands the connection over): nothing of a connection is read, and the server holds no slot for it, until the
-kernel said it is the person's and it sent a whole request head within HEAD_TIMEOUT seconds.
-
-The kernel is asked as the connection is accepted, on the event loop (kernel.py: a few microseconds, answered
-within the request). In a thread pool the lookups waited on the interpreter's lock behind the loop that accepts
-them: 60 a second were judged, and a crowd of 1,000 connections from another account held every descriptor of
-the page's process until the person's requests failed.
+kernel said it is the person's (judge.py: one thread asks for every connection accepted meanwhile, in one
+request for a crowd) and it sent a whole request head within HEAD_TIMEOUT seconds.
 
 - Another account's connection is answered (`refusal`) and closed as soon as the kernel named it (what it sent
-  by then dropped unseen, so that the close is no reset that could overtake the answer): it never holds
+  by then dropped unseen, so that the close is rarely a reset that could overtake the answer): it never holds
   one of the server's slots, so no number of them takes the person's (the server counts only what it was
-  handed), and each costs one hash lookup in the kernel, whatever the size of the socket table.
+  handed), and a crowd of them costs the kernel a request per batch, whatever the size of the socket table.
+- Fails closed: a connection is handed over only once it was admitted; an answer that cannot be had, or a
+  failure while judging, refuses it.
 - A connection that sends no whole head in time, or a head over MOST_HEAD bytes, is closed (idle browser
   preconnections, a head a byte at a time).
 - Once admitted, the server's own limits hold: its concurrency limit, its keep-alive timeout.
@@ -25,24 +23,27 @@ import socket
 from collections.abc import Callable, Collection
 from typing import Any, ClassVar
 
-from vmsandbox.core.door import kernel
+from vmsandbox.core.door.judge import judge
 
-HEAD_TIMEOUT = 10.0  # seconds from connecting to a whole request head
+HEAD_TIMEOUT = 10.0  # seconds from being admitted to a whole request head
 MOST_HEAD = 64 * 1024  # bytes of a request head
 END_OF_HEAD = b"\r\n\r\n"
-MOST_BACKLOG = 2048  # connections the kernel queues before they are accepted (uvicorn's own default)
+MOST_BACKLOG = 2048  # connections the kernel queues before they are accepted (uvicorn's default; with 4,096 the
+# person waited behind a crowd's longer queue: 1.5 to 6.9 s at worst instead of about 1 s)
 MOST_DESCRIPTORS = 65536  # the soft limit raised to this at most (never past the hard one)
 RESERVE = 256  # descriptors kept for everything but connections (files, logs, the session's own)
+ACCEPTED_AT_ONCE = 3  # backlogs accepted before the first of them is judged (measured: 6,157 open of 2,048)
 
 
 def room(slots: int) -> int:
     """The backlog a front end with `slots` connections at once may listen with, and descriptors enough for it.
 
-    asyncio accepts up to the backlog in one go, and only then lets the gate judge (and close) them: a backlog
-    past the free descriptors makes accept fail with EMFILE, which asyncio logs once per connection and then
-    retries; a crowd of another account's 1,000 connections held the page's 1,024 descriptors and its every
-    request failed. So the soft limit is raised (to the hard one, MOST_DESCRIPTORS at most) and the backlog is
-    what fits under it."""
+    asyncio accepts up to the backlog each time the listener is ready, and the gate closes another account's
+    only once they are judged: a few batches (ACCEPTED_AT_ONCE) are open at once. Past the free descriptors
+    accept fails with EMFILE, which asyncio logs once per connection and then retries (a crowd of another
+    account's 1,000 connections held the page's 1,024 descriptors and its every request failed). So the soft
+    limit is raised (to the hard one, MOST_DESCRIPTORS at most) and the backlog is what fits under it that many
+    times. (Descriptors past 1,023 are why nothing of vmsandbox waits with select(2): pids.readable.)"""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     wanted = MOST_DESCRIPTORS if hard == resource.RLIM_INFINITY else min(hard, MOST_DESCRIPTORS)
     if soft != resource.RLIM_INFINITY and soft < wanted:
@@ -51,23 +52,7 @@ def room(slots: int) -> int:
             soft = wanted
     if soft == resource.RLIM_INFINITY:
         return MOST_BACKLOG
-    return max(16, min(MOST_BACKLOG, soft - slots - RESERVE))
-
-
-def holder(sock: Any) -> int | None:
-    """Who holds the other end of `sock`, as the kernel says (None: nobody it could name). Asked on the event
-    loop: SO_PEERCRED is read from the socket, and inet_diag answers within the request itself (kernel.py)."""
-    if sock is None:
-        return None
-    if sock.family == socket.AF_UNIX:
-        return kernel.unix_holder(sock)
-    if sock.family not in (socket.AF_INET, socket.AF_INET6):
-        return None
-    try:
-        client, server = sock.getpeername(), sock.getsockname()
-    except OSError:  # (already reset by the client)
-        return None
-    return kernel.tcp_holder(sock.family, client, server)
+    return max(16, min(MOST_BACKLOG, (soft - slots - RESERVE) // ACCEPTED_AT_ONCE))
 
 
 def _drop_what_waits(sock: Any) -> None:
@@ -93,6 +78,7 @@ class Gate(asyncio.Protocol):
         self._made = (args, kwargs)
         self._transport: asyncio.Transport | None = None
         self._head = bytearray()
+        self._admitted = False
         self._timer: asyncio.TimerHandle | None = None
 
     # -- what a front end says ------------------------------------------------------------------------------------
@@ -109,12 +95,30 @@ class Gate(asyncio.Protocol):
         if not isinstance(transport, asyncio.Transport):  # (a server's stream transport is always one)
             transport.close()
             return
-        self._transport = transport  # (nothing is read before this returns: asyncio starts reading after it)
-        uid = holder(transport.get_extra_info("socket"))
-        if uid is None or uid not in self.owners():
-            self._refuse(uid)
+        self._transport = transport
+        transport.pause_reading()  # nothing is read before the kernel said whose it is
+        try:
+            judge.ask(transport.get_extra_info("socket"), self._judged)
+        except Exception:  # (fails closed)
+            self._refuse(None)
+            raise
+
+    def _judged(self, uid: int | None) -> None:
+        transport = self._transport
+        if transport is None or transport.is_closing():
             return
-        self._timer = asyncio.get_running_loop().call_later(HEAD_TIMEOUT, self._late)
+        try:
+            if uid is None or uid not in self.owners():
+                self._refuse(uid)
+                return
+            self._admitted = True
+            self._timer = asyncio.get_running_loop().call_later(HEAD_TIMEOUT, self._late)  # (from now: a crowd's
+            transport.resume_reading()  # connections cost the loop no timer)
+            self._read_on(transport)
+        except Exception:  # (fails closed)
+            self._admitted = False
+            self._refuse(None)
+            raise
 
     def _refuse(self, uid: int | None) -> None:
         self._stop_timer()
@@ -134,19 +138,20 @@ class Gate(asyncio.Protocol):
             self._timer = None
 
     def data_received(self, data: bytes) -> None:
-        """(Only an admitted connection is read.) A whole head is handed over; one that grows past MOST_HEAD
-        closes the connection."""
         transport = self._transport
         if transport is None or transport.is_closing():
             return
-        seen = len(self._head)
-        self._head += data
+        self._head += data  # (kept until the kernel has answered: asyncio may read once before a pause holds)
+        self._read_on(transport, len(self._head) - len(data))
+
+    def _read_on(self, transport: asyncio.Transport, seen: int = 0) -> None:
+        """A whole head of an admitted connection is handed over; one that grows past MOST_HEAD closes it."""
         end = self._head.find(END_OF_HEAD, max(0, seen - len(END_OF_HEAD) + 1), MOST_HEAD + len(END_OF_HEAD))
-        if end >= 0:
-            self._hand_over(transport)
-        elif len(self._head) > MOST_HEAD:
+        if end < 0 and len(self._head) > MOST_HEAD:
             self._stop_timer()
             transport.close()
+        elif end >= 0 and self._admitted:
+            self._hand_over(transport)
 
     def _hand_over(self, transport: asyncio.Transport) -> None:
         """The connection to the server's protocol, as if it had been its from the start."""

@@ -1,7 +1,9 @@
 """Who holds the other end of an accepted connection, as the kernel says it: on a Unix socket SO_PEERCRED; on
 loopback TCP the one socket at the client's address and port connected to ours, asked for by its 4-tuple over
 NETLINK_SOCK_DIAG (inet_diag: the request `ss` makes, answered from the kernel's hash table, whatever the size
-of the socket table — /proc/net/tcp is read whole, and another account can make it as long as it likes).
+of the socket table — /proc/net/tcp is read whole, and another account can make it as long as it likes). More
+than a few connections at once are asked for in one dump whose filter (the server's address and port) the kernel
+runs: it answers with the sockets connected to that server only.
 
 Only a live socket somebody still holds counts: ESTABLISHED (or half-closed by its holder, FIN_WAIT1/2) with an
 inode. A TIME_WAIT socket, an orphan its holder closed, a listener or a half-open socket that happens to sit at
@@ -15,12 +17,18 @@ import contextlib
 import socket
 import struct
 import threading
+import time
+from collections.abc import Collection, Iterator
 from dataclasses import dataclass
 
 NETLINK_SOCK_DIAG = 4
 SOCK_DIAG_BY_FAMILY = 20
 NLM_F_REQUEST = 0x1
+NLM_F_DUMP = 0x300
 NLMSG_ERROR = 0x2
+NLMSG_DONE = 0x3
+INET_DIAG_REQ_BYTECODE = 1
+INET_DIAG_BC_D_COND = 8  # the socket's remote address (a prefix) and port
 NO_COOKIE = 0xFFFFFFFF  # INET_DIAG_NOCOOKIE: the socket is named by its addresses alone
 ALL_STATES = 0xFFFFFFFF
 
@@ -30,10 +38,16 @@ _ID = struct.Struct("!HH16s16s")  # inet_diag_sockid: source and destination por
 _ID_REST = struct.Struct("=III")  # its interface and cookie (host order)
 _MESSAGE = struct.Struct("=BBBB")  # inet_diag_msg: family, state, timer, retransmits; then its sockid
 _MESSAGE_REST = struct.Struct("=IIIII")  # expires, rqueue, wqueue, uid, inode
+_ATTRIBUTE = struct.Struct("=HH")  # nlattr: length, type
+_OP = struct.Struct("=BBH")  # inet_diag_bc_op: code, where to go on a match, where on none (bytes ahead)
+_HOSTCOND = struct.Struct("=BBxxi")  # inet_diag_hostcond: family, prefix length, port (then the address)
 
 ESTABLISHED, FIN_WAIT1, FIN_WAIT2 = 1, 4, 5
 LIVE = frozenset({ESTABLISHED, FIN_WAIT1, FIN_WAIT2})  # (TIME_WAIT is 6; LISTEN 10; SYN_SENT 2)
-LOOKUP_SECONDS = 0.1  # the kernel answers within the request; a reply that does not come is no answer
+LIVE_STATES = sum(1 << state for state in LIVE)
+FEW = 4  # connections asked for one by one (a hash lookup each); more, in one dump
+MOST_ANSWER_SECONDS = 5.0  # a dump's answer, whole: past this, nobody is named
+LOOKUP_SECONDS = 2.0  # each reply (before Linux 6.9 a request may wait on a lock every account's requests take)
 
 
 @dataclass(frozen=True)
@@ -58,6 +72,31 @@ def request(family: int, local: tuple[str, int], remote: tuple[str, int], sequen
     body += _ID.pack(local[1], remote[1], _packed(family, local[0]), _packed(family, remote[0]))
     body += _ID_REST.pack(0, NO_COOKIE, NO_COOKIE)
     return _HEADER.pack(_HEADER.size + len(body), SOCK_DIAG_BY_FAMILY, NLM_F_REQUEST, sequence, 0) + body
+
+
+def dump_request(family: int, server: tuple[str, int], sequence: int = 1) -> bytes:
+    """The netlink message that asks for every live TCP socket connected to `server` (its address and port, in a
+    filter the kernel runs: it answers with those sockets only, whatever else the table holds)."""
+    address = socket.inet_pton(family, server[0])
+    cond = _HOSTCOND.pack(family, 8 * len(address), server[1]) + address
+    length = _OP.size + len(cond)
+    code = _OP.pack(INET_DIAG_BC_D_COND, length, length + 4) + cond  # (a match: on to the end, accepted; none: past it)
+    attribute = _ATTRIBUTE.pack(_ATTRIBUTE.size + len(code), INET_DIAG_REQ_BYTECODE) + code
+    body = _REQUEST.pack(family, socket.IPPROTO_TCP, 0, 0, LIVE_STATES)
+    body += _ID.pack(0, 0, b"\0" * 16, b"\0" * 16) + _ID_REST.pack(0, NO_COOKIE, NO_COOKIE) + attribute
+    flags = NLM_F_REQUEST | NLM_F_DUMP
+    return _HEADER.pack(_HEADER.size + len(body), SOCK_DIAG_BY_FAMILY, flags, sequence, 0) + body
+
+
+def messages(data: bytes) -> Iterator[tuple[int, int, bytes]]:
+    """Each netlink message in one datagram: its type, sequence number and whole bytes."""
+    at = 0
+    while at + _HEADER.size <= len(data):
+        length, kind, _flags, seq, _port = _HEADER.unpack_from(data, at)
+        if length < _HEADER.size or at + length > len(data):
+            return
+        yield kind, seq, data[at : at + length]
+        at += (length + 3) & ~3
 
 
 def parse(data: bytes, sequence: int = 1) -> Row | None:
@@ -113,6 +152,32 @@ def lookup(family: int, local: tuple[str, int], remote: tuple[str, int]) -> Row 
         return None
 
 
+def dump(family: int, server: tuple[str, int]) -> list[Row] | None:
+    """inet_diag's rows of every live TCP socket connected to `server` (None: no whole answer in time)."""
+    deadline = time.monotonic() + MOST_ANSWER_SECONDS
+    rows: list[Row] = []
+    try:
+        nl, sequence = _netlink()
+        nl.sendto(dump_request(family, server, sequence), (0, 0))
+        while time.monotonic() < deadline:
+            for kind, seq, message in messages(nl.recv(65536)):
+                if seq != sequence:
+                    continue  # (the answer to an earlier request that was given up on)
+                if kind == NLMSG_DONE:
+                    return rows
+                if kind == NLMSG_ERROR:
+                    return None
+                row = parse(message, sequence)
+                if row is not None:
+                    rows.append(row)
+    except OSError:
+        pass
+    with contextlib.suppress(AttributeError, OSError):
+        _thread.nl.close()
+    _thread.nl = None  # (made again by the next request: what is left of this answer goes with it)
+    return None
+
+
 def holder(row: Row | None, family: int, local: tuple[str, int], remote: tuple[str, int]) -> int | None:
     """The uid of the account that holds the socket `row` describes, if it is a live one at exactly that 4-tuple."""
     if row is None or row.family != family or row.state not in LIVE or row.inode == 0:
@@ -124,10 +189,26 @@ def holder(row: Row | None, family: int, local: tuple[str, int], remote: tuple[s
 
 
 def tcp_holder(family: int, client: tuple[str, int], server: tuple[str, int]) -> int | None:
-    """Who holds the client's end of a loopback TCP connection to `server` (one request and its answer, which the
-    kernel queues before the request returns: waited for LOOKUP_SECONDS at most)."""
+    """Who holds the client's end of a loopback TCP connection to `server` (a blocking call: the gate's judge makes
+    it, in a thread of its own)."""
     client, server = (client[0], client[1]), (server[0], server[1])  # (IPv6 names carry flow and scope)
     return holder(lookup(family, client, server), family, client, server)
+
+
+def tcp_holders(
+    family: int, server: tuple[str, int], clients: Collection[tuple[str, int]]
+) -> dict[tuple[str, int], int | None]:
+    """Who holds each client's end of a loopback TCP connection to `server`: a lookup each for a few, one dump of
+    the sockets connected to `server` for more (a crowd costs the kernel one request, not one per connection)."""
+    server = (server[0], server[1])
+    wanted = [(c[0], c[1]) for c in clients]
+    if len(wanted) <= FEW:
+        return {c: tcp_holder(family, c, server) for c in wanted}
+    rows = dump(family, server)
+    if rows is None:
+        return dict.fromkeys(wanted)
+    by_client = {(_packed(family, r.local[0]), r.local[1]): r for r in rows if r.family == family}
+    return {c: holder(by_client.get((_packed(family, c[0]), c[1])), family, c, server) for c in wanted}
 
 
 def unix_holder(sock: socket.socket) -> int | None:

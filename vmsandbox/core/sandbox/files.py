@@ -7,13 +7,12 @@ from __future__ import annotations
 import json
 import os
 import posixpath
-import select
 import shlex
 from collections.abc import Iterator, Sequence
 from datetime import UTC, datetime
 from typing import IO, Any
 
-from vmsandbox import proc
+from vmsandbox import pids, proc
 from vmsandbox.core.sandbox.interface import ExistsError, NotFoundError, RefusedError
 from vmsandbox.core.sandbox.model import Entry, EntryType
 from vmsandbox.core.sandbox.names import GuestPath, GuestUser
@@ -67,7 +66,7 @@ class _Download:
         out = self.child.stdout
         if out is None or self.child.returncode is not None:
             raise StopIteration
-        ready, _, _ = select.select([out], [], [], IDLE)
+        ready = pids.readable(out, IDLE)
         data = os.read(out.fileno(), CHUNK) if ready else None
         if not data:
             self.close()

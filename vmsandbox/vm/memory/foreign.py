@@ -26,7 +26,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import select
 import threading
 import time
 from collections.abc import Callable
@@ -156,7 +155,7 @@ class _Lines:
     def next(self, deadline: float) -> bytes | None:
         """The next line by `deadline` (None: none, the stream ended, or it grew past ANSWER_BYTES)."""
         while b"\n" not in self.got:
-            ready = select.select([self.fd], [], [], max(deadline - time.monotonic(), 0.0))[0]
+            ready = pids.readable(self.fd, max(deadline - time.monotonic(), 0.0))
             if not ready:
                 return None
             chunk = os.read(self.fd, 65536)

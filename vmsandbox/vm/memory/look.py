@@ -204,7 +204,9 @@ def make_keeper(libc: Any) -> int | None:
     if pid == 0:  # the keeper: one thread, this process's memory copied; it runs nothing but this
         try:
             libc.prctl(_PR_SET_NAME, KEEPER_NAME, 0, 0, 0)
-            select.select([me], [], [])  # until the helper has ended
+            until = select.poll()  # (never select(2): it takes no descriptor past 1,023)
+            until.register(me, select.POLLIN)
+            until.poll()  # until the helper has ended
         finally:
             os._exit(0)  # (never the interpreter's teardown)
     if pid < 0:

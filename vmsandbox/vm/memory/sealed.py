@@ -15,7 +15,6 @@ import contextlib
 import fcntl
 import json
 import os
-import select
 import signal
 import stat
 import time
@@ -161,7 +160,7 @@ class Held:
                 return True
             with contextlib.suppress(ProcessLookupError):
                 signal.pidfd_send_signal(pidfd, signal.SIGTERM)
-            return bool(select.select([pidfd], [], [], wait)[0]) if wait else False
+            return pids.readable(pidfd, wait) if wait else False
         finally:
             os.close(pidfd)
 
@@ -235,7 +234,7 @@ def end(child: proc.Child, wait: float) -> bool:
         return child.poll() is not None
     try:
         for grace, kill in ((wait, True), (EXIT_GRACE, False)):
-            if select.select([pidfd], [], [], grace)[0]:
+            if pids.readable(pidfd, grace):
                 child.wait()  # (it ended: at once)
                 return True
             if kill:
@@ -259,7 +258,7 @@ def _words(stream: IO[bytes] | None, deadline: float, *, until_line: bool) -> st
     fd = stream.fileno()
     while len(got) < SAID_BYTES and not (until_line and b"\n" in got):
         wait = deadline - time.monotonic()
-        if wait <= 0 or not select.select([fd], [], [], wait)[0]:
+        if wait <= 0 or not pids.readable(fd, wait):
             break
         chunk = os.read(fd, SAID_BYTES)
         if not chunk:
