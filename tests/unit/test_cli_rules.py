@@ -339,6 +339,23 @@ def test_a_kept_login_goes_into_the_boot_bundle_and_nothing_else(capsys: pytest.
     assert "names no login files" in capsys.readouterr().err
 
 
+def test_a_login_is_offered_only_when_its_credential_is_new() -> None:
+    """Claude Code writes `.claude.json` at every start: alone it is no login (a newcomer who never signed in
+    was asked to keep one); with a new `.credentials.json` both are kept."""
+    from vmsandbox.image import blueprint
+    from vmsandbox.session.running import logins
+
+    claude, codex = blueprint.load("claude"), blueprint.load("codex")
+    started = {".claude.json": b'{"numStartups": 1}'}
+    assert logins.fresh_login(claude, started, {}) == {}
+    signed = {**started, ".claude/.credentials.json": b'{"t": 1}'}
+    assert logins.fresh_login(claude, signed, {}) == signed
+    assert logins.fresh_login(claude, signed, {".claude/.credentials.json": b'{"t": 1}'}) == {}  # (kept already)
+    refreshed = {**signed, ".claude/.credentials.json": b'{"t": 2}'}
+    assert logins.fresh_login(claude, refreshed, signed) == {".claude/.credentials.json": b'{"t": 2}'}
+    assert logins.fresh_login(codex, {".codex/auth.json": b"{}"}, {}) == {".codex/auth.json": b"{}"}
+
+
 def test_a_blueprint_login_must_stay_in_the_home(tmp_path: Path) -> None:
     from vmsandbox.image import blueprint
 

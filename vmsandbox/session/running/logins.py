@@ -99,10 +99,20 @@ def read(record: Record, bp: Blueprint) -> dict[str, bytes]:
 
 
 def changed(record: Record, bp: Blueprint) -> dict[str, bytes]:
-    """The login files the session holds that differ from those kept (a new or refreshed login)."""
-    now = read(record, bp)
-    was = _kept(bp)
-    return {rel: data for rel, data in now.items() if was.get(rel) != data}
+    """The login files the session holds that differ from those kept, when they are a new or refreshed login."""
+    return fresh_login(bp, read(record, bp), _kept(bp))
+
+
+def fresh_login(bp: Blueprint, now: dict[str, bytes], was: dict[str, bytes]) -> dict[str, bytes]:
+    """Of the login files in the guest (`now`), those that differ from the kept ones (`was`), if they are a
+    login: where some of them are credentials, one of those must be among them. (Claude Code rewrites
+    `.claude.json` at every start, signed in or not: without its `.credentials.json` that is no login, and a
+    person who never signed in was asked to keep one.)"""
+    fresh = {rel: data for rel, data in now.items() if was.get(rel) != data}
+    signs = [rel for rel in bp.login_files if rel in bp.credentials]
+    if signs and not any(rel in fresh for rel in signs):
+        return {}
+    return fresh
 
 
 def keep(bp: Blueprint, files: dict[str, bytes]) -> list[str]:
