@@ -16,6 +16,7 @@ import threading
 from collections.abc import Collection, Iterator
 from multiprocessing.connection import Connection
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -231,6 +232,70 @@ def test_connections_accepted_while_the_kernel_is_asked_are_asked_for_at_once(
                 for s in held:
                     s.close()
     assert asked == [1, 1, 50]
+
+
+def test_a_connection_reset_before_its_verdict_is_refused() -> None:
+    """The kernel is asked by addresses: a client that resets its connection before the answer frees them for
+    another connection (the person's, to a port the other account guessed), and the answer could be about that
+    one. The verdict holds only for a socket still ESTABLISHED (or CLOSE_WAIT), which held them all along."""
+    import struct
+
+    with connected() as (client, accepted):
+        assert gate._same_connection(accepted)
+        client.shutdown(socket.SHUT_WR)  # (half-closed by its client: CLOSE_WAIT here, the same connection)
+        assert wait_until_state(accepted, gate.TCP_CLOSE_WAIT) and gate._same_connection(accepted)
+    with connected() as (client, accepted):
+        client.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        client.close()  # (a reset)
+        assert wait_until_state(accepted, 7) and not gate._same_connection(accepted)  # (TCP_CLOSE)
+    left, right = socket.socketpair()
+    with left, right:
+        assert gate._same_connection(left)  # (a Unix socket: SO_PEERCRED names who holds this very one)
+
+
+def wait_until_state(sock: socket.socket, state: int) -> bool:
+    wait_until(lambda: sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 8)[0] == state, f"TCP state {state}")
+    return True
+
+
+def test_a_head_and_its_body_sent_while_the_verdict_waits_are_handed_over_whole(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A request whose head and body (past MOST_HEAD) come before the kernel's answer is served once admitted:
+    a whole head is never taken for one that grows too long (a 300 KB upload was reset when verdicts were
+    slow), and what waits for the verdict is not read on."""
+    real = kernel.tcp_holders
+    release = threading.Event()
+
+    def slow(
+        family: int, server: tuple[str, int], clients: Collection[tuple[str, int]]
+    ) -> dict[tuple[str, int], int | None]:
+        release.wait(30)
+        return real(family, server, clients)
+
+    monkeypatch.setattr(kernel, "tcp_holders", slow)
+    with gated() as port, socket.create_connection(("127.0.0.1", port)) as s:
+        s.sendall(b"PUT / HTTP/1.1\r\nHost: x\r\ncontent-length: 300000\r\n\r\n" + b"x" * 100_000)
+        s.sendall(b"x" * 200_000)
+        release.set()
+        s.settimeout(20)
+        assert s.recv(4096).endswith(b"hello")
+
+
+def test_a_judge_that_fails_refuses_that_batch_and_goes_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A failure of the judge's own (not the kernel's) names nobody in its batch; the next is judged."""
+    real, failed = judge._answer, threading.Event()
+
+    def once(batch: list[Any]) -> None:
+        if not failed.is_set():
+            failed.set()
+            raise RuntimeError("a bug in the judge")
+        real(batch)
+
+    monkeypatch.setattr(judge, "_answer", once)
+    with gated() as port:
+        assert _ask(port).endswith(b"None")  # (refused: nobody named)
+        assert _ask(port).endswith(b"hello")
 
 
 def test_a_failure_while_judging_refuses(monkeypatch: pytest.MonkeyPatch) -> None:

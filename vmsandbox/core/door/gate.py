@@ -25,13 +25,14 @@ from typing import Any, ClassVar
 
 from vmsandbox.core.door.judge import judge
 
-HEAD_TIMEOUT = 10.0  # seconds from being admitted to a whole request head
+HEAD_TIMEOUT = 10.0  # seconds from connecting to a whole request head (the kernel's verdict included)
 MOST_HEAD = 64 * 1024  # bytes of a request head
 END_OF_HEAD = b"\r\n\r\n"
 MOST_BACKLOG = 2048  # connections the kernel queues before they are accepted (uvicorn's default; with 4,096 the
 # person waited behind a crowd's longer queue: 1.5 to 6.9 s at worst instead of about 1 s)
 MOST_DESCRIPTORS = 65536  # the soft limit raised to this at most (never past the hard one)
 RESERVE = 256  # descriptors kept for everything but connections (files, logs, the session's own)
+TCP_ESTABLISHED, TCP_CLOSE_WAIT = 1, 8  # tcp_info's first byte
 ACCEPTED_AT_ONCE = 3  # backlogs accepted before the first of them is judged (measured: 6,157 open of 2,048)
 
 
@@ -53,6 +54,23 @@ def room(slots: int) -> int:
     if soft == resource.RLIM_INFINITY:
         return MOST_BACKLOG
     return max(16, min(MOST_BACKLOG, (soft - slots - RESERVE) // ACCEPTED_AT_ONCE))
+
+
+def _same_connection(sock: Any) -> bool:
+    """Whether the connection the kernel was asked about is still the one it answered for. The kernel was asked
+    by addresses: had this connection's client reset it before the answer, another connection could have taken
+    the same addresses (the person's, to a port the other account guessed), and the answer be about that one. A
+    TCP state never goes back: a socket still ESTABLISHED (or CLOSE_WAIT: its client half-closed) now held those
+    addresses all along; anything else is refused."""
+    if sock is None:
+        return False
+    if sock.family == socket.AF_UNIX:
+        return True  # (SO_PEERCRED: read from this very socket)
+    try:
+        info = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 8)
+    except OSError:
+        return False
+    return bool(info) and info[0] in (TCP_ESTABLISHED, TCP_CLOSE_WAIT)
 
 
 def _drop_what_waits(sock: Any) -> None:
@@ -78,6 +96,7 @@ class Gate(asyncio.Protocol):
         self._made = (args, kwargs)
         self._transport: asyncio.Transport | None = None
         self._head = bytearray()
+        self._end = -1  # where the head ends in it, once seen
         self._admitted = False
         self._timer: asyncio.TimerHandle | None = None
 
@@ -96,24 +115,31 @@ class Gate(asyncio.Protocol):
             transport.close()
             return
         self._transport = transport
-        transport.pause_reading()  # nothing is read before the kernel said whose it is
+        loop = asyncio.get_running_loop()
+        self._timer = loop.call_later(HEAD_TIMEOUT, self._late)  # (a verdict that never comes included)
+        # nothing is read before the kernel said whose it is: paused once asyncio has added its reader, which
+        # Python 3.11 adds after connection_made whatever a pause said (and before any read)
+        loop.call_soon(self._pause_unless_admitted)
         try:
             judge.ask(transport.get_extra_info("socket"), self._judged)
         except Exception:  # (fails closed)
             self._refuse(None)
             raise
 
+    def _pause_unless_admitted(self) -> None:
+        if self._transport is not None and not self._transport.is_closing() and not self._admitted:
+            self._transport.pause_reading()
+
     def _judged(self, uid: int | None) -> None:
         transport = self._transport
         if transport is None or transport.is_closing():
             return
         try:
-            if uid is None or uid not in self.owners():
-                self._refuse(uid)
+            if uid is None or uid not in self.owners() or not _same_connection(transport.get_extra_info("socket")):
+                self._refuse(uid if uid is not None and uid not in self.owners() else None)
                 return
             self._admitted = True
-            self._timer = asyncio.get_running_loop().call_later(HEAD_TIMEOUT, self._late)  # (from now: a crowd's
-            transport.resume_reading()  # connections cost the loop no timer)
+            transport.resume_reading()
             self._read_on(transport)
         except Exception:  # (fails closed)
             self._admitted = False
@@ -141,17 +167,22 @@ class Gate(asyncio.Protocol):
         transport = self._transport
         if transport is None or transport.is_closing():
             return
-        self._head += data  # (kept until the kernel has answered: asyncio may read once before a pause holds)
-        self._read_on(transport, len(self._head) - len(data))
+        self._head += data  # (an admitted connection's, or what came before the pause held: never handed over
+        self._read_on(transport, len(self._head) - len(data))  # before the verdict)
 
     def _read_on(self, transport: asyncio.Transport, seen: int = 0) -> None:
-        """A whole head of an admitted connection is handed over; one that grows past MOST_HEAD closes it."""
-        end = self._head.find(END_OF_HEAD, max(0, seen - len(END_OF_HEAD) + 1), MOST_HEAD + len(END_OF_HEAD))
-        if end < 0 and len(self._head) > MOST_HEAD:
+        """A whole head of an admitted connection is handed over (with what followed it: a body); a head that
+        grows past MOST_HEAD closes the connection; before the verdict, a whole head pauses reading."""
+        if self._end < 0:
+            found = self._head.find(END_OF_HEAD, max(0, seen - len(END_OF_HEAD) + 1), MOST_HEAD + len(END_OF_HEAD))
+            self._end = found
+        if self._end < 0 and len(self._head) > MOST_HEAD:
             self._stop_timer()
             transport.close()
-        elif end >= 0 and self._admitted:
+        elif self._end >= 0 and self._admitted:
             self._hand_over(transport)
+        elif self._end >= 0:
+            transport.pause_reading()  # (nothing more is kept before the verdict)
 
     def _hand_over(self, transport: asyncio.Transport) -> None:
         """The connection to the server's protocol, as if it had been its from the start."""

@@ -18,7 +18,7 @@ import logging
 import socket
 import threading
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -64,7 +64,7 @@ class Judge:
             return
         with self._woken:
             self._waiting.append(_Asked(family, (server[0], server[1]), (client[0], client[1]), loop, answer))
-            if self._thread is None:
+            if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(target=self._run, name="vmsandbox-door", daemon=True)
                 self._thread.start()
             if len(self._waiting) == 1:  # (the thread waits only for a first: it takes the rest with it)
@@ -81,7 +81,13 @@ class Judge:
                 while not self._waiting:
                     self._woken.wait()
                 batch, self._waiting = self._waiting, []
-            self._answer(batch)
+            try:
+                self._answer(batch)
+            except BaseException:  # (fails closed, and the thread goes on: nobody named, all refused)
+                log.exception("the gate's judge failed on %d connections", len(batch))
+                for loop, answers in _by_loop((a, None) for a in batch).items():
+                    with contextlib.suppress(BaseException):
+                        loop.call_soon_threadsafe(_deliver, answers)
 
     def _answer(self, batch: list[_Asked]) -> None:
         groups: dict[tuple[int, tuple[str, int]], list[_Asked]] = defaultdict(list)
@@ -96,12 +102,19 @@ class Judge:
                 holders = {}
             for a in askers:
                 found[family, server, a.client] = holders.get(a.client)
-        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[Answer, int | None]]] = defaultdict(list)
-        for asked in batch:
-            by_loop[asked.loop].append((asked.answer, found.get((asked.family, asked.server, asked.client))))
-        for loop, answers in by_loop.items():
+        verdicts = ((a, found.get((a.family, a.server, a.client))) for a in batch)
+        for loop, answers in _by_loop(verdicts).items():
             with contextlib.suppress(RuntimeError):  # (its loop is closed: those connections are gone)
                 loop.call_soon_threadsafe(_deliver, answers)
+
+
+def _by_loop(
+    verdicts: Iterable[tuple[_Asked, int | None]],
+) -> dict[asyncio.AbstractEventLoop, list[tuple[Answer, int | None]]]:
+    by_loop: dict[asyncio.AbstractEventLoop, list[tuple[Answer, int | None]]] = defaultdict(list)
+    for asked, uid in verdicts:
+        by_loop[asked.loop].append((asked.answer, uid))
+    return by_loop
 
 
 def _deliver(answers: list[tuple[Answer, int | None]]) -> None:

@@ -135,10 +135,12 @@ def _netlink() -> tuple[socket.socket, int]:
     return nl, _thread.sequence
 
 
-def lookup(family: int, local: tuple[str, int], remote: tuple[str, int]) -> Row | None:
-    """inet_diag's answer for the TCP socket at `local` connected to `remote` (None: none, or no answer)."""
+def lookup(family: int, local: tuple[str, int], remote: tuple[str, int], wait: float = LOOKUP_SECONDS) -> Row | None:
+    """inet_diag's answer for the TCP socket at `local` connected to `remote` (None: none, or no answer within
+    `wait` seconds)."""
     try:
         nl, sequence = _netlink()
+        nl.settimeout(max(0.01, wait))
         nl.sendto(request(family, local, remote, sequence), (0, 0))
         while True:
             data = nl.recv(8192)
@@ -159,7 +161,8 @@ def dump(family: int, server: tuple[str, int]) -> list[Row] | None:
     try:
         nl, sequence = _netlink()
         nl.sendto(dump_request(family, server, sequence), (0, 0))
-        while time.monotonic() < deadline:
+        while (left := deadline - time.monotonic()) > 0:
+            nl.settimeout(min(LOOKUP_SECONDS, left))
             for kind, seq, message in messages(nl.recv(65536)):
                 if seq != sequence:
                     continue  # (the answer to an earlier request that was given up on)
@@ -188,11 +191,15 @@ def holder(row: Row | None, family: int, local: tuple[str, int], remote: tuple[s
     return row.uid
 
 
-def tcp_holder(family: int, client: tuple[str, int], server: tuple[str, int]) -> int | None:
-    """Who holds the client's end of a loopback TCP connection to `server` (a blocking call: the gate's judge makes
-    it, in a thread of its own)."""
+def tcp_holder(
+    family: int, client: tuple[str, int], server: tuple[str, int], wait: float = LOOKUP_SECONDS
+) -> int | None:
+    """Who holds the client's end of a loopback TCP connection to `server` (a blocking call, `wait` seconds at
+    most: the gate's judge makes it, in a thread of its own)."""
     client, server = (client[0], client[1]), (server[0], server[1])  # (IPv6 names carry flow and scope)
-    return holder(lookup(family, client, server), family, client, server)
+    if wait <= 0:
+        return None
+    return holder(lookup(family, client, server, wait), family, client, server)
 
 
 def tcp_holders(
@@ -202,8 +209,9 @@ def tcp_holders(
     the sockets connected to `server` for more (a crowd costs the kernel one request, not one per connection)."""
     server = (server[0], server[1])
     wanted = [(c[0], c[1]) for c in clients]
-    if len(wanted) <= FEW:
-        return {c: tcp_holder(family, c, server) for c in wanted}
+    if len(wanted) <= FEW:  # (their answers, together, within MOST_ANSWER_SECONDS as a dump's)
+        deadline = time.monotonic() + MOST_ANSWER_SECONDS
+        return {c: tcp_holder(family, c, server, deadline - time.monotonic()) for c in wanted}
     rows = dump(family, server)
     if rows is None:
         return dict.fromkeys(wanted)
