@@ -132,8 +132,8 @@ class Gate(asyncio.Protocol):
 
     def _judged(self, uid: int | None) -> None:
         transport = self._transport
-        if transport is None or transport.is_closing():
-            return
+        if transport is None or transport.is_closing() or self._admitted:
+            return  # (gone, or judged already: a verdict is given once)
         try:
             if uid is None or uid not in self.owners() or not _same_connection(transport.get_extra_info("socket")):
                 self._refuse(uid if uid is not None and uid not in self.owners() else None)
