@@ -88,6 +88,33 @@ def test_only_a_live_held_socket_at_exactly_that_four_tuple_names_its_holder(
     assert kernel.holder(row, socket.AF_INET, ("127.0.0.1", 50000), ("127.0.0.1", 8080)) == named
 
 
+def test_a_dump_names_the_sockets_connected_to_one_server_only() -> None:
+    """More than a few connections are asked for in one dump whose filter (the server's address and port) the
+    kernel runs: each live client is named, a closed one is not, and a client of another server (here on the
+    same port number of another address) is not in the answer."""
+    with socket.socket() as listener, socket.socket() as elsewhere:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(16)
+        server = listener.getsockname()
+        elsewhere.bind(("127.0.0.2", server[1]))
+        elsewhere.listen(1)
+        clients = [socket.create_connection(server) for _ in range(kernel.FEW + 4)]
+        other = socket.create_connection(elsewhere.getsockname())
+        accepted = [listener.accept()[0] for _ in clients]
+        try:
+            gone = clients.pop()
+            asked = [c.getsockname() for c in clients] + [gone.getsockname()]
+            gone.close()
+            rows = kernel.dump(socket.AF_INET, server)
+            assert rows is not None and {r.remote for r in rows} == {server}
+            assert other.getsockname() not in {r.local for r in rows}
+            found = kernel.tcp_holders(socket.AF_INET, server, asked)
+            assert [found[c] for c in asked] == [os.geteuid()] * len(clients) + [None]
+        finally:
+            for s in (*clients, other, *accepted):
+                s.close()
+
+
 def test_a_request_and_its_answer_round_trip_in_the_kernels_layout() -> None:
     message = kernel.request(socket.AF_INET, ("127.0.0.1", 50000), ("127.0.0.1", 8080), sequence=7)
     assert len(message) == 16 + 8 + 48 and message[4:6] == kernel.SOCK_DIAG_BY_FAMILY.to_bytes(2, "little")

@@ -120,7 +120,7 @@ def parse(data: bytes, sequence: int = 1) -> Row | None:
     return Row(family, state, local, remote, uid, inode)
 
 
-_thread = threading.local()  # each thread's (each event loop's) netlink socket, kept: a lookup needs no descriptor
+_thread = threading.local()  # each thread's netlink socket (the gate's judge's), kept: asking needs no descriptor
 
 
 def _netlink() -> tuple[socket.socket, int]:
