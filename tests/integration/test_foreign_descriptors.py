@@ -138,8 +138,10 @@ def test_a_qemu_that_races_its_descriptor_hangs_one_keeper_never_root_nor_its_lo
         genuine_holder(own_looks / "runtime", "t") as (held, holes),
     ):
         (usage.LIBVIRT_PIDS / f"{domain}.pid").write_text(f"{qemu.pid}\n")
-        first = within(usage.reserved_mib)  # (the race may be won at this very look, on a loaded host)
-        assert first == (holes if foreign.left() else 0)  # the QEMU seen, mapping no held file: nothing owed
+        # the QEMU seen, mapping no held file: nothing owed; or unseen, and owed at worst: the race won at this very
+        # look, or (CI, a loaded host) the first look's new helper past its deadline, killed and reaped already
+        first = within(usage.reserved_mib)
+        assert first in (0, holes), first
 
         def race() -> int:
             for n in range(1, RACE_LOOKS + 1):
