@@ -236,11 +236,13 @@ class Keepers:
 
 
 def served(requests: list[dict[str, Any]], libc: Recording, keepers: Keepers) -> tuple[int, list[dict[str, Any]]]:
-    """What the helper's loop (look.serve) says to `requests`, in order, and its exit code."""
+    """What the helper's loop (look.serve) says to `requests`, in order, after it said it is ready; its exit code."""
     out = io.BytesIO()
     lines = io.BytesIO(b"".join(json.dumps(r).encode() + b"\n" for r in requests))
     code = look.serve(look.memfd_mount(), libc, keepers.make, lines, out)
-    return code, [json.loads(line) for line in out.getvalue().splitlines()]
+    ready, *said = [json.loads(line) for line in out.getvalue().splitlines()]
+    assert ready == look.READY  # before any request
+    return code, said
 
 
 def test_a_helper_that_holds_what_it_took_hands_it_to_one_keeper_and_goes_on_answering(tmp_path: Path) -> None:
@@ -283,7 +285,7 @@ class InProcessHelper:
 
     started: ClassVar[list[InProcessHelper]] = []
 
-    def __init__(self, libc: Recording, keepers: Keepers, hang_at: int | None = None) -> None:
+    def __init__(self, libc: Recording, keepers: Keepers, hang_at: int | None = None, slow: bool = False) -> None:
         asked, self._requests = os.pipe()
         self._answers, answered = os.pipe()
         self.stdin, self.stdout = os.fdopen(self._requests, "wb"), os.fdopen(self._answers, "rb")
@@ -299,6 +301,9 @@ class InProcessHelper:
                 return libc.syscall(number, pidfd, fd, flags)
 
         def loop() -> None:
+            if slow:  # (an interpreter that starts slower than root waits: it says nothing until it is killed)
+                self.killed.wait()
+                return
             with (
                 contextlib.suppress(OSError, ValueError),  # (root closed its ends: a pipe broken)
                 os.fdopen(asked, "rb") as requests,
@@ -401,6 +406,39 @@ def test_a_helper_killed_at_its_deadline_leaves_its_keeper_counted_and_its_proce
             libc.close_copies()
             for fd in (swapped, waits):
                 os.close(fd)
+
+
+def test_a_helper_slow_to_start_is_killed_and_blames_no_process(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On a loaded host a fresh helper may take long to start: past START_DEADLINE it is killed and the look is
+    skipped (the caller assumes the worst), but the process asked about was never looked at, so it is no offender:
+    the next look, from a fresh helper, sees its memory file. The look's own deadline starts once a helper is ready."""
+    monkeypatch.setattr(foreign, "START_DEADLINE", 0.2)
+    me, start = os.getpid(), pids.process_start(os.getpid())
+    with every_kind(tmp_path) as fds:
+        keepers, libc = Keepers(), Recording()
+        starts: list[InProcessHelper] = []
+
+        def started() -> InProcessHelper:
+            starts.append(InProcessHelper(libc, keepers, slow=not starts))
+            return starts[-1]
+
+        helper = foreign._Helper(started, lambda _pid: True)  # type: ignore[arg-type]
+        monkeypatch.setattr(foreign, "_HELPER", helper)
+        monkeypatch.setattr(foreign, "_asked", helper.ask)
+        try:
+            seen = foreign.look(me, "QEMU pid 1", start=start, fds=(fds["sealed"],))
+            assert seen.blind and "did not say it was ready within 0 s" in seen.skipped[0]
+            assert starts[0].killed.is_set() and (me, start) not in foreign._SHUNNED
+            again = foreign.look(me, "QEMU pid 1", start=start, fds=(fds["sealed"],))
+            assert not again.blind and [m.fd for m in again.found] == [fds["sealed"]] and len(starts) == 2
+        finally:
+            helper._leave(kill=True)
+            for h in InProcessHelper.started:
+                h.killed.set()
+                h.thread.join(30)
+            InProcessHelper.started.clear()
 
 
 def test_past_most_left_keepers_no_look_is_made_and_the_caller_is_told_it_is_blind(

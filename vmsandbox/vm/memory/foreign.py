@@ -11,9 +11,11 @@ guard, a warm start, gc, `doctor`, `host ls`):
   that may hang (a FUSE file that never answers its FLUSH): a task and a pid, after its memory is gone, never
   root's process nor its memory. The process that handed it over is an offender: never looked at again by this
   process, so each offender costs a descriptor once, and the processes that did not offend are looked at still;
-- a helper that does not answer within LOOK_DEADLINE is killed (its waits are killable; what it held is its
-  keeper's, so it ends at once) and its process is an offender too: this ends a helper's life, and with it, at
-  worst, one keeper left hanging; a helper also ends once it holds look.MOST_HELD copies;
+- a helper that does not answer within LOOK_DEADLINE of being asked is killed (its waits are killable; what it held
+  is its keeper's, so it ends at once) and its process is an offender too: this ends a helper's life, and with it,
+  at worst, one keeper left hanging; a helper also ends once it holds look.MOST_HELD copies. The deadline counts
+  from a helper that said it is ready: one slow to start (a loaded host) is killed past START_DEADLINE, and no
+  process is blamed for it (none was asked about yet);
 - at most MOST_LEFT keepers (and helpers that ended holding, where the kernel makes no keeper) are left running at
   once, reaped as they end: past that, no look is made, and each caller goes on as for a process it could not look
   at — assuming the worst of it (usage: a QEMU root cannot see maps every held file; a holder's file root cannot
@@ -38,6 +40,7 @@ from vmsandbox.errors import VmsandboxError
 from vmsandbox.vm.memory import look as helper
 
 LOOK_DEADLINE = 5.0  # a look of one process answers in milliseconds; past this its helper is killed and left
+START_DEADLINE = 30.0  # a helper's start (an interpreter's): nothing of another account's is asked yet
 # keepers (and helpers that ended holding) left running, each perhaps a task in state D for good, at most, before looks
 # stop: one per helper that held a copy and was then killed at a deadline (an offender each), or full (MOST_HELD)
 MOST_LEFT = 16
@@ -228,10 +231,7 @@ class _Helper:
     def _answer(self, deadline: float) -> dict[str, Any] | str | None:
         """The helper's answer by `deadline` (None: none), each keeper it says it made on the way kept."""
         while self.lines is not None and (line := self.lines.next(deadline)) is not None:
-            try:
-                said = json.loads(line)
-            except ValueError:
-                said = None
+            said = _json(line)
             if not isinstance(said, dict):
                 return "root's look helper answered what it may not"
             if set(said) != {"keeper"}:
@@ -251,6 +251,10 @@ class _Helper:
         except (OSError, VmsandboxError) as exc:
             return f"root's look helper did not start: {exc}"
         self.lines = _Lines(_fd(self.child.stdout))
+        ready = self.lines.next(time.monotonic() + START_DEADLINE)
+        if ready is None or _json(ready) != helper.READY:
+            self._leave(kill=True)
+            return f"root's look helper did not say it was ready within {START_DEADLINE:.0f} s (it is left, killed)"
         return self.child
 
     def _leave(self, *, kill: bool) -> None:
@@ -270,6 +274,13 @@ class _Helper:
                 with contextlib.suppress(OSError):
                     stream.close()
         self.left.append(child)
+
+
+def _json(line: bytes) -> Any:
+    try:
+        return json.loads(line)
+    except ValueError:
+        return None
 
 
 def _fd(stream: Any) -> int:

@@ -22,7 +22,9 @@ new. The helper takes it instead, and asks nothing of the file:
 
 Standard library only, nothing read from disk once it runs but /proc. SIGTERM is ignored (a thread that started it
 may end: PDEATHSIG): it ends when its stdin does, or once it holds MOST_HELD copies (root starts a fresh one).
-Each answer is one JSON line; a keeper made while answering is said first, on a line of its own ({"keeper": PID}).
+It says {"ready": true} once it runs (root's deadline for a look counts from there: a helper slow to start on a
+loaded host blames no process). Each answer is one JSON line; a keeper made while answering is said first, on a line
+of its own ({"keeper": PID}).
 """
 
 from __future__ import annotations
@@ -53,6 +55,7 @@ LINE = 1 << 16  # a request's length, at most
 NAME = b"vmsandbox-look"  # what `ps` shows of it
 KEEPER_NAME = b"vmsandbox-keep"  # and of its keeper (which may hang for good once the helper has ended)
 _PR_SET_NAME = 15
+READY = {"ready": True}  # its first line, before any request
 
 # why a descriptor was not looked at (vm.memory.foreign says each in words)
 NOT_MEMFD, SWAPPED, NOT_TAKEN, TOO_MANY = "not-memfd", "swapped", "not-taken", "too-many"
@@ -224,6 +227,7 @@ def serve(mount: int | None, libc: Any, make: Callable[[], int | None], stdin: I
         stdout.flush()
 
     keeping = Keeping(make, say)
+    say(READY)
     while line := stdin.readline(LINE):
         said, _held = answer(json.loads(line), mount, libc, keeping.hold)
         say({**said, "ends": keeping.ends})
