@@ -31,7 +31,7 @@ from tests.integration.foreign_files import (
     state_of,
 )
 from vmsandbox.session.host import doctor, guard, hosts
-from vmsandbox.session.place import choose as places
+from vmsandbox.session.place import choose
 from vmsandbox.session.place.local import sharing
 from vmsandbox.vm.memory import foreign, sealed, usage
 
@@ -105,7 +105,7 @@ def test_a_holder_with_a_fuse_file_at_its_number_is_passed_over_said_and_stopped
         assert within(usage.reserved_mib) == holder.size >> 20  # never nothing: its recorded size, all holes
         assert within(lambda: guard.relieve(floor_mib=1 << 40)) == []  # short of memory: gives back nothing, stops none
         capfd.readouterr()
-        within(lambda: hosts.probe(places.spec_for(None, URI)))
+        within(lambda: hosts.probe(choose.spec_for(None, URI)))
         assert said in capfd.readouterr().err  # `host ls` says it
         check = within(lambda: doctor._memory(URI))
         assert said in check.detail and check.level == "warn" and check.fix == doctor.SKIPPED_FIX

@@ -6,13 +6,13 @@ from pathlib import Path
 import pytest
 
 from vmsandbox import paths
-from vmsandbox.sync.review import holds as reviewable
+from vmsandbox.sync.review import holds
 from vmsandbox.sync.review.compare import Change, Status, compare, is_git_managed, risk_of
 from vmsandbox.sync.review.gather import Gathered, Origin
 from vmsandbox.sync.review.plan import Decisions, Plan, make
 from vmsandbox.sync.review.take import Take
 from vmsandbox.sync.target import Target
-from vmsandbox.sync.tree import manifest as tree
+from vmsandbox.sync.tree import manifest
 from vmsandbox.sync.tree.manifest import DIR, FILE, OTHER, SYMLINK, Entry
 
 
@@ -172,12 +172,12 @@ def test_applied_setuid_file_is_not_a_conflict_afterwards() -> None:
 
 
 def test_derived_trees_of_a_project_without_git() -> None:
-    assert reviewable.derived(".venv/lib/python3.11/site-packages/evil.pth") == ".venv"
-    assert reviewable.derived("web/node_modules/x/index.js") == "node_modules"
-    assert reviewable.derived("pkg/__pycache__/m.cpython-311.pyc") == "__pycache__"
-    assert reviewable.derived("src/app.egg-info/PKG-INFO") == "app.egg-info"
-    assert reviewable.derived("src/main.py") is None
-    assert reviewable.derived("docs/building.md") is None  # a name, not a component
+    assert holds.derived(".venv/lib/python3.11/site-packages/evil.pth") == ".venv"
+    assert holds.derived("web/node_modules/x/index.js") == "node_modules"
+    assert holds.derived("pkg/__pycache__/m.cpython-311.pyc") == "__pycache__"
+    assert holds.derived("src/app.egg-info/PKG-INFO") == "app.egg-info"
+    assert holds.derived("src/main.py") is None
+    assert holds.derived("docs/building.md") is None  # a name, not a component
 
 
 def _plan(tmp_path: Path, found: list[Change]) -> Plan:
@@ -210,9 +210,9 @@ def test_a_scan_stops_at_its_entry_limit(tmp_path: Path) -> None:
     (root / "d").mkdir(parents=True)
     for i in range(11):
         (root / "d" / f"f{i}").write_text("x")
-    assert len(tree.scan(root, max_entries=12)) == 12
-    with pytest.raises(tree.TooManyEntriesError, match="more than 10 entries"):
-        tree.scan(root, max_entries=10)
+    assert len(manifest.scan(root, max_entries=12)) == 12
+    with pytest.raises(manifest.TooManyEntriesError, match="more than 10 entries"):
+        manifest.scan(root, max_entries=10)
 
 
 def test_binary_content_waits_for_an_explicit_choice(tmp_path: Path) -> None:
@@ -221,7 +221,7 @@ def test_binary_content_waits_for_an_explicit_choice(tmp_path: Path) -> None:
     (src / "d").mkdir(parents=True)
     (src / "d" / "blob.bin").write_bytes(b"ELF\x00\x01" + b"x" * 100)
     (src / "d" / "late.txt").write_bytes(b"x" * 9000 + b"\x00")  # a NUL past the probe: text, as for git
-    assert reviewable.is_binary(src, "d/blob.bin") and not reviewable.is_binary(src, "d/late.txt")
+    assert holds.is_binary(src, "d/blob.bin") and not holds.is_binary(src, "d/late.txt")
     blob = Change("d/blob.bin", None, f("a"), None, Status.APPLY, binary=True)
     text = Change("d/late.txt", None, f("b"), None, Status.APPLY)
     plan = _plan(tmp_path, [blob, text])

@@ -36,8 +36,8 @@ def _plan(tmp_path: Path, *, mass: bool = False) -> Plan:
     """One new source file, six ignored bytecode files (binary too) in an ignored new directory, four binary
     files in a new directory, a quarantined .envrc, a conflict: in path order, as a gather gives them."""
     from vmsandbox.paths import SessionPaths
-    from vmsandbox.sync.review import mass as masses
     from vmsandbox.sync.review.gather import Gathered, Origin
+    from vmsandbox.sync.review.mass import Limits
     from vmsandbox.sync.review.plan import make
     from vmsandbox.sync.target import Target
 
@@ -65,7 +65,7 @@ def _plan(tmp_path: Path, *, mass: bool = False) -> Plan:
         guest_file(pyc, b"\xa7\r\r\n\x00\x00" + pyc.encode(), held=IGNORED, binary=True)
     found.sort(key=lambda c: c.path)
     target = Target("s1", project, files, os.getuid(), os.getgid())
-    limits = masses.Limits(files=3) if mass else None
+    limits = Limits(files=3) if mass else None
     return make(Gathered(target, found, source, False, Origin.LIVE, None, 1024**2), limits=limits)
 
 

@@ -44,9 +44,9 @@ def failed(exc: VmsandboxError) -> HTMLResponse:
 
 
 def sessions(request: Request) -> Response:
-    from vmsandbox.core import sessions as sessions_of
+    from vmsandbox.core import sessions
 
-    rows = sessions_of.listing()
+    rows = sessions.listing()
     return page("sessions.html", rows=rows, groups=compare.groups(rows))
 
 

@@ -24,7 +24,7 @@ from vmsandbox.confine.sudo import invoker as sudo_invoker
 from vmsandbox.core import sessions
 from vmsandbox.core.door import gate
 from vmsandbox.errors import VmsandboxError
-from vmsandbox.web import app as pages
+from vmsandbox.web import app
 from vmsandbox.web.guard import loopback_address
 
 if TYPE_CHECKING:
@@ -104,7 +104,7 @@ class Server:
             ) from None
         self._sock.listen(128)  # before a URL is printed: a browser that is quick must queue, not be refused
         self._launchers: dict[str, Path] = {}
-        self.guard = pages.make(
+        self.guard = app.make(
             address=address, port=self._sock.getsockname()[1], handoff=handoff, on_exchange=self._used
         )
         self._server: uvicorn.Server | None = None

@@ -15,11 +15,9 @@ from pathlib import Path
 
 from vmsandbox import failpoint
 from vmsandbox.errors import VmsandboxError
-from vmsandbox.sync.git import fetch as commitfetch
-from vmsandbox.sync.git import refs
-from vmsandbox.sync.land import write as apply
-from vmsandbox.sync.review import gather as changes
-from vmsandbox.sync.review import mass
+from vmsandbox.sync.git import fetch, refs
+from vmsandbox.sync.land import write
+from vmsandbox.sync.review import gather, mass
 from vmsandbox.sync.review.compare import Change, Status
 from vmsandbox.sync.review.gather import Gathered
 from vmsandbox.sync.review.risk import nested_git_dir
@@ -124,7 +122,7 @@ class Plan:
 def make(g: Gathered, only: list[str] | None = None, *, limits: mass.Limits | None = None) -> Plan:
     shown = select_paths(g.changes, g.project, only or [])
     in_view = {c.path for c in shown}
-    todo = [c for c in changes.pending(g) if c.path in in_view]
+    todo = [c for c in gather.pending(g) if c.path in in_view]
     return Plan(g, shown, grouped(todo), (limits or mass.Limits()).judge(todo))
 
 
@@ -239,13 +237,13 @@ def carry_out(plan: Plan, decisions: Decisions) -> Outcome:
         )
     }
     out.skipped = [i.label for i in plan.todo if id(i) not in decided]
-    still = {c.path for c in changes.pending(g)}  # another review's apply may have dealt with some since
+    still = {c.path for c in gather.pending(g)}  # another review's apply may have dealt with some since
     accepted = [c for i in decisions.accept for c in i.changes]
     out.already = [c.path for c in accepted if c.path not in still]
     execute(g, [c for c in accepted if c.path in still], out, decisions.contents)
     if decisions.take_commits:
         try:
-            fetched = commitfetch.fetch_commits(g, take=decisions.commit_take)
+            fetched = fetch.fetch_commits(g, take=decisions.commit_take)
             out.commits = fetched.commits
             out.quarantined += fetched.held
             if fetched.refused is not None:
@@ -254,7 +252,7 @@ def carry_out(plan: Plan, decisions: Decisions) -> Outcome:
             out.refused.append(f"the guest's commits: {exc.message}")
         except VmsandboxError as exc:
             out.failed.append(f"git history: {exc.message}")
-    remaining = changes.pending(g)
+    remaining = gather.pending(g)
     in_view = {c.path for c in plan.shown}
     out.left = sum(1 for c in remaining if c.path in in_view)
     out.left_total = len(remaining)
@@ -265,12 +263,12 @@ def conflict_copy_name(path: str, session: str) -> str:
     return f"{path}.vmsandbox-{session}"
 
 
-def _keep_conflict(g: Gathered, c: Change, owner: apply.Owner) -> str | None:
+def _keep_conflict(g: Gathered, c: Change, owner: write.Owner) -> str | None:
     if c.guest is None or c.guest.kind != FILE:
         return None
     beside = conflict_copy_name(c.path, g.target.name)
     not_executable = dataclasses.replace(c.guest, mode=c.guest.mode & 0o666)
-    apply.copy_verified(g.source, g.project, c.path, not_executable, owner, dest=beside)
+    write.copy_verified(g.source, g.project, c.path, not_executable, owner, dest=beside)
     return beside
 
 
@@ -305,23 +303,23 @@ def chosen_content(c: Change, contents: Mapping[str, bytes]) -> bytes | None:
 def execute(g: Gathered, accepted: list[Change], out: Outcome, contents: Mapping[str, bytes] | None = None) -> None:
     """Apply the accepted changes in a safe order (merges and chosen contents written as given); conflicts
     nobody resolved keep the guest version beside the file."""
-    owner = apply.Owner(g.target.uid, g.target.gid)
+    owner = write.Owner(g.target.uid, g.target.gid)
     check_space(g, accepted)
     done: list[Change] = []
     try:
-        for c in apply.order(accepted):
+        for c in write.order(accepted):
             failpoint.hit("pull.apply")
             try:
                 data = chosen_content(c, contents or {})
                 if data is not None:
-                    apply.write_content(g.project, c, data, owner)
+                    write.write_content(g.project, c, data, owner)
                     (out.merged if c.status in (Status.MERGED, Status.CONFLICT) else out.applied).append(c.path)
                 elif c.status is Status.CONFLICT:
                     beside = _keep_conflict(g, c, owner)
                     kept = f" (guest version: {beside})" if beside else " (deleted in the guest)"
                     out.conflicts.append(c.path + kept)
                 else:
-                    apply.apply_one(g.project, g.source, c, owner)
+                    write.apply_one(g.project, g.source, c, owner)
                     out.applied.append(c.path)
                 done.append(c)
             except VmsandboxError as exc:
@@ -329,4 +327,4 @@ def execute(g: Gathered, accepted: list[Change], out: Outcome, contents: Mapping
             except OSError as exc:
                 out.failed.append(f"{c.path}: {exc.strerror}")
     finally:
-        changes.mark(g.target.files, done)
+        gather.mark(g.target.files, done)
