@@ -306,6 +306,55 @@ def test_the_cycle_finder_finds_a_cycle() -> None:
     assert _cycles({"a": {"b"}, "b": set()}) == []
 
 
+TESTS = PACKAGE.parent / "tests"
+
+
+def _renaming_imports(path: Path, ours: set[str]) -> list[str]:
+    """The imports in `path` that bind a module of ours to a name not its own (`from vmsandbox.sync.tree import
+    manifest as tree`, `import vmsandbox.proc as run`), wherever they are written. A class or a function imported
+    under another name is not one (a module is known by one name; a name in it may be shown as another)."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            found += [
+                f"from {node.module} import {a.name} as {a.asname}"
+                for a in node.names
+                if a.asname not in (None, a.name) and f"{node.module}.{a.name}" in ours
+            ]
+        elif isinstance(node, ast.Import):
+            found += [f"import {a.name} as {a.asname}" for a in node.names if a.asname and a.name in ours]
+    return found
+
+
+def test_a_module_of_ours_is_imported_by_its_own_name() -> None:
+    """`from vmsandbox.session import settings`, then `settings.load()`: never `settings as config`, in the
+    package or its tests, so that a module is known by one name everywhere (a local that would take its name is
+    the one renamed)."""
+    files = [*PACKAGE.rglob("*.py"), *TESTS.rglob("*.py")]
+    ours = {_module_name(p) for p in files}
+    wrong = [f"{p.relative_to(PACKAGE.parent)}: {i}" for p in files for i in _renaming_imports(p, ours)]
+    assert wrong == []
+
+
+def test_the_renaming_import_finder_finds_one(tmp_path: Path) -> None:
+    ours = {"vmsandbox.sync.tree.manifest", "vmsandbox.proc"}
+    sample = tmp_path / "sample.py"
+    sample.write_text(
+        "import os as system\n"  # not ours
+        "import vmsandbox.proc as run\n"
+        "from vmsandbox.sync.tree import manifest\n"
+        "from vmsandbox.sync.tree import manifest as tree\n"
+        "from vmsandbox.sync.tree.manifest import Tree as Files\n"  # a name in a module, not a module
+        "def f() -> None:\n"
+        "    from vmsandbox.sync.tree import manifest as listing\n"
+    )
+    assert sorted(_renaming_imports(sample, ours)) == [
+        "from vmsandbox.sync.tree import manifest as listing",
+        "from vmsandbox.sync.tree import manifest as tree",
+        "import vmsandbox.proc as run",
+    ]
+
+
 # Where a VM lives: session.place.interface holds the interfaces (Host, VM, Snapshots), session.place.local and
 # .remote their implementations, session.place.choose the one chooser. The implementations stand on these modules
 # only (data and helpers that know nothing of policy); policy reaches them through the chooser alone.
