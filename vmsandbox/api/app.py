@@ -17,7 +17,7 @@ from starlette.types import ASGIApp
 
 from vmsandbox.api import threads
 from vmsandbox.api.envd import routes
-from vmsandbox.api.guard import Guard, Keys
+from vmsandbox.api.keyguard import Guard, Keys
 from vmsandbox.api.plane import openapi
 from vmsandbox.api.plane.control import Clock, Control, now, sweep
 from vmsandbox.api.plane.extension import Extension

@@ -1,4 +1,4 @@
-"""The page served: on an address of 127.0.0.0/8 of its own (guard.py says why), its URL handed to a person
+"""The page served: on an address of 127.0.0.0/8 of its own (pageguard.py says why), its URL handed to a person
 once (a ticket), and a browser opened where there is a desktop, on a file only this account reads (never a
 ticket on a browser's command line). Served until Ctrl-C (`vmsandbox ui`), or in a thread while a run waits for
 its review (person.py). Behind the core's gate, as the API is (core/door): the person's account only, a whole
@@ -25,7 +25,7 @@ from vmsandbox.core import sessions
 from vmsandbox.core.door import gate
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.web import app
-from vmsandbox.web.guard import loopback_address
+from vmsandbox.web.pageguard import loopback_address
 
 if TYPE_CHECKING:
     import uvicorn

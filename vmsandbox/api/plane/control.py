@@ -20,7 +20,7 @@ from starlette.routing import BaseRoute, Route
 
 from vmsandbox.api import errors
 from vmsandbox.api.errors import UnimplementedError
-from vmsandbox.api.guard import Keys
+from vmsandbox.api.keyguard import Keys
 from vmsandbox.api.plane import controlwire
 from vmsandbox.api.respond import Endpoint, answers, body, done, ok, session
 from vmsandbox.api.threads import blocking

@@ -12,7 +12,7 @@ from typing import Any, Generic, TypeVar
 from vmsandbox import ui
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.image import store
-from vmsandbox.session.host import guard
+from vmsandbox.session.host import memoryguard
 from vmsandbox.session.place import choose, hostspec
 from vmsandbox.session.place.hostspec import HostSpec
 from vmsandbox.session.place.room import fits
@@ -69,7 +69,7 @@ class Status:
             "memory_shared": n is not None and self.memory_problem is None,
             "memory_problem": self.memory_problem,
             "session_pss_mib": self.footprint_mib,
-            "memory_guard": guard.said(self.spec.name == hostspec.LOCAL),
+            "memory_guard": memoryguard.said(self.spec.name == hostspec.LOCAL),
             "room": None if n is None or not memory_mib else self.room(memory_mib),
         }
 
