@@ -191,13 +191,13 @@ def test_yes_leaves_what_the_project_ignores_and_says_so(tmp_path: Path) -> None
     """--yes applies the reviewable changes only: an ignored (or derived) path waits for --include-ignored, a
     risky one for --include-risky; "all" never means the ignored ones."""
     source = Change("src/main.py", None, f("a"), None, Status.APPLY)
-    venv = Change(".venv/lib/site-packages/x.pth", None, f("b"), None, Status.APPLY, held="derived (.venv)")
+    venv = Change(".venv/lib/site-packages/x.pth", None, f("b"), None, Status.APPLY, ignored="derived (.venv)")
     hook = Change(".envrc", None, f("c"), None, Status.APPLY, risky="direnv runs it")
     plan = _plan(tmp_path, [source, venv, hook])
     d = Decisions.safe(plan, Take())
     assert [i.label for i in d.accept] == ["src/main.py"]
     assert [i.label for i in d.ignored] == [".venv/lib/site-packages/x.pth"]
-    assert [i.label for i in d.held] == [".envrc"]
+    assert [i.label for i in d.quarantined] == [".envrc"]
     d = Decisions.safe(plan, Take(ignored=True))
     assert sorted(i.label for i in d.accept) == [".venv/lib/site-packages/x.pth", "src/main.py"]
     d = Decisions.safe(plan, Take(risky=True))

@@ -60,9 +60,9 @@ def _plan(tmp_path: Path, *, mass: bool = False) -> Plan:
     found.append(Change("README", _entry(b"a\nb\n"), _entry(b"a\nguest\n"), _entry(b"a\nhost\n"), Status.CONFLICT))
     (source / "README").write_bytes(b"a\nguest\n")
     guest_file(SOURCE, b"def echo_via_pager():\n    return 1\n")
-    found.append(Change("src/click/__pycache__", None, Entry(DIR, 0o755), None, Status.APPLY, held=IGNORED))
+    found.append(Change("src/click/__pycache__", None, Entry(DIR, 0o755), None, Status.APPLY, ignored=IGNORED))
     for pyc in PYC:
-        guest_file(pyc, b"\xa7\r\r\n\x00\x00" + pyc.encode(), held=IGNORED, binary=True)
+        guest_file(pyc, b"\xa7\r\r\n\x00\x00" + pyc.encode(), ignored=IGNORED, binary=True)
     found.sort(key=lambda c: c.path)
     target = Target("s1", project, files, os.getuid(), os.getgid())
     limits = Limits(files=3) if mass else None

@@ -193,7 +193,7 @@ def test_a_credential_is_held_by_yes_whatever_else_it_takes(tmp_path: Path) -> N
     plan = _plan(tmp_path, OLD, NEW)
     c = plan.todo[0].first
     c.secret, c.risky = "looks like a credential: GitHub Token (line 2)", "CI configuration"
-    assert [i.label for i in Decisions.safe(plan, Take()).held] == ["f.txt"]  # reported by its first reason
+    assert [i.label for i in Decisions.safe(plan, Take()).quarantined] == ["f.txt"]  # reported by its first reason
     taken = Decisions.safe(plan, Take(risky=True, ignored=True, binary=True, mass=True))
     assert taken.accept == ()
     assert [i.label for i in taken.secret] == ["f.txt"]
@@ -216,14 +216,14 @@ def test_a_new_directory_of_held_changes_waits_with_them(tmp_path: Path) -> None
     from vmsandbox.sync.target import Target
     from vmsandbox.sync.tree.manifest import DIR
 
-    def new(path: str, kind: str = FILE, held: str | None = None) -> Change:
+    def new(path: str, kind: str = FILE, ignored: str | None = None) -> Change:
         entry = manifest.Entry(kind, 0o755 if kind == DIR else 0o644, 1, digest=None if kind == DIR else "d")
-        return Change(path, None, entry, None, Status.APPLY, held=held)
+        return Change(path, None, entry, None, Status.APPLY, ignored=ignored)
 
     why = "ignored by the project (.gitignore)"
     found = [
-        new("pkg", DIR), new("pkg/__pycache__", DIR, why), new("pkg/__pycache__/a.pyc", held=why), new("pkg/a.py"),
-        new("cache", DIR), new("cache/deep", DIR), new("cache/deep/x.bin", held=why),
+        new("pkg", DIR), new("pkg/__pycache__", DIR, why), new("pkg/__pycache__/a.pyc", ignored=why), new("pkg/a.py"),
+        new("cache", DIR), new("cache/deep", DIR), new("cache/deep/x.bin", ignored=why),
     ]  # fmt: skip
     target = Target("s", tmp_path, SessionPaths(tmp_path / "session"), os.getuid(), os.getgid())
     plan = make(Gathered(target, found, tmp_path, False, Origin.LIVE, None, 1024**2))

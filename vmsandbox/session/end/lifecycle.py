@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import vmsandbox.sync.review.gather
+import vmsandbox.sync.review.plan
 from vmsandbox import failpoint, paths, proc, ui
 from vmsandbox.egress import control
 from vmsandbox.errors import VmsandboxError
@@ -27,7 +28,7 @@ from vmsandbox.sync.fetch import volume
 from vmsandbox.sync.git.repository import Repository
 from vmsandbox.sync.git.review import drop_leftover
 from vmsandbox.sync.land import outbox
-from vmsandbox.sync.review import frozen, plan
+from vmsandbox.sync.review import frozen
 from vmsandbox.sync.review.compare import Change
 from vmsandbox.sync.review.gather import Gathered
 from vmsandbox.sync.review.plan import Decisions, Outcome, Plan
@@ -51,7 +52,7 @@ def review(record: Record, *, limit: int, only: list[str] | None = None, freeze:
 
     config = settings.load()  # the user's file only: the project may be what the guest just changed
     limits = mass.Limits(config.mass_change_files, config.mass_change_size_mib * 1024**2)
-    made = plan.make(gather(record, limit=limit), only, limits=limits)
+    made = vmsandbox.sync.review.plan.make(gather(record, limit=limit), only, limits=limits)
     return frozen.freeze(made) if freeze else made  # (a review only read, never applied: `diff`)
 
 
@@ -60,13 +61,13 @@ def reviewed(record: Record, review_id: str) -> Plan:
     return frozen.load(record.target(), review_id)
 
 
-def decide(record: Record, p: Plan, decisions: Decisions) -> Outcome:
+def decide(record: Record, plan: Plan, decisions: Decisions) -> Outcome:
     """Carry out a person's (or --yes's) decisions on a frozen review, once; the record remembers how much is
     left."""
     try:
-        outcome = plan.carry_out(p, decisions)
+        outcome = vmsandbox.sync.review.plan.carry_out(plan, decisions)
     finally:
-        frozen.consume(p)
+        frozen.consume(plan)
     record.unsynced = outcome.left_total
     record.save()
     return outcome

@@ -91,7 +91,7 @@ def mark_held(target: Target, found: Sequence[Change], source: Path) -> None:
         for c in candidates:
             part = derived(c.path)
             if part is not None:
-                c.held = f"derived ({part}), not source"
+                c.ignored = f"derived ({part}), not source"
         return
     # a directory is asked about as one (`dir/`): git's `name/` patterns match only directories, and the
     # guest's new directory does not exist on the host for git to look at
@@ -99,7 +99,7 @@ def mark_held(target: Target, found: Sequence[Change], source: Path) -> None:
     ignored = _git_ignored(target, list(asked))
     for query, c in asked.items():
         if query in ignored:
-            c.held = IGNORED
+            c.ignored = IGNORED
 
 
 def mark_credentials(found: Sequence[Change], source: Path, baseline: Path) -> None:

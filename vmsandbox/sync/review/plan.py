@@ -52,9 +52,9 @@ class Item:
         return self.risky is not None and self.first.status is not Status.UNSAFE
 
     @property
-    def held(self) -> str | None:
-        """Why --yes leaves it: not reviewable source (reviewable.py)."""
-        return self.first.held
+    def ignored(self) -> str | None:
+        """Why --yes leaves it: not reviewable source (ignored by the project, derived; sync.review.holds)."""
+        return self.first.ignored
 
     @property
     def binary(self) -> bool:
@@ -129,10 +129,10 @@ def make(g: Gathered, only: list[str] | None = None, *, limits: mass.Limits | No
 @dataclass(frozen=True)
 class Decisions:
     """What to do with a plan: the items to apply (conflicts: keep the guest's copy beside the file), the
-    ones held back on purpose (quarantine; not reviewable source), and whether to fetch the guest's commits."""
+    ones held back on purpose (quarantined, ignored, ...), and whether to fetch the guest's commits."""
 
     accept: tuple[Item, ...] = ()
-    held: tuple[Item, ...] = ()
+    quarantined: tuple[Item, ...] = ()
     take_commits: bool = False
     ignored: tuple[Item, ...] = ()
     commit_take: Take = field(default_factory=Take)  # what the guest's commits may touch and still be fetched
@@ -148,15 +148,15 @@ class Decisions:
         commits."""
         if plan.mass is not None and not take.mass:  # nothing of it lands unseen
             return cls(massed=tuple(plan.todo), take_commits=plan.gathered.refs_changed, commit_take=take)
-        held: list[Item] = []
+        quarantined: list[Item] = []
         ignored: list[Item] = []
         binary: list[Item] = []
         accept: list[Item] = []
         secret: list[Item] = []
         for i in plan.todo:  # one pass: the first reason that holds an item back is the one it is reported by
             if i.quarantined and not take.risky:
-                held.append(i)
-            elif i.held and not take.ignored:
+                quarantined.append(i)
+            elif i.ignored and not take.ignored:
                 ignored.append(i)
             elif i.binary and not take.binary:
                 binary.append(i)
@@ -165,12 +165,12 @@ class Decisions:
             else:
                 accept.append(i)
         # nothing held is half-applied: a new directory that holds only what waits, waits with it
-        buckets = [held, ignored, binary, secret]
+        buckets = [quarantined, ignored, binary, secret]
         for shell, below in empty_shells(accept, plan.todo):
             accept.remove(shell)
             next(b for b in buckets if any(x is below for x in b)).append(shell)
         return cls(
-            tuple(accept), tuple(held), plan.gathered.refs_changed, tuple(ignored), take, tuple(binary),
+            tuple(accept), tuple(quarantined), plan.gathered.refs_changed, tuple(ignored), take, tuple(binary),
             secret=tuple(secret),
         )  # fmt: skip
 
@@ -220,7 +220,7 @@ def carry_out(plan: Plan, decisions: Decisions) -> Outcome:
     """Apply what was accepted (in a safe order), fetch the commits if asked; report everything else."""
     g = plan.gathered
     out = Outcome(refused=plan.refused)
-    out.quarantined = [f"{i.label} ({i.risky})" for i in decisions.held]
+    out.quarantined = [f"{i.label} ({i.risky})" for i in decisions.quarantined]
     out.ignored = [i.label for i in decisions.ignored]
     out.binary = [i.label for i in decisions.binary]
     out.massed = plan.mass if decisions.massed else None
@@ -229,7 +229,7 @@ def carry_out(plan: Plan, decisions: Decisions) -> Outcome:
         id(i)
         for i in (
             *decisions.accept,
-            *decisions.held,
+            *decisions.quarantined,
             *decisions.ignored,
             *decisions.binary,
             *decisions.massed,
