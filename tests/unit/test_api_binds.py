@@ -19,8 +19,8 @@ from vmsandbox.core.sandbox import backend, model
 from vmsandbox.core.sandbox.names import Digest, InvalidError, SessionName, Token
 from vmsandbox.paths import SessionPaths
 from vmsandbox.sync.review import plan
-from vmsandbox.sync.review.compare import Change, Status
 from vmsandbox.sync.review.gather import Gathered, Origin
+from vmsandbox.sync.review.threeway import Change, Status
 from vmsandbox.sync.target import Target
 from vmsandbox.sync.tree.manifest import DIR, FILE, SYMLINK, Entry
 

@@ -8,7 +8,7 @@ import pytest
 
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.sync.land import write
-from vmsandbox.sync.review.compare import Change, Status, same_entry
+from vmsandbox.sync.review.threeway import Change, Status, same_entry
 from vmsandbox.sync.tree import manifest
 
 OWNER = write.Owner(os.getuid(), os.getgid())

@@ -194,7 +194,7 @@ def test_modules_and_functions_stay_small() -> None:
 # The tools that parse guest bytes on the host. Each call that starts one names a jail (jail.py), but for the
 # calls listed here, which never see guest data: mkfs/debugfs on our own fresh images, the host user's git config.
 GUEST_DATA_TOOLS = {"e2fsck", "debugfs", "git", "rsync"}
-NEVER_GUEST_DATA = {("vm/ext4.py", "remove_dir"), ("guest/files.py", "git_identity")}
+NEVER_GUEST_DATA = {("vm/ext4.py", "remove_dir"), ("guest/bootfiles.py", "git_identity")}
 
 
 def _tool_of(call: ast.Call) -> str | None:

@@ -8,7 +8,7 @@ import pytest
 
 from vmsandbox import trust
 from vmsandbox.errors import VmsandboxError
-from vmsandbox.guest import files
+from vmsandbox.guest import bootfiles
 from vmsandbox.image import blueprint
 from vmsandbox.session.host.trust import trust_candidates
 
@@ -121,8 +121,8 @@ def test_copied_files_keep_their_place_and_get_the_guest_owner(tmp_path: Path) -
     write(home / ".claude" / "settings.json", "{}")
     write(home / ".claude" / "commands" / "a.md", "a")
     (home / ".claude" / "commands" / "link").symlink_to("/etc/passwd")
-    owner = files.GuestUser("alice", 1234, 2345)
-    bundle = files.Bundle(owner)
+    owner = bootfiles.GuestUser("alice", 1234, 2345)
+    bundle = bootfiles.Bundle(owner)
     for item in ("~/.claude/settings.json", "~/.claude/commands", "~/.missing"):
         bundle.copy_from_home(home, item)
     with tarfile.open(fileobj=io.BytesIO(bundle.close())) as tar:
@@ -138,9 +138,9 @@ def test_copied_files_keep_their_place_and_get_the_guest_owner(tmp_path: Path) -
 
 
 def test_env_lines_refuse_line_breaks() -> None:
-    assert files.env_lines({"A": "1 2"}) == "A=1 2\n"
+    assert bootfiles.env_lines({"A": "1 2"}) == "A=1 2\n"
     with pytest.raises(VmsandboxError):
-        files.env_lines({"A": "x\nB=y"})
+        bootfiles.env_lines({"A": "x\nB=y"})
 
 
 def test_a_blueprints_problems_come_in_one_round(isolated_dirs: Path) -> None:

@@ -314,7 +314,7 @@ def test_a_kept_login_goes_into_the_boot_bundle_and_nothing_else(capsys: pytest.
     import io
     import tarfile
 
-    from vmsandbox.guest.files import GuestUser, build
+    from vmsandbox.guest.bootfiles import GuestUser, build
     from vmsandbox.image import blueprint
     from vmsandbox.session.running import logins
 

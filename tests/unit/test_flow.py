@@ -58,8 +58,8 @@ def recorder(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[Record
 
     planned = Run(Options(project=tmp_path, name="flow-1", settings=None), ["true"], False, False,  # type: ignore[arg-type]
                   Take())  # fmt: skip
-    from vmsandbox.sync.review.compare import Change, Status
     from vmsandbox.sync.review.gather import Gathered, Origin
+    from vmsandbox.sync.review.threeway import Change, Status
     from vmsandbox.sync.tree.manifest import Entry
 
     change = Change("a.txt", None, Entry("file", 0o644, 1, digest="d"), None, Status.APPLY)

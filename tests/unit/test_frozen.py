@@ -11,8 +11,8 @@ import pytest
 
 from vmsandbox.paths import SessionPaths
 from vmsandbox.sync.review import frozen, plan
-from vmsandbox.sync.review.compare import Change, Merge, Status
 from vmsandbox.sync.review.gather import Gathered, Origin
+from vmsandbox.sync.review.threeway import Change, Merge, Status
 from vmsandbox.sync.target import Target
 from vmsandbox.sync.tree.manifest import DIR, FILE, SYMLINK, Entry
 

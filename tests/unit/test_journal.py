@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from vmsandbox.sync.fetch import delta, journal
-from vmsandbox.sync.review.compare import Status, compare
+from vmsandbox.sync.review.threeway import Status, compare
 from vmsandbox.sync.tree import hashcache, manifest, views
 from vmsandbox.sync.tree.hashcache import HashCache
 

@@ -16,7 +16,7 @@ from vmsandbox.confine import beneath, resolve
 from vmsandbox.confine.resolve import DIR, LINK, OTHER, Node, Reach
 from vmsandbox.sync.land import write
 from vmsandbox.sync.review import plan
-from vmsandbox.sync.review.compare import Change, Status, compare
+from vmsandbox.sync.review.threeway import Change, Status, compare
 from vmsandbox.sync.tree import manifest, views
 from vmsandbox.sync.tree.manifest import Entry
 

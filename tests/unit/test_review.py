@@ -7,10 +7,10 @@ import pytest
 
 from vmsandbox import paths
 from vmsandbox.sync.review import holds
-from vmsandbox.sync.review.compare import Change, Status, compare, is_git_managed, risk_of
 from vmsandbox.sync.review.gather import Gathered, Origin
 from vmsandbox.sync.review.plan import Decisions, Plan, make
 from vmsandbox.sync.review.take import Take
+from vmsandbox.sync.review.threeway import Change, Status, compare, is_git_managed, risk_of
 from vmsandbox.sync.target import Target
 from vmsandbox.sync.tree import manifest
 from vmsandbox.sync.tree.manifest import DIR, FILE, OTHER, SYMLINK, Entry

@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from vmsandbox.sync.review.compare import Change, Status
 from vmsandbox.sync.review.plan import Plan
+from vmsandbox.sync.review.threeway import Change, Status
 from vmsandbox.sync.tree.manifest import DIR, FILE, Entry
 
 if TYPE_CHECKING:

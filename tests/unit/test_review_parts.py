@@ -14,7 +14,7 @@ import pytest
 from vmsandbox.core import views
 from vmsandbox.sync.inward import leftout
 from vmsandbox.sync.review import hunks, mass, merge
-from vmsandbox.sync.review.compare import Change, Status
+from vmsandbox.sync.review.threeway import Change, Status
 from vmsandbox.sync.scan import credentials
 from vmsandbox.sync.tree import manifest
 from vmsandbox.sync.tree.manifest import DIR, FILE, Entry
@@ -152,7 +152,7 @@ def test_the_page_s_hunk_choices_become_the_file_to_write(tmp_path: Path) -> Non
 
 
 def test_an_edited_merge_must_lose_its_markers_and_comes_back_with_the_file_s_line_ends(tmp_path: Path) -> None:
-    from vmsandbox.sync.review.compare import Merge
+    from vmsandbox.sync.review.threeway import Merge
     from vmsandbox.web import review
 
     plan = _plan(tmp_path, b"a\nb\n", b"a\nguest\n", host=b"a\nhost\n")

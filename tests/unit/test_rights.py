@@ -16,7 +16,7 @@ from vmsandbox import trust
 from vmsandbox.confine import access, rights
 from vmsandbox.confine.accounts import Identity
 from vmsandbox.errors import VmsandboxError
-from vmsandbox.guest.files import Bundle, GuestUser
+from vmsandbox.guest.bootfiles import Bundle, GuestUser
 from vmsandbox.image import blueprint
 from vmsandbox.sync.inward import leftout
 from vmsandbox.sync.scan import credentials

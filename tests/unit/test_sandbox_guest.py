@@ -22,8 +22,8 @@ from vmsandbox.core.sandbox import files, processes
 from vmsandbox.core.sandbox.interface import NotFoundError, RefusedError
 from vmsandbox.core.sandbox.model import Entry, EntryType
 from vmsandbox.core.sandbox.names import GuestPath
-from vmsandbox.sync.review.compare import Change, Status
 from vmsandbox.sync.review.plan import Item
+from vmsandbox.sync.review.threeway import Change, Status
 
 HEAD = struct.Struct(">BI")
 ENDED = json.dumps({"code": 0, "status": "exit status 0"}).encode()

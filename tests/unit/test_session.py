@@ -9,8 +9,8 @@ import pytest
 from vmsandbox import paths, pids
 from vmsandbox.confine import rights, sudo
 from vmsandbox.errors import VmsandboxError
+from vmsandbox.guest.bootfiles import GuestUser
 from vmsandbox.guest.commands import remote_command
-from vmsandbox.guest.files import GuestUser
 from vmsandbox.session import record
 from vmsandbox.session.start import project
 

@@ -15,7 +15,6 @@ from vmsandbox.sync.git import fetch as commitfetch
 from vmsandbox.sync.git import refs
 from vmsandbox.sync.land import write as apply
 from vmsandbox.sync.review import diff, hunks, mass, merge
-from vmsandbox.sync.review.compare import Change, Status
 from vmsandbox.sync.review.diff import DIFF_LIMIT, diff_text, is_text, merge_text
 from vmsandbox.sync.review.hunks import Hunk
 from vmsandbox.sync.review.outline import Group, Outline
@@ -23,6 +22,7 @@ from vmsandbox.sync.review.outline import keys as _keys
 from vmsandbox.sync.review.outline import outline as _outline
 from vmsandbox.sync.review.plan import Decisions, Item, Outcome, Plan, grouped
 from vmsandbox.sync.review.take import Take
+from vmsandbox.sync.review.threeway import Change, Status
 from vmsandbox.sync.scan import highlight
 from vmsandbox.sync.scan.credentials import Finding
 from vmsandbox.sync.tree.manifest import CARRIED, FILE

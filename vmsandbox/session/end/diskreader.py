@@ -29,7 +29,7 @@ from vmsandbox.confine import access, accounts
 from vmsandbox.egress.rules.netpolicy import Mode
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.guest import commands
-from vmsandbox.guest.files import GuestUser
+from vmsandbox.guest.bootfiles import GuestUser
 from vmsandbox.guest.ssh import Endpoint
 from vmsandbox.image import store
 from vmsandbox.session import settings

@@ -29,9 +29,9 @@ from vmsandbox.sync.git.repository import Repository
 from vmsandbox.sync.git.review import drop_leftover
 from vmsandbox.sync.land import outbox
 from vmsandbox.sync.review import frozen
-from vmsandbox.sync.review.compare import Change
 from vmsandbox.sync.review.gather import Gathered
 from vmsandbox.sync.review.plan import Decisions, Outcome, Plan
+from vmsandbox.sync.review.threeway import Change
 from vmsandbox.vm.node import UnreachableError
 
 log = logging.getLogger(__name__)

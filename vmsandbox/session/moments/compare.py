@@ -20,8 +20,8 @@ from vmsandbox.session.end import diskreader
 from vmsandbox.session.record import Record
 from vmsandbox.sync.land import write
 from vmsandbox.sync.review import gather
-from vmsandbox.sync.review.compare import same_entry
 from vmsandbox.sync.review.diff import DIFF_LIMIT, is_text
+from vmsandbox.sync.review.threeway import same_entry
 from vmsandbox.sync.tree.manifest import DIR, FILE, SYMLINK, Entry
 
 UNCHANGED = "-"

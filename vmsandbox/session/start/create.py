@@ -12,8 +12,8 @@ from vmsandbox.confine import access, accounts, beneath
 from vmsandbox.egress import control, policy, ports
 from vmsandbox.egress.policy import Request
 from vmsandbox.errors import VmsandboxError
-from vmsandbox.guest import ssh
-from vmsandbox.guest.files import GuestUser, build, env_lines
+from vmsandbox.guest import bootfiles, ssh
+from vmsandbox.guest.bootfiles import GuestUser
 from vmsandbox.image import blueprint, store
 from vmsandbox.image.blueprint import Blueprint
 from vmsandbox.session.options import Options
@@ -155,8 +155,8 @@ def _prepare(
             any_network=opts.trusted_build,
         )
         placeholders = policy.prepare(record.name, files, request)
-        (fw / "env").write_text(env_lines({**bp.env, **placeholders}))
-        bundle, notes = build(user, bp.copy, git=opts.git_identity, more=lambda b: logins.add_to(b, bp))
+        (fw / "env").write_text(bootfiles.env_lines({**bp.env, **placeholders}))
+        bundle, notes = bootfiles.build(user, bp.copy, git=opts.git_identity, more=lambda b: logins.add_to(b, bp))
         if bundle is not None:
             (fw / "files").write_bytes(bundle)
         accounts.give_to_qemu(fw)

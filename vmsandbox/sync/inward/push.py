@@ -13,7 +13,7 @@ from vmsandbox.confine import accounts, beneath
 from vmsandbox.guest.ssh import Endpoint
 from vmsandbox.sync.fetch import delta, mirror, rsync
 from vmsandbox.sync.inward import capture
-from vmsandbox.sync.review.compare import Status, compare, is_git_managed
+from vmsandbox.sync.review.threeway import Status, compare, is_git_managed
 from vmsandbox.sync.target import Target
 from vmsandbox.sync.tree import manifest, placeholders
 from vmsandbox.sync.tree.hashcache import HashCache

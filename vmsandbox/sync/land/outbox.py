@@ -19,7 +19,6 @@ from vmsandbox.sync.git import refs, review
 from vmsandbox.sync.git.fetch import fetch_commits
 from vmsandbox.sync.land import write
 from vmsandbox.sync.review import gather
-from vmsandbox.sync.review.compare import Status
 from vmsandbox.sync.review.diff import diff_text
 from vmsandbox.sync.review.gather import (
     BUNDLE,
@@ -31,6 +30,7 @@ from vmsandbox.sync.review.gather import (
     Origin,
 )
 from vmsandbox.sync.review.take import Take
+from vmsandbox.sync.review.threeway import Status
 from vmsandbox.sync.tree.manifest import DIR, FILE, SYMLINK
 
 

@@ -23,7 +23,7 @@ from pathlib import Path
 from vmsandbox import failpoint
 from vmsandbox.confine import beneath
 from vmsandbox.errors import VmsandboxError
-from vmsandbox.sync.review.compare import Change
+from vmsandbox.sync.review.threeway import Change
 from vmsandbox.sync.tree import manifest
 from vmsandbox.sync.tree.manifest import DIR, FILE, SYMLINK
 

@@ -8,8 +8,8 @@ import os
 from pathlib import Path
 
 from vmsandbox.sync.land import write
-from vmsandbox.sync.review.compare import Change
 from vmsandbox.sync.review.gather import Gathered
+from vmsandbox.sync.review.threeway import Change
 from vmsandbox.sync.tree.manifest import FILE, SYMLINK
 
 BINARY_SNIFF = 8192

@@ -28,9 +28,9 @@ from typing import Any
 
 from vmsandbox import paths
 from vmsandbox.errors import VmsandboxError
-from vmsandbox.sync.review.compare import Change, Merge, Status
 from vmsandbox.sync.review.gather import OUTBOX_FILES, Gathered, Origin
 from vmsandbox.sync.review.plan import Item, Plan
+from vmsandbox.sync.review.threeway import Change, Merge, Status
 from vmsandbox.sync.target import Target
 from vmsandbox.sync.tree.manifest import Entry
 

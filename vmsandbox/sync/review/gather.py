@@ -30,7 +30,7 @@ from vmsandbox.sync.git import refs
 from vmsandbox.sync.inward import capture
 from vmsandbox.sync.land import write
 from vmsandbox.sync.review import holds, merge
-from vmsandbox.sync.review.compare import Change, Status, compare
+from vmsandbox.sync.review.threeway import Change, Status, compare
 from vmsandbox.sync.target import Target
 from vmsandbox.sync.tree import manifest, views
 from vmsandbox.sync.tree.hashcache import HashCache

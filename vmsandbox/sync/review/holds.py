@@ -28,7 +28,7 @@ from vmsandbox.confine import accounts, beneath
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.sync.git import refs
 from vmsandbox.sync.land import write
-from vmsandbox.sync.review.compare import Change, Status
+from vmsandbox.sync.review.threeway import Change, Status
 from vmsandbox.sync.scan import credentials
 from vmsandbox.sync.scan.credentials import SCAN_LIMIT
 from vmsandbox.sync.tree import manifest

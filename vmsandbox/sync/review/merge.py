@@ -23,7 +23,7 @@ from vmsandbox.confine.jail import Jail
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.sync.git import repository
 from vmsandbox.sync.land import write
-from vmsandbox.sync.review.compare import Change, Merge, Status
+from vmsandbox.sync.review.threeway import Change, Merge, Status
 from vmsandbox.sync.tree.manifest import FILE
 
 log = logging.getLogger(__name__)

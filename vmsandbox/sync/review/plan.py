@@ -18,10 +18,10 @@ from vmsandbox.errors import VmsandboxError
 from vmsandbox.sync.git import fetch, refs
 from vmsandbox.sync.land import write
 from vmsandbox.sync.review import gather, mass
-from vmsandbox.sync.review.compare import Change, Status
 from vmsandbox.sync.review.gather import Gathered
 from vmsandbox.sync.review.risk import nested_git_dir
 from vmsandbox.sync.review.take import Take
+from vmsandbox.sync.review.threeway import Change, Status
 from vmsandbox.sync.tree.manifest import DIR, FILE
 
 FREE_SPACE_RESERVE = 256 * 1024**2  # a pull never fills the project's filesystem to the last byte
