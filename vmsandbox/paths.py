@@ -128,7 +128,7 @@ def sessions_dir() -> Path:
 
 # The memory guard of a sessions directory: its module, run as a process of its own (started by the local place,
 # which may not import it), and where it says there where it runs and what it did
-GUARD_MODULE = "vmsandbox.session.host.guard"
+GUARD_MODULE = "vmsandbox.session.host.memoryguard"
 GUARD_PID = "guard.pid"
 GUARD_LOG = "guard.log"
 

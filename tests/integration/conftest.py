@@ -33,7 +33,7 @@ from vmsandbox.errors import VmsandboxError
 from vmsandbox.image import build, store
 from vmsandbox.session.end import lifecycle
 from vmsandbox.session.options import Options
-from vmsandbox.session.place import console as boot
+from vmsandbox.session.place import console
 from vmsandbox.session.record import Record, domain_name
 from vmsandbox.session.settings import Settings
 from vmsandbox.session.start import create
@@ -299,7 +299,7 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
         lines = kept.read_text(errors="replace").splitlines()[-KEPT_TAIL_LINES:]
         terminalreporter.write_line(f"{kept} (last {len(lines)} lines):")
         for line in lines:
-            terminalreporter.write_line("    " + ui.printable(boot.plain(line), markup=False))
+            terminalreporter.write_line("    " + ui.printable(console.plain(line), markup=False))
 
 
 @pytest.fixture

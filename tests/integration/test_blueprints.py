@@ -16,20 +16,20 @@ from pathlib import Path
 import pytest
 
 from vmsandbox.image import blueprint, store
-from vmsandbox.session.start import layer as layerbuild
+from vmsandbox.session.start import layer
 
 from .conftest import Cli, assert_gone, keep_console_on_failure, unique_name, wait_for
 
 
 @pytest.fixture(scope="session")
 def claude_layer(base_image: store.Image) -> store.Image:
-    built, _ = layerbuild.build_layer(blueprint.load("claude"))
+    built, _ = layer.build_layer(blueprint.load("claude"))
     return built
 
 
 @pytest.fixture(scope="session")
 def codex_layer(base_image: store.Image) -> store.Image:
-    built, _ = layerbuild.build_layer(blueprint.load("codex"))
+    built, _ = layer.build_layer(blueprint.load("codex"))
     return built
 
 

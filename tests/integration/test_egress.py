@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import secrets
 import select
 import signal
 import socket
@@ -19,12 +18,12 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from secrets import token_hex
 
 import pytest
 
 from vmsandbox import paths
-from vmsandbox.egress import control
-from vmsandbox.egress import secrets as secretstore
+from vmsandbox.egress import control, secrets
 from vmsandbox.egress.control import Door
 from vmsandbox.session.record import Record
 
@@ -83,7 +82,7 @@ def guest(module_vms: VmFactory, cli: Cli, tmp_path_factory: pytest.TempPathFact
     (project / "notes.txt").write_text("keep me\n")
     recorder = Recorder()
     secret_name = "it-api-key"
-    secret = "it-secret-" + secrets.token_hex(12)
+    secret = "it-secret-" + token_hex(12)
     saved = os.environ.get("VMSANDBOX_CONFIG_DIR")
     with (
         http_upstream(HTTP) as plain,
@@ -91,7 +90,7 @@ def guest(module_vms: VmFactory, cli: Cli, tmp_path_factory: pytest.TempPathFact
         http_upstream(API, ca.server_context(API)) as api,
     ):
         os.environ["VMSANDBOX_CONFIG_DIR"] = str(tmp / "config")
-        secretstore.put(secret_name, secret)
+        secrets.put(secret_name, secret)
         settings = suite_settings().merged(
             {
                 "allow": [HTTP, TLS, f"localhost:{recorder.port}"],
@@ -256,7 +255,7 @@ def test_a_secret_changed_or_removed_reaches_the_running_session(guest: Guest) -
     env = guest.cli.env(VMSANDBOX_CONFIG_DIR=os.environ["VMSANDBOX_CONFIG_DIR"])
     restarted = f"session {guest.record.name}: its egress proxy restarted"
     fetch = f'curl -sS -m 30 -H "x-api-key: $IT_KEY" https://{API}/rotated'
-    new = "it-rotated-" + secrets.token_hex(8)
+    new = "it-rotated-" + token_hex(8)
     try:
         r = guest.cli.run("secret", "set", guest.secret_name, input=new.encode(), env=env)
         assert r.returncode == 0 and restarted in r.stderr.decode(), r.stderr.decode()
@@ -273,7 +272,7 @@ def test_a_secret_changed_or_removed_reaches_the_running_session(guest: Guest) -
         assert out.splitlines()[-1] == "502" and f"vmsandbox secret set {guest.secret_name}" in out, out
         assert len(guest.api.requests) == seen and new not in out
     finally:
-        secretstore.put(guest.secret_name, guest.secret)
+        secrets.put(guest.secret_name, guest.secret)
         guest.standin_pid = None  # the next test's stand-in is handed the secret again
         guest.standins()
 

@@ -30,8 +30,8 @@ from tests.integration.foreign_files import (
     qemu_account_process,
     state_of,
 )
-from vmsandbox.session.host import doctor, guard, hosts
-from vmsandbox.session.place import choose as places
+from vmsandbox.session.host import doctor, hosts, memoryguard
+from vmsandbox.session.place import choose
 from vmsandbox.session.place.local import sharing
 from vmsandbox.vm.memory import foreign, sealed, usage
 
@@ -103,9 +103,10 @@ def test_a_holder_with_a_fuse_file_at_its_number_is_passed_over_said_and_stopped
         said = f"skipped holder pid {holder.pid}: its descriptor {NUMBER} is not a memfd"
         assert within(usage.held_keys) == set()
         assert within(usage.reserved_mib) == holder.size >> 20  # never nothing: its recorded size, all holes
-        assert within(lambda: guard.relieve(floor_mib=1 << 40)) == []  # short of memory: gives back nothing, stops none
+        # short of memory: gives back nothing, stops none
+        assert within(lambda: memoryguard.relieve(floor_mib=1 << 40)) == []
         capfd.readouterr()
-        within(lambda: hosts.probe(places.spec_for(None, URI)))
+        within(lambda: hosts.probe(choose.spec_for(None, URI)))
         assert said in capfd.readouterr().err  # `host ls` says it
         check = within(lambda: doctor._memory(URI))
         assert said in check.detail and check.level == "warn" and check.fix == doctor.SKIPPED_FIX
@@ -160,10 +161,10 @@ def test_a_qemu_that_races_its_descriptor_hangs_one_keeper_never_root_nor_its_lo
         said = f"skipped QEMU pid {qemu.pid}: its descriptor {NUMBER} was no memfd once taken"
         assert any(n.startswith(said) for n in foreign.notes())
         # the guard's round goes on (the QEMU passed over, said once), as do `doctor` and `host ls`
-        monkeypatch.setattr(guard, "IDLE_EXIT", 0.0)  # one round, then it ends: no session of its directory runs
+        monkeypatch.setattr(memoryguard, "IDLE_EXIT", 0.0)  # one round, then it ends: no session of its directory runs
         capfd.readouterr()
-        within(lambda: guard.watch(floor_mib=1 << 40))
-        assert within(lambda: guard.relieve(floor_mib=1 << 40)) == []
+        within(lambda: memoryguard.watch(floor_mib=1 << 40))
+        assert within(lambda: memoryguard.relieve(floor_mib=1 << 40)) == []
         assert within(usage.reserved_mib) == holes  # root cannot see what the QEMU maps: the genuine file, at worst
         assert isinstance(within(held.look), foreign.Memfd)  # a process that did not offend is looked at still
         assert within(lambda: doctor._memory(URI)).level == "warn"

@@ -263,7 +263,7 @@ def test_a_layer_travels_after_its_base_naming_the_base_volume_as_its_backing_fi
     import subprocess
 
     from vmsandbox.session.place import hostspec
-    from vmsandbox.session.place.remote import images as hostimages
+    from vmsandbox.session.place.remote import images
     from vmsandbox.vm.virt import Hypervisor
 
     layer_dir = tmp_path / "bp-it-layer"
@@ -276,9 +276,9 @@ def test_a_layer_travels_after_its_base_naming_the_base_volume_as_its_backing_fi
     spec = hostspec.HostSpec("far", far.uri, pool_path=pool_path)
     try:
         with Hypervisor(far.uri) as hv:
-            assert hostimages.ensure(hv, spec, layer) is True
-            assert hostimages.ensure(hv, spec, layer) is False
-            assert hostimages.ready(hv) == sorted([base_image.path.name, layer_dir.name])
+            assert images.ensure(hv, spec, layer) is True
+            assert images.ensure(hv, spec, layer) is False
+            assert images.ready(hv) == sorted([base_image.path.name, layer_dir.name])
         there = f"{pool_path}/{layer_dir.name}.disk.qcow2"
         info = json.loads(_inside(far, "qemu-img", "info", "--output=json", there))
         assert info["backing-filename"] == f"{base_image.path.name}.disk.qcow2"

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from vmsandbox import proc
-from vmsandbox.confine import accounts as confine
+from vmsandbox.confine import accounts
 from vmsandbox.confine.jail import Jail
 
 from .conftest import wait_for
@@ -37,13 +37,13 @@ def place() -> Iterator[Path]:
 def target(place: Path) -> Path:
     d = place / "target"
     d.mkdir()
-    confine.hand_over(d, confine.guest_data_account())
+    accounts.hand_over(d, accounts.guest_data_account())
     return d
 
 
 def jailed(script: str, target: Path) -> proc.Result:
-    who = confine.guest_data_account()
-    limits = confine.guest_data_limits(1024**3)
+    who = accounts.guest_data_account()
+    limits = accounts.guest_data_limits(1024**3)
     return proc.run(["sh", "-c", script], as_user=who, limits=limits, jail=Jail((target,)), cwd=target, check=False)
 
 
@@ -86,7 +86,7 @@ def test_the_reader_sees_the_system_and_its_target_and_nothing_else(target: Path
         listener.listen()
         plain = proc.run(  # the same account, unjailed, reaches both: the jail is what stops it
             ["/usr/bin/python3", "-c", f"{connect}; print('reached')"],
-            as_user=confine.guest_data_account(), check=False,
+            as_user=accounts.guest_data_account(), check=False,
         )  # fmt: skip
         assert plain.stdout.strip() == "reached", plain.stderr
         listener.accept()[0].close()
@@ -114,7 +114,7 @@ def test_the_reader_has_no_network(target: Path) -> None:
         port = listener.getsockname()[1]
         r = proc.run(
             ["bash", "-c", f"exec 3<>/dev/tcp/127.0.0.1/{port} && echo connected"],
-            as_user=confine.guest_data_account(), jail=Jail((target,)), cwd=target, check=False,
+            as_user=accounts.guest_data_account(), jail=Jail((target,)), cwd=target, check=False,
         )  # fmt: skip
         listener.settimeout(1)
         with pytest.raises(TimeoutError):

@@ -27,7 +27,7 @@ from vmsandbox.session.record import Record
 from vmsandbox.session.start import create
 from vmsandbox.sync.fetch import delta, journal, mirror
 from vmsandbox.sync.inward import capture
-from vmsandbox.sync.tree import manifest as tree
+from vmsandbox.sync.tree import manifest
 
 from .conftest import suite_settings, unique_name
 
@@ -143,7 +143,7 @@ def test_a_guest_that_forges_placeholders_gets_its_real_bytes_seen(session: Reco
     for rel in ("data/run.sh", "data/forged.bin"):
         fd = os.open(files.guest_tree / rel, os.O_RDONLY)
         try:
-            assert tree.placeholder_digest(fd) is None
+            assert manifest.placeholder_digest(fd) is None
         finally:
             os.close(fd)
 

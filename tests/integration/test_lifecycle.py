@@ -14,7 +14,7 @@ from vmsandbox import paths
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.image import store
 from vmsandbox.session.options import Options
-from vmsandbox.session.place import console as boot_mod
+from vmsandbox.session.place import console
 from vmsandbox.session.record import domain_name
 from vmsandbox.session.start import create
 from vmsandbox.vm.virt import Hypervisor
@@ -211,8 +211,8 @@ def test_a_boot_that_stalls_is_reset_then_explained(
     )
     # the product waits at least 20 s of silence (a real kernel can be quiet that long on a starved host); this
     # kernel prints its last line within a few seconds of each start, so 12 s of silence is a stall here too
-    monkeypatch.setattr(boot_mod, "STALL_MIN", 12.0)
-    monkeypatch.setattr(boot_mod, "STALL_MAX", 12.0)
+    monkeypatch.setattr(console, "STALL_MIN", 12.0)
+    monkeypatch.setattr(console, "STALL_MAX", 12.0)
     # each boot reaches the initramfs (~10 s on a busy host) and is silent for 12 s: resets at ~22 s and ~44 s,
     # and the third stall ends it at ~66 s, long before the boot timeout (which would say something else)
     settings = replace(suite_settings(), boot_timeout=300)

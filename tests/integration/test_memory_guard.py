@@ -16,7 +16,7 @@ import pytest
 from tests.integration.conftest import VmFactory, guest_sh
 from vmsandbox import paths, pids
 from vmsandbox.core import listing
-from vmsandbox.session.host import guard
+from vmsandbox.session.host import memoryguard
 from vmsandbox.session.moments import suspend
 from vmsandbox.session.record import Record
 from vmsandbox.vm.memory import usage
@@ -46,8 +46,8 @@ def read_through_a_private_mapping(record: Record) -> None:
             m[at]
 
 
-def held(names: tuple[str, str]) -> dict[str, guard.Held]:
-    return {h.name: h for h in guard.running() if h.name in names}
+def held(names: tuple[str, str]) -> dict[str, memoryguard.Held]:
+    return {h.name: h for h in memoryguard.running() if h.name in names}
 
 
 def test_the_holes_of_the_file_they_share_are_reserved_until_read_in(quiet_and_big: tuple[str, str]) -> None:
@@ -71,9 +71,9 @@ def short_until_one_stops(quiet_and_big: tuple[str, str], monkeypatch: pytest.Mo
 
     def available() -> int:
         one_stopped = any(Record.load(n).saved for n in quiet_and_big)
-        return guard.FLOOR_MIB if one_stopped else guard.FLOOR_MIB - 1
+        return memoryguard.FLOOR_MIB if one_stopped else memoryguard.FLOOR_MIB - 1
 
-    monkeypatch.setattr(guard, "available_mib", available)
+    monkeypatch.setattr(memoryguard, "available_mib", available)
 
 
 @pytest.mark.usefixtures("short_until_one_stops")
@@ -87,10 +87,10 @@ def test_a_guest_that_holds_its_flush_is_passed_over(
     # its root makes `sync` wait ten minutes, as a guest could to keep the guard waiting while the machine runs out
     guest_sh(record, "mv /usr/bin/sync /usr/bin/sync.real && printf '#!/bin/sh\\nsleep 600\\n' > /usr/bin/sync "
              "&& chmod 755 /usr/bin/sync", root=True)  # fmt: skip
-    monkeypatch.setattr(guard, "FLUSH_TIMEOUT", 3.0)
+    monkeypatch.setattr(memoryguard, "FLUSH_TIMEOUT", 3.0)
     try:
         started = time.monotonic()
-        stopped = guard.relieve(among=quiet_and_big)
+        stopped = memoryguard.relieve(among=quiet_and_big)
         waited = time.monotonic() - started
     finally:
         guest_sh(record, "mv /usr/bin/sync.real /usr/bin/sync", root=True)
@@ -105,7 +105,7 @@ def test_a_guest_that_holds_its_flush_is_passed_over(
 @pytest.mark.usefixtures("short_until_one_stops")
 def test_the_session_holding_most_of_its_own_is_stopped_and_resumes_whole(quiet_and_big: tuple[str, str]) -> None:
     quiet, big = quiet_and_big
-    assert guard.relieve(among=quiet_and_big) == [big]
+    assert memoryguard.relieve(among=quiet_and_big) == [big]
     stopped = Record.load(big)
     assert stopped.saved and stopped.stop_note.startswith("stopped by the memory guard at "), stopped.stop_note
     assert "under its floor" in (listing.inspect(big)["stopped_by"] or "")
@@ -124,7 +124,7 @@ def test_the_guard_watches_once_a_session_runs(quiet_and_big: tuple[str, str], s
     says it watches."""
     sessions = state_dir / "sessions"
     # a guard holds its lock (asked without taking it, should no one hold it)
-    with (sessions / guard.LOCK).open() as f, pytest.raises(BlockingIOError):
+    with (sessions / memoryguard.LOCK).open() as f, pytest.raises(BlockingIOError):
         fcntl.flock(f, fcntl.LOCK_SH | fcntl.LOCK_NB)
     pid, start = (sessions / paths.GUARD_PID).read_text().split()
     assert pids.alive(int(pid), start)

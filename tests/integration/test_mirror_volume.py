@@ -15,11 +15,11 @@ from pathlib import Path
 import pytest
 
 from vmsandbox import proc
-from vmsandbox.confine import accounts as confine
+from vmsandbox.confine import accounts
 from vmsandbox.confine.jail import Jail
 from vmsandbox.paths import SessionPaths
 from vmsandbox.sync.fetch import delta, volume
-from vmsandbox.sync.tree import manifest as tree
+from vmsandbox.sync.tree import manifest
 from vmsandbox.sync.tree.manifest import Entry
 
 pytestmark = [pytest.mark.no_vm, pytest.mark.root("only root mounts a file system")]
@@ -28,19 +28,19 @@ MIB = 1024**2
 
 
 @pytest.fixture
-def session() -> Iterator[tuple[SessionPaths, tree.Manifest]]:
+def session() -> Iterator[tuple[SessionPaths, manifest.Manifest]]:
     """A session directory as capture leaves it, where the guest-data account may pass (pytest's is root's)."""
     place = Path(tempfile.mkdtemp(prefix="vmsandbox-it-mirror-", dir="/var/tmp"))
     files = SessionPaths(place / "s")
     try:
         place.chmod(0o755)
         files.root.mkdir(mode=0o700)
-        confine.private_dir(files.root)
+        accounts.private_dir(files.root)
         (files.baseline / "src").mkdir(parents=True)
         (files.baseline / "src" / "main.py").write_bytes(os.urandom(300_000))
         (files.baseline / "README").write_text("read me\n")
         delta.save(files.root, {})
-        yield files, tree.scan(files.baseline)
+        yield files, manifest.scan(files.baseline)
     finally:
         volume.drop(files)
         shutil.rmtree(place, ignore_errors=True)
@@ -51,7 +51,7 @@ def mounted(files: SessionPaths) -> bool:
 
 
 def test_the_mirror_is_made_once_in_its_own_file_system_and_dropped_whole(
-    session: tuple[SessionPaths, tree.Manifest],
+    session: tuple[SessionPaths, manifest.Manifest],
 ) -> None:
     files, base = session
     held = volume.ensure(files, base, bound=8 * MIB, max_entries=10_000)
@@ -61,7 +61,7 @@ def test_the_mirror_is_made_once_in_its_own_file_system_and_dropped_whole(
     image = files.mirror_image.stat()
     assert image.st_uid == 0 and image.st_mode & 0o777 == 0o600  # root's: the receiver never sees it
     assert image.st_size == volume.size(base, 8 * MIB, 10_000).length
-    assert files.guest_tree.stat().st_uid == confine.guest_data_account().uid  # type: ignore[union-attr]
+    assert files.guest_tree.stat().st_uid == accounts.guest_data_account().uid  # type: ignore[union-attr]
     main = files.guest_tree / "src" / "main.py"
     assert main.stat().st_size == 300_000 and main.stat().st_blocks == 0  # a placeholder: no second copy
     (files.guest_tree / "pulled").write_text("a pull's\n")
@@ -76,13 +76,13 @@ def test_the_mirror_is_made_once_in_its_own_file_system_and_dropped_whole(
     assert not mounted(files) and not files.mirror.exists() and not files.mirror_image.exists()
 
 
-def test_an_image_left_unmounted_is_never_mounted_again(session: tuple[SessionPaths, tree.Manifest]) -> None:
+def test_an_image_left_unmounted_is_never_mounted_again(session: tuple[SessionPaths, manifest.Manifest]) -> None:
     """After a reboot or a crash the image is there and nothing is mounted: the mirror is made anew (nothing
     parses the old image), and the delta that described it is forgotten: the next pull reads the whole tree."""
     files, base = session
     volume.ensure(files, base, bound=8 * MIB, max_entries=10_000)
     (files.guest_tree / "pulled").write_text("a pull's\n")
-    delta.save(files.root, {"pulled": Entry(tree.FILE, 0o644, 9, "ab" * 32)})
+    delta.save(files.root, {"pulled": Entry(manifest.FILE, 0o644, 9, "ab" * 32)})
     proc.run(["umount", files.mirror])
     old = files.mirror_image.stat().st_ino
     assert volume.ensure(files, base, bound=8 * MIB, max_entries=10_000).own and mounted(files)
@@ -90,7 +90,7 @@ def test_an_image_left_unmounted_is_never_mounted_again(session: tuple[SessionPa
     assert delta.load(files.root) is None
 
 
-def test_a_writer_is_stopped_at_the_bound_whatever_it_makes(session: tuple[SessionPaths, tree.Manifest]) -> None:
+def test_a_writer_is_stopped_at_the_bound_whatever_it_makes(session: tuple[SessionPaths, manifest.Manifest]) -> None:
     """As the receiver runs (the guest-data account, jailed, writing only the mirror): 40,000 empty directories,
     then links and attributes in what room is left. The kernel says no at the bound, and the image, whose length
     is the bound and the project's share, never takes more of the host's disk."""
@@ -118,8 +118,8 @@ for kind in ("link", "xattr"):
     except OSError as e:
         assert e.errno in (errno.ENOSPC, errno.EDQUOT), e
 """
-    who = confine.guest_data_account()
-    limits = confine.guest_data_limits(bound)
+    who = accounts.guest_data_account()
+    limits = accounts.guest_data_limits(bound)
     jail = Jail((files.guest_tree,))
     r = proc.run(
         ["/usr/bin/python3", "-c", script], as_user=who, limits=limits, jail=jail, cwd=files.guest_tree, check=False

@@ -182,9 +182,9 @@ def test_a_member_of_the_libvirt_group_runs_pulls_and_destroys_without_sudo(memb
 
 def access_uid() -> int:
     """libvirt's QEMU account: it owns the disks of a running VM (libvirt hands them over and back)."""
-    from vmsandbox.confine import accounts as confine
+    from vmsandbox.confine import accounts
 
-    uid = confine.qemu_uid()
+    uid = accounts.qemu_uid()
     assert uid is not None
     return uid
 

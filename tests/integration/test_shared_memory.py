@@ -21,8 +21,7 @@ from tests.integration.conftest import URI, VmFactory, guest_sh, unique_name, wa
 from tests.integration.foreign_files import NUMBER, ended, never_closing, qemu_account_process
 from vmsandbox.session.end import lifecycle
 from vmsandbox.session.moments import fork
-from vmsandbox.session.place.local import sharing
-from vmsandbox.session.place.local import template as templates
+from vmsandbox.session.place.local import sharing, template
 from vmsandbox.session.record import Record
 from vmsandbox.vm.memory import holders, sealed
 from vmsandbox.vm.virt import Hypervisor
@@ -97,9 +96,9 @@ def digest(path: Path | str) -> str:
     return h.hexdigest()
 
 
-def template_of(record: Record) -> templates.Template:
+def template_of(record: Record) -> template.Template:
     assert record.template is not None
-    return templates.Template(Path(record.template), {})
+    return template.Template(Path(record.template), {})
 
 
 def held_path(record: Record) -> str:
@@ -281,10 +280,10 @@ def test_a_warm_start_whose_holder_holds_a_fuse_file_seals_a_fresh_copy_and_says
     lifecycle.remove(Record.load(first.name))
     (entry,) = sorted((runtime / "memory").glob("*.json"))
     sealed.Held.of(json.loads(entry.read_text())).stop(wait=10)
-    template = json.loads(entry.read_text())["template"]
+    entry_template = json.loads(entry.read_text())["template"]
     made: Record | None = None
     with never_closing(tmp_path) as fuse, qemu_account_process("hold", fuse) as holder:
-        entry.write_text(json.dumps(holder.record(template)))
+        entry.write_text(json.dumps(holder.record(entry_template)))
         capfd.readouterr()
         try:
             made = module_vms.make(project)

@@ -27,7 +27,7 @@ from tests.integration.conftest import (
 )
 from vmsandbox import paths
 from vmsandbox.image import store
-from vmsandbox.session.place import templates as templatekey
+from vmsandbox.session.place import templates
 from vmsandbox.session.place.local import template
 from vmsandbox.session.record import Record
 
@@ -135,7 +135,7 @@ def test_a_template_build_killed_midway_is_collected_by_gc(
         root = template.root_of(store.get_image_at(image))
         half = list(root.glob(".tmp-*"))
         assert len(half) == 1, "the killed build left no directory to collect"
-        its_vm = f"guest={templatekey.DOMAIN_PREFIX}{half[0].name[len('.tmp-') :]},"
+        its_vm = f"guest={templates.DOMAIN_PREFIX}{half[0].name[len('.tmp-') :]},"
         assert its_vm in processes()
         assert not [p for p in root.iterdir() if not p.name.startswith(".")]  # nothing usable, nothing failed
         g = cli.run("rm", "--stale", env=env)

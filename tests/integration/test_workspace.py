@@ -21,7 +21,7 @@ import pytest
 
 from vmsandbox import paths
 from vmsandbox.session.record import Record, domain_name
-from vmsandbox.sync.tree import manifest as tree
+from vmsandbox.sync.tree import manifest
 from vmsandbox.vm.virt import Hypervisor
 
 from .conftest import Cli, VmFactory, assert_gone, default_signals
@@ -139,11 +139,11 @@ def test_workspace_appears_at_the_same_path(cli: Cli, name: str, project: Path) 
 
 
 def test_without_terminal_or_yes_nothing_is_applied(cli: Cli, mixed: str, project: Path) -> None:
-    before = tree.scan(project)
+    before = manifest.scan(project)
     p = cli.run("pull", mixed, "mix")
     assert p.returncode == 3, p.stderr.decode()
     assert b"nothing applied" in p.stderr
-    assert tree.scan(project) == before
+    assert manifest.scan(project) == before
 
 
 def test_diff_lists_the_changes(cli: Cli, name: str, project: Path) -> None:
@@ -200,11 +200,11 @@ def test_pull_yes_applies_what_is_safe(cli: Cli, mixed: str, project: Path) -> N
 
 def test_second_pull_is_idempotent(cli: Cli, mixed: str, project: Path) -> None:
     cli.run("pull", mixed, "--yes", "--include-binary", "mix")
-    before = tree.scan(project)
+    before = manifest.scan(project)
     r = cli.run("pull", mixed, "--yes", "--include-binary", "mix")
     assert r.returncode == 3  # the quarantined setuid.sh is still pending there
     assert b"0 applied" in r.stderr
-    assert tree.scan(project) == before
+    assert manifest.scan(project) == before
 
 
 def test_risky_file_applied_only_when_asked_and_without_setuid(cli: Cli, name: str, project: Path) -> None:

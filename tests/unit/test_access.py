@@ -209,15 +209,15 @@ def test_state_directories_made_before_the_guest_data_account_existed_let_it_thr
 ) -> None:
     """A fresh host's first command is `host setup`, which makes the state directories before it makes the
     guest-data account: once it exists, the next command must let it through (every root pull failed)."""
-    from vmsandbox.confine import accounts as confine
+    from vmsandbox.confine import accounts
 
     monkeypatch.setenv("VMSANDBOX_STATE_DIR", str(tmp_path / "new-state"))
-    monkeypatch.setattr(confine, "traversers", lambda: [QEMU])
-    confine.state_dirs()
+    monkeypatch.setattr(accounts, "traversers", lambda: [QEMU])
+    accounts.state_dirs()
     sessions = tmp_path / "new-state" / "sessions"
     assert access.may(sessions, QEMU, set(), 1) and not access.may(sessions, OTHER, set(), 1)
-    monkeypatch.setattr(confine, "traversers", lambda: [QEMU, OTHER])  # the account now exists
-    confine.state_dirs()
+    monkeypatch.setattr(accounts, "traversers", lambda: [QEMU, OTHER])  # the account now exists
+    accounts.state_dirs()
     for d in (tmp_path / "new-state", sessions):
         assert access.may(d, QEMU, set(), 1) and access.may(d, OTHER, set(), 1), d
         assert not access.may(d, OTHER, set(), 4)

@@ -19,8 +19,8 @@ from vmsandbox.core.sandbox import backend, model
 from vmsandbox.core.sandbox.names import Digest, InvalidError, SessionName, Token
 from vmsandbox.paths import SessionPaths
 from vmsandbox.sync.review import plan
-from vmsandbox.sync.review.compare import Change, Status
 from vmsandbox.sync.review.gather import Gathered, Origin
+from vmsandbox.sync.review.threeway import Change, Status
 from vmsandbox.sync.target import Target
 from vmsandbox.sync.tree.manifest import DIR, FILE, SYMLINK, Entry
 
@@ -43,7 +43,7 @@ def reviewed(tmp_path: Path) -> plan.Plan:
         Change("run.sh", _file(b"x", 0o644), _file(b"x", 0o755), _file(b"x", 0o644), Status.APPLY,
                risky="a new executable bit"),
         Change("s", None, _file(b"s", 0o4755), None, Status.APPLY),
-        Change("d", None, Entry(DIR, 0o755), None, Status.APPLY, held="ignored by the project (.gitignore)"),
+        Change("d", None, Entry(DIR, 0o755), None, Status.APPLY, ignored="ignored by the project (.gitignore)"),
         Change("b.bin", None, _file(b"\0\1"), None, Status.APPLY, binary=True),
         Change("gone.txt", _file(b"g"), None, _file(b"g"), Status.APPLY),
     ]  # fmt: skip

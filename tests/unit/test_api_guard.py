@@ -14,7 +14,7 @@ import pytest
 
 from tests.unit.apiserver import Served, served
 from vmsandbox.api import peer
-from vmsandbox.api.guard import Keys
+from vmsandbox.api.keyguard import Keys
 from vmsandbox.core.door import gate, kernel
 from vmsandbox.core.sandbox.names import SessionName
 

@@ -36,7 +36,7 @@ SETTINGS = running.Settings("http://127.0.0.1:1234", KEY, Path("/run/x.sock"))
 def test_the_command_serves_the_cores_sessions_and_refuses_what_does_not_go_together(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from vmsandbox.cli import serve as command
+    from vmsandbox.cli import serve
     from vmsandbox.core.sandbox.backend import SessionBackend
 
     served_with: list[tuple[object, dict[str, Any]]] = []
@@ -44,7 +44,7 @@ def test_the_command_serves_the_cores_sessions_and_refuses_what_does_not_go_toge
     assert run_cli(["serve", "--keep-key"]) == 0
     [(backend, kw)] = served_with
     assert isinstance(backend, SessionBackend) and kw["keep_key"] is True and kw["port"] == 0
-    assert isinstance(command.core_backend(), SessionBackend)
+    assert isinstance(serve.core_backend(), SessionBackend)
     assert run_cli(["serve", "--port", "70000"]) == 2
     for wrong in (["--env", "--stop"], ["--env", "--port", "1"], ["--stop", "--detach"], ["--env", "--keep-key"]):
         capsys.readouterr()
@@ -241,11 +241,11 @@ def test_a_session_the_api_did_not_make_has_no_end_and_is_never_reaped(tmp_path:
     from datetime import UTC, datetime, timedelta
 
     from vmsandbox.api.plane.control import sweep
-    from vmsandbox.core.sandbox import backend as core
+    from vmsandbox.core.sandbox import backend
     from vmsandbox.core.sandbox.names import SessionName
 
-    assert core._when(None) == core.NO_END and core._when("not a time") == core.NO_END
-    assert core._when("2026-12-05T10:00:00+00:00") == datetime(2026, 12, 5, 10, tzinfo=UTC)
+    assert backend._when(None) == backend.NO_END and backend._when("not a time") == backend.NO_END
+    assert backend._when("2026-12-05T10:00:00+00:00") == datetime(2026, 12, 5, 10, tzinfo=UTC)
     later = datetime.now(UTC) + timedelta(days=365 * 100)
     with served(tmp_path / "guests") as api:
         api.backend.adopt(SessionName("mine"))

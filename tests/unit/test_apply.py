@@ -7,19 +7,19 @@ from pathlib import Path
 import pytest
 
 from vmsandbox.errors import VmsandboxError
-from vmsandbox.sync.land import write as apply
-from vmsandbox.sync.review.compare import Change, Status, same_entry
-from vmsandbox.sync.tree import manifest as tree
+from vmsandbox.sync.land import write
+from vmsandbox.sync.review.threeway import Change, Status, same_entry
+from vmsandbox.sync.tree import manifest
 
-OWNER = apply.Owner(os.getuid(), os.getgid())
+OWNER = write.Owner(os.getuid(), os.getgid())
 
 
 def change(root: Path, source: Path, path: str, *, guest: bool = True) -> Change:
     return Change(
         path,
-        tree.entry_of(root / path),
-        tree.entry_of(source / path) if guest else None,
-        tree.entry_of(root / path),
+        manifest.entry_of(root / path),
+        manifest.entry_of(source / path) if guest else None,
+        manifest.entry_of(root / path),
         Status.APPLY,
     )
 
@@ -30,10 +30,10 @@ def test_writes_file_with_mode_without_setuid(tmp_path: Path) -> None:
     root.mkdir()
     (src / "d" / "f").write_text("new")
     (src / "d" / "f").chmod(0o4755)
-    apply.apply_one(root, src, change(root, src, "d/f"), OWNER)
+    write.apply_one(root, src, change(root, src, "d/f"), OWNER)
     assert (root / "d" / "f").read_text() == "new"
     assert (root / "d" / "f").stat().st_mode & 0o7777 == 0o755
-    assert not [p for p in (root / "d").iterdir() if p.name.startswith(apply.TMP_PREFIX)]
+    assert not [p for p in (root / "d").iterdir() if p.name.startswith(write.TMP_PREFIX)]
 
 
 def test_never_writes_through_a_host_symlink(tmp_path: Path) -> None:
@@ -42,9 +42,9 @@ def test_never_writes_through_a_host_symlink(tmp_path: Path) -> None:
         d.mkdir(parents=True)
     (root / "link").symlink_to(outside)  # a symlinked directory already on the host
     (src / "link" / "evil").write_text("x")
-    c = Change("link/evil", None, tree.entry_of(src / "link" / "evil"), None, Status.APPLY)
-    with pytest.raises(apply.UnsafePathError):
-        apply.apply_one(root, src, c, OWNER)
+    c = Change("link/evil", None, manifest.entry_of(src / "link" / "evil"), None, Status.APPLY)
+    with pytest.raises(write.UnsafePathError):
+        write.apply_one(root, src, c, OWNER)
     assert list(outside.iterdir()) == []
 
 
@@ -57,7 +57,7 @@ def test_host_changed_since_review_is_left_alone(tmp_path: Path) -> None:
     c = change(root, src, "f")
     (root / "f").write_text("host edit after the review")
     with pytest.raises(VmsandboxError, match="changed on the host"):
-        apply.apply_one(root, src, c, OWNER)
+        write.apply_one(root, src, c, OWNER)
     assert (root / "f").read_text() == "host edit after the review"
 
 
@@ -72,10 +72,10 @@ def test_deletes_and_type_changes_in_order(tmp_path: Path) -> None:
         change(root, src, "gone", guest=False),
         change(root, src, "gone/x", guest=False),
         change(root, src, "t"),
-        Change("t/inner", None, tree.entry_of(src / "t" / "inner"), None, Status.APPLY),
+        Change("t/inner", None, manifest.entry_of(src / "t" / "inner"), None, Status.APPLY),
     ]
-    for c in apply.order(changes):
-        apply.apply_one(root, src, c, OWNER)
+    for c in write.order(changes):
+        write.apply_one(root, src, c, OWNER)
     assert not (root / "gone").exists()
     assert (root / "t" / "inner").read_text() == "i"
 
@@ -85,7 +85,7 @@ def test_symlink_created_as_symlink(tmp_path: Path) -> None:
     root.mkdir()
     src.mkdir()
     (src / "l").symlink_to("target-inside")
-    apply.apply_one(root, src, change(root, src, "l"), OWNER)
+    write.apply_one(root, src, change(root, src, "l"), OWNER)
     assert (root / "l").readlink() == Path("target-inside")
 
 
@@ -94,8 +94,8 @@ def test_rejects_traversal_paths(tmp_path: Path) -> None:
     (tmp_path / "src" / "f").write_text("x")
     fd = os.open(tmp_path / "src" / "f", os.O_RDONLY)
     try:
-        with pytest.raises(apply.UnsafePathError):
-            apply.write_from(tmp_path, "../escape", fd, None, 0o644, OWNER)
+        with pytest.raises(write.UnsafePathError):
+            write.write_from(tmp_path, "../escape", fd, None, 0o644, OWNER)
     finally:
         os.close(fd)
     assert not (tmp_path.parent / "escape").exists()
@@ -110,7 +110,7 @@ def test_modes_land_masked_and_zeros_land_as_holes(tmp_path: Path) -> None:
         fh.seek(64 * 1024**2)
         fh.write(b"tail")
     (src / "sparse").chmod(0o6777)
-    apply.apply_one(root, src, change(root, src, "sparse"), OWNER)
+    write.apply_one(root, src, change(root, src, "sparse"), OWNER)
     st = (root / "sparse").stat()
     assert st.st_mode & 0o7777 == 0o775  # no setuid/setgid, not world-writable
     assert st.st_size == 64 * 1024**2 + 4
@@ -126,9 +126,9 @@ def test_a_file_swapped_after_the_review_is_not_applied(tmp_path: Path) -> None:
     c = change(root, src, "f")
     (src / "f").write_text("something else, same length!!")
     with pytest.raises(VmsandboxError, match="changed since the review"):
-        apply.apply_one(root, src, c, OWNER)
+        write.apply_one(root, src, c, OWNER)
     assert not (root / "f").exists()
-    assert not [p for p in root.iterdir() if p.name.startswith(apply.TMP_PREFIX)]
+    assert not [p for p in root.iterdir() if p.name.startswith(write.TMP_PREFIX)]
 
 
 def test_a_source_swapped_for_a_symlink_is_never_read(tmp_path: Path) -> None:
@@ -141,7 +141,7 @@ def test_a_source_swapped_for_a_symlink_is_never_read(tmp_path: Path) -> None:
     (src / "f").unlink()
     (src / "f").symlink_to(secret)
     with pytest.raises(VmsandboxError):
-        apply.apply_one(root, src, c, OWNER)
+        write.apply_one(root, src, c, OWNER)
     assert not (root / "f").exists()
 
 
@@ -154,19 +154,19 @@ def test_a_disk_filling_up_mid_file_leaves_the_old_version_whole(
     root.mkdir()
     src.mkdir()
     (root / "f").write_text("old version\n")
-    (src / "f").write_bytes(os.urandom(3 * tree.CHUNK))
+    (src / "f").write_bytes(os.urandom(3 * manifest.CHUNK))
     c = change(root, src, "f")
     real_write, written = os.write, [0]
 
     def filling(fd: int, data: bytes | memoryview) -> int:
-        if written[0] > tree.CHUNK:
+        if written[0] > manifest.CHUNK:
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
         written[0] += len(data)
         return real_write(fd, data)
 
     monkeypatch.setattr("vmsandbox.sync.land.write.os.write", filling)
     with pytest.raises(OSError, match="No space left on device"):
-        apply.apply_one(root, src, c, OWNER)
+        write.apply_one(root, src, c, OWNER)
     assert (root / "f").read_text() == "old version\n"
     assert [p.name for p in root.iterdir()] == ["f"]
 
@@ -179,12 +179,14 @@ def test_a_directory_lands_with_its_owners_rwx_whatever_the_guest_set(tmp_path: 
     root = tmp_path / "root"
     root.mkdir()
     for rel in ("new", "kept"):
-        c = Change(rel, None, tree.Entry(tree.DIR, guest), None, Status.APPLY)
+        c = Change(rel, None, manifest.Entry(manifest.DIR, guest), None, Status.APPLY)
         if rel == "kept":
             (root / rel).mkdir(mode=0o755)
-            c = Change(rel, tree.Entry(tree.DIR, 0o755), tree.Entry(tree.DIR, guest), tree.entry_of(root / rel),
-                       Status.APPLY)  # fmt: skip
-        apply.apply_one(root, tmp_path / "src", c, OWNER)
+            c = Change(rel, manifest.Entry(manifest.DIR, 0o755), manifest.Entry(manifest.DIR, guest),
+                       manifest.entry_of(root / rel), Status.APPLY)  # fmt: skip
+        write.apply_one(root, tmp_path / "src", c, OWNER)
         assert (root / rel).stat().st_mode & 0o7777 == landed
-        assert same_entry(tree.entry_of(root / rel), tree.Entry(tree.DIR, guest))
-    assert not same_entry(tree.Entry(tree.DIR, 0o755), tree.Entry(tree.DIR, 0o700))  # (the bits that land differ)
+        assert same_entry(manifest.entry_of(root / rel), manifest.Entry(manifest.DIR, guest))
+    assert not same_entry(
+        manifest.Entry(manifest.DIR, 0o755), manifest.Entry(manifest.DIR, 0o700)
+    )  # (the bits that land differ)

@@ -194,7 +194,7 @@ def test_modules_and_functions_stay_small() -> None:
 # The tools that parse guest bytes on the host. Each call that starts one names a jail (jail.py), but for the
 # calls listed here, which never see guest data: mkfs/debugfs on our own fresh images, the host user's git config.
 GUEST_DATA_TOOLS = {"e2fsck", "debugfs", "git", "rsync"}
-NEVER_GUEST_DATA = {("vm/ext4.py", "remove_dir"), ("guest/files.py", "git_identity")}
+NEVER_GUEST_DATA = {("vm/ext4.py", "remove_dir"), ("guest/bootfiles.py", "git_identity")}
 
 
 def _tool_of(call: ast.Call) -> str | None:
@@ -304,6 +304,55 @@ def test_no_import_cycles_not_even_hidden_in_a_function() -> None:
 def test_the_cycle_finder_finds_a_cycle() -> None:
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert _cycles({"a": {"b"}, "b": set()}) == []
+
+
+TESTS = PACKAGE.parent / "tests"
+
+
+def _renaming_imports(path: Path, ours: set[str]) -> list[str]:
+    """The imports in `path` that bind a module of ours to a name not its own (`from vmsandbox.sync.tree import
+    manifest as tree`, `import vmsandbox.proc as run`), wherever they are written. A class or a function imported
+    under another name is not one (a module is known by one name; a name in it may be shown as another)."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            found += [
+                f"from {node.module} import {a.name} as {a.asname}"
+                for a in node.names
+                if a.asname not in (None, a.name) and f"{node.module}.{a.name}" in ours
+            ]
+        elif isinstance(node, ast.Import):
+            found += [f"import {a.name} as {a.asname}" for a in node.names if a.asname and a.name in ours]
+    return found
+
+
+def test_a_module_of_ours_is_imported_by_its_own_name() -> None:
+    """`from vmsandbox.session import settings`, then `settings.load()`: never `settings as config`, in the
+    package or its tests, so that a module is known by one name everywhere (a local that would take its name is
+    the one renamed)."""
+    files = [*PACKAGE.rglob("*.py"), *TESTS.rglob("*.py")]
+    ours = {_module_name(p) for p in files}
+    wrong = [f"{p.relative_to(PACKAGE.parent)}: {i}" for p in files for i in _renaming_imports(p, ours)]
+    assert wrong == []
+
+
+def test_the_renaming_import_finder_finds_one(tmp_path: Path) -> None:
+    ours = {"vmsandbox.sync.tree.manifest", "vmsandbox.proc"}
+    sample = tmp_path / "sample.py"
+    sample.write_text(
+        "import os as system\n"  # not ours
+        "import vmsandbox.proc as run\n"
+        "from vmsandbox.sync.tree import manifest\n"
+        "from vmsandbox.sync.tree import manifest as tree\n"
+        "from vmsandbox.sync.tree.manifest import Tree as Files\n"  # a name in a module, not a module
+        "def f() -> None:\n"
+        "    from vmsandbox.sync.tree import manifest as listing\n"
+    )
+    assert sorted(_renaming_imports(sample, ours)) == [
+        "from vmsandbox.sync.tree import manifest as listing",
+        "from vmsandbox.sync.tree import manifest as tree",
+        "import vmsandbox.proc as run",
+    ]
 
 
 # Where a VM lives: session.place.interface holds the interfaces (Host, VM, Snapshots), session.place.local and

@@ -21,9 +21,9 @@ from vmsandbox.errors import VmsandboxError
 from vmsandbox.image import blueprint
 from vmsandbox.session.running import logins
 from vmsandbox.sync.git import refs
-from vmsandbox.sync.land import write as apply
+from vmsandbox.sync.land import write
 from vmsandbox.sync.review import holds
-from vmsandbox.sync.tree import manifest as tree
+from vmsandbox.sync.tree import manifest
 
 SECRET = b"outside the root\n"
 
@@ -116,7 +116,7 @@ def test_replace_writes_beside_and_renames_and_leaves_nothing_when_it_fails(layo
     root, _ = layout
     made: list[tuple[int, bool]] = []
 
-    def write(data: bytes) -> Callable[[int, str], None]:
+    def writing(data: bytes) -> Callable[[int, str], None]:
         def make(fd: int, name: str) -> None:
             out = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600, dir_fd=fd)
             os.write(out, data)
@@ -127,15 +127,15 @@ def test_replace_writes_beside_and_renames_and_leaves_nothing_when_it_fails(layo
         return make
 
     with beneath.Root.open(root) as top:
-        top.replace("n/m/file", write(b"one"), mode=0o700, each=lambda fd, new: made.append((fd, new)))
+        top.replace("n/m/file", writing(b"one"), mode=0o700, each=lambda fd, new: made.append((fd, new)))
         assert [new for _fd, new in made] == [True, True]
         assert (root / "n" / "m" / "file").read_bytes() == b"one"
         with pytest.raises(RuntimeError):
-            top.replace("n/m/file", write(b"fail"))
+            top.replace("n/m/file", writing(b"fail"))
         assert (root / "n" / "m" / "file").read_bytes() == b"one"
         assert sorted(p.name for p in (root / "n" / "m").iterdir()) == ["file"]
         with pytest.raises(OSError):  # never through a link on the way
-            top.replace("out/planted", write(b"x"), mode=0o700)
+            top.replace("out/planted", writing(b"x"), mode=0o700)
         top.remove("n/m/file")
     assert sorted(p.name for p in layout[1].iterdir()) == ["secret"]
     assert list((root / "n" / "m").iterdir()) == []
@@ -225,23 +225,23 @@ HOSTILE = ["../outside/secret", "d/../../outside/secret", "/outside/secret", "ou
 @pytest.mark.parametrize("name", HOSTILE)
 def test_every_reader_reaches_nothing_outside(layout: tuple[Path, Path], name: str) -> None:
     root, _ = layout
-    assert apply.read_nofollow(root, name, limit=100) is None  # land.write (the review's and the apply's reads)
-    assert apply.open_nofollow(root, name) is None
+    assert write.read_nofollow(root, name, limit=100) is None  # land.write (the review's and the apply's reads)
+    assert write.open_nofollow(root, name) is None
     assert not holds.is_binary(root, name)  # review.holds
-    assert tree.entry_under(root, name) is None  # tree.manifest (the host's side of a review, the mirror's delta)
-    assert tree.scan_under(root, name) == {}
+    assert manifest.entry_under(root, name) is None  # tree.manifest (the host's side of a review, the mirror's delta)
+    assert manifest.scan_under(root, name) == {}
     parent = name.rpartition("/")[0]
-    assert tree.open_dir_under(root, parent) is None
+    assert manifest.open_dir_under(root, parent) is None
 
 
 @pytest.mark.parametrize("name", HOSTILE)
 def test_every_writer_refuses_to_write_outside(layout: tuple[Path, Path], name: str) -> None:
     root, outside = layout
-    owner = apply.Owner(os.getuid(), os.getgid())
-    with pytest.raises((apply.UnsafePathError, FileNotFoundError)):
-        apply.write_symlink(root, name.replace("secret", "planted"), "x", owner)
-    with pytest.raises((apply.UnsafePathError, FileNotFoundError)):
-        apply.make_dir(root, name.replace("secret", "planted"), 0o755, owner)
+    owner = write.Owner(os.getuid(), os.getgid())
+    with pytest.raises((write.UnsafePathError, FileNotFoundError)):
+        write.write_symlink(root, name.replace("secret", "planted"), "x", owner)
+    with pytest.raises((write.UnsafePathError, FileNotFoundError)):
+        write.make_dir(root, name.replace("secret", "planted"), 0o755, owner)
     assert sorted(p.name for p in outside.iterdir()) == ["secret"]
 
 
@@ -347,8 +347,8 @@ def test_a_directory_that_cannot_be_listed_is_not_known_never_empty(hidden: Path
     def look() -> object:
         found: list[object] = []
         with beneath.Root.open(HERE) as top:
-            asked = (top.links, lambda: list(top.walk()), lambda: tree.scan(HERE), lambda: tree.scan_under(HERE, "a"),
-                     lambda: tree.entry_under(HERE, "a/d/x"))  # fmt: skip
+            asked = (top.links, lambda: list(top.walk()), lambda: manifest.scan(HERE),
+                     lambda: manifest.scan_under(HERE, "a"), lambda: manifest.entry_under(HERE, "a/d/x"))  # fmt: skip
             for ask in asked:
                 try:
                     ask()
@@ -356,7 +356,10 @@ def test_a_directory_that_cannot_be_listed_is_not_known_never_empty(hidden: Path
                 except beneath.Unreadable as exc:
                     found.append([exc.rel, exc.message, exc.hint])
         found.append(
-            [None if (e := tree.entry_under(HERE, p)) is None else e.as_dict() for p in ("a/w/x", "a/nope/x", "a/d")]
+            [
+                None if (e := manifest.entry_under(HERE, p)) is None else e.as_dict()
+                for p in ("a/w/x", "a/nope/x", "a/d")
+            ]
         )
         return found
 

@@ -8,9 +8,9 @@ import pytest
 
 from vmsandbox import trust
 from vmsandbox.errors import VmsandboxError
-from vmsandbox.guest import files as guestfiles
+from vmsandbox.guest import bootfiles
 from vmsandbox.image import blueprint
-from vmsandbox.session.host import trust as projecttrust
+from vmsandbox.session.host.trust import trust_candidates
 
 
 def write(path: Path, text: str) -> Path:
@@ -80,7 +80,7 @@ def test_a_project_cannot_borrow_trust_through_a_linked_directory(tmp_path: Path
         blueprint.load("dev", clone)
     assert str(clone / linked) in err.value.message
     with pytest.raises(VmsandboxError, match="is a symlink"):
-        projecttrust.trust_candidates(clone)
+        trust_candidates(clone)
 
 
 @pytest.mark.parametrize(
@@ -121,8 +121,8 @@ def test_copied_files_keep_their_place_and_get_the_guest_owner(tmp_path: Path) -
     write(home / ".claude" / "settings.json", "{}")
     write(home / ".claude" / "commands" / "a.md", "a")
     (home / ".claude" / "commands" / "link").symlink_to("/etc/passwd")
-    owner = guestfiles.GuestUser("alice", 1234, 2345)
-    bundle = guestfiles.Bundle(owner)
+    owner = bootfiles.GuestUser("alice", 1234, 2345)
+    bundle = bootfiles.Bundle(owner)
     for item in ("~/.claude/settings.json", "~/.claude/commands", "~/.missing"):
         bundle.copy_from_home(home, item)
     with tarfile.open(fileobj=io.BytesIO(bundle.close())) as tar:
@@ -138,9 +138,9 @@ def test_copied_files_keep_their_place_and_get_the_guest_owner(tmp_path: Path) -
 
 
 def test_env_lines_refuse_line_breaks() -> None:
-    assert guestfiles.env_lines({"A": "1 2"}) == "A=1 2\n"
+    assert bootfiles.env_lines({"A": "1 2"}) == "A=1 2\n"
     with pytest.raises(VmsandboxError):
-        guestfiles.env_lines({"A": "x\nB=y"})
+        bootfiles.env_lines({"A": "x\nB=y"})
 
 
 def test_a_blueprints_problems_come_in_one_round(isolated_dirs: Path) -> None:
@@ -189,14 +189,14 @@ SHARED_BAD = {
 @pytest.mark.parametrize("key", sorted(SHARED_BAD))
 def test_a_value_is_held_to_one_rule_in_a_config_and_in_a_blueprint(tmp_path: Path, key: str) -> None:
     from vmsandbox.filemodels import BlueprintFile, ConfigFile, keys
-    from vmsandbox.session import settings as config
+    from vmsandbox.session import settings
 
     assert set(keys(ConfigFile)) & set(keys(BlueprintFile)) == set(SHARED_BAD)  # a new shared key needs a case
     text, needles = SHARED_BAD[key]
     as_config = write(tmp_path / "proj" / ".vmsandbox.yaml", text)
     as_blueprint = write(tmp_path / "blueprints" / "b.yaml", text)
     with pytest.raises(VmsandboxError) as by_config:
-        config.read_file(as_config, config.Settings())
+        settings.read_file(as_config, settings.Settings())
     with pytest.raises(VmsandboxError) as by_blueprint:
         blueprint.check_file(as_blueprint)
     for needle in needles:

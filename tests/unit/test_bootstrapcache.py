@@ -10,17 +10,17 @@ import pytest
 
 from vmsandbox import proc
 from vmsandbox.image import bootstrapcache
-from vmsandbox.image import recipe as recipes
+from vmsandbox.image.recipe import Recipe, load_recipe
 
 REPO_IMAGES = Path(__file__).resolve().parents[2] / "images"
 
 
 @pytest.fixture
-def recipe() -> recipes.Recipe:
-    return recipes.load_recipe(trust_host_ca=False, root=REPO_IMAGES)
+def recipe() -> Recipe:
+    return load_recipe(trust_host_ca=False, root=REPO_IMAGES)
 
 
-def test_the_key_is_what_debootstrap_is_given_and_nothing_else(recipe: recipes.Recipe) -> None:
+def test_the_key_is_what_debootstrap_is_given_and_nothing_else(recipe: Recipe) -> None:
     k = bootstrapcache.key(recipe)
     assert bootstrapcache.key(replace(recipe, packages=tuple(reversed(recipe.packages)))) == k  # a set
     assert bootstrapcache.key(replace(recipe, chroot_commands=(), enable=(), kernel_cmdline="x")) == k
@@ -33,7 +33,7 @@ def test_the_key_is_what_debootstrap_is_given_and_nothing_else(recipe: recipes.R
         assert bootstrapcache.key(changed) != k
 
 
-def test_only_a_fresh_private_file_of_ours_is_unpacked(recipe: recipes.Recipe, tmp_path: Path) -> None:
+def test_only_a_fresh_private_file_of_ours_is_unpacked(recipe: Recipe, tmp_path: Path) -> None:
     stage = bootstrapcache.Stage(tmp_path / "bootstrap", recipe)
     assert not stage.usable()
     assert stage.unpack(tmp_path / "rootfs") is False and not (tmp_path / "rootfs").exists()
@@ -59,7 +59,7 @@ def test_only_a_fresh_private_file_of_ours_is_unpacked(recipe: recipes.Recipe, t
 
 
 def test_a_tree_that_does_not_unpack_is_dropped_and_debootstrap_runs(
-    recipe: recipes.Recipe, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    recipe: Recipe, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     stage = bootstrapcache.Stage(tmp_path / "bootstrap", recipe)
     stage.directory.mkdir()

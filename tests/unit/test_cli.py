@@ -7,13 +7,12 @@ from pathlib import Path
 import pytest
 import typer.main
 
-from vmsandbox.cli import base
-from vmsandbox.cli import main as cli
+from vmsandbox.cli import base, main
 
 
 def run_cli(args: list[str]) -> int:
     with pytest.raises(SystemExit) as exc:
-        cli.main(args)
+        main.main(args)
     return int(exc.value.code or 0)
 
 
@@ -213,10 +212,10 @@ def test_a_command_without_the_separator_gets_the_right_command_line(
 ) -> None:
     assert run_cli(["run", str(tmp_path), "make", "test"]) == 2
     assert f"hint: put the command to run after `--`: vmsandbox run {tmp_path} -- make test" in capsys.readouterr().err
-    assert cli.missing_separator("Got unexpected extra argument (x)", ["claude", ".", "-y", "x"]) == (
+    assert main.missing_separator("Got unexpected extra argument (x)", ["claude", ".", "-y", "x"]) == (
         "put the command to run after `--`: vmsandbox claude . -y -- x"
     )
-    assert cli.missing_separator("No such option: --frob", ["run"]) is None
+    assert main.missing_separator("No such option: --frob", ["run"]) is None
 
 
 def test_a_secret_nothing_reads_gets_a_warning_naming_the_close_one(
@@ -324,11 +323,11 @@ def test_config_validate_names_file_line_and_key(
 def test_config_schema_describes_every_key(capsys: pytest.CaptureFixture[str]) -> None:
     from vmsandbox import filemodels
     from vmsandbox.image import blueprint
-    from vmsandbox.session import settings as config
+    from vmsandbox.session import settings
 
     assert run_cli(["config", "schema"]) == 0
     doc = json.loads(capsys.readouterr().out)
-    assert set(doc["properties"]) == set(config.FIELDS) and doc["additionalProperties"] is False
+    assert set(doc["properties"]) == set(settings.FIELDS) and doc["additionalProperties"] is False
     from vmsandbox.egress.rules.netpolicy import Mode
     from vmsandbox.vm.accel import Accel
 

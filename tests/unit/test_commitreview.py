@@ -89,15 +89,15 @@ def test_a_ref_is_held_by_each_kind_until_that_kind_is_taken() -> None:
 def test_refs_a_killed_pull_left_staged_are_found_loose_or_packed(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from vmsandbox.sync.git import review as commitreview
+    from vmsandbox.sync.git import review
     from vmsandbox.sync.git.repository import Repository
 
     dropped: list[str] = []
-    monkeypatch.setattr(commitreview, "drop_staged", lambda _repo, session: dropped.append(session))
+    monkeypatch.setattr(review, "drop_staged", lambda _repo, session: dropped.append(session))
     project = tmp_path / "p"
     (project / ".git" / "refs" / "vmsandbox-incoming" / "s1").mkdir(parents=True)
     (project / ".git" / "packed-refs").write_text(f"{C1} refs/vmsandbox-incoming/s2/main\n{C2} refs/heads/main\n")
     repo = Repository(project, None)
-    assert [commitreview.drop_leftover(repo, s) for s in ("s1", "s2", "s3", "s")] == [True, True, False, False]
+    assert [review.drop_leftover(repo, s) for s in ("s1", "s2", "s3", "s")] == [True, True, False, False]
     assert dropped == ["s1", "s2"]
-    assert commitreview.drop_leftover(Repository(tmp_path / "no-git", None), "s1") is False
+    assert review.drop_leftover(Repository(tmp_path / "no-git", None), "s1") is False

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from vmsandbox.confine import accounts as confine
+from vmsandbox.confine import accounts
 
-NOBODY = confine.Identity(65534, 65534, (), "nobody")
+NOBODY = accounts.Identity(65534, 65534, (), "nobody")
 
 
 def make_tree(root: Path) -> None:
@@ -27,11 +27,11 @@ def test_a_tree_is_handed_over_and_its_unsafe_bits_dropped(tmp_path: Path) -> No
     root = tmp_path / "tree"
     make_tree(root)
     passwd = os.lstat("/etc/passwd")
-    confine.hand_over(root, NOBODY)
+    accounts.hand_over(root, NOBODY)
     for p in [root, *root.rglob("*")]:
         st = os.lstat(p)
         assert (st.st_uid, st.st_gid) == (65534, 65534), p
-        assert stat.S_ISLNK(st.st_mode) or not st.st_mode & confine.UNSAFE_BITS, p
+        assert stat.S_ISLNK(st.st_mode) or not st.st_mode & accounts.UNSAFE_BITS, p
     assert stat.S_IMODE(os.lstat(root).st_mode) == 0o700
     assert stat.S_IMODE(os.lstat(root / "d" / "b.sh").st_mode) == 0o775
     after = os.lstat("/etc/passwd")
@@ -67,7 +67,7 @@ def test_a_directory_swapped_for_a_link_meanwhile_is_never_followed(
             swapped.append(root / "d")
 
     monkeypatch.setattr(os, "chown", chown_then_swap)
-    confine.hand_over(root, NOBODY)
+    accounts.hand_over(root, NOBODY)
     assert swapped
     for n in names:
         st = os.lstat(outside / n)

@@ -10,11 +10,9 @@ from pathlib import Path
 import pytest
 
 from vmsandbox import paths
-from vmsandbox.egress import account, control, held, policy
-from vmsandbox.egress import log as proxylog
-from vmsandbox.egress import secrets as secretstore
+from vmsandbox.egress import account, control, held, policy, proxylog, secrets
 from vmsandbox.egress.held import Held
-from vmsandbox.egress.log import Event
+from vmsandbox.egress.proxylog import Event
 
 
 def test_a_held_file_sees_every_rewrite_through_the_same_descriptor(tmp_path: Path) -> None:
@@ -85,8 +83,8 @@ def test_become_refuses_a_uid_outside_the_range() -> None:
 def test_the_handover_holds_the_sessions_secrets_and_no_others(monkeypatch: pytest.MonkeyPatch) -> None:
     files = paths.session_paths("s1")
     files.root.mkdir(parents=True)
-    secretstore.put("mapped", "value-1")
-    secretstore.put("other", "value-2")
+    secrets.put("mapped", "value-1")
+    secrets.put("other", "value-2")
     rule = policy.SecretRule("mapped", "api.example.com", "x-api-key", "vmsandbox-placeholder-1")
     absent = policy.SecretRule("not-stored", "b.example.com", "x-api-key", "vmsandbox-placeholder-2")
     policy.write_config(files, {"mode": "allowlist", "allow": [], "secrets": [rule.as_dict(), absent.as_dict()]})

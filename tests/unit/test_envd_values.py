@@ -12,7 +12,7 @@ import pytest
 
 from tests.unit.apiserver import Served, served
 from vmsandbox.api.envd import connect, wire
-from vmsandbox.api.guard import Keys
+from vmsandbox.api.keyguard import Keys
 from vmsandbox.core.sandbox.names import InvalidError, SessionName
 
 LIST = "/process.Process/List"

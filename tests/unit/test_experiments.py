@@ -14,9 +14,7 @@ from tests.unit.test_domain import qemu_args, spec
 from vmsandbox import paths, ui
 from vmsandbox.egress import policy
 from vmsandbox.errors import VmsandboxError
-from vmsandbox.session.moments import checkpoint as cp_mod
-from vmsandbox.session.moments import compare as across
-from vmsandbox.session.moments import fanout
+from vmsandbox.session.moments import checkpoint, compare, fanout
 from vmsandbox.session.options import Options, Run
 from vmsandbox.session.place import chain
 from vmsandbox.session.settings import Settings
@@ -53,8 +51,8 @@ def test_what_no_chain_reaches_is_dead_and_a_running_vm_keeps_its_chain() -> Non
 def test_a_checkpoint_label_is_a_plain_name() -> None:
     for bad in ("", "../x", "a/b", "-x", "A", "x" * 41, "a b"):
         with pytest.raises(VmsandboxError, match="label"):
-            cp_mod._check_label(bad)
-    assert cp_mod._check_label("before-refactor.2") == "before-refactor.2"
+            checkpoint._check_label(bad)
+    assert checkpoint._check_label("before-refactor.2") == "before-refactor.2"
 
 
 # ---------------------------------------------------------------- restore XML
@@ -107,7 +105,7 @@ def test_a_fork_restores_with_every_host_path_its_own() -> None:
 def test_a_fork_on_another_host_says_whose_it_is_and_keeps_the_save_images_layout() -> None:
     import io
 
-    from vmsandbox.session.place.remote import save as remotesave
+    from vmsandbox.session.place.remote import save
     from vmsandbox.vm import savefile
     from vmsandbox.vm.domain import client_of
 
@@ -117,11 +115,11 @@ def test_a_fork_on_another_host_says_whose_it_is_and_keeps_the_save_images_layou
     data = b"<domain/>\0".ljust(64 * 1024, b"\0")
     image = savefile.HEADER.pack(savefile.MAGIC, 2, len(data), 1, 0, 0, b"\0" * 56) + data + b"QEVM"
     saved = savefile.parse(io.BytesIO(image), "t.save")
-    head = remotesave.header(saved, xml)
+    head = save.header(saved, xml)
     assert len(head) == saved.stream_offset  # written over a copy's first bytes: the memory stays where it is
     assert savefile.parse(io.BytesIO(head + b"QEVM"), "copy").xml == xml
     with pytest.raises(VmsandboxError, match="does not fit"):
-        remotesave.header(saved, xml + " " * 70_000)
+        save.header(saved, xml + " " * 70_000)
 
 
 def test_a_fork_gets_placeholders_and_a_ca_of_its_own(tmp_path: Path) -> None:
@@ -180,26 +178,26 @@ def entry(digest: str) -> Entry:
     return Entry(FILE, 0o644, 1, digest)
 
 
-def tree_of(name: str, changed: dict[str, Entry | None], base: dict[str, Entry]) -> across.Tree:
-    return across.Tree(name, changed, base, Path("/m") / name, Path("/b") / name, "same-baseline")
+def tree_of(name: str, changed: dict[str, Entry | None], base: dict[str, Entry]) -> compare.Tree:
+    return compare.Tree(name, changed, base, Path("/m") / name, Path("/b") / name, "same-baseline")
 
 
 def test_compare_says_what_each_session_did_and_where_they_agree() -> None:
     base = {"README": entry("r0"), "gone": entry("g0")}
     one = tree_of("a", {"n.txt": entry("1"), "README": entry("r1")}, base)
     two = tree_of("b", {"n.txt": entry("2"), "README": entry("r1"), "gone": None}, base)
-    rows = {r.path: r for r in across.compare([one, two])}
+    rows = {r.path: r for r in compare.compare([one, two])}
     assert rows["n.txt"].cells == ["added", "added"] and not rows["n.txt"].agree
     assert rows["README"].cells == ["modified", "modified"] and rows["README"].agree
-    assert rows["gone"].cells == [across.UNCHANGED, "deleted"] and not rows["gone"].agree
-    assert across.shared_baseline([one, two])
+    assert rows["gone"].cells == [compare.UNCHANGED, "deleted"] and not rows["gone"].agree
+    assert compare.shared_baseline([one, two])
 
 
 def test_two_trees_captured_apart_have_no_diff_between_them() -> None:
     one = tree_of("a", {}, {})
     other = dataclasses.replace(tree_of("b", {}, {}), baseline_id="another")
     with pytest.raises(VmsandboxError, match="captured separately"):
-        across.diff_between(one, other)
+        compare.diff_between(one, other)
 
 
 def test_each_rollback_keeps_its_work_in_a_box_of_its_own(tmp_path: Path) -> None:

@@ -14,8 +14,7 @@ import pytest
 from vmsandbox import failpoint, paths
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.session import lock, state
-from vmsandbox.session.place import choose as places
-from vmsandbox.session.place import console as boot
+from vmsandbox.session.place import choose, console
 from vmsandbox.session.place.console import Cpu, Stage
 from vmsandbox.session.record import Record, State
 from vmsandbox.sync.inward import capture
@@ -45,25 +44,25 @@ vmsandbox-boot: identity applied (vmsandbox-s1)
     ],
 )
 def test_stage_is_the_furthest_marker_seen(lines: int, stage: Stage) -> None:
-    text = boot.plain("".join(BOOT.splitlines(keepends=True)[:lines]))
-    assert boot.stage_of(text) is stage
+    text = console.plain("".join(BOOT.splitlines(keepends=True)[:lines]))
+    assert console.stage_of(text) is stage
     assert stage.described
 
 
 def test_plain_strips_whole_and_cut_escape_sequences() -> None:
     cut = "Mounting dev-mqueue.mount\x1b…POSIX; Starting udev-trig…[0m - Coldplug; x.mount\x1b[…- POSIX"
-    assert boot.plain(BOOT + cut).count("\x1b") == 0
-    assert "[0m" not in boot.plain(cut)
-    assert boot.plain("[\x1b[0;32m  OK  \x1b[0m] Started") == "[  OK  ] Started"
+    assert console.plain(BOOT + cut).count("\x1b") == 0
+    assert "[0m" not in console.plain(cut)
+    assert console.plain("[\x1b[0;32m  OK  \x1b[0m] Started") == "[  OK  ] Started"
 
 
 def test_trouble_lines_name_failures() -> None:
     text = "ok\n[FAILED] Failed to start ssh.service - OpenBSD Secure Shell server.\nKernel panic - not syncing: VFS\n"
-    assert boot.trouble(text) == [
+    assert console.trouble(text) == [
         "[FAILED] Failed to start ssh.service - OpenBSD Secure Shell server.",
         "Kernel panic - not syncing: VFS",
     ]
-    assert boot.trouble("fine\n") == []
+    assert console.trouble("fine\n") == []
 
 
 def test_cpu_verdicts() -> None:
@@ -80,11 +79,11 @@ def test_watch_shows_progress_and_says_once_when_the_host_starves(
 ) -> None:
     clock = [0.0]
     monkeypatch.setattr("vmsandbox.session.place.console.time.monotonic", lambda: clock[0])
-    monkeypatch.setattr(boot, "host_load", lambda: (9.0, 2))
-    console = tmp_path / "console.log"
-    w = boot.Watch(console, cpu_start=10.0, started=0.0)
+    monkeypatch.setattr(console, "host_load", lambda: (9.0, 2))
+    console_log = tmp_path / "console.log"
+    w = console.Watch(console_log, cpu_start=10.0, started=0.0)
     assert w.advanced() is None  # no console yet: still the firmware
-    console.write_text("[    0.000000] Linux version 6.1.0\n")
+    console_log.write_text("[    0.000000] Linux version 6.1.0\n")
     assert w.advanced() is Stage.KERNEL and w.advanced() is None
     clock[0] = 20.0
     assert w.starving(12.0) is None  # too early to judge
@@ -97,18 +96,18 @@ def test_watch_shows_progress_and_says_once_when_the_host_starves(
 
 
 def test_failed_boot_console_is_kept_bounded_and_few(tmp_path: Path) -> None:
-    console = tmp_path / "console.log"
-    console.write_bytes(b"A" * boot.KEEP_BYTES + b"B" * boot.KEEP_BYTES + b"C" * boot.KEEP_BYTES)
-    kept = boot.keep(console, "s1")
+    console_log = tmp_path / "console.log"
+    console_log.write_bytes(b"A" * console.KEEP_BYTES + b"B" * console.KEEP_BYTES + b"C" * console.KEEP_BYTES)
+    kept = console.keep(console_log, "s1")
     assert kept is not None and kept.parent == paths.failed_boots_dir()
     data = kept.read_bytes()
-    assert data.startswith(b"A" * boot.KEEP_BYTES) and data.endswith(b"C" * boot.KEEP_BYTES)
+    assert data.startswith(b"A" * console.KEEP_BYTES) and data.endswith(b"C" * console.KEEP_BYTES)
     assert b"bytes left out" in data and b"B" * 100 not in data
-    for i in range(boot.KEEP_FAILED + 5):
+    for i in range(console.KEEP_FAILED + 5):
         (paths.failed_boots_dir() / f"2000{i:04d}-old.console.log").write_text("x")
-    boot.keep(console, "s2")
-    assert len(list(paths.failed_boots_dir().iterdir())) == boot.KEEP_FAILED
-    assert boot.keep(tmp_path / "none.log", "s3") is None
+    console.keep(console_log, "s2")
+    assert len(list(paths.failed_boots_dir().iterdir())) == console.KEEP_FAILED
+    assert console.keep(tmp_path / "none.log", "s3") is None
 
 
 def test_session_lock_names_its_holder_and_goes_with_it() -> None:
@@ -187,7 +186,7 @@ def test_a_teardown_holding_the_lock_is_waited_for(capsys: pytest.CaptureFixture
 
 def test_an_ending_session_is_listed_as_ending() -> None:
     r = saved_record("s1", ending="remove")
-    with places.vm_of(r) as vm:
+    with choose.vm_of(r) as vm:
         assert state.status(vm).state is State.ENDING
     with pytest.raises(VmsandboxError, match="session s1 is ending"):
         state.usable(r)
@@ -202,8 +201,8 @@ def test_a_boot_that_stalls_after_its_last_reset_is_given_up_at_once(
 
     clock = [0.0]
     monkeypatch.setattr("vmsandbox.session.place.console.time.monotonic", lambda: clock[0])
-    monkeypatch.setattr(boot, "host_load", lambda: (0.5, 2))
-    console = tmp_path / "console.log"
+    monkeypatch.setattr(console, "host_load", lambda: (0.5, 2))
+    console_log = tmp_path / "console.log"
     resets: list[str] = []
 
     class Host:
@@ -221,17 +220,17 @@ def test_a_boot_that_stalls_after_its_last_reset_is_given_up_at_once(
         while clock[0] < 300:  # the boot timeout: never reached
             if booted < len(resets):  # each boot (the first, and one after each reset) stops in the initramfs
                 booted = len(resets)
-                with console.open("a") as f:
+                with console_log.open("a") as f:
                     f.write("[    0.000000] Linux version 6.1.0\nLoading, please wait...\n")
             assert alive() is None
             clock[0] += 1.0
         raise AssertionError("the third stall was waited out")
 
-    b = bootwait.Booting("vmsandbox-s1", console, "s1", "tcg", "Booting")
+    b = bootwait.Booting("vmsandbox-s1", console_log, "s1", "tcg", "Booting")
     with pytest.raises(VmsandboxError) as caught:
         bootwait.wait(b, Host(), 300, until)  # type: ignore[arg-type]
     assert resets == ["vmsandbox-s1", "vmsandbox-s1"]
-    assert clock[0] < 4 * boot.STALL_MAX  # three stall limits, not the 300 s timeout
+    assert clock[0] < 4 * console.STALL_MAX  # three stall limits, not the 300 s timeout
     message = caught.value.message
     assert message.startswith("the guest stopped early in each of its 3 boots (60 s without output after")
     assert "the boot got as far as: the initramfs ran; systemd did not start (after 2 reset(s)" in message

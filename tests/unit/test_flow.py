@@ -44,7 +44,7 @@ def recorder(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[Record
     from vmsandbox.session.running import logins
     from vmsandbox.session.start import create, resolve
     from vmsandbox.sync.inward import leftout
-    from vmsandbox.sync.review import plan as plans
+    from vmsandbox.sync.review import plan
 
     rec = Recorder()
     record = saved_record("flow-1", project=str(tmp_path))
@@ -58,13 +58,13 @@ def recorder(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[Record
 
     planned = Run(Options(project=tmp_path, name="flow-1", settings=None), ["true"], False, False,  # type: ignore[arg-type]
                   Take())  # fmt: skip
-    from vmsandbox.sync.review.compare import Change, Status
     from vmsandbox.sync.review.gather import Gathered, Origin
+    from vmsandbox.sync.review.threeway import Change, Status
     from vmsandbox.sync.tree.manifest import Entry
 
     change = Change("a.txt", None, Entry("file", 0o644, 1, digest="d"), None, Status.APPLY)
     gathered = Gathered(record.target(), [change], tmp_path, False, Origin.LIVE, None, 1024)
-    review = plans.Plan(gathered, [change], [plans.Item("a.txt", (change,))], None)
+    review = plan.Plan(gathered, [change], [plan.Item("a.txt", (change,))], None)
     review.id = "f" * 32
 
     @contextlib.contextmanager

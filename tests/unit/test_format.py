@@ -248,13 +248,13 @@ def session_row(name: str, **values: Any) -> dict[str, Any]:
 
 @pytest.fixture
 def sessions(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
-    from vmsandbox.core import listing as core
+    from vmsandbox.core import listing
 
     rows = [
         session_row("exp-1", project="/home/someone/src/a-project-with-a-rather-long-name/and/deeper/still"),
         session_row("exp-2", state="stopped", ports={"ssh": None}, memory=None, unsynced=None),
     ]
-    monkeypatch.setattr(core, "rows", lambda broken=None: [dict(r) for r in rows])
+    monkeypatch.setattr(listing, "rows", lambda broken=None: [dict(r) for r in rows])
     monkeypatch.setenv("COLUMNS", "80")
     return rows
 
@@ -274,13 +274,12 @@ def test_json_is_one_object_a_line_in_every_form(capsys: pytest.CaptureFixture[s
 def test_q_with_another_way_is_a_usage_error_before_anything_is_listed(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from vmsandbox.core import hosts
-    from vmsandbox.core import listing as core
+    from vmsandbox.core import hosts, listing
 
     def asked(*args: Any, **kwargs: Any) -> Any:
         raise AssertionError("listed")
 
-    monkeypatch.setattr(core, "rows", asked)
+    monkeypatch.setattr(listing, "rows", asked)
     monkeypatch.setattr(hosts, "names", asked)
     for argv in (["ls", "-q", "--json"], ["ls", "-q", "--format", "{{.Name}}"], ["ls", "--json", "--format", "json"],
                  ["ls", "-q", "-o", "wide"], ["host", "ls", "-q", "--json"], ["image", "ls", "--json", "-o", "wide"],
@@ -344,9 +343,9 @@ def test_a_template_table_aligns_whole_columns_and_values_are_escaped(
 def test_an_empty_listing_prints_nothing_on_stdout_in_every_form(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from vmsandbox.core import listing as core
+    from vmsandbox.core import listing
 
-    monkeypatch.setattr(core, "rows", lambda broken=None: [])
+    monkeypatch.setattr(listing, "rows", lambda broken=None: [])
     for argv in (["ls", "--json"], ["ls", "--format", "{{.Name}}"], ["ls", "-q"], ["ls"]):
         assert run_cli(argv) == 0
         assert capsys.readouterr().out == "", argv
@@ -357,9 +356,9 @@ def test_an_empty_listing_prints_nothing_on_stdout_in_every_form(
 def test_inspect_json_is_an_array_as_docker_inspect(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from vmsandbox.core import listing as core
+    from vmsandbox.core import listing
 
-    monkeypatch.setattr(core, "inspect", session_row)
+    monkeypatch.setattr(listing, "inspect", session_row)
     assert run_cli(["inspect", "exp-1", "--json"]) == 0
     assert [r["name"] for r in json.loads(capsys.readouterr().out)] == ["exp-1"]
     assert run_cli(["inspect", "exp-1", "exp-2", "--format", "{{.Name}} {{.Ports.ssh}}"]) == 0

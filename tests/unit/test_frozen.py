@@ -11,8 +11,8 @@ import pytest
 
 from vmsandbox.paths import SessionPaths
 from vmsandbox.sync.review import frozen, plan
-from vmsandbox.sync.review.compare import Change, Merge, Status
 from vmsandbox.sync.review.gather import Gathered, Origin
+from vmsandbox.sync.review.threeway import Change, Merge, Status
 from vmsandbox.sync.target import Target
 from vmsandbox.sync.tree.manifest import DIR, FILE, SYMLINK, Entry
 
@@ -36,7 +36,7 @@ def _plan(target: Target) -> plan.Plan:
         Change("run.sh", _file(b"x", 0o755), _file(b"y", 0o644), _file(b"x", 0o755), Status.APPLY,
                risky="executable, its content changed", notes=["n"], secret="looks like a credential: x (line 2)"),
         Change("link", None, Entry(SYMLINK, 0o777, 3, target="a.txt"), None, Status.APPLY),
-        Change("d", None, Entry(DIR, 0o755), None, Status.APPLY, held="ignored by the project (.gitignore)"),
+        Change("d", None, Entry(DIR, 0o755), None, Status.APPLY, ignored="ignored by the project (.gitignore)"),
         Change("m.txt", _file(b"b"), _file(b"g"), _file(b"h"), Status.MERGED, merge=Merge(b"merged\n", 0), binary=True),
     ]  # fmt: skip
     g = Gathered(target, found, target.files.guest_tree, True, Origin.LIVE, None, 1024**2, {"refs/heads/x": "a" * 40})
@@ -64,6 +64,15 @@ def test_a_review_is_applied_once_and_only_by_its_id(target: Target) -> None:
             frozen.load(target, bad)
     frozen.consume(shown)
     with pytest.raises(frozen.StaleError, match="applied already or replaced"):
+        frozen.load(target, shown.id)
+
+
+def test_a_review_another_version_froze_is_looked_at_again(target: Target) -> None:
+    """A review frozen by an older vmsandbox (whose changes said `held` for what is now `ignored`) is not applied."""
+    shown = frozen.freeze(_plan(target))
+    where = target.files.root / frozen.REVIEWS / f"{shown.id}.json"
+    where.write_text(where.read_text().replace('"ignored":', '"held":'))
+    with pytest.raises(frozen.StaleError, match="another version"):
         frozen.load(target, shown.id)
 
 

@@ -573,22 +573,22 @@ def test_host_ls_counts_the_sessions_ls_shows(
 def test_host_add_and_rm_edit_your_config_where_hosts_are(
     capsys: pytest.CaptureFixture[str], isolated_dirs: Path
 ) -> None:
-    from vmsandbox.session import settings as config
+    from vmsandbox.session import settings
 
     mine = isolated_dirs / "config" / "config.yaml"
     mine.write_text("cpus: 2  # two, mine\nhosts:\n  - name: a\n    uri: qemu+ssh://me@a/system\n# kept\nmemory: 3G\n")
     assert run_cli(["host", "add", "big", "qemu+ssh://me@big/system", "--max-sessions", "4"]) == 0
     text = mine.read_text()
     assert text.startswith("cpus: 2  # two, mine\nhosts:\n") and "# kept\nmemory: 3G\n" in text  # as it was
-    assert [(h.name, h.max_sessions) for h in config.load().hosts] == [("a", None), ("big", 4)]
+    assert [(h.name, h.max_sessions) for h in settings.load().hosts] == [("a", None), ("big", 4)]
     for refused in (["host", "add", "big", "qemu+ssh://me@b/system"], ["host", "add", "x", "qemu+tcp://b/system"],
                     ["host", "add", "local", "qemu+ssh://me@b/system"], ["host", "rm", "nosuch"]):  # fmt: skip
         assert run_cli(refused) == base.EXIT_USAGE, refused
     assert mine.read_text() == text  # nothing written by a refusal
     assert run_cli(["host", "rm", "a"]) == 0
-    assert [h.name for h in config.load().hosts] == ["big"] and "# two, mine" in mine.read_text()
+    assert [h.name for h in settings.load().hosts] == ["big"] and "# two, mine" in mine.read_text()
     assert run_cli(["host", "rm", "big"]) == 0
-    assert config.load().hosts == () and "hosts" not in mine.read_text()
+    assert settings.load().hosts == () and "hosts" not in mine.read_text()
     mine.write_text("cpus: many\n")
     assert run_cli(["host", "add", "big", "qemu+ssh://me@big/system"]) == base.EXIT_FAILED  # a broken file: as is
     assert mine.read_text() == "cpus: many\n"

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from vmsandbox.guest import identity as host_side
+from vmsandbox.guest import identity
 
 PROGRAM = Path(__file__).resolve().parents[2] / "images/base/rootfs/usr/local/lib/vmsandbox/identity"
 # /etc of the image, as debootstrap and the recipe leave it (the rows the program reads and extends)
@@ -224,7 +224,7 @@ def test_the_warm_bundle_is_unpacked_as_the_host_sent_it(tmp_path: Path) -> None
     (fw / "hostname").write_text("s1\n")
     (fw / "template").write_text("1\n")
     (fw / "host_key").write_text("K\n")
-    bundle = host_side.bundle(fw, now=1234.5, seed=b"\x01" * 64)
+    bundle = identity.bundle(fw, now=1234.5, seed=b"\x01" * 64)
     keep = tmp_path / "keep"
     members = ident.unpack(bundle)
     assert members["clock"] == b"1234.500000\n" and members["seed"] == b"\x01" * 64
@@ -275,7 +275,7 @@ def _bundle(tmp_path: Path) -> bytes:
     fw = tmp_path / "fw"
     fw.mkdir(exist_ok=True)
     (fw / "hostname").write_text("fork\n")
-    return host_side.message(fw)
+    return identity.message(fw)
 
 
 def _port_pair() -> tuple[int, int]:

@@ -9,8 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from vmsandbox.sync.tree import hashcache
-from vmsandbox.sync.tree import manifest as tree
+from vmsandbox.sync.tree import hashcache, manifest
 from vmsandbox.sync.tree.hashcache import HashCache
 
 
@@ -25,9 +24,9 @@ def files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return root
 
 
-def scan(root: Path, store: Path) -> tuple[tree.Manifest, HashCache]:
+def scan(root: Path, store: Path) -> tuple[manifest.Manifest, HashCache]:
     cache = HashCache.load(store)
-    return tree.scan(root, cache=cache), cache
+    return manifest.scan(root, cache=cache), cache
 
 
 def test_a_rescan_reads_nothing_that_did_not_change(files: Path, tmp_path: Path) -> None:
@@ -35,7 +34,7 @@ def test_a_rescan_reads_nothing_that_did_not_change(files: Path, tmp_path: Path)
     assert (c1.hits, c1.misses) == (0, 20)
     second, c2 = scan(files, tmp_path / "h.json")
     assert (c2.hits, c2.misses) == (20, 0)
-    assert second == first == tree.scan(files)
+    assert second == first == manifest.scan(files)
 
 
 def test_a_change_that_keeps_size_and_mtime_is_still_seen(files: Path, tmp_path: Path) -> None:
@@ -47,7 +46,7 @@ def test_a_change_that_keeps_size_and_mtime_is_still_seen(files: Path, tmp_path:
         out.write("CONTENT")
     os.utime(f, ns=(before.st_atime_ns, before.st_mtime_ns))
     second, cache = scan(files, tmp_path / "h.json")
-    assert second["d/f3"] == tree.scan(files)["d/f3"]
+    assert second["d/f3"] == manifest.scan(files)["d/f3"]
     assert second["d/f3"].digest != first["d/f3"].digest
     assert (cache.hits, cache.misses) == (19, 1)
 
@@ -57,7 +56,7 @@ def test_a_replaced_file_is_hashed_again(files: Path, tmp_path: Path) -> None:
     (files / "d" / "new").write_text("content 0005\n")  # what rsync's receiver does: a new inode, renamed
     (files / "d" / "new").replace(files / "d" / "f5")
     second, cache = scan(files, tmp_path / "h.json")
-    assert second == tree.scan(files)
+    assert second == manifest.scan(files)
     assert cache.misses == 1
 
 

@@ -13,20 +13,19 @@ import pytest
 from vmsandbox import paths
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.image.store import Image
-from vmsandbox.session import settings as config
-from vmsandbox.session.place import choose as places
-from vmsandbox.session.place import hostspec
+from vmsandbox.session import settings
+from vmsandbox.session.place import choose, hostspec
 from vmsandbox.session.place.local.place import LocalHost
-from vmsandbox.session.place.remote import images as hostimages
+from vmsandbox.session.place.remote import images
 from vmsandbox.session.place.remote.place import RemoteHost
 from vmsandbox.vm import storage
 from vmsandbox.vm.node import Node, here
 
 
 def _user_config(_tmp_path: Path, text: str) -> None:
-    config = paths.config_dir()  # (the test's own: conftest.isolated_dirs)
-    config.mkdir(exist_ok=True)
-    (config / "config.yaml").write_text(text)
+    settings = paths.config_dir()  # (the test's own: conftest.isolated_dirs)
+    settings.mkdir(exist_ok=True)
+    (settings / "config.yaml").write_text(text)
 
 
 def test_hosts_are_read_from_the_user_config(tmp_path: Path) -> None:
@@ -36,15 +35,15 @@ def test_hosts_are_read_from_the_user_config(tmp_path: Path) -> None:
         "  - name: big\n    uri: qemu+ssh://me@big.example/system\n    max_sessions: 4\n    keep_free: 2G\n"
         "  - name: lab-2\n    uri: qemu+tls://lab2/system\n    pool_path: /srv/vms/\n",
     )
-    s = config.load()
+    s = settings.load()
     assert s.hosts == (
         hostspec.HostSpec("big", "qemu+ssh://me@big.example/system", 4, 2048),
         hostspec.HostSpec("lab-2", "qemu+tls://lab2/system", None, 1024, "/srv/vms"),
     )
     assert [h.name for h in hostspec.every(s.libvirt_uri, s.hosts)] == ["local", "big", "lab-2"]
     every = hostspec.every(s.libvirt_uri, s.hosts)
-    assert isinstance(places.Hosts(s.libvirt_uri, every).at(every[0]), LocalHost)
-    assert all(isinstance(places.Hosts(s.libvirt_uri, every).at(h), RemoteHost) for h in every[1:])
+    assert isinstance(choose.Hosts(s.libvirt_uri, every).at(every[0]), LocalHost)
+    assert all(isinstance(choose.Hosts(s.libvirt_uri, every).at(h), RemoteHost) for h in every[1:])
     assert hostspec.named(s.libvirt_uri, s.hosts, "lab-2").uri == "qemu+tls://lab2/system"
     with pytest.raises(VmsandboxError, match="no host named 'lab3'") as err:
         hostspec.named(s.libvirt_uri, s.hosts, "lab3")
@@ -70,7 +69,7 @@ def test_hosts_are_read_from_the_user_config(tmp_path: Path) -> None:
 def test_a_bad_host_entry_names_the_file_the_entry_and_the_key(tmp_path: Path, entry: str, needle: str) -> None:
     _user_config(tmp_path, f"cpus: 1\nhosts:\n  - {entry}\n")
     with pytest.raises(VmsandboxError) as err:
-        config.load()
+        settings.load()
     assert needle in err.value.message
     assert "config.yaml, line 3" in err.value.message  # the entry's own line (issue 46: it said `hosts:`'s, 2)
     assert "`hosts[0]`" in err.value.message
@@ -79,7 +78,7 @@ def test_a_bad_host_entry_names_the_file_the_entry_and_the_key(tmp_path: Path, e
 def test_a_host_named_twice_is_an_error(tmp_path: Path) -> None:
     _user_config(tmp_path, "hosts:\n  - {name: a, uri: 'qemu:///system'}\n  - {name: a, uri: 'qemu+ssh://h/system'}\n")
     with pytest.raises(VmsandboxError, match="given twice"):
-        config.load()
+        settings.load()
 
 
 def test_hosts_never_come_from_a_project(tmp_path: Path) -> None:
@@ -87,7 +86,7 @@ def test_hosts_never_come_from_a_project(tmp_path: Path) -> None:
     project.mkdir()
     (project / ".vmsandbox.yaml").write_text("hosts:\n  - {name: evil, uri: 'qemu+ssh://attacker/system'}\n")
     with pytest.raises(VmsandboxError, match="`hosts` is never taken from a project file") as err:
-        config.load(project)
+        settings.load(project)
     assert err.value.hint is not None and "VMSANDBOX_LIBVIRT_URI" not in err.value.hint
 
 
@@ -107,28 +106,26 @@ def test_the_config_schema_describes_a_host_entry() -> None:
 def _image(tmp_path: Path, built_at: str = "2026-12-01T10:00:00") -> Image:
     d = tmp_path / "base-x"
     d.mkdir(exist_ok=True)
-    for f, size in zip(hostimages.FILES, (3000, 200, 100), strict=True):
+    for f, size in zip(images.FILES, (3000, 200, 100), strict=True):
         (d / f).write_bytes(b"x" * size)
     return Image("x", d, {"built_at": built_at})
 
 
 def test_what_was_sent_matches_only_the_same_build_and_sizes(tmp_path: Path) -> None:
     image = _image(tmp_path)
-    sent = hostimages.Sent(
-        "2026-12-01T10:00:00", {f: ((image.path / f).stat().st_size, "ab" * 32) for f in hostimages.FILES}
-    )
-    again = hostimages.Sent.parse(sent.as_json().encode() + b"\0\0")
+    sent = images.Sent("2026-12-01T10:00:00", {f: ((image.path / f).stat().st_size, "ab" * 32) for f in images.FILES})
+    again = images.Sent.parse(sent.as_json().encode() + b"\0\0")
     assert again == sent
     assert again.matches(image)
-    assert not hostimages.Sent("2026-12-02T10:00:00", sent.files).matches(image)  # rebuilt since
+    assert not images.Sent("2026-12-02T10:00:00", sent.files).matches(image)  # rebuilt since
     (image.path / "vmlinuz").write_bytes(b"y" * 201)
     assert not sent.matches(image)
-    assert not hostimages.Sent(sent.built_at, dict(list(sent.files.items())[:2])).matches(image)
+    assert not images.Sent(sent.built_at, dict(list(sent.files.items())[:2])).matches(image)
 
 
 @pytest.mark.parametrize("raw", [b"", b"{", b"[]", b'{"built_at": 1}', b'{"built_at": "a", "files": {"f": [1]}}'])
 def test_a_damaged_record_of_what_was_sent_is_none(raw: bytes) -> None:
-    assert hostimages.Sent.parse(raw) is None
+    assert images.Sent.parse(raw) is None
 
 
 def _sparse(path: Path) -> bytes:
@@ -237,7 +234,7 @@ def _qcow2_header(backing: bytes, cluster: int = 65536) -> bytes:
     import struct
 
     head = bytearray(cluster)
-    head[:4] = hostimages.QCOW2_MAGIC
+    head[:4] = images.QCOW2_MAGIC
     head[4:8] = struct.pack(">I", 3)
     head[8:20] = struct.pack(">QI", 528, len(backing))
     head[528 : 528 + len(backing)] = backing
@@ -248,7 +245,7 @@ def test_a_layer_header_is_rewritten_to_name_the_base_volume_on_the_way(tmp_path
     old = b"/var/lib/vmsandbox/images/base-bookworm-1234/disk.qcow2"
     disk = tmp_path / "disk.qcow2"
     disk.write_bytes(_qcow2_header(old) + b"D" * 100000)
-    patches = hostimages.backing_patch(disk, "base-bookworm-1234.disk.qcow2")
+    patches = images.backing_patch(disk, "base-bookworm-1234.disk.qcow2")
     fd = os.open(disk, os.O_RDONLY)
     try:
         sending = storage.Outgoing(fd, None, patches)
@@ -276,7 +273,7 @@ def test_a_layer_header_is_rewritten_to_name_the_base_volume_on_the_way(tmp_path
 def test_a_header_that_cannot_take_the_new_name_is_refused(tmp_path: Path, content: bytes, needle: str) -> None:
     (tmp_path / "d").write_bytes(content)
     with pytest.raises(VmsandboxError, match=needle):
-        hostimages.backing_patch(tmp_path / "d", "base-bookworm-1234.disk.qcow2")
+        images.backing_patch(tmp_path / "d", "base-bookworm-1234.disk.qcow2")
 
 
 def test_the_tunnel_reaches_the_host_as_libvirt_does() -> None:
@@ -326,16 +323,16 @@ def test_run_on_another_host_checks_the_host_before_anything_is_made(
 
 def test_a_long_chain_there_is_refused_with_the_fork_that_starts_over() -> None:
     from vmsandbox.session.moments import checkpoint
-    from vmsandbox.session.place.remote import checkpoint as remotecheckpoint
+    from vmsandbox.session.place.remote.checkpoint import MAX_CHAIN
     from vmsandbox.session.record import Record
 
     def check_room(record: Record) -> None:
-        with places.vm_of(record) as vm:  # nothing asked of its host: its abilities say it
+        with choose.vm_of(record) as vm:  # nothing asked of its host: its abilities say it
             checkpoint.check_room(vm)
 
     record = Record("exp", "/p", "v", "tcg", "", 1, 512, 4096, 0, "u", 1000, 1000, "qemu+ssh://me@big/system")
     record.host = "big"
-    record.overlays = [f"o{i}" for i in range(remotecheckpoint.MAX_CHAIN - 1)]
+    record.overlays = [f"o{i}" for i in range(MAX_CHAIN - 1)]
     check_room(record)
     record.overlays.append("top")
     with pytest.raises(VmsandboxError, match="runs on host big over 18 overlays") as refused:
@@ -484,8 +481,8 @@ def test_a_fan_out_on_another_host_starts_as_many_at_once_as_that_host_holds(mon
     from vmsandbox.sync.review.take import Take
 
     spec = hostspec.HostSpec("big", "qemu+ssh://me@big/system")
-    settings = config.Settings(memory_mib=2048)
-    run = Run(Options(project=Path("/p"), name=None, settings=settings, host=spec), ["true"], False, True, Take())
+    config = settings.Settings(memory_mib=2048)
+    run = Run(Options(project=Path("/p"), name=None, settings=config, host=spec), ["true"], False, True, Take())
 
     def answering(tcg: bool, available_mib: int) -> None:
         node = Node("big", "9", "7", 8, 65536, available_mib, frozenset() if tcg else frozenset({"vmx"}), None)

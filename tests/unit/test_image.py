@@ -8,8 +8,8 @@ import pytest
 
 from vmsandbox import paths
 from vmsandbox.errors import VmsandboxError
-from vmsandbox.image import recipe as recipes
-from vmsandbox.image import store as image
+from vmsandbox.image import store
+from vmsandbox.image.recipe import load_recipe
 
 REPO_IMAGES = Path(__file__).resolve().parents[2] / "images"
 
@@ -22,7 +22,7 @@ def recipe_copy(tmp_path: Path) -> Path:
 
 
 def test_shipped_recipe_is_valid_and_has_what_sessions_need() -> None:
-    recipe = recipes.load_recipe(trust_host_ca=False, root=REPO_IMAGES)
+    recipe = load_recipe(trust_host_ca=False, root=REPO_IMAGES)
     for pkg in ("linux-image-cloud-amd64", "openssh-server", "rsync", "sudo", "git", "docker.io", "apparmor"):
         assert pkg in recipe.packages
     assert "vmsandbox-identity.service" in recipe.enable
@@ -31,21 +31,21 @@ def test_shipped_recipe_is_valid_and_has_what_sessions_need() -> None:
 
 
 def test_version_changes_with_any_recipe_input(recipe_copy: Path, tmp_path: Path) -> None:
-    v1 = recipes.load_recipe(trust_host_ca=False, root=recipe_copy).version
-    assert recipes.load_recipe(trust_host_ca=False, root=recipe_copy).version == v1  # stable
+    v1 = load_recipe(trust_host_ca=False, root=recipe_copy).version
+    assert load_recipe(trust_host_ca=False, root=recipe_copy).version == v1  # stable
     script = recipe_copy / "base/rootfs/usr/local/lib/vmsandbox/net"
     script.write_text(script.read_text() + "# changed\n")
-    v2 = recipes.load_recipe(trust_host_ca=False, root=recipe_copy).version
+    v2 = load_recipe(trust_host_ca=False, root=recipe_copy).version
     assert v2 != v1
     script.chmod(0o644)  # the executable bit is part of the recipe too
-    assert recipes.load_recipe(trust_host_ca=False, root=recipe_copy).version != v2
+    assert load_recipe(trust_host_ca=False, root=recipe_copy).version != v2
 
 
 def test_recipe_typo_is_an_error_naming_the_key(recipe_copy: Path) -> None:
     f = recipe_copy / "base.yaml"
     f.write_text(f.read_text().replace("packages:", "pakages:"))
     with pytest.raises(VmsandboxError, match="unknown key `pakages`"):
-        recipes.load_recipe(root=recipe_copy)
+        load_recipe(root=recipe_copy)
 
 
 def fake_image(root: Path, version: str, built_at: str) -> Path:
@@ -61,37 +61,36 @@ def test_list_ignores_builds_in_progress_and_incomplete_dirs(tmp_path: Path) -> 
     fake_image(root, "b", "2026-02-01T00:00:00Z")
     (root / ".tmp-xyz").mkdir()
     (root / "base-half").mkdir()  # no manifest: never complete
-    assert [i.version for i in image.list_images(root)] == ["b", "a"]
+    assert [i.version for i in store.list_images(root)] == ["b", "a"]
 
 
 def test_remove_refused_while_in_use_then_allowed(monkeypatch: pytest.MonkeyPatch) -> None:
     fake_image(paths.images_dir(), "v1", "2026-01-01T00:00:00Z")
     with pytest.raises(VmsandboxError, match="in use by: session s1"):
-        image.remove("v1", ["session s1"])
-    assert image.list_images()
-    image.remove("v1", [])
-    assert image.list_images() == []
+        store.remove("v1", ["session s1"])
+    assert store.list_images()
+    store.remove("v1", [])
+    assert store.list_images() == []
     assert list(paths.images_dir().glob(".tmp-*")) == []
 
 
 def test_remove_stale_builds(tmp_path: Path) -> None:
     (tmp_path / ".tmp-1" / "rootfs" / "etc").mkdir(parents=True)
     keep = fake_image(tmp_path, "ok", "2026-01-01T00:00:00Z")
-    assert image.remove_stale(tmp_path) == [tmp_path / ".tmp-1"]
+    assert store.remove_stale(tmp_path) == [tmp_path / ".tmp-1"]
     assert not (tmp_path / ".tmp-1").exists() and keep.exists()
 
 
 def test_no_image_says_how_to_build() -> None:
     with pytest.raises(VmsandboxError) as err:
-        image.current_image()
+        store.current_image()
     assert err.value.hint == "run `vmsandbox image build`"
 
 
 def test_layers_keep_one_version_and_are_refused_while_in_use(monkeypatch: pytest.MonkeyPatch) -> None:
     """A layer's version is the same from `image ls`, from a session's record and from `image rm`."""
-    from vmsandbox.cli import base
-    from vmsandbox.cli import main as cli
-    from vmsandbox.image import layers as bpimage
+    from vmsandbox.cli import base, main
+    from vmsandbox.image import layers
 
     from .conftest import saved_record
 
@@ -99,16 +98,16 @@ def test_layers_keep_one_version_and_are_refused_while_in_use(monkeypatch: pytes
     layer = paths.images_dir() / "bp-claude-abc"
     layer.mkdir()
     (layer / paths.IMAGE_MANIFEST).write_text(json.dumps({"built_at": "x", "base_version": "v1"}))
-    assert [i.version for i in bpimage.list_layers()] == ["claude-abc"]
-    assert image.get_image_at(layer, prefix=bpimage.PREFIX).version == "claude-abc"
+    assert [i.version for i in layers.list_layers()] == ["claude-abc"]
+    assert store.get_image_at(layer, prefix=layers.PREFIX).version == "claude-abc"
     saved_record("s1", image_version="claude-abc")
     with pytest.raises(SystemExit) as exc:
-        cli.main(["image", "rm", "claude-abc"])
+        main.main(["image", "rm", "claude-abc"])
     assert exc.value.code == base.EXIT_FAILED and layer.exists()
     with pytest.raises(VmsandboxError, match="in use by: blueprint image claude-abc"):
-        image.remove("v1", ["blueprint image claude-abc"])
-    bpimage.remove_layer("claude-abc", [])
-    assert not layer.exists() and bpimage.list_layers() == []
+        store.remove("v1", ["blueprint image claude-abc"])
+    layers.remove_layer("claude-abc", [])
+    assert not layer.exists() and layers.list_layers() == []
 
 
 def test_a_failed_build_step_shows_the_end_of_its_output_bounded() -> None:

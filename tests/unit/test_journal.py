@@ -9,9 +9,8 @@ from pathlib import Path
 import pytest
 
 from vmsandbox.sync.fetch import delta, journal
-from vmsandbox.sync.review.compare import Status, compare
-from vmsandbox.sync.tree import hashcache, views
-from vmsandbox.sync.tree import manifest as tree
+from vmsandbox.sync.review.threeway import Status, compare
+from vmsandbox.sync.tree import hashcache, manifest, views
 from vmsandbox.sync.tree.hashcache import HashCache
 
 ID = "0123456789abcdef0123456789abcdef"
@@ -99,7 +98,7 @@ def trees(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, Path]:
 
 
 def refreshed(base: Path, mirror: Path, known: delta.Delta, listed: list[str], tmp: Path) -> delta.Delta:
-    delta.refresh(mirror, tree.scan(base), known, listed, HashCache.load(tmp / "h.json"))
+    delta.refresh(mirror, manifest.scan(base), known, listed, HashCache.load(tmp / "h.json"))
     return known
 
 
@@ -114,18 +113,18 @@ def test_the_delta_after_named_paths_equals_a_whole_walk(trees: tuple[Path, Path
     (mirror / "c").chmod(0o700)
     listed = ["top", "a/b/new", "old", "fresh", "c"]
     refreshed(base, mirror, known, listed, tmp_path)
-    assert known == delta.between(tree.scan(base), tree.scan(mirror))
+    assert known == delta.between(manifest.scan(base), manifest.scan(mirror))
     assert known["old/deep/h"] is None and known["fresh/x/y"] is not None and "c/g" not in known
     # a directory replaced by a file: what was under it is gone too
     shutil.rmtree(mirror / "a")
     (mirror / "a").write_text("now a file")
     refreshed(base, mirror, known, ["a"], tmp_path)
-    assert known == delta.between(tree.scan(base), tree.scan(mirror))
+    assert known == delta.between(manifest.scan(base), manifest.scan(mirror))
     # changed back to what the baseline has: no longer a difference
     (mirror / "top").write_text("top")
     refreshed(base, mirror, known, ["top"], tmp_path)
     assert "top" not in known
-    assert delta.view(tree.scan(base), known) == tree.scan(mirror)
+    assert delta.view(manifest.scan(base), known) == manifest.scan(mirror)
 
 
 def test_no_symlink_in_the_mirror_is_followed(trees: tuple[Path, Path], tmp_path: Path) -> None:
@@ -137,17 +136,17 @@ def test_no_symlink_in_the_mirror_is_followed(trees: tuple[Path, Path], tmp_path
     (mirror / "c").symlink_to(outside)  # the guest swapped a directory for a link out of the tree
     known: delta.Delta = {}
     refreshed(base, mirror, known, ["c", "c/secret"], tmp_path)
-    assert known["c"] == tree.Entry(tree.SYMLINK, 0o777, len(str(outside)), target=str(outside))
+    assert known["c"] == manifest.Entry(manifest.SYMLINK, 0o777, len(str(outside)), target=str(outside))
     assert "c/secret" not in known and known["c/g"] is None
-    assert tree.entry_under(mirror, "c/secret") is None
-    assert tree.scan_under(mirror, "c/secret") == {}
+    assert manifest.entry_under(mirror, "c/secret") is None
+    assert manifest.scan_under(mirror, "c/secret") == {}
 
 
 def test_a_lookup_reads_only_what_is_asked_and_cannot_be_listed(trees: tuple[Path, Path]) -> None:
     base, _ = trees
     (base / "ln").symlink_to("a")
     look = views.Lookup(base)
-    assert look["top"].kind == tree.FILE and "nothing" not in look and look.get("ln/b") is None
+    assert look["top"].kind == manifest.FILE and "nothing" not in look and look.get("ln/b") is None
     assert set(look.known) == {"top", "nothing", "ln/b"}
     with pytest.raises(TypeError):
         list(look)
@@ -161,9 +160,9 @@ def test_a_review_of_the_named_paths_is_the_review_of_the_whole_tree(trees: tupl
     (mirror / "c/g").write_text("guest")
     (project / "c/g").write_text("host")  # both changed it: a conflict
     (project / "host-only").write_text("h")
-    b, g = tree.scan(base), tree.scan(mirror)
+    b, g = manifest.scan(base), manifest.scan(mirror)
     known = delta.between(b, g)
-    whole = compare(b, tree.scan(project), g)
+    whole = compare(b, manifest.scan(project), g)
     named = compare(b, views.Lookup(project), delta.view(b, known), only=known)
     assert [(c.path, c.status) for c in named] == [(c.path, c.status) for c in whole]
     assert {c.path: c.status for c in named} == {"c/g": Status.CONFLICT, "top": Status.APPLY}
@@ -174,8 +173,8 @@ def test_a_stored_manifest_makes_entries_as_asked_and_an_overlay_hides_what_is_g
         {"a": {"kind": "file", "mode": 0o644, "size": 1, "digest": "x"}, "b": {"kind": "dir", "mode": 0o755}}
     )
     assert base.made == {} and "a" in base and len(base) == 2
-    assert base["a"] == tree.Entry(tree.FILE, 0o644, 1, digest="x") and set(base.made) == {"a"}
-    over = views.Overlay(base, {"a": None, "c": tree.Entry(tree.DIR, 0o700)})
-    assert "a" not in over and over.get("a") is None and over["b"].kind == tree.DIR
+    assert base["a"] == manifest.Entry(manifest.FILE, 0o644, 1, digest="x") and set(base.made) == {"a"}
+    over = views.Overlay(base, {"a": None, "c": manifest.Entry(manifest.DIR, 0o700)})
+    assert "a" not in over and over.get("a") is None and over["b"].kind == manifest.DIR
     assert sorted(over) == ["b", "c"] and len(over) == 2
-    assert over == {"b": tree.Entry(tree.DIR, 0o755), "c": tree.Entry(tree.DIR, 0o700)}
+    assert over == {"b": manifest.Entry(manifest.DIR, 0o755), "c": manifest.Entry(manifest.DIR, 0o700)}

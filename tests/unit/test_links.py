@@ -14,19 +14,18 @@ import pytest
 from tests.unit import another
 from vmsandbox.confine import beneath, resolve
 from vmsandbox.confine.resolve import DIR, LINK, OTHER, Node, Reach
-from vmsandbox.sync.land import write as apply
+from vmsandbox.sync.land import write
 from vmsandbox.sync.review import plan
-from vmsandbox.sync.review.compare import Change, Status, compare
-from vmsandbox.sync.tree import manifest as tree
-from vmsandbox.sync.tree import views
+from vmsandbox.sync.review.threeway import Change, Status, compare
+from vmsandbox.sync.tree import manifest, views
 from vmsandbox.sync.tree.manifest import Entry
 
-D = Entry(tree.DIR, 0o755)
-F = Entry(tree.FILE, 0o644, 1, digest="0" * 64)
+D = Entry(manifest.DIR, 0o755)
+F = Entry(manifest.FILE, 0o644, 1, digest="0" * 64)
 
 
 def link(target: str) -> Entry:
-    return Entry(tree.SYMLINK, 0o777, target=target)
+    return Entry(manifest.SYMLINK, 0o777, target=target)
 
 
 def leads(at: str, target: str, nodes: Mapping[str, Node]) -> resolve.Verdict:
@@ -111,8 +110,8 @@ def _random_tree(rng: random.Random, root: Path) -> list[str]:
 
 def _nodes(root: Path) -> dict[str, Node]:
     found = {}
-    for path, e in tree.scan(root).items():
-        kind = LINK if e.kind == tree.SYMLINK else DIR if e.kind == tree.DIR else OTHER
+    for path, e in manifest.scan(root).items():
+        kind = LINK if e.kind == manifest.SYMLINK else DIR if e.kind == manifest.DIR else OTHER
         found[path] = Node(kind, e.target)
     return found
 
@@ -260,9 +259,9 @@ def _pulls(hidden_by: str) -> object:
     the guest's pull 2, or by the person's own hand); pull 3 retargets w to `../../..`, inside by itself, which
     would make x lead four levels above the project. What each pull did, and where x leads in the end."""
     project = HERE / "home" / "u" / "proj"
-    baseline = tree.scan(project)
+    baseline = manifest.scan(project)
     guest = dict(baseline)
-    owner = apply.Owner(os.getuid(), os.getgid())
+    owner = write.Owner(os.getuid(), os.getgid())
     said: list[list[object]] = []
 
     def pull() -> None:
@@ -272,13 +271,13 @@ def _pulls(hidden_by: str) -> object:
             taken = c.status in (Status.APPLY, Status.MERGED) and not plan.Item(c.path, (c,)).quarantined
             said.append([c.path, c.status.value, c.notes[:1], taken])
             if taken:
-                apply.apply_one(project, HERE / "nothing", c, owner)
+                write.apply_one(project, HERE / "nothing", c, owner)
 
     guest["a/b/c/d/x"] = link("../w/../../../..")
     pull()
     del guest["a/b/c/d/x"]
     if hidden_by == "guest":
-        guest["a/b/c/d"] = Entry(tree.DIR, 0o100)
+        guest["a/b/c/d"] = Entry(manifest.DIR, 0o100)
     pull()
     if hidden_by == "person":
         (project / "a/b/c/d").chmod(0o100)

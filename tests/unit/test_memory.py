@@ -22,14 +22,12 @@ from tests.unit.test_domain import qemu_args, spec
 from tests.unit.test_warm import fake_save, template_xml
 from vmsandbox import pids
 from vmsandbox.errors import VmsandboxError
-from vmsandbox.session.place.local import sharing
-from vmsandbox.session.place.local import template as templates
+from vmsandbox.session.place.local import sharing, template
 from vmsandbox.session.record import Record
 from vmsandbox.vm import domain, node, rambackend, savefile
-from vmsandbox.vm.memory import holders, sealed, usage
-from vmsandbox.vm.memory import split as memsplit
+from vmsandbox.vm.memory import holders, sealed, split, usage
 
-P = memsplit.PAGE
+P = split.PAGE
 pytestmark = pytest.mark.usefixtures("looks_in_this_process")  # root's looks at holders (and QEMUs): this process's
 RAM = 16 * P  # the machine's RAM in these streams: 16 pages
 ROM = 2 * P
@@ -39,34 +37,34 @@ class Stream:
     """A migration stream as QEMU 7.2 writes a save: header, configuration, `ram` START/PART/END, devices, EOF."""
 
     def __init__(self) -> None:
-        self.out = bytearray(struct.pack(">II", memsplit.FILE_MAGIC, memsplit.FILE_VERSION))
-        self.out += bytes([memsplit.CONFIGURATION]) + struct.pack(">I", 10) + b"pc-q35-7.2"
+        self.out = bytearray(struct.pack(">II", split.FILE_MAGIC, split.FILE_VERSION))
+        self.out += bytes([split.CONFIGURATION]) + struct.pack(">I", 10) + b"pc-q35-7.2"
         self.last: str | None = None
 
     def section(self, kind: int, sid: int, records: bytes, name: str = "ram") -> None:
         head = bytes([kind]) + struct.pack(">I", sid)
-        if kind in (memsplit.SECTION_START, memsplit.SECTION_FULL):
+        if kind in (split.SECTION_START, split.SECTION_FULL):
             head += bytes([len(name)]) + name.encode() + struct.pack(">II", 0, 4)
-        self.out += head + records + bytes([memsplit.SECTION_FOOTER]) + struct.pack(">I", sid)
+        self.out += head + records + bytes([split.SECTION_FOOTER]) + struct.pack(">I", sid)
 
     def blocks(self, listed: list[tuple[str, int]]) -> bytes:
-        data = struct.pack(">Q", sum(n for _, n in listed) | memsplit.FLAG_MEM_SIZE)
+        data = struct.pack(">Q", sum(n for _, n in listed) | split.FLAG_MEM_SIZE)
         for name, length in listed:
             data += bytes([len(name)]) + name.encode() + struct.pack(">Q", length)
         return data + self.eos()
 
     def page(self, block: str, offset: int, data: bytes | None) -> bytes:
         """A PAGE record (or ZERO, with None), CONTINUE when it is the block of the record before."""
-        flags = memsplit.FLAG_PAGE if data is not None else memsplit.FLAG_ZERO
+        flags = split.FLAG_PAGE if data is not None else split.FLAG_ZERO
         same = block == self.last
         self.last = block
-        record = struct.pack(">Q", offset | flags | (memsplit.FLAG_CONTINUE if same else 0))
+        record = struct.pack(">Q", offset | flags | (split.FLAG_CONTINUE if same else 0))
         record += b"" if same else bytes([len(block)]) + block.encode()
         return record + (data if data is not None else b"\0")
 
     @staticmethod
     def eos() -> bytes:
-        return struct.pack(">Q", memsplit.FLAG_EOS)
+        return struct.pack(">Q", split.FLAG_EOS)
 
 
 def page_of(n: int) -> bytes:
@@ -88,15 +86,13 @@ def sized(ram: int) -> str:
 def a_save(tmp_path: Path, *, main: str = "pc.ram") -> tuple[Path, dict[int, bytes]]:
     """A save image whose RAM has a page of its own at every odd page (zeros elsewhere), and a ROM of two pages."""
     s = Stream()
-    s.section(memsplit.SECTION_START, 3, s.blocks([(main, RAM), ("pc.rom", ROM)]))
+    s.section(split.SECTION_START, 3, s.blocks([(main, RAM), ("pc.rom", ROM)]))
     written = {i * P: page_of(i) for i in range(1, 16, 2)}
     first = b"".join(s.page(main, i * P, written.get(i * P)) for i in range(8))
     first += s.page("pc.rom", 0, page_of(0xAA)) + s.page("pc.rom", P, None)
-    s.section(memsplit.SECTION_PART, 3, first + s.eos())
-    s.section(
-        memsplit.SECTION_PART, 3, b"".join(s.page(main, i * P, written.get(i * P)) for i in range(8, 16)) + s.eos()
-    )
-    s.section(memsplit.SECTION_END, 3, s.eos())
+    s.section(split.SECTION_PART, 3, first + s.eos())
+    s.section(split.SECTION_PART, 3, b"".join(s.page(main, i * P, written.get(i * P)) for i in range(8, 16)) + s.eos())
+    s.section(split.SECTION_END, 3, s.eos())
     s.out += DEVICES + b"\x00" + b"\x06" + struct.pack(">I", 2) + b"{}"
     fake_save(tmp_path / "vm.save", sized(RAM), bytes(s.out))
     return tmp_path / "vm.save", written
@@ -106,18 +102,18 @@ def records(stream: bytes) -> tuple[list[tuple[str, int]], list[tuple[str, int, 
     """What a split stream holds: the block list, every page record (block, offset, flags) and what follows the
     RAM sections."""
     pos, blocks, pages, block = 8 + 1 + 4 + 10, [], [], ""
-    while stream[pos] != memsplit.SECTION_FULL:
+    while stream[pos] != split.SECTION_FULL:
         kind = stream[pos]
         pos += 5
-        if kind == memsplit.SECTION_START:
+        if kind == split.SECTION_START:
             pos += 1 + stream[pos] + 8
         while True:
             (word,) = struct.unpack_from(">Q", stream, pos)
             pos += 8
-            flags, offset = word & memsplit.FLAG_MASK, word & ~memsplit.FLAG_MASK
-            if flags & memsplit.FLAG_EOS:
+            flags, offset = word & split.FLAG_MASK, word & ~split.FLAG_MASK
+            if flags & split.FLAG_EOS:
                 break
-            if flags & memsplit.FLAG_MEM_SIZE:
+            if flags & split.FLAG_MEM_SIZE:
                 total = offset
                 while total:
                     name = stream[pos + 1 : pos + 1 + stream[pos]].decode()
@@ -127,11 +123,11 @@ def records(stream: bytes) -> tuple[list[tuple[str, int]], list[tuple[str, int, 
                     blocks.append((name, length))
                     total -= length
                 continue
-            if not flags & memsplit.FLAG_CONTINUE:
+            if not flags & split.FLAG_CONTINUE:
                 block = stream[pos + 1 : pos + 1 + stream[pos]].decode()
                 pos += 1 + stream[pos]
             pages.append((block, offset, flags))
-            pos += P if flags & memsplit.FLAG_PAGE else 1
+            pos += P if flags & split.FLAG_PAGE else 1
         pos += 5  # the footer
     return blocks, pages, stream[pos:]
 
@@ -141,7 +137,7 @@ def test_a_split_puts_every_page_of_ram_in_the_file_and_keeps_the_rest(tmp_path:
     save, written = a_save(tmp_path, main=main)
     fd = os.open(tmp_path / "ram", os.O_RDWR | os.O_CREAT, 0o600)
     try:
-        got = memsplit.split(save, fd, tmp_path / "state.save")
+        got = split.split(save, fd, tmp_path / "state.save")
     finally:
         os.close(fd)
     ram = (tmp_path / "ram").read_bytes()
@@ -152,8 +148,8 @@ def test_a_split_puts_every_page_of_ram_in_the_file_and_keeps_the_rest(tmp_path:
     state = savefile.read(tmp_path / "state.save")
     assert state.xml == savefile.read(save).xml  # the same domain, its header kept
     blocks, pages, rest = records((tmp_path / "state.save").read_bytes()[state.stream_offset :])
-    assert blocks == [(memsplit.SHARED_BLOCK, RAM), ("pc.rom", ROM)]  # the RAM block is the shared backend's
-    assert pages == [("pc.rom", 0, memsplit.FLAG_PAGE), ("pc.rom", P, memsplit.FLAG_ZERO)]  # none of the RAM's
+    assert blocks == [(split.SHARED_BLOCK, RAM), ("pc.rom", ROM)]  # the RAM block is the shared backend's
+    assert pages == [("pc.rom", 0, split.FLAG_PAGE), ("pc.rom", P, split.FLAG_ZERO)]  # none of the RAM's
     assert rest.startswith(DEVICES)  # the devices' state, copied as it was
 
 
@@ -161,7 +157,7 @@ def test_a_split_carries_the_xml_it_is_given(tmp_path: Path) -> None:
     save, _ = a_save(tmp_path)
     fd = os.open(tmp_path / "ram", os.O_RDWR | os.O_CREAT, 0o600)
     other = savefile.renamed(savefile.read(save).xml, "vmsandbox-x", "99999999-2222-4333-8444-555555555555")
-    memsplit.split(save, fd, tmp_path / "state.save", other)
+    split.split(save, fd, tmp_path / "state.save", other)
     os.close(fd)
     assert savefile.read(tmp_path / "state.save").xml == other
 
@@ -169,13 +165,13 @@ def test_a_split_carries_the_xml_it_is_given(tmp_path: Path) -> None:
 def test_the_file_keeps_the_zero_pages_as_holes(tmp_path: Path) -> None:
     s = Stream()
     big = 4096 * P
-    s.section(memsplit.SECTION_START, 3, s.blocks([("pc.ram", big)]))
+    s.section(split.SECTION_START, 3, s.blocks([("pc.ram", big)]))
     body = b"".join(s.page("pc.ram", i * P, page_of(7) if i == 2000 else None) for i in range(4096))
-    s.section(memsplit.SECTION_END, 3, body + s.eos())
+    s.section(split.SECTION_END, 3, body + s.eos())
     s.out += DEVICES
     fake_save(tmp_path / "vm.save", sized(big), bytes(s.out))
     fd = os.open(tmp_path / "ram", os.O_RDWR | os.O_CREAT, 0o600)
-    memsplit.split(tmp_path / "vm.save", fd, tmp_path / "state.save")
+    split.split(tmp_path / "vm.save", fd, tmp_path / "state.save")
     os.close(fd)
     assert (tmp_path / "ram").stat().st_size == big
     assert (tmp_path / "ram").stat().st_blocks * 512 < 64 * P  # one page written (file systems round up)
@@ -185,15 +181,15 @@ def damaged(tmp_path: Path, change: str) -> Path:
     s = Stream()
     if change == "subsection":
         s.out += b"\x05"
-    s.section(memsplit.SECTION_START, 3, s.blocks([("pc.ram", RAM * 4096 if change == "larger" else RAM)]))
+    s.section(split.SECTION_START, 3, s.blocks([("pc.ram", RAM * 4096 if change == "larger" else RAM)]))
     if change == "xbzrle":
-        s.section(memsplit.SECTION_PART, 3, struct.pack(">Q", 0x40) + b"\x06pc.ram" + s.eos())
+        s.section(split.SECTION_PART, 3, struct.pack(">Q", 0x40) + b"\x06pc.ram" + s.eos())
     elif change == "block":
-        s.section(memsplit.SECTION_START, 4, s.eos(), name="block")
+        s.section(split.SECTION_START, 4, s.eos(), name="block")
     elif change == "past-the-end":
-        s.section(memsplit.SECTION_PART, 3, s.page("pc.ram", RAM, page_of(1)) + s.eos())
+        s.section(split.SECTION_PART, 3, s.page("pc.ram", RAM, page_of(1)) + s.eos())
     if change != "missing-pages":
-        s.section(memsplit.SECTION_PART, 3, b"".join(s.page("pc.ram", i * P, None) for i in range(16)) + s.eos())
+        s.section(split.SECTION_PART, 3, b"".join(s.page("pc.ram", i * P, None) for i in range(16)) + s.eos())
     s.out += DEVICES
     data = bytes(s.out)
     if change == "truncated":
@@ -212,8 +208,8 @@ def test_what_the_split_does_not_know_is_refused_and_leaves_nothing(tmp_path: Pa
     save = damaged(tmp_path, change)
     fd = os.open(tmp_path / "ram", os.O_RDWR | os.O_CREAT, 0o600)
     try:
-        with pytest.raises(memsplit.StreamError, match="in the domain" if change == "larger" else None):
-            memsplit.split(save, fd, tmp_path / "state.save")
+        with pytest.raises(split.StreamError, match="in the domain" if change == "larger" else None):
+            split.split(save, fd, tmp_path / "state.save")
         assert os.fstat(fd).st_size <= RAM  # never sized past the domain's RAM
     finally:
         os.close(fd)
@@ -222,12 +218,12 @@ def test_what_the_split_does_not_know_is_refused_and_leaves_nothing(tmp_path: Pa
 
 def test_the_split_of_a_save_without_ram_is_refused(tmp_path: Path) -> None:
     s = Stream()
-    s.section(memsplit.SECTION_START, 3, s.blocks([("pc.rom", ROM)]))
+    s.section(split.SECTION_START, 3, s.blocks([("pc.rom", ROM)]))
     s.out += DEVICES
     fake_save(tmp_path / "vm.save", template_xml(), bytes(s.out))
     fd = os.open(tmp_path / "ram", os.O_RDWR | os.O_CREAT, 0o600)
-    with pytest.raises(memsplit.StreamError, match="machine's RAM"):
-        memsplit.split(tmp_path / "vm.save", fd, tmp_path / "state.save")
+    with pytest.raises(split.StreamError, match="machine's RAM"):
+        split.split(tmp_path / "vm.save", fd, tmp_path / "state.save")
     os.close(fd)
 
 
@@ -246,14 +242,14 @@ def test_a_shared_session_maps_the_file_privately_as_its_ram() -> None:
     backend = json.loads(args[i + 1])
     assert backend == {
         "qom-type": "memory-backend-file",
-        "id": memsplit.SHARED_BLOCK,
+        "id": split.SHARED_BLOCK,
         "mem-path": "/proc/42/fd/7",
         "size": 2048 * 1024**2,
         "share": False,
         "readonly": False,
         "discard-data": False,
     }
-    assert args[args.index("-machine") + 1] == f"memory-backend={memsplit.SHARED_BLOCK}"
+    assert args[args.index("-machine") + 1] == f"memory-backend={split.SHARED_BLOCK}"
     assert rambackend.memory_of(xml) == "/proc/42/fd/7"
     assert "restrict=on" in args[1]  # the network stays as it was
 
@@ -390,7 +386,7 @@ def held_here(name: str, size: int, allocated: int = 0) -> Iterator[tuple[sealed
 def test_a_held_copy_grown_well_past_the_template_memory_is_refreshed(tmp_path: Path) -> None:
     """tmpfs gives a hole a page of its own at a session's first write there: a copy grown past twice the
     template's memory (and some slack) is replaced by a fresh one for the sessions to come."""
-    tmpl = templates.Template(tmp_path, {})
+    tmpl = template.Template(tmp_path, {})
     with tmpl.ram.open("wb") as f:
         f.write(b"x" * (1 << 20))
 
@@ -675,13 +671,13 @@ def test_gc_stops_a_holder_whose_copy_grew_once_no_session_maps_it(
     from vmsandbox import paths
 
     monkeypatch.setattr(paths, "memory_holders_dir", lambda: tmp_path / "holders")
-    monkeypatch.setattr(templates, "is_current", lambda _where, _hv: True)
+    monkeypatch.setattr(template, "is_current", lambda _where, _hv: True)
     mapped: dict[tuple[int, int], usage.SharedFile] = {}
     blind: list[bool] = []  # a QEMU root cannot look at runs: it may map the copy
     monkeypatch.setattr(usage, "mapped_keys", lambda: None if blind else set(mapped))
     tmpl = tmp_path / "tmpl"
     tmpl.mkdir()
-    (tmpl / templates.Template(tmpl, {}).ram.name).write_bytes(b"x" * (1 << 20))
+    (tmpl / template.Template(tmpl, {}).ram.name).write_bytes(b"x" * (1 << 20))
     (tmp_path / "holders").mkdir()
     said: list[str] = []
 

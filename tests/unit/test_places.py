@@ -22,8 +22,7 @@ from vmsandbox.session import state
 from vmsandbox.session.end import lifecycle
 from vmsandbox.session.moments import checkpoint, suspend
 from vmsandbox.session.options import Options
-from vmsandbox.session.place import choose as places
-from vmsandbox.session.place import hostspec
+from vmsandbox.session.place import choose, hostspec
 from vmsandbox.session.place.checkpoints import Checkpoint
 from vmsandbox.session.place.hostspec import HostSpec
 from vmsandbox.session.place.interface import VM, Host, SavedVM, Snapshots
@@ -164,8 +163,8 @@ def test_a_session_here_and_one_there_take_the_same_steps(
     monkeypatch: pytest.MonkeyPatch, one_libvirt: Hypervisor, quiet_guest: None, tmp_path: Path
 ) -> None:
     here, there = Steps(), Steps()
-    monkeypatch.setattr(places, "LocalHost", _recording((LocalHost, LocalVM, LocalSnapshots), here))
-    monkeypatch.setattr(places, "RemoteHost", _recording((RemoteHost, RemoteVM, RemoteSnapshots), there))
+    monkeypatch.setattr(choose, "LocalHost", _recording((LocalHost, LocalVM, LocalSnapshots), here))
+    monkeypatch.setattr(choose, "RemoteHost", _recording((RemoteHost, RemoteVM, RemoteSnapshots), there))
     # the project's capture and the session's keys and identity files are made the same way for every place
     monkeypatch.setattr(create, "_prepare", lambda record, *_: record.save())
     project = tmp_path / "project"
@@ -195,11 +194,11 @@ def test_a_session_here_and_one_there_take_the_same_steps(
 def test_the_chooser_reads_the_place_from_the_record_alone() -> None:
     here = Record("a", "/p", "v", "tcg", "", 1, 512, 1024, 0, "u", 1000, 1000, "qemu:///system")
     there = Record("b", "/p", "v", "tcg", "", 1, 512, 1024, 0, "u", 1000, 1000, THERE, host="far")
-    with places.vm_of(here) as vm:  # nothing is asked of libvirt: no connection is opened
+    with choose.vm_of(here) as vm:  # nothing is asked of libvirt: no connection is opened
         assert type(vm) is LocalVM and type(vm.host) is LocalHost and vm.host.where == ""
-    with places.vm_of(there) as vm:
+    with choose.vm_of(there) as vm:
         assert type(vm) is RemoteVM and type(vm.host) is RemoteHost and vm.host.where == " on host far"
-    with places.host(places.spec_at(THERE)) as host:
+    with choose.host(choose.spec_at(THERE)) as host:
         assert type(host) is RemoteHost and host.spec.name == "far.example"
     assert [h.name for h in hostspec.every("qemu:///system", ())] == ["local"]
 
@@ -246,7 +245,7 @@ def test_a_save_that_outlives_its_abort_is_settled_when_it_ends(
     (which may yet hold all of its memory) is kept; then it is stopped (saved: `start` resumes it), or the file
     goes and it runs on (not saved)."""
     steps = HeldSaves()
-    monkeypatch.setattr(places, "LocalHost", _recording((LocalHost, LocalVM, LocalSnapshots), steps))
+    monkeypatch.setattr(choose, "LocalHost", _recording((LocalHost, LocalVM, LocalSnapshots), steps))
     monkeypatch.setattr(create, "_prepare", lambda record, *_: record.save())
     project = tmp_path / "project"
     project.mkdir()
@@ -258,7 +257,7 @@ def test_a_save_that_outlives_its_abort_is_settled_when_it_ends(
     assert err.value.hint is not None and "virsh domjobabort d" in err.value.hint
     record = Record.load("s3")
     assert not record.saved and record.files.saved_memory.read_bytes() == b"being written"
-    with places.vm_of(record) as vm:
+    with choose.vm_of(record) as vm:
         assert state.status(vm).state is State.RUNNING
 
     steps.saves = saves

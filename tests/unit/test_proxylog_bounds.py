@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from vmsandbox.egress import log as proxylog
-from vmsandbox.egress.log import Event
+from vmsandbox.egress import proxylog
 from vmsandbox.egress.policy import ProxyConfig
+from vmsandbox.egress.proxylog import Event
 from vmsandbox.egress.relay.proxy import Proxy
 from vmsandbox.egress.rules.addresses import address_reason
 

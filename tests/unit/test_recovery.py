@@ -13,9 +13,8 @@ import pytest
 
 from vmsandbox import paths
 from vmsandbox.session import state
-from vmsandbox.session.end import gc as collect
-from vmsandbox.session.place import choose as places
-from vmsandbox.session.place import pins
+from vmsandbox.session.end import gc
+from vmsandbox.session.place import choose, pins
 from vmsandbox.session.record import Record, State, domain_name
 from vmsandbox.vm.virt import Hypervisor
 
@@ -48,12 +47,12 @@ def running(hv: Hypervisor, record: Record) -> None:
 
 def _status(record: Record) -> state.Status:
     """The session's status, asked of its host as every command asks it."""
-    with places.vm_of(record) as vm:
+    with choose.vm_of(record) as vm:
         return state.status(vm)
 
 
-def gc() -> list[str]:
-    return list(collect.gc(URI, limit=LIMIT))
+def collect() -> list[str]:
+    return list(gc.gc(URI, limit=LIMIT))
 
 
 def test_a_run_killed_before_its_command_is_removed_with_its_vm(hv: Hypervisor) -> None:
@@ -65,11 +64,11 @@ def test_a_run_killed_before_its_command_is_removed_with_its_vm(hv: Hypervisor) 
     pin = paths.images_dir() / pins.DIR / f"{os.geteuid()}.{r.name}"
     assert pin.exists()
     assert _status(r).state is State.ORPHANED
-    assert gc() == ["removed session early (orphaned)"]
+    assert collect() == ["removed session early (orphaned)"]
     assert hv.info(r.domain) is None
     assert not r.files.root.exists()
     assert not pin.exists()  # it rests on no image any more
-    assert gc() == []  # nothing left to do
+    assert collect() == []  # nothing left to do
 
 
 def test_a_session_that_never_got_ready_is_removed_even_with_a_workspace(hv: Hypervisor) -> None:
@@ -77,7 +76,7 @@ def test_a_session_that_never_got_ready_is_removed_even_with_a_workspace(hv: Hyp
     r = saved_record("half", status="creating", owner_pid=dead_pid(), owner_start="1")
     r.files.workspace_disk.write_bytes(b"\0" * 4096)
     r.files.baseline_manifest.write_text("{}")
-    assert gc() == ["removed session half (exited)"]
+    assert collect() == ["removed session half (exited)"]
     assert not r.files.root.exists()
 
 
@@ -91,7 +90,7 @@ def test_a_teardown_killed_before_the_vm_went_is_finished(hv: Hypervisor, ending
     r.files.outbox.mkdir()
     (r.files.outbox / "kept.txt").write_text("the guest's work\n")
     assert _status(r).state is State.ENDING
-    assert gc() == ["finished the teardown of session late"]
+    assert collect() == ["finished the teardown of session late"]
     assert hv.info(r.domain) is None
     assert not r.files.workspace_disk.exists()
     if ending == "remove":
@@ -101,7 +100,7 @@ def test_a_teardown_killed_before_the_vm_went_is_finished(hv: Hypervisor, ending
         assert again.exported and again.ending is None
         assert _status(again).state is State.EXPORTED
         assert (r.files.outbox / "kept.txt").read_text() == "the guest's work\n"
-        assert gc() == []  # an exported session is the user's to recover or destroy
+        assert collect() == []  # an exported session is the user's to recover or destroy
 
 
 def test_a_damaged_record_with_a_disk_is_kept_and_one_without_is_removed(hv: Hypervisor) -> None:
@@ -116,7 +115,7 @@ def test_a_damaged_record_with_a_disk_is_kept_and_one_without_is_removed(hv: Hyp
     hv.create(test_domain(domain_name("bare"), bare.root))
     old = time.time() - 120
     os.utime(bare.root, (old, old))
-    lines = gc()
+    lines = collect()
     assert len(lines) == 2, lines
     assert lines[0] == f"removed damaged session directory {bare.root}"
     assert lines[1].startswith("kept damaged session withdisk: ")
@@ -129,5 +128,5 @@ def test_a_damaged_record_being_made_right_now_is_left_alone(hv: Hypervisor) -> 
     files = paths.session_paths("young")
     files.root.mkdir(parents=True)
     files.record.write_text("")
-    assert gc() == []
+    assert collect() == []
     assert files.root.exists()

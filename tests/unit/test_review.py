@@ -6,13 +6,13 @@ from pathlib import Path
 import pytest
 
 from vmsandbox import paths
-from vmsandbox.sync.review import holds as reviewable
-from vmsandbox.sync.review.compare import Change, Status, compare, is_git_managed, risk_of
+from vmsandbox.sync.review import holds
 from vmsandbox.sync.review.gather import Gathered, Origin
 from vmsandbox.sync.review.plan import Decisions, Plan, make
 from vmsandbox.sync.review.take import Take
+from vmsandbox.sync.review.threeway import Change, Status, compare, is_git_managed, risk_of
 from vmsandbox.sync.target import Target
-from vmsandbox.sync.tree import manifest as tree
+from vmsandbox.sync.tree import manifest
 from vmsandbox.sync.tree.manifest import DIR, FILE, OTHER, SYMLINK, Entry
 
 
@@ -172,12 +172,12 @@ def test_applied_setuid_file_is_not_a_conflict_afterwards() -> None:
 
 
 def test_derived_trees_of_a_project_without_git() -> None:
-    assert reviewable.derived(".venv/lib/python3.11/site-packages/evil.pth") == ".venv"
-    assert reviewable.derived("web/node_modules/x/index.js") == "node_modules"
-    assert reviewable.derived("pkg/__pycache__/m.cpython-311.pyc") == "__pycache__"
-    assert reviewable.derived("src/app.egg-info/PKG-INFO") == "app.egg-info"
-    assert reviewable.derived("src/main.py") is None
-    assert reviewable.derived("docs/building.md") is None  # a name, not a component
+    assert holds.derived(".venv/lib/python3.11/site-packages/evil.pth") == ".venv"
+    assert holds.derived("web/node_modules/x/index.js") == "node_modules"
+    assert holds.derived("pkg/__pycache__/m.cpython-311.pyc") == "__pycache__"
+    assert holds.derived("src/app.egg-info/PKG-INFO") == "app.egg-info"
+    assert holds.derived("src/main.py") is None
+    assert holds.derived("docs/building.md") is None  # a name, not a component
 
 
 def _plan(tmp_path: Path, found: list[Change]) -> Plan:
@@ -191,13 +191,13 @@ def test_yes_leaves_what_the_project_ignores_and_says_so(tmp_path: Path) -> None
     """--yes applies the reviewable changes only: an ignored (or derived) path waits for --include-ignored, a
     risky one for --include-risky; "all" never means the ignored ones."""
     source = Change("src/main.py", None, f("a"), None, Status.APPLY)
-    venv = Change(".venv/lib/site-packages/x.pth", None, f("b"), None, Status.APPLY, held="derived (.venv)")
+    venv = Change(".venv/lib/site-packages/x.pth", None, f("b"), None, Status.APPLY, ignored="derived (.venv)")
     hook = Change(".envrc", None, f("c"), None, Status.APPLY, risky="direnv runs it")
     plan = _plan(tmp_path, [source, venv, hook])
     d = Decisions.safe(plan, Take())
     assert [i.label for i in d.accept] == ["src/main.py"]
     assert [i.label for i in d.ignored] == [".venv/lib/site-packages/x.pth"]
-    assert [i.label for i in d.held] == [".envrc"]
+    assert [i.label for i in d.quarantined] == [".envrc"]
     d = Decisions.safe(plan, Take(ignored=True))
     assert sorted(i.label for i in d.accept) == [".venv/lib/site-packages/x.pth", "src/main.py"]
     d = Decisions.safe(plan, Take(risky=True))
@@ -210,9 +210,9 @@ def test_a_scan_stops_at_its_entry_limit(tmp_path: Path) -> None:
     (root / "d").mkdir(parents=True)
     for i in range(11):
         (root / "d" / f"f{i}").write_text("x")
-    assert len(tree.scan(root, max_entries=12)) == 12
-    with pytest.raises(tree.TooManyEntriesError, match="more than 10 entries"):
-        tree.scan(root, max_entries=10)
+    assert len(manifest.scan(root, max_entries=12)) == 12
+    with pytest.raises(manifest.TooManyEntriesError, match="more than 10 entries"):
+        manifest.scan(root, max_entries=10)
 
 
 def test_binary_content_waits_for_an_explicit_choice(tmp_path: Path) -> None:
@@ -221,7 +221,7 @@ def test_binary_content_waits_for_an_explicit_choice(tmp_path: Path) -> None:
     (src / "d").mkdir(parents=True)
     (src / "d" / "blob.bin").write_bytes(b"ELF\x00\x01" + b"x" * 100)
     (src / "d" / "late.txt").write_bytes(b"x" * 9000 + b"\x00")  # a NUL past the probe: text, as for git
-    assert reviewable.is_binary(src, "d/blob.bin") and not reviewable.is_binary(src, "d/late.txt")
+    assert holds.is_binary(src, "d/blob.bin") and not holds.is_binary(src, "d/late.txt")
     blob = Change("d/blob.bin", None, f("a"), None, Status.APPLY, binary=True)
     text = Change("d/late.txt", None, f("b"), None, Status.APPLY)
     plan = _plan(tmp_path, [blob, text])

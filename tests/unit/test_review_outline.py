@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from vmsandbox.sync.review.compare import Change, Status
 from vmsandbox.sync.review.plan import Plan
+from vmsandbox.sync.review.threeway import Change, Status
 from vmsandbox.sync.tree.manifest import DIR, FILE, Entry
 
 if TYPE_CHECKING:
@@ -36,8 +36,8 @@ def _plan(tmp_path: Path, *, mass: bool = False) -> Plan:
     """One new source file, six ignored bytecode files (binary too) in an ignored new directory, four binary
     files in a new directory, a quarantined .envrc, a conflict: in path order, as a gather gives them."""
     from vmsandbox.paths import SessionPaths
-    from vmsandbox.sync.review import mass as masses
     from vmsandbox.sync.review.gather import Gathered, Origin
+    from vmsandbox.sync.review.mass import Limits
     from vmsandbox.sync.review.plan import make
     from vmsandbox.sync.target import Target
 
@@ -60,12 +60,12 @@ def _plan(tmp_path: Path, *, mass: bool = False) -> Plan:
     found.append(Change("README", _entry(b"a\nb\n"), _entry(b"a\nguest\n"), _entry(b"a\nhost\n"), Status.CONFLICT))
     (source / "README").write_bytes(b"a\nguest\n")
     guest_file(SOURCE, b"def echo_via_pager():\n    return 1\n")
-    found.append(Change("src/click/__pycache__", None, Entry(DIR, 0o755), None, Status.APPLY, held=IGNORED))
+    found.append(Change("src/click/__pycache__", None, Entry(DIR, 0o755), None, Status.APPLY, ignored=IGNORED))
     for pyc in PYC:
-        guest_file(pyc, b"\xa7\r\r\n\x00\x00" + pyc.encode(), held=IGNORED, binary=True)
+        guest_file(pyc, b"\xa7\r\r\n\x00\x00" + pyc.encode(), ignored=IGNORED, binary=True)
     found.sort(key=lambda c: c.path)
     target = Target("s1", project, files, os.getuid(), os.getgid())
-    limits = masses.Limits(files=3) if mass else None
+    limits = Limits(files=3) if mass else None
     return make(Gathered(target, found, source, False, Origin.LIVE, None, 1024**2), limits=limits)
 
 

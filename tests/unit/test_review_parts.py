@@ -12,11 +12,11 @@ import pathspec
 import pytest
 
 from vmsandbox.core import views
-from vmsandbox.sync.inward import leftout as inbound
+from vmsandbox.sync.inward import leftout
 from vmsandbox.sync.review import hunks, mass, merge
-from vmsandbox.sync.review.compare import Change, Status
+from vmsandbox.sync.review.threeway import Change, Status
 from vmsandbox.sync.scan import credentials
-from vmsandbox.sync.tree import manifest as tree
+from vmsandbox.sync.tree import manifest
 from vmsandbox.sync.tree.manifest import DIR, FILE, Entry
 
 if TYPE_CHECKING:
@@ -96,15 +96,15 @@ def test_the_ignore_file_takes_paths_out_of_the_capture(tmp_path: Path) -> None:
     (base / "src").mkdir()
     (base / "src" / "a.py").write_text("a")
     (base / "src" / "local.cfg").write_text("c")
-    manifest = tree.scan(base)
+    entries = manifest.scan(base)
     spec = pathspec.GitIgnoreSpec.from_lines(["secrets/", "*.cfg", "!src/a.py"])
-    left_out = inbound.ignored(manifest, spec)
+    left_out = leftout.ignored(entries, spec)
     assert left_out == ["secrets", "src/local.cfg"]
-    removed = inbound.remove(base, manifest, left_out)
+    removed = leftout.remove(base, entries, left_out)
     assert removed == 3
-    assert sorted(manifest) == ["src", "src/a.py"]
+    assert sorted(entries) == ["src", "src/a.py"]
     assert sorted(p.name for p in base.rglob("*")) == ["a.py", "src"]
-    assert manifest["src"].kind == DIR
+    assert entries["src"].kind == DIR
 
 
 def _plan(tmp_path: Path, base: bytes, guest: bytes, *, host: bytes | None = None) -> Plan:
@@ -119,7 +119,7 @@ def _plan(tmp_path: Path, base: bytes, guest: bytes, *, host: bytes | None = Non
     for where, data in ((files.baseline, base), (project, base if host is None else host), (source, guest)):
         where.mkdir(parents=True)
         (where / "f.txt").write_bytes(data)
-    entry = {d: tree.Entry(FILE, 0o644, len(d), digest=hashlib.sha256(d).hexdigest()) for d in (base, guest)}
+    entry = {d: manifest.Entry(FILE, 0o644, len(d), digest=hashlib.sha256(d).hexdigest()) for d in (base, guest)}
     status = Status.APPLY if host is None else Status.CONFLICT
     change = Change("f.txt", entry[base], entry[guest], entry[base], status)
     target = Target("s", project, files, os.getuid(), os.getgid())
@@ -152,7 +152,7 @@ def test_the_page_s_hunk_choices_become_the_file_to_write(tmp_path: Path) -> Non
 
 
 def test_an_edited_merge_must_lose_its_markers_and_comes_back_with_the_file_s_line_ends(tmp_path: Path) -> None:
-    from vmsandbox.sync.review.compare import Merge
+    from vmsandbox.sync.review.threeway import Merge
     from vmsandbox.web import review
 
     plan = _plan(tmp_path, b"a\nb\n", b"a\nguest\n", host=b"a\nhost\n")
@@ -173,7 +173,7 @@ def test_a_scanner_that_fails_leaves_every_text_change_for_a_person(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from vmsandbox.errors import VmsandboxError
-    from vmsandbox.sync.review import holds as reviewable
+    from vmsandbox.sync.review import holds
 
     def broken(contents: object, *, jailed: bool, pickles: object = None) -> object:
         raise VmsandboxError("the credential scanner failed: no python here")
@@ -181,7 +181,7 @@ def test_a_scanner_that_fails_leaves_every_text_change_for_a_person(
     monkeypatch.setattr(credentials, "inspect", broken)
     plan = _plan(tmp_path, OLD, NEW)
     found = [i.first for i in plan.todo]
-    reviewable.mark_credentials(found, tmp_path / "guest", tmp_path / "session" / "baseline")
+    holds.mark_credentials(found, tmp_path / "guest", tmp_path / "session" / "baseline")
     assert found[0].secret == "not scanned (the scanner failed)"
     assert plan.todo[0].secret
 
@@ -193,7 +193,7 @@ def test_a_credential_is_held_by_yes_whatever_else_it_takes(tmp_path: Path) -> N
     plan = _plan(tmp_path, OLD, NEW)
     c = plan.todo[0].first
     c.secret, c.risky = "looks like a credential: GitHub Token (line 2)", "CI configuration"
-    assert [i.label for i in Decisions.safe(plan, Take()).held] == ["f.txt"]  # reported by its first reason
+    assert [i.label for i in Decisions.safe(plan, Take()).quarantined] == ["f.txt"]  # reported by its first reason
     taken = Decisions.safe(plan, Take(risky=True, ignored=True, binary=True, mass=True))
     assert taken.accept == ()
     assert [i.label for i in taken.secret] == ["f.txt"]
@@ -216,14 +216,14 @@ def test_a_new_directory_of_held_changes_waits_with_them(tmp_path: Path) -> None
     from vmsandbox.sync.target import Target
     from vmsandbox.sync.tree.manifest import DIR
 
-    def new(path: str, kind: str = FILE, held: str | None = None) -> Change:
-        entry = tree.Entry(kind, 0o755 if kind == DIR else 0o644, 1, digest=None if kind == DIR else "d")
-        return Change(path, None, entry, None, Status.APPLY, held=held)
+    def new(path: str, kind: str = FILE, ignored: str | None = None) -> Change:
+        entry = manifest.Entry(kind, 0o755 if kind == DIR else 0o644, 1, digest=None if kind == DIR else "d")
+        return Change(path, None, entry, None, Status.APPLY, ignored=ignored)
 
     why = "ignored by the project (.gitignore)"
     found = [
-        new("pkg", DIR), new("pkg/__pycache__", DIR, why), new("pkg/__pycache__/a.pyc", held=why), new("pkg/a.py"),
-        new("cache", DIR), new("cache/deep", DIR), new("cache/deep/x.bin", held=why),
+        new("pkg", DIR), new("pkg/__pycache__", DIR, why), new("pkg/__pycache__/a.pyc", ignored=why), new("pkg/a.py"),
+        new("cache", DIR), new("cache/deep", DIR), new("cache/deep/x.bin", ignored=why),
     ]  # fmt: skip
     target = Target("s", tmp_path, SessionPaths(tmp_path / "session"), os.getuid(), os.getgid())
     plan = make(Gathered(target, found, tmp_path, False, Origin.LIVE, None, 1024**2))
@@ -271,16 +271,16 @@ def test_cp_shows_its_jailed_rsync_the_named_sources_only(tmp_path: Path, monkey
     source named `-e.txt` reached rsync as an option (issue 43)."""
     from vmsandbox.guest.ssh import Endpoint
     from vmsandbox.paths import SessionPaths
-    from vmsandbox.sync.fetch import rsync as transfer
-    from vmsandbox.sync.inward import cp as copyin
+    from vmsandbox.sync.fetch import rsync
+    from vmsandbox.sync.inward import cp
     from vmsandbox.sync.target import Target
 
-    calls: list[tuple[list[str], str, transfer.Side]] = []
+    calls: list[tuple[list[str], str, rsync.Side]] = []
 
-    def fake(endpoint: object, options: list[str], source: str, dest: str, *, side: transfer.Side, **_: object) -> None:
+    def fake(endpoint: object, options: list[str], source: str, dest: str, *, side: rsync.Side, **_: object) -> None:
         calls.append((options, source, side))
 
-    monkeypatch.setattr(transfer, "rsync", fake)
+    monkeypatch.setattr(rsync, "rsync", fake)
     home = tmp_path / "home"
     home.mkdir()
     (home / ".ssh").mkdir()
@@ -289,7 +289,7 @@ def test_cp_shows_its_jailed_rsync_the_named_sources_only(tmp_path: Path, monkey
     dash.write_text("d\n")
     target = Target("s", tmp_path / "p", SessionPaths(tmp_path / "s"), os.getuid(), os.getgid())
     endpoint = Endpoint("s", 2222, "u", target.files)
-    copyin.copy_in(target, endpoint, [notes, dash], "")
+    cp.copy_in(target, endpoint, [notes, dash], "")
     assert [(source, side.cwd, side.only) for _, source, side in calls] == [
         ("./notes.txt", home, (notes,)), ("./-e.txt", home, (dash,))
     ]  # fmt: skip

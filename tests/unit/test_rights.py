@@ -16,7 +16,7 @@ from vmsandbox import trust
 from vmsandbox.confine import access, rights
 from vmsandbox.confine.accounts import Identity
 from vmsandbox.errors import VmsandboxError
-from vmsandbox.guest import files as guestfiles
+from vmsandbox.guest.bootfiles import Bundle, GuestUser
 from vmsandbox.image import blueprint
 from vmsandbox.sync.inward import leftout
 from vmsandbox.sync.scan import credentials
@@ -126,7 +126,7 @@ def test_the_ignore_file_is_read_from_the_copy_and_a_link_out_of_it_is_refused(t
 
 
 def _copied(home: Path, *items: str) -> set[str]:
-    bundle = guestfiles.Bundle(guestfiles.GuestUser("alice", 4242, 4242))
+    bundle = Bundle(GuestUser("alice", 4242, 4242))
     for item in items:
         bundle.copy_from_home(home, item)
     with tarfile.open(fileobj=io.BytesIO(bundle.close())) as tar:

@@ -262,7 +262,7 @@ def test_this_machine_is_asked_through_libvirt_only(monkeypatch: pytest.MonkeyPa
 def test_hosts_prints_each_unanswered_host_s_fix(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
-    from vmsandbox.cli import main as cli
+    from vmsandbox.cli import main
 
     found = [
         hosts.Status(HostSpec("local", "qemu:///system"), NODE, None),
@@ -270,7 +270,7 @@ def test_hosts_prints_each_unanswered_host_s_fix(
     ]
     monkeypatch.setattr(hosts, "probe_all", lambda specs, timeout: found)
     with pytest.raises(SystemExit) as done:
-        cli.main(["host", "ls"])
+        main.main(["host", "ls"])
     assert not done.value.code
     out, err = capsys.readouterr()
     assert out.splitlines()[-1].split()[:2] == ["far", "unreachable"]

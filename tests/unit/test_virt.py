@@ -10,7 +10,7 @@ import pytest
 from vmsandbox import paths
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.session import state
-from vmsandbox.session.end import gc as collect
+from vmsandbox.session.end import gc
 from vmsandbox.vm.domain import META_NS
 from vmsandbox.vm.virt import Hypervisor
 
@@ -58,7 +58,7 @@ def test_gc_destroys_our_domains_without_a_session_dir_only() -> None:
         hv.create(test_domain("vmsandbox-gone", gone))
         hv.create(test_domain("vmsandbox-foreign"))  # shares the prefix but has no vmsandbox metadata
         try:
-            lines = list(collect.gc(URI, limit=1024**3))
+            lines = list(gc.gc(URI, limit=1024**3))
             assert lines == ["destroyed domain vmsandbox-gone (its session directory is gone)"]
             assert hv.info("vmsandbox-gone") is None
             assert hv.info("vmsandbox-foreign") is not None
@@ -70,7 +70,7 @@ def test_gc_destroys_our_domains_without_a_session_dir_only() -> None:
 def test_gc_removes_sessions_whose_vm_is_gone() -> None:
     r = saved_record("dead", libvirt_uri=URI, keep=True, status="ready")
     assert state.all_status(URI)[0].state == "exited"
-    assert list(collect.gc(URI, limit=1024**3)) == ["removed session dead (exited)"]
+    assert list(gc.gc(URI, limit=1024**3)) == ["removed session dead (exited)"]
     assert not r.files.root.exists()
 
 
@@ -80,7 +80,7 @@ def test_gc_dry_run_says_what_it_would_do_and_does_nothing() -> None:
     with Hypervisor(URI) as hv:
         hv.create(test_domain("vmsandbox-gone", gone))
         try:
-            lines = list(collect.gc(URI, limit=1024**3, dry=True))
+            lines = list(gc.gc(URI, limit=1024**3, dry=True))
             assert lines == [
                 "would remove session dead (exited)",  # what gc does: test_gc_removes_sessions_whose_vm_is_gone
                 "would destroy domain vmsandbox-gone (its session directory is gone)",
@@ -96,7 +96,7 @@ def test_a_stopped_session_is_listed_as_such_and_never_collected() -> None:
     listed = state.all_status(URI)[0].as_dict()
     assert listed["state"] == "stopped"
     assert listed["disk_bytes"] > 0
-    assert list(collect.gc(URI, limit=1024**3)) == []
+    assert list(gc.gc(URI, limit=1024**3)) == []
     assert r.files.saved_memory.exists()
     r.files.saved_memory.unlink()  # the memory is lost: the session is what a dead VM is
     assert state.all_status(URI)[0].state == "exited"
@@ -105,7 +105,7 @@ def test_a_stopped_session_is_listed_as_such_and_never_collected() -> None:
 def test_a_workspace_copy_goes_through_qcow2_and_leaves_only_the_copy() -> None:
     """A workspace disk's copy on a host: raw -> qcow2 -> raw (libvirt hands non-raw copies to qemu-img there, which
     skips holes), named and formatted as asked, the volume in between deleted."""
-    from vmsandbox.session.place.remote import checkpoint as remotecheckpoint
+    from vmsandbox.session.place.remote import checkpoint
     from vmsandbox.session.place.remote.images import POOL
     from vmsandbox.vm import storage
 
@@ -113,7 +113,7 @@ def test_a_workspace_copy_goes_through_qcow2_and_leaves_only_the_copy() -> None:
         hv.pool(POOL, "/vmsandbox-unit-pool")
         hv.create_volume(POOL, storage.volume_xml("unit-ws.raw", 1 << 20, mode="0600"))
         try:
-            remotecheckpoint.copy_workspace(hv, "unit-ws.raw", "unit-copy.raw")
+            checkpoint.copy_workspace(hv, "unit-ws.raw", "unit-copy.raw")
             assert sorted(hv.volumes(POOL)) == ["unit-copy.raw", "unit-ws.raw"]
             desc = hv._conn.storagePoolLookupByName(POOL).storageVolLookupByName("unit-copy.raw").XMLDesc(0)
             assert ET.fromstring(desc).find("target/format").get("type") == "raw"  # type: ignore[union-attr]  # noqa: S314
@@ -124,7 +124,7 @@ def test_a_workspace_copy_goes_through_qcow2_and_leaves_only_the_copy() -> None:
 
 def test_a_host_without_qemu_img_copies_the_workspace_byte_by_byte() -> None:
     """When that host refuses the qcow2 copy (libvirt needs qemu-img for it), the copy is made directly."""
-    from vmsandbox.session.place.remote import checkpoint as remotecheckpoint
+    from vmsandbox.session.place.remote import checkpoint
 
     class Host:
         def __init__(self) -> None:
@@ -141,7 +141,7 @@ def test_a_host_without_qemu_img_copies_the_workspace_byte_by_byte() -> None:
             return name
 
     host = Host()
-    remotecheckpoint.copy_workspace(host, "ws.raw", "copy.raw")  # type: ignore[arg-type]
+    checkpoint.copy_workspace(host, "ws.raw", "copy.raw")  # type: ignore[arg-type]
     assert host.copies == [("ws.raw", "copy.raw.copying.qcow2", "qcow2"), ("ws.raw", "copy.raw", None)]
 
 

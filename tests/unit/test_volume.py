@@ -16,7 +16,7 @@ from vmsandbox.confine import accounts
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.paths import SessionPaths
 from vmsandbox.sync.fetch import delta, meter, spend, volume
-from vmsandbox.sync.tree import manifest as tree
+from vmsandbox.sync.tree import manifest
 from vmsandbox.sync.tree.hashcache import HashCache
 from vmsandbox.sync.tree.manifest import Entry
 from vmsandbox.vm import ext4
@@ -28,12 +28,12 @@ DIGEST = "ab" * 32
 def project(files: int, *, dirs: int = 0, kept: int = 0, long_links: int = 0) -> dict[str, Entry]:
     """A manifest: `files` files the mirror holds as placeholders, `kept` it holds whole (git's refs),
     `long_links` links whose target needs a block."""
-    found: dict[str, Entry] = {f"f{i}": Entry(tree.FILE, 0o644, 5000, DIGEST) for i in range(files)}
-    found |= {f"d{i}": Entry(tree.DIR, 0o755) for i in range(dirs)}
+    found: dict[str, Entry] = {f"f{i}": Entry(manifest.FILE, 0o644, 5000, DIGEST) for i in range(files)}
+    found |= {f"d{i}": Entry(manifest.DIR, 0o755) for i in range(dirs)}
     if kept:
-        found |= {".git": Entry(tree.DIR, 0o755), ".git/refs": Entry(tree.DIR, 0o755)}
-        found |= {f".git/refs/r{i}": Entry(tree.FILE, 0o644, 41, DIGEST) for i in range(kept)}
-    found |= {f"l{i}": Entry(tree.SYMLINK, 0o777, target="t" * 200) for i in range(long_links)}
+        found |= {".git": Entry(manifest.DIR, 0o755), ".git/refs": Entry(manifest.DIR, 0o755)}
+        found |= {f".git/refs/r{i}": Entry(manifest.FILE, 0o644, 41, DIGEST) for i in range(kept)}
+    found |= {f"l{i}": Entry(manifest.SYMLINK, 0o777, target="t" * 200) for i in range(long_links)}
     return found
 
 
@@ -66,7 +66,7 @@ def test_a_placeholder_costs_an_inode_and_a_file_kept_whole_its_blocks() -> None
 
 
 @pytest.fixture
-def session(tmp_path: Path) -> tuple[SessionPaths, tree.Manifest]:
+def session(tmp_path: Path) -> tuple[SessionPaths, manifest.Manifest]:
     """A session directory with its baseline and manifest, as capture leaves it (no mirror yet)."""
     if os.geteuid() != 0:
         pytest.skip("placeholders carry a trusted.* attribute, which only root can set")
@@ -76,11 +76,11 @@ def session(tmp_path: Path) -> tuple[SessionPaths, tree.Manifest]:
     (files.baseline / "src" / "main.py").write_text("print('hi')\n")
     (files.baseline / "README").write_text("read me\n")
     delta.save(files.root, {})
-    return files, tree.scan(files.baseline)
+    return files, manifest.scan(files.baseline)
 
 
 def test_without_a_file_system_of_its_own_the_mirror_is_a_directory_made_once(
-    session: tuple[SessionPaths, tree.Manifest], monkeypatch: pytest.MonkeyPatch
+    session: tuple[SessionPaths, manifest.Manifest], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A plain user mounts nothing: the mirror is a directory at mirror/guest, made the first time a pull
     needs it, then used as it is; the ledger bounds it (spend)."""
@@ -89,7 +89,7 @@ def test_without_a_file_system_of_its_own_the_mirror_is_a_directory_made_once(
     assert not files.mirror.exists()  # the capture made none
     held = volume.ensure(files, base, bound=4 * MIB, max_entries=1000)
     assert held == volume.Held(own=False, bound=4 * MIB)
-    scanned = tree.scan(files.guest_tree, cache=HashCache(None, placeholders=True))
+    scanned = manifest.scan(files.guest_tree, cache=HashCache(None, placeholders=True))
     assert scanned == base and not files.mirror_image.exists()
     assert files.mirror.stat().st_mode & 0o007 == 0 and not (files.mirror / volume.MAKING).exists()
     (files.guest_tree / "pulled").write_text("what a pull brought\n")
@@ -98,13 +98,13 @@ def test_without_a_file_system_of_its_own_the_mirror_is_a_directory_made_once(
 
 
 def test_a_mirror_made_anew_is_the_baseline_and_its_old_delta_is_forgotten(
-    session: tuple[SessionPaths, tree.Manifest], monkeypatch: pytest.MonkeyPatch
+    session: tuple[SessionPaths, manifest.Manifest], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     files, base = session
     monkeypatch.setattr(os, "geteuid", lambda: 1000)
     volume.ensure(files, base, bound=4 * MIB, max_entries=1000)
     (files.guest_tree / "pulled").write_text("x\n")
-    delta.save(files.root, {"pulled": Entry(tree.FILE, 0o644, 2, DIGEST)})
+    delta.save(files.root, {"pulled": Entry(manifest.FILE, 0o644, 2, DIGEST)})
     spend.add(files.root, meter.Tally(spent=3 * MIB, entries=7))
     volume.drop(files)
     assert not files.mirror.exists() and not (files.root / spend.LEDGER).exists()
@@ -115,7 +115,7 @@ def test_a_mirror_made_anew_is_the_baseline_and_its_old_delta_is_forgotten(
 
 
 def test_a_half_made_mirror_is_never_taken_for_one(
-    session: tuple[SessionPaths, tree.Manifest], monkeypatch: pytest.MonkeyPatch
+    session: tuple[SessionPaths, manifest.Manifest], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     files, base = session
     monkeypatch.setattr(os, "geteuid", lambda: 1000)
@@ -126,7 +126,7 @@ def test_a_half_made_mirror_is_never_taken_for_one(
 
 
 def test_where_the_kernel_mounts_nothing_root_is_told_and_the_ledger_bounds_it(
-    session: tuple[SessionPaths, tree.Manifest], monkeypatch: pytest.MonkeyPatch
+    session: tuple[SessionPaths, manifest.Manifest], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Root in a container without loop devices: no half-made image is left, the mirror is a directory, and
     a warning says the bound is counted, not the kernel's."""

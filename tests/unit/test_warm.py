@@ -19,7 +19,7 @@ from tests.unit.test_domain import qemu_args, spec
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.guest import identity
 from vmsandbox.image.store import Image
-from vmsandbox.session.place import templates as templatekey
+from vmsandbox.session.place import templates
 from vmsandbox.session.place.local import template
 from vmsandbox.vm import savefile
 from vmsandbox.vm.domain import build_xml, for_restore, session_of, with_netdev, workspace_xml
@@ -310,13 +310,13 @@ class FakeHv:
 
 def test_a_template_is_used_only_under_the_key_it_was_saved_with(tmp_path: Path) -> None:
     image = Image("bookworm-aaa", tmp_path / "base-bookworm-aaa", {"kernel_cmdline": "root=/dev/vda"})
-    shape = templatekey.Shape("tcg", 2, 2048, 8192)
+    shape = templates.Shape("tcg", 2, 2048, 8192)
     hv = FakeHv()
     found, why = template.find(image, shape, hv)  # type: ignore[arg-type]
     assert found is None
     assert "no warm-start template yet" in why
-    key = templatekey.key(image, shape, hv)  # type: ignore[arg-type]
-    where = template.root_of(image) / f"{shape.slug}-{templatekey.digest(key)}"
+    key = templates.key(image, shape, hv)  # type: ignore[arg-type]
+    where = template.root_of(image) / f"{shape.slug}-{templates.digest(key)}"
     where.mkdir(parents=True)
     (where / template.MEMORY).write_bytes(b"LibvirtQemudSave")
     (where / template.META).write_text(json.dumps({"key": key}))

@@ -13,7 +13,7 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse
 from starlette.routing import Route
 
-from vmsandbox.web.guard import CSP, TICKET_SECONDS, Guard, loopback_address
+from vmsandbox.web.pageguard import CSP, TICKET_SECONDS, Guard, loopback_address
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")

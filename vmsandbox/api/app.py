@@ -16,8 +16,8 @@ from starlette.routing import Route
 from starlette.types import ASGIApp
 
 from vmsandbox.api import threads
-from vmsandbox.api.envd import routes as envd
-from vmsandbox.api.guard import Guard, Keys
+from vmsandbox.api.envd import routes
+from vmsandbox.api.keyguard import Guard, Keys
 from vmsandbox.api.plane import openapi
 from vmsandbox.api.plane.control import Clock, Control, now, sweep
 from vmsandbox.api.plane.extension import Extension
@@ -63,11 +63,11 @@ def make(backend: Backend, *, api_key: str, port: int, clock: Clock = now, reap:
             if reaper is not None:
                 reaper.cancel()
 
-    routes = [
+    mounted = [
         Route("/openapi.json", _openapi, methods=["GET"]),
         *Control(backend, keys, clock).routes(),
         *Extension(backend, clock).routes(),
-        *envd.routes(backend, keys),
+        *routes.routes(backend, keys),
     ]
-    app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={HTTPException: _no_route})
+    app = Starlette(routes=mounted, lifespan=lifespan, exception_handlers={HTTPException: _no_route})
     return Guard(app, keys=keys, port=port)

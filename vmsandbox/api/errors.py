@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from vmsandbox.core.sandbox import interface as backend
+from vmsandbox.core.sandbox import interface
 from vmsandbox.core.sandbox.names import InvalidError
 from vmsandbox.errors import VmsandboxError
 
@@ -48,15 +48,15 @@ class Problem:
 # most specific first: NotRunningError before ConflictError, ExistsError before ConflictError
 _KINDS: tuple[tuple[type[VmsandboxError], int, str], ...] = (
     (InvalidError, 400, "invalid_argument"),
-    (backend.RefusedError, 400, "invalid_argument"),
+    (interface.RefusedError, 400, "invalid_argument"),
     (UnauthenticatedError, 401, "unauthenticated"),
     (ForbiddenError, 403, "permission_denied"),
-    (backend.NotFoundError, 404, "not_found"),
-    (backend.NotRunningError, 409, "unavailable"),
-    (backend.ExistsError, 409, "already_exists"),
-    (backend.ConflictError, 409, "failed_precondition"),
+    (interface.NotFoundError, 404, "not_found"),
+    (interface.NotRunningError, 409, "unavailable"),
+    (interface.ExistsError, 409, "already_exists"),
+    (interface.ConflictError, 409, "failed_precondition"),
     (BodyTooLargeError, 413, "out_of_range"),
-    (backend.TooLargeError, 413, "out_of_range"),
+    (interface.TooLargeError, 413, "out_of_range"),
     (UnimplementedError, 501, "unimplemented"),
 )
 
@@ -67,7 +67,7 @@ def problem(exc: BaseException) -> Problem:
         return Problem(500, "internal", "internal error: `vmsandbox -v serve` logs what failed")
     status, code = next(((s, c) for kind, s, c in _KINDS if isinstance(exc, kind)), (500, "internal"))
     message = exc.message
-    if isinstance(exc, backend.NotRunningError):
+    if isinstance(exc, interface.NotRunningError):
         message += NOT_RUNNING  # how E2B's SDK tells a sandbox that is gone from one that is unreachable
     return Problem(status, code, message if exc.hint is None else f"{message} (hint: {exc.hint})", exc.hint)
 

@@ -12,7 +12,7 @@ from typing import Any
 
 from vmsandbox import paths
 from vmsandbox.document import FileError
-from vmsandbox.egress import log as proxylog
+from vmsandbox.egress import proxylog
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.guest import ssh
 from vmsandbox.session import settings as config

@@ -15,7 +15,6 @@ from vmsandbox.sync.git import fetch as commitfetch
 from vmsandbox.sync.git import refs
 from vmsandbox.sync.land import write as apply
 from vmsandbox.sync.review import diff, hunks, mass, merge
-from vmsandbox.sync.review.compare import Change, Status
 from vmsandbox.sync.review.diff import DIFF_LIMIT, diff_text, is_text, merge_text
 from vmsandbox.sync.review.hunks import Hunk
 from vmsandbox.sync.review.outline import Group, Outline
@@ -23,6 +22,7 @@ from vmsandbox.sync.review.outline import keys as _keys
 from vmsandbox.sync.review.outline import outline as _outline
 from vmsandbox.sync.review.plan import Decisions, Item, Outcome, Plan, grouped
 from vmsandbox.sync.review.take import Take
+from vmsandbox.sync.review.threeway import Change, Status
 from vmsandbox.sync.scan import highlight
 from vmsandbox.sync.scan.credentials import Finding
 from vmsandbox.sync.tree.manifest import CARRIED, FILE
@@ -57,7 +57,7 @@ def safe(item: Item) -> bool:
     """Whether an item is applied unless a person says otherwise: a change that applies or merges cleanly and is
     held for nothing."""
     c = item.first
-    return c.status in (Status.APPLY, Status.MERGED) and not (item.risky or item.held or item.binary or item.secret)
+    return c.status in (Status.APPLY, Status.MERGED) and not (item.risky or item.ignored or item.binary or item.secret)
 
 
 def commits(plan: Plan) -> tuple[list[RefView], str | None]:
@@ -74,7 +74,7 @@ def fingerprint(item: Item) -> str:
     mode, content hash and link target on the guest's side, and every hold and badge. A choice names it beside
     the item, so a choice is only ever taken for exactly what was shown."""
     shown = [
-        [c.path, c.status.value, c.kind, c.risky, c.held, c.binary, c.secret, c.notes,
+        [c.path, c.status.value, c.kind, c.risky, c.ignored, c.binary, c.secret, c.notes,
          None if c.guest is None else [c.guest.kind, c.guest.mode & CARRIED, c.guest.digest, c.guest.target],
          None if c.merge is None else hashlib.sha256(c.merge.text).hexdigest()]
         for c in item.changes
@@ -110,8 +110,8 @@ def holds(item: Item) -> list[tuple[str, str]]:
         found.append(("secret", item.secret))
     if item.risky:
         found.append(("quarantined", item.risky))
-    if item.held:
-        found.append(("ignored", item.held))
+    if item.ignored:
+        found.append(("ignored", item.ignored))
     if item.binary:
         found.append(("binary", "binary content: applied only when chosen"))
     if c.status is Status.CONFLICT:
@@ -228,7 +228,7 @@ def counts(plan: Plan) -> Mapping[str, int]:
         found["merged"] += c.status is Status.MERGED
         found["conflicts"] += c.status is Status.CONFLICT
         found["risky"] += item.quarantined
-        found["ignored"] += bool(item.held)
+        found["ignored"] += bool(item.ignored)
         found["binary"] += item.binary
         found["credentials"] += bool(item.secret)
     return found

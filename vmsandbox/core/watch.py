@@ -10,7 +10,7 @@ from collections import deque
 from typing import Any
 
 from vmsandbox.core import sessions
-from vmsandbox.egress import log as proxylog
+from vmsandbox.egress import proxylog
 from vmsandbox.egress.ports import Publish
 from vmsandbox.egress.rules.netpolicy import Mode
 from vmsandbox.errors import UsageError, VmsandboxError

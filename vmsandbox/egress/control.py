@@ -17,8 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from vmsandbox import failpoint, paths, pids, proc, ui
-from vmsandbox.egress import account, held, policy
-from vmsandbox.egress import secrets as secretstore
+from vmsandbox.egress import account, held, policy, secrets
 from vmsandbox.egress.held import Held
 from vmsandbox.egress.ports import Publish
 from vmsandbox.errors import VmsandboxError
@@ -183,7 +182,7 @@ def handover(files: paths.SessionPaths) -> bytes:
     root) and the secrets its session maps, no others (it cannot read the secret store itself)."""
     mapped = policy.proxy_config(policy.read_config(files)).secrets if files.egress_config.exists() else ()
     names = {rule.secret for rule in mapped}
-    found = {name: value for name in sorted(names) if (value := secretstore.get(name)) is not None}
+    found = {name: value for name in sorted(names) if (value := secrets.get(name)) is not None}
     uid = account.pick()
     if uid is not None and (closed := account.code_readable(uid)) is not None:
         ui.warn(

@@ -32,8 +32,7 @@ import time
 from collections.abc import Callable
 
 from vmsandbox import paths, ui
-from vmsandbox.egress import account, control, policy
-from vmsandbox.egress import log as proxylog
+from vmsandbox.egress import account, control, policy, proxylog
 from vmsandbox.egress.control import Door, Spec
 from vmsandbox.egress.door.doorway import Doorway
 from vmsandbox.egress.door.published import Published

@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import ipaddress
 import json
-import secrets
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from secrets import token_hex
 from typing import Any
 
 from vmsandbox import paths, ui
-from vmsandbox.egress import held
-from vmsandbox.egress import secrets as secretstore
+from vmsandbox.egress import held, secrets
 from vmsandbox.egress.relay import certs
 from vmsandbox.egress.rules import addresses, netpolicy
 from vmsandbox.egress.rules.mapping import SecretMapping
@@ -79,7 +78,7 @@ def check_secrets(mode: Mode, mappings: Sequence[SecretMapping], *, quiet: bool 
     if not mode.has_door:
         return
     for m in mappings:
-        if secretstore.get(m.secret) is not None:
+        if secrets.get(m.secret) is not None:
             continue
         if m.required:
             raise VmsandboxError(
@@ -97,7 +96,7 @@ def prepare(name: str, files: paths.SessionPaths, request: Request) -> dict[str,
     """Write the session's egress policy (and its CA, as a fw_cfg file for the guest); return the guest
     environment that holds the placeholders."""
     rules = [
-        SecretRule(m.secret, m.host, m.header, f"vmsandbox-placeholder-{secrets.token_hex(16)}", m.value, m.env)
+        SecretRule(m.secret, m.host, m.header, f"vmsandbox-placeholder-{token_hex(16)}", m.value, m.env)
         for m in request.mappings
         if request.mode.has_door
     ]
@@ -116,7 +115,7 @@ def prepare(name: str, files: paths.SessionPaths, request: Request) -> dict[str,
         certs.create_ca(files.ca_cert, files.ca_key, session=name, hosts=list(dict.fromkeys(r.host for r in rules)))
         (files.fwcfg_dir / FWCFG_CA).write_bytes(files.ca_cert.read_bytes())
     # a secret that is not set gets no placeholder: the agent then offers its own login instead
-    return {r.env: r.placeholder for r in rules if r.env and secretstore.get(r.secret) is not None}
+    return {r.env: r.placeholder for r in rules if r.env and secrets.get(r.secret) is not None}
 
 
 def rekey(source: paths.SessionPaths, name: str, files: paths.SessionPaths) -> dict[str, str]:
@@ -125,7 +124,7 @@ def rekey(source: paths.SessionPaths, name: str, files: paths.SessionPaths) -> d
     data = read_config(source)
     swapped: dict[str, str] = {}
     for rule in data["secrets"]:
-        new = f"vmsandbox-placeholder-{secrets.token_hex(16)}"
+        new = f"vmsandbox-placeholder-{token_hex(16)}"
         swapped[rule["placeholder"]] = new
         rule["placeholder"] = new
     data["session"] = name

@@ -16,8 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from vmsandbox import paths, proc, ui
-from vmsandbox.confine import access
-from vmsandbox.confine import accounts as confine
+from vmsandbox.confine import access, accounts
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.image.recipe import load_recipe
 
@@ -158,7 +157,7 @@ def build_in_place(
         remove_stale(root)
         work = Path(tempfile.mkdtemp(prefix=TMP_PREFIX, dir=root))
         try:
-            with confine.umask(0o022):  # an image is for every account (QEMU's, the guest's users)
+            with accounts.umask(0o022):  # an image is for every account (QEMU's, the guest's users)
                 build_into(work)
             access.shared_dir(work)  # readable by all; the libvirt group's members may remove it (`image rm`)
             access.shared_dir(work / paths.IMAGE_TEMPLATES)  # every member may add a template for its VM shape

@@ -106,7 +106,7 @@ class Record:
     memory: str | None = None
     memory_note: str = ""  # why its memory is its own (a cold boot, a restore of its own save, a host that cannot)
     saved: bool = False  # `vmsandbox stop`: the VM's memory is in the session directory, no domain runs
-    stop_note: str = ""  # why it was stopped when not by a person (the memory guard: session.host.guard)
+    stop_note: str = ""  # why it was stopped when not by a person (the memory guard: session.host.memoryguard)
     forked_from: str | None = None  # "NAME" or "NAME@LABEL": the session (and checkpoint) this one is a copy of
     group: str | None = None  # the fan-out this session belongs to (`destroy --group`)
     host: str = "local"  # the libvirt host it runs on (`hosts:`); its URI is libvirt_uri

@@ -13,8 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from vmsandbox import packages, paths, proc
-from vmsandbox.confine import access
-from vmsandbox.confine import accounts as confine
+from vmsandbox.confine import access, accounts
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.vm.accel import KVM_DEVICE
 from vmsandbox.vm.virt import Hypervisor
@@ -63,7 +62,7 @@ def setup(uri: str, user: str | None = None) -> Iterator[str]:
     one who ran sudo) joins the libvirt group, so that they need no sudo from then on."""
     if os.geteuid() != 0:
         raise VmsandboxError("host set-up needs root", hint="run `sudo vmsandbox host setup`")
-    if confine.account() is None:
+    if accounts.account() is None:
         proc.run(
             [
                 "useradd",
@@ -76,10 +75,10 @@ def setup(uri: str, user: str | None = None) -> Iterator[str]:
                 "/usr/sbin/nologin",
                 "--comment",
                 ACCOUNT_COMMENT,
-                confine.ACCOUNT,
+                accounts.ACCOUNT,
             ]
         )
-        yield f"created the unprivileged account {confine.ACCOUNT} (it owns and reads guest data on the host)"
+        yield f"created the unprivileged account {accounts.ACCOUNT} (it owns and reads guest data on the host)"
     if access.group_gid() is None:
         proc.run(["groupadd", "--system", access.GROUP])
         yield f"created the group {access.GROUP} (its members use libvirt, and vmsandbox, without sudo)"

@@ -20,7 +20,7 @@ from vmsandbox import ui
 from vmsandbox.core.views import Decisions, Plan, RefView
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.web import compare, logs, review
-from vmsandbox.web.guard import Guard
+from vmsandbox.web.pageguard import Guard
 
 
 def shown(value: Any) -> Any:
@@ -44,9 +44,9 @@ def failed(exc: VmsandboxError) -> HTMLResponse:
 
 
 def sessions(request: Request) -> Response:
-    from vmsandbox.core import sessions as sessions_of
+    from vmsandbox.core import sessions
 
-    rows = sessions_of.listing()
+    rows = sessions.listing()
     return page("sessions.html", rows=rows, groups=compare.groups(rows))
 
 
@@ -164,7 +164,7 @@ async def _in_thread(fn: Any, *args: Any) -> Any:
 
 
 def make(*, address: str, port: int, handoff: Any = None, on_exchange: Callable[[str], None] | None = None) -> Guard:
-    """The application behind its guard (guard.py) at address:port; `handoff` takes the apply of the review a run
+    """The application behind its guard (pageguard.py) at address:port; `handoff` takes the apply of the review a run
     waits for (person.Page), `on_exchange(ticket)` is called once a ticket is used."""
     app = Starlette(
         routes=[

@@ -28,7 +28,7 @@ def hold(item: Item, key: str | None) -> str | None:
         return None
     if key.startswith("mass-"):
         return "part of a mass change"
-    own = {"secret": item.secret, "risky": item.risky and f"quarantined: {item.risky}", "ignored": item.held,
+    own = {"secret": item.secret, "risky": item.risky and f"quarantined: {item.risky}", "ignored": item.ignored,
            "binary": "binary" if item.binary else None}  # fmt: skip
     return own.get(key) or "a new directory that holds only what is held"
 
@@ -61,8 +61,8 @@ def words(item: Item, key: str | None) -> Words:
         facts.append(("secret", item.secret))
     if item.risky:
         facts.append(("risky", f"quarantined: {item.risky}"))
-    if item.held:
-        facts.append(("held", item.held))
+    if item.ignored:
+        facts.append(("held", item.ignored))
     if item.binary:
         facts.append(("binary", "binary"))
     if c.merge is not None and not c.merge.clean:

@@ -1,4 +1,4 @@
-"""The page served: on an address of 127.0.0.0/8 of its own (guard.py says why), its URL handed to a person
+"""The page served: on an address of 127.0.0.0/8 of its own (pageguard.py says why), its URL handed to a person
 once (a ticket), and a browser opened where there is a desktop, on a file only this account reads (never a
 ticket on a browser's command line). Served until Ctrl-C (`vmsandbox ui`), or in a thread while a run waits for
 its review (person.py). Behind the core's gate, as the API is (core/door): the person's account only, a whole
@@ -24,8 +24,8 @@ from vmsandbox.confine.sudo import invoker as sudo_invoker
 from vmsandbox.core import sessions
 from vmsandbox.core.door import gate
 from vmsandbox.errors import VmsandboxError
-from vmsandbox.web import app as pages
-from vmsandbox.web.guard import loopback_address
+from vmsandbox.web import app
+from vmsandbox.web.pageguard import loopback_address
 
 if TYPE_CHECKING:
     import uvicorn
@@ -104,7 +104,7 @@ class Server:
             ) from None
         self._sock.listen(128)  # before a URL is printed: a browser that is quick must queue, not be refused
         self._launchers: dict[str, Path] = {}
-        self.guard = pages.make(
+        self.guard = app.make(
             address=address, port=self._sock.getsockname()[1], handoff=handoff, on_exchange=self._used
         )
         self._server: uvicorn.Server | None = None

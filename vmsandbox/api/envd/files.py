@@ -24,7 +24,7 @@ from starlette.types import Message
 from vmsandbox.api import errors
 from vmsandbox.api.envd.process import reach
 from vmsandbox.api.errors import BodyTooLargeError
-from vmsandbox.api.guard import Keys
+from vmsandbox.api.keyguard import Keys
 from vmsandbox.api.threads import blocking
 from vmsandbox.core.sandbox.interface import Backend, Files, RefusedError
 from vmsandbox.core.sandbox.model import Entry, EntryType

@@ -16,7 +16,7 @@ from vmsandbox.api.envd.connect import Call, Method
 from vmsandbox.api.envd.files import user_of
 from vmsandbox.api.envd.filesystem import FilesystemService
 from vmsandbox.api.envd.process import ProcessService, reach
-from vmsandbox.api.guard import Keys
+from vmsandbox.api.keyguard import Keys
 from vmsandbox.core.sandbox.interface import Backend, NotRunningError
 from vmsandbox.core.sandbox.names import InvalidError
 

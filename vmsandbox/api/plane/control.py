@@ -20,8 +20,8 @@ from starlette.routing import BaseRoute, Route
 
 from vmsandbox.api import errors
 from vmsandbox.api.errors import UnimplementedError
-from vmsandbox.api.guard import Keys
-from vmsandbox.api.plane import controlwire as cw
+from vmsandbox.api.keyguard import Keys
+from vmsandbox.api.plane import controlwire
 from vmsandbox.api.respond import Endpoint, answers, body, done, ok, session
 from vmsandbox.api.threads import blocking
 from vmsandbox.core.sandbox.interface import Backend
@@ -37,7 +37,7 @@ def now() -> datetime:
 
 
 def end_after(clock: Clock, timeout: int | None) -> datetime:
-    return clock() + timedelta(seconds=timeout or cw.DEFAULT_TIMEOUT)
+    return clock() + timedelta(seconds=timeout or controlwire.DEFAULT_TIMEOUT)
 
 
 def new_name(prefix: str) -> SessionName:
@@ -45,7 +45,7 @@ def new_name(prefix: str) -> SessionName:
     return SessionName(f"{stem}-{secrets.token_hex(4)}")
 
 
-def refuse_unserved(new: cw.NewSandbox) -> None:
+def refuse_unserved(new: controlwire.NewSandbox) -> None:
     if new.auto_pause or new.auto_resume:
         raise UnimplementedError(
             "auto-pause is not served", hint="pause with Sandbox.pause; a session ends at its timeout"
@@ -107,10 +107,10 @@ class Control:
         return end_after(self.clock, timeout)
 
     def _out(self, s: Sandbox, status: int = 201) -> Response:
-        return ok(cw.dump(cw.sandbox(s, self.keys.envd_token(s.name, s.started_at))), status)
+        return ok(controlwire.dump(controlwire.sandbox(s, self.keys.envd_token(s.name, s.started_at))), status)
 
     async def create(self, request: Request) -> Response:
-        new = cw.read(cw.NewSandbox, await body(request))
+        new = controlwire.read(controlwire.NewSandbox, await body(request))
         refuse_unserved(new)
         end_at = self._end(new.timeout)
         if ":" in new.template_id:  # a snapshot: a fork of that checkpoint
@@ -133,18 +133,18 @@ class Control:
             pairs = {unquote(k): unquote(v) for k, v in parse_qsl(metadata)}  # E2B's SDK quotes each, then the pairs
             found = [s for s in found if all(s.metadata.get(k) == v for k, v in pairs.items())]
         found = sorted(found, key=lambda s: s.started_at, reverse=query.get("order", "desc") != "asc")
-        start, limit = cw.page_of(query.get("nextToken"), query.get("limit"))
+        start, limit = controlwire.page_of(query.get("nextToken"), query.get("limit"))
         page = found[start : start + limit]
         headers = {"x-next-token": str(start + limit)} if start + limit < len(found) else {}
-        return ok([cw.dump(cw.listed(s)) for s in page], headers=headers)
+        return ok([controlwire.dump(controlwire.listed(s)) for s in page], headers=headers)
 
     async def list_running(self, _request: Request) -> Response:
         found = await blocking(self.backend.sandboxes)
-        return ok([cw.dump(cw.listed(s)) for s in found if s.state is State.RUNNING])
+        return ok([controlwire.dump(controlwire.listed(s)) for s in found if s.state is State.RUNNING])
 
     async def detail(self, request: Request) -> Response:
         s = await blocking(self.backend.sandbox, session(request))
-        return ok(cw.dump(cw.detail(s, self.keys.envd_token(s.name, s.started_at))))
+        return ok(controlwire.dump(controlwire.detail(s, self.keys.envd_token(s.name, s.started_at))))
 
     async def kill(self, request: Request) -> Response:
         await blocking(self.backend.kill, session(request))
@@ -157,7 +157,7 @@ class Control:
     async def connect(self, request: Request) -> Response:
         """Resume a paused sandbox (201) or reach a running one (200); its end moves to now + timeout, for a
         running one only later (E2B's rule)."""
-        name, asked = session(request), cw.read(cw.ConnectRequest, await body(request))
+        name, asked = session(request), controlwire.read(controlwire.ConnectRequest, await body(request))
         end_at = self._end(asked.timeout)
         s = await blocking(self.backend.sandbox, name)
         if s.state is State.PAUSED:
@@ -167,35 +167,39 @@ class Control:
         return self._out(await blocking(self.backend.sandbox, name), 201 if s.state is State.PAUSED else 200)
 
     async def set_timeout(self, request: Request) -> Response:
-        name, asked = session(request), cw.read(cw.TimeoutRequest, await body(request))
+        name, asked = session(request), controlwire.read(controlwire.TimeoutRequest, await body(request))
         await blocking(self.backend.set_end, name, self._end(asked.timeout))
         return done()
 
     async def snapshot(self, request: Request) -> Response:
-        name, asked = session(request), cw.read(cw.SnapshotRequest, await body(request))
+        name, asked = session(request), controlwire.read(controlwire.SnapshotRequest, await body(request))
         label = CheckpointLabel(asked.name) if asked.name else None
-        return ok(cw.dump(cw.snapshot(await blocking(self.backend.checkpoint, name, label))), 201)
+        return ok(controlwire.dump(controlwire.snapshot(await blocking(self.backend.checkpoint, name, label))), 201)
 
     async def snapshots(self, request: Request) -> Response:
         given = request.query_params.get("sandboxID")
         found = await blocking(self.backend.checkpoints, SessionName(given) if given else None)
         if wanted := request.query_params.get("name"):
             found = [c for c in found if c.snapshot.label.value == wanted]
-        start, limit = cw.page_of(request.query_params.get("nextToken"), request.query_params.get("limit"))
+        start, limit = controlwire.page_of(request.query_params.get("nextToken"), request.query_params.get("limit"))
         page = found[start : start + limit]
         headers = {"x-next-token": str(start + limit)} if start + limit < len(found) else {}
-        return ok([cw.dump(cw.snapshot(c)) for c in page], headers=headers)
+        return ok([controlwire.dump(controlwire.snapshot(c)) for c in page], headers=headers)
 
     async def fork(self, request: Request) -> Response:
-        name, asked = session(request), cw.read(cw.ForkRequest, await body(request))
+        name, asked = session(request), controlwire.read(controlwire.ForkRequest, await body(request))
         results = []
         for _ in range(asked.count):
             try:
                 made = await blocking(self.backend.fork, name, None, new_name(name.value), self._end(asked.timeout))
                 results.append(
-                    cw.ForkResultOut(sandbox=cw.sandbox(made, self.keys.envd_token(made.name, made.started_at)))
+                    controlwire.ForkResultOut(
+                        sandbox=controlwire.sandbox(made, self.keys.envd_token(made.name, made.started_at))
+                    )
                 )
             except Exception as exc:  # noqa: BLE001  (one fork's failure is its result)
                 found = errors.problem(exc)
-                results.append(cw.ForkResultOut(error=cw.ErrorOut(code=found.status, message=found.message)))
-        return ok([cw.dump(r) for r in results], 201)
+                results.append(
+                    controlwire.ForkResultOut(error=controlwire.ErrorOut(code=found.status, message=found.message))
+                )
+        return ok([controlwire.dump(r) for r in results], 201)

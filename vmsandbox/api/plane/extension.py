@@ -18,7 +18,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
-from vmsandbox.api.plane import extwire as xw
+from vmsandbox.api.plane import extwire
 from vmsandbox.api.plane.control import Clock, end_after, new_name, now
 from vmsandbox.api.plane.controlwire import page_of, read
 from vmsandbox.api.respond import Endpoint, answers, body, ok, session
@@ -30,7 +30,7 @@ from vmsandbox.core.sandbox.names import BlueprintName, CheckpointLabel, Digest,
 PREFIX = "/vmsandbox/v1"
 
 
-def dump(model: xw.Wire) -> object:
+def dump(model: extwire.Wire) -> object:
     return model.model_dump(mode="json", by_alias=True)
 
 
@@ -58,7 +58,7 @@ class Extension:
         return end_after(self.clock, timeout)
 
     async def create(self, request: Request) -> Response:
-        new = read(xw.NewSession, await body(request))
+        new = read(extwire.NewSession, await body(request))
         blueprint = BlueprintName(new.blueprint)
         name = SessionName(new.name) if new.name else new_name(blueprint.value)
         spec = SandboxSpec(
@@ -69,28 +69,28 @@ class Extension:
             envs=new.envs,
             metadata=new.metadata,
         )
-        return ok(dump(xw.session(await blocking(self.backend.create, spec))), 201)
+        return ok(dump(extwire.session(await blocking(self.backend.create, spec))), 201)
 
     async def list(self, _request: Request) -> Response:
         found = await blocking(self.backend.sandboxes)
-        return ok([dump(xw.session(s)) for s in found])
+        return ok([dump(extwire.session(s)) for s in found])
 
     async def one(self, request: Request) -> Response:
-        return ok(dump(xw.session(await blocking(self.backend.sandbox, session(request)))))
+        return ok(dump(extwire.session(await blocking(self.backend.sandbox, session(request)))))
 
     async def review(self, request: Request) -> Response:
         """Read the changes as a frozen review: its first page (`GET …/reviews/ID?nextToken=` gives the rest)."""
         start, most = _page(request)
-        return ok(dump(xw.review(await blocking(self.backend.review, session(request)), start, most)), 201)
+        return ok(dump(extwire.review(await blocking(self.backend.review, session(request)), start, most)), 201)
 
     async def reviewed(self, request: Request) -> Response:
         name, review = session(request), Token(str(request.path_params["review"]))
         start, most = _page(request)
-        return ok(dump(xw.review(await blocking(self.backend.reviewed, name, review), start, most)))
+        return ok(dump(extwire.review(await blocking(self.backend.reviewed, name, review), start, most)))
 
     async def apply(self, request: Request) -> Response:
         name, review = session(request), Token(str(request.path_params["review"]))
-        asked = read(xw.ApplyIn, await body(request))
+        asked = read(extwire.ApplyIn, await body(request))
         choices = [
             Choice(
                 item=Token(c.item),
@@ -100,29 +100,29 @@ class Extension:
             for c in asked.choices
         ]
         include = [Badge(k) for k in asked.include]
-        return ok(dump(xw.applied(await blocking(self.backend.apply, name, review, choices, include))))
+        return ok(dump(extwire.applied(await blocking(self.backend.apply, name, review, choices, include))))
 
     async def checkpoints(self, request: Request) -> Response:
         found = await blocking(self.backend.checkpoints, session(request))
-        return ok([dump(xw.checkpoint(c)) for c in found])
+        return ok([dump(extwire.checkpoint(c)) for c in found])
 
     async def checkpoint(self, request: Request) -> Response:
-        name, asked = session(request), read(xw.CheckpointIn, await body(request))
+        name, asked = session(request), read(extwire.CheckpointIn, await body(request))
         label = CheckpointLabel(asked.label) if asked.label else None
-        return ok(dump(xw.checkpoint(await blocking(self.backend.checkpoint, name, label))), 201)
+        return ok(dump(extwire.checkpoint(await blocking(self.backend.checkpoint, name, label))), 201)
 
     async def rollback(self, request: Request) -> Response:
-        name, asked = session(request), read(xw.RollbackIn, await body(request))
-        return ok(dump(xw.session(await blocking(self.backend.rollback, name, CheckpointLabel(asked.label)))))
+        name, asked = session(request), read(extwire.RollbackIn, await body(request))
+        return ok(dump(extwire.session(await blocking(self.backend.rollback, name, CheckpointLabel(asked.label)))))
 
     async def fork(self, request: Request) -> Response:
-        name, asked = session(request), read(xw.ForkIn, await body(request))
+        name, asked = session(request), read(extwire.ForkIn, await body(request))
         label = CheckpointLabel(asked.label) if asked.label else None
         new = SessionName(asked.name) if asked.name else new_name(name.value)
         made = await blocking(self.backend.fork, name, label, new, self._end(asked.timeout))
-        return ok(dump(xw.session(made)), 201)
+        return ok(dump(extwire.session(made)), 201)
 
 
 def _page(request: Request) -> tuple[int, int]:
     query = request.query_params
-    return page_of(query.get("nextToken"), query.get("limit"), most=xw.REVIEW_PAGE)
+    return page_of(query.get("nextToken"), query.get("limit"), most=extwire.REVIEW_PAGE)

@@ -10,7 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
 from vmsandbox.api.plane.controlwire import MAX_ENVS, MAX_METADATA, MAX_TIMEOUT, Key, Value
-from vmsandbox.core.sandbox import model as m
+from vmsandbox.core.sandbox import model
 
 MAX_CHOICES = 10_000
 # A review's answer comes in pages (the guest decides how many items and lines there are): at most
@@ -49,7 +49,7 @@ class ApplyIn(Wire):
     choices: list[ChoiceIn] = Field(max_length=MAX_CHOICES)
     include: list[Take] = Field(
         default_factory=list,
-        max_length=len(m.TAKES),
+        max_length=len(model.TAKES),
         description="the holds the chosen items may carry (the terminal's --include-risky, --include-ignored, "
         "--include-binary, --include-mass; a secret is taken only so): a chosen item held for one not named here "
         "is refused with a 400 and nothing is applied",
@@ -139,7 +139,7 @@ class AppliedOut(Wire):
     left: int
 
 
-def session(s: m.Sandbox) -> SessionOut:
+def session(s: model.Sandbox) -> SessionOut:
     return SessionOut(
         name=s.name.value,
         blueprint=s.blueprint,
@@ -154,12 +154,12 @@ def session(s: m.Sandbox) -> SessionOut:
     )
 
 
-def checkpoint(c: m.Checkpoint) -> CheckpointOut:
+def checkpoint(c: model.Checkpoint) -> CheckpointOut:
     ref = c.snapshot
     return CheckpointOut(snapshotID=str(ref), session=ref.session.value, label=ref.label.value, taken_at=c.taken_at)
 
 
-def review(r: m.Review, start: int = 0, most: int = REVIEW_PAGE) -> ReviewOut:
+def review(r: model.Review, start: int = 0, most: int = REVIEW_PAGE) -> ReviewOut:
     """One page of a review: items from `start`, at most `most` of them and PAGE_BYTES of their lines (one
     item at least, so every page moves on)."""
     items: list[ItemOut] = []
@@ -185,13 +185,13 @@ def review(r: m.Review, start: int = 0, most: int = REVIEW_PAGE) -> ReviewOut:
     )
 
 
-def _size(i: m.ReviewItem) -> int:
+def _size(i: model.ReviewItem) -> int:
     """What an item's lines weigh in an answer (a bound from below of their JSON)."""
     lines = sum(len(line) for h in i.hunks for line in (*h.old_lines, *h.new_lines))
     return lines + 64 * len(i.hunks) + len(i.target or "")
 
 
-def _item(i: m.ReviewItem, shown: bool = True) -> ItemOut:
+def _item(i: model.ReviewItem, shown: bool = True) -> ItemOut:
     return ItemOut(
         id=i.id.value,
         path=i.path,
@@ -217,7 +217,7 @@ def _item(i: m.ReviewItem, shown: bool = True) -> ItemOut:
     )
 
 
-def applied(a: m.Applied) -> AppliedOut:
+def applied(a: model.Applied) -> AppliedOut:
     return AppliedOut(
         applied=[t.value for t in a.applied],
         refused=[RefusalOut(item=r.item.value, reason=r.reason) for r in a.refused],

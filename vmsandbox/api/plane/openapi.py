@@ -11,8 +11,7 @@ from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
 from vmsandbox import __version__
-from vmsandbox.api.plane import controlwire as cw
-from vmsandbox.api.plane import extwire as xw
+from vmsandbox.api.plane import controlwire, extwire
 from vmsandbox.api.plane.extension import PREFIX
 
 # (method, path, summary, request body, answer, status, answers a list)
@@ -22,39 +21,71 @@ CONTROL: tuple[Op, ...] = (
         "post",
         "/v2/sandboxes",
         "Create a sandbox (a session) from a blueprint or a snapshot",
-        cw.NewSandbox,
-        cw.SandboxOut,
+        controlwire.NewSandbox,
+        controlwire.SandboxOut,
         201,
         False,
     ),
-    ("get", "/v2/sandboxes", "List running and paused sandboxes", None, cw.ListedSandboxOut, 200, True),
-    ("get", "/sandboxes/{sandboxID}", "A sandbox", None, cw.SandboxDetailOut, 200, False),
+    ("get", "/v2/sandboxes", "List running and paused sandboxes", None, controlwire.ListedSandboxOut, 200, True),
+    ("get", "/sandboxes/{sandboxID}", "A sandbox", None, controlwire.SandboxDetailOut, 200, False),
     ("delete", "/sandboxes/{sandboxID}", "End a sandbox (its changes kept in the outbox)", None, None, 204, False),
     ("post", "/sandboxes/{sandboxID}/pause", "Pause (stop with memory kept)", None, None, 204, False),
     (
         "post",
         "/v2/sandboxes/{sandboxID}/connect",
         "Resume or reach a sandbox",
-        cw.ConnectRequest,
-        cw.SandboxOut,
+        controlwire.ConnectRequest,
+        controlwire.SandboxOut,
         201,
         False,
     ),
-    ("post", "/sandboxes/{sandboxID}/timeout", "Set when it ends, from now", cw.TimeoutRequest, None, 204, False),
-    ("post", "/sandboxes/{sandboxID}/snapshots", "Take a checkpoint", cw.SnapshotRequest, cw.SnapshotOut, 201, False),
-    ("get", "/snapshots", "List checkpoints", None, cw.SnapshotOut, 200, True),
-    ("post", "/sandboxes/{sandboxID}/fork", "Fork a sandbox as it is now", cw.ForkRequest, cw.ForkResultOut, 201, True),
+    (
+        "post",
+        "/sandboxes/{sandboxID}/timeout",
+        "Set when it ends, from now",
+        controlwire.TimeoutRequest,
+        None,
+        204,
+        False,
+    ),
+    (
+        "post",
+        "/sandboxes/{sandboxID}/snapshots",
+        "Take a checkpoint",
+        controlwire.SnapshotRequest,
+        controlwire.SnapshotOut,
+        201,
+        False,
+    ),
+    ("get", "/snapshots", "List checkpoints", None, controlwire.SnapshotOut, 200, True),
+    (
+        "post",
+        "/sandboxes/{sandboxID}/fork",
+        "Fork a sandbox as it is now",
+        controlwire.ForkRequest,
+        controlwire.ForkResultOut,
+        201,
+        True,
+    ),
 )
 EXTENSION: tuple[Op, ...] = (
-    ("post", "/sessions", "Create a session on a project of this machine", xw.NewSession, xw.SessionOut, 201, False),
-    ("get", "/sessions", "List sessions", None, xw.SessionOut, 200, True),
-    ("get", "/sessions/{name}", "A session", None, xw.SessionOut, 200, False),
+    (
+        "post",
+        "/sessions",
+        "Create a session on a project of this machine",
+        extwire.NewSession,
+        extwire.SessionOut,
+        201,
+        False,
+    ),
+    ("get", "/sessions", "List sessions", None, extwire.SessionOut, 200, True),
+    ("get", "/sessions/{name}", "A session", None, extwire.SessionOut, 200, False),
     (
         "post",
         "/sessions/{name}/reviews",
         "Read its changes as a frozen review (its first page)",
         None,
-        xw.ReviewOut,
+        extwire.ReviewOut,
         201,
         False,
     ),
@@ -63,7 +94,7 @@ EXTENSION: tuple[Op, ...] = (
         "/sessions/{name}/reviews/{review}",
         "A page of a review, as it was read (nextToken, limit)",
         None,
-        xw.ReviewOut,
+        extwire.ReviewOut,
         200,
         False,
     ),
@@ -71,15 +102,39 @@ EXTENSION: tuple[Op, ...] = (
         "post",
         "/sessions/{name}/reviews/{review}/apply",
         "Apply chosen items or hunks of a review",
-        xw.ApplyIn,
-        xw.AppliedOut,
+        extwire.ApplyIn,
+        extwire.AppliedOut,
         200,
         False,
     ),
-    ("get", "/sessions/{name}/checkpoints", "Its checkpoints", None, xw.CheckpointOut, 200, True),
-    ("post", "/sessions/{name}/checkpoints", "Take a checkpoint", xw.CheckpointIn, xw.CheckpointOut, 201, False),
-    ("post", "/sessions/{name}/rollback", "Roll back to a checkpoint", xw.RollbackIn, xw.SessionOut, 200, False),
-    ("post", "/sessions/{name}/fork", "Fork from a checkpoint or as it is now", xw.ForkIn, xw.SessionOut, 201, False),
+    ("get", "/sessions/{name}/checkpoints", "Its checkpoints", None, extwire.CheckpointOut, 200, True),
+    (
+        "post",
+        "/sessions/{name}/checkpoints",
+        "Take a checkpoint",
+        extwire.CheckpointIn,
+        extwire.CheckpointOut,
+        201,
+        False,
+    ),
+    (
+        "post",
+        "/sessions/{name}/rollback",
+        "Roll back to a checkpoint",
+        extwire.RollbackIn,
+        extwire.SessionOut,
+        200,
+        False,
+    ),
+    (
+        "post",
+        "/sessions/{name}/fork",
+        "Fork from a checkpoint or as it is now",
+        extwire.ForkIn,
+        extwire.SessionOut,
+        201,
+        False,
+    ),
 )
 DESCRIPTION = (
     "vmsandbox's API: E2B's control plane and envd (process.Process, filesystem.Filesystem over Connect with "
@@ -91,7 +146,7 @@ REF = "#/components/schemas/{model}"
 
 def _schemas() -> tuple[dict[Any, Any], dict[str, Any]]:
     models = {m for ops in (CONTROL, EXTENSION) for op in ops for m in (op[3], op[4]) if m is not None}
-    models.add(cw.ErrorOut)
+    models.add(controlwire.ErrorOut)
     keys, found = models_json_schema(
         [(m, "validation") for m in sorted(models, key=lambda m: m.__name__)], ref_template=REF, by_alias=True
     )

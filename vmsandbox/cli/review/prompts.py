@@ -132,7 +132,7 @@ def _ask_items(plan: Plan, numbers: Sequence[int], accepted: list[Item], order: 
     apply_rest, answer = False, ""
     for n in numbers:
         item, c = plan.todo[n], plan.todo[n].first
-        why = item.secret or item.risky or item.held or ("binary: apply only what you know" if item.binary else None)
+        why = item.secret or item.risky or item.ignored or ("binary: apply only what you know" if item.binary else None)
         safe = not (why or held) and c.status in (Status.APPLY, Status.MERGED)
         if apply_rest and safe:
             accepted.append(item)

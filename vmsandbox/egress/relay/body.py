@@ -15,7 +15,7 @@ import ssl
 from collections.abc import Coroutine
 from typing import Any
 
-from vmsandbox.egress.log import Event
+from vmsandbox.egress.proxylog import Event
 from vmsandbox.egress.relay.streams import CHUNK, Stream
 from vmsandbox.egress.rules.httphead import MAX_HEAD, Body, ProtocolError
 

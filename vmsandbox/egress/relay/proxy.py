@@ -22,8 +22,8 @@ from collections.abc import Callable
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from vmsandbox.egress.log import Event, Writer, append
 from vmsandbox.egress.policy import ProxyConfig, SecretRule
+from vmsandbox.egress.proxylog import Event, Writer, append
 from vmsandbox.egress.relay.body import relay
 from vmsandbox.egress.relay.certs import Issuer
 from vmsandbox.egress.relay.streams import Stream, TlsStream, read_head, read_hello

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from vmsandbox.egress.log import Event
 from vmsandbox.egress.policy import ProxyConfig, SecretRule
+from vmsandbox.egress.proxylog import Event
 from vmsandbox.egress.relay.upstream import Upstream
 from vmsandbox.egress.rules.netpolicy import Refused, parse_target
 

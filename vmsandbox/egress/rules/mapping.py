@@ -8,7 +8,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from vmsandbox.egress import secrets as secretstore
+from vmsandbox.egress import secrets
 from vmsandbox.egress.rules import netpolicy
 from vmsandbox.errors import VmsandboxError
 
@@ -35,7 +35,7 @@ def parse_secret_mapping(data: dict[str, Any], *, source: str) -> SecretMapping:
     from vmsandbox.schema import check
 
     data = check(data, SecretEntry, source=source)
-    secretstore.validate_name(data["secret"])
+    secrets.validate_name(data["secret"])
     try:
         host = netpolicy.normalize_host(data["host"])
     except netpolicy.Refused as exc:

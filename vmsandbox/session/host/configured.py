@@ -13,12 +13,12 @@ import yaml
 
 from vmsandbox import paths
 from vmsandbox.errors import UsageError, VmsandboxError
-from vmsandbox.session import settings as config
+from vmsandbox.session import settings
 from vmsandbox.session.place.hostspec import LOCAL
 
 
 def user_file() -> Path:
-    return paths.config_dir() / config.USER_FILE
+    return paths.config_dir() / settings.USER_FILE
 
 
 def _hosts_node(text: str) -> tuple[yaml.MappingNode | None, yaml.Node | None]:
@@ -119,13 +119,13 @@ def remove(name: str) -> None:
 
 def _write(path: Path, old: str, new: str) -> None:
     try:
-        config.read_config_text(old, str(path))
+        settings.read_config_text(old, str(path))
     except VmsandboxError as exc:
         raise VmsandboxError(
             f"{path} has problems already; it is left as it is", hint="`vmsandbox config validate` lists them"
         ) from exc
     try:
-        config.read_config_text(new, str(path))
+        settings.read_config_text(new, str(path))
     except VmsandboxError as exc:
         raise UsageError(exc.message, hint=exc.hint) from None
     path.parent.mkdir(parents=True, exist_ok=True)

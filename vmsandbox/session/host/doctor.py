@@ -9,13 +9,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from vmsandbox import paths, proc, trust
-from vmsandbox.confine import access
-from vmsandbox.confine import accounts as confine
+from vmsandbox.confine import access, accounts
 from vmsandbox.errors import VmsandboxError
-from vmsandbox.image import build, recipe
-from vmsandbox.image import store as image
-from vmsandbox.session import settings as config
-from vmsandbox.session.place import choose as places
+from vmsandbox.image import build, recipe, store
+from vmsandbox.session import settings
+from vmsandbox.session.place import choose
 from vmsandbox.session.settings import Settings
 from vmsandbox.vm import accel, hostsetup
 from vmsandbox.vm.memory import foreign
@@ -53,7 +51,7 @@ def _tool(tool: str, why: str, *, blocking: bool = True) -> Check:
 
 def _libvirt(uri: str) -> Check:
     try:
-        with places.host(places.spec_for(None, uri)) as host:
+        with choose.host(choose.spec_for(None, uri)) as host:
             return Check("libvirt", True, f"libvirt {host.libvirt().version()} at {uri}")
     except VmsandboxError as exc:
         return Check("libvirt", False, exc.message, exc.hint)
@@ -63,7 +61,7 @@ def _memory(uri: str) -> Check:
     """Whether warm starts map their template's memory (shared) or load a copy each, and why."""
     name = "shared memory"
     try:
-        with places.host(places.spec_for(None, uri)) as host:
+        with choose.host(choose.spec_for(None, uri)) as host:
             why = host.memory_problem(host.libvirt().node())
     except VmsandboxError as exc:
         return Check(name, False, f"not checked: {exc.message}", exc.hint, blocking=False)
@@ -91,14 +89,14 @@ def _kvm_device() -> Check:
     )
 
 
-def _accel(settings: Settings) -> Check:
+def _accel(config: Settings) -> Check:
     try:
-        choice = accel.choose(settings.accel)
+        choice = accel.choose(config.accel)
     except VmsandboxError as exc:
         return Check("accelerator", False, exc.message, exc.hint)
     if choice.accel is accel.Accel.KVM:
         return Check("accelerator", True, f"KVM ({choice.reason})")
-    if settings.accel is accel.Accel.TCG:
+    if config.accel is accel.Accel.TCG:
         return Check("accelerator", True, f"TCG, as configured — {choice.reason}")
     return Check(
         "accelerator",
@@ -127,12 +125,12 @@ def _disk(path: Path, label: str, need: int) -> Check:
 def _account() -> Check:
     if os.geteuid() != 0:
         return Check("guest-data account", True, "not needed: vmsandbox runs unprivileged")
-    if confine.account() is not None:
-        return Check("guest-data account", True, f"{confine.ACCOUNT} (reads what comes out of guests)")
+    if accounts.account() is not None:
+        return Check("guest-data account", True, f"{accounts.ACCOUNT} (reads what comes out of guests)")
     return Check(
         "guest-data account",
         False,
-        f"{confine.ACCOUNT} is missing: nothing may read a guest's files without it",
+        f"{accounts.ACCOUNT} is missing: nothing may read a guest's files without it",
         "`sudo vmsandbox host setup`",
     )
 
@@ -178,7 +176,7 @@ def _store() -> Check:
 
 
 def _image() -> Check:
-    images = image.list_images()
+    images = store.list_images()
     if not images:
         return Check("base image", False, f"none built in {paths.images_dir()}", "`sudo vmsandbox image build`")
     try:
@@ -199,14 +197,14 @@ def _image() -> Check:
 def diagnose(project: Path | None) -> list[Check]:
     """Every check, the config's first: a broken config is one failed check (every problem of it said, each
     at its line with its hint), and the others run with what of it passes — the diagnosis never stops at it."""
-    first, settings = config_check(project)
-    return [first, *run_checks(settings)]
+    first, config = config_check(project)
+    return [first, *run_checks(config)]
 
 
 def config_check(project: Path | None) -> tuple[Check, Settings]:
     """The check of your config and `project`'s `.vmsandbox.yaml`, and the settings as far as they pass (your
     own only, when the project's file is not trusted)."""
-    settings, broken = config.load_lenient(project)
+    config, broken = settings.load_lenient(project)
     problems = [e for e in broken if not isinstance(e, trust.UntrustedError)]
     untrusted = next((e for e in broken if isinstance(e, trust.UntrustedError)), None)
     own = None if untrusted is None else f"{untrusted.message}: checked with your own settings only"
@@ -214,24 +212,24 @@ def config_check(project: Path | None) -> tuple[Check, Settings]:
         said = [e.message + (f"\n  hint: {e.hint}" if e.hint else "") for e in problems]
         said += [] if untrusted is None else [f"{own}\n  hint: {untrusted.hint}"]
         fix = "fix each problem where it is said (`vmsandbox config validate` checks again)"
-        return Check("config", False, "\n".join(said), fix), settings
+        return Check("config", False, "\n".join(said), fix), config
     if untrusted is not None and own is not None:
-        return Check("config", False, own, untrusted.hint, blocking=False), settings
-    return Check("config", True, "every setting read (`vmsandbox config show` lists them)"), settings
+        return Check("config", False, own, untrusted.hint, blocking=False), config
+    return Check("config", True, "every setting read (`vmsandbox config show` lists them)"), config
 
 
-def run_checks(settings: Settings) -> list[Check]:
-    have_image = bool(image.list_images())
+def run_checks(config: Settings) -> list[Check]:
+    have_image = bool(store.list_images())
     checks: list[Callable[[], Check]] = [
         lambda: _tool("qemu-system-x86_64", "runs the VMs"),
         lambda: _tool("qemu-img", "makes the per-session overlays"),
-        lambda: _libvirt(settings.libvirt_uri),
-        lambda: _memory(settings.libvirt_uri),
+        lambda: _libvirt(config.libvirt_uri),
+        lambda: _memory(config.libvirt_uri),
         _kvm_device,
         _account,
         _group,
         _store,
-        lambda: _accel(settings),
+        lambda: _accel(config),
         lambda: _tool("ssh", "the control channel"),
         lambda: _tool("ssh-keygen", "per-session keys"),
         lambda: _tool("rsync", "moves the workspace"),

@@ -4,10 +4,8 @@ from __future__ import annotations
 
 from vmsandbox import ui
 from vmsandbox.image import layers, store
-from vmsandbox.session import settings as config
-from vmsandbox.session.place import choose as places
-from vmsandbox.session.place import pins
-from vmsandbox.session.place import templates as templatekey
+from vmsandbox.session import settings
+from vmsandbox.session.place import choose, pins, templates
 from vmsandbox.session.record import readable
 
 
@@ -31,11 +29,11 @@ def remove(version: str) -> str:
 def default_template(image: store.Image) -> str:
     """The warm-start template of `image` on this machine for the VM shape the configuration gives (built unless
     it exists): where it is."""
-    settings = config.load()
-    with places.host(places.spec_for(None, settings.libvirt_uri)) as host:
+    config = settings.load()
+    with choose.host(choose.spec_for(None, config.libvirt_uri)) as host:
         host.libvirt()  # as a session's start: fails first if libvirt is down
-        choice = host.admit(settings.accel, settings.memory_mib)
-        shape = templatekey.Shape(choice.accel.value, settings.cpus, settings.memory_mib, settings.disk_mib)
-        found = host.warm_template(image, shape, settings.boot_timeout)
+        choice = host.admit(config.accel, config.memory_mib)
+        shape = templates.Shape(choice.accel.value, config.cpus, config.memory_mib, config.disk_mib)
+        found = host.warm_template(image, shape, config.boot_timeout)
     ui.info(f"Warm-start template for {shape.slug}: {found}")
     return found

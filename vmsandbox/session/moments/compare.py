@@ -18,10 +18,10 @@ from vmsandbox.errors import VmsandboxError
 from vmsandbox.session import lock
 from vmsandbox.session.end import diskreader
 from vmsandbox.session.record import Record
-from vmsandbox.sync.land import write as apply
-from vmsandbox.sync.review import gather as changes
-from vmsandbox.sync.review.compare import same_entry
+from vmsandbox.sync.land import write
+from vmsandbox.sync.review import gather
 from vmsandbox.sync.review.diff import DIFF_LIMIT, is_text
+from vmsandbox.sync.review.threeway import same_entry
 from vmsandbox.sync.tree.manifest import DIR, FILE, SYMLINK, Entry
 
 UNCHANGED = "-"
@@ -44,7 +44,7 @@ def fetch(name: str, *, limit: int) -> Tree:
     with lock.held(record.files, name, "reading the tree of"):
         record = Record.load(name)
         with diskreader.source(record) as (endpoint, disk):
-            fetched = changes.fetch(record.target(), endpoint=endpoint, limit=limit, disk=disk)
+            fetched = gather.fetch(record.target(), endpoint=endpoint, limit=limit, disk=disk)
         base, guest, scope, source, _origin = fetched
     changed = {p: guest.get(p) for p in scope if not same_entry(guest.get(p), base.get(p))}
     baseline_id = hashlib.sha256(record.files.baseline_manifest.read_bytes()).hexdigest()
@@ -110,8 +110,8 @@ def _diff_one(
     (oe, oroot), (ne, nroot) = old, new
     if any(e is not None and e.kind != FILE for e in (oe, ne)):
         return f"{path}: {_describe(oe)} in {old_name}, {_describe(ne)} in {new_name}\n"
-    od = apply.read_nofollow(oroot, path, limit=DIFF_LIMIT) if oe else b""
-    nd = apply.read_nofollow(nroot, path, limit=DIFF_LIMIT) if ne else b""
+    od = write.read_nofollow(oroot, path, limit=DIFF_LIMIT) if oe else b""
+    nd = write.read_nofollow(nroot, path, limit=DIFF_LIMIT) if ne else b""
     if od is None or nd is None or not (is_text(od) and is_text(nd)):
         sizes = f"{oe.size if oe else 0} bytes in {old_name}, {ne.size if ne else 0} in {new_name}"
         return f"{path}: binary or large, {sizes}\n"

@@ -17,19 +17,19 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from vmsandbox import paths, ui
-from vmsandbox.confine import accounts as confine
+from vmsandbox.confine import accounts
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.guest import commands
 from vmsandbox.session import lock
 from vmsandbox.session.end import lifecycle
 from vmsandbox.session.host import hosts
 from vmsandbox.session.options import Run
-from vmsandbox.session.place import choose as places
+from vmsandbox.session.place import choose
 from vmsandbox.session.record import Record, default_name, validate_name
 from vmsandbox.session.record import names as record_names
 from vmsandbox.session.start import create, project
 from vmsandbox.sync.inward import capture
-from vmsandbox.sync.review import gather as changes
+from vmsandbox.sync.review import gather
 from vmsandbox.sync.review.diff import diff_text
 
 LOG = "fanout.log"
@@ -68,7 +68,7 @@ def workers(run: Run, n: int) -> int:
     a starting guest keeps a host CPU busy) no more than there are CPUs: measured on 2 cores, 4 sessions took
     31 s two at a time and 38 s all at once: the memory, CPUs and accelerator of the place they start in."""
     memory_mib = max(run.options.settings.memory_mib, 1)
-    spec = places.spec_for(run.options.host, run.options.settings.libvirt_uri)
+    spec = choose.spec_for(run.options.host, run.options.settings.libvirt_uri)
     there = hosts.probe(spec)
     if there.node is None:
         raise VmsandboxError(
@@ -93,8 +93,8 @@ def fan_out(run: Run, n: int, check: str | None, *, limit: int) -> list[Outcome]
         )
     staging = paths.fanout_capture(group)
     shutil.rmtree(staging.root, ignore_errors=True)
-    confine.state_dirs()
-    confine.make_private_dir(staging.root)
+    accounts.state_dirs()
+    accounts.make_private_dir(staging.root)
     outcomes: list[Outcome | None] = [None] * n
     try:
         step = ui.step(f"Capturing {run.options.project} once for {n} sessions")
@@ -139,7 +139,7 @@ def _run_one(record: Record, index: int, command: list[str], check: str | None, 
         checked = _logged(record, ["env", f"{INDEX_VARIABLE}={index}", "sh", "-c", check], log, "a") == 0
     with lock.held(record.files, record.name, "reviewing the changes of"):
         plan = lifecycle.review(Record.load(record.name), limit=limit)
-    pending = changes.pending(plan.gathered)
+    pending = gather.pending(plan.gathered)
     added = removed = 0
     for c in pending:
         for line in diff_text(plan.gathered, c).splitlines():

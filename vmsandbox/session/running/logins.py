@@ -23,7 +23,7 @@ from vmsandbox import paths
 from vmsandbox.confine import beneath, sudo
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.guest import commands
-from vmsandbox.guest.files import Bundle, GuestUser
+from vmsandbox.guest.bootfiles import Bundle, GuestUser
 from vmsandbox.image.blueprint import Blueprint
 from vmsandbox.session.record import Record
 

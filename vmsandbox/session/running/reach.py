@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from vmsandbox import paths
-from vmsandbox.egress import control, log, policy, ports
+from vmsandbox.egress import control, policy, ports, proxylog
 from vmsandbox.egress.ports import Publish
 from vmsandbox.egress.rules.netpolicy import Mode
 from vmsandbox.errors import VmsandboxError
@@ -48,7 +48,7 @@ def _running(name: str) -> Record:
 
 
 def _logged(record: Record, what: str) -> None:
-    log.append(record.files.proxy_log, log.Event(decision="policy", reason=what))
+    proxylog.append(record.files.proxy_log, proxylog.Event(decision="policy", reason=what))
 
 
 def allow(name: str, entries: list[str]) -> list[str]:

@@ -8,20 +8,16 @@ import shutil
 from pathlib import Path
 
 from vmsandbox import paths, pids, ui
-from vmsandbox.confine import access, beneath
-from vmsandbox.confine import accounts as confine
+from vmsandbox.confine import access, accounts, beneath
 from vmsandbox.egress import control, policy, ports
 from vmsandbox.egress.policy import Request
 from vmsandbox.errors import VmsandboxError
-from vmsandbox.guest import files as guestfiles
-from vmsandbox.guest import ssh
-from vmsandbox.guest.files import GuestUser
-from vmsandbox.image import blueprint as blueprint_mod
-from vmsandbox.image import store
+from vmsandbox.guest import bootfiles, ssh
+from vmsandbox.guest.bootfiles import GuestUser
+from vmsandbox.image import blueprint, store
 from vmsandbox.image.blueprint import Blueprint
 from vmsandbox.session.options import Options
-from vmsandbox.session.place import choose as places
-from vmsandbox.session.place import pins
+from vmsandbox.session.place import choose, pins
 from vmsandbox.session.place.hostspec import HostSpec
 from vmsandbox.session.place.interface import Host
 from vmsandbox.session.record import Phase, Record, default_name, validate_name
@@ -29,7 +25,7 @@ from vmsandbox.session.running import logins
 from vmsandbox.session.settings import Settings
 from vmsandbox.session.start.project import opened
 from vmsandbox.sync.inward import capture
-from vmsandbox.vm import accel as accel_mod
+from vmsandbox.vm import accel
 
 
 def create(opts: Options) -> Record:
@@ -44,17 +40,17 @@ def _create(opts: Options, tree: beneath.Root) -> Record:
     name = validate_name(opts.name) if opts.name else default_name(project)
     settings = opts.settings
     policy.check_secrets(settings.network, settings.secrets, quiet=True)  # the command line said it already
-    bp = opts.blueprint or blueprint_mod.load("base")
+    bp = opts.blueprint or blueprint.load("base")
     image = opts.image or store.current_image()
     if opts.ssh_agent:
         if not os.environ.get("SSH_AUTH_SOCK"):
             raise VmsandboxError("--ssh-agent: no ssh-agent here (SSH_AUTH_SOCK is not set)", hint="start one first")
         ui.warn("--ssh-agent: the guest can use your SSH keys (not read them) while the session runs")
-    with places.host(places.spec_for(opts.host, settings.libvirt_uri)) as host:
+    with choose.host(choose.spec_for(opts.host, settings.libvirt_uri)) as host:
         host.libvirt()  # fails early, before anything is made, if libvirt is down
         choice = _accel(opts, host)
         files = paths.session_paths(name)
-        confine.state_dirs()
+        accounts.state_dirs()
         try:
             make_dir(files)
         except FileExistsError:
@@ -89,11 +85,11 @@ def _create(opts: Options, tree: beneath.Root) -> Record:
     return record
 
 
-def _accel(opts: Options, host: Host) -> accel_mod.Choice:
+def _accel(opts: Options, host: Host) -> accel.Choice:
     """The accelerator the host allows, once it has room for the session under its limits."""
     requested = opts.settings.accel
     choice = host.admit(requested, opts.settings.memory_mib)
-    if choice.accel is accel_mod.Accel.TCG and requested is accel_mod.Accel.AUTO:
+    if choice.accel is accel.Accel.TCG and requested is accel.Accel.AUTO:
         ui.warn(choice.reason)
     return choice
 
@@ -102,7 +98,7 @@ def _new_record(
     name: str,
     project: Path,
     image: store.Image,
-    choice: accel_mod.Choice,
+    choice: accel.Choice,
     settings: Settings,
     user: GuestUser,
     bp: Blueprint,
@@ -159,11 +155,11 @@ def _prepare(
             any_network=opts.trusted_build,
         )
         placeholders = policy.prepare(record.name, files, request)
-        (fw / "env").write_text(guestfiles.env_lines({**bp.env, **placeholders}))
-        bundle, notes = guestfiles.build(user, bp.copy, git=opts.git_identity, more=lambda b: logins.add_to(b, bp))
+        (fw / "env").write_text(bootfiles.env_lines({**bp.env, **placeholders}))
+        bundle, notes = bootfiles.build(user, bp.copy, git=opts.git_identity, more=lambda b: logins.add_to(b, bp))
         if bundle is not None:
             (fw / "files").write_bytes(bundle)
-        confine.give_to_qemu(fw)
+        accounts.give_to_qemu(fw)
     for note in notes:
         ui.info(f"  into the guest: {note}")
     record.save()
@@ -173,7 +169,7 @@ def make_dir(files: paths.SessionPaths) -> None:
     """A new session directory, private: QEMU's user reaches the disks, the guest-data account the mirror
     (FileExistsError if it is there)."""
     files.root.mkdir(mode=0o700)
-    confine.private_dir(files.root)
+    accounts.private_dir(files.root)
     if os.geteuid() != 0:
         access.inherit_for_me(files.root)
 

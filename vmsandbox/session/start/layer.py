@@ -21,8 +21,7 @@ from vmsandbox.guest import commands
 from vmsandbox.image import layers, store
 from vmsandbox.image.blueprint import Blueprint
 from vmsandbox.image.layers import BUILD_HOSTS, CLEANUP, PREFIX, REGISTRY, node_script, package_name, pick_release
-from vmsandbox.session import settings as config
-from vmsandbox.session import state
+from vmsandbox.session import settings, state
 from vmsandbox.session.end import lifecycle
 from vmsandbox.session.host.images import users_of
 from vmsandbox.session.options import Options
@@ -78,8 +77,8 @@ def _build_into(bp: Blueprint, base: store.Image, version: str, work: Path) -> N
     (work / paths.IMAGE_KERNEL).symlink_to(base.kernel)
     (work / paths.IMAGE_INITRD).symlink_to(base.initrd)
     layer = store.Image(version=version, path=work, manifest={"kernel_cmdline": base.kernel_cmdline})
-    settings = replace(
-        config.load(),
+    config = replace(
+        settings.load(),
         allow=tuple(dict.fromkeys([*BUILD_HOSTS, *bp.allow])),
         secrets=(),
         network=Mode.ALLOWLIST,
@@ -89,7 +88,7 @@ def _build_into(bp: Blueprint, base: store.Image, version: str, work: Path) -> N
             Options(
                 project=Path(empty),
                 name=f"build-{version[:20].rstrip('-')}-{time.time_ns() % 10000:04d}",
-                settings=settings,
+                settings=config,
                 keep=True,
                 image=layer,
                 build_disk=disk,

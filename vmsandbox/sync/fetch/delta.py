@@ -13,8 +13,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 from vmsandbox import paths
-from vmsandbox.sync.tree import manifest as tree
-from vmsandbox.sync.tree import views
+from vmsandbox.sync.tree import manifest, views
 from vmsandbox.sync.tree.hashcache import HashCache
 from vmsandbox.sync.tree.manifest import DIR, Entry, Manifest
 
@@ -54,7 +53,7 @@ def view(base: Mapping[str, Entry], delta: Delta) -> views.Overlay:
 
 
 def _under(p: str, roots: set[str]) -> bool:
-    return any(q in roots for q in tree.parents(p))
+    return any(q in roots for q in manifest.parents(p))
 
 
 def refresh(mirror: Path, base: Mapping[str, Entry], delta: Delta, listed: Iterable[str], cache: HashCache) -> None:
@@ -69,12 +68,12 @@ def refresh(mirror: Path, base: Mapping[str, Entry], delta: Delta, listed: Itera
     now: Manifest = {}
     for p in roots:
         if not _under(p, roots):
-            now.update(tree.scan_under(mirror, p, cache))
+            now.update(manifest.scan_under(mirror, p, cache))
     found: dict[str, Entry | None] = {p: now.get(p) for p in roots | stale | now.keys()}
     for p in roots:
-        for q in tree.parents(p):
+        for q in manifest.parents(p):
             if q not in found and not _under(q, roots) and q not in roots:
-                found[q] = tree.entry_under(mirror, q, cache)
+                found[q] = manifest.entry_under(mirror, q, cache)
     cache.save(partial=True)
     for p, e in found.items():
         if e == base.get(p):

@@ -24,7 +24,7 @@ from vmsandbox import paths
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.guest import commands
 from vmsandbox.guest.ssh import Endpoint
-from vmsandbox.sync.tree import manifest as tree
+from vmsandbox.sync.tree import manifest
 
 PROGRAM = "/usr/local/lib/vmsandbox/journal"
 TIMEOUT = 60.0
@@ -107,7 +107,7 @@ def _outermost(found: list[str]) -> list[str]:
     """The named paths without those under another named one (a fetch takes each with all under it; and a
     path under one that is gone or is no directory now cannot be fetched)."""
     named = set(found)
-    return sorted(p for p in named if not any(q in named for q in tree.parents(p)))
+    return sorted(p for p in named if not any(q in named for q in manifest.parents(p)))
 
 
 def _unescape(line: str) -> str | None:

@@ -18,14 +18,12 @@ import re
 from dataclasses import dataclass
 
 from vmsandbox import proc
-from vmsandbox.confine import accounts as confine
+from vmsandbox.confine import accounts
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.guest.ssh import Endpoint
 from vmsandbox.paths import SessionPaths
-from vmsandbox.sync.fetch import delta, journal, meter, spend, volume
-from vmsandbox.sync.fetch import rsync as transfer
-from vmsandbox.sync.tree import manifest as tree
-from vmsandbox.sync.tree import placeholders
+from vmsandbox.sync.fetch import delta, journal, meter, rsync, spend, volume
+from vmsandbox.sync.tree import manifest, placeholders
 from vmsandbox.sync.tree.hashcache import HashCache
 
 # What the mirror never takes from the guest: owners, devices, FIFOs, sockets, and the mode bits that must
@@ -49,7 +47,7 @@ RSYNC_PULL = (
 class Fetched:
     """The guest's tree as the mirror now holds it, and the paths where it differs from the baseline."""
 
-    view: tree.Tree
+    view: manifest.Tree
     differs: frozenset[str]
     how: str  # how the changes were found (for the log: which paths the journal named, or why a walk)
 
@@ -66,22 +64,22 @@ MAX_GUEST_ENTRIES = 2_000_000
 MAX_PULL_ENTRIES = MAX_GUEST_ENTRIES  # what one transfer may bring (its own name: tests lower it alone)
 
 
-def _scan(files: SessionPaths) -> tree.Manifest:
+def _scan(files: SessionPaths) -> manifest.Manifest:
     try:
-        return tree.scan(files.guest_tree, cache=_cache(files), max_entries=MAX_GUEST_ENTRIES)
-    except tree.TooManyEntriesError as exc:
+        return manifest.scan(files.guest_tree, cache=_cache(files), max_entries=MAX_GUEST_ENTRIES)
+    except manifest.TooManyEntriesError as exc:
         raise VmsandboxError(
             f"the guest's tree holds more than {MAX_GUEST_ENTRIES:,} files and directories; it is not read",
             hint=f"remove what the guest generated (`vmsandbox shell {files.root.name}`), then pull again",
         ) from exc
 
 
-def _held(files: SessionPaths, base: tree.Tree, max_file_bytes: int) -> volume.Held:
+def _held(files: SessionPaths, base: manifest.Tree, max_file_bytes: int) -> volume.Held:
     """The mirror, made if it is not there (sync.fetch.volume): its bound is FACTOR pulls' worth."""
     return volume.ensure(files, base, bound=spend.FACTOR * max_file_bytes, max_entries=MAX_GUEST_ENTRIES)
 
 
-def _walked(files: SessionPaths, base: tree.Tree, why: str, held: volume.Held) -> Fetched:
+def _walked(files: SessionPaths, base: manifest.Tree, why: str, held: volume.Held) -> Fetched:
     guest = _scan(files)
     if not held.own:  # (in a file system of its own the kernel keeps the bound: no ledger to set)
         spend.rebase(files.root, files.guest_tree)
@@ -90,7 +88,7 @@ def _walked(files: SessionPaths, base: tree.Tree, why: str, held: volume.Held) -
     return _readable(files, base, Fetched(guest, frozenset(found), f"the whole tree was read: {why}"))
 
 
-def _readable(files: SessionPaths, base: tree.Tree, fetched: Fetched) -> Fetched:
+def _readable(files: SessionPaths, base: manifest.Tree, fetched: Fetched) -> Fetched:
     """The fetch, once every path where the guest differs holds data a review can read: a placeholder there
     (the guest changed only its mode) gets the baseline's data."""
     same_data = [p for p in sorted(fetched.differs) if _same_data(base.get(p), fetched.view.get(p))]
@@ -104,15 +102,15 @@ def _readable(files: SessionPaths, base: tree.Tree, fetched: Fetched) -> Fetched
     return fetched
 
 
-def _same_data(base: tree.Entry | None, guest: tree.Entry | None) -> bool:
+def _same_data(base: manifest.Entry | None, guest: manifest.Entry | None) -> bool:
     """Whether a path where the guest differs holds the baseline's data there (only such a path can be a
     placeholder, unless the receiver moved one: then what a review reads fails its hash check, as any file
     that changed under it does)."""
-    return base is not None and guest is not None and guest.kind == tree.FILE and guest.digest == base.digest
+    return base is not None and guest is not None and guest.kind == manifest.FILE and guest.digest == base.digest
 
 
 def fetch_live(
-    endpoint: Endpoint, workdir: str, files: SessionPaths, base: tree.Tree, *, max_file_bytes: int
+    endpoint: Endpoint, workdir: str, files: SessionPaths, base: manifest.Tree, *, max_file_bytes: int
 ) -> Fetched:
     """Bring the guest's changes into the host mirror (rsync delta over the session's SSH) and read them.
 
@@ -161,8 +159,8 @@ def _rsync(
     (deleted in the mirror where the guest has none). With `partial`, a transfer that could not read some
     paths (rsync's exit 23/24: it then deletes nothing in the mirror) is not an error: rsync's lines about
     them are returned."""
-    who = confine.guest_data_account()
-    side = transfer.Side(who, confine.guest_data_limits(max_file_bytes), files.guest_tree)
+    who = accounts.guest_data_account()
+    side = rsync.Side(who, accounts.guest_data_limits(max_file_bytes), files.guest_tree)
     remote = workdir.rstrip("/") + "/"
     options = [*RSYNC_PULL]
     if only is not None:
@@ -176,7 +174,7 @@ def _rsync(
     )
     tally = meter.Tally()
     try:
-        transfer.rsync(
+        rsync.rsync(
             endpoint,
             options,
             f"{endpoint.host_alias}:{remote}",
@@ -254,7 +252,7 @@ def _explained(exc: proc.CommandError, max_file_bytes: int, files: SessionPaths,
 
 
 def fetch_from_disk(
-    endpoint: Endpoint, workdir: str, files: SessionPaths, base: tree.Tree, *, max_file_bytes: int, why: str
+    endpoint: Endpoint, workdir: str, files: SessionPaths, base: manifest.Tree, *, max_file_bytes: int, why: str
 ) -> tuple[Fetched, list[str]]:
     """The VM is gone or stopped: a reader VM (session.diskreader) has its workspace disk mounted at `workdir`.
     The whole tree is fetched from there as from a live VM (its journal knows nothing of the session's) and
@@ -272,6 +270,6 @@ def fetch_from_disk(
     return fetched, unread
 
 
-def fetch_nothing(files: SessionPaths, base: tree.Tree, why: str, *, max_file_bytes: int) -> Fetched:
+def fetch_nothing(files: SessionPaths, base: manifest.Tree, why: str, *, max_file_bytes: int) -> Fetched:
     """Nothing to fetch from (the workspace disk is gone): the mirror as the last fetch left it."""
     return _walked(files, base, why, _held(files, base, max_file_bytes))

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from vmsandbox import proc
-from vmsandbox.confine import accounts as confine
+from vmsandbox.confine import accounts
 from vmsandbox.confine.accounts import Identity, Limits
 from vmsandbox.confine.jail import Jail
 from vmsandbox.errors import VmsandboxError
@@ -148,7 +148,7 @@ def _start_local(
         ["rsync", *options, "--blocking-io", "-e", relay_shell(fd), source, dest],
         stdin=proc.PIPE if piped else proc.DEVNULL,
         cwd=side.cwd,
-        env=confine.clean_env(side.as_user),
+        env=accounts.clean_env(side.as_user),
         as_user=side.as_user,
         limits=side.limits,
         pass_fds=(fd,),

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from vmsandbox import proc, ui
-from vmsandbox.confine import accounts as confine
+from vmsandbox.confine import accounts
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.paths import SessionPaths
 from vmsandbox.sync.fetch import delta, spend
@@ -137,7 +137,7 @@ def _make(files: SessionPaths, base: Tree, want: Size) -> bool:
     """The mirror made: in a file system of its own when we are root and the kernel mounts one (True)."""
     files.mirror.mkdir(mode=0o700)
     own = os.geteuid() == 0 and _mount_new(files, want)
-    confine.private_dir(files.mirror)  # (the top of the file system: root's) the guest-data account may pass
+    accounts.private_dir(files.mirror)  # (the top of the file system: root's) the guest-data account may pass
     making = files.mirror / MAKING
     try:
         placeholders.make(files.baseline, making, base)
@@ -147,7 +147,7 @@ def _make(files: SessionPaths, base: Tree, want: Size) -> bool:
             f"could not make the mirror of session {files.root.name}'s guest tree: {exc.strerror}",
             hint=f"free space where vmsandbox keeps its state ({files.root.parent.parent}), then pull again",
         ) from exc
-    confine.hand_over(making, confine.guest_data_account())
+    accounts.hand_over(making, accounts.guest_data_account())
     making.rename(files.guest_tree)
     if delta.load(files.root) != {}:  # it described a mirror that held more than the baseline
         delta.forget(files.root)

@@ -5,9 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from vmsandbox.sync.git import refs
-from vmsandbox.sync.git import repository as commits
-from vmsandbox.sync.git import review as commitreview
+from vmsandbox.sync.git import refs, repository, review
 from vmsandbox.sync.review.gather import BUNDLE, Gathered, Origin
 from vmsandbox.sync.review.take import Take
 
@@ -42,16 +40,16 @@ def preview(g: Gathered) -> tuple[list[RefView], str | None]:
     repo = t.repository
     views: list[RefView] = []
     try:
-        for ref, _oid in commitreview.staged_refs(repo, t.name):
+        for ref, _oid in review.staged_refs(repo, t.name):
             new = [ref, "--not", "--branches", "--tags", "--remotes"]
             log = repo.run("log", f"--max-count={MOST_SHOWN}", "--format=%h %s", *new)
             touched = repo.run("log", "--format=", "--name-only", *new, check=False)
-            found = commitreview.review(repo, ref)
+            found = review.review(repo, ref)
             held = [f"{x.path} ({x.why})" for x in found.risky] if found else ["could not be listed"]
             files = list(dict.fromkeys(p for p in touched.stdout.splitlines() if p))[:MOST_SHOWN]
             views.append(RefView(ref.split("/", 3)[3], log.stdout.splitlines(), files, held))
     finally:
-        commitreview.drop_staged(repo, t.name)
+        review.drop_staged(repo, t.name)
     return views, refused
 
 
@@ -74,9 +72,9 @@ def fetch_commits(g: Gathered, *, take: Take, keep_staged: bool = False) -> Fetc
     refused = _stage(g)
     repo = t.repository
     try:
-        promoted, held = commitreview.promote(repo, t.name, take=take)
+        promoted, held = review.promote(repo, t.name, take=take)
     finally:
         if not keep_staged:
-            commitreview.drop_staged(repo, t.name)
-    lines = repo.new_commits(commits.remote_prefix(t.name)) if promoted else []
+            review.drop_staged(repo, t.name)
+    lines = repo.new_commits(repository.remote_prefix(t.name)) if promoted else []
     return Fetched(lines, held, refused)

@@ -29,11 +29,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from vmsandbox import proc
-from vmsandbox.confine import accounts as confine
+from vmsandbox.confine import accounts
 from vmsandbox.confine.accounts import Identity
 from vmsandbox.confine.jail import Jail
 from vmsandbox.sync.git import refs
-from vmsandbox.sync.tree import manifest as tree
+from vmsandbox.sync.tree import manifest
 
 
 @dataclass(frozen=True)
@@ -86,18 +86,18 @@ def make_incoming(
         for rel, dir_fd, st in _object_files(guest_git):
             if (rel, st.st_size) in known:  # named by its hash: the host has it already
                 continue
-            src = tree.open_file_at(dir_fd, rel.rsplit("/", 1)[-1], st)
+            src = manifest.open_file_at(dir_fd, rel.rsplit("/", 1)[-1], st)
             if src is None:
                 continue
             dest = path / "objects" / rel
             dest.parent.mkdir(parents=True, exist_ok=True)
             try:
                 with dest.open("wb") as out:
-                    for chunk in tree.chunks(src):
+                    for chunk in manifest.chunks(src):
                         out.write(chunk)
             finally:
                 os.close(src)
-        confine.hand_over(path, who)
+        accounts.hand_over(path, who)
     except BaseException:
         shutil.rmtree(path, ignore_errors=True)
         raise
@@ -142,7 +142,7 @@ def git_argv(project: Path) -> list[str]:
 
 def git_env(who: Identity | None) -> dict[str, str]:
     return {
-        **confine.clean_env(who),
+        **accounts.clean_env(who),
         "GIT_CONFIG_NOSYSTEM": "1",
         "GIT_CONFIG_GLOBAL": "/dev/null",
         "GIT_TERMINAL_PROMPT": "0",
@@ -160,7 +160,7 @@ class Repository:
 
     @classmethod
     def of(cls, project: Path, uid: int, gid: int) -> Repository:
-        return cls(project, confine.invoking_user(uid, gid))
+        return cls(project, accounts.invoking_user(uid, gid))
 
     def run(
         self,
@@ -181,7 +181,7 @@ class Repository:
             input=input,
             env=git_env(self.who),
             as_user=self.who,
-            limits=confine.GIT_LIMITS,
+            limits=accounts.GIT_LIMITS,
             cwd=project,
             check=check,
             hint=hint,
@@ -230,7 +230,7 @@ class Repository:
         """A temporary directory only the owner (and root) can use."""
         path = Path(tempfile.mkdtemp(prefix="vmsandbox-"))
         try:
-            confine.hand_over(path, self.who)
+            accounts.hand_over(path, self.who)
             yield path
         finally:
             shutil.rmtree(path, ignore_errors=True)
@@ -242,7 +242,7 @@ class Repository:
         with self.private_tmp() as tmp:
             copy = tmp / bundle.name
             shutil.copyfile(bundle, copy)
-            confine.hand_over(tmp, self.who)
+            accounts.hand_over(tmp, self.who)
             self.run(
                 "fetch", "--quiet", "--no-tags", "--no-write-fetch-head", str(copy), f"+{prefix}/*:{stage}/*",
                 f"+{stage}/*:{stage}/*", readable=(tmp,),

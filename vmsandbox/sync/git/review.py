@@ -19,8 +19,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from vmsandbox.sync.git import refs
-from vmsandbox.sync.git import repository as commits
+from vmsandbox.sync.git import refs, repository
 from vmsandbox.sync.review.risk import risky_name
 from vmsandbox.sync.review.take import Take
 
@@ -61,7 +60,7 @@ class RefReview:
         flags = " ".join(FLAGS[k] for k in (Kind.RISKY, Kind.IGNORED, Kind.BINARY) if any(t.kind == k for t in held))
         return (
             f"commits of {self.name} ({self.commits} new) touch {shown}: not fetched into "
-            f"{commits.remote_prefix(session)}/ (`vmsandbox pull {session} {flags}` fetches it)"
+            f"{repository.remote_prefix(session)}/ (`vmsandbox pull {session} {flags}` fetches it)"
         )
 
 
@@ -139,7 +138,7 @@ def parse_numstat(output: str) -> set[str]:
     return found
 
 
-def _diff_tree(repo: commits.Repository, oids: list[str], form: str) -> str | None:
+def _diff_tree(repo: repository.Repository, oids: list[str], form: str) -> str | None:
     done = repo.run(
         "diff-tree", "--stdin", "-m", "-r", "-z", form, "--no-abbrev", "--no-renames", "--root",
         check=False, input="".join(f"{o}\n" for o in oids),
@@ -147,7 +146,7 @@ def _diff_tree(repo: commits.Repository, oids: list[str], form: str) -> str | No
     return done.stdout if done.returncode == 0 else None
 
 
-def _ignored(repo: commits.Repository, paths: set[str]) -> set[str] | None:
+def _ignored(repo: repository.Repository, paths: set[str]) -> set[str] | None:
     """The paths the host's repository ignores (as for the working tree's files), or None if git failed."""
     if not paths:
         return set()
@@ -157,7 +156,7 @@ def _ignored(repo: commits.Repository, paths: set[str]) -> set[str] | None:
     return {p for p in done.stdout.split("\0") if p}
 
 
-def review(repo: commits.Repository, ref: str) -> RefReview | None:
+def review(repo: repository.Repository, ref: str) -> RefReview | None:
     """The new commits of one staged ref and what they touch (None: they could not be listed)."""
     listed = repo.run(
         "rev-list", f"--max-count={MAX_COMMITS + 1}", ref, "--not", "--branches", "--tags", "--remotes",
@@ -175,7 +174,7 @@ def review(repo: commits.Repository, ref: str) -> RefReview | None:
     return None if touched is None else RefReview(name, len(oids), touched)
 
 
-def _touched(repo: commits.Repository, oids: list[str]) -> tuple[Touch, ...] | None:
+def _touched(repo: repository.Repository, oids: list[str]) -> tuple[Touch, ...] | None:
     """What these commits touch that holds them back, a path once (its first reason: risky, ignored, binary);
     None if git could not say."""
     raw = _diff_tree(repo, oids, "--raw")
@@ -199,19 +198,19 @@ def _touched(repo: commits.Repository, oids: list[str]) -> tuple[Touch, ...] | N
     return tuple(held[p] for p in sorted(held))
 
 
-def staged_refs(repo: commits.Repository, session: str) -> list[tuple[str, str]]:
+def staged_refs(repo: repository.Repository, session: str) -> list[tuple[str, str]]:
     """(ref, object id) of every ref staged for the session."""
-    listing = repo.run("for-each-ref", "--format=%(objectname) %(refname)", commits.staged(session) + "/")
+    listing = repo.run("for-each-ref", "--format=%(objectname) %(refname)", repository.staged(session) + "/")
     return [(ref, oid) for oid, _, ref in (line.partition(" ") for line in listing.stdout.splitlines())]
 
 
-def promote(repo: commits.Repository, session: str, *, take: Take) -> tuple[int, list[str]]:
+def promote(repo: repository.Repository, session: str, *, take: Take) -> tuple[int, list[str]]:
     """Review every staged ref; move those whose commits touch nothing held back (risky, ignored, binary: unless
     `take` takes that kind) to refs/remotes/vmsandbox-SESSION/. How many moved, and one line per ref held back
     saying what it touches and which flag fetches it."""
     held: list[str] = []
     updates: list[str] = []
-    prefix = commits.remote_prefix(session)
+    prefix = repository.remote_prefix(session)
     for ref, oid in staged_refs(repo, session):
         found = review(repo, ref)
         name = ref.split("/", 3)[3]
@@ -226,20 +225,20 @@ def promote(repo: commits.Repository, session: str, *, take: Take) -> tuple[int,
     return len(updates), held
 
 
-def drop_staged(repo: commits.Repository, session: str) -> None:
+def drop_staged(repo: repository.Repository, session: str) -> None:
     """The staged refs go (their objects stay, unreachable, for git's own gc)."""
     doomed = [f"delete {ref}\n" for ref, _oid in staged_refs(repo, session)]
     if doomed:
         repo.run("update-ref", "--stdin", input="".join(doomed))
 
 
-def drop_leftover(repo: commits.Repository, session: str) -> bool:
+def drop_leftover(repo: repository.Repository, session: str) -> bool:
     """When a session goes: the refs a killed pull left staged for it in the project (the project's own
     repository, read as the host's data). Git runs only if some are there. Whether any were."""
     gitdir = repo.project / ".git"
     if not refs.is_real_dir(gitdir):
         return False
-    space = f"{commits.staged(session)}/"
+    space = f"{repository.staged(session)}/"
     loose = gitdir.joinpath(*space.strip("/").split("/"))
     packed = gitdir / "packed-refs"
     there = refs.is_real_dir(loose) or (

@@ -27,9 +27,8 @@ from vmsandbox.confine import accounts, beneath, rights
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.paths import SessionPaths
 from vmsandbox.sync.fetch import delta
-from vmsandbox.sync.inward import leftout as inbound
-from vmsandbox.sync.tree import manifest as tree
-from vmsandbox.sync.tree import views
+from vmsandbox.sync.inward import leftout
+from vmsandbox.sync.tree import manifest, views
 from vmsandbox.vm import ext4
 
 HEADROOM_BYTES = 8 * 1024**3  # room for what the agent adds (dependencies, builds) on the sparse disk
@@ -43,7 +42,7 @@ PRISTINE = "workspace.pristine.raw"  # a fan-out's one capture: its workspace di
 
 def capture(
     project: beneath.Root, files: SessionPaths, *, pristine: bool = False, leave_out: Collection[str] = ()
-) -> tree.Manifest:
+) -> manifest.Manifest:
     """Snapshot the project (tracked, untracked, ignored, .git; opened and checked by project.opened) into the
     session, but what its `.vmsandboxignore` names and `leave_out` (files that look like credentials: inbound.py);
     build the workspace disk (and with `pristine`, keep a copy of it as made, for copy_from)."""
@@ -52,22 +51,22 @@ def capture(
     copy_tree(project, files.baseline)
     files.baseline.chmod(0o700)  # cp -a gave it the project's mode: keep the copy private
     failpoint.hit("run.capture")
-    manifest = tree.scan(files.baseline)
-    spec = inbound.ignore_spec(files.baseline, project.path)  # (the copy's: what the person could read)
-    inbound.remove(files.baseline, manifest, [*leave_out, *(inbound.ignored(manifest, spec) if spec else [])])
-    paths.write_atomically(files.baseline_manifest, json.dumps(tree.to_json(manifest)))
-    used = sum(e.size for e in manifest.values())
+    entries = manifest.scan(files.baseline)
+    spec = leftout.ignore_spec(files.baseline, project.path)  # (the copy's: what the person could read)
+    leftout.remove(files.baseline, entries, [*leave_out, *(leftout.ignored(entries, spec) if spec else [])])
+    paths.write_atomically(files.baseline_manifest, json.dumps(manifest.to_json(entries)))
+    used = sum(e.size for e in entries.values())
     size = max(2 * used, used + HEADROOM_BYTES)
-    inodes = max(2 * len(manifest), size // BYTES_PER_INODE)
+    inodes = max(2 * len(entries), size // BYTES_PER_INODE)
     disk = files.workspace_disk
     ext4.make(files.baseline, disk, f"{size // 1024}k", label="workspace", inodes=inodes, extended=("root_owner=0:0",))
     disk.chmod(0o600)  # a copy of the project: for root (and QEMU, via libvirt) only
-    if "lost+found" not in manifest:
+    if "lost+found" not in entries:
         ext4.remove_dir(disk, "lost+found")
     if pristine:
         copy_disk(files.workspace_disk, files.root / PRISTINE)
     delta.save(files.root, {})  # the mirror will be the baseline: the first pull reads only what the journal names
-    return manifest
+    return entries
 
 
 def copy_tree(project: beneath.Root, dest: Path) -> None:
@@ -99,18 +98,18 @@ def copy_tree(project: beneath.Root, dest: Path) -> None:
         )
 
 
-def copy_from(source: SessionPaths, files: SessionPaths, workspace: Path | None) -> tree.Manifest:
+def copy_from(source: SessionPaths, files: SessionPaths, workspace: Path | None) -> manifest.Manifest:
     """A session's capture copied from another's: its baseline and manifest, `workspace` as its workspace disk (a
     fan-out's capture made once with `pristine`, a checkpoint's copy; None: its disk is made on another host),
     and a mirror of its own that starts as the baseline."""
     check_space(source.baseline, files.root)
     proc.run(["cp", "-a", "--reflink=auto", source.baseline, files.baseline])
     shutil.copyfile(source.baseline_manifest, files.baseline_manifest)
-    manifest = tree.from_json(json.loads(files.baseline_manifest.read_text()))
+    entries = manifest.from_json(json.loads(files.baseline_manifest.read_text()))
     if workspace is not None:
         copy_disk(workspace, files.workspace_disk)
     delta.save(files.root, {})  # (its mirror, made when a pull needs it, starts as the baseline)
-    return manifest
+    return entries
 
 
 def copy_disk(source: Path, dest: Path) -> None:

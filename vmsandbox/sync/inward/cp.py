@@ -7,10 +7,10 @@ from __future__ import annotations
 import posixpath
 from pathlib import Path
 
-from vmsandbox.confine import accounts as confine
+from vmsandbox.confine import accounts
 from vmsandbox.errors import UsageError
 from vmsandbox.guest.ssh import Endpoint
-from vmsandbox.sync.fetch import rsync as transfer
+from vmsandbox.sync.fetch import rsync
 from vmsandbox.sync.target import Target
 
 
@@ -38,8 +38,8 @@ def copy_in(target: Target, endpoint: Endpoint, sources: list[Path], dest: str) 
         # the host's rsync is jailed and sees the source alone (not the directory that holds it: a file of the
         # home directory would have shown it the whole home), run in the source's directory; the name goes as
         # `./NAME`, so a name that starts with `-` is a name, not one of rsync's options
-        side = transfer.Side(who, confine.GIT_LIMITS, source.parent, only=(source,))
-        transfer.rsync(
+        side = rsync.Side(who, accounts.GIT_LIMITS, source.parent, only=(source,))
+        rsync.rsync(
             endpoint,
             ["-rlpt", "--mkpath", f"--chown={target.uid}:{target.gid}"],
             f"./{source.name}",

@@ -24,7 +24,7 @@ from vmsandbox.errors import VmsandboxError
 from vmsandbox.sync.review.holds import DERIVED_DIRS
 from vmsandbox.sync.scan import credentials
 from vmsandbox.sync.scan.credentials import Finding
-from vmsandbox.sync.tree import manifest as tree
+from vmsandbox.sync.tree import manifest
 
 IGNORE_FILE = ".vmsandboxignore"
 CONTENT_LIMIT = 64 * 1024  # files scanned for credentials going in (config files, not data)
@@ -68,31 +68,31 @@ def ignore_spec(copy: Path, project: Path | None = None) -> pathspec.GitIgnoreSp
     return pathspec.GitIgnoreSpec.from_lines(data.decode(errors="replace").splitlines())
 
 
-def ignored(manifest: tree.Tree, spec: pathspec.GitIgnoreSpec) -> list[str]:
+def ignored(entries: manifest.Tree, spec: pathspec.GitIgnoreSpec) -> list[str]:
     """The manifest's paths the spec matches (a matched directory stands for everything below it)."""
     out: list[str] = []
-    for path in sorted(manifest):
+    for path in sorted(entries):
         if any(path.startswith(top + "/") for top in out[-1:]):
             continue
-        shown = path + "/" if manifest[path].kind == tree.DIR else path
+        shown = path + "/" if entries[path].kind == manifest.DIR else path
         if spec.match_file(shown):
             out.append(path)
     return out
 
 
-def remove(baseline: Path, manifest: tree.Manifest, left_out: Collection[str]) -> int:
+def remove(baseline: Path, entries: manifest.Manifest, left_out: Collection[str]) -> int:
     """Take `left_out` (paths of the manifest, files or whole directories) out of the baseline copy and its
     manifest; the number of entries removed. Removed beneath the baseline (confine.beneath): never through a
     link."""
     removed = 0
     with beneath.Root.open(baseline) as copy:
         for path in sorted(left_out):
-            if manifest.get(path) is None:
+            if entries.get(path) is None:
                 continue
             copy.remove(path)
-            below = [p for p in manifest if p == path or p.startswith(path + "/")]
+            below = [p for p in entries if p == path or p.startswith(path + "/")]
             for p in below:
-                del manifest[p]
+                del entries[p]
             removed += len(below)
     return removed
 
@@ -134,7 +134,7 @@ def _small_text(dir_fd: int, name: str, who: Identity | None) -> bytes | None:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode) or (who is not None and not rights.may(fd, who, rights.READ, st)):
             return None
-        data = tree.read_at_most(fd, CONTENT_LIMIT)
+        data = manifest.read_at_most(fd, CONTENT_LIMIT)
     finally:
         os.close(fd)
     return data if data is not None and b"\0" not in data else None

@@ -9,16 +9,13 @@ import stat
 from pathlib import Path
 
 from vmsandbox import failpoint, paths, ui
-from vmsandbox.confine import accounts as confine
-from vmsandbox.confine import beneath
+from vmsandbox.confine import accounts, beneath
 from vmsandbox.guest.ssh import Endpoint
-from vmsandbox.sync.fetch import delta, mirror
-from vmsandbox.sync.fetch import rsync as transfer
+from vmsandbox.sync.fetch import delta, mirror, rsync
 from vmsandbox.sync.inward import capture
-from vmsandbox.sync.review.compare import Status, compare, is_git_managed
+from vmsandbox.sync.review.threeway import Status, compare, is_git_managed
 from vmsandbox.sync.target import Target
-from vmsandbox.sync.tree import manifest as tree
-from vmsandbox.sync.tree import placeholders
+from vmsandbox.sync.tree import manifest, placeholders
 from vmsandbox.sync.tree.hashcache import HashCache
 
 
@@ -30,7 +27,7 @@ def push(target: Target, endpoint: Endpoint, *, limit: int) -> tuple[list[str], 
     base = dict(capture.baseline(files))
     with ui.step("Fetching the guest's changes"):
         guest = mirror.fetch_live(endpoint, str(target.project), files, base, max_file_bytes=limit).view
-    host = tree.scan(target.project, cache=HashCache.load(target.files.hashes("project")))
+    host = manifest.scan(target.project, cache=HashCache.load(target.files.hashes("project")))
     # the same three-way view with the roles swapped: the host is the side whose changes travel
     changes = [c for c in compare(base, guest, host) if not is_git_managed(c.path)]
     send = [c for c in changes if c.status is Status.APPLY]
@@ -38,10 +35,10 @@ def push(target: Target, endpoint: Endpoint, *, limit: int) -> tuple[list[str], 
     if send:
         remote = str(target.project).rstrip("/") + "/"
         # the host side reads the user's project as the user; the guest's rsync never talks to root here
-        side = transfer.Side(target.owner, confine.GIT_LIMITS, target.project)
+        side = rsync.Side(target.owner, accounts.GIT_LIMITS, target.project)
         with ui.step(f"Pushing {len(send)} host change(s) into the guest"):
             failpoint.hit("push.send")
-            transfer.rsync(
+            rsync.rsync(
                 endpoint,
                 [
                     "-a",
@@ -67,7 +64,7 @@ def push(target: Target, endpoint: Endpoint, *, limit: int) -> tuple[list[str], 
             else:
                 base[c.path] = c.host
         delta.forget(files.root)  # it was against the old baseline: the next pull reads the whole mirror
-        paths.write_atomically(files.baseline_manifest, json.dumps(tree.to_json(base)))
+        paths.write_atomically(files.baseline_manifest, json.dumps(manifest.to_json(base)))
     return [c.path for c in send], conflicts
 
 
@@ -106,7 +103,7 @@ def _copy_entry(src_root: Path, dst_root: Path, rel: str) -> None:
 def _copy_file(src: int, dir_fd: int, name: str, st: os.stat_result) -> None:
     out = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=dir_fd)
     try:
-        while os.copy_file_range(src, out, tree.CHUNK):
+        while os.copy_file_range(src, out, manifest.CHUNK):
             pass
         _settle(out, st)
     finally:

@@ -15,12 +15,10 @@ from typing import Any
 
 from vmsandbox import failpoint, ui
 from vmsandbox.errors import VmsandboxError
-from vmsandbox.sync.git import refs
-from vmsandbox.sync.git import review as commitreview
+from vmsandbox.sync.git import refs, review
 from vmsandbox.sync.git.fetch import fetch_commits
-from vmsandbox.sync.land import write as apply
-from vmsandbox.sync.review import gather as changes
-from vmsandbox.sync.review.compare import Status
+from vmsandbox.sync.land import write
+from vmsandbox.sync.review import gather
 from vmsandbox.sync.review.diff import diff_text
 from vmsandbox.sync.review.gather import (
     BUNDLE,
@@ -32,6 +30,7 @@ from vmsandbox.sync.review.gather import (
     Origin,
 )
 from vmsandbox.sync.review.take import Take
+from vmsandbox.sync.review.threeway import Status
 from vmsandbox.sync.tree.manifest import DIR, FILE, SYMLINK
 
 
@@ -51,26 +50,26 @@ def export(g: Gathered, *, box: Path | None = None) -> Path:
     record of the refused ones (what they were and why they can never be written). `box`: another directory
     of the same layout instead (a rollback's)."""
     files = g.target.files
-    todo = changes.pending(g)
+    todo = gather.pending(g)
     box = box or files.outbox
     box.parent.mkdir(mode=0o700, exist_ok=True)
     staging = box.with_name(box.name + ".new")
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(mode=0o700)
     (staging / OUTBOX_FILES).mkdir(mode=0o700)
-    keeper = apply.Owner(os.geteuid(), os.getegid())
+    keeper = write.Owner(os.geteuid(), os.getegid())
     manifest: dict[str, Any] = {}
-    for c in apply.order(todo):
+    for c in write.order(todo):
         failpoint.hit("export.item")
         manifest[c.path] = c.guest.as_dict() if c.guest else None
         if c.guest is None:
             continue
         if c.guest.kind == FILE:
-            apply.copy_verified(g.source, staging / OUTBOX_FILES, c.path, c.guest, keeper)
+            write.copy_verified(g.source, staging / OUTBOX_FILES, c.path, c.guest, keeper)
         elif c.guest.kind == SYMLINK and c.guest.target is not None:
-            apply.write_symlink(staging / OUTBOX_FILES, c.path, c.guest.target, keeper)
+            write.write_symlink(staging / OUTBOX_FILES, c.path, c.guest.target, keeper)
         elif c.guest.kind == DIR:
-            apply.make_dir(staging / OUTBOX_FILES, c.path, c.guest.mode, keeper)
+            write.make_dir(staging / OUTBOX_FILES, c.path, c.guest.mode, keeper)
     refused = [
         {"path": c.path, "why": c.notes[0] if c.notes else "", "entry": c.guest.as_dict() if c.guest else None}
         for c in g.changes
@@ -88,7 +87,7 @@ def export(g: Gathered, *, box: Path | None = None) -> Path:
             ui.warn(f"could not keep the guest's commits: {exc.message}")
         finally:
             with contextlib.suppress(VmsandboxError):
-                commitreview.drop_staged(t.repository, t.name)
+                review.drop_staged(t.repository, t.name)
     elif g.origin is Origin.OUTBOX and (box / BUNDLE).exists():
         shutil.copyfile(box / BUNDLE, staging / BUNDLE)
     if box.exists() and box != staging:

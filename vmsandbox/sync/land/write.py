@@ -23,8 +23,8 @@ from pathlib import Path
 from vmsandbox import failpoint
 from vmsandbox.confine import beneath
 from vmsandbox.errors import VmsandboxError
-from vmsandbox.sync.review.compare import Change
-from vmsandbox.sync.tree import manifest as tree
+from vmsandbox.sync.review.threeway import Change
+from vmsandbox.sync.tree import manifest
 from vmsandbox.sync.tree.manifest import DIR, FILE, SYMLINK
 
 TMP_PREFIX = ".vmsandbox-tmp-"
@@ -84,7 +84,7 @@ class ChangedError(VmsandboxError):
     """A side of a change is no longer what the review showed."""
 
 
-def read_as_reviewed(root: Path, rel: str, entry: tree.Entry | None, *, limit: int) -> bytes | None:
+def read_as_reviewed(root: Path, rel: str, entry: manifest.Entry | None, *, limit: int) -> bytes | None:
     """The content of root/rel as the review saw it (`entry`: its content hash), at most `limit` bytes (None
     when larger, or not a file); b"" for no entry. ChangedError when the file there now holds other bytes: what
     is shown or applied is only ever what the review saw."""
@@ -98,18 +98,18 @@ def read_as_reviewed(root: Path, rel: str, entry: tree.Entry | None, *, limit: i
     return data
 
 
-def _current(root: Path, rel: str) -> tree.Entry | None:
+def _current(root: Path, rel: str) -> manifest.Entry | None:
     try:
         fd = _parent_fd(root, rel, Owner(-1, -1), create=False)
     except (FileNotFoundError, UnsafePathError):
         return None
     try:
-        return tree.entry_at(fd, rel.rsplit("/", 1)[-1])
+        return manifest.entry_at(fd, rel.rsplit("/", 1)[-1])
     finally:
         os.close(fd)
 
 
-def _remove(fd: int, name: str, entry: tree.Entry) -> None:
+def _remove(fd: int, name: str, entry: manifest.Entry) -> None:
     if entry.kind == DIR:
         os.rmdir(name, dir_fd=fd)
     else:
@@ -130,7 +130,7 @@ def copy_sparse(src: int, dst: int) -> str:
     """Copy src into dst (both fds) in chunks: runs of zeros become holes. Returns the sha256 of the data."""
     h = hashlib.sha256()
     size = 0
-    for data in tree.chunks(src):
+    for data in manifest.chunks(src):
         failpoint.hit("apply.chunk")
         h.update(data)
         view = memoryview(data)
@@ -158,7 +158,7 @@ def write_from(root: Path, rel: str, src: int, digest: str | None, mode: int, ow
             if digest is not None and got != digest:
                 raise ChangedError(f"{rel} changed since the review (its content is not what was shown); look again")
             os.fchown(f, owner.uid, owner.gid)
-            os.fchmod(f, mode & tree.CARRIED)
+            os.fchmod(f, mode & manifest.CARRIED)
             os.fsync(f)
         finally:
             os.close(f)
@@ -167,7 +167,7 @@ def write_from(root: Path, rel: str, src: int, digest: str | None, mode: int, ow
 
 
 def copy_verified(
-    source: Path, root: Path, rel: str, expected: tree.Entry, owner: Owner, *, dest: str | None = None
+    source: Path, root: Path, rel: str, expected: manifest.Entry, owner: Owner, *, dest: str | None = None
 ) -> None:
     """Copy the file `rel` of the (guest) tree `source` to `dest` (default: rel) in root, checking that its
     content is still what the review saw."""
@@ -204,14 +204,14 @@ def make_dir(root: Path, rel: str, mode: int, owner: Owner) -> None:
         try:
             if created:
                 os.fchown(d, owner.uid, owner.gid)
-            os.fchmod(d, tree.landed_mode(DIR, mode))
+            os.fchmod(d, manifest.landed_mode(DIR, mode))
         finally:
             os.close(d)
     finally:
         os.close(fd)
 
 
-def _as_reviewed(root: Path, change: Change) -> tree.Entry | None:
+def _as_reviewed(root: Path, change: Change) -> manifest.Entry | None:
     """The host's entry at the change's path, which must still be what the review saw (else: an error)."""
     now = _current(root, change.path)
     expected = change.host
@@ -242,7 +242,7 @@ def write_content(root: Path, change: Change, data: bytes, owner: Owner) -> None
         raise VmsandboxError(f"{change.path} is no longer a file on the host; left as it is")
     base, guest = change.base, change.guest
     mode = 0o644 if now is None else now.mode
-    moved = base is None or base.mode & tree.CARRIED != (guest.mode if guest else 0) & tree.CARRIED
+    moved = base is None or base.mode & manifest.CARRIED != (guest.mode if guest else 0) & manifest.CARRIED
     if guest is not None and guest.kind == FILE and moved:  # the guest changed the bits: its bits (risk.py judged)
         mode = guest.mode
     fd = memory_file(data)

@@ -7,9 +7,9 @@ import difflib
 import os
 from pathlib import Path
 
-from vmsandbox.sync.land import write as apply
-from vmsandbox.sync.review.compare import Change
+from vmsandbox.sync.land import write
 from vmsandbox.sync.review.gather import Gathered
+from vmsandbox.sync.review.threeway import Change
 from vmsandbox.sync.tree.manifest import FILE, SYMLINK
 
 BINARY_SNIFF = 8192
@@ -17,7 +17,7 @@ DIFF_LIMIT = 1024**2  # larger files are summarised, not diffed
 
 
 def _head(root: Path, rel: str) -> bytes:
-    fd = apply.open_nofollow(root, rel)
+    fd = write.open_nofollow(root, rel)
     if fd is None:
         return b""
     try:
@@ -53,10 +53,10 @@ def diff_text(g: Gathered, c: Change) -> str:
     head = f"--- a/{c.path}\n+++ b/{c.path}\n"
     if (c.guest and c.guest.kind != FILE) or (c.base and c.base.kind != FILE) or c.kind == "mode changed":
         return f"{c.path}: {c.kind}, {describe(c)}\n"
-    old = apply.read_nofollow(files.baseline, c.path, limit=DIFF_LIMIT) if c.base else b""
+    old = write.read_nofollow(files.baseline, c.path, limit=DIFF_LIMIT) if c.base else b""
     try:
-        new = apply.read_as_reviewed(g.source, c.path, c.guest, limit=DIFF_LIMIT)
-    except apply.ChangedError as exc:
+        new = write.read_as_reviewed(g.source, c.path, c.guest, limit=DIFF_LIMIT)
+    except write.ChangedError as exc:
         return f"{c.path}: {exc.message}\n"
     if old is None or new is None:
         sizes = f"{c.base.size if c.base else 0} → {c.guest.size if c.guest else 0} bytes"
@@ -86,7 +86,7 @@ def merge_text(g: Gathered, c: Change) -> str | None:
     if c.merge is None:
         return None
     if c.merge.clean:
-        host = apply.read_nofollow(g.project, c.path, limit=DIFF_LIMIT) or b""
+        host = write.read_nofollow(g.project, c.path, limit=DIFF_LIMIT) or b""
         return unified(host, c.merge.text, f"host/{c.path}", f"merged/{c.path}") or f"{c.path}: merged, no change\n"
     head = f"=== {c.path}: {c.merge.conflicts} overlapping hunk(s), three-way (host | base | guest)\n"
     return head + c.merge.text.decode(errors="replace")

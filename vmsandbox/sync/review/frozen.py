@@ -28,9 +28,9 @@ from typing import Any
 
 from vmsandbox import paths
 from vmsandbox.errors import VmsandboxError
-from vmsandbox.sync.review.compare import Change, Merge, Status
 from vmsandbox.sync.review.gather import OUTBOX_FILES, Gathered, Origin
 from vmsandbox.sync.review.plan import Item, Plan
+from vmsandbox.sync.review.threeway import Change, Merge, Status
 from vmsandbox.sync.target import Target
 from vmsandbox.sync.tree.manifest import Entry
 
@@ -70,7 +70,13 @@ def load(target: Target, review_id: str) -> Plan:
         ) from None
     with os.fdopen(fd, "rb") as f:
         data = json.loads(f.read(MAX_REVIEW_BYTES))
-    plan = _from_json(data, target)
+    try:
+        plan = _from_json(data, target)
+    except KeyError:  # frozen by a vmsandbox whose reviews said other things (e.g. a change's `held`)
+        raise StaleError(
+            f"this review of session {target.name} was made by another version of vmsandbox",
+            hint=_AGAIN.format(target.name),
+        ) from None
     plan.id = review_id
     return plan
 
@@ -97,7 +103,7 @@ def _change_json(c: Change) -> dict[str, Any]:
     )
     return {
         "path": c.path, "base": _entry(c.base), "guest": _entry(c.guest), "host": _entry(c.host),
-        "status": c.status.value, "risky": c.risky, "notes": c.notes, "held": c.held, "binary": c.binary,
+        "status": c.status.value, "risky": c.risky, "notes": c.notes, "ignored": c.ignored, "binary": c.binary,
         "secret": c.secret, "merge": merge,
     }  # fmt: skip
 
@@ -110,7 +116,7 @@ def _change(d: dict[str, Any]) -> Change:
     merge = None if m is None else Merge(base64.b64decode(m["text"]), int(m["conflicts"]))
     return Change(
         d["path"], entry(d["base"]), entry(d["guest"]), entry(d["host"]), Status(d["status"]), d["risky"],
-        list(d["notes"]), d["held"], bool(d["binary"]), d["secret"], merge,
+        list(d["notes"]), d["ignored"], bool(d["binary"]), d["secret"], merge,
     )  # fmt: skip
 
 

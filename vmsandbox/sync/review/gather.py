@@ -28,13 +28,11 @@ from vmsandbox.paths import SessionPaths
 from vmsandbox.sync.fetch import delta, mirror
 from vmsandbox.sync.git import refs
 from vmsandbox.sync.inward import capture
-from vmsandbox.sync.land import write as apply
-from vmsandbox.sync.review import holds as reviewable
-from vmsandbox.sync.review import merge
-from vmsandbox.sync.review.compare import Change, Status, compare
+from vmsandbox.sync.land import write
+from vmsandbox.sync.review import holds, merge
+from vmsandbox.sync.review.threeway import Change, Status, compare
 from vmsandbox.sync.target import Target
-from vmsandbox.sync.tree import manifest as tree
-from vmsandbox.sync.tree import views
+from vmsandbox.sync.tree import manifest, views
 from vmsandbox.sync.tree.hashcache import HashCache
 
 log = logging.getLogger(__name__)
@@ -87,15 +85,15 @@ def gather(target: Target, *, endpoint: Endpoint | None, limit: int, disk: bool 
     changes = [c for c in found if c.status is not Status.SAME]
     cache.save(partial=True)
     merge.merge_all(changes, baseline=files.baseline, host=target.project, guest=source)
-    reviewable.mark_held(target, changes, source)
-    reviewable.mark_credentials(changes, source, files.baseline)
+    holds.mark_held(target, changes, source)
+    holds.mark_credentials(changes, source, files.baseline)
     _remove_leftover_temporaries(target.project, changes)
     tips, refused = _guest_refs(files, origin)
     refs_changed = bool(tips) if tips is not None else (files.outbox / BUNDLE).exists()
     return Gathered(target, changes, source, refs_changed, origin, refused, limit, tips)
 
 
-Fetched = tuple[tree.Tree, tree.Tree, frozenset[str], Path, Origin]
+Fetched = tuple[manifest.Tree, manifest.Tree, frozenset[str], Path, Origin]
 
 
 def fetch(target: Target, *, endpoint: Endpoint | None, limit: int, disk: bool = False) -> Fetched:
@@ -103,10 +101,10 @@ def fetch(target: Target, *, endpoint: Endpoint | None, limit: int, disk: bool =
     where it came from (see gather)."""
     files = target.files
     base = capture.baseline(files)
-    guest: tree.Tree
+    guest: manifest.Tree
     if files.outbox.is_dir():
         kept = json.loads((files.outbox / OUTBOX_MANIFEST).read_text())
-        guest = delta.view(base, {p: None if e is None else tree.Entry.from_dict(e) for p, e in kept.items()})
+        guest = delta.view(base, {p: None if e is None else manifest.Entry.from_dict(e) for p, e in kept.items()})
         scope, source, origin = frozenset(kept), files.outbox / OUTBOX_FILES, Origin.OUTBOX
     elif endpoint is not None and not disk:
         with ui.step("Fetching the guest's changes"):
@@ -151,12 +149,12 @@ def _remove_leftover_temporaries(project: Path, changes: list[Change]) -> None:
     """A pull killed with SIGKILL can leave its temporary files (never the target files) behind, next to the
     paths it was writing: those the guest changed, which are changes still."""
     for where in sorted({c.path.rpartition("/")[0] for c in changes}):
-        fd = tree.open_dir_under(project, where)
+        fd = manifest.open_dir_under(project, where)
         if fd is None:
             continue
         try:
             for name in os.listdir(fd):  # noqa: PTH208 - an fd reached without following symlinks
-                if not name.startswith(apply.TMP_PREFIX):
+                if not name.startswith(write.TMP_PREFIX):
                     continue
                 with contextlib.suppress(FileNotFoundError):
                     if stat.S_ISREG(os.stat(name, dir_fd=fd, follow_symlinks=False).st_mode):

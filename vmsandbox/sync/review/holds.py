@@ -24,15 +24,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from vmsandbox import ui
-from vmsandbox.confine import accounts as confine
-from vmsandbox.confine import beneath
+from vmsandbox.confine import accounts, beneath
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.sync.git import refs
-from vmsandbox.sync.land import write as apply
-from vmsandbox.sync.review.compare import Change, Status
+from vmsandbox.sync.land import write
+from vmsandbox.sync.review.threeway import Change, Status
 from vmsandbox.sync.scan import credentials
 from vmsandbox.sync.scan.credentials import SCAN_LIMIT
-from vmsandbox.sync.tree import manifest as tree
+from vmsandbox.sync.tree import manifest
 
 if TYPE_CHECKING:
     from vmsandbox.confine.accounts import Identity
@@ -85,20 +84,22 @@ def mark_held(target: Target, found: Sequence[Change], source: Path) -> None:
     if not candidates:
         return
     for c in candidates:
-        c.binary = c.guest is not None and c.guest.kind == tree.FILE and c.guest.size > 0 and is_binary(source, c.path)
+        c.binary = (
+            c.guest is not None and c.guest.kind == manifest.FILE and c.guest.size > 0 and is_binary(source, c.path)
+        )
     if not refs.is_real_dir(target.project / ".git"):
         for c in candidates:
             part = derived(c.path)
             if part is not None:
-                c.held = f"derived ({part}), not source"
+                c.ignored = f"derived ({part}), not source"
         return
     # a directory is asked about as one (`dir/`): git's `name/` patterns match only directories, and the
     # guest's new directory does not exist on the host for git to look at
-    asked = {c.path + "/" if c.guest is not None and c.guest.kind == tree.DIR else c.path: c for c in candidates}
+    asked = {c.path + "/" if c.guest is not None and c.guest.kind == manifest.DIR else c.path: c for c in candidates}
     ignored = _git_ignored(target, list(asked))
     for query, c in asked.items():
         if query in ignored:
-            c.held = IGNORED
+            c.ignored = IGNORED
 
 
 def mark_credentials(found: Sequence[Change], source: Path, baseline: Path) -> None:
@@ -111,12 +112,12 @@ def mark_credentials(found: Sequence[Change], source: Path, baseline: Path) -> N
     large: list[Change] = []
     for c in found:
         g = c.guest
-        if c.status is Status.UNSAFE or g is None or g.kind != tree.FILE or g.size == 0:
+        if c.status is Status.UNSAFE or g is None or g.kind != manifest.FILE or g.size == 0:
             continue
         if g.size > SCAN_LIMIT:
             large.append(c)
             continue
-        data = apply.read_nofollow(source, c.path, limit=SCAN_LIMIT)
+        data = write.read_nofollow(source, c.path, limit=SCAN_LIMIT)
         if data is None:
             continue
         if credentials.may_be_pickle(data):
@@ -145,7 +146,7 @@ def _large_pickles(large: Sequence[Change], source: Path) -> None:
     """Files past the scan's size that start like a pickle: each read whole by a scanner process of its own (up
     to PICKLE_LIMIT; past it, held unread); marked risky when one names code."""
     for c in (c for c in large if c.risky is None):
-        fd = apply.open_nofollow(source, c.path)
+        fd = write.open_nofollow(source, c.path)
         if fd is None:
             continue
         try:
@@ -154,7 +155,7 @@ def _large_pickles(large: Sequence[Change], source: Path) -> None:
             os.close(fd)
         if not credentials.may_be_pickle(first):
             continue
-        data = apply.read_nofollow(source, c.path, limit=credentials.PICKLE_LIMIT)
+        data = write.read_nofollow(source, c.path, limit=credentials.PICKLE_LIMIT)
         if data is None:
             c.risky = credentials.UNREAD_PICKLE
             continue
@@ -170,7 +171,7 @@ def _large_pickles(large: Sequence[Change], source: Path) -> None:
 def _new_lines(data: bytes, baseline: Path, c: Change) -> bytes:
     """The guest's content with the lines the baseline's file already had emptied (numbering kept): what was
     there before is not the guest's to answer for, and the scanner's time goes to what it wrote."""
-    old = apply.read_nofollow(baseline, c.path, limit=SCAN_LIMIT) if c.base is not None else None
+    old = write.read_nofollow(baseline, c.path, limit=SCAN_LIMIT) if c.base is not None else None
     if not old:
         return data
     before = set(old.splitlines())
@@ -179,7 +180,7 @@ def _new_lines(data: bytes, baseline: Path, c: Change) -> bytes:
 
 def _global_ignore(who: Identity | None) -> tuple[Path, ...]:
     """The user's own ignore file (git's default `core.excludesFile`), which the jail would otherwise hide."""
-    home = confine.clean_env(who)["HOME"]
+    home = accounts.clean_env(who)["HOME"]
     found = Path(home) / ".config" / "git" / "ignore"
     return (found,) if found.is_file() else ()
 

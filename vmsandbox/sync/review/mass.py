@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from vmsandbox.sync.review.compare import Change
+from vmsandbox.sync.review.threeway import Change
 from vmsandbox.sync.tree.manifest import FILE
 
 GROUP_DEPTH = 2  # changes are grouped by their first two directory levels

@@ -18,12 +18,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from vmsandbox import proc
-from vmsandbox.confine import accounts as confine
+from vmsandbox.confine import accounts
 from vmsandbox.confine.jail import Jail
 from vmsandbox.errors import VmsandboxError
-from vmsandbox.sync.git import repository as commits
-from vmsandbox.sync.land import write as apply
-from vmsandbox.sync.review.compare import Change, Merge, Status
+from vmsandbox.sync.git import repository
+from vmsandbox.sync.land import write
+from vmsandbox.sync.review.threeway import Change, Merge, Status
 from vmsandbox.sync.tree.manifest import FILE
 
 log = logging.getLogger(__name__)
@@ -59,7 +59,7 @@ def _memory_files(*contents: bytes) -> Iterator[list[int]]:
     fds: list[int] = []
     try:
         for data in contents:
-            fds.append(apply.memory_file(data, inherited=True))  # git reads it through /proc/self/fd
+            fds.append(write.memory_file(data, inherited=True))  # git reads it through /proc/self/fd
         yield fds
     finally:
         for fd in fds:
@@ -68,15 +68,15 @@ def _memory_files(*contents: bytes) -> Iterator[list[int]]:
 
 def merge_bytes(host: bytes, base: bytes, guest: bytes) -> Merge:
     """`git merge-file -p --diff3` of the three versions, in the jail, as the guest-data account."""
-    who = confine.guest_data_account()
+    who = accounts.guest_data_account()
     with _memory_files(host, base, guest) as fds:
         labels = [arg for label in LABELS for arg in ("-L", label)]
         result = proc.run(
             ["git", "merge-file", "-p", "--diff3", *labels, *(f"/proc/self/fd/{fd}" for fd in fds)],
             jail=Jail(),
-            env=commits.git_env(who),
+            env=repository.git_env(who),
             as_user=who,
-            limits=confine.GIT_LIMITS,
+            limits=accounts.GIT_LIMITS,
             pass_fds=fds,
             check=False,
             timeout=MERGE_TIMEOUT,
@@ -92,7 +92,7 @@ def attempt(c: Change, *, baseline: Path, host: Path, guest: Path) -> Merge | No
     file on every side, or git failed, which the log says)."""
     if not mergeable(c):
         return None
-    versions = [apply.read_nofollow(root, c.path, limit=MERGE_LIMIT) for root in (host, baseline, guest)]
+    versions = [write.read_nofollow(root, c.path, limit=MERGE_LIMIT) for root in (host, baseline, guest)]
     if not all(_text(v) for v in versions):
         return None
     try:

@@ -28,7 +28,7 @@ def hold_of(item: Item, massed: bool) -> str | None:
         return "secret"
     if item.quarantined:
         return "risky"
-    if item.held:
+    if item.ignored:
         return "ignored"
     if item.binary:
         return "binary"
@@ -42,7 +42,7 @@ def flags_of(item: Item, massed: bool) -> tuple[str, ...]:
     """The `--include-*` options that make `--yes` take the item (none can take a credential: empty)."""
     if item.secret:
         return ()
-    needed = (massed, item.quarantined, bool(item.held), item.binary)
+    needed = (massed, item.quarantined, bool(item.ignored), item.binary)
     return tuple(flag for flag, wanted in zip(FLAGS, needed, strict=True) if wanted)
 
 
@@ -102,7 +102,7 @@ def _reason(key: str, items: Sequence[Item], numbers: list[int]) -> str:
     if key == "risky":
         return "quarantined: " + _distinct(str(i.risky) for i in held)
     if key == "ignored":
-        return _ignored(str(i.held) for i in held)
+        return _ignored(str(i.ignored) for i in held)
     if key == "binary":
         return "binary files"
     where, kind = _place(held[0])

@@ -15,15 +15,13 @@ from pathlib import Path
 
 from vmsandbox import failpoint
 from vmsandbox.errors import VmsandboxError
-from vmsandbox.sync.git import fetch as commitfetch
-from vmsandbox.sync.git import refs
-from vmsandbox.sync.land import write as apply
-from vmsandbox.sync.review import gather as changes
-from vmsandbox.sync.review import mass
-from vmsandbox.sync.review.compare import Change, Status
+from vmsandbox.sync.git import fetch, refs
+from vmsandbox.sync.land import write
+from vmsandbox.sync.review import gather, mass
 from vmsandbox.sync.review.gather import Gathered
 from vmsandbox.sync.review.risk import nested_git_dir
 from vmsandbox.sync.review.take import Take
+from vmsandbox.sync.review.threeway import Change, Status
 from vmsandbox.sync.tree.manifest import DIR, FILE
 
 FREE_SPACE_RESERVE = 256 * 1024**2  # a pull never fills the project's filesystem to the last byte
@@ -54,9 +52,9 @@ class Item:
         return self.risky is not None and self.first.status is not Status.UNSAFE
 
     @property
-    def held(self) -> str | None:
-        """Why --yes leaves it: not reviewable source (reviewable.py)."""
-        return self.first.held
+    def ignored(self) -> str | None:
+        """Why --yes leaves it: not reviewable source (ignored by the project, derived; sync.review.holds)."""
+        return self.first.ignored
 
     @property
     def binary(self) -> bool:
@@ -124,17 +122,17 @@ class Plan:
 def make(g: Gathered, only: list[str] | None = None, *, limits: mass.Limits | None = None) -> Plan:
     shown = select_paths(g.changes, g.project, only or [])
     in_view = {c.path for c in shown}
-    todo = [c for c in changes.pending(g) if c.path in in_view]
+    todo = [c for c in gather.pending(g) if c.path in in_view]
     return Plan(g, shown, grouped(todo), (limits or mass.Limits()).judge(todo))
 
 
 @dataclass(frozen=True)
 class Decisions:
     """What to do with a plan: the items to apply (conflicts: keep the guest's copy beside the file), the
-    ones held back on purpose (quarantine; not reviewable source), and whether to fetch the guest's commits."""
+    ones held back on purpose (quarantined, ignored, ...), and whether to fetch the guest's commits."""
 
     accept: tuple[Item, ...] = ()
-    held: tuple[Item, ...] = ()
+    quarantined: tuple[Item, ...] = ()
     take_commits: bool = False
     ignored: tuple[Item, ...] = ()
     commit_take: Take = field(default_factory=Take)  # what the guest's commits may touch and still be fetched
@@ -150,15 +148,15 @@ class Decisions:
         commits."""
         if plan.mass is not None and not take.mass:  # nothing of it lands unseen
             return cls(massed=tuple(plan.todo), take_commits=plan.gathered.refs_changed, commit_take=take)
-        held: list[Item] = []
+        quarantined: list[Item] = []
         ignored: list[Item] = []
         binary: list[Item] = []
         accept: list[Item] = []
         secret: list[Item] = []
         for i in plan.todo:  # one pass: the first reason that holds an item back is the one it is reported by
             if i.quarantined and not take.risky:
-                held.append(i)
-            elif i.held and not take.ignored:
+                quarantined.append(i)
+            elif i.ignored and not take.ignored:
                 ignored.append(i)
             elif i.binary and not take.binary:
                 binary.append(i)
@@ -167,12 +165,12 @@ class Decisions:
             else:
                 accept.append(i)
         # nothing held is half-applied: a new directory that holds only what waits, waits with it
-        buckets = [held, ignored, binary, secret]
+        buckets = [quarantined, ignored, binary, secret]
         for shell, below in empty_shells(accept, plan.todo):
             accept.remove(shell)
             next(b for b in buckets if any(x is below for x in b)).append(shell)
         return cls(
-            tuple(accept), tuple(held), plan.gathered.refs_changed, tuple(ignored), take, tuple(binary),
+            tuple(accept), tuple(quarantined), plan.gathered.refs_changed, tuple(ignored), take, tuple(binary),
             secret=tuple(secret),
         )  # fmt: skip
 
@@ -222,7 +220,7 @@ def carry_out(plan: Plan, decisions: Decisions) -> Outcome:
     """Apply what was accepted (in a safe order), fetch the commits if asked; report everything else."""
     g = plan.gathered
     out = Outcome(refused=plan.refused)
-    out.quarantined = [f"{i.label} ({i.risky})" for i in decisions.held]
+    out.quarantined = [f"{i.label} ({i.risky})" for i in decisions.quarantined]
     out.ignored = [i.label for i in decisions.ignored]
     out.binary = [i.label for i in decisions.binary]
     out.massed = plan.mass if decisions.massed else None
@@ -231,7 +229,7 @@ def carry_out(plan: Plan, decisions: Decisions) -> Outcome:
         id(i)
         for i in (
             *decisions.accept,
-            *decisions.held,
+            *decisions.quarantined,
             *decisions.ignored,
             *decisions.binary,
             *decisions.massed,
@@ -239,13 +237,13 @@ def carry_out(plan: Plan, decisions: Decisions) -> Outcome:
         )
     }
     out.skipped = [i.label for i in plan.todo if id(i) not in decided]
-    still = {c.path for c in changes.pending(g)}  # another review's apply may have dealt with some since
+    still = {c.path for c in gather.pending(g)}  # another review's apply may have dealt with some since
     accepted = [c for i in decisions.accept for c in i.changes]
     out.already = [c.path for c in accepted if c.path not in still]
     execute(g, [c for c in accepted if c.path in still], out, decisions.contents)
     if decisions.take_commits:
         try:
-            fetched = commitfetch.fetch_commits(g, take=decisions.commit_take)
+            fetched = fetch.fetch_commits(g, take=decisions.commit_take)
             out.commits = fetched.commits
             out.quarantined += fetched.held
             if fetched.refused is not None:
@@ -254,7 +252,7 @@ def carry_out(plan: Plan, decisions: Decisions) -> Outcome:
             out.refused.append(f"the guest's commits: {exc.message}")
         except VmsandboxError as exc:
             out.failed.append(f"git history: {exc.message}")
-    remaining = changes.pending(g)
+    remaining = gather.pending(g)
     in_view = {c.path for c in plan.shown}
     out.left = sum(1 for c in remaining if c.path in in_view)
     out.left_total = len(remaining)
@@ -265,12 +263,12 @@ def conflict_copy_name(path: str, session: str) -> str:
     return f"{path}.vmsandbox-{session}"
 
 
-def _keep_conflict(g: Gathered, c: Change, owner: apply.Owner) -> str | None:
+def _keep_conflict(g: Gathered, c: Change, owner: write.Owner) -> str | None:
     if c.guest is None or c.guest.kind != FILE:
         return None
     beside = conflict_copy_name(c.path, g.target.name)
     not_executable = dataclasses.replace(c.guest, mode=c.guest.mode & 0o666)
-    apply.copy_verified(g.source, g.project, c.path, not_executable, owner, dest=beside)
+    write.copy_verified(g.source, g.project, c.path, not_executable, owner, dest=beside)
     return beside
 
 
@@ -305,23 +303,23 @@ def chosen_content(c: Change, contents: Mapping[str, bytes]) -> bytes | None:
 def execute(g: Gathered, accepted: list[Change], out: Outcome, contents: Mapping[str, bytes] | None = None) -> None:
     """Apply the accepted changes in a safe order (merges and chosen contents written as given); conflicts
     nobody resolved keep the guest version beside the file."""
-    owner = apply.Owner(g.target.uid, g.target.gid)
+    owner = write.Owner(g.target.uid, g.target.gid)
     check_space(g, accepted)
     done: list[Change] = []
     try:
-        for c in apply.order(accepted):
+        for c in write.order(accepted):
             failpoint.hit("pull.apply")
             try:
                 data = chosen_content(c, contents or {})
                 if data is not None:
-                    apply.write_content(g.project, c, data, owner)
+                    write.write_content(g.project, c, data, owner)
                     (out.merged if c.status in (Status.MERGED, Status.CONFLICT) else out.applied).append(c.path)
                 elif c.status is Status.CONFLICT:
                     beside = _keep_conflict(g, c, owner)
                     kept = f" (guest version: {beside})" if beside else " (deleted in the guest)"
                     out.conflicts.append(c.path + kept)
                 else:
-                    apply.apply_one(g.project, g.source, c, owner)
+                    write.apply_one(g.project, g.source, c, owner)
                     out.applied.append(c.path)
                 done.append(c)
             except VmsandboxError as exc:
@@ -329,4 +327,4 @@ def execute(g: Gathered, accepted: list[Change], out: Outcome, contents: Mapping
             except OSError as exc:
                 out.failed.append(f"{c.path}: {exc.strerror}")
     finally:
-        changes.mark(g.target.files, done)
+        gather.mark(g.target.files, done)

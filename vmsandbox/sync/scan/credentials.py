@@ -25,7 +25,7 @@ from pathlib import Path
 
 import vmsandbox
 from vmsandbox import proc
-from vmsandbox.confine import accounts as confine
+from vmsandbox.confine import accounts
 from vmsandbox.confine.jail import Jail
 from vmsandbox.errors import VmsandboxError
 
@@ -101,14 +101,14 @@ def _run_worker(scan: list[tuple[str, bytes]], pickles: list[tuple[str, bytes]],
         {kind: [[name, base64.b64encode(content).decode()] for name, content in batch]
          for kind, batch in (("scan", scan), ("pickles", pickles))}
     )  # fmt: skip
-    who = confine.guest_data_account() if jailed else None
+    who = accounts.guest_data_account() if jailed else None
     result = proc.run(
         proc.own_module("vmsandbox.sync.scan.worker"),  # -I: nothing of the cwd or environment
         input=data,
         jail=worker_jail() if jailed else None,
         as_user=who,
-        limits=confine.GIT_LIMITS if jailed else None,
-        env=confine.clean_env(who),
+        limits=accounts.GIT_LIMITS if jailed else None,
+        env=accounts.clean_env(who),
         timeout=SCAN_TIMEOUT,
         check=False,
         hint="is detect-secrets installed (`pip install detect-secrets`)?",

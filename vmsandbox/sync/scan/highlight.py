@@ -10,7 +10,7 @@ import logging
 from collections.abc import Sequence
 
 from vmsandbox import proc
-from vmsandbox.confine import accounts as confine
+from vmsandbox.confine import accounts
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.sync.scan.credentials import worker_jail
 
@@ -38,15 +38,15 @@ def tokens(texts: Sequence[tuple[str, str]]) -> list[Tokens | None]:
     wanted = [(name, text) for name, text in texts if len(text) <= HIGHLIGHT_LIMIT]
     answer: list[Tokens] = []
     if wanted:
-        who = confine.guest_data_account()
+        who = accounts.guest_data_account()
         try:
             result = proc.run(
                 proc.own_module("vmsandbox.sync.scan.highlightworker"),
                 input=json.dumps(wanted),
                 jail=worker_jail(),
                 as_user=who,
-                limits=confine.GIT_LIMITS,
-                env=confine.clean_env(who),
+                limits=accounts.GIT_LIMITS,
+                env=accounts.clean_env(who),
                 timeout=HIGHLIGHT_TIMEOUT,
             )
             answer = json.loads(result.stdout)

@@ -30,8 +30,18 @@ from pathlib import Path
 from vmsandbox import proc
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.sync.git import refs
-from vmsandbox.sync.tree import manifest as tree
-from vmsandbox.sync.tree.manifest import DIR, FILE, PLACEHOLDER_XATTR, SYMLINK, Entry
+from vmsandbox.sync.tree.manifest import (
+    CHUNK,
+    DIR,
+    FILE,
+    PLACEHOLDER_XATTR,
+    SYMLINK,
+    Entry,
+    fd_digest,
+    open_dir_under,
+    open_file_at,
+    placeholder_digest,
+)
 
 TMP = ".vmsandbox-placeholder."
 
@@ -126,11 +136,11 @@ def thin(mirror: Path, base: Mapping[str, Entry], same: Iterable[str]) -> None:
 
 
 def _placeholder_stat(dir_fd: int, name: str) -> tuple[os.stat_result, str] | None:
-    fd = tree.open_file_at(dir_fd, name)
+    fd = open_file_at(dir_fd, name)
     if fd is None:
         return None
     try:
-        digest = tree.placeholder_digest(fd)
+        digest = placeholder_digest(fd)
         return None if digest is None else (os.fstat(fd), digest)
     finally:
         os.close(fd)
@@ -157,7 +167,7 @@ def _copy_in(
 ) -> bool:
     """The baseline's file `name` (in source_dir) copied with `like`'s mode, owner and times, renamed over
     `name`; with `digest`, only if the copy hashes to it. False if nothing was copied."""
-    src = None if source_dir is None else tree.open_file_at(source_dir, name)
+    src = None if source_dir is None else open_file_at(source_dir, name)
     if src is None:
         return False
     tmp, fd = _temporary(dir_fd)
@@ -167,7 +177,7 @@ def _copy_in(
         finally:
             os.close(src)
         os.lseek(fd, 0, os.SEEK_SET)
-        if digest is not None and tree.fd_digest(fd) != digest:
+        if digest is not None and fd_digest(fd) != digest:
             _discard(dir_fd, tmp)
             return False
         _settle(fd, like)
@@ -184,12 +194,12 @@ def _copy(src: int, dst: int) -> None:
     """All of `src` into `dst`, in the kernel: copy_file_range (a reflink where the file system can), or, from the
     baseline into a mirror in a file system of its own (sync.fetch.volume), sendfile."""
     try:
-        while os.copy_file_range(src, dst, tree.CHUNK):
+        while os.copy_file_range(src, dst, CHUNK):
             pass
     except OSError as exc:
         if exc.errno != errno.EXDEV:  # (refused before a byte moved: both offsets are where they were)
             raise
-        while os.sendfile(dst, src, None, tree.CHUNK):
+        while os.sendfile(dst, src, None, CHUNK):
             pass
 
 
@@ -236,7 +246,7 @@ class _Dirs:
             if len(self.open) > 256:
                 self.__exit__()
                 self.open = {}
-            self.open[rel] = tree.open_dir_under(self.root, rel)
+            self.open[rel] = open_dir_under(self.root, rel)
         return self.open[rel]
 
     def get(self, rel: str) -> int:

@@ -37,7 +37,7 @@ from typing import Any
 
 from vmsandbox import pids, proc
 from vmsandbox.errors import VmsandboxError
-from vmsandbox.vm.memory import look as helper
+from vmsandbox.vm.memory.look import MOST, NOT_MEMFD, NOT_TAKEN, READY, SWAPPED, TOO_MANY
 
 LOOK_DEADLINE = 5.0  # a look of one process answers in milliseconds; past this its helper is killed and left
 START_DEADLINE = 30.0  # a helper's start (an interpreter's): nothing of another account's is asked yet
@@ -48,10 +48,10 @@ ANSWER_BYTES = 1 << 20
 MOST_NOTES = 64
 
 WHY = {
-    helper.NOT_MEMFD: "its descriptor {fd} is not a memfd",
-    helper.SWAPPED: "its descriptor {fd} was no memfd once taken (held by a keeper of root's: it may hang closing it)",
-    helper.NOT_TAKEN: "its descriptor {fd} could not be taken",
-    helper.TOO_MANY: f"its descriptor {{fd}} is past the first {helper.MOST} memory files it holds",
+    NOT_MEMFD: "its descriptor {fd} is not a memfd",
+    SWAPPED: "its descriptor {fd} was no memfd once taken (held by a keeper of root's: it may hang closing it)",
+    NOT_TAKEN: "its descriptor {fd} could not be taken",
+    TOO_MANY: f"its descriptor {{fd}} is past the first {MOST} memory files it holds",
 }
 
 
@@ -252,7 +252,7 @@ class _Helper:
             return f"root's look helper did not start: {exc}"
         self.lines = _Lines(_fd(self.child.stdout))
         ready = self.lines.next(time.monotonic() + START_DEADLINE)
-        if ready is None or _json(ready) != helper.READY:
+        if ready is None or _json(ready) != READY:
             self._leave(kill=True)
             return f"root's look helper did not say it was ready within {START_DEADLINE:.0f} s (it is left, killed)"
         return self.child

@@ -11,15 +11,16 @@ import pytest
 
 from vmsandbox import paths, pids
 from vmsandbox.errors import VmsandboxError
-from vmsandbox.session.host import guard
-from vmsandbox.session.host.guard import Held
+from vmsandbox.session.host import memoryguard
+from vmsandbox.session.host.memoryguard import Held
 from vmsandbox.vm.memory import usage
 
 
 def test_it_stops_kept_sessions_with_most_memory_of_their_own_first() -> None:
     held = [Held("idle", 120, True), Held("big", 900, True), Held("mid", 400, True), Held("run", 2000, False)]
-    assert [h.name for h in guard.order(held)] == ["big", "mid", "idle"]  # never an attached one, however big
-    assert [h.name for h in guard.order([Held("b", 10, True), Held("a", 10, True)])] == ["a", "b"]  # ties: by name
+    assert [h.name for h in memoryguard.order(held)] == ["big", "mid", "idle"]  # never an attached one, however big
+    tied = [Held("b", 10, True), Held("a", 10, True)]
+    assert [h.name for h in memoryguard.order(tied)] == ["a", "b"]  # ties: by name
 
 
 class Machine:
@@ -54,29 +55,29 @@ class Machine:
 @pytest.fixture
 def machine(monkeypatch: pytest.MonkeyPatch) -> Machine:
     m = Machine(300, [Held("idle", 150, True), Held("big", 700, True), Held("mid", 400, True)])
-    monkeypatch.setattr(guard, "available_mib", lambda: m.available)
-    monkeypatch.setattr(guard, "running", lambda: m.held)
-    monkeypatch.setattr(guard, "_stop", m.stop)
-    monkeypatch.setattr(guard, "kernel_available_mib", lambda: m.kernel)
-    monkeypatch.setattr(guard, "_give_back", m.give_back)
+    monkeypatch.setattr(memoryguard, "available_mib", lambda: m.available)
+    monkeypatch.setattr(memoryguard, "running", lambda: m.held)
+    monkeypatch.setattr(memoryguard, "_stop", m.stop)
+    monkeypatch.setattr(memoryguard, "kernel_available_mib", lambda: m.kernel)
+    monkeypatch.setattr(memoryguard, "_give_back", m.give_back)
     return m
 
 
 def test_nothing_is_stopped_while_the_floor_holds(machine: Machine) -> None:
-    assert guard.relieve(300) == []
+    assert memoryguard.relieve(300) == []
     assert machine.stopped == []
 
 
 def test_it_stops_until_the_floor_holds_again(machine: Machine) -> None:
-    assert guard.relieve(512) == ["big"]
-    assert guard.relieve(1500) == ["mid", "idle"]  # 1000 after `big`: `mid` leaves it 100 short
+    assert memoryguard.relieve(512) == ["big"]
+    assert memoryguard.relieve(1500) == ["mid", "idle"]  # 1000 after `big`: `mid` leaves it 100 short
     _, why = machine.stopped[0]
     assert why.startswith("stopped by the memory guard at ") and "300 MiB" in why and "floor of 512 MiB" in why
 
 
 def test_a_busy_session_is_passed_over_for_the_next(machine: Machine) -> None:
     machine.busy = frozenset({"big"})
-    assert guard.relieve(1000) == ["mid", "idle"]  # short 700: `big` would have covered it alone
+    assert memoryguard.relieve(1000) == ["mid", "idle"]  # short 700: `big` would have covered it alone
 
 
 def test_one_that_could_not_be_stopped_rests_while_the_others_are(
@@ -87,34 +88,34 @@ def test_one_that_could_not_be_stopped_rests_while_the_others_are(
     machine.held.append(Held("broken", 900, True))
     machine.busy = frozenset({"big"})
     resting: dict[str, float] = {}
-    assert guard.relieve(600, resting=resting) == ["mid"]  # `broken` and `big` tried first, in vain
+    assert memoryguard.relieve(600, resting=resting) == ["mid"]  # `broken` and `big` tried first, in vain
     assert machine.tried == ["broken", "big", "mid"] and set(resting) == {"broken", "big"}
     machine.available = 300
-    assert guard.relieve(600, resting=resting) == ["idle"]  # neither is tried again while it rests
+    assert memoryguard.relieve(600, resting=resting) == ["idle"]  # neither is tried again while it rests
     assert machine.tried[3:] == ["idle"]
-    later = time.monotonic() + guard.REST + 1
+    later = time.monotonic() + memoryguard.REST + 1
     monkeypatch.setattr(time, "monotonic", lambda: later)
     machine.available = 300
-    assert guard.relieve(600, resting=resting) == [] and machine.tried[4:] == ["broken", "big"]
+    assert memoryguard.relieve(600, resting=resting) == [] and machine.tried[4:] == ["broken", "big"]
 
 
 def test_a_stop_that_would_read_in_more_holes_than_the_kernel_has_is_not_made(machine: Machine) -> None:
     """Its save would fill the shared file's holes first: with the kernel short of them, that is the OOM."""
     machine.held = [Held("holey", 900, True, holes_mib=1800), Held("whole", 300, True)]
     machine.kernel = 1500
-    assert guard.relieve(400) == ["whole"] and machine.tried == ["whole"]
+    assert memoryguard.relieve(400) == ["whole"] and machine.tried == ["whole"]
     machine.kernel = 4096
     machine.available = 100
-    assert guard.relieve(400) == ["holey"]
+    assert memoryguard.relieve(400) == ["holey"]
 
 
 def test_only_the_sessions_asked_for(machine: Machine) -> None:
-    assert guard.relieve(1000, among=["idle", "mid"]) == ["mid", "idle"]
+    assert memoryguard.relieve(1000, among=["idle", "mid"]) == ["mid", "idle"]
 
 
 def test_memory_the_kernel_does_not_tell_stops_nothing(machine: Machine, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(guard, "available_mib", lambda: None)
-    assert guard.relieve(10**6) == []
+    monkeypatch.setattr(memoryguard, "available_mib", lambda: None)
+    assert memoryguard.relieve(10**6) == []
 
 
 @pytest.mark.parametrize(("kernel", "rounds"), [(550, 3), (613, 0)])
@@ -129,20 +130,20 @@ def test_the_guard_relieves_while_short_and_ends_once_no_session_runs(
         return iter([object()] if len(looks) <= 3 else [])  # a session runs for three rounds, then none
 
     relieved: list[int] = []
-    monkeypatch.setattr(guard, "_records", records)
-    monkeypatch.setattr(guard, "IDLE_LOOK", 0.0)
-    monkeypatch.setattr(guard, "IDLE_EXIT", 0.0)
+    monkeypatch.setattr(memoryguard, "_records", records)
+    monkeypatch.setattr(memoryguard, "IDLE_LOOK", 0.0)
+    monkeypatch.setattr(memoryguard, "IDLE_EXIT", 0.0)
     monkeypatch.setattr(usage, "reserved_mib", lambda: 100)
-    monkeypatch.setattr(guard, "kernel_available_mib", lambda: kernel)
+    monkeypatch.setattr(memoryguard, "kernel_available_mib", lambda: kernel)
 
     def relieve(floor: int, *, resting: dict[str, float] | None = None) -> list[str]:
         assert resting is not None  # the guard's, kept from round to round
         relieved.append(floor)
         return []
 
-    monkeypatch.setattr(guard, "relieve", relieve)
+    monkeypatch.setattr(memoryguard, "relieve", relieve)
     monkeypatch.setattr(time, "sleep", lambda _s: None)
-    guard.watch(512)
+    memoryguard.watch(512)
     assert relieved == [512] * rounds
 
 
@@ -162,7 +163,7 @@ def test_only_kept_sessions_no_command_is_attached_to_are_the_guards_to_stop(mon
         FakeRecord("attached", keep=True, owner_alive=True),
         FakeRecord("run", keep=False, owner_alive=True),
     ]
-    monkeypatch.setattr(guard, "_records", lambda: iter(records))
+    monkeypatch.setattr(memoryguard, "_records", lambda: iter(records))
     monkeypatch.setattr(usage, "qemu_pid", lambda _d: 42)
     monkeypatch.setattr(usage, "of_process", lambda _pid: usage.Usage(300, 200, 100, 200, 150))
     # each maps the template's file (held by root's holder); a QEMU also holds a memfd it made up, a terabyte of
@@ -170,13 +171,13 @@ def test_only_kept_sessions_no_command_is_attached_to_are_the_guards_to_stop(mon
     made_up = usage.SharedFile(1, 3, 1 << 20, 1 << 20)
     monkeypatch.setattr(usage, "seen_files", lambda _pid: [made_up, usage.SharedFile(1, 2, 2048, 64)])
     monkeypatch.setattr(usage, "held_files", lambda: usage.HeldFiles({(1, 2): 64}))
-    held = guard.running()
+    held = memoryguard.running()
     assert [(h.name, h.stoppable, h.holes_mib) for h in held] == [
         ("kept", True, 64),
         ("attached", False, 64),
         ("run", False, 64),
     ]
-    assert [h.name for h in guard.order(held)] == ["kept"]
+    assert [h.name for h in memoryguard.order(held)] == ["kept"]
 
 
 def test_a_pid_file_names_a_guard_only_while_that_process_runs_the_guard(tmp_path: Path) -> None:
@@ -194,21 +195,21 @@ def test_a_pid_file_names_a_guard_only_while_that_process_runs_the_guard(tmp_pat
 
 
 def test_host_ls_says_where_the_guard_watches(monkeypatch: pytest.MonkeyPatch) -> None:
-    assert guard.said(False).startswith("none there:")
+    assert memoryguard.said(False).startswith("none there:")
     monkeypatch.setattr(os, "geteuid", lambda: 1000)
-    assert guard.said(True).startswith("none for this account:")
+    assert memoryguard.said(True).startswith("none for this account:")
 
 
 def test_copies_no_session_maps_are_given_back_before_any_session_is_stopped(machine: Machine) -> None:
     """A template's copy no session maps is memory nobody uses (a grown one holds up to its guest's RAM): it goes
     first, once a shortage, and sessions are stopped only if that was not enough."""
     machine.unmapped = 400
-    assert guard.relieve(600) == [] and machine.given_back == 1 and machine.stopped == []
+    assert memoryguard.relieve(600) == [] and machine.given_back == 1 and machine.stopped == []
     machine.available, machine.unmapped = 300, 100
-    assert guard.relieve(600) == ["big"] and machine.given_back == 2  # 400 after the copies: `big` still goes
-    assert guard.relieve(600, among=["mid"]) == [] and machine.given_back == 2  # (a floor that holds: nothing)
+    assert memoryguard.relieve(600) == ["big"] and machine.given_back == 2  # 400 after the copies: `big` still goes
+    assert memoryguard.relieve(600, among=["mid"]) == [] and machine.given_back == 2  # (a floor that holds: nothing)
     machine.available = 100
-    assert guard.relieve(600, among=["mid"]) == ["mid"] and machine.given_back == 2  # told which: only they
+    assert memoryguard.relieve(600, among=["mid"]) == ["mid"] and machine.given_back == 2  # told which: only they
 
 
 def test_what_root_cannot_see_is_reserved_at_its_worst_never_as_nothing() -> None:
@@ -266,9 +267,9 @@ def test_a_qemu_root_cannot_see_is_taken_to_map_the_largest_held_file(monkeypatc
     """Its save may read in the largest held file's holes: a stop is not made where that would be more than the
     kernel has (as for a session known to map it); one root sees keeps its own figure."""
     records = [FakeRecord("blind", keep=True, owner_alive=False), FakeRecord("seen", keep=True, owner_alive=False)]
-    monkeypatch.setattr(guard, "_records", lambda: iter(records))
+    monkeypatch.setattr(memoryguard, "_records", lambda: iter(records))
     monkeypatch.setattr(usage, "qemu_pid", lambda d: 41 if d == "vmsandbox-blind" else 42)
     monkeypatch.setattr(usage, "of_process", lambda _pid: usage.Usage(300, 200, 100, 200, 150))
     monkeypatch.setattr(usage, "seen_files", lambda pid: None if pid == 41 else [usage.SharedFile(1, 2, 2048, 64)])
     monkeypatch.setattr(usage, "held_files", lambda: usage.HeldFiles({(1, 2): 64, (1, 7): 7000}))
-    assert [(h.name, h.holes_mib) for h in guard.running()] == [("blind", 7000), ("seen", 64)]
+    assert [(h.name, h.holes_mib) for h in memoryguard.running()] == [("blind", 7000), ("seen", 64)]

@@ -69,7 +69,7 @@ class Change:
     status: Status
     risky: str | None = None  # why it is quarantined
     notes: list[str] = field(default_factory=list)
-    held: str | None = None  # why --yes leaves it (not reviewable source: ignored by the project; reviewable.py)
+    ignored: str | None = None  # why --yes leaves it as not reviewable source (ignored by the project, derived)
     binary: bool = False  # the guest's content is binary: applied only on an explicit choice (reviewable.py)
     secret: str | None = None  # what in the guest's content looks like a credential: never applied by --yes
     merge: Merge | None = None  # both sides' edits merged (MERGED), or with conflict markers (CONFLICT): merge.py
