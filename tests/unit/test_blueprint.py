@@ -188,15 +188,16 @@ SHARED_BAD = {
 
 @pytest.mark.parametrize("key", sorted(SHARED_BAD))
 def test_a_value_is_held_to_one_rule_in_a_config_and_in_a_blueprint(tmp_path: Path, key: str) -> None:
-    from vmsandbox.filemodels import BlueprintFile, ConfigFile, keys
-    from vmsandbox.session import settings as config
+    from vmsandbox.filemodels import BlueprintFile, keys
+    from vmsandbox.session import settings
+    from vmsandbox.session.settingrows import ConfigFile
 
     assert set(keys(ConfigFile)) & set(keys(BlueprintFile)) == set(SHARED_BAD)  # a new shared key needs a case
     text, needles = SHARED_BAD[key]
     as_config = write(tmp_path / "proj" / ".vmsandbox.yaml", text)
     as_blueprint = write(tmp_path / "blueprints" / "b.yaml", text)
     with pytest.raises(VmsandboxError) as by_config:
-        config.read_file(as_config, config.Settings())
+        settings.read_file(as_config, settings.Settings())
     with pytest.raises(VmsandboxError) as by_blueprint:
         blueprint.check_file(as_blueprint)
     for needle in needles:

@@ -282,32 +282,31 @@ def test_every_problem_of_a_file_at_once_with_its_line(tmp_path: Path, capsys: p
 
 
 def test_the_schema_and_the_runtime_agree() -> None:
-    from vmsandbox import filemodels
     from vmsandbox.core.settings import json_schema
     from vmsandbox.egress.rules.netpolicy import Mode
-    from vmsandbox.session import settings as config
+    from vmsandbox.session import settingrows, settings
     from vmsandbox.vm.accel import Accel
 
     props = json_schema()["properties"]
-    for key, least in (("memory", filemodels.MIN_MEMORY_MIB), ("disk", filemodels.MIN_DISK_MIB)):
+    for key, least in ((k, settingrows.BY_KEY[k].least_mib or 0) for k in ("memory", "disk")):
         (as_int,) = [b for b in props[key]["oneOf"] if b["type"] == "integer"]
         assert as_int["minimum"] == least
-        config.Settings().merged({key: least}, "test")  # the schema's least is taken by the runtime…
+        settings.Settings().merged({key: least}, "test")  # the schema's least is taken by the runtime…
         with pytest.raises(VmsandboxError, match="too small"):  # …and one less is not
-            config.Settings().merged({key: least - 1}, "test")
+            settings.Settings().merged({key: least - 1}, "test")
     low, high = props["boot_timeout"]["minimum"], props["boot_timeout"]["maximum"]
     for ok in (low, high):
-        assert config.Settings().merged({"boot_timeout": ok}, "test").boot_timeout == ok
+        assert settings.Settings().merged({"boot_timeout": ok}, "test").boot_timeout == ok
     for refused in (low - 1, high + 1):
         with pytest.raises(VmsandboxError, match="between"):
-            config.Settings().merged({"boot_timeout": refused}, "test")
+            settings.Settings().merged({"boot_timeout": refused}, "test")
     assert props["accel"]["enum"] == [a.value for a in Accel]
     assert props["network"]["enum"] == [m.value for m in Mode]
-    defaults = config.Settings().merged(
-        {k: f.default for k, f in filemodels.ConfigFile.model_fields.items() if isinstance(f.default, str | int)},
+    defaults = settings.Settings().merged(
+        {k: f.default for k, f in settingrows.ConfigFile.model_fields.items() if isinstance(f.default, str | int)},
         "the model's defaults",
     )
-    assert defaults == config.Settings()  # the defaults the schema shows are the ones a session gets
+    assert defaults == settings.Settings()  # the defaults the schema shows are the ones a session gets
 
 
 @pytest.mark.usefixtures("isolated_dirs")
@@ -390,10 +389,10 @@ def test_values_refused_are_said_all_at_once_beside_the_shape(
 
 def test_claude_keeps_a_subscription_token_out_of_the_guest_like_an_api_key() -> None:
     from vmsandbox.image import blueprint
-    from vmsandbox.session import settings as config
+    from vmsandbox.session import settings
 
-    settings = config.Settings().merged(blueprint.load("claude").settings_data(), "claude")
-    for_api = {m.secret: (m.header, m.value, m.env) for m in settings.secrets if m.host == "api.anthropic.com"}
+    merged = settings.Settings().merged(blueprint.load("claude").settings_data(), "claude")
+    for_api = {m.secret: (m.header, m.value, m.env) for m in merged.secrets if m.host == "api.anthropic.com"}
     assert for_api == {
         "anthropic-api-key": ("x-api-key", "{secret}", "ANTHROPIC_API_KEY"),
         "claude-oauth-token": ("Authorization", "Bearer {secret}", "CLAUDE_CODE_OAUTH_TOKEN"),

@@ -7,7 +7,7 @@ import pytest
 from vmsandbox import trust
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.image import blueprint
-from vmsandbox.session import settings as config
+from vmsandbox.session import settingrows, settings
 from vmsandbox.vm.accel import Accel
 
 
@@ -24,7 +24,7 @@ def test_project_overrides_user_and_env_overrides_both(
     project = tmp_path / "proj"
     write(project / ".vmsandbox.yaml", "memory: 3072M\n")
     monkeypatch.setenv("VMSANDBOX_ACCEL", "tcg")
-    s = config.load(project)
+    s = settings.load(project)
     assert (s.cpus, s.memory_mib, s.accel) == (3, 3072, Accel.TCG)
 
 
@@ -32,21 +32,21 @@ def test_vmsandbox_cpus_overrides_the_files_and_is_checked(
     tmp_path: Path, isolated_dirs: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     write(isolated_dirs / "config" / "config.yaml", "cpus: 2\n")
-    monkeypatch.setattr(config, "host_cpus", lambda: 4)
+    monkeypatch.setattr(settingrows, "host_cpus", lambda: 4)
     monkeypatch.setenv("VMSANDBOX_CPUS", "1")
-    assert config.load().cpus == 1
-    assert config.layers(None)[-1].source == "VMSANDBOX_CPUS"
+    assert settings.load().cpus == 1
+    assert settings.layers(None)[-1].source == "VMSANDBOX_CPUS"
     for bad, said in (("two", "not a number"), ("9", "between 1 and 4"), ("0", "between 1 and 4")):
         monkeypatch.setenv("VMSANDBOX_CPUS", bad)
         with pytest.raises(VmsandboxError) as err:
-            config.load()
+            settings.load()
         assert said in err.value.message and "VMSANDBOX_CPUS" in err.value.message
 
 
 def test_unknown_key_names_file_and_key(tmp_path: Path) -> None:
     f = write(tmp_path / "proj" / ".vmsandbox.yaml", "cpu: 4\n")
     with pytest.raises(VmsandboxError) as err:
-        config.load(tmp_path / "proj")
+        settings.load(tmp_path / "proj")
     assert str(f) in err.value.message
     assert "`cpu`" in err.value.message
     assert err.value.hint is not None and "cpus" in err.value.hint
@@ -72,28 +72,28 @@ def test_unknown_key_names_file_and_key(tmp_path: Path) -> None:
 def test_bad_values_are_errors(tmp_path: Path, text: str, needle: str) -> None:
     write(tmp_path / "p" / ".vmsandbox.yaml", text)
     with pytest.raises(VmsandboxError, match=needle):
-        config.load(tmp_path / "p")
+        settings.load(tmp_path / "p")
 
 
 def test_not_a_mapping_and_bad_yaml(tmp_path: Path) -> None:
     write(tmp_path / "p" / ".vmsandbox.yaml", "- a\n- b\n")
     with pytest.raises(VmsandboxError, match="mapping"):
-        config.load(tmp_path / "p")
+        settings.load(tmp_path / "p")
     write(tmp_path / "p" / ".vmsandbox.yaml", "cpus: [\n")
     with pytest.raises(VmsandboxError, match="not valid YAML"):
-        config.load(tmp_path / "p")
+        settings.load(tmp_path / "p")
 
 
 @pytest.mark.parametrize(
     ("text", "mib"), [("2G", 2048), ("512", 512), ("1536M", 1536), ("1GiB", 1024), ("1T", 1024 * 1024)]
 )
 def test_sizes(text: str, mib: int) -> None:
-    assert config.parse_size_mib(text, what="x") == mib
+    assert settingrows.parse_size_mib(text, what="x") == mib
 
 
 def test_a_size_may_be_a_plain_number_of_mib(tmp_path: Path) -> None:
     write(tmp_path / "p" / ".vmsandbox.yaml", "memory: 2048\ndisk: 30720\n")
-    s = config.load(tmp_path / "p")
+    s = settings.load(tmp_path / "p")
     assert (s.memory_mib, s.disk_mib) == (2048, 30720)
 
 
@@ -106,7 +106,9 @@ def test_network_settings_accumulate_across_sources(tmp_path: Path, isolated_dir
         "  - {secret: k, host: API.example.com, header: Authorization, value: 'Bearer {secret}', env: K}\n",
     )
     trust.trust(project / ".vmsandbox.yaml", (project / ".vmsandbox.yaml").read_bytes())
-    s = config.load(project, blueprint=blueprint.load("base")).merged({"allow": ["x.example.net"]}, config.COMMAND_LINE)
+    s = settings.load(project, blueprint=blueprint.load("base")).merged(
+        {"allow": ["x.example.net"]}, settings.COMMAND_LINE
+    )
     assert s.network.value == "open"
     assert {"*.example.org", "api.example.com:8443", "x.example.net", "pypi.org"} <= set(s.allow)
     assert s.allow_networks == ("203.0.113.0/24",)
@@ -136,7 +138,7 @@ def test_network_settings_accumulate_across_sources(tmp_path: Path, isolated_dir
 def test_bad_secret_mappings_name_the_key(tmp_path: Path, entry: str, needle: str) -> None:
     f = write(tmp_path / "proj" / ".vmsandbox.yaml", f"secrets:\n  - {entry}\n")
     with pytest.raises(VmsandboxError) as err:
-        config.load(tmp_path / "proj")
+        settings.load(tmp_path / "proj")
     assert needle in err.value.message
     if "name" not in needle:
         assert str(f) in err.value.message and "secrets[0]" in err.value.message
@@ -145,16 +147,16 @@ def test_bad_secret_mappings_name_the_key(tmp_path: Path, entry: str, needle: st
 def test_a_project_file_that_widens_needs_trust_and_sizing_does_not(tmp_path: Path) -> None:
     project = tmp_path / "proj"
     write(project / ".vmsandbox.yaml", "cpus: 4\nmemory: 4G\nboot_timeout: 60\n")
-    assert config.load(project).cpus == 4  # sizing keys need no trust
+    assert settings.load(project).cpus == 4  # sizing keys need no trust
     write(project / ".vmsandbox.yaml", "cpus: 4\nnetwork: open\nallow: [evil.example]\n")
     with pytest.raises(trust.UntrustedError) as exc:
-        config.load(project)
+        settings.load(project)
     assert "`allow`, `network`" in exc.value.message and "vmsandbox config trust add" in (exc.value.hint or "")
     trust.trust(project / ".vmsandbox.yaml", (project / ".vmsandbox.yaml").read_bytes())
-    assert config.load(project).network.value == "open"
+    assert settings.load(project).network.value == "open"
     write(project / ".vmsandbox.yaml", "cpus: 4\nnetwork: open\nallow: [evil.example, worse.example]\n")
     with pytest.raises(trust.UntrustedError, match="changed since you trusted it"):
-        config.load(project)
+        settings.load(project)
 
 
 def test_trust_lives_outside_the_project(tmp_path: Path, isolated_dirs: Path) -> None:
@@ -170,7 +172,7 @@ def test_libvirt_uri_never_comes_from_a_project(tmp_path: Path) -> None:
     project = tmp_path / "proj"
     write(project / ".vmsandbox.yaml", "libvirt_uri: 'qemu+ext:///system?command=/tmp/x'\n")
     with pytest.raises(VmsandboxError, match="`libvirt_uri` is never taken from a project file"):
-        config.load(project)
+        settings.load(project)
 
 
 @pytest.mark.parametrize(
@@ -190,14 +192,14 @@ def test_libvirt_uri_follows_the_rules_of_hosts_uris(
     transport that runs a program, none that skips authentication or the host key check."""
     write(isolated_dirs / "config" / "config.yaml", f"libvirt_uri: '{uri}'\n")
     with pytest.raises(VmsandboxError, match=needle) as err:
-        config.load()
+        settings.load()
     assert "libvirt_uri" in err.value.message
     (isolated_dirs / "config" / "config.yaml").unlink()
     monkeypatch.setenv("VMSANDBOX_LIBVIRT_URI", uri)
     with pytest.raises(VmsandboxError, match=needle):
-        config.load()
+        settings.load()
     monkeypatch.setenv("VMSANDBOX_LIBVIRT_URI", "qemu+ssh://me@lab/system?keyfile=/k")
-    assert config.load().libvirt_uri == "qemu+ssh://me@lab/system?keyfile=/k"
+    assert settings.load().libvirt_uri == "qemu+ssh://me@lab/system?keyfile=/k"
 
 
 def test_a_project_file_sizing_past_the_host_needs_trust(tmp_path: Path) -> None:
@@ -205,13 +207,13 @@ def test_a_project_file_sizing_past_the_host_needs_trust(tmp_path: Path) -> None
     or a disk larger than the free space is untrusted until `vmsandbox config trust`."""
     project = tmp_path / "proj"
     write(project / ".vmsandbox.yaml", "memory: 16G\ndisk: 400G\n")
-    assert (config.load(project).memory_mib, config.load(project).disk_mib) == (16 * 1024, 400 * 1024)
+    assert (settings.load(project).memory_mib, settings.load(project).disk_mib) == (16 * 1024, 400 * 1024)
     write(project / ".vmsandbox.yaml", "memory: 4096G\ndisk: 600G\ncpus: 2\n")
     with pytest.raises(trust.UntrustedError) as exc:
-        config.load(project)
+        settings.load(project)
     assert "`disk`, `memory`" in exc.value.message
     trust.trust(project / ".vmsandbox.yaml", (project / ".vmsandbox.yaml").read_bytes())
-    assert config.load(project).memory_mib == 4096 * 1024  # the user said so
+    assert settings.load(project).memory_mib == 4096 * 1024  # the user said so
 
 
 def test_a_symlinked_project_file_is_refused(tmp_path: Path) -> None:
@@ -220,14 +222,14 @@ def test_a_symlinked_project_file_is_refused(tmp_path: Path) -> None:
     project.mkdir()
     (project / ".vmsandbox.yaml").symlink_to(tmp_path / "elsewhere.yaml")
     with pytest.raises(VmsandboxError, match="is a symlink"):
-        config.load(project)
+        settings.load(project)
 
 
 def test_yaml_errors_name_the_file_and_line(tmp_path: Path) -> None:
     project = tmp_path / "proj"
     write(project / ".vmsandbox.yaml", "cpus: 2\nmemory: [\n")
     with pytest.raises(VmsandboxError, match=r"\.vmsandbox\.yaml, line \d+, column \d+: not valid YAML"):
-        config.load(project)
+        settings.load(project)
 
 
 # Issue 46: every problem of a config file in one round, each at its own line with its own hint.
@@ -255,7 +257,7 @@ def test_every_problem_of_a_config_in_one_round_each_at_its_line_with_its_hint(i
     name expected gets a "did you mean"; each hint is on a line of its own, under its problem."""
     f = write(isolated_dirs / "config" / "config.yaml", BROKEN)
     with pytest.raises(VmsandboxError) as err:
-        config.load()
+        settings.load()
     lines = err.value.message.splitlines()
     assert lines[0] == f"{f}: 7 problems:"
     said = [line.strip() for line in lines[1:]]
@@ -293,7 +295,7 @@ def test_every_problem_of_a_config_in_one_round_each_at_its_line_with_its_hint(i
 def test_a_yaml_syntax_error_is_said_at_the_line_that_holds_it(tmp_path: Path, text: str, line: int, said: str) -> None:
     f = write(tmp_path / "config.yaml", text)
     with pytest.raises(VmsandboxError) as err:
-        config.read_file(f, config.Settings())
+        settings.read_file(f, settings.Settings())
     assert err.value.message.startswith(f"{f}, line {line}, column ")
     assert "not valid YAML" in err.value.message and said in err.value.message
     assert err.value.hint is not None
@@ -303,7 +305,7 @@ def test_a_key_given_twice_is_said_beside_every_other_problem(tmp_path: Path) ->
     text = "memory: 2G\nsecrets:\n  - secret: k\n    secret: j\n    host: a.com\nmemroy: 1G\n"
     f = write(tmp_path / "config.yaml", text)
     with pytest.raises(VmsandboxError) as err:
-        config.read_file(f, config.Settings())
+        settings.read_file(f, settings.Settings())
     message = err.value.message
     assert f"{f}: 3 problems:" in message
     assert "line 4: `secrets[0]`: the key `secret` is given twice (first on line 3)" in message
@@ -318,7 +320,7 @@ def test_a_nested_key_in_a_secret_is_said_at_its_own_line(tmp_path: Path) -> Non
         "    host: b.com\n    header: 'x y'\n",
     )
     with pytest.raises(VmsandboxError) as err:
-        config.read_file(f, config.Settings())
+        settings.read_file(f, settings.Settings())
     assert "line 4: `secrets[0]`: `host`: IP literals are not allowed" in err.value.message
     assert "line 8: `secrets[1]`: `header` 'x y' is not a header name" in err.value.message
 
@@ -328,19 +330,19 @@ def test_a_broken_config_is_read_as_far_as_it_passes(isolated_dirs: Path, tmp_pa
     write(isolated_dirs / "config" / "config.yaml", "memory: 3G\ncpus: 99\nallow: [a.example, 'http://b']\n")
     project = tmp_path / "proj"
     write(project / ".vmsandbox.yaml", "disk: 30G\nboot_timeout: [\n")
-    settings, broken = config.load_lenient(project)
-    assert (settings.memory_mib, settings.cpus, settings.allow) == (3072, 2, ())  # a refused key left out whole
+    loaded, broken = settings.load_lenient(project)
+    assert (loaded.memory_mib, loaded.cpus, loaded.allow) == (3072, 2, ())  # a refused key left out whole
     assert [type(e).__name__ for e in broken] == ["FileError", "FileError"]
     assert "2 problems" in broken[0].message and "not valid YAML" in broken[1].message
     with pytest.raises(VmsandboxError):  # what a session reads: refused whole
-        config.load(project)
+        settings.load(project)
 
 
 def test_an_untrusted_project_file_is_left_out_of_a_lenient_read(tmp_path: Path) -> None:
     project = tmp_path / "proj"
     write(project / ".vmsandbox.yaml", "network: open\n")
-    settings, broken = config.load_lenient(project)
-    assert settings.network.value == "allowlist"
+    loaded, broken = settings.load_lenient(project)
+    assert loaded.network.value == "allowlist"
     (untrusted,) = broken
     assert isinstance(untrusted, trust.UntrustedError)
 
@@ -349,7 +351,7 @@ def test_a_project_file_is_refused_machine_keys_beside_its_other_problems(tmp_pa
     project = tmp_path / "proj"
     f = write(project / ".vmsandbox.yaml", "hosts: []\ncpus: 0\nlibvirt_uri: qemu:///system\n")
     with pytest.raises(VmsandboxError) as err:
-        config.load(project)
+        settings.load(project)
     message = err.value.message
     assert f"{f}: 3 problems:" in message
     for said in ("line 1: `hosts` is never taken", "line 2: `cpus` must be between", "line 3: `libvirt_uri` is never"):
@@ -360,4 +362,4 @@ def test_the_settings_rows_are_named_as_the_keys_are_written() -> None:
     """`config show` named a row `mass_change_size_mib` where the key is `mass_change_size`."""
     import dataclasses
 
-    assert {config.key_of(f.name) for f in dataclasses.fields(config.Settings)} == set(config.FIELDS)
+    assert {settingrows.key_of(f.name) for f in dataclasses.fields(settings.Settings)} == set(settingrows.FIELDS)
