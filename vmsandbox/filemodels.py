@@ -1,8 +1,8 @@
 """The files people write, as pydantic v2 models: the keys each takes, their types, their defaults, what they
 mean (the JSON Schema's descriptions) and the ranges the runtime holds them to. The models check a file's
 shape, every problem at once (schema.check); what a value means (a size too small for a VM, a host that is not
-public, a Debian package name) is checked where it is used: session.config, image.blueprint, egress.rules.mapping,
-session.hostspec. A test holds the schema's ranges and defaults to the runtime's."""
+public, a Debian package name) is checked where it is used: session.settingrows (which makes a config file's
+model from its rows, of the entries here), image.blueprint, egress.rules.mapping, session.place.hostspec."""
 
 from __future__ import annotations
 
@@ -10,11 +10,7 @@ from typing import TYPE_CHECKING, Annotated, Any, TypeAlias
 
 from pydantic import BaseModel, ConfigDict, Field, PlainValidator, WithJsonSchema
 
-MIN_MEMORY_MIB, MIN_DISK_MIB, MIN_SYNC_LIMIT_MIB = 256, 4096, 1
-BOOT_TIMEOUT_RANGE = (1, 3600)
 NODE_RANGE = (18, 40)
-ACCELS = ("auto", "kvm", "tcg")  # vm.accel.Accel
-NETWORKS = ("allowlist", "open", "none")  # egress.rules.netpolicy.Mode
 SIZE_PATTERN = r"^\s*\d+\s*[KMGTkmgt]?(i?[Bb])?\s*$"
 SIZE_SAID = "a size like 2G or 512M, or a number of MiB"
 
@@ -32,14 +28,9 @@ def size(least_mib: int) -> Any:
 
 
 if TYPE_CHECKING:
-    Memory: TypeAlias = str | int
-    Disk: TypeAlias = str | int
-    SyncLimit: TypeAlias = str | int
-    ChangeSize: TypeAlias = str | int
     KeepFree: TypeAlias = str | int
 else:
-    Memory, Disk, SyncLimit = size(MIN_MEMORY_MIB), size(MIN_DISK_MIB), size(MIN_SYNC_LIMIT_MIB)
-    ChangeSize, KeepFree = size(1), size(0)
+    KeepFree = size(0)
 
 
 def ranged(low: int, high: int | None = None) -> dict[str, Any]:
@@ -68,40 +59,6 @@ class HostEntry(File):
     max_sessions: int = Field(None, description="At most this many sessions there.", json_schema_extra=ranged(1))  # type: ignore[assignment]
     keep_free: KeepFree = Field("1G", description="Memory left free there when placing a session.")
     pool_path: str = Field("/var/lib/libvirt/vmsandbox", description="Where its storage pool keeps disks.")
-
-
-class ConfigFile(File):
-    """~/.config/vmsandbox/config.yaml and a project's .vmsandbox.yaml."""
-
-    cpus: int = Field(2, description="vCPUs of each VM (1 to the host's CPUs).", json_schema_extra=ranged(1))
-    memory: Memory = Field("2G", description="Guest memory, e.g. 2G (at least 256M).")
-    disk: Disk = Field("20G", description="Guest disk size, e.g. 20G (at least 4G).")
-    accel: str = Field(
-        "auto", description="auto (KVM when usable), kvm or tcg.", json_schema_extra={"enum": list(ACCELS)}
-    )
-    libvirt_uri: str = Field("qemu:///system", description="This machine's libvirt (your own config only).")
-    boot_timeout: int = Field(
-        300, description="Seconds a boot may take.", json_schema_extra=ranged(*BOOT_TIMEOUT_RANGE)
-    )
-    trust_host_ca: bool = Field(True, description="Give guests this host's local CA certificates.")
-    network: str = Field(
-        "allowlist",
-        description="allowlist: listed hosts only; open: any public host; none: no egress.",
-        json_schema_extra={"enum": list(NETWORKS)},
-    )
-    allow: list[str] = Field(default_factory=list, description="More hosts: HOST, *.DOMAIN or HOST:PORT.")
-    allow_networks: list[str] = Field(
-        default_factory=list, description="Non-public networks (CIDR) allowed host names may resolve to."
-    )
-    secrets: list[SecretEntry] = Field(
-        default_factory=list, description="Host secrets the proxy puts into requests (never into the VM)."
-    )
-    sync_limit: SyncLimit = Field("16G", description="A pull writes at most this much (your own config only).")
-    mass_change_files: int = Field(
-        1000, description="A review of more changed paths is a mass change.", json_schema_extra=ranged(1)
-    )
-    mass_change_size: ChangeSize = Field("1G", description="… or of more changed bytes.")
-    hosts: list[HostEntry] = Field(default_factory=list, description="Other libvirt hosts (your own config only).")
 
 
 class LoginEntry(File):

@@ -20,9 +20,9 @@ class UnexpectedSubprocessError(AssertionError):
 def a_host_of_sixteen_cpus(monkeypatch: pytest.MonkeyPatch) -> None:
     """Settings are checked against the host's CPUs, memory and free disk: the same answers on every machine
     the tests run on (16 CPUs, 32 GiB, 500 GiB free)."""
-    from vmsandbox.session import settings
+    from vmsandbox.session import settingrows, settings
 
-    monkeypatch.setattr(settings, "host_cpus", lambda: 16)
+    monkeypatch.setattr(settingrows, "host_cpus", lambda: 16)
     monkeypatch.setattr(settings, "host_memory_mib", lambda: 32 * 1024)
     monkeypatch.setattr(settings, "free_disk_mib", lambda: 500 * 1024)
 

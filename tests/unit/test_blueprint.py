@@ -188,8 +188,9 @@ SHARED_BAD = {
 
 @pytest.mark.parametrize("key", sorted(SHARED_BAD))
 def test_a_value_is_held_to_one_rule_in_a_config_and_in_a_blueprint(tmp_path: Path, key: str) -> None:
-    from vmsandbox.filemodels import BlueprintFile, ConfigFile, keys
+    from vmsandbox.filemodels import BlueprintFile, keys
     from vmsandbox.session import settings
+    from vmsandbox.session.settingrows import ConfigFile
 
     assert set(keys(ConfigFile)) & set(keys(BlueprintFile)) == set(SHARED_BAD)  # a new shared key needs a case
     text, needles = SHARED_BAD[key]

@@ -321,20 +321,20 @@ def test_config_validate_names_file_line_and_key(
 
 
 def test_config_schema_describes_every_key(capsys: pytest.CaptureFixture[str]) -> None:
-    from vmsandbox import filemodels
     from vmsandbox.image import blueprint
-    from vmsandbox.session import settings
+    from vmsandbox.session import settingrows
 
     assert run_cli(["config", "schema"]) == 0
     doc = json.loads(capsys.readouterr().out)
-    assert set(doc["properties"]) == set(settings.FIELDS) and doc["additionalProperties"] is False
+    assert set(doc["properties"]) == set(settingrows.FIELDS) and doc["additionalProperties"] is False
     from vmsandbox.egress.rules.netpolicy import Mode
     from vmsandbox.vm.accel import Accel
 
     assert doc["properties"]["accel"]["enum"] == [a.value for a in Accel]  # the schema keeps up with the code
     assert doc["properties"]["network"]["enum"] == [m.value for m in Mode]
     timeout = doc["properties"]["boot_timeout"]
-    assert (timeout["minimum"], timeout["maximum"]) == filemodels.BOOT_TIMEOUT_RANGE
+    row = settingrows.BY_KEY["boot_timeout"]
+    assert (timeout["minimum"], timeout["maximum"]) == (row.low, row.high)
     secret = doc["$defs"][doc["properties"]["secrets"]["items"]["$ref"].rsplit("/", 1)[1]]
     assert secret["required"] == ["secret", "host", "header"] and secret["additionalProperties"] is False
     assert all(p.get("description") for p in doc["properties"].values())  # every key says what it is for

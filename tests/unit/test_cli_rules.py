@@ -281,14 +281,13 @@ def test_every_problem_of_a_file_at_once_with_its_line(tmp_path: Path, capsys: p
 
 
 def test_the_schema_and_the_runtime_agree() -> None:
-    from vmsandbox import filemodels
     from vmsandbox.core.settings import json_schema
     from vmsandbox.egress.rules.netpolicy import Mode
-    from vmsandbox.session import settings
+    from vmsandbox.session import settingrows, settings
     from vmsandbox.vm.accel import Accel
 
     props = json_schema()["properties"]
-    for key, least in (("memory", filemodels.MIN_MEMORY_MIB), ("disk", filemodels.MIN_DISK_MIB)):
+    for key, least in ((k, settingrows.BY_KEY[k].least_mib or 0) for k in ("memory", "disk")):
         (as_int,) = [b for b in props[key]["oneOf"] if b["type"] == "integer"]
         assert as_int["minimum"] == least
         settings.Settings().merged({key: least}, "test")  # the schema's least is taken by the runtime…
@@ -303,7 +302,7 @@ def test_the_schema_and_the_runtime_agree() -> None:
     assert props["accel"]["enum"] == [a.value for a in Accel]
     assert props["network"]["enum"] == [m.value for m in Mode]
     defaults = settings.Settings().merged(
-        {k: f.default for k, f in filemodels.ConfigFile.model_fields.items() if isinstance(f.default, str | int)},
+        {k: f.default for k, f in settingrows.ConfigFile.model_fields.items() if isinstance(f.default, str | int)},
         "the model's defaults",
     )
     assert defaults == settings.Settings()  # the defaults the schema shows are the ones a session gets
@@ -391,8 +390,8 @@ def test_claude_keeps_a_subscription_token_out_of_the_guest_like_an_api_key() ->
     from vmsandbox.image import blueprint
     from vmsandbox.session import settings
 
-    config = settings.Settings().merged(blueprint.load("claude").settings_data(), "claude")
-    for_api = {m.secret: (m.header, m.value, m.env) for m in config.secrets if m.host == "api.anthropic.com"}
+    merged = settings.Settings().merged(blueprint.load("claude").settings_data(), "claude")
+    for_api = {m.secret: (m.header, m.value, m.env) for m in merged.secrets if m.host == "api.anthropic.com"}
     assert for_api == {
         "anthropic-api-key": ("x-api-key", "{secret}", "ANTHROPIC_API_KEY"),
         "claude-oauth-token": ("Authorization", "Bearer {secret}", "CLAUDE_CODE_OAUTH_TOKEN"),

@@ -7,7 +7,7 @@ import pytest
 from vmsandbox import trust
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.image import blueprint
-from vmsandbox.session import settings
+from vmsandbox.session import settingrows, settings
 from vmsandbox.vm.accel import Accel
 
 
@@ -32,7 +32,7 @@ def test_vmsandbox_cpus_overrides_the_files_and_is_checked(
     tmp_path: Path, isolated_dirs: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     write(isolated_dirs / "config" / "config.yaml", "cpus: 2\n")
-    monkeypatch.setattr(settings, "host_cpus", lambda: 4)
+    monkeypatch.setattr(settingrows, "host_cpus", lambda: 4)
     monkeypatch.setenv("VMSANDBOX_CPUS", "1")
     assert settings.load().cpus == 1
     assert settings.layers(None)[-1].source == "VMSANDBOX_CPUS"
@@ -88,7 +88,7 @@ def test_not_a_mapping_and_bad_yaml(tmp_path: Path) -> None:
     ("text", "mib"), [("2G", 2048), ("512", 512), ("1536M", 1536), ("1GiB", 1024), ("1T", 1024 * 1024)]
 )
 def test_sizes(text: str, mib: int) -> None:
-    assert settings.parse_size_mib(text, what="x") == mib
+    assert settingrows.parse_size_mib(text, what="x") == mib
 
 
 def test_a_size_may_be_a_plain_number_of_mib(tmp_path: Path) -> None:
@@ -330,8 +330,8 @@ def test_a_broken_config_is_read_as_far_as_it_passes(isolated_dirs: Path, tmp_pa
     write(isolated_dirs / "config" / "config.yaml", "memory: 3G\ncpus: 99\nallow: [a.example, 'http://b']\n")
     project = tmp_path / "proj"
     write(project / ".vmsandbox.yaml", "disk: 30G\nboot_timeout: [\n")
-    config, broken = settings.load_lenient(project)
-    assert (config.memory_mib, config.cpus, config.allow) == (3072, 2, ())  # a refused key left out whole
+    loaded, broken = settings.load_lenient(project)
+    assert (loaded.memory_mib, loaded.cpus, loaded.allow) == (3072, 2, ())  # a refused key left out whole
     assert [type(e).__name__ for e in broken] == ["FileError", "FileError"]
     assert "2 problems" in broken[0].message and "not valid YAML" in broken[1].message
     with pytest.raises(VmsandboxError):  # what a session reads: refused whole
@@ -341,8 +341,8 @@ def test_a_broken_config_is_read_as_far_as_it_passes(isolated_dirs: Path, tmp_pa
 def test_an_untrusted_project_file_is_left_out_of_a_lenient_read(tmp_path: Path) -> None:
     project = tmp_path / "proj"
     write(project / ".vmsandbox.yaml", "network: open\n")
-    config, broken = settings.load_lenient(project)
-    assert config.network.value == "allowlist"
+    loaded, broken = settings.load_lenient(project)
+    assert loaded.network.value == "allowlist"
     (untrusted,) = broken
     assert isinstance(untrusted, trust.UntrustedError)
 
@@ -362,4 +362,4 @@ def test_the_settings_rows_are_named_as_the_keys_are_written() -> None:
     """`config show` named a row `mass_change_size_mib` where the key is `mass_change_size`."""
     import dataclasses
 
-    assert {settings.key_of(f.name) for f in dataclasses.fields(settings.Settings)} == set(settings.FIELDS)
+    assert {settingrows.key_of(f.name) for f in dataclasses.fields(settings.Settings)} == set(settingrows.FIELDS)

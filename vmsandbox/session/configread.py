@@ -10,10 +10,10 @@ from typing import Any, Generic, Protocol, Self, TypeVar
 
 from vmsandbox import document, paths, trust
 from vmsandbox.document import FileError, Problem
+from vmsandbox.session.settingrows import MACHINE_KEYS
 
 PROJECT_FILE = ".vmsandbox.yaml"
 USER_FILE = "config.yaml"
-MACHINE_KEYS = ("libvirt_uri", "hosts")  # never from a project file: a URI names a program as easily as a host
 
 
 class Layered(Protocol):

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import re
 import shutil
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
@@ -11,17 +10,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from vmsandbox import paths, trust
-from vmsandbox.document import FileError, Problem, did_you_mean, read_bytes, refused
+from vmsandbox.document import FileError, Problem, read_bytes, refused
 from vmsandbox.egress.rules import netpolicy
 from vmsandbox.egress.rules.mapping import SecretMapping
 from vmsandbox.egress.rules.netpolicy import Mode
 from vmsandbox.errors import VmsandboxError
-from vmsandbox.filemodels import BOOT_TIMEOUT_RANGE, MIN_DISK_MIB, MIN_MEMORY_MIB, MIN_SYNC_LIMIT_MIB, ConfigFile, keys
-from vmsandbox.image import values
 from vmsandbox.schema import shape_problems
 from vmsandbox.session import configread
 from vmsandbox.session.configread import ProjectFile, read_config, read_project
-from vmsandbox.session.place.hostspec import HostSpec, parse_hosts, parse_uri
+from vmsandbox.session.place.hostspec import HostSpec, parse_uri
+from vmsandbox.session.settingrows import BY_KEY, SIZING_KEYS, ConfigFile, parse_accel, parse_size_mib
 from vmsandbox.vm.accel import Accel
 
 if TYPE_CHECKING:
@@ -30,45 +28,12 @@ if TYPE_CHECKING:
 COMMAND_LINE = "command line"  # as a source: keys are shown as the flags that set them
 PROJECT_FILE, USER_FILE = configread.PROJECT_FILE, configread.USER_FILE
 
-FIELDS = keys(ConfigFile)  # the keys a config file takes (filemodels.ConfigFile: types, defaults, descriptions)
-# What a VM may be given (filemodels): below the minimums the guest does not boot (memory), its image does not
-# fit (disk), or nothing useful syncs; boot_timeout in seconds.
-# The size keys, and the least each takes (MiB).
-LEAST_MIB = {"memory": MIN_MEMORY_MIB, "disk": MIN_DISK_MIB, "sync_limit": MIN_SYNC_LIMIT_MIB, "mass_change_size": 1}
-# Keys that only size the VM: a project file may set them without being trusted (`vmsandbox config trust`).
-SIZING_KEYS = frozenset({"cpus", "memory", "disk", "boot_timeout", "accel"})
-LIST_KEYS = frozenset({"allow", "allow_networks", "secrets", "hosts"})  # each entry checked on its own
-
-
-_SIZE = re.compile(r"^\s*(\d+)\s*([KMGT]?)(?:i?B)?\s*\Z", re.IGNORECASE)
-_UNIT_MIB = {"": 1, "K": 1 / 1024, "M": 1, "G": 1024, "T": 1024 * 1024}
-
-
-def key_of(field: str) -> str:
-    """The key that sets a field of the settings, as a file writes it (`memory_mib` is set by `memory`)."""
-    key = field.removesuffix("_mib")
-    return key if key in LEAST_MIB else field
-
-
-def host_cpus() -> int:
-    """The most vCPUs a session may have: the host's CPUs."""
-    return os.cpu_count() or 1
-
-
-def parse_size_mib(text: str | int, *, what: str, least: int = 1) -> int:
-    """'2G', '2048M', '2GiB', '512' or 512 (MiB) -> MiB, at least `least` MiB."""
-    m = _SIZE.match(str(text))
-    if not m:
-        raise VmsandboxError(f"{what}: cannot read size {text!r}", hint="write it like 2G or 2048M")
-    mib = int(int(m.group(1)) * _UNIT_MIB[m.group(2).upper()])
-    if mib < least:
-        shown = f"{least // 1024}G" if least % 1024 == 0 else f"{least}M"
-        raise VmsandboxError(f"{what}: {text!r} is too small", hint=f"give at least {shown} (a plain number is MiB)")
-    return mib
-
 
 @dataclass(frozen=True)
 class Settings:
+    """The settings a session gets: a field for each row of settingrows.SETTINGS (a size in MiB, `memory_mib`), its
+    default that row's, read (a test holds the two together)."""
+
     cpus: int = 2
     memory_mib: int = 2048
     disk_mib: int = 20 * 1024
@@ -77,8 +42,8 @@ class Settings:
     boot_timeout: int = 300
     trust_host_ca: bool = True
     network: Mode = Mode.ALLOWLIST
-    allow: tuple[str, ...] = ()  # allowlist entries: the blueprint's, then every source adds to it
-    secrets: tuple[SecretMapping, ...] = ()  # every source adds; a later mapping for the same host wins
+    allow: tuple[str, ...] = ()  # allowlist entries: the blueprint's first
+    secrets: tuple[SecretMapping, ...] = ()
     allow_networks: tuple[str, ...] = ()  # non-public networks allowed names may resolve to
     sync_limit_mib: int = 16 * 1024  # a pull writes at most this much, and takes no larger file
     mass_change_files: int = 1000  # a review of more changed paths is a mass change (sync/mass.py)
@@ -108,89 +73,24 @@ class Settings:
 
         changes: dict[str, Any] = {}
         for key, value in data.items():
-            if key not in FIELDS:  # unknown, or not even a string: a problem of its shape already
+            row = BY_KEY.get(key)
+            if row is None:  # unknown, or not even a string: a problem of its shape already
                 continue
-            if (key,) in bad or (key not in LIST_KEYS and any(at[:1] == (key,) for at in bad)):
+            if (key,) in bad or (not row.listed and any(at[:1] == (key,) for at in bad)):
                 continue
-            if key in LIST_KEYS:
-                skip = {at[1] for at in bad if len(at) > 1 and at[0] == key and isinstance(at[1], int)}
-                change, refused_entries = self._entries(key, value, label, source, skip)
-                changes.update(change)
-                problems += refused_entries
-                continue
+            held = row.field_name
             try:
-                changes.update(self._converted(key, value, label))
+                if row.listed:
+                    skip = {at[1] for at in bad if len(at) > 1 and at[0] == key and isinstance(at[1], int)}
+                    taken, refused_entries = row.entries(value, source, label, skip)
+                    problems += refused_entries
+                else:
+                    taken = row.reads(value, label(key))
             except VmsandboxError as exc:
                 problems += refused(exc, source, (key,))
+                continue
+            changes[held] = row.merge.combine(getattr(self, held), taken)
         return replace(self, **changes), problems
-
-    def _converted(self, key: str, value: Any, label: Callable[[str], str]) -> dict[str, Any]:
-        """One key of a config layer as the changes it makes to the settings (VmsandboxError if refused)."""
-        if key in LEAST_MIB:
-            return {f"{key}_mib": parse_size_mib(value, what=label(key), least=LEAST_MIB[key])}
-        if key == "cpus" and not 1 <= value <= host_cpus():
-            raise VmsandboxError(
-                f"{label('cpus')} must be between 1 and {host_cpus()} (the host's CPUs)",
-                hint="more vCPUs than the host has only makes the guest slower",
-            )
-        if key == "boot_timeout" and not BOOT_TIMEOUT_RANGE[0] <= value <= BOOT_TIMEOUT_RANGE[1]:
-            low, high = BOOT_TIMEOUT_RANGE
-            raise VmsandboxError(f"{label('boot_timeout')} must be between {low} and {high} seconds")
-        if key == "mass_change_files" and value < 1:
-            raise VmsandboxError(f"{label('mass_change_files')} must be at least 1")
-        if key == "accel":
-            return {"accel": parse_accel(value, source=label("accel"))}
-        if key == "libvirt_uri":  # held to the rules of `hosts:` URIs (no program-running transport)
-            return {"libvirt_uri": parse_uri(value, source=label("libvirt_uri"))}
-        if key == "network":
-            return {"network": netpolicy.parse_mode(value, source=label("network"))}
-        return {key: value}  # cpus, boot_timeout, mass_change_files, trust_host_ca: as checked above
-
-    def _entries(
-        self, key: str, given: list[Any], label: Callable[[str], str], source: str, skip: set[int]
-    ) -> tuple[dict[str, Any], list[Problem]]:
-        """A list key's entries that pass (added to what the settings have), and a problem for each refused."""
-        if key == "hosts":
-            return _hosts(given, source, skip)
-        taken, problems = values.entries(key, given, source=source, where=lambda i: label(f"{key}[{i}]"), skip=skip)
-        if key == "allow":
-            return {"allow": tuple(dict.fromkeys([*self.allow, *(a.strip().lower() for a, _ in taken)]))}, problems
-        if key == "allow_networks":
-            return {"allow_networks": tuple(dict.fromkeys([*self.allow_networks, *(a for a, _ in taken)]))}, problems
-        added = [m for _, m in taken]
-        hosts = {m.host for m in added}
-        return {"secrets": (*(m for m in self.secrets if m.host not in hosts), *added)}, problems
-
-
-def _hosts(given: list[dict[str, Any]], source: str, skip: set[int]) -> tuple[dict[str, Any], list[Problem]]:
-    """The `hosts:` entries that pass, each checked on its own (hostspec.py), and a problem for each refused."""
-    taken: dict[str, int] = {}
-    problems: list[Problem] = []
-    for i, entry in enumerate(given):
-        if i in skip:
-            continue
-        try:
-            parse_hosts([entry], source=source, parse_size_mib=parse_size_mib)
-        except VmsandboxError as exc:  # said of `hosts[0]`, the one entry it was given: of `hosts[i]` here
-            one = refused(exc, source, ("hosts", i))
-            problems += [replace(p, text=p.text.replace("`hosts[0]`", f"`hosts[{i}]`", 1)) for p in one]
-            continue
-        if entry["name"] in taken:
-            first = taken[entry["name"]]
-            twice = f"`hosts[{i}]`: the host name {entry['name']!r} is given twice (first in `hosts[{first}]`)"
-            problems.append(Problem(twice, ("hosts", i, "name"), hint="give each host a name of its own"))
-            continue
-        taken[entry["name"]] = i
-    kept = [given[i] for i in taken.values()]
-    return {"hosts": parse_hosts(kept, source=source, parse_size_mib=parse_size_mib)}, problems
-
-
-def parse_accel(value: str, *, source: str) -> Accel:
-    try:
-        return Accel(value.lower())
-    except ValueError:
-        near = did_you_mean(value.lower(), [a.value for a in Accel])
-        raise VmsandboxError(f"{source}: unknown accelerator {value!r}{near}", hint="use auto, kvm or tcg") from None
 
 
 def sync_limit() -> int:
