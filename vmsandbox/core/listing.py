@@ -10,17 +10,18 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import vmsandbox.session.record
 from vmsandbox import paths
 from vmsandbox.document import FileError
-from vmsandbox.egress import log as proxylog
+from vmsandbox.egress import log
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.guest import ssh
-from vmsandbox.session import settings as config
-from vmsandbox.session import state
+from vmsandbox.session import settings, state
 from vmsandbox.session.place import checkpoints
 from vmsandbox.session.record import Record, State, readable
-from vmsandbox.session.record import names as record_names
+from vmsandbox.session.state import Status
 
+__all__ = ["State", "Status"]  # (a session's state, and a session with its state, as statuses() gives them)
 DAMAGED = "damaged"  # the state of a session whose record cannot be read
 STATES = (*(s.value for s in State), DAMAGED)  # every state `ls` shows
 REACHABLE = ("running", "paused", "booting")  # the states in which the session's SSH port answers
@@ -33,7 +34,7 @@ EDITOR_OPTIONS = (  # of the session's own ssh options, what an editor's client 
 
 def names() -> list[str]:
     """Every session of this account, by name (read from its directory: no libvirt, no guest)."""
-    return record_names()
+    return vmsandbox.session.record.names()
 
 
 def groups() -> list[str]:
@@ -43,7 +44,13 @@ def groups() -> list[str]:
 
 def in_state(*states: str) -> list[str]:
     """The sessions in one of `states` (asked of libvirt)."""
-    return [s.record.name for s in state.all_status(config.load().libvirt_uri) if s.state.value in states]
+    return [s.record.name for s in statuses() if s.state.value in states]
+
+
+def statuses() -> list[Status]:
+    """Every session whose record reads, with its state (asked of libvirt): for a front end that shows sessions
+    in types of its own (the API)."""
+    return state.all_status(settings.load().libvirt_uri)
 
 
 def rows(broken: list[str] | None = None) -> list[dict[str, Any]]:
@@ -51,10 +58,10 @@ def rows(broken: list[str] | None = None) -> list[dict[str, Any]]:
     `broken`, a config with problems is read as far as it passes and its problems said there, a line each (the
     listing goes on with what passes)."""
     if broken is None:
-        uri = config.load().libvirt_uri
+        uri = settings.load().libvirt_uri
     else:
-        settings, problems = config.load_lenient()
-        uri = settings.libvirt_uri
+        loaded, problems = settings.load_lenient()
+        uri = loaded.libvirt_uri
         broken += [f"{e.brief()}; `vmsandbox config validate` lists them" if isinstance(e, FileError) else e.message
                    for e in problems]  # fmt: skip
     found, damaged = state.listing(uri)
@@ -128,8 +135,8 @@ def proxy(name: str, *, follow: bool, tail: int | None, since: float | None) -> 
     path = record.files.proxy_log
     if not follow and not path.exists():
         return iter(())
-    found = lines(path, proxylog.rotated(path), follow=follow, stopped=_gone(record), tail=tail)
-    return ((line, event) for line in found if (event := proxylog.parse(line)) is not None and after(event, since))
+    found = lines(path, log.rotated(path), follow=follow, stopped=_gone(record), tail=tail)
+    return ((line, event) for line in found if (event := log.parse(line)) is not None and after(event, since))
 
 
 def after(event: dict[str, Any], since: float | None) -> bool:
@@ -138,7 +145,7 @@ def after(event: dict[str, Any], since: float | None) -> bool:
 
 def describe(event: dict[str, Any]) -> str:
     """An egress decision in one line, as a person reads it."""
-    return proxylog.describe(event)
+    return log.describe(event)
 
 
 def _gone(record: Record) -> Callable[[], bool]:
@@ -152,8 +159,8 @@ def lines(
     `follow` the new ones as they come."""
     if tail is None:
         if older is not None and older.exists() and not follow:
-            yield from proxylog.read(older, follow=False)
-        yield from proxylog.read(path, follow=follow, stopped=stopped)
+            yield from log.read(older, follow=False)
+        yield from log.read(path, follow=follow, stopped=stopped)
         return
     try:
         text = path.read_bytes()
@@ -162,8 +169,8 @@ def lines(
     whole = text[: text.rfind(b"\n") + 1]  # a line being written is read when it ends
     last: collections.deque[str] = collections.deque(maxlen=tail)
     if older is not None and older.exists():
-        last.extend(proxylog.read(older, follow=False))
+        last.extend(log.read(older, follow=False))
     last.extend(whole.decode(errors="replace").splitlines())
     yield from last
     if follow:
-        yield from proxylog.read(path, follow=True, stopped=stopped, offset=len(whole))
+        yield from log.read(path, follow=True, stopped=stopped, offset=len(whole))

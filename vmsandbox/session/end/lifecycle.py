@@ -14,21 +14,20 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
+import vmsandbox.sync.review.gather
 from vmsandbox import failpoint, paths, proc, ui
 from vmsandbox.egress import control
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.session.end import diskreader
-from vmsandbox.session.place import chain, pins
-from vmsandbox.session.place import choose as places
+from vmsandbox.session.place import chain, choose, pins
 from vmsandbox.session.place.hostspec import HostSpec
 from vmsandbox.session.place.interface import VM
 from vmsandbox.session.record import Record, domain_name
 from vmsandbox.sync.fetch import volume
-from vmsandbox.sync.git import review as commitreview
 from vmsandbox.sync.git.repository import Repository
+from vmsandbox.sync.git.review import drop_leftover
 from vmsandbox.sync.land import outbox
 from vmsandbox.sync.review import frozen, plan
-from vmsandbox.sync.review import gather as changes
 from vmsandbox.sync.review.compare import Change
 from vmsandbox.sync.review.gather import Gathered
 from vmsandbox.sync.review.plan import Decisions, Outcome, Plan
@@ -41,17 +40,17 @@ def gather(record: Record, *, limit: int, vm: VM | None = None) -> Gathered:
     """The guest's changes, from wherever they are now (outbox, running VM, or a dead VM's disk); `vm`: the
     session's VM on the connection the caller's operation holds."""
     with diskreader.source(record, vm) as (endpoint, disk):
-        return changes.gather(record.target(), endpoint=endpoint, limit=limit, disk=disk)
+        return vmsandbox.sync.review.gather.gather(record.target(), endpoint=endpoint, limit=limit, disk=disk)
 
 
 def review(record: Record, *, limit: int, only: list[str] | None = None, freeze: bool = True) -> Plan:
     """What a review shows and asks about (a mass change past the user's own thresholds: sync/mass.py), frozen
     host-side before anything shows it (sync.frozen): an apply takes exactly this review."""
-    from vmsandbox.session import settings as config
+    from vmsandbox.session import settings
     from vmsandbox.sync.review import mass
 
-    settings = config.load()  # the user's file only: the project may be what the guest just changed
-    limits = mass.Limits(settings.mass_change_files, settings.mass_change_size_mib * 1024**2)
+    loaded = settings.load()  # the user's file only: the project may be what the guest just changed
+    limits = mass.Limits(loaded.mass_change_files, loaded.mass_change_size_mib * 1024**2)
     made = plan.make(gather(record, limit=limit), only, limits=limits)
     return frozen.freeze(made) if freeze else made  # (a review only read, never applied: `diff`)
 
@@ -93,7 +92,7 @@ class End:
 def finish(record: Record, gathered: Gathered, *, background: bool = False) -> End:
     """The end of `run` (after its review): export what is left, then destroy the VM — in the background if
     asked (the exit code and the review do not wait for it; gc finishes a teardown that was interrupted)."""
-    left = changes.pending(gathered)
+    left = vmsandbox.sync.review.gather.pending(gathered)
     box = outbox.export(gathered) if left else None
     record.ending = "retire" if left else "remove"
     if background:
@@ -126,19 +125,15 @@ def end_now(record: Record) -> None:
 def destroy(record: Record, *, force: bool, discard: bool, limit: int) -> End:
     """Destroy a session's VM and files — refused while changes are unsynced, unless `force` (they are
     exported first) or `discard` (they are thrown away). A session whose host does not answer is forgotten
-    here with `discard` only (gc removes it there once the host answers)."""
-    if record.owner_alive() and not (force or discard):
-        raise VmsandboxError(
-            f"session {record.name} is in use by `vmsandbox run` (pid {record.owner_pid})",
-            hint=f"end that command, or `vmsandbox rm {record.name} --force`",
-        )
+    here with `discard` only (gc removes it there once the host answers). Whether a run that drives the session
+    lets it go is the core's rule (core.sessions.not_driven), asked before."""
     if discard or not record.files.baseline_manifest.exists():
         remove(record, forget_unreachable=discard)
         return End()
     try:
         g, left = pending(record, limit)
     except UnreachableError as exc:
-        if not places.abilities(record.libvirt_uri).elsewhere:
+        if not choose.abilities(record.libvirt_uri).elsewhere:
             raise
         raise VmsandboxError(
             f"host {record.host} does not answer, so the changes of session {record.name} cannot be read: "
@@ -163,8 +158,8 @@ def remove_damaged(name: str, uri: str) -> Path | None:
     files = paths.session_paths(name)
     if not files.root.is_dir():
         return None
-    _stop(files, places.spec_at(uri), domain_name(name))
-    places.release(files.root)
+    _stop(files, choose.spec_at(uri), domain_name(name))
+    choose.release(files.root)
     volume.drop(files)  # (its own file system, if it has one, unmounted first: rmtree would not leave it)
     shutil.rmtree(files.root)
     pins.unpin(name)
@@ -175,14 +170,14 @@ def _stop(files: paths.SessionPaths, spec: HostSpec, domain: str) -> None:
     """The session's egress daemon and its VM (on the host `spec` names), gone."""
     control.stop(files)
     failpoint.hit("destroy.stop")
-    with places.host(spec) as host:
+    with choose.host(spec) as host:
         host.forget(files.root, domain)
 
 
 def pending(record: Record, limit: int) -> tuple[Gathered, list[Change]]:
     """The session's changes and the ones still pending; the record remembers how many."""
     g = gather(record, limit=limit)
-    left = changes.pending(g)
+    left = vmsandbox.sync.review.gather.pending(g)
     record.unsynced = len(left)
     record.save()
     return g, left
@@ -192,11 +187,11 @@ def remove(record: Record, *, forget_unreachable: bool = False) -> None:
     """Destroy the VM and delete the session directory. With `forget_unreachable`, a session whose host does
     not answer is deleted here all the same (said; `gc` sweeps its VM and volumes there later)."""
     try:
-        _stop(record.files, places.spec_of(record), record.domain)
+        _stop(record.files, choose.spec_of(record), record.domain)
     except UnreachableError as exc:
-        if not forget_unreachable or not places.abilities(record.libvirt_uri).elsewhere:
+        if not forget_unreachable or not choose.abilities(record.libvirt_uri).elsewhere:
             raise  # this machine's libvirt: start it (the error says how) rather than lose track of a VM
-        places.release(record.files.root)
+        choose.release(record.files.root)
         ui.warn(
             f"host {record.host} does not answer ({exc.message}): session {record.name} is forgotten here; "
             f"`vmsandbox rm --stale` removes its VM and volumes there once the host answers"
@@ -211,7 +206,7 @@ def _drop_staged_refs(record: Record) -> None:
     """The refs a killed pull left staged for the session in the project go with it (never fatal)."""
     try:
         repo = Repository.of(Path(record.project), record.uid, record.gid)
-        if commitreview.drop_leftover(repo, record.name):
+        if drop_leftover(repo, record.name):
             log.info("session %s: dropped the refs a killed pull left staged in %s", record.name, record.project)
     except (VmsandboxError, OSError) as exc:
         ui.warn(f"the refs staged for session {record.name} in {record.project} stay: {exc}")
@@ -220,7 +215,7 @@ def _drop_staged_refs(record: Record) -> None:
 def retire(record: Record) -> None:
     """Destroy the VM and everything but what a later `recover` needs: the record, the baseline, the decisions
     and the outbox of unsynced changes."""
-    _stop(record.files, places.spec_of(record), record.domain)
+    _stop(record.files, choose.spec_of(record), record.domain)
     files = record.files
     doomed = [files.workspace_disk, files.client_key, files.client_key.with_suffix(".pub")]
     doomed += [files.root / name for name in chain.present(files.root)]  # the VM's and its checkpoints'
