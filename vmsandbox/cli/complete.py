@@ -74,10 +74,12 @@ def labels(ctx: Any, incomplete: str) -> list[str]:
 
 def ports(ctx: Any, incomplete: str) -> list[str]:
     """The guest ports the session named before publishes (`port rm NAME <TAB>`)."""
-    from vmsandbox.core import listing
+    from vmsandbox.core import watch
 
     name = ctx.params.get("name")
-    return _starting(_quietly(lambda: [str(p) for p in listing.ports(name)]), incomplete) if name else []
+    if not name:
+        return []
+    return _starting(_quietly(lambda: [str(g) for g in sorted({p.guest for p in watch.ports(name)})]), incomplete)
 
 
 def allowed(ctx: Any, incomplete: str) -> list[str]:
@@ -109,9 +111,9 @@ def signed_in(incomplete: str) -> list[str]:
 
 
 def hosts(incomplete: str) -> list[str]:
-    from vmsandbox.core import hosts as hostlist
+    from vmsandbox.core import hosts
 
-    return _starting(_quietly(hostlist.names), incomplete)
+    return _starting(_quietly(hosts.names), incomplete)
 
 
 def other_hosts(incomplete: str) -> list[str]:
@@ -120,23 +122,23 @@ def other_hosts(incomplete: str) -> list[str]:
 
 
 def images(incomplete: str) -> list[str]:
-    from vmsandbox.core import images as store
+    from vmsandbox.core import images
 
-    return _starting(_quietly(store.versions), incomplete)
+    return _starting(_quietly(images.versions), incomplete)
 
 
 def secrets(incomplete: str) -> list[str]:
     """Stored secrets (`secret rm`)."""
-    from vmsandbox.core import secrets as store
+    from vmsandbox.core import secrets
 
-    return _starting(_quietly(lambda: (s.name for s in store.listed())), incomplete)
+    return _starting(_quietly(lambda: (s.name for s in secrets.listed())), incomplete)
 
 
 def secret_names(incomplete: str) -> list[str]:
     """The secret names blueprints and your config read (`secret set`)."""
-    from vmsandbox.core import secrets as store
+    from vmsandbox.core import secrets
 
-    return _starting(_quietly(store.readers), incomplete)
+    return _starting(_quietly(secrets.readers), incomplete)
 
 
 def trusted(incomplete: str) -> list[str]:
@@ -174,13 +176,12 @@ CHECKED_FILTERS = ("state", "network", "host")  # keys whose value must be one o
 
 def filter_values(key: str) -> list[str]:
     """The values `ls --filter KEY=` may take (those a session here has, for a name, fan-out or blueprint)."""
-    from vmsandbox.core import hosts as hostlist
-    from vmsandbox.core import images, listing, watch
+    from vmsandbox.core import hosts, images, listing, watch
 
     found: dict[str, Callable[[], Iterable[str]]] = {
         "state": lambda: listing.STATES,
         "network": lambda: watch.MODES,
-        "host": hostlist.names,
+        "host": hosts.names,
         "blueprint": images.blueprint_names,
         "group": listing.groups,
         "name": listing.names,

@@ -5,7 +5,6 @@ line may take (sessions, fan-outs, checkpoints). Reading only: nothing here chan
 from __future__ import annotations
 
 import collections
-import contextlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -112,15 +111,9 @@ def labels(name: str) -> list[str]:
     return [c.label for c in checkpoints.listed(paths.session_paths(name))]
 
 
-def ports(name: str) -> list[int]:
-    """The guest ports a session publishes (its record only)."""
-    with contextlib.suppress(VmsandboxError):
-        return sorted({p.guest for p in Record.load(name).publish})
-    return []
-
-
 def console(name: str, *, follow: bool, tail: int | None) -> Iterator[str]:
-    """A session's serial console, its lines as the guest wrote them (brought up to date first)."""
+    """A session's serial console, its lines as the guest wrote them (brought up to date first): the terminal's
+    `logs` and the page's live view read it here."""
     record = Record.load(name)
     state.refresh_console(record, follow=follow)
     if not follow and not record.files.console_log.exists():
@@ -130,7 +123,8 @@ def console(name: str, *, follow: bool, tail: int | None) -> Iterator[str]:
 
 def proxy(name: str, *, follow: bool, tail: int | None, since: float | None) -> Iterator[tuple[str, dict[str, Any]]]:
     """A session's egress decisions, oldest first, each as its JSON line and as data: every allowed or denied
-    request and every change of its allowlist (with `since`, only those at that time or later)."""
+    request and every change of its allowlist (with `since`, only those at that time or later). The terminal's
+    `policy log` and the page's live view read them here."""
     record = Record.load(name)
     path = record.files.proxy_log
     if not follow and not path.exists():
