@@ -18,14 +18,13 @@ from pathlib import Path
 from typing import Any
 
 from vmsandbox import __version__, filemodels, paths, schema, trust, ui
-from vmsandbox.confine import accounts as confine
+from vmsandbox.confine import accounts
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.image import blueprint
-from vmsandbox.session import configread
-from vmsandbox.session import settings as config
-from vmsandbox.session.host import trust as projecttrust
+from vmsandbox.session import configread, settings
+from vmsandbox.session.host.trust import trust_candidates
 
-DEFAULTS = config.Settings()  # what a session gets when no file and no flag says otherwise
+DEFAULTS = settings.Settings()  # what a session gets when no file and no flag says otherwise
 UntrustedError = trust.UntrustedError
 
 
@@ -40,7 +39,7 @@ def open_log(verbose: bool) -> None:
     root.setLevel(logging.DEBUG)
     threading.excepthook = _thread_failed
     try:
-        confine.state_dirs()
+        accounts.state_dirs()
         where = paths.state_dir() / paths.SESSION_LOG
         handler: logging.Handler = logging.handlers.RotatingFileHandler(where, maxBytes=2 * 1024**2, backupCount=2)
         where.chmod(0o600)
@@ -90,17 +89,17 @@ def explained(project: Path) -> Explained:
     """Each setting's effective value for a session of `project` and the last source that set it: the defaults,
     your config, the project's file (as far as it is trusted), an environment variable."""
     broken: list[VmsandboxError] = []
-    steps = config.layers(project.resolve(), broken=broken)
+    steps = settings.layers(project.resolve(), broken=broken)
     rows = []
     for f in dataclasses.fields(steps[-1].settings):
-        key = config.key_of(f.name)
+        key = settings.key_of(f.name)
         source = "default"
         for now, before in zip(steps[1:], steps[:-1], strict=True):
             if key in now.keys or getattr(now.settings, f.name) != getattr(before.settings, f.name):
                 source = now.source
         rows.append({"key": key, "value": _shown(f.name, getattr(steps[-1].settings, f.name)), "from": source})
     if any(isinstance(exc, trust.UntrustedError) for exc in broken):  # what it would set, shown as such
-        found = configread.read_project(project.resolve(), config.Settings())
+        found = configread.read_project(project.resolve(), settings.Settings())
         if found is not None:
             said = f"{found.path} (untrusted: not used)"
             rows += [{"key": k, "value": json.dumps(v), "from": said} for k, v in found.data.items()]
@@ -110,8 +109,8 @@ def explained(project: Path) -> Explained:
 def default_files() -> list[Path]:
     """What `config validate` checks without FILE: your config and blueprints, this directory's project file and
     blueprints (those that exist)."""
-    found = [paths.config_dir() / config.USER_FILE, *sorted((paths.config_dir() / "blueprints").glob("*.yaml"))]
-    found += [Path(config.PROJECT_FILE), *sorted(blueprint.PROJECT_DIR.glob("*.yaml"))]
+    found = [paths.config_dir() / settings.USER_FILE, *sorted((paths.config_dir() / "blueprints").glob("*.yaml"))]
+    found += [Path(settings.PROJECT_FILE), *sorted(blueprint.PROJECT_DIR.glob("*.yaml"))]
     return [f for f in found if f.is_file()]
 
 
@@ -125,7 +124,7 @@ def check(f: Path) -> None:
     if f.parent.name == "blueprints":
         blueprint.check_file(f)
     else:
-        config.read_file(f, config.Settings(), project=f.name == config.PROJECT_FILE)
+        settings.read_file(f, settings.Settings(), project=f.name == settings.PROJECT_FILE)
 
 
 def json_schema(*, of_blueprint: bool = False) -> dict[str, Any]:
@@ -152,7 +151,7 @@ def candidates(path: Path) -> list[Trusted]:
     """The project config files at `path` (a project directory, its .vmsandbox.yaml or a blueprint file in it)."""
     return [
         Trusted(c.path, c.state.trusted, c.state.changed, trust.digest(c.raw)[:12], tuple(c.lines), c.raw)
-        for c in projecttrust.trust_candidates(path)
+        for c in trust_candidates(path)
     ]
 
 
@@ -168,7 +167,7 @@ def revoke(path: Path) -> list[Path]:
     if path.is_dir() or not path.exists():  # a project directory (there, or gone with its files)
         root = path.resolve() if path.is_dir() else path.absolute()
         mine = [Path(n) for n in trust.records()]
-        found += [p for p in mine if p == root / config.PROJECT_FILE or p.parent == root / blueprint.PROJECT_DIR]
+        found += [p for p in mine if p == root / settings.PROJECT_FILE or p.parent == root / blueprint.PROJECT_DIR]
     return [p for p in found if trust.revoke(p)]
 
 
@@ -187,4 +186,4 @@ def trusted() -> Iterator[tuple[str, str, str]]:
 
 def sync_limit() -> int:
     """The sync budget in bytes (the user's config)."""
-    return config.sync_limit()
+    return settings.sync_limit()
