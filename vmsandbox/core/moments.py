@@ -76,7 +76,7 @@ class Restored:
 def restore(name: str, label: str) -> Restored:
     """A session returned to a checkpoint: its processes, files and disks as they were then. Changes not yet
     pulled are exported first (a patch and the files), never lost. Refused while a run drives the session
-    (sessions.not_driven)."""
+    (core.sessions.not_driven)."""
     sessions.not_driven(Record.load(name))
     started = time.monotonic()
     rolled = checkpoint.rollback(name, label, limit=reviews.limit())
