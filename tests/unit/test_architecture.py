@@ -127,6 +127,46 @@ def test_the_front_end_rule_finds_a_reach_past_the_core() -> None:
     assert not _reaches("vmsandbox.session.record", allowed) and not _reaches("vmsandbox.corex", allowed)
 
 
+SURFACE = tuple(f"vmsandbox.core.{p.stem}" for p in sorted((PACKAGE / "core").glob("*.py")) if p.stem != "__init__")
+INSIDE = ("sandbox", "door")  # the core's packages that front ends call: the API's backend, the servers' gate
+
+
+def _past_the_surface(path: Path, inside: str) -> list[str]:
+    """What a module of core/`inside` imports that is neither the core's surface (its top-level modules), its own
+    package, nor the foundation."""
+    allowed = (*SURFACE, f"vmsandbox.core.{inside}", *FOUNDATION)
+    return [m for m in _imports(path) if m != "vmsandbox.core" and not _reaches(m, allowed)]
+
+
+def test_the_apis_side_of_the_core_reaches_only_the_cores_surface() -> None:
+    """core/sandbox (the API's backend) and core/door (the gate before the page's and the API's server) reach
+    sessions as every front end does: through the core's own functions (sessions, moments, reviews, views,
+    listing, watch, ...) and the foundation, never a session, sync, egress, image, guest or VM module, so a rule
+    about a session written once in the core holds for the API too. Function-local imports count."""
+    wrong = []
+    for inside in INSIDE:
+        for path in (PACKAGE / "core" / inside).rglob("*.py"):
+            wrong += [f"{path.relative_to(PACKAGE)} imports {m}" for m in _past_the_surface(path, inside)]
+    assert wrong == []
+
+
+def test_the_surface_rule_finds_a_reach_past_it(tmp_path: Path) -> None:
+    module = tmp_path / "backend.py"
+    module.write_text(
+        "from vmsandbox.core import sessions, views\n"
+        "from vmsandbox.core.sandbox import model\n"
+        "from vmsandbox.session import lock\n"
+        "def pause():\n"
+        "    from vmsandbox.guest.ssh import Endpoint\n"
+        "    from vmsandbox.core.door import gate\n"
+    )
+    assert "vmsandbox.core.sessions" in SURFACE and "vmsandbox.core.sandbox" not in SURFACE
+    assert _past_the_surface(module, "sandbox") == [
+        "vmsandbox.session", "vmsandbox.session.lock", "vmsandbox.guest.ssh", "vmsandbox.guest.ssh.Endpoint",
+        "vmsandbox.core.door", "vmsandbox.core.door.gate",
+    ]  # fmt: skip
+
+
 WIDEST_FOLDER = 12  # modules in one folder (sub-packages apart): a folder reads like a table of contents
 
 

@@ -74,10 +74,12 @@ def labels(ctx: Any, incomplete: str) -> list[str]:
 
 def ports(ctx: Any, incomplete: str) -> list[str]:
     """The guest ports the session named before publishes (`port rm NAME <TAB>`)."""
-    from vmsandbox.core import listing
+    from vmsandbox.core import watch
 
     name = ctx.params.get("name")
-    return _starting(_quietly(lambda: [str(p) for p in listing.ports(name)]), incomplete) if name else []
+    if not name:
+        return []
+    return _starting(_quietly(lambda: [str(g) for g in sorted({p.guest for p in watch.ports(name)})]), incomplete)
 
 
 def allowed(ctx: Any, incomplete: str) -> list[str]:

@@ -1,6 +1,6 @@
 """Hosts, for every front end: the libvirt hosts sessions may run on (this machine, `local`, and those under
 `hosts:` in your config) asked at once, added to and taken off your config; this machine set up where no
-service manager does it; and every check a session needs (`doctor`), which never stops at a broken config."""
+service manager does it; and every check a session needs (`doctor`), which never stops at a broken settings."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from vmsandbox.confine import sudo
-from vmsandbox.session import settings as config
+from vmsandbox.session import settings
 from vmsandbox.session.host import configured, doctor, hosts
 from vmsandbox.session.host.doctor import Check
 from vmsandbox.session.place import hostspec
@@ -42,19 +42,19 @@ class Host:
 
 def names() -> list[str]:
     """Every host's name, from your config (nothing is asked of a host)."""
-    settings = config.load()
-    return [spec.name for spec in hostspec.every(settings.libvirt_uri, settings.hosts)]
+    loaded = settings.load()
+    return [spec.name for spec in hostspec.every(loaded.libvirt_uri, loaded.hosts)]
 
 
 def listed(timeout: float) -> list[Host]:
     """Every host asked at once, each within `timeout` seconds; one that does not answer is listed with why."""
-    settings = config.load()
-    found = hosts.probe_all(hostspec.every(settings.libvirt_uri, settings.hosts), timeout)
+    loaded = settings.load()
+    found = hosts.probe_all(hostspec.every(loaded.libvirt_uri, loaded.hosts), timeout)
     mine = Counter(r.host for r in readable())
     shown = []
     for s in found:
         n, count = s.node, mine.get(s.spec.name, 0)
-        facts = {**s.as_dict(settings.memory_mib), "sessions": count}
+        facts = {**s.as_dict(loaded.memory_mib), "sessions": count}
         versions = "-" if n is None else f"libvirt {n.libvirt}, QEMU {n.qemu}"
         memory = None if n is None else (n.available_mib, n.memory_mib)
         shown.append(
@@ -88,7 +88,7 @@ def setup(user: str | None) -> Iterator[str]:
     invoker = sudo.invoker()
     if user is None and invoker is not None:
         user = invoker.pw_name
-    return hostsetup.setup(config.load().libvirt_uri, user)
+    return hostsetup.setup(settings.load().libvirt_uri, user)
 
 
 def diagnose(project: Path | None) -> list[Check]:

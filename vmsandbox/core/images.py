@@ -12,9 +12,14 @@ from typing import Any
 from vmsandbox import paths, ui
 from vmsandbox.errors import UsageError, VmsandboxError
 from vmsandbox.image import blueprint, build, layers, recipe, store
-from vmsandbox.session import settings as config
+from vmsandbox.session import settings
 from vmsandbox.session.host import hosts, images
-from vmsandbox.session.start import layer as layerbuild
+from vmsandbox.session.start import layer
+
+
+def is_blueprint_name(text: str) -> bool:
+    """Whether `text` may name a blueprint (what such a name is made of; whether one exists is another question)."""
+    return blueprint.NAME_RE.match(text) is not None
 
 
 @dataclass(frozen=True)
@@ -39,7 +44,7 @@ def warm(built: Built) -> None:
 def build_base(*, force: bool, host_ca: bool) -> Built:
     """The base image of the current recipe built from Debian packages (needs root), trusting the host's locally
     added CA certificates unless `host_ca` is False."""
-    wanted = recipe.load_recipe(trust_host_ca=config.load().trust_host_ca and host_ca)
+    wanted = recipe.load_recipe(trust_host_ca=settings.load().trust_host_ca and host_ca)
     certs = f" (trusting {len(wanted.ca_certs)} host CA certificate(s))" if wanted.ca_certs else ""
     ui.info(f"Base image {wanted.version}{certs}")
     started = time.monotonic()
@@ -51,7 +56,7 @@ def build_layer(name: str, *, force: bool) -> Built:
     """A blueprint's thin layer on the current base image."""
     bp = blueprint.named(name, Path.cwd())
     started = time.monotonic()
-    image, did = layerbuild.build_layer(bp, force=force)
+    image, did = layer.build_layer(bp, force=force)
     installed = {str(k): str(v) for k, v in image.manifest.get("installed", {}).items()}
     return Built(image.version, image.path, did, time.monotonic() - started, installed, image)
 
@@ -79,21 +84,21 @@ def remove(version: str) -> str:
 def send(host: str, *, version: str | None, blueprint_name: str | None) -> str:
     """An image sent to another host's storage pool now (a session placed there would send it first): the
     base image `version` (default: the current one), or a blueprint's layer on it. What the host holds now."""
-    settings = config.load()
+    loaded = settings.load()
     try:
-        spec = hosts.named(settings, host)
+        spec = hosts.named(loaded, host)
     except VmsandboxError as exc:
         raise UsageError(exc.message, hint=exc.hint) from None
     hosts.check_holds_images(spec)
     found = store.get_image(version) if version else store.current_image()
     if blueprint_name is not None:
-        layer = layers.find(blueprint.named(blueprint_name), found)
-        if layer is None:
+        built = layers.find(blueprint.named(blueprint_name), found)
+        if built is None:
             raise VmsandboxError(
                 f"blueprint {blueprint_name} has no image built on {found.version} yet",
                 hint=f"build it here first: `vmsandbox image build --blueprint {blueprint_name}`",
             )
-        found = layer
+        found = built
     return f"{found.path.name}: {hosts.hold_image(spec, found)}"
 
 

@@ -5,22 +5,22 @@ line may take (sessions, fan-outs, checkpoints). Reading only: nothing here chan
 from __future__ import annotations
 
 import collections
-import contextlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import vmsandbox.session.record
 from vmsandbox import paths
 from vmsandbox.document import FileError
 from vmsandbox.egress import proxylog
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.guest import ssh
-from vmsandbox.session import settings as config
-from vmsandbox.session import state
+from vmsandbox.session import settings, state
 from vmsandbox.session.place import checkpoints
 from vmsandbox.session.record import Record, State, readable
-from vmsandbox.session.record import names as record_names
+from vmsandbox.session.state import Status
 
+__all__ = ["State", "Status"]  # (a session's state, and a session with its state, as statuses() gives them)
 DAMAGED = "damaged"  # the state of a session whose record cannot be read
 STATES = (*(s.value for s in State), DAMAGED)  # every state `ls` shows
 REACHABLE = ("running", "paused", "booting")  # the states in which the session's SSH port answers
@@ -33,7 +33,7 @@ EDITOR_OPTIONS = (  # of the session's own ssh options, what an editor's client 
 
 def names() -> list[str]:
     """Every session of this account, by name (read from its directory: no libvirt, no guest)."""
-    return record_names()
+    return vmsandbox.session.record.names()
 
 
 def groups() -> list[str]:
@@ -43,7 +43,13 @@ def groups() -> list[str]:
 
 def in_state(*states: str) -> list[str]:
     """The sessions in one of `states` (asked of libvirt)."""
-    return [s.record.name for s in state.all_status(config.load().libvirt_uri) if s.state.value in states]
+    return [s.record.name for s in statuses() if s.state.value in states]
+
+
+def statuses() -> list[Status]:
+    """Every session whose record reads, with its state (asked of libvirt): for a front end that shows sessions
+    in types of its own (the API)."""
+    return state.all_status(settings.load().libvirt_uri)
 
 
 def rows(broken: list[str] | None = None) -> list[dict[str, Any]]:
@@ -51,10 +57,10 @@ def rows(broken: list[str] | None = None) -> list[dict[str, Any]]:
     `broken`, a config with problems is read as far as it passes and its problems said there, a line each (the
     listing goes on with what passes)."""
     if broken is None:
-        uri = config.load().libvirt_uri
+        uri = settings.load().libvirt_uri
     else:
-        settings, problems = config.load_lenient()
-        uri = settings.libvirt_uri
+        loaded, problems = settings.load_lenient()
+        uri = loaded.libvirt_uri
         broken += [f"{e.brief()}; `vmsandbox config validate` lists them" if isinstance(e, FileError) else e.message
                    for e in problems]  # fmt: skip
     found, damaged = state.listing(uri)
@@ -105,15 +111,9 @@ def labels(name: str) -> list[str]:
     return [c.label for c in checkpoints.listed(paths.session_paths(name))]
 
 
-def ports(name: str) -> list[int]:
-    """The guest ports a session publishes (its record only)."""
-    with contextlib.suppress(VmsandboxError):
-        return sorted({p.guest for p in Record.load(name).publish})
-    return []
-
-
 def console(name: str, *, follow: bool, tail: int | None) -> Iterator[str]:
-    """A session's serial console, its lines as the guest wrote them (brought up to date first)."""
+    """A session's serial console, its lines as the guest wrote them (brought up to date first): the terminal's
+    `logs` and the page's live view read it here."""
     record = Record.load(name)
     state.refresh_console(record, follow=follow)
     if not follow and not record.files.console_log.exists():
@@ -123,7 +123,8 @@ def console(name: str, *, follow: bool, tail: int | None) -> Iterator[str]:
 
 def proxy(name: str, *, follow: bool, tail: int | None, since: float | None) -> Iterator[tuple[str, dict[str, Any]]]:
     """A session's egress decisions, oldest first, each as its JSON line and as data: every allowed or denied
-    request and every change of its allowlist (with `since`, only those at that time or later)."""
+    request and every change of its allowlist (with `since`, only those at that time or later). The terminal's
+    `policy log` and the page's live view read them here."""
     record = Record.load(name)
     path = record.files.proxy_log
     if not follow and not path.exists():

@@ -8,10 +8,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from vmsandbox import ui
-from vmsandbox.core import reviews
+from vmsandbox.core import reviews, sessions
 from vmsandbox.errors import VmsandboxError
-from vmsandbox.session.moments import checkpoint as checkpoints
-from vmsandbox.session.moments import compare as across
+from vmsandbox.session.moments import checkpoint, compare
 from vmsandbox.session.place.checkpoints import Checkpoint, listed
 from vmsandbox.session.record import Record
 
@@ -32,30 +31,37 @@ class Kept:
 
 def _kept(record: Record, found: list[Checkpoint]) -> list[Kept]:
     try:
-        sizes: dict[str, int | None] = dict(checkpoints.sizes(record, found))
+        sizes: dict[str, int | None] = dict(checkpoint.sizes(record, found))
     except VmsandboxError as exc:
         ui.warn(exc.message)
         sizes = {}
     return [Kept(c.label, c.created, sizes.get(c.label)) for c in found]
 
 
+def is_label(text: str) -> bool:
+    """Whether `text` may label a checkpoint (1-40 lowercase letters, digits, dots, dashes and underscores)."""
+    return checkpoint.LABEL_RE.match(text) is not None
+
+
 def take(name: str, label: str | None) -> Kept:
     """A checkpoint of a running session (default label: cp-DATE-TIME); the guest pauses for a few seconds."""
     started = time.monotonic()
-    cp = checkpoints.take(name, label)
+    cp = checkpoint.take(name, label)
     took = time.monotonic() - started
     (kept,) = _kept(Record.load(name), [cp])
     return Kept(kept.label, kept.created, kept.size, took)
 
 
-def kept(name: str) -> list[Kept]:
-    """A session's checkpoints, oldest first, with their sizes."""
+def kept(name: str, *, sized: bool = True) -> list[Kept]:
+    """A session's checkpoints, oldest first, with their sizes (without `sized`, read from its files alone: no
+    size is asked of its host)."""
     record = Record.load(name)
-    return _kept(record, listed(record.files))
+    found = listed(record.files)
+    return _kept(record, found) if sized else [Kept(c.label, c.created, None) for c in found]
 
 
 def remove(name: str, label: str) -> None:
-    checkpoints.remove(name, label)
+    checkpoint.remove(name, label)
 
 
 @dataclass(frozen=True)
@@ -69,9 +75,11 @@ class Restored:
 
 def restore(name: str, label: str) -> Restored:
     """A session returned to a checkpoint: its processes, files and disks as they were then. Changes not yet
-    pulled are exported first (a patch and the files), never lost."""
+    pulled are exported first (a patch and the files), never lost. Refused while a run drives the session
+    (core.sessions.not_driven)."""
+    sessions.not_driven(Record.load(name))
     started = time.monotonic()
-    rolled = checkpoints.rollback(name, label, limit=reviews.limit())
+    rolled = checkpoint.rollback(name, label, limit=reviews.limit())
     return Restored(rolled.box, rolled.left, time.monotonic() - started)
 
 
@@ -81,16 +89,16 @@ class Side:
     and whether they all agree; `shared`: they were captured together (else each against its own baseline)."""
 
     names: list[str]
-    rows: list[across.Row]
+    rows: list[compare.Row]
     shared: bool
 
 
 def side_by_side(names: list[str]) -> Side:
-    trees = [across.fetch(n, limit=reviews.limit()) for n in names]
-    return Side(names, across.compare(trees), across.shared_baseline(trees))
+    trees = [compare.fetch(n, limit=reviews.limit()) for n in names]
+    return Side(names, compare.compare(trees), compare.shared_baseline(trees))
 
 
 def between(name: str, other: str) -> str:
     """A unified diff from `other`'s tree to `name`'s, for every path either of them changed."""
-    theirs, ours = across.fetch(other, limit=reviews.limit()), across.fetch(name, limit=reviews.limit())
-    return across.diff_between(ours, theirs)
+    theirs, ours = compare.fetch(other, limit=reviews.limit()), compare.fetch(name, limit=reviews.limit())
+    return compare.diff_between(ours, theirs)

@@ -12,12 +12,13 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from vmsandbox import ui
-from vmsandbox.session.moments.fanout import Outcome as FanOutcome
+from vmsandbox.session.moments import fanout
 from vmsandbox.sync.review.plan import Decisions, Outcome, Plan
 from vmsandbox.sync.review.take import Take
 from vmsandbox.sync.scan.credentials import Finding
 
 __all__ = ["FanOutcome", "Finding", "Nobody", "Person"]  # (what a person is shown is the core's to hand out)
+FanOutcome = fanout.Outcome  # how each session of a fan-out ended
 
 
 class Person(Protocol):

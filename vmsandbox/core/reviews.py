@@ -10,8 +10,7 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from vmsandbox.core.person import Person
-from vmsandbox.session import lock
-from vmsandbox.session import settings as config
+from vmsandbox.session import lock, settings
 from vmsandbox.session.end import lifecycle
 from vmsandbox.session.record import Record
 from vmsandbox.sync.review.frozen import StaleError
@@ -24,7 +23,7 @@ T = TypeVar("T")
 
 def limit() -> int:
     """The sync budget: bytes a pull writes at most (the user's config)."""
-    return config.sync_limit()
+    return settings.sync_limit()
 
 
 def record(name: str) -> Record:

@@ -13,12 +13,11 @@ from pathlib import Path
 
 from vmsandbox import ui
 from vmsandbox.core import reviews
-from vmsandbox.egress import secrets as store
+from vmsandbox.egress import secrets
 from vmsandbox.errors import UsageError, VmsandboxError
 from vmsandbox.guest import commands
 from vmsandbox.image import blueprint
-from vmsandbox.session import lock
-from vmsandbox.session import settings as config
+from vmsandbox.session import lock, settings
 from vmsandbox.session.end import lifecycle
 from vmsandbox.session.options import RunFlags
 from vmsandbox.session.record import Record
@@ -36,24 +35,24 @@ class Secret:
 def check_name(name: str) -> str:
     """A secret's name as a command line gives it (UsageError for one that cannot be a name)."""
     try:
-        return store.validate_name(name)
+        return secrets.validate_name(name)
     except VmsandboxError as exc:
         raise UsageError(exc.message, hint=exc.hint) from None
 
 
 def put(name: str, value: str) -> Path:
     """A secret stored on the host (0600); where the secrets are."""
-    store.put(check_name(name), value)
-    return store.directory()
+    secrets.put(check_name(name), value)
+    return secrets.directory()
 
 
 def listed() -> list[Secret]:
     """The stored secrets (names and sizes only, never values)."""
-    return [Secret(s.name, s.set_at, s.length) for s in store.list_all()]
+    return [Secret(s.name, s.set_at, s.length) for s in secrets.list_all()]
 
 
 def remove(name: str) -> None:
-    if not store.remove(check_name(name)):
+    if not secrets.remove(check_name(name)):
         raise VmsandboxError(f"no secret named {name!r}", hint="list them with `vmsandbox secret ls`")
 
 
@@ -70,7 +69,7 @@ def readers() -> dict[str, str]:
         with contextlib.suppress(VmsandboxError):  # a broken blueprint says so when it is used
             for mapping in blueprint.load(bp, Path.cwd()).secrets:
                 users.setdefault(str(mapping.get("secret")), f"the {bp} blueprint")
-    for m in config.load().secrets:
+    for m in settings.load().secrets:
         users.setdefault(m.secret, "your config")
     return users
 

@@ -6,43 +6,54 @@ as a fan-out, or what a crash left)."""
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import vmsandbox.session.start.create
+import vmsandbox.sync.inward.push
 from vmsandbox import paths
 from vmsandbox.confine import accounts
 from vmsandbox.core import flow, reviews
 from vmsandbox.core.person import Person
 from vmsandbox.errors import UsageError, VmsandboxError
 from vmsandbox.guest import commands
-from vmsandbox.session import lock, state
-from vmsandbox.session import settings as config
-from vmsandbox.session.end import gc as collect
-from vmsandbox.session.end import lifecycle
+from vmsandbox.guest.ssh import Endpoint
+from vmsandbox.session import lock, settings, state
+from vmsandbox.session.end import gc, lifecycle
+from vmsandbox.session.lock import BusyError
 from vmsandbox.session.moments import fanout, fork, suspend
 from vmsandbox.session.options import RunFlags
 from vmsandbox.session.record import Record, validate_name
-from vmsandbox.session.start import create as creating
 from vmsandbox.session.start import resolve
-from vmsandbox.sync.inward import cp as copying
-from vmsandbox.sync.inward import push as pushing
+from vmsandbox.sync.inward import cp
 
-__all__ = ["Record", "RunFlags"]  # (the record a front end is handed back; the flags of a run)
+# the record a front end is handed back, the flags of a run, how a session's guest is reached, what a session's
+# name is made of (raises with the rule), and another command holding the session
+__all__ = ["BusyError", "Endpoint", "Record", "RunFlags", "validate_name"]
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 def listing() -> list[dict[str, Any]]:
     """Every session of this account as `ls --json` gives it (state, host, project, age, unsynced changes…)."""
-    return [s.as_dict() for s in state.all_status(config.load().libvirt_uri)]
+    return [s.as_dict() for s in state.all_status(settings.load().libvirt_uri)]
 
 
 def private_dir(name: str) -> Path:
     """A directory of the state dir only this account reads (0700, made if missing): where a front end keeps
     what must not be on a command line."""
     where = paths.state_dir() / name
+    accounts.make_private_dir(where, traverse=False)
+    return where
+
+
+def empty_project(name: str) -> Path:
+    """The empty project, of its own, that a session made on none stands on (E2B's own sandboxes): a private
+    directory of the state dir (0700, made if missing), removed with the session by whoever made it."""
+    where = paths.sandbox_projects() / name
     accounts.make_private_dir(where, traverse=False)
     return where
 
@@ -57,7 +68,7 @@ def create(path: Path, blueprint: str, flags: RunFlags, person: Person) -> Recor
     screened going in as for a run."""
     flags = dataclasses.replace(flags, keep=True)
     planned = flow.screen(resolve.resolve(path, blueprint, None, flags, agent=False), person, send=flags.send_secrets)
-    return creating.create(planned.options)
+    return vmsandbox.session.start.create.create(planned.options)
 
 
 def copy_of(name: str, new: str, *, label: str | None = None) -> Record:
@@ -66,8 +77,29 @@ def copy_of(name: str, new: str, *, label: str | None = None) -> Record:
     return fork.fork(name, validate_name(new), label=label)
 
 
+class DrivenError(VmsandboxError):
+    """A session another command drives (the `vmsandbox run` that made it), asked to stop, to go back to a
+    checkpoint or to end: refused, the same way and in the same words for every front end."""
+
+
+def not_driven(found: Record) -> None:
+    """Raise DrivenError while the command that made the session still drives it: a person's `vmsandbox run`
+    reviews the changes at its end, and would meet a VM stopped, rolled back or gone under it. The one rule for
+    `stop`, `checkpoint restore` and `rm` without --force, and for the API's pause, rollback and kill. A session
+    this process made is its own (the API server's)."""
+    if found.owner_alive() and found.owner_pid != os.getpid():
+        raise DrivenError(
+            f"session {found.name} is driven by the command that made it (pid {found.owner_pid}, a `vmsandbox run` "
+            "or the API server): it is not stopped, restored or ended from elsewhere while that command goes on",
+            hint="end that command first (a run reviews the changes at its end), then try again; "
+            f"`vmsandbox rm {found.name} --force` takes the session anyway (its unsynced changes kept in its outbox)",
+        )
+
+
 def stop(name: str) -> str:
-    """The session's VM saved to disk (memory and devices): what was kept, and where, in words."""
+    """The session's VM saved to disk (memory and devices): what was kept, and where, in words. Refused while a
+    run drives it (not_driven)."""
+    not_driven(Record.load(name))
     return suspend.where_saved(suspend.stop(name))
 
 
@@ -91,7 +123,7 @@ def ready(name: str) -> Record:
 
         ui.warn(f"the egress proxy of session {found.name} {why}, so the guest had no network; restarting it")
         with ui.step("Restarting the egress proxy"):
-            creating.open_egress(found)
+            vmsandbox.session.start.create.open_egress(found)
     return found
 
 
@@ -130,7 +162,7 @@ def copy_in(name: str, sources: list[Path], where: str) -> str:
     """Files of this machine copied into a running session at `where` (relative: under the project); the
     guest path written to."""
     found = ready(name)
-    return copying.copy_in(found.target(), found.endpoint(), sources, where)
+    return cp.copy_in(found.target(), found.endpoint(), sources, where)
 
 
 def push(name: str) -> tuple[list[str], list[str]]:
@@ -140,7 +172,7 @@ def push(name: str) -> tuple[list[str], list[str]]:
     state.usable(found)
     with lock.held(found.files, name, "pushing into"):
         found = Record.load(name)
-        return pushing.push(found.target(), found.endpoint(), limit=reviews.limit())
+        return vmsandbox.sync.inward.push.push(found.target(), found.endpoint(), limit=reviews.limit())
 
 
 @dataclass(frozen=True)
@@ -153,15 +185,18 @@ class Removed:
     damaged: Path | None = None
 
 
-def destroy(name: str, *, force: bool = False, discard: bool = False) -> Removed:
+def destroy(name: str, *, force: bool = False, discard: bool = False, take: bool = False) -> Removed:
     """The session's VM and files gone: refused while changes are unsynced, unless `force` (they wait in its
-    outbox first) or `discard` (thrown away). With `discard`, a session whose record is damaged goes too."""
+    outbox first) or `discard` (thrown away), and while a run drives it (not_driven), unless `take` (a person's
+    `rm --force` or `--discard`). With `discard`, a session whose record is damaged goes too."""
     try:
         found = Record.load(name)
     except VmsandboxError:
-        if discard and (gone := lifecycle.remove_damaged(validate_name(name), config.load().libvirt_uri)):
+        if discard and (gone := lifecycle.remove_damaged(validate_name(name), settings.load().libvirt_uri)):
             return Removed(damaged=gone)
         raise
+    if not take:
+        not_driven(found)
     with lock.held(found.files, name, "destroying"):
         ended = lifecycle.destroy(Record.load(name), force=force, discard=discard, limit=reviews.limit())
     return Removed(ended.outbox, ended.left)
@@ -179,5 +214,5 @@ def stale(*, dry: bool) -> Iterator[str]:
     """What a crash left, removed (with `dry`, only said): sessions whose VM is gone or whose run was killed
     (kept while they hold unsynced changes, a stopped VM's exported first), and vmsandbox VMs without a session,
     here and on every host of the config. A line per thing done."""
-    settings = config.load()
-    return collect.gc(settings.libvirt_uri, limit=reviews.limit(), hosts=settings.hosts, dry=dry)
+    loaded = settings.load()
+    return gc.gc(loaded.libvirt_uri, limit=reviews.limit(), hosts=loaded.hosts, dry=dry)

@@ -10,47 +10,47 @@ import json
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 
-from vmsandbox.session.moments.fanout import Outcome as FanOutcome
-from vmsandbox.sync.git import fetch as commitfetch
-from vmsandbox.sync.git import refs
-from vmsandbox.sync.land import write as apply
+import vmsandbox.sync.review.outline
+from vmsandbox.session.moments import fanout
+from vmsandbox.sync.git import fetch, refs
+from vmsandbox.sync.land import write
 from vmsandbox.sync.review import diff, hunks, mass, merge
 from vmsandbox.sync.review.diff import DIFF_LIMIT, diff_text, is_text, merge_text
 from vmsandbox.sync.review.hunks import Hunk
-from vmsandbox.sync.review.outline import Group, Outline
-from vmsandbox.sync.review.outline import keys as _keys
-from vmsandbox.sync.review.outline import outline as _outline
+from vmsandbox.sync.review.outline import Group, Outline, keys
 from vmsandbox.sync.review.plan import Decisions, Item, Outcome, Plan, grouped
 from vmsandbox.sync.review.take import Take
 from vmsandbox.sync.review.threeway import Change, Status
 from vmsandbox.sync.scan import highlight
 from vmsandbox.sync.scan.credentials import Finding
+from vmsandbox.sync.tree import manifest
 from vmsandbox.sync.tree.manifest import CARRIED, FILE
 
 # what a front end reads of a review: its types, as the core hands them out
 # (the plan and its parts, its outline, a change described and as a diff, a mass change by directory, a fan-out's
-# outcome, and what a person's choices make)
+# outcome, and what a person's choices make; keys: the held group of each of some items, None for a source change)
 __all__ = ["FILE", "Change", "ChangedError", "Decisions", "FanOutcome", "Finding", "Group", "Hunk", "Item", "Outcome",
-           "Outline", "Plan", "RefView", "Status", "Take", "Tokens", "diff_text", "grouped", "mass", "merge_text",
-           ]  # fmt: skip
-ChangedError = apply.ChangedError
-RefView = commitfetch.RefView
+           "Outline", "Plan", "RefView", "Status", "Take", "Tokens", "diff_text", "grouped", "keys", "mass",
+           "merge_text"]  # fmt: skip
+ChangedError = write.ChangedError
+FanOutcome = fanout.Outcome
+RefView = fetch.RefView
 Tokens = highlight.Tokens
 lines = hunks.lines  # a text's lines, as hunks count them
 hunks_of = hunks.hunks  # the hunks between two texts, numbered as a choice names them
 describe = diff.describe  # what a change that is not shown as text is, in words
 tokens = highlight.tokens  # texts as the jailed lexer's tokens, None where it did not answer truly
-keys = _keys  # the held group of each of some items (None: a source change), as the review orders them
+landed_mode = manifest.landed_mode  # the mode a file of the guest lands with on the host
 
 
 def outline(plan: Plan) -> Outline:
     """The review as a person reads it: source changes first, then the held groups (sync/review/outline.py)."""
-    return _outline(plan.todo, plan.mass is not None)
+    return vmsandbox.sync.review.outline.outline(plan.todo, plan.mass is not None)
 
 
 def groups(plan: Plan) -> list[str | None]:
     """Each item's held group (None: a source change), in the review's order."""
-    return _keys(plan.todo, plan.mass is not None)
+    return keys(plan.todo, plan.mass is not None)
 
 
 def safe(item: Item) -> bool:
@@ -64,7 +64,7 @@ def commits(plan: Plan) -> tuple[list[RefView], str | None]:
     """The guest's branches and tags with their commits and the files they touch, and why they are refused (if
     they are)."""
     try:
-        return commitfetch.preview(plan.gathered)
+        return fetch.preview(plan.gathered)
     except refs.Refused as exc:
         return [], exc.message
 
@@ -89,12 +89,12 @@ def texts(plan: Plan, c: Change) -> tuple[bytes, bytes] | None:
     old: bytes | None
     new: bytes | None
     if c.merge is not None and c.merge.clean:
-        old, new = apply.read_as_reviewed(g.project, c.path, c.host, limit=DIFF_LIMIT), c.merge.text
+        old, new = write.read_as_reviewed(g.project, c.path, c.host, limit=DIFF_LIMIT), c.merge.text
     elif any(e is not None and e.kind != FILE for e in (c.base, c.guest)) or c.binary or c.kind == "mode changed":
         return None
     else:
-        old = apply.read_nofollow(g.target.files.baseline, c.path, limit=DIFF_LIMIT) if c.base else b""
-        new = apply.read_as_reviewed(g.source, c.path, c.guest, limit=DIFF_LIMIT)
+        old = write.read_nofollow(g.target.files.baseline, c.path, limit=DIFF_LIMIT) if c.base else b""
+        new = write.read_as_reviewed(g.source, c.path, c.guest, limit=DIFF_LIMIT)
     if old is None or new is None or not (is_text(old) and is_text(new)):
         return None
     if max(old.count(b"\n"), new.count(b"\n")) > hunks.HUNK_LINES:

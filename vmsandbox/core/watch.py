@@ -1,20 +1,15 @@
-"""A running session as a person watches and steers it while it works, for every front end: its console's last
-lines, its egress decisions, what it may reach (its allowlist read, widened, narrowed: the proxy takes a change
-from the next connection on), the ports it publishes (listed, opened, closed while it runs), and the credentials
-it holds (wiped, its placeholders revoked). The page polls these; the terminal's `logs`, `policy` and `port` do
-the same things."""
+"""A running session as a person steers it while it works, for every front end: what it may reach (its allowlist
+read, widened, narrowed: the proxy takes a change from the next connection on), the ports it publishes (listed,
+opened, closed while it runs), and the credentials it holds (wiped, its placeholders revoked). The page and the
+terminal's `policy`, `port` and `secret wipe` call these; its console and egress decisions are read in
+listing.py, for both."""
 
 from __future__ import annotations
 
-from collections import deque
-from typing import Any
-
 from vmsandbox.core import sessions
-from vmsandbox.egress import proxylog
 from vmsandbox.egress.ports import Publish
 from vmsandbox.egress.rules.netpolicy import Mode
 from vmsandbox.errors import UsageError, VmsandboxError
-from vmsandbox.session import state
 from vmsandbox.session.options import parse_publish
 from vmsandbox.session.record import Record
 from vmsandbox.session.running import clean, reach
@@ -22,25 +17,6 @@ from vmsandbox.session.running.reach import Allowlist
 
 __all__ = ["Allowlist", "Publish"]
 MODES = tuple(m.value for m in Mode)  # the network modes a session may have
-
-
-def console(name: str, lines: int) -> list[str]:
-    """The last `lines` of the session's serial console (the guest's bytes, as text: show them with care)."""
-    record = Record.load(name)
-    state.refresh_console(record, follow=False)
-    return state.console_tail(name, lines).splitlines()
-
-
-def egress(name: str, events: int) -> list[dict[str, Any]]:
-    """The session's last `events` egress decisions, each as the proxy logged it (its fields are the guest's
-    words in part: show them with care)."""
-    record = Record.load(name)
-    found: deque[dict[str, Any]] = deque(maxlen=events)
-    for line in proxylog.read(record.files.proxy_log, follow=False):
-        event = proxylog.parse(line)
-        if event is not None:
-            found.append(event)
-    return list(found)
 
 
 def allow(name: str, hosts: list[str]) -> list[str]:
@@ -58,7 +34,7 @@ def allowlist(name: str) -> Allowlist:
 
 
 def ports(name: str) -> tuple[Publish, ...]:
-    """The ports a session publishes (its record)."""
+    """The ports a session publishes (its record only: `port ls`, and the guest ports `port rm` completes)."""
     return Record.load(name).publish
 
 

@@ -7,19 +7,20 @@ import time
 from typing import Any
 
 from vmsandbox import ui
-from vmsandbox.core import watch
+from vmsandbox.core import listing, watch
 from vmsandbox.errors import VmsandboxError
 
 TAIL = 200  # lines of each log sent to the page
 
 
 def tail(name: str, which: str) -> dict[str, Any]:
-    """The last lines of a session's console, or its last egress decisions as fields."""
+    """The last lines of a session's console, or its last egress decisions as fields (read as the terminal's `logs`
+    and `policy log` read them: the rotated part first, a line still being written not yet)."""
     if which == "console":
-        return {"lines": [ui.visible(line) for line in watch.console(name, TAIL)]}
+        return {"lines": [ui.visible(line.rstrip("\r")) for line in listing.console(name, follow=False, tail=TAIL)]}
     if which != "proxy":
         raise VmsandboxError(f"unknown log {which!r}", hint="available: console, proxy")
-    return {"events": [_fields(e) for e in watch.egress(name, TAIL)]}
+    return {"events": [_fields(e) for _, e in listing.proxy(name, follow=False, tail=TAIL, since=None)]}
 
 
 def _fields(event: dict[str, Any]) -> dict[str, str]:

@@ -131,7 +131,7 @@ def _ask_all(found: list[str]) -> None:
 def _remove(name: str, *, force: bool, discard: bool) -> None:
     from vmsandbox.core import sessions
 
-    gone = sessions.destroy(name, force=force, discard=discard)
+    gone = sessions.destroy(name, force=force, discard=discard, take=force or discard)
     if gone.damaged is not None:
         ui.info(f"Removed the damaged session directory {gone.damaged}")
         return
@@ -149,7 +149,7 @@ def _remove_group(group: str, *, force: bool, discard: bool) -> None:
     refused = []
     for name in sessions.group(group):
         try:
-            gone = sessions.destroy(name, force=force, discard=discard)
+            gone = sessions.destroy(name, force=force, discard=discard, take=force or discard)
         except VmsandboxError as exc:
             refused.append(name)
             ui.warn(exc.message)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import shutil
 import threading
 from collections.abc import Collection, Iterator, Sequence
@@ -18,26 +17,17 @@ from pathlib import Path
 from typing import Any
 
 from vmsandbox import paths
-from vmsandbox.confine import accounts as confine
-from vmsandbox.core import reviews, sessions, views
+from vmsandbox.core import listing, moments, reviews, sessions, views
+from vmsandbox.core.listing import State, Status
 from vmsandbox.core.person import Nobody
 from vmsandbox.core.sandbox import model
 from vmsandbox.core.sandbox.files import GuestFiles
 from vmsandbox.core.sandbox.interface import ConflictError, NotFoundError, NotRunningError
 from vmsandbox.core.sandbox.names import CheckpointLabel, Digest, SessionName, SnapshotRef, Token
 from vmsandbox.core.sandbox.processes import GuestProcesses
+from vmsandbox.core.sessions import Record, RunFlags
+from vmsandbox.core.views import Decisions, Plan
 from vmsandbox.errors import VmsandboxError
-from vmsandbox.session import lock, state
-from vmsandbox.session import settings as config
-from vmsandbox.session.moments import checkpoint as checkpoints_mod
-from vmsandbox.session.moments import fork as forking
-from vmsandbox.session.moments import suspend
-from vmsandbox.session.options import RunFlags
-from vmsandbox.session.place import checkpoints
-from vmsandbox.session.record import Record, State
-from vmsandbox.sync.review import hunks as hunks_mod
-from vmsandbox.sync.review.plan import Decisions, Plan
-from vmsandbox.sync.tree.manifest import landed_mode
 
 AGAIN = "ask for a new review (POST /vmsandbox/v1/sessions/{0}/reviews) and choose from it"
 STATES = {State.RUNNING: model.State.RUNNING, State.STOPPED: model.State.PAUSED}
@@ -76,7 +66,7 @@ class SessionBackend:
         self._lock = threading.Lock()
 
     # -- sessions ------------------------------------------------------------------------------------------------
-    def _sandbox(self, status: state.Status) -> model.Sandbox:
+    def _sandbox(self, status: Status) -> model.Sandbox:
         r = status.record
         kept = _kept(r)
         return model.Sandbox(
@@ -88,19 +78,15 @@ class SessionBackend:
         )  # fmt: skip
 
     def create(self, spec: model.SandboxSpec) -> model.Sandbox:
-        if spec.project is None:  # E2B's own sandboxes: on an empty project of their own
-            project = _own_project(spec.name.value)
-            confine.make_private_dir(project, traverse=False)
-        else:
-            project = spec.project.value
+        own = spec.project is None  # E2B's own sandboxes: on an empty project of their own
+        project = sessions.empty_project(spec.name.value) if spec.project is None else spec.project.value
         record = sessions.create(project, spec.blueprint.value, RunFlags(name=spec.name.value), Nobody())
         _keep(record, api=True, end_at=spec.end_at.isoformat(), envs=dict(spec.envs), metadata=dict(spec.metadata),
-              own_project=spec.project is None)  # fmt: skip
+              own_project=own)  # fmt: skip
         return self.sandbox(spec.name)
 
     def sandboxes(self) -> Sequence[model.Sandbox]:
-        found = state.all_status(config.load().libvirt_uri)
-        return [self._sandbox(s) for s in found if s.state in STATES]
+        return [self._sandbox(s) for s in listing.statuses() if s.state in STATES]
 
     def sandbox(self, name: SessionName) -> model.Sandbox:
         found = next((s for s in self.sandboxes() if s.name == name), None)
@@ -111,44 +97,37 @@ class SessionBackend:
 
     def born(self, name: SessionName) -> datetime | None:
         try:
-            return datetime.fromtimestamp(Record.load(name.value).created, tz=UTC)
+            return datetime.fromtimestamp(sessions.record(name.value).created, tz=UTC)
         except (VmsandboxError, OSError, ValueError):
             return None
 
-    def _not_driven(self, name: SessionName, what: str) -> None:
-        """Refused while a person's `vmsandbox run` drives the session (its review would meet a VM gone)."""
-        record = Record.load(name.value)
-        if record.owner_alive() and record.owner_pid != os.getpid():  # (a session this server made is its own)
-            raise ConflictError(
-                f"session {name.value} is driven by a `vmsandbox run` (pid {record.owner_pid}): it is not {what} here",
-                hint="end that run first (it reviews the changes at its end), then try again",
-            )
-
     def kill(self, name: SessionName) -> None:
-        """Ended: a project session's unreviewed changes wait in its outbox (as `rm --force`); E2B's own
-        sandbox is gone whole, its empty project with it (nothing of a person's was in it)."""
+        """Ended: a project session's unreviewed changes wait in its outbox (as `rm --force`, but never from under
+        a run that drives it: the core's rule); E2B's own sandbox is gone whole, its empty project with it
+        (nothing of a person's was in it)."""
         self.sandbox(name)
-        self._not_driven(name, "ended")
+        own = bool(_kept(sessions.record(name.value)).get("own_project"))
         self._forget(name)
-        own = bool(_kept(Record.load(name.value)).get("own_project"))
-        sessions.destroy(name.value, force=True, discard=own)
+        with _answered(name):
+            sessions.destroy(name.value, force=True, discard=own)
         if own:
             shutil.rmtree(_own_project(name.value), ignore_errors=True)
 
     def pause(self, name: SessionName) -> None:
-        """Stopped with its memory; its end forgotten (E2B's rule: a paused sandbox has none), so whoever resumes
-        it — a `connect` that gives it a new end, or a person's `vmsandbox start` — is never ended by an old one."""
+        """Stopped with its memory (`vmsandbox stop`); its end forgotten (E2B's rule: a paused sandbox has none),
+        so whoever resumes it — a `connect` that gives it a new end, or a person's `vmsandbox start` — is never
+        ended by an old one."""
         if self.sandbox(name).state is not model.State.RUNNING:
             raise ConflictError(f"sandbox {name.value} is paused already", hint="connect to it to resume it")
-        self._not_driven(name, "paused")
         self._forget(name)
-        suspend.stop(name.value)
-        _keep(Record.load(name.value), end_at=None)
+        with _answered(name):
+            sessions.stop(name.value)
+        _keep(sessions.record(name.value), end_at=None)
 
     def resume(self, name: SessionName) -> model.Sandbox:
         if self.sandbox(name).state is model.State.PAUSED:
             self._forget(name)  # (it comes back on another port: nothing cached of it holds)
-            suspend.start(name.value)
+            sessions.start(name.value)
         return self.sandbox(name)
 
     def set_end(self, name: SessionName, end_at: datetime) -> None:
@@ -157,7 +136,7 @@ class SessionBackend:
                 f"session {name.value} was started at the terminal: the API keeps no end for it",
                 hint=f"end it with `vmsandbox rm {name.value}` when it is done",
             )
-        _keep(Record.load(name.value), end_at=end_at.isoformat())
+        _keep(sessions.record(name.value), end_at=end_at.isoformat())
 
     def _forget(self, name: SessionName) -> None:
         with self._lock:
@@ -165,24 +144,24 @@ class SessionBackend:
 
     # -- checkpoints and forks -----------------------------------------------------------------------------------
     def checkpoint(self, name: SessionName, label: CheckpointLabel | None) -> model.Checkpoint:
-        return _checkpoint(name, checkpoints_mod.take(name.value, label.value if label else None))
+        return _checkpoint(name, moments.take(name.value, label.value if label else None))
 
     def checkpoints(self, name: SessionName | None) -> Sequence[model.Checkpoint]:
-        records = [Record.load(name.value)] if name else [s.record for s in state.all_status(config.load().libvirt_uri)]
-        return [_checkpoint(SessionName(r.name), cp) for r in records for cp in checkpoints.listed(r.files)]
+        names = [name] if name else [SessionName(s.record.name) for s in listing.statuses()]
+        return [_checkpoint(n, cp) for n in names for cp in moments.kept(n.value, sized=False)]
 
     def rollback(self, name: SessionName, label: CheckpointLabel) -> model.Sandbox:
-        self._not_driven(name, "rolled back")
         self._forget(name)
-        checkpoints_mod.rollback(name.value, label.value, limit=reviews.limit())
+        with _answered(name):
+            moments.restore(name.value, label.value)
         return self.sandbox(name)
 
     def fork(
         self, name: SessionName, label: CheckpointLabel | None, new: SessionName, end_at: datetime
     ) -> model.Sandbox:
-        forking.fork(name.value, new.value, label=label.value if label else None)
-        source = _kept(Record.load(name.value))
-        _keep(Record.load(new.value), api=True, end_at=end_at.isoformat(), envs=source.get("envs") or {},
+        sessions.copy_of(name.value, new.value, label=label.value if label else None)
+        source = _kept(sessions.record(name.value))
+        _keep(sessions.record(new.value), api=True, end_at=end_at.isoformat(), envs=source.get("envs") or {},
               metadata=source.get("metadata") or {}, own_project=bool(source.get("own_project")))  # fmt: skip
         return self.sandbox(new)
 
@@ -238,7 +217,7 @@ class SessionBackend:
         if self.sandbox(name).state is not model.State.RUNNING:
             raise NotRunningError(f"sandbox {name.value} was not found running (it is paused)",
                                   hint="connect to it to resume it")  # fmt: skip
-        return Record.load(name.value)
+        return sessions.record(name.value)
 
     def processes(self, name: SessionName) -> GuestProcesses:
         record = self._running(name)
@@ -268,13 +247,16 @@ def _workdir(record: Record) -> str | None:
 
 @contextlib.contextmanager
 def _answered(name: SessionName) -> Iterator[None]:
-    """A review spent or replaced, or a session another command holds, as the conflicts they are (409)."""
+    """A review spent or replaced, a session another command holds, or one a run drives (the core's refusal, in
+    its words), as the conflicts they are (409): the one place the API answers them."""
     try:
         yield
     except reviews.StaleError as exc:
         raise ConflictError(exc.message, hint=AGAIN.format(name.value)) from exc
-    except lock.BusyError as exc:
+    except sessions.BusyError as exc:
         raise ConflictError(exc.message, hint=exc.hint or "try again once the other command is done") from exc
+    except sessions.DrivenError as exc:
+        raise ConflictError(exc.message, hint=exc.hint) from exc
 
 
 BADGES = {
@@ -283,14 +265,14 @@ BADGES = {
 }  # fmt: skip
 
 
-def _checkpoint(name: SessionName, cp: checkpoints.Checkpoint) -> model.Checkpoint:
+def _checkpoint(name: SessionName, cp: moments.Kept) -> model.Checkpoint:
     return model.Checkpoint(SnapshotRef(name, CheckpointLabel(cp.label)), datetime.fromtimestamp(cp.created, tz=UTC))
 
 
 def _hunks(both: tuple[bytes, bytes] | None) -> tuple[model.Hunk, ...]:
     if both is None:
         return ()
-    a, b = hunks_mod.lines(both[0]), hunks_mod.lines(both[1])
+    a, b = views.lines(both[0]), views.lines(both[1])
 
     def shown(lines: list[bytes]) -> tuple[str, ...]:
         return tuple(x.decode(errors="replace") for x in lines)
@@ -303,7 +285,7 @@ def _hunks(both: tuple[bytes, bytes] | None) -> tuple[model.Hunk, ...]:
             h.new_start + 1,
             shown(b[h.new_start : h.new_end]),
         )
-        for h in hunks_mod.hunks(*both)
+        for h in views.hunks_of(*both)
     )
 
 
@@ -322,7 +304,7 @@ def _shown(plan: Plan, n: int, *, lines: bool = False) -> model.ReviewItem:
     return model.ReviewItem(
         Token(f"i{n}"), item.label, item.kind, item.first.status.value, Digest(views.fingerprint(item)), holds,
         _hunks(both), entry_type=None if guest is None else guest.kind,
-        mode=None if guest is None else landed_mode(guest.kind, guest.mode),
+        mode=None if guest is None else views.landed_mode(guest.kind, guest.mode),
         target=None if guest is None else guest.target,
     )  # fmt: skip
 

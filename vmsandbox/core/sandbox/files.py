@@ -16,10 +16,9 @@ from vmsandbox import pids, proc
 from vmsandbox.core.sandbox.interface import ExistsError, NotFoundError, RefusedError
 from vmsandbox.core.sandbox.model import Entry, EntryType
 from vmsandbox.core.sandbox.names import GuestPath, GuestUser
-from vmsandbox.core.sandbox.processes import CALL_TIMEOUT, SSH, guest_call
-from vmsandbox.core.sandbox.processes import said as said_by_guest
+from vmsandbox.core.sandbox.processes import CALL_TIMEOUT, SSH, guest_call, said
+from vmsandbox.core.sessions import Endpoint
 from vmsandbox.errors import VmsandboxError
-from vmsandbox.guest.ssh import Endpoint
 
 CHUNK = 1024**2
 GUEST_SIDE = "guestfiles.py"  # the guest's side of these calls (sent at each: processes.guest_program)
@@ -27,15 +26,15 @@ IDLE = 60.0  # seconds a download waits for the guest's next bytes
 ERRORS: dict[str, type[VmsandboxError]] = {"not_found": NotFoundError, "exists": ExistsError, "refused": RefusedError}
 
 
-def _entry(said: Any) -> Entry:
+def _entry(told: Any) -> Entry:
     """An entry as the guest described it (its names are data: shown by whoever shows them); an answer that is
     not one is refused, never half-read."""
     try:
-        target = said.get("target")
+        target = told.get("target")
         return Entry(
-            name=str(said["name"]), type=EntryType(said["type"]), path=str(said["path"]), size=int(said["size"]),
-            mode=int(said["mode"]), permissions=str(said["permissions"]), owner=str(said["owner"]),
-            group=str(said["group"]), modified=datetime.fromtimestamp(float(said["modified"]), tz=UTC),
+            name=str(told["name"]), type=EntryType(told["type"]), path=str(told["path"]), size=int(told["size"]),
+            mode=int(told["mode"]), permissions=str(told["permissions"]), owner=str(told["owner"]),
+            group=str(told["group"]), modified=datetime.fromtimestamp(float(told["modified"]), tz=UTC),
             symlink_target=None if target is None else str(target),
         )  # fmt: skip
     except (AttributeError, KeyError, TypeError, ValueError, OverflowError, OSError):
@@ -95,14 +94,14 @@ class GuestFiles:
         payload = _stdin(data) if data is not None else None
         done = guest_call(self.endpoint, args, input=payload, as_user=str(user or self.user), script=GUEST_SIDE)
         try:
-            said = json.loads(done.stdout) if done.stdout.strip() else None
+            answer = json.loads(done.stdout) if done.stdout.strip() else None
         except ValueError:
-            said = None
-        if done.returncode == 3 and isinstance(said, dict) and said.get("error") in ERRORS:
-            raise ERRORS[said["error"]](said_by_guest(str(said.get("message", "refused"))))
+            answer = None
+        if done.returncode == 3 and isinstance(answer, dict) and answer.get("error") in ERRORS:
+            raise ERRORS[answer["error"]](said(str(answer.get("message", "refused"))))
         if done.returncode != 0:
-            raise RefusedError(f"the guest refused: {said_by_guest(done.stderr) or done.returncode}")
-        return said
+            raise RefusedError(f"the guest refused: {said(done.stderr) or done.returncode}")
+        return answer
 
     def stat(self, path: GuestPath, user: GuestUser | None) -> Entry:
         return _entry(self._call(user, ["stat", self._at(path)]))

@@ -134,11 +134,12 @@ class Backend(Protocol):
         ...
 
     def kill(self, name: SessionName) -> None:
-        """End it (running or paused), keeping its unreviewed changes in the outbox."""
+        """End it (running or paused), keeping its unreviewed changes in the outbox; ConflictError while the run
+        that made it drives it (as for pause and rollback: the core's one rule, core.sessions.not_driven)."""
         ...
 
     def pause(self, name: SessionName) -> None:
-        """Stop it with its memory kept; ConflictError if it is not running."""
+        """Stop it with its memory kept; ConflictError if it is not running, or while a run drives it."""
         ...
 
     def resume(self, name: SessionName) -> Sandbox:
@@ -156,7 +157,8 @@ class Backend(Protocol):
         ...
 
     def rollback(self, name: SessionName, label: CheckpointLabel) -> Sandbox:
-        """Back to a checkpoint: memory, processes and disks (unsynced work kept in rolled-back/)."""
+        """Back to a checkpoint: memory, processes and disks (unsynced work kept in rolled-back/); ConflictError
+        while a run drives it."""
         ...
 
     def fork(self, name: SessionName, label: CheckpointLabel | None, new: SessionName, end_at: datetime) -> Sandbox:

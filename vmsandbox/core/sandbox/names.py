@@ -1,7 +1,7 @@
 """Every value a client names, made once by its validator: the backend takes these types, never a bare string.
 
 A value of one of these types was checked when it was made (`__post_init__`), so holding one is proof: a
-session name is one `vmsandbox` accepts anywhere (session.record's rule), a guest path has no NUL, no `..` and
+session name is one `vmsandbox` accepts anywhere (the core's rule), a guest path has no NUL, no `..` and
 no part too long for the guest's filesystem, a project path is an absolute directory on this machine.
 A refusal is a VmsandboxError with the fix; the edge answers it as a 400.
 """
@@ -13,10 +13,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from vmsandbox.core import images, moments, sessions
 from vmsandbox.errors import VmsandboxError
-from vmsandbox.image.blueprint import NAME_RE as BLUEPRINT_RE
-from vmsandbox.session.moments.checkpoint import LABEL_RE
-from vmsandbox.session.record import validate_name
 
 PATH_BYTES = 4096  # PATH_MAX
 PART_BYTES = 255  # NAME_MAX
@@ -38,7 +36,7 @@ class SessionName:
 
     def __post_init__(self) -> None:
         try:
-            validate_name(self.value)
+            sessions.validate_name(self.value)
         except VmsandboxError as exc:
             raise InvalidError(f"not a session name: {self.value[:80]!r}", hint=exc.hint) from None
 
@@ -51,7 +49,7 @@ class CheckpointLabel:
     value: str
 
     def __post_init__(self) -> None:
-        if not LABEL_RE.match(self.value):
+        if not moments.is_label(self.value):
             raise InvalidError(
                 f"not a checkpoint label: {self.value[:80]!r}",
                 hint="use 1-40 lowercase letters, digits, dots, dashes and underscores",
@@ -68,7 +66,7 @@ class BlueprintName:
     value: str
 
     def __post_init__(self) -> None:
-        if not BLUEPRINT_RE.match(self.value):
+        if not images.is_blueprint_name(self.value):
             raise InvalidError(
                 f"not a blueprint name: {self.value[:80]!r}",
                 hint="name a blueprint `vmsandbox image ls --blueprints` lists (e.g. `base`), "

@@ -28,8 +28,8 @@ from vmsandbox import proc, ui
 from vmsandbox.core.sandbox.interface import NotFoundError, RefusedError
 from vmsandbox.core.sandbox.model import Chunk, Exit, Output, ProcessInfo, ProcessSpec, Signal, Stream
 from vmsandbox.core.sandbox.names import GuestPath, GuestUser, InvalidError
+from vmsandbox.core.sessions import Endpoint
 from vmsandbox.errors import VmsandboxError
-from vmsandbox.guest.ssh import Endpoint
 
 HEAD = struct.Struct(">BI")
 STREAMS = {1: Stream.STDOUT, 2: Stream.STDERR}

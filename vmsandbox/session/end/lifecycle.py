@@ -126,12 +126,8 @@ def end_now(record: Record) -> None:
 def destroy(record: Record, *, force: bool, discard: bool, limit: int) -> End:
     """Destroy a session's VM and files — refused while changes are unsynced, unless `force` (they are
     exported first) or `discard` (they are thrown away). A session whose host does not answer is forgotten
-    here with `discard` only (gc removes it there once the host answers)."""
-    if record.owner_alive() and not (force or discard):
-        raise VmsandboxError(
-            f"session {record.name} is in use by `vmsandbox run` (pid {record.owner_pid})",
-            hint=f"end that command, or `vmsandbox rm {record.name} --force`",
-        )
+    here with `discard` only (gc removes it there once the host answers). Whether a run that drives the session
+    lets it go is the core's rule (core.sessions.not_driven), asked before."""
     if discard or not record.files.baseline_manifest.exists():
         remove(record, forget_unreachable=discard)
         return End()
