@@ -9,7 +9,7 @@ import json
 from tests.unit.conftest import saved_record
 from vmsandbox import ui
 from vmsandbox.core import listing
-from vmsandbox.egress import log
+from vmsandbox.egress import proxylog
 from vmsandbox.web import logs
 
 
@@ -20,7 +20,7 @@ def _line(ts: int, decision: str, host: str) -> str:
 def test_the_page_reads_a_sessions_logs_as_the_terminal_does() -> None:
     record = saved_record("s1")
     record.files.proxy_log.write_text(_line(2, "deny", "b.example") + '{"ts": 3, "decis')  # (half written)
-    log.rotated(record.files.proxy_log).write_text(_line(1, "allow", "a.example"))
+    proxylog.rotated(record.files.proxy_log).write_text(_line(1, "allow", "a.example"))
     record.files.console_log.write_text("Booting\r\n\x1b[1mlogin:\x1b[0m\r\nhalf a li")
 
     events = logs.tail("s1", "proxy")["events"]
