@@ -1,8 +1,8 @@
 """The files people write, as pydantic v2 models: the keys each takes, their types, their defaults, what they
 mean (the JSON Schema's descriptions) and the ranges the runtime holds them to. The models check a file's
 shape, every problem at once (schema.check); what a value means (a size too small for a VM, a host that is not
-public, a Debian package name) is checked where it is used: session.config, image.blueprint, egress.rules.mapping,
-session.hostspec. A test holds the schema's ranges and defaults to the runtime's."""
+public, a Debian package name) is checked where it is used: session.settings, image.blueprint, egress.rules.mapping,
+session.place.hostspec. A test holds the schema's ranges and defaults to the runtime's."""
 
 from __future__ import annotations
 

@@ -55,7 +55,7 @@ class Item:
 
     @property
     def held(self) -> str | None:
-        """Why --yes leaves it: not reviewable source (reviewable.py)."""
+        """Why --yes leaves it: not reviewable source (holds.py)."""
         return self.first.held
 
     @property

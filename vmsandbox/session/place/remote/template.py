@@ -1,5 +1,5 @@
 """Warm-start templates on another host: built there, by that host's libvirt, once per image version, VM shape
-and that host's QEMU and libvirt versions (the key of templatekey.py, with the host's versions in it), and kept
+and that host's QEMU and libvirt versions (the key of templates.py, with the host's versions in it), and kept
 in its pool as volumes named after the key's digest, `vmsandbox-template-DIGEST.`:
 
 - `disk.qcow2`: the template's system disk (backed by the image's volume), the backing volume of every session
