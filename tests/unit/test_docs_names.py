@@ -4,11 +4,13 @@ in README.md, the pages under docs/ and the package's docstrings (`__init__.py` 
 CHANGELOG.md is history: it may name what is gone.
 
 A dotted name is ours when its first word is `vmsandbox`, one of the package's modules or sub-packages (by its last
-name: `place.local.start`, `lifecycle.destroy`) or one of its classes; it resolves when importing a module it may
-mean and getting the attributes works (a class's fields and `self.` attributes count, and `record.x` may mean
-`Record.x`). A file name resolves when a file of the repository ends with it. Not names: what the code writes as a
-string (`memory.ram`, the fail point `run.boot`), file names (`session.json.copy`), examples' code (a fenced block
-with a language), and the few in NOT_OURS. A failure lists each stale name with its file and line."""
+name: `place.local.start`, `lifecycle.destroy`), one of its classes or a name a module went by before (FORMER); it
+resolves when importing a module it may mean and getting the attributes works (a class's fields and `self.`
+attributes count, and `record.x` may mean `Record.x`). A file name resolves when a file of the repository ends with
+it. Not names: what the code writes as a string (`memory.ram`, the fail point `run.boot`), file and host names
+(`session.json.copy`, `api.anthropic.com`), a function's own parameters in its docstring (`cp.path`), examples'
+code (a fenced block with a language), and the few in NOT_OURS. A failure lists each stale name with its file and
+line."""
 
 from __future__ import annotations
 
@@ -34,6 +36,14 @@ PYTHON_FILE = re.compile(r"(?<![\w./\-$@:])((?:[\w-]+/)*[\w-]+\.py)(?![\w/\-]|\.
 SUFFIXES = frozenset({
     "py", "md", "c", "h", "sh", "js", "ts", "html", "css", "png", "svg", "txt", "log", "json", "yaml", "yml", "toml",
     "xml", "conf", "ini", "img", "qcow2", "raw", "iso", "bundle", "patch", "io", "com", "org", "net", "app", "dev",
+})  # fmt: skip
+# Names our modules went by before each had one (import aliases, older module names): a word that starts with one
+# is ours, and stale (`places.host` is `choose.host`).
+FORMER = frozenset({
+    "places", "templatekey", "commitfetch", "commitreview", "commits", "layerbuild", "inbound", "reviewable",
+    "memsplit", "secretstore", "proxylog", "projecttrust", "hostlist", "sessions_of", "forking", "copying",
+    "pushing", "creating", "admission", "transfer", "accel_mod", "blueprint_mod", "boot_mod", "checkpoints_mod",
+    "hunks_mod",
 })  # fmt: skip
 FENCE = re.compile(r"^\s*(```|~~~)\s*(\S*)")
 NOT_OURS = {  # words that look like ours and are not
@@ -223,7 +233,7 @@ def stale_names(lines: Iterable[Line]) -> list[str]:
             if word in NOT_OURS or word.split(".")[0] in line.local or _not_python(word):
                 continue
             found = meanings(word)
-            if found and not any(map(_resolves, found)):
+            if (found or word.split(".")[0] in FORMER) and not any(map(_resolves, found)):
                 wrong.append(f"{line.where}:{line.n}: `{word}`: no such name")
         for name in PYTHON_FILE.findall(line.text):
             ours = "/" not in name or name.split("/")[0] in (*TREES, *by_last_name())
@@ -243,6 +253,7 @@ def test_the_finder_finds_stale_names_and_lets_the_rest_be(tmp_path: Path) -> No
         "`sync.risk.RISKY_PATTERNS` (now `sync.review.risk.RISKY_PATTERNS`), `vmsandbox.session.suspend` and\n"
         "`failpoint.hit` `failpoint.miss()` `Record.overlays` `Record.nothing` `record.memory_note` `cp.path`\n"
         "`vm.memory.usage.reserved_mib` (usage.reserved_mib) `errors.VmsandboxError.hint` `paths.py` `gone.py`\n"
+        "`places.host(spec)` `templatekey.condemns` `choose.host`\n"
         "`sync/fetch/volume.py` `sync/fetch/gone.py` `tests/unit/test_docs.py` `src/main.py` https://vmsandbox.x/a.b\n"
         "e.g. i.e. `os.path.join` `memory.ram` `run.boot` `session.json.copy` `mkfs.ext4` `api.anthropic.com`\n"
         "git's `core.hooksPath`\n"
@@ -260,6 +271,8 @@ def test_the_finder_finds_stale_names_and_lets_the_rest_be(tmp_path: Path) -> No
         "`Record.nothing`: no such name",
         "`cp.path`: no such name",
         "`gone.py`: no such file",
+        "`places.host`: no such name",
+        "`templatekey.condemns`: no such name",
         "`sync/fetch/gone.py`: no such file",
         "`core.flow.nowhere`: no such name",
         "`proc.py`: no such file",

@@ -107,7 +107,7 @@ def mark_failed(
     hv: Hypervisor, tmpl: RemoteTemplate, why: str, session: str, *, project: str = "", own: bool = False
 ) -> bool:
     """A warm start of `session` from it failed: condemned (later sessions boot cold and say why; gc removes
-    it) only when another session's warm start failed before, with no success between (templatekey.condemns:
+    it) only when another session's warm start failed before, with no success between (templates.condemns:
     one session's own input never condemns what all share), or at once when the failure is its own (`own`).
     True if it was condemned now."""
     vols = hv.volumes(POOL)
