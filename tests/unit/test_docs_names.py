@@ -1,7 +1,7 @@
 """Every name of ours that the docs give exists: each dotted name (`vmsandbox.sync.review.risk`, `session.record.Record`
-written from the package, `failpoint.hit`, `Record.overlays`) and each file name (`paths.py`, `sync/fetch/volume.py`)
-in README.md, the pages under docs/ and the package's docstrings (`__init__.py` files' lists of modules included).
-CHANGELOG.md is history: it may name what is gone.
+written from the package, `failpoint.hit`, `Record.overlays`), file name (`paths.py`, `sync/fetch/volume.py`) and
+test (`test_dependencies_point_one_way`) in README.md, the pages under docs/ and the package's docstrings
+(`__init__.py` files' lists of modules included). CHANGELOG.md is history: it may name what is gone.
 
 A dotted name is ours when its first word is `vmsandbox`, one of the package's modules or sub-packages (by its last
 name: `place.local.start`, `lifecycle.destroy`), one of its classes or a name a module went by before (FORMER); it
@@ -32,6 +32,8 @@ TREES = ("vmsandbox", "tests", "bench", "docs", "images")  # where a file a page
 DOTTED = re.compile(r"(?<![\w./\-$@:])([A-Za-z_]\w*(?:\.[A-Za-z_]\w*)+)(?![\w/\-]|\.\w)")
 # A file name of Python: `paths.py`, `sync/fetch/volume.py`, `tests/unit/test_docs.py`.
 PYTHON_FILE = re.compile(r"(?<![\w./\-$@:])((?:[\w-]+/)*[\w-]+\.py)(?![\w/\-]|\.\w)")
+# A test named by its function: `test_dependencies_point_one_way`.
+TEST = re.compile(r"(?<![\w./\-$@:])(test_\w+)(?![\w/\-*]|\.\w)")
 # Words after a dot that make a file name or a host name, not a name of Python.
 SUFFIXES = frozenset({
     "py", "md", "c", "h", "sh", "js", "ts", "html", "css", "png", "svg", "txt", "log", "json", "yaml", "yml", "toml",
@@ -115,6 +117,17 @@ def literals() -> frozenset[str]:
             if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings:
                 found.update(DOTTED.findall(node.value))
     return frozenset(found)
+
+
+@cache
+def defined_in_tests() -> frozenset[str]:
+    """The functions defined under tests/ (each test, and what a test calls)."""
+    return frozenset(
+        node.name
+        for path in (ROOT / "tests").rglob("*.py")
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+    )
 
 
 @cache
@@ -226,7 +239,7 @@ def _is_file(name: str, home: str) -> bool:
 
 
 def stale_names(lines: Iterable[Line]) -> list[str]:
-    """`FILE:LINE: `NAME`: no such name` (or file) for each name of ours in the lines that does not exist."""
+    """`FILE:LINE: `NAME`: no such name` (file, test) for each name of ours in the lines that does not exist."""
     wrong = []
     for line in lines:
         for word in DOTTED.findall(line.text):
@@ -239,6 +252,11 @@ def stale_names(lines: Iterable[Line]) -> list[str]:
             ours = "/" not in name or name.split("/")[0] in (*TREES, *by_last_name())
             if ours and name not in NOT_OURS and not _is_file(name, "" if "/" in name else line.home):
                 wrong.append(f"{line.where}:{line.n}: `{name}`: no such file")
+        wrong += [
+            f"{line.where}:{line.n}: `{name}`: no such test"
+            for name in TEST.findall(line.text)
+            if name not in defined_in_tests()
+        ]
     return wrong
 
 
@@ -254,6 +272,7 @@ def test_the_finder_finds_stale_names_and_lets_the_rest_be(tmp_path: Path) -> No
         "`failpoint.hit` `failpoint.miss()` `Record.overlays` `Record.nothing` `record.memory_note` `cp.path`\n"
         "`vm.memory.usage.reserved_mib` (usage.reserved_mib) `errors.VmsandboxError.hint` `paths.py` `gone.py`\n"
         "`places.host(spec)` `templatekey.condemns` `choose.host`\n"
+        "`test_dependencies_point_one_way`, `test_api_*.py`, `test_nothing_of_the_kind` and test_docs_names.py\n"
         "`sync/fetch/volume.py` `sync/fetch/gone.py` `tests/unit/test_docs.py` `src/main.py` https://vmsandbox.x/a.b\n"
         "e.g. i.e. `os.path.join` `memory.ram` `run.boot` `session.json.copy` `mkfs.ext4` `api.anthropic.com`\n"
         "git's `core.hooksPath`\n"
@@ -273,6 +292,7 @@ def test_the_finder_finds_stale_names_and_lets_the_rest_be(tmp_path: Path) -> No
         "`gone.py`: no such file",
         "`places.host`: no such name",
         "`templatekey.condemns`: no such name",
+        "`test_nothing_of_the_kind`: no such test",
         "`sync/fetch/gone.py`: no such file",
         "`core.flow.nowhere`: no such name",
         "`proc.py`: no such file",
