@@ -224,7 +224,7 @@ class SessionPaths:
         return self.root / SESSION_DOMAIN_XML
 
     def hashes(self, tree: str) -> Path:
-        """The hash cache of a tree a pull scans ("project" or "mirror"): see sync.hashcache."""
+        """The hash cache of a tree a pull scans ("project" or "mirror"): see sync.tree.hashcache."""
         return self.root / f"hashes.{tree}.json"
 
     @property

@@ -25,8 +25,8 @@ DOCS = ROOT / "docs"
 README = ROOT / "README.md"
 PAGES = [README, ROOT / "CHANGELOG.md", *sorted(DOCS.rglob("*.md"))]
 # Pages for people using vmsandbox: what to do and what happens, never how it was measured or when (figures and
-# history live in development.md and CHANGELOG.md; security.md and architecture.md may explain with them).
-EXPLAINED = {"development.md", "architecture.md", "security.md"}
+# history live in development.md and CHANGELOG.md; security.md may explain with them).
+EXPLAINED = {"development.md", "security.md"}
 USER_PAGES = [README, *(p for p in sorted(DOCS.rglob("*.md")) if p.name not in EXPLAINED)]
 README_LINES = 150
 README_WIDTH = 120

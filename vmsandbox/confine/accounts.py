@@ -3,7 +3,7 @@ everything that parses bytes that came out of a guest.
 
 The guest is hostile, so whatever reads its bytes on the host is a target: the rsync receiver that fills the
 session's mirror of the guest's tree, git fetching the guest's commits (a dead VM's workspace disk is not
-parsed on the host at all: a reader VM mounts it, session.diskreader). None of them runs as root:
+parsed on the host at all: a reader VM mounts it, session.end.diskreader). None of them runs as root:
 
 - the mirror and the rsync receiver belong to the dedicated system account `_vmsandbox`
   (made by `vmsandbox host setup`), which owns nothing else and can reach nothing else of ours;

@@ -1,7 +1,7 @@
 """The jail every host process that parses guest bytes runs in: bubblewrap, the tool the first agent sandboxes
 were built on.
 
-An account of its own and resource limits (confine.py) bound what such a process may touch as a user; the
+An account of its own and resource limits (accounts.py) bound what such a process may touch as a user; the
 jail bounds what it can reach at all, whatever it is tricked into doing:
 
 - a mount namespace built from nothing: the system's programs and libraries (`SYSTEM`, read-only), a fresh

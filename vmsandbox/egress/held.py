@@ -1,7 +1,7 @@
 """The files a session's egress daemon shares with the commands that drive it, read and written in place.
 
 The daemon parses what the guest sends, so it does not run as root: it opens these files while it still is,
-becomes an account that owns nothing (confine.become) and from then on reaches them only through the
+becomes an account that owns nothing (egress.account.become) and from then on reaches them only through the
 descriptors it holds. So they are never replaced by a rename (the new file would be one the daemon cannot
 open): a writer rewrites one in place under an exclusive flock, a reader reads it under a shared one, and
 neither ever sees half of the other's text.

@@ -5,7 +5,7 @@ copied or written), links to the base's kernel and initrd, and manifest.json. Th
 version and the blueprint's `apt`, `npm` and `node`: change any and the next build makes a new layer.
 
 This module names, finds and removes layers and holds the pure parts of their recipe (which Node.js release,
-the scripts run in the build VM). Building one boots a VM: that is session.layerbuild.
+the scripts run in the build VM). Building one boots a VM: that is session.start.layer.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """What a session is made from, typed: the flags of `run` (and of the agent shorthands, which share them) as
-RunFlags, and the Options a session is created from (session.resolve builds them once from the flags, the
+RunFlags, and the Options a session is created from (session.start.resolve builds them once from the flags, the
 blueprint and the settings)."""
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """ext4 images on the host, with e2fsprogs only (no mount, no loop device): made from a directory, or empty. Used
 for the base image's root filesystem, a session's workspace disk and its mirror's file system (which the host's
 kernel mounts: sync.fetch.volume). Never read back on the host: a disk the guest wrote is read by a VM
-(session.diskreader)."""
+(session.end.diskreader)."""
 
 from __future__ import annotations
 

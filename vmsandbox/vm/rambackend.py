@@ -1,6 +1,6 @@
 """A domain's RAM as a file QEMU maps copy-on-write (a template's memory, held sealed: vm.memory) instead of the
 anonymous memory libvirt gives it: the two arguments of QEMU's command line that say so, written and read back.
-docs/architecture.md, "Memory shared between sessions", says why they are passed outside libvirt."""
+docs/internals.md, "Memory shared between sessions", says why they are passed outside libvirt."""
 
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ def with_memory(xml: str, mem_path: str | None) -> str:
     """The domain's RAM as the memory backend SHARED_BLOCK (what a split save image names it, vm.memory.split): a
     copy-on-write mapping of the sealed file at `mem_path` (share=off: the guest's writes stay in its own QEMU),
     or with None plain anonymous memory (a shared session's own save, restored whole). libvirt 9.0 cannot name a
-    domain's memory file, so the backend is two arguments of QEMU's command line (docs/architecture.md, "Memory
-    shared between sessions"): `-object` with the backend, `-machine memory-backend=` choosing it over the one
+    domain's memory file, so the backend is two arguments of QEMU's command line (docs/internals.md, "Memory shared
+    between sessions"): `-object` with the backend, `-machine memory-backend=` choosing it over the one
     libvirt makes (which stays, unused and untouched)."""
     root = ET.fromstring(xml)  # noqa: S314 - written by our own libvirt daemon
     cmd = root.find(f"{{{QEMU_NS}}}commandline")

@@ -2,7 +2,7 @@
 file is applied (each by its own session's review and apply code), then the rest of the sessions are destroyed
 (their unpicked changes exported to their outboxes first: nothing is lost).
 
-Each session's review is frozen when the page is drawn (sync.frozen); the form names each review by its id and
+Each session's review is frozen when the page is drawn (sync.review.frozen); the form names each review by its id and
 each pick by the session, the item's number in its review and the hash of all the page showed of it
 (core/views.fingerprint). The apply takes those reviews: nothing is fetched from a guest again, and nothing is
 matched by its label."""

@@ -1,9 +1,9 @@
-"""A plan (sync.plan) as the review page shows it, and the page's form as Decisions.
+"""A plan (sync.review.plan) as the review page shows it, and the page's form as Decisions.
 
 Each item of the plan is a file view: what applying or leaving it does and why it is held (badges.py), its diff
 as hunks a person takes one by one (core.views.hunks_of), or for an overlapping merge the three-way text to edit. The
 source changes come first; what is held after, in groups of one choice each (core.views.outline). The plan
-is a frozen review (sync.frozen); the form names it, and each item by its number in it and a hash of everything
+is a frozen review (sync.review.frozen); the form names it, and each item by its number in it and a hash of everything
 the page showed of it: the apply takes that review, never a new fetch, and a content that is no longer what was
 shown is not applied.
 """

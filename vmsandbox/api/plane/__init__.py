@@ -1,2 +1,2 @@
-"""The API's control plane: E2B's (control, controlwire), vmsandbox's extension for reviews, checkpoints and
-forks (extension, extwire), and the OpenAPI description of both (openapi)."""
+"""The API's control plane: E2B's (control.py, controlwire.py), vmsandbox's extension for reviews, checkpoints and
+forks (extension.py, extwire.py), and the OpenAPI description of both (openapi.py)."""

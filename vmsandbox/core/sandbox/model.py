@@ -146,7 +146,7 @@ class Entry:
 
 
 class Badge(enum.StrEnum):
-    """Why an item waits for an explicit choice (sync.plan's reasons, one word each)."""
+    """Why an item waits for an explicit choice (sync.review.plan's reasons, one word each)."""
 
     QUARANTINED = "quarantined"  # a place where a file turns into code that runs on the host later
     IGNORED = "ignored"  # the project ignores it: not reviewable source

@@ -1,9 +1,9 @@
 """The end of a session, in one place: reviewing what the guest changed, and then removing the session — but
 never with unreviewed work. Whatever is left unsynced when the VM goes is exported to the outbox first, and a
 session holding work is never removed silently. `run`'s end, `pull`, `recover`, `destroy` and `gc`
-(session.collect) all go through here.
+(session.end.gc) all go through here.
 
-The review itself is data (sync.plan): this module gathers the plan and carries out decisions; whoever asks
+The review itself is data (sync.review.plan): this module gathers the plan and carries out decisions; whoever asks
 the person (the CLI) sits outside.
 """
 
@@ -45,8 +45,8 @@ def gather(record: Record, *, limit: int, vm: VM | None = None) -> Gathered:
 
 
 def review(record: Record, *, limit: int, only: list[str] | None = None, freeze: bool = True) -> Plan:
-    """What a review shows and asks about (a mass change past the user's own thresholds: sync/mass.py), frozen
-    host-side before anything shows it (sync.frozen): an apply takes exactly this review."""
+    """What a review shows and asks about (a mass change past the user's own thresholds:
+    sync/review/mass.py), frozen host-side before anything shows it (sync.review.frozen): an apply takes exactly this review."""
     from vmsandbox.session import settings
     from vmsandbox.sync.review import mass
 
@@ -108,7 +108,7 @@ TEARDOWN_LOG = "teardown.log"
 
 
 def _teardown_in_background(record: Record) -> None:
-    """Hand the session's ending to a process of its own (session.teardown; its output goes to the state dir's
+    """Hand the session's ending to a process of its own (session.end.teardown; its output goes to the state dir's
     teardown.log)."""
     paths.state_dir().mkdir(parents=True, exist_ok=True)
     argv = proc.own_module("vmsandbox.session.end.teardown", record.name)

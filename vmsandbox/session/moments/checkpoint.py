@@ -4,7 +4,7 @@ so that `rollback` returns the session there and `fork` copies it.
 A checkpoint is a directory in the session's: memory.save (libvirt's save image of the VM), workspace.raw (a
 copy of the workspace disk; a reflink where the file system has them) and checkpoint.json. The system disk is
 not copied: the overlay the VM wrote until then is frozen, the checkpoint names it, and a new overlay above it
-takes the VM's writes from then on (session.chain keeps that chain short). Taking one saves the VM and
+takes the VM's writes from then on (session.place.chain keeps that chain short). Taking one saves the VM and
 restores it from the very file that is kept: the guest stops for a few seconds and carries on. A session on
 another host keeps the same, as volumes there: how is the place's (session.place), what is kept is here.
 

@@ -1,7 +1,7 @@
 """A session's checkpoints as data, wherever the place keeps what they hold: each is a directory in the session's
 with its record (checkpoint.json: label, time, the chain of overlays the system disk read then); on this machine
 that directory also holds memory.save and workspace.raw (local.disks), on another host volumes do
-(remote.checkpoint). Taking, rolling back and removing them is session.checkpoint's."""
+(remote.checkpoint). Taking, rolling back and removing them is session.moments.checkpoint's."""
 
 from __future__ import annotations
 

@@ -335,7 +335,7 @@ def _not_yours(top: Path, here: Path, uid: int, me: int) -> None:
 
 def _vmsandbox_own(resolved: Path) -> str | None:
     """How `resolved` holds or sits in vmsandbox's own state, config or data, if it does. The empty project an
-    API sandbox of its own is made on (paths.sandbox_project) is the one directory there a session may have."""
+    API sandbox of its own is made on (paths.sandbox_projects) is the one directory there a session may have."""
     if resolved.parent == paths.sandbox_projects().resolve():
         return None
     for own in (paths.state_dir(), paths.config_dir(), paths.data_dir()):

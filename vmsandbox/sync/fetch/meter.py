@@ -1,6 +1,6 @@
 """The sync budget held while rsync receives, not only before anything is applied.
 
-The per-file limit (RLIMIT_FSIZE, confine.guest_data_limits) bounds one file and the apply step counts what
+The per-file limit (RLIMIT_FSIZE, confine.accounts.guest_data_limits) bounds one file and the apply step counts what
 the user accepted, but a guest that sends ten thousand files each under the per-file limit, or a million
 empty ones, would fill the host's disk (or its memory, when the tree is read) before either is reached. So
 the receiver is watched while it works, and the transfer is killed as soon as it passes a bound:

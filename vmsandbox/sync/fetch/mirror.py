@@ -1,10 +1,10 @@
 """The mirror of the guest's tree on the host, which every review compares against.
 
 Changes come back with rsync's delta transfer into the mirror (it starts as a copy of the baseline): the paths
-the guest's change journal names (sync.journal), or the whole tree when the journal cannot say. What the
-mirror holds that differs from the baseline is kept between pulls (sync.delta), so a pull reads again only
+the guest's change journal names (sync.fetch.journal), or the whole tree when the journal cannot say. What the
+mirror holds that differs from the baseline is kept between pulls (sync.fetch.delta), so a pull reads again only
 what it fetched. If the VM died, a reader VM mounts its workspace disk and the whole tree is fetched from
-there (session.diskreader): the host never parses a guest-written filesystem. The mirror holds guest
+there (session.end.diskreader): the host never parses a guest-written filesystem. The mirror holds guest
 bytes, so it belongs to the unprivileged guest-data account (`confine`): the rsync receiver that fills it
 runs as that account, jailed, with resource limits. Nothing
 in it ever keeps a setuid, setgid or sticky bit or a world-writable mode; its root is 0700 inside the private
@@ -53,8 +53,8 @@ class Fetched:
 
 
 def _cache(files: SessionPaths) -> HashCache:
-    """The mirror's hash cache: unchanged files' hashes from the last scan (sync.hashcache), a placeholder's
-    from its attribute (sync.placeholders)."""
+    """The mirror's hash cache: unchanged files' hashes from the last scan (sync.tree.hashcache), a placeholder's
+    from its attribute (sync.tree.placeholders)."""
     return HashCache.load(files.hashes("mirror"), placeholders=True)
 
 
@@ -114,7 +114,7 @@ def fetch_live(
 ) -> Fetched:
     """Bring the guest's changes into the host mirror (rsync delta over the session's SSH) and read them.
 
-    The guest's journal (sync.journal) names the paths that changed since the last fetch: only those travel
+    The guest's journal (sync.fetch.journal) names the paths that changed since the last fetch: only those travel
     and are read again. When it cannot say, the whole tree is fetched and read. The guest side runs as root
     so files the agent made with sudo come along; the host side is the unprivileged guest-data account, which
     may write no file larger than `max_file_bytes`."""
@@ -254,7 +254,7 @@ def _explained(exc: proc.CommandError, max_file_bytes: int, files: SessionPaths,
 def fetch_from_disk(
     endpoint: Endpoint, workdir: str, files: SessionPaths, base: manifest.Tree, *, max_file_bytes: int, why: str
 ) -> tuple[Fetched, list[str]]:
-    """The VM is gone or stopped: a reader VM (session.diskreader) has its workspace disk mounted at `workdir`.
+    """The VM is gone or stopped: a reader VM (session.end.diskreader) has its workspace disk mounted at `workdir`.
     The whole tree is fetched from there as from a live VM (its journal knows nothing of the session's) and
     read; the host never parses the disk. What the reader's kernel could not read (a damaged or crafted
     filesystem) is left out, and said: the second value holds rsync's lines about it."""

@@ -97,7 +97,7 @@ def rsync(
 
     `expect_sender`: the guest's rsync sends (a pull) or receives (a push); the command the relay reports
     must say the same and name `remote_path`, or nothing is run in the guest. With `budget`, the receiver is
-    stopped once it spent more than that (sync.meter: `meter.PassedError`); `tally` gets what it spent."""
+    stopped once it spent more than that (sync.fetch.meter: `meter.PassedError`); `tally` gets what it spent."""
     if budget is not None:
         options = [*options, *meter.OPTIONS]
     ours, theirs = socket.socketpair()

@@ -80,7 +80,7 @@ class Held:
 
 
 def size(base: Tree, bound: int, max_entries: int) -> Size:
-    """What an image must be to hold the mirror of `base` (placeholders for its files, sync.placeholders) and
+    """What an image must be to hold the mirror of `base` (placeholders for its files, sync.tree.placeholders) and
     `bound` bytes more, as ext4 spends them: a block at least per directory, the blocks of each file kept whole
     and of each long link, an inode per entry."""
     dirs: dict[str, int] = {"": 0}  # a directory's entries, in bytes (a name, padded, and 8 more)

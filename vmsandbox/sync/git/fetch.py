@@ -1,5 +1,5 @@
 """The guest's commits at the end of a review: fetched into a staging namespace, reviewed like files
-(commitreview.py), promoted where they touch nothing held back."""
+(review.py), promoted where they touch nothing held back."""
 
 from __future__ import annotations
 
@@ -62,9 +62,9 @@ def _stage(g: Gathered) -> str | None:
 
 
 def fetch_commits(g: Gathered, *, take: Take, keep_staged: bool = False) -> Fetched:
-    """The guest's new or moved branches and tags, fetched into a staging namespace (commits.py; from an outbox,
+    """The guest's new or moved branches and tags, fetched into a staging namespace (repository.py; from an outbox,
     from the bundle exported earlier), reviewed like files and promoted to refs/remotes/vmsandbox-<name>/*
-    where they touch nothing held back (risky, ignored, binary; unless `take` takes that kind: commitreview.py).
+    where they touch nothing held back (risky, ignored, binary; unless `take` takes that kind: review.py).
     `keep_staged`: every staged ref stays (the outbox bundles them all, held ones too; the caller drops them)."""
     t = g.target
     if not g.refs_changed or not refs.is_real_dir(t.project / ".git"):

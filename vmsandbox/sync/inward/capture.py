@@ -44,7 +44,7 @@ def capture(
     project: beneath.Root, files: SessionPaths, *, pristine: bool = False, leave_out: Collection[str] = ()
 ) -> manifest.Manifest:
     """Snapshot the project (tracked, untracked, ignored, .git; opened and checked by project.opened) into the
-    session, but what its `.vmsandboxignore` names and `leave_out` (files that look like credentials: inbound.py);
+    session, but what its `.vmsandboxignore` names and `leave_out` (files that look like credentials: leftout.py);
     build the workspace disk (and with `pristine`, keep a copy of it as made, for copy_from)."""
     check_space(project, files.root)
     files.baseline.mkdir(mode=0o700)

@@ -3,8 +3,8 @@
 - nothing is written outside the project root, and no existing symlink on the host is followed: every
   parent directory is checked with lstat, files are opened with O_NOFOLLOW;
 - symlinks whose target leaves the tree, FIFOs, sockets and devices are never created (review.py marks them);
-- only the carried permission bits land (tree.CARRIED: no setuid/setgid/sticky, nothing world-writable), and a
-  directory always with its owner's rwx (tree.landed_mode: one its owner cannot list would hide what is in it from
+- only the carried permission bits land (manifest.CARRIED: no setuid/setgid/sticky, nothing world-writable), and a
+  directory always with its owner's rwx (manifest.landed_mode: one its owner cannot list would hide what is in it from
   later reviews); files land owned by the invoking user;
 - each file is streamed (never held in memory whole) into a temporary file in its directory, its hash checked
   against what the review showed, fsynced and renamed into place, so an interrupted pull leaves every file

@@ -1,15 +1,15 @@
 """A review frozen when it is shown: what a person saw is what an apply takes, from every front end.
 
-When a review is made (sync.plan.make over what was gathered), it is written host-side into the session
+When a review is made (sync.review.plan.make over what was gathered), it is written host-side into the session
 directory under a random id, before anything shows it: every change with its three sides (kind, mode, content
 hash, link target), its status, every hold and badge (risky, ignored, binary, credential, notes), the merge
 text a person would apply, and the tips of the guest's branches and tags. A front end that shows it (the
 terminal, the session page, the compare page, the API) names that id when it hands back a person's choices,
-and the apply (sync.plan.carry_out) takes the review from here: nothing is gathered again from the guest.
+and the apply (sync.review.plan.carry_out) takes the review from here: nothing is gathered again from the guest.
 
 What the review does not copy is the guest's file content: the apply reads it from where the review read it
 (the mirror, or the outbox) and checks it against the content hash frozen here as it streams it into place
-(sync.apply). A change whose guest content is no longer what was shown there (a later fetch brought a newer
+(sync.land.write). A change whose guest content is no longer what was shown there (a later fetch brought a newer
 version) is not applied: the person is told to look again. Modes, kinds and link targets come from the
 review, never from the mirror; the guest's commits are fetched at the tips shown, not at the guest's refs of
 the moment of the apply.

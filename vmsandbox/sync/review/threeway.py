@@ -1,6 +1,6 @@
 """The three-way view: for each path, compare the baseline, the host now and the guest now.
 
-Everything from the guest is hostile: this module only classifies; apply.py decides how (and whether) a change
+Everything from the guest is hostile: this module only classifies; land/write.py decides how (and whether) a change
 may be written. Risky paths — places where a file turns into code the host runs later (risk.py) — are
 quarantined; symlinks that lead out of the project, FIFOs, devices and bad names are refused.
 """
@@ -144,7 +144,7 @@ def compare(
 ) -> list[Change]:
     """Every path the guest changed against the baseline, classified. Sorted by path. `only`: the paths where
     the guest's tree is known to differ from the baseline (the others are not looked at; nor is the host
-    listed, so `host` may be a tree.Lookup — then `host_links` lists the host's links, when a judge needs
+    listed, so `host` may be a views.Lookup — then `host_links` lists the host's links, when a judge needs
     them). `fold`: the project's file system compares names case-insensitively."""
     changes: list[Change] = []
     for path in sorted(set(baseline) | set(guest) if only is None else only):
@@ -193,7 +193,7 @@ def _judge_links(changes: list[Change], final: Final, host_links: Callable[[], M
 
 
 def same_entry(a: Entry | None, b: Entry | None) -> bool:
-    """Equal as far as a sync can carry: only the bits that land (tree.landed_mode: the CARRIED ones, a directory's
+    """Equal as far as a sync can carry: only the bits that land (manifest.landed_mode: the CARRIED ones, a directory's
     owner's rwx always) travel, so only they can differ."""
     if a is None or b is None:
         return a is None and b is None

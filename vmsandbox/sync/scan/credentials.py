@@ -2,7 +2,7 @@
 guest sends back.
 
 The scanner is detect-secrets (Yelp's: regular expressions for the known token formats, keyword and entropy
-rules with its false-positive filters), run in its own process (scanworker.py); over the guest's contents that
+rules with its false-positive filters), run in its own process (worker.py); over the guest's contents that
 process is jailed like every parser of guest bytes. A finding names the rule and the line, never the value.
 The session's placeholders (`vmsandbox-placeholder-…`, what the guest sees instead of a real key) are not
 credentials and are not flagged, whichever session made them.

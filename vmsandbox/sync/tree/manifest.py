@@ -168,7 +168,7 @@ def scan(
     root: Path, *, skip: frozenset[str] = frozenset(), cache: HashCache | None = None, max_entries: int | None = None
 ) -> Manifest:
     """Every path under root (root itself excluded; root is the caller's name, followed if a link). `skip` names
-    top-level entries to leave out. With a cache (sync.hashcache), unchanged files are not read again; the cache
+    top-level entries to leave out. With a cache (sync.tree.hashcache), unchanged files are not read again; the cache
     is saved after the walk. With `max_entries`, a tree holding more raises TooManyEntriesError as soon as the
     walk finds one too many. A directory that cannot be opened or listed raises beneath.Unreadable: never empty."""
     found: Manifest = {}

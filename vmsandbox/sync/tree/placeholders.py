@@ -15,7 +15,7 @@ sparse file (no blocks) with the baseline file's size, mode and mtime, and the b
 
 Only root can set a `trusted.` attribute: the guest-data account that runs rsync's receiver, and the guest
 behind it, cannot make one. Files under `.git` other than objects stay real copies (refs and the gitdir
-checks read them); objects are read by name and size only (sync.commits).
+checks read them); objects are read by name and size only (sync.git.repository).
 """
 
 from __future__ import annotations

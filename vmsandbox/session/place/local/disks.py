@@ -1,6 +1,6 @@
 """A local session's disks at its checkpoints: the VM saved into the checkpoint's directory (memory.save), the
 workspace disk copied beside it (a reflink where the file system has them), the top overlay frozen under a new
-one, and the chain folded where no checkpoint needs it (session.chain); a rollback's disks; a fork's."""
+one, and the chain folded where no checkpoint needs it (session.place.chain); a rollback's disks; a fork's."""
 
 from __future__ import annotations
 
@@ -62,7 +62,7 @@ def new_top(record: Record) -> None:
 
 
 def tidy(record: Record, *, live: bool) -> None:
-    """Fold the overlays no checkpoint needs into the ones above, delete the unreachable ones (session.chain)."""
+    """Fold the overlays no checkpoint needs into the ones above, delete the unreachable ones (session.place.chain)."""
     files = record.files
     have = checkpoints.listed(files)
     chains = [record.overlays, *(c.chain for c in have)]

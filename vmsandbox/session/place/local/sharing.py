@@ -1,6 +1,6 @@
 """Memory shared between sessions on this machine: a warm start maps its template's memory copy-on-write
 instead of loading a copy of it, and the forks of a session map the memory its fork checkpoint saved, as does
-the session itself when it resumes (docs/architecture.md, "Memory shared between sessions").
+the session itself when it resumes (docs/internals.md, "Memory shared between sessions").
 
 A save image is split (vm.memory.split) into the guest's RAM as a flat file and the rest; the RAM is copied into a
 memfd, sealed (vm.memory.sealed: no process can change a byte of it any more) and held by a holder process of QEMU's

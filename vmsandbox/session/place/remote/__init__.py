@@ -3,7 +3,7 @@ images and sessions' disks as volumes in that host's pool (images.py, vm.py), st
 (start.py; template.py: that host's templates), stop and start (save.py), checkpoints (checkpoint.py), forks
 (fork.py), its console (log.py), the ssh tunnel that reaches its guest (tunnel.py), and gc there (gc.py).
 
-May import: the ground of session (place, record, checkpoints, templatekey, boot, chain, pins, hostspec), sync,
-egress, image, guest, vm and the base modules. Never session.local, session policy or cli
-(tests/unit/test_architecture.py holds it).
+May import: the ground of session (session.record and place's interface, checkpoints, templates, console,
+chain, pins, hostspec, room), sync, egress, image, guest, vm and the base modules. Never session.place.local,
+session policy or cli (tests/unit/test_architecture.py holds it).
 """

@@ -1,5 +1,5 @@
 """Warm-start templates on another host: built there, by that host's libvirt, once per image version, VM shape
-and that host's QEMU and libvirt versions (the key of templatekey.py, with the host's versions in it), and kept
+and that host's QEMU and libvirt versions (the key of templates.py, with the host's versions in it), and kept
 in its pool as volumes named after the key's digest, `vmsandbox-template-DIGEST.`:
 
 - `disk.qcow2`: the template's system disk (backed by the image's volume), the backing volume of every session
@@ -107,7 +107,7 @@ def mark_failed(
     hv: Hypervisor, tmpl: RemoteTemplate, why: str, session: str, *, project: str = "", own: bool = False
 ) -> bool:
     """A warm start of `session` from it failed: condemned (later sessions boot cold and say why; gc removes
-    it) only when another session's warm start failed before, with no success between (templatekey.condemns:
+    it) only when another session's warm start failed before, with no success between (templates.condemns:
     one session's own input never condemns what all share), or at once when the failure is its own (`own`).
     True if it was condemned now."""
     vols = hv.volumes(POOL)
