@@ -46,7 +46,8 @@ def gather(record: Record, *, limit: int, vm: VM | None = None) -> Gathered:
 
 def review(record: Record, *, limit: int, only: list[str] | None = None, freeze: bool = True) -> Plan:
     """What a review shows and asks about (a mass change past the user's own thresholds:
-    sync/review/mass.py), frozen host-side before anything shows it (sync.review.frozen): an apply takes exactly this review."""
+    sync/review/mass.py), frozen host-side before anything shows it (sync.review.frozen): an apply takes exactly
+    this review."""
     from vmsandbox.session import settings
     from vmsandbox.sync.review import mass
 
