@@ -363,14 +363,15 @@ def test_the_cycle_finder_finds_a_cycle() -> None:
     assert _cycles({"a": {"b"}, "b": set()}) == []
 
 
-# Where a VM lives: session.place.interface holds the interfaces (Host, VM, Snapshots), session.place.local and
-# .remote their implementations, session.place.choose the one chooser. The implementations stand on these modules
-# only (data and helpers that know nothing of policy); policy reaches them through the chooser alone.
+# Where a VM lives: session.place.interface holds the interfaces (Host and VM, and what they reach), session.place.local
+# and .remote their implementations, session.place.common what those do the same way, session.place.choose the one
+# chooser. The implementations stand on these modules only (data and helpers that know nothing of policy); policy
+# reaches them through the chooser alone.
 PLACES = ("vmsandbox.session.place.local", "vmsandbox.session.place.remote")
 CHOOSER = "vmsandbox.session.place.choose"
 GROUND = {"vmsandbox.session.record"} | {
     f"vmsandbox.session.place.{m}"
-    for m in ("interface", "checkpoints", "templates", "console", "chain", "pins", "hostspec", "room")
+    for m in ("interface", "common", "checkpoints", "templates", "console", "chain", "pins", "hostspec", "room")
 }
 
 
@@ -403,9 +404,11 @@ def test_policy_reaches_a_place_only_through_the_chooser() -> None:
 
 
 INTERFACE = PACKAGE / "session" / "place" / "interface.py"
-INTERFACES = ("Host", "VM", "Snapshots")
-WIDEST = 14  # public methods (properties too) of one place interface: about a dozen
-BINDS = {("Host", "vm"), ("Host", "boot"), ("Snapshots", "copy_disks"), ("Snapshots", "restore_fork")}
+COMMON = PACKAGE / "session" / "place" / "common.py"
+INTERFACES = ("Host", "Images", "Facts", "VM", "Saved", "Snapshots", "Forks")
+WIDEST = 9  # public methods (properties too) of one place interface: a Host's connection and sessions, and the two
+# it reaches (images, facts); one concern each, as lima's driver is built of Lifecycle, Snapshots, GuestAgent
+BINDS = {("Host", "vm"), ("Host", "boot"), ("Forks", "copy_disks"), ("Forks", "restore")}
 
 
 def _classes(tree: ast.Module) -> dict[str, ast.ClassDef]:
@@ -416,10 +419,31 @@ def _public(cls: ast.ClassDef) -> list[ast.FunctionDef]:
     return [f for f in cls.body if isinstance(f, ast.FunctionDef) and not f.name.startswith("_")]
 
 
+def _abstract(f: ast.FunctionDef) -> bool:
+    return any(ast.unparse(d) == "abc.abstractmethod" for d in f.decorator_list)
+
+
+def test_the_interface_module_holds_only_the_contract() -> None:
+    """interface.py has no function and no method with a body (but a binding `__init__`, which keeps what it is
+    given): what the places share is common.py's. Every abstract class of it is one of INTERFACES."""
+    tree = ast.parse(INTERFACE.read_text())
+    assert [n.name for n in tree.body if isinstance(n, ast.FunctionDef)] == []
+    bodies = []
+    for cls in _classes(tree).values():
+        if "abc.ABC" in {ast.unparse(b) for b in cls.bases}:
+            assert cls.name in INTERFACES
+        for f in (n for n in cls.body if isinstance(n, ast.FunctionDef)):
+            binds = f.name == "__init__" and all(isinstance(s, ast.Assign) for s in f.body)
+            declared = _abstract(f) or ast.unparse(f.body[-1]) == "..."  # (a Protocol's)
+            if not (binds or declared):
+                bodies.append(f"{cls.name}.{f.name}")
+    assert bodies == []
+
+
 def test_the_place_interfaces_stay_small_and_take_no_record_they_bound() -> None:
-    """Each interface has about a dozen methods; a VM and its Snapshots are bound to the session's record when
-    made, so none of their methods takes one (but a fork's, which is another session's), and a Host takes one
-    only to bind it (its VM, a boot)."""
+    """Each interface has a few methods, one concern; a VM and what it reaches are bound to the session's record
+    when made, so none of their methods takes one (but a fork's, which is another session's), and a Host takes
+    one only to bind it (its VM, a boot)."""
     found = _classes(ast.parse(INTERFACE.read_text()))
     wide = {name: len(_public(found[name])) for name in INTERFACES if len(_public(found[name])) > WIDEST}
     assert wide == {}
@@ -434,17 +458,22 @@ def test_the_place_interfaces_stay_small_and_take_no_record_they_bound() -> None
 
 
 def test_a_place_adds_no_public_method_its_interface_lacks() -> None:
-    """Policy reaches a place through its interface only: an implementation's public methods are the interface's."""
+    """Policy reaches a place through its interface only: an implementation's public methods, and those of what it
+    mixes in from common.py, are the interface's."""
     interface = {name: {f.name for f in _public(c)} for name, c in _classes(ast.parse(INTERFACE.read_text())).items()}
-    extra = []
+    mixins = _classes(ast.parse(COMMON.read_text()))
+    extra, implemented = [], set()
     for path in PACKAGE.rglob("*.py"):
         if not any(_in(_module_name(path), p) for p in PLACES):
             continue
         for cls in _classes(ast.parse(path.read_text())).values():
-            bases = {ast.unparse(b) for b in cls.bases} & set(INTERFACES)
-            for base in bases:
-                extra += [f"{cls.name}.{f.name}" for f in _public(cls) if f.name not in interface[base]]
+            names = {ast.unparse(b) for b in cls.bases}
+            methods = [*_public(cls), *(f for m in names & set(mixins) for f in _public(mixins[m]))]
+            for base in names & set(INTERFACES):
+                implemented.add(base)
+                extra += [f"{cls.name}.{f.name}" for f in methods if f.name not in interface[base]]
     assert extra == []
+    assert implemented == set(INTERFACES)  # (the walk finds the implementations)
 
 
 def _bindings(func: ast.FunctionDef | ast.AsyncFunctionDef) -> dict[str, set[str]]:
@@ -518,19 +547,19 @@ def test_the_rebinding_finder_finds_a_record_passed_twice() -> None:
     methods = _place_methods()
     passed_twice = """
 def a(record):
-    places.of(record).save(record, hv)
+    places.of(record).saved.take(record, hv)
 def b(record):
     with places.vm_of(record) as vm:
         vm.snapshots.drop(record)
 def c(host, source):
     vm = host.vm(source)
-    vm.restore(vm.record)
+    vm.saved.restore(vm.record)
 """
     assert len(_rebound(ast.parse(passed_twice), methods)) == 3
     bound_once = """
 def d(host, source, fork):
     vm = host.vm(source)
-    vm.snapshots.restore_fork(cp, fork)
+    vm.forks.restore(cp, fork)
     host.vm(Record.load(name)).snapshots.drop(cp.label, live=True)
 """
     assert _rebound(ast.parse(bound_once), methods) == []

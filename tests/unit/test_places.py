@@ -1,6 +1,6 @@
 """A session on this machine and one on another host take the same path through the policy modules: the same
-steps of the place interfaces (Host, VM, Snapshots) in the same order, chosen by session.place.choose from the
-record alone. The policy runs for real (locks, records, checkpoints' files, states asked of libvirt's in-process
+steps of the place interfaces (Host, VM and what they reach) in the same order, chosen by session.place.choose from
+the record alone. The policy runs for real (locks, records, checkpoints' files, states asked of libvirt's in-process
 test:/// driver, where both places' domains live); the places record the steps they are asked for and do the
 least that keeps libvirt's answers true."""
 
@@ -26,9 +26,11 @@ from vmsandbox.session.place import choose as places
 from vmsandbox.session.place import hostspec
 from vmsandbox.session.place.checkpoints import Checkpoint
 from vmsandbox.session.place.hostspec import HostSpec
-from vmsandbox.session.place.interface import VM, Host, SavedVM, Snapshots
-from vmsandbox.session.place.local.place import LocalHost, LocalSnapshots, LocalVM
-from vmsandbox.session.place.remote.place import RemoteHost, RemoteSnapshots, RemoteVM
+from vmsandbox.session.place.interface import VM, Facts, Forks, Host, Images, Saved, SavedVM, Snapshots
+from vmsandbox.session.place.local import place as local
+from vmsandbox.session.place.local.place import LocalHost, LocalVM
+from vmsandbox.session.place.remote import place as remote
+from vmsandbox.session.place.remote.place import RemoteHost, RemoteVM
 from vmsandbox.session.record import Record, State
 from vmsandbox.session.settings import Settings
 from vmsandbox.session.start import create
@@ -47,12 +49,19 @@ def _running(hv: Hypervisor, name: str) -> None:
     hv.create(ET.tostring(root, encoding="unicode"))
 
 
-def _bound(bound: Host | VM | Snapshots, args: tuple[Any, ...]) -> tuple[Record | None, Hypervisor]:
+Bound = Host | Images | Facts | VM | Saved | Snapshots | Forks
+OF_HOST = (Images, Facts)  # reached from a Host
+OF_VM = (Saved, Snapshots, Forks)  # reached from a VM
+
+
+def _bound(bound: Bound, args: tuple[Any, ...]) -> tuple[Record | None, Hypervisor]:
     """The record a step is about (bound to it, or given to a Host) and the connection it runs on."""
-    if isinstance(bound, Snapshots):
+    if isinstance(bound, OF_VM):
         return bound.vm.record, bound.vm.host.libvirt()
     if isinstance(bound, VM):
         return bound.record, bound.host.libvirt()
+    if isinstance(bound, OF_HOST):
+        return None, bound.host.libvirt()
     return next((a for a in args if isinstance(a, Record)), None), bound.libvirt()
 
 
@@ -63,61 +72,73 @@ class Steps:
         self.asked: list[str] = []
         self.saved: set[str] = set()
 
-    def __call__(self, name: str, bound: Host | VM | Snapshots, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    def __call__(self, name: str, bound: Bound, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         self.asked.append(name)
         record, hv = _bound(bound, args)
-        if name == "forget":
+        if name == "Host.forget":
             hv.destroy(args[1])  # the VM goes with what its place kept of it
         if record is not None:
             self._emulate(name, record, hv, args, kwargs)
         answers = {
-            "admit": accel.choose(accel.Accel.TCG),
-            "holds_save": record is not None and record.name in self.saved,
-            "stopped": SavedVM(),
-            "memory_of": SavedVM(),
-            "sizes": {},
+            "Host.admit": accel.choose(accel.Accel.TCG),
+            "Saved.held": record is not None and record.name in self.saved,
+            "Saved.memory": SavedVM(),
+            "Snapshots.memory_of": SavedVM(),
+            "Snapshots.sizes": {},
         }
-        if name == "boot" and isinstance(bound, Host) and record is not None:
+        if name == "Host.boot" and isinstance(bound, Host) and record is not None:
             return bound.vm(record)
         return answers.get(name)
 
     def _emulate(self, name: str, record: Record, hv: Hypervisor, args: tuple[Any, ...], kw: dict[str, Any]) -> None:
-        if name in ("boot", "restore"):
+        if name in ("Host.boot", "Saved.restore"):
             _running(hv, record.domain)
-        if name == "boot":
+        if name == "Host.boot":
             kw["launched"]()
-        if name in ("save", "freeze"):
+        if name in ("Saved.take", "Snapshots.freeze"):
             hv.destroy(record.domain)  # the VM is down once it is saved
             self.saved.add(record.name)
-        if name == "freeze":
+        if name == "Snapshots.freeze":
             args[-1]()  # publish: the checkpoint's record is whole
 
 
-def _steps(interface: type[Any], steps: Steps, binding: str) -> dict[str, Any]:
-    """Every step of `interface` recorded (and emulated) instead of carried out; `binding` (what makes the next
-    interface) is left to the class."""
+NOT_STEPS = ("vm", "libvirt", "close", "info")
+
+
+def _steps(interface: type[Any], steps: Steps, reached: dict[str, type[Any]]) -> dict[str, Any]:
+    """Every step of `interface` recorded (and emulated) instead of carried out, but for what it reaches (the
+    interfaces its properties give, by name: recording too), the binding of a VM (left to the class), and the
+    connection and what libvirt says of a VM (the test driver's own)."""
 
     def step(name: str) -> Callable[..., Any]:
         def method(self: Any, *args: Any, **kwargs: Any) -> Any:
-            return steps(name, self, args, kwargs)
+            return steps(f"{interface.__name__}.{name}", self, args, kwargs)
 
         return method
 
-    return {name: step(name) for name in sorted(interface.__abstractmethods__) if name != binding}
+    made = {name: step(name) for name in sorted(interface.__abstractmethods__) if name not in (*reached, *NOT_STEPS)}
+    return made | {name: property(kind) for name, kind in reached.items()}
 
 
-def _recording(kinds: tuple[type[Host], type[VM], type[Snapshots]], steps: Steps) -> type[Host]:
-    """A place's Host (and the VMs and Snapshots it binds) with every step recorded instead of carried out."""
-    host_kind, vm_kind, snapshots_kind = kinds
-    recorded_snapshots = type(f"Recording{snapshots_kind.__name__}", (snapshots_kind,), _steps(Snapshots, steps, ""))
-    vm_steps = _steps(VM, steps, "snapshots") | {"snapshots": property(recorded_snapshots)}
-    recorded_vm = type(f"Recording{vm_kind.__name__}", (vm_kind,), vm_steps)
+def _recorded(module: Any, prefix: str, interface: type[Any], steps: Steps, **reached: type[Any]) -> type[Any]:
+    """The place's implementation of `interface` (in `module`, named PREFIX + its name), recording its steps."""
+    kind = getattr(module, prefix + interface.__name__)
+    return type(f"Recording{kind.__name__}", (kind,), _steps(interface, steps, reached))
+
+
+def _recording(module: Any, prefix: str, steps: Steps) -> type[Host]:
+    """A place's Host (and the VMs and what they reach, that it binds) with every step recorded instead of
+    carried out."""
+    of_vm = {i.__name__.lower(): _recorded(module, prefix, i, steps) for i in OF_VM}
+    recorded_vm = _recorded(module, prefix, VM, steps, **of_vm)
 
     def vm(self: Host, record: Record) -> VM:
         return recorded_vm(self, record)  # type: ignore[no-any-return]
 
-    host_steps = _steps(Host, steps, "vm") | {"vm": vm}
-    return type(f"Recording{host_kind.__name__}", (host_kind,), host_steps)
+    of_host = {i.__name__.lower(): _recorded(module, prefix, i, steps) for i in OF_HOST}
+    recorded_host = _recorded(module, prefix, Host, steps, **of_host)
+    recorded_host.vm = vm
+    return recorded_host
 
 
 @pytest.fixture
@@ -164,8 +185,8 @@ def test_a_session_here_and_one_there_take_the_same_steps(
     monkeypatch: pytest.MonkeyPatch, one_libvirt: Hypervisor, quiet_guest: None, tmp_path: Path
 ) -> None:
     here, there = Steps(), Steps()
-    monkeypatch.setattr(places, "LocalHost", _recording((LocalHost, LocalVM, LocalSnapshots), here))
-    monkeypatch.setattr(places, "RemoteHost", _recording((RemoteHost, RemoteVM, RemoteSnapshots), there))
+    monkeypatch.setattr(places, "LocalHost", _recording(local, "Local", here))
+    monkeypatch.setattr(places, "RemoteHost", _recording(remote, "Remote", there))
     # the project's capture and the session's keys and identity files are made the same way for every place
     monkeypatch.setattr(create, "_prepare", lambda record, *_: record.save())
     project = tmp_path / "project"
@@ -176,18 +197,18 @@ def test_a_session_here_and_one_there_take_the_same_steps(
 
     assert here.asked == there.asked
     assert here.asked == [
-        "admit",  # run --keep: room and accelerator there, the VM started
-        "boot",
-        "freeze",  # checkpoint (room in the disk chain: the host's abilities say): saved into it, resumed from it
-        "memory_of",
-        "restore",
-        "save",  # stop
-        "holds_save",  # start: the VM is gone, its save is there: stopped
-        "stopped",
-        "restore",
-        "discard_save",
-        "drop",  # checkpoint rm
-        "forget",  # destroy
+        "Host.admit",  # run --keep: room and accelerator there, the VM started
+        "Host.boot",
+        "Snapshots.freeze",  # checkpoint (room in the disk chain: the host's abilities say): saved into it, resumed
+        "Snapshots.memory_of",  # from it
+        "Saved.restore",
+        "Saved.take",  # stop
+        "Saved.held",  # start: the VM is gone, its save is there: stopped
+        "Saved.memory",
+        "Saved.restore",
+        "Saved.discard",
+        "Snapshots.drop",  # checkpoint rm
+        "Host.forget",  # destroy
     ]
     assert not (one_libvirt.info("vmsandbox-s1") or one_libvirt.info("vmsandbox-s2"))
 
@@ -196,9 +217,11 @@ def test_the_chooser_reads_the_place_from_the_record_alone() -> None:
     here = Record("a", "/p", "v", "tcg", "", 1, 512, 1024, 0, "u", 1000, 1000, "qemu:///system")
     there = Record("b", "/p", "v", "tcg", "", 1, 512, 1024, 0, "u", 1000, 1000, THERE, host="far")
     with places.vm_of(here) as vm:  # nothing is asked of libvirt: no connection is opened
-        assert type(vm) is LocalVM and type(vm.host) is LocalHost and vm.host.where == ""
+        assert type(vm) is LocalVM and type(vm.host) is LocalHost and state.where(vm.host) == ""
+        assert type(vm.saved) is local.LocalSaved and type(vm.host.images) is local.LocalImages
     with places.vm_of(there) as vm:
-        assert type(vm) is RemoteVM and type(vm.host) is RemoteHost and vm.host.where == " on host far"
+        assert type(vm) is RemoteVM and type(vm.host) is RemoteHost and state.where(vm.host) == " on host far"
+        assert type(vm.forks) is remote.RemoteForks and type(vm.host.facts) is remote.RemoteFacts
     with places.host(places.spec_at(THERE)) as host:
         assert type(host) is RemoteHost and host.spec.name == "far.example"
     assert [h.name for h in hostspec.every("qemu:///system", ())] == ["local"]
@@ -218,11 +241,11 @@ class HeldSaves(Steps):
         self.ends = threading.Event()
         self.saves = False
 
-    def __call__(self, name: str, bound: Host | VM | Snapshots, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        if name == "save" and isinstance(bound, VM):
+    def __call__(self, name: str, bound: Bound, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        if name == "Saved.take" and isinstance(bound, Saved):
             from vmsandbox.errors import SaveInFlightError
 
-            bound.record.files.saved_memory.write_bytes(b"being written")
+            bound.vm.record.files.saved_memory.write_bytes(b"being written")
             raise SaveInFlightError("the save ended neither in 60 s nor 30 s after abortJob", "d", self.outcome)
         return super().__call__(name, bound, args, kwargs)
 
@@ -246,7 +269,7 @@ def test_a_save_that_outlives_its_abort_is_settled_when_it_ends(
     (which may yet hold all of its memory) is kept; then it is stopped (saved: `start` resumes it), or the file
     goes and it runs on (not saved)."""
     steps = HeldSaves()
-    monkeypatch.setattr(places, "LocalHost", _recording((LocalHost, LocalVM, LocalSnapshots), steps))
+    monkeypatch.setattr(places, "LocalHost", _recording(local, "Local", steps))
     monkeypatch.setattr(create, "_prepare", lambda record, *_: record.save())
     project = tmp_path / "project"
     project.mkdir()

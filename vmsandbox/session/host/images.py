@@ -36,6 +36,6 @@ def default_template(image: store.Image) -> str:
         host.libvirt()  # as a session's start: fails first if libvirt is down
         choice = host.admit(settings.accel, settings.memory_mib)
         shape = templatekey.Shape(choice.accel.value, settings.cpus, settings.memory_mib, settings.disk_mib)
-        found = host.warm_template(image, shape, settings.boot_timeout)
+        found = host.images.template(image, shape, settings.boot_timeout)
     ui.info(f"Warm-start template for {shape.slug}: {found}")
     return found

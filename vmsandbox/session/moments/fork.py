@@ -17,6 +17,7 @@ disks are copied and the VM restored is the place's: session.place).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import shutil
 import threading
@@ -38,6 +39,7 @@ from vmsandbox.session.place.checkpoints import Checkpoint
 from vmsandbox.session.place.interface import VM
 from vmsandbox.session.record import Phase, Record, validate_name
 from vmsandbox.session.start import create
+from vmsandbox.session.state import down, where
 from vmsandbox.sync.fetch import delta
 from vmsandbox.sync.inward import capture
 
@@ -99,7 +101,7 @@ def fork(name: str, new: str, *, label: str | None = None) -> Record:
         vm = host.vm(source)
         if label is not None:
             cp = checkpoints.find(source.files, name, label)
-            with vm.snapshots.share(cp) as how:
+            with vm.forks.share(cp) as how:
                 ui.info(f"  memory: {ui.printable(how)}")  # (it may quote a save image's names)
                 return _make(vm, cp, new, at=label)
         checkpoint.must_run(vm, "forked")
@@ -109,7 +111,7 @@ def fork(name: str, new: str, *, label: str | None = None) -> Record:
         try:
             # the source and the fork map one copy of the memory saved (where the place can): the source resumes
             # while the fork is made (two guests come back at once: under TCG, on two CPUs)
-            with vm.snapshots.share(cp) as how:
+            with vm.forks.share(cp) as how:
                 ui.info(f"  memory: {ui.printable(how)}")  # (it may quote a save image's names)
                 waking = threading.Thread(target=_wake, args=(source, cp, failed))
                 waking.start()
@@ -137,7 +139,7 @@ def _make(vm: VM, cp: Checkpoint, new: str, *, at: str | None) -> Record:
     """The fork NEW of the source session (`vm`) from `cp` (one of its checkpoints `at`, or None: one taken for
     this fork)."""
     source, files = vm.record, paths.session_paths(new)
-    where = vm.host.where
+    there = where(vm.host)
     confine.state_dirs()
     try:
         files.root.mkdir(mode=0o700)
@@ -158,9 +160,9 @@ def _make(vm: VM, cp: Checkpoint, new: str, *, at: str | None) -> Record:
         saved=False,
         publish=(),
         overlays=[paths.SESSION_OVERLAY],
-        ssh_port=vm.snapshots.fork_port(),
+        ssh_port=vm.forks.ssh_port(),
         start="fork",
-        start_note=f"forked from {source.name}" + (f" at checkpoint {at}" if at else "") + where,
+        start_note=f"forked from {source.name}" + (f" at checkpoint {at}" if at else "") + there,
         forked_from=f"{source.name}@{at}" if at else source.name,
         group=None,  # a fork of a fan-out's session is not one of the fan-out's
         boot_seconds=None,
@@ -168,13 +170,13 @@ def _make(vm: VM, cp: Checkpoint, new: str, *, at: str | None) -> Record:
     try:
         record.save()
         pins.pin(new, record.image_version, record.template)
-        with ui.step(f"Copying session {source.name}'s state{where}"):
+        with ui.step(f"Copying session {source.name}'s state{there}"):
             _copy_state(vm, cp, record)
         with ui.step("Preparing the fork (keys, identity, egress policy)"):
             _identity(source, record)
         started = time.monotonic()
         with ui.step(f"Restoring {record.domain} from it") as detail:
-            made = vm.snapshots.restore_fork(cp, record)
+            made = vm.forks.restore(cp, record)
             detail("its own identity")
             handed = _hand_over_on_port(made)
             if handed is None:
@@ -198,7 +200,7 @@ def _copy_state(vm: VM, cp: Checkpoint, record: Record) -> None:
     """The fork's (`record`) disks, baseline and (a fresh) mirror, copied from the source (`vm`) at the
     checkpoint."""
     src, files = vm.record.files, record.files
-    workspace = vm.snapshots.copy_disks(cp, record)  # None: the place made it, with the system disk
+    workspace = vm.forks.copy_disks(cp, record)  # None: the place made it, with the system disk
     capture.copy_from(src, files, workspace)
     for f in (src.decisions, src.hashes("project")):
         if f.exists():
@@ -260,7 +262,7 @@ def _hand_over_identity(source: Record, fork: VM) -> None:
         # the source's sshd came back with its memory: no probe first, unless the login finds none
         handed = proc.run(argv, input=identity.bundle(files.fwcfg_dir), timeout=IDENTITY_TIMEOUT, check=False)
         if handed.returncode == commands.SSH_FAILED:
-            ssh.wait_for_banner(record.ssh_port, timeout=60, alive=fork.alive)
+            ssh.wait_for_banner(record.ssh_port, timeout=60, alive=functools.partial(down, fork))
             handed = proc.run(argv, input=identity.bundle(files.fwcfg_dir), timeout=IDENTITY_TIMEOUT, check=False)
         if handed.returncode != 0:
             raise proc.CommandError(handed)
@@ -275,7 +277,7 @@ def _check_identity(fork: VM) -> None:
     for attempt in range(20):
         if attempt:
             time.sleep(0.25)
-            ssh.wait_for_banner(record.ssh_port, timeout=60, alive=fork.alive)
+            ssh.wait_for_banner(record.ssh_port, timeout=60, alive=functools.partial(down, fork))
         answer = commands.run_as_root(record.endpoint(), "true", check=False, timeout=60)
         if answer.returncode != commands.SSH_FAILED:
             break

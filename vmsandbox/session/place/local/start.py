@@ -16,7 +16,8 @@ from vmsandbox.guest import identity, ssh
 from vmsandbox.image import store
 from vmsandbox.session.place import console as boot_mod
 from vmsandbox.session.place import templates as templatekey
-from vmsandbox.session.place.interface import IDENTITY_TIMEOUT, Launched, nothing, template_for, warm_or_cold
+from vmsandbox.session.place.common import IDENTITY_TIMEOUT, nothing, template_for, warm_or_cold
+from vmsandbox.session.place.interface import Launched
 from vmsandbox.session.place.local import bootwait, sharing, template
 from vmsandbox.session.record import Record
 from vmsandbox.vm import accel as accel_mod
