@@ -13,7 +13,7 @@ from vmsandbox import ui
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.guest import identity
 from vmsandbox.image import store
-from vmsandbox.session.place import templates as templatekey
+from vmsandbox.session.place import templates
 from vmsandbox.session.place.common import IDENTITY_TIMEOUT, template_for, warm_or_cold
 from vmsandbox.session.place.hostspec import HostSpec
 from vmsandbox.session.place.remote import images, log, save, template, tunnel, vm
@@ -29,7 +29,7 @@ def boot(
 ) -> None:
     """Send what the VM needs to the host and start it there (warm if it can), its tunnel open, its sshd up."""
     images.ensure(hv, host, image)
-    shape = templatekey.shape_of(record)
+    shape = templates.shape_of(record)
     unbuilt = f"no warm-start template on host {host.name}"
     tmpl = template_for(
         record, lambda: template.ensure(image, shape, hv, host, boot_timeout), cold=cold_start, unbuilt=unbuilt
