@@ -22,15 +22,28 @@ from vmsandbox.session import state
 from vmsandbox.session.end import lifecycle
 from vmsandbox.session.moments import checkpoint, suspend
 from vmsandbox.session.options import Options
-from vmsandbox.session.place import choose as places
-from vmsandbox.session.place import hostspec
+from vmsandbox.session.place import choose, hostspec
 from vmsandbox.session.place.checkpoints import Checkpoint
 from vmsandbox.session.place.hostspec import HostSpec
 from vmsandbox.session.place.interface import VM, Facts, Forks, Host, Images, Saved, SavedVM, Snapshots
-from vmsandbox.session.place.local import place as local
-from vmsandbox.session.place.local.place import LocalHost, LocalVM
-from vmsandbox.session.place.remote import place as remote
-from vmsandbox.session.place.remote.place import RemoteHost, RemoteVM
+from vmsandbox.session.place.local.place import (
+    LocalFacts,
+    LocalForks,
+    LocalHost,
+    LocalImages,
+    LocalSaved,
+    LocalSnapshots,
+    LocalVM,
+)
+from vmsandbox.session.place.remote.place import (
+    RemoteFacts,
+    RemoteForks,
+    RemoteHost,
+    RemoteImages,
+    RemoteSaved,
+    RemoteSnapshots,
+    RemoteVM,
+)
 from vmsandbox.session.record import Record, State
 from vmsandbox.session.settings import Settings
 from vmsandbox.session.start import create
@@ -52,6 +65,8 @@ def _running(hv: Hypervisor, name: str) -> None:
 Bound = Host | Images | Facts | VM | Saved | Snapshots | Forks
 OF_HOST = (Images, Facts)  # reached from a Host
 OF_VM = (Saved, Snapshots, Forks)  # reached from a VM
+HERE_KINDS = (LocalHost, LocalImages, LocalFacts, LocalVM, LocalSaved, LocalSnapshots, LocalForks)
+THERE_KINDS = (RemoteHost, RemoteImages, RemoteFacts, RemoteVM, RemoteSaved, RemoteSnapshots, RemoteForks)
 
 
 def _bound(bound: Bound, args: tuple[Any, ...]) -> tuple[Record | None, Hypervisor]:
@@ -120,23 +135,23 @@ def _steps(interface: type[Any], steps: Steps, reached: dict[str, type[Any]]) ->
     return made | {name: property(kind) for name, kind in reached.items()}
 
 
-def _recorded(module: Any, prefix: str, interface: type[Any], steps: Steps, **reached: type[Any]) -> type[Any]:
-    """The place's implementation of `interface` (in `module`, named PREFIX + its name), recording its steps."""
-    kind = getattr(module, prefix + interface.__name__)
+def _recorded(kinds: tuple[type[Any], ...], interface: type[Any], steps: Steps, **reached: type[Any]) -> type[Any]:
+    """The place's implementation of `interface` (one of `kinds`), recording its steps."""
+    kind = next(k for k in kinds if issubclass(k, interface))
     return type(f"Recording{kind.__name__}", (kind,), _steps(interface, steps, reached))
 
 
-def _recording(module: Any, prefix: str, steps: Steps) -> type[Host]:
+def _recording(kinds: tuple[type[Any], ...], steps: Steps) -> type[Host]:
     """A place's Host (and the VMs and what they reach, that it binds) with every step recorded instead of
-    carried out."""
-    of_vm = {i.__name__.lower(): _recorded(module, prefix, i, steps) for i in OF_VM}
-    recorded_vm = _recorded(module, prefix, VM, steps, **of_vm)
+    carried out; `kinds`: the place's implementations of the interfaces."""
+    of_vm = {i.__name__.lower(): _recorded(kinds, i, steps) for i in OF_VM}
+    recorded_vm = _recorded(kinds, VM, steps, **of_vm)
 
     def vm(self: Host, record: Record) -> VM:
         return recorded_vm(self, record)  # type: ignore[no-any-return]
 
-    of_host = {i.__name__.lower(): _recorded(module, prefix, i, steps) for i in OF_HOST}
-    recorded_host = _recorded(module, prefix, Host, steps, **of_host)
+    of_host = {i.__name__.lower(): _recorded(kinds, i, steps) for i in OF_HOST}
+    recorded_host = _recorded(kinds, Host, steps, **of_host)
     recorded_host.vm = vm
     return recorded_host
 
@@ -185,8 +200,8 @@ def test_a_session_here_and_one_there_take_the_same_steps(
     monkeypatch: pytest.MonkeyPatch, one_libvirt: Hypervisor, quiet_guest: None, tmp_path: Path
 ) -> None:
     here, there = Steps(), Steps()
-    monkeypatch.setattr(places, "LocalHost", _recording(local, "Local", here))
-    monkeypatch.setattr(places, "RemoteHost", _recording(remote, "Remote", there))
+    monkeypatch.setattr(choose, "LocalHost", _recording(HERE_KINDS, here))
+    monkeypatch.setattr(choose, "RemoteHost", _recording(THERE_KINDS, there))
     # the project's capture and the session's keys and identity files are made the same way for every place
     monkeypatch.setattr(create, "_prepare", lambda record, *_: record.save())
     project = tmp_path / "project"
@@ -216,13 +231,13 @@ def test_a_session_here_and_one_there_take_the_same_steps(
 def test_the_chooser_reads_the_place_from_the_record_alone() -> None:
     here = Record("a", "/p", "v", "tcg", "", 1, 512, 1024, 0, "u", 1000, 1000, "qemu:///system")
     there = Record("b", "/p", "v", "tcg", "", 1, 512, 1024, 0, "u", 1000, 1000, THERE, host="far")
-    with places.vm_of(here) as vm:  # nothing is asked of libvirt: no connection is opened
+    with choose.vm_of(here) as vm:  # nothing is asked of libvirt: no connection is opened
         assert type(vm) is LocalVM and type(vm.host) is LocalHost and state.where(vm.host) == ""
-        assert type(vm.saved) is local.LocalSaved and type(vm.host.images) is local.LocalImages
-    with places.vm_of(there) as vm:
+        assert type(vm.saved) is LocalSaved and type(vm.host.images) is LocalImages
+    with choose.vm_of(there) as vm:
         assert type(vm) is RemoteVM and type(vm.host) is RemoteHost and state.where(vm.host) == " on host far"
-        assert type(vm.forks) is remote.RemoteForks and type(vm.host.facts) is remote.RemoteFacts
-    with places.host(places.spec_at(THERE)) as host:
+        assert type(vm.forks) is RemoteForks and type(vm.host.facts) is RemoteFacts
+    with choose.host(choose.spec_at(THERE)) as host:
         assert type(host) is RemoteHost and host.spec.name == "far.example"
     assert [h.name for h in hostspec.every("qemu:///system", ())] == ["local"]
 
@@ -269,7 +284,7 @@ def test_a_save_that_outlives_its_abort_is_settled_when_it_ends(
     (which may yet hold all of its memory) is kept; then it is stopped (saved: `start` resumes it), or the file
     goes and it runs on (not saved)."""
     steps = HeldSaves()
-    monkeypatch.setattr(places, "LocalHost", _recording(local, "Local", steps))
+    monkeypatch.setattr(choose, "LocalHost", _recording(HERE_KINDS, steps))
     monkeypatch.setattr(create, "_prepare", lambda record, *_: record.save())
     project = tmp_path / "project"
     project.mkdir()
@@ -281,7 +296,7 @@ def test_a_save_that_outlives_its_abort_is_settled_when_it_ends(
     assert err.value.hint is not None and "virsh domjobabort d" in err.value.hint
     record = Record.load("s3")
     assert not record.saved and record.files.saved_memory.read_bytes() == b"being written"
-    with places.vm_of(record) as vm:
+    with choose.vm_of(record) as vm:
         assert state.status(vm).state is State.RUNNING
 
     steps.saves = saves

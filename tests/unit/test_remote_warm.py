@@ -17,7 +17,7 @@ from tests.unit.test_domain import spec
 from tests.unit.test_warm import template_xml
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.guest import identity
-from vmsandbox.session.place.remote import gc as remotegc
+from vmsandbox.session.place.remote import gc
 from vmsandbox.vm import storage
 from vmsandbox.vm.domain import LIBVIRTS_SOCKET, build_xml, client_of, for_restore
 
@@ -135,12 +135,12 @@ def test_gc_reads_the_backing_file_a_qcow2_header_names() -> None:
     head[:4] = b"QFI\xfb"
     head[8:20] = struct.pack(">QI", 512, len(name))
     head[512 : 512 + len(name)] = name
-    assert remotegc.backing_of(bytes(head)) == name.decode()
+    assert gc.backing_of(bytes(head)) == name.decode()
     head[8:16] = struct.pack(">Q", 0)
-    assert remotegc.backing_of(bytes(head)) is None  # no backing file
-    assert remotegc.backing_of(b"\0" * 4096) is None  # not qcow2
+    assert gc.backing_of(bytes(head)) is None  # no backing file
+    assert gc.backing_of(b"\0" * 4096) is None  # not qcow2
     head[8:20] = struct.pack(">QI", 4000, 500)
-    assert remotegc.backing_of(bytes(head)) is None  # names past what was read
+    assert gc.backing_of(bytes(head)) is None  # names past what was read
 
 
 class FakePool:
@@ -194,11 +194,10 @@ def test_gc_there_removes_unusable_templates_only_when_no_disk_rests_on_them(
 ) -> None:
     from vmsandbox.session.end.gc import Tidier
     from vmsandbox.session.place.hostspec import HostSpec
-    from vmsandbox.session.place.remote import template as remotetemplate
-    from vmsandbox.session.place.remote import vm as remote
+    from vmsandbox.session.place.remote import template, vm
 
-    monkeypatch.setattr(remotetemplate, "lock_path", lambda host: tmp_path / "lock")
-    monkeypatch.setattr(remote, "client_id", lambda: "me/1")
+    monkeypatch.setattr(template, "lock_path", lambda host: tmp_path / "lock")
+    monkeypatch.setattr(vm, "client_id", lambda: "me/1")
     files = {"base-x.ready": b"{}", "base-x.disk.qcow2": b""}
     files |= _template("vmsandbox-template-good")  # serves: kept
     files |= _template("vmsandbox-template-old", qemu="6.0.0")  # stale, no disk on it: removed
@@ -212,7 +211,7 @@ def test_gc_there_removes_unusable_templates_only_when_no_disk_rests_on_them(
     build = build_xml(dataclasses.replace(spec(), template=True, client="me/1"))
     theirs = build_xml(dataclasses.replace(spec(), template=True, client="them/2"))
     hv = FakePool(files, {"vmsandbox-template-mine": build, "vmsandbox-template-theirs": theirs})
-    said = list(remotegc._templates(hv, HostSpec("far", "qemu+ssh://far/system"), Tidier()))  # type: ignore[arg-type]
+    said = list(gc._templates(hv, HostSpec("far", "qemu+ssh://far/system"), Tidier()))  # type: ignore[arg-type]
     left = {v.split(".", 1)[0] for v in hv.files if v.startswith("vmsandbox-template-")}
     assert left == {"vmsandbox-template-good", "vmsandbox-template-oldused", "vmsandbox-template-theirs"}, said
     assert hv.destroyed.count("vmsandbox-template-mine") >= 1

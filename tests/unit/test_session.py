@@ -11,7 +11,7 @@ from vmsandbox.confine import rights
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.guest import files as guestfiles
 from vmsandbox.guest.commands import remote_command
-from vmsandbox.session import record as session
+from vmsandbox.session import record
 from vmsandbox.session.start import project
 
 from .conftest import saved_record
@@ -97,7 +97,7 @@ def test_a_home_above_or_around_the_project_is_refused_under_sudo_too(
 @pytest.mark.parametrize("bad", ["", "UPPER", "-lead", "a b", "x" * 40, "../etc", "x\n", "x\r", "a/b", ".capture-x"])
 def test_bad_names(bad: str) -> None:
     with pytest.raises(VmsandboxError, match="invalid session name"):
-        session.validate_name(bad)
+        record.validate_name(bad)
 
 
 def test_a_session_is_opened_by_its_name_only(tmp_path: Path) -> None:
@@ -110,26 +110,26 @@ def test_a_session_is_opened_by_its_name_only(tmp_path: Path) -> None:
     (outside / paths.SESSION_RECORD).write_text((paths.session_paths("real").record).read_text())
     for name in ("../../elsewhere/x", "../x", "x\n", "real/", "real\n"):
         with pytest.raises(VmsandboxError, match="invalid session name"):
-            session.Record.load(name)
+            record.Record.load(name)
     paths.session_paths("alias").root.symlink_to(paths.session_paths("real").root)
     with pytest.raises(VmsandboxError, match="no session named 'alias'"):
-        session.Record.load("alias")
+        record.Record.load("alias")
     paths.session_paths("other").root.mkdir()
     (paths.session_paths("other").record).write_text((paths.session_paths("real").record).read_text())
     with pytest.raises(VmsandboxError, match=r"names another session \('real'\)"):
-        session.Record.load("other")
-    assert session.names() == ["other", "real"]  # the symlink is no session; the damaged one is listed
-    assert session.Record.load("real").name == "real"
+        record.Record.load("other")
+    assert record.names() == ["other", "real"]  # the symlink is no session; the damaged one is listed
+    assert record.Record.load("real").name == "real"
 
 
 def test_default_name_is_valid() -> None:
-    name = session.default_name(Path("/home/u/My Project_2"))
-    assert session.validate_name(name) == name and name.startswith("my-project-2-")
+    name = record.default_name(Path("/home/u/My Project_2"))
+    assert record.validate_name(name) == name and name.startswith("my-project-2-")
 
 
 def test_record_roundtrip_and_owner() -> None:
     r = saved_record("s1", owner_pid=os.getpid(), owner_start=pids.process_start(os.getpid()))
-    loaded = session.Record.load("s1")
+    loaded = record.Record.load("s1")
     assert loaded == r and loaded.owner_alive()
     loaded.owner_start = "0"  # a reused pid is not the owner
     assert not loaded.owner_alive()
@@ -137,12 +137,12 @@ def test_record_roundtrip_and_owner() -> None:
 
 def test_missing_and_damaged_records() -> None:
     with pytest.raises(VmsandboxError, match="no session named"):
-        session.Record.load("ghost")
+        record.Record.load("ghost")
     files = paths.session_paths("broken")
     files.root.mkdir(parents=True)
     files.record.write_text("{not json")
     with pytest.raises(VmsandboxError, match="damaged"):
-        session.Record.load("broken")
+        record.Record.load("broken")
 
 
 def test_remote_command_quotes_argv() -> None:

@@ -14,8 +14,7 @@ from vmsandbox import paths, ui
 from vmsandbox.egress import control
 from vmsandbox.egress.control import Door
 from vmsandbox.errors import VmsandboxError
-from vmsandbox.session.place import choose as places
-from vmsandbox.session.place import console as boot
+from vmsandbox.session.place import choose, console
 from vmsandbox.session.place.interface import VM, Host
 from vmsandbox.session.record import Phase, Record, State, names
 from vmsandbox.vm.memory.usage import Usage
@@ -130,7 +129,7 @@ def listing(uri: str) -> tuple[list[Status], list[Damaged]]:
     how to bring libvirt back. Sessions whose record is damaged come second, each said in a warning."""
     silent: set[str] = set()  # the hosts that did not answer (said once)
 
-    def connected(asked: places.Hosts, record: Record) -> VM | None:
+    def connected(asked: choose.Hosts, record: Record) -> VM | None:
         there = asked.of(record)
         if there.spec.uri in silent:
             return None
@@ -145,7 +144,7 @@ def listing(uri: str) -> tuple[list[Status], list[Damaged]]:
 
     found: list[Status] = []
     damaged: list[Damaged] = []
-    with places.hosts(uri) as asked:
+    with choose.hosts(uri) as asked:
         for name in names():
             try:
                 record = Record.load(name)
@@ -161,7 +160,7 @@ def listing(uri: str) -> tuple[list[Status], list[Damaged]]:
 def memory_use(record: Record) -> dict[str, int] | None:
     """What the session's running VM takes of its machine's memory now, shared and private (None: it does not
     run, or its place cannot tell)."""
-    with places.vm_of(record) as vm:
+    with choose.vm_of(record) as vm:
         used = vm.memory_use()
     return None if used is None else used.as_dict()
 
@@ -182,7 +181,7 @@ def runs(vm: VM) -> bool:
 
 
 def is_running(record: Record) -> bool:
-    with places.vm_of(record) as vm:
+    with choose.vm_of(record) as vm:
         return runs(vm)
 
 
@@ -190,7 +189,7 @@ def stops_within(record: Record, *, seconds: float) -> bool:
     """Whether the VM stops (or is already gone) within `seconds`: tells a guest shutting itself down
     from a dropped connection."""
     deadline = time.monotonic() + seconds
-    with places.vm_of(record) as vm:
+    with choose.vm_of(record) as vm:
         while True:
             if gone(vm.info()):
                 return True
@@ -199,13 +198,13 @@ def stops_within(record: Record, *, seconds: float) -> bool:
             time.sleep(0.5)
 
 
-def console_tail(name: str, lines: int = boot.CONSOLE_TAIL_LINES) -> str:
-    return boot.tail_of(paths.session_paths(name).console_log, lines)
+def console_tail(name: str, lines: int = console.CONSOLE_TAIL_LINES) -> str:
+    return console.tail_of(paths.session_paths(name).console_log, lines)
 
 
 def refresh_console(record: Record, *, follow: bool) -> None:
     """The session's console log here brought up to date (with `follow`, kept so while the command runs)."""
-    with places.vm_of(record) as vm:
+    with choose.vm_of(record) as vm:
         vm.console(follow=follow)
 
 
@@ -213,7 +212,7 @@ def usable(record: Record) -> str | None:
     """Raise (with the fix) unless the session's VM can take a command. Why its egress daemon must be started
     again (create.open_egress), so that the guest has a network (control.needs_restart), or None."""
     try:
-        with places.vm_of(record) as vm:
+        with choose.vm_of(record) as vm:
             current = status(vm).state
             if current is State.RUNNING:
                 vm.reach(answering=True)

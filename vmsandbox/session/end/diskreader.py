@@ -25,8 +25,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from vmsandbox import paths, pids, ui
-from vmsandbox.confine import access
-from vmsandbox.confine import accounts as confine
+from vmsandbox.confine import access, accounts
 from vmsandbox.egress.rules.netpolicy import Mode
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.guest import commands
@@ -34,13 +33,12 @@ from vmsandbox.guest.files import GuestUser
 from vmsandbox.guest.ssh import Endpoint
 from vmsandbox.image import store
 from vmsandbox.session import settings as config
-from vmsandbox.session.place import choose as places
+from vmsandbox.session.place import choose
 from vmsandbox.session.place.interface import VM, Host, Tidy
 from vmsandbox.session.record import Phase, Record
 from vmsandbox.session.start import create
 from vmsandbox.session.state import runs
-from vmsandbox.vm import accel as accel_mod
-from vmsandbox.vm import qemuimg
+from vmsandbox.vm import accel, qemuimg
 from vmsandbox.vm.virt import Hypervisor
 
 log = logging.getLogger(__name__)
@@ -59,7 +57,7 @@ def source(record: Record, vm: VM | None = None) -> Iterator[tuple[Endpoint | No
         yield None, False
         return
     with contextlib.ExitStack() as held:
-        there = vm or held.enter_context(places.vm_of(record))
+        there = vm or held.enter_context(choose.vm_of(record))
         if runs(there):
             yield there.reach(), False
             return
@@ -82,7 +80,7 @@ def reading(record: Record, disk: Path, near: Host | None = None) -> Iterator[En
     try:
         with contextlib.ExitStack() as held:
             same = near is not None and near.spec.uri == reader.libvirt_uri
-            host = near if same and near else held.enter_context(places.host_of(reader))
+            host = near if same and near else held.enter_context(choose.host_of(reader))
             try:
                 _boot(host, reader, record, settings.boot_timeout)
                 yield reader.endpoint()
@@ -97,9 +95,9 @@ def _new(session: Record, disk: Path, settings: config.Settings) -> Record:
     template is the one most likely made already), no network at all."""
     name = f"{PREFIX}{session.name}-{secrets.token_hex(2)}"
     files = paths.reader_paths(name)
-    confine.state_dirs()
+    accounts.state_dirs()
     create.make_dir(files)
-    choice = accel_mod.choose(settings.accel)
+    choice = accel.choose(settings.accel)
     reader = Record(
         name=name,
         project=session.project,
@@ -128,7 +126,7 @@ def _new(session: Record, disk: Path, settings: config.Settings) -> Record:
     create.write_identity(files, name, "vmsandbox-reader", GuestUser(session.user, session.uid, session.gid), None)
     fw = files.fwcfg_dir
     (fw / "env").write_text("")
-    confine.give_to_qemu(fw)
+    accounts.give_to_qemu(fw)
     return reader
 
 
@@ -136,7 +134,7 @@ def _readable_by_qemu(disk: Path) -> str | None:
     """The raw disk, once QEMU's account may read it through an ACL entry: the reader's domain names it so that
     libvirt never relabels it (it would give it to QEMU's account for good). None where no ACL can be set: then
     libvirt relabels it, as it must for QEMU to read it at all."""
-    qemu = confine.qemu_uid()
+    qemu = accounts.qemu_uid()
     if qemu is None:
         return None
     if qemu != os.geteuid():  # (QEMU running as us reads it as it is)

@@ -17,8 +17,7 @@ from vmsandbox import paths
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.session import lock
 from vmsandbox.session.end import diskreader, lifecycle
-from vmsandbox.session.place import choose as places
-from vmsandbox.session.place import hostspec, pins
+from vmsandbox.session.place import choose, hostspec, pins
 from vmsandbox.session.place.hostspec import HostSpec
 from vmsandbox.session.place.interface import Tidy
 from vmsandbox.session.record import Phase, Record, State, names
@@ -49,7 +48,7 @@ def gc(uri: str, *, limit: int, hosts: tuple[HostSpec, ...] = (), dry: bool = Fa
     mine = paths.sessions_dir().resolve()
     tidy = Tidier(dry=dry)
     everywhere = hostspec.every(uri, hosts)  # this machine first
-    with places.hosts(uri, everywhere) as asked:  # each host connected once, at its first question
+    with choose.hosts(uri, everywhere) as asked:  # each host connected once, at its first question
         here = asked.at(everywhere[0])
         here.libvirt()  # fails early, before anything is done, if this machine's libvirt is down
         for name in names():
@@ -62,7 +61,7 @@ def gc(uri: str, *, limit: int, hosts: tuple[HostSpec, ...] = (), dry: bool = Fa
     yield from _stale_captures(mine, tidy)
 
 
-def _session(name: str, asked: places.Hosts, uri: str, limit: int, tidy: Tidy) -> Iterator[str]:
+def _session(name: str, asked: choose.Hosts, uri: str, limit: int, tidy: Tidy) -> Iterator[str]:
     """gc of one session: removed if its VM is gone or its `run` died, unless it holds work."""
     files = paths.session_paths(name)
     try:

@@ -9,13 +9,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from vmsandbox import paths, proc, trust
-from vmsandbox.confine import access
-from vmsandbox.confine import accounts as confine
+from vmsandbox.confine import access, accounts
 from vmsandbox.errors import VmsandboxError
-from vmsandbox.image import build, recipe
-from vmsandbox.image import store as image
+from vmsandbox.image import build, recipe, store
 from vmsandbox.session import settings as config
-from vmsandbox.session.place import choose as places
+from vmsandbox.session.place import choose
 from vmsandbox.session.settings import Settings
 from vmsandbox.vm import accel, hostsetup
 from vmsandbox.vm.memory import foreign
@@ -53,7 +51,7 @@ def _tool(tool: str, why: str, *, blocking: bool = True) -> Check:
 
 def _libvirt(uri: str) -> Check:
     try:
-        with places.host(places.spec_for(None, uri)) as host:
+        with choose.host(choose.spec_for(None, uri)) as host:
             return Check("libvirt", True, f"libvirt {host.libvirt().version()} at {uri}")
     except VmsandboxError as exc:
         return Check("libvirt", False, exc.message, exc.hint)
@@ -63,7 +61,7 @@ def _memory(uri: str) -> Check:
     """Whether warm starts map their template's memory (shared) or load a copy each, and why."""
     name = "shared memory"
     try:
-        with places.host(places.spec_for(None, uri)) as host:
+        with choose.host(choose.spec_for(None, uri)) as host:
             why = host.facts.memory_problem(host.libvirt().node())
     except VmsandboxError as exc:
         return Check(name, False, f"not checked: {exc.message}", exc.hint, blocking=False)
@@ -127,12 +125,12 @@ def _disk(path: Path, label: str, need: int) -> Check:
 def _account() -> Check:
     if os.geteuid() != 0:
         return Check("guest-data account", True, "not needed: vmsandbox runs unprivileged")
-    if confine.account() is not None:
-        return Check("guest-data account", True, f"{confine.ACCOUNT} (reads what comes out of guests)")
+    if accounts.account() is not None:
+        return Check("guest-data account", True, f"{accounts.ACCOUNT} (reads what comes out of guests)")
     return Check(
         "guest-data account",
         False,
-        f"{confine.ACCOUNT} is missing: nothing may read a guest's files without it",
+        f"{accounts.ACCOUNT} is missing: nothing may read a guest's files without it",
         "`sudo vmsandbox host setup`",
     )
 
@@ -178,7 +176,7 @@ def _store() -> Check:
 
 
 def _image() -> Check:
-    images = image.list_images()
+    images = store.list_images()
     if not images:
         return Check("base image", False, f"none built in {paths.images_dir()}", "`sudo vmsandbox image build`")
     try:
@@ -221,7 +219,7 @@ def config_check(project: Path | None) -> tuple[Check, Settings]:
 
 
 def run_checks(settings: Settings) -> list[Check]:
-    have_image = bool(image.list_images())
+    have_image = bool(store.list_images())
     checks: list[Callable[[], Check]] = [
         lambda: _tool("qemu-system-x86_64", "runs the VMs"),
         lambda: _tool("qemu-img", "makes the per-session overlays"),

@@ -13,8 +13,7 @@ from vmsandbox import ui
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.image import store
 from vmsandbox.session.host import guard
-from vmsandbox.session.place import choose as places
-from vmsandbox.session.place import hostspec
+from vmsandbox.session.place import choose, hostspec
 from vmsandbox.session.place import room as admission
 from vmsandbox.session.place.hostspec import HostSpec
 from vmsandbox.session.record import DOMAIN_PREFIX
@@ -43,7 +42,7 @@ class Status:
     def accel(self) -> str:
         if self.node is None:
             return "-"
-        with places.host(self.spec) as host:  # its node says it: nothing is asked of the host again
+        with choose.host(self.spec) as host:  # its node says it: nothing is asked of the host again
             return host.facts.accelerator(self.node)
 
     def as_dict(self, memory_mib: int = 0) -> dict[str, Any]:
@@ -52,7 +51,7 @@ class Status:
         facts = ("hostname", "libvirt", "qemu", "cpus", "memory_mib", "available_mib", "reserved_mib")
         kvm_problem = None
         if n is not None:
-            with places.host(self.spec) as host:
+            with choose.host(self.spec) as host:
                 kvm_problem = host.facts.kvm_problem(n)
         return {
             "name": self.spec.name,
@@ -87,7 +86,7 @@ class Status:
 def _ask(spec: HostSpec) -> Status:
     """Ask one host's libvirt what it is and what it holds (connecting to it)."""
     try:
-        with places.host(spec) as host:
+        with choose.host(spec) as host:
             hv = host.libvirt()
             node = hv.node()
             running = [d.name for d in hv.domains(DOMAIN_PREFIX) if not d.stopped]
@@ -189,7 +188,7 @@ def named(settings: Settings, name: str) -> HostSpec:
 
 def check_holds_images(spec: HostSpec) -> None:
     """Raise (with the fix) unless images are sent to the host (this machine uses them where they are)."""
-    if not places.abilities(spec.uri).holds_images:
+    if not choose.abilities(spec.uri).holds_images:
         raise VmsandboxError(
             f"host {spec.name} is this machine: its images are used where they are", hint="name another host"
         )
@@ -198,7 +197,7 @@ def check_holds_images(spec: HostSpec) -> None:
 def hold_image(spec: HostSpec, image: store.Image) -> str:
     """`image` sent to the host unless it holds it whole already: what was done, in words."""
     check_holds_images(spec)
-    with places.host(spec) as host:
+    with choose.host(spec) as host:
         sent = host.images.hold(image)
     return f"{'sent' if sent else 'already there'} (its pool at {spec.pool_path})"
 
@@ -214,7 +213,7 @@ def room(s: Status, memory_mib: int) -> str | None:
     if s.node is None:
         return s.problem or "no answer"
     try:
-        places.check(s.spec)
+        choose.check(s.spec)
     except VmsandboxError:
         return "not an ssh URI (sessions reach another host over ssh)"
     if s.spec.max_sessions is not None and s.sessions >= s.spec.max_sessions:

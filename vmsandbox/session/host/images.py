@@ -5,9 +5,7 @@ from __future__ import annotations
 from vmsandbox import ui
 from vmsandbox.image import layers, store
 from vmsandbox.session import settings as config
-from vmsandbox.session.place import choose as places
-from vmsandbox.session.place import pins
-from vmsandbox.session.place import templates as templatekey
+from vmsandbox.session.place import choose, pins, templates
 from vmsandbox.session.record import readable
 
 
@@ -32,10 +30,10 @@ def default_template(image: store.Image) -> str:
     """The warm-start template of `image` on this machine for the VM shape the configuration gives (built unless
     it exists): where it is."""
     settings = config.load()
-    with places.host(places.spec_for(None, settings.libvirt_uri)) as host:
+    with choose.host(choose.spec_for(None, settings.libvirt_uri)) as host:
         host.libvirt()  # as a session's start: fails first if libvirt is down
         choice = host.admit(settings.accel, settings.memory_mib)
-        shape = templatekey.Shape(choice.accel.value, settings.cpus, settings.memory_mib, settings.disk_mib)
+        shape = templates.Shape(choice.accel.value, settings.cpus, settings.memory_mib, settings.disk_mib)
         found = host.images.template(image, shape, settings.boot_timeout)
     ui.info(f"Warm-start template for {shape.slug}: {found}")
     return found

@@ -27,14 +27,14 @@ from vmsandbox.guest import commands
 from vmsandbox.session import lock
 from vmsandbox.session.end import lifecycle
 from vmsandbox.session.moments import suspend
-from vmsandbox.session.place import choose as places
+from vmsandbox.session.place import choose
 from vmsandbox.session.place.checkpoints import MOST, Checkpoint, find, listed
 from vmsandbox.session.place.interface import VM
 from vmsandbox.session.record import Record, State
 from vmsandbox.session.state import status, where
 from vmsandbox.sync.fetch import delta, journal
 from vmsandbox.sync.land import outbox
-from vmsandbox.sync.review import gather as changes
+from vmsandbox.sync.review import gather
 
 LABEL_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,39}\Z")
 SYNC_TIMEOUT = 120
@@ -53,7 +53,7 @@ def take(name: str, label: str | None = None) -> Checkpoint:
     """Checkpoint a running session (it pauses for a save and a restore)."""
     label = _check_label(label or time.strftime("cp-%Y%m%d-%H%M%S"))
     record = Record.load(name)
-    with lock.held(record.files, name, "taking a checkpoint"), places.host_of(record) as host:
+    with lock.held(record.files, name, "taking a checkpoint"), choose.host_of(record) as host:
         record = Record.load(name)
         vm = host.vm(record)
         must_run(vm, "checkpointed")
@@ -154,7 +154,7 @@ def _resume(vm: VM, cp: Checkpoint, title: str) -> None:
 
 def sizes(record: Record, found: list[Checkpoint]) -> dict[str, int]:
     """Each checkpoint's bytes where its session's place keeps it (raises when that place does not say)."""
-    with places.vm_of(record) as vm:
+    with choose.vm_of(record) as vm:
         return vm.snapshots.sizes(found)
 
 
@@ -170,14 +170,14 @@ def rollback(name: str, label: str, *, limit: int) -> Rolled:
     exported to rolled-back/ first."""
     record = Record.load(name)
     files = record.files
-    with lock.held(files, name, "rolling back"), places.host_of(record) as host:
+    with lock.held(files, name, "rolling back"), choose.host_of(record) as host:
         record = Record.load(name)
         vm = host.vm(record)
         cp = find(files, name, label)
         if not record.keep or status(vm).state not in (State.RUNNING, State.STOPPED, State.EXITED):
             must_run(vm, "rolled back")
         g = lifecycle.gather(record, limit=limit, vm=vm)
-        left = changes.pending(g)
+        left = gather.pending(g)
         box = None
         if left:
             with ui.step(f"Keeping {len(left)} unsynced change(s) before the rollback"):
@@ -199,7 +199,7 @@ def rollback(name: str, label: str, *, limit: int) -> Rolled:
 
 def remove(name: str, label: str) -> Checkpoint:
     record = Record.load(name)
-    with lock.held(record.files, name, "removing a checkpoint"), places.host_of(record) as host:
+    with lock.held(record.files, name, "removing a checkpoint"), choose.host_of(record) as host:
         record = Record.load(name)
         vm = host.vm(record)
         cp = find(record.files, name, label)

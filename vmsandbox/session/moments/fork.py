@@ -24,8 +24,7 @@ import threading
 import time
 
 from vmsandbox import paths, proc, ui
-from vmsandbox.confine import access
-from vmsandbox.confine import accounts as confine
+from vmsandbox.confine import access, accounts
 from vmsandbox.egress import control, policy
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.guest import commands, identity, ssh
@@ -33,8 +32,7 @@ from vmsandbox.guest.ssh import Endpoint
 from vmsandbox.session import lock
 from vmsandbox.session.end import lifecycle
 from vmsandbox.session.moments import checkpoint
-from vmsandbox.session.place import checkpoints, pins
-from vmsandbox.session.place import choose as places
+from vmsandbox.session.place import checkpoints, choose, pins
 from vmsandbox.session.place.checkpoints import Checkpoint
 from vmsandbox.session.place.interface import VM
 from vmsandbox.session.record import Phase, Record, validate_name
@@ -96,7 +94,7 @@ def fork(name: str, new: str, *, label: str | None = None) -> Record:
     source = Record.load(name)
     if source.disk is not None:
         raise VmsandboxError(f"session {name} builds an image: it cannot be forked")
-    with lock.held(source.files, name, f"forking {new}"), places.host_of(source) as host:
+    with lock.held(source.files, name, f"forking {new}"), choose.host_of(source) as host:
         source = Record.load(name)
         vm = host.vm(source)
         if label is not None:
@@ -128,7 +126,7 @@ def fork(name: str, new: str, *, label: str | None = None) -> Record:
 
 def _wake(source: Record, cp: Checkpoint, failed: list[BaseException]) -> None:
     # its own connection: meanwhile the operation makes the fork on its connection, in the thread that waits here
-    with ui.quiet(source.name), places.vm_of(source) as vm:
+    with ui.quiet(source.name), choose.vm_of(source) as vm:
         try:
             checkpoint.wake(vm, cp)
         except Exception as exc:  # noqa: BLE001 - reported by the thread that waits for this one
@@ -140,12 +138,12 @@ def _make(vm: VM, cp: Checkpoint, new: str, *, at: str | None) -> Record:
     this fork)."""
     source, files = vm.record, paths.session_paths(new)
     there = where(vm.host)
-    confine.state_dirs()
+    accounts.state_dirs()
     try:
         files.root.mkdir(mode=0o700)
     except FileExistsError:
         raise VmsandboxError(f"a session named {new} already exists", hint="pick another name") from None
-    confine.private_dir(files.root)
+    accounts.private_dir(files.root)
     if os.geteuid() != 0:
         access.inherit_for_me(files.root)
     record = dataclasses.replace(
@@ -228,7 +226,7 @@ def _identity(source: Record, record: Record) -> None:
     for old, new in swapped.items():
         env = env.replace(old, new)
     (fw / "env").write_text(env)
-    confine.give_to_qemu(fw)
+    accounts.give_to_qemu(fw)
 
 
 def _hand_over_on_port(fork: VM) -> identity.Handed | None:

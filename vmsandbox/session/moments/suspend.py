@@ -19,7 +19,7 @@ from vmsandbox.egress import control
 from vmsandbox.errors import SaveInFlightError, VmsandboxError
 from vmsandbox.guest import commands, ssh
 from vmsandbox.session import lock
-from vmsandbox.session.place import choose as places
+from vmsandbox.session.place import choose
 from vmsandbox.session.place.interface import VM, SavedVM
 from vmsandbox.session.record import Record, State
 from vmsandbox.session.start import create
@@ -42,7 +42,7 @@ def stop(
     a teardown (lock.held); `save_deadline`: a save not ended by then is aborted, and it runs on."""
     record = Record.load(name)
     files = record.files
-    with lock.held(files, name, "stopping", never_wait=never_wait), places.host_of(record) as host:
+    with lock.held(files, name, "stopping", never_wait=never_wait), choose.host_of(record) as host:
         record = Record.load(name)
         vm = host.vm(record)
         current = status(vm).state
@@ -89,7 +89,7 @@ def _settle(name: str, why: str, outcome: Callable[[], bool]) -> None:
     try:
         with (
             lock.held(paths.session_paths(name), name, "settling its save", wait=True),
-            places.vm_of(Record.load(name)) as vm,
+            choose.vm_of(Record.load(name)) as vm,
         ):
             record = vm.record  # (as it is now, read under the lock)
             if saved and gone(vm.info()):
@@ -105,7 +105,7 @@ def _settle(name: str, why: str, outcome: Callable[[], bool]) -> None:
 
 def where_saved(record: Record) -> str:
     """What `stop` kept, and where, in words."""
-    with places.vm_of(record) as vm:
+    with choose.vm_of(record) as vm:
         size, there = vm.saved.size(), where(vm.host)
     return f"{size / 1024**2:.0f} MiB of memory saved{there}" if size else f"its memory saved{there}"
 
@@ -113,7 +113,7 @@ def where_saved(record: Record) -> str:
 def start(name: str) -> Record:
     record = Record.load(name)
     files = record.files
-    with lock.held(files, name, "starting"), places.host_of(record) as host:
+    with lock.held(files, name, "starting"), choose.host_of(record) as host:
         record = Record.load(name)
         vm = host.vm(record)
         if status(vm).state is not State.STOPPED:
