@@ -18,14 +18,14 @@ import pytest
 from vmsandbox.egress.rules.netpolicy import Mode
 from vmsandbox.errors import SaveInFlightError
 from vmsandbox.image.store import Image
-from vmsandbox.session import state
+from vmsandbox.session import lock, state
 from vmsandbox.session.end import lifecycle
-from vmsandbox.session.moments import checkpoint, suspend
+from vmsandbox.session.moments import checkpoint, fork, suspend
 from vmsandbox.session.options import Options
 from vmsandbox.session.place import choose, hostspec
 from vmsandbox.session.place.checkpoints import Checkpoint
 from vmsandbox.session.place.hostspec import HostSpec
-from vmsandbox.session.place.interface import VM, Facts, Forks, Host, Images, Saved, SavedVM, Snapshots
+from vmsandbox.session.place.interface import VM, Facts, Forks, Host, Images, Saved, SavedVM, Sharing, Snapshots
 from vmsandbox.session.place.local.place import (
     LocalFacts,
     LocalForks,
@@ -242,6 +242,22 @@ def test_the_chooser_reads_the_place_from_the_record_alone() -> None:
     assert [h.name for h in hostspec.every("qemu:///system", ())] == ["local"]
 
 
+def test_a_place_answers_with_data_and_its_caller_says_it(tmp_path: Path) -> None:
+    """No words for people in a place: what a stopped session's save takes, where a VM runs and what its forks
+    share are data, said by the policy that shows them."""
+    here = Record("a", "/p", "v", "tcg", "", 1, 512, 1024, 0, "u", 1000, 1000, "qemu:///system")
+    there = Record("b", "/p", "v", "tcg", "", 1, 512, 1024, 0, "u", 1000, 1000, THERE, host="far")
+    here.files.root.mkdir(parents=True)
+    here.files.saved_memory.write_bytes(b"\0" * 3 * 1024**2)
+    assert suspend.where_saved(here) == "3 MiB of memory saved"
+    with choose.vm_of(there) as vm:
+        assert state.where(vm.host) == " on host far"
+        with vm.forks.share(Checkpoint("c1", 1.0, ["o.qcow2"], tmp_path / "c1")) as how:
+            assert how.mapped is None and how.unshared
+    assert fork._shared(how) == f"each restores a copy ({how.unshared})"
+    assert fork._shared(Sharing(5 * 1024**2)) == "5 MiB mapped copy-on-write, one copy for all"
+
+
 def test_a_checkpoint_carries_no_place(tmp_path: Path) -> None:
     cp = Checkpoint("c1", 1.0, ["o.qcow2"], tmp_path / "c1")
     assert cp.overlay == "o.qcow2" and cp.memory == tmp_path / "c1" / "memory.save"
@@ -306,6 +322,8 @@ def test_a_save_that_outlives_its_abort_is_settled_when_it_ends(
     steps.ends.set()
     if saves:
         _until(lambda: Record.load("s3").saved)
+        with lock.held(record.files, "s3", "waiting for the settle to let go", wait=True):  # (it saves, then lets go)
+            pass
         assert Record.load("s3").stop_note == "stopped by the memory guard"
         suspend.start("s3")
         assert not Record.load("s3").saved and one_libvirt.info(record.domain)

@@ -34,7 +34,7 @@ from vmsandbox.session.end import lifecycle
 from vmsandbox.session.moments import checkpoint
 from vmsandbox.session.place import checkpoints, choose, pins
 from vmsandbox.session.place.checkpoints import Checkpoint
-from vmsandbox.session.place.interface import VM
+from vmsandbox.session.place.interface import VM, Sharing
 from vmsandbox.session.record import Phase, Record, validate_name
 from vmsandbox.session.start import create
 from vmsandbox.session.state import down, where
@@ -100,7 +100,7 @@ def fork(name: str, new: str, *, label: str | None = None) -> Record:
         if label is not None:
             cp = checkpoints.find(source.files, name, label)
             with vm.forks.share(cp) as how:
-                ui.info(f"  memory: {ui.printable(how)}")  # (it may quote a save image's names)
+                ui.info(f"  memory: {ui.printable(_shared(how))}")  # (it may quote a save image's names)
                 return _make(vm, cp, new, at=label)
         checkpoint.must_run(vm, "forked")
         checkpoint.check_room(vm)  # the checkpoint taken for the fork may leave an overlay
@@ -110,7 +110,7 @@ def fork(name: str, new: str, *, label: str | None = None) -> Record:
             # the source and the fork map one copy of the memory saved (where the place can): the source resumes
             # while the fork is made (two guests come back at once: under TCG, on two CPUs)
             with vm.forks.share(cp) as how:
-                ui.info(f"  memory: {ui.printable(how)}")  # (it may quote a save image's names)
+                ui.info(f"  memory: {ui.printable(_shared(how))}")  # (it may quote a save image's names)
                 waking = threading.Thread(target=_wake, args=(source, cp, failed))
                 waking.start()
                 try:
@@ -122,6 +122,13 @@ def fork(name: str, new: str, *, label: str | None = None) -> Record:
             host.vm(Record.load(name)).snapshots.drop(cp.label, live=True)
             for exc in failed:
                 ui.warn(f"session {name} did not resume after the fork: {exc}")
+
+
+def _shared(how: Sharing) -> str:
+    """What the forks and their source share of a checkpoint's memory, in words."""
+    if how.mapped is not None:
+        return f"{how.mapped / 1024**2:.0f} MiB mapped copy-on-write, one copy for all"
+    return f"each restores a copy ({how.unshared})"
 
 
 def _wake(source: Record, cp: Checkpoint, failed: list[BaseException]) -> None:

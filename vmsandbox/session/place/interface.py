@@ -59,6 +59,15 @@ class SavedVM:
 
 
 @dataclass(frozen=True)
+class Sharing:
+    """What the VMs restored from one checkpoint share of its memory: `mapped` bytes of it, mapped copy-on-write,
+    one copy for all; or None, and each loads a copy, for the reason `unshared` gives."""
+
+    mapped: int | None
+    unshared: str | None = None
+
+
+@dataclass(frozen=True)
 class Abilities:
     """What a kind of place can do. Policy reads these instead of asking where a VM lives."""
 
@@ -290,10 +299,10 @@ class Forks(abc.ABC):
         """The SSH port a fork's record starts with (0: it gets one of its own when it is reached)."""
 
     @abc.abstractmethod
-    def share(self, cp: Checkpoint) -> AbstractContextManager[str]:
+    def share(self, cp: Checkpoint) -> AbstractContextManager[Sharing]:
         """While the context lasts, the VMs restored from checkpoint `cp` (its session resuming, the forks made from
         it) map one copy of its memory and share the pages none of them writes, where the place can; each loads a
-        copy where it cannot. What was done (or why it could not be), in words."""
+        copy where it cannot. What was done, or why it could not be."""
 
     @abc.abstractmethod
     def copy_disks(self, cp: Checkpoint, fork: Record) -> Path | None:

@@ -26,6 +26,7 @@ from vmsandbox.session.place.interface import (
     Launched,
     Saved,
     SavedVM,
+    Sharing,
     Snapshots,
     Tidy,
 )
@@ -209,7 +210,7 @@ class LocalForks(Forks):
     def ssh_port(self) -> int:
         return self.vm.record.ssh_port
 
-    def share(self, cp: Checkpoint) -> AbstractContextManager[str]:
+    def share(self, cp: Checkpoint) -> AbstractContextManager[Sharing]:
         what = f"the memory of {self.vm.record.name} at its checkpoint {cp.label} (sealed, in memory)"
         return sharing.of_checkpoint(cp.memory, what, self.vm.host.libvirt(), self.vm.record.accel)
 

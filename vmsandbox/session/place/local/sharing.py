@@ -31,7 +31,7 @@ from pathlib import Path
 from vmsandbox import paths, proc, ui
 from vmsandbox.confine import access
 from vmsandbox.errors import VmsandboxError
-from vmsandbox.session.place.interface import Tidy
+from vmsandbox.session.place.interface import Sharing, Tidy
 from vmsandbox.session.place.local import template
 from vmsandbox.vm import node
 from vmsandbox.vm.memory import foreign, holders, sealed, split, usage
@@ -204,13 +204,13 @@ _LOCK = threading.Lock()
 
 
 @contextlib.contextmanager
-def of_checkpoint(save: Path, what: str, hv: Hypervisor, accel: str) -> Iterator[str]:
+def of_checkpoint(save: Path, what: str, hv: Hypervisor, accel: str) -> Iterator[Sharing]:
     """While it lasts, restores from save image `save` (a fork's checkpoint: `what`, in words) in this process map
     one sealed copy of its RAM (split_of finds it): the source resuming and its forks share the pages none of them
-    writes. Yields what was done, in words; where it cannot be done, why (each restores a copy then)."""
+    writes. Yields what was done; where it cannot be done, why (each restores a copy then)."""
     state = save.with_name(STATE)
     if os.environ.get(FORK_SWITCH, "").strip().lower() not in ("1", "on", "yes", "true"):
-        yield f"each restores a copy (a session's own memory is shared only with {FORK_SWITCH}=1)"
+        yield Sharing(None, f"a session's own memory is shared only with {FORK_SWITCH}=1")
         return
     try:
         who = owner(hv, accel)
@@ -219,12 +219,12 @@ def of_checkpoint(save: Path, what: str, hv: Hypervisor, accel: str) -> Iterator
             made, held, child = _seal_split(save, state, who)
     except (VmsandboxError, OSError) as exc:
         state.unlink(missing_ok=True)
-        yield f"each restores a copy ({exc.message if isinstance(exc, VmsandboxError) else exc})"
+        yield Sharing(None, exc.message if isinstance(exc, VmsandboxError) else str(exc))
         return
     with _LOCK:
         _HELD[save] = Shared(held, state, what)
     try:
-        yield f"{made.pages * split.PAGE / 1024**2:.0f} MiB mapped copy-on-write, one copy for all"
+        yield Sharing(made.pages * split.PAGE)
     finally:
         with _LOCK:
             _HELD.pop(save, None)

@@ -28,6 +28,7 @@ from vmsandbox.session.place.interface import (
     Launched,
     Saved,
     SavedVM,
+    Sharing,
     Snapshots,
     Tidy,
 )
@@ -196,8 +197,8 @@ class RemoteForks(Forks):
     def ssh_port(self) -> int:
         return 0  # a tunnel of its own, opened when its VM runs
 
-    def share(self, cp: Checkpoint) -> AbstractContextManager[str]:
-        return contextlib.nullcontext(f"each restores a copy of the memory ({start.UNSHARED})")
+    def share(self, cp: Checkpoint) -> AbstractContextManager[Sharing]:
+        return contextlib.nullcontext(Sharing(None, start.UNSHARED))
 
     def copy_disks(self, cp: Checkpoint, fork_record: Record) -> Path | None:
         fork.copy_disks(self.vm.record, cp, fork_record, self.vm.host.libvirt())
