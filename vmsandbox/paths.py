@@ -23,7 +23,7 @@ from pathlib import Path
 
 import platformdirs
 
-from vmsandbox.confine import sudo
+from vmsandbox import sudo
 from vmsandbox.errors import UsageError, VmsandboxError
 
 APP = "vmsandbox"

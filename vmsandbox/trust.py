@@ -24,8 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from vmsandbox import paths
-from vmsandbox.confine import beneath, rights, sudo
+from vmsandbox import paths, sudo
+from vmsandbox.confine import beneath, rights
 from vmsandbox.errors import VmsandboxError
 
 TRUST_FILE = "trusted.json"

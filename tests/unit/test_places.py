@@ -1,6 +1,6 @@
 """A session on this machine and one on another host take the same path through the policy modules: the same
-steps of the place interfaces (Host, VM, Snapshots) in the same order, chosen by session.place.choose from the
-record alone. The policy runs for real (locks, records, checkpoints' files, states asked of libvirt's in-process
+steps of the place interfaces (Host, VM and what they reach) in the same order, chosen by session.place.choose from
+the record alone. The policy runs for real (locks, records, checkpoints' files, states asked of libvirt's in-process
 test:/// driver, where both places' domains live); the places record the steps they are asked for and do the
 least that keeps libvirt's answers true."""
 
@@ -18,16 +18,32 @@ import pytest
 from vmsandbox.egress.rules.netpolicy import Mode
 from vmsandbox.errors import SaveInFlightError
 from vmsandbox.image.store import Image
-from vmsandbox.session import state
+from vmsandbox.session import lock, state
 from vmsandbox.session.end import lifecycle
-from vmsandbox.session.moments import checkpoint, suspend
+from vmsandbox.session.moments import checkpoint, fork, suspend
 from vmsandbox.session.options import Options
 from vmsandbox.session.place import choose, hostspec
 from vmsandbox.session.place.checkpoints import Checkpoint
 from vmsandbox.session.place.hostspec import HostSpec
-from vmsandbox.session.place.interface import VM, Host, SavedVM, Snapshots
-from vmsandbox.session.place.local.place import LocalHost, LocalSnapshots, LocalVM
-from vmsandbox.session.place.remote.place import RemoteHost, RemoteSnapshots, RemoteVM
+from vmsandbox.session.place.interface import VM, Facts, Forks, Host, Images, Saved, SavedVM, Sharing, Snapshots
+from vmsandbox.session.place.local.place import (
+    LocalFacts,
+    LocalForks,
+    LocalHost,
+    LocalImages,
+    LocalSaved,
+    LocalSnapshots,
+    LocalVM,
+)
+from vmsandbox.session.place.remote.place import (
+    RemoteFacts,
+    RemoteForks,
+    RemoteHost,
+    RemoteImages,
+    RemoteSaved,
+    RemoteSnapshots,
+    RemoteVM,
+)
 from vmsandbox.session.record import Record, State
 from vmsandbox.session.settings import Settings
 from vmsandbox.session.start import create
@@ -46,12 +62,21 @@ def _running(hv: Hypervisor, name: str) -> None:
     hv.create(ET.tostring(root, encoding="unicode"))
 
 
-def _bound(bound: Host | VM | Snapshots, args: tuple[Any, ...]) -> tuple[Record | None, Hypervisor]:
+Bound = Host | Images | Facts | VM | Saved | Snapshots | Forks
+OF_HOST = (Images, Facts)  # reached from a Host
+OF_VM = (Saved, Snapshots, Forks)  # reached from a VM
+HERE_KINDS = (LocalHost, LocalImages, LocalFacts, LocalVM, LocalSaved, LocalSnapshots, LocalForks)
+THERE_KINDS = (RemoteHost, RemoteImages, RemoteFacts, RemoteVM, RemoteSaved, RemoteSnapshots, RemoteForks)
+
+
+def _bound(bound: Bound, args: tuple[Any, ...]) -> tuple[Record | None, Hypervisor]:
     """The record a step is about (bound to it, or given to a Host) and the connection it runs on."""
-    if isinstance(bound, Snapshots):
+    if isinstance(bound, OF_VM):
         return bound.vm.record, bound.vm.host.libvirt()
     if isinstance(bound, VM):
         return bound.record, bound.host.libvirt()
+    if isinstance(bound, OF_HOST):
+        return None, bound.host.libvirt()
     return next((a for a in args if isinstance(a, Record)), None), bound.libvirt()
 
 
@@ -62,61 +87,73 @@ class Steps:
         self.asked: list[str] = []
         self.saved: set[str] = set()
 
-    def __call__(self, name: str, bound: Host | VM | Snapshots, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    def __call__(self, name: str, bound: Bound, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         self.asked.append(name)
         record, hv = _bound(bound, args)
-        if name == "forget":
+        if name == "Host.forget":
             hv.destroy(args[1])  # the VM goes with what its place kept of it
         if record is not None:
             self._emulate(name, record, hv, args, kwargs)
         answers = {
-            "admit": accel.choose(accel.Accel.TCG),
-            "holds_save": record is not None and record.name in self.saved,
-            "stopped": SavedVM(),
-            "memory_of": SavedVM(),
-            "sizes": {},
+            "Host.admit": accel.choose(accel.Accel.TCG),
+            "Saved.held": record is not None and record.name in self.saved,
+            "Saved.memory": SavedVM(),
+            "Snapshots.memory_of": SavedVM(),
+            "Snapshots.sizes": {},
         }
-        if name == "boot" and isinstance(bound, Host) and record is not None:
+        if name == "Host.boot" and isinstance(bound, Host) and record is not None:
             return bound.vm(record)
         return answers.get(name)
 
     def _emulate(self, name: str, record: Record, hv: Hypervisor, args: tuple[Any, ...], kw: dict[str, Any]) -> None:
-        if name in ("boot", "restore"):
+        if name in ("Host.boot", "Saved.restore"):
             _running(hv, record.domain)
-        if name == "boot":
+        if name == "Host.boot":
             kw["launched"]()
-        if name in ("save", "freeze"):
+        if name in ("Saved.take", "Snapshots.freeze"):
             hv.destroy(record.domain)  # the VM is down once it is saved
             self.saved.add(record.name)
-        if name == "freeze":
+        if name == "Snapshots.freeze":
             args[-1]()  # publish: the checkpoint's record is whole
 
 
-def _steps(interface: type[Any], steps: Steps, binding: str) -> dict[str, Any]:
-    """Every step of `interface` recorded (and emulated) instead of carried out; `binding` (what makes the next
-    interface) is left to the class."""
+NOT_STEPS = ("vm", "libvirt", "close", "info")
+
+
+def _steps(interface: type[Any], steps: Steps, reached: dict[str, type[Any]]) -> dict[str, Any]:
+    """Every step of `interface` recorded (and emulated) instead of carried out, but for what it reaches (the
+    interfaces its properties give, by name: recording too), the binding of a VM (left to the class), and the
+    connection and what libvirt says of a VM (the test driver's own)."""
 
     def step(name: str) -> Callable[..., Any]:
         def method(self: Any, *args: Any, **kwargs: Any) -> Any:
-            return steps(name, self, args, kwargs)
+            return steps(f"{interface.__name__}.{name}", self, args, kwargs)
 
         return method
 
-    return {name: step(name) for name in sorted(interface.__abstractmethods__) if name != binding}
+    made = {name: step(name) for name in sorted(interface.__abstractmethods__) if name not in (*reached, *NOT_STEPS)}
+    return made | {name: property(kind) for name, kind in reached.items()}
 
 
-def _recording(kinds: tuple[type[Host], type[VM], type[Snapshots]], steps: Steps) -> type[Host]:
-    """A place's Host (and the VMs and Snapshots it binds) with every step recorded instead of carried out."""
-    host_kind, vm_kind, snapshots_kind = kinds
-    recorded_snapshots = type(f"Recording{snapshots_kind.__name__}", (snapshots_kind,), _steps(Snapshots, steps, ""))
-    vm_steps = _steps(VM, steps, "snapshots") | {"snapshots": property(recorded_snapshots)}
-    recorded_vm = type(f"Recording{vm_kind.__name__}", (vm_kind,), vm_steps)
+def _recorded(kinds: tuple[type[Any], ...], interface: type[Any], steps: Steps, **reached: type[Any]) -> type[Any]:
+    """The place's implementation of `interface` (one of `kinds`), recording its steps."""
+    kind = next(k for k in kinds if issubclass(k, interface))
+    return type(f"Recording{kind.__name__}", (kind,), _steps(interface, steps, reached))
+
+
+def _recording(kinds: tuple[type[Any], ...], steps: Steps) -> type[Host]:
+    """A place's Host (and the VMs and what they reach, that it binds) with every step recorded instead of
+    carried out; `kinds`: the place's implementations of the interfaces."""
+    of_vm = {i.__name__.lower(): _recorded(kinds, i, steps) for i in OF_VM}
+    recorded_vm = _recorded(kinds, VM, steps, **of_vm)
 
     def vm(self: Host, record: Record) -> VM:
         return recorded_vm(self, record)  # type: ignore[no-any-return]
 
-    host_steps = _steps(Host, steps, "vm") | {"vm": vm}
-    return type(f"Recording{host_kind.__name__}", (host_kind,), host_steps)
+    of_host = {i.__name__.lower(): _recorded(kinds, i, steps) for i in OF_HOST}
+    recorded_host = _recorded(kinds, Host, steps, **of_host)
+    recorded_host.vm = vm
+    return recorded_host
 
 
 @pytest.fixture
@@ -163,8 +200,8 @@ def test_a_session_here_and_one_there_take_the_same_steps(
     monkeypatch: pytest.MonkeyPatch, one_libvirt: Hypervisor, quiet_guest: None, tmp_path: Path
 ) -> None:
     here, there = Steps(), Steps()
-    monkeypatch.setattr(choose, "LocalHost", _recording((LocalHost, LocalVM, LocalSnapshots), here))
-    monkeypatch.setattr(choose, "RemoteHost", _recording((RemoteHost, RemoteVM, RemoteSnapshots), there))
+    monkeypatch.setattr(choose, "LocalHost", _recording(HERE_KINDS, here))
+    monkeypatch.setattr(choose, "RemoteHost", _recording(THERE_KINDS, there))
     # the project's capture and the session's keys and identity files are made the same way for every place
     monkeypatch.setattr(create, "_prepare", lambda record, *_: record.save())
     project = tmp_path / "project"
@@ -175,18 +212,18 @@ def test_a_session_here_and_one_there_take_the_same_steps(
 
     assert here.asked == there.asked
     assert here.asked == [
-        "admit",  # run --keep: room and accelerator there, the VM started
-        "boot",
-        "freeze",  # checkpoint (room in the disk chain: the host's abilities say): saved into it, resumed from it
-        "memory_of",
-        "restore",
-        "save",  # stop
-        "holds_save",  # start: the VM is gone, its save is there: stopped
-        "stopped",
-        "restore",
-        "discard_save",
-        "drop",  # checkpoint rm
-        "forget",  # destroy
+        "Host.admit",  # run --keep: room and accelerator there, the VM started
+        "Host.boot",
+        "Snapshots.freeze",  # checkpoint (room in the disk chain: the host's abilities say): saved into it, resumed
+        "Snapshots.memory_of",  # from it
+        "Saved.restore",
+        "Saved.take",  # stop
+        "Saved.held",  # start: the VM is gone, its save is there: stopped
+        "Saved.memory",
+        "Saved.restore",
+        "Saved.discard",
+        "Snapshots.drop",  # checkpoint rm
+        "Host.forget",  # destroy
     ]
     assert not (one_libvirt.info("vmsandbox-s1") or one_libvirt.info("vmsandbox-s2"))
 
@@ -195,12 +232,30 @@ def test_the_chooser_reads_the_place_from_the_record_alone() -> None:
     here = Record("a", "/p", "v", "tcg", "", 1, 512, 1024, 0, "u", 1000, 1000, "qemu:///system")
     there = Record("b", "/p", "v", "tcg", "", 1, 512, 1024, 0, "u", 1000, 1000, THERE, host="far")
     with choose.vm_of(here) as vm:  # nothing is asked of libvirt: no connection is opened
-        assert type(vm) is LocalVM and type(vm.host) is LocalHost and vm.host.where == ""
+        assert type(vm) is LocalVM and type(vm.host) is LocalHost and state.where(vm.host) == ""
+        assert type(vm.saved) is LocalSaved and type(vm.host.images) is LocalImages
     with choose.vm_of(there) as vm:
-        assert type(vm) is RemoteVM and type(vm.host) is RemoteHost and vm.host.where == " on host far"
+        assert type(vm) is RemoteVM and type(vm.host) is RemoteHost and state.where(vm.host) == " on host far"
+        assert type(vm.forks) is RemoteForks and type(vm.host.facts) is RemoteFacts
     with choose.host(choose.spec_at(THERE)) as host:
         assert type(host) is RemoteHost and host.spec.name == "far.example"
     assert [h.name for h in hostspec.every("qemu:///system", ())] == ["local"]
+
+
+def test_a_place_answers_with_data_and_its_caller_says_it(tmp_path: Path) -> None:
+    """No words for people in a place: what a stopped session's save takes, where a VM runs and what its forks
+    share are data, said by the policy that shows them."""
+    here = Record("a", "/p", "v", "tcg", "", 1, 512, 1024, 0, "u", 1000, 1000, "qemu:///system")
+    there = Record("b", "/p", "v", "tcg", "", 1, 512, 1024, 0, "u", 1000, 1000, THERE, host="far")
+    here.files.root.mkdir(parents=True)
+    here.files.saved_memory.write_bytes(b"\0" * 3 * 1024**2)
+    assert suspend.where_saved(here) == "3 MiB of memory saved"
+    with choose.vm_of(there) as vm:
+        assert state.where(vm.host) == " on host far"
+        with vm.forks.share(Checkpoint("c1", 1.0, ["o.qcow2"], tmp_path / "c1")) as how:
+            assert how.mapped is None and how.unshared
+    assert fork._shared(how) == f"each restores a copy ({how.unshared})"
+    assert fork._shared(Sharing(5 * 1024**2)) == "5 MiB mapped copy-on-write, one copy for all"
 
 
 def test_a_checkpoint_carries_no_place(tmp_path: Path) -> None:
@@ -217,11 +272,11 @@ class HeldSaves(Steps):
         self.ends = threading.Event()
         self.saves = False
 
-    def __call__(self, name: str, bound: Host | VM | Snapshots, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        if name == "save" and isinstance(bound, VM):
+    def __call__(self, name: str, bound: Bound, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        if name == "Saved.take" and isinstance(bound, Saved):
             from vmsandbox.errors import SaveInFlightError
 
-            bound.record.files.saved_memory.write_bytes(b"being written")
+            bound.vm.record.files.saved_memory.write_bytes(b"being written")
             raise SaveInFlightError("the save ended neither in 60 s nor 30 s after abortJob", "d", self.outcome)
         return super().__call__(name, bound, args, kwargs)
 
@@ -245,7 +300,7 @@ def test_a_save_that_outlives_its_abort_is_settled_when_it_ends(
     (which may yet hold all of its memory) is kept; then it is stopped (saved: `start` resumes it), or the file
     goes and it runs on (not saved)."""
     steps = HeldSaves()
-    monkeypatch.setattr(choose, "LocalHost", _recording((LocalHost, LocalVM, LocalSnapshots), steps))
+    monkeypatch.setattr(choose, "LocalHost", _recording(HERE_KINDS, steps))
     monkeypatch.setattr(create, "_prepare", lambda record, *_: record.save())
     project = tmp_path / "project"
     project.mkdir()
@@ -267,6 +322,8 @@ def test_a_save_that_outlives_its_abort_is_settled_when_it_ends(
     steps.ends.set()
     if saves:
         _until(lambda: Record.load("s3").saved)
+        with lock.held(record.files, "s3", "waiting for the settle to let go", wait=True):  # (it saves, then lets go)
+            pass
         assert Record.load("s3").stop_note == "stopped by the memory guard"
         suspend.start("s3")
         assert not Record.load("s3").saved and one_libvirt.info(record.domain)

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from vmsandbox.confine import access, beneath, rights, sudo
+from vmsandbox import sudo
+from vmsandbox.confine import access, beneath, rights
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.session.start import project
 

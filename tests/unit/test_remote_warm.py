@@ -192,8 +192,8 @@ def _overlay_on(backing: str) -> bytes:
 def test_gc_there_removes_unusable_templates_only_when_no_disk_rests_on_them(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    from vmsandbox.session.end.gc import Tidier
     from vmsandbox.session.place.hostspec import HostSpec
-    from vmsandbox.session.place.interface import Tidy
     from vmsandbox.session.place.remote import template, vm
 
     monkeypatch.setattr(template, "lock_path", lambda host: tmp_path / "lock")
@@ -211,7 +211,7 @@ def test_gc_there_removes_unusable_templates_only_when_no_disk_rests_on_them(
     build = build_xml(dataclasses.replace(spec(), template=True, client="me/1"))
     theirs = build_xml(dataclasses.replace(spec(), template=True, client="them/2"))
     hv = FakePool(files, {"vmsandbox-template-mine": build, "vmsandbox-template-theirs": theirs})
-    said = list(gc._templates(hv, HostSpec("far", "qemu+ssh://far/system"), Tidy()))  # type: ignore[arg-type]
+    said = list(gc._templates(hv, HostSpec("far", "qemu+ssh://far/system"), Tidier()))  # type: ignore[arg-type]
     left = {v.split(".", 1)[0] for v in hv.files if v.startswith("vmsandbox-template-")}
     assert left == {"vmsandbox-template-good", "vmsandbox-template-oldused", "vmsandbox-template-theirs"}, said
     assert hv.destroyed.count("vmsandbox-template-mine") >= 1

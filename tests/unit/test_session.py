@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from vmsandbox import paths, pids
-from vmsandbox.confine import rights, sudo
+from vmsandbox import paths, pids, sudo
+from vmsandbox.confine import rights
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.guest.bootfiles import GuestUser
 from vmsandbox.guest.commands import remote_command

@@ -22,10 +22,10 @@ from pathlib import Path
 from vmsandbox.api import app, running
 from vmsandbox.api.peer import PeerCheckedH11
 from vmsandbox.api.running import Settings
-from vmsandbox.confine.sudo import invoker as sudo_invoker
 from vmsandbox.core.door import gate
 from vmsandbox.core.sandbox.interface import Backend
 from vmsandbox.errors import VmsandboxError
+from vmsandbox.sudo import invoker as sudo_invoker
 
 LIMIT_CONNECTIONS = 256  # connections at once: more are answered 503
 GRACEFUL_STOP = 10  # seconds the requests under way get to end once the server is told to stop

@@ -23,7 +23,8 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 
-from vmsandbox.confine import access, sudo
+from vmsandbox import sudo
+from vmsandbox.confine import access
 from vmsandbox.confine.accounts import Identity
 from vmsandbox.errors import VmsandboxError
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from vmsandbox.confine import sudo
+from vmsandbox import sudo
 from vmsandbox.session import settings
 from vmsandbox.session.host import configured, doctor, hosts
 from vmsandbox.session.host.doctor import Check

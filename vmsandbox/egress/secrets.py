@@ -11,8 +11,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from vmsandbox import paths
-from vmsandbox.confine import sudo
+from vmsandbox import paths, sudo
 from vmsandbox.errors import VmsandboxError
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}\Z")

@@ -15,7 +15,7 @@ from vmsandbox.egress import control
 from vmsandbox.egress.control import Door
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.session.place import choose, console
-from vmsandbox.session.place.interface import VM
+from vmsandbox.session.place.interface import VM, Host
 from vmsandbox.session.record import Phase, Record, State, names
 from vmsandbox.vm.memory.usage import Usage
 from vmsandbox.vm.node import UnreachableError, gone
@@ -91,7 +91,7 @@ def status(vm: VM) -> Status:
         return Status(record, State.EXPORTED)
     info = vm.info()
     if info is None or gone(info):
-        saved = record.saved and vm.holds_save()
+        saved = record.saved and vm.saved.held()
         return Status(record, State.STOPPED if saved else State.EXITED)
     if record.status is not Phase.READY:
         return Status(record, State.BOOTING if record.owner_alive() else State.ORPHANED)
@@ -136,7 +136,7 @@ def listing(uri: str) -> tuple[list[Status], list[Damaged]]:
         try:
             there.libvirt()
         except UnreachableError as exc:
-            said = f"{exc.message}{there.where}"
+            said = f"{exc.message}{where(there)}"
             ui.warn(f"{said}: session states are unknown ({exc.hint})" if exc.hint else said)
             silent.add(there.spec.uri)
             return None
@@ -163,6 +163,16 @@ def memory_use(record: Record) -> dict[str, int] | None:
     with choose.vm_of(record) as vm:
         used = vm.memory_use()
     return None if used is None else used.as_dict()
+
+
+def where(host: Host) -> str:
+    """Words for messages about a session there: "" for this machine, " on host NAME" for another."""
+    return f" on host {host.spec.name}" if host.abilities.elsewhere else ""
+
+
+def down(vm: VM) -> str | None:
+    """None while the VM runs, else why it stopped, in words (for ssh.wait_for_banner's `alive`)."""
+    return "the VM powered off or crashed" if gone(vm.info()) else None
 
 
 def runs(vm: VM) -> bool:

@@ -20,10 +20,10 @@ from urllib.parse import quote
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from vmsandbox import ui
-from vmsandbox.confine.sudo import invoker as sudo_invoker
 from vmsandbox.core import sessions
 from vmsandbox.core.door import gate
 from vmsandbox.errors import VmsandboxError
+from vmsandbox.sudo import invoker as sudo_invoker
 from vmsandbox.web import app
 from vmsandbox.web.pageguard import loopback_address
 

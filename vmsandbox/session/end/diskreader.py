@@ -34,7 +34,7 @@ from vmsandbox.guest.ssh import Endpoint
 from vmsandbox.image import store
 from vmsandbox.session import settings
 from vmsandbox.session.place import choose
-from vmsandbox.session.place.interface import VM, Host, Tidy, nothing
+from vmsandbox.session.place.interface import VM, Host, Tidy
 from vmsandbox.session.record import Phase, Record
 from vmsandbox.session.start import create
 from vmsandbox.session.state import runs
@@ -149,7 +149,7 @@ def _readable_by_qemu(disk: Path) -> str | None:
 def _boot(host: Host, reader: Record, session: Record, boot_timeout: int) -> None:
     ui.info("The workspace disk is read in a VM of its own (the host parses none of it)")
     try:
-        host.boot(reader, store.current_image(), cold=False, timeout=boot_timeout, launched=nothing)
+        host.boot(reader, store.current_image(), cold=False, timeout=boot_timeout, launched=lambda: None)
     except VmsandboxError as exc:
         raise VmsandboxError(
             f"the VM that reads the workspace disk did not start: {exc.message}",

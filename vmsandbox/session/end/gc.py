@@ -9,7 +9,8 @@ from __future__ import annotations
 import functools
 import shutil
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 from vmsandbox import paths
@@ -25,12 +26,27 @@ from vmsandbox.sync.land import outbox
 from vmsandbox.vm.node import UnreachableError
 
 STALE_CAPTURE_SECONDS = 3600  # a fan-out copies its capture as its sessions start: one this old is left over
+PAST = {"remove": "removed", "destroy": "destroyed", "finish": "finished", "delete": "deleted", "stop": "stopped"}
+
+
+@dataclass(frozen=True)
+class Tidier:
+    """gc's Tidy (place.interface): does what it finds to do and says so, or in a dry run (`gc --dry-run`) only
+    says what it would do."""
+
+    dry: bool = False
+
+    def __call__(self, verb: str, what: str, do: Callable[[], object]) -> str:
+        if self.dry:
+            return f"would {verb} {what}"
+        do()
+        return f"{PAST[verb]} {what}"
 
 
 def gc(uri: str, *, limit: int, hosts: tuple[HostSpec, ...] = (), dry: bool = False) -> Iterator[str]:
     """Yields a line per thing done (with `dry`, per thing it would do)."""
     mine = paths.sessions_dir().resolve()
-    tidy = Tidy(dry=dry)
+    tidy = Tidier(dry=dry)
     everywhere = hostspec.every(uri, hosts)  # this machine first
     with choose.hosts(uri, everywhere) as asked:  # each host connected once, at its first question
         here = asked.at(everywhere[0])

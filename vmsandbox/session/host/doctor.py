@@ -62,7 +62,7 @@ def _memory(uri: str) -> Check:
     name = "shared memory"
     try:
         with choose.host(choose.spec_for(None, uri)) as host:
-            why = host.memory_problem(host.libvirt().node())
+            why = host.facts.memory_problem(host.libvirt().node())
     except VmsandboxError as exc:
         return Check(name, False, f"not checked: {exc.message}", exc.hint, blocking=False)
     skipped = foreign.notes()  # what root's looks at the holders and QEMUs here passed over (reading the node)

@@ -43,7 +43,7 @@ class Status:
         if self.node is None:
             return "-"
         with choose.host(self.spec) as host:  # its node says it: nothing is asked of the host again
-            return host.accelerator(self.node)
+            return host.facts.accelerator(self.node)
 
     def as_dict(self, memory_mib: int = 0) -> dict[str, Any]:
         """Its facts; given the configured session memory, `room`: how many more such sessions it admits now."""
@@ -52,7 +52,7 @@ class Status:
         kvm_problem = None
         if n is not None:
             with choose.host(self.spec) as host:
-                kvm_problem = host.kvm_problem(n)
+                kvm_problem = host.facts.kvm_problem(n)
         return {
             "name": self.spec.name,
             "uri": self.spec.uri,
@@ -90,8 +90,8 @@ def _ask(spec: HostSpec) -> Status:
             hv = host.libvirt()
             node = hv.node()
             running = [d.name for d in hv.domains(DOMAIN_PREFIX) if not d.stopped]
-            images = tuple(host.images_held())
-            memory = host.memory_problem(node)
+            images = tuple(host.images.held())
+            memory = host.facts.memory_problem(node)
             # this machine's QEMUs can be measured (their /proc); another host's are not asked
             footprint = usage.footprint(running) if spec.name == hostspec.LOCAL else None
         for skipped in foreign.unsaid():  # a holder or QEMU root's look passed over reading the node: said
@@ -198,7 +198,8 @@ def hold_image(spec: HostSpec, image: store.Image) -> str:
     """`image` sent to the host unless it holds it whole already: what was done, in words."""
     check_holds_images(spec)
     with choose.host(spec) as host:
-        return host.hold_image(image)
+        sent = host.images.hold(image)
+    return f"{'sent' if sent else 'already there'} (its pool at {spec.pool_path})"
 
 
 @dataclass(frozen=True)

@@ -34,6 +34,6 @@ def default_template(image: store.Image) -> str:
         host.libvirt()  # as a session's start: fails first if libvirt is down
         choice = host.admit(config.accel, config.memory_mib)
         shape = templates.Shape(choice.accel.value, config.cpus, config.memory_mib, config.disk_mib)
-        found = host.warm_template(image, shape, config.boot_timeout)
+        found = host.images.template(image, shape, config.boot_timeout)
     ui.info(f"Warm-start template for {shape.slug}: {found}")
     return found

@@ -31,7 +31,7 @@ from vmsandbox.session.place import choose
 from vmsandbox.session.place.checkpoints import MOST, Checkpoint, find, listed
 from vmsandbox.session.place.interface import VM
 from vmsandbox.session.record import Record, State
-from vmsandbox.session.state import status
+from vmsandbox.session.state import status, where
 from vmsandbox.sync.fetch import delta, journal
 from vmsandbox.sync.land import outbox
 from vmsandbox.sync.review import gather
@@ -75,7 +75,7 @@ def check_room(vm: VM) -> None:
     most, record = vm.host.abilities.chain_limit, vm.record
     if most is not None and len(record.overlays) >= most:
         raise VmsandboxError(
-            f"session {record.name} runs{vm.host.where} over {len(record.overlays)} overlays, the most a "
+            f"session {record.name} runs{where(vm.host)} over {len(record.overlays)} overlays, the most a "
             "session there takes (its chain is not folded on another host yet)",
             hint=f"`vmsandbox create --from {record.name}:LABEL --name NEW` makes a session there on one disk again "
             "(a copy of that checkpoint's), or pull its work and start a new session",

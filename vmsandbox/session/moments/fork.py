@@ -17,6 +17,7 @@ disks are copied and the VM restored is the place's: session.place).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import shutil
 import threading
@@ -33,9 +34,10 @@ from vmsandbox.session.end import lifecycle
 from vmsandbox.session.moments import checkpoint
 from vmsandbox.session.place import checkpoints, choose, pins
 from vmsandbox.session.place.checkpoints import Checkpoint
-from vmsandbox.session.place.interface import VM
+from vmsandbox.session.place.interface import VM, Sharing
 from vmsandbox.session.record import Phase, Record, validate_name
 from vmsandbox.session.start import create
+from vmsandbox.session.state import down, where
 from vmsandbox.sync.fetch import delta
 from vmsandbox.sync.inward import capture
 
@@ -97,8 +99,8 @@ def fork(name: str, new: str, *, label: str | None = None) -> Record:
         vm = host.vm(source)
         if label is not None:
             cp = checkpoints.find(source.files, name, label)
-            with vm.snapshots.share(cp) as how:
-                ui.info(f"  memory: {ui.printable(how)}")  # (it may quote a save image's names)
+            with vm.forks.share(cp) as how:
+                ui.info(f"  memory: {ui.printable(_shared(how))}")  # (it may quote a save image's names)
                 return _make(vm, cp, new, at=label)
         checkpoint.must_run(vm, "forked")
         checkpoint.check_room(vm)  # the checkpoint taken for the fork may leave an overlay
@@ -107,8 +109,8 @@ def fork(name: str, new: str, *, label: str | None = None) -> Record:
         try:
             # the source and the fork map one copy of the memory saved (where the place can): the source resumes
             # while the fork is made (two guests come back at once: under TCG, on two CPUs)
-            with vm.snapshots.share(cp) as how:
-                ui.info(f"  memory: {ui.printable(how)}")  # (it may quote a save image's names)
+            with vm.forks.share(cp) as how:
+                ui.info(f"  memory: {ui.printable(_shared(how))}")  # (it may quote a save image's names)
                 waking = threading.Thread(target=_wake, args=(source, cp, failed))
                 waking.start()
                 try:
@@ -120,6 +122,13 @@ def fork(name: str, new: str, *, label: str | None = None) -> Record:
             host.vm(Record.load(name)).snapshots.drop(cp.label, live=True)
             for exc in failed:
                 ui.warn(f"session {name} did not resume after the fork: {exc}")
+
+
+def _shared(how: Sharing) -> str:
+    """What the forks and their source share of a checkpoint's memory, in words."""
+    if how.mapped is not None:
+        return f"{how.mapped / 1024**2:.0f} MiB mapped copy-on-write, one copy for all"
+    return f"each restores a copy ({how.unshared})"
 
 
 def _wake(source: Record, cp: Checkpoint, failed: list[BaseException]) -> None:
@@ -135,7 +144,7 @@ def _make(vm: VM, cp: Checkpoint, new: str, *, at: str | None) -> Record:
     """The fork NEW of the source session (`vm`) from `cp` (one of its checkpoints `at`, or None: one taken for
     this fork)."""
     source, files = vm.record, paths.session_paths(new)
-    where = vm.host.where
+    there = where(vm.host)
     accounts.state_dirs()
     try:
         files.root.mkdir(mode=0o700)
@@ -156,9 +165,9 @@ def _make(vm: VM, cp: Checkpoint, new: str, *, at: str | None) -> Record:
         saved=False,
         publish=(),
         overlays=[paths.SESSION_OVERLAY],
-        ssh_port=vm.snapshots.fork_port(),
+        ssh_port=vm.forks.ssh_port(),
         start="fork",
-        start_note=f"forked from {source.name}" + (f" at checkpoint {at}" if at else "") + where,
+        start_note=f"forked from {source.name}" + (f" at checkpoint {at}" if at else "") + there,
         forked_from=f"{source.name}@{at}" if at else source.name,
         group=None,  # a fork of a fan-out's session is not one of the fan-out's
         boot_seconds=None,
@@ -166,13 +175,13 @@ def _make(vm: VM, cp: Checkpoint, new: str, *, at: str | None) -> Record:
     try:
         record.save()
         pins.pin(new, record.image_version, record.template)
-        with ui.step(f"Copying session {source.name}'s state{where}"):
+        with ui.step(f"Copying session {source.name}'s state{there}"):
             _copy_state(vm, cp, record)
         with ui.step("Preparing the fork (keys, identity, egress policy)"):
             _identity(source, record)
         started = time.monotonic()
         with ui.step(f"Restoring {record.domain} from it") as detail:
-            made = vm.snapshots.restore_fork(cp, record)
+            made = vm.forks.restore(cp, record)
             detail("its own identity")
             handed = _hand_over_on_port(made)
             if handed is None:
@@ -196,7 +205,7 @@ def _copy_state(vm: VM, cp: Checkpoint, record: Record) -> None:
     """The fork's (`record`) disks, baseline and (a fresh) mirror, copied from the source (`vm`) at the
     checkpoint."""
     src, files = vm.record.files, record.files
-    workspace = vm.snapshots.copy_disks(cp, record)  # None: the place made it, with the system disk
+    workspace = vm.forks.copy_disks(cp, record)  # None: the place made it, with the system disk
     capture.copy_from(src, files, workspace)
     for f in (src.decisions, src.hashes("project")):
         if f.exists():
@@ -258,7 +267,7 @@ def _hand_over_identity(source: Record, fork: VM) -> None:
         # the source's sshd came back with its memory: no probe first, unless the login finds none
         handed = proc.run(argv, input=identity.bundle(files.fwcfg_dir), timeout=IDENTITY_TIMEOUT, check=False)
         if handed.returncode == commands.SSH_FAILED:
-            ssh.wait_for_banner(record.ssh_port, timeout=60, alive=fork.alive)
+            ssh.wait_for_banner(record.ssh_port, timeout=60, alive=functools.partial(down, fork))
             handed = proc.run(argv, input=identity.bundle(files.fwcfg_dir), timeout=IDENTITY_TIMEOUT, check=False)
         if handed.returncode != 0:
             raise proc.CommandError(handed)
@@ -273,7 +282,7 @@ def _check_identity(fork: VM) -> None:
     for attempt in range(20):
         if attempt:
             time.sleep(0.25)
-            ssh.wait_for_banner(record.ssh_port, timeout=60, alive=fork.alive)
+            ssh.wait_for_banner(record.ssh_port, timeout=60, alive=functools.partial(down, fork))
         answer = commands.run_as_root(record.endpoint(), "true", check=False, timeout=60)
         if answer.returncode != commands.SSH_FAILED:
             break

@@ -9,6 +9,7 @@ it: the guest will mount the original again) without starting it.
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from collections.abc import Callable
@@ -22,7 +23,7 @@ from vmsandbox.session.place import choose
 from vmsandbox.session.place.interface import VM, SavedVM
 from vmsandbox.session.record import Record, State
 from vmsandbox.session.start import create
-from vmsandbox.session.state import status
+from vmsandbox.session.state import down, status, where
 from vmsandbox.vm.node import gone
 
 SYNC_TIMEOUT = 120
@@ -61,7 +62,7 @@ def stop(
             commands.run_as_root(record.endpoint(), "sync", timeout=flush_timeout)
         control.stop(files)
         try:
-            vm.save(deadline=save_deadline)
+            vm.saved.take(deadline=save_deadline)
         except SaveInFlightError as exc:  # it may yet stop the VM: its file is kept until the save says
             threading.Thread(target=_settle, args=(name, why, exc.outcome), name="settle", daemon=True).start()
             raise
@@ -105,7 +106,8 @@ def _settle(name: str, why: str, outcome: Callable[[], bool]) -> None:
 def where_saved(record: Record) -> str:
     """What `stop` kept, and where, in words."""
     with choose.vm_of(record) as vm:
-        return vm.saved_words()
+        size, there = vm.saved.size(), where(vm.host)
+    return f"{size / 1024**2:.0f} MiB of memory saved{there}" if size else f"its memory saved{there}"
 
 
 def start(name: str) -> Record:
@@ -118,8 +120,8 @@ def start(name: str) -> Record:
             raise VmsandboxError(f"session {name} is not stopped", hint="`vmsandbox ls` shows its state")
         if record.stop_note:
             ui.info(f"session {name} was {record.stop_note}")
-        resume(vm, vm.stopped(), f"Restoring {record.domain} where it was{host.where}")
-        vm.discard_save()
+        resume(vm, vm.saved.memory(), f"Restoring {record.domain} where it was{where(host)}")
+        vm.saved.discard()
         record.saved = False
         record.stop_note = ""
         record.save()
@@ -132,11 +134,11 @@ def resume(vm: VM, memory: SavedVM, title: str) -> None:
     open its egress."""
     record = vm.record
     with ui.step(title):
-        vm.restore(memory)
+        vm.saved.restore(memory)
         # the egress daemon waits for the guest's sshd by itself: it starts while the guest comes back, and
         # steps the guest's clock when it connects (one SSH login, not two)
         spawned = control.spawn(create.daemon_spec(record), record.files) if record.wants_daemon else None
-        ssh.wait_for_banner(record.ssh_port, timeout=60, alive=vm.alive)
+        ssh.wait_for_banner(record.ssh_port, timeout=60, alive=functools.partial(down, vm))
         if spawned is None:
             commands.run_as_root(record.endpoint(), f"date -s @{time.time():.3f} >/dev/null", timeout=60)
     if spawned is not None:

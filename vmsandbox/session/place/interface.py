@@ -1,29 +1,33 @@
-"""Where a session's VM lives, as three small interfaces bound once when made — lima's driver in spirit:
+"""Where a session's VM lives, as small interfaces, each one concern, bound once when made — lima's driver in
+spirit (Lifecycle, Snapshots, GuestAgent):
 
 - Host: one libvirt host (this machine, or another one named under `hosts:`) on the one connection an operation
-  uses; it admits, boots and sweeps, keeps warm-start templates and images, and gives the VM of a session.
-- VM: one session's VM on that connection: reaching its guest, its console, stop and start, a dead VM's disk.
-- Snapshots: that VM's checkpoints and forks.
+  uses; it admits, boots and sweeps sessions, gives the VM of one and forgets one. Reached from it:
+  - Images (`host.images`): the images it holds and their warm-start templates;
+  - Facts (`host.facts`): what it offers a session, as `doctor` and `host ls` show it.
+- VM: one session's VM on that connection: what libvirt says of it, reaching its guest, its console, a dead
+  VM's disk. Reached from it:
+  - Saved (`vm.saved`): the VM saved where a stopped session keeps it, and restored from a save;
+  - Snapshots (`vm.snapshots`): its checkpoints;
+  - Forks (`vm.forks`): the sessions made from a checkpoint of it.
 
 What a kind of place can do is data (Abilities), read by policy instead of asking where a VM lives: a step one
-place takes and another does not is an ability, never a method that does nothing. Two implementations: this
-machine (local/) and another libvirt host (remote/), chosen in one place (choose.py). A new place (a KVM node
-under a cluster manager) is one more sub-package with a Host, a VM and Snapshots of its own, its Abilities, and
-one line in choose.py (docs/architecture.md says how).
+place takes and another does not is an ability, never a method that does nothing. A place answers with data;
+the words a person reads are its caller's. Two implementations: this machine (local/) and another libvirt host
+(remote/), chosen in one place (choose.py), sharing what they do the same way (common.py). A new place (a KVM
+node under a cluster manager) is one more sub-package implementing these, its Abilities, and one line in
+choose.py (docs/architecture.md says how).
 """
 
 from __future__ import annotations
 
 import abc
-import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import ClassVar, TypeVar
+from typing import ClassVar, Protocol
 
-from vmsandbox import ui
-from vmsandbox.errors import VmsandboxError
 from vmsandbox.guest.ssh import Endpoint
 from vmsandbox.image import store
 from vmsandbox.session.place.checkpoints import Checkpoint
@@ -32,66 +36,20 @@ from vmsandbox.session.place.templates import Shape
 from vmsandbox.session.record import Record
 from vmsandbox.vm import accel
 from vmsandbox.vm.memory.usage import Usage
-from vmsandbox.vm.node import DomainInfo, Node, gone
+from vmsandbox.vm.node import DomainInfo, Node
 from vmsandbox.vm.virt import Hypervisor
 
-T = TypeVar("T")
 Launched = Callable[[], None]  # called once the VM runs on its SSH port (create spawns the egress daemon)
-IDENTITY_TIMEOUT = 60  # a warm-started guest takes its identity in a second or two, even under TCG
 
 
-def nothing() -> None:
-    return None
+class Tidy(Protocol):
+    """What gc does with what it finds (session.end.gc makes it): `tidy(verb, what, do)` calls `do` and says
+    what was done, a line; in a dry run (`dry`) it only says what would be."""
 
+    @property
+    def dry(self) -> bool: ...
 
-PAST = {"remove": "removed", "destroy": "destroyed", "finish": "finished", "delete": "deleted", "stop": "stopped"}
-
-
-@dataclass(frozen=True)
-class Tidy:
-    """What gc does with what it finds: does it and says so, or in a dry run (`gc --dry-run`) only says what
-    it would do."""
-
-    dry: bool = False
-
-    def __call__(self, verb: str, what: str, do: Callable[[], object]) -> str:
-        if self.dry:
-            return f"would {verb} {what}"
-        do()
-        return f"{PAST[verb]} {what}"
-
-
-def alive(hv: Hypervisor, name: str) -> str | None:
-    """None while the domain runs, else why it stopped (for ssh.wait_for_banner)."""
-    return "the VM powered off or crashed" if gone(hv.info(name)) else None
-
-
-def template_for(record: Record, ensure: Callable[[], T], *, cold: bool, unbuilt: str) -> T | None:
-    """The template a session starts from (`ensure()` finds or builds it), or None — and record.start_note says
-    why — for a cold boot: --cold, an image build, or `unbuilt` and the reason the template could not be had."""
-    if cold or record.disk is not None:
-        record.start_note = "--cold" if cold else "an image build boots its disk cold"
-        return None
-    try:
-        return ensure()
-    except VmsandboxError as exc:
-        record.start_note = f"{unbuilt}: {exc.message}"
-        ui.warn(f"{record.start_note}; booting cold")
-        return None
-
-
-def warm_or_cold(record: Record, warm_start: Callable[[], None], undo: Callable[[VmsandboxError], None]) -> bool:
-    """Whether `warm_start` started the session's VM (its time recorded); when it failed, `undo(why)` has cleared
-    it away, and the caller boots cold."""
-    started = time.monotonic()
-    try:
-        warm_start()
-    except VmsandboxError as exc:
-        undo(exc)
-        return False
-    record.boot_seconds = round(time.monotonic() - started, 1)
-    record.save()
-    return True
+    def __call__(self, verb: str, what: str, do: Callable[[], object]) -> str: ...
 
 
 @dataclass(frozen=True)
@@ -101,17 +59,12 @@ class SavedVM:
 
 
 @dataclass(frozen=True)
-class SaveFile(SavedVM):
-    """A save image in a file on this machine."""
+class Sharing:
+    """What the VMs restored from one checkpoint share of its memory: `mapped` bytes of it, mapped copy-on-write,
+    one copy for all; or None, and each loads a copy, for the reason `unshared` gives."""
 
-    path: Path
-
-
-@dataclass(frozen=True)
-class SaveVolume(SavedVM):
-    """A save image in a volume of the session's host's pool."""
-
-    volume: str
+    mapped: int | None
+    unshared: str | None = None
 
 
 @dataclass(frozen=True)
@@ -135,24 +88,15 @@ class Host(abc.ABC):
 
     def __init__(self, spec: HostSpec) -> None:
         self.spec = spec
-        self._hv: Hypervisor | None = None
 
+    @abc.abstractmethod
     def libvirt(self) -> Hypervisor:
         """The host's libvirt connection: opened at the first call (raises UnreachableError, with the fix, when
         it does not answer), the same one after."""
-        if self._hv is None:
-            self._hv = Hypervisor(self.spec.uri)
-        return self._hv
 
+    @abc.abstractmethod
     def close(self) -> None:
-        if self._hv is not None:
-            self._hv.close()
-            self._hv = None
-
-    @property
-    def where(self) -> str:
-        """Words for messages: "" here, " on host NAME" elsewhere."""
-        return f" on host {self.spec.name}" if self.abilities.elsewhere else ""
+        """The connection closed, if it was opened."""
 
     @abc.abstractmethod
     def admit(self, requested: accel.Accel, memory_mib: int) -> accel.Choice:
@@ -164,21 +108,60 @@ class Host(abc.ABC):
         runs, and wait for its sshd; record.start and record.start_note say how it started."""
 
     @abc.abstractmethod
-    def warm_template(self, image: store.Image, shape: Shape, timeout: int) -> str:
-        """The warm-start template of `image` in `shape` there (built unless it exists): where it is, in words."""
+    def vm(self, record: Record) -> VM:
+        """The session's VM there, on this host's connection."""
 
     @abc.abstractmethod
-    def hold_image(self, image: store.Image) -> str:
-        """`image` sent there unless it is there whole already: what was done, in words. Only a host whose
-        abilities say `holds_images` takes one; another refuses, with the fix."""
+    def forget(self, root: Path, domain: str) -> None:
+        """The VM of the session whose directory is `root` destroyed, with what the host keeps of it beside that
+        directory (a tunnel, volumes): for a session whose record may not be readable."""
 
     @abc.abstractmethod
-    def images_held(self) -> list[str]:
+    def sweep(self, mine: Path, tidy: Tidy) -> Iterator[str]:
+        """gc there: domains and files of this machine's sessions that are gone, templates no session rests
+        on that are interrupted, failed or stale. What `tidy` says of each thing done (or, in a dry run, to do)."""
+
+    @property
+    @abc.abstractmethod
+    def images(self) -> Images:
+        """The host's images and warm-start templates."""
+
+    @property
+    @abc.abstractmethod
+    def facts(self) -> Facts:
+        """What the host offers a session."""
+
+
+class Images(abc.ABC):
+    """The images a host (`host`) holds and their warm-start templates there."""
+
+    def __init__(self, host: Host) -> None:
+        self.host = host
+
+    @abc.abstractmethod
+    def template(self, image: store.Image, shape: Shape, timeout: int) -> str:
+        """The warm-start template of `image` in `shape` there (built unless it exists): where it is (its path
+        or its name there)."""
+
+    @abc.abstractmethod
+    def hold(self, image: store.Image) -> bool:
+        """`image` sent there unless it is there whole already: whether it was sent. Only a host whose abilities
+        say `holds_images` takes one; another refuses."""
+
+    @abc.abstractmethod
+    def held(self) -> list[str]:
         """The images the host holds whole (or uses where they are), by directory name."""
+
+
+class Facts(abc.ABC):
+    """What a host (`host`) offers a session, as its libvirt's `node` describes it."""
+
+    def __init__(self, host: Host) -> None:
+        self.host = host
 
     @abc.abstractmethod
     def accelerator(self, node: Node) -> str:
-        """The accelerator a session there would get, as `node` (the host's libvirt) describes it."""
+        """The accelerator a session there would get."""
 
     @abc.abstractmethod
     def kvm_problem(self, node: Node) -> str | None:
@@ -188,20 +171,6 @@ class Host(abc.ABC):
     def memory_problem(self, node: Node) -> str | None:
         """Why sessions there cannot map their template's memory, sharing it (each loads a copy); None: they can."""
 
-    @abc.abstractmethod
-    def sweep(self, mine: Path, tidy: Tidy) -> Iterator[str]:
-        """gc there: domains and files of this machine's sessions that are gone, templates no session rests
-        on that are interrupted, failed or stale. A line per thing done (or, in a dry run, to do)."""
-
-    @abc.abstractmethod
-    def vm(self, record: Record) -> VM:
-        """The session's VM there, on this host's connection."""
-
-    @abc.abstractmethod
-    def forget(self, root: Path, domain: str) -> None:
-        """The VM of the session whose directory is `root` destroyed, with what the host keeps of it beside that
-        directory (a tunnel, volumes): for a session whose record may not be readable."""
-
 
 class VM(abc.ABC):
     """One session's VM (`record`) on its host's connection (`host`)."""
@@ -210,13 +179,9 @@ class VM(abc.ABC):
         self.host = host
         self.record = record
 
+    @abc.abstractmethod
     def info(self) -> DomainInfo | None:
         """What libvirt says of the VM now (None: there is no such domain)."""
-        return self.host.libvirt().info(self.record.domain)
-
-    def alive(self) -> str | None:
-        """None while the VM runs, else why it stopped (for ssh.wait_for_banner)."""
-        return alive(self.host.libvirt(), self.record.domain)
 
     @abc.abstractmethod
     def memory_use(self) -> Usage | None:
@@ -233,45 +198,62 @@ class VM(abc.ABC):
         """The VM's serial console as a file here, up to date (with `follow`, kept so while this command runs)."""
 
     @abc.abstractmethod
-    def save(self, *, deadline: float | None = None) -> None:
-        """Save the running VM where a stopped session keeps it (nothing half-saved left on failure). `deadline`:
-        seconds after which a save that has not ended is aborted (the VM runs on) and this raises."""
-
-    @abc.abstractmethod
-    def holds_save(self) -> bool:
-        """Whether the stopped session's save is there."""
-
-    @abc.abstractmethod
-    def stopped(self) -> SavedVM:
-        """Where a stopped session's VM is saved."""
-
-    @abc.abstractmethod
-    def saved_words(self) -> str:
-        """What `stop` kept, and where, in words."""
-
-    @abc.abstractmethod
-    def restore(self, memory: SavedVM) -> None:
-        """Restore the VM from `memory` over the disks record.overlays names, on its SSH port (another if that
-        was taken meanwhile), reachable from here."""
-
-    @abc.abstractmethod
-    def discard_save(self) -> None:
-        """After a stopped session was restored: its save, and copies a pull of the stopped VM made, deleted."""
-
-    @abc.abstractmethod
     def workspace_disk(self) -> Path:
         """A VM that is not running: its workspace disk as the VM left it, as a file here (a reader VM mounts it
         there), fetched from the host that keeps it."""
 
     @property
     @abc.abstractmethod
+    def saved(self) -> Saved:
+        """The VM saved and restored."""
+
+    @property
+    @abc.abstractmethod
     def snapshots(self) -> Snapshots:
-        """The VM's checkpoints and forks."""
+        """The VM's checkpoints."""
+
+    @property
+    @abc.abstractmethod
+    def forks(self) -> Forks:
+        """The sessions made from the VM's checkpoints."""
+
+
+class Saved(abc.ABC):
+    """One session's VM (`vm`) saved where a stopped session keeps it (its save), and restored from a save."""
+
+    def __init__(self, vm: VM) -> None:
+        self.vm = vm
+
+    @abc.abstractmethod
+    def take(self, *, deadline: float | None = None) -> None:
+        """Save the running VM where a stopped session keeps it (nothing half-saved left on failure). `deadline`:
+        seconds after which a save that has not ended is aborted (the VM runs on) and this raises."""
+
+    @abc.abstractmethod
+    def held(self) -> bool:
+        """Whether the stopped session's save is there."""
+
+    @abc.abstractmethod
+    def memory(self) -> SavedVM:
+        """Where the stopped session's VM is saved."""
+
+    @abc.abstractmethod
+    def size(self) -> int | None:
+        """The bytes the stopped session's save takes where it is kept (None: its place does not say)."""
+
+    @abc.abstractmethod
+    def restore(self, memory: SavedVM) -> None:
+        """Restore the VM from `memory` (the stopped session's save, or a checkpoint's) over the disks
+        record.overlays names, on its SSH port (another if that was taken meanwhile), reachable from here."""
+
+    @abc.abstractmethod
+    def discard(self) -> None:
+        """After a stopped session was restored: its save, and copies a pull of the stopped VM made, deleted."""
 
 
 class Snapshots(abc.ABC):
-    """One session's checkpoints and forks, where its VM (`vm`) lives. A checkpoint's record (checkpoints.py) is
-    on this machine; what it keeps is the place's."""
+    """One session's checkpoints, where its VM (`vm`) lives. A checkpoint's record (checkpoints.py) is on this
+    machine; what it keeps is the place's."""
 
     def __init__(self, vm: VM) -> None:
         self.vm = vm
@@ -305,15 +287,22 @@ class Snapshots(abc.ABC):
     def sizes(self, found: list[Checkpoint]) -> dict[str, int]:
         """Each checkpoint's bytes where it is kept, by label."""
 
+
+class Forks(abc.ABC):
+    """The sessions made from one session's checkpoints (its VM: `vm`), where that VM lives."""
+
+    def __init__(self, vm: VM) -> None:
+        self.vm = vm
+
     @abc.abstractmethod
-    def fork_port(self) -> int:
+    def ssh_port(self) -> int:
         """The SSH port a fork's record starts with (0: it gets one of its own when it is reached)."""
 
     @abc.abstractmethod
-    def share(self, cp: Checkpoint) -> AbstractContextManager[str]:
+    def share(self, cp: Checkpoint) -> AbstractContextManager[Sharing]:
         """While the context lasts, the VMs restored from checkpoint `cp` (its session resuming, the forks made from
         it) map one copy of its memory and share the pages none of them writes, where the place can; each loads a
-        copy where it cannot. What was done (or why it could not be), in words."""
+        copy where it cannot. What was done, or why it could not be."""
 
     @abc.abstractmethod
     def copy_disks(self, cp: Checkpoint, fork: Record) -> Path | None:
@@ -321,5 +310,5 @@ class Snapshots(abc.ABC):
         workspace disk to copy to the fork's directory, or None when it was made there."""
 
     @abc.abstractmethod
-    def restore_fork(self, cp: Checkpoint, fork: Record) -> VM:
+    def restore(self, cp: Checkpoint, fork: Record) -> VM:
         """The fork's VM restored from the checkpoint's save as its own domain, reachable from here."""

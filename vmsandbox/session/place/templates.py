@@ -17,7 +17,7 @@ from vmsandbox import paths, ui
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.image.store import Image
 from vmsandbox.session.record import Record
-from vmsandbox.vm import accel as accel_mod
+from vmsandbox.vm import accel
 from vmsandbox.vm.domain import DomainSpec, build_xml
 from vmsandbox.vm.virt import Hypervisor
 
@@ -49,7 +49,7 @@ def spec(image: Image, shape: Shape, name: str, where: Path) -> DomainSpec:
         name=name,
         session=name,
         session_dir=where,
-        accel=accel_mod.Accel(shape.accel),
+        accel=accel.Accel(shape.accel),
         cpus=shape.cpus,
         memory_mib=shape.memory_mib,
         disk=where / paths.IMAGE_DISK,

@@ -19,8 +19,8 @@ import os
 import shlex
 from pathlib import Path, PurePosixPath
 
-from vmsandbox import paths
-from vmsandbox.confine import beneath, sudo
+from vmsandbox import paths, sudo
+from vmsandbox.confine import beneath
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.guest import commands
 from vmsandbox.guest.bootfiles import Bundle, GuestUser

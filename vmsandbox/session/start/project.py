@@ -30,8 +30,8 @@ import stat
 from collections.abc import Iterator
 from pathlib import Path
 
-from vmsandbox import paths
-from vmsandbox.confine import beneath, rights, sudo
+from vmsandbox import paths, sudo
+from vmsandbox.confine import beneath, rights
 from vmsandbox.errors import VmsandboxError
 
 KEY_DIRS = (".ssh", ".gnupg", ".aws", ".kube", ".docker", ".password-store", ".config", ".local")

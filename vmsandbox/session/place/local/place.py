@@ -7,6 +7,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Iterator
 from contextlib import AbstractContextManager
+from dataclasses import dataclass
 from pathlib import Path
 
 from vmsandbox import paths, ui
@@ -14,7 +15,21 @@ from vmsandbox.guest.ssh import Endpoint
 from vmsandbox.image import layers, store
 from vmsandbox.session.place import pins, room
 from vmsandbox.session.place.checkpoints import Checkpoint
-from vmsandbox.session.place.interface import VM, Abilities, Host, Launched, SavedVM, SaveFile, Snapshots, Tidy
+from vmsandbox.session.place.common import Connection, Domain
+from vmsandbox.session.place.interface import (
+    VM,
+    Abilities,
+    Facts,
+    Forks,
+    Host,
+    Images,
+    Launched,
+    Saved,
+    SavedVM,
+    Sharing,
+    Snapshots,
+    Tidy,
+)
 from vmsandbox.session.place.local import disks, sharing, start, template
 from vmsandbox.session.place.templates import Shape
 from vmsandbox.session.record import DOMAIN_PREFIX, Record, orphaned, readable
@@ -25,13 +40,20 @@ from vmsandbox.vm.node import Node
 from vmsandbox.vm.virt import DEFAULT_URI
 
 
+@dataclass(frozen=True)
+class SaveFile(SavedVM):
+    """A save image in a file on this machine."""
+
+    path: Path
+
+
 def _file(memory: SavedVM) -> Path:
     if not isinstance(memory, SaveFile):
         raise TypeError(f"a session on this machine is saved in a file, not {memory}")
     return memory.path
 
 
-class LocalHost(Host):
+class LocalHost(Connection, Host):
     # QEMU forwards the guest's SSH to this machine's loopback itself; the images are used where they are
     abilities = Abilities(elsewhere=False, tunnelled=False, holds_images=False, chain_limit=None)
 
@@ -42,24 +64,6 @@ class LocalHost(Host):
     def boot(self, record: Record, image: store.Image, *, cold: bool, timeout: int, launched: Launched) -> VM:
         start.boot(record, image, self.libvirt(), cold_start=cold, boot_timeout=timeout, launched=launched)
         return self.vm(record)
-
-    def warm_template(self, image: store.Image, shape: Shape, timeout: int) -> str:
-        return str(template.ensure(image, shape, self.libvirt(), timeout).path)
-
-    def hold_image(self, image: store.Image) -> str:
-        raise TypeError("this machine holds no images sent to it (its abilities say so): nothing asks it to")
-
-    def images_held(self) -> list[str]:
-        return [i.path.name for i in [*store.list_images(), *layers.list_layers()]]
-
-    def accelerator(self, node: Node) -> str:
-        return accel.choose(accel.Accel.AUTO).accel.value  # the same answer a session here gets
-
-    def kvm_problem(self, node: Node) -> str | None:
-        return accel.kvm_problem()
-
-    def memory_problem(self, node: Node) -> str | None:
-        return sharing.problem(self.libvirt(), self.accelerator(node))
 
     def sweep(self, mine: Path, tidy: Tidy) -> Iterator[str]:
         hv = self.libvirt()
@@ -81,8 +85,38 @@ class LocalHost(Host):
     def forget(self, root: Path, domain: str) -> None:
         self.libvirt().destroy(domain)  # nothing is kept beside the domain but the session's directory
 
+    @property
+    def images(self) -> Images:
+        return LocalImages(self)
 
-class LocalVM(VM):
+    @property
+    def facts(self) -> Facts:
+        return LocalFacts(self)
+
+
+class LocalImages(Images):
+    def template(self, image: store.Image, shape: Shape, timeout: int) -> str:
+        return str(template.ensure(image, shape, self.host.libvirt(), timeout).path)
+
+    def hold(self, image: store.Image) -> bool:
+        raise TypeError("this machine holds no images sent to it (its abilities say so): nothing asks it to")
+
+    def held(self) -> list[str]:
+        return [i.path.name for i in [*store.list_images(), *layers.list_layers()]]
+
+
+class LocalFacts(Facts):
+    def accelerator(self, node: Node) -> str:
+        return accel.choose(accel.Accel.AUTO).accel.value  # the same answer a session here gets
+
+    def kvm_problem(self, node: Node) -> str | None:
+        return accel.kvm_problem()
+
+    def memory_problem(self, node: Node) -> str | None:
+        return sharing.problem(self.host.libvirt(), self.accelerator(node))
+
+
+class LocalVM(Domain, VM):
     def memory_use(self) -> usage.Usage | None:
         # the system libvirt's pid files say which process is the domain's QEMU (a session daemon's: not read)
         return usage.of_domain(self.record.domain) if self.record.libvirt_uri == DEFAULT_URI else None
@@ -93,25 +127,44 @@ class LocalVM(VM):
     def console(self, *, follow: bool) -> Path:
         return self.record.files.console_log  # virtlogd writes it there
 
-    def save(self, *, deadline: float | None = None) -> None:
-        with ui.step(f"Saving {self.record.domain} (memory and devices) to disk"):
-            self.host.libvirt().save(self.record.domain, str(self.record.files.saved_memory), deadline=deadline)
+    def workspace_disk(self) -> Path:
+        return self.record.files.workspace_disk  # the VM wrote it in the session's directory
 
-    def holds_save(self) -> bool:
-        return self.record.files.saved_memory.exists()
+    @property
+    def saved(self) -> Saved:
+        return LocalSaved(self)
 
-    def stopped(self) -> SavedVM:
-        return SaveFile(self.record.files.saved_memory)
+    @property
+    def snapshots(self) -> Snapshots:
+        return LocalSnapshots(self)
 
-    def saved_words(self) -> str:
-        return f"{self.record.files.saved_memory.stat().st_size / 1024**2:.0f} MiB of memory saved"
+    @property
+    def forks(self) -> Forks:
+        return LocalForks(self)
+
+
+class LocalSaved(Saved):
+    def take(self, *, deadline: float | None = None) -> None:
+        record = self.vm.record
+        with ui.step(f"Saving {record.domain} (memory and devices) to disk"):
+            self.vm.host.libvirt().save(record.domain, str(record.files.saved_memory), deadline=deadline)
+
+    def held(self) -> bool:
+        return self.vm.record.files.saved_memory.exists()
+
+    def memory(self) -> SavedVM:
+        return SaveFile(self.vm.record.files.saved_memory)
+
+    def size(self) -> int | None:
+        saved = self.vm.record.files.saved_memory
+        return saved.stat().st_size if saved.exists() else None
 
     def restore(self, memory: SavedVM) -> None:
-        record, saved = self.record, _file(memory)
+        record, saved = self.vm.record, _file(memory)
         saved_xml = savefile.read(saved).xml
         paths.own_file(record.files.console_log)
         shared = sharing.split_of(saved)  # a fork's checkpoint: the source maps what its forks map
-        hv = self.host.libvirt()
+        hv = self.vm.host.libvirt()
         # on the session's SSH port, or on another one if something took it while the VM was down
 
         def launch() -> None:
@@ -128,15 +181,8 @@ class LocalVM(VM):
         start.on_a_free_port(record, launch, keep=True)
         record.save()
 
-    def discard_save(self) -> None:
-        self.record.files.saved_memory.unlink(missing_ok=True)
-
-    def workspace_disk(self) -> Path:
-        return self.record.files.workspace_disk  # the VM wrote it in the session's directory
-
-    @property
-    def snapshots(self) -> Snapshots:
-        return LocalSnapshots(self)
+    def discard(self) -> None:
+        self.vm.record.files.saved_memory.unlink(missing_ok=True)
 
 
 class LocalSnapshots(Snapshots):
@@ -159,10 +205,12 @@ class LocalSnapshots(Snapshots):
     def sizes(self, found: list[Checkpoint]) -> dict[str, int]:
         return {c.label: c.size() for c in found}
 
-    def fork_port(self) -> int:
+
+class LocalForks(Forks):
+    def ssh_port(self) -> int:
         return self.vm.record.ssh_port
 
-    def share(self, cp: Checkpoint) -> AbstractContextManager[str]:
+    def share(self, cp: Checkpoint) -> AbstractContextManager[Sharing]:
         what = f"the memory of {self.vm.record.name} at its checkpoint {cp.label} (sealed, in memory)"
         return sharing.of_checkpoint(cp.memory, what, self.vm.host.libvirt(), self.vm.record.accel)
 
@@ -170,7 +218,7 @@ class LocalSnapshots(Snapshots):
         disks.copy_for_fork(self.vm.record, cp, fork)
         return cp.workspace
 
-    def restore_fork(self, cp: Checkpoint, fork: Record) -> VM:
+    def restore(self, cp: Checkpoint, fork: Record) -> VM:
         saved = savefile.read(cp.memory)
         shared = sharing.split_of(cp.memory)
         if shared is None:

@@ -31,11 +31,10 @@ from pathlib import Path
 from vmsandbox import paths, proc, ui
 from vmsandbox.confine import access
 from vmsandbox.errors import VmsandboxError
-from vmsandbox.session.place.interface import Tidy
-from vmsandbox.session.place.local import template as templates
+from vmsandbox.session.place.interface import Sharing, Tidy
+from vmsandbox.session.place.local import template
 from vmsandbox.vm import node
-from vmsandbox.vm.memory import foreign, holders, sealed, usage
-from vmsandbox.vm.memory import split as memsplit
+from vmsandbox.vm.memory import foreign, holders, sealed, split, usage
 from vmsandbox.vm.virt import Hypervisor
 
 SWITCH = "VMSANDBOX_SHARE_MEMORY"  # "0" (or off, no, false): every session loads a copy of its memory, as before
@@ -107,10 +106,10 @@ def owner(hv: Hypervisor, accel: str) -> tuple[int, int]:
 # --- a template's memory: one holder per template, for every session of every command ---
 
 
-def of_template(tmpl: templates.Template, hv: Hypervisor, accel: str) -> Shared:
+def of_template(tmpl: template.Template, hv: Hypervisor, accel: str) -> Shared:
     """The template's memory, sealed and held (its holder started now if none runs); raises with why not."""
     who = owner(hv, accel)
-    templates.split(tmpl)
+    template.split_memory(tmpl)
     entry = _entry(tmpl)
     entry.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     with access.flocked(entry.with_suffix(".lock"), wait="Waiting for another vmsandbox that loads this memory"):
@@ -133,7 +132,7 @@ def of_template(tmpl: templates.Template, hv: Hypervisor, accel: str) -> Shared:
     return Shared(held, tmpl.state, str(tmpl.ram), lease)
 
 
-def _grown(held: sealed.Held, tmpl: templates.Template) -> bool:
+def _grown(held: sealed.Held, tmpl: template.Template) -> bool:
     """Whether the held copy grew well past the template's memory: tmpfs gives a hole of the file a page of its own
     the first time it is read through a session's mapping (a copy-on-write fault, a save's read of every page),
     zeros that stay in the file for good — memory that only a fresh copy gives back. Only once no session maps
@@ -152,14 +151,14 @@ def _mapped(held: sealed.Held) -> bool:
     return st is not None and (mapped is None or st.key in mapped)
 
 
-def _entry(tmpl: templates.Template) -> Path:
+def _entry(tmpl: template.Template) -> Path:
     """Where the holder of a template's memory says where it is (its name: the template's path and file)."""
     st = tmpl.ram.stat()
     key = hashlib.sha256(f"{tmpl.path.resolve()}:{st.st_dev}:{st.st_ino}".encode()).hexdigest()[:16]
     return paths.memory_holders_dir() / f"{key}.json"
 
 
-def _start(tmpl: templates.Template, who: tuple[int, int]) -> sealed.Held:
+def _start(tmpl: template.Template, who: tuple[int, int]) -> sealed.Held:
     with ui.step("Loading the template's memory for sessions to share (once)"):
         fd = sealed.create(f"vmsandbox-{tmpl.path.name}", tmpl.ram.stat().st_size)
         try:
@@ -189,10 +188,10 @@ def sweep(hv: Hypervisor, tidy: Tidy) -> Iterator[str]:
             elif held is None or where is None or seen is None:
                 what = f"the record of a memory holder that ended ({entry})"
                 yield tidy("remove", what, functools.partial(entry.unlink, missing_ok=True))
-            elif not templates.is_current(where, hv):
+            elif not template.is_current(where, hv):
                 what = f"the memory holder of {where} (pid {held.pid}: that template serves no new session)"
                 yield tidy("stop", what, functools.partial(holders.release, entry, held))
-            elif _grown(held, templates.Template(where, {})) and not _mapped(held):
+            elif _grown(held, template.Template(where, {})) and not _mapped(held):
                 # a copy grown by a save stays grown until that template's next warm start: up to its guest's RAM
                 what = f"the memory holder of {where} (pid {held.pid}: its copy grew, and no session maps it)"
                 yield tidy("stop", what, functools.partial(holders.release, entry, held))
@@ -205,27 +204,27 @@ _LOCK = threading.Lock()
 
 
 @contextlib.contextmanager
-def of_checkpoint(save: Path, what: str, hv: Hypervisor, accel: str) -> Iterator[str]:
+def of_checkpoint(save: Path, what: str, hv: Hypervisor, accel: str) -> Iterator[Sharing]:
     """While it lasts, restores from save image `save` (a fork's checkpoint: `what`, in words) in this process map
     one sealed copy of its RAM (split_of finds it): the source resuming and its forks share the pages none of them
-    writes. Yields what was done, in words; where it cannot be done, why (each restores a copy then)."""
+    writes. Yields what was done; where it cannot be done, why (each restores a copy then)."""
     state = save.with_name(STATE)
     if os.environ.get(FORK_SWITCH, "").strip().lower() not in ("1", "on", "yes", "true"):
-        yield f"each restores a copy (a session's own memory is shared only with {FORK_SWITCH}=1)"
+        yield Sharing(None, f"a session's own memory is shared only with {FORK_SWITCH}=1")
         return
     try:
         who = owner(hv, accel)
         state.unlink(missing_ok=True)
         with ui.step("Sealing the saved memory for the session and its forks to share"):
-            split, held, child = _seal_split(save, state, who)
+            made, held, child = _seal_split(save, state, who)
     except (VmsandboxError, OSError) as exc:
         state.unlink(missing_ok=True)
-        yield f"each restores a copy ({exc.message if isinstance(exc, VmsandboxError) else exc})"
+        yield Sharing(None, exc.message if isinstance(exc, VmsandboxError) else str(exc))
         return
     with _LOCK:
         _HELD[save] = Shared(held, state, what)
     try:
-        yield f"{split.pages * memsplit.PAGE / 1024**2:.0f} MiB mapped copy-on-write, one copy for all"
+        yield Sharing(made.pages * split.PAGE)
     finally:
         with _LOCK:
             _HELD.pop(save, None)
@@ -235,15 +234,15 @@ def of_checkpoint(save: Path, what: str, hv: Hypervisor, accel: str) -> Iterator
         state.unlink(missing_ok=True)
 
 
-def _seal_split(save: Path, state: Path, who: tuple[int, int]) -> tuple[memsplit.Split, sealed.Held, proc.Child]:
+def _seal_split(save: Path, state: Path, who: tuple[int, int]) -> tuple[split.Split, sealed.Held, proc.Child]:
     fd = sealed.create(f"vmsandbox-{save.parent.name}", 0)
     try:
-        split = memsplit.split(save, fd, state)
+        made = split.split(save, fd, state)
         sealed.seal(fd, who)
         held, child = sealed.hold(fd, who, detached=False)
     finally:
         os.close(fd)
-    return split, held, child
+    return made, held, child
 
 
 def split_of(save: Path) -> Shared | None:

@@ -14,13 +14,12 @@ from vmsandbox.egress import control, ports
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.guest import identity, ssh
 from vmsandbox.image import store
-from vmsandbox.session.place import console as boot_mod
-from vmsandbox.session.place import templates as templatekey
-from vmsandbox.session.place.interface import IDENTITY_TIMEOUT, Launched, nothing, template_for, warm_or_cold
+from vmsandbox.session.place import console, templates
+from vmsandbox.session.place.common import IDENTITY_TIMEOUT, nothing, template_for, warm_or_cold
+from vmsandbox.session.place.interface import Launched
 from vmsandbox.session.place.local import bootwait, sharing, template
 from vmsandbox.session.record import Record
-from vmsandbox.vm import accel as accel_mod
-from vmsandbox.vm import domain, qemuimg, rambackend, savefile
+from vmsandbox.vm import accel, domain, qemuimg, rambackend, savefile
 from vmsandbox.vm.domain import DomainSpec, Forward
 from vmsandbox.vm.memory import usage
 from vmsandbox.vm.node import PortTakenError
@@ -43,7 +42,7 @@ def spec(record: Record, boot: tuple[Path, Path, str], *, warm: bool, workspace:
         name=record.domain,
         session=record.name,
         session_dir=files.root,
-        accel=accel_mod.Accel(record.accel),
+        accel=accel.Accel(record.accel),
         cpus=record.cpus,
         memory_mib=record.memory_mib,
         disk=record.system_disk,
@@ -244,7 +243,7 @@ def boot(
     launched: Launched = nothing,
 ) -> None:
     """Start the session's VM: warm when a template serves, else (or when the warm start fails) cold."""
-    shape = templatekey.shape_of(record)
+    shape = templates.shape_of(record)
     unbuilt = "the warm-start template could not be built"
     tmpl = template_for(
         record, lambda: template.ensure(image, shape, hv, boot_timeout), cold=cold_start, unbuilt=unbuilt
@@ -259,7 +258,7 @@ def boot(
         condemned = template.mark_failed(
             t, exc.message, record.name, project=record.project, own=isinstance(exc, savefile.SaveImageError)
         )
-        kept = boot_mod.keep(record.files.console_log, record.name)
+        kept = console.keep(record.files.console_log, record.name)
         ui.warn(
             f"{record.start_note}; booting cold"
             + (f" (its console is kept at {kept})" if kept else "")

@@ -26,18 +26,17 @@ from pathlib import Path
 from typing import Any
 
 from vmsandbox import failpoint, paths, ui
-from vmsandbox.confine import access
-from vmsandbox.confine import accounts as confine
+from vmsandbox.confine import access, accounts
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.image import layers, store
 from vmsandbox.image.store import Image
-from vmsandbox.session.place import templates as templatekey
+from vmsandbox.session.place import templates
 from vmsandbox.session.place.interface import Tidy
 from vmsandbox.session.place.local import bootwait
 from vmsandbox.session.place.templates import DOMAIN_PREFIX, READY, SETTLE, Shape, digest, key
 from vmsandbox.vm import qemuimg
 from vmsandbox.vm.domain import build_xml
-from vmsandbox.vm.memory import split as memsplit
+from vmsandbox.vm.memory import split
 from vmsandbox.vm.virt import Hypervisor
 
 DIR = paths.IMAGE_TEMPLATES
@@ -110,11 +109,11 @@ def mark_failed(tmpl: Template, why: str, session: str, *, project: str = "", ow
     a new one) only when a warm start of another session failed before, with no success between, or when the
     failure is its own (`own`: its saved memory is not a save image). True if it was condemned now."""
     strike = _strike_mark(tmpl.path)
-    if own or templatekey.condemns(_read_strike(strike), session, project):
+    if own or templates.condemns(_read_strike(strike), session, project):
         paths.write_atomically(_failed_mark(tmpl.path), why[:500] + "\n", mode=0o644)
         strike.unlink(missing_ok=True)
         return True
-    paths.write_atomically(strike, templatekey.strike(session, why, project), mode=0o644)
+    paths.write_atomically(strike, templates.strike(session, why, project), mode=0o644)
     return False
 
 
@@ -160,7 +159,7 @@ def _lock(image: Image) -> Iterator[None]:
 
 def ensure(image: Image, shape: Shape, hv: Hypervisor, boot_timeout: int) -> Template:
     """The template for this image and shape, built now if there is none (once; others wait for it)."""
-    return templatekey.found_or_built(
+    return templates.found_or_built(
         lambda: find(image, shape, hv),
         lambda: _lock(image),
         lambda: _path_of(image, shape, key(image, shape, hv)).exists(),  # there, yet not found: it failed
@@ -174,14 +173,14 @@ def _build(image: Image, shape: Shape, hv: Hypervisor, boot_timeout: int) -> Tem
     final = _path_of(image, shape, k)
     tmp = root_of(image) / f".tmp-{secrets.token_hex(4)}"
     tmp.mkdir(mode=0o700)
-    confine.private_dir(tmp)
-    spec = templatekey.spec(image, shape, DOMAIN_PREFIX + tmp.name[5:], tmp)
+    accounts.private_dir(tmp)
+    spec = templates.spec(image, shape, DOMAIN_PREFIX + tmp.name[5:], tmp)
     started = time.monotonic()
     try:
         qemuimg.create_overlay(image.disk, spec.disk, shape.disk_mib * 1024 * 1024, depth=2)
         (tmp / "fwcfg").mkdir(mode=0o700)
         (tmp / "fwcfg" / "template").write_text("1\n")
-        confine.give_to_qemu(tmp / "fwcfg")
+        accounts.give_to_qemu(tmp / "fwcfg")
         paths.own_file(spec.console_log)
         hv.create(build_xml(spec))
         failpoint.hit("template.boot")
@@ -222,7 +221,7 @@ def _build(image: Image, shape: Shape, hv: Hypervisor, boot_timeout: int) -> Tem
     return Template(final, meta)
 
 
-def split(tmpl: Template) -> None:
+def split_memory(tmpl: Template) -> None:
     """The template's memory split for sessions that share it (memory.ram, memory.state): made now, under the lock
     of its image's templates, if it was built before templates were split."""
     if tmpl.ram.is_file() and tmpl.state.is_file():
@@ -231,11 +230,11 @@ def split(tmpl: Template) -> None:
         if tmpl.ram.is_file() and tmpl.state.is_file():
             return
         with contextlib.suppress(OSError):
-            raise memsplit.StreamError((tmpl.path / UNSPLIT).read_text().strip())
+            raise split.StreamError((tmpl.path / UNSPLIT).read_text().strip())
         try:
             with ui.step("Splitting the warm-start template's memory for sessions to share (once)"):
                 _split(tmpl.path)
-        except memsplit.StreamError as exc:  # said once, kept: every later session restores it whole at once
+        except split.StreamError as exc:  # said once, kept: every later session restores it whole at once
             paths.write_atomically(tmpl.path / UNSPLIT, exc.message[:500] + "\n", mode=0o644)
             raise
 
@@ -247,7 +246,7 @@ def _split(where: Path) -> None:
         f.unlink(missing_ok=True)
     fd = os.open(ram, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
     try:
-        memsplit.split(where / MEMORY, fd, state)
+        split.split(where / MEMORY, fd, state)
         os.fsync(fd)
         os.fchmod(fd, 0o444)  # never written again (like memory.save); QEMU maps a sealed copy, never these
         made = os.open(state, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)  # (through the descriptor: a link put

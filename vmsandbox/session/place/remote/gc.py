@@ -13,7 +13,7 @@ from pathlib import Path
 
 from vmsandbox.confine import access
 from vmsandbox.errors import VmsandboxError
-from vmsandbox.session.place import templates as templatekey
+from vmsandbox.session.place import templates
 from vmsandbox.session.place.hostspec import HostSpec
 from vmsandbox.session.place.interface import Tidy
 from vmsandbox.session.place.remote import images, template, vm
@@ -83,7 +83,7 @@ def _templates(hv: Hypervisor, host: HostSpec, tidy: Tidy) -> Iterator[str]:
         if not held:
             return
         vols = hv.volumes(POOL)
-        names = {v.split(".", 1)[0] for v in vols if v.startswith(templatekey.DOMAIN_PREFIX)}
+        names = {v.split(".", 1)[0] for v in vols if v.startswith(templates.DOMAIN_PREFIX)}
         used = _backings(hv, vols)
         for name in sorted(names):
             tmpl = RemoteTemplate(name)
@@ -117,7 +117,7 @@ def _backings(hv: Hypervisor, vols: dict[str, str]) -> set[str]:
     """The backing files that the sessions' qcow2 volumes there name (read from their headers)."""
     used: set[str] = set()
     for name, path in vols.items():
-        if name.endswith(".qcow2") and not name.startswith(templatekey.DOMAIN_PREFIX):
+        if name.endswith(".qcow2") and not name.startswith(templates.DOMAIN_PREFIX):
             try:
                 head = bytes(hv.download(POOL, name, keep=QCOW2_HEAD, length=QCOW2_HEAD).kept)
             except VmsandboxError:  # deleted since it was listed

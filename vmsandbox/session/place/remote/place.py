@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 from contextlib import AbstractContextManager
+from dataclasses import dataclass
 from pathlib import Path
 
 from vmsandbox import ui
@@ -16,13 +17,34 @@ from vmsandbox.guest.ssh import Endpoint
 from vmsandbox.image import store
 from vmsandbox.session.place import checkpoints, room
 from vmsandbox.session.place.checkpoints import Checkpoint
-from vmsandbox.session.place.interface import VM, Abilities, Host, Launched, SavedVM, SaveVolume, Snapshots, Tidy
+from vmsandbox.session.place.common import Connection, Domain
+from vmsandbox.session.place.interface import (
+    VM,
+    Abilities,
+    Facts,
+    Forks,
+    Host,
+    Images,
+    Launched,
+    Saved,
+    SavedVM,
+    Sharing,
+    Snapshots,
+    Tidy,
+)
 from vmsandbox.session.place.remote import checkpoint, fork, gc, images, log, save, start, template, vm
 from vmsandbox.session.place.templates import Shape
 from vmsandbox.session.record import Record
 from vmsandbox.vm import accel
 from vmsandbox.vm.memory.usage import Usage
 from vmsandbox.vm.node import Node
+
+
+@dataclass(frozen=True)
+class SaveVolume(SavedVM):
+    """A save image in a volume of the session's host's pool."""
+
+    volume: str
 
 
 def _volume(memory: SavedVM) -> str:
@@ -35,7 +57,7 @@ def _chains(record: Record) -> list[list[str]]:
     return [c.chain for c in checkpoints.listed(record.files)]
 
 
-class RemoteHost(Host):
+class RemoteHost(Connection, Host):
     # the chain is not folded there (that takes qemu-img on the host): a session takes at most MAX_CHAIN overlays
     abilities = Abilities(elsewhere=True, tunnelled=True, holds_images=True, chain_limit=checkpoint.MAX_CHAIN)
 
@@ -49,26 +71,6 @@ class RemoteHost(Host):
         launched()  # the egress daemon reaches the guest through the tunnel, which is open only now
         return self.vm(record)
 
-    def warm_template(self, image: store.Image, shape: Shape, timeout: int) -> str:
-        images.ensure(self.libvirt(), self.spec, image)
-        return template.ensure(image, shape, self.libvirt(), self.spec, timeout).name
-
-    def hold_image(self, image: store.Image) -> str:
-        what = "sent" if images.ensure(self.libvirt(), self.spec, image) else "already there"
-        return f"{what} (pool {images.POOL} at {self.spec.pool_path})"
-
-    def images_held(self) -> list[str]:
-        return list(images.ready(self.libvirt()))
-
-    def accelerator(self, node: Node) -> str:
-        return node.accel
-
-    def kvm_problem(self, node: Node) -> str | None:
-        return node.kvm_problem()
-
-    def memory_problem(self, node: Node) -> str | None:
-        return start.UNSHARED
-
     def sweep(self, mine: Path, tidy: Tidy) -> Iterator[str]:
         yield from gc.sweep(self.libvirt, self.spec, mine, tidy)
 
@@ -78,8 +80,40 @@ class RemoteHost(Host):
     def forget(self, root: Path, domain: str) -> None:
         gc.drop(self.libvirt(), domain, root)
 
+    @property
+    def images(self) -> Images:
+        return RemoteImages(self)
 
-class RemoteVM(VM):
+    @property
+    def facts(self) -> Facts:
+        return RemoteFacts(self)
+
+
+class RemoteImages(Images):
+    def template(self, image: store.Image, shape: Shape, timeout: int) -> str:
+        host = self.host
+        images.ensure(host.libvirt(), host.spec, image)
+        return template.ensure(image, shape, host.libvirt(), host.spec, timeout).name
+
+    def hold(self, image: store.Image) -> bool:
+        return images.ensure(self.host.libvirt(), self.host.spec, image)
+
+    def held(self) -> list[str]:
+        return list(images.ready(self.host.libvirt()))
+
+
+class RemoteFacts(Facts):
+    def accelerator(self, node: Node) -> str:
+        return node.accel
+
+    def kvm_problem(self, node: Node) -> str | None:
+        return node.kvm_problem()
+
+    def memory_problem(self, node: Node) -> str | None:
+        return start.UNSHARED
+
+
+class RemoteVM(Domain, VM):
     def memory_use(self) -> Usage | None:
         return None  # its QEMU runs on the other host: this machine's /proc does not hold it
 
@@ -91,33 +125,44 @@ class RemoteVM(VM):
         log.refresh(self.record, self.host.libvirt(), follow=follow)
         return self.record.files.console_log
 
-    def save(self, *, deadline: float | None = None) -> None:
-        with ui.step(f"Saving {self.record.domain} (memory and devices) on host {self.record.host}"):
-            save.save(self.record, self.host.libvirt(), deadline=deadline)
-
-    def holds_save(self) -> bool:
-        return save.holds(self.record, self.host.libvirt())
-
-    def stopped(self) -> SavedVM:
-        return SaveVolume(save.name(self.record))
-
-    def saved_words(self) -> str:
-        return f"its memory saved on host {self.record.host}"
-
-    def restore(self, memory: SavedVM) -> None:
-        save.restore(self.record, self.host.libvirt(), _volume(memory))
-
-    def discard_save(self) -> None:
-        save.restored(self.record, self.host.libvirt())
-        self.record.files.saved_memory.unlink(missing_ok=True)
-
     def workspace_disk(self) -> Path:
         vm.fetch_workspace(self.record, self.host.libvirt())
         return self.record.files.workspace_disk
 
     @property
+    def saved(self) -> Saved:
+        return RemoteSaved(self)
+
+    @property
     def snapshots(self) -> Snapshots:
         return RemoteSnapshots(self)
+
+    @property
+    def forks(self) -> Forks:
+        return RemoteForks(self)
+
+
+class RemoteSaved(Saved):
+    def take(self, *, deadline: float | None = None) -> None:
+        record = self.vm.record
+        with ui.step(f"Saving {record.domain} (memory and devices) on host {record.host}"):
+            save.save(record, self.vm.host.libvirt(), deadline=deadline)
+
+    def held(self) -> bool:
+        return save.holds(self.vm.record, self.vm.host.libvirt())
+
+    def memory(self) -> SavedVM:
+        return SaveVolume(save.name(self.vm.record))
+
+    def size(self) -> int | None:
+        return self.vm.host.libvirt().allocations(images.POOL).get(save.name(self.vm.record))
+
+    def restore(self, memory: SavedVM) -> None:
+        save.restore(self.vm.record, self.vm.host.libvirt(), _volume(memory))
+
+    def discard(self) -> None:
+        save.restored(self.vm.record, self.vm.host.libvirt())
+        self.vm.record.files.saved_memory.unlink(missing_ok=True)
 
 
 class RemoteSnapshots(Snapshots):
@@ -147,16 +192,18 @@ class RemoteSnapshots(Snapshots):
                 f"host {record.host} did not say what the checkpoints hold there: {exc.message}"
             ) from exc
 
-    def fork_port(self) -> int:
+
+class RemoteForks(Forks):
+    def ssh_port(self) -> int:
         return 0  # a tunnel of its own, opened when its VM runs
 
-    def share(self, cp: Checkpoint) -> AbstractContextManager[str]:
-        return contextlib.nullcontext(f"each restores a copy of the memory ({start.UNSHARED})")
+    def share(self, cp: Checkpoint) -> AbstractContextManager[Sharing]:
+        return contextlib.nullcontext(Sharing(None, start.UNSHARED))
 
     def copy_disks(self, cp: Checkpoint, fork_record: Record) -> Path | None:
         fork.copy_disks(self.vm.record, cp, fork_record, self.vm.host.libvirt())
         return None  # made there, beside the system disk
 
-    def restore_fork(self, cp: Checkpoint, fork_record: Record) -> VM:
+    def restore(self, cp: Checkpoint, fork_record: Record) -> VM:
         fork.restore(self.vm.record, cp, fork_record, self.vm.host.libvirt())
         return self.vm.host.vm(fork_record)

@@ -13,9 +13,9 @@ from vmsandbox import ui
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.guest import identity
 from vmsandbox.image import store
-from vmsandbox.session.place import templates as templatekey
+from vmsandbox.session.place import templates
+from vmsandbox.session.place.common import IDENTITY_TIMEOUT, template_for, warm_or_cold
 from vmsandbox.session.place.hostspec import HostSpec
-from vmsandbox.session.place.interface import IDENTITY_TIMEOUT, template_for, warm_or_cold
 from vmsandbox.session.place.remote import images, log, save, template, tunnel, vm
 from vmsandbox.session.place.remote.images import POOL
 from vmsandbox.session.place.remote.template import RemoteTemplate
@@ -29,7 +29,7 @@ def boot(
 ) -> None:
     """Send what the VM needs to the host and start it there (warm if it can), its tunnel open, its sshd up."""
     images.ensure(hv, host, image)
-    shape = templatekey.shape_of(record)
+    shape = templates.shape_of(record)
     unbuilt = f"no warm-start template on host {host.name}"
     tmpl = template_for(
         record, lambda: template.ensure(image, shape, hv, host, boot_timeout), cold=cold_start, unbuilt=unbuilt
@@ -60,7 +60,7 @@ def boot(
         vm.cold(record, image, hv, host, cold, boot_timeout)
 
 
-# why sessions on another host load a copy of their memory (Host.memory_problem, `hosts`, `inspect`)
+# why sessions on another host load a copy of their memory (Facts.memory_problem, `hosts`, `inspect`)
 UNSHARED = (
     "on another host no process of this machine can hand QEMU a sealed memory file, so each session there "
     "restores a copy of its template's memory"

@@ -28,13 +28,11 @@ from vmsandbox import paths, ui
 from vmsandbox.confine import access
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.image.store import Image
-from vmsandbox.session.place import console as boot
-from vmsandbox.session.place import templates as templatekey
+from vmsandbox.session.place import console, templates
 from vmsandbox.session.place.hostspec import HostSpec
 from vmsandbox.session.place.remote import images, log, vm
 from vmsandbox.session.place.remote.images import POOL, volume
-from vmsandbox.vm import accel as accel_mod
-from vmsandbox.vm import domain, node, storage
+from vmsandbox.vm import accel, domain, node, storage
 from vmsandbox.vm.domain import DomainSpec
 from vmsandbox.vm.virt import Hypervisor
 
@@ -50,13 +48,13 @@ class RemoteTemplate:
         return f"{self.name}.{what}"
 
 
-def of(image: Image, shape: templatekey.Shape, hv: Hypervisor) -> tuple[RemoteTemplate, dict[str, Any]]:
+def of(image: Image, shape: templates.Shape, hv: Hypervisor) -> tuple[RemoteTemplate, dict[str, Any]]:
     """The template this image and shape have on the host `hv` is connected to, and its key."""
-    k = templatekey.key(image, shape, hv)
-    return RemoteTemplate(templatekey.DOMAIN_PREFIX + templatekey.digest(k)), k
+    k = templates.key(image, shape, hv)
+    return RemoteTemplate(templates.DOMAIN_PREFIX + templates.digest(k)), k
 
 
-def find(image: Image, shape: templatekey.Shape, hv: Hypervisor) -> tuple[RemoteTemplate | None, str]:
+def find(image: Image, shape: templates.Shape, hv: Hypervisor) -> tuple[RemoteTemplate | None, str]:
     """The usable template there, or None and why there is none."""
     tmpl, k = of(image, shape, hv)
     vols = hv.volumes(POOL)
@@ -81,7 +79,7 @@ def record_of(hv: Hypervisor, tmpl: RemoteTemplate) -> dict[str, Any] | None:
     return record if isinstance(record, dict) else None
 
 
-def ensure(image: Image, shape: templatekey.Shape, hv: Hypervisor, host: HostSpec, boot_timeout: int) -> RemoteTemplate:
+def ensure(image: Image, shape: templates.Shape, hv: Hypervisor, host: HostSpec, boot_timeout: int) -> RemoteTemplate:
     """The template there, built now if there is none (once: this machine's other sessions wait for it)."""
     wait = f"another vmsandbox builds a warm-start template on host {host.name}; waiting for it…"
 
@@ -90,7 +88,7 @@ def ensure(image: Image, shape: templatekey.Shape, hv: Hypervisor, host: HostSpe
         _build(image, shape, hv, tmpl, k, boot_timeout)
         return tmpl
 
-    return templatekey.found_or_built(
+    return templates.found_or_built(
         lambda: find(image, shape, hv),
         lambda: access.flocked(lock_path(host), wait=wait),
         lambda: of(image, shape, hv)[0].vol("failed") in hv.volumes(POOL),
@@ -115,13 +113,13 @@ def mark_failed(
     previous = None
     if strike in vols:
         previous = bytes(hv.download(POOL, strike, keep=READY_LIMIT, length=READY_LIMIT).kept).decode(errors="replace")
-    if own or templatekey.condemns(previous, session, project):
+    if own or templates.condemns(previous, session, project):
         images.put_text(hv, tmpl.vol("failed"), why[:500] + "\n", mode="0600")
         hv.delete_volume(POOL, strike)
         return True
     if strike in vols:
         hv.delete_volume(POOL, strike)
-    images.put_text(hv, strike, templatekey.strike(session, why, project), mode="0600")
+    images.put_text(hv, strike, templates.strike(session, why, project), mode="0600")
     return False
 
 
@@ -140,7 +138,7 @@ def delete(hv: Hypervisor, tmpl: RemoteTemplate) -> None:
 
 
 def _build(
-    image: Image, shape: templatekey.Shape, hv: Hypervisor, tmpl: RemoteTemplate, k: dict[str, Any], boot_timeout: int
+    image: Image, shape: templates.Shape, hv: Hypervisor, tmpl: RemoteTemplate, k: dict[str, Any], boot_timeout: int
 ) -> None:
     delete(hv, tmpl)  # what an interrupted build of it left
     started = time.monotonic()
@@ -149,7 +147,7 @@ def _build(
         hv.create(domain.build_xml(spec))
         with ui.step(f"Booting the template there ({shape.accel.upper()}, {shape.cpus} vCPU)") as detail:
             _wait_ready(hv, tmpl, boot_timeout)
-            time.sleep(templatekey.SETTLE)
+            time.sleep(templates.SETTLE)
             detail("saving its memory")
             saved = hv.create_volume(POOL, storage.volume_xml(tmpl.vol("save"), 0, mode="0600"))
             hv.save(tmpl.name, saved, here=False)
@@ -166,27 +164,27 @@ def _build(
         raise
 
 
-def _spec(image: Image, shape: templatekey.Shape, hv: Hypervisor, tmpl: RemoteTemplate) -> DomainSpec:
+def _spec(image: Image, shape: templates.Shape, hv: Hypervisor, tmpl: RemoteTemplate) -> DomainSpec:
     """The build domain: its disk an overlay of the image's volume, its console and fw_cfg file volumes."""
     vols = hv.volumes(POOL)
     backing = vols[volume(image.path.name, paths.IMAGE_DISK)]
     size = shape.disk_mib * 1024 * 1024
     disk = hv.create_volume(POOL, storage.volume_xml(tmpl.vol("disk.qcow2"), size, mode="0600", backing=backing))
     images.put_text(hv, tmpl.vol("fw.template"), "1\n", mode="0600")
-    console = hv.create_volume(POOL, storage.volume_xml(tmpl.vol("console.log"), 0, mode="0600"))
+    console_log = hv.create_volume(POOL, storage.volume_xml(tmpl.vol("console.log"), 0, mode="0600"))
     vols, kernel = hv.volumes(POOL), vm.kernel_of(image)
     return DomainSpec(
         name=tmpl.name,
         session=tmpl.name,
         session_dir=Path(disk).parent,
-        accel=accel_mod.Accel(shape.accel),
+        accel=accel.Accel(shape.accel),
         cpus=shape.cpus,
         memory_mib=shape.memory_mib,
         disk=Path(disk),
         kernel=Path(vols[volume(kernel, paths.IMAGE_KERNEL)]),
         initrd=Path(vols[volume(kernel, paths.IMAGE_INITRD)]),
         cmdline=image.kernel_cmdline,
-        console_log=Path(console),
+        console_log=Path(console_log),
         forwards=(),
         fwcfg_files={"template": Path(vols[tmpl.vol("fw.template")])},
         channel=domain.LIBVIRTS_SOCKET,
@@ -200,19 +198,19 @@ def _wait_ready(hv: Hypervisor, tmpl: RemoteTemplate, boot_timeout: int) -> None
     deadline = time.monotonic() + boot_timeout
     while True:
         stopped = node.gone(hv.info(tmpl.name))
-        console = log.console_of(hv, tmpl.vol("console.log")) or b""
-        if templatekey.READY.encode() in console:
+        shown = log.console_of(hv, tmpl.vol("console.log")) or b""
+        if templates.READY.encode() in shown:
             return
         if stopped or time.monotonic() > deadline:
-            why = "stopped while booting" if stopped else f"did not reach {templatekey.READY!r} within {boot_timeout} s"
-            raise VmsandboxError(f"the template's VM {why}", hint=_kept(console, tmpl))
+            why = "stopped while booting" if stopped else f"did not reach {templates.READY!r} within {boot_timeout} s"
+            raise VmsandboxError(f"the template's VM {why}", hint=_kept(shown, tmpl))
         time.sleep(POLL_SECONDS)
 
 
-def _kept(console: bytes, tmpl: RemoteTemplate) -> str:
+def _kept(shown: bytes, tmpl: RemoteTemplate) -> str:
     """Where the failed build's console is kept here (its volume there goes with the build)."""
     with tempfile.TemporaryDirectory(prefix="vmsandbox-tmpl-") as tmp:
         copy = Path(tmp) / "console.log"
-        copy.write_bytes(console)
-        kept = boot.keep(copy, tmpl.name)
+        copy.write_bytes(shown)
+        kept = console.keep(copy, tmpl.name)
     return (f"its console is kept at {kept}; " if kept else "") + "`--cold` boots without a template"

@@ -27,8 +27,7 @@ from vmsandbox.session.place.hostspec import HostSpec
 from vmsandbox.session.place.remote import images, log, tunnel
 from vmsandbox.session.place.remote.images import POOL, volume
 from vmsandbox.session.record import Record
-from vmsandbox.vm import accel as accel_mod
-from vmsandbox.vm import domain, storage
+from vmsandbox.vm import accel, domain, storage
 from vmsandbox.vm.domain import DomainSpec, Forward
 from vmsandbox.vm.node import PortTakenError, gone
 from vmsandbox.vm.virt import Hypervisor
@@ -124,7 +123,7 @@ def spec(record: Record, sent: Sent, boot: tuple[Path, Path, str]) -> DomainSpec
         name=record.domain,
         session=record.name,
         session_dir=record.files.root,
-        accel=accel_mod.Accel(record.accel),
+        accel=accel.Accel(record.accel),
         cpus=record.cpus,
         memory_mib=record.memory_mib,
         disk=Path(sent.overlay),
