@@ -3,13 +3,13 @@ spirit (Lifecycle, Snapshots, GuestAgent):
 
 - Host: one libvirt host (this machine, or another one named under `hosts:`) on the one connection an operation
   uses; it admits, boots and sweeps sessions, gives the VM of one and forgets one. Reached from it:
-  - Images (`host.images`): the images it holds and their warm-start templates;
-  - Facts (`host.facts`): what it offers a session, as `doctor` and `host ls` show it.
+  - Images (`Host.images`): the images it holds and their warm-start templates;
+  - Facts (`Host.facts`): what it offers a session, as `doctor` and `host ls` show it.
 - VM: one session's VM on that connection: what libvirt says of it, reaching its guest, its console, a dead
   VM's disk. Reached from it:
-  - Saved (`vm.saved`): the VM saved where a stopped session keeps it, and restored from a save;
-  - Snapshots (`vm.snapshots`): its checkpoints;
-  - Forks (`vm.forks`): the sessions made from a checkpoint of it.
+  - Saved (`VM.saved`): the VM saved where a stopped session keeps it, and restored from a save;
+  - Snapshots (`VM.snapshots`): its checkpoints;
+  - Forks (`VM.forks`): the sessions made from a checkpoint of it.
 
 What a kind of place can do is data (Abilities), read by policy instead of asking where a VM lives: a step one
 place takes and another does not is an ability, never a method that does nothing. A place answers with data;
