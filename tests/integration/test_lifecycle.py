@@ -143,9 +143,18 @@ def test_rm_takes_several_names_and_a_damaged_record_is_listed_then_removed(
 
 
 def test_kill_9_then_ls_and_gc_recover(cli: Cli, owned_name: str, project: Path) -> None:
+    """Also: while the run drives its session, `stop`, `checkpoint restore` and `rm` from another command are each
+    refused in the same words (core.sessions.not_driven, the API's pause, rollback and kill too)."""
     p = cli.popen("run", "--name", owned_name, str(project), "--", "sleep", "600")
     try:
         wait_for(lambda: record_status(owned_name) == "ready", 600, "the session to boot")
+        said = []
+        for asked in (["stop", owned_name], ["checkpoint", "restore", owned_name, "cp-1"], ["rm", owned_name]):
+            r = cli.run(*asked)
+            assert r.returncode == 1, (asked, r.stderr.decode())
+            said.append(r.stderr.decode().split("\n")[0])
+        assert len(set(said)) == 1 and f"session {owned_name} is driven by the command that made it" in said[0], said
+        assert domain_exists(owned_name) and record_status(owned_name) == "ready"  # nothing was done to it
         time.sleep(3)  # let the command start
         p.kill()
         p.wait()
