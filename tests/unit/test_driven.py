@@ -108,6 +108,24 @@ def test_a_run_that_drives_a_session_refuses_stop_restore_and_kill_in_the_same_w
         sessions.destroy("s1", force=True, take=True)
 
 
+def test_the_compare_page_refuses_to_end_a_driven_session_before_it_applies_a_pick(
+    running: Callable[..., None], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its "apply the picks, destroy the rest" ends sessions too: a session a run drives is refused first, so no
+    pick is applied and then left unsaid behind the refusal."""
+    from vmsandbox.core import reviews
+    from vmsandbox.web import compare
+
+    run = os.getppid()
+    running(owner_pid=run, owner_start=pids.process_start(run))
+    _reached(monkeypatch)
+    monkeypatch.setattr(reviews, "reviewed", lambda *_a: (_ for _ in ()).throw(ReachedError("a review looked at")))
+    with pytest.raises(sessions.DrivenError):
+        compare.apply({"r-s1": "review-1", "c0": "s1:0:digest", "destroy": "rest"})
+    with pytest.raises(ReachedError, match="a review looked at"):  # without "destroy the rest": no rule to keep
+        compare.apply({"r-s1": "review-1", "c0": "s1:0:digest"})
+
+
 @pytest.mark.parametrize(
     "owner",
     [
@@ -127,3 +145,16 @@ def test_without_a_live_run_the_rule_lets_each_through(
             call()
         reached.append(str(raised.value))
     assert reached == ["stop", "rollback", "destroy", "destroy", "stop", "rollback"]
+
+
+def test_a_stop_whose_words_fail_is_a_stop_made(running: Callable[..., None], monkeypatch: pytest.MonkeyPatch) -> None:
+    """The words come after the save (its size asked of the host): a host that stops answering then fails
+    nothing, so the API's pause is not an error for a sandbox that is paused."""
+    running()
+    monkeypatch.setattr(suspend, "stop", sessions.record)  # (saved: what the words are made of)
+
+    def unanswered(_record: object) -> str:
+        raise VmsandboxError("host far does not answer")
+
+    monkeypatch.setattr(suspend, "where_saved", unanswered)
+    assert sessions.stop("s1") == "its memory saved"

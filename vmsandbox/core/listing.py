@@ -5,6 +5,7 @@ line may take (sessions, fan-outs, checkpoints). Reading only: nothing here chan
 from __future__ import annotations
 
 import collections
+import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -111,17 +112,19 @@ def labels(name: str) -> list[str]:
     return [c.label for c in checkpoints.listed(paths.session_paths(name))]
 
 
-def console(name: str, *, follow: bool, tail: int | None) -> Iterator[str]:
+def console(name: str, *, follow: bool, tail: int | None, most_bytes: int | None = None) -> Iterator[str]:
     """A session's serial console, its lines as the guest wrote them (brought up to date first): the terminal's
-    `logs` and the page's live view read it here."""
+    `logs` and the page's live view read it here (`most_bytes`: see `lines`)."""
     record = Record.load(name)
     state.refresh_console(record, follow=follow)
     if not follow and not record.files.console_log.exists():
         raise VmsandboxError(f"session {name} has no console log yet")
-    return lines(record.files.console_log, None, follow=follow, stopped=_gone(record), tail=tail)
+    return lines(record.files.console_log, None, follow=follow, stopped=_gone(record), tail=tail, most_bytes=most_bytes)
 
 
-def proxy(name: str, *, follow: bool, tail: int | None, since: float | None) -> Iterator[tuple[str, dict[str, Any]]]:
+def proxy(
+    name: str, *, follow: bool, tail: int | None, since: float | None, most_bytes: int | None = None
+) -> Iterator[tuple[str, dict[str, Any]]]:
     """A session's egress decisions, oldest first, each as its JSON line and as data: every allowed or denied
     request and every change of its allowlist (with `since`, only those at that time or later). The terminal's
     `policy log` and the page's live view read them here."""
@@ -129,7 +132,7 @@ def proxy(name: str, *, follow: bool, tail: int | None, since: float | None) -> 
     path = record.files.proxy_log
     if not follow and not path.exists():
         return iter(())
-    found = lines(path, proxylog.rotated(path), follow=follow, stopped=_gone(record), tail=tail)
+    found = lines(path, proxylog.rotated(path), follow=follow, stopped=_gone(record), tail=tail, most_bytes=most_bytes)
     return ((line, event) for line in found if (event := proxylog.parse(line)) is not None and after(event, since))
 
 
@@ -147,24 +150,48 @@ def _gone(record: Record) -> Callable[[], bool]:
 
 
 def lines(
-    path: Path, older: Path | None, *, follow: bool, stopped: Callable[[], bool], tail: int | None
+    path: Path,
+    older: Path | None,
+    *,
+    follow: bool,
+    stopped: Callable[[], bool],
+    tail: int | None,
+    most_bytes: int | None = None,
 ) -> Iterator[str]:
     """A log's lines (its rotated part first, when not following), the last `tail` of them only, then with
-    `follow` the new ones as they come."""
+    `follow` the new ones as they come. `most_bytes`: with `tail`, read no more than the end of each part (the
+    guest writes the console: a page that polls reads a bounded end, as the console's own tail does)."""
     if tail is None:
         if older is not None and older.exists() and not follow:
             yield from proxylog.read(older, follow=False)
         yield from proxylog.read(path, follow=follow, stopped=stopped)
         return
-    try:
-        text = path.read_bytes()
-    except FileNotFoundError:
-        text = b""
+    start, text = _end_of(path, most_bytes)
     whole = text[: text.rfind(b"\n") + 1]  # a line being written is read when it ends
     last: collections.deque[str] = collections.deque(maxlen=tail)
     if older is not None and older.exists():
-        last.extend(proxylog.read(older, follow=False))
+        if most_bytes is None:
+            last.extend(proxylog.read(older, follow=False))
+        else:
+            before = _end_of(older, most_bytes)[1]
+            last.extend(before[: before.rfind(b"\n") + 1].decode(errors="replace").splitlines())
     last.extend(whole.decode(errors="replace").splitlines())
     yield from last
     if follow:
-        yield from proxylog.read(path, follow=True, stopped=stopped, offset=len(whole))
+        yield from proxylog.read(path, follow=True, stopped=stopped, offset=start + len(whole))
+
+
+def _end_of(path: Path, most: int | None) -> tuple[int, bytes]:
+    """The last `most` bytes of a file (all of it: None) from the first whole line in them, and where they start."""
+    try:
+        with path.open("rb") as f:
+            size = f.seek(0, os.SEEK_END)
+            start = 0 if most is None else max(0, size - most)
+            f.seek(start)
+            text = f.read(size - start)
+    except FileNotFoundError:
+        return 0, b""
+    if start > 0:  # (a line cut by the window is not shown)
+        cut = text.find(b"\n") + 1
+        start, text = start + cut, text[cut:] if cut else b""
+    return start, text

@@ -119,6 +119,9 @@ def apply(fields: dict[str, str]) -> Applied:
                 raise VmsandboxError(f"a pick names no review the page showed ({value[:80]!r})", hint=_AGAIN)
             wanted.setdefault(session, {})[int(number)] = digest
     done = Applied({}, [], [])
+    if fields.get("destroy") == "rest":  # (a session another command drives is refused before anything is applied)
+        for name in given:
+            sessions.not_driven(sessions.record(name))
     for name, chosen in wanted.items():  # every review and pick checked before anything of any is applied
         plan = reviews.reviewed(name, given[name])
         for index, digest in sorted(chosen.items()):

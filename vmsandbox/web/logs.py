@@ -11,16 +11,21 @@ from vmsandbox.core import listing, watch
 from vmsandbox.errors import VmsandboxError
 
 TAIL = 200  # lines of each log sent to the page
+# of each log (and of its rotated part) read at each poll, at most: the guest writes its console, and may write one
+# line of megabytes; an egress decision is a line of at most a few KiB (its fields cut where the proxy writes them)
+CONSOLE_BYTES, PROXY_BYTES = 64 * 1024, 512 * 1024
 
 
 def tail(name: str, which: str) -> dict[str, Any]:
     """The last lines of a session's console, or its last egress decisions as fields (read as the terminal's `logs`
     and `policy log` read them: the rotated part first, a line still being written not yet)."""
     if which == "console":
-        return {"lines": [ui.visible(line.rstrip("\r")) for line in listing.console(name, follow=False, tail=TAIL)]}
+        said = listing.console(name, follow=False, tail=TAIL, most_bytes=CONSOLE_BYTES)
+        return {"lines": [ui.visible(line.rstrip("\r")) for line in said]}
     if which != "proxy":
         raise VmsandboxError(f"unknown log {which!r}", hint="available: console, proxy")
-    return {"events": [_fields(e) for _, e in listing.proxy(name, follow=False, tail=TAIL, since=None)]}
+    events = listing.proxy(name, follow=False, tail=TAIL, since=None, most_bytes=PROXY_BYTES)
+    return {"events": [_fields(e) for _, e in events]}
 
 
 def _fields(event: dict[str, Any]) -> dict[str, str]:

@@ -147,8 +147,14 @@ class SessionBackend:
         return _checkpoint(name, moments.take(name.value, label.value if label else None))
 
     def checkpoints(self, name: SessionName | None) -> Sequence[model.Checkpoint]:
-        names = [name] if name else [SessionName(s.record.name) for s in listing.statuses()]
-        return [_checkpoint(n, cp) for n in names for cp in moments.kept(n.value, sized=False)]
+        if name is not None:
+            return [_checkpoint(name, cp) for cp in moments.kept(name.value, sized=False)]
+        found = []
+        for status in listing.statuses():
+            with contextlib.suppress(VmsandboxError):  # (a session removed since it was listed has none)
+                kept = moments.kept(status.record.name, sized=False)
+                found += [_checkpoint(SessionName(status.record.name), cp) for cp in kept]
+        return found
 
     def rollback(self, name: SessionName, label: CheckpointLabel) -> model.Sandbox:
         self._forget(name)
