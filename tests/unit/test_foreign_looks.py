@@ -324,10 +324,20 @@ class InProcessHelper:
 
 @contextlib.contextmanager
 def in_process_helper(
-    monkeypatch: pytest.MonkeyPatch, libc: Recording, keepers: Keepers, hang_at: int | None = None
+    monkeypatch: pytest.MonkeyPatch,
+    libc: Recording,
+    keepers: Keepers,
+    hang_at: int | None = None,
+    *,
+    slow_first: bool = False,
 ) -> Iterator[foreign._Helper]:
+    """`slow_first`: the first helper started says nothing until it is killed (an interpreter slow to start)."""
     ended: set[int] = set()
-    helper = foreign._Helper(lambda: InProcessHelper(libc, keepers, hang_at), ended.__contains__)  # type: ignore[arg-type,return-value]
+
+    def started() -> InProcessHelper:
+        return InProcessHelper(libc, keepers, hang_at, slow=slow_first and not InProcessHelper.started)
+
+    helper = foreign._Helper(started, ended.__contains__)  # type: ignore[arg-type]
     monkeypatch.setattr(foreign, "_HELPER", helper)
     try:
         yield helper
@@ -416,29 +426,15 @@ def test_a_helper_slow_to_start_is_killed_and_blames_no_process(
     the next look, from a fresh helper, sees its memory file. The look's own deadline starts once a helper is ready."""
     monkeypatch.setattr(foreign, "START_DEADLINE", 0.2)
     me, start = os.getpid(), pids.process_start(os.getpid())
-    with every_kind(tmp_path) as fds:
-        keepers, libc = Keepers(), Recording()
-        starts: list[InProcessHelper] = []
-
-        def started() -> InProcessHelper:
-            starts.append(InProcessHelper(libc, keepers, slow=not starts))
-            return starts[-1]
-
-        helper = foreign._Helper(started, lambda _pid: True)  # type: ignore[arg-type]
-        monkeypatch.setattr(foreign, "_HELPER", helper)
+    with every_kind(tmp_path) as fds, in_process_helper(monkeypatch, Recording(), Keepers(), slow_first=True) as helper:
         monkeypatch.setattr(foreign, "_asked", helper.ask)
-        try:
-            seen = foreign.look(me, "QEMU pid 1", start=start, fds=(fds["sealed"],))
-            assert seen.blind and "did not say it was ready within 0 s" in seen.skipped[0]
-            assert starts[0].killed.is_set() and (me, start) not in foreign._SHUNNED
-            again = foreign.look(me, "QEMU pid 1", start=start, fds=(fds["sealed"],))
-            assert not again.blind and [m.fd for m in again.found] == [fds["sealed"]] and len(starts) == 2
-        finally:
-            helper._leave(kill=True)
-            for h in InProcessHelper.started:
-                h.killed.set()
-                h.thread.join(30)
-            InProcessHelper.started.clear()
+        seen = foreign.look(me, "QEMU pid 1", start=start, fds=(fds["sealed"],))
+        assert seen.blind and "did not say it was ready within 0 s" in seen.skipped[0]
+        slow = InProcessHelper.started[0]
+        assert slow.killed.is_set() and (me, start) not in foreign._SHUNNED
+        again = foreign.look(me, "QEMU pid 1", start=start, fds=(fds["sealed"],))
+        assert not again.blind and [m.fd for m in again.found] == [fds["sealed"]]
+        assert len(InProcessHelper.started) == 2
 
 
 def test_past_most_left_keepers_no_look_is_made_and_the_caller_is_told_it_is_blind(
