@@ -156,35 +156,6 @@ def failed_boots_dir() -> Path:
     return state_dir() / "failed-boots"
 
 
-def serve_file() -> Path:
-    """Where a running `vmsandbox serve` says it is (its pid and URL, never its key): 0600, in the private state
-    directory, so a second one can say where the first is."""
-    return state_dir() / "serve.json"
-
-
-def serve_env_file() -> Path:
-    """What E2B's SDK needs to reach the running `vmsandbox serve`, key included (`NAME=value` lines, 0600), for as
-    long as it serves: `vmsandbox serve --env` prints it as `export` lines."""
-    return state_dir() / "serve.env"
-
-
-def serve_key_file() -> Path:
-    """The API key `vmsandbox serve --keep-key` keeps for its next start (0600); there only while a person asks."""
-    return state_dir() / "serve.key"
-
-
-def serve_port_file() -> Path:
-    """The port this account's `vmsandbox serve` listens on, kept after it stops so that the next one takes it back
-    (shells still set up for it then reach it, not whoever took the port); locked while a serve runs (flock): no
-    settings outlive the serve behind them (0600)."""
-    return state_dir() / "serve.port"
-
-
-def serve_log() -> Path:
-    """What a `vmsandbox serve --detach` says on stderr, in the background (never its key)."""
-    return state_dir() / "serve.log"
-
-
 @dataclass(frozen=True)
 class SessionPaths:
     """The files of one session directory."""
@@ -352,26 +323,3 @@ def fanout_capture(group: str) -> SessionPaths:
     if not is_session_name(group):
         raise UsageError(f"invalid fan-out group name {group!r}", hint=NAME_HINT)
     return SessionPaths(sessions_dir() / (FANOUT_CAPTURE_PREFIX + group))
-
-
-def own_file(path: Path, *, truncate: bool = False) -> None:
-    """Make `path` ours (0600) before root writes into it: virtlogd a VM's serial console, libvirtd a saved
-    memory file. A file they made would be root's, 0600, which an unprivileged owner could not read back."""
-    flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | (os.O_TRUNC if truncate else 0)
-    os.close(os.open(path, flags, 0o600))
-
-
-def write_atomically(path: Path, text: str | bytes, *, mode: int = 0o600) -> None:
-    """Write text through a temporary file beside path and one rename: a reader (or a crash) sees the old
-    content or the new, never a part of it. `mode` is the new file's, whatever the umask (vmsandbox runs under
-    077): private by default; 0o644 for what other accounts read (a template's metadata)."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, mode)
-    try:
-        os.fchmod(fd, mode)
-        with os.fdopen(fd, "wb" if isinstance(text, bytes) else "w") as f:
-            f.write(text)
-        tmp.replace(path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise

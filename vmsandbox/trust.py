@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from vmsandbox import paths, sudo
+from vmsandbox import filewrite, paths, sudo
 from vmsandbox.confine import beneath, rights
 from vmsandbox.errors import VmsandboxError
 
@@ -163,7 +163,7 @@ def records() -> dict[str, dict[str, Any]]:
 def _save(data: dict[str, dict[str, Any]]) -> None:
     with sudo.as_invoker():
         paths.config_subdir(paths.config_dir())
-        paths.write_atomically(_store(), json.dumps(data, indent=1, sort_keys=True) + "\n", mode=0o600)
+        filewrite.write_atomically(_store(), json.dumps(data, indent=1, sort_keys=True) + "\n", mode=0o600)
 
 
 @dataclass(frozen=True)

@@ -24,8 +24,8 @@ import uvicorn
 from tests.unit.apiserver import served, wait_until
 from tests.unit.fakebackend import FakeBackend
 from tests.unit.test_cli import run_cli
-from vmsandbox import paths, pids
-from vmsandbox.api import running, server
+from vmsandbox import pids
+from vmsandbox.api import running, servefiles, server
 from vmsandbox.api.plane.controlwire import SANDBOX_DOMAIN
 from vmsandbox.errors import VmsandboxError
 
@@ -73,7 +73,7 @@ def test_a_running_serve_leaves_its_settings_for_serve_env_and_a_second_serve_sa
     err = capsys.readouterr().err
     assert "no `vmsandbox serve` runs" in err and "vmsandbox serve --detach" in err
     with running.announced(SETTINGS):
-        where, env_file = paths.serve_file(), paths.serve_env_file()
+        where, env_file = servefiles.serve_file(), servefiles.serve_env_file()
         for made in (where, env_file):
             assert stat.S_IMODE(made.stat().st_mode) == 0o600
         assert KEY not in where.read_text()
@@ -95,7 +95,7 @@ def test_a_running_serve_leaves_its_settings_for_serve_env_and_a_second_serve_sa
 def test_serve_env_trusts_no_env_file_but_its_own(monkeypatch: pytest.MonkeyPatch) -> None:
     """An env file another account could have written, or that names another server, is not printed for eval."""
     with running.announced(SETTINGS):
-        env_file = paths.serve_env_file()
+        env_file = servefiles.serve_env_file()
         env_file.chmod(0o644)
         with pytest.raises(VmsandboxError, match="not this account's alone") as exc:
             running.current()
@@ -105,18 +105,18 @@ def test_serve_env_trusts_no_env_file_but_its_own(monkeypatch: pytest.MonkeyPatc
         with pytest.raises(VmsandboxError, match="does not match the serve that runs"):
             running.current()
         env_file.unlink()
-        env_file.symlink_to(paths.serve_file())
+        env_file.symlink_to(servefiles.serve_file())
         with pytest.raises(VmsandboxError, match="cannot read"):
             running.current()
 
 
 def test_a_key_is_kept_across_starts_only_while_the_person_asks() -> None:
     first, note = running.api_key(keep=False)
-    assert note is None and running.KEY.fullmatch(first) and not paths.serve_key_file().exists()
+    assert note is None and running.KEY.fullmatch(first) and not servefiles.serve_key_file().exists()
     assert running.api_key(keep=False)[0] != first  # new at each start
 
     kept, note = running.api_key(keep=True)
-    key_file = paths.serve_key_file()
+    key_file = servefiles.serve_key_file()
     assert "kept in" in (note or "") and stat.S_IMODE(key_file.stat().st_mode) == 0o600
     assert key_file.read_text() == kept + "\n"
     assert running.api_key(keep=True) == (kept, None)  # the next start with --keep-key: the same key
@@ -169,13 +169,13 @@ def test_serve_serves_on_loopback_and_the_socket_until_stopped(tmp_path: Path, m
     with httpx.Client(transport=httpx.HTTPTransport(uds=str(sock))) as local:
         assert local.get("http://localhost/v2/sandboxes", headers=headers).json() == []
         assert local.get("http://localhost/v2/sandboxes").status_code == 401
-    assert json.loads(paths.serve_file().read_text())["pid"] == os.getpid()
+    assert json.loads(servefiles.serve_file().read_text())["pid"] == os.getpid()
     assert pids.alive(os.getpid(), pids.process_start(os.getpid()))
     assert running.current() == settings
     made[0].should_exit = True
     thread.join(30)
-    assert not thread.is_alive() and not paths.serve_file().exists() and not sock.exists()
-    assert not paths.serve_env_file().exists()  # the key is on disk while it serves, and then only with --keep-key
+    assert not thread.is_alive() and not servefiles.serve_file().exists() and not sock.exists()
+    assert not servefiles.serve_env_file().exists()  # the key is on disk while it serves, and then only with --keep-key
 
 
 def test_the_sdk_missing_e2b_sandbox_url_or_e2b_api_url_is_sent_nowhere(
@@ -224,7 +224,7 @@ def test_serve_refuses_root_and_sudo(monkeypatch: pytest.MonkeyPatch, tmp_path: 
     ready: list[object] = []
     with pytest.raises(VmsandboxError, match="does not run as root"):
         server.serve(FakeBackend(tmp_path / "guests"), port=0, unix=None, ready=lambda *a: ready.append(a))
-    assert ready == [] and not paths.serve_file().exists() and not paths.serve_env_file().exists()
+    assert ready == [] and not servefiles.serve_file().exists() and not servefiles.serve_env_file().exists()
 
     monkeypatch.setattr(os, "geteuid", lambda: 1000)
     server.refuse_root()
@@ -264,11 +264,11 @@ def test_a_session_the_api_did_not_make_has_no_end_and_is_never_reaped(tmp_path:
 
 def _left_by_a_killed_serve(url: str = "http://127.0.0.1:4321") -> None:
     """serve.json and serve.env as a serve killed with SIGKILL leaves them (its process gone, its key on disk)."""
-    paths.serve_file().parent.mkdir(parents=True, exist_ok=True)
-    paths.serve_file().write_text(json.dumps({"pid": os.getpid(), "start": "a dead one's", "url": url}))
+    servefiles.serve_file().parent.mkdir(parents=True, exist_ok=True)
+    servefiles.serve_file().write_text(json.dumps({"pid": os.getpid(), "start": "a dead one's", "url": url}))
     env = "".join(f"{k}={v}\n" for k, v in running.Settings(url, KEY).variables().items())
-    paths.serve_env_file().write_text(env)
-    paths.serve_env_file().chmod(0o600)
+    servefiles.serve_env_file().write_text(env)
+    servefiles.serve_env_file().chmod(0o600)
 
 
 def test_settings_no_live_serve_backs_are_removed_by_the_next_env_stop_or_start(
@@ -282,10 +282,10 @@ def test_settings_no_live_serve_backs_are_removed_by_the_next_env_stop_or_start(
         assert run_cli(command) == 1
         err = capsys.readouterr().err
         assert "no `vmsandbox serve` runs" in err and "ended without stopping" in err and "127.0.0.1:4321" in err
-        assert not paths.serve_env_file().exists() and not paths.serve_file().exists()
+        assert not servefiles.serve_env_file().exists() and not servefiles.serve_file().exists()
     _left_by_a_killed_serve()
     with running.announced(SETTINGS):  # a start: the new serve's own settings, none of the old
-        assert paths.serve_env_file().read_text().count("E2B_API_URL=") == 1 and running.current() == SETTINGS
+        assert servefiles.serve_env_file().read_text().count("E2B_API_URL=") == 1 and running.current() == SETTINGS
     assert running.forget_stale() is None  # nothing left to remove
 
 
@@ -293,12 +293,12 @@ def test_a_running_serve_holds_its_settings_against_a_sweep_and_a_second_serve()
     """serve.port is locked while a serve runs: no sweep takes its files, no second serve announces itself (two
     started at once); it says the serve's port for the next start, and stays when the serve has stopped."""
     with running.announced(SETTINGS):
-        assert running.forget_stale() is None and paths.serve_env_file().exists()
+        assert running.forget_stale() is None and servefiles.serve_env_file().exists()
         with pytest.raises(VmsandboxError, match="already runs"), running.announced(SETTINGS):
             pass
         assert running.current() == SETTINGS  # (the second one's failure removed nothing)
-    assert running.last_port() == 1234 and not paths.serve_env_file().exists()
-    paths.serve_port_file().write_text("not a port\n")
+    assert running.last_port() == 1234 and not servefiles.serve_env_file().exists()
+    servefiles.serve_port_file().write_text("not a port\n")
     assert running.last_port() == 0
 
 
@@ -324,9 +324,9 @@ def test_a_serve_takes_its_last_port_back_or_says_another_program_holds_it() -> 
     with contextlib.closing(socket.socket()) as probe:
         probe.bind(("127.0.0.1", 0))
         last = probe.getsockname()[1]
-    paths.serve_port_file().parent.mkdir(parents=True, exist_ok=True)
-    paths.serve_port_file().write_text(f"{last}\n")
-    paths.serve_port_file().chmod(0o600)
+    servefiles.serve_port_file().parent.mkdir(parents=True, exist_ok=True)
+    servefiles.serve_port_file().write_text(f"{last}\n")
+    servefiles.serve_port_file().chmod(0o600)
     socks, notes = server.listen_again(0)
     assert socks[0].getsockname()[1] == last and notes == []
     try:

@@ -8,5 +8,7 @@ It calls the core's one narrow interface (core/sandbox/interface.py: Backend, an
 session) with values validated once (core/sandbox/names.py) and typed data (core/sandbox/model.py); the wire
 formats stay here: envd's side in envd/, the control plane and the extension in plane/. Served on 127.0.0.1 or a
 0600 Unix socket only, behind an API key kept in memory, with Host and Origin checked and other accounts refused
-(keyguard.py, peer.py). Nothing imports it but cli/serve.py; it imports no cli/ and no web/.
+(keyguard.py, peer.py). What a running serve keeps between requests (where it runs, its settings for E2B's
+SDK, its port, its log): servefiles.py, with running.py. Nothing imports it but cli/serve.py; it imports no
+cli/ and no web/.
 """

@@ -40,6 +40,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from vmsandbox import paths, pids, proc
+from vmsandbox.api import servefiles
 from vmsandbox.errors import VmsandboxError
 
 KEY_PREFIX = "vmsb_"
@@ -129,7 +130,7 @@ def api_key(*, keep: bool) -> tuple[str, str | None]:
     """The key a starting serve uses, and a note for the person when it is not the obvious one. Kept (`keep`):
     the one kept before, or a new one kept from now on. Not kept: a new one, and a key kept before is removed
     (a key stays on disk only while the person asks)."""
-    kept_file = paths.serve_key_file()
+    kept_file = servefiles.serve_key_file()
     kept = _read_private(kept_file)
     if keep:
         if kept is not None and KEY.fullmatch(kept.strip()):
@@ -146,7 +147,7 @@ def api_key(*, keep: bool) -> tuple[str, str | None]:
 def _named() -> dict[str, Any] | None:
     """What serve.json says, whether or not its serve still runs."""
     try:
-        found = json.loads(paths.serve_file().read_text())
+        found = json.loads(servefiles.serve_file().read_text())
     except (OSError, ValueError):
         return None
     return found if isinstance(found, dict) else None
@@ -163,7 +164,7 @@ def running() -> dict[str, object] | None:
 @contextlib.contextmanager
 def _port_lock() -> Iterator[int | None]:
     """serve.port, locked (flock, never waited for): its descriptor while held; None while a serve holds it."""
-    target = paths.serve_port_file()
+    target = servefiles.serve_port_file()
     target.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     try:
         fd = os.open(target, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
@@ -191,8 +192,8 @@ def _remove_settings() -> str | None:
     named = _named() or {}
     env = None
     with contextlib.suppress(VmsandboxError):  # (one not this account's alone goes too: the directory is ours)
-        env = _read_private(paths.serve_env_file())
-    found = [f for f in (paths.serve_env_file(), paths.serve_file()) if f.exists() or f.is_symlink()]
+        env = _read_private(servefiles.serve_env_file())
+    found = [f for f in (servefiles.serve_env_file(), servefiles.serve_file()) if f.exists() or f.is_symlink()]
     for f in found:
         f.unlink(missing_ok=True)
     url = named.get("url")
@@ -216,7 +217,7 @@ def forget_stale() -> str | None:
 
 def last_port() -> int:
     """The port this account's last serve listened on (0: none said)."""
-    said = (_read_private(paths.serve_port_file()) or "").strip()
+    said = (_read_private(servefiles.serve_port_file()) or "").strip()
     return int(said) if said.isascii() and said.isdigit() and 0 < int(said) < 65536 else 0
 
 
@@ -224,7 +225,7 @@ def current() -> Settings:
     """The settings of the serve that runs for this account, from its env file (what no serve backs is removed)."""
     stale = forget_stale()
     found = running()
-    text = _read_private(paths.serve_env_file()) if found is not None else None
+    text = _read_private(servefiles.serve_env_file()) if found is not None else None
     if found is None or text is None:
         said = f" ({stale_note(stale)})" if stale else ""
         raise VmsandboxError(f"no `vmsandbox serve` runs for this account{said}", hint=NOT_RUNNING_HINT)
@@ -234,7 +235,7 @@ def current() -> Settings:
         values[name] = value
     if values.get("E2B_API_URL") != found.get("url") or not KEY.fullmatch(values.get("E2B_API_KEY", "")):
         raise VmsandboxError(
-            f"{paths.serve_env_file()} does not match the serve that runs (pid {found.get('pid')})",
+            f"{servefiles.serve_env_file()} does not match the serve that runs (pid {found.get('pid')})",
             hint="stop it (`vmsandbox serve --stop`) and start it again",
         )
     where = found.get("socket")
@@ -258,14 +259,18 @@ def announced(settings: Settings) -> Iterator[None]:
         data = {"pid": me, "start": pids.process_start(me), "url": settings.url}
         data["socket"] = str(settings.socket) if settings.socket else None
         head = f"# E2B's SDK settings of `vmsandbox serve` (pid {me}); this file goes when it stops\n"
-        _write_private(paths.serve_file(), json.dumps(data))  # (first: a serve --env never takes the key for stale)
-        _write_private(paths.serve_env_file(), head + "".join(f"{k}={v}\n" for k, v in settings.variables().items()))
+        _write_private(
+            servefiles.serve_file(), json.dumps(data)
+        )  # (first: a serve --env never takes the key for stale)
+        _write_private(
+            servefiles.serve_env_file(), head + "".join(f"{k}={v}\n" for k, v in settings.variables().items())
+        )
         try:
             yield
         finally:
             with contextlib.suppress(OSError):
-                paths.serve_env_file().unlink(missing_ok=True)
-                paths.serve_file().unlink(missing_ok=True)
+                servefiles.serve_env_file().unlink(missing_ok=True)
+                servefiles.serve_file().unlink(missing_ok=True)
 
 
 def _until(done: Callable[[], bool], seconds: float) -> bool:
@@ -289,7 +294,7 @@ def _exited(pid: int) -> bool:
 
 
 def _log_tail(since: int) -> str:
-    with contextlib.suppress(OSError), paths.serve_log().open("rb") as f:
+    with contextlib.suppress(OSError), servefiles.serve_log().open("rb") as f:
         f.seek(since)
         return f.read()[-2000:].decode(errors="replace").strip()
     return ""
@@ -297,7 +302,7 @@ def _log_tail(since: int) -> str:
 
 def start_detached(args: list[str]) -> Settings:
     """`vmsandbox serve ARGS` in the background (its own session, its stderr in serve.log), once it listens."""
-    log_file = paths.serve_log()
+    log_file = servefiles.serve_log()
     log_file.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     since = log_file.stat().st_size if log_file.exists() else 0
     pid = proc.spawn_detached(proc.own_module("vmsandbox", "serve", *args), log_file=log_file)
@@ -334,7 +339,7 @@ def stop() -> tuple[int, str]:
         )
     pid, start, url = found["pid"], found["start"], str(found.get("url"))
     if not isinstance(pid, int) or not isinstance(start, str):  # (never: running() found it alive by both)
-        raise VmsandboxError(f"{paths.serve_file()} names no process", hint="nothing to stop")
+        raise VmsandboxError(f"{servefiles.serve_file()} names no process", hint="nothing to stop")
     with contextlib.suppress(ProcessLookupError):
         os.kill(pid, signal.SIGTERM)
     if not _until(lambda: not pids.alive(pid, start), STOP_WAIT):

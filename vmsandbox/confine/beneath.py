@@ -23,7 +23,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
-import secrets
 import shutil
 import stat
 from collections.abc import Callable, Iterator
@@ -31,12 +30,10 @@ from pathlib import Path
 from types import TracebackType
 
 from vmsandbox.confine import cases
+from vmsandbox.confine.atfd import TEMPORARY, read_at_most, regular_at, replace_at
 from vmsandbox.errors import VmsandboxError
 
 DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC  # (a FIFO put there never blocks the open)
-CHUNK = 1 << 20
-TEMPORARY = ".vmsandbox-tmp-"  # what a file is made as beside its name, before it is renamed over it
 
 # What to do with each directory on the way to a name: called with its descriptor and whether it was just made.
 EachDir = Callable[[int, bool], None]
@@ -77,44 +74,6 @@ def split(rel: str) -> list[str]:
     if rel.startswith("/") or "\0" in rel or any(p in ("", ".", "..") for p in parts):
         raise Outside(f"refusing the path {rel!r}: only plain names beneath the directory are reached")
     return parts
-
-
-def regular_at(dir_fd: int | None, name: str | Path, st: os.stat_result | None = None) -> int | None:
-    """A descriptor of the regular file `name` in the directory dir_fd, never through a link; None when it is not
-    a regular file any more (or not the one `st` describes)."""
-    try:
-        fd = os.open(name, FILE_FLAGS, dir_fd=dir_fd)
-    except OSError:
-        return None
-    now = os.fstat(fd)
-    if not stat.S_ISREG(now.st_mode) or (st is not None and (now.st_ino, now.st_dev) != (st.st_ino, st.st_dev)):
-        os.close(fd)
-        return None
-    return fd
-
-
-def read_at_most(fd: int, limit: int) -> bytes | None:
-    """The whole content of fd if it is at most `limit` bytes, else None (never reads much more)."""
-    if os.fstat(fd).st_size > limit:
-        return None
-    data = bytearray()
-    while len(data) <= limit and (chunk := os.read(fd, min(CHUNK, limit + 1 - len(data)))):
-        data += chunk
-    return None if len(data) > limit else bytes(data)
-
-
-def replace_at(dir_fd: int, name: str, make: Callable[[int, str], None], *, temporary: str = TEMPORARY) -> None:
-    """Make the new version of `name` under a temporary name beside it (`make(dir_fd, temporary_name)`), then
-    rename it over name: a reader sees the old version until the rename, the new one after it. The temporary is
-    removed if anything fails."""
-    tmp = f"{temporary}{secrets.token_hex(6)}"
-    try:
-        make(dir_fd, tmp)
-        os.rename(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp, dir_fd=dir_fd)
-        raise
 
 
 def _step(fd: int, part: str, where: str, mode: int | None, each: EachDir | None) -> int:

@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from vmsandbox import paths, sudo
+from vmsandbox import filewrite, paths, sudo
 from vmsandbox.errors import VmsandboxError
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}\Z")
@@ -42,7 +42,7 @@ def put(name: str, value: str) -> None:
         raise VmsandboxError("a secret is one line of at most 64 KiB")
     with sudo.as_invoker():
         paths.config_subdir(directory())
-        paths.write_atomically(_path(name), value, mode=0o600)
+        filewrite.write_atomically(_path(name), value, mode=0o600)
 
 
 def get(name: str) -> str | None:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from vmsandbox import proc, ui
-from vmsandbox.confine import beneath, rights
+from vmsandbox.confine import atfd, beneath, rights
 from vmsandbox.confine.accounts import Identity
 from vmsandbox.errors import VmsandboxError
 
@@ -154,14 +154,14 @@ def _home_files(top: beneath.Root, rel: str, who: Identity | None) -> list[tuple
 def _readable(dir_fd: int, name: str, who: Identity | None) -> tuple[bytes, int] | None:
     """The bytes and mode of the regular file `name` of dir_fd (never through a link), if `who` (None: we) may read
     it."""
-    fd = beneath.regular_at(dir_fd, name)
+    fd = atfd.regular_at(dir_fd, name)
     if fd is None:
         return None
     try:
         st = os.fstat(fd)
         if who is not None and not rights.may(fd, who, rights.READ, st):
             return None
-        data = beneath.read_at_most(fd, MAX_COPY_BYTES)
+        data = atfd.read_at_most(fd, MAX_COPY_BYTES)
     finally:
         os.close(fd)
     if data is None:

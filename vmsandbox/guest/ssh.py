@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from vmsandbox import paths, proc
+from vmsandbox import filewrite, proc
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.paths import SessionPaths
 
@@ -79,7 +79,7 @@ class Endpoint:
     def write_config(self) -> None:
         lines = [f"Host {host_alias(self.session)}"]
         lines += [f"    {k} {v}" for k, v in self.ssh_options().items()]
-        paths.write_atomically(self.files.ssh_config, "\n".join(lines) + "\n")
+        filewrite.write_atomically(self.files.ssh_config, "\n".join(lines) + "\n")
 
     def ssh_argv(self, *extra: str, user: str | None = None) -> list[str]:
         argv = ["ssh", "-F", str(self.files.ssh_config)]
@@ -95,7 +95,7 @@ class Endpoint:
 def write_known_hosts(files: SessionPaths, port: int, host_public_key: str) -> None:
     """Pin the guest's host key (generated on the host) for [127.0.0.1]:port."""
     key_type, key_data = host_public_key.split()[:2]
-    paths.write_atomically(files.known_hosts, f"[{LOOPBACK}]:{port} {key_type} {key_data}\n")
+    filewrite.write_atomically(files.known_hosts, f"[{LOOPBACK}]:{port} {key_type} {key_data}\n")
 
 
 def wait_for_banner(port: int, *, timeout: float, alive: Callable[[], str | None]) -> float:

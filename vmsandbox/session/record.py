@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from vmsandbox import paths, pids
+from vmsandbox import filewrite, paths, pids
 from vmsandbox.egress.ports import Publish
 from vmsandbox.egress.rules.netpolicy import Mode
 from vmsandbox.errors import VmsandboxError
@@ -161,8 +161,8 @@ class Record:
         data = asdict(self)
         data["publish"] = [p.as_dict() for p in self.publish]
         text = json.dumps(data, indent=2, sort_keys=True) + "\n"
-        paths.write_atomically(self.files.record, text)
-        paths.write_atomically(_copy_of(self.files.record), text)
+        filewrite.write_atomically(self.files.record, text)
+        filewrite.write_atomically(_copy_of(self.files.record), text)
 
     @classmethod
     def load(cls, name: str) -> Record:

@@ -131,7 +131,7 @@ def _devices(devices: ET.Element, spec: DomainSpec) -> None:
         _sub(channel, "source", mode="bind", **_socket(spec.channel))
         _sub(channel, "target", type="virtio", name=IDENTITY_PORT)
     serial = _sub(devices, "serial", type="file")
-    # append: virtlogd opens the file we made (paths.own_file) instead of deleting it and making a root-owned
+    # append: virtlogd opens the file we made (filewrite.own_file) instead of deleting it and making a root-owned
     # one, which an unprivileged owner of the session could not read
     _sub(serial, "source", path=str(spec.console_log), append="on")
     _sub(serial, "target", port="0")

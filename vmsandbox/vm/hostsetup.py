@@ -12,7 +12,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from vmsandbox import packages, paths, proc
+from vmsandbox import filewrite, packages, paths, proc
 from vmsandbox.confine import access, accounts
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.vm.accel import KVM_DEVICE
@@ -127,7 +127,7 @@ def _daemons() -> Iterator[str]:
         _stop_daemon("libvirtd")
     RUNTIME_CONF.parent.mkdir(parents=True, exist_ok=True)
     system = SYSTEM_CONF.read_text() if SYSTEM_CONF.exists() else ""
-    paths.write_atomically(RUNTIME_CONF, group_access_conf(system), mode=0o644)
+    filewrite.write_atomically(RUNTIME_CONF, group_access_conf(system), mode=0o644)
     done = "restarted" if running else "started"
     if reaper is None:
         proc.run(

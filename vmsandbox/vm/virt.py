@@ -14,7 +14,7 @@ from typing import Any
 
 import libvirt
 
-from vmsandbox import paths
+from vmsandbox import filewrite
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.vm import node, storage, timedsave
 from vmsandbox.vm.memory import usage
@@ -83,7 +83,7 @@ class Hypervisor:
         `deadline`: seconds after which a save that has not ended is aborted (timedsave.bounded)."""
         self._must(name)  # a domain that is gone is said before a file is made for it
         if here:
-            paths.own_file(Path(path), truncate=True)
+            filewrite.own_file(Path(path), truncate=True)
         saving = (
             (lambda dom: dom.save(path))
             if deadline is None

@@ -16,7 +16,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from vmsandbox import paths
+from vmsandbox import filewrite, paths
 from vmsandbox.core import listing, moments, reviews, sessions, views
 from vmsandbox.core.listing import State, Status
 from vmsandbox.core.person import Nobody
@@ -43,7 +43,7 @@ def _kept(record: Record) -> dict[str, Any]:
 
 def _keep(record: Record, **values: Any) -> None:
     data = {**_kept(record), **values}
-    paths.write_atomically(record.files.root / paths.SESSION_SANDBOX, json.dumps(data, default=str))
+    filewrite.write_atomically(record.files.root / paths.SESSION_SANDBOX, json.dumps(data, default=str))
 
 
 NO_END = model.NO_END  # a session made outside the API ends when a person ends it

@@ -11,7 +11,7 @@ from typing import Any
 
 import yaml
 
-from vmsandbox import paths
+from vmsandbox import filewrite, paths
 from vmsandbox.errors import UsageError, VmsandboxError
 from vmsandbox.session import settings
 from vmsandbox.session.place.hostspec import LOCAL
@@ -129,4 +129,4 @@ def _write(path: Path, old: str, new: str) -> None:
     except VmsandboxError as exc:
         raise UsageError(exc.message, hint=exc.hint) from None
     path.parent.mkdir(parents=True, exist_ok=True)
-    paths.write_atomically(path, new)
+    filewrite.write_atomically(path, new)

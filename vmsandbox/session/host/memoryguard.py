@@ -42,7 +42,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
-from vmsandbox import paths, pids, ui
+from vmsandbox import filewrite, paths, pids, ui
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.session.moments import suspend
 from vmsandbox.session.place.hostspec import DEFAULT_KEEP_FREE_MIB
@@ -272,7 +272,9 @@ def lock(patience: float = 0.0) -> int | None:
 
 def _say_where() -> None:
     """The guard's pid file: "PID START", as pids.runs reads it."""
-    paths.write_atomically(paths.sessions_dir() / paths.GUARD_PID, f"{os.getpid()} {pids.process_start(os.getpid())}\n")
+    filewrite.write_atomically(
+        paths.sessions_dir() / paths.GUARD_PID, f"{os.getpid()} {pids.process_start(os.getpid())}\n"
+    )
 
 
 def main() -> int:

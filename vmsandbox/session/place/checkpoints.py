@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from vmsandbox import paths, ui
+from vmsandbox import filewrite, paths, ui
 from vmsandbox.errors import VmsandboxError
 
 MEMORY = "memory.save"
@@ -48,7 +48,7 @@ class Checkpoint:
 
     def write(self) -> None:
         data = {"label": self.label, "created": self.created, "chain": self.chain}
-        paths.write_atomically(self.path / META, json.dumps(data, indent=1))
+        filewrite.write_atomically(self.path / META, json.dumps(data, indent=1))
 
 
 def listed(files: paths.SessionPaths) -> list[Checkpoint]:

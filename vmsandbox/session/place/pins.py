@@ -17,7 +17,7 @@ import pwd
 from dataclasses import dataclass
 from pathlib import Path
 
-from vmsandbox import paths
+from vmsandbox import filewrite, paths
 from vmsandbox.confine import access
 
 log = logging.getLogger(__name__)
@@ -51,7 +51,7 @@ def pin(session: str, image: str, template: str | None) -> None:
     data = {"image": image, "template": template, "dir": str(paths.session_paths(session).root)}
     try:
         access.shared_dir(d, sticky=True)
-        paths.write_atomically(d / f"{os.geteuid()}.{session}", json.dumps(data), mode=0o644)  # others read it
+        filewrite.write_atomically(d / f"{os.geteuid()}.{session}", json.dumps(data), mode=0o644)  # others read it
     except OSError as exc:
         log.warning("could not pin session %s in %s: %s", session, d, exc)
 

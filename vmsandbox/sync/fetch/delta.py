@@ -12,7 +12,7 @@ import json
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
-from vmsandbox import paths
+from vmsandbox import filewrite
 from vmsandbox.sync.tree import manifest, views
 from vmsandbox.sync.tree.hashcache import HashCache
 from vmsandbox.sync.tree.manifest import DIR, Entry, Manifest
@@ -35,7 +35,7 @@ def load(root: Path) -> Delta | None:
 
 def save(root: Path, delta: Delta) -> None:
     data = {p: None if e is None else e.as_dict() for p, e in sorted(delta.items())}
-    paths.write_atomically(_file(root), json.dumps(data, separators=(",", ":")))
+    filewrite.write_atomically(_file(root), json.dumps(data, separators=(",", ":")))
 
 
 def forget(root: Path) -> None:

@@ -20,7 +20,7 @@ import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
-from vmsandbox import paths
+from vmsandbox import filewrite
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.guest import commands
 from vmsandbox.guest.ssh import Endpoint
@@ -66,7 +66,7 @@ def load(root: Path) -> Cursor:
 
 
 def save(root: Path, cursor: Cursor) -> None:
-    paths.write_atomically(cursor_file(root), json.dumps({"instance": cursor.instance, "seq": cursor.seq}))
+    filewrite.write_atomically(cursor_file(root), json.dumps({"instance": cursor.instance, "seq": cursor.seq}))
 
 
 def ask(endpoint: Endpoint, cursor: Cursor) -> Answer:

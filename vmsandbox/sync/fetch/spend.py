@@ -32,7 +32,7 @@ import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from vmsandbox import paths
+from vmsandbox import filewrite, paths
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.sync.fetch.meter import Budget, Tally
 from vmsandbox.sync.tree import manifest
@@ -58,7 +58,7 @@ def load(root: Path) -> Spend:
 
 
 def save(root: Path, spend: Spend) -> None:
-    paths.write_atomically(root / LEDGER, json.dumps(asdict(spend)))
+    filewrite.write_atomically(root / LEDGER, json.dumps(asdict(spend)))
 
 
 def add(root: Path, tally: Tally) -> None:

@@ -14,7 +14,7 @@ import stat
 from collections.abc import Iterator
 from pathlib import Path
 
-from vmsandbox.confine import beneath
+from vmsandbox.confine import atfd, beneath
 from vmsandbox.errors import VmsandboxError
 
 MAX_REFS = 10_000
@@ -61,11 +61,11 @@ def _loose_refs(gitdir: beneath.Root) -> Iterator[tuple[str, str]]:
 def _walk_refs(gitdir: beneath.Root, space: str) -> Iterator[tuple[str, str]]:
     for rel_dir, _dirs, files, dir_fd in gitdir.walk(space):
         for name in files:
-            fd = beneath.regular_at(dir_fd, name)
+            fd = atfd.regular_at(dir_fd, name)
             if fd is None:
                 continue
             try:
-                data = beneath.read_at_most(fd, MAX_REF_FILE)
+                data = atfd.read_at_most(fd, MAX_REF_FILE)
             finally:
                 os.close(fd)
             if data is not None:

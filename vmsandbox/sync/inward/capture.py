@@ -22,7 +22,7 @@ import stat
 from collections.abc import Collection, Iterator
 from pathlib import Path
 
-from vmsandbox import failpoint, paths, proc
+from vmsandbox import failpoint, filewrite, proc
 from vmsandbox.confine import accounts, beneath, rights
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.paths import SessionPaths
@@ -54,7 +54,7 @@ def capture(
     entries = manifest.scan(files.baseline)
     spec = leftout.ignore_spec(files.baseline, project.path)  # (the copy's: what the person could read)
     leftout.remove(files.baseline, entries, [*leave_out, *(leftout.ignored(entries, spec) if spec else [])])
-    paths.write_atomically(files.baseline_manifest, json.dumps(manifest.to_json(entries)))
+    filewrite.write_atomically(files.baseline_manifest, json.dumps(manifest.to_json(entries)))
     used = sum(e.size for e in entries.values())
     size = max(2 * used, used + HEADROOM_BYTES)
     inodes = max(2 * len(entries), size // BYTES_PER_INODE)

@@ -8,7 +8,7 @@ import os
 import stat
 from pathlib import Path
 
-from vmsandbox import failpoint, paths, ui
+from vmsandbox import failpoint, filewrite, ui
 from vmsandbox.confine import accounts, beneath
 from vmsandbox.guest.ssh import Endpoint
 from vmsandbox.sync.fetch import delta, mirror, rsync
@@ -64,7 +64,7 @@ def push(target: Target, endpoint: Endpoint, *, limit: int) -> tuple[list[str], 
             else:
                 base[c.path] = c.host
         delta.forget(files.root)  # it was against the old baseline: the next pull reads the whole mirror
-        paths.write_atomically(files.baseline_manifest, json.dumps(manifest.to_json(base)))
+        filewrite.write_atomically(files.baseline_manifest, json.dumps(manifest.to_json(base)))
     return [c.path for c in send], conflicts
 
 

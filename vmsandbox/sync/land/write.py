@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from vmsandbox import failpoint
-from vmsandbox.confine import beneath
+from vmsandbox.confine import atfd, beneath
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.sync.review.threeway import Change
 from vmsandbox.sync.tree import manifest
@@ -121,7 +121,7 @@ def _place(root: Path, rel: str, owner: Owner, make: Callable[[int, str], None])
     rename it into place: readers see the old version until the rename and the new one after it."""
     fd = _parent_fd(root, rel, owner, create=True)
     try:
-        beneath.replace_at(fd, rel.rsplit("/", 1)[-1], make, temporary=TMP_PREFIX)
+        atfd.replace_at(fd, rel.rsplit("/", 1)[-1], make, temporary=TMP_PREFIX)
     finally:
         os.close(fd)
 

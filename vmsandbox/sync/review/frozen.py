@@ -26,7 +26,7 @@ import re
 import secrets
 from typing import Any
 
-from vmsandbox import paths
+from vmsandbox import filewrite
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.sync.review.gather import OUTBOX_FILES, Gathered, Origin
 from vmsandbox.sync.review.plan import Item, Plan
@@ -50,7 +50,7 @@ def freeze(plan: Plan) -> Plan:
     where = files.root / REVIEWS
     where.mkdir(mode=0o700, exist_ok=True)
     plan.id = secrets.token_hex(16)
-    paths.write_atomically(where / f"{plan.id}.json", json.dumps(_to_json(plan)))
+    filewrite.write_atomically(where / f"{plan.id}.json", json.dumps(_to_json(plan)))
     kept = sorted(where.glob("*.json"), key=lambda p: p.stat().st_mtime_ns, reverse=True)
     for old in kept[KEEP:]:
         old.unlink(missing_ok=True)

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from vmsandbox import failpoint, paths, ui
+from vmsandbox import failpoint, filewrite, ui
 from vmsandbox.confine import beneath
 from vmsandbox.guest.ssh import Endpoint
 from vmsandbox.paths import SessionPaths
@@ -179,7 +179,7 @@ def mark(files: SessionPaths, changes: Iterable[Change]) -> None:
     decided = _decided(files)
     for c in changes:
         decided[c.path] = c.guest.as_dict() if c.guest else None
-    paths.write_atomically(files.decisions, json.dumps(decided))
+    filewrite.write_atomically(files.decisions, json.dumps(decided))
 
 
 def pending(g: Gathered) -> list[Change]:

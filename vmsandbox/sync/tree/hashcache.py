@@ -17,7 +17,7 @@ import os
 import time
 from pathlib import Path
 
-from vmsandbox import paths
+from vmsandbox import filewrite
 
 RACY_NS = 2_000_000_000
 Key = tuple[int, int, int, int, int]  # st_dev, st_ino, st_size, st_mtime_ns, st_ctime_ns
@@ -74,4 +74,4 @@ class HashCache:
             return
         keep = {**self.known, **self.seen} if partial else self.seen
         data = {rel: [*key, digest] for rel, (key, digest) in keep.items()}
-        paths.write_atomically(self.path, json.dumps(data, separators=(",", ":")))
+        filewrite.write_atomically(self.path, json.dumps(data, separators=(",", ":")))

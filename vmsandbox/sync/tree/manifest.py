@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from vmsandbox.confine import beneath
+from vmsandbox.confine import atfd, beneath
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.sync.tree.hashcache import HashCache
 
@@ -68,8 +68,8 @@ def landed_mode(kind: str, mode: int) -> int:
     return mode & CARRIED | DIR_OWNER if kind == DIR else mode & CARRIED
 
 
-open_file_at = beneath.regular_at  # the regular file `name` of a directory fd, never through a link (None: not one)
-read_at_most = beneath.read_at_most  # the whole content of an fd if it is at most `limit` bytes, else None
+open_file_at = atfd.regular_at  # the regular file `name` of a directory fd, never through a link (None: not one)
+read_at_most = atfd.read_at_most  # the whole content of an fd if it is at most `limit` bytes, else None
 
 
 def chunks(fd: int) -> Iterator[bytes]:

@@ -10,7 +10,7 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 
-from vmsandbox import paths, ui
+from vmsandbox import filewrite, ui
 from vmsandbox.guest.ssh import Endpoint
 from vmsandbox.image import layers, store
 from vmsandbox.session.place import pins, room
@@ -162,7 +162,7 @@ class LocalSaved(Saved):
     def restore(self, memory: SavedVM) -> None:
         record, saved = self.vm.record, _file(memory)
         saved_xml = savefile.read(saved).xml
-        paths.own_file(record.files.console_log)
+        filewrite.own_file(record.files.console_log)
         shared = sharing.split_of(saved)  # a fork's checkpoint: the source maps what its forks map
         hv = self.vm.host.libvirt()
         # on the session's SSH port, or on another one if something took it while the VM was down

@@ -28,7 +28,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from vmsandbox import paths, proc, ui
+from vmsandbox import filewrite, paths, proc, ui
 from vmsandbox.confine import access
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.session.place.interface import Sharing, Tidy
@@ -127,7 +127,7 @@ def of_template(tmpl: template.Template, hv: Hypervisor, accel: str) -> Shared:
             if not isinstance(checked, foreign.Memfd):  # (one root cannot look at: none is left running for the next)
                 held.stop()
                 raise VmsandboxError(f"the memory holder started, but root could not check it: {checked or 'it ended'}")
-            paths.write_atomically(entry, json.dumps({**held.as_dict(), "template": str(tmpl.path)}) + "\n")
+            filewrite.write_atomically(entry, json.dumps({**held.as_dict(), "template": str(tmpl.path)}) + "\n")
         lease = holders.lease(entry)  # (taken before the lock is let go: no look of gc's or the guard's comes between)
     return Shared(held, tmpl.state, str(tmpl.ram), lease)
 

@@ -9,7 +9,7 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 
-from vmsandbox import failpoint, paths, pids, proc, ui
+from vmsandbox import failpoint, filewrite, paths, pids, proc, ui
 from vmsandbox.egress import control, ports
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.guest import identity, ssh
@@ -113,8 +113,8 @@ def cold(record: Record, image: store.Image, hv: Hypervisor, boot_timeout: int, 
 
     def launch() -> None:
         xml = domain.build_xml(spec(record, booting(image), warm=False, workspace=True))
-        paths.write_atomically(record.files.domain_xml, xml)
-        paths.own_file(record.files.console_log)
+        filewrite.write_atomically(record.files.domain_xml, xml)
+        filewrite.own_file(record.files.console_log)
         hv.create(xml)
 
     on_a_free_port(record, launch)
@@ -223,10 +223,10 @@ def restore_as(record: Record, hv: Hypervisor, memory: Path, restored_xml: str, 
     guest runs once resumed)."""
     files = record.files
     xml = savefile.renamed(restored_xml, record.domain, str(uuid.uuid4()))
-    paths.write_atomically(files.domain_xml, xml)
+    filewrite.write_atomically(files.domain_xml, xml)
     clone = files.root / RESTORE_IMAGE
     savefile.clone(memory, clone, xml)
-    paths.own_file(files.console_log)
+    filewrite.own_file(files.console_log)
     try:
         hv.restore(str(clone), xml, paused=paused)
     finally:

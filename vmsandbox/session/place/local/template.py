@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from vmsandbox import failpoint, paths, ui
+from vmsandbox import failpoint, filewrite, paths, ui
 from vmsandbox.confine import access, accounts
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.image import layers, store
@@ -110,10 +110,10 @@ def mark_failed(tmpl: Template, why: str, session: str, *, project: str = "", ow
     failure is its own (`own`: its saved memory is not a save image). True if it was condemned now."""
     strike = _strike_mark(tmpl.path)
     if own or templates.condemns(_read_strike(strike), session, project):
-        paths.write_atomically(_failed_mark(tmpl.path), why[:500] + "\n", mode=0o644)
+        filewrite.write_atomically(_failed_mark(tmpl.path), why[:500] + "\n", mode=0o644)
         strike.unlink(missing_ok=True)
         return True
-    paths.write_atomically(strike, templates.strike(session, why, project), mode=0o644)
+    filewrite.write_atomically(strike, templates.strike(session, why, project), mode=0o644)
     return False
 
 
@@ -181,7 +181,7 @@ def _build(image: Image, shape: Shape, hv: Hypervisor, boot_timeout: int) -> Tem
         (tmp / "fwcfg").mkdir(mode=0o700)
         (tmp / "fwcfg" / "template").write_text("1\n")
         accounts.give_to_qemu(tmp / "fwcfg")
-        paths.own_file(spec.console_log)
+        filewrite.own_file(spec.console_log)
         hv.create(build_xml(spec))
         failpoint.hit("template.boot")
         title = f"Booting the template ({shape.accel.upper()}, {shape.cpus} vCPU, {shape.memory_mib} MiB)"
@@ -207,7 +207,7 @@ def _build(image: Image, shape: Shape, hv: Hypervisor, boot_timeout: int) -> Tem
             "build_seconds": round(time.monotonic() - started, 1),
             "memory_bytes": (tmp / MEMORY).stat().st_size,
         }
-        paths.write_atomically(tmp / META, json.dumps(meta, indent=2, sort_keys=True) + "\n", mode=0o644)
+        filewrite.write_atomically(tmp / META, json.dumps(meta, indent=2, sort_keys=True) + "\n", mode=0o644)
         for scratch in ("console.log", "identity.sock"):
             (tmp / scratch).unlink(missing_ok=True)
         shutil.rmtree(tmp / "fwcfg")
@@ -235,7 +235,7 @@ def split_memory(tmpl: Template) -> None:
             with ui.step("Splitting the warm-start template's memory for sessions to share (once)"):
                 _split(tmpl.path)
         except split.StreamError as exc:  # said once, kept: every later session restores it whole at once
-            paths.write_atomically(tmpl.path / UNSPLIT, exc.message[:500] + "\n", mode=0o644)
+            filewrite.write_atomically(tmpl.path / UNSPLIT, exc.message[:500] + "\n", mode=0o644)
             raise
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import threading
 import time
 
-from vmsandbox import paths
+from vmsandbox import filewrite
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.session.place.remote.images import POOL
 from vmsandbox.session.record import Record
@@ -33,7 +33,7 @@ def fetch(record: Record, hv: Hypervisor) -> bytes:
     """The console as its host has it now, into the session's console log here (and returned)."""
     got = _read(record, hv)
     if got is not None:
-        paths.write_atomically(record.files.console_log, got.decode(errors="replace"))
+        filewrite.write_atomically(record.files.console_log, got.decode(errors="replace"))
     return got or b""
 
 

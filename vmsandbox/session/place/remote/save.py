@@ -12,7 +12,7 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 
-from vmsandbox import paths
+from vmsandbox import filewrite
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.session.place.remote import tunnel, vm
 from vmsandbox.session.place.remote.images import POOL
@@ -95,7 +95,7 @@ def restore_as(
             raise VmsandboxError(f"{saved_volume} cannot be restored as session {record.name}'s VM: {exc}") from exc
         if not made:  # once: a retry on another port changes only the XML given with the restore
             made.append(hv.clone_volume(POOL, saved_volume, copy, head=header(saved, xml)))
-        paths.write_atomically(record.files.domain_xml, xml)
+        filewrite.write_atomically(record.files.domain_xml, xml)
         hv.restore(made[0], xml)
 
     try:

@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
-from vmsandbox import paths, pids, proc
+from vmsandbox import filewrite, pids, proc
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.session.place import hostspec
 
@@ -107,7 +107,7 @@ def open_(root: Path, uri: str, local: int, remote: int) -> None:
     close(root)
     argv = proc.own_module("vmsandbox.session.place.remote.tunnel", uri, str(local), str(remote))
     pid = proc.spawn_detached(argv, log_file=root / LOG_FILE)
-    paths.write_atomically(root / PID_FILE, json.dumps({"pid": pid, "start": pids.process_start(pid)}))
+    filewrite.write_atomically(root / PID_FILE, json.dumps({"pid": pid, "start": pids.process_start(pid)}))
     deadline = time.monotonic() + OPEN_TIMEOUT
     while time.monotonic() < deadline:
         if not alive(root):

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from vmsandbox import paths, ui
+from vmsandbox import filewrite, paths, ui
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.guest import ssh
 from vmsandbox.image import store
@@ -108,7 +108,7 @@ def send_identity(record: Record, hv: Hypervisor) -> tuple[dict[str, Path], str]
 def send_owner(record: Record, hv: Hypervisor) -> None:
     """`DOMAIN.owner`: which machine's session, in which directory, the volumes of this domain are."""
     note = record.files.root / OWNER
-    paths.write_atomically(note, json.dumps({"client": client_id(), "session": str(record.files.root)}) + "\n")
+    filewrite.write_atomically(note, json.dumps({"client": client_id(), "session": str(record.files.root)}) + "\n")
     try:
         hv.upload(POOL, f"{record.domain}.{OWNER}", note, mode="0600", hashed=False)
     finally:
@@ -151,7 +151,7 @@ def cold(record: Record, image: store.Image, hv: Hypervisor, host: HostSpec, sen
 
     def launch() -> None:
         xml = domain.build_xml(spec(record, booted, boot_files))
-        paths.write_atomically(record.files.domain_xml, xml)
+        filewrite.write_atomically(record.files.domain_xml, xml)
         try:
             hv.create(xml)
         except PortTakenError:
