@@ -7,7 +7,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import pytest
+import mcp.client.stdio  # noqa: F401  (the MCP SDK reads subprocess.Popen's annotations once, when imported:
+import pytest  # before the guard below stands in for it)
 
 from vmsandbox.session.record import Record
 

@@ -15,14 +15,15 @@ PACKAGE = Path(__file__).resolve().parents[2] / "vmsandbox"
 # stands on, but for the two that stand on confine/ (proc jails what it starts; trust reads a config directory
 # beneath a root). A module of the top folder with no floor here fails the test: it is placed before it is used.
 LAYER = {
-    "cli": 8, "web": 8, "api": 8, "core": 7, "session": 6, "sync": 5, "egress": 5, "image": 5, "guest": 4, "vm": 3,
-    "proc": 2, "trust": 2, "confine": 1,
+    "cli": 8, "web": 8, "api": 8, "mcp": 8, "core": 7, "session": 6, "sync": 5, "egress": 5, "image": 5, "guest": 4,
+    "vm": 3, "proc": 2, "trust": 2, "confine": 1,
     "errors": 0, "ui": 0, "paths": 0, "filewrite": 0, "sudo": 0, "pids": 0, "packages": 0, "failpoint": 0,
     "filemodels": 0, "document": 0, "schema": 0, "__init__": 0,
 }  # fmt: skip
 FOUNDATION_FLOOR = 0  # its modules import one another freely (the cycle test still holds them)
-SIBLINGS_ALLOWED = {("image", "egress"), ("cli", "web"), ("cli", "api")}  # blueprints use egress.rules.mapping (the
-# secret-mapping type); `vmsandbox ui` (cli/webui.py) serves the web edge, `vmsandbox serve` (cli/serve.py) the API.
+SIBLINGS_ALLOWED = {("image", "egress"), ("cli", "web"), ("cli", "api"), ("cli", "mcp")}
+# blueprints use egress.rules.mapping (the secret-mapping type); `vmsandbox ui` (cli/webui.py) serves the web edge,
+# `vmsandbox serve` (cli/serve.py) the API, `vmsandbox mcp` (cli/mcp.py) the MCP server.
 # Never the web or the API from the CLI's other modules: below.
 
 
@@ -34,6 +35,13 @@ def _imports(path: Path) -> list[str]:
         elif isinstance(node, ast.Import):
             found += [a.name for a in node.names if a.name.startswith("vmsandbox")]
     return found
+
+
+def _every_import(path: Path) -> list[str]:
+    """Every module `path` imports, ours and others' (the modules named, not the names taken from them)."""
+    tree = ast.parse(path.read_text())
+    modules = [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
+    return modules + [n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module]
 
 
 def _floor_of(module: str) -> str | None:
@@ -95,35 +103,45 @@ def test_the_web_page_is_an_edge_beside_the_cli() -> None:
     web_libraries = ("starlette", "uvicorn", "jinja2", "markupsafe")
     for path in PACKAGE.rglob("*.py"):
         rel = str(path.relative_to(PACKAGE))
-        tree = ast.parse(path.read_text())
-        modules = [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
-        modules += [n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module]
-        for module in modules:
+        for module in _every_import(path):
             if module.startswith("vmsandbox.web") and not rel.startswith("web/") and rel not in WEB_LAUNCHERS:
                 wrong.append(f"{rel} imports {module}")
             if module.startswith("vmsandbox.cli") and rel.startswith("web/"):
                 wrong.append(f"{rel} imports {module}")
-            served_here = rel.startswith(("web/", "api/")) or rel == "cli/review/webui.py"
+            served_here = rel.startswith(("web/", "api/", "mcp/")) or rel == "cli/review/webui.py"
             if module.split(".")[0] in web_libraries and not served_here:
                 wrong.append(f"{rel} imports {module}")
     assert wrong == []
 
 
-def test_the_api_is_an_edge_beside_the_cli() -> None:
-    """vmsandbox/api (`vmsandbox serve`) reaches the core as cli/ and web/ do; nothing but cli/serve.py reaches it,
-    and it reaches neither cli/ nor web/."""
+def _beside_the_cli(edge: str, launcher: str, others: tuple[str, ...], libraries: tuple[str, ...] = ()) -> list[str]:
+    """What breaks the rule of an edge beside the CLI: only its `launcher` (a CLI module) reaches it, it reaches none
+    of the `others` front ends, and its own `libraries` are imported in it only."""
     wrong = []
     for path in PACKAGE.rglob("*.py"):
         rel = str(path.relative_to(PACKAGE))
-        for module in _imports(path):
-            if module.startswith("vmsandbox.api") and not rel.startswith("api/") and rel != "cli/serve.py":
+        inside = rel.startswith(f"{edge}/")
+        for module in _every_import(path):
+            reached = module.startswith(f"vmsandbox.{edge}") and not inside and rel != launcher
+            reaches = inside and module.startswith(tuple(f"vmsandbox.{o}" for o in others))
+            if reached or reaches or (module.split(".")[0] in libraries and not inside):
                 wrong.append(f"{rel} imports {module}")
-            if module.startswith(("vmsandbox.cli", "vmsandbox.web")) and rel.startswith("api/"):
-                wrong.append(f"{rel} imports {module}")
-    assert wrong == []
+    return wrong
 
 
-FRONT_ENDS = ("cli", "web", "api")  # each asks the core, and shows
+def test_the_api_is_an_edge_beside_the_cli() -> None:
+    """vmsandbox/api (`vmsandbox serve`) reaches the core as cli/ and web/ do; nothing but cli/serve.py reaches it,
+    and it reaches neither cli/ nor web/."""
+    assert _beside_the_cli("api", "cli/serve.py", ("cli", "web", "mcp")) == []
+
+
+def test_the_mcp_server_is_an_edge_beside_the_cli() -> None:
+    """vmsandbox/mcp (`vmsandbox mcp`) reaches the core as the others do; nothing but cli/mcp.py reaches it, it
+    reaches no other front end, and the MCP SDK is imported in it only."""
+    assert _beside_the_cli("mcp", "cli/mcp.py", ("cli", "web", "api"), ("mcp", "mcp_types")) == []
+
+
+FRONT_ENDS = ("cli", "web", "api", "mcp")  # each asks the core, and shows
 FOUNDATION = (
     "vmsandbox.errors", "vmsandbox.ui", "vmsandbox.paths", "vmsandbox.filewrite", "vmsandbox.sudo", "vmsandbox.pids",
     "vmsandbox.proc",
@@ -132,6 +150,7 @@ SERVES = {  # the one CLI module that starts each other edge: `ui`, `run --revie
     "cli/review/webui.py": "vmsandbox.web",
     "cli/sessions/run.py": "vmsandbox.web",
     "cli/serve.py": "vmsandbox.api",
+    "cli/mcp.py": "vmsandbox.mcp",
 }
 
 

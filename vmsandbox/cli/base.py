@@ -38,7 +38,7 @@ PANELS: dict[str, tuple[str, ...]] = {
     "Review": ("diff", "pull", "push", "ui"),
     "Inside a session": ("checkpoint", "port", "policy"),
     "This machine": ("image", "host", "secret", "login", "config", "doctor"),
-    "More": ("serve", "completion"),
+    "More": ("serve", "mcp", "completion"),
 }
 # Commands alike but for a name, shown as one row of `vmsandbox -h` (each keeps its own -h): the row's summary.
 ROWS: dict[tuple[str, ...], str] = {

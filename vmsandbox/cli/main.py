@@ -17,7 +17,7 @@ import typer
 from typer._click import exceptions as parser  # typer's own click: the parser's errors
 
 from vmsandbox import ui
-from vmsandbox.cli import completion, meta, serve  # noqa: F401
+from vmsandbox.cli import completion, mcp, meta, serve  # noqa: F401
 from vmsandbox.cli.base import (
     EXIT_FAILED,
     EXIT_INTERRUPTED,

@@ -110,10 +110,10 @@ class Server:
         self._server: uvicorn.Server | None = None
         self._thread: threading.Thread | None = None
 
-    def give(self, path: str, *, browser: bool) -> None:
-        """The URL of `path` to the person (stdout: the command's data; it works once), and a browser opened on it
-        where there is one."""
-        print(self.guard.url(path), flush=True)
+    def give(self, path: str, *, browser: bool, show: bool = True) -> None:
+        """The URL of `path` to the person (stdout: the command's data; it works once; a line saying it is served
+        instead where it is not `show`n), and a browser opened on it where there is one."""
+        print(self.guard.url(path) if show else "served", flush=True)
         if browser and has_browser():
             url = self.guard.url(path)
             launcher = launcher_file(url)
@@ -171,13 +171,22 @@ class Server:
         self._sock.close()
 
 
-def serve(name: str | None, *, port: int = 0, browser: bool = True) -> None:
-    """`vmsandbox ui`: the page until Ctrl-C."""
+def serve(
+    name: str | None, *, port: int = 0, browser: bool = True, review: str | None = None, browser_only: bool = False
+) -> None:
+    """`vmsandbox ui`: the page until Ctrl-C (or SIGTERM), at a frozen `review` of session `name` when one is named.
+    `browser_only` (`vmsandbox mcp`'s, whose agent must never see the link): refused where no browser opens, and
+    the link goes to the browser only."""
     if name is not None:
         from vmsandbox.core import reviews
 
         reviews.exists(name)  # a session that does not exist is said now, with its hint, not on the page
+        if review is not None:
+            reviews.reviewed(name, review)  # (one that is not, or was spent, too)
+    if browser_only and not has_browser():
+        raise VmsandboxError("no browser opens on this machine (no desktop session, no $BROWSER)",
+                             hint=f"review at the terminal: `vmsandbox pull {name or 'NAME'}`")  # fmt: skip
     server = Server(port=port)
-    server.give(path_of(name), browser=browser)
+    server.give(path_of(name, review), browser=browser, show=not browser_only)
     ui.info("The review is served at the URL above (only on this machine; the link works once); Ctrl-C stops it.")
     server.run()

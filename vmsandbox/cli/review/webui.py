@@ -8,6 +8,7 @@ import typer
 
 from vmsandbox.cli import complete
 from vmsandbox.cli.base import app, session_names
+from vmsandbox.errors import UsageError
 
 
 @app.command("ui")
@@ -25,6 +26,11 @@ def web_ui(
         int, typer.Option("--port", metavar="PORT", min=0, max=65535, help="Port \\[default: a free one].")
     ] = 0,
     no_browser: Annotated[bool, typer.Option("--no-browser", help="Print the URL only.")] = False,
+    review: Annotated[
+        str | None,
+        typer.Option("--review", metavar="ID", help="Open NAME's frozen review ID (an agent's proposal)."),
+    ] = None,
+    browser_only: Annotated[bool, typer.Option("--browser-only", hidden=True)] = False,  # (`vmsandbox mcp`'s)
 ) -> None:
     """Review sessions in your browser.
 
@@ -35,4 +41,6 @@ def web_ui(
     Example: `vmsandbox ui exp1`"""
     from vmsandbox.web import server
 
-    server.serve(name, port=port, browser=not no_browser)
+    if review is not None and name is None:
+        raise UsageError("--review goes with a session's NAME", hint="`vmsandbox ui NAME --review ID`")
+    server.serve(name, port=port, browser=not no_browser, review=review, browser_only=browser_only)

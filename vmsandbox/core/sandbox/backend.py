@@ -172,8 +172,12 @@ class SessionBackend:
         return self.sandbox(new)
 
     # -- reviews -------------------------------------------------------------------------------------------------
-    def review(self, name: SessionName) -> model.Review:
+    def review(self, name: SessionName, *, freeze: bool = True) -> model.Review:
+        """A new review of the session, frozen for an apply (`freeze`), or read only (a diff to show: nothing kept,
+        so no review frozen earlier is pushed out of the few a session keeps)."""
         with _answered(name):
+            if not freeze:
+                return _review_of(name, reviews.review(name.value, freeze=False))
             return reviews.look(name.value, lambda plan: _review_of(name, plan))
 
     def reviewed(self, name: SessionName, review: Token) -> model.Review:
