@@ -5,6 +5,8 @@ ask gets nothing applied, guest text comes back escaped and bounded, and every f
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -13,9 +15,11 @@ from typing import Any
 import mcp_types as types
 import pytest
 from mcp import Client
+from mcp.shared.exceptions import MCPError
 
 from vmsandbox.core.sandbox import model
 from vmsandbox.core.sandbox.names import Digest, SessionName, Token
+from vmsandbox.errors import VmsandboxError
 from vmsandbox.mcp import server
 from vmsandbox.mcp.tools import Tools
 
@@ -56,8 +60,8 @@ class Backend:
     def sandbox(self, name: SessionName) -> model.Sandbox:
         return model.Sandbox(name, "base", model.State.RUNNING, NOW, model.NO_END, 2, 2048, 10240, project="/p")
 
-    def review(self, name: SessionName) -> model.Review:
-        return REVIEW
+    def review(self, name: SessionName, *, freeze: bool = True) -> model.Review:
+        return REVIEW if freeze else model.Review(Token("unfrozen"), name, NOW, REVIEW.items)
 
     def reviewed(self, name: SessionName, review: Token) -> model.Review:
         return REVIEW
@@ -286,3 +290,98 @@ def test_an_item_not_all_shown_starts_unticked(monkeypatch: pytest.MonkeyPatch) 
 def test_a_wait_is_a_number_of_seconds_within_its_bound(wait: object) -> None:
     result = call(Backend(), "read_output", {"session": "s1", "process_id": 7, "wait_seconds": wait})
     assert result.is_error
+
+
+def test_every_tool_says_what_it_does_and_what_each_argument_is() -> None:
+    async def listed() -> list[Any]:
+        async with Client(server.make(Tools(Backend()))) as client:  # type: ignore[arg-type]
+            return list((await client.list_tools()).tools)
+
+    for tool in asyncio.run(listed()):
+        assert tool.description and len(tool.description) > 30, tool.name
+        properties = tool.input_schema.get("properties", {})
+        assert "answer" not in properties and "ctx" not in properties, tool.name  # (the person's, the server's)
+        assert [n for n, p in properties.items() if not p.get("description")] == [], tool.name
+
+
+@dataclass
+class Endless(Output):
+    """A command that never ends on its own; its signals, as the guest got them."""
+
+    signals: list[tuple[int, model.Signal]] = field(default_factory=list)
+
+    def output(self, pid: int, cursor: int | None, wait: float) -> model.Output:
+        if self.signals:
+            return model.Output((), 0, model.Exit(-1, "signal: killed"))
+        time.sleep(min(wait, 0.2))
+        return model.Output((), 0, None)
+
+    def signal(self, pid: int, signal: model.Signal) -> None:
+        self.signals.append((pid, signal))
+
+
+@pytest.mark.parametrize("mode", ["auto", "legacy"])
+def test_a_long_command_reports_its_progress_and_a_cancelled_call_kills_it(
+    mode: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(server, "BEAT", 0.05)
+    endless = Endless([])
+    backend = Backend(out=endless)
+    told: list[str | None] = []
+
+    async def run() -> None:
+        async with Client(server.make(Tools(backend)), mode=mode) as client:  # type: ignore[arg-type]
+
+            async def progress(progress: float, total: float | None, message: str | None) -> None:
+                told.append(message)
+
+            call = asyncio.ensure_future(
+                client.call_tool("run_command", {"session": "s1", "command": "sleep 600"}, progress_callback=progress)
+            )
+            while len(told) < 3:
+                await asyncio.sleep(0.05)
+            call.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await call
+            for _ in range(100):
+                if endless.signals:
+                    break
+                await asyncio.sleep(0.05)
+
+    asyncio.run(run())
+    assert told[0] == "running sleep 600 in s1: 0 s", told
+    assert endless.signals == [(7, model.Signal.KILL)]
+
+
+def test_a_process_started_after_its_call_was_cancelled_is_killed_by_whoever_started_it() -> None:
+    killed: list[int] = []
+    early = server.Launched(killed.append)
+    early(1)
+    assert early.cancel() == [1] and killed == []  # (the cancel's to kill)
+    late = server.Launched(killed.append)
+    late.cancel()
+    with pytest.raises(VmsandboxError):
+        late(2)
+    assert killed == [2]
+
+
+def test_the_diff_resource_reads_without_freezing_and_says_a_failure_with_its_fix() -> None:
+    async def read(uri: str) -> str:
+        async with Client(server.make(Tools(Backend()))) as client:  # type: ignore[arg-type]
+            try:
+                found = await client.read_resource(uri)
+            except MCPError as exc:
+                return f"failed: {exc}"
+            return "".join(getattr(c, "text", "") for c in found.contents)
+
+    diff = asyncio.run(read("vmsandbox://sessions/s1/diff"))
+    assert "--- a/app.py\n+++ b/app.py\n@@ -1,1 +1,1 @@\n-old 0\n+new 0" in diff
+    failed = asyncio.run(read("vmsandbox://sessions/NOPE!/diff"))
+    assert failed.startswith("failed: not a session name") and "(fix: " in failed, failed
+
+
+def test_the_apis_words_for_a_fix_are_this_front_ends_tools() -> None:
+    stale = VmsandboxError("spent", hint="ask for a new review (POST /vmsandbox/v1/sessions/s1/reviews) and choose")
+    assert server.said(stale) == "spent (fix: ask for a new review (get_review) and choose)"
+    paused = VmsandboxError("paused", hint="connect to it to resume it")
+    assert server.said(paused) == "paused (fix: resume it with start_session)"

@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 from vmsandbox import pids, proc
 
@@ -15,28 +16,37 @@ READY = 30.0  # seconds a page's server has to say it serves
 
 
 class Pages:
+    """The pages open, by session. Each is started by one thread of their own that lives as long as they do: a
+    child of ours ends when the thread that started it ends (proc.start asks the kernel so, and the kernel counts
+    threads), and a server's worker threads come and go."""
+
     def __init__(self) -> None:
-        self.open: dict[str, proc.Child] = {}
+        self.open: dict[str, tuple[str, proc.Child]] = {}
         self._lock = threading.Lock()
+        self._starter = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pages")
 
     def show(self, session: str, review_id: str) -> bool:
-        """The person's browser opened on review `review_id` of `session` (whatever page this server opened for the
-        session before, ended); False where none could be opened."""
+        """The person's browser opened on review `review_id` of `session` (a page this server opened for the session
+        before ended, unless it is on that very review and still served: the person may be choosing there); False
+        where none could be opened."""
         with self._lock:
-            self._end(self.open.pop(session, None))
-            argv = proc.own_module("vmsandbox", "ui", session, "--review", review_id, "--browser-only")
-            child = proc.start(argv, stdout=proc.PIPE, stderr=proc.DEVNULL)
+            shown = self.open.get(session)
+            if shown is not None and shown[0] == review_id and shown[1].poll() is None:
+                return True
+            self._end(self.open.pop(session, (None, None))[1])
+            child = self._starter.submit(_start, session, review_id).result()
             if _served(child):
-                self.open[session] = child
+                self.open[session] = (review_id, child)
                 return True
             self._end(child)
             return False
 
     def close(self) -> None:
         with self._lock:
-            for child in self.open.values():
+            for _, child in self.open.values():
                 self._end(child)
             self.open.clear()
+        self._starter.shutdown(wait=False)
 
     @staticmethod
     def _end(child: proc.Child | None) -> None:
@@ -45,6 +55,11 @@ class Pages:
         with contextlib.suppress(OSError):
             child.terminate()
         proc.reap(child, 10)
+
+
+def _start(session: str, review_id: str) -> proc.Child:
+    argv = proc.own_module("vmsandbox", "ui", session, "--review", review_id, "--browser-only")
+    return proc.start(argv, stdout=proc.PIPE, stderr=proc.DEVNULL)
 
 
 def _served(child: proc.Child) -> bool:

@@ -229,4 +229,5 @@ def review_data(review: model.Review, offset: int = 0, most_lines: int = shown.M
         **({"next_offset": after} if after < len(review.items) else {}),
         "refused": [shown.line(r, 500) for r in review.refused[:50]],
         "note": "propose what should land with propose_apply(review_id, items); the person decides",
+        **shown.untrusted("items", "refused"),
     }  # fmt: skip

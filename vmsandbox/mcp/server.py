@@ -7,6 +7,11 @@ escaped and bounded (shown.py). Over stdio the SDK points fd 1 at stderr while i
 starts can write onto the protocol's stream. (No `from __future__ import annotations`: the SDK reads the
 annotations of the tools and of the person's resolver, closures of `make`, when they are registered.)"""
 
+import contextlib
+import functools
+import re
+import threading
+import time
 from collections.abc import Callable
 from typing import Annotated, Any, TypeVar
 
@@ -18,7 +23,7 @@ from mcp.server.mcpserver.exceptions import ResourceError, ToolError
 from mcp_types import ToolAnnotations
 from pydantic import Field
 
-from vmsandbox import __version__
+from vmsandbox import __version__, ui
 from vmsandbox.core.sandbox import model
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.mcp import person, shown
@@ -40,15 +45,20 @@ READ = ToolAnnotations(read_only_hint=True, open_world_hint=False)
 CHANGE = ToolAnnotations(read_only_hint=False, destructive_hint=False, open_world_hint=False)
 ENDS = ToolAnnotations(read_only_hint=False, destructive_hint=True, open_world_hint=False)
 WRITES_HOST = ToolAnnotations(read_only_hint=False, destructive_hint=True, open_world_hint=True)  # (the project)
+BEAT = 2.0  # seconds between progress notifications of a long call
 MOST_RESOURCE = 256 * 1024  # characters of a resource's text
 NO_FORM = "nothing was applied: this MCP client cannot show its person a form (it offers no elicitation)"
 
 
 # The fixes the API's side of the core words for E2B's SDK, in this front end's words (its tools).
 OUR_WORDS = {
-    "Sandbox.list()": "list_sessions", "commands.list()": "run_command", "commands.kill": "kill_process",
+    "Sandbox.list()": "list_sessions", "list them with commands.list()": "use a process_id run_command returned",
+    "commands.kill": "kill_process",
     "connect to it to resume it": "resume it with start_session", "Sandbox.create": "create_session",
 }  # fmt: skip
+
+
+NEW_REVIEW = re.compile(r"POST /vmsandbox/v1/sessions/[^ )]*/reviews")
 
 
 def said(exc: VmsandboxError) -> str:
@@ -56,7 +66,7 @@ def said(exc: VmsandboxError) -> str:
     text = f"{exc.message} (fix: {exc.hint})" if exc.hint else exc.message
     for theirs, ours in OUR_WORDS.items():
         text = text.replace(theirs, ours)
-    return text
+    return NEW_REVIEW.sub("get_review", text)
 
 
 def guarded(call: Callable[[], T]) -> T:
@@ -65,6 +75,61 @@ def guarded(call: Callable[[], T]) -> T:
         return call()
     except VmsandboxError as exc:
         raise ToolError(said(exc)) from exc
+
+
+class Launched:
+    """What a call started in the guest, for the call's cancel to end (`kill`): a process started once the call was
+    cancelled (its worker thread was let go meanwhile) is killed by that thread, at once."""
+
+    def __init__(self, kill: Callable[[int], None]) -> None:
+        self.kill = kill
+        self._pids: list[int] = []
+        self._cancelled = False
+        self._lock = threading.Lock()
+
+    def __call__(self, pid: int) -> None:
+        with self._lock:
+            if not self._cancelled:
+                self._pids.append(pid)
+                return
+        self.kill(pid)
+        raise VmsandboxError(f"process {pid} started after its call was cancelled: killed")
+
+    def cancel(self) -> list[int]:
+        """The call is cancelled: the processes started so far, for the caller to kill."""
+        with self._lock:
+            self._cancelled = True
+            return list(self._pids)
+
+
+def _quietly(call: Callable[[], object]) -> None:
+    """`call`, a failure said on stderr (the server's log: no client waits for it any more)."""
+    try:
+        call()
+    except VmsandboxError as exc:
+        ui.warn(said(exc))
+
+
+async def _long(ctx: Context | None, what: str, call: Callable[[], T]) -> T:
+    """`call` in a worker thread, and while it runs its progress, in words, at once and every BEAT seconds (what
+    MCP clients show on a cold boot, a fan-out, a long command; the protocol's log lines are deprecated since
+    2026-07-28, its progress is not). A cancelled call returns at once; what it started is the caller's to end."""
+
+    async def beat() -> None:
+        begun = time.monotonic()
+        while ctx is not None:
+            seconds = round(time.monotonic() - begun)
+            with contextlib.suppress(Exception):  # (a client that asked for no progress still gets its answer)
+                await ctx.report_progress(seconds, None, f"{what}: {seconds} s")
+            await anyio.sleep(BEAT)
+
+    async with anyio.create_task_group() as group:
+        group.start_soon(beat)
+        try:
+            found = await anyio.to_thread.run_sync(lambda: guarded(call), abandon_on_cancel=True)
+        finally:
+            group.cancel_scope.cancel()
+    return found
 
 
 def resourced(call: Callable[[], T]) -> T:
@@ -99,7 +164,7 @@ def _sessions(server: MCPServer, t: Tools) -> None:
         return guarded(t.list_sessions)
 
     @server.tool(annotations=CHANGE)
-    def create_session(
+    async def create_session(
         project: Annotated[
             str | None,
             Field(
@@ -111,40 +176,44 @@ def _sessions(server: MCPServer, t: Tools) -> None:
         name: Annotated[
             str | None, Field(description="a name for it (letters, digits, -); omit for a fresh one")
         ] = None,
+        ctx: Context | None = None,
     ) -> dict[str, Any]:
         """Make a disposable VM with a copy of the project in it, and leave it running (its project directory is
         where commands start). Nothing done in it reaches the host until the person applies it."""
-        return guarded(lambda: t.create_session(project, blueprint, name))
+        return await _long(
+            ctx, f"making a session on {project or 'no project'}", lambda: t.create_session(project, blueprint, name)
+        )
 
     @server.tool(annotations=CHANGE)
-    def fork_session(
+    async def fork_session(
         session: Session,
         checkpoint: Annotated[str | None, Field(description="a checkpoint's label; omit for its state now")] = None,
         name: Annotated[str | None, Field(description="the new session's name; omit for a fresh one")] = None,
+        ctx: Context | None = None,
     ) -> dict[str, Any]:
         """Copy a session (its files, memory and running processes) into a new one, to try another idea side by
         side; both go on independently."""
-        return guarded(lambda: t.fork_session(session, checkpoint, name))
+        return await _long(ctx, f"copying session {session}", lambda: t.fork_session(session, checkpoint, name))
 
     @server.tool(annotations=CHANGE)
-    def stop_session(session: Session) -> dict[str, Any]:
+    async def stop_session(session: Session, ctx: Context | None = None) -> dict[str, Any]:
         """Stop a session with its memory saved to disk; start_session resumes it where it was."""
-        return guarded(lambda: t.stop_session(session))
+        return await _long(ctx, f"stopping {session}", lambda: t.stop_session(session))
 
     @server.tool(annotations=CHANGE)
-    def start_session(session: Session) -> dict[str, Any]:
+    async def start_session(session: Session, ctx: Context | None = None) -> dict[str, Any]:
         """Resume a stopped session, its processes where they were."""
-        return guarded(lambda: t.start_session(session))
+        return await _long(ctx, f"starting {session}", lambda: t.start_session(session))
 
     @server.tool(annotations=ENDS)
-    def remove_session(session: Session) -> dict[str, Any]:
+    async def remove_session(session: Session, ctx: Context | None = None) -> dict[str, Any]:
         """End a session and remove its VM. Changes not applied yet are kept in its outbox for the person."""
-        return guarded(lambda: t.remove_session(session))
+        return await _long(ctx, f"removing {session}", lambda: t.remove_session(session))
 
 
 def _commands(server: MCPServer, t: Tools) -> None:
     @server.tool(annotations=CHANGE)
-    def run_command(
+    async def run_command(
         session: Session,
         command: Annotated[str, Field(description="a bash command line, run in the project directory")],
         background: Annotated[
@@ -156,22 +225,35 @@ def _commands(server: MCPServer, t: Tools) -> None:
         workdir: Annotated[
             str | None, Field(description="where it starts: absolute, or relative to the project directory")
         ] = None,
+        ctx: Context | None = None,
     ) -> dict[str, Any]:
         """Run a shell command in the session's VM (as its user; sudo works). Returns its exit code, stdout and
-        stderr (their last 64 KiB each), or with background a process_id to read from later."""
-        return guarded(lambda: t.run_command(session, command, background, timeout_seconds, workdir))
+        stderr (their last 64 KiB each), or with background a process_id to read from later. Cancelling the call
+        kills the command."""
+        started = Launched(lambda pid: _quietly(lambda: t.kill_process(session, pid)))
+        try:
+            return await _long(ctx, f"running {shown.line(command, 80)} in {session}",
+                               lambda: t.run_command(session, command, background, timeout_seconds, workdir,
+                                                     started=started))  # fmt: skip
+        except anyio.get_cancelled_exc_class():
+            with anyio.CancelScope(shield=True):  # (the call is gone: its command goes with it)
+                for pid in started.cancel():
+                    await anyio.to_thread.run_sync(functools.partial(started.kill, pid))
+            raise
 
     @server.tool(annotations=READ)
-    def read_output(
+    async def read_output(
         session: Session,
         process_id: Annotated[int, Field(description="as run_command returned it")],
         cursor: Annotated[int, Field(description="as the last call returned it (0: from the start)")] = 0,
         wait_seconds: Annotated[
             float, Field(ge=0, le=60, allow_inf_nan=False, description="wait this long for it to end")
         ] = 0,
+        ctx: Context | None = None,
     ) -> dict[str, Any]:
         """Read what a background command wrote since `cursor`, and its exit code once it ended."""
-        return guarded(lambda: t.read_output(session, process_id, cursor, wait_seconds))
+        return await _long(ctx, f"waiting for process {process_id}",
+                           lambda: t.read_output(session, process_id, cursor, wait_seconds))  # fmt: skip
 
     @server.tool(annotations=ENDS)
     def kill_process(
@@ -209,32 +291,40 @@ def _files(server: MCPServer, t: Tools) -> None:
 
 def _checkpoints(server: MCPServer, t: Tools) -> None:
     @server.tool(annotations=CHANGE)
-    def checkpoint(
-        session: Session, label: Annotated[str | None, Field(description="a label; omit for a fresh one")] = None
+    async def checkpoint(
+        session: Session,
+        label: Annotated[str | None, Field(description="a label; omit for a fresh one")] = None,
+        ctx: Context | None = None,
     ) -> dict[str, Any]:
         """Save the session's whole state (memory, processes, disks) under a label, to roll back to later."""
-        return guarded(lambda: t.checkpoint(session, label))
+        return await _long(ctx, f"checkpointing {session}", lambda: t.checkpoint(session, label))
 
     @server.tool(annotations=CHANGE)
-    def fan_out(
+    async def fan_out(
         project: Annotated[str, Field(description="absolute path of the project directory on this machine")],
         count: Annotated[int, Field(description="how many sessions (1-8)")],
         command: Annotated[str, Field(description="a bash command line each runs; $VMSANDBOX_INDEX is 1..count")],
         check: Annotated[str | None, Field(description="a command whose exit code says if a result passes")] = None,
         blueprint: Annotated[str | None, Field(description="what the VMs are made from (`base` unless told)")] = None,
+        ctx: Context | None = None,
     ) -> dict[str, Any]:
         """Try several attempts at once: `count` sessions from one copy of the project, each running the command
         (then the check), all kept. Returns each session's exit code, check and changed files; compare them with
         compare_sessions, propose_apply the one you want, remove_session the rest."""
-        return guarded(lambda: t.fan_out(project, count, command, check, blueprint))
+        return await _long(
+            ctx,
+            f"fanning out {count} sessions on {project}",
+            lambda: t.fan_out(project, count, command, check, blueprint),
+        )
 
     @server.tool(annotations=READ)
-    def compare_sessions(
+    async def compare_sessions(
         sessions: Annotated[list[str], Field(description="2-8 session names: a fan-out's, or a session and its forks")],
         diff: Annotated[bool, Field(description="also the unified diff from the second session to the first")] = False,
+        ctx: Context | None = None,
     ) -> dict[str, Any]:
         """What each session changed, path by path, side by side, and whether they all agree."""
-        return guarded(lambda: t.compare_sessions(sessions, diff))
+        return await _long(ctx, "comparing sessions", lambda: t.compare_sessions(sessions, diff))
 
     @server.tool(annotations=READ)
     def list_checkpoints(session: Session) -> list[dict[str, Any]]:
@@ -242,23 +332,35 @@ def _checkpoints(server: MCPServer, t: Tools) -> None:
         return guarded(lambda: t.list_checkpoints(session))
 
     @server.tool(annotations=ENDS)
-    def rollback(
-        session: Session, checkpoint: Annotated[str, Field(description="the checkpoint's label")]
+    async def rollback(
+        session: Session,
+        checkpoint: Annotated[str, Field(description="the checkpoint's label")],
+        ctx: Context | None = None,
     ) -> dict[str, Any]:
         """Return the session to a checkpoint: memory, processes and disks as they were then."""
-        return guarded(lambda: t.rollback(session, checkpoint))
+        return await _long(ctx, f"rolling {session} back to {checkpoint}", lambda: t.rollback(session, checkpoint))
 
 
 def _reviews(server: MCPServer, t: Tools, pages: Pages) -> None:
     @server.tool(annotations=READ)
-    def get_review(
+    async def get_review(
         session: Session,
         offset: Annotated[int, Field(ge=0, description="the first item (next_offset of the last page)")] = 0,
+        review_id: Annotated[
+            str | None,
+            Field(
+                description="a review get_review gave (its next page); omit for a new one",
+                pattern=r"^[A-Za-z0-9_-]{1,64}$",
+            ),
+        ] = None,
+        ctx: Context | None = None,
     ) -> dict[str, Any]:
         """What the session changed in the project, frozen as a review: files (items i0, i1 …) with their status,
         their holds (what the person must take explicitly) and their hunks (h0, h1 …), 100 items a page. Its
         review_id is what propose_apply takes."""
-        return guarded(lambda: person.review_data(t.review(session), offset))
+        return await _long(
+            ctx, f"reading the changes of {session}", lambda: person.review_data(t.review(session, review_id), offset)
+        )
 
     async def ask(
         session: str, review_id: str, items: list[dict[str, Any]], reason: str, ctx: Context

@@ -14,7 +14,7 @@ import math
 import posixpath
 import secrets
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -108,8 +108,16 @@ class Tools:
 
     # -- commands ------------------------------------------------------------------------------------------------
     def run_command(
-        self, session: str, command: str, background: bool, timeout_seconds: float, workdir: str | None
+        self,
+        session: str,
+        command: str,
+        background: bool,
+        timeout_seconds: float,
+        workdir: str | None,
+        started: Callable[[int], None] = lambda pid: None,
     ) -> dict[str, Any]:
+        """`command` started in the session (its pid handed to `started` at once: whoever must end it on a cancel
+        knows it), and in the foreground waited for."""
         name = _name(session)
         if not command.strip():
             raise InvalidError("an empty command", hint="give a shell command line, e.g. `make test`")
@@ -120,6 +128,7 @@ class Tools:
         )  # fmt: skip
         processes = self.backend.processes(name)
         pid = processes.start(spec)
+        started(pid)
         if background:
             return {"process_id": pid, "running": True, "cursor": 0,
                     "note": "runs on; read its output with read_output(process_id, cursor)"}  # fmt: skip
@@ -150,7 +159,7 @@ class Tools:
                 break
         found: dict[str, Any] = {
             "process_id": pid, "cursor": cursor, "running": ended is None,
-            "stdout": shown.text(bytes(out)), "stderr": shown.text(bytes(err)),
+            "stdout": shown.text(bytes(out)), "stderr": shown.text(bytes(err)), **shown.untrusted("stdout", "stderr"),
         }  # fmt: skip
         if ended is not None:
             found |= {"exit_code": ended.code, "status": ended.status}
@@ -201,7 +210,7 @@ class Tools:
         if not 2 <= len(checked) <= MOST_FANOUT:
             raise InvalidError(f"{len(checked)} sessions: compare 2 to {MOST_FANOUT}", hint="name a fan-out's sessions")
         side = moments.side_by_side(checked)
-        rows = [{"path": shown.text(r.path, 1000), "changes": dict(zip(checked, r.cells, strict=True)),
+        rows = [{"path": shown.line(r.path, 1000), "changes": dict(zip(checked, r.cells, strict=True)),
                  "same_in_all": r.agree} for r in side.rows[:MOST_ROWS]]  # fmt: skip
         found: dict[str, Any] = {"rows": rows, "truncated": len(side.rows) > MOST_ROWS, "shared_baseline": side.shared}
         if diff:
@@ -223,7 +232,8 @@ class Tools:
             if len(data) > MOST_FILE:
                 break
         return {"path": shown.line(entry.path, 4096), "size": entry.size, "truncated": len(data) > MOST_FILE,
-                "content": shown.text(bytes(data[:MOST_FILE]), MOST_FILE, keep="start")}  # fmt: skip
+                "content": shown.text(bytes(data[:MOST_FILE]), MOST_FILE, keep="start"),
+                **shown.untrusted("content", "path")}  # fmt: skip
 
     def write_file(self, session: str, path: str, content: str) -> dict[str, Any]:
         data = content.encode()
@@ -242,7 +252,7 @@ class Tools:
         entries = [
             {"path": shown.line(e.path, 4096), "type": e.type.value, "size": e.size} for e in list(found)[:MOST_ENTRIES]
         ]
-        return {"entries": entries, "truncated": len(found) > MOST_ENTRIES}
+        return {"entries": entries, "truncated": len(found) > MOST_ENTRIES, **shown.untrusted("entries")}
 
     def remove_file(self, session: str, path: str) -> dict[str, Any]:
         name, at = _name(session), self._path(session, path)
@@ -277,7 +287,7 @@ class Tools:
     # -- what it reached, and its console (read only) --------------------------------------------------------------
     def egress_log(self, session: str, tail: int) -> dict[str, Any]:
         events = listing.proxy(session, follow=False, tail=min(max(tail, 1), TAIL), since=None, most_bytes=512 * 1024)
-        return {"events": shown.lines(listing.describe(e) for _, e in events)}
+        return {"events": shown.lines(listing.describe(e) for _, e in events), **shown.untrusted("events")}
 
     def allowlist(self, session: str) -> dict[str, Any]:
         found = watch.allowlist(_name(session).value)
@@ -286,7 +296,7 @@ class Tools:
 
     def console(self, session: str, tail: int) -> dict[str, Any]:
         said = listing.console(_name(session).value, follow=False, tail=min(max(tail, 1), TAIL), most_bytes=64 * 1024)
-        return {"lines": shown.lines(said)}
+        return {"lines": shown.lines(said), **shown.untrusted("lines")}
 
 
 class Told:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import html
 import os
+import queue
 import socket
 import sys
 import tempfile
@@ -56,6 +57,9 @@ class PageGate(gate.Gate):
         body = f"refused: a connection from {who}; this page serves only the account that opened it\n".encode()
         head = "HTTP/1.1 403 Forbidden\r\ncontent-type: text/plain; charset=utf-8\r\n"
         return f"{head}content-length: {len(body)}\r\nconnection: close\r\n\r\n".encode() + body
+
+
+OPENING = 5.0  # seconds a browser command has to fail before the page counts as opened
 
 
 def path_of(name: str | None, review: str | None = None) -> str:
@@ -110,10 +114,37 @@ class Server:
         self._server: uvicorn.Server | None = None
         self._thread: threading.Thread | None = None
 
-    def give(self, path: str, *, browser: bool, show: bool = True) -> None:
-        """The URL of `path` to the person (stdout: the command's data; it works once; a line saying it is served
-        instead where it is not `show`n), and a browser opened on it where there is one."""
-        print(self.guard.url(path) if show else "served", flush=True)
+    def opened(self, path: str) -> bool:
+        """A browser opened on `path`, and nothing printed (`vmsandbox mcp`'s: its agent must never see the link):
+        whether the browser took it (where it did not, its launcher is gone)."""
+        if not has_browser():
+            return False
+        url = self.guard.url(path)
+        launcher = launcher_file(url)
+        self._launchers[url.rpartition("ticket=")[2]] = launcher
+        answer: queue.Queue[bool] = queue.Queue(maxsize=1)
+
+        def open_it() -> None:
+            try:
+                answer.put(webbrowser.open(launcher.as_uri()))
+            except webbrowser.Error:
+                answer.put(False)
+
+        # (a browser command may wait until the browser is closed: one still running after OPENING took the page)
+        threading.Thread(target=open_it, daemon=True).start()
+        try:
+            taken = answer.get(timeout=OPENING)
+        except queue.Empty:
+            taken = True
+        if not taken:
+            self._launchers.pop(url.rpartition("ticket=")[2], None)
+            launcher.unlink(missing_ok=True)
+        return taken
+
+    def give(self, path: str, *, browser: bool) -> None:
+        """The URL of `path` to the person (stdout: the command's data; it works once), and a browser opened on it
+        where there is one."""
+        print(self.guard.url(path), flush=True)
         if browser and has_browser():
             url = self.guard.url(path)
             launcher = launcher_file(url)
@@ -183,10 +214,13 @@ def serve(
         reviews.exists(name)  # a session that does not exist is said now, with its hint, not on the page
         if review is not None:
             reviews.reviewed(name, review)  # (one that is not, or was spent, too)
-    if browser_only and not has_browser():
-        raise VmsandboxError("no browser opens on this machine (no desktop session, no $BROWSER)",
-                             hint=f"review at the terminal: `vmsandbox pull {name or 'NAME'}`")  # fmt: skip
     server = Server(port=port)
-    server.give(path_of(name, review), browser=browser, show=not browser_only)
+    if browser_only:
+        if not server.opened(path_of(name, review)):
+            raise VmsandboxError("no browser opens on this machine (no desktop session, or $BROWSER failed)",
+                                 hint=f"review at the terminal: `vmsandbox pull {name or 'NAME'}`")  # fmt: skip
+        print("served", flush=True)  # (the link went to the browser only)
+    else:
+        server.give(path_of(name, review), browser=browser)
     ui.info("The review is served at the URL above (only on this machine; the link works once); Ctrl-C stops it.")
     server.run()

@@ -43,4 +43,6 @@ def web_ui(
 
     if review is not None and name is None:
         raise UsageError("--review goes with a session's NAME", hint="`vmsandbox ui NAME --review ID`")
+    if browser_only and no_browser:
+        raise UsageError("--browser-only and --no-browser exclude each other", hint="give one of them")
     server.serve(name, port=port, browser=not no_browser, review=review, browser_only=browser_only)

@@ -177,7 +177,7 @@ class SessionBackend:
         so no review frozen earlier is pushed out of the few a session keeps)."""
         with _answered(name):
             if not freeze:
-                return _review_of(name, reviews.review(name.value, freeze=False))
+                return _review_of(name, reviews.review(name.value, freeze=False), frozen=False)
             return reviews.look(name.value, lambda plan: _review_of(name, plan))
 
     def reviewed(self, name: SessionName, review: Token) -> model.Review:
@@ -319,6 +319,10 @@ def _shown(plan: Plan, n: int, *, lines: bool = False) -> model.ReviewItem:
     )  # fmt: skip
 
 
-def _review_of(name: SessionName, plan: Plan) -> model.Review:
+UNFROZEN = "unfrozen"  # the id of a review read only: no apply takes it (none is kept by that id)
+
+
+def _review_of(name: SessionName, plan: Plan, *, frozen: bool = True) -> model.Review:
     items = tuple(_shown(plan, n, lines=True) for n in range(len(plan.todo)))
-    return model.Review(Token(plan.id), name, datetime.now(tz=UTC), items, tuple(plan.refused))
+    made = Token(plan.id if frozen else UNFROZEN)
+    return model.Review(made, name, datetime.now(tz=UTC), items, tuple(plan.refused))
