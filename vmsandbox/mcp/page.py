@@ -16,9 +16,9 @@ READY = 30.0  # seconds a page's server has to say it serves
 
 
 class Pages:
-    """The pages open, by session. Each is started by one thread of their own that lives as long as they do: a
-    child of ours ends when the thread that started it ends (proc.start asks the kernel so, and the kernel counts
-    threads), and a server's worker threads come and go."""
+    """The pages open, by session, all started by one thread that lives as long as they do: a child of ours ends
+    when the thread that started it ends (proc.start asks the kernel so, and the kernel counts threads), and a
+    server's worker threads come and go."""
 
     def __init__(self) -> None:
         self.open: dict[str, tuple[str, proc.Child]] = {}

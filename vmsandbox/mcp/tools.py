@@ -168,8 +168,8 @@ class Tools:
         return found
 
     def _workdir(self, session: str, workdir: str | None) -> GuestPath | None:
-        """Where a command starts: where its files' relative paths start (the session's project directory; an
-        empty session's home), or `workdir` (relative: to that)."""
+        """Where a command starts: where its files' relative paths start (the session's project directory), or
+        `workdir` (relative: to that; in a session on no project, as the guest resolves it)."""
         if not workdir:
             return None
         given = GuestPath(workdir)
@@ -217,20 +217,22 @@ class Tools:
             found["diff"] = shown.text(moments.between(checked[0], checked[1]), keep="start")
         return found
 
-    # -- files ---------------------------------------------------------------------------------------------------
-    def _path(self, session: str, path: str) -> GuestPath:
-        """A guest path: absolute, or relative to where commands start (the backend's files resolve it there)."""
-        return GuestPath(path)
-
+    # -- files (a relative path starts where commands start: the backend's files resolve it there) --------------
     def read_file(self, session: str, path: str) -> dict[str, Any]:
-        name, at = _name(session), self._path(session, path)
+        name, at = _name(session), GuestPath(path)
         files = self.backend.files(name)
         entry = files.stat(at, None)
         data = bytearray()
-        for chunk in files.read(at, None):
-            data += chunk[: MOST_FILE + 1 - len(data)]
-            if len(data) > MOST_FILE:
-                break
+        reading = files.read(at, None)
+        try:
+            for chunk in reading:
+                data += chunk[: MOST_FILE + 1 - len(data)]
+                if len(data) > MOST_FILE:
+                    break
+        finally:
+            close = getattr(reading, "close", None)  # (the rest is not read: its download ends now)
+            if close is not None:
+                close()
         return {"path": shown.line(entry.path, 4096), "size": entry.size, "truncated": len(data) > MOST_FILE,
                 "content": shown.text(bytes(data[:MOST_FILE]), MOST_FILE, keep="start"),
                 **shown.untrusted("content", "path")}  # fmt: skip
@@ -242,12 +244,12 @@ class Tools:
                 f"{len(data)} bytes to write: at most {MOST_WRITE}",
                 hint="write it in the guest with run_command, or copy it in: `vmsandbox cp`",
             )
-        name, at = _name(session), self._path(session, path)
+        name, at = _name(session), GuestPath(path)
         entry = self.backend.files(name).write(at, None, io.BytesIO(data))
         return {"path": shown.line(entry.path, 4096), "size": entry.size}
 
     def list_files(self, session: str, path: str, depth: int) -> dict[str, Any]:
-        name, at = _name(session), self._path(session, path)
+        name, at = _name(session), GuestPath(path)
         found = self.backend.files(name).list_dir(at, min(max(depth, 1), 5), None)
         entries = [
             {"path": shown.line(e.path, 4096), "type": e.type.value, "size": e.size} for e in list(found)[:MOST_ENTRIES]
@@ -255,7 +257,7 @@ class Tools:
         return {"entries": entries, "truncated": len(found) > MOST_ENTRIES, **shown.untrusted("entries")}
 
     def remove_file(self, session: str, path: str) -> dict[str, Any]:
-        name, at = _name(session), self._path(session, path)
+        name, at = _name(session), GuestPath(path)
         self.backend.files(name).remove(at, None)
         return {"removed": shown.line(at.value, 4096)}
 
