@@ -20,7 +20,7 @@ from mcp.shared.exceptions import MCPError
 from vmsandbox.core.sandbox import model
 from vmsandbox.core.sandbox.names import Digest, SessionName, Token
 from vmsandbox.errors import VmsandboxError
-from vmsandbox.mcp import server
+from vmsandbox.mcp import calls, server
 from vmsandbox.mcp.tools import Tools
 
 NOW = datetime(2026, 12, 6, tzinfo=UTC)
@@ -324,7 +324,7 @@ class Endless(Output):
 def test_a_long_command_reports_its_progress_and_a_cancelled_call_kills_it(
     mode: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(server, "BEAT", 0.05)
+    monkeypatch.setattr(calls, "BEAT", 0.05)
     endless = Endless([])
     backend = Backend(out=endless)
     told: list[str | None] = []
@@ -355,10 +355,10 @@ def test_a_long_command_reports_its_progress_and_a_cancelled_call_kills_it(
 
 def test_a_process_started_after_its_call_was_cancelled_is_killed_by_whoever_started_it() -> None:
     killed: list[int] = []
-    early = server.Launched(killed.append)
+    early = calls.Launched(killed.append)
     early(1)
     assert early.cancel() == [1] and killed == []  # (the cancel's to kill)
-    late = server.Launched(killed.append)
+    late = calls.Launched(killed.append)
     late.cancel()
     with pytest.raises(VmsandboxError):
         late(2)
@@ -382,6 +382,6 @@ def test_the_diff_resource_reads_without_freezing_and_says_a_failure_with_its_fi
 
 def test_the_apis_words_for_a_fix_are_this_front_ends_tools() -> None:
     stale = VmsandboxError("spent", hint="ask for a new review (POST /vmsandbox/v1/sessions/s1/reviews) and choose")
-    assert server.said(stale) == "spent (fix: ask for a new review (get_review) and choose)"
+    assert calls.said(stale) == "spent (fix: ask for a new review (get_review) and choose)"
     paused = VmsandboxError("paused", hint="connect to it to resume it")
-    assert server.said(paused) == "paused (fix: resume it with start_session)"
+    assert calls.said(paused) == "paused (fix: resume it with start_session)"

@@ -6,6 +6,8 @@ lands on the host is a person's choice, asked through the Person port (person.py
 - tools.py: what each tool does, over the core (core.sandbox.backend: the API's side of it, one implementation);
 - person.py: the person's say on an agent's proposal (an MCP elicitation form of exactly that frozen review);
 - shown.py: guest bytes as a model and a person read them (escaped, bounded);
+- calls.py: how a tool's call runs (a worker thread, progress, cancel, failures in the client's words);
+- page.py: the browser review a proposal opens for a client that cannot ask its person;
 - server.py: the tools, resources and prompts registered with the MCP SDK (stdio is its own transport);
 - loopback.py: streamable HTTP on 127.0.0.1, for this account only, with a key.
 

@@ -7,26 +7,20 @@ escaped and bounded (shown.py). Over stdio the SDK points fd 1 at stderr while i
 starts can write onto the protocol's stream. (No `from __future__ import annotations`: the SDK reads the
 annotations of the tools and of the person's resolver, closures of `make`, when they are registered.)"""
 
-import contextlib
 import functools
-import re
-import threading
-import time
-from collections.abc import Callable
 from typing import Annotated, Any, TypeVar
 
 import anyio.to_thread
 import pydantic
 from mcp.server.elicitation import AcceptedElicitation, ElicitationResult
 from mcp.server.mcpserver import Context, Elicit, MCPServer, Resolve
-from mcp.server.mcpserver.exceptions import ResourceError, ToolError
+from mcp.server.mcpserver.exceptions import ToolError
 from mcp_types import ToolAnnotations
 from pydantic import Field
 
-from vmsandbox import __version__, ui
+from vmsandbox import __version__
 from vmsandbox.core.sandbox import model
-from vmsandbox.errors import VmsandboxError
-from vmsandbox.mcp import person, shown
+from vmsandbox.mcp import calls, person, shown
 from vmsandbox.mcp.page import Pages
 from vmsandbox.mcp.tools import Tools
 
@@ -45,99 +39,8 @@ READ = ToolAnnotations(read_only_hint=True, open_world_hint=False)
 CHANGE = ToolAnnotations(read_only_hint=False, destructive_hint=False, open_world_hint=False)
 ENDS = ToolAnnotations(read_only_hint=False, destructive_hint=True, open_world_hint=False)
 WRITES_HOST = ToolAnnotations(read_only_hint=False, destructive_hint=True, open_world_hint=True)  # (the project)
-BEAT = 2.0  # seconds between progress notifications of a long call
 MOST_RESOURCE = 256 * 1024  # characters of a resource's text
 NO_FORM = "nothing was applied: this MCP client cannot show its person a form (it offers no elicitation)"
-
-
-# The fixes the API's side of the core words for E2B's SDK, in this front end's words (its tools).
-OUR_WORDS = {
-    "Sandbox.list()": "list_sessions", "list them with commands.list()": "use a process_id run_command returned",
-    "commands.kill": "kill_process",
-    "connect to it to resume it": "resume it with start_session", "Sandbox.create": "create_session",
-}  # fmt: skip
-
-
-NEW_REVIEW = re.compile(r"POST /vmsandbox/v1/sessions/[^ )]*/reviews")
-
-
-def said(exc: VmsandboxError) -> str:
-    """A failure in the core's words and with its fix, named by this front end's tools."""
-    text = f"{exc.message} (fix: {exc.hint})" if exc.hint else exc.message
-    for theirs, ours in OUR_WORDS.items():
-        text = text.replace(theirs, ours)
-    return NEW_REVIEW.sub("get_review", text)
-
-
-def guarded(call: Callable[[], T]) -> T:
-    """`call`, its VmsandboxError the tool's error result (the core's message and its fix)."""
-    try:
-        return call()
-    except VmsandboxError as exc:
-        raise ToolError(said(exc)) from exc
-
-
-class Launched:
-    """What a call started in the guest, for the call's cancel to end (`kill`): a process started once the call was
-    cancelled (its worker thread was let go meanwhile) is killed by that thread, at once."""
-
-    def __init__(self, kill: Callable[[int], None]) -> None:
-        self.kill = kill
-        self._pids: list[int] = []
-        self._cancelled = False
-        self._lock = threading.Lock()
-
-    def __call__(self, pid: int) -> None:
-        with self._lock:
-            if not self._cancelled:
-                self._pids.append(pid)
-                return
-        self.kill(pid)
-        raise VmsandboxError(f"process {pid} started after its call was cancelled: killed")
-
-    def cancel(self) -> list[int]:
-        """The call is cancelled: the processes started so far, for the caller to kill."""
-        with self._lock:
-            self._cancelled = True
-            return list(self._pids)
-
-
-def _quietly(call: Callable[[], object]) -> None:
-    """`call`, a failure said on stderr (the server's log: no client waits for it any more)."""
-    try:
-        call()
-    except VmsandboxError as exc:
-        ui.warn(said(exc))
-
-
-async def _long(ctx: Context | None, what: str, call: Callable[[], T]) -> T:
-    """`call` in a worker thread, and while it runs its progress, in words, at once and every BEAT seconds (what
-    MCP clients show on a cold boot, a fan-out, a long command; the protocol's log lines are deprecated since
-    2026-07-28, its progress is not). A cancelled call returns at once; what it started is the caller's to end."""
-
-    async def beat() -> None:
-        begun = time.monotonic()
-        while ctx is not None:
-            seconds = round(time.monotonic() - begun)
-            with contextlib.suppress(Exception):  # (a client that asked for no progress still gets its answer)
-                await ctx.report_progress(seconds, None, f"{what}: {seconds} s")
-            await anyio.sleep(BEAT)
-
-    async with anyio.create_task_group() as group:
-        group.start_soon(beat)
-        try:
-            found = await anyio.to_thread.run_sync(lambda: guarded(call), abandon_on_cancel=True)
-        finally:
-            group.cancel_scope.cancel()
-    return found
-
-
-def resourced(call: Callable[[], T]) -> T:
-    """`call`, its VmsandboxError a resource's error (the core's message and its fix)."""
-    try:
-        return call()
-    except VmsandboxError as exc:
-        raise ResourceError(said(exc)) from exc
 
 
 def make(tools: Tools | None = None, pages: Pages | None = None) -> MCPServer:
@@ -152,7 +55,8 @@ def make(tools: Tools | None = None, pages: Pages | None = None) -> MCPServer:
     _commands(server, t)
     _files(server, t)
     _checkpoints(server, t)
-    _reviews(server, t, p)
+    _reviews(server, t)
+    _proposals(server, t, p)
     _context(server, t)
     return server
 
@@ -161,7 +65,7 @@ def _sessions(server: MCPServer, t: Tools) -> None:
     @server.tool(annotations=READ)
     def list_sessions() -> list[dict[str, Any]]:
         """List this account's sessions (running or stopped): name, state, project, blueprint."""
-        return guarded(t.list_sessions)
+        return calls.guarded(t.list_sessions)
 
     @server.tool(annotations=CHANGE)
     async def create_session(
@@ -180,7 +84,7 @@ def _sessions(server: MCPServer, t: Tools) -> None:
     ) -> dict[str, Any]:
         """Make a disposable VM with a copy of the project in it, and leave it running (its project directory is
         where commands start). Nothing done in it reaches the host until the person applies it."""
-        return await _long(
+        return await calls.long(
             ctx, f"making a session on {project or 'no project'}", lambda: t.create_session(project, blueprint, name)
         )
 
@@ -193,22 +97,22 @@ def _sessions(server: MCPServer, t: Tools) -> None:
     ) -> dict[str, Any]:
         """Copy a session (its files, memory and running processes) into a new one, to try another idea side by
         side; both go on independently."""
-        return await _long(ctx, f"copying session {session}", lambda: t.fork_session(session, checkpoint, name))
+        return await calls.long(ctx, f"copying session {session}", lambda: t.fork_session(session, checkpoint, name))
 
     @server.tool(annotations=CHANGE)
     async def stop_session(session: Session, ctx: Context | None = None) -> dict[str, Any]:
         """Stop a session with its memory saved to disk; start_session resumes it where it was."""
-        return await _long(ctx, f"stopping {session}", lambda: t.stop_session(session))
+        return await calls.long(ctx, f"stopping {session}", lambda: t.stop_session(session))
 
     @server.tool(annotations=CHANGE)
     async def start_session(session: Session, ctx: Context | None = None) -> dict[str, Any]:
         """Resume a stopped session, its processes where they were."""
-        return await _long(ctx, f"starting {session}", lambda: t.start_session(session))
+        return await calls.long(ctx, f"starting {session}", lambda: t.start_session(session))
 
     @server.tool(annotations=ENDS)
     async def remove_session(session: Session, ctx: Context | None = None) -> dict[str, Any]:
         """End a session and remove its VM. Changes not applied yet are kept in its outbox for the person."""
-        return await _long(ctx, f"removing {session}", lambda: t.remove_session(session))
+        return await calls.long(ctx, f"removing {session}", lambda: t.remove_session(session))
 
 
 def _commands(server: MCPServer, t: Tools) -> None:
@@ -230,9 +134,9 @@ def _commands(server: MCPServer, t: Tools) -> None:
         """Run a shell command in the session's VM (as its user; sudo works). Returns its exit code, stdout and
         stderr (their last 64 KiB each), or with background a process_id to read from later. Cancelling the call
         kills the command."""
-        started = Launched(lambda pid: _quietly(lambda: t.kill_process(session, pid)))
+        started = calls.Launched(lambda pid: calls.quietly(lambda: t.kill_process(session, pid)))
         try:
-            return await _long(ctx, f"running {shown.line(command, 80)} in {session}",
+            return await calls.long(ctx, f"running {shown.line(command, 80)} in {session}",
                                lambda: t.run_command(session, command, background, timeout_seconds, workdir,
                                                      started=started))  # fmt: skip
         except anyio.get_cancelled_exc_class():
@@ -252,7 +156,7 @@ def _commands(server: MCPServer, t: Tools) -> None:
         ctx: Context | None = None,
     ) -> dict[str, Any]:
         """Read what a background command wrote since `cursor`, and its exit code once it ended."""
-        return await _long(ctx, f"waiting for process {process_id}",
+        return await calls.long(ctx, f"waiting for process {process_id}",
                            lambda: t.read_output(session, process_id, cursor, wait_seconds))  # fmt: skip
 
     @server.tool(annotations=ENDS)
@@ -260,33 +164,33 @@ def _commands(server: MCPServer, t: Tools) -> None:
         session: Session, process_id: Annotated[int, Field(description="as run_command returned it")]
     ) -> dict[str, Any]:
         """Kill a command started in the background (SIGKILL)."""
-        return guarded(lambda: t.kill_process(session, process_id))
+        return calls.guarded(lambda: t.kill_process(session, process_id))
 
 
 def _files(server: MCPServer, t: Tools) -> None:
     @server.tool(annotations=READ)
     def read_file(session: Session, path: InGuest) -> dict[str, Any]:
         """Read a text file in the session's VM (its first MiB)."""
-        return guarded(lambda: t.read_file(session, path))
+        return calls.guarded(lambda: t.read_file(session, path))
 
     @server.tool(annotations=CHANGE)
     def write_file(
         session: Session, path: InGuest, content: Annotated[str, Field(description="the whole text")]
     ) -> dict[str, Any]:
         """Create or replace a text file in the session's VM (its parent directories made as needed)."""
-        return guarded(lambda: t.write_file(session, path, content))
+        return calls.guarded(lambda: t.write_file(session, path, content))
 
     @server.tool(annotations=READ)
     def list_files(
         session: Session, path: InGuest = ".", depth: Annotated[int, Field(description="levels down (1-5)")] = 1
     ) -> dict[str, Any]:
         """List a directory in the session's VM."""
-        return guarded(lambda: t.list_files(session, path, depth))
+        return calls.guarded(lambda: t.list_files(session, path, depth))
 
     @server.tool(annotations=ENDS)
     def remove_file(session: Session, path: InGuest) -> dict[str, Any]:
         """Remove a file or directory (recursively) in the session's VM."""
-        return guarded(lambda: t.remove_file(session, path))
+        return calls.guarded(lambda: t.remove_file(session, path))
 
 
 def _checkpoints(server: MCPServer, t: Tools) -> None:
@@ -297,7 +201,7 @@ def _checkpoints(server: MCPServer, t: Tools) -> None:
         ctx: Context | None = None,
     ) -> dict[str, Any]:
         """Save the session's whole state (memory, processes, disks) under a label, to roll back to later."""
-        return await _long(ctx, f"checkpointing {session}", lambda: t.checkpoint(session, label))
+        return await calls.long(ctx, f"checkpointing {session}", lambda: t.checkpoint(session, label))
 
     @server.tool(annotations=CHANGE)
     async def fan_out(
@@ -311,7 +215,7 @@ def _checkpoints(server: MCPServer, t: Tools) -> None:
         """Try several attempts at once: `count` sessions from one copy of the project, each running the command
         (then the check), all kept. Returns each session's exit code, check and changed files; compare them with
         compare_sessions, propose_apply the one you want, remove_session the rest."""
-        return await _long(
+        return await calls.long(
             ctx,
             f"fanning out {count} sessions on {project}",
             lambda: t.fan_out(project, count, command, check, blueprint),
@@ -324,12 +228,12 @@ def _checkpoints(server: MCPServer, t: Tools) -> None:
         ctx: Context | None = None,
     ) -> dict[str, Any]:
         """What each session changed, path by path, side by side, and whether they all agree."""
-        return await _long(ctx, "comparing sessions", lambda: t.compare_sessions(sessions, diff))
+        return await calls.long(ctx, "comparing sessions", lambda: t.compare_sessions(sessions, diff))
 
     @server.tool(annotations=READ)
     def list_checkpoints(session: Session) -> list[dict[str, Any]]:
         """List a session's checkpoints, oldest first."""
-        return guarded(lambda: t.list_checkpoints(session))
+        return calls.guarded(lambda: t.list_checkpoints(session))
 
     @server.tool(annotations=ENDS)
     async def rollback(
@@ -338,10 +242,10 @@ def _checkpoints(server: MCPServer, t: Tools) -> None:
         ctx: Context | None = None,
     ) -> dict[str, Any]:
         """Return the session to a checkpoint: memory, processes and disks as they were then."""
-        return await _long(ctx, f"rolling {session} back to {checkpoint}", lambda: t.rollback(session, checkpoint))
+        return await calls.long(ctx, f"rolling {session} back to {checkpoint}", lambda: t.rollback(session, checkpoint))
 
 
-def _reviews(server: MCPServer, t: Tools, pages: Pages) -> None:
+def _reviews(server: MCPServer, t: Tools) -> None:
     @server.tool(annotations=READ)
     async def get_review(
         session: Session,
@@ -358,10 +262,12 @@ def _reviews(server: MCPServer, t: Tools, pages: Pages) -> None:
         """What the session changed in the project, frozen as a review: files (items i0, i1 …) with their status,
         their holds (what the person must take explicitly) and their hunks (h0, h1 …), 100 items a page. Its
         review_id is what propose_apply takes."""
-        return await _long(
+        return await calls.long(
             ctx, f"reading the changes of {session}", lambda: person.review_data(t.review(session, review_id), offset)
         )
 
+
+def _proposals(server: MCPServer, t: Tools, pages: Pages) -> None:
     async def ask(
         session: str, review_id: str, items: list[dict[str, Any]], reason: str, ctx: Context
     ) -> Elicit[pydantic.BaseModel]:
@@ -396,7 +302,7 @@ def _reviews(server: MCPServer, t: Tools, pages: Pages) -> None:
         choices, include = person.chosen(laid, answer.data)
         if not choices:
             return {"applied": [], "answer": "accept", "note": "the person took none of the items: nothing applied"}
-        done = await anyio.to_thread.run_sync(lambda: guarded(lambda: t.apply(session, review, choices, include)))
+        done = await anyio.to_thread.run_sync(lambda: calls.guarded(lambda: t.apply(session, review, choices, include)))
         return {
             "applied": [i.value for i in done.applied], "answer": "accept",
             "left_out": sorted({s.proposed.item.id.value for s in laid} - {c.item.value for c in choices}),
@@ -410,11 +316,11 @@ def _proposed(
 ) -> tuple[model.Review, list[person.Shown], str | None]:
     """The frozen review an agent names (that one: never a new one), its proposal read against it and laid out as
     the person sees it, and the project it would land in."""
-    review = guarded(lambda: t.review(session, review_id))
+    review = calls.guarded(lambda: t.review(session, review_id))
     if review.id.value != review_id:
         raise ToolError(f"review {review_id!r} is not one of session {session}'s: nothing was applied")
-    proposed = guarded(lambda: person.proposal(review, items))
-    return review, person.layout(proposed), guarded(lambda: t.backend.sandbox(review.session)).project
+    proposed = calls.guarded(lambda: person.proposal(review, items))
+    return review, person.layout(proposed), calls.guarded(lambda: t.backend.sandbox(review.session)).project
 
 
 def _context(server: MCPServer, t: Tools) -> None:
@@ -423,29 +329,29 @@ def _context(server: MCPServer, t: Tools) -> None:
         session: Session, tail: Annotated[int, Field(description="how many (at most 200)")] = 50
     ) -> dict[str, Any]:
         """The session's last network requests, each allowed or denied by its egress proxy (read only)."""
-        return guarded(lambda: t.egress_log(session, tail))
+        return calls.guarded(lambda: t.egress_log(session, tail))
 
     @server.tool(annotations=READ)
     def allowlist(session: Session) -> dict[str, Any]:
         """What the session's VM may reach on the network (read only: only the person widens it)."""
-        return guarded(lambda: t.allowlist(session))
+        return calls.guarded(lambda: t.allowlist(session))
 
     @server.resource("vmsandbox://sessions/{session}/diff", mime_type="text/x-diff")
     def diff(session: str) -> str:
         """The session's changes to its project as a unified diff, read now (no review is frozen for it)."""
-        review = resourced(lambda: t.review(session, freeze=False))
+        review = calls.resourced(lambda: t.review(session, freeze=False))
         text = "\n".join(line for item in review.items for line in person.diff_of(item)) + "\n"
         return shown.text(text, MOST_RESOURCE, keep="start")
 
     @server.resource("vmsandbox://sessions/{session}/console", mime_type="text/plain")
     def console(session: str) -> str:
         """The last lines of the session VM's serial console."""
-        return "\n".join(resourced(lambda: t.console(session, 200))["lines"]) + "\n"
+        return "\n".join(calls.resourced(lambda: t.console(session, 200))["lines"]) + "\n"
 
     @server.resource("vmsandbox://sessions/{session}/egress", mime_type="text/plain")
     def egress(session: str) -> str:
         """The session's last egress decisions, one a line."""
-        return "\n".join(resourced(lambda: t.egress_log(session, 200))["events"]) + "\n"
+        return "\n".join(calls.resourced(lambda: t.egress_log(session, 200))["events"]) + "\n"
 
     @server.prompt()
     def try_in_a_vm(project: str, change: str) -> str:
