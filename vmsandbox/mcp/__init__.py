@@ -9,6 +9,8 @@ lands on the host is a person's choice, asked through the Person port (person.py
 - calls.py: how a tool's call runs (a worker thread, progress, cancel, failures in the client's words);
 - page.py: the browser review a proposal opens for a client that cannot ask its person;
 - server.py: the tools, resources and prompts registered with the MCP SDK (stdio is its own transport);
+- propose.py: `propose_apply`, the proposal put to the person and what they took applied;
+- kinds.py: what the tools' arguments and effects are called;
 - loopback.py: streamable HTTP on 127.0.0.1, for this account only, with a key.
 
 May import: vmsandbox.core and the foundation (errors, ui, paths…), and the `mcp` SDK.
