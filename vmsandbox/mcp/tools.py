@@ -12,7 +12,6 @@ from __future__ import annotations
 import io
 import math
 import posixpath
-import secrets
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -31,6 +30,7 @@ from vmsandbox.core.sandbox.names import (
     ProjectPath,
     SessionName,
     Token,
+    fresh_name,
 )
 from vmsandbox.core.views import Decisions, Outcome, Plan
 from vmsandbox.mcp import shown
@@ -47,11 +47,6 @@ TAIL = 200
 
 def _name(session: str) -> SessionName:
     return SessionName(session)
-
-
-def new_name(stem: str) -> SessionName:
-    """A fresh session name: `stem` (its first 22 characters, so the name stays within 31) and eight hex digits."""
-    return SessionName(f"{stem[:22].rstrip('-')}-{secrets.token_hex(4)}")
 
 
 def bounded(value: float, low: float, high: float, what: str) -> float:
@@ -81,7 +76,7 @@ class Tools:
 
     def create_session(self, project: str | None, blueprint: str | None, name: str | None) -> dict[str, Any]:
         spec = model.SandboxSpec(
-            name=_name(name) if name else new_name("mcp"),
+            name=_name(name) if name else fresh_name("mcp"),
             blueprint=BlueprintName(blueprint or DEFAULT_BLUEPRINT),
             project=None if project is None else ProjectPath(Path(project)),
             end_at=model.NO_END,
@@ -90,7 +85,7 @@ class Tools:
 
     def fork_session(self, session: str, checkpoint: str | None, name: str | None) -> dict[str, Any]:
         label = CheckpointLabel(checkpoint) if checkpoint else None
-        new = _name(name) if name else new_name(session)
+        new = _name(name) if name else fresh_name(session)
         return sandbox(self.backend.fork(_name(session), label, new, model.NO_END))
 
     def stop_session(self, session: str) -> dict[str, Any]:

@@ -9,7 +9,6 @@ server runs while it serves. A paused session has no end (E2B's rule): connectin
 from __future__ import annotations
 
 import logging
-import secrets
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
 from urllib.parse import parse_qsl, unquote
@@ -26,7 +25,7 @@ from vmsandbox.api.respond import Endpoint, answers, body, done, ok, session
 from vmsandbox.api.threads import blocking
 from vmsandbox.core.sandbox.interface import Backend
 from vmsandbox.core.sandbox.model import Sandbox, SandboxSpec, State
-from vmsandbox.core.sandbox.names import BlueprintName, CheckpointLabel, SessionName, SnapshotRef
+from vmsandbox.core.sandbox.names import BlueprintName, CheckpointLabel, SessionName, SnapshotRef, fresh_name
 
 log = logging.getLogger(__name__)
 Clock = Callable[[], datetime]
@@ -38,11 +37,6 @@ def now() -> datetime:
 
 def end_after(clock: Clock, timeout: int | None) -> datetime:
     return clock() + timedelta(seconds=timeout or controlwire.DEFAULT_TIMEOUT)
-
-
-def new_name(prefix: str) -> SessionName:
-    stem = prefix.replace("_", "-")[:22].rstrip("-")
-    return SessionName(f"{stem}-{secrets.token_hex(4)}")
 
 
 def refuse_unserved(new: controlwire.NewSandbox) -> None:
@@ -115,10 +109,10 @@ class Control:
         end_at = self._end(new.timeout)
         if ":" in new.template_id:  # a snapshot: a fork of that checkpoint
             ref = SnapshotRef.parse(new.template_id)
-            made = await blocking(self.backend.fork, ref.session, ref.label, new_name(ref.session.value), end_at)
+            made = await blocking(self.backend.fork, ref.session, ref.label, fresh_name(ref.session.value), end_at)
             return self._out(made)
         blueprint = BlueprintName(new.template_id)
-        spec = SandboxSpec(new_name(blueprint.value), blueprint, None, end_at, new.env_vars or {}, new.metadata or {})
+        spec = SandboxSpec(fresh_name(blueprint.value), blueprint, None, end_at, new.env_vars or {}, new.metadata or {})
         return self._out(await blocking(self.backend.create, spec))
 
     async def list(self, request: Request) -> Response:
@@ -191,7 +185,7 @@ class Control:
         results = []
         for _ in range(asked.count):
             try:
-                made = await blocking(self.backend.fork, name, None, new_name(name.value), self._end(asked.timeout))
+                made = await blocking(self.backend.fork, name, None, fresh_name(name.value), self._end(asked.timeout))
                 results.append(
                     controlwire.ForkResultOut(
                         sandbox=controlwire.sandbox(made, self.keys.envd_token(made.name, made.started_at))

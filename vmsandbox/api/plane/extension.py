@@ -19,13 +19,21 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
 from vmsandbox.api.plane import extwire
-from vmsandbox.api.plane.control import Clock, end_after, new_name, now
+from vmsandbox.api.plane.control import Clock, end_after, now
 from vmsandbox.api.plane.controlwire import page_of, read
 from vmsandbox.api.respond import Endpoint, answers, body, ok, session
 from vmsandbox.api.threads import blocking
 from vmsandbox.core.sandbox.interface import Backend
 from vmsandbox.core.sandbox.model import Badge, Choice, SandboxSpec
-from vmsandbox.core.sandbox.names import BlueprintName, CheckpointLabel, Digest, ProjectPath, SessionName, Token
+from vmsandbox.core.sandbox.names import (
+    BlueprintName,
+    CheckpointLabel,
+    Digest,
+    ProjectPath,
+    SessionName,
+    Token,
+    fresh_name,
+)
 
 PREFIX = "/vmsandbox/v1"
 
@@ -60,7 +68,7 @@ class Extension:
     async def create(self, request: Request) -> Response:
         new = read(extwire.NewSession, await body(request))
         blueprint = BlueprintName(new.blueprint)
-        name = SessionName(new.name) if new.name else new_name(blueprint.value)
+        name = SessionName(new.name) if new.name else fresh_name(blueprint.value)
         spec = SandboxSpec(
             name=name,
             blueprint=blueprint,
@@ -118,7 +126,7 @@ class Extension:
     async def fork(self, request: Request) -> Response:
         name, asked = session(request), read(extwire.ForkIn, await body(request))
         label = CheckpointLabel(asked.label) if asked.label else None
-        new = SessionName(asked.name) if asked.name else new_name(name.value)
+        new = SessionName(asked.name) if asked.name else fresh_name(name.value)
         made = await blocking(self.backend.fork, name, label, new, self._end(asked.timeout))
         return ok(dump(extwire.session(made)), 201)
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import posixpath
 import re
+import secrets
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -178,6 +179,13 @@ class Digest:
     def __post_init__(self) -> None:
         if not DIGEST_RE.match(self.value):
             raise InvalidError(f"not a digest: {self.value[:80]!r}", hint="use the digest the review gave, unchanged")
+
+
+def fresh_name(prefix: str) -> SessionName:
+    """A new session's name when none is given: `prefix` (a blueprint's, a session's: its first 22 characters, `_`
+    as `-`, so the name stays within 31) and eight hex digits."""
+    stem = prefix.replace("_", "-")[:22].rstrip("-")
+    return SessionName(f"{stem}-{secrets.token_hex(4)}")
 
 
 def tag(text: str) -> str:
