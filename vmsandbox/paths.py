@@ -228,6 +228,10 @@ class SessionPaths:
         return self.root / SESSION_BASELINE_DIR
 
     @property
+    def steps(self) -> Path:
+        return self.root / "steps"  # one file per step the session was asked to run (sync.provenance.steps)
+
+    @property
     def baseline_manifest(self) -> Path:
         return self.root / SESSION_BASELINE_MANIFEST
 

@@ -180,8 +180,14 @@ def test_the_front_end_rule_finds_a_reach_past_the_core() -> None:
     assert not _reaches("vmsandbox.session.record", allowed) and not _reaches("vmsandbox.corex", allowed)
 
 
-SURFACE = tuple(f"vmsandbox.core.{p.stem}" for p in sorted((PACKAGE / "core").glob("*.py")) if p.stem != "__init__")
 INSIDE = ("sandbox", "door")  # the core's packages that front ends call: the API's backend, the servers' gate
+# the core's surface: its top-level modules, and its packages but those the surface rule holds (views/: a review
+# as every front end shows it, with who made each change, views/madeby.py)
+SURFACE = tuple(
+    f"vmsandbox.core.{p.stem}"
+    for p in sorted((PACKAGE / "core").iterdir())
+    if (p.suffix == ".py" and p.stem != "__init__") or ((p / "__init__.py").is_file() and p.name not in INSIDE)
+)
 
 
 def _past_the_surface(path: Path, inside: str) -> list[str]:

@@ -369,8 +369,10 @@ def test_experiment_commands_refuse_what_they_cannot_do(capsys: pytest.CaptureFi
     assert "another session" in capsys.readouterr().err
     assert run_cli(["diff", "a", "--against", "b", "src/"]) == base.EXIT_USAGE
     assert "--against" in capsys.readouterr().err
-    assert run_cli(["diff", "a", "--json"]) == base.EXIT_USAGE
-    assert "--json goes with --stat" in capsys.readouterr().err
+    assert run_cli(["diff", "a", "--against", "b", "--json"]) == base.EXIT_USAGE
+    assert "--json with --against goes with --stat" in capsys.readouterr().err
+    assert run_cli(["diff", "a", "--by", "step", "--against", "b"]) == base.EXIT_USAGE
+    assert "not with --stat or --against" in capsys.readouterr().err
     assert run_cli(["rm", "--group", "nothing-here"]) == base.EXIT_FAILED
     assert "no fan-out named 'nothing-here'" in capsys.readouterr().err
     assert run_cli(["checkpoint", "create", "ghost", "Bad Label"]) == base.EXIT_FAILED

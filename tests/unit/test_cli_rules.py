@@ -66,7 +66,10 @@ def test_shell_and_exec_run_what_follows_where_and_with_what_they_are_told(
     seen: list[Any] = []
     monkeypatch.setattr(sessions, "ready", sessions.record)
 
-    def attached(endpoint: Any, where: str, cmd: Any, tty: bool | None = None, env: Any = None) -> int:
+    def attached(
+        endpoint: Any, where: str, cmd: Any, tty: bool | None = None, env: Any = None, step: str | None = None
+    ) -> int:
+        assert step is not None and step.isalnum()  # every command is a step of the session (its provenance)
         seen.append((cmd, where, dict(env or {}), tty))
         return 7
 

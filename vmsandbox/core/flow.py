@@ -24,6 +24,7 @@ from vmsandbox.session.record import Record
 from vmsandbox.session.running import logins
 from vmsandbox.session.start import create, resolve
 from vmsandbox.sync.inward import leftout
+from vmsandbox.sync.provenance import steps
 
 __all__ = ["RunFlags", "take_of"]  # (the flags of a run, and what --yes takes by them, for the front ends)
 RUN_FAILED = 125  # the run itself failed (as docker's): the command's own codes are its own
@@ -85,7 +86,11 @@ def run(ask: Ask, person: Person) -> Ran:
     record = create.create(planned.options)
     code, left = RUN_FAILED, 0
     try:
-        code = commands.attach(record.endpoint(), record.project, planned.command, tty=planned.tty)
+        endpoint, how = record.endpoint(), "agent" if ask.agent else "run"
+        code = steps.run(
+            record.files, planned.command, how,
+            lambda step: commands.attach(endpoint, record.project, planned.command, tty=planned.tty, step=step),
+        )  # fmt: skip
         if code == commands.SSH_FAILED and state.stops_within(record, seconds=15):
             ui.warn(f"the VM shut down while the command ran; its console log: `vmsandbox logs {record.name}`")
     finally:

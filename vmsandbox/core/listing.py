@@ -20,6 +20,8 @@ from vmsandbox.session import settings, state
 from vmsandbox.session.place import checkpoints
 from vmsandbox.session.record import Record, State, readable
 from vmsandbox.session.state import Status
+from vmsandbox.sync.provenance import steps, store
+from vmsandbox.sync.provenance.model import BOUNDS
 
 __all__ = ["State", "Status"]  # (a session's state, and a session with its state, as statuses() gives them)
 DAMAGED = "damaged"  # the state of a session whose record cannot be read
@@ -90,6 +92,9 @@ def inspect(name: str) -> dict[str, Any]:
         },
         "user": record.user,
         "stopped_by": record.stop_note or None,  # why it was stopped when no person stopped it (the memory guard)
+        # who made each change: the steps the host kept, and what the guest's journal holds for it (its figures
+        # when a review last asked, the guest's word) against the bounds it keeps to
+        "provenance": {"steps": len(steps.read(files)), "journal": _journal_use(files.root)},
         # the file its RAM maps copy-on-write, shared with every session that maps it, else why it is its own;
         # and while it runs, what its QEMU takes: resident, proportional, shared with other sessions, private
         "memory": {
@@ -98,6 +103,15 @@ def inspect(name: str) -> dict[str, Any]:
             **((state.memory_use(record) or {}) if reachable else {}),
         },
     }
+
+
+def _journal_use(root: Path) -> str:
+    """What the guest's journal holds for provenance, against its bounds, as it said when a review last asked."""
+    found = store.usage(root)
+    if not found:
+        return "not asked yet (a review asks)"
+    said = [f"{found[k]:,} of {bound:,} {k.replace('_', ' ')}" for k, bound in BOUNDS.items() if k in found]
+    return ", ".join(said) + " (as the guest said at the last review)"
 
 
 def ssh_config(name: str) -> str:

@@ -30,6 +30,7 @@ from vmsandbox.session.options import RunFlags
 from vmsandbox.session.record import Record, validate_name
 from vmsandbox.session.start import resolve
 from vmsandbox.sync.inward import cp
+from vmsandbox.sync.provenance import steps
 
 # the record a front end is handed back, the flags of a run, how a session's guest is reached, what a session's
 # name is made of (raises with the rule), and another command holding the session
@@ -159,7 +160,23 @@ def attach(name: str, argv: list[str] | None, *, tty: bool | None, where: Where 
     workdir = found.project if not where.workdir else str(Path(found.project) / where.workdir)
     if "\n" in workdir or "\x00" in workdir:
         raise UsageError(f"--workdir {where.workdir!r}: a directory name has no newline")
-    return commands.attach(found.endpoint(), workdir, argv, tty=tty, env=where.env)
+    how = "exec" if argv else "shell"
+    endpoint = found.endpoint()
+    return steps.run(
+        found.files, argv, how, lambda step: commands.attach(endpoint, workdir, argv, tty=tty, env=where.env, step=step)
+    )
+
+
+Step = steps.Step  # one command the session ran (sync.provenance.steps): the API's processes are steps too
+
+
+def step_begun(record: Record, command: str, how: str) -> Step:
+    """A step of the session started now (the guest's wrapper registers its process by the step's id)."""
+    return steps.begin(record.files, command, how)
+
+
+def step_ended(record: Record, step: Step, code: int | None) -> None:
+    steps.finish(record.files, step, code)
 
 
 def copy_in(name: str, sources: list[Path], where: str) -> str:

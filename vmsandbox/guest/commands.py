@@ -12,14 +12,24 @@ from vmsandbox.guest.ssh import Endpoint
 SSH_FAILED = 255  # what ssh exits with when the connection (not the command) failed
 
 
-def remote_command(workdir: str, cmd: list[str] | None, env: Mapping[str, str] | None = None) -> str:
+STEP = "/usr/local/lib/vmsandbox/step"  # the guest's step wrapper (journal.c): `step ID -- ARGV`
+
+
+def remote_command(
+    workdir: str, cmd: list[str] | None, env: Mapping[str, str] | None = None, *, step: str | None = None
+) -> str:
     """The command line the guest's shell runs: cd into the project, the variables of `env` exported (names
-    checked by the caller, values quoted), then CMD (argv, quoted) or a login shell."""
-    target = shlex.join(cmd) if cmd else 'exec "${SHELL:-/bin/bash}" -l'
-    if cmd:
-        target = f"exec {target}"
+    checked by the caller, values quoted), then CMD (argv, quoted) or a login shell; with `step` (a step's id,
+    [a-z0-9]), under the guest's step wrapper, which registers the command's process as that step's root (an
+    image without the wrapper runs the command as it is)."""
+    target = shlex.join(cmd) if cmd else '"${SHELL:-/bin/bash}" -l'
     exports = "".join(f"export {k}={shlex.quote(v)} && " for k, v in (env or {}).items())
-    return f"cd -- {shlex.quote(workdir)} && {exports}{target}"
+    run = f"exec {target}"
+    if step is not None:
+        if not step.isalnum() or not step.isascii() or len(step) > 32:
+            raise ValueError(f"not a step id: {step!r}")
+        run = f"{{ [ -x {STEP} ] && exec {STEP} {step} -- {target}; exec {target}; }}"
+    return f"cd -- {shlex.quote(workdir)} && {exports}{run}"
 
 
 def run_as_root(
@@ -44,6 +54,7 @@ def attach(
     *,
     tty: bool | None = None,
     env: Mapping[str, str] | None = None,
+    step: str | None = None,
 ) -> int:
     """Run CMD (or an interactive shell) in the guest in `workdir` (the project directory), with `env` set;
     returns its exit code.
@@ -53,11 +64,13 @@ def attach(
     """
     want_tty = tty if tty is not None else (cmd is None and sys.stdin.isatty())
     flags = ["-t"] if want_tty else ["-T"]
-    argv = [*endpoint.ssh_argv(*flags), "--", remote_command(workdir, cmd, env)]
+    argv = [*endpoint.ssh_argv(*flags), "--", remote_command(workdir, cmd, env, step=step)]
     return proc.run_attached(argv)
 
 
-def captured(endpoint: Endpoint, workdir: str, cmd: list[str], *, max_output: int = proc.MAX_OUTPUT) -> proc.Result:
+def captured(
+    endpoint: Endpoint, workdir: str, cmd: list[str], *, max_output: int = proc.MAX_OUTPUT, step: str | None = None
+) -> proc.Result:
     """Run CMD in the guest in the project directory, without a terminal; its output captured (capped)."""
-    argv = [*endpoint.ssh_argv("-T"), "--", remote_command(workdir, cmd)]
+    argv = [*endpoint.ssh_argv("-T"), "--", remote_command(workdir, cmd, step=step)]
     return proc.run(argv, check=False, max_output=max_output)

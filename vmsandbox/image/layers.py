@@ -20,7 +20,7 @@ from vmsandbox.image import store
 from vmsandbox.image.blueprint import Blueprint
 
 PREFIX = "bp-"
-BUILDER_REVISION = "2"
+BUILDER_REVISION = "3"
 REGISTRY = "https://registry.npmjs.org"
 BUILD_HOSTS = ("deb.debian.org", "security.debian.org", "registry.npmjs.org")
 STEP_TIMEOUT = 45 * 60
@@ -101,7 +101,10 @@ CLEANUP = (
     "npm cache clean --force >/dev/null 2>&1 || true; rm -rf /root/.npm /root/.cache /root/.config/configstore; "
     "apt-get clean; rm -rf /var/lib/apt/lists/*; "
     "rm -f /root/.ssh/authorized_keys /etc/ssh/ssh_host_ed25519_key /etc/ssh/ssh_host_ed25519_key.pub; "
-    "rm -f /etc/vmsandbox/session.env; sync"
+    "rm -f /etc/vmsandbox/session.env; "
+    # the build's workspace was the journal's first: a session's must be too, or its journal answers every
+    # pull with a walk and says its provenance is partial (journal.c, ORIGIN_MARK)
+    "rm -f /var/lib/vmsandbox/journal-began; sync"
 )
 
 

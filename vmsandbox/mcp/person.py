@@ -15,7 +15,8 @@ Guest text (paths, lines, reasons of holds) and the agent's words are escaped, e
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import shlex
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,6 +24,8 @@ import pydantic
 
 from vmsandbox.core.sandbox import model
 from vmsandbox.core.sandbox.names import InvalidError, Token
+from vmsandbox.core.views import madeby
+from vmsandbox.core.views.madeby import OUTSIDE, Maker, Step
 from vmsandbox.mcp import shown
 
 MOST_PROPOSED = 50  # items in one proposal: a person reads each one
@@ -86,8 +89,10 @@ def _hunks(item: model.ReviewItem, asked: object) -> tuple[Token, ...] | None:
     return tuple(Token(h) for h in named)
 
 
-def layout(proposed: Sequence[Proposed]) -> list[Shown]:
-    """Each proposed item's lines for the message, within ITEM_LINES each and FORM_LINES in all."""
+def layout(proposed: Sequence[Proposed], steps: Sequence[Step] = ()) -> list[Shown]:
+    """Each proposed item's lines for the message, within ITEM_LINES each and FORM_LINES in all, its heading with
+    a line of who made it (`steps`: the review's, in order)."""
+    numbers = {s.id: n for n, s in enumerate(steps, 1)}
     budget = FORM_LINES
     found = []
     for p in proposed:
@@ -96,8 +101,64 @@ def layout(proposed: Sequence[Proposed]) -> list[Shown]:
         cut = len(body) > room
         body = body[:room] + ([f"  [… {len(body) - room} more lines: not shown here]"] if cut else [])
         budget -= room
-        found.append(Shown(p, (_heading(p, whole and not cut), *body), whole and not cut))
+        made = made_line(p, numbers)
+        heading = (_heading(p, whole and not cut), *([made] if made else []))
+        found.append(Shown(p, (*heading, *body), whole and not cut))
     return found
+
+
+MADE_LINE = 240  # characters of an item's one line of who made it, in the form
+
+
+def made_line(p: Proposed, numbers: dict[str, int]) -> str | None:
+    """One line saying who made the proposed part of an item (its hunks' writers, or the item's), escaped and
+    bounded; None when the review does not say. The guest's word: it only informs the person."""
+    named = None if p.hunks is None else {h.value for h in p.hunks}
+    hunks = [h for h in p.item.hunks if named is None or h.id.value in named]
+    makers = list(dict.fromkeys(m for h in hunks for m in h.made_by)) or list(p.item.made_by)
+    if not makers:
+        return None
+    said = "; ".join(_maker_words(m, numbers) for m in makers[:4])
+    said += f"; {len(makers) - 4} more" if len(makers) > 4 else ""
+    return "  made by (the guest's word): " + shown.line(said, MADE_LINE)
+
+
+def _maker_words(m: Maker, numbers: dict[str, int]) -> str:
+    n = numbers.get(m.step)
+    where = "outside any step" if m.step == OUTSIDE or n is None else f"step {n} ({shown.line(m.command[:200], 60)})"
+    badges = "".join(f" [{b}]" for b in m.badges)
+    return f"{where}: {shown.line(argv(m), 80)}{badges}"
+
+
+def argv(m: Maker) -> str:
+    """A writer's argv as a shell would read it (each word quoted), its pieces bounded before anything is escaped
+    (the guest's: any size); the caller escapes it."""
+    words = " ".join(shlex.quote(a[: madeby.ARGV_WORD]) for a in m.argv[: madeby.ARGV_WORDS])
+    more = len(m.argv) - madeby.ARGV_WORDS
+    return (words + (f" … {more} more" if more > 0 else "")) or m.exe[: madeby.ARGV_WORD] or "an unnamed process"
+
+
+MAKERS = 8  # makers of one hunk in a get_review result; the rest counted
+
+
+def makers_data(found: Sequence[Maker], numbers: dict[str, int]) -> dict[str, Any]:
+    """Who made a hunk or an item, as an agent reads it: the step (its place and command), the writer's argv and
+    executable escaped and cut short, its badges; at most MAKERS of them."""
+    made = [{"step": numbers.get(m.step), "outside_any_step": m.step == OUTSIDE or m.step not in numbers,
+             "command": shown.line(m.command[:1000], 200), "argv": shown.line(argv(m), 300),
+             "exe": shown.line(m.exe[:1000], 300), "badges": list(m.badges)} for m in found[:MAKERS]]  # fmt: skip
+    return {"made_by": made, **({"made_by_more": len(found) - MAKERS} if len(found) > MAKERS else {})}
+
+
+def steps_data(review: model.Review, named: Collection[str] = ()) -> list[dict[str, Any]]:
+    """The review's steps in order, as an agent reads them: the newest madeby.MOST_STEPS and every one `named`
+    (those of the makers a result shows), each with its place among all of them, the host's command, times and
+    exit code, and the egress requests logged while each ran (escaped, at most 50 lines each)."""
+    most = madeby.EGRESS_LINES
+    return [{"step": n, "command": shown.line(s.command[:2000], 500), "how": s.how, "started": s.started,
+             "ended": s.ended, "exit_code": s.exit, "egress": [shown.line(e[:1000], 300) for e in s.egress[:most]],
+             **({"egress_more": len(s.egress) - most} if len(s.egress) > most else {})}
+            for n, s in madeby.listed(review.steps, named)]  # fmt: skip
 
 
 def _which(p: Proposed) -> str:
@@ -173,6 +234,8 @@ def message(session: str, project: str | None, review: model.Review, laid: Seque
         f"(review {review.id.value}). Untick what must not land; held items and items not all shown here stay out "
         "unless you tick them. Decline: nothing is applied.",
     ]
+    if review.traced and review.incomplete:
+        said.append(f"Who made each change is incomplete: {shown.line(review.incomplete[:1000], 300)}")
     for s in laid:
         said += ["", *s.lines]
     if why.strip():
@@ -207,6 +270,7 @@ def review_data(review: model.Review, offset: int = 0, most_lines: int = shown.M
     hunks (at most `most_lines` lines of them in all)."""
     budget = most_lines
     items = []
+    numbers = {s.id: n for n, s in enumerate(review.steps, 1)}
     page = review.items[offset : offset + PAGE]
     for item in page:
         hunks = []
@@ -217,17 +281,30 @@ def review_data(review: model.Review, offset: int = 0, most_lines: int = shown.M
             budget -= len(new)
             cut = len(old) < len(h.old_lines) or len(new) < len(h.new_lines)
             hunks.append({"id": h.id.value, "old_start": h.old_start, "old_lines": old, "new_start": h.new_start,
-                          "new_lines": new, **({"cut": True} if cut else {})})  # fmt: skip
+                          "new_lines": new, **({"cut": True} if cut else {}),
+                          **(makers_data(h.made_by, numbers) if review.traced else {})})  # fmt: skip
         items.append({
             "id": item.id.value, "path": shown.line(item.path, 1000), "kind": item.kind, "status": item.status,
             "holds": [{"hold": h.badge.value, "reason": shown.line(h.reason, 500)} for h in item.holds],
-            "hunks": hunks,
+            "hunks": hunks, **(makers_data(item.made_by, numbers) if review.traced else {}),
         })  # fmt: skip
     after = offset + len(page)
+    named = {m.step for item in page for h in item.hunks for m in h.made_by[:MAKERS]}
+    named |= {m.step for item in page for m in item.made_by[:MAKERS]}
+    steps = steps_data(review, named)
     return {
         "review_id": review.id.value, "session": review.session.value, "items": items, "total_items": len(review.items),
         **({"next_offset": after} if after < len(review.items) else {}),
         "refused": [shown.line(r, 500) for r in review.refused[:50]],
+        "steps": steps,
+        **({"steps_not_listed": len(review.steps) - len(steps)} if len(steps) < len(review.steps) else {}),
+        **({"provenance": {"guest_word": True, "incomplete": _incomplete(review),
+                           "note": "made_by is what the guest's journal said: a hint, never a reason to apply"}}
+           if review.traced else {}),
         "note": "propose what should land with propose_apply(review_id, items); the person decides",
-        **shown.untrusted("items", "refused"),
+        **shown.untrusted("items", "refused", "steps", "provenance"),
     }  # fmt: skip
+
+
+def _incomplete(review: model.Review) -> str | None:
+    return None if review.incomplete is None else shown.line(review.incomplete[:1000], 300)

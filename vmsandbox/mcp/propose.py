@@ -73,4 +73,5 @@ def _proposed(
     if review.id.value != review_id:
         raise ToolError(f"review {review_id!r} is not one of session {session}'s: nothing was applied")
     proposed = calls.guarded(lambda: person.proposal(review, items))
-    return review, person.layout(proposed), calls.guarded(lambda: t.backend.sandbox(review.session)).project
+    laid = person.layout(proposed, review.steps)
+    return review, laid, calls.guarded(lambda: t.backend.sandbox(review.session)).project

@@ -19,7 +19,7 @@ from starlette.staticfiles import StaticFiles
 from vmsandbox import ui
 from vmsandbox.core.views import Decisions, Plan, RefView
 from vmsandbox.errors import VmsandboxError
-from vmsandbox.web import compare, logs, review
+from vmsandbox.web import compare, logs, review, timeline
 from vmsandbox.web.pageguard import Guard
 
 
@@ -81,7 +81,8 @@ def show_review(request: Request) -> Response:
     return page(
         "review.html", name=name, record=record, plan=plan, files=files, counts=review.counts(plan),
         page=page_number, pages=pages, refused=plan.refused, refs=refs, refs_refused=refs_refused,
-        groups=review.shelves(plan, files),
+        groups=review.shelves(plan, files), steps=timeline.steps(plan, review.named(files)),
+        made_notes=timeline.notes(plan),
     )  # fmt: skip
 
 

@@ -17,7 +17,7 @@ from markupsafe import Markup, escape
 from vmsandbox import ui
 from vmsandbox.core import views
 from vmsandbox.core.views import Plan
-from vmsandbox.web import badges, highlight
+from vmsandbox.web import badges, highlight, timeline
 
 CONTEXT = 3  # unchanged lines shown around a hunk
 PAGE_ITEMS = 100  # files per page: a mass change is read a page at a time
@@ -35,6 +35,7 @@ class Row:
 class HunkView:
     index: int
     rows: list[Row]
+    made: timeline.Made | None = None  # who made it (None: the review has no provenance)
 
 
 @dataclass
@@ -50,6 +51,14 @@ class FileView:
     note: str = ""  # what a non-text change is
     three_way: str | None = None  # an overlapping merge, to edit
     default: str = "apply"  # the choice preselected: safe changes apply, the rest waits for a person
+    held: str = ""  # what holds it (views.holds, space-separated; "": nothing): a step's take-all never takes it
+    made: timeline.Made | None = None  # who made it (a change without hunks), or the steps among its hunks' makers
+
+    @property
+    def steps(self) -> str:
+        """The ids of the steps that made any of it (what a step's take-all or leave-all looks for)."""
+        found = [self.made.steps] if self.made else []
+        return " ".join(dict.fromkeys(" ".join(found + [h.made.steps for h in self.hunks if h.made]).split()))
 
     @property
     def outcome(self) -> badges.Badge:
@@ -68,8 +77,7 @@ class Shelf:
     files: list[FileView]
 
 
-def _hunk_views(old: bytes, new: bytes, old_html: list[Markup], new_html: list[Markup]) -> list[HunkView]:
-    found = views.hunks_of(old, new)
+def _hunk_views(found: list[views.Hunk], old_html: list[Markup], new_html: list[Markup]) -> list[HunkView]:
     made: list[HunkView] = []
     for n, h in enumerate(found):
         rows: list[Row] = []
@@ -99,11 +107,19 @@ def files(plan: Plan, page: int = 0) -> list[FileView]:
     shown = highlight.lines(
         [(page_views[k].label, text.decode(errors="replace")) for k, old, new in pairs for text in (old, new)]
     )
+    traced = views.provenance(plan) is not None
+    numbers = timeline.numbers(plan) if traced else {}
     for n, (k, old, new) in enumerate(pairs):
         old_html, new_html = shown[2 * n], shown[2 * n + 1]
         if len(old_html) != len(views.lines(old)) or len(new_html) != len(views.lines(new)):
             old_html, new_html = _plain(old), _plain(new)
-        page_views[k].hunks = _hunk_views(old, new, old_html, new_html)
+        found = views.hunks_of(old, new)
+        page_views[k].hunks = _hunk_views(found, old_html, new_html)
+        for hunk, shown_hunk in zip(found, page_views[k].hunks, strict=True) if traced else ():
+            shown_hunk.made = timeline.made(plan, plan.todo[page_views[k].id].first, hunk, numbers)
+    for view in page_views if traced else ():
+        if not view.hunks:  # (who wrote it: each change of a nested repository's)
+            view.made = timeline.whole(plan, plan.todo[view.id].changes, numbers)
     return page_views
 
 
@@ -114,6 +130,7 @@ def _view(plan: Plan, i: int, group: str | None) -> tuple[FileView, tuple[bytes,
     view = FileView(i, item.label, item.kind, c.status.value, views.fingerprint(item), badges.words(item, group), group)
     safe = views.safe(item) and group is None  # (a mass change's items are all in groups)
     view.default = "apply" if safe else "skip"
+    view.held = " ".join(dict.fromkeys(what for what, _ in views.holds(item))) or ("held" if group else "")
     try:
         both = None if item.repository else views.texts(plan, c)
     except views.ChangedError as exc:
@@ -128,6 +145,11 @@ def _view(plan: Plan, i: int, group: str | None) -> tuple[FileView, tuple[bytes,
     if both is None:
         view.note = view.note or views.describe(c) or c.kind
     return view, both
+
+
+def named(shown: list[FileView]) -> set[str]:
+    """The ids of the steps the makers shown on a page name (the timeline lists each of them)."""
+    return {step for view in shown for step in view.steps.split()}
 
 
 def shelves(plan: Plan, shown: list[FileView]) -> list[Shelf]:

@@ -11,6 +11,8 @@ from pydantic.alias_generators import to_camel
 
 from vmsandbox.api.plane.controlwire import MAX_ENVS, MAX_METADATA, MAX_TIMEOUT, Key, Value
 from vmsandbox.core.sandbox import model
+from vmsandbox.core.views import madeby
+from vmsandbox.core.views.madeby import Maker, Step
 
 MAX_CHOICES = 10_000
 # A review's answer comes in pages (the guest decides how many items and lines there are): at most
@@ -95,12 +97,50 @@ class HoldOut(Wire):
     reason: str
 
 
+class MakerOut(Wire):
+    """A process that wrote a hunk or a file, as the guest's journal named it: the guest's word (but for the step's
+    command), never a reason to apply."""
+
+    step: str = Field(description="the id of the step it ran in (see the review's steps), or `outside`")
+    command: str = Field(description="that step's command, as the host kept it (empty outside any step)")
+    argv: list[str] = Field(
+        description="the writer's argv, as the guest said (empty: not known), at most 20 words of 200 characters"
+    )
+    argv_more: int = Field(default=0, description="how many more words its argv had (not sent)")
+    exe: str = Field(description="the writer's executable, as the guest said")
+    badges: list[str] = Field(description="why to look twice: install script, git hook, outside any step, …")
+
+
+class StepOut(Wire):
+    """A command the session was asked to run (exec, run, shell, an API or MCP command), as the host kept it; its
+    egress lines are what the proxy logged while it ran."""
+
+    step: str
+    number: int = Field(description="its place in the order the steps started, from 1")
+    command: str
+    started: float = Field(description="epoch seconds")
+    ended: float | None = Field(description="epoch seconds; null: still running")
+    exit: int | None
+    how: str = Field(description="exec, run, shell, api, mcp or agent")
+    egress: list[str] = Field(description="at most 50 of the requests the proxy logged while it ran")
+    egress_more: int = Field(default=0, description="how many more it logged (not sent)")
+
+
+class ProvenanceOut(Wire):
+    guest_word: bool = Field(description="always true: who made what is as the guest's journal reported it")
+    incomplete: str | None = Field(description="why it is partial; null: complete")
+
+
 class HunkOut(Wire):
     id: str
     old_start: int
     old_lines: list[str]
     new_start: int
     new_lines: list[str]
+    made_by: list[MakerOut] = Field(
+        default_factory=list, description="who wrote it (empty: not traced), at most 8 writers"
+    )
+    made_by_more: int = Field(default=0, description="how many more writers it had (not sent)")
 
 
 class ItemOut(Wire):
@@ -116,6 +156,11 @@ class ItemOut(Wire):
     hunks: list[HunkOut]
     hunks_shown: bool = Field(description="false: its lines are too many to send; it is taken or left whole")
     hunk_count: int
+    made_by: list[MakerOut] = Field(
+        default_factory=list,
+        description="its writers (its hunks say which wrote what), at most 8; empty: not traced",
+    )
+    made_by_more: int = Field(default=0, description="how many more writers it had (not sent)")
 
 
 class ReviewOut(Wire):
@@ -126,6 +171,13 @@ class ReviewOut(Wire):
     total: int = Field(description="how many items the review holds")
     next_token: str | None = Field(description="the nextToken of the next page; null: this was the last")
     refused: list[str]
+    steps: list[StepOut] = Field(
+        default_factory=list,
+        description="the session's steps, in the order they started: the newest 200, and every step a maker of "
+        "this page names (`number` is each one's place among all of them)",
+    )
+    steps_more: int = Field(default=0, description="how many steps are not listed")
+    provenance: ProvenanceOut | None = Field(default=None, description="null: who made what is not known")
 
 
 class RefusalOut(Wire):
@@ -174,6 +226,8 @@ def review(r: model.Review, start: int = 0, most: int = REVIEW_PAGE) -> ReviewOu
         items.append(_item(item, shown))
         used += size if shown else 0
         at += 1
+    named = {m.step for i in items for h in i.hunks for m in h.made_by} | {m.step for i in items for m in i.made_by}
+    listed = madeby.listed(r.steps, named)
     return ReviewOut(
         id=r.id.value,
         session=r.session.value,
@@ -182,11 +236,36 @@ def review(r: model.Review, start: int = 0, most: int = REVIEW_PAGE) -> ReviewOu
         total=len(r.items),
         next_token=str(at) if at < len(r.items) else None,
         refused=list(r.refused),
+        steps=[_step(s, n) for n, s in listed],
+        steps_more=len(r.steps) - len(listed),
+        provenance=ProvenanceOut(guest_word=True, incomplete=r.incomplete) if r.traced else None,
     )
 
 
+def _step(s: Step, number: int) -> StepOut:
+    most = madeby.EGRESS_LINES
+    return StepOut(step=s.id, number=number, command=s.command, started=s.started, ended=s.ended, exit=s.exit,
+                   how=s.how, egress=list(s.egress[:most]), egress_more=max(len(s.egress) - most, 0))  # fmt: skip
+
+
+def _makers(found: tuple[Maker, ...]) -> list[MakerOut]:
+    """At most madeby.MOST_MAKERS of a hunk's or an item's makers, each argv cut (the guest chooses its size)."""
+    return [
+        MakerOut(
+            step=m.step, command=m.command, argv=[a[: madeby.ARGV_WORD] for a in m.argv[: madeby.ARGV_WORDS]],
+            argv_more=max(len(m.argv) - madeby.ARGV_WORDS, 0), exe=m.exe[: madeby.ARGV_WORD], badges=list(m.badges),
+        )
+        for m in found[: madeby.MOST_MAKERS]
+    ]  # fmt: skip
+
+
+def _more(found: tuple[Maker, ...]) -> int:
+    return max(len(found) - madeby.MOST_MAKERS, 0)
+
+
 def _size(i: model.ReviewItem) -> int:
-    """What an item's lines weigh in an answer (a bound from below of their JSON)."""
+    """What an item's lines weigh in an answer (a bound from below of their JSON). Its makers do not count: they
+    are cut to a bounded size, and the guest's argv must not decide whether its hunks are shown."""
     lines = sum(len(line) for h in i.hunks for line in (*h.old_lines, *h.new_lines))
     return lines + 64 * len(i.hunks) + len(i.target or "")
 
@@ -209,11 +288,15 @@ def _item(i: model.ReviewItem, shown: bool = True) -> ItemOut:
                 old_lines=list(h.old_lines),
                 new_start=h.new_start,
                 new_lines=list(h.new_lines),
+                made_by=_makers(h.made_by),
+                made_by_more=_more(h.made_by),
             )
             for h in (i.hunks if shown else ())
         ],
         hunks_shown=shown,
         hunk_count=len(i.hunks),
+        made_by=_makers(i.made_by if shown else ()),
+        made_by_more=_more(i.made_by) if shown else 0,
     )
 
 

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 from vmsandbox import ui
 from vmsandbox.cli import output
 from vmsandbox.cli.output import cut
+from vmsandbox.cli.review import writers
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -148,8 +149,8 @@ def _ask_items(plan: Plan, numbers: Sequence[int], accepted: list[Item], order: 
             answer = _ask(f"  {verb}? y=yes n=no d=diff{' a=all safe' if 'a' in choices else ''} q=quit", choices)
             if answer != "d":
                 break
-            text = "".join(merge_text(plan.gathered, m) or diff_text(plan.gathered, m) for m in item.changes)
-            ui.err.print(ui.printable(text, markup=False), markup=False, highlight=False)
+            for m in item.changes:  # (with who made each hunk beside it)
+                writers.print_diff(plan, m, merge_text(plan.gathered, m) or diff_text(plan.gathered, m))
         if answer == "q":
             return answer
         if answer in "ya":
@@ -217,6 +218,7 @@ def summary(plan: Plan) -> bool:
     table = summary_table(plan)
     if table.rows:
         ui.err.print(table)
+    writers.said_once(plan)
     return True
 
 

@@ -26,6 +26,26 @@ from vmsandbox.cli.review.prompts import Terminal, show
 from vmsandbox.errors import UsageError
 
 Paths = Annotated[list[str] | None, typer.Argument(help="Only these paths (files or directories).", metavar="PATH...")]
+DiffJson = Annotated[
+    bool,
+    typer.Option(
+        "--json",
+        help="One JSON document: `steps` (each step's number, command, started, ended, exit, how, egress) and `files`, "
+        "each with its `hunks` (number, old and new lines) and who made each (`made_by`: step, command, argv, exe, "
+        "badges); with --by step, `groups` instead of `files` (each step's, then `outside`, then `untraced`). With "
+        "--stat: one JSON object a line, a path each.",
+    ),
+]
+ByStep = Annotated[
+    str | None,
+    typer.Option(
+        "--by",
+        metavar="step",
+        help="step: the changes under the step that made them, steps in the order they ran (its command, exit code, "
+        "duration, egress requests), then what was written outside any step, then what is not traced. Who made what "
+        "is the guest's word.",
+    ),
+]
 
 
 @app.command()
@@ -95,10 +115,11 @@ def diff(
             autocompletion=complete.other_sessions,
         ),
     ] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="With --stat: one JSON object a line, a path each.")] = False,
+    as_json: DiffJson = False,
     raw: Annotated[
         bool, typer.Option("--raw", help="The guest's bytes as they are, control characters too (for `git apply`).")
     ] = False,
+    by: ByStep = None,
 ) -> None:
     """Show what the guest changed, as a diff.
 
@@ -106,29 +127,53 @@ def diff(
     difference between two trees, or with --stat (or several) which paths each changed and where they agree.
     Control characters are shown as \\xNN unless --raw: a pipe often ends in a terminal (`| less -R`).
 
-    Examples: `vmsandbox diff exp1 --stat` · `vmsandbox diff exp-1 --against exp-2` · `vmsandbox diff exp-1
-    --against exp-2 --against exp-3 --stat`"""
+    Who made each change (--by step, --json): the step (a command the session was asked to run) and the process
+    that wrote each hunk, as the guest's journal reported them.
+
+    Examples: `vmsandbox diff exp1 --stat` · `vmsandbox diff exp1 --by step` · `vmsandbox diff exp-1 --against
+    exp-2` · `vmsandbox diff exp-1 --against exp-2 --against exp-3 --stat`"""
+    from vmsandbox.cli.review import writers
     from vmsandbox.core import reviews, views
 
     def shown(text: str) -> str:  # guest content never reaches a terminal with its escape sequences
         return text if raw else ui.printable(text, markup=False)
 
-    if as_json and not stat:
-        raise UsageError("--json goes with --stat", hint=f"`vmsandbox diff {name} --stat --json`")
+    _refused(name, only, stat=stat, against=against or [], as_json=as_json, by=by)
     if against:
-        if only:
-            raise UsageError("--against compares whole trees: it takes no PATH")
         _across(name, against, stat=stat or len(against) > 1, as_json=as_json, shown=shown)
         return
     plan = reviews.review(name, only=only or [], freeze=False)
-    if as_json:
+    if as_json and stat:
         output.json_lines([{"path": c.path, "kind": c.kind, "note": views.describe(c)} for c in plan.shown])
+        return
+    if as_json:
+        writers.print_document(plan, by_step=by is not None)
+        return
+    if by is not None:
+        writers.print_by_step(plan)
         return
     for c in plan.shown:
         if stat:
             print(shown(f"{c.kind:13} {c.path}  {views.describe(c)}".rstrip()))
         else:
             sys.stdout.write(shown(views.diff_text(plan.gathered, c)))
+
+
+def _refused(
+    name: str, only: list[str] | None, *, stat: bool, against: list[str], as_json: bool, by: str | None
+) -> None:
+    """A UsageError for the options of `diff` that do not go together."""
+    if by is not None and by != "step":
+        raise UsageError(f"--by {by!r}: changes are grouped by step only", hint=f"`vmsandbox diff {name} --by step`")
+    if by is not None and (stat or against):
+        raise UsageError("--by step shows one session's changes by step: not with --stat or --against")
+    if against and only:
+        raise UsageError("--against compares whole trees: it takes no PATH")
+    if against and as_json and not (stat or len(against) > 1):
+        raise UsageError(
+            "--json with --against goes with --stat",
+            hint=f"`vmsandbox diff {name} --against {against[0]} --stat --json`",
+        )
 
 
 def _across(name: str, others: list[str], *, stat: bool, as_json: bool, shown: Callable[[str], str]) -> None:

@@ -26,7 +26,7 @@ from vmsandbox.core.sandbox.interface import ConflictError, NotFoundError, NotRu
 from vmsandbox.core.sandbox.names import CheckpointLabel, Digest, SessionName, SnapshotRef, Token
 from vmsandbox.core.sandbox.processes import GuestProcesses
 from vmsandbox.core.sessions import Record, RunFlags
-from vmsandbox.core.views import Decisions, Plan
+from vmsandbox.core.views import Decisions, Plan, madeby
 from vmsandbox.errors import VmsandboxError
 
 AGAIN = "ask for a new review (POST /vmsandbox/v1/sessions/{0}/reviews) and choose from it"
@@ -235,7 +235,9 @@ class SessionBackend:
             found = self._processes.get(name.value)
             if found is None:
                 kept = _kept(record)
-                found = GuestProcesses(record.endpoint("root"), record.user, kept.get("envs") or {}, _workdir(record))
+                found = GuestProcesses(
+                    record.endpoint("root"), record.user, kept.get("envs") or {}, _workdir(record), record
+                )
                 self._processes[name.value] = found
             return found
 
@@ -279,7 +281,7 @@ def _checkpoint(name: SessionName, cp: moments.Kept) -> model.Checkpoint:
     return model.Checkpoint(SnapshotRef(name, CheckpointLabel(cp.label)), datetime.fromtimestamp(cp.created, tz=UTC))
 
 
-def _hunks(both: tuple[bytes, bytes] | None) -> tuple[model.Hunk, ...]:
+def _hunks(plan: Plan, c: views.Change, both: tuple[bytes, bytes] | None) -> tuple[model.Hunk, ...]:
     if both is None:
         return ()
     a, b = views.lines(both[0]), views.lines(both[1])
@@ -294,6 +296,7 @@ def _hunks(both: tuple[bytes, bytes] | None) -> tuple[model.Hunk, ...]:
             shown(a[h.old_start : h.old_end]),
             h.new_start + 1,
             shown(b[h.new_start : h.new_end]),
+            views.made_by(plan, c, h),
         )
         for h in views.hunks_of(*both)
     )
@@ -313,9 +316,9 @@ def _shown(plan: Plan, n: int, *, lines: bool = False) -> model.ReviewItem:
     guest = None if item.repository else item.first.guest
     return model.ReviewItem(
         Token(f"i{n}"), item.label, item.kind, item.first.status.value, Digest(views.fingerprint(item)), holds,
-        _hunks(both), entry_type=None if guest is None else guest.kind,
+        _hunks(plan, item.first, both), entry_type=None if guest is None else guest.kind,
         mode=None if guest is None else views.landed_mode(guest.kind, guest.mode),
-        target=None if guest is None else guest.target,
+        target=None if guest is None else guest.target, made_by=madeby.writers(plan, item.changes),
     )  # fmt: skip
 
 
@@ -325,4 +328,8 @@ UNFROZEN = "unfrozen"  # the id of a review read only: no apply takes it (none i
 def _review_of(name: SessionName, plan: Plan, *, frozen: bool = True) -> model.Review:
     items = tuple(_shown(plan, n, lines=True) for n in range(len(plan.todo)))
     made = Token(plan.id if frozen else UNFROZEN)
-    return model.Review(made, name, datetime.now(tz=UTC), items, tuple(plan.refused))
+    said = views.provenance(plan)
+    return model.Review(
+        made, name, datetime.now(tz=UTC), items, tuple(plan.refused), madeby.steps(plan), traced=said is not None,
+        incomplete=None if said is None else said.incomplete,
+    )  # fmt: skip

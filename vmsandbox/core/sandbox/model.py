@@ -19,6 +19,7 @@ from vmsandbox.core.sandbox.names import (
     SnapshotRef,
     Token,
 )
+from vmsandbox.core.views.madeby import Maker, Step
 
 # --- sessions (E2B: sandboxes) ---
 
@@ -178,6 +179,7 @@ class Hunk:
     old_lines: tuple[str, ...]
     new_start: int
     new_lines: tuple[str, ...]
+    made_by: tuple[Maker, ...] = ()  # who wrote it, as the guest's journal said (its word: never a reason to apply)
 
 
 @dataclass(frozen=True)
@@ -194,6 +196,7 @@ class ReviewItem:
     entry_type: str | None = None
     mode: int | None = None
     target: str | None = None
+    made_by: tuple[Maker, ...] = ()  # who wrote it (every writer of the file: its hunks say which wrote what)
 
     def untaken(self, include: Collection[Badge]) -> list[Hold]:
         """The holds on it that a choice does not take unless its request names them."""
@@ -209,6 +212,9 @@ class Review:
     made_at: datetime
     items: tuple[ReviewItem, ...]
     refused: tuple[str, ...] = ()  # what can never be written, and why
+    steps: tuple[Step, ...] = ()  # the session's steps, in the order they started (what `made_by` names)
+    traced: bool = False  # whether the guest's journal said who made what (its word, never a reason to apply)
+    incomplete: str | None = None  # why what it said is partial
 
 
 @dataclass(frozen=True)

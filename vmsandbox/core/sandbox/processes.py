@@ -25,10 +25,11 @@ from pathlib import Path
 from typing import IO, Any
 
 from vmsandbox import proc, ui
+from vmsandbox.core import sessions
 from vmsandbox.core.sandbox.interface import NotFoundError, RefusedError
 from vmsandbox.core.sandbox.model import Chunk, Exit, Output, ProcessInfo, ProcessSpec, Signal, Stream
 from vmsandbox.core.sandbox.names import GuestPath, GuestUser, InvalidError
-from vmsandbox.core.sessions import Endpoint
+from vmsandbox.core.sessions import Endpoint, Record, Step
 from vmsandbox.errors import VmsandboxError
 
 HEAD = struct.Struct(">BI")
@@ -224,26 +225,59 @@ def _info(item: dict[str, Any]) -> ProcessInfo:
     return ProcessInfo(int(item["pid"]), spec)
 
 
+def _typed(spec: ProcessSpec) -> str:
+    """A process's command as its caller typed it (E2B's SDK sends `/bin/bash -l -c COMMAND`: COMMAND)."""
+    args = list(spec.args)
+    shell = spec.cmd.rsplit("/", 1)[-1] in ("bash", "sh")
+    if shell and len(args) >= 2 and args[-2] == "-c" and set(args[:-2]) <= {"-l"}:
+        return args[-1]
+    return shlex.join([spec.cmd, *args])
+
+
 class GuestProcesses:
     """interface.Processes for one running session; `envs`: the sandbox's own, under every process's; `workdir`:
     where a process that names none starts (None: its account's home)."""
 
-    def __init__(self, endpoint: Endpoint, user: str, envs: Mapping[str, str], workdir: str | None = None) -> None:
+    def __init__(
+        self,
+        endpoint: Endpoint,
+        user: str,
+        envs: Mapping[str, str],
+        workdir: str | None = None,
+        record: Record | None = None,
+    ) -> None:
         self.endpoint, self.user, self.envs, self.workdir = endpoint, user, dict(envs), workdir
+        self.record = record  # the session whose steps its processes are (None: they are no steps)
         self._follows: dict[int, _Follow] = {}
+        self._steps: dict[int, Step] = {}  # a started process's step, until its exit is seen
         self._lock = threading.Lock()
 
     def start(self, spec: ProcessSpec) -> int:
+        step = None if self.record is None else sessions.step_begun(self.record, _typed(spec), "api")
         wanted = {
             "cmd": spec.cmd, "args": list(spec.args), "envs": {**self.envs, **spec.envs},
             "cwd": self.workdir if spec.cwd is None else str(spec.cwd), "user": str(spec.user or self.user),
-            "stdin": spec.stdin, "timeout": spec.timeout,
+            "stdin": spec.stdin, "timeout": spec.timeout, "step": None if step is None else step.id,
         }  # fmt: skip
         done = guest_call(self.endpoint, ["start"], input=json.dumps(wanted).encode())
         pid = done.stdout.strip()
         if done.returncode != 0 or not pid.isdigit():
+            if step is not None and self.record is not None:
+                sessions.step_ended(self.record, step, None)
             raise VmsandboxError(f"the process could not be started in the guest: {said(done.stderr)}")
+        if step is not None:
+            with self._lock:
+                self._steps[int(pid)] = step
         return int(pid)
+
+    def _ended(self, pid: int, out: Output) -> Output:
+        """`out`, its process's step finished when it carries the exit."""
+        if out.exit is not None and self.record is not None:
+            with self._lock:
+                step = self._steps.pop(pid, None)
+            if step is not None:
+                sessions.step_ended(self.record, step, out.exit.code)
+        return out
 
     def _follow(self, pid: int, since: int) -> _Follow:
         """The one reader of `pid`'s output (made from `since` if there is none), started if it must be."""
@@ -274,7 +308,7 @@ class GuestProcesses:
                     raise NotFoundError(f"no process {pid} in the sandbox", hint="list them with commands.list()")
                 chunks, after, last = f.after(start)
                 if chunks or (f.exit is not None and last) or time.monotonic() >= deadline:
-                    return Output(chunks, after, f.exit if last else None)
+                    return self._ended(pid, Output(chunks, after, f.exit if last else None))
                 f.ensure()
                 f.changed.wait(timeout=min(1.0, max(deadline - time.monotonic(), 0.01)))
 
@@ -302,7 +336,7 @@ class GuestProcesses:
             code = child.wait()
         if code == MISSING and after == cursor:
             raise NotFoundError(f"no process {pid} in the sandbox", hint="list them with commands.list()")
-        return Output(tuple(chunks), after, ended)
+        return self._ended(pid, Output(tuple(chunks), after, ended))
 
     def running(self) -> Sequence[ProcessInfo]:
         done = guest_call(self.endpoint, ["list"])

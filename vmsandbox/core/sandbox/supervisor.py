@@ -34,6 +34,7 @@ import time
 from typing import Any
 
 ROOT = "/run/vmsandbox/procs"
+STEP = "/usr/local/lib/vmsandbox/step"  # the journal's step wrapper (journal.c, provenance.c)
 HEAD = struct.Struct(">BI")
 OUT, ERR, EXIT = 1, 2, 0
 POLL = 0.05
@@ -63,7 +64,11 @@ def _child(spec: dict[str, Any], stdin_fd: int, out_w: int, err_w: int) -> None:
     os.initgroups(user.pw_name, user.pw_gid)
     os.setuid(user.pw_uid)
     os.chdir(spec.get("cwd") or user.pw_dir)
-    os.execvpe(spec["cmd"], [spec["cmd"], *spec.get("args", [])], env)
+    argv = [spec["cmd"], *spec.get("args", [])]
+    step = spec.get("step")
+    if isinstance(step, str) and step.isalnum() and step.isascii() and os.access(STEP, os.X_OK):
+        argv = [STEP, step, "--", *argv]  # registered as the root of its step (the journal's provenance)
+    os.execvpe(argv[0], argv, env)
 
 
 def _run(new: str, spec: dict[str, Any]) -> None:

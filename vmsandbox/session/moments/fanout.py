@@ -10,6 +10,7 @@ Every session is kept (`--keep`): the person compares them, pulls the one they w
 from __future__ import annotations
 
 import contextlib
+import shlex
 import shutil
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -29,6 +30,7 @@ from vmsandbox.session.record import Record, default_name, validate_name
 from vmsandbox.session.record import names as record_names
 from vmsandbox.session.start import create, project
 from vmsandbox.sync.inward import capture
+from vmsandbox.sync.provenance import steps
 from vmsandbox.sync.review import gather
 from vmsandbox.sync.review.diff import diff_text
 
@@ -152,7 +154,13 @@ def _run_one(record: Record, index: int, command: list[str], check: str | None, 
 
 def _logged(record: Record, argv: list[str], log: Path, mode: str) -> int:
     """Run argv in the session's project directory; its output (guest bytes) into `log`, never the terminal."""
-    result = commands.captured(record.endpoint(), record.project, argv)
+    endpoint, step = record.endpoint(), steps.begin(record.files, shlex.join(argv), "fan-out")
+    code: int | None = None
+    try:
+        result = commands.captured(endpoint, record.project, argv, step=step.id)
+        code = result.returncode
+    finally:
+        steps.finish(record.files, step, code)
     with log.open(mode, errors="replace") as f:
         f.write(f"$ {' '.join(argv)}\n{result.stdout}{result.stderr}[exit {result.returncode}]\n")
     return result.returncode

@@ -32,6 +32,7 @@ MAX_ANSWER_BYTES = 8 * 1024**2  # more than this many bytes of paths and the hos
 _INSTANCE = re.compile(r"[0-9a-f]{32}")
 _REASON = re.compile(r"[a-z0-9-]{1,64}")
 _ESCAPE = re.compile(rb"\\x([0-9a-f]{2})")
+_ESCAPED = re.compile(r"(?:[\x21-\x5b\x5d-\x7e]|\\x(?:[01][0-9a-f]|20|5c|7f|[89a-f][0-9a-f]))*")  # (see unescape)
 
 
 @dataclass(frozen=True)
@@ -96,7 +97,7 @@ def parse(text: str) -> Answer:
         return Answer(None, None, "the journal's answer was incomplete")
     found: list[str] = []
     for line in lines[:-1]:
-        path = _unescape(line)
+        path = plain_path(line)
         if path is None:
             return Answer(None, None, "the journal named an invalid path")
         found.append(path)
@@ -110,15 +111,21 @@ def _outermost(found: list[str]) -> list[str]:
     return sorted(p for p in named if not any(q in named for q in manifest.parents(p)))
 
 
-def _unescape(line: str) -> str | None:
-    """A path as the journal writes it (printable ASCII, other bytes as \\xNN), if it is a plain relative
-    path: not empty, not absolute, no empty, "." or ".." component, no NUL."""
-    if not line or not line.isascii() or not line.isprintable() or " " in line:
+def unescape(field: str) -> bytes | None:
+    """Bytes as the journal writes them (the bytes 0x21..0x7e as they are but the backslash, every other byte as
+    \\xNN in lowercase hex), if written exactly so: a backslash that is no escape, an escape of a byte that needs
+    none, or any other character makes it None (a forgery, not the journal's)."""
+    if not _ESCAPED.fullmatch(field):
         return None
-    raw = line.encode()
-    if b"\\" in _ESCAPE.sub(b"", raw):
-        return None  # a backslash that is not an escape
-    decoded = _ESCAPE.sub(lambda m: bytes([int(m.group(1), 16)]), raw)
+    return _ESCAPE.sub(lambda m: bytes([int(m.group(1), 16)]), field.encode())
+
+
+def plain_path(field: str) -> str | None:
+    """A path as the journal writes it (see unescape), if it is a plain relative path: not empty, not absolute,
+    no empty, "." or ".." component, no NUL."""
+    decoded = unescape(field)
+    if not decoded:
+        return None
     path = decoded.decode("utf-8", "surrogateescape")
     parts = path.split("/")
     if "\0" in path or any(p in ("", ".", "..") for p in parts):

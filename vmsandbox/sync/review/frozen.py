@@ -28,6 +28,8 @@ from typing import Any
 
 from vmsandbox import filewrite
 from vmsandbox.errors import VmsandboxError
+from vmsandbox.sync.provenance import store
+from vmsandbox.sync.provenance.model import FileOrigin, Provenance
 from vmsandbox.sync.review.gather import OUTBOX_FILES, Gathered, Origin
 from vmsandbox.sync.review.plan import Item, Plan
 from vmsandbox.sync.review.threeway import Change, Merge, Status
@@ -38,6 +40,8 @@ REVIEWS = "reviews"  # in the session directory
 KEEP = 8  # reviews kept per session (a page left open, a second tab): older ones are dropped
 _ID = re.compile(r"[0-9a-f]{32}")
 MAX_REVIEW_BYTES = 512 * 1024**2
+MAX_PROVENANCE_BYTES = 64 * 1024**2  # of a review's provenance (kept inside it as one JSON text)
+UNKEPT_LINES = "its lines were not kept with the review (its provenance was too large)"
 
 
 class StaleError(VmsandboxError):
@@ -134,6 +138,7 @@ def _to_json(plan: Plan) -> dict[str, Any]:
         "git_refused": g.git_refused,
         "tips": g.tips,
         "limit": g.limit,
+        "provenance": None if g.provenance is None else _provenance_json(g.provenance),
     }  # fmt: skip
 
 
@@ -145,6 +150,28 @@ def _from_json(data: dict[str, Any], target: Target) -> Plan:
     g = Gathered(
         target, found, source, bool(data["refs_changed"]), origin, data["git_refused"], int(data["limit"]),
         tips=None if tips is None else {str(k): str(v) for k, v in tips.items()},
+        provenance=_provenance(data.get("provenance")),
     )  # fmt: skip
     todo = [Item(i["label"], tuple(found[n] for n in i["changes"]), bool(i["repository"])) for i in data["todo"]]
     return Plan(g, [found[n] for n in data["shown"]], todo, data["mass"])
+
+
+def _provenance_json(prov: Provenance) -> str | None:
+    """The review's provenance as one JSON text, at most MAX_PROVENANCE_BYTES: past it without its lines (each file
+    keeps its writers), and past it still, none."""
+    text = json.dumps(store.to_json(prov))
+    if len(text) > MAX_PROVENANCE_BYTES:
+        files = {path: FileOrigin(o.writers, incomplete=UNKEPT_LINES) for path, o in prov.files.items()}
+        text = json.dumps(store.to_json(Provenance(prov.steps, prov.writers, files, prov.incomplete)))
+    return text if len(text) <= MAX_PROVENANCE_BYTES else None
+
+
+def _provenance(data: Any) -> Provenance | None:
+    """The review's provenance (None: a review frozen before there was any, none to show, or one too large or not
+    read: it only ever informs, and a review, or its apply, never fails for it)."""
+    if not isinstance(data, str) or len(data) > MAX_PROVENANCE_BYTES:
+        return None
+    try:
+        return store.from_json(json.loads(data))
+    except (ValueError, RecursionError):
+        return None

@@ -29,6 +29,8 @@ from vmsandbox.sync.fetch import delta, mirror
 from vmsandbox.sync.git import refs
 from vmsandbox.sync.inward import capture
 from vmsandbox.sync.land import write
+from vmsandbox.sync.provenance import attribute
+from vmsandbox.sync.provenance.model import Provenance
 from vmsandbox.sync.review import holds, merge
 from vmsandbox.sync.review.threeway import Change, Status, compare
 from vmsandbox.sync.target import Target
@@ -62,6 +64,7 @@ class Gathered:
     # the guest's new or moved branches and tags (name -> commit) as read: its commits are fetched at these
     # tips, never at the refs of a later moment (None: from the outbox's bundle, or no repository to read)
     tips: dict[str, str] | None = None
+    provenance: Provenance | None = None  # who wrote what, as the guest's journal said (sync/provenance)
 
     @property
     def project(self) -> Path:
@@ -90,7 +93,9 @@ def gather(target: Target, *, endpoint: Endpoint | None, limit: int, disk: bool 
     _remove_leftover_temporaries(target.project, changes)
     tips, refused = _guest_refs(files, origin)
     refs_changed = bool(tips) if tips is not None else (files.outbox / BUNDLE).exists()
-    return Gathered(target, changes, source, refs_changed, origin, refused, limit, tips)
+    asked = endpoint if origin is Origin.LIVE else None  # (no journal answers for a disk or an outbox)
+    prov = attribute.for_review(files, changes, source, asked)
+    return Gathered(target, changes, source, refs_changed, origin, refused, limit, tips, prov)
 
 
 Fetched = tuple[manifest.Tree, manifest.Tree, frozenset[str], Path, Origin]

@@ -88,3 +88,38 @@ document.querySelectorAll("textarea.merge").forEach(function (area) {
     chose(area.closest("section.file"), "apply");
   });
 });
+
+// A step's "take all it made" / "leave all it made" (the timeline above the form): ticks or unticks the hunks the
+// step made on this page and chooses their files — a held file (of a held group, or one the server marked
+// data-held: a conflict, an unsafe change, anything views.holds names) is never taken so, only left. It changes
+// the person's ticks and nothing else: the form is sent only by its own button. Step ids are compared as words,
+// never put into a selector.
+function madeBy(element, step) {
+  return (element.dataset.steps || "").split(" ").indexOf(step) >= 0;
+}
+
+function byStep(step, take) {
+  document.querySelectorAll("form#review section.file").forEach(function (file) {
+    const held = file.closest("section.group") !== null || file.hasAttribute("data-held");
+    if (take && held) return;
+    const hunks = Array.prototype.filter.call(file.querySelectorAll(".hunk"), function (hunk) {
+      return madeBy(hunk, step);
+    });
+    if (hunks.length) {
+      hunks.forEach(function (hunk) {
+        const box = hunk.querySelector("input[type=checkbox]");
+        if (box) box.checked = take;
+      });
+      if (take) chose(file, "apply");
+      else if (!file.querySelector(".hunk input[type=checkbox]:checked")) chose(file, "skip");
+    } else if (!file.querySelector(".hunk") && madeBy(file, step)) {
+      chose(file, take ? "apply" : "skip");
+    }
+  });
+}
+
+document.querySelectorAll("button.step-choice").forEach(function (button) {
+  button.addEventListener("click", function () {
+    byStep(button.dataset.step, button.dataset.choice === "take");
+  });
+});

@@ -7,6 +7,10 @@
  *   journal since ID SEQ      ask it: prints "ok ID SEQ COUNT" and COUNT escaped paths (one per line,
  *                             relative to DIR, bytes outside printable ASCII and "\" as \xNN), or
  *                             "walk ID SEQ REASON" when it cannot answer for sure. SEQ is the new cursor.
+ *   journal provenance        ask it who wrote what (provenance.c: the format is the host's
+ *                             vmsandbox/sync/provenance/answer.py)
+ *   journal tracing on|off    follow writers and keep versions, or not (for a benchmark of its cost)
+ *   step ID -- ARGV           (this program under the name "step") run ARGV as the root of step ID
  *
  * The host is the judge of what a guest says (a guest can lie, and only hides its own changes by it); this
  * program's duty is to never leave out a change while it is honest. Everything uncertain is a "walk":
@@ -71,6 +75,10 @@ static void die(const char *what) {
     fprintf(stderr, "vmsandbox-journal: %s: %s\n", what, strerror(errno));
     exit(1);
 }
+
+static void drain(void);
+static void print_escaped_word(FILE *out, const char *s);
+#include "provenance.c"
 
 static void set_broken(const char *why) {
     broken_seq = ++seq;
@@ -175,6 +183,7 @@ static void event(const struct fanotify_event_metadata *m) {
         else
             set_broken("event-without-file");
     }
+    provenance_event(m->pid, path, m->mask, ondir);
 }
 
 static void drain(void) {
@@ -319,13 +328,17 @@ static const char *mapped_for_writing(void) {
     return why;
 }
 
-static void print_escaped(FILE *out, const char *s) {
+static void print_escaped_word(FILE *out, const char *s) {
     for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
         if (*p < 0x21 || *p > 0x7e || *p == '\\')
             fprintf(out, "\\x%02x", *p);
         else
             fputc(*p, out);
     }
+}
+
+static void print_escaped(FILE *out, const char *s) {
+    print_escaped_word(out, s);
     fputc('\n', out);
 }
 
@@ -397,7 +410,11 @@ static void serve_client(int listener) {
         close(c);
         return;
     }
-    if (sscanf(req, "%39s %llu", id, &since) == 2)
+    if (strcmp(req, "provenance\n") == 0)
+        answer_provenance(out);
+    else if (strcmp(req, "tracing on\n") == 0 || strcmp(req, "tracing off\n") == 0)
+        fprintf(out, "tracing %s\n", (tracing = req[9] == 'n') ? "on" : "off");
+    else if (sscanf(req, "%39s %llu", id, &since) == 2)
         answer(out, id, since);
     else
         fprintf(out, "walk %s %llu bad-request\n", instance, (unsigned long long)seq);
@@ -456,19 +473,24 @@ __attribute__((noreturn)) static void serve(const char *dir) {
     unlink(SOCKET_PATH);
     umask(077);
     if (bind(listener, (struct sockaddr *)&addr, sizeof addr) != 0 || listen(listener, 8) != 0) die(SOCKET_PATH);
+    proc_listen();
+    step_listen();
     notify_ready();
-    struct pollfd fds[2] = {{.fd = fan_fd, .events = POLLIN}, {.fd = listener, .events = POLLIN}};
+    struct pollfd fds[4] = {{.fd = fan_fd, .events = POLLIN}, {.fd = listener, .events = POLLIN},
+                            {.fd = proc_fd, .events = POLLIN}, {.fd = step_fd, .events = POLLIN}};
     for (;;) {
-        if (poll(fds, 2, -1) < 0) {
+        if (poll(fds, 4, -1) < 0) {
             if (errno == EINTR) continue;
             die("poll");
         }
+        if (fds[2].revents & POLLIN) proc_drain(); /* forks and execs before the writes they made */
         if (fds[0].revents & POLLIN) drain();
         if (fds[1].revents & POLLIN) serve_client(listener);
+        if (fds[3].revents & POLLIN) serve_step();
     }
 }
 
-static int since(const char *id, const char *cursor) {
+static int ask_daemon(const char *request) {
     int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
     struct sockaddr_un addr = {.sun_family = AF_UNIX};
     strcpy(addr.sun_path, SOCKET_PATH);
@@ -476,7 +498,7 @@ static int since(const char *id, const char *cursor) {
         printf("walk - 0 no-journal\n");
         return 0;
     }
-    dprintf(fd, "%s %s\n", id, cursor);
+    dprintf(fd, "%s\n", request);
     char buf[65536];
     ssize_t n;
     while ((n = read(fd, buf, sizeof buf)) > 0)
@@ -485,8 +507,19 @@ static int since(const char *id, const char *cursor) {
 }
 
 int main(int argc, char **argv) {
+    const char *me = strrchr(argv[0], '/');
+    if (strcmp(me ? me + 1 : argv[0], "step") == 0) return step_main(argc, argv);
     if (argc == 3 && strcmp(argv[1], "serve") == 0) serve(argv[2]);
-    if (argc == 4 && strcmp(argv[1], "since") == 0) return since(argv[2], argv[3]);
-    fprintf(stderr, "usage: journal serve DIR | journal since ID SEQ\n");
+    char request[128];
+    if (argc == 4 && strcmp(argv[1], "since") == 0 && strlen(argv[2]) < 40 && strlen(argv[3]) < 40) {
+        snprintf(request, sizeof request, "%s %s", argv[2], argv[3]);
+        return ask_daemon(request);
+    }
+    if (argc == 2 && strcmp(argv[1], "provenance") == 0) return ask_daemon("provenance");
+    if (argc == 3 && strcmp(argv[1], "tracing") == 0 && (!strcmp(argv[2], "on") || !strcmp(argv[2], "off"))) {
+        snprintf(request, sizeof request, "tracing %s", argv[2]);
+        return ask_daemon(request);
+    }
+    fprintf(stderr, "usage: journal serve DIR | journal since ID SEQ | journal provenance | journal tracing on|off\n");
     return 2;
 }

@@ -1,19 +1,29 @@
 """A frozen review as every front end shows it, and a person's choices on it as Decisions: the hash of all a
 front end shows of an item (what a choice must name back), the two texts of a change as the review saw them,
 its hunks, its holds with their reasons, and choices — items, hunks, an edited merge — turned into what the
-core applies. The page (web/review.py) renders these; the API (core/sandbox/backend.py) serialises them."""
+core applies. The page (web/review.py) renders these; the API (core/sandbox/backend.py) serialises them. Who made
+each change (its provenance) is here as data (made_by, steps) and in madeby.py as every front end words it."""
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 import json
+import math
+import os
+import stat
+import time
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import vmsandbox.sync.review.outline
+from vmsandbox.egress import proxylog
 from vmsandbox.session.moments import fanout
 from vmsandbox.sync.git import fetch, refs
 from vmsandbox.sync.land import write
+from vmsandbox.sync.provenance import attribute, blame
+from vmsandbox.sync.provenance.model import Maker, Provenance, Step
 from vmsandbox.sync.review import diff, hunks, mass, merge
 from vmsandbox.sync.review.diff import DIFF_LIMIT, diff_text, is_text, merge_text
 from vmsandbox.sync.review.hunks import Hunk
@@ -28,10 +38,11 @@ from vmsandbox.sync.tree.manifest import CARRIED, FILE
 
 # what a front end reads of a review: its types, as the core hands them out
 # (the plan and its parts, its outline, a change described and as a diff, a mass change by directory, a fan-out's
-# outcome, and what a person's choices make; keys: the held group of each of some items, None for a source change)
-__all__ = ["FILE", "Change", "ChangedError", "Decisions", "FanOutcome", "Finding", "Group", "Hunk", "Item", "Outcome",
-           "Outline", "Plan", "RefView", "Status", "Take", "Tokens", "diff_text", "grouped", "keys", "mass",
-           "merge_text"]  # fmt: skip
+# outcome, and what a person's choices make; keys: the held group of each of some items, None for a source change;
+# who made a change: its makers, and the session's steps, in its provenance)
+__all__ = ["FILE", "Change", "ChangedError", "Decisions", "FanOutcome", "Finding", "Group", "Hunk", "Item", "Maker",
+           "Outcome", "Outline", "Plan", "Provenance", "RefView", "Status", "Step", "Take", "Tokens", "diff_text",
+           "grouped", "keys", "mass", "merge_text"]  # fmt: skip
 ChangedError = write.ChangedError
 FanOutcome = fanout.Outcome
 RefView = fetch.RefView
@@ -100,6 +111,37 @@ def texts(plan: Plan, c: Change) -> tuple[bytes, bytes] | None:
     if max(old.count(b"\n"), new.count(b"\n")) > hunks.HUNK_LINES:
         return None  # taken or left whole
     return old, new
+
+
+def provenance(plan: Plan) -> Provenance | None:
+    """Who wrote what in the guest, as its journal said when the review was made (None: nothing to say). The
+    guest's word: shown, never a reason to apply or hold anything."""
+    return plan.gathered.provenance
+
+
+def steps(plan: Plan) -> tuple[Step, ...]:
+    """The steps of the session (its commands, as the host kept them, and those only the guest registered), each
+    with the egress requests the proxy logged while it ran."""
+    prov = plan.gathered.provenance
+    return () if prov is None else _with_egress(prov.steps, plan.gathered.target.files.proxy_log)
+
+
+def made_by(plan: Plan, c: Change, hunk: Hunk | None) -> tuple[Maker, ...]:
+    """Who made a hunk of a change (one of hunks_of(*texts(plan, c))), or the whole change (None): each writer
+    once, as the guest's journal named it; () when it named none."""
+    prov = plan.gathered.provenance
+    if prov is None:
+        return ()
+    if hunk is None or c.merge is None or not c.merge.clean:
+        return blame.makers(prov, c.path, hunk)
+    # a clean merge's hunks count the lines of the host's file and the merged text: found back in the guest's
+    try:
+        guest = write.read_as_reviewed(plan.gathered.source, c.path, c.guest, limit=attribute.LIMIT)
+    except ChangedError:
+        guest = None
+    if guest is None:
+        return blame.makers(prov, c.path, None)
+    return blame.makers(prov, c.path, hunk, merged=(guest, c.merge.text))
 
 
 def holds(item: Item) -> list[tuple[str, str]]:
@@ -232,3 +274,62 @@ def counts(plan: Plan) -> Mapping[str, int]:
         found["binary"] += item.binary
         found["credentials"] += bool(item.secret)
     return found
+
+
+MAX_EGRESS = 200  # requests kept per step
+GUEST_HOW = "guest"  # how a step only the guest registered was made (madeby.GUEST)
+MAX_GUEST_STEPS = attribute.MAX_GUEST_STEPS  # steps only the guest registered (no time: no egress), kept
+LOG_READ = proxylog.MAX_LOG_BYTES + 64 * 1024  # read of each of the proxy's two log files at most (rotated past 8 MiB)
+
+
+def _with_egress(found: tuple[Step, ...], log_file: Path) -> tuple[Step, ...]:
+    """Each step with the proxy's log lines of its time (by time: the proxy cannot tell which process asked). A step
+    only the guest registered has no time kept: no egress (and at most MAX_GUEST_STEPS of them are kept)."""
+    guest = [s for s in found if s.how == GUEST_HOW][:MAX_GUEST_STEPS]
+    timed = [s for s in found if s.how != GUEST_HOW]
+    if not timed:
+        return tuple(guest)
+    events: list[tuple[float, dict[str, object]]] = []
+    for path in (proxylog.rotated(log_file), log_file):
+        for line in _log_lines(path):
+            event = proxylog.parse(line)
+            if event is None or event.get("decision") == "policy":
+                continue
+            try:
+                ts = float(event.get("ts", 0))
+            except (TypeError, ValueError):
+                continue
+            if not math.isnan(ts):
+                events.append((ts, event))
+    events.sort(key=lambda e: e[0])
+    times = [ts for ts, _ in events]
+    now = time.time()
+    shown: list[Step] = []
+    for s in timed:
+        end = s.ended if s.ended is not None else now
+        lo, hi = bisect.bisect_left(times, s.started), bisect.bisect_right(times, end)
+        picked = tuple(_request(event) for _, event in events[lo : min(hi, lo + MAX_EGRESS)]) if lo < hi else ()
+        shown.append(Step(s.id, s.command, s.started, s.ended, s.exit, s.how, picked))
+    return (*shown, *guest)
+
+
+def _log_lines(path: Path) -> list[str]:
+    """The proxy's log file at `path` (no link followed), at most LOG_READ bytes of it, as lines ([]: none)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+    except OSError:
+        return []
+    try:
+        with os.fdopen(fd, "rb") as f:
+            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+                return []
+            data = f.read(LOG_READ)
+    except OSError:
+        return []
+    return data.decode(errors="replace").split("\n")
+
+
+def _request(event: dict[str, object]) -> str:
+    """One request in words: decision, method, where (the guest chose the target: front ends escape it)."""
+    target = f"{event['host']}:{event.get('port', '?')}" if "host" in event else str(event.get("target", "?"))
+    return f"{event.get('decision', '?')} {event.get('method', '-')} {target}"[:300]
