@@ -3,30 +3,23 @@ the review saw, never what the guest's copy holds later."""
 
 from __future__ import annotations
 
-import hashlib
-import os
 from pathlib import Path
 
 import pytest
 
-from vmsandbox.paths import SessionPaths
+from tests.unit.reviewsite import file_entry, made_target
 from vmsandbox.sync.review import frozen, plan
 from vmsandbox.sync.review.gather import Gathered, Origin
 from vmsandbox.sync.review.threeway import Change, Merge, Status
 from vmsandbox.sync.target import Target
-from vmsandbox.sync.tree.manifest import DIR, FILE, SYMLINK, Entry
+from vmsandbox.sync.tree.manifest import DIR, SYMLINK, Entry
 
-
-def _file(data: bytes, mode: int = 0o644) -> Entry:
-    return Entry(FILE, mode, len(data), digest=hashlib.sha256(data).hexdigest())
+_file = file_entry
 
 
 @pytest.fixture
 def target(tmp_path: Path) -> Target:
-    files = SessionPaths(tmp_path / "session")
-    for d in (files.root, files.baseline, files.guest_tree, tmp_path / "project"):
-        d.mkdir(parents=True, exist_ok=True)
-    return Target("s", tmp_path / "project", files, os.getuid(), os.getgid())
+    return made_target(tmp_path)
 
 
 def _plan(target: Target) -> plan.Plan:

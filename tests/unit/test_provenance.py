@@ -5,15 +5,14 @@ directory, and a review that never fails for want of it."""
 from __future__ import annotations
 
 import base64
-import hashlib
 import json
-import os
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.unit.reviewsite import file_entry, made_target
 from vmsandbox import proc
 from vmsandbox.core import views
 from vmsandbox.errors import VmsandboxError
@@ -29,7 +28,6 @@ from vmsandbox.sync.review.gather import Gathered, Origin
 from vmsandbox.sync.review.hunks import Hunk
 from vmsandbox.sync.review.threeway import Change, Merge, Status
 from vmsandbox.sync.target import Target
-from vmsandbox.sync.tree.manifest import FILE, Entry
 
 ID = "0123456789abcdef0123456789abcdef"
 
@@ -423,16 +421,12 @@ def test_makers_of_an_unknown_file_or_step_say_what_is_known() -> None:
 # ---------------------------------------------------------------- over a review
 
 
-def _file(data: bytes) -> Entry:
-    return Entry(FILE, 0o644, len(data), digest=hashlib.sha256(data).hexdigest())
+_file = file_entry
 
 
 @pytest.fixture
 def target(tmp_path: Path) -> Target:
-    files = SessionPaths(tmp_path / "session")
-    for d in (files.root, files.baseline, files.guest_tree, tmp_path / "project"):
-        d.mkdir(parents=True, exist_ok=True)
-    return Target("s", tmp_path / "project", files, os.getuid(), os.getgid())
+    return made_target(tmp_path)
 
 
 def _answer_of(versions: dict[str, list[tuple[int, bytes]]], flags: dict[str, str] | None = None) -> Answer:

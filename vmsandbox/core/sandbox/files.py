@@ -13,15 +13,15 @@ from datetime import UTC, datetime
 from typing import IO, Any
 
 from vmsandbox import pids, proc
+from vmsandbox.core.sandbox.guestside import CALL_TIMEOUT, SSH, guest_call, said
 from vmsandbox.core.sandbox.interface import ExistsError, NotFoundError, RefusedError
 from vmsandbox.core.sandbox.model import Entry, EntryType
 from vmsandbox.core.sandbox.names import GuestPath, GuestUser
-from vmsandbox.core.sandbox.processes import CALL_TIMEOUT, SSH, guest_call, said
 from vmsandbox.core.sessions import Endpoint
 from vmsandbox.errors import VmsandboxError
 
 CHUNK = 1024**2
-GUEST_SIDE = "guestfiles.py"  # the guest's side of these calls (sent at each: processes.guest_program)
+GUEST_SIDE = "guestfiles.py"  # the guest's side of these calls (sent at each: guestside.guest_program)
 IDLE = 60.0  # seconds a download waits for the guest's next bytes
 ERRORS: dict[str, type[VmsandboxError]] = {"not_found": NotFoundError, "exists": ExistsError, "refused": RefusedError}
 

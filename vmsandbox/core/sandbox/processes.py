@@ -11,7 +11,6 @@ process's output here, with why."""
 
 from __future__ import annotations
 
-import base64
 import io
 import json
 import logging
@@ -21,11 +20,11 @@ import threading
 import time
 from collections import deque
 from collections.abc import Iterator, Mapping, Sequence
-from pathlib import Path
 from typing import IO, Any
 
-from vmsandbox import proc, ui
+from vmsandbox import proc
 from vmsandbox.core import sessions
+from vmsandbox.core.sandbox.guestside import CALL_TIMEOUT, SSH, guest_call, guest_program, said
 from vmsandbox.core.sandbox.interface import NotFoundError, RefusedError
 from vmsandbox.core.sandbox.model import Chunk, Exit, Output, ProcessInfo, ProcessSpec, Signal, Stream
 from vmsandbox.core.sandbox.names import GuestPath, GuestUser, InvalidError
@@ -42,48 +41,8 @@ KEPT = 8 * 1024**2  # bytes of a process's output held here; older output is rea
 FOLLOWED = 32  # processes followed at once in one sandbox
 MISSING = 4  # the guest's `follow`: no such process
 BACKOFF = 30.0  # seconds, at most, between two follows that ended without the exit
-CALL_TIMEOUT = 120.0
-SSH = ("-T", "-a")  # no terminal; never the host's agent, even for a session made with --ssh-agent
 log = logging.getLogger(__name__)
 MALFORMED = "the guest's output stream for this process was malformed; it is not read further"
-
-
-SUPERVISOR = "supervisor.py"  # the guest's side of processes (files have theirs: files.GUEST_SIDE)
-
-
-def guest_program(script: str = SUPERVISOR) -> str:
-    """A guest side (a file beside this one), as one `python3 -c` argument (never installed in the image)."""
-    code = (Path(__file__).parent / script).read_bytes()
-    loader = (
-        f"import base64, sys; exec(compile(base64.b64decode({base64.b64encode(code).decode()!r}), 'vmsandbox', 'exec'))"
-    )
-    return f"python3 -c {shlex.quote(loader)}"
-
-
-def guest_call(
-    endpoint: Endpoint,
-    args: Sequence[str],
-    *,
-    input: bytes | IO[bytes] | None = None,
-    as_user: str | None = None,
-    script: str = SUPERVISOR,
-) -> proc.Result:
-    """One verb of a guest side (`script`), as root or (`as_user`) as that account; `input` bytes, or a file
-    streamed in (never read whole here)."""
-    run = f"{guest_program(script)} {shlex.join(args)}"
-    if as_user is not None:
-        run = f"runuser -u {shlex.quote(as_user)} -- {run}"
-    argv = [*endpoint.ssh_argv(*SSH, user="root"), "--", run]
-    if input is None or isinstance(input, bytes):
-        return proc.run(argv, input=input, check=False, timeout=CALL_TIMEOUT)
-    child = proc.start(argv, stdin=input)
-    return proc.finish(child, check=False, timeout=CALL_TIMEOUT)
-
-
-def said(text: str, most: int = 300) -> str:
-    """A guest's words (its stderr, its messages) as a client or a log may show them: their characters as they
-    are (ui.visible: no escape, no reordering), at most `most` of them."""
-    return ui.visible(text.strip()[-most:])
 
 
 class Malformed(Exception):  # noqa: N818 - the guest broke the records' framing
