@@ -24,13 +24,12 @@ from vmsandbox import filewrite
 from vmsandbox.paths import SessionPaths
 from vmsandbox.sync.provenance.model import Step
 
-__all__ = ["Step", "begin", "finish", "read", "run", "wrapped"]
+__all__ = ["Step", "begin", "finish", "read", "run"]
 
 log = logging.getLogger(__name__)
 
 MAX_STEP_BYTES = 64 * 1024  # one step's file read at most (the host writes it: a command of at most 4096 characters)
 MAX_STEPS = 2_000  # steps read back (the newest); a session with more shows these
-WRAPPER = "/usr/local/lib/vmsandbox/step"  # `step ID -- ARGV`: registers ARGV's process, then execs it (journal.c)
 
 
 def new_id() -> str:
@@ -66,11 +65,6 @@ def run(files: SessionPaths, argv: list[str] | None, how: str, go: Callable[[str
         return code
     finally:
         finish(files, step, code)
-
-
-def wrapped(step_id: str | None, argv: list[str]) -> list[str]:
-    """ARGV started under the guest's step wrapper (as is, when there is no step)."""
-    return argv if step_id is None else [WRAPPER, step_id, "--", *argv]
 
 
 def _write(files: SessionPaths, step: Step) -> None:
