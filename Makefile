@@ -28,7 +28,10 @@ help:
 	@echo "make run   - set up this machine, build the base image if missing, run a sandbox on demo/"
 	@echo "make test  - set up this machine and run lint, type checks, unit and integration tests"
 	@echo "make integration-plain - the integration tests as a plain member of the libvirt group (no sudo)"
-	@echo "make bench - boot-time benchmark (bench/boot.py)"
+	@echo "make bench - the peers' benchmark (bench/peers.py): prints a table, writes docs/benchmarks.md;"
+	@echo "             BENCH_ARGS=--quick for a smoke test at tiny sizes. The others, one figure each, by hand:"
+	@echo "             sudo .venv/bin/python bench/NAME.py, NAME one of boot, density, experiments, sharing, review,"
+	@echo "             sync, hosts, provenance, deadpull, bootstrap"
 	@echo "make suite-costs - the integration tests one at a time, with what each costs in CPU (bench/suite.py --serial)"
 
 setup: apt venv host
@@ -94,8 +97,10 @@ integration-plain: image
 		VMSANDBOX_TEST_LOCKS=/var/tmp/$(PLAIN_USER)-locks VMSANDBOX_TEST_LOGS=/var/tmp/$(PLAIN_USER)-logs \
 		$(VENV)/bin/python bench/suite.py --only integration
 
+# The figures peers publish (create, resume, fork, memory a session, density, review), measured here and written
+# to docs/benchmarks.md beside theirs (bench/peers.py; BENCH_ARGS=--quick runs it at tiny sizes).
 bench: image
-	$(VENV)/bin/python bench/boot.py
+	$(SUDO) $(VENV)/bin/python bench/peers.py $(BENCH_ARGS)
 
 suite-costs: EXTRA_APT := $(TEST_APT_PACKAGES)
 suite-costs: image

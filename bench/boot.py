@@ -29,6 +29,7 @@ from vmsandbox.image import store as image
 from vmsandbox.session.end import lifecycle
 from vmsandbox.session.host import images
 from vmsandbox.session.options import Options
+from vmsandbox.session.record import default_name
 from vmsandbox.session.settings import Settings
 from vmsandbox.session.start import create
 from vmsandbox.vm import accel, qemuimg
@@ -106,15 +107,18 @@ def vmsandbox_run(
         "--",
         *command,
     ]
-    start = time.monotonic()
-    run = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
-    assert run.stdout is not None
-    run.stdout.read(1)
-    first = time.monotonic() - start
-    run.stdout.read()
-    if run.wait() != 0:
-        raise SystemExit(f"vmsandbox run failed: {argv}")
-    took = time.monotonic() - start
+    with tempfile.TemporaryFile() as said:
+        start = time.monotonic()
+        run = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=said)
+        assert run.stdout is not None
+        run.stdout.read(1)
+        first = time.monotonic() - start
+        run.stdout.read()
+        if run.wait() != 0:
+            said.seek(0)
+            last = said.read().decode(errors="replace").strip().splitlines()[-3:]
+            raise SystemExit(f"vmsandbox run failed: {argv}: {' / '.join(last)}")
+        took = time.monotonic() - start
     wait_for_teardowns()  # the VM is destroyed in the background: not while the next run is timed
     return took, first
 
@@ -134,17 +138,33 @@ def wait_for_teardowns() -> None:
 def stopped_start(project: Path, settings: Settings) -> float:
     """Seconds `vmsandbox start NAME` takes to resume a stopped (saved) session until its egress is open again,
     as a person runs it (a new process, like `vmsandbox run`)."""
-    record = create.create(Options(project=project, name=None, settings=settings, keep=True))
+    return resumes(project, settings, 1)[0][0]
+
+
+def resumes(project: Path, settings: Settings, runs: int) -> list[tuple[float, float]]:
+    """For `runs` stops and starts of one kept session: (seconds `vmsandbox start NAME` takes, seconds from its
+    start until `vmsandbox exec NAME -- true` has answered), each command a new process as a person runs it (the
+    session too is made by `vmsandbox create`: one this process made would be its own, not to stop from elsewhere).
+    """
+    cli = [sys.executable, "-m", "vmsandbox"]
+    name = default_name(project)
+    subprocess.run(
+        [*cli, "create", "--name", name, "--cpus", str(settings.cpus), "--memory", f"{settings.memory_mib}M", project],
+        check=True,
+        capture_output=True,
+    )
     try:
-        cli = [sys.executable, "-m", "vmsandbox"]
-        subprocess.run([*cli, "stop", record.name], check=True, capture_output=True)
-        start = time.monotonic()
-        subprocess.run([*cli, "start", record.name], check=True, capture_output=True)
-        took = time.monotonic() - start
-        subprocess.run([*cli, "exec", record.name, "--", "true"], check=True, capture_output=True)  # it answers
-        return took
+        found = []
+        for _ in range(runs):
+            subprocess.run([*cli, "stop", name], check=True, capture_output=True)
+            start = time.monotonic()
+            subprocess.run([*cli, "start", name], check=True, capture_output=True)
+            took = time.monotonic() - start
+            subprocess.run([*cli, "exec", name, "--", "true"], check=True, capture_output=True)  # it answers
+            found.append((took, time.monotonic() - start))
+        return found
     finally:
-        lifecycle.remove(record)
+        subprocess.run([*cli, "rm", name, "--discard"], check=False, capture_output=True)
 
 
 def idle_rss_mib(project: Path, settings: Settings, *, cold: bool) -> float:

@@ -76,7 +76,7 @@ def genuine_holder(runtime: Path, name: str) -> Iterator[tuple[sealed.Held, int]
     and its record where root's looks read it; the MiB of holes its file holds."""
     fd = sealed.create("vmsandbox-genuine", 8 << 20)
     try:
-        sealed.seal(fd, qemu_account())
+        sealed.seal(fd)
         held, child = sealed.hold(fd, qemu_account(), detached=False)
     finally:
         os.close(fd)

@@ -101,10 +101,17 @@ def template_of(record: Record) -> template.Template:
     return template.Template(Path(record.template), {})
 
 
-def held_path(record: Record) -> str:
-    """Where the holder of the session's template's memory holds it."""
+def held_digest(record: Record) -> str:
+    """The digest of the copy of the session's template's memory its keeper holds (handed to root, as to a
+    warm start)."""
     with Hypervisor(URI) as hv:
-        return sharing.of_template(template_of(record), hv, record.accel).held.path
+        shared = sharing.of_template(template_of(record), hv, record.accel)
+    fd = shared.give()
+    try:
+        shared.release()
+        return digest(f"/proc/self/fd/{fd}")
+    finally:
+        os.close(fd)
 
 
 def test_two_sessions_of_one_template_map_one_copy_of_its_memory(pair: tuple[Record, Record]) -> None:
@@ -123,8 +130,7 @@ def test_two_sessions_of_one_template_map_one_copy_of_its_memory(pair: tuple[Rec
 def test_a_write_in_one_session_reaches_neither_the_other_nor_the_template(pair: tuple[Record, Record]) -> None:
     one, two = (Record.load(r.name) for r in pair)
     tmpl = template_of(one)
-    held = held_path(one)
-    before = digest(held), digest(tmpl.ram)
+    before = held_digest(one), digest(tmpl.ram)
     anon = ram_mapping(qemu_pid(one))[1]["Anonymous"]
     marker = os.urandom(16).hex()
     # 64 MiB the guest takes from memory it got from the template (its free pages), and a file the template's
@@ -139,13 +145,14 @@ def test_a_write_in_one_session_reaches_neither_the_other_nor_the_template(pair:
     assert grew >= 16 * MiB, f"the write took {grew // MiB} MiB of the session's own pages"
     seen = guest_sh(two, f"cat /dev/shm/marker 2>/dev/null; grep -c {marker} /etc/login.defs || true", root=True)
     assert marker not in seen
-    assert (digest(held), digest(tmpl.ram)) == before  # the template's memory, in memory and on disk
+    assert (held_digest(one), digest(tmpl.ram)) == before  # the template's memory, in memory and on disk
 
 
-def as_qemu(script: str, *args: str) -> subprocess.CompletedProcess[str]:
-    """Run a Python script as QEMU's account (libvirt's DAC label), as a session's QEMU would act."""
-    with Hypervisor(URI) as hv:
-        uid, gid = hv.confinement().accounts["qemu"]
+def as_qemu(record: Record, script: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """Run a Python script as the session's QEMU account (its own: libvirt's static DAC label), as its QEMU would
+    act."""
+    assert record.account is not None, "the session runs as libvirt's account: was `host setup` run?"
+    uid = gid = record.account
     argv = ["setpriv", f"--reuid={uid}", f"--regid={gid}", "--clear-groups", "/usr/bin/python3", "-c", script, *args]
     return subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
 
@@ -174,17 +181,16 @@ print(" ".join(said))
 def test_no_session_qemu_can_change_the_template_memory(pair: tuple[Record, Record]) -> None:
     one = Record.load(pair[0].name)
     tmpl = template_of(one)
-    held = held_path(one)
-    before = digest(held)
+    before = held_digest(one)
     # what the session's own QEMU holds, opened as its account: read-write, and sealed
-    probe = as_qemu(PROBE_WRITES, str(qemu_fd_of_ram(qemu_pid(one))))
+    probe = as_qemu(one, PROBE_WRITES, str(qemu_fd_of_ram(qemu_pid(one))))
     assert probe.returncode == 0, probe.stderr
     assert probe.stdout.split() == ["write", "EPERM", "truncate", "EPERM", "grow", "EPERM", "punch", "EPERM"]
     # the files on disk QEMU's account cannot even open for writing
     for f in (tmpl.ram, tmpl.state, tmpl.memory):
-        opened = as_qemu("import os, sys; os.open(sys.argv[1], os.O_RDWR)", str(f))
+        opened = as_qemu(one, "import os, sys; os.open(sys.argv[1], os.O_RDWR)", str(f))
         assert opened.returncode != 0 and "PermissionError" in opened.stderr, (f, opened.stderr)
-    assert digest(held) == before
+    assert held_digest(one) == before
 
 
 def test_the_balloon_cannot_punch_holes_in_the_template(pair: tuple[Record, Record]) -> None:
@@ -192,8 +198,7 @@ def test_the_balloon_cannot_punch_holes_in_the_template(pair: tuple[Record, Reco
     file for them (a private mapping or not): the seal refuses each (EPERM, in the domain's log), and the
     template's memory stays as it was."""
     one = Record.load(pair[1].name)
-    held = held_path(one)
-    before = digest(held)
+    before = held_digest(one)
     log = Path(f"/var/log/libvirt/qemu/{one.domain}.log")
     refused = log.read_text(errors="replace").count("Failed to fallocate")
     guest_sh(one, "python3 -c 'b = bytearray(384 << 20); b[::4096] = b\"x\" * len(b[::4096])'", root=True)
@@ -203,15 +208,15 @@ def test_the_balloon_cannot_punch_holes_in_the_template(pair: tuple[Record, Reco
         "the balloon's free page report to be refused",
     )
     assert f"({-errno.EPERM})" in log.read_text(errors="replace").rsplit("Failed to fallocate", 1)[1].split("\n")[0]
-    assert digest(held) == before
+    assert held_digest(one) == before
 
 
 def test_a_fork_and_its_source_map_one_copy_of_the_memory_saved_at_the_fork(
     module_vms: VmFactory, pair: tuple[Record, Record], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """With VMSANDBOX_SHARE_FORK_MEMORY=1, the fork sees its source's state at the fork, not its later writes;
-    both map the memory saved then."""
-    monkeypatch.setenv(sharing.FORK_SWITCH, "1")
+    """By default, the fork (under an account of its own) and its source map the memory saved at the fork; the
+    fork sees its source's state then, not its later writes."""
+    monkeypatch.delenv(sharing.FORK_SWITCH, raising=False)
     source = Record.load(pair[0].name)
     guest_sh(source, "echo before > /dev/shm/forkmark", root=True)
     new = unique_name()
@@ -220,6 +225,7 @@ def test_a_fork_and_its_source_map_one_copy_of_the_memory_saved_at_the_fork(
     try:
         forked, source = Record.load(made.name), Record.load(source.name)
         assert forked.memory is not None and forked.memory == source.memory, (forked.memory_note, source.memory_note)
+        assert None is not forked.account != source.account is not None
         (inode_fork, in_fork), (inode_source, _) = ram_mapping(qemu_pid(forked)), ram_mapping(qemu_pid(source))
         assert inode_fork == inode_source
         shared = in_fork["Shared_Clean"] + in_fork["Shared_Dirty"]

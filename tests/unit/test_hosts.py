@@ -491,7 +491,8 @@ def test_a_fan_out_on_another_host_starts_as_many_at_once_as_that_host_holds(mon
     answering(tcg=False, available_mib=7000)
     assert fanout.workers(run, 10) == 3  # its memory, not this machine's
     answering(tcg=True, available_mib=60000)
-    assert fanout.workers(run, 10) == 8  # under TCG, its CPUs
+    assert fanout.workers(run, 10) == 10  # under TCG, two per CPU of its 8: all 10
+    assert fanout.workers(run, 20) == 16
     monkeypatch.setattr(hosts, "probe", lambda s: hosts.Status(s, None, "Connection refused"))
     with pytest.raises(VmsandboxError, match="host big does not answer: Connection refused"):
         fanout.workers(run, 10)

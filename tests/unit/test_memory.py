@@ -281,7 +281,7 @@ def test_a_sealed_file_refuses_every_change_and_stays_private_to_write(tmp_path:
     fd = sealed.create("test", 64 * P)
     try:
         assert sealed.fill(fd, src) == P
-        sealed.seal(fd, (os.getuid(), os.getgid()))
+        sealed.seal(fd)
         assert sealed.sealed(fd)
         with pytest.raises(PermissionError):
             os.pwrite(fd, b"x", 0)
@@ -376,7 +376,7 @@ def held_here(name: str, size: int, allocated: int = 0) -> Iterator[tuple[sealed
     try:
         if allocated:
             os.posix_fallocate(fd, 0, allocated)
-        sealed.seal(fd, (os.getuid(), os.getgid()))
+        sealed.seal(fd)
         st = os.fstat(fd)
         yield sealed.Held(os.getpid(), pids.process_start(os.getpid()) or "", fd, st.st_ino, st.st_size), st
     finally:
@@ -480,7 +480,7 @@ def test_the_holes_of_the_shared_files_sessions_map_are_reserved_once_per_file(t
     madeup = sealed.create("vmsandbox-made-up", 1 << 40)  # a terabyte of holes, held by no holder
     try:
         os.pwrite(memfd, b"x" * (4 << 20), 0)  # 4 MiB held, 60 MiB of holes
-        sealed.seal(memfd, (os.getuid(), os.getgid()))
+        sealed.seal(memfd)
         st = os.fstat(memfd)
         entry = tmp_path / "holder.json"
         me = sealed.Held(os.getpid(), pids.process_start(os.getpid()) or "", memfd, st.st_ino, st.st_size)
@@ -562,7 +562,7 @@ def test_root_takes_a_holders_file_and_never_opens_what_is_at_its_number(
         for fd in (terminal, reading, on_disk, on_tmpfs):
             st = os.fstat(fd)
             assert not sealed.Held(*me, fd, st.st_ino, st.st_size).alive()
-        sealed.seal(memfd, (os.getuid(), os.getgid()))
+        sealed.seal(memfd)
         st = os.fstat(memfd)
         held = sealed.Held(*me, memfd, st.st_ino, st.st_size)
         assert held.alive()
@@ -757,11 +757,11 @@ def test_a_restored_qemu_that_maps_another_file_than_the_holders_never_runs_on_i
     from vmsandbox.session.place.local import start
 
     with held_here("checked", 1 << 20) as (held, st):
-        shared = sharing.Shared(held, Path("/nowhere"), "memory.ram")
+        shared = sharing.Shared((st.st_dev, st.st_ino), lambda: os.dup(held.fd), Path("/nowhere"), "memory.ram")
         record = Record("s", "/p", "v", "tcg", "", 1, 512, 1024, 0, "u", 1000, 1000, "qemu:///system")
         theirs = usage.SharedFile(st.st_dev, st.st_ino + 1, 1, 0)
         monkeypatch.setattr(usage, "shared_file", lambda _domain: theirs)
-        with pytest.raises(VmsandboxError, match="not the one the holder held"):
+        with pytest.raises(VmsandboxError, match="not the one root handed it"):
             start._maps_the_held_file(record, shared)
         monkeypatch.setattr(usage, "shared_file", lambda _domain: None)  # (it maps none: its memory is its own)
         with pytest.raises(VmsandboxError):

@@ -241,7 +241,7 @@ def test_a_holder_root_cannot_look_at_and_a_qemu_it_cannot_see_all_of_count_at_t
     made: list[int] = []
     try:
         os.pwrite(memfd, b"x" * (4 << 20), 0)  # 4 MiB held, 60 MiB of holes
-        sealed.seal(memfd, (os.getuid(), os.getgid()))
+        sealed.seal(memfd)
         st = os.fstat(memfd)
         good, swapped = tmp_path / "good.json", tmp_path / "swapped.json"
         good.write_text(json.dumps(sealed.Held(me, start, memfd, st.st_ino, st.st_size).as_dict()))

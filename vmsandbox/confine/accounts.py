@@ -186,25 +186,23 @@ def qemu_uid() -> int | None:
     return None
 
 
-def give_to_qemu(directory: Path) -> None:
-    """Files that QEMU itself opens (fw_cfg entries; it runs as libvirt's unprivileged user): theirs, read-only.
-    Without root they stay ours, and QEMU's account gets an ACL entry to read them. Either way QEMU must pass
-    every directory above them (the session's disks sit beside them; a home that is 0700, say): those of ours
-    it cannot pass get an ACL entry for it (root's too: QEMU never runs as root)."""
-    qemu = qemu_account()
+def give_to_qemu(directory: Path, account: int | None = None) -> None:
+    """Files that QEMU itself opens (fw_cfg entries; it runs as libvirt's unprivileged user, or as the session's
+    own `account`: confine.pool): readable by that account through an ACL entry each, and nothing more — the
+    directory and the files stay ours (its QEMU may neither add a link beside them for us to follow, nor rewrite
+    what we read back). QEMU must pass every directory above them (the session's disks sit beside them; a home
+    that is 0700, say): those of ours it cannot pass get an ACL entry for it (root's too: QEMU never runs as
+    root)."""
+    qemu = qemu_account() if account is None else Identity(account, account, (), f"session account {account}")
     if qemu is None:
         return
     uid = qemu.uid
-    if os.geteuid() == 0:
-        os.chown(directory, uid, qemu.gid)
-        for f in directory.iterdir():
-            os.chown(f, uid, qemu.gid)
-            f.chmod(0o400)
     for d in access.let_traverse(directory, uid, set(qemu.groups), f"libvirt's QEMU ({qemu.name})"):
         log.info("%s: QEMU's account %s may now pass through it (an ACL entry)", d, qemu.name)
-    if os.geteuid() != 0:
-        for f in directory.iterdir():
-            access.let_read(f, uid)
+    for f in directory.iterdir():
+        if not stat.S_ISREG(f.lstat().st_mode):
+            raise VmsandboxError(f"{f} is not a file vmsandbox made", hint="remove the session and make it again")
+        access.let_read(f, uid)
 
 
 def traversers() -> list[int]:

@@ -100,8 +100,13 @@ def inspect(name: str) -> dict[str, Any]:
         "memory": {
             "shared_from": record.memory,
             "note": record.memory_note or None,
+            # what the kernel lets its QEMU hold at most (its cgroup's limit), else why it is unbounded
+            "limit_mib": record.memory_limit_mib,
+            "limit_note": record.memory_limit_note or None,
             **((state.memory_use(record) or {}) if reachable else {}),
         },
+        # the account its QEMU runs as: its own (none other reaches its files or processes), or libvirt's
+        "qemu_account": record.account if record.account is not None else "libvirt's QEMU account (shared)",
     }
 
 

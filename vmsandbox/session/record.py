@@ -105,6 +105,14 @@ class Record:
     # forked at), sharing the pages it never writes with every session that maps it; None: its memory is its own
     memory: str | None = None
     memory_note: str = ""  # why its memory is its own (a cold boot, a restore of its own save, a host that cannot)
+    # the uid (and gid) its QEMU runs as, of its own (confine.pool); None: libvirt's QEMU account, as every session
+    # of another account's or on another host
+    account: int | None = None
+    # the shared image its bottom overlay rests on (a template's disk, an image's), as the host made it: its disks'
+    # chain is named from this and `overlays`, never from a header its guest could have written
+    below: str | None = None
+    memory_limit_mib: int | None = None  # its QEMU's cgroup limit (vm.memory.bound); None: unbounded, the note says why
+    memory_limit_note: str = ""
     saved: bool = False  # `vmsandbox stop`: the VM's memory is in the session directory, no domain runs
     stop_note: str = ""  # why it was stopped when not by a person (the memory guard: session.host.memoryguard)
     forked_from: str | None = None  # "NAME" or "NAME@LABEL": the session (and checkpoint) this one is a copy of

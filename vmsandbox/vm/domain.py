@@ -53,6 +53,10 @@ class DomainSpec:
     # (LIBVIRTS_SOCKET: where libvirt puts it)
     template: bool = False  # a warm-start template being built, not a session (gc tells them apart)
     client: str | None = None  # on another host: which machine's session it is (that machine's gc sweeps it)
+    account: int | None = None  # the session's own QEMU account (uid = gid: confine.pool); None: libvirt's
+    # the images below `disk`, top first (path, format, whether libvirt labels it): named so that libvirt never
+    # gives a shared image to one session's account (it would probe and label the whole chain); () lets it probe
+    chain: tuple[tuple[Path, str, bool], ...] = ()
 
     def netdev(self) -> str:
         return netdev(self.forwards)
@@ -105,6 +109,7 @@ def build_xml(spec: DomainSpec) -> str:
     _sub(dom, "on_reboot", "restart")
     _sub(dom, "on_crash", "destroy")
     _devices(_sub(dom, "devices"), spec)
+    _seclabel(dom, spec.account)
     cmd = ET.SubElement(dom, f"{{{QEMU_NS}}}commandline")
     for arg in ("-netdev", spec.netdev(), "-device", NIC_DEVICE):
         ET.SubElement(cmd, f"{{{QEMU_NS}}}arg", {"value": arg})
@@ -116,6 +121,7 @@ def _devices(devices: ET.Element, spec: DomainSpec) -> None:
     disk = _sub(devices, "disk", type="file", device="disk")
     _sub(disk, "driver", name="qemu", type="qcow2", discard="unmap")
     _sub(disk, "source", file=str(spec.disk))
+    _chain(disk, spec.chain)
     _sub(disk, "target", dev="vda", bus="virtio")
     if spec.workspace_disk is not None:
         ws = _sub(devices, "disk", type="file", device="disk")
@@ -164,6 +170,30 @@ def _backing(disk: ET.Element, raw: Path | None) -> None:
     _sub(chain, "backingStore")
 
 
+def _chain(disk: ET.Element, chain: tuple[tuple[Path, str, bool], ...]) -> None:
+    """The backing chain below a disk, as libvirt would probe it, each image it must not label marked so."""
+    el = disk
+    for path, fmt, labelled in chain:
+        el = _sub(el, "backingStore", type="file")
+        _sub(el, "format", type=fmt)
+        source = _sub(el, "source", file=str(path))
+        if not labelled:
+            _sub(source, "seclabel", model="dac", relabel="no")
+    if chain:
+        _sub(el, "backingStore")
+
+
+def _seclabel(dom: ET.Element, account: int | None) -> None:
+    """The session's QEMU runs as its own account (libvirt labels its disks and sockets for it), or as
+    libvirt's (no label: libvirt's default)."""
+    for old in dom.findall("seclabel"):
+        dom.remove(old)
+    if account is None:
+        return
+    label = _sub(dom, "seclabel", type="static", model="dac", relabel="yes")
+    _sub(label, "label", f"+{account}:+{account}")
+
+
 def kernel_cmdline(spec: DomainSpec) -> str:
     """The guest kernel's command line: the image's, and under TCG `norandmaps` (no address space
     randomisation). QEMU 7.2's TCG keys translated code by its virtual address, so a library that every process
@@ -185,7 +215,10 @@ def for_restore(saved_xml: str, spec: DomainSpec) -> str:
     for child in list(meta):
         meta.remove(child)
     ET.SubElement(meta, f"{{{META_NS}}}session", _owner(spec))
-    _set_disks(root, spec.disk, spec.workspace_disk)
+    _set_disks(root, spec.disk, spec.workspace_disk, spec.chain)
+    find(root, "os/kernel").text = str(spec.kernel)  # (the same bytes: the image's, or the session's copy of them)
+    find(root, "os/initrd").text = str(spec.initrd)
+    _seclabel(root, spec.account)
     source = find(root, "devices/serial/source")
     source.set("path", str(spec.console_log))
     source.set("append", "on")
@@ -227,18 +260,21 @@ def boot_of(xml: str) -> tuple[Path, Path, str]:
     )
 
 
-def with_disks(xml: str, system: Path, ssh_port: int) -> str:
+def with_disks(xml: str, system: Path, ssh_port: int, chain: tuple[tuple[Path, str, bool], ...] = ()) -> str:
     """A saved session's domain XML restored over another top overlay (a checkpoint put one above the disk it
-    was saved with, which it keeps unchanged below), on the session's SSH port."""
+    was saved with, which it keeps unchanged below; `chain`: the images below it), on the session's SSH port."""
     root = ET.fromstring(xml)  # noqa: S314 - written by our own libvirt daemon
-    _set_disks(root, system, None)
+    _set_disks(root, system, None, chain)
     _set_netdev(root, netdev((Forward(ssh_port, 22),)))
     return ET.tostring(root, encoding="unicode") + "\n"
 
 
-def _set_disks(root: ET.Element, system: Path, workspace: Path | None) -> None:
+def _set_disks(
+    root: ET.Element, system: Path, workspace: Path | None, chain: tuple[tuple[Path, str, bool], ...] = ()
+) -> None:
     """Point the system disk (vda) and, if given, the workspace disk (found by its serial: vdb at a cold boot,
-    a hot-plugged sda after a warm start) at other files. Their backing chains are libvirt's to probe again."""
+    a hot-plugged sda after a warm start) at other files. Their backing chains are libvirt's to probe again,
+    but the system disk's `chain` when given."""
     for disk in root.iterfind("devices/disk"):
         if disk.find("target[@dev='vda']") is not None:
             path: Path | None = system
@@ -246,9 +282,15 @@ def _set_disks(root: ET.Element, system: Path, workspace: Path | None) -> None:
             path = workspace
         else:
             continue
-        find(disk, "source").set("file", str(path))
-        for chain in disk.findall("backingStore"):
-            disk.remove(chain)
+        source = find(disk, "source")
+        source.set("file", str(path))
+        for below in disk.findall("backingStore"):
+            disk.remove(below)
+        if path == system and chain:
+            at = list(disk).index(source) + 1
+            holder = ET.Element("disk")
+            _chain(holder, chain)
+            disk.insert(at, holder[0])
 
 
 def with_netdev(xml: str, ssh_port: int) -> str:

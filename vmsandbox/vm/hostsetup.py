@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from vmsandbox import filewrite, packages, paths, proc
-from vmsandbox.confine import access, accounts
+from vmsandbox.confine import access, accounts, pool
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.vm.accel import KVM_DEVICE
 from vmsandbox.vm.virt import Hypervisor
@@ -79,6 +79,10 @@ def setup(uri: str, user: str | None = None) -> Iterator[str]:
             ]
         )
         yield f"created the unprivileged account {accounts.ACCOUNT} (it owns and reads guest data on the host)"
+    made, new = pool.make()
+    if new:
+        last = made.first + made.count - 1
+        yield f"reserved {made.count} ids ({made.first}-{last}) for the accounts of sessions' QEMUs, one each"
     if access.group_gid() is None:
         proc.run(["groupadd", "--system", access.GROUP])
         yield f"created the group {access.GROUP} (its members use libvirt, and vmsandbox, without sudo)"
@@ -90,6 +94,9 @@ def setup(uri: str, user: str | None = None) -> Iterator[str]:
     images = paths.images_dir()
     access.store_root(images)
     yield f"{images} is shared with the group {access.GROUP} (mode 2775: members add blueprint layers and templates)"
+    given = reclaim_images(images)
+    if given:
+        yield f"{given} image file(s) libvirt had given to QEMU's account are root's again (read-only, shared)"
     if user:
         yield from _join(user)
     deadline = time.monotonic() + 60  # libvirtd's first start probes QEMU for ~15 s
@@ -102,6 +109,22 @@ def setup(uri: str, user: str | None = None) -> Iterator[str]:
             if time.monotonic() > deadline:
                 raise
             time.sleep(0.5)
+
+
+def reclaim_images(images: Path) -> int:
+    """The image files libvirt gave QEMU's account while sessions probed their chains (before each session named
+    them, never to be labelled): root's again, so that no QEMU can make them writable. How many."""
+    qemu = accounts.qemu_uid()
+    if qemu is None or not images.is_dir():
+        return 0
+    given = 0
+    for _dirpath, _dirs, files, dir_fd in os.fwalk(images, follow_symlinks=False):
+        for name in files:
+            st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+            if stat.S_ISREG(st.st_mode) and st.st_uid == qemu and not st.st_mode & 0o222:
+                os.chown(name, 0, os.fstat(dir_fd).st_gid, dir_fd=dir_fd, follow_symlinks=False)
+                given += 1
+    return given
 
 
 def _daemons() -> Iterator[str]:

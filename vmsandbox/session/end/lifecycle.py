@@ -17,6 +17,7 @@ from pathlib import Path
 import vmsandbox.sync.review.gather
 import vmsandbox.sync.review.plan
 from vmsandbox import failpoint, paths, proc, ui
+from vmsandbox.confine import pool
 from vmsandbox.egress import control
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.session.end import diskreader
@@ -200,6 +201,8 @@ def remove(record: Record, *, forget_unreachable: bool = False) -> None:
         )
     volume.drop(record.files)
     shutil.rmtree(record.files.root, ignore_errors=True)
+    if record.account is not None:
+        pool.release(record.account, record.files.root)
     pins.unpin(record.name)
     _drop_staged_refs(record)
 
@@ -228,5 +231,8 @@ def retire(record: Record) -> None:
         shutil.rmtree(d, ignore_errors=True)
     record.exported = True
     record.ending = None
+    account, record.account = record.account, None  # no VM of it runs again: its account may serve another
     record.save()
+    if account is not None:
+        pool.release(account, files.root)
     pins.unpin(record.name)  # its disks are gone: it rests on no image any more

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from vmsandbox import paths, proc, trust
-from vmsandbox.confine import access, accounts
+from vmsandbox.confine import access, accounts, pool
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.image import build, recipe, store
 from vmsandbox.session import settings
@@ -135,6 +135,25 @@ def _account() -> Check:
     )
 
 
+def _session_accounts() -> Check:
+    """Whether each session's QEMU runs under an account of its own (confine.pool)."""
+    name = "session accounts"
+    if os.geteuid() != 0:
+        return Check(name, True, "not used: vmsandbox runs unprivileged (its sessions' QEMUs run as libvirt's account)")
+    made = pool.load()
+    if made is None:
+        return Check(
+            name,
+            False,
+            "no pool: every session's QEMU runs as libvirt's one account, and a fork's memory is not shared",
+            "`sudo vmsandbox host setup`",
+            blocking=False,
+        )
+    held = len(pool.leased())
+    last = made.first + made.count - 1
+    return Check(name, True, f"one per session, from {made.first}-{last} ({held} of {made.count} in use)")
+
+
 def _group() -> Check:
     """Without root, the libvirt group is what lets us drive qemu:///system (its socket) and add to the store."""
     name = "libvirt group"
@@ -227,6 +246,7 @@ def run_checks(config: Settings) -> list[Check]:
         lambda: _memory(config.libvirt_uri),
         _kvm_device,
         _account,
+        _session_accounts,
         _group,
         _store,
         lambda: _accel(config),

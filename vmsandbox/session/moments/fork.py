@@ -20,6 +20,7 @@ import dataclasses
 import functools
 import os
 import shutil
+import stat
 import threading
 import time
 
@@ -171,6 +172,7 @@ def _make(vm: VM, cp: Checkpoint, new: str, *, at: str | None) -> Record:
         forked_from=f"{source.name}@{at}" if at else source.name,
         group=None,  # a fork of a fan-out's session is not one of the fan-out's
         boot_seconds=None,
+        account=None,
     )
     try:
         record.save()
@@ -223,7 +225,8 @@ def _identity(source: Record, record: Record) -> None:
     fw = files.fwcfg_dir
     fw.mkdir(mode=0o700)
     for f in source.files.fwcfg_dir.iterdir():  # contents only: libvirt's xattrs on them name the source's VM
-        shutil.copyfile(f, fw / f.name)
+        if stat.S_ISREG(f.lstat().st_mode):  # (files the host made: never what a link there leads to)
+            shutil.copyfile(f, fw / f.name, follow_symlinks=False)
     (fw / "hostname").write_text(f"vmsandbox-{record.name}\n")
     (fw / "authorized_keys").write_text(client_pub + "\n")
     shutil.copyfile(files.host_key, fw / "host_key")
@@ -233,7 +236,6 @@ def _identity(source: Record, record: Record) -> None:
     for old, new in swapped.items():
         env = env.replace(old, new)
     (fw / "env").write_text(env)
-    accounts.give_to_qemu(fw)
 
 
 def _hand_over_on_port(fork: VM) -> identity.Handed | None:

@@ -159,7 +159,6 @@ def _prepare(
         bundle, notes = bootfiles.build(user, bp.copy, git=opts.git_identity, more=lambda b: logins.add_to(b, bp))
         if bundle is not None:
             (fw / "files").write_bytes(bundle)
-        accounts.give_to_qemu(fw)
     for note in notes:
         ui.info(f"  into the guest: {note}")
     record.save()

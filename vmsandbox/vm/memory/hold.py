@@ -12,16 +12,28 @@ libvirt starts runs as that same account already, so the holder gives a QEMU no 
 It imports only the standard library, and only before it changes account: nothing is read from disk after.
 `eof`: it holds the file until its stdin ends (the vmsandbox that started it closes it, or dies);
 `signal`: until it is sent SIGTERM (a template's holder, which outlives the command that started it).
+
+`serve SOCKET` (`python -m vmsandbox.vm.memory.hold 0 0 FD serve SOCKET`): root's keeper of a template's file,
+which sessions of many accounts map. It stays root's (no account of a session may trace it, nor put another file
+at its number) and hands a copy of its descriptor to root alone (SO_PEERCRED) on a socket in root's own runtime
+directory; root passes it to a holder of the session's account (`eof`) for the moment its QEMU opens it. Until
+SIGTERM.
 """
 
 from __future__ import annotations
 
+import array
+import contextlib
 import ctypes
 import os
 import signal
+import socket
+import struct
 import sys
+from pathlib import Path
 
-_PR_SET_DUMPABLE, _PR_SET_NO_NEW_PRIVS = 4, 38
+_PR_SET_PDEATHSIG, _PR_SET_DUMPABLE, _PR_SET_SECCOMP, _PR_SET_NO_NEW_PRIVS = 1, 4, 22, 38
+_SECCOMP_MODE_STRICT = 1
 
 
 def become(uid: int, gid: int) -> None:
@@ -38,16 +50,63 @@ def become(uid: int, gid: int) -> None:
         raise OSError(f"could not become {uid}:{gid}")
 
 
+SEND_TIMEOUT = 2.0  # a client of root's that does not read its descriptor is let go
+
+
+def serve(fd: int, path: str) -> None:
+    """Hand a copy of descriptor `fd` to each process of root's that connects to the socket at `path`."""
+    Path(path).unlink(missing_ok=True)
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    old = os.umask(0o077)
+    try:
+        server.bind(path)
+    finally:
+        os.umask(old)
+    server.listen(16)
+    signal.signal(signal.SIGTERM, lambda *_: _end(path))
+    sys.stdout.write(f"ready {os.getpid()} {fd}\n")
+    sys.stdout.flush()
+    while True:
+        conn, _ = server.accept()
+        with conn:
+            conn.settimeout(SEND_TIMEOUT)
+            _pid, uid, _gid = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
+            if uid != 0:
+                continue  # root's alone
+            with contextlib.suppress(OSError):
+                conn.sendmsg([b"m"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [fd]))])
+
+
+def _end(path: str) -> None:
+    with contextlib.suppress(OSError):
+        Path(path).unlink()
+    os._exit(0)
+
+
 def main(argv: list[str]) -> int:
     uid, gid, fd, until = int(argv[0]), int(argv[1]), int(argv[2]), argv[3]
     os.fstat(fd)  # the memory file is there
+    if until == "serve":
+        if uid != 0 or os.geteuid() != 0:
+            raise SystemExit("memhold: only root serves a memory file")
+        # it outlives the command that started it (whose children die with it: proc.start): a holder that changes
+        # account loses that signal by the change itself, root's keeper lets it go
+        if ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, 0, 0, 0, 0) != 0:
+            raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
+        serve(fd, argv[4])
+        return 0
     if uid == 0:
         raise SystemExit("memhold: QEMU's account is root: a root QEMU has no capabilities to open our descriptors")
     become(uid, gid)
     sys.stdout.write(f"ready {os.getpid()} {fd}\n")
     sys.stdout.flush()
     if until == "eof":
-        while os.read(0, 4096):
+        # from here on it only waits: the kernel lets it read, write and end (seccomp's strict mode), whatever a
+        # process of its account that traces it makes it run — it is no door out of that QEMU's confinement (its
+        # seccomp filter, its cgroup). Its end is then the kernel's kill, at the first other call it makes.
+        if ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_SECCOMP, _SECCOMP_MODE_STRICT, 0, 0, 0) != 0:
+            raise OSError(ctypes.get_errno(), "prctl(PR_SET_SECCOMP) failed")
+        while os.read(0, 1):
             pass
     else:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)

@@ -11,12 +11,15 @@ its own QEMU's anonymous pages, never in the file.
 
 from __future__ import annotations
 
+import array
 import contextlib
 import fcntl
 import json
 import os
 import signal
+import socket
 import stat
+import struct
 import time
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
@@ -70,10 +73,13 @@ def fill(fd: int, source: Path) -> int:
     return copied
 
 
-def seal(fd: int, owner: tuple[int, int]) -> None:
-    """Seal the memfd for good, owned by QEMU's account (which opens it read-write: sealed, that changes nothing)."""
-    os.fchown(fd, *owner)
-    os.fchmod(fd, 0o600)
+def seal(fd: int) -> None:
+    """Seal the memfd for good: root's, mode 0666, as the QEMUs of several accounts open it read-write (a session's
+    own account each, confine.pool) — sealed, that lets none of them change a byte. What decides who opens it is
+    who may reach a descriptor of it: a process holding one (/proc/PID/fd/N) of the same account, or root."""
+    if os.geteuid() == 0:
+        os.fchown(fd, 0, 0)
+    os.fchmod(fd, 0o666)
     fcntl.fcntl(fd, fcntl.F_ADD_SEALS, SEALS)
 
 
@@ -193,17 +199,21 @@ def held_files(entries: Iterable[Path] | None = None) -> list[tuple[Held, foreig
     return found
 
 
-def hold(fd: int, owner: tuple[int, int], *, detached: bool) -> tuple[Held, proc.Child]:
+def hold(fd: int, owner: tuple[int, int], *, detached: bool, serve: Path | None = None) -> tuple[Held, proc.Child]:
     """Start the holder of sealed memfd `fd` as QEMU's account `owner`. `detached`: it holds the file until it is
     stopped (Held.stop), outliving this process; else until the child's stdin is closed (Child.stdin: close it,
-    or this process ends)."""
+    or this process ends). `serve`: root's keeper instead (owner (0, 0), detached), handing the file to root on
+    that socket (fetch)."""
     if not sealed(fd):
         raise ValueError("only a sealed memory file is handed to QEMU")
     st = os.fstat(fd)
     os.set_inheritable(fd, True)
     try:
-        until = "signal" if detached else "eof"
-        argv = proc.own_module("vmsandbox.vm.memory.hold", str(owner[0]), str(owner[1]), str(fd), until)
+        if serve is None:
+            how = ["signal" if detached else "eof"]
+        else:
+            owner, how = (0, 0), ["serve", str(serve)]
+        argv = proc.own_module("vmsandbox.vm.memory.hold", str(owner[0]), str(owner[1]), str(fd), *how)
         child = proc.start(argv, stdin=proc.DEVNULL if detached else proc.PIPE, pass_fds=(fd,), cwd=Path("/"))
     finally:
         os.set_inheritable(fd, False)
@@ -219,6 +229,37 @@ def hold(fd: int, owner: tuple[int, int], *, detached: bool) -> tuple[Held, proc
             hint="`vmsandbox doctor` says whether sessions here can share memory",
         )
     return Held(child.pid, pids.process_start(child.pid) or "", fd, st.st_ino, st.st_size), child
+
+
+FETCH_TIMEOUT = 5.0
+
+
+def fetch(socket_path: Path, held: Held) -> int:
+    """A descriptor of the file root's keeper `held` holds (hold with `serve`), handed over on its socket: checked
+    to come from that very process (root's: no other account can put another file at its number) and to be that
+    same sealed file. The caller closes it."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+        conn.settimeout(FETCH_TIMEOUT)
+        conn.connect(str(socket_path))
+        pid, uid, _gid = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
+        if uid != 0 or pid != held.pid or not pids.alive(pid, held.start):
+            raise VmsandboxError(f"the memory keeper's socket {socket_path} is not its keeper's (pid {pid})")
+        fds = array.array("i")
+        _data, ancillary, _flags, _addr = conn.recvmsg(1, socket.CMSG_LEN(fds.itemsize))
+        for level, kind, data in ancillary:
+            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                fds.frombytes(data[: len(data) - len(data) % fds.itemsize])
+    if len(fds) != 1:
+        for extra in fds:
+            os.close(extra)
+        raise VmsandboxError("the memory keeper handed over no memory file")
+    got = fds[0]
+    st = os.fstat(got)
+    if st.st_ino != held.ino or st.st_size != held.size or not sealed(got):
+        os.close(got)
+        raise VmsandboxError("the memory keeper handed over another file than it was given")
+    os.set_inheritable(got, False)
+    return got
 
 
 def end(child: proc.Child, wait: float) -> bool:

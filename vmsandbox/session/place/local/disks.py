@@ -89,7 +89,8 @@ def rewind(record: Record, cp: Checkpoint) -> None:
 def copy_for_fork(source: Record, cp: Checkpoint, record: Record) -> None:
     """The fork's system disk: one overlay holding everything the checkpoint's chain held above its image."""
     src = source.files
-    below = qemuimg.info(src.root / cp.chain[0]).backing_file
+    # the image the host put below it, else (a session made before it was recorded) what its bottom overlay says
+    below = source.below or qemuimg.info(src.root / cp.chain[0]).backing_file
     if below is None:
         raise VmsandboxError(f"{src.root / cp.chain[0]} has no backing image")
     qemuimg.copy_above(src.root / cp.overlay, Path(below), record.system_disk)

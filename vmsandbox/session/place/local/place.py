@@ -10,7 +10,8 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 
-from vmsandbox import filewrite, ui
+from vmsandbox import filewrite, paths, ui
+from vmsandbox.confine import pool
 from vmsandbox.guest.ssh import Endpoint
 from vmsandbox.image import layers, store
 from vmsandbox.session.place import pins, room
@@ -62,6 +63,9 @@ class LocalHost(Connection, Host):
         return accel.choose(requested)
 
     def boot(self, record: Record, image: store.Image, *, cold: bool, timeout: int, launched: Launched) -> VM:
+        # an account of its own for each session's QEMU; not for an image build's (its disk becomes an image) nor a
+        # reader's (it reads a dead session's disk through an ACL entry for libvirt's account: diskreader)
+        start.own_account(record, lease=record.disk is None and not record.name.startswith(paths.READER_PREFIX))
         start.boot(record, image, self.libvirt(), cold_start=cold, boot_timeout=timeout, launched=launched)
         return self.vm(record)
 
@@ -78,6 +82,9 @@ class LocalHost(Connection, Host):
         images = [*store.list_images(), *layers.list_layers()]
         yield from template.collect(hv, images, _templates_in_use(), tidy)
         yield from sharing.sweep(hv, tidy)
+        for uid, session in pool.stale():
+            what = f"the lease of session account {uid} (its session {session} is gone)"
+            yield tidy("remove", what, functools.partial(pool.free, uid))
 
     def vm(self, record: Record) -> VM:
         return LocalVM(self, record)
@@ -168,7 +175,7 @@ class LocalSaved(Saved):
         # on the session's SSH port, or on another one if something took it while the VM was down
 
         def launch() -> None:
-            xml = domain.with_disks(saved_xml, record.system_disk, record.ssh_port)
+            xml = domain.with_disks(saved_xml, record.system_disk, record.ssh_port, start.chain_of(record))
             if shared is not None:
                 start.restore_shared(record, hv, shared, xml, saved)
                 return
@@ -212,15 +219,18 @@ class LocalForks(Forks):
 
     def share(self, cp: Checkpoint) -> AbstractContextManager[Sharing]:
         what = f"the memory of {self.vm.record.name} at its checkpoint {cp.label} (sealed, in memory)"
-        return sharing.of_checkpoint(cp.memory, what, self.vm.host.libvirt(), self.vm.record.accel)
+        record = self.vm.record
+        return sharing.of_checkpoint(cp.memory, what, self.vm.host.libvirt(), record.accel, record.account)
 
     def copy_disks(self, cp: Checkpoint, fork: Record) -> Path | None:
         disks.copy_for_fork(self.vm.record, cp, fork)
         return cp.workspace
 
     def restore(self, cp: Checkpoint, fork: Record) -> VM:
+        start.own_account(fork)  # its own: never its source's
         saved = savefile.read(cp.memory)
-        shared = sharing.split_of(cp.memory)
+        # its source's memory, relayed to its account alone: never to libvirt's, which every other QEMU runs as
+        shared = sharing.split_of(cp.memory) if fork.account is not None else None
         if shared is None:
             fork.memory_note = "its memory is a copy of its source's"
 

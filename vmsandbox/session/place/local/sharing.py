@@ -3,14 +3,18 @@ instead of loading a copy of it, and the forks of a session map the memory its f
 the session itself when it resumes (docs/internals.md, "Memory shared between sessions").
 
 A save image is split (vm.memory.split) into the guest's RAM as a flat file and the rest; the RAM is copied into a
-memfd, sealed (vm.memory.sealed: no process can change a byte of it any more) and held by a holder process of QEMU's
-account (vm.memory.hold), where QEMU opens it: /proc/PID/fd/N. A session's domain names that path as its memory
-backend, mapped privately (vm.rambackend.with_memory), and restores the rest: it loads no RAM at all, and the pages
-it never writes stay one copy in the host's memory, however many sessions map them.
+memfd and sealed (vm.memory.sealed: no process can change a byte of it any more). Each session's QEMU runs as an
+account of its own (confine.pool), and the kernel lets a process open /proc/PID/fd/N only of a process of its own
+account: so for each restore, root hands the file to a relay of the session's account (vm.memory.hold, `eof`),
+the domain names /proc/RELAY/fd/N as its memory backend, mapped privately (vm.rambackend.with_memory), restores
+the rest, and the relay ends once its QEMU maps the file. The session loads no RAM at all, and the pages it never
+writes stay one copy in the host's memory, however many sessions of however many accounts map them. No account
+reaches the file but through a relay of its own, or a QEMU of its own that maps it.
 
-A template's holder outlives the command that started it (a file in the runtime directory says where it is; gc
-stops it once the template is superseded); a fork's lives as long as the fork command (its QEMUs keep the file
-mapped after: a memfd lives while anything maps it).
+A template's file is kept by root's keeper, which outlives the command that started it (a file in the runtime
+directory says where it is; gc stops it once the template is superseded) and hands it to root alone; a fork's by
+the fork command itself, as long as it lasts (its QEMUs keep the file mapped after: a memfd lives while anything
+maps it). So a fork and its source share their copy by default: only their two accounts ever reach it.
 
 Where it cannot be done here, `problem()` says why, every session restores a copy of its memory as before, and
 its record says so (record.memory_note: `inspect`; `doctor` and `hosts` say it of the host).
@@ -24,11 +28,11 @@ import hashlib
 import json
 import os
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from vmsandbox import filewrite, paths, proc, ui
+from vmsandbox import filewrite, paths, ui
 from vmsandbox.confine import access
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.session.place.interface import Sharing, Tidy
@@ -38,9 +42,9 @@ from vmsandbox.vm.memory import foreign, holders, sealed, split, usage
 from vmsandbox.vm.virt import Hypervisor
 
 SWITCH = "VMSANDBOX_SHARE_MEMORY"  # "0" (or off, no, false): every session loads a copy of its memory, as before
-# A fork's memory is a session's own (what its agent read, its tokens), not a template's (public: the image's): a
-# sealed copy of it could be read by every QEMU of this host, of every account, since they all run as one account
-# and a holder's fd is theirs to open. So forks share it only when asked: "1" (or on, yes, true).
+# A fork's memory is a session's own (what its agent read, its tokens), not a template's (public: the image's): it is
+# shared only where the source and each fork run under accounts of their own (confine.pool), so that no other
+# session's QEMU can reach the copy; "0" (or off, no, false) turns it off even so.
 FORK_SWITCH = "VMSANDBOX_SHARE_FORK_MEMORY"
 MIN_QEMU = (5, 0)  # -machine memory-backend= (the RAM backend chosen by id) came with QEMU 5.0
 STATE = "memory.state"  # beside a checkpoint's memory.save: its split for forks
@@ -50,18 +54,34 @@ HOLDER_EXIT_TIMEOUT = 10.0  # a fork's holder, told to end (its stdin closed), e
 
 @dataclass(frozen=True)
 class Shared:
-    """A memory file sessions map: the holder that keeps it, and the save image to restore over it."""
+    """A memory file sessions map: how to have a descriptor of it, and the save image to restore over it."""
 
-    held: sealed.Held
+    key: tuple[int, int]  # the sealed file's (device, inode): what a restored QEMU must map, and nothing else
+    give: Callable[[], int]  # a descriptor of the file, root's own (the caller closes it)
     state: Path  # the save image without the RAM
     source: str  # what it is, for record.memory: a template's memory.ram, or the memory a fork was made at
-    lease: int | None = None  # a template's: held from the look at its holder until the QEMU maps its file
+    lease: int | None = None  # a template's: held from the look at its keeper until the QEMU maps its file
 
     def release(self) -> None:
-        """The QEMU maps the file now (or will not): gc and the memory guard may judge its holder again."""
+        """The QEMU maps the file now (or will not): gc and the memory guard may judge its keeper again."""
         if self.lease is not None:
             with contextlib.suppress(OSError):
                 os.close(self.lease)
+
+
+@contextlib.contextmanager
+def relayed(shared: Shared, account: tuple[int, int]) -> Iterator[str]:
+    """The path at which a QEMU of `account` opens the shared file: a relay of that account holds it while this
+    lasts (the restore that maps it), and ends after."""
+    fd = shared.give()
+    try:
+        held, child = sealed.hold(fd, account, detached=False)
+    finally:
+        os.close(fd)
+    try:
+        yield held.path
+    finally:
+        sealed.end(child, HOLDER_EXIT_TIMEOUT)
 
 
 def problem(hv: Hypervisor, accel: str) -> str | None:
@@ -107,8 +127,8 @@ def owner(hv: Hypervisor, accel: str) -> tuple[int, int]:
 
 
 def of_template(tmpl: template.Template, hv: Hypervisor, accel: str) -> Shared:
-    """The template's memory, sealed and held (its holder started now if none runs); raises with why not."""
-    who = owner(hv, accel)
+    """The template's memory, sealed and kept (its keeper started now if none runs); raises with why not."""
+    owner(hv, accel)  # (raises with why sessions cannot share memory here)
     template.split_memory(tmpl)
     entry = _entry(tmpl)
     entry.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -121,15 +141,28 @@ def of_template(tmpl: template.Template, hv: Hypervisor, accel: str) -> Shared:
         elif held is not None and seen is not None and _grown(held, tmpl) and not _mapped(held):
             held.stop()  # no session maps it any more: a fresh copy gives its grown part back
             seen = None
+        if held is not None and isinstance(seen, foreign.Memfd) and not _serves(entry):
+            held.stop()  # a holder of QEMU's account (before sessions had accounts of their own): a keeper instead
+            seen = None
         if held is None or not isinstance(seen, foreign.Memfd):
-            held = _start(tmpl, who)
+            held = _start(tmpl, entry.with_suffix(".sock"))
             checked = held.look()
             if not isinstance(checked, foreign.Memfd):  # (one root cannot look at: none is left running for the next)
                 held.stop()
-                raise VmsandboxError(f"the memory holder started, but root could not check it: {checked or 'it ended'}")
-            filewrite.write_atomically(entry, json.dumps({**held.as_dict(), "template": str(tmpl.path)}) + "\n")
+                raise VmsandboxError(f"the memory keeper started, but root could not check it: {checked or 'it ended'}")
+            said = {**held.as_dict(), "template": str(tmpl.path), "socket": str(entry.with_suffix(".sock"))}
+            filewrite.write_atomically(entry, json.dumps(said) + "\n")
+            seen = checked
         lease = holders.lease(entry)  # (taken before the lock is let go: no look of gc's or the guard's comes between)
-    return Shared(held, tmpl.state, str(tmpl.ram), lease)
+    keeper, socket = held, entry.with_suffix(".sock")
+    return Shared(seen.key, lambda: sealed.fetch(socket, keeper), tmpl.state, str(tmpl.ram), lease)
+
+
+def _serves(entry: Path) -> bool:
+    """Whether the entry's holder is root's keeper (it names its socket)."""
+    with contextlib.suppress(OSError, ValueError, TypeError):
+        return bool(json.loads(entry.read_text()).get("socket"))
+    return False
 
 
 def _grown(held: sealed.Held, tmpl: template.Template) -> bool:
@@ -158,13 +191,13 @@ def _entry(tmpl: template.Template) -> Path:
     return paths.memory_holders_dir() / f"{key}.json"
 
 
-def _start(tmpl: template.Template, who: tuple[int, int]) -> sealed.Held:
+def _start(tmpl: template.Template, socket: Path) -> sealed.Held:
     with ui.step("Loading the template's memory for sessions to share (once)"):
         fd = sealed.create(f"vmsandbox-{tmpl.path.name}", tmpl.ram.stat().st_size)
         try:
             sealed.fill(fd, tmpl.ram)
-            sealed.seal(fd, who)
-            held, _child = sealed.hold(fd, who, detached=True)
+            sealed.seal(fd)
+            held, _child = sealed.hold(fd, (0, 0), detached=True, serve=socket)
         finally:
             os.close(fd)
     return held
@@ -204,45 +237,51 @@ _LOCK = threading.Lock()
 
 
 @contextlib.contextmanager
-def of_checkpoint(save: Path, what: str, hv: Hypervisor, accel: str) -> Iterator[Sharing]:
+def of_checkpoint(save: Path, what: str, hv: Hypervisor, accel: str, account: int | None) -> Iterator[Sharing]:
     """While it lasts, restores from save image `save` (a fork's checkpoint: `what`, in words) in this process map
     one sealed copy of its RAM (split_of finds it): the source resuming and its forks share the pages none of them
-    writes. Yields what was done; where it cannot be done, why (each restores a copy then)."""
+    writes. Only where the source runs as an account of its own (`account`; each fork gets one too): else no
+    other session's QEMU could be kept from the copy. Yields what was done; where it cannot be done, why (each
+    restores a copy then)."""
     state = save.with_name(STATE)
-    if os.environ.get(FORK_SWITCH, "").strip().lower() not in ("1", "on", "yes", "true"):
-        yield Sharing(None, f"a session's own memory is shared only with {FORK_SWITCH}=1")
+    if os.environ.get(FORK_SWITCH, "1").strip().lower() in ("0", "off", "no", "false"):
+        yield Sharing(None, f"turned off ({FORK_SWITCH}={os.environ[FORK_SWITCH]})")
+        return
+    if account is None:
+        yield Sharing(
+            None, "the session runs as libvirt's QEMU account, as every session of it: its memory is not shared"
+        )
         return
     try:
-        who = owner(hv, accel)
+        owner(hv, accel)
         state.unlink(missing_ok=True)
         with ui.step("Sealing the saved memory for the session and its forks to share"):
-            made, held, child = _seal_split(save, state, who)
+            made, fd = _seal_split(save, state)
     except (VmsandboxError, OSError) as exc:
         state.unlink(missing_ok=True)
         yield Sharing(None, exc.message if isinstance(exc, VmsandboxError) else str(exc))
         return
+    st = os.fstat(fd)
     with _LOCK:
-        _HELD[save] = Shared(held, state, what)
+        _HELD[save] = Shared((st.st_dev, st.st_ino), functools.partial(os.dup, fd), state, what)
     try:
         yield Sharing(made.pages * split.PAGE)
     finally:
         with _LOCK:
             _HELD.pop(save, None)
-        # the holder ends (the QEMUs that map the file keep it); one held up (a process of its account may trace
-        # it) is killed, and one that does not end even so is left, never waited for
-        sealed.end(child, HOLDER_EXIT_TIMEOUT)
+        os.close(fd)  # (the QEMUs that map the file keep it)
         state.unlink(missing_ok=True)
 
 
-def _seal_split(save: Path, state: Path, who: tuple[int, int]) -> tuple[split.Split, sealed.Held, proc.Child]:
+def _seal_split(save: Path, state: Path) -> tuple[split.Split, int]:
     fd = sealed.create(f"vmsandbox-{save.parent.name}", 0)
     try:
         made = split.split(save, fd, state)
-        sealed.seal(fd, who)
-        held, child = sealed.hold(fd, who, detached=False)
-    finally:
+        sealed.seal(fd)
+    except BaseException:
         os.close(fd)
-    return made, held, child
+        raise
+    return made, fd
 
 
 def split_of(save: Path) -> Shared | None:

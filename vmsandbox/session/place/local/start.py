@@ -5,11 +5,14 @@ which, and why it was cold."""
 from __future__ import annotations
 
 import os
+import shutil
+import stat
 import uuid
 from collections.abc import Callable
 from pathlib import Path
 
 from vmsandbox import failpoint, filewrite, paths, pids, proc, ui
+from vmsandbox.confine import accounts, pool
 from vmsandbox.egress import control, ports
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.guest import identity, ssh
@@ -21,12 +24,13 @@ from vmsandbox.session.place.local import bootwait, sharing, template
 from vmsandbox.session.record import Record
 from vmsandbox.vm import accel, domain, qemuimg, rambackend, savefile
 from vmsandbox.vm.domain import DomainSpec, Forward
-from vmsandbox.vm.memory import usage
+from vmsandbox.vm.memory import bound, usage
 from vmsandbox.vm.node import PortTakenError
 from vmsandbox.vm.virt import Hypervisor
 
 PORT_ATTEMPTS = 4
 RESTORE_IMAGE = "restore.save"  # the session's copy of the template's memory, deleted once restored
+BOOT_KERNEL, BOOT_INITRD = "vmlinuz", "initrd.img"  # a session of its own account boots its own copies
 
 
 def spec(record: Record, boot: tuple[Path, Path, str], *, warm: bool, workspace: bool) -> DomainSpec:
@@ -38,6 +42,8 @@ def spec(record: Record, boot: tuple[Path, Path, str], *, warm: bool, workspace:
     if not warm:
         fwcfg.pop("template", None)
     kernel, initrd, cmdline = boot
+    if record.account is not None:
+        kernel, initrd = own_copy(record, kernel, BOOT_KERNEL), own_copy(record, initrd, BOOT_INITRD)
     return DomainSpec(
         name=record.domain,
         session=record.name,
@@ -56,7 +62,69 @@ def spec(record: Record, boot: tuple[Path, Path, str], *, warm: bool, workspace:
         workspace_format=record.workspace_format,
         workspace_backing=record.workspace_backing_disk,
         channel=files.identity_socket,
+        account=checked_account(record),
+        chain=chain_of(record),
     )
+
+
+def checked_account(record: Record) -> int | None:
+    """The session's account, which must be one of the pool's, leased to this very session (a record that names
+    root, or another session's account, is refused)."""
+    if record.account is not None and not pool.holds(record.account, record.files.root):
+        raise VmsandboxError(
+            f"session {record.name} names account {record.account}, which is not its lease of the session accounts' "
+            "pool",
+            hint=f"`vmsandbox rm {record.name}`",
+        )
+    return record.account
+
+
+def own_account(record: Record, *, lease: bool = True) -> None:
+    """The session's QEMU gets an account of its own (confine.pool; `lease`: unless it builds an image, whose disk
+    becomes one), held until the session is gone — where no pool was made, libvirt's QEMU account — and the files
+    it opens that are not libvirt's to label (fw_cfg's) are made readable to it, and to it alone."""
+    if lease and record.account is None:
+        record.account = pool.lease(record.files.root)
+        if record.account is not None:
+            record.save()
+    accounts.give_to_qemu(record.files.fwcfg_dir, record.account)
+
+
+def own_copy(record: Record, source: Path, name: str) -> Path:
+    """The session's own copy of a file its QEMU opens and libvirt labels for it (the kernel, the initrd): libvirt
+    gives such a file to the one account that runs a QEMU on it, and refuses a second session of another account
+    the image's own."""
+    mine = record.files.root / name
+    if source == mine:
+        return mine
+    if not mine.exists():
+        tmp = mine.with_name(f".{name}.tmp")
+        shutil.copyfile(source, tmp)
+        tmp.chmod(0o400)
+        tmp.replace(mine)
+    return mine
+
+
+def chain_of(record: Record) -> tuple[tuple[Path, str, bool], ...]:
+    """The images below a session's system disk, from what the host made and recorded — never from a qcow2 header,
+    which its guest may have rewritten (to name a file of root's in its directory: libvirt would give it to the
+    session's account): its own overlays below the top (libvirt labels them its account's), then the shared
+    image it rests on and that image's chain (root's, read-only: libvirt must never give them to a session's
+    account). An image build's or a reader's disk (record.disk): the chain of the disk the host just made, every
+    image below it shared. () for a session made before the host recorded it: libvirt probes, as it always did."""
+    if record.disk is not None:
+        return tuple((i.path, i.format, False) for i in qemuimg.chain(Path(record.disk))[1:])
+    if record.below is None:
+        return ()
+    root = record.files.root
+    own: list[tuple[Path, str, bool]] = []
+    for name in reversed(record.overlays[:-1]):
+        path = root / name
+        if "/" in name or not stat.S_ISREG(path.lstat().st_mode):
+            raise VmsandboxError(f"{path} is not an overlay of the session's", hint=f"`vmsandbox rm {record.name}`")
+        own.append((path, "qcow2", True))
+    shared = [(i.path, i.format, False) for i in qemuimg.chain(Path(record.below))]
+    return (*own, *shared)
 
 
 def booting(image: store.Image) -> tuple[Path, Path, str]:
@@ -83,12 +151,22 @@ def on_a_free_port(record: Record, launch: Callable[[], None], *, keep: bool = F
         except PortTakenError as exc:
             last = exc
             continue
+        bounded(record)
         guarded()
         return
     raise VmsandboxError(
         f"no free port for SSH after {PORT_ATTEMPTS} tries: {last}",
         hint="too many ports on 127.0.0.1 are taken; free some and retry",
     )
+
+
+def bounded(record: Record) -> None:
+    """The session's QEMU may not grow past its guest's RAM and QEMU's overhead (vm.memory.bound): the record says
+    the limit, or why there is none."""
+    pid = usage.qemu_pid(record.domain)
+    why = "its QEMU was not found" if pid is None else bound.limit(pid, record.memory_mib)
+    record.memory_limit_mib = bound.limit_mib(record.memory_mib) if why is None else None
+    record.memory_limit_note = why or ""
 
 
 def guarded() -> None:
@@ -110,6 +188,7 @@ def cold(record: Record, image: store.Image, hv: Hypervisor, boot_timeout: int, 
     if record.disk is None:
         qemuimg.create_overlay(image.disk, record.system_disk, record.disk_mib * 1024 * 1024, depth=2)
         record.system_disk.chmod(0o600)
+        record.below = str(image.disk)
 
     def launch() -> None:
         xml = domain.build_xml(spec(record, booting(image), warm=False, workspace=True))
@@ -146,7 +225,7 @@ def warm(
     files = record.files
     qemuimg.create_overlay(tmpl.disk, record.system_disk, depth=3)
     record.system_disk.chmod(0o600)
-    record.template = str(tmpl.path)
+    record.template, record.below = str(tmpl.path), str(tmpl.disk)
     saved = savefile.read(tmpl.memory)
     shared = _template_memory(record, tmpl, hv)
 
@@ -192,8 +271,10 @@ def restore_shared(
     its memory then its own (record.memory_note says why)."""
     if shared is not None:
         try:
-            restore_as(record, hv, shared.state, rambackend.with_memory(restored_xml, shared.held.path), paused=True)
+            with sharing.relayed(shared, _account(record, hv)) as path:
+                restore_as(record, hv, shared.state, rambackend.with_memory(restored_xml, path), paused=True)
             _maps_the_held_file(record, shared)
+            bounded(record)  # (before its guest runs a single instruction)
             hv.resume(record.domain)
         except PortTakenError:
             raise
@@ -208,13 +289,20 @@ def restore_shared(
     record.memory = None
 
 
+def _account(record: Record, hv: Hypervisor) -> tuple[int, int]:
+    """The account the session's QEMU runs as: its own, or libvirt's QEMU account."""
+    if record.account is not None:
+        return record.account, record.account
+    return sharing.owner(hv, record.accel)
+
+
 def _maps_the_held_file(record: Record, shared: sharing.Shared) -> None:
-    """The restored QEMU (paused: its guest has not run) maps the very file root checked in the holder — not what a
-    process of QEMU's account may have put at the holder's pid and number since (the holder killed, its pid
-    taken again): else the guest never runs on that memory (raises: the caller loads a copy)."""
-    held, mapped = shared.held.stat(), usage.shared_file(record.domain)
-    if held is None or mapped is None or mapped.key != held.key:
-        raise VmsandboxError("the memory file its QEMU opened is not the one the holder held")
+    """The restored QEMU (paused: its guest has not run) maps the very file root handed its relay — not what a
+    process of its account may have put at the relay's pid and number meanwhile (the relay killed, its pid taken
+    again): else the guest never runs on that memory (raises: the caller loads a copy)."""
+    mapped = usage.shared_file(record.domain)
+    if mapped is None or mapped.key != shared.key:
+        raise VmsandboxError("the memory file its QEMU opened is not the one root handed it")
 
 
 def restore_as(record: Record, hv: Hypervisor, memory: Path, restored_xml: str, *, paused: bool = False) -> None:

@@ -13,6 +13,7 @@ appears in one rename, complete, so a half-built template is never used.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import json
 import os
@@ -178,6 +179,8 @@ def _build(image: Image, shape: Shape, hv: Hypervisor, boot_timeout: int) -> Tem
     started = time.monotonic()
     try:
         qemuimg.create_overlay(image.disk, spec.disk, shape.disk_mib * 1024 * 1024, depth=2)
+        # the image's chain named, never labelled: libvirt would give the shared images to QEMU's account for good
+        spec = dataclasses.replace(spec, chain=tuple((i.path, i.format, False) for i in qemuimg.chain(image.disk)))
         (tmp / "fwcfg").mkdir(mode=0o700)
         (tmp / "fwcfg" / "template").write_text("1\n")
         accounts.give_to_qemu(tmp / "fwcfg")
