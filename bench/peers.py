@@ -82,7 +82,7 @@ class Sizes:
     settle: float  # seconds a new session is left alone before its memory is read
 
 
-FULL = Sizes(3, 10, 5, 5, (1, 4, 10), (10, 50, 100), (10, 100, 1000), 3, 10.0)
+FULL = Sizes(2, 6, 3, 3, (1, 4, 10), (10, 50, 100), (10, 100, 1000), 2, 10.0)
 QUICK = Sizes(1, 2, 1, 2, (1, 2), (2, 4), (10,), 1, 5.0)
 
 

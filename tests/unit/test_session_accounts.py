@@ -186,6 +186,11 @@ def test_what_an_account_left_where_everyone_writes_goes_and_nothing_else(tmp_pa
     """A setuid copy of a shell the QEMU left in /tmp would make whoever runs it the next session's account."""
     place = tmp_path / "tmp"
     (place / "theirs" / "deep").mkdir(parents=True)
+    (place / "roots").mkdir()  # a directory it could not write in: never walked
+    (place / "roots" / "planted").write_text("x")
+    (place / "open").mkdir(mode=0o777)
+    (place / "open").chmod(0o1777)  # one every account may write in: walked
+    (place / "open" / "planted").write_text("x")
     (place / "planted").write_text("x")
     (place / "theirs" / "deep" / "sh").write_text("x")
     (place / "someone-elses").write_text("x")
@@ -194,15 +199,27 @@ def test_what_an_account_left_where_everyone_writes_goes_and_nothing_else(tmp_pa
     (tmp_path / "no-proc").mkdir()
     me = os.getuid()
     owned = {place / "planted", place / "theirs", place / "theirs" / "deep", place / "theirs" / "deep" / "sh"}
+    (place / "roots").chmod(0o755)
     real_stat = os.stat
 
     def as_if(name: object, *args: object, **kw: object) -> os.stat_result:  # what the account owns, by name
         st = real_stat(name, *args, **kw)  # type: ignore[arg-type]
         fake = list(st)
-        fake[4] = 4242 if str(name) in {p.name for p in owned} else me
+        fake[4] = 4242 if str(name) in {p.name for p in owned} or str(name) == "planted" else me
         return os.stat_result(fake)
 
     with unittest.mock.patch("os.stat", as_if):
         pool.clear(4242, places=(place,), proc_root=tmp_path / "no-proc")
-    assert sorted(p.name for p in place.iterdir()) == ["link", "someone-elses"]
+    assert sorted(p.name for p in place.iterdir()) == ["link", "open", "roots", "someone-elses"]
+    assert list((place / "open").iterdir()) == [] and (place / "roots" / "planted").exists()
     assert (tmp_path / "outside").exists()
+
+
+@needs_root
+def test_a_session_holds_only_the_id_leased_to_it(root: Path, tmp_path: Path) -> None:
+    made, _ = pool.make(root, count=2)
+    mine, other = tmp_path / "mine", tmp_path / "other"
+    uid = pool.lease(mine, root)
+    assert uid is not None and pool.holds(uid, mine, root)
+    assert not pool.holds(uid, other, root) and not pool.holds(0, mine, root)
+    assert not pool.holds(made.first + 1, mine, root)  # (an id of the pool, leased to nobody)

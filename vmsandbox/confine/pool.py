@@ -26,7 +26,6 @@ import os
 import pwd
 import shutil
 import signal
-import stat
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -194,18 +193,20 @@ def clear(uid: int, places: tuple[Path, ...] | None = None, proc_root: Path = Pa
 
 
 def _remove_owned(place: Path, uid: int) -> None:
-    """Remove what `uid` owns under `place`, walked by descriptors (no link followed)."""
+    """Remove what `uid` owns under `place`, walked by descriptors (no link followed) into the directories it could
+    have written in: its own (removed whole) and those every account may write (a sticky /tmp); any other it could
+    not have added a name to, and is never walked (a tree of root's there, however big, costs nothing)."""
     for _dirpath, dirnames, filenames, dir_fd in os.fwalk(place, follow_symlinks=False):
-        for name in [*filenames, *dirnames]:
+        for name in list(dirnames):
             with contextlib.suppress(OSError):
                 st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
-                if st.st_uid != uid:
-                    continue
-                if stat.S_ISDIR(st.st_mode):
+                if st.st_uid == uid:
                     shutil.rmtree(name, dir_fd=dir_fd)
-                    if name in dirnames:
-                        dirnames.remove(name)
-                else:
+                if st.st_uid == uid or not st.st_mode & 0o002:
+                    dirnames.remove(name)
+        for name in filenames:
+            with contextlib.suppress(OSError):
+                if os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_uid == uid:
                     os.unlink(name, dir_fd=dir_fd)
 
 
