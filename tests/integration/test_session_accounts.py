@@ -4,7 +4,8 @@ socket, libvirt's monitor socket of its domain, the memory file its QEMU maps, i
 of their template's memory — while it opens its own (the probe can tell); no shared image is given to any account.
 A fork runs as a third account and shares its source's saved memory by default: a write in one reaches neither the
 other nor the sealed copy nor the template's. Each QEMU's cgroup is bounded to its guest's RAM and QEMU's
-overhead, and every idle session woken at once stays within it: none is killed. Its account is free again once
+overhead (a bound that throttles, never kills), and every idle session woken at once stays within it: none
+is killed. Its account is free again once
 the session is removed."""
 
 from __future__ import annotations

@@ -163,7 +163,7 @@ def _cgroups(tmp_path: Path, line: str, *, v2: bool = False) -> tuple[Path, Path
     (proc / "42" / "cgroup").write_text(f"{line}\n")
     where = cg / ("" if v2 else "memory") / "machine" / "qemu-1-vmsandbox-s.libvirt-qemu"
     where.mkdir(parents=True)
-    (where / ("memory.max" if v2 else "memory.limit_in_bytes")).write_text("max\n" if v2 else f"{1 << 63}\n")
+    (where / ("memory.high" if v2 else "memory.soft_limit_in_bytes")).write_text("max\n" if v2 else f"{1 << 63}\n")
     return proc, cg
 
 

@@ -1,18 +1,19 @@
-"""Each session's growth bounded by the kernel: its QEMU's memory cgroup (the one libvirt made for its domain)
-limited to the guest's RAM and QEMU's overhead. Admission reserved that much for the session; with the limit, a
-guest that writes every page of its RAM, and a QEMU that grows its own heap, still stay within it — when every
-idle session of the host wakes at once, no one of them takes another's share (the memory guard is the second
-line, for the sum).
+"""Each session's growth bounded by the kernel: its QEMU's memory cgroup (the one libvirt made for its domain) held
+to the guest's RAM and QEMU's overhead. Admission reserved that much for the session; past it, the kernel takes
+memory back from that QEMU first (its page cache, then its pages to swap) and slows it down — it never kills it:
+a session killed is work lost, and the memory guard, which stops sessions to disk whole, is the line behind.
 
-libvirt's own `<memtune><hard_limit>` is not used: libvirt also raises the QEMU's locked-memory limit to it, which
-needs CAP_SYS_RESOURCE, which some hosts' root lacks (this development machine's). The limit is written to the
-cgroup instead: cgroup v2's memory.max, or v1's memory.limit_in_bytes.
+So the bound is cgroup v2's memory.high (reclaim and throttle above it, no OOM kill), or on cgroup v1 its soft
+limit (memory.soft_limit_in_bytes: reclaimed first when the host runs short). Never a hard limit: measured here
+(cgroup v1), a hard limit of RAM + 512 MiB had the kernel kill the QEMU of a guest whose 1,000 connections and
+disk writes filled its cgroup with socket buffers and dirty page cache, which v1 does not throttle per cgroup
+(its RSS was 1.8 GiB). libvirt's own `<memtune>` is not used either: its hard_limit is such a limit (and
+raises the locked-memory limit, which needs CAP_SYS_RESOURCE, which this machine's root lacks).
 """
 
 from __future__ import annotations
 
 import contextlib
-import errno
 from pathlib import Path
 
 # What a session's QEMU may take past its guest's RAM: QEMU itself, its page cache and, under TCG, its translation
@@ -36,14 +37,14 @@ def cgroup_of(pid: int, proc: Path = PROC, cgroups: Path = CGROUPS) -> tuple[Pat
     for line in lines:
         _id, controllers, path = line.split(":", 2)
         if "memory" in controllers.split(","):  # cgroup v1
-            return cgroups / "memory" / path.lstrip("/"), "memory.limit_in_bytes"
+            return cgroups / "memory" / path.lstrip("/"), "memory.soft_limit_in_bytes"
     for line in lines:
         _id, controllers, path = line.split(":", 2)
         if controllers == "":  # cgroup v2's unified hierarchy (mounted at the root, or at unified/ beside v1)
             for base in (cgroups, cgroups / "unified"):
                 where = base / path.lstrip("/")
-                if (where / "memory.max").exists():
-                    return where, "memory.max"
+                if (where / "memory.high").exists():
+                    return where, "memory.high"
     return None
 
 
@@ -60,9 +61,7 @@ def limit(pid: int, memory_mib: int, proc: Path = PROC, cgroups: Path = CGROUPS)
     try:
         (where / name).write_text(str(limit_mib(memory_mib) << 20))
     except OSError as exc:
-        if exc.errno == errno.EBUSY:  # (v1: it holds more already: the limit would be below its use)
-            return f"its QEMU holds more than {limit_mib(memory_mib)} MiB already"
-        return f"its cgroup could not be limited: {exc.strerror or exc}"
+        return f"its cgroup could not be bounded: {exc.strerror or exc}"
     return None
 
 
