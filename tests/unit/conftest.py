@@ -46,6 +46,9 @@ def isolated_dirs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[P
         d = base / var.lower()
         d.mkdir(parents=True)
         monkeypatch.setenv(f"VMSANDBOX_{var}_DIR", str(d))
+    from vmsandbox.confine import pool
+
+    monkeypatch.setattr(pool, "ROOT", base / "accounts")  # (the host's pool of session accounts: never read)
     monkeypatch.delenv("VMSANDBOX_ACCEL", raising=False)
     monkeypatch.delenv("VMSANDBOX_CPUS", raising=False)
     monkeypatch.delenv("VMSANDBOX_LIBVIRT_URI", raising=False)

@@ -53,8 +53,9 @@ class Pool:
         return range(self.first, self.first + self.count)
 
 
-def load(root: Path = ROOT) -> Pool | None:
+def load(root: Path | None = None) -> Pool | None:
     """The pool `host setup` made here, or None (none made, or not root's: then no session gets an account)."""
+    root = root or ROOT
     path = root / POOL_FILE
     try:
         st = path.stat()
@@ -82,9 +83,10 @@ def free_range(count: int, taken: set[int], first: int = FIRST) -> int:
     raise VmsandboxError("no range of unused ids for the session accounts", hint="free ids above 1,900,000,000")
 
 
-def make(root: Path = ROOT, count: int = COUNT) -> tuple[Pool, bool]:
+def make(root: Path | None = None, count: int = COUNT) -> tuple[Pool, bool]:
     """The pool (made now if none is: `host setup`), and whether it was made now. An existing pool whose ids an
     account or group took since is an error: two owners of one id would reach each other's files."""
+    root = root or ROOT
     pool = load(root)
     if pool is not None:
         clash = sorted(i for i in taken_ids() if i in pool.ids())
@@ -117,9 +119,10 @@ def _locked(root: Path) -> Iterator[Path]:
         os.close(fd)
 
 
-def lease(session_dir: Path, root: Path = ROOT) -> int | None:
+def lease(session_dir: Path, root: Path | None = None) -> int | None:
     """An id of the pool for the session in `session_dir` (its uid and gid), held until that session is gone;
     None where there is no pool (the session's QEMU runs as libvirt's account). Raises when every id is leased."""
+    root = root or ROOT
     pool = load(root)
     if pool is None or os.geteuid() != 0:
         return None
@@ -157,9 +160,10 @@ def let_pass(uid: int, where: Path | None = None) -> None:
         ) from exc
 
 
-def release(uid: int, session_dir: Path, root: Path = ROOT) -> None:
+def release(uid: int, session_dir: Path, root: Path | None = None) -> None:
     """The session in `session_dir` is gone: what its account left on the host goes (clear), and its id may serve
     another (only if the lease is still its own)."""
+    root = root or ROOT
     with contextlib.suppress(OSError), _locked(root) as leases:
         path = leases / str(uid)
         if _holder(path).get("session") == str(session_dir):
@@ -210,22 +214,25 @@ def _remove_owned(place: Path, uid: int) -> None:
                     os.unlink(name, dir_fd=dir_fd)
 
 
-def holds(uid: int, session_dir: Path, root: Path = ROOT) -> bool:
+def holds(uid: int, session_dir: Path, root: Path | None = None) -> bool:
     """Whether `uid` is an id of the pool leased to the session in `session_dir`."""
+    root = root or ROOT
     made = load(root)
     held = _holder(root / LEASES / str(uid)) if made is not None and uid in made.ids() else {}
     return held.get("session") == str(session_dir)
 
 
-def stale(root: Path = ROOT) -> list[tuple[int, str]]:
+def stale(root: Path | None = None) -> list[tuple[int, str]]:
     """The leases whose session is gone (gc frees them): each id and the session directory it named."""
+    root = root or ROOT
     if load(root) is None:
         return []
     return [(uid, session) for uid, session in sorted(leased(root).items()) if _stale(root / LEASES / str(uid), uid)]
 
 
-def free(uid: int, root: Path = ROOT) -> None:
+def free(uid: int, root: Path | None = None) -> None:
     """gc: the lease of `uid` removed, if its session is still gone and no process runs as it."""
+    root = root or ROOT
     with _locked(root) as leases:
         path = leases / str(uid)
         if path.exists() and _stale(path, uid):
@@ -233,8 +240,9 @@ def free(uid: int, root: Path = ROOT) -> None:
             path.unlink()
 
 
-def leased(root: Path = ROOT) -> dict[int, str]:
+def leased(root: Path | None = None) -> dict[int, str]:
     """Each leased id and the session directory holding it."""
+    root = root or ROOT
     found: dict[int, str] = {}
     with contextlib.suppress(OSError):
         for path in (root / LEASES).iterdir():
