@@ -134,6 +134,8 @@ def lease(session_dir: Path, root: Path | None = None) -> int | None:
                 continue
             if _runs_as(uid):
                 continue  # a process of a session gone without its lease still runs as it: never shared
+            if path.exists():  # the lease of a session gone without releasing it (a crash): what it left goes
+                clear(uid)
             path.unlink(missing_ok=True)
             let_pass(uid)
             filewrite.write_atomically(path, json.dumps(me) + "\n", mode=0o600)

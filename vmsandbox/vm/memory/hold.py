@@ -58,10 +58,12 @@ def serve(fd: int, path: str) -> None:
     Path(path).unlink(missing_ok=True)
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     old = os.umask(0o077)
-    try:
-        server.bind(path)
+    where = os.open(Path(path).parent, os.O_RDONLY | os.O_DIRECTORY)
+    try:  # (through its directory's descriptor: a socket's path may hold 107 bytes, a runtime directory more)
+        server.bind(f"/proc/self/fd/{where}/{Path(path).name}")
     finally:
         os.umask(old)
+        os.close(where)
     server.listen(16)
     signal.signal(signal.SIGTERM, lambda *_: _end(path))
     sys.stdout.write(f"ready {os.getpid()} {fd}\n")

@@ -240,7 +240,11 @@ def fetch(socket_path: Path, held: Held) -> int:
     same sealed file. The caller closes it."""
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
         conn.settimeout(FETCH_TIMEOUT)
-        conn.connect(str(socket_path))
+        where = os.open(socket_path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:  # (through its directory's descriptor: a socket's path may hold 107 bytes, a runtime directory more)
+            conn.connect(f"/proc/self/fd/{where}/{socket_path.name}")
+        finally:
+            os.close(where)
         pid, uid, _gid = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
         if uid != 0 or pid != held.pid or not pids.alive(pid, held.start):
             raise VmsandboxError(f"the memory keeper's socket {socket_path} is not its keeper's (pid {pid})")

@@ -11,7 +11,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from vmsandbox import filewrite, paths, ui
-from vmsandbox.confine import pool
 from vmsandbox.guest.ssh import Endpoint
 from vmsandbox.image import layers, store
 from vmsandbox.session.place import pins, room
@@ -82,9 +81,6 @@ class LocalHost(Connection, Host):
         images = [*store.list_images(), *layers.list_layers()]
         yield from template.collect(hv, images, _templates_in_use(), tidy)
         yield from sharing.sweep(hv, tidy)
-        for uid, session in pool.stale():
-            what = f"the lease of session account {uid} (its session {session} is gone)"
-            yield tidy("remove", what, functools.partial(pool.free, uid))
 
     def vm(self, record: Record) -> VM:
         return LocalVM(self, record)
