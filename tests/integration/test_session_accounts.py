@@ -11,7 +11,6 @@ the session is removed."""
 from __future__ import annotations
 
 import concurrent.futures
-import hashlib
 import json
 import subprocess
 from pathlib import Path
@@ -19,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from tests.integration.conftest import Cli, VmFactory, guest_sh, unique_name
+from tests.integration.test_shared_memory import digest, qemu_fd_of_ram
 from vmsandbox import paths
 from vmsandbox.confine import pool
 from vmsandbox.session.end import lifecycle
@@ -71,16 +71,6 @@ def uid_of(pid: int) -> int:
     return int(line.split()[1])
 
 
-def memfd_of(pid: int) -> Path:
-    for fd in Path(f"/proc/{pid}/fd").iterdir():
-        try:
-            if str(fd.readlink()).startswith("/memfd:vmsandbox-"):
-                return fd
-        except OSError:
-            continue
-    raise AssertionError(f"QEMU {pid} holds no sealed memory file")
-
-
 def domain_dir(record: Record) -> Path:
     (found,) = Path("/var/lib/libvirt/qemu").glob(f"domain-*-{record.domain}")
     return found
@@ -93,14 +83,6 @@ def keeper_of(record: Record) -> tuple[int, int, Path]:
         if said.get("template") == record.template:
             return int(said["pid"]), int(said["fd"]), Path(said["socket"])
     raise AssertionError(f"no keeper holds the memory of {record.template}")
-
-
-def digest(path: Path | str) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:  # noqa: PTH123 - a /proc path as much as a file
-        while chunk := f.read(8 * MiB):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 @pytest.fixture(scope="module")
@@ -132,7 +114,7 @@ def test_two_sessions_run_as_two_accounts_and_neither_reaches_the_other(pair: tu
             f"open={files.fwcfg_dir / 'authorized_keys'}",
             f"connect={files.identity_socket}",
             f"connect={domain_dir(r) / 'monitor.sock'}",
-            f"open={memfd_of(pid)}",
+            f"open={qemu_fd_of_ram(pid)}",
             f"signal={pid}",
         ]
 
@@ -164,8 +146,8 @@ def test_a_fork_runs_as_its_own_account_and_shares_its_source_memory(
     assert forked.account not in (None, source.account, pair[1].account)
     assert uid_of(qemu(forked)) == forked.account
     assert forked.memory is not None and forked.memory == source.memory, (forked.memory_note, source.memory_note)
-    copy = memfd_of(qemu(forked))
-    assert copy.stat().st_ino == memfd_of(qemu(source)).stat().st_ino  # one sealed copy, mapped by both
+    copy = qemu_fd_of_ram(qemu(forked))
+    assert copy.stat().st_ino == qemu_fd_of_ram(qemu(source)).stat().st_ino  # one sealed copy, mapped by both
     before = digest(copy)
     keeper, number, _socket = keeper_of(source)
     template_before = digest(f"/proc/{keeper}/fd/{number}")
@@ -176,7 +158,7 @@ def test_a_fork_runs_as_its_own_account_and_shares_its_source_memory(
     assert digest(copy) == before and digest(f"/proc/{keeper}/fd/{number}") == template_before
     other = Record.load(pair[1].name)  # another session of the template sees none of it
     assert "mark" not in guest_sh(other, "ls /dev/shm", root=True).split()
-    seen = as_account(forked.account or 0, f"open={memfd_of(qemu(other))}", f"open={source.system_disk}")
+    seen = as_account(forked.account or 0, f"open={qemu_fd_of_ram(qemu(other))}", f"open={source.system_disk}")
     assert "ok" not in seen.values(), seen
     account = forked.account
     lifecycle.remove(forked)
@@ -230,7 +212,7 @@ def test_the_template_keeper_outlives_the_command_that_started_it(cli: Cli, proj
             assert Path(f"/proc/{keepers[-1]}").exists(), "the keeper ended with the command that started it"
         assert keepers[0] == keepers[1]
         first, second = (Record.load(n) for n in names)
-        assert memfd_of(qemu(first)).stat().st_ino == memfd_of(qemu(second)).stat().st_ino
+        assert qemu_fd_of_ram(qemu(first)).stat().st_ino == qemu_fd_of_ram(qemu(second)).stat().st_ino
     finally:
         for name in names:
             cli.run("rm", "-f", name, env=env)

@@ -30,7 +30,7 @@ from vmsandbox.session.place.interface import (
     Snapshots,
     Tidy,
 )
-from vmsandbox.session.place.local import disks, sharing, start, template
+from vmsandbox.session.place.local import disks, owned, sharing, start, template
 from vmsandbox.session.place.templates import Shape
 from vmsandbox.session.record import DOMAIN_PREFIX, Record, orphaned, readable
 from vmsandbox.vm import accel, domain, rambackend, savefile
@@ -64,7 +64,7 @@ class LocalHost(Connection, Host):
     def boot(self, record: Record, image: store.Image, *, cold: bool, timeout: int, launched: Launched) -> VM:
         # an account of its own for each session's QEMU; not for an image build's (its disk becomes an image) nor a
         # reader's (it reads a dead session's disk through an ACL entry for libvirt's account: diskreader)
-        start.own_account(record, lease=record.disk is None and not record.name.startswith(paths.READER_PREFIX))
+        owned.own_account(record, lease=record.disk is None and not record.name.startswith(paths.READER_PREFIX))
         start.boot(record, image, self.libvirt(), cold_start=cold, boot_timeout=timeout, launched=launched)
         return self.vm(record)
 
@@ -171,7 +171,7 @@ class LocalSaved(Saved):
         # on the session's SSH port, or on another one if something took it while the VM was down
 
         def launch() -> None:
-            xml = domain.with_disks(saved_xml, record.system_disk, record.ssh_port, start.chain_of(record))
+            xml = domain.with_disks(saved_xml, record.system_disk, record.ssh_port, owned.chain_of(record))
             if shared is not None:
                 start.restore_shared(record, hv, shared, xml, saved)
                 return
@@ -223,7 +223,7 @@ class LocalForks(Forks):
         return cp.workspace
 
     def restore(self, cp: Checkpoint, fork: Record) -> VM:
-        start.own_account(fork)  # its own: never its source's
+        owned.own_account(fork)  # its own: never its source's
         saved = savefile.read(cp.memory)
         # its source's memory, relayed to its account alone: never to libvirt's, which every other QEMU runs as
         shared = sharing.split_of(cp.memory) if fork.account is not None else None
