@@ -135,8 +135,9 @@ def test_two_sessions_run_as_two_accounts_and_neither_reaches_the_other(pair: tu
 
 
 def test_a_fork_runs_as_its_own_account_and_shares_its_source_memory(
-    module_vms: VmFactory, pair: tuple[Record, Record]
+    module_vms: VmFactory, pair: tuple[Record, Record], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setenv(fork.LIVE_SWITCH, "0")  # the source restored on the fork's copy (a live fork: its own memory)
     source = Record.load(pair[0].name)
     guest_sh(source, "echo before > /dev/shm/mark", root=True)
     new = unique_name()

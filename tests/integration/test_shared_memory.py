@@ -214,9 +214,11 @@ def test_the_balloon_cannot_punch_holes_in_the_template(pair: tuple[Record, Reco
 def test_a_fork_and_its_source_map_one_copy_of_the_memory_saved_at_the_fork(
     module_vms: VmFactory, pair: tuple[Record, Record], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """By default, the fork (under an account of its own) and its source map the memory saved at the fork; the
-    fork sees its source's state then, not its later writes."""
+    """A fork taken the paused way (its source saved and restored: VMSANDBOX_LIVE_FORK=0, or a guest that cannot
+    freeze its workspace) and its source, under accounts of their own, map the memory saved at the fork; the fork
+    sees its source's state then, not its later writes. (A live fork: test_live_fork.py.)"""
     monkeypatch.delenv(sharing.FORK_SWITCH, raising=False)
+    monkeypatch.setenv(fork.LIVE_SWITCH, "0")
     source = Record.load(pair[0].name)
     guest_sh(source, "echo before > /dev/shm/forkmark", root=True)
     new = unique_name()

@@ -768,3 +768,26 @@ def test_a_restored_qemu_that_maps_another_file_than_the_holders_never_runs_on_i
             start._maps_the_held_file(record, shared)
         monkeypatch.setattr(usage, "shared_file", lambda _domain: usage.SharedFile(st.st_dev, st.st_ino, 1, 0))
         start._maps_the_held_file(record, shared)
+
+
+def test_a_live_saves_pages_sent_again_leave_the_last_content_zeros_included(tmp_path: Path) -> None:
+    """A live save sends a page again when the guest wrote it during the save; a page it zeroed meanwhile comes
+    as a ZERO record after the data it held: the file holds zeros there, not the old data."""
+    s = Stream()
+    s.section(split.SECTION_START, 3, s.blocks([("pc.ram", RAM)]))
+    first = b"".join(s.page("pc.ram", i * P, page_of(0x55) if i in (1, 2, 3) else None) for i in range(16))
+    s.section(split.SECTION_PART, 3, first + s.eos())
+    again = s.page("pc.ram", 1 * P, None) + s.page("pc.ram", 2 * P, page_of(0x66)) + s.page("pc.ram", 5 * P, None)
+    s.section(split.SECTION_END, 3, again + s.eos())
+    s.out += DEVICES
+    fake_save(tmp_path / "vm.save", sized(RAM), bytes(s.out))
+    fd = os.open(tmp_path / "ram", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        got = split.split(tmp_path / "vm.save", fd, tmp_path / "state.save")
+    finally:
+        os.close(fd)
+    ram = (tmp_path / "ram").read_bytes()
+    assert ram[1 * P : 2 * P] == bytes(P)  # zeroed after it was sent: zeros
+    assert ram[2 * P : 3 * P] == page_of(0x66) and ram[3 * P : 4 * P] == page_of(0x55)
+    assert ram[5 * P : 6 * P] == bytes(P)
+    assert got.pages == 2  # pages 2 and 3 hold data

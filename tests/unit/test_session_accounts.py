@@ -81,30 +81,35 @@ def _lease_of_ended_process(root: Path, uid: int, session: Path) -> None:
     (root / pool.LEASES / str(uid)).write_text(json.dumps(said))
 
 
-def test_a_lease_is_stale_once_its_session_is_gone_or_names_another_account(root: Path, tmp_path: Path) -> None:
+@needs_root
+def test_the_next_lease_takes_back_one_whose_session_is_gone_or_names_another_account(
+    root: Path, tmp_path: Path
+) -> None:
     made, _ = pool.make(root, count=3)
     a, b, c = made.ids()
     gone, mine, other = tmp_path / "gone", tmp_path / "mine", tmp_path / "other"
-    for d, named in ((mine, a + 1), (other, c + 1)):
+    for d, named in ((mine, b), (other, c + 1)):
         d.mkdir()
         (d / "session.json").write_text(json.dumps({"account": named}))
     _lease_of_ended_process(root, a, gone)
     _lease_of_ended_process(root, b, mine)
     _lease_of_ended_process(root, c, other)
-    assert pool.stale(root) == [(a, str(gone)), (c, str(other))]
-    pool.free(a, root)
-    pool.free(b, root)  # (its session names it: kept)
-    assert sorted(pool.leased(root)) == [b, c] and [a] == CLEARED
+    first, second = tmp_path / "first", tmp_path / "second"
+    assert pool.lease(first, root) == a and pool.lease(second, root) == c  # (mine's record names b: kept)
+    assert [a, c] == CLEARED  # what each left went with its lease
+    assert pool.leased(root) == {a: str(first), b: str(mine), c: str(second)}
 
 
-def test_a_lease_taken_by_a_process_that_still_runs_is_never_stale(root: Path, tmp_path: Path) -> None:
+@needs_root
+def test_a_lease_taken_by_a_process_that_still_runs_is_never_taken_back(root: Path, tmp_path: Path) -> None:
     made, _ = pool.make(root, count=1)
     (root / pool.LEASES).mkdir(parents=True, exist_ok=True)
     from vmsandbox import pids
 
     said = {"session": str(tmp_path / "not-yet-saved"), "pid": os.getpid(), "start": pids.process_start(os.getpid())}
     (root / pool.LEASES / str(made.first)).write_text(json.dumps(said))
-    assert pool.stale(root) == []
+    with pytest.raises(VmsandboxError, match="all 1 session accounts are in use"):
+        pool.lease(tmp_path / "another", root)
 
 
 def _spec(tmp_path: Path, **more: object) -> domain.DomainSpec:

@@ -224,24 +224,6 @@ def holds(uid: int, session_dir: Path, root: Path | None = None) -> bool:
     return held.get("session") == str(session_dir)
 
 
-def stale(root: Path | None = None) -> list[tuple[int, str]]:
-    """The leases whose session is gone (gc frees them): each id and the session directory it named."""
-    root = root or ROOT
-    if load(root) is None:
-        return []
-    return [(uid, session) for uid, session in sorted(leased(root).items()) if _stale(root / LEASES / str(uid), uid)]
-
-
-def free(uid: int, root: Path | None = None) -> None:
-    """gc: the lease of `uid` removed, if its session is still gone and no process runs as it."""
-    root = root or ROOT
-    with _locked(root) as leases:
-        path = leases / str(uid)
-        if path.exists() and _stale(path, uid):
-            clear(uid)
-            path.unlink()
-
-
 def leased(root: Path | None = None) -> dict[int, str]:
     """Each leased id and the session directory holding it."""
     root = root or ROOT

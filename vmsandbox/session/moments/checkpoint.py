@@ -17,6 +17,7 @@ from __future__ import annotations
 import re
 import shutil
 import time
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,6 +25,7 @@ from vmsandbox import ui
 from vmsandbox.egress import control
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.guest import commands
+from vmsandbox.guest.freeze import Holding, held
 from vmsandbox.session import lock
 from vmsandbox.session.end import lifecycle
 from vmsandbox.session.moments import suspend
@@ -112,10 +114,7 @@ def freeze(vm: VM, label: str) -> Checkpoint:
     down until `wake`."""
     record = vm.record
     files = record.files
-    files.checkpoints.mkdir(mode=0o700, exist_ok=True)
-    staging = files.checkpoints / f".tmp-{label}"
-    shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir(mode=0o700)
+    staging = _staging(record, label)
     with ui.step("Flushing the guest's file systems"):
         commands.run_as_root(record.endpoint(), "sync", timeout=SYNC_TIMEOUT)
     control.stop(files)
@@ -134,6 +133,45 @@ def freeze(vm: VM, label: str) -> Checkpoint:
     # as published: the freeze may have folded the overlays below it that no checkpoint needed any more (a
     # former fork's), and its chain names what is left
     return find(files, record.name, label)
+
+
+def freeze_live(vm: VM, label: str) -> Checkpoint | None:
+    """A fork's checkpoint of a running session, taken while it runs on (its guest paused for the last pass of the
+    save only; its workspace frozen while its disk is copied); None where its place or its guest cannot (nothing
+    was changed: `freeze` then). Its memory holds the workspace frozen, which only a VM restored from it with
+    another hostname (a fork) thaws by itself (guest.freeze): it stays in its staging directory, never listed (no
+    rollback to it), removed by the fork, or by the next checkpoint taken should the fork's command die."""
+    record = vm.record
+    staging = _staging(record, label)
+    cp = Checkpoint(label, time.time(), list(record.overlays), staging)
+
+    def publish() -> None:
+        cp.write()
+
+    def still() -> AbstractContextManager[Holding | None]:
+        return held(record.endpoint(), record.project)
+
+    try:
+        done = vm.snapshots.freeze_live(cp, staging, publish, still)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    if not done:
+        shutil.rmtree(staging, ignore_errors=True)
+        return None
+    return cp
+
+
+def _staging(record: Record, label: str) -> Path:
+    """A new, empty directory for checkpoint `label` to be made in. Under the session's lock: any other one there
+    is what a command that died left (a save's memory, a workspace's copy), removed."""
+    files = record.files
+    files.checkpoints.mkdir(mode=0o700, exist_ok=True)
+    for left in files.checkpoints.glob(".tmp-*"):
+        shutil.rmtree(left, ignore_errors=True)
+    staging = files.checkpoints / f".tmp-{label}"
+    staging.mkdir(mode=0o700)
+    return staging
 
 
 def wake(vm: VM, cp: Checkpoint) -> None:

@@ -38,7 +38,7 @@ from vmsandbox.session.place.checkpoints import Checkpoint
 from vmsandbox.session.place.interface import VM, Sharing
 from vmsandbox.session.record import Phase, Record, validate_name
 from vmsandbox.session.start import create
-from vmsandbox.session.state import down, where
+from vmsandbox.session.state import down, runs, where
 from vmsandbox.sync.fetch import delta
 from vmsandbox.sync.inward import capture
 
@@ -87,6 +87,7 @@ while [ $i -lt 200 ]; do
 done
 """
 IDENTITY_TIMEOUT = 120
+LIVE_SWITCH = "VMSANDBOX_LIVE_FORK"  # "0": a fork's source is saved and resumed (paused throughout), as before
 PORT_ACK = 10.0  # a source's `identity`, restored asleep in the fork, says "taking" within this (else: a login)
 
 
@@ -99,19 +100,25 @@ def fork(name: str, new: str, *, label: str | None = None) -> Record:
         source = Record.load(name)
         vm = host.vm(source)
         if label is not None:
-            cp = checkpoints.find(source.files, name, label)
-            with vm.forks.share(cp) as how:
+            at = checkpoints.find(source.files, name, label)
+            with vm.forks.share(at) as how:
                 ui.info(f"  memory: {ui.printable(_shared(how))}")  # (it may quote a save image's names)
-                return _make(vm, cp, new, at=label)
+                return _make(vm, at, new, at=label)
         checkpoint.must_run(vm, "forked")
+        _name_free(new)  # before the source is saved for it
         checkpoint.check_room(vm)  # the checkpoint taken for the fork may leave an overlay
-        cp = checkpoint.freeze(vm, f"fork-{new}-{os.getpid()}")
+        label = f"fork-{new}-{os.getpid()}"
+        taken = _live(vm, label)  # the source runs on: paused for the last pass of its save only
+        live = taken is not None
+        cp = taken if taken is not None else checkpoint.freeze(vm, label)
         failed: list[BaseException] = []
         try:
-            # the source and the fork map one copy of the memory saved (where the place can): the source resumes
-            # while the fork is made (two guests come back at once: under TCG, on two CPUs)
+            # the fork maps the memory saved (one copy, where the place can); a source that was saved resumes on
+            # the same copy while the fork is made (two guests come back at once: under TCG, on two CPUs)
             with vm.forks.share(cp) as how:
-                ui.info(f"  memory: {ui.printable(_shared(how))}")  # (it may quote a save image's names)
+                ui.info(f"  memory: {ui.printable(_shared(how, live=live))}")  # (it may quote a save's names)
+                if live:
+                    return _make(vm, cp, new, at=None)
                 waking = threading.Thread(target=_wake, args=(source, cp, failed))
                 waking.start()
                 try:
@@ -125,8 +132,30 @@ def fork(name: str, new: str, *, label: str | None = None) -> Record:
                 ui.warn(f"session {name} did not resume after the fork: {exc}")
 
 
-def _shared(how: Sharing) -> str:
-    """What the forks and their source share of a checkpoint's memory, in words."""
+def _name_free(new: str) -> None:
+    if paths.session_paths(new).root.exists():
+        raise VmsandboxError(f"a session named {new} already exists", hint="pick another name")
+
+
+def _live(vm: VM, label: str) -> Checkpoint | None:
+    """The fork's checkpoint taken while its source runs on (checkpoint.freeze_live); None where it cannot be, or
+    where it failed with the source running on as it was (said: the source is saved and resumed instead)."""
+    if os.environ.get(LIVE_SWITCH, "1").strip().lower() in ("0", "off", "no", "false"):
+        return None
+    try:
+        return checkpoint.freeze_live(vm, label)
+    except VmsandboxError as exc:
+        if not runs(vm):
+            raise
+        ui.warn(f"the live save failed ({exc.message}): session {vm.record.name} pauses for the fork instead")
+        return None
+
+
+def _shared(how: Sharing, *, live: bool = False) -> str:
+    """What the forks and their source share of a checkpoint's memory, in words (`live`: the source runs on its
+    own, the fork alone maps it)."""
+    if how.mapped is not None and live:
+        return f"{how.mapped / 1024**2:.0f} MiB mapped copy-on-write by the fork (its source runs on its own)"
     if how.mapped is not None:
         return f"{how.mapped / 1024**2:.0f} MiB mapped copy-on-write, one copy for all"
     return f"each restores a copy ({how.unshared})"

@@ -47,14 +47,22 @@ def plan(chains: Sequence[Sequence[str]], named: set[str], present: set[str], *,
     return Plan(folds, sorted(present - used))
 
 
-def apply(root: Path, chains: list[list[str]], p: Plan) -> None:
+def apply(root: Path, chains: list[list[str]], p: Plan, below: tuple[Path, int] | None = None) -> None:
     """Carry out a plan in the session directory `root`; `chains` (the lists themselves) lose the folded
-    overlays. Only while no VM reads the overlays being folded."""
+    overlays. Only while no VM reads the overlays being folded. `below`: the image below every chain and the
+    most bytes the session's disk reads as (its record says both): each fold is then told the chain it reads
+    (qemuimg.rebase_pinned), never what the overlays' headers say, which the session's QEMU could rewrite;
+    None (a session made before the host recorded it): the headers."""
     for overlay, upper in p.folds:
-        below = qemuimg.info(root / overlay).backing_file
-        if below is None:
-            raise ValueError(f"{overlay} has no backing file")
-        qemuimg.rebase(root / upper, Path(below) if Path(below).is_absolute() else root / below)
+        if below is not None:
+            lower = next(c for c in chains if overlay in c)  # any chain through it: the same images below it
+            under = [root / o for o in reversed(lower[: lower.index(overlay)])]
+            qemuimg.rebase_pinned([root / upper, root / overlay, *under], below[0], below[1], keep=len(under))
+        else:
+            named = qemuimg.info(root / overlay).backing_file
+            if named is None:
+                raise ValueError(f"{overlay} has no backing file")
+            qemuimg.rebase(root / upper, Path(named) if Path(named).is_absolute() else root / named)
         (root / overlay).unlink()
         for c in chains:
             if overlay in c:

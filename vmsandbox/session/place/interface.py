@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar, Protocol
 
+from vmsandbox.guest.freeze import Holding
 from vmsandbox.guest.ssh import Endpoint
 from vmsandbox.image import store
 from vmsandbox.session.place.checkpoints import Checkpoint
@@ -40,6 +41,7 @@ from vmsandbox.vm.node import DomainInfo, Node
 from vmsandbox.vm.virt import Hypervisor
 
 Launched = Callable[[], None]  # called once the VM runs on its SSH port (create spawns the egress daemon)
+Still = Callable[[], AbstractContextManager[Holding | None]]  # the guest's workspace held frozen (guest.freeze)
 
 
 class Tidy(Protocol):
@@ -263,6 +265,12 @@ class Snapshots(abc.ABC):
         """The VM (flushed, its egress stopped) saved into checkpoint `cp`, its workspace disk copied, its top
         overlay frozen under a new one; `publish` makes the checkpoint's record in `staging` whole (it becomes
         cp.path). The VM is down after. On failure the session is left stopped on what was saved."""
+
+    @abc.abstractmethod
+    def freeze_live(self, cp: Checkpoint, staging: Path, publish: Launched, still: Still) -> bool:
+        """As `freeze`, with the VM running on: its memory saved while its guest runs (paused for the last pass
+        only), its workspace disk copied while `still` holds the guest's workspace frozen. False where the place
+        or the guest cannot (nothing was changed: the caller freezes it)."""
 
     @abc.abstractmethod
     def memory_of(self, cp: Checkpoint) -> SavedVM:

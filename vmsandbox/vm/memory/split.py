@@ -42,6 +42,7 @@ SUBSECTION, CONFIGURATION, SECTION_FOOTER = 0x05, 0x07, 0x7E
 FLAG_ZERO, FLAG_MEM_SIZE, FLAG_PAGE, FLAG_EOS, FLAG_CONTINUE = 0x02, 0x04, 0x08, 0x10, 0x20
 FLAG_MASK = PAGE - 1  # the low bits of a record's u64 are its flags, the rest the page's offset
 MAX_RUN = 256  # pages written in one pwritev (IOV_MAX is 1024)
+ZERO_PAGE = bytes(PAGE)
 READ_BUFFER = 1 << 20
 BE32, BE64 = struct.Struct(">I"), struct.Struct(">Q")
 
@@ -53,7 +54,7 @@ class StreamError(savefile.SaveImageError):
 @dataclass(frozen=True)
 class Split:
     ram_bytes: int  # the main RAM block's length (the file's size)
-    pages: int  # pages written into the file (the others are zero: holes)
+    pages: int  # pages of the file that hold data (the others are zero: holes, or zeros a live save sent again)
     state_bytes: int  # the save image left, header included
 
 
@@ -100,7 +101,6 @@ class _Pages:
         self.fd = fd
         self.run: list[bytes] = []
         self.start = 0
-        self.written = 0
 
     def add(self, offset: int, page: bytes) -> None:
         if self.run and (offset != self.start + len(self.run) * PAGE or len(self.run) == MAX_RUN):
@@ -108,7 +108,6 @@ class _Pages:
         if not self.run:
             self.start = offset
         self.run.append(page)
-        self.written += 1
 
     def flush(self) -> None:
         at, left = self.start, self.run
@@ -207,6 +206,10 @@ class _Ram:
         self.length = 0
         self.block: str | None = None  # the block of the record before (CONTINUE)
         self.seen = 0  # the main block's pages met, PAGE or ZERO
+        # the pages of the file that hold data, a bit each: a live save sends a page again when the guest wrote it
+        # meanwhile, and a page it zeroed comes as a ZERO record after the data it held
+        self.written = bytearray()
+        self.distinct = 0
 
     def section(self, r: _Reader) -> bytes:
         """One section's records, up to its EOS: what is kept of them, without the EOS."""
@@ -256,16 +259,29 @@ class _Ram:
         if self.length % PAGE:
             raise StreamError(f"{self.where}: the machine's RAM is not a whole number of pages")
         os.ftruncate(self.fd, self.length)
+        self.written = bytearray(self.length // PAGE // 8 + 1)
         return bytes(listed)
 
     def _main_page(self, offset: int, flags: int, data: bytes) -> None:
         if offset + PAGE > self.length:
             raise StreamError(f"{self.where}: a page past the end of the machine's RAM")
         self.seen += 1
+        index = offset // PAGE
+        byte, bit = divmod(index, 8)
         if flags & FLAG_PAGE:
             self.pages.add(offset, data)
         elif data[0] != 0:  # a page of one repeated byte (never sent by QEMU 7.2: it sends those as pages)
             self.pages.add(offset, data * PAGE)
+        elif self.written[byte] >> bit & 1:  # a zero page sent again (a live save): zeros over what it held
+            self.pages.add(offset, ZERO_PAGE)
+            self.written[byte] &= ~(1 << bit) & 0xFF
+            self.distinct -= 1
+            return
+        else:  # a zero page the file holds as a hole
+            return
+        if not self.written[byte] >> bit & 1:
+            self.written[byte] |= 1 << bit
+            self.distinct += 1
 
     def pending(self) -> bool:
         """Whether pages of the main block are still to come."""
@@ -273,4 +289,4 @@ class _Ram:
 
     def finish(self) -> tuple[int, int]:
         self.pages.flush()
-        return self.length, self.pages.written
+        return self.length, self.distinct

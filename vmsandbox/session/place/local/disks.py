@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import secrets
 import shutil
+import time
 from pathlib import Path
 
 from vmsandbox import paths, ui
@@ -14,13 +15,14 @@ from vmsandbox.confine import access
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.session.place import chain, checkpoints
 from vmsandbox.session.place.checkpoints import Checkpoint
-from vmsandbox.session.place.interface import Launched
+from vmsandbox.session.place.interface import Launched, Still
 from vmsandbox.session.record import Record
 from vmsandbox.sync.inward import capture
-from vmsandbox.vm import qemuimg
+from vmsandbox.vm import livesave, qemuimg
 from vmsandbox.vm.virt import Hypervisor
 
 MAX_DEPTH = 3 + checkpoints.MOST + 2  # base, layer, template; a frozen overlay per checkpoint; the top
+LIVE_CHAIN = 8  # overlays a session runs on at most before a live save (each leaves one more until the VM is saved)
 
 
 def freeze(record: Record, hv: Hypervisor, cp: Checkpoint, staging: Path, publish: Launched) -> None:
@@ -40,6 +42,58 @@ def freeze(record: Record, hv: Hypervisor, cp: Checkpoint, staging: Path, publis
         raise
 
 
+def freeze_live(record: Record, hv: Hypervisor, cp: Checkpoint, staging: Path, publish: Launched, still: Still) -> bool:
+    """The VM's memory saved into `staging` while it runs (livesave: its guest paused for the last pass only), its
+    system disk switched to a new top overlay in that pause, its workspace disk copied while `still` holds the
+    guest's workspace frozen; the VM runs on. False where it cannot be done so (the session is not confined to an
+    account of its own, runs on LIVE_CHAIN overlays already, or its guest cannot freeze its workspace): nothing
+    was changed then."""
+    if record.account is None:  # (the frozen overlay would be libvirt's account's: not ours to copy)
+        return False
+    if len(record.overlays) >= LIVE_CHAIN:  # a running VM's chain is not folded: a saved one's is (freeze)
+        return False
+    files = record.files
+    old, name = record.system_disk, f"overlay-{secrets.token_hex(4)}.qcow2"
+    new = files.root / name
+    overlay_above(record, new)
+    # listed before the switch: should this process end before it, an empty overlay on top reads as the one below
+    record.overlays.append(name)
+    record.save()
+    switched = False
+    try:
+        with still() as holding:
+            if holding is None:
+                return False
+            frozen = time.monotonic()
+            xml = livesave.snapshot_xml(hv.xml(record.domain) or "", staging / checkpoints.MEMORY, old, new)
+            with ui.step(f"Saving {record.domain}'s memory while it runs"):
+                paused = hv.save_live(record.domain, xml)
+                switched = True
+            with ui.step("Keeping the workspace disk"):
+                capture.copy_disk(files.workspace_disk, staging / checkpoints.WORKSPACE)
+            holding.still()
+        ui.info(
+            f"  {record.name} ran on: its guest paused {paused:.2f} s (the save's last pass), writes into its "
+            f"workspace held {time.monotonic() - frozen:.1f} s"
+        )
+    finally:
+        if not switched and not _may_run_on(hv, record.domain, new):
+            record.overlays.remove(name)
+            record.save()
+            new.unlink(missing_ok=True)
+    publish()
+    tidy(record, live=True)
+    return True
+
+
+def _may_run_on(hv: Hypervisor, domain: str, image: Path) -> bool:
+    """Whether the VM may run on `image` after a live save that failed (libvirt fails it when its resume after
+    the disk switch fails): unless its live XML says it does not, it is kept (an empty overlay on top reads as
+    the one below)."""
+    live = hv.xml(domain)
+    return live is None or livesave.runs_on(live, image)
+
+
 def leave_stopped(record: Record, memory: Path) -> None:
     if memory.exists():
         shutil.copyfile(memory, record.files.saved_memory)
@@ -55,10 +109,33 @@ def new_top(record: Record) -> None:
         # an entry of our own keeps a frozen overlay ours to read, fold and copy
         access.grant(record.system_disk, os.geteuid(), 6)
     top = f"overlay-{secrets.token_hex(4)}.qcow2"
-    qemuimg.create_overlay(record.system_disk, record.files.root / top, depth=MAX_DEPTH)
-    (record.files.root / top).chmod(0o600)
+    overlay_above(record, record.files.root / top)
     record.overlays.append(top)
     record.save()
+
+
+def overlay_above(record: Record, new: Path) -> None:
+    """A new overlay `new` (0600) on the session's top one. Where the record names the image below its overlays,
+    the top's header is not read (its QEMU may have rewritten it): the chain's depth is the record's, the size
+    the larger of the session's disk and that image's; else (a session made before) qemu-img reads the chain."""
+    if record.below is None:
+        qemuimg.create_overlay(record.system_disk, new, depth=MAX_DEPTH)
+    else:
+        images = qemuimg.chain(Path(record.below))  # (shared images, root's: their headers are the host's)
+        if len(images) + len(record.overlays) >= MAX_DEPTH:
+            raise VmsandboxError(
+                f"session {record.name} runs on {len(record.overlays)} overlays: no room for another",
+                hint=f"remove checkpoints it no longer needs (`vmsandbox checkpoint rm {record.name} LABEL`)",
+            )
+        qemuimg.overlay_unopened(record.system_disk, new, most_bytes(record))
+    new.chmod(0o600)
+
+
+def most_bytes(record: Record, below: Path | None = None) -> int:
+    """The size a session's disk reads as: the larger of its own and that of the image below its overlays
+    (`below`, else the record's)."""
+    under = below or Path(record.below or "")
+    return max(record.disk_mib * 1024 * 1024, qemuimg.info(under).virtual_size)
 
 
 def tidy(record: Record, *, live: bool) -> None:
@@ -70,7 +147,7 @@ def tidy(record: Record, *, live: bool) -> None:
     p = chain.plan(chains, named, chain.present(files.root), live=live)
     if not p.folds and not p.dead:
         return
-    chain.apply(files.root, chains, p)
+    chain.apply(files.root, chains, p, (Path(record.below), most_bytes(record)) if record.below else None)
     record.save()
     for c in have:
         c.write()
@@ -93,5 +170,6 @@ def copy_for_fork(source: Record, cp: Checkpoint, record: Record) -> None:
     below = source.below or qemuimg.info(src.root / cp.chain[0]).backing_file
     if below is None:
         raise VmsandboxError(f"{src.root / cp.chain[0]} has no backing image")
-    qemuimg.copy_above(src.root / cp.overlay, Path(below), record.system_disk)
+    overlays = [src.root / name for name in reversed(cp.chain)]
+    qemuimg.copy_above(overlays, Path(below), record.system_disk, most_bytes(source, Path(below)))
     record.system_disk.chmod(0o600)

@@ -28,6 +28,7 @@ from vmsandbox.session.place.interface import (
     SavedVM,
     Sharing,
     Snapshots,
+    Still,
     Tidy,
 )
 from vmsandbox.session.place.local import disks, owned, sharing, start, template
@@ -191,6 +192,9 @@ class LocalSaved(Saved):
 class LocalSnapshots(Snapshots):
     def freeze(self, cp: Checkpoint, staging: Path, publish: Launched) -> None:
         disks.freeze(self.vm.record, self.vm.host.libvirt(), cp, staging, publish)
+
+    def freeze_live(self, cp: Checkpoint, staging: Path, publish: Launched, still: Still) -> bool:
+        return disks.freeze_live(self.vm.record, self.vm.host.libvirt(), cp, staging, publish, still)
 
     def memory_of(self, cp: Checkpoint) -> SavedVM:
         return SaveFile(cp.memory)

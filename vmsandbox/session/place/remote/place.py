@@ -30,6 +30,7 @@ from vmsandbox.session.place.interface import (
     SavedVM,
     Sharing,
     Snapshots,
+    Still,
     Tidy,
 )
 from vmsandbox.session.place.remote import checkpoint, fork, gc, images, log, save, start, template, vm
@@ -168,6 +169,9 @@ class RemoteSaved(Saved):
 class RemoteSnapshots(Snapshots):
     def freeze(self, cp: Checkpoint, staging: Path, publish: Launched) -> None:
         checkpoint.freeze(self.vm.record, self.vm.host.libvirt(), cp.label, publish)
+
+    def freeze_live(self, cp: Checkpoint, staging: Path, publish: Launched, still: Still) -> bool:
+        return False  # (its disks are volumes there: a live switch of them is not built yet; it pauses)
 
     def memory_of(self, cp: Checkpoint) -> SavedVM:
         return SaveVolume(checkpoint.volume(self.vm.record, cp.label, "save"))
