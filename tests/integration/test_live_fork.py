@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from tests.integration.conftest import VmFactory, guest_sh, unique_name
+from tests.integration.test_shared_memory import qemu_pid
 from vmsandbox import proc
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.guest import freeze
@@ -44,10 +45,6 @@ def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def source(module_vms: VmFactory, project: Path) -> Record:
     return module_vms.make(project)
-
-
-def qemu_pid(record: Record) -> int:
-    return int(Path(f"/run/libvirt/qemu/{record.domain}.pid").read_text().strip())
 
 
 def test_a_live_fork_keeps_its_source_running_and_the_fork_thaws_its_workspace(

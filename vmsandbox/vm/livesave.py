@@ -10,6 +10,7 @@ it is paused for the rest (as a plain save would have paused it from the start),
 from __future__ import annotations
 
 import threading
+import time
 import xml.etree.ElementTree as ET
 from collections.abc import Callable
 from pathlib import Path
@@ -96,3 +97,27 @@ def bounded(
     if failed:
         raise failed[0]
     return paused
+
+
+class PauseWatch:
+    """How long a domain's guest is not running, from now to stop(): `running()` asked every 10 ms (None: it
+    could not be told, counted as running)."""
+
+    def __init__(self, running: Callable[[], bool | None]) -> None:
+        self.seconds = 0.0
+        self._running = running
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name="pause-watch", daemon=True)
+        self._thread.start()
+
+    def _watch(self) -> None:
+        last = time.monotonic()
+        while not self._done.wait(0.01):
+            now = time.monotonic()
+            if self._running() is False:
+                self.seconds += now - last
+            last = now
+
+    def stop(self) -> None:
+        self._done.set()
+        self._thread.join()

@@ -37,6 +37,14 @@ class PortTakenError(VmsandboxError):
 STATES = ("nostate", "running", "running", "paused", "shutting-down", "shutoff", "crashed", "suspended")
 
 
+def not_started(text: str, what: str, hint: str | None = None) -> VmsandboxError:
+    """libvirt's refusal to start or restore a domain (its message `text`), as the error to raise: a forwarded
+    port another process took is said apart (the caller picks another port)."""
+    if "host forwarding" in text or "Address already in use" in text:  # QEMU's words, seen only here
+        return PortTakenError(f"a forwarded port was taken: {text}")
+    return VmsandboxError(f"{what}: {text}", hint=hint)
+
+
 def state_name(state: int) -> str:
     return STATES[state] if 0 <= state < len(STATES) else "unknown"
 

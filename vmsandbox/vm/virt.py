@@ -6,7 +6,6 @@ import contextlib
 import io
 import logging
 import os
-import threading
 import time
 import xml.etree.ElementTree as ET
 from collections.abc import Callable, Iterator
@@ -32,10 +31,15 @@ def _message(exc: libvirt.libvirtError) -> str:
 
 
 def _not_started(exc: libvirt.libvirtError, what: str, hint: str | None = None) -> VmsandboxError:
-    text = _message(exc)
-    if "host forwarding" in text or "Address already in use" in text:  # QEMU's words, seen only here
-        return node.PortTakenError(f"a forwarded port was taken: {text}")
-    return VmsandboxError(f"{what}: {text}", hint=hint)
+    return node.not_started(_message(exc), what, hint)
+
+
+def _running(dom: Any) -> bool | None:
+    """Whether the domain's guest runs (None: libvirt did not say)."""
+    try:
+        return bool(dom.state()[0] == libvirt.VIR_DOMAIN_RUNNING)
+    except libvirt.libvirtError:
+        return None
 
 
 def _refresh(pool: Any) -> None:
@@ -103,7 +107,7 @@ class Hypervisor:
             | libvirt.VIR_DOMAIN_SNAPSHOT_CREATE_ATOMIC
             | libvirt.VIR_DOMAIN_SNAPSHOT_CREATE_REUSE_EXT
         )
-        watch = _PauseWatch(dom)
+        watch = livesave.PauseWatch(lambda: _running(dom))
         try:
             livesave.bounded(
                 lambda: dom.snapshotCreateXML(snapshot_xml, flags), dom.suspend, lambda: _abort_job(dom), name, converge
@@ -360,27 +364,3 @@ class Hypervisor:
 def _abort_job(dom: Any) -> None:
     with contextlib.suppress(libvirt.libvirtError):  # (refused: the job has ended, or the domain is gone)
         dom.abortJob()
-
-
-class _PauseWatch:
-    """How long a domain's guest is not running, from now to stop(): its state read every 10 ms."""
-
-    def __init__(self, dom: Any) -> None:
-        self.seconds = 0.0
-        self._dom = dom
-        self._done = threading.Event()
-        self._thread = threading.Thread(target=self._watch, name="pause-watch", daemon=True)
-        self._thread.start()
-
-    def _watch(self) -> None:
-        last = time.monotonic()
-        while not self._done.wait(0.01):
-            now = time.monotonic()
-            with contextlib.suppress(libvirt.libvirtError):
-                if self._dom.state()[0] != libvirt.VIR_DOMAIN_RUNNING:
-                    self.seconds += now - last
-            last = now
-
-    def stop(self) -> None:
-        self._done.set()
-        self._thread.join()

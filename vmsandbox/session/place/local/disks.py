@@ -127,15 +127,18 @@ def overlay_above(record: Record, new: Path) -> None:
                 f"session {record.name} runs on {len(record.overlays)} overlays: no room for another",
                 hint=f"remove checkpoints it no longer needs (`vmsandbox checkpoint rm {record.name} LABEL`)",
             )
-        qemuimg.overlay_unopened(record.system_disk, new, most_bytes(record))
+        qemuimg.overlay_unopened(record.system_disk, new, _larger(record, images[0].virtual_size))
     new.chmod(0o600)
 
 
 def most_bytes(record: Record, below: Path | None = None) -> int:
     """The size a session's disk reads as: the larger of its own and that of the image below its overlays
     (`below`, else the record's)."""
-    under = below or Path(record.below or "")
-    return max(record.disk_mib * 1024 * 1024, qemuimg.info(under).virtual_size)
+    return _larger(record, qemuimg.info(below or Path(record.below or "")).virtual_size)
+
+
+def _larger(record: Record, below_bytes: int) -> int:
+    return max(record.disk_mib * 1024 * 1024, below_bytes)
 
 
 def tidy(record: Record, *, live: bool) -> None:
