@@ -84,9 +84,10 @@ def test_an_image_left_unmounted_is_never_mounted_again(session: tuple[SessionPa
     (files.guest_tree / "pulled").write_text("a pull's\n")
     delta.save(files.root, {"pulled": Entry(manifest.FILE, 0o644, 9, "ab" * 32)})
     proc.run(["umount", files.mirror])
-    old = files.mirror_image.stat().st_ino
-    assert volume.ensure(files, base, bound=8 * MIB, max_entries=10_000).own and mounted(files)
-    assert files.mirror_image.stat().st_ino != old and not (files.guest_tree / "pulled").exists()
+    with files.mirror_image.open("rb") as held:  # held open, the old inode's number cannot be given to the new image
+        old = os.fstat(held.fileno()).st_ino
+        assert volume.ensure(files, base, bound=8 * MIB, max_entries=10_000).own and mounted(files)
+        assert files.mirror_image.stat().st_ino != old and not (files.guest_tree / "pulled").exists()
     assert delta.load(files.root) is None
 
 
