@@ -8,11 +8,13 @@ fork's system disk copied from a chain whose top header a session's QEMU rewrote
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+import signal
 import subprocess
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +27,7 @@ from vmsandbox.errors import VmsandboxError
 from vmsandbox.guest import freeze
 from vmsandbox.session.end import lifecycle
 from vmsandbox.session.moments import checkpoint, fork
-from vmsandbox.session.place import chain
+from vmsandbox.session.place import chain, checkpoints
 from vmsandbox.session.record import Record
 from vmsandbox.vm import qemuimg
 
@@ -50,7 +52,7 @@ def source(module_vms: VmFactory, project: Path) -> Record:
 def test_a_live_fork_keeps_its_source_running_and_the_fork_thaws_its_workspace(
     module_vms: VmFactory, source: Record, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.delenv(fork.LIVE_SWITCH, raising=False)
+    monkeypatch.delenv(checkpoint.LIVE_SWITCH, raising=False)
     source = Record.load(source.name)
     guest_sh(source, "echo before > marker; (while :; do date +%s.%N >> ticks; sleep 0.05; done) >/dev/null 2>&1 &")
     pid, overlays = qemu_pid(source), len(source.overlays)
@@ -102,10 +104,44 @@ def test_a_fork_reads_on_its_disk_what_its_source_wrote_before_an_earlier_checkp
         lifecycle.remove(Record.load(made.name))
 
 
+def test_a_checkpoint_is_taken_live_and_a_rollback_to_it_thaws_and_ends_what_it_was_restored_with(
+    source: Record, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`checkpoint create` keeps the VM running (its QEMU, its processes); a rollback restores the memory saved
+    with the workspace frozen, thaws it, and ends the SSH sessions the memory held (the egress link's among them:
+    the new one holds the guest's proxy port)."""
+    monkeypatch.delenv(checkpoint.LIVE_SWITCH, raising=False)
+    source = Record.load(source.name)
+    guest_sh(source, "echo one > state && sync")
+    pid, sessions = qemu_pid(source), guest_sh(source, STALE_SSHD, root=True).split()
+    cp = checkpoint.take(source.name, "held")
+    source = Record.load(source.name)
+    assert cp.live and qemu_pid(source) == pid, "the checkpoint saved and restored the VM"
+    assert "held" in [c.label for c in checkpoints.listed(source.files) if c.live]
+    guest_sh(source, "echo two > state && sync", timeout=60)  # thawed in the running VM
+    assert "freeze" not in guest_sh(source, "ps -eo args", root=True)
+
+    logged = source.files.egress_log.stat().st_size if source.files.egress_log.exists() else 0
+    checkpoint.rollback(source.name, "held", limit=64 << 20)
+    source = Record.load(source.name)
+    # the write would wait on a workspace still frozen (guest_sh's timeout would fail the test)
+    assert guest_sh(source, "cat state; echo three > state && sync", timeout=60).strip() == "one"
+    assert "freeze" not in guest_sh(source, "ps -eo args", root=True)
+    assert guest_sh(source, f"ls -A {freeze.HELD}", root=True).strip() == ""
+    still = set(guest_sh(source, STALE_SSHD, root=True).split()) & set(sessions)
+    assert not still, f"the rollback kept the sshd sessions {still} its memory held"
+    guest_sh(source, "curl -s -o /dev/null https://held.invalid/ || true")  # through the egress proxy, if it is up
+    assert "held.invalid" in source.files.proxy_log.read_text(), "the egress proxy did not answer after the rollback"
+    with source.files.egress_log.open("rb") as log:  # its link took the guest's proxy port at the first try
+        log.seek(logged)
+        assert b"forward down" not in log.read()
+    checkpoint.remove(source.name, "held")
+
+
 def test_a_guest_that_cannot_freeze_its_workspace_is_forked_paused(
     module_vms: VmFactory, source: Record, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.delenv(fork.LIVE_SWITCH, raising=False)
+    monkeypatch.delenv(checkpoint.LIVE_SWITCH, raising=False)
     source = Record.load(source.name)
     guest_sh(source, "chmod -x /usr/sbin/fsfreeze", root=True)
     pid = qemu_pid(source)
@@ -143,22 +179,22 @@ def guest(tmp_path: Path) -> dict[str, Path]:
 
 def script(guest: dict[str, Path], mount: str = "/work") -> subprocess.Popen[bytes]:
     env = {**os.environ, "PATH": f"{guest['tools']}:{os.environ['PATH']}", "MOUNT": mount}
-    argv = ["bash", "-c", freeze.SCRIPT, "freeze", "/work/p", str(guest["hostname"]), "30", "0.05", "2"]
+    held = str(guest["root"] / "held")
+    argv = ["bash", "-c", freeze.SCRIPT, "freeze", "/work/p", str(guest["hostname"]), "30", "0.05", "2", held]
     return subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
 
 
-def test_the_script_thaws_at_the_hosts_word_and_at_the_end_of_its_input(guest: dict[str, Path]) -> None:
-    for word in (b"thaw\n", b""):
-        guest["log"].unlink(missing_ok=True)
-        child = script(guest)
-        assert child.stdout is not None and child.stdout.readline() == freeze.FROZEN
-        assert guest["log"].read_text().split("\n")[0] == "-f /work"
-        out, _ = child.communicate(word, timeout=20)
-        assert child.returncode == 0 and b"thawed" in out
-        assert "-u /work" in guest["log"].read_text()
+def restored(guest: dict[str, Path]) -> subprocess.CompletedProcess[bytes]:
+    """guest.freeze.RESTORED, as a rollback runs it, with the same stand-ins."""
+    env = {**os.environ, "PATH": f"{guest['tools']}:{os.environ['PATH']}", "MOUNT": "/work"}
+    argv = ["bash", "-c", freeze.RESTORED, "restored", str(guest["root"] / "held"), "/work/p", "0.05", "200"]
+    return subprocess.run(argv, capture_output=True, env=env, timeout=30, check=False)
 
 
-def test_the_script_in_a_fork_thaws_and_ends_its_sources_ssh_sessions(guest: dict[str, Path]) -> None:
+@contextlib.contextmanager
+def sshd_with_a_session(guest: dict[str, Path]) -> Iterator[int]:
+    """A stand-in sshd listener (its pid in /run/sshd.pid) with one session (a copy of sleep named sshd): the
+    session's pid."""
     fake = guest["root"] / "sshd"
     shutil.copy("/bin/sleep", fake)
     listener = subprocess.Popen(["sh", "-c", f"{fake} 60 & echo $!; wait"], stdout=subprocess.PIPE)
@@ -170,24 +206,104 @@ def test_the_script_in_a_fork_thaws_and_ends_its_sources_ssh_sessions(guest: dic
             pytest.skip("this machine runs an sshd of its own: the script would read its pid file")
         run.write_text(f"{listener.pid}\n")
         try:
-            child = script(guest)
-            assert child.stdout is not None and child.stdout.readline() == freeze.FROZEN
-            guest["hostname"].write_text("vmsandbox-fork\n")  # the fork's identity sets its hostname first
-            child.wait(timeout=20)  # no word from the host: its input stays open
-            assert child.stdout is not None and child.stdin is not None
-            out = child.stdout.read()
-            child.stdin.close()
+            yield session
         finally:
             run.unlink()
-        assert child.returncode == 0 and b"thawed" in out
-        assert "-u /work" in guest["log"].read_text()
-        deadline = time.monotonic() + 10
-        while Path(f"/proc/{session}").exists() and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert not Path(f"/proc/{session}/cmdline").exists() or not Path(f"/proc/{session}/cmdline").read_bytes()
     finally:
         listener.kill()
         listener.wait()
+
+
+def ended(pid: int) -> bool:
+    deadline = time.monotonic() + 10
+    while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return not Path(f"/proc/{pid}/cmdline").exists() or not Path(f"/proc/{pid}/cmdline").read_bytes()
+
+
+def test_the_script_thaws_at_the_hosts_word_and_at_the_end_of_its_input(guest: dict[str, Path]) -> None:
+    for word in (b"thaw\n", b""):
+        guest["log"].unlink(missing_ok=True)
+        child = script(guest)
+        assert child.stdout is not None and child.stdout.readline() == freeze.FROZEN
+        assert guest["log"].read_text().split("\n")[0] == "-f /work"
+        assert (guest["root"] / "held" / str(child.pid)).read_text() == f"{child.pid}\n"
+        out, _ = child.communicate(word, timeout=20)
+        assert child.returncode == 0 and b"thawed" in out
+        # thawed once: its exit does not thaw again (a later freeze is another script's)
+        assert guest["log"].read_text().split("\n")[1:] == ["-u /work", ""]
+        assert not (guest["root"] / "held" / str(child.pid)).exists()
+
+
+def test_the_script_in_a_fork_thaws_and_ends_its_sources_ssh_sessions(guest: dict[str, Path]) -> None:
+    with sshd_with_a_session(guest) as session:
+        child = script(guest)
+        assert child.stdout is not None and child.stdout.readline() == freeze.FROZEN
+        guest["hostname"].write_text("vmsandbox-fork\n")  # the fork's identity sets its hostname first
+        child.wait(timeout=20)  # no word from the host: its input stays open
+        assert child.stdout is not None and child.stdin is not None
+        out = child.stdout.read()
+        child.stdin.close()
+    assert child.returncode == 0 and b"thawed" in out
+    assert "-u /work" in guest["log"].read_text()
+    assert ended(session)
+
+
+def test_a_script_restored_by_a_rollback_is_told_so_thaws_and_ends_its_sessions(guest: dict[str, Path]) -> None:
+    """A rollback to a checkpoint taken live: the same hostname, the host's connection gone without an end of input
+    (its input stays open here); RESTORED tells the script, waits for it, and thaws the workspace besides."""
+    with sshd_with_a_session(guest) as session:
+        child = script(guest)
+        assert child.stdout is not None and child.stdout.readline() == freeze.FROZEN
+        other = subprocess.Popen(["sleep", "60"])  # a pid file naming no script: left alone, the file dropped
+        (guest["root"] / "held" / str(other.pid)).write_text(f"{other.pid}\n")
+        try:
+            done = restored(guest)
+            assert done.returncode == 0, done.stderr
+            assert child.wait(timeout=5) == 0  # ended before RESTORED returned
+            assert other.poll() is None
+        finally:
+            other.kill()
+            other.wait()
+        assert child.stdin is not None
+        child.stdin.close()
+    assert ended(session)
+    assert guest["log"].read_text().split("\n")[1:] == ["-u /work", "-u /work", ""]  # the script's, RESTORED's
+    assert list((guest["root"] / "held").iterdir()) == []
+
+
+def test_restored_kills_a_script_that_does_not_end_when_told(guest: dict[str, Path]) -> None:
+    """A script that ignores SIGUSR1 (a bash of the guest's own under that pid file): killed after its time, said
+    by RESTORED's exit, and the workspace thawed all the same."""
+    held = guest["root"] / "held"
+    held.mkdir()
+    deaf = subprocess.Popen(
+        ["bash", "-c", "trap '' USR1; echo ready; while :; do sleep 0.05; done"], stdout=subprocess.PIPE
+    )
+    assert deaf.stdout is not None and deaf.stdout.readline() == b"ready\n"  # (told only once it ignores it)
+    (held / str(deaf.pid)).write_text(f"{deaf.pid}\n")
+    env = {**os.environ, "PATH": f"{guest['tools']}:{os.environ['PATH']}", "MOUNT": "/work"}
+    argv = ["bash", "-c", freeze.RESTORED, "restored", str(held), "/work/p", "0.05", "10"]
+    try:
+        assert subprocess.run(argv, env=env, timeout=30, check=False).returncode == freeze.FORCED
+        assert deaf.wait(timeout=5) == -signal.SIGKILL
+    finally:
+        deaf.kill()
+        deaf.wait()
+    assert guest["log"].read_text() == "-u /work\n" and list(held.iterdir()) == []
+
+
+def test_the_script_thaws_by_its_bound_with_its_input_open(guest: dict[str, Path]) -> None:
+    """No word, no end of input, no fork: the bound (1 s here, counted in uptime) thaws it."""
+    env = {**os.environ, "PATH": f"{guest['tools']}:{os.environ['PATH']}", "MOUNT": "/work"}
+    held = str(guest["root"] / "held")
+    argv = ["bash", "-c", freeze.SCRIPT, "freeze", "/work/p", str(guest["hostname"]), "1", "0.05", "0", held]
+    child = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
+    assert child.stdout is not None and child.stdout.readline() == freeze.FROZEN
+    assert child.wait(timeout=10) == 0  # its input still open: the bound ended it
+    assert child.stdin is not None
+    child.stdin.close()
+    assert "-u /work" in guest["log"].read_text()
 
 
 def test_the_script_will_not_freeze_the_root_file_system(guest: dict[str, Path]) -> None:

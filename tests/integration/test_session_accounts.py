@@ -22,7 +22,7 @@ from tests.integration.test_shared_memory import digest, qemu_fd_of_ram
 from vmsandbox import paths
 from vmsandbox.confine import pool
 from vmsandbox.session.end import lifecycle
-from vmsandbox.session.moments import fork
+from vmsandbox.session.moments import checkpoint, fork
 from vmsandbox.session.record import Record
 from vmsandbox.vm.memory import bound, sealed, usage
 
@@ -137,7 +137,7 @@ def test_two_sessions_run_as_two_accounts_and_neither_reaches_the_other(pair: tu
 def test_a_fork_runs_as_its_own_account_and_shares_its_source_memory(
     module_vms: VmFactory, pair: tuple[Record, Record], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv(fork.LIVE_SWITCH, "0")  # the source restored on the fork's copy (a live fork: its own memory)
+    monkeypatch.setenv(checkpoint.LIVE_SWITCH, "0")  # the source restored on the fork's copy (live: its own memory)
     source = Record.load(pair[0].name)
     guest_sh(source, "echo before > /dev/shm/mark", root=True)
     new = unique_name()

@@ -20,7 +20,7 @@ import pytest
 from tests.integration.conftest import URI, VmFactory, guest_sh, unique_name, wait_for
 from tests.integration.foreign_files import NUMBER, ended, never_closing, qemu_account_process
 from vmsandbox.session.end import lifecycle
-from vmsandbox.session.moments import fork
+from vmsandbox.session.moments import checkpoint, fork
 from vmsandbox.session.place.local import sharing, template
 from vmsandbox.session.record import Record
 from vmsandbox.vm.memory import holders, sealed
@@ -218,7 +218,7 @@ def test_a_fork_and_its_source_map_one_copy_of_the_memory_saved_at_the_fork(
     freeze its workspace) and its source, under accounts of their own, map the memory saved at the fork; the fork
     sees its source's state then, not its later writes. (A live fork: test_live_fork.py.)"""
     monkeypatch.delenv(sharing.FORK_SWITCH, raising=False)
-    monkeypatch.setenv(fork.LIVE_SWITCH, "0")
+    monkeypatch.setenv(checkpoint.LIVE_SWITCH, "0")
     source = Record.load(pair[0].name)
     guest_sh(source, "echo before > /dev/shm/forkmark", root=True)
     new = unique_name()

@@ -114,3 +114,12 @@ def test_an_overlay_with_an_external_data_file_is_refused(tmp_path: Path) -> Non
     (tmp_path / "short").write_bytes(b"QFI")
     with pytest.raises(VmsandboxError, match="not a qcow2"):
         qemuimg.plain_qcow2(tmp_path / "short", 1 << 30)
+
+
+def test_passes_while_the_guest_runs_only_where_qemu_sees_every_write() -> None:
+    """KVM's dirty log; TCG's from QEMU 9.0 (03bfc2188f): before it, a live save under TCG loses writes."""
+    assert livesave.passes_are_sound("kvm", "7.2.22")
+    assert not livesave.passes_are_sound("tcg", "7.2.22")
+    assert not livesave.passes_are_sound("tcg", "8.2.2")
+    assert livesave.passes_are_sound("tcg", "9.0.0") and livesave.passes_are_sound("tcg", "10.1")
+    assert not livesave.passes_are_sound("tcg", "unknown")

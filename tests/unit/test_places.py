@@ -214,7 +214,8 @@ def test_a_session_here_and_one_there_take_the_same_steps(
     assert here.asked == [
         "Host.admit",  # run --keep: room and accelerator there, the VM started
         "Host.boot",
-        "Snapshots.freeze",  # checkpoint (room in the disk chain: the host's abilities say): saved into it, resumed
+        "Snapshots.freeze_live",  # checkpoint: while it runs, where the place can (neither can here)
+        "Snapshots.freeze",  # else (room in the disk chain: the host's abilities say) saved into it, resumed
         "Snapshots.memory_of",  # from it
         "Saved.restore",
         "Saved.take",  # stop

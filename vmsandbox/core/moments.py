@@ -44,7 +44,8 @@ def is_label(text: str) -> bool:
 
 
 def take(name: str, label: str | None) -> Kept:
-    """A checkpoint of a running session (default label: cp-DATE-TIME); the guest pauses for a few seconds."""
+    """A checkpoint of a running session (default label: cp-DATE-TIME), taken while it runs on where it can
+    (checkpoint.take_locked)."""
     started = time.monotonic()
     cp = checkpoint.take(name, label)
     took = time.monotonic() - started

@@ -9,6 +9,11 @@ restored from the memory saved while it was frozen, the fork's identity sets the
 identity program: `become_fork`, then `apply`: the hostname before the workspace), and the script, finding
 another hostname than the one it froze under, thaws within POLL seconds, while the identity's next step (the
 workspace's owner) waits for it.
+
+A checkpoint taken so keeps that memory too: a rollback restores the session with the workspace frozen and the
+script waiting for a host that is gone, under the same hostname. The host then tells it (`end_restored`: SIGUSR1
+to each script named in HELD, a directory of the guest's memory) that it runs in a restored VM, and it thaws and
+ends the SSH sessions the VM was restored with, as a fork's does.
 """
 
 from __future__ import annotations
@@ -35,11 +40,16 @@ LINE_MAX = 4096  # bytes of the guest's first line read at most
 HOSTNAME = "/proc/sys/kernel/hostname"
 
 # bash, as root in the guest: $1 the workspace's path, $2 the file that names the guest's hostname (the kernel's),
-# $3 HOLD_MAX, $4 POLL, $5 GRACE. In a fork it also ends the SSH sessions its source had (listed before the freeze:
-# their connections are the source's, dead in the fork), among them the egress link's, whose listener on the
-# guest's proxy port the fork's own egress link needs.
+# $3 HOLD_MAX, $4 POLL, $5 GRACE, $6 HELD (its pid goes there while it runs). In a fork, or told by SIGUSR1 that
+# it runs in a VM restored from the memory saved meanwhile (a rollback to a checkpoint taken live), it also ends
+# the SSH sessions its source had (listed before the freeze: their connections are the source's, dead there),
+# among them the egress link's, whose listener on the guest's proxy port the new egress link needs. Its bounds
+# count the guest's uptime, not its wall clock, which a host's egress link steps (a step of the clock while the
+# host copies the disk must not thaw it). Once it has thawed, its exit does not thaw again (a later freeze,
+# another script's, is not its to end).
 SCRIPT = r"""set -u
-w=$1; name=$2
+w=$1; name=$2; held=$6
+up() { read -r u _ </proc/uptime; u=${u%.*}; }
 command -v fsfreeze >/dev/null || exit 3
 m=$(findmnt -n -o TARGET --target "$w") || exit 3
 [ -n "$m" ] && [ "$m" != / ] || exit 3
@@ -47,27 +57,36 @@ was=; read -r was <"$name" || true
 [ -n "$was" ] || exit 3
 main=; read -r main 2>/dev/null </run/sshd.pid || true
 stale=; [ -z "$main" ] || stale=$(pgrep -P "$main" -x 'sshd|sshd-session' | tr '\n' ' ')
+restored=
+trap 'restored=1' USR1
+mkdir -p "$held" && echo $$ >"$held/$$" || exit 3
+trap 'rm -f "$held/$$"' EXIT
 sync
 fsfreeze -f "$m" || exit 3
-trap 'fsfreeze -u "$m" 2>/dev/null; echo thawed' EXIT
+trap 'fsfreeze -u "$m" 2>/dev/null; rm -f "$held/$$"; echo thawed' EXIT
 echo frozen
 fork=; word=
-while [ "$SECONDS" -lt "$3" ]; do
+up; end=$((u + $3))
+while [ "$u" -lt "$end" ]; do
     rc=0; read -r -t "$4" _ || rc=$?
+    if [ -n "$restored" ]; then fork=1; break; fi
     now=; read -r now <"$name" || true
     if [ "$now" != "$was" ]; then fork=1; break; fi
     if [ "$rc" -eq 0 ]; then word=1; break; fi
     [ "$rc" -gt 128 ] || break
+    up
 done
 fsfreeze -u "$m" 2>/dev/null
+trap 'rm -f "$held/$$"; echo thawed' EXIT
 if [ -z "$fork" ] && [ -z "$word" ]; then
     # the end of its input or its bound, not the host's word: a fork whose identity comes later (its connection
-    # reset first, its clock stepped past the bound) still ends its source's sessions once it has its hostname
-    end=$((SECONDS + $5))
-    while [ "$SECONDS" -lt "$end" ]; do
+    # reset first) still ends its source's sessions once it has its hostname
+    up; end=$((u + $5))
+    while [ "$u" -lt "$end" ]; do
         now=; read -r now <"$name" || true
-        if [ "$now" != "$was" ]; then fork=1; break; fi
+        if [ -n "$restored" ] || [ "$now" != "$was" ]; then fork=1; break; fi
         sleep 0.2
+        up
     done
 fi
 if [ -n "$fork" ] && [ -n "$stale" ]; then
@@ -78,10 +97,43 @@ if [ -n "$fork" ] && [ -n "$stale" ]; then
 fi
 """
 
+# bash, as root in a VM just restored from memory saved while SCRIPT ran (a rollback to a checkpoint taken live):
+# $1 HELD, $2 the workspace's path, $3 POLL, $4 the most polls. Each script named in HELD is told (SIGUSR1) and
+# waited for (ENDED_WITHIN seconds in all: it thaws, then ends its source's sessions), else killed (its sessions
+# then live on: exit FORCED); the workspace is thawed whatever.
+RESTORED = r"""set -u
+held=$1; w=$2
+told=; forced=
+for f in "$held"/*; do
+    [ -e "$f" ] || continue
+    p=${f##*/}
+    c=; read -r c 2>/dev/null </proc/$p/comm || true
+    if [ "$c" = bash ] && kill -USR1 "$p" 2>/dev/null; then told="$told $p"; else rm -f "$f"; fi
+done
+i=0
+for p in $told; do
+    while [ "$i" -lt "$4" ]; do
+        st=; read -r _ _ st _ 2>/dev/null </proc/$p/stat || true
+        case $st in ''|Z) break ;; esac
+        sleep "$3"; i=$((i + 1))
+    done
+    c=; read -r c 2>/dev/null </proc/$p/comm || true
+    st=; read -r _ _ st _ 2>/dev/null </proc/$p/stat || true
+    if [ "$c" = bash ] && [ -n "$st" ] && [ "$st" != Z ]; then kill -KILL "$p" 2>/dev/null && forced=1; fi
+    rm -f "$held/$p"
+done
+m=$(findmnt -n -o TARGET --target "$w" 2>/dev/null) || m=
+if [ -n "$m" ] && [ "$m" != / ]; then fsfreeze -u "$m" 2>/dev/null || true; fi
+[ -z "$forced" ] || exit 4
+"""
+HELD = "/run/vmsandbox/freeze"  # in the guest's memory (tmpfs): one file per running SCRIPT, named by its pid
+ENDED_WITHIN = 10.0  # seconds a restored script has to thaw and end its source's sessions once told
+FORCED = 4  # RESTORED's exit when a script had to be killed (the workspace thawed, its source's sessions not ended)
+
 
 def argv(endpoint: Endpoint, workdir: str) -> list[str]:
     """The ssh command line that runs SCRIPT in the guest for the workspace at `workdir`."""
-    args = [workdir, HOSTNAME, str(HOLD_MAX), str(POLL), str(GRACE)]
+    args = [workdir, HOSTNAME, str(HOLD_MAX), str(POLL), str(GRACE), HELD]
     script = shlex.join(["bash", "-c", SCRIPT, "freeze", *args])
     # its own connection (-S none: not a shared master's, whose channel would outlive this client)
     return [*endpoint.ssh_argv("-T", "-S", "none", user="root"), "--", script]
@@ -148,3 +200,26 @@ def _thaw(child: proc.Child) -> None:
         return
     with contextlib.suppress(VmsandboxError, OSError):
         proc.finish(child, input=b"thaw\n", check=False, timeout=30)
+
+
+def end_restored(endpoint: Endpoint, workdir: str) -> None:
+    """In a VM just restored from memory saved while its workspace was frozen (a rollback to a checkpoint taken
+    live): the freeze scripts restored with it thaw the workspace and end the SSH sessions the VM was restored
+    with (the egress link's among them), or are killed; the workspace is thawed in any case. Raises when the guest
+    could not be asked, or a script had to be killed."""
+    args = [HELD, workdir, str(POLL), str(int(ENDED_WITHIN / POLL))]
+    script = shlex.join(["bash", "-c", RESTORED, "restored", *args])
+    result = proc.run(
+        [*endpoint.ssh_argv("-T", user="root"), "--", script], check=False, timeout=ENDED_WITHIN + READY_TIMEOUT
+    )
+    if result.returncode == FORCED:
+        raise VmsandboxError(
+            "a freeze script restored with the memory did not end when told: it was killed and the workspace "
+            "thawed, but the SSH sessions the memory held were not ended (the egress proxy may take a minute)"
+        )
+    if result.returncode != 0:
+        why = proc.tail_of(result.stderr or "", lines=3) or f"exit {result.returncode}"
+        raise VmsandboxError(
+            f"the restored guest did not thaw its workspace ({why}): writes into it wait until its freeze script "
+            f"thaws it, after {HOLD_MAX // 60} minutes of the guest's running at most"
+        )

@@ -96,13 +96,14 @@ class Hypervisor:
         )
         self._on(name, "save", saving, hint="check free space under it")
 
-    def save_live(self, name: str, snapshot_xml: str, *, converge: float = livesave.CONVERGE) -> float:
+    def save_live(self, name: str, snapshot_xml: str, *, live: bool, converge: float = livesave.CONVERGE) -> float:
         """Save the running domain's memory and switch its disks as `snapshot_xml` (livesave.snapshot_xml) says,
-        while its guest runs (livesave); it runs on after. The seconds its guest was paused (sampled every
-        10 ms: the last pass, or the rest of a save that did not converge)."""
+        while its guest runs (`live`; else paused for the save: livesave.passes_are_sound); it runs on after, in
+        the same QEMU. The seconds its guest was paused (sampled every 10 ms: the last pass, the rest of a save
+        that did not converge, or the whole save)."""
         dom = self._must(name)
         flags = (
-            libvirt.VIR_DOMAIN_SNAPSHOT_CREATE_LIVE
+            (libvirt.VIR_DOMAIN_SNAPSHOT_CREATE_LIVE if live else 0)
             | libvirt.VIR_DOMAIN_SNAPSHOT_CREATE_NO_METADATA
             | libvirt.VIR_DOMAIN_SNAPSHOT_CREATE_ATOMIC
             | libvirt.VIR_DOMAIN_SNAPSHOT_CREATE_REUSE_EXT

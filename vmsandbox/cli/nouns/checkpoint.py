@@ -35,7 +35,9 @@ def create(
 ) -> None:
     """Take a checkpoint of a running session.
 
-    Its memory (its processes), disks and workspace are kept; the guest pauses for a few seconds.
+    Its memory (its processes), disks and workspace are kept while it runs on: the guest pauses for a fraction of
+    a second, and writes into the workspace wait about a second (a guest that cannot freeze its workspace pauses
+    for a few seconds instead).
 
     Example: `vmsandbox checkpoint create exp1 before-refactor`"""
     from vmsandbox.core import moments

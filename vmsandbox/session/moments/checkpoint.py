@@ -4,9 +4,11 @@ so that `rollback` returns the session there and `fork` copies it.
 A checkpoint is a directory in the session's: memory.save (libvirt's save image of the VM), workspace.raw (a
 copy of the workspace disk; a reflink where the file system has them) and checkpoint.json. The system disk is
 not copied: the overlay the VM wrote until then is frozen, the checkpoint names it, and a new overlay above it
-takes the VM's writes from then on (session.place.chain keeps that chain short). Taking one saves the VM and
-restores it from the very file that is kept: the guest stops for a few seconds and carries on. A session on
-another host keeps the same, as volumes there: how is the place's (session.place), what is kept is here.
+takes the VM's writes from then on (session.place.chain keeps that chain short). Taking one saves the VM's
+memory while it runs (`freeze_live`: its guest stops for the save's last pass only, and writes into its workspace
+wait while the disk is copied); where that cannot be done (see `take_locked`) the VM is saved and restored from
+the very file that is kept: the guest stops for a few seconds and carries on. A session on another host keeps the
+same, as volumes there: how is the place's (session.place), what is kept is here.
 
 A rollback never loses work silently: what is unsynced in the session when it rolls back is exported first,
 outbox-style (changes.patch, the changed files, the guest's commits), to rolled-back/LABEL-TIME.
@@ -14,6 +16,7 @@ outbox-style (changes.patch, the changed files, the guest's commits), to rolled-
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import time
@@ -33,13 +36,14 @@ from vmsandbox.session.place import choose
 from vmsandbox.session.place.checkpoints import MOST, Checkpoint, find, listed
 from vmsandbox.session.place.interface import VM
 from vmsandbox.session.record import Record, State
-from vmsandbox.session.state import status, where
+from vmsandbox.session.state import runs, status, where
 from vmsandbox.sync.fetch import delta, journal
 from vmsandbox.sync.land import outbox
 from vmsandbox.sync.review import gather
 
 LABEL_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,39}\Z")
 SYNC_TIMEOUT = 120
+LIVE_SWITCH = "VMSANDBOX_LIVE_SAVE"  # "0": checkpoints and forks save the VM and resume it (paused throughout)
 
 
 def _check_label(label: str) -> str:
@@ -103,10 +107,27 @@ def must_run(vm: VM, what: str) -> None:
 
 
 def take_locked(vm: VM, label: str) -> Checkpoint:
-    """Take a checkpoint of a running session whose lock is held."""
-    cp = freeze(vm, label)
-    wake(vm, cp)
+    """Take a checkpoint of a running session whose lock is held: while it runs on, else (its place or its guest
+    cannot, LIVE_SWITCH is off, or the live save failed with the VM running on as it was) saved and resumed."""
+    cp = live(vm, label, listed=True)
+    if cp is None:
+        cp = freeze(vm, label)
+        wake(vm, cp)
     return cp
+
+
+def live(vm: VM, label: str, *, listed: bool) -> Checkpoint | None:
+    """`freeze_live`, unless LIVE_SWITCH says no; a live save that failed while the VM runs on is said, and None
+    returned (the caller saves and resumes it instead)."""
+    if os.environ.get(LIVE_SWITCH, "1").strip().lower() in ("0", "off", "no", "false"):
+        return None
+    try:
+        return freeze_live(vm, label, listed=listed)
+    except VmsandboxError as exc:
+        if not runs(vm):
+            raise
+        ui.warn(f"the live save failed ({exc.message}): session {vm.record.name} pauses for it instead")
+        return None
 
 
 def freeze(vm: VM, label: str) -> Checkpoint:
@@ -135,18 +156,22 @@ def freeze(vm: VM, label: str) -> Checkpoint:
     return find(files, record.name, label)
 
 
-def freeze_live(vm: VM, label: str) -> Checkpoint | None:
-    """A fork's checkpoint of a running session, taken while it runs on (its guest paused for the last pass of the
-    save only; its workspace frozen while its disk is copied); None where its place or its guest cannot (nothing
-    was changed: `freeze` then). Its memory holds the workspace frozen, which only a VM restored from it with
-    another hostname (a fork) thaws by itself (guest.freeze): it stays in its staging directory, never listed (no
-    rollback to it), removed by the fork, or by the next checkpoint taken should the fork's command die."""
+def freeze_live(vm: VM, label: str, *, listed: bool) -> Checkpoint | None:
+    """A checkpoint of a running session, taken while it runs on (its guest paused for the last pass of the save
+    only; its workspace frozen while its disk is copied); None where its place or its guest cannot (nothing was
+    changed: `freeze` then). Its memory holds the workspace frozen, which a VM restored from it with another
+    hostname (a fork) thaws by itself, and a rollback thaws (guest.freeze.end_restored). `listed`: published as
+    the session's checkpoint; else (a fork's) it stays in its staging directory, never listed, removed by the
+    fork, or by the next checkpoint taken should the fork's command die."""
     record = vm.record
+    files = record.files
     staging = _staging(record, label)
-    cp = Checkpoint(label, time.time(), list(record.overlays), staging)
+    cp = Checkpoint(label, time.time(), list(record.overlays), files.checkpoints / label if listed else staging, True)
 
     def publish() -> None:
-        cp.write()
+        Checkpoint(cp.label, cp.created, cp.chain, staging, cp.live).write()
+        if listed:
+            staging.rename(cp.path)
 
     def still() -> AbstractContextManager[Holding | None]:
         return held(record.endpoint(), record.project)
@@ -154,7 +179,8 @@ def freeze_live(vm: VM, label: str) -> Checkpoint | None:
     try:
         done = vm.snapshots.freeze_live(cp, staging, publish, still)
     except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
+        for d in (staging, cp.path):
+            shutil.rmtree(d, ignore_errors=True)
         raise
     if not done:
         shutil.rmtree(staging, ignore_errors=True)
@@ -180,13 +206,16 @@ def wake(vm: VM, cp: Checkpoint) -> None:
 
 
 def _resume(vm: VM, cp: Checkpoint, title: str) -> None:
-    """The VM resumed from checkpoint `cp`'s memory; if that fails, the session is left stopped on it (as
-    `vmsandbox stop` would have left it), so that `vmsandbox start` resumes it."""
+    """The VM resumed from checkpoint `cp`'s memory (one taken live: its workspace thawed, and the SSH sessions it
+    held ended, before its egress link is made); if that fails, the session is left stopped on it (as `vmsandbox
+    stop` would have left it), so that `vmsandbox start` resumes it (and thaws it too)."""
     memory = vm.snapshots.memory_of(cp)
     try:
-        suspend.resume(vm, memory, title)
+        suspend.resume(vm, memory, title, restored=suspend.thawing(vm.record) if cp.live else None)
     except BaseException:
         vm.snapshots.leave_stopped(memory)
+        if cp.live:
+            suspend.held_still(vm.record.files).touch()
         raise
 
 

@@ -38,7 +38,7 @@ from vmsandbox.session.place.checkpoints import Checkpoint
 from vmsandbox.session.place.interface import VM, Sharing
 from vmsandbox.session.record import Phase, Record, validate_name
 from vmsandbox.session.start import create
-from vmsandbox.session.state import down, runs, where
+from vmsandbox.session.state import down, where
 from vmsandbox.sync.fetch import delta
 from vmsandbox.sync.inward import capture
 
@@ -87,7 +87,6 @@ while [ $i -lt 200 ]; do
 done
 """
 IDENTITY_TIMEOUT = 120
-LIVE_SWITCH = "VMSANDBOX_LIVE_FORK"  # "0": a fork's source is saved and resumed (paused throughout), as before
 PORT_ACK = 10.0  # a source's `identity`, restored asleep in the fork, says "taking" within this (else: a login)
 
 
@@ -108,7 +107,7 @@ def fork(name: str, new: str, *, label: str | None = None) -> Record:
         _name_free(new)  # before the source is saved for it
         checkpoint.check_room(vm)  # the checkpoint taken for the fork may leave an overlay
         label = f"fork-{new}-{os.getpid()}"
-        taken = _live(vm, label)  # the source runs on: paused for the last pass of its save only
+        taken = checkpoint.live(vm, label, listed=False)  # the source runs on: paused for its save's last pass only
         live = taken is not None
         cp = taken if taken is not None else checkpoint.freeze(vm, label)
         failed: list[BaseException] = []
@@ -135,20 +134,6 @@ def fork(name: str, new: str, *, label: str | None = None) -> Record:
 def _name_free(new: str) -> None:
     if paths.session_paths(new).root.exists():
         raise VmsandboxError(f"a session named {new} already exists", hint="pick another name")
-
-
-def _live(vm: VM, label: str) -> Checkpoint | None:
-    """The fork's checkpoint taken while its source runs on (checkpoint.freeze_live); None where it cannot be, or
-    where it failed with the source running on as it was (said: the source is saved and resumed instead)."""
-    if os.environ.get(LIVE_SWITCH, "1").strip().lower() in ("0", "off", "no", "false"):
-        return None
-    try:
-        return checkpoint.freeze_live(vm, label)
-    except VmsandboxError as exc:
-        if not runs(vm):
-            raise
-        ui.warn(f"the live save failed ({exc.message}): session {vm.record.name} pauses for the fork instead")
-        return None
 
 
 def _shared(how: Sharing, *, live: bool = False) -> str:

@@ -13,11 +13,12 @@ import functools
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 from vmsandbox import paths, ui
 from vmsandbox.egress import control
 from vmsandbox.errors import SaveInFlightError, VmsandboxError
-from vmsandbox.guest import commands, ssh
+from vmsandbox.guest import commands, freeze, ssh
 from vmsandbox.session import lock
 from vmsandbox.session.place import choose
 from vmsandbox.session.place.interface import VM, SavedVM
@@ -27,6 +28,7 @@ from vmsandbox.session.state import down, status, where
 from vmsandbox.vm.node import gone
 
 SYNC_TIMEOUT = 120
+HELD_STILL = "memory-held-still"  # (held_still)
 
 
 def stop(
@@ -120,7 +122,10 @@ def start(name: str) -> Record:
             raise VmsandboxError(f"session {name} is not stopped", hint="`vmsandbox ls` shows its state")
         if record.stop_note:
             ui.info(f"session {name} was {record.stop_note}")
-        resume(vm, vm.saved.memory(), f"Restoring {record.domain} where it was{where(host)}")
+        still = held_still(files)  # its memory is a live checkpoint's, whose rollback failed (checkpoint._resume)
+        thaw = thawing(record) if still.exists() else None
+        resume(vm, vm.saved.memory(), f"Restoring {record.domain} where it was{where(host)}", restored=thaw)
+        still.unlink(missing_ok=True)
         vm.saved.discard()
         record.saved = False
         record.stop_note = ""
@@ -128,19 +133,43 @@ def start(name: str) -> Record:
     return record
 
 
-def resume(vm: VM, memory: SavedVM, title: str) -> None:
+def held_still(files: paths.SessionPaths) -> Path:
+    """Where a session left stopped on a live checkpoint's memory (its workspace frozen in it) says so to `start`."""
+    return files.root / HELD_STILL
+
+
+def thawing(record: Record) -> Callable[[], None]:
+    """For a VM restored from memory saved live (a checkpoint's): its workspace thawed and the SSH sessions it was
+    restored with ended (guest.freeze.end_restored), before its egress link is made (the one restored holds the
+    guest's proxy port); what could not be done is said."""
+
+    def thaw() -> None:
+        with ui.step("Thawing the workspace the saved memory held still"):
+            try:
+                freeze.end_restored(record.endpoint(), record.project)
+            except VmsandboxError as exc:
+                ui.warn(f"session {record.name}: {exc.message}")
+
+    return thaw
+
+
+def resume(vm: VM, memory: SavedVM, title: str, *, restored: Callable[[], None] | None = None) -> None:
     """Restore the session's VM from a save image (`stop`'s, or a checkpoint's) over the session's system disk
     as the record names it now, wait for its sshd, step its clock (its egress daemon does, if it has one) and
-    open its egress."""
+    open its egress. `restored` is called once sshd answers, before the egress daemon starts."""
     record = vm.record
     with ui.step(title):
         vm.saved.restore(memory)
         # the egress daemon waits for the guest's sshd by itself: it starts while the guest comes back, and
         # steps the guest's clock when it connects (one SSH login, not two)
-        spawned = control.spawn(create.daemon_spec(record), record.files) if record.wants_daemon else None
+        daemon = record.wants_daemon
+        spawned = control.spawn(create.daemon_spec(record), record.files) if daemon and restored is None else None
         ssh.wait_for_banner(record.ssh_port, timeout=60, alive=functools.partial(down, vm))
-        if spawned is None:
+        if not daemon:
             commands.run_as_root(record.endpoint(), f"date -s @{time.time():.3f} >/dev/null", timeout=60)
+    if restored is not None:
+        restored()
+        spawned = control.spawn(create.daemon_spec(record), record.files) if daemon else None
     if spawned is not None:
         with ui.step("Opening the guest's egress proxy"):
             control.wait_open(create.daemon_spec(record), record.files, spawned)

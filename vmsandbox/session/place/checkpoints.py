@@ -25,6 +25,7 @@ class Checkpoint:
     created: float
     chain: list[str]  # the overlays the system disk read then, oldest first; the last is frozen for this one
     path: Path
+    live: bool = False  # taken while the VM ran on: its memory holds the workspace frozen (guest.freeze)
 
     @property
     def overlay(self) -> str:
@@ -47,7 +48,9 @@ class Checkpoint:
         return {"label": self.label, "created": self.created, "overlay": self.overlay, "bytes": self.size()}
 
     def write(self) -> None:
-        data = {"label": self.label, "created": self.created, "chain": self.chain}
+        data: dict[str, Any] = {"label": self.label, "created": self.created, "chain": self.chain}
+        if self.live:
+            data["live"] = True
         filewrite.write_atomically(self.path / META, json.dumps(data, indent=1))
 
 
@@ -60,7 +63,8 @@ def listed(files: paths.SessionPaths) -> list[Checkpoint]:
                 continue
             try:
                 data = json.loads((d / META).read_text())
-                found.append(Checkpoint(str(data["label"]), float(data["created"]), list(data["chain"]), d))
+                live = data.get("live", False) is True
+                found.append(Checkpoint(str(data["label"]), float(data["created"]), list(data["chain"]), d, live))
             except (OSError, ValueError, KeyError, TypeError) as exc:
                 ui.warn(f"checkpoint {d} is damaged ({exc}); `rm -r` it to drop it")
     return sorted(found, key=lambda c: c.created)

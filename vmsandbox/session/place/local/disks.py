@@ -51,6 +51,10 @@ def freeze_live(record: Record, hv: Hypervisor, cp: Checkpoint, staging: Path, p
     if record.account is None:  # (the frozen overlay would be libvirt's account's: not ours to copy)
         return False
     if len(record.overlays) >= LIVE_CHAIN:  # a running VM's chain is not folded: a saved one's is (freeze)
+        ui.info(
+            f"  {record.name} reads through {len(record.overlays)} overlays: it is saved and resumed this once, "
+            "which folds those no checkpoint needs"
+        )
         return False
     files = record.files
     old, name = record.system_disk, f"overlay-{secrets.token_hex(4)}.qcow2"
@@ -66,14 +70,18 @@ def freeze_live(record: Record, hv: Hypervisor, cp: Checkpoint, staging: Path, p
                 return False
             frozen = time.monotonic()
             xml = livesave.snapshot_xml(hv.xml(record.domain) or "", staging / checkpoints.MEMORY, old, new)
-            with ui.step(f"Saving {record.domain}'s memory while it runs"):
-                paused = hv.save_live(record.domain, xml)
+            qemu = hv.qemu_version()
+            live = livesave.passes_are_sound(record.accel, qemu)
+            how = "while it runs" if live else f"(paused for it: QEMU {qemu} under TCG misses writes made meanwhile)"
+            with ui.step(f"Saving {record.domain}'s memory {how}"):
+                paused = hv.save_live(record.domain, xml, live=live)
                 switched = True
             with ui.step("Keeping the workspace disk"):
                 capture.copy_disk(files.workspace_disk, staging / checkpoints.WORKSPACE)
             holding.still()
+        what = "the save's last pass" if live else "the save"
         ui.info(
-            f"  {record.name} ran on: its guest paused {paused:.2f} s (the save's last pass), writes into its "
+            f"  {record.name} ran on in its QEMU: its guest paused {paused:.2f} s ({what}), writes into its "
             f"workspace held {time.monotonic() - frozen:.1f} s"
         )
     finally:
