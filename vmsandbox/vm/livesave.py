@@ -1,7 +1,7 @@
 """A live save: a running VM's memory written to a file while its guest runs on (QEMU's migration, pass after
 pass, until what is left fits a short pause), its system disk switched to a new top overlay in that pause —
 libvirt's external snapshot, with no metadata kept. The VM goes on in the same QEMU: its guest is paused for the
-last pass only (0.1 s measured here under TCG, for a 2 GiB guest), not for a whole save and a restore.
+last pass only, not for a whole save and a restore.
 
 A guest that dirties its memory faster than it is copied would keep the migration going: after CONVERGE seconds
 it is paused for the rest (as a plain save would have paused it from the start), and resumed after.

@@ -35,9 +35,9 @@ def create(
 ) -> None:
     """Take a checkpoint of a running session.
 
-    Its memory (its processes), disks and workspace are kept while it runs on: the guest pauses for a fraction of
-    a second, and writes into the workspace wait about a second (a guest that cannot freeze its workspace pauses
-    for a few seconds instead).
+    Its memory (its processes), disks and workspace are kept while it runs on: the guest pauses for the save's
+    last pass (under TCG with a QEMU older than 9.0, for the save: a second or two), and writes into the workspace
+    wait about a second (a guest that cannot freeze its workspace pauses for a few seconds instead).
 
     Example: `vmsandbox checkpoint create exp1 before-refactor`"""
     from vmsandbox.core import moments

@@ -5,8 +5,9 @@ A checkpoint is a directory in the session's: memory.save (libvirt's save image 
 copy of the workspace disk; a reflink where the file system has them) and checkpoint.json. The system disk is
 not copied: the overlay the VM wrote until then is frozen, the checkpoint names it, and a new overlay above it
 takes the VM's writes from then on (session.place.chain keeps that chain short). Taking one saves the VM's
-memory while it runs (`freeze_live`: its guest stops for the save's last pass only, and writes into its workspace
-wait while the disk is copied); where that cannot be done (see `take_locked`) the VM is saved and restored from
+memory while it runs (`freeze_live`: its guest stops for the save's last pass only — for the save, in the same
+QEMU, where passes would miss its writes: vm.livesave — and writes into its workspace wait while the disk is
+copied); where that cannot be done (see `take_locked`) the VM is saved and restored from
 the very file that is kept: the guest stops for a few seconds and carries on. A session on another host keeps the
 same, as volumes there: how is the place's (session.place), what is kept is here.
 
