@@ -22,7 +22,7 @@ import pytest
 
 from tests.integration.conftest import VmFactory, guest_sh, unique_name
 from tests.integration.test_shared_memory import qemu_pid
-from vmsandbox import proc
+from vmsandbox import paths, proc
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.guest import freeze
 from vmsandbox.session.end import lifecycle
@@ -155,6 +155,36 @@ def test_a_guest_that_cannot_freeze_its_workspace_is_forked_paused(
         lifecycle.remove(Record.load(made.name))
     finally:
         guest_sh(Record.load(source.name), "chmod +x /usr/sbin/fsfreeze", root=True)
+
+
+# a root process of the source's that crashes its kernel once its hostname changes: what happens only in a fork
+CRASH_IN_A_FORK = (
+    'nohup sh -c \'h=$(cat /proc/sys/kernel/hostname); while [ "$(cat /proc/sys/kernel/hostname)" = "$h" ]; '
+    "do sleep 0.05; done; echo c > /proc/sysrq-trigger' >/dev/null 2>&1 &"
+)
+
+
+def test_a_fork_whose_kernel_panics_fails_with_its_console_and_leaves_nothing(
+    module_vms: VmFactory, source: Record
+) -> None:
+    """Fault injection: the fork's kernel panics while it takes its identity. The fork fails at the next look at
+    its console (not after the identity's 120 s), with the console's panic lines in the error and the console kept;
+    nothing of the fork is left, and the source runs on."""
+    source = Record.load(source.name)
+    guest_sh(source, CRASH_IN_A_FORK, root=True)
+    new = unique_name()
+    module_vms.made.append(new)
+    try:
+        with pytest.raises(VmsandboxError) as raised:
+            fork.fork(source.name, new)
+        said = raised.value
+        assert "its kernel panicked" in said.message and "Kernel panic - not syncing" in said.message, said.message
+        kept = Path(said.hint.split("kept at ", 1)[1].split(";", 1)[0])  # type: ignore[union-attr]
+        assert kept.is_file() and b"sysrq" in kept.read_bytes()
+        assert not paths.session_paths(new).root.exists()
+        assert guest_sh(Record.load(source.name), "echo runs on").strip() == "runs on"
+    finally:
+        guest_sh(Record.load(source.name), "pkill -f 'sysrq[-]trigger' || true", root=True)
 
 
 # -- the guest's script, with stand-ins ---------------------------------------------------------------------------

@@ -8,11 +8,14 @@ import re
 import threading
 import time
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
 from vmsandbox import failpoint, paths
 from vmsandbox.errors import VmsandboxError
+from vmsandbox.paths import SessionPaths
 from vmsandbox.session import lock, state
 from vmsandbox.session.place import choose, console
 from vmsandbox.session.place.console import Cpu, Stage
@@ -108,6 +111,45 @@ def test_failed_boot_console_is_kept_bounded_and_few(tmp_path: Path) -> None:
     console.keep(console_log, "s2")
     assert len(list(paths.failed_boots_dir().iterdir())) == console.KEEP_FAILED
     assert console.keep(tmp_path / "none.log", "s3") is None
+
+
+def test_a_panic_is_read_from_the_end_of_the_console(tmp_path: Path) -> None:
+    """A guest whose kernel panicked spins on (its domain runs): the waits for its sshd read the console's end."""
+    console_log = tmp_path / "console.log"
+    assert console.panicked(console_log) is None  # (no console yet)
+    console_log.write_bytes(b"boot\n" * 100 + b"[ 25.7] Kernel panic - not syncing: Fatal exception in interrupt\n")
+    assert console.panicked(console_log) == "its kernel panicked (its console says so)"
+    with console_log.open("ab") as f:
+        f.write(b"later\n" * (console.PANIC_BYTES // 6 + 1))  # a panic long past (a reboot since) is not read
+    assert console.panicked(console_log) is None
+
+
+def test_a_failed_fork_keeps_its_console_and_says_what_it_reports(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from vmsandbox.session.end import lifecycle
+    from vmsandbox.session.moments import fork
+
+    removed: list[str] = []
+    monkeypatch.setattr(lifecycle, "remove", lambda record: removed.append(record.name))
+    record: Any = SimpleNamespace(name="f1", files=SessionPaths(tmp_path))
+    SessionPaths(tmp_path).console_log.write_text("[ 25.7] BUG: kernel NULL pointer dereference\nKernel panic - x\n")
+    with pytest.raises(VmsandboxError) as raised:
+        fork._undo(record, VmsandboxError("the VM did not answer on SSH within 60 s", hint="is it busy?"))
+    assert removed == ["f1"]
+    said = raised.value
+    assert said.message.splitlines()[1:] == [
+        "The fork's console reports:",
+        "  [ 25.7] BUG: kernel NULL pointer dereference",
+        "  Kernel panic - x",
+    ]
+    kept = next(paths.failed_boots_dir().glob("*-f1.console.log"))
+    assert said.hint == f"the fork's console is kept at {kept}; is it busy?"
+    # before its VM ran (no console), or not the product's error: removed, and the error goes on as it was
+    SessionPaths(tmp_path).console_log.unlink()
+    fork._undo(record, VmsandboxError("a session named f1 already exists"))
+    fork._undo(record, KeyboardInterrupt())
+    assert removed == ["f1", "f1", "f1"]
 
 
 def test_session_lock_names_its_holder_and_goes_with_it() -> None:

@@ -10,6 +10,7 @@ import json
 import socket
 import tarfile
 import threading
+import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -252,6 +253,33 @@ def test_a_fork_port_where_nothing_listens_is_given_up_after_the_ack_time(tmp_pa
     try:
         with pytest.raises(identity.NotListeningError, match="no answer within 1 s"):
             identity.hand_over(tmp_path / "id.sock", tmp_path / "fw", ack=1, timeout=60)
+    finally:
+        hold.set()
+        t.join()
+        server.close()
+
+
+def test_a_fork_that_took_its_identity_then_panicked_is_said_at_the_next_look(tmp_path: Path) -> None:
+    """ "taking", then nothing: the wait for the answer asks `alive` every LOOK seconds and stops at its word (a
+    kernel panic on the fork's console), not after the whole timeout."""
+    (tmp_path / "fw").mkdir()
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(str(tmp_path / "id.sock"))
+    server.listen(1)
+    hold = threading.Event()
+    t = threading.Thread(target=_fake_guest, args=(server, b"taking\n", hold))
+    t.start()
+    looks: list[float] = []
+
+    def alive() -> str | None:
+        looks.append(time.monotonic())
+        return "its kernel panicked (its console says so)" if len(looks) >= 2 else None
+
+    try:
+        started = time.monotonic()
+        with pytest.raises(VmsandboxError, match="the guest will not answer: its kernel panicked"):
+            identity.hand_over(tmp_path / "id.sock", tmp_path / "fw", ack=5, timeout=60, alive=alive)
+        assert len(looks) == 2 and looks[0] - started >= identity.LOOK * 0.9  # (asked only while nothing came)
     finally:
         hold.set()
         t.join()

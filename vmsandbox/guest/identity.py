@@ -28,6 +28,7 @@ from vmsandbox.errors import VmsandboxError
 HEADER = "vmsandbox-identity"
 OK, SERVING, TAKING = b"ok", b"ok forks", b"taking"  # the guest's answers (`identity warm`, `serve`)
 REPLY_LIMIT = 512
+LOOK = 1.0  # seconds between two looks at whether a guest that has not answered yet still can
 SEED_BYTES = 64
 SKIP = frozenset({"template"})  # the template marker is the domain's, not the identity's
 
@@ -71,11 +72,13 @@ class Handed:
     serving: bool
 
 
-def hand_over(sock: Path, fwcfg_dir: Path, *, ack: float, timeout: float) -> Handed:
+def hand_over(
+    sock: Path, fwcfg_dir: Path, *, ack: float, timeout: float, alive: Callable[[], str | None] | None = None
+) -> Handed:
     """A fork's identity on the fork's port, where its source's `identity`, restored with the source's memory,
     still listens: it says "taking" within `ack` seconds (else NotListeningError: the host hands it over another
     way), then answers as at a warm start within `timeout` (each a deadline for the whole line, however the
-    guest doles out its bytes)."""
+    guest doles out its bytes), unless `alive` (asked every LOOK seconds meanwhile) says why it never will."""
     try:
         s = _connect(sock, ack)
     except VmsandboxError as exc:  # no port to connect to: the host hands it over another way
@@ -91,7 +94,7 @@ def hand_over(sock: Path, fwcfg_dir: Path, *, ack: float, timeout: float) -> Han
         if first != TAKING:
             raise NotListeningError(f"the fork's port did not take its identity: {_shown(first)}")
         try:
-            reply = lines.next(within=timeout)
+            reply = lines.next(within=timeout, alive=alive)
         except TimeoutError:
             raise VmsandboxError(f"the fork did not take its identity within {timeout:.0f} s") from None
         except OSError as exc:
@@ -146,15 +149,21 @@ class Lines:
     def __init__(self, s: socket.socket) -> None:
         self.s, self.buf = s, b""
 
-    def next(self, *, within: float) -> bytes:
-        """The next line, whole within `within` seconds (else TimeoutError), without its newline."""
+    def next(self, *, within: float, alive: Callable[[], str | None] | None = None) -> bytes:
+        """The next line, whole within `within` seconds (else TimeoutError), without its newline; raises with
+        what `alive` says (asked every LOOK seconds while nothing comes) once it says the guest will not answer."""
         deadline = time.monotonic() + within
         while b"\n" not in self.buf and len(self.buf) < REPLY_LIMIT:
             left = deadline - time.monotonic()
             if left <= 0:
                 raise TimeoutError
-            self.s.settimeout(left)
-            chunk = self.s.recv(REPLY_LIMIT - len(self.buf))
+            self.s.settimeout(left if alive is None else min(left, LOOK))
+            try:
+                chunk = self.s.recv(REPLY_LIMIT - len(self.buf))
+            except TimeoutError:
+                if alive is not None and (why := alive()) is not None:
+                    raise VmsandboxError(f"the guest will not answer: {why}") from None
+                continue
             if not chunk:
                 break
             self.buf += chunk

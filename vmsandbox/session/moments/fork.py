@@ -17,12 +17,12 @@ disks are copied and the VM restored is the place's: session.place).
 from __future__ import annotations
 
 import dataclasses
-import functools
 import os
 import shutil
 import stat
 import threading
 import time
+from collections.abc import Callable
 
 from vmsandbox import paths, proc, ui
 from vmsandbox.confine import access, accounts
@@ -33,7 +33,7 @@ from vmsandbox.guest.ssh import Endpoint
 from vmsandbox.session import lock
 from vmsandbox.session.end import lifecycle
 from vmsandbox.session.moments import checkpoint
-from vmsandbox.session.place import checkpoints, choose, pins
+from vmsandbox.session.place import checkpoints, choose, console, pins
 from vmsandbox.session.place.checkpoints import Checkpoint
 from vmsandbox.session.place.interface import VM, Sharing
 from vmsandbox.session.record import Phase, Record, validate_name
@@ -211,10 +211,28 @@ def _make(vm: VM, cp: Checkpoint, new: str, *, at: str | None) -> Record:
                 control.wait_open(create.daemon_spec(record), record.files, spawned)
         record.status = Phase.READY
         record.save()
-    except BaseException:
-        lifecycle.remove(record)
+    except BaseException as exc:
+        _undo(record, exc)
         raise
     return record
+
+
+def _undo(record: Record, exc: BaseException) -> None:
+    """A fork that failed: removed. Once its VM ran, its console is kept where it outlives the fork
+    (console.keep) and what it says of a failure (a panic, an oops) raised with the error."""
+    kept = console.keep(record.files.console_log, record.name) if isinstance(exc, VmsandboxError) else None
+    lifecycle.remove(record)
+    if kept is None or not isinstance(exc, VmsandboxError):
+        return
+    found = "".join(f"\n  {line}" for line in console.trouble(console.read(kept)))
+    message = exc.message + (f"\nThe fork's console reports:{found}" if found else "")
+    hint = f"the fork's console is kept at {kept}" + (f"; {exc.hint}" if exc.hint else "")
+    raise VmsandboxError(message, hint=hint) from exc
+
+
+def _alive(fork: VM) -> Callable[[], str | None]:
+    """None while the fork's VM runs and its kernel has not panicked (its console says so), else why not."""
+    return lambda: down(fork) or console.panicked(fork.record.files.console_log)
 
 
 def _copy_state(vm: VM, cp: Checkpoint, record: Record) -> None:
@@ -261,7 +279,9 @@ def _hand_over_on_port(fork: VM) -> identity.Handed | None:
         return None
     files = record.files
     try:
-        return identity.hand_over(files.identity_socket, files.fwcfg_dir, ack=PORT_ACK, timeout=IDENTITY_TIMEOUT)
+        return identity.hand_over(
+            files.identity_socket, files.fwcfg_dir, ack=PORT_ACK, timeout=IDENTITY_TIMEOUT, alive=_alive(fork)
+        )
     except identity.NotListeningError as exc:  # its guest rebooted, or its root ended what listened
         ui.warn(f"{exc.message}; handing it over with a login instead")
         return None
@@ -283,7 +303,7 @@ def _hand_over_identity(source: Record, fork: VM) -> None:
         # the source's sshd came back with its memory: no probe first, unless the login finds none
         handed = proc.run(argv, input=identity.bundle(files.fwcfg_dir), timeout=IDENTITY_TIMEOUT, check=False)
         if handed.returncode == commands.SSH_FAILED:
-            ssh.wait_for_banner(record.ssh_port, timeout=60, alive=functools.partial(down, fork))
+            ssh.wait_for_banner(record.ssh_port, timeout=60, alive=_alive(fork))
             handed = proc.run(argv, input=identity.bundle(files.fwcfg_dir), timeout=IDENTITY_TIMEOUT, check=False)
         if handed.returncode != 0:
             raise proc.CommandError(handed)
@@ -298,7 +318,7 @@ def _check_identity(fork: VM) -> None:
     for attempt in range(20):
         if attempt:
             time.sleep(0.25)
-            ssh.wait_for_banner(record.ssh_port, timeout=60, alive=functools.partial(down, fork))
+            ssh.wait_for_banner(record.ssh_port, timeout=60, alive=_alive(fork))
         answer = commands.run_as_root(record.endpoint(), "true", check=False, timeout=60)
         if answer.returncode != commands.SSH_FAILED:
             break

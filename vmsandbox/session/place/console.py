@@ -18,6 +18,8 @@ from vmsandbox import paths
 
 READ_BYTES = 2 * 1024 * 1024  # boot markers come in the first tens of KiB
 KEEP_BYTES = 1024 * 1024  # of a failed boot's console: this much of its start and of its end
+PANIC = b"Kernel panic - not syncing"
+PANIC_BYTES = 64 * 1024  # of the console's end, where a panic is looked for
 KEEP_FAILED = 20  # failed boots' consoles kept in the state directory
 STARVED_SHARE = 0.5  # QEMU ran less than half of one core's time...
 BUSY_LOAD = 1.5  # ...while the host's load per CPU was above this
@@ -107,6 +109,18 @@ def stage_of(text: str) -> Stage:
         if any(m in text for m in markers):
             return stage
     return Stage.KERNEL if text.strip() else Stage.FIRMWARE
+
+
+def panicked(console: Path) -> str | None:
+    """ "its kernel panicked" when the end of the console says so (a guest that panics spins on; its domain runs),
+    else None."""
+    try:
+        with console.open("rb") as f:
+            f.seek(max(f.seek(0, os.SEEK_END) - PANIC_BYTES, 0))
+            end = f.read(PANIC_BYTES)
+    except OSError:
+        return None
+    return "its kernel panicked (its console says so)" if PANIC in end else None
 
 
 def trouble(text: str, limit: int = 5) -> list[str]:
