@@ -133,7 +133,9 @@ def test_a_failed_fork_keeps_its_console_and_says_what_it_reports(
     removed: list[str] = []
     monkeypatch.setattr(lifecycle, "remove", lambda record: removed.append(record.name))
     record: Any = SimpleNamespace(name="f1", files=SessionPaths(tmp_path))
-    SessionPaths(tmp_path).console_log.write_text("[ 25.7] BUG: kernel NULL pointer dereference\nKernel panic - x\n")
+    SessionPaths(tmp_path).console_log.write_text(
+        "[ 25.7] BUG: kernel NULL pointer dereference\nKernel panic - x\nOops: " + "A" * 5000 + "\n"
+    )
     with pytest.raises(VmsandboxError) as raised:
         fork._undo(record, VmsandboxError("the VM did not answer on SSH within 60 s", hint="is it busy?"))
     assert removed == ["f1"]
@@ -142,6 +144,7 @@ def test_a_failed_fork_keeps_its_console_and_says_what_it_reports(
         "The fork's console reports:",
         "  [ 25.7] BUG: kernel NULL pointer dereference",
         "  Kernel panic - x",
+        "  Oops: " + "A" * (fork.LINE_SHOWN - 6),  # a guest's line, cut
     ]
     kept = next(paths.failed_boots_dir().glob("*-f1.console.log"))
     assert said.hint == f"the fork's console is kept at {kept}; is it busy?"

@@ -88,6 +88,7 @@ done
 """
 IDENTITY_TIMEOUT = 120
 PORT_ACK = 10.0  # a source's `identity`, restored asleep in the fork, says "taking" within this (else: a login)
+LINE_SHOWN = 200  # characters of a console line a failed fork's error shows (escaped at the edge, as all it says)
 
 
 def fork(name: str, new: str, *, label: str | None = None) -> Record:
@@ -224,7 +225,7 @@ def _undo(record: Record, exc: BaseException) -> None:
     lifecycle.remove(record)
     if kept is None or not isinstance(exc, VmsandboxError):
         return
-    found = "".join(f"\n  {line}" for line in console.trouble(console.read(kept)))
+    found = "".join(f"\n  {line[:LINE_SHOWN]}" for line in console.trouble(console.read(kept)))  # (the guest's)
     message = exc.message + (f"\nThe fork's console reports:{found}" if found else "")
     hint = f"the fork's console is kept at {kept}" + (f"; {exc.hint}" if exc.hint else "")
     raise VmsandboxError(message, hint=hint) from exc
