@@ -13,12 +13,13 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.conftest import Cli, VmFactory, unique_name
+from tests.integration.conftest import URI, Cli, VmFactory, unique_name
 from vmsandbox.image import store
 from vmsandbox.session.moments import checkpoint
 from vmsandbox.session.place import chain, checkpoints
 from vmsandbox.session.record import Record
-from vmsandbox.vm import qemuimg
+from vmsandbox.vm import livesave, qemuimg
+from vmsandbox.vm.virt import Hypervisor
 
 MARKER = "sleep 7777"  # a process that must survive (or come back with) the VM's memory
 HOSTILE = "\\033]0;pwned\\007"  # printf's escapes: a terminal title change, as a guest would send it
@@ -163,6 +164,10 @@ def test_a_session_forked_by_its_port_then_by_a_login_gives_each_fork_its_state(
     first, second = unique_name(), unique_name()
     sh(cli, source.name, "echo one > one.txt; sync")
     said = ok(cli, "create", "--from", source.name, "--name", first)
+    with Hypervisor(URI) as hv:  # passes while the guest runs only where QEMU sees its writes (vm.livesave)
+        sound = livesave.passes_are_sound(source.accel, hv.qemu_version(), "/usr/bin/qemu-system-x86_64")
+    flat = " ".join(said.split())  # (the terminal's width may wrap a line)
+    assert "its guest paused" in flat and ("paused for it: QEMU" in flat) is not sound, said
     try:
         # handed its identity on its port, by its source's `identity` restored with the memory: no login
         assert "with a login instead" not in said and Record.load(first).identity_port

@@ -127,32 +127,43 @@ def test_a_panic_is_read_from_the_end_of_the_console(tmp_path: Path) -> None:
 def test_a_failed_fork_keeps_its_console_and_says_what_it_reports(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    from vmsandbox.errors import SaveInFlightError
     from vmsandbox.session.end import lifecycle
     from vmsandbox.session.moments import fork
 
+    files = SessionPaths(tmp_path)
     removed: list[str] = []
-    monkeypatch.setattr(lifecycle, "remove", lambda record: removed.append(record.name))
-    record: Any = SimpleNamespace(name="f1", files=SessionPaths(tmp_path))
-    SessionPaths(tmp_path).console_log.write_text(
-        "[ 25.7] BUG: kernel NULL pointer dereference\nKernel panic - x\nOops: " + "A" * 5000 + "\n"
+
+    def remove(record: Any) -> None:  # as the real one: the fork's files go (its console with them)
+        removed.append(record.name)
+        files.console_log.unlink(missing_ok=True)
+
+    monkeypatch.setattr(lifecycle, "remove", remove)
+    record: Any = SimpleNamespace(name="f1", files=files)
+    files.console_log.write_text(
+        "[ 25.7] BUG: kernel NULL pointer dereference\nKernel panic - \x1b]0;owned\x07x\nOops: " + "A" * 5000 + "\n"
     )
-    with pytest.raises(VmsandboxError) as raised:
-        fork._undo(record, VmsandboxError("the VM did not answer on SSH within 60 s", hint="is it busy?"))
+    failed = SaveInFlightError("the VM did not answer on SSH within 60 s", "vmsandbox-f1", lambda: False)
+    fork._undo(record, failed)
     assert removed == ["f1"]
-    said = raised.value
-    assert said.message.splitlines()[1:] == [
+    assert failed.message.splitlines()[1:] == [  # the same error, its type kept; the guest's lines cut, escaped
         "The fork's console reports:",
         "  [ 25.7] BUG: kernel NULL pointer dereference",
-        "  Kernel panic - x",
-        "  Oops: " + "A" * (fork.LINE_SHOWN - 6),  # a guest's line, cut
+        "  Kernel panic - \\x1b]0;owned\\x07x",
+        "  Oops: " + "A" * (fork.LINE_SHOWN - 6),
     ]
     kept = next(paths.failed_boots_dir().glob("*-f1.console.log"))
-    assert said.hint == f"the fork's console is kept at {kept}; is it busy?"
-    # before its VM ran (no console), or not the product's error: removed, and the error goes on as it was
-    SessionPaths(tmp_path).console_log.unlink()
-    fork._undo(record, VmsandboxError("a session named f1 already exists"))
+    assert failed.hint is not None and failed.hint.startswith(f"the fork's console is kept at {kept}; `vmsandbox ls`")
+    # an empty console (the VM never wrote one), no console, or not the product's error: removed, nothing added
+    for console_text, error in (("", VmsandboxError("restore failed")), (None, VmsandboxError("no room"))):
+        if console_text is None:
+            files.console_log.unlink(missing_ok=True)
+        else:
+            files.console_log.write_text(console_text)
+        fork._undo(record, error)
+        assert error.message in ("restore failed", "no room") and error.hint is None
     fork._undo(record, KeyboardInterrupt())
-    assert removed == ["f1", "f1", "f1"]
+    assert removed == ["f1"] * 4 and len(list(paths.failed_boots_dir().glob("*-f1.console.log"))) == 1
 
 
 def test_session_lock_names_its_holder_and_goes_with_it() -> None:

@@ -30,10 +30,14 @@ FINISH = 120.0  # seconds a save may take once its guest is paused before it is 
 SOUND_TCG = (9, 0)  # the first QEMU whose TCG keeps the migration's dirty bitmap whole (03bfc2188f)
 
 
-def passes_are_sound(accel: str, qemu_version: str) -> bool:
-    """Whether a save's passes while the guest runs see every page it writes: under KVM, or TCG from QEMU 9.0."""
+def passes_are_sound(accel: str, qemu_version: str, binary: str | None) -> bool:
+    """Whether a save's passes while the guest runs see every page it writes: under KVM, or TCG from QEMU 9.0.
+    `qemu_version` is the installed QEMU's (libvirt's); `binary` where the domain's QEMU process was started from
+    (/proc/PID/exe; None: not known): one upgraded since it started ("(deleted)") may be older."""
     if accel == "kvm":
         return True
+    if binary is None or binary.endswith(" (deleted)"):
+        return False
     try:
         version = tuple(int(part) for part in qemu_version.split(".")[:2])
     except ValueError:

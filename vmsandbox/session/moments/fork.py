@@ -219,16 +219,21 @@ def _make(vm: VM, cp: Checkpoint, new: str, *, at: str | None) -> Record:
 
 
 def _undo(record: Record, exc: BaseException) -> None:
-    """A fork that failed: removed. Once its VM ran, its console is kept where it outlives the fork
-    (console.keep) and what it says of a failure (a panic, an oops) raised with the error."""
-    kept = console.keep(record.files.console_log, record.name) if isinstance(exc, VmsandboxError) else None
-    lifecycle.remove(record)
-    if kept is None or not isinstance(exc, VmsandboxError):
-        return
-    found = "".join(f"\n  {line[:LINE_SHOWN]}" for line in console.trouble(console.read(kept)))  # (the guest's)
-    message = exc.message + (f"\nThe fork's console reports:{found}" if found else "")
-    hint = f"the fork's console is kept at {kept}" + (f"; {exc.hint}" if exc.hint else "")
-    raise VmsandboxError(message, hint=hint) from exc
+    """A fork that failed: removed, whatever happens here. Once its VM ran, its console is kept where it outlives
+    the fork (console.keep), and what it says of a failure (a panic, an oops: the guest's lines, cut and escaped)
+    goes into the error (`exc`, which keeps its type)."""
+    try:
+        if isinstance(exc, VmsandboxError) and console.size_of(record.files.console_log):
+            kept = console.keep(record.files.console_log, record.name)
+            if kept is not None:
+                lines = console.trouble(console.read(kept))
+                found = "".join(f"\n  {ui.printable(line[:LINE_SHOWN], markup=False)}" for line in lines)
+                exc.message += f"\nThe fork's console reports:{found}" if found else ""
+                exc.hint = f"the fork's console is kept at {kept}" + (f"; {exc.hint}" if exc.hint else "")
+    except OSError as failed:  # (a full disk, say: the fork goes all the same)
+        ui.warn(f"the fork's console could not be kept: {failed.strerror or failed}")
+    finally:
+        lifecycle.remove(record)
 
 
 def _alive(fork: VM) -> Callable[[], str | None]:

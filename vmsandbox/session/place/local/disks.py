@@ -19,6 +19,7 @@ from vmsandbox.session.place.interface import Launched, Still
 from vmsandbox.session.record import Record
 from vmsandbox.sync.inward import capture
 from vmsandbox.vm import livesave, qemuimg
+from vmsandbox.vm.memory import usage
 from vmsandbox.vm.virt import Hypervisor
 
 MAX_DEPTH = 3 + checkpoints.MOST + 2  # base, layer, template; a frozen overlay per checkpoint; the top
@@ -71,7 +72,7 @@ def freeze_live(record: Record, hv: Hypervisor, cp: Checkpoint, staging: Path, p
             frozen = time.monotonic()
             xml = livesave.snapshot_xml(hv.xml(record.domain) or "", staging / checkpoints.MEMORY, old, new)
             qemu = hv.qemu_version()
-            live = livesave.passes_are_sound(record.accel, qemu)
+            live = livesave.passes_are_sound(record.accel, qemu, _binary(record.domain))
             how = "while it runs" if live else f"(paused for it: QEMU {qemu} under TCG misses writes made meanwhile)"
             with ui.step(f"Saving {record.domain}'s memory {how}"):
                 paused = hv.save_live(record.domain, xml, live=live)
@@ -92,6 +93,15 @@ def freeze_live(record: Record, hv: Hypervisor, cp: Checkpoint, staging: Path, p
     publish()
     tidy(record, live=True)
     return True
+
+
+def _binary(domain: str) -> str | None:
+    """The file the domain's QEMU process runs (None: not known)."""
+    pid = usage.qemu_pid(domain)
+    try:
+        return str(Path(f"/proc/{pid}/exe").readlink()) if pid is not None else None
+    except OSError:
+        return None
 
 
 def _may_run_on(hv: Hypervisor, domain: str, image: Path) -> bool:
