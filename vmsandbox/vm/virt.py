@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 import logging
 import os
@@ -32,6 +33,15 @@ def _message(exc: libvirt.libvirtError) -> str:
 
 def _not_started(exc: libvirt.libvirtError, what: str, hint: str | None = None) -> VmsandboxError:
     return node.not_started(_message(exc), what, hint)
+
+
+@contextlib.contextmanager
+def _said(what: str, hint: str | None = None) -> Iterator[None]:
+    """libvirt's refusal of what runs within, raised as "WHAT: libvirt's message" (with `hint`)."""
+    try:
+        yield
+    except libvirt.libvirtError as exc:
+        raise VmsandboxError(f"{what}: {_message(exc)}", hint=hint) from exc
 
 
 def _running(dom: Any) -> bool | None:
@@ -110,11 +120,9 @@ class Hypervisor:
         )
         watch = livesave.PauseWatch(lambda: _running(dom))
         try:
-            livesave.bounded(
-                lambda: dom.snapshotCreateXML(snapshot_xml, flags), dom.suspend, lambda: _abort_job(dom), name, converge
-            )
-        except libvirt.libvirtError as exc:
-            raise VmsandboxError(f"cannot save {name} live: {_message(exc)}") from exc
+            with _said(f"cannot save {name} live"):
+                saving = functools.partial(dom.snapshotCreateXML, snapshot_xml, flags)
+                livesave.bounded(saving, dom.suspend, lambda: _abort_job(dom), name, converge)
         finally:
             watch.stop()
             # paused by the bound (after libvirt's own resume), or left paused by a failure: it runs on
@@ -141,10 +149,9 @@ class Hypervisor:
         """`data` to the domain's virtio port PORT through libvirt (there too); its answer (storage.exchange)."""
         stream = self._conn.newStream(libvirt.VIR_STREAM_NONBLOCK)
         try:
-            self._must(name).openChannel(port, stream, 0)
-            return storage.exchange(stream, data, limit, time.monotonic() + timeout, self._conn.getLibVersion)
-        except libvirt.libvirtError as exc:
-            raise VmsandboxError(f"the port {port} of {name} failed: {_message(exc)}") from exc
+            with _said(f"the port {port} of {name} failed"):
+                self._must(name).openChannel(port, stream, 0)
+                return storage.exchange(stream, data, limit, time.monotonic() + timeout, self._conn.getLibVersion)
         finally:
             with contextlib.suppress(libvirt.libvirtError):
                 stream.abort()
@@ -152,10 +159,8 @@ class Hypervisor:
     def _on(self, name: str, what: str, call: Callable[[Any], object], hint: str | None = None) -> None:
         """`call` on the domain NAME; libvirt's refusal said as "cannot WHAT NAME"."""
         dom = self._must(name)
-        try:
+        with _said(f"cannot {what} {name}", hint):
             call(dom)
-        except libvirt.libvirtError as exc:
-            raise VmsandboxError(f"cannot {what} {name}: {_message(exc)}", hint=hint) from exc
 
     def create(self, xml: str) -> None:
         """Start a transient domain from XML."""
@@ -215,14 +220,12 @@ class Hypervisor:
 
     def confinement(self) -> node.Confinement:
         """How libvirt confines the QEMU processes it starts (its security models, the account they run as)."""
-        try:
+        with _said(f"libvirt at {self.uri} did not describe its host"):
             return node.Confinement.of(self._conn.getCapabilities())
-        except libvirt.libvirtError as exc:
-            raise VmsandboxError(f"libvirt at {self.uri} did not describe its host: {_message(exc)}") from exc
 
     def node(self) -> node.Node:
         c = self._conn
-        try:
+        with _said(f"libvirt at {self.uri} did not describe its host"):
             kvm_error = None
             try:
                 c.getDomainCapabilities(None, "x86_64", None, "kvm", 0)
@@ -234,12 +237,11 @@ class Hypervisor:
             meminfo = usage.PROC.joinpath("meminfo").read_text() if here else None  # the kernel's own figure, here
             held = usage.reserved_mib() if here else 0
             return node.Node.of(*versions, stats, c.getCapabilities(), kvm_error, meminfo=meminfo, reserved_mib=held)
-        except libvirt.libvirtError as exc:
-            raise VmsandboxError(f"libvirt at {self.uri} did not describe its host: {_message(exc)}") from exc
 
     def pool(self, name: str, path: str) -> str:
         """The directory of dir pool NAME, made at PATH if there is none, running and started with libvirtd."""
-        try:
+        hint = "set `pool_path` of that host in ~/.config/vmsandbox/config.yaml to a directory libvirtd may use"
+        with _said(f"libvirt at {self.uri} could not make its storage pool {name} at {path}", hint):
             try:
                 pool = self._conn.storagePoolLookupByName(name)
             except libvirt.libvirtError:
@@ -250,11 +252,6 @@ class Hypervisor:
                 pool.create(0)
             _refresh(pool)
             return str(ET.fromstring(pool.XMLDesc(0)).findtext("target/path", ""))  # noqa: S314 - as node()
-        except libvirt.libvirtError as exc:
-            raise VmsandboxError(
-                f"libvirt at {self.uri} could not make its storage pool {name} at {path}: {_message(exc)}",
-                hint="set `pool_path` of that host in ~/.config/vmsandbox/config.yaml to a directory libvirtd may use",
-            ) from exc
 
     def volumes(self, pool: str) -> dict[str, str]:
         """The volumes of a pool as its host sees them now: name -> path there ({} if there is no such pool)."""
@@ -284,7 +281,8 @@ class Hypervisor:
     def clone_volume(self, pool: str, source: str, name: str, head: bytes = b"", fmt: str | None = None) -> str:
         """A copy of volume SOURCE as NAME (0600, in format `fmt` or the source's), made by the pool's host (holes
         kept; a qcow2 one flattened), with `head` written over its first bytes; its path there."""
-        try:
+        hint = "check free space in the pool's directory on that host"
+        with _said(f"cannot copy volume {source} at {self.uri}", hint):
             found = self._conn.storagePoolLookupByName(pool)
             src = found.storageVolLookupByName(source)
             vol = found.createXMLFrom(storage.copy_xml(name, src.XMLDesc(0), fmt), src, 0)
@@ -294,9 +292,6 @@ class Hypervisor:
                 stream.sendAll(lambda _s, n, buf: buf.read(n), io.BytesIO(head))
                 stream.finish()
             return str(vol.path())
-        except libvirt.libvirtError as exc:
-            hint = "check free space in the pool's directory on that host"
-            raise VmsandboxError(f"cannot copy volume {source} at {self.uri}: {_message(exc)}", hint=hint) from exc
 
     def delete_volume(self, pool: str, name: str) -> None:
         with contextlib.suppress(libvirt.libvirtError):
@@ -304,10 +299,8 @@ class Hypervisor:
 
     def create_volume(self, pool: str, xml: str) -> str:
         """Make a volume in a pool from its XML; its path on the pool's host."""
-        try:
+        with _said(f"cannot make a volume in pool {pool} at {self.uri}"):
             return str(self._conn.storagePoolLookupByName(pool).createXML(xml, 0).path())
-        except libvirt.libvirtError as exc:
-            raise VmsandboxError(f"cannot make a volume in pool {pool} at {self.uri}: {_message(exc)}") from exc
 
     def upload(
         self,
