@@ -28,6 +28,7 @@ from vmsandbox.guest import freeze
 from vmsandbox.session.end import lifecycle
 from vmsandbox.session.moments import checkpoint, fork
 from vmsandbox.session.place import chain, checkpoints
+from vmsandbox.session.place.local import disks
 from vmsandbox.session.record import Record
 from vmsandbox.vm import qemuimg
 
@@ -155,6 +156,46 @@ def test_a_guest_that_cannot_freeze_its_workspace_is_forked_paused(
         lifecycle.remove(Record.load(made.name))
     finally:
         guest_sh(Record.load(source.name), "chmod +x /usr/sbin/fsfreeze", root=True)
+
+
+def test_a_source_deep_in_overlays_has_them_folded_while_it_runs_and_is_forked_live(
+    module_vms: VmFactory, source: Record, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """At LIVE_CHAIN overlays the run below the top that no checkpoint needs is folded into the top by QEMU while
+    the guest runs (not saved and restored): those overlays are deleted, what they held is read in the source (its
+    page cache dropped), in the fork and after a rollback to a checkpoint under them, which still reads as it did."""
+    monkeypatch.delenv(checkpoint.LIVE_SWITCH, raising=False)
+    name = source.name
+    write = "head -c 2M /dev/urandom > /root/deep{0} && sha256sum /root/deep{0} > /root/deep{0}.sum && sync"
+    guest_sh(Record.load(name), write.format(0), root=True)
+    checkpoint.take(name, "deep-kept")
+    for i in (1, 2):  # two overlays that no checkpoint names once these are removed
+        guest_sh(Record.load(name), write.format(i), root=True)
+        checkpoint.take(name, f"deep-gone{i}")
+    for i in (1, 2):
+        checkpoint.remove(name, f"deep-gone{i}")
+    before = Record.load(name)
+    folded = before.overlays[-3:-1]  # the two frozen for deep-gone1 and 2, right below the top
+    monkeypatch.setattr(disks, "LIVE_CHAIN", len(before.overlays))
+    pid = qemu_pid(before)
+    new = unique_name()
+    module_vms.made.append(new)
+    made = fork.fork(name, new)
+    try:
+        after = Record.load(name)
+        assert qemu_pid(after) == pid, "the source was saved and restored to fold its chain"
+        assert not set(folded) & set(after.overlays)
+        assert len(after.overlays) == len(before.overlays) - 1  # two folded, one more for the fork's save
+        assert not any((after.files.root / o).exists() for o in folded)
+        check = "sync; echo 3 > /proc/sys/vm/drop_caches; cat /root/deep?.sum | sha256sum -c --quiet && echo same"
+        assert guest_sh(after, check, root=True).strip() == "same"
+        assert guest_sh(made, check, root=True).strip() == "same"
+    finally:
+        lifecycle.remove(Record.load(made.name))
+    checkpoint.rollback(name, "deep-kept", limit=64 << 20)
+    said = guest_sh(Record.load(name), f"{check}; ls /root/deep?.sum", root=True).split()
+    assert said == ["same", "/root/deep0.sum"]  # the checkpoint under the fold reads as it did
+    checkpoint.remove(name, "deep-kept")
 
 
 # a root process of the source's that crashes its kernel once its hostname changes: what happens only in a fork

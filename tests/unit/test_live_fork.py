@@ -3,13 +3,19 @@ it is), the bound on a save that does not converge, and qemu-img's pinned chain 
 
 from __future__ import annotations
 
+import shutil
 import threading
 import xml.etree.ElementTree as ET
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
+from tests.unit.conftest import saved_record
 from vmsandbox.errors import VmsandboxError
+from vmsandbox.session.place import chain, checkpoints
+from vmsandbox.session.place.checkpoints import Checkpoint
+from vmsandbox.session.record import Record
 from vmsandbox.vm import livesave, qemuimg
 
 LIVE = """<domain type='qemu'><name>vmsandbox-a</name><devices>
@@ -127,3 +133,159 @@ def test_passes_while_the_guest_runs_only_where_qemu_sees_every_write() -> None:
     assert not livesave.passes_are_sound("tcg", "unknown", exe)
     assert not livesave.passes_are_sound("tcg", "9.2.0", f"{exe} (deleted)")
     assert not livesave.passes_are_sound("tcg", "9.2.0", None)
+
+
+def test_the_disk_on_a_top_image_is_named_with_the_images_it_reads_below_it() -> None:
+    assert livesave.backing(LIVE, Path("/s/a/overlay-2.qcow2")) == ("vda", ["/s/a/overlay.qcow2"])
+    assert livesave.backing(LIVE, Path("/s/a/workspace.raw")) == ("sda", [])
+    assert livesave.backing(LIVE, Path("/s/a/overlay.qcow2")) is None  # read below a top: not a disk's top
+
+
+def test_a_block_job_is_waited_for_and_one_that_runs_on_is_given_up() -> None:
+    infos = iter([{"cur": 1, "end": 4}, {"cur": 3, "end": 4}, {}])
+    livesave.awaited(lambda: next(infos), "folding", within=5, every=0)
+    with pytest.raises(VmsandboxError, match="folding did not end within"):
+        livesave.awaited(lambda: {"cur": 1, "end": 4}, "folding", within=0.05, every=0.01)
+
+
+@pytest.mark.parametrize(
+    ("chains", "named", "run"),
+    [
+        ([["o", "a", "b", "top"]], set(), ["o", "a", "b"]),  # nothing else reads them: down to the image below
+        ([["o", "a", "b", "top"], ["o", "a"]], {"a"}, ["b"]),  # a checkpoint's: the run stops above it
+        ([["o", "a", "b", "top"], ["o", "a", "x"]], {"x"}, ["b"]),  # read by another branch's chain
+        ([["o", "top"], ["o"]], {"o"}, []),
+        ([["top"]], set(), []),
+    ],
+)
+def test_a_running_vm_stops_reading_only_the_run_below_its_top_no_checkpoint_needs(
+    chains: list[list[str]], named: set[str], run: list[str]
+) -> None:
+    assert chain.streamable(chains, named) == run
+
+
+class Streams:
+    """A stand-in for the hypervisor of a running VM whose disk's top is `top`, reading `below` (nearest first):
+    `pull` drops the images above its base from them, as QEMU's block stream does, unless `refuse` says why not
+    or `moves` is False."""
+
+    def __init__(self, top: Path, below: list[str], *, refuse: str | None = None, moves: bool = True) -> None:
+        self.top, self.below, self.refuse, self.moves = top, below, refuse, moves
+        self.pulls: list[tuple[str, str]] = []
+
+    def xml(self, name: str) -> str:
+        store = "".join(f"<backingStore type='file'><source file='{b}'/>" for b in self.below)
+        store += "</backingStore>" * len(self.below)
+        return (
+            f"<domain><name>{name}</name><devices><disk type='file' device='disk'><source file='{self.top}'/>"
+            f"{store}<target dev='vda'/></disk></devices></domain>"
+        )
+
+    def pull(self, name: str, dev: str, base: str, *, within: float) -> None:
+        assert within >= livesave.FOLD_FLOOR
+        self.pulls.append((dev, base))
+        if self.refuse is not None:
+            raise VmsandboxError(self.refuse)
+        if self.moves:
+            self.below = self.below[self.below.index(base) :]
+
+
+def deep_session(tmp_path: Path, overlays: list[str]) -> tuple[Record, Path]:
+    image = tmp_path / "template.qcow2"
+    record = saved_record("deep", overlays=overlays, below=str(image))
+    for o in overlays:
+        (record.files.root / o).write_bytes(b"q")
+    return record, image
+
+
+def test_a_deep_chain_is_folded_while_the_vm_runs_down_to_what_a_checkpoint_reads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from vmsandbox.session.place.local import disks
+
+    monkeypatch.setattr(disks, "LIVE_CHAIN", 4)
+    record, image = deep_session(
+        tmp_path, ["overlay.qcow2", "overlay-1.qcow2", "overlay-2.qcow2", "overlay-3.qcow2", "overlay-top.qcow2"]
+    )
+    kept = Checkpoint("early", 1.0, ["overlay.qcow2", "overlay-1.qcow2"], record.files.checkpoints / "early")
+    kept.path.mkdir(parents=True)
+    kept.write()
+    root = record.files.root
+    hv = Streams(
+        root / "overlay-top.qcow2",
+        [str(root / o) for o in ["overlay-3.qcow2", "overlay-2.qcow2", "overlay-1.qcow2", "overlay.qcow2"]],
+    )
+    hv.below.append(str(image))
+    assert disks.fold_live(record, hv) is True  # type: ignore[arg-type]  # (a stand-in)
+    assert hv.pulls == [("vda", str(root / "overlay-1.qcow2"))]
+    left = ["overlay.qcow2", "overlay-1.qcow2", "overlay-top.qcow2"]  # (the checkpoint's chain kept whole)
+    assert Record.load("deep").overlays == left
+    assert sorted(p.name for p in root.glob("*.qcow2")) == sorted(left)
+
+
+@pytest.mark.parametrize(
+    ("refuse", "moves"), [("cannot fold vmsandbox-deep's overlays while it runs: no such job", True), (None, False)]
+)
+def test_a_fold_that_fails_or_leaves_the_vm_on_its_chain_keeps_every_overlay(
+    tmp_path: Path, refuse: str | None, moves: bool, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from vmsandbox.session.place.local import disks
+
+    names = ["overlay.qcow2", "overlay-1.qcow2", "overlay-top.qcow2"]
+    record, image = deep_session(tmp_path, names)
+    root = record.files.root
+    hv = Streams(
+        root / "overlay-top.qcow2",
+        [str(root / "overlay-1.qcow2"), str(root / "overlay.qcow2"), str(image)],
+        refuse=refuse,
+        moves=moves,
+    )
+    assert disks.fold_live(record, hv) is False  # type: ignore[arg-type]  # (a stand-in)
+    assert hv.pulls == [("vda", str(image))]
+    assert Record.load("deep").overlays == names
+    assert sorted(p.name for p in root.glob("*.qcow2")) == sorted(names)
+    assert ("no such job" if refuse else "deep's overlays are kept: its VM does not read") in capsys.readouterr().err
+
+
+def test_no_fold_runs_past_a_checkpoint_that_cannot_be_read_or_without_room_for_its_copy(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from vmsandbox.session.place.local import disks
+
+    names = ["overlay.qcow2", "overlay-1.qcow2", "overlay-top.qcow2"]
+    record, image = deep_session(tmp_path, names)
+    root = record.files.root
+    hv = Streams(root / "overlay-top.qcow2", [str(root / "overlay-1.qcow2"), str(root / "overlay.qcow2"), str(image)])
+    damaged = record.files.checkpoints / "damaged"
+    damaged.mkdir(parents=True)
+    (damaged / checkpoints.META).write_text("{")  # its chain unknown: it may read any of them
+    assert disks.fold_live(record, hv) is False  # type: ignore[arg-type]  # (a stand-in)
+    assert "checkpoint damaged cannot be read" in capsys.readouterr().err
+    shutil.rmtree(damaged)
+    monkeypatch.setattr(shutil, "disk_usage", lambda _p: SimpleNamespace(free=2 << 20))  # 2 MiB free
+    assert disks.fold_live(record, hv) is False  # type: ignore[arg-type]
+    assert "needs room" in capsys.readouterr().err
+    assert hv.pulls == [] and Record.load("deep").overlays == names
+    assert sorted(p.name for p in root.glob("*.qcow2")) == sorted(names)
+
+
+@pytest.mark.parametrize(
+    ("overlays", "labels", "folds"),
+    [
+        (["overlay.qcow2", "overlay-a.qcow2", "overlay-b.qcow2", "overlay-top.qcow2"], ["overlay-b.qcow2"], True),
+        (["overlay.qcow2", "overlay-a.qcow2", "overlay-top.qcow2"], ["overlay.qcow2", "overlay-a.qcow2"], False),
+    ],
+)
+def test_a_deep_vm_is_saved_to_fold_its_chain_only_where_a_save_would_fold_some(
+    overlays: list[str], labels: list[str], folds: bool
+) -> None:
+    """Past LIVE_CHAIN a live save falls back to a save and a resume only if that folds overlays of the VM's chain:
+    where checkpoints name every one, it would fold none, and the VM is saved live."""
+    from vmsandbox.session.place.local import disks
+
+    record = saved_record("deep", overlays=overlays)
+    for n, label in enumerate(labels):
+        cp = Checkpoint(f"c{n}", float(n), overlays[: overlays.index(label) + 1], record.files.checkpoints / f"c{n}")
+        cp.path.mkdir(parents=True)
+        cp.write()
+    assert disks._folds_when_saved(record) is folds

@@ -13,6 +13,11 @@ memory access"): measured here with QEMU 7.2, forks restored from such a save cr
 the scheduler and RCU corrupted) in 2 of 2 tries with a guest writing meanwhile. There (`passes_are_sound`
 false) the guest is paused for the whole save instead: the same libvirt snapshot without LIVE, one pass, the VM
 resumed in the same QEMU after it (no restore).
+
+Each live save leaves the VM one overlay deeper (its old top frozen below the new one). The run of overlays
+right below its top that no checkpoint needs (a former fork's) is folded while it runs (`backing`, `awaited`:
+QEMU's block stream copies what they hold into the top, which then reads the image below them), so that a VM
+forked again and again is not saved and resumed to fold them.
 """
 
 from __future__ import annotations
@@ -28,6 +33,8 @@ from vmsandbox.errors import VmsandboxError
 CONVERGE = 20.0  # seconds of live passes before the guest is paused for the rest
 FINISH = 120.0  # seconds a save may take once its guest is paused before it is given up (aborted)
 SOUND_TCG = (9, 0)  # the first QEMU whose TCG keeps the migration's dirty bitmap whole (03bfc2188f)
+FOLD_FLOOR, FOLD_RATE = 60.0, 50 * 1024**2  # a fold while the VM runs: seconds, and bytes a second, it may take
+ABORT = 30.0  # seconds a block job aborted may take to end
 
 
 def passes_are_sound(accel: str, qemu_version: str, binary: str | None) -> bool:
@@ -79,6 +86,37 @@ def runs_on(live_xml: str, image: Path) -> bool:
         (source := disk.find("source")) is not None and source.get("file") == str(image)
         for disk in root.findall("./devices/disk")
     )
+
+
+def backing(live_xml: str, top: Path) -> tuple[str, list[str]] | None:
+    """The disk whose top image is `top` in the domain described by `live_xml`: its target name and the images
+    it reads below the top, nearest first (None: no such disk)."""
+    root = ET.fromstring(live_xml)  # noqa: S314 - written by our own libvirt daemon
+    for disk in root.findall("./devices/disk"):
+        source, target = disk.find("source"), disk.find("target")
+        if source is None or source.get("file") != str(top) or target is None or target.get("dev") is None:
+            continue
+        below, store = [], disk.find("backingStore")
+        while store is not None and (image := store.find("source")) is not None and image.get("file"):
+            below.append(image.get("file", ""))
+            store = store.find("backingStore")
+        return target.get("dev", ""), below
+    return None
+
+
+def fold_within(copied: int) -> float:
+    """Seconds a fold while the VM runs may take to copy `copied` bytes before it is given up."""
+    return FOLD_FLOOR + copied / FOLD_RATE
+
+
+def awaited(job: Callable[[], object], what: str, within: float, every: float = 0.1) -> None:
+    """Wait while `job()` says a block job runs (libvirt's job info: empty once it has ended, however it ended);
+    raise if it still runs after `within` seconds (the caller aborts it)."""
+    deadline = time.monotonic() + within
+    while job():
+        if time.monotonic() > deadline:
+            raise VmsandboxError(f"{what} did not end within {within:.0f} s")
+        time.sleep(every)
 
 
 def bounded(

@@ -131,6 +131,20 @@ class Hypervisor:
                     dom.resume()
         return watch.seconds
 
+    def pull(self, name: str, dev: str, base: str, *, within: float) -> None:
+        """Copy into disk `dev`'s top image what the images between it and `base` hold, while the guest runs
+        (QEMU's block stream); its top then reads `base` directly. Aborted if it has not ended within `within` s."""
+        dom = self._must(name)
+        with _said(f"cannot fold {name}'s overlays while it runs"):
+            try:
+                dom.blockRebase(dev, base, 0, 0)
+                livesave.awaited(lambda: dom.blockJobInfo(dev, 0), f"folding {name}'s overlays", within)
+            except BaseException:
+                with contextlib.suppress(libvirt.libvirtError):  # (refused: it has ended meanwhile)
+                    dom.blockJobAbort(dev, libvirt.VIR_DOMAIN_BLOCK_JOB_ABORT_ASYNC)
+                    livesave.awaited(lambda: dom.blockJobInfo(dev, 0), f"aborting {name}'s fold", livesave.ABORT)
+                raise
+
     def restore(self, path: str, xml: str, *, paused: bool = False) -> None:
         """Start a transient domain from a save image, with `xml` (same guest ABI, other host-side paths); `paused`:
         its guest runs only once `resume`d."""

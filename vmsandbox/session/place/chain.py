@@ -5,7 +5,8 @@ branch on a checkpoint's overlay.
 The tree is kept small whenever the VM is down (a checkpoint is being taken, a rollback made): an overlay no
 checkpoint names and no VM writes is folded into the one overlay above it (`qemu-img rebase`: the image above
 reads exactly as before, so no checkpoint changes), and a branch nothing leads to any more is deleted. While
-the VM runs only the dead branches go (the VM reads every overlay of its own chain).
+the VM runs only the dead branches go (the VM reads every overlay of its own chain), unless the run of overlays
+right below its top is folded into the top by QEMU itself (`streamable`: a live save found the chain deep).
 """
 
 from __future__ import annotations
@@ -45,6 +46,18 @@ def plan(chains: Sequence[Sequence[str]], named: set[str], present: set[str], *,
         working = [[o for o in c if o != overlay] for c in working]
     used = {o for c in chains for o in c}
     return Plan(folds, sorted(present - used))
+
+
+def streamable(chains: Sequence[Sequence[str]], named: set[str]) -> list[str]:
+    """The overlays a running VM may stop reading: the run right below the top of its chain (`chains[0]`, oldest
+    first) that no other chain reads and no checkpoint names. QEMU's block stream copies what they hold into the
+    top, which then reads the image below them; every other chain reads as before."""
+    vm = chains[0]
+    kept = named | {o for c in chains[1:] for o in c}
+    start = len(vm) - 1
+    while start > 0 and vm[start - 1] not in kept:
+        start -= 1
+    return list(vm[start:-1])
 
 
 def apply(root: Path, chains: list[list[str]], p: Plan, below: tuple[Path, int] | None = None) -> None:

@@ -70,6 +70,14 @@ def listed(files: paths.SessionPaths) -> list[Checkpoint]:
     return sorted(found, key=lambda c: c.created)
 
 
+def unread(files: paths.SessionPaths, found: list[Checkpoint]) -> set[str]:
+    """The checkpoint directories not among `found` (what `listed` gave: it skips, and says, the damaged ones)."""
+    if not files.checkpoints.is_dir():
+        return set()
+    read = {c.path.name for c in found}
+    return {d.name for d in files.checkpoints.iterdir() if d.is_dir() and not d.name.startswith(".")} - read
+
+
 def find(files: paths.SessionPaths, name: str, label: str) -> Checkpoint:
     for c in listed(files):
         if c.label == label:

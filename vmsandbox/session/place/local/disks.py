@@ -8,6 +8,7 @@ import os
 import secrets
 import shutil
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from vmsandbox import paths, ui
@@ -23,7 +24,7 @@ from vmsandbox.vm.memory import usage
 from vmsandbox.vm.virt import Hypervisor
 
 MAX_DEPTH = 3 + checkpoints.MOST + 2  # base, layer, template; a frozen overlay per checkpoint; the top
-LIVE_CHAIN = 8  # overlays a session runs on at most before a live save (each leaves one more until the VM is saved)
+LIVE_CHAIN = 8  # overlays from which a live save (each leaves one more) first folds those no checkpoint needs
 
 
 def freeze(record: Record, hv: Hypervisor, cp: Checkpoint, staging: Path, publish: Launched) -> None:
@@ -46,17 +47,21 @@ def freeze(record: Record, hv: Hypervisor, cp: Checkpoint, staging: Path, publis
 def freeze_live(record: Record, hv: Hypervisor, cp: Checkpoint, staging: Path, publish: Launched, still: Still) -> bool:
     """The VM's memory saved into `staging` while it runs (livesave: its guest paused for the last pass only), its
     system disk switched to a new top overlay in that pause, its workspace disk copied while `still` holds the
-    guest's workspace frozen; the VM runs on. False where it cannot be done so (the session is not confined to an
-    account of its own, runs on LIVE_CHAIN overlays already, or its guest cannot freeze its workspace): nothing
-    was changed then."""
+    guest's workspace frozen; the VM runs on. From LIVE_CHAIN overlays, those right below its top that no
+    checkpoint needs are first folded while it runs (fold_live). False where it cannot be done so (the session is
+    not confined to an account of its own, its guest cannot freeze its workspace, or it still reads LIVE_CHAIN
+    overlays of which a save would fold some): nothing else was changed then."""
     if record.account is None:  # (the frozen overlay would be libvirt's account's: not ours to copy)
         return False
-    if len(record.overlays) >= LIVE_CHAIN:  # a running VM's chain is not folded: a saved one's is (freeze)
-        ui.info(
-            f"  {record.name} reads through {len(record.overlays)} overlays: it is saved and resumed this once, "
-            "which folds those no checkpoint needs"
-        )
-        return False
+    if len(record.overlays) >= LIVE_CHAIN:
+        if fold_live(record, hv):
+            cp.chain[:] = record.overlays  # what the top it freezes reads now
+        if len(record.overlays) >= LIVE_CHAIN and _folds_when_saved(record):
+            ui.info(
+                f"  {record.name} reads through {len(record.overlays)} overlays: it is saved and resumed this "
+                "once, which folds those no checkpoint needs"
+            )
+            return False
     files = record.files
     old, name = record.system_disk, f"overlay-{secrets.token_hex(4)}.qcow2"
     new = files.root / name
@@ -93,6 +98,77 @@ def freeze_live(record: Record, hv: Hypervisor, cp: Checkpoint, staging: Path, p
     publish()
     tidy(record, live=True)
     return True
+
+
+@dataclass(frozen=True)
+class _Fold:
+    dev: str  # the disk's target
+    reads: list[str]  # the images it reads below its top, nearest first
+    run: list[str]  # the overlays folded (chain.streamable)
+    base: Path  # the image its top reads once they are
+    bytes: int  # what they hold
+
+
+def fold_live(record: Record, hv: Hypervisor) -> bool:
+    """Fold the run of overlays right below the running VM's top that no checkpoint needs into the top
+    (chain.streamable: QEMU's block stream, the guest running on), then delete them, once libvirt says the VM
+    reads its chain without them. Whether it did; where it did not, it is said why, and the record and the files
+    are as they were (a stream stopped part way has copied into the top only what the top read through already)."""
+    fold = _planned(record, hv)
+    if fold is None:
+        return False
+    try:
+        with ui.step(f"Folding {len(fold.run)} overlays no checkpoint needs into {record.name}'s top, while it runs"):
+            hv.pull(record.domain, fold.dev, str(fold.base), within=livesave.fold_within(fold.bytes))
+    except VmsandboxError as exc:
+        ui.warn(exc.message)
+        return False
+    gone = {str(record.files.root / o) for o in fold.run}
+    live = hv.xml(record.domain)
+    after = livesave.backing(live, record.system_disk) if live is not None else None
+    if after is None or after[1] != [image for image in fold.reads if image not in gone]:
+        ui.warn(
+            f"{record.name}'s overlays are kept: its VM does not read the chain the fold should have left "
+            f"(libvirt's log of it: /var/log/libvirt/qemu/{record.domain}.log)"
+        )
+        return False
+    record.overlays = [o for o in record.overlays if o not in fold.run]
+    record.save()
+    tidy(record, live=True)  # (no chain names them any more: deleted)
+    return True
+
+
+def _planned(record: Record, hv: Hypervisor) -> _Fold | None:
+    """What fold_live would fold, if anything may be (else None, said where it is not for want of a run)."""
+    live = hv.xml(record.domain)
+    disk = livesave.backing(live, record.system_disk) if live is not None else None
+    if record.below is None or disk is None:  # (a session made before its image was recorded: headers name it)
+        return None
+    files, vm = record.files, record.overlays
+    have = checkpoints.listed(files)
+    if damaged := sorted(checkpoints.unread(files, have)):
+        ui.warn(f"{record.name}'s overlays are not folded while it runs: checkpoint {damaged[0]} cannot be read")
+        return None
+    run = chain.streamable([vm, *(c.chain for c in have)], {c.overlay for c in have})
+    if not run:
+        return None
+    need, free = sum((files.root / o).stat().st_blocks * 512 for o in run), shutil.disk_usage(files.root).free
+    if need + qemuimg.COPY_ROOM > free:
+        ui.warn(
+            f"{record.name}'s overlays are not folded while it runs: copying {need / 1024**3:.1f} GiB of them needs "
+            f"room that {files.root.parent} has not ({free / 1024**3:.1f} GiB free)"
+        )
+        return None
+    first = vm.index(run[0])
+    return _Fold(disk[0], disk[1], run, files.root / vm[first - 1] if first else Path(record.below), need)
+
+
+def _folds_when_saved(record: Record) -> bool:
+    """Whether saving the VM would fold overlays of its chain (chain.plan, as `tidy` does once it is down)."""
+    have = checkpoints.listed(record.files)
+    chains = [record.overlays, *(c.chain for c in have)]
+    p = chain.plan(chains, {record.overlays[-1], *(c.overlay for c in have)}, set(), live=False)
+    return any(o in record.overlays for o, _ in p.folds)
 
 
 def _binary(domain: str) -> str | None:
@@ -168,7 +244,8 @@ def tidy(record: Record, *, live: bool) -> None:
     p = chain.plan(chains, named, chain.present(files.root), live=live)
     if not p.folds and not p.dead:
         return
-    chain.apply(files.root, chains, p, (Path(record.below), most_bytes(record)) if record.below else None)
+    below = (Path(record.below), most_bytes(record)) if record.below and p.folds else None  # (read for folds only)
+    chain.apply(files.root, chains, p, below)
     record.save()
     for c in have:
         c.write()
