@@ -1,6 +1,7 @@
 """Boot benchmark: `vmsandbox run -- true` (start to exit), warm (restored from the image's template) and cold
-(`--cold`), against a bare qemu-system-x86_64 direct-kernel boot of the same image (same accelerator, vCPUs,
-memory, network) timed to the SSH banner; and the time to the first byte of a command's output, warm and cold.
+(`--cold`), against a bare qemu-system-x86_64 direct-kernel boot of the same image (same accelerator, CPU flags,
+vCPUs, memory, network) timed to the SSH banner; and the time to the first byte of a command's output, warm and
+cold.
 
 Prints the figures side by side, their ratios (targets: warm <= 0.15x bare, cold <= 1.10x bare, first byte
 warm <= 0.15x cold, `vmsandbox start` of a stopped session <= 0.15x cold) and the host RSS of one idle
@@ -33,7 +34,7 @@ from vmsandbox.session.record import default_name
 from vmsandbox.session.settings import Settings
 from vmsandbox.session.start import create
 from vmsandbox.vm import accel, qemuimg
-from vmsandbox.vm.domain import NO_ASLR, TCG_TB_CACHE_MIB
+from vmsandbox.vm.domain import NO_ASLR, TCG_HIDDEN_FLAGS, TCG_TB_CACHE_MIB
 
 
 def bare_qemu_boot(img: image.Image, choice: accel.Accel, cpus: int, memory_mib: int, work: Path) -> float:
@@ -52,7 +53,9 @@ def bare_qemu_boot(img: image.Image, choice: accel.Accel, cpus: int, memory_mib:
         "-accel",
         accel_arg,
         "-cpu",
-        "host" if choice is accel.Accel.KVM else "max",
+        "host"
+        if choice is accel.Accel.KVM
+        else ",".join(["max", *(f"-{f}" for f in TCG_HIDDEN_FLAGS)]),  # (a session's)
         "-smp",
         str(cpus),
         "-m",

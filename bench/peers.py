@@ -723,7 +723,7 @@ def methods(s: Sizes) -> list[str]:
         f"Serial: {s.runs} runs one after another, each after the last one's VM is gone. "
         f"At once: {CONCURRENCY} started together, {many(s.rounds, 'round')}; the p50 of each one's own time. "
         f"Baselines for the ratios ({s.baseline} each): a bare qemu-system-x86_64 direct-kernel boot of the same "
-        "image (same accelerator, vCPUs, memory, network) to its SSH banner, and "
+        "image (same accelerator, CPU flags, vCPUs, memory, network) to its SSH banner, and "
         "`vmsandbox run --cold PROJECT -- true` (bench/boot.py).",
         f"Resume: one kept session, {s.resumes} times `vmsandbox stop NAME`, then `vmsandbox start NAME` timed "
         "until `vmsandbox exec NAME -- true` (run right after it) has answered; `start` alone is given too.",

@@ -49,6 +49,8 @@ def test_tcg_domain() -> None:
     assert root.get("type") == "qemu"
     assert root.find("cpu").get("mode") == "maximum"  # type: ignore[union-attr]
     assert root.findtext("features/tcg/tb-cache") == "128"  # QEMU's default would be 1 GiB of host RAM
+    hidden = {(f.get("policy"), f.get("name")) for f in root.iterfind("cpu/feature")}
+    assert hidden == {("disable", "erms"), ("disable", "fsrm")}  # TCG runs `rep movsb` a byte a loop
     balloon = root.find("devices/memballoon")
     assert balloon is not None
     assert (balloon.get("model"), balloon.get("freePageReporting")) == ("virtio", "on")
@@ -68,6 +70,7 @@ def test_kvm_domain() -> None:
     assert root.get("type") == "kvm"
     assert root.find("features/tcg") is None
     assert root.find("cpu").get("mode") == "host-passthrough"  # type: ignore[union-attr]
+    assert root.find("cpu/feature") is None  # the host's flags, all of them
 
 
 def test_direct_kernel_boot_console_and_secrets_by_file() -> None:

@@ -115,7 +115,7 @@ def awaited(job: Callable[[], object], what: str, within: float, every: float = 
     deadline = time.monotonic() + within
     while job():
         if time.monotonic() > deadline:
-            raise VmsandboxError(f"{what} did not end within {within:.0f} s")
+            raise VmsandboxError(f"{what} did not end within {within:.0f} s: given up")
         time.sleep(every)
 
 

@@ -117,8 +117,9 @@ def fold_live(record: Record, hv: Hypervisor) -> bool:
     fold = _planned(record, hv)
     if fold is None:
         return False
+    what = "an overlay" if len(fold.run) == 1 else f"{len(fold.run)} overlays"
     try:
-        with ui.step(f"Folding {len(fold.run)} overlays no checkpoint needs into {record.name}'s top, while it runs"):
+        with ui.step(f"Folding {what} no checkpoint needs into {record.name}'s top, while it runs"):
             hv.pull(record.domain, fold.dev, str(fold.base), within=livesave.fold_within(fold.bytes))
     except VmsandboxError as exc:
         ui.warn(exc.message)
