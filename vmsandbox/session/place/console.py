@@ -115,12 +115,17 @@ def panicked(console: Path) -> str | None:
     """ "its kernel panicked" when the end of the console says so (a guest that panics spins on; its domain runs),
     else None."""
     try:
-        with console.open("rb") as f:
-            f.seek(max(f.seek(0, os.SEEK_END) - PANIC_BYTES, 0))
-            end = f.read(PANIC_BYTES)
+        end = _end_of(console, PANIC_BYTES)
     except OSError:
         return None
     return "its kernel panicked (its console says so)" if PANIC in end else None
+
+
+def _end_of(path: Path, size: int) -> bytes:
+    """The last `size` bytes of a file (OSError if it cannot be read)."""
+    with path.open("rb") as f:
+        f.seek(max(f.seek(0, os.SEEK_END) - size, 0))
+        return f.read(size)  # (however much the guest has written since)
 
 
 def trouble(text: str, limit: int = 5) -> list[str]:
@@ -268,9 +273,7 @@ def keep(console: Path, name: str) -> Path | None:
 def tail_of(log_file: Path, lines: int = CONSOLE_TAIL_LINES) -> str:
     """The last lines of a console log (raw: the caller escapes or strips them)."""
     try:
-        with log_file.open("rb") as f:
-            f.seek(max(0, f.seek(0, os.SEEK_END) - CONSOLE_TAIL_BYTES))
-            text = f.read().decode(errors="replace")
+        text = _end_of(log_file, CONSOLE_TAIL_BYTES).decode(errors="replace")
     except OSError:
         return "(no console output)"
     tail = [line.rstrip() for line in text.splitlines() if line.strip()][-lines:]

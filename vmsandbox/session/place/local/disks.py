@@ -146,11 +146,11 @@ def _planned(record: Record, hv: Hypervisor) -> _Fold | None:
     if record.below is None or disk is None:  # (a session made before its image was recorded: headers name it)
         return None
     files, vm = record.files, record.overlays
-    have = checkpoints.listed(files)
+    have, chains, named = _tree(record)
     if damaged := sorted(checkpoints.unread(files, have)):
         ui.warn(f"{record.name}'s overlays are not folded while it runs: checkpoint {damaged[0]} cannot be read")
         return None
-    run = chain.streamable([vm, *(c.chain for c in have)], {c.overlay for c in have})
+    run = chain.streamable(chains, named)
     if not run:
         return None
     need, free = sum((files.root / o).stat().st_blocks * 512 for o in run), shutil.disk_usage(files.root).free
@@ -166,10 +166,15 @@ def _planned(record: Record, hv: Hypervisor) -> _Fold | None:
 
 def _folds_when_saved(record: Record) -> bool:
     """Whether saving the VM would fold overlays of its chain (chain.plan, as `tidy` does once it is down)."""
+    _, chains, named = _tree(record)
+    return any(o in record.overlays for o, _ in chain.plan(chains, named, set(), live=False).folds)
+
+
+def _tree(record: Record) -> tuple[list[Checkpoint], list[list[str]], set[str]]:
+    """The session's checkpoints, every chain still needed (the VM's first: `record.overlays` itself) and the
+    overlays that must stay (the checkpoints' and the VM's top)."""
     have = checkpoints.listed(record.files)
-    chains = [record.overlays, *(c.chain for c in have)]
-    p = chain.plan(chains, {record.overlays[-1], *(c.overlay for c in have)}, set(), live=False)
-    return any(o in record.overlays for o, _ in p.folds)
+    return have, [record.overlays, *(c.chain for c in have)], {record.overlays[-1], *(c.overlay for c in have)}
 
 
 def _binary(domain: str) -> str | None:
@@ -239,9 +244,7 @@ def _larger(record: Record, below_bytes: int) -> int:
 def tidy(record: Record, *, live: bool) -> None:
     """Fold the overlays no checkpoint needs into the ones above, delete the unreachable ones (session.place.chain)."""
     files = record.files
-    have = checkpoints.listed(files)
-    chains = [record.overlays, *(c.chain for c in have)]
-    named = {record.overlays[-1], *(c.overlay for c in have)}
+    have, chains, named = _tree(record)
     p = chain.plan(chains, named, chain.present(files.root), live=live)
     if not p.folds and not p.dead:
         return
