@@ -20,7 +20,7 @@ APT_PACKAGES := qemu-system-x86 qemu-utils libvirt-daemon-system libvirt-clients
 	tini
 # The tests also play a remote libvirt host on this machine, reached through an sshd they start on 127.0.0.1,
 # and drive the web review in the system's Chromium (headless, through chromium-driver); strace shows which files
-# root's qemu-img opens.
+# root's qemu-img opens, and slows root's look helper where a test races it.
 TEST_APT_PACKAGES := openssh-server chromium chromium-driver strace
 
 .PHONY: help setup apt venv host image run test lint unit integration integration-plain bench suite-costs clean

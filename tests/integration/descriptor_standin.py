@@ -17,10 +17,11 @@ import fcntl
 import os
 import sys
 import threading
+import time
 
 SEALS = fcntl.F_SEAL_SEAL | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_WRITE
 PR_SET_DUMPABLE = 4
-SPIN = 2000  # loop turns each file stays at the number, racing
+DWELL = 200_000  # nanoseconds each file stays at the number, racing (the FUSE file's close, answered, not counted)
 
 
 def main(mode: str, path: str, uid: int, gid: int, number: int) -> int:
@@ -47,12 +48,16 @@ def main(mode: str, path: str, uid: int, gid: int, number: int) -> int:
         return 0
     while not ended.is_set():
         os.dup2(foreign, number, inheritable=False)
-        for _ in range(SPIN):
-            pass
+        dwell()
         os.dup2(memfd, number, inheritable=False)  # (its close of the FUSE file is answered: it is not root)
-        for _ in range(SPIN):
-            pass
+        dwell()
     return 0
+
+
+def dwell() -> None:
+    until = time.monotonic_ns() + DWELL
+    while time.monotonic_ns() < until:
+        pass
 
 
 if __name__ == "__main__":
