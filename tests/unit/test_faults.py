@@ -7,6 +7,7 @@ import os
 import re
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -14,12 +15,14 @@ from typing import Any
 import pytest
 
 from vmsandbox import failpoint, paths
+from vmsandbox.egress.ports import Publish
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.paths import SessionPaths
 from vmsandbox.session import lock, state
 from vmsandbox.session.place import choose, console
 from vmsandbox.session.place.console import Cpu, Stage
 from vmsandbox.session.record import Record, State
+from vmsandbox.session.running import reach
 from vmsandbox.sync.inward import capture
 
 from .conftest import saved_record
@@ -238,6 +241,69 @@ def test_a_teardown_holding_the_lock_is_waited_for(capsys: pytest.CaptureFixture
         pass
     t.join()
     assert "Waiting for the VM of session s1 to be destroyed" in capsys.readouterr().err
+
+
+def test_a_command_with_patience_waits_for_any_holder_then_says_who_kept_it(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    r = saved_record("s1")
+    taken, let_go = threading.Event(), threading.Event()
+
+    def checkpoint() -> None:
+        with lock.held(r.files, "s1", "taking a checkpoint of"):
+            taken.set()
+            let_go.wait(5)
+
+    t = threading.Thread(target=checkpoint)
+    t.start()
+    taken.wait(5)
+    still = r"session s1 is still busy: .* is taking a checkpoint of it"
+    with pytest.raises(lock.BusyError, match=still), lock.held(r.files, "s1", "publishing a port of", patience=0.2):
+        pass
+    said = f"Waiting for session s1: vmsandbox (pid {os.getpid()}) is taking a checkpoint of it"
+    assert said in capsys.readouterr().err
+    threading.Timer(0.2, let_go.set).start()
+    with lock.held(r.files, "s1", "publishing a port of", patience=5):  # the holder lets go within it
+        assert let_go.is_set()
+    t.join()
+
+
+def test_a_port_published_while_a_checkpoint_saves_the_record_keeps_both(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A checkpoint (or a live fold) saves the session's record under the session's lock: `port publish` waits for
+    it and reads the record after it, so neither writes back what the other replaced (overlays just deleted, or a
+    port just published)."""
+    r = saved_record("s1", publish=(Publish(80, 8080),))
+    monkeypatch.setattr("vmsandbox.session.running.reach.state.is_running", lambda _record: True)
+    monkeypatch.setattr("vmsandbox.egress.ports.choose", lambda wanted: tuple(replace(p, host=9090) for p in wanted))
+    applied: list[tuple[Publish, ...]] = []
+    monkeypatch.setattr(reach, "_apply_ports", lambda record: applied.append(record.publish))
+    taken, publishing = threading.Event(), threading.Event()
+
+    def fold() -> None:
+        with lock.held(r.files, "s1", "taking a checkpoint of"):
+            record = Record.load("s1")
+            taken.set()
+            publishing.wait(5)
+            time.sleep(0.2)  # (the publish has read and waits: without the lock it would have saved by now)
+            record.overlays = ["disk-3.qcow2"]
+            record.save()
+
+    t = threading.Thread(target=fold)
+    t.start()
+    taken.wait(5)
+    publishing.set()
+    chosen = reach.publish("s1", Publish(3000))
+    t.join()
+    saved = Record.load("s1")
+    assert saved.overlays == ["disk-3.qcow2"] and saved.publish == (Publish(80, 8080), chosen)
+    assert chosen.host == 9090 and applied == [saved.publish]
+    with lock.held(r.files, "s1", "taking a checkpoint of"):
+        monkeypatch.setattr(reach, "LOCK_PATIENCE", 0.1)
+        with pytest.raises(lock.BusyError, match="session s1 is still busy"):
+            reach.unpublish("s1", 3000, None)
+    assert Record.load("s1").publish == (Publish(80, 8080), chosen)
+    assert [p.guest for p in reach.unpublish("s1", 3000, None)] == [3000]
+    assert Record.load("s1").publish == (Publish(80, 8080),) and Record.load("s1").overlays == ["disk-3.qcow2"]
 
 
 def test_an_ending_session_is_listed_as_ending() -> None:

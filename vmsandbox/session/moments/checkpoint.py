@@ -60,7 +60,7 @@ def take(name: str, label: str | None = None) -> Checkpoint:
     """Checkpoint a running session (it pauses for a save and a restore)."""
     label = _check_label(label or time.strftime("cp-%Y%m%d-%H%M%S"))
     record = Record.load(name)
-    with lock.held(record.files, name, "taking a checkpoint"), choose.host_of(record) as host:
+    with lock.held(record.files, name, "taking a checkpoint of"), choose.host_of(record) as host:
         record = Record.load(name)
         vm = host.vm(record)
         must_run(vm, "checkpointed")
@@ -267,7 +267,7 @@ def rollback(name: str, label: str, *, limit: int) -> Rolled:
 
 def remove(name: str, label: str) -> Checkpoint:
     record = Record.load(name)
-    with lock.held(record.files, name, "removing a checkpoint"), choose.host_of(record) as host:
+    with lock.held(record.files, name, "removing a checkpoint of"), choose.host_of(record) as host:
         record = Record.load(name)
         vm = host.vm(record)
         cp = find(record.files, name, label)

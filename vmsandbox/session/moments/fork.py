@@ -96,7 +96,7 @@ def fork(name: str, new: str, *, label: str | None = None) -> Record:
     source = Record.load(name)
     if source.disk is not None:
         raise VmsandboxError(f"session {name} builds an image: it cannot be forked")
-    with lock.held(source.files, name, f"forking {new}"), choose.host_of(source) as host:
+    with lock.held(source.files, name, f"forking {new} from"), choose.host_of(source) as host:
         source = Record.load(name)
         vm = host.vm(source)
         if label is not None:

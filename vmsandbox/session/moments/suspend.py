@@ -90,7 +90,7 @@ def _settle(name: str, why: str, outcome: Callable[[], bool]) -> None:
     saved = outcome()
     try:
         with (
-            lock.held(paths.session_paths(name), name, "settling its save", wait=True),
+            lock.held(paths.session_paths(name), name, "settling the save of", wait=True),
             choose.vm_of(Record.load(name)) as vm,
         ):
             record = vm.record  # (as it is now, read under the lock)

@@ -21,10 +21,11 @@ from vmsandbox.egress import control, policy, ports, proxylog
 from vmsandbox.egress.ports import Publish
 from vmsandbox.egress.rules.netpolicy import Mode
 from vmsandbox.errors import VmsandboxError
-from vmsandbox.session import state
+from vmsandbox.session import lock, state
 from vmsandbox.session.record import Record, names
 
 RELOAD_TIMEOUT = 10.0
+LOCK_PATIENCE = 60.0  # seconds a port's change waits for another command on the session (a checkpoint, a fork)
 
 
 @contextlib.contextmanager
@@ -36,6 +37,14 @@ def _changing(files: paths.SessionPaths) -> Iterator[None]:
         yield
     finally:
         os.close(fd)  # (and the lock with it)
+
+
+@contextlib.contextmanager
+def _rewriting(record: Record, doing: str) -> Iterator[None]:
+    """The session's lock (every command that saves its record holds it: a checkpoint's or a fold's overlays saved
+    meanwhile would be written back as they were), then its policy's."""
+    with lock.held(record.files, record.name, doing, patience=LOCK_PATIENCE), _changing(record.files):
+        yield
 
 
 def _running(name: str) -> Record:
@@ -102,7 +111,7 @@ def allowlist(name: str) -> Allowlist:
 def publish(name: str, wanted: Publish) -> Publish:
     """Publish a guest port of a running session (on a free host port when none is given)."""
     record = _running(name)
-    with _changing(record.files):
+    with _rewriting(record, "publishing a port of"):
         record = Record.load(name)
         if any(p.guest == wanted.guest and (wanted.host is None or p.host == wanted.host) for p in record.publish):
             raise VmsandboxError(f"guest port {wanted.guest} of session {name} is published already")
@@ -116,7 +125,7 @@ def publish(name: str, wanted: Publish) -> Publish:
 def unpublish(name: str, guest: int, host: int | None) -> list[Publish]:
     """Stop publishing a guest port (every host port it has, or only `host`)."""
     record = _running(name)
-    with _changing(record.files):
+    with _rewriting(record, "unpublishing a port of"):
         record = Record.load(name)
         gone = [p for p in record.publish if p.guest == guest and (host is None or p.host == host)]
         if not gone:
