@@ -3,6 +3,7 @@ lock, the record's copy, the capture's space check and the fail-point names."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import threading
@@ -243,65 +244,60 @@ def test_a_teardown_holding_the_lock_is_waited_for(capsys: pytest.CaptureFixture
     assert "Waiting for the VM of session s1 to be destroyed" in capsys.readouterr().err
 
 
-def test_a_command_with_patience_waits_for_any_holder_then_says_who_kept_it(
-    capsys: pytest.CaptureFixture[str],
-) -> None:
-    r = saved_record("s1")
-    taken, let_go = threading.Event(), threading.Event()
+def test_a_save_writes_what_it_changed_over_what_another_saved_meanwhile() -> None:
+    """A checkpoint holds its record while it works and saves new overlays; a port published meanwhile (without
+    the session's lock) saves its ports: neither save writes back what the other changed, each takes in the
+    other's, and a key this version does not know (a newer vmsandbox's) is kept."""
+    saved_record("s1", publish=(Publish(80, 8080),))
+    data = json.loads(paths.session_paths("s1").record.read_text())
+    paths.session_paths("s1").record.write_text(json.dumps(data | {"newer_key": 7}))
+    checkpoint, publisher = Record.load("s1"), Record.load("s1")
+    publisher.publish = (*publisher.publish, Publish(3000, 9090))
+    publisher.save()
+    checkpoint.overlays = [*checkpoint.overlays, "disk-2.qcow2"]
+    checkpoint.save()
+    assert checkpoint.publish == publisher.publish  # taken in
+    publisher.ssh_port = 2200
+    publisher.save()
+    assert publisher.overlays == checkpoint.overlays
+    now = Record.load("s1")
+    assert now.publish == (Publish(80, 8080), Publish(3000, 9090)) and now.overlays == checkpoint.overlays
+    assert now.ssh_port == 2200 and json.loads(now.files.record.read_text())["newer_key"] == 7
+    assert json.loads(now.files.record.with_name("session.json.copy").read_text()) == json.loads(
+        now.files.record.read_text()
+    )
+    both = Record.load("s1")
+    now.unsynced, both.unsynced = 3, 5  # a field both changed: the last save's
+    now.save()
+    both.save()
+    assert Record.load("s1").unsynced == 5
 
-    def checkpoint() -> None:
-        with lock.held(r.files, "s1", "taking a checkpoint of"):
-            taken.set()
-            let_go.wait(5)
 
-    t = threading.Thread(target=checkpoint)
-    t.start()
-    taken.wait(5)
-    still = r"session s1 is still busy: .* is taking a checkpoint of it"
-    with pytest.raises(lock.BusyError, match=still), lock.held(r.files, "s1", "publishing a port of", patience=0.2):
-        pass
-    said = f"Waiting for session s1: vmsandbox (pid {os.getpid()}) is taking a checkpoint of it"
-    assert said in capsys.readouterr().err
-    threading.Timer(0.2, let_go.set).start()
-    with lock.held(r.files, "s1", "publishing a port of", patience=5):  # the holder lets go within it
-        assert let_go.is_set()
-    t.join()
-
-
-def test_a_port_published_while_a_checkpoint_saves_the_record_keeps_both(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A checkpoint (or a live fold) saves the session's record under the session's lock: `port publish` waits for
-    it and reads the record after it, so neither writes back what the other replaced (overlays just deleted, or a
-    port just published)."""
+def test_a_port_published_while_a_checkpoint_works_is_kept(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`port publish` takes the policy's lock only (it never waits on a checkpoint, a fork or a review, which
+    hold the session's for long): what it saves and what a checkpoint holding the session's lock saves after it
+    are both kept. A session stopped, or ending, meanwhile is refused once that lock is held."""
     r = saved_record("s1", publish=(Publish(80, 8080),))
     monkeypatch.setattr("vmsandbox.session.running.reach.state.is_running", lambda _record: True)
     monkeypatch.setattr("vmsandbox.egress.ports.choose", lambda wanted: tuple(replace(p, host=9090) for p in wanted))
     applied: list[tuple[Publish, ...]] = []
     monkeypatch.setattr(reach, "_apply_ports", lambda record: applied.append(record.publish))
-    taken, publishing = threading.Event(), threading.Event()
-
-    def fold() -> None:
-        with lock.held(r.files, "s1", "taking a checkpoint of"):
-            record = Record.load("s1")
-            taken.set()
-            publishing.wait(5)
-            time.sleep(0.2)  # (the publish has read and waits: without the lock it would have saved by now)
-            record.overlays = ["disk-3.qcow2"]
-            record.save()
-
-    t = threading.Thread(target=fold)
-    t.start()
-    taken.wait(5)
-    publishing.set()
-    chosen = reach.publish("s1", Publish(3000))
-    t.join()
+    with lock.held(r.files, "s1", "taking a checkpoint of"):
+        record = Record.load("s1")
+        chosen = reach.publish("s1", Publish(3000))  # (it would wait forever on the session's lock: it never takes it)
+        record.overlays = ["disk-3.qcow2"]
+        record.save()
     saved = Record.load("s1")
     assert saved.overlays == ["disk-3.qcow2"] and saved.publish == (Publish(80, 8080), chosen)
-    assert chosen.host == 9090 and applied == [saved.publish]
-    with lock.held(r.files, "s1", "taking a checkpoint of"):
-        monkeypatch.setattr(reach, "LOCK_PATIENCE", 0.1)
-        with pytest.raises(lock.BusyError, match="session s1 is still busy"):
+    assert chosen.host == 9090 and applied == [saved.publish] and record.publish == saved.publish
+    for field, value, said in (("saved", True, "stopped"), ("ending", "remove", "ending")):
+        changed = Record.load("s1")
+        setattr(changed, field, value)
+        changed.save()
+        with pytest.raises(VmsandboxError, match=f"session s1 is {said}"):
             reach.unpublish("s1", 3000, None)
-    assert Record.load("s1").publish == (Publish(80, 8080), chosen)
+        setattr(changed, field, Record.load("s1").__dataclass_fields__[field].default)
+        changed.save()
     assert [p.guest for p in reach.unpublish("s1", 3000, None)] == [3000]
     assert Record.load("s1").publish == (Publish(80, 8080),) and Record.load("s1").overlays == ["disk-3.qcow2"]
 

@@ -1,11 +1,13 @@
 """One vmsandbox at a time on a session's files. `pull`, `recover`, `push`, `destroy`, `gc`, checkpoints, forks,
-`stop`, `start`, `port publish` and `port rm`, the end of `run` and its background teardown hold the session's lock
-(an flock, which the kernel drops when its holder dies, even by SIGKILL: a killed command never leaves a stale
-lock). A second command is told who holds it instead of interleaving with it: two pulls would otherwise race to
-write the same files, and a destroy would pull the VM away from under a pull. A teardown is waited for (it is
-short, and it is how `run` ends), and a command with patience (a port's change) waits a while for any holder.
+`stop`, `start`, the end of `run` and its background teardown hold the session's lock (an flock, which the kernel
+drops when its holder dies, even by SIGKILL: a killed command never leaves a stale lock). A second command is told
+who holds it instead of interleaving with it: two pulls would otherwise race to write the same files, and a
+destroy would pull the VM away from under a pull. Only a teardown is waited for: it is short, and it is how `run`
+ends.
 
-Whoever holds the lock reads the session's record again inside it: the holder before may have changed it.
+Whoever holds the lock reads the session's record again inside it: the holder before may have changed it. A
+record's save writes only what it changed (session.record), so a command that changes a field of a session
+without its lock (`port publish` its ports) loses nothing to one that holds it, nor it to that one.
 """
 
 from __future__ import annotations
@@ -34,18 +36,9 @@ class GoneError(VmsandboxError):
 
 
 @contextlib.contextmanager
-def held(
-    files: SessionPaths,
-    name: str,
-    doing: str,
-    *,
-    wait: bool = False,
-    never_wait: bool = False,
-    patience: float = 0.0,
-) -> Iterator[None]:
+def held(files: SessionPaths, name: str, doing: str, *, wait: bool = False, never_wait: bool = False) -> Iterator[None]:
     """Hold session `name`'s lock while `doing` (e.g. "pulling"). Another holder: BusyError at once, but a
-    teardown is waited for (and with `wait`, any holder; with `patience`, any holder for that many seconds; with
-    `never_wait`, none)."""
+    teardown is waited for (and with `wait`, any holder; with `never_wait`, none)."""
     gone = GoneError(f"no session named {name!r} (any more)", hint="list sessions with `vmsandbox ls`")
     try:
         fd = os.open(files.root / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
@@ -54,17 +47,14 @@ def held(
     try:
         if not _take(fd):
             holder = os.pread(fd, 200, 0).decode(errors="replace").strip()
-            teardown = TEARDOWN in holder
-            if never_wait or (not wait and not teardown and patience <= 0):
+            if never_wait or (not wait and TEARDOWN not in holder):
                 raise BusyError(
                     f"session {name} is busy: {holder or 'another vmsandbox command is using it'}",
                     hint="wait for that command to finish, then run this one again",
                 )
-            if teardown and not wait:
+            if not wait:
                 ui.info(f"Waiting for the VM of session {name} to be destroyed…")
-            elif not wait:
-                ui.info(f"Waiting for session {name}: {holder or 'another vmsandbox command is using it'}…")
-            _wait(fd, name, holder, None if wait else TEARDOWN_WAIT if teardown else patience)
+            _wait(fd, name, holder, None if wait else TEARDOWN_WAIT)
         if not files.record.exists():
             raise gone
         os.ftruncate(fd, 0)

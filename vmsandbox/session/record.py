@@ -4,7 +4,9 @@ behind. Values are typed here (enums, ports) and plain in the JSON."""
 
 from __future__ import annotations
 
+import contextlib
 import enum
+import fcntl
 import functools
 import json
 import os
@@ -165,12 +167,31 @@ class Record:
         return self.owner_pid is not None and pids.process_start(self.owner_pid) == self.owner_start
 
     def save(self) -> None:
-        """Write the record, and then its copy (each atomically): one of them is whole whatever happens."""
+        """Write what this record changed since it was read or last saved, over what its file says now, and then
+        the copy (each atomically: one of them is whole whatever happens). Two commands that each hold the record
+        for a while (a checkpoint its overlays, `port publish` its ports, a boot its port) never write back what
+        the other changed meanwhile; what the other changed is taken in here too. A field both changed: the last
+        save's. Saves of one session are one at a time (an flock of their own, held for the read and the write)."""
+        mine = self._plain()
+        with _saving(self.files):
+            now, seen = _plain_of(self.files.record), getattr(self, "_seen", None)
+            data = mine  # the first save, or over a file that is damaged: all of it
+            if now is not None and seen is not None:
+                data = now | {k: v for k, v in mine.items() if seen.get(k, _UNSEEN) != v}
+                theirs = Record._parse(json.dumps(data))  # (each field valid: a whole record's, theirs or mine)
+                for key in now.keys() & mine.keys():
+                    if data[key] != mine[key]:
+                        setattr(self, key, getattr(theirs, key))
+            text = json.dumps(data, indent=2, sort_keys=True) + "\n"
+            filewrite.write_atomically(self.files.record, text)
+            filewrite.write_atomically(_copy_of(self.files.record), text)
+        self._seen = json.loads(text)
+
+    def _plain(self) -> dict[str, Any]:
+        """The record as its file holds it (JSON's own values)."""
         data = asdict(self)
         data["publish"] = [p.as_dict() for p in self.publish]
-        text = json.dumps(data, indent=2, sort_keys=True) + "\n"
-        filewrite.write_atomically(self.files.record, text)
-        filewrite.write_atomically(_copy_of(self.files.record), text)
+        return dict(json.loads(json.dumps(data)))
 
     @classmethod
     def load(cls, name: str) -> Record:
@@ -186,7 +207,7 @@ class Record:
             raise VmsandboxError(f"no session named {name!r}", hint="list sessions with `vmsandbox ls`")
         record_file = files.record
         try:
-            record = cls._parse(_read_record(record_file))
+            record = cls._read(record_file)
         except FileNotFoundError:
             raise VmsandboxError(f"no session named {name!r}", hint="list sessions with `vmsandbox ls`") from None
         except (ValueError, TypeError, KeyError, AttributeError) as exc:  # (not a JSON object: AttributeError)
@@ -199,7 +220,7 @@ class Record:
                 )
             return record
         try:
-            record = cls._parse(_read_record(_copy_of(record_file)))
+            record = cls._read(_copy_of(record_file))
         except (OSError, ValueError, TypeError, KeyError, AttributeError):
             raise VmsandboxError(
                 f"the record of session {name} ({record_file}) is damaged, and so is its copy: {damage}",
@@ -212,6 +233,14 @@ class Record:
                 hint=f"`vmsandbox rm {name} --discard` removes the directory",
             )
         record.save()  # mended from the copy
+        return record
+
+    @classmethod
+    def _read(cls, path: Path) -> Record:
+        """The record in file `path`, which remembers what it read (its save writes only what changed since)."""
+        text = _read_record(path)
+        record = cls._parse(text)
+        record._seen = json.loads(text)
         return record
 
     @classmethod
@@ -237,6 +266,7 @@ def _adapter() -> Any:
 
 
 MAX_RECORD_BYTES = 1024**2
+SAVE_LOCK = "session.json.lock"
 
 
 def _read_record(path: Path) -> str:
@@ -251,6 +281,31 @@ def _read_record(path: Path) -> str:
 
 def _copy_of(record_file: Path) -> Path:
     return record_file.with_name(record_file.name + ".copy")
+
+
+_UNSEEN = object()  # a key the record's file did not have when it was read
+
+
+def _plain_of(record_file: Path) -> dict[str, Any] | None:
+    """What a record's file says now, as JSON's values (None: no file, or a damaged one)."""
+    try:
+        data = json.loads(_read_record(record_file))
+        Record._parse(json.dumps(data))
+    except (OSError, ValueError, TypeError, KeyError, AttributeError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+@contextlib.contextmanager
+def _saving(files: paths.SessionPaths) -> Iterator[None]:
+    """One save at a time of a session's record (an flock on a file of its own beside it, held for a read and a
+    write: never waited on for long)."""
+    fd = os.open(files.root / SAVE_LOCK, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
 
 
 # A home's directories of keys, credentials and every tool's config: no project lives inside one.

@@ -21,11 +21,10 @@ from vmsandbox.egress import control, policy, ports, proxylog
 from vmsandbox.egress.ports import Publish
 from vmsandbox.egress.rules.netpolicy import Mode
 from vmsandbox.errors import VmsandboxError
-from vmsandbox.session import lock, state
+from vmsandbox.session import state
 from vmsandbox.session.record import Record, names
 
 RELOAD_TIMEOUT = 10.0
-LOCK_PATIENCE = 60.0  # seconds a port's change waits for another command on the session (a checkpoint, a fork)
 
 
 @contextlib.contextmanager
@@ -39,19 +38,22 @@ def _changing(files: paths.SessionPaths) -> Iterator[None]:
         os.close(fd)  # (and the lock with it)
 
 
-@contextlib.contextmanager
-def _rewriting(record: Record, doing: str) -> Iterator[None]:
-    """The session's lock (every command that saves its record holds it: a checkpoint's or a fold's overlays saved
-    meanwhile would be written back as they were), then its policy's."""
-    with lock.held(record.files, record.name, doing, patience=LOCK_PATIENCE), _changing(record.files):
-        yield
-
-
 def _running(name: str) -> Record:
     record = Record.load(name)
     if not state.is_running(record):
         raise VmsandboxError(
             f"session {name} is not running", hint=f"`vmsandbox start {name}` resumes a stopped one; `vmsandbox ls`"
+        )
+    return record
+
+
+def _still_running(name: str) -> Record:
+    """The record read again once the policy's lock is held: a `stop` or the end of a `run` may have come
+    meanwhile (its ports would be published on a VM that is gone, or going)."""
+    record = _running(name)
+    if record.saved or record.ending is not None:
+        raise VmsandboxError(
+            f"session {name} is {'stopped' if record.saved else 'ending'}", hint="`vmsandbox ls` shows its state"
         )
     return record
 
@@ -111,8 +113,8 @@ def allowlist(name: str) -> Allowlist:
 def publish(name: str, wanted: Publish) -> Publish:
     """Publish a guest port of a running session (on a free host port when none is given)."""
     record = _running(name)
-    with _rewriting(record, "publishing a port of"):
-        record = Record.load(name)
+    with _changing(record.files):
+        record = _still_running(name)
         if any(p.guest == wanted.guest and (wanted.host is None or p.host == wanted.host) for p in record.publish):
             raise VmsandboxError(f"guest port {wanted.guest} of session {name} is published already")
         (chosen,) = ports.choose((wanted,))
@@ -125,8 +127,8 @@ def publish(name: str, wanted: Publish) -> Publish:
 def unpublish(name: str, guest: int, host: int | None) -> list[Publish]:
     """Stop publishing a guest port (every host port it has, or only `host`)."""
     record = _running(name)
-    with _rewriting(record, "unpublishing a port of"):
-        record = Record.load(name)
+    with _changing(record.files):
+        record = _still_running(name)
         gone = [p for p in record.publish if p.guest == guest and (host is None or p.host == host)]
         if not gone:
             raise VmsandboxError(
@@ -186,7 +188,7 @@ def secret_changed(secret: str) -> dict[str, str | None]:
         if any(rule.secret == secret for rule in rules):
             try:
                 with _changing(record.files):
-                    create.open_egress(record)
+                    create.open_egress(Record.load(name))  # (its ports as they are now: a publish may have come)
                 done[name] = None
             except VmsandboxError as exc:
                 done[name] = exc.message
