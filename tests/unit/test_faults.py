@@ -3,9 +3,11 @@ lock, the record's copy, the capture's space check and the fail-point names."""
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import re
+import shutil
 import threading
 import time
 from dataclasses import replace
@@ -273,23 +275,70 @@ def test_a_save_writes_what_it_changed_over_what_another_saved_meanwhile() -> No
     assert Record.load("s1").unsynced == 5
 
 
-def test_a_port_published_while_a_checkpoint_works_is_kept(monkeypatch: pytest.MonkeyPatch) -> None:
-    """`port publish` takes the policy's lock only (it never waits on a checkpoint, a fork or a review, which
-    hold the session's for long): what it saves and what a checkpoint holding the session's lock saves after it
-    are both kept. A session stopped, or ending, meanwhile is refused once that lock is held."""
-    r = saved_record("s1", publish=(Publish(80, 8080),))
+def test_a_command_with_patience_waits_for_any_holder_then_says_who_kept_it(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    r = saved_record("s1")
+    taken, let_go = threading.Event(), threading.Event()
+
+    def checkpoint() -> None:
+        with lock.held(r.files, "s1", "taking a checkpoint of"):
+            taken.set()
+            let_go.wait(5)
+
+    t = threading.Thread(target=checkpoint)
+    t.start()
+    taken.wait(5)
+    still = r"session s1 is still busy: .* is taking a checkpoint of it"
+    with pytest.raises(lock.BusyError, match=still), lock.held(r.files, "s1", "publishing a port of", patience=0.2):
+        pass
+    said = f"Waiting for session s1: vmsandbox (pid {os.getpid()}) is taking a checkpoint of it"
+    assert said in capsys.readouterr().err
+    publishing = lock.held(r.files, "s1", "publishing a port of", beside=lock.REVIEWING)
+    with pytest.raises(lock.BusyError, match="is busy"), publishing:  # beside a review only, not a checkpoint
+        pass
+    threading.Timer(0.2, let_go.set).start()
+    with lock.held(r.files, "s1", "publishing a port of", patience=5):  # the holder lets go within it
+        assert let_go.is_set()
+    t.join()
+
+
+@pytest.fixture
+def ports_of_s1(monkeypatch: pytest.MonkeyPatch) -> list[tuple[Publish, ...]]:
+    """Session s1, running as `port publish` sees it, port 8080 published; the ports each change served."""
+    saved_record("s1", publish=(Publish(80, 8080),))
     monkeypatch.setattr("vmsandbox.session.running.reach.state.is_running", lambda _record: True)
     monkeypatch.setattr("vmsandbox.egress.ports.choose", lambda wanted: tuple(replace(p, host=9090) for p in wanted))
     applied: list[tuple[Publish, ...]] = []
     monkeypatch.setattr(reach, "_apply_ports", lambda record: applied.append(record.publish))
-    with lock.held(r.files, "s1", "taking a checkpoint of"):
-        record = Record.load("s1")
-        chosen = reach.publish("s1", Publish(3000))  # (it would wait forever on the session's lock: it never takes it)
-        record.overlays = ["disk-3.qcow2"]
-        record.save()
+    return applied
+
+
+def test_a_port_published_waits_for_a_checkpoint_and_both_are_kept(ports_of_s1: list[tuple[Publish, ...]]) -> None:
+    """A checkpoint (or a stop, a rollback, an `rm`) starts and stops the session's egress daemon under the
+    session's lock: `port publish` waits for it, then reads the record as the checkpoint left it."""
+    files = paths.session_paths("s1")
+    taken, publishing = threading.Event(), threading.Event()
+
+    def checkpoint() -> None:
+        with lock.held(files, "s1", "taking a checkpoint of"):
+            record = Record.load("s1")
+            taken.set()
+            publishing.wait(5)
+            time.sleep(0.2)  # (the publish waits meanwhile: without the lock it would have served its port by now)
+            assert ports_of_s1 == []
+            record.overlays = ["disk-3.qcow2"]
+            record.save()
+
+    t = threading.Thread(target=checkpoint)
+    t.start()
+    taken.wait(5)
+    publishing.set()
+    chosen = reach.publish("s1", Publish(3000))
+    t.join()
     saved = Record.load("s1")
     assert saved.overlays == ["disk-3.qcow2"] and saved.publish == (Publish(80, 8080), chosen)
-    assert chosen.host == 9090 and applied == [saved.publish] and record.publish == saved.publish
+    assert chosen.host == 9090 and ports_of_s1 == [saved.publish]
     for field, value, said in (("saved", True, "stopped"), ("ending", "remove", "ending")):
         changed = Record.load("s1")
         setattr(changed, field, value)
@@ -300,6 +349,74 @@ def test_a_port_published_while_a_checkpoint_works_is_kept(monkeypatch: pytest.M
         changed.save()
     assert [p.guest for p in reach.unpublish("s1", 3000, None)] == [3000]
     assert Record.load("s1").publish == (Publish(80, 8080),) and Record.load("s1").overlays == ["disk-3.qcow2"]
+
+
+def test_a_page_of_a_review_publishes_under_the_review_s_lock_and_the_review_keeps_it(
+    ports_of_s1: list[tuple[Publish, ...]],
+) -> None:
+    """`run --review web`: the review holds the session's lock while the person decides, and the page it serves
+    (threads of the same process) publishes a port: at once, and the review's own save afterwards keeps it."""
+    files = paths.session_paths("s1")
+    with lock.held(files, "s1", lock.REVIEWING):
+        review = Record.load("s1")
+        served: list[Publish] = []
+        page = threading.Thread(target=lambda: served.append(reach.publish("s1", Publish(3000))))
+        page.start()
+        page.join(5)
+        assert served and not page.is_alive()
+        review.unsynced = 0
+        review.save()
+    assert Record.load("s1").publish == (Publish(80, 8080), served[0]) and Record.load("s1").unsynced == 0
+
+
+def test_a_save_takes_in_nothing_when_its_write_fails_and_never_writes_over_another_session(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    r = saved_record("s1")
+    data = json.loads(r.files.record.read_text())
+    data["publish"] = [{"guest": 80, "host": 8080}]  # (an older vmsandbox's: no addresses; read with the default)
+    r.files.record.write_text(json.dumps(data))
+    old, other = Record.load("s1"), Record.load("s1")
+    other.publish = (*other.publish, Publish(3000, 9090))
+    other.save()
+    old.overlays = ["disk-2.qcow2"]
+    old.save()  # (its publish, read as this version reads it, is not a change of its own)
+    assert Record.load("s1").publish == (Publish(80, 8080), Publish(3000, 9090))
+    stale, newer = Record.load("s1"), Record.load("s1")
+    newer.ssh_port = 2200
+    newer.save()
+
+    def full(*_: object) -> None:
+        raise OSError(28, "No space left on device")
+
+    stale.unsynced = 4
+    with monkeypatch.context() as m, pytest.raises(OSError):
+        m.setattr("vmsandbox.session.record.filewrite.write_atomically", full)
+        stale.save()
+    assert stale.ssh_port == 1  # nothing taken in from a save that did not happen
+    stale.save()
+    assert Record.load("s1").ssh_port == 2200 and Record.load("s1").unsynced == 4
+    gone = Record.load("s1")
+    shutil.rmtree(r.files.root)
+    saved_record("s1", project="/new")  # removed, and another made with its name
+    gone.unsynced = 9
+    with pytest.raises(VmsandboxError, match="was removed, and another made with its name"):
+        gone.save()
+    assert Record.load("s1").project == "/new" and Record.load("s1").unsynced is None
+
+
+def test_a_save_waits_for_another_a_while_then_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
+    r = saved_record("s1")
+    monkeypatch.setattr("vmsandbox.session.record.SAVE_WAIT", 0.2)
+    fd = os.open(r.files.root / "session.json.lock", os.O_RDWR)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)  # (a command stopped while it saved)
+        with pytest.raises(VmsandboxError, match="was held by another command for 0 s") as caught:
+            r.save()
+        assert caught.value.hint is not None and "`fg` it" in caught.value.hint
+    finally:
+        os.close(fd)
+    r.save()
 
 
 def test_an_ending_session_is_listed_as_ending() -> None:

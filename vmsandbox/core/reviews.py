@@ -16,7 +16,7 @@ from vmsandbox.session.record import Record
 from vmsandbox.sync.review.frozen import StaleError
 from vmsandbox.sync.review.plan import Decisions, Outcome, Plan
 
-REVIEWING = "reviewing the changes of"
+REVIEWING = lock.REVIEWING
 __all__ = ["StaleError"]  # (a review that was applied already, or replaced: raised by apply)
 T = TypeVar("T")
 

@@ -1,13 +1,13 @@
 """One vmsandbox at a time on a session's files. `pull`, `recover`, `push`, `destroy`, `gc`, checkpoints, forks,
-`stop`, `start`, the end of `run` and its background teardown hold the session's lock (an flock, which the kernel
-drops when its holder dies, even by SIGKILL: a killed command never leaves a stale lock). A second command is told
-who holds it instead of interleaving with it: two pulls would otherwise race to write the same files, and a
-destroy would pull the VM away from under a pull. Only a teardown is waited for: it is short, and it is how `run`
-ends.
+`stop`, `start`, `port publish` and `port rm`, the end of `run` and its background teardown hold the session's lock
+(an flock, which the kernel drops when its holder dies, even by SIGKILL: a killed command never leaves a stale
+lock). A second command is told who holds it instead of interleaving with it: two pulls would otherwise race to
+write the same files, and a destroy would pull the VM away from under a pull. A teardown is waited for (it is
+short, and it is how `run` ends), and a command with patience (a port's change) waits a while for any holder.
 
 Whoever holds the lock reads the session's record again inside it: the holder before may have changed it. A
-record's save writes only what it changed (session.record), so a command that changes a field of a session
-without its lock (`port publish` its ports) loses nothing to one that holds it, nor it to that one.
+record's save writes only what that command changed (session.record), so one that saves without the lock
+(a fork's new record, a tunnel's port) loses nothing to one that holds it, nor it to that one.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import fcntl
 import os
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 from vmsandbox import ui
 from vmsandbox.errors import VmsandboxError
@@ -24,7 +25,9 @@ from vmsandbox.paths import SessionPaths
 
 LOCK_FILE = "session.lock"
 TEARDOWN = "tearing down"
+REVIEWING = "reviewing the changes of"  # a review: a person decides, and the page of it may publish a port
 TEARDOWN_WAIT = 120.0  # seconds a command waits for a teardown before it says the session is busy
+_HELD: dict[Path, str] = {}  # the sessions whose lock this process holds (their directories), and for what
 
 
 class BusyError(VmsandboxError):
@@ -36,32 +39,57 @@ class GoneError(VmsandboxError):
 
 
 @contextlib.contextmanager
-def held(files: SessionPaths, name: str, doing: str, *, wait: bool = False, never_wait: bool = False) -> Iterator[None]:
+def held(
+    files: SessionPaths,
+    name: str,
+    doing: str,
+    *,
+    wait: bool = False,
+    never_wait: bool = False,
+    patience: float = 0.0,
+    beside: str | None = None,
+) -> Iterator[None]:
     """Hold session `name`'s lock while `doing` (e.g. "pulling"). Another holder: BusyError at once, but a
-    teardown is waited for (and with `wait`, any holder; with `never_wait`, none)."""
+    teardown is waited for (and with `wait`, any holder; with `patience`, any holder for that many seconds; with
+    `never_wait`, none). With `beside`, a holder in this very process `beside` that (a review, whose page publishes
+    a port) lets this command go on under its lock."""
     gone = GoneError(f"no session named {name!r} (any more)", hint="list sessions with `vmsandbox ls`")
+    if beside is not None and _HELD.get(files.root) == beside:
+        yield
+        return
     try:
         fd = os.open(files.root / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     except FileNotFoundError:
         raise gone from None
     try:
         if not _take(fd):
-            holder = os.pread(fd, 200, 0).decode(errors="replace").strip()
-            if never_wait or (not wait and TEARDOWN not in holder):
+            holder = _holder(fd)
+            teardown = TEARDOWN in holder
+            if never_wait or (not wait and not teardown and patience <= 0):
                 raise BusyError(
-                    f"session {name} is busy: {holder or 'another vmsandbox command is using it'}",
-                    hint="wait for that command to finish, then run this one again",
+                    f"session {name} is busy: {holder}", hint="wait for that command to finish, then run this one again"
                 )
-            if not wait:
+            if teardown and not wait:
                 ui.info(f"Waiting for the VM of session {name} to be destroyed…")
-            _wait(fd, name, holder, None if wait else TEARDOWN_WAIT)
+            elif not wait:
+                ui.info(f"Waiting for session {name}: {holder}…")
+            _wait(fd, name, None if wait else TEARDOWN_WAIT if teardown else patience)
         if not files.record.exists():
             raise gone
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"vmsandbox (pid {os.getpid()}) is {doing} it".encode(), 0)
-        yield
+        _HELD[files.root] = doing
+        try:
+            yield
+        finally:
+            _HELD.pop(files.root, None)
     finally:
         os.close(fd)
+
+
+def _holder(fd: int) -> str:
+    """Who holds the lock, in words (as the holder wrote it)."""
+    return os.pread(fd, 200, 0).decode(errors="replace").strip() or "another vmsandbox command is using it"
 
 
 def _take(fd: int) -> bool:
@@ -72,9 +100,9 @@ def _take(fd: int) -> bool:
     return True
 
 
-def _wait(fd: int, name: str, holder: str, timeout: float | None) -> None:
+def _wait(fd: int, name: str, timeout: float | None) -> None:
     deadline = None if timeout is None else time.monotonic() + timeout
     while not _take(fd):
         if deadline is not None and time.monotonic() > deadline:
-            raise BusyError(f"session {name} is still busy: {holder}", hint="run this again in a moment")
+            raise BusyError(f"session {name} is still busy: {_holder(fd)}", hint="run this again in a moment")
         time.sleep(0.1)

@@ -173,19 +173,25 @@ class Record:
         the other changed meanwhile; what the other changed is taken in here too. A field both changed: the last
         save's. Saves of one session are one at a time (an flock of their own, held for the read and the write)."""
         mine = self._plain()
-        with _saving(self.files):
+        with _saving(self.files, self.name):
             now, seen = _plain_of(self.files.record), getattr(self, "_seen", None)
-            data = mine  # the first save, or over a file that is damaged: all of it
+            data, theirs = mine, None  # the first save, or over a file that is damaged: all of it
             if now is not None and seen is not None:
+                if "created" in now and now["created"] != seen.get("created"):
+                    raise VmsandboxError(
+                        f"session {self.name} was removed, and another made with its name, while this command ran",
+                        hint="`vmsandbox ls` shows it; this command changed nothing of it",
+                    )
                 data = now | {k: v for k, v in mine.items() if seen.get(k, _UNSEEN) != v}
                 theirs = Record._parse(json.dumps(data))  # (each field valid: a whole record's, theirs or mine)
-                for key in now.keys() & mine.keys():
-                    if data[key] != mine[key]:
-                        setattr(self, key, getattr(theirs, key))
             text = json.dumps(data, indent=2, sort_keys=True) + "\n"
             filewrite.write_atomically(self.files.record, text)
             filewrite.write_atomically(_copy_of(self.files.record), text)
-        self._seen = json.loads(text)
+        if theirs is not None:  # (once written: a save that failed takes in nothing)
+            for key in data.keys() & mine.keys():
+                if data[key] != mine[key]:
+                    setattr(self, key, getattr(theirs, key))
+        self._seen = self._plain()
 
     def _plain(self) -> dict[str, Any]:
         """The record as its file holds it (JSON's own values)."""
@@ -238,9 +244,8 @@ class Record:
     @classmethod
     def _read(cls, path: Path) -> Record:
         """The record in file `path`, which remembers what it read (its save writes only what changed since)."""
-        text = _read_record(path)
-        record = cls._parse(text)
-        record._seen = json.loads(text)
+        record = cls._parse(_read_record(path))
+        record._seen = record._plain()  # (as this version reads it: a field it fills in is not a change of its own)
         return record
 
     @classmethod
@@ -267,6 +272,7 @@ def _adapter() -> Any:
 
 MAX_RECORD_BYTES = 1024**2
 SAVE_LOCK = "session.json.lock"
+SAVE_WAIT = 30.0  # seconds a save waits for another (each holds it for a read and a write)
 
 
 def _read_record(path: Path) -> str:
@@ -297,12 +303,23 @@ def _plain_of(record_file: Path) -> dict[str, Any] | None:
 
 
 @contextlib.contextmanager
-def _saving(files: paths.SessionPaths) -> Iterator[None]:
+def _saving(files: paths.SessionPaths, name: str) -> Iterator[None]:
     """One save at a time of a session's record (an flock on a file of its own beside it, held for a read and a
-    write: never waited on for long)."""
+    write: waited for SAVE_WAIT seconds at most, should its holder be stopped)."""
     fd = os.open(files.root / SAVE_LOCK, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+        deadline = time.monotonic() + SAVE_WAIT
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise VmsandboxError(
+                        f"the record of session {name} was held by another command for {SAVE_WAIT:.0f} s",
+                        hint="a vmsandbox command stopped (Ctrl-Z) while it saved? `fg` it, then run this again",
+                    ) from None
+                time.sleep(0.01)
         yield
     finally:
         os.close(fd)

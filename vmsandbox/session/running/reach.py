@@ -21,10 +21,11 @@ from vmsandbox.egress import control, policy, ports, proxylog
 from vmsandbox.egress.ports import Publish
 from vmsandbox.egress.rules.netpolicy import Mode
 from vmsandbox.errors import VmsandboxError
-from vmsandbox.session import state
+from vmsandbox.session import lock, state
 from vmsandbox.session.record import Record, names
 
 RELOAD_TIMEOUT = 10.0
+LOCK_PATIENCE = 60.0  # seconds a port's change waits for another command on the session (a checkpoint, a fork)
 
 
 @contextlib.contextmanager
@@ -47,9 +48,19 @@ def _running(name: str) -> Record:
     return record
 
 
+@contextlib.contextmanager
+def _rewriting(record: Record, doing: str) -> Iterator[None]:
+    """The session's lock, then its policy's: a `stop`, a checkpoint, a rollback or an `rm` starts and stops the
+    session's egress daemon under the session's lock, and a port's change would otherwise start one for a VM that is
+    being saved or removed. A review in this very process (whose page publishes) holds it for this change."""
+    held = lock.held(record.files, record.name, doing, patience=LOCK_PATIENCE, beside=lock.REVIEWING)
+    with held, _changing(record.files):
+        yield
+
+
 def _still_running(name: str) -> Record:
-    """The record read again once the policy's lock is held: a `stop` or the end of a `run` may have come
-    meanwhile (its ports would be published on a VM that is gone, or going)."""
+    """The record read again once the locks are held: a `stop` or the end of a `run` may have come meanwhile (its
+    ports would be published on a VM that is gone, or going)."""
     record = _running(name)
     if record.saved or record.ending is not None:
         raise VmsandboxError(
@@ -113,7 +124,7 @@ def allowlist(name: str) -> Allowlist:
 def publish(name: str, wanted: Publish) -> Publish:
     """Publish a guest port of a running session (on a free host port when none is given)."""
     record = _running(name)
-    with _changing(record.files):
+    with _rewriting(record, "publishing a port of"):
         record = _still_running(name)
         if any(p.guest == wanted.guest and (wanted.host is None or p.host == wanted.host) for p in record.publish):
             raise VmsandboxError(f"guest port {wanted.guest} of session {name} is published already")
@@ -127,7 +138,7 @@ def publish(name: str, wanted: Publish) -> Publish:
 def unpublish(name: str, guest: int, host: int | None) -> list[Publish]:
     """Stop publishing a guest port (every host port it has, or only `host`)."""
     record = _running(name)
-    with _changing(record.files):
+    with _rewriting(record, "unpublishing a port of"):
         record = _still_running(name)
         gone = [p for p in record.publish if p.guest == guest and (host is None or p.host == host)]
         if not gone:
