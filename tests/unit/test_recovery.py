@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from vmsandbox import paths
+from vmsandbox import paths, pids
 from vmsandbox.session import state
 from vmsandbox.session.end import gc
 from vmsandbox.session.place import choose, pins
@@ -130,3 +130,20 @@ def test_a_damaged_record_being_made_right_now_is_left_alone(hv: Hypervisor) -> 
     files.record.write_text("")
     assert collect() == []
     assert files.root.exists()
+
+
+def test_a_session_being_made_by_a_live_command_is_booting_before_its_domain_exists(hv: Hypervisor) -> None:
+    """A `create` still capturing its project, or a fork still copying its source, has no domain yet: while the
+    command making it lives it is booting, and gc (`rm --stale`) leaves it be; once that command is dead, it goes."""
+    me = os.getpid()
+    making = saved_record("making", status="creating", keep=True, owner_pid=me, owner_start=pids.process_start(me))
+    assert _status(making).state is State.BOOTING
+    assert collect() == [] and making.files.root.exists()
+    running(hv, making)
+    assert _status(making).state is State.BOOTING
+    hv.destroy(making.domain)
+    dead = Record.load("making")
+    dead.owner_pid, dead.owner_start = dead_pid(), "1"
+    dead.save()
+    assert _status(dead).state is State.EXITED
+    assert collect() == ["removed session making (exited)"]

@@ -89,13 +89,15 @@ def status(vm: VM) -> Status:
         return Status(record, State.ENDING)
     if record.exported:
         return Status(record, State.EXPORTED)
+    if record.status is not Phase.READY and record.owner_alive():  # being made (its domain may not exist yet)
+        return Status(record, State.BOOTING)
     info = vm.info()
     if info is None or gone(info):
         saved = record.saved and vm.saved.held()
         return Status(record, State.STOPPED if saved else State.EXITED)
-    if record.status is not Phase.READY:
-        return Status(record, State.BOOTING if record.owner_alive() else State.ORPHANED)
-    if not record.keep and not record.owner_alive():
+    # orphaned: the command that made it died before it was ready, or the `run` it belongs to did
+    orphaned = record.status is not Phase.READY or (not record.keep and not record.owner_alive())
+    if orphaned:
         return Status(record, State.ORPHANED)
     return Status(record, State.PAUSED if info.state in ("paused", "suspended") else State.RUNNING)
 

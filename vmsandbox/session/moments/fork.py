@@ -24,7 +24,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from vmsandbox import paths, proc, ui
+from vmsandbox import paths, pids, proc, ui
 from vmsandbox.confine import access, accounts
 from vmsandbox.egress import control, policy
 from vmsandbox.errors import VmsandboxError
@@ -174,8 +174,8 @@ def _make(vm: VM, cp: Checkpoint, new: str, *, at: str | None) -> Record:
         name=new,
         created=time.time(),
         keep=True,
-        owner_pid=None,
-        owner_start=None,
+        owner_pid=os.getpid(),  # (while it is made: gc and `rm --stale` leave it be; none once it is ready)
+        owner_start=pids.process_start(os.getpid()),
         status=Phase.CREATING,
         unsynced=None,
         saved=False,
@@ -210,7 +210,7 @@ def _make(vm: VM, cp: Checkpoint, new: str, *, at: str | None) -> Record:
         if spawned is not None:
             with ui.step("Opening the fork's egress proxy"):
                 control.wait_open(create.daemon_spec(record), record.files, spawned)
-        record.status = Phase.READY
+        record.status, record.owner_pid, record.owner_start = Phase.READY, None, None
         record.save()
     except BaseException as exc:
         _undo(record, exc)
