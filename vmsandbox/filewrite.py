@@ -1,9 +1,12 @@
 """Writing files of ours safely: made ours before another program writes into them, or replaced whole in one
-rename (a reader, or a crash, sees the old content or the new, never a part)."""
+rename (a reader, or a crash, sees the old content or the new, never a part); one writer at a time, by an flock
+waited for a bounded while."""
 
 from __future__ import annotations
 
+import fcntl
 import os
+import time
 from pathlib import Path
 
 
@@ -28,3 +31,18 @@ def write_atomically(path: Path, text: str | bytes, *, mode: int = 0o600) -> Non
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+def locked_within(fd: int, seconds: float | None, *, poll: float = 0.1) -> bool:
+    """An exclusive flock on `fd`, taken within `seconds` (None: however long it takes; 0: one try). False: another
+    held it all that while."""
+    deadline = None if seconds is None else time.monotonic() + seconds
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            if deadline is not None and time.monotonic() >= deadline:
+                return False
+            time.sleep(poll)
+        else:
+            return True

@@ -13,13 +13,11 @@ record's save writes only what that command changed (session.record), so one tha
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import os
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from vmsandbox import ui
+from vmsandbox import filewrite, ui
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.paths import SessionPaths
 
@@ -93,16 +91,9 @@ def _holder(fd: int) -> str:
 
 
 def _take(fd: int) -> bool:
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return False
-    return True
+    return filewrite.locked_within(fd, 0)
 
 
 def _wait(fd: int, name: str, timeout: float | None) -> None:
-    deadline = None if timeout is None else time.monotonic() + timeout
-    while not _take(fd):
-        if deadline is not None and time.monotonic() > deadline:
-            raise BusyError(f"session {name} is still busy: {_holder(fd)}", hint="run this again in a moment")
-        time.sleep(0.1)
+    if not filewrite.locked_within(fd, timeout):
+        raise BusyError(f"session {name} is still busy: {_holder(fd)}", hint="run this again in a moment")

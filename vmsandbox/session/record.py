@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import contextlib
 import enum
-import fcntl
 import functools
 import json
 import os
@@ -308,18 +307,11 @@ def _saving(files: paths.SessionPaths, name: str) -> Iterator[None]:
     write: waited for SAVE_WAIT seconds at most, should its holder be stopped)."""
     fd = os.open(files.root / SAVE_LOCK, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     try:
-        deadline = time.monotonic() + SAVE_WAIT
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() > deadline:
-                    raise VmsandboxError(
-                        f"the record of session {name} was held by another command for {SAVE_WAIT:.0f} s",
-                        hint="a vmsandbox command stopped (Ctrl-Z) while it saved? `fg` it, then run this again",
-                    ) from None
-                time.sleep(0.01)
+        if not filewrite.locked_within(fd, SAVE_WAIT, poll=0.01):
+            raise VmsandboxError(
+                f"the record of session {name} was held by another command for {SAVE_WAIT:.0f} s",
+                hint="a vmsandbox command stopped (Ctrl-Z) while it saved? `fg` it, then run this again",
+            )
         yield
     finally:
         os.close(fd)

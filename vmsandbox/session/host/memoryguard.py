@@ -33,7 +33,6 @@ IDLE_EXIT seconds. Sessions on other hosts are not guarded here: their memory is
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import os
 import sys
 import time
@@ -256,16 +255,9 @@ def lock(patience: float = 0.0) -> int | None:
     root = paths.sessions_dir()
     root.mkdir(parents=True, exist_ok=True)
     fd = os.open(root / LOCK, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-    deadline = time.monotonic() + patience
-    while True:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            break
-        except BlockingIOError:
-            if time.monotonic() >= deadline:
-                os.close(fd)
-                return None
-            time.sleep(0.1)
+    if not filewrite.locked_within(fd, patience):
+        os.close(fd)
+        return None
     _say_where()
     return fd
 
