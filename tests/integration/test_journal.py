@@ -32,7 +32,8 @@ from vmsandbox.sync.tree import manifest
 from .conftest import suite_settings, unique_name
 
 LIMIT = 1024**3
-BIG = os.urandom(8 * 1024**2)
+# (byte 4096, which a step overwrites with "X", is never "X" already: one run in 256 it would be)
+BIG = os.urandom(4096) + b"\0" + os.urandom(8 * 1024**2 - 4097)
 
 
 @pytest.fixture(scope="module")
@@ -123,6 +124,19 @@ def test_a_byte_changed_in_a_big_file_and_a_mode_changed(session: Record) -> Non
     assert named.view["data/run.sh"].mode == 0o755 and named.view["data/run.sh"].digest == base.digest
     assert (session.files.guest_tree / "data/run.sh").read_text() == "#!/bin/sh\necho run\n"
     assert {"data/big.bin", "data/run.sh"} <= named.differs
+
+
+def test_a_file_rewritten_with_its_size_and_time_kept_is_fetched(session: Record) -> None:
+    """`cp -p`, `tar x` and rsync in the guest keep a file's size and time: the journal names it, and the
+    fetch compares its bytes (rsync's quick check by size and time alone would keep the mirror's old copy,
+    and the review would miss the change)."""
+    named = step(
+        session,
+        "cp -p src/lib/m20.py /tmp/m20 && printf 'value = 99\\n' > src/lib/m20.py && touch -r /tmp/m20 src/lib/m20.py",
+        expect="the journal named 1 path(s)",
+    )
+    assert named.view["src/lib/m20.py"].digest == hashlib.sha256(b"value = 99\n").hexdigest()
+    assert "src/lib/m20.py" in named.differs
 
 
 def test_a_guest_that_forges_placeholders_gets_its_real_bytes_seen(session: Record) -> None:

@@ -193,3 +193,24 @@ def test_a_malformed_attribute_is_not_a_placeholder(tmp_path: Path) -> None:
         manifest.scan(tmp_path, cache=HashCache(None, placeholders=True))["f"].digest
         == hashlib.sha256(b"data").hexdigest()
     )
+
+
+def test_unsettle_moves_named_files_a_second_back_and_nothing_else(
+    trees: tuple[Path, Path, manifest.Manifest], tmp_path: Path
+) -> None:
+    """rsync compares the bytes of what the journal named (a quick check of size and time cannot skip it); a
+    named directory's files, a symlink and what a symlinked directory leads to keep their times."""
+    baseline, mirror, entries = trees
+    placeholders.fill(mirror, baseline, entries, ["src/run.sh"])
+    before = {rel: os.lstat(mirror / rel).st_mtime_ns for rel in ("src/run.sh", "src/big.bin", "link")}
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "f").write_text("x")
+    os.utime(outside / "f", ns=(0, 5 * 10**9))
+    (mirror / "out").symlink_to(outside)
+    placeholders.unsettle(mirror, ["src/run.sh", "src", "link", "out/f", "gone"])
+    assert os.lstat(mirror / "src/run.sh").st_mtime_ns == before["src/run.sh"] - 10**9
+    assert os.lstat(mirror / "src/big.bin").st_mtime_ns == before["src/big.bin"]
+    assert os.lstat(mirror / "link").st_mtime_ns == before["link"]
+    assert os.lstat(mirror / "src/run.sh").st_mtime_ns % 10**9 == 123_456_789  # (whole seconds: rsync's unit)
+    assert os.lstat(outside / "f").st_mtime_ns == 5 * 10**9

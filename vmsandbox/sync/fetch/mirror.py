@@ -127,6 +127,7 @@ def fetch_live(
         try:
             if answer.paths:  # placeholders named get their data first: rsync sends only the difference
                 placeholders.fill(files.guest_tree, files.baseline, base, answer.paths)
+                placeholders.unsettle(files.guest_tree, answer.paths)  # and their bytes are compared
                 _rsync(endpoint, workdir, files, max_file_bytes, answer.paths, held=held)
                 delta.refresh(files.guest_tree, base, known, answer.paths, _cache(files))
                 delta.save(files.root, known)

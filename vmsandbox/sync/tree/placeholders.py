@@ -116,6 +116,24 @@ def fill(mirror: Path, baseline: Path, base: Mapping[str, Entry], rels: Iterable
     return lost
 
 
+def unsettle(mirror: Path, rels: Iterable[str]) -> None:
+    """Move the mirror's regular files among `rels` a second back in time, so that rsync's quick check (size
+    and mtime, in whole seconds) cannot skip them: the guest's journal named them, so their bytes are compared.
+    A file the guest rewrote with its size and time kept (`cp -p`, `tar x`, `touch -r`) is fetched; one it did
+    not change costs a delta transfer that sends nothing. Run after `fill` (a placeholder would be compared
+    against its zeros) and only on named paths: nothing under a named directory is touched."""
+    with _Dirs(mirror) as mirror_dirs:
+        for rel in rels:
+            where, _, name = rel.rpartition("/")
+            here = mirror_dirs.find(where)
+            if here is None:
+                continue
+            with contextlib.suppress(FileNotFoundError):
+                like = os.stat(name, dir_fd=here, follow_symlinks=False)
+                if stat.S_ISREG(like.st_mode):
+                    os.utime(name, ns=(like.st_atime_ns, like.st_mtime_ns - 10**9), dir_fd=here, follow_symlinks=False)
+
+
 def thin(mirror: Path, base: Mapping[str, Entry], same: Iterable[str]) -> None:
     """Turn the mirror's files at `same` (paths where it holds what the baseline holds) into placeholders."""
     if not supported(mirror.parent):
