@@ -114,6 +114,15 @@ def test_bad_publish_specs_are_refused(capsys: pytest.CaptureFixture[str], tmp_p
         assert "--publish" in capsys.readouterr().err
 
 
+def test_a_bad_port_given_to_port_is_named_as_such(capsys: pytest.CaptureFixture[str]) -> None:
+    """`port rm`/`port publish` have no `--publish` flag: their error and its example are of the command given."""
+    for command in ("publish", "rm"):
+        assert run_cli(["port", command, "exp1", "80x"]) == base.EXIT_USAGE
+        err = capsys.readouterr().err
+        assert "port '80x': ports are numbers" in err and "--publish" not in err and " -p " not in err
+        assert f"`vmsandbox port {command} exp1 8080:3000`" in err
+
+
 def test_agent_shorthands_exist_with_runs_options(capsys: pytest.CaptureFixture[str]) -> None:
     for agent in base.AGENTS:
         assert run_cli([agent, "--help"]) == 0

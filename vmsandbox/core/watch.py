@@ -38,9 +38,9 @@ def ports(name: str) -> tuple[Publish, ...]:
     return Record.load(name).publish
 
 
-def _spec(spec: str, address: str | None) -> Publish:
+def _spec(name: str, command: str, spec: str, address: str | None) -> Publish:
     try:
-        return parse_publish(spec, address)
+        return parse_publish(spec, address, said="port", example=f"`vmsandbox port {command} {name} {{}}`")
     except VmsandboxError as exc:
         raise UsageError(exc.message, hint=exc.hint) from None
 
@@ -48,12 +48,12 @@ def _spec(spec: str, address: str | None) -> Publish:
 def publish(name: str, spec: str, address: str | None = None) -> Publish:
     """`[HOST_PORT:]GUEST_PORT` of a running session published (on a free host port when none is given), on
     loopback or `address`."""
-    return reach.publish(name, _spec(spec, address))
+    return reach.publish(name, _spec(name, "publish", spec, address))
 
 
 def unpublish(name: str, spec: str) -> list[Publish]:
     """A guest port no longer published (every host port it has, or the one `HOST_PORT:` names)."""
-    wanted = _spec(spec, None)
+    wanted = _spec(name, "rm", spec, None)
     return reach.unpublish(name, wanted.guest, wanted.host)
 
 

@@ -91,13 +91,15 @@ class Run:
     web: bool = False  # the review at the end in the browser (`--review web`)
 
 
-def parse_publish(spec: str, address: str | None) -> Publish:
-    """`[HOST_PORT:]GUEST_PORT`, on `address` instead of loopback when given."""
+def parse_publish(spec: str, address: str | None, *, said: str = "--publish", example: str = "-p {}") -> Publish:
+    """`[HOST_PORT:]GUEST_PORT`, on `address` instead of loopback when given. An error names the spec as `said`
+    (the flag, or `port`) and shows `example` (with a spec in its `{}`)."""
     host_text, _, guest_text = spec.rpartition(":")
     ports = [host_text, guest_text] if host_text else [guest_text]
     if not all(p.isdigit() and 0 < int(p) < 65536 for p in ports):
         raise VmsandboxError(
-            f"--publish {spec!r}: ports are numbers from 1 to 65535", hint="e.g. -p 3000 or -p 8080:3000"
+            f"{said} {spec!r}: ports are numbers from 1 to 65535",
+            hint=f"e.g. {example.format(3000)} or {example.format('8080:3000')}",
         )
     published = Publish(int(guest_text), int(host_text) if host_text else None)
     if address is None:
