@@ -4,6 +4,7 @@ One real kill per phase stays in tests/integration/test_faults.py; these hold th
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from collections.abc import Iterator
@@ -12,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from vmsandbox import paths, pids
-from vmsandbox.session import state
+from vmsandbox.session import lock, state
 from vmsandbox.session.end import gc
 from vmsandbox.session.place import choose, pins
 from vmsandbox.session.record import Record, State, domain_name
@@ -147,3 +148,25 @@ def test_a_session_being_made_by_a_live_command_is_booting_before_its_domain_exi
     dead.save()
     assert _status(dead).state is State.EXITED
     assert collect() == ["removed session making (exited)"]
+
+
+def test_a_session_that_came_alive_while_gc_waited_for_its_lock_is_left(
+    hv: Hypervisor, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """gc looks at a session's state, then takes its lock: a command that held the lock meanwhile (a `start`, a
+    fork's maker) may have brought it to life, so its state is looked at again under the lock."""
+    r = saved_record("revived", status="creating", keep=True, owner_pid=dead_pid(), owner_start="1")
+    assert _status(r).state is State.EXITED
+    held = lock.held
+
+    @contextlib.contextmanager
+    def after_another_command(*args: object, **kwargs: object) -> Iterator[None]:
+        alive = Record.load("revived")  # what the command that held the lock did before gc got it
+        alive.owner_pid, alive.owner_start = os.getpid(), pids.process_start(os.getpid())
+        alive.save()
+        with held(*args, **kwargs):  # type: ignore[arg-type]
+            yield
+
+    monkeypatch.setattr(lock, "held", after_another_command)
+    assert collect() == []
+    assert r.files.root.exists() and _status(Record.load("revived")).state is State.BOOTING

@@ -2,16 +2,19 @@ from __future__ import annotations
 
 import os
 import pwd
+import threading
 from pathlib import Path
 
 import pytest
 
+import vmsandbox.session.start.create
 from vmsandbox import paths, pids, sudo
 from vmsandbox.confine import rights
+from vmsandbox.core import sessions
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.guest.bootfiles import GuestUser
 from vmsandbox.guest.commands import remote_command
-from vmsandbox.session import record
+from vmsandbox.session import lock, record, state
 from vmsandbox.session.start import project
 
 from .conftest import saved_record
@@ -156,3 +159,38 @@ def test_guest_user_under_sudo_is_the_invoking_user(monkeypatch: pytest.MonkeyPa
     assert user == GuestUser("alice", 1001, 1002)
     # sudo from root itself, or no sudo: the real user
     assert GuestUser.of_host({"SUDO_USER": "root", "SUDO_UID": "0"}).uid == os.getuid()
+
+
+def test_a_dead_proxy_is_restarted_under_the_lock_and_not_for_a_vm_stopped_meanwhile(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`exec` found the egress daemon dead because a `stop` (which holds the session's lock) had just stopped it:
+    once it has the lock, it looks again, finds the VM stopped, and starts no daemon for it."""
+    r = saved_record("proxied")
+    first_look, stopped = threading.Event(), threading.Event()
+
+    def usable(found: record.Record) -> str | None:
+        if stopped.is_set():
+            raise VmsandboxError(f"session {found.name} is stopped")
+        first_look.set()
+        return "died"
+
+    started: list[str] = []
+    monkeypatch.setattr(state, "usable", usable)
+    monkeypatch.setattr(vmsandbox.session.start.create, "open_egress", lambda found: started.append(found.name))
+    said: list[BaseException] = []
+
+    def exec_() -> None:
+        try:
+            sessions.ready("proxied")
+        except VmsandboxError as exc:
+            said.append(exc)
+
+    with lock.held(r.files, r.name, "stopping"):
+        command = threading.Thread(target=exec_)
+        command.start()
+        assert first_look.wait(10)
+        stopped.set()  # what the `stop` holding the lock did
+    command.join(30)
+    assert not command.is_alive() and started == []
+    assert len(said) == 1 and "is stopped" in str(said[0])

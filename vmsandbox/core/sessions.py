@@ -122,13 +122,19 @@ def ready(name: str) -> Record:
     """The session, able to take a command: raises (with the fix) unless its VM runs; its egress daemon started
     again if it had died (without it the guest has no network)."""
     found = Record.load(name)
-    why = state.usable(found)
-    if why is not None:
-        from vmsandbox import ui
+    if state.usable(found) is None:
+        return found
+    # under the session's lock: a `stop`, a checkpoint or an `rm` stops the daemon under it, and another command
+    # may be restarting it too (a review in this process holds the lock for it)
+    with lock.held(found.files, name, "restarting the egress proxy of", patience=lock.PATIENCE, beside=lock.REVIEWING):
+        found = Record.load(name)
+        why = state.usable(found)  # looked at again: what held the lock may have stopped the VM or restarted it
+        if why is not None:
+            from vmsandbox import ui
 
-        ui.warn(f"the egress proxy of session {found.name} {why}, so the guest had no network; restarting it")
-        with ui.step("Restarting the egress proxy"):
-            vmsandbox.session.start.create.open_egress(found)
+            ui.warn(f"the egress proxy of session {found.name} {why}, so the guest had no network; restarting it")
+            with ui.step("Restarting the egress proxy"):
+                vmsandbox.session.start.create.open_egress(found)
     return found
 
 

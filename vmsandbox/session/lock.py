@@ -25,6 +25,7 @@ LOCK_FILE = "session.lock"
 TEARDOWN = "tearing down"
 REVIEWING = "reviewing the changes of"  # a review: a person decides, and the page of it may publish a port
 TEARDOWN_WAIT = 120.0  # seconds a command waits for a teardown before it says the session is busy
+PATIENCE = 60.0  # seconds a short change (a port, the egress daemon started again) waits for another command
 _HELD: dict[Path, str] = {}  # the sessions whose lock this process holds (their directories), and for what
 
 

@@ -85,7 +85,10 @@ def _session(name: str, asked: choose.Hosts, uri: str, limit: int, tidy: Tidy) -
         return
     try:
         with lock.held(files, name, "cleaning up"):
-            yield _collect(Record.load(name), state, limit)  # read again: a teardown may have run
+            record = Record.load(name)  # read again, and its state looked at again: while gc waited for the
+            state = status(asked.vm(record)).state  # lock, a `start` may have booted it or a teardown ended it
+            if state in (State.EXITED, State.ORPHANED, State.ENDING):
+                yield _collect(record, state, limit)
     except lock.BusyError as exc:
         yield f"skipped {exc.message}"
     except lock.GoneError:  # it ended meanwhile (its teardown finished)

@@ -25,7 +25,6 @@ from vmsandbox.session import lock, state
 from vmsandbox.session.record import Record, names
 
 RELOAD_TIMEOUT = 10.0
-LOCK_PATIENCE = 60.0  # seconds a port's change waits for another command on the session (a checkpoint, a fork)
 
 
 @contextlib.contextmanager
@@ -53,7 +52,7 @@ def _rewriting(record: Record, doing: str) -> Iterator[None]:
     """The session's lock, then its policy's: a `stop`, a checkpoint, a rollback or an `rm` starts and stops the
     session's egress daemon under the session's lock, and a port's change would otherwise start one for a VM that is
     being saved or removed. A review in this very process (whose page publishes) holds it for this change."""
-    held = lock.held(record.files, record.name, doing, patience=LOCK_PATIENCE, beside=lock.REVIEWING)
+    held = lock.held(record.files, record.name, doing, patience=lock.PATIENCE, beside=lock.REVIEWING)
     with held, _changing(record.files):
         yield
 
