@@ -177,6 +177,39 @@ def test_the_file_keeps_the_zero_pages_as_holes(tmp_path: Path) -> None:
     assert (tmp_path / "ram").stat().st_blocks * 512 < 64 * P  # one page written (file systems round up)
 
 
+@pytest.mark.parametrize("buffer", [1 << 20, 4099, 13])  # reads ahead that end anywhere in a record
+def test_runs_of_zero_pages_pages_sent_again_and_filled_pages_land_as_a_live_save_left_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, buffer: int
+) -> None:
+    """A live save sends a page again when the guest wrote it meanwhile: a page that held data and then came as
+    ZERO is zeros in the file, one that came as ZERO and then with data holds it; a ZERO record with another fill
+    byte is that byte over the page. Long runs of ZERO records are taken in C (`_holes`) up to the first that is
+    not a hole, wherever the reader's buffer ends."""
+    monkeypatch.setattr(split, "READ_BUFFER", buffer)
+    s = Stream()
+    s.section(split.SECTION_START, 3, s.blocks([("pc.ram", RAM), ("pc.rom", ROM)]))
+    first = b"".join(s.page("pc.ram", i * P, page_of(i) if i in (3, 9) else None) for i in range(16))
+    s.section(split.SECTION_PART, 3, first + s.page("pc.rom", 0, page_of(0xAA)) + s.eos())
+    again = s.page("pc.ram", 9 * P, None) + s.page("pc.ram", 10 * P, page_of(10))  # 9 zeroed, 10 written
+    filled = struct.pack(">Q", 12 * P | split.FLAG_ZERO | split.FLAG_CONTINUE) + b"\x07"
+    s.section(split.SECTION_END, 3, again + filled + s.page("pc.ram", 13 * P, None) + s.eos())
+    s.out += DEVICES + b"\x00" + b"\x06" + struct.pack(">I", 2) + b"{}"
+    fake_save(tmp_path / "vm.save", sized(RAM), bytes(s.out))
+    fd = os.open(tmp_path / "ram", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        got = split.split(tmp_path / "vm.save", fd, tmp_path / "state.save")
+    finally:
+        os.close(fd)
+    ram = (tmp_path / "ram").read_bytes()
+    want = {3: page_of(3), 10: page_of(10), 12: bytes([7]) * P}
+    for i in range(16):
+        assert ram[i * P : (i + 1) * P] == want.get(i, bytes(P)), f"page {i}"
+    assert got.pages == 3
+    state = savefile.read(tmp_path / "state.save")
+    _, pages, rest = records((tmp_path / "state.save").read_bytes()[state.stream_offset :])
+    assert pages == [("pc.rom", 0, split.FLAG_PAGE)] and rest.startswith(DEVICES)
+
+
 def damaged(tmp_path: Path, change: str) -> Path:
     s = Stream()
     if change == "subsection":
@@ -188,6 +221,9 @@ def damaged(tmp_path: Path, change: str) -> Path:
         s.section(split.SECTION_START, 4, s.eos(), name="block")
     elif change == "past-the-end":
         s.section(split.SECTION_PART, 3, s.page("pc.ram", RAM, page_of(1)) + s.eos())
+    elif change == "zero-past-the-end":  # (at the end of a run of holes)
+        holes = b"".join(s.page("pc.ram", i * P, None) for i in range(4))
+        s.section(split.SECTION_PART, 3, holes + s.page("pc.ram", RAM, None) + s.eos())
     if change != "missing-pages":
         s.section(split.SECTION_PART, 3, b"".join(s.page("pc.ram", i * P, None) for i in range(16)) + s.eos())
     s.out += DEVICES
@@ -200,7 +236,7 @@ def damaged(tmp_path: Path, change: str) -> Path:
 
 # larger: the stream (QEMU's, a guest's if it took its QEMU over) says the RAM is larger than the domain (libvirt's
 # header) says: root would size the memory file by it, and fill it
-CHANGES = ["subsection", "xbzrle", "block", "past-the-end", "missing-pages", "truncated", "larger"]
+CHANGES = ["subsection", "xbzrle", "block", "past-the-end", "zero-past-the-end", "missing-pages", "truncated", "larger"]
 
 
 @pytest.mark.parametrize("change", CHANGES)

@@ -43,8 +43,10 @@ FLAG_ZERO, FLAG_MEM_SIZE, FLAG_PAGE, FLAG_EOS, FLAG_CONTINUE = 0x02, 0x04, 0x08,
 FLAG_MASK = PAGE - 1  # the low bits of a record's u64 are its flags, the rest the page's offset
 MAX_RUN = 256  # pages written in one pwritev (IOV_MAX is 1024)
 ZERO_PAGE = bytes(PAGE)
+ZERO_CONTINUED = FLAG_ZERO | FLAG_CONTINUE
 READ_BUFFER = 1 << 20
 BE32, BE64 = struct.Struct(">I"), struct.Struct(">Q")
+ZERO_RECORD = struct.Struct(">QB")  # a ZERO record of the block before: its word and its fill byte
 
 
 class StreamError(savefile.SaveImageError):
@@ -59,24 +61,43 @@ class Split:
 
 
 class _Reader:
-    """Big-endian fields read from the stream, every read whole or StreamError."""
+    """Big-endian fields read from the stream, every read whole or StreamError. It reads ahead a buffer of its own
+    (`buf` from `i` on: a run of records is parsed there in place, `_Ram._holes`)."""
 
     def __init__(self, f: BinaryIO, where: str) -> None:
         self.f, self.where = f, where
+        self.buf, self.i, self.base = b"", 0, f.tell()  # base: where buf starts in the file
 
     @property
     def pos(self) -> int:
-        return self.f.tell()
+        return self.base + self.i
+
+    def seek(self, pos: int) -> None:
+        if self.base <= pos <= self.base + len(self.buf):
+            self.i = pos - self.base
+        else:
+            self.f.seek(pos)
+            self.buf, self.i, self.base = b"", 0, pos
 
     def take(self, n: int) -> bytes:
-        got = self.f.read(n)
+        if len(self.buf) - self.i < n:
+            rest = self.buf[self.i :]
+            self.buf, self.base, self.i = rest + self.f.read(max(n - len(rest), READ_BUFFER)), self.pos, 0
+        got = self.buf[self.i : self.i + n]
         if len(got) != n:
-            raise StreamError(f"{self.where}: the memory stream ends early (at byte {self.pos})")
+            raise StreamError(f"{self.where}: the memory stream ends early (at byte {self.pos + len(got)})")
+        self.i += n
         return got
+
+    def rest(self, out: BinaryIO) -> None:
+        """All that is left of the stream, copied to `out`."""
+        out.write(self.buf[self.i :])
+        shutil.copyfileobj(self.f, out, READ_BUFFER)
+        self.buf, self.i, self.base = b"", 0, self.f.tell()
 
     def peek(self) -> int:
         got = self.take(1)
-        self.f.seek(-1, os.SEEK_CUR)
+        self.i -= 1
         return got[0]
 
     def u8(self) -> int:
@@ -129,7 +150,7 @@ def split(source: Path, ram_fd: int, state: Path, xml: str | None = None) -> Spl
         expected = domain.memory_bytes(ET.fromstring(saved.xml))  # noqa: S314 - libvirt's header, not QEMU's
     except (ValueError, ET.ParseError) as exc:
         raise StreamError(f"{source}: the saved domain's memory: {exc}") from None
-    with source.open("rb", buffering=READ_BUFFER) as f:
+    with source.open("rb", buffering=0) as f:
         f.seek(saved.stream_offset)
         fd = os.open(state, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
         try:
@@ -172,8 +193,8 @@ def _split_stream(r: _Reader, ram_fd: int, out: BinaryIO, expected: int) -> tupl
             if kind == SECTION_FULL:  # the devices' state, to the end: copied as it is
                 if ram.pending():
                     raise StreamError(f"{r.where}: device state before the RAM was complete")
-                r.f.seek(begin)
-                shutil.copyfileobj(r.f, out, READ_BUFFER)
+                r.seek(begin)
+                r.rest(out)
                 return ram.finish()
         elif kind in (SECTION_PART, SECTION_END):
             section = r.be32()
@@ -184,7 +205,7 @@ def _split_stream(r: _Reader, ram_fd: int, out: BinaryIO, expected: int) -> tupl
         if names.get(section) != "ram":
             raise StreamError(f"{r.where}: an iterative section {names.get(section)!r} besides the RAM")
         here = r.pos
-        r.f.seek(begin)
+        r.seek(begin)
         head = r.take(here - begin)
         body = ram.section(r)
         if r.u8() != SECTION_FOOTER or r.be32() != section:
@@ -235,6 +256,8 @@ class _Ram:
                 raise StreamError(f"{self.where}: a page record with flags {flags:#x} (compressed? XBZRLE?)")
             if self.block == self.main:
                 self._main_page(offset, flags, data)
+                if flags & FLAG_CONTINUE:
+                    self._holes(r)
                 continue
             name = self.block.encode("latin-1")
             kept += BE64.pack(offset | (flags & ~FLAG_CONTINUE)) + bytes([len(name)]) + name + data
@@ -261,6 +284,21 @@ class _Ram:
         os.ftruncate(self.fd, self.length)
         self.written = bytearray(self.length // PAGE // 8 + 1)
         return bytes(listed)
+
+    def _holes(self, r: _Reader) -> None:
+        """The ZERO records of the main block that follow, each of a page the file holds as a hole (most of a
+        guest's RAM, one record a page): taken from what the reader holds read ahead, a record at a time in C.
+        What does not fit (another kind of record, a page written before) is left to `section`."""
+        ahead = len(r.buf) - r.i
+        taken, last, written = 0, self.length - PAGE, self.written
+        with memoryview(r.buf) as view:
+            for word, fill in ZERO_RECORD.iter_unpack(view[r.i : r.i + ahead - ahead % ZERO_RECORD.size]):
+                offset = word ^ ZERO_CONTINUED
+                if offset & FLAG_MASK or fill or offset > last or written[offset >> 15] >> (offset >> 12 & 7) & 1:
+                    break
+                taken += 1
+        r.i += taken * ZERO_RECORD.size
+        self.seen += taken
 
     def _main_page(self, offset: int, flags: int, data: bytes) -> None:
         if offset + PAGE > self.length:
