@@ -108,7 +108,12 @@ def rebase_pinned(images: Sequence[Path], base: Path, most: int, *, keep: int = 
     lower = list(images[len(images) - keep :]) if keep else []
     backing = lower[0] if lower else base
     argv: list[str | Path] = ["qemu-img", "rebase", "-q", "--image-opts", pinned(images, base)]
-    proc.run([*argv, "-b", "json:" + json.dumps(_chain_json([*lower, base])), "-F", "qcow2"])
+    # onto `base` itself, named by its path: qemu-img finds it at the bottom of the chain it was told and reads
+    # only what the images above it hold (a `json:` backing is opened anew, and every cluster of the disk
+    # compared: 1.3-3.5 s against 0.04 s for a session's 20 GiB disk). Were it not found, `base` would be opened
+    # by its header: root's image, as below. The lower images' chain is pinned in a `json:` backing.
+    new = str(base.absolute()) if not lower else "json:" + json.dumps(_chain_json([*lower, base]))
+    proc.run([*argv, "-b", new, "-F", "qcow2"])
     # the header names what it reads: the new backing's path, not the json it was told
     proc.run(["qemu-img", "rebase", "-q", "-u", "-f", "qcow2", "-b", backing, "-F", "qcow2", images[0]])
 
