@@ -12,6 +12,7 @@ from types import SimpleNamespace
 import pytest
 
 from tests.unit.conftest import saved_record
+from vmsandbox import proc
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.session.place import chain, checkpoints
 from vmsandbox.session.place.checkpoints import Checkpoint
@@ -101,6 +102,31 @@ def test_the_forks_chain_is_pinned_top_first_with_commas_escaped() -> None:
     assert opts.endswith(
         "backing.backing.driver=qcow2,backing.backing.file.driver=file,backing.backing.file.filename=/i/base.qcow2"
     )
+
+
+def test_a_rebase_names_the_base_by_its_path_and_a_pinned_lower_chain_by_json(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Onto root's base, the new backing is its path (qemu-img finds it in the pinned chain and reads only the
+    overlays; were it not found, root's image would be opened by its own header). Onto a session's overlay it
+    stays a `json:` chain: by its path, qemu-img would fall back to reading that overlay's header, which the
+    session's QEMU may have rewritten."""
+    head = bytearray(qemuimg.QCOW2_HEADER)
+    head[:4], head[4:8] = qemuimg.QCOW2_MAGIC, (3).to_bytes(4, "big")
+    images = [tmp_path / n for n in ("top.qcow2", "mid.qcow2", "low.qcow2")]
+    for image in images:
+        image.write_bytes(bytes(head))
+    base = Path("/images/base.qcow2")
+    told: list[list[str]] = []
+    monkeypatch.setattr(proc, "run", lambda argv, **kw: told.append([str(a) for a in argv]))
+    qemuimg.rebase_pinned(images, base, 1 << 30)
+    assert told[0][told[0].index("-b") + 1] == str(base)
+    told.clear()
+    qemuimg.rebase_pinned(images, base, 1 << 30, keep=1)
+    new = told[0][told[0].index("-b") + 1]
+    assert new.startswith("json:") and str(images[2]) in new and str(base) in new
+    unsafe = ["qemu-img", "rebase", "-q", "-u", "-f", "qcow2", "-b", str(images[2]), "-F", "qcow2", str(images[0])]
+    assert told[1] == unsafe  # the header then names the new backing's path
 
 
 def test_an_overlay_with_an_external_data_file_is_refused(tmp_path: Path) -> None:
