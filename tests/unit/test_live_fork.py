@@ -12,10 +12,11 @@ from types import SimpleNamespace
 import pytest
 
 from tests.unit.conftest import saved_record
-from vmsandbox import proc
+from vmsandbox import paths, proc
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.session.place import chain, checkpoints
 from vmsandbox.session.place.checkpoints import Checkpoint
+from vmsandbox.session.place.local import disks
 from vmsandbox.session.record import Record
 from vmsandbox.vm import livesave, qemuimg
 
@@ -127,6 +128,38 @@ def test_a_rebase_names_the_base_by_its_path_and_a_pinned_lower_chain_by_json(
     assert new.startswith("json:") and str(images[2]) in new and str(base) in new
     unsafe = ["qemu-img", "rebase", "-q", "-u", "-f", "qcow2", "-b", str(images[2]), "-F", "qcow2", str(images[0])]
     assert told[1] == unsafe  # the header then names the new backing's path
+
+
+@pytest.mark.parametrize(
+    ("named", "trusted"),
+    [
+        ("{images}/base-x/disk.qcow2", True),
+        ("/var/tmp/host-secret", False),
+        ("{images}/../../etc/shadow", False),  # (lexically under it, but not as it reads)
+        ("{images}", False),
+        ("disk.qcow2", False),  # (relative: to the overlay's own directory)
+        (None, False),
+    ],
+)
+def test_an_older_sessions_base_is_trusted_only_where_the_host_keeps_its_images(
+    monkeypatch: pytest.MonkeyPatch, named: str | None, trusted: bool
+) -> None:
+    """A session made before the host recorded the image below its overlays (record.below): the bottom overlay's
+    header names it, and its QEMU may have rewritten that to a file of the host's, which a fork's copy or a fold
+    would read into its disk. Only a name in the images directory, as written, is taken."""
+    record = saved_record("legacy")
+    assert record.below is None
+    images = str(paths.images_dir().absolute())
+    header = None if named is None else named.format(images=images)
+    found = qemuimg.ImageInfo(record.files.root / record.overlays[0], "qcow2", 1 << 30, 0, header)
+    monkeypatch.setattr(qemuimg, "info", lambda path: found)
+    if trusted:
+        assert disks.trusted_below(record) == Path(str(header))
+    else:
+        with pytest.raises(VmsandboxError, match="made by an older vmsandbox"):
+            disks.trusted_below(record)
+    record.below = "/recorded/base.qcow2"
+    assert disks.trusted_below(record) == Path("/recorded/base.qcow2")  # the record's, no header read
 
 
 def test_an_overlay_with_an_external_data_file_is_refused(tmp_path: Path) -> None:

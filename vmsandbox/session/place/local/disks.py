@@ -241,6 +241,24 @@ def _larger(record: Record, below_bytes: int) -> int:
     return max(record.disk_mib * 1024 * 1024, below_bytes)
 
 
+def trusted_below(record: Record) -> Path:
+    """The image below a session's overlays: the record's; for a session made before the host recorded it, the
+    one its bottom overlay's header names, only if that name is, as written, a path in this host's images
+    directory (its QEMU may have rewritten the header to name a file of the host's, which a fold or a fork's copy
+    would read into a disk its guest reads; the name is not looked up before it passes)."""
+    if record.below is not None:
+        return Path(record.below)
+    named = qemuimg.info(record.files.root / record.overlays[0]).backing_file or ""
+    images = str(paths.images_dir().absolute())
+    if os.path.normpath(named) != named or not named.startswith(images + "/"):
+        raise VmsandboxError(
+            f"session {record.name} was made by an older vmsandbox, and its disk's first overlay names "
+            f"{ui.printable(repr(named), markup=False)} as the image below it: not an image of this host's",
+            hint=f"take its changes (`vmsandbox pull {record.name}`), then `vmsandbox rm {record.name}` and start anew",
+        )
+    return Path(named)
+
+
 def tidy(record: Record, *, live: bool) -> None:
     """Fold the overlays no checkpoint needs into the ones above, delete the unreachable ones (session.place.chain)."""
     files = record.files
@@ -248,7 +266,11 @@ def tidy(record: Record, *, live: bool) -> None:
     p = chain.plan(chains, named, chain.present(files.root), live=live)
     if not p.folds and not p.dead:
         return
-    below = (Path(record.below), most_bytes(record)) if record.below and p.folds else None  # (read for folds only)
+    if p.folds:  # (read for folds only)
+        base = trusted_below(record)
+        below: tuple[Path, int] | None = (base, most_bytes(record, base))
+    else:
+        below = None
     chain.apply(files.root, chains, p, below)
     record.save()
     for c in have:
@@ -268,10 +290,7 @@ def rewind(record: Record, cp: Checkpoint) -> None:
 def copy_for_fork(source: Record, cp: Checkpoint, record: Record) -> None:
     """The fork's system disk: one overlay holding everything the checkpoint's chain held above its image."""
     src = source.files
-    # the image the host put below it, else (a session made before it was recorded) what its bottom overlay says
-    below = source.below or qemuimg.info(src.root / cp.chain[0]).backing_file
-    if below is None:
-        raise VmsandboxError(f"{src.root / cp.chain[0]} has no backing image")
+    below = trusted_below(source)
     overlays = [src.root / name for name in reversed(cp.chain)]
-    qemuimg.copy_above(overlays, Path(below), record.system_disk, most_bytes(source, Path(below)))
+    qemuimg.copy_above(overlays, below, record.system_disk, most_bytes(source, below))
     record.system_disk.chmod(0o600)
