@@ -4,6 +4,7 @@ import os
 import pwd
 import threading
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -11,10 +12,12 @@ import vmsandbox.session.start.create
 from vmsandbox import paths, pids, sudo
 from vmsandbox.confine import rights
 from vmsandbox.core import sessions
+from vmsandbox.egress import control, policy
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.guest.bootfiles import GuestUser
 from vmsandbox.guest.commands import remote_command
 from vmsandbox.session import lock, record, state
+from vmsandbox.session.running import reach
 from vmsandbox.session.start import project
 
 from .conftest import saved_record
@@ -194,3 +197,33 @@ def test_a_dead_proxy_is_restarted_under_the_lock_and_not_for_a_vm_stopped_meanw
     command.join(30)
     assert not command.is_alive() and started == []
     assert len(said) == 1 and "is stopped" in str(said[0])
+
+
+def test_a_secret_handed_anew_waits_for_a_stop_and_starts_no_daemon_after_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`secret set` restarts the egress daemon of each running session that injects the secret: under the
+    session's lock, and only if the daemon still runs once it has it (a `stop` holding the lock stopped it)."""
+    r = saved_record("injecting")
+    r.files.egress_config.write_text("{}")
+    first_look, stopped = threading.Event(), threading.Event()
+
+    def daemon_state(files: object) -> SimpleNamespace:
+        first_look.set()
+        return SimpleNamespace(alive=not stopped.is_set())
+
+    monkeypatch.setattr(reach, "names", lambda: ["injecting"])
+    monkeypatch.setattr(control, "daemon_state", daemon_state)
+    monkeypatch.setattr(policy, "read_config", lambda files: {})
+    rules = SimpleNamespace(secrets=[SimpleNamespace(secret="gh-token")])
+    monkeypatch.setattr(policy, "proxy_config", lambda config: rules)
+    started: list[str] = []
+    monkeypatch.setattr(vmsandbox.session.start.create, "open_egress", lambda found: started.append(found.name))
+    done: list[dict[str, str | None]] = []
+    with lock.held(r.files, r.name, "stopping"):
+        handing = threading.Thread(target=lambda: done.append(reach.secret_changed("gh-token")))
+        handing.start()
+        assert first_look.wait(10)
+        stopped.set()  # what the `stop` holding the lock did
+    handing.join(30)
+    assert not handing.is_alive() and started == [] and done == [{}]
+    stopped.clear()
+    assert reach.secret_changed("gh-token") == {"injecting": None} and started == ["injecting"]

@@ -197,8 +197,12 @@ def secret_changed(secret: str) -> dict[str, str | None]:
             continue  # gone meanwhile, or not one this account may read
         if any(rule.secret == secret for rule in rules):
             try:
-                with _changing(record.files):
-                    create.open_egress(Record.load(name))  # (its ports as they are now: a publish may have come)
+                with _rewriting(record, "handing a secret anew to"):  # (a stop or an rm stops the daemon under it)
+                    record = Record.load(name)  # (its ports as they are now: a publish may have come)
+                    current = control.daemon_state(record.files)
+                    if current is None or not current.alive:  # stopped meanwhile: no VM to hand it to
+                        continue
+                    create.open_egress(record)
                 done[name] = None
             except VmsandboxError as exc:
                 done[name] = exc.message
