@@ -80,9 +80,11 @@ class _Reader:
             self.buf, self.i, self.base = b"", 0, pos
 
     def take(self, n: int) -> bytes:
-        if len(self.buf) - self.i < n:
-            rest = self.buf[self.i :]
-            self.buf, self.base, self.i = rest + self.f.read(max(n - len(rest), READ_BUFFER)), self.pos, 0
+        while len(self.buf) - self.i < n:
+            more = self.f.read(max(n, READ_BUFFER))
+            if not more:
+                break
+            self.buf, self.base, self.i = self.buf[self.i :] + more, self.pos, 0
         got = self.buf[self.i : self.i + n]
         if len(got) != n:
             raise StreamError(f"{self.where}: the memory stream ends early (at byte {self.pos + len(got)})")
