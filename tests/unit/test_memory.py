@@ -98,6 +98,17 @@ def a_save(tmp_path: Path, *, main: str = "pc.ram") -> tuple[Path, dict[int, byt
     return tmp_path / "vm.save", written
 
 
+def split_of(tmp_path: Path, s: Stream) -> tuple[split.Split, bytes]:
+    """Stream `s` saved as a save image of RAM bytes, split: what split says, and the RAM file it wrote."""
+    fake_save(tmp_path / "vm.save", sized(RAM), bytes(s.out))
+    fd = os.open(tmp_path / "ram", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        got = split.split(tmp_path / "vm.save", fd, tmp_path / "state.save")
+    finally:
+        os.close(fd)
+    return got, (tmp_path / "ram").read_bytes()
+
+
 def records(stream: bytes) -> tuple[list[tuple[str, int]], list[tuple[str, int, int]], bytes]:
     """What a split stream holds: the block list, every page record (block, offset, flags) and what follows the
     RAM sections."""
@@ -194,13 +205,7 @@ def test_runs_of_zero_pages_pages_sent_again_and_filled_pages_land_as_a_live_sav
     filled = struct.pack(">Q", 12 * P | split.FLAG_ZERO | split.FLAG_CONTINUE) + b"\x07"
     s.section(split.SECTION_END, 3, again + filled + s.page("pc.ram", 13 * P, None) + s.eos())
     s.out += DEVICES + b"\x00" + b"\x06" + struct.pack(">I", 2) + b"{}"
-    fake_save(tmp_path / "vm.save", sized(RAM), bytes(s.out))
-    fd = os.open(tmp_path / "ram", os.O_RDWR | os.O_CREAT, 0o600)
-    try:
-        got = split.split(tmp_path / "vm.save", fd, tmp_path / "state.save")
-    finally:
-        os.close(fd)
-    ram = (tmp_path / "ram").read_bytes()
+    got, ram = split_of(tmp_path, s)
     want = {3: page_of(3), 10: page_of(10), 12: bytes([7]) * P}
     for i in range(16):
         assert ram[i * P : (i + 1) * P] == want.get(i, bytes(P)), f"page {i}"
@@ -816,13 +821,7 @@ def test_a_live_saves_pages_sent_again_leave_the_last_content_zeros_included(tmp
     again = s.page("pc.ram", 1 * P, None) + s.page("pc.ram", 2 * P, page_of(0x66)) + s.page("pc.ram", 5 * P, None)
     s.section(split.SECTION_END, 3, again + s.eos())
     s.out += DEVICES
-    fake_save(tmp_path / "vm.save", sized(RAM), bytes(s.out))
-    fd = os.open(tmp_path / "ram", os.O_RDWR | os.O_CREAT, 0o600)
-    try:
-        got = split.split(tmp_path / "vm.save", fd, tmp_path / "state.save")
-    finally:
-        os.close(fd)
-    ram = (tmp_path / "ram").read_bytes()
+    got, ram = split_of(tmp_path, s)
     assert ram[1 * P : 2 * P] == bytes(P)  # zeroed after it was sent: zeros
     assert ram[2 * P : 3 * P] == page_of(0x66) and ram[3 * P : 4 * P] == page_of(0x55)
     assert ram[5 * P : 6 * P] == bytes(P)

@@ -24,7 +24,7 @@ import contextlib
 import errno
 import os
 import stat
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 
 from vmsandbox import proc
@@ -123,34 +123,36 @@ def unsettle(mirror: Path, rels: Iterable[str]) -> None:
     not change costs a delta transfer that sends nothing. Run after `fill` (a placeholder would be compared
     against its zeros) and only on named paths: nothing under a named directory is touched."""
     with _Dirs(mirror) as mirror_dirs:
-        for rel in rels:
-            where, _, name = rel.rpartition("/")
-            here = mirror_dirs.find(where)
-            if here is None:
-                continue
-            with contextlib.suppress(FileNotFoundError):
-                like = os.stat(name, dir_fd=here, follow_symlinks=False)
-                if stat.S_ISREG(like.st_mode):
-                    os.utime(name, ns=(like.st_atime_ns, like.st_mtime_ns - 10**9), dir_fd=here, follow_symlinks=False)
+        for _rel, here, name, like in _regular_files(mirror_dirs, rels):
+            os.utime(name, ns=(like.st_atime_ns, like.st_mtime_ns - 10**9), dir_fd=here, follow_symlinks=False)
 
 
 def thin(mirror: Path, base: Mapping[str, Entry], same: Iterable[str]) -> None:
     """Turn the mirror's files at `same` (paths where it holds what the baseline holds) into placeholders."""
     if not supported(mirror.parent):
         return
+    wanted = {rel: e for rel in same if (e := base.get(rel)) is not None and e.digest is not None and eligible(rel, e)}
     with _Dirs(mirror) as mirror_dirs:
-        for rel in same:
-            entry = base.get(rel)
-            if entry is None or entry.digest is None or not eligible(rel, entry):
-                continue
-            where, _, name = rel.rpartition("/")
-            here = mirror_dirs.find(where)
-            if here is None:
-                continue
-            with contextlib.suppress(FileNotFoundError):
-                like = os.stat(name, dir_fd=here, follow_symlinks=False)
-                if stat.S_ISREG(like.st_mode) and like.st_size == entry.size:
-                    _replace(here, name, like, entry.size, entry.digest)
+        for rel, here, name, like in _regular_files(mirror_dirs, wanted):
+            entry = wanted[rel]
+            if like.st_size == entry.size and entry.digest is not None:
+                _replace(here, name, like, entry.size, entry.digest)
+
+
+def _regular_files(dirs: _Dirs, rels: Iterable[str]) -> Iterator[tuple[str, int, str, os.stat_result]]:
+    """The regular files among `rels` under `dirs`: each path with its directory's fd, its name and its lstat,
+    reached without following a symlink (a path gone, or not a regular file, is left out)."""
+    for rel in rels:
+        where, _, name = rel.rpartition("/")
+        here = dirs.find(where)
+        if here is None:
+            continue
+        try:
+            like = os.stat(name, dir_fd=here, follow_symlinks=False)
+        except FileNotFoundError:
+            continue
+        if stat.S_ISREG(like.st_mode):
+            yield rel, here, name, like
 
 
 def _placeholder_stat(dir_fd: int, name: str) -> tuple[os.stat_result, str] | None:
