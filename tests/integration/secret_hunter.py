@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import stat
 import sys
 import urllib.error
 import urllib.request
@@ -22,6 +23,15 @@ MAX_DEPTH = 40
 
 def words(data: bytes) -> set[str]:
     return {m.decode() for m in WORD.findall(data)}
+
+
+def head_of(path: Path) -> bytes:
+    """The first MiB of a regular file (b"" for anything else: a FIFO someone left would block a plain open)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        return os.read(fd, 1 << 20) if stat.S_ISREG(os.fstat(fd).st_mode) else b""
+    finally:
+        os.close(fd)
 
 
 def gather(roots: list[str]) -> set[str]:
@@ -37,8 +47,8 @@ def gather(roots: list[str]) -> set[str]:
                 dirs[:] = []  # (no secret is kept that deep; os.walk would recurse past its limit)
             for name in files:
                 found |= words(name.encode())
-                with contextlib.suppress(OSError), Path(dirpath, name).open("rb") as f:
-                    found |= words(f.read(1 << 20))
+                with contextlib.suppress(OSError):
+                    found |= words(head_of(Path(dirpath, name)))
     return found
 
 
