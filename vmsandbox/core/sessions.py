@@ -125,8 +125,8 @@ def ready(name: str) -> Record:
     if state.usable(found) is None:
         return found
     # under the session's lock: a `stop`, a checkpoint or an `rm` stops the daemon under it, and another command
-    # may be restarting it too (a review in this process holds the lock for it)
-    with lock.held(found.files, name, "restarting the egress proxy of", patience=lock.PATIENCE, beside=lock.REVIEWING):
+    # may be restarting it too
+    with lock.briefly(found.files, name, "restarting the egress proxy of"):
         found = Record.load(name)
         why = state.usable(found)  # looked at again: what held the lock may have stopped the VM or restarted it
         if why is not None:

@@ -37,6 +37,13 @@ class GoneError(VmsandboxError):
     """The session ended (its directory went) before or while its lock was waited for."""
 
 
+def briefly(files: SessionPaths, name: str, doing: str) -> contextlib.AbstractContextManager[None]:
+    """The lock for a short change another command's work must not meet halfway (a port, the egress daemon
+    started again): another holder is waited for PATIENCE seconds, and a review in this very process (whose page
+    publishes a port) lets it through."""
+    return held(files, name, doing, patience=PATIENCE, beside=REVIEWING)
+
+
 @contextlib.contextmanager
 def held(
     files: SessionPaths,

@@ -52,8 +52,7 @@ def _rewriting(record: Record, doing: str) -> Iterator[None]:
     """The session's lock, then its policy's: a `stop`, a checkpoint, a rollback or an `rm` starts and stops the
     session's egress daemon under the session's lock, and a port's change would otherwise start one for a VM that is
     being saved or removed. A review in this very process (whose page publishes) holds it for this change."""
-    held = lock.held(record.files, record.name, doing, patience=lock.PATIENCE, beside=lock.REVIEWING)
-    with held, _changing(record.files):
+    with lock.briefly(record.files, record.name, doing), _changing(record.files):
         yield
 
 
