@@ -44,7 +44,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import libvirt
 from boot import bare_qemu_boot, resumes, vmsandbox_run, wait_for_teardowns, workdir  # bench/ is on the path
 from density import free_mib, used
 from experiments import CLI, fanout
@@ -58,6 +57,7 @@ from vmsandbox.session.record import DOMAIN_PREFIX, Record
 from vmsandbox.session.settings import Settings
 from vmsandbox.vm import accel
 from vmsandbox.vm.memory import usage
+from vmsandbox.vm.virt import Hypervisor
 
 ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "benchmarks.md"
@@ -145,17 +145,15 @@ class PauseWatch:
         self.pauses: list[Pause] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._watch, daemon=True)
-        self._conn: Any = None
-        self._dom: Any = None
+        self._hv: Hypervisor | None = None
 
     def _running(self) -> bool:
-        try:
-            if self._dom is None:
-                self._dom = self._conn.lookupByName(self.domain)
-            return bool(self._dom.state()[0] == libvirt.VIR_DOMAIN_RUNNING)
-        except libvirt.libvirtError:  # gone (saved): a restored domain is looked up again
-            self._dom = None
+        assert self._hv is not None
+        try:  # looked up each time: a saved domain is gone, and a restored one is another
+            info = self._hv.info(self.domain)
+        except VmsandboxError:
             return False
+        return info is not None and info.state == "running"
 
     def _watch(self) -> None:
         # ahead of the guests and commands the fork keeps busy (root may; others look at normal priority)
@@ -183,9 +181,9 @@ class PauseWatch:
             self.pauses.append(Pause(began, (down, now)))
 
     def __enter__(self) -> PauseWatch:
-        self._conn = libvirt.openReadOnly("qemu:///system")
+        self._hv = Hypervisor()
         if not self._running():
-            self._conn.close()
+            self._hv.close()
             raise BenchError(f"domain {self.domain} is not running before the fork")
         self._thread.start()
         return self
@@ -193,7 +191,8 @@ class PauseWatch:
     def __exit__(self, *_: object) -> None:
         self._stop.set()
         self._thread.join()
-        self._conn.close()
+        if self._hv is not None:
+            self._hv.close()
 
 
 def said(pauses: list[Pause]) -> str:
@@ -440,11 +439,8 @@ def commit() -> str:
 def others() -> tuple[int, float]:
     """The running libvirt domains that are not this run's (another person's sessions share the machine), and
     their QEMUs' PSS (MiB: those that can be read)."""
-    conn = libvirt.openReadOnly("qemu:///system")
-    try:
-        names = [d.name() for d in conn.listAllDomains(libvirt.VIR_CONNECT_LIST_DOMAINS_ACTIVE) if not ours(d.name())]
-    finally:
-        conn.close()
+    with Hypervisor() as hv:
+        names = [d.name for d in hv.domains("") if not d.stopped and not ours(d.name)]
     return len(names), float(sum(u.pss_mib for u in map(usage.of_domain, names) if u is not None))
 
 
@@ -453,11 +449,8 @@ def ours(domain: str) -> bool:
 
 
 def leftovers() -> list[str]:
-    conn = libvirt.openReadOnly("qemu:///system")
-    try:
-        return sorted(d.name() for d in conn.listAllDomains() if ours(d.name()))
-    finally:
-        conn.close()
+    with Hypervisor() as hv:
+        return sorted(d.name for d in hv.domains("") if ours(d.name))
 
 
 def machine(bench: Bench, other_vms: int) -> list[tuple[str, str]]:
