@@ -4,10 +4,16 @@ waited for a bounded while."""
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import os
+import stat
 import time
 from pathlib import Path
+
+from vmsandbox.errors import VmsandboxError
+
+CHUNK = 1 << 30  # bytes a copy asks the kernel for at a time
 
 
 def own_file(path: Path, *, truncate: bool = False) -> None:
@@ -46,3 +52,64 @@ def locked_within(fd: int, seconds: float | None, *, poll: float = 0.1) -> bool:
             time.sleep(poll)
         else:
             return True
+
+
+def copy_sparse(source: Path, dest: Path) -> int:
+    """`dest` made anew (0600, nothing of `source`'s owner, mode or extended attributes: libvirt's record of who
+    uses a disk) with `source`'s bytes as far as its size when it was opened, its holes left holes. `source` may
+    be a file a running process still writes (a session's QEMU its disk): it is copied as far as it reached then,
+    however it grows meanwhile, so the copy ends and spends no more than that. `source` must be a regular file,
+    and not a symbolic link. The bytes copied."""
+    try:
+        src = os.open(source, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)  # (a FIFO: not waited on)
+    except OSError as exc:
+        raise VmsandboxError(f"cannot read {source}: {exc.strerror}") from exc
+    try:
+        info = os.fstat(src)
+        if not stat.S_ISREG(info.st_mode):
+            raise VmsandboxError(f"{source} is not a regular file: it is not copied")
+        dst = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        try:
+            os.fchmod(dst, 0o600)
+            copied = copy_data(src, dst, info.st_size, str(source))
+            os.ftruncate(dst, info.st_size)  # (a hole at its end)
+        finally:
+            os.close(dst)
+    finally:
+        os.close(src)
+    return copied
+
+
+def copy_data(src: int, dst: int, end: int, what: str) -> int:
+    """The data of the file open at `src` up to `end` into `dst` at the same offsets, in the kernel (copy_file_range:
+    a reflink where the file system can; sendfile between file systems); its holes are skipped, so they stay holes
+    in a new `dst`. Raises if `src` turns out shorter than `end` (`what` names it). The bytes copied."""
+    copied, at, across = 0, 0, False
+    while at < end:
+        try:
+            data = os.lseek(src, at, os.SEEK_DATA)
+        except OSError as exc:
+            if exc.errno != errno.ENXIO:
+                raise
+            break  # nothing but a hole to its end
+        hole = min(os.lseek(src, data, os.SEEK_HOLE), end)
+        while data < hole:
+            count = min(hole - data, CHUNK)
+            if not across:
+                try:
+                    n = os.copy_file_range(src, dst, count, data, data)
+                except OSError as exc:
+                    if exc.errno not in (errno.EXDEV, errno.EOPNOTSUPP, errno.EINVAL):
+                        raise
+                    across = True  # (refused before a byte moved)
+            if across:
+                os.lseek(dst, data, os.SEEK_SET)
+                n = os.sendfile(dst, src, data, count)
+            if n == 0:
+                break  # it got shorter
+            data += n
+            copied += n
+        at = hole
+    if os.fstat(src).st_size < end:
+        raise VmsandboxError(f"{what} got shorter while it was copied: it was changed meanwhile")
+    return copied

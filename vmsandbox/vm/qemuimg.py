@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from vmsandbox import proc
+from vmsandbox import filewrite, proc
 from vmsandbox.errors import VmsandboxError
 
 QCOW2_MAGIC = b"QFI\xfb"
@@ -147,8 +147,7 @@ def copy_above(overlays: Sequence[Path], base: Path, dest: Path, most: int) -> N
     copies = [dest, *(dest.with_name(f".{dest.name}.{n}") for n in range(1, len(overlays)))]
     try:
         for original, copy in zip(overlays, copies, strict=True):
-            proc.run(["cp", "--sparse=always", "--reflink=auto", "--no-preserve=all", original, copy])
-            copy.chmod(0o600)
+            filewrite.copy_sparse(original, copy)  # as far as it reached then: its QEMU may write on
         rebase_pinned(copies, base, most)
     finally:
         for copy in copies[1:]:

@@ -114,9 +114,9 @@ def copy_from(source: SessionPaths, files: SessionPaths, workspace: Path | None)
 
 def copy_disk(source: Path, dest: Path) -> None:
     """A sparse copy of a raw disk (a reflink where the file system can), 0600, without the source's xattrs
-    (libvirt's record of who uses a disk)."""
-    proc.run(["cp", "--sparse=always", "--reflink=auto", "--no-preserve=all", source, dest])
-    dest.chmod(0o600)
+    (libvirt's record of who uses a disk); a session's QEMU may write on into it meanwhile: it is copied as far as
+    it reached when the copy began (filewrite.copy_sparse)."""
+    filewrite.copy_sparse(source, dest)
 
 
 def project_bytes(project: Path | beneath.Root) -> int:

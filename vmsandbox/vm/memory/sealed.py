@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from vmsandbox import paths, pids, proc
+from vmsandbox import filewrite, paths, pids, proc
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.vm.memory import foreign, look
 
@@ -34,7 +34,6 @@ SEALS = look.SEALS
 READY_TIMEOUT = 30.0
 EXIT_GRACE = 5.0  # a holder killed ends at once, unless a process of its account holds it up: then it is left
 SAID_BYTES = 500  # what is kept of a holder's words on stderr when it did not start
-CHUNK = 1 << 30
 
 
 def create(name: str, size: int) -> int:
@@ -50,27 +49,13 @@ def create(name: str, size: int) -> int:
 
 def fill(fd: int, source: Path) -> int:
     """Copy the file `source` into memfd `fd` (sized like it), its holes left holes; the bytes copied."""
-    copied = 0
-    opened = os.open(source, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)  # a link there is refused, never followed
+    opened = os.open(
+        source, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    )  # a link is refused, a FIFO not waited on
     with os.fdopen(opened, "rb") as f:
         if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
             raise VmsandboxError(f"{source} is not a template's memory file", hint="run `vmsandbox rm --stale`")
-        src, end, at = f.fileno(), os.fstat(f.fileno()).st_size, 0
-        while at < end:
-            try:
-                data = os.lseek(src, at, os.SEEK_DATA)
-            except OSError:  # ENXIO: no data past `at`
-                break
-            hole = os.lseek(src, data, os.SEEK_HOLE)
-            os.lseek(fd, data, os.SEEK_SET)
-            while data < hole:
-                n = os.sendfile(fd, src, data, min(hole - data, CHUNK))
-                if n == 0:
-                    raise VmsandboxError(f"{source} ended while it was copied into memory")
-                data += n
-                copied += n
-            at = hole
-    return copied
+        return filewrite.copy_data(f.fileno(), fd, os.fstat(f.fileno()).st_size, str(source))
 
 
 def seal(fd: int) -> None:

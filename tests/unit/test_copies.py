@@ -1,0 +1,93 @@
+"""Copies of files a session's QEMU may still write (its disks, copied for a checkpoint or a fork): holes kept,
+and no more than the file held when the copy began, however it grows meanwhile."""
+
+from __future__ import annotations
+
+import os
+import stat
+import threading
+from pathlib import Path
+
+import pytest
+
+from vmsandbox import filewrite
+from vmsandbox.errors import VmsandboxError
+
+MiB = 1024 * 1024
+
+
+def _disk(path: Path) -> bytes:
+    """A 16 MiB file: data at its start and at 5 MiB, holes between and at its end; its bytes."""
+    with path.open("wb") as f:
+        f.truncate(16 * MiB)
+        f.write(b"a" * MiB)
+        f.seek(5 * MiB)
+        f.write(b"b" * (2 * MiB))
+    return path.read_bytes()
+
+
+def test_a_copy_holds_the_same_bytes_its_holes_still_holes_and_is_private(tmp_path: Path) -> None:
+    src, dst = tmp_path / "disk.raw", tmp_path / "copy.raw"
+    want = _disk(src)
+    src.chmod(0o644)
+    dst.write_bytes(b"left over" * 1000)  # made anew over what was there
+
+    assert filewrite.copy_sparse(src, dst) == 3 * MiB
+    assert dst.read_bytes() == want
+    assert stat.S_IMODE(dst.stat().st_mode) == 0o600
+    assert dst.stat().st_blocks * 512 <= src.stat().st_blocks * 512 < 16 * MiB  # the holes did not fill
+
+
+def test_a_file_that_grows_while_it_is_copied_is_copied_as_far_as_it_reached(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A QEMU its guest took over writes on into its disk while the host copies it: the copy ends at the size the
+    file had when it began (`cp` followed the file for as long as it grew)."""
+    src, dst = tmp_path / "disk.raw", tmp_path / "copy.raw"
+    want = _disk(src)
+    real = filewrite.copy_data
+
+    def grown_first(fd: int, out: int, end: int, what: str) -> int:
+        with src.open("ab") as f:  # (after the copy opened it)
+            f.write(b"c" * (4 * MiB))
+        return real(fd, out, end, what)
+
+    monkeypatch.setattr(filewrite, "copy_data", grown_first)
+    filewrite.copy_sparse(src, dst)
+    assert src.stat().st_size == 20 * MiB
+    assert dst.read_bytes() == want
+
+
+def test_a_file_cut_short_while_it_is_copied_is_an_error(tmp_path: Path) -> None:
+    src, dst = tmp_path / "disk.raw", tmp_path / "copy.raw"
+    src.write_bytes(b"a" * MiB)
+    with src.open("rb") as f, dst.open("wb") as out, pytest.raises(VmsandboxError, match="got shorter while"):
+        filewrite.copy_data(f.fileno(), out.fileno(), 2 * MiB, str(src))
+
+
+def test_a_link_or_a_fifo_in_a_disk_s_place_is_refused_and_not_waited_on(tmp_path: Path) -> None:
+    secret = tmp_path / "secret"
+    secret.write_text("host's")
+    link, fifo = tmp_path / "link.raw", tmp_path / "fifo.raw"
+    link.symlink_to(secret)
+    os.mkfifo(fifo)
+    with pytest.raises(VmsandboxError, match="cannot read"):
+        filewrite.copy_sparse(link, tmp_path / "from-link")
+    assert not (tmp_path / "from-link").exists()
+
+    said: list[BaseException] = []
+
+    def copy() -> None:
+        try:
+            filewrite.copy_sparse(fifo, tmp_path / "from-fifo")
+        except BaseException as exc:  # noqa: BLE001 (looked at below)
+            said.append(exc)
+
+    worker = threading.Thread(target=copy, daemon=True)
+    worker.start()
+    worker.join(30)
+    if worker.is_alive():  # (it waits for a writer: let it go)
+        os.close(os.open(fifo, os.O_WRONLY))
+        worker.join()
+        pytest.fail("the copy waited for a writer of the FIFO")
+    assert len(said) == 1 and "is not a regular file" in str(said[0])
