@@ -1,7 +1,8 @@
 """Each session's QEMU under an account of its own, on real VMs: two sessions' QEMUs run as two accounts of the
 pool; a process of one's account opens nothing of the other's — not its disks, its fw_cfg files, its identity
 socket, libvirt's monitor socket of its domain, the memory file its QEMU maps, its QEMU's memory, nor the keeper
-of their template's memory — while it opens its own (the probe can tell); no shared image is given to any account.
+of their template's memory — while it opens its own (the probe can tell); no shared image is given to any account,
+and what the account left (System V IPC objects here) goes with the session.
 A fork runs as a third account and shares its source's saved memory by default: a write in one reaches neither the
 other nor the sealed copy nor the template's. Each QEMU's cgroup is bounded to its guest's RAM and QEMU's
 overhead (a bound that throttles, never kills), and every idle session woken at once stays within it: none
@@ -58,6 +59,36 @@ def as_account(uid: int, *targets: str) -> dict[str, str]:
     assert r.returncode == 0, r.stderr
     found: dict[str, str] = json.loads(r.stdout)
     return found
+
+
+MAKE_IPC = """
+import ctypes, json
+libc = ctypes.CDLL(None, use_errno=True)
+IPC_PRIVATE, IPC_CREAT = 0, 0o1000
+made = {
+    "shm": libc.shmget(IPC_PRIVATE, 1 << 20, IPC_CREAT | 0o600),
+    "msg": libc.msgget(IPC_PRIVATE, IPC_CREAT | 0o666),
+    "sem": libc.semget(IPC_PRIVATE, 1, IPC_CREAT | 0o600),
+}
+assert min(made.values()) >= 0, ctypes.get_errno()
+print(json.dumps(made))
+"""
+
+
+def ipc_made_as(uid: int) -> dict[str, int]:
+    """System V IPC objects made by a process of account `uid` (as a QEMU its guest took over could): a
+    shared memory segment, a message queue every account may use, a semaphore set; their ids."""
+    argv = ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "/usr/bin/python3", "-c", MAKE_IPC]
+    r = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
+    assert r.returncode == 0, r.stderr
+    made: dict[str, int] = json.loads(r.stdout)
+    return made
+
+
+def ipc_ids(table: str) -> set[int]:
+    """The ids in /proc/sysvipc/TABLE (shm, msg, sem: the id is its second column)."""
+    rows = Path(f"/proc/sysvipc/{table}").read_text().splitlines()[1:]
+    return {int(row.split()[1]) for row in rows}
 
 
 def qemu(record: Record) -> int:
@@ -162,8 +193,12 @@ def test_a_fork_runs_as_its_own_account_and_shares_its_source_memory(
     seen = as_account(forked.account or 0, f"open={qemu_fd_of_ram(qemu(other))}", f"open={source.system_disk}")
     assert "ok" not in seen.values(), seen
     account = forked.account
+    assert account is not None
+    left = ipc_made_as(account)
+    assert all(left[table] in ipc_ids(table) for table in left)
     lifecycle.remove(forked)
-    assert account is not None and account not in pool.leased()  # free again for another session
+    assert account not in pool.leased()  # free again for another session
+    assert not any(left[table] in ipc_ids(table) for table in left), "its account's IPC objects outlived it"
 
 
 def test_every_idle_session_woken_at_once_stays_within_its_bound(module_vms: VmFactory, project: Path) -> None:

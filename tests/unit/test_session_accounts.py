@@ -7,6 +7,7 @@ import json
 import os
 import unittest.mock
 import xml.etree.ElementTree as ET
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -218,6 +219,56 @@ def test_what_an_account_left_where_everyone_writes_goes_and_nothing_else(tmp_pa
     assert sorted(p.name for p in place.iterdir()) == ["link", "open", "roots", "someone-elses"]
     assert list((place / "open").iterdir()) == [] and (place / "roots" / "planted").exists()
     assert (tmp_path / "outside").exists()
+
+
+SHM_HEAD = "       key      shmid perms                  size  cpid  lpid nattch   uid   gid  cuid  cgid      atime"
+MSG_HEAD = "       key      msqid perms      cbytes       qnum lspid lrpid   uid   gid  cuid  cgid      stime"
+
+
+def test_the_system_v_ipc_objects_an_account_made_or_owns_go_with_its_session(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """They outlive their makers: a shared memory segment would hold host memory after its session, and hand
+    what it holds to the next session's QEMU of the same id."""
+    (tmp_path / "shm").write_text(
+        f"{SHM_HEAD}\n"
+        "         0         7   600     1048576  100  100      0  4242  4242  4242  4242          0\n"  # its own
+        "         0         8   666     1048576  100  100      0  1000  1000  4242  4242          0\n"  # made, given
+        "         0         9   600     1048576  100  100      0  4242  4242     0     0          0\n"  # given to it
+        "         0        10   600     1048576  100  100      0  1000  1000  1000  1000          0\n"  # another's
+    )
+    msg_row = "         0        32768   666   0   0   0   0  4242  4242  4242  4242  0"
+    (tmp_path / "msg").write_text(f"{MSG_HEAD}\n{msg_row}\n")
+    sem_head = "       key      semid perms      nsems   uid   gid  cuid  cgid      otime      ctime"
+    (tmp_path / "sem").write_text(
+        f"{sem_head}\n         0        65536   600          1  4242  4242  4242  4242  0  0\n"
+    )
+    ours = [("shmctl", 7), ("shmctl", 8), ("shmctl", 9), ("msgctl", 32768), ("semctl", 65536)]
+    assert pool.ipc_of(4242, tmp_path) == ours
+    assert pool.ipc_of(1000, tmp_path) == [("shmctl", 8), ("shmctl", 10)]
+    assert pool.ipc_of(4242, tmp_path / "none") == []
+    (tmp_path / "odd").mkdir()
+    (tmp_path / "odd" / "shm").write_text("a table laid out otherwise\n 1 2 3\n")  # (not read)
+    assert pool.ipc_of(4242, tmp_path / "odd") == []
+
+    removed: list[tuple[str, int, int]] = []
+
+    class Libc:  # what pool.clear asks of the C library
+        def __getattr__(self, call: str) -> Callable[..., int]:
+            def removes(ipc_id: int, *args: object) -> int:
+                command = (
+                    args[1] if call == "semctl" else args[0]
+                )  # (semctl(id, semnum, cmd); the others (id, cmd, buf))
+                assert isinstance(command, int)
+                removed.append((call, ipc_id, command))
+                return 0
+
+            return removes
+
+    monkeypatch.setattr("vmsandbox.confine.pool.ctypes.CDLL", lambda *_a, **_kw: Libc())
+    (tmp_path / "no-proc").mkdir()
+    pool.clear(4242, places=(), proc_root=tmp_path / "no-proc", ipc_root=tmp_path)
+    assert removed == [(call, ipc_id, 0) for call, ipc_id in ours]  # 0: IPC_RMID
 
 
 @needs_root

@@ -19,6 +19,7 @@ not own; another host has its own accounts): the others run as libvirt's QEMU ac
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import fcntl
 import grp
 import json
@@ -176,12 +177,21 @@ def release(uid: int, session_dir: Path, root: Path | None = None) -> None:
 # where every account may write (swept by walking them, never by a name in them)
 SHARED_PLACES = (Path("/tmp"), Path("/var/tmp"), Path("/dev/shm"), Path("/dev/mqueue"))  # noqa: S108
 CLEAR_WAIT = 5.0
+SYSV_IPC = Path("/proc/sysvipc")
+IPC_RMID = 0
+# System V IPC objects: each table of them (/proc/sysvipc), its id column, and the libc call that removes one
+IPC_TABLES = (("shm", "shmid", "shmctl"), ("msg", "msqid", "msgctl"), ("sem", "semid", "semctl"))
 
 
-def clear(uid: int, places: tuple[Path, ...] | None = None, proc_root: Path = Path("/proc")) -> None:
+def clear(
+    uid: int, places: tuple[Path, ...] | None = None, proc_root: Path = Path("/proc"), ipc_root: Path = SYSV_IPC
+) -> None:
     """Before an id serves another session: no process runs as it any more (a QEMU's child that outlived its
     domain is killed), and nothing of it is left where every account may write — a setuid copy of a program,
-    left in /tmp by a QEMU its guest took over, would make whoever runs it the next session's QEMU account."""
+    left in /tmp by a QEMU its guest took over, would make whoever runs it the next session's QEMU account — nor
+    among the System V IPC objects, which outlive their makers: a shared memory segment holds host memory that
+    no process and no session's bound accounts for, one session after another, and the next session's QEMU
+    would read what it holds."""
     deadline = time.monotonic() + CLEAR_WAIT
     while (left := _processes_of(uid, proc_root)) and time.monotonic() < deadline:
         for pid in left:
@@ -196,6 +206,31 @@ def clear(uid: int, places: tuple[Path, ...] | None = None, proc_root: Path = Pa
     for place in SHARED_PLACES if places is None else places:
         with contextlib.suppress(OSError):
             _remove_owned(place, uid)
+    if left_ipc := ipc_of(uid, ipc_root):
+        libc = ctypes.CDLL(None, use_errno=True)
+        for call, ipc_id in left_ipc:  # (one gone meanwhile: -1, EINVAL or EIDRM, and the others go)
+            if call == "semctl":
+                libc.semctl(ipc_id, 0, IPC_RMID)
+            else:
+                getattr(libc, call)(ipc_id, IPC_RMID, None)
+
+
+def ipc_of(uid: int, ipc_root: Path = SYSV_IPC) -> list[tuple[str, int]]:
+    """Each System V IPC object (shared memory segment, message queue, semaphore set) that `uid` owns or made (a
+    maker may hand an object to another owner: either way it is the account's doing): the libc call that removes
+    it, and its id."""
+    found: list[tuple[str, int]] = []
+    for table, id_column, call in IPC_TABLES:
+        try:
+            head, *rows = (ipc_root / table).read_text().splitlines()
+            at = [head.split().index(column) for column in (id_column, "uid", "cuid")]
+        except (OSError, ValueError):  # no such table (a kernel without it), or one laid out otherwise
+            continue
+        for row in map(str.split, rows):
+            with contextlib.suppress(IndexError, ValueError):
+                if uid in (int(row[at[1]]), int(row[at[2]])):
+                    found.append((call, int(row[at[0]])))
+    return found
 
 
 def _remove_owned(place: Path, uid: int) -> None:
