@@ -172,6 +172,41 @@ def test_a_failed_fork_keeps_its_console_and_says_what_it_reports(
     assert removed == ["f1"] * 4 and len(list(paths.failed_boots_dir().glob("*-f1.console.log"))) == 1
 
 
+def test_a_fork_on_another_host_has_its_console_fetched_to_see_a_panic(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its console is the other host's (read through libvirt): fetched while the fork is waited for, at most every
+    REMOTE_CONSOLE_EVERY seconds, so a kernel panic there ends the wait as one here does."""
+    from vmsandbox.session.moments import fork
+
+    files = SessionPaths(tmp_path)
+    fetches: list[bool] = []
+    there = ["booting\n"]
+
+    def fetch(*, follow: bool) -> Path:  # as RemotePlace.console: the other host's console, copied here
+        fetches.append(follow)
+        files.console_log.write_text("".join(there))
+        return files.console_log
+
+    def vm(elsewhere: bool) -> Any:
+        host = SimpleNamespace(abilities=SimpleNamespace(elsewhere=elsewhere))
+        info = SimpleNamespace(name="f1", state="running", pid=None, stopped=False)
+        return SimpleNamespace(record=SimpleNamespace(files=files), host=host, info=lambda: info, console=fetch)
+
+    clock = [100.0]
+    monkeypatch.setattr("vmsandbox.session.moments.fork.time.monotonic", lambda: clock[0])
+    alive = fork._alive(vm(elsewhere=True))
+    assert alive() is None and fetches == [False]
+    there.append("[ 25.7] Kernel panic - not syncing: Fatal exception\n")
+    clock[0] += fork.REMOTE_CONSOLE_EVERY / 2
+    assert alive() is None and fetches == [False]  # (not fetched again yet)
+    clock[0] += fork.REMOTE_CONSOLE_EVERY / 2
+    assert alive() == "its kernel panicked (its console says so)" and fetches == [False, False]
+
+    files.console_log.unlink()
+    assert fork._alive(vm(elsewhere=False))() is None and len(fetches) == 2  # a local console is read where it is
+
+
 def test_session_lock_names_its_holder_and_goes_with_it() -> None:
     r = saved_record("s1")
     busy = rf"session s1 is busy: vmsandbox \(pid {os.getpid()}\) is pulling"

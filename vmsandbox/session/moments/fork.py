@@ -16,6 +16,7 @@ disks are copied and the VM restored is the place's: session.place).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import shutil
@@ -89,6 +90,7 @@ done
 IDENTITY_TIMEOUT = 120
 PORT_ACK = 10.0  # a source's `identity`, restored asleep in the fork, says "taking" within this (else: a login)
 LINE_SHOWN = 200  # characters of a console line a failed fork's error shows (escaped at the edge, as all it says)
+REMOTE_CONSOLE_EVERY = 5.0  # seconds between fetches of a waited-for fork's console from another host (libvirt)
 
 
 def fork(name: str, new: str, *, label: str | None = None) -> Record:
@@ -189,6 +191,7 @@ def _make(vm: VM, cp: Checkpoint, new: str, *, at: str | None) -> Record:
         boot_seconds=None,
         account=None,
     )
+    made: VM | None = None
     try:
         record.save()
         pins.pin(new, record.image_version, record.template)
@@ -213,6 +216,8 @@ def _make(vm: VM, cp: Checkpoint, new: str, *, at: str | None) -> Record:
         record.status, record.owner_pid, record.owner_start = Phase.READY, None, None
         record.save()
     except BaseException as exc:
+        if isinstance(exc, VmsandboxError) and made is not None and made.host.abilities.elsewhere:
+            _fetch_console(made)  # another host's: here, for _undo to keep
         _undo(record, exc)
         raise
     return record
@@ -237,8 +242,26 @@ def _undo(record: Record, exc: BaseException) -> None:
 
 
 def _alive(fork: VM) -> Callable[[], str | None]:
-    """None while the fork's VM runs and its kernel has not panicked (its console says so), else why not."""
-    return lambda: down(fork) or console.panicked(fork.record.files.console_log)
+    """None while the fork's VM runs and its kernel has not panicked (its console says so), else why not. The
+    console of a fork on another host is fetched here for it, at most every REMOTE_CONSOLE_EVERY seconds."""
+    fetched = -REMOTE_CONSOLE_EVERY
+
+    def why() -> str | None:
+        nonlocal fetched
+        if (gone := down(fork)) is not None:
+            return gone
+        if fork.host.abilities.elsewhere and time.monotonic() - fetched >= REMOTE_CONSOLE_EVERY:
+            _fetch_console(fork)
+            fetched = time.monotonic()
+        return console.panicked(fork.record.files.console_log)
+
+    return why
+
+
+def _fetch_console(fork: VM) -> None:
+    """The console of a fork on another host, copied into its console log here (as far as its host has it)."""
+    with contextlib.suppress(VmsandboxError, OSError):  # (not there yet, or its host did not answer: none read)
+        fork.console(follow=False)
 
 
 def _copy_state(vm: VM, cp: Checkpoint, record: Record) -> None:
