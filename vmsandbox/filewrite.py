@@ -7,6 +7,7 @@ from __future__ import annotations
 import errno
 import fcntl
 import os
+import shutil
 import stat
 import time
 from pathlib import Path
@@ -14,6 +15,7 @@ from pathlib import Path
 from vmsandbox.errors import VmsandboxError
 
 CHUNK = 1 << 30  # bytes a copy asks the kernel for at a time
+COPY_SLACK = 16 << 20  # bytes a copy takes past what its source had allocated when opened (copy_sparse)
 
 
 def own_file(path: Path, *, truncate: bool = False) -> None:
@@ -56,34 +58,56 @@ def locked_within(fd: int, seconds: float | None, *, poll: float = 0.1) -> bool:
 
 def copy_sparse(source: Path, dest: Path) -> int:
     """`dest` made anew (0600, nothing of `source`'s owner, mode or extended attributes: libvirt's record of who
-    uses a disk) with `source`'s bytes as far as its size when it was opened, its holes left holes. `source` may
-    be a file a running process still writes (a session's QEMU its disk): it is copied as far as it reached then,
-    however it grows meanwhile, so the copy ends and spends no more than that. `source` must be a regular file,
-    and not a symbolic link. The bytes copied."""
+    uses a disk; written under a name of its own, then renamed over `dest`) with `source`'s data, its holes left
+    holes. `source` may be a file a running process still writes (a session's QEMU its disk, which its guest may
+    have taken over): what is copied is bounded by what the file held when it was opened — as far as its size
+    then, and no more bytes than it had allocated then (COPY_SLACK aside), however it grows, extends or moves its
+    data meanwhile — and the room for that is looked for first. `source` must be a regular file, and not a
+    symbolic link. The bytes copied."""
     try:
         src = os.open(source, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)  # (a FIFO: not waited on)
     except OSError as exc:
+        if exc.errno == errno.EWOULDBLOCK:
+            raise VmsandboxError(f"{source} is held by a lease of another process (its session's QEMU?)") from exc
         raise VmsandboxError(f"cannot read {source}: {exc.strerror}") from exc
+    tmp = dest.with_name(f".{dest.name}.{os.getpid()}.copy")
     try:
-        info = os.fstat(src)
-        if not stat.S_ISREG(info.st_mode):
-            raise VmsandboxError(f"{source} is not a regular file: it is not copied")
-        dst = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        info = _copyable(src, source, dest.parent)
+        dst = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
         try:
             os.fchmod(dst, 0o600)
-            copied = copy_data(src, dst, info.st_size, str(source))
+            copied = copy_data(src, dst, info.st_size, str(source), most=info.st_blocks * 512 + COPY_SLACK)
             os.ftruncate(dst, info.st_size)  # (a hole at its end)
         finally:
             os.close(dst)
+        tmp.replace(dest)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
     finally:
         os.close(src)
     return copied
 
 
-def copy_data(src: int, dst: int, end: int, what: str) -> int:
+def _copyable(src: int, source: Path, into: Path) -> os.stat_result:
+    """The file open at `src`, if it is a regular file whose allocated bytes `into` has room for."""
+    info = os.fstat(src)
+    if not stat.S_ISREG(info.st_mode):
+        raise VmsandboxError(f"{source} is not a regular file: it is not copied")
+    need, free = info.st_blocks * 512, shutil.disk_usage(into).free
+    if need > free:
+        raise VmsandboxError(
+            f"copying {source} needs {need / 1024**3:.1f} GiB that {into} has not ({free / 1024**3:.1f} GiB free)",
+            hint="free space there (`vmsandbox rm --stale`, `vmsandbox rm` of sessions you no longer need)",
+        )
+    return info
+
+
+def copy_data(src: int, dst: int, end: int, what: str, *, most: int | None = None) -> int:
     """The data of the file open at `src` up to `end` into `dst` at the same offsets, in the kernel (copy_file_range:
     a reflink where the file system can; sendfile between file systems); its holes are skipped, so they stay holes
-    in a new `dst`. Raises if `src` turns out shorter than `end` (`what` names it). The bytes copied."""
+    in a new `dst`. Raises (`what` names the file) rather than copy more than `most` bytes, and where `src` is
+    found shorter than `end` at the end (a file cut short and grown back meanwhile may pass). The bytes copied."""
     copied, at, across = 0, 0, False
     while at < end:
         try:
@@ -95,6 +119,11 @@ def copy_data(src: int, dst: int, end: int, what: str) -> int:
         hole = min(os.lseek(src, data, os.SEEK_HOLE), end)
         while data < hole:
             count = min(hole - data, CHUNK)
+            if most is not None and copied + count > most:
+                raise VmsandboxError(
+                    f"{what} grew while it was copied: it held {most - COPY_SLACK:,} bytes when the copy began, "
+                    "and was not copied further (the process that writes it moved or added data meanwhile)"
+                )
             if not across:
                 try:
                     n = os.copy_file_range(src, dst, count, data, data)

@@ -7,6 +7,7 @@ import os
 import stat
 import threading
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -47,10 +48,10 @@ def test_a_file_that_grows_while_it_is_copied_is_copied_as_far_as_it_reached(
     want = _disk(src)
     real = filewrite.copy_data
 
-    def grown_first(fd: int, out: int, end: int, what: str) -> int:
+    def grown_first(fd: int, out: int, end: int, what: str, *, most: int | None = None) -> int:
         with src.open("ab") as f:  # (after the copy opened it)
             f.write(b"c" * (4 * MiB))
-        return real(fd, out, end, what)
+        return real(fd, out, end, what, most=most)
 
     monkeypatch.setattr(filewrite, "copy_data", grown_first)
     filewrite.copy_sparse(src, dst)
@@ -91,3 +92,52 @@ def test_a_link_or_a_fifo_in_a_disk_s_place_is_refused_and_not_waited_on(tmp_pat
         worker.join()
         pytest.fail("the copy waited for a writer of the FIFO")
     assert len(said) == 1 and "is not a regular file" in str(said[0])
+
+
+def test_data_moved_ahead_of_the_copy_stops_it_at_what_the_file_had_allocated(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A QEMU can make its disk a terabyte of holes and keep its few MiB of data ahead of the copy (moving it
+    forward costs it nothing): the copy stops past what the file held when it began, and leaves nothing."""
+    src, dst = tmp_path / "disk.raw", tmp_path / "copy.raw"
+    with src.open("wb") as f:
+        f.truncate(1 << 40)
+        f.write(b"a" * MiB)
+    real = filewrite.copy_data
+
+    def moved_ahead(fd: int, out: int, end: int, what: str, *, most: int | None = None) -> int:
+        with src.open("r+b") as f:  # (as the data it had, written again further on, after the copy opened it)
+            for at in range(1 << 30, (1 << 30) + 24 * MiB, MiB):
+                f.seek(at)
+                f.write(b"b" * MiB)
+        return real(fd, out, end, what, most=most)
+
+    monkeypatch.setattr(filewrite, "copy_data", moved_ahead)
+    with pytest.raises(VmsandboxError, match="grew while it was copied: it held 1,048,576 bytes"):
+        filewrite.copy_sparse(src, dst)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["disk.raw"]  # no copy, no part of one
+
+
+def test_a_copy_replaces_what_has_the_copy_s_name_and_writes_through_nothing(tmp_path: Path) -> None:
+    src, dst, other = tmp_path / "disk.raw", tmp_path / "copy.raw", tmp_path / "other"
+    want = _disk(src)
+    other.write_bytes(b"another file")
+    dst.hardlink_to(other)
+    filewrite.copy_sparse(src, dst)
+    assert dst.read_bytes() == want and other.read_bytes() == b"another file"
+    dst.unlink()
+    os.mkfifo(dst)  # (opened, it would wait for a reader)
+    filewrite.copy_sparse(src, dst)
+    assert stat.S_ISREG(dst.stat().st_mode) and dst.read_bytes() == want
+
+
+def test_a_copy_without_room_for_what_its_file_holds_is_refused_first(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    src, dst = tmp_path / "disk.raw", tmp_path / "copy.raw"
+    _disk(src)
+    monkeypatch.setattr("vmsandbox.filewrite.shutil.disk_usage", lambda _p: SimpleNamespace(free=MiB))
+    with pytest.raises(VmsandboxError, match=r"needs 0\.0 GiB that .* has not") as refused:
+        filewrite.copy_sparse(src, dst)
+    assert refused.value.hint is not None and "free space" in refused.value.hint
+    assert not dst.exists()
