@@ -73,7 +73,12 @@ def copy_sparse(source: Path, dest: Path) -> int:
     tmp = dest.with_name(f".{dest.name}.{os.getpid()}.copy")
     try:
         info = _copyable(src, source, dest.parent)
-        dst = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+        try:
+            dst = os.open(tmp, flags, 0o600)
+        except FileExistsError:  # left by a copy of a process of this pid that was killed: ours to replace
+            tmp.unlink()
+            dst = os.open(tmp, flags, 0o600)
         try:
             os.fchmod(dst, 0o600)
             copied = copy_data(src, dst, info.st_size, str(source), most=info.st_blocks * 512 + COPY_SLACK)
