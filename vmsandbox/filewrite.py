@@ -56,14 +56,15 @@ def locked_within(fd: int, seconds: float | None, *, poll: float = 0.1) -> bool:
             return True
 
 
-def copy_sparse(source: Path, dest: Path) -> int:
+def copy_sparse(source: Path, dest: Path, *, most: int | None = None) -> int:
     """`dest` made anew (0600, nothing of `source`'s owner, mode or extended attributes: libvirt's record of who
     uses a disk; written under a name of its own, then renamed over `dest`) with `source`'s data, its holes left
     holes. `source` may be a file a running process still writes (a session's QEMU its disk, which its guest may
-    have taken over): what is copied is bounded by what the file held when it was opened — as far as its size
-    then, and no more bytes than it had allocated then (COPY_SLACK aside), however it grows, extends or moves its
-    data meanwhile — and the room for that is looked for first. `source` must be a regular file, and not a
-    symbolic link. The bytes copied."""
+    have taken over), which also sets its size and what it counts as allocated: what is copied is bounded by what
+    the file held when it was opened — as far as its size then, and no more bytes than it had allocated then
+    (COPY_SLACK aside), however it grows, extends or moves its data meanwhile — and by `most`, the size the host
+    gave it (a raw disk's; a qcow2 image's largest file), whatever it claims; the room for that is looked for
+    first. `source` must be a regular file, and not a symbolic link. The bytes copied."""
     try:
         src = os.open(source, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)  # (a FIFO: not waited on)
     except OSError as exc:
@@ -72,7 +73,7 @@ def copy_sparse(source: Path, dest: Path) -> int:
         raise VmsandboxError(f"cannot read {source}: {exc.strerror}") from exc
     tmp = dest.with_name(f".{dest.name}.{os.getpid()}.copy")
     try:
-        info = _copyable(src, source, dest.parent)
+        info = _copyable(src, source, dest.parent, most)
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
         try:
             dst = os.open(tmp, flags, 0o600)
@@ -81,25 +82,37 @@ def copy_sparse(source: Path, dest: Path) -> int:
             dst = os.open(tmp, flags, 0o600)
         try:
             os.fchmod(dst, 0o600)
-            copied = copy_data(src, dst, info.st_size, str(source), most=info.st_blocks * 512 + COPY_SLACK)
-            os.ftruncate(dst, info.st_size)  # (a hole at its end)
+            end, held = _bounds(info, most)
+            copied = copy_data(src, dst, end, str(source), most=held + COPY_SLACK)
+            os.ftruncate(dst, end)  # (a hole at its end)
         finally:
             os.close(dst)
         tmp.replace(dest)
-    except BaseException:
+    except BaseException as exc:
         tmp.unlink(missing_ok=True)
+        if isinstance(exc, OSError):  # (no room left after all, a name in the way)
+            raise VmsandboxError(
+                f"copying {source} to {dest} failed: {exc.strerror or exc}", hint=f"is there room in {dest.parent}?"
+            ) from exc
         raise
     finally:
         os.close(src)
     return copied
 
 
-def _copyable(src: int, source: Path, into: Path) -> os.stat_result:
-    """The file open at `src`, if it is a regular file whose allocated bytes `into` has room for."""
+def _bounds(info: os.stat_result, most: int | None) -> tuple[int, int]:
+    """How far a file is copied, and how many of its bytes at most: its size and its allocated bytes when it was
+    opened, neither past `most`."""
+    end, held = info.st_size, info.st_blocks * 512
+    return (end, held) if most is None else (min(end, most), min(held, most))
+
+
+def _copyable(src: int, source: Path, into: Path, most: int | None) -> os.stat_result:
+    """The file open at `src`, if it is a regular file whose allocated bytes (up to `most`) `into` has room for."""
     info = os.fstat(src)
     if not stat.S_ISREG(info.st_mode):
         raise VmsandboxError(f"{source} is not a regular file: it is not copied")
-    need, free = info.st_blocks * 512, shutil.disk_usage(into).free
+    need, free = _bounds(info, most)[1], shutil.disk_usage(into).free
     if need > free:
         raise VmsandboxError(
             f"copying {source} needs {need / 1024**3:.1f} GiB that {into} has not ({free / 1024**3:.1f} GiB free)",

@@ -144,3 +144,53 @@ def test_a_copy_without_room_for_what_its_file_holds_is_refused_first(
         filewrite.copy_sparse(src, dst)
     assert refused.value.hint is not None and "free space" in refused.value.hint
     assert not dst.exists()
+
+
+def test_a_disk_is_copied_no_larger_than_the_host_made_it_whatever_it_claims_to_hold(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its QEMU sets its size and what it counts as allocated (reserved extents count, and are holes to the copy):
+    the size the host gave it bounds both."""
+    src, dst = tmp_path / "workspace.raw", tmp_path / "copy.raw"
+    want = _disk(src)
+    with src.open("r+b") as f:
+        os.posix_fallocate(f.fileno(), 16 * MiB, 200 * MiB)  # grown, and 200 MiB counted as held
+    assert src.stat().st_blocks * 512 > 200 * MiB
+    filewrite.copy_sparse(src, dst, most=16 * MiB)
+    assert dst.read_bytes() == want  # as made: what it grew by is not copied
+
+    src.write_bytes(b"a" * MiB)  # a disk made of 64 MiB that holds 1 MiB
+    os.truncate(src, 64 * MiB)
+    real = filewrite.copy_data
+
+    def spread(fd: int, out: int, end: int, what: str, *, most: int | None = None) -> int:
+        with src.open("r+b") as f:  # data written all over it once the copy opened it
+            for at in range(8 * MiB, 48 * MiB, MiB):
+                f.seek(at)
+                f.write(b"c" * MiB)
+        return real(fd, out, end, what, most=most)
+
+    monkeypatch.setattr(filewrite, "copy_data", spread)
+    with pytest.raises(VmsandboxError, match="grew while it was copied: it held 1,048,576 bytes"):
+        filewrite.copy_sparse(src, dst, most=64 * MiB)
+
+
+def test_each_overlay_of_a_fork_is_copied_no_larger_than_a_disk_of_its_size_holds(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from vmsandbox.vm import qemuimg
+
+    overlays = [tmp_path / "top.qcow2", tmp_path / "low.qcow2"]
+    for o in overlays:
+        o.write_bytes(b"q" * MiB)
+    bounds: list[int | None] = []
+
+    def copied(_source: Path, _dest: Path, *, most: int | None = None) -> int:
+        bounds.append(most)
+        return 0
+
+    monkeypatch.setattr(filewrite, "copy_sparse", copied)
+    monkeypatch.setattr(qemuimg, "rebase_pinned", lambda *_a, **_kw: None)
+    qemuimg.copy_above(overlays, tmp_path / "base.qcow2", tmp_path / "fork.qcow2", 20 * 1024**3)
+    largest = 20 * 1024**3 + 20 * 1024**3 // qemuimg.METADATA_SHARE + qemuimg.METADATA_ROOM
+    assert bounds == [largest, largest]

@@ -207,6 +207,29 @@ def test_a_fork_on_another_host_has_its_console_fetched_to_see_a_panic(
     assert fork._alive(vm(elsewhere=False))() is None and len(fetches) == 2  # a local console is read where it is
 
 
+def test_another_host_s_console_is_copied_as_its_bytes_and_a_fetch_that_fails_stops_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The guest writes the console: a byte no locale encodes is copied as it is (it stopped a failed fork's
+    removal), and a fetch that fails for any reason leaves the wait (and the removal) to go on."""
+    from vmsandbox.session.moments import fork
+    from vmsandbox.session.place.remote import log
+
+    files = SessionPaths(tmp_path)
+    record: Any = SimpleNamespace(domain="vmsandbox-f1", files=files)
+    said = b"boot \xff\x1b]0;owned\x07 Kernel panic - not syncing\n"
+    hv: Any = SimpleNamespace(
+        volumes=lambda _pool: {"vmsandbox-f1.console.log": "/pool/vmsandbox-f1.console.log"},
+        download=lambda *_a, **_kw: SimpleNamespace(kept=bytearray(said)),
+    )
+    assert log.fetch(record, hv) == said and files.console_log.read_bytes() == said
+
+    def fails(*, follow: bool) -> Path:
+        raise UnicodeEncodeError("latin-1", "\ufffd", 0, 1, "not in this locale")
+
+    fork._fetch_console(SimpleNamespace(console=fails))  # type: ignore[arg-type]
+
+
 def test_session_lock_names_its_holder_and_goes_with_it() -> None:
     r = saved_record("s1")
     busy = rf"session s1 is busy: vmsandbox \(pid {os.getpid()}\) is pulling"

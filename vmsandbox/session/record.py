@@ -120,7 +120,7 @@ class Record:
     group: str | None = None  # the fan-out this session belongs to (`destroy --group`)
     host: str = "local"  # the libvirt host it runs on (`hosts:`); its URI is libvirt_uri
     remote_port: int = 0  # on another host: the guest's SSH forward on that host's 127.0.0.1 (session.remote.tunnel)
-    workspace_bytes: int = 0  # on another host: the size of the workspace disk sent (fetched back no larger)
+    workspace_bytes: int = 0  # the workspace disk's size as the host made it: copied (or fetched back) no larger
 
     @property
     def domain(self) -> str:

@@ -15,6 +15,10 @@ QCOW2_MAGIC = b"QFI\xfb"
 QCOW2_HEADER = 104  # bytes of a qcow2 v3 header: its incompatible features at 72
 QCOW2_EXTERNAL_DATA = 1 << 2  # the incompatible feature bit of an external data file
 COPY_ROOM = 1024**3  # bytes left free at least after a fork's overlays are copied
+# a qcow2 image the host made for a disk of N bytes holds at most N bytes of data and its tables: with 64 KiB
+# clusters, 8 bytes of L2 table and 2 of refcount per cluster (N/6,554), its header, L1 and refcount table besides
+# (taken as N/512 and 64 MiB: room to spare)
+METADATA_SHARE, METADATA_ROOM = 512, 64 * 1024**2
 
 
 @dataclass(frozen=True)
@@ -136,7 +140,8 @@ def copy_above(overlays: Sequence[Path], base: Path, dest: Path, most: int) -> N
     `dest` (a running QEMU of the session could change a header between its check and its use), the top's copy
     then rebased onto `base` with what the others hold (`qemu-img convert -B` would copy the top's clusters
     only)."""
-    need = sum(o.stat().st_blocks * 512 for o in overlays)
+    largest = most + most // METADATA_SHARE + METADATA_ROOM  # what an overlay of the host's can hold
+    need = sum(min(o.stat().st_blocks * 512, largest) for o in overlays)
     free = shutil.disk_usage(dest.parent).free
     if need + COPY_ROOM > free:
         raise VmsandboxError(
@@ -147,7 +152,7 @@ def copy_above(overlays: Sequence[Path], base: Path, dest: Path, most: int) -> N
     copies = [dest, *(dest.with_name(f".{dest.name}.{n}") for n in range(1, len(overlays)))]
     try:
         for original, copy in zip(overlays, copies, strict=True):
-            filewrite.copy_sparse(original, copy)  # as far as it reached then: its QEMU may write on
+            filewrite.copy_sparse(original, copy, most=largest)  # what it held then: its QEMU may write on
         rebase_pinned(copies, base, most)
     finally:
         for copy in copies[1:]:

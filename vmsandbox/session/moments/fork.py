@@ -216,9 +216,11 @@ def _make(vm: VM, cp: Checkpoint, new: str, *, at: str | None) -> Record:
         record.status, record.owner_pid, record.owner_start = Phase.READY, None, None
         record.save()
     except BaseException as exc:
-        if isinstance(exc, VmsandboxError) and made is not None and made.host.abilities.elsewhere:
-            _fetch_console(made)  # another host's: here, for _undo to keep
-        _undo(record, exc)
+        try:
+            if isinstance(exc, VmsandboxError) and made is not None and made.host.abilities.elsewhere:
+                _fetch_console(made)  # another host's: here, for _undo to keep
+        finally:
+            _undo(record, exc)
         raise
     return record
 
@@ -260,7 +262,7 @@ def _alive(fork: VM) -> Callable[[], str | None]:
 
 def _fetch_console(fork: VM) -> None:
     """The console of a fork on another host, copied into its console log here (as far as its host has it)."""
-    with contextlib.suppress(VmsandboxError, OSError):  # (not there yet, or its host did not answer: none read)
+    with contextlib.suppress(Exception):  # (not there yet, its host did not answer: none read; the wait goes on)
         fork.console(follow=False)
 
 

@@ -144,6 +144,7 @@ def _prepare(
             record.baseline_entries = len(
                 capture.copy_from(paths.SessionPaths(opts.baseline_from), files, opts.baseline_from / capture.PRISTINE)
             )
+    record.workspace_bytes = files.workspace_disk.stat().st_size  # as the host made it: copies take no more
     with ui.step("Preparing the session (keys, identity)"):
         write_identity(files, record.name, f"vmsandbox-{record.name}", user, record.project)
         fw = files.fwcfg_dir

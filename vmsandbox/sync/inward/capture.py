@@ -112,11 +112,12 @@ def copy_from(source: SessionPaths, files: SessionPaths, workspace: Path | None)
     return entries
 
 
-def copy_disk(source: Path, dest: Path) -> None:
+def copy_disk(source: Path, dest: Path, *, made: int | None = None) -> None:
     """A sparse copy of a raw disk (a reflink where the file system can), 0600, without the source's xattrs
-    (libvirt's record of who uses a disk); a session's QEMU may write on into it meanwhile: it is copied as far as
-    it reached when the copy began (filewrite.copy_sparse)."""
-    filewrite.copy_sparse(source, dest)
+    (libvirt's record of who uses a disk). A session's QEMU may write on into it meanwhile, and set its size:
+    it is copied as it was when the copy began, and no larger than `made`, the size the host made it
+    (record.workspace_bytes; None: a copy of the host's own, which no QEMU writes) — filewrite.copy_sparse."""
+    filewrite.copy_sparse(source, dest, most=made)
 
 
 def project_bytes(project: Path | beneath.Root) -> int:

@@ -35,7 +35,7 @@ def freeze(record: Record, hv: Hypervisor, cp: Checkpoint, staging: Path, publis
         hv.save(record.domain, str(memory))
     try:
         with ui.step("Keeping the workspace disk"):
-            capture.copy_disk(record.files.workspace_disk, staging / checkpoints.WORKSPACE)
+            capture.copy_disk(record.files.workspace_disk, staging / checkpoints.WORKSPACE, made=_made(record))
         publish()
         new_top(record)
         tidy(record, live=False)
@@ -83,7 +83,7 @@ def freeze_live(record: Record, hv: Hypervisor, cp: Checkpoint, staging: Path, p
                 paused = hv.save_live(record.domain, xml, live=live)
                 switched = True
             with ui.step("Keeping the workspace disk"):
-                capture.copy_disk(files.workspace_disk, staging / checkpoints.WORKSPACE)
+                capture.copy_disk(files.workspace_disk, staging / checkpoints.WORKSPACE, made=_made(record))
             holding.still()
         what = "the save's last pass" if live else "the save"
         ui.info(
@@ -275,6 +275,11 @@ def tidy(record: Record, *, live: bool) -> None:
     record.save()
     for c in have:
         c.write()
+
+
+def _made(record: Record) -> int | None:
+    """The size the host made the session's workspace disk (None: a session made before it was recorded)."""
+    return record.workspace_bytes or None
 
 
 def rewind(record: Record, cp: Checkpoint) -> None:

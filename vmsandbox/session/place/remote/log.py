@@ -33,7 +33,7 @@ def fetch(record: Record, hv: Hypervisor) -> bytes:
     """The console as its host has it now, into the session's console log here (and returned)."""
     got = _read(record, hv)
     if got is not None:
-        filewrite.write_atomically(record.files.console_log, got.decode(errors="replace"))
+        filewrite.write_atomically(record.files.console_log, got)  # (the guest's bytes, as virtlogd writes them)
     return got or b""
 
 
