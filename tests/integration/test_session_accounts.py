@@ -2,7 +2,8 @@
 pool; a process of one's account opens nothing of the other's — not its disks, its fw_cfg files, its identity
 socket, libvirt's monitor socket of its domain, the memory file its QEMU maps, its QEMU's memory, nor the keeper
 of their template's memory — while it opens its own (the probe can tell); no shared image is given to any account,
-and what the account left (System V IPC objects here) goes with the session.
+and what the account left (System V IPC objects here) goes with the session, its keyrings emptied at its next
+lease.
 A fork runs as a third account and shares its source's saved memory by default: a write in one reaches neither the
 other nor the sealed copy nor the template's. Each QEMU's cgroup is bounded to its guest's RAM and QEMU's
 overhead (a bound that throttles, never kills), and every idle session woken at once stays within it: none
@@ -24,6 +25,7 @@ from vmsandbox import paths
 from vmsandbox.confine import pool
 from vmsandbox.session.end import lifecycle
 from vmsandbox.session.moments import checkpoint, fork
+from vmsandbox.session.place.local import owned
 from vmsandbox.session.record import Record
 from vmsandbox.vm.memory import bound, sealed, usage
 
@@ -83,6 +85,27 @@ def ipc_made_as(uid: int) -> dict[str, int]:
     assert r.returncode == 0, r.stderr
     made: dict[str, int] = json.loads(r.stdout)
     return made
+
+
+KEYS = """
+import ctypes, sys
+libc = ctypes.CDLL(None, use_errno=True)
+ADD_KEY, KEYCTL, KEYCTL_SEARCH, USER_KEYRING = 248, 250, 10, -4  # x86_64
+if sys.argv[1] == "add":
+    made = libc.syscall(ADD_KEY, b"user", b"left-by-a-session", b"a message", 9, USER_KEYRING)
+    assert made > 0, ctypes.get_errno()
+found = libc.syscall(KEYCTL, KEYCTL_SEARCH, USER_KEYRING, b"user", b"left-by-a-session", 0)
+print("found" if found > 0 else "none")
+"""
+
+
+def key_as(uid: int, what: str) -> str:
+    """As a process of account `uid`: `add` a key to its user keyring, then (or with `look` only) whether one is
+    there."""
+    argv = ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "/usr/bin/python3", "-c", KEYS, what]
+    r = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
+    assert r.returncode == 0, r.stderr
+    return r.stdout.strip()
 
 
 def ipc_ids(table: str) -> set[int]:
@@ -196,6 +219,9 @@ def test_a_fork_runs_as_its_own_account_and_shares_its_source_memory(
     assert account is not None
     left = ipc_made_as(account)
     assert all(left[table] in ipc_ids(table) for table in left)
+    assert key_as(account, "add") == "found"  # (the kernel keeps it past the account's last process)
+    owned.forget_keys(account)  # what the account's next lease does
+    assert key_as(account, "look") == "none"
     lifecycle.remove(forked)
     assert account not in pool.leased()  # free again for another session
     assert not any(left[table] in ipc_ids(table) for table in left), "its account's IPC objects outlived it"

@@ -271,6 +271,20 @@ def test_the_system_v_ipc_objects_an_account_made_or_owns_go_with_its_session(
     assert removed == [(call, ipc_id, 0) for call, ipc_id in ours]  # 0: IPC_RMID
 
 
+def test_the_places_every_account_may_write_are_found_not_named(tmp_path: Path) -> None:
+    """/tmp and its kin are named; any other directory every account may write in is found, two levels below /
+    (a distribution's /run/lock, a /var/crash), so what a QEMU left there goes too."""
+    made = {"crash": 0o1777, "run": 0o755, "run/lock": 0o1777, "run/user": 0o755, "srv": 0o777, "proc": 0o755}
+    made |= {"proc/1": 0o777, "var": 0o755, "var/lib": 0o755, "var/lib/deep": 0o777, "aside": 0o1777}
+    for name, mode in made.items():
+        (tmp_path / name).mkdir()
+        (tmp_path / name).chmod(mode)
+    (tmp_path / "run" / "link").symlink_to(tmp_path / "aside")
+    found = pool.shared_places(tmp_path)
+    assert sorted(str(p.relative_to(tmp_path)) for p in found) == ["aside", "crash", "run/lock", "srv"]
+    assert pool.shared_places()[: len(pool.SHARED_PLACES)] == list(pool.SHARED_PLACES)  # (the named ones first)
+
+
 @needs_root
 def test_a_session_holds_only_the_id_leased_to_it(root: Path, tmp_path: Path) -> None:
     made, _ = pool.make(root, count=2)

@@ -8,6 +8,7 @@ import shutil
 import stat
 from pathlib import Path
 
+from vmsandbox import proc, ui
 from vmsandbox.confine import accounts, pool
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.session.record import Record
@@ -36,7 +37,17 @@ def own_account(record: Record, *, lease: bool = True) -> None:
         record.account = pool.lease(record.files.root)
         if record.account is not None:
             record.save()
+            forget_keys(record.account)
     accounts.give_to_qemu(record.files.fwcfg_dir, record.account)
+
+
+def forget_keys(uid: int) -> None:
+    """The account's keyrings emptied of what a session before left (confine.keyrings, run as the account); where
+    the kernel refuses (keyctl(2) filtered out, as container runtimes do), said, and the session goes on."""
+    argv = proc.own_module("vmsandbox.confine.keyrings")
+    done = proc.run(argv, as_user=accounts.Identity(uid, uid), cwd=Path("/"), env={}, check=False, timeout=30)
+    if done.returncode != 0:
+        ui.warn(f"the keyrings of session account {uid} were not emptied: {proc.tail_of(done.stderr, lines=2)}")
 
 
 def own_copy(record: Record, source: Path, name: str) -> Path:
