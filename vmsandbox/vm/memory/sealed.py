@@ -49,9 +49,8 @@ def create(name: str, size: int) -> int:
 
 def fill(fd: int, source: Path) -> int:
     """Copy the file `source` into memfd `fd` (sized like it), its holes left holes; the bytes copied."""
-    opened = os.open(
-        source, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
-    )  # a link is refused, a FIFO not waited on
+    # a link there is refused, never followed; a FIFO is not waited on
+    opened = os.open(source, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     with os.fdopen(opened, "rb") as f:
         if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
             raise VmsandboxError(f"{source} is not a template's memory file", hint="run `vmsandbox rm --stale`")
