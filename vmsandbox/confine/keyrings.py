@@ -2,9 +2,10 @@
 user-session keyrings after its last process has ended, so what one session's QEMU (a guest that took it over)
 left there would be the next session's of the same id — a message for it, or the account's key quota used up.
 
-Run as that account (`python -I -m vmsandbox.confine.keyrings`, by owned.own_account through proc): no process of
-root's reaches another account's user keyrings. Asking for them makes them where there were none (40 bytes of the
-account's own quota)."""
+Started by root (`python -I -m vmsandbox.confine.keyrings UID`, owned.forget_keys through proc), it becomes that
+account once its modules are loaded (a checkout root alone may read stays so), as no process of root's reaches
+another account's user keyrings. Asking for them makes them where there were none (40 bytes of the account's own
+quota)."""
 
 from __future__ import annotations
 
@@ -30,8 +31,16 @@ def clear() -> None:
             raise OSError(code, f"keyctl clear of keyring {ring}: {os.strerror(code)}")
 
 
-def main() -> int:
+def become(uid: int) -> None:
+    """This process as account `uid` (its own group, no other), for good."""
+    os.setgroups([])
+    os.setresgid(uid, uid, uid)
+    os.setresuid(uid, uid, uid)
+
+
+def main(argv: list[str]) -> int:
     try:
+        become(int(argv[0]))
         clear()
     except OSError as exc:
         print(f"vmsandbox-keyrings: {exc}", file=sys.stderr)
@@ -40,4 +49,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(sys.argv[1:]))

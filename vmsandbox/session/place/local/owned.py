@@ -44,8 +44,7 @@ def own_account(record: Record, *, lease: bool = True) -> None:
 def forget_keys(uid: int) -> None:
     """The account's keyrings emptied of what a session before left (confine.keyrings, run as the account); where
     the kernel refuses (keyctl(2) filtered out, as container runtimes do), said, and the session goes on."""
-    argv = proc.own_module("vmsandbox.confine.keyrings")
-    done = proc.run(argv, as_user=accounts.Identity(uid, uid), cwd=Path("/"), env={}, check=False, timeout=30)
+    done = proc.run(proc.own_module("vmsandbox.confine.keyrings", str(uid)), cwd=Path("/"), check=False, timeout=30)
     if done.returncode != 0:
         ui.warn(f"the keyrings of session account {uid} were not emptied: {proc.tail_of(done.stderr, lines=2)}")
 
