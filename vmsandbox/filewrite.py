@@ -1,6 +1,7 @@
 """Writing files of ours safely: made ours before another program writes into them, or replaced whole in one
 rename (a reader, or a crash, sees the old content or the new, never a part); one writer at a time, by an flock
-waited for a bounded while."""
+waited for a bounded while; and copies of a file another process may still be writing (a session's disk, its
+QEMU's), no larger than it was when the copy began, nor than the host made it."""
 
 from __future__ import annotations
 
