@@ -5,8 +5,10 @@ QEMU's), no larger than it was when the copy began, nor than the host made it.""
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
+import glob
 import os
 import shutil
 import stat
@@ -74,6 +76,7 @@ def copy_sparse(source: Path, dest: Path, *, most: int | None = None) -> int:
         raise VmsandboxError(f"cannot read {source}: {exc.strerror}") from exc
     tmp = dest.with_name(f".{dest.name}.{os.getpid()}.copy")
     try:
+        _sweep_killed(dest)
         info = _copyable(src, source, dest.parent, most)
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
         try:
@@ -99,6 +102,25 @@ def copy_sparse(source: Path, dest: Path, *, most: int | None = None) -> int:
     finally:
         os.close(src)
     return copied
+
+
+def _sweep_killed(dest: Path) -> None:
+    """The temporary files of copies to `dest` whose process is gone (one killed halfway leaves its part)."""
+    for left in dest.parent.glob(f".{glob.escape(dest.name)}.*.copy"):
+        pid = left.name[len(dest.name) + 2 : -len(".copy")]
+        if pid.isdigit() and not _runs(int(pid)):
+            with contextlib.suppress(OSError):
+                left.unlink()
+
+
+def _runs(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # (another account's: it runs)
+        return True
+    return True
 
 
 def _bounds(info: os.stat_result, most: int | None) -> tuple[int, int]:

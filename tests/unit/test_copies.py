@@ -127,11 +127,11 @@ def test_a_copy_replaces_what_has_the_copy_s_name_and_writes_through_nothing(tmp
     assert dst.read_bytes() == want and other.read_bytes() == b"another file"
     dst.unlink()
     os.mkfifo(dst)  # (opened, it would wait for a reader)
-    left = tmp_path / f".copy.raw.{os.getpid()}.copy"
-    left.write_text("a copy killed half way")
+    for pid in (os.getpid(), 4_194_305, 1):  # this process's, one past the kernel's largest pid, a running one's
+        (tmp_path / f".copy.raw.{pid}.copy").write_text("a copy killed half way")
     filewrite.copy_sparse(src, dst)
     assert stat.S_ISREG(dst.stat().st_mode) and dst.read_bytes() == want
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["copy.raw", "disk.raw", "other"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".copy.raw.1.copy", "copy.raw", "disk.raw", "other"]
 
 
 def test_a_copy_without_room_for_what_its_file_holds_is_refused_first(
