@@ -53,13 +53,18 @@ print(json.dumps(said))
 """
 
 
+def python_as(uid: int, code: str, *args: str) -> str:
+    """What `code` (Python) prints, run as a process of account `uid` (no groups but its own)."""
+    argv = ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "/usr/bin/python3", "-c", code, *args]
+    r = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
+    assert r.returncode == 0, r.stderr
+    return r.stdout
+
+
 def as_account(uid: int, *targets: str) -> dict[str, str]:
     """What a process of account `uid` (no groups but its own) may do to each target: `open=PATH`,
     `connect=SOCKET`, `signal=PID` — "ok" or the error."""
-    argv = ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "/usr/bin/python3", "-c", PROBE, *targets]
-    r = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
-    assert r.returncode == 0, r.stderr
-    found: dict[str, str] = json.loads(r.stdout)
+    found: dict[str, str] = json.loads(python_as(uid, PROBE, *targets))
     return found
 
 
@@ -80,10 +85,7 @@ print(json.dumps(made))
 def ipc_made_as(uid: int) -> dict[str, int]:
     """System V IPC objects made by a process of account `uid` (as a QEMU its guest took over could): a
     shared memory segment, a message queue every account may use, a semaphore set; their ids."""
-    argv = ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "/usr/bin/python3", "-c", MAKE_IPC]
-    r = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
-    assert r.returncode == 0, r.stderr
-    made: dict[str, int] = json.loads(r.stdout)
+    made: dict[str, int] = json.loads(python_as(uid, MAKE_IPC))
     return made
 
 
@@ -102,10 +104,7 @@ print("found" if found > 0 else "none")
 def key_as(uid: int, what: str) -> str:
     """As a process of account `uid`: `add` a key to its user keyring, then (or with `look` only) whether one is
     there."""
-    argv = ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "/usr/bin/python3", "-c", KEYS, what]
-    r = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
-    assert r.returncode == 0, r.stderr
-    return r.stdout.strip()
+    return python_as(uid, KEYS, what).strip()
 
 
 def ipc_ids(table: str) -> set[int]:
