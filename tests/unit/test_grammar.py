@@ -246,6 +246,15 @@ def test_run_shows_its_options_in_panels_with_their_defaults(capsys: pytest.Capt
     assert "  vmsandbox run --keep --name exp .  # a shell; the session stays for vmsandbox shell exp\n" in out
 
 
+def test_the_defaults_run_h_names_are_the_settings() -> None:
+    """runoptions names them without importing the settings' models (every command would pay for it)."""
+    from vmsandbox.cli.sessions import runoptions
+    from vmsandbox.core.settings import DEFAULTS
+
+    named = (runoptions.DEFAULT_CPUS, runoptions.DEFAULT_MEMORY_MIB, runoptions.DEFAULT_DISK_MIB)
+    assert named == (DEFAULTS.cpus, DEFAULTS.memory_mib, DEFAULTS.disk_mib)
+
+
 def test_readable_help_joins_lines_and_splits_examples() -> None:
     text = """First line.
 

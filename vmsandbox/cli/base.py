@@ -8,9 +8,6 @@ from collections.abc import Callable
 from typing import Annotated, Any
 
 import typer
-from rich.padding import Padding
-from rich.text import Text
-from typer import rich_utils
 from typer.core import TyperArgument, TyperCommand, TyperGroup, TyperOption
 
 from vmsandbox import paths, ui
@@ -25,7 +22,7 @@ EXIT_INTERRUPTED = 130
 
 HELP = {"help_option_names": ["-h", "--help"]}  # inherited by every command and group below
 if ui.plain():
-    rich_utils.COLOR_SYSTEM = None  # NO_COLOR: the help too
+    helptext.rich_utils().COLOR_SYSTEM = None  # NO_COLOR: typer's help and tracebacks too (only then imported here)
 
 # The help's panels, in order, and their commands in the order a person meets them: the everyday verbs, then the
 # nouns (each with its verbs: `vmsandbox checkpoint create|ls|rm|restore`). One table decides the order of
@@ -98,6 +95,7 @@ class Commands(TyperGroup):
         if ctx.parent is not None:
             super().format_help(ctx, formatter)
             return
+        rich_utils = helptext.rich_utils()
         bare = copy.copy(self)  # the usage, the text and the options, as typer prints them
         bare.commands, bare.epilog = {}, None
         rich_utils.rich_format_help(obj=bare, ctx=ctx, markup_mode=mode)
@@ -109,6 +107,9 @@ class Commands(TyperGroup):
                 name=panel, commands=row, markup_mode=mode, console=console, cmd_len=widest
             )
         if self.epilog:
+            from rich.padding import Padding
+            from rich.text import Text
+
             console.print(Padding(Text(self.epilog), 1))
 
     def rows(self, ctx: Any) -> dict[str, list[Any]]:
@@ -120,7 +121,7 @@ class Commands(TyperGroup):
             together = next((names for names in ROWS if name in names), (name,))
             if command is None or command.hidden or name != together[0]:
                 continue
-            panel = command.rich_help_panel or rich_utils.COMMANDS_PANEL_TITLE
+            panel = command.rich_help_panel or helptext.rich_utils().COMMANDS_PANEL_TITLE
             if len(together) > 1:
                 command = TyperCommand(",\n".join(together), help=ROWS[together])
             panels.setdefault(panel, []).append(command)

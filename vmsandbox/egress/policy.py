@@ -17,7 +17,6 @@ from typing import Any
 
 from vmsandbox import paths, ui
 from vmsandbox.egress import held, secrets
-from vmsandbox.egress.relay import certs
 from vmsandbox.egress.rules import addresses, netpolicy
 from vmsandbox.egress.rules.mapping import SecretMapping
 from vmsandbox.egress.rules.netpolicy import Mode, Policy, Rule
@@ -112,6 +111,8 @@ def prepare(name: str, files: paths.SessionPaths, request: Request) -> dict[str,
     }
     write_config(files, data)
     if rules:
+        from vmsandbox.egress.relay import certs  # (cryptography: a session with secrets needs it, `ls` does not)
+
         certs.create_ca(files.ca_cert, files.ca_key, session=name, hosts=list(dict.fromkeys(r.host for r in rules)))
         (files.fwcfg_dir / FWCFG_CA).write_bytes(files.ca_cert.read_bytes())
     # a secret that is not set gets no placeholder: the agent then offers its own login instead
@@ -130,6 +131,8 @@ def rekey(source: paths.SessionPaths, name: str, files: paths.SessionPaths) -> d
     data["session"] = name
     write_config(files, data)
     if data["secrets"]:
+        from vmsandbox.egress.relay import certs
+
         certs.create_ca(
             files.ca_cert, files.ca_key, session=name, hosts=list(dict.fromkeys(r["host"] for r in data["secrets"]))
         )

@@ -9,9 +9,11 @@ from typing import Annotated
 import typer
 
 from vmsandbox.cli import complete
-from vmsandbox.core.settings import DEFAULTS
 
 VM, NETWORK, GUEST, REVIEW, FANOUT = "The VM", "Network", "Into the guest", "The review at the end", "Fan-out"
+# The defaults the help names, as settings.Settings has them (a unit test holds the two together): read from there,
+# every command would import the settings' models first (pydantic, yaml), a third of what `exec` took to start.
+DEFAULT_CPUS, DEFAULT_MEMORY_MIB, DEFAULT_DISK_MIB = 2, 2048, 20 * 1024
 
 
 def _size(mib: int) -> str:
@@ -26,19 +28,19 @@ NameOpt = Annotated[
 CpusOpt = Annotated[
     int | None,
     typer.Option(
-        "--cpus", metavar="N", help=f"vCPUs \\[default: {DEFAULTS.cpus}, or your config's].", rich_help_panel=VM
+        "--cpus", metavar="N", help=f"vCPUs \\[default: {DEFAULT_CPUS}, or your config's].", rich_help_panel=VM
     ),
 ]
 MemoryOpt = Annotated[
     str | None,
     typer.Option(
-        "--memory", metavar="SIZE", help=f"Guest memory \\[default: {_size(DEFAULTS.memory_mib)}].", rich_help_panel=VM
+        "--memory", metavar="SIZE", help=f"Guest memory \\[default: {_size(DEFAULT_MEMORY_MIB)}].", rich_help_panel=VM
     ),
 ]
 DiskOpt = Annotated[
     str | None,
     typer.Option(
-        "--disk", metavar="SIZE", help=f"Guest disk size \\[default: {_size(DEFAULTS.disk_mib)}].", rich_help_panel=VM
+        "--disk", metavar="SIZE", help=f"Guest disk size \\[default: {_size(DEFAULT_DISK_MIB)}].", rich_help_panel=VM
     ),
 ]
 AccelOpt = Annotated[
