@@ -177,7 +177,7 @@ def test_a_fork_on_another_host_has_its_console_fetched_to_see_a_panic(
 ) -> None:
     """Its console is the other host's (read through libvirt): fetched while the fork is waited for, at most every
     REMOTE_CONSOLE_EVERY seconds, so a kernel panic there ends the wait as one here does."""
-    from vmsandbox.session.moments import fork
+    from vmsandbox.session.moments import handover
 
     files = SessionPaths(tmp_path)
     fetches: list[bool] = []
@@ -194,17 +194,17 @@ def test_a_fork_on_another_host_has_its_console_fetched_to_see_a_panic(
         return SimpleNamespace(record=SimpleNamespace(files=files), host=host, info=lambda: info, console=fetch)
 
     clock = [100.0]
-    monkeypatch.setattr("vmsandbox.session.moments.fork.time.monotonic", lambda: clock[0])
-    alive = fork._alive(vm(elsewhere=True))
+    monkeypatch.setattr("vmsandbox.session.moments.handover.time.monotonic", lambda: clock[0])
+    alive = handover.alive(vm(elsewhere=True))
     assert alive() is None and fetches == [False]
     there.append("[ 25.7] Kernel panic - not syncing: Fatal exception\n")
-    clock[0] += fork.REMOTE_CONSOLE_EVERY / 2
+    clock[0] += handover.REMOTE_CONSOLE_EVERY / 2
     assert alive() is None and fetches == [False]  # (not fetched again yet)
-    clock[0] += fork.REMOTE_CONSOLE_EVERY / 2
+    clock[0] += handover.REMOTE_CONSOLE_EVERY / 2
     assert alive() == "its kernel panicked (its console says so)" and fetches == [False, False]
 
     files.console_log.unlink()
-    assert fork._alive(vm(elsewhere=False))() is None and len(fetches) == 2  # a local console is read where it is
+    assert handover.alive(vm(elsewhere=False))() is None and len(fetches) == 2  # a local console is read where it is
 
 
 def test_another_host_s_console_is_copied_as_its_bytes_and_a_fetch_that_fails_stops_nothing(
@@ -212,7 +212,7 @@ def test_another_host_s_console_is_copied_as_its_bytes_and_a_fetch_that_fails_st
 ) -> None:
     """The guest writes the console: a byte no locale encodes is copied as it is (it stopped a failed fork's
     removal), and a fetch that fails for any reason leaves the wait (and the removal) to go on."""
-    from vmsandbox.session.moments import fork
+    from vmsandbox.session.moments import handover
     from vmsandbox.session.place.remote import log
 
     files = SessionPaths(tmp_path)
@@ -227,7 +227,7 @@ def test_another_host_s_console_is_copied_as_its_bytes_and_a_fetch_that_fails_st
     def fails(*, follow: bool) -> Path:
         raise UnicodeEncodeError("latin-1", "\ufffd", 0, 1, "not in this locale")
 
-    fork._fetch_console(SimpleNamespace(console=fails))  # type: ignore[arg-type]
+    handover.fetch_console(SimpleNamespace(console=fails))  # type: ignore[arg-type]
 
 
 def test_session_lock_names_its_holder_and_goes_with_it() -> None:

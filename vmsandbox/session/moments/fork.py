@@ -5,92 +5,37 @@ The fork gets copies, never shared files: its system disk is one overlay holding
 overlays held above their image (`qemu-img convert -B`), its workspace disk a copy (a reflink where the file
 system can), its baseline the same captured project (so its review compares against the same starting point).
 Its identity is its own: SSH host key and client key, hostname, egress daemon and policy, secret placeholders
-and session CA, no published ports. The restored guest still holds the source's identity: on this machine the
-source's `identity` (a warm start's, restored asleep with the source's memory) takes the new one on the fork's
-identity port, as at a warm start, with no login; otherwise (a guest that does not listen there) the host logs in
-once with the source's keys (pinned to the source's host key) and hands it over. From then on only the fork's
-keys work. Processes that ran in the source run on in the fork (with the source's environment: new
+and session CA, no published ports; the restored guest, which still holds the source's, is handed it
+(moments/handover.py). Processes that ran in the source run on in the fork (with the source's environment: new
 logins get the fork's). A session on another host is forked there, from its checkpoint's volumes (how the
 disks are copied and the VM restored is the place's: session.place).
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import os
 import shutil
-import stat
 import threading
 import time
-from collections.abc import Callable
 
-from vmsandbox import paths, pids, proc, ui
+from vmsandbox import paths, pids, ui
 from vmsandbox.confine import access, accounts
-from vmsandbox.egress import control, policy
+from vmsandbox.egress import control
 from vmsandbox.errors import VmsandboxError
-from vmsandbox.guest import commands, identity, ssh
-from vmsandbox.guest.ssh import Endpoint
 from vmsandbox.session import lock
 from vmsandbox.session.end import lifecycle
-from vmsandbox.session.moments import checkpoint
+from vmsandbox.session.moments import checkpoint, handover
 from vmsandbox.session.place import checkpoints, choose, console, pins
 from vmsandbox.session.place.checkpoints import Checkpoint
 from vmsandbox.session.place.interface import VM, Sharing
 from vmsandbox.session.record import Phase, Record, validate_name
 from vmsandbox.session.start import create
-from vmsandbox.session.state import down, where
+from vmsandbox.session.state import where
 from vmsandbox.sync.fetch import delta
 from vmsandbox.sync.inward import capture
 
-# Run as root in the restored guest, the fork's identity (identity.bundle's tar) on stdin: the clock and the
-# random generator first (the fork shares the source's memory), then the identity applied as a warm start
-# does, then sshd reloaded with the new host key. The guest's identity program does it all in one process
-# (`identity fork`, images/base/rootfs/usr/local/lib/vmsandbox/identity); the other branch is for the sessions
-# of images older than that program (a shell script then, which takes only a directory), told apart by the
-# shell's own `read` so that nothing else runs first. It returns once the reloaded sshd listens again (a
-# socket of another inode on port 22, read from /proc/net/tcp by the shell alone, within 10 s): the host's
-# next login is the fork's own, with no probe for the banner (each costs the guest a login's start-up).
-REIDENTIFY = r"""set -eu
-listening() {  # the inode of sshd's socket listening on port 22 (0.0.0.0), in $found ("" while none)
-    found=
-    while read -r _ local _ st _ _ _ _ _ inode _; do
-        if [ "$st" = 0A ] && [ "$local" = 00000000:0016 ]; then found=$inode; fi
-    done </proc/net/tcp
-}
-listening
-before=$found
-read -r first </usr/local/lib/vmsandbox/identity
-case $first in
-*python3*) /usr/local/lib/vmsandbox/identity fork >/dev/null ;;
-*)
-d=$(mktemp -d /run/vmsandbox-fork.XXXXXX)
-tar -x -m -C "$d" -f -
-date -s "@$(cat "$d/clock")" >/dev/null
-perl -e 'open(my $s, "<", $ARGV[0]) or die; binmode $s; read($s, my $b, 4096);
-    open(my $f, ">", "/dev/urandom") or die; binmode $f; syswrite($f, $b) or die;
-    ioctl($f, 0x5207, 0) or die "reseed: $!\n"' "$d/seed"
-rm -f "$d/seed" "$d/clock"
-dev=$(findmnt -n -o SOURCE --target "$(cat "$d/workdir")" || true)
-WORKSPACE_DEV=$dev /usr/local/lib/vmsandbox/identity "$d" >/dev/null
-rm -rf /etc/vmsandbox/identity.d
-cp -a "$d" /etc/vmsandbox/identity.d
-rm -rf "$d"
-systemctl reload ssh.service
-;;
-esac
-i=0
-while [ $i -lt 200 ]; do
-    listening
-    if [ -n "$found" ] && [ "$found" != "$before" ]; then break; fi
-    i=$((i + 1))
-    sleep 0.05
-done
-"""
-IDENTITY_TIMEOUT = 120
-PORT_ACK = 10.0  # a source's `identity`, restored asleep in the fork, says "taking" within this (else: a login)
 LINE_SHOWN = 200  # characters of a console line a failed fork's error shows (escaped at the edge, as all it says)
-REMOTE_CONSOLE_EVERY = 5.0  # seconds between fetches of a waited-for fork's console from another host (libvirt)
 
 
 def fork(name: str, new: str, *, label: str | None = None) -> Record:
@@ -171,7 +116,43 @@ def _make(vm: VM, cp: Checkpoint, new: str, *, at: str | None) -> Record:
     accounts.private_dir(files.root)
     if os.geteuid() != 0:
         access.inherit_for_me(files.root)
-    record = dataclasses.replace(
+    record = _record(vm, new, at, there)
+    made: VM | None = None
+    try:
+        record.save()
+        pins.pin(new, record.image_version, record.template)
+        with ui.step(f"Copying session {source.name}'s state{there}"):
+            _copy_state(vm, cp, record)
+        with ui.step("Preparing the fork (keys, identity, egress policy)"):
+            handover.prepare(source, record)
+        started = time.monotonic()
+        with ui.step(f"Restoring {record.domain} from it") as detail:
+            made = vm.forks.restore(cp, record)
+            detail("its own identity")
+            record.identity_port = handover.hand_over(source, made)
+            spawned = control.spawn(create.daemon_spec(record), record.files) if record.wants_daemon else None
+            handover.check(made)
+        record.boot_seconds = round(time.monotonic() - started, 1)
+        if spawned is not None:
+            with ui.step("Opening the fork's egress proxy"):
+                control.wait_open(create.daemon_spec(record), record.files, spawned)
+        record.status, record.owner_pid, record.owner_start = Phase.READY, None, None
+        record.save()
+    except BaseException as exc:
+        try:
+            if isinstance(exc, VmsandboxError) and made is not None and made.host.abilities.elsewhere:
+                handover.fetch_console(made)  # another host's: here, for _undo to keep
+        finally:
+            _undo(record, exc)
+        raise
+    return record
+
+
+def _record(vm: VM, new: str, at: str | None, there: str) -> Record:
+    """The fork's record, as it is while the fork is made: the source's (`vm`'s), with a name, keys, a port, an
+    overlay and a status of its own; no published port, no fan-out, no account yet."""
+    source = vm.record
+    return dataclasses.replace(
         source,
         name=new,
         created=time.time(),
@@ -191,38 +172,6 @@ def _make(vm: VM, cp: Checkpoint, new: str, *, at: str | None) -> Record:
         boot_seconds=None,
         account=None,
     )
-    made: VM | None = None
-    try:
-        record.save()
-        pins.pin(new, record.image_version, record.template)
-        with ui.step(f"Copying session {source.name}'s state{there}"):
-            _copy_state(vm, cp, record)
-        with ui.step("Preparing the fork (keys, identity, egress policy)"):
-            _identity(source, record)
-        started = time.monotonic()
-        with ui.step(f"Restoring {record.domain} from it") as detail:
-            made = vm.forks.restore(cp, record)
-            detail("its own identity")
-            handed = _hand_over_on_port(made)
-            if handed is None:
-                _hand_over_identity(source, made)
-            record.identity_port = handed is not None and handed.serving
-            spawned = control.spawn(create.daemon_spec(record), record.files) if record.wants_daemon else None
-            _check_identity(made)
-        record.boot_seconds = round(time.monotonic() - started, 1)
-        if spawned is not None:
-            with ui.step("Opening the fork's egress proxy"):
-                control.wait_open(create.daemon_spec(record), record.files, spawned)
-        record.status, record.owner_pid, record.owner_start = Phase.READY, None, None
-        record.save()
-    except BaseException as exc:
-        try:
-            if isinstance(exc, VmsandboxError) and made is not None and made.host.abilities.elsewhere:
-                _fetch_console(made)  # another host's: here, for _undo to keep
-        finally:
-            _undo(record, exc)
-        raise
-    return record
 
 
 def _undo(record: Record, exc: BaseException) -> None:
@@ -243,29 +192,6 @@ def _undo(record: Record, exc: BaseException) -> None:
         lifecycle.remove(record)
 
 
-def _alive(fork: VM) -> Callable[[], str | None]:
-    """None while the fork's VM runs and its kernel has not panicked (its console says so), else why not. The
-    console of a fork on another host is fetched here for it, at most every REMOTE_CONSOLE_EVERY seconds."""
-    fetched = -REMOTE_CONSOLE_EVERY
-
-    def why() -> str | None:
-        nonlocal fetched
-        if (gone := down(fork)) is not None:
-            return gone
-        if fork.host.abilities.elsewhere and time.monotonic() - fetched >= REMOTE_CONSOLE_EVERY:
-            _fetch_console(fork)
-            fetched = time.monotonic()
-        return console.panicked(fork.record.files.console_log)
-
-    return why
-
-
-def _fetch_console(fork: VM) -> None:
-    """The console of a fork on another host, copied into its console log here (as far as its host has it)."""
-    with contextlib.suppress(Exception):  # (not there yet, its host did not answer: none read; the wait goes on)
-        fork.console(follow=False)
-
-
 def _copy_state(vm: VM, cp: Checkpoint, record: Record) -> None:
     """The fork's (`record`) disks, baseline and (a fresh) mirror, copied from the source (`vm`) at the
     checkpoint."""
@@ -277,80 +203,3 @@ def _copy_state(vm: VM, cp: Checkpoint, record: Record) -> None:
             shutil.copyfile(f, files.root / f.name)
     # the guest's tree is not the baseline's any more: with no record of the mirror, the first pull walks it
     delta.forget(files.root)
-
-
-def _identity(source: Record, record: Record) -> None:
-    """The fork's keys, identity files (the source's, with its own hostname, keys, placeholders and CA) and
-    egress policy."""
-    files = record.files
-    client_pub = ssh.generate_key(files.client_key, f"vmsandbox-{record.name}")
-    ssh.generate_key(files.host_key, f"vmsandbox-{record.name}-host")
-    fw = files.fwcfg_dir
-    fw.mkdir(mode=0o700)
-    for f in source.files.fwcfg_dir.iterdir():  # contents only: libvirt's xattrs on them name the source's VM
-        if stat.S_ISREG(f.lstat().st_mode):  # (files the host made: never what a link there leads to)
-            shutil.copyfile(f, fw / f.name, follow_symlinks=False)
-    (fw / "hostname").write_text(f"vmsandbox-{record.name}\n")
-    (fw / "authorized_keys").write_text(client_pub + "\n")
-    shutil.copyfile(files.host_key, fw / "host_key")
-    (fw / policy.FWCFG_CA).unlink(missing_ok=True)
-    swapped = policy.rekey(source.files, record.name, files)
-    env = (fw / "env").read_text() if (fw / "env").exists() else ""
-    for old, new in swapped.items():
-        env = env.replace(old, new)
-    (fw / "env").write_text(env)
-
-
-def _hand_over_on_port(fork: VM) -> identity.Handed | None:
-    """The fork's identity on its identity port, where its source's guest listens (record.identity_port: the
-    source said so at its warm start; its `identity` was restored with its memory), on this machine; None when
-    it was not taken there (the host logs in with the source's keys instead)."""
-    record = fork.record
-    if not record.identity_port or fork.host.abilities.elsewhere:
-        return None
-    files = record.files
-    try:
-        return identity.hand_over(
-            files.identity_socket, files.fwcfg_dir, ack=PORT_ACK, timeout=IDENTITY_TIMEOUT, alive=_alive(fork)
-        )
-    except identity.NotListeningError as exc:  # its guest rebooted, or its root ended what listened
-        ui.warn(f"{exc.message}; handing it over with a login instead")
-        return None
-
-
-def _hand_over_identity(source: Record, fork: VM) -> None:
-    """Log in with the source's keys (the restored guest's) and hand over the fork's identity."""
-    record = fork.record
-    files = record.files
-    bridge = paths.SessionPaths(files.root / "fork-bridge")
-    bridge.root.mkdir(mode=0o700)
-    try:
-        shutil.copyfile(source.files.client_key, bridge.client_key)
-        bridge.client_key.chmod(0o600)
-        ssh.write_known_hosts(bridge, record.ssh_port, source.files.host_key.with_suffix(".pub").read_text())
-        once = Endpoint(record.name, record.ssh_port, "root", bridge)
-        once.write_config()
-        argv = [*once.ssh_argv("-T", "-o", "ControlMaster=no"), "--", REIDENTIFY]
-        # the source's sshd came back with its memory: no probe first, unless the login finds none
-        handed = proc.run(argv, input=identity.bundle(files.fwcfg_dir), timeout=IDENTITY_TIMEOUT, check=False)
-        if handed.returncode == commands.SSH_FAILED:
-            ssh.wait_for_banner(record.ssh_port, timeout=60, alive=_alive(fork))
-            handed = proc.run(argv, input=identity.bundle(files.fwcfg_dir), timeout=IDENTITY_TIMEOUT, check=False)
-        if handed.returncode != 0:
-            raise proc.CommandError(handed)
-    finally:
-        shutil.rmtree(bridge.root, ignore_errors=True)
-
-
-def _check_identity(fork: VM) -> None:
-    """The fork's own keys log in, and its sshd presents the host key pinned for it."""
-    record = fork.record
-    # the hand-over returned once the reloaded sshd listened; should it not be there yet, wait for its banner
-    for attempt in range(20):
-        if attempt:
-            time.sleep(0.25)
-            ssh.wait_for_banner(record.ssh_port, timeout=60, alive=_alive(fork))
-        answer = commands.run_as_root(record.endpoint(), "true", check=False, timeout=60)
-        if answer.returncode != commands.SSH_FAILED:
-            break
-    commands.run_as_root(record.endpoint(), "true", timeout=60, hint="the fork did not take its new identity")
