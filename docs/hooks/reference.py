@@ -112,15 +112,15 @@ def render() -> str:
     import typer
     import typer.main
 
+    from vmsandbox import __version__
     from vmsandbox.cli import base, main  # noqa: F401  (main registers every command on the app)
-    from vmsandbox.core import settings
 
     root = typer.main.get_command(base.app)
     ctx = typer.Context(root, info_name="vmsandbox")
     head = [
         f"# {TITLE}",
         "",
-        f"Every command of vmsandbox {settings.version()}, as its `-h` describes it: this page is made from the",
+        f"Every command of vmsandbox {__version__}, as its `-h` describes it: this page is made from the",
         "command tree itself each time the site is built. `vmsandbox help COMMAND` (or `vmsandbox COMMAND -h`)",
         "prints the same at the terminal.",
         "",

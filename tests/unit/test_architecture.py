@@ -788,10 +788,11 @@ def test_every_command_starts_without_the_config_models_libvirt_or_typers_help_p
     only some commands use is imported where they use it: the config models (pydantic, yaml: `run` reads them),
     libvirt, paramiko, cryptography (a session's CA), typer's help printer (markdown and pretty tracebacks: `-h`).
     With them at the top, the import took 250 ms of an `exec -- true` that took 600; without, 70."""
+    heavy = {"pydantic", "yaml", "cryptography", "libvirt", "paramiko", "typer.rich_utils", "rich.markdown"}
     loaded = _loaded_at_import("vmsandbox.cli.main")
     assert "typer" in loaded and "rich" in loaded  # (the walk finds what it should)
-    heavy = {"pydantic", "yaml", "cryptography", "libvirt", "paramiko", "typer.rich_utils", "rich.markdown"}
     assert loaded & heavy == set()
+    assert _loaded_at_import("vmsandbox.core.commandlog") & heavy == set()  # the log every command opens first
 
 
 def test_what_asks_how_a_session_is_imports_no_cryptography() -> None:

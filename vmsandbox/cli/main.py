@@ -52,12 +52,13 @@ def _root(
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log every step and command to stderr.")] = False,
     version: Annotated[bool, typer.Option("--version", help="Print the version.")] = False,
 ) -> None:
-    from vmsandbox.core import settings
+    from vmsandbox import __version__
+    from vmsandbox.core import commandlog
 
     if version:
-        print(f"vmsandbox {settings.version()}")  # as `vmsandbox version` and `vmsandbox -v` say it
+        print(f"vmsandbox {__version__}")  # as `vmsandbox version` and `vmsandbox -v` say it
         raise typer.Exit(0)
-    settings.open_log(verbose)
+    commandlog.open_log(verbose)
 
 
 def missing_separator(message: str, args: list[str]) -> str | None:

@@ -52,12 +52,12 @@ def version(as_json: output.AsJson = False) -> None:
     """Print vmsandbox's version.
 
     Example: `vmsandbox version`"""
-    from vmsandbox.core import settings
+    from vmsandbox import __version__
 
     if as_json:
-        output.json_lines([{"version": settings.version()}])
+        output.json_lines([{"version": __version__}])
     else:
-        print(f"vmsandbox {settings.version()}")
+        print(f"vmsandbox {__version__}")
 
 
 @app.command()

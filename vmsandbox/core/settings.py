@@ -1,24 +1,20 @@
 """Settings and the files people write, for every front end: each effective setting with the source it came from
 (what is broken said, never stopping it), config and blueprint files checked (every problem of every file, each
-at its line), their JSON Schema, the project configs you trust, the defaults a session gets, the version, and
-the log every command keeps."""
+at its line), their JSON Schema, the project configs you trust and the defaults a session gets (the log every
+command keeps is commandlog.py's)."""
 
 from __future__ import annotations
 
 import dataclasses
 import enum
 import json
-import logging
-import logging.handlers
-import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from vmsandbox import __version__, filemodels, paths, schema, trust, ui
-from vmsandbox.confine import accounts
+from vmsandbox import filemodels, paths, schema, trust
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.image import blueprint
 from vmsandbox.session import configread, settingrows, settings
@@ -26,40 +22,6 @@ from vmsandbox.session.host.trust import trust_candidates
 
 DEFAULTS = settings.Settings()  # what a session gets when no file and no flag says otherwise
 UntrustedError = trust.UntrustedError
-
-
-def version() -> str:
-    return __version__
-
-
-def open_log(verbose: bool) -> None:
-    """Every command's log: a file in the state directory always (rotated), and stderr too when `verbose`. What a
-    person was shown already (ui.info, ui.warn) is not said again on stderr."""
-    root = logging.getLogger()
-    root.setLevel(logging.DEBUG)
-    threading.excepthook = _thread_failed
-    try:
-        accounts.state_dirs()
-        where = paths.state_dir() / paths.SESSION_LOG
-        handler: logging.Handler = logging.handlers.RotatingFileHandler(where, maxBytes=2 * 1024**2, backupCount=2)
-        where.chmod(0o600)
-        handler.setFormatter(ui.EscapingFormatter("%(asctime)s %(process)d %(levelname)s %(name)s: %(message)s"))
-        root.addHandler(handler)
-    except OSError:
-        pass  # a read-only state dir must not stop `--help` or `doctor`
-    if verbose:
-        stream = logging.StreamHandler()
-        stream.setFormatter(ui.EscapingFormatter("%(levelname)s %(name)s: %(message)s"))
-        stream.addFilter(lambda record: not getattr(record, "shown", False))
-        root.addHandler(stream)
-
-
-def _thread_failed(args: threading.ExceptHookArgs) -> None:
-    """A thread's uncaught exception goes to the log (escaped), not raw to stderr."""
-    logging.getLogger("vmsandbox.thread").error(
-        "thread %s failed", args.thread.name if args.thread else "?",
-        exc_info=(args.exc_type, args.exc_value, args.exc_traceback),  # type: ignore[arg-type]
-    )  # fmt: skip
 
 
 def _shown(field: str, value: Any) -> str:
