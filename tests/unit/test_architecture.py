@@ -774,13 +774,11 @@ def test_a_sessions_own_processes_load_no_config_models_libvirt_or_rich() -> Non
     """Every session runs an egress daemon for its life (and a remote one a tunnel supervisor): what they import
     is memory of their own in each (a hundred idle sessions: a hundred daemons). Config models (pydantic) and
     YAML cost a daemon ~8 MiB of its own, libvirt's module 3 MiB (never used once it dropped root), rich 2 MiB
-    (a daemon prints nothing; ui's consoles are made at their first use), cryptography 3.4 MiB (and 6.7 MiB of
-    its libraries' pages: only a session given secrets has a CA to sign with): each is imported where it is
-    used."""
+    (a daemon prints nothing; ui's consoles are made at their first use): each is imported where it is used."""
     for module in ("vmsandbox.egress.daemon", "vmsandbox.session.place.remote.tunnel"):
         loaded = _loaded_at_import(module)
         assert "os" in loaded, module  # (the walk finds what it should)
-        assert loaded & {"pydantic", "yaml", "libvirt", "typer", "starlette", "rich", "cryptography"} == set(), module
+        assert loaded & {"pydantic", "yaml", "libvirt", "typer", "starlette", "rich"} == set(), module
 
 
 def test_every_command_starts_without_the_config_models_libvirt_or_typers_help_printer() -> None:

@@ -39,6 +39,7 @@ from vmsandbox.egress.door.published import Published
 from vmsandbox.egress.door.pump import Pump
 from vmsandbox.egress.held import Held
 from vmsandbox.egress.policy import ProxyConfig
+from vmsandbox.egress.relay.certs import Issuer
 from vmsandbox.egress.relay.proxy import Proxy
 from vmsandbox.egress.relay.upstream import Resolver, resolve_checked, verified_tls
 from vmsandbox.egress.rules import limits
@@ -82,11 +83,7 @@ class Daemon:
         self.failure: str | None = None  # why it stopped, when it stopped of a fault
         self.loop = asyncio.new_event_loop()
         self._config: tuple[tuple[int, int], ProxyConfig] | None = None
-        self._issuer = None
-        if self.files.ca_key.exists():  # a session given secrets: only then is cryptography loaded (5 MiB its own)
-            from vmsandbox.egress.relay.certs import Issuer
-
-            self._issuer = Issuer(self.files.ca_cert, self.files.ca_key)
+        self._issuer = Issuer(self.files.ca_cert, self.files.ca_key) if self.files.ca_key.exists() else None
         self.proxy = Proxy(
             self._load_config,
             proxylog.Writer(self.files.proxy_log),

@@ -20,12 +20,12 @@ import logging
 import ssl
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 from vmsandbox.egress.policy import ProxyConfig, SecretRule
 from vmsandbox.egress.proxylog import Event, Writer, append
 from vmsandbox.egress.relay.body import relay
+from vmsandbox.egress.relay.certs import Issuer
 from vmsandbox.egress.relay.streams import Stream, TlsStream, read_head, read_hello
 from vmsandbox.egress.relay.upstream import Resolver, Upstream, connect, resolve_checked, verified_tls
 from vmsandbox.egress.rules import httphead, inject, tlshello
@@ -33,9 +33,6 @@ from vmsandbox.egress.rules.httphead import ProtocolError, RequestHead
 from vmsandbox.egress.rules.limits import Limits
 from vmsandbox.egress.rules.netpolicy import Refused, parse_target
 from vmsandbox.errors import VmsandboxError
-
-if TYPE_CHECKING:
-    from vmsandbox.egress.relay.certs import Issuer
 
 log = logging.getLogger(__name__)
 
