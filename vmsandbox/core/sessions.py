@@ -11,26 +11,24 @@ import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import vmsandbox.session.start.create
-import vmsandbox.sync.inward.push
 from vmsandbox import paths
 from vmsandbox.confine import accounts
-from vmsandbox.core import flow, reviews
-from vmsandbox.core.person import Person
 from vmsandbox.errors import UsageError, VmsandboxError
 from vmsandbox.guest import commands
 from vmsandbox.guest.ssh import Endpoint
 from vmsandbox.session import lock, settings, state
-from vmsandbox.session.end import gc, lifecycle
 from vmsandbox.session.lock import BusyError
-from vmsandbox.session.moments import fanout, fork, suspend
 from vmsandbox.session.options import RunFlags
 from vmsandbox.session.record import Record, validate_name
-from vmsandbox.session.start import resolve
-from vmsandbox.sync.inward import cp
 from vmsandbox.sync.provenance import steps
+
+if TYPE_CHECKING:
+    from vmsandbox.core.person import Person
+
+# What makes, forks, stops, ends or reviews a session is imported by the function that does it: `exec`, `shell`,
+# `cp` and `ls` start without it (the review's whole machinery, 28 ms of every such command's start here).
 
 # the record a front end is handed back, the flags of a run, how a session's guest is reached, what a session's
 # name is made of (raises with the rule), and another command holding the session
@@ -67,6 +65,10 @@ def record(name: str) -> Record:
 def create(path: Path, blueprint: str, flags: RunFlags, person: Person) -> Record:
     """A session on `path` made and left running (detached: nothing run in it), the project's credentials
     screened going in as for a run."""
+    import vmsandbox.session.start.create
+    from vmsandbox.core import flow
+    from vmsandbox.session.start import resolve
+
     flags = dataclasses.replace(flags, keep=True)
     planned = flow.screen(resolve.resolve(path, blueprint, None, flags, agent=False), person, send=flags.send_secrets)
     return vmsandbox.session.start.create.create(planned.options)
@@ -75,6 +77,8 @@ def create(path: Path, blueprint: str, flags: RunFlags, person: Person) -> Recor
 def copy_of(name: str, new: str, *, label: str | None = None) -> Record:
     """A new session `new` made from `name`'s state now (or its checkpoint `label`): its files, disks and
     running processes, with its own identity, keys and egress, and the same baseline for its review."""
+    from vmsandbox.session.moments import fork
+
     return fork.fork(name, validate_name(new), label=label)
 
 
@@ -100,6 +104,8 @@ def not_driven(found: Record) -> None:
 def stop(name: str) -> str:
     """The session's VM saved to disk (memory and devices): what was kept, and where, in words. Refused while a
     run drives it (not_driven)."""
+    from vmsandbox.session.moments import suspend
+
     not_driven(Record.load(name))
     saved = suspend.stop(name)
     try:
@@ -110,6 +116,8 @@ def stop(name: str) -> str:
 
 def start(name: str) -> Record:
     """A stopped session resumed where it was: processes, files, egress, published ports."""
+    from vmsandbox.session.moments import suspend
+
     return suspend.start(name)
 
 
@@ -130,6 +138,7 @@ def ready(name: str) -> Record:
         found = Record.load(name)
         why = state.usable(found)  # looked at again: what held the lock may have stopped the VM or restarted it
         if why is not None:
+            import vmsandbox.session.start.create
             from vmsandbox import ui
 
             ui.warn(f"the egress proxy of session {found.name} {why}, so the guest had no network; restarting it")
@@ -188,6 +197,8 @@ def step_ended(record: Record, step: Step, code: int | None) -> None:
 def copy_in(name: str, sources: list[Path], where: str) -> str:
     """Files of this machine copied into a running session at `where` (relative: under the project); the
     guest path written to."""
+    from vmsandbox.sync.inward import cp
+
     found = ready(name)
     return cp.copy_in(found.target(), found.endpoint(), sources, where)
 
@@ -195,6 +206,9 @@ def copy_in(name: str, sources: list[Path], where: str) -> str:
 def push(name: str) -> tuple[list[str], list[str]]:
     """Host edits made during the session sent into its guest, never over a change the guest made: (the paths
     sent, the paths the guest changed too, left as they are on both sides)."""
+    import vmsandbox.sync.inward.push
+    from vmsandbox.core import reviews
+
     found = Record.load(name)
     state.usable(found)
     with lock.held(found.files, name, "pushing into"):
@@ -216,6 +230,9 @@ def destroy(name: str, *, force: bool = False, discard: bool = False, take: bool
     """The session's VM and files gone: refused while changes are unsynced, unless `force` (they wait in its
     outbox first) or `discard` (thrown away), and while a run drives it (not_driven), unless `take` (a person's
     `rm --force` or `--discard`). With `discard`, a session whose record is damaged goes too."""
+    from vmsandbox.core import reviews
+    from vmsandbox.session.end import lifecycle
+
     try:
         found = Record.load(name)
     except VmsandboxError:
@@ -231,6 +248,8 @@ def destroy(name: str, *, force: bool = False, discard: bool = False, take: bool
 
 def group(name: str) -> list[str]:
     """The sessions of the fan-out `name` (raises when there is none)."""
+    from vmsandbox.session.moments import fanout
+
     members = [r.name for r in fanout.group_members(name)]
     if not members:
         raise VmsandboxError(f"no fan-out named {name!r}", hint="`vmsandbox ls --filter group=NAME` lists one")
@@ -241,5 +260,8 @@ def stale(*, dry: bool) -> Iterator[str]:
     """What a crash left, removed (with `dry`, only said): sessions whose VM is gone or whose run was killed
     (kept while they hold unsynced changes, a stopped VM's exported first), and vmsandbox VMs without a session,
     here and on every host of the config. A line per thing done."""
+    from vmsandbox.core import reviews
+    from vmsandbox.session.end import gc
+
     loaded = settings.load()
     return gc.gc(loaded.libvirt_uri, limit=reviews.limit(), hosts=loaded.hosts, dry=dry)
