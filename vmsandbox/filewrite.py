@@ -15,6 +15,7 @@ import stat
 import time
 from pathlib import Path
 
+from vmsandbox import pids
 from vmsandbox.errors import VmsandboxError
 
 CHUNK = 1 << 30  # bytes a copy asks the kernel for at a time
@@ -108,19 +109,9 @@ def _sweep_killed(dest: Path) -> None:
     """The temporary files of copies to `dest` whose process is gone (one killed halfway leaves its part)."""
     for left in dest.parent.glob(f".{glob.escape(dest.name)}.*.copy"):
         pid = left.name[len(dest.name) + 2 : -len(".copy")]
-        if pid.isdigit() and not _runs(int(pid)):
+        if pid.isdigit() and pids.process_start(int(pid)) is None:  # (no such process)
             with contextlib.suppress(OSError):
                 left.unlink()
-
-
-def _runs(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:  # (another account's: it runs)
-        return True
-    return True
 
 
 def _bounds(info: os.stat_result, most: int | None) -> tuple[int, int]:
