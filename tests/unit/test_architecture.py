@@ -501,7 +501,7 @@ def test_the_renaming_import_finder_finds_one(tmp_path: Path) -> None:
 # reaches them through the chooser alone.
 PLACES = ("vmsandbox.session.place.local", "vmsandbox.session.place.remote")
 CHOOSER = "vmsandbox.session.place.choose"
-GROUND = {"vmsandbox.session.record"} | {
+GROUND = {"vmsandbox.session.record", "vmsandbox.session.recordfile"} | {  # (a record, and the file it is kept in)
     f"vmsandbox.session.place.{m}"
     for m in ("interface", "common", "checkpoints", "templates", "console", "chain", "pins", "hostspec", "room")
 }

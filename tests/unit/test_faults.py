@@ -465,7 +465,7 @@ def test_a_save_takes_in_nothing_when_its_write_fails_and_never_writes_over_anot
 
 def test_a_save_waits_for_another_a_while_then_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
     r = saved_record("s1")
-    monkeypatch.setattr("vmsandbox.session.record.SAVE_WAIT", 0.2)
+    monkeypatch.setattr("vmsandbox.session.recordfile.SAVE_WAIT", 0.2)
     fd = os.open(r.files.root / "session.json.lock", os.O_RDWR)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)  # (a command stopped while it saved)

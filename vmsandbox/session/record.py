@@ -1,10 +1,10 @@
 """A session's record (session.json): what was made, for whom, and how to reach it. libvirt is the source of
 truth for what runs; the record lets `ls`, `destroy` and `gc` find what a crashed or killed `vmsandbox` left
-behind. Values are typed here (enums, ports) and plain in the JSON."""
+behind. Values are typed here (enums, ports) and plain in the JSON; the file itself is recordfile.py's (read
+bounded, its copy, one save at a time)."""
 
 from __future__ import annotations
 
-import contextlib
 import enum
 import functools
 import json
@@ -23,6 +23,7 @@ from vmsandbox.egress.ports import Publish
 from vmsandbox.egress.rules.netpolicy import Mode
 from vmsandbox.errors import VmsandboxError
 from vmsandbox.guest.ssh import Endpoint
+from vmsandbox.session import recordfile
 from vmsandbox.sync.target import Target
 
 DOMAIN_PREFIX = "vmsandbox-"
@@ -172,7 +173,7 @@ class Record:
         the other changed meanwhile; what the other changed is taken in here too. A field both changed: the last
         save's. Saves of one session are one at a time (an flock of their own, held for the read and the write)."""
         mine = self._plain()
-        with _saving(self.files, self.name):
+        with recordfile.saving(self.files, self.name):
             now, seen = _plain_of(self.files.record), getattr(self, "_seen", None)
             data, theirs = mine, None  # the first save, or over a file that is damaged: all of it
             if now is not None and seen is not None:
@@ -185,7 +186,7 @@ class Record:
                 theirs = Record._parse(json.dumps(data))  # (each field valid: a whole record's, theirs or mine)
             text = json.dumps(data, indent=2, sort_keys=True) + "\n"
             filewrite.write_atomically(self.files.record, text)
-            filewrite.write_atomically(_copy_of(self.files.record), text)
+            filewrite.write_atomically(recordfile.copy_of(self.files.record), text)
         if theirs is not None:  # (once written: a save that failed takes in nothing)
             for key in data.keys() & mine.keys():
                 if data[key] != mine[key]:
@@ -225,7 +226,7 @@ class Record:
                 )
             return record
         try:
-            record = cls._read(_copy_of(record_file))
+            record = cls._read(recordfile.copy_of(record_file))
         except (OSError, ValueError, TypeError, KeyError, AttributeError):
             raise VmsandboxError(
                 f"the record of session {name} ({record_file}) is damaged, and so is its copy: {damage}",
@@ -243,7 +244,7 @@ class Record:
     @classmethod
     def _read(cls, path: Path) -> Record:
         """The record in file `path`, which remembers what it read (its save writes only what changed since)."""
-        record = cls._parse(_read_record(path))
+        record = cls._parse(recordfile.read_text(path))
         record._seen = record._plain()  # (as this version reads it: a field it fills in is not a change of its own)
         return record
 
@@ -269,55 +270,19 @@ def _adapter() -> Any:
     return TypeAdapter(Record)
 
 
-MAX_RECORD_BYTES = 1024**2
-SAVE_LOCK = "session.json.lock"
-SAVE_WAIT = 30.0  # seconds a save waits for another (each holds it for a read and a write)
-
-
-def _read_record(path: Path) -> str:
-    """A record file's text, never through a symlink, and bounded."""
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    with os.fdopen(fd, "rb") as f:
-        data = f.read(MAX_RECORD_BYTES + 1)
-    if len(data) > MAX_RECORD_BYTES:
-        raise ValueError(f"the record is larger than {MAX_RECORD_BYTES} bytes")
-    return data.decode()
-
-
-def _copy_of(record_file: Path) -> Path:
-    return record_file.with_name(record_file.name + ".copy")
-
-
 _UNSEEN = object()  # a key the record's file did not have when it was read
 
 
 def _plain_of(record_file: Path) -> dict[str, Any] | None:
     """What a record's file says now, as JSON's values (None: no file, or a damaged one)."""
     try:
-        data = json.loads(_read_record(record_file))
+        data = json.loads(recordfile.read_text(record_file))
         Record._parse(json.dumps(data))
     except (OSError, ValueError, TypeError, KeyError, AttributeError):
         return None
     return data if isinstance(data, dict) else None
 
 
-@contextlib.contextmanager
-def _saving(files: paths.SessionPaths, name: str) -> Iterator[None]:
-    """One save at a time of a session's record (an flock on a file of its own beside it, held for a read and a
-    write: waited for SAVE_WAIT seconds at most, should its holder be stopped)."""
-    fd = os.open(files.root / SAVE_LOCK, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-    try:
-        if not filewrite.locked_within(fd, SAVE_WAIT, poll=0.01):
-            raise VmsandboxError(
-                f"the record of session {name} was held by another command for {SAVE_WAIT:.0f} s",
-                hint="a vmsandbox command stopped (Ctrl-Z) while it saved? `fg` it, then run this again",
-            )
-        yield
-    finally:
-        os.close(fd)
-
-
-# A home's directories of keys, credentials and every tool's config: no project lives inside one.
 def validate_name(name: str) -> str:
     paths.session_paths(name)  # (the one check of a name)
     return name
